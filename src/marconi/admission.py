@@ -1,0 +1,174 @@
+"""Admission policies: which SSM checkpoints enter the cache, and how much of a sequence is kept.
+
+A policy answers twice per request:
+
+* before prefill (``prefill_checkpoints``): the positions inside the input whose state the prefill
+  must capture — Marconi's branch point found by speculative insertion, vLLM+'s block boundaries;
+* after decode (``final_plan``): how many tokens of input + output to insert and at which positions
+  to hold checkpoints — Marconi's branch point and the last decoded token, every block boundary...
+
+The cache decides what already exists, what must be created, and whether it fits. Any admission
+policy pairs with any eviction policy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Iterable, NamedTuple, Protocol
+
+import numpy as np
+
+from marconi.registry import ConfigError, Registry
+
+if TYPE_CHECKING:
+    from marconi.model import ModelSpec
+
+__all__ = ["MatchResult", "AdmissionContext", "FinalPlan", "AdmissionPolicy", "ADMISSION_POLICIES",
+           "make_admission", "NoAdmission", "MarconiAdmission", "EveryBlock"]
+
+
+class MatchResult(NamedTuple):
+    """What a lookup found for a request's input.
+
+    ``kv_hit_len``: longest prefix whose KVs are cached. ``usable_hit_len``: depth of the deepest SSM
+    checkpoint on that path (the request resumes there; equals ``kv_hit_len`` for a pure
+    transformer). ``unusable_len``: tokens found but not reusable (KV without a state to resume from).
+    """
+
+    input_len: int
+    kv_hit_len: int
+    usable_hit_len: int
+
+    @property
+    def unusable_len(self) -> int:
+        return self.kv_hit_len - self.usable_hit_len
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionContext:
+    """What an admission policy may look at.
+
+    ``branch_len``: speculative insertion — the depth at which inserting the input would create a
+    new branch node (a split inside an edge, or a second child under a node without a checkpoint),
+    or None. At ``final_plan`` time the same field describes inserting input + output.
+    """
+
+    tokens: np.ndarray
+    input_len: int
+    match: MatchResult
+    branch_len: int | None
+    spec: "ModelSpec"
+
+
+class FinalPlan(NamedTuple):
+    insert_len: int                 # tokens of input + output to keep in the tree
+    checkpoints: tuple[int, ...]    # positions (<= insert_len) that should hold an SSM checkpoint
+
+
+class AdmissionPolicy(Protocol):
+    name: str
+    page_size: int    # KV matching granularity (1 = token-level radix tree)
+    caches: bool      # False: nothing is ever inserted (vanilla)
+
+    def prefill_checkpoints(self, ctx: AdmissionContext) -> Iterable[int]:
+        ...
+
+    def final_plan(self, ctx: AdmissionContext, total_len: int) -> FinalPlan:
+        ...
+
+    def describe(self) -> dict[str, object]:
+        ...
+
+
+class NoAdmission:
+    """Vanilla inference: no prefix caching at all."""
+
+    name = "none"
+    page_size = 1
+    caches = False
+
+    def prefill_checkpoints(self, ctx: AdmissionContext) -> Iterable[int]:
+        return ()
+
+    def final_plan(self, ctx: AdmissionContext, total_len: int) -> FinalPlan:
+        return FinalPlan(0, ())
+
+    def describe(self) -> dict[str, object]:
+        return {"admission": self.name}
+
+
+class MarconiAdmission:
+    """Judicious admission (paper §4.1): at most two checkpoints per request.
+
+    (a) a branch point found by speculative insertion — a purely-input prefix shared by a second
+    request, checkpointed during that request's prefill so the third one on can reuse it; and
+    (b) the state after the last decoded token — where a conversation or agent loop resumes.
+    All of input + output is inserted (its KVs are kept).
+    """
+
+    name = "marconi"
+    page_size = 1
+    caches = True
+
+    def prefill_checkpoints(self, ctx: AdmissionContext) -> Iterable[int]:
+        if ctx.branch_len is not None and ctx.match.usable_hit_len < ctx.branch_len <= ctx.input_len:
+            return (ctx.branch_len,)
+        return ()
+
+    def final_plan(self, ctx: AdmissionContext, total_len: int) -> FinalPlan:
+        if ctx.branch_len is not None and 0 < ctx.branch_len < total_len:
+            return FinalPlan(total_len, (ctx.branch_len, total_len))
+        return FinalPlan(total_len, (total_len,))
+
+    def describe(self) -> dict[str, object]:
+        return {"admission": self.name}
+
+
+class EveryBlock:
+    """Fine-grained checkpointing (vLLM+): a checkpoint at every ``k``-token block boundary.
+
+    Only whole blocks are cached and matched (page size ``k``), as in vLLM's block hashing; the
+    partial last block of a sequence is not kept.
+    """
+
+    name = "every-block"
+    caches = True
+
+    def __init__(self, k: int = 32) -> None:
+        if k < 1:
+            raise ConfigError(f"every-block: k must be >= 1, got {k}")
+        self.k = k
+        self.page_size = k
+
+    def prefill_checkpoints(self, ctx: AdmissionContext) -> Iterable[int]:
+        first = ctx.match.usable_hit_len // self.k + 1
+        return range(first * self.k, ctx.input_len + 1, self.k)
+
+    def final_plan(self, ctx: AdmissionContext, total_len: int) -> FinalPlan:
+        insert_len = total_len - total_len % self.k
+        return FinalPlan(insert_len, tuple(range(self.k, insert_len + 1, self.k)))
+
+    def describe(self) -> dict[str, object]:
+        return {"admission": self.name, "block": self.k}
+
+
+ADMISSION_POLICIES: Registry[AdmissionPolicy] = Registry("admission policy")
+
+
+@ADMISSION_POLICIES.register("none", "vanilla: cache nothing")
+def _none() -> AdmissionPolicy:
+    return NoAdmission()
+
+
+@ADMISSION_POLICIES.register("marconi", "branch points (speculative insertion) + last decoded token")
+def _marconi() -> AdmissionPolicy:
+    return MarconiAdmission()
+
+
+@ADMISSION_POLICIES.register("every-block", "a checkpoint at every k-token block boundary (vLLM+)")
+def _every_block(k: int = 32) -> AdmissionPolicy:
+    return EveryBlock(k)
+
+
+def make_admission(spec: "str | AdmissionPolicy") -> AdmissionPolicy:
+    return ADMISSION_POLICIES.create(spec) if isinstance(spec, str) else spec

@@ -1,0 +1,750 @@
+"""PrefixCache: the radix tree + an admission and an eviction policy + byte capacity + stats.
+
+This is the one cache shared by the simulator, the bootstrap tuner and the real engine. A request
+goes through it in three steps (see ``docs/cache-api.md``)::
+
+    handle = cache.begin(input_tokens)      # match, lock the matched path, speculative insertion
+    ...                                     # (engine) restore cache.cached_prefix(handle), prefill
+                                            # the rest capturing handle.prefill_checkpoints, decode
+    cache.finish(handle, output_tokens)     # admit checkpoints, evict if needed, insert, unlock
+
+Byte accounting lives here only, from the :class:`~marconi.model.ModelSpec`: an edge of ``n``
+tokens holds ``n * spec.kv_bytes_per_token`` bytes, a checkpoint ``spec.ssm_checkpoint_bytes``.
+Payloads (sizes in simulation, tensors in the engine) are opaque; the engine supplies a
+:class:`PayloadOps` to split and join KV payloads when edges split and merge.
+
+Time is injected: ``clock()`` is read for recency; without one, a logical clock ticks once per
+request (like the Marconi authors' simulator). Nothing here reads the wall clock.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Iterable, Mapping, NamedTuple, Protocol
+
+import numpy as np
+
+from marconi.admission import AdmissionContext, AdmissionPolicy, FinalPlan, MatchResult, make_admission
+from marconi.eviction import CandidateSet, EvictionPolicy, flop_efficiency, make_eviction
+from marconi.model import ModelSpec, get_model
+from marconi.radix import Node, RadixTree, WalkResult
+from marconi.registry import ConfigError
+
+__all__ = ["PrefixCache", "RequestHandle", "CachedPrefix", "InsertResult", "CacheStats", "PayloadOps",
+           "SizeOnlyPayloads", "CacheObserver", "TreeSnapshot", "InvariantError", "as_tokens"]
+
+
+class InvariantError(AssertionError):
+    """``check_invariants`` found the cache's incremental bookkeeping inconsistent."""
+
+
+class PayloadOps(Protocol):
+    """How the cache manipulates opaque payloads when the tree's shape changes."""
+
+    def split_kv(self, kv: Any, at: int) -> tuple[Any, Any]:
+        """An edge's KV payload -> (its first ``at`` tokens, the rest)."""
+        ...
+
+    def join_kv(self, first: Any, second: Any) -> Any:
+        """Concatenate two consecutive edges' KV payloads (a parent absorbed into its child)."""
+        ...
+
+    def release(self, payload: Any) -> None:
+        """An evicted KV or SSM payload is no longer referenced by the cache."""
+        ...
+
+
+class SizeOnlyPayloads:
+    """Simulation payloads: nothing is stored; sizes come from the ModelSpec."""
+
+    def split_kv(self, kv: Any, at: int) -> tuple[Any, Any]:
+        return None, None
+
+    def join_kv(self, first: Any, second: Any) -> Any:
+        return None
+
+    def release(self, payload: Any) -> None:
+        return None
+
+
+class CacheObserver:
+    """Hooks for components that watch the cache (the bootstrap tuner). Default: do nothing."""
+
+    def on_begin(self, cache: "PrefixCache", handle: "RequestHandle") -> None:
+        pass
+
+    def on_finish(self, cache: "PrefixCache", handle: "RequestHandle", output_tokens: np.ndarray) -> None:
+        pass
+
+    def on_first_eviction(self, cache: "PrefixCache") -> None:
+        pass
+
+
+@dataclass(slots=True)
+class CacheStats:
+    """Counters over the cache's lifetime (token hit rate = reused / input tokens, as in the paper)."""
+
+    num_requests: int = 0
+    num_hits: int = 0                  # requests that resumed from a cached prefix
+    input_tokens: int = 0
+    kv_hit_tokens: int = 0             # longest cached KV prefix, summed
+    reused_tokens: int = 0             # usable hits (prefill skipped), summed
+    unusable_tokens: int = 0           # KV found but no checkpoint to resume from
+    input_flops: float = 0.0           # prefill FLOPs of all inputs without a cache
+    flops_saved: float = 0.0
+    checkpoints_admitted: int = 0
+    checkpoints_evicted: int = 0
+    checkpoints_reused: int = 0
+    checkpoints_unavailable: int = 0   # requested but no state was supplied (engine)
+    kv_tokens_inserted: int = 0
+    kv_tokens_evicted: int = 0
+    evictions_leaf: int = 0            # a leaf: frees its KVs and its checkpoint
+    evictions_inner: int = 0           # a one-child node: frees its checkpoint, KVs go to the child
+    bytes_evicted: int = 0
+    requests_not_cached: int = 0       # their states could not fit even after evicting all unlocked
+    peak_bytes: int = 0
+    peak_kv_bytes: int = 0
+    peak_ssm_bytes: int = 0
+
+    @property
+    def token_hit_rate(self) -> float:
+        return self.reused_tokens / self.input_tokens if self.input_tokens else 0.0
+
+    @property
+    def flops_saved_fraction(self) -> float:
+        return self.flops_saved / self.input_flops if self.input_flops else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["token_hit_rate"] = self.token_hit_rate
+        out["flops_saved_fraction"] = self.flops_saved_fraction
+        return out
+
+
+@dataclass(slots=True, eq=False)
+class RequestHandle:
+    """An in-flight request between ``begin`` and ``finish``; its matched path stays locked."""
+
+    request_id: int
+    tokens: np.ndarray
+    match: MatchResult
+    prefill_checkpoints: tuple[int, ...]
+    branch_len: int | None
+    hit_node: Node | None
+    lock_node: Node | None
+    begin_time: float
+    active: bool = True
+
+
+class CachedPrefix(NamedTuple):
+    """Payloads to restore for a hit: KVs covering ``[0, length)`` in order, and the SSM state."""
+
+    length: int
+    kv: list[Any]
+    ssm: Any
+
+
+class InsertResult(NamedTuple):
+    cached: bool                       # False if nothing could be inserted (no room, or vanilla)
+    inserted_tokens: int               # new KV tokens added to the tree
+    admitted: tuple[int, ...]          # positions that received a new checkpoint
+
+
+@dataclass(slots=True)
+class TreeSnapshot:
+    """The tree's shape, recency and checkpoints without payloads (for replays by the tuner)."""
+
+    page_size: int
+    parent_index: list[int]            # index into these lists; -1 = child of the root
+    tokens: list[np.ndarray]
+    has_ssm: list[bool]
+    last_access: list[float]
+    access_seq: list[int]
+    next_seq: int
+    clock_value: float
+
+
+class _LogicalClock:
+    """Default clock: one tick per request event."""
+
+    def __init__(self) -> None:
+        self.value = 0.0
+
+    def __call__(self) -> float:
+        return self.value
+
+    def tick(self) -> None:
+        self.value += 1.0
+
+
+def as_tokens(tokens: Any, what: str, *, allow_empty: bool = False) -> np.ndarray:
+    """Validate and convert token ids to a 1-D int32 array (without copying when possible)."""
+    arr = np.asarray(tokens)
+    if arr.ndim != 1:
+        raise ValueError(f"{what} must be a 1-D sequence of token ids, got shape {arr.shape}")
+    if arr.size == 0:
+        if allow_empty:
+            return np.empty(0, dtype=np.int32)
+        raise ValueError(f"{what} is empty: a request needs at least one input token")
+    if not np.issubdtype(arr.dtype, np.integer):
+        raise ValueError(f"{what} must hold integer token ids, got dtype {arr.dtype}")
+    if arr.dtype != np.int32:
+        if arr.min() < np.iinfo(np.int32).min or arr.max() > np.iinfo(np.int32).max:
+            raise ValueError(f"{what}: token ids must fit in int32")
+        arr = arr.astype(np.int32)
+    return arr
+
+
+_SIMULATED = SizeOnlyPayloads()
+
+
+class PrefixCache:
+    """A byte-bounded radix prefix cache for hybrid models.
+
+    Args:
+        spec: the model's cost model (a ``ModelSpec`` or preset name).
+        capacity_bytes: total bytes for KVs + SSM checkpoints; never exceeded.
+        admission: an admission policy or registry name (``none``, ``marconi``, ``every-block:k=32``).
+        eviction: an eviction policy or registry name (``lru``, ``flop-aware:alpha=1``).
+        clock: returns the current time (any monotone unit); default a logical request counter.
+        payloads: ``PayloadOps`` for real payloads; default sizes only (simulation).
+
+    Raises:
+        ConfigError: negative capacity, unknown policy, or a capacity that cannot hold even one
+            SSM checkpoint of this model while the policy caches anything.
+    """
+
+    def __init__(self, spec: ModelSpec | str, capacity_bytes: float, admission: AdmissionPolicy | str = "marconi",
+                 eviction: EvictionPolicy | str = "lru", *, clock: Callable[[], float] | None = None,
+                 payloads: PayloadOps | None = None) -> None:
+        self.spec = get_model(spec)
+        self.admission = make_admission(admission)
+        self.eviction = make_eviction(eviction)
+        if capacity_bytes is None or not np.isfinite(capacity_bytes) or capacity_bytes < 0:
+            raise ConfigError(f"capacity_bytes must be a finite number >= 0, got {capacity_bytes!r}")
+        self.capacity_bytes = int(capacity_bytes)
+        if self.admission.caches and self.capacity_bytes < self.spec.ssm_checkpoint_bytes:
+            raise ConfigError(
+                f"capacity {self.capacity_bytes:,} bytes is smaller than one SSM checkpoint of {self.spec.name} "
+                f"({self.spec.ssm_checkpoint_bytes:,} bytes): nothing could ever be cached; raise the capacity")
+        self._logical = _LogicalClock() if clock is None else None
+        self.clock: Callable[[], float] = clock if clock is not None else self._logical  # type: ignore[assignment]
+        self.payloads: PayloadOps = payloads if payloads is not None else _SIMULATED
+        self.tree = RadixTree(self.admission.page_size)
+        self.candidates = CandidateSet()
+        self.stats = CacheStats()
+        self.used_bytes = 0
+        self.kv_bytes = 0
+        self.ssm_bytes = 0
+        self.locked_bytes = 0
+        self._seq = 0
+        self._next_request_id = 0
+        self._in_flight: dict[int, RequestHandle] = {}
+        self._observers: list[CacheObserver] = []
+        self._evicted_once = False
+        self._ckpt_bytes = self.spec.ssm_checkpoint_bytes
+        self._kv_per_token = self.spec.kv_bytes_per_token
+
+    # ================================================================== public API
+    def add_observer(self, observer: CacheObserver) -> None:
+        self._observers.append(observer)
+
+    @property
+    def free_bytes(self) -> int:
+        return self.capacity_bytes - self.used_bytes
+
+    @property
+    def num_in_flight(self) -> int:
+        return len(self._in_flight)
+
+    def describe(self) -> dict[str, Any]:
+        return {**self.admission.describe(), **self.eviction.describe(), "capacity_bytes": self.capacity_bytes,
+                "model": self.spec.name}
+
+    def begin(self, input_tokens: Any) -> RequestHandle:
+        """Look up a request's input, lock what it matched, and plan its prefill checkpoints.
+
+        Returns a handle to pass to :meth:`cached_prefix` and :meth:`finish` (or :meth:`abort`).
+        Raises ValueError for an empty or non-integer input.
+        """
+        tokens = as_tokens(input_tokens, "input_tokens")
+        if self._logical is not None:
+            self._logical.tick()
+        now = self.clock()
+        walk = self.tree.walk(tokens)
+        hit_index = self._hit_index(walk.path)
+        hit_node = walk.path[hit_index] if hit_index >= 0 else None
+        if self.spec.has_recurrent_state:
+            usable = hit_node.depth if hit_node is not None else 0
+        else:
+            usable = walk.matched_len
+        lock_node = walk.partial or (walk.path[-1] if walk.path else None)
+        if lock_node is not None:
+            self._lock(lock_node)
+        for node in self.eviction.touched_on_hit(walk.path[: hit_index + 1], hit_node):
+            self._touch(node, now)
+        match = MatchResult(len(tokens), walk.matched_len, usable)
+        branch_len = self._branch_len(len(tokens), walk)
+        ctx = AdmissionContext(tokens, len(tokens), match, branch_len, self.spec)
+        prefill = tuple(sorted({int(p) for p in self.admission.prefill_checkpoints(ctx) if usable < p <= len(tokens)}))
+        handle = RequestHandle(self._next_request_id, tokens, match, prefill, branch_len, hit_node, lock_node, now)
+        self._next_request_id += 1
+        self._in_flight[handle.request_id] = handle
+        self._record_match(match, hit_node)
+        for observer in self._observers:
+            observer.on_begin(self, handle)
+        return handle
+
+    def cached_prefix(self, handle: RequestHandle) -> CachedPrefix:
+        """Payloads of the usable prefix, root first. Valid while ``handle`` is in flight."""
+        self._check_active(handle)
+        usable = handle.match.usable_hit_len
+        if usable == 0:
+            return CachedPrefix(0, [], None)
+        nodes: list[Node] = []
+        node = handle.hit_node
+        if not self.spec.has_recurrent_state:
+            node = handle.lock_node
+        while node is not None and node is not self.tree.root:
+            nodes.append(node)
+            node = node.parent
+        nodes.reverse()
+        kv = [n.kv for n in nodes]
+        if nodes and nodes[-1].depth > usable:  # pure transformer: usable ends inside the last edge
+            keep = usable - nodes[-1].parent_depth
+            kv[-1] = self.payloads.split_kv(nodes[-1].kv, keep)[0]
+        ssm = handle.hit_node.ssm if handle.hit_node is not None else None
+        return CachedPrefix(usable, kv, ssm)
+
+    def finish(self, handle: RequestHandle, output_tokens: Any = (), *,
+               states: Mapping[int, Any] | Callable[[int], Any] | None = None,
+               kv: Callable[[int, int], Any] | None = None) -> InsertResult:
+        """Insert input + output with the checkpoints the admission policy asks for, then unlock.
+
+        ``states`` supplies SSM payloads by position and ``kv(start, end)`` KV payloads of
+        ``(input + output)[start:end]`` (engine); in simulation leave both None. A checkpoint whose
+        state is not supplied is skipped (counted in ``stats.checkpoints_unavailable``). If the new
+        states cannot fit even after evicting everything unlocked, nothing is inserted and
+        ``stats.requests_not_cached`` grows.
+        """
+        self._check_active(handle)
+        output = as_tokens(output_tokens, "output_tokens", allow_empty=True)
+        try:
+            if not self.admission.caches:
+                result = InsertResult(False, 0, ())
+            else:
+                if self._logical is not None:
+                    self._logical.tick()
+                seq = np.concatenate((handle.tokens, output)) if output.size else handle.tokens
+                walk = self.tree.walk(seq)
+                result = self._insert_sequence(handle, seq, self._final_plan(handle, seq, walk), states, kv, walk)
+        finally:
+            self._release(handle)
+        for observer in self._observers:
+            observer.on_finish(self, handle, output)
+        return result
+
+    def abort(self, handle: RequestHandle) -> None:
+        """Unlock an in-flight request without inserting anything."""
+        self._check_active(handle)
+        self._release(handle)
+
+    def process(self, input_tokens: Any, output_tokens: Any = ()) -> tuple[MatchResult, InsertResult]:
+        """``begin`` + ``finish`` with nothing in between: the strict sequential order of a replay."""
+        handle = self.begin(input_tokens)
+        return handle.match, self.finish(handle, output_tokens)
+
+    # ================================================================== matching helpers
+    def _hit_index(self, path: list[Node]) -> int:
+        """Index in ``path`` of the node a request resumes from (-1: none)."""
+        if not self.spec.has_recurrent_state:
+            return len(path) - 1
+        for i in range(len(path) - 1, -1, -1):
+            if path[i].has_ssm:
+                return i
+        return -1
+
+    def _branch_len(self, length: int, walk: WalkResult) -> int | None:
+        """Speculative insertion: where inserting ``length`` tokens would create a new branch node."""
+        if walk.partial is not None:
+            return walk.matched_len
+        if walk.path and walk.matched_len < length:
+            last = walk.path[-1]
+            if last.children and not last.has_ssm:
+                return walk.matched_len
+        return None
+
+    def _record_match(self, match: MatchResult, hit_node: Node | None) -> None:
+        st = self.stats
+        st.num_requests += 1
+        st.input_tokens += match.input_len
+        st.kv_hit_tokens += match.kv_hit_len
+        st.reused_tokens += match.usable_hit_len
+        st.unusable_tokens += match.unusable_len
+        st.input_flops += self.spec.prefill_flops(match.input_len)
+        if match.usable_hit_len:
+            st.num_hits += 1
+            st.flops_saved += self.spec.prefill_flops(match.usable_hit_len)
+            if hit_node is not None and hit_node.has_ssm:
+                st.checkpoints_reused += 1
+
+    # ================================================================== insertion
+    def _state_for(self, states: Mapping[int, Any] | Callable[[int], Any] | None, pos: int) -> tuple[bool, Any]:
+        if states is None:
+            return (self.payloads is _SIMULATED), None
+        payload = states(pos) if callable(states) else states.get(pos)
+        return payload is not None, payload
+
+    def insert_prefill(self, handle: RequestHandle, *,
+                       states: Mapping[int, Any] | Callable[[int], Any] | None = None,
+                       kv: Callable[[int, int], Any] | None = None) -> InsertResult:
+        """Admit the prefill checkpoints as soon as prefill completes (before decode ends).
+
+        Inserts the input up to its deepest prefill checkpoint, so concurrent requests can reuse a
+        branch point while this request is still decoding. Optional: :meth:`finish` admits whatever
+        is still missing. A no-op when there are no prefill checkpoints.
+        """
+        self._check_active(handle)
+        if not self.admission.caches or not handle.prefill_checkpoints:
+            return InsertResult(False, 0, ())
+        if self._logical is not None:
+            self._logical.tick()
+        end = max(handle.prefill_checkpoints)
+        seq = handle.tokens[:end]
+        return self._insert_sequence(handle, seq, FinalPlan(end, handle.prefill_checkpoints), states, kv)
+
+    def _final_plan(self, handle: RequestHandle, seq: np.ndarray, walk: WalkResult) -> FinalPlan:
+        ctx = AdmissionContext(seq, len(handle.tokens), handle.match, self._branch_len(len(seq), walk), self.spec)
+        return self.admission.final_plan(ctx, len(seq))
+
+    def _insert_sequence(self, handle: RequestHandle, seq: np.ndarray, plan: FinalPlan,
+                         states: Mapping[int, Any] | Callable[[int], Any] | None,
+                         kv: Callable[[int, int], Any] | None, walk: WalkResult | None = None) -> InsertResult:
+        walk = walk if walk is not None else self.tree.walk(seq)
+        insert_len = min(plan.insert_len, len(seq))
+        # Only states the request actually computes can be admitted: positions past its resume point.
+        floor = handle.match.usable_hit_len
+        wanted = sorted({int(p) for p in plan.checkpoints if floor < p <= insert_len})
+        existing = {n.depth: n for n in walk.path if n.depth > floor}
+        to_admit: dict[int, Any] = {}
+        for pos in wanted:
+            if pos in existing and existing[pos].has_ssm:
+                continue
+            ok, payload = self._state_for(states, pos)
+            if ok:
+                to_admit[pos] = payload
+            else:
+                self.stats.checkpoints_unavailable += 1
+        new_tokens = max(0, insert_len - walk.matched_len)
+        need = new_tokens * self._kv_per_token + len(to_admit) * self._ckpt_bytes
+        if need == 0:
+            return InsertResult(True, 0, ())
+        guard = walk.partial or (walk.path[-1] if walk.path else None)
+        if guard is not None:
+            self._lock(guard)
+        try:
+            if need > self.capacity_bytes - self.locked_bytes:
+                self.stats.requests_not_cached += 1
+                return InsertResult(False, 0, ())
+            self._evict_until(need)
+            admitted = self._attach_on_path(walk, to_admit, existing)
+            if new_tokens:
+                admitted += self._add_tail(seq, walk, insert_len, to_admit, kv)
+        finally:
+            if guard is not None:
+                self._unlock(guard)
+        self.stats.kv_tokens_inserted += new_tokens
+        self._note_peaks()
+        return InsertResult(True, new_tokens, tuple(sorted(admitted)))
+
+    def _attach_on_path(self, walk: WalkResult, to_admit: dict[int, Any], existing: dict[int, Node]) -> list[int]:
+        """Admit checkpoints at positions the tree already holds (splitting edges where needed)."""
+        admitted = []
+        for pos in sorted(p for p in to_admit if p <= walk.matched_len):
+            node = existing.get(pos)
+            if node is None:
+                node = self._split_at(walk, pos)
+            self._attach_ssm(node, to_admit[pos])
+            admitted.append(pos)
+        return admitted
+
+    def _split_at(self, walk: WalkResult, pos: int) -> Node:
+        """Make a node end exactly at ``pos`` (inside a walked edge) and return it."""
+        for node in (*walk.path, *((walk.partial,) if walk.partial is not None else ())):
+            if node.parent_depth < pos < node.depth:
+                return self._split(node, pos - node.parent_depth)
+        raise AssertionError(f"no walked edge contains position {pos}")
+
+    def _add_tail(self, seq: np.ndarray, walk: WalkResult, insert_len: int, to_admit: dict[int, Any],
+                  kv: Callable[[int, int], Any] | None) -> list[int]:
+        """Insert ``seq[matched_len:insert_len]`` as a chain of new nodes cut at checkpoints."""
+        start = walk.matched_len
+        if walk.partial is not None:
+            # The partial edge may already have been split at ``start`` to hold a checkpoint.
+            offset = start - walk.partial.parent_depth
+            parent = self._split(walk.partial, offset) if offset else walk.partial.parent
+        else:
+            parent = walk.path[-1] if walk.path else self.tree.root
+        cuts = sorted({p for p in to_admit if p > start} | {insert_len})
+        now = self.clock()
+        admitted = []
+        for end in cuts:
+            node = self.tree.new_node(seq[start:end].copy(), parent)
+            node.kv = kv(start, end) if kv is not None else None
+            edge_bytes = (end - start) * self._kv_per_token
+            self.used_bytes += edge_bytes
+            self.kv_bytes += edge_bytes
+            node.last_access = now
+            self._seq += 1
+            node.access_seq = self._seq
+            self._sync_parent(parent)
+            if end in to_admit:
+                self._attach_ssm(node, to_admit[end])
+                admitted.append(end)
+            else:
+                self._update_eff(node)
+                self._sync_candidate(node)
+            parent, start = node, end
+        return admitted
+
+    # ================================================================== tree surgery with accounting
+    def _split(self, node: Node, at: int) -> Node:
+        upper_kv, lower_kv = self.payloads.split_kv(node.kv, at)
+        upper = self.tree.split(node, at)
+        upper.kv, node.kv = upper_kv, lower_kv
+        self._update_eff(upper)
+        self._update_eff(node)
+        self._sync_candidate(upper)
+        return upper
+
+    def _attach_ssm(self, node: Node, payload: Any) -> None:
+        node.has_ssm = True
+        node.ssm = payload
+        self.used_bytes += self._ckpt_bytes
+        self.ssm_bytes += self._ckpt_bytes
+        if node.lock_ref:
+            self.locked_bytes += self._ckpt_bytes
+        self.stats.checkpoints_admitted += 1
+        self._update_eff(node)
+        self._sync_candidate(node)
+
+    def _evict_until(self, need: int) -> None:
+        while self.capacity_bytes - self.used_bytes < need:
+            if not self._evicted_once:
+                self._evicted_once = True
+                for observer in self._observers:
+                    observer.on_first_eviction(self)
+            if not len(self.candidates):
+                raise InvariantError("eviction found no candidate although the feasibility check passed")
+            victim = self.candidates.nodes[self.eviction.choose(self.candidates)]
+            if victim.children:
+                self._evict_inner(victim)
+            else:
+                self._evict_leaf(victim)
+
+    def _evict_leaf(self, node: Node) -> None:
+        self.candidates.remove(node)
+        kv_freed = node.edge_len * self._kv_per_token
+        ssm_freed = self._ckpt_bytes if node.has_ssm else 0
+        self.payloads.release(node.kv)
+        if node.has_ssm:
+            self.payloads.release(node.ssm)
+            self.stats.checkpoints_evicted += 1
+        self.used_bytes -= kv_freed + ssm_freed
+        self.kv_bytes -= kv_freed
+        self.ssm_bytes -= ssm_freed
+        self.stats.evictions_leaf += 1
+        self.stats.kv_tokens_evicted += node.edge_len
+        self.stats.bytes_evicted += kv_freed + ssm_freed
+        parent = node.parent
+        self.tree.remove_leaf(node)
+        assert parent is not None
+        self._sync_parent(parent)
+
+    def _evict_inner(self, node: Node) -> None:
+        """Drop a one-child node's checkpoint; its edge KVs are absorbed by its child."""
+        self.candidates.remove(node)
+        (child,) = node.children.values()
+        self.payloads.release(node.ssm)
+        child.kv = self.payloads.join_kv(node.kv, child.kv)
+        self.used_bytes -= self._ckpt_bytes
+        self.ssm_bytes -= self._ckpt_bytes
+        self.stats.checkpoints_evicted += 1
+        self.stats.evictions_inner += 1
+        self.stats.bytes_evicted += self._ckpt_bytes
+        self.tree.merge_into_child(node)
+        self._update_eff(child)
+
+    # ================================================================== locks, recency, candidates
+    def _lock(self, node: Node) -> None:
+        root = self.tree.root
+        while node is not root:
+            node.lock_ref += 1
+            if node.lock_ref == 1:
+                self.locked_bytes += self._node_bytes(node)
+                if node.slot is not None:
+                    self.candidates.remove(node)
+            node = node.parent  # type: ignore[assignment]
+
+    def _unlock(self, node: Node) -> None:
+        root = self.tree.root
+        while node is not root:
+            node.lock_ref -= 1
+            if node.lock_ref == 0:
+                self.locked_bytes -= self._node_bytes(node)
+                self._sync_candidate(node)
+            node = node.parent  # type: ignore[assignment]
+
+    def _release(self, handle: RequestHandle) -> None:
+        if handle.lock_node is not None:
+            self._unlock(handle.lock_node)
+        handle.active = False
+        del self._in_flight[handle.request_id]
+
+    def _check_active(self, handle: RequestHandle) -> None:
+        if not handle.active or self._in_flight.get(handle.request_id) is not handle:
+            raise ValueError(f"request {handle.request_id} is not in flight in this cache (finished or aborted)")
+
+    def _node_bytes(self, node: Node) -> int:
+        return node.edge_len * self._kv_per_token + (self._ckpt_bytes if node.has_ssm else 0)
+
+    def _touch(self, node: Node, now: float) -> None:
+        node.last_access = now
+        self._seq += 1
+        node.access_seq = self._seq
+        if node.slot is not None:
+            self.candidates.refresh(node)
+
+    def _update_eff(self, node: Node) -> None:
+        node.flop_eff = flop_efficiency(self.spec, node.depth, node.edge_len, node.has_ssm,
+                                        self.eviction.efficiency_variant)
+        if node.slot is not None:
+            self.candidates.refresh(node)
+
+    def _is_candidate(self, node: Node) -> bool:
+        if node.lock_ref or node.parent is None:
+            return False
+        n_children = len(node.children)
+        if n_children == 0:
+            return True
+        # A one-child node is worth evicting only if it frees a checkpoint.
+        return n_children == 1 and self.eviction.evicts_inner_nodes and node.has_ssm and self._ckpt_bytes > 0
+
+    def _sync_candidate(self, node: Node) -> None:
+        want = self._is_candidate(node)
+        if want and node.slot is None:
+            self.candidates.add(node)
+        elif not want and node.slot is not None:
+            self.candidates.remove(node)
+
+    def _sync_parent(self, parent: Node) -> None:
+        if parent is not self.tree.root:
+            self._sync_candidate(parent)
+
+    def _note_peaks(self) -> None:
+        st = self.stats
+        if self.used_bytes > st.peak_bytes:
+            st.peak_bytes = self.used_bytes
+        if self.kv_bytes > st.peak_kv_bytes:
+            st.peak_kv_bytes = self.kv_bytes
+        if self.ssm_bytes > st.peak_ssm_bytes:
+            st.peak_ssm_bytes = self.ssm_bytes
+
+    # ================================================================== snapshots
+    def snapshot(self) -> TreeSnapshot:
+        """The tree without payloads or locks, for replaying requests against it (tuning)."""
+        index: dict[int, int] = {}
+        snap = TreeSnapshot(self.tree.page_size, [], [], [], [], [], self._seq, float(self.clock()))
+        for node in self.tree.iter_nodes():
+            index[node.node_id] = len(snap.tokens)
+            parent = node.parent
+            snap.parent_index.append(-1 if parent is self.tree.root else index[parent.node_id])  # type: ignore[union-attr]
+            snap.tokens.append(node.tokens)
+            snap.has_ssm.append(node.has_ssm)
+            snap.last_access.append(node.last_access)
+            snap.access_seq.append(node.access_seq)
+        return snap
+
+    @classmethod
+    def from_snapshot(cls, snapshot: TreeSnapshot, spec: ModelSpec | str, capacity_bytes: float,
+                      admission: AdmissionPolicy | str, eviction: EvictionPolicy | str, *,
+                      clock: Callable[[], float] | None = None) -> "PrefixCache":
+        """A simulation cache holding the snapshot's tree (sizes only)."""
+        cache = cls(spec, capacity_bytes, admission, eviction, clock=clock)
+        if cache.tree.page_size != snapshot.page_size:
+            raise ConfigError(f"snapshot has page size {snapshot.page_size}, admission policy "
+                              f"{cache.admission.name!r} uses {cache.tree.page_size}")
+        if cache._logical is not None:
+            cache._logical.value = snapshot.clock_value
+        nodes: list[Node] = []
+        for i, tokens in enumerate(snapshot.tokens):
+            p = snapshot.parent_index[i]
+            parent = cache.tree.root if p < 0 else nodes[p]
+            node = cache.tree.new_node(tokens, parent)
+            node.last_access = snapshot.last_access[i]
+            node.access_seq = snapshot.access_seq[i]
+            node.has_ssm = snapshot.has_ssm[i]
+            nodes.append(node)
+        cache._seq = snapshot.next_seq
+        for node in nodes:
+            cache.used_bytes += cache._node_bytes(node)
+            cache.kv_bytes += node.edge_len * cache._kv_per_token
+            cache.ssm_bytes += cache._ckpt_bytes if node.has_ssm else 0
+            cache._update_eff(node)
+            cache._sync_candidate(node)
+        if cache.used_bytes > cache.capacity_bytes:
+            raise ConfigError("snapshot holds more bytes than the capacity")
+        return cache
+
+    # ================================================================== invariants
+    def check_invariants(self) -> None:
+        """Recompute bytes, lock counts, tree shape and the candidate index from scratch."""
+        expected_locks: dict[int, int] = {}
+        for handle in self._in_flight.values():
+            node = handle.lock_node
+            while node is not None and node is not self.tree.root:
+                expected_locks[node.node_id] = expected_locks.get(node.node_id, 0) + 1
+                node = node.parent
+        used = kv = ssm = locked = count = 0
+        page = self.tree.page_size
+        stack = [self.tree.root]
+        while stack:
+            parent = stack.pop()
+            for key, node in parent.children.items():
+                count += 1
+                where = f"node {node.node_id} (depth {node.depth})"
+                _require(node.parent is parent, f"{where}: parent link broken")
+                _require(node.edge_len > 0 and node.edge_len % page == 0, f"{where}: bad edge length {node.edge_len}")
+                _require(self.tree.child_key(node.tokens, 0) == key, f"{where}: child key does not match its edge")
+                _require(node.depth == parent.depth + node.edge_len, f"{where}: depth != parent depth + edge length")
+                nbytes = self._node_bytes(node)
+                used += nbytes
+                kv += node.edge_len * self._kv_per_token
+                ssm += self._ckpt_bytes if node.has_ssm else 0
+                _require(node.lock_ref == expected_locks.get(node.node_id, 0),
+                         f"{where}: lock_ref {node.lock_ref} != {expected_locks.get(node.node_id, 0)} in-flight users")
+                if node.lock_ref:
+                    locked += nbytes
+                _require((node.slot is not None) == self._is_candidate(node), f"{where}: candidate index out of sync")
+                if node.slot is not None:
+                    i = node.slot
+                    _require(self.candidates.nodes[i] is node, f"{where}: candidate slot points elsewhere")
+                    _require(self.candidates.access_seq[i] == node.access_seq
+                             and self.candidates.last_access[i] == node.last_access
+                             and self.candidates.flop_eff[i] == node.flop_eff, f"{where}: stale candidate arrays")
+                eff = flop_efficiency(self.spec, node.depth, node.edge_len, node.has_ssm,
+                                      self.eviction.efficiency_variant)
+                _require(eff == node.flop_eff and eff >= 0, f"{where}: stale FLOP efficiency")
+                stack.append(node)
+        _require(count == self.tree.num_nodes, f"node count {self.tree.num_nodes} != {count} in the tree")
+        _require(len(self.candidates) == sum(1 for n in self.tree.iter_nodes() if n.slot is not None),
+                 "candidate set holds nodes no longer in the tree")
+        _require((used, kv, ssm) == (self.used_bytes, self.kv_bytes, self.ssm_bytes),
+                 f"bytes drifted: recomputed used/kv/ssm {(used, kv, ssm)} vs {(self.used_bytes, self.kv_bytes, self.ssm_bytes)}")
+        _require(locked == self.locked_bytes, f"locked bytes {self.locked_bytes} != recomputed {locked}")
+        _require(self.used_bytes <= self.capacity_bytes, f"used {self.used_bytes} exceeds capacity {self.capacity_bytes}")
+
+
+def _require(condition: bool, message: str) -> None:
+    if not condition:
+        raise InvariantError(message)

@@ -1,0 +1,424 @@
+"""Cost model of a hybrid LLM: FLOPs a cache hit saves and bytes a cache entry holds.
+
+Everything the cache needs to know about the model lives in one frozen :class:`ModelSpec`,
+so that the simulator and the real engine account bytes identically (the engine builds its spec
+from the real model's config and checks it against the real tensor shapes).
+
+Formulas follow the Marconi paper's Appendix A (Table 1), for a prefix of ``L`` tokens and model
+dimension ``D``:
+
+* attention layer: ``8·L·D² + 4·L²·D`` FLOPs; KVs ``2·L·n_kv·head_dim·bytes`` (``4·L·D`` in fp16
+  without GQA);
+* MLP layer: ``16·L·D²`` FLOPs, no state;
+* SSM layer: ``12·L·D² + 16·L·D·N + 10·L·D`` FLOPs; state ``width·N·bytes`` (``width = D`` in the
+  paper's table) plus a conv state ``conv_dim·kernel·bytes`` (``conv_dim = expand·D + 2·N``).
+
+Presets with real layer shapes (``ssm_state_width``/``conv_dim`` taken from their published
+``config.json``) override the paper's simplified widths; :func:`ModelSpec.from_hf_config` does the
+same for any supported hybrid config.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any, Mapping
+
+__all__ = ["ModelSpec", "PRESETS", "get_model", "list_models", "SpecError"]
+
+
+class SpecError(ValueError):
+    """A model specification (or a config it was built from) is invalid."""
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSpec:
+    """Layer mix and dimensions of a hybrid model, with its FLOP and byte costs.
+
+    Attributes:
+        name: preset or model name (echoed in results).
+        num_attn_layers / num_ssm_layers / num_mlp_layers: layer counts by kind. An "SSM" layer is
+            any recurrent mixer with a fixed-size state (Mamba-1/2, gated DeltaNet, short conv).
+        d_model: model dimension ``D``.
+        ssm_state_dim: SSM state dimension ``N``.
+        conv_kernel: width of the conv state kept per SSM layer.
+        ssm_expand: SSM inner expansion factor (only used for the default ``conv_dim``).
+        num_kv_heads / head_dim: attention KV geometry (GQA aware).
+        bytes_per_elem: bytes per cached element (2 for fp16/bf16).
+        ssm_state_width: elements of the recurrent state per unit of ``N``; ``None`` means ``D``
+            (the paper's ``D·N`` state). Real Mamba-2 layers hold ``n_heads·head_dim·N``.
+        conv_dim: channels of the conv state; ``None`` means ``expand·D + 2·N``.
+    """
+
+    name: str
+    num_attn_layers: int
+    num_ssm_layers: int
+    num_mlp_layers: int
+    d_model: int
+    ssm_state_dim: int
+    conv_kernel: int = 4
+    ssm_expand: int = 2
+    num_kv_heads: int | None = None
+    head_dim: int | None = None
+    bytes_per_elem: int = 2
+    ssm_state_width: int | None = None
+    conv_dim: int | None = None
+    source: str = field(default="", compare=False)
+
+    def __post_init__(self) -> None:
+        for attr in ("num_attn_layers", "num_ssm_layers", "num_mlp_layers"):
+            if getattr(self, attr) < 0:
+                raise SpecError(f"{self.name}: {attr} must be >= 0, got {getattr(self, attr)}")
+        if self.num_attn_layers + self.num_ssm_layers == 0:
+            raise SpecError(f"{self.name}: a model needs at least one attention or SSM layer")
+        for attr in ("d_model", "bytes_per_elem"):
+            if getattr(self, attr) <= 0:
+                raise SpecError(f"{self.name}: {attr} must be > 0, got {getattr(self, attr)}")
+        if self.num_ssm_layers and (self.ssm_state_dim <= 0 or self.conv_kernel < 0):
+            raise SpecError(f"{self.name}: SSM layers need ssm_state_dim > 0 and conv_kernel >= 0")
+        heads, hdim = self.kv_geometry
+        if self.num_attn_layers and (heads <= 0 or hdim <= 0):
+            raise SpecError(f"{self.name}: attention layers need num_kv_heads > 0 and head_dim > 0")
+
+    # ----------------------------------------------------------------------------- geometry
+    @property
+    def kv_geometry(self) -> tuple[int, int]:
+        """(KV heads, head dim); without GQA info, one head of width ``D`` (K and V are ``L·D``)."""
+        if self.num_kv_heads is None and self.head_dim is None:
+            return 1, self.d_model
+        if self.num_kv_heads is None or self.head_dim is None:
+            raise SpecError(f"{self.name}: give both num_kv_heads and head_dim, or neither")
+        return self.num_kv_heads, self.head_dim
+
+    @property
+    def has_recurrent_state(self) -> bool:
+        """False for a pure transformer: then any KV prefix is reusable (no SSM checkpoint needed)."""
+        return self.num_ssm_layers > 0
+
+    # ----------------------------------------------------------------------------- bytes
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """Bytes of K and V for one token, summed over all attention layers."""
+        heads, hdim = self.kv_geometry
+        return self.num_attn_layers * 2 * heads * hdim * self.bytes_per_elem
+
+    @property
+    def ssm_state_bytes_per_layer(self) -> int:
+        width = self.d_model if self.ssm_state_width is None else self.ssm_state_width
+        return width * self.ssm_state_dim * self.bytes_per_elem
+
+    @property
+    def conv_state_bytes_per_layer(self) -> int:
+        conv_dim = (self.ssm_expand * self.d_model + 2 * self.ssm_state_dim
+                    if self.conv_dim is None else self.conv_dim)
+        return conv_dim * self.conv_kernel * self.bytes_per_elem
+
+    @property
+    def ssm_checkpoint_bytes(self) -> int:
+        """Bytes of one SSM checkpoint: recurrent + conv state of every SSM layer."""
+        return self.num_ssm_layers * (self.ssm_state_bytes_per_layer + self.conv_state_bytes_per_layer)
+
+    def kv_bytes(self, num_tokens: int) -> int:
+        return num_tokens * self.kv_bytes_per_token
+
+    # ----------------------------------------------------------------------------- FLOPs
+    def attn_flops(self, length: int) -> float:
+        """FLOPs of one attention layer prefilling ``length`` tokens from scratch."""
+        d = self.d_model
+        return 8.0 * length * d * d + 4.0 * length * length * d
+
+    def mlp_flops(self, length: int) -> float:
+        d = self.d_model
+        return 16.0 * length * d * d
+
+    def ssm_flops(self, length: int) -> float:
+        d, n = self.d_model, self.ssm_state_dim
+        return 12.0 * length * d * d + 16.0 * length * d * n + 10.0 * length * d
+
+    def prefill_flops(self, length: int) -> float:
+        """FLOPs to prefill a ``length``-token prefix through all layers (what a hit saves)."""
+        return (self.num_attn_layers * self.attn_flops(length)
+                + self.num_ssm_layers * self.ssm_flops(length)
+                + self.num_mlp_layers * self.mlp_flops(length))
+
+    def span_flops(self, start: int, end: int) -> float:
+        """FLOPs to prefill tokens ``[start, end)`` given the first ``start`` are cached.
+
+        Linear layers cost ``flops(end-start)``; attention costs ``attn(end) - attn(start)`` because
+        the new tokens attend to the whole prefix.
+        """
+        span = end - start
+        return (self.num_attn_layers * (self.attn_flops(end) - self.attn_flops(start))
+                + self.num_ssm_layers * self.ssm_flops(span)
+                + self.num_mlp_layers * self.mlp_flops(span))
+
+    # ----------------------------------------------------------------------------- variants
+    def with_changes(self, **changes: Any) -> "ModelSpec":
+        """A copy with some fields changed (for sweeps over layer ratio or state size)."""
+        return replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def describe(self) -> dict[str, Any]:
+        """A flat summary for tables and result records."""
+        return {
+            "model": self.name,
+            "attn_layers": self.num_attn_layers,
+            "ssm_layers": self.num_ssm_layers,
+            "mlp_layers": self.num_mlp_layers,
+            "d_model": self.d_model,
+            "ssm_state_dim": self.ssm_state_dim,
+            "kv_bytes_per_token": self.kv_bytes_per_token,
+            "ssm_checkpoint_bytes": self.ssm_checkpoint_bytes,
+        }
+
+    # ----------------------------------------------------------------------------- HF configs
+    @classmethod
+    def from_hf_config(cls, config: Mapping[str, Any] | str | Path, *, name: str | None = None,
+                       bytes_per_elem: int | None = None) -> "ModelSpec":
+        """Build a spec from a Hugging Face ``config.json`` (a dict, a file, or a model directory).
+
+        Nothing is downloaded. Supported ``model_type`` values are listed in ``HF_PARSERS``; the
+        state sizes are the real ones of each architecture, not the paper's simplification.
+        """
+        cfg = _load_config(config)
+        model_type = cfg.get("model_type")
+        if "text_config" in cfg and model_type not in HF_PARSERS:
+            cfg = {**cfg["text_config"]}
+            model_type = cfg.get("model_type")
+        parser = HF_PARSERS.get(str(model_type))
+        if parser is None:
+            raise SpecError(f"unsupported model_type {model_type!r} in config; supported: "
+                            f"{', '.join(sorted(HF_PARSERS))}")
+        try:
+            fields = parser(cfg)
+        except KeyError as exc:
+            raise SpecError(f"config of model_type {model_type!r} lacks the field {exc.args[0]!r}") from None
+        if bytes_per_elem is None:
+            bytes_per_elem = _dtype_bytes(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16")
+        return cls(name=name or str(cfg.get("_name_or_path") or model_type), bytes_per_elem=bytes_per_elem,
+                   source=f"hf:{model_type}", **fields)
+
+
+# ================================================================================= HF parsing
+_DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8, "float8_e4m3fn": 1}
+
+
+def _dtype_bytes(dtype: Any) -> int:
+    key = str(dtype).removeprefix("torch.")
+    if key not in _DTYPE_BYTES:
+        raise SpecError(f"unknown dtype {dtype!r}; known: {', '.join(_DTYPE_BYTES)}")
+    return _DTYPE_BYTES[key]
+
+
+def _load_config(config: Mapping[str, Any] | str | Path) -> dict[str, Any]:
+    if isinstance(config, Mapping):
+        return dict(config)
+    path = Path(config)
+    if path.is_dir():
+        path = path / "config.json"
+    if not path.is_file():
+        raise SpecError(f"no config.json at {path}: pass a model directory or a config file")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise SpecError(f"{path}: not valid JSON ({exc})") from None
+
+
+def _attn(cfg: Mapping[str, Any], heads_key: str = "num_attention_heads") -> dict[str, int]:
+    heads = int(cfg[heads_key])
+    kv = int(cfg.get("num_key_value_heads") or heads)
+    hdim = int(cfg.get("head_dim") or cfg.get("attention_head_dim") or cfg["hidden_size"] // heads)
+    return {"num_kv_heads": kv, "head_dim": hdim}
+
+
+def _mamba2(d_inner: int, n_groups: int, d_state: int, kernel: int) -> dict[str, int]:
+    """Mamba-2 state: ``[heads, head_dim, N]`` = ``d_inner·N``; conv over x, B, C channels."""
+    return {"ssm_state_dim": d_state, "ssm_state_width": d_inner,
+            "conv_dim": d_inner + 2 * n_groups * d_state, "conv_kernel": kernel}
+
+
+def _parse_bamba(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    layers = int(cfg["num_hidden_layers"])
+    attn = len(cfg.get("attn_layer_indices") or [])
+    d = int(cfg["hidden_size"])
+    d_inner = int(cfg.get("mamba_n_heads", 128)) * int(cfg.get("mamba_d_head", 64))
+    return dict(num_attn_layers=attn, num_ssm_layers=layers - attn, num_mlp_layers=layers, d_model=d,
+                ssm_expand=int(cfg.get("mamba_expand", 2)), **_attn(cfg),
+                **_mamba2(d_inner, int(cfg.get("mamba_n_groups", 1)), int(cfg.get("mamba_d_state", 128)),
+                          int(cfg.get("mamba_d_conv", 4))))
+
+
+def _parse_nemotron_h(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    pattern = cfg.get("hybrid_override_pattern")
+    if pattern is None and "layers_block_type" in cfg:
+        pattern = "".join({"mamba": "M", "attention": "*", "mlp": "-", "moe": "E"}[t]
+                          for t in cfg["layers_block_type"])
+    if pattern is None:
+        raise KeyError("hybrid_override_pattern")
+    d = int(cfg["hidden_size"])
+    d_inner = int(cfg["mamba_num_heads"]) * int(cfg["mamba_head_dim"])
+    return dict(num_attn_layers=pattern.count("*"), num_ssm_layers=pattern.count("M"),
+                num_mlp_layers=pattern.count("-") + pattern.count("E"), d_model=d, **_attn(cfg),
+                **_mamba2(d_inner, int(cfg.get("n_groups", 1)), int(cfg["ssm_state_size"]),
+                          int(cfg.get("conv_kernel", 4))))
+
+
+def _parse_falcon_h1(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    # Parallel hybrid: every layer has an attention branch, an SSM branch and an MLP.
+    layers = int(cfg["num_hidden_layers"])
+    d = int(cfg["hidden_size"])
+    d_inner = int(cfg.get("mamba_d_ssm") or int(cfg.get("mamba_expand", 2)) * d)
+    return dict(num_attn_layers=layers, num_ssm_layers=layers, num_mlp_layers=layers, d_model=d, **_attn(cfg),
+                **_mamba2(d_inner, int(cfg.get("mamba_n_groups", 1)), int(cfg.get("mamba_d_state", 256)),
+                          int(cfg.get("mamba_d_conv", 4))))
+
+
+def _parse_granitemoehybrid(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    types = list(cfg["layer_types"])
+    d = int(cfg["hidden_size"])
+    d_inner = int(cfg.get("mamba_n_heads", 128)) * int(cfg.get("mamba_d_head", 64))
+    return dict(num_attn_layers=types.count("attention"), num_ssm_layers=types.count("mamba"),
+                num_mlp_layers=len(types), d_model=d, **_attn(cfg),
+                **_mamba2(d_inner, int(cfg.get("mamba_n_groups", 1)), int(cfg.get("mamba_d_state", 128)),
+                          int(cfg.get("mamba_d_conv", 4))))
+
+
+def _parse_zamba2(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    layers = int(cfg["num_hidden_layers"])
+    kinds = list(cfg.get("layers_block_type") or [])
+    hybrid = kinds.count("hybrid") if kinds else len(cfg.get("hybrid_layer_ids") or [])
+    d = int(cfg["hidden_size"])
+    expand = int(cfg.get("mamba_expand", 2))
+    d_inner = expand * d
+    heads = int(cfg["num_attention_heads"])
+    # Zamba2's shared attention runs on concat(hidden, embeddings): head_dim = 2·D / heads.
+    hdim = int(cfg.get("attention_head_dim") or 2 * d // heads)
+    return dict(num_attn_layers=hybrid, num_ssm_layers=layers, num_mlp_layers=hybrid, d_model=d,
+                num_kv_heads=int(cfg.get("num_key_value_heads") or heads), head_dim=hdim, ssm_expand=expand,
+                **_mamba2(d_inner, int(cfg.get("mamba_ngroups", 1)), int(cfg.get("mamba_d_state", 64)),
+                          int(cfg.get("mamba_d_conv", 4))))
+
+
+def _parse_jamba(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    layers = int(cfg["num_hidden_layers"])
+    period, offset = int(cfg.get("attn_layer_period", 8)), int(cfg.get("attn_layer_offset", 4))
+    attn = sum(1 for i in range(layers) if i % period == offset)
+    d = int(cfg["hidden_size"])
+    expand = int(cfg.get("mamba_expand", 2))
+    # Mamba-1: state [expand·D, N], conv over the expand·D channels only.
+    return dict(num_attn_layers=attn, num_ssm_layers=layers - attn, num_mlp_layers=layers, d_model=d,
+                ssm_state_dim=int(cfg.get("mamba_d_state", 16)), ssm_expand=expand,
+                ssm_state_width=expand * d, conv_dim=expand * d, conv_kernel=int(cfg.get("mamba_d_conv", 4)),
+                **_attn(cfg))
+
+
+def _gated_deltanet(cfg: Mapping[str, Any], layers: int, attn: int) -> dict[str, Any]:
+    """Gated DeltaNet state ``[v_heads, k_dim, v_dim]``; conv over q, k, v channels."""
+    d = int(cfg["hidden_size"])
+    k_heads, v_heads = int(cfg["linear_num_key_heads"]), int(cfg["linear_num_value_heads"])
+    k_dim, v_dim = int(cfg["linear_key_head_dim"]), int(cfg["linear_value_head_dim"])
+    return dict(num_attn_layers=attn, num_ssm_layers=layers - attn, num_mlp_layers=layers, d_model=d,
+                ssm_state_dim=k_dim, ssm_state_width=v_heads * v_dim,
+                conv_dim=2 * k_heads * k_dim + v_heads * v_dim, conv_kernel=int(cfg.get("linear_conv_kernel_dim", 4)),
+                **_attn(cfg))
+
+
+def _parse_qwen3_next(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    layers = int(cfg["num_hidden_layers"])
+    types = cfg.get("layer_types")
+    if types:
+        attn = sum(1 for t in types if t == "full_attention")
+    else:
+        interval = int(cfg.get("full_attention_interval", 4))
+        attn = sum(1 for i in range(layers) if (i + 1) % interval == 0)
+    return _gated_deltanet(cfg, layers, attn)
+
+
+def _parse_olmo_hybrid(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    types = list(cfg["layer_types"])
+    return _gated_deltanet(cfg, len(types), sum(1 for t in types if t == "full_attention"))
+
+
+def _parse_lfm2(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    # LFM2: short-conv layers hold only a conv state [D, L_cache]; no N-dim recurrent state.
+    types = list(cfg["layer_types"])
+    d = int(cfg["hidden_size"])
+    return dict(num_attn_layers=types.count("full_attention"), num_ssm_layers=types.count("conv"),
+                num_mlp_layers=len(types), d_model=d, ssm_state_dim=1, ssm_state_width=0, conv_dim=d,
+                conv_kernel=int(cfg.get("conv_L_cache", 3)), **_attn(cfg))
+
+
+HF_PARSERS = {
+    "bamba": _parse_bamba,
+    "nemotron_h": _parse_nemotron_h,
+    "falcon_h1": _parse_falcon_h1,
+    "granitemoehybrid": _parse_granitemoehybrid,
+    "zamba2": _parse_zamba2,
+    "jamba": _parse_jamba,
+    "qwen3_next": _parse_qwen3_next,
+    "olmo_hybrid": _parse_olmo_hybrid,
+    "lfm2": _parse_lfm2,
+}
+
+# ================================================================================= presets
+# Values below are the published config.json fields that matter for caching.
+_PUBLISHED_CONFIGS: dict[str, dict[str, Any]] = {
+    # AI21 Jamba-1.5-Mini (52B total / 12B active; Mamba-1, N=16).
+    "jamba-1.5-mini": {"model_type": "jamba", "hidden_size": 4096, "num_hidden_layers": 32,
+                       "attn_layer_period": 8, "attn_layer_offset": 4, "num_attention_heads": 32,
+                       "num_key_value_heads": 8, "mamba_d_state": 16, "mamba_d_conv": 4, "mamba_expand": 2,
+                       "torch_dtype": "bfloat16"},
+    # nvidia/Nemotron-H-8B-Base-8K: 24 Mamba-2, 4 attention, 24 MLP blocks.
+    "nemotron-h-8b": {"model_type": "nemotron_h", "hidden_size": 4096, "num_attention_heads": 32,
+                      "num_key_value_heads": 8, "head_dim": 128, "mamba_num_heads": 128, "mamba_head_dim": 64,
+                      "n_groups": 8, "ssm_state_size": 128, "conv_kernel": 4, "torch_dtype": "bfloat16",
+                      "hybrid_override_pattern": "M-M-M-M*-M-M-M-M*-M-M-M-M*-M-M-M-M*-M-M-M-M-M-M-M-M-"},
+    # ibm-ai-platform/Bamba-9B: attention at layers 9, 18, 27 of 32.
+    "bamba-9b": {"model_type": "bamba", "hidden_size": 4096, "num_hidden_layers": 32,
+                 "num_attention_heads": 32, "num_key_value_heads": 8, "attn_layer_indices": [9, 18, 27],
+                 "mamba_n_heads": 128, "mamba_d_head": 64, "mamba_n_groups": 1, "mamba_d_state": 128,
+                 "mamba_d_conv": 4, "mamba_expand": 2, "torch_dtype": "bfloat16"},
+    # tiiuae/Falcon-H1-7B-Base: parallel attention + Mamba-2 in each of 44 layers.
+    "falcon-h1-7b": {"model_type": "falcon_h1", "hidden_size": 3072, "num_hidden_layers": 44,
+                     "num_attention_heads": 12, "num_key_value_heads": 2, "head_dim": 128,
+                     "mamba_d_ssm": 3072, "mamba_n_heads": 24, "mamba_d_head": 128, "mamba_n_groups": 1,
+                     "mamba_d_state": 256, "mamba_d_conv": 4, "torch_dtype": "bfloat16"},
+    # Qwen/Qwen3-Next-80B-A3B: gated DeltaNet, one full-attention layer in four.
+    "qwen3-next-80b-a3b": {"model_type": "qwen3_next", "hidden_size": 2048, "num_hidden_layers": 48,
+                           "full_attention_interval": 4, "num_attention_heads": 16, "num_key_value_heads": 2,
+                           "head_dim": 256, "linear_num_key_heads": 16, "linear_num_value_heads": 32,
+                           "linear_key_head_dim": 128, "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4,
+                           "torch_dtype": "bfloat16"},
+}
+
+PRESETS: dict[str, ModelSpec] = {
+    # The Marconi paper's 7B hybrid: {4, 24, 28} {attention, SSM, MLP} layers, D=4096, N=128, fp16.
+    "paper-7b": ModelSpec(name="paper-7b", num_attn_layers=4, num_ssm_layers=24, num_mlp_layers=28,
+                          d_model=4096, ssm_state_dim=128, conv_kernel=4, ssm_expand=2, num_kv_heads=32,
+                          head_dim=128, bytes_per_elem=2, source="Marconi paper §5.1 / App. A"),
+    **{name: ModelSpec.from_hf_config(cfg, name=name) for name, cfg in _PUBLISHED_CONFIGS.items()},
+    # Same layer mix as paper-7b with attention only (the paper's 0:36 limit in Fig. 12a).
+    "transformer-7b": ModelSpec(name="transformer-7b", num_attn_layers=32, num_ssm_layers=0, num_mlp_layers=32,
+                                d_model=4096, ssm_state_dim=0, num_kv_heads=32, head_dim=128,
+                                source="pure transformer reference"),
+}
+
+
+def list_models() -> list[ModelSpec]:
+    return list(PRESETS.values())
+
+
+def get_model(name_or_path: str | ModelSpec) -> ModelSpec:
+    """A preset by name, or a spec built from a local HF ``config.json`` / model directory."""
+    if isinstance(name_or_path, ModelSpec):
+        return name_or_path
+    if name_or_path in PRESETS:
+        return PRESETS[name_or_path]
+    path = Path(name_or_path)
+    if path.exists():
+        return ModelSpec.from_hf_config(path)
+    raise SpecError(f"unknown model {name_or_path!r}: use one of {', '.join(PRESETS)} "
+                    "or a path to a Hugging Face config.json / model directory")

@@ -1,0 +1,179 @@
+"""Radix tree over token ids: the structure of the prefix cache, and nothing else.
+
+Each :class:`Node` owns the edge from its parent: the edge's tokens (stored as one int32 array),
+an opaque KV payload for those tokens, and optionally an SSM checkpoint — the recurrent state after
+the node's last token (its ``depth``). The tree does surgery only (find, split, add, remove, merge);
+:class:`marconi.cache.PrefixCache` wraps every change with byte accounting, locking and the
+eviction candidate index.
+
+Matching can be page-granular (``page_size > 1``): children are keyed by their first page of tokens
+and match lengths are rounded down to whole pages, as in vLLM's block-hash prefix caching.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterator, NamedTuple
+
+import numpy as np
+
+__all__ = ["Node", "RadixTree", "WalkResult", "common_prefix_len"]
+
+
+class Node:
+    """One radix-tree node; see the module docstring for what it owns."""
+
+    __slots__ = ("node_id", "tokens", "parent", "children", "depth", "kv", "ssm", "has_ssm",
+                 "last_access", "access_seq", "lock_ref", "slot", "flop_eff")
+
+    def __init__(self, node_id: int, tokens: np.ndarray, parent: "Node | None", depth: int) -> None:
+        self.node_id = node_id
+        self.tokens = tokens
+        self.parent = parent
+        self.children: dict[Any, Node] = {}
+        self.depth = depth            # prefix length at the end of this node's edge
+        self.kv: Any = None           # opaque KV payload of the edge tokens
+        self.ssm: Any = None          # opaque SSM payload (valid when has_ssm)
+        self.has_ssm = False
+        self.last_access = 0.0        # clock value of the last access
+        self.access_seq = 0           # strictly increasing access order (tie-breaker)
+        self.lock_ref = 0             # in-flight requests whose path includes this node
+        self.slot: int | None = None  # index in the eviction candidate set, if a candidate
+        self.flop_eff = 0.0           # cached FLOP efficiency (recomputed on structural change)
+
+    @property
+    def edge_len(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def parent_depth(self) -> int:
+        return self.depth - len(self.tokens)
+
+    def __repr__(self) -> str:
+        return (f"Node(id={self.node_id}, depth={self.depth}, edge={len(self.tokens)}, ssm={self.has_ssm}, "
+                f"children={len(self.children)}, lock={self.lock_ref})")
+
+
+def common_prefix_len(a: np.ndarray, b: np.ndarray) -> int:
+    """Length of the common prefix of two int arrays (vectorised)."""
+    n = min(len(a), len(b))
+    if n == 0:
+        return 0
+    diff = np.flatnonzero(a[:n] != b[:n])
+    return int(diff[0]) if diff.size else n
+
+
+class WalkResult(NamedTuple):
+    """Where a token sequence leaves the tree.
+
+    ``path`` holds the fully matched nodes from the root's first child down; ``matched_len`` is the
+    number of matched tokens (page-rounded); ``partial`` is the child whose edge matched only
+    partly (``matched_len`` then ends inside its edge), or None.
+    """
+
+    path: list[Node]
+    matched_len: int
+    partial: Node | None
+
+
+class RadixTree:
+    """Token-id radix tree with optional page-granular matching."""
+
+    def __init__(self, page_size: int = 1) -> None:
+        if page_size < 1:
+            raise ValueError(f"page_size must be >= 1, got {page_size}")
+        self.page_size = page_size
+        self._next_id = 1
+        self.root = Node(0, np.empty(0, dtype=np.int32), None, 0)
+        self.num_nodes = 0  # excluding the root
+
+    # ------------------------------------------------------------------ keys and walking
+    def child_key(self, tokens: np.ndarray, start: int) -> Any:
+        """Key of the child edge starting at ``tokens[start]``: a token, or a whole page's bytes."""
+        if self.page_size == 1:
+            return int(tokens[start])
+        return tokens[start:start + self.page_size].tobytes()
+
+    def walk(self, tokens: np.ndarray) -> WalkResult:
+        """Follow ``tokens`` from the root as far as the tree holds them. Does not modify anything."""
+        page = self.page_size
+        usable_len = len(tokens) - len(tokens) % page
+        node, depth, path = self.root, 0, []
+        while depth < usable_len:
+            child = node.children.get(self.child_key(tokens, depth))
+            if child is None:
+                break
+            edge = child.tokens
+            n = len(edge)
+            if depth + n <= usable_len and (page > 1 and n == page or np.array_equal(edge, tokens[depth:depth + n])):
+                path.append(child)
+                depth += n
+                node = child
+                continue
+            common = common_prefix_len(edge, tokens[depth:usable_len])
+            common -= common % page
+            return WalkResult(path, depth + common, child if common > 0 else None)
+        return WalkResult(path, depth, None)
+
+    def iter_nodes(self) -> Iterator[Node]:
+        """All nodes except the root, parents before children."""
+        stack = list(self.root.children.values())
+        while stack:
+            node = stack.pop()
+            yield node
+            stack.extend(node.children.values())
+
+    # ------------------------------------------------------------------ surgery
+    def new_node(self, tokens: np.ndarray, parent: Node) -> Node:
+        """Create a child of ``parent`` owning ``tokens`` (no payloads yet) and link it in."""
+        node = Node(self._next_id, tokens, parent, parent.depth + len(tokens))
+        self._next_id += 1
+        parent.children[self.child_key(tokens, 0)] = node
+        self.num_nodes += 1
+        return node
+
+    def split(self, node: Node, at: int) -> Node:
+        """Split ``node``'s edge after ``at`` tokens; returns the new upper node (no SSM state).
+
+        The lower part keeps the node object (its SSM state, children and identity), so handles to
+        it stay valid. The new upper node inherits the lock count and recency of ``node``: it is on
+        every path that ``node`` is on. Payload splitting is the caller's job.
+        """
+        if not 0 < at < len(node.tokens):
+            raise ValueError(f"split point {at} outside edge of length {len(node.tokens)}")
+        if at % self.page_size:
+            raise ValueError(f"split point {at} is not a multiple of the page size {self.page_size}")
+        parent = node.parent
+        assert parent is not None
+        upper = Node(self._next_id, node.tokens[:at], parent, node.depth - len(node.tokens) + at)
+        self._next_id += 1
+        upper.lock_ref = node.lock_ref
+        upper.last_access = node.last_access
+        upper.access_seq = node.access_seq
+        parent.children[self.child_key(node.tokens, 0)] = upper
+        node.tokens = node.tokens[at:]
+        node.parent = upper
+        upper.children[self.child_key(node.tokens, 0)] = node
+        self.num_nodes += 1
+        return upper
+
+    def remove_leaf(self, node: Node) -> None:
+        assert not node.children and node.parent is not None
+        del node.parent.children[self.child_key(node.tokens, 0)]
+        node.parent = None
+        self.num_nodes -= 1
+
+    def merge_into_child(self, node: Node) -> Node:
+        """Remove a one-child node; its edge tokens are prepended to the child's. Returns the child.
+
+        Payload joining is the caller's job (before calling, while both edges are intact).
+        """
+        assert len(node.children) == 1 and node.parent is not None
+        (child,) = node.children.values()
+        key = self.child_key(node.tokens, 0)
+        child.tokens = np.concatenate((node.tokens, child.tokens))
+        child.parent = node.parent
+        node.parent.children[key] = child
+        node.parent = None
+        node.children = {}
+        self.num_nodes -= 1
+        return child

@@ -1,0 +1,148 @@
+"""Named caching systems: an admission policy + an eviction policy (+ α tuning), by name.
+
+========  ==========================  =====================================================
+name      admission                   eviction
+========  ==========================  =====================================================
+vanilla   none                        (nothing cached)
+vllm+     every-block (k = 32)        lru (leaves; hits refresh the whole path)
+sglang+   marconi                     lru
+marconi   marconi                     flop-aware, α bootstrap-tuned (or fixed: alpha=…)
+custom    any (admission=…)           any (eviction=…)
+========  ==========================  =====================================================
+
+Parameters go on the name, wherever a system is named: ``marconi:alpha=1.0``, ``vllm+:block=16``,
+``marconi:multiplier=15,objective=flops``, ``custom:admission=every-block,eviction=flop-aware,alpha=auto``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from marconi.admission import ADMISSION_POLICIES
+from marconi.cache import PayloadOps, PrefixCache
+from marconi.eviction import EVICTION_POLICIES, FlopAware
+from marconi.model import ModelSpec
+from marconi.registry import ConfigError, ParsedName, Registry, parse_name, split_name_list
+from marconi.tuning import BootstrapTuner
+
+__all__ = ["SystemConfig", "TuningConfig", "SYSTEMS", "make_system", "parse_systems", "build_cache"]
+
+
+@dataclass(frozen=True, slots=True)
+class TuningConfig:
+    multiplier: float = 5
+    objective: str = "hit-rate"
+    retune_every: int = 0
+    drift: float = 0.05
+
+
+@dataclass(frozen=True, slots=True)
+class SystemConfig:
+    """A caching system: what to build for a cache, and the label it is reported under."""
+
+    label: str
+    admission: str
+    eviction: str
+    tuning: TuningConfig | None = None
+
+    def build(self, spec: ModelSpec | str, capacity_bytes: float, *, clock: Callable[[], float] | None = None,
+              payloads: PayloadOps | None = None, tuning_workers: int | None = None,
+              tuning_mapper: Callable[..., list[Any]] | None = None) -> PrefixCache:
+        cache = PrefixCache(spec, capacity_bytes, self.admission, self.eviction, clock=clock, payloads=payloads)
+        if self.tuning is not None:
+            if not isinstance(cache.eviction, FlopAware):
+                raise ConfigError(f"{self.label}: alpha tuning needs the flop-aware eviction policy")
+            t = self.tuning
+            cache.add_observer(BootstrapTuner(cache.eviction, multiplier=t.multiplier, objective=t.objective,
+                                              workers=tuning_workers, retune_every=t.retune_every, drift=t.drift,
+                                              mapper=tuning_mapper))
+        return cache
+
+    def describe(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"system": self.label, "admission": self.admission, "eviction": self.eviction}
+        if self.tuning is not None:
+            out["tuning"] = f"bootstrap(multiplier={self.tuning.multiplier}, objective={self.tuning.objective})"
+        return out
+
+
+SYSTEMS: Registry[SystemConfig] = Registry("system")
+
+
+def _alpha_or_auto(alpha: str) -> float | None:
+    if alpha == "auto":
+        return None
+    try:
+        value = float(alpha)
+    except ValueError:
+        raise ConfigError(f"alpha must be a number >= 0 or 'auto', got {alpha!r}") from None
+    if value < 0:
+        raise ConfigError(f"alpha must be >= 0, got {value}")
+    return value
+
+
+def _flop_aware(alpha: str, efficiency: str, recency: str) -> str:
+    fixed = _alpha_or_auto(alpha)
+    return f"flop-aware:alpha={fixed or 0.0},efficiency={efficiency},recency={recency}"
+
+
+@SYSTEMS.register("vanilla", "no prefix caching")
+def _vanilla() -> SystemConfig:
+    return SystemConfig("vanilla", "none", "lru")
+
+
+@SYSTEMS.register("vllm+", "checkpoint every block, LRU (vLLM extended to hybrids)")
+def _vllm(block: int = 32) -> SystemConfig:
+    return SystemConfig("vllm+", f"every-block:k={block}", "lru")
+
+
+@SYSTEMS.register("sglang+", "judicious admission, LRU (SGLang extended to hybrids)")
+def _sglang() -> SystemConfig:
+    return SystemConfig("sglang+", "marconi", "lru")
+
+
+@SYSTEMS.register("marconi", "judicious admission + FLOP-aware eviction with bootstrap-tuned alpha")
+def _marconi(alpha: str = "auto", multiplier: float = 5, objective: str = "hit-rate", efficiency: str = "total",
+             recency: str = "linear", retune: int = 0, drift: float = 0.05) -> SystemConfig:
+    fixed = _alpha_or_auto(alpha)
+    tuning = None if fixed is not None else TuningConfig(multiplier, objective, retune, drift)
+    return SystemConfig("marconi", "marconi", _flop_aware(alpha, efficiency, recency), tuning)
+
+
+@SYSTEMS.register("custom", "any admission policy with any eviction policy")
+def _custom(admission: str = "marconi", eviction: str = "lru", block: int = 32, alpha: str = "auto",
+            multiplier: float = 5, objective: str = "hit-rate", efficiency: str = "total",
+            recency: str = "linear") -> SystemConfig:
+    if admission not in ADMISSION_POLICIES.names():
+        raise ConfigError(f"custom: unknown admission {admission!r}; choose one of: {', '.join(ADMISSION_POLICIES.names())}")
+    if eviction not in EVICTION_POLICIES.names():
+        raise ConfigError(f"custom: unknown eviction {eviction!r}; choose one of: {', '.join(EVICTION_POLICIES.names())}")
+    adm = f"every-block:k={block}" if admission == "every-block" else admission
+    tuning = None
+    if eviction.startswith("flop-aware"):
+        variant = "marginal" if eviction == "flop-aware-marginal" else efficiency
+        evi = _flop_aware(alpha, variant, recency)
+        if _alpha_or_auto(alpha) is None:
+            tuning = TuningConfig(multiplier, objective)
+    else:
+        evi = eviction
+    return SystemConfig(f"{admission}+{eviction}", adm, evi, tuning)
+
+
+def make_system(text: str | SystemConfig) -> SystemConfig:
+    """A system from its name with parameters; the label is the text as given."""
+    if isinstance(text, SystemConfig):
+        return text
+    parsed: ParsedName = parse_name(text)
+    config = SYSTEMS.create(parsed)
+    label = str(parsed) if parsed.name != "custom" or not parsed.params else config.label
+    return SystemConfig(label, config.admission, config.eviction, config.tuning)
+
+
+def parse_systems(text: str) -> list[SystemConfig]:
+    """``"vanilla,vllm+,marconi:alpha=1,multiplier=5"`` -> configs (parameters may contain commas)."""
+    return [make_system(item) for item in split_name_list(text)]
+
+
+def build_cache(system: str | SystemConfig, spec: ModelSpec | str, capacity_bytes: float, **kwargs: Any) -> PrefixCache:
+    return make_system(system).build(spec, capacity_bytes, **kwargs)

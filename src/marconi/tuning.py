@@ -1,0 +1,242 @@
+"""Bootstrap tuning of α, the weight of FLOP efficiency in Marconi's eviction utility (paper §4.2).
+
+Protocol: α = 0 (pure recency) until the first eviction. The tree is snapshotted when the request
+that caused that eviction completes; the next ``multiplier × (requests seen before the first
+eviction)`` requests are recorded (their arrival time, input and output tokens); then every α of
+the grid {0, 0.1, …, 2.0} replays that window from the snapshot in a size-only simulation, in
+parallel worker processes, and the α with the best objective (token hit rate, or FLOPs saved) is
+adopted. Ties go to the smaller α. Optionally the cycle repeats when the hit rate drifts.
+
+Replays are sequential (match then insert per request), cheap (no model), deterministic, and
+identical whatever the number of workers.
+"""
+
+from __future__ import annotations
+
+import copy
+import multiprocessing
+import os
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from marconi.cache import CacheObserver, PrefixCache, RequestHandle, TreeSnapshot
+from marconi.eviction import FlopAware
+from marconi.model import ModelSpec
+from marconi.registry import ConfigError
+
+__all__ = ["DEFAULT_ALPHA_GRID", "TuningJob", "TuningEvent", "BootstrapTuner", "evaluate_alphas", "replay_window"]
+
+DEFAULT_ALPHA_GRID: tuple[float, ...] = tuple(round(0.1 * i, 1) for i in range(21))
+OBJECTIVES = ("hit-rate", "flops")
+
+
+@dataclass(frozen=True, slots=True)
+class RecordedRequest:
+    time: float
+    input_tokens: np.ndarray
+    output_tokens: np.ndarray
+
+
+@dataclass(slots=True)
+class TuningJob:
+    """Everything a replay needs; picklable (sent to worker processes or Ray tasks)."""
+
+    snapshot: TreeSnapshot
+    window: list[RecordedRequest]
+    spec: ModelSpec
+    capacity_bytes: int
+    admission: Any
+    efficiency: str
+    recency: str
+
+
+@dataclass(frozen=True, slots=True)
+class TuningEvent:
+    """One completed grid search (kept on the tuner for reports: tuned α over time)."""
+
+    at_request: int
+    window_size: int
+    alpha: float
+    scores: dict[float, float]
+    seconds: float
+
+
+class _ReplayClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def replay_window(job: TuningJob, alpha: float) -> tuple[int, float, int]:
+    """Replay the job's window from its snapshot with a fixed α: (reused tokens, FLOPs saved, input tokens)."""
+    clock = _ReplayClock()
+    clock.now = job.snapshot.clock_value
+    policy = FlopAware(alpha=alpha, efficiency=job.efficiency, recency=job.recency)
+    cache = PrefixCache.from_snapshot(job.snapshot, job.spec, job.capacity_bytes, copy.deepcopy(job.admission),
+                                      policy, clock=clock)
+    for req in job.window:
+        clock.now = req.time
+        cache.process(req.input_tokens, req.output_tokens)
+    return cache.stats.reused_tokens, cache.stats.flops_saved, cache.stats.input_tokens
+
+
+_WORKER_JOB: TuningJob | None = None
+
+
+def _init_worker(job: TuningJob) -> None:
+    global _WORKER_JOB
+    _WORKER_JOB = job
+
+
+def _replay_in_worker(alpha: float) -> tuple[int, float, int]:
+    assert _WORKER_JOB is not None
+    return replay_window(_WORKER_JOB, alpha)
+
+
+def default_workers() -> int:
+    return max(1, min(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1, 8))
+
+
+def evaluate_alphas(job: TuningJob, grid: Sequence[float], workers: int | None = None,
+                    mapper: Callable[[Callable[[float], Any], Sequence[float]], list[Any]] | None = None
+                    ) -> list[tuple[int, float, int]]:
+    """Replay the window once per α. ``mapper`` (e.g. a Ray map) overrides the process pool."""
+    if mapper is not None:
+        return list(mapper(lambda a: replay_window(job, a), grid))
+    workers = default_workers() if workers is None else workers
+    if workers <= 1 or len(grid) <= 1:
+        return [replay_window(job, a) for a in grid]
+    ctx = multiprocessing.get_context("fork")
+    with ProcessPoolExecutor(max_workers=min(workers, len(grid)), mp_context=ctx,
+                             initializer=_init_worker, initargs=(job,)) as pool:
+        return list(pool.map(_replay_in_worker, grid))
+
+
+def best_alpha(grid: Sequence[float], results: Sequence[tuple[int, float, int]], objective: str) -> float:
+    """Highest objective wins; exact ties go to the smaller α (deterministic)."""
+    key = 0 if objective == "hit-rate" else 1
+    best = None
+    for alpha, res in sorted(zip(grid, results), key=lambda x: x[0]):
+        if best is None or res[key] > best[1][key]:
+            best = (alpha, res)
+    assert best is not None
+    return best[0]
+
+
+class BootstrapTuner(CacheObserver):
+    """Watches a cache and sets its FLOP-aware policy's α by bootstrap replay.
+
+    Args:
+        policy: the cache's :class:`FlopAware` eviction policy (its ``alpha`` is set in place).
+        multiplier: window = multiplier × requests seen before the first eviction (paper: 5–15).
+        grid: α values to try (default 0, 0.1, …, 2.0).
+        objective: ``"hit-rate"`` (reused tokens) or ``"flops"`` (FLOPs saved).
+        workers: worker processes for the grid search (None: one per core, 1: in-process).
+        retune_every: if > 0, every that many completed requests after a tuning, compare the
+            window's token hit rate with the previous one; a drop larger than ``drift`` starts a
+            new bootstrap cycle (snapshot now, record, search).
+        mapper: optional map function (e.g. the Ray backend) used instead of the process pool.
+    """
+
+    def __init__(self, policy: FlopAware, *, multiplier: float = 5, grid: Sequence[float] = DEFAULT_ALPHA_GRID,
+                 objective: str = "hit-rate", workers: int | None = None, retune_every: int = 0,
+                 drift: float = 0.05, mapper: Callable[..., list[Any]] | None = None) -> None:
+        if multiplier <= 0:
+            raise ConfigError(f"bootstrap multiplier must be > 0, got {multiplier}")
+        if objective not in OBJECTIVES:
+            raise ConfigError(f"tuning objective must be one of {OBJECTIVES}, got {objective!r}")
+        if not grid or any(a < 0 for a in grid):
+            raise ConfigError("the alpha grid must be non-empty and non-negative")
+        self.policy = policy
+        self.multiplier = multiplier
+        self.grid = tuple(sorted(grid))
+        self.objective = objective
+        self.workers = workers
+        self.retune_every = retune_every
+        self.drift = drift
+        self.mapper = mapper
+        self.events: list[TuningEvent] = []
+        self.requests_before_first_eviction: int | None = None
+        self._snapshot_due = False
+        self._snapshot: TreeSnapshot | None = None
+        self._window_size = 0
+        self._window: list[RecordedRequest] = []
+        self._recording_ids: dict[int, tuple[float, np.ndarray]] = {}
+        self._completed = 0
+        self._drift_marks: list[tuple[int, int]] = []  # (reused, input) at each drift checkpoint
+        self._since_mark = 0
+
+    # ---------------------------------------------------------------- observer hooks
+    def on_first_eviction(self, cache: PrefixCache) -> None:
+        self.requests_before_first_eviction = cache.stats.num_requests
+        self._window_size = max(1, int(round(self.multiplier * cache.stats.num_requests)))
+        self._snapshot_due = True
+
+    def on_begin(self, cache: PrefixCache, handle: RequestHandle) -> None:
+        if self._snapshot is not None:
+            self._recording_ids[handle.request_id] = (handle.begin_time, handle.tokens)
+
+    def on_finish(self, cache: PrefixCache, handle: RequestHandle, output_tokens: np.ndarray) -> None:
+        self._completed += 1
+        recorded = self._recording_ids.pop(handle.request_id, None)
+        if recorded is not None and self._snapshot is not None:
+            self._window.append(RecordedRequest(recorded[0], recorded[1], output_tokens))
+            if len(self._window) >= self._window_size:
+                self._tune(cache)
+        if self._snapshot_due:
+            self._start_cycle(cache)
+        elif self.retune_every and self.events and self._snapshot is None:
+            self._check_drift(cache)
+
+    # ---------------------------------------------------------------- cycle
+    def _start_cycle(self, cache: PrefixCache) -> None:
+        self._snapshot_due = False
+        self._snapshot = cache.snapshot()
+        self._window = []
+        self._recording_ids = {}
+
+    def _tune(self, cache: PrefixCache) -> None:
+        assert self._snapshot is not None
+        job = TuningJob(self._snapshot, self._window, cache.spec, cache.capacity_bytes, cache.admission,
+                        self.policy.efficiency_variant, self.policy.recency)
+        started = time.perf_counter()
+        results = evaluate_alphas(job, self.grid, self.workers, self.mapper)
+        alpha = best_alpha(self.grid, results, self.objective)
+        key = 0 if self.objective == "hit-rate" else 1
+        scores = {a: (r[key] / r[2] if key == 0 and r[2] else float(r[key])) for a, r in zip(self.grid, results)}
+        self.policy.alpha = alpha
+        self.events.append(TuningEvent(cache.stats.num_requests, len(self._window), alpha, scores,
+                                       time.perf_counter() - started))
+        self._snapshot = None
+        self._window = []
+        self._recording_ids = {}
+        self._drift_marks = [(cache.stats.reused_tokens, cache.stats.input_tokens)]
+        self._since_mark = 0
+
+    def _check_drift(self, cache: PrefixCache) -> None:
+        self._since_mark += 1
+        if self._since_mark < self.retune_every:
+            return
+        self._since_mark = 0
+        reused, inputs = cache.stats.reused_tokens, cache.stats.input_tokens
+        self._drift_marks.append((reused, inputs))
+        if len(self._drift_marks) < 3:
+            return
+        (r0, i0), (r1, i1), (r2, i2) = self._drift_marks[-3:]
+        before = (r1 - r0) / max(1, i1 - i0)
+        now = (r2 - r1) / max(1, i2 - i1)
+        if before - now > self.drift:
+            self._window_size = max(1, int(round(self.multiplier * self.retune_every)))
+            self._start_cycle(cache)
+
+    # ---------------------------------------------------------------- reporting
+    def describe(self) -> dict[str, Any]:
+        return {"tuning": "bootstrap", "multiplier": self.multiplier, "objective": self.objective,
+                "tuned_alphas": [e.alpha for e in self.events],
+                "requests_before_first_eviction": self.requests_before_first_eviction}
