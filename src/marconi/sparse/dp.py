@@ -1,0 +1,585 @@
+"""Exact sparse-checkpoint placement by dynamic programming over overlap depths.
+
+Problem
+-------
+A cached sequence has ``N`` tokens. A future request overlaps it to depth ``d`` (``0 <= d <= N``)
+with probability ``P(d)``. We may store recurrent-state checkpoints at up to ``M`` of ``K``
+candidate positions ``0 < p_1 < ... < p_K <= N``; a request of depth ``d`` resumes from the deepest
+checkpoint ``c(d) <= d`` (``0``, i.e. from scratch, if none) and recomputes ``[c(d), d)`` at
+``cost(c(d), d)``. Minimise ``E[cost(c(d), d)]``, or, in the Lagrangian form,
+``E[cost] + lam * checkpoint_bytes * (number of checkpoints)`` with no hard ``M``.
+
+Graph form (steps numbered as in the code)
+------------------------------------------
+1. Nodes ``0..K+1`` at positions ``p_0 = 0`` (always "stored": resuming from scratch),
+   ``p_1..p_K`` (the candidates) and ``p_{K+1} = N + 1`` (a terminal past every depth).
+2. Segment cost ``w(i, j) = sum_{p_i <= d < p_j} P(d) * cost(p_i, d)`` for ``i < j``: the checkpoint
+   at ``p_i`` serves every depth up to the next checkpoint ``p_j``. A placement of ``m``
+   checkpoints is a path ``0 -> i_1 -> ... -> i_m -> K+1`` of ``m + 1`` edges and its expected
+   cost is the sum of its edges.
+3. ``D_t(j) = min_{i < j} D_{t-1}(i) + w(i, j)``, ``D_0 = [0, inf, ...]``; ``D_{m+1}(K+1)`` is the
+   best cost with exactly ``m`` checkpoints, so one run of ``M + 1`` layers yields the whole
+   Pareto curve ``m = 0..M`` ("at most m" is a prefix minimum).
+
+Segment costs in O(1)
+---------------------
+The built-in costs are *potential* (path-additive) costs ``cost(c, d) = F(d) - F(c)``:
+tokens ``F(x) = x``; FLOPs ``F = spec.prefill_flops`` (``span_flops(c, d) = F(d) - F(c)`` because
+the SSM/MLP terms are linear with zero intercept and attention is ``attn(d) - attn(c)``). With
+prefix sums ``S(x) = sum_{d<x} P(d)`` and ``G(x) = sum_{d<x} P(d) F(d)``::
+
+    w(i, j) = G(p_j) - G(p_i) - F(p_i) * (S(p_j) - S(p_i)).
+
+For FLOPs ``F(x) = a x^2 + b x``, so ``G`` is ``a`` times the prefix sum of ``d^2 P`` plus ``b``
+times that of ``d P``: the "sums of P, dP, d^2 P" closed form, computed as one prefix sum.
+
+Precondition of the fast solver (quadrangle inequality)
+-------------------------------------------------------
+For node indices ``a <= b < c <= d`` the two "long minus short" differences share their depths::
+
+    w(a,d) + w(b,c) - w(a,c) - w(b,d) = sum_{p_c <= x < p_d} P(x) * (cost(p_a, x) - cost(p_b, x)).
+
+So ``w`` satisfies the quadrangle inequality ``w(a,c) + w(b,d) <= w(a,d) + w(b,c)`` (is Monge on
+``i < j``; entries ``i >= j`` are ``+inf`` and make every other quadruple trivial) **for every
+distribution P if and only if cost(c, x) is non-increasing in c for each fixed x** -- a deeper
+checkpoint never costs more to resume from (necessity: put a point mass at one ``x``). For a
+potential cost the bracket is ``F(p_b) - F(p_a)``: the condition is "F non-decreasing".
+
+* token count: ``F(x) = x`` -- holds.
+* FLOPs: ``F = prefill_flops`` is increasing for ``x >= 0`` -- holds. The quadratic attention term
+  ``attn(d) - attn(c)`` makes a span of fixed length *dearer* the deeper it starts, but only
+  monotonicity in ``c`` at fixed ``d`` matters, not convexity, so the inequality survives.
+* a user callable: holds iff it is non-increasing in ``c``; not guaranteed, so it is checked on
+  the instance (below).
+
+Adding the row offset ``D_{t-1}(i)`` keeps the matrix ``A_t[j, i] = D_{t-1}(i) + w(i, j)`` Monge
+(unreachable rows are all ``+inf``), hence a leftmost minimising ``i`` is non-decreasing in ``j``
+and divide-and-conquer finds every column minimum of a layer with ``O(K log K)`` evaluations:
+``O(M K log K)`` in all, against ``O(M K^2)`` for :func:`place_checkpoints_reference`. The D&C
+runs one recursion level at a time over all pending sub-problems, so each level is a handful of
+numpy calls rather than ``K`` Python calls.
+
+:func:`place_checkpoints` verifies the precondition on the instance before using the fast solver:
+for a :class:`PotentialCost` it checks ``F`` is non-decreasing at the candidates (exact, ``O(K)``);
+for any other callable it builds ``w`` (``O(K * #depths)``) and checks the adjacent 2x2
+inequalities ``w(i,j) + w(i+1,j+1) <= w(i,j+1) + w(i+1,j)`` for ``i + 1 < j``, which sum to every
+quadruple of the ``i < j`` domain. If the check fails it runs the reference solver instead
+(``Placement.solver`` says which ran). The Lagrangian solver is a 1-D DP over all predecessors,
+exact for any cost, ``O(K^2)`` time and ``O(K)`` memory.
+
+Binning to candidates
+---------------------
+For a potential cost and ``p_k <= d < p_{k+1}``, ``c(d) <= p_k`` so
+``cost(c(d), d) = cost(c(d), p_k) + F(d) - F(p_k)`` and the last two terms do not depend on the
+placement: moving each depth's mass to the left end of its candidate interval shifts every
+placement's expected cost by one constant, and leaves the optimal placement unchanged
+(:func:`marconi.sparse.overlap.binned_depth_weights`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, NamedTuple, Protocol
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+from marconi.model import ModelSpec
+
+__all__ = [
+    "Cost",
+    "LagrangianPlacement",
+    "Placement",
+    "PotentialCost",
+    "TOKEN_COST",
+    "expected_cost",
+    "flops_cost",
+    "place_checkpoints",
+    "place_checkpoints_lagrangian",
+    "place_checkpoints_reference",
+    "satisfies_quadrangle_inequality",
+    "segment_cost_matrix",
+]
+
+FloatArray = NDArray[np.float64]
+IntArray = NDArray[np.int64]
+
+# Relative tolerance for "no better": a larger budget is used only if it beats a smaller one by more
+# than this (so zero-mass segments never get a useless checkpoint from rounding noise).
+_TIE_RTOL = 1e-12
+# Relative slack allowed in the instance check of the quadrangle inequality (rounding only).
+_QI_RTOL = 1e-12
+
+
+# ================================================================================= costs
+@dataclass(frozen=True, slots=True)
+class PotentialCost:
+    """A path-additive recompute cost ``cost(c, d) = F(d) - F(c)``.
+
+    The DP gets O(1) segment costs from prefix sums, and the fast solver is exact whenever ``F`` is
+    non-decreasing at the candidate positions (checked at solve time). Use this for any cost with
+    a potential, e.g. a prefill-latency model ``T(L)``: ``PotentialCost("latency", T)``.
+
+    Attributes:
+        name: echoed in results.
+        potential: ``F``, vectorised: float array of positions -> float array of the same shape.
+    """
+
+    name: str
+    potential: Callable[[FloatArray], FloatArray]
+
+    def __call__(self, start: ArrayLike, end: ArrayLike) -> FloatArray:
+        start_f = np.asarray(start, dtype=np.float64)
+        end_f = np.asarray(end, dtype=np.float64)
+        return np.asarray(self.potential(end_f) - self.potential(start_f), dtype=np.float64)
+
+
+def _token_potential(x: FloatArray) -> FloatArray:
+    return x
+
+
+TOKEN_COST = PotentialCost("tokens", _token_potential)
+"""Plain token count: ``cost(c, d) = d - c``."""
+
+
+def flops_cost(spec: ModelSpec) -> PotentialCost:
+    """Prefill FLOPs of ``spec``: ``cost(c, d) = spec.span_flops(c, d) = F(d) - F(c)``, ``F = prefill_flops``."""
+    return PotentialCost(f"flops:{spec.name}", spec.prefill_flops)
+
+
+Cost = PotentialCost | Callable[[IntArray, IntArray], FloatArray]
+"""A :class:`PotentialCost`, or any vectorised callable ``cost(c, d)`` over broadcastable int arrays
+with ``cost(c, c) == 0``; it is only evaluated at ``c <= d``. Wrap a scalar function with
+``np.vectorize``."""
+
+
+# ================================================================================= results
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """The best placement for a checkpoint budget, and the Pareto curve up to that budget.
+
+    Attributes:
+        positions: chosen checkpoint positions, ascending (at most ``max_checkpoints``).
+        expected_cost: ``E[cost(c(d), d)]`` under the normalised weights (cost units: tokens, FLOPs...).
+        cost_by_budget: ``[m]`` = least expected cost with at most ``m`` checkpoints, ``m = 0..M``;
+            non-increasing.
+        positions_by_budget: ``[m]`` = a placement achieving ``cost_by_budget[m]``, with the fewest
+            checkpoints among those within rounding of it.
+        solver: ``"monge-dc"`` (fast, precondition verified) or ``"reference"`` (``O(K^2 M)``).
+    """
+
+    positions: tuple[int, ...]
+    expected_cost: float
+    cost_by_budget: tuple[float, ...]
+    positions_by_budget: tuple[tuple[int, ...], ...]
+    solver: str
+
+    @property
+    def num_checkpoints(self) -> int:
+        return len(self.positions)
+
+
+class LagrangianPlacement(NamedTuple):
+    """Minimiser of ``expected_cost + lam * checkpoint_bytes * len(positions)``."""
+
+    positions: tuple[int, ...]
+    expected_cost: float
+    penalty: float      # lam * checkpoint_bytes * len(positions)
+    objective: float    # expected_cost + penalty
+
+
+# ================================================================================= instance
+@dataclass(frozen=True, slots=True)
+class _Instance:
+    """Validated problem data in sparse form.
+
+    nodes: ``(K+2,)`` positions ``[0, p_1..p_K, N+1]``; depths/masses: the depths with positive
+    weight, ascending, and their weights normalised to sum 1.
+    """
+
+    nodes: IntArray
+    depths: IntArray
+    masses: FloatArray
+
+    @property
+    def num_nodes(self) -> int:
+        return int(self.nodes.size)
+
+    @property
+    def candidates(self) -> IntArray:
+        return self.nodes[1:-1]
+
+
+def _make_instance(weights: ArrayLike, positions: ArrayLike) -> _Instance:
+    """Validate ``weights`` over depths ``0..N`` and distinct ``positions`` in ``[1, N]``.
+
+    Raises:
+        ValueError: weights not 1-D, negative, non-finite or summing to 0; positions not integers,
+            repeated, or outside ``[1, N]``.
+    """
+    w = np.asarray(weights, dtype=np.float64)
+    if w.ndim != 1 or w.size == 0:
+        raise ValueError(f"weights must be a non-empty 1-D array over depths 0..N, got shape {w.shape}")
+    if not np.all(np.isfinite(w)) or np.any(w < 0):
+        raise ValueError("weights must be finite and non-negative")
+    total = float(w.sum())
+    if total <= 0:
+        raise ValueError("weights must have a positive sum")
+    cand = _validate_positions(positions, seq_len=w.size - 1)
+    depths = np.flatnonzero(w).astype(np.int64)
+    nodes = np.concatenate(([0], cand, [w.size])).astype(np.int64)
+    return _Instance(nodes=nodes, depths=depths, masses=w[depths] / total)
+
+
+def _validate_positions(positions: ArrayLike, *, seq_len: int) -> IntArray:
+    """Distinct integer positions in ``[1, seq_len]``, returned ascending (input order is free)."""
+    raw = np.asarray(positions)
+    if raw.size == 0:
+        return np.zeros(0, dtype=np.int64)
+    if raw.ndim != 1 or not (np.issubdtype(raw.dtype, np.integer) or np.all(raw == np.round(raw))):
+        raise ValueError("positions must be a 1-D array of integers")
+    cand = np.unique(raw.astype(np.int64))
+    if cand.size != raw.size:
+        raise ValueError("positions must be distinct")
+    if cand[0] < 1 or cand[-1] > seq_len:
+        raise ValueError(f"positions must lie in [1, N={seq_len}] (0 is the implicit start)")
+    return cand
+
+
+# ================================================================================= segment costs
+class _Segments(Protocol):
+    """Segment costs ``w(i, j) / scale`` between DP nodes (internally scaled to O(1))."""
+
+    scale: float
+    num_nodes: int
+
+    def __call__(self, rows: IntArray, cols: IntArray) -> FloatArray:
+        """``w(rows, cols) / scale`` elementwise; every ``rows < cols``."""
+        ...
+
+    def matrix(self) -> FloatArray:
+        """Full ``(K+2, K+2)`` matrix, ``+inf`` where ``i >= j``."""
+        ...
+
+    def satisfies_qi(self) -> bool:
+        """Whether the quadrangle inequality holds on this instance (the fast solver's precondition)."""
+        ...
+
+
+class _PotentialSegments:
+    """O(1) segment costs of a potential cost from prefix sums of ``P`` and ``P * F``."""
+
+    __slots__ = ("scale", "num_nodes", "_f_rows", "_mass_before", "_mf_before")
+
+    def __init__(self, inst: _Instance, cost: PotentialCost) -> None:
+        f_rows = np.asarray(cost.potential(inst.nodes[:-1].astype(np.float64)), dtype=np.float64)
+        f_depths = np.asarray(cost.potential(inst.depths.astype(np.float64)), dtype=np.float64)
+        if not (np.all(np.isfinite(f_rows)) and np.all(np.isfinite(f_depths))):
+            raise ValueError(f"cost {cost.name!r}: potential is not finite at some position")
+        # Scale F to O(1): FLOP potentials reach 1e16 and the prefix sums subtract nearby values.
+        scale = float(max(np.abs(f_rows).max(), np.abs(f_depths).max(initial=0.0)))
+        self.scale = scale if scale > 0 else 1.0
+        self._f_rows = f_rows / self.scale
+        first_at = np.searchsorted(inst.depths, inst.nodes, side="left")  # depths < node position
+        self._mass_before = np.concatenate(([0.0], np.cumsum(inst.masses)))[first_at]
+        mf = inst.masses * (f_depths / self.scale)
+        self._mf_before = np.concatenate(([0.0], np.cumsum(mf)))[first_at]
+        self.num_nodes = inst.num_nodes
+
+    def __call__(self, rows: IntArray, cols: IntArray) -> FloatArray:
+        return (self._mf_before[cols] - self._mf_before[rows]
+                - self._f_rows[rows] * (self._mass_before[cols] - self._mass_before[rows]))
+
+    def matrix(self) -> FloatArray:
+        n = self.num_nodes
+        rows, cols = np.triu_indices(n, k=1)
+        out = np.full((n, n), np.inf)
+        out[rows, cols] = self(rows, cols)
+        return out
+
+    def satisfies_qi(self) -> bool:
+        # Exact for potentials: the QI bracket is F(p_b) - F(p_a) over row nodes a < b.
+        return bool(np.all(np.diff(self._f_rows) >= 0))
+
+
+class _MatrixSegments:
+    """Segment costs of an arbitrary callable, tabulated in ``O(K * #depths)``."""
+
+    __slots__ = ("scale", "num_nodes", "_w")
+
+    def __init__(self, inst: _Instance, cost: Callable[[IntArray, IntArray], FloatArray]) -> None:
+        self._w = _tabulate_segments(inst, cost)
+        self.scale = 1.0
+        self.num_nodes = inst.num_nodes
+
+    def __call__(self, rows: IntArray, cols: IntArray) -> FloatArray:
+        return self._w[rows, cols]
+
+    def matrix(self) -> FloatArray:
+        return self._w
+
+    def satisfies_qi(self) -> bool:
+        return satisfies_quadrangle_inequality(self._w)
+
+
+def _tabulate_segments(inst: _Instance, cost: Callable[[IntArray, IntArray], FloatArray]) -> FloatArray:
+    """``w[i, j] = sum_{nodes[i] <= d < nodes[j]} P(d) cost(nodes[i], d)``, ``+inf`` for ``i >= j``.
+
+    Raises:
+        ValueError: the cost is not finite, or ``cost(c, c) != 0`` at a candidate.
+    """
+    n = inst.num_nodes
+    first_at = np.searchsorted(inst.depths, inst.nodes, side="left")
+    w = np.full((n, n), np.inf)
+    for i in range(n - 1):  # one vectorised row per start node: K rows of O(#depths)
+        lo = first_at[i]
+        span = inst.depths[lo:]
+        vals = inst.masses[lo:] * np.asarray(cost(np.full(span.size, inst.nodes[i]), span), dtype=np.float64)
+        if not np.all(np.isfinite(vals)):
+            raise ValueError(f"cost is not finite for some (c={inst.nodes[i]}, d) with c <= d")
+        w[i, i + 1:] = np.concatenate(([0.0], np.cumsum(vals)))[first_at[i + 1:] - lo]
+    _check_zero_diagonal(inst, cost, w)
+    return w
+
+
+def _check_zero_diagonal(inst: _Instance, cost: Callable[[IntArray, IntArray], FloatArray],
+                         w: FloatArray) -> None:
+    """``cost(c, c) == 0`` (up to rounding): a request ending at a checkpoint recomputes nothing."""
+    pts = inst.nodes[:-1]
+    diag = np.asarray(cost(pts, pts), dtype=np.float64)
+    finite = w[np.isfinite(w)]
+    ref = max(1.0, float(np.abs(finite).max(initial=0.0)))
+    if not np.all(np.abs(diag) <= 1e-9 * ref):
+        raise ValueError("cost(c, c) must be 0 at every candidate position")
+
+
+def _segments_for(inst: _Instance, cost: Cost) -> _Segments:
+    if isinstance(cost, PotentialCost):
+        return _PotentialSegments(inst, cost)
+    return _MatrixSegments(inst, cost)
+
+
+def segment_cost_matrix(weights: ArrayLike, positions: ArrayLike, *, cost: Cost = TOKEN_COST) -> FloatArray:
+    """The DP's segment costs ``w`` over nodes ``[0, *sorted(positions), N+1]``, in cost units.
+
+    ``w[i, j]`` is the expected cost contributed by depths in ``[node_i, node_j)`` served from a
+    checkpoint at ``node_i`` (weights normalised); ``+inf`` for ``i >= j``. For analysis and tests.
+    """
+    seg = _segments_for(_make_instance(weights, positions), cost)
+    return seg.matrix() * seg.scale
+
+
+def satisfies_quadrangle_inequality(w: FloatArray, *, rtol: float = _QI_RTOL) -> bool:
+    """Whether ``w(a,c) + w(b,d) <= w(a,d) + w(b,c)`` for all ``a < b < c < d`` (up to ``rtol``).
+
+    Checks the adjacent 2x2 inequalities with finite entries (``i + 1 < j``); they sum to every
+    quadruple because each rectangle ``[a, b] x [c, d]`` with ``b < c`` lies inside ``i < j``.
+    """
+    n = w.shape[0]
+    if n < 4:
+        return True
+    finite = w[np.isfinite(w)]
+    slack = rtol * max(float(np.abs(finite).max(initial=0.0)), np.finfo(float).tiny)
+    rows, cols = np.triu_indices(n - 1, k=2)
+    lhs = w[rows, cols] + w[rows + 1, cols + 1]
+    rhs = w[rows, cols + 1] + w[rows + 1, cols]
+    return bool(np.all(lhs <= rhs + slack))
+
+
+# ================================================================================= DP layers
+def _layers_reference(seg: _Segments, num_layers: int) -> tuple[FloatArray, IntArray]:
+    """Plain min-plus layers over the full matrix: ``O(K^2)`` per layer.
+
+    Returns ``exact[m]`` (cost with exactly ``m`` checkpoints, ``m < num_layers``) and
+    ``parents[t, j]`` (best predecessor of node ``j`` on a ``t``-edge path).
+    """
+    w = seg.matrix()                                  # (K+2, K+2), +inf where i >= j
+    n = w.shape[0]
+    dist = np.full(n, np.inf)
+    dist[0] = 0.0
+    parents = np.zeros((num_layers + 1, n), dtype=np.int64)
+    exact = np.empty(num_layers)
+    for t in range(1, num_layers + 1):
+        cand = dist[:, None] + w                      # (i, j): reach i in t-1 edges, then edge i -> j
+        parents[t] = np.argmin(cand, axis=0)
+        dist = cand[parents[t], np.arange(n)]
+        exact[t - 1] = dist[-1]
+    return exact, parents
+
+
+def _layers_monge(seg: _Segments, num_layers: int) -> tuple[FloatArray, IntArray]:
+    """Same output as :func:`_layers_reference`, ``O(K log K)`` per layer; needs the QI (module doc)."""
+    n = seg.num_nodes
+    dist = np.full(n, np.inf)
+    dist[0] = 0.0
+    parents = np.zeros((num_layers + 1, n), dtype=np.int64)
+    exact = np.empty(num_layers)
+    for t in range(1, num_layers + 1):
+        dist, parents[t] = _column_minima(dist, seg)
+        exact[t - 1] = dist[-1]
+    return exact, parents
+
+
+def _column_minima(prev: FloatArray, seg: _Segments) -> tuple[FloatArray, IntArray]:
+    """``best[j] = min_{i<j} prev[i] + w(i, j)`` and a leftmost minimiser, for ``j = 1..n-1``.
+
+    Divide and conquer on monotone argmins, one recursion level per iteration: each pending
+    sub-problem ``(columns [j_lo, j_hi], rows [i_lo, i_hi])`` evaluates its middle column over its
+    row range; children inherit ``[i_lo, opt]`` and ``[opt, i_hi]``. Invariant ``i_lo < j_lo`` keeps
+    every row range non-empty. ``best[0] = inf``.
+    """
+    n = prev.size
+    best = np.full(n, np.inf)
+    arg = np.zeros(n, dtype=np.int64)
+    j_lo, j_hi = np.array([1]), np.array([n - 1])
+    i_lo, i_hi = np.array([0]), np.array([n - 2])
+    while j_lo.size and n > 1:
+        mid = (j_lo + j_hi) // 2
+        counts = np.minimum(i_hi, mid - 1) - i_lo + 1                 # >= 1 by the invariant
+        starts = np.cumsum(counts) - counts
+        owner = np.repeat(np.arange(mid.size), counts)                  # sub-problem of each flat row
+        flat = np.arange(owner.size)
+        rows = i_lo[owner] + (flat - starts[owner])
+        vals = prev[rows] + seg(rows, mid[owner])
+        col_min = np.minimum.reduceat(vals, starts)
+        first = np.minimum.reduceat(np.where(vals == col_min[owner], flat, owner.size), starts)
+        opt = rows[first]
+        best[mid], arg[mid] = col_min, opt
+        left, right = mid > j_lo, mid < j_hi
+        j_lo, j_hi, i_lo, i_hi = (np.concatenate((j_lo[left], mid[right] + 1)),
+                                  np.concatenate((mid[left] - 1, j_hi[right])),
+                                  np.concatenate((i_lo[left], opt[right])),
+                                  np.concatenate((opt[left], i_hi[right])))
+    return best, arg
+
+
+def _backtrack(parents: IntArray, num_edges: int, nodes: IntArray) -> tuple[int, ...]:
+    """Checkpoint positions on the best ``num_edges``-edge path to the terminal node."""
+    path = []
+    node = nodes.size - 1
+    for t in range(num_edges, 0, -1):
+        node = int(parents[t, node])
+        path.append(node)
+    assert path[-1] == 0, "a DP path must start at node 0"
+    return tuple(int(nodes[i]) for i in reversed(path[:-1]))
+
+
+def _best_counts(exact: FloatArray, max_checkpoints: int) -> list[int]:
+    """For each budget ``m``, the fewest checkpoints whose exact cost is within rounding of the best."""
+    finite = exact[np.isfinite(exact)]
+    slack = _TIE_RTOL * max(float(np.abs(finite).max(initial=0.0)), np.finfo(float).tiny)
+    choice, best = [], 0
+    for m in range(max_checkpoints + 1):
+        if m < exact.size and exact[m] < exact[best] - slack:
+            best = m
+        choice.append(best)
+    return choice
+
+
+def _solve_budgeted(inst: _Instance, seg: _Segments, cost: Cost, max_checkpoints: int,
+                    use_monge: bool) -> Placement:
+    if max_checkpoints < 0:
+        raise ValueError(f"max_checkpoints must be >= 0, got {max_checkpoints}")
+    num_layers = min(max_checkpoints, inst.candidates.size) + 1       # m + 1 edges for m checkpoints
+    layers = _layers_monge if use_monge else _layers_reference
+    exact, parents = layers(seg, num_layers)
+    by_budget, costs = [], []
+    for m in _best_counts(exact, max_checkpoints):
+        chosen = _backtrack(parents, m + 1, inst.nodes)
+        # Report costs from the definition: prefix-sum differences lose ~1e-16 of the largest
+        # potential (visible as -1e-6 FLOPs for a zero cost); keep the curve non-increasing.
+        value = _direct_cost(inst, cost, np.array(chosen, dtype=np.int64))
+        if costs and value >= costs[-1]:
+            chosen, value = by_budget[-1], costs[-1]
+        by_budget.append(chosen)
+        costs.append(value)
+    return Placement(positions=by_budget[-1], expected_cost=costs[-1], cost_by_budget=tuple(costs),
+                     positions_by_budget=tuple(by_budget), solver="monge-dc" if use_monge else "reference")
+
+
+def _direct_cost(inst: _Instance, cost: Cost, checkpoints: IntArray) -> float:
+    """``sum_d P(d) cost(c(d), d)`` with ``c(d)`` the deepest of ``[0, *checkpoints]`` at or below ``d``."""
+    stored = np.concatenate(([0], np.sort(checkpoints))).astype(np.int64)
+    resume = stored[np.searchsorted(stored, inst.depths, side="right") - 1]
+    return float(np.dot(inst.masses, np.asarray(cost(resume, inst.depths), dtype=np.float64)))
+
+
+# ================================================================================= public API
+def place_checkpoints(weights: ArrayLike, positions: ArrayLike, max_checkpoints: int, *,
+                      cost: Cost = TOKEN_COST) -> Placement:
+    """Optimal placement of at most ``max_checkpoints`` checkpoints among candidate ``positions``.
+
+    Args:
+        weights: ``(N+1,)`` non-negative weights of overlap depths ``0..N`` (a distribution or raw
+            counts; normalised here). Depth ``d`` resumes from the deepest checkpoint ``<= d``.
+        positions: distinct candidate positions in ``[1, N]`` (any order).
+        max_checkpoints: budget ``M >= 0``; the result also holds the curve for every ``m <= M``.
+        cost: :data:`TOKEN_COST`, :func:`flops_cost`, another :class:`PotentialCost`, or a vectorised
+            callable ``cost(c, d)`` with ``cost(c, c) == 0``.
+
+    Uses the ``O(M K log K)`` Monge solver when its precondition holds on this instance and the
+    ``O(M K^2)`` reference otherwise (see the module docstring); both are exact.
+
+    Raises:
+        ValueError: invalid weights, positions, budget or cost.
+    """
+    inst = _make_instance(weights, positions)
+    seg = _segments_for(inst, cost)
+    return _solve_budgeted(inst, seg, cost, max_checkpoints, use_monge=seg.satisfies_qi())
+
+
+def place_checkpoints_reference(weights: ArrayLike, positions: ArrayLike, max_checkpoints: int, *,
+                                cost: Cost = TOKEN_COST) -> Placement:
+    """Same contract as :func:`place_checkpoints`, always by the plain ``O(M K^2)`` DP (the reference)."""
+    inst = _make_instance(weights, positions)
+    return _solve_budgeted(inst, _segments_for(inst, cost), cost, max_checkpoints, use_monge=False)
+
+
+def place_checkpoints_lagrangian(weights: ArrayLike, positions: ArrayLike, lam: float, *,
+                                 cost: Cost = TOKEN_COST, checkpoint_bytes: float = 1.0) -> LagrangianPlacement:
+    """Minimise ``E[cost] + lam * checkpoint_bytes * (number of checkpoints)``, no hard budget.
+
+    ``lam`` is the price of one checkpoint byte in cost units (e.g. FLOPs per byte); with the default
+    ``checkpoint_bytes=1`` it is the price per checkpoint. Exact for any cost (a 1-D DP over all
+    predecessors, ``O(K^2)`` time, ``O(K)`` memory). At the returned count ``m``, the expected cost
+    equals ``place_checkpoints(..., m).expected_cost``. Ties go to the shallower predecessor.
+
+    Raises:
+        ValueError: invalid inputs, or ``lam`` / ``checkpoint_bytes`` negative or not finite.
+    """
+    if not (np.isfinite(lam) and lam >= 0 and np.isfinite(checkpoint_bytes) and checkpoint_bytes >= 0):
+        raise ValueError("lam and checkpoint_bytes must be finite and >= 0")
+    inst = _make_instance(weights, positions)
+    seg = _segments_for(inst, cost)
+    chosen = _lagrangian_path(seg, inst.num_nodes, lam * checkpoint_bytes / seg.scale)
+    exp_cost = _direct_cost(inst, cost, inst.nodes[np.array(chosen, dtype=np.int64)])
+    penalty = float(lam * checkpoint_bytes * len(chosen))
+    return LagrangianPlacement(positions=tuple(int(inst.nodes[i]) for i in chosen),
+                               expected_cost=exp_cost, penalty=penalty, objective=exp_cost + penalty)
+
+
+def _lagrangian_path(seg: _Segments, n: int, penalty: float) -> list[int]:
+    """Node indices of the best path ``0 -> ... -> n-1`` paying ``penalty`` per intermediate node."""
+    best = np.full(n, np.inf)
+    best[0] = 0.0
+    parent = np.zeros(n, dtype=np.int64)
+    for j in range(1, n):
+        rows = np.arange(j)
+        vals = best[:j] + seg(rows, np.full(j, j))
+        parent[j] = int(np.argmin(vals))
+        best[j] = vals[parent[j]] + (penalty if j < n - 1 else 0.0)
+    chosen, node = [], n - 1
+    while node != 0:
+        node = int(parent[node])
+        chosen.append(node)
+    return sorted(chosen[:-1])
+
+
+def expected_cost(weights: ArrayLike, checkpoints: ArrayLike, *, cost: Cost = TOKEN_COST) -> float:
+    """``E[cost(c(d), d)]`` of a given set of checkpoints, straight from the definition.
+
+    For scoring heuristics (every-k-blocks, last-token only) on the same distribution as the DP.
+    ``checkpoints`` are distinct positions in ``[1, N]``; weights are normalised.
+    """
+    inst = _make_instance(weights, checkpoints)
+    return _direct_cost(inst, cost, inst.candidates)
