@@ -96,8 +96,14 @@ def test_every_block_is_block_granular():
     # diverging at 70 (inside block [64, 96)) matches only 2 whole blocks
     match, _ = cache.process(toks((0, 70), (7000, 7100)), ())
     assert (match.kv_hit_len, match.usable_hit_len) == (64, 64)
-    assert all(n.edge_len == 32 for n in cache.tree.iter_nodes())
+    assert all(n.edge_len % 32 == 0 and n.depth % 32 == 0 for n in cache.tree.iter_nodes())
+    # under leaf-only eviction consecutive blocks are one run node with a checkpoint per block
+    assert sum(n.num_checkpoints for n in cache.tree.iter_nodes()) == cache.ssm_bytes // SPEC.ssm_checkpoint_bytes
     cache.check_invariants()
+    # under inner-node eviction every block is its own node
+    flop = make(admission="every-block:k=32", eviction="flop-aware")
+    flop.process(toks((0, 100)), toks((500, 510)))
+    assert sorted(n.depth for n in flop.tree.iter_nodes()) == [32, 64, 96]
 
 
 def crafted_tree(eviction):

@@ -63,6 +63,7 @@ class AdmissionContext:
 class FinalPlan(NamedTuple):
     insert_len: int                 # tokens of input + output to keep in the tree
     checkpoints: tuple[int, ...]    # positions (<= insert_len) that should hold an SSM checkpoint
+    stride: int = 0                 # > 0: also a checkpoint at every multiple of ``stride``
 
 
 class AdmissionPolicy(Protocol):
@@ -134,11 +135,12 @@ class EveryBlock:
     name = "every-block"
     caches = True
 
-    def __init__(self, k: int = 32) -> None:
+    def __init__(self, k: int = 32, runs: bool = True) -> None:
         if k < 1:
             raise ConfigError(f"every-block: k must be >= 1, got {k}")
         self.k = k
         self.page_size = k
+        self.runs = runs
 
     def prefill_checkpoints(self, ctx: AdmissionContext) -> Iterable[int]:
         first = ctx.match.usable_hit_len // self.k + 1
@@ -146,6 +148,8 @@ class EveryBlock:
 
     def final_plan(self, ctx: AdmissionContext, total_len: int) -> FinalPlan:
         insert_len = total_len - total_len % self.k
+        if self.runs:  # the cache may keep consecutive blocks as one run node (same decisions, faster)
+            return FinalPlan(insert_len, (), stride=self.k)
         return FinalPlan(insert_len, tuple(range(self.k, insert_len + 1, self.k)))
 
     def describe(self) -> dict[str, object]:
@@ -166,8 +170,8 @@ def _marconi() -> AdmissionPolicy:
 
 
 @ADMISSION_POLICIES.register("every-block", "a checkpoint at every k-token block boundary (vLLM+)")
-def _every_block(k: int = 32) -> AdmissionPolicy:
-    return EveryBlock(k)
+def _every_block(k: int = 32, runs: bool = True) -> AdmissionPolicy:
+    return EveryBlock(k, runs)
 
 
 def make_admission(spec: "str | AdmissionPolicy") -> AdmissionPolicy:

@@ -132,6 +132,7 @@ class RequestHandle:
     branch_len: int | None
     hit_node: Node | None
     lock_node: Node | None
+    matched_node: Node | None   # deepest fully matched node: it spells tokens[:depth] while locked
     begin_time: float
     active: bool = True
 
@@ -158,6 +159,7 @@ class TreeSnapshot:
     parent_index: list[int]            # index into these lists; -1 = child of the root
     tokens: list[np.ndarray]
     has_ssm: list[bool]
+    ckpt_stride: list[int]
     last_access: list[float]
     access_seq: list[int]
     next_seq: int
@@ -272,6 +274,8 @@ class PrefixCache:
             self._logical.tick()
         now = self.clock()
         walk = self.tree.walk(tokens)
+        if walk.partial is not None and walk.partial.ckpt_stride:
+            walk = self._split_run_at_match(walk)
         hit_index = self._hit_index(walk.path)
         hit_node = walk.path[hit_index] if hit_index >= 0 else None
         if self.spec.has_recurrent_state:
@@ -287,7 +291,9 @@ class PrefixCache:
         branch_len = self._branch_len(len(tokens), walk)
         ctx = AdmissionContext(tokens, len(tokens), match, branch_len, self.spec)
         prefill = tuple(sorted({int(p) for p in self.admission.prefill_checkpoints(ctx) if usable < p <= len(tokens)}))
-        handle = RequestHandle(self._next_request_id, tokens, match, prefill, branch_len, hit_node, lock_node, now)
+        matched_node = walk.path[-1] if walk.path else None
+        handle = RequestHandle(self._next_request_id, tokens, match, prefill, branch_len, hit_node, lock_node,
+                               matched_node, now)
         self._next_request_id += 1
         self._in_flight[handle.request_id] = handle
         self._record_match(match, hit_node)
@@ -313,7 +319,8 @@ class PrefixCache:
         if nodes and nodes[-1].depth > usable:  # pure transformer: usable ends inside the last edge
             keep = usable - nodes[-1].parent_depth
             kv[-1] = self.payloads.split_kv(nodes[-1].kv, keep)[0]
-        ssm = handle.hit_node.ssm if handle.hit_node is not None else None
+        hit = handle.hit_node
+        ssm = None if hit is None else (hit.ssm[-1] if isinstance(hit.ssm, list) else hit.ssm)
         return CachedPrefix(usable, kv, ssm)
 
     def finish(self, handle: RequestHandle, output_tokens: Any = (), *,
@@ -336,7 +343,7 @@ class PrefixCache:
                 if self._logical is not None:
                     self._logical.tick()
                 seq = np.concatenate((handle.tokens, output)) if output.size else handle.tokens
-                walk = self.tree.walk(seq)
+                walk = self.tree.walk(seq, start=handle.matched_node)
                 result = self._insert_sequence(handle, seq, self._final_plan(handle, seq, walk), states, kv, walk)
         finally:
             self._release(handle)
@@ -355,6 +362,14 @@ class PrefixCache:
         return handle.match, self.finish(handle, output_tokens)
 
     # ================================================================== matching helpers
+    def _split_run_at_match(self, walk: WalkResult) -> WalkResult:
+        """A match ending inside a run ends at one of its checkpoints: split the run there, so the
+        hit is a node boundary and only the part actually used gets its recency refreshed."""
+        run = walk.partial
+        assert run is not None
+        upper = self._split(run, walk.matched_len - run.parent_depth)
+        return WalkResult([*walk.path, upper], walk.matched_len, None)
+
     def _hit_index(self, path: list[Node]) -> int:
         """Index in ``path`` of the node a request resumes from (-1: none)."""
         if not self.spec.has_recurrent_state:
@@ -411,7 +426,9 @@ class PrefixCache:
             self._logical.tick()
         end = max(handle.prefill_checkpoints)
         seq = handle.tokens[:end]
-        return self._insert_sequence(handle, seq, FinalPlan(end, handle.prefill_checkpoints), states, kv)
+        walk = self.tree.walk(seq, start=handle.matched_node if handle.matched_node and
+                              handle.matched_node.depth <= end else None)
+        return self._insert_sequence(handle, seq, FinalPlan(end, handle.prefill_checkpoints), states, kv, walk)
 
     def _final_plan(self, handle: RequestHandle, seq: np.ndarray, walk: WalkResult) -> FinalPlan:
         ctx = AdmissionContext(seq, len(handle.tokens), handle.match, self._branch_len(len(seq), walk), self.spec)
@@ -421,21 +438,21 @@ class PrefixCache:
                          states: Mapping[int, Any] | Callable[[int], Any] | None,
                          kv: Callable[[int, int], Any] | None, walk: WalkResult | None = None) -> InsertResult:
         walk = walk if walk is not None else self.tree.walk(seq)
+        if walk.partial is not None and walk.partial.ckpt_stride:
+            walk = self._split_run_at_match(walk)  # lock only what this sequence shares, not the run's rest
         insert_len = min(plan.insert_len, len(seq))
+        matched = walk.matched_len
         # Only states the request actually computes can be admitted: positions past its resume point.
         floor = handle.match.usable_hit_len
-        wanted = sorted({int(p) for p in plan.checkpoints if floor < p <= insert_len})
-        existing = {n.depth: n for n in walk.path if n.depth > floor}
-        to_admit: dict[int, Any] = {}
-        for pos in wanted:
-            if pos in existing and existing[pos].has_ssm:
-                continue
-            ok, payload = self._state_for(states, pos)
-            if ok:
-                to_admit[pos] = payload
-            else:
-                self.stats.checkpoints_unavailable += 1
-        new_tokens = max(0, insert_len - walk.matched_len)
+        wanted = {int(p) for p in plan.checkpoints if floor < p <= insert_len}
+        if plan.stride:
+            first = (floor // plan.stride + 1) * plan.stride
+            wanted.update(range(first, insert_len + 1, plan.stride))
+        walked = (*walk.path, walk.partial) if walk.partial is not None else tuple(walk.path)
+        on_path = [p for p in wanted if p <= matched and not any(n.holds_checkpoint_at(p) for n in walked)]
+        tail = sorted(p for p in wanted if p > matched)
+        to_admit = self._collect_states(states, sorted(on_path) + tail)
+        new_tokens = max(0, insert_len - matched)
         need = new_tokens * self._kv_per_token + len(to_admit) * self._ckpt_bytes
         if need == 0:
             return InsertResult(True, 0, ())
@@ -447,9 +464,9 @@ class PrefixCache:
                 self.stats.requests_not_cached += 1
                 return InsertResult(False, 0, ())
             self._evict_until(need)
-            admitted = self._attach_on_path(walk, to_admit, existing)
+            admitted = self._attach_on_path(walk, to_admit)
             if new_tokens:
-                admitted += self._add_tail(seq, walk, insert_len, to_admit, kv)
+                admitted += self._add_tail(seq, walk, insert_len, to_admit, plan.stride, kv)
         finally:
             if guard is not None:
                 self._unlock(guard)
@@ -457,27 +474,40 @@ class PrefixCache:
         self._note_peaks()
         return InsertResult(True, new_tokens, tuple(sorted(admitted)))
 
-    def _attach_on_path(self, walk: WalkResult, to_admit: dict[int, Any], existing: dict[int, Node]) -> list[int]:
+    def _collect_states(self, states: Mapping[int, Any] | Callable[[int], Any] | None,
+                        positions: list[int]) -> dict[int, Any]:
+        """Payloads for the positions whose state is available (all of them in simulation)."""
+        if states is None and self.payloads is _SIMULATED:
+            return dict.fromkeys(positions)
+        out = {}
+        for pos in positions:
+            ok, payload = self._state_for(states, pos)
+            if ok:
+                out[pos] = payload
+            else:
+                self.stats.checkpoints_unavailable += 1
+        return out
+
+    def _attach_on_path(self, walk: WalkResult, to_admit: dict[int, Any]) -> list[int]:
         """Admit checkpoints at positions the tree already holds (splitting edges where needed)."""
         admitted = []
         for pos in sorted(p for p in to_admit if p <= walk.matched_len):
-            node = existing.get(pos)
-            if node is None:
-                node = self._split_at(walk, pos)
-            self._attach_ssm(node, to_admit[pos])
+            self._attach_ssm(self._node_ending_at(walk, pos), to_admit[pos])
             admitted.append(pos)
         return admitted
 
-    def _split_at(self, walk: WalkResult, pos: int) -> Node:
-        """Make a node end exactly at ``pos`` (inside a walked edge) and return it."""
+    def _node_ending_at(self, walk: WalkResult, pos: int) -> Node:
+        """The walked node whose edge ends at ``pos``, splitting the edge that contains it if needed."""
         for node in (*walk.path, *((walk.partial,) if walk.partial is not None else ())):
+            if node.depth == pos:
+                return node
             if node.parent_depth < pos < node.depth:
                 return self._split(node, pos - node.parent_depth)
         raise AssertionError(f"no walked edge contains position {pos}")
 
-    def _add_tail(self, seq: np.ndarray, walk: WalkResult, insert_len: int, to_admit: dict[int, Any],
+    def _add_tail(self, seq: np.ndarray, walk: WalkResult, insert_len: int, to_admit: dict[int, Any], stride: int,
                   kv: Callable[[int, int], Any] | None) -> list[int]:
-        """Insert ``seq[matched_len:insert_len]`` as a chain of new nodes cut at checkpoints."""
+        """Insert ``seq[matched_len:insert_len]`` as new nodes: one run, or a chain cut at checkpoints."""
         start = walk.matched_len
         if walk.partial is not None:
             # The partial edge may already have been split at ``start`` to hold a checkpoint.
@@ -485,19 +515,20 @@ class PrefixCache:
             parent = self._split(walk.partial, offset) if offset else walk.partial.parent
         else:
             parent = walk.path[-1] if walk.path else self.tree.root
-        cuts = sorted({p for p in to_admit if p > start} | {insert_len})
-        now = self.clock()
+        assert parent is not None
+        tail = sorted(p for p in to_admit if p > start)
+        if (stride and not self.eviction.evicts_inner_nodes and start % stride == 0
+                and tail == list(range(start + stride, insert_len + 1, stride))):
+            # Block caching under leaf-only eviction: one node holding a checkpoint per block.
+            node = self._new_node(seq, start, insert_len, parent, kv)
+            node.ckpt_stride = stride
+            node.has_ssm = True
+            node.ssm = None if self.payloads is _SIMULATED else [to_admit[p] for p in tail]
+            self._account_ssm(node, len(tail))
+            return tail
         admitted = []
-        for end in cuts:
-            node = self.tree.new_node(seq[start:end].copy(), parent)
-            node.kv = kv(start, end) if kv is not None else None
-            edge_bytes = (end - start) * self._kv_per_token
-            self.used_bytes += edge_bytes
-            self.kv_bytes += edge_bytes
-            node.last_access = now
-            self._seq += 1
-            node.access_seq = self._seq
-            self._sync_parent(parent)
+        for end in sorted(set(tail) | {insert_len}):
+            node = self._new_node(seq, start, end, parent, kv)
             if end in to_admit:
                 self._attach_ssm(node, to_admit[end])
                 admitted.append(end)
@@ -507,11 +538,27 @@ class PrefixCache:
             parent, start = node, end
         return admitted
 
+    def _new_node(self, seq: np.ndarray, start: int, end: int, parent: Node,
+                  kv: Callable[[int, int], Any] | None) -> Node:
+        node = self.tree.new_node(seq[start:end].copy(), parent)
+        node.kv = kv(start, end) if kv is not None else None
+        edge_bytes = (end - start) * self._kv_per_token
+        self.used_bytes += edge_bytes
+        self.kv_bytes += edge_bytes
+        node.last_access = self.clock()
+        self._seq += 1
+        node.access_seq = self._seq
+        self._sync_parent(parent)
+        return node
+
     # ================================================================== tree surgery with accounting
     def _split(self, node: Node, at: int) -> Node:
         upper_kv, lower_kv = self.payloads.split_kv(node.kv, at)
         upper = self.tree.split(node, at)
         upper.kv, node.kv = upper_kv, lower_kv
+        if node.ckpt_stride and isinstance(node.ssm, list):
+            k = at // node.ckpt_stride
+            upper.ssm, node.ssm = node.ssm[:k], node.ssm[k:]
         self._update_eff(upper)
         self._update_eff(node)
         self._sync_candidate(upper)
@@ -520,11 +567,15 @@ class PrefixCache:
     def _attach_ssm(self, node: Node, payload: Any) -> None:
         node.has_ssm = True
         node.ssm = payload
-        self.used_bytes += self._ckpt_bytes
-        self.ssm_bytes += self._ckpt_bytes
+        self._account_ssm(node, 1)
+
+    def _account_ssm(self, node: Node, count: int) -> None:
+        added = count * self._ckpt_bytes
+        self.used_bytes += added
+        self.ssm_bytes += added
         if node.lock_ref:
-            self.locked_bytes += self._ckpt_bytes
-        self.stats.checkpoints_admitted += 1
+            self.locked_bytes += added
+        self.stats.checkpoints_admitted += count
         self._update_eff(node)
         self._sync_candidate(node)
 
@@ -539,23 +590,60 @@ class PrefixCache:
             victim = self.candidates.nodes[self.eviction.choose(self.candidates)]
             if victim.children:
                 self._evict_inner(victim)
+            elif victim.ckpt_stride and victim.num_checkpoints > 1:
+                self._trim_run(victim, need - (self.capacity_bytes - self.used_bytes))
             else:
                 self._evict_leaf(victim)
+
+    def _trim_run(self, node: Node, shortfall: int) -> None:
+        """Evict the last blocks of a run leaf — what per-block LRU would do, since the blocks share
+        the run's recency and the deepest is always the leaf — all at once."""
+        stride = node.ckpt_stride
+        per_block = stride * self._kv_per_token + self._ckpt_bytes
+        blocks = min(node.num_checkpoints, -(-shortfall // per_block))
+        if blocks == node.num_checkpoints:
+            self._evict_leaf(node)
+            return
+        keep = node.edge_len - blocks * stride
+        kept_kv, dropped_kv = self.payloads.split_kv(node.kv, keep)
+        self.payloads.release(dropped_kv)
+        node.kv = kept_kv
+        if isinstance(node.ssm, list):
+            for payload in node.ssm[keep // stride:]:
+                self.payloads.release(payload)
+            node.ssm = node.ssm[: keep // stride]
+        self.tree.trim_leaf(node, blocks * stride)
+        freed_kv = blocks * stride * self._kv_per_token
+        freed_ssm = blocks * self._ckpt_bytes
+        self.used_bytes -= freed_kv + freed_ssm
+        self.kv_bytes -= freed_kv
+        self.ssm_bytes -= freed_ssm
+        st = self.stats
+        st.evictions_leaf += blocks
+        st.checkpoints_evicted += blocks
+        st.kv_tokens_evicted += blocks * stride
+        st.bytes_evicted += freed_kv + freed_ssm
+        self._update_eff(node)
 
     def _evict_leaf(self, node: Node) -> None:
         self.candidates.remove(node)
         kv_freed = node.edge_len * self._kv_per_token
-        ssm_freed = self._ckpt_bytes if node.has_ssm else 0
+        n_ckpt = node.num_checkpoints
+        ssm_freed = n_ckpt * self._ckpt_bytes
         self.payloads.release(node.kv)
-        if node.has_ssm:
+        if isinstance(node.ssm, list):
+            for payload in node.ssm:
+                self.payloads.release(payload)
+        elif node.has_ssm:
             self.payloads.release(node.ssm)
-            self.stats.checkpoints_evicted += 1
         self.used_bytes -= kv_freed + ssm_freed
         self.kv_bytes -= kv_freed
         self.ssm_bytes -= ssm_freed
-        self.stats.evictions_leaf += 1
-        self.stats.kv_tokens_evicted += node.edge_len
-        self.stats.bytes_evicted += kv_freed + ssm_freed
+        st = self.stats
+        st.checkpoints_evicted += n_ckpt
+        st.evictions_leaf += max(1, n_ckpt) if node.ckpt_stride else 1
+        st.kv_tokens_evicted += node.edge_len
+        st.bytes_evicted += kv_freed + ssm_freed
         parent = node.parent
         self.tree.remove_leaf(node)
         assert parent is not None
@@ -563,6 +651,7 @@ class PrefixCache:
 
     def _evict_inner(self, node: Node) -> None:
         """Drop a one-child node's checkpoint; its edge KVs are absorbed by its child."""
+        assert not node.ckpt_stride, "runs exist only under leaf-only eviction"
         self.candidates.remove(node)
         (child,) = node.children.values()
         self.payloads.release(node.ssm)
@@ -606,7 +695,7 @@ class PrefixCache:
             raise ValueError(f"request {handle.request_id} is not in flight in this cache (finished or aborted)")
 
     def _node_bytes(self, node: Node) -> int:
-        return node.edge_len * self._kv_per_token + (self._ckpt_bytes if node.has_ssm else 0)
+        return node.edge_len * self._kv_per_token + node.num_checkpoints * self._ckpt_bytes
 
     def _touch(self, node: Node, now: float) -> None:
         node.last_access = now
@@ -654,13 +743,14 @@ class PrefixCache:
     def snapshot(self) -> TreeSnapshot:
         """The tree without payloads or locks, for replaying requests against it (tuning)."""
         index: dict[int, int] = {}
-        snap = TreeSnapshot(self.tree.page_size, [], [], [], [], [], self._seq, float(self.clock()))
+        snap = TreeSnapshot(self.tree.page_size, [], [], [], [], [], [], self._seq, float(self.clock()))
         for node in self.tree.iter_nodes():
             index[node.node_id] = len(snap.tokens)
             parent = node.parent
             snap.parent_index.append(-1 if parent is self.tree.root else index[parent.node_id])  # type: ignore[union-attr]
             snap.tokens.append(node.tokens)
             snap.has_ssm.append(node.has_ssm)
+            snap.ckpt_stride.append(node.ckpt_stride)
             snap.last_access.append(node.last_access)
             snap.access_seq.append(node.access_seq)
         return snap
@@ -684,12 +774,13 @@ class PrefixCache:
             node.last_access = snapshot.last_access[i]
             node.access_seq = snapshot.access_seq[i]
             node.has_ssm = snapshot.has_ssm[i]
+            node.ckpt_stride = snapshot.ckpt_stride[i]
             nodes.append(node)
         cache._seq = snapshot.next_seq
         for node in nodes:
             cache.used_bytes += cache._node_bytes(node)
             cache.kv_bytes += node.edge_len * cache._kv_per_token
-            cache.ssm_bytes += cache._ckpt_bytes if node.has_ssm else 0
+            cache.ssm_bytes += node.num_checkpoints * cache._ckpt_bytes
             cache._update_eff(node)
             cache._sync_candidate(node)
         if cache.used_bytes > cache.capacity_bytes:
@@ -720,7 +811,11 @@ class PrefixCache:
                 nbytes = self._node_bytes(node)
                 used += nbytes
                 kv += node.edge_len * self._kv_per_token
-                ssm += self._ckpt_bytes if node.has_ssm else 0
+                ssm += node.num_checkpoints * self._ckpt_bytes
+                if node.ckpt_stride:
+                    _require(node.has_ssm and node.edge_len % node.ckpt_stride == 0
+                             and node.depth % node.ckpt_stride == 0, f"{where}: malformed checkpoint run")
+                    _require(not self.eviction.evicts_inner_nodes, f"{where}: a run under inner-node eviction")
                 _require(node.lock_ref == expected_locks.get(node.node_id, 0),
                          f"{where}: lock_ref {node.lock_ref} != {expected_locks.get(node.node_id, 0)} in-flight users")
                 if node.lock_ref:
