@@ -1,0 +1,32 @@
+"""Real and synthetic workloads: the trace schema and I/O, the tokenizer, and trace builders.
+
+* :mod:`.trace` -- ``Request``/``Trace``, streaming JSONL/Parquet readers, atomic writers, validation.
+* :mod:`.tokenizer` -- ``load_tokenizer`` (vendored Mistral v1 by default).
+* :mod:`.sharegpt`, :mod:`.swe`, :mod:`.mooncake` -- builders from real data, by the paper's recipe.
+* :mod:`.synthetic` -- seeded generators for tests and sweeps.
+* :mod:`.bundled` -- ``bundled_trace(name)`` from the vendored samples; :mod:`.paths` -- data locations.
+* :mod:`.commands` -- the ``marconi trace ...`` CLI group (``register(subparsers)``).
+"""
+
+from .bundled import BUNDLED_TRACES, bundled_trace, list_bundled
+from .mooncake import build_mooncake_trace, read_mooncake_rows
+from .paths import bundled_data_dir, shared_data_dir
+from .sharegpt import build_chat_trace, build_lmsys_trace, build_sharegpt_trace, read_chat_records
+from .swe import SHARED_PREFIXES, build_swe_trace, load_shared_prefix, load_trajectories
+from .synthetic import (SYNTHETIC_KINDS, agent_trace, chat_trace, doc_qa_trace, shared_prompts_trace,
+                        synthetic_trace)
+from .tokenizer import TextTokenizer, TokenizerError, load_tokenizer
+from .trace import (Request, Trace, TraceFormatError, TraceProblem, TraceStats, iter_requests,
+                    read_trace, read_trace_meta, trace_stats, validate_trace, write_trace)
+
+__all__ = [
+    "Request", "Trace", "TraceStats", "TraceFormatError", "TraceProblem",
+    "iter_requests", "read_trace", "read_trace_meta", "write_trace", "validate_trace", "trace_stats",
+    "TextTokenizer", "TokenizerError", "load_tokenizer",
+    "build_chat_trace", "build_sharegpt_trace", "build_lmsys_trace", "read_chat_records",
+    "build_swe_trace", "load_trajectories", "load_shared_prefix", "SHARED_PREFIXES",
+    "build_mooncake_trace", "read_mooncake_rows",
+    "chat_trace", "agent_trace", "shared_prompts_trace", "doc_qa_trace", "synthetic_trace",
+    "SYNTHETIC_KINDS",
+    "bundled_trace", "list_bundled", "BUNDLED_TRACES", "bundled_data_dir", "shared_data_dir",
+]

@@ -1,0 +1,321 @@
+"""The ``marconi trace`` command group: build, validate and summarise traces.
+
+``register(subparsers)`` adds it to an argparse subparsers object; every leaf parser sets
+``func`` to a handler ``(args) -> int`` (the exit code). Only the handlers print.
+
+    marconi trace build {sharegpt,lmsys,swe,mooncake,synthetic,bundled} ... --out FILE
+    marconi trace validate FILE        # every problem, exit 1 if any
+    marconi trace stats FILE [--json]  # sessions, requests, tokens, input-length percentiles
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import inspect
+import json
+import sys
+from typing import Any, Callable
+
+from .bundled import BUNDLED_TRACES, bundled_trace
+from .messages import TEXT_FORMS
+from .mooncake import build_mooncake_trace
+from .sharegpt import PAIRINGS, build_lmsys_trace, build_sharegpt_trace
+from .swe import GAP_MODES, build_swe_trace
+from .synthetic import SYNTHETIC_KINDS, synthetic_trace
+from .tokenizer import TokenizerError
+from .trace import Trace, TraceFormatError, trace_format, trace_stats, validate_trace, write_trace
+
+__all__ = ["register"]
+
+
+# ============================================================================ argument helpers
+
+
+def _count_or_all(text: str) -> int | None:
+    """An int >= 0, or ``all``/``off``/``none`` for None."""
+    if text.strip().lower() in ("all", "off", "none"):
+        return None
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a count >= 0 or 'all', got {text}")
+    return value
+
+
+def _out_path(text: str) -> str:
+    try:
+        trace_format(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+def _progress(desc: str, unit: str) -> Callable:
+    from tqdm import tqdm
+
+    return functools.partial(tqdm, desc=desc, unit=unit, file=sys.stderr, disable=None, leave=False)
+
+
+def _coerce(text: str, default: Any) -> Any:
+    """Parse a ``--set`` value by the type of the parameter's default."""
+    if isinstance(default, bool):
+        return text.lower() in ("1", "true", "yes", "on")
+    if isinstance(default, int):
+        return int(text)
+    if isinstance(default, float):
+        return float(text)
+    if isinstance(default, tuple) and len(default) == 2 and all(isinstance(x, int) for x in default):
+        lo, sep, hi = text.partition(":")
+        return (int(lo), int(hi)) if sep else int(lo)
+    if isinstance(default, (tuple, list)):
+        return tuple(float(x) for x in text.split(",") if x.strip())
+    return text
+
+
+def _synthetic_params(kind: str, items: list[str]) -> dict[str, Any]:
+    signature = inspect.signature(SYNTHETIC_KINDS[kind]).parameters
+    params: dict[str, Any] = {}
+    for item in items:
+        key, eq, value = item.partition("=")
+        key = key.strip().replace("-", "_")
+        if not eq or key not in signature:
+            raise ValueError(f"--set {item!r}: expected key=value with key one of {', '.join(signature)}")
+        params[key] = _coerce(value.strip(), signature[key].default)
+    return params
+
+
+# ============================================================================ handlers
+
+
+def _write_and_report(trace: Trace, out: str) -> int:
+    n = write_trace(out, trace)
+    stats = trace.stats()
+    print(f"wrote {n} requests ({stats.num_sessions} sessions, {stats.total_input_tokens} input + "
+          f"{stats.total_output_tokens} output tokens) to {out}")
+    return 0
+
+
+def _fail(exc: BaseException) -> int:
+    print(f"error: {exc}", file=sys.stderr)
+    return 2
+
+
+def _chat_params(args: argparse.Namespace) -> dict[str, Any]:
+    params = dict(num_sessions=args.sessions, min_rounds=args.min_rounds,
+                  sessions_per_second=args.sessions_per_second, max_input_len=args.max_input_len,
+                  words_per_min=args.words_per_min, text_form=args.text_form, add_bos=not args.no_bos,
+                  pairing=args.pairing, tokenizer=args.tokenizer,
+                  progress=_progress("sessions", "session"))
+    if args.max_non_ascii is not None:
+        params["max_non_ascii_frac"] = args.max_non_ascii
+    return params
+
+
+def cmd_build_sharegpt(args: argparse.Namespace) -> int:
+    try:
+        trace = build_sharegpt_trace(args.files or None, **_chat_params(args))
+        return _write_and_report(trace, args.out)
+    except (OSError, ValueError, TokenizerError) as exc:
+        return _fail(exc)
+
+
+def cmd_build_lmsys(args: argparse.Namespace) -> int:
+    try:
+        trace = build_lmsys_trace(args.files, **_chat_params(args))
+        return _write_and_report(trace, args.out)
+    except (OSError, ValueError, TokenizerError) as exc:
+        return _fail(exc)
+
+
+def cmd_build_swe(args: argparse.Namespace) -> int:
+    try:
+        trace = build_swe_trace(
+            args.paths or None, num_sessions=args.sessions, sessions_per_second=args.sessions_per_second,
+            keep_observations=args.keep_observations, gaps=args.gaps, mean_gap_s=args.mean_gap,
+            seed=args.seed, max_input_len=args.max_input_len, max_turns=args.max_turns,
+            shared_prefix=args.shared_prefix, text_form=args.text_form, add_bos=not args.no_bos,
+            tokenizer=args.tokenizer, progress=_progress("trajectories", "traj"))
+        return _write_and_report(trace, args.out)
+    except (OSError, ValueError, TokenizerError) as exc:
+        return _fail(exc)
+
+
+def cmd_build_mooncake(args: argparse.Namespace) -> int:
+    try:
+        trace = build_mooncake_trace(
+            args.file, limit=args.limit, block_size=args.block_size, vocab_size=args.vocab_size,
+            output_vocab=args.output_vocab, seed=args.seed, max_input_len=args.max_input_len,
+            progress=_progress("requests", "req"))
+        return _write_and_report(trace, args.out)
+    except (OSError, ValueError) as exc:
+        return _fail(exc)
+
+
+def cmd_build_synthetic(args: argparse.Namespace) -> int:
+    try:
+        params = _synthetic_params(args.kind, args.set or [])
+        if args.seed is not None:
+            params["seed"] = args.seed
+        return _write_and_report(synthetic_trace(args.kind, **params), args.out)
+    except (OSError, ValueError) as exc:
+        return _fail(exc)
+
+
+def cmd_build_bundled(args: argparse.Namespace) -> int:
+    try:
+        return _write_and_report(bundled_trace(args.name), args.out)
+    except (OSError, ValueError, KeyError) as exc:
+        return _fail(exc)
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    try:
+        problems = validate_trace(args.file)
+    except (OSError, ValueError) as exc:
+        return _fail(exc)
+    for problem in problems[: args.max_show]:
+        print(problem)
+    if len(problems) > args.max_show:
+        print(f"... and {len(problems) - args.max_show} more")
+    if problems:
+        print(f"{args.file}: {len(problems)} problem(s)", file=sys.stderr)
+        return 1
+    print(f"{args.file}: OK")
+    return 0
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    try:
+        stats = trace_stats(args.file)
+    except (OSError, ValueError, TraceFormatError) as exc:
+        return _fail(exc)
+    record = {"file": args.file, **stats.as_dict()}
+    if args.json:
+        print(json.dumps(record))
+        return 0
+    print(f"{args.file}")
+    print(f"  sessions            {stats.num_sessions}")
+    print(f"  requests            {stats.num_requests}")
+    print(f"  input tokens        {stats.total_input_tokens}")
+    print(f"  output tokens       {stats.total_output_tokens}")
+    print(f"  input length        min {stats.input_len_min}  p50 {stats.input_len_p50:.0f}  "
+          f"p90 {stats.input_len_p90:.0f}  p99 {stats.input_len_p99:.0f}  max {stats.input_len_max}  "
+          f"mean {stats.input_len_mean:.1f}")
+    print(f"  output length       mean {stats.output_len_mean:.1f}  max {stats.output_len_max}")
+    print(f"  turns per session   max {stats.max_turns_per_session}")
+    print(f"  time span (s)       {stats.first_ts:.3f} .. {stats.last_ts:.3f} ({stats.duration_s:.3f})")
+    return 0
+
+
+# ============================================================================ parsers
+
+
+def _add_out(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", required=True, type=_out_path,
+                   help="output trace (.jsonl, .jsonl.gz or .parquet), written atomically")
+
+
+def _add_tokenization(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--tokenizer", default=None,
+                   help="tokenizer.json, its folder, or a name (default: vendored mistral-v1; "
+                        "'llama2' = the paper's, from the shared data set)")
+    p.add_argument("--text-form", choices=TEXT_FORMS, default="json",
+                   help="text tokenized per message: json = json.dumps(message) (the paper), "
+                        "content = the content string (default: %(default)s)")
+    p.add_argument("--no-bos", action="store_true", help="do not prepend BOS to each message")
+
+
+def _add_chat(p: argparse.ArgumentParser, files_nargs: str, non_ascii_default: str) -> None:
+    p.add_argument("files", nargs=files_nargs,
+                   help="record files (.json array, .jsonl, .parquet), read in order")
+    p.add_argument("--sessions", type=_count_or_all, default=100,
+                   help="first N qualifying sessions, or 'all' (default: %(default)s)")
+    p.add_argument("--min-rounds", type=int, default=10,
+                   help="qualify records with >= 2*N messages (default: %(default)s)")
+    p.add_argument("--sessions-per-second", type=float, default=1.0,
+                   help="session k starts at k / rate (default: %(default)s)")
+    p.add_argument("--max-input-len", type=int, default=32768, help="default: %(default)s")
+    p.add_argument("--words-per-min", type=float, default=90.0,
+                   help="typing speed for the gaps between turns (default: %(default)s)")
+    p.add_argument("--pairing", choices=PAIRINGS, default="roles",
+                   help="turns by roles (default) or messages 2t/2t+1 as the authors' script")
+    p.add_argument("--max-non-ascii", type=float, default=None,
+                   help="drop sessions with more non-ASCII characters than this fraction "
+                        f"({non_ascii_default})")
+    _add_tokenization(p)
+    _add_out(p)
+
+
+def register(subparsers: Any) -> argparse.ArgumentParser:
+    """Add the ``trace`` command group to an argparse subparsers object; returns its parser."""
+    trace = subparsers.add_parser("trace", help="build, validate and summarise request traces",
+                                  description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = trace.add_subparsers(dest="trace_command", required=True, metavar="{build,validate,stats}")
+
+    build = sub.add_parser("build", help="build a trace from real data or a generator")
+    bsub = build.add_subparsers(dest="source", required=True)
+
+    p = bsub.add_parser("sharegpt", help="ShareGPT by the paper's recipe")
+    _add_chat(p, "*", "default: off; files default to the shared data set's filtered ShareGPT parts")
+    p.set_defaults(func=cmd_build_sharegpt)
+
+    p = bsub.add_parser("lmsys", help="LMSys-Chat-1M exports (bring your own files)")
+    _add_chat(p, "+", "default: 0.5, the paper's filter")
+    p.set_defaults(func=cmd_build_lmsys)
+
+    p = bsub.add_parser("swe", help="SWE agent trajectories by the paper's recipe")
+    p.add_argument("paths", nargs="*",
+                   help="msa_*.json / .traj files or folders "
+                        "(default: the shared data set, else the vendored sample)")
+    p.add_argument("--sessions", type=_count_or_all, default=100,
+                   help="first N trajectories by name, or 'all' (default: %(default)s)")
+    p.add_argument("--sessions-per-second", type=float, default=1.0, help="default: %(default)s")
+    p.add_argument("--keep-observations", type=_count_or_all, default=5,
+                   help="keep observations of the last N rounds; 'off' keeps all (default: %(default)s)")
+    p.add_argument("--gaps", choices=GAP_MODES, default="poisson",
+                   help="gaps between calls: Poisson or the real 'created' times (default: %(default)s)")
+    p.add_argument("--mean-gap", type=float, default=7.5, help="Poisson mean gap, s (default: %(default)s)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-input-len", type=int, default=32768, help="default: %(default)s")
+    p.add_argument("--max-turns", type=int, default=50, help="default: %(default)s")
+    p.add_argument("--shared-prefix", default=None,
+                   help="prepend a shared system + demonstration prefix: 'sweagent-demo' or a .traj path")
+    _add_tokenization(p)
+    _add_out(p)
+    p.set_defaults(func=cmd_build_swe)
+
+    p = bsub.add_parser("mooncake", help="Mooncake block traces rebuilt as tokens")
+    p.add_argument("file", nargs="?", default=None,
+                   help="trace .jsonl (default: shared conversation trace, else the vendored sample)")
+    p.add_argument("--limit", type=int, default=None, help="first N lines only")
+    p.add_argument("--block-size", type=int, default=512)
+    p.add_argument("--vocab-size", type=int, default=32000)
+    p.add_argument("--output-vocab", type=int, default=1024, help="token ids reserved for outputs")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-input-len", type=int, default=None, help="drop longer requests")
+    _add_out(p)
+    p.set_defaults(func=cmd_build_mooncake)
+
+    p = bsub.add_parser("synthetic", help="seeded synthetic workloads")
+    p.add_argument("kind", choices=list(SYNTHETIC_KINDS))
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="generator parameter, e.g. num_sessions=500, turns=4:16, depth_fractions=0.5,1")
+    _add_out(p)
+    p.set_defaults(func=cmd_build_synthetic)
+
+    p = bsub.add_parser("bundled", help="a ready trace from the vendored samples")
+    p.add_argument("name", choices=list(BUNDLED_TRACES))
+    _add_out(p)
+    p.set_defaults(func=cmd_build_bundled)
+
+    p = sub.add_parser("validate", help="check a trace file and report every problem (exit 1 if any)")
+    p.add_argument("file")
+    p.add_argument("--max-show", type=int, default=100, help="print at most N problems")
+    p.set_defaults(func=cmd_validate)
+
+    p = sub.add_parser("stats", help="sessions, requests, token totals, input-length percentiles")
+    p.add_argument("file")
+    p.add_argument("--json", action="store_true", help="one JSON record instead of text")
+    p.set_defaults(func=cmd_stats)
+    return trace

@@ -1,0 +1,100 @@
+"""Chat messages shared by the real-data builders: roles, the text a message is tokenized as, timing.
+
+Every builder tokenizes each message on its own (BOS included by default, as the paper did) and
+lays a session out as the concatenation of its messages' tokens, so turn *i*'s input is exactly the
+concatenation of the per-message token arrays before it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Mapping, Sequence, TypeVar
+
+import numpy as np
+
+from .tokenizer import TextTokenizer
+
+__all__ = [
+    "Message",
+    "TEXT_FORMS",
+    "normalize_role",
+    "encode_messages",
+    "count_words",
+    "Progress",
+    "no_progress",
+]
+
+T = TypeVar("T")
+Progress = Callable[[Iterable[T]], Iterable[T]]
+"""A wrapper over a builder's main loop (e.g. ``functools.partial(tqdm, desc=...)``); the library
+prints nothing itself."""
+
+TEXT_FORMS = ("json", "content")
+"""How a message becomes text: ``json`` = ``json.dumps`` of its source role and content fields (the
+paper's form: ShareGPT ``{"from": ..., "value": ...}``, LMSys/agents ``{"role": ..., "content": ...}``,
+ASCII-escaped as ``json.dumps`` does by default); ``content`` = the content string alone."""
+
+_ROLE_ALIASES = {
+    "human": "user", "user": "user",
+    "gpt": "assistant", "chatgpt": "assistant", "assistant": "assistant", "bard": "assistant",
+    "bing": "assistant", "model": "assistant", "claude": "assistant",
+    "system": "system",
+    "tool": "tool", "function": "tool", "ipython": "tool", "observation": "tool",
+}
+
+
+def no_progress(items: Iterable[T]) -> Iterable[T]:
+    return items
+
+
+def normalize_role(role: Any) -> str:
+    """``"user"``, ``"assistant"``, ``"system"`` or ``"tool"``; ValueError for an unknown role."""
+    key = str(role).strip().lower()
+    if key not in _ROLE_ALIASES:
+        raise ValueError(f"unknown message role {role!r} (known: {', '.join(sorted(_ROLE_ALIASES))})")
+    return _ROLE_ALIASES[key]
+
+
+def count_words(text: str) -> int:
+    """Whitespace-separated words of ``text`` (``len(text.split())``)."""
+    return len(text.split())
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """One message. ``raw`` holds the source's role and content fields (source key names and order):
+    it is what the ``json`` text form serialises. ``created`` is the source's unix time, if any."""
+
+    role: str
+    content: str
+    raw: Mapping[str, Any] = field(default_factory=dict)
+    created: float | None = None
+
+    def text(self, text_form: str) -> str:
+        if text_form == "json":
+            return json.dumps(dict(self.raw) if self.raw else {"role": self.role, "content": self.content})
+        if text_form == "content":
+            return self.content
+        raise ValueError(f"unknown text form {text_form!r} (choose from {', '.join(TEXT_FORMS)})")
+
+
+def check_text_form(text_form: str) -> str:
+    if text_form not in TEXT_FORMS:
+        raise ValueError(f"unknown text form {text_form!r} (choose from {', '.join(TEXT_FORMS)})")
+    return text_form
+
+
+def encode_messages(tokenizer: TextTokenizer, messages: Sequence[Message], text_form: str = "json",
+                    add_bos: bool = True) -> list[np.ndarray]:
+    """Tokenize each message on its own; int32 arrays, one per message, in order."""
+    return tokenizer.encode_batch([m.text(text_form) for m in messages], add_bos=add_bos)
+
+
+def concat_with_offsets(arrays: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """One int32 buffer holding ``arrays`` back to back, and offsets ``[len(arrays) + 1]``."""
+    lens = np.fromiter((a.size for a in arrays), dtype=np.int64, count=len(arrays))
+    offsets = np.zeros(len(arrays) + 1, dtype=np.int64)
+    np.cumsum(lens, out=offsets[1:])
+    stream = np.concatenate(arrays).astype(np.int32, copy=False) if arrays else np.zeros(0, np.int32)
+    return stream, offsets

@@ -1,0 +1,284 @@
+"""Multi-turn chat traces from ShareGPT or LMSys-Chat-1M exports, by the Marconi paper's recipe.
+
+Recipe (defaults reproduce the paper):
+
+1. Records are read from the given files in order (several parts are read one after another;
+   ``.json`` arrays, ``.jsonl`` one record per line, or ``.parquet`` rows). A record is ShareGPT
+   ``{"id", "conversations": [{"from", "value"}]}`` or LMSys ``{"conversation_id", "conversation":
+   [{"role", "content"}]}``.
+2. A record qualifies if it has at least ``2 * min_rounds`` messages (the paper: ShareGPT >= 20
+   messages; LMSys ``turn >= 10``, i.e. 20 messages) and, when ``max_non_ascii_frac`` is set, at
+   most that fraction of non-ASCII characters in its text (the paper's LMSys/WildChat filter, 0.5).
+   The first ``num_sessions`` qualifying records, in file order, become sessions 0, 1, ...
+3. Each message is tokenized on its own (``text_form="json"``: ``json.dumps`` of the message's
+   role/content fields as in the file, BOS included: what the paper did).
+4. Session *k*'s first request arrives at ``k / sessions_per_second``; each later turn arrives after
+   the user's typing time of its new user message(s) at ``words_per_min`` (90): the words counted are
+   the whitespace-separated words (``len(content.split())``) of the ``content``/``value`` string of
+   the turn's user messages (not the JSON text, not system messages). The model's response time is
+   not added (as in the paper). (The authors' script counted space characters instead.)
+5. Turn *i*'s input is the whole history plus its user message(s); its output the reply. A session
+   stops before the first turn whose input would exceed ``max_input_len`` (32,768) tokens.
+
+Turn structure (``pairing="roles"``, the default): messages are grouped by role. Everything before
+the first user message (a leading assistant message -- about a third of ShareGPT records start with
+a ``gpt`` chunk -- and system messages) is a history prefix: it is part of turn 0's input. After it,
+a turn is a maximal run of non-assistant messages (user, and any system message between turns, kept
+as separate messages in order) followed by a maximal run of assistant messages (consecutive
+assistant messages are kept as separate messages and together form the output). A trailing run of
+user messages without a reply makes no request. ``pairing="positional"`` is the authors' script:
+turn *t* is messages ``2t`` (input) and ``2t+1`` (output) whatever their roles.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+
+from .messages import (Message, Progress, check_text_form, concat_with_offsets, count_words,
+                       encode_messages, no_progress, normalize_role)
+from .paths import shared_data_dir
+from .tokenizer import TextTokenizer, load_tokenizer
+from .trace import Request, Trace
+
+__all__ = ["ChatRecord", "read_chat_records", "chat_turns", "build_chat_trace", "build_sharegpt_trace",
+           "build_lmsys_trace", "default_sharegpt_files", "typed_words", "PAIRINGS"]
+
+PAIRINGS = ("roles", "positional")
+
+
+@dataclass(frozen=True, slots=True)
+class ChatRecord:
+    """One conversation as read from a file: its source id and messages (roles normalized)."""
+
+    id: str
+    messages: tuple[Message, ...]
+
+
+def _message(obj: Any, where: str) -> Message:
+    if not isinstance(obj, dict):
+        raise ValueError(f"{where}: a message must be an object, got {type(obj).__name__}")
+    role_key = "from" if "from" in obj else "role" if "role" in obj else None
+    content_key = "value" if "value" in obj else "content" if "content" in obj else None
+    if role_key is None or content_key is None:
+        raise ValueError(f"{where}: a message needs from/role and value/content, got keys {sorted(obj)}")
+    content = obj[content_key]
+    if content is None:
+        content = ""
+    if not isinstance(content, str):
+        raise ValueError(f"{where}: message content must be a string, got {type(content).__name__}")
+    try:
+        role = normalize_role(obj[role_key])
+    except ValueError as exc:
+        raise ValueError(f"{where}: {exc}") from None
+    raw = {k: v for k, v in obj.items() if k in (role_key, content_key)}
+    return Message(role=role, content=content, raw=raw)
+
+
+def _record(obj: Any, where: str, index: int) -> ChatRecord:
+    if not isinstance(obj, dict):
+        raise ValueError(f"{where}: a record must be an object, got {type(obj).__name__}")
+    if "conversations" in obj:
+        msgs = obj["conversations"]
+    elif "conversation" in obj:
+        msgs = obj["conversation"]
+    else:
+        raise ValueError(f"{where}: no 'conversations' (ShareGPT) or 'conversation' (LMSys) field")
+    if not isinstance(msgs, list):
+        raise ValueError(f"{where}: the conversation must be a list, got {type(msgs).__name__}")
+    rid = obj.get("id", obj.get("conversation_id", index))
+    return ChatRecord(str(rid), tuple(_message(m, f"{where}: message {j}") for j, m in enumerate(msgs)))
+
+
+def _file_objects(path: Path) -> Iterator[tuple[str, Any]]:
+    name = path.name.lower()
+    if name.endswith(".parquet"):
+        import pyarrow.parquet as pq
+
+        row = 0
+        for batch in pq.ParquetFile(path).iter_batches(batch_size=256):
+            for obj in batch.to_pylist():
+                yield f"{path}:row {row}", obj
+                row += 1
+    elif name.endswith(".jsonl"):
+        with open(path, encoding="utf-8") as fh:
+            for lineno, line in enumerate(fh, start=1):
+                if line.strip():
+                    try:
+                        obj = json.loads(line)
+                    except json.JSONDecodeError as exc:
+                        raise ValueError(f"{path}:{lineno}: invalid JSON ({exc.msg})") from None
+                    yield f"{path}:{lineno}", obj
+    else:
+        with open(path, encoding="utf-8") as fh:
+            try:
+                data = json.load(fh)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{path}: invalid JSON ({exc.msg} at line {exc.lineno})") from None
+        if not isinstance(data, list):
+            raise ValueError(f"{path}: expected a JSON array of conversation records")
+        for i, obj in enumerate(data):
+            yield f"{path}: record {i}", obj
+
+
+def read_chat_records(paths: Sequence[str | os.PathLike]) -> Iterator[ChatRecord]:
+    """Records of the given files, in order (lazily: later files are opened only when reached)."""
+    index = 0
+    for p in paths:
+        path = Path(p)
+        if not path.is_file():
+            raise FileNotFoundError(f"chat data file not found: {p}")
+        for where, obj in _file_objects(path):
+            yield _record(obj, where, index)
+            index += 1
+
+
+def _non_ascii_frac(record: ChatRecord) -> float:
+    text = "".join(m.content for m in record.messages)
+    if not text or text.isascii():
+        return 0.0
+    return (len(text) - len(text.encode("ascii", "ignore"))) / len(text)
+
+
+def chat_turns(messages: Sequence[Message], pairing: str = "roles") -> tuple[int, list[tuple[int, int, int]]]:
+    """Turn layout of a conversation.
+
+    Returns ``(num_stream_messages, turns)``: the session's stream is ``messages[:num_stream_messages]``
+    and each turn is ``(first_user_msg, first_reply_msg, end_msg)``: its new input is messages
+    ``[first_user_msg, first_reply_msg)`` and its output ``[first_reply_msg, end_msg)``.
+    """
+    if pairing == "positional":
+        n = len(messages) // 2
+        return 2 * n, [(2 * t, 2 * t + 1, 2 * t + 2) for t in range(n)]
+    if pairing != "roles":
+        raise ValueError(f"unknown pairing {pairing!r} (choose from {', '.join(PAIRINGS)})")
+    n = len(messages)
+    i = next((j for j, m in enumerate(messages) if m.role == "user"), n)  # prefix: messages[:i]
+    turns: list[tuple[int, int, int]] = []
+    while i < n:
+        j = i
+        while j < n and messages[j].role != "assistant":
+            j += 1
+        k = j
+        while k < n and messages[k].role == "assistant":
+            k += 1
+        if k == j:  # trailing user messages without a reply
+            break
+        turns.append((i, j, k))
+        i = k
+    end = turns[-1][2] if turns else 0
+    return end, turns
+
+
+def typed_words(messages: Sequence[Message], turn: tuple[int, int, int], pairing: str) -> int:
+    """Words the user types for a turn: of its user messages (roles), of message ``2t`` (positional)."""
+    u0, r0, _ = turn
+    if pairing == "positional":
+        return count_words(messages[u0].content)
+    return sum(count_words(m.content) for m in messages[u0:r0] if m.role == "user")
+
+
+def _session_requests(session_id: int, start_ts: float, messages: Sequence[Message],
+                      tokens: Sequence[np.ndarray], turns: list[tuple[int, int, int]],
+                      max_input_len: int, words_per_s: float, pairing: str) -> list[Request]:
+    stream, offsets = concat_with_offsets(tokens)
+    requests: list[Request] = []
+    ts = start_ts
+    for t, (u0, r0, end) in enumerate(turns):
+        input_end = int(offsets[r0])
+        if input_end > max_input_len:
+            break
+        if t > 0:
+            ts += typed_words(messages, (u0, r0, end), pairing) / words_per_s
+        requests.append(Request(session_id, t, ts, stream[:input_end], stream[input_end:int(offsets[end])]))
+    return requests
+
+
+def build_chat_trace(paths: Sequence[str | os.PathLike], *, num_sessions: int | None = 100,
+                     min_rounds: int = 10, sessions_per_second: float = 1.0,
+                     max_input_len: int = 32768, words_per_min: float = 90.0, text_form: str = "json",
+                     add_bos: bool = True, pairing: str = "roles",
+                     max_non_ascii_frac: float | None = None,
+                     tokenizer: TextTokenizer | str | os.PathLike | None = None,
+                     source: str = "chat", progress: Progress | None = None) -> Trace:
+    """Build a multi-turn chat trace from ShareGPT/LMSys files (see the module docstring).
+
+    ``num_sessions=None`` takes every qualifying record. Session ids are 0, 1, ... in file order of
+    the qualifying records (their source ids are in ``meta["source_ids"]``). Requests are sorted by
+    time (ties keep session order).
+
+    Raises:
+        FileNotFoundError: a file is missing.
+        ValueError: a malformed record (the message names file and record), bad parameters.
+    """
+    if sessions_per_second <= 0 or words_per_min <= 0:
+        raise ValueError("sessions_per_second and words_per_min must be > 0")
+    if num_sessions is not None and num_sessions < 0:
+        raise ValueError(f"num_sessions must be >= 0, got {num_sessions}")
+    if max_input_len <= 0 or min_rounds < 0:
+        raise ValueError("max_input_len must be > 0 and min_rounds >= 0")
+    check_text_form(text_form)
+    if pairing not in PAIRINGS:
+        raise ValueError(f"unknown pairing {pairing!r} (choose from {', '.join(PAIRINGS)})")
+    tok = tokenizer if isinstance(tokenizer, TextTokenizer) else load_tokenizer(tokenizer)
+    words_per_s = words_per_min / 60.0
+
+    def qualifying() -> Iterator[ChatRecord]:
+        taken = 0
+        for rec in read_chat_records(paths):
+            if num_sessions is not None and taken >= num_sessions:
+                return
+            if len(rec.messages) < 2 * min_rounds:
+                continue
+            if max_non_ascii_frac is not None and _non_ascii_frac(rec) > max_non_ascii_frac:
+                continue
+            taken += 1
+            yield rec
+
+    wrap = progress or no_progress
+    requests: list[Request] = []
+    source_ids: list[str] = []
+    for k, rec in enumerate(wrap(qualifying())):
+        source_ids.append(rec.id)
+        n_stream, turns = chat_turns(rec.messages, pairing)
+        messages = rec.messages[:n_stream]
+        tokens = encode_messages(tok, messages, text_form, add_bos)
+        requests.extend(_session_requests(k, k / sessions_per_second, messages, tokens, turns,
+                                          max_input_len, words_per_s, pairing))
+    params = dict(num_sessions=num_sessions, min_rounds=min_rounds,
+                  sessions_per_second=sessions_per_second, max_input_len=max_input_len,
+                  words_per_min=words_per_min, text_form=text_form, add_bos=add_bos, pairing=pairing,
+                  max_non_ascii_frac=max_non_ascii_frac)
+    meta = {"source": source, "recipe": "marconi-paper-chat", "params": params,
+            "files": [str(p) for p in paths], "tokenizer": tok.name,
+            "num_sessions": len(source_ids), "source_ids": source_ids}
+    name = f"{source}-n{len(source_ids)}-sps{sessions_per_second:g}"
+    return Trace.from_unsorted(requests, name=name, meta=meta)
+
+
+def default_sharegpt_files() -> list[Path]:
+    """The shared data set's ShareGPT parts with >= 20 messages in file order, or [] if absent."""
+    shared = shared_data_dir()
+    if shared is None:
+        return []
+    return sorted((shared / "sharegpt").glob("sharegpt_v3_ge10rounds_fileorder_part*.json"))
+
+
+def build_sharegpt_trace(paths: Sequence[str | os.PathLike] | None = None, **params: Any) -> Trace:
+    """ShareGPT by the paper's recipe; ``paths`` default to the shared data set's filtered parts."""
+    files = list(paths) if paths else default_sharegpt_files()
+    if not files:
+        raise FileNotFoundError("no ShareGPT files given and the shared data set is absent "
+                                "(set MARCONI_SHARED_DATA or pass the files)")
+    return build_chat_trace(files, source="sharegpt", **params)
+
+
+def build_lmsys_trace(paths: Sequence[str | os.PathLike], **params: Any) -> Trace:
+    """LMSys-Chat-1M exports (users bring the files): the paper's recipe, incl. its non-ASCII filter."""
+    params.setdefault("max_non_ascii_frac", 0.5)
+    return build_chat_trace(list(paths), source="lmsys", **params)

@@ -1,0 +1,279 @@
+"""Agent traces from SWE agent trajectories, by the Marconi paper's recipe.
+
+Sources: mini-swe-agent compact JSON arrays (``msa_*_partNN.json``: ``[{instance_id, messages}]``),
+single mini-swe-agent trajectories (``{"messages": [...]}``) and SWE-agent ``.traj`` files
+(``{"history": [...]}``); directories are searched for ``*.json`` / ``*.traj``. Trajectories are
+named by ``instance_id`` (or the file name) and the first ``num_sessions`` **sorted by name** are used.
+
+Each assistant message is one LLM call (a request): its input is every message before it, its
+output the assistant message. Messages are tokenized on their own (``text_form="json"``:
+``json.dumps({"role": ..., "content": ...})``, BOS included; other fields such as ``created`` or
+SWE-agent's ``thought``/``action`` copies are not part of the text).
+
+* Observations (``keep_observations=K``, the paper's K = 5; None keeps all): the messages before the
+  first assistant message (system prompt, task, any shared prefix) are always kept, and so is the
+  newest observation (the one the call answers); of the older observations, only those of the last
+  K rounds stay in the history (a round = an assistant message and the observation messages after
+  it). This is what the authors' script does (its first user message, the task, is never dropped).
+* Times: session *k* starts at ``k / sessions_per_second``; gaps between calls are either
+  ``"poisson"``: integer seconds ~ Poisson(``mean_gap_s``) as the authors drew them
+  (``np.random.poisson``; here seeded per session from ``(seed, k)`` so a session's gaps do not
+  depend on the others), or ``"real"``: the differences of the assistant messages' ``created``
+  unix times (the response times: they include the agent's execution and the LLM's latency).
+* A session stops before the first call whose input would exceed ``max_input_len`` (32,768) tokens,
+  and after ``max_turns`` (50) calls.
+* ``shared_prefix``: messages prepended to every trajectory (a name from :data:`SHARED_PREFIXES`,
+  e.g. ``"sweagent-demo"``: the ~7.7k-token SWE-agent system prompt + demonstration of a real GPT-4
+  run, or a path to a ``.traj`` whose leading system/demonstration messages are taken).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from .messages import (Message, Progress, check_text_form, concat_with_offsets, encode_messages,
+                       no_progress, normalize_role)
+from .paths import bundled_data_dir, shared_data_dir
+from .tokenizer import TextTokenizer, load_tokenizer
+from .trace import Request, Trace
+
+__all__ = ["Trajectory", "load_trajectories", "load_shared_prefix", "build_swe_trace", "swe_session",
+           "SHARED_PREFIXES", "GAP_MODES", "default_swe_paths"]
+
+GAP_MODES = ("poisson", "real")
+SHARED_PREFIXES = {"sweagent-demo": "swe/sweagent_gpt4_pydicom-1458.traj"}
+"""Named shared prefixes -> vendored ``.traj`` (relative to ``marconi/data``) they are extracted from."""
+
+
+@dataclass(frozen=True, slots=True)
+class Trajectory:
+    """One agent run: its name (instance id or file stem), messages, and the file it came from."""
+
+    name: str
+    messages: tuple[Message, ...]
+    source: str
+
+
+def _content_text(content: Any, where: str) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):  # OpenAI-style content parts
+        parts = []
+        for part in content:
+            if isinstance(part, dict) and isinstance(part.get("text"), str):
+                parts.append(part["text"])
+            elif isinstance(part, str):
+                parts.append(part)
+        return "".join(parts)
+    raise ValueError(f"{where}: message content must be a string, got {type(content).__name__}")
+
+
+def _message(obj: Any, where: str) -> Message:
+    if not isinstance(obj, dict) or "role" not in obj:
+        raise ValueError(f"{where}: a message must be an object with a 'role'")
+    try:
+        role = normalize_role(obj["role"])
+    except ValueError as exc:
+        raise ValueError(f"{where}: {exc}") from None
+    content = _content_text(obj.get("content"), where)
+    created = obj.get("created")
+    if created is not None and (isinstance(created, bool) or not isinstance(created, (int, float))):
+        raise ValueError(f"{where}: 'created' must be a unix time in seconds, got {created!r}")
+    return Message(role=role, content=content, raw={"role": obj["role"], "content": content},
+                   created=None if created is None else float(created))
+
+
+def _trajectory(obj: Any, name: str, source: str) -> Trajectory:
+    if not isinstance(obj, dict):
+        raise ValueError(f"{source}: a trajectory must be an object, got {type(obj).__name__}")
+    if "messages" in obj:
+        msgs = obj["messages"]
+        name = str(obj.get("instance_id") or name)
+    elif "history" in obj:
+        msgs = obj["history"]
+    else:
+        raise ValueError(f"{source}: trajectory {name!r} has no 'messages' or 'history'")
+    if not isinstance(msgs, list):
+        raise ValueError(f"{source}: trajectory {name!r}: messages must be a list")
+    messages = tuple(_message(m, f"{source}: trajectory {name!r} message {i}") for i, m in enumerate(msgs))
+    return Trajectory(name=name, messages=messages, source=source)
+
+
+def _file_stem(path: Path) -> str:
+    name = path.name
+    for suffix in (".traj.json", ".traj", ".json"):
+        if name.endswith(suffix):
+            return name[: -len(suffix)]
+    return name
+
+
+def _trajectory_files(paths: Sequence[str | os.PathLike]) -> list[Path]:
+    files: list[Path] = []
+    for p in paths:
+        path = Path(p)
+        if path.is_dir():
+            files.extend(sorted(f for f in path.rglob("*") if f.is_file() and f.suffix in (".json", ".traj")))
+        elif path.is_file():
+            files.append(path)
+        else:
+            raise FileNotFoundError(f"trajectory file or directory not found: {p}")
+    return files
+
+
+def load_trajectories(paths: Sequence[str | os.PathLike]) -> list[Trajectory]:
+    """All trajectories in the given files/directories, sorted by name (stable on ties)."""
+    out: list[Trajectory] = []
+    for path in _trajectory_files(paths):
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}: invalid JSON ({exc.msg} at line {exc.lineno})") from None
+        if isinstance(data, list):
+            for i, obj in enumerate(data):
+                out.append(_trajectory(obj, f"{_file_stem(path)}[{i}]", str(path)))
+        else:
+            out.append(_trajectory(data, _file_stem(path), str(path)))
+    out.sort(key=lambda t: t.name)
+    return out
+
+
+def load_shared_prefix(spec: str | os.PathLike) -> tuple[Message, ...]:
+    """The leading system + demonstration messages of a named prefix or of a trajectory file.
+
+    Taken: the trajectory's leading messages while they are system messages or SWE-agent
+    demonstrations (``is_demo``); for ``"sweagent-demo"``, the system prompt and the demonstration
+    of the vendored SWE-agent GPT-4 run (about 7.7k tokens).
+    """
+    text = os.fspath(spec)
+    path = bundled_data_dir() / SHARED_PREFIXES[text] if text in SHARED_PREFIXES else Path(text)
+    if not path.is_file():
+        known = ", ".join(SHARED_PREFIXES)
+        raise FileNotFoundError(f"shared prefix not found: {text!r} (not a file; known names: {known})")
+    data = json.loads(path.read_text(encoding="utf-8"))
+    raw_msgs = (data.get("history") or data.get("messages") or []) if isinstance(data, dict) else []
+    prefix: list[Message] = []
+    for i, obj in enumerate(raw_msgs):
+        if not isinstance(obj, dict):
+            break
+        is_demo = str(obj.get("is_demo", "")).lower() == "true"
+        if obj.get("role") != "system" and not is_demo:
+            break
+        prefix.append(_message(obj, f"{path}: message {i}"))
+    if not prefix:
+        raise ValueError(f"{path}: no leading system/demonstration messages to use as a shared prefix")
+    return tuple(prefix)
+
+
+def swe_session(session_id: int, start_ts: float, messages: Sequence[Message],
+                tokens: Sequence[np.ndarray], *, keep_observations: int | None, gap_s: np.ndarray,
+                max_input_len: int, max_turns: int) -> list[Request]:
+    """Requests of one trajectory (messages already tokenized, ``gap_s[j]`` = gap before call j).
+
+    ``tokens[i]`` are the tokens of ``messages[i]``; see the module docstring for the recipe.
+    """
+    calls = [i for i, m in enumerate(messages) if m.role == "assistant"]
+    stream, offsets = concat_with_offsets(tokens)
+    requests: list[Request] = []
+    ts = start_ts
+    for j, call in enumerate(calls):
+        if j >= max_turns:
+            break
+        if keep_observations is None or j - 1 - keep_observations <= 0:
+            inputs = stream[:int(offsets[call])]
+        else:
+            # round i spans [calls[i], calls[i+1]); its observations are (calls[i], calls[i+1])
+            parts = [stream[:int(offsets[calls[0]])]]
+            for i in range(j):
+                a_start, a_end = int(offsets[calls[i]]), int(offsets[calls[i] + 1])
+                round_end = int(offsets[calls[i + 1]])
+                keep = i >= j - 1 - keep_observations
+                parts.append(stream[a_start:round_end] if keep else stream[a_start:a_end])
+            inputs = np.concatenate(parts)
+        if inputs.size > max_input_len:
+            break
+        ts += float(gap_s[j])
+        requests.append(Request(session_id, j, ts, inputs, stream[int(offsets[call]):int(offsets[call + 1])]))
+    return requests
+
+
+def _gaps(traj: Trajectory, messages: Sequence[Message], gaps: str, mean_gap_s: float,
+          rng: np.random.Generator) -> np.ndarray:
+    calls = [i for i, m in enumerate(messages) if m.role == "assistant"]
+    n = len(calls)
+    if gaps == "poisson":
+        return np.concatenate([[0.0], rng.poisson(mean_gap_s, size=max(n - 1, 0)).astype(np.float64)])
+    created = [messages[c].created for c in calls]
+    if any(c is None for c in created):
+        raise ValueError(f"{traj.source}: trajectory {traj.name!r} has assistant messages without a "
+                         "'created' time; use gaps='poisson'")
+    times = np.maximum.accumulate(np.asarray(created, dtype=np.float64)) if n else np.zeros(0)
+    return np.diff(times, prepend=times[:1])
+
+
+def default_swe_paths() -> list[Path]:
+    """The shared data set's mini-swe-agent trajectories, else the vendored 10-trajectory sample."""
+    shared = shared_data_dir()
+    if shared is not None and (shared / "swe" / "mini-swe-agent-gemini3pro").is_dir():
+        return sorted((shared / "swe" / "mini-swe-agent-gemini3pro").glob("msa_*_part*.json"))
+    return [bundled_data_dir() / "swe" / "msa_gemini3pro_verified_first10.json"]
+
+
+def build_swe_trace(paths: Sequence[str | os.PathLike] | None = None, *, num_sessions: int | None = 100,
+                    sessions_per_second: float = 1.0, keep_observations: int | None = 5,
+                    gaps: str = "poisson", mean_gap_s: float = 7.5, seed: int = 0,
+                    max_input_len: int = 32768, max_turns: int = 50,
+                    shared_prefix: str | os.PathLike | None = None, text_form: str = "json",
+                    add_bos: bool = True, tokenizer: TextTokenizer | str | os.PathLike | None = None,
+                    progress: Progress | None = None) -> Trace:
+    """Build an agent trace from SWE trajectories (see the module docstring for the recipe).
+
+    ``paths`` default to :func:`default_swe_paths`. Session ids are 0, 1, ... in name order (names in
+    ``meta["source_ids"]``); requests are sorted by time (ties keep session order).
+
+    Raises:
+        FileNotFoundError: a missing file, directory or shared prefix.
+        ValueError: malformed trajectories, bad parameters, ``gaps="real"`` without ``created`` times.
+    """
+    if gaps not in GAP_MODES:
+        raise ValueError(f"unknown gaps {gaps!r} (choose from {', '.join(GAP_MODES)})")
+    if sessions_per_second <= 0 or mean_gap_s < 0 or max_input_len <= 0 or max_turns <= 0:
+        raise ValueError("sessions_per_second, max_input_len and max_turns must be > 0, mean_gap_s >= 0")
+    if keep_observations is not None and keep_observations < 0:
+        raise ValueError(f"keep_observations must be >= 0 or None, got {keep_observations}")
+    check_text_form(text_form)
+    tok = tokenizer if isinstance(tokenizer, TextTokenizer) else load_tokenizer(tokenizer)
+    files = list(paths) if paths else default_swe_paths()
+    trajectories = load_trajectories(files)
+    if num_sessions is not None:
+        trajectories = trajectories[:num_sessions]
+    prefix = load_shared_prefix(shared_prefix) if shared_prefix is not None else ()
+    prefix_tokens = encode_messages(tok, prefix, text_form, add_bos) if prefix else []
+
+    requests: list[Request] = []
+    wrap = progress or no_progress
+    for k, traj in enumerate(wrap(trajectories)):
+        messages = prefix + traj.messages
+        tokens = prefix_tokens + encode_messages(tok, traj.messages, text_form, add_bos)
+        gap_s = _gaps(traj, messages, gaps, mean_gap_s, np.random.default_rng([seed, k]))
+        requests.extend(swe_session(k, k / sessions_per_second, messages, tokens,
+                                    keep_observations=keep_observations, gap_s=gap_s,
+                                    max_input_len=max_input_len, max_turns=max_turns))
+    params = dict(num_sessions=num_sessions, sessions_per_second=sessions_per_second,
+                  keep_observations=keep_observations, gaps=gaps, mean_gap_s=mean_gap_s, seed=seed,
+                  max_input_len=max_input_len, max_turns=max_turns,
+                  shared_prefix=None if shared_prefix is None else os.fspath(shared_prefix),
+                  text_form=text_form, add_bos=add_bos)
+    meta = {"source": "swe", "recipe": "marconi-paper-swe", "params": params,
+            "files": [str(p) for p in files], "tokenizer": tok.name,
+            "num_sessions": len(trajectories), "source_ids": [t.name for t in trajectories],
+            "shared_prefix_len": int(sum(t.size for t in prefix_tokens))}
+    name = f"swe-n{len(trajectories)}-sps{sessions_per_second:g}-{gaps}"
+    return Trace.from_unsorted(requests, name=name, meta=meta)

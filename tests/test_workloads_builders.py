@@ -1,0 +1,394 @@
+"""Trace builders on real data: the vendored samples (always) and the shared data set (CI).
+
+Expected values are computed here independently from the source files, with the ``tokenizers``
+package used directly, and compared with what the builders produce.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tokenizers import Tokenizer
+
+from marconi.workloads import (build_chat_trace, build_lmsys_trace, build_mooncake_trace,
+                               build_sharegpt_trace, build_swe_trace, bundled_data_dir, bundled_trace,
+                               list_bundled, load_shared_prefix, load_tokenizer, read_trace,
+                               shared_data_dir, write_trace)
+from marconi.workloads.messages import Message
+from marconi.workloads.sharegpt import chat_turns
+
+DATA = bundled_data_dir()
+MSA_SAMPLE = DATA / "swe" / "msa_gemini3pro_verified_first10.json"
+PYDICOM = DATA / "swe" / "sweagent_gpt4_pydicom-1458.traj"
+MOONCAKE_SAMPLE = DATA / "mooncake" / "conversation_trace_first2000.jsonl"
+SHARED = shared_data_dir()
+needs_shared = pytest.mark.skipif(SHARED is None, reason="../shared/data is absent (set MARCONI_SHARED_DATA)")
+
+
+@pytest.fixture(scope="module")
+def ref_tok() -> Tokenizer:
+    return Tokenizer.from_file(str(DATA / "tokenizers" / "mistral-v1" / "tokenizer.json"))
+
+
+def _encode(tok: Tokenizer, texts: list[str]) -> list[list[int]]:
+    return [e.ids for e in tok.encode_batch(texts)]  # the template prepends BOS
+
+
+def _by_key(trace):
+    return {(r.session_id, r.turn_id): r for r in trace}
+
+
+# ============================================================================ SWE
+
+
+def _oracle_swe(msg_tokens: list[list[int]], roles: list[str], keep: int | None, max_len: int,
+                max_turns: int) -> list[tuple[list[int], list[int]]]:
+    """The authors' algorithm: (user_t, llm_t) pairs, the user part of old pairs popped."""
+    calls = [i for i, r in enumerate(roles) if r == "assistant"]
+    users, llms, prev = [], [], 0
+    for c in calls:
+        users.append([t for m in msg_tokens[prev:c] for t in m])
+        llms.append(msg_tokens[c])
+        prev = c + 1
+    history: list[list[list[int]]] = []
+    out = []
+    for t in range(len(calls)):
+        inp = [tok for entry in history for part in entry for tok in part] + users[t]
+        if len(inp) > max_len or t >= max_turns:
+            break
+        out.append((inp, llms[t]))
+        if keep is not None and [len(e) for e in history].count(2) >= keep + 1:
+            history[-keep].pop(0)
+        history.append([users[t], llms[t]])
+    return out
+
+
+@pytest.fixture(scope="module")
+def msa_sample(ref_tok):
+    records = json.loads(MSA_SAMPLE.read_text())
+    out = []
+    for rec in sorted(records, key=lambda r: r["instance_id"]):
+        msgs = rec["messages"]
+        tokens = _encode(ref_tok, [json.dumps({"role": m["role"], "content": m["content"]}) for m in msgs])
+        out.append((rec, [m["role"] for m in msgs], tokens))
+    return out
+
+
+@pytest.mark.parametrize("keep", [None, 1, 2, 5])
+def test_swe_sample_matches_the_authors_algorithm(msa_sample, keep):
+    trace = build_swe_trace([MSA_SAMPLE], keep_observations=keep, sessions_per_second=0.5, seed=7)
+    got = _by_key(trace)
+    assert trace.meta["source_ids"] == [rec["instance_id"] for rec, _, _ in msa_sample]
+    expected_total = 0
+    for k, (rec, roles, tokens) in enumerate(msa_sample):
+        expected = _oracle_swe(tokens, roles, keep, 32768, 50)
+        expected_total += len(expected)
+        assert len(expected) > 0
+        for j, (inp, out) in enumerate(expected):
+            req = got[(k, j)]
+            assert req.input_tokens.tolist() == inp
+            assert req.output_tokens.tolist() == out
+        assert (k, len(expected)) not in got
+        first = got[(k, 0)]
+        assert first.ts == pytest.approx(k / 0.5)
+    assert len(trace) == expected_total
+    if keep is None:  # without dropping, each input is exactly the messages before the call
+        rec, roles, tokens = msa_sample[0]
+        call = [i for i, r in enumerate(roles) if r == "assistant"][3]
+        assert got[(0, 3)].input_tokens.tolist() == [t for m in tokens[:call] for t in m]
+
+
+def test_swe_caps_and_gaps(msa_sample):
+    trace = build_swe_trace([MSA_SAMPLE], max_turns=7, max_input_len=20000, gaps="poisson", mean_gap_s=5.0)
+    sessions = trace.sessions()
+    assert all(len(reqs) <= 7 for reqs in sessions.values())
+    assert max(r.input_len for r in trace) <= 20000
+    gaps = np.concatenate([np.diff([r.ts for r in reqs]) for reqs in sessions.values()])
+    assert np.all(gaps >= 0) and np.allclose(gaps, np.round(gaps))  # Poisson counts of seconds
+    assert 3.0 < gaps.mean() < 7.0
+    same = build_swe_trace([MSA_SAMPLE], max_turns=7, max_input_len=20000, gaps="poisson", mean_gap_s=5.0)
+    assert [r.ts for r in same] == [r.ts for r in trace]  # seeded
+
+    real = build_swe_trace([MSA_SAMPLE], gaps="real", keep_observations=None, num_sessions=3)
+    for k, (rec, roles, _) in enumerate(msa_sample[:3]):
+        created = [m["created"] for m in rec["messages"] if m["role"] == "assistant"]
+        reqs = real.sessions()[k]
+        expected = [c - created[0] for c in created[:len(reqs)]]
+        assert [r.ts - reqs[0].ts for r in reqs] == pytest.approx(expected)
+
+
+def test_swe_shared_prefix(ref_tok):
+    prefix = load_shared_prefix("sweagent-demo")
+    assert [m.role for m in prefix] == ["system", "user"]
+    history = json.loads(PYDICOM.read_text())["history"]
+    assert [m.content for m in prefix] == [history[0]["content"], history[1]["content"]]
+    content_len = sum(len(ids) for ids in _encode(ref_tok, [m.content for m in prefix]))
+    assert 7500 < content_len < 8000  # the "~7.7k-token" system + demonstration prefix
+
+    trace = build_swe_trace([MSA_SAMPLE], shared_prefix="sweagent-demo", num_sessions=4)
+    prefix_tokens = [t for ids in _encode(ref_tok, [m.text("json") for m in prefix]) for t in ids]
+    assert trace.meta["shared_prefix_len"] == len(prefix_tokens)
+    for req in trace:
+        assert req.input_tokens[:len(prefix_tokens)].tolist() == prefix_tokens
+    assert trace.num_sessions == 4
+
+
+def test_swe_agent_traj_file(ref_tok):
+    trace = build_swe_trace([PYDICOM], keep_observations=None, text_form="content")
+    history = json.loads(PYDICOM.read_text())["history"]
+    tokens = _encode(ref_tok, [m["content"] for m in history])
+    calls = [i for i, m in enumerate(history) if m["role"] == "assistant"]
+    assert len(trace) == len(calls) == 12
+    for j, call in enumerate(calls):
+        assert trace[j].input_tokens.tolist() == [t for m in tokens[:call] for t in m]
+        assert trace[j].output_tokens.tolist() == tokens[call]
+    assert trace.meta["source_ids"] == ["sweagent_gpt4_pydicom-1458"]
+
+
+def test_swe_bad_inputs(tmp_path):
+    with pytest.raises(FileNotFoundError, match="nope"):
+        build_swe_trace([tmp_path / "nope.json"])
+    (tmp_path / "bad.json").write_text('[{"instance_id": "x", "messages": [{"content": "hi"}]}]')
+    with pytest.raises(ValueError, match="role"):
+        build_swe_trace([tmp_path / "bad.json"])
+    with pytest.raises(ValueError, match="created"):
+        build_swe_trace([PYDICOM], gaps="real")
+    with pytest.raises(FileNotFoundError, match="known names"):
+        build_swe_trace([MSA_SAMPLE], shared_prefix="no-such-prefix")
+
+
+@pytest.mark.shared
+@needs_shared
+def test_swe_shared_data_first_sessions_sorted_by_name(ref_tok):
+    folder = SHARED / "swe" / "mini-swe-agent-gemini3pro"
+    names = sorted(t["instance_id"] for f in sorted(folder.glob("msa_*_part*.json"))
+                   for t in json.loads(f.read_text()))
+    assert len(names) == 500
+    trace = build_swe_trace(num_sessions=12, keep_observations=5)
+    assert trace.meta["source_ids"] == names[:12]
+    assert trace.num_sessions == 12 and max(r.input_len for r in trace) <= 32768
+
+
+# ============================================================================ Mooncake
+
+
+def test_mooncake_sample_blocks():
+    rows = [json.loads(line) for line in MOONCAKE_SAMPLE.read_text().splitlines()]
+    assert len(rows) == 2000
+    trace = build_mooncake_trace(MOONCAKE_SAMPLE, limit=600)
+    assert len(trace) == 600 and trace.num_sessions == 600
+    blocks: dict[int, np.ndarray] = {}
+    firsts: dict[tuple[int, int], int] = {}  # (parent id, first token) -> id
+    out_tokens = set()
+    in_tokens = set()
+    for i, (row, req) in enumerate(zip(rows, trace)):
+        assert (req.session_id, req.turn_id) == (i, 0)
+        assert req.ts == row["timestamp"] / 1000.0
+        assert req.input_len == row["input_length"] and req.output_len == row["output_length"]
+        parent = -1
+        for b, h in enumerate(row["hash_ids"]):
+            blk = req.input_tokens[b * 512:(b + 1) * 512]
+            ref = blocks.get(h)
+            if ref is not None:  # equal ids -> equal blocks (a partial block is a prefix)
+                n = min(ref.size, blk.size)
+                assert np.array_equal(ref[:n], blk[:n])
+            if ref is None or blk.size > ref.size:
+                blocks[h] = blk
+            # distinct siblings differ at their first token: matches end at block boundaries
+            assert firsts.setdefault((parent, int(blk[0])), h) == h
+            parent = h
+        in_tokens.update(np.unique(req.input_tokens).tolist())
+        out_tokens.update(np.unique(req.output_tokens).tolist())
+    assert not in_tokens & out_tokens
+    full = [b for b in blocks.values() if b.size >= 3]
+    assert len({b[:3].tobytes() for b in full}) == len(full)  # distinct ids -> distinct blocks
+    assert max(in_tokens | out_tokens) < 32000 and min(in_tokens | out_tokens) >= 3
+    assert trace.meta["num_distinct_blocks"] == len({h for r in rows[:600] for h in r["hash_ids"]})
+
+
+def test_mooncake_options_and_errors(tmp_path):
+    trace = build_mooncake_trace(MOONCAKE_SAMPLE, limit=300, max_input_len=8000, seed=3)
+    rows = [json.loads(line) for line in MOONCAKE_SAMPLE.read_text().splitlines()[:300]]
+    kept = [i for i, r in enumerate(rows) if r["input_length"] <= 8000]
+    assert [r.session_id for r in trace] == kept
+    assert trace.meta["num_dropped"] == 300 - len(kept)
+    again = build_mooncake_trace(MOONCAKE_SAMPLE, limit=300, max_input_len=8000, seed=3)
+    assert all(a == b for a, b in zip(trace, again))
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"timestamp": 0, "input_length": 1500, "output_length": 5, "hash_ids": [1, 2]}\n')
+    with pytest.raises(ValueError, match=r"bad\.jsonl:1: input_length 1500 needs 3 blocks"):
+        build_mooncake_trace(bad)
+    bad.write_text('{"timestamp": 0, "input_length": 10, "output_length": 5}\n')
+    with pytest.raises(ValueError, match="hash_ids"):
+        build_mooncake_trace(bad)
+    bad.write_text('{"timestamp": 0, "input_length": 10, "output_length": 5, "hash_ids": [1]}\n'
+                   '{"timestamp": 1, "input_length": 600, "output_length": 5, "hash_ids": [2, 1]}\n')
+    with pytest.raises(ValueError, match="prefix-chained"):
+        build_mooncake_trace(bad)
+
+
+# ============================================================================ chat (ShareGPT / LMSys)
+
+
+def _msgs(*roles: str) -> list[Message]:
+    return [Message(role=r, content=f"{r} {i}") for i, r in enumerate(roles)]
+
+
+def test_chat_turn_structure():
+    # a leading assistant chunk and system messages are a history prefix of turn 0
+    end, turns = chat_turns(_msgs("system", "assistant", "user", "assistant", "user", "assistant"))
+    assert (end, turns) == (6, [(2, 3, 4), (4, 5, 6)])
+    # consecutive users join one turn's input; consecutive replies one output; a system message
+    # between turns goes with the next input; a trailing user message makes no request
+    end, turns = chat_turns(_msgs("user", "user", "assistant", "assistant", "system", "user", "assistant",
+                                  "user"))
+    assert (end, turns) == (7, [(0, 2, 4), (4, 6, 7)])
+    assert chat_turns(_msgs("assistant", "assistant")) == (0, [])
+    # the authors' positional pairing ignores roles
+    assert chat_turns(_msgs("assistant", "user", "assistant"), "positional") == (2, [(0, 1, 2)])
+
+
+def _write_sharegpt(path: Path, records: list[dict]) -> Path:
+    path.write_text(json.dumps(records))
+    return path
+
+
+def test_chat_builder_on_a_crafted_file(tmp_path, ref_tok):
+    recs = [
+        {"id": "short", "conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "yo"}]},
+        {"id": "lead", "conversations": [
+            {"from": "gpt", "value": "earlier answer"}, {"from": "system", "value": "be nice"},
+            {"from": "human", "value": "one two three"}, {"from": "gpt", "value": "ok"},
+            {"from": "human", "value": "four five"}, {"from": "human", "value": "six"},
+            {"from": "gpt", "value": "a"}, {"from": "chatgpt", "value": "b"}]},
+    ]
+    path = _write_sharegpt(tmp_path / "sg.json", recs)
+    trace = build_chat_trace([path], min_rounds=2, sessions_per_second=2.0, words_per_min=60.0)
+    assert trace.meta["source_ids"] == ["lead"] and len(trace) == 2
+    msgs = recs[1]["conversations"]
+    toks = _encode(ref_tok, [json.dumps(m) for m in msgs])
+    flat = lambda ms: [t for m in ms for t in m]  # noqa: E731
+    r0, r1 = trace[0], trace[1]
+    assert r0.input_tokens.tolist() == flat(toks[:3]) and r0.output_tokens.tolist() == toks[3]
+    assert r1.input_tokens.tolist() == flat(toks[:6]) and r1.output_tokens.tolist() == flat(toks[6:8])
+    assert r0.ts == 0.0 and r1.ts == pytest.approx(3.0)  # "four five" + "six" at 1 word/s
+
+    content = build_chat_trace([path], min_rounds=2, text_form="content", add_bos=False)
+    assert content[0].input_tokens.tolist() == [
+        t for m in msgs[:3] for t in ref_tok.encode(m["value"], add_special_tokens=False).ids]
+
+    bad = _write_sharegpt(tmp_path / "bad.json",
+                          [{"id": "x", "conversations": [{"from": "alien", "value": "?"}]}])
+    with pytest.raises(ValueError, match=r"bad\.json: record 0: message 0: unknown message role 'alien'"):
+        build_chat_trace([bad], min_rounds=0)
+    with pytest.raises(FileNotFoundError):
+        build_chat_trace([tmp_path / "missing.json"])
+
+
+def test_lmsys_layout_jsonl_and_parquet(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    def conv(n, text):
+        return [{"content": f"{text} {i}", "role": "user" if i % 2 == 0 else "assistant"}
+                for i in range(2 * n)]
+
+    recs = [{"conversation_id": "a", "turn": 3, "conversation": conv(3, "hello there")},
+            {"conversation_id": "b", "turn": 1, "conversation": conv(1, "short")},
+            {"conversation_id": "c", "turn": 3, "conversation": conv(3, "привет мир")},
+            {"conversation_id": "d", "turn": 4, "conversation": conv(4, "more words here")}]
+    jsonl = tmp_path / "lmsys.jsonl"
+    jsonl.write_text("\n".join(json.dumps(r) for r in recs) + "\n")
+    parquet = tmp_path / "lmsys.parquet"
+    pq.write_table(pa.Table.from_pylist(recs), parquet)
+    a = build_lmsys_trace([jsonl], min_rounds=3, num_sessions=None)
+    b = build_lmsys_trace([parquet], min_rounds=3, num_sessions=None)
+    assert a.meta["source_ids"] == ["a", "d"]  # "b" is too short, "c" fails the non-ASCII filter
+    assert len(a) == 3 + 4 and all(x == y for x, y in zip(a, b))
+    keep_all = build_lmsys_trace([jsonl], min_rounds=3, max_non_ascii_frac=None)
+    assert keep_all.meta["source_ids"] == ["a", "c", "d"]
+    # the JSON text form keeps the source's keys, in their order: {"content": ..., "role": ...}
+    tok = load_tokenizer()
+    first = json.dumps(recs[0]["conversation"][0])
+    assert a[0].input_tokens.tolist() == tok.encode(first).tolist()
+
+
+def _sharegpt_parts() -> list[Path]:
+    return sorted((SHARED / "sharegpt").glob("sharegpt_v3_ge10rounds_fileorder_part*.json"))
+
+
+@pytest.mark.shared
+@needs_shared
+def test_sharegpt_positional_matches_the_paper_recipe(ref_tok):
+    records = [r for p in _sharegpt_parts() for r in json.loads(p.read_text())]
+    chosen = [r for r in records if len(r["conversations"]) >= 20][:100]
+    trace = build_sharegpt_trace(pairing="positional", sessions_per_second=1.0)
+    assert trace.meta["source_ids"] == [r["id"] for r in chosen]
+    got = _by_key(trace)
+    n_expected = 0
+    for k, rec in enumerate(chosen[:25]):
+        msgs = rec["conversations"]
+        toks = _encode(ref_tok, [json.dumps(m) for m in msgs])
+        history: list[int] = []
+        ts = float(k)
+        for t in range(len(msgs) // 2):
+            inp = history + toks[2 * t]
+            if len(inp) > 32768:
+                break
+            if t > 0:
+                ts += len(msgs[2 * t]["value"].split()) / 1.5
+            req = got[(k, t)]
+            assert req.input_tokens.tolist() == inp and req.output_tokens.tolist() == toks[2 * t + 1]
+            assert req.ts == pytest.approx(ts)
+            history = inp + toks[2 * t + 1]
+            n_expected += 1
+    assert n_expected == sum(1 for r in trace if r.session_id < 25)
+    assert [r.ts for r in trace] == sorted(r.ts for r in trace)
+
+
+@pytest.mark.shared
+@needs_shared
+def test_sharegpt_roles_handles_leading_assistant_chunks(ref_tok):
+    trace = build_sharegpt_trace(num_sessions=40)
+    records = [r for p in _sharegpt_parts() for r in json.loads(p.read_text())][:40]
+    leading = [k for k, r in enumerate(records) if r["conversations"][0]["from"] == "gpt"]
+    assert leading, "the sample should contain records that start with an assistant chunk"
+    sessions = trace.sessions()
+    for k in leading[:5]:
+        msgs = records[k]["conversations"]
+        first_user = next(i for i, m in enumerate(msgs) if m["from"] == "human")
+        prefix = [t for ids in _encode(ref_tok, [json.dumps(m) for m in msgs[:first_user + 1]]) for t in ids]
+        assert sessions[k][0].input_tokens.tolist() == prefix
+    for reqs in sessions.values():  # each turn's input extends the previous turn's input + output
+        for a, b in zip(reqs, reqs[1:]):
+            prev = np.concatenate([a.input_tokens, a.output_tokens])
+            assert np.array_equal(b.input_tokens[:prev.size], prev)
+
+
+# ============================================================================ bundled traces
+
+
+@pytest.mark.parametrize("name", list_bundled())
+def test_bundled_traces_build_quickly_and_round_trip(name, tmp_path):
+    t0 = time.perf_counter()
+    trace = bundled_trace(name)
+    assert time.perf_counter() - t0 < 10
+    assert len(trace) > 0 and trace.meta["bundled"] == name and trace.name == name
+    assert [r.ts for r in trace] == sorted(r.ts for r in trace)
+    if trace.total_input_tokens < 10_000_000:  # mooncake-sample is ~27M tokens: skip the write
+        path = tmp_path / "t.parquet"
+        write_trace(path, trace)
+        back = read_trace(path)
+        assert back.meta == json.loads(json.dumps(trace.meta)) and all(x == y for x, y in zip(back, trace))
+
+
+def test_bundled_unknown_name_and_overrides():
+    with pytest.raises(KeyError, match="swe-sample"):
+        bundled_trace("nope")
+    small = bundled_trace("mooncake-sample", limit=50)
+    assert len(small) == 50 and small.name == "mooncake-sample:limit=50"

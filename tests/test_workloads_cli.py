@@ -1,0 +1,109 @@
+"""The ``trace`` command group, driven through ``register`` on a fresh argparse parser."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+from marconi.workloads import bundled_data_dir, read_trace, shared_data_dir
+from marconi.workloads.commands import register
+
+SHARED = shared_data_dir()
+
+
+def run(*argv: str) -> int:
+    parser = argparse.ArgumentParser(prog="marconi")
+    register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(list(argv))
+    return args.func(args)
+
+
+def test_build_swe_then_stats_and_validate(tmp_path, capsys):
+    out = tmp_path / "swe.parquet"
+    sample = str(bundled_data_dir() / "swe" / "msa_gemini3pro_verified_first10.json")
+    assert run("trace", "build", "swe", sample, "--sessions", "2", "--keep-observations", "off",
+               "--gaps", "real", "--out", str(out)) == 0
+    trace = read_trace(out)
+    assert trace.num_sessions == 2 and trace.meta["params"]["keep_observations"] is None
+    assert "wrote" in capsys.readouterr().out
+
+    assert run("trace", "validate", str(out)) == 0
+    assert "OK" in capsys.readouterr().out
+
+    assert run("trace", "stats", str(out), "--json") == 0
+    record = json.loads(capsys.readouterr().out)
+    assert record["num_requests"] == len(trace) and record["num_sessions"] == 2
+    assert record["total_input_tokens"] == trace.total_input_tokens
+
+    assert run("trace", "stats", str(out)) == 0
+    text = capsys.readouterr().out
+    assert f"requests            {len(trace)}" in text and "p50" in text and "p99" in text
+
+
+def test_build_mooncake_synthetic_and_bundled(tmp_path, capsys):
+    mc = tmp_path / "mc.jsonl.gz"
+    sample = str(bundled_data_dir() / "mooncake" / "conversation_trace_first2000.jsonl")
+    assert run("trace", "build", "mooncake", sample, "--limit", "40", "--out", str(mc)) == 0
+    assert len(read_trace(mc)) == 40
+
+    syn = tmp_path / "dq.jsonl"
+    assert run("trace", "build", "synthetic", "doc-qa", "--seed", "4", "--set", "num_docs=2",
+               "--set", "questions_per_doc=5", "--set", "depth_fractions=0.5,1", "--out", str(syn)) == 0
+    trace = read_trace(syn)
+    assert len(trace) == 10 and trace.meta["params"]["depth_fractions"] == [0.5, 1.0]
+    assert trace.meta["params"]["seed"] == 4
+
+    chat = tmp_path / "chat.jsonl"
+    assert run("trace", "build", "synthetic", "chat", "--set", "num_sessions=3", "--set", "turns=2:2",
+               "--out", str(chat)) == 0
+    assert len(read_trace(chat)) == 6
+
+    assert run("trace", "build", "bundled", "chat-synthetic", "--out", str(tmp_path / "b.parquet")) == 0
+    assert read_trace(tmp_path / "b.parquet").meta["bundled"] == "chat-synthetic"
+    capsys.readouterr()
+
+
+def test_validate_reports_all_problems_and_exit_code(tmp_path, capsys):
+    good = {"session_id": 0, "turn_id": 0, "ts": 1.0, "input_tokens": [1, 2], "output_tokens": [3]}
+    lines = [json.dumps(good),
+             json.dumps({**good, "input_tokens": [1, "x"]}),
+             json.dumps({**good, "ts": 0.5}),
+             '{"session_id": 0, "turn_id": 0, "ts": 2.0, "input_tok']
+    path = tmp_path / "bad.jsonl"
+    path.write_text("\n".join(lines))
+    assert run("trace", "validate", str(path)) == 1
+    out = capsys.readouterr()
+    assert f"{path}:2: field 'input_tokens'" in out.out
+    assert f"{path}:3: field 'ts'" in out.out
+    assert f"{path}:4: invalid JSON" in out.out
+    assert "3 problem(s)" in out.err
+
+    assert run("trace", "stats", str(path)) == 2
+    assert f"{path}:2" in capsys.readouterr().err
+
+
+def test_errors_exit_2_and_write_nothing(tmp_path, capsys):
+    out = tmp_path / "o.jsonl"
+    missing_tok = tmp_path / "no" / "tokenizer.json"
+    sample = str(bundled_data_dir() / "swe" / "msa_gemini3pro_verified_first10.json")
+    assert run("trace", "build", "swe", sample, "--tokenizer", str(missing_tok), "--out", str(out)) == 2
+    assert str(missing_tok) in capsys.readouterr().err
+    assert run("trace", "build", "synthetic", "chat", "--set", "bogus=1", "--out", str(out)) == 2
+    assert "bogus" in capsys.readouterr().err
+    assert run("trace", "build", "lmsys", str(tmp_path / "none.jsonl"), "--out", str(out)) == 2
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(SystemExit):
+        run("trace", "build", "synthetic", "chat", "--out", str(tmp_path / "o.csv"))
+
+
+@pytest.mark.shared
+@pytest.mark.skipif(SHARED is None, reason="../shared/data is absent (set MARCONI_SHARED_DATA)")
+def test_build_sharegpt_from_the_shared_data(tmp_path, capsys):
+    out = tmp_path / "sg.jsonl"
+    assert run("trace", "build", "sharegpt", "--sessions", "5", "--out", str(out)) == 0
+    trace = read_trace(out)
+    assert trace.num_sessions == 5 and trace.meta["source"] == "sharegpt"
+    assert trace.meta["params"]["pairing"] == "roles"
+    capsys.readouterr()
