@@ -232,3 +232,15 @@ def test_bad_input_gets_clear_errors():
     vanilla = make(capacity=0, admission="none")
     match, ins = vanilla.process(toks((0, 10)), toks((10, 12)))
     assert match.kv_hit_len == 0 and not ins.cached
+
+
+def test_a_checkpoint_admitted_on_a_split_node_is_recent():
+    """The branch node is split off an older edge; its new checkpoint must not look stale."""
+    cache = make(eviction=FlopAware(alpha=0.0))
+    cache.process(toks((0, 500), (1000, 1050)), toks((5000, 5010)))     # edge [0, 560) at time 1
+    cache.process(toks((7000, 7100)), ())                               # unrelated, time 2
+    cache.process(toks((0, 500), (2000, 2050)), toks((6000, 6010)))     # splits at 500, time 3
+    branch = next(n for n in cache.tree.iter_nodes() if n.depth == 500)
+    unrelated = next(n for n in cache.tree.iter_nodes() if n.tokens[0] == 7000)
+    assert branch.has_ssm and branch.access_seq > unrelated.access_seq
+    assert branch.last_access == cache.clock()

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from marconi.model import ModelSpec
 
 __all__ = ["MatchResult", "AdmissionContext", "FinalPlan", "AdmissionPolicy", "ADMISSION_POLICIES",
-           "make_admission", "NoAdmission", "MarconiAdmission", "EveryBlock"]
+           "make_admission", "NoAdmission", "MarconiAdmission", "EveryBlock", "LastToken", "Uniform"]
 
 
 class MatchResult(NamedTuple):
@@ -58,6 +58,7 @@ class AdmissionContext:
     match: MatchResult
     branch_len: int | None
     spec: "ModelSpec"
+    request_id: int = -1   # the same at prefill and final time: stateful policies key plans by it
 
 
 class FinalPlan(NamedTuple):
@@ -128,32 +129,79 @@ class MarconiAdmission:
 class EveryBlock:
     """Fine-grained checkpointing (vLLM+): a checkpoint at every ``k``-token block boundary.
 
-    Only whole blocks are cached and matched (page size ``k``), as in vLLM's block hashing; the
-    partial last block of a sequence is not kept.
+    ``paged=True`` (vLLM+): only whole blocks are cached and matched (page size ``k``), as in vLLM's
+    block hashing; the partial last block of a sequence is not kept. ``paged=False``: token-level KV
+    matching with a checkpoint every ``k`` tokens plus the last token (block caching on the same
+    footing as the other placement heuristics, for the sparse-caching experiments).
     """
 
     name = "every-block"
     caches = True
 
-    def __init__(self, k: int = 32, runs: bool = True) -> None:
+    def __init__(self, k: int = 32, runs: bool = True, paged: bool = True) -> None:
         if k < 1:
             raise ConfigError(f"every-block: k must be >= 1, got {k}")
         self.k = k
-        self.page_size = k
-        self.runs = runs
+        self.paged = paged
+        self.page_size = k if paged else 1
+        self.runs = runs and paged
 
     def prefill_checkpoints(self, ctx: AdmissionContext) -> Iterable[int]:
         first = ctx.match.usable_hit_len // self.k + 1
         return range(first * self.k, ctx.input_len + 1, self.k)
 
     def final_plan(self, ctx: AdmissionContext, total_len: int) -> FinalPlan:
+        if not self.paged:
+            return FinalPlan(total_len, (*range(self.k, total_len + 1, self.k), total_len))
         insert_len = total_len - total_len % self.k
         if self.runs:  # the cache may keep consecutive blocks as one run node (same decisions, faster)
             return FinalPlan(insert_len, (), stride=self.k)
         return FinalPlan(insert_len, tuple(range(self.k, insert_len + 1, self.k)))
 
     def describe(self) -> dict[str, object]:
-        return {"admission": self.name, "block": self.k}
+        return {"admission": self.name, "block": self.k, "paged": self.paged}
+
+
+class LastToken:
+    """Only the state after the last decoded token (conversation continuation), no branch points."""
+
+    name = "last-token"
+    page_size = 1
+    caches = True
+
+    def prefill_checkpoints(self, ctx: AdmissionContext) -> Iterable[int]:
+        return ()
+
+    def final_plan(self, ctx: AdmissionContext, total_len: int) -> FinalPlan:
+        return FinalPlan(total_len, (total_len,))
+
+    def describe(self) -> dict[str, object]:
+        return {"admission": self.name}
+
+
+class Uniform:
+    """``m`` checkpoints evenly spaced over the input (at i·L/m), plus the last decoded token."""
+
+    name = "uniform"
+    page_size = 1
+    caches = True
+
+    def __init__(self, m: int = 4) -> None:
+        if m < 0:
+            raise ConfigError(f"uniform: m must be >= 0, got {m}")
+        self.m = m
+
+    def _positions(self, input_len: int) -> tuple[int, ...]:
+        return tuple(sorted({max(1, round(i * input_len / self.m)) for i in range(1, self.m + 1)})) if self.m else ()
+
+    def prefill_checkpoints(self, ctx: AdmissionContext) -> Iterable[int]:
+        return self._positions(ctx.input_len)
+
+    def final_plan(self, ctx: AdmissionContext, total_len: int) -> FinalPlan:
+        return FinalPlan(total_len, (*self._positions(ctx.input_len), total_len))
+
+    def describe(self) -> dict[str, object]:
+        return {"admission": self.name, "m": self.m}
 
 
 ADMISSION_POLICIES: Registry[AdmissionPolicy] = Registry("admission policy")
@@ -170,9 +218,23 @@ def _marconi() -> AdmissionPolicy:
 
 
 @ADMISSION_POLICIES.register("every-block", "a checkpoint at every k-token block boundary (vLLM+)")
-def _every_block(k: int = 32, runs: bool = True) -> AdmissionPolicy:
-    return EveryBlock(k, runs)
+def _every_block(k: int = 32, runs: bool = True, paged: bool = True) -> AdmissionPolicy:
+    return EveryBlock(k, runs, paged)
+
+
+@ADMISSION_POLICIES.register("last-token", "only the state after the last decoded token")
+def _last_token() -> AdmissionPolicy:
+    return LastToken()
+
+
+@ADMISSION_POLICIES.register("uniform", "m checkpoints evenly spaced over the input + the last token")
+def _uniform(m: int = 4) -> AdmissionPolicy:
+    return Uniform(m)
 
 
 def make_admission(spec: "str | AdmissionPolicy") -> AdmissionPolicy:
     return ADMISSION_POLICIES.create(spec) if isinstance(spec, str) else spec
+
+
+# Policies defined in other modules register themselves on import.
+from marconi.sparse import admission as _sparse_admission  # noqa: E402,F401  (registers "sparse-dp")

@@ -19,8 +19,8 @@ request (like the Marconi authors' simulator). Nothing here reads the wall clock
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Iterable, Mapping, NamedTuple, Protocol
+from dataclasses import asdict, dataclass
+from typing import Any, Callable, Mapping, NamedTuple, Protocol
 
 import numpy as np
 
@@ -289,7 +289,7 @@ class PrefixCache:
             self._touch(node, now)
         match = MatchResult(len(tokens), walk.matched_len, usable)
         branch_len = self._branch_len(len(tokens), walk)
-        ctx = AdmissionContext(tokens, len(tokens), match, branch_len, self.spec)
+        ctx = AdmissionContext(tokens, len(tokens), match, branch_len, self.spec, self._next_request_id)
         prefill = tuple(sorted({int(p) for p in self.admission.prefill_checkpoints(ctx) if usable < p <= len(tokens)}))
         matched_node = walk.path[-1] if walk.path else None
         handle = RequestHandle(self._next_request_id, tokens, match, prefill, branch_len, hit_node, lock_node,
@@ -431,7 +431,8 @@ class PrefixCache:
         return self._insert_sequence(handle, seq, FinalPlan(end, handle.prefill_checkpoints), states, kv, walk)
 
     def _final_plan(self, handle: RequestHandle, seq: np.ndarray, walk: WalkResult) -> FinalPlan:
-        ctx = AdmissionContext(seq, len(handle.tokens), handle.match, self._branch_len(len(seq), walk), self.spec)
+        ctx = AdmissionContext(seq, len(handle.tokens), handle.match, self._branch_len(len(seq), walk), self.spec,
+                               handle.request_id)
         return self.admission.final_plan(ctx, len(seq))
 
     def _insert_sequence(self, handle: RequestHandle, seq: np.ndarray, plan: FinalPlan,
@@ -570,6 +571,9 @@ class PrefixCache:
         self._account_ssm(node, 1)
 
     def _account_ssm(self, node: Node, count: int) -> None:
+        # A checkpoint admitted now is recent, even on a node split off an older edge (which
+        # inherited that edge's recency): otherwise a fresh branch state looks stale to eviction.
+        self._touch(node, self.clock())
         added = count * self._ckpt_bytes
         self.used_bytes += added
         self.ssm_bytes += added

@@ -16,7 +16,7 @@ Parameters go on the name, wherever a system is named: ``marconi:alpha=1.0``, ``
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from marconi.admission import ADMISSION_POLICIES
@@ -109,23 +109,43 @@ def _marconi(alpha: str = "auto", multiplier: float = 5, objective: str = "hit-r
     return SystemConfig("marconi", "marconi", _flop_aware(alpha, efficiency, recency), tuning)
 
 
-@SYSTEMS.register("custom", "any admission policy with any eviction policy")
+def _policy_spec(text: str) -> tuple[str, str]:
+    """``"uniform(m=8;paged=false)"`` -> (``"uniform"``, ``"uniform:m=8,paged=false"``).
+
+    Policy parameters ride inside a system name, whose own parameters are comma-separated, so
+    they go in parentheses separated by semicolons.
+    """
+    name, paren, rest = text.partition("(")
+    if not paren:
+        return name, name
+    if not rest.endswith(")"):
+        raise ConfigError(f"unbalanced parentheses in {text!r}: write name(k=v;k2=v2)")
+    params = rest[:-1].replace(";", ",")
+    return name, f"{name}:{params}" if params else name
+
+
+@SYSTEMS.register("custom", "any admission policy with any eviction policy, e.g. "
+                            "custom:admission=uniform(m=8),eviction=flop-aware(alpha=1)")
 def _custom(admission: str = "marconi", eviction: str = "lru", block: int = 32, alpha: str = "auto",
             multiplier: float = 5, objective: str = "hit-rate", efficiency: str = "total",
             recency: str = "linear") -> SystemConfig:
-    if admission not in ADMISSION_POLICIES.names():
-        raise ConfigError(f"custom: unknown admission {admission!r}; choose one of: {', '.join(ADMISSION_POLICIES.names())}")
-    if eviction not in EVICTION_POLICIES.names():
-        raise ConfigError(f"custom: unknown eviction {eviction!r}; choose one of: {', '.join(EVICTION_POLICIES.names())}")
-    adm = f"every-block:k={block}" if admission == "every-block" else admission
+    adm_name, adm = _policy_spec(admission)
+    evi_name, evi = _policy_spec(eviction)
+    if adm_name not in ADMISSION_POLICIES.names():
+        raise ConfigError(f"custom: unknown admission {adm_name!r}; choose one of: {', '.join(ADMISSION_POLICIES.names())}")
+    if evi_name not in EVICTION_POLICIES.names():
+        raise ConfigError(f"custom: unknown eviction {evi_name!r}; choose one of: {', '.join(EVICTION_POLICIES.names())}")
+    ADMISSION_POLICIES.create(adm)  # validate the policy's own parameters now
+    if adm == "every-block":
+        adm = f"every-block:k={block}"
     tuning = None
-    if eviction.startswith("flop-aware"):
-        variant = "marginal" if eviction == "flop-aware-marginal" else efficiency
+    if evi_name.startswith("flop-aware") and evi == evi_name:
+        variant = "marginal" if evi_name == "flop-aware-marginal" else efficiency
         evi = _flop_aware(alpha, variant, recency)
         if _alpha_or_auto(alpha) is None:
             tuning = TuningConfig(multiplier, objective)
     else:
-        evi = eviction
+        EVICTION_POLICIES.create(evi)
     return SystemConfig(f"{admission}+{eviction}", adm, evi, tuning)
 
 

@@ -1,0 +1,119 @@
+"""Cache-core throughput: replay traces through each named system and print figures.
+
+Not a test: a script that prints requests/s, tokens/s, peak memory and hit rates, measured side by
+side in one run. Two workloads:
+
+* ``synthetic``: a seeded multi-turn chat/agent mix (>= 10,000 requests, inputs up to 32k tokens);
+* ``swe``: real SWE-agent trajectories built by the paper's recipe (from ../shared/data when present,
+  else the vendored sample), optionally repeated with fresh session ids to reach a target size.
+
+Each (workload, system) runs in its own forked process so its peak RSS is its own (the trace,
+loaded before forking, is included and reported separately).
+
+    python benchmarks/core_bench.py                      # both workloads, default sizes
+    python benchmarks/core_bench.py --workload synthetic --capacity 20GB,1TB
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import resource
+import sys
+import time
+
+import numpy as np
+
+from marconi.sim import simulate
+from marconi.tables import format_table, pct
+from marconi.units import format_bytes, parse_bytes
+from marconi.workloads import Request, Trace, agent_trace, chat_trace, shared_data_dir
+
+SYSTEMS = ["vanilla", "vllm+", "sglang+", "marconi"]
+
+
+def synthetic_workload(seed: int = 0) -> Trace:
+    chat = chat_trace(num_sessions=700, turns=(8, 24), user_len=250, output_len=350, system_prompt_len=1500,
+                      sessions_per_second=1.0, max_input_len=32768, seed=seed)
+    agent = agent_trace(num_sessions=60, calls=(30, 60), system_prompt_len=4000, sessions_per_second=0.2,
+                        max_input_len=32768, seed=seed + 1)
+    reqs = list(chat) + [Request(f"a{r.session_id}", r.turn_id, r.ts, r.input_tokens, r.output_tokens) for r in agent]
+    return Trace.from_unsorted(reqs, name="synthetic-chat+agent")
+
+
+def swe_workload(target_requests: int) -> Trace:
+    from marconi.workloads import build_swe_trace, bundled_trace
+
+    shared = shared_data_dir()
+    if shared is not None:
+        files = sorted((shared / "swe" / "mini-swe-agent-gemini3pro").glob("msa_*.json"))
+        base = build_swe_trace(files, num_sessions=500, keep_observations=5, gaps="poisson", mean_gap_s=7.5)
+    else:
+        base = bundled_trace("swe-sample")
+    reqs, copy = [], 0
+    span = base.duration_s + 1.0
+    while len(reqs) < target_requests:
+        for r in base:
+            reqs.append(Request(f"{copy}/{r.session_id}", r.turn_id, r.ts + copy * span, r.input_tokens,
+                                r.output_tokens))
+        copy += 1
+    return Trace.from_unsorted(reqs[:target_requests], name=f"swe-{base.name}")
+
+
+def _run(trace: Trace, system: str, capacity: int, queue: mp.Queue) -> None:
+    res = simulate(trace, system, "paper-7b", capacity)  # tuning uses every core, as it would serving
+    peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    queue.put({"system": system, "capacity_bytes": capacity, "requests": res.num_requests,
+               "requests_per_s": res.num_requests / res.elapsed_s,
+               "tokens_per_s": res.stats.input_tokens / res.elapsed_s,
+               "token_hit_rate": res.stats.token_hit_rate, "peak_rss": peak_kib * 1024,
+               "tuning_s": res.tuning_seconds, "alpha": ",".join(f"{a:g}" for _, a in res.tuned_alphas) or "-",
+               "elapsed_s": res.elapsed_s})
+
+
+def bench(trace: Trace, capacities: list[int]) -> list[dict]:
+    ctx = mp.get_context("fork")
+    rows = []
+    for capacity in capacities:
+        for system in SYSTEMS:
+            queue = ctx.Queue()
+            proc = ctx.Process(target=_run, args=(trace, system, capacity, queue))
+            proc.start()
+            rows.append(queue.get())
+            proc.join()
+    return rows
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--workload", choices=["synthetic", "swe", "all"], default="all")
+    parser.add_argument("--capacity", default="20GB,1TB")
+    parser.add_argument("--swe-requests", type=int, default=15000)
+    args = parser.parse_args()
+    capacities = [parse_bytes(c) for c in args.capacity.split(",")]
+    workloads = []
+    if args.workload in ("synthetic", "all"):
+        t0 = time.perf_counter()
+        workloads.append((synthetic_workload(), time.perf_counter() - t0))
+    if args.workload in ("swe", "all"):
+        t0 = time.perf_counter()
+        workloads.append((swe_workload(args.swe_requests), time.perf_counter() - t0))
+    for trace, build_s in workloads:
+        lens = trace.input_lens()
+        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        print(f"\n== {trace.name}: {len(trace):,} requests, {trace.total_input_tokens / 1e6:.1f}M input tokens, "
+              f"input P50/P95/max {int(np.percentile(lens, 50))}/{int(np.percentile(lens, 95))}/{lens.max()} tokens; "
+              f"built in {build_s:.1f}s; process RSS with the trace loaded {format_bytes(rss)}")
+        t0 = time.perf_counter()
+        rows = bench(trace, capacities)
+        print(format_table(rows, [
+            ("system", "system", None), ("capacity", "capacity_bytes", format_bytes), ("requests", "requests", None),
+            ("req/s", "requests_per_s", lambda v: f"{v:,.0f}"), ("tokens/s", "tokens_per_s", lambda v: f"{v / 1e6:,.1f}M"),
+            ("token hit", "token_hit_rate", pct), ("alpha", "alpha", None), ("tuning", "tuning_s", lambda v: f"{v:.2f}s"),
+            ("peak RSS", "peak_rss", format_bytes)]))
+        print(f"all {len(rows)} replays: {time.perf_counter() - t0:.1f}s wall")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

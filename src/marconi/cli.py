@@ -1,0 +1,206 @@
+"""``marconi`` command line: models, systems, simulate, compare, demo, trace …, engine …, experiments.
+
+Every sub-command is a function ``(args) -> exit code``; library code never prints, this does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+from marconi.registry import ConfigError, split_name_list
+
+__all__ = ["main", "load_trace"]
+
+
+def load_trace(text: str, limit: int | None = None) -> Any:
+    """A bundled trace by name (``swe-sample``, ``mooncake-sample``, …) or a JSONL/Parquet file."""
+    from marconi.workloads import bundled_trace, list_bundled, read_trace
+
+    if text in list_bundled():
+        trace = bundled_trace(text)
+        return trace.head(limit) if limit else trace
+    path = Path(text)
+    if not path.exists():
+        raise ConfigError(f"trace {text!r} is neither a file nor a bundled trace ({', '.join(list_bundled())})")
+    return read_trace(path, limit=limit)
+
+
+# --------------------------------------------------------------------------- models / systems
+def _cmd_models(args: argparse.Namespace) -> int:
+    from marconi.model import PRESETS
+    from marconi.tables import format_table
+    from marconi.units import format_bytes
+
+    rows = [{**s.describe(), "kv": format_bytes(s.kv_bytes_per_token), "ssm": format_bytes(s.ssm_checkpoint_bytes),
+             "tokens_per_ckpt": (s.ssm_checkpoint_bytes / s.kv_bytes_per_token) if s.kv_bytes_per_token else None,
+             "source": s.source} for s in PRESETS.values()]
+    print(format_table(rows, [("model", "model", None), ("attn", "attn_layers", None), ("ssm", "ssm_layers", None),
+                              ("mlp", "mlp_layers", None), ("D", "d_model", None), ("N", "ssm_state_dim", None),
+                              ("KV bytes/token", "kv_bytes_per_token", lambda v: f"{v:,}"),
+                              ("SSM bytes/checkpoint", "ssm_checkpoint_bytes", lambda v: f"{v:,}"),
+                              ("ckpt = KV of n tokens", "tokens_per_ckpt", lambda v: f"{v:,.0f}"),
+                              ("source", "source", None)]))
+    return 0
+
+
+def _cmd_systems(args: argparse.Namespace) -> int:
+    from marconi.admission import ADMISSION_POLICIES
+    from marconi.eviction import EVICTION_POLICIES
+    from marconi.systems import SYSTEMS
+
+    for title, registry in (("systems", SYSTEMS), ("admission policies", ADMISSION_POLICIES),
+                            ("eviction policies", EVICTION_POLICIES)):
+        print(f"{title}:")
+        for name, doc in registry.describe().items():
+            params = ", ".join(f"{k}={v}" for k, v in registry.params_of(name).items())
+            print(f"  {name:22s} {doc}" + (f"  [{params}]" if params else ""))
+    return 0
+
+
+# --------------------------------------------------------------------------- simulate / compare
+_SIM_COLUMNS: list[tuple[str, str, Any]] = []
+
+
+def _sim_table(records: Sequence[dict[str, Any]]) -> str:
+    from marconi.tables import fmt_s, format_table, pct
+    from marconi.units import format_bytes
+
+    return format_table(records, [
+        ("system", "system", None), ("model", "model", None), ("capacity", "capacity_bytes", format_bytes),
+        ("requests", "num_requests", None), ("token hit", "token_hit_rate", pct),
+        ("KV hit", "kv_hit_rate", pct), ("unusable", "unusable_rate", pct),
+        ("hit P5", "hit_rate_p5", pct), ("hit P50", "hit_rate_p50", pct), ("hit P95", "hit_rate_p95", pct),
+        ("FLOPs saved", "flops_saved_fraction", pct),
+        ("TTFT P5", "ttft_p5_s", fmt_s), ("TTFT P50", "ttft_p50_s", fmt_s), ("TTFT P95", "ttft_p95_s", fmt_s),
+        ("ckpt adm/evict/reuse", "_ckpts", None), ("alpha", "_alpha", None), ("req/s", "requests_per_s",
+                                                                              lambda v: f"{v:,.0f}"),
+    ])
+
+
+def _decorate(rec: dict[str, Any]) -> dict[str, Any]:
+    out = dict(rec)
+    out["_ckpts"] = f"{rec['checkpoints_admitted']}/{rec['checkpoints_evicted']}/{rec['checkpoints_reused']}"
+    alphas = rec.get("tuned_alphas") or []
+    out["_alpha"] = ",".join(f"{a:g}" for _, a in alphas) if alphas else None
+    return out
+
+
+def _cmd_simulate(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from marconi.sim.sweep import expand_points, run_sweep, write_records
+
+    points = expand_points(split_name_list(args.systems), [c.strip() for c in args.capacity.split(",")],
+                           [m.strip() for m in args.model.split(",")])
+    started = time.perf_counter()
+    trace = load_trace(args.trace, args.limit)
+    print(f"trace {args.trace}: {len(trace):,} requests, {trace.total_input_tokens:,} input tokens "
+          f"(loaded in {time.perf_counter() - started:.1f}s); {len(points)} points", file=sys.stderr)
+    bar = tqdm(total=len(points), unit="point", disable=args.quiet, file=sys.stderr)
+    records = run_sweep(trace, args.trace, points, latency=args.latency, mode=args.mode, workers=args.workers,
+                        per_request=not args.no_per_request, on_record=lambda r: bar.update(1))
+    bar.close()
+    if args.out:
+        write_records(records, args.out)
+        print(f"wrote {len(records)} records to {args.out}", file=sys.stderr)
+    print(_sim_table([_decorate(r) for r in records]))
+    return 0
+
+
+def _cmd_compare(args: argparse.Namespace) -> int:
+    from marconi.sim.compare import gains, plot_records
+    from marconi.sim.sweep import read_records
+    from marconi.tables import fmt_s, format_table, pct, ratio
+
+    records = read_records(args.results)
+    rows = gains(records)
+    print(format_table(rows, [("trace", "trace", None), ("model", "model", None), ("capacity", "capacity", None),
+                              ("system", "system", None), ("token hit", "token_hit_rate", pct),
+                              ("vs vLLM+", "vs_vllm_x", ratio), ("vs SGLang+", "vs_sglang_pct", pct),
+                              ("hit P95", "hit_rate_p95", pct), ("TTFT P95", "ttft_p95_s", fmt_s),
+                              ("P95 TTFT vs vanilla", "p95_ttft_vs_vanilla", pct)]))
+    plots_dir = Path(args.plots) if args.plots else Path(args.results).with_suffix("").parent / (
+        Path(args.results).stem + "_plots")
+    paths = plot_records(records, plots_dir)
+    print(f"wrote {len(paths)} plots to {plots_dir}", file=sys.stderr)
+    return 0
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    """The README's main job: the four systems on a bundled real trace, two capacities."""
+    ns = argparse.Namespace(trace=args.trace, systems="vanilla,vllm+,sglang+,marconi", capacity=args.capacity,
+                            model=args.model, out=args.out, latency="a100", mode="sequential", workers=None,
+                            limit=None, no_per_request=False, quiet=False)
+    code = _cmd_simulate(ns)
+    if code == 0 and args.out:
+        code = _cmd_compare(argparse.Namespace(results=args.out, plots=None))
+    return code
+
+
+# --------------------------------------------------------------------------- parser
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="marconi", description="Prefix caching for hybrid LLMs.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    sub.add_parser("models", help="list model presets with KV bytes per token and SSM bytes per checkpoint"
+                   ).set_defaults(func=_cmd_models)
+    sub.add_parser("systems", help="list caching systems and policies with their parameters"
+                   ).set_defaults(func=_cmd_systems)
+
+    sim = sub.add_parser("simulate", help="replay a trace through caching systems (a sweep)")
+    sim.add_argument("--trace", required=True, help="JSONL/Parquet trace or a bundled trace name")
+    sim.add_argument("--systems", default="vanilla,vllm+,sglang+,marconi",
+                     help="comma list, parameters on names: marconi:alpha=1.0,vllm+:block=16")
+    sim.add_argument("--capacity", default="10GB", help="comma list: 5GB,10GiB or fractions of the working set 0.1x,25%%")
+    sim.add_argument("--model", default="paper-7b", help="comma list of presets or config.json paths")
+    sim.add_argument("--out", help="write one JSONL record per point here (atomically)")
+    sim.add_argument("--mode", default="sequential", choices=["sequential", "event"])
+    sim.add_argument("--latency", default="a100", help="zero | a100 | h100 | a100:efficiency=0.4 | table:FILE.csv")
+    sim.add_argument("--workers", type=int, default=None, help="parallel processes (default: one per core)")
+    sim.add_argument("--limit", type=int, default=None, help="replay only the first N requests")
+    sim.add_argument("--no-per-request", action="store_true", help="omit per-request arrays from the records")
+    sim.add_argument("--quiet", action="store_true", help="no progress bar")
+    sim.set_defaults(func=_cmd_simulate)
+
+    cmp_ = sub.add_parser("compare", help="relative gains and plots from simulate --out records")
+    cmp_.add_argument("results")
+    cmp_.add_argument("--plots", help="directory for PNG plots (default: <results>_plots/)")
+    cmp_.set_defaults(func=_cmd_compare)
+
+    demo = sub.add_parser("demo", help="the main job: the four systems on a bundled real trace")
+    demo.add_argument("--trace", default="swe-sample")
+    demo.add_argument("--capacity", default="0.05x,0.15x")
+    demo.add_argument("--model", default="paper-7b")
+    demo.add_argument("--out", default="results/demo.jsonl")
+    demo.set_defaults(func=_cmd_demo)
+
+    for module in ("marconi.workloads.commands", "marconi.engine.commands", "marconi.experiments.commands"):
+        try:
+            mod = __import__(module, fromlist=["register"])
+        except ModuleNotFoundError as exc:
+            if exc.name != module:
+                raise
+            continue
+        mod.register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except (ConfigError, ValueError, FileNotFoundError) as exc:
+        print(f"marconi {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,105 @@
+"""Relative gains and plots from sweep records (``marconi compare results.jsonl``).
+
+Groups records by (trace, model, capacity, mode) and compares each system against the baselines
+the paper uses: Marconi vs vLLM+ as a ratio of token hit rates (paper: 4.5x–34.4x), Marconi vs
+SGLang+ as a percentage gain, and P95 TTFT relative to vanilla.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+__all__ = ["gains", "plot_records", "base_name"]
+
+
+def base_name(label: str) -> str:
+    """``marconi:alpha=1`` -> ``marconi``."""
+    return label.split(":", 1)[0]
+
+
+def _group_key(rec: dict[str, Any]) -> tuple:
+    return (rec.get("trace"), rec.get("model"), rec.get("capacity_bytes"), rec.get("mode"))
+
+
+def gains(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per (group, system): hit rate, and gains vs vLLM+ (x), SGLang+ (%), vanilla TTFT."""
+    groups: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
+    for rec in records:
+        groups[_group_key(rec)].append(rec)
+    rows = []
+    for key, recs in groups.items():
+        by_base = {base_name(r["system"]): r for r in recs}
+        vllm, sglang, vanilla = by_base.get("vllm+"), by_base.get("sglang+"), by_base.get("vanilla")
+        for r in recs:
+            hit = r["token_hit_rate"]
+            row = {"trace": key[0], "model": key[1], "capacity": r.get("capacity", key[2]), "system": r["system"],
+                   "token_hit_rate": hit, "hit_rate_p95": r.get("hit_rate_p95"), "flops_saved_fraction":
+                   r.get("flops_saved_fraction"), "ttft_p95_s": r.get("ttft_p95_s")}
+            if vllm is not None and vllm["token_hit_rate"] > 0:
+                row["vs_vllm_x"] = hit / vllm["token_hit_rate"]
+            if sglang is not None and sglang["token_hit_rate"] > 0:
+                row["vs_sglang_pct"] = hit / sglang["token_hit_rate"] - 1
+            base_ttft = r.get("vanilla_ttft_p95_s") or (vanilla or {}).get("ttft_p95_s")
+            if base_ttft and r.get("ttft_p95_s") is not None:
+                row["p95_ttft_vs_vanilla"] = r["ttft_p95_s"] / base_ttft - 1
+            rows.append(row)
+    return rows
+
+
+def plot_records(records: Sequence[dict[str, Any]], out_dir: str | Path) -> list[Path]:
+    """Hit-rate bars per group, per-request hit-rate box plots and TTFT CDFs. Returns PNG paths."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    groups: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
+    for rec in records:
+        groups[(rec.get("trace"), rec.get("model"), rec.get("mode"))].append(rec)
+    paths = []
+    for (trace, model, mode), recs in groups.items():
+        stem = f"{Path(str(trace)).stem}_{model}_{mode}".replace("/", "_")
+        systems = list(dict.fromkeys(r["system"] for r in recs))
+        caps = list(dict.fromkeys(r.get("capacity", r["capacity_bytes"]) for r in recs))
+        fig, ax = plt.subplots(figsize=(1.5 + 1.2 * len(caps) * len(systems) / 3, 3.6))
+        width = 0.8 / max(1, len(systems))
+        for j, system in enumerate(systems):
+            vals = [next((r["token_hit_rate"] for r in recs if r["system"] == system
+                          and r.get("capacity", r["capacity_bytes"]) == c), 0.0) for c in caps]
+            ax.bar(np.arange(len(caps)) + j * width, np.array(vals) * 100, width, label=system)
+        ax.set_xticks(np.arange(len(caps)) + width * (len(systems) - 1) / 2, [str(c) for c in caps])
+        ax.set_xlabel("cache capacity")
+        ax.set_ylabel("token hit rate (%)")
+        ax.set_title(f"{Path(str(trace)).name} — {model}")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        paths.append(out_dir / f"{stem}_hit_rate.png")
+        fig.savefig(paths[-1], dpi=120)
+        plt.close(fig)
+        for cap in caps:
+            per = [r for r in recs if r.get("capacity", r["capacity_bytes"]) == cap and "per_request" in r]
+            if not per:
+                continue
+            fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.6))
+            ax1.boxplot([np.array(r["per_request"]["hit_rate"]) * 100 for r in per], whis=(5, 95), showfliers=False)
+            ax1.set_xticks(range(1, len(per) + 1), [r["system"] for r in per], rotation=20, fontsize=8)
+            ax1.set_ylabel("per-request token hit rate (%)")
+            ax1.set_title(f"capacity {cap}: P5–P95 whiskers")
+            for r in per:
+                ttft = np.sort(np.array(r["per_request"]["ttft_s"]))
+                ax2.plot(ttft * 1000, np.linspace(0, 1, len(ttft)), label=r["system"])
+            ax2.set_xlabel("modelled TTFT (ms)")
+            ax2.set_ylabel("CDF")
+            ax2.set_xscale("symlog")
+            ax2.legend(fontsize=8)
+            fig.tight_layout()
+            paths.append(out_dir / f"{stem}_{str(cap).replace('/', '_')}_requests.png")
+            fig.savefig(paths[-1], dpi=120)
+            plt.close(fig)
+    return paths

@@ -1,0 +1,120 @@
+"""``sparse-dp``: admission that places a sequence's checkpoints by the exact DP over overlap depths.
+
+At each request's prefill the policy (1) records how deep the request overlapped the cache (its KV
+hit) under a key naming its prefix family (a hash of its first ``key_tokens`` tokens — the shared
+document or system prompt), (2) estimates, for the sequence being prefilled, the distribution P(d)
+of how deep future requests will overlap it, and (3) places at most ``m`` checkpoints in
+``(resume point, input length]`` minimising the expected recompute cost (or, with ``lam``, expected
+recompute + ``lam`` · checkpoint bytes). Marconi's branch-point and last-decoded-token checkpoints
+are kept on top (``marconi=false`` drops the branch point; the last token always stays).
+
+Depths below the request's resume point are already served by checkpoints on its path, so they
+get no weight, and the recompute of an uncovered depth d is charged from the resume point u:
+the potential is F(max(x, u)), still non-decreasing, so the fast DP's precondition holds.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Iterable
+
+import numpy as np
+
+from marconi.admission import ADMISSION_POLICIES, AdmissionContext, FinalPlan, MarconiAdmission
+from marconi.registry import ConfigError
+from marconi.sparse.dp import TOKEN_COST, PotentialCost, flops_cost, place_checkpoints, place_checkpoints_lagrangian
+from marconi.sparse.overlap import EstimatorConfig, OverlapEstimator
+
+if TYPE_CHECKING:
+    from marconi.model import ModelSpec
+
+__all__ = ["SparseDPAdmission"]
+
+
+class SparseDPAdmission:
+    """Checkpoint placement by dynamic programming over the estimated overlap-depth distribution."""
+
+    name = "sparse-dp"
+    page_size = 1
+    caches = True
+
+    def __init__(self, m: int = 4, lam: float = -1.0, cost: str = "flops", marconi: bool = True,
+                 key_tokens: int = 128, half_life: float = 512.0, max_candidates: int = 256) -> None:
+        if m < 0:
+            raise ConfigError(f"sparse-dp: m must be >= 0, got {m}")
+        if cost not in ("flops", "tokens"):
+            raise ConfigError(f"sparse-dp: cost must be 'flops' or 'tokens', got {cost!r}")
+        if key_tokens < 1 or max_candidates < 1:
+            raise ConfigError("sparse-dp: key_tokens and max_candidates must be >= 1")
+        self.m = m
+        self.lam = None if lam < 0 else lam
+        self.cost_name = cost
+        self.marconi = MarconiAdmission() if marconi else None
+        self.key_tokens = key_tokens
+        self.max_candidates = max_candidates
+        self.estimator = OverlapEstimator(EstimatorConfig(half_life_obs=half_life))
+        self._plans: dict[int, tuple[int, ...]] = {}
+        self.num_planned = 0
+
+    # ------------------------------------------------------------------ admission protocol
+    def prefill_checkpoints(self, ctx: AdmissionContext) -> Iterable[int]:
+        key = hash(ctx.tokens[: self.key_tokens].tobytes())
+        self.estimator.observe(key, min(ctx.match.kv_hit_len, ctx.input_len))
+        planned = self._plan(key, ctx)
+        self._plans[ctx.request_id] = planned
+        base = tuple(self.marconi.prefill_checkpoints(ctx)) if self.marconi else ()
+        return sorted(set(planned) | set(base))
+
+    def final_plan(self, ctx: AdmissionContext, total_len: int) -> FinalPlan:
+        planned = self._plans.pop(ctx.request_id, ())
+        base = self.marconi.final_plan(ctx, total_len).checkpoints if self.marconi else (total_len,)
+        return FinalPlan(total_len, tuple(sorted(set(planned) | set(base))))
+
+    def describe(self) -> dict[str, object]:
+        return {"admission": self.name, "m": self.m, "lam": self.lam, "cost": self.cost_name,
+                "marconi": self.marconi is not None}
+
+    # ------------------------------------------------------------------ the DP
+    def _cost(self, spec: "ModelSpec", resume: int) -> PotentialCost:
+        base = flops_cost(spec) if self.cost_name == "flops" else TOKEN_COST
+        potential = base.potential
+        return PotentialCost(f"{base.name}-from-{resume}", lambda x: potential(np.maximum(x, resume)))
+
+    def _candidates(self, weights: np.ndarray, resume: int, n: int) -> np.ndarray:
+        """Depths with estimated mass in (resume, n], thinned to at most ``max_candidates``.
+
+        An optimal checkpoint sits at a depth with mass (moving it up to the next such depth serves
+        the same requests from deeper), so the support is enough; when it is larger than the cap,
+        the heaviest depths are kept.
+        """
+        support = np.flatnonzero(weights[resume + 1: n + 1] > 0) + resume + 1
+        if support.size > self.max_candidates:
+            heaviest = np.argsort(weights[support], kind="stable")[-self.max_candidates:]
+            support = np.sort(support[heaviest])
+        return support
+
+    def _plan(self, key: int, ctx: AdmissionContext) -> tuple[int, ...]:
+        n, resume = ctx.input_len, ctx.match.usable_hit_len
+        if n <= resume or (self.m == 0 and self.lam is None):
+            return ()
+        weights = self.estimator.depth_weights(key, n).copy()
+        weights[: resume + 1] = 0.0           # served by checkpoints this request already resumed from
+        if weights.sum() <= 0:
+            return ()
+        candidates = self._candidates(weights, resume, n)
+        if candidates.size == 0:
+            return ()
+        cost = self._cost(ctx.spec, resume)
+        self.num_planned += 1
+        if self.lam is not None:
+            placement = place_checkpoints_lagrangian(weights, candidates, self.lam, cost=cost,
+                                                     checkpoint_bytes=ctx.spec.ssm_checkpoint_bytes)
+            return tuple(int(p) for p in placement.positions)
+        return tuple(int(p) for p in place_checkpoints(weights, candidates, self.m, cost=cost).positions)
+
+
+@ADMISSION_POLICIES.register("sparse-dp", "checkpoints placed by the exact DP over estimated overlap depths "
+                                          "(+ Marconi's branch point and last token)")
+def _sparse_dp(m: int = 4, lam: float = -1.0, cost: str = "flops", marconi: bool = True, key_tokens: int = 128,
+               half_life: float = 512.0, max_candidates: int = 256) -> SparseDPAdmission:
+    return SparseDPAdmission(m=m, lam=lam, cost=cost, marconi=marconi, key_tokens=key_tokens, half_life=half_life,
+                             max_candidates=max_candidates)

@@ -1,0 +1,165 @@
+"""The trace-replay simulator on hand-built traces with known answers."""
+
+import json
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from marconi.cache import PrefixCache
+from marconi.model import ModelSpec
+from marconi.sim import RooflineLatency, TableLatency, simulate, working_set_bytes
+from marconi.sim.compare import gains
+from marconi.sim.sweep import expand_points, read_records, run_sweep, write_records
+from marconi.systems import make_system, parse_systems
+from marconi.workloads import Request, chat_trace, shared_prompts_trace
+
+SPEC = ModelSpec("tiny", num_attn_layers=1, num_ssm_layers=1, num_mlp_layers=1, d_model=5, ssm_state_dim=1,
+                 conv_kernel=0, num_kv_heads=1, head_dim=5, bytes_per_elem=1, ssm_state_width=100)
+
+
+def req(sid, turn, ts, inp, out):
+    return Request(sid, turn, ts, np.asarray(inp, dtype=np.int32), np.asarray(out, dtype=np.int32))
+
+
+def conversation():
+    """One 3-turn conversation: each turn resends the whole history + a 10-token message."""
+    h0 = np.arange(100)
+    o0 = np.arange(1000, 1020)
+    h1 = np.concatenate((h0, o0, np.arange(2000, 2010)))
+    o1 = np.arange(3000, 3020)
+    h2 = np.concatenate((h1, o1, np.arange(4000, 4010)))
+    return [req(0, 0, 0.0, h0, o0), req(0, 1, 1.0, h1, o1), req(0, 2, 2.0, h2, np.arange(5000, 5005))]
+
+
+def test_multi_turn_hand_computed_hit_rates():
+    trace = conversation()
+    res = simulate(trace, "sglang+", SPEC, 10**9, latency="zero")
+    assert res.reused_len.tolist() == [0, 120, 150]
+    assert res.stats.token_hit_rate == pytest.approx(270 / (100 + 130 + 160))
+    vll = simulate(trace, "vllm+:block=32", SPEC, 10**9, latency="zero")
+    # blocks of 32: turn 1 reuses floor(120/32)*32 = 96; turn 2 reuses floor(150/32)*32 = 128
+    assert vll.reused_len.tolist() == [0, 96, 128]
+    van = simulate(trace, "vanilla", SPEC, 10**9, latency="zero")
+    assert van.reused_len.tolist() == [0, 0, 0]
+
+
+def test_sequential_mode_equals_a_direct_loop_over_the_core():
+    trace = chat_trace(num_sessions=30, turns=(2, 6), system_prompt_len=200, seed=3)
+    for system in ("sglang+", "vllm+", "marconi:alpha=0.7"):
+        res = simulate(trace, system, "paper-7b", 3e9, latency="zero")
+        cfg = make_system(system)
+        cache = PrefixCache("paper-7b", 3e9, cfg.admission, cfg.eviction)
+        clock_free_hits = []
+        for r in trace:
+            match, _ = cache.process(r.input_tokens, r.output_tokens)
+            clock_free_hits.append(match.usable_hit_len)
+        # the core's default logical clock orders events exactly like trace time does here
+        assert res.reused_len.tolist() == clock_free_hits, system
+
+
+def test_event_mode_misses_what_is_still_in_flight():
+    # two identical requests 1 s apart: with a slow "decode", the second arrives before the
+    # first is inserted, so it cannot hit; sequentially it hits the last-decoded checkpoint.
+    a = req(0, 0, 0.0, np.arange(200), np.arange(500, 520))
+    b = req(1, 0, 1.0, np.concatenate((np.arange(200), np.arange(500, 520), [7])), [1, 2])
+    slow = RooflineLatency("a100", decode_s_per_token=1.0)
+    seq = simulate([a, b], "sglang+", SPEC, 10**9, latency=slow, mode="sequential")
+    evt = simulate([a, b], "sglang+", SPEC, 10**9, latency=slow, mode="event")
+    assert seq.reused_len.tolist() == [0, 220]
+    assert evt.reused_len.tolist() == [0, 0]
+    fast = RooflineLatency("a100", decode_s_per_token=0.001)
+    assert simulate([a, b], "sglang+", SPEC, 10**9, latency=fast, mode="event").reused_len.tolist() == [0, 220]
+
+
+def test_event_mode_admits_branch_checkpoints_at_prefill():
+    prompt = np.arange(300)
+    out_lens = [2, 50, 50]   # request 0 finishes at once; 1 and 2 decode for ~5 s
+    reqs = [req(i, 0, float(i), np.concatenate((prompt, [10_000 + i])), np.arange(20_000 + 100 * i, 20_000 + 100 * i + n))
+            for i, n in enumerate(out_lens)]
+    slow = RooflineLatency("a100", decode_s_per_token=0.1)
+    evt = simulate(reqs, "sglang+", SPEC, 10**9, latency=slow, mode="event")
+    # request 1 finds the prompt (request 0 is inserted) but no state at 300: it checkpoints the
+    # branch during its prefill, which ends milliseconds later -> request 2, still during request
+    # 1's decode, resumes from it
+    assert evt.reused_len.tolist() == [0, 0, 300]
+    assert evt.kv_hit_len.tolist() == [0, 300, 300]
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 10_000), system=st.sampled_from(["vllm+", "sglang+", "marconi:alpha=1", "vanilla"]),
+       capacity=st.sampled_from([2e8, 1e9, 1e11]), mode=st.sampled_from(["sequential", "event"]))
+def test_no_system_reuses_more_than_the_input(seed, system, capacity, mode):
+    trace = shared_prompts_trace(num_prompts=3, prompt_len=300, num_sessions=15, turns=(1, 3), seed=seed)
+    res = simulate(trace, system, "paper-7b", capacity, mode=mode)
+    assert np.all(res.reused_len <= res.input_len)
+    assert np.all(res.reused_len <= res.kv_hit_len)
+    assert res.stats.peak_bytes <= capacity
+
+
+def test_tuning_happens_and_is_recorded():
+    trace = chat_trace(num_sessions=60, turns=(4, 10), system_prompt_len=500, seed=1)
+    res = simulate(trace, "marconi:multiplier=2", "paper-7b", 2e9, tuning_workers=1)
+    assert len(res.tuned_alphas) == 1
+    at, alpha = res.tuned_alphas[0]
+    assert 0 <= alpha <= 2 and 0 < at < len(trace)
+    rec = res.record()
+    assert rec["tuned_alphas"] == [[at, alpha]]
+
+
+def test_decreasing_timestamps_are_rejected():
+    bad = [req(0, 0, 5.0, [1, 2], [3]), req(0, 1, 4.0, [1, 2, 3], [4])]
+    with pytest.raises(ValueError, match="request 1: timestamp 4.0 is earlier"):
+        simulate(bad, "sglang+", SPEC, 10**9)
+
+
+def test_latency_models():
+    spec = ModelSpec("m", 4, 24, 28, 4096, 128)
+    roof = RooflineLatency("a100", efficiency=0.5, overhead_s=0.0)
+    assert roof.ttft_s(spec, 1000, 0) == pytest.approx(spec.prefill_flops(1000) / (312e12 * 0.5))
+    assert roof.ttft_s(spec, 1000, 1000) == 0.0
+    line = TableLatency(0.01, 0.001)
+    assert line.ttft_s(spec, 500, 100) == pytest.approx(0.01 + 0.4)
+
+
+def test_jamba_table_is_fitted_with_a_line(shared_data):
+    table = TableLatency.from_csv(shared_data / "latency" / "jamba-1.5-mini_4xA100_ttft.csv")
+    assert 0 < table.slope_s_per_token < 1e-3
+    # the fit reproduces the long-prompt end of the measured table within 10%
+    last = open(shared_data / "latency" / "jamba-1.5-mini_4xA100_ttft.csv").read().strip().splitlines()[-1]
+    tokens, ms = (float(x) for x in last.split(","))
+    assert table.ttft_s(None, int(tokens), 0) == pytest.approx(ms / 1000, rel=0.1)
+
+
+def test_sweep_writes_records_atomically_and_compare_computes_gains(tmp_path):
+    trace = chat_trace(num_sessions=20, turns=(2, 5), system_prompt_len=300, seed=2)
+    points = expand_points(["vanilla", "vllm+", "sglang+", "marconi:alpha=1.0"], ["0.2x", "2GB"], ["paper-7b"])
+    records = run_sweep(trace, "chat", points, workers=2)
+    assert len(records) == 8
+    for rec in records:
+        for key in ("system", "capacity_bytes", "model", "trace", "num_requests", "token_hit_rate", "flops_saved",
+                    "ttft_p50_s", "ttft_p95_s", "admission", "eviction"):
+            assert key in rec
+    frac = [r for r in records if r["capacity"] == "0.2x"]
+    ws = working_set_bytes(trace, "paper-7b")
+    assert all(r["capacity_bytes"] == int(0.2 * ws) for r in frac)
+    out = tmp_path / "r.jsonl"
+    write_records(records, out)
+    assert read_records(out) == json.loads(json.dumps(records))
+    rows = gains(records)
+    marconi = [r for r in rows if r["system"] == "marconi:alpha=1.0"]
+    assert len(marconi) == 2 and all("vs_vllm_x" in r and "vs_sglang_pct" in r for r in marconi)
+    # a failing write leaves nothing behind
+    with pytest.raises(TypeError):
+        write_records([{"x": object()}], tmp_path / "bad.jsonl")
+    assert not list(tmp_path.glob("*bad*")) and not list(tmp_path.glob(".*tmp"))
+
+
+def test_bad_names_fail_before_any_work():
+    with pytest.raises(ValueError, match="unknown system 'marconni'"):
+        expand_points(["marconni"], ["1GB"], ["paper-7b"])
+    with pytest.raises(ValueError, match="no parameter 'alfa'; valid parameters: alpha"):
+        parse_systems("marconi:alfa=1")
+    with pytest.raises(ValueError, match="cannot read '5 gigs' as a size"):
+        expand_points(["vanilla"], ["5 gigs"], ["paper-7b"])
