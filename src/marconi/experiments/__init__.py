@@ -1,0 +1,1 @@
+"""Experiments: paper-figure reproductions (``marconi reproduce``) and studies (``marconi experiment …``)."""
