@@ -65,6 +65,9 @@ def test_ties_go_to_the_smaller_alpha():
     assert best_alpha(grid, results, "hit-rate") == 0.5
     assert best_alpha(grid, results, "flops") == 1.5
     assert best_alpha(grid, [(7, 1.0, 9)] * 4, "hit-rate") == 0.0
+    # with a tolerance the smallest alpha within that margin of the best wins
+    assert best_alpha(grid, [(100, 0, 1), (104, 0, 1), (109, 0, 1), (110, 0, 1)], "hit-rate", tolerance=0.05) == 1.0
+    assert best_alpha(grid, [(100, 0, 1), (104, 0, 1), (109, 0, 1), (110, 0, 1)], "hit-rate", tolerance=0.1) == 0.0
 
 
 def test_snapshot_roundtrip_reproduces_the_cache(trace):

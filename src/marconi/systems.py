@@ -35,6 +35,7 @@ class TuningConfig:
     objective: str = "hit-rate"
     retune_every: int = 0
     drift: float = 0.05
+    tolerance: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,7 +57,7 @@ class SystemConfig:
             t = self.tuning
             cache.add_observer(BootstrapTuner(cache.eviction, multiplier=t.multiplier, objective=t.objective,
                                               workers=tuning_workers, retune_every=t.retune_every, drift=t.drift,
-                                              mapper=tuning_mapper))
+                                              tolerance=t.tolerance, mapper=tuning_mapper))
         return cache
 
     def describe(self) -> dict[str, Any]:
@@ -103,9 +104,9 @@ def _sglang() -> SystemConfig:
 
 @SYSTEMS.register("marconi", "judicious admission + FLOP-aware eviction with bootstrap-tuned alpha")
 def _marconi(alpha: str = "auto", multiplier: float = 5, objective: str = "hit-rate", efficiency: str = "total",
-             recency: str = "linear", retune: int = 0, drift: float = 0.05) -> SystemConfig:
+             recency: str = "linear", retune: int = 0, drift: float = 0.05, tolerance: float = 0.0) -> SystemConfig:
     fixed = _alpha_or_auto(alpha)
-    tuning = None if fixed is not None else TuningConfig(multiplier, objective, retune, drift)
+    tuning = None if fixed is not None else TuningConfig(multiplier, objective, retune, drift, tolerance)
     return SystemConfig("marconi", "marconi", _flop_aware(alpha, efficiency, recency), tuning)
 
 

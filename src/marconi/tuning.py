@@ -18,7 +18,7 @@ import multiprocessing
 import os
 import time
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -118,15 +118,19 @@ def evaluate_alphas(job: TuningJob, grid: Sequence[float], workers: int | None =
         return list(pool.map(_replay_in_worker, grid))
 
 
-def best_alpha(grid: Sequence[float], results: Sequence[tuple[int, float, int]], objective: str) -> float:
-    """Highest objective wins; exact ties go to the smaller α (deterministic)."""
+def best_alpha(grid: Sequence[float], results: Sequence[tuple[int, float, int]], objective: str,
+               tolerance: float = 0.0) -> float:
+    """Highest objective wins; exact ties go to the smaller α (deterministic).
+
+    With ``tolerance`` > 0, the smallest α whose objective is within that relative margin of the
+    best wins instead: the window's scores are noisy, and a tiny win for a large α can be a large
+    loss on the rest of the trace. ``tolerance=0`` is the paper's protocol.
+    """
     key = 0 if objective == "hit-rate" else 1
-    best = None
-    for alpha, res in sorted(zip(grid, results), key=lambda x: x[0]):
-        if best is None or res[key] > best[1][key]:
-            best = (alpha, res)
-    assert best is not None
-    return best[0]
+    ranked = sorted(zip(grid, results), key=lambda x: x[0])
+    top = max(res[key] for _, res in ranked)
+    threshold = top * (1.0 - tolerance) if tolerance else top
+    return next(alpha for alpha, res in ranked if res[key] >= threshold)
 
 
 class BootstrapTuner(CacheObserver):
@@ -146,13 +150,16 @@ class BootstrapTuner(CacheObserver):
 
     def __init__(self, policy: FlopAware, *, multiplier: float = 5, grid: Sequence[float] = DEFAULT_ALPHA_GRID,
                  objective: str = "hit-rate", workers: int | None = None, retune_every: int = 0,
-                 drift: float = 0.05, mapper: Callable[..., list[Any]] | None = None) -> None:
+                 drift: float = 0.05, tolerance: float = 0.0, mapper: Callable[..., list[Any]] | None = None) -> None:
         if multiplier <= 0:
             raise ConfigError(f"bootstrap multiplier must be > 0, got {multiplier}")
         if objective not in OBJECTIVES:
             raise ConfigError(f"tuning objective must be one of {OBJECTIVES}, got {objective!r}")
         if not grid or any(a < 0 for a in grid):
             raise ConfigError("the alpha grid must be non-empty and non-negative")
+        if not 0 <= tolerance < 1:
+            raise ConfigError(f"tuning tolerance must be in [0, 1), got {tolerance}")
+        self.tolerance = tolerance
         self.policy = policy
         self.multiplier = multiplier
         self.grid = tuple(sorted(grid))
@@ -207,7 +214,7 @@ class BootstrapTuner(CacheObserver):
                         self.policy.efficiency_variant, self.policy.recency)
         started = time.perf_counter()
         results = evaluate_alphas(job, self.grid, self.workers, self.mapper)
-        alpha = best_alpha(self.grid, results, self.objective)
+        alpha = best_alpha(self.grid, results, self.objective, self.tolerance)
         key = 0 if self.objective == "hit-rate" else 1
         scores = {a: (r[key] / r[2] if key == 0 and r[2] else float(r[key])) for a, r in zip(self.grid, results)}
         self.policy.alpha = alpha
