@@ -1,0 +1,247 @@
+"""Measured TTFT of the real engine with and without the prefix cache (CPU, one thread).
+
+Three measurements, each a function returning plain records (the CLI and
+``benchmarks/engine_bench.py`` print them):
+
+* :func:`replay_ttft` — replay a multi-turn trace through two engines on the same model, one with
+  the cache (Marconi admission) and one without (``admission="none"``, same code path). Per
+  request: TTFT both ways, the cached fraction ``h``, and measured / ideal where
+  ideal = (1 − h) × TTFT without the cache; plus the state save/restore time.
+* :func:`checkpoint_overhead` — one prefill of ``L`` tokens unsplit, with a chunk-boundary
+  checkpoint and with an exact (segmented) checkpoint at an off-grid position.
+* :func:`swe_like_trace` — a synthetic SWE-agent-like trace (shared system prompt, growing
+  histories of actions + observations), for when no real trace file is given.
+
+Timings are the fastest of ``repeats`` runs, in thread CPU time by default (``clock="cpu"``: on a
+shared machine, what an uncontended core would take with one torch thread) or wall-clock time.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+
+from marconi.engine.engine import Engine
+from marconi.engine.models import HybridModel
+from marconi.engine.prefill import prefill
+
+__all__ = [
+    "BenchRequest",
+    "CheckpointRecord",
+    "TTFTRecord",
+    "checkpoint_overhead",
+    "replay_ttft",
+    "summarize_ttft",
+    "swe_like_trace",
+    "trace_requests",
+]
+
+
+class BenchRequest(NamedTuple):
+    session: int
+    turn: int
+    input_tokens: np.ndarray
+    output_tokens: np.ndarray
+
+
+def swe_like_trace(num_sessions: int = 4, *, system_len: int = 800, task_len: tuple[int, int] = (200, 400),
+                   action_len: tuple[int, int] = (24, 64), observation_len: tuple[int, int] = (100, 500),
+                   max_input_len: int = 3500, max_turns: int = 8, vocab_size: int = 32000,
+                   seed: int = 0) -> list[BenchRequest]:
+    """Agent sessions sharing a system prompt; turn ``t+1``'s input = turn ``t``'s input + its
+    output (the action) + an observation. Sessions stop before the input passes ``max_input_len``;
+    requests are interleaved round-robin, as concurrent agents would be."""
+    rng = np.random.default_rng(seed)
+
+    def tokens(bounds: tuple[int, int] | int) -> np.ndarray:
+        n = bounds if isinstance(bounds, int) else int(rng.integers(bounds[0], bounds[1] + 1))
+        return rng.integers(0, vocab_size, n, dtype=np.int64)
+
+    system = tokens(system_len)
+    per_session: list[list[BenchRequest]] = []
+    for s in range(num_sessions):
+        history = np.concatenate([system, tokens(task_len)])
+        requests = []
+        for turn in range(max_turns):
+            if len(history) > max_input_len:
+                break
+            output = tokens(action_len)
+            requests.append(BenchRequest(s, turn, history, output))
+            history = np.concatenate([history, output, tokens(observation_len)])
+        per_session.append(requests)
+    interleaved = []
+    for turn in range(max_turns):
+        interleaved += [reqs[turn] for reqs in per_session if turn < len(reqs)]
+    return interleaved
+
+
+def trace_requests(source: Any, *, max_input_len: int, max_sessions: int | None = None,
+                   limit: int | None = None) -> list[BenchRequest]:
+    """Requests of a trace (a ``Trace``, a bundled trace name or a JSONL/Parquet file), cut to fit a CPU.
+
+    Each session keeps its turns up to (not including) the first whose input exceeds
+    ``max_input_len`` or whose output is empty; at most ``max_sessions`` sessions (first come) and
+    ``limit`` requests are kept, in trace order.
+    """
+    from marconi.workloads import bundled_trace, list_bundled, read_trace
+
+    if isinstance(source, str) and source in list_bundled():
+        source = bundled_trace(source)
+    elif isinstance(source, str):
+        source = read_trace(source)
+    out: list[BenchRequest] = []
+    sessions: dict[Any, int] = {}
+    stopped: set[Any] = set()
+    for req in source:
+        sid = req.session_id
+        if sid in stopped:
+            continue
+        if req.input_len > max_input_len or req.output_len == 0:
+            stopped.add(sid)
+            continue
+        if sid not in sessions:
+            if max_sessions is not None and len(sessions) >= max_sessions:
+                stopped.add(sid)
+                continue
+            sessions[sid] = len(sessions)
+        out.append(BenchRequest(sessions[sid], req.turn_id, np.asarray(req.input_tokens, dtype=np.int64),
+                                np.asarray(req.output_tokens, dtype=np.int64)))
+        if limit is not None and len(out) >= limit:
+            break
+    return out
+
+
+# ================================================================================ TTFT replay
+@dataclass(frozen=True, slots=True)
+class TTFTRecord:
+    session: int
+    turn: int
+    input_len: int
+    hit_len: int
+    h: float                   # cached fraction of the input
+    ttft_cached_s: float       # on the chosen clock (cpu or wall)
+    ttft_full_s: float         # same request without the cache
+    ideal_s: float             # (1 - h) * ttft_full_s
+    ratio: float               # ttft_cached_s / ideal_s
+    restore_s: float           # rebuilding the DynamicCache from payloads (in TTFT)
+    capture_s: float           # cloning prefill checkpoints (in TTFT)
+    save_s: float              # last-token capture + KV slicing + finish (after decode)
+    prefill_calls: int
+
+    def to_record(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def replay_ttft(model: HybridModel, requests: Sequence[BenchRequest], *, capacity_bytes: float,
+                admission: str = "marconi", eviction: str = "lru", checkpointing: str = "segmented",
+                clock: str = "cpu", repeats: int = 1, warmup: bool = True) -> list[TTFTRecord]:
+    """Replay ``requests`` with and without the cache; one record each.
+
+    Outputs are teacher-forced and appended with one forward (``Engine.replay_appended``): TTFT is
+    what is measured, not decoding. ``clock``: ``cpu`` (thread CPU time — on a shared machine the
+    time an uncontended core would take) or ``wall``; ``repeats``: restore + prefill timed that many
+    times, fastest kept. The two engines alternate which goes first, to spread any drift.
+    """
+    if clock not in ("cpu", "wall"):
+        raise ValueError(f"clock must be 'cpu' or 'wall', got {clock!r}")
+    cached = Engine(model, capacity_bytes, admission=admission, eviction=eviction, checkpointing=checkpointing,
+                    ttft_repeats=repeats)
+    plain = Engine(model, 0, admission="none", ttft_repeats=repeats)
+    if warmup:  # the first large forwards pay one-time allocation costs
+        longest = max((len(r.input_tokens) for r in requests), default=64)
+        for _ in range(2):
+            prefill(model, model.new_cache(), torch.arange(longest) % model.vocab_size, 0)
+    ttft = (lambda r: r.ttft_cpu_s) if clock == "cpu" else (lambda r: r.ttft_s)
+    records = []
+    for i, req in enumerate(requests):
+        if i % 2:
+            without = plain.replay_appended(req.input_tokens, req.output_tokens)
+            with_cache = cached.replay_appended(req.input_tokens, req.output_tokens)
+        else:
+            with_cache = cached.replay_appended(req.input_tokens, req.output_tokens)
+            without = plain.replay_appended(req.input_tokens, req.output_tokens)
+        h = with_cache.hit_fraction
+        ideal = (1.0 - h) * ttft(without)
+        records.append(TTFTRecord(req.session, req.turn, with_cache.input_len, with_cache.usable_hit_len, h,
+                                  ttft(with_cache), ttft(without), ideal,
+                                  ttft(with_cache) / ideal if ideal > 0 else float("inf"),
+                                  with_cache.restore_s, with_cache.capture_s, with_cache.save_s,
+                                  with_cache.num_prefill_calls))
+    return records
+
+
+def summarize_ttft(records: Iterable[TTFTRecord], *, long_prompt_len: int = 2048) -> dict[str, float]:
+    """Aggregates: total TTFT both ways, ratio to ideal (all hits / long prompts), save+restore share."""
+    recs = list(records)
+    hits = [r for r in recs if r.h > 0]
+    long_hits = [r for r in hits if r.input_len >= long_prompt_len]
+    total_cached = sum(r.ttft_cached_s for r in recs)
+    total_full = sum(r.ttft_full_s for r in recs)
+    overhead = sum(r.restore_s + r.capture_s + r.save_s for r in recs)
+    in_ttft = sum(r.restore_s + r.capture_s for r in recs)
+    prefill_cached = sum(r.ttft_cached_s - r.restore_s - r.capture_s for r in recs)
+    return {
+        "requests": len(recs),
+        "token_hit_rate": sum(r.hit_len for r in recs) / max(1, sum(r.input_len for r in recs)),
+        "ttft_cached_total_s": total_cached,
+        "ttft_full_total_s": total_full,
+        "speedup": total_full / total_cached if total_cached else float("nan"),
+        "ratio_to_ideal_hits": (sum(r.ttft_cached_s for r in hits) / sum(r.ideal_s for r in hits)) if hits else float("nan"),
+        "ratio_to_ideal_long": (sum(r.ttft_cached_s for r in long_hits) / sum(r.ideal_s for r in long_hits))
+        if long_hits else float("nan"),
+        "save_restore_pct_of_full_prefill": 100.0 * overhead / total_full if total_full else float("nan"),
+        "save_restore_pct_of_cached_prefill": 100.0 * overhead / prefill_cached if prefill_cached else float("nan"),
+        "restore_capture_pct_of_cached_ttft": 100.0 * in_ttft / total_cached if total_cached else float("nan"),
+    }
+
+
+# ================================================================================ checkpointing
+@dataclass(frozen=True, slots=True)
+class CheckpointRecord:
+    length: int
+    requested: int             # checkpoint position asked for
+    mode: str                  # unsplit | chunk-boundary | segmented
+    captured_at: int | None    # where the state was taken
+    prefill_s: float           # min over repeats
+    overhead_pct: float        # vs unsplit
+    max_abs_diff: float        # last-position logits vs unsplit
+    bitwise: bool
+
+    def to_record(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _timed_prefill(model: HybridModel, ids: torch.Tensor, checkpoints: list[int], mode: str,
+                   repeats: int, clock: str) -> tuple[float, Any]:
+    timer = time.thread_time if clock == "cpu" else time.perf_counter
+    best, result = float("inf"), None
+    for _ in range(repeats):
+        cache = model.new_cache()
+        t = timer()
+        result = prefill(model, cache, ids, 0, checkpoints, checkpointing=mode)
+        best = min(best, timer() - t)
+    return best, result
+
+
+def checkpoint_overhead(model: HybridModel, lengths: Sequence[int] = (1024, 2048, 4096), *, repeats: int = 2,
+                        clock: str = "cpu", seed: int = 0) -> list[CheckpointRecord]:
+    """Prefill cost with one checkpoint at an off-grid position ``p = 0.55·L + 7`` taken two ways."""
+    gen = torch.Generator().manual_seed(seed)
+    records = []
+    for length in lengths:
+        ids = torch.randint(0, model.vocab_size, (length,), generator=gen)
+        p = min(int(0.55 * length) + 7, length - 1)  # off the chunk grid
+        base_s, base = _timed_prefill(model, ids, [], "segmented", repeats, clock)
+        records.append(CheckpointRecord(length, p, "unsplit", None, base_s, 0.0, 0.0, True))
+        for mode in ("chunk-boundary", "segmented"):
+            seconds, res = _timed_prefill(model, ids, [p], mode, repeats, clock)
+            diff = (res.logits - base.logits).abs().max().item()
+            records.append(CheckpointRecord(length, p, mode, res.placed[p], seconds,
+                                            100.0 * (seconds - base_s) / base_s, diff,
+                                            bool(torch.equal(res.logits, base.logits))))
+    return records

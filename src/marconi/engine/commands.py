@@ -1,0 +1,127 @@
+"""The ``marconi engine`` command group (wired into ``marconi.cli`` by ``register``).
+
+    marconi engine info  [--model PRESET|DIR] [--dtype float32|float64]
+    marconi engine bench [--model bamba-bench] [--trace swe-sample|synthetic|FILE] [--max-input 4000]
+                         [--sessions 8] [--limit 24] [--capacity 2GB] [--lengths 1024,2048,4096] [--clock cpu|wall] [--out FILE.jsonl]
+
+Only these handlers print; torch and transformers are imported when a command runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+__all__ = ["register"]
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``engine`` group to an argparse subparsers object (each leaf sets ``func``)."""
+    engine = subparsers.add_parser("engine", help="the real engine: transformers hybrids with the prefix cache")
+    sub = engine.add_subparsers(dest="engine_command", required=True)
+
+    info = sub.add_parser("info", help="load a model; show its cache layout and its checked ModelSpec")
+    info.add_argument("--model", default="bamba-tiny", help="preset name or local checkpoint directory")
+    info.add_argument("--dtype", default="float32", choices=["float32", "float64"])
+    info.add_argument("--seed", type=int, default=0)
+    info.set_defaults(func=_cmd_info)
+
+    bench = sub.add_parser("bench", help="measured TTFT with vs without the cache, save/restore and "
+                                         "checkpointing overheads (CPU, one thread)")
+    bench.add_argument("--model", default="bamba-bench", help="preset name or local checkpoint directory")
+    bench.add_argument("--dtype", default="float32", choices=["float32", "float64"])
+    bench.add_argument("--trace", default="swe-sample",
+                       help="bundled trace name, JSONL/Parquet file, or 'synthetic' (SWE-like, generated)")
+    bench.add_argument("--max-input", type=int, default=4000, help="skip requests with longer inputs (CPU budget)")
+    bench.add_argument("--sessions", type=int, default=8, help="at most this many sessions")
+    bench.add_argument("--limit", type=int, default=24, help="at most this many requests")
+    bench.add_argument("--capacity", default="2GB", help="cache capacity (e.g. 512MB, 2GB)")
+    bench.add_argument("--eviction", default="lru")
+    bench.add_argument("--lengths", default="1024,2048,4096",
+                       help="prefill lengths for the checkpointing overhead ('' to skip)")
+    bench.add_argument("--repeats", type=int, default=1,
+                       help="time each restore + prefill this many times, keep the fastest (TTFT replay)")
+    bench.add_argument("--ckpt-repeats", type=int, default=2, help="same, for the checkpointing runs")
+    bench.add_argument("--clock", default="cpu", choices=["cpu", "wall"],
+                       help="cpu: thread CPU time (robust on a shared machine); wall: elapsed time")
+    bench.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    bench.add_argument("--out", help="also write every record as JSONL here")
+    bench.set_defaults(func=_cmd_bench)
+
+
+def _cmd_info(args: argparse.Namespace) -> int:
+    from marconi.engine.models import describe, load_model
+
+    model = load_model(args.model, dtype=args.dtype, seed=args.seed)
+    for key, value in describe(model).items():
+        print(f"{key:22s} {value}")
+    print(f"{'attention layers':22s} {list(model.layout.attn_layers)}")
+    print(f"{'recurrent layers':22s} {list(model.layout.ssm_layers)}")
+    print("spec check             ok (KV bytes per token and checkpoint bytes equal the real cache tensors)")
+    return 0
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1000:8.1f}"
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    import torch
+
+    from marconi.engine import bench
+    from marconi.engine.models import describe, load_model
+    from marconi.units import parse_bytes
+
+    torch.set_num_threads(args.threads)
+    model = load_model(args.model, dtype=args.dtype)
+    meta = {k: v for k, v in describe(model).items()}
+    print(f"model {model.name}: {model.num_parameters / 1e6:.1f}M parameters, {meta['dtype']}, "
+          f"scan chunk {model.chunk_size}, KV {model.spec.kv_bytes_per_token} B/token, "
+          f"checkpoint {model.spec.ssm_checkpoint_bytes} B; torch threads {torch.get_num_threads()}")
+    if args.trace == "synthetic":
+        requests = bench.swe_like_trace(args.sessions, max_input_len=args.max_input)[: args.limit]
+    else:
+        requests = bench.trace_requests(args.trace, max_input_len=args.max_input, max_sessions=args.sessions,
+                                        limit=args.limit)
+    print(f"trace {args.trace}: {len(requests)} requests with inputs <= {args.max_input} tokens\n")
+
+    records = bench.replay_ttft(model, requests, capacity_bytes=parse_bytes(args.capacity), eviction=args.eviction,
+                                clock=args.clock, repeats=args.repeats)
+    print(f"TTFT on the {args.clock} clock; restore / capture / save columns are wall-clock")
+    print("  sess turn  input    hit      h  TTFT cached  TTFT full   ideal(ms)  measured/ideal  restore  capture"
+          "   save(ms)")
+    for r in records:
+        ratio = f"{r.ratio:14.3f}" if r.h > 0 else f"{'(miss)':>14s}"
+        print(f"  {r.session:4d} {r.turn:4d} {r.input_len:6d} {r.hit_len:6d} {r.h:6.3f} {_ms(r.ttft_cached_s)}ms"
+              f" {_ms(r.ttft_full_s)}ms {_ms(r.ideal_s)}  {ratio} {_ms(r.restore_s)} {_ms(r.capture_s)} "
+              f"{_ms(r.save_s)}")
+    summary = bench.summarize_ttft(records)
+    print()
+    for key, value in summary.items():
+        print(f"  {key:38s} {value:.4g}" if isinstance(value, float) else f"  {key:38s} {value}")
+
+    ckpt = []
+    lengths = [int(x) for x in args.lengths.split(",") if x.strip()]
+    if lengths:
+        ckpt = bench.checkpoint_overhead(model, lengths, repeats=args.ckpt_repeats, clock=args.clock)
+        print("\n  checkpoint placement: one checkpoint requested at p inside a prefill of L tokens")
+        print("      L      p  mode            state at  prefill(ms)  overhead  max|dlogit|  bitwise")
+        for c in ckpt:
+            at = "-" if c.captured_at is None else str(c.captured_at)
+            print(f"  {c.length:5d} {c.requested:6d}  {c.mode:15s} {at:>8s} {_ms(c.prefill_s)}    {c.overhead_pct:+6.2f}%"
+                  f"   {c.max_abs_diff:9.2e}  {'yes' if c.bitwise else 'no'}")
+    if args.out:
+        from marconi.workloads.trace import atomic_output
+
+        config = {"model": model.name, "dtype": meta["dtype"], "trace": args.trace, "capacity": args.capacity,
+                  "eviction": args.eviction, "threads": torch.get_num_threads(), "clock": args.clock,
+                  "repeats": args.repeats}
+        with atomic_output(args.out, "w") as fh:
+            for r in records:
+                fh.write(json.dumps({"kind": "ttft", **config, **r.to_record()}) + "\n")
+            fh.write(json.dumps({"kind": "ttft_summary", **config, **summary}) + "\n")
+            for c in ckpt:
+                fh.write(json.dumps({"kind": "checkpointing", **config, **c.to_record()}) + "\n")
+        print(f"\nrecords written to {args.out}")
+    return 0

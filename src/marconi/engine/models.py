@@ -1,0 +1,469 @@
+"""Load a transformers hybrid LLM (random-weight preset or local checkpoint) with its checked spec.
+
+A :class:`HybridModel` bundles the torch module, the layout of its ``DynamicCache`` (which layers
+hold per-token KVs, which hold a fixed-size recurrent state), the scan's chunk length, and the
+:class:`~marconi.model.ModelSpec` the cache core uses for byte accounting. The spec is built with
+``ModelSpec.from_hf_config`` and **checked against the real cache tensors** of a short prefill:
+KV bytes per token and conv + recurrent bytes per checkpoint must match exactly, or
+:class:`SpecMismatchError` names both numbers.
+
+Supported: Mamba-2 hybrids (Bamba, Nemotron-H, Zamba2, Falcon-H1, GraniteMoeHybrid), gated
+DeltaNet hybrids (Qwen3-Next, OLMo-Hybrid) and LFM2 (short convolution). Refused with a message:
+Mamba-1 hybrids (Jamba, Zamba) — transformers' torch path restarts their scan from zero on a
+multi-token forward, so a prefill cannot resume from a saved state — and anything else.
+
+Presets are random-weight configs, seeded and deterministic, with vocab 32000 so the project's
+Mistral-v1 tokenizer ids fit without folding (token ids >= vocab are an error, never folded).
+Random weights are chosen so that the recurrent state matters: projections use
+``initializer_range = 1/sqrt(D)`` (O(1) activations; with transformers' 0.02 a tiny model's SSM
+states are ~1e-5 and barely touch the logits), the SSM parameters get the Mamba-2 paper's
+initialisation (A ~ U[1, 16], dt ~ logU[1e-3, 1e-1]; transformers' A = 1..H, dt_bias = 1 forgets
+within a few tokens), and the LM head keeps transformers' std 0.02 (logits O(1)). Otherwise a
+state checkpoint would carry almost nothing across a split and exactness tests would be vacuous.
+
+Known upstream caveat (transformers 5.24): Nemotron-H and Zamba2 clamp ``dt >= time_step_min``
+in their chunked scan but not in their 1-token decode step, so for a checkpoint with
+``time_step_min > 0`` a token processed by decode (or by a 1-token prefill segment) updates the
+state slightly differently than inside a prefill. Our presets set ``time_step_min = 1e-9``; real
+checkpoints keep their value and their decode-vs-prefill difference (not a cache effect).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import torch
+
+from marconi.engine.errors import (
+    EngineError,
+    SpecMismatchError,
+    TokenRangeError,
+    UnsupportedModelError,
+)
+from marconi.engine.precision import float64_scans
+from marconi.model import ModelSpec, SpecError
+
+__all__ = [
+    "ARCHITECTURES",
+    "PRESETS",
+    "Architecture",
+    "CacheLayout",
+    "HybridModel",
+    "build_model",
+    "list_presets",
+    "load_model",
+    "measure_cache_bytes",
+    "preset_config",
+]
+
+
+# ================================================================================ architectures
+@dataclass(frozen=True, slots=True)
+class Architecture:
+    """What the engine needs to know about one transformers ``model_type``.
+
+    ``chunk_size_attr``: config field holding the scan's chunk length; ``default_chunk_size``: the
+    length when there is no such field (the gated-DeltaNet torch scan always uses 64); both None for
+    mixers without a chunked scan (LFM2's short convolution: every position is a "boundary").
+    """
+
+    model_type: str
+    mixer: str
+    chunk_size_attr: str | None = None
+    default_chunk_size: int | None = None
+
+    def chunk_size(self, config: Any) -> int | None:
+        if self.chunk_size_attr is not None:
+            return int(getattr(config, self.chunk_size_attr))
+        return self.default_chunk_size
+
+
+ARCHITECTURES: dict[str, Architecture] = {a.model_type: a for a in (
+    Architecture("bamba", "mamba2", "mamba_chunk_size"),
+    Architecture("nemotron_h", "mamba2", "chunk_size"),
+    Architecture("falcon_h1", "mamba2", "mamba_chunk_size"),
+    Architecture("zamba2", "mamba2", "chunk_size"),
+    Architecture("granitemoehybrid", "mamba2", "mamba_chunk_size"),
+    Architecture("qwen3_next", "gated-deltanet", default_chunk_size=64),
+    Architecture("olmo_hybrid", "gated-deltanet", default_chunk_size=64),
+    Architecture("lfm2", "short-conv"),
+)}
+
+_MAMBA1 = {"jamba": "Jamba", "zamba": "Zamba (v1)", "mamba": "Mamba", "falcon_mamba": "FalconMamba"}
+
+
+def _architecture(model_type: str | None) -> Architecture:
+    if model_type in _MAMBA1:
+        raise UnsupportedModelError(
+            f"{_MAMBA1[model_type]} ({model_type!r}) uses Mamba-1 layers: transformers' torch scan restarts "
+            "from a zero state on every multi-token forward, so a prefill cannot resume from a cached "
+            "state and prefix reuse would not be exact. Supported: " + ", ".join(sorted(ARCHITECTURES)))
+    arch = ARCHITECTURES.get(str(model_type))
+    if arch is None:
+        raise UnsupportedModelError(f"unsupported model_type {model_type!r}; the engine serves "
+                                    f"{', '.join(sorted(ARCHITECTURES))}")
+    return arch
+
+
+# ================================================================================ presets
+_V = 32000  # Mistral-v1 / Llama-2 vocabulary: the project tokenizer's ids fit as they are
+# initializer_range = 1/sqrt(D): O(1) activations in every projection (transformers' 0.02 default
+# leaves a tiny random model's SSM states ~1e-5, too small to matter in an exactness test).
+_TINY_ATTN = dict(vocab_size=_V, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                  num_key_value_heads=2, tie_word_embeddings=False, initializer_range=64 ** -0.5)
+# Nemotron-H and Zamba2 clamp dt >= time_step_min in their chunked scan but not in their 1-token
+# decode step (transformers 5.24), so the same token gives different states by path when the
+# clamp bites; time_step_min = 1e-9 (not 0: their init takes its log) makes it a no-op.
+_NO_DT_CLAMP = dict(time_step_min=1e-9)
+_TINY_MAMBA = dict(mamba_n_heads=8, mamba_d_head=16, mamba_d_state=16, mamba_n_groups=1, mamba_d_conv=4)
+
+PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
+    # Tiny configs for tests (~2-4M parameters, most of them the 32k embedding / LM head).
+    "bamba-tiny": ("bamba", {**_TINY_ATTN, **_TINY_MAMBA, "num_hidden_layers": 4, "attn_layer_indices": [1],
+                             "mamba_chunk_size": 16}),
+    "nemotron_h-tiny": ("nemotron_h", {**_TINY_ATTN, "head_dim": 16, "hybrid_override_pattern": "M*M-M-",
+                                       "mamba_num_heads": 8, "mamba_head_dim": 16, "ssm_state_size": 16,
+                                       "n_groups": 2, "conv_kernel": 4, "chunk_size": 16, **_NO_DT_CLAMP}),
+    "falcon_h1-tiny": ("falcon_h1", {**_TINY_ATTN, **_TINY_MAMBA, "head_dim": 16, "num_hidden_layers": 2,
+                                     "mamba_d_ssm": 128, "mamba_chunk_size": 16}),
+    "zamba2-tiny": ("zamba2", {**_TINY_ATTN, "num_hidden_layers": 4, "num_key_value_heads": 4,
+                               "layers_block_type": ["mamba", "hybrid", "mamba", "mamba"], "n_mamba_heads": 8,
+                               "mamba_d_state": 16, "mamba_ngroups": 1, "chunk_size": 16, **_NO_DT_CLAMP}),
+    "granitemoehybrid-tiny": ("granitemoehybrid", {**_TINY_ATTN, **_TINY_MAMBA, "num_hidden_layers": 4,
+                                                   "layer_types": ["mamba", "attention", "mamba", "mamba"],
+                                                   "num_local_experts": 0, "shared_intermediate_size": 128,
+                                                   "mamba_chunk_size": 16}),
+    "qwen3_next-tiny": ("qwen3_next", {**_TINY_ATTN, "head_dim": 16, "num_hidden_layers": 4,
+                                       "linear_key_head_dim": 16, "linear_value_head_dim": 16,
+                                       "linear_num_key_heads": 2, "linear_num_value_heads": 4,
+                                       "num_experts": 0, "mlp_only_layers": [0, 1, 2, 3]}),
+    "olmo_hybrid-tiny": ("olmo_hybrid", {**_TINY_ATTN, "num_hidden_layers": 4, "linear_key_head_dim": 16,
+                                         "linear_value_head_dim": 16, "linear_num_key_heads": 2,
+                                         "linear_num_value_heads": 4, "pad_token_id": 0, "eos_token_id": 2}),
+    "lfm2-tiny": ("lfm2", {**_TINY_ATTN, "num_hidden_layers": 4, "full_attn_idxs": [1]}),
+    # Benchmark model: a 79M-parameter Bamba (12 layers, attention at 3 and 9; D=512, N=64). Scan
+    # chunk 128 (Nemotron-H's; Bamba-9B uses 256): the torch SSD scan pads every forward to whole
+    # chunks, and on a CPU 128 is the faster setting for both short and long prefills.
+    "bamba-bench": ("bamba", {"vocab_size": _V, "hidden_size": 512, "intermediate_size": 1536,
+                              "num_hidden_layers": 12, "attn_layer_indices": [3, 9], "num_attention_heads": 8,
+                              "num_key_value_heads": 4, "mamba_n_heads": 16, "mamba_d_head": 64,
+                              "mamba_d_state": 64, "mamba_n_groups": 1, "mamba_d_conv": 4,
+                              "mamba_chunk_size": 128, "tie_word_embeddings": False,
+                              "initializer_range": 512 ** -0.5}),
+}
+
+
+def list_presets() -> list[str]:
+    return list(PRESETS)
+
+
+def preset_config(name: str) -> Any:
+    """The transformers config of a preset (no weights)."""
+    from transformers import AutoConfig
+
+    if name not in PRESETS:
+        raise EngineError(f"unknown preset {name!r}; presets: {', '.join(PRESETS)}")
+    model_type, kwargs = PRESETS[name]
+    return AutoConfig.for_model(model_type, **kwargs)
+
+
+# ================================================================================ cache layout
+@dataclass(frozen=True, slots=True)
+class CacheLayout:
+    """Which ``DynamicCache`` layers hold KVs (``attn_layers``) and which a recurrent state (``ssm_layers``).
+
+    A layer may be in both (Falcon-H1's parallel hybrid, Zamba2's hybrid blocks). Indices ascend.
+    """
+
+    attn_layers: tuple[int, ...]
+    ssm_layers: tuple[int, ...]
+    num_layers: int
+
+    @classmethod
+    def from_config(cls, config: Any) -> CacheLayout:
+        from transformers import DynamicCache
+        from transformers.cache_utils import (
+            CacheLayerMixin,
+            DynamicSlidingWindowLayer,
+            LinearAttentionCacheLayerMixin,
+        )
+
+        layers = DynamicCache(config=config).layers
+        attn, ssm = [], []
+        for i, layer in enumerate(layers):
+            if isinstance(layer, DynamicSlidingWindowLayer):
+                raise UnsupportedModelError(f"layer {i} uses sliding-window attention: its KVs cannot be "
+                                            "sliced to an arbitrary prefix; not supported")
+            if isinstance(layer, CacheLayerMixin):
+                attn.append(i)
+            if isinstance(layer, LinearAttentionCacheLayerMixin):
+                if layer.number_of_states != 1:
+                    raise UnsupportedModelError(f"layer {i} keeps {layer.number_of_states} recurrent states; "
+                                                "only one per layer is supported")
+                ssm.append(i)
+        if not attn and not ssm:
+            raise UnsupportedModelError("the model's cache has no attention and no recurrent layer")
+        return cls(tuple(attn), tuple(ssm), len(layers))
+
+
+# ================================================================================ the model
+@dataclass(eq=False)
+class HybridModel:
+    """A loaded hybrid LLM, its cache layout and its checked spec. Build with :func:`load_model`.
+
+    Attributes:
+        name: preset name or checkpoint directory.
+        module: the transformers ``*ForCausalLM`` (eval mode, no grad).
+        config: its (text) config.
+        arch: :class:`Architecture` of ``config.model_type``.
+        dtype: parameter / cache dtype (float32 or float64).
+        layout: :class:`CacheLayout`.
+        spec: byte/FLOP model for the cache core, checked against the real cache tensors.
+        chunk_size: the scan's chunk length in tokens (None: no chunked scan).
+    """
+
+    name: str
+    module: Any
+    config: Any
+    arch: Architecture
+    dtype: torch.dtype
+    layout: CacheLayout = field(init=False)
+    spec: ModelSpec = field(init=False)
+    chunk_size: int | None = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.layout = CacheLayout.from_config(self.config)
+        self.chunk_size = self.arch.chunk_size(self.config)
+        self.spec = spec_from_config(self.config, name=self.name, dtype=self.dtype)
+        check_spec(self, self.spec)
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.config.vocab_size)
+
+    @property
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.module.parameters())
+
+    def new_cache(self) -> Any:
+        """An empty ``DynamicCache`` laid out for this model."""
+        from transformers import DynamicCache
+
+        return DynamicCache(config=self.config)
+
+    def check_tokens(self, token_ids: Any) -> torch.Tensor:
+        """Validate ids and return them as a 1-D int64 tensor; raises :class:`TokenRangeError`."""
+        ids = torch.as_tensor(token_ids)
+        if ids.dim() != 1 or ids.dtype.is_floating_point or ids.dtype == torch.bool or ids.is_complex():
+            raise TokenRangeError(f"token ids must be a 1-D integer sequence, got shape {tuple(ids.shape)} "
+                                  f"dtype {ids.dtype}")
+        if ids.numel() == 0:
+            raise TokenRangeError("empty token sequence")
+        lo, hi = int(ids.min()), int(ids.max())
+        if lo < 0 or hi >= self.vocab_size:
+            bad = lo if lo < 0 else hi
+            raise TokenRangeError(f"token id {bad} is outside the vocabulary [0, {self.vocab_size}) of "
+                                  f"{self.name}; ids are never folded — use a tokenizer whose ids fit")
+        return ids.to(torch.int64)
+
+    def forward(self, cache: Any, token_ids: torch.Tensor, start: int, *, keep_logits: int = 1) -> torch.Tensor:
+        """Run ``token_ids`` (positions ``start .. start+T-1``) through the model, extending ``cache``.
+
+        ``cache`` must hold exactly the first ``start`` tokens (checked for models with attention).
+        Explicit ``position_ids`` are always passed (Bamba's RoPE ignores the cache offset otherwise).
+        Returns float logits ``[k, vocab]`` of the last ``k = keep_logits`` positions (0: all).
+        A 1-token call takes the model's recurrent (decode) path, longer calls its chunked scan.
+        """
+        if self.layout.attn_layers and cache.get_seq_length() != start:
+            raise EngineError(f"cache holds {cache.get_seq_length()} tokens but the forward starts at {start}")
+        ids = token_ids.reshape(1, -1)
+        positions = torch.arange(start, start + ids.shape[1]).unsqueeze(0)
+        with torch.no_grad(), float64_scans(self.arch.model_type):
+            out = self.module(input_ids=ids, cache=cache, use_cache=True, position_ids=positions,
+                              logits_to_keep=keep_logits)
+        return out.logits[0]
+
+
+# ================================================================================ spec
+def _spec_config_dict(config: Any) -> dict[str, Any]:
+    """``config.to_dict()`` in the form ``ModelSpec.from_hf_config`` parses.
+
+    transformers 5.24 saves Nemotron-H's layer pattern as ``layers_block_type`` with new names
+    ('linear_attention', 'full_attention') and GraniteMoeHybrid's ``layer_types`` likewise; the
+    parsers in ``marconi.model`` expect the older names, so they are restored here.
+    """
+    cfg = config.to_dict()
+    if cfg.get("model_type") == "nemotron_h" and getattr(config, "hybrid_override_pattern", None):
+        cfg["hybrid_override_pattern"] = config.hybrid_override_pattern
+    if cfg.get("model_type") == "granitemoehybrid" and cfg.get("layer_types"):
+        rename = {"linear_attention": "mamba", "full_attention": "attention"}
+        cfg["layer_types"] = [rename.get(t, t) for t in cfg["layer_types"]]
+    return cfg
+
+
+def spec_from_config(config: Any, *, name: str, dtype: torch.dtype) -> ModelSpec:
+    bytes_per_elem = torch.finfo(dtype).bits // 8
+    try:
+        return ModelSpec.from_hf_config(_spec_config_dict(config), name=name, bytes_per_elem=bytes_per_elem)
+    except SpecError as exc:
+        raise EngineError(f"cannot build a ModelSpec for {name}: {exc}") from None
+
+
+class CacheBytes(NamedTuple):
+    """Bytes measured on a model's real cache tensors."""
+
+    kv_bytes_per_token: int      # keys + values of one token, all attention layers
+    ssm_checkpoint_bytes: int    # conv + recurrent state, all recurrent layers
+    num_kv_layers: int
+    num_ssm_layers: int
+
+
+def measure_cache_bytes(model: HybridModel, num_tokens: int = 3) -> CacheBytes:
+    """Prefill ``num_tokens`` tokens and measure the cache tensors' real bytes.
+
+    KV bytes per token are summed over attention layers (keys + values); checkpoint bytes over the
+    recurrent layers (conv state + recurrent state, whatever their dtypes).
+    """
+    from marconi.engine.states import capture_ssm, slice_kv
+
+    cache = model.new_cache()
+    with _quiet_transformers():
+        model.forward(cache, torch.arange(num_tokens) % model.vocab_size, 0)
+        kv = slice_kv(cache, model.layout, 0, num_tokens) if model.layout.attn_layers else None
+        ssm = capture_ssm(cache, model.layout, num_tokens) if model.layout.ssm_layers else None
+        # One decode step too: transformers prints one-time notices on each path's first use.
+        model.forward(cache, torch.tensor([1]), num_tokens)
+    kv_bytes = kv.nbytes // num_tokens if kv is not None else 0
+    return CacheBytes(kv_bytes, ssm.nbytes if ssm is not None else 0, len(model.layout.attn_layers),
+                      len(model.layout.ssm_layers))
+
+
+def check_spec(model: HybridModel, spec: ModelSpec) -> None:
+    """Raise :class:`SpecMismatchError` unless ``spec`` accounts ``model``'s cache tensors exactly."""
+    real = measure_cache_bytes(model)
+    problems = []
+    if spec.kv_bytes_per_token != real.kv_bytes_per_token:
+        problems.append(f"KV bytes per token: spec {spec.kv_bytes_per_token}, model's cache "
+                        f"{real.kv_bytes_per_token}")
+    if spec.ssm_checkpoint_bytes != real.ssm_checkpoint_bytes:
+        problems.append(f"SSM checkpoint bytes (conv + recurrent, all layers): spec {spec.ssm_checkpoint_bytes}, "
+                        f"model's cache {real.ssm_checkpoint_bytes}")
+    if spec.num_attn_layers != real.num_kv_layers:
+        problems.append(f"attention layers: spec {spec.num_attn_layers}, cache layers with KVs {real.num_kv_layers}")
+    if spec.num_ssm_layers != real.num_ssm_layers:
+        problems.append(f"SSM layers: spec {spec.num_ssm_layers}, cache layers with a state {real.num_ssm_layers}")
+    if problems:
+        raise SpecMismatchError(f"spec {spec.name!r} disagrees with {model.name}'s real cache tensors: "
+                                + "; ".join(problems))
+
+
+# ================================================================================ loading
+_DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+
+def _as_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    if isinstance(dtype, torch.dtype) and dtype in _DTYPES.values():
+        return dtype
+    if isinstance(dtype, str) and dtype.removeprefix("torch.") in _DTYPES:
+        return _DTYPES[dtype.removeprefix("torch.")]
+    raise EngineError(f"dtype must be one of {', '.join(_DTYPES)} (CPU engine), got {dtype!r}")
+
+
+@contextlib.contextmanager
+def _quiet_transformers() -> Iterator[None]:
+    """Silence transformers' one-time notices (e.g. 'falling back to the PyTorch implementation')."""
+    from transformers.utils import logging as hf_logging
+
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(level)
+
+
+def _mamba2_style_init(module: Any, generator: torch.Generator) -> None:
+    """Mamba-2 initialisation of every mixer's ``A_log`` / ``dt_bias``: A ~ U[1,16], dt ~ logU[1e-3,1e-1]."""
+    for sub in module.modules():
+        a_log, dt_bias = getattr(sub, "A_log", None), getattr(sub, "dt_bias", None)
+        if not isinstance(a_log, torch.nn.Parameter) or not isinstance(dt_bias, torch.nn.Parameter):
+            continue
+        if a_log.shape != dt_bias.shape:
+            continue
+        with torch.no_grad():
+            a = torch.empty(a_log.shape, dtype=torch.float64).uniform_(1.0, 16.0, generator=generator)
+            log_dt = torch.empty(dt_bias.shape, dtype=torch.float64).uniform_(
+                math.log(1e-3), math.log(1e-1), generator=generator)
+            dt = log_dt.exp()
+            a_log.copy_(a.log())
+            dt_bias.copy_(dt + torch.log(-torch.expm1(-dt)))  # inverse softplus
+
+
+def build_model(config: Any, *, dtype: str | torch.dtype = "float32", seed: int = 0,
+                name: str | None = None) -> HybridModel:
+    """A random-weight model from a transformers config, seeded (global RNG state untouched)."""
+    from transformers import AutoModelForCausalLM
+
+    arch = _architecture(getattr(config, "model_type", None))
+    torch_dtype = _as_dtype(dtype)
+    with torch.random.fork_rng(devices=[]), _quiet_transformers():
+        torch.manual_seed(seed)
+        module = AutoModelForCausalLM.from_config(config)
+        generator = torch.Generator().manual_seed(seed + 1)
+        _mamba2_style_init(module, generator)
+        head = module.get_output_embeddings()
+        if head is not None and head.weight is not module.get_input_embeddings().weight:
+            with torch.no_grad():  # transformers' default scale: logits O(1) on an O(1) body
+                head.weight.normal_(0.0, 0.02, generator=generator)
+    module = module.to(torch_dtype).eval()
+    return HybridModel(name or f"{arch.model_type}-random", module, module.config, arch, torch_dtype)
+
+
+def load_checkpoint(path: str | Path, *, dtype: str | torch.dtype = "float32") -> HybridModel:
+    """A local checkpoint directory (``config.json`` + weights). Nothing is downloaded."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    directory = Path(path)
+    if not directory.is_dir():
+        raise EngineError(f"{directory} is not a directory: pass a preset name or a checkpoint directory")
+    config_file = directory / "config.json"
+    if not config_file.is_file():
+        raise EngineError(f"{directory} has no config.json: a checkpoint directory needs config.json + weights")
+    try:
+        raw = json.loads(config_file.read_text())
+    except json.JSONDecodeError as exc:
+        raise EngineError(f"{config_file}: not valid JSON ({exc})") from None
+    _architecture(raw.get("model_type") or raw.get("text_config", {}).get("model_type"))
+    torch_dtype = _as_dtype(dtype)
+    with _quiet_transformers():
+        config = AutoConfig.from_pretrained(directory, local_files_only=True)
+        try:
+            module = AutoModelForCausalLM.from_pretrained(directory, local_files_only=True, dtype=torch_dtype)
+        except OSError as exc:
+            raise EngineError(f"cannot load weights from {directory}: {exc}") from None
+    arch = _architecture(config.model_type)
+    return HybridModel(str(directory), module.eval(), module.config, arch, torch_dtype)
+
+
+def load_model(name_or_path: str | Path, *, dtype: str | torch.dtype = "float32", seed: int = 0) -> HybridModel:
+    """A preset (random weights, ``seed``) or a local checkpoint directory, in ``dtype``."""
+    if isinstance(name_or_path, str) and name_or_path in PRESETS:
+        return build_model(preset_config(name_or_path), dtype=dtype, seed=seed, name=name_or_path)
+    path = Path(name_or_path)
+    if path.exists():
+        return load_checkpoint(path, dtype=dtype)
+    raise EngineError(f"unknown model {str(name_or_path)!r}: use a preset ({', '.join(PRESETS)}) "
+                      "or a local checkpoint directory")
+
+
+def describe(model: HybridModel) -> Mapping[str, Any]:
+    """A flat summary for tables (no tensors)."""
+    return {"model": model.name, "model_type": model.arch.model_type, "mixer": model.arch.mixer,
+            "dtype": str(model.dtype).removeprefix("torch."), "parameters": model.num_parameters,
+            "chunk_size": model.chunk_size, **model.spec.describe()}

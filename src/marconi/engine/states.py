@@ -1,0 +1,165 @@
+"""Cache payloads of the real engine: KV slices and recurrent-state checkpoints as tensors.
+
+The cache core (``marconi.cache.PrefixCache``) never looks inside a payload: a radix-tree node
+holds one :class:`KVPayload` for its edge tokens and optionally one :class:`SSMPayload` (the state
+after its last token). This module captures them from a live ``DynamicCache`` (cloned: the cache
+updates its conv / recurrent buffers in place) and rebuilds a ``DynamicCache`` from them, using
+only the cache's public update calls. :class:`TensorPayloads` is the core's ``PayloadOps``.
+
+Shapes (batch 1): keys/values ``[1, H_kv, T, head_dim]`` (RoPE applied, so any prefix slice is
+valid at its original positions); conv state ``[1, conv_dim, K]`` (the last K inputs of the
+causal conv); recurrent state ``[1, H, P, N]`` (None for LFM2's short convolution).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from marconi.engine.errors import EngineError
+
+__all__ = [
+    "KVPayload",
+    "SSMPayload",
+    "TensorPayloads",
+    "build_cache",
+    "capture_ssm",
+    "concat_kv",
+    "slice_kv",
+]
+
+
+def _nbytes(t: torch.Tensor | None) -> int:
+    return 0 if t is None else t.numel() * t.element_size()
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class KVPayload:
+    """KVs of a run of tokens, one ``[1, H_kv, T, head_dim]`` key and value tensor per attention layer."""
+
+    keys: tuple[torch.Tensor, ...]
+    values: tuple[torch.Tensor, ...]
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.keys[0].shape[-2]) if self.keys else 0
+
+    @property
+    def nbytes(self) -> int:
+        return sum(_nbytes(t) for t in self.keys) + sum(_nbytes(t) for t in self.values)
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class SSMPayload:
+    """Recurrent state of every SSM layer after ``position`` tokens (a checkpoint)."""
+
+    conv: tuple[torch.Tensor, ...]
+    recurrent: tuple[torch.Tensor | None, ...]
+    position: int
+
+    @property
+    def nbytes(self) -> int:
+        return sum(_nbytes(t) for t in self.conv) + sum(_nbytes(t) for t in self.recurrent)
+
+
+# ================================================================================ capture
+def capture_ssm(cache: Any, layout: Any, position: int) -> SSMPayload:
+    """Clone the conv + recurrent state of every SSM layer of ``cache`` (which holds ``position`` tokens)."""
+    conv, recurrent = [], []
+    for i in layout.ssm_layers:
+        layer = cache.layers[i]
+        if not layer.has_previous_state[0]:
+            raise EngineError(f"layer {i} has no state yet: run a prefill before capturing")
+        conv.append(layer.conv_states[0].clone())
+        rec = layer.recurrent_states[0] if layer.is_recurrent_states_initialized[0] else None
+        recurrent.append(None if rec is None else rec.clone())
+    return SSMPayload(tuple(conv), tuple(recurrent), position)
+
+
+def slice_kv(cache: Any, layout: Any, start: int, end: int) -> KVPayload:
+    """Copy the KVs of tokens ``[start, end)`` of every attention layer of ``cache``."""
+    keys, values = [], []
+    for i in layout.attn_layers:
+        layer = cache.layers[i]
+        length = layer.get_seq_length()
+        if not 0 <= start <= end <= length:
+            raise EngineError(f"KV slice [{start}, {end}) outside layer {i}'s {length} cached tokens")
+        keys.append(layer.keys[..., start:end, :].clone())
+        values.append(layer.values[..., start:end, :].clone())
+    return KVPayload(tuple(keys), tuple(values))
+
+
+def concat_kv(parts: Sequence[KVPayload]) -> KVPayload:
+    """One payload holding ``parts`` in order (along the token axis)."""
+    if len(parts) == 1:
+        return parts[0]
+    num_layers = len(parts[0].keys)
+    return KVPayload(tuple(torch.cat([p.keys[j] for p in parts], dim=-2) for j in range(num_layers)),
+                     tuple(torch.cat([p.values[j] for p in parts], dim=-2) for j in range(num_layers)))
+
+
+# ================================================================================ restore
+def build_cache(model: Any, kv: Sequence[KVPayload], ssm: SSMPayload | None) -> Any:
+    """A fresh ``DynamicCache`` holding ``kv`` (root to leaf, concatenated) and the state ``ssm``.
+
+    The result owns new storage (``update`` concatenates, the state updates copy into fresh
+    buffers), so later decoding never writes into a cached payload. ``ssm`` must sit at the end of
+    ``kv`` (for models with attention); an empty ``kv`` and no ``ssm`` give an empty cache.
+    """
+    cache = model.new_cache()
+    layout = model.layout
+    num_tokens = sum(p.num_tokens for p in kv)
+    if ssm is None and num_tokens and layout.ssm_layers:
+        raise EngineError(f"{num_tokens} KV tokens but no SSM state: a hybrid cannot resume from KVs alone")
+    if ssm is not None and layout.attn_layers and ssm.position != num_tokens:
+        raise EngineError(f"SSM state at position {ssm.position} but the KVs cover {num_tokens} tokens")
+    if num_tokens:
+        joined = concat_kv(list(kv))
+        for j, i in enumerate(layout.attn_layers):
+            cache.update(joined.keys[j], joined.values[j], i)
+    if ssm is not None:
+        for j, i in enumerate(layout.ssm_layers):
+            conv = ssm.conv[j]
+            cache.update_conv_state(conv, i, conv_kernel_size=conv.shape[-1])
+            if ssm.recurrent[j] is not None:
+                cache.update_recurrent_state(ssm.recurrent[j], i)
+    return cache
+
+
+# ================================================================================ PayloadOps
+class TensorPayloads:
+    """The cache core's ``PayloadOps`` for tensor payloads (``split_kv``, ``join_kv``, ``release``).
+
+    Splits and joins copy, so every payload owns exactly its own bytes (a view would keep its
+    parent's storage alive after the other half is evicted). ``release`` drops nothing itself —
+    the tensors are freed when the tree lets go of them — but it counts, for tests and stats.
+    """
+
+    def __init__(self) -> None:
+        self.num_splits = 0
+        self.num_joins = 0
+        self.num_released = 0
+        self.released_bytes = 0
+
+    def split_kv(self, kv: KVPayload, at: int) -> tuple[KVPayload, KVPayload]:
+        if not 0 < at < kv.num_tokens:
+            raise EngineError(f"split at {at} outside a KV payload of {kv.num_tokens} tokens")
+        self.num_splits += 1
+        first = KVPayload(tuple(k[..., :at, :].clone() for k in kv.keys),
+                          tuple(v[..., :at, :].clone() for v in kv.values))
+        rest = KVPayload(tuple(k[..., at:, :].clone() for k in kv.keys),
+                         tuple(v[..., at:, :].clone() for v in kv.values))
+        return first, rest
+
+    def join_kv(self, first: KVPayload, second: KVPayload) -> KVPayload:
+        self.num_joins += 1
+        return concat_kv([first, second])
+
+    def release(self, payload: Any) -> None:
+        if not isinstance(payload, (KVPayload, SSMPayload)):
+            raise EngineError(f"release of a non-tensor payload {type(payload).__name__}")
+        self.num_released += 1
+        self.released_bytes += payload.nbytes
