@@ -66,3 +66,18 @@ def test_bad_specs_and_configs(tmp_path):
         get_model("nope")
     with pytest.raises(SpecError, match="num_ssm_layers must be >= 0"):
         ModelSpec("x", 1, -1, 1, 8, 4)
+
+
+def test_transformers_5_layer_kind_names():
+    nemotron = {"model_type": "nemotron_h", "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
+                "mamba_num_heads": 4, "mamba_head_dim": 16, "n_groups": 1, "ssm_state_size": 8,
+                "layers_block_type": ["linear_attention", "mlp", "full_attention", "mlp", "linear_attention", "moe"]}
+    spec = ModelSpec.from_hf_config(nemotron)
+    assert (spec.num_attn_layers, spec.num_ssm_layers, spec.num_mlp_layers) == (1, 2, 3)
+    granite = {"model_type": "granitemoehybrid", "hidden_size": 64, "num_attention_heads": 4,
+               "layer_types": ["linear_attention", "full_attention", "mamba", "attention"],
+               "mamba_n_heads": 4, "mamba_d_head": 16, "mamba_d_state": 8}
+    spec = ModelSpec.from_hf_config(granite)
+    assert (spec.num_attn_layers, spec.num_ssm_layers) == (2, 2)
+    with pytest.raises(SpecError, match="unknown layer kinds"):
+        ModelSpec.from_hf_config({**nemotron, "layers_block_type": ["linear_attention", "sparse"]})

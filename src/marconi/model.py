@@ -254,8 +254,13 @@ def _parse_bamba(cfg: Mapping[str, Any]) -> dict[str, Any]:
 def _parse_nemotron_h(cfg: Mapping[str, Any]) -> dict[str, Any]:
     pattern = cfg.get("hybrid_override_pattern")
     if pattern is None and "layers_block_type" in cfg:
-        pattern = "".join({"mamba": "M", "attention": "*", "mlp": "-", "moe": "E"}[t]
-                          for t in cfg["layers_block_type"])
+        # transformers >= 5 spells the kinds linear_attention / full_attention.
+        letters = {"mamba": "M", "linear_attention": "M", "attention": "*", "full_attention": "*",
+                   "mlp": "-", "moe": "E"}
+        unknown = sorted({t for t in cfg["layers_block_type"] if t not in letters})
+        if unknown:
+            raise SpecError(f"nemotron_h: unknown layer kinds {unknown} in layers_block_type")
+        pattern = "".join(letters[t] for t in cfg["layers_block_type"])
     if pattern is None:
         raise KeyError("hybrid_override_pattern")
     d = int(cfg["hidden_size"])
@@ -280,7 +285,9 @@ def _parse_granitemoehybrid(cfg: Mapping[str, Any]) -> dict[str, Any]:
     types = list(cfg["layer_types"])
     d = int(cfg["hidden_size"])
     d_inner = int(cfg.get("mamba_n_heads", 128)) * int(cfg.get("mamba_d_head", 64))
-    return dict(num_attn_layers=types.count("attention"), num_ssm_layers=types.count("mamba"),
+    ssm = sum(1 for t in types if t in ("mamba", "linear_attention"))
+    attn = sum(1 for t in types if t in ("attention", "full_attention"))
+    return dict(num_attn_layers=attn, num_ssm_layers=ssm,
                 num_mlp_layers=len(types), d_model=d, **_attn(cfg),
                 **_mamba2(d_inner, int(cfg.get("mamba_n_groups", 1)), int(cfg.get("mamba_d_state", 128)),
                           int(cfg.get("mamba_d_conv", 4))))

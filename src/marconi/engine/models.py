@@ -292,18 +292,10 @@ class HybridModel:
 
 # ================================================================================ spec
 def _spec_config_dict(config: Any) -> dict[str, Any]:
-    """``config.to_dict()`` in the form ``ModelSpec.from_hf_config`` parses.
-
-    transformers 5.24 saves Nemotron-H's layer pattern as ``layers_block_type`` with new names
-    ('linear_attention', 'full_attention') and GraniteMoeHybrid's ``layer_types`` likewise; the
-    parsers in ``marconi.model`` expect the older names, so they are restored here.
-    """
+    """``config.to_dict()``, with Nemotron-H's derived layer pattern kept if the dict lacks it."""
     cfg = config.to_dict()
     if cfg.get("model_type") == "nemotron_h" and getattr(config, "hybrid_override_pattern", None):
         cfg["hybrid_override_pattern"] = config.hybrid_override_pattern
-    if cfg.get("model_type") == "granitemoehybrid" and cfg.get("layer_types"):
-        rename = {"linear_attention": "mamba", "full_attention": "attention"}
-        cfg["layer_types"] = [rename.get(t, t) for t in cfg["layer_types"]]
     return cfg
 
 
