@@ -31,7 +31,7 @@ from marconi.radix import Node, RadixTree, WalkResult
 from marconi.registry import ConfigError
 
 __all__ = ["PrefixCache", "RequestHandle", "CachedPrefix", "InsertResult", "CacheStats", "PayloadOps",
-           "SizeOnlyPayloads", "CacheObserver", "TreeSnapshot", "InvariantError", "as_tokens"]
+           "SizeOnlyPayloads", "CacheObserver", "TreeSnapshot", "InvariantError", "ManualClock", "as_tokens"]
 
 
 class InvariantError(AssertionError):
@@ -166,17 +166,20 @@ class TreeSnapshot:
     clock_value: float
 
 
-class _LogicalClock:
-    """Default clock: one tick per request event."""
+class ManualClock:
+    """A clock its owner sets (``clock.now = trace_time``) or ticks: the simulator's and the
+    tuner's clock, and the cache's default logical clock (one tick per request event)."""
 
-    def __init__(self) -> None:
-        self.value = 0.0
+    __slots__ = ("now",)
+
+    def __init__(self, now: float = 0.0) -> None:
+        self.now = now
 
     def __call__(self) -> float:
-        return self.value
+        return self.now
 
     def tick(self) -> None:
-        self.value += 1.0
+        self.now += 1.0
 
 
 def as_tokens(tokens: Any, what: str, *, allow_empty: bool = False) -> np.ndarray:
@@ -229,7 +232,7 @@ class PrefixCache:
             raise ConfigError(
                 f"capacity {self.capacity_bytes:,} bytes is smaller than one SSM checkpoint of {self.spec.name} "
                 f"({self.spec.ssm_checkpoint_bytes:,} bytes): nothing could ever be cached; raise the capacity")
-        self._logical = _LogicalClock() if clock is None else None
+        self._logical = ManualClock() if clock is None else None
         self.clock: Callable[[], float] = clock if clock is not None else self._logical  # type: ignore[assignment]
         self.payloads: PayloadOps = payloads if payloads is not None else _SIMULATED
         self.tree = RadixTree(self.admission.page_size)
@@ -769,7 +772,7 @@ class PrefixCache:
             raise ConfigError(f"snapshot has page size {snapshot.page_size}, admission policy "
                               f"{cache.admission.name!r} uses {cache.tree.page_size}")
         if cache._logical is not None:
-            cache._logical.value = snapshot.clock_value
+            cache._logical.now = snapshot.clock_value
         nodes: list[Node] = []
         for i, tokens in enumerate(snapshot.tokens):
             p = snapshot.parent_index[i]

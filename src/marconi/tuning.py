@@ -23,7 +23,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from marconi.cache import CacheObserver, PrefixCache, RequestHandle, TreeSnapshot
+from marconi.cache import CacheObserver, ManualClock, PrefixCache, RequestHandle, TreeSnapshot
 from marconi.eviction import FlopAware
 from marconi.model import ModelSpec
 from marconi.registry import ConfigError
@@ -65,18 +65,9 @@ class TuningEvent:
     seconds: float
 
 
-class _ReplayClock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def replay_window(job: TuningJob, alpha: float) -> tuple[int, float, int]:
     """Replay the job's window from its snapshot with a fixed α: (reused tokens, FLOPs saved, input tokens)."""
-    clock = _ReplayClock()
-    clock.now = job.snapshot.clock_value
+    clock = ManualClock(job.snapshot.clock_value)
     policy = FlopAware(alpha=alpha, efficiency=job.efficiency, recency=job.recency)
     cache = PrefixCache.from_snapshot(job.snapshot, job.spec, job.capacity_bytes, copy.deepcopy(job.admission),
                                       policy, clock=clock)

@@ -21,7 +21,7 @@ from typing import Any, Iterable, Protocol, Sequence
 
 import numpy as np
 
-from marconi.cache import CacheStats, PrefixCache
+from marconi.cache import CacheStats, ManualClock, PrefixCache
 from marconi.model import ModelSpec, get_model
 from marconi.sim.latency import LatencyModel, make_latency
 from marconi.systems import SystemConfig, make_system
@@ -113,16 +113,6 @@ class SimResult:
         return rec
 
 
-class _SimClock:
-    __slots__ = ("now",)
-
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def _check_order(prev_ts: float, ts: float, index: int) -> None:
     if ts < prev_ts:
         raise ValueError(f"request {index}: timestamp {ts} is earlier than the previous request's {prev_ts}; "
@@ -142,7 +132,7 @@ def simulate(trace: Iterable[TraceRequest], system: SystemConfig | str, spec: Mo
     system = make_system(system)
     spec = get_model(spec)
     lat = make_latency(latency)
-    clock = _SimClock()
+    clock = ManualClock()
     cache = system.build(spec, capacity_bytes, clock=clock, tuning_workers=tuning_workers, tuning_mapper=tuning_mapper)
     started = time.perf_counter()
     rows = _run_sequential(trace, cache, clock, progress) if mode == "sequential" else \
@@ -161,7 +151,7 @@ def simulate(trace: Iterable[TraceRequest], system: SystemConfig | str, spec: Mo
                      ttft, vanilla, arrival, tuned, tuning_s, elapsed)
 
 
-def _run_sequential(trace: Iterable[TraceRequest], cache: PrefixCache, clock: _SimClock,
+def _run_sequential(trace: Iterable[TraceRequest], cache: PrefixCache, clock: ManualClock,
                     progress: Any) -> list[tuple[int, int, int, float]]:
     rows = []
     prev = float("-inf")
@@ -179,7 +169,7 @@ def _run_sequential(trace: Iterable[TraceRequest], cache: PrefixCache, clock: _S
     return rows
 
 
-def _run_event(trace: Iterable[TraceRequest], cache: PrefixCache, clock: _SimClock, lat: LatencyModel,
+def _run_event(trace: Iterable[TraceRequest], cache: PrefixCache, clock: ManualClock, lat: LatencyModel,
                spec: ModelSpec, progress: Any) -> list[tuple[int, int, int, float]]:
     rows = []
     events: list[tuple[float, int, str, Any, Any]] = []
