@@ -429,9 +429,14 @@ class PrefixCache:
             self._logical.tick()
         end = max(handle.prefill_checkpoints)
         seq = handle.tokens[:end]
+        plan = FinalPlan(end, handle.prefill_checkpoints)
+        page = self.tree.page_size
+        first = handle.prefill_checkpoints[0]
+        if page > 1 and handle.prefill_checkpoints == tuple(range(first, end + 1, page)):
+            plan = FinalPlan(end, (), stride=page)  # every block: let the cache keep them as one run
         walk = self.tree.walk(seq, start=handle.matched_node if handle.matched_node and
                               handle.matched_node.depth <= end else None)
-        return self._insert_sequence(handle, seq, FinalPlan(end, handle.prefill_checkpoints), states, kv, walk)
+        return self._insert_sequence(handle, seq, plan, states, kv, walk)
 
     def _final_plan(self, handle: RequestHandle, seq: np.ndarray, walk: WalkResult) -> FinalPlan:
         ctx = AdmissionContext(seq, len(handle.tokens), handle.match, self._branch_len(len(seq), walk), self.spec,
