@@ -4,7 +4,7 @@ At each request's prefill the policy (1) records how deep the request overlapped
 hit) under a key naming its prefix family (a hash of its first ``key_tokens`` tokens — the shared
 document or system prompt), (2) estimates, for the sequence being prefilled, the distribution P(d)
 of how deep future requests will overlap it, and (3) places at most ``m`` checkpoints in
-``(resume point, input length]`` minimising the expected recompute cost (or, with ``lam``, expected
+``(resume point, input length]`` — at depths actually observed — minimising the expected recompute cost (or, with ``lam``, expected
 recompute + ``lam`` · checkpoint bytes). Marconi's branch-point and last-decoded-token checkpoints
 are kept on top (``marconi=false`` drops the branch point; the last token always stays).
 
@@ -38,13 +38,17 @@ class SparseDPAdmission:
     caches = True
 
     def __init__(self, m: int = 4, lam: float = -1.0, cost: str = "flops", marconi: bool = True,
-                 key_tokens: int = 128, half_life: float = 512.0, max_candidates: int = 256) -> None:
+                 key_tokens: int = 128, half_life: float = 512.0, max_candidates: int = 256,
+                 candidates: str = "observed") -> None:
         if m < 0:
             raise ConfigError(f"sparse-dp: m must be >= 0, got {m}")
         if cost not in ("flops", "tokens"):
             raise ConfigError(f"sparse-dp: cost must be 'flops' or 'tokens', got {cost!r}")
         if key_tokens < 1 or max_candidates < 1:
             raise ConfigError("sparse-dp: key_tokens and max_candidates must be >= 1")
+        if candidates not in ("observed", "all"):
+            raise ConfigError(f"sparse-dp: candidates must be 'observed' or 'all', got {candidates!r}")
+        self.candidate_rule = candidates
         self.m = m
         self.lam = None if lam < 0 else lam
         self.cost_name = cost
@@ -79,14 +83,21 @@ class SparseDPAdmission:
         potential = base.potential
         return PotentialCost(f"{base.name}-from-{resume}", lambda x: potential(np.maximum(x, resume)))
 
-    def _candidates(self, weights: np.ndarray, resume: int, n: int) -> np.ndarray:
-        """Depths with estimated mass in (resume, n], thinned to at most ``max_candidates``.
+    def _candidates(self, key: int, weights: np.ndarray, resume: int, n: int) -> np.ndarray:
+        """Candidate depths in (resume, n], thinned to at most ``max_candidates``.
 
         An optimal checkpoint sits at a depth with mass (moving it up to the next such depth serves
-        the same requests from deeper), so the support is enough; when it is larger than the cap,
-        the heaviest depths are kept.
+        the same requests from deeper), so the support is enough. ``candidates="observed"`` uses
+        only depths actually observed: the prior's spread gives every depth a little mass, and a
+        budget of M would otherwise always place M checkpoints on speculation. When the support
+        is larger than the cap, the heaviest depths are kept.
         """
-        support = np.flatnonzero(weights[resume + 1: n + 1] > 0) + resume + 1
+        if self.candidate_rule == "observed":
+            observed = self.estimator.observed_depths(key)
+            support = observed[(observed > resume) & (observed <= n)]
+            support = support[weights[support] > 0]
+        else:
+            support = np.flatnonzero(weights[resume + 1: n + 1] > 0) + resume + 1
         if support.size > self.max_candidates:
             heaviest = np.argsort(weights[support], kind="stable")[-self.max_candidates:]
             support = np.sort(support[heaviest])
@@ -100,7 +111,7 @@ class SparseDPAdmission:
         weights[: resume + 1] = 0.0           # served by checkpoints this request already resumed from
         if weights.sum() <= 0:
             return ()
-        candidates = self._candidates(weights, resume, n)
+        candidates = self._candidates(key, weights, resume, n)
         if candidates.size == 0:
             return ()
         cost = self._cost(ctx.spec, resume)
@@ -109,12 +120,13 @@ class SparseDPAdmission:
             placement = place_checkpoints_lagrangian(weights, candidates, self.lam, cost=cost,
                                                      checkpoint_bytes=ctx.spec.ssm_checkpoint_bytes)
             return tuple(int(p) for p in placement.positions)
-        return tuple(int(p) for p in place_checkpoints(weights, candidates, self.m, cost=cost).positions)
+        placement = place_checkpoints(weights, candidates, self.m, cost=cost, curve=False)
+        return tuple(int(p) for p in placement.positions)
 
 
 @ADMISSION_POLICIES.register("sparse-dp", "checkpoints placed by the exact DP over estimated overlap depths "
                                           "(+ Marconi's branch point and last token)")
 def _sparse_dp(m: int = 4, lam: float = -1.0, cost: str = "flops", marconi: bool = True, key_tokens: int = 128,
-               half_life: float = 512.0, max_candidates: int = 256) -> SparseDPAdmission:
+               half_life: float = 512.0, max_candidates: int = 256, candidates: str = "observed") -> SparseDPAdmission:
     return SparseDPAdmission(m=m, lam=lam, cost=cost, marconi=marconi, key_tokens=key_tokens, half_life=half_life,
-                             max_candidates=max_candidates)
+                             max_candidates=max_candidates, candidates=candidates)

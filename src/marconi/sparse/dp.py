@@ -477,14 +477,15 @@ def _best_counts(exact: FloatArray, max_checkpoints: int) -> list[int]:
 
 
 def _solve_budgeted(inst: _Instance, seg: _Segments, cost: Cost, max_checkpoints: int,
-                    use_monge: bool) -> Placement:
+                    use_monge: bool, curve: bool = True) -> Placement:
     if max_checkpoints < 0:
         raise ValueError(f"max_checkpoints must be >= 0, got {max_checkpoints}")
     num_layers = min(max_checkpoints, inst.candidates.size) + 1       # m + 1 edges for m checkpoints
     layers = _layers_monge if use_monge else _layers_reference
     exact, parents = layers(seg, num_layers)
     by_budget, costs = [], []
-    for m in _best_counts(exact, max_checkpoints):
+    counts = _best_counts(exact, max_checkpoints)
+    for m in counts if curve else counts[-1:]:
         chosen = _backtrack(parents, m + 1, inst.nodes)
         # Report costs from the definition: prefix-sum differences lose ~1e-16 of the largest
         # potential (visible as -1e-6 FLOPs for a zero cost); keep the curve non-increasing.
@@ -506,7 +507,7 @@ def _direct_cost(inst: _Instance, cost: Cost, checkpoints: IntArray) -> float:
 
 # ================================================================================= public API
 def place_checkpoints(weights: ArrayLike, positions: ArrayLike, max_checkpoints: int, *,
-                      cost: Cost = TOKEN_COST) -> Placement:
+                      cost: Cost = TOKEN_COST, curve: bool = True) -> Placement:
     """Optimal placement of at most ``max_checkpoints`` checkpoints among candidate ``positions``.
 
     Args:
@@ -519,13 +520,15 @@ def place_checkpoints(weights: ArrayLike, positions: ArrayLike, max_checkpoints:
 
     Uses the ``O(M K log K)`` Monge solver when its precondition holds on this instance and the
     ``O(M K^2)`` reference otherwise (see the module docstring); both are exact.
+    ``curve=False`` skips re-scoring every smaller budget (an admission policy only needs the
+    placement at ``M``): ``cost_by_budget``/``positions_by_budget`` then hold that budget only.
 
     Raises:
         ValueError: invalid weights, positions, budget or cost.
     """
     inst = _make_instance(weights, positions)
     seg = _segments_for(inst, cost)
-    return _solve_budgeted(inst, seg, cost, max_checkpoints, use_monge=seg.satisfies_qi())
+    return _solve_budgeted(inst, seg, cost, max_checkpoints, use_monge=seg.satisfies_qi(), curve=curve)
 
 
 def place_checkpoints_reference(weights: ArrayLike, positions: ArrayLike, max_checkpoints: int, *,

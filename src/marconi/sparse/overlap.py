@@ -30,7 +30,7 @@ from typing import Callable, Hashable, Protocol
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from marconi.sparse.dp import _validate_positions
+from marconi.sparse.dp import IntArray, _validate_positions
 
 __all__ = [
     "EstimatorConfig",
@@ -251,6 +251,15 @@ class OverlapEstimator:
         if hist is None:
             return base
         return _blend(hist, self._now_stamp(hist), base, self.config.global_strength, seq_len)
+
+    def observed_depths(self, key: Hashable) -> IntArray:
+        """Sorted distinct depths observed under ``key`` or globally (the support of the data,
+        without the prior's spread): where an optimal checkpoint can sit for observed overlaps."""
+        depths = set(self._global.weight_by_depth)
+        hist = self._by_key.get(key)
+        if hist is not None:
+            depths.update(hist.weight_by_depth)
+        return np.array(sorted(depths), dtype=np.int64)
 
     def global_depth_weights(self, seq_len: int) -> FloatArray:
         """The pooled estimate (all keys) shrunk towards the prior; the prior when nothing was observed."""

@@ -2,7 +2,7 @@
 
 * :mod:`.trace` -- ``Request``/``Trace``, streaming JSONL/Parquet readers, atomic writers, validation.
 * :mod:`.tokenizer` -- ``load_tokenizer`` (vendored Mistral v1 by default).
-* :mod:`.sharegpt`, :mod:`.swe`, :mod:`.mooncake` -- builders from real data, by the paper's recipe.
+* :mod:`.sharegpt`, :mod:`.swe`, :mod:`.mooncake`, :mod:`.quality` -- builders from real data (paper's recipes).
 * :mod:`.synthetic` -- seeded generators for tests and sweeps.
 * :mod:`.bundled` -- ``bundled_trace(name)`` from the vendored samples; :mod:`.paths` -- data locations.
 * :mod:`.commands` -- the ``marconi trace ...`` CLI group (``register(subparsers)``).
@@ -11,10 +11,11 @@
 from .bundled import BUNDLED_TRACES, bundled_trace, list_bundled
 from .mooncake import build_mooncake_trace, read_mooncake_rows
 from .paths import bundled_data_dir, shared_data_dir
+from .quality import build_quality_trace, load_quality_articles
 from .sharegpt import build_chat_trace, build_lmsys_trace, build_sharegpt_trace, read_chat_records
 from .swe import SHARED_PREFIXES, build_swe_trace, load_shared_prefix, load_trajectories
-from .synthetic import (SYNTHETIC_KINDS, agent_trace, chat_trace, doc_qa_trace, shared_prompts_trace,
-                        synthetic_trace)
+from .synthetic import (SYNTHETIC_KINDS, agent_trace, chat_trace, doc_qa_trace, prompt_tree_trace,
+                        shared_prompts_trace, synthetic_trace)
 from .tokenizer import TextTokenizer, TokenizerError, load_tokenizer
 from .trace import (Request, Trace, TraceFormatError, TraceProblem, TraceStats, iter_requests,
                     read_trace, read_trace_meta, trace_stats, validate_trace, write_trace)
@@ -25,8 +26,8 @@ __all__ = [
     "TextTokenizer", "TokenizerError", "load_tokenizer",
     "build_chat_trace", "build_sharegpt_trace", "build_lmsys_trace", "read_chat_records",
     "build_swe_trace", "load_trajectories", "load_shared_prefix", "SHARED_PREFIXES",
-    "build_mooncake_trace", "read_mooncake_rows",
-    "chat_trace", "agent_trace", "shared_prompts_trace", "doc_qa_trace", "synthetic_trace",
+    "build_mooncake_trace", "read_mooncake_rows", "build_quality_trace", "load_quality_articles",
+    "chat_trace", "agent_trace", "shared_prompts_trace", "doc_qa_trace", "prompt_tree_trace", "synthetic_trace",
     "SYNTHETIC_KINDS",
     "bundled_trace", "list_bundled", "BUNDLED_TRACES", "bundled_data_dir", "shared_data_dir",
 ]

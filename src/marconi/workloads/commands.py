@@ -20,6 +20,7 @@ from typing import Any, Callable
 from .bundled import BUNDLED_TRACES, bundled_trace
 from .messages import TEXT_FORMS
 from .mooncake import build_mooncake_trace
+from .quality import ANSWER_FORMS, build_quality_trace
 from .sharegpt import PAIRINGS, build_lmsys_trace, build_sharegpt_trace
 from .swe import GAP_MODES, build_swe_trace
 from .synthetic import SYNTHETIC_KINDS, synthetic_trace
@@ -148,6 +149,16 @@ def cmd_build_mooncake(args: argparse.Namespace) -> int:
             progress=_progress("requests", "req"))
         return _write_and_report(trace, args.out)
     except (OSError, ValueError) as exc:
+        return _fail(exc)
+
+
+def cmd_build_quality(args: argparse.Namespace) -> int:
+    try:
+        trace = build_quality_trace(args.files or None, answer_form=args.answer_form,
+                                    requests_per_second=args.requests_per_second, seed=args.seed,
+                                    max_articles=args.max_articles, tokenizer=args.tokenizer)
+        return _write_and_report(trace, args.out)
+    except (OSError, ValueError, TokenizerError) as exc:
         return _fail(exc)
 
 
@@ -295,6 +306,16 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--max-input-len", type=int, default=None, help="drop longer requests")
     _add_out(p)
     p.set_defaults(func=cmd_build_mooncake)
+
+    p = bsub.add_parser("quality", help="QuALITY long-document QA: many questions per article")
+    p.add_argument("files", nargs="*", help="QuALITY JSONL files (default: the shared data set)")
+    p.add_argument("--answer-form", choices=ANSWER_FORMS, default="letter+text")
+    p.add_argument("--requests-per-second", type=float, default=0.5)
+    p.add_argument("--max-articles", type=int, default=None)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--tokenizer", default=None, help="tokenizer.json, its folder, or a name (default: mistral-v1)")
+    _add_out(p)
+    p.set_defaults(func=cmd_build_quality)
 
     p = bsub.add_parser("synthetic", help="seeded synthetic workloads")
     p.add_argument("kind", choices=list(SYNTHETIC_KINDS))

@@ -212,11 +212,61 @@ def doc_qa_trace(num_docs: int = 8, doc_len: int = 8000, questions_per_doc: int 
     return trace
 
 
+def prompt_tree_trace(num_sessions: int = 600, base_len: int = 1000,
+                      variant_lens: Sequence[int] = (230, 710, 1490, 2950), sub_variant_lens: Sequence[int] = (430, 1870),
+                      prompt_skew: float = 0.8, turns: tuple[int, int] = (1, 3), user_len: float = 120.0,
+                      output_len: float = 200.0, sessions_per_second: float = 2.0, think_time_s: float = 20.0,
+                      vocab_size: int = 32000, seed: int = 0) -> Trace:
+    """System prompts shared to different depths: a base prompt, variants extending it, sub-variants.
+
+    Prompts form a tree: the base (``base_len`` tokens); variant ``v`` = base + its own
+    ``variant_lens[v]`` tokens; sub-variant ``(v, s)`` = variant ``v`` + ``sub_variant_lens[s]`` more.
+    Each of the ``len(variant_lens) * (1 + len(sub_variant_lens))`` variants and sub-variants opens
+    user sessions; a session picks one with probability ``∝ 1 / rank ** prompt_skew`` over a seeded
+    shuffle, then has ``turns`` (uniform, inclusive) turns whose input is the prompt plus the history
+    plus a fresh user message (geometric lengths). Sessions start at ``k / sessions_per_second``,
+    turns follow after exponential think times. ``meta``: ``prompt_depths``, ``prompt_of_session``.
+    """
+    params = dict(locals())
+    rng = np.random.default_rng([seed, 61])
+
+    def tokens(n: int) -> np.ndarray:
+        return rng.integers(3, vocab_size, size=n, dtype=np.int32)
+
+    base = tokens(base_len)
+    prompts: list[np.ndarray] = []
+    for v_len in variant_lens:
+        variant = np.concatenate([base, tokens(v_len)])
+        prompts.append(variant)
+        prompts.extend(np.concatenate([variant, tokens(s_len)]) for s_len in sub_variant_lens)
+    weights = 1.0 / np.arange(1, len(prompts) + 1) ** prompt_skew
+    rank_of_prompt = rng.permutation(len(prompts))
+    prob = weights[rank_of_prompt] / weights.sum()
+    requests: list[Request] = []
+    prompt_of_session: list[int] = []
+    for k in range(num_sessions):
+        srng = np.random.default_rng([seed, 62, k])
+        p = int(srng.choice(len(prompts), p=prob))
+        prompt_of_session.append(p)
+        history, ts = prompts[p], k / sessions_per_second
+        for t in range(int(srng.integers(turns[0], turns[1] + 1))):
+            user = srng.integers(3, vocab_size, size=int(srng.geometric(1 / user_len)), dtype=np.int32)
+            answer = srng.integers(3, vocab_size, size=int(srng.geometric(1 / output_len)), dtype=np.int32)
+            inputs = np.concatenate([history, user])
+            requests.append(Request(k, t, ts, inputs, answer))
+            history = np.concatenate([inputs, answer])
+            ts += float(srng.exponential(think_time_s))
+    meta = {"source": "synthetic", "kind": "prompt-tree", "params": params,
+            "prompt_depths": [int(p.size) for p in prompts], "prompt_of_session": prompt_of_session}
+    return Trace.from_unsorted(requests, name=f"synthetic-prompt-tree-seed{seed}", meta=meta)
+
+
 SYNTHETIC_KINDS: dict[str, Callable[..., Trace]] = {
     "chat": chat_trace,
     "agent": agent_trace,
     "shared-prompts": shared_prompts_trace,
     "doc-qa": doc_qa_trace,
+    "prompt-tree": prompt_tree_trace,
 }
 
 
