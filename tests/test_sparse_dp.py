@@ -4,7 +4,6 @@ the quadrangle-inequality precondition, the Lagrangian form, and edge cases."""
 from __future__ import annotations
 
 import itertools
-import time
 from typing import Callable
 
 import numpy as np
@@ -347,15 +346,12 @@ def test_invalid_budget_lambda_and_cost_raise() -> None:
         place_checkpoints([1.0, 1.0, 1.0], [1], 1, cost=lambda c, d: d - c + 1.0)
 
 
-# ================================================================================= speed
-@pytest.mark.slow
+# ================================================================================= size
 @pytest.mark.parametrize("cost", [TOKEN_COST, FLOPS], ids=["tokens", "flops"])
-def test_fast_solver_is_well_under_a_second(cost: dp.Cost) -> None:
+def test_fast_solver_handles_thousands_of_candidates(cost: dp.Cost) -> None:
+    """Timings live in benchmarks/sparse_dp_bench.py; here only that a large instance solves."""
     rng = np.random.default_rng(7)
     weights = rng.random(16_001) ** 4
     positions = np.arange(1, 4001) * 4                           # N = 4000 candidates
-    start = time.perf_counter()
     plan = place_checkpoints(weights, positions, 64, cost=cost)
-    elapsed = time.perf_counter() - start
     assert plan.solver == "monge-dc" and plan.num_checkpoints == 64
-    assert elapsed < 1.0, f"{elapsed:.3f}s"

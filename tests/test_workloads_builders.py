@@ -7,7 +7,6 @@ package used directly, and compared with what the builders produce.
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import numpy as np
@@ -374,10 +373,8 @@ def test_sharegpt_roles_handles_leading_assistant_chunks(ref_tok):
 
 
 @pytest.mark.parametrize("name", list_bundled())
-def test_bundled_traces_build_quickly_and_round_trip(name, tmp_path):
-    t0 = time.perf_counter()
+def test_bundled_traces_build_and_round_trip(name, tmp_path):
     trace = bundled_trace(name)
-    assert time.perf_counter() - t0 < 10
     assert len(trace) > 0 and trace.meta["bundled"] == name and trace.name == name
     assert [r.ts for r in trace] == sorted(r.ts for r in trace)
     if trace.total_input_tokens < 10_000_000:  # mooncake-sample is ~27M tokens: skip the write

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 
 import numpy as np
 import pytest
@@ -105,9 +104,7 @@ def test_unknown_kind_or_parameter():
         synthetic_trace("chat", sessions=3)
 
 
-def test_ten_thousand_long_requests_in_seconds():
-    t0 = time.perf_counter()
+def test_ten_thousand_long_requests():
+    # (generation speed is printed by benchmarks/core_bench.py; unit tests do not time things)
     trace = agent_trace(num_sessions=500, calls=(20, 60), seed=0)
-    dt = time.perf_counter() - t0
     assert len(trace) >= 10_000 and max(r.input_len for r in trace) > 30_000
-    assert dt < 5.0, f"{dt:.1f}s"

@@ -485,11 +485,19 @@ def _solve_budgeted(inst: _Instance, seg: _Segments, cost: Cost, max_checkpoints
     exact, parents = layers(seg, num_layers)
     by_budget, costs = [], []
     counts = _best_counts(exact, max_checkpoints)
-    for m in counts if curve else counts[-1:]:
-        chosen = _backtrack(parents, m + 1, inst.nodes)
+    budgets = range(max_checkpoints + 1) if curve else [max_checkpoints]
+    for budget in budgets:
         # Report costs from the definition: prefix-sum differences lose ~1e-16 of the largest
-        # potential (visible as -1e-6 FLOPs for a zero cost); keep the curve non-increasing.
-        value = _direct_cost(inst, cost, np.array(chosen, dtype=np.int64))
+        # potential (visible as -1e-6 FLOPs for a zero cost, or a wrong tie when all the mass is
+        # 1e-20 of it): score both the tie-broken count and the full budget directly, keep the
+        # better, and keep the curve non-increasing.
+        options = {counts[budget], min(budget, exact.size - 1)}
+        scored = []
+        for m in sorted(options):
+            if np.isfinite(exact[m]):
+                placement = _backtrack(parents, m + 1, inst.nodes)
+                scored.append((_direct_cost(inst, cost, np.array(placement, dtype=np.int64)), m, placement))
+        value, _, chosen = min(scored)
         if costs and value >= costs[-1]:
             chosen, value = by_budget[-1], costs[-1]
         by_budget.append(chosen)
