@@ -92,18 +92,26 @@ def _decorate(rec: dict[str, Any]) -> dict[str, Any]:
 def _cmd_simulate(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
+    from marconi.sim.backends import make_backend
     from marconi.sim.sweep import expand_points, run_sweep, write_records
 
     points = expand_points(split_name_list(args.systems), [c.strip() for c in args.capacity.split(",")],
                            [m.strip() for m in args.model.split(",")])
+    backend = make_backend(getattr(args, "backend", "local"), workers=args.workers,
+                           address=getattr(args, "address", None))
     started = time.perf_counter()
     trace = load_trace(args.trace, args.limit)
     print(f"trace {args.trace}: {len(trace):,} requests, {trace.total_input_tokens:,} input tokens "
-          f"(loaded in {time.perf_counter() - started:.1f}s); {len(points)} points", file=sys.stderr)
+          f"(loaded in {time.perf_counter() - started:.1f}s); {len(points)} points on the {backend.name} backend",
+          file=sys.stderr)
     bar = tqdm(total=len(points), unit="point", disable=args.quiet, file=sys.stderr)
-    records = run_sweep(trace, args.trace, points, latency=args.latency, mode=args.mode, workers=args.workers,
-                        per_request=not args.no_per_request, on_record=lambda r: bar.update(1))
-    bar.close()
+    try:
+        records = run_sweep(trace, args.trace, points, latency=args.latency, mode=args.mode, workers=args.workers,
+                            per_request=not args.no_per_request, on_record=lambda r: bar.update(1),
+                            backend=backend)
+    finally:
+        bar.close()
+        backend.close()
     if args.out:
         write_records(records, args.out)
         print(f"wrote {len(records)} records to {args.out}", file=sys.stderr)
@@ -160,7 +168,14 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--out", help="write one JSONL record per point here (atomically)")
     sim.add_argument("--mode", default="sequential", choices=["sequential", "event"])
     sim.add_argument("--latency", default="a100", help="zero | a100 | h100 | a100:efficiency=0.4 | table:FILE.csv")
-    sim.add_argument("--workers", type=int, default=None, help="parallel processes (default: one per core)")
+    sim.add_argument("--workers", type=int, default=None,
+                     help="parallel processes (default: one per core); with --backend ray and no --address, "
+                          "the CPUs of the local Ray instance")
+    sim.add_argument("--backend", default="local", choices=["local", "ray"],
+                     help="local: a process pool on this machine; ray: every point is a Ray task")
+    sim.add_argument("--address", default=None,
+                     help="with --backend ray: join this Ray cluster (e.g. auto, ray://head:10001); "
+                          "default: start a local Ray instance")
     sim.add_argument("--limit", type=int, default=None, help="replay only the first N requests")
     sim.add_argument("--no-per-request", action="store_true", help="omit per-request arrays from the records")
     sim.add_argument("--quiet", action="store_true", help="no progress bar")

@@ -1,36 +1,61 @@
-"""Sweeps: every (system, capacity, model) point of a trace, in parallel processes, as records.
+"""Sweeps: every (system, capacity, model) point of a trace, in parallel, as records.
 
-The trace is loaded once in the parent; worker processes are forked and inherit it (no copy per
-point). Each point yields one flat JSONL record with its whole configuration echoed, written
-atomically (temp file + rename) so an interrupted sweep never leaves a half-written ``--out``.
+Points run on a backend (:mod:`marconi.sim.backends`): ``"local"`` forks a process pool whose
+workers inherit the trace (no copy per point); ``"ray"`` makes every point a Ray task, with each
+trace put in the object store once. Each point yields one flat JSONL record with its whole
+configuration echoed, written atomically (temp file + rename) so an interrupted sweep never leaves a
+half-written ``--out``.
 """
 
 from __future__ import annotations
 
 import json
-import multiprocessing
 import os
 import tempfile
-from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import dataclass
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
-from marconi.model import get_model
+from marconi.model import ModelSpec, get_model
+from marconi.sim.backends import Backend, make_backend
 from marconi.sim.replay import simulate, working_set_bytes
 from marconi.systems import make_system
-from marconi.tuning import default_workers
 from marconi.units import Capacity, parse_capacity
 
-__all__ = ["SweepPoint", "expand_points", "run_sweep", "write_records", "read_records"]
+__all__ = ["SweepPoint", "SweepTask", "expand_points", "run_sweep", "run_tasks", "working_sets",
+           "write_records", "read_records", "TIMING_FIELDS"]
+
+# Record fields that measure this machine, not the simulation (they differ between runs and backends).
+TIMING_FIELDS = ("elapsed_s", "requests_per_s", "tuning_seconds")
 
 
 @dataclass(frozen=True, slots=True)
 class SweepPoint:
     system: str
     capacity: str
-    model: str
+    model: str | ModelSpec
     seed: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SweepTask:
+    """One point of one trace: what a backend ships to a worker (small; the trace travels apart).
+
+    ``working_set`` resolves fractional capacities; ``tags`` are echoed into the record (an
+    experiment's own coordinates: workload, arrival rate, seed ...); ``capture_tuning`` adds the
+    bootstrap window's score of every α to the record (``tuning_windows``).
+    """
+
+    trace_key: str
+    point: SweepPoint
+    working_set: int | None = None
+    latency: str = "a100"
+    mode: str = "sequential"
+    per_request: bool = True
+    capture_tuning: bool = False
+    tags: tuple[tuple[str, Any], ...] = ()
+    trace_name: str | None = None        # echoed as the record's "trace" (default: trace_key)
 
 
 def expand_points(systems: Sequence[str], capacities: Sequence[str], models: Sequence[str]) -> list[SweepPoint]:
@@ -44,57 +69,134 @@ def expand_points(systems: Sequence[str], capacities: Sequence[str], models: Seq
     return [SweepPoint(s, c, m) for m in models for c in capacities for s in systems]
 
 
-_TRACE: Any = None
-_TRACE_NAME = ""
-_WORKING_SETS: dict[str, int] = {}
+class _RecordingMapper:
+    """Wraps a tuning map (or runs serially) and keeps every grid search's results."""
+
+    def __init__(self, inner: Callable[..., list[Any]] | None) -> None:
+        self.inner = inner
+        self.searches: list[tuple[list[float], list[tuple[int, float, int]]]] = []
+
+    def __call__(self, fn: Callable[[float], Any], grid: Sequence[float]) -> list[Any]:
+        results = list(self.inner(fn, grid)) if self.inner is not None else [fn(a) for a in grid]
+        self.searches.append(([float(a) for a in grid], [tuple(r) for r in results]))
+        return results
 
 
-def _run_point(point: SweepPoint, latency: str, mode: str, per_request: bool, tuning_workers: int | None,
-               tuning_mapper: Any = None) -> dict[str, Any]:
+def run_point(trace: Any, trace_name: str, task: SweepTask, *, tuning_workers: int | None = None,
+              tuning_mapper: Callable[..., list[Any]] | None = None) -> dict[str, Any]:
+    """Simulate one task on ``trace`` and flatten the result into a record (see ``SimResult.record``).
+
+    Per-request arrays also carry ``reused_len`` (exact token counts) so latency models can be
+    applied afterwards.
+    """
+    point = task.point
     spec = get_model(point.model)
     capacity: Capacity = parse_capacity(point.capacity)
-    capacity_bytes = capacity.resolve(_WORKING_SETS.get(point.model, 0))
-    result = simulate(_TRACE, point.system, spec, capacity_bytes, latency=latency, mode=mode,
-                      tuning_workers=tuning_workers, tuning_mapper=tuning_mapper)
-    extra = {"trace": _TRACE_NAME, "capacity": point.capacity}
+    if capacity.fraction is not None and task.working_set is None:
+        raise ValueError(f"capacity {point.capacity!r} is a fraction but no working set was given")
+    capacity_bytes = capacity.resolve(task.working_set or 0)
+    recorder = _RecordingMapper(tuning_mapper) if task.capture_tuning else None
+    result = simulate(trace, point.system, spec, capacity_bytes, latency=task.latency, mode=task.mode,
+                      tuning_workers=tuning_workers, tuning_mapper=recorder or tuning_mapper)
+    extra: dict[str, Any] = {"trace": trace_name, "capacity": point.capacity}
     if capacity.fraction is not None:
-        extra["working_set_bytes"] = _WORKING_SETS[point.model]
-    return result.record(per_request=per_request, **extra)
+        extra["working_set_bytes"] = task.working_set
+    if point.seed is not None:
+        extra["seed"] = point.seed
+    extra.update(dict(task.tags))
+    rec = result.record(per_request=task.per_request, **extra)
+    if task.per_request:
+        rec["per_request"]["reused_len"] = result.reused_len.tolist()
+    if recorder is not None:
+        rec["tuning_windows"] = [
+            {"at_request": at, "alpha": alpha, "grid": grid,
+             "hit_rate": [r[0] / r[2] if r[2] else 0.0 for r in results],
+             "flops_saved": [r[1] for r in results]}
+            for (at, alpha), (grid, results) in zip(result.tuned_alphas, recorder.searches)]
+    return rec
+
+
+# ----------------------------------------------------------------------------- backend tasks
+def _task_fn(shared: Mapping[str, Any], item: tuple[SweepTask, int | None, bool]) -> dict[str, Any]:
+    task, tuning_workers, use_mapper = item
+    mapper = shared["__tuning_mapper__"] if use_mapper else None
+    trace = shared[task.trace_key]
+    return run_point(trace, task.trace_name or task.trace_key, task, tuning_workers=tuning_workers,
+                     tuning_mapper=mapper)
+
+
+def _working_set_fn(shared: Mapping[str, Any], item: tuple[str, str | ModelSpec]) -> int:
+    key, model = item
+    return working_set_bytes(shared[key], model)
+
+
+@contextmanager
+def _backend_scope(backend: str | Backend, workers: int | None) -> Iterator[Backend]:
+    """The backend to use; one made here from a name is closed (a Ray instance it started stops)."""
+    be = make_backend(backend, workers=workers)
+    try:
+        yield be
+    finally:
+        if be is not backend:
+            be.close()
+
+
+def _task_needs(item: tuple[SweepTask, int | None, bool]) -> tuple[str, ...]:
+    return (item[0].trace_key, "__tuning_mapper__")
+
+
+def _working_set_needs(item: tuple[str, Any]) -> tuple[str, ...]:
+    return (item[0],)
+
+
+def working_sets(traces: Mapping[str, Any], pairs: Iterable[tuple[str, str | ModelSpec]], *,
+                 backend: str | Backend = "local", workers: int | None = None) -> dict[tuple[str, Any], int]:
+    """Working set bytes (see :func:`working_set_bytes`) of each distinct (trace key, model), in parallel."""
+    items = list(dict.fromkeys(pairs))
+    with _backend_scope(backend, workers) as be:
+        values = be.map(_working_set_fn, items, shared=dict(traces), needs=_working_set_needs)
+    return dict(zip(items, values))
+
+
+def run_tasks(traces: Mapping[str, Any], tasks: Sequence[SweepTask], *, backend: str | Backend = "local",
+              workers: int | None = None, names: Mapping[str, str] | None = None,
+              on_record: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
+    """Run tasks over several traces at once (all points of all traces share the workers).
+
+    Records come back in the order of ``tasks``. ``names`` gives the trace name echoed in records
+    (default: the key). When several points run at once, each tunes α in its own process (nested
+    pools would oversubscribe the cores); the Ray backend may instead spread the grid search over
+    Ray tasks.
+    """
+    with _backend_scope(backend, workers) as be:
+        parallel = be.parallelism > 1 and len(tasks) > 1
+        mapper = be.tuning_mapper()
+        tuning_workers = 1 if parallel else None
+        shared: dict[str, Any] = dict(traces)
+        shared["__tuning_mapper__"] = mapper
+        if names:
+            tasks = [replace(t, trace_name=names.get(t.trace_key, t.trace_name)) for t in tasks]
+        items = [(t, tuning_workers, mapper is not None) for t in tasks]
+        return be.map(_task_fn, items, shared=shared, on_result=on_record, needs=_task_needs)
 
 
 def run_sweep(trace: Sequence[Any], trace_name: str, points: Sequence[SweepPoint], *, latency: str = "a100",
               mode: str = "sequential", workers: int | None = None, per_request: bool = True,
-              on_record: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
+              on_record: Callable[[dict[str, Any]], None] | None = None,
+              backend: str | Backend = "local") -> list[dict[str, Any]]:
     """Simulate every point; records come back in the order of ``points``.
 
     Capacities given as fractions (``0.1x``) resolve against the working set of the trace for each
-    model (computed once). ``on_record`` is called as each point completes (progress bars).
+    model (computed once, in parallel). ``on_record`` is called as each point completes (progress
+    bars). ``backend``: ``"local"`` (a process pool of ``workers``), ``"ray"``, or a backend object
+    (e.g. a :class:`~marconi.sim.backends.RayBackend` joined to a cluster).
     """
-    global _TRACE, _TRACE_NAME
-    _TRACE, _TRACE_NAME = trace, trace_name
-    _WORKING_SETS.clear()
-    for model in {p.model for p in points if parse_capacity(p.capacity).fraction is not None}:
-        _WORKING_SETS[model] = working_set_bytes(trace, model)
-    workers = default_workers() if workers is None else max(1, workers)
-    workers = min(workers, len(points)) or 1
-    # Nested parallelism would oversubscribe the cores: tune in-process when points run in parallel.
-    tuning_workers = 1 if workers > 1 else None
-    records: list[dict[str, Any] | None] = [None] * len(points)
-    if workers == 1:
-        for i, point in enumerate(points):
-            records[i] = _run_point(point, latency, mode, per_request, tuning_workers)
-            if on_record:
-                on_record(records[i])  # type: ignore[arg-type]
-    else:
-        ctx = multiprocessing.get_context("fork")
-        with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
-            futures = {pool.submit(_run_point, p, latency, mode, per_request, tuning_workers): i
-                       for i, p in enumerate(points)}
-            for future in as_completed(futures):
-                records[futures[future]] = future.result()
-                if on_record:
-                    on_record(records[futures[future]])  # type: ignore[arg-type]
-    return [r for r in records if r is not None]
+    key = "trace"
+    models = list(dict.fromkeys(p.model for p in points if parse_capacity(p.capacity).fraction is not None))
+    with _backend_scope(backend, workers) as be:
+        ws = working_sets({key: trace}, [(key, m) for m in models], backend=be) if models else {}
+        tasks = [SweepTask(key, p, ws.get((key, p.model)), latency, mode, per_request) for p in points]
+        return run_tasks({key: trace}, tasks, backend=be, names={key: trace_name}, on_record=on_record)
 
 
 def write_records(records: Iterable[dict[str, Any]], path: str | Path) -> Path:

@@ -1,0 +1,341 @@
+"""Where sweep points run: forked local processes, or Ray tasks on a (local or remote) cluster.
+
+A backend maps a module-level function over small items, handing every call the same large
+read-only objects (traces), which travel to the workers **once**:
+
+* :class:`LocalBackend` (``"local"``): the parent stores the shared objects in a module global and
+  forks a process pool, so workers inherit them without any copy. One worker runs in-process.
+* :class:`RayBackend` (``"ray"``): each shared object is ``ray.put`` once per backend, however many
+  maps use it (a trace is packed into one int32 buffer first: requests that are views of one
+  session buffer share it), and every item is one Ray task that receives only the objects it names. ``address`` joins an existing cluster; by default a local Ray instance is started
+  (and shut down by :meth:`RayBackend.close`). The cluster's nodes need ``marconi`` installed.
+
+Results come back in item order whatever order they complete in; ``on_result`` sees them as they
+complete (progress bars). Neither backend changes what a point computes: records are identical
+(except timings), which ``tests/test_ray_backend.py`` checks.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Protocol, Sequence
+
+import numpy as np
+
+from marconi.registry import ConfigError
+from marconi.tuning import default_workers
+from marconi.workloads.trace import Request, Trace
+
+__all__ = ["Backend", "LocalBackend", "RayBackend", "make_backend", "BACKENDS", "PackedTrace", "pack_trace",
+           "ray_tuning_mapper"]
+
+BACKENDS = ("local", "ray")
+
+Shared = Mapping[str, Any]
+TaskFn = Callable[[Shared, Any], Any]
+
+
+class Backend(Protocol):
+    name: str
+
+    def map(self, fn: TaskFn, items: Sequence[Any], *, shared: Shared | None = None,
+            on_result: Callable[[Any], None] | None = None,
+            needs: Callable[[Any], Sequence[str]] | None = None) -> list[Any]:
+        """``[fn(shared, item) for item in items]``, in parallel; ``fn`` must be a module-level function.
+
+        ``needs(item)`` may name the shared keys an item reads (a backend may ship only those).
+        """
+        ...
+
+    def tuning_mapper(self) -> Callable[[Callable[[float], Any], Sequence[float]], list[Any]] | None:
+        """A map for the bootstrap α grid search inside a point, or None (tune in the point's process)."""
+        ...
+
+    @property
+    def parallelism(self) -> int:
+        """How many items can run at once (decides whether a point may tune in parallel itself)."""
+        ...
+
+    def close(self) -> None:
+        ...
+
+
+# ============================================================================ local
+_LOCAL_SHARED: Shared = {}
+
+
+def _local_call(fn: TaskFn, item: Any) -> Any:
+    return fn(_LOCAL_SHARED, item)
+
+
+class LocalBackend:
+    """A fork-based process pool on this machine (``workers=1``: in-process, no pool)."""
+
+    name = "local"
+
+    def __init__(self, workers: int | None = None) -> None:
+        self.workers = default_workers() if workers is None else max(1, int(workers))
+
+    @property
+    def parallelism(self) -> int:
+        return self.workers
+
+    def map(self, fn: TaskFn, items: Sequence[Any], *, shared: Shared | None = None,
+            on_result: Callable[[Any], None] | None = None,
+            needs: Callable[[Any], Sequence[str]] | None = None) -> list[Any]:
+        global _LOCAL_SHARED
+        shared = dict(shared or {})
+        workers = min(self.workers, len(items))
+        results: list[Any] = [None] * len(items)
+        if workers <= 1:
+            for i, item in enumerate(items):
+                results[i] = fn(shared, item)
+                if on_result is not None:
+                    on_result(results[i])
+            return results
+        previous, _LOCAL_SHARED = _LOCAL_SHARED, shared  # inherited by the forked workers
+        try:
+            ctx = multiprocessing.get_context("fork")
+            with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+                futures = {pool.submit(_local_call, fn, item): i for i, item in enumerate(items)}
+                for future in as_completed(futures):
+                    results[futures[future]] = future.result()
+                    if on_result is not None:
+                        on_result(results[futures[future]])
+        finally:
+            _LOCAL_SHARED = previous
+        return results
+
+    def tuning_mapper(self) -> None:
+        return None
+
+    def close(self) -> None:
+        return None
+
+
+# ============================================================================ trace packing
+@dataclass(frozen=True, slots=True)
+class PackedTrace:
+    """A :class:`Trace` as one int32 buffer plus per-request (offset, length) columns.
+
+    Token arrays that are views into one buffer (a session's requests, as the builders make them)
+    are stored once, so a trace of growing histories packs to about its longest streams, not the
+    sum of its inputs. :meth:`unpack` rebuilds equal requests as read-only views.
+    """
+
+    name: str
+    meta: dict[str, Any]
+    session_ids: list[Any]
+    turn_ids: np.ndarray       # int64 [n]
+    ts: np.ndarray             # float64 [n]
+    tokens: np.ndarray         # int32 [total]
+    input_span: np.ndarray     # int64 [n, 2]: offset, length into tokens
+    output_span: np.ndarray    # int64 [n, 2]
+
+    def unpack(self) -> Trace:
+        toks = self.tokens
+        if toks.flags.writeable:
+            toks = toks.view()
+            toks.flags.writeable = False
+        reqs = [Request(sid, int(turn), float(ts), toks[i0:i0 + n0], toks[o0:o0 + n1])
+                for sid, turn, ts, (i0, n0), (o0, n1) in zip(self.session_ids, self.turn_ids.tolist(),
+                                                            self.ts.tolist(), self.input_span.tolist(),
+                                                            self.output_span.tolist())]
+        return Trace(reqs, name=self.name, meta=dict(self.meta))
+
+
+class _BufferPool:
+    """Assigns each token array a span in one concatenated buffer, sharing owners between views."""
+
+    def __init__(self) -> None:
+        self.chunks: list[np.ndarray] = []
+        self.size = 0
+        self.owner_offset: dict[int, tuple[int, np.ndarray]] = {}  # id(owner) -> (offset, owner)
+
+    def span(self, arr: np.ndarray) -> tuple[int, int]:
+        owner = arr.base if isinstance(arr.base, np.ndarray) else None
+        if (owner is not None and owner.dtype == np.int32 and owner.ndim == 1 and owner.flags.c_contiguous
+                and arr.flags.c_contiguous):
+            start = (arr.__array_interface__["data"][0] - owner.__array_interface__["data"][0]) // 4
+            if 0 <= start and start + arr.size <= owner.size:
+                key = id(owner)
+                if key not in self.owner_offset:
+                    self.owner_offset[key] = (self.size, owner)
+                    self._append(owner)
+                return self.owner_offset[key][0] + int(start), int(arr.size)
+        offset = self.size
+        self._append(arr)
+        return offset, int(arr.size)
+
+    def _append(self, arr: np.ndarray) -> None:
+        self.chunks.append(np.ascontiguousarray(arr, dtype=np.int32))
+        self.size += int(arr.size)
+
+    def buffer(self) -> np.ndarray:
+        return np.concatenate(self.chunks) if self.chunks else np.zeros(0, dtype=np.int32)
+
+
+def pack_trace(trace: Trace | Sequence[Request]) -> PackedTrace:
+    reqs = list(trace)
+    pool = _BufferPool()
+    ins = np.array([pool.span(r.input_tokens) for r in reqs], dtype=np.int64).reshape(-1, 2)
+    outs = np.array([pool.span(r.output_tokens) for r in reqs], dtype=np.int64).reshape(-1, 2)
+    name = getattr(trace, "name", "")
+    meta = dict(getattr(trace, "meta", {}) or {})
+    return PackedTrace(name, meta, [r.session_id for r in reqs], np.array([r.turn_id for r in reqs], dtype=np.int64),
+                       np.array([r.ts for r in reqs], dtype=np.float64), pool.buffer(), ins, outs)
+
+
+def _pack(obj: Any) -> Any:
+    return pack_trace(obj) if isinstance(obj, Trace) else obj
+
+
+def _unpack(obj: Any) -> Any:
+    return obj.unpack() if isinstance(obj, PackedTrace) else obj
+
+
+# ============================================================================ Ray
+def _import_ray() -> Any:
+    try:
+        import ray
+    except ImportError as exc:  # ray is a declared dependency (extra "ray"); say how to get it
+        raise ConfigError("the ray backend needs the 'ray' package: pip install 'marconi[ray]'") from exc
+    return ray
+
+
+_RAY_FUNCS: dict[str, Any] = {}
+
+
+def _ray_remote(name: str, fn: Callable[..., Any]) -> Any:
+    """The Ray remote wrapper of a module-level function (created after ``ray`` is imported)."""
+    if name not in _RAY_FUNCS:
+        ray = _import_ray()
+        _RAY_FUNCS[name] = ray.remote(fn)
+    return _RAY_FUNCS[name]
+
+
+def _ray_task(fn: TaskFn, keys: tuple[str, ...], item: Any, *values: Any) -> Any:
+    # Top-level ObjectRef arguments arrive resolved (zero-copy numpy buffers from the object store).
+    return fn({k: _unpack(v) for k, v in zip(keys, values)}, item)
+
+
+def _ray_apply(fn: Callable[[Any], Any], arg: Any) -> Any:
+    return fn(arg)
+
+
+def ray_tuning_mapper(fn: Callable[[float], Any], grid: Sequence[float]) -> list[Any]:
+    """Map the bootstrap α replays over Ray tasks; ``fn`` (job included) is put in the store once.
+
+    Usable inside a Ray task (nested tasks) or in a driver connected to Ray. Results are in grid order.
+    """
+    ray = _import_ray()
+    fn_ref = ray.put(fn)
+    apply = _ray_remote("apply", _ray_apply)
+    return list(ray.get([apply.remote(fn_ref, a) for a in grid]))
+
+
+class RayBackend:
+    """Every item is one Ray task; shared objects are put in the object store once per :meth:`map`.
+
+    Args:
+        address: a cluster to join (``"auto"``, ``"ray://host:10001"``, ``"host:6379"``); None starts
+            a local instance.
+        num_cpus: CPUs of a local instance (None: all of this machine's).
+        tune_on_ray: run the bootstrap α grid search of a point as nested Ray tasks.
+        init_kwargs: extra ``ray.init`` arguments.
+    """
+
+    name = "ray"
+
+    def __init__(self, address: str | None = None, *, num_cpus: int | None = None, tune_on_ray: bool = True,
+                 **init_kwargs: Any) -> None:
+        self.address = address
+        self.num_cpus = num_cpus
+        self.tune_on_ray = tune_on_ray
+        self.init_kwargs = init_kwargs
+        self._started = False
+        # id(shared object) -> (the object, its ObjectRef): each object is put once per backend, however
+        # many maps use it (the object is kept alive so its id cannot be reused while cached)
+        self._refs: dict[int, tuple[Any, Any]] = {}
+
+    def _ensure(self) -> Any:
+        ray = _import_ray()
+        if not ray.is_initialized():
+            kwargs: dict[str, Any] = {"include_dashboard": False, "logging_level": logging.ERROR,
+                                      "log_to_driver": False, **self.init_kwargs}
+            if self.address is None:
+                kwargs.setdefault("num_cpus", self.num_cpus)
+            ray.init(address=self.address, **kwargs)
+            self._started = True
+        return ray
+
+    @property
+    def parallelism(self) -> int:
+        ray = self._ensure()
+        return max(1, int(ray.cluster_resources().get("CPU", 1)))
+
+    def map(self, fn: TaskFn, items: Sequence[Any], *, shared: Shared | None = None,
+            on_result: Callable[[Any], None] | None = None,
+            needs: Callable[[Any], Sequence[str]] | None = None) -> list[Any]:
+        ray = self._ensure()
+        shared = dict(shared or {})
+        item_keys = [tuple(needs(item)) if needs is not None else tuple(shared) for item in items]
+        used = dict.fromkeys(k for keys in item_keys for k in keys)
+        refs = {k: self._put(ray, shared[k]) for k in used}
+        task = _ray_remote("task", _ray_task)
+        pending = {task.remote(fn, keys, item, *(refs[k] for k in keys)): i
+                   for i, (item, keys) in enumerate(zip(items, item_keys))}
+        results: list[Any] = [None] * len(items)
+        while pending:
+            done, _ = ray.wait(list(pending), num_returns=1)
+            for ref in done:
+                i = pending.pop(ref)
+                results[i] = ray.get(ref)
+                if on_result is not None:
+                    on_result(results[i])
+        return results
+
+    def _put(self, ray: Any, obj: Any) -> Any:
+        cached = self._refs.get(id(obj))
+        if cached is None or cached[0] is not obj:
+            cached = (obj, ray.put(_pack(obj)))
+            self._refs[id(obj)] = cached
+        return cached[1]
+
+    @property
+    def num_objects_put(self) -> int:
+        """Shared objects this backend has put in the object store (each once)."""
+        return len(self._refs)
+
+    def tuning_mapper(self) -> Callable[[Callable[[float], Any], Sequence[float]], list[Any]] | None:
+        return ray_tuning_mapper if self.tune_on_ray else None
+
+    def close(self) -> None:
+        self._refs.clear()
+        if self._started:
+            _import_ray().shutdown()
+            self._started = False
+            _RAY_FUNCS.clear()
+
+    def __enter__(self) -> "RayBackend":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def make_backend(name: str | Backend | None = "local", *, workers: int | None = None,
+                 address: str | None = None) -> Backend:
+    """``"local"`` (process pool of ``workers``) or ``"ray"`` (joining ``address`` if given)."""
+    if name is None or name == "local":
+        if address is not None:
+            raise ConfigError("--address only applies to the ray backend")
+        return LocalBackend(workers)
+    if name == "ray":
+        return RayBackend(address, num_cpus=workers if address is None else None)
+    if isinstance(name, str):
+        raise ConfigError(f"unknown backend {name!r}; choose one of: {', '.join(BACKENDS)}")
+    return name
