@@ -23,11 +23,11 @@ def test_baseline_placements():
     assert final_checkpoints("uniform:m=4") == (25, 50, 75, 100, 110)
     assert final_checkpoints("every-block:k=32,paged=false") == (32, 64, 96, 110)
     assert final_checkpoints("every-block:k=32") == (32, 64, 96)     # vLLM+: whole blocks only
-    # cold cache: nothing observed yet, so nothing placed on speculation (only the last token)...
-    assert final_checkpoints("sparse-dp:m=3") == (110,)
-    # ...unless every depth with prior mass is a candidate: then the budget is filled
-    spread = final_checkpoints("sparse-dp:m=3,candidates=all")
-    assert len(spread) == 4 and spread[-1] == 110 and all(0 < p <= 100 for p in spread[:-1])
+    # cold cache: the prior (mass everywhere) still gets its m checkpoints, inside the input...
+    cold = final_checkpoints("sparse-dp:m=3")
+    assert len(cold) == 4 and cold[-1] == 110 and all(0 < p <= 100 for p in cold[:-1])
+    # ...unless only observed depths may hold checkpoints: nothing observed yet, nothing placed
+    assert final_checkpoints("sparse-dp:m=3,candidates=observed") == (110,)
 
 
 def test_sparse_dp_places_checkpoints_where_requests_diverge():

@@ -4,7 +4,7 @@ At each request's prefill the policy (1) records how deep the request overlapped
 hit) under a key naming its prefix family (a hash of its first ``key_tokens`` tokens — the shared
 document or system prompt), (2) estimates, for the sequence being prefilled, the distribution P(d)
 of how deep future requests will overlap it, and (3) places at most ``m`` checkpoints in
-``(resume point, input length]`` — at depths actually observed — minimising the expected recompute cost (or, with ``lam``, expected
+``(resume point, input length]`` minimising the expected recompute cost (or, with ``lam``, expected
 recompute + ``lam`` · checkpoint bytes). Marconi's branch-point and last-decoded-token checkpoints
 are kept on top (``marconi=false`` drops the branch point; the last token always stays).
 
@@ -39,7 +39,7 @@ class SparseDPAdmission:
 
     def __init__(self, m: int = 4, lam: float = -1.0, cost: str = "flops", marconi: bool = True,
                  key_tokens: int = 128, half_life: float = 512.0, max_candidates: int = 256,
-                 candidates: str = "observed") -> None:
+                 candidates: str = "all") -> None:
         if m < 0:
             raise ConfigError(f"sparse-dp: m must be >= 0, got {m}")
         if cost not in ("flops", "tokens"):
@@ -87,10 +87,12 @@ class SparseDPAdmission:
         """Candidate depths in (resume, n], thinned to at most ``max_candidates``.
 
         An optimal checkpoint sits at a depth with mass (moving it up to the next such depth serves
-        the same requests from deeper), so the support is enough. ``candidates="observed"`` uses
-        only depths actually observed: the prior's spread gives every depth a little mass, and a
-        budget of M would otherwise always place M checkpoints on speculation. When the support
-        is larger than the cap, the heaviest depths are kept.
+        the same requests from deeper), so the support is enough. ``candidates="all"`` (default)
+        solves the stated problem exactly: the prior's spread gives every depth some mass, so a
+        budget of M is always filled. ``candidates="observed"`` places only at depths actually
+        observed: fewer checkpoints per sequence, but a new document's own divergence depth is
+        missed until it has been seen (QuALITY: 4.8% of prefill FLOPs recomputed at M=8 vs 0.1%).
+        When the support is larger than the cap, the heaviest depths are kept.
         """
         if self.candidate_rule == "observed":
             observed = self.estimator.observed_depths(key)
@@ -127,6 +129,6 @@ class SparseDPAdmission:
 @ADMISSION_POLICIES.register("sparse-dp", "checkpoints placed by the exact DP over estimated overlap depths "
                                           "(+ Marconi's branch point and last token)")
 def _sparse_dp(m: int = 4, lam: float = -1.0, cost: str = "flops", marconi: bool = True, key_tokens: int = 128,
-               half_life: float = 512.0, max_candidates: int = 256, candidates: str = "observed") -> SparseDPAdmission:
+               half_life: float = 512.0, max_candidates: int = 256, candidates: str = "all") -> SparseDPAdmission:
     return SparseDPAdmission(m=m, lam=lam, cost=cost, marconi=marconi, key_tokens=key_tokens, half_life=half_life,
                              max_candidates=max_candidates, candidates=candidates)
