@@ -6,19 +6,12 @@ import json
 
 import pytest
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("transformers")
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 from marconi.engine import bench
 from marconi.engine.models import load_model
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def _small_trace():

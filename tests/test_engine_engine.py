@@ -7,8 +7,9 @@ import functools
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("transformers")
+import torch
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 from marconi.cache import PrefixCache
 from marconi.engine.engine import Engine
@@ -17,12 +18,6 @@ from marconi.engine.models import load_model
 from marconi.engine.states import KVPayload, SSMPayload
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @functools.cache
@@ -216,7 +211,7 @@ def test_ttft_repeats_report_the_fastest_identical_run():
 
 
 def test_text_prompts_use_the_project_tokenizer_by_default():
-    tokenizer_mod = pytest.importorskip("marconi.workloads.tokenizer")
+    import marconi.workloads.tokenizer as tokenizer_mod
     expected = tokenizer_mod.load_tokenizer().encode("Prefix caching for hybrid models.")
     model = model_for("qwen3_next-tiny")
     r = Engine(model, big_capacity(model)).generate("Prefix caching for hybrid models.", 2)

@@ -11,18 +11,11 @@ import functools
 
 import pytest
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("transformers")
+import torch
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """One intra-op thread: tiny tensors gain nothing from two, and OpenMP spin-waits badly
-    when the machine's other core is busy (a 10x slowdown was seen)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 from marconi.engine.models import load_model
 from marconi.engine.prefill import ChunkBoundary, Segmented, decode_greedy, prefill

@@ -6,8 +6,10 @@ import json
 
 import pytest
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
+import torch
+import transformers
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 from marconi.engine import precision
 from marconi.engine.errors import (
@@ -29,12 +31,6 @@ from marconi.engine.models import (
 TINY = [name for name in PRESETS if name.endswith("-tiny")]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])

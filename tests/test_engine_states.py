@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("transformers")
+import torch
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 from marconi.engine.errors import EngineError
 from marconi.engine.models import load_model
