@@ -202,6 +202,21 @@ def _l2norm(x: torch.Tensor, dim: int = -1, eps: float = 1e-6) -> torch.Tensor:
     return x * torch.rsqrt((x * x).sum(dim=dim, keepdim=True) + eps)
 
 
+def _delta_inputs(query, key, value, beta, decay, num_k_heads: int, num_v_heads: int, use_qk_l2norm: bool,
+                  compute_dtype: torch.dtype):
+    """The steps both gated-delta-rule scans start with, as upstream writes them: repeat the key
+    heads for GQA, move heads before time in ``compute_dtype``, optionally L2-normalise q and k."""
+    if num_k_heads != num_v_heads:
+        query = query.repeat_interleave(num_v_heads // num_k_heads, dim=2)
+        key = key.repeat_interleave(num_v_heads // num_k_heads, dim=2)
+    query, key, value, beta, decay = [x.transpose(1, 2).to(compute_dtype, memory_format=torch.contiguous_format)
+                                      for x in (query, key, value, beta, decay)]
+    if use_qk_l2norm:
+        query = _l2norm(query, dim=-1, eps=1e-6)
+        key = _l2norm(key, dim=-1, eps=1e-6)
+    return query, key, value, beta, decay
+
+
 def _chunk_gated_delta_rule(query, key, value, g, beta, chunk_size=64, initial_state=None,
                             output_final_state=False, use_qk_l2norm_in_kernel=False, *,
                             compute_dtype: torch.dtype):
@@ -216,15 +231,8 @@ def _chunk_gated_delta_rule(query, key, value, g, beta, chunk_size=64, initial_s
     padded_output_shape = (batch_size, num_v_heads, -1, v_head_dim)
     decay = g
 
-    if num_k_heads != num_v_heads:
-        query = query.repeat_interleave(num_v_heads // num_k_heads, dim=2)
-        key = key.repeat_interleave(num_v_heads // num_k_heads, dim=2)
-
-    query, key, value, beta, decay = [x.transpose(1, 2).to(compute_dtype, memory_format=torch.contiguous_format)
-                                      for x in (query, key, value, beta, decay)]
-    if use_qk_l2norm_in_kernel:
-        query = _l2norm(query, dim=-1, eps=1e-6)
-        key = _l2norm(key, dim=-1, eps=1e-6)
+    query, key, value, beta, decay = _delta_inputs(query, key, value, beta, decay, num_k_heads, num_v_heads,
+                                                   use_qk_l2norm_in_kernel, compute_dtype)
     query = query * query.shape[-1] ** -0.5
 
     pad_size = (chunk_size - sequence_length % chunk_size) % chunk_size
@@ -277,15 +285,8 @@ def _recurrent_gated_delta_rule(query, key, value, g, beta, initial_state=None, 
     num_v_heads, v_head_dim = value.shape[-2:]
     decay = g
 
-    if num_k_heads != num_v_heads:
-        query = query.repeat_interleave(num_v_heads // num_k_heads, dim=2)
-        key = key.repeat_interleave(num_v_heads // num_k_heads, dim=2)
-
-    query, key, value, beta, decay = [x.transpose(1, 2).to(compute_dtype, memory_format=torch.contiguous_format)
-                                      for x in (query, key, value, beta, decay)]
-    if use_qk_l2norm_in_kernel:
-        query = _l2norm(query, dim=-1, eps=1e-6)
-        key = _l2norm(key, dim=-1, eps=1e-6)
+    query, key, value, beta, decay = _delta_inputs(query, key, value, beta, decay, num_k_heads, num_v_heads,
+                                                   use_qk_l2norm_in_kernel, compute_dtype)
     query = query / (query.shape[-1] ** 0.5)
 
     if initial_state is None:
