@@ -244,3 +244,22 @@ def test_a_checkpoint_admitted_on_a_split_node_is_recent():
     unrelated = next(n for n in cache.tree.iter_nodes() if n.tokens[0] == 7000)
     assert branch.has_ssm and branch.access_seq > unrelated.access_seq
     assert branch.last_access == cache.clock()
+
+
+def test_max_hit_len_keeps_at_least_one_token_to_compute():
+    cache = make()
+    cache.process(toks((0, 100)), toks((100, 110)))            # checkpoint at 110 only
+    same = toks((0, 110))
+    match, _ = cache.process(same, (), max_hit_len=len(same) - 1)
+    assert (match.kv_hit_len, match.usable_hit_len) == (110, 0)  # all or nothing: nothing before 110
+    match, _ = cache.process(same, ())
+    assert match.usable_hit_len == 110                          # the paper's accounting: a full hit
+    spec = ModelSpec("tf", num_attn_layers=1, num_ssm_layers=0, num_mlp_layers=1, d_model=8, ssm_state_dim=0,
+                     num_kv_heads=1, head_dim=8, bytes_per_elem=1)
+    tf = make(spec=spec)
+    tf.process(toks((0, 100)), ())
+    handle = tf.begin(toks((0, 100)), max_hit_len=99)           # a transformer just recomputes the last token
+    assert handle.match.usable_hit_len == 99
+    assert tf.cached_prefix(handle).length == 99
+    tf.finish(handle, ())
+    tf.check_invariants()

@@ -72,7 +72,10 @@ def test_multi_turn_conversation_same_tokens_with_and_without_cache(preset, dtyp
     assert cached.cache.stats.checkpoints_admitted > 6
 
 
-def test_full_input_hit_recomputes_and_stays_exact():
+def test_a_checkpoint_at_the_inputs_end_is_not_a_usable_hit_for_the_engine():
+    """The engine needs the last input token's logits, so it resumes no deeper than len - 1: here
+    the only checkpoint is at the very end, so (all or nothing) nothing is reused, and the core
+    accounts exactly that."""
     model = model_for("bamba-tiny")
     cached = Engine(model, big_capacity(model))
     plain = Engine(model, 0, admission="none")
@@ -80,8 +83,13 @@ def test_full_input_hit_recomputes_and_stays_exact():
     assert first.admitted == (46,)
     again = rand_tokens(40, seed=2) + rand_tokens(6, seed=3)  # exactly input + output: a checkpoint at its end
     r = cached.generate(again, 8)
-    assert r.usable_hit_len == len(again) and r.full_input_hit and r.hit_fraction == 0.0
+    assert r.kv_hit_len == len(again) and r.usable_hit_len == 0 and r.hit_fraction == 0.0
+    assert cached.cache.stats.reused_tokens == 0
     assert r.output_tokens == plain.generate(again, 8).output_tokens
+    # one token longer: the checkpoint at 46 is now usable
+    longer = cached.generate(again + rand_tokens(1, seed=9), 4)
+    assert longer.usable_hit_len == len(again)
+    assert longer.output_tokens == plain.generate(again + rand_tokens(1, seed=9), 4).output_tokens
     check_payloads(cached)
 
 

@@ -266,25 +266,31 @@ class PrefixCache:
         return {**self.admission.describe(), **self.eviction.describe(), "capacity_bytes": self.capacity_bytes,
                 "model": self.spec.name}
 
-    def begin(self, input_tokens: Any) -> RequestHandle:
+    def begin(self, input_tokens: Any, *, max_hit_len: int | None = None) -> RequestHandle:
         """Look up a request's input, lock what it matched, and plan its prefill checkpoints.
+
+        ``max_hit_len``: resume no deeper than this. A real engine passes ``len(input) - 1``: it
+        must compute at least the last input token to get the logits of the first output token,
+        and (all or nothing) it can only resume from a checkpoint at or before that. The default,
+        no limit, is the paper's accounting (a whole-input hit counts as fully reused).
 
         Returns a handle to pass to :meth:`cached_prefix` and :meth:`finish` (or :meth:`abort`).
         Raises ValueError for an empty or non-integer input.
         """
         tokens = as_tokens(input_tokens, "input_tokens")
+        limit = len(tokens) if max_hit_len is None else max(0, min(int(max_hit_len), len(tokens)))
         if self._logical is not None:
             self._logical.tick()
         now = self.clock()
         walk = self.tree.walk(tokens)
         if walk.partial is not None and walk.partial.ckpt_stride:
             walk = self._split_run_at_match(walk)
-        hit_index = self._hit_index(walk.path)
+        hit_index = self._hit_index(walk.path, limit)
         hit_node = walk.path[hit_index] if hit_index >= 0 else None
         if self.spec.has_recurrent_state:
             usable = hit_node.depth if hit_node is not None else 0
         else:
-            usable = walk.matched_len
+            usable = min(walk.matched_len, limit)
         lock_node = walk.partial or (walk.path[-1] if walk.path else None)
         if lock_node is not None:
             self._lock(lock_node)
@@ -318,6 +324,8 @@ class PrefixCache:
             nodes.append(node)
             node = node.parent
         nodes.reverse()
+        while nodes and nodes[-1].parent_depth >= usable:  # transformer: the hit ends before this edge
+            nodes.pop()
         kv = [n.kv for n in nodes]
         if nodes and nodes[-1].depth > usable:  # pure transformer: usable ends inside the last edge
             keep = usable - nodes[-1].parent_depth
@@ -359,9 +367,10 @@ class PrefixCache:
         self._check_active(handle)
         self._release(handle)
 
-    def process(self, input_tokens: Any, output_tokens: Any = ()) -> tuple[MatchResult, InsertResult]:
+    def process(self, input_tokens: Any, output_tokens: Any = (), *,
+                max_hit_len: int | None = None) -> tuple[MatchResult, InsertResult]:
         """``begin`` + ``finish`` with nothing in between: the strict sequential order of a replay."""
-        handle = self.begin(input_tokens)
+        handle = self.begin(input_tokens, max_hit_len=max_hit_len)
         return handle.match, self.finish(handle, output_tokens)
 
     # ================================================================== matching helpers
@@ -373,12 +382,14 @@ class PrefixCache:
         upper = self._split(run, walk.matched_len - run.parent_depth)
         return WalkResult([*walk.path, upper], walk.matched_len, None)
 
-    def _hit_index(self, path: list[Node]) -> int:
-        """Index in ``path`` of the node a request resumes from (-1: none)."""
-        if not self.spec.has_recurrent_state:
-            return len(path) - 1
+    def _hit_index(self, path: list[Node], limit: int) -> int:
+        """Index in ``path`` of the node a request resumes from, at depth <= ``limit`` (-1: none).
+
+        With SSM layers that is the deepest node holding a checkpoint; for a pure transformer,
+        the deepest node (the hit may continue into the next edge's KVs).
+        """
         for i in range(len(path) - 1, -1, -1):
-            if path[i].has_ssm:
+            if path[i].depth <= limit and (path[i].has_ssm or not self.spec.has_recurrent_state):
                 return i
         return -1
 

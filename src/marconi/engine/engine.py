@@ -14,10 +14,10 @@ lives in ``PrefixCache``'s tree, and the core's byte accounting (from the checke
 is what bounds memory. The core locks the matched path from ``begin`` to ``finish``/``abort``, so
 an in-flight request's prefix cannot be evicted (the restored working cache is a copy anyway).
 
-A request whose whole input is a usable hit (a checkpoint exactly at its last token) has no
-logits to sample its first token from: the state for ``input[:-1]`` does not exist. The engine
-then prefills the input from scratch (``full_input_hit`` in the result) — exact, but the hit is
-saved no compute.
+The engine looks up with ``max_hit_len = len(input) - 1``: it must compute at least the last input
+token to get the logits of the first output token, so a checkpoint exactly at the input's end is not
+a usable hit for it (all or nothing: it resumes from the deepest checkpoint before that). The core
+then accounts exactly what the engine computes.
 """
 
 from __future__ import annotations
@@ -70,7 +70,6 @@ class EngineResult:
     captured: tuple[int, ...]          # positions whose state was captured during prefill
     admitted: tuple[int, ...]          # positions the cache admitted a checkpoint at
     cached: bool                       # input + output inserted (False: no room, or no caching)
-    full_input_hit: bool               # whole input was a hit; prefilled from scratch for logits
     num_prefill_calls: int
     lookup_s: float
     restore_s: float
@@ -88,7 +87,7 @@ class EngineResult:
     @property
     def hit_fraction(self) -> float:
         """Share of the input restored from the cache (h)."""
-        return 0.0 if self.full_input_hit else self.usable_hit_len / self.input_len
+        return self.usable_hit_len / self.input_len
 
     def to_record(self) -> dict[str, Any]:
         out = asdict(self)
@@ -180,11 +179,8 @@ class Engine:
         """Restore ``prefix`` into a fresh cache and prefill the rest of ``ids`` (the TTFT path)."""
         model = self.model
         w0, c0 = time.perf_counter(), time.thread_time()
-        start = prefix.length
-        if start == len(ids):  # whole input cached: no logits for its last token, recompute
-            work, start = model.new_cache(), 0
-        else:
-            work = build_cache(model, prefix.kv, prefix.ssm)
+        start = prefix.length  # < len(ids): begin() was given max_hit_len = len(ids) - 1
+        work = build_cache(model, prefix.kv, prefix.ssm)
         w1 = time.perf_counter()
         pre = prefill(model, work, ids, start, [p for p in checkpoints if p > start],
                       checkpointing=self.checkpointing)
@@ -194,7 +190,7 @@ class Engine:
     def _serve(self, ids: torch.Tensor, decode: Callable[[Any, torch.Tensor, int], DecodeResult]) -> EngineResult:
         layout = self.model.layout
         t0, c0 = time.perf_counter(), time.thread_time()
-        handle = self.cache.begin(ids.numpy())
+        handle = self.cache.begin(ids.numpy(), max_hit_len=len(ids) - 1)
         try:
             prefix = self.cache.cached_prefix(handle)
             lookup_s, lookup_cpu_s = time.perf_counter() - t0, time.thread_time() - c0
@@ -220,7 +216,7 @@ class Engine:
             greedy_tokens=tuple(out.greedy), kv_hit_len=handle.match.kv_hit_len,
             usable_hit_len=handle.match.usable_hit_len, prefill_checkpoints=handle.prefill_checkpoints,
             captured=tuple(sorted(pre.states)), admitted=result.admitted, cached=result.cached,
-            full_input_hit=prefix.length == len(ids), num_prefill_calls=pre.num_calls,
+            num_prefill_calls=pre.num_calls,
             lookup_s=lookup_s, restore_s=best.restore_s, prefill_s=best.prefill_s, capture_s=best.pre.capture_s,
             ttft_s=lookup_s + best.restore_s + best.prefill_s, ttft_cpu_s=lookup_cpu_s + best.cpu_s,
             decode_s=t4 - t3, save_s=t5 - t4)
