@@ -84,6 +84,7 @@ class SimResult:
             "latency": self.latency,
             "num_requests": self.num_requests,
             "input_tokens": st.input_tokens,
+            "reused_tokens": st.reused_tokens,
             "token_hit_rate": st.token_hit_rate,
             "kv_hit_rate": st.kv_hit_tokens / st.input_tokens if st.input_tokens else 0.0,
             "unusable_rate": st.unusable_tokens / st.input_tokens if st.input_tokens else 0.0,
