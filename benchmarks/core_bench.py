@@ -24,8 +24,9 @@ import time
 
 import numpy as np
 
+from marconi.report import fmt_pct as pct
+from marconi.report import format_table
 from marconi.sim import simulate
-from marconi.tables import format_table, pct
 from marconi.units import format_bytes, parse_bytes
 from marconi.workloads import Request, Trace, agent_trace, chat_trace, shared_data_dir
 

@@ -14,8 +14,8 @@ import time
 import numpy as np
 
 from marconi.model import PRESETS
+from marconi.report import format_table
 from marconi.sparse import TOKEN_COST, flops_cost, place_checkpoints, place_checkpoints_reference
-from marconi.tables import format_table
 
 
 def best_of(fn, repeats: int = 3) -> tuple[float, object]:

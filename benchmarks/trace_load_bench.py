@@ -16,7 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from marconi.tables import format_table
+from marconi.report import format_table
 from marconi.units import format_bytes
 from marconi.workloads import agent_trace, iter_requests, read_trace, write_trace
 

@@ -1,5 +1,6 @@
 """`marconi reproduce` end to end on the tiny profile (vendored + synthetic data), and its parts."""
 
+import copy
 import json
 import math
 
@@ -7,11 +8,12 @@ import numpy as np
 import pytest
 
 from marconi.cli import build_parser
-from marconi.experiments import repro_figures
-from marconi.experiments.repro_report import engine_latency_from_file, latency_set
-from marconi.experiments.repro_traces import (TraceFactory, WorkloadSource, concat_traces, continuation_stats,
-                                              retime_sessions, retime_swe, reuse_kinds)
 from marconi.experiments.reproduce import PROFILES, choose_regimes, rerender, run_reproduction
+from marconi.experiments.reproduce.anatomy import window_bounds
+from marconi.experiments.reproduce.latency import engine_latency_from_file, latency_set
+from marconi.experiments.reproduce.report import FIGURES
+from marconi.experiments.reproduce.traces import (TraceFactory, WorkloadSource, concat_traces, continuation_stats,
+                                                  retime_sessions, retime_swe, reuse_kinds)
 from marconi.model import get_model
 from marconi.sim import simulate
 from marconi.sim.sweep import read_records
@@ -104,6 +106,29 @@ def test_summary_table_is_complete_and_computed_from_the_records(report):
     assert "34.4" in text and "+219.7%" in text and "68.3%" in text
 
 
+def test_each_figure_renders_from_its_records_alone(report, tmp_path):
+    """compute(ctx) -> records is the only step that reads the context: plot, section, verdict and
+    explain on a detached copy of the records give back the report's findings, text and PNGs."""
+    out, ctx, _ = report
+    summary = json.loads((out / "summary.json").read_text())
+    text = (out / "report.md").read_text()
+    assert [fig.KEY for fig in FIGURES] == list(FIGURE_KEYS)
+    computed = copy.deepcopy({fig.KEY: fig.compute(ctx) for fig in FIGURES})
+    findings, pngs = [], []
+    for fig in FIGURES:
+        records = computed[fig.KEY]
+        assert records.key == fig.KEY and set(records.data) == set(summary["figures"][fig.KEY])
+        assert len(records.rows) == len(read_records(out / f"{fig.KEY}.jsonl"))
+        findings += [f.as_dict() for f in fig.verdict(records)]
+        assert f"## {fig.TITLE}\n" in text and fig.section(records) in text
+        why = fig.explain(records, computed)
+        assert not why or f"**Why ours differ.** {why}\n" in text
+        pngs += fig.plot(records, tmp_path)
+    assert findings == summary["findings"]
+    assert sorted(p.name for p in pngs) == sorted(p.name for p in out.glob("*.png"))
+    assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in pngs)
+
+
 def test_report_only_rerenders_the_same_summary(report, tmp_path):
     out, _, _ = report
     before = (out / "summary.md").read_text()
@@ -173,7 +198,7 @@ def test_window_bounds_match_the_tuner():
         res = simulate(trace, f"marconi:multiplier={m}", spec, 2e9, latency="zero", tuning_workers=1)
         assert res.tuned_alphas, "capacity too large for a tuning to happen"
         at, _ = res.tuned_alphas[0]
-        lo, hi = repro_figures.window_bounds(at, m)
+        lo, hi = window_bounds(at, m)
         from marconi.systems import make_system
         cache = make_system(f"marconi:multiplier={m}").build(spec, 2e9, tuning_workers=1)
         tuner = next(o for o in cache._observers if isinstance(o, BootstrapTuner))

@@ -32,7 +32,7 @@ def load_trace(text: str, limit: int | None = None) -> Any:
 # --------------------------------------------------------------------------- models / systems
 def _cmd_models(args: argparse.Namespace) -> int:
     from marconi.model import PRESETS
-    from marconi.tables import format_table
+    from marconi.report import format_table
     from marconi.units import format_bytes
 
     rows = [{**s.describe(), "kv": format_bytes(s.kv_bytes_per_token), "ssm": format_bytes(s.ssm_checkpoint_bytes),
@@ -66,7 +66,9 @@ _SIM_COLUMNS: list[tuple[str, str, Any]] = []
 
 
 def _sim_table(records: Sequence[dict[str, Any]]) -> str:
-    from marconi.tables import fmt_s, format_table, pct
+    from marconi.report import fmt_pct as pct
+    from marconi.report import fmt_seconds as fmt_s
+    from marconi.report import format_table
     from marconi.units import format_bytes
 
     return format_table(records, [
@@ -120,15 +122,17 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:
+    from marconi.report import fmt_pct as pct
+    from marconi.report import fmt_seconds as fmt_s
+    from marconi.report import fmt_times, format_table
     from marconi.sim.compare import gains, plot_records
     from marconi.sim.sweep import read_records
-    from marconi.tables import fmt_s, format_table, pct, ratio
 
     records = read_records(args.results)
     rows = gains(records)
     print(format_table(rows, [("trace", "trace", None), ("model", "model", None), ("capacity", "capacity", None),
                               ("system", "system", None), ("token hit", "token_hit_rate", pct),
-                              ("vs vLLM+", "vs_vllm_x", ratio), ("vs SGLang+", "vs_sglang_pct", pct),
+                              ("vs vLLM+", "vs_vllm_x", fmt_times), ("vs SGLang+", "vs_sglang_pct", pct),
                               ("hit P95", "hit_rate_p95", pct), ("TTFT P95", "ttft_p95_s", fmt_s),
                               ("P95 TTFT vs vanilla", "p95_ttft_vs_vanilla", pct)]))
     plots_dir = Path(args.plots) if args.plots else Path(args.results).with_suffix("").parent / (

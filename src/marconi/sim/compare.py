@@ -52,11 +52,9 @@ def gains(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def plot_records(records: Sequence[dict[str, Any]], out_dir: str | Path) -> list[Path]:
     """Hit-rate bars per group, per-request hit-rate box plots and TTFT CDFs. Returns PNG paths."""
-    import matplotlib
+    from marconi.report import pyplot, save_figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     groups: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
@@ -79,9 +77,7 @@ def plot_records(records: Sequence[dict[str, Any]], out_dir: str | Path) -> list
         ax.set_title(f"{Path(str(trace)).name} — {model}")
         ax.legend(fontsize=8)
         fig.tight_layout()
-        paths.append(out_dir / f"{stem}_hit_rate.png")
-        fig.savefig(paths[-1], dpi=120)
-        plt.close(fig)
+        paths.append(save_figure(fig, out_dir / f"{stem}_hit_rate.png", dpi=120))
         for cap in caps:
             per = [r for r in recs if r.get("capacity", r["capacity_bytes"]) == cap and "per_request" in r]
             if not per:
@@ -99,7 +95,5 @@ def plot_records(records: Sequence[dict[str, Any]], out_dir: str | Path) -> list
             ax2.set_xscale("symlog")
             ax2.legend(fontsize=8)
             fig.tight_layout()
-            paths.append(out_dir / f"{stem}_{str(cap).replace('/', '_')}_requests.png")
-            fig.savefig(paths[-1], dpi=120)
-            plt.close(fig)
+            paths.append(save_figure(fig, out_dir / f"{stem}_{str(cap).replace('/', '_')}_requests.png", dpi=120))
     return paths

@@ -1,7 +1,9 @@
-"""Traces for the paper reproduction: workloads, their timing variants, shifted mixes, reuse anatomy.
+"""The reproduction's trace factory: workloads, their timing variants, shifted mixes, reuse anatomy.
 
-* :class:`TraceFactory` builds each workload's base trace once (real data by the paper's recipe, or
-  small vendored/synthetic stand-ins for CI) and derives timing variants without re-tokenizing:
+* :class:`TraceFactory` builds each workload's base trace once (real data by the paper's recipe,
+  or small vendored/synthetic stand-ins for CI; ``TraceFactory._build`` chooses each workload's
+  source, :func:`data_available` says what a profile lacks) and derives timing variants without
+  re-tokenizing:
   :func:`retime_sessions` (session *k* starts at ``k / sessions_per_second``) and :func:`retime_swe`
   (the SWE builder's own Poisson gaps for another seed / mean, drawn exactly as it draws them).
 * :func:`concat_traces`: a workload shift half-way (the second trace starts when the first ends).

@@ -1,164 +1,48 @@
-"""``marconi reproduce``: the Marconi paper's evaluation (§5, figs. 7–13) on real traces, one report.
+"""The reproduction's orchestration: traces → working sets → calibration → figure points → report.
 
-Pipeline (every simulation is a sweep point on a backend: local processes or Ray tasks):
+Every simulation is a sweep point on a backend (local processes or Ray tasks):
 
-1. **Traces** — each workload's base trace (ShareGPT from ../shared/data, an LMSys-format file if
-   given, SWE agent with the paper's keep-last-5-observations recipe and with all observations kept,
-   Mooncake), timing variants derived without re-tokenizing, and workload-shift traces (two
-   workloads back to back) for the α-tuning ablation.
+1. **Traces** — each workload's base trace from :class:`~.traces.TraceFactory` (ShareGPT from
+   ../shared/data, an LMSys-format file if given, SWE agent with the paper's
+   keep-last-5-observations recipe and with all observations kept, Mooncake), timing variants
+   derived without re-tokenizing, and workload-shift traces (two workloads back to back) for the
+   α-tuning ablation.
 2. **Working sets** of each (trace, model) — the reference for capacities given as fractions.
 3. **Calibration** — SGLang+ over a ladder of capacity fractions and at 1x (nothing evicted). The
    *contention* of a fraction is SGLang+'s hit rate there over its unbounded hit rate; the paper's
    regimes map onto the ladder value whose contention is nearest a target (high ≈ 0.25,
    moderate ≈ 0.5, low ≈ 0.85). The report states the mapping.
 4. **Figure points** — all other (trace, system, capacity, model) points at once, longest first.
-5. **Report** — ``repro_figures`` turns records into numbers, plots and findings; ``repro_report``
-   writes ``report.md``; every figure's records go to ``figN.jsonl`` (all files written atomically).
+5. **Report** — :mod:`.report` computes each figure's records from the context, draws its plots,
+   sections and findings from those records, and writes ``report.md``, ``summary.md/json`` and
+   ``figN.jsonl`` (all files written atomically).
 
-Library code here never prints; the CLI handler draws progress bars through ``progress``.
+Library code here never prints; the CLI handler (:mod:`.command`) draws progress bars through
+``progress``.
 """
 
 from __future__ import annotations
 
-import argparse
-import sys
+import json
 import time
-from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
-from marconi.experiments.repro_traces import TraceFactory, WorkloadSource, data_available
+from marconi.experiments.reproduce.context import (MAIN_SYSTEMS, ReproContext, ReproProfile, TraceInfo,
+                                                   frac_label, variant_key)
+from marconi.experiments.reproduce.traces import TraceFactory, data_available
 from marconi.model import ModelSpec, get_model
 from marconi.sim.backends import Backend, make_backend
-from marconi.sim.sweep import SweepPoint, SweepTask, run_tasks, working_sets
-from marconi.tuning import DEFAULT_ALPHA_GRID
-from marconi.workloads import Trace
+from marconi.sim.sweep import SweepPoint, SweepTask, read_records, run_tasks, working_sets
 
-__all__ = ["ReproProfile", "PROFILES", "ReproContext", "run_reproduction", "register", "plan_main_tasks"]
+__all__ = ["run_reproduction", "rerender", "plan_main_tasks", "choose_regimes", "build_traces", "spec_variants",
+           "ProgressFactory"]
 
-MAIN_SYSTEMS = ("vllm+", "sglang+", "marconi")
 ProgressFactory = Callable[[str, int], Callable[[int], None]]
 
 
 def _no_progress(desc: str, total: int) -> Callable[[int], None]:
     return lambda n: None
-
-
-# ============================================================================ profiles
-@dataclass(frozen=True, slots=True)
-class ReproProfile:
-    """How big a reproduction is: data sources, sweep axes, grids.
-
-    ``regimes`` are (name, target contention); ``ladder`` the capacity fractions (of the working
-    set) swept for fig. 11 and used to place the regimes.
-    """
-
-    name: str
-    source: WorkloadSource
-    model: str = "paper-7b"
-    ladder: tuple[float, ...] = (0.005, 0.01, 0.015, 0.02, 0.03, 0.05, 0.07, 0.1, 0.15, 0.2, 0.3, 0.4, 0.6, 0.8)
-    regimes: tuple[tuple[str, float], ...] = (("high", 0.25), ("moderate", 0.5), ("low", 0.85))
-    arrival_rates: tuple[float, ...] = (0.5, 1.0, 2.0)
-    seeds: tuple[int, ...] = (0, 1, 2)
-    gaps: tuple[float, ...] = (5.0, 7.5, 10.0)
-    layer_mixes: tuple[tuple[int, int], ...] = ((12, 24), (7, 28), (4, 32), (36, 0))
-    state_dims: tuple[int, ...] = (16, 32, 64, 128)
-    alpha_grid: tuple[float, ...] = DEFAULT_ALPHA_GRID
-    fixed_alphas: tuple[float, ...] = (0.0, 1.0, 2.0)
-    multipliers: tuple[float, ...] = (5, 15)
-    admissions: tuple[str, ...] = ("none", "marconi", "every-block", "last-token", "uniform", "sparse-dp")
-    evictions: tuple[str, ...] = ("lru", "flop-aware")
-    ablation_workloads: tuple[str, ...] = ("sharegpt", "swe")
-    shifts: tuple[tuple[str, str], ...] = (("swe-keepall", "swe"), ("sharegpt", "swe"))
-    fig11_workloads: tuple[str, ...] = ("swe", "swe-keepall", "sharegpt")
-    alpha_scan_workloads: tuple[str, ...] = ("swe", "swe-keepall")
-
-    def with_lmsys(self, files: Sequence[str]) -> "ReproProfile":
-        return replace(self, source=replace(self.source, lmsys_files=tuple(files)))
-
-
-PROFILES: dict[str, ReproProfile] = {
-    "full": ReproProfile("full", WorkloadSource()),
-    "quick": ReproProfile(
-        "quick", WorkloadSource(chat_sessions=60, swe_sessions=40, mooncake_limit=1000),
-        ladder=(0.01, 0.015, 0.02, 0.03, 0.05, 0.07, 0.1, 0.15, 0.2, 0.3, 0.4, 0.6), seeds=(0, 1),
-        state_dims=(16, 32, 64, 128), shifts=(("swe-keepall", "swe"), ("sharegpt", "swe"))),
-    # CI: vendored SWE / Mooncake samples and a synthetic chat trace; needs nothing outside the repo.
-    "tiny": ReproProfile(
-        "tiny", WorkloadSource(chat="synthetic", chat_sessions=24, swe="bundled", swe_sessions=10, swe_max_turns=14,
-                               mooncake="bundled", mooncake_limit=200),
-        ladder=(0.02, 0.05, 0.1, 0.3), arrival_rates=(1.0, 2.0), seeds=(0,), gaps=(5.0, 7.5),
-        state_dims=(16, 128), alpha_grid=(0.0, 1.0, 2.0), multipliers=(5,), ablation_workloads=("sharegpt",),
-        shifts=(("swe-keepall", "swe"),), fig11_workloads=("swe",), alpha_scan_workloads=("swe",)),
-}
-
-
-# ============================================================================ context
-@dataclass(slots=True)
-class TraceInfo:
-    key: str
-    workload: str              # base workload, or "shift"
-    kind: str                  # base | variant | shift
-    sessions_per_second: float | None = None
-    seed: int | None = None
-    mean_gap_s: float | None = None
-    ws_key: str = ""           # whose working set resolves this trace's fractions
-
-    def tags(self) -> tuple[tuple[str, Any], ...]:
-        out: list[tuple[str, Any]] = [("workload", self.workload), ("variant", self.kind)]
-        for name in ("sessions_per_second", "seed", "mean_gap_s"):
-            value = getattr(self, name)
-            if value is not None:
-                out.append((f"trace_{name}", value))
-        return tuple(out)
-
-
-@dataclass(slots=True)
-class ReproContext:
-    """Everything the figures read: traces, working sets, calibration, records, latency models."""
-
-    profile: ReproProfile
-    model: ModelSpec
-    traces: dict[str, Trace] = field(default_factory=dict)
-    info: dict[str, TraceInfo] = field(default_factory=dict)
-    ws: dict[tuple[str, str], int] = field(default_factory=dict)      # (trace key, model name) -> bytes
-    regimes: dict[str, dict[str, float]] = field(default_factory=dict)  # calibrated key -> regime -> fraction
-    contention: dict[str, dict[float, float]] = field(default_factory=dict)
-    records: list[dict[str, Any]] = field(default_factory=list)
-    specs: dict[str, ModelSpec] = field(default_factory=dict)
-    timings: dict[str, float] = field(default_factory=dict)
-    backend: str = "local"
-    _index: dict[tuple[str, str, str, str], dict[str, Any]] = field(default_factory=dict)
-
-    def add_records(self, records: Iterable[dict[str, Any]]) -> None:
-        for rec in records:
-            self.records.append(rec)
-            self._index[(rec["trace"], rec["system"], rec["capacity"], rec["model"])] = rec
-
-    def find(self, trace: str, system: str, capacity: str, model: str | None = None) -> dict[str, Any] | None:
-        return self._index.get((trace, system, capacity, model or self.model.name))
-
-    def regime_capacity(self, key: str, regime: str) -> str:
-        info = self.info[key]
-        calibrated = key if key in self.regimes else info.ws_key
-        return frac_label(self.regimes[calibrated][regime])
-
-    def main_keys(self, workload: str) -> list[str]:
-        return [k for k, i in self.info.items() if i.workload == workload and i.kind in ("base", "variant")]
-
-
-def frac_label(fraction: float) -> str:
-    return f"{fraction:g}x"
-
-
-def base_key(workload: str) -> str:
-    return workload
-
-
-def variant_key(workload: str, sps: float, seed: int, gap: float | None) -> str:
-    if sps == 1.0 and seed == 0 and (gap is None or gap == 7.5):
-        return base_key(workload)
-    return f"{workload}|sps={sps:g}|seed={seed}" + ("" if gap is None else f"|gap={gap:g}")
 
 
 # ============================================================================ traces
@@ -271,7 +155,7 @@ def plan_main_tasks(ctx: ReproContext) -> list[SweepTask]:
     tasks: list[SweepTask] = []
     regime_names = [name for name, _ in p.regimes]
     # figs. 7, 8, 9, 10, 13: every workload variant x regime x the paper's three systems
-    for workload in [w for w in ("lmsys", "sharegpt", "swe", "swe-keepall", "mooncake") if w in ctx.traces]:
+    for workload in ctx.main_workloads():
         for key in ctx.main_keys(workload):
             for regime in regime_names:
                 cap = ctx.regime_capacity(key, regime)
@@ -286,10 +170,8 @@ def plan_main_tasks(ctx: ReproContext) -> list[SweepTask]:
         for name in ctx.specs:
             tasks += [_task(ctx, "swe", s, cap, model=name, per_request=False) for s in MAIN_SYSTEMS]
     # alpha ablation: workload shifts and the whole-trace alpha scan
-    alpha_keys = [k for k, i in ctx.info.items() if i.kind == "shift"] + \
-        [w for w in p.alpha_scan_workloads if w in ctx.traces]
     alphas = sorted(set(p.alpha_grid) | set(p.fixed_alphas))
-    for key in alpha_keys:
+    for key in ctx.alpha_keys():
         cap = ctx.regime_capacity(key, "moderate")
         tasks += [_task(ctx, key, f"marconi:multiplier={m:g}" if m != 5 else "marconi", cap) for m in p.multipliers]
         tasks += [_task(ctx, key, f"marconi:alpha={a:g}", cap) for a in alphas]
@@ -335,7 +217,7 @@ def run_reproduction(profile: ReproProfile, out_dir: str | Path, *, backend: str
     Raises:
         FileNotFoundError: data the profile needs is missing.
     """
-    from marconi.experiments import repro_report
+    from marconi.experiments.reproduce import report
 
     started = time.perf_counter()
     progress = progress or _no_progress
@@ -380,8 +262,8 @@ def run_reproduction(profile: ReproProfile, out_dir: str | Path, *, backend: str
             be.close()
     t0 = time.perf_counter()
     ctx.timings["total_before_report_s"] = time.perf_counter() - started
-    repro_report.write_report(ctx, Path(out_dir), jamba_table=jamba_table, engine_latency=engine_latency,
-                              wall_time_s=ctx.timings["total_before_report_s"])
+    report.write_report(ctx, Path(out_dir), jamba_table=jamba_table, engine_latency=engine_latency,
+                        wall_time_s=ctx.timings["total_before_report_s"])
     ctx.timings["report_s"] = time.perf_counter() - t0
     return ctx
 
@@ -393,10 +275,7 @@ def rerender(profile: ReproProfile, out_dir: str | Path, *, jamba_table: str | P
     The traces are rebuilt (they are deterministic functions of the profile) for the analyses that
     read them. Raises FileNotFoundError if the earlier run's files are missing.
     """
-    import json
-
-    from marconi.experiments import repro_report
-    from marconi.sim.sweep import read_records
+    from marconi.experiments.reproduce import report
 
     out = Path(out_dir)
     summary = json.loads((out / "summary.json").read_text())
@@ -411,8 +290,8 @@ def rerender(profile: ReproProfile, out_dir: str | Path, *, jamba_table: str | P
     ctx.contention = {k: {float(f): c for f, c in v.items()} for k, v in summary["contention"].items()}
     ctx.timings = dict(summary.get("timings", {}))
     ctx.add_records(read_records(out / "points.jsonl"))
-    repro_report.write_report(ctx, out, jamba_table=jamba_table, engine_latency=engine_latency,
-                              wall_time_s=summary.get("wall_time_s"))
+    report.write_report(ctx, out, jamba_table=jamba_table, engine_latency=engine_latency,
+                        wall_time_s=summary.get("wall_time_s"))
     return ctx
 
 
@@ -423,71 +302,3 @@ def _run(ctx: ReproContext, be: Backend, tasks: Sequence[SweepTask], workers: in
     keys = {t.trace_key for t in tasks}
     return run_tasks({k: ctx.traces[k] for k in keys}, tasks, backend=be, workers=workers,
                      on_record=lambda rec: step(1))
-
-
-# ============================================================================ CLI
-def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser(
-        "reproduce", help="reproduce the Marconi paper's evaluation (figs. 7-13 + ablations) into one report",
-        description="Runs every figure's sweep on real traces and writes report.md, PNG figures and the "
-                    "JSONL records behind each figure.")
-    p.add_argument("--quick", action="store_true", help="smaller traces and fewer points (minutes on 2 cores)")
-    p.add_argument("--profile", choices=sorted(PROFILES), default=None,
-                   help="full (default) | quick (= --quick) | tiny (CI smoke test: vendored and synthetic data)")
-    p.add_argument("--out", default="report", help="output directory (default: report/)")
-    p.add_argument("--backend", default="local", choices=["local", "ray"],
-                   help="local: a process pool on this machine; ray: every point is a Ray task")
-    p.add_argument("--address", default=None, help="with --backend ray: join this Ray cluster (default: start one)")
-    p.add_argument("--workers", type=int, default=None, help="parallel processes / local Ray CPUs (default: all cores)")
-    p.add_argument("--lmsys", action="append", default=[], metavar="FILE",
-                   help="an LMSys-Chat-1M export (JSON/JSONL/Parquet); repeat for several parts")
-    p.add_argument("--tokenizer", default=None, help="tokenizer name or tokenizer.json (default: mistral-v1; "
-                                                    "llama2 from ../shared/data for the paper's)")
-    p.add_argument("--jamba-table", default=None,
-                   help="measured Jamba TTFT CSV (default: ../shared/data/latency/jamba-1.5-mini_4xA100_ttft.csv)")
-    p.add_argument("--engine-latency", default=None,
-                   help="the engine's measured TTFT: a CSV (tokens, ttft) or `marconi engine bench --out` JSONL")
-    p.add_argument("--report-only", action="store_true",
-                   help="rewrite report.md and the figures from an earlier run's records in --out (no simulation)")
-    p.add_argument("--quiet", action="store_true", help="no progress bars")
-    p.set_defaults(func=_cmd_reproduce)
-
-
-def _cmd_reproduce(args: argparse.Namespace) -> int:
-    from tqdm import tqdm
-
-    name = args.profile or ("quick" if args.quick else "full")
-    profile = PROFILES[name]
-    if args.lmsys:
-        profile = profile.with_lmsys(args.lmsys)
-    if args.tokenizer:
-        profile = replace(profile, source=replace(profile.source, tokenizer=args.tokenizer))
-    bars: list[Any] = []
-
-    def progress(desc: str, total: int) -> Callable[[int], None]:
-        if bars:
-            bars[-1].close()
-        bar = tqdm(total=total, desc=desc, unit="point", disable=args.quiet, file=sys.stderr, smoothing=0.05,
-                   mininterval=0.5 if sys.stderr.isatty() else 10.0)
-        bars.append(bar)
-        return bar.update
-
-    started = time.perf_counter()
-    if args.report_only:
-        ctx = rerender(profile, args.out, jamba_table=args.jamba_table, engine_latency=args.engine_latency)
-        print(f"rewrote {Path(args.out) / 'report.md'} from {len(ctx.records)} records", file=sys.stderr)
-        print((Path(args.out) / "summary.md").read_text())
-        return 0
-    print(f"marconi reproduce: profile {name}, backend {args.backend}, writing {args.out}/", file=sys.stderr)
-    try:
-        ctx = run_reproduction(profile, args.out, backend=args.backend, workers=args.workers, address=args.address,
-                               jamba_table=args.jamba_table, engine_latency=args.engine_latency, progress=progress)
-    finally:
-        for bar in bars:
-            bar.close()
-    elapsed = time.perf_counter() - started
-    summary = Path(args.out) / "summary.md"
-    print(f"{len(ctx.records)} simulations in {elapsed:.0f}s; report: {Path(args.out) / 'report.md'}", file=sys.stderr)
-    if summary.is_file():
-        print(summary.read_text())
-    return 0

@@ -1,0 +1,115 @@
+"""The latency models figs. 9 and 10 apply to per-request hits, and TTFT per request under one.
+
+* the A100 roofline on the paper's 7B model (always);
+* the paper's own Jamba-1.5-Mini measurements fitted with a line (read from ../shared/data, never
+  vendored);
+* the engine's measured CPU TTFT, when a table or ``marconi engine bench --out`` records are given.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from marconi.model import ModelSpec
+from marconi.sim.latency import LatencyModel, RooflineLatency, TableLatency
+from marconi.workloads import shared_data_dir
+
+__all__ = ["LatencySet", "latency_set", "engine_latency_from_file", "ttft", "JAMBA_TABLE"]
+
+JAMBA_TABLE = ("latency", "jamba-1.5-mini_4xA100_ttft.csv")
+
+
+@dataclass(slots=True)
+class LatencySet:
+    """The latency models fig. 9/10 apply to per-request hits: name -> model (None: not available, why)."""
+
+    models: dict[str, LatencyModel | None]
+    notes: dict[str, str]
+
+    def available(self) -> dict[str, LatencyModel]:
+        return {k: v for k, v in self.models.items() if v is not None}
+
+    def preferred(self) -> tuple[str, LatencyModel]:
+        """The paper's own model (the Jamba table) when present, else the roofline."""
+        avail = self.available()
+        for name in avail:
+            if name.startswith("Jamba"):
+                return name, avail[name]
+        name = next(iter(avail))
+        return name, avail[name]
+
+
+def engine_latency_from_file(path: str | Path) -> TableLatency:
+    """The engine's measured TTFT as a fitted line: a CSV (tokens, TTFT) or ``engine bench --out`` JSONL.
+
+    From JSONL, every ``kind == "ttft"`` record gives two points: (input_len, ttft_full_s) and
+    (input_len − hit_len, ttft_cached_s).
+    """
+    path = Path(path)
+    if path.suffix.lower() == ".csv":
+        return TableLatency.from_csv(path, name=f"engine:{path.stem}")
+    xs, ys = [], []
+    with path.open() as fh:
+        for line in fh:
+            if not line.strip():
+                continue
+            rec = json.loads(line)
+            if rec.get("kind") != "ttft":
+                continue
+            xs += [rec["input_len"], rec["input_len"] - rec["hit_len"]]
+            ys += [rec["ttft_full_s"], rec["ttft_cached_s"]]
+    if len(xs) < 2:
+        raise ValueError(f"{path}: no 'ttft' records of `marconi engine bench --out` to fit")
+    slope, intercept = np.polyfit(np.asarray(xs, dtype=float), np.asarray(ys, dtype=float), 1)
+    return TableLatency(float(intercept), float(slope), f"engine:{path.stem}")
+
+
+def latency_set(jamba_table: str | Path | None, engine_latency: str | Path | None) -> LatencySet:
+    models: dict[str, Any] = {"A100 roofline": RooflineLatency("a100")}
+    notes = {"A100 roofline": "prefill FLOPs of the uncached span of the paper's 7B hybrid at 50% of an A100's "
+                              "312 TFLOP/s, + 5 ms (`RooflineLatency('a100')`)"}
+    if jamba_table is None:
+        shared = shared_data_dir()
+        jamba_table = shared.joinpath(*JAMBA_TABLE) if shared is not None else None
+    if jamba_table is not None and Path(jamba_table).is_file():
+        table = TableLatency.from_csv(jamba_table)
+        models["Jamba table"] = table
+        notes["Jamba table"] = (f"the paper's Jamba-1.5-Mini 4×A100 measurements ({Path(jamba_table).name}, read from "
+                                f"../shared, not vendored) fitted with a line as the paper did: "
+                                f"TTFT = {table.intercept_s * 1000:.1f} ms + {table.slope_s_per_token * 1e6:.1f} µs × "
+                                "uncached tokens")
+    else:
+        models["Jamba table"] = None
+        notes["Jamba table"] = "not available: ../shared/data/latency/jamba-1.5-mini_4xA100_ttft.csv not found"
+    if engine_latency is not None:
+        eng = engine_latency_from_file(engine_latency)
+        models["engine (CPU, measured)"] = eng
+        notes["engine (CPU, measured)"] = (f"{Path(engine_latency).name} fitted with a line: TTFT = "
+                                           f"{eng.intercept_s * 1000:.1f} ms + {eng.slope_s_per_token * 1e6:.1f} µs × "
+                                           "uncached tokens")
+    else:
+        models["engine (CPU, measured)"] = None
+        notes["engine (CPU, measured)"] = ("not available: no engine latency table was given (run `marconi engine "
+                                           "bench --out bench.jsonl` and pass `--engine-latency bench.jsonl`)")
+    return LatencySet(models, notes)
+
+
+def ttft(rec: dict[str, Any], lat: LatencyModel, spec: ModelSpec) -> tuple[np.ndarray, np.ndarray]:
+    """(TTFT with the record's hits, TTFT without any cache) per request, in seconds."""
+    pr = rec["per_request"]
+    n = np.asarray(pr["input_len"], dtype=np.float64)
+    r = np.asarray(pr["reused_len"], dtype=np.float64)
+    if isinstance(lat, RooflineLatency):  # its formula is polynomial in the lengths: vectorised
+        return (np.asarray(lat.ttft_s(spec, n, r), dtype=np.float64),  # type: ignore[arg-type]
+                np.asarray(lat.ttft_s(spec, n, np.zeros_like(n)), dtype=np.float64))  # type: ignore[arg-type]
+    if isinstance(lat, TableLatency):
+        return (np.maximum(0.0, lat.intercept_s + lat.slope_s_per_token * (n - r)),
+                np.maximum(0.0, lat.intercept_s + lat.slope_s_per_token * n))
+    with_cache = np.array([lat.ttft_s(spec, int(a), int(b)) for a, b in zip(n, r)], dtype=np.float64)
+    without = np.array([lat.ttft_s(spec, int(a), 0) for a in n], dtype=np.float64)
+    return with_cache, without

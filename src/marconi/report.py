@@ -1,0 +1,129 @@
+"""Presentation helpers, in one place: number formatters, Markdown and plain-text tables, figures.
+
+Every table, summary and report of the project formats its numbers here, so the same quantity
+reads the same everywhere and a missing value is always :data:`MISSING` (an en dash). Formatters
+take ``None``, NaN and infinities and print :data:`MISSING` for them rather than ``nan%``.
+
+Computation never lives here: a ratio of two numbers is the caller's (``safe_ratio`` in the
+reproduction); :func:`fmt_times` only prints one.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence
+
+__all__ = ["MISSING", "fmt_pct", "fmt_signed_pct", "fmt_pts", "fmt_times", "fmt_seconds", "md_table",
+           "format_table", "pyplot", "save_figure"]
+
+MISSING = "–"
+"""What every formatter and table prints for a missing value (None, NaN or infinite)."""
+
+
+def _missing(x: float | None) -> bool:
+    return x is None or not math.isfinite(x)
+
+
+def fmt_pct(x: float | None, digits: int = 1) -> str:
+    """A fraction as a percentage: ``0.1234 -> "12.3%"``."""
+    return MISSING if _missing(x) else f"{100 * x:.{digits}f}%"  # type: ignore[operator]
+
+
+def fmt_signed_pct(x: float | None, digits: int = 1) -> str:
+    """A relative change as a signed percentage: ``-0.05 -> "-5.0%"``, ``0.2 -> "+20.0%"``."""
+    return MISSING if _missing(x) else f"{100 * x:+.{digits}f}%"  # type: ignore[operator]
+
+
+def fmt_pts(x: float | None) -> str:
+    """A difference of two fractions in percentage points: ``0.0123 -> "+1.23 pts"``."""
+    return MISSING if _missing(x) else f"{100 * x:+.2f} pts"  # type: ignore[operator]
+
+
+def fmt_times(x: float | None) -> str:
+    """A multiple: ``4.5 -> "4.50×"``."""
+    return MISSING if _missing(x) else f"{x:.2f}×"
+
+
+def fmt_seconds(x: float | None) -> str:
+    """A duration: milliseconds below 10 s (``0.0123 -> "12.3ms"``), else seconds (``"12.0s"``)."""
+    if _missing(x):
+        return MISSING
+    assert x is not None
+    return f"{x * 1000:.1f}ms" if x < 10 else f"{x:.1f}s"
+
+
+def md_table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
+    """A GitHub Markdown table; cells are ``str()``-ed as they are (format them first)."""
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+Column = tuple[str, str, "Callable[[Any], str] | None"]
+
+
+def format_table(rows: Sequence[dict[str, Any]], columns: Sequence[Column]) -> str:
+    """Aligned plain text for a terminal: records in, one line per record out.
+
+    ``columns`` are ``(header, key, formatter)``; a missing key or a None value prints
+    :data:`MISSING`, a value without a formatter prints ``str(value)``. The first column is
+    left-aligned, the others right-aligned.
+    """
+    cells = [[h for h, _, _ in columns]]
+    for row in rows:
+        line = []
+        for _, key, fmt in columns:
+            value = row.get(key)
+            line.append(MISSING if value is None else (fmt(value) if fmt else str(value)))
+        cells.append(line)
+    widths = [max(len(r[i]) for r in cells) for i in range(len(columns))]
+    out = []
+    for j, r in enumerate(cells):
+        out.append("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))))
+        if j == 0:
+            out.append("  ".join("-" * w for w in widths))
+    return "\n".join(out)
+
+
+def _new_file_mode(target: Path) -> int:
+    try:
+        return target.stat().st_mode & 0o7777
+    except FileNotFoundError:
+        umask = os.umask(0)
+        os.umask(umask)
+        return 0o666 & ~umask
+
+
+def pyplot() -> Any:
+    """``matplotlib.pyplot`` on the non-interactive Agg backend (imported on first use: it is slow)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def save_figure(fig: Any, path: str | os.PathLike[str], *, dpi: int = 110) -> Path:
+    """Save ``fig`` as a PNG at ``path`` and close it; returns ``path``.
+
+    Atomic: the PNG is written to a temp file beside ``path`` and renamed over it, so a crash
+    never leaves a half-written image; on an error ``path`` is left as it was. The figure is
+    closed either way (pyplot keeps every open figure alive).
+    """
+    plt = pyplot()
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.stem}.", suffix=".png.tmp", dir=target.parent)
+    os.close(fd)
+    try:
+        fig.savefig(tmp, format="png", dpi=dpi)
+        os.chmod(tmp, _new_file_mode(target))  # mkstemp makes 0600; give the mode a plain open() would
+        os.replace(tmp, target)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+        plt.close(fig)
+    return target
