@@ -10,8 +10,6 @@ comparison between them stated next to the number.
 from __future__ import annotations
 
 import math
-import os
-import tempfile
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +18,7 @@ from typing import Any, Callable, Iterable, Sequence
 import numpy as np
 
 from marconi.experiments.repro_traces import WORKLOAD_LABELS, continuation_stats, reuse_kinds
+from marconi.io import atomic_write
 from marconi.model import ModelSpec
 from marconi.sim.latency import LatencyModel, RooflineLatency, TableLatency
 from marconi.units import format_bytes
@@ -92,14 +91,10 @@ def save_figure(fig: Any, path: Path) -> Path:
     """``fig.savefig`` to a temp file beside ``path``, then rename (never a half-written PNG)."""
     import matplotlib.pyplot as plt
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=".png", dir=path.parent)
-    os.close(fd)
     try:
-        fig.savefig(tmp, dpi=110)
-        os.replace(tmp, path)
+        with atomic_write(path, "wb") as fh:
+            fig.savefig(fh, format="png", dpi=110)
     finally:
-        Path(tmp).unlink(missing_ok=True)
         plt.close(fig)
     return path
 

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +17,7 @@ import numpy as np
 from marconi.experiments import repro_explain
 from marconi.experiments.repro_figures import FIGURES, FigureReport, LatencySet, md_table, pct
 from marconi.experiments.repro_traces import WORKLOAD_LABELS
+from marconi.io import iter_jsonl, write_text
 from marconi.sim.latency import RooflineLatency, TableLatency
 from marconi.sim.sweep import write_records
 from marconi.units import format_bytes
@@ -30,18 +29,6 @@ JAMBA_TABLE = ("latency", "jamba-1.5-mini_4xA100_ttft.csv")
 HOLDS_LEGEND = ("*holds*: **yes** = the direction of the paper's finding and, where the paper quotes a magnitude, its "
                 "size within 2×; **partly** = the direction only, or on some workloads only; **no** = the direction "
                 "fails. Lead observations are judged against the lead's statement.")
-
-
-def _write_text(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _jsonable(obj: Any) -> Any:
@@ -70,15 +57,11 @@ def engine_latency_from_file(path: str | Path) -> TableLatency:
     if path.suffix.lower() == ".csv":
         return TableLatency.from_csv(path, name=f"engine:{path.stem}")
     xs, ys = [], []
-    with path.open() as fh:
-        for line in fh:
-            if not line.strip():
-                continue
-            rec = json.loads(line)
-            if rec.get("kind") != "ttft":
-                continue
-            xs += [rec["input_len"], rec["input_len"] - rec["hit_len"]]
-            ys += [rec["ttft_full_s"], rec["ttft_cached_s"]]
+    for _, rec in iter_jsonl(path):
+        if not isinstance(rec, dict) or rec.get("kind") != "ttft":
+            continue
+        xs += [rec["input_len"], rec["input_len"] - rec["hit_len"]]
+        ys += [rec["ttft_full_s"], rec["ttft_cached_s"]]
     if len(xs) < 2:
         raise ValueError(f"{path}: no 'ttft' records of `marconi engine bench --out` to fit")
     slope, intercept = np.polyfit(np.asarray(xs, dtype=float), np.asarray(ys, dtype=float), 1)
@@ -132,14 +115,14 @@ def write_report(ctx: Any, out: Path, *, jamba_table: str | Path | None = None,
     findings = [f for rep in reports for f in rep.findings]
     summary = md_table(["figure", "paper's finding", "paper", "ours", "holds"],
                        [[f.figure, f.claim, f.paper, f.ours, f.holds] for f in findings])
-    _write_text(out / "summary.md", summary + "\n")
-    _write_text(out / "summary.json", json.dumps(_jsonable({
+    write_text(out / "summary.md", summary + "\n")
+    write_text(out / "summary.json", json.dumps(_jsonable({
         "profile": ctx.profile.name, "backend": ctx.backend, "wall_time_s": elapsed, "timings": ctx.timings,
         "regimes": ctx.regimes, "contention": ctx.contention,
         "working_sets": [[k, m, v] for (k, m), v in ctx.ws.items()],
         "latency": lat.notes, "findings": [f.as_dict() for f in findings],
         "figures": {rep.key: rep.data for rep in reports}}), indent=1) + "\n")
-    _write_text(out / "report.md", _render(ctx, reports, lat, summary, elapsed))
+    write_text(out / "report.md", _render(ctx, reports, lat, summary, elapsed))
     return reports
 
 

@@ -83,7 +83,8 @@ from marconi.sparse import (
 )
 from marconi.units import parse_capacity
 from marconi.workloads.synthetic import prompt_tree_trace
-from marconi.workloads.trace import Trace, atomic_output
+from marconi.io import atomic_write, check_output
+from marconi.workloads.trace import Trace
 
 __all__ = [
     "SCALES",
@@ -811,7 +812,7 @@ def write_outputs(records: Sequence[dict[str, Any]], out_dir: str | Path, notes:
                                           out / "plots" / f"{w['workload']}_{_slug(cap)}_simulation.png"))
         paths.append(_plot_analytic(records, w["workload"], out / "plots" / f"{w['workload']}_analytic.png"))
     summary = out / "summary.md"
-    with atomic_output(summary, "w") as fh:
+    with atomic_write(summary, "w") as fh:
         fh.write(summary_markdown(records, notes))
     paths.append(summary)
     return paths
@@ -868,7 +869,7 @@ def _draw(ax: Any, recs: Sequence[dict[str, Any]], x: str, y: str, scale_x: floa
 def _save(fig: Any, path: Path) -> Path:
     import matplotlib.pyplot as plt
 
-    with atomic_output(path, "wb") as fh:
+    with atomic_write(path, "wb") as fh:
         fig.savefig(fh, format="png", dpi=110)
     plt.close(fig)
     return path
