@@ -59,12 +59,11 @@ from __future__ import annotations
 import argparse
 import functools
 import math
-import multiprocessing
 import os
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import as_completed
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -73,6 +72,7 @@ import numpy as np
 
 from marconi.admission import AdmissionContext, MatchResult, make_admission
 from marconi.model import ModelSpec, get_model
+from marconi.pool import worker_pool
 from marconi.registry import ConfigError
 from marconi.sparse import (
     TOKEN_COST,
@@ -577,7 +577,7 @@ def run_study(config: StudyConfig, workloads: Sequence[Workload],
             if on_done:
                 on_done(task)
     else:
-        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
+        with worker_pool(workers) as pool:  # workers die with this process
             futures = {pool.submit(run, task): i for i, task in enumerate(tasks)}
             for future in as_completed(futures):
                 results[futures[future]] = future.result()
@@ -1043,6 +1043,7 @@ def _analytic_table(records: Sequence[dict[str, Any]], workload: str) -> str:
 def _cmd_sparse(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
+    check_output(args.out, directory=True)  # before the study runs, not after
     if args.from_records:
         return _cmd_render(args)
 
@@ -1081,10 +1082,17 @@ def _cmd_sparse(args: argparse.Namespace) -> int:
     return 0
 
 
+# What every record of a study has (what the plots and the summary read).
+RECORD_FIELDS = ("kind", "workload", "strategy", "label", "budget", "block", "break_even_tokens")
+
+
 def _cmd_render(args: argparse.Namespace) -> int:
     from marconi.sim.sweep import read_records
 
-    records = read_records(args.from_records)
+    # Check every record before anything is written to --out (a wrong file must not be copied there).
+    records = read_records(args.from_records, required=RECORD_FIELDS, kind="`marconi experiment sparse`")
+    if not records:
+        raise ConfigError(f"{args.from_records}: no records to render")
     same = Path(args.from_records).resolve() == (Path(args.out) / "records.jsonl").resolve()
     paths = write_outputs(records, args.out, write_jsonl=not same)
     print(f"rendered {len(records)} records from {args.from_records} into {len(paths)} files under {args.out}",
