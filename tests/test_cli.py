@@ -288,3 +288,17 @@ def test_clean_traces_have_no_warnings(tmp_path, capsys):
     assert main(["trace", "validate", str(path)]) == 0
     assert capsys.readouterr().out.strip() == f"{path}: OK"
 
+
+def test_experiment_output_folders_are_checked_before_any_work(tmp_path, monkeypatch, capsys):
+    from marconi.experiments import reproduce, sparse
+
+    def fail(*args, **kwargs):
+        raise AssertionError("the study ran before the error was detected")
+    monkeypatch.setattr(reproduce, "run_reproduction", fail)
+    monkeypatch.setattr(sparse, "run_study", fail)
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    assert main(["reproduce", "--profile", "tiny", "--out", str(blocker), "--quiet"]) == 2
+    assert "exists and is not a directory" in capsys.readouterr().err
+    assert main(["experiment", "sparse", "--tiny", "--out", str(blocker / "sub"), "--quiet"]) == 2
+    assert "not a directory" in capsys.readouterr().err

@@ -135,7 +135,7 @@ def _render(ctx: Any, reports: list[FigureReport], lat: LatencySet, summary: str
              f"{format_bytes(ctx.model.ssm_checkpoint_bytes)}), backend **{ctx.backend}**, "
              f"{len(ctx.records)} simulations" + (f" in **{elapsed:.0f} s** (wall time of the simulation phases)"
                                                   if elapsed is not None else "")
-             + ". Every number below is computed from the JSONL records in this directory; the paper's numbers are "
+             + f". Data: {p.source.describe()}. Every number below is computed from the JSONL records in this directory; the paper's numbers are "
                "quoted from its §5. Replay is sequential (each request matched, then inserted), as in the authors' "
                "simulator; token hit rate = reused input tokens / input tokens.\n",
              "## Summary\n", summary, "\n", HOLDS_LEGEND, "\n",

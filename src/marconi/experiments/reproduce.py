@@ -28,13 +28,15 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
 from marconi.experiments.repro_traces import TraceFactory, WorkloadSource, data_available
+from marconi.io import check_output
 from marconi.model import ModelSpec, get_model
 from marconi.sim.backends import Backend, make_backend
 from marconi.sim.sweep import SweepPoint, SweepTask, run_tasks, working_sets
 from marconi.tuning import DEFAULT_ALPHA_GRID
 from marconi.workloads import Trace
 
-__all__ = ["ReproProfile", "PROFILES", "ReproContext", "run_reproduction", "register", "plan_main_tasks"]
+__all__ = ["ReproProfile", "PROFILES", "ReproContext", "run_reproduction", "register", "plan_main_tasks",
+           "with_available_data"]
 
 MAIN_SYSTEMS = ("vllm+", "sglang+", "marconi")
 ProgressFactory = Callable[[str, int], Callable[[int], None]]
@@ -91,6 +93,22 @@ PROFILES: dict[str, ReproProfile] = {
         state_dims=(16, 128), alpha_grid=(0.0, 1.0, 2.0), multipliers=(5,), ablation_workloads=("sharegpt",),
         shifts=(("swe-keepall", "swe"),), fig11_workloads=("swe",), alpha_scan_workloads=("swe",)),
 }
+
+
+def with_available_data(profile: ReproProfile) -> tuple[ReproProfile, str]:
+    """The profile on the data this machine has, and a line saying which that is.
+
+    A fresh clone has no ``../shared/data``: then the real-data workloads fall back to the
+    repository's own samples (:meth:`WorkloadSource.bundled`) instead of failing, and the line says so.
+    """
+    from marconi.workloads import shared_data_dir
+
+    if profile.source.needs_shared_data() and shared_data_dir() is None:
+        profile = replace(profile, source=profile.source.bundled())
+        return profile, ("the shared data set (../shared/data or $MARCONI_SHARED_DATA) was not found, so this "
+                         f"runs on the repository's bundled data: {profile.source.describe()}. For the real "
+                         "traces, get the data sets as the README's Data section says")
+    return profile, f"data: {profile.source.describe()}"
 
 
 # ============================================================================ context
@@ -462,6 +480,7 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
         profile = profile.with_lmsys(args.lmsys)
     if args.tokenizer:
         profile = replace(profile, source=replace(profile.source, tokenizer=args.tokenizer))
+    profile, data_note = with_available_data(profile)
     bars: list[Any] = []
 
     def progress(desc: str, total: int) -> Callable[[int], None]:
@@ -478,7 +497,9 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
         print(f"rewrote {Path(args.out) / 'report.md'} from {len(ctx.records)} records", file=sys.stderr)
         print((Path(args.out) / "summary.md").read_text())
         return 0
-    print(f"marconi reproduce: profile {name}, backend {args.backend}, writing {args.out}/", file=sys.stderr)
+    check_output(args.out, directory=True)  # before minutes of simulation, not after
+    print(f"marconi reproduce: profile {name}, backend {args.backend}, writing {args.out}/\n{data_note}",
+          file=sys.stderr)
     try:
         ctx = run_reproduction(profile, args.out, backend=args.backend, workers=args.workers, address=args.address,
                                jamba_table=args.jamba_table, engine_latency=args.engine_latency, progress=progress)

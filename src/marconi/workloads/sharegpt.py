@@ -252,11 +252,17 @@ def build_chat_trace(paths: Sequence[str | os.PathLike], *, num_sessions: int | 
 
 
 def default_sharegpt_files() -> list[Path]:
-    """The shared data set's ShareGPT parts with >= 20 messages in file order, or [] if absent."""
+    """The shared data set's ShareGPT parts with >= 20 messages in file order, or [] if absent.
+
+    Without the filtered parts, the original ``ShareGPT_V3_unfiltered_cleaned_split.json`` there
+    serves (the builder applies the same >= 20-message filter, so the sessions are the same).
+    """
     shared = shared_data_dir()
     if shared is None:
         return []
-    return sorted((shared / "sharegpt").glob("sharegpt_v3_ge10rounds_fileorder_part*.json"))
+    folder = shared / "sharegpt"
+    return (sorted(folder.glob("sharegpt_v3_ge10rounds_fileorder_part*.json"))
+            or sorted(folder.glob("ShareGPT_V3_unfiltered_cleaned_split.json")))
 
 
 def build_sharegpt_trace(paths: Sequence[str | os.PathLike] | None = None, **params: Any) -> Trace:

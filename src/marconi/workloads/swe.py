@@ -217,10 +217,15 @@ def _gaps(traj: Trajectory, messages: Sequence[Message], gaps: str, mean_gap_s: 
 
 
 def default_swe_paths() -> list[Path]:
-    """The shared data set's mini-swe-agent trajectories, else the vendored 10-trajectory sample."""
+    """The shared data set's mini-swe-agent trajectories, else the vendored 10-trajectory sample.
+
+    The folder holds the compacted ``msa_*_partNN.json`` arrays, or the original repository's
+    ``trajs/<id>/<id>.traj.json`` files (then the folder itself is read, recursively).
+    """
     shared = shared_data_dir()
-    if shared is not None and (shared / "swe" / "mini-swe-agent-gemini3pro").is_dir():
-        return sorted((shared / "swe" / "mini-swe-agent-gemini3pro").glob("msa_*_part*.json"))
+    folder = shared / "swe" / "mini-swe-agent-gemini3pro" if shared is not None else None
+    if folder is not None and folder.is_dir():
+        return sorted(folder.glob("msa_*_part*.json")) or [folder]
     return [bundled_data_dir() / "swe" / "msa_gemini3pro_verified_first10.json"]
 
 
