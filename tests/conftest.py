@@ -1,18 +1,20 @@
-import os
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-SHARED_DATA = Path(os.environ.get("MARCONI_SHARED_DATA", ROOT.parent / "shared" / "data"))
+from marconi.workloads.paths import shared_data_dir
 
 
 @pytest.fixture(scope="session")
 def shared_data() -> Path:
-    """The larger real datasets in ../shared/data; tests using it skip where it is absent."""
-    if not SHARED_DATA.is_dir():
-        pytest.skip(f"../shared/data not found at {SHARED_DATA} (set MARCONI_SHARED_DATA); CI always has it")
-    return SHARED_DATA
+    """The larger real data sets, found exactly as the package finds them (``shared_data_dir``:
+    ``$MARCONI_SHARED_DATA``, else ``../shared/data`` beside the repository); tests using it skip
+    where it is absent."""
+    path = shared_data_dir()
+    if path is None:
+        pytest.skip("the shared data set was not found ($MARCONI_SHARED_DATA, or ../shared/data beside the "
+                    "repository); CI always has it")
+    return path
 
 
 @pytest.fixture(scope="module")

@@ -47,3 +47,259 @@ def test_bad_trace_fails_clearly_and_writes_nothing(tmp_path, capsys):
     assert "valid parameters: alpha" in capsys.readouterr().err
     assert main(["simulate", "--trace", "swe-sample", "--capacity", "1", "--quiet"]) == 2
     assert "smaller than one SSM checkpoint" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------- hardening (issue 9)
+import os  # noqa: E402
+import stat  # noqa: E402
+
+import pytest  # noqa: E402
+
+from marconi.workloads import bundled_data_dir, bundled_trace, read_trace, write_trace  # noqa: E402
+
+FAST = ["--systems", "vanilla,sglang+", "--capacity", "0.1x", "--quiet", "--workers", "1", "--no-per-request"]
+
+
+def _line(**fields):
+    rec = {"session_id": 0, "turn_id": 0, "ts": 0.0, "input_tokens": [1, 2, 3], "output_tokens": [4]}
+    rec.update(fields)
+    return json.dumps(rec)
+
+
+@pytest.fixture
+def small_trace(tmp_path):
+    path = tmp_path / "small.jsonl"
+    write_trace(path, bundled_trace("swe-sample").head(30))
+    return path
+
+
+@pytest.fixture
+def no_sweep(monkeypatch):
+    """Fails the test if a sweep starts: the error had to be found before any work."""
+    import marconi.sim.sweep
+
+    def fail(*args, **kwargs):
+        raise AssertionError("the sweep ran before the error was detected")
+    monkeypatch.setattr(marconi.sim.sweep, "run_sweep", fail)
+
+
+@pytest.fixture
+def no_trace_load(monkeypatch):
+    """Fails the test if the trace is loaded: the error had to be found at parse time."""
+    import marconi.cli
+
+    def fail(*args, **kwargs):
+        raise AssertionError("the trace was loaded before the error was detected")
+    monkeypatch.setattr(marconi.cli, "load_trace", fail)
+
+
+def test_out_equal_to_the_trace_is_refused_and_the_trace_kept(small_trace, no_sweep, capsys):
+    before = small_trace.read_bytes()
+    assert main(["simulate", "--trace", str(small_trace), "--out", str(small_trace), *FAST]) == 2
+    assert "also an input" in capsys.readouterr().err
+    assert small_trace.read_bytes() == before
+    alias = small_trace.parent / "alias.jsonl"  # the same file under another name
+    alias.symlink_to(small_trace)
+    assert main(["simulate", "--trace", str(small_trace), "--out", str(alias), *FAST]) == 2
+    assert small_trace.read_bytes() == before and alias.is_symlink()
+
+
+def test_out_equal_to_another_input_is_refused(tmp_path, no_sweep, capsys):
+    table = tmp_path / "ttft.csv"
+    table.write_text("tokens,ttft_ms\n100,10\n200,20\n")
+    assert main(["simulate", "--trace", "swe-sample", "--latency", f"table:{table}", "--out", str(table), *FAST]) == 2
+    assert "also an input" in capsys.readouterr().err
+    assert table.read_text() == "tokens,ttft_ms\n100,10\n200,20\n"
+    src = str(bundled_data_dir() / "mooncake" / "conversation_trace_first2000.jsonl")
+    copy = tmp_path / "mc.jsonl"
+    copy.write_bytes(open(src, "rb").read())
+    code = main(["trace", "build", "mooncake", str(copy), "--limit", "5", "--out", str(copy)])
+    assert code == 2 and "also an input" in capsys.readouterr().err
+    assert copy.read_bytes() == open(src, "rb").read()
+
+
+def test_out_through_a_symlink_or_to_dev_null_leaves_them_in_place(tmp_path, capsys):
+    real = tmp_path / "real.jsonl"
+    link = tmp_path / "link.jsonl"
+    link.symlink_to(real)
+    assert main(["simulate", "--trace", "swe-sample", "--out", str(link), *FAST]) == 0
+    assert link.is_symlink() and len(real.read_text().splitlines()) == 2
+    null = os.stat("/dev/null")
+    assert main(["simulate", "--trace", "swe-sample", "--out", "/dev/null", *FAST]) == 0
+    discard = tmp_path / "discard.jsonl"  # a trace's format comes from its name: link one to /dev/null
+    discard.symlink_to("/dev/null")
+    assert main(["trace", "build", "bundled", "chat-synthetic", "--out", str(discard)]) == 0
+    after = os.stat("/dev/null")
+    assert stat.S_ISCHR(after.st_mode) and after.st_rdev == null.st_rdev and after.st_ino == null.st_ino
+    assert discard.is_symlink() and not os.path.exists("/dev/null.meta.json")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["discard.jsonl", "link.jsonl", "real.jsonl"]
+
+
+def test_results_files_get_normal_permissions_like_trace_files(tmp_path, capsys):
+    old = os.umask(0o022)
+    try:
+        assert main(["simulate", "--trace", "swe-sample", "--out", str(tmp_path / "r.jsonl"), *FAST]) == 0
+        assert main(["trace", "build", "bundled", "chat-synthetic", "--out", str(tmp_path / "t.jsonl")]) == 0
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "r.jsonl").stat().st_mode) == 0o644
+    assert stat.S_IMODE((tmp_path / "t.jsonl").stat().st_mode) == 0o644
+
+
+def test_out_problems_are_found_before_the_sweep(tmp_path, no_sweep, capsys):
+    (tmp_path / "exists").mkdir()
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    for out, message in [(tmp_path / "exists", "is a directory"),
+                         (blocker / "r.jsonl", "not a directory"),
+                         ("/proc/self/r.jsonl", "cannot write")]:
+        assert main(["simulate", "--trace", "swe-sample", "--out", str(out), *FAST]) == 2
+        assert message in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["exists", "file"]
+
+
+@pytest.mark.parametrize("capacity, message", [
+    ("1e30", "larger than 1e+18 bytes"), ("1e400", "larger than 1e+18 bytes"), ("infx", "cannot read capacity"),
+    ("nan%", "cannot read capacity"), ("abc%", "cannot read capacity"), ("2000x", "above 1000x"),
+    ("0%", "must be > 0")])
+def test_bad_capacities_are_clear_errors_at_parse_time(capacity, message, no_trace_load, capsys):
+    assert main(["simulate", "--trace", "swe-sample", "--capacity", capacity, "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("system, message", [
+    ("marconi:alpha=nan", "alpha must be a finite number"), ("marconi:alpha=inf", "alpha must be a finite number"),
+    ("vllm+:block=0", "block must be >= 1"), ("marconi:multiplier=0", "multiplier must be a finite number > 0"),
+    ("marconi:tolerance=-1", "tolerance must be in [0, 1)"), ("marconi:alpha=1,alpha=2", "'alpha' is given twice"),
+    ("marconi:drift=nan", "not a valid finite number"), ("custom:admission=every-block,block=0", "block must be >= 1"),
+    ("custom:admission=uniform(m=-1)", "m must be >= 0")])
+def test_bad_system_parameters_are_rejected_before_the_trace_loads(system, message, no_trace_load, capsys):
+    assert main(["simulate", "--trace", "swe-sample", "--systems", system, "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert message in err and system.split(",")[0].split("(")[0] in err
+
+
+def test_inputs_that_used_to_raise_tracebacks_are_clear_errors(tmp_path, capsys):
+    (tmp_path / "dir.jsonl").mkdir()
+    deep = tmp_path / "deep.jsonl"
+    deep.write_text("[" * 100_000 + "]" * 100_000 + "\n")
+    listed = tmp_path / "config.json"
+    listed.write_text("[1, 2]")
+    cases = [
+        (["simulate", "--trace", str(tmp_path / "dir.jsonl"), *FAST], "is a directory"),
+        (["simulate", "--trace", str(deep), *FAST], "deep.jsonl:1: JSON nested too deeply"),
+        (["trace", "stats", str(deep)], "deep.jsonl:1: JSON nested too deeply"),
+        (["simulate", "--trace", "swe-sample", "--model", str(listed), "--quiet"], "expected a JSON object"),
+    ]
+    for argv, message in cases:
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert message in err and "Traceback" not in err, argv
+    assert main(["trace", "validate", str(deep)]) == 1
+    assert "deep.jsonl:1: JSON nested too deeply" in capsys.readouterr().out
+
+
+def test_compare_on_a_trace_file_says_it_is_not_a_results_file(small_trace, tmp_path, capsys):
+    plots = tmp_path / "plots"
+    assert main(["compare", str(small_trace), "--plots", str(plots)]) == 2
+    err = capsys.readouterr().err
+    assert "small.jsonl:1: not one of the `marconi simulate --out` results records" in err
+    assert not plots.exists()
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n")
+    assert main(["compare", str(empty), "--plots", str(plots)]) == 2
+    assert "no records" in capsys.readouterr().err and not plots.exists()
+
+
+def test_sparse_from_records_with_a_wrong_file_copies_nothing(small_trace, tmp_path, capsys):
+    out = tmp_path / "study"
+    assert main(["experiment", "sparse", "--out", str(out), "--from-records", str(small_trace)]) == 2
+    assert "not one of the `marconi experiment sparse` records" in capsys.readouterr().err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("limit", ["0", "-1", "x"])
+def test_limit_below_one_is_an_error_for_every_command(limit, capsys):
+    for argv in (["simulate", "--trace", "swe-sample", "--limit", limit],
+                 ["simulate", "--trace", "chat-synthetic", "--limit", limit],
+                 ["trace", "build", "mooncake", "--limit", limit, "--out", "x.jsonl"],
+                 ["engine", "bench", "--limit", limit]):
+        with pytest.raises(SystemExit) as info:
+            main(argv)
+        assert info.value.code == 2
+        assert "--limit" in capsys.readouterr().err
+
+
+def test_limit_means_the_same_for_files_and_bundled_traces(small_trace):
+    from marconi.cli import load_trace
+
+    for source in (str(small_trace), "swe-sample"):
+        assert len(load_trace(source, 7)) == 7
+        assert len(load_trace(source, 0)) == 0
+        with pytest.raises(ValueError, match="limit"):
+            load_trace(source, -1)
+
+
+def test_a_bad_byte_is_reported_on_its_line(tmp_path, capsys):
+    lines = [_line(session_id=i, ts=float(i)).encode() for i in range(400)]
+    lines[299] = lines[299].replace(b'"session_id"', b'"sess\xffion_id"')
+    path = tmp_path / "bytes.jsonl"
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    assert main(["simulate", "--trace", str(path), *FAST]) == 2
+    assert "bytes.jsonl:300: not UTF-8 text" in capsys.readouterr().err
+    assert main(["trace", "validate", str(path)]) == 1
+    assert capsys.readouterr().out.splitlines() == [f"{path}:300: not UTF-8 text (byte 0xff at column 7)"]
+
+
+def test_an_empty_trace_is_an_error_not_an_all_zero_record(tmp_path, capsys):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    out = tmp_path / "r.jsonl"
+    assert main(["simulate", "--trace", str(empty), "--out", str(out), *FAST]) == 2
+    assert "has no requests" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_duplicate_turns_and_turns_that_do_not_extend_are_reported(tmp_path, capsys):
+    path = tmp_path / "odd.jsonl"
+    path.write_text("\n".join([
+        _line(turn_id=0, input_tokens=[1, 2], output_tokens=[3]),
+        _line(turn_id=1, ts=1.0, input_tokens=[1, 2, 3, 4], output_tokens=[5]),   # extends turn 0
+        _line(turn_id=1, ts=2.0, input_tokens=[1, 2, 3, 4, 5, 6], output_tokens=[7]),  # repeats turn 1
+        _line(turn_id=2, ts=3.0, input_tokens=[9, 9], output_tokens=[]),  # does not extend
+        _line(session_id="b", ts=4.0)]) + "\n")
+    assert main(["trace", "validate", str(path)]) == 0  # valid, with warnings
+    out = capsys.readouterr().out
+    assert (f"{path}:3: warning: field 'turn_id': (session 0, turn 1) already appeared at line 2; "
+            "1 repeated (session, turn) pair(s) in all") in out
+    assert "1 of 3 follow-up turns do not extend their session's previous turn" in out and "(lines 4)" in out
+    assert "OK (2 warning(s))" in out
+    assert main(["simulate", "--trace", str(path), "--systems", "vanilla", "--capacity", "10GB", "--quiet",
+                 "--workers", "1"]) == 0
+    err = capsys.readouterr().err
+    assert "warning" in err and "(session 0, turn 1) already appeared" in err
+
+
+def test_clean_traces_have_no_warnings(tmp_path, capsys):
+    path = tmp_path / "chat.jsonl"
+    assert main(["trace", "build", "bundled", "chat-synthetic", "--out", str(path)]) == 0
+    capsys.readouterr()
+    assert main(["trace", "validate", str(path)]) == 0
+    assert capsys.readouterr().out.strip() == f"{path}: OK"
+
+
+def test_experiment_output_folders_are_checked_before_any_work(tmp_path, monkeypatch, capsys):
+    from marconi.experiments.reproduce import pipeline
+    from marconi.experiments.sparse import command as sparse_command
+
+    def fail(*args, **kwargs):
+        raise AssertionError("the study ran before the error was detected")
+    monkeypatch.setattr(pipeline, "run_reproduction", fail)
+    monkeypatch.setattr(sparse_command, "run_study", fail)
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    assert main(["reproduce", "--profile", "tiny", "--out", str(blocker), "--quiet"]) == 2
+    assert "exists and is not a directory" in capsys.readouterr().err
+    assert main(["experiment", "sparse", "--tiny", "--out", str(blocker / "sub"), "--quiet"]) == 2
+    assert "not a directory" in capsys.readouterr().err

@@ -11,22 +11,38 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
+from marconi.pool import sigterm_raises, sigterm_received
 from marconi.registry import ConfigError, split_name_list
+from marconi.units import request_limit
 
 __all__ = ["main", "load_trace"]
 
 
 def load_trace(text: str, limit: int | None = None) -> Any:
-    """A bundled trace by name (``swe-sample``, ``mooncake-sample``, …) or a JSONL/Parquet file."""
+    """A bundled trace by name (``swe-sample``, ``mooncake-sample``, …) or a JSONL/Parquet file.
+
+    ``limit``: the first ``limit`` requests (None: all; 0: none), the same for both kinds.
+    """
     from marconi.workloads import bundled_trace, list_bundled, read_trace
 
     if text in list_bundled():
         trace = bundled_trace(text)
-        return trace.head(limit) if limit else trace
+        return trace.head(limit) if limit is not None else trace
     path = Path(text)
     if not path.exists():
         raise ConfigError(f"trace {text!r} is neither a file nor a bundled trace ({', '.join(list_bundled())})")
     return read_trace(path, limit=limit)
+
+
+def _file_inputs(*texts: str | None) -> list[str]:
+    """The arguments that name existing files (a --out must not overwrite any of them)."""
+    out = []
+    for text in texts:
+        for item in (text or "").split(","):
+            item = item.strip().removeprefix("table:")
+            if item and Path(item).exists():
+                out.append(item)
+    return out
 
 
 # --------------------------------------------------------------------------- models / systems
@@ -94,15 +110,29 @@ def _decorate(rec: dict[str, Any]) -> dict[str, Any]:
 def _cmd_simulate(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
+    from marconi.io import check_output
     from marconi.sim.backends import make_backend
+    from marconi.sim.latency import make_latency
     from marconi.sim.sweep import expand_points, run_sweep, write_records
+    from marconi.workloads.trace import session_warnings
 
+    # Everything that can be checked without the trace is checked before it loads, and --out before
+    # the sweep runs: a result is never computed and then lost to an unwritable or clobbering --out.
     points = expand_points(split_name_list(args.systems), [c.strip() for c in args.capacity.split(",")],
                            [m.strip() for m in args.model.split(",")])
-    backend = make_backend(getattr(args, "backend", "local"), workers=args.workers,
-                           address=getattr(args, "address", None))
+    make_latency(args.latency)
+    if args.out:
+        check_output(args.out, inputs=_file_inputs(args.trace, args.model, args.latency))
     started = time.perf_counter()
     trace = load_trace(args.trace, args.limit)
+    if len(trace) == 0:
+        raise ConfigError(f"trace {args.trace!r} has no requests" + (" (--limit)" if args.limit else "")
+                          + ": nothing to simulate")
+    for warning in session_warnings(trace, args.trace):
+        if warning.field == "turn_id":  # repeated (session, turn) pairs; `trace validate` says more
+            print(warning, file=sys.stderr)
+    backend = make_backend(getattr(args, "backend", "local"), workers=args.workers,
+                           address=getattr(args, "address", None))
     print(f"trace {args.trace}: {len(trace):,} requests, {trace.total_input_tokens:,} input tokens "
           f"(loaded in {time.perf_counter() - started:.1f}s); {len(points)} points on the {backend.name} backend",
           file=sys.stderr)
@@ -122,13 +152,16 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:
+    from marconi.io import check_output
     from marconi.report import fmt_pct as pct
     from marconi.report import fmt_seconds as fmt_s
     from marconi.report import fmt_times, format_table
     from marconi.sim.compare import gains, plot_records
-    from marconi.sim.sweep import read_records
+    from marconi.sim.sweep import RESULT_FIELDS, read_records
 
-    records = read_records(args.results)
+    records = read_records(args.results, RESULT_FIELDS, kind="`marconi simulate --out` results")
+    if not records:
+        raise ConfigError(f"{args.results}: no records (expected what `marconi simulate --out` writes)")
     rows = gains(records)
     print(format_table(rows, [("trace", "trace", None), ("model", "model", None), ("capacity", "capacity", None),
                               ("system", "system", None), ("token hit", "token_hit_rate", pct),
@@ -137,6 +170,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
                               ("P95 TTFT vs vanilla", "p95_ttft_vs_vanilla", pct)]))
     plots_dir = Path(args.plots) if args.plots else Path(args.results).with_suffix("").parent / (
         Path(args.results).stem + "_plots")
+    check_output(plots_dir, directory=True, option="--plots")
     paths = plot_records(records, plots_dir)
     print(f"wrote {len(paths)} plots to {plots_dir}", file=sys.stderr)
     return 0
@@ -180,7 +214,7 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--address", default=None,
                      help="with --backend ray: join this Ray cluster (e.g. auto, ray://head:10001); "
                           "default: start a local Ray instance")
-    sim.add_argument("--limit", type=int, default=None, help="replay only the first N requests")
+    sim.add_argument("--limit", type=request_limit, default=None, help="replay only the first N requests (N >= 1)")
     sim.add_argument("--no-per-request", action="store_true", help="omit per-request arrays from the records")
     sim.add_argument("--quiet", action="store_true", help="no progress bar")
     sim.set_defaults(func=_cmd_simulate)
@@ -209,14 +243,23 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command; bad input is a one-line error and exit code 2, never a traceback.
+
+    SIGTERM raises :class:`~marconi.pool.Terminated`, a KeyboardInterrupt (exit 143), so that, as
+    on Ctrl-C (130), worker processes are killed and no temp file is left.
+    """
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        return int(args.func(args) or 0)
-    except (ConfigError, ValueError, FileNotFoundError) as exc:
+        with sigterm_raises():
+            return int(args.func(args) or 0)
+    except (ConfigError, ValueError, OSError) as exc:
         print(f"marconi {args.command}: error: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (Terminated)
+        if sigterm_received():
+            print("terminated", file=sys.stderr)
+            return 143
         print("interrupted", file=sys.stderr)
         return 130
 

@@ -20,10 +20,11 @@ same for any supported hybrid config.
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping
+
+from marconi.io import JsonError, read_json
 
 __all__ = ["ModelSpec", "PRESETS", "get_model", "list_models", "SpecError"]
 
@@ -222,9 +223,12 @@ def _load_config(config: Mapping[str, Any] | str | Path) -> dict[str, Any]:
     if not path.is_file():
         raise SpecError(f"no config.json at {path}: pass a model directory or a config file")
     try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise SpecError(f"{path}: not valid JSON ({exc})") from None
+        cfg = read_json(path)
+    except JsonError as exc:
+        raise SpecError(str(exc)) from None
+    if not isinstance(cfg, dict):
+        raise SpecError(f"{path}: expected a JSON object (a Hugging Face config.json), got a JSON {type(cfg).__name__}")
+    return cfg
 
 
 def _attn(cfg: Mapping[str, Any], heads_key: str = "num_attention_heads") -> dict[str, int]:

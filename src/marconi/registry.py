@@ -9,6 +9,7 @@ silent default (libCacheSim-style CLI sweeps depend on that).
 from __future__ import annotations
 
 import inspect
+import math
 from dataclasses import dataclass
 from typing import Any, Callable, Generic, TypeVar
 
@@ -43,6 +44,8 @@ def parse_name(text: str) -> ParsedName:
         key, eq, value = item.partition("=")
         if not eq or not key.strip():
             raise ConfigError(f"{text!r}: parameter {item!r} is not of the form key=value")
+        if key.strip() in params:
+            raise ConfigError(f"{text!r}: parameter {key.strip()!r} is given twice; give it once")
         params[key.strip()] = value.strip()
     return ParsedName(name.strip(), params)
 
@@ -74,13 +77,17 @@ def _convert(raw: str, annotation: Any, default: Any, where: str) -> Any:
             return lowered in {"1", "true", "yes", "on"}
         if kind is int:
             value = float(raw)  # accepts "32" and "1e3"; rejects "1.5"
-            if not value.is_integer():
+            if not math.isfinite(value) or not value.is_integer():
                 raise ValueError(raw)
             return int(value)
         if kind is float:
-            return float(raw)
+            value = float(raw)
+            if not math.isfinite(value):  # nan/inf are accepted by float() and break every policy later
+                raise ValueError(raw)
+            return value
     except ValueError:
-        raise ConfigError(f"{where}: {raw!r} is not a valid {kind.__name__}") from None
+        what = "finite number" if kind is float else kind.__name__
+        raise ConfigError(f"{where}: {raw!r} is not a valid {what}") from None
     return raw
 
 

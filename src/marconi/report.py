@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import math
 import os
-import tempfile
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
@@ -88,15 +87,6 @@ def format_table(rows: Sequence[dict[str, Any]], columns: Sequence[Column]) -> s
     return "\n".join(out)
 
 
-def _new_file_mode(target: Path) -> int:
-    try:
-        return target.stat().st_mode & 0o7777
-    except FileNotFoundError:
-        umask = os.umask(0)
-        os.umask(umask)
-        return 0o666 & ~umask
-
-
 def pyplot() -> Any:
     """``matplotlib.pyplot`` on the non-interactive Agg backend (imported on first use: it is slow)."""
     import matplotlib
@@ -114,16 +104,13 @@ def save_figure(fig: Any, path: str | os.PathLike[str], *, dpi: int = 110) -> Pa
     never leaves a half-written image; on an error ``path`` is left as it was. The figure is
     closed either way (pyplot keeps every open figure alive).
     """
+    from marconi.io import atomic_write
+
     plt = pyplot()
     target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.stem}.", suffix=".png.tmp", dir=target.parent)
-    os.close(fd)
     try:
-        fig.savefig(tmp, format="png", dpi=dpi)
-        os.chmod(tmp, _new_file_mode(target))  # mkstemp makes 0600; give the mode a plain open() would
-        os.replace(tmp, target)
+        with atomic_write(target, "wb") as fh:
+            fig.savefig(fh, format="png", dpi=dpi)
     finally:
-        Path(tmp).unlink(missing_ok=True)
         plt.close(fig)
     return target

@@ -16,6 +16,7 @@ Parameters go on the name, wherever a system is named: ``marconi:alpha=1.0``, ``
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -24,18 +25,32 @@ from marconi.cache import PayloadOps, PrefixCache
 from marconi.eviction import EVICTION_POLICIES, FlopAware
 from marconi.model import ModelSpec
 from marconi.registry import ConfigError, ParsedName, Registry, parse_name, split_name_list
-from marconi.tuning import BootstrapTuner
+from marconi.tuning import OBJECTIVES, BootstrapTuner
 
 __all__ = ["SystemConfig", "TuningConfig", "SYSTEMS", "make_system", "parse_systems", "build_cache"]
 
 
 @dataclass(frozen=True, slots=True)
 class TuningConfig:
+    """Bootstrap α tuning; validated here so a bad value fails when the system is named, not mid-run."""
+
     multiplier: float = 5
     objective: str = "hit-rate"
     retune_every: int = 0
     drift: float = 0.05
     tolerance: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.multiplier) and self.multiplier > 0):
+            raise ConfigError(f"multiplier must be a finite number > 0, got {self.multiplier}")
+        if self.objective not in OBJECTIVES:
+            raise ConfigError(f"objective must be one of {', '.join(OBJECTIVES)}, got {self.objective!r}")
+        if self.retune_every < 0:
+            raise ConfigError(f"retune must be >= 0 (0: never), got {self.retune_every}")
+        if not (math.isfinite(self.drift) and self.drift >= 0):
+            raise ConfigError(f"drift must be a finite number >= 0, got {self.drift}")
+        if not 0 <= self.tolerance < 1:
+            raise ConfigError(f"tolerance must be in [0, 1), got {self.tolerance}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +61,14 @@ class SystemConfig:
     admission: str
     eviction: str
     tuning: TuningConfig | None = None
+
+    def __post_init__(self) -> None:
+        # Build the policies once now, so every parameter is checked when the system is named
+        # (before a trace loads or a sweep starts), by the code that would reject it later.
+        ADMISSION_POLICIES.create(self.admission)
+        eviction = EVICTION_POLICIES.create(self.eviction)
+        if self.tuning is not None and not isinstance(eviction, FlopAware):
+            raise ConfigError(f"{self.label}: alpha tuning needs the flop-aware eviction policy")
 
     def build(self, spec: ModelSpec | str, capacity_bytes: float, *, clock: Callable[[], float] | None = None,
               payloads: PayloadOps | None = None, tuning_workers: int | None = None,
@@ -77,8 +100,8 @@ def _alpha_or_auto(alpha: str) -> float | None:
         value = float(alpha)
     except ValueError:
         raise ConfigError(f"alpha must be a number >= 0 or 'auto', got {alpha!r}") from None
-    if value < 0:
-        raise ConfigError(f"alpha must be >= 0, got {value}")
+    if not (math.isfinite(value) and value >= 0):
+        raise ConfigError(f"alpha must be a finite number >= 0 or 'auto', got {alpha!r}")
     return value
 
 
@@ -94,6 +117,7 @@ def _vanilla() -> SystemConfig:
 
 @SYSTEMS.register("vllm+", "checkpoint every block, LRU (vLLM extended to hybrids)")
 def _vllm(block: int = 32) -> SystemConfig:
+    _check_block(block)
     return SystemConfig("vllm+", f"every-block:k={block}", "lru")
 
 
@@ -108,6 +132,11 @@ def _marconi(alpha: str = "auto", multiplier: float = 5, objective: str = "hit-r
     fixed = _alpha_or_auto(alpha)
     tuning = None if fixed is not None else TuningConfig(multiplier, objective, retune, drift, tolerance)
     return SystemConfig("marconi", "marconi", _flop_aware(alpha, efficiency, recency), tuning)
+
+
+def _check_block(block: int) -> None:
+    if block < 1:
+        raise ConfigError(f"block must be >= 1 token, got {block}")
 
 
 def _policy_spec(text: str) -> tuple[str, str]:
@@ -130,6 +159,7 @@ def _policy_spec(text: str) -> tuple[str, str]:
 def _custom(admission: str = "marconi", eviction: str = "lru", block: int = 32, alpha: str = "auto",
             multiplier: float = 5, objective: str = "hit-rate", efficiency: str = "total",
             recency: str = "linear") -> SystemConfig:
+    _check_block(block)
     adm_name, adm = _policy_spec(admission)
     evi_name, evi = _policy_spec(eviction)
     if adm_name not in ADMISSION_POLICIES.names():
@@ -155,7 +185,12 @@ def make_system(text: str | SystemConfig) -> SystemConfig:
     if isinstance(text, SystemConfig):
         return text
     parsed: ParsedName = parse_name(text)
-    config = SYSTEMS.create(parsed)
+    try:
+        config = SYSTEMS.create(parsed)
+    except ConfigError as exc:  # name the system the user typed, unless the message already does
+        if parsed.name not in SYSTEMS.names() or str(exc).startswith(("system ", f"{parsed}")):
+            raise
+        raise ConfigError(f"{parsed}: {exc}") from None
     label = str(parsed) if parsed.name != "custom" or not parsed.params else config.label
     return SystemConfig(label, config.admission, config.eviction, config.tuning)
 

@@ -14,10 +14,8 @@ identical whatever the number of workers.
 from __future__ import annotations
 
 import copy
-import multiprocessing
 import os
 import time
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -26,6 +24,7 @@ import numpy as np
 from marconi.cache import CacheObserver, ManualClock, PrefixCache, RequestHandle, TreeSnapshot
 from marconi.eviction import FlopAware
 from marconi.model import ModelSpec
+from marconi.pool import worker_pool
 from marconi.registry import ConfigError
 
 __all__ = ["DEFAULT_ALPHA_GRID", "TuningJob", "TuningEvent", "BootstrapTuner", "evaluate_alphas", "replay_window"]
@@ -103,9 +102,7 @@ def evaluate_alphas(job: TuningJob, grid: Sequence[float], workers: int | None =
     workers = default_workers() if workers is None else workers
     if workers <= 1 or len(grid) <= 1:
         return [replay_window(job, a) for a in grid]
-    ctx = multiprocessing.get_context("fork")
-    with ProcessPoolExecutor(max_workers=min(workers, len(grid)), mp_context=ctx,
-                             initializer=_init_worker, initargs=(job,)) as pool:
+    with worker_pool(min(workers, len(grid)), initializer=_init_worker, initargs=(job,)) as pool:
         return list(pool.map(_replay_in_worker, grid))
 
 

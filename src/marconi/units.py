@@ -2,27 +2,43 @@
 
 from __future__ import annotations
 
+import argparse
+import math
 import re
 
 from marconi.registry import ConfigError
 
-__all__ = ["parse_bytes", "format_bytes", "Capacity", "parse_capacity"]
+__all__ = ["parse_bytes", "format_bytes", "Capacity", "parse_capacity", "request_limit", "MAX_CAPACITY_BYTES",
+           "MAX_CAPACITY_FRACTION"]
 
-_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "pb": 10**15,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "pib": 2**50}
+_NUMBER = r"[0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?"  # no sign, no inf/nan, no "1_000": what people type
+
+# Sane bounds, so a typo fails at parse time instead of deep inside a run (1e30 bytes overflowed
+# int64 there; 1e400 is infinity). A capacity beyond a petabyte-scale cluster's memory, or beyond
+# 1000x the trace's working set (anything above 1x already evicts nothing), is a mistake.
+MAX_CAPACITY_BYTES = 10**18        # 1 EB
+MAX_CAPACITY_FRACTION = 1000.0     # of the working set
 
 
 def parse_bytes(text: str | int | float) -> int:
-    """``"5GB"`` -> 5_000_000_000 (decimal units; ``GiB`` for binary)."""
-    if isinstance(text, (int, float)):
+    """``"5GB"`` -> 5_000_000_000 (decimal units; ``GiB`` for binary); ConfigError otherwise.
+
+    The value must be finite, >= 0 and at most :data:`MAX_CAPACITY_BYTES` (1 EB).
+    """
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
         value = float(text)
     else:
-        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*", text)
+        m = re.fullmatch(rf"\s*({_NUMBER})\s*([A-Za-z]*)\s*", str(text))
         if not m or m.group(2).lower() not in _UNITS:
             raise ConfigError(f"cannot read {text!r} as a size: use e.g. 5GB, 10GiB, 512MB or 1e9")
         value = float(m.group(1)) * _UNITS[m.group(2).lower()]
-    if value < 0:
-        raise ConfigError(f"a size cannot be negative: {text!r}")
+    if math.isnan(value) or value < 0:
+        raise ConfigError(f"a size must be a number >= 0, got {text!r}")
+    if value > MAX_CAPACITY_BYTES:
+        raise ConfigError(f"size {text!r} is larger than {MAX_CAPACITY_BYTES:.0e} bytes (1 EB): "
+                          "use e.g. 10GB, or a fraction of the working set such as 0.5x")
     return int(value)
 
 
@@ -52,13 +68,37 @@ class Capacity:
 
 
 def parse_capacity(text: str) -> Capacity:
-    t = text.strip()
-    if t.endswith("%"):
-        frac = float(t[:-1]) / 100
-    elif t.lower().endswith("x"):
-        frac = float(t[:-1])
-    else:
-        return Capacity(t, parse_bytes(t), None)
-    if frac <= 0:
-        raise ConfigError(f"capacity fraction must be > 0, got {text!r}")
-    return Capacity(t, None, frac)
+    """``"10GB"`` (bytes, see :func:`parse_bytes`), ``"0.1x"`` or ``"10%"`` (of the working set).
+
+    A fraction must be finite, > 0 and at most :data:`MAX_CAPACITY_FRACTION` (1000x); ConfigError
+    with the accepted forms otherwise.
+    """
+    t = str(text).strip()
+    if t.endswith("%") or t.lower().endswith("x"):
+        number, scale = (t[:-1].strip(), 0.01) if t.endswith("%") else (t[:-1].strip(), 1.0)
+        if not re.fullmatch(_NUMBER, number):
+            raise ConfigError(f"cannot read capacity {text!r}: use a size (10GB, 512MiB) or a fraction of "
+                              "the working set (0.1x, 10%)")
+        frac = float(number) * scale
+        if not frac > 0:
+            raise ConfigError(f"capacity fraction must be > 0, got {text!r}")
+        if frac > MAX_CAPACITY_FRACTION:
+            raise ConfigError(f"capacity fraction {text!r} is above {MAX_CAPACITY_FRACTION:g}x the working set; "
+                              "anything above 1x already holds everything")
+        return Capacity(t, None, frac)
+    return Capacity(t, parse_bytes(t), None)
+
+
+def request_limit(text: str) -> int:
+    """argparse type of every ``--limit``: the first N requests (lines), N an integer >= 1.
+
+    ``0`` and negative values are errors rather than "nothing" or "all but one": a run over no
+    requests is never what was meant. (The library's ``limit=0`` means zero requests.)
+    """
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number of requests >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1 (the first N requests), got {value}")
+    return value

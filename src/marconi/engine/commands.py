@@ -13,6 +13,8 @@ import argparse
 import json
 from typing import Any
 
+from marconi.units import request_limit
+
 __all__ = ["register"]
 
 
@@ -35,7 +37,7 @@ def register(subparsers: Any) -> None:
                        help="bundled trace name, JSONL/Parquet file, or 'synthetic' (SWE-like, generated)")
     bench.add_argument("--max-input", type=int, default=4000, help="skip requests with longer inputs (CPU budget)")
     bench.add_argument("--sessions", type=int, default=8, help="at most this many sessions")
-    bench.add_argument("--limit", type=int, default=24, help="at most this many requests")
+    bench.add_argument("--limit", type=request_limit, default=24, help="at most this many requests (>= 1)")
     bench.add_argument("--capacity", default="2GB", help="cache capacity (e.g. 512MB, 2GB)")
     bench.add_argument("--eviction", default="lru")
     bench.add_argument("--lengths", default="1024,2048,4096",

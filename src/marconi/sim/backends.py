@@ -4,7 +4,8 @@ A backend maps a module-level function over small items, handing every call the 
 read-only objects (traces), which travel to the workers **once**:
 
 * :class:`LocalBackend` (``"local"``): the parent stores the shared objects in a module global and
-  forks a process pool, so workers inherit them without any copy. One worker runs in-process.
+  forks a process pool (:func:`marconi.pool.worker_pool`: the workers die with the parent, even after
+  ``kill -9``), so workers inherit them without any copy. One worker runs in-process.
 * :class:`RayBackend` (``"ray"``): each shared object is ``ray.put`` once per backend, however many
   maps use it (a trace is packed into one int32 buffer first: requests that are views of one
   session buffer share it), and every item is one Ray task that receives only the objects it names. ``address`` joins an existing cluster; by default a local Ray instance is started
@@ -18,13 +19,15 @@ complete (progress bars). Neither backend changes what a point computes: records
 from __future__ import annotations
 
 import logging
-import multiprocessing
-from concurrent.futures import ProcessPoolExecutor, as_completed
+import signal
+import threading
+from concurrent.futures import as_completed
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Protocol, Sequence
 
 import numpy as np
 
+from marconi.pool import terminated, worker_pool
 from marconi.registry import ConfigError
 from marconi.tuning import default_workers
 from marconi.workloads.trace import Request, Trace
@@ -98,8 +101,7 @@ class LocalBackend:
             return results
         previous, _LOCAL_SHARED = _LOCAL_SHARED, shared  # inherited by the forked workers
         try:
-            ctx = multiprocessing.get_context("fork")
-            with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+            with worker_pool(workers) as pool:  # workers die with this process, on any error too
                 futures = {pool.submit(_local_call, fn, item): i for i, item in enumerate(items)}
                 for future in as_completed(futures):
                     results[futures[future]] = future.result()
@@ -268,8 +270,20 @@ class RayBackend:
                                       "log_to_driver": False, **self.init_kwargs}
             if self.address is None:
                 kwargs.setdefault("num_cpus", self.num_cpus)
-            ray.init(address=self.address, **kwargs)
-            self._started = True
+            in_main = threading.current_thread() is threading.main_thread()
+            sigterm = signal.getsignal(signal.SIGTERM) if in_main else None
+            self._started = True  # before init: close() must stop whatever a cut-short init started
+            try:
+                ray.init(address=self.address, **kwargs)
+            except SystemExit as exc:  # ray.init's own SIGTERM handler exits; report it as ours
+                if exc.code != signal.SIGTERM:
+                    raise
+                raise terminated() from None
+            finally:
+                if in_main and sigterm is not None:
+                    # ray.init replaces the driver's SIGTERM handler with sys.exit; keep ours (the
+                    # CLI's raises Terminated), so SIGTERM tears down through the same finally blocks.
+                    signal.signal(signal.SIGTERM, sigterm)
         return ray
 
     @property

@@ -3,20 +3,18 @@
 Points run on a backend (:mod:`marconi.sim.backends`): ``"local"`` forks a process pool whose
 workers inherit the trace (no copy per point); ``"ray"`` makes every point a Ray task, with each
 trace put in the object store once. Each point yields one flat JSONL record with its whole
-configuration echoed, written atomically (temp file + rename) so an interrupted sweep never leaves a
-half-written ``--out``.
+configuration echoed, written atomically (:func:`marconi.io.write_jsonl`) so an interrupted sweep
+never leaves a half-written ``--out``.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
+from marconi.io import iter_jsonl, write_jsonl
 from marconi.model import ModelSpec, get_model
 from marconi.sim.backends import Backend, make_backend
 from marconi.sim.replay import simulate, working_set_bytes
@@ -24,7 +22,7 @@ from marconi.systems import make_system
 from marconi.units import Capacity, parse_capacity
 
 __all__ = ["SweepPoint", "SweepTask", "expand_points", "run_sweep", "run_tasks", "working_sets",
-           "write_records", "read_records", "TIMING_FIELDS"]
+           "write_records", "read_records", "RESULT_FIELDS", "TIMING_FIELDS"]
 
 # Record fields that measure this machine, not the simulation (they differ between runs and backends).
 TIMING_FIELDS = ("elapsed_s", "requests_per_s", "tuning_seconds")
@@ -200,31 +198,29 @@ def run_sweep(trace: Sequence[Any], trace_name: str, points: Sequence[SweepPoint
 
 
 def write_records(records: Iterable[dict[str, Any]], path: str | Path) -> Path:
-    """Write JSONL atomically: a temp file in the same directory, then ``os.replace``."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as fh:
-            for rec in records:
-                fh.write(json.dumps(rec) + "\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    """Write JSONL atomically (:func:`marconi.io.write_jsonl`)."""
+    return write_jsonl(path, records)
 
 
-def read_records(path: str | Path) -> list[dict[str, Any]]:
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"results file {path} not found")
+# What every `marconi simulate` record has (what `compare` and the plots read).
+RESULT_FIELDS = ("trace", "system", "model", "capacity", "num_requests", "token_hit_rate")
+
+
+def read_records(path: str | Path, required: Sequence[str] = (), kind: str = "results") -> list[dict[str, Any]]:
+    """The records of a JSONL file, each checked to be an object with the ``required`` keys
+    (:data:`RESULT_FIELDS` for ``marconi simulate --out`` files); ``kind`` names them in errors.
+
+    Raises:
+        FileNotFoundError: no such file.
+        ValueError: a line that is not JSON or not such a record (``path:line:`` names it), e.g.
+            a trace given where results were expected.
+    """
     out = []
-    with path.open() as fh:
-        for lineno, line in enumerate(fh, 1):
-            if line.strip():
-                try:
-                    out.append(json.loads(line))
-                except json.JSONDecodeError as exc:
-                    raise ValueError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from None
+    for where, rec in iter_jsonl(path):
+        missing = [k for k in required if k not in rec] if isinstance(rec, dict) else list(required)
+        if not isinstance(rec, dict) or missing:
+            got = "a JSON object" if isinstance(rec, dict) else f"a JSON {type(rec).__name__}"
+            raise ValueError(f"{where}: not one of the {kind} records: {got}"
+                             + (f" without {', '.join(repr(k) for k in missing)}" if missing else ""))
+        out.append(rec)
     return out

@@ -17,6 +17,9 @@ import json
 import sys
 from typing import Any, Callable
 
+from marconi.io import check_output
+from marconi.units import request_limit
+
 from .bundled import BUNDLED_TRACES, bundled_trace
 from .messages import TEXT_FORMS
 from .mooncake import build_mooncake_trace
@@ -25,7 +28,7 @@ from .sharegpt import PAIRINGS, build_lmsys_trace, build_sharegpt_trace
 from .swe import GAP_MODES, build_swe_trace
 from .synthetic import SYNTHETIC_KINDS, synthetic_trace
 from .tokenizer import TokenizerError
-from .trace import Trace, TraceFormatError, trace_format, trace_stats, validate_trace, write_trace
+from .trace import Trace, TraceFormatError, inspect_trace, trace_format, trace_stats, write_trace
 
 __all__ = ["register"]
 
@@ -88,6 +91,16 @@ def _synthetic_params(kind: str, items: list[str]) -> dict[str, Any]:
 # ============================================================================ handlers
 
 
+def _check_out(args: argparse.Namespace, *inputs: Any) -> None:
+    """Before building: ``--out`` must be writable and none of the files the build reads."""
+    paths: list[str] = []
+    for item in inputs:
+        if item is None:
+            continue
+        paths.extend(str(x) for x in (item if isinstance(item, (list, tuple)) else [item]))
+    check_output(args.out, inputs=paths)
+
+
 def _write_and_report(trace: Trace, out: str) -> int:
     n = write_trace(out, trace)
     stats = trace.stats()
@@ -114,6 +127,7 @@ def _chat_params(args: argparse.Namespace) -> dict[str, Any]:
 
 def cmd_build_sharegpt(args: argparse.Namespace) -> int:
     try:
+        _check_out(args, args.files, args.tokenizer)
         trace = build_sharegpt_trace(args.files or None, **_chat_params(args))
         return _write_and_report(trace, args.out)
     except (OSError, ValueError, TokenizerError) as exc:
@@ -122,6 +136,7 @@ def cmd_build_sharegpt(args: argparse.Namespace) -> int:
 
 def cmd_build_lmsys(args: argparse.Namespace) -> int:
     try:
+        _check_out(args, args.files, args.tokenizer)
         trace = build_lmsys_trace(args.files, **_chat_params(args))
         return _write_and_report(trace, args.out)
     except (OSError, ValueError, TokenizerError) as exc:
@@ -130,6 +145,7 @@ def cmd_build_lmsys(args: argparse.Namespace) -> int:
 
 def cmd_build_swe(args: argparse.Namespace) -> int:
     try:
+        _check_out(args, args.paths, args.tokenizer, args.shared_prefix)
         trace = build_swe_trace(
             args.paths or None, num_sessions=args.sessions, sessions_per_second=args.sessions_per_second,
             keep_observations=args.keep_observations, gaps=args.gaps, mean_gap_s=args.mean_gap,
@@ -143,6 +159,7 @@ def cmd_build_swe(args: argparse.Namespace) -> int:
 
 def cmd_build_mooncake(args: argparse.Namespace) -> int:
     try:
+        _check_out(args, args.file)
         trace = build_mooncake_trace(
             args.file, limit=args.limit, block_size=args.block_size, vocab_size=args.vocab_size,
             output_vocab=args.output_vocab, seed=args.seed, max_input_len=args.max_input_len,
@@ -154,6 +171,7 @@ def cmd_build_mooncake(args: argparse.Namespace) -> int:
 
 def cmd_build_quality(args: argparse.Namespace) -> int:
     try:
+        _check_out(args, args.files, args.tokenizer)
         trace = build_quality_trace(args.files or None, answer_form=args.answer_form,
                                     requests_per_second=args.requests_per_second, seed=args.seed,
                                     max_articles=args.max_articles, tokenizer=args.tokenizer)
@@ -164,6 +182,7 @@ def cmd_build_quality(args: argparse.Namespace) -> int:
 
 def cmd_build_synthetic(args: argparse.Namespace) -> int:
     try:
+        _check_out(args)
         params = _synthetic_params(args.kind, args.set or [])
         if args.seed is not None:
             params["seed"] = args.seed
@@ -174,6 +193,7 @@ def cmd_build_synthetic(args: argparse.Namespace) -> int:
 
 def cmd_build_bundled(args: argparse.Namespace) -> int:
     try:
+        _check_out(args)
         return _write_and_report(bundled_trace(args.name), args.out)
     except (OSError, ValueError, KeyError) as exc:
         return _fail(exc)
@@ -181,17 +201,19 @@ def cmd_build_bundled(args: argparse.Namespace) -> int:
 
 def cmd_validate(args: argparse.Namespace) -> int:
     try:
-        problems = validate_trace(args.file)
+        problems, warnings = inspect_trace(args.file)
     except (OSError, ValueError) as exc:
         return _fail(exc)
     for problem in problems[: args.max_show]:
         print(problem)
     if len(problems) > args.max_show:
         print(f"... and {len(problems) - args.max_show} more")
+    for warning in warnings:
+        print(warning)
     if problems:
         print(f"{args.file}: {len(problems)} problem(s)", file=sys.stderr)
         return 1
-    print(f"{args.file}: OK")
+    print(f"{args.file}: OK" + (f" ({len(warnings)} warning(s))" if warnings else ""))
     return 0
 
 
@@ -298,7 +320,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     p = bsub.add_parser("mooncake", help="Mooncake block traces rebuilt as tokens")
     p.add_argument("file", nargs="?", default=None,
                    help="trace .jsonl (default: shared conversation trace, else the vendored sample)")
-    p.add_argument("--limit", type=int, default=None, help="first N lines only")
+    p.add_argument("--limit", type=request_limit, default=None, help="first N lines only (N >= 1)")
     p.add_argument("--block-size", type=int, default=512)
     p.add_argument("--vocab-size", type=int, default=32000)
     p.add_argument("--output-vocab", type=int, default=1024, help="token ids reserved for outputs")

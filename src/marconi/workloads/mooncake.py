@@ -24,13 +24,14 @@ session (id = its 0-based line number in the file) with turn 0.
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
+
+from marconi.io import iter_jsonl
 
 from .messages import Progress, no_progress
 from .paths import bundled_data_dir, shared_data_dir
@@ -45,9 +46,9 @@ _MASK64 = np.uint64(0xFFFFFFFFFFFFFFFF)
 
 @dataclass(frozen=True, slots=True)
 class MooncakeRow:
-    """One Mooncake request as read (``line`` is 1-based)."""
+    """One Mooncake request as read (``where`` is ``path:line``)."""
 
-    line: int
+    where: str
     timestamp_ms: float
     input_length: int
     output_length: int
@@ -68,33 +69,27 @@ def _int_field(obj: dict, key: str, where: str, minimum: int) -> int:
 def read_mooncake_rows(path: str | os.PathLike, limit: int | None = None,
                        block_size: int = 512) -> list[MooncakeRow]:
     """Parse and check the first ``limit`` lines (all when None). ValueError names file and line."""
+    if limit is not None and limit < 0:
+        raise ValueError(f"limit must be None or >= 0, got {limit}")
     rows: list[MooncakeRow] = []
-    with open(path, encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, start=1):
-            if limit is not None and len(rows) >= limit:
-                break
-            if not line.strip():
-                continue
-            where = f"{os.fspath(path)}:{lineno}"
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{where}: invalid JSON ({exc.msg})") from None
-            if not isinstance(obj, dict):
-                raise ValueError(f"{where}: expected a JSON object")
-            ts = obj.get("timestamp")
-            if isinstance(ts, bool) or not isinstance(ts, (int, float)) or not ts >= 0:
-                raise ValueError(f"{where}: field 'timestamp': expected milliseconds >= 0, got {ts!r}")
-            input_length = _int_field(obj, "input_length", where, 1)
-            output_length = _int_field(obj, "output_length", where, 0)
-            ids = obj.get("hash_ids")
-            if not isinstance(ids, list) or not all(type(h) is int and h >= 0 for h in ids):
-                raise ValueError(f"{where}: field 'hash_ids': expected a list of ints >= 0")
-            if not (len(ids) - 1) * block_size < input_length <= len(ids) * block_size:
-                raise ValueError(f"{where}: input_length {input_length} needs "
-                                 f"{-(-input_length // block_size)} blocks of {block_size}, "
-                                 f"hash_ids has {len(ids)}")
-            rows.append(MooncakeRow(lineno, float(ts), input_length, output_length, tuple(ids)))
+    for where, obj in iter_jsonl(path):
+        if limit is not None and len(rows) >= limit:
+            break
+        if not isinstance(obj, dict):
+            raise ValueError(f"{where}: expected a JSON object")
+        ts = obj.get("timestamp")
+        if isinstance(ts, bool) or not isinstance(ts, (int, float)) or not ts >= 0:
+            raise ValueError(f"{where}: field 'timestamp': expected milliseconds >= 0, got {ts!r}")
+        input_length = _int_field(obj, "input_length", where, 1)
+        output_length = _int_field(obj, "output_length", where, 0)
+        ids = obj.get("hash_ids")
+        if not isinstance(ids, list) or not all(type(h) is int and h >= 0 for h in ids):
+            raise ValueError(f"{where}: field 'hash_ids': expected a list of ints >= 0")
+        if not (len(ids) - 1) * block_size < input_length <= len(ids) * block_size:
+            raise ValueError(f"{where}: input_length {input_length} needs "
+                             f"{-(-input_length // block_size)} blocks of {block_size}, "
+                             f"hash_ids has {len(ids)}")
+        rows.append(MooncakeRow(where, float(ts), input_length, output_length, tuple(ids)))
     return rows
 
 
@@ -138,7 +133,7 @@ class MooncakeTokens:
             for h in row.hash_ids:
                 seen_parent = parent_of.setdefault(h, parent)
                 if seen_parent != parent:
-                    raise ValueError(f"line {row.line}: hash id {h} follows {parent}, but followed "
+                    raise ValueError(f"{row.where}: hash id {h} follows {parent}, but followed "
                                      f"{seen_parent} earlier: hash ids are not prefix-chained")
                 if h not in rank:
                     rank[h] = children.get(parent, 0)

@@ -30,7 +30,6 @@ Arrival order: articles are interleaved by a seeded permutation of the multiset 
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -38,6 +37,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from marconi.io import iter_jsonl
 
 from .paths import shared_data_dir
 from .tokenizer import TextTokenizer, load_tokenizer
@@ -123,20 +124,12 @@ def load_quality_articles(paths: Sequence[str | os.PathLike]) -> list[QualityArt
     out: list[QualityArticle] = []
     seen: dict[str, str] = {}
     for path in map(Path, paths):
-        with path.open(encoding="utf-8") as fh:
-            for lineno, line in enumerate(fh, 1):
-                if not line.strip():
-                    continue
-                where = f"{path}:{lineno}"
-                try:
-                    obj = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise ValueError(f"{where}: not valid JSON ({exc.msg})") from None
-                art = _article(obj, where)
-                if art.article_id in seen:
-                    raise ValueError(f"{where}: article_id {art.article_id!r} already read at {seen[art.article_id]}")
-                seen[art.article_id] = where
-                out.append(art)
+        for where, obj in iter_jsonl(path):
+            art = _article(obj, where)
+            if art.article_id in seen:
+                raise ValueError(f"{where}: article_id {art.article_id!r} already read at {seen[art.article_id]}")
+            seen[art.article_id] = where
+            out.append(art)
     return out
 
 

@@ -32,13 +32,14 @@ turn *t* is messages ``2t`` (input) and ``2t+1`` (output) whatever their roles.
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 import numpy as np
+
+from marconi.io import iter_jsonl, read_json
 
 from .messages import (Message, Progress, check_text_form, concat_with_offsets, count_words,
                        encode_messages, no_progress, normalize_role)
@@ -106,20 +107,9 @@ def _file_objects(path: Path) -> Iterator[tuple[str, Any]]:
                 yield f"{path}:row {row}", obj
                 row += 1
     elif name.endswith(".jsonl"):
-        with open(path, encoding="utf-8") as fh:
-            for lineno, line in enumerate(fh, start=1):
-                if line.strip():
-                    try:
-                        obj = json.loads(line)
-                    except json.JSONDecodeError as exc:
-                        raise ValueError(f"{path}:{lineno}: invalid JSON ({exc.msg})") from None
-                    yield f"{path}:{lineno}", obj
+        yield from iter_jsonl(path)
     else:
-        with open(path, encoding="utf-8") as fh:
-            try:
-                data = json.load(fh)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{path}: invalid JSON ({exc.msg} at line {exc.lineno})") from None
+        data = read_json(path)
         if not isinstance(data, list):
             raise ValueError(f"{path}: expected a JSON array of conversation records")
         for i, obj in enumerate(data):
@@ -262,11 +252,17 @@ def build_chat_trace(paths: Sequence[str | os.PathLike], *, num_sessions: int | 
 
 
 def default_sharegpt_files() -> list[Path]:
-    """The shared data set's ShareGPT parts with >= 20 messages in file order, or [] if absent."""
+    """The shared data set's ShareGPT parts with >= 20 messages in file order, or [] if absent.
+
+    Without the filtered parts, the original ``ShareGPT_V3_unfiltered_cleaned_split.json`` there
+    serves (the builder applies the same >= 20-message filter, so the sessions are the same).
+    """
     shared = shared_data_dir()
     if shared is None:
         return []
-    return sorted((shared / "sharegpt").glob("sharegpt_v3_ge10rounds_fileorder_part*.json"))
+    folder = shared / "sharegpt"
+    return (sorted(folder.glob("sharegpt_v3_ge10rounds_fileorder_part*.json"))
+            or sorted(folder.glob("ShareGPT_V3_unfiltered_cleaned_split.json")))
 
 
 def build_sharegpt_trace(paths: Sequence[str | os.PathLike] | None = None, **params: Any) -> Trace:

@@ -29,7 +29,6 @@ SWE-agent's ``thought``/``action`` copies are not part of the text).
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +38,8 @@ import numpy as np
 
 from .messages import (Message, Progress, check_text_form, concat_with_offsets, encode_messages,
                        no_progress, normalize_role)
+from marconi.io import read_json
+
 from .paths import bundled_data_dir, shared_data_dir
 from .tokenizer import TextTokenizer, load_tokenizer
 from .trace import Request, Trace
@@ -132,10 +133,7 @@ def load_trajectories(paths: Sequence[str | os.PathLike]) -> list[Trajectory]:
     """All trajectories in the given files/directories, sorted by name (stable on ties)."""
     out: list[Trajectory] = []
     for path in _trajectory_files(paths):
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{path}: invalid JSON ({exc.msg} at line {exc.lineno})") from None
+        data = read_json(path)
         if isinstance(data, list):
             for i, obj in enumerate(data):
                 out.append(_trajectory(obj, f"{_file_stem(path)}[{i}]", str(path)))
@@ -157,7 +155,7 @@ def load_shared_prefix(spec: str | os.PathLike) -> tuple[Message, ...]:
     if not path.is_file():
         known = ", ".join(SHARED_PREFIXES)
         raise FileNotFoundError(f"shared prefix not found: {text!r} (not a file; known names: {known})")
-    data = json.loads(path.read_text(encoding="utf-8"))
+    data = read_json(path)
     raw_msgs = (data.get("history") or data.get("messages") or []) if isinstance(data, dict) else []
     prefix: list[Message] = []
     for i, obj in enumerate(raw_msgs):
@@ -219,10 +217,15 @@ def _gaps(traj: Trajectory, messages: Sequence[Message], gaps: str, mean_gap_s: 
 
 
 def default_swe_paths() -> list[Path]:
-    """The shared data set's mini-swe-agent trajectories, else the vendored 10-trajectory sample."""
+    """The shared data set's mini-swe-agent trajectories, else the vendored 10-trajectory sample.
+
+    The folder holds the compacted ``msa_*_partNN.json`` arrays, or the original repository's
+    ``trajs/<id>/<id>.traj.json`` files (then the folder itself is read, recursively).
+    """
     shared = shared_data_dir()
-    if shared is not None and (shared / "swe" / "mini-swe-agent-gemini3pro").is_dir():
-        return sorted((shared / "swe" / "mini-swe-agent-gemini3pro").glob("msa_*_part*.json"))
+    folder = shared / "swe" / "mini-swe-agent-gemini3pro" if shared is not None else None
+    if folder is not None and folder.is_dir():
+        return sorted(folder.glob("msa_*_part*.json")) or [folder]
     return [bundled_data_dir() / "swe" / "msa_gemini3pro_verified_first10.json"]
 
 

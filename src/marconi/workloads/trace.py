@@ -24,19 +24,20 @@ complete; on any error it is removed and the target is untouched.
 from __future__ import annotations
 
 import gzip
+import hashlib
 import io
 import json
 import math
 import os
 import re
-import tempfile
 import warnings
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping, NamedTuple, Sequence
 
 import numpy as np
+
+from marconi.io import JsonError, atomic_write, decode_line, is_stream, iter_lines, loads
 
 __all__ = [
     "Request",
@@ -49,6 +50,9 @@ __all__ = [
     "read_trace_meta",
     "write_trace",
     "validate_trace",
+    "inspect_trace",
+    "SessionCheck",
+    "session_warnings",
     "trace_stats",
     "atomic_output",
     "trace_format",
@@ -73,6 +77,7 @@ class TraceProblem(NamedTuple):
     row: int | None
     field: str | None
     message: str
+    severity: str = "error"  # "error": the file is invalid; "warning": valid, but look at it
 
     def __str__(self) -> str:
         where = self.path
@@ -81,7 +86,8 @@ class TraceProblem(NamedTuple):
         elif self.row is not None:
             where += f":row {self.row}"
         what = f"field {self.field!r}: " if self.field else ""
-        return f"{where}: {what}{self.message}"
+        tag = "warning: " if self.severity == "warning" else ""
+        return f"{where}: {tag}{what}{self.message}"
 
 
 class TraceFormatError(ValueError):
@@ -357,7 +363,8 @@ class Trace:
         return out
 
     def head(self, n: int) -> "Trace":
-        """The first ``n`` requests (same name and meta)."""
+        """The first ``n`` requests (same name and meta); ``n`` must be >= 0."""
+        _check_limit(n)
         return Trace(self.requests[:n], name=self.name, meta=dict(self.meta))
 
     def stats(self) -> TraceStats:
@@ -365,6 +372,12 @@ class Trace:
 
 
 # ============================================================================ paths and atomic output
+
+
+def _check_limit(limit: int | None) -> None:
+    """``limit`` means "the first ``limit`` requests": None (all) or an int >= 0 (0: none)."""
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, (int, np.integer)) or limit < 0):
+        raise ValueError(f"limit must be None or an int >= 0, got {limit!r}")
 
 
 def trace_format(path: str | os.PathLike) -> str:
@@ -383,38 +396,7 @@ def _meta_path(path: str | os.PathLike) -> Path:
     return Path(os.fspath(path) + META_SUFFIX)
 
 
-def _new_file_mode(target: Path) -> int:
-    try:
-        return target.stat().st_mode & 0o7777
-    except FileNotFoundError:
-        umask = os.umask(0)
-        os.umask(umask)
-        return 0o666 & ~umask
-
-
-@contextmanager
-def atomic_output(path: str | os.PathLike, mode: str = "wb") -> Iterator[io.IOBase]:
-    """Open a temp file beside ``path``; on success fsync and rename it over ``path``.
-
-    On any exception the temp file is removed and ``path`` is left as it was.
-    """
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    try:
-        encoding = None if "b" in mode else "utf-8"
-        with os.fdopen(fd, mode, encoding=encoding) as fh:
-            yield fh
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(tmp_name, _new_file_mode(target))  # mkstemp makes 0600; give the usual mode
-        os.replace(tmp_name, target)
-    except BaseException:
-        try:
-            os.unlink(tmp_name)
-        except FileNotFoundError:
-            pass
-        raise
+atomic_output = atomic_write  # the old name; every writer is :func:`marconi.io.atomic_write`
 
 
 # ============================================================================ record checking
@@ -586,45 +568,46 @@ def _fast_decode(line: str) -> tuple[dict[str, Any], dict[str, np.ndarray]] | No
         if type(obj["input_tokens"]) is not int or type(obj["output_tokens"]) is not int:
             return None
         tokens = {key: _parse_int_list(text) for key, text in lists.items()}
-    except (_Fallback, ValueError):
+    except (_Fallback, ValueError, RecursionError):
         return None
     return obj, tokens
 
 
-def _decode_line(line: str, at_eof_without_newline: bool
-                 ) -> tuple[dict[str, Any], list[tuple[str | None, str]]]:
+def _decode_line(line: str, where: str) -> tuple[dict[str, Any], list[tuple[str | None, str]]]:
     fast = _fast_decode(line)
     if fast is not None:
         return _check_record(*fast)
     try:
-        obj = json.loads(line)
-    except json.JSONDecodeError as exc:
-        hint = "; the file looks truncated" if at_eof_without_newline else ""
-        return {}, [(None, f"invalid JSON: {exc.msg} (column {exc.colno}){hint}")]
+        obj = loads(line, where)
+    except JsonError as exc:
+        return {}, [(None, exc.reason)]
     return _check_record(obj)
-
-
-def _open_text(path: Path, fmt: str) -> io.TextIOBase:
-    if fmt == "jsonl.gz":
-        return gzip.open(path, "rt", encoding="utf-8")
-    return open(path, "r", encoding="utf-8")
 
 
 _Record = tuple[int, dict[str, Any], list[tuple[str | None, str]]]  # (position, fields, problems)
 
 
 def _jsonl_records(path: Path, fmt: str) -> Iterator[_Record]:
-    """Yield (1-based line, fields, problems) for each non-blank line."""
-    with _open_text(path, fmt) as fh:
-        lineno = 0
-        try:
-            for lineno, line in enumerate(fh, start=1):
-                if not line.strip():
-                    continue
-                fields, problems = _decode_line(line, at_eof_without_newline=not line.endswith("\n"))
-                yield lineno, fields, problems
-        except (UnicodeDecodeError, EOFError, OSError, gzip.BadGzipFile) as exc:
-            yield lineno + 1, {}, [(None, f"unreadable ({type(exc).__name__}: {exc})")]
+    """Yield (1-based line, fields, problems) for each non-blank line.
+
+    Lines are decoded one at a time (:func:`marconi.io.iter_lines`), so a bad byte is a problem of
+    its own line and reading goes on; an unreadable stream (corrupt gzip) ends the file with one.
+    """
+    label = os.fspath(path)
+    lineno = 0
+    try:
+        for lineno, raw in iter_lines(path):
+            if not raw.strip():
+                continue
+            where = f"{label}:{lineno}"
+            try:
+                line = decode_line(raw, where)
+            except JsonError as exc:
+                yield lineno, {}, [(None, exc.reason)]
+                continue
+            yield (lineno, *_decode_line(line, where))
+    except JsonError as exc:
+        yield lineno + 1, {}, [(None, exc.reason)]
 
 
 # ============================================================================ Parquet decoding
@@ -724,6 +707,8 @@ def _parquet_records(path: Path, batch_rows: int = 128) -> Iterator[_Record]:
 def _records(path: str | os.PathLike) -> tuple[str, Iterator[tuple[int, dict[str, Any], list]]]:
     fmt = trace_format(path)
     p = Path(path)
+    if p.is_dir():
+        raise ValueError(f"{os.fspath(path)} is a directory, not a trace file")
     if not p.exists():
         raise FileNotFoundError(f"trace file not found: {os.fspath(path)}")
     if fmt == "parquet":
@@ -731,10 +716,11 @@ def _records(path: str | os.PathLike) -> tuple[str, Iterator[tuple[int, dict[str
     return fmt, _jsonl_records(p, fmt)
 
 
-def _problem(label: str, fmt: str, pos: int, field_name: str | None, message: str) -> TraceProblem:
+def _problem(label: str, fmt: str, pos: int, field_name: str | None, message: str,
+             severity: str = "error") -> TraceProblem:
     if fmt == "parquet":
-        return TraceProblem(label, None, pos, field_name, message)
-    return TraceProblem(label, pos, None, field_name, message)
+        return TraceProblem(label, None, pos, field_name, message, severity)
+    return TraceProblem(label, pos, None, field_name, message, severity)
 
 
 def iter_requests(path: str | os.PathLike, limit: int | None = None) -> Iterator[Request]:
@@ -746,6 +732,7 @@ def iter_requests(path: str | os.PathLike, limit: int | None = None) -> Iterator
         TraceFormatError: at the first malformed record (message: ``file:line: field 'x': ...``).
     """
     label = os.fspath(path)
+    _check_limit(limit)
     fmt, records = _records(path)
     prev_ts = -math.inf
     count = 0
@@ -795,24 +782,106 @@ def read_trace(path: str | os.PathLike, limit: int | None = None) -> Trace:
     return Trace(list(iter_requests(path, limit=limit)), name=name, meta=meta)
 
 
+class SessionCheck:
+    """Finds what the schema allows but a multi-turn trace rarely means: repeated (session, turn)
+    pairs, and turns whose input does not start with their session's previous input + output.
+
+    The second is expected of some recipes (SWE traces that keep only the last observations, doc-QA
+    sessions whose questions branch off one document), so both are *warnings*. Memory is one
+    (length, digest) pair per session and one position per (session, turn).
+    """
+
+    def __init__(self) -> None:
+        self.first_seen: dict[tuple[SessionId, int], int] = {}
+        self.previous: dict[SessionId, tuple[int, bytes]] = {}  # session -> (len(input + output), digest)
+        self.duplicates: list[tuple[int, SessionId, int, int]] = []  # (pos, session, turn, first pos)
+        self.not_extending: list[int] = []
+        self.num_followups = 0
+
+    def add(self, pos: int, session_id: SessionId, turn_id: int, input_tokens: np.ndarray,
+            output_tokens: np.ndarray) -> None:
+        key = (session_id, turn_id)
+        if key in self.first_seen:
+            self.duplicates.append((pos, session_id, turn_id, self.first_seen[key]))
+        else:
+            self.first_seen[key] = pos
+        prev = self.previous.get(session_id)
+        if prev is not None:
+            self.num_followups += 1
+            length, digest = prev
+            if input_tokens.size < length or _digest(input_tokens[:length]) != digest:
+                self.not_extending.append(pos)
+        history = np.concatenate([input_tokens, output_tokens]) if output_tokens.size else input_tokens
+        self.previous[session_id] = (int(history.size), _digest(history))
+
+    def warnings(self, label: str, fmt: str, max_positions: int = 3) -> list[TraceProblem]:
+        """One summary warning per kind (a trace may have thousands of either).
+
+        ``fmt``: ``"jsonl"``/``"jsonl.gz"`` (positions are lines), ``"parquet"`` (rows) or
+        ``"memory"`` (positions are request indices, named in the message).
+        """
+        unit = {"parquet": "row", "memory": "request"}.get(fmt, "line")
+        out = []
+        if self.duplicates:
+            pos, sid, turn, first = self.duplicates[0]
+            message = (f"(session {sid!r}, turn {turn}) already appeared at {unit} {first}; "
+                       f"{len(self.duplicates)} repeated (session, turn) pair(s) in all")
+            if fmt == "memory":
+                out.append(TraceProblem(label, None, None, "turn_id", f"{unit} {pos}: {message}", "warning"))
+            else:
+                out.append(_problem(label, fmt, pos, "turn_id", message, severity="warning"))
+        if self.not_extending:
+            shown = ", ".join(str(p) for p in self.not_extending[:max_positions])
+            more = ", ..." if len(self.not_extending) > max_positions else ""
+            out.append(TraceProblem(
+                label, None, None, None,
+                f"{len(self.not_extending)} of {self.num_followups} follow-up turns do not extend their "
+                f"session's previous turn (input + output) ({unit}s {shown}{more}); expected where a recipe "
+                "drops old context or a session's requests branch, else the trace may be mis-built",
+                severity="warning"))
+        return out
+
+
+def _digest(tokens: np.ndarray) -> bytes:
+    return hashlib.blake2b(np.ascontiguousarray(tokens, dtype=np.int32).tobytes(), digest_size=16).digest()
+
+
+def session_warnings(trace: Trace | Iterable[Request], label: str = "trace") -> list[TraceProblem]:
+    """:class:`SessionCheck` warnings of an in-memory trace (positions are 0-based request indices)."""
+    check = SessionCheck()
+    for i, req in enumerate(trace):
+        check.add(i, req.session_id, req.turn_id, req.input_tokens, req.output_tokens)
+    return check.warnings(label, "memory")
+
+
 def validate_trace(path: str | os.PathLike) -> list[TraceProblem]:
     """Check a whole trace file and return EVERY problem found (empty list: the file is valid).
 
     Each record is checked field by field (all its problems are reported, the first bad element of
     each token list), plus the order of timestamps against the previous valid one.
     """
+    return inspect_trace(path)[0]
+
+
+def inspect_trace(path: str | os.PathLike) -> tuple[list[TraceProblem], list[TraceProblem]]:
+    """(problems, warnings) of a trace file in one pass: :func:`validate_trace`'s problems, and
+    :class:`SessionCheck`'s warnings (which do not make the file invalid)."""
     label = os.fspath(path)
     fmt = trace_format(path)
     if not Path(path).exists():
-        return [TraceProblem(label, None, None, None, "file not found")]
+        return [TraceProblem(label, None, None, None, "file not found")], []
     _, records = _records(path)
     out: list[TraceProblem] = []
     prev_ts = -math.inf
     count = 0
+    sessions = SessionCheck()
     for pos, fields, problems in records:
         count += 1
         for field_name, message in problems:
             out.append(_problem(label, fmt, pos, field_name, message))
+        if not problems:
+            sessions.add(pos, fields["session_id"], fields["turn_id"], fields["input_tokens"],
+                         fields["output_tokens"])
         if "ts" in fields:
             if fields["ts"] < prev_ts:
                 out.append(_problem(label, fmt, pos, "ts", f"timestamp {fields['ts']} is earlier than "
@@ -821,7 +890,7 @@ def validate_trace(path: str | os.PathLike) -> list[TraceProblem]:
                 prev_ts = fields["ts"]
     if count == 0 and not out:
         out.append(TraceProblem(label, None, None, None, "no requests in the file"))
-    return out
+    return out, sessions.warnings(label, fmt)
 
 
 def trace_stats(source: str | os.PathLike | Trace) -> TraceStats:
@@ -977,17 +1046,19 @@ def write_trace(path: str | os.PathLike, trace: Trace | Iterable[Request], *, na
     json.dumps(meta, default=str)  # fail before touching anything if meta cannot be stored
     stream = _checked_stream(trace)
     if fmt == "parquet":
-        with atomic_output(path, "wb") as fh:
+        with atomic_write(path, "wb") as fh:
             n = _write_parquet(fh, stream, name, meta)
         return n
     if fmt == "jsonl.gz":
-        with atomic_output(path, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as gz, \
+        with atomic_write(path, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as gz, \
                 io.TextIOWrapper(gz, encoding="utf-8") as text:
             n = _write_jsonl(text, stream)
     else:
-        with atomic_output(path, "w") as fh:
+        with atomic_write(path, "w") as fh:
             n = _write_jsonl(fh, stream)
-    with atomic_output(_meta_path(path), "w") as fh:
+    if is_stream(path):  # /dev/null, a pipe: there is no place beside it for a sidecar
+        return n
+    with atomic_write(_meta_path(path), "w") as fh:
         json.dump({"name": name, "meta": meta, "num_requests": n}, fh, indent=1, default=str)
         fh.write("\n")
     return n

@@ -16,8 +16,8 @@ One module per concern (compute → records → report):
 """
 
 from marconi.experiments.reproduce.command import register
-from marconi.experiments.reproduce.context import PROFILES, ReproContext, ReproProfile
+from marconi.experiments.reproduce.context import PROFILES, ReproContext, ReproProfile, with_available_data
 from marconi.experiments.reproduce.pipeline import choose_regimes, plan_main_tasks, rerender, run_reproduction
 
 __all__ = ["PROFILES", "ReproProfile", "ReproContext", "run_reproduction", "rerender", "plan_main_tasks",
-           "choose_regimes", "register"]
+           "choose_regimes", "register", "with_available_data"]

@@ -9,7 +9,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
-from marconi.experiments.reproduce.context import PROFILES
+from marconi.experiments.reproduce.context import PROFILES, with_available_data
+from marconi.io import check_output
 
 __all__ = ["register"]
 
@@ -52,6 +53,7 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
         profile = profile.with_lmsys(args.lmsys)
     if args.tokenizer:
         profile = replace(profile, source=replace(profile.source, tokenizer=args.tokenizer))
+    profile, data_note = with_available_data(profile)
     bars: list[Any] = []
 
     def progress(desc: str, total: int) -> Callable[[int], None]:
@@ -68,7 +70,9 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
         print(f"rewrote {Path(args.out) / 'report.md'} from {len(ctx.records)} records", file=sys.stderr)
         print((Path(args.out) / "summary.md").read_text())
         return 0
-    print(f"marconi reproduce: profile {name}, backend {args.backend}, writing {args.out}/", file=sys.stderr)
+    check_output(args.out, directory=True)  # before minutes of simulation, not after
+    print(f"marconi reproduce: profile {name}, backend {args.backend}, writing {args.out}/\n{data_note}",
+          file=sys.stderr)
     try:
         ctx = run_reproduction(profile, args.out, backend=args.backend, workers=args.workers, address=args.address,
                                jamba_table=args.jamba_table, engine_latency=args.engine_latency, progress=progress)

@@ -76,6 +76,22 @@ PROFILES: dict[str, ReproProfile] = {
 
 
 # ============================================================================ context
+def with_available_data(profile: ReproProfile) -> tuple[ReproProfile, str]:
+    """The profile on the data this machine has, and a line saying which that is.
+
+    A fresh clone has no ``../shared/data``: then the real-data workloads fall back to the
+    repository's own samples (:meth:`WorkloadSource.bundled`) instead of failing, and the line says so.
+    """
+    from marconi.workloads import shared_data_dir
+
+    if profile.source.needs_shared_data() and shared_data_dir() is None:
+        profile = replace(profile, source=profile.source.bundled())
+        return profile, ("the shared data set (../shared/data or $MARCONI_SHARED_DATA) was not found, so this "
+                         f"runs on the repository's bundled data: {profile.source.describe()}. For the real "
+                         "traces, get the data sets as the README's Data section says")
+    return profile, f"data: {profile.source.describe()}"
+
+
 @dataclass(slots=True)
 class TraceInfo:
     key: str

@@ -8,13 +8,13 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from marconi.io import iter_jsonl
 from marconi.model import ModelSpec
 from marconi.sim.latency import LatencyModel, RooflineLatency, TableLatency
 from marconi.workloads import shared_data_dir
@@ -54,15 +54,11 @@ def engine_latency_from_file(path: str | Path) -> TableLatency:
     if path.suffix.lower() == ".csv":
         return TableLatency.from_csv(path, name=f"engine:{path.stem}")
     xs, ys = [], []
-    with path.open() as fh:
-        for line in fh:
-            if not line.strip():
-                continue
-            rec = json.loads(line)
-            if rec.get("kind") != "ttft":
-                continue
-            xs += [rec["input_len"], rec["input_len"] - rec["hit_len"]]
-            ys += [rec["ttft_full_s"], rec["ttft_cached_s"]]
+    for _, rec in iter_jsonl(path):
+        if not isinstance(rec, dict) or rec.get("kind") != "ttft":
+            continue
+        xs += [rec["input_len"], rec["input_len"] - rec["hit_len"]]
+        ys += [rec["ttft_full_s"], rec["ttft_cached_s"]]
     if len(xs) < 2:
         raise ValueError(f"{path}: no 'ttft' records of `marconi engine bench --out` to fit")
     slope, intercept = np.polyfit(np.asarray(xs, dtype=float), np.asarray(ys, dtype=float), 1)

@@ -22,9 +22,9 @@ from marconi.experiments.reproduce.figure import Figure, FigureRecords, Finding
 from marconi.experiments.reproduce.latency import LatencySet, latency_set
 from marconi.experiments.reproduce.traces import WORKLOAD_LABELS
 from marconi.report import MISSING, fmt_pct, md_table
+from marconi.io import write_text
 from marconi.sim.sweep import write_records
 from marconi.units import format_bytes
-from marconi.workloads.trace import atomic_output
 
 __all__ = ["FIGURES", "FigureReport", "write_report"]
 
@@ -93,20 +93,15 @@ def write_report(ctx: ReproContext, out: Path, *, jamba_table: str | Path | None
     findings = [f for rep in reports for f in rep.findings]
     summary = md_table(["figure", "paper's finding", "paper", "ours", "holds"],
                        [[f.figure, f.claim, f.paper, f.ours, f.holds] for f in findings])
-    _write_text(out / "summary.md", summary + "\n")
-    _write_text(out / "summary.json", json.dumps(_jsonable({
+    write_text(out / "summary.md", summary + "\n")
+    write_text(out / "summary.json", json.dumps(_jsonable({
         "profile": ctx.profile.name, "backend": ctx.backend, "wall_time_s": wall_time_s, "timings": ctx.timings,
         "regimes": ctx.regimes, "contention": ctx.contention,
         "working_sets": [[k, m, v] for (k, m), v in ctx.ws.items()],
         "latency": lat.notes, "findings": [f.as_dict() for f in findings],
         "figures": {rep.key: rep.records.data for rep in reports}}), indent=1) + "\n")
-    _write_text(out / "report.md", _render(ctx, reports, lat, summary, wall_time_s))
+    write_text(out / "report.md", _render(ctx, reports, lat, summary, wall_time_s))
     return reports
-
-
-def _write_text(path: Path, text: str) -> None:
-    with atomic_output(path, "w") as fh:
-        fh.write(text)
 
 
 def _jsonable(obj: Any) -> Any:
@@ -134,7 +129,7 @@ def _render(ctx: ReproContext, reports: list[FigureReport], lat: LatencySet, sum
              f"{format_bytes(model.ssm_checkpoint_bytes)}), backend **{ctx.backend}**, "
              f"{len(ctx.records)} simulations" + (f" in **{elapsed:.0f} s** (wall time of the simulation phases)"
                                                   if elapsed is not None else "")
-             + ". Every number below is computed from the JSONL records in this directory; the paper's numbers are "
+             + f". Data: {p.source.describe()}. Every number below is computed from the JSONL records in this directory; the paper's numbers are "
                "quoted from its §5. Replay is sequential (each request matched, then inserted), as in the authors' "
                "simulator; token hit rate = reused input tokens / input tokens.\n",
              "## Summary\n", summary, "\n", HOLDS_LEGEND, "\n",

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -184,6 +184,25 @@ class WorkloadSource:
     mooncake_limit: int = 2000
     lmsys_files: tuple[str, ...] = ()
     tokenizer: str | None = None
+
+    def needs_shared_data(self) -> bool:
+        return self.chat == "sharegpt" or self.swe == "shared" or self.mooncake == "shared"
+
+    def bundled(self) -> "WorkloadSource":
+        """The same sizes on data in the repository alone: a synthetic chat trace for ShareGPT, the
+        vendored SWE and Mooncake samples (10 trajectories, 2,000 requests: sizes are capped there)."""
+        return replace(self, chat="synthetic", swe="bundled", mooncake="bundled")
+
+    def describe(self) -> str:
+        """Which data each workload is built from, in words (for the CLI and the report)."""
+        chat = ("ShareGPT from the shared data set" if self.chat == "sharegpt"
+                else "a synthetic chat trace (no ShareGPT)")
+        swe = ("mini-swe-agent trajectories from the shared data set" if self.swe == "shared"
+               else "the 10 vendored mini-swe-agent trajectories")
+        mooncake = ("the Mooncake conversation trace from the shared data set" if self.mooncake == "shared"
+                    else "the vendored first 2,000 Mooncake requests")
+        lmsys = f"; LMSys from {len(self.lmsys_files)} file(s)" if self.lmsys_files else ""
+        return f"chat: {chat}; SWE: {swe}; Mooncake: {mooncake}{lmsys}"
 
 
 @dataclass(slots=True)

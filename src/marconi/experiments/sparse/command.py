@@ -10,6 +10,7 @@ from pathlib import Path
 from marconi.experiments.sparse.report import findings, write_outputs
 from marconi.experiments.sparse.study import DEFAULT_WORKLOADS, StudyConfig, plan_tasks, run_study
 from marconi.experiments.sparse.workloads import WORKLOADS, build_workload
+from marconi.io import check_output
 from marconi.registry import ConfigError
 
 __all__ = ["register"]
@@ -20,6 +21,7 @@ DESCRIPTION = "``marconi experiment sparse``: exact checkpoint placement (the DP
 def _cmd_sparse(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
+    check_output(args.out, directory=True)  # before the study runs, not after
     if args.from_records:
         return _cmd_render(args)
 
@@ -58,10 +60,17 @@ def _cmd_sparse(args: argparse.Namespace) -> int:
     return 0
 
 
+# What every record of a study has (what the plots and the summary read).
+RECORD_FIELDS = ("kind", "workload", "strategy", "label", "budget", "block", "break_even_tokens")
+
+
 def _cmd_render(args: argparse.Namespace) -> int:
     from marconi.sim.sweep import read_records
 
-    records = read_records(args.from_records)
+    # Check every record before anything is written to --out (a wrong file must not be copied there).
+    records = read_records(args.from_records, required=RECORD_FIELDS, kind="`marconi experiment sparse`")
+    if not records:
+        raise ConfigError(f"{args.from_records}: no records to render")
     same = Path(args.from_records).resolve() == (Path(args.out) / "records.jsonl").resolve()
     paths = write_outputs(records, args.out, write_jsonl=not same)
     print(f"rendered {len(records)} records from {args.from_records} into {len(paths)} files under {args.out}",

@@ -15,7 +15,7 @@ from typing import Any
 
 from marconi.experiments.sparse.study import LARGE, LARGE_CAPACITY_BYTES, SUMMARY_BUDGETS
 from marconi.report import fmt_pct, md_table, pyplot, save_figure
-from marconi.workloads.trace import atomic_output
+from marconi.io import atomic_write
 
 __all__ = ["Verdict", "verdict", "findings", "summary_markdown", "write_outputs"]
 
@@ -245,7 +245,7 @@ def write_outputs(records: Sequence[dict[str, Any]], out_dir: str | Path, notes:
                                           out / "plots" / f"{w['workload']}_{_slug(cap)}_simulation.png"))
         paths.append(_plot_analytic(records, w["workload"], out / "plots" / f"{w['workload']}_analytic.png"))
     summary = out / "summary.md"
-    with atomic_output(summary, "w") as fh:
+    with atomic_write(summary, "w") as fh:
         fh.write(summary_markdown(records, notes))
     paths.append(summary)
     return paths

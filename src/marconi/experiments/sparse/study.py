@@ -8,10 +8,9 @@ come back in a stable order whatever the number of worker processes.
 from __future__ import annotations
 
 import functools
-import multiprocessing
 import os
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import as_completed
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +20,7 @@ from marconi.experiments.sparse.oracle import analytic_records
 from marconi.experiments.sparse.strategies import Strategy, block_sizes
 from marconi.experiments.sparse.workloads import SCALES, WORKLOADS, Workload
 from marconi.model import ModelSpec, get_model
+from marconi.pool import worker_pool
 from marconi.registry import ConfigError
 from marconi.sparse import flops_cost
 from marconi.units import parse_capacity
@@ -185,7 +185,7 @@ def run_study(config: StudyConfig, workloads: Sequence[Workload],
             if on_done:
                 on_done(task)
     else:
-        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
+        with worker_pool(workers) as pool:  # workers die with this process
             futures = {pool.submit(run, task): i for i, task in enumerate(tasks)}
             for future in as_completed(futures):
                 results[futures[future]] = future.result()

@@ -1,0 +1,306 @@
+"""Files, in one place: atomic writes, JSONL records read with ``path:line`` locations, output checks.
+
+Every file marconi writes goes through :func:`atomic_write`, and every JSONL file it reads through
+:func:`iter_lines` / :func:`iter_jsonl`, so the rules below hold everywhere:
+
+* **Nothing half-written.** A regular file is written to a temp file in the target's own directory,
+  flushed, fsynced and renamed over the target (``os.replace``) only once complete. On any exception
+  -- including :class:`marconi.pool.Terminated`, which the CLI raises on SIGTERM -- the temp file is
+  removed and the target is untouched. (``kill -9`` cannot be cleaned up after: a hidden
+  ``.<name>.*.tmp`` may remain beside the target.)
+* **Special targets are never replaced.** A symlink is followed: the file it points to is replaced
+  and the link stays. A character device or a FIFO (``/dev/null``, ``/dev/stdout``, a named pipe) is
+  written through as a stream -- renaming over it would destroy it (as root, ``/dev/null`` itself).
+  A directory, a socket or a block device is refused.
+* **Normal permissions.** A new file gets ``0o666 & ~umask`` (``0644`` usually), like ``open()``; a
+  replaced file keeps its mode. (``mkstemp`` alone would leave ``0600``.)
+* **Errors name the place.** Readers raise :class:`JsonError` (a ValueError) as ``path:line: what``
+  for a line that is not UTF-8, not JSON, or nested too deeply to decode.
+
+:func:`check_output` is the pre-flight check commands run *before* long work, so a result is never
+computed and then lost to an unwritable ``--out`` (or written over one of the command's inputs).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import stat
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO, Any, Iterable, Iterator, Sequence
+
+from marconi.registry import ConfigError
+
+__all__ = ["atomic_write", "write_text", "write_jsonl", "iter_lines", "iter_jsonl", "read_jsonl",
+           "read_json", "decode_line", "loads", "check_output", "is_stream", "JsonError"]
+
+PathLike = str | os.PathLike
+
+
+class JsonError(ValueError):
+    """A JSON(L) file could not be read; the message is ``where: reason`` (``where``: ``path:line``)."""
+
+    def __init__(self, where: str, reason: str) -> None:
+        super().__init__(f"{where}: {reason}")
+        self.where = where
+        self.reason = reason
+
+
+# ============================================================================ writing
+
+
+def _new_file_mode(target: Path) -> int:
+    """The mode ``open()`` would give a new file (or the existing file's, which is kept)."""
+    try:
+        return target.stat().st_mode & 0o7777
+    except FileNotFoundError:
+        umask = os.umask(0)
+        os.umask(umask)
+        return 0o666 & ~umask
+
+
+def _is_stream(st: os.stat_result) -> bool:
+    return stat.S_ISCHR(st.st_mode) or stat.S_ISFIFO(st.st_mode)
+
+
+def is_stream(path: PathLike) -> bool:
+    """Whether ``path`` is a character device or a FIFO (written through, never replaced)."""
+    try:
+        return _is_stream(os.stat(path))
+    except OSError:
+        return False
+
+
+def _refusal(path: Path, st: os.stat_result) -> str | None:
+    """Why ``path`` (with stat ``st``) cannot be an output file, or None."""
+    if stat.S_ISDIR(st.st_mode):
+        return f"{path} is a directory: give a file name (e.g. {path / 'results.jsonl'})"
+    if stat.S_ISSOCK(st.st_mode) or stat.S_ISBLK(st.st_mode):
+        return f"{path} is a {'socket' if stat.S_ISSOCK(st.st_mode) else 'block device'}, not a file: refusing to write it"
+    return None
+
+
+@contextmanager
+def atomic_write(path: PathLike, mode: str = "w") -> Iterator[IO[Any]]:
+    """Open ``path`` for writing (``"w"`` text in UTF-8, or ``"wb"``); commit it only on success.
+
+    See the module docstring for what happens with symlinks, devices, FIFOs and permissions.
+    Missing parent directories are created.
+
+    Raises:
+        ConfigError: ``path`` is a directory, a socket or a block device.
+        OSError: the directory cannot be written (nothing is left behind).
+    """
+    if mode not in ("w", "wb"):
+        raise ValueError(f"atomic_write: mode must be 'w' or 'wb', got {mode!r}")
+    encoding = None if mode == "wb" else "utf-8"
+    target = Path(os.path.realpath(path))  # a symlink's target is replaced; the link itself stays
+    try:
+        st: os.stat_result | None = target.stat()
+    except FileNotFoundError:
+        st = None
+    if st is not None:
+        refusal = _refusal(Path(path), st)
+        if refusal:
+            raise ConfigError(refusal)
+        if _is_stream(st):
+            with open(target, mode, encoding=encoding) as fh:
+                yield fh
+            return
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, mode, encoding=encoding) as fh:
+            yield fh
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp_name, _new_file_mode(target))
+        os.replace(tmp_name, target)
+    except BaseException:
+        try:
+            os.unlink(tmp_name)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+def write_text(path: PathLike, text: str) -> Path:
+    """Write ``text`` (UTF-8) atomically; returns ``path``."""
+    with atomic_write(path, "w") as fh:
+        fh.write(text)
+    return Path(path)
+
+
+def write_jsonl(path: PathLike, records: Iterable[Any]) -> Path:
+    """Write one ``json.dumps`` line per record, atomically; returns ``path``."""
+    with atomic_write(path, "w") as fh:
+        for rec in records:
+            fh.write(json.dumps(rec) + "\n")
+    return Path(path)
+
+
+# ============================================================================ checking an output path
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one of them does not exist (yet)
+        return os.path.realpath(a) == os.path.realpath(b)
+
+
+def _nearest_existing(path: Path) -> Path:
+    for candidate in (path, *path.parents):
+        if candidate.exists():
+            return candidate
+    return Path(".")
+
+
+def check_output(path: PathLike, *, inputs: Sequence[PathLike] = (), directory: bool = False,
+                 option: str = "--out") -> Path:
+    """Check, before any long work, that ``path`` can be written and is none of ``inputs``.
+
+    ``directory``: ``path`` is a directory the command fills (it may exist); else a file that
+    :func:`atomic_write` will write. Nothing is created: the nearest existing ancestor directory
+    is probed with a temp file that is removed at once.
+
+    Raises:
+        ConfigError: saying what is wrong with ``path`` and what to do.
+    """
+    p = Path(path)
+    for source in inputs:
+        src = Path(source)
+        if src.exists() and _same_file(p, src):
+            raise ConfigError(f"{option} {p} is also an input of this command ({src}); writing it would "
+                              "destroy the input: choose another output path")
+    try:
+        st: os.stat_result | None = p.stat()
+    except (FileNotFoundError, NotADirectoryError):  # the ancestor check below says which part is wrong
+        st = None
+    except OSError as exc:
+        raise ConfigError(f"{option} {p}: {exc.strerror}") from None
+    if st is not None:
+        if directory:
+            if not stat.S_ISDIR(st.st_mode):
+                raise ConfigError(f"{option} {p} exists and is not a directory")
+        else:
+            refusal = _refusal(p, st)
+            if refusal:
+                raise ConfigError(f"{option}: {refusal}")
+            if _is_stream(st):
+                if not os.access(p, os.W_OK):
+                    raise ConfigError(f"{option} {p}: permission denied")
+                return p
+    real = Path(os.path.realpath(p))
+    anchor = _nearest_existing(real if directory else real.parent)
+    if not anchor.is_dir():
+        raise ConfigError(f"{option} {p}: {anchor} is not a directory")
+    try:
+        fd, probe = tempfile.mkstemp(dir=anchor, prefix=".marconi-probe-", suffix=".tmp")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise ConfigError(f"{option} {p}: cannot write in {anchor} ({exc.strerror}); "
+                          "choose a writable place") from None
+    return p
+
+
+# ============================================================================ reading
+
+
+def _open_binary(path: Path) -> IO[bytes]:
+    if path.name.lower().endswith(".gz"):
+        return gzip.open(path, "rb")  # type: ignore[return-value]
+    return open(path, "rb")
+
+
+def _check_readable(path: Path) -> None:
+    if path.is_dir():
+        raise JsonError(str(path), "is a directory, not a file")
+    if not path.exists():
+        raise FileNotFoundError(f"file not found: {path}")
+
+
+def iter_lines(path: PathLike) -> Iterator[tuple[int, bytes]]:
+    """``(1-based line number, raw line with its newline)`` of a (``.gz``) file, blank lines included.
+
+    Lines are split on ``\\n`` as bytes and decoded one by one (:func:`decode_line`), so a bad byte is
+    reported on its own line -- a text-mode reader decodes ahead in blocks and misplaces it.
+
+    Raises:
+        FileNotFoundError, JsonError: a missing file, a directory, or an unreadable (corrupt
+            gzip) stream -- the message names the line where reading stopped.
+    """
+    p = Path(path)
+    _check_readable(p)
+    lineno = 0
+    with _open_binary(p) as fh:
+        try:
+            for lineno, raw in enumerate(fh, start=1):
+                yield lineno, raw
+        except (EOFError, OSError, gzip.BadGzipFile) as exc:
+            raise JsonError(f"{p}:{lineno + 1}", f"unreadable ({type(exc).__name__}: {exc})") from None
+
+
+def decode_line(raw: bytes, where: str) -> str:
+    """``raw`` as UTF-8 text; JsonError ``where: not UTF-8 ...`` otherwise."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise JsonError(where, f"not UTF-8 text (byte 0x{raw[exc.start]:02x} at column {exc.start + 1})") from None
+
+
+def loads(text: str, where: str) -> Any:
+    """``json.loads`` with the error as ``JsonError("where: ...")`` (also for absurd nesting)."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        hint = "; the file looks truncated" if not text.endswith("\n") else ""
+        raise JsonError(where, f"invalid JSON: {exc.msg} (column {exc.colno}){hint}") from None
+    except RecursionError:
+        raise JsonError(where, "JSON nested too deeply to decode") from None
+
+
+def read_json(path: PathLike) -> Any:
+    """The value of a whole JSON file, with errors as :class:`JsonError` naming file and line.
+
+    Raises:
+        FileNotFoundError: no such file.
+        JsonError: a directory, bytes that are not UTF-8, invalid or absurdly nested JSON.
+    """
+    p = Path(path)
+    _check_readable(p)
+    raw = p.read_bytes()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        raise JsonError(f"{p}:{line}", f"not UTF-8 text (byte 0x{raw[exc.start]:02x})") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise JsonError(f"{p}:{exc.lineno}", f"invalid JSON: {exc.msg} (column {exc.colno})") from None
+    except RecursionError:
+        raise JsonError(str(p), "JSON nested too deeply to decode") from None
+
+
+def iter_jsonl(path: PathLike) -> Iterator[tuple[str, Any]]:
+    """``(where, value)`` for each non-blank line of a JSONL (``.jsonl.gz``) file; ``where`` = ``path:line``.
+
+    Raises:
+        FileNotFoundError: no such file.
+        JsonError: the first line that is not UTF-8 or not JSON (the message names file and line).
+    """
+    for lineno, raw in iter_lines(path):
+        if not raw.strip():
+            continue
+        where = f"{os.fspath(path)}:{lineno}"
+        yield where, loads(decode_line(raw, where), where)
+
+
+def read_jsonl(path: PathLike) -> list[Any]:
+    """Every value of a JSONL file (see :func:`iter_jsonl`)."""
+    return [obj for _, obj in iter_jsonl(path)]
