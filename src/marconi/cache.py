@@ -15,10 +15,17 @@ Payloads (sizes in simulation, tensors in the engine) are opaque; the engine sup
 
 Time is injected: ``clock()`` is read for recency; without one, a logical clock ticks once per
 request (like the Marconi authors' simulator). Nothing here reads the wall clock.
+
+Threads: every public method holds the cache's re-entrant lock (``cache.lock``) while it runs, so
+requests may be begun, finished and aborted from any number of threads. A method's callbacks
+(``states``, ``kv``, observers, ``PayloadOps``) run under that lock. Reading ``stats`` or the tree
+while other threads work is not atomic: hold ``cache.lock`` for a consistent view.
 """
 
 from __future__ import annotations
 
+import functools
+import threading
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Mapping, NamedTuple, Protocol
 
@@ -183,7 +190,8 @@ class ManualClock:
 
 
 def as_tokens(tokens: Any, what: str, *, allow_empty: bool = False) -> np.ndarray:
-    """Validate and convert token ids to a 1-D int32 array (without copying when possible)."""
+    """Validate and convert token ids to a 1-D int32 array (without copying when possible: the
+    result may share memory with ``tokens``)."""
     arr = np.asarray(tokens)
     if arr.ndim != 1:
         raise ValueError(f"{what} must be a 1-D sequence of token ids, got shape {arr.shape}")
@@ -201,6 +209,25 @@ def as_tokens(tokens: Any, what: str, *, allow_empty: bool = False) -> np.ndarra
 
 
 _SIMULATED = SizeOnlyPayloads()
+
+
+def _locked(method: Callable) -> Callable:
+    """Run a public ``PrefixCache`` method under the cache's lock (see the module docstring)."""
+
+    @functools.wraps(method)
+    def locked(self: "PrefixCache", *args: Any, **kwargs: Any) -> Any:
+        with self._mutex:
+            return method(self, *args, **kwargs)
+
+    return locked
+
+
+def _frozen_copy(tokens: np.ndarray) -> np.ndarray:
+    """A read-only copy: a handle keeps its request's tokens until ``finish``, so neither the
+    caller (who may reuse its buffer) nor anyone holding the handle can change them meanwhile."""
+    out = np.array(tokens, dtype=np.int32, copy=True)
+    out.flags.writeable = False
+    return out
 
 
 class PrefixCache:
@@ -249,8 +276,16 @@ class PrefixCache:
         self._evicted_once = False
         self._ckpt_bytes = self.spec.ssm_checkpoint_bytes
         self._kv_per_token = self.spec.kv_bytes_per_token
+        self._mutex = threading.RLock()
 
     # ================================================================== public API
+    @property
+    def lock(self) -> threading.RLock:
+        """The lock every public method holds; hold it to read ``stats`` or the tree consistently
+        while other threads use the cache, or to make several calls atomic."""
+        return self._mutex
+
+    @_locked
     def add_observer(self, observer: CacheObserver) -> None:
         self._observers.append(observer)
 
@@ -266,6 +301,7 @@ class PrefixCache:
         return {**self.admission.describe(), **self.eviction.describe(), "capacity_bytes": self.capacity_bytes,
                 "model": self.spec.name}
 
+    @_locked
     def begin(self, input_tokens: Any, *, max_hit_len: int | None = None) -> RequestHandle:
         """Look up a request's input, lock what it matched, and plan its prefill checkpoints.
 
@@ -274,10 +310,11 @@ class PrefixCache:
         and (all or nothing) it can only resume from a checkpoint at or before that. The default,
         no limit, is the paper's accounting (a whole-input hit counts as fully reused).
 
-        Returns a handle to pass to :meth:`cached_prefix` and :meth:`finish` (or :meth:`abort`).
-        Raises ValueError for an empty or non-integer input.
+        The input is copied: the caller may reuse or change its array at once. Returns a handle
+        to pass to :meth:`cached_prefix` and :meth:`finish` (or :meth:`abort`). Raises ValueError
+        for an empty or non-integer input.
         """
-        tokens = as_tokens(input_tokens, "input_tokens")
+        tokens = _frozen_copy(as_tokens(input_tokens, "input_tokens"))
         limit = len(tokens) if max_hit_len is None else max(0, min(int(max_hit_len), len(tokens)))
         if self._logical is not None:
             self._logical.tick()
@@ -310,6 +347,7 @@ class PrefixCache:
             observer.on_begin(self, handle)
         return handle
 
+    @_locked
     def cached_prefix(self, handle: RequestHandle) -> CachedPrefix:
         """Payloads of the usable prefix, root first. Valid while ``handle`` is in flight."""
         self._check_active(handle)
@@ -334,6 +372,7 @@ class PrefixCache:
         ssm = None if hit is None else (hit.ssm[-1] if isinstance(hit.ssm, list) else hit.ssm)
         return CachedPrefix(usable, kv, ssm)
 
+    @_locked
     def finish(self, handle: RequestHandle, output_tokens: Any = (), *,
                states: Mapping[int, Any] | Callable[[int], Any] | None = None,
                kv: Callable[[int, int], Any] | None = None) -> InsertResult:
@@ -362,11 +401,13 @@ class PrefixCache:
             observer.on_finish(self, handle, output)
         return result
 
+    @_locked
     def abort(self, handle: RequestHandle) -> None:
         """Unlock an in-flight request without inserting anything."""
         self._check_active(handle)
         self._release(handle)
 
+    @_locked
     def process(self, input_tokens: Any, output_tokens: Any = (), *,
                 max_hit_len: int | None = None) -> tuple[MatchResult, InsertResult]:
         """``begin`` + ``finish`` with nothing in between: the strict sequential order of a replay."""
@@ -424,6 +465,7 @@ class PrefixCache:
         payload = states(pos) if callable(states) else states.get(pos)
         return payload is not None, payload
 
+    @_locked
     def insert_prefill(self, handle: RequestHandle, *,
                        states: Mapping[int, Any] | Callable[[int], Any] | None = None,
                        kv: Callable[[int, int], Any] | None = None) -> InsertResult:
@@ -763,6 +805,7 @@ class PrefixCache:
             st.peak_ssm_bytes = self.ssm_bytes
 
     # ================================================================== snapshots
+    @_locked
     def snapshot(self) -> TreeSnapshot:
         """The tree without payloads or locks, for replaying requests against it (tuning)."""
         index: dict[int, int] = {}
@@ -811,6 +854,7 @@ class PrefixCache:
         return cache
 
     # ================================================================== invariants
+    @_locked
     def check_invariants(self) -> None:
         """Recompute bytes, lock counts, tree shape and the candidate index from scratch."""
         expected_locks: dict[int, int] = {}
