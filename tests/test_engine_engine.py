@@ -41,7 +41,11 @@ def check_payloads(engine: Engine) -> None:
     for node in cache.tree.iter_nodes():
         assert isinstance(node.kv, KVPayload) and node.kv.num_tokens == node.edge_len
         kv_bytes += node.kv.nbytes
-        if node.has_ssm:
+        if node.ckpt_stride:  # a run of block checkpoints: one state per block, in order
+            positions = range(node.parent_depth + node.ckpt_stride, node.depth + 1, node.ckpt_stride)
+            assert [p.position for p in node.ssm] == list(positions)
+            ssm_bytes += sum(p.nbytes for p in node.ssm)
+        elif node.has_ssm:
             assert isinstance(node.ssm, SSMPayload) and node.ssm.position == node.depth
             ssm_bytes += node.ssm.nbytes
     assert (kv_bytes, ssm_bytes) == (cache.kv_bytes, cache.ssm_bytes)
@@ -72,10 +76,10 @@ def test_multi_turn_conversation_same_tokens_with_and_without_cache(preset, dtyp
     assert cached.cache.stats.checkpoints_admitted > 6
 
 
-def test_a_checkpoint_at_the_inputs_end_is_not_a_usable_hit_for_the_engine():
-    """The engine needs the last input token's logits, so it resumes no deeper than len - 1: here
-    the only checkpoint is at the very end, so (all or nothing) nothing is reused, and the core
-    accounts exactly that."""
+def test_a_prompt_equal_to_a_cached_sequence_is_a_free_hit():
+    """The checkpoint at a cached sequence's end keeps its last position's final hidden state, so
+    a prompt equal to that sequence computes nothing before its first token: the whole input is
+    reused (the core's default accounting), and the tokens are those of an uncached run."""
     model = model_for("bamba-tiny")
     cached = Engine(model, big_capacity(model))
     plain = Engine(model, 0, admission="none")
@@ -83,13 +87,16 @@ def test_a_checkpoint_at_the_inputs_end_is_not_a_usable_hit_for_the_engine():
     assert first.admitted == (46,)
     again = rand_tokens(40, seed=2) + rand_tokens(6, seed=3)  # exactly input + output: a checkpoint at its end
     r = cached.generate(again, 8)
-    assert r.kv_hit_len == len(again) and r.usable_hit_len == 0 and r.hit_fraction == 0.0
-    assert cached.cache.stats.reused_tokens == 0
+    assert r.kv_hit_len == r.usable_hit_len == len(again) and r.hit_fraction == 1.0
+    assert r.num_prefill_calls == 0 and r.prefill_s < r.ttft_s
+    assert cached.cache.stats.reused_tokens == len(again)
     assert r.output_tokens == plain.generate(again, 8).output_tokens
-    # one token longer: the checkpoint at 46 is now usable
-    longer = cached.generate(again + rand_tokens(1, seed=9), 4)
-    assert longer.usable_hit_len == len(again)
-    assert longer.output_tokens == plain.generate(again + rand_tokens(1, seed=9), 4).output_tokens
+    # the simulator counts the same reuse for the same requests
+    sim = PrefixCache(model.spec, big_capacity(model), "marconi", "lru")
+    sim.process(rand_tokens(40, seed=2), rand_tokens(6, seed=3))
+    match, _ = sim.process(again, r.output_tokens)
+    assert match.usable_hit_len == len(again)
+    assert cached.cache.stats == sim.stats
     check_payloads(cached)
 
 
@@ -108,27 +115,91 @@ def _trace(num_sessions=3, turns=3):
     return requests
 
 
-@pytest.mark.parametrize("preset,eviction", [("bamba-tiny", "lru"), ("qwen3_next-tiny", "flop-aware")])
-def test_engine_decisions_equal_simulation(preset, eviction):
-    model = model_for(preset)
-    spec = model.spec
-    capacity = 5 * spec.ssm_checkpoint_bytes + 260 * spec.kv_bytes_per_token
-    engine = Engine(model, capacity, admission="marconi", eviction=eviction)
-    sim = PrefixCache(spec, capacity, "marconi", eviction)
-    for inp, out in _trace():
-        r = engine.replay(inp, out)
-        match, ins = sim.process(inp, out)
-        assert (r.kv_hit_len, r.usable_hit_len) == (match.kv_hit_len, match.usable_hit_len)
-        assert (r.cached, r.admitted) == (ins.cached, ins.admitted)
-        assert r.output_tokens == tuple(out)
+def _hostile_trace():
+    """A trace that asks for states everywhere an engine can be caught out: multi-turn sessions
+    on a shared system prompt, a prompt re-sent with an output that leaves the first one's after
+    a few tokens (a branch point inside decoded output), a prompt that ends where a cached
+    sequence branches (a branch at the input's end), a prompt equal to a cached sequence (a
+    whole-prompt hit), and outputs long enough to cross block boundaries."""
+    requests = _trace(num_sessions=2, turns=2)
+    inp, out = requests[0]
+    requests.append((inp, out[:3] + rand_tokens(9, seed=3001)))            # same prompt, output forks at +3
+    requests.append((inp, out[:3] + rand_tokens(5, seed=3002)))            # ... and again at the new node
+    requests.append((inp + out[:3], rand_tokens(7, seed=3003)))           # input ends on that branch node
+    requests.append((requests[1][0] + requests[1][1], rand_tokens(20, seed=3004)))  # a whole cached sequence
+    requests.append((rand_tokens(40, seed=7) + rand_tokens(30, seed=3005), rand_tokens(26, seed=3006)))
+    return requests
+
+
+ADMISSIONS = ["none", "marconi", "every-block:k=8", "every-block:k=8,paged=false", "last-token", "uniform:m=3",
+              "sparse-dp:m=2,key_tokens=16"]
+
+
+def _assert_same_decisions(engine: Engine, sim: PrefixCache, requests, *, generate: int = 0) -> None:
+    for i, (inp, out) in enumerate(requests):
+        r = engine.generate(inp, generate) if generate else engine.replay(inp, out)
+        match, ins = sim.process(inp, r.output_tokens)
+        assert (r.kv_hit_len, r.usable_hit_len) == (match.kv_hit_len, match.usable_hit_len), i
+        assert (r.cached, r.admitted) == (ins.cached, ins.admitted), i
+        assert generate or r.output_tokens == tuple(out)
+        assert set(r.admitted) <= set(r.captured), i
         check_payloads(engine)
     assert engine.cache.stats == sim.stats
-    assert engine.cache.stats.evictions_leaf + engine.cache.stats.evictions_inner > 0  # eviction was exercised
     assert engine.cache.stats.checkpoints_unavailable == 0
     mine, theirs = engine.cache.snapshot(), sim.snapshot()
     assert mine.parent_index == theirs.parent_index and mine.has_ssm == theirs.has_ssm
+    assert mine.ckpt_stride == theirs.ckpt_stride
     assert all(np.array_equal(a, b) for a, b in zip(mine.tokens, theirs.tokens))
-    assert engine.payloads.num_released > 0
+
+
+@pytest.mark.parametrize("checkpointing", ["segmented", "chunk-boundary"])
+@pytest.mark.parametrize("admission", ADMISSIONS)
+def test_engine_decisions_equal_simulation(admission, checkpointing):
+    """The engine supplies every state the cache asks for (inside outputs too) and makes exactly
+    the decisions of a size-only simulation told the same checkpoint placement, under eviction."""
+    model = model_for("bamba-tiny")  # scan chunk 16
+    spec = model.spec
+    num_states = 16 if admission.startswith("every-block") else 6  # small: every configuration evicts
+    capacity = num_states * spec.ssm_checkpoint_bytes + 300 * spec.kv_bytes_per_token
+    engine = Engine(model, capacity, admission=admission, eviction="lru", checkpointing=checkpointing)
+    sim = PrefixCache(spec, capacity, admission, "lru",
+                      prefill_chunk_len=model.chunk_size if checkpointing == "chunk-boundary" else None)
+    _assert_same_decisions(engine, sim, _hostile_trace())
+    stats = engine.cache.stats
+    if admission != "none":
+        assert stats.checkpoints_admitted > 0 and stats.evictions_leaf > 0 and engine.payloads.num_released > 0
+        assert stats.reused_tokens > 0
+
+
+def test_engine_decisions_equal_simulation_flop_aware_deltanet():
+    model = model_for("qwen3_next-tiny")  # gated DeltaNet, scan chunk 64
+    spec = model.spec
+    capacity = 5 * spec.ssm_checkpoint_bytes + 260 * spec.kv_bytes_per_token
+    engine = Engine(model, capacity, admission="marconi", eviction="flop-aware")
+    _assert_same_decisions(engine, PrefixCache(spec, capacity, "marconi", "flop-aware"), _hostile_trace())
+    assert engine.cache.stats.evictions_leaf + engine.cache.stats.evictions_inner > 0
+
+
+@pytest.mark.parametrize("admission", ["marconi", "every-block:k=8", "sparse-dp:m=2,key_tokens=16"])
+def test_greedy_engine_finds_the_states_it_needs_while_decoding(admission):
+    """Generation does not know its output up front: a branch point where the output leaves a
+    cached sequence, and block boundaries, are found step by step — still identical decisions."""
+    model = model_for("bamba-tiny")
+    prompt = rand_tokens(37, seed=40)
+    greedy = Engine(model, 0, admission="none").generate(prompt, 12).output_tokens
+    engine = Engine(model, big_capacity(model), admission=admission)
+    sim = PrefixCache(model.spec, big_capacity(model), admission, "lru")
+    # a cached sequence sharing the prompt and the first 3 generated tokens, then different
+    _assert_same_decisions(engine, sim, [(prompt, list(greedy[:3]) + rand_tokens(6, seed=41))])
+    r = engine.generate(prompt, 12)
+    assert r.output_tokens == greedy
+    match, ins = sim.process(prompt, r.output_tokens)
+    assert (r.usable_hit_len, r.admitted) == (match.usable_hit_len, ins.admitted)
+    if admission != "every-block:k=8":
+        assert 37 + 3 in r.admitted  # Marconi's branch point, 3 tokens into the output
+    else:
+        assert r.admitted == (48,)  # the block boundary inside this output (40: cached by the first)
+    _assert_same_decisions(engine, sim, [(prompt + rand_tokens(5, seed=42), None)], generate=6)
 
 
 # ================================================================================ errors
@@ -193,15 +264,17 @@ def test_replay_appended_makes_the_same_decisions_as_decoding():
     check_payloads(appended)
 
 
-def test_chunk_boundary_engine_offers_states_at_boundaries_only():
+def test_chunk_boundary_engine_takes_prefill_states_on_the_chunk_grid():
     model = model_for("bamba-tiny")  # scan chunk 16
     engine = Engine(model, big_capacity(model), checkpointing="chunk-boundary")
     system = rand_tokens(37, seed=20)  # a branch at 37: not a chunk boundary
     engine.replay(system + rand_tokens(10, seed=21), rand_tokens(4, seed=22))
     r = engine.replay(system + rand_tokens(12, seed=23), rand_tokens(4, seed=24))
-    assert r.prefill_checkpoints == (37,) and r.captured == (32,)
-    assert 37 not in r.admitted and r.admitted == (53,)  # the cache wanted 37; the last token is exact
-    assert engine.cache.stats.checkpoints_unavailable == 1
+    assert r.prefill_checkpoints == (32,)  # the core placed the branch on the grid
+    assert r.captured == r.admitted == (32, 53) and r.num_prefill_calls == 2
+    assert engine.cache.stats.checkpoints_unavailable == 0
+    third = engine.replay(system + rand_tokens(5, seed=25), rand_tokens(2, seed=26))
+    assert third.usable_hit_len == 32  # resumes at the boundary and recomputes 5 shared tokens
     check_payloads(engine)
 
 

@@ -132,9 +132,9 @@ class TestFloat64:
         def split_error() -> float:
             full = model.forward(model.new_cache(), ids, 0, keep_logits=0)
             head = model.new_cache()
-            model.forward(head, ids[:split], 0)
+            hidden = model.forward_full(head, ids[:split], 0).hidden
             resumed = build_cache(model, [slice_kv(head, model.layout, 0, split)],
-                                  capture_ssm(head, model.layout, split))
+                                  capture_ssm(head, model.layout, split, hidden))
             tail = model.forward(resumed, ids[split:], split, keep_logits=0)
             return (full[split:] - tail).abs().max().item()
 

@@ -321,10 +321,12 @@ class PrefixCache:
     def begin(self, input_tokens: Any, *, max_hit_len: int | None = None) -> RequestHandle:
         """Look up a request's input, lock what it matched, and plan its prefill checkpoints.
 
-        ``max_hit_len``: resume no deeper than this. A real engine passes ``len(input) - 1``: it
-        must compute at least the last input token to get the logits of the first output token,
-        and (all or nothing) it can only resume from a checkpoint at or before that. The default,
-        no limit, is the paper's accounting (a whole-input hit counts as fully reused).
+        ``max_hit_len``: resume no deeper than this. An engine that cannot produce the first
+        output token's logits from a checkpoint alone passes ``len(input) - 1`` (it must compute
+        at least the last input token, and, all or nothing, it can only resume from a checkpoint
+        at or before that). The default, no limit, is the paper's accounting (a whole-input hit
+        counts as fully reused); ``marconi.engine`` keeps each checkpoint's last hidden state and
+        uses it.
 
         The input is copied: the caller may reuse or change its array at once. Returns a handle
         to pass to :meth:`cached_prefix` and :meth:`finish` (or :meth:`abort`). Raises ValueError
