@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import functools
+import sys
+import threading
 
 import numpy as np
 import pytest
@@ -200,6 +202,87 @@ def test_greedy_engine_finds_the_states_it_needs_while_decoding(admission):
     else:
         assert r.admitted == (48,)  # the block boundary inside this output (40: cached by the first)
     _assert_same_decisions(engine, sim, [(prompt + rand_tokens(5, seed=42), None)], generate=6)
+
+
+# ================================================================================ threads
+def _tree_states(engine: Engine) -> dict[int, list[torch.Tensor]]:
+    return {n.depth: [*n.ssm.conv, *n.ssm.recurrent] for n in engine.cache.tree.iter_nodes() if n.has_ssm}
+
+
+def _run_threads(target, args_list) -> None:
+    errors = []
+
+    def run(*args):
+        try:
+            target(*args)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)
+    try:
+        threads = [threading.Thread(target=run, args=args) for args in args_list]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(before)
+    assert not errors, errors[0]
+
+
+def test_concurrent_float64_requests_stay_bitwise_exact():
+    """Requests served in parallel threads (one shared model) store bit-for-bit the states they
+    store alone. Before the float64 scan patch was reference-counted, one thread's exit restored
+    upstream's float32 scans under another's forward (checkpoints off by ~1e-9)."""
+    model = model_for("bamba-tiny", "float64")
+    sessions = [[(rand_tokens(50 + 9 * i, seed=60 + i), rand_tokens(5, seed=70 + i))] for i in range(4)]
+    for i, turns in enumerate(sessions):
+        inp, out = turns[0]
+        turns.append((inp + out + rand_tokens(20, seed=80 + i), rand_tokens(4, seed=90 + i)))
+
+    def serve(engine: Engine, turns) -> None:
+        for inp, out in turns:
+            engine.replay(inp, out)
+
+    alone = []
+    for turns in sessions:
+        engine = Engine(model, big_capacity(model))
+        serve(engine, turns)
+        alone.append(_tree_states(engine))
+    together = [Engine(model, big_capacity(model)) for _ in sessions]
+    _run_threads(serve, list(zip(together, sessions)))
+    for engine, expected in zip(together, alone):
+        got = _tree_states(engine)
+        assert sorted(got) == sorted(expected)
+        for depth, tensors in got.items():
+            assert all(a.dtype == torch.float64 and torch.equal(a, b) for a, b in zip(tensors, expected[depth])), depth
+
+
+def test_one_engine_serves_threads_safely():
+    """Threads sharing one Engine (one cache): the core serialises its calls, every request gets
+    the tokens an uncached engine gives, and the cache's invariants and payloads hold after."""
+    model = model_for("bamba-tiny")
+    system = rand_tokens(40, seed=50)
+    prompts = [system + rand_tokens(10 + i, seed=51 + i) for i in range(6)]
+    expected = [Engine(model, 0, admission="none").generate(p, 5).output_tokens for p in prompts]
+    engine = Engine(model, big_capacity(model))
+    engine.generate(prompts[0], 5)
+    engine.generate(prompts[1], 5)  # the shared system prompt is now a branch checkpoint at 40
+    got: dict[int, tuple[int, ...]] = {}
+    hits: list[int] = []
+
+    def serve(i: int) -> None:
+        for _ in range(2):
+            r = engine.generate(prompts[i], 5)
+            got[i] = r.output_tokens
+            hits.append(r.usable_hit_len)
+
+    _run_threads(serve, [(i,) for i in range(len(prompts))])
+    assert [got[i] for i in range(len(prompts))] == expected
+    assert engine.cache.num_in_flight == 0 and engine.cache.stats.num_requests == 14
+    assert len(hits) == 12 and min(hits) >= 40
+    check_payloads(engine)
 
 
 # ================================================================================ errors
