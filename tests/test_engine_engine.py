@@ -15,7 +15,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 from marconi.cache import PrefixCache
 from marconi.engine.engine import Engine
-from marconi.engine.errors import TokenRangeError
+from marconi.engine.errors import EngineError, TokenRangeError
 from marconi.engine.models import load_model
 from marconi.engine.states import KVPayload, SSMPayload
 
@@ -295,6 +295,41 @@ def test_bad_tokens_are_refused_before_touching_the_cache():
     with pytest.raises(TokenRangeError, match="32001"):
         engine.replay([1, 2, 3], [4, 32001])
     assert engine.cache.stats.num_requests == 0 and engine.cache.num_in_flight == 0
+
+
+@pytest.mark.parametrize("bad,message", [
+    ([], "no token ids: a request needs at least one token"),
+    (np.array([], dtype=np.int64), "no token ids"),
+    (torch.tensor([]), "no token ids"),
+    ([0.5, 1.0], "token ids must be integers, got float32 values such as 0.5"),
+    (["1", "2"], r"token ids must be a 1-D sequence of integers, got \['1', '2'\]"),
+    (np.array(["a", "b"]), "token ids must be a 1-D sequence of integers"),
+    ([1, None], "token ids must be a 1-D sequence of integers"),
+    ([[1, 2], [3]], "token ids must be a 1-D sequence of integers"),
+    ([[1, 2]], r"1-D sequence of integers, got shape \(1, 2\)"),
+    ([True, False], "token ids must be integers, got bool"),
+])
+def test_bad_token_ids_get_clear_messages(bad, message):
+    """Empty input used to say "got float32", and strings raised a raw torch error."""
+    model = model_for("bamba-tiny")
+    engine = Engine(model, big_capacity(model))
+    with pytest.raises(TokenRangeError, match=message):
+        engine.replay(bad, [1])
+    with pytest.raises(TokenRangeError, match=message):
+        engine.replay([1, 2], bad)
+    assert engine.cache.stats.num_requests == 0
+
+
+def test_text_where_ids_are_expected_says_so():
+    model = model_for("bamba-tiny")
+    engine = Engine(model, big_capacity(model))
+    with pytest.raises(TokenRangeError, match="got text 'hello'; tokenize it first"):
+        model.check_tokens("hello")
+    with pytest.raises(EngineError, match="output_tokens must be token ids, got text"):
+        engine.replay([1, 2], "world")
+    with pytest.raises(EngineError, match="max_new_tokens must be >= 1"):
+        engine.generate([1, 2], 0)
+    assert engine.cache.stats.num_requests == 0
 
 
 def test_failure_mid_request_unlocks(monkeypatch):

@@ -150,6 +150,8 @@ class Engine:
                  eos_token_id: int | None = None) -> EngineResult:
         """Greedy generation for a prompt (text is tokenized with the project tokenizer)."""
         ids = self._token_ids(prompt)
+        if max_new_tokens < 1:
+            raise EngineError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         return self._serve(ids, None, lambda work, pre, start, capture, _: decode_greedy(
             self.model, work, pre.logits, start, max_new_tokens, eos_token_id=eos_token_id, capture=capture,
             hidden=pre.hidden))
@@ -189,7 +191,10 @@ class Engine:
         return self.model.check_tokens(prompt)
 
     def _output_ids(self, output_tokens: Any) -> list[int]:
-        return self.model.check_tokens(output_tokens).tolist()
+        if isinstance(output_tokens, str):
+            raise EngineError("output_tokens must be token ids, got text; tokenize it first")
+        ids = self.model.check_tokens(output_tokens)
+        return ids.tolist()
 
     def _load_tokenizer(self) -> Any:
         try:

@@ -301,12 +301,14 @@ class HybridModel:
 
     def check_tokens(self, token_ids: Any) -> torch.Tensor:
         """Validate ids and return them as a 1-D int64 tensor; raises :class:`TokenRangeError`."""
-        ids = torch.as_tensor(token_ids)
-        if ids.dim() != 1 or ids.dtype.is_floating_point or ids.dtype == torch.bool or ids.is_complex():
-            raise TokenRangeError(f"token ids must be a 1-D integer sequence, got shape {tuple(ids.shape)} "
-                                  f"dtype {ids.dtype}")
+        ids = _as_id_tensor(token_ids)
+        if ids.dim() != 1:
+            raise TokenRangeError(f"token ids must be a 1-D sequence of integers, got shape {tuple(ids.shape)}")
         if ids.numel() == 0:
-            raise TokenRangeError("empty token sequence")
+            raise TokenRangeError("no token ids: a request needs at least one token")
+        if ids.dtype.is_floating_point or ids.dtype == torch.bool or ids.is_complex():
+            raise TokenRangeError(f"token ids must be integers, got {str(ids.dtype).removeprefix('torch.')} "
+                                  f"values such as {ids.flatten()[0].item()!r}")
         lo, hi = int(ids.min()), int(ids.max())
         if lo < 0 or hi >= self.vocab_size:
             bad = lo if lo < 0 else hi
@@ -429,6 +431,18 @@ def check_head(model: HybridModel) -> None:
     if again.dtype != fwd.logits.dtype or not torch.equal(again, fwd.logits):
         raise SpecMismatchError(f"{model.name}: logits recomputed from the final hidden state differ from the "
                                 f"forward's ({model.arch.model_type}'s LM head post-processing changed?)")
+
+
+def _as_id_tensor(token_ids: Any) -> torch.Tensor:
+    """``torch.as_tensor`` with a clear error for what cannot be token ids (strings, ragged lists ...)."""
+    if isinstance(token_ids, (str, bytes)):
+        raise TokenRangeError(f"token ids must be a sequence of integers, got text {token_ids[:40]!r}; "
+                              "tokenize it first (Engine.generate tokenizes a str prompt)")
+    try:
+        return torch.as_tensor(token_ids)
+    except (TypeError, ValueError, RuntimeError) as exc:
+        sample = list(token_ids[:3]) if isinstance(token_ids, (list, tuple)) else type(token_ids).__name__
+        raise TokenRangeError(f"token ids must be a 1-D sequence of integers, got {sample!r}... ({exc})") from None
 
 
 # ================================================================================ loading
