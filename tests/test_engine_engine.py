@@ -396,14 +396,42 @@ def test_chunk_boundary_engine_takes_prefill_states_on_the_chunk_grid():
     check_payloads(engine)
 
 
-def test_ttft_repeats_report_the_fastest_identical_run():
+class _FakeTime:
+    """Stands in for the ``time`` module inside the engine: the clock moves only when a wrapped
+    prefill runs, by a scripted amount per call."""
+
+    def __init__(self, durations):
+        self.now = 0.0
+        self.durations = list(durations)
+
+    def perf_counter(self):
+        return self.now
+
+    thread_time = perf_counter
+
+
+def test_ttft_repeats_report_the_fastest_identical_run(monkeypatch):
+    import marconi.engine.engine as engine_mod
+
     model = model_for("bamba-tiny")
+    fake = _FakeTime([5.0, 2.0, 7.0, 3.0])
+    real_prefill = engine_mod.prefill
+
+    def scripted_prefill(*args, **kwargs):
+        fake.now += fake.durations.pop(0)
+        return real_prefill(*args, **kwargs)
+
+    monkeypatch.setattr(engine_mod, "time", fake)
+    monkeypatch.setattr(engine_mod, "prefill", scripted_prefill)
     once = Engine(model, big_capacity(model))
     thrice = Engine(model, big_capacity(model), ttft_repeats=3)
-    for inp, out in _trace(num_sessions=1, turns=2):
-        a, b = once.replay_appended(inp, out), thrice.replay_appended(inp, out)
-        assert (a.usable_hit_len, a.admitted, a.greedy_tokens) == (b.usable_hit_len, b.admitted, b.greedy_tokens)
-        assert b.ttft_s >= b.lookup_s + b.restore_s + b.prefill_s - 1e-9 and b.ttft_cpu_s > 0
+    inp, out = _trace(num_sessions=1, turns=1)[0]
+    b = thrice.replay_appended(inp, out)            # prefill runs take 5, 2 and 7
+    assert (b.prefill_s, b.restore_s, b.lookup_s) == (2.0, 0.0, 0.0)
+    assert b.ttft_s == 2.0 and b.ttft_cpu_s == 2.0
+    a = once.replay_appended(inp, out)              # one run of 3
+    assert (a.prefill_s, a.ttft_s) == (3.0, 3.0)
+    assert (a.usable_hit_len, a.admitted, a.greedy_tokens) == (b.usable_hit_len, b.admitted, b.greedy_tokens)
     assert once.cache.stats == thrice.cache.stats
     with pytest.raises(ValueError, match="ttft_repeats"):
         Engine(model, big_capacity(model), ttft_repeats=0)

@@ -62,18 +62,19 @@ def max_diff(a, b) -> float:
 
 # ================================================================================ float64
 @pytest.mark.parametrize("preset", CHUNKED)
-def test_float64_chunk_aligned_splits_are_bitwise(preset):
+def test_float64_chunk_aligned_splits_are_bitwise_half_chunk_splits_within_1e12(preset):
     model = model_for(preset, "float64")
     chunk = model.chunk_size
     length = 4 * chunk + 9
     ids = tokens(length, seed=1)
     full = full_logits(model, ids)
-    splits = sorted({chunk, 2 * chunk, 3 * chunk, 4 * chunk} | ({chunk // 2, 5 * chunk // 2} if chunk > 32 else set()))
-    for split in splits:
-        if split % chunk:
-            continue
+    for split in (chunk, 2 * chunk, 3 * chunk, 4 * chunk):
         tail, _ = resumed(model, ids, split)
         assert torch.equal(full[split:], tail), f"{preset} split {split}: max diff {max_diff(full[split:], tail):.2e}"
+    # half a chunk off the grid the resumed scan groups its chunks differently: equal up to rounding
+    for split in (chunk // 2, 5 * chunk // 2):
+        tail, _ = resumed(model, ids, split)
+        assert max_diff(full[split:], tail) <= 1e-12, f"{preset} split {split}"
 
 
 @pytest.mark.parametrize("preset", ALL_TINY)
