@@ -38,11 +38,14 @@ def test_changing_the_input_array_after_begin_changes_nothing():
         handle.tokens[0] = 1
 
 
-def test_int32_input_is_copied_too():
+@pytest.mark.parametrize("make", [lambda: toks((0, 10)), lambda: toks((0, 20))[::2], lambda: toks((0, 20))[5:],
+                                  lambda: np.arange(10, dtype=np.int64)], ids=["int32", "strided", "slice", "int64"])
+def test_the_handle_never_shares_the_callers_memory(make):
     cache = PrefixCache(SPEC, 10**9, "marconi", "lru")
-    buffer = toks((0, 10))
+    buffer = make()
     handle = cache.begin(buffer)
-    assert not np.shares_memory(handle.tokens, buffer)
+    assert not np.shares_memory(handle.tokens, buffer) and not handle.tokens.flags.writeable
+    assert np.array_equal(handle.tokens, buffer)
     cache.abort(handle)
 
 

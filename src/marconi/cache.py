@@ -223,12 +223,15 @@ def _locked(method: Callable) -> Callable:
     return locked
 
 
-def _frozen_copy(tokens: np.ndarray) -> np.ndarray:
-    """A read-only copy: a handle keeps its request's tokens until ``finish``, so neither the
-    caller (who may reuse its buffer) nor anyone holding the handle can change them meanwhile."""
-    out = np.array(tokens, dtype=np.int32, copy=True)
-    out.flags.writeable = False
-    return out
+def _own_tokens(tokens: Any, what: str) -> np.ndarray:
+    """``as_tokens``, as a read-only array nobody else holds: a handle keeps its request's tokens
+    until ``finish``, so neither the caller (who may reuse its buffer) nor anyone holding the
+    handle can change them meanwhile. Copies only when ``as_tokens`` did not already."""
+    arr = as_tokens(tokens, what)
+    if arr is tokens or arr.base is not None:  # the caller's array, or a view of someone's memory
+        arr = arr.copy()
+    arr.flags.writeable = False
+    return arr
 
 
 class PrefixCache:
@@ -332,7 +335,7 @@ class PrefixCache:
         to pass to :meth:`cached_prefix` and :meth:`finish` (or :meth:`abort`). Raises ValueError
         for an empty or non-integer input.
         """
-        tokens = _frozen_copy(as_tokens(input_tokens, "input_tokens"))
+        tokens = _own_tokens(input_tokens, "input_tokens")
         limit = len(tokens) if max_hit_len is None else max(0, min(int(max_hit_len), len(tokens)))
         if self._logical is not None:
             self._logical.tick()
