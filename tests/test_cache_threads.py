@@ -49,6 +49,16 @@ def test_the_handle_never_shares_the_callers_memory(make):
     cache.abort(handle)
 
 
+def test_a_read_only_input_is_kept_without_a_copy():
+    """Read-only is the caller's promise (trace token arrays are): no copy on the simulator path."""
+    cache = PrefixCache(SPEC, 10**9, "marconi", "lru")
+    frozen = toks((0, 10))
+    frozen.flags.writeable = False
+    handle = cache.begin(frozen)
+    assert handle.tokens is frozen
+    cache.abort(handle)
+
+
 # ================================================================================ item: threads
 @pytest.mark.parametrize("admission,eviction", [("marconi", "flop-aware:alpha=1.0"), ("every-block:k=4", "lru")])
 def test_threads_sharing_one_cache_keep_every_invariant(admission, eviction):
