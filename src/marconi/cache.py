@@ -338,9 +338,8 @@ class PrefixCache:
         uses it.
 
         A writable input array is copied: the caller may reuse or change it at once (a
-        read-only one is kept as it is). Returns a handle
-        to pass to :meth:`cached_prefix` and :meth:`finish` (or :meth:`abort`). Raises ValueError
-        for an empty or non-integer input.
+        read-only one is kept as it is). Returns a handle to pass to :meth:`cached_prefix` and
+        :meth:`finish` (or :meth:`abort`). Raises ValueError for an empty or non-integer input.
         """
         tokens = _own_tokens(input_tokens, "input_tokens")
         limit = len(tokens) if max_hit_len is None else max(0, min(int(max_hit_len), len(tokens)))
@@ -364,7 +363,8 @@ class PrefixCache:
         match = MatchResult(len(tokens), walk.matched_len, usable)
         branch_len = self._branch_len(len(tokens), walk)
         ctx = AdmissionContext(tokens, len(tokens), match, branch_len, self.spec, self._next_request_id)
-        prefill = self._placed(self.admission.prefill_checkpoints(ctx), usable, len(tokens), len(tokens))
+        prefill = tuple(sorted(self._placed(self.admission.prefill_checkpoints(ctx), usable, len(tokens),
+                                            len(tokens))))
         matched_node = walk.path[-1] if walk.path else None
         handle = RequestHandle(self._next_request_id, tokens, match, prefill, branch_len, hit_node, lock_node,
                                matched_node, now)
@@ -485,21 +485,15 @@ class PrefixCache:
                 return i
         return -1
 
-    def _placed(self, positions: Iterable[int], floor: int, input_len: int, limit: int) -> tuple[int, ...]:
-        """Where the states for ``positions`` can be taken: those in ``(floor, limit]``, ascending,
-        with positions inside the prefill moved to the state grid (see ``prefill_chunk_len``)."""
+    def _placed(self, positions: Iterable[int], floor: int, input_len: int, limit: int) -> set[int]:
+        """Where the states for ``positions`` can be taken: those in ``(floor, limit]``, with
+        positions inside the prefill moved to the state grid (see ``prefill_chunk_len``)."""
+        wanted = {int(p) for p in positions if floor < p <= limit}
         grid = self._state_grid
-        out = set()
-        for p in positions:
-            p = int(p)
-            if not floor < p <= limit:
-                continue
-            if grid is not None and p < input_len:
-                p = floor + (p - floor) // grid * grid
-                if p <= floor:
-                    continue
-            out.add(p)
-        return tuple(sorted(out))
+        if grid is not None:
+            wanted = {p if p >= input_len else floor + (p - floor) // grid * grid for p in wanted}
+            wanted.discard(floor)  # no boundary after the resume point
+        return wanted
 
     def _branch_len(self, length: int, walk: WalkResult) -> int | None:
         """Speculative insertion: where inserting ``length`` tokens would create a new branch node."""
@@ -574,7 +568,7 @@ class PrefixCache:
         # Only states the request actually computes can be admitted: positions past its resume point.
         floor = handle.match.usable_hit_len
         input_len = len(handle.tokens)
-        wanted = set(self._placed(plan.checkpoints, floor, input_len, insert_len))
+        wanted = self._placed(plan.checkpoints, floor, input_len, insert_len)
         if plan.stride:
             first = (floor // plan.stride + 1) * plan.stride
             strided = range(first, insert_len + 1, plan.stride)  # in (floor, insert_len] already
