@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import functools
+import sys
+import threading
 
 import numpy as np
 import pytest
@@ -13,7 +15,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 from marconi.cache import PrefixCache
 from marconi.engine.engine import Engine
-from marconi.engine.errors import TokenRangeError
+from marconi.engine.errors import EngineError, TokenRangeError
 from marconi.engine.models import load_model
 from marconi.engine.states import KVPayload, SSMPayload
 
@@ -41,7 +43,11 @@ def check_payloads(engine: Engine) -> None:
     for node in cache.tree.iter_nodes():
         assert isinstance(node.kv, KVPayload) and node.kv.num_tokens == node.edge_len
         kv_bytes += node.kv.nbytes
-        if node.has_ssm:
+        if node.ckpt_stride:  # a run of block checkpoints: one state per block, in order
+            positions = range(node.parent_depth + node.ckpt_stride, node.depth + 1, node.ckpt_stride)
+            assert [p.position for p in node.ssm] == list(positions)
+            ssm_bytes += sum(p.nbytes for p in node.ssm)
+        elif node.has_ssm:
             assert isinstance(node.ssm, SSMPayload) and node.ssm.position == node.depth
             ssm_bytes += node.ssm.nbytes
     assert (kv_bytes, ssm_bytes) == (cache.kv_bytes, cache.ssm_bytes)
@@ -72,10 +78,10 @@ def test_multi_turn_conversation_same_tokens_with_and_without_cache(preset, dtyp
     assert cached.cache.stats.checkpoints_admitted > 6
 
 
-def test_a_checkpoint_at_the_inputs_end_is_not_a_usable_hit_for_the_engine():
-    """The engine needs the last input token's logits, so it resumes no deeper than len - 1: here
-    the only checkpoint is at the very end, so (all or nothing) nothing is reused, and the core
-    accounts exactly that."""
+def test_a_prompt_equal_to_a_cached_sequence_is_a_free_hit():
+    """The checkpoint at a cached sequence's end keeps its last position's final hidden state, so
+    a prompt equal to that sequence computes nothing before its first token: the whole input is
+    reused (the core's default accounting), and the tokens are those of an uncached run."""
     model = model_for("bamba-tiny")
     cached = Engine(model, big_capacity(model))
     plain = Engine(model, 0, admission="none")
@@ -83,13 +89,16 @@ def test_a_checkpoint_at_the_inputs_end_is_not_a_usable_hit_for_the_engine():
     assert first.admitted == (46,)
     again = rand_tokens(40, seed=2) + rand_tokens(6, seed=3)  # exactly input + output: a checkpoint at its end
     r = cached.generate(again, 8)
-    assert r.kv_hit_len == len(again) and r.usable_hit_len == 0 and r.hit_fraction == 0.0
-    assert cached.cache.stats.reused_tokens == 0
+    assert r.kv_hit_len == r.usable_hit_len == len(again) and r.hit_fraction == 1.0
+    assert r.num_prefill_calls == 0 and r.prefill_s < r.ttft_s
+    assert cached.cache.stats.reused_tokens == len(again)
     assert r.output_tokens == plain.generate(again, 8).output_tokens
-    # one token longer: the checkpoint at 46 is now usable
-    longer = cached.generate(again + rand_tokens(1, seed=9), 4)
-    assert longer.usable_hit_len == len(again)
-    assert longer.output_tokens == plain.generate(again + rand_tokens(1, seed=9), 4).output_tokens
+    # the simulator counts the same reuse for the same requests
+    sim = PrefixCache(model.spec, big_capacity(model), "marconi", "lru")
+    sim.process(rand_tokens(40, seed=2), rand_tokens(6, seed=3))
+    match, _ = sim.process(again, r.output_tokens)
+    assert match.usable_hit_len == len(again)
+    assert cached.cache.stats == sim.stats
     check_payloads(cached)
 
 
@@ -108,27 +117,177 @@ def _trace(num_sessions=3, turns=3):
     return requests
 
 
-@pytest.mark.parametrize("preset,eviction", [("bamba-tiny", "lru"), ("qwen3_next-tiny", "flop-aware")])
-def test_engine_decisions_equal_simulation(preset, eviction):
-    model = model_for(preset)
-    spec = model.spec
-    capacity = 5 * spec.ssm_checkpoint_bytes + 260 * spec.kv_bytes_per_token
-    engine = Engine(model, capacity, admission="marconi", eviction=eviction)
-    sim = PrefixCache(spec, capacity, "marconi", eviction)
-    for inp, out in _trace():
-        r = engine.replay(inp, out)
-        match, ins = sim.process(inp, out)
-        assert (r.kv_hit_len, r.usable_hit_len) == (match.kv_hit_len, match.usable_hit_len)
-        assert (r.cached, r.admitted) == (ins.cached, ins.admitted)
-        assert r.output_tokens == tuple(out)
+def _hostile_trace():
+    """A trace that asks for states everywhere an engine can be caught out: multi-turn sessions
+    on a shared system prompt, a prompt re-sent with an output that leaves the first one's after
+    a few tokens (a branch point inside decoded output), a prompt that ends where a cached
+    sequence branches (a branch at the input's end), a prompt equal to a cached sequence (a
+    whole-prompt hit), and outputs long enough to cross block boundaries."""
+    requests = _trace(num_sessions=2, turns=2)
+    inp, out = requests[0]
+    requests.append((inp, out[:3] + rand_tokens(9, seed=3001)))            # same prompt, output forks at +3
+    requests.append((inp, out[:3] + rand_tokens(5, seed=3002)))            # ... and again at the new node
+    requests.append((inp + out[:3], rand_tokens(7, seed=3003)))           # input ends on that branch node
+    requests.append((requests[1][0] + requests[1][1], rand_tokens(20, seed=3004)))  # a whole cached sequence
+    requests.append((rand_tokens(40, seed=7) + rand_tokens(30, seed=3005), rand_tokens(26, seed=3006)))
+    return requests
+
+
+ADMISSIONS = ["none", "marconi", "every-block:k=8", "every-block:k=8,paged=false", "last-token", "uniform:m=3",
+              "sparse-dp:m=2,key_tokens=16"]
+
+
+def _assert_same_decisions(engine: Engine, sim: PrefixCache, requests, *, generate: int = 0,
+                           appended: bool = False) -> None:
+    replay = engine.replay_appended if appended else engine.replay
+    for i, (inp, out) in enumerate(requests):
+        r = engine.generate(inp, generate) if generate else replay(inp, out)
+        match, ins = sim.process(inp, r.output_tokens)
+        assert (r.kv_hit_len, r.usable_hit_len) == (match.kv_hit_len, match.usable_hit_len), i
+        assert (r.cached, r.admitted) == (ins.cached, ins.admitted), i
+        assert generate or r.output_tokens == tuple(out)
+        assert set(r.admitted) <= set(r.captured), i
         check_payloads(engine)
     assert engine.cache.stats == sim.stats
-    assert engine.cache.stats.evictions_leaf + engine.cache.stats.evictions_inner > 0  # eviction was exercised
     assert engine.cache.stats.checkpoints_unavailable == 0
     mine, theirs = engine.cache.snapshot(), sim.snapshot()
     assert mine.parent_index == theirs.parent_index and mine.has_ssm == theirs.has_ssm
+    assert mine.ckpt_stride == theirs.ckpt_stride
     assert all(np.array_equal(a, b) for a, b in zip(mine.tokens, theirs.tokens))
-    assert engine.payloads.num_released > 0
+
+
+@pytest.mark.parametrize("checkpointing", ["segmented", "chunk-boundary"])
+@pytest.mark.parametrize("admission", ADMISSIONS)
+def test_engine_decisions_equal_simulation(admission, checkpointing):
+    """The engine supplies every state the cache asks for (inside outputs too) and makes exactly
+    the decisions of a size-only simulation told the same checkpoint placement, under eviction."""
+    model = model_for("bamba-tiny")  # scan chunk 16
+    spec = model.spec
+    num_states = 16 if admission.startswith("every-block") else 6  # small: every configuration evicts
+    capacity = num_states * spec.ssm_checkpoint_bytes + 300 * spec.kv_bytes_per_token
+    engine = Engine(model, capacity, admission=admission, eviction="lru", checkpointing=checkpointing)
+    sim = PrefixCache(spec, capacity, admission, "lru",
+                      prefill_chunk_len=model.chunk_size if checkpointing == "chunk-boundary" else None)
+    # The checkpointing mode changes only the prefill; the output is decoded token by token under
+    # segmented and appended with one forward cut at the wanted positions under chunk-boundary,
+    # so both ways of taking states inside an output are checked (and the matrix stays quick).
+    _assert_same_decisions(engine, sim, _hostile_trace(), appended=checkpointing == "chunk-boundary")
+    stats = engine.cache.stats
+    if admission != "none":
+        assert stats.checkpoints_admitted > 0 and stats.evictions_leaf > 0 and engine.payloads.num_released > 0
+        assert stats.reused_tokens > 0
+
+
+def test_engine_decisions_equal_simulation_flop_aware_deltanet():
+    model = model_for("qwen3_next-tiny")  # gated DeltaNet, scan chunk 64
+    spec = model.spec
+    capacity = 5 * spec.ssm_checkpoint_bytes + 260 * spec.kv_bytes_per_token
+    engine = Engine(model, capacity, admission="marconi", eviction="flop-aware")
+    _assert_same_decisions(engine, PrefixCache(spec, capacity, "marconi", "flop-aware"), _hostile_trace())
+    assert engine.cache.stats.evictions_leaf + engine.cache.stats.evictions_inner > 0
+
+
+@pytest.mark.parametrize("admission", ["marconi", "every-block:k=8", "sparse-dp:m=2,key_tokens=16"])
+def test_greedy_engine_finds_the_states_it_needs_while_decoding(admission):
+    """Generation does not know its output up front: a branch point where the output leaves a
+    cached sequence, and block boundaries, are found step by step — still identical decisions."""
+    model = model_for("bamba-tiny")
+    prompt = rand_tokens(37, seed=40)
+    greedy = Engine(model, 0, admission="none").generate(prompt, 12).output_tokens
+    engine = Engine(model, big_capacity(model), admission=admission)
+    sim = PrefixCache(model.spec, big_capacity(model), admission, "lru")
+    # a cached sequence sharing the prompt and the first 3 generated tokens, then different
+    _assert_same_decisions(engine, sim, [(prompt, list(greedy[:3]) + rand_tokens(6, seed=41))])
+    r = engine.generate(prompt, 12)
+    assert r.output_tokens == greedy
+    match, ins = sim.process(prompt, r.output_tokens)
+    assert (r.usable_hit_len, r.admitted) == (match.usable_hit_len, ins.admitted)
+    if admission != "every-block:k=8":
+        assert 37 + 3 in r.admitted  # Marconi's branch point, 3 tokens into the output
+    else:
+        assert r.admitted == (48,)  # the block boundary inside this output (40: cached by the first)
+    _assert_same_decisions(engine, sim, [(prompt + rand_tokens(5, seed=42), None)], generate=6)
+
+
+# ================================================================================ threads
+def _tree_states(engine: Engine) -> dict[int, list[torch.Tensor]]:
+    return {n.depth: [*n.ssm.conv, *n.ssm.recurrent] for n in engine.cache.tree.iter_nodes() if n.has_ssm}
+
+
+def _run_threads(target, args_list) -> None:
+    errors = []
+
+    def run(*args):
+        try:
+            target(*args)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)
+    try:
+        threads = [threading.Thread(target=run, args=args) for args in args_list]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(before)
+    assert not errors, errors[0]
+
+
+def test_concurrent_float64_requests_stay_bitwise_exact():
+    """Requests served in parallel threads (one shared model) store bit-for-bit the states they
+    store alone. Before the float64 scan patch was reference-counted, one thread's exit restored
+    upstream's float32 scans under another's forward (checkpoints off by ~1e-9)."""
+    model = model_for("bamba-tiny", "float64")
+    sessions = [[(rand_tokens(50 + 9 * i, seed=60 + i), rand_tokens(5, seed=70 + i))] for i in range(4)]
+    for i, turns in enumerate(sessions):
+        inp, out = turns[0]
+        turns.append((inp + out + rand_tokens(20, seed=80 + i), rand_tokens(4, seed=90 + i)))
+
+    def serve(engine: Engine, turns) -> None:
+        for inp, out in turns:
+            engine.replay(inp, out)
+
+    alone = []
+    for turns in sessions:
+        engine = Engine(model, big_capacity(model))
+        serve(engine, turns)
+        alone.append(_tree_states(engine))
+    together = [Engine(model, big_capacity(model)) for _ in sessions]
+    _run_threads(serve, list(zip(together, sessions)))
+    for engine, expected in zip(together, alone):
+        got = _tree_states(engine)
+        assert sorted(got) == sorted(expected)
+        for depth, tensors in got.items():
+            assert all(a.dtype == torch.float64 and torch.equal(a, b) for a, b in zip(tensors, expected[depth])), depth
+
+
+def test_one_engine_serves_threads_safely():
+    """Threads sharing one Engine (one cache): the core serialises its calls, every request gets
+    the tokens an uncached engine gives, and the cache's invariants and payloads hold after."""
+    model = model_for("bamba-tiny")
+    system = rand_tokens(40, seed=50)
+    prompts = [system + rand_tokens(10 + i, seed=51 + i) for i in range(6)]
+    expected = [Engine(model, 0, admission="none").generate(p, 5).output_tokens for p in prompts]
+    engine = Engine(model, big_capacity(model))
+    engine.generate(prompts[0], 5)
+    engine.generate(prompts[1], 5)  # the shared system prompt is now a branch checkpoint at 40
+    got: dict[int, tuple[int, ...]] = {}
+    hits: list[int] = []
+
+    def serve(i: int) -> None:
+        for _ in range(2):
+            r = engine.generate(prompts[i], 5)
+            got[i] = r.output_tokens
+            hits.append(r.usable_hit_len)
+
+    _run_threads(serve, [(i,) for i in range(len(prompts))])
+    assert [got[i] for i in range(len(prompts))] == expected
+    assert engine.cache.num_in_flight == 0 and engine.cache.stats.num_requests == 14
+    assert len(hits) == 12 and min(hits) >= 40
+    check_payloads(engine)
 
 
 # ================================================================================ errors
@@ -141,6 +300,41 @@ def test_bad_tokens_are_refused_before_touching_the_cache():
     with pytest.raises(TokenRangeError, match="32001"):
         engine.replay([1, 2, 3], [4, 32001])
     assert engine.cache.stats.num_requests == 0 and engine.cache.num_in_flight == 0
+
+
+@pytest.mark.parametrize("bad,message", [
+    ([], "no token ids: a request needs at least one token"),
+    (np.array([], dtype=np.int64), "no token ids"),
+    (torch.tensor([]), "no token ids"),
+    ([0.5, 1.0], "token ids must be integers, got float32 values such as 0.5"),
+    (["1", "2"], r"token ids must be a 1-D sequence of integers, got \['1', '2'\]"),
+    (np.array(["a", "b"]), "token ids must be a 1-D sequence of integers"),
+    ([1, None], "token ids must be a 1-D sequence of integers"),
+    ([[1, 2], [3]], "token ids must be a 1-D sequence of integers"),
+    ([[1, 2]], r"1-D sequence of integers, got shape \(1, 2\)"),
+    ([True, False], "token ids must be integers, got bool"),
+])
+def test_bad_token_ids_get_clear_messages(bad, message):
+    """Empty input used to say "got float32", and strings raised a raw torch error."""
+    model = model_for("bamba-tiny")
+    engine = Engine(model, big_capacity(model))
+    with pytest.raises(TokenRangeError, match=message):
+        engine.replay(bad, [1])
+    with pytest.raises(TokenRangeError, match=message):
+        engine.replay([1, 2], bad)
+    assert engine.cache.stats.num_requests == 0
+
+
+def test_text_where_ids_are_expected_says_so():
+    model = model_for("bamba-tiny")
+    engine = Engine(model, big_capacity(model))
+    with pytest.raises(TokenRangeError, match="got text 'hello'; tokenize it first"):
+        model.check_tokens("hello")
+    with pytest.raises(EngineError, match="output_tokens must be token ids, got text"):
+        engine.replay([1, 2], "world")
+    with pytest.raises(EngineError, match="max_new_tokens must be >= 1"):
+        engine.generate([1, 2], 0)
+    assert engine.cache.stats.num_requests == 0
 
 
 def test_failure_mid_request_unlocks(monkeypatch):
@@ -193,26 +387,56 @@ def test_replay_appended_makes_the_same_decisions_as_decoding():
     check_payloads(appended)
 
 
-def test_chunk_boundary_engine_offers_states_at_boundaries_only():
+def test_chunk_boundary_engine_takes_prefill_states_on_the_chunk_grid():
     model = model_for("bamba-tiny")  # scan chunk 16
     engine = Engine(model, big_capacity(model), checkpointing="chunk-boundary")
     system = rand_tokens(37, seed=20)  # a branch at 37: not a chunk boundary
     engine.replay(system + rand_tokens(10, seed=21), rand_tokens(4, seed=22))
     r = engine.replay(system + rand_tokens(12, seed=23), rand_tokens(4, seed=24))
-    assert r.prefill_checkpoints == (37,) and r.captured == (32,)
-    assert 37 not in r.admitted and r.admitted == (53,)  # the cache wanted 37; the last token is exact
-    assert engine.cache.stats.checkpoints_unavailable == 1
+    assert r.prefill_checkpoints == (32,)  # the core placed the branch on the grid
+    assert r.captured == r.admitted == (32, 53) and r.num_prefill_calls == 2
+    assert engine.cache.stats.checkpoints_unavailable == 0
+    third = engine.replay(system + rand_tokens(5, seed=25), rand_tokens(2, seed=26))
+    assert third.usable_hit_len == 32  # resumes at the boundary and recomputes 5 shared tokens
     check_payloads(engine)
 
 
-def test_ttft_repeats_report_the_fastest_identical_run():
+class _FakeTime:
+    """Stands in for the ``time`` module inside the engine: the clock moves only when a wrapped
+    prefill runs, by a scripted amount per call."""
+
+    def __init__(self, durations):
+        self.now = 0.0
+        self.durations = list(durations)
+
+    def perf_counter(self):
+        return self.now
+
+    thread_time = perf_counter
+
+
+def test_ttft_repeats_report_the_fastest_identical_run(monkeypatch):
+    import marconi.engine.engine as engine_mod
+
     model = model_for("bamba-tiny")
+    fake = _FakeTime([5.0, 2.0, 7.0, 3.0])
+    real_prefill = engine_mod.prefill
+
+    def scripted_prefill(*args, **kwargs):
+        fake.now += fake.durations.pop(0)
+        return real_prefill(*args, **kwargs)
+
+    monkeypatch.setattr(engine_mod, "time", fake)
+    monkeypatch.setattr(engine_mod, "prefill", scripted_prefill)
     once = Engine(model, big_capacity(model))
     thrice = Engine(model, big_capacity(model), ttft_repeats=3)
-    for inp, out in _trace(num_sessions=1, turns=2):
-        a, b = once.replay_appended(inp, out), thrice.replay_appended(inp, out)
-        assert (a.usable_hit_len, a.admitted, a.greedy_tokens) == (b.usable_hit_len, b.admitted, b.greedy_tokens)
-        assert b.ttft_s >= b.lookup_s + b.restore_s + b.prefill_s - 1e-9 and b.ttft_cpu_s > 0
+    inp, out = _trace(num_sessions=1, turns=1)[0]
+    b = thrice.replay_appended(inp, out)            # prefill runs take 5, 2 and 7
+    assert (b.prefill_s, b.restore_s, b.lookup_s) == (2.0, 0.0, 0.0)
+    assert b.ttft_s == 2.0 and b.ttft_cpu_s == 2.0
+    a = once.replay_appended(inp, out)              # one run of 3
+    assert (a.prefill_s, a.ttft_s) == (3.0, 3.0)
+    assert (a.usable_hit_len, a.admitted, a.greedy_tokens) == (b.usable_hit_len, b.admitted, b.greedy_tokens)
     assert once.cache.stats == thrice.cache.stats
     with pytest.raises(ValueError, match="ttft_repeats"):
         Engine(model, big_capacity(model), ttft_repeats=0)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -20,6 +21,7 @@ from marconi.engine.errors import (
 )
 from marconi.engine.models import (
     PRESETS,
+    HybridModel,
     build_model,
     check_spec,
     load_checkpoint,
@@ -70,12 +72,35 @@ def test_spec_disagreeing_with_real_shapes_names_both_numbers():
     with pytest.raises(SpecMismatchError) as err:
         check_spec(model, spec.with_changes(bytes_per_elem=2))
     msg = str(err.value)
+    halved = spec.with_changes(bytes_per_elem=2)
     assert f"spec {spec.kv_bytes_per_token // 2}, model's cache {spec.kv_bytes_per_token}" in msg
-    assert f"spec {spec.ssm_checkpoint_bytes // 2}, model's cache {spec.ssm_checkpoint_bytes}" in msg
+    assert f"spec {halved.ssm_checkpoint_bytes}, model's cache {spec.ssm_checkpoint_bytes}" in msg
     with pytest.raises(SpecMismatchError, match="SSM checkpoint bytes"):
         check_spec(model, spec.with_changes(ssm_state_dim=spec.ssm_state_dim + 1))
+    # the final hidden state kept with each checkpoint is counted: D elements of the model's dtype
+    assert spec.checkpoint_extra_bytes == model.config.hidden_size * 4
+    with pytest.raises(SpecMismatchError, match=f"spec {spec.ssm_checkpoint_bytes - 256}, model's cache"):
+        check_spec(model, spec.with_changes(checkpoint_extra_bytes=0))
     with pytest.raises(SpecMismatchError, match="attention layers: spec 2, cache layers with KVs 1"):
         check_spec(model, spec.with_changes(num_attn_layers=2))
+
+
+@pytest.mark.parametrize("preset,changes", [("falcon_h1-tiny", {"lm_head_multiplier": 0.37}),
+                                            ("granitemoehybrid-tiny", {"logits_scaling": 3.0}),
+                                            ("nemotron_h-tiny", {})])
+def test_logits_from_a_kept_hidden_state_are_the_forwards_own(preset, changes):
+    """Checked at load: the LM head's post-processing (a multiplier, a scale, a cast) is
+    reproduced bitwise; an architecture entry without it is refused, naming the problem."""
+    model_type, kwargs = PRESETS[preset]
+    config = transformers.AutoConfig.for_model(model_type, **{**kwargs, **changes})
+    model = build_model(config, dtype="float64")
+    cache = model.new_cache()
+    fwd = model.forward_full(cache, torch.arange(20) * 13, 0)
+    assert torch.equal(model.logits_from_hidden(fwd.hidden.clone()), fwd.logits)
+    assert fwd.hidden.shape == (1, 1, config.hidden_size)
+    bare = dataclasses.replace(model.arch, logits_post=None)
+    with pytest.raises(SpecMismatchError, match="logits recomputed from the final hidden state differ"):
+        HybridModel("bare", model.module, model.config, bare, model.dtype)
 
 
 def test_float64_without_the_scan_patch_fails_the_spec_check(monkeypatch):

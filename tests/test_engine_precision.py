@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import threading
 
 import pytest
 
@@ -123,6 +124,36 @@ class TestFloat64:
         with precision.float64_scans("lfm2"):  # no scan to patch: a no-op
             pass
 
+    def test_swap_stays_while_any_thread_is_inside(self):
+        """Thread A enters, thread B enters, A leaves while B is still inside: B must keep the
+        float64 scans (before the reference count, A's exit restored upstream under B)."""
+        original = MAMBA2.mamba2_chunk_scan
+        a_inside, b_inside, a_left = threading.Event(), threading.Event(), threading.Event()
+        seen: dict[str, bool] = {}
+
+        def a() -> None:
+            with precision.float64_scans("bamba"):
+                a_inside.set()
+                assert b_inside.wait(10)
+            a_left.set()
+
+        def b() -> None:
+            assert a_inside.wait(10)
+            with precision.float64_scans("bamba"):
+                b_inside.set()
+                assert a_left.wait(10)
+                seen["patched after A left"] = MAMBA2.mamba2_chunk_scan is not original
+                args = _mamba2_inputs(torch.float64)
+                seen["float64 state"] = MAMBA2.mamba2_chunk_scan(**args)[1].dtype == torch.float64
+
+        threads = [threading.Thread(target=a), threading.Thread(target=b)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert seen == {"patched after A left": True, "float64 state": True}
+        assert MAMBA2.mamba2_chunk_scan is original  # the last one out restored upstream
+
     @pytest.mark.parametrize("preset", ["bamba-tiny", "qwen3_next-tiny"])
     def test_patch_is_what_makes_float64_splits_exact(self, preset, monkeypatch):
         model = load_model(preset, dtype="float64")
@@ -132,9 +163,9 @@ class TestFloat64:
         def split_error() -> float:
             full = model.forward(model.new_cache(), ids, 0, keep_logits=0)
             head = model.new_cache()
-            model.forward(head, ids[:split], 0)
+            hidden = model.forward_full(head, ids[:split], 0).hidden
             resumed = build_cache(model, [slice_kv(head, model.layout, 0, split)],
-                                  capture_ssm(head, model.layout, split))
+                                  capture_ssm(head, model.layout, split, hidden))
             tail = model.forward(resumed, ids[split:], split, keep_logits=0)
             return (full[split:] - tail).abs().max().item()
 

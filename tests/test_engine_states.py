@@ -28,25 +28,34 @@ def model():
     torch.set_num_threads(before)
 
 
+_LAST_HIDDEN = {}  # id(cache) -> final hidden state of the forward that filled it
+
+
 def _filled(model, n=30):
     cache = model.new_cache()
-    model.forward(cache, torch.arange(n) * 11, 0)
+    _LAST_HIDDEN[id(cache)] = model.forward_full(cache, torch.arange(n) * 11, 0).hidden
     return cache
+
+
+def _capture(model, cache, position):
+    return capture_ssm(cache, model.layout, position, _LAST_HIDDEN[id(cache)])
 
 
 def test_capture_is_a_copy(model):
     cache = _filled(model)
-    state = capture_ssm(cache, model.layout, 30)
-    before = [t.clone() for t in state.conv + state.recurrent]
+    state = _capture(model, cache, 30)
+    before = [t.clone() for t in state.conv + state.recurrent + (state.hidden,)]
     model.forward(cache, torch.tensor([5]), 30)  # updates the cache's buffers in place
-    assert all(torch.equal(a, b) for a, b in zip(before, state.conv + state.recurrent))
+    assert all(torch.equal(a, b) for a, b in zip(before, state.conv + state.recurrent + (state.hidden,)))
+    assert state.hidden.shape == (1, 1, model.config.hidden_size)
+    assert state.hidden.untyped_storage().nbytes() == state.hidden.numel() * 8  # not a view of the forward's buffer
     assert not torch.equal(cache.layers[0].recurrent_states[0], state.recurrent[0])
 
 
 def test_rebuilt_cache_matches_and_never_aliases_payloads(model):
     cache = _filled(model)
     kv = [slice_kv(cache, model.layout, 0, 12), slice_kv(cache, model.layout, 12, 30)]
-    state = capture_ssm(cache, model.layout, 30)
+    state = _capture(model, cache, 30)
     rebuilt = build_cache(model, kv, state)
     assert rebuilt.get_seq_length() == 30
     for i in model.layout.attn_layers:
@@ -59,7 +68,11 @@ def test_rebuilt_cache_matches_and_never_aliases_payloads(model):
 def test_payload_sizes(model):
     cache = _filled(model)
     assert slice_kv(cache, model.layout, 3, 10).nbytes == 7 * model.spec.kv_bytes_per_token
-    assert capture_ssm(cache, model.layout, 30).nbytes == model.spec.ssm_checkpoint_bytes
+    state = _capture(model, cache, 30)
+    assert state.nbytes == model.spec.ssm_checkpoint_bytes
+    assert state.hidden.numel() * 8 == model.spec.checkpoint_extra_bytes  # the kept final hidden state
+    with pytest.raises(EngineError, match=r"\[1, 1, D\]"):
+        capture_ssm(cache, model.layout, 30, torch.zeros(1, 2, model.config.hidden_size, dtype=torch.float64))
 
 
 def test_split_and_join(model):
@@ -85,10 +98,10 @@ def test_inconsistent_payloads_are_refused(model):
     with pytest.raises(EngineError, match="no SSM state"):
         build_cache(model, [kv], None)
     with pytest.raises(EngineError, match="position 30 but the KVs cover 12"):
-        build_cache(model, [slice_kv(cache, model.layout, 0, 12)], capture_ssm(cache, model.layout, 30))
+        build_cache(model, [slice_kv(cache, model.layout, 0, 12)], _capture(model, cache, 30))
     with pytest.raises(EngineError, match="outside"):
         slice_kv(cache, model.layout, 5, 31)
     with pytest.raises(EngineError, match="no state yet"):
-        capture_ssm(model.new_cache(), model.layout, 0)
+        capture_ssm(model.new_cache(), model.layout, 0, torch.zeros(1, 1, model.config.hidden_size))
     assert build_cache(model, [], None).get_seq_length() == 0
     assert concat_kv([kv]) is kv and isinstance(kv, KVPayload)

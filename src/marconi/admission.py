@@ -68,6 +68,10 @@ class FinalPlan(NamedTuple):
 
 
 class AdmissionPolicy(Protocol):
+    """``final_plan`` must not change the policy: the cache also calls it for dry runs
+    (``PrefixCache.finish_checkpoints``). A policy that keeps per-request state may define
+    ``end_request(request_id)``; the cache calls it when the request finishes or aborts."""
+
     name: str
     page_size: int    # KV matching granularity (1 = token-level radix tree)
     caches: bool      # False: nothing is ever inserted (vanilla)

@@ -15,12 +15,20 @@ Payloads (sizes in simulation, tensors in the engine) are opaque; the engine sup
 
 Time is injected: ``clock()`` is read for recency; without one, a logical clock ticks once per
 request (like the Marconi authors' simulator). Nothing here reads the wall clock.
+
+Threads: every public method holds the cache's re-entrant lock (``cache.lock``) while it runs, so
+requests may be begun, finished and aborted from any number of threads. A method's callbacks
+(``states``, ``kv``, observers, ``PayloadOps``) run under that lock. Reading ``stats`` or the tree
+while other threads work is not atomic: hold ``cache.lock`` for a consistent view.
 """
 
 from __future__ import annotations
 
+import functools
+import math
+import threading
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, Mapping, NamedTuple, Protocol
+from typing import Any, Callable, Iterable, Mapping, NamedTuple, Protocol
 
 import numpy as np
 
@@ -183,7 +191,8 @@ class ManualClock:
 
 
 def as_tokens(tokens: Any, what: str, *, allow_empty: bool = False) -> np.ndarray:
-    """Validate and convert token ids to a 1-D int32 array (without copying when possible)."""
+    """Validate and convert token ids to a 1-D int32 array (without copying when possible: the
+    result may share memory with ``tokens``)."""
     arr = np.asarray(tokens)
     if arr.ndim != 1:
         raise ValueError(f"{what} must be a 1-D sequence of token ids, got shape {arr.shape}")
@@ -203,6 +212,34 @@ def as_tokens(tokens: Any, what: str, *, allow_empty: bool = False) -> np.ndarra
 _SIMULATED = SizeOnlyPayloads()
 
 
+def _locked(method: Callable) -> Callable:
+    """Run a public ``PrefixCache`` method under the cache's lock (see the module docstring)."""
+
+    @functools.wraps(method)
+    def locked(self: "PrefixCache", *args: Any, **kwargs: Any) -> Any:
+        with self._mutex:
+            return method(self, *args, **kwargs)
+
+    return locked
+
+
+def _own_tokens(tokens: Any, what: str) -> np.ndarray:
+    """``as_tokens`` as a read-only array the caller cannot change: a handle keeps its request's
+    tokens until ``finish``, and a caller reusing its buffer in between must not change them.
+
+    A writable array of the caller's (or a view of one, e.g. of a torch tensor) is copied; one
+    ``as_tokens`` just made is kept. An array that is already read-only is kept without a copy:
+    read-only is the caller's promise that it will not change (``Trace`` token arrays are, and
+    copying each one would cost the simulator ~6 us per request).
+    """
+    arr = as_tokens(tokens, what)
+    if arr.flags.writeable:
+        if arr is tokens or arr.base is not None:
+            arr = arr.copy()
+        arr.flags.writeable = False
+    return arr
+
+
 class PrefixCache:
     """A byte-bounded radix prefix cache for hybrid models.
 
@@ -213,6 +250,13 @@ class PrefixCache:
         eviction: an eviction policy or registry name (``lru``, ``flop-aware:alpha=1``).
         clock: returns the current time (any monotone unit); default a logical request counter.
         payloads: ``PayloadOps`` for real payloads; default sizes only (simulation).
+        prefill_chunk_len: where an engine can take a state inside a prefill. None (default):
+            anywhere (segmented prefill). ``C``: only on the scan's chunk grid (chunk-boundary
+            checkpointing) — a prefill resumed at ``u`` yields states at ``u + j*C`` (on a paged
+            tree, also page-aligned), so a checkpoint wanted at ``p`` with ``u < p < len(input)``
+            is taken at the last such boundary ``<= p``, or not at all if there is none. States at
+            the input's end and in the decoded output are exact either way. A simulation given
+            the engine's value makes the engine's decisions.
 
     Raises:
         ConfigError: negative capacity, unknown policy, or a capacity that cannot hold even one
@@ -221,12 +265,14 @@ class PrefixCache:
 
     def __init__(self, spec: ModelSpec | str, capacity_bytes: float, admission: AdmissionPolicy | str = "marconi",
                  eviction: EvictionPolicy | str = "lru", *, clock: Callable[[], float] | None = None,
-                 payloads: PayloadOps | None = None) -> None:
+                 payloads: PayloadOps | None = None, prefill_chunk_len: int | None = None) -> None:
         self.spec = get_model(spec)
         self.admission = make_admission(admission)
         self.eviction = make_eviction(eviction)
         if capacity_bytes is None or not np.isfinite(capacity_bytes) or capacity_bytes < 0:
             raise ConfigError(f"capacity_bytes must be a finite number >= 0, got {capacity_bytes!r}")
+        if prefill_chunk_len is not None and (isinstance(prefill_chunk_len, bool) or int(prefill_chunk_len) < 1):
+            raise ConfigError(f"prefill_chunk_len must be None or an integer >= 1, got {prefill_chunk_len!r}")
         self.capacity_bytes = int(capacity_bytes)
         if self.admission.caches and self.capacity_bytes < self.spec.ssm_checkpoint_bytes:
             raise ConfigError(
@@ -249,8 +295,22 @@ class PrefixCache:
         self._evicted_once = False
         self._ckpt_bytes = self.spec.ssm_checkpoint_bytes
         self._kv_per_token = self.spec.kv_bytes_per_token
+        self.prefill_chunk_len = None if prefill_chunk_len is None else int(prefill_chunk_len)
+        # states inside a prefill lie on this grid (counted from the resume point), or anywhere (None)
+        self._state_grid = (None if self.prefill_chunk_len is None
+                            else math.lcm(self.prefill_chunk_len, self.tree.page_size))
+        # a policy keeping per-request state (sparse-dp) is told when a request ends
+        self._end_request: Callable[[int], None] | None = getattr(self.admission, "end_request", None)
+        self._mutex = threading.RLock()
 
     # ================================================================== public API
+    @property
+    def lock(self) -> threading.RLock:
+        """The lock every public method holds; hold it to read ``stats`` or the tree consistently
+        while other threads use the cache, or to make several calls atomic."""
+        return self._mutex
+
+    @_locked
     def add_observer(self, observer: CacheObserver) -> None:
         self._observers.append(observer)
 
@@ -266,18 +326,22 @@ class PrefixCache:
         return {**self.admission.describe(), **self.eviction.describe(), "capacity_bytes": self.capacity_bytes,
                 "model": self.spec.name}
 
+    @_locked
     def begin(self, input_tokens: Any, *, max_hit_len: int | None = None) -> RequestHandle:
         """Look up a request's input, lock what it matched, and plan its prefill checkpoints.
 
-        ``max_hit_len``: resume no deeper than this. A real engine passes ``len(input) - 1``: it
-        must compute at least the last input token to get the logits of the first output token,
-        and (all or nothing) it can only resume from a checkpoint at or before that. The default,
-        no limit, is the paper's accounting (a whole-input hit counts as fully reused).
+        ``max_hit_len``: resume no deeper than this. An engine that cannot produce the first
+        output token's logits from a checkpoint alone passes ``len(input) - 1`` (it must compute
+        at least the last input token, and, all or nothing, it can only resume from a checkpoint
+        at or before that). The default, no limit, is the paper's accounting (a whole-input hit
+        counts as fully reused); ``marconi.engine`` keeps each checkpoint's last hidden state and
+        uses it.
 
-        Returns a handle to pass to :meth:`cached_prefix` and :meth:`finish` (or :meth:`abort`).
-        Raises ValueError for an empty or non-integer input.
+        A writable input array is copied: the caller may reuse or change it at once (a
+        read-only one is kept as it is). Returns a handle to pass to :meth:`cached_prefix` and
+        :meth:`finish` (or :meth:`abort`). Raises ValueError for an empty or non-integer input.
         """
-        tokens = as_tokens(input_tokens, "input_tokens")
+        tokens = _own_tokens(input_tokens, "input_tokens")
         limit = len(tokens) if max_hit_len is None else max(0, min(int(max_hit_len), len(tokens)))
         if self._logical is not None:
             self._logical.tick()
@@ -299,7 +363,8 @@ class PrefixCache:
         match = MatchResult(len(tokens), walk.matched_len, usable)
         branch_len = self._branch_len(len(tokens), walk)
         ctx = AdmissionContext(tokens, len(tokens), match, branch_len, self.spec, self._next_request_id)
-        prefill = tuple(sorted({int(p) for p in self.admission.prefill_checkpoints(ctx) if usable < p <= len(tokens)}))
+        prefill = tuple(sorted(self._placed(self.admission.prefill_checkpoints(ctx), usable, len(tokens),
+                                            len(tokens))))
         matched_node = walk.path[-1] if walk.path else None
         handle = RequestHandle(self._next_request_id, tokens, match, prefill, branch_len, hit_node, lock_node,
                                matched_node, now)
@@ -310,6 +375,7 @@ class PrefixCache:
             observer.on_begin(self, handle)
         return handle
 
+    @_locked
     def cached_prefix(self, handle: RequestHandle) -> CachedPrefix:
         """Payloads of the usable prefix, root first. Valid while ``handle`` is in flight."""
         self._check_active(handle)
@@ -334,16 +400,18 @@ class PrefixCache:
         ssm = None if hit is None else (hit.ssm[-1] if isinstance(hit.ssm, list) else hit.ssm)
         return CachedPrefix(usable, kv, ssm)
 
+    @_locked
     def finish(self, handle: RequestHandle, output_tokens: Any = (), *,
                states: Mapping[int, Any] | Callable[[int], Any] | None = None,
                kv: Callable[[int, int], Any] | None = None) -> InsertResult:
         """Insert input + output with the checkpoints the admission policy asks for, then unlock.
 
         ``states`` supplies SSM payloads by position and ``kv(start, end)`` KV payloads of
-        ``(input + output)[start:end]`` (engine); in simulation leave both None. A checkpoint whose
-        state is not supplied is skipped (counted in ``stats.checkpoints_unavailable``). If the new
-        states cannot fit even after evicting everything unlocked, nothing is inserted and
-        ``stats.requests_not_cached`` grows.
+        ``(input + output)[start:end]`` (engine); in simulation leave both None. ``states`` is
+        asked for exactly the positions :meth:`finish_checkpoints` returns for the same output
+        (and the tree as it is now). A checkpoint whose state is not supplied is skipped (counted
+        in ``stats.checkpoints_unavailable``). If the new states cannot fit even after evicting
+        everything unlocked, nothing is inserted and ``stats.requests_not_cached`` grows.
         """
         self._check_active(handle)
         output = as_tokens(output_tokens, "output_tokens", allow_empty=True)
@@ -353,20 +421,44 @@ class PrefixCache:
             else:
                 if self._logical is not None:
                     self._logical.tick()
-                seq = np.concatenate((handle.tokens, output)) if output.size else handle.tokens
-                walk = self.tree.walk(seq, start=handle.matched_node)
-                result = self._insert_sequence(handle, seq, self._final_plan(handle, seq, walk), states, kv, walk)
+                seq, walk, plan = self._final(handle, output)
+                result = self._insert_sequence(handle, seq, plan, states, kv, walk)
         finally:
             self._release(handle)
         for observer in self._observers:
             observer.on_finish(self, handle, output)
         return result
 
+    @_locked
+    def finish_checkpoints(self, handle: RequestHandle, output_tokens: Any = ()) -> tuple[int, ...]:
+        """Dry run of ``finish(handle, output_tokens)``: the positions of input + output whose
+        states it would ask ``states`` for, ascending. Changes nothing.
+
+        The answer holds for the tree as it is now (whether the states then fit does not change
+        it). In a batch-1 engine nothing else touches the tree between ``begin`` and ``finish``,
+        so an engine that knows its output (teacher forcing) learns every position to capture
+        before it starts. A generating engine can ask at each decode step, with the tokens so far
+        plus the one about to be fed: if the current depth ``d`` is in the answer, ``finish`` will
+        want the state at ``d`` for any output that continues this way. That holds for every
+        built-in policy — a position below the end is decided by the tokens up to it (a branch
+        point where the walk leaves the tree, a block boundary, a position inside the input) —
+        and the last position is asked once the output is complete.
+        """
+        self._check_active(handle)
+        if not self.admission.caches:
+            return ()
+        output = as_tokens(output_tokens, "output_tokens", allow_empty=True)
+        seq, walk, plan = self._final(handle, output)
+        on_path, tail = self._wanted(handle, plan, walk, len(seq))
+        return tuple(sorted(on_path + tail))
+
+    @_locked
     def abort(self, handle: RequestHandle) -> None:
         """Unlock an in-flight request without inserting anything."""
         self._check_active(handle)
         self._release(handle)
 
+    @_locked
     def process(self, input_tokens: Any, output_tokens: Any = (), *,
                 max_hit_len: int | None = None) -> tuple[MatchResult, InsertResult]:
         """``begin`` + ``finish`` with nothing in between: the strict sequential order of a replay."""
@@ -392,6 +484,16 @@ class PrefixCache:
             if path[i].depth <= limit and (path[i].has_ssm or not self.spec.has_recurrent_state):
                 return i
         return -1
+
+    def _placed(self, positions: Iterable[int], floor: int, input_len: int, limit: int) -> set[int]:
+        """Where the states for ``positions`` can be taken: those in ``(floor, limit]``, with
+        positions inside the prefill moved to the state grid (see ``prefill_chunk_len``)."""
+        wanted = {int(p) for p in positions if floor < p <= limit}
+        grid = self._state_grid
+        if grid is not None:
+            wanted = {p if p >= input_len else floor + (p - floor) // grid * grid for p in wanted}
+            wanted.discard(floor)  # no boundary after the resume point
+        return wanted
 
     def _branch_len(self, length: int, walk: WalkResult) -> int | None:
         """Speculative insertion: where inserting ``length`` tokens would create a new branch node."""
@@ -424,6 +526,7 @@ class PrefixCache:
         payload = states(pos) if callable(states) else states.get(pos)
         return payload is not None, payload
 
+    @_locked
     def insert_prefill(self, handle: RequestHandle, *,
                        states: Mapping[int, Any] | Callable[[int], Any] | None = None,
                        kv: Callable[[int, int], Any] | None = None) -> InsertResult:
@@ -449,29 +552,44 @@ class PrefixCache:
                               handle.matched_node.depth <= end else None)
         return self._insert_sequence(handle, seq, plan, states, kv, walk)
 
-    def _final_plan(self, handle: RequestHandle, seq: np.ndarray, walk: WalkResult) -> FinalPlan:
+    def _final(self, handle: RequestHandle, output: np.ndarray) -> tuple[np.ndarray, WalkResult, FinalPlan]:
+        """Input + output, its walk (from the handle's locked match) and the admission's final plan."""
+        seq = np.concatenate((handle.tokens, output)) if output.size else handle.tokens
+        walk = self.tree.walk(seq, start=handle.matched_node)
         ctx = AdmissionContext(seq, len(handle.tokens), handle.match, self._branch_len(len(seq), walk), self.spec,
                                handle.request_id)
-        return self.admission.final_plan(ctx, len(seq))
+        return seq, walk, self.admission.final_plan(ctx, len(seq))
+
+    def _wanted(self, handle: RequestHandle, plan: FinalPlan, walk: WalkResult,
+                seq_len: int) -> tuple[list[int], list[int]]:
+        """Positions whose states a plan needs, ascending: (on the walked path without a
+        checkpoint yet, past the walk). Pure: ``finish_checkpoints`` and ``finish`` share it."""
+        insert_len = min(plan.insert_len, seq_len)
+        # Only states the request actually computes can be admitted: positions past its resume point.
+        floor = handle.match.usable_hit_len
+        input_len = len(handle.tokens)
+        wanted = self._placed(plan.checkpoints, floor, input_len, insert_len)
+        if plan.stride:
+            first = (floor // plan.stride + 1) * plan.stride
+            strided = range(first, insert_len + 1, plan.stride)  # in (floor, insert_len] already
+            wanted.update(strided if self._state_grid is None else self._placed(strided, floor, input_len, insert_len))
+        matched = walk.matched_len
+        walked = (*walk.path, walk.partial) if walk.partial is not None else tuple(walk.path)
+        on_path = sorted(p for p in wanted if p <= matched and not any(n.holds_checkpoint_at(p) for n in walked))
+        return on_path, sorted(p for p in wanted if p > matched)
 
     def _insert_sequence(self, handle: RequestHandle, seq: np.ndarray, plan: FinalPlan,
                          states: Mapping[int, Any] | Callable[[int], Any] | None,
                          kv: Callable[[int, int], Any] | None, walk: WalkResult | None = None) -> InsertResult:
         walk = walk if walk is not None else self.tree.walk(seq)
+        # Positions are read before a run is split below: the split changes no answer of
+        # ``holds_checkpoint_at`` at or above the match, and the dry run does not split.
+        on_path, tail = self._wanted(handle, plan, walk, len(seq))
         if walk.partial is not None and walk.partial.ckpt_stride:
             walk = self._split_run_at_match(walk)  # lock only what this sequence shares, not the run's rest
         insert_len = min(plan.insert_len, len(seq))
         matched = walk.matched_len
-        # Only states the request actually computes can be admitted: positions past its resume point.
-        floor = handle.match.usable_hit_len
-        wanted = {int(p) for p in plan.checkpoints if floor < p <= insert_len}
-        if plan.stride:
-            first = (floor // plan.stride + 1) * plan.stride
-            wanted.update(range(first, insert_len + 1, plan.stride))
-        walked = (*walk.path, walk.partial) if walk.partial is not None else tuple(walk.path)
-        on_path = [p for p in wanted if p <= matched and not any(n.holds_checkpoint_at(p) for n in walked)]
-        tail = sorted(p for p in wanted if p > matched)
-        to_admit = self._collect_states(states, sorted(on_path) + tail)
+        to_admit = self._collect_states(states, on_path + tail)
         new_tokens = max(0, insert_len - matched)
         need = new_tokens * self._kv_per_token + len(to_admit) * self._ckpt_bytes
         if need == 0:
@@ -712,6 +830,8 @@ class PrefixCache:
             self._unlock(handle.lock_node)
         handle.active = False
         del self._in_flight[handle.request_id]
+        if self._end_request is not None:
+            self._end_request(handle.request_id)
 
     def _check_active(self, handle: RequestHandle) -> None:
         if not handle.active or self._in_flight.get(handle.request_id) is not handle:
@@ -763,6 +883,7 @@ class PrefixCache:
             st.peak_ssm_bytes = self.ssm_bytes
 
     # ================================================================== snapshots
+    @_locked
     def snapshot(self) -> TreeSnapshot:
         """The tree without payloads or locks, for replaying requests against it (tuning)."""
         index: dict[int, int] = {}
@@ -811,6 +932,7 @@ class PrefixCache:
         return cache
 
     # ================================================================== invariants
+    @_locked
     def check_invariants(self) -> None:
         """Recompute bytes, lock counts, tree shape and the candidate index from scratch."""
         expected_locks: dict[int, int] = {}

@@ -50,6 +50,9 @@ class ModelSpec:
         ssm_state_width: elements of the recurrent state per unit of ``N``; ``None`` means ``D``
             (the paper's ``D·N`` state). Real Mamba-2 layers hold ``n_heads·head_dim·N``.
         conv_dim: channels of the conv state; ``None`` means ``expand·D + 2·N``.
+        checkpoint_extra_bytes: bytes an engine keeps beside each SSM checkpoint besides the
+            states (``marconi.engine``: the last position's final hidden state, ``D`` elements, so
+            a hit on a whole prompt needs no forward). 0 for the presets: the paper's accounting.
     """
 
     name: str
@@ -65,6 +68,7 @@ class ModelSpec:
     bytes_per_elem: int = 2
     ssm_state_width: int | None = None
     conv_dim: int | None = None
+    checkpoint_extra_bytes: int = 0
     source: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
@@ -76,6 +80,8 @@ class ModelSpec:
         for attr in ("d_model", "bytes_per_elem"):
             if getattr(self, attr) <= 0:
                 raise SpecError(f"{self.name}: {attr} must be > 0, got {getattr(self, attr)}")
+        if self.checkpoint_extra_bytes < 0:
+            raise SpecError(f"{self.name}: checkpoint_extra_bytes must be >= 0, got {self.checkpoint_extra_bytes}")
         if self.num_ssm_layers and (self.ssm_state_dim <= 0 or self.conv_kernel < 0):
             raise SpecError(f"{self.name}: SSM layers need ssm_state_dim > 0 and conv_kernel >= 0")
         heads, hdim = self.kv_geometry
@@ -117,8 +123,12 @@ class ModelSpec:
 
     @property
     def ssm_checkpoint_bytes(self) -> int:
-        """Bytes of one SSM checkpoint: recurrent + conv state of every SSM layer."""
-        return self.num_ssm_layers * (self.ssm_state_bytes_per_layer + self.conv_state_bytes_per_layer)
+        """Bytes of one SSM checkpoint: recurrent + conv state of every SSM layer (+ the extra
+        bytes an engine keeps with it)."""
+        if not self.num_ssm_layers:
+            return 0
+        return (self.num_ssm_layers * (self.ssm_state_bytes_per_layer + self.conv_state_bytes_per_layer)
+                + self.checkpoint_extra_bytes)
 
     def kv_bytes(self, num_tokens: int) -> int:
         return num_tokens * self.kv_bytes_per_token

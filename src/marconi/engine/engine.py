@@ -1,12 +1,13 @@
-"""The real engine: serves requests one at a time through the one cache core, on real tensors.
+"""The real engine: serves requests through the one cache core, on real tensors.
 
 Per request (``docs/cache-api.md``)::
 
     handle = cache.begin(input)                 # match + lock the matched path + admission plan
     prefix = cache.cached_prefix(handle)        # KV payloads [0, h) + the SSM state at h
     work   = build_cache(model, prefix)         # restore into a fresh DynamicCache (a copy)
-    prefill input[h:], capturing the states at handle.prefill_checkpoints   -> first token (TTFT)
-    decode (greedy, or teacher-forced to a trace's output), feeding the last token
+    prefill input[h:], capturing the states the cache will ask for      -> first token (TTFT)
+    decode (greedy, or teacher-forced to a trace's output), feeding the last token and capturing
+        the states the cache will ask for inside the output
     cache.finish(handle, output, states={p: state}, kv=lambda s, e: KVs of (input+output)[s:e])
 
 There is no second cache: the engine keeps no tensors of its own between requests — every payload
@@ -14,10 +15,25 @@ lives in ``PrefixCache``'s tree, and the core's byte accounting (from the checke
 is what bounds memory. The core locks the matched path from ``begin`` to ``finish``/``abort``, so
 an in-flight request's prefix cannot be evicted (the restored working cache is a copy anyway).
 
-The engine looks up with ``max_hit_len = len(input) - 1``: it must compute at least the last input
-token to get the logits of the first output token, so a checkpoint exactly at the input's end is not
-a usable hit for it (all or nothing: it resumes from the deepest checkpoint before that). The core
-then accounts exactly what the engine computes.
+**Which states to capture.** The engine asks the core (``cache.finish_checkpoints``, a dry run of
+``finish``) instead of guessing. A replay knows its output, so it learns every position before the
+prefill; a greedy generation asks at each decode step with the tokens so far, which finds
+Marconi's branch point where the output leaves the tree and every block boundary as decoding
+reaches them. The engine therefore supplies every state the cache asks for and makes the
+decisions of a size-only simulation of the same requests. With ``checkpointing="chunk-boundary"``
+the core is told the scan's chunk length (``prefill_chunk_len``) and itself moves positions inside
+a prefill to chunk boundaries, so a simulation given that length decides identically too.
+
+**Whole-prompt hits are free.** Every checkpoint keeps the final hidden state of its last
+position, so when the whole input is cached the first output token's logits come from one
+``lm_head`` call and nothing is prefilled: the core's default accounting (a whole-input hit is
+fully reused) is exactly what the engine computes.
+
+**Threads.** ``generate`` / ``replay`` may be called from several threads at once on one engine:
+the core serialises its own calls, each request works on its own ``DynamicCache``, and the float64
+scan patch is reference-counted. Decisions then depend on the interleaving, and a greedy request
+may find a state it did not capture wanted (another thread changed the tree meanwhile); such
+states are skipped and counted in ``stats.checkpoints_unavailable``.
 """
 
 from __future__ import annotations
@@ -34,6 +50,7 @@ from marconi.cache import PrefixCache
 from marconi.engine.errors import EngineError
 from marconi.engine.models import HybridModel
 from marconi.engine.prefill import (
+    Capture,
     Checkpointing,
     DecodeResult,
     PrefillResult,
@@ -43,7 +60,7 @@ from marconi.engine.prefill import (
     make_checkpointing,
     prefill,
 )
-from marconi.engine.states import TensorPayloads, build_cache, capture_ssm, slice_kv
+from marconi.engine.states import TensorPayloads, build_cache, slice_kv
 
 __all__ = ["Engine", "EngineResult"]
 
@@ -57,7 +74,7 @@ class EngineResult:
     same span in CPU time of the serving thread (what an uncontended core would take, with one
     torch thread). With ``ttft_repeats > 1`` restore + prefill are timed that many times and the
     fastest run is reported. ``save_s`` is the work after decoding that stores
-    states: the last-token capture, KV slicing and ``finish``.
+    states: KV slicing and ``finish`` (states captured while decoding count in ``decode_s``).
     """
 
     request_id: int
@@ -67,7 +84,7 @@ class EngineResult:
     kv_hit_len: int
     usable_hit_len: int
     prefill_checkpoints: tuple[int, ...]
-    captured: tuple[int, ...]          # positions whose state was captured during prefill
+    captured: tuple[int, ...]          # positions whose state was captured (prefill and decode)
     admitted: tuple[int, ...]          # positions the cache admitted a checkpoint at
     cached: bool                       # input + output inserted (False: no room, or no caching)
     num_prefill_calls: int
@@ -106,8 +123,8 @@ class Engine:
         admission / eviction: cache-core policies (registry names or objects); ``admission="none"``
             serves without caching (vanilla), through the same code path.
         checkpointing: where prefill checkpoints are taken (``segmented``: exactly at the
-            requested positions; ``chunk-boundary``: at the last scan-chunk boundary, offered to
-            the cache under that position — only used if the cache planned a checkpoint there).
+            requested positions; ``chunk-boundary``: only on the scan's chunk grid — the cache
+            core is given ``prefill_chunk_len = model.chunk_size`` and plans its checkpoints there).
         clock: the cache's clock (default: its logical per-request clock).
         tokenizer: used for text input; default ``marconi.workloads.tokenizer.load_tokenizer()``.
         ttft_repeats: run restore + prefill this many times per request and report the fastest
@@ -122,9 +139,10 @@ class Engine:
         self.ttft_repeats = ttft_repeats
         self.model = model
         self.payloads = TensorPayloads()
-        self.cache = PrefixCache(model.spec, capacity_bytes, admission, eviction, clock=clock,
-                                 payloads=self.payloads)
         self.checkpointing = make_checkpointing(checkpointing)
+        self.cache = PrefixCache(model.spec, capacity_bytes, admission, eviction, clock=clock,
+                                 payloads=self.payloads,
+                                 prefill_chunk_len=self.checkpointing.state_grid(model.chunk_size))
         self._tokenizer = tokenizer
 
     # ------------------------------------------------------------------ public API
@@ -132,8 +150,11 @@ class Engine:
                  eos_token_id: int | None = None) -> EngineResult:
         """Greedy generation for a prompt (text is tokenized with the project tokenizer)."""
         ids = self._token_ids(prompt)
-        return self._serve(ids, lambda work, logits, start: decode_greedy(
-            self.model, work, logits, start, max_new_tokens, eos_token_id=eos_token_id))
+        if max_new_tokens < 1:
+            raise EngineError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        return self._serve(ids, None, lambda work, pre, start, capture, _: decode_greedy(
+            self.model, work, pre.logits, start, max_new_tokens, eos_token_id=eos_token_id, capture=capture,
+            hidden=pre.hidden))
 
     def replay(self, input_tokens: Sequence[int] | np.ndarray | torch.Tensor,
                output_tokens: Sequence[int] | np.ndarray | torch.Tensor) -> EngineResult:
@@ -143,17 +164,19 @@ class Engine:
         continue exactly what was cached.
         """
         ids = self._token_ids(input_tokens)
-        forced = self.model.check_tokens(output_tokens).tolist()
-        return self._serve(ids, lambda work, logits, start: decode_forced(self.model, work, logits, start, forced))
+        forced = self._output_ids(output_tokens)
+        return self._serve(ids, forced, lambda work, pre, start, capture, _: decode_forced(
+            self.model, work, pre.logits, start, forced, capture=capture, hidden=pre.hidden))
 
     def replay_appended(self, input_tokens: Sequence[int] | np.ndarray | torch.Tensor,
                         output_tokens: Sequence[int] | np.ndarray | torch.Tensor) -> EngineResult:
-        """Like :meth:`replay`, but the recorded output is appended with one forward instead of
-        decoded token by token (see ``prefill.append_forced``): same cache decisions and TTFT,
-        much cheaper — for TTFT benchmarks that do not measure decoding."""
+        """Like :meth:`replay`, but the recorded output is appended with one forward (cut only where
+        the cache wants a state) instead of decoded token by token (see ``prefill.append_forced``):
+        same cache decisions and TTFT, much cheaper — for TTFT benchmarks that do not measure decoding."""
         ids = self._token_ids(input_tokens)
-        forced = self.model.check_tokens(output_tokens).tolist()
-        return self._serve(ids, lambda work, logits, start: append_forced(self.model, work, logits, start, forced))
+        forced = self._output_ids(output_tokens)
+        return self._serve(ids, forced, lambda work, pre, start, _, wanted: append_forced(
+            self.model, work, pre.logits, start, forced, capture_at=wanted, hidden=pre.hidden))
 
     def replay_trace(self, requests: Iterable[Any]) -> list[EngineResult]:
         """Replay trace requests (objects with ``input_tokens`` / ``output_tokens``) in order."""
@@ -167,6 +190,12 @@ class Engine:
             prompt = getattr(encoded, "ids", encoded)
         return self.model.check_tokens(prompt)
 
+    def _output_ids(self, output_tokens: Any) -> list[int]:
+        if isinstance(output_tokens, str):
+            raise EngineError("output_tokens must be token ids, got text; tokenize it first")
+        ids = self.model.check_tokens(output_tokens)
+        return ids.tolist()
+
     def _load_tokenizer(self) -> Any:
         try:
             from marconi.workloads.tokenizer import load_tokenizer
@@ -176,36 +205,65 @@ class Engine:
         return self._tokenizer
 
     def _prefill_from_prefix(self, ids: torch.Tensor, prefix: Any, checkpoints: Sequence[int]) -> _Prefilled:
-        """Restore ``prefix`` into a fresh cache and prefill the rest of ``ids`` (the TTFT path)."""
+        """Restore ``prefix`` into a fresh cache and prefill the rest of ``ids`` (the TTFT path).
+
+        ``checkpoints`` are where the core wants states (already on the chunk grid if it has
+        one), so the prefill is cut exactly there. A whole-input hit prefills nothing: the first
+        token's logits follow from the checkpoint's kept final hidden state.
+        """
         model = self.model
         w0, c0 = time.perf_counter(), time.thread_time()
-        start = prefix.length  # < len(ids): begin() was given max_hit_len = len(ids) - 1
+        start = prefix.length
         work = build_cache(model, prefix.kv, prefix.ssm)
         w1 = time.perf_counter()
-        pre = prefill(model, work, ids, start, [p for p in checkpoints if p > start],
-                      checkpointing=self.checkpointing)
+        if start == len(ids):
+            hidden = prefix.ssm.hidden
+            pre = PrefillResult(model.logits_from_hidden(hidden), {}, {}, 0, 0.0, hidden)
+        else:
+            pre = prefill(model, work, ids, start, [p for p in checkpoints if p > start], checkpointing="segmented")
         w2, c2 = time.perf_counter(), time.thread_time()
         return _Prefilled(work, pre, start, w1 - w0, w2 - w1, c2 - c0)
 
-    def _serve(self, ids: torch.Tensor, decode: Callable[[Any, torch.Tensor, int], DecodeResult]) -> EngineResult:
+    def _plan_captures(self, handle: Any, input_len: int,
+                       forced: list[int] | None) -> tuple[tuple[int, ...], Capture, tuple[int, ...]]:
+        """(positions to capture in the prefill, the decode's capture rule, output positions).
+
+        A known output gets the dry run of its ``finish`` once; a generated one asks at each step
+        (see ``PrefixCache.finish_checkpoints``). Either way the prefill takes the input positions.
+        """
+        cache = self.cache
+        if forced is not None:
+            wanted = cache.finish_checkpoints(handle, forced)
+            in_output = tuple(p for p in wanted if p > input_len)
+            targets = set(in_output)
+            return tuple(p for p in wanted if p <= input_len), (lambda pos, _: pos in targets), in_output
+        at_prefill = handle.prefill_checkpoints
+
+        def capture(pos: int, tokens: Sequence[int]) -> bool:
+            if pos == input_len and pos in at_prefill:
+                return False  # the prefill took it
+            return pos in cache.finish_checkpoints(handle, tokens)
+
+        return at_prefill, capture, ()
+
+    def _serve(self, ids: torch.Tensor, forced: list[int] | None,
+               decode: Callable[[Any, PrefillResult, int, Capture, tuple[int, ...]], DecodeResult]) -> EngineResult:
         layout = self.model.layout
         t0, c0 = time.perf_counter(), time.thread_time()
-        handle = self.cache.begin(ids.numpy(), max_hit_len=len(ids) - 1)
+        handle = self.cache.begin(ids.numpy())
         try:
             prefix = self.cache.cached_prefix(handle)
+            at_prefill, capture, in_output = self._plan_captures(handle, len(ids), forced)
             lookup_s, lookup_cpu_s = time.perf_counter() - t0, time.thread_time() - c0
-            runs = [self._prefill_from_prefix(ids, prefix, handle.prefill_checkpoints)
-                    for _ in range(self.ttft_repeats)]
+            runs = [self._prefill_from_prefix(ids, prefix, at_prefill) for _ in range(self.ttft_repeats)]
             best = min(runs, key=lambda r: r.restore_s + r.prefill_s)
             work, pre = runs[-1].work, runs[-1].pre  # every run computes the same tensors
             t3 = time.perf_counter()  # the first token is the argmax of pre.logits (decode takes it)
-            out = decode(work, pre.logits, len(ids))
+            out = decode(work, pre, len(ids), capture, in_output)
             t4 = time.perf_counter()
-            seq_states = dict(pre.states)
-            if layout.ssm_layers:
-                seq_states[out.end] = capture_ssm(work, layout, out.end)
+            states = {**pre.states, **out.states}
             result = self.cache.finish(handle, np.asarray(out.tokens, dtype=np.int64),
-                                       states=seq_states, kv=lambda s, e: slice_kv(work, layout, s, e))
+                                       states=states, kv=lambda s, e: slice_kv(work, layout, s, e))
             t5 = time.perf_counter()
         except BaseException:
             if handle.active:
@@ -215,7 +273,7 @@ class Engine:
             request_id=handle.request_id, input_len=len(ids), output_tokens=tuple(out.tokens),
             greedy_tokens=tuple(out.greedy), kv_hit_len=handle.match.kv_hit_len,
             usable_hit_len=handle.match.usable_hit_len, prefill_checkpoints=handle.prefill_checkpoints,
-            captured=tuple(sorted(pre.states)), admitted=result.admitted, cached=result.cached,
+            captured=tuple(sorted(states)), admitted=result.admitted, cached=result.cached,
             num_prefill_calls=pre.num_calls,
             lookup_s=lookup_s, restore_s=best.restore_s, prefill_s=best.prefill_s, capture_s=best.pre.capture_s,
             ttft_s=lookup_s + best.restore_s + best.prefill_s, ttft_cpu_s=lookup_cpu_s + best.cpu_s,
@@ -225,7 +283,7 @@ class Engine:
 class _Prefilled(NamedTuple):
     work: Any            # the DynamicCache after the prefill
     pre: PrefillResult
-    start: int           # where the prefill started (0 after a full-input hit)
+    start: int           # where the prefill started (the input's length after a whole-input hit)
     restore_s: float
     prefill_s: float
     cpu_s: float         # thread CPU time of restore + prefill

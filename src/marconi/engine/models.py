@@ -33,7 +33,8 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-from collections.abc import Iterator, Mapping
+import threading
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -54,6 +55,7 @@ __all__ = [
     "PRESETS",
     "Architecture",
     "CacheLayout",
+    "Forward",
     "HybridModel",
     "build_model",
     "list_presets",
@@ -71,12 +73,15 @@ class Architecture:
     ``chunk_size_attr``: config field holding the scan's chunk length; ``default_chunk_size``: the
     length when there is no such field (the gated-DeltaNet torch scan always uses 64); both None for
     mixers without a chunked scan (LFM2's short convolution: every position is a "boundary").
+    ``logits_post``: what the ``*ForCausalLM`` forward does to ``lm_head``'s output (a scale, a
+    cast), so logits can be recomputed from a kept final hidden state; checked bitwise at load.
     """
 
     model_type: str
     mixer: str
     chunk_size_attr: str | None = None
     default_chunk_size: int | None = None
+    logits_post: Callable[[Any, torch.Tensor], torch.Tensor] | None = None
 
     def chunk_size(self, config: Any) -> int | None:
         if self.chunk_size_attr is not None:
@@ -84,12 +89,24 @@ class Architecture:
         return self.default_chunk_size
 
 
+def _float_logits(module: Any, logits: torch.Tensor) -> torch.Tensor:
+    return logits.float()                                   # NemotronHForCausalLM
+
+
+def _lm_head_multiplier(module: Any, logits: torch.Tensor) -> torch.Tensor:
+    return logits * module.model.lm_head_multiplier         # FalconH1ForCausalLM
+
+
+def _logits_scaling(module: Any, logits: torch.Tensor) -> torch.Tensor:
+    return logits / module.config.logits_scaling            # GraniteMoeHybridForCausalLM
+
+
 ARCHITECTURES: dict[str, Architecture] = {a.model_type: a for a in (
     Architecture("bamba", "mamba2", "mamba_chunk_size"),
-    Architecture("nemotron_h", "mamba2", "chunk_size"),
-    Architecture("falcon_h1", "mamba2", "mamba_chunk_size"),
+    Architecture("nemotron_h", "mamba2", "chunk_size", logits_post=_float_logits),
+    Architecture("falcon_h1", "mamba2", "mamba_chunk_size", logits_post=_lm_head_multiplier),
     Architecture("zamba2", "mamba2", "chunk_size"),
-    Architecture("granitemoehybrid", "mamba2", "mamba_chunk_size"),
+    Architecture("granitemoehybrid", "mamba2", "mamba_chunk_size", logits_post=_logits_scaling),
     Architecture("qwen3_next", "gated-deltanet", default_chunk_size=64),
     Architecture("olmo_hybrid", "gated-deltanet", default_chunk_size=64),
     Architecture("lfm2", "short-conv"),
@@ -213,6 +230,15 @@ class CacheLayout:
 
 
 # ================================================================================ the model
+class Forward(NamedTuple):
+    """One forward's results: ``logits`` ``[k, vocab]`` of the last ``k`` positions, and
+    ``hidden`` ``[1, 1, D]``, the final hidden state of the last position (the LM head's input;
+    a view — clone it to keep it)."""
+
+    logits: torch.Tensor
+    hidden: torch.Tensor
+
+
 @dataclass(eq=False)
 class HybridModel:
     """A loaded hybrid LLM, its cache layout and its checked spec. Build with :func:`load_model`.
@@ -240,8 +266,24 @@ class HybridModel:
     def __post_init__(self) -> None:
         self.layout = CacheLayout.from_config(self.config)
         self.chunk_size = self.arch.chunk_size(self.config)
-        self.spec = spec_from_config(self.config, name=self.name, dtype=self.dtype)
-        check_spec(self, self.spec)
+        head = self.module.get_output_embeddings()
+        if head is None:
+            raise UnsupportedModelError(f"{self.name} has no output embeddings (LM head)")
+        # The LM head's input is the last position's final hidden state: a hook hands it to
+        # ``forward_full`` (per thread, so concurrent requests never see each other's).
+        self._head = head
+        self._seen = threading.local()
+        hook = head.register_forward_hook(self._remember_head_input)
+        try:
+            self.spec = spec_from_config(self.config, name=self.name, dtype=self.dtype)
+            check_spec(self, self.spec)
+            check_head(self)
+        except BaseException:
+            hook.remove()
+            raise
+
+    def _remember_head_input(self, module: Any, args: tuple[Any, ...], output: Any) -> None:
+        self._seen.head_input = args[0]
 
     @property
     def vocab_size(self) -> int:
@@ -259,12 +301,14 @@ class HybridModel:
 
     def check_tokens(self, token_ids: Any) -> torch.Tensor:
         """Validate ids and return them as a 1-D int64 tensor; raises :class:`TokenRangeError`."""
-        ids = torch.as_tensor(token_ids)
-        if ids.dim() != 1 or ids.dtype.is_floating_point or ids.dtype == torch.bool or ids.is_complex():
-            raise TokenRangeError(f"token ids must be a 1-D integer sequence, got shape {tuple(ids.shape)} "
-                                  f"dtype {ids.dtype}")
+        ids = _as_id_tensor(token_ids)
+        if ids.dim() != 1:
+            raise TokenRangeError(f"token ids must be a 1-D sequence of integers, got shape {tuple(ids.shape)}")
         if ids.numel() == 0:
-            raise TokenRangeError("empty token sequence")
+            raise TokenRangeError("no token ids: a request needs at least one token")
+        if ids.dtype.is_floating_point or ids.dtype == torch.bool or ids.is_complex():
+            raise TokenRangeError(f"token ids must be integers, got {str(ids.dtype).removeprefix('torch.')} "
+                                  f"values such as {ids.flatten()[0].item()!r}")
         lo, hi = int(ids.min()), int(ids.max())
         if lo < 0 or hi >= self.vocab_size:
             bad = lo if lo < 0 else hi
@@ -280,14 +324,32 @@ class HybridModel:
         Returns float logits ``[k, vocab]`` of the last ``k = keep_logits`` positions (0: all).
         A 1-token call takes the model's recurrent (decode) path, longer calls its chunked scan.
         """
+        return self.forward_full(cache, token_ids, start, keep_logits=keep_logits).logits
+
+    def forward_full(self, cache: Any, token_ids: torch.Tensor, start: int, *, keep_logits: int = 1) -> Forward:
+        """:meth:`forward`, also returning the last position's final hidden state (see :class:`Forward`)."""
         if self.layout.attn_layers and cache.get_seq_length() != start:
             raise EngineError(f"cache holds {cache.get_seq_length()} tokens but the forward starts at {start}")
         ids = token_ids.reshape(1, -1)
         positions = torch.arange(start, start + ids.shape[1]).unsqueeze(0)
+        self._seen.head_input = None
         with torch.no_grad(), float64_scans(self.arch.model_type):
             out = self.module(input_ids=ids, cache=cache, use_cache=True, position_ids=positions,
                               logits_to_keep=keep_logits)
-        return out.logits[0]
+        seen, self._seen.head_input = self._seen.head_input, None
+        if seen is None:
+            raise EngineError(f"{self.name}: the forward did not call its LM head")
+        return Forward(out.logits[0], seen[:, -1:, :])
+
+    def logits_from_hidden(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Logits ``[1, vocab]`` from a final hidden state ``[1, 1, D]`` kept by :meth:`forward_full`:
+        bitwise what that forward returned for the position when it kept one logit row (the same
+        ``lm_head`` call on the same one-row input; :func:`check_head` proves it at load)."""
+        with torch.no_grad():
+            logits = self._head(hidden)
+            if self.arch.logits_post is not None:
+                logits = self.arch.logits_post(self.module, logits)
+        return logits[0]
 
 
 # ================================================================================ spec
@@ -300,11 +362,14 @@ def _spec_config_dict(config: Any) -> dict[str, Any]:
 
 
 def spec_from_config(config: Any, *, name: str, dtype: torch.dtype) -> ModelSpec:
+    """The engine's byte model: the architecture's states, plus the final hidden state
+    (``hidden_size`` elements) the engine keeps beside every checkpoint."""
     bytes_per_elem = torch.finfo(dtype).bits // 8
     try:
-        return ModelSpec.from_hf_config(_spec_config_dict(config), name=name, bytes_per_elem=bytes_per_elem)
+        spec = ModelSpec.from_hf_config(_spec_config_dict(config), name=name, bytes_per_elem=bytes_per_elem)
     except SpecError as exc:
         raise EngineError(f"cannot build a ModelSpec for {name}: {exc}") from None
+    return spec.with_changes(checkpoint_extra_bytes=int(config.hidden_size) * bytes_per_elem)
 
 
 class CacheBytes(NamedTuple):
@@ -319,16 +384,17 @@ class CacheBytes(NamedTuple):
 def measure_cache_bytes(model: HybridModel, num_tokens: int = 3) -> CacheBytes:
     """Prefill ``num_tokens`` tokens and measure the cache tensors' real bytes.
 
-    KV bytes per token are summed over attention layers (keys + values); checkpoint bytes over the
-    recurrent layers (conv state + recurrent state, whatever their dtypes).
+    KV bytes per token are summed over attention layers (keys + values); checkpoint bytes over
+    what the engine keeps per checkpoint (conv + recurrent state of every recurrent layer,
+    whatever their dtypes, and the last position's final hidden state).
     """
     from marconi.engine.states import capture_ssm, slice_kv
 
     cache = model.new_cache()
     with _quiet_transformers():
-        model.forward(cache, torch.arange(num_tokens) % model.vocab_size, 0)
+        fwd = model.forward_full(cache, torch.arange(num_tokens) % model.vocab_size, 0)
         kv = slice_kv(cache, model.layout, 0, num_tokens) if model.layout.attn_layers else None
-        ssm = capture_ssm(cache, model.layout, num_tokens) if model.layout.ssm_layers else None
+        ssm = capture_ssm(cache, model.layout, num_tokens, fwd.hidden) if model.layout.ssm_layers else None
         # One decode step too: transformers prints one-time notices on each path's first use.
         model.forward(cache, torch.tensor([1]), num_tokens)
     kv_bytes = kv.nbytes // num_tokens if kv is not None else 0
@@ -353,6 +419,30 @@ def check_spec(model: HybridModel, spec: ModelSpec) -> None:
     if problems:
         raise SpecMismatchError(f"spec {spec.name!r} disagrees with {model.name}'s real cache tensors: "
                                 + "; ".join(problems))
+
+
+def check_head(model: HybridModel) -> None:
+    """Raise :class:`SpecMismatchError` unless logits recomputed from a kept final hidden state are
+    bitwise the forward's own (a free hit on a whole prompt starts decoding from them)."""
+    cache = model.new_cache()
+    with _quiet_transformers():
+        fwd = model.forward_full(cache, torch.arange(5) * 7 % model.vocab_size, 0)
+    again = model.logits_from_hidden(fwd.hidden.clone())
+    if again.dtype != fwd.logits.dtype or not torch.equal(again, fwd.logits):
+        raise SpecMismatchError(f"{model.name}: logits recomputed from the final hidden state differ from the "
+                                f"forward's ({model.arch.model_type}'s LM head post-processing changed?)")
+
+
+def _as_id_tensor(token_ids: Any) -> torch.Tensor:
+    """``torch.as_tensor`` with a clear error for what cannot be token ids (strings, ragged lists ...)."""
+    if isinstance(token_ids, (str, bytes)):
+        raise TokenRangeError(f"token ids must be a sequence of integers, got text {token_ids[:40]!r}; "
+                              "tokenize it first (Engine.generate tokenizes a str prompt)")
+    try:
+        return torch.as_tensor(token_ids)
+    except (TypeError, ValueError, RuntimeError) as exc:
+        sample = list(token_ids[:3]) if isinstance(token_ids, (list, tuple)) else type(token_ids).__name__
+        raise TokenRangeError(f"token ids must be a 1-D sequence of integers, got {sample!r}... ({exc})") from None
 
 
 # ================================================================================ loading

@@ -18,8 +18,12 @@ The copies are checked to be bitwise equal to upstream in float32 (``tests/test_
 so they can not drift silently when transformers changes.
 
 Nothing under site-packages is edited; the mixers look these functions up as module globals at
-call time, which is what makes a scoped swap possible. The swap is process-global while active
-(not thread-safe), like any monkeypatch: the engine serves one request at a time.
+call time, which is what makes a scoped swap possible. The swap is process-global while active, so
+it is reference-counted under a lock: the first block to enter installs it, the last to leave
+restores upstream. Threads may therefore run float64 forwards concurrently (an early exit in one
+thread used to restore the float32 upstream functions under another thread's running forward);
+a float32 forward running meanwhile in another thread is untouched, as the swapped-in functions
+hand non-float64 inputs to upstream.
 
 Remaining float32 casts (RMSNorm, gated norms, RoPE tables, ``A_log.float()``) are per-element:
 they give the same float32 value for the same input, so they cannot make a split prefill differ
@@ -31,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import threading
 from collections.abc import Callable, Iterator
 
 import torch
@@ -343,29 +348,46 @@ chunk_gated_delta_rule = _chunk_gated_delta_rule
 recurrent_gated_delta_rule = _recurrent_gated_delta_rule
 
 
+# modeling module name -> (blocks inside float64_scans, the upstream functions it replaced)
+_ACTIVE: dict[str, tuple[int, dict[str, Callable]]] = {}
+_ACTIVE_LOCK = threading.Lock()
+
+
+def _install(module: object) -> dict[str, Callable]:
+    saved: dict[str, Callable] = {}
+    for attr, (copy, arg, pos) in _SWAPS.items():
+        original = getattr(module, attr, None)
+        if original is None:
+            continue
+        saved[attr] = original
+        setattr(module, attr, _dispatch(original, copy, arg, pos))
+    return saved
+
+
 @contextlib.contextmanager
 def float64_scans(model_type: str) -> Iterator[None]:
     """Within the block, float64 scans of ``model_type``'s mixers stay float64 (see module doc).
 
     A no-op for architectures without a patched module (e.g. LFM2's short convolution has no scan).
-    Re-entrant: nested blocks leave the outer swap in place.
+    Re-entrant and thread-safe: the swap stays while any block, in any thread, is inside.
     """
     module_name = PATCHED_MODULES.get(model_type)
     if module_name is None:
         yield
         return
     module = importlib.import_module(module_name)
-    saved: dict[str, Callable] = {}
-    for attr, (copy, arg, pos) in _SWAPS.items():
-        original = getattr(module, attr, None)
-        if original is None or getattr(original, "__marconi_patch__", False):
-            continue
-        patched = _dispatch(original, copy, arg, pos)
-        patched.__marconi_patch__ = True  # type: ignore[attr-defined]
-        saved[attr] = original
-        setattr(module, attr, patched)
+    with _ACTIVE_LOCK:
+        count, saved = _ACTIVE.get(module_name, (0, {}))
+        if count == 0:
+            saved = _install(module)
+        _ACTIVE[module_name] = (count + 1, saved)
     try:
         yield
     finally:
-        for attr, original in saved.items():
-            setattr(module, attr, original)
+        with _ACTIVE_LOCK:
+            count, saved = _ACTIVE.pop(module_name)
+            if count > 1:
+                _ACTIVE[module_name] = (count - 1, saved)
+            else:
+                for attr, original in saved.items():
+                    setattr(module, attr, original)

@@ -8,7 +8,13 @@ only the cache's public update calls. :class:`TensorPayloads` is the core's ``Pa
 
 Shapes (batch 1): keys/values ``[1, H_kv, T, head_dim]`` (RoPE applied, so any prefix slice is
 valid at its original positions); conv state ``[1, conv_dim, K]`` (the last K inputs of the
-causal conv); recurrent state ``[1, H, P, N]`` (None for LFM2's short convolution).
+causal conv); recurrent state ``[1, H, P, N]`` (None for LFM2's short convolution); final hidden
+state ``[1, 1, D]``.
+
+A checkpoint also keeps the final hidden state of its last position (the LM head's input): the
+logits of the token after the checkpoint follow from it with one ``lm_head`` call, so a request
+whose whole input is cached computes nothing before its first output token. The engine's
+``ModelSpec`` counts those ``D`` elements in ``ssm_checkpoint_bytes``.
 """
 
 from __future__ import annotations
@@ -54,20 +60,26 @@ class KVPayload:
 
 @dataclass(frozen=True, slots=True, eq=False)
 class SSMPayload:
-    """Recurrent state of every SSM layer after ``position`` tokens (a checkpoint)."""
+    """Recurrent state of every SSM layer after ``position`` tokens (a checkpoint), and the final
+    hidden state ``[1, 1, D]`` of position ``position - 1`` (the logits of the next token)."""
 
     conv: tuple[torch.Tensor, ...]
     recurrent: tuple[torch.Tensor | None, ...]
     position: int
+    hidden: torch.Tensor
 
     @property
     def nbytes(self) -> int:
-        return sum(_nbytes(t) for t in self.conv) + sum(_nbytes(t) for t in self.recurrent)
+        return (sum(_nbytes(t) for t in self.conv) + sum(_nbytes(t) for t in self.recurrent)
+                + _nbytes(self.hidden))
 
 
 # ================================================================================ capture
-def capture_ssm(cache: Any, layout: Any, position: int) -> SSMPayload:
-    """Clone the conv + recurrent state of every SSM layer of ``cache`` (which holds ``position`` tokens)."""
+def capture_ssm(cache: Any, layout: Any, position: int, hidden: torch.Tensor) -> SSMPayload:
+    """Clone the conv + recurrent state of every SSM layer of ``cache`` (which holds ``position``
+    tokens) and ``hidden``, the final hidden state ``[1, 1, D]`` of the forward that left it there."""
+    if hidden.dim() != 3 or hidden.shape[:2] != (1, 1):
+        raise EngineError(f"hidden state must be [1, 1, D] (one position), got {tuple(hidden.shape)}")
     conv, recurrent = [], []
     for i in layout.ssm_layers:
         layer = cache.layers[i]
@@ -76,7 +88,7 @@ def capture_ssm(cache: Any, layout: Any, position: int) -> SSMPayload:
         conv.append(layer.conv_states[0].clone())
         rec = layer.recurrent_states[0] if layer.is_recurrent_states_initialized[0] else None
         recurrent.append(None if rec is None else rec.clone())
-    return SSMPayload(tuple(conv), tuple(recurrent), position)
+    return SSMPayload(tuple(conv), tuple(recurrent), position, hidden.clone())
 
 
 def slice_kv(cache: Any, layout: Any, start: int, end: int) -> KVPayload:

@@ -69,9 +69,14 @@ class SparseDPAdmission:
         return sorted(set(planned) | set(base))
 
     def final_plan(self, ctx: AdmissionContext, total_len: int) -> FinalPlan:
-        planned = self._plans.pop(ctx.request_id, ())
+        # Read, not popped: the cache may ask again (``PrefixCache.finish_checkpoints`` dry runs).
+        planned = self._plans.get(ctx.request_id, ())
         base = self.marconi.final_plan(ctx, total_len).checkpoints if self.marconi else (total_len,)
         return FinalPlan(total_len, tuple(sorted(set(planned) | set(base))))
+
+    def end_request(self, request_id: int) -> None:
+        """The cache finished or aborted the request: forget its plan."""
+        self._plans.pop(request_id, None)
 
     def describe(self) -> dict[str, object]:
         return {"admission": self.name, "m": self.m, "lam": self.lam, "cost": self.cost_name,
