@@ -117,6 +117,9 @@ class Request:
 
     Token arrays are converted to int32 on construction and kept as **read-only** views (builders
     share one buffer between the requests of a session); copy before mutating.
+
+    This is the project's one request type: builders and the catalog make it, files hold it, and
+    the simulator (:func:`marconi.sim.simulate`) replays it (reading ``ts`` and the token arrays).
     """
 
     session_id: SessionId
