@@ -187,7 +187,7 @@ def _swe(scale: float, seed: int, sessions: int | None, full: int, max_turns: in
                             shared_prefix=shared_prefix or None, tokenizer=tokenizer or None)
     where = "the vendored 10-trajectory sample" if vendored else f"mini-swe-agent trajectories under {paths[0].parent}"
     text = f"{where}, first {trace.meta['num_sessions']} sessions, paper recipe"
-    text += "" if keep == 5 else (", every observation kept" if keep is None else f", last {keep} observations kept")
+    text += ", every observation kept" if keep is None else ""
     text += f", shared prefix {shared_prefix}" if shared_prefix else ""
     fallback = "../shared/data/swe is absent" if vendored and data == "auto" else None
     return _Built(trace, text, LICENCE_SWE, fallback)
