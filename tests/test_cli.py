@@ -42,7 +42,7 @@ def test_bad_trace_fails_clearly_and_writes_nothing(tmp_path, capsys):
     assert "bad.jsonl:2" in err and "input_tokens" in err
     assert not out.exists()
     assert main(["simulate", "--trace", "no-such-trace", "--quiet"]) == 2
-    assert "neither a file nor a bundled trace" in capsys.readouterr().err
+    assert "neither a file nor a catalog workload (swe, " in capsys.readouterr().err
     assert main(["simulate", "--trace", "swe-sample", "--systems", "marconi:alfa=1", "--quiet"]) == 2
     assert "valid parameters: alpha" in capsys.readouterr().err
     assert main(["simulate", "--trace", "swe-sample", "--capacity", "1", "--quiet"]) == 2
@@ -55,7 +55,7 @@ import stat  # noqa: E402
 
 import pytest  # noqa: E402
 
-from marconi.workloads import bundled_data_dir, bundled_trace, read_trace, write_trace  # noqa: E402
+from marconi.workloads import build_workload, bundled_data_dir, read_trace, write_trace  # noqa: E402
 
 FAST = ["--systems", "vanilla,sglang+", "--capacity", "0.1x", "--quiet", "--workers", "1", "--no-per-request"]
 
@@ -69,7 +69,7 @@ def _line(**fields):
 @pytest.fixture
 def small_trace(tmp_path):
     path = tmp_path / "small.jsonl"
-    write_trace(path, bundled_trace("swe-sample").head(30))
+    write_trace(path, build_workload("swe-sample").head(30))
     return path
 
 
@@ -231,7 +231,7 @@ def test_limit_below_one_is_an_error_for_every_command(limit, capsys):
         assert "--limit" in capsys.readouterr().err
 
 
-def test_limit_means_the_same_for_files_and_bundled_traces(small_trace):
+def test_limit_means_the_same_for_files_and_catalog_workloads(small_trace):
     from marconi.cli import load_trace
 
     for source in (str(small_trace), "swe-sample"):

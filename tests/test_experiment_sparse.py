@@ -17,10 +17,10 @@ from marconi.experiments.sparse import (
     StudyConfig,
     Workload,
     block_sizes,
-    build_workload,
     findings,
     prompt_tree_trace,
     sequence_overlaps,
+    study_workload,
     verdict,
 )
 from marconi.sim import simulate
@@ -57,7 +57,7 @@ def test_every_workload_strategy_and_budget_is_present(run):
     for w in WORKLOADS:
         sims = _sim(records, w)
         keys = {(r["strategy"], r["budget"], r["block"], r["break_even_tokens"]) for r in sims}
-        trace = build_workload(w, "tiny").trace if w != "quality" else None
+        trace = study_workload(w, "tiny").trace if w != "quality" else None
         for family in ("sparse-dp", "uniform", "sparse-dp+marconi"):
             assert {m for s, m, _, _ in keys if s == family} == set(BUDGETS), (w, family)
         assert {t for s, _, _, t in keys if s == "sparse-dp-lam"} == set(config.lam_tokens)
@@ -163,7 +163,7 @@ def test_outputs_can_be_redrawn_from_records(run, tmp_path):
 def test_a_record_matches_a_direct_simulation(run):
     _, records = run
     rec = next(r for r in _sim(records, "doc-qa") if r["strategy"] == "sparse-dp" and r["budget"] == 2)
-    trace = build_workload("doc-qa", "tiny").trace
+    trace = study_workload("doc-qa", "tiny").trace
     result = simulate(trace, rec["system"], rec["model"], rec["capacity_bytes"], latency="zero")
     assert result.stats.unusable_tokens == rec["recomputed_tokens"]
     assert result.stats.checkpoints_admitted == rec["checkpoints_admitted"]
@@ -228,4 +228,4 @@ def test_prompt_tree_depths_and_config_errors():
         StudyConfig(workloads=("nope",))
     with pytest.raises(ValueError, match="budgets"):
         StudyConfig(budgets=(4, 2))
-    assert isinstance(build_workload("doc-qa", "tiny"), Workload)
+    assert isinstance(study_workload("doc-qa", "tiny"), Workload)

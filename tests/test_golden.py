@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from marconi.sim.sweep import expand_points, run_sweep
-from marconi.workloads import bundled_trace
+from marconi.workloads import build_workload
 
 GOLDEN = Path(__file__).parent / "golden" / "swe_sample.json"
 SYSTEMS = ["vanilla", "vllm+", "sglang+", "marconi", "marconi:alpha=0", "marconi:alpha=1",
@@ -25,7 +25,7 @@ MODES = ["sequential", "event"]
 
 
 def _measure() -> dict[str, int]:
-    trace = bundled_trace("swe-sample")
+    trace = build_workload("swe-sample")
     points = expand_points(SYSTEMS, CAPACITIES, ["paper-7b"])
     out: dict[str, int] = {}
     for mode in MODES:

@@ -14,7 +14,7 @@ from marconi.cli import main
 from marconi.registry import ConfigError
 from marconi.sim.backends import LocalBackend, RayBackend, make_backend, pack_trace
 from marconi.sim.sweep import TIMING_FIELDS, SweepPoint, SweepTask, expand_points, run_sweep, run_tasks, read_records
-from marconi.workloads import bundled_trace, chat_trace
+from marconi.workloads import build_workload, chat_trace
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +30,7 @@ def ray_backend():
 
 @pytest.fixture(scope="module")
 def trace():
-    return bundled_trace("swe-sample").head(150)
+    return build_workload("swe-sample").head(150)
 
 
 def _strip(rec):

@@ -14,9 +14,8 @@ import pytest
 from tokenizers import Tokenizer
 
 from marconi.workloads import (build_chat_trace, build_lmsys_trace, build_mooncake_trace,
-                               build_sharegpt_trace, build_swe_trace, bundled_data_dir, bundled_trace,
-                               list_bundled, load_shared_prefix, load_tokenizer, read_trace,
-                               shared_data_dir, write_trace)
+                               build_sharegpt_trace, build_swe_trace, bundled_data_dir, load_shared_prefix,
+                               load_tokenizer, shared_data_dir)
 from marconi.workloads.messages import Message
 from marconi.workloads.sharegpt import chat_turns
 
@@ -367,25 +366,3 @@ def test_sharegpt_roles_handles_leading_assistant_chunks(ref_tok):
         for a, b in zip(reqs, reqs[1:]):
             prev = np.concatenate([a.input_tokens, a.output_tokens])
             assert np.array_equal(b.input_tokens[:prev.size], prev)
-
-
-# ============================================================================ bundled traces
-
-
-@pytest.mark.parametrize("name", list_bundled())
-def test_bundled_traces_build_and_round_trip(name, tmp_path):
-    trace = bundled_trace(name)
-    assert len(trace) > 0 and trace.meta["bundled"] == name and trace.name == name
-    assert [r.ts for r in trace] == sorted(r.ts for r in trace)
-    if trace.total_input_tokens < 10_000_000:  # mooncake-sample is ~27M tokens: skip the write
-        path = tmp_path / "t.parquet"
-        write_trace(path, trace)
-        back = read_trace(path)
-        assert back.meta == json.loads(json.dumps(trace.meta)) and all(x == y for x, y in zip(back, trace))
-
-
-def test_bundled_unknown_name_and_overrides():
-    with pytest.raises(KeyError, match="swe-sample"):
-        bundled_trace("nope")
-    small = bundled_trace("mooncake-sample", limit=50)
-    assert len(small) == 50 and small.name == "mooncake-sample:limit=50"

@@ -61,7 +61,10 @@ def test_build_mooncake_synthetic_and_bundled(tmp_path, capsys):
     assert len(read_trace(chat)) == 6
 
     assert run("trace", "build", "bundled", "chat-synthetic", "--out", str(tmp_path / "b.parquet")) == 0
-    assert read_trace(tmp_path / "b.parquet").meta["bundled"] == "chat-synthetic"
+    assert read_trace(tmp_path / "b.parquet").meta["provenance"]["workload"] == "chat-synthetic"
+    assert run("trace", "build", "bundled", "chat-synthetic:sesions=3", "--out", str(tmp_path / "c.parquet")) == 2
+    assert "valid parameters: scale, seed, sessions" in capsys.readouterr().err
+    assert not (tmp_path / "c.parquet").exists()
     capsys.readouterr()
 
 

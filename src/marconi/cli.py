@@ -19,18 +19,23 @@ __all__ = ["main", "load_trace"]
 
 
 def load_trace(text: str, limit: int | None = None) -> Any:
-    """A bundled trace by name (``swe-sample``, ``mooncake-sample``, …) or a JSONL/Parquet file.
+    """A catalog workload (``swe-sample``, ``sharegpt:scale=0.5``, …: ``marconi trace list``) or a
+    JSONL/Parquet file. A workload built on a stand-in for absent data says so on stderr.
 
     ``limit``: the first ``limit`` requests (None: all; 0: none), the same for both kinds.
     """
-    from marconi.workloads import bundled_trace, list_bundled, read_trace
+    from marconi.workloads import Provenance, build_workload, is_workload, read_trace, workload_names
 
-    if text in list_bundled():
-        trace = bundled_trace(text)
+    if is_workload(text):
+        trace = build_workload(text)
+        provenance = Provenance.of(trace)
+        if provenance is not None and provenance.fallback:
+            print(f"trace {text}: {provenance.describe()}", file=sys.stderr)
         return trace.head(limit) if limit is not None else trace
     path = Path(text)
     if not path.exists():
-        raise ConfigError(f"trace {text!r} is neither a file nor a bundled trace ({', '.join(list_bundled())})")
+        raise ConfigError(f"trace {text!r} is neither a file nor a catalog workload ({', '.join(workload_names())}; "
+                          "`marconi trace list` describes them)")
     return read_trace(path, limit=limit)
 
 
@@ -198,7 +203,8 @@ def build_parser() -> argparse.ArgumentParser:
                    ).set_defaults(func=_cmd_systems)
 
     sim = sub.add_parser("simulate", help="replay a trace through caching systems (a sweep)")
-    sim.add_argument("--trace", required=True, help="JSONL/Parquet trace or a bundled trace name")
+    sim.add_argument("--trace", required=True,
+                     help="JSONL/Parquet trace or a catalog workload (marconi trace list)")
     sim.add_argument("--systems", default="vanilla,vllm+,sglang+,marconi",
                      help="comma list, parameters on names: marconi:alpha=1.0,vllm+:block=16")
     sim.add_argument("--capacity", default="10GB", help="comma list: 5GB,10GiB or fractions of the working set 0.1x,25%%")

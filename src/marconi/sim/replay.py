@@ -17,7 +17,7 @@ from __future__ import annotations
 import heapq
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Protocol, Sequence
+from typing import Any, Iterable, Sequence
 
 import numpy as np
 
@@ -26,18 +26,11 @@ from marconi.model import ModelSpec, get_model
 from marconi.sim.latency import LatencyModel, make_latency
 from marconi.systems import SystemConfig, make_system
 from marconi.tuning import BootstrapTuner
+from marconi.workloads.trace import Request
 
-__all__ = ["TraceRequest", "SimResult", "simulate", "working_set_bytes", "MODES"]
+__all__ = ["SimResult", "simulate", "working_set_bytes", "MODES"]
 
 MODES = ("sequential", "event")
-
-
-class TraceRequest(Protocol):
-    session_id: Any
-    turn_id: int
-    ts: float
-    input_tokens: np.ndarray
-    output_tokens: np.ndarray
 
 
 @dataclass(slots=True)
@@ -120,7 +113,7 @@ def _check_order(prev_ts: float, ts: float, index: int) -> None:
                          "traces must be sorted by ts")
 
 
-def simulate(trace: Iterable[TraceRequest], system: SystemConfig | str, spec: ModelSpec | str,
+def simulate(trace: Iterable[Request], system: SystemConfig | str, spec: ModelSpec | str,
              capacity_bytes: float, *, latency: LatencyModel | str | None = "a100", mode: str = "sequential",
              tuning_workers: int | None = None, tuning_mapper: Any = None, progress: Any = None) -> SimResult:
     """Replay ``trace`` (requests in timestamp order) through a fresh cache of ``system``.
@@ -152,7 +145,7 @@ def simulate(trace: Iterable[TraceRequest], system: SystemConfig | str, spec: Mo
                      ttft, vanilla, arrival, tuned, tuning_s, elapsed)
 
 
-def _run_sequential(trace: Iterable[TraceRequest], cache: PrefixCache, clock: ManualClock,
+def _run_sequential(trace: Iterable[Request], cache: PrefixCache, clock: ManualClock,
                     progress: Any) -> list[tuple[int, int, int, float]]:
     rows = []
     prev = float("-inf")
@@ -170,7 +163,7 @@ def _run_sequential(trace: Iterable[TraceRequest], cache: PrefixCache, clock: Ma
     return rows
 
 
-def _run_event(trace: Iterable[TraceRequest], cache: PrefixCache, clock: ManualClock, lat: LatencyModel,
+def _run_event(trace: Iterable[Request], cache: PrefixCache, clock: ManualClock, lat: LatencyModel,
                spec: ModelSpec, progress: Any) -> list[tuple[int, int, int, float]]:
     rows = []
     events: list[tuple[float, int, str, Any, Any]] = []
@@ -207,7 +200,7 @@ def _run_event(trace: Iterable[TraceRequest], cache: PrefixCache, clock: ManualC
     return rows
 
 
-def working_set_bytes(trace: Sequence[TraceRequest], spec: ModelSpec | str) -> int:
+def working_set_bytes(trace: Sequence[Request], spec: ModelSpec | str) -> int:
     """Bytes an unbounded cache with Marconi admission holds after the whole trace.
 
     The reference for capacities given as a fraction (``0.1x``): KVs of every distinct token

@@ -1,14 +1,17 @@
 """Real and synthetic workloads: the trace schema and I/O, the tokenizer, and trace builders.
 
-* :mod:`.trace` -- ``Request``/``Trace``, streaming JSONL/Parquet readers, atomic writers, validation.
+* :mod:`.trace` -- ``Request``/``Trace`` (:mod:`.trace.schema`), streaming readers and atomic writers
+  (:mod:`.trace.files`, :mod:`.trace.jsonl`, :mod:`.trace.parquet`), validation (:mod:`.trace.checks`).
 * :mod:`.tokenizer` -- ``load_tokenizer`` (vendored Mistral v1 by default).
 * :mod:`.sharegpt`, :mod:`.swe`, :mod:`.mooncake`, :mod:`.quality` -- builders from real data (paper's recipes).
 * :mod:`.synthetic` -- seeded generators for tests and sweeps.
-* :mod:`.bundled` -- ``bundled_trace(name)`` from the vendored samples; :mod:`.paths` -- data locations.
+* :mod:`.catalog` -- every named workload: ``build_workload("swe-sample")``, ``build_workload("sharegpt:scale=0.5")``
+  (with provenance and documented fallbacks); :mod:`.paths` -- data locations.
 * :mod:`.commands` -- the ``marconi trace ...`` CLI group (``register(subparsers)``).
 """
 
-from .bundled import BUNDLED_TRACES, bundled_trace, list_bundled
+from .catalog import (DataUnavailable, Provenance, build_workload, bundled_trace, catalog_entries, is_workload,
+                      list_bundled, workload_names)
 from .mooncake import build_mooncake_trace, read_mooncake_rows
 from .paths import bundled_data_dir, shared_data_dir
 from .quality import build_quality_trace, load_quality_articles
@@ -29,5 +32,7 @@ __all__ = [
     "build_mooncake_trace", "read_mooncake_rows", "build_quality_trace", "load_quality_articles",
     "chat_trace", "agent_trace", "shared_prompts_trace", "doc_qa_trace", "prompt_tree_trace", "synthetic_trace",
     "SYNTHETIC_KINDS",
-    "bundled_trace", "list_bundled", "BUNDLED_TRACES", "bundled_data_dir", "shared_data_dir",
+    "build_workload", "workload_names", "is_workload", "catalog_entries", "Provenance", "DataUnavailable",
+    "bundled_data_dir", "shared_data_dir",
+    "bundled_trace", "list_bundled",  # legacy names of build_workload / workload_names
 ]

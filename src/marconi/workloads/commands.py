@@ -3,7 +3,9 @@
 ``register(subparsers)`` adds it to an argparse subparsers object; every leaf parser sets
 ``func`` to a handler ``(args) -> int`` (the exit code). Only the handlers print.
 
-    marconi trace build {sharegpt,lmsys,swe,mooncake,synthetic,bundled} ... --out FILE
+    marconi trace build {sharegpt,lmsys,swe,mooncake,quality,synthetic,bundled} ... --out FILE
+    marconi trace build bundled NAME --out FILE   # a catalog workload: swe-sample, sharegpt:scale=0.5, ...
+    marconi trace list                 # the catalog: names, parameters, data and licences
     marconi trace validate FILE        # every problem, exit 1 if any
     marconi trace stats FILE [--json]  # sessions, requests, tokens, input-length percentiles
 """
@@ -20,7 +22,7 @@ from typing import Any, Callable
 from marconi.io import check_output
 from marconi.units import request_limit
 
-from .bundled import BUNDLED_TRACES, bundled_trace
+from .catalog import Provenance, build_workload, catalog_entries
 from .messages import TEXT_FORMS
 from .mooncake import build_mooncake_trace
 from .quality import ANSWER_FORMS, build_quality_trace
@@ -106,6 +108,9 @@ def _write_and_report(trace: Trace, out: str) -> int:
     stats = trace.stats()
     print(f"wrote {n} requests ({stats.num_sessions} sessions, {stats.total_input_tokens} input + "
           f"{stats.total_output_tokens} output tokens) to {out}")
+    provenance = Provenance.of(trace)
+    if provenance is not None and provenance.fallback:  # a stand-in must never pass for the real data
+        print(f"{trace.name}: {provenance.describe()}", file=sys.stderr)
     return 0
 
 
@@ -194,9 +199,24 @@ def cmd_build_synthetic(args: argparse.Namespace) -> int:
 def cmd_build_bundled(args: argparse.Namespace) -> int:
     try:
         _check_out(args)
-        return _write_and_report(bundled_trace(args.name), args.out)
-    except (OSError, ValueError, KeyError) as exc:
+        return _write_and_report(build_workload(args.name), args.out)
+    except (OSError, ValueError) as exc:  # ConfigError (unknown name: lists the catalog) is a ValueError
         return _fail(exc)
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    entries = catalog_entries()
+    if args.json:
+        for entry in entries:
+            print(json.dumps(entry))
+        return 0
+    print("workloads (marconi simulate --trace NAME, marconi trace build bundled NAME --out FILE;\n"
+          "           parameters on the name: swe:scale=0.2,seed=1; data=auto|shared|<stand-in>):")
+    for entry in entries:
+        params = ", ".join(f"{k}={'' if v is None else v}" for k, v in entry["params"].items())
+        print(f"  {entry['name']:26s} {entry['doc']}\n  {'':26s} licence: {entry['licence']}\n"
+              f"  {'':26s} [{params}]")
+    return 0
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
@@ -283,7 +303,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     """Add the ``trace`` command group to an argparse subparsers object; returns its parser."""
     trace = subparsers.add_parser("trace", help="build, validate and summarise request traces",
                                   description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = trace.add_subparsers(dest="trace_command", required=True, metavar="{build,validate,stats}")
+    sub = trace.add_subparsers(dest="trace_command", required=True, metavar="{build,list,validate,stats}")
 
     build = sub.add_parser("build", help="build a trace from real data or a generator")
     bsub = build.add_subparsers(dest="source", required=True)
@@ -347,10 +367,15 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     _add_out(p)
     p.set_defaults(func=cmd_build_synthetic)
 
-    p = bsub.add_parser("bundled", help="a ready trace from the vendored samples")
-    p.add_argument("name", choices=list(BUNDLED_TRACES))
+    p = bsub.add_parser("bundled", help="a workload from the catalog (marconi trace list): swe-sample, "
+                                        "sharegpt:scale=0.5, ...")
+    p.add_argument("name", help="a catalog name, parameters on the name (e.g. swe:sessions=20,seed=1)")
     _add_out(p)
     p.set_defaults(func=cmd_build_bundled)
+
+    p = sub.add_parser("list", help="the workload catalog: names, parameters, data and licences")
+    p.add_argument("--json", action="store_true", help="one JSON record per workload")
+    p.set_defaults(func=cmd_list)
 
     p = sub.add_parser("validate", help="check a trace file and report every problem (exit 1 if any)")
     p.add_argument("file")

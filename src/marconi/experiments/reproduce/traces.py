@@ -1,8 +1,9 @@
 """The reproduction's trace factory: workloads, their timing variants, shifted mixes, reuse anatomy.
 
-* :class:`TraceFactory` builds each workload's base trace once (real data by the paper's recipe,
-  or small vendored/synthetic stand-ins for CI; ``TraceFactory._build`` chooses each workload's
-  source, :func:`data_available` says what a profile lacks) and derives timing variants without
+* :class:`TraceFactory` builds each workload's base trace once from the workload catalog
+  (:mod:`marconi.workloads.catalog`: real data by the paper's recipe, or the catalog's vendored /
+  synthetic stand-ins; :meth:`WorkloadSource.spec` names the catalog entry of each workload,
+  :func:`data_available` says what a profile lacks) and derives timing variants without
   re-tokenizing:
   :func:`retime_sessions` (session *k* starts at ``k / sessions_per_second``) and :func:`retime_swe`
   (the SWE builder's own Poisson gaps for another seed / mean, drawn exactly as it draws them).
@@ -18,12 +19,11 @@ import hashlib
 import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
-from marconi.workloads import (Request, Trace, build_lmsys_trace, build_mooncake_trace,
-                               build_sharegpt_trace, build_swe_trace, bundled_data_dir, chat_trace)
+from marconi.workloads import Request, Trace, build_workload
 
 __all__ = ["TraceFactory", "WorkloadSource", "retime_sessions", "retime_swe", "concat_traces",
            "continuation_stats", "reuse_kinds", "WORKLOAD_LABELS"]
@@ -169,13 +169,16 @@ def reuse_kinds(trace: Trace, reused_len: Sequence[int]) -> dict[str, Any]:
 # ============================================================================ workloads
 @dataclass(frozen=True, slots=True)
 class WorkloadSource:
-    """Where each workload's base trace comes from and how big it is.
+    """Where each workload's base trace comes from and how big it is, as catalog choices.
 
-    ``chat``: ``"sharegpt"`` (../shared/data, the paper's ≥ 20-message filter) or ``"synthetic"``;
-    ``swe`` / ``mooncake``: ``"shared"`` (all data) or ``"bundled"`` (the vendored samples).
+    ``chat``: ``"shared"`` (ShareGPT from ../shared/data, the paper's ≥ 20-message filter) or
+    ``"synthetic"`` (the catalog's stand-in); ``swe`` / ``mooncake``: ``"shared"`` (all data) or
+    ``"bundled"`` (the vendored samples). These are the catalog entries' ``data`` values, never
+    ``auto``: a profile says which data it runs on, and :func:`with_available_data` switches all of
+    it at once (and says so) where the shared data set is absent.
     """
 
-    chat: str = "sharegpt"
+    chat: str = "shared"
     chat_sessions: int = 100
     swe: str = "shared"
     swe_sessions: int = 100
@@ -186,7 +189,7 @@ class WorkloadSource:
     tokenizer: str | None = None
 
     def needs_shared_data(self) -> bool:
-        return self.chat == "sharegpt" or self.swe == "shared" or self.mooncake == "shared"
+        return "shared" in (self.chat, self.swe, self.mooncake)
 
     def bundled(self) -> "WorkloadSource":
         """The same sizes on data in the repository alone: a synthetic chat trace for ShareGPT, the
@@ -195,7 +198,7 @@ class WorkloadSource:
 
     def describe(self) -> str:
         """Which data each workload is built from, in words (for the CLI and the report)."""
-        chat = ("ShareGPT from the shared data set" if self.chat == "sharegpt"
+        chat = ("ShareGPT from the shared data set" if self.chat == "shared"
                 else "a synthetic chat trace (no ShareGPT)")
         swe = ("mini-swe-agent trajectories from the shared data set" if self.swe == "shared"
                else "the 10 vendored mini-swe-agent trajectories")
@@ -204,13 +207,24 @@ class WorkloadSource:
         lmsys = f"; LMSys from {len(self.lmsys_files)} file(s)" if self.lmsys_files else ""
         return f"chat: {chat}; SWE: {swe}; Mooncake: {mooncake}{lmsys}"
 
+    def spec(self, workload: str) -> str:
+        """The catalog spec of a workload's base trace (:func:`marconi.workloads.build_workload`)."""
+        swe = f"sessions={self.swe_sessions},max_turns={self.swe_max_turns},data={self.swe}"
+        specs = {"lmsys": f"lmsys:sessions={self.chat_sessions}",
+                 "sharegpt": f"sharegpt:sessions={self.chat_sessions},data={self.chat}",
+                 "swe": f"swe:{swe}",
+                 "swe-keepall": f"swe-keepall:{swe}",
+                 "mooncake": f"mooncake:requests={self.mooncake_limit},data={self.mooncake}"}
+        if workload not in specs:
+            raise ValueError(f"unknown workload {workload!r} (choose from {', '.join(specs)})")
+        return specs[workload]
+
 
 @dataclass(slots=True)
 class TraceFactory:
-    """Builds base traces once and derives variants. ``progress`` wraps builders' loops (or None)."""
+    """Builds base traces once (from the catalog) and derives variants."""
 
     source: WorkloadSource
-    progress: Callable[..., Any] | None = None
     _bases: dict[str, Trace] = field(default_factory=dict)
 
     def workloads(self) -> list[str]:
@@ -223,25 +237,9 @@ class TraceFactory:
         return self._bases[workload]
 
     def _build(self, workload: str) -> Trace:
-        src = self.source
-        if workload == "lmsys":
-            return build_lmsys_trace(list(src.lmsys_files), num_sessions=src.chat_sessions,
-                                     tokenizer=src.tokenizer, progress=self.progress)
-        if workload == "sharegpt":
-            if src.chat == "synthetic":
-                return chat_trace(num_sessions=src.chat_sessions, turns=(2, 8), system_prompt_len=300,
-                                  think_time_s=10.0, seed=0)
-            return build_sharegpt_trace(num_sessions=src.chat_sessions, tokenizer=src.tokenizer,
-                                        progress=self.progress)
-        if workload in ("swe", "swe-keepall"):
-            paths = None if src.swe == "shared" else [bundled_data_dir() / "swe" / "msa_gemini3pro_verified_first10.json"]
-            return build_swe_trace(paths, num_sessions=src.swe_sessions, max_turns=src.swe_max_turns,
-                                   keep_observations=5 if workload == "swe" else None, tokenizer=src.tokenizer,
-                                   progress=self.progress)
-        if workload == "mooncake":
-            path = None if src.mooncake == "shared" else bundled_data_dir() / "mooncake" / "conversation_trace_first2000.jsonl"
-            return build_mooncake_trace(path, limit=src.mooncake_limit)
-        raise ValueError(f"unknown workload {workload!r}")
+        # Files and tokenizer travel as overrides (paths may hold commas); entries without them ignore them.
+        return build_workload(self.source.spec(workload), files=self.source.lmsys_files,
+                              tokenizer=self.source.tokenizer)
 
     def variant(self, workload: str, *, sessions_per_second: float = 1.0, seed: int = 0,
                 mean_gap_s: float = 7.5) -> Trace:
@@ -276,8 +274,7 @@ def data_available(source: WorkloadSource) -> list[str]:
 
     problems = []
     shared = shared_data_dir()
-    needs_shared = source.chat == "sharegpt" or source.swe == "shared" or source.mooncake == "shared"
-    if needs_shared and shared is None:
+    if source.needs_shared_data() and shared is None:
         problems.append("../shared/data not found (set MARCONI_SHARED_DATA, or use --profile tiny)")
     for f in source.lmsys_files:
         if not Path(os.fspath(f)).is_file():

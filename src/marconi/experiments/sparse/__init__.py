@@ -37,9 +37,9 @@ Two views:
   is each sequence alone -- a checkpoint shared by many sequences counts for each -- so it shows
   what exact placement can do with P known, next to what the online estimator does in simulation.
 
-Workloads (:data:`~.workloads.WORKLOADS`): ``quality`` (QuALITY questions on real articles;
-synthetic doc-qa of the same shape where ``../shared/data/quality`` is absent, said so in the
-output), ``system-prompts`` (:func:`prompt_tree_trace`: a base prompt extended by variants to
+Workloads (:data:`~.workloads.WORKLOADS`: workload catalog entries at the study's sizes):
+``quality`` (QuALITY questions on real articles; synthetic doc-qa of the same shape where
+``../shared/data/quality`` is absent, said so in the output), ``system-prompts`` (:func:`prompt_tree_trace`: a base prompt extended by variants to
 different depths), ``swe`` (mini-swe-agent trajectories; the vendored sample as fallback),
 ``sharegpt`` (shared data only: skipped, said so, where absent) and ``doc-qa`` (synthetic
 questions at 1/4..1 of a document).
@@ -65,7 +65,7 @@ from marconi.experiments.sparse.oracle import analytic_records, sequence_overlap
 from marconi.experiments.sparse.report import Verdict, findings, summary_markdown, verdict, write_outputs
 from marconi.experiments.sparse.strategies import Strategy, block_sizes
 from marconi.experiments.sparse.study import StudyConfig, plan_strategies, plan_tasks, run_study, simulation_record
-from marconi.experiments.sparse.workloads import SCALES, WORKLOADS, Workload, build_workload
+from marconi.experiments.sparse.workloads import SCALES, WORKLOADS, Workload, study_workload
 from marconi.workloads.synthetic import prompt_tree_trace
 
 __all__ = [
@@ -77,7 +77,6 @@ __all__ = [
     "Workload",
     "analytic_records",
     "block_sizes",
-    "build_workload",
     "findings",
     "plan_strategies",
     "plan_tasks",
@@ -86,6 +85,7 @@ __all__ = [
     "run_study",
     "sequence_overlaps",
     "simulation_record",
+    "study_workload",
     "summary_markdown",
     "verdict",
     "write_outputs",

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from marconi.experiments.sparse.report import findings, write_outputs
 from marconi.experiments.sparse.study import DEFAULT_WORKLOADS, StudyConfig, plan_tasks, run_study
-from marconi.experiments.sparse.workloads import WORKLOADS, build_workload
+from marconi.experiments.sparse.workloads import WORKLOADS, study_workload
 from marconi.io import check_output
 from marconi.registry import ConfigError
 
@@ -33,7 +33,7 @@ def _cmd_sparse(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     workloads, notes = [], []
     for name in config.workloads:
-        w = build_workload(name, config.scale, config.seed)
+        w = study_workload(name, config.scale, config.seed)
         if w is None:
             notes.append(f"{name}: skipped — its data (../shared/data) is absent and it has no fallback")
         else:

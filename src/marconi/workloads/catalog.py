@@ -1,0 +1,467 @@
+"""The workload catalog: every named trace the project replays, ``(scale, seed) -> Trace`` with provenance.
+
+``build_workload("swe-sample")``, ``build_workload("sharegpt:scale=0.5")``,
+``build_workload("swe:sessions=20,data=bundled", seed=1)``. ``marconi simulate --trace NAME``,
+``marconi trace build bundled NAME``, the reproduction and the sparse study all build their traces
+here; ``marconi trace list`` prints this table with every parameter.
+
+=============================== ===============================================================
+name                            trace (full size)
+=============================== ===============================================================
+``swe`` / ``swe-keepall``       mini-swe-agent SWE-bench trajectories, the paper's recipe keeping the
+                                last 5 observations / every observation (100 sessions)
+``swe-sample``                  the 10 vendored trajectories by the same recipe (the demo, the golden
+                                numbers); ``swe-sample-shared-prefix`` adds the SWE-agent demo prefix
+``sharegpt``                    ShareGPT V3 conversations with >= 20 messages (100 sessions)
+``lmsys``                       LMSys-Chat-1M, from the user's own export (``files=``; 100 sessions)
+``mooncake`` / ``mooncake-sample`` Mooncake conversation requests as 512-token blocks (2,000 requests)
+``quality``                     QuALITY questions on long articles (every article of the files)
+``*-synthetic``                 seeded generators (:mod:`.synthetic`): chat, agent, agent-cpu (sized for
+                                the CPU engine), shared-prompts, doc-qa, prompt-tree
+=============================== ===============================================================
+
+**Names and parameters.** A name takes parameters as systems and policies do
+(:mod:`marconi.registry`): typos are errors that list the valid names or parameters. Every entry
+takes ``scale`` (a fraction of its full size: it sets the entry's count -- sessions, requests,
+documents -- unless that count is given itself) and ``seed`` (its random draws: Poisson gaps,
+synthetic tokens, arrival order; recipes without randomness ignore it).
+
+**Real data and fallbacks.** An entry built from the shared data set (:func:`~.paths.shared_data_dir`)
+takes ``data``: ``shared`` (the real data; :class:`DataUnavailable` where it is absent), its stand-in
+(``bundled``: the vendored sample of the same data; ``synthetic``: a generated trace of the same
+shape), or ``auto`` (the default: the real data where present, else the stand-in). LMSys has no
+stand-in: it cannot be redistributed, so the user gives the files.
+
+**Provenance.** A built trace is named by its spec and carries ``meta["provenance"]``
+(:class:`Provenance`: the spec, the data in words, its licence, every parameter, and -- when a
+stand-in replaced the named data -- why). It travels with the trace into files and records; the CLI
+prints the fallback, so a stand-in is never mistaken for the real data.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import math
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, NamedTuple, Sequence
+
+from marconi.registry import ConfigError, ParsedName, Registry, parse_name
+
+from .mooncake import build_mooncake_trace
+from .paths import bundled_data_dir, shared_data_dir
+from .quality import build_quality_trace, default_quality_files, load_quality_articles
+from .sharegpt import build_lmsys_trace, build_sharegpt_trace, default_sharegpt_files
+from .swe import build_swe_trace, default_swe_paths
+from .synthetic import agent_trace, chat_trace, doc_qa_trace, prompt_tree_trace, shared_prompts_trace
+from .trace import Trace
+
+__all__ = ["WORKLOADS", "Provenance", "DataUnavailable", "build_workload", "workload_names", "is_workload",
+           "catalog_entries", "bundled_trace", "list_bundled"]
+
+SWE_SAMPLE = Path("swe") / "msa_gemini3pro_verified_first10.json"
+MOONCAKE_SAMPLE = Path("mooncake") / "conversation_trace_first2000.jsonl"
+MOONCAKE_SHARED = Path("mooncake") / "conversation_trace.jsonl"
+
+LICENCE_SWE = "MIT (mini-swe-agent trajectories; SWE-agent for the shared prefix)"
+LICENCE_SHAREGPT = "none stated: research use only, do not redistribute"
+LICENCE_LMSYS = "LMSYS-Chat-1M licence: no redistribution"
+LICENCE_MOONCAKE = "Apache-2.0"
+LICENCE_QUALITY = "CC BY 4.0"
+LICENCE_SYNTHETIC = "none needed: generated here from a seed"
+
+
+class DataUnavailable(FileNotFoundError):
+    """The named data is not on this machine and the spec asked for it alone (``data=shared``, or
+    LMSys without files); the message says what is missing and how to get it or a stand-in."""
+
+
+@dataclass(frozen=True, slots=True)
+class Provenance:
+    """Where a catalog trace came from; stored as ``trace.meta["provenance"]`` (a plain dict).
+
+    ``workload`` rebuilds the same trace with :func:`build_workload`; ``params`` are every parameter
+    of the entry, defaults included; ``fallback`` is None when the named data was used, else why a
+    stand-in replaced it (the stand-in is then ``data``).
+    """
+
+    workload: str
+    data: str
+    licence: str
+    params: dict[str, Any] = field(default_factory=dict)
+    fallback: str | None = None
+
+    def describe(self) -> str:
+        """One line: the data, led by ``FALLBACK: <why>;`` when it is a stand-in."""
+        return f"FALLBACK: {self.fallback}; {self.data}" if self.fallback else self.data
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def of(cls, trace: Trace) -> "Provenance | None":
+        """The provenance of a catalog trace (also after a round trip through a file); None otherwise."""
+        raw = trace.meta.get("provenance")
+        if not isinstance(raw, dict):
+            return None
+        return cls(**{k: raw[k] for k in ("workload", "data", "licence", "params", "fallback") if k in raw})
+
+
+class _Built(NamedTuple):
+    """What an entry's builder returns: the trace and its data, in words."""
+
+    trace: Trace
+    data: str
+    licence: str
+    fallback: str | None = None
+
+
+WORKLOADS: Registry[tuple[_Built, dict[str, Any]]] = Registry("workload")
+"""The catalog: names -> builders ``(*, scale, seed, ...) -> _Built`` (use :func:`build_workload`)."""
+
+_LICENCES: dict[str, str] = {}
+
+
+def _entry(name: str, licence: str) -> Callable[[Callable[..., _Built]], Callable[..., _Built]]:
+    """Register a builder; the registered factory also returns its call's parameters (defaults filled)."""
+    def decorator(fn: Callable[..., _Built]) -> Callable[..., _Built]:
+        signature = inspect.signature(fn)
+
+        @functools.wraps(fn)  # the registry reads the parameters through __wrapped__
+        def factory(**kwargs: Any) -> tuple[_Built, dict[str, Any]]:
+            bound = signature.bind(**kwargs)
+            bound.apply_defaults()
+            return fn(**bound.arguments), dict(bound.arguments)
+
+        summary = " ".join((inspect.getdoc(fn) or "").split("\n\n")[0].split())  # the first paragraph
+        WORKLOADS.register(name, summary)(factory)
+        _LICENCES[name] = licence
+        return fn
+    return decorator
+
+
+# ============================================================================ helpers
+def _count(full: int, scale: float, given: int | None, what: str) -> int:
+    """The entry's count: ``given`` if set, else ``round(full * scale)`` (at least 1)."""
+    if not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
+        raise ConfigError(f"scale must be a number > 0, got {scale!r}")
+    if given is None:
+        return max(1, round(full * scale))
+    if given < 1:
+        raise ConfigError(f"{what} must be >= 1, got {given}")
+    if scale != 1.0:
+        raise ConfigError(f"give {what}={given} or scale={scale:g}, not both")
+    return given
+
+
+def _choice(data: str, choices: Sequence[str]) -> str:
+    if data not in choices:
+        raise ConfigError(f"data={data!r}: choose one of {', '.join(choices)}")
+    return data
+
+
+def _absent(what: str, stand_in: str) -> DataUnavailable:
+    return DataUnavailable(f"{what} is not in the shared data set (../shared/data or $MARCONI_SHARED_DATA): "
+                           f"get it as the README's Data section says, or use data={stand_in} for the stand-in")
+
+
+def _files(files: str | Sequence[str | os.PathLike]) -> list[str]:
+    """``files`` as a list: a sequence, or one string of paths separated by ``os.pathsep``."""
+    if isinstance(files, (str, os.PathLike)):
+        return [p for p in os.fspath(files).split(os.pathsep) if p.strip()]
+    return [os.fspath(p) for p in files]
+
+
+# ============================================================================ SWE agent
+def _swe(scale: float, seed: int, sessions: int | None, full: int, max_turns: int, keep: int | None,
+         data: str, shared_prefix: str, tokenizer: str | None) -> _Built:
+    n = _count(full, scale, sessions, "sessions")
+    _choice(data, ("auto", "shared", "bundled"))
+    paths = [bundled_data_dir() / SWE_SAMPLE] if data == "bundled" else default_swe_paths()
+    vendored = paths[0].is_relative_to(bundled_data_dir())
+    if vendored and data == "shared":
+        raise _absent("swe/mini-swe-agent-gemini3pro", "bundled")
+    trace = build_swe_trace(paths, num_sessions=n, max_turns=max_turns, keep_observations=keep, seed=seed,
+                            shared_prefix=shared_prefix or None, tokenizer=tokenizer or None)
+    where = "the vendored 10-trajectory sample" if vendored else f"mini-swe-agent trajectories under {paths[0].parent}"
+    text = f"{where}, first {trace.meta['num_sessions']} sessions, paper recipe"
+    text += ", every observation kept" if keep is None else ""
+    text += f", shared prefix {shared_prefix}" if shared_prefix else ""
+    fallback = "../shared/data/swe is absent" if vendored and data == "auto" else None
+    return _Built(trace, text, LICENCE_SWE, fallback)
+
+
+@_entry("swe", LICENCE_SWE)
+def _swe_keep5(*, scale: float = 1.0, seed: int = 0, sessions: int | None = None, max_turns: int = 50,
+               data: str = "auto", shared_prefix: str = "", tokenizer: str = "") -> _Built:
+    """SWE-bench agent trajectories (mini-swe-agent, gemini-3-pro), paper recipe: last 5 observations kept, Poisson
+    gaps (mean 7.5 s); 100 sessions; stand-in: the 10 vendored ones"""
+    return _swe(scale, seed, sessions, 100, max_turns, 5, data, shared_prefix, tokenizer)
+
+
+@_entry("swe-keepall", LICENCE_SWE)
+def _swe_keepall(*, scale: float = 1.0, seed: int = 0, sessions: int | None = None, max_turns: int = 50,
+                 data: str = "auto", shared_prefix: str = "", tokenizer: str = "") -> _Built:
+    """swe keeping every observation in the history (each turn extends the previous one)"""
+    return _swe(scale, seed, sessions, 100, max_turns, None, data, shared_prefix, tokenizer)
+
+
+@_entry("swe-sample", LICENCE_SWE)
+def _swe_sample(*, scale: float = 1.0, seed: int = 0, sessions: int | None = None, max_turns: int = 50,
+                shared_prefix: str = "", tokenizer: str = "") -> _Built:
+    """the 10 vendored mini-swe-agent trajectories by the paper's SWE recipe (the demo's trace, the golden
+    numbers')"""
+    return _swe(scale, seed, sessions, 10, max_turns, 5, "bundled", shared_prefix, tokenizer)
+
+
+@_entry("swe-sample-shared-prefix", LICENCE_SWE)
+def _swe_sample_prefix(*, scale: float = 1.0, seed: int = 0, sessions: int | None = None, max_turns: int = 50,
+                       shared_prefix: str = "sweagent-demo", tokenizer: str = "") -> _Built:
+    """swe-sample after the ~7.7k-token SWE-agent system + demonstration prefix shared by every session"""
+    return _swe(scale, seed, sessions, 10, max_turns, 5, "bundled", shared_prefix, tokenizer)
+
+
+# ============================================================================ chat
+@_entry("sharegpt", LICENCE_SHAREGPT)
+def _sharegpt(*, scale: float = 1.0, seed: int = 0, sessions: int | None = None, data: str = "auto",
+              tokenizer: str = "") -> _Built:
+    """ShareGPT V3 conversations with >= 20 messages, paper recipe; 100 sessions; stand-in: synthetic chat of 2-8
+    turns"""
+    n = _count(100, scale, sessions, "sessions")
+    _choice(data, ("auto", "shared", "synthetic"))
+    files = [] if data == "synthetic" else default_sharegpt_files()
+    if files:
+        trace = build_sharegpt_trace(files, num_sessions=n, tokenizer=tokenizer or None)
+        return _Built(trace, f"ShareGPT V3 (>= 20 messages) under {files[0].parent}, "
+                             f"first {trace.meta['num_sessions']} sessions, paper recipe", LICENCE_SHAREGPT)
+    if data == "shared":
+        raise _absent("sharegpt (ShareGPT V3, never vendored: research use only)", "synthetic")
+    # The stand-in the reproduction has always used on a fresh clone: shorter sessions than ShareGPT's
+    # >= 10 rounds, behind one shared system prompt, so chat-style reuse is still there to cache.
+    trace = chat_trace(num_sessions=n, turns=(2, 8), system_prompt_len=300, think_time_s=10.0, seed=seed)
+    text = (f"a synthetic chat trace: {n} sessions of 2-8 turns after a shared 300-token system prompt, "
+            "10 s think time")
+    return _Built(trace, text, LICENCE_SYNTHETIC, "../shared/data/sharegpt is absent" if data == "auto" else None)
+
+
+@_entry("lmsys", LICENCE_LMSYS)
+def _lmsys(*, scale: float = 1.0, seed: int = 0, sessions: int | None = None, files: str = "",
+           tokenizer: str = "") -> _Built:
+    """LMSys-Chat-1M conversations with >= 10 turns, paper recipe (non-ASCII filter); 100 sessions;
+    files=PATH[:PATH...] of your export"""
+    n = _count(100, scale, sessions, "sessions")
+    paths = _files(files)
+    if not paths:
+        raise DataUnavailable("lmsys: LMSys-Chat-1M cannot be redistributed and has no stand-in; give your "
+                              f"export's files: lmsys:files=PATH[{os.pathsep}PATH...] (README: Data)")
+    trace = build_lmsys_trace(paths, num_sessions=n, tokenizer=tokenizer or None)
+    text = (f"LMSys-Chat-1M: {len(paths)} file(s) under {Path(paths[0]).parent}, "
+            f"first {trace.meta['num_sessions']} sessions, paper recipe")
+    return _Built(trace, text, LICENCE_LMSYS)
+
+
+# ============================================================================ Mooncake
+def _mooncake(scale: float, seed: int, requests: int | None, data: str) -> _Built:
+    n = _count(2000, scale, requests, "requests")
+    _choice(data, ("auto", "shared", "bundled"))
+    shared = shared_data_dir()
+    path = shared / MOONCAKE_SHARED if shared is not None and data != "bundled" else None
+    if path is None or not path.is_file():
+        if data == "shared":
+            raise _absent(str(MOONCAKE_SHARED), "bundled")
+        path = bundled_data_dir() / MOONCAKE_SAMPLE
+    vendored = path.is_relative_to(bundled_data_dir())
+    trace = build_mooncake_trace(path, limit=n, seed=seed)
+    where = "the vendored first 2,000 Mooncake conversation requests" if vendored else \
+        f"the Mooncake FAST'25 conversation trace {path}"
+    text = f"{where}: first {len(trace)} requests, 512-token blocks rebuilt as tokens"
+    fallback = "../shared/data/mooncake is absent" if vendored and data == "auto" else None
+    return _Built(trace, text, LICENCE_MOONCAKE, fallback)
+
+
+@_entry("mooncake", LICENCE_MOONCAKE)
+def _mooncake_entry(*, scale: float = 1.0, seed: int = 0, requests: int | None = None,
+                    data: str = "auto") -> _Built:
+    """Mooncake (FAST'25) conversation requests, hash blocks rebuilt as 512-token blocks; 2,000 requests; stand-in:
+    the vendored first 2,000"""
+    return _mooncake(scale, seed, requests, data)
+
+
+@_entry("mooncake-sample", LICENCE_MOONCAKE)
+def _mooncake_sample(*, scale: float = 1.0, seed: int = 0, requests: int | None = None) -> _Built:
+    """the vendored first 2,000 Mooncake conversation requests, as mooncake"""
+    return _mooncake(scale, seed, requests, "bundled")
+
+
+# ============================================================================ QuALITY
+# The stand-in has the shape of the shared QuALITY files: 16 articles of about 7.5k tokens, about
+# 12 questions each, after a 33-token instruction; every question reads the whole document.
+_QUALITY_SHAPE = {"doc_len": 7500, "questions_per_doc": 12, "question_len": 75, "answer_len": 18,
+                  "instruction_len": 33}
+
+
+@_entry("quality", LICENCE_QUALITY)
+def _quality(*, scale: float = 1.0, seed: int = 0, articles: int | None = None, data: str = "auto",
+             tokenizer: str = "") -> _Built:
+    """QuALITY multiple-choice questions on long articles (many per article); every article; stand-in: synthetic
+    doc-qa of the same shape"""
+    _choice(data, ("auto", "shared", "synthetic"))
+    files = [] if data == "synthetic" else default_quality_files()
+    if files:
+        if articles is not None or scale != 1.0:  # else every article
+            total = len(load_quality_articles(files)) if articles is None else articles
+            articles = _count(total, scale, articles, "articles")
+        trace = build_quality_trace(files, seed=seed, max_articles=articles, tokenizer=tokenizer or None)
+        text = (f"QuALITY: {len(files)} files under {files[0].parent} "
+                f"({trace.meta['num_articles']} articles, {len(trace)} questions)")
+        return _Built(trace, text, LICENCE_QUALITY)
+    if data == "shared":
+        raise _absent("quality (QuALITY)", "synthetic")
+    docs = _count(16, scale, articles, "articles")
+    trace = doc_qa_trace(num_docs=docs, depth_fractions=(1.0,), seed=seed, **_QUALITY_SHAPE)
+    text = (f"synthetic doc-qa ({docs} documents x {_QUALITY_SHAPE['questions_per_doc']} questions, "
+            f"{_QUALITY_SHAPE['doc_len']} tokens each)")
+    return _Built(trace, text, LICENCE_SYNTHETIC, "../shared/data/quality is absent" if data == "auto" else None)
+
+
+# ============================================================================ synthetic
+@_entry("chat-synthetic", LICENCE_SYNTHETIC)
+def _chat(*, scale: float = 1.0, seed: int = 0, sessions: int | None = None, system_prompt_len: int = 0,
+          max_input_len: int = 32768) -> _Built:
+    """synthetic multi-turn chat: 4-16 turns per session; 200 sessions"""
+    n = _count(200, scale, sessions, "sessions")
+    trace = chat_trace(num_sessions=n, system_prompt_len=system_prompt_len, max_input_len=max_input_len, seed=seed)
+    return _Built(trace, f"synthetic chat: {n} sessions of 4-16 turns"
+                         + (f" after a shared {system_prompt_len}-token system prompt" if system_prompt_len else ""),
+                  LICENCE_SYNTHETIC)
+
+
+@_entry("agent-synthetic", LICENCE_SYNTHETIC)
+def _agent(*, scale: float = 1.0, seed: int = 0, sessions: int | None = None, system_prompt_len: int = 4000,
+           max_input_len: int = 32768) -> _Built:
+    """synthetic agent loops: 20-60 calls of growing history after a shared system prompt; 50 sessions"""
+    n = _count(50, scale, sessions, "sessions")
+    trace = agent_trace(num_sessions=n, system_prompt_len=system_prompt_len, max_input_len=max_input_len, seed=seed)
+    return _Built(trace, f"synthetic agent loops: {n} sessions of 20-60 calls after a shared "
+                         f"{system_prompt_len}-token system prompt", LICENCE_SYNTHETIC)
+
+
+@_entry("agent-cpu-synthetic", LICENCE_SYNTHETIC)
+def _agent_cpu(*, scale: float = 1.0, seed: int = 0, sessions: int | None = None, max_turns: int = 8,
+               max_input_len: int = 3500) -> _Built:
+    """small synthetic agent loops sized for the CPU engine (the engine bench's): an 800-token shared system
+    prompt, <= 8 calls, inputs <= 3,500 tokens; 4 sessions"""
+    n = _count(4, scale, sessions, "sessions")
+    # Each call's input is the previous input + its output (the action) + a new observation, as an
+    # agent's; sessions start 1 s apart so their calls interleave.
+    trace = agent_trace(num_sessions=n, calls=(max_turns, max_turns), system_prompt_len=800, task_len=300.0,
+                        action_len=44.0, observation_len=300.0, sessions_per_second=1.0, mean_gap_s=2.0,
+                        max_input_len=max_input_len, seed=seed)
+    return _Built(trace, f"synthetic agent loops for the CPU engine: {n} sessions of <= {max_turns} calls, "
+                         f"inputs <= {max_input_len} tokens after an 800-token shared system prompt", LICENCE_SYNTHETIC)
+
+
+@_entry("shared-prompts-synthetic", LICENCE_SYNTHETIC)
+def _shared_prompts(*, scale: float = 1.0, seed: int = 0, sessions: int | None = None, prompts: int = 8,
+                    prompt_len: int = 3000) -> _Built:
+    """synthetic users over a few shared system prompts (Zipf-skewed), 1-4 turns each; 1,000 sessions"""
+    n = _count(1000, scale, sessions, "sessions")
+    trace = shared_prompts_trace(num_prompts=prompts, prompt_len=prompt_len, num_sessions=n, seed=seed)
+    return _Built(trace, f"synthetic shared prompts: {n} user sessions over {prompts} system prompts of "
+                         f"{prompt_len} tokens", LICENCE_SYNTHETIC)
+
+
+@_entry("doc-qa-synthetic", LICENCE_SYNTHETIC)
+def _doc_qa(*, scale: float = 1.0, seed: int = 0, docs: int | None = None, doc_len: int = 8000, questions: int = 32,
+            instruction_len: int = 0) -> _Built:
+    """synthetic questions on long documents, each after 1/4, 1/2, 3/4 or all of its document; 8 documents"""
+    n = _count(8, scale, docs, "docs")
+    trace = doc_qa_trace(num_docs=n, doc_len=doc_len, questions_per_doc=questions, instruction_len=instruction_len,
+                         seed=seed)
+    return _Built(trace, f"synthetic doc-qa: {n} documents x {questions} questions, {doc_len} tokens, "
+                         "questions after 1/4, 1/2, 3/4 or all of the document", LICENCE_SYNTHETIC)
+
+
+@_entry("prompt-tree-synthetic", LICENCE_SYNTHETIC)
+def _prompt_tree(*, scale: float = 1.0, seed: int = 0, sessions: int | None = None,
+                 prompt_scale: float = 1.0) -> _Built:
+    """synthetic system prompts shared to different depths (a base, variants, sub-variants), 1-3 turns per user;
+    600 sessions"""
+    n = _count(600, scale, sessions, "sessions")
+    if not (math.isfinite(prompt_scale) and prompt_scale > 0):
+        raise ConfigError(f"prompt_scale must be a number > 0, got {prompt_scale!r}")
+
+    def shrink(length: int) -> int:  # prompt lengths x prompt_scale, rounded down
+        return int(length * prompt_scale)
+
+    trace = prompt_tree_trace(num_sessions=n, base_len=shrink(1000),
+                              variant_lens=tuple(shrink(x) for x in (230, 710, 1490, 2950)),
+                              sub_variant_lens=tuple(shrink(x) for x in (430, 1870)), seed=seed)
+    depths = trace.meta["prompt_depths"]
+    return _Built(trace, f"synthetic prompt tree: a {trace.meta['params']['base_len']}-token base prompt extended by "
+                         f"{len(depths)} variants and sub-variants to depths {min(depths)}..{max(depths)}, "
+                         f"{n} user sessions of 1-3 turns", LICENCE_SYNTHETIC)
+
+
+# ============================================================================ public API
+def workload_names() -> list[str]:
+    return WORKLOADS.names()
+
+
+def is_workload(text: str) -> bool:
+    """Whether ``text`` names a catalog entry (with or without parameters), not a file."""
+    return text.partition(":")[0].strip() in WORKLOADS.names()
+
+
+def _text(value: Any) -> str:
+    """A parameter value as it is written on a name."""
+    if isinstance(value, (list, tuple)):
+        return os.pathsep.join(map(os.fspath, value))
+    if isinstance(value, float):
+        return f"{value:g}"
+    return os.fspath(value) if isinstance(value, os.PathLike) else str(value)
+
+
+def build_workload(spec: str | ParsedName, **overrides: Any) -> Trace:
+    """Build a catalog workload: ``"name"`` or ``"name:key=value,..."`` (seconds for the samples).
+
+    ``overrides`` are defaults for parameters the entry has (the spec's own win; others are
+    ignored, so one call can pass e.g. ``tokenizer=`` to any entry). The trace is named by its spec
+    (plus the overrides that applied) and carries ``meta["provenance"]`` (:class:`Provenance`).
+
+    Raises:
+        ConfigError: unknown name (the message lists the catalog), unknown parameter (it lists the
+            entry's), a malformed value, or a bad ``scale`` / count / ``data``.
+        DataUnavailable: ``data=shared`` where the shared data set lacks the data, or LMSys without files.
+        OSError, ValueError: the data files themselves are unreadable or malformed (the builders say where).
+    """
+    parsed = spec if isinstance(spec, ParsedName) else parse_name(spec)
+    built, params = WORKLOADS.create(parsed, **overrides)
+    applied = {k: v for k, v in overrides.items()
+               if k in params and k not in parsed.params and v is not None and v != "" and v != ()}
+    name = str(ParsedName(parsed.name, {**parsed.params, **{k: _text(v) for k, v in applied.items()}}))
+    trace = built.trace
+    trace.name = name
+    trace.meta["provenance"] = Provenance(name, built.data, built.licence, params, built.fallback).as_dict()
+    return trace
+
+
+def catalog_entries() -> list[dict[str, Any]]:
+    """The catalog for listings: name, one-line description, licence, parameters with defaults."""
+    docs = WORKLOADS.describe()
+    return [{"name": name, "doc": docs[name], "licence": _LICENCES[name], "params": WORKLOADS.params_of(name)}
+            for name in WORKLOADS.names()]
+
+
+# ============================================================================ legacy names
+def bundled_trace(name: str) -> Trace:
+    """Legacy name of :func:`build_workload`, kept while ``engine/bench.py`` and
+    ``benchmarks/core_bench.py`` (changed on other branches) still call it."""
+    return build_workload(name)
+
+
+def list_bundled() -> list[str]:
+    """Legacy name of :func:`workload_names` (see :func:`bundled_trace`)."""
+    return workload_names()
