@@ -10,23 +10,31 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 from marconi.engine import bench
 from marconi.engine.models import load_model
+from marconi.workloads.synthetic import agent_trace
 
 
 
 
-def _small_trace():
-    return bench.swe_like_trace(2, system_len=60, task_len=(20, 30), action_len=(5, 8), observation_len=(10, 20),
-                                max_input_len=160)
+def _small_trace(max_input_len: int = 160):
+    """Two agents sharing a 60-token system prompt, both started before either's second call."""
+    trace = agent_trace(num_sessions=2, calls=(6, 6), system_prompt_len=60, task_len=25, action_len=6,
+                        observation_len=15, sessions_per_second=100.0, mean_gap_s=2.0, max_input_len=400, seed=3)
+    return bench.trace_requests(trace, max_input_len=max_input_len)
 
 
-def test_swe_like_trace_grows_histories():
+def test_trace_requests_cut_sessions_to_fit_and_renumber_them():
     reqs = _small_trace()
-    assert {r.session for r in reqs} == {0, 1}
-    for a, b in zip(reqs, reqs[2:]):  # round robin: the next turn of the same session
-        if a.session == b.session:
-            prefix = list(a.input_tokens) + list(a.output_tokens)
-            assert list(b.input_tokens[: len(prefix)]) == prefix
-    assert all(len(r.input_tokens) <= 160 for r in reqs)
+    assert {r.session_id for r in reqs} == {0, 1} and len(reqs) >= 4
+    assert all(len(r.input_tokens) <= 160 and len(r.output_tokens) > 0 for r in reqs)
+    by_session = {}
+    for r in reqs:  # every later call of a session continues its previous call's input + output
+        prev = by_session.get(r.session_id)
+        if prev is not None:
+            prefix = list(prev.input_tokens) + list(prev.output_tokens)
+            assert list(r.input_tokens[: len(prefix)]) == prefix
+        by_session[r.session_id] = r
+    assert len(bench.trace_requests(_small_trace(), max_input_len=160, max_sessions=1)) < len(reqs)
+    assert len(bench.trace_requests(_small_trace(), max_input_len=160, limit=3)) == 3
 
 
 def test_replay_ttft_records():
@@ -50,11 +58,11 @@ def test_checkpoint_overhead_records():
 
 def test_cli_info_and_bench(tmp_path, capsys):
     from marconi.cli import main
-    from marconi.workloads.trace import Request, write_trace
+    from marconi.workloads.trace import write_trace
 
     assert main(["engine", "info", "--model", "lfm2-tiny"]) == 0
     assert "spec check" in capsys.readouterr().out
-    reqs = [Request(r.session, r.turn, float(i), r.input_tokens, r.output_tokens) for i, r in enumerate(_small_trace())]
+    reqs = _small_trace()
     trace = tmp_path / "t.jsonl"
     write_trace(trace, reqs)
     out = tmp_path / "bench.jsonl"

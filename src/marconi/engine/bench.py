@@ -9,8 +9,8 @@ Three measurements, each a function returning plain records (the CLI and
   ideal = (1 − h) × TTFT without the cache; plus the state save/restore time.
 * :func:`checkpoint_overhead` — one prefill of ``L`` tokens unsplit, with a chunk-boundary
   checkpoint and with an exact (segmented) checkpoint at an off-grid position.
-* :func:`swe_like_trace` — a synthetic SWE-agent-like trace (shared system prompt, growing
-  histories of actions + observations), for when no real trace file is given.
+* :func:`trace_requests` — a trace's requests cut to what a CPU serves in seconds; with no trace
+  file, the catalog's ``agent-cpu-synthetic`` (agents sharing a system prompt, growing histories).
 
 Timings are the fastest of ``repeats`` runs, in thread CPU time by default (``clock="cpu"``: on a
 shared machine, what an uncontended core would take with one torch thread) or wall-clock time.
@@ -20,81 +20,41 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass
-from typing import Any, NamedTuple
+from dataclasses import asdict, dataclass, replace
+from typing import Any
 
-import numpy as np
 import torch
 
 from marconi.engine.engine import Engine
 from marconi.engine.models import HybridModel
 from marconi.engine.prefill import prefill
+from marconi.workloads.trace import Request
 
 __all__ = [
-    "BenchRequest",
     "CheckpointRecord",
     "TTFTRecord",
     "checkpoint_overhead",
     "replay_ttft",
     "summarize_ttft",
-    "swe_like_trace",
     "trace_requests",
 ]
 
 
-class BenchRequest(NamedTuple):
-    session: int
-    turn: int
-    input_tokens: np.ndarray
-    output_tokens: np.ndarray
-
-
-def swe_like_trace(num_sessions: int = 4, *, system_len: int = 800, task_len: tuple[int, int] = (200, 400),
-                   action_len: tuple[int, int] = (24, 64), observation_len: tuple[int, int] = (100, 500),
-                   max_input_len: int = 3500, max_turns: int = 8, vocab_size: int = 32000,
-                   seed: int = 0) -> list[BenchRequest]:
-    """Agent sessions sharing a system prompt; turn ``t+1``'s input = turn ``t``'s input + its
-    output (the action) + an observation. Sessions stop before the input passes ``max_input_len``;
-    requests are interleaved round-robin, as concurrent agents would be."""
-    rng = np.random.default_rng(seed)
-
-    def tokens(bounds: tuple[int, int] | int) -> np.ndarray:
-        n = bounds if isinstance(bounds, int) else int(rng.integers(bounds[0], bounds[1] + 1))
-        return rng.integers(0, vocab_size, n, dtype=np.int64)
-
-    system = tokens(system_len)
-    per_session: list[list[BenchRequest]] = []
-    for s in range(num_sessions):
-        history = np.concatenate([system, tokens(task_len)])
-        requests = []
-        for turn in range(max_turns):
-            if len(history) > max_input_len:
-                break
-            output = tokens(action_len)
-            requests.append(BenchRequest(s, turn, history, output))
-            history = np.concatenate([history, output, tokens(observation_len)])
-        per_session.append(requests)
-    interleaved = []
-    for turn in range(max_turns):
-        interleaved += [reqs[turn] for reqs in per_session if turn < len(reqs)]
-    return interleaved
-
-
 def trace_requests(source: Any, *, max_input_len: int, max_sessions: int | None = None,
-                   limit: int | None = None) -> list[BenchRequest]:
-    """Requests of a trace (a ``Trace``, a bundled trace name or a JSONL/Parquet file), cut to fit a CPU.
+                   limit: int | None = None) -> list[Request]:
+    """Requests of a trace (a ``Trace``, a catalog workload name or a JSONL/Parquet file), cut to fit a CPU.
 
     Each session keeps its turns up to (not including) the first whose input exceeds
     ``max_input_len`` or whose output is empty; at most ``max_sessions`` sessions (first come) and
-    ``limit`` requests are kept, in trace order.
+    ``limit`` requests are kept, in trace order. Sessions are renumbered 0, 1, ... in order of arrival.
     """
-    from marconi.workloads import bundled_trace, list_bundled, read_trace
+    from marconi.workloads import build_workload, is_workload, read_trace
 
-    if isinstance(source, str) and source in list_bundled():
-        source = bundled_trace(source)
+    if isinstance(source, str) and is_workload(source):
+        source = build_workload(source)
     elif isinstance(source, str):
         source = read_trace(source)
-    out: list[BenchRequest] = []
+    out: list[Request] = []
     sessions: dict[Any, int] = {}
     stopped: set[Any] = set()
     for req in source:
@@ -109,8 +69,7 @@ def trace_requests(source: Any, *, max_input_len: int, max_sessions: int | None 
                 stopped.add(sid)
                 continue
             sessions[sid] = len(sessions)
-        out.append(BenchRequest(sessions[sid], req.turn_id, np.asarray(req.input_tokens, dtype=np.int64),
-                                np.asarray(req.output_tokens, dtype=np.int64)))
+        out.append(replace(req, session_id=sessions[sid]))
         if limit is not None and len(out) >= limit:
             break
     return out
@@ -137,7 +96,7 @@ class TTFTRecord:
         return asdict(self)
 
 
-def replay_ttft(model: HybridModel, requests: Sequence[BenchRequest], *, capacity_bytes: float,
+def replay_ttft(model: HybridModel, requests: Sequence[Request], *, capacity_bytes: float,
                 admission: str = "marconi", eviction: str = "lru", checkpointing: str = "segmented",
                 clock: str = "cpu", repeats: int = 1, warmup: bool = True) -> list[TTFTRecord]:
     """Replay ``requests`` with and without the cache; one record each.
@@ -167,7 +126,7 @@ def replay_ttft(model: HybridModel, requests: Sequence[BenchRequest], *, capacit
             without = plain.replay_appended(req.input_tokens, req.output_tokens)
         h = with_cache.hit_fraction
         ideal = (1.0 - h) * ttft(without)
-        records.append(TTFTRecord(req.session, req.turn, with_cache.input_len, with_cache.usable_hit_len, h,
+        records.append(TTFTRecord(int(req.session_id), req.turn_id, with_cache.input_len, with_cache.usable_hit_len, h,
                                   ttft(with_cache), ttft(without), ideal,
                                   ttft(with_cache) / ideal if ideal > 0 else float("inf"),
                                   with_cache.restore_s, with_cache.capture_s, with_cache.save_s,

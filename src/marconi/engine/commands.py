@@ -81,11 +81,10 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     print(f"model {model.name}: {model.num_parameters / 1e6:.1f}M parameters, {meta['dtype']}, "
           f"scan chunk {model.chunk_size}, KV {model.spec.kv_bytes_per_token} B/token, "
           f"checkpoint {model.spec.ssm_checkpoint_bytes} B; torch threads {torch.get_num_threads()}")
-    if args.trace == "synthetic":
-        requests = bench.swe_like_trace(args.sessions, max_input_len=args.max_input)[: args.limit]
-    else:
-        requests = bench.trace_requests(args.trace, max_input_len=args.max_input, max_sessions=args.sessions,
-                                        limit=args.limit)
+    source = (f"agent-cpu-synthetic:sessions={args.sessions},max_input_len={args.max_input}"
+              if args.trace == "synthetic" else args.trace)
+    requests = bench.trace_requests(source, max_input_len=args.max_input, max_sessions=args.sessions,
+                                    limit=args.limit)
     print(f"trace {args.trace}: {len(requests)} requests with inputs <= {args.max_input} tokens\n")
 
     records = bench.replay_ttft(model, requests, capacity_bytes=parse_bytes(args.capacity), eviction=args.eviction,
@@ -114,12 +113,12 @@ def _cmd_bench(args: argparse.Namespace) -> int:
             print(f"  {c.length:5d} {c.requested:6d}  {c.mode:15s} {at:>8s} {_ms(c.prefill_s)}    {c.overhead_pct:+6.2f}%"
                   f"   {c.max_abs_diff:9.2e}  {'yes' if c.bitwise else 'no'}")
     if args.out:
-        from marconi.workloads.trace import atomic_output
+        from marconi.io import atomic_write
 
         config = {"model": model.name, "dtype": meta["dtype"], "trace": args.trace, "capacity": args.capacity,
                   "eviction": args.eviction, "threads": torch.get_num_threads(), "clock": args.clock,
                   "repeats": args.repeats}
-        with atomic_output(args.out, "w") as fh:
+        with atomic_write(args.out, "w") as fh:
             for r in records:
                 fh.write(json.dumps({"kind": "ttft", **config, **r.to_record()}) + "\n")
             fh.write(json.dumps({"kind": "ttft_summary", **config, **summary}) + "\n")

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
+import numpy as np
 import torch
 
 from marconi.engine.errors import (
@@ -438,6 +439,8 @@ def _as_id_tensor(token_ids: Any) -> torch.Tensor:
     if isinstance(token_ids, (str, bytes)):
         raise TokenRangeError(f"token ids must be a sequence of integers, got text {token_ids[:40]!r}; "
                               "tokenize it first (Engine.generate tokenizes a str prompt)")
+    if isinstance(token_ids, np.ndarray) and not token_ids.flags.writeable:
+        token_ids = token_ids.copy()  # trace arrays are read-only views; torch wants to own writable memory
     try:
         return torch.as_tensor(token_ids)
     except (TypeError, ValueError, RuntimeError) as exc:

@@ -13,7 +13,6 @@
 Every public name is importable from here and from :mod:`marconi.workloads`.
 """
 
-from marconi.io import atomic_write
 
 from .checks import SessionCheck, inspect_trace, session_warnings, validate_trace
 from .files import iter_requests, read_trace, read_trace_meta, trace_format, trace_stats, write_trace
@@ -37,7 +36,3 @@ __all__ = [
     "trace_stats",
     "trace_format",
 ]
-
-# Legacy alias of :func:`marconi.io.atomic_write`, kept only for ``marconi.engine.commands`` (being
-# changed on another branch); remove it once that file imports ``marconi.io.atomic_write``.
-atomic_output = atomic_write
