@@ -139,7 +139,8 @@ def test_sigterm_during_trace_build_leaves_no_temp_file(tmp_path):
     def temp_file():
         if proc.poll() is not None:
             raise AssertionError(f"trace build exited before writing: {proc.stderr.read()[-2000:]}")
-        return [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+        # the output's own temp file (.mooncake.jsonl.gz.XXXX.tmp), not the --out check's writability probe
+        return [p for p in tmp_path.iterdir() if p.name.startswith(f".{out.name}.") and p.name.endswith(".tmp")]
     _wait_for(temp_file, 120, "the hidden temp file of the output")
     os.kill(proc.pid, signal.SIGTERM)
     assert proc.wait(timeout=60) == 143

@@ -198,13 +198,16 @@ def check_output(path: PathLike, *, inputs: Sequence[PathLike] = (), directory: 
     anchor = _nearest_existing(real if directory else real.parent)
     if not anchor.is_dir():
         raise ConfigError(f"{option} {p}: {anchor} is not a directory")
+    probe: str | None = None
     try:
         fd, probe = tempfile.mkstemp(dir=anchor, prefix=".marconi-probe-", suffix=".tmp")
         os.close(fd)
-        os.unlink(probe)
     except OSError as exc:
         raise ConfigError(f"{option} {p}: cannot write in {anchor} ({exc.strerror}); "
                           "choose a writable place") from None
+    finally:  # also when a signal turned into an exception lands between mkstemp and here
+        if probe is not None:
+            Path(probe).unlink(missing_ok=True)
     return p
 
 
