@@ -18,6 +18,7 @@ from marconi.engine.engine import Engine
 from marconi.engine.errors import EngineError, TokenRangeError
 from marconi.engine.models import load_model
 from marconi.engine.states import KVPayload, SSMPayload
+from marks import slow_but_first
 
 
 
@@ -54,8 +55,8 @@ def check_payloads(engine: Engine) -> None:
 
 
 # ================================================================================ same tokens
-@pytest.mark.parametrize("preset,dtype", [("bamba-tiny", "float32"), ("qwen3_next-tiny", "float32"),
-                                          ("nemotron_h-tiny", "float32"), ("zamba2-tiny", "float64")])
+@pytest.mark.parametrize("preset,dtype", slow_but_first([("bamba-tiny", "float32"), ("qwen3_next-tiny", "float32"),
+                                                          ("nemotron_h-tiny", "float32"), ("zamba2-tiny", "float64")]))
 def test_multi_turn_conversation_same_tokens_with_and_without_cache(preset, dtype):
     model = model_for(preset, dtype)
     cached = Engine(model, big_capacity(model))
@@ -133,7 +134,7 @@ def _hostile_trace():
     return requests
 
 
-ADMISSIONS = ["none", "marconi", "every-block:k=8", "every-block:k=8,paged=false", "last-token", "uniform:m=3",
+ADMISSIONS = ["marconi", "none", "every-block:k=8", "every-block:k=8,paged=false", "last-token", "uniform:m=3",
               "sparse-dp:m=2,key_tokens=16"]
 
 
@@ -156,8 +157,8 @@ def _assert_same_decisions(engine: Engine, sim: PrefixCache, requests, *, genera
     assert all(np.array_equal(a, b) for a, b in zip(mine.tokens, theirs.tokens))
 
 
-@pytest.mark.parametrize("checkpointing", ["segmented", "chunk-boundary"])
-@pytest.mark.parametrize("admission", ADMISSIONS)
+@pytest.mark.parametrize("checkpointing", slow_but_first(["segmented", "chunk-boundary"]))
+@pytest.mark.parametrize("admission", slow_but_first(ADMISSIONS))
 def test_engine_decisions_equal_simulation(admission, checkpointing):
     """The engine supplies every state the cache asks for (inside outputs too) and makes exactly
     the decisions of a size-only simulation told the same checkpoint placement, under eviction."""
@@ -187,7 +188,7 @@ def test_engine_decisions_equal_simulation_flop_aware_deltanet():
     assert engine.cache.stats.evictions_leaf + engine.cache.stats.evictions_inner > 0
 
 
-@pytest.mark.parametrize("admission", ["marconi", "every-block:k=8", "sparse-dp:m=2,key_tokens=16"])
+@pytest.mark.parametrize("admission", slow_but_first(["marconi", "every-block:k=8", "sparse-dp:m=2,key_tokens=16"]))
 def test_greedy_engine_finds_the_states_it_needs_while_decoding(admission):
     """Generation does not know its output up front: a branch point where the output leaves a
     cached sequence, and block boundaries, are found step by step — still identical decisions."""

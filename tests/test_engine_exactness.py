@@ -20,6 +20,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 from marconi.engine.models import load_model
 from marconi.engine.prefill import ChunkBoundary, Segmented, decode_greedy, prefill
 from marconi.engine.states import SSMPayload, build_cache, capture_ssm, slice_kv
+from marks import slow_but_first
 
 ALL_TINY = ["bamba-tiny", "nemotron_h-tiny", "falcon_h1-tiny", "zamba2-tiny", "granitemoehybrid-tiny",
             "qwen3_next-tiny", "olmo_hybrid-tiny", "lfm2-tiny"]
@@ -61,7 +62,7 @@ def max_diff(a, b) -> float:
 
 
 # ================================================================================ float64
-@pytest.mark.parametrize("preset", CHUNKED)
+@pytest.mark.parametrize("preset", slow_but_first(CHUNKED))
 def test_float64_chunk_aligned_splits_are_bitwise_half_chunk_splits_within_1e12(preset):
     model = model_for(preset, "float64")
     chunk = model.chunk_size
@@ -77,7 +78,7 @@ def test_float64_chunk_aligned_splits_are_bitwise_half_chunk_splits_within_1e12(
         assert max_diff(full[split:], tail) <= 1e-12, f"{preset} split {split}"
 
 
-@pytest.mark.parametrize("preset", ALL_TINY)
+@pytest.mark.parametrize("preset", slow_but_first(ALL_TINY))
 def test_float64_arbitrary_splits_within_1e12(preset):
     model = model_for(preset, "float64")
     ids = tokens(200, seed=2)
@@ -89,7 +90,7 @@ def test_float64_arbitrary_splits_within_1e12(preset):
         assert max_diff(full[50:], resumed(model, ids, 50, zero_state=True)[0]) > 1e-4
 
 
-@pytest.mark.parametrize("preset", ["bamba-tiny", "qwen3_next-tiny", "zamba2-tiny"])
+@pytest.mark.parametrize("preset", slow_but_first(["bamba-tiny", "qwen3_next-tiny", "zamba2-tiny"]))
 def test_float64_segmented_prefill_states_are_exact(preset):
     """One prefill with several checkpoints: its logits and every captured state are exact."""
     model = model_for(preset, "float64")
@@ -106,7 +107,7 @@ def test_float64_segmented_prefill_states_are_exact(preset):
         assert max_diff(full[p:], tail) <= 1e-12, p
 
 
-@pytest.mark.parametrize("preset", ["bamba-tiny", "nemotron_h-tiny", "qwen3_next-tiny"])
+@pytest.mark.parametrize("preset", slow_but_first(["bamba-tiny", "nemotron_h-tiny", "qwen3_next-tiny"]))
 def test_float64_chunk_boundary_checkpointing_changes_no_bit(preset):
     """Chunk-boundary placement cuts at scan-chunk boundaries: the prefill is bitwise unchanged."""
     model = model_for(preset, "float64")
@@ -146,7 +147,7 @@ def test_the_prefills_end_is_exact_under_chunk_boundary_checkpointing():
     assert result.placed == {37: 32, 40: 40} and sorted(result.states) == [32, 40]
 
 
-@pytest.mark.parametrize("preset", ["bamba-tiny", "falcon_h1-tiny", "qwen3_next-tiny"])
+@pytest.mark.parametrize("preset", slow_but_first(["bamba-tiny", "falcon_h1-tiny", "qwen3_next-tiny"]))
 def test_float64_last_decoded_token_checkpoint(preset):
     """State after decoding (last token fed) + KVs resume the next turn exactly."""
     model = model_for(preset, "float64")
@@ -163,8 +164,8 @@ def test_float64_last_decoded_token_checkpoint(preset):
     assert max_diff(full_logits(model, turn2)[out.end:], tail) <= 1e-12
 
 
-@pytest.mark.parametrize("preset", ["bamba-tiny", "nemotron_h-tiny", "falcon_h1-tiny", "granitemoehybrid-tiny",
-                                    "qwen3_next-tiny"])
+@pytest.mark.parametrize("preset", slow_but_first(["bamba-tiny", "nemotron_h-tiny", "falcon_h1-tiny",
+                                                   "granitemoehybrid-tiny", "qwen3_next-tiny"]))
 def test_float64_whole_prompt_hit_resumes_from_the_kept_hidden_state(preset):
     """A checkpoint at the input's end keeps its final hidden state: the first output token's
     logits follow bitwise from it (the same LM head call), and decoding from there is exact."""
@@ -184,7 +185,7 @@ def test_float64_whole_prompt_hit_resumes_from_the_kept_hidden_state(preset):
 
 
 # ================================================================================ float32
-@pytest.mark.parametrize("preset", FLOAT32_ARCHS)
+@pytest.mark.parametrize("preset", slow_but_first(FLOAT32_ARCHS))
 def test_float32_splits_within_1e5_and_same_greedy_tokens(preset):
     model = model_for(preset, "float32")
     ids = tokens(160, seed=7)

@@ -26,6 +26,8 @@ from marconi.experiments.sparse import (
 from marconi.sim import simulate
 from marconi.workloads import Request, Trace
 
+pytestmark = pytest.mark.slow  # minutes of sweeps / processes: CI and `make test` only
+
 WORKLOADS = ("doc-qa", "system-prompts", "quality")
 BUDGETS = (1, 2, 4)
 

@@ -16,6 +16,8 @@ from marconi.sim.backends import LocalBackend, RayBackend, make_backend, pack_tr
 from marconi.sim.sweep import TIMING_FIELDS, SweepPoint, SweepTask, expand_points, run_sweep, run_tasks, read_records
 from marconi.workloads import build_workload, chat_trace
 
+pytestmark = pytest.mark.slow  # minutes of sweeps / processes: CI and `make test` only
+
 
 @pytest.fixture(scope="module")
 def ray_backend():

@@ -20,6 +20,8 @@ from marconi.sim.sweep import read_records
 from marconi.tuning import BootstrapTuner
 from marconi.workloads import Request, build_swe_trace, bundled_data_dir, chat_trace
 
+pytestmark = pytest.mark.slow  # minutes of sweeps / processes: CI and `make test` only
+
 FIGURE_KEYS = ("fig7", "fig8", "fig9", "fig10", "fig11", "fig12", "fig13", "alpha", "admission", "anatomy")
 
 

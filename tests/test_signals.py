@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc; PR_SET_PDEATHSIG is Linux's")
+pytestmark = [pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc; PR_SET_PDEATHSIG is Linux's"),
+              pytest.mark.slow]  # spawns CLIs and waits for them: CI and `make test` only
 
 # Sixty capacity points of the bundled Mooncake sample: the pool stays busy for many seconds.
 LONG_SWEEP = ["simulate", "--trace", "mooncake-sample", "--systems", "marconi", "--no-per-request", "--quiet",
@@ -84,7 +85,6 @@ def _workers_of(proc: subprocess.Popen, n: int) -> set[int]:
     return _wait_for(ready, 120, f"{n} worker processes")
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "kill-9"])
 def test_signal_during_a_worker_pool_sweep_leaves_no_worker_and_no_output(tmp_path, sig):
     out = tmp_path / "records.jsonl"
@@ -101,7 +101,6 @@ def test_signal_during_a_worker_pool_sweep_leaves_no_worker_and_no_output(tmp_pa
     assert [p.name for p in tmp_path.iterdir()] == []
 
 
-@pytest.mark.slow
 def test_sigterm_during_a_ray_sweep_shuts_the_local_ray_instance_down(tmp_path):
     """ray.init replaces the driver's SIGTERM handler; the backend restores ours, so the CLI still
     tears down (ray.shutdown) and exits 143. (After kill -9, Ray's own fate-sharing stops raylet, GCS

@@ -134,6 +134,7 @@ def test_budgeted_matches_brute_force(data: st.DataObject) -> None:
         assert plan.expected_cost == plan.cost_by_budget[-1]
 
 
+@pytest.mark.slow  # hundreds of Hypothesis examples against brute force
 @settings(max_examples=300, deadline=None)
 @given(data=st.data())
 def test_lagrangian_matches_brute_force(data: st.DataObject) -> None:
@@ -151,6 +152,7 @@ def test_lagrangian_matches_brute_force(data: st.DataObject) -> None:
     assert plan.penalty == pytest.approx(lam * size_bytes * len(plan.positions))
 
 
+@pytest.mark.slow  # hundreds of Hypothesis examples against brute force
 @settings(max_examples=200, deadline=None)
 @given(data=st.data())
 def test_lagrangian_agrees_with_budgeted_at_its_count(data: st.DataObject) -> None:
@@ -163,6 +165,7 @@ def test_lagrangian_agrees_with_budgeted_at_its_count(data: st.DataObject) -> No
     assert _close(lagr.expected_cost, budgeted.expected_cost, scale)
 
 
+@pytest.mark.slow  # hundreds of Hypothesis examples against brute force
 # ================================================================================= fast vs reference
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(instance=large_instances(), cost=st.sampled_from([TOKEN_COST, FLOPS]))
@@ -175,6 +178,7 @@ def test_fast_matches_reference_on_large_instances(instance: tuple, cost: dp.Cos
     assert expected_cost(weights, fast.positions, cost=cost) == pytest.approx(fast.expected_cost, rel=1e-12)
 
 
+@pytest.mark.slow  # hundreds of Hypothesis examples against brute force
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(instance=large_instances(), alpha=st.floats(1.0, 2.0))
 def test_fast_matches_reference_for_user_cost_passing_the_check(instance: tuple, alpha: float) -> None:
@@ -186,6 +190,7 @@ def test_fast_matches_reference_for_user_cost_passing_the_check(instance: tuple,
     np.testing.assert_allclose(fast.cost_by_budget, ref.cost_by_budget, rtol=1e-9)
 
 
+@pytest.mark.slow  # hundreds of Hypothesis examples against brute force
 # ================================================================================= precondition
 @settings(max_examples=200, deadline=None)
 @given(seed=st.integers(0, 2**32 - 1), cost=st.sampled_from([TOKEN_COST, FLOPS]))
@@ -242,6 +247,7 @@ def test_precondition_is_needed_for_the_fast_layers() -> None:
     assert plan.expected_cost == pytest.approx(_brute_curve(weights, positions, 1, _scalar_of(cost))[1])
 
 
+@pytest.mark.slow  # hundreds of Hypothesis examples against brute force
 # ================================================================================= monotonicity
 @settings(max_examples=200, deadline=None)
 @given(data=st.data())
