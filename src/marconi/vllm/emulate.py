@@ -688,6 +688,7 @@ class VllmAlignEngine:
 
     def allocate_slots(self, req: _Request, num_new: int, num_new_computed: int,
                        new_computed: list[list[_Block]] | None) -> None:
+        self.pool.emit("slots", req.num_computed_tokens, num_new_computed, num_new, 0)
         total_computed = req.num_computed_tokens + num_new_computed
         for manager in self.managers:
             manager.remove_skipped_blocks(req, total_computed)

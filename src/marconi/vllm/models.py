@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-__all__ = ["PRESETS", "build_checkpoint", "main"]
+__all__ = ["PRESETS", "BLOCK_SIZES", "NEEDS_MAMBA2_CPU_FIX", "build_checkpoint", "main"]
 
 _V = 32000
 PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -40,6 +40,16 @@ PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
         n_groups=1, conv_kernel=4, chunk_size=128, max_position_embeddings=32768, tie_word_embeddings=False,
         initializer_range=128 ** -0.5, time_step_min=1e-9)),
 }
+
+
+# vLLM 0.32's block size for each preset on CPU (attention block inflated to the Mamba page, in
+# multiples of the CPU kernel's 128 tokens), as its engine core reports it. The server must be
+# given it explicitly: its multi-process scheduler otherwise splits prefill on a stale 128-token
+# block and misses the states it means to cache. ``marconi vllm bench`` checks it against
+# /metrics on every run.
+BLOCK_SIZES = {"qwen3_next-tiny": 384, "nemotron_h-tiny": 256}
+# Presets that need the plugin's Mamba-2 CPU checkpoint fix to run at all.
+NEEDS_MAMBA2_CPU_FIX = {"nemotron_h-tiny"}
 
 
 def build_checkpoint(preset: str, out_dir: str | Path, *, seed: int = 0, dtype: str = "bfloat16") -> Path:

@@ -134,6 +134,23 @@ def _group_kinds(kv_cache_config: Any) -> list[str]:
     return kinds
 
 
+def scheduler_settings(scheduler: Any, kinds: list[str]) -> dict[str, Any]:
+    """What the emulation needs to know about this scheduler (the ``config`` trace event)."""
+    sc = scheduler.scheduler_config
+    cc = scheduler.cache_config
+    return {"scheduler": type(scheduler).__name__, "block_size": int(cc.block_size),
+            "hash_block_size": int(scheduler.kv_cache_manager.block_pool.hash_block_size),
+            "num_blocks": int(scheduler.kv_cache_manager.block_pool.num_gpu_blocks), "group_kinds": kinds,
+            "max_num_scheduled_tokens": int(scheduler.max_num_scheduled_tokens),
+            "max_num_batched_tokens": int(sc.max_num_batched_tokens),
+            "long_prefill_token_threshold": int(sc.long_prefill_token_threshold or 0),
+            "retention_interval": cc.prefix_cache_retention_interval, "mamba_cache_mode": cc.mamba_cache_mode,
+            "async_scheduling": bool(getattr(sc, "async_scheduling", False)),
+            "mamba_aligned_split": bool(getattr(scheduler, "need_mamba_block_aligned_split", False)),
+            "mamba_partial_cache_hit": bool(getattr(scheduler, "mamba_partial_cache_hit", False)),
+            "mamba_prefill_checkpoint_blocks": bool(getattr(scheduler, "mamba_has_prefill_checkpoint_blocks", False))}
+
+
 def _model_spec(vllm_config: Any) -> Any:
     from marconi.model import ModelSpec
 
@@ -207,6 +224,8 @@ class PoolHooks:
         hooks = cls(pool, kv_manager, state, config, int(pool.hash_block_size))
         hooks._hash_parts = (get_block_hash, get_group_id)
         hooks._install()
+        hooks.settings = scheduler_settings(scheduler, kinds)
+        hooks._emit("config", hooks.settings)
         logger.info("marconi: %s eviction on a %d-block pool, groups %s, block %d tokens, alpha source %r",
                     hooks.policy, pool.num_gpu_blocks, ",".join(kinds), block_size, state.alpha_source)
         return hooks
@@ -237,6 +256,15 @@ class PoolHooks:
             self.on_admitted(request, num_hits)
 
         self.kv_manager.record_prefix_cache_stats = record_prefix_cache_stats
+        allocate = self.kv_manager.allocate_slots
+
+        def allocate_slots(request: Any, num_new_tokens: int, num_new_computed_tokens: int = 0,
+                           *args: Any, **kwargs: Any) -> Any:
+            self._emit("slots", int(request.num_computed_tokens), int(num_new_computed_tokens), int(num_new_tokens),
+                       int(kwargs.get("num_lookahead_tokens", 0)))
+            return allocate(request, num_new_tokens, num_new_computed_tokens, *args, **kwargs)
+
+        self.kv_manager.allocate_slots = allocate_slots
 
     # --------------------------------------------------------------- trace
     def _emit(self, *event: Any) -> None:
