@@ -44,7 +44,7 @@ from marconi.vllm.config import PluginConfig
 from marconi.vllm.emulate import VllmAlignEngine, layout_for_spec
 from marconi.vllm.models import BLOCK_SIZES, NEEDS_MAMBA2_CPU_FIX, PRESETS
 
-__all__ = ["BenchConfig", "BenchRequest", "RunResult", "select_requests", "run_bench", "emulate_run",
+__all__ = ["BenchConfig", "BenchRequest", "BenchOutcome", "RunResult", "select_requests", "run_bench", "emulate_run",
            "bench_table", "plot_ttft_cdf", "write_fixture", "read_fixture", "encode_ids", "decode_ids"]
 
 Progress = Callable[[str], None]
@@ -296,9 +296,16 @@ def build_model(config: BenchConfig, progress: Progress) -> Path:
     return model_dir
 
 
-def run_bench(config: BenchConfig, progress: Progress | None = None) -> tuple[list[dict[str, Any]], list[RunResult],
-                                                                               list[BenchRequest]]:
-    """Run every policy; return the records (one per policy), the raw runs and the requests."""
+@dataclass(slots=True)
+class BenchOutcome:
+    records: list[dict[str, Any]]        # one per policy (what --out holds)
+    runs: list[RunResult]
+    requests: list[BenchRequest]
+    spec: ModelSpec
+
+
+def run_bench(config: BenchConfig, progress: Progress | None = None) -> BenchOutcome:
+    """Run every policy: records (one per policy), the raw runs, the requests and the model's spec."""
     say = progress or (lambda msg: print(msg, file=sys.stderr))
     if not Path(config.vllm_python).is_file():
         raise ConfigError(f"no vLLM python at {config.vllm_python}: run `make vllm-env` or pass --vllm-python")
@@ -321,7 +328,7 @@ def run_bench(config: BenchConfig, progress: Progress | None = None) -> tuple[li
             f"{1000 * rec['ttft_p50_s']:.0f} ms, {run.wall_s:.0f}s")
         records.append(rec)
         runs.append(run)
-    return records, runs, requests
+    return BenchOutcome(records, runs, requests, spec)
 
 
 def bench_table(records: Sequence[dict[str, Any]]) -> str:
@@ -382,13 +389,14 @@ def decode_ids(text: str) -> list[int]:
     return np.frombuffer(zlib.decompress(base64.b64decode(text)), dtype="<i4").tolist()
 
 
-def write_fixture(path: str | Path, config: BenchConfig, requests: Sequence[BenchRequest],
-                  runs: Sequence[RunResult], command: str) -> Path:
+def write_fixture(path: str | Path, config: BenchConfig, outcome: BenchOutcome, command: str) -> Path:
     """The real server's per-request counts and outputs, for the emulation test (atomic write)."""
     from marconi.workloads.trace import atomic_output
 
+    requests, runs = outcome.requests, outcome.runs
     data = {
         "command": command, "config": {k: v for k, v in asdict(config).items() if k not in ("vllm_python", "work_dir")},
+        "model_spec": {k: v for k, v in outcome.spec.to_dict().items() if k != "source"},
         "block_size": config.block_size, "requests": [r.index for r in requests],
         "max_tokens": [r.max_tokens for r in requests],
         "runs": [{"policy": run.policy, "plugin": run.plugin, "cached_tokens": run.cached_tokens,

@@ -59,13 +59,14 @@ def _cmd_bench(args: argparse.Namespace) -> int:
                          policies=tuple(p.strip() for p in args.policies.split(",") if p.strip()), alpha=args.alpha,
                          concurrency=args.concurrency, max_num_batched_tokens=args.max_num_batched_tokens,
                          work_dir=args.work_dir)
-    records, runs, requests = run_bench(config)
+    outcome = run_bench(config)
+    records = outcome.records
     write_records(records, args.out)
     print(f"wrote {len(records)} records to {args.out}", file=sys.stderr)
     if args.plot:
         print(f"wrote {plot_ttft_cdf(records, args.plot)}", file=sys.stderr)
     if args.record_fixture:
-        command = "marconi vllm bench " + " ".join(shlex.quote(a) for a in sys.argv[3:] if a)
-        print(f"wrote {write_fixture(args.record_fixture, config, requests, runs, command)}", file=sys.stderr)
+        command = "marconi vllm bench " + " ".join(shlex.quote(a) for a in sys.argv[3:])
+        print(f"wrote {write_fixture(args.record_fixture, config, outcome, command)}", file=sys.stderr)
     print(bench_table(records))
     return 0
