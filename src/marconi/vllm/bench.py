@@ -43,6 +43,7 @@ from marconi.registry import ConfigError
 from marconi.vllm.config import PluginConfig
 from marconi.vllm.emulate import VllmAlignEngine, layout_for_spec
 from marconi.vllm.models import BLOCK_SIZES, NEEDS_MAMBA2_CPU_FIX, PRESETS
+from marconi.vllm.policy import DEFAULT_ALPHA
 
 __all__ = ["BenchConfig", "BenchRequest", "BenchOutcome", "RunResult", "select_requests", "run_bench", "emulate_run",
            "bench_table", "plot_ttft_cdf", "write_fixture", "read_fixture", "encode_ids", "decode_ids"]
@@ -63,7 +64,7 @@ class BenchConfig:
     max_output_len: int | None = None
     num_blocks: int = 150
     policies: tuple[str, ...] = ("lru", "marconi")
-    alpha: float = 1.0
+    alpha: float = DEFAULT_ALPHA
     concurrency: int = 1
     max_num_batched_tokens: int = 2048
     work_dir: str = "results/vllm_bench_work"

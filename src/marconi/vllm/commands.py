@@ -2,7 +2,7 @@
 
     marconi vllm bench [--vllm-python .venv-vllm/bin/python] [--model qwen3_next-tiny] [--trace swe-sample]
                        [--max-input-len 8192] [--num-requests N] [--max-output-len N] [--blocks 150]
-                       [--policies lru,marconi] [--alpha 1.0] [--concurrency 1]
+                       [--policies lru,marconi] [--alpha 0.5] [--concurrency 1]
                        [--out results/vllm_bench.jsonl] [--plot results/vllm_bench_ttft_cdf.png]
                        [--record-fixture FILE]
 
@@ -22,6 +22,7 @@ __all__ = ["register"]
 def register(subparsers: Any) -> None:
     """Add the ``vllm`` group to an argparse subparsers object (each leaf sets ``func``)."""
     from marconi.vllm.models import PRESETS
+    from marconi.vllm.policy import DEFAULT_ALPHA
 
     group = subparsers.add_parser("vllm", help="Marconi inside vLLM: a real-server benchmark of the plugin")
     sub = group.add_subparsers(dest="vllm_command", required=True)
@@ -37,7 +38,7 @@ def register(subparsers: Any) -> None:
     bench.add_argument("--max-output-len", type=int, default=None, help="cap each request's max_tokens")
     bench.add_argument("--blocks", type=int, default=150, help="vLLM's block pool (--num-gpu-blocks-override)")
     bench.add_argument("--policies", default="lru,marconi", help="comma list: lru (stock vLLM), marconi (plugin)")
-    bench.add_argument("--alpha", type=float, default=1.0, help="Marconi's alpha (fixed)")
+    bench.add_argument("--alpha", type=float, default=DEFAULT_ALPHA, help="Marconi's alpha (fixed; default %(default)s)")
     bench.add_argument("--concurrency", type=int, default=1,
                        help="requests in flight (1: one at a time, which the emulation models exactly)")
     bench.add_argument("--max-num-batched-tokens", type=int, default=2048)

@@ -9,7 +9,7 @@ variable                           meaning
 ``MARCONI_VLLM_POLICY``            unset/empty: the plugin changes nothing (stock vLLM);
                                    ``lru``: vLLM's own eviction, observed (counters, trace);
                                    ``marconi``: FLOP-aware eviction among cached free blocks
-``MARCONI_VLLM_ALPHA``             α, a number >= 0 (default 1.0)
+``MARCONI_VLLM_ALPHA``             α, a number >= 0 (default 0.5)
 ``MARCONI_VLLM_ALPHA_SOURCE``      ``module:factory`` returning an :class:`~marconi.vllm.policy.AlphaSource`
                                    (called as ``factory(spec, config)``); overrides ``MARCONI_VLLM_ALPHA``
 ``MARCONI_VLLM_EFFICIENCY``        ``total`` (default, the paper's) or ``marginal``
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 from marconi.registry import ConfigError
-from marconi.vllm.policy import EFFICIENCIES, POLICIES, AlphaSource, FixedAlpha
+from marconi.vllm.policy import DEFAULT_ALPHA, EFFICIENCIES, POLICIES, AlphaSource, FixedAlpha
 
 __all__ = ["PluginConfig", "ENV_POLICY", "ENV_ALPHA", "ENV_ALPHA_SOURCE", "ENV_EFFICIENCY", "ENV_TRACE",
            "ENV_MAMBA2_CPU_FIX"]
@@ -39,7 +39,6 @@ ENV_EFFICIENCY = "MARCONI_VLLM_EFFICIENCY"
 ENV_TRACE = "MARCONI_VLLM_TRACE"
 ENV_MAMBA2_CPU_FIX = "MARCONI_VLLM_MAMBA2_CPU_FIX"
 
-DEFAULT_ALPHA = 1.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -34,15 +34,16 @@ from __future__ import annotations
 import hashlib
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
 from marconi.admission import MatchResult
 from marconi.cache import CacheStats, as_tokens
-from marconi.model import ModelSpec, get_model
+from marconi.model import ModelSpec
 from marconi.registry import ConfigError
-from marconi.vllm.policy import ATTENTION, MAMBA, BlockEvictionState, FixedAlpha, parent_depth
+from marconi.vllm.policy import (ATTENTION, DEFAULT_ALPHA, MAMBA, AlphaSource, BlockEvictionState, FixedAlpha, RequestObservation,
+                                 parent_depth)
 
 __all__ = ["VllmLayout", "VllmAlignEngine", "VllmAlignCache", "RequestRecord", "layout_for_spec",
            "prefix_hashes", "parent_depth"]
@@ -576,15 +577,16 @@ class VllmAlignEngine:
     ``vllm:prefix_cache_hits``.
     """
 
-    def __init__(self, layout: VllmLayout, spec: ModelSpec, *, eviction: str = "lru", alpha: float = 1.0,
-                 efficiency: str = "total") -> None:
+    def __init__(self, layout: VllmLayout, spec: ModelSpec, *, eviction: str = "lru",
+                 alpha: float | AlphaSource = DEFAULT_ALPHA, efficiency: str = "total") -> None:
         if eviction not in ("lru", "marconi"):
             raise ConfigError(f"vllm-align: eviction must be 'lru' or 'marconi', got {eviction!r}")
         self.layout = layout
         self.spec = spec
         self.eviction = eviction
-        self.index = BlockEvictionState(spec, layout.group_kinds, layout.num_blocks, layout.block_size,
-                                        FixedAlpha(alpha), efficiency)
+        source = FixedAlpha(alpha) if isinstance(alpha, (int, float)) else alpha
+        self.index = BlockEvictionState(spec, layout.group_kinds, layout.num_blocks, layout.block_size, source,
+                                        efficiency)
         self.pool = _BlockPool(layout, self.index, eviction)
         managers: list[Any] = []
         for gid, kind in enumerate(layout.group_kinds):
@@ -618,8 +620,9 @@ class VllmAlignEngine:
             if self.layout.has_mamba:
                 num_new = self._mamba_block_aligned_split(req, start, num_new)
             self.allocate_slots(req, num_new, hit if first else 0, hit_blocks if first else None)
-            if first:
+            if first:      # vLLM records the lookup once the request is admitted (after its first slots)
                 self.pool.emit("lookup", req.num_prompt_tokens, hit, kv_hit - hit)
+                self.index.alpha_source.observe(RequestObservation(req.num_prompt_tokens, hit, kv_hit - hit))
             req.num_computed_tokens = start + num_new
             first = False
         return req, RequestRecord(req.num_prompt_tokens, hit, kv_hit)
@@ -747,8 +750,8 @@ class VllmAlignCache:
     ``kv_hit_tokens`` the attention-only matches, ``unusable_tokens`` their difference.
     """
 
-    def __init__(self, spec: ModelSpec, layout: VllmLayout, *, eviction: str = "lru", alpha: float = 1.0,
-                 efficiency: str = "total", clock: Callable[[], float] | None = None) -> None:
+    def __init__(self, spec: ModelSpec, layout: VllmLayout, *, eviction: str = "lru",
+                 alpha: float | AlphaSource = DEFAULT_ALPHA, efficiency: str = "total") -> None:
         self.spec = spec
         self.layout = layout
         self.engine = VllmAlignEngine(layout, spec, eviction=eviction, alpha=alpha, efficiency=efficiency)
@@ -819,11 +822,3 @@ class VllmAlignCache:
 
     def check_invariants(self) -> None:
         self.engine.check_invariants()
-
-
-def build_vllm_align_cache(spec: ModelSpec | str, capacity_bytes: float, *, layout_options: dict[str, Any],
-                           eviction: str, alpha: float, efficiency: str,
-                           clock: Callable[[], float] | None = None) -> VllmAlignCache:
-    spec = get_model(spec)
-    layout = layout_for_spec(spec, capacity_bytes=capacity_bytes, **layout_options)
-    return VllmAlignCache(spec, layout, eviction=eviction, alpha=alpha, efficiency=efficiency, clock=clock)

@@ -24,7 +24,7 @@ from marconi.model import ModelSpec, get_model
 from marconi.registry import ConfigError
 from marconi.systems import SYSTEMS, SystemConfig
 from marconi.vllm.emulate import VllmAlignCache, layout_for_spec
-from marconi.vllm.policy import EFFICIENCIES, FixedAlpha
+from marconi.vllm.policy import DEFAULT_ALPHA, EFFICIENCIES, FixedAlpha
 
 __all__ = ["VllmAlignSystem"]
 
@@ -37,7 +37,7 @@ class VllmAlignSystem(SystemConfig):
     block_size: int | None = None
     num_blocks: int | None = None
     policy: str = "lru"
-    alpha: float = 1.0
+    alpha: float = DEFAULT_ALPHA
     efficiency: str = "total"
 
     def build(self, spec: ModelSpec | str, capacity_bytes: float, *, clock: Callable[[], float] | None = None,
@@ -48,8 +48,8 @@ class VllmAlignSystem(SystemConfig):
         spec = get_model(spec)
         layout = layout_for_spec(spec, capacity_bytes=None if self.num_blocks else capacity_bytes,
                                  num_blocks=self.num_blocks, block_size=self.block_size, **dict(self.layout_options))
-        return VllmAlignCache(spec, layout, eviction=self.policy, alpha=self.alpha, efficiency=self.efficiency,
-                              clock=clock)
+        # No clock: vLLM's recency is the order blocks return to its free queue, not time.
+        return VllmAlignCache(spec, layout, eviction=self.policy, alpha=self.alpha, efficiency=self.efficiency)
 
 
 def _retention(text: str) -> int | None:
@@ -67,7 +67,7 @@ def _retention(text: str) -> int | None:
 @SYSTEMS.register("vllm-align", "vLLM 0.32's hybrid prefix cache (Mamba align mode, block pool, LRU or the "
                                 "Marconi plugin), emulated block by block")
 def _vllm_align(block: int = 0, blocks: int = 0, match_unit: int = 0, retention: str = "0",
-                shared_prefix: bool = False, chunk: int = 2048, eviction: str = "lru", alpha: float = 1.0,
+                shared_prefix: bool = False, chunk: int = 2048, eviction: str = "lru", alpha: float = DEFAULT_ALPHA,
                 efficiency: str = "total", kernel_align: int = 16, attn_first: bool = False) -> SystemConfig:
     if eviction not in ("lru", "marconi"):
         raise ConfigError(f"vllm-align: eviction must be lru or marconi, got {eviction!r}")
