@@ -1,14 +1,16 @@
 """``marconi vllm bench``: stock vLLM vs vLLM with the Marconi plugin, on a real server, on a real trace.
 
-For each policy (``lru``: stock vLLM, the plugin not loaded; ``marconi``: the plugin's FLOP-aware
-eviction) the bench
+The bench
 
 1. builds the tiny random-weight model with the project's code, in the vLLM environment (once);
-2. starts ``python -m vllm.entrypoints.openai.api_server`` on 127.0.0.1 with a fixed block pool
-   small enough that eviction matters (``--blocks``);
+2. starts one ``python -m vllm.entrypoints.openai.api_server`` on 127.0.0.1 per policy (``lru``:
+   stock vLLM, the plugin not loaded; ``marconi``: the plugin's FLOP-aware eviction), each with
+   the same fixed block pool, small enough that eviction matters (``--blocks``);
 3. replays a bundled trace through the completions API — each turn's input is the trace's input
    as token ids, ``max_tokens`` its output length, ``ignore_eos``, greedy — with a streaming
-   client, at most ``--concurrency`` requests in flight and a session's turns in order;
+   client, a session's turns in order. At ``--concurrency 1`` the servers take turns request by
+   request (paired measurement: the machine's background load hits both alike); above that each
+   server replays alone with that many requests in flight;
 4. reads the hit rate from vLLM's own counters (``vllm:prefix_cache_hits`` / ``queries`` on
    ``/metrics``; per request ``cached_tokens``), TTFT and TPOT from the client;
 5. replays the same requests, with the outputs the server generated, through the ``vllm-align``
@@ -147,38 +149,99 @@ def _plugin_env(config: BenchConfig, policy: str, trace_path: Path) -> tuple[dic
     return {}, "absent"
 
 
-def serve_run(config: BenchConfig, policy: str, model_dir: Path, requests: Sequence[BenchRequest],
-              progress: Progress) -> RunResult:
-    """Start a server for ``policy``, replay ``requests``, read the counters, stop the server."""
+def serve_runs(config: BenchConfig, model_dir: Path, requests: Sequence[BenchRequest],
+               progress: Progress) -> list[RunResult]:
+    """Start one server per policy, replay ``requests`` on each, read the counters, stop them.
+
+    With ``concurrency == 1`` the servers run side by side and take turns: request ``i`` goes to
+    every server before request ``i+1`` (the order alternates), so background load on a shared
+    machine falls on all policies alike and the TTFT comparison is paired. Otherwise each server
+    replays alone, one after the other.
+    """
+    from contextlib import ExitStack
+
     from marconi.vllm.server import ServerConfig, VllmServer
 
     work = Path(config.work_dir)
-    trace_path = work / f"blocks-{policy}.jsonl"
-    trace_path.unlink(missing_ok=True)
-    env, plugin = _plugin_env(config, policy, trace_path)
-    server_config = ServerConfig(python=config.vllm_python, model_dir=str(model_dir), num_blocks=config.num_blocks,
-                                 max_model_len=max_model_len(requests, config.block_size),
-                                 max_num_batched_tokens=config.max_num_batched_tokens, block_size=config.block_size,
-                                 max_num_seqs=max(8, config.concurrency), plugin_env=env)
-    progress(f"[{policy}] starting vLLM ({plugin} plugin, {config.num_blocks} blocks of {config.block_size} tokens)")
-    with VllmServer(server_config, log_path=work / f"server-{policy}.log") as server:
-        progress(f"[{policy}] server up in {server.startup_s:.0f}s; replaying {len(requests)} requests")
-        _check_block_size(server.metrics(), config.block_size)
-        started = time.perf_counter()
-        results = _replay(server, str(model_dir), requests, config.concurrency, policy, progress)
-        wall = time.perf_counter() - started
-        metrics = server.metrics()
-        startup = server.startup_s
-    settings = {}
-    if trace_path.is_file():
-        with trace_path.open() as fh:
-            first = fh.readline()
-        if first:
-            event = json.loads(first)
-            settings = event[1] if event and event[0] == "config" else {}
-    return RunResult(policy, plugin, [r.cached_tokens for r in results], [r.output for r in results],
-                     [r.ttft_s for r in results], [r.tpot_s for r in results], [r.latency_s for r in results],
-                     metrics, startup, wall, settings)
+    servers: dict[str, Any] = {}
+    plugins: dict[str, str] = {}
+    traces: dict[str, Path] = {}
+    for policy in config.policies:
+        traces[policy] = work / f"blocks-{policy}.jsonl"
+        traces[policy].unlink(missing_ok=True)
+        env, plugins[policy] = _plugin_env(config, policy, traces[policy])
+        server_config = ServerConfig(python=config.vllm_python, model_dir=str(model_dir),
+                                     num_blocks=config.num_blocks,
+                                     max_model_len=max_model_len(requests, config.block_size),
+                                     max_num_batched_tokens=config.max_num_batched_tokens,
+                                     block_size=config.block_size, max_num_seqs=max(8, config.concurrency),
+                                     plugin_env=env)
+        servers[policy] = VllmServer(server_config, log_path=work / f"server-{policy}.log")
+    results: dict[str, list[Any]] = {}
+    walls: dict[str, float] = {}
+    metrics: dict[str, dict[str, float]] = {}
+    paired = config.concurrency == 1
+    with ExitStack() as stack:
+        for server in servers.values():
+            stack.callback(server.stop)
+        progress(f"starting {len(servers)} vLLM server(s) ({', '.join(f'{p}: {plugins[p]} plugin' for p in servers)}; "
+                 f"{config.num_blocks} blocks of {config.block_size} tokens)")
+        with ThreadPoolExecutor(len(servers)) as pool:
+            for fut in [pool.submit(s.start) for s in servers.values()]:
+                fut.result()
+        for policy, server in servers.items():
+            progress(f"[{policy}] server up in {server.startup_s:.0f}s")
+            _check_block_size(server.metrics(), config.block_size)
+        if paired:
+            results, walls = _replay_paired(servers, str(model_dir), requests, progress)
+        else:
+            for policy, server in servers.items():
+                started = time.perf_counter()
+                results[policy] = _replay(server, str(model_dir), requests, config.concurrency, policy, progress)
+                walls[policy] = time.perf_counter() - started
+        for policy, server in servers.items():
+            metrics[policy] = server.metrics()
+    runs = []
+    for policy, server in servers.items():
+        res = results[policy]
+        runs.append(RunResult(policy, plugins[policy], [r.cached_tokens for r in res], [r.output for r in res],
+                              [r.ttft_s for r in res], [r.tpot_s for r in res], [r.latency_s for r in res],
+                              metrics[policy], server.startup_s, walls[policy], _settings(traces[policy])))
+    return runs
+
+
+def _settings(trace_path: Path) -> dict[str, Any]:
+    """The scheduler settings the plugin logged (first event of its block trace), if any."""
+    if not trace_path.is_file():
+        return {}
+    with trace_path.open() as fh:
+        first = fh.readline()
+    event = json.loads(first) if first else None
+    return event[1] if event and event[0] == "config" else {}
+
+
+def _replay_paired(servers: dict[str, Any], model: str, requests: Sequence[BenchRequest],
+                   progress: Progress) -> tuple[dict[str, list[Any]], dict[str, float]]:
+    """Request by request, to every server in turn (alternating which goes first)."""
+    import httpx
+
+    from marconi.vllm.client import complete
+
+    names = list(servers)
+    results: dict[str, list[Any]] = {p: [] for p in names}
+    walls = dict.fromkeys(names, 0.0)
+    report_every = max(1, len(requests) // 10)
+    with httpx.Client() as client:
+        for i, req in enumerate(requests):
+            for policy in (names if i % 2 == 0 else names[::-1]):
+                servers[policy].check_alive()
+                started = time.perf_counter()
+                results[policy].append(complete(client, servers[policy].base_url, model, req.prompt.tolist(),
+                                                req.max_tokens))
+                walls[policy] += time.perf_counter() - started
+            if (i + 1) % report_every == 0 or i + 1 == len(requests):
+                progress(f"{i + 1}/{len(requests)} requests on {len(names)} server(s)")
+    return results, walls
 
 
 def _check_block_size(metrics: dict[str, float], expected: int) -> None:
@@ -317,8 +380,8 @@ def run_bench(config: BenchConfig, progress: Progress | None = None) -> BenchOut
     model_dir = build_model(config, say)
     spec = ModelSpec.from_hf_config(model_dir, name=config.model, bytes_per_elem=2)
     records, runs = [], []
-    for policy in config.policies:
-        run = serve_run(config, policy, model_dir, requests, say)
+    for run in serve_runs(config, model_dir, requests, say):
+        policy = run.policy
         sim_hits, sim_evictions = emulate_run(spec, config, requests, run.outputs, policy)
         sim_trace_hits, _ = emulate_run(spec, config, requests, [r.trace_output[:r.max_tokens] for r in requests],
                                         policy)
