@@ -214,3 +214,13 @@ def test_invariants_hold_under_random_event_sequences() -> None:
             free.discard(block)
         st.check_invariants([(b, p, g) for b, (p, g) in live.items()])
     assert set(np.flatnonzero(st.free_cached).tolist()) == free
+
+
+def test_efficiency_is_the_cores_flop_efficiency_at_the_blocks_depth() -> None:
+    for variant in ("total", "marginal"):
+        st = BlockEvictionState(SPEC, KINDS, 64, B, FixedAlpha(1.0), variant)
+        chain = Chain(st, "a", 1).add(3, states=(48,))
+        expected = flop_efficiency(SPEC, 48, B, True, variant)   # marginal: the block's own 16 tokens
+        assert st.flop_eff[chain.attn[48]] == expected
+        assert all(st.flop_eff[b] == expected for b in chain.mamba[48])
+    assert flop_efficiency(SPEC, 48, B, True, "total") != flop_efficiency(SPEC, 48, B, True, "marginal")

@@ -376,10 +376,10 @@ class _Request:
         self.num_tokens += 1
 
 
-class _AttentionManager:
-    """vLLM's ``FullAttentionManager`` (block-aligned hits)."""
+class _GroupManager:
+    """What vLLM's ``SingleTypeKVCacheManager`` keeps for one KV cache group: blocks per request."""
 
-    kind = ATTENTION
+    kind = ""
 
     def __init__(self, pool: _BlockPool, group_id: int) -> None:
         self.pool = pool
@@ -387,6 +387,18 @@ class _AttentionManager:
         self.block_size = pool.layout.block_size
         self.req_to_blocks: dict[int, list[_Block]] = {}
         self.num_cached_block: dict[int, int] = {}
+
+    def free(self, req: _Request) -> None:
+        """Release the request's blocks tail first (so vLLM's LRU evicts tails first)."""
+        blocks = self.req_to_blocks.pop(req.rid, [])
+        self.num_cached_block.pop(req.rid, None)
+        self.pool.free_blocks(blocks[::-1])
+
+
+class _AttentionManager(_GroupManager):
+    """vLLM's ``FullAttentionManager`` (block-aligned hits)."""
+
+    kind = ATTENTION
 
     def find_longest_cache_hit(self, req: _Request, max_length: int, group_ids: list[int]) -> tuple[list[list[_Block]], int]:
         computed: list[list[_Block]] = [[] for _ in group_ids]
@@ -428,23 +440,14 @@ class _AttentionManager:
         self.pool.cache_full_blocks(req, self.req_to_blocks[req.rid], num_cached, num_full, self.group_id, None)
         self.num_cached_block[req.rid] = num_full
 
-    def free(self, req: _Request) -> None:
-        blocks = self.req_to_blocks.pop(req.rid, [])
-        self.num_cached_block.pop(req.rid, None)
-        self.pool.free_blocks(blocks[::-1])
 
-
-class _MambaManager:
+class _MambaManager(_GroupManager):
     """vLLM's ``MambaManager`` in ``align`` mode (no speculative or prefill-checkpoint blocks)."""
 
     kind = MAMBA
 
     def __init__(self, pool: _BlockPool, group_id: int) -> None:
-        self.pool = pool
-        self.group_id = group_id
-        self.block_size = pool.layout.block_size
-        self.req_to_blocks: dict[int, list[_Block]] = {}
-        self.num_cached_block: dict[int, int] = {}
+        super().__init__(pool, group_id)
         self.last_state_block_idx: dict[int, int] = {}
         self.num_retired_blocks: dict[int, int] = {}
         self.allocated: set[int] = set()
@@ -549,9 +552,7 @@ class _MambaManager:
         self.allocated.discard(req.rid)
         self.last_state_block_idx.pop(req.rid, None)
         self.num_retired_blocks.pop(req.rid, None)
-        blocks = self.req_to_blocks.pop(req.rid, [])
-        self.num_cached_block.pop(req.rid, None)
-        self.pool.free_blocks(blocks[::-1])
+        super().free(req)
 
 
 # ====================================================================================== engine

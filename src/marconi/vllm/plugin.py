@@ -213,7 +213,7 @@ class PoolHooks:
         pool = kv_manager.block_pool
         for name in ("get_new_blocks", "free_blocks", "touch", "_insert_block_hash", "_remove_cached_block_hashes",
                      "_maybe_evict_cached_block", "cache_full_blocks", "cache_partial_block", "move_block_hashes",
-                     "reset_prefix_cache", "free_block_queue", "cached_block_hash_to_block", "blocks"):
+                     "reset_prefix_cache", "unpin_blocks", "free_block_queue", "cached_block_hash_to_block", "blocks"):
             if not hasattr(pool, name):
                 raise AttributeError(f"vLLM's BlockPool has no {name!r}: this vLLM is not {SUPPORTED_VLLM}.x")
         kinds = _group_kinds(scheduler.kv_cache_config)
@@ -235,7 +235,7 @@ class PoolHooks:
         self._orig = {name: getattr(pool, name) for name in (
             "get_new_blocks", "free_blocks", "touch", "_insert_block_hash", "_remove_cached_block_hashes",
             "_maybe_evict_cached_block", "cache_full_blocks", "cache_partial_block", "move_block_hashes",
-            "reset_prefix_cache")}
+            "reset_prefix_cache", "unpin_blocks")}
         if self.policy == "marconi":
             pool.get_new_blocks = self.get_new_blocks
         else:
@@ -249,6 +249,7 @@ class PoolHooks:
         pool.cache_partial_block = self.cache_partial_block
         pool.move_block_hashes = self.move_block_hashes
         pool.reset_prefix_cache = self.reset_prefix_cache
+        pool.unpin_blocks = self.unpin_blocks
         record = self.kv_manager.record_prefix_cache_stats
 
         def record_prefix_cache_stats(request: Any, num_hits: int) -> None:
@@ -352,6 +353,17 @@ class PoolHooks:
                 released.append(block.block_id)
                 if block.block_hash is not None and self.pool.enable_caching:
                     self.state.released(block.block_id)
+        if released:
+            self._emit("free", released)
+
+    def unpin_blocks(self, blocks: Any, on_reuse: Any) -> None:
+        """KV connectors release blocks to the queue's tail this way: cached ones are candidates."""
+        blocks = list(blocks)
+        self._orig["unpin_blocks"](blocks, on_reuse)
+        released = [b.block_id for b in blocks if b.ref_cnt == 0 and not b.is_null]
+        for block in blocks:
+            if block.ref_cnt == 0 and not block.is_null and block.block_hash is not None:
+                self.state.released(block.block_id)
         if released:
             self._emit("free", released)
 
