@@ -498,7 +498,8 @@ class _MambaManager(_GroupManager):
         num_new = _cdiv(num_tokens, self.block_size) - len(new_computed) - held
         if num_new > 0:
             num_new = min(num_new, 1)                              # the physical cap: one running block
-        return max(num_new, 0) + sum(1 for b in new_computed if b.ref_cnt == 0 and b is not self.pool.null)
+        # May be negative, as in vLLM: a request holding more (null-padded) blocks than it needs.
+        return num_new + sum(1 for b in new_computed if b.ref_cnt == 0 and b is not self.pool.null)
 
     def allocate_new_blocks(self, req: _Request, num_tokens: int) -> None:
         blocks = self.req_to_blocks.setdefault(req.rid, [])
