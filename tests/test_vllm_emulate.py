@@ -52,21 +52,24 @@ def test_layout_follows_vllm_grouping() -> None:
     assert by_bytes.num_blocks == 11                            # + vLLM's null block
     with pytest.raises(ConfigError, match="multiple of the block"):
         VllmLayout(block_size=384, num_blocks=10, group_kinds=KINDS, retention_interval=100)
-    with pytest.raises(ConfigError, match="not modelled"):
-        VllmLayout(block_size=384, num_blocks=10, group_kinds=KINDS, prefix_match_unit=32)
+    with pytest.raises(ConfigError, match="divide the block size"):
+        VllmLayout(block_size=384, num_blocks=10, group_kinds=KINDS, prefix_match_unit=100)
 
 
-def test_hits_land_on_the_previous_prompts_replay_boundary() -> None:
-    """What vLLM 0.32 served for this sequence (in-process engine, 100 blocks): 0, 768, 1152, 768."""
+@pytest.mark.parametrize("unit, expected", [(None, [0, 768, 1152, 768]), (64, [0, 960, 1152, 960])])
+def test_hits_land_on_the_previous_prompts_replay_boundary(unit: int | None, expected: list[int]) -> None:
+    """What vLLM 0.32 served for this sequence (in-process engine, 100 blocks of 384): hits at the
+    previous prompt's last block boundary, or with ``prefix_match_unit=64`` at its last 64-token
+    boundary inside the block (a partial entry, the shared block copied on write)."""
     rng = np.random.default_rng(0)
-    engine = _engine(100)
+    engine = _engine(100, prefix_match_unit=unit)
     a = rng.integers(0, 32000, 1000)
     out_a = rng.integers(0, 32000, 8)
     b = np.concatenate([a, rng.integers(0, 32000, 200)])
     c = np.concatenate([a, out_a, rng.integers(0, 32000, 200)])
     hits = [engine.run(a, out_a).hit_len, engine.run(b, out_a).hit_len, engine.run(b, out_a).hit_len,
             engine.run(c, out_a).hit_len]
-    assert hits == [0, 768, 1152, 768]
+    assert hits == expected
     engine.check_invariants()
     assert engine.queries == 1000 + 1200 + 1200 + 1208 and engine.hits == sum(hits)
 
@@ -86,17 +89,17 @@ def test_shared_prefix_junction_gets_a_state() -> None:
     engine.check_invariants()
 
 
-@pytest.mark.parametrize("eviction", ["lru", "marconi"])
-def test_invariants_hold_on_a_contended_pool(eviction: str) -> None:
+@pytest.mark.parametrize("eviction, unit", [("lru", None), ("marconi", None), ("lru", 64), ("marconi", 32)])
+def test_invariants_hold_on_a_contended_pool(eviction: str, unit: int | None) -> None:
     rng = np.random.default_rng(2)
-    engine = _engine(40, eviction)
+    engine = _engine(40, eviction, prefix_match_unit=unit)
     sessions = [list(rng.integers(0, 32000, int(rng.integers(300, 1500)))) for _ in range(6)]
     for step in range(40):
         k = int(rng.integers(0, len(sessions)))
         out = rng.integers(0, 32000, int(rng.integers(1, 500)))
         prompt = np.asarray(sessions[k], dtype=np.int32)
         rec = engine.run(prompt, out)
-        assert 0 <= rec.hit_len <= rec.kv_hit_len <= len(prompt) - 1 and rec.hit_len % 384 == 0
+        assert 0 <= rec.hit_len <= rec.kv_hit_len <= len(prompt) - 1 and rec.hit_len % (unit or 384) == 0
         engine.check_invariants()
         sessions[k] = sessions[k] + list(out) + list(rng.integers(0, 32000, int(rng.integers(50, 400))))
         if len(sessions[k]) > 5000:

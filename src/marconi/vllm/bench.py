@@ -69,6 +69,8 @@ class BenchConfig:
     alpha: float = DEFAULT_ALPHA
     concurrency: int = 1
     max_num_batched_tokens: int = 2048
+    prefix_match_unit: int | None = None
+    retention_interval: int | None = 0
     work_dir: str = "results/vllm_bench_work"
     seed: int = 0
 
@@ -175,7 +177,8 @@ def serve_runs(config: BenchConfig, model_dir: Path, requests: Sequence[BenchReq
                                      max_model_len=max_model_len(requests, config.block_size),
                                      max_num_batched_tokens=config.max_num_batched_tokens,
                                      block_size=config.block_size, max_num_seqs=max(8, config.concurrency),
-                                     plugin_env=env)
+                                     prefix_match_unit=config.prefix_match_unit,
+                                     retention_interval=config.retention_interval, plugin_env=env)
         servers[policy] = VllmServer(server_config, log_path=work / f"server-{policy}.log")
     results: dict[str, list[Any]] = {}
     walls: dict[str, float] = {}
@@ -297,7 +300,8 @@ def emulate_run(spec: ModelSpec, config: BenchConfig, requests: Sequence[BenchRe
                 outputs: Sequence[Sequence[int]], policy: str) -> tuple[list[int], dict[str, int]]:
     """Per-request hits of the ``vllm-align`` emulation on these prompts and outputs."""
     layout = layout_for_spec(spec, num_blocks=config.num_blocks, block_size=config.block_size,
-                             max_num_batched_tokens=config.max_num_batched_tokens)
+                             max_num_batched_tokens=config.max_num_batched_tokens,
+                             prefix_match_unit=config.prefix_match_unit, retention_interval=config.retention_interval)
     engine = VllmAlignEngine(layout, spec, eviction=policy, alpha=config.alpha)
     hits = [engine.run(r.prompt, np.asarray(o, dtype=np.int32)).hit_len for r, o in zip(requests, outputs)]
     return hits, dict(engine.pool.stats.evictions)
@@ -330,6 +334,8 @@ def make_record(config: BenchConfig, trace_info: dict[str, Any], spec: ModelSpec
         "output_tokens": int(sum(len(o) for o in run.outputs)),
         "block_size": config.block_size, "num_blocks": config.num_blocks,
         "max_num_batched_tokens": config.max_num_batched_tokens, "concurrency": config.concurrency,
+        "prefix_match_unit": config.prefix_match_unit or config.block_size,
+        "retention_interval": config.retention_interval,
         "token_hit_rate": token_hit, "prefix_cache_queries": queries, "prefix_cache_hits": hits,
         "request_cached_tokens": int(sum(run.cached_tokens)),
         "ttft_p50_s": _pct(run.ttft_s, 50), "ttft_p90_s": _pct(run.ttft_s, 90),

@@ -42,6 +42,10 @@ def register(subparsers: Any) -> None:
     bench.add_argument("--concurrency", type=int, default=1,
                        help="requests in flight (1: one at a time, which the emulation models exactly)")
     bench.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    bench.add_argument("--prefix-match-unit", type=int, default=None,
+                       help="vLLM's hash granularity (default: the block); finer lets hits land inside a block")
+    bench.add_argument("--retention", default="0",
+                       help="vLLM's prefix_cache_retention_interval: 0 (default), none (every block) or tokens")
     bench.add_argument("--work-dir", default="results/vllm_bench_work", help="model, server logs, block traces")
     bench.add_argument("--out", default="results/vllm_bench.jsonl", help="JSONL records (written atomically)")
     bench.add_argument("--plot", default="results/vllm_bench_ttft_cdf.png", help="TTFT CDF PNG ('' to skip)")
@@ -59,6 +63,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
                          max_output_len=args.max_output_len, num_blocks=args.blocks,
                          policies=tuple(p.strip() for p in args.policies.split(",") if p.strip()), alpha=args.alpha,
                          concurrency=args.concurrency, max_num_batched_tokens=args.max_num_batched_tokens,
+                         prefix_match_unit=args.prefix_match_unit,
+                         retention_interval=None if args.retention.strip().lower() == "none" else int(args.retention),
                          work_dir=args.work_dir)
     outcome = run_bench(config)
     records = outcome.records

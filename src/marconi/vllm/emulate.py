@@ -23,10 +23,13 @@ What vLLM does, in short (defaults: ``prefix_cache_retention_interval=0``, no EA
 Eviction is vLLM's LRU (``eviction=lru``) or the Marconi plugin's (``eviction=marconi``): the same
 :class:`~marconi.vllm.policy.BlockEvictionState` the plugin runs inside vLLM.
 
+With ``prefix_match_unit`` finer than the block, hits may land inside a block: each prompt's last
+hash boundary is registered as a partial entry (the prefill stops there so a state exists), and a
+block shared with the cache at such a hit is copied on write — vLLM's partial-hash-hit paths.
+
 Limits: requests are served one at a time (``begin`` runs the whole prefill, ``finish`` the decode
-and the free); concurrent batching, preemption, EAGLE, KV connectors, sliding windows and
-prefix-match units finer than a block are not modelled (``ConfigError`` where a parameter asks
-for them).
+and the free); concurrent batching, preemption, EAGLE (hence the shared-prefix checkpoint), KV
+connectors and sliding windows are not modelled.
 """
 
 from __future__ import annotations
@@ -69,7 +72,9 @@ class VllmLayout:
         retention_interval: ``prefix_cache_retention_interval``: 0 keeps Mamba states only at the
             prompt's replay boundary and at shared-prefix junctions, ``None`` at every block,
             ``k`` also every ``k`` tokens.
-        prefix_match_unit: vLLM's hash granularity; only ``block_size`` (the default) is modelled.
+        prefix_match_unit: vLLM's hash granularity (``None``: the block). Finer, hits may land inside a
+            block: the prompt's last boundary is registered as a partial entry and shared blocks
+            are copied on write, as vLLM 0.32 does.
         shared_prefix_checkpoint: ``enable_mamba_shared_prefix_checkpoint``; vLLM 0.32 honours it
             only with an EAGLE drafter, which is not modelled, so it changes nothing (as in vLLM).
     """
@@ -100,9 +105,10 @@ class VllmLayout:
                                                     or self.retention_interval % self.block_size):
             raise ConfigError(f"vllm-align: retention interval must be >= 0 and a multiple of the block size "
                               f"{self.block_size} (as vLLM requires), got {self.retention_interval}")
-        if self.prefix_match_unit not in (None, self.block_size):
-            raise ConfigError(f"vllm-align: prefix_match_unit {self.prefix_match_unit} finer than the block "
-                              f"({self.block_size}) is not modelled; leave it at the block size")
+        unit = self.prefix_match_unit
+        if unit is not None and (unit <= 0 or self.block_size % unit):
+            raise ConfigError(f"vllm-align: prefix_match_unit must divide the block size {self.block_size} "
+                              f"(as vLLM requires), got {unit}")
 
     @property
     def hash_block_size(self) -> int:
@@ -206,6 +212,7 @@ class _BlockPool:
         self.blocks = [_Block(i) for i in range(layout.num_blocks)]
         self.free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(layout.num_blocks))
         self.cached: dict[tuple[bytes, int], dict[int, None]] = {}
+        self.extra_keys: dict[int, list[tuple[bytes, int]]] = {}   # partial entries beside a block's own hash
         self.index = index
         self.policy = policy
         self.stats = PoolStats()
@@ -258,6 +265,7 @@ class _BlockPool:
         while len(picked) < n:
             victim = self.index.next_victim()
             assert victim is not None, "free blocks exist but none is cached or uncached"
+            self.emit("victim", victim.block_id, victim.reason)
             del self.free[victim.block_id]
             self.index.taken(victim.block_id)
             self._maybe_evict_cached_block(self.blocks[victim.block_id])
@@ -272,18 +280,25 @@ class _BlockPool:
         name = f"{kind}:{reason}"
         self.stats.evictions[name] = self.stats.evictions.get(name, 0) + 1
         self.emit("evict", block.block_id, block.key[1], block.depth)
-        self._remove_cached_block_hash(block)
+        self._remove_cached_block_hashes(block)
 
-    def _remove_cached_block_hash(self, block: _Block) -> None:
-        key = block.key
-        assert key is not None
-        ids = self.cached[key]
-        del ids[block.block_id]
-        if not ids:
-            del self.cached[key]
-        self.index.uncached(block.block_id, key[0], key[1])
+    def _remove_cached_block_hashes(self, block: _Block) -> list[tuple[bytes, int]]:
+        """Drop every hash of ``block`` (its own and its partial entries); return those removed."""
+        keys = ([block.key] if block.key is not None else []) + self.extra_keys.pop(block.block_id, [])
+        removed = []
+        for key in keys:
+            ids = self.cached.get(key)
+            if ids is None or block.block_id not in ids:
+                continue
+            del ids[block.block_id]
+            if not ids:
+                del self.cached[key]
+            removed.append(key)
+            self.index.uncached(block.block_id, key[0], key[1])
+            self.emit("uncache", block.block_id, key[1])
         block.key = None
         block.depth = 0
+        return removed
 
     def touch(self, blocks: Sequence[_Block]) -> None:
         leaving = []
@@ -324,20 +339,53 @@ class _BlockPool:
             if block is self.null or (mask is not None and not mask[i - num_cached]):
                 continue
             depth = (i + 1) * size
-            self._insert_block_hash(block, req.hash_at(depth), group_id, depth, req)
+            if block.key is not None:          # a partial entry on this block, now full: promote it
+                assert block.depth < depth
+                self._remove_cached_block_hashes(block)
+            self._insert_block_hash(block, req.hash_at(depth), group_id, depth, self._parent(req, depth))
 
-    def _insert_block_hash(self, block: _Block, prefix: bytes, group_id: int, depth: int, req: "_Request") -> None:
+    def cache_partial_block(self, req: "_Request", block: _Block, num_tokens: int, group_id: int,
+                            replace_existing: bool = False) -> tuple[bytes, int] | None:
+        """``BlockPool.cache_partial_block``: make ``block`` reachable at a boundary inside it."""
+        if block is self.null:
+            return None
+        prefix = req.hash_at(num_tokens)
         key = (prefix, group_id)
-        if block.key == key:
+        already = block.key == key or block.block_id in self.cached.get(key, ())
+        if replace_existing:
+            self._remove_cached_block_hashes(block)
+        elif not already and block.key is not None and block.depth < num_tokens:
+            self._remove_cached_block_hashes(block)
+        self._insert_block_hash(block, prefix, group_id, num_tokens, self._parent(req, num_tokens))
+        return key
+
+    def move_block_hashes(self, src: _Block, dst: _Block) -> None:
+        """Re-point ``src``'s cache entries to ``dst`` (the request keeps writing into ``src``)."""
+        assert dst.key is None
+        keys = ([src.key] if src.key is not None else []) + self.extra_keys.get(src.block_id, [])
+        known = {key[0]: self.index.prefix_info(key[0]) for key in keys}
+        for key in self._remove_cached_block_hashes(src):
+            depth, parent = known[key[0]]
+            self._insert_block_hash(dst, key[0], key[1], depth, parent)
+
+    def _parent(self, req: "_Request", depth: int) -> bytes | None:
+        pdepth = parent_depth(depth, self.layout.block_size)
+        return req.hash_at(pdepth) if pdepth else None
+
+    def _insert_block_hash(self, block: _Block, prefix: bytes, group_id: int, depth: int,
+                           parent: bytes | None) -> None:
+        key = (prefix, group_id)
+        if block.key == key or block.block_id in self.cached.get(key, ()):
             return
-        assert block.key is None, "re-keying a cached block is not modelled (prefix_match_unit == block)"
-        block.key = key
-        block.depth = depth
+        if block.key is None:
+            block.key = key
+            block.depth = depth
+        else:
+            self.extra_keys.setdefault(block.block_id, []).append(key)
         self.cached.setdefault(key, {})[block.block_id] = None
         kind = self.layout.group_kinds[group_id]
         self.stats.blocks_cached[kind] = self.stats.blocks_cached.get(kind, 0) + 1
-        pdepth = parent_depth(depth, self.layout.block_size)
-        self.index.cached(block.block_id, prefix, group_id, depth, req.hash_at(pdepth) if pdepth else None)
+        self.index.cached(block.block_id, prefix, group_id, depth, parent)
         self.emit("cache", block.block_id, group_id, depth)
 
     @property
@@ -377,7 +425,8 @@ class _Request:
 
 
 class _GroupManager:
-    """What vLLM's ``SingleTypeKVCacheManager`` keeps for one KV cache group: blocks per request."""
+    """What vLLM's ``SingleTypeKVCacheManager`` keeps for one KV cache group: blocks per request,
+    and the copy-on-write of a block shared with the cache at a sub-block (partial) hit."""
 
     kind = ""
 
@@ -385,18 +434,54 @@ class _GroupManager:
         self.pool = pool
         self.group_id = group_id
         self.block_size = pool.layout.block_size
+        self.hash_unit = pool.layout.hash_block_size
         self.req_to_blocks: dict[int, list[_Block]] = {}
         self.num_cached_block: dict[int, int] = {}
+        self.partial_hit_reqs: dict[int, tuple[int, _Block]] = {}
+        self.pending_copies: list[tuple[_Block, _Block]] = []
+
+    def num_skipped_tokens(self, num_computed: int) -> int:
+        return 0
+
+    def has_partial_local_hit(self, new_computed: Sequence[_Block], num_local_computed: int) -> bool:
+        return len(new_computed) > 0 and num_local_computed % self.block_size != 0
+
+    def add_local_computed_blocks(self, req: _Request, blocks: list[_Block], num_local_computed: int) -> None:
+        """Take the hit's blocks (out of the free queue); a sub-block hit's last one is shared: CoW it."""
+        assert not self.req_to_blocks.get(req.rid)
+        skipped = self.num_skipped_tokens(num_local_computed) // self.block_size
+        if skipped > 0:
+            blocks = blocks[skipped:]
+        self.pool.touch(blocks)
+        self.req_to_blocks[req.rid] = [self.pool.null] * max(skipped, 0) + list(blocks)
+        self.num_cached_block[req.rid] = len(self.req_to_blocks[req.rid])
+        if self.has_partial_local_hit(blocks, num_local_computed):
+            idx = num_local_computed // self.block_size
+            self.partial_hit_reqs[req.rid] = (idx, blocks[-1])
+            self.num_cached_block[req.rid] = idx
+
+    def apply_cow(self, req: _Request, idx: int, source: _Block, cow: _Block) -> None:
+        blocks = self.req_to_blocks[req.rid]
+        assert blocks[idx] is source
+        blocks[idx] = cow
+        self.pending_copies.append((source, cow))
+        cow.ref_cnt += 1                     # both ends stay held until the copy has run
+
+    def take_pending_copies(self) -> list[tuple[_Block, _Block]]:
+        copies, self.pending_copies = self.pending_copies, []
+        return copies
 
     def free(self, req: _Request) -> None:
         """Release the request's blocks tail first (so vLLM's LRU evicts tails first)."""
         blocks = self.req_to_blocks.pop(req.rid, [])
         self.num_cached_block.pop(req.rid, None)
+        self.partial_hit_reqs.pop(req.rid, None)
         self.pool.free_blocks(blocks[::-1])
 
 
 class _AttentionManager(_GroupManager):
-    """vLLM's ``FullAttentionManager`` (block-aligned hits)."""
+    """vLLM's ``FullAttentionManager``: whole blocks from the start, then (with a prefix-match unit
+    finer than the block) one partial entry inside the next block."""
 
     kind = ATTENTION
 
@@ -408,37 +493,61 @@ class _AttentionManager(_GroupManager):
                 break
             for out, block in zip(computed, cached):
                 out.append(block)
-        return computed, len(computed[0]) * self.block_size
+        hit = len(computed[0]) * self.block_size
+        unit = self.hash_unit
+        if unit < self.block_size:           # probe the next block's interior boundaries, longest first
+            scale = self.block_size // unit
+            first = len(computed[0]) * scale
+            last = min(first + scale - 1, max_length // unit, req.num_prompt_tokens // unit)
+            for fine in range(last - 1, first - 1, -1):
+                cached = self.pool.get_cached_block(req.hash_at((fine + 1) * unit), group_ids)
+                if cached:
+                    for out, block in zip(computed, cached):
+                        out.append(block)
+                    hit = (fine + 1) * unit
+                    break
+        return computed, hit
 
     def remove_skipped_blocks(self, req: _Request, processed: int) -> None:
         return None                    # full attention never skips tokens
 
-    def add_local_computed_blocks(self, req: _Request, blocks: list[_Block], num_local_computed: int) -> None:
-        assert not self.req_to_blocks.get(req.rid)
-        self.pool.touch(blocks)
-        self.req_to_blocks[req.rid] = list(blocks)
-        self.num_cached_block[req.rid] = len(blocks)
-
     def allocate_new_blocks(self, req: _Request, num_tokens: int) -> None:
+        if req.rid in self.partial_hit_reqs:
+            idx, source = self.partial_hit_reqs.pop(req.rid)
+            self.apply_cow(req, idx, source, self.pool.get_new_blocks(1)[0])
         blocks = self.req_to_blocks.setdefault(req.rid, [])
         num_new = _cdiv(num_tokens, self.block_size) - len(blocks)
         if num_new > 0:
             blocks.extend(self.pool.get_new_blocks(num_new))
 
-    def num_blocks_to_allocate(self, req: _Request, num_tokens: int, new_computed: list[_Block]) -> int:
+    def num_blocks_to_allocate(self, req: _Request, num_tokens: int, new_computed: list[_Block],
+                               num_local_computed: int) -> int:
         held = len(self.req_to_blocks.get(req.rid, ()))
         if req.rid in self.num_cached_block:
             return max(_cdiv(num_tokens, self.block_size) - held, 0)
         num_new = max(_cdiv(num_tokens, self.block_size) - (len(new_computed) + held), 0)
+        if self.has_partial_local_hit(new_computed, num_local_computed):
+            num_new += 1
         return num_new + sum(1 for b in new_computed if b.ref_cnt == 0 and b is not self.pool.null)
 
     def cache_blocks(self, req: _Request, num_tokens: int) -> None:
         num_cached = self.num_cached_block.get(req.rid, 0)
         num_full = num_tokens // self.block_size
-        if num_cached >= num_full:
+        if num_cached < num_full:
+            self.pool.cache_full_blocks(req, self.req_to_blocks[req.rid], num_cached, num_full, self.group_id, None)
+            self.num_cached_block[req.rid] = num_full
+        if self.hash_unit < self.block_size:
+            self._cache_partial_tail_block(req, num_tokens)
+
+    def _cache_partial_tail_block(self, req: _Request, num_tokens: int) -> None:
+        """Register the prompt's last hash boundary (``P-1`` rounded down) when it ends inside a block."""
+        boundary = (req.num_prompt_tokens - 1) // self.hash_unit * self.hash_unit
+        if boundary == 0 or boundary > num_tokens or boundary % self.block_size == 0:
             return
-        self.pool.cache_full_blocks(req, self.req_to_blocks[req.rid], num_cached, num_full, self.group_id, None)
-        self.num_cached_block[req.rid] = num_full
+        blocks = self.req_to_blocks[req.rid]
+        idx = boundary // self.block_size
+        if idx < len(blocks):
+            self.pool.cache_partial_block(req, blocks[idx], boundary, self.group_id)
 
 
 class _MambaManager(_GroupManager):
@@ -452,15 +561,21 @@ class _MambaManager(_GroupManager):
         self.num_retired_blocks: dict[int, int] = {}
         self.allocated: set[int] = set()
 
+    def num_skipped_tokens(self, num_computed: int) -> int:
+        return num_computed - 1                                  # Mamba keeps only the last state
+
     def find_longest_cache_hit(self, req: _Request, max_length: int, group_ids: list[int]) -> tuple[list[list[_Block]], int]:
+        """The deepest state within ``max_length`` (every hash boundary, fine-grained or not)."""
         computed: list[list[_Block]] = [[] for _ in group_ids]
-        for i in range(max_length // self.block_size - 1, -1, -1):
-            cached = self.pool.get_cached_block(req.hash_at((i + 1) * self.block_size), group_ids)
+        unit = self.hash_unit if self.hash_unit < self.block_size else self.block_size
+        for fine in range(min(max_length // unit, req.num_prompt_tokens // unit) - 1, -1, -1):
+            cached = self.pool.get_cached_block(req.hash_at((fine + 1) * unit), group_ids)
             if cached:
+                idx = fine // (self.block_size // unit)                # the block holding that boundary
                 for out, block in zip(computed, cached):
-                    out.extend([self.pool.null] * i)
+                    out.extend([self.pool.null] * idx)
                     out.append(block)
-                return computed, (i + 1) * self.block_size
+                return computed, (fine + 1) * unit
         return computed, 0
 
     def _free_and_null(self, blocks: list[_Block], indices: Sequence[int]) -> None:
@@ -474,7 +589,7 @@ class _MambaManager(_GroupManager):
 
     def remove_skipped_blocks(self, req: _Request, processed: int) -> None:
         blocks = self.req_to_blocks.setdefault(req.rid, [])
-        num_skipped_tokens = processed - 1                      # Mamba keeps only the last state
+        num_skipped_tokens = self.num_skipped_tokens(processed)
         if num_skipped_tokens > 0:
             last = min(num_skipped_tokens // self.block_size, len(blocks))
             first = self.num_retired_blocks.get(req.rid, 0)
@@ -485,38 +600,49 @@ class _MambaManager(_GroupManager):
         if idx is not None and idx < _cdiv(processed, self.block_size) - 1:
             self._free_and_null(blocks, [idx])
 
-    def add_local_computed_blocks(self, req: _Request, blocks: list[_Block], num_local_computed: int) -> None:
-        assert not self.req_to_blocks.get(req.rid)
-        skipped = max(num_local_computed - 1, 0) // self.block_size
-        kept = blocks[skipped:]
-        self.pool.touch(kept)
-        self.req_to_blocks[req.rid] = [self.pool.null] * skipped + list(kept)
-        self.num_cached_block[req.rid] = len(self.req_to_blocks[req.rid])
-
-    def num_blocks_to_allocate(self, req: _Request, num_tokens: int, new_computed: list[_Block]) -> int:
+    def num_blocks_to_allocate(self, req: _Request, num_tokens: int, new_computed: list[_Block],
+                               num_local_computed: int) -> int:
         held = len(self.req_to_blocks.get(req.rid, ()))
         num_new = _cdiv(num_tokens, self.block_size) - len(new_computed) - held
+        partial = self.has_partial_local_hit(new_computed, num_local_computed) or req.rid in self.partial_hit_reqs
+        if partial:
+            num_new = max(num_new, 0) + 1
         if num_new > 0:
-            num_new = min(num_new, 1)                              # the physical cap: one running block
+            num_new = min(num_new, 1 + int(partial))             # the physical cap: the running block (+ CoW)
         # May be negative, as in vLLM: a request holding more (null-padded) blocks than it needs.
         return num_new + sum(1 for b in new_computed if b.ref_cnt == 0 and b is not self.pool.null)
 
     def allocate_new_blocks(self, req: _Request, num_tokens: int) -> None:
         blocks = self.req_to_blocks.setdefault(req.rid, [])
         num_required = _cdiv(num_tokens, self.block_size)
-        if num_required <= len(blocks):
+        partial = self.partial_hit_reqs.get(req.rid)
+        if num_required <= len(blocks) and partial is None:
             self.allocated.add(req.rid)
             return
         prev_len = len(blocks)
-        if req.rid in self.allocated or prev_len > 0:
+        was_allocated = req.rid in self.allocated
+        if was_allocated or prev_len > 0:
             self.last_state_block_idx[req.rid] = prev_len - 1     # the state the next one copies
         num_skipped = num_required - 1
         if prev_len < num_skipped:
             blocks.extend([self.pool.null] * (num_skipped - prev_len))
-        num_new = max(num_required - len(blocks), 0)
-        assert num_new <= 1
-        blocks.extend(self.pool.get_new_blocks(num_new))
+        num_new = max(num_required - len(blocks), 0) + int(partial is not None)
+        new = self.pool.get_new_blocks(num_new)
+        if partial is not None:
+            idx, source = partial
+            cow, new = new[0], new[1:]
+            if was_allocated:
+                # This request keeps computing in ``source``: the cache entry moves to ``cow``,
+                # which the copy fills with the boundary state.
+                assert blocks[idx] is source
+                self.pool.move_block_hashes(source, cow)
+                self.pending_copies.append((source, cow))
+                source.ref_cnt += 1
+            else:
+                self.apply_cow(req, idx, source, cow)
+        blocks.extend(new)
         self.allocated.add(req.rid)
+        self.partial_hit_reqs.pop(req.rid, None)
 
     def reachable_block_mask(self, start: int, end: int, boundaries: Sequence[int]) -> list[bool] | None:
         interval = self.pool.layout.retention_interval
@@ -530,8 +656,9 @@ class _MambaManager(_GroupManager):
             first = (start + per_segment) // per_segment * per_segment - 1
             for i in range(first - start, len(mask), per_segment):
                 mask[i] = True
+        align = min(self.hash_unit, self.block_size)
         for boundary in boundaries:
-            aligned = boundary // self.block_size * self.block_size
+            aligned = boundary // align * align
             block = aligned // self.block_size - 1
             if start <= block < end:
                 mask[block - start] = True
@@ -540,14 +667,31 @@ class _MambaManager(_GroupManager):
     def cache_blocks(self, req: _Request, num_tokens: int) -> None:
         num_cached = self.num_cached_block.get(req.rid, 0)
         num_full = num_tokens // self.block_size
-        if num_cached >= num_full:
+        if num_cached < num_full:
+            boundaries = [req.num_prompt_tokens - 1]               # vLLM's replay boundary (no EAGLE)
+            if req.shared_prefix_boundary:
+                boundaries.append(req.shared_prefix_boundary)
+            mask = self.reachable_block_mask(num_cached, num_full, boundaries)
+            self.pool.cache_full_blocks(req, self.req_to_blocks[req.rid], num_cached, num_full, self.group_id, mask)
+            self.num_cached_block[req.rid] = num_full
+        self._cache_partial_tail_block(req, num_tokens)
+
+    def _cache_partial_tail_block(self, req: _Request, num_tokens: int) -> None:
+        """At the prompt's last hash boundary, key the running state block there (a producer CoW
+        then preserves it when the request moves on)."""
+        unit = self.hash_unit
+        if num_tokens <= 0 or num_tokens % unit:
             return
-        boundaries = [req.num_prompt_tokens - 1]                   # vLLM's replay boundary (no EAGLE)
-        if req.shared_prefix_boundary:
-            boundaries.append(req.shared_prefix_boundary)
-        mask = self.reachable_block_mask(num_cached, num_full, boundaries)
-        self.pool.cache_full_blocks(req, self.req_to_blocks[req.rid], num_cached, num_full, self.group_id, mask)
-        self.num_cached_block[req.rid] = num_full
+        if num_tokens != max((req.num_prompt_tokens - 1) // unit * unit, 0):
+            return
+        idx = _cdiv(num_tokens, self.block_size) - 1
+        blocks = self.req_to_blocks[req.rid]
+        if idx >= len(blocks) or blocks[idx] is self.pool.null:
+            return
+        key = self.pool.cache_partial_block(req, blocks[idx], num_tokens, self.group_id)
+        if key is not None and num_tokens % self.block_size:
+            self.partial_hit_reqs[req.rid] = (idx, blocks[idx])
+            self.num_cached_block[req.rid] = idx
 
     def free(self, req: _Request) -> None:
         self.allocated.discard(req.rid)
@@ -625,6 +769,7 @@ class VllmAlignEngine:
             if first:      # vLLM records the lookup once the request is admitted (after its first slots)
                 self.pool.emit("lookup", req.num_prompt_tokens, hit, kv_hit - hit)
                 self.index.alpha_source.observe(RequestObservation(req.num_prompt_tokens, hit, kv_hit - hit))
+            self.release_copies()
             req.num_computed_tokens = start + num_new
             first = False
         return req, RequestRecord(req.num_prompt_tokens, hit, kv_hit)
@@ -636,6 +781,7 @@ class VllmAlignEngine:
             req.append_output()                   # the prefill's last step samples the first token
             for _ in range(1, len(out)):          # each decode step computes one token, samples the next
                 self.allocate_slots(req, 1, 0, None)
+                self.release_copies()
                 req.num_computed_tokens += 1
                 req.append_output()
         self.free(req)
@@ -681,11 +827,16 @@ class VllmAlignEngine:
             aligned_end = end // size * size
             if aligned_end > start or size <= budget:
                 end = aligned_end
+        # With a prefix-match unit finer than the block, also stop at the prompt's last hash
+        # boundary: its state is what a longer sibling's partial hit resumes from.
+        unit = self.layout.hash_block_size
+        tail = max((req.num_prompt_tokens - 1) // unit * unit, 0) if unit < size else 0
         junction = req.shared_prefix_boundary
-        junction_stop = start + (junction - start) // size * size
+        junction_stop = start + (junction - start) // size * size     # block-floored from the start, as in vLLM
         stops = (
             (start // size + 1) * size if start % size else 0,
             last_cache_position,
+            tail if last_cache_position < tail < req.num_prompt_tokens else 0,
             junction_stop if start < junction < end else 0,
         )
         end = min((s for s in stops if start < s < end), default=end)
@@ -698,7 +849,7 @@ class VllmAlignEngine:
         for manager in self.managers:
             manager.remove_skipped_blocks(req, total_computed)
         num_tokens = total_computed + num_new
-        need = sum(m.num_blocks_to_allocate(req, num_tokens, new_computed[g] if new_computed else [])
+        need = sum(m.num_blocks_to_allocate(req, num_tokens, new_computed[g] if new_computed else [], total_computed)
                    for g, m in enumerate(self.managers))
         if need > self.pool.num_free:
             raise ConfigError(f"vllm-align: a {req.num_prompt_tokens}-token request needs {need} free blocks at "
@@ -711,6 +862,12 @@ class VllmAlignEngine:
             manager.allocate_new_blocks(req, num_tokens)
         for manager in self.managers:
             manager.cache_blocks(req, min(num_tokens, req.num_tokens))
+
+    def release_copies(self) -> None:
+        """End of vLLM's scheduling step: blocks held for this step's copy-on-writes go back."""
+        copies = [pair for manager in self.managers for pair in manager.take_pending_copies()]
+        if copies:
+            self.pool.free_blocks([block for pair in copies for block in pair])
 
     def free(self, req: _Request) -> None:
         for manager in self.managers:
@@ -726,7 +883,9 @@ class VllmAlignEngine:
         assert len(free) + len(in_use) == self.layout.num_blocks - 1, "blocks leaked"
         for block in self.pool.blocks[1:]:
             assert (block.ref_cnt == 0) == (block.block_id in free), f"block {block.block_id}: ref count vs free queue"
-        keys = [(b.block_id, b.key[0], b.key[1]) for b in self.pool.blocks if b.key is not None]
+        keys = [(b.block_id, k[0], k[1]) for b in self.pool.blocks if b.key is not None
+                for k in [b.key, *self.pool.extra_keys.get(b.block_id, ())]]
+        assert all(self.pool.blocks[b].key is not None for b in self.pool.extra_keys), "partial entry without a hash"
         assert sum(len(v) for v in self.pool.cached.values()) == len(keys), "hash map vs block keys"
         self.index.check_invariants(keys)
         free_cached = {b for b in free if self.pool.blocks[b].key is not None}

@@ -24,6 +24,7 @@ __all__ = ["main", "serve_offline"]
 
 def serve_offline(requests: list[dict[str, Any]], *, model: str, num_blocks: int, max_model_len: int,
                   max_num_batched_tokens: int, block_size: int | None = None,
+                  prefix_match_unit: int | None = None, retention_interval: int | None = 0,
                   enable_prefix_caching: bool = True) -> dict[str, Any]:
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     for key, value in {"OMP_NUM_THREADS": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind", "KMP_BLOCKTIME": "0"}.items():
@@ -34,6 +35,10 @@ def serve_offline(requests: list[dict[str, Any]], *, model: str, num_blocks: int
     kwargs: dict[str, Any] = {}
     if block_size is not None:
         kwargs["block_size"] = block_size
+    if prefix_match_unit is not None:
+        kwargs["prefix_match_unit"] = prefix_match_unit
+    if retention_interval != 0:
+        kwargs["prefix_cache_retention_interval"] = retention_interval
     llm = LLM(model=model, skip_tokenizer_init=True, enable_prefix_caching=enable_prefix_caching,
               max_model_len=max_model_len, dtype="bfloat16", num_gpu_blocks_override=num_blocks,
               gpu_memory_utilization=0.1, max_num_batched_tokens=max_num_batched_tokens, **kwargs)
@@ -55,12 +60,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-model-len", type=int, default=8192)
     parser.add_argument("--max-num-batched-tokens", type=int, default=2048)
     parser.add_argument("--block-size", type=int, default=None)
+    parser.add_argument("--prefix-match-unit", type=int, default=None)
+    parser.add_argument("--retention", default="0", help="prefix_cache_retention_interval: 0, none or tokens")
     parser.add_argument("--no-prefix-caching", action="store_true")
     args = parser.parse_args(argv)
     with open(args.requests) as fh:
         requests = json.load(fh)
     result = serve_offline(requests, model=args.model, num_blocks=args.blocks, max_model_len=args.max_model_len,
                            max_num_batched_tokens=args.max_num_batched_tokens, block_size=args.block_size,
+                           prefix_match_unit=args.prefix_match_unit,
+                           retention_interval=None if args.retention.lower() == "none" else int(args.retention),
                            enable_prefix_caching=not args.no_prefix_caching)
     with open(args.out, "w") as fh:
         json.dump(result, fh)

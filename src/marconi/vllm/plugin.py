@@ -294,6 +294,7 @@ class PoolHooks:
             victim = self.state.next_victim()
             if victim is None:
                 raise RuntimeError("marconi: free blocks remain but none is cached or uncached")
+            self._emit("victim", victim.block_id, victim.reason)
             block = pool.blocks[victim.block_id]
             queue.remove(block)
             self.state.taken(block.block_id)
@@ -389,9 +390,10 @@ class PoolHooks:
             if key is None:
                 continue
             prefix = self._hash_parts[0](key)
-            node = self.state._prefixes.get(prefix)
-            if node is not None:
-                known[prefix] = (node.depth, node.parent)
+            try:
+                known[prefix] = self.state.prefix_info(prefix)
+            except KeyError:
+                pass
         self._local.moved = known
         try:
             self._orig["move_block_hashes"](src_block, dst_block)
@@ -424,6 +426,7 @@ class PoolHooks:
         removed = self._orig["_remove_cached_block_hashes"](block)
         for key in removed:
             self.state.uncached(block.block_id, self._hash_parts[0](key), self._hash_parts[1](key))
+            self._emit("uncache", block.block_id, self._hash_parts[1](key))
         return removed
 
     def reset_prefix_cache(self) -> bool:

@@ -224,6 +224,11 @@ class BlockEvictionState:
         """A block left the free queue (hit or allocation)."""
         self.free_cached[block_id] = False
 
+    def prefix_info(self, prefix: Hashable) -> tuple[int, Hashable | None]:
+        """``(depth, parent prefix)`` of a cached prefix (KeyError if nothing holds it)."""
+        node = self._prefixes[prefix]
+        return node.depth, node.parent
+
     def clear(self) -> None:
         """Every hash dropped (vLLM's ``reset_prefix_cache``)."""
         self._prefixes.clear()

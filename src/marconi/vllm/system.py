@@ -9,7 +9,7 @@ Usable wherever a system is named (``marconi simulate --systems vllm-align,vllm-
 
 Parameters: ``block`` (tokens; 0 = derived from the model as vLLM does, with ``kernel_align``),
 ``blocks`` (pool size including the null block; 0 = from the capacity), ``match_unit``
-(``prefix_match_unit``; only the block size is modelled), ``retention`` (``0``, ``none`` or a
+(``prefix_match_unit``, a divisor of the block; 0 = the block), ``retention`` (``0``, ``none`` or a
 multiple of the block), ``shared_prefix`` (``enable_mamba_shared_prefix_checkpoint``; inert without
 EAGLE, as in vLLM), ``chunk`` (``max_num_batched_tokens``), ``eviction`` (``lru``/``marconi``),
 ``alpha`` and ``efficiency`` (the plugin's), ``attn_first`` (the model's first layer is attention).
