@@ -1,7 +1,7 @@
 """vllm-align: vLLM 0.32's hybrid prefix cache emulated, checked against what real vLLM served.
 
-The recorded fixture comes from the real server (``marconi vllm bench``; the command is stored in
-the fixture): per request, vLLM's own cached-token count and the tokens it generated. The
+The recorded fixtures come from the real server (``marconi vllm bench``; the command is stored in
+each fixture; one with vLLM's defaults, one with ``--prefix-match-unit 64``): per request, vLLM's own cached-token count and the tokens it generated. The
 emulation, fed the same prompts and outputs, must reproduce every count exactly, for stock vLLM
 and for vLLM with the Marconi plugin.
 """
@@ -23,7 +23,7 @@ from marconi.vllm.models import PRESETS
 from marconi.vllm.policy import ATTENTION, MAMBA
 from marconi.vllm.system import VllmAlignSystem
 
-FIXTURE = Path(__file__).parent / "fixtures" / "vllm_swe40_blocks80.json"
+FIXTURES = sorted((Path(__file__).parent / "fixtures").glob("vllm_*.json"))
 # The tiny Qwen3-Next preset's config as vLLM serves it (3 gated-DeltaNet layers, 1 attention).
 QWEN_TINY = ModelSpec.from_hf_config({"model_type": "qwen3_next", **PRESETS["qwen3_next-tiny"][1],
                                       "torch_dtype": "bfloat16"}, name="qwen3_next-tiny")
@@ -152,9 +152,14 @@ def test_simulate_runs_vllm_align_on_a_bundled_trace(mode: str) -> None:
     assert stock.system.eviction == "lru" and marconi.system.eviction.startswith("marconi-blocks")
 
 
-def test_emulation_reproduces_the_recorded_real_server_per_request() -> None:
+def test_fixtures_are_there() -> None:
+    assert {f.name for f in FIXTURES} >= {"vllm_swe40_blocks80.json", "vllm_swe40_blocks80_unit64.json"}
+
+
+@pytest.mark.parametrize("fixture", FIXTURES, ids=lambda p: p.stem)
+def test_emulation_reproduces_the_recorded_real_server_per_request(fixture: Path) -> None:
     """Every request's cached tokens as vLLM 0.32 reported them, stock and with the plugin."""
-    data = read_fixture(FIXTURE)
+    data = read_fixture(fixture)
     cfg = data["config"]
     config = BenchConfig(vllm_python="unused", **{k: (tuple(v) if k == "policies" else v) for k, v in cfg.items()})
     requests, _ = select_requests(config)
