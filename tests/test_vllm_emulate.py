@@ -130,8 +130,12 @@ def test_vllm_align_is_a_system_name() -> None:
     cache = system.build(QWEN_TINY, 0)
     assert cache.layout.num_blocks == 60 and cache.layout.retention_interval is None
     assert cache.engine.eviction == "marconi" and cache.engine.index.alpha_source.alpha() == 0.5
+    adaptive = make_system("vllm-align:eviction=marconi,block=384,blocks=60,"
+                           "alpha_source=test_vllm_policy:_CountingSource").build(QWEN_TINY, 0)
+    adaptive.process(np.arange(900) % 32000, np.arange(4))
+    assert adaptive.engine.index.alpha_source.alpha() == 1.0       # it observed the one request
     for bad in ("vllm-align:eviction=fifo", "vllm-align:retention=-1", "vllm-align:efficiency=x",
-                "vllm-align:alpha=-1", "vllm-align:typo=1"):
+                "vllm-align:alpha=-1", "vllm-align:typo=1", "vllm-align:alpha_source=nocolon"):
         with pytest.raises(ConfigError):
             make_system(bad)
 

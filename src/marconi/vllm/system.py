@@ -12,7 +12,8 @@ Parameters: ``block`` (tokens; 0 = derived from the model as vLLM does, with ``k
 (``prefix_match_unit``, a divisor of the block; 0 = the block), ``retention`` (``0``, ``none`` or a
 multiple of the block), ``shared_prefix`` (``enable_mamba_shared_prefix_checkpoint``; inert without
 EAGLE, as in vLLM), ``chunk`` (``max_num_batched_tokens``), ``eviction`` (``lru``/``marconi``),
-``alpha`` and ``efficiency`` (the plugin's), ``attn_first`` (the model's first layer is attention).
+``alpha`` and ``efficiency`` (the plugin's), ``alpha_source`` (``module:factory``, an adaptive α as
+the plugin's ``MARCONI_VLLM_ALPHA_SOURCE``), ``attn_first`` (the model's first layer is attention).
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from marconi.model import ModelSpec, get_model
 from marconi.registry import ConfigError
 from marconi.systems import SYSTEMS, SystemConfig
 from marconi.vllm.emulate import VllmAlignCache, layout_for_spec
-from marconi.vllm.policy import DEFAULT_ALPHA, EFFICIENCIES, FixedAlpha
+from marconi.vllm.config import PluginConfig
+from marconi.vllm.policy import DEFAULT_ALPHA, EFFICIENCIES, AlphaSource, FixedAlpha
 
 __all__ = ["VllmAlignSystem"]
 
@@ -39,6 +41,7 @@ class VllmAlignSystem(SystemConfig):
     policy: str = "lru"
     alpha: float = DEFAULT_ALPHA
     efficiency: str = "total"
+    alpha_source: str | None = None       # ``module:factory``, as MARCONI_VLLM_ALPHA_SOURCE
 
     def build(self, spec: ModelSpec | str, capacity_bytes: float, *, clock: Callable[[], float] | None = None,
               payloads: Any = None, tuning_workers: int | None = None,
@@ -48,8 +51,12 @@ class VllmAlignSystem(SystemConfig):
         spec = get_model(spec)
         layout = layout_for_spec(spec, capacity_bytes=None if self.num_blocks else capacity_bytes,
                                  num_blocks=self.num_blocks, block_size=self.block_size, **dict(self.layout_options))
+        alpha: float | AlphaSource = self.alpha
+        if self.alpha_source:
+            alpha = PluginConfig(policy=self.policy, alpha=self.alpha, alpha_source=self.alpha_source,
+                                 efficiency=self.efficiency).make_alpha_source(spec)
         # No clock: vLLM's recency is the order blocks return to its free queue, not time.
-        return VllmAlignCache(spec, layout, eviction=self.policy, alpha=self.alpha, efficiency=self.efficiency)
+        return VllmAlignCache(spec, layout, eviction=self.policy, alpha=alpha, efficiency=self.efficiency)
 
 
 def _retention(text: str) -> int | None:
@@ -68,7 +75,8 @@ def _retention(text: str) -> int | None:
                                 "Marconi plugin), emulated block by block")
 def _vllm_align(block: int = 0, blocks: int = 0, match_unit: int = 0, retention: str = "0",
                 shared_prefix: bool = False, chunk: int = 2048, eviction: str = "lru", alpha: float = DEFAULT_ALPHA,
-                efficiency: str = "total", kernel_align: int = 16, attn_first: bool = False) -> SystemConfig:
+                efficiency: str = "total", kernel_align: int = 16, attn_first: bool = False,
+                alpha_source: str = "") -> SystemConfig:
     if eviction not in ("lru", "marconi"):
         raise ConfigError(f"vllm-align: eviction must be lru or marconi, got {eviction!r}")
     if efficiency not in EFFICIENCIES:
@@ -76,6 +84,8 @@ def _vllm_align(block: int = 0, blocks: int = 0, match_unit: int = 0, retention:
     if block < 0 or blocks < 0 or match_unit < 0 or chunk <= 0 or kernel_align <= 0:
         raise ConfigError("vllm-align: block, blocks and match_unit must be >= 0; chunk and kernel_align > 0")
     FixedAlpha(alpha)  # validates
+    if alpha_source and ":" not in alpha_source:
+        raise ConfigError(f"vllm-align: alpha_source must be module:factory, got {alpha_source!r}")
     options: dict[str, Any] = {"retention_interval": _retention(retention), "shared_prefix_checkpoint": shared_prefix,
                                "max_num_batched_tokens": chunk, "kernel_alignment": kernel_align,
                                "mamba_first": not attn_first}
@@ -84,5 +94,7 @@ def _vllm_align(block: int = 0, blocks: int = 0, match_unit: int = 0, retention:
     admission = ("vllm-align(" + ",".join(f"{k}={v}" for k, v in (("block", block or "auto"), ("retention", retention),
                                                                    ("chunk", chunk))) + ")")
     eviction_name = "lru" if eviction == "lru" else f"marconi-blocks(alpha={alpha:g},efficiency={efficiency})"
+    if alpha_source:
+        eviction_name = f"marconi-blocks(alpha_source={alpha_source},efficiency={efficiency})"
     return VllmAlignSystem("vllm-align", admission, eviction_name, None, tuple(options.items()), block or None,
-                           blocks or None, eviction, float(alpha), efficiency)
+                           blocks or None, eviction, float(alpha), efficiency, alpha_source or None)
