@@ -237,7 +237,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--out", default="results/demo.jsonl")
     demo.set_defaults(func=_cmd_demo)
 
-    for module in ("marconi.workloads.commands", "marconi.engine.commands", "marconi.experiments.commands"):
+    for module in ("marconi.workloads.commands", "marconi.engine.commands", "marconi.experiments.commands",
+                   "marconi.vllm.commands"):
         try:
             mod = __import__(module, fromlist=["register"])
         except ModuleNotFoundError as exc:

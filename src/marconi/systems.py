@@ -17,7 +17,7 @@ Parameters go on the name, wherever a system is named: ``marconi:alpha=1.0``, ``
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 from marconi.admission import ADMISSION_POLICIES
@@ -192,7 +192,7 @@ def make_system(text: str | SystemConfig) -> SystemConfig:
             raise
         raise ConfigError(f"{parsed}: {exc}") from None
     label = str(parsed) if parsed.name != "custom" or not parsed.params else config.label
-    return SystemConfig(label, config.admission, config.eviction, config.tuning)
+    return replace(config, label=label)  # keeps a registered SystemConfig subclass (vllm-align)
 
 
 def parse_systems(text: str) -> list[SystemConfig]:
@@ -202,3 +202,7 @@ def parse_systems(text: str) -> list[SystemConfig]:
 
 def build_cache(system: str | SystemConfig, spec: ModelSpec | str, capacity_bytes: float, **kwargs: Any) -> PrefixCache:
     return make_system(system).build(spec, capacity_bytes, **kwargs)
+
+
+# Systems defined in other modules register themselves on import.
+from marconi.vllm import system as _vllm_system  # noqa: E402,F401  (registers "vllm-align")

@@ -1,0 +1,488 @@
+"""``marconi vllm bench``: stock vLLM vs vLLM with the Marconi plugin, on a real server, on a real trace.
+
+The bench
+
+1. builds the tiny random-weight model with the project's code, in the vLLM environment (once);
+2. starts one ``python -m vllm.entrypoints.openai.api_server`` on 127.0.0.1 per policy (``lru``:
+   stock vLLM, the plugin not loaded; ``marconi``: the plugin's FLOP-aware eviction), each with
+   the same fixed block pool, small enough that eviction matters (``--blocks``);
+3. replays a bundled trace through the completions API — each turn's input is the trace's input
+   as token ids, ``max_tokens`` its output length, ``ignore_eos``, greedy — with a streaming
+   client, a session's turns in order. At ``--concurrency 1`` the servers take turns request by
+   request (paired measurement: the machine's background load hits both alike); above that each
+   server replays alone with that many requests in flight;
+4. reads the hit rate from vLLM's own counters (``vllm:prefix_cache_hits`` / ``queries`` on
+   ``/metrics``; per request ``cached_tokens``), TTFT and TPOT from the client;
+5. replays the same requests, with the outputs the server generated, through the ``vllm-align``
+   emulation (same block size, pool and policy) and reports its hit rate and its error.
+
+Records go to ``--out`` (JSONL, written atomically), one per policy; a TTFT CDF goes to ``--plot``.
+The random-weight model cannot reproduce the trace's outputs, so the emulation is validated on the
+outputs the server actually produced (the prompts are the trace's); ``sim_trace_token_hit_rate``
+is the emulation on the trace's own outputs, for reference.
+
+With ``--concurrency 1`` (the default) requests are served one at a time, which the emulation
+models exactly; higher concurrency batches requests and the emulation (one at a time) is then an
+approximation.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import sys
+import time
+import zlib
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from marconi.model import ModelSpec
+from marconi.registry import ConfigError
+from marconi.vllm.config import PluginConfig
+from marconi.vllm.emulate import VllmAlignEngine, layout_for_spec
+from marconi.vllm.models import BLOCK_SIZES, NEEDS_MAMBA2_CPU_FIX, PRESETS
+from marconi.vllm.policy import DEFAULT_ALPHA
+
+__all__ = ["BenchConfig", "BenchRequest", "BenchOutcome", "RunResult", "select_requests", "run_bench", "emulate_run",
+           "bench_table", "plot_ttft_cdf", "write_fixture", "read_fixture", "encode_ids", "decode_ids"]
+
+Progress = Callable[[str], None]
+
+
+# ====================================================================================== config
+@dataclass(frozen=True, slots=True)
+class BenchConfig:
+    """One bench invocation (every field echoed in the records)."""
+
+    vllm_python: str
+    model: str = "qwen3_next-tiny"
+    trace: str = "swe-sample"
+    max_input_len: int = 8192
+    num_requests: int | None = None
+    max_output_len: int | None = None
+    num_blocks: int = 150
+    policies: tuple[str, ...] = ("lru", "marconi")
+    alpha: float = DEFAULT_ALPHA
+    concurrency: int = 1
+    max_num_batched_tokens: int = 2048
+    prefix_match_unit: int | None = None
+    retention_interval: int | None = 0
+    work_dir: str = "results/vllm_bench_work"
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.model not in PRESETS:
+            raise ConfigError(f"unknown model preset {self.model!r}; presets: {', '.join(PRESETS)}")
+        bad = [p for p in self.policies if p not in ("lru", "marconi")]
+        if bad or not self.policies:
+            raise ConfigError(f"policies must be lru and/or marconi, got {list(self.policies)}")
+        if self.concurrency < 1 or self.num_blocks < 2 or self.max_input_len < 2:
+            raise ConfigError("concurrency must be >= 1, blocks >= 2, max input length >= 2")
+        if self.num_requests is not None and self.num_requests < 1:
+            raise ConfigError("num_requests must be >= 1")
+        if self.max_output_len is not None and self.max_output_len < 1:
+            raise ConfigError("max_output_len must be >= 1")
+        PluginConfig(policy="marconi", alpha=self.alpha)   # validates alpha
+
+    @property
+    def block_size(self) -> int:
+        return BLOCK_SIZES[self.model]
+
+
+@dataclass(frozen=True, slots=True)
+class BenchRequest:
+    index: int               # position in the bundled trace
+    session_id: Any
+    turn_id: int
+    prompt: np.ndarray
+    max_tokens: int
+    trace_output: np.ndarray
+
+
+def select_requests(config: BenchConfig) -> tuple[list[BenchRequest], dict[str, Any]]:
+    """The bundled trace's first requests, capped as configured; and the trace's description."""
+    from marconi.workloads.bundled import bundled_trace
+
+    trace = bundled_trace(config.trace, max_input_len=config.max_input_len)
+    out = []
+    for i, req in enumerate(trace):
+        if config.num_requests is not None and len(out) >= config.num_requests:
+            break
+        n = len(req.output_tokens)
+        if config.max_output_len is not None:
+            n = min(n, config.max_output_len)
+        out.append(BenchRequest(i, req.session_id, int(req.turn_id), np.asarray(req.input_tokens, dtype=np.int32),
+                                max(1, n), np.asarray(req.output_tokens, dtype=np.int32)))
+    if not out:
+        raise ConfigError(f"trace {config.trace!r} has no request with an input of at most {config.max_input_len} tokens")
+    return out, {"trace": trace.name, "trace_params": {"max_input_len": config.max_input_len}}
+
+
+def max_model_len(requests: Sequence[BenchRequest], block_size: int) -> int:
+    longest = max(len(r.prompt) + r.max_tokens for r in requests)
+    return -(-longest // block_size) * block_size
+
+
+# ====================================================================================== one run
+@dataclass(slots=True)
+class RunResult:
+    policy: str
+    plugin: str                             # "absent", "cpu-fix-only" or the plugin policy
+    cached_tokens: list[int]
+    outputs: list[list[int]]
+    ttft_s: list[float]
+    tpot_s: list[float | None]
+    latency_s: list[float]
+    metrics: dict[str, float]
+    startup_s: float
+    wall_s: float
+    settings: dict[str, Any] = field(default_factory=dict)
+
+
+def _plugin_env(config: BenchConfig, policy: str, trace_path: Path) -> tuple[dict[str, str], str]:
+    if policy == "marconi":
+        return PluginConfig(policy="marconi", alpha=config.alpha, trace_path=str(trace_path)).to_env(), "marconi"
+    if config.model in NEEDS_MAMBA2_CPU_FIX:          # stock eviction, but the model must run at all
+        return {"MARCONI_VLLM_POLICY": "", "MARCONI_VLLM_MAMBA2_CPU_FIX": "auto"}, "cpu-fix-only"
+    return {}, "absent"
+
+
+def serve_runs(config: BenchConfig, model_dir: Path, requests: Sequence[BenchRequest],
+               progress: Progress) -> list[RunResult]:
+    """Start one server per policy, replay ``requests`` on each, read the counters, stop them.
+
+    With ``concurrency == 1`` the servers run side by side and take turns: request ``i`` goes to
+    every server before request ``i+1`` (the order alternates), so background load on a shared
+    machine falls on all policies alike and the TTFT comparison is paired. Otherwise each server
+    replays alone, one after the other.
+    """
+    from contextlib import ExitStack
+
+    from marconi.vllm.server import ServerConfig, VllmServer
+
+    work = Path(config.work_dir)
+    servers: dict[str, Any] = {}
+    plugins: dict[str, str] = {}
+    traces: dict[str, Path] = {}
+    for policy in config.policies:
+        traces[policy] = work / f"blocks-{policy}.jsonl"
+        traces[policy].unlink(missing_ok=True)
+        env, plugins[policy] = _plugin_env(config, policy, traces[policy])
+        server_config = ServerConfig(python=config.vllm_python, model_dir=str(model_dir),
+                                     num_blocks=config.num_blocks,
+                                     max_model_len=max_model_len(requests, config.block_size),
+                                     max_num_batched_tokens=config.max_num_batched_tokens,
+                                     block_size=config.block_size, max_num_seqs=max(8, config.concurrency),
+                                     prefix_match_unit=config.prefix_match_unit,
+                                     retention_interval=config.retention_interval, plugin_env=env)
+        servers[policy] = VllmServer(server_config, log_path=work / f"server-{policy}.log")
+    results: dict[str, list[Any]] = {}
+    walls: dict[str, float] = {}
+    metrics: dict[str, dict[str, float]] = {}
+    paired = config.concurrency == 1
+    with ExitStack() as stack:
+        for server in servers.values():
+            stack.callback(server.stop)
+        progress(f"starting {len(servers)} vLLM server(s) ({', '.join(f'{p}: {plugins[p]} plugin' for p in servers)}; "
+                 f"{config.num_blocks} blocks of {config.block_size} tokens)")
+        with ThreadPoolExecutor(len(servers)) as pool:
+            for fut in [pool.submit(s.start) for s in servers.values()]:
+                fut.result()
+        for policy, server in servers.items():
+            progress(f"[{policy}] server up in {server.startup_s:.0f}s")
+            _check_block_size(server.metrics(), config.block_size)
+        if paired:
+            results, walls = _replay_paired(servers, str(model_dir), requests, progress)
+        else:
+            for policy, server in servers.items():
+                started = time.perf_counter()
+                results[policy] = _replay(server, str(model_dir), requests, config.concurrency, policy, progress)
+                walls[policy] = time.perf_counter() - started
+        for policy, server in servers.items():
+            metrics[policy] = server.metrics()
+    runs = []
+    for policy, server in servers.items():
+        res = results[policy]
+        runs.append(RunResult(policy, plugins[policy], [r.cached_tokens for r in res], [r.output for r in res],
+                              [r.ttft_s for r in res], [r.tpot_s for r in res], [r.latency_s for r in res],
+                              metrics[policy], server.startup_s, walls[policy], _settings(traces[policy])))
+    return runs
+
+
+def _settings(trace_path: Path) -> dict[str, Any]:
+    """The scheduler settings the plugin logged (first event of its block trace), if any."""
+    if not trace_path.is_file():
+        return {}
+    with trace_path.open() as fh:
+        first = fh.readline()
+    event = json.loads(first) if first else None
+    return event[1] if event and event[0] == "config" else {}
+
+
+def _replay_paired(servers: dict[str, Any], model: str, requests: Sequence[BenchRequest],
+                   progress: Progress) -> tuple[dict[str, list[Any]], dict[str, float]]:
+    """Request by request, to every server in turn (alternating which goes first)."""
+    import httpx
+
+    from marconi.vllm.client import complete
+
+    names = list(servers)
+    results: dict[str, list[Any]] = {p: [] for p in names}
+    walls = dict.fromkeys(names, 0.0)
+    report_every = max(1, len(requests) // 10)
+    with httpx.Client() as client:
+        for i, req in enumerate(requests):
+            for policy in (names if i % 2 == 0 else names[::-1]):
+                servers[policy].check_alive()
+                started = time.perf_counter()
+                results[policy].append(complete(client, servers[policy].base_url, model, req.prompt.tolist(),
+                                                req.max_tokens))
+                walls[policy] += time.perf_counter() - started
+            if (i + 1) % report_every == 0 or i + 1 == len(requests):
+                progress(f"{i + 1}/{len(requests)} requests on {len(names)} server(s)")
+    return results, walls
+
+
+def _check_block_size(metrics: dict[str, float], expected: int) -> None:
+    for key in metrics:
+        if key.startswith("vllm:cache_config_info"):
+            found = [p for p in key.split(",") if p.startswith("block_size=")]
+            if found and found[0] != f'block_size="{expected}"':
+                raise ConfigError(f"vLLM chose {found[0]} but the bench expects {expected}; update "
+                                  "marconi.vllm.models.BLOCK_SIZES for this vLLM")
+
+
+def _replay(server: Any, model: str, requests: Sequence[BenchRequest], concurrency: int, policy: str,
+            progress: Progress) -> list[Any]:
+    """Send every request; a session's turns in order, at most ``concurrency`` in flight."""
+    import httpx
+
+    from marconi.vllm.client import complete
+
+    results: list[Any] = [None] * len(requests)
+    last_of_session: dict[Any, Future[Any]] = {}
+    done = 0
+    report_every = max(1, len(requests) // 10)
+    with httpx.Client(limits=httpx.Limits(max_connections=concurrency + 1)) as client, \
+            ThreadPoolExecutor(max_workers=concurrency) as pool:
+
+        def run(i: int, previous: Future[Any] | None) -> Any:
+            if previous is not None:
+                previous.result()
+            req = requests[i]
+            return complete(client, server.base_url, model, req.prompt.tolist(), req.max_tokens)
+
+        pending: list[tuple[int, Future[Any]]] = []
+        for i, req in enumerate(requests):
+            while len(pending) >= concurrency:        # bound the queue, not only the workers
+                j, fut = pending.pop(0)
+                results[j] = fut.result()
+                done += 1
+                if done % report_every == 0:
+                    progress(f"[{policy}] {done}/{len(requests)} requests")
+            fut = pool.submit(run, i, last_of_session.get(req.session_id))
+            last_of_session[req.session_id] = fut
+            pending.append((i, fut))
+            server.check_alive()
+        for j, fut in pending:
+            results[j] = fut.result()
+            done += 1
+    progress(f"[{policy}] {done}/{len(requests)} requests done")
+    return results
+
+
+# ====================================================================================== emulation
+def emulate_run(spec: ModelSpec, config: BenchConfig, requests: Sequence[BenchRequest],
+                outputs: Sequence[Sequence[int]], policy: str) -> tuple[list[int], dict[str, int]]:
+    """Per-request hits of the ``vllm-align`` emulation on these prompts and outputs."""
+    layout = layout_for_spec(spec, num_blocks=config.num_blocks, block_size=config.block_size,
+                             max_num_batched_tokens=config.max_num_batched_tokens,
+                             prefix_match_unit=config.prefix_match_unit, retention_interval=config.retention_interval)
+    engine = VllmAlignEngine(layout, spec, eviction=policy, alpha=config.alpha)
+    hits = [engine.run(r.prompt, np.asarray(o, dtype=np.int32)).hit_len for r, o in zip(requests, outputs)]
+    return hits, dict(engine.pool.stats.evictions)
+
+
+def _pct(values: Sequence[float], q: float) -> float | None:
+    arr = np.asarray([v for v in values if v is not None], dtype=np.float64)
+    return float(np.percentile(arr, q)) if arr.size else None
+
+
+def _mean(values: Sequence[float | None]) -> float | None:
+    kept = [v for v in values if v is not None]
+    return float(np.mean(kept)) if kept else None
+
+
+def make_record(config: BenchConfig, trace_info: dict[str, Any], spec: ModelSpec, requests: Sequence[BenchRequest],
+                run: RunResult, sim_hits: Sequence[int], sim_evictions: dict[str, int],
+                sim_trace_hits: Sequence[int]) -> dict[str, Any]:
+    prompt_tokens = int(sum(len(r.prompt) for r in requests))
+    queries = run.metrics.get("vllm:prefix_cache_queries_total", 0.0)
+    hits = run.metrics.get("vllm:prefix_cache_hits_total", 0.0)
+    token_hit = hits / queries if queries else 0.0
+    sim_rate = sum(sim_hits) / prompt_tokens
+    matches = sum(int(a == b) for a, b in zip(run.cached_tokens, sim_hits))
+    marconi = {k.removeprefix("marconi:"): v for k, v in run.metrics.items() if k.startswith("marconi:")}
+    return {
+        "engine": "vllm", "policy": run.policy, "plugin": run.plugin, "model": config.model,
+        "alpha": config.alpha if run.policy == "marconi" else None,
+        **trace_info, "num_requests": len(requests), "prompt_tokens": prompt_tokens,
+        "output_tokens": int(sum(len(o) for o in run.outputs)),
+        "block_size": config.block_size, "num_blocks": config.num_blocks,
+        "max_num_batched_tokens": config.max_num_batched_tokens, "concurrency": config.concurrency,
+        "prefix_match_unit": config.prefix_match_unit or config.block_size,
+        "retention_interval": config.retention_interval,
+        "token_hit_rate": token_hit, "prefix_cache_queries": queries, "prefix_cache_hits": hits,
+        "request_cached_tokens": int(sum(run.cached_tokens)),
+        "ttft_p50_s": _pct(run.ttft_s, 50), "ttft_p90_s": _pct(run.ttft_s, 90),
+        "ttft_p95_s": _pct(run.ttft_s, 95), "ttft_p99_s": _pct(run.ttft_s, 99),
+        "ttft_mean_s": float(np.mean(run.ttft_s)), "tpot_p50_s": _pct(run.tpot_s, 50), "tpot_mean_s": _mean(run.tpot_s),
+        "sim_token_hit_rate": sim_rate, "emulation_error_pp": 100.0 * (sim_rate - token_hit),
+        "emulation_requests_exact": matches, "sim_evictions": sim_evictions,
+        "sim_trace_token_hit_rate": sum(sim_trace_hits) / prompt_tokens,
+        "marconi_counters": marconi, "server_settings": run.settings,
+        "startup_s": run.startup_s, "wall_s": run.wall_s, "model_spec": spec.describe(),
+        "per_request": {"index": [r.index for r in requests], "prompt_len": [len(r.prompt) for r in requests],
+                        "cached_tokens": run.cached_tokens, "sim_cached_tokens": list(sim_hits),
+                        "output_len": [len(o) for o in run.outputs], "ttft_s": [round(t, 6) for t in run.ttft_s],
+                        "tpot_s": [None if t is None else round(t, 6) for t in run.tpot_s]},
+    }
+
+
+# ====================================================================================== the bench
+def build_model(config: BenchConfig, progress: Progress) -> Path:
+    import subprocess
+
+    model_dir = Path(config.work_dir) / "models" / config.model
+    progress(f"building {config.model} (random weights, seed {config.seed}) in {model_dir}")
+    proc = subprocess.run([config.vllm_python, "-m", "marconi.vllm.models", config.model, str(model_dir),
+                           "--seed", str(config.seed)], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"building {config.model} failed:\n{proc.stderr[-3000:]}")
+    return model_dir
+
+
+@dataclass(slots=True)
+class BenchOutcome:
+    records: list[dict[str, Any]]        # one per policy (what --out holds)
+    runs: list[RunResult]
+    requests: list[BenchRequest]
+    spec: ModelSpec
+
+
+def run_bench(config: BenchConfig, progress: Progress | None = None) -> BenchOutcome:
+    """Run every policy: records (one per policy), the raw runs, the requests and the model's spec."""
+    say = progress or (lambda msg: print(msg, file=sys.stderr))
+    if not Path(config.vllm_python).is_file():
+        raise ConfigError(f"no vLLM python at {config.vllm_python}: run `make vllm-env` or pass --vllm-python")
+    Path(config.work_dir).mkdir(parents=True, exist_ok=True)
+    requests, trace_info = select_requests(config)
+    say(f"trace {trace_info['trace']}: {len(requests)} requests, {sum(len(r.prompt) for r in requests):,} prompt "
+        f"tokens, {sum(r.max_tokens for r in requests):,} output tokens")
+    model_dir = build_model(config, say)
+    spec = ModelSpec.from_hf_config(model_dir, name=config.model, bytes_per_elem=2)
+    records, runs = [], []
+    for run in serve_runs(config, model_dir, requests, say):
+        policy = run.policy
+        sim_hits, sim_evictions = emulate_run(spec, config, requests, run.outputs, policy)
+        sim_trace_hits, _ = emulate_run(spec, config, requests, [r.trace_output[:r.max_tokens] for r in requests],
+                                        policy)
+        rec = make_record(config, trace_info, spec, requests, run, sim_hits, sim_evictions, sim_trace_hits)
+        say(f"[{policy}] vLLM token hit rate {100 * rec['token_hit_rate']:.2f}%, emulation "
+            f"{100 * rec['sim_token_hit_rate']:.2f}% ({rec['emulation_error_pp']:+.2f} pp, "
+            f"{rec['emulation_requests_exact']}/{len(requests)} requests exact), TTFT P50 "
+            f"{1000 * rec['ttft_p50_s']:.0f} ms, {run.wall_s:.0f}s")
+        records.append(rec)
+        runs.append(run)
+    return BenchOutcome(records, runs, requests, spec)
+
+
+def bench_table(records: Sequence[dict[str, Any]]) -> str:
+    from marconi.tables import fmt_s, format_table, pct
+
+    rows = []
+    for rec in records:
+        row = dict(rec)
+        row["_err"] = f"{rec['emulation_error_pp']:+.2f}pp"
+        row["_exact"] = f"{rec['emulation_requests_exact']}/{rec['num_requests']}"
+        ev = rec.get("marconi_counters") or {}
+        row["_evicted"] = int(sum(v for k, v in ev.items() if k.startswith("evicted_blocks"))) if ev else \
+            int(sum(rec["sim_evictions"].values()))
+        rows.append(row)
+    return format_table(rows, [
+        ("policy", "policy", None), ("plugin", "plugin", None), ("requests", "num_requests", None),
+        ("vLLM token hit", "token_hit_rate", pct), ("emulated", "sim_token_hit_rate", pct), ("error", "_err", None),
+        ("exact req", "_exact", None), ("evicted blocks", "_evicted", None),
+        ("TTFT P50", "ttft_p50_s", fmt_s), ("TTFT P90", "ttft_p90_s", fmt_s), ("TTFT P95", "ttft_p95_s", fmt_s),
+        ("TTFT P99", "ttft_p99_s", fmt_s), ("TPOT mean", "tpot_mean_s", fmt_s)])
+
+
+def plot_ttft_cdf(records: Sequence[dict[str, Any]], path: str | Path) -> Path:
+    """One CDF of per-request TTFT per policy (PNG)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for rec in records:
+        ttft = np.sort(np.asarray(rec["per_request"]["ttft_s"], dtype=np.float64)) * 1000
+        y = np.arange(1, len(ttft) + 1) / len(ttft)
+        ax.step(ttft, y, where="post", label=f"{rec['policy']} (hit {100 * rec['token_hit_rate']:.1f}%)")
+    ax.set_xscale("log")
+    ax.set_xlabel("TTFT (ms, client-side)")
+    ax.set_ylabel("fraction of requests")
+    first = records[0]
+    ax.set_title(f"vLLM {first['model']}, {first['num_requests']} requests, {first['num_blocks']} blocks")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    tmp = path.with_name(f".{path.name}.tmp.png")
+    fig.savefig(tmp, dpi=120)
+    plt.close(fig)
+    tmp.replace(path)
+    return path
+
+
+# ====================================================================================== fixture
+def encode_ids(ids: Sequence[int]) -> str:
+    return base64.b64encode(zlib.compress(np.asarray(ids, dtype="<i4").tobytes(), 9)).decode("ascii")
+
+
+def decode_ids(text: str) -> list[int]:
+    return np.frombuffer(zlib.decompress(base64.b64decode(text)), dtype="<i4").tolist()
+
+
+def write_fixture(path: str | Path, config: BenchConfig, outcome: BenchOutcome, command: str) -> Path:
+    """The real server's per-request counts and outputs, for the emulation test (atomic write)."""
+    from marconi.workloads.trace import atomic_output
+
+    requests, runs = outcome.requests, outcome.runs
+    data = {
+        "command": command, "config": {k: v for k, v in asdict(config).items() if k not in ("vllm_python", "work_dir")},
+        "model_spec": {k: v for k, v in outcome.spec.to_dict().items() if k != "source"},
+        "block_size": config.block_size, "requests": [r.index for r in requests],
+        "max_tokens": [r.max_tokens for r in requests],
+        "runs": [{"policy": run.policy, "plugin": run.plugin, "cached_tokens": run.cached_tokens,
+                  "outputs": [encode_ids(o) for o in run.outputs],
+                  "prefix_cache_queries": run.metrics.get("vllm:prefix_cache_queries_total"),
+                  "prefix_cache_hits": run.metrics.get("vllm:prefix_cache_hits_total")} for run in runs],
+    }
+    with atomic_output(path, "w") as fh:
+        json.dump(data, fh, indent=1)
+        fh.write("\n")
+    return Path(path)
+
+
+def read_fixture(path: str | Path) -> dict[str, Any]:
+    with open(path) as fh:
+        data = json.load(fh)
+    for run in data["runs"]:
+        run["outputs"] = [decode_ids(o) for o in run["outputs"]]
+    return data

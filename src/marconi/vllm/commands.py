@@ -1,0 +1,79 @@
+"""The ``marconi vllm`` command group (wired into ``marconi.cli`` by ``register``).
+
+    marconi vllm bench [--vllm-python .venv-vllm/bin/python] [--model qwen3_next-tiny] [--trace swe-sample]
+                       [--max-input-len 8192] [--num-requests N] [--max-output-len N] [--blocks 150]
+                       [--policies lru,marconi] [--alpha 0.5] [--concurrency 1]
+                       [--out results/vllm_bench.jsonl] [--plot results/vllm_bench_ttft_cdf.png]
+                       [--record-fixture FILE]
+
+Only the handler prints (progress to stderr, the comparison table to stdout).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from typing import Any
+
+__all__ = ["register"]
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``vllm`` group to an argparse subparsers object (each leaf sets ``func``)."""
+    from marconi.vllm.models import PRESETS
+    from marconi.vllm.policy import DEFAULT_ALPHA
+
+    group = subparsers.add_parser("vllm", help="Marconi inside vLLM: a real-server benchmark of the plugin")
+    sub = group.add_subparsers(dest="vllm_command", required=True)
+    bench = sub.add_parser("bench", help="stock vLLM vs vLLM + the Marconi plugin on a real server and a bundled "
+                                         "trace; hit rates from vLLM's counters, TTFT from a streaming client")
+    bench.add_argument("--vllm-python", default=".venv-vllm/bin/python",
+                       help="python of the vLLM environment (`make vllm-env` builds .venv-vllm)")
+    bench.add_argument("--model", default="qwen3_next-tiny", choices=sorted(PRESETS),
+                       help="tiny random-weight preset, built at run time")
+    bench.add_argument("--trace", default="swe-sample", help="bundled trace name")
+    bench.add_argument("--max-input-len", type=int, default=8192, help="the trace builder's input cap (tokens)")
+    bench.add_argument("--num-requests", type=int, default=None, help="replay only the first N requests")
+    bench.add_argument("--max-output-len", type=int, default=None, help="cap each request's max_tokens")
+    bench.add_argument("--blocks", type=int, default=150, help="vLLM's block pool (--num-gpu-blocks-override)")
+    bench.add_argument("--policies", default="lru,marconi", help="comma list: lru (stock vLLM), marconi (plugin)")
+    bench.add_argument("--alpha", type=float, default=DEFAULT_ALPHA, help="Marconi's alpha (fixed; default %(default)s)")
+    bench.add_argument("--concurrency", type=int, default=1,
+                       help="requests in flight (1: one at a time, which the emulation models exactly)")
+    bench.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    bench.add_argument("--prefix-match-unit", type=int, default=None,
+                       help="vLLM's hash granularity (default: the block); finer lets hits land inside a block")
+    bench.add_argument("--retention", default="0",
+                       help="vLLM's prefix_cache_retention_interval: 0 (default), none (every block) or tokens")
+    bench.add_argument("--work-dir", default="results/vllm_bench_work", help="model, server logs, block traces")
+    bench.add_argument("--out", default="results/vllm_bench.jsonl", help="JSONL records (written atomically)")
+    bench.add_argument("--plot", default="results/vllm_bench_ttft_cdf.png", help="TTFT CDF PNG ('' to skip)")
+    bench.add_argument("--record-fixture", default=None,
+                       help="also write per-request counts and outputs here (the emulation test's fixture)")
+    bench.set_defaults(func=_cmd_bench)
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from marconi.sim.sweep import write_records
+    from marconi.vllm.bench import BenchConfig, bench_table, plot_ttft_cdf, run_bench, write_fixture
+
+    config = BenchConfig(vllm_python=args.vllm_python, model=args.model, trace=args.trace,
+                         max_input_len=args.max_input_len, num_requests=args.num_requests,
+                         max_output_len=args.max_output_len, num_blocks=args.blocks,
+                         policies=tuple(p.strip() for p in args.policies.split(",") if p.strip()), alpha=args.alpha,
+                         concurrency=args.concurrency, max_num_batched_tokens=args.max_num_batched_tokens,
+                         prefix_match_unit=args.prefix_match_unit,
+                         retention_interval=None if args.retention.strip().lower() == "none" else int(args.retention),
+                         work_dir=args.work_dir)
+    outcome = run_bench(config)
+    records = outcome.records
+    write_records(records, args.out)
+    print(f"wrote {len(records)} records to {args.out}", file=sys.stderr)
+    if args.plot:
+        print(f"wrote {plot_ttft_cdf(records, args.plot)}", file=sys.stderr)
+    if args.record_fixture:
+        command = "marconi vllm bench " + " ".join(shlex.quote(a) for a in sys.argv[3:])
+        print(f"wrote {write_fixture(args.record_fixture, config, outcome, command)}", file=sys.stderr)
+    print(bench_table(records))
+    return 0

@@ -1,0 +1,448 @@
+"""The vLLM general plugin: Marconi's eviction inside vLLM's block pool, counters, a CPU fix.
+
+Registered as the ``vllm.general_plugins`` entry point ``marconi`` (installed with the project, see
+``pyproject.toml``); vLLM calls :func:`register` in every process it starts. What it does depends
+on :class:`~marconi.vllm.config.PluginConfig` (environment variables):
+
+* ``MARCONI_VLLM_POLICY`` unset: nothing, except the CPU fix below. vLLM behaves as stock.
+* ``lru``: every block pool is *observed* — the prefix index of :mod:`marconi.vllm.policy` is kept,
+  evictions and hits are counted and (``MARCONI_VLLM_TRACE``) traced — but vLLM decides.
+* ``marconi``: as ``lru``, and ``BlockPool.get_new_blocks`` takes free blocks without a hash first
+  (as vLLM does), then evicts cached ones by Marconi's utility instead of LRU.
+
+Hooks are set per instance, on the ``BlockPool`` of every ``Scheduler`` built after registration
+(``Scheduler.__init__`` is wrapped), so nothing changes in processes that build no scheduler.
+They rely on vLLM 0.32's block-pool internals; :func:`register` refuses (with a logged error, vLLM
+running stock) if those are missing.
+
+Counters, exported on vLLM's ``/metrics`` when the server runs with ``PROMETHEUS_MULTIPROC_DIR``
+set (the engine core is a separate process; ``marconi vllm bench`` sets it):
+
+* ``marconi:evicted_blocks_total{policy, group, reason}`` — group ``attention``/``mamba``; reason
+  ``kv-leaf`` (KVs at the end of a chain), ``kv-inner`` (KVs with a cached continuation: the chain
+  below is stranded), ``state`` (a recurrent state; its KVs stay for the child), ``dead`` (held
+  nothing a hit could use: a duplicate, an orphan state, KVs past the last state);
+* ``marconi:hit_tokens_total{kind}`` — ``usable`` (vLLM's hits: resumed from a state) and
+  ``kv_only`` (KVs matched deeper than any state: found, not reusable).
+
+**Mamba-2 CPU checkpoint fix** (``MARCONI_VLLM_MAMBA2_CPU_FIX``, default ``auto``). vLLM 0.32's
+``MambaMixer2`` (Nemotron-H, Bamba-like Mamba-2 hybrids) asks the scheduler for one mid-prefill
+checkpoint block (``num_prefill_checkpoint_blocks=1``) to export a block-boundary state from inside
+a forward pass, but the CPU scan ignores ``return_intermediate_states``, so the first prompt that
+crosses a block boundary crashes (``IndexError`` in ``varlen_states[last_chunk_indices_p]``). On
+CPU only, the fix sets that count to 0: the scheduler then splits the prefill at the boundary, as
+it does for every model without in-pass checkpoints. Nothing changes on other platforms.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import threading
+from typing import Any
+
+from marconi.vllm.config import PluginConfig
+from marconi.vllm.policy import ATTENTION, MAMBA, BlockEvictionState, RequestObservation, parent_depth
+
+__all__ = ["register", "PoolHooks", "SUPPORTED_VLLM"]
+
+logger = logging.getLogger("marconi.vllm")
+SUPPORTED_VLLM = "0.32"
+
+_REGISTERED = False
+_REASONS = ("kv-leaf", "kv-inner", "state", "dead")
+
+
+def register() -> None:
+    """Entry point (``vllm.general_plugins``): read the configuration and install the hooks."""
+    global _REGISTERED
+    if _REGISTERED:
+        return
+    _REGISTERED = True
+    config = PluginConfig.from_env()
+    if config.mamba2_cpu_fix:
+        _install_mamba2_cpu_fix()
+    if config.policy is None:
+        return
+    import vllm
+
+    if not str(vllm.__version__).startswith(SUPPORTED_VLLM):
+        logger.warning("marconi: built for vLLM %s.x, running on %s; the block-pool hooks may not fit",
+                       SUPPORTED_VLLM, vllm.__version__)
+    _install_scheduler_hook(config)
+
+
+# ====================================================================================== CPU fix
+def _install_mamba2_cpu_fix() -> None:
+    try:
+        from vllm.model_executor.layers.mamba import mamba_mixer2
+        from vllm.platforms import current_platform
+    except ImportError:
+        return
+    if not current_platform.is_cpu():
+        return
+    cls = mamba_mixer2.MambaMixer2
+    original = cls.get_kv_cache_spec
+    if getattr(original, "_marconi_fix", False):
+        return
+
+    def get_kv_cache_spec(self: Any, vllm_config: Any) -> Any:
+        spec = original(self, vllm_config)
+        if getattr(spec, "num_prefill_checkpoint_blocks", 0) > 0:
+            spec = dataclasses.replace(spec, num_prefill_checkpoint_blocks=0, prefill_checkpoint_alignment=None)
+        return spec
+
+    get_kv_cache_spec._marconi_fix = True  # type: ignore[attr-defined]
+    cls.get_kv_cache_spec = get_kv_cache_spec
+    logger.info("marconi: Mamba-2 CPU checkpoint fix on (no in-pass prefill checkpoints on CPU)")
+
+
+# ====================================================================================== scheduler hook
+def _install_scheduler_hook(config: PluginConfig) -> None:
+    from vllm.v1.core.sched import scheduler as sched_module
+
+    cls = sched_module.Scheduler
+    original = cls.__init__
+    if getattr(original, "_marconi_hook", False):
+        return
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        try:
+            self._marconi = PoolHooks.attach(self, config)
+        except Exception:  # never take the server down: run stock and say why
+            logger.exception("marconi: could not attach to the scheduler; vLLM runs with its own eviction")
+
+    __init__._marconi_hook = True  # type: ignore[attr-defined]
+    cls.__init__ = __init__
+
+
+def _group_kinds(kv_cache_config: Any) -> list[str]:
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec
+
+    kinds = []
+    for group in kv_cache_config.kv_cache_groups:
+        spec = group.kv_cache_spec
+        if isinstance(spec, MambaSpec):
+            kinds.append(MAMBA)
+        elif isinstance(spec, FullAttentionSpec):
+            kinds.append(ATTENTION)
+        else:
+            raise TypeError(f"KV cache group of type {type(spec).__name__} is not supported "
+                            "(full attention and Mamba only)")
+    return kinds
+
+
+def scheduler_settings(scheduler: Any, kinds: list[str]) -> dict[str, Any]:
+    """What the emulation needs to know about this scheduler (the ``config`` trace event)."""
+    sc = scheduler.scheduler_config
+    cc = scheduler.cache_config
+    return {"scheduler": type(scheduler).__name__, "block_size": int(cc.block_size),
+            "hash_block_size": int(scheduler.kv_cache_manager.block_pool.hash_block_size),
+            "num_blocks": int(scheduler.kv_cache_manager.block_pool.num_gpu_blocks), "group_kinds": kinds,
+            "max_num_scheduled_tokens": int(scheduler.max_num_scheduled_tokens),
+            "max_num_batched_tokens": int(sc.max_num_batched_tokens),
+            "long_prefill_token_threshold": int(sc.long_prefill_token_threshold or 0),
+            "retention_interval": cc.prefix_cache_retention_interval, "mamba_cache_mode": cc.mamba_cache_mode,
+            "async_scheduling": bool(getattr(sc, "async_scheduling", False)),
+            "mamba_aligned_split": bool(getattr(scheduler, "need_mamba_block_aligned_split", False)),
+            "mamba_partial_cache_hit": bool(getattr(scheduler, "mamba_partial_cache_hit", False)),
+            "mamba_prefill_checkpoint_blocks": bool(getattr(scheduler, "mamba_has_prefill_checkpoint_blocks", False))}
+
+
+def _model_spec(vllm_config: Any) -> Any:
+    from marconi.model import ModelSpec
+
+    hf = vllm_config.model_config.hf_config
+    cfg = hf.to_dict()
+    if cfg.get("model_type") == "nemotron_h" and getattr(hf, "hybrid_override_pattern", None):
+        cfg["hybrid_override_pattern"] = hf.hybrid_override_pattern
+    dtype = str(vllm_config.model_config.dtype).removeprefix("torch.")
+    return ModelSpec.from_hf_config(cfg, name=str(vllm_config.model_config.model), bytes_per_elem=
+                                    {"float32": 4, "float64": 8}.get(dtype, 2))
+
+
+class _Counters:
+    """Prometheus counters (created once per process, lazily: only the engine core counts)."""
+
+    _instance: "_Counters | None" = None
+
+    def __init__(self) -> None:
+        from prometheus_client import Counter
+
+        self.evicted = Counter("marconi:evicted_blocks", "Cached blocks evicted from vLLM's block pool",
+                               ["policy", "group", "reason"])
+        self.hit_tokens = Counter("marconi:hit_tokens", "Prompt tokens matched in the prefix cache: usable "
+                                  "(resumed from a state) or kv_only (KVs without a state)", ["kind"])
+
+    @classmethod
+    def get(cls) -> "_Counters":
+        if cls._instance is None:
+            cls._instance = cls()
+        return cls._instance
+
+
+class PoolHooks:
+    """Instance hooks on one vLLM ``BlockPool`` that keep a :class:`BlockEvictionState` in step.
+
+    Built by :meth:`attach` right after a ``Scheduler`` is constructed.
+    """
+
+    def __init__(self, pool: Any, kv_manager: Any, state: BlockEvictionState, config: PluginConfig,
+                 hash_block_size: int) -> None:
+        self.pool = pool
+        self.kv_manager = kv_manager
+        self.state = state
+        self.config = config
+        self.policy = config.policy or "lru"
+        self.hash_block_size = hash_block_size
+        self.block_size = state.block_size
+        self.group_kinds = state.group_kinds
+        self.counters = _Counters.get()
+        self._local = threading.local()
+        self._trace = open(config.trace_path, "a", buffering=1) if config.trace_path else None
+        self.num_evicted: dict[str, int] = {}
+
+    # --------------------------------------------------------------- attach
+    @classmethod
+    def attach(cls, scheduler: Any, config: PluginConfig) -> "PoolHooks":
+        from vllm.v1.core.kv_cache_utils import get_block_hash, get_group_id
+
+        kv_manager = scheduler.kv_cache_manager
+        pool = kv_manager.block_pool
+        for name in ("get_new_blocks", "free_blocks", "touch", "_insert_block_hash", "_remove_cached_block_hashes",
+                     "_maybe_evict_cached_block", "cache_full_blocks", "cache_partial_block", "move_block_hashes",
+                     "reset_prefix_cache", "unpin_blocks", "free_block_queue", "cached_block_hash_to_block", "blocks"):
+            if not hasattr(pool, name):
+                raise AttributeError(f"vLLM's BlockPool has no {name!r}: this vLLM is not {SUPPORTED_VLLM}.x")
+        kinds = _group_kinds(scheduler.kv_cache_config)
+        spec = _model_spec(scheduler.vllm_config)
+        block_size = int(scheduler.cache_config.block_size)
+        state = BlockEvictionState(spec, kinds, pool.num_gpu_blocks, block_size, config.make_alpha_source(spec),
+                                   config.efficiency)
+        hooks = cls(pool, kv_manager, state, config, int(pool.hash_block_size))
+        hooks._hash_parts = (get_block_hash, get_group_id)
+        hooks._install()
+        hooks.settings = scheduler_settings(scheduler, kinds)
+        hooks._emit("config", hooks.settings)
+        logger.info("marconi: %s eviction on a %d-block pool, groups %s, block %d tokens, alpha source %r",
+                    hooks.policy, pool.num_gpu_blocks, ",".join(kinds), block_size, state.alpha_source)
+        return hooks
+
+    def _install(self) -> None:
+        pool = self.pool
+        self._orig = {name: getattr(pool, name) for name in (
+            "get_new_blocks", "free_blocks", "touch", "_insert_block_hash", "_remove_cached_block_hashes",
+            "_maybe_evict_cached_block", "cache_full_blocks", "cache_partial_block", "move_block_hashes",
+            "reset_prefix_cache", "unpin_blocks")}
+        if self.policy == "marconi":
+            pool.get_new_blocks = self.get_new_blocks
+        else:
+            pool.get_new_blocks = self.get_new_blocks_observed
+        pool.free_blocks = self.free_blocks
+        pool.touch = self.touch
+        pool._insert_block_hash = self._insert_block_hash
+        pool._remove_cached_block_hashes = self._remove_cached_block_hashes
+        pool._maybe_evict_cached_block = self._maybe_evict_cached_block
+        pool.cache_full_blocks = self.cache_full_blocks
+        pool.cache_partial_block = self.cache_partial_block
+        pool.move_block_hashes = self.move_block_hashes
+        pool.reset_prefix_cache = self.reset_prefix_cache
+        pool.unpin_blocks = self.unpin_blocks
+        record = self.kv_manager.record_prefix_cache_stats
+
+        def record_prefix_cache_stats(request: Any, num_hits: int) -> None:
+            record(request, num_hits)
+            self.on_admitted(request, num_hits)
+
+        self.kv_manager.record_prefix_cache_stats = record_prefix_cache_stats
+        allocate = self.kv_manager.allocate_slots
+
+        def allocate_slots(request: Any, num_new_tokens: int, num_new_computed_tokens: int = 0,
+                           *args: Any, **kwargs: Any) -> Any:
+            self._emit("slots", int(request.num_computed_tokens), int(num_new_computed_tokens), int(num_new_tokens),
+                       int(kwargs.get("num_lookahead_tokens", 0)))
+            return allocate(request, num_new_tokens, num_new_computed_tokens, *args, **kwargs)
+
+        self.kv_manager.allocate_slots = allocate_slots
+
+    # --------------------------------------------------------------- trace
+    def _emit(self, *event: Any) -> None:
+        if self._trace is not None:
+            self._trace.write(json.dumps(event) + "\n")
+
+    # --------------------------------------------------------------- allocation
+    def get_new_blocks(self, num_blocks: int) -> list[Any]:
+        """``BlockPool.get_new_blocks`` with Marconi's choice among cached free blocks."""
+        pool = self.pool
+        if num_blocks > pool.get_num_free_blocks():
+            raise ValueError(f"Cannot get {num_blocks} free blocks from the pool")
+        queue = pool.free_block_queue
+        num_uncached = pool.get_num_free_blocks() - int(self.state.free_cached.sum())
+        picked: list[Any] = []
+        want = min(num_blocks, num_uncached)
+        block = queue.fake_free_list_head.next_free_block
+        while len(picked) < want and block is not queue.fake_free_list_tail:
+            if block.block_hash is None:
+                picked.append(block)
+            block = block.next_free_block
+        for block in picked:
+            queue.remove(block)
+        while len(picked) < num_blocks:
+            # One victim at a time, evicted at once: its parent may become the next leaf.
+            victim = self.state.next_victim()
+            if victim is None:
+                raise RuntimeError("marconi: free blocks remain but none is cached or uncached")
+            self._emit("victim", victim.block_id, victim.reason)
+            block = pool.blocks[victim.block_id]
+            queue.remove(block)
+            self.state.taken(block.block_id)
+            pool._maybe_evict_cached_block(block)
+            picked.append(block)
+        if pool._reuse_watchers:
+            pool._notify_reuse(picked)
+        for block in picked:
+            if pool.enable_caching:
+                pool._maybe_evict_cached_block(block)
+            elif pool.metrics_collector:
+                pool.metrics_collector.on_block_evicted(block)
+            assert block.ref_cnt == 0
+            block.ref_cnt += 1
+            if pool.metrics_collector:
+                pool.metrics_collector.on_block_allocated(block)
+        self._emit("alloc", [b.block_id for b in picked])
+        return picked
+
+    def get_new_blocks_observed(self, num_blocks: int) -> list[Any]:
+        """vLLM's own ``get_new_blocks`` (LRU), with the index told which blocks left the queue."""
+        blocks = self._orig["get_new_blocks"](num_blocks)
+        for block in blocks:
+            self.state.taken(block.block_id)
+        self._emit("alloc", [b.block_id for b in blocks])
+        return blocks
+
+    def _maybe_evict_cached_block(self, block: Any) -> bool:
+        key = block.block_hash
+        if key is not None:
+            gid = self._hash_parts[1](key)
+            reason = _REASONS[int(self.state.reason[block.block_id])]
+            group = self.group_kinds[gid] if gid < len(self.group_kinds) else "other"
+            self.counters.evicted.labels(self.policy, group, reason).inc()
+            name = f"{group}:{reason}"
+            self.num_evicted[name] = self.num_evicted.get(name, 0) + 1
+            self._emit("evict", block.block_id, gid, block.block_hash_num_tokens)
+        return self._orig["_maybe_evict_cached_block"](block)
+
+    def touch(self, blocks: Any) -> None:
+        blocks = list(blocks)
+        leaving = [b.block_id for b in blocks if b.ref_cnt == 0 and not b.is_null]
+        self._orig["touch"](blocks)
+        for block_id in leaving:
+            self.state.taken(block_id)
+        if leaving:
+            self._emit("touch", leaving)
+
+    def free_blocks(self, ordered_blocks: Any) -> None:
+        blocks = list(ordered_blocks)
+        self._orig["free_blocks"](blocks)
+        released = []
+        for block in blocks:
+            if block.pool is not None and block.pool is not self.pool:
+                continue
+            if block.ref_cnt == 0 and not block.is_null:
+                released.append(block.block_id)
+                if block.block_hash is not None and self.pool.enable_caching:
+                    self.state.released(block.block_id)
+        if released:
+            self._emit("free", released)
+
+    def unpin_blocks(self, blocks: Any, on_reuse: Any) -> None:
+        """KV connectors release blocks to the queue's tail this way: cached ones are candidates."""
+        blocks = list(blocks)
+        self._orig["unpin_blocks"](blocks, on_reuse)
+        released = [b.block_id for b in blocks if b.ref_cnt == 0 and not b.is_null]
+        for block in blocks:
+            if block.ref_cnt == 0 and not block.is_null and block.block_hash is not None:
+                self.state.released(block.block_id)
+        if released:
+            self._emit("free", released)
+
+    # --------------------------------------------------------------- hashes
+    def cache_full_blocks(self, request: Any, *args: Any, **kwargs: Any) -> None:
+        self._local.request = request
+        try:
+            self._orig["cache_full_blocks"](request, *args, **kwargs)
+        finally:
+            self._local.request = None
+
+    def cache_partial_block(self, request: Any, *args: Any, **kwargs: Any) -> Any:
+        self._local.request = request
+        try:
+            return self._orig["cache_partial_block"](request, *args, **kwargs)
+        finally:
+            self._local.request = None
+
+    def move_block_hashes(self, src_block: Any, dst_block: Any) -> None:
+        """Keep each moved hash's depth and parent: the index re-registers them on ``dst_block``."""
+        known = {}
+        for key in [src_block.block_hash, *self.pool.cached_block_hashes_by_block.get(src_block.block_id, ())]:
+            if key is None:
+                continue
+            prefix = self._hash_parts[0](key)
+            try:
+                known[prefix] = self.state.prefix_info(prefix)
+            except KeyError:
+                pass
+        self._local.moved = known
+        try:
+            self._orig["move_block_hashes"](src_block, dst_block)
+        finally:
+            self._local.moved = None
+
+    def _insert_block_hash(self, key: Any, block: Any, num_tokens: int | None) -> None:
+        pool = self.pool
+        already = block.block_hash == key or pool.cached_block_hash_to_block.contain(key, block.block_id)
+        self._orig["_insert_block_hash"](key, block, num_tokens)
+        if already:
+            return
+        prefix, gid = self._hash_parts[0](key), self._hash_parts[1](key)
+        depth, parent = self._depth_and_parent(prefix, num_tokens)
+        self.state.cached(block.block_id, prefix, gid, depth, parent)
+        self._emit("cache", block.block_id, gid, depth)
+
+    def _depth_and_parent(self, prefix: Any, num_tokens: int | None) -> tuple[int, Any]:
+        moved = getattr(self._local, "moved", None)
+        if moved and prefix in moved:
+            return moved[prefix]
+        request = getattr(self._local, "request", None)
+        if request is None or num_tokens is None:
+            raise RuntimeError("marconi: a block was cached outside cache_full_blocks/cache_partial_block")
+        pdepth = parent_depth(num_tokens, self.block_size)
+        parent = request.block_hashes[pdepth // self.hash_block_size - 1] if pdepth else None
+        return num_tokens, parent
+
+    def _remove_cached_block_hashes(self, block: Any) -> list[Any]:
+        removed = self._orig["_remove_cached_block_hashes"](block)
+        for key in removed:
+            self.state.uncached(block.block_id, self._hash_parts[0](key), self._hash_parts[1](key))
+            self._emit("uncache", block.block_id, self._hash_parts[1](key))
+        return removed
+
+    def reset_prefix_cache(self) -> bool:
+        done = self._orig["reset_prefix_cache"]()
+        if done:
+            self.state.clear()
+            self._emit("reset")
+        return done
+
+    # --------------------------------------------------------------- requests
+    def on_admitted(self, request: Any, num_hits: int) -> None:
+        """A request passed admission with ``num_hits`` cached tokens (vLLM's own count)."""
+        boundary = int(getattr(request, "shared_prefix_boundary", 0) or 0)
+        kv_only = max(0, boundary - num_hits)
+        self.counters.hit_tokens.labels("usable").inc(num_hits)
+        if kv_only:
+            self.counters.hit_tokens.labels("kv_only").inc(kv_only)
+        self.state.alpha_source.observe(RequestObservation(int(request.num_prompt_tokens), int(num_hits), kv_only))
+        self._emit("lookup", int(request.num_prompt_tokens), int(num_hits), kv_only)

@@ -1,0 +1,364 @@
+"""Marconi's FLOP-aware eviction for vLLM's block pool: which free cached block goes first.
+
+vLLM (0.32) keeps every free block in one queue. Blocks without a hash are reused first; cached
+blocks (with a hash) wait at the tail in release order and are evicted from the head — LRU. This
+module decides instead by Marconi's utility (paper §4.2), block by block:
+
+    utility = normalised recency + α · normalised FLOP efficiency      (lowest is evicted)
+
+over the *candidates* among the free cached blocks. vLLM's blocks form chains (a block's hash covers
+its whole prefix), one chain per KV cache group: attention groups hold the KVs of a block's tokens,
+Mamba groups hold the recurrent state after its last token. A hit needs the attention blocks of the
+whole prefix *and* the state blocks (every Mamba group) at its end. That maps onto Marconi's radix
+tree: a prefix hash with a state is a node with a checkpoint, the attention blocks are its edge.
+
+* An attention block is a candidate only if no cached attention block continues its chain (a leaf):
+  evicting an inner block would strand everything below it.
+* A state block is a candidate if its prefix has at most one continuing child — the paper's
+  "nodes with at most one child"; dropping it keeps the KVs, which the child absorbs.
+* A block duplicated under the same hash (vLLM does not deduplicate), a state block whose
+  attention prefix or sibling Mamba groups are gone, and an attention leaf with no state at its
+  end hold nothing a hit can use: efficiency 0, candidates.
+
+FLOP efficiency is the core's :func:`marconi.eviction.flop_efficiency` on the served model's
+:class:`~marconi.model.ModelSpec` at the block's prefix depth ("total": FLOPs of the whole prefix per
+byte of state + prefix KVs; "marginal": FLOPs of the block's own tokens). Recency is the order in
+which blocks were released to the free queue — exactly the order vLLM's LRU uses, since blocks
+carry no timestamps — min-max normalised like the core's. Ties go to the least recently released.
+
+The same :class:`BlockEvictionState` runs inside the vLLM plugin (:mod:`marconi.vllm.plugin`) and
+in the ``vllm-align`` emulation (:mod:`marconi.vllm.emulate`), so the simulator reproduces the
+plugin's decisions, not an approximation of them. Nothing here imports vLLM.
+
+α comes from an :class:`AlphaSource`: fixed by configuration now; an adaptive source plugs in
+through the same two methods.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Hashable, Iterable, Protocol, Sequence
+
+import numpy as np
+
+from marconi.eviction import flop_efficiency
+from marconi.model import ModelSpec
+from marconi.registry import ConfigError
+
+__all__ = ["ATTENTION", "MAMBA", "POLICIES", "DEFAULT_ALPHA", "EFFICIENCIES", "AlphaSource", "FixedAlpha", "RequestObservation",
+           "BlockEvictionState", "Victim", "parent_depth"]
+
+ATTENTION = "attention"
+MAMBA = "mamba"
+POLICIES = ("lru", "marconi")
+# 0.5: never below LRU in the emulated sweeps of README "Marconi inside vLLM" (SWE, chat and agent
+# traces, 60-300 blocks); alpha = 1 wins more on chat but loses up to 2 pp elsewhere.
+DEFAULT_ALPHA = 0.5
+EFFICIENCIES = ("total", "marginal")
+
+
+@dataclass(frozen=True, slots=True)
+class RequestObservation:
+    """One admitted request as the cache saw it: what an α source may learn from."""
+
+    input_len: int          # prompt tokens
+    hit_len: int            # tokens reused (vLLM's num_cached_tokens)
+    kv_only_len: int        # tokens whose KVs were cached beyond the hit, without a state to resume from
+
+
+class AlphaSource(Protocol):
+    """Where α comes from. ``alpha()`` is read at every eviction; ``observe`` sees every request.
+
+    A fixed α ignores the observations; an adaptive source (online choice of α) updates from them.
+    Implementations must be cheap: both run on vLLM's scheduler thread.
+    """
+
+    def alpha(self) -> float:
+        ...
+
+    def observe(self, event: RequestObservation) -> None:
+        ...
+
+
+class FixedAlpha:
+    """α fixed by configuration."""
+
+    def __init__(self, value: float) -> None:
+        if not np.isfinite(value) or value < 0:
+            raise ConfigError(f"alpha must be a finite number >= 0, got {value}")
+        self.value = float(value)
+
+    def alpha(self) -> float:
+        return self.value
+
+    def observe(self, event: RequestObservation) -> None:
+        return None
+
+    def __repr__(self) -> str:
+        return f"FixedAlpha({self.value})"
+
+
+class Victim(tuple):
+    """``(block_id, reason)``: reason is ``"kv-leaf"``, ``"kv-inner"``, ``"state"`` or ``"dead"``."""
+
+    __slots__ = ()
+
+    def __new__(cls, block_id: int, reason: str) -> "Victim":
+        return tuple.__new__(cls, (block_id, reason))
+
+    @property
+    def block_id(self) -> int:
+        return self[0]
+
+    @property
+    def reason(self) -> str:
+        return self[1]
+
+
+class _Prefix:
+    """One prefix hash: its parent prefix, depth, and how many cached blocks each group holds."""
+
+    __slots__ = ("parent", "depth", "blocks")
+
+    def __init__(self, parent: Hashable | None, depth: int, num_groups: int) -> None:
+        self.parent = parent
+        self.depth = depth
+        self.blocks: list[set[int]] = [set() for _ in range(num_groups)]
+
+    def empty(self) -> bool:
+        return not any(self.blocks)
+
+
+class BlockEvictionState:
+    """The free cached blocks of one vLLM block pool, with what Marconi needs to rank them.
+
+    The owner (plugin or emulation) reports four events, in vLLM's order:
+
+    * :meth:`cached` — a block got a hash (``prefix``, group ``group_id``, ``depth`` tokens, parent
+      prefix ``parent`` or None at the root);
+    * :meth:`uncached` — a block lost one of its hashes (evicted, re-keyed);
+    * :meth:`released` — a block with a hash entered the free queue (its recency is now);
+    * :meth:`taken` — a block left the free queue (a hit touched it, or it was allocated).
+
+    and asks :meth:`next_victim` which free cached block to evict. Prefix hashes may be any
+    hashable values (vLLM's hash bytes, the emulation's digests). Arrays are indexed by block id.
+
+    Args:
+        spec: cost model of the served model (FLOPs and bytes per prefix).
+        group_kinds: ``ATTENTION`` or ``MAMBA`` for each KV cache group id, in vLLM's order.
+        num_blocks: blocks in the pool (ids ``0 .. num_blocks-1``).
+        block_size: tokens per block (the ``marginal`` efficiency counts one block's tokens).
+        alpha: the α source (``FixedAlpha(a)`` or an adaptive one).
+        efficiency: ``"total"`` (the paper's) or ``"marginal"``.
+    """
+
+    def __init__(self, spec: ModelSpec, group_kinds: Sequence[str], num_blocks: int, block_size: int,
+                 alpha: AlphaSource, efficiency: str = "total") -> None:
+        if efficiency not in EFFICIENCIES:
+            raise ConfigError(f"efficiency must be one of {EFFICIENCIES}, got {efficiency!r}")
+        bad = [k for k in group_kinds if k not in (ATTENTION, MAMBA)]
+        if bad or not group_kinds:
+            raise ConfigError(f"group kinds must be {ATTENTION!r} or {MAMBA!r}, got {list(group_kinds)}")
+        self.spec = spec
+        self.group_kinds = tuple(group_kinds)
+        self.attn_groups = tuple(g for g, k in enumerate(group_kinds) if k == ATTENTION)
+        self.mamba_groups = tuple(g for g, k in enumerate(group_kinds) if k == MAMBA)
+        self.block_size = int(block_size)
+        self.alpha_source = alpha
+        self.efficiency = efficiency
+        self._prefixes: dict[Hashable, _Prefix] = {}
+        self._children: dict[Hashable, set[Hashable]] = {}
+        self._block_keys: dict[int, list[tuple[Hashable, int]]] = {}   # block id -> its (prefix, group)s
+        self.free_cached = np.zeros(num_blocks, dtype=bool)
+        self.release_seq = np.zeros(num_blocks, dtype=np.int64)
+        self.candidate = np.zeros(num_blocks, dtype=bool)
+        self.flop_eff = np.zeros(num_blocks, dtype=np.float64)
+        self.reason = np.zeros(num_blocks, dtype=np.int8)          # index into _REASONS
+        self._seq = 0
+        self._eff_by_depth: dict[int, float] = {}
+
+    # ------------------------------------------------------------------ events
+    def cached(self, block_id: int, prefix: Hashable, group_id: int, depth: int, parent: Hashable | None) -> None:
+        """``block_id`` now answers lookups for ``prefix`` in group ``group_id``."""
+        node = self._prefixes.get(prefix)
+        if node is None:
+            node = self._prefixes[prefix] = _Prefix(parent, depth, len(self.group_kinds))
+            if parent is not None:
+                self._children.setdefault(parent, set()).add(prefix)
+        node.blocks[group_id].add(block_id)
+        self._block_keys.setdefault(block_id, []).append((prefix, group_id))
+        self._refresh_around(prefix)
+
+    def uncached(self, block_id: int, prefix: Hashable, group_id: int) -> None:
+        """``block_id`` no longer answers lookups for ``prefix`` (evicted or re-keyed)."""
+        keys = self._block_keys.get(block_id)
+        if keys is None or (prefix, group_id) not in keys:
+            return
+        keys.remove((prefix, group_id))
+        if not keys:
+            del self._block_keys[block_id]
+            self.free_cached[block_id] = False     # still free, but now a block without a hash
+        node = self._prefixes[prefix]
+        node.blocks[group_id].discard(block_id)
+        parent = node.parent
+        if node.empty():
+            del self._prefixes[prefix]
+            if parent is not None:
+                siblings = self._children.get(parent)
+                if siblings is not None:
+                    siblings.discard(prefix)
+                    if not siblings:
+                        del self._children[parent]
+        self._refresh_block(block_id)
+        self._refresh_prefix(prefix)
+        if parent is not None:
+            self._refresh_prefix(parent)
+
+    def released(self, block_id: int) -> None:
+        """A cached block entered the free queue: it is a candidate from now, recency = now."""
+        self._seq += 1
+        self.release_seq[block_id] = self._seq
+        self.free_cached[block_id] = True
+
+    def taken(self, block_id: int) -> None:
+        """A block left the free queue (hit or allocation)."""
+        self.free_cached[block_id] = False
+
+    def prefix_info(self, prefix: Hashable) -> tuple[int, Hashable | None]:
+        """``(depth, parent prefix)`` of a cached prefix (KeyError if nothing holds it)."""
+        node = self._prefixes[prefix]
+        return node.depth, node.parent
+
+    def clear(self) -> None:
+        """Every hash dropped (vLLM's ``reset_prefix_cache``)."""
+        self._prefixes.clear()
+        self._children.clear()
+        self._block_keys.clear()
+        self.free_cached[:] = False
+        self.candidate[:] = False
+
+    # ------------------------------------------------------------------ the decision
+    def next_victim(self) -> Victim | None:
+        """The free cached block to evict next, or None when there is none.
+
+        Lowest ``recency + α·efficiency`` among candidates (both min-max normalised over them),
+        ties to the least recently released. If no free cached block is a candidate (every one
+        is an inner block of a chain that is still in use), the least recently released one.
+        """
+        free = np.flatnonzero(self.free_cached)
+        if free.size == 0:
+            return None
+        pool = free[self.candidate[free]]
+        if pool.size == 0:
+            pool = free
+        seq = self.release_seq[pool]
+        scores = _min_max(seq.astype(np.float64))
+        alpha = float(self.alpha_source.alpha())
+        if alpha:
+            scores = scores + alpha * _min_max(self.flop_eff[pool])
+        best = scores.min()
+        ties = pool[scores == best]
+        block = int(ties[np.argmin(self.release_seq[ties])])
+        return Victim(block, _REASONS[self.reason[block]])
+
+    def describe(self) -> dict[str, Any]:
+        return {"eviction": "marconi-blocks", "alpha": self.alpha_source.alpha(), "efficiency": self.efficiency}
+
+    # ------------------------------------------------------------------ bookkeeping
+    def _refresh_around(self, prefix: Hashable) -> None:
+        self._refresh_prefix(prefix)
+        node = self._prefixes.get(prefix)
+        if node is not None and node.parent is not None:
+            self._refresh_prefix(node.parent)
+
+    def _refresh_prefix(self, prefix: Hashable) -> None:
+        node = self._prefixes.get(prefix)
+        if node is None:
+            return
+        for ids in node.blocks:
+            for block_id in ids:
+                self._refresh_block(block_id)
+
+    def _refresh_block(self, block_id: int) -> None:
+        keys = self._block_keys.get(block_id)
+        if not keys:
+            self.candidate[block_id] = False
+            self.flop_eff[block_id] = 0.0
+            self.reason[block_id] = _DEAD
+            return
+        # A block holds one primary hash; partial (sub-block) entries are extra lookup keys on the
+        # same block. Rank it by its deepest key: that is the prefix its contents complete.
+        prefix, group_id = max(keys, key=lambda k: self._prefixes[k[0]].depth)
+        node = self._prefixes[prefix]
+        cand, eff, reason = self._judge(node, prefix, group_id)
+        self.candidate[block_id] = cand
+        self.flop_eff[block_id] = eff
+        self.reason[block_id] = reason
+
+    def _judge(self, node: _Prefix, prefix: Hashable, group_id: int) -> tuple[bool, float, int]:
+        if len(node.blocks[group_id]) > 1:              # a duplicate: another copy serves the hits
+            return True, 0.0, _DEAD
+        has_state = all(node.blocks[g] for g in self.mamba_groups)
+        has_kv = all(node.blocks[g] for g in self.attn_groups)
+        kv_children = sum(1 for c in self._children.get(prefix, ()) if self._has_any_kv(c))
+        if self.group_kinds[group_id] == ATTENTION:
+            if kv_children:
+                return False, 0.0, _KV_INNER
+            if not has_state:
+                return True, 0.0, _DEAD
+            return True, self._eff(node.depth), _KV_LEAF
+        if not (has_state and has_kv):
+            return True, 0.0, _DEAD
+        return kv_children <= 1, self._eff(node.depth), _STATE
+
+    def _has_any_kv(self, prefix: Hashable) -> bool:
+        node = self._prefixes.get(prefix)
+        return node is not None and any(node.blocks[g] for g in self.attn_groups)
+
+    def _eff(self, depth: int) -> float:
+        eff = self._eff_by_depth.get(depth)
+        if eff is None:
+            edge = min(depth, self.block_size)
+            eff = self._eff_by_depth[depth] = flop_efficiency(self.spec, depth, edge, bool(self.mamba_groups),
+                                                               self.efficiency)
+        return eff
+
+    # ------------------------------------------------------------------ checks
+    def check_invariants(self, cached_keys: Iterable[tuple[int, Hashable, int]] | None = None) -> None:
+        """Recompute the derived arrays from scratch; with ``cached_keys`` (block id, prefix, group)
+        also check the index holds exactly those. Raises AssertionError on drift."""
+        if cached_keys is not None:
+            expected: dict[int, set[tuple[Hashable, int]]] = {}
+            for block_id, prefix, group_id in cached_keys:
+                expected.setdefault(block_id, set()).add((prefix, group_id))
+            got = {b: set(k) for b, k in self._block_keys.items()}
+            assert got == expected, f"index drifted: {len(got)} blocks indexed, {len(expected)} cached"
+        for prefix, node in self._prefixes.items():
+            assert not node.empty(), f"empty prefix {prefix!r} kept"
+            if node.parent is not None:
+                assert prefix in self._children.get(node.parent, ()), "child link missing"
+        snapshot = (self.candidate.copy(), self.flop_eff.copy(), self.reason.copy())
+        for block_id in list(self._block_keys):
+            self._refresh_block(block_id)
+        for before, after in zip(snapshot, (self.candidate, self.flop_eff, self.reason)):
+            ids = list(self._block_keys)
+            assert np.array_equal(before[ids], after[ids]), "stale candidate/efficiency arrays"
+
+
+def parent_depth(depth: int, block_size: int) -> int:
+    """Depth of the block a ``depth``-token prefix continues (0: none): the previous block boundary.
+
+    The plugin and the emulation both derive a cached block's parent prefix from it.
+    """
+    return (depth - 1) // block_size * block_size
+
+
+_KV_LEAF, _KV_INNER, _STATE, _DEAD = 0, 1, 2, 3
+_REASONS = ("kv-leaf", "kv-inner", "state", "dead")
+
+
+def _min_max(values: np.ndarray) -> np.ndarray:
+    lo, hi = values.min(), values.max()
+    if hi <= lo:
+        return np.zeros_like(values, dtype=np.float64)
+    return (values - lo) / (hi - lo)

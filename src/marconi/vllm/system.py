@@ -1,0 +1,100 @@
+"""The ``vllm-align`` simulator system: vLLM 0.32's hybrid prefix cache, by name, with parameters.
+
+Usable wherever a system is named (``marconi simulate --systems vllm-align,vllm-align:eviction=marconi``)::
+
+    vllm-align                            stock vLLM (LRU), the block size vLLM would pick, pool from --capacity
+    vllm-align:eviction=marconi,alpha=1   vLLM + the Marconi plugin
+    vllm-align:block=384,blocks=150       an exact pool (as served with --num-gpu-blocks-override 150)
+    vllm-align:retention=none             prefix_cache_retention_interval=None (a state at every block)
+
+Parameters: ``block`` (tokens; 0 = derived from the model as vLLM does, with ``kernel_align``),
+``blocks`` (pool size including the null block; 0 = from the capacity), ``match_unit``
+(``prefix_match_unit``, a divisor of the block; 0 = the block), ``retention`` (``0``, ``none`` or a
+multiple of the block), ``shared_prefix`` (``enable_mamba_shared_prefix_checkpoint``; inert without
+EAGLE, as in vLLM), ``chunk`` (``max_num_batched_tokens``), ``eviction`` (``lru``/``marconi``),
+``alpha`` and ``efficiency`` (the plugin's), ``alpha_source`` (``module:factory``, an adaptive α as
+the plugin's ``MARCONI_VLLM_ALPHA_SOURCE``), ``attn_first`` (the model's first layer is attention).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from marconi.model import ModelSpec, get_model
+from marconi.registry import ConfigError
+from marconi.systems import SYSTEMS, SystemConfig
+from marconi.vllm.emulate import VllmAlignCache, layout_for_spec
+from marconi.vllm.config import PluginConfig
+from marconi.vllm.policy import DEFAULT_ALPHA, EFFICIENCIES, AlphaSource, FixedAlpha
+
+__all__ = ["VllmAlignSystem"]
+
+
+@dataclass(frozen=True, slots=True)
+class VllmAlignSystem(SystemConfig):
+    """A :class:`~marconi.systems.SystemConfig` whose cache is the vLLM emulation."""
+
+    layout_options: tuple[tuple[str, Any], ...] = ()
+    block_size: int | None = None
+    num_blocks: int | None = None
+    policy: str = "lru"
+    alpha: float = DEFAULT_ALPHA
+    efficiency: str = "total"
+    alpha_source: str | None = None       # ``module:factory``, as MARCONI_VLLM_ALPHA_SOURCE
+
+    def build(self, spec: ModelSpec | str, capacity_bytes: float, *, clock: Callable[[], float] | None = None,
+              payloads: Any = None, tuning_workers: int | None = None,
+              tuning_mapper: Callable[..., list[Any]] | None = None) -> VllmAlignCache:
+        if payloads is not None:
+            raise ConfigError("vllm-align is a simulation of vLLM's cache: it holds no real payloads")
+        spec = get_model(spec)
+        layout = layout_for_spec(spec, capacity_bytes=None if self.num_blocks else capacity_bytes,
+                                 num_blocks=self.num_blocks, block_size=self.block_size, **dict(self.layout_options))
+        alpha: float | AlphaSource = self.alpha
+        if self.alpha_source:
+            alpha = PluginConfig(policy=self.policy, alpha=self.alpha, alpha_source=self.alpha_source,
+                                 efficiency=self.efficiency).make_alpha_source(spec)
+        # No clock: vLLM's recency is the order blocks return to its free queue, not time.
+        return VllmAlignCache(spec, layout, eviction=self.policy, alpha=alpha, efficiency=self.efficiency)
+
+
+def _retention(text: str) -> int | None:
+    if text.strip().lower() in ("none", "dense"):
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        raise ConfigError(f"vllm-align: retention must be 0, none or a token count, got {text!r}") from None
+    if value < 0:
+        raise ConfigError(f"vllm-align: retention must be >= 0, got {value}")
+    return value
+
+
+@SYSTEMS.register("vllm-align", "vLLM 0.32's hybrid prefix cache (Mamba align mode, block pool, LRU or the "
+                                "Marconi plugin), emulated block by block")
+def _vllm_align(block: int = 0, blocks: int = 0, match_unit: int = 0, retention: str = "0",
+                shared_prefix: bool = False, chunk: int = 2048, eviction: str = "lru", alpha: float = DEFAULT_ALPHA,
+                efficiency: str = "total", kernel_align: int = 16, attn_first: bool = False,
+                alpha_source: str = "") -> SystemConfig:
+    if eviction not in ("lru", "marconi"):
+        raise ConfigError(f"vllm-align: eviction must be lru or marconi, got {eviction!r}")
+    if efficiency not in EFFICIENCIES:
+        raise ConfigError(f"vllm-align: efficiency must be one of {', '.join(EFFICIENCIES)}, got {efficiency!r}")
+    if block < 0 or blocks < 0 or match_unit < 0 or chunk <= 0 or kernel_align <= 0:
+        raise ConfigError("vllm-align: block, blocks and match_unit must be >= 0; chunk and kernel_align > 0")
+    FixedAlpha(alpha)  # validates
+    if alpha_source and ":" not in alpha_source:
+        raise ConfigError(f"vllm-align: alpha_source must be module:factory, got {alpha_source!r}")
+    options: dict[str, Any] = {"retention_interval": _retention(retention), "shared_prefix_checkpoint": shared_prefix,
+                               "max_num_batched_tokens": chunk, "kernel_alignment": kernel_align,
+                               "mamba_first": not attn_first}
+    if match_unit:
+        options["prefix_match_unit"] = match_unit
+    admission = ("vllm-align(" + ",".join(f"{k}={v}" for k, v in (("block", block or "auto"), ("retention", retention),
+                                                                   ("chunk", chunk))) + ")")
+    eviction_name = "lru" if eviction == "lru" else f"marconi-blocks(alpha={alpha:g},efficiency={efficiency})"
+    if alpha_source:
+        eviction_name = f"marconi-blocks(alpha_source={alpha_source},efficiency={efficiency})"
+    return VllmAlignSystem("vllm-align", admission, eviction_name, None, tuple(options.items()), block or None,
+                           blocks or None, eviction, float(alpha), efficiency, alpha_source or None)
