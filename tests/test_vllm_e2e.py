@@ -31,6 +31,8 @@ import pytest
 from marconi.model import ModelSpec
 from marconi.vllm.emulate import VllmAlignEngine, layout_for_spec
 
+pytestmark = pytest.mark.slow  # three real vLLM servers (~1.5 min): CI and `make test` only
+
 REPO = Path(__file__).resolve().parents[1]
 VLLM_PYTHON = os.environ.get("MARCONI_VLLM_PYTHON") or str(REPO / ".venv-vllm" / "bin" / "python")
 REQUIRED = os.environ.get("MARCONI_REQUIRE_VLLM") == "1"
