@@ -142,9 +142,9 @@ def test_vllm_align_is_a_system_name() -> None:
 
 @pytest.mark.parametrize("mode", ["sequential", "event"])
 def test_simulate_runs_vllm_align_on_a_bundled_trace(mode: str) -> None:
-    from marconi.workloads.bundled import bundled_trace
+    from marconi.workloads import build_workload
 
-    trace = list(bundled_trace("swe-sample", max_input_len=8192))[:25]
+    trace = list(build_workload("swe-sample:max_input_len=8192"))[:25]
     stock = simulate(trace, "vllm-align:block=384,blocks=70", QWEN_TINY, 0, mode=mode, latency="zero")
     marconi = simulate(trace, "vllm-align:block=384,blocks=70,eviction=marconi", QWEN_TINY, 0, mode=mode,
                        latency="zero")

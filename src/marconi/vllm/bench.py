@@ -105,9 +105,9 @@ class BenchRequest:
 
 def select_requests(config: BenchConfig) -> tuple[list[BenchRequest], dict[str, Any]]:
     """The bundled trace's first requests, capped as configured; and the trace's description."""
-    from marconi.workloads.bundled import bundled_trace
+    from marconi.workloads import build_workload
 
-    trace = bundled_trace(config.trace, max_input_len=config.max_input_len)
+    trace = build_workload(f"{config.trace}:max_input_len={config.max_input_len}")
     out = []
     for i, req in enumerate(trace):
         if config.num_requests is not None and len(out) >= config.num_requests:

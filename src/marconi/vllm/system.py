@@ -43,6 +43,10 @@ class VllmAlignSystem(SystemConfig):
     efficiency: str = "total"
     alpha_source: str | None = None       # ``module:factory``, as MARCONI_VLLM_ALPHA_SOURCE
 
+    def __post_init__(self) -> None:
+        """Nothing to build: ``admission``/``eviction`` are descriptive labels here (not registry
+        names), and the factory below has already checked every parameter."""
+
     def build(self, spec: ModelSpec | str, capacity_bytes: float, *, clock: Callable[[], float] | None = None,
               payloads: Any = None, tuning_workers: int | None = None,
               tuning_mapper: Callable[..., list[Any]] | None = None) -> VllmAlignCache:

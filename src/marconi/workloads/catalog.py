@@ -176,7 +176,7 @@ def _files(files: str | Sequence[str | os.PathLike]) -> list[str]:
 
 # ============================================================================ SWE agent
 def _swe(scale: float, seed: int, sessions: int | None, full: int, max_turns: int, keep: int | None,
-         data: str, shared_prefix: str, tokenizer: str | None) -> _Built:
+         data: str, shared_prefix: str, tokenizer: str | None, max_input_len: int = 32768) -> _Built:
     n = _count(full, scale, sessions, "sessions")
     _choice(data, ("auto", "shared", "bundled"))
     paths = [bundled_data_dir() / SWE_SAMPLE] if data == "bundled" else default_swe_paths()
@@ -184,43 +184,49 @@ def _swe(scale: float, seed: int, sessions: int | None, full: int, max_turns: in
     if vendored and data == "shared":
         raise _absent("swe/mini-swe-agent-gemini3pro", "bundled")
     trace = build_swe_trace(paths, num_sessions=n, max_turns=max_turns, keep_observations=keep, seed=seed,
-                            shared_prefix=shared_prefix or None, tokenizer=tokenizer or None)
+                            shared_prefix=shared_prefix or None, tokenizer=tokenizer or None,
+                            max_input_len=max_input_len)
     where = "the vendored 10-trajectory sample" if vendored else f"mini-swe-agent trajectories under {paths[0].parent}"
     text = f"{where}, first {trace.meta['num_sessions']} sessions, paper recipe"
     text += ", every observation kept" if keep is None else ""
     text += f", shared prefix {shared_prefix}" if shared_prefix else ""
+    text += f", inputs <= {max_input_len} tokens" if max_input_len != 32768 else ""
     fallback = "../shared/data/swe is absent" if vendored and data == "auto" else None
     return _Built(trace, text, LICENCE_SWE, fallback)
 
 
 @_entry("swe", LICENCE_SWE)
 def _swe_keep5(*, scale: float = 1.0, seed: int = 0, sessions: int | None = None, max_turns: int = 50,
-               data: str = "auto", shared_prefix: str = "", tokenizer: str = "") -> _Built:
+               data: str = "auto", shared_prefix: str = "", tokenizer: str = "",
+               max_input_len: int = 32768) -> _Built:
     """SWE-bench agent trajectories (mini-swe-agent, gemini-3-pro), paper recipe: last 5 observations kept, Poisson
     gaps (mean 7.5 s); 100 sessions; stand-in: the 10 vendored ones"""
-    return _swe(scale, seed, sessions, 100, max_turns, 5, data, shared_prefix, tokenizer)
+    return _swe(scale, seed, sessions, 100, max_turns, 5, data, shared_prefix, tokenizer, max_input_len)
 
 
 @_entry("swe-keepall", LICENCE_SWE)
 def _swe_keepall(*, scale: float = 1.0, seed: int = 0, sessions: int | None = None, max_turns: int = 50,
-                 data: str = "auto", shared_prefix: str = "", tokenizer: str = "") -> _Built:
+                 data: str = "auto", shared_prefix: str = "", tokenizer: str = "",
+                 max_input_len: int = 32768) -> _Built:
     """swe keeping every observation in the history (each turn extends the previous one)"""
-    return _swe(scale, seed, sessions, 100, max_turns, None, data, shared_prefix, tokenizer)
+    return _swe(scale, seed, sessions, 100, max_turns, None, data, shared_prefix, tokenizer, max_input_len)
 
 
 @_entry("swe-sample", LICENCE_SWE)
 def _swe_sample(*, scale: float = 1.0, seed: int = 0, sessions: int | None = None, max_turns: int = 50,
-                shared_prefix: str = "", tokenizer: str = "") -> _Built:
+                shared_prefix: str = "", tokenizer: str = "",
+                max_input_len: int = 32768) -> _Built:
     """the 10 vendored mini-swe-agent trajectories by the paper's SWE recipe (the demo's trace, the golden
     numbers')"""
-    return _swe(scale, seed, sessions, 10, max_turns, 5, "bundled", shared_prefix, tokenizer)
+    return _swe(scale, seed, sessions, 10, max_turns, 5, "bundled", shared_prefix, tokenizer, max_input_len)
 
 
 @_entry("swe-sample-shared-prefix", LICENCE_SWE)
 def _swe_sample_prefix(*, scale: float = 1.0, seed: int = 0, sessions: int | None = None, max_turns: int = 50,
-                       shared_prefix: str = "sweagent-demo", tokenizer: str = "") -> _Built:
+                       shared_prefix: str = "sweagent-demo", tokenizer: str = "",
+                       max_input_len: int = 32768) -> _Built:
     """swe-sample after the ~7.7k-token SWE-agent system + demonstration prefix shared by every session"""
-    return _swe(scale, seed, sessions, 10, max_turns, 5, "bundled", shared_prefix, tokenizer)
+    return _swe(scale, seed, sessions, 10, max_turns, 5, "bundled", shared_prefix, tokenizer, max_input_len)
 
 
 # ============================================================================ chat
