@@ -153,6 +153,8 @@ def test_marconi_names_and_their_errors():
     assert make_system("marconi").eviction == "adaptive:rules=default,objective=hit-rate"
     assert make_system("marconi:tuner=bootstrap").tuning is not None
     assert make_system("marconi:multiplier=15").tuning.multiplier == 15      # bootstrap-only: selects it
+    old_name = make_system("marconi:recency=inverse-age,efficiency=marginal")  # a single-rule knob: the same
+    assert old_name.tuning is not None and "efficiency=marginal,recency=inverse-age" in old_name.eviction
     assert make_system("marconi:rules=lru/a1m,decay=0.99").eviction == \
         "adaptive:rules=lru/a1m,objective=hit-rate,decay=0.99"
     for name, message in (("marconi:alpha=1,tuner=adaptive", "nothing to tune"),
@@ -160,7 +162,8 @@ def test_marconi_names_and_their_errors():
                           ("marconi:rules=a1m,multiplier=5", "mix the bootstrap"),
                           ("marconi:tuner=adaptive,multiplier=5", "do not apply to tuner=adaptive"),
                           ("marconi:tuner=bootstrap,rules=a1m", "do not apply to tuner=bootstrap"),
-                          ("marconi:efficiency=marginal", "chooses the efficiency"),
+                          ("marconi:tuner=adaptive,efficiency=marginal", "chooses the efficiency"),
+                          ("marconi:rules=a1m,efficiency=marginal", "chooses the efficiency"),
                           ("marconi:tuner=greedy", "tuner must be"),
                           ("marconi:rules=a1q", "not a number"),
                           ("marconi:decay=0", "decay must be")):

@@ -181,13 +181,20 @@ def _cmd_mrc(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    """The README's main job: the four systems on a bundled real trace, two capacities."""
-    ns = argparse.Namespace(trace=args.trace, systems="vanilla,vllm+,sglang+,marconi", capacity=args.capacity,
-                            model=args.model, out=args.out, latency="a100", mode="sequential", workers=None,
-                            limit=None, no_per_request=False, quiet=False)
+    """The README's main job: the systems on a bundled real trace at two capacities, with the
+    oracle and infinite ceilings, then the miss-ratio curve of the same trace."""
+    ns = argparse.Namespace(trace=args.trace, systems="vanilla,vllm+,sglang+,marconi,oracle,infinite",
+                            capacity=args.capacity, model=args.model, out=args.out, latency="a100", mode="sequential",
+                            workers=None, limit=None, no_per_request=False, quiet=False)
     code = _cmd_simulate(ns)
     if code == 0 and args.out:
         code = _cmd_compare(argparse.Namespace(results=args.out, plots=None))
+    if code == 0 and args.out:
+        out = Path(args.out)
+        code = _cmd_mrc(argparse.Namespace(trace=args.trace, systems="vllm+,sglang+,marconi", points=12, lo=0.005,
+                                           model=args.model, out=str(out.with_name(out.stem + "_mrc.jsonl")),
+                                           plot=None, no_ceilings=False, workers=None, backend="local", address=None,
+                                           limit=None, quiet=False))
     return code
 
 
@@ -244,7 +251,8 @@ def build_parser() -> argparse.ArgumentParser:
     mrc.add_argument("--quiet", action="store_true", help="no progress bar")
     mrc.set_defaults(func=_cmd_mrc)
 
-    demo = sub.add_parser("demo", help="the main job: the four systems on a bundled real trace")
+    demo = sub.add_parser("demo", help="the main job: the systems on a bundled real trace, with the oracle and a "
+                                       "miss-ratio curve")
     demo.add_argument("--trace", default="swe-sample")
     demo.add_argument("--capacity", default="0.05x,0.15x")
     demo.add_argument("--model", default="paper-7b")

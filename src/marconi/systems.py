@@ -17,8 +17,9 @@ custom    any (admission=…)           any (eviction=…)
 Parameters go on the name, wherever a system is named: ``marconi:alpha=1.0``, ``vllm+:block=16``,
 ``marconi:tuner=bootstrap,multiplier=15,objective=flops``, ``marconi:rules=lru/a0/a1m,decay=0.99``,
 ``custom:admission=every-block,eviction=flop-aware,alpha=auto``. The bootstrap-only parameters
-(``multiplier``, ``retune``, ``drift``, ``tolerance``) select ``tuner=bootstrap`` when no tuner is
-named, so names written before the adaptive default keep their meaning.
+(``multiplier``, ``retune``, ``drift``, ``tolerance``) and the single-rule ones (``efficiency``,
+``recency``) select ``tuner=bootstrap`` when no tuner is named, so names written before the adaptive
+default keep their meaning.
 
 ``oracle`` needs the whole trace: :meth:`SystemConfig.build` takes it as ``future`` (the replay
 driver hands it over to systems whose ``needs_future`` is set).
@@ -148,8 +149,9 @@ def _marconi(alpha: str = "auto", tuner: str = "auto", objective: str = "hit-rat
     if given & set(_BOOTSTRAP_ONLY) and given & set(_ADAPTIVE_ONLY):
         raise ConfigError(f"marconi: {', '.join(sorted(given))} mix the bootstrap tuner's parameters "
                           f"({', '.join(_BOOTSTRAP_ONLY)}) with the adaptive one's ({', '.join(_ADAPTIVE_ONLY)})")
-    if tuner == "auto":
-        tuner = "bootstrap" if given & set(_BOOTSTRAP_ONLY) else "adaptive"
+    if tuner == "auto":  # a single-rule knob (efficiency, recency) or a bootstrap-only one: the bootstrap tuner
+        single = efficiency is not None or recency is not None
+        tuner = "bootstrap" if given & set(_BOOTSTRAP_ONLY) or (single and not given) else "adaptive"
     if tuner not in ("adaptive", "bootstrap"):
         raise ConfigError(f"marconi: tuner must be 'adaptive' or 'bootstrap', got {tuner!r}")
     if fixed is not None:
