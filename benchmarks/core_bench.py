@@ -10,8 +10,14 @@ side in one run. Two workloads:
 Each (workload, system) runs in its own forked process so its peak RSS is its own (the trace,
 loaded before forking, is included and reported separately).
 
+Then the cost of adaptation (issue 11: at most 2x): on a 5,000-request SWE-like trace, fixed-alpha
+Marconi, the adaptive default and the paper's bootstrap are replayed side by side in one process,
+interleaved, ``--repeats`` times each; the table gives the fastest time of each and its ratio to
+fixed alpha.
+
     python benchmarks/core_bench.py                      # both workloads, default sizes
     python benchmarks/core_bench.py --workload synthetic --capacity 20GB,1TB
+    python benchmarks/core_bench.py --workload none      # only the adaptation cost
 """
 
 from __future__ import annotations
@@ -30,7 +36,8 @@ from marconi.sim import simulate
 from marconi.units import format_bytes, parse_bytes
 from marconi.workloads import Request, Trace, agent_trace, chat_trace, shared_data_dir
 
-SYSTEMS = ["vanilla", "vllm+", "sglang+", "marconi"]
+SYSTEMS = ["vanilla", "vllm+", "sglang+", "marconi:alpha=1", "marconi"]
+ADAPTATION = ["marconi:alpha=1", "marconi", "marconi:tuner=bootstrap"]
 
 
 def synthetic_workload(seed: int = 0) -> Trace:
@@ -43,14 +50,14 @@ def synthetic_workload(seed: int = 0) -> Trace:
 
 
 def swe_workload(target_requests: int) -> Trace:
-    from marconi.workloads import build_swe_trace, bundled_trace
+    from marconi.workloads import build_swe_trace, build_workload
 
     shared = shared_data_dir()
     if shared is not None:
         files = sorted((shared / "swe" / "mini-swe-agent-gemini3pro").glob("msa_*.json"))
         base = build_swe_trace(files, num_sessions=500, keep_observations=5, gaps="poisson", mean_gap_s=7.5)
     else:
-        base = bundled_trace("swe-sample")
+        base = build_workload("swe-sample")
     reqs, copy = [], 0
     span = base.duration_s + 1.0
     while len(reqs) < target_requests:
@@ -68,7 +75,9 @@ def _run(trace: Trace, system: str, capacity: int, queue: mp.Queue) -> None:
                "requests_per_s": res.num_requests / res.elapsed_s,
                "tokens_per_s": res.stats.input_tokens / res.elapsed_s,
                "token_hit_rate": res.stats.token_hit_rate, "peak_rss": peak_kib * 1024,
-               "tuning_s": res.tuning_seconds, "alpha": ",".join(f"{a:g}" for _, a in res.tuned_alphas) or "-",
+               "tuning_s": res.tuning_seconds,
+               "alpha": (",".join(f"{a:g}" for _, a in res.tuned_alphas)
+                         or (f"{len(res.rule_switches)} rule switches" if res.rule_switches else "-")),
                "elapsed_s": res.elapsed_s})
 
 
@@ -85,11 +94,31 @@ def bench(trace: Trace, capacities: list[int]) -> list[dict]:
     return rows
 
 
+def adaptation_cost(trace: Trace, capacities: list[int], repeats: int) -> list[dict]:
+    """Fastest of ``repeats`` interleaved replays of each ADAPTATION system; ratios to the first."""
+    rows = []
+    for capacity in capacities:
+        best: dict[str, float] = {}
+        hit: dict[str, float] = {}
+        for _ in range(repeats):
+            for system in ADAPTATION:
+                res = simulate(trace, system, "paper-7b", capacity)
+                best[system] = min(best.get(system, float("inf")), res.elapsed_s)
+                hit[system] = res.stats.token_hit_rate
+        for system in ADAPTATION:
+            rows.append({"system": system, "capacity_bytes": capacity, "seconds": best[system],
+                         "ratio": best[system] / best[ADAPTATION[0]], "token_hit_rate": hit[system]})
+    return rows
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--workload", choices=["synthetic", "swe", "all"], default="all")
+    parser.add_argument("--workload", choices=["synthetic", "swe", "all", "none"], default="all")
     parser.add_argument("--capacity", default="20GB,1TB")
     parser.add_argument("--swe-requests", type=int, default=15000)
+    parser.add_argument("--adapt-requests", type=int, default=5000, help="SWE-like requests for the adaptation cost")
+    parser.add_argument("--adapt-capacity", default="10GB,20GB,50GB")
+    parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     capacities = [parse_bytes(c) for c in args.capacity.split(",")]
     workloads = []
@@ -113,6 +142,14 @@ def main() -> int:
             ("token hit", "token_hit_rate", pct), ("alpha", "alpha", None), ("tuning", "tuning_s", lambda v: f"{v:.2f}s"),
             ("peak RSS", "peak_rss", format_bytes)]))
         print(f"all {len(rows)} replays: {time.perf_counter() - t0:.1f}s wall")
+    if args.adapt_requests > 0:
+        trace = swe_workload(args.adapt_requests)
+        print(f"\n== cost of adaptation: {trace.name}, {len(trace):,} requests, paper-7b, fastest of {args.repeats}")
+        rows = adaptation_cost(trace, [parse_bytes(c) for c in args.adapt_capacity.split(",")], args.repeats)
+        print(format_table(rows, [
+            ("system", "system", None), ("capacity", "capacity_bytes", format_bytes),
+            ("replay", "seconds", lambda v: f"{v:.2f}s"), ("x fixed alpha", "ratio", lambda v: f"{v:.2f}x"),
+            ("token hit", "token_hit_rate", pct)]))
     return 0
 
 

@@ -11,7 +11,8 @@ def test_models_and_systems_list(capsys):
     assert "paper-7b" in out and "26,787,840" in out and "65,536" in out
     assert main(["systems"]) == 0
     out = capsys.readouterr().out
-    for name in ("vanilla", "vllm+", "sglang+", "marconi", "flop-aware", "every-block", "sparse-dp"):
+    for name in ("vanilla", "vllm+", "sglang+", "marconi", "flop-aware", "every-block", "sparse-dp", "oracle",
+                 "infinite", "adaptive", "tuner=auto", "tuner=bootstrap"):
         assert name in out
 
 

@@ -40,7 +40,8 @@ def _strip(rec):
 
 
 def test_ray_records_equal_local_records(ray_backend, trace):
-    points = expand_points(["vllm+", "sglang+", "marconi", "marconi:alpha=1.0"], ["0.02x", "0.1x"], ["paper-7b"])
+    points = expand_points(["vllm+", "sglang+", "marconi", "marconi:tuner=bootstrap", "marconi:alpha=1.0"],
+                           ["0.02x", "0.1x"], ["paper-7b"])
     local = run_sweep(trace, "swe-sample", points, workers=2)
     seen = []
     remote = run_sweep(trace, "swe-sample", points, backend=ray_backend, on_record=seen.append)
@@ -48,7 +49,7 @@ def test_ray_records_equal_local_records(ray_backend, trace):
     assert [(_r["system"], _r["capacity"]) for _r in remote] == [(p.system, p.capacity) for p in points]
     assert [_strip(r) for r in remote] == [_strip(r) for r in local]
     # the bootstrap tuner ran (its grid search as nested Ray tasks) and agrees with the local pool
-    tuned = [r for r in remote if r["system"] == "marconi"]
+    tuned = [r for r in remote if r["system"] == "marconi:tuner=bootstrap"]
     assert any(r["tuned_alphas"] for r in tuned)
     for r in remote:
         assert 0.0 <= r["token_hit_rate"] <= r["kv_hit_rate"] <= 1.0
@@ -57,7 +58,8 @@ def test_ray_records_equal_local_records(ray_backend, trace):
 
 def test_tasks_over_several_traces_and_tuning_windows(ray_backend, trace):
     chat = chat_trace(num_sessions=20, turns=(2, 5), system_prompt_len=200, seed=1)
-    tasks = [SweepTask("swe", SweepPoint("marconi", "2GB", "paper-7b"), capture_tuning=True, tags=(("k", 1),)),
+    tasks = [SweepTask("swe", SweepPoint("marconi:tuner=bootstrap", "2GB", "paper-7b"), capture_tuning=True,
+                       tags=(("k", 1),)),
              SweepTask("chat", SweepPoint("sglang+", "1GB", "paper-7b"), per_request=False)]
     traces = {"swe": trace, "chat": chat}
     local = run_tasks(traces, tasks, backend=LocalBackend(2))

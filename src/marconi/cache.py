@@ -27,7 +27,7 @@ from __future__ import annotations
 import functools
 import math
 import threading
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterable, Mapping, NamedTuple, Protocol
 
 import numpy as np
@@ -172,6 +172,9 @@ class TreeSnapshot:
     access_seq: list[int]
     next_seq: int
     clock_value: float
+    path_access: list[float] = field(default_factory=list)
+    path_seq: list[int] = field(default_factory=list)
+    next_path_seq: int = 0
 
 
 class ManualClock:
@@ -288,7 +291,8 @@ class PrefixCache:
         self.kv_bytes = 0
         self.ssm_bytes = 0
         self.locked_bytes = 0
-        self._seq = 0
+        self._seq = 0                  # hit-access order (see Node.access_seq)
+        self._path_seq = 0             # path-access order (see Node.path_seq)
         self._next_request_id = 0
         self._in_flight: dict[int, RequestHandle] = {}
         self._observers: list[CacheObserver] = []
@@ -302,6 +306,9 @@ class PrefixCache:
         # a policy keeping per-request state (sparse-dp) is told when a request ends
         self._end_request: Callable[[int], None] | None = getattr(self.admission, "end_request", None)
         self._mutex = threading.RLock()
+        bind = getattr(self.eviction, "bind", None)
+        if bind is not None:  # policies that score with the cost model, or watch requests
+            bind(self)
 
     # ================================================================== public API
     @property
@@ -358,8 +365,10 @@ class PrefixCache:
         lock_node = walk.partial or (walk.path[-1] if walk.path else None)
         if lock_node is not None:
             self._lock(lock_node)
-        for node in self.eviction.touched_on_hit(walk.path[: hit_index + 1], hit_node):
-            self._touch(node, now)
+        for node in walk.path[: hit_index + 1]:  # the path signal: every node up to the hit
+            self._touch_path(node, now)
+        if hit_node is not None:                   # the hit signal: the resumed-from node only
+            self._touch_hit(hit_node, now)
         match = MatchResult(len(tokens), walk.matched_len, usable)
         branch_len = self._branch_len(len(tokens), walk)
         ctx = AdmissionContext(tokens, len(tokens), match, branch_len, self.spec, self._next_request_id)
@@ -683,9 +692,11 @@ class PrefixCache:
         edge_bytes = (end - start) * self._kv_per_token
         self.used_bytes += edge_bytes
         self.kv_bytes += edge_bytes
-        node.last_access = self.clock()
+        node.last_access = node.path_access = self.clock()
         self._seq += 1
         node.access_seq = self._seq
+        self._path_seq += 1
+        node.path_seq = self._path_seq
         self._sync_parent(parent)
         return node
 
@@ -841,9 +852,23 @@ class PrefixCache:
         return node.edge_len * self._kv_per_token + node.num_checkpoints * self._ckpt_bytes
 
     def _touch(self, node: Node, now: float) -> None:
+        """Both recency signals (a node created or given a checkpoint)."""
+        self._path_seq += 1
+        node.path_access = now
+        node.path_seq = self._path_seq
+        self._touch_hit(node, now)
+
+    def _touch_hit(self, node: Node, now: float) -> None:
         node.last_access = now
         self._seq += 1
         node.access_seq = self._seq
+        if node.slot is not None:
+            self.candidates.refresh(node)
+
+    def _touch_path(self, node: Node, now: float) -> None:
+        node.path_access = now
+        self._path_seq += 1
+        node.path_seq = self._path_seq
         if node.slot is not None:
             self.candidates.refresh(node)
 
@@ -868,6 +893,8 @@ class PrefixCache:
             self.candidates.add(node)
         elif not want and node.slot is not None:
             self.candidates.remove(node)
+        elif want:
+            self.candidates.refresh(node)  # its children changed: a leaf became a one-child node or back
 
     def _sync_parent(self, parent: Node) -> None:
         if parent is not self.tree.root:
@@ -887,7 +914,8 @@ class PrefixCache:
     def snapshot(self) -> TreeSnapshot:
         """The tree without payloads or locks, for replaying requests against it (tuning)."""
         index: dict[int, int] = {}
-        snap = TreeSnapshot(self.tree.page_size, [], [], [], [], [], [], self._seq, float(self.clock()))
+        snap = TreeSnapshot(self.tree.page_size, [], [], [], [], [], [], self._seq, float(self.clock()),
+                            next_path_seq=self._path_seq)
         for node in self.tree.iter_nodes():
             index[node.node_id] = len(snap.tokens)
             parent = node.parent
@@ -897,6 +925,8 @@ class PrefixCache:
             snap.ckpt_stride.append(node.ckpt_stride)
             snap.last_access.append(node.last_access)
             snap.access_seq.append(node.access_seq)
+            snap.path_access.append(node.path_access)
+            snap.path_seq.append(node.path_seq)
         return snap
 
     @classmethod
@@ -917,10 +947,13 @@ class PrefixCache:
             node = cache.tree.new_node(tokens, parent)
             node.last_access = snapshot.last_access[i]
             node.access_seq = snapshot.access_seq[i]
+            node.path_access = snapshot.path_access[i]
+            node.path_seq = snapshot.path_seq[i]
             node.has_ssm = snapshot.has_ssm[i]
             node.ckpt_stride = snapshot.ckpt_stride[i]
             nodes.append(node)
         cache._seq = snapshot.next_seq
+        cache._path_seq = snapshot.next_path_seq
         for node in nodes:
             cache.used_bytes += cache._node_bytes(node)
             cache.kv_bytes += node.edge_len * cache._kv_per_token
@@ -969,9 +1002,8 @@ class PrefixCache:
                 if node.slot is not None:
                     i = node.slot
                     _require(self.candidates.nodes[i] is node, f"{where}: candidate slot points elsewhere")
-                    _require(self.candidates.access_seq[i] == node.access_seq
-                             and self.candidates.last_access[i] == node.last_access
-                             and self.candidates.flop_eff[i] == node.flop_eff, f"{where}: stale candidate arrays")
+                    stale = self.candidates.stale_columns(node)
+                    _require(not stale, f"{where}: stale candidate arrays {stale}")
                 eff = flop_efficiency(self.spec, node.depth, node.edge_len, node.has_ssm,
                                       self.eviction.efficiency_variant)
                 _require(eff == node.flop_eff and eff >= 0, f"{where}: stale FLOP efficiency")

@@ -171,6 +171,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     print(format_table(rows, [("trace", "trace", None), ("model", "model", None), ("capacity", "capacity", None),
                               ("system", "system", None), ("token hit", "token_hit_rate", pct),
                               ("vs vLLM+", "vs_vllm_x", fmt_times), ("vs SGLang+", "vs_sglang_pct", pct),
+                              ("of oracle", "of_oracle", pct), ("of infinite", "of_infinite", pct),
                               ("hit P95", "hit_rate_p95", pct), ("TTFT P95", "ttft_p95_s", fmt_s),
                               ("P95 TTFT vs vanilla", "p95_ttft_vs_vanilla", pct)]))
     plots_dir = Path(args.plots) if args.plots else Path(args.results).with_suffix("").parent / (
@@ -181,14 +182,68 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_mrc(args: argparse.Namespace) -> int:
+    """Miss-ratio curves: hit rate vs capacity per system, with oracle and infinite, JSONL + PNG."""
+    from tqdm import tqdm
+
+    from marconi.sim.backends import make_backend
+    from marconi.sim.mrc import plot_mrc, run_mrc
+    from marconi.io import check_output
+    from marconi.report import fmt_pct as pct
+    from marconi.report import format_table
+    from marconi.sim.sweep import write_records
+    from marconi.units import format_bytes
+
+    out = Path(args.out)
+    png = Path(args.plot) if args.plot else out.with_suffix(".png")
+    inputs = _file_inputs(args.trace, args.model)
+    check_output(out, inputs=inputs)  # before the sweep, not after
+    check_output(png, inputs=inputs, option="--plot")
+    trace = load_trace(args.trace, args.limit)
+    systems = split_name_list(args.systems)
+    backend = make_backend(args.backend, workers=args.workers, address=args.address)
+    total = args.points * (len(systems) + (0 if args.no_ceilings or "oracle" in systems else 1)) + 1
+    bar = tqdm(total=total, unit="point", disable=args.quiet, file=sys.stderr)
+    try:
+        records = run_mrc(trace, args.trace, systems, model=args.model, points=args.points, lo=args.lo,
+                          ceilings=not args.no_ceilings, workers=args.workers, backend=backend,
+                          on_record=lambda r: bar.update(1))
+    finally:
+        bar.close()
+        backend.close()
+    write_records(records, out)
+    png = plot_mrc(records, png)
+    by_cap: dict[float, dict[str, Any]] = {}
+    for r in records:
+        if r["system"] != "infinite":
+            row = by_cap.setdefault(r["fraction"], {"fraction": r["fraction"], "capacity": r["capacity_bytes"]})
+            row[r["system"]] = r["token_hit_rate"]
+    names = list(dict.fromkeys(r["system"] for r in records if r["system"] != "infinite"))
+    print(format_table([by_cap[k] for k in sorted(by_cap)],
+                       [("of working set", "fraction", lambda v: f"{v:.3g}x"), ("capacity", "capacity", format_bytes)]
+                       + [(n, n, pct) for n in names]))
+    ceiling = next((r["token_hit_rate"] for r in records if r["system"] == "infinite"), None)
+    if ceiling is not None:
+        print(f"infinite (unbounded capacity): {pct(ceiling)}")
+    print(f"wrote {len(records)} records to {out} and the plot to {png}", file=sys.stderr)
+    return 0
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
-    """The README's main job: the four systems on a bundled real trace, two capacities."""
-    ns = argparse.Namespace(trace=args.trace, systems="vanilla,vllm+,sglang+,marconi", capacity=args.capacity,
-                            model=args.model, out=args.out, latency="a100", mode="sequential", workers=None,
-                            limit=None, no_per_request=False, quiet=False)
+    """The README's main job: the systems on a bundled real trace at two capacities, with the
+    oracle and infinite ceilings, then the miss-ratio curve of the same trace."""
+    ns = argparse.Namespace(trace=args.trace, systems="vanilla,vllm+,sglang+,marconi,oracle,infinite",
+                            capacity=args.capacity, model=args.model, out=args.out, latency="a100", mode="sequential",
+                            workers=None, limit=None, no_per_request=False, quiet=False)
     code = _cmd_simulate(ns)
     if code == 0 and args.out:
         code = _cmd_compare(argparse.Namespace(results=args.out, plots=None))
+    if code == 0 and args.out:
+        out = Path(args.out)
+        code = _cmd_mrc(argparse.Namespace(trace=args.trace, systems="vllm+,sglang+,marconi", points=12, lo=0.005,
+                                           model=args.model, out=str(out.with_name(out.stem + "_mrc.jsonl")),
+                                           plot=None, no_ceilings=False, workers=None, backend="local", address=None,
+                                           limit=None, quiet=False))
     return code
 
 
@@ -230,7 +285,24 @@ def build_parser() -> argparse.ArgumentParser:
     cmp_.add_argument("--plots", help="directory for PNG plots (default: <results>_plots/)")
     cmp_.set_defaults(func=_cmd_compare)
 
-    demo = sub.add_parser("demo", help="the main job: the four systems on a bundled real trace")
+    mrc = sub.add_parser("mrc", help="miss-ratio curves: hit rate vs capacity per system (how to size a cache)")
+    mrc.add_argument("--trace", required=True, help="JSONL/Parquet trace or a bundled trace name")
+    mrc.add_argument("--systems", default="vllm+,sglang+,marconi", help="comma list (oracle and infinite are added)")
+    mrc.add_argument("--points", type=int, default=12, help="capacities, geometric from --lo to the working set")
+    mrc.add_argument("--lo", type=float, default=0.005, help="smallest capacity as a fraction of the working set")
+    mrc.add_argument("--model", default="paper-7b")
+    mrc.add_argument("--out", default="results/mrc.jsonl", help="records (JSONL, written atomically)")
+    mrc.add_argument("--plot", default=None, help="PNG path (default: --out with .png)")
+    mrc.add_argument("--no-ceilings", action="store_true", help="do not add oracle and infinite")
+    mrc.add_argument("--workers", type=int, default=None, help="parallel processes (default: one per core)")
+    mrc.add_argument("--backend", default="local", choices=["local", "ray"])
+    mrc.add_argument("--address", default=None, help="with --backend ray: the cluster to join")
+    mrc.add_argument("--limit", type=int, default=None, help="replay only the first N requests")
+    mrc.add_argument("--quiet", action="store_true", help="no progress bar")
+    mrc.set_defaults(func=_cmd_mrc)
+
+    demo = sub.add_parser("demo", help="the main job: the systems on a bundled real trace, with the oracle and a "
+                                       "miss-ratio curve")
     demo.add_argument("--trace", default="swe-sample")
     demo.add_argument("--capacity", default="0.05x,0.15x")
     demo.add_argument("--model", default="paper-7b")

@@ -23,7 +23,7 @@ class Node:
     """One radix-tree node; see the module docstring for what it owns."""
 
     __slots__ = ("node_id", "tokens", "parent", "children", "depth", "kv", "ssm", "has_ssm", "ckpt_stride",
-                 "last_access", "access_seq", "lock_ref", "slot", "flop_eff")
+                 "last_access", "access_seq", "path_access", "path_seq", "lock_ref", "slot", "flop_eff")
 
     def __init__(self, node_id: int, tokens: np.ndarray, parent: "Node | None", depth: int) -> None:
         self.node_id = node_id
@@ -37,8 +37,14 @@ class Node:
         # 0: at most one checkpoint, at the edge's end (``has_ssm``). k > 0: a *run* — a checkpoint
         # at every k tokens of the edge (block caching kept as one node instead of one per block).
         self.ckpt_stride = 0
-        self.last_access = 0.0        # clock value of the last access
-        self.access_seq = 0           # strictly increasing access order (tie-breaker)
+        # Two recency signals, so any eviction policy (and a policy that switches between them)
+        # can score with either: a "hit" access refreshes only the node a request resumed from
+        # (Marconi, paper §4.3), a "path" access every node on the matched path up to it (SGLang).
+        # Creating a node or admitting its checkpoint refreshes both.
+        self.last_access = 0.0        # clock value of the last hit access
+        self.access_seq = 0           # strictly increasing hit-access order (tie-breaker)
+        self.path_access = 0.0        # clock value of the last path access
+        self.path_seq = 0             # strictly increasing path-access order
         self.lock_ref = 0             # in-flight requests whose path includes this node
         self.slot: int | None = None  # index in the eviction candidate set, if a candidate
         self.flop_eff = 0.0           # cached FLOP efficiency (recomputed on structural change)
@@ -178,6 +184,8 @@ class RadixTree:
         upper.lock_ref = node.lock_ref
         upper.last_access = node.last_access
         upper.access_seq = node.access_seq
+        upper.path_access = node.path_access
+        upper.path_seq = node.path_seq
         if node.ckpt_stride:  # both halves of a run keep their checkpoints
             if at % node.ckpt_stride:
                 raise ValueError(f"split point {at} is not a multiple of the run's stride {node.ckpt_stride}")

@@ -6,19 +6,32 @@ name      admission                   eviction
 vanilla   none                        (nothing cached)
 vllm+     every-block (k = 32)        lru (leaves; hits refresh the whole path)
 sglang+   marconi                     lru
-marconi   marconi                     flop-aware, α bootstrap-tuned (or fixed: alpha=…)
+marconi   marconi                     adaptive: a FLOP-aware rule re-chosen online (default);
+                                      ``tuner=bootstrap``: α bootstrap-tuned once, the paper's
+                                      protocol; ``alpha=…``: fixed α
+infinite  marconi (or admission=…)    none needed: unbounded capacity, the hit-rate ceiling
+oracle    marconi (or admission=…)    future-aware Belady-style reference (simulator only)
 custom    any (admission=…)           any (eviction=…)
 ========  ==========================  =====================================================
 
 Parameters go on the name, wherever a system is named: ``marconi:alpha=1.0``, ``vllm+:block=16``,
-``marconi:multiplier=15,objective=flops``, ``custom:admission=every-block,eviction=flop-aware,alpha=auto``.
+``marconi:tuner=bootstrap,multiplier=15,objective=flops``, ``marconi:rules=lru/a0/a1m,decay=0.99``,
+``custom:admission=every-block,eviction=flop-aware,alpha=auto``. The bootstrap-only parameters
+(``multiplier``, ``retune``, ``drift``, ``tolerance``) and the single-rule ones (``efficiency``,
+``recency``) select ``tuner=bootstrap`` when no tuner is named, so names written before the adaptive
+default keep their meaning.
+
+``oracle`` needs the whole trace: :meth:`SystemConfig.build` takes it as ``future`` (the replay
+driver hands it over to systems whose ``needs_future`` is set).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
+
+import numpy as np
 
 from marconi.admission import ADMISSION_POLICIES
 from marconi.cache import PayloadOps, PrefixCache
@@ -61,19 +74,36 @@ class SystemConfig:
     admission: str
     eviction: str
     tuning: TuningConfig | None = None
+    unbounded: bool = False        # ignore the capacity (the ``infinite`` ceiling)
+    needs_future: bool = False     # the eviction reads the whole trace (the ``oracle``)
 
     def __post_init__(self) -> None:
         # Build the policies once now, so every parameter is checked when the system is named
         # (before a trace loads or a sweep starts), by the code that would reject it later.
         ADMISSION_POLICIES.create(self.admission)
+        if self.needs_future:  # the oracle's eviction is built from the trace in build()
+            return
         eviction = EVICTION_POLICIES.create(self.eviction)
         if self.tuning is not None and not isinstance(eviction, FlopAware):
             raise ConfigError(f"{self.label}: alpha tuning needs the flop-aware eviction policy")
 
     def build(self, spec: ModelSpec | str, capacity_bytes: float, *, clock: Callable[[], float] | None = None,
               payloads: PayloadOps | None = None, tuning_workers: int | None = None,
-              tuning_mapper: Callable[..., list[Any]] | None = None) -> PrefixCache:
-        cache = PrefixCache(spec, capacity_bytes, self.admission, self.eviction, clock=clock, payloads=payloads)
+              tuning_mapper: Callable[..., list[Any]] | None = None,
+              future: Sequence[Any] | None = None) -> PrefixCache:
+        """A fresh cache of this system. ``future``: the requests it will serve, in arrival order
+        (objects with ``input_tokens``); required when ``needs_future`` (ConfigError otherwise)."""
+        eviction: Any = self.eviction
+        if self.needs_future:
+            if future is None:
+                raise ConfigError(f"{self.label} knows the future: it needs the whole trace, so it runs only in the "
+                                  "simulator (marconi simulate / marconi.sim.simulate hand the trace over)")
+            from marconi.oracle import FutureIndex, OracleEviction
+
+            eviction = OracleEviction(FutureIndex([np.asarray(r.input_tokens) for r in future]))
+        if self.unbounded:
+            capacity_bytes = UNBOUNDED_BYTES
+        cache = PrefixCache(spec, capacity_bytes, self.admission, eviction, clock=clock, payloads=payloads)
         if self.tuning is not None:
             if not isinstance(cache.eviction, FlopAware):
                 raise ConfigError(f"{self.label}: alpha tuning needs the flop-aware eviction policy")
@@ -87,10 +117,15 @@ class SystemConfig:
         out: dict[str, Any] = {"system": self.label, "admission": self.admission, "eviction": self.eviction}
         if self.tuning is not None:
             out["tuning"] = f"bootstrap(multiplier={self.tuning.multiplier}, objective={self.tuning.objective})"
+        elif self.eviction.startswith("adaptive"):
+            out["tuning"] = "adaptive"
         return out
 
 
 SYSTEMS: Registry[SystemConfig] = Registry("system")
+UNBOUNDED_BYTES = 2**62
+_BOOTSTRAP_ONLY = ("multiplier", "retune", "drift", "tolerance")
+_ADAPTIVE_ONLY = ("rules", "decay", "hysteresis")
 
 
 def _alpha_or_auto(alpha: str) -> float | None:
@@ -126,12 +161,58 @@ def _sglang() -> SystemConfig:
     return SystemConfig("sglang+", "marconi", "lru")
 
 
-@SYSTEMS.register("marconi", "judicious admission + FLOP-aware eviction with bootstrap-tuned alpha")
-def _marconi(alpha: str = "auto", multiplier: float = 5, objective: str = "hit-rate", efficiency: str = "total",
-             recency: str = "linear", retune: int = 0, drift: float = 0.05, tolerance: float = 0.0) -> SystemConfig:
+@SYSTEMS.register("marconi", "judicious admission + FLOP-aware eviction; tuner=adaptive (default): its rule "
+                             "re-chosen online; tuner=bootstrap: alpha tuned once (the paper); alpha=X: fixed")
+def _marconi(alpha: str = "auto", tuner: str = "auto", objective: str = "hit-rate", efficiency: str = "auto",
+             recency: str = "auto", multiplier: float | None = None, retune: int | None = None,
+             drift: float | None = None, tolerance: float | None = None, rules: str | None = None,
+             decay: float | None = None, hysteresis: float | None = None) -> SystemConfig:
+    given = {k for k, v in locals().items() if v is not None and k in _BOOTSTRAP_ONLY + _ADAPTIVE_ONLY}
     fixed = _alpha_or_auto(alpha)
-    tuning = None if fixed is not None else TuningConfig(multiplier, objective, retune, drift, tolerance)
-    return SystemConfig("marconi", "marconi", _flop_aware(alpha, efficiency, recency), tuning)
+    tuner_named = tuner != "auto"
+    efficiency = None if efficiency == "auto" else efficiency
+    recency = None if recency == "auto" else recency
+    if given & set(_BOOTSTRAP_ONLY) and given & set(_ADAPTIVE_ONLY):
+        raise ConfigError(f"marconi: {', '.join(sorted(given))} mix the bootstrap tuner's parameters "
+                          f"({', '.join(_BOOTSTRAP_ONLY)}) with the adaptive one's ({', '.join(_ADAPTIVE_ONLY)})")
+    if tuner == "auto":  # a single-rule knob (efficiency, recency) or a bootstrap-only one: the bootstrap tuner
+        single = efficiency is not None or recency is not None
+        tuner = "bootstrap" if given & set(_BOOTSTRAP_ONLY) or (single and not given) else "adaptive"
+    if tuner not in ("adaptive", "bootstrap"):
+        raise ConfigError(f"marconi: tuner must be 'adaptive' or 'bootstrap', got {tuner!r}")
+    if fixed is not None:
+        if given or tuner_named:
+            raise ConfigError(f"marconi: alpha={alpha} is fixed, so there is nothing to tune; drop "
+                              f"{', '.join(sorted(given)) or 'tuner'} or write alpha=auto")
+        return SystemConfig("marconi", "marconi", _flop_aware(alpha, efficiency or "total", recency or "linear"))
+    wrong = given & set(_ADAPTIVE_ONLY if tuner == "bootstrap" else _BOOTSTRAP_ONLY)
+    if wrong:
+        raise ConfigError(f"marconi: {', '.join(sorted(wrong))} do not apply to tuner={tuner}")
+    if tuner == "bootstrap":
+        tuning = TuningConfig(5 if multiplier is None else multiplier, objective, retune or 0,
+                              0.05 if drift is None else drift, tolerance or 0.0)
+        return SystemConfig("marconi", "marconi", _flop_aware(alpha, efficiency or "total", recency or "linear"), tuning)
+    if efficiency is not None or recency is not None:
+        raise ConfigError("marconi: the adaptive tuner chooses the efficiency and recency itself (its rules); "
+                          "name a family with rules=lru/a0/a1m/... or use tuner=bootstrap")
+    params = [f"rules={rules or 'default'}", f"objective={objective}"]
+    params += [f"{k}={v}" for k, v in (("decay", decay), ("hysteresis", hysteresis)) if v is not None]
+    return SystemConfig("marconi", "marconi", "adaptive:" + ",".join(params))
+
+
+@SYSTEMS.register("infinite", "the same admission with unbounded capacity: the hit-rate ceiling")
+def _infinite(admission: str = "marconi") -> SystemConfig:
+    _, adm = _policy_spec(admission)
+    ADMISSION_POLICIES.create(adm)
+    return SystemConfig("infinite", adm, "lru", unbounded=True)
+
+
+@SYSTEMS.register("oracle", "future-aware Belady-style eviction (knows the trace; a strong reference, "
+                            "not a proven bound)")
+def _oracle(admission: str = "marconi") -> SystemConfig:
+    _, adm = _policy_spec(admission)
+    ADMISSION_POLICIES.create(adm)
+    return SystemConfig("oracle", adm, "oracle", needs_future=True)
 
 
 def _check_block(block: int) -> None:

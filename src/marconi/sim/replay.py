@@ -25,6 +25,7 @@ from marconi.cache import CacheStats, ManualClock, PrefixCache
 from marconi.model import ModelSpec, get_model
 from marconi.sim.latency import LatencyModel, make_latency
 from marconi.systems import SystemConfig, make_system
+from marconi.adaptive import AdaptiveEviction
 from marconi.tuning import BootstrapTuner
 from marconi.workloads.trace import Request
 
@@ -52,6 +53,7 @@ class SimResult:
     tuned_alphas: list[tuple[int, float]] = field(default_factory=list)
     tuning_seconds: float = 0.0
     elapsed_s: float = 0.0
+    rule_switches: list[tuple[int, str]] = field(default_factory=list)   # adaptive: (request, new rule)
 
     @property
     def num_requests(self) -> int:
@@ -70,7 +72,7 @@ class SimResult:
             "system": self.system.label,
             "admission": self.system.admission,
             "eviction": self.system.eviction,
-            "tuning": None if self.system.tuning is None else f"bootstrap:multiplier={self.system.tuning.multiplier}",
+            "tuning": _tuning_label(self.system),
             "model": self.spec.name,
             "capacity_bytes": self.capacity_bytes,
             "mode": self.mode,
@@ -94,6 +96,7 @@ class SimResult:
             "requests_not_cached": st.requests_not_cached,
             "peak_bytes": st.peak_bytes, "peak_kv_bytes": st.peak_kv_bytes, "peak_ssm_bytes": st.peak_ssm_bytes,
             "tuned_alphas": [[i, a] for i, a in self.tuned_alphas],
+            "rule_switches": [[i, r] for i, r in self.rule_switches],
             "tuning_seconds": self.tuning_seconds,
             "elapsed_s": self.elapsed_s,
             "requests_per_s": self.num_requests / self.elapsed_s if self.elapsed_s > 0 else None,
@@ -105,6 +108,12 @@ class SimResult:
                 "ttft_s": np.round(self.ttft_s, 6).tolist(),
             }
         return rec
+
+
+def _tuning_label(system: SystemConfig) -> str | None:
+    if system.tuning is not None:
+        return f"bootstrap:multiplier={system.tuning.multiplier}"
+    return "adaptive" if system.eviction.startswith("adaptive") else None
 
 
 def _check_order(prev_ts: float, ts: float, index: int) -> None:
@@ -119,7 +128,8 @@ def simulate(trace: Iterable[Request], system: SystemConfig | str, spec: ModelSp
     """Replay ``trace`` (requests in timestamp order) through a fresh cache of ``system``.
 
     ``progress`` is an optional callable invoked with the number of requests processed so far
-    (every 256 requests and at the end). Raises ValueError if timestamps decrease.
+    (every 256 requests and at the end). Raises ValueError if timestamps decrease. Systems that
+    read the future (``oracle``) are handed the whole trace.
     """
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}; choose one of {MODES}")
@@ -127,7 +137,12 @@ def simulate(trace: Iterable[Request], system: SystemConfig | str, spec: ModelSp
     spec = get_model(spec)
     lat = make_latency(latency)
     clock = ManualClock()
-    cache = system.build(spec, capacity_bytes, clock=clock, tuning_workers=tuning_workers, tuning_mapper=tuning_mapper)
+    future = None
+    if system.needs_future:
+        trace = trace if isinstance(trace, Sequence) else list(trace)
+        future = trace
+    cache = system.build(spec, capacity_bytes, clock=clock, tuning_workers=tuning_workers, tuning_mapper=tuning_mapper,
+                         future=future)
     started = time.perf_counter()
     rows = _run_sequential(trace, cache, clock, progress) if mode == "sequential" else \
         _run_event(trace, cache, clock, lat, spec, progress)
@@ -138,11 +153,16 @@ def simulate(trace: Iterable[Request], system: SystemConfig | str, spec: ModelSp
     arrival = np.array([r[3] for r in rows], dtype=np.float64)
     ttft = np.array([lat.ttft_s(spec, int(n), int(h)) for n, h in zip(input_len, reused)], dtype=np.float64)
     vanilla = np.array([lat.ttft_s(spec, int(n), 0) for n in input_len], dtype=np.float64)
-    tuners = [o for o in cache._observers if isinstance(o, BootstrapTuner)]
+    tuners = [o for o in getattr(cache, "_observers", ()) if isinstance(o, BootstrapTuner)]
     tuned = [(e.at_request, e.alpha) for t in tuners for e in t.events]
     tuning_s = sum(e.seconds for t in tuners for e in t.events)
-    return SimResult(system, spec, cache.capacity_bytes, mode, lat.name, cache.stats, input_len, reused, kv_hit,
-                     ttft, vanilla, arrival, tuned, tuning_s, elapsed)
+    switches: list[tuple[int, str]] = []
+    if isinstance(getattr(cache, "eviction", None), AdaptiveEviction):
+        rules = cache.eviction.rules
+        switches = [(s.at_request, rules[s.rule].label()) for s in cache.eviction.switches]
+    capacity = cache.capacity_bytes if not system.unbounded else int(capacity_bytes)
+    return SimResult(system, spec, capacity, mode, lat.name, cache.stats, input_len, reused, kv_hit,
+                     ttft, vanilla, arrival, tuned, tuning_s, elapsed, switches)
 
 
 def _run_sequential(trace: Iterable[Request], cache: PrefixCache, clock: ManualClock,

@@ -49,7 +49,7 @@ class VllmAlignSystem(SystemConfig):
 
     def build(self, spec: ModelSpec | str, capacity_bytes: float, *, clock: Callable[[], float] | None = None,
               payloads: Any = None, tuning_workers: int | None = None,
-              tuning_mapper: Callable[..., list[Any]] | None = None) -> VllmAlignCache:
+              tuning_mapper: Callable[..., list[Any]] | None = None, future: Any = None) -> VllmAlignCache:
         if payloads is not None:
             raise ConfigError("vllm-align is a simulation of vLLM's cache: it holds no real payloads")
         spec = get_model(spec)
@@ -100,5 +100,6 @@ def _vllm_align(block: int = 0, blocks: int = 0, match_unit: int = 0, retention:
     eviction_name = "lru" if eviction == "lru" else f"marconi-blocks(alpha={alpha:g},efficiency={efficiency})"
     if alpha_source:
         eviction_name = f"marconi-blocks(alpha_source={alpha_source},efficiency={efficiency})"
-    return VllmAlignSystem("vllm-align", admission, eviction_name, None, tuple(options.items()), block or None,
-                           blocks or None, eviction, float(alpha), efficiency, alpha_source or None)
+    return VllmAlignSystem("vllm-align", admission, eviction_name, layout_options=tuple(options.items()),
+                           block_size=block or None, num_blocks=blocks or None, policy=eviction, alpha=float(alpha),
+                           efficiency=efficiency, alpha_source=alpha_source or None)

@@ -10,8 +10,7 @@
 * :mod:`.commands` -- the ``marconi trace ...`` CLI group (``register(subparsers)``).
 """
 
-from .catalog import (DataUnavailable, Provenance, build_workload, bundled_trace, catalog_entries, is_workload,
-                      list_bundled, workload_names)
+from .catalog import DataUnavailable, Provenance, build_workload, catalog_entries, is_workload, workload_names
 from .mooncake import build_mooncake_trace, read_mooncake_rows
 from .paths import bundled_data_dir, shared_data_dir
 from .quality import build_quality_trace, load_quality_articles
@@ -34,5 +33,4 @@ __all__ = [
     "SYNTHETIC_KINDS",
     "build_workload", "workload_names", "is_workload", "catalog_entries", "Provenance", "DataUnavailable",
     "bundled_data_dir", "shared_data_dir",
-    "bundled_trace", "list_bundled",  # legacy names of build_workload / workload_names
 ]

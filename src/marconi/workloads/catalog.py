@@ -59,7 +59,7 @@ from .synthetic import agent_trace, chat_trace, doc_qa_trace, prompt_tree_trace,
 from .trace import Trace
 
 __all__ = ["WORKLOADS", "Provenance", "DataUnavailable", "build_workload", "workload_names", "is_workload",
-           "catalog_entries", "bundled_trace", "list_bundled"]
+           "catalog_entries"]
 
 SWE_SAMPLE = Path("swe") / "msa_gemini3pro_verified_first10.json"
 MOONCAKE_SAMPLE = Path("mooncake") / "conversation_trace_first2000.jsonl"
@@ -459,15 +459,3 @@ def catalog_entries() -> list[dict[str, Any]]:
     docs = WORKLOADS.describe()
     return [{"name": name, "doc": docs[name], "licence": _LICENCES[name], "params": WORKLOADS.params_of(name)}
             for name in WORKLOADS.names()]
-
-
-# ============================================================================ legacy names
-def bundled_trace(name: str) -> Trace:
-    """Legacy name of :func:`build_workload`, kept while ``engine/bench.py`` and
-    ``benchmarks/core_bench.py`` (changed on other branches) still call it."""
-    return build_workload(name)
-
-
-def list_bundled() -> list[str]:
-    """Legacy name of :func:`workload_names` (see :func:`bundled_trace`)."""
-    return workload_names()

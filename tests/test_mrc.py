@@ -1,0 +1,68 @@
+"""Miss-ratio curves (`marconi mrc`) and the oracle/infinite columns of `marconi compare`."""
+
+import json
+
+import pytest
+
+from marconi.cli import main
+from marconi.registry import ConfigError
+from marconi.sim.compare import gains
+from marconi.sim.mrc import capacity_fractions, run_mrc
+from marconi.workloads import build_workload
+
+
+def test_capacity_fractions_are_geometric_up_to_the_working_set():
+    fr = capacity_fractions(5, lo=0.01)
+    assert fr[0] == 0.01 and fr[-1] == 1.0 and fr == sorted(fr)
+    assert fr[2] == pytest.approx(0.1)
+    with pytest.raises(ConfigError, match="at least 2"):
+        capacity_fractions(1)
+    with pytest.raises(ConfigError, match="fraction in"):
+        capacity_fractions(4, lo=1.5)
+
+
+def test_a_curve_has_every_system_at_every_capacity_and_the_ceilings():
+    trace = build_workload("swe-sample").head(120)
+    records = run_mrc(trace, "swe-sample", ["sglang+", "marconi"], points=4, lo=0.02, workers=1)
+    by = {}
+    for r in records:
+        by.setdefault(r["system"], []).append(r)
+    assert set(by) == {"sglang+", "marconi", "oracle", "infinite"}
+    assert len(by["infinite"]) == 1 and all(len(by[s]) == 4 for s in ("sglang+", "marconi", "oracle"))
+    ceiling = by["infinite"][0]["token_hit_rate"]
+    for system in ("sglang+", "marconi", "oracle"):
+        curve = sorted(by[system], key=lambda r: r["fraction"])
+        assert all(r["token_hit_rate"] <= ceiling + 1e-12 for r in curve)
+        assert curve[-1]["token_hit_rate"] == pytest.approx(ceiling)  # the whole working set evicts nothing
+    for small, big in zip(sorted(by["sglang+"], key=lambda r: r["fraction"]), sorted(by["oracle"], key=lambda r: r["fraction"])):
+        assert big["capacity_bytes"] == small["capacity_bytes"]
+
+
+def test_mrc_command_writes_records_and_a_plot(tmp_path, capsys):
+    out = tmp_path / "mrc.jsonl"
+    code = main(["mrc", "--trace", "swe-sample", "--limit", "80", "--systems", "sglang+", "--points", "3",
+                 "--lo", "0.05", "--workers", "1", "--out", str(out), "--quiet"])
+    assert code == 0
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert {r["system"] for r in records} == {"sglang+", "oracle", "infinite"}
+    assert (tmp_path / "mrc.png").stat().st_size > 1000
+    table = capsys.readouterr().out
+    assert "of working set" in table and "oracle" in table and "infinite (unbounded capacity)" in table
+    assert main(["mrc", "--trace", "swe-sample", "--systems", "nope", "--out", str(tmp_path / "x.jsonl"),
+                 "--quiet"]) == 2
+    assert "unknown system 'nope'" in capsys.readouterr().err
+    assert not (tmp_path / "x.jsonl").exists()
+
+
+def test_compare_gives_each_system_as_a_fraction_of_oracle_and_infinite():
+    base = {"trace": "t", "model": "m", "mode": "sequential", "capacity_bytes": 10, "capacity": "10B"}
+    records = [{**base, "system": "sglang+", "token_hit_rate": 0.2}, {**base, "system": "oracle", "token_hit_rate": 0.4},
+               {**base, "system": "marconi", "token_hit_rate": 0.3},
+               {**base, "capacity_bytes": 20, "capacity": "20B", "system": "sglang+", "token_hit_rate": 0.3},
+               {**base, "capacity_bytes": 99, "capacity": "1x", "system": "infinite", "token_hit_rate": 0.5}]
+    rows = {(r["capacity"], r["system"]): r for r in gains(records)}
+    assert rows[("10B", "marconi")]["of_oracle"] == pytest.approx(0.75)
+    assert rows[("10B", "marconi")]["of_infinite"] == pytest.approx(0.6)
+    assert rows[("20B", "sglang+")]["of_infinite"] == pytest.approx(0.6)   # one infinite run serves every capacity
+    assert "of_oracle" not in rows[("20B", "sglang+")]
+    assert ("1x", "infinite") in rows and len(rows) == 5
