@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 from marconi.admission import AdmissionContext, AdmissionPolicy, FinalPlan, MarconiAdmission, MatchResult
-from marconi.cache import CachedPrefix, CacheStats, InsertResult, PayloadOps, PrefixCache, RequestHandle
+from marconi.cache import CachedPrefix, InsertResult, PayloadOps, PrefixCache, RequestHandle
+from marconi.stats import CacheStats
 from marconi.model import ModelSpec, get_model
 from marconi.sparse.admission import SparseDPAdmission
 

@@ -37,8 +37,9 @@ from marconi.eviction import CandidateSet, EvictionPolicy, flop_efficiency, make
 from marconi.model import ModelSpec, get_model
 from marconi.radix import Node, RadixTree, WalkResult
 from marconi.registry import ConfigError
+from marconi.stats import CacheStats
 
-__all__ = ["PrefixCache", "RequestHandle", "CachedPrefix", "InsertResult", "CacheStats", "PayloadOps",
+__all__ = ["PrefixCache", "RequestHandle", "CachedPrefix", "InsertResult", "PayloadOps",
            "SizeOnlyPayloads", "CacheObserver", "TreeSnapshot", "InvariantError", "ManualClock", "as_tokens"]
 
 
@@ -86,47 +87,6 @@ class CacheObserver:
 
     def on_first_eviction(self, cache: "PrefixCache") -> None:
         pass
-
-
-@dataclass(slots=True)
-class CacheStats:
-    """Counters over the cache's lifetime (token hit rate = reused / input tokens, as in the paper)."""
-
-    num_requests: int = 0
-    num_hits: int = 0                  # requests that resumed from a cached prefix
-    input_tokens: int = 0
-    kv_hit_tokens: int = 0             # longest cached KV prefix, summed
-    reused_tokens: int = 0             # usable hits (prefill skipped), summed
-    unusable_tokens: int = 0           # KV found but no checkpoint to resume from
-    input_flops: float = 0.0           # prefill FLOPs of all inputs without a cache
-    flops_saved: float = 0.0
-    checkpoints_admitted: int = 0
-    checkpoints_evicted: int = 0
-    checkpoints_reused: int = 0
-    checkpoints_unavailable: int = 0   # requested but no state was supplied (engine)
-    kv_tokens_inserted: int = 0
-    kv_tokens_evicted: int = 0
-    evictions_leaf: int = 0            # a leaf: frees its KVs and its checkpoint
-    evictions_inner: int = 0           # a one-child node: frees its checkpoint, KVs go to the child
-    bytes_evicted: int = 0
-    requests_not_cached: int = 0       # their states could not fit even after evicting all unlocked
-    peak_bytes: int = 0
-    peak_kv_bytes: int = 0
-    peak_ssm_bytes: int = 0
-
-    @property
-    def token_hit_rate(self) -> float:
-        return self.reused_tokens / self.input_tokens if self.input_tokens else 0.0
-
-    @property
-    def flops_saved_fraction(self) -> float:
-        return self.flops_saved / self.input_flops if self.input_flops else 0.0
-
-    def to_dict(self) -> dict[str, Any]:
-        out = asdict(self)
-        out["token_hit_rate"] = self.token_hit_rate
-        out["flops_saved_fraction"] = self.flops_saved_fraction
-        return out
 
 
 @dataclass(slots=True, eq=False)
@@ -379,7 +339,7 @@ class PrefixCache:
                                matched_node, now)
         self._next_request_id += 1
         self._in_flight[handle.request_id] = handle
-        self._record_match(match, hit_node)
+        self.stats.record_lookup(match, self.spec, from_checkpoint=hit_node is not None and hit_node.has_ssm)
         for observer in self._observers:
             observer.on_begin(self, handle)
         return handle
@@ -514,20 +474,6 @@ class PrefixCache:
                 return walk.matched_len
         return None
 
-    def _record_match(self, match: MatchResult, hit_node: Node | None) -> None:
-        st = self.stats
-        st.num_requests += 1
-        st.input_tokens += match.input_len
-        st.kv_hit_tokens += match.kv_hit_len
-        st.reused_tokens += match.usable_hit_len
-        st.unusable_tokens += match.unusable_len
-        st.input_flops += self.spec.prefill_flops(match.input_len)
-        if match.usable_hit_len:
-            st.num_hits += 1
-            st.flops_saved += self.spec.prefill_flops(match.usable_hit_len)
-            if hit_node is not None and hit_node.has_ssm:
-                st.checkpoints_reused += 1
-
     # ================================================================== insertion
     def _state_for(self, states: Mapping[int, Any] | Callable[[int], Any] | None, pos: int) -> tuple[bool, Any]:
         if states is None:
@@ -618,7 +564,7 @@ class PrefixCache:
             if guard is not None:
                 self._unlock(guard)
         self.stats.kv_tokens_inserted += new_tokens
-        self._note_peaks()
+        self.stats.note_usage(self.used_bytes, self.kv_bytes, self.ssm_bytes)
         return InsertResult(True, new_tokens, tuple(sorted(admitted)))
 
     def _collect_states(self, states: Mapping[int, Any] | Callable[[int], Any] | None,
@@ -899,15 +845,6 @@ class PrefixCache:
     def _sync_parent(self, parent: Node) -> None:
         if parent is not self.tree.root:
             self._sync_candidate(parent)
-
-    def _note_peaks(self) -> None:
-        st = self.stats
-        if self.used_bytes > st.peak_bytes:
-            st.peak_bytes = self.used_bytes
-        if self.kv_bytes > st.peak_kv_bytes:
-            st.peak_kv_bytes = self.kv_bytes
-        if self.ssm_bytes > st.peak_ssm_bytes:
-            st.peak_ssm_bytes = self.ssm_bytes
 
     # ================================================================== snapshots
     @_locked

@@ -21,7 +21,8 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from marconi.cache import CacheStats, ManualClock, PrefixCache
+from marconi.cache import ManualClock, PrefixCache
+from marconi.stats import CacheStats
 from marconi.model import ModelSpec, get_model
 from marconi.sim.latency import LatencyModel, make_latency
 from marconi.systems import SystemConfig, make_system

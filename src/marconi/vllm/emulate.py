@@ -42,7 +42,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from marconi.admission import MatchResult
-from marconi.cache import CacheStats, as_tokens
+from marconi.cache import as_tokens
+from marconi.stats import CacheStats
 from marconi.model import ModelSpec
 from marconi.registry import ConfigError
 from marconi.vllm.policy import (ATTENTION, DEFAULT_ALPHA, MAMBA, AlphaSource, BlockEvictionState, FixedAlpha, RequestObservation,
@@ -907,7 +908,7 @@ class VllmAlignCache:
     """The emulation behind the simulator's cache interface (``begin`` / ``finish``).
 
     ``begin`` admits a request (lookup + prefill allocation), ``finish`` runs its decode and frees
-    its blocks. ``stats`` is a :class:`~marconi.cache.CacheStats`: reused tokens are vLLM's hits,
+    its blocks. ``stats`` is a :class:`~marconi.stats.CacheStats`: reused tokens are vLLM's hits,
     ``kv_hit_tokens`` the attention-only matches, ``unusable_tokens`` their difference.
     """
 
@@ -932,7 +933,7 @@ class VllmAlignCache:
         handle = _Handle(self._next_id, tokens, match, req)
         self._next_id += 1
         self._in_flight[handle.request_id] = handle
-        self._record(match)
+        self.stats.record_lookup(match, self.spec, from_checkpoint=True)  # vLLM resumes from a state block
         return handle
 
     def insert_prefill(self, handle: _Handle, **_: Any) -> None:
@@ -950,19 +951,6 @@ class VllmAlignCache:
         handle = self.begin(input_tokens)
         self.finish(handle, output_tokens)
         return handle.match
-
-    def _record(self, match: MatchResult) -> None:
-        st = self.stats
-        st.num_requests += 1
-        st.input_tokens += match.input_len
-        st.kv_hit_tokens += match.kv_hit_len
-        st.reused_tokens += match.usable_hit_len
-        st.unusable_tokens += match.unusable_len
-        st.input_flops += self.spec.prefill_flops(match.input_len)
-        if match.usable_hit_len:
-            st.num_hits += 1
-            st.flops_saved += self.spec.prefill_flops(match.usable_hit_len)
-            st.checkpoints_reused += 1
 
     def _sync_eviction_stats(self) -> None:
         st, pool = self.stats, self.engine.pool.stats
