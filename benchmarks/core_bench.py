@@ -32,7 +32,7 @@ import numpy as np
 
 from marconi.report import fmt_pct as pct
 from marconi.report import format_table
-from marconi.sim import simulate
+from marconi.sim import simulate_system
 from marconi.units import format_bytes, parse_bytes
 from marconi.workloads import Request, Trace, agent_trace, chat_trace, shared_data_dir
 
@@ -69,7 +69,7 @@ def swe_workload(target_requests: int) -> Trace:
 
 
 def _run(trace: Trace, system: str, capacity: int, queue: mp.Queue) -> None:
-    res = simulate(trace, system, "paper-7b", capacity)  # tuning uses every core, as it would serving
+    res = simulate_system(trace, system, "paper-7b", capacity)  # tuning uses every core, as it would serving
     peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     queue.put({"system": system, "capacity_bytes": capacity, "requests": res.num_requests,
                "requests_per_s": res.num_requests / res.elapsed_s,
@@ -102,7 +102,7 @@ def adaptation_cost(trace: Trace, capacities: list[int], repeats: int) -> list[d
         hit: dict[str, float] = {}
         for _ in range(repeats):
             for system in ADAPTATION:
-                res = simulate(trace, system, "paper-7b", capacity)
+                res = simulate_system(trace, system, "paper-7b", capacity)
                 best[system] = min(best.get(system, float("inf")), res.elapsed_s)
                 hit[system] = res.stats.token_hit_rate
         for system in ADAPTATION:

@@ -8,7 +8,7 @@ from marconi.cache import ManualClock, PrefixCache
 from marconi.eviction import EvictionRule, flop_efficiency, flop_efficiency_array, score_many
 from marconi.model import get_model
 from marconi.registry import ConfigError
-from marconi.sim import simulate
+from marconi.sim import simulate_system
 from marconi.sim.sweep import TIMING_FIELDS, expand_points, run_sweep
 from marconi.systems import SystemConfig, make_system
 from marconi.workloads import Request, Trace, build_workload, chat_trace
@@ -41,8 +41,8 @@ def test_rule_labels_round_trip_and_bad_labels_say_what_to_write():
 
 def test_lru_rule_is_sglang_plus(chat):
     for capacity in (1e9, 3e9):
-        a = simulate(chat, fixed(EvictionRule.from_label("lru")), "paper-7b", capacity)
-        b = simulate(chat, "sglang+", "paper-7b", capacity)
+        a = simulate_system(chat, fixed(EvictionRule.from_label("lru")), "paper-7b", capacity)
+        b = simulate_system(chat, "sglang+", "paper-7b", capacity)
         assert a.stats.evictions_leaf > 0
         assert a.reused_len.tolist() == b.reused_len.tolist()
 
@@ -53,8 +53,8 @@ def test_a_one_rule_family_decides_exactly_as_that_rule(chat, label):
     # normalising over the rule's own candidates must reproduce the fixed rule, request by request
     rule = EvictionRule.from_label(label)
     for capacity in (1e9, 2.5e9):
-        adaptive = simulate(chat, f"marconi:rules={label}", "paper-7b", capacity)
-        alone = simulate(chat, fixed(rule), "paper-7b", capacity)
+        adaptive = simulate_system(chat, f"marconi:rules={label}", "paper-7b", capacity)
+        alone = simulate_system(chat, fixed(rule), "paper-7b", capacity)
         assert alone.stats.evictions_leaf + alone.stats.evictions_inner > 0
         assert adaptive.reused_len.tolist() == alone.reused_len.tolist()
         assert adaptive.rule_switches == []
@@ -122,11 +122,11 @@ def test_the_choice_follows_a_workload_shift():
     chats = chat_trace(num_sessions=120, turns=(4, 10), user_len=600, output_len=400, sessions_per_second=2.0, seed=1)
     capacity = 4e9
     aggressive = "marconi:alpha=2,efficiency=marginal"
-    assert (simulate(swe, aggressive, "paper-7b", capacity).stats.token_hit_rate
-            > 1.5 * simulate(swe, "sglang+", "paper-7b", capacity).stats.token_hit_rate)
-    assert (simulate(chats, aggressive, "paper-7b", capacity).stats.token_hit_rate
-            < 0.85 * simulate(chats, "sglang+", "paper-7b", capacity).stats.token_hit_rate)
-    result = simulate(_phases(swe, chats), "marconi", "paper-7b", capacity)
+    assert (simulate_system(swe, aggressive, "paper-7b", capacity).stats.token_hit_rate
+            > 1.5 * simulate_system(swe, "sglang+", "paper-7b", capacity).stats.token_hit_rate)
+    assert (simulate_system(chats, aggressive, "paper-7b", capacity).stats.token_hit_rate
+            < 0.85 * simulate_system(chats, "sglang+", "paper-7b", capacity).stats.token_hit_rate)
+    result = simulate_system(_phases(swe, chats), "marconi", "paper-7b", capacity)
     rules = _rules_in_force(result.rule_switches, len(result.input_len))
     first, second = rules[:len(swe)], rules[len(swe):]
     share_before = first.count("a2m") / len(first)

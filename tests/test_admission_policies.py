@@ -5,7 +5,7 @@ import pytest
 
 from marconi.cache import PrefixCache
 from marconi.registry import ConfigError
-from marconi.sim import simulate
+from marconi.sim import simulate_system
 from marconi.systems import make_system
 from marconi.workloads import doc_qa_trace
 
@@ -21,8 +21,8 @@ def final_checkpoints(admission, input_len=100, output_len=10):
 def test_baseline_placements():
     assert final_checkpoints("last-token") == (110,)
     assert final_checkpoints("uniform:m=4") == (25, 50, 75, 100, 110)
-    assert final_checkpoints("every-block:k=32,paged=false") == (32, 64, 96, 110)
-    assert final_checkpoints("every-block:k=32") == (32, 64, 96)     # vLLM+: whole blocks only
+    assert final_checkpoints("every-block:block=32,paged=false") == (32, 64, 96, 110)
+    assert final_checkpoints("every-block:block=32") == (32, 64, 96)     # vLLM+: whole blocks only
     # cold cache: the prior (mass everywhere) still gets its m checkpoints, inside the input...
     cold = final_checkpoints("sparse-dp:m=3")
     assert len(cold) == 4 and cold[-1] == 110 and all(0 < p <= 100 for p in cold[:-1])
@@ -48,7 +48,7 @@ def test_sparse_dp_frontier_is_no_worse_than_uniform_on_document_qa():
     trace = doc_qa_trace(num_docs=4, doc_len=3000, questions_per_doc=20, depth_fractions=(0.3, 0.6, 1.0), seed=0)
     unusable = {}
     for name in ("custom:admission=uniform(m=2;)", "custom:admission=sparse-dp(m=2;marconi=false)"):
-        res = simulate(trace, name, "paper-7b", 1e13, latency="zero")
+        res = simulate_system(trace, name, "paper-7b", 1e13, latency="zero")
         unusable[name] = (res.stats.unusable_tokens, res.stats.checkpoints_admitted)
     (u_uni, c_uni), (u_dp, c_dp) = unusable.values()
     assert u_dp < u_uni
@@ -57,8 +57,8 @@ def test_sparse_dp_frontier_is_no_worse_than_uniform_on_document_qa():
 
 def test_lagrangian_mode_trades_checkpoints_for_recompute():
     trace = doc_qa_trace(num_docs=3, doc_len=3000, questions_per_doc=16, seed=1)
-    cheap = simulate(trace, "custom:admission=sparse-dp(lam=0.0;marconi=false)", "paper-7b", 1e13, latency="zero").stats
-    dear = simulate(trace, "custom:admission=sparse-dp(lam=1e12;marconi=false)", "paper-7b", 1e13, latency="zero").stats
+    cheap = simulate_system(trace, "custom:admission=sparse-dp(lam=0.0;marconi=false)", "paper-7b", 1e13, latency="zero").stats
+    dear = simulate_system(trace, "custom:admission=sparse-dp(lam=1e12;marconi=false)", "paper-7b", 1e13, latency="zero").stats
     assert dear.checkpoints_admitted == len(trace)       # a prohibitive price: only the last tokens
     assert cheap.checkpoints_admitted > dear.checkpoints_admitted
     assert cheap.unusable_tokens < dear.unusable_tokens

@@ -89,7 +89,7 @@ def test_usable_hit_for_a_pure_transformer_is_the_kv_hit():
 
 
 def test_every_block_is_block_granular():
-    cache = make(admission="every-block:k=32")
+    cache = make(admission="every-block:block=32")
     _, ins = cache.process(toks((0, 100)), toks((500, 510)))  # 110 tokens -> 3 whole blocks kept
     assert ins.inserted_tokens == 96
     assert ins.admitted == (32, 64, 96)
@@ -101,7 +101,7 @@ def test_every_block_is_block_granular():
     assert sum(n.num_checkpoints for n in cache.tree.iter_nodes()) == cache.ssm_bytes // SPEC.ssm_checkpoint_bytes
     cache.check_invariants()
     # under inner-node eviction every block is its own node
-    flop = make(admission="every-block:k=32", eviction="flop-aware")
+    flop = make(admission="every-block:block=32", eviction="flop-aware")
     flop.process(toks((0, 100)), toks((500, 510)))
     assert sorted(n.depth for n in flop.tree.iter_nodes()) == [32, 64, 96]
 
@@ -136,22 +136,21 @@ def test_lru_evicts_the_least_recent_leaf_flop_aware_keeps_the_long_one():
 
 
 def test_flop_aware_evicts_inner_node_and_child_absorbs_its_kvs():
-    cache = make(eviction=FlopAware(alpha=0.0))
+    cache = make(capacity=1510, eviction=FlopAware(alpha=0.0))
     history = toks((0, 100))
     out1 = toks((1000, 1010))
-    cache.process(history, out1)                                   # node A: [0,110) + state
+    cache.process(history, out1)                                   # node A: [0,110) + state: 1,200 bytes
     turn2 = np.concatenate((history, out1, toks((2000, 2010))))
-    cache.process(turn2, toks((3000, 3010)))                       # node B: [110,130) + state
-    assert cache.tree.num_nodes == 2
+    cache.process(turn2, toks((3000, 3010)))                       # node B: [110,130) + state: 300 bytes
+    assert cache.tree.num_nodes == 2 and cache.used_bytes == 1500
     inner = next(n for n in cache.tree.iter_nodes() if n.children)
-    used = cache.used_bytes
-    cache._evict_until(cache.capacity_bytes - used + 100)          # free exactly one checkpoint
-    # the older, one-child node A goes first (it was not touched by turn 2's hit on... itself)
-    assert cache.tree.num_nodes == 1
-    (leaf,) = cache.tree.iter_nodes()
-    assert leaf.edge_len == 130 and leaf.has_ssm and leaf.depth == 130
-    assert cache.used_bytes == used - 100                          # only the checkpoint was freed
-    assert cache.stats.evictions_inner == 1
+    # an unrelated 1-token request needs 10 + 100 bytes, 10 are free: exactly one checkpoint must go
+    cache.process(toks((9000, 9001)))
+    # the older, one-child node A goes (turn 2 resumed from it: its last access is before B's birth)
+    assert cache.stats.evictions_inner == 1 and cache.stats.evictions_leaf == 0
+    (leaf,) = [n for n in cache.tree.iter_nodes() if n.depth > 1]
+    assert leaf.edge_len == 130 and leaf.has_ssm and leaf.depth == 130   # B absorbed A's KVs
+    assert cache.used_bytes == 1500 - 100 + 110                    # only the checkpoint was freed
     assert inner.parent is None
     cache.check_invariants()
 
@@ -219,7 +218,7 @@ def test_bad_input_gets_clear_errors():
         make(capacity=99)
     with pytest.raises(ConfigError, match="unknown admission policy 'bogus'.*marconi"):
         make(admission="bogus")
-    with pytest.raises(ConfigError, match="no parameter 'kk'; valid parameters: k"):
+    with pytest.raises(ConfigError, match="no parameter 'kk'; valid parameters: block, runs, paged"):
         make(admission="every-block:kk=3")
     with pytest.raises(ConfigError, match="unknown eviction policy"):
         make(eviction="mru")

@@ -34,7 +34,7 @@ def build_tokens(stem_index, tail):
 @settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(ops=st.lists(operation, min_size=1, max_size=40),
        capacity=st.integers(100, 900),
-       admission=st.sampled_from(["marconi", "every-block:k=2", "every-block:k=3", "none"]),
+       admission=st.sampled_from(["marconi", "every-block:block=2", "every-block:block=3", "none"]),
        eviction=st.sampled_from(["lru", "flop-aware:alpha=0", "flop-aware:alpha=1.5",
                                  "flop-aware-marginal:alpha=0.7,recency=inverse-age"]),
        transformer=st.booleans())
@@ -94,8 +94,8 @@ def test_unbounded_cache_hits_every_previously_finished_sequence(seqs):
        capacity=st.integers(100, 2000), k=st.integers(1, 3))
 def test_block_runs_make_the_same_decisions_as_one_node_per_block(reqs, capacity, k):
     """vLLM+ keeps consecutive blocks as one run node; under LRU that must not change any decision."""
-    runs = PrefixCache(SPEC, capacity, f"every-block:k={k}", "lru")
-    blocks = PrefixCache(SPEC, capacity, f"every-block:k={k},runs=false", "lru")
+    runs = PrefixCache(SPEC, capacity, f"every-block:block={k}", "lru")
+    blocks = PrefixCache(SPEC, capacity, f"every-block:block={k},runs=false", "lru")
     for stem, tail, out in reqs:
         tokens, output = build_tokens(stem, tail), np.array(out, dtype=np.int32)
         assert runs.process(tokens, output) == blocks.process(tokens, output)

@@ -60,7 +60,7 @@ def test_a_read_only_input_is_kept_without_a_copy():
 
 
 # ================================================================================ item: threads
-@pytest.mark.parametrize("admission,eviction", [("marconi", "flop-aware:alpha=1.0"), ("every-block:k=4", "lru")])
+@pytest.mark.parametrize("admission,eviction", [("marconi", "flop-aware:alpha=1.0"), ("every-block:block=4", "lru")])
 def test_threads_sharing_one_cache_keep_every_invariant(admission, eviction):
     """8 threads begin / finish / abort on one small cache (heavy eviction). Before the cache took
     a lock this raised InvariantError, exceeded the capacity or leaked locks."""
@@ -119,7 +119,7 @@ def _record_asked(cache: PrefixCache, handle, output) -> list[int]:
     return asked
 
 
-@pytest.mark.parametrize("admission", ["marconi", "every-block:k=8", "every-block:k=8,paged=false", "last-token",
+@pytest.mark.parametrize("admission", ["marconi", "every-block:block=8", "every-block:block=8,paged=false", "last-token",
                                        "uniform:m=3", "sparse-dp:m=2,key_tokens=8"])
 @pytest.mark.parametrize("chunk", [None, 16])
 def test_finish_checkpoints_is_exactly_what_finish_asks_for(admission, chunk):
@@ -187,12 +187,12 @@ def test_prefill_states_move_to_the_chunk_grid():
 
 
 def test_chunk_grid_counts_from_the_resume_point_and_keeps_pages():
-    cache = PrefixCache(SPEC, 10**9, "every-block:k=8", prefill_chunk_len=12)  # grid lcm(12, 8) = 24
+    cache = PrefixCache(SPEC, 10**9, "every-block:block=8", prefill_chunk_len=12)  # grid lcm(12, 8) = 24
     handle = cache.begin(toks((0, 70)))
     assert handle.prefill_checkpoints == (24, 48)  # blocks 8, 16, 32, 40, 56 have no boundary of their own
     assert cache.finish(handle, toks((100, 120))).admitted == (24, 48, 72, 80, 88)  # decode: every block
     cache.check_invariants()
-    unpaged = PrefixCache(SPEC, 10**9, "every-block:k=8,paged=false", prefill_chunk_len=12)
+    unpaged = PrefixCache(SPEC, 10**9, "every-block:block=8,paged=false", prefill_chunk_len=12)
     unpaged.process(toks((0, 21)), toks((100, 101)))              # a last-token checkpoint at 22
     handle = unpaged.begin(toks((0, 21), (100, 101), (200, 240)))
     assert handle.match.usable_hit_len == 22

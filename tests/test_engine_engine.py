@@ -18,6 +18,7 @@ from marconi.engine.engine import Engine
 from marconi.engine.errors import EngineError, TokenRangeError
 from marconi.engine.models import load_model
 from marconi.engine.states import KVPayload, SSMPayload
+from marconi.tuning import snapshot_tree
 from marks import slow_but_first
 
 
@@ -44,13 +45,10 @@ def check_payloads(engine: Engine) -> None:
     for node in cache.tree.iter_nodes():
         assert isinstance(node.kv, KVPayload) and node.kv.num_tokens == node.edge_len
         kv_bytes += node.kv.nbytes
-        if node.ckpt_stride:  # a run of block checkpoints: one state per block, in order
-            positions = range(node.parent_depth + node.ckpt_stride, node.depth + 1, node.ckpt_stride)
-            assert [p.position for p in node.ssm] == list(positions)
-            ssm_bytes += sum(p.nbytes for p in node.ssm)
-        elif node.has_ssm:
-            assert isinstance(node.ssm, SSMPayload) and node.ssm.position == node.depth
-            ssm_bytes += node.ssm.nbytes
+        # one state per checkpoint position (a block run holds several), taken at that position
+        assert all(isinstance(p, SSMPayload) for p in node.ckpt_states)
+        assert [p.position for p in node.ckpt_states] == node.ckpt_positions
+        ssm_bytes += sum(p.nbytes for p in node.ckpt_states)
     assert (kv_bytes, ssm_bytes) == (cache.kv_bytes, cache.ssm_bytes)
 
 
@@ -134,7 +132,7 @@ def _hostile_trace():
     return requests
 
 
-ADMISSIONS = ["marconi", "none", "every-block:k=8", "every-block:k=8,paged=false", "last-token", "uniform:m=3",
+ADMISSIONS = ["marconi", "none", "every-block:block=8", "every-block:block=8,paged=false", "last-token", "uniform:m=3",
               "sparse-dp:m=2,key_tokens=16"]
 
 
@@ -151,9 +149,8 @@ def _assert_same_decisions(engine: Engine, sim: PrefixCache, requests, *, genera
         check_payloads(engine)
     assert engine.cache.stats == sim.stats
     assert engine.cache.stats.checkpoints_unavailable == 0
-    mine, theirs = engine.cache.snapshot(), sim.snapshot()
-    assert mine.parent_index == theirs.parent_index and mine.has_ssm == theirs.has_ssm
-    assert mine.ckpt_stride == theirs.ckpt_stride
+    mine, theirs = snapshot_tree(engine.cache), snapshot_tree(sim)
+    assert mine.parent_index == theirs.parent_index and mine.ckpt_positions == theirs.ckpt_positions
     assert all(np.array_equal(a, b) for a, b in zip(mine.tokens, theirs.tokens))
 
 
@@ -188,7 +185,7 @@ def test_engine_decisions_equal_simulation_flop_aware_deltanet():
     assert engine.cache.stats.evictions_leaf + engine.cache.stats.evictions_inner > 0
 
 
-@pytest.mark.parametrize("admission", slow_but_first(["marconi", "every-block:k=8", "sparse-dp:m=2,key_tokens=16"]))
+@pytest.mark.parametrize("admission", slow_but_first(["marconi", "every-block:block=8", "sparse-dp:m=2,key_tokens=16"]))
 def test_greedy_engine_finds_the_states_it_needs_while_decoding(admission):
     """Generation does not know its output up front: a branch point where the output leaves a
     cached sequence, and block boundaries, are found step by step — still identical decisions."""
@@ -203,7 +200,7 @@ def test_greedy_engine_finds_the_states_it_needs_while_decoding(admission):
     assert r.output_tokens == greedy
     match, ins = sim.process(prompt, r.output_tokens)
     assert (r.usable_hit_len, r.admitted) == (match.usable_hit_len, ins.admitted)
-    if admission != "every-block:k=8":
+    if admission != "every-block:block=8":
         assert 37 + 3 in r.admitted  # Marconi's branch point, 3 tokens into the output
     else:
         assert r.admitted == (48,)  # the block boundary inside this output (40: cached by the first)
@@ -212,7 +209,7 @@ def test_greedy_engine_finds_the_states_it_needs_while_decoding(admission):
 
 # ================================================================================ threads
 def _tree_states(engine: Engine) -> dict[int, list[torch.Tensor]]:
-    return {n.depth: [*n.ssm.conv, *n.ssm.recurrent] for n in engine.cache.tree.iter_nodes() if n.has_ssm}
+    return {n.depth: [*n.end_state.conv, *n.end_state.recurrent] for n in engine.cache.tree.iter_nodes() if n.has_ssm}
 
 
 def _run_threads(target, args_list) -> None:

@@ -23,7 +23,7 @@ from marconi.experiments.sparse import (
     study_workload,
     verdict,
 )
-from marconi.sim import simulate
+from marconi.sim import simulate_system
 from marconi.workloads import Request, Trace
 
 pytestmark = pytest.mark.slow  # minutes of sweeps / processes: CI and `make test` only
@@ -166,7 +166,7 @@ def test_a_record_matches_a_direct_simulation(run):
     _, records = run
     rec = next(r for r in _sim(records, "doc-qa") if r["strategy"] == "sparse-dp" and r["budget"] == 2)
     trace = study_workload("doc-qa", "tiny").trace
-    result = simulate(trace, rec["system"], rec["model"], rec["capacity_bytes"], latency="zero")
+    result = simulate_system(trace, rec["system"], rec["model"], rec["capacity_bytes"], latency="zero")
     assert result.stats.unusable_tokens == rec["recomputed_tokens"]
     assert result.stats.checkpoints_admitted == rec["checkpoints_admitted"]
 

@@ -7,7 +7,7 @@ from marconi.adaptive import DEFAULT_RULES
 from marconi.model import ModelSpec
 from marconi.oracle import NEVER, FutureIndex
 from marconi.registry import ConfigError
-from marconi.sim import simulate
+from marconi.sim import simulate_system
 from marconi.systems import SystemConfig, make_system
 from marconi.workloads import Request, Trace, chat_trace
 
@@ -37,7 +37,7 @@ def rule_systems():
 
 
 def reused(trace, system, capacity):
-    return simulate(trace, system, SPEC, capacity, latency="zero").stats.reused_tokens
+    return simulate_system(trace, system, SPEC, capacity, latency="zero").stats.reused_tokens
 
 
 def test_future_index_lists_the_requests_through_every_prefix():
@@ -81,20 +81,20 @@ def test_oracle_keeps_kvs_that_let_a_later_branch_point_be_checkpointed():
 @pytest.mark.parametrize("capacity", [2e9, 5e9])
 def test_oracle_is_at_least_as_good_as_the_online_rules_on_a_chat_trace(capacity):
     trace = chat_trace(num_sessions=30, turns=(3, 8), system_prompt_len=300, user_len=150, output_len=200, seed=3)
-    best_online = max(simulate(trace, s, "paper-7b", capacity).stats.reused_tokens for s in rule_systems())
-    ceiling = simulate(trace, "infinite", "paper-7b", capacity).stats.reused_tokens
-    oracle = simulate(trace, "oracle", "paper-7b", capacity).stats.reused_tokens
+    best_online = max(simulate_system(trace, s, "paper-7b", capacity).stats.reused_tokens for s in rule_systems())
+    ceiling = simulate_system(trace, "infinite", "paper-7b", capacity).stats.reused_tokens
+    oracle = simulate_system(trace, "oracle", "paper-7b", capacity).stats.reused_tokens
     assert best_online <= oracle <= ceiling
 
 
 def test_infinite_is_the_same_admission_without_evictions():
     trace = chat_trace(num_sessions=20, turns=(2, 6), seed=4)
-    inf = simulate(trace, "infinite", "paper-7b", 1e9)
-    big = simulate(trace, "sglang+", "paper-7b", 2**50)
+    inf = simulate_system(trace, "infinite", "paper-7b", 1e9)
+    big = simulate_system(trace, "sglang+", "paper-7b", 2**50)
     assert inf.stats.reused_tokens == big.stats.reused_tokens and inf.stats.checkpoints_evicted == 0
     assert inf.capacity_bytes == int(1e9)             # reported at the capacity it was asked for
-    every_block = simulate(trace, "infinite:admission=every-block(k=16)", "paper-7b", 1e9)
-    assert every_block.stats.reused_tokens == simulate(trace, "vllm+:block=16", "paper-7b", 2**50).stats.reused_tokens
+    every_block = simulate_system(trace, "infinite:admission=every-block(block=16)", "paper-7b", 1e9)
+    assert every_block.stats.reused_tokens == simulate_system(trace, "vllm+:block=16", "paper-7b", 2**50).stats.reused_tokens
 
 
 def test_the_oracle_needs_the_trace():
@@ -106,6 +106,6 @@ def test_the_oracle_needs_the_trace():
 
 def test_oracle_runs_in_event_mode_and_from_an_iterator():
     trace = chat_trace(num_sessions=10, turns=(2, 5), seed=6)
-    seq = simulate(iter(trace), "oracle", "paper-7b", 1e9)
-    event = simulate(trace, "oracle", "paper-7b", 1e9, mode="event")
+    seq = simulate_system(iter(trace), "oracle", "paper-7b", 1e9)
+    event = simulate_system(trace, "oracle", "paper-7b", 1e9, mode="event")
     assert seq.num_requests == event.num_requests == len(trace)

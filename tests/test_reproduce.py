@@ -15,7 +15,7 @@ from marconi.experiments.reproduce.report import FIGURES
 from marconi.experiments.reproduce.traces import (TraceFactory, WorkloadSource, concat_traces, continuation_stats,
                                                   retime_sessions, retime_swe, reuse_kinds)
 from marconi.model import get_model
-from marconi.sim import simulate
+from marconi.sim import simulate_system
 from marconi.sim.sweep import read_records
 from marconi.tuning import BootstrapTuner
 from marconi.workloads import Request, build_swe_trace, bundled_data_dir, chat_trace
@@ -181,7 +181,7 @@ def test_continuations_and_reuse_kinds_on_a_hand_built_trace():
     assert (kinds["hits_branch"], kinds["tokens_branch"]) == (1, 30)
     # the simulator agrees: SGLang+ reuses the last-token checkpoint (60), then nothing usable at 30
     # (no checkpoint there: the branch is only detected now)
-    res = simulate(trace, "sglang+", "paper-7b", 10**12, latency="zero")
+    res = simulate_system(trace, "sglang+", "paper-7b", 10**12, latency="zero")
     assert res.reused_len.tolist() == [0, 60, 0]
 
 
@@ -197,13 +197,14 @@ def test_window_bounds_match_the_tuner():
     trace = chat_trace(num_sessions=60, turns=(3, 8), system_prompt_len=300, seed=4)
     spec = get_model("paper-7b")
     for m in (5, 3):
-        res = simulate(trace, f"marconi:multiplier={m}", spec, 2e9, latency="zero", tuning_workers=1)
+        res = simulate_system(trace, f"marconi:multiplier={m}", spec, 2e9, latency="zero", tuning_workers=1)
         assert res.tuned_alphas, "capacity too large for a tuning to happen"
         at, _ = res.tuned_alphas[0]
         lo, hi = window_bounds(at, m)
         from marconi.systems import make_system
         cache = make_system(f"marconi:multiplier={m}").build(spec, 2e9, tuning_workers=1)
-        tuner = next(o for o in cache._observers if isinstance(o, BootstrapTuner))
+        tuner = cache.tuner
+        assert isinstance(tuner, BootstrapTuner)
         for r in trace:
             cache.process(r.input_tokens, r.output_tokens)
             if tuner.events:

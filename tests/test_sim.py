@@ -9,7 +9,8 @@ from hypothesis import strategies as st
 
 from marconi.cache import PrefixCache
 from marconi.model import ModelSpec
-from marconi.sim import RooflineLatency, TableLatency, simulate, working_set_bytes
+from marconi.cache import ManualClock
+from marconi.sim import RooflineLatency, TableLatency, simulate, simulate_system, working_set_bytes
 from marconi.sim.compare import gains
 from marconi.sim.sweep import expand_points, read_records, run_sweep, write_records
 from marconi.systems import make_system, parse_systems
@@ -35,20 +36,20 @@ def conversation():
 
 def test_multi_turn_hand_computed_hit_rates():
     trace = conversation()
-    res = simulate(trace, "sglang+", SPEC, 10**9, latency="zero")
+    res = simulate_system(trace, "sglang+", SPEC, 10**9, latency="zero")
     assert res.reused_len.tolist() == [0, 120, 150]
     assert res.stats.token_hit_rate == pytest.approx(270 / (100 + 130 + 160))
-    vll = simulate(trace, "vllm+:block=32", SPEC, 10**9, latency="zero")
+    vll = simulate_system(trace, "vllm+:block=32", SPEC, 10**9, latency="zero")
     # blocks of 32: turn 1 reuses floor(120/32)*32 = 96; turn 2 reuses floor(150/32)*32 = 128
     assert vll.reused_len.tolist() == [0, 96, 128]
-    van = simulate(trace, "vanilla", SPEC, 10**9, latency="zero")
+    van = simulate_system(trace, "vanilla", SPEC, 10**9, latency="zero")
     assert van.reused_len.tolist() == [0, 0, 0]
 
 
 def test_sequential_mode_equals_a_direct_loop_over_the_core():
     trace = chat_trace(num_sessions=30, turns=(2, 6), system_prompt_len=200, seed=3)
     for system in ("sglang+", "vllm+", "marconi:alpha=0.7"):
-        res = simulate(trace, system, "paper-7b", 3e9, latency="zero")
+        res = simulate_system(trace, system, "paper-7b", 3e9, latency="zero")
         cfg = make_system(system)
         cache = PrefixCache("paper-7b", 3e9, cfg.admission, cfg.eviction)
         clock_free_hits = []
@@ -59,18 +60,38 @@ def test_sequential_mode_equals_a_direct_loop_over_the_core():
         assert res.reused_len.tolist() == clock_free_hits, system
 
 
+def test_the_driver_takes_a_built_cache():
+    """simulate(trace, cache): the libCacheSim-style driver; simulate_system builds the cache by name."""
+    trace = chat_trace(num_sessions=30, turns=(2, 6), system_prompt_len=200, seed=3)
+    for mode in ("sequential", "event"):
+        by_name = simulate_system(trace, "marconi:alpha=0.7", "paper-7b", 2e9, mode=mode)
+        clock = ManualClock()
+        cache = PrefixCache("paper-7b", 2e9, "marconi", "flop-aware:alpha=0.7", clock=clock)
+        built = simulate(trace, cache, clock=clock, mode=mode)
+        assert built.reused_len.tolist() == by_name.reused_len.tolist(), mode
+        assert built.stats == by_name.stats and built.stats is cache.stats
+        rec = built.record()
+        assert (rec["system"], rec["admission"], rec["eviction"]) == ("custom", "marconi", "flop-aware")
+        assert rec["capacity_bytes"] == 2e9 and rec["model"] == "paper-7b"
+    # a cache on its own logical clock: the driver sets no time, so it decides as a direct loop does
+    own = simulate(trace, PrefixCache("paper-7b", 2e9, "marconi", "flop-aware:alpha=0.7"), latency="zero")
+    loop = PrefixCache("paper-7b", 2e9, "marconi", "flop-aware:alpha=0.7")
+    assert own.reused_len.tolist() == [loop.process(r.input_tokens, r.output_tokens)[0].usable_hit_len for r in trace]
+    assert own.stats.evictions_inner + own.stats.evictions_leaf > 0  # the comparison saw eviction decisions
+
+
 def test_event_mode_misses_what_is_still_in_flight():
     # two identical requests 1 s apart: with a slow "decode", the second arrives before the
     # first is inserted, so it cannot hit; sequentially it hits the last-decoded checkpoint.
     a = req(0, 0, 0.0, np.arange(200), np.arange(500, 520))
     b = req(1, 0, 1.0, np.concatenate((np.arange(200), np.arange(500, 520), [7])), [1, 2])
     slow = RooflineLatency("a100", decode_s_per_token=1.0)
-    seq = simulate([a, b], "sglang+", SPEC, 10**9, latency=slow, mode="sequential")
-    evt = simulate([a, b], "sglang+", SPEC, 10**9, latency=slow, mode="event")
+    seq = simulate_system([a, b], "sglang+", SPEC, 10**9, latency=slow, mode="sequential")
+    evt = simulate_system([a, b], "sglang+", SPEC, 10**9, latency=slow, mode="event")
     assert seq.reused_len.tolist() == [0, 220]
     assert evt.reused_len.tolist() == [0, 0]
     fast = RooflineLatency("a100", decode_s_per_token=0.001)
-    assert simulate([a, b], "sglang+", SPEC, 10**9, latency=fast, mode="event").reused_len.tolist() == [0, 220]
+    assert simulate_system([a, b], "sglang+", SPEC, 10**9, latency=fast, mode="event").reused_len.tolist() == [0, 220]
 
 
 def test_event_mode_admits_branch_checkpoints_at_prefill():
@@ -79,7 +100,7 @@ def test_event_mode_admits_branch_checkpoints_at_prefill():
     reqs = [req(i, 0, float(i), np.concatenate((prompt, [10_000 + i])), np.arange(20_000 + 100 * i, 20_000 + 100 * i + n))
             for i, n in enumerate(out_lens)]
     slow = RooflineLatency("a100", decode_s_per_token=0.1)
-    evt = simulate(reqs, "sglang+", SPEC, 10**9, latency=slow, mode="event")
+    evt = simulate_system(reqs, "sglang+", SPEC, 10**9, latency=slow, mode="event")
     # request 1 finds the prompt (request 0 is inserted) but no state at 300: it checkpoints the
     # branch during its prefill, which ends milliseconds later -> request 2, still during request
     # 1's decode, resumes from it
@@ -92,7 +113,7 @@ def test_event_mode_admits_branch_checkpoints_at_prefill():
        capacity=st.sampled_from([2e8, 1e9, 1e11]), mode=st.sampled_from(["sequential", "event"]))
 def test_no_system_reuses_more_than_the_input(seed, system, capacity, mode):
     trace = shared_prompts_trace(num_prompts=3, prompt_len=300, num_sessions=15, turns=(1, 3), seed=seed)
-    res = simulate(trace, system, "paper-7b", capacity, mode=mode)
+    res = simulate_system(trace, system, "paper-7b", capacity, mode=mode)
     assert np.all(res.reused_len <= res.input_len)
     assert np.all(res.reused_len <= res.kv_hit_len)
     assert res.stats.peak_bytes <= capacity
@@ -100,7 +121,7 @@ def test_no_system_reuses_more_than_the_input(seed, system, capacity, mode):
 
 def test_tuning_happens_and_is_recorded():
     trace = chat_trace(num_sessions=60, turns=(4, 10), system_prompt_len=500, seed=1)
-    res = simulate(trace, "marconi:multiplier=2", "paper-7b", 2e9, tuning_workers=1)
+    res = simulate_system(trace, "marconi:multiplier=2", "paper-7b", 2e9, tuning_workers=1)
     assert len(res.tuned_alphas) == 1
     at, alpha = res.tuned_alphas[0]
     assert 0 <= alpha <= 2 and 0 < at < len(trace)
@@ -111,7 +132,7 @@ def test_tuning_happens_and_is_recorded():
 def test_decreasing_timestamps_are_rejected():
     bad = [req(0, 0, 5.0, [1, 2], [3]), req(0, 1, 4.0, [1, 2, 3], [4])]
     with pytest.raises(ValueError, match="request 1: timestamp 4.0 is earlier"):
-        simulate(bad, "sglang+", SPEC, 10**9)
+        simulate_system(bad, "sglang+", SPEC, 10**9)
 
 
 def test_latency_models():

@@ -2,12 +2,13 @@
 
 import pytest
 
-from marconi.cache import PrefixCache
 from marconi.eviction import FlopAware
 from marconi.registry import ConfigError
 from marconi.systems import make_system
-from marconi.tuning import BootstrapTuner, TuningJob, best_alpha, evaluate_alphas, replay_window
-from marconi.workloads import chat_trace
+from marconi.tuning import (BootstrapTuner, TuningJob, WindowResult, best_alpha, cache_from_snapshot, evaluate_alphas,
+                            replay_window, snapshot_tree)
+from marconi.workloads import Request, chat_trace
+from marconi.cache import ManualClock
 
 
 def run(trace, cache):
@@ -17,8 +18,8 @@ def run(trace, cache):
 
 
 def tuner_of(cache):
-    (tuner,) = [o for o in cache._observers if isinstance(o, BootstrapTuner)]
-    return tuner
+    assert isinstance(cache.tuner, BootstrapTuner)
+    return cache.tuner
 
 
 @pytest.fixture(scope="module")
@@ -42,16 +43,21 @@ def test_bootstrap_protocol(trace):
     assert event.window_size == 3 * n_before           # multiplier x requests before the first eviction
     assert event.at_request == n_before + 3 * n_before  # snapshot after the evicting request, then the window
     assert policy.alpha == event.alpha
-    assert set(event.scores) == {round(0.1 * i, 1) for i in range(21)}
-    assert event.scores[event.alpha] == max(event.scores.values())
+    scores = event.scores()
+    assert set(scores) == {round(0.1 * i, 1) for i in range(21)}
+    assert scores[event.alpha] == max(scores.values())
+    # what a simulation record says about it: the same choice and every alpha's window replay
+    record = tuner.tuning_record()
+    assert record["tuned_alphas"] == [[event.at_request, event.alpha]]
+    (window,) = record["tuning_windows"]
+    assert window["grid"] == sorted(scores) and window["hit_rate"] == [scores[a] for a in window["grid"]]
 
 
 def test_parallel_search_equals_serial_and_is_deterministic(trace):
     base = make_system("sglang+").build("paper-7b", 3e9)
     run(trace.head(80), base)
-    job = TuningJob(base.snapshot(), [], base.spec, base.capacity_bytes, base.admission, "total", "linear")
-    from marconi.tuning import RecordedRequest
-    job.window = [RecordedRequest(float(i), r.input_tokens, r.output_tokens) for i, r in enumerate(trace[80:200])]
+    job = TuningJob(snapshot_tree(base), [], base.spec, base.capacity_bytes, base.admission, "total", "linear")
+    job.window = [Request(i, 0, float(i), r.input_tokens, r.output_tokens) for i, r in enumerate(trace[80:200])]
     grid = [0.0, 0.5, 1.0, 1.5, 2.0]
     serial = evaluate_alphas(job, grid, workers=1)
     parallel = evaluate_alphas(job, grid, workers=2)
@@ -59,27 +65,39 @@ def test_parallel_search_equals_serial_and_is_deterministic(trace):
     assert serial == [replay_window(job, a) for a in grid]
 
 
+def _results(grid, rows):
+    return [WindowResult(a, reused, flops, inputs) for a, (reused, flops, inputs) in zip(grid, rows)]
+
+
 def test_ties_go_to_the_smaller_alpha():
     grid = [0.0, 0.5, 1.0, 1.5]
-    results = [(10, 1.0, 100), (12, 5.0, 100), (12, 3.0, 100), (11, 9.0, 100)]
-    assert best_alpha(grid, results, "hit-rate") == 0.5
-    assert best_alpha(grid, results, "flops") == 1.5
-    assert best_alpha(grid, [(7, 1.0, 9)] * 4, "hit-rate") == 0.0
+    results = _results(grid, [(10, 1.0, 100), (12, 5.0, 100), (12, 3.0, 100), (11, 9.0, 100)])
+    assert best_alpha(results, "hit-rate") == 0.5
+    assert best_alpha(results, "flops") == 1.5
+    assert best_alpha(results[::-1], "hit-rate") == 0.5  # the order of the results does not matter
+    assert best_alpha(_results(grid, [(7, 1.0, 9)] * 4), "hit-rate") == 0.0
     # with a tolerance the smallest alpha within that margin of the best wins
-    assert best_alpha(grid, [(100, 0, 1), (104, 0, 1), (109, 0, 1), (110, 0, 1)], "hit-rate", tolerance=0.05) == 1.0
-    assert best_alpha(grid, [(100, 0, 1), (104, 0, 1), (109, 0, 1), (110, 0, 1)], "hit-rate", tolerance=0.1) == 0.0
+    close = _results(grid, [(100, 0, 1), (104, 0, 1), (109, 0, 1), (110, 0, 1)])
+    assert best_alpha(close, "hit-rate", tolerance=0.05) == 1.0
+    assert best_alpha(close, "hit-rate", tolerance=0.1) == 0.0
 
 
 def test_snapshot_roundtrip_reproduces_the_cache(trace):
-    live = make_system("marconi:alpha=0.8").build("paper-7b", 2e9)
-    run(trace.head(150), live)
-    snap = live.snapshot()
-    clone = PrefixCache.from_snapshot(snap, "paper-7b", 2e9, "marconi", FlopAware(alpha=0.8))
+    live_clock, clock = ManualClock(), ManualClock()
+    live = make_system("marconi:alpha=0.8").build("paper-7b", 2e9, clock=live_clock)
+    for r in trace.head(150):
+        live_clock.now = r.ts
+        live.process(r.input_tokens, r.output_tokens)
+    snap = snapshot_tree(live)
+    clone = cache_from_snapshot(snap, "paper-7b", 2e9, "marconi", FlopAware(alpha=0.8), clock=clock)
     clone.check_invariants()
+    assert clock.now == live_clock.now
     assert (clone.used_bytes, clone.kv_bytes, clone.ssm_bytes) == (live.used_bytes, live.kv_bytes, live.ssm_bytes)
     assert clone.tree.num_nodes == live.tree.num_nodes
-    # both continue identically on the rest of the trace (same logical clock)
+    assert sorted(map(tuple, snapshot_tree(clone).ckpt_positions)) == sorted(map(tuple, snap.ckpt_positions))
+    # both continue identically on the rest of the trace (same arrival times)
     for r in trace[150:260]:
+        live_clock.now = clock.now = r.ts
         assert live.process(r.input_tokens, r.output_tokens) == clone.process(r.input_tokens, r.output_tokens)
 
 

@@ -15,7 +15,7 @@ import pytest
 
 from marconi.model import ModelSpec
 from marconi.registry import ConfigError
-from marconi.sim.replay import simulate
+from marconi.sim.replay import simulate_system
 from marconi.systems import make_system
 from marconi.vllm.bench import BenchConfig, emulate_run, read_fixture, select_requests
 from marconi.vllm.emulate import VllmAlignEngine, VllmLayout, layout_for_spec, prefix_hashes
@@ -145,15 +145,15 @@ def test_simulate_runs_vllm_align_on_a_bundled_trace(mode: str) -> None:
     from marconi.workloads import build_workload
 
     trace = list(build_workload("swe-sample:max_input_len=8192"))[:25]
-    stock = simulate(trace, "vllm-align:block=384,blocks=70", QWEN_TINY, 0, mode=mode, latency="zero")
-    marconi = simulate(trace, "vllm-align:block=384,blocks=70,eviction=marconi", QWEN_TINY, 0, mode=mode,
+    stock = simulate_system(trace, "vllm-align:block=384,blocks=70", QWEN_TINY, 0, mode=mode, latency="zero")
+    marconi = simulate_system(trace, "vllm-align:block=384,blocks=70,eviction=marconi", QWEN_TINY, 0, mode=mode,
                        latency="zero")
     for result in (stock, marconi):
         rec = result.record()
         assert rec["num_requests"] == 25 and 0 < rec["token_hit_rate"] < 1
         assert rec["reused_tokens"] == int(result.reused_len.sum())
         assert np.all(result.reused_len % 384 == 0) and np.all(result.reused_len < result.input_len)
-    assert stock.system.eviction == "lru" and marconi.system.eviction.startswith("marconi-blocks")
+    assert stock.system["eviction"] == "lru" and marconi.system["eviction"].startswith("marconi-blocks")
 
 
 def test_fixtures_are_there() -> None:

@@ -156,6 +156,7 @@ class AdaptiveEviction:
         self._kv_per_token = cache.spec.kv_bytes_per_token
         self._ckpt_bytes = cache.spec.ssm_checkpoint_bytes
         cache.add_observer(_Charger(self))
+        cache.tuner = self
 
     @property
     def rule(self) -> EvictionRule:
@@ -302,6 +303,10 @@ class AdaptiveEviction:
         if self.regret[self.current] > best * (1.0 + self.hysteresis) + 1e-9:
             self.current = int(np.flatnonzero(self.regret == best)[0])
             self.switches.append(RuleSwitch(request_id, self.current))
+
+    def tuning_record(self) -> dict[str, Any]:
+        """Record fields: every switch of the live rule (``rule_switches``: request, new rule)."""
+        return {"rule_switches": [[s.at_request, self.rules[s.rule].label()] for s in self.switches]}
 
     def describe(self) -> dict[str, object]:
         return {"eviction": self.name, "rules": "/".join(r.label() for r in self.rules), "rule": self.rule.label()}

@@ -64,7 +64,7 @@ class AdmissionContext:
 class FinalPlan(NamedTuple):
     insert_len: int                 # tokens of input + output to keep in the tree
     checkpoints: tuple[int, ...]    # positions (<= insert_len) that should hold an SSM checkpoint
-    stride: int = 0                 # > 0: also a checkpoint at every multiple of ``stride``
+    block: int = 0                  # > 0: also a checkpoint at every multiple of ``block`` tokens
 
 
 class AdmissionPolicy(Protocol):
@@ -131,39 +131,41 @@ class MarconiAdmission:
 
 
 class EveryBlock:
-    """Fine-grained checkpointing (vLLM+): a checkpoint at every ``k``-token block boundary.
+    """Fine-grained checkpointing (vLLM+): a checkpoint at every ``block``-token block boundary.
 
-    ``paged=True`` (vLLM+): only whole blocks are cached and matched (page size ``k``), as in vLLM's
-    block hashing; the partial last block of a sequence is not kept. ``paged=False``: token-level KV
-    matching with a checkpoint every ``k`` tokens plus the last token (block caching on the same
-    footing as the other placement heuristics, for the sparse-caching experiments).
+    ``paged=True`` (vLLM+): only whole blocks are cached and matched (the tree's page size is the
+    block), as in vLLM's block hashing; the partial last block of a sequence is not kept.
+    ``paged=False``: token-level KV matching with a checkpoint every ``block`` tokens plus the last
+    token (block caching on the same footing as the other placement heuristics, for the
+    sparse-caching experiments).
     """
 
     name = "every-block"
     caches = True
 
-    def __init__(self, k: int = 32, runs: bool = True, paged: bool = True) -> None:
-        if k < 1:
-            raise ConfigError(f"every-block: k must be >= 1, got {k}")
-        self.k = k
+    def __init__(self, block: int = 32, runs: bool = True, paged: bool = True) -> None:
+        if block < 1:
+            raise ConfigError(f"every-block: block must be >= 1 token, got {block}")
+        self.block = block
         self.paged = paged
-        self.page_size = k if paged else 1
+        self.page_size = block if paged else 1
         self.runs = runs and paged
 
     def prefill_checkpoints(self, ctx: AdmissionContext) -> Iterable[int]:
-        first = ctx.match.usable_hit_len // self.k + 1
-        return range(first * self.k, ctx.input_len + 1, self.k)
+        first = ctx.match.usable_hit_len // self.block + 1
+        return range(first * self.block, ctx.input_len + 1, self.block)
 
     def final_plan(self, ctx: AdmissionContext, total_len: int) -> FinalPlan:
+        b = self.block
         if not self.paged:
-            return FinalPlan(total_len, (*range(self.k, total_len + 1, self.k), total_len))
-        insert_len = total_len - total_len % self.k
+            return FinalPlan(total_len, (*range(b, total_len + 1, b), total_len))
+        insert_len = total_len - total_len % b
         if self.runs:  # the cache may keep consecutive blocks as one run node (same decisions, faster)
-            return FinalPlan(insert_len, (), stride=self.k)
-        return FinalPlan(insert_len, tuple(range(self.k, insert_len + 1, self.k)))
+            return FinalPlan(insert_len, (), block=b)
+        return FinalPlan(insert_len, tuple(range(b, insert_len + 1, b)))
 
     def describe(self) -> dict[str, object]:
-        return {"admission": self.name, "block": self.k, "paged": self.paged}
+        return {"admission": self.name, "block": self.block, "paged": self.paged}
 
 
 class LastToken:
@@ -221,9 +223,9 @@ def _marconi() -> AdmissionPolicy:
     return MarconiAdmission()
 
 
-@ADMISSION_POLICIES.register("every-block", "a checkpoint at every k-token block boundary (vLLM+)")
-def _every_block(k: int = 32, runs: bool = True, paged: bool = True) -> AdmissionPolicy:
-    return EveryBlock(k, runs, paged)
+@ADMISSION_POLICIES.register("every-block", "a checkpoint at every block boundary (vLLM+)")
+def _every_block(block: int = 32, runs: bool = True, paged: bool = True) -> AdmissionPolicy:
+    return EveryBlock(block, runs, paged)
 
 
 @ADMISSION_POLICIES.register("last-token", "only the state after the last decoded token")

@@ -27,7 +27,7 @@ from __future__ import annotations
 import functools
 import math
 import threading
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, NamedTuple, Protocol
 
 import numpy as np
@@ -39,8 +39,8 @@ from marconi.radix import Node, RadixTree, WalkResult
 from marconi.registry import ConfigError
 from marconi.stats import CacheStats
 
-__all__ = ["PrefixCache", "RequestHandle", "CachedPrefix", "InsertResult", "PayloadOps",
-           "SizeOnlyPayloads", "CacheObserver", "TreeSnapshot", "InvariantError", "ManualClock", "as_tokens"]
+__all__ = ["PrefixCache", "RequestHandle", "CachedPrefix", "InsertResult", "PayloadOps", "SizeOnlyPayloads",
+           "SIZE_ONLY", "CacheObserver", "InvariantError", "ManualClock", "as_tokens"]
 
 
 class InvariantError(AssertionError):
@@ -62,9 +62,27 @@ class PayloadOps(Protocol):
         """An evicted KV or SSM payload is no longer referenced by the cache."""
         ...
 
+    def state_at(self, pos: int) -> Any:
+        """The SSM payload to admit at ``pos`` when ``finish``/``insert_prefill`` were given no
+        ``states``: a stand-in for payloads that are only sizes, None (unavailable) for real ones."""
+        ...
+
+
+class SizeOnly:
+    """The payload of a simulated checkpoint: it has a size (from the ModelSpec), no content."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "SIZE_ONLY"
+
+
+SIZE_ONLY = SizeOnly()
+
 
 class SizeOnlyPayloads:
-    """Simulation payloads: nothing is stored; sizes come from the ModelSpec."""
+    """Simulation payloads: nothing is stored; sizes come from the ModelSpec. Every checkpoint the
+    admission policy asks for is available (its payload is :data:`SIZE_ONLY`)."""
 
     def split_kv(self, kv: Any, at: int) -> tuple[Any, Any]:
         return None, None
@@ -74,6 +92,9 @@ class SizeOnlyPayloads:
 
     def release(self, payload: Any) -> None:
         return None
+
+    def state_at(self, pos: int) -> Any:
+        return SIZE_ONLY
 
 
 class CacheObserver:
@@ -119,24 +140,6 @@ class InsertResult(NamedTuple):
     admitted: tuple[int, ...]          # positions that received a new checkpoint
 
 
-@dataclass(slots=True)
-class TreeSnapshot:
-    """The tree's shape, recency and checkpoints without payloads (for replays by the tuner)."""
-
-    page_size: int
-    parent_index: list[int]            # index into these lists; -1 = child of the root
-    tokens: list[np.ndarray]
-    has_ssm: list[bool]
-    ckpt_stride: list[int]
-    last_access: list[float]
-    access_seq: list[int]
-    next_seq: int
-    clock_value: float
-    path_access: list[float] = field(default_factory=list)
-    path_seq: list[int] = field(default_factory=list)
-    next_path_seq: int = 0
-
-
 class ManualClock:
     """A clock its owner sets (``clock.now = trace_time``) or ticks: the simulator's and the
     tuner's clock, and the cache's default logical clock (one tick per request event)."""
@@ -171,8 +174,6 @@ def as_tokens(tokens: Any, what: str, *, allow_empty: bool = False) -> np.ndarra
         arr = arr.astype(np.int32)
     return arr
 
-
-_SIMULATED = SizeOnlyPayloads()
 
 
 def _locked(method: Callable) -> Callable:
@@ -209,7 +210,7 @@ class PrefixCache:
     Args:
         spec: the model's cost model (a ``ModelSpec`` or preset name).
         capacity_bytes: total bytes for KVs + SSM checkpoints; never exceeded.
-        admission: an admission policy or registry name (``none``, ``marconi``, ``every-block:k=32``).
+        admission: an admission policy or registry name (``none``, ``marconi``, ``every-block:block=32``).
         eviction: an eviction policy or registry name (``lru``, ``flop-aware:alpha=1``).
         clock: returns the current time (any monotone unit); default a logical request counter.
         payloads: ``PayloadOps`` for real payloads; default sizes only (simulation).
@@ -243,7 +244,7 @@ class PrefixCache:
                 f"({self.spec.ssm_checkpoint_bytes:,} bytes): nothing could ever be cached; raise the capacity")
         self._logical = ManualClock() if clock is None else None
         self.clock: Callable[[], float] = clock if clock is not None else self._logical  # type: ignore[assignment]
-        self.payloads: PayloadOps = payloads if payloads is not None else _SIMULATED
+        self.payloads: PayloadOps = payloads if payloads is not None else SizeOnlyPayloads()
         self.tree = RadixTree(self.admission.page_size)
         self.candidates = CandidateSet()
         self.stats = CacheStats()
@@ -266,6 +267,10 @@ class PrefixCache:
         # a policy keeping per-request state (sparse-dp) is told when a request ends
         self._end_request: Callable[[int], None] | None = getattr(self.admission, "end_request", None)
         self._mutex = threading.RLock()
+        # The component choosing this cache's policy parameters online, or None: the bootstrap
+        # tuner (attached by the system that builds the cache) or an adaptive eviction policy
+        # (which attaches itself when bound). ``tuner.tuning_record()`` reports its choices.
+        self.tuner: Any = None
         bind = getattr(self.eviction, "bind", None)
         if bind is not None:  # policies that score with the cost model, or watch requests
             bind(self)
@@ -313,9 +318,7 @@ class PrefixCache:
         if self._logical is not None:
             self._logical.tick()
         now = self.clock()
-        walk = self.tree.walk(tokens)
-        if walk.partial is not None and walk.partial.ckpt_stride:
-            walk = self._split_run_at_match(walk)
+        walk = self._split_run_at_match(self.tree.walk(tokens))
         hit_index = self._hit_index(walk.path, limit)
         hit_node = walk.path[hit_index] if hit_index >= 0 else None
         if self.spec.has_recurrent_state:
@@ -366,7 +369,7 @@ class PrefixCache:
             keep = usable - nodes[-1].parent_depth
             kv[-1] = self.payloads.split_kv(nodes[-1].kv, keep)[0]
         hit = handle.hit_node
-        ssm = None if hit is None else (hit.ssm[-1] if isinstance(hit.ssm, list) else hit.ssm)
+        ssm = None if hit is None or not hit.has_ssm else hit.end_state
         return CachedPrefix(usable, kv, ssm)
 
     @_locked
@@ -436,10 +439,11 @@ class PrefixCache:
 
     # ================================================================== matching helpers
     def _split_run_at_match(self, walk: WalkResult) -> WalkResult:
-        """A match ending inside a run ends at one of its checkpoints: split the run there, so the
-        hit is a node boundary and only the part actually used gets its recency refreshed."""
+        """A match ending inside an edge at one of its checkpoints (a block run's) is split there,
+        so the hit is a node boundary and only the part actually used gets its recency refreshed."""
         run = walk.partial
-        assert run is not None
+        if run is None or not run.holds_checkpoint_at(walk.matched_len):
+            return walk
         upper = self._split(run, walk.matched_len - run.parent_depth)
         return WalkResult([*walk.path, upper], walk.matched_len, None)
 
@@ -475,12 +479,6 @@ class PrefixCache:
         return None
 
     # ================================================================== insertion
-    def _state_for(self, states: Mapping[int, Any] | Callable[[int], Any] | None, pos: int) -> tuple[bool, Any]:
-        if states is None:
-            return (self.payloads is _SIMULATED), None
-        payload = states(pos) if callable(states) else states.get(pos)
-        return payload is not None, payload
-
     @_locked
     def insert_prefill(self, handle: RequestHandle, *,
                        states: Mapping[int, Any] | Callable[[int], Any] | None = None,
@@ -502,7 +500,7 @@ class PrefixCache:
         page = self.tree.page_size
         first = handle.prefill_checkpoints[0]
         if page > 1 and handle.prefill_checkpoints == tuple(range(first, end + 1, page)):
-            plan = FinalPlan(end, (), stride=page)  # every block: let the cache keep them as one run
+            plan = FinalPlan(end, (), block=page)  # every block: let the cache keep them as one run
         walk = self.tree.walk(seq, start=handle.matched_node if handle.matched_node and
                               handle.matched_node.depth <= end else None)
         return self._insert_sequence(handle, seq, plan, states, kv, walk)
@@ -524,10 +522,11 @@ class PrefixCache:
         floor = handle.match.usable_hit_len
         input_len = len(handle.tokens)
         wanted = self._placed(plan.checkpoints, floor, input_len, insert_len)
-        if plan.stride:
-            first = (floor // plan.stride + 1) * plan.stride
-            strided = range(first, insert_len + 1, plan.stride)  # in (floor, insert_len] already
-            wanted.update(strided if self._state_grid is None else self._placed(strided, floor, input_len, insert_len))
+        if plan.block:
+            first = (floor // plan.block + 1) * plan.block
+            boundaries = range(first, insert_len + 1, plan.block)  # in (floor, insert_len] already
+            wanted.update(boundaries if self._state_grid is None
+                          else self._placed(boundaries, floor, input_len, insert_len))
         matched = walk.matched_len
         walked = (*walk.path, walk.partial) if walk.partial is not None else tuple(walk.path)
         on_path = sorted(p for p in wanted if p <= matched and not any(n.holds_checkpoint_at(p) for n in walked))
@@ -540,8 +539,7 @@ class PrefixCache:
         # Positions are read before a run is split below: the split changes no answer of
         # ``holds_checkpoint_at`` at or above the match, and the dry run does not split.
         on_path, tail = self._wanted(handle, plan, walk, len(seq))
-        if walk.partial is not None and walk.partial.ckpt_stride:
-            walk = self._split_run_at_match(walk)  # lock only what this sequence shares, not the run's rest
+        walk = self._split_run_at_match(walk)  # lock only what this sequence shares, not the run's rest
         insert_len = min(plan.insert_len, len(seq))
         matched = walk.matched_len
         to_admit = self._collect_states(states, on_path + tail)
@@ -559,7 +557,7 @@ class PrefixCache:
             self._evict_until(need)
             admitted = self._attach_on_path(walk, to_admit)
             if new_tokens:
-                admitted += self._add_tail(seq, walk, insert_len, to_admit, plan.stride, kv)
+                admitted += self._add_tail(seq, walk, insert_len, to_admit, plan.block, kv)
         finally:
             if guard is not None:
                 self._unlock(guard)
@@ -569,13 +567,13 @@ class PrefixCache:
 
     def _collect_states(self, states: Mapping[int, Any] | Callable[[int], Any] | None,
                         positions: list[int]) -> dict[int, Any]:
-        """Payloads for the positions whose state is available (all of them in simulation)."""
-        if states is None and self.payloads is _SIMULATED:
-            return dict.fromkeys(positions)
+        """Payloads for the positions whose state is available: from ``states`` (a mapping or a
+        callable; None: the payload ops' own ``state_at``, every one of them in simulation)."""
+        supply = self.payloads.state_at if states is None else states if callable(states) else states.get
         out = {}
         for pos in positions:
-            ok, payload = self._state_for(states, pos)
-            if ok:
+            payload = supply(pos)
+            if payload is not None:
                 out[pos] = payload
             else:
                 self.stats.checkpoints_unavailable += 1
@@ -598,7 +596,7 @@ class PrefixCache:
                 return self._split(node, pos - node.parent_depth)
         raise AssertionError(f"no walked edge contains position {pos}")
 
-    def _add_tail(self, seq: np.ndarray, walk: WalkResult, insert_len: int, to_admit: dict[int, Any], stride: int,
+    def _add_tail(self, seq: np.ndarray, walk: WalkResult, insert_len: int, to_admit: dict[int, Any], block: int,
                   kv: Callable[[int, int], Any] | None) -> list[int]:
         """Insert ``seq[matched_len:insert_len]`` as new nodes: one run, or a chain cut at checkpoints."""
         start = walk.matched_len
@@ -610,13 +608,12 @@ class PrefixCache:
             parent = walk.path[-1] if walk.path else self.tree.root
         assert parent is not None
         tail = sorted(p for p in to_admit if p > start)
-        if (stride and not self.eviction.evicts_inner_nodes and start % stride == 0
-                and tail == list(range(start + stride, insert_len + 1, stride))):
+        if (block and not self.eviction.evicts_inner_nodes and start % block == 0
+                and tail == list(range(start + block, insert_len + 1, block))):
             # Block caching under leaf-only eviction: one node holding a checkpoint per block.
             node = self._new_node(seq, start, insert_len, parent, kv)
-            node.ckpt_stride = stride
-            node.has_ssm = True
-            node.ssm = None if self.payloads is _SIMULATED else [to_admit[p] for p in tail]
+            node.ckpt_positions = tail
+            node.ckpt_states = [to_admit[p] for p in tail]
             self._account_ssm(node, len(tail))
             return tail
         admitted = []
@@ -651,17 +648,13 @@ class PrefixCache:
         upper_kv, lower_kv = self.payloads.split_kv(node.kv, at)
         upper = self.tree.split(node, at)
         upper.kv, node.kv = upper_kv, lower_kv
-        if node.ckpt_stride and isinstance(node.ssm, list):
-            k = at // node.ckpt_stride
-            upper.ssm, node.ssm = node.ssm[:k], node.ssm[k:]
         self._update_eff(upper)
         self._update_eff(node)
         self._sync_candidate(upper)
         return upper
 
     def _attach_ssm(self, node: Node, payload: Any) -> None:
-        node.has_ssm = True
-        node.ssm = payload
+        node.add_checkpoint(node.depth, payload)
         self._account_ssm(node, 1)
 
     def _account_ssm(self, node: Node, count: int) -> None:
@@ -688,30 +681,31 @@ class PrefixCache:
             victim = self.candidates.nodes[self.eviction.choose(self.candidates)]
             if victim.children:
                 self._evict_inner(victim)
-            elif victim.ckpt_stride and victim.num_checkpoints > 1:
+            elif victim.num_checkpoints > 1:
                 self._trim_run(victim, need - (self.capacity_bytes - self.used_bytes))
             else:
                 self._evict_leaf(victim)
 
     def _trim_run(self, node: Node, shortfall: int) -> None:
         """Evict the last blocks of a run leaf — what per-block LRU would do, since the blocks share
-        the run's recency and the deepest is always the leaf — all at once."""
-        stride = node.ckpt_stride
-        per_block = stride * self._kv_per_token + self._ckpt_bytes
-        blocks = min(node.num_checkpoints, -(-shortfall // per_block))
-        if blocks == node.num_checkpoints:
+        the run's recency and the deepest is always the leaf — as many as free ``shortfall`` bytes,
+        all at once. A block is the span from one checkpoint (or the edge's start) to the next."""
+        positions = node.ckpt_positions
+        starts = [node.parent_depth, *positions[:-1]]
+        freed = blocks = 0
+        while freed < shortfall and blocks < len(positions):
+            blocks += 1
+            freed += (positions[-blocks] - starts[-blocks]) * self._kv_per_token + self._ckpt_bytes
+        if blocks == len(positions):
             self._evict_leaf(node)
             return
-        keep = node.edge_len - blocks * stride
-        kept_kv, dropped_kv = self.payloads.split_kv(node.kv, keep)
+        dropped_tokens = node.depth - starts[-blocks]
+        kept_kv, dropped_kv = self.payloads.split_kv(node.kv, node.edge_len - dropped_tokens)
         self.payloads.release(dropped_kv)
         node.kv = kept_kv
-        if isinstance(node.ssm, list):
-            for payload in node.ssm[keep // stride:]:
-                self.payloads.release(payload)
-            node.ssm = node.ssm[: keep // stride]
-        self.tree.trim_leaf(node, blocks * stride)
-        freed_kv = blocks * stride * self._kv_per_token
+        for payload in self.tree.trim_leaf(node, dropped_tokens):
+            self.payloads.release(payload)
+        freed_kv = dropped_tokens * self._kv_per_token
         freed_ssm = blocks * self._ckpt_bytes
         self.used_bytes -= freed_kv + freed_ssm
         self.kv_bytes -= freed_kv
@@ -719,7 +713,7 @@ class PrefixCache:
         st = self.stats
         st.evictions_leaf += blocks
         st.checkpoints_evicted += blocks
-        st.kv_tokens_evicted += blocks * stride
+        st.kv_tokens_evicted += dropped_tokens
         st.bytes_evicted += freed_kv + freed_ssm
         self._update_eff(node)
 
@@ -729,17 +723,14 @@ class PrefixCache:
         n_ckpt = node.num_checkpoints
         ssm_freed = n_ckpt * self._ckpt_bytes
         self.payloads.release(node.kv)
-        if isinstance(node.ssm, list):
-            for payload in node.ssm:
-                self.payloads.release(payload)
-        elif node.has_ssm:
-            self.payloads.release(node.ssm)
+        for payload in node.ckpt_states:
+            self.payloads.release(payload)
         self.used_bytes -= kv_freed + ssm_freed
         self.kv_bytes -= kv_freed
         self.ssm_bytes -= ssm_freed
         st = self.stats
         st.checkpoints_evicted += n_ckpt
-        st.evictions_leaf += max(1, n_ckpt) if node.ckpt_stride else 1
+        st.evictions_leaf += max(1, n_ckpt)  # a run's blocks count one each, as if one node per block
         st.kv_tokens_evicted += node.edge_len
         st.bytes_evicted += kv_freed + ssm_freed
         parent = node.parent
@@ -749,10 +740,10 @@ class PrefixCache:
 
     def _evict_inner(self, node: Node) -> None:
         """Drop a one-child node's checkpoint; its edge KVs are absorbed by its child."""
-        assert not node.ckpt_stride, "runs exist only under leaf-only eviction"
+        assert node.num_checkpoints == 1, "runs exist only under leaf-only eviction"
         self.candidates.remove(node)
         (child,) = node.children.values()
-        self.payloads.release(node.ssm)
+        self.payloads.release(node.end_state)
         child.kv = self.payloads.join_kv(node.kv, child.kv)
         self.used_bytes -= self._ckpt_bytes
         self.ssm_bytes -= self._ckpt_bytes
@@ -846,60 +837,28 @@ class PrefixCache:
         if parent is not self.tree.root:
             self._sync_candidate(parent)
 
-    # ================================================================== snapshots
+    # ================================================================== restoring a tree
     @_locked
-    def snapshot(self) -> TreeSnapshot:
-        """The tree without payloads or locks, for replaying requests against it (tuning)."""
-        index: dict[int, int] = {}
-        snap = TreeSnapshot(self.tree.page_size, [], [], [], [], [], [], self._seq, float(self.clock()),
-                            next_path_seq=self._path_seq)
-        for node in self.tree.iter_nodes():
-            index[node.node_id] = len(snap.tokens)
-            parent = node.parent
-            snap.parent_index.append(-1 if parent is self.tree.root else index[parent.node_id])  # type: ignore[union-attr]
-            snap.tokens.append(node.tokens)
-            snap.has_ssm.append(node.has_ssm)
-            snap.ckpt_stride.append(node.ckpt_stride)
-            snap.last_access.append(node.last_access)
-            snap.access_seq.append(node.access_seq)
-            snap.path_access.append(node.path_access)
-            snap.path_seq.append(node.path_seq)
-        return snap
+    def adopt_tree(self) -> None:
+        """Account for nodes added with ``self.tree``'s own surgery — how the bootstrap tuner
+        restores a snapshot (:func:`marconi.tuning.cache_from_snapshot`): bytes, FLOP efficiency
+        and the eviction candidates, from scratch; access counters continue after the largest.
 
-    @classmethod
-    def from_snapshot(cls, snapshot: TreeSnapshot, spec: ModelSpec | str, capacity_bytes: float,
-                      admission: AdmissionPolicy | str, eviction: EvictionPolicy | str, *,
-                      clock: Callable[[], float] | None = None) -> "PrefixCache":
-        """A simulation cache holding the snapshot's tree (sizes only)."""
-        cache = cls(spec, capacity_bytes, admission, eviction, clock=clock)
-        if cache.tree.page_size != snapshot.page_size:
-            raise ConfigError(f"snapshot has page size {snapshot.page_size}, admission policy "
-                              f"{cache.admission.name!r} uses {cache.tree.page_size}")
-        if cache._logical is not None:
-            cache._logical.now = snapshot.clock_value
-        nodes: list[Node] = []
-        for i, tokens in enumerate(snapshot.tokens):
-            p = snapshot.parent_index[i]
-            parent = cache.tree.root if p < 0 else nodes[p]
-            node = cache.tree.new_node(tokens, parent)
-            node.last_access = snapshot.last_access[i]
-            node.access_seq = snapshot.access_seq[i]
-            node.path_access = snapshot.path_access[i]
-            node.path_seq = snapshot.path_seq[i]
-            node.has_ssm = snapshot.has_ssm[i]
-            node.ckpt_stride = snapshot.ckpt_stride[i]
-            nodes.append(node)
-        cache._seq = snapshot.next_seq
-        cache._path_seq = snapshot.next_path_seq
-        for node in nodes:
-            cache.used_bytes += cache._node_bytes(node)
-            cache.kv_bytes += node.edge_len * cache._kv_per_token
-            cache.ssm_bytes += node.num_checkpoints * cache._ckpt_bytes
-            cache._update_eff(node)
-            cache._sync_candidate(node)
-        if cache.used_bytes > cache.capacity_bytes:
-            raise ConfigError("snapshot holds more bytes than the capacity")
-        return cache
+        Raises ConfigError if the tree holds more bytes than the capacity. Only for a cache that
+        has served nothing yet (no request in flight, nothing accounted).
+        """
+        assert not self._in_flight and self.used_bytes == 0, "adopt_tree is for a fresh cache"
+        for node in self.tree.iter_nodes():
+            self.used_bytes += self._node_bytes(node)
+            self.kv_bytes += node.edge_len * self._kv_per_token
+            self.ssm_bytes += node.num_checkpoints * self._ckpt_bytes
+            self._seq = max(self._seq, node.access_seq)
+            self._path_seq = max(self._path_seq, node.path_seq)
+            self._update_eff(node)
+            self._sync_candidate(node)
+        if self.used_bytes > self.capacity_bytes:
+            raise ConfigError(f"the tree holds {self.used_bytes:,} bytes, more than the capacity "
+                              f"{self.capacity_bytes:,}")
 
     # ================================================================== invariants
     @_locked
@@ -927,9 +886,13 @@ class PrefixCache:
                 used += nbytes
                 kv += node.edge_len * self._kv_per_token
                 ssm += node.num_checkpoints * self._ckpt_bytes
-                if node.ckpt_stride:
-                    _require(node.has_ssm and node.edge_len % node.ckpt_stride == 0
-                             and node.depth % node.ckpt_stride == 0, f"{where}: malformed checkpoint run")
+                positions = node.ckpt_positions
+                _require(len(positions) == len(node.ckpt_states)
+                         and all(node.parent_depth < a < b <= node.depth for a, b in zip(positions, positions[1:]))
+                         and all(node.parent_depth < a <= node.depth for a in positions[:1]),
+                         f"{where}: checkpoints {positions} not ascending inside the edge or without payloads")
+                if len(positions) > 1:
+                    _require(node.has_ssm, f"{where}: a block run must end at its last checkpoint")
                     _require(not self.eviction.evicts_inner_nodes, f"{where}: a run under inner-node eviction")
                 _require(node.lock_ref == expected_locks.get(node.node_id, 0),
                          f"{where}: lock_ref {node.lock_ref} != {expected_locks.get(node.node_id, 0)} in-flight users")

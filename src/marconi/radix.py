@@ -1,8 +1,11 @@
 """Radix tree over token ids: the structure of the prefix cache, and nothing else.
 
 Each :class:`Node` owns the edge from its parent: the edge's tokens (stored as one int32 array),
-an opaque KV payload for those tokens, and optionally an SSM checkpoint — the recurrent state after
-the node's last token (its ``depth``). The tree does surgery only (find, split, add, remove, merge);
+an opaque KV payload for those tokens, and the SSM checkpoints it holds on that edge — recurrent
+states after given positions, as two parallel lists (positions, payloads). A node usually holds at
+most one, at its end; block caching under leaf-only eviction keeps a whole chain of blocks as one
+node holding a checkpoint at every block boundary (the same decisions as one node per block,
+without the nodes). The tree does surgery only (find, split, add, remove, merge, trim);
 :class:`marconi.cache.PrefixCache` wraps every change with byte accounting, locking and the
 eviction candidate index.
 
@@ -12,6 +15,7 @@ and match lengths are rounded down to whole pages, as in vLLM's block-hash prefi
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from typing import Any, Iterator, NamedTuple
 
 import numpy as np
@@ -22,21 +26,21 @@ __all__ = ["Node", "RadixTree", "WalkResult", "common_prefix_len"]
 class Node:
     """One radix-tree node; see the module docstring for what it owns."""
 
-    __slots__ = ("node_id", "tokens", "parent", "children", "depth", "kv", "ssm", "has_ssm", "ckpt_stride",
+    __slots__ = ("node_id", "tokens", "parent", "children", "depth", "kv", "ckpt_positions", "ckpt_states",
                  "last_access", "access_seq", "path_access", "path_seq", "lock_ref", "slot", "flop_eff")
 
     def __init__(self, node_id: int, tokens: np.ndarray, parent: "Node | None", depth: int) -> None:
         self.node_id = node_id
-        self.tokens = tokens
-        self.parent = parent
-        self.children: dict[Any, Node] = {}
-        self.depth = depth            # prefix length at the end of this node's edge
+        self.tokens = tokens          # the edge from the parent; never empty, a whole number of pages
+        self.parent = parent          # None only for the root (and a node removed from the tree)
+        self.children: dict[Any, Node] = {}   # keyed by RadixTree.child_key of the child's edge
+        self.depth = depth            # prefix length at the edge's end == parent.depth + len(tokens)
         self.kv: Any = None           # opaque KV payload of the edge tokens
-        self.ssm: Any = None          # opaque SSM payload (valid when has_ssm)
-        self.has_ssm = False
-        # 0: at most one checkpoint, at the edge's end (``has_ssm``). k > 0: a *run* — a checkpoint
-        # at every k tokens of the edge (block caching kept as one node instead of one per block).
-        self.ckpt_stride = 0
+        # Checkpoints on this edge: absolute positions, ascending, each in (parent_depth, depth], and
+        # their opaque payloads (same length). More than one only for block runs (leaf-only eviction),
+        # and then the edge ends at the last one.
+        self.ckpt_positions: list[int] = []
+        self.ckpt_states: list[Any] = []
         # Two recency signals, so any eviction policy (and a policy that switches between them)
         # can score with either: a "hit" access refreshes only the node a request resumed from
         # (Marconi, paper §4.3), a "path" access every node on the matched path up to it (SGLang).
@@ -45,9 +49,9 @@ class Node:
         self.access_seq = 0           # strictly increasing hit-access order (tie-breaker)
         self.path_access = 0.0        # clock value of the last path access
         self.path_seq = 0             # strictly increasing path-access order
-        self.lock_ref = 0             # in-flight requests whose path includes this node
-        self.slot: int | None = None  # index in the eviction candidate set, if a candidate
-        self.flop_eff = 0.0           # cached FLOP efficiency (recomputed on structural change)
+        self.lock_ref = 0             # in-flight requests whose matched path includes this node
+        self.slot: int | None = None  # index in the eviction candidate set, iff a candidate
+        self.flop_eff = 0.0           # FLOP efficiency, recomputed on every structural change
 
     @property
     def edge_len(self) -> int:
@@ -58,18 +62,31 @@ class Node:
         return self.depth - len(self.tokens)
 
     @property
+    def has_ssm(self) -> bool:
+        """Whether a checkpoint sits at the node's end (a request can resume at ``depth``)."""
+        positions = self.ckpt_positions
+        return bool(positions) and positions[-1] == self.depth
+
+    @property
     def num_checkpoints(self) -> int:
-        if self.ckpt_stride:
-            return len(self.tokens) // self.ckpt_stride
-        return 1 if self.has_ssm else 0
+        return len(self.ckpt_positions)
+
+    @property
+    def end_state(self) -> Any:
+        """The payload of the checkpoint at the node's end (``has_ssm`` must hold)."""
+        return self.ckpt_states[-1]
 
     def holds_checkpoint_at(self, pos: int) -> bool:
         """Whether this node keeps the state at absolute position ``pos`` (inside or at its end)."""
-        if not self.parent_depth < pos <= self.depth:
-            return False
-        if self.ckpt_stride:
-            return (pos - self.parent_depth) % self.ckpt_stride == 0
-        return pos == self.depth and self.has_ssm
+        positions = self.ckpt_positions
+        i = bisect_right(positions, pos)
+        return i > 0 and positions[i - 1] == pos
+
+    def add_checkpoint(self, pos: int, payload: Any) -> None:
+        """Hold the state at ``pos`` (in ``(parent_depth, depth]``, not held yet)."""
+        i = bisect_right(self.ckpt_positions, pos)
+        self.ckpt_positions.insert(i, pos)
+        self.ckpt_states.insert(i, payload)
 
     def __repr__(self) -> str:
         return (f"Node(id={self.node_id}, depth={self.depth}, edge={len(self.tokens)}, ssm={self.has_ssm}, "
@@ -167,11 +184,12 @@ class RadixTree:
         return node
 
     def split(self, node: Node, at: int) -> Node:
-        """Split ``node``'s edge after ``at`` tokens; returns the new upper node (no SSM state).
+        """Split ``node``'s edge after ``at`` tokens; returns the new upper node.
 
-        The lower part keeps the node object (its SSM state, children and identity), so handles to
-        it stay valid. The new upper node inherits the lock count and recency of ``node``: it is on
-        every path that ``node`` is on. Payload splitting is the caller's job.
+        The lower part keeps the node object (its end checkpoint, children and identity), so handles
+        to it stay valid; checkpoints at or above the split point (a block run's) move up with their
+        payloads. The new upper node inherits the lock count and recency of ``node``: it is on
+        every path that ``node`` is on. Splitting the KV payload is the caller's job.
         """
         if not 0 < at < len(node.tokens):
             raise ValueError(f"split point {at} outside edge of length {len(node.tokens)}")
@@ -186,11 +204,10 @@ class RadixTree:
         upper.access_seq = node.access_seq
         upper.path_access = node.path_access
         upper.path_seq = node.path_seq
-        if node.ckpt_stride:  # both halves of a run keep their checkpoints
-            if at % node.ckpt_stride:
-                raise ValueError(f"split point {at} is not a multiple of the run's stride {node.ckpt_stride}")
-            upper.ckpt_stride = node.ckpt_stride
-            upper.has_ssm = True
+        k = bisect_right(node.ckpt_positions, upper.depth)  # checkpoints at or above the split go up
+        if k:
+            upper.ckpt_positions, node.ckpt_positions = node.ckpt_positions[:k], node.ckpt_positions[k:]
+            upper.ckpt_states, node.ckpt_states = node.ckpt_states[:k], node.ckpt_states[k:]
         parent.children[self.child_key(node.tokens, 0)] = upper
         node.tokens = node.tokens[at:]
         node.parent = upper
@@ -198,11 +215,16 @@ class RadixTree:
         self.num_nodes += 1
         return upper
 
-    def trim_leaf(self, node: Node, num_tokens: int) -> None:
-        """Drop the last ``num_tokens`` tokens of a leaf's edge (block caching evicts tails)."""
+    def trim_leaf(self, node: Node, num_tokens: int) -> list[Any]:
+        """Drop the last ``num_tokens`` tokens of a leaf's edge and the checkpoints on them (block
+        caching evicts a run's tail); returns the dropped checkpoints' payloads."""
         assert not node.children and 0 < num_tokens < len(node.tokens)
         node.tokens = node.tokens[: len(node.tokens) - num_tokens]
         node.depth -= num_tokens
+        k = bisect_right(node.ckpt_positions, node.depth)
+        dropped = node.ckpt_states[k:]
+        del node.ckpt_positions[k:], node.ckpt_states[k:]
+        return dropped
 
     def remove_leaf(self, node: Node) -> None:
         assert not node.children and node.parent is not None
@@ -213,7 +235,8 @@ class RadixTree:
     def merge_into_child(self, node: Node) -> Node:
         """Remove a one-child node; its edge tokens are prepended to the child's. Returns the child.
 
-        Payload joining is the caller's job (before calling, while both edges are intact).
+        The node's checkpoints go with it (release their payloads first); joining the KV payloads
+        is the caller's job (before calling, while both edges are intact).
         """
         assert len(node.children) == 1 and node.parent is not None
         (child,) = node.children.values()

@@ -1,7 +1,7 @@
 """Name-based registries of pluggable pieces, with parameters given on the name.
 
 Policies and systems are looked up by name, optionally followed by parameters:
-``"every-block:k=16"``, ``"marconi:alpha=1.0,multiplier=15"``. Each registered factory declares its
+``"every-block:block=16"``, ``"marconi:alpha=1.0,multiplier=15"``. Each registered factory declares its
 parameters with types and defaults, so a typo is an error that lists the valid ones instead of a
 silent default (libCacheSim-style CLI sweeps depend on that).
 """

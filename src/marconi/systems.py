@@ -108,9 +108,10 @@ class SystemConfig:
             if not isinstance(cache.eviction, FlopAware):
                 raise ConfigError(f"{self.label}: alpha tuning needs the flop-aware eviction policy")
             t = self.tuning
-            cache.add_observer(BootstrapTuner(cache.eviction, multiplier=t.multiplier, objective=t.objective,
-                                              workers=tuning_workers, retune_every=t.retune_every, drift=t.drift,
-                                              tolerance=t.tolerance, mapper=tuning_mapper))
+            cache.tuner = BootstrapTuner(cache.eviction, multiplier=t.multiplier, objective=t.objective,
+                                         workers=tuning_workers, retune_every=t.retune_every, drift=t.drift,
+                                         tolerance=t.tolerance, mapper=tuning_mapper)
+            cache.add_observer(cache.tuner)
         return cache
 
     def describe(self) -> dict[str, Any]:
@@ -153,7 +154,7 @@ def _vanilla() -> SystemConfig:
 @SYSTEMS.register("vllm+", "checkpoint every block, LRU (vLLM extended to hybrids)")
 def _vllm(block: int = 32) -> SystemConfig:
     _check_block(block)
-    return SystemConfig("vllm+", f"every-block:k={block}", "lru")
+    return SystemConfig("vllm+", f"every-block:block={block}", "lru")
 
 
 @SYSTEMS.register("sglang+", "judicious admission, LRU (SGLang extended to hybrids)")
@@ -249,7 +250,7 @@ def _custom(admission: str = "marconi", eviction: str = "lru", block: int = 32, 
         raise ConfigError(f"custom: unknown eviction {evi_name!r}; choose one of: {', '.join(EVICTION_POLICIES.names())}")
     ADMISSION_POLICIES.create(adm)  # validate the policy's own parameters now
     if adm == "every-block":
-        adm = f"every-block:k={block}"
+        adm = f"every-block:block={block}"
     tuning = None
     if evi_name.startswith("flop-aware") and evi == evi_name:
         variant = "marginal" if evi_name == "flop-aware-marginal" else efficiency

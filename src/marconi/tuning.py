@@ -8,7 +8,11 @@ parallel worker processes, and the α with the best objective (token hit rate, o
 adopted. Ties go to the smaller α. Optionally the cycle repeats when the hit rate drifts.
 
 Replays are sequential (match then insert per request), cheap (no model), deterministic, and
-identical whatever the number of workers.
+identical whatever the number of workers. The tree snapshot a replay starts from (shape, recency,
+checkpoint positions; no payloads, no locks) is taken and restored here: only the tuner needs it.
+
+A tuner reports what it chose through ``tuning_record()``; the cache it serves exposes it as
+``cache.tuner`` (simulation records echo it).
 """
 
 from __future__ import annotations
@@ -21,23 +25,96 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from marconi.cache import CacheObserver, ManualClock, PrefixCache, RequestHandle, TreeSnapshot
-from marconi.eviction import FlopAware
+from marconi.admission import AdmissionPolicy
+from marconi.cache import SIZE_ONLY, CacheObserver, ManualClock, PrefixCache, RequestHandle
+from marconi.eviction import EvictionPolicy, FlopAware
 from marconi.model import ModelSpec
 from marconi.pool import worker_pool
 from marconi.registry import ConfigError
+from marconi.workloads.trace import Request
 
-__all__ = ["DEFAULT_ALPHA_GRID", "TuningJob", "TuningEvent", "BootstrapTuner", "evaluate_alphas", "replay_window"]
+__all__ = ["DEFAULT_ALPHA_GRID", "TreeSnapshot", "TuningJob", "TuningEvent", "WindowResult", "BootstrapTuner",
+           "evaluate_alphas", "replay_window", "snapshot_tree", "cache_from_snapshot"]
 
 DEFAULT_ALPHA_GRID: tuple[float, ...] = tuple(round(0.1 * i, 1) for i in range(21))
 OBJECTIVES = ("hit-rate", "flops")
 
 
+@dataclass(slots=True)
+class TreeSnapshot:
+    """A cache's tree without payloads or locks: what a tuning replay starts from.
+
+    Parallel lists, one entry per node, parents before children.
+    """
+
+    page_size: int
+    parent_index: list[int]            # index into these lists; -1 = child of the root
+    tokens: list[np.ndarray]
+    ckpt_positions: list[list[int]]    # the node's checkpoint positions (absolute)
+    last_access: list[float]
+    access_seq: list[int]
+    path_access: list[float]
+    path_seq: list[int]
+    clock_value: float
+
+
+def snapshot_tree(cache: PrefixCache) -> TreeSnapshot:
+    """The tree of ``cache`` as it is now (taken under its lock)."""
+    with cache.lock:
+        index: dict[int, int] = {}
+        snap = TreeSnapshot(cache.tree.page_size, [], [], [], [], [], [], [], float(cache.clock()))
+        root = cache.tree.root
+        for node in cache.tree.iter_nodes():
+            index[node.node_id] = len(snap.tokens)
+            parent = node.parent
+            snap.parent_index.append(-1 if parent is root else index[parent.node_id])  # type: ignore[union-attr]
+            snap.tokens.append(node.tokens)
+            snap.ckpt_positions.append(list(node.ckpt_positions))
+            snap.last_access.append(node.last_access)
+            snap.access_seq.append(node.access_seq)
+            snap.path_access.append(node.path_access)
+            snap.path_seq.append(node.path_seq)
+    return snap
+
+
+def cache_from_snapshot(snapshot: TreeSnapshot, spec: ModelSpec | str, capacity_bytes: float,
+                        admission: AdmissionPolicy | str, eviction: EvictionPolicy | str, *,
+                        clock: ManualClock) -> PrefixCache:
+    """A size-only cache holding the snapshot's tree, its clock set to the snapshot's time.
+
+    Raises ConfigError if the admission policy matches at another page size, or the tree does not
+    fit ``capacity_bytes``.
+    """
+    cache = PrefixCache(spec, capacity_bytes, admission, eviction, clock=clock)
+    if cache.tree.page_size != snapshot.page_size:
+        raise ConfigError(f"snapshot has page size {snapshot.page_size}, admission policy "
+                          f"{cache.admission.name!r} uses {cache.tree.page_size}")
+    clock.now = snapshot.clock_value
+    nodes = []
+    for i, tokens in enumerate(snapshot.tokens):
+        p = snapshot.parent_index[i]
+        node = cache.tree.new_node(tokens, cache.tree.root if p < 0 else nodes[p])
+        node.ckpt_positions = list(snapshot.ckpt_positions[i])
+        node.ckpt_states = [SIZE_ONLY] * len(node.ckpt_positions)
+        node.last_access, node.access_seq = snapshot.last_access[i], snapshot.access_seq[i]
+        node.path_access, node.path_seq = snapshot.path_access[i], snapshot.path_seq[i]
+        nodes.append(node)
+    cache.adopt_tree()
+    return cache
+
+
 @dataclass(frozen=True, slots=True)
-class RecordedRequest:
-    time: float
-    input_tokens: np.ndarray
-    output_tokens: np.ndarray
+class WindowResult:
+    """One α's replay of a tuning window."""
+
+    alpha: float
+    reused_tokens: int
+    flops_saved: float
+    input_tokens: int
+
+    @property
+    def hit_rate(self) -> float:
+        return self.reused_tokens / self.input_tokens if self.input_tokens else 0.0
 
 
 @dataclass(slots=True)
@@ -45,7 +122,7 @@ class TuningJob:
     """Everything a replay needs; picklable (sent to worker processes or Ray tasks)."""
 
     snapshot: TreeSnapshot
-    window: list[RecordedRequest]
+    window: list[Request]
     spec: ModelSpec
     capacity_bytes: int
     admission: Any
@@ -55,25 +132,30 @@ class TuningJob:
 
 @dataclass(frozen=True, slots=True)
 class TuningEvent:
-    """One completed grid search (kept on the tuner for reports: tuned α over time)."""
+    """One completed grid search: every α's replay of the window, and the α adopted."""
 
     at_request: int
     window_size: int
     alpha: float
-    scores: dict[float, float]
+    results: tuple[WindowResult, ...]
     seconds: float
 
+    def scores(self, objective: str = "hit-rate") -> dict[float, float]:
+        """α -> the window's token hit rate (``hit-rate``) or FLOPs saved (``flops``)."""
+        return {r.alpha: (r.hit_rate if objective == "hit-rate" else r.flops_saved) for r in self.results}
 
-def replay_window(job: TuningJob, alpha: float) -> tuple[int, float, int]:
-    """Replay the job's window from its snapshot with a fixed α: (reused tokens, FLOPs saved, input tokens)."""
-    clock = ManualClock(job.snapshot.clock_value)
+
+def replay_window(job: TuningJob, alpha: float) -> WindowResult:
+    """Replay the job's window from its snapshot with a fixed α."""
+    clock = ManualClock()
     policy = FlopAware(alpha=alpha, efficiency=job.efficiency, recency=job.recency)
-    cache = PrefixCache.from_snapshot(job.snapshot, job.spec, job.capacity_bytes, copy.deepcopy(job.admission),
-                                      policy, clock=clock)
+    cache = cache_from_snapshot(job.snapshot, job.spec, job.capacity_bytes, copy.deepcopy(job.admission), policy,
+                                clock=clock)
     for req in job.window:
-        clock.now = req.time
+        clock.now = req.ts
         cache.process(req.input_tokens, req.output_tokens)
-    return cache.stats.reused_tokens, cache.stats.flops_saved, cache.stats.input_tokens
+    st = cache.stats
+    return WindowResult(float(alpha), st.reused_tokens, st.flops_saved, st.input_tokens)
 
 
 _WORKER_JOB: TuningJob | None = None
@@ -84,7 +166,7 @@ def _init_worker(job: TuningJob) -> None:
     _WORKER_JOB = job
 
 
-def _replay_in_worker(alpha: float) -> tuple[int, float, int]:
+def _replay_in_worker(alpha: float) -> WindowResult:
     assert _WORKER_JOB is not None
     return replay_window(_WORKER_JOB, alpha)
 
@@ -95,7 +177,7 @@ def default_workers() -> int:
 
 def evaluate_alphas(job: TuningJob, grid: Sequence[float], workers: int | None = None,
                     mapper: Callable[[Callable[[float], Any], Sequence[float]], list[Any]] | None = None
-                    ) -> list[tuple[int, float, int]]:
+                    ) -> list[WindowResult]:
     """Replay the window once per α. ``mapper`` (e.g. a Ray map) overrides the process pool."""
     if mapper is not None:
         return list(mapper(lambda a: replay_window(job, a), grid))
@@ -106,19 +188,18 @@ def evaluate_alphas(job: TuningJob, grid: Sequence[float], workers: int | None =
         return list(pool.map(_replay_in_worker, grid))
 
 
-def best_alpha(grid: Sequence[float], results: Sequence[tuple[int, float, int]], objective: str,
-               tolerance: float = 0.0) -> float:
-    """Highest objective wins; exact ties go to the smaller α (deterministic).
+def best_alpha(results: Sequence[WindowResult], objective: str, tolerance: float = 0.0) -> float:
+    """Highest objective (reused tokens, or FLOPs saved) wins; exact ties go to the smaller α.
 
     With ``tolerance`` > 0, the smallest α whose objective is within that relative margin of the
     best wins instead: the window's scores are noisy, and a tiny win for a large α can be a large
     loss on the rest of the trace. ``tolerance=0`` is the paper's protocol.
     """
-    key = 0 if objective == "hit-rate" else 1
-    ranked = sorted(zip(grid, results), key=lambda x: x[0])
-    top = max(res[key] for _, res in ranked)
+    value = (lambda r: r.reused_tokens) if objective == "hit-rate" else (lambda r: r.flops_saved)
+    ranked = sorted(results, key=lambda r: r.alpha)
+    top = max(value(r) for r in ranked)
     threshold = top * (1.0 - tolerance) if tolerance else top
-    return next(alpha for alpha, res in ranked if res[key] >= threshold)
+    return next(r.alpha for r in ranked if value(r) >= threshold)
 
 
 class BootstrapTuner(CacheObserver):
@@ -161,7 +242,7 @@ class BootstrapTuner(CacheObserver):
         self._snapshot_due = False
         self._snapshot: TreeSnapshot | None = None
         self._window_size = 0
-        self._window: list[RecordedRequest] = []
+        self._window: list[Request] = []
         self._recording_ids: dict[int, tuple[float, np.ndarray]] = {}
         self._completed = 0
         self._drift_marks: list[tuple[int, int]] = []  # (reused, input) at each drift checkpoint
@@ -181,7 +262,7 @@ class BootstrapTuner(CacheObserver):
         self._completed += 1
         recorded = self._recording_ids.pop(handle.request_id, None)
         if recorded is not None and self._snapshot is not None:
-            self._window.append(RecordedRequest(recorded[0], recorded[1], output_tokens))
+            self._window.append(Request(handle.request_id, 0, recorded[0], recorded[1], output_tokens))
             if len(self._window) >= self._window_size:
                 self._tune(cache)
         if self._snapshot_due:
@@ -192,7 +273,7 @@ class BootstrapTuner(CacheObserver):
     # ---------------------------------------------------------------- cycle
     def _start_cycle(self, cache: PrefixCache) -> None:
         self._snapshot_due = False
-        self._snapshot = cache.snapshot()
+        self._snapshot = snapshot_tree(cache)
         self._window = []
         self._recording_ids = {}
 
@@ -202,11 +283,9 @@ class BootstrapTuner(CacheObserver):
                         self.policy.efficiency_variant, self.policy.recency)
         started = time.perf_counter()
         results = evaluate_alphas(job, self.grid, self.workers, self.mapper)
-        alpha = best_alpha(self.grid, results, self.objective, self.tolerance)
-        key = 0 if self.objective == "hit-rate" else 1
-        scores = {a: (r[key] / r[2] if key == 0 and r[2] else float(r[key])) for a, r in zip(self.grid, results)}
+        alpha = best_alpha(results, self.objective, self.tolerance)
         self.policy.alpha = alpha
-        self.events.append(TuningEvent(cache.stats.num_requests, len(self._window), alpha, scores,
+        self.events.append(TuningEvent(cache.stats.num_requests, len(self._window), alpha, tuple(results),
                                        time.perf_counter() - started))
         self._snapshot = None
         self._window = []
@@ -231,6 +310,17 @@ class BootstrapTuner(CacheObserver):
             self._start_cycle(cache)
 
     # ---------------------------------------------------------------- reporting
+    def tuning_record(self) -> dict[str, Any]:
+        """Record fields: each tuning's α (``tuned_alphas``), the time spent, and every α's replay
+        of each window (``tuning_windows``)."""
+        return {
+            "tuned_alphas": [[e.at_request, e.alpha] for e in self.events],
+            "tuning_seconds": sum(e.seconds for e in self.events),
+            "tuning_windows": [{"at_request": e.at_request, "alpha": e.alpha, "grid": [r.alpha for r in e.results],
+                                "hit_rate": [r.hit_rate for r in e.results],
+                                "flops_saved": [r.flops_saved for r in e.results]} for e in self.events],
+        }
+
     def describe(self) -> dict[str, Any]:
         return {"tuning": "bootstrap", "multiplier": self.multiplier, "objective": self.objective,
                 "tuned_alphas": [e.alpha for e in self.events],

@@ -170,6 +170,10 @@ class TensorPayloads:
         self.num_joins += 1
         return concat_kv([first, second])
 
+    def state_at(self, pos: int) -> None:
+        """No state exists unless the engine captured it: a position it did not supply is unavailable."""
+        return None
+
     def release(self, payload: Any) -> None:
         if not isinstance(payload, (KVPayload, SSMPayload)):
             raise EngineError(f"release of a non-tensor payload {type(payload).__name__}")

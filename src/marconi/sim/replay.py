@@ -1,4 +1,10 @@
-"""Replay a request trace through a cache: ``(trace, system, spec, capacity) -> SimResult``.
+"""Replay a request trace through a cache, libCacheSim-style: the driver takes a built cache.
+
+* :func:`simulate` ``(trace, cache) -> SimResult``: any cache with ``begin``/``finish`` (a
+  :class:`~marconi.cache.PrefixCache` you built, the vLLM emulation ...);
+* :func:`simulate_system` ``(trace, system, spec, capacity) -> SimResult``: builds the cache of a
+  named system (``marconi``, ``vllm+:block=16`` ...) with a clock the driver sets to each request's
+  arrival time, hands the trace to systems that read the future (``oracle``), and simulates.
 
 Two timing modes:
 
@@ -17,29 +23,32 @@ from __future__ import annotations
 import heapq
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
 from marconi.cache import ManualClock, PrefixCache
-from marconi.stats import CacheStats
 from marconi.model import ModelSpec, get_model
 from marconi.sim.latency import LatencyModel, make_latency
+from marconi.stats import CacheStats
 from marconi.systems import SystemConfig, make_system
-from marconi.adaptive import AdaptiveEviction
-from marconi.tuning import BootstrapTuner
 from marconi.workloads.trace import Request
 
-__all__ = ["SimResult", "simulate", "working_set_bytes", "MODES"]
+__all__ = ["SimResult", "simulate", "simulate_system", "system_fields", "working_set_bytes", "MODES"]
 
 MODES = ("sequential", "event")
 
 
 @dataclass(slots=True)
 class SimResult:
-    """Everything one simulation produced; ``record()`` flattens it for JSONL."""
+    """Everything one simulation produced; ``record()`` flattens it for JSONL.
 
-    system: SystemConfig
+    ``system``: what was simulated, echoed into the record (``system`` label, ``admission``,
+    ``eviction``, ``tuning``); ``tuning``: what the cache's tuner reported (``tuned_alphas``,
+    ``tuning_seconds``, ``tuning_windows``, ``rule_switches``; see ``PrefixCache.tuner``).
+    """
+
+    system: dict[str, Any]
     spec: ModelSpec
     capacity_bytes: int
     mode: str
@@ -51,10 +60,18 @@ class SimResult:
     ttft_s: np.ndarray
     vanilla_ttft_s: np.ndarray
     arrival_s: np.ndarray
-    tuned_alphas: list[tuple[int, float]] = field(default_factory=list)
-    tuning_seconds: float = 0.0
+    tuning: dict[str, Any] = field(default_factory=dict)
     elapsed_s: float = 0.0
-    rule_switches: list[tuple[int, str]] = field(default_factory=list)   # adaptive: (request, new rule)
+
+    @property
+    def tuned_alphas(self) -> list[tuple[int, float]]:
+        """The bootstrap tuner's choices: (request count when it tuned, α)."""
+        return [(int(i), float(a)) for i, a in self.tuning.get("tuned_alphas", [])]
+
+    @property
+    def rule_switches(self) -> list[tuple[int, str]]:
+        """The adaptive eviction's switches: (request that began under the new rule, its label)."""
+        return [(int(i), str(r)) for i, r in self.tuning.get("rule_switches", [])]
 
     @property
     def num_requests(self) -> int:
@@ -70,10 +87,10 @@ class SimResult:
         pct = (lambda a, q: float(np.percentile(a, q)) if len(a) else 0.0)
         rec: dict[str, Any] = {
             **extra,
-            "system": self.system.label,
-            "admission": self.system.admission,
-            "eviction": self.system.eviction,
-            "tuning": _tuning_label(self.system),
+            "system": self.system.get("system"),
+            "admission": self.system.get("admission"),
+            "eviction": self.system.get("eviction"),
+            "tuning": self.system.get("tuning"),
             "model": self.spec.name,
             "capacity_bytes": self.capacity_bytes,
             "mode": self.mode,
@@ -98,7 +115,8 @@ class SimResult:
             "peak_bytes": st.peak_bytes, "peak_kv_bytes": st.peak_kv_bytes, "peak_ssm_bytes": st.peak_ssm_bytes,
             "tuned_alphas": [[i, a] for i, a in self.tuned_alphas],
             "rule_switches": [[i, r] for i, r in self.rule_switches],
-            "tuning_seconds": self.tuning_seconds,
+            "tuning_seconds": float(self.tuning.get("tuning_seconds", 0.0)),
+            **({"tuning_windows": self.tuning["tuning_windows"]} if "tuning_windows" in self.tuning else {}),
             "elapsed_s": self.elapsed_s,
             "requests_per_s": self.num_requests / self.elapsed_s if self.elapsed_s > 0 else None,
         }
@@ -111,10 +129,11 @@ class SimResult:
         return rec
 
 
-def _tuning_label(system: SystemConfig) -> str | None:
-    if system.tuning is not None:
-        return f"bootstrap:multiplier={system.tuning.multiplier}"
-    return "adaptive" if system.eviction.startswith("adaptive") else None
+def system_fields(system: SystemConfig) -> dict[str, Any]:
+    """How a named system is echoed into records (label, admission, eviction, tuning)."""
+    tuning = (f"bootstrap:multiplier={system.tuning.multiplier}" if system.tuning is not None
+              else "adaptive" if system.eviction.startswith("adaptive") else None)
+    return {"system": system.label, "admission": system.admission, "eviction": system.eviction, "tuning": tuning}
 
 
 def _check_order(prev_ts: float, ts: float, index: int) -> None:
@@ -123,27 +142,29 @@ def _check_order(prev_ts: float, ts: float, index: int) -> None:
                          "traces must be sorted by ts")
 
 
-def simulate(trace: Iterable[Request], system: SystemConfig | str, spec: ModelSpec | str,
-             capacity_bytes: float, *, latency: LatencyModel | str | None = "a100", mode: str = "sequential",
-             tuning_workers: int | None = None, tuning_mapper: Any = None, progress: Any = None) -> SimResult:
-    """Replay ``trace`` (requests in timestamp order) through a fresh cache of ``system``.
+def simulate(trace: Iterable[Request], cache: Any, *, clock: ManualClock | None = None,
+             latency: LatencyModel | str | None = "a100", mode: str = "sequential", progress: Any = None,
+             system: Mapping[str, Any] | None = None) -> SimResult:
+    """Replay ``trace`` (requests in timestamp order) through ``cache``, a built cache.
 
-    ``progress`` is an optional callable invoked with the number of requests processed so far
-    (every 256 requests and at the end). Raises ValueError if timestamps decrease. Systems that
-    read the future (``oracle``) are handed the whole trace.
+    Args:
+        cache: a :class:`~marconi.cache.PrefixCache` (or anything with its ``begin`` /
+            ``insert_prefill`` / ``finish``, ``stats``, ``spec``, ``capacity_bytes``).
+        clock: the :class:`ManualClock` the cache reads; the driver sets it to each request's
+            arrival (and, in event mode, each prefill's and decode's end). None: the cache keeps
+            its own clock (a ``PrefixCache`` built without one counts requests).
+        latency: the TTFT model reported per request (and, in ``event`` mode, timing the events).
+        mode: ``sequential`` or ``event`` (see the module docstring).
+        progress: called with the number of requests replayed so far (every 256, and at the end).
+        system: what to echo into the record as the system (default: ``cache.describe()``).
+
+    Raises ValueError if timestamps decrease or the mode is unknown.
     """
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}; choose one of {MODES}")
-    system = make_system(system)
-    spec = get_model(spec)
+    spec = cache.spec
     lat = make_latency(latency)
-    clock = ManualClock()
-    future = None
-    if system.needs_future:
-        trace = trace if isinstance(trace, Sequence) else list(trace)
-        future = trace
-    cache = system.build(spec, capacity_bytes, clock=clock, tuning_workers=tuning_workers, tuning_mapper=tuning_mapper,
-                         future=future)
+    clock = clock if clock is not None else _NoClock()
     started = time.perf_counter()
     rows = _run_sequential(trace, cache, clock, progress) if mode == "sequential" else \
         _run_event(trace, cache, clock, lat, spec, progress)
@@ -154,16 +175,51 @@ def simulate(trace: Iterable[Request], system: SystemConfig | str, spec: ModelSp
     arrival = np.array([r[3] for r in rows], dtype=np.float64)
     ttft = np.array([lat.ttft_s(spec, int(n), int(h)) for n, h in zip(input_len, reused)], dtype=np.float64)
     vanilla = np.array([lat.ttft_s(spec, int(n), 0) for n in input_len], dtype=np.float64)
-    tuners = [o for o in getattr(cache, "_observers", ()) if isinstance(o, BootstrapTuner)]
-    tuned = [(e.at_request, e.alpha) for t in tuners for e in t.events]
-    tuning_s = sum(e.seconds for t in tuners for e in t.events)
-    switches: list[tuple[int, str]] = []
-    if isinstance(getattr(cache, "eviction", None), AdaptiveEviction):
-        rules = cache.eviction.rules
-        switches = [(s.at_request, rules[s.rule].label()) for s in cache.eviction.switches]
-    capacity = cache.capacity_bytes if not system.unbounded else int(capacity_bytes)
-    return SimResult(system, spec, capacity, mode, lat.name, cache.stats, input_len, reused, kv_hit,
-                     ttft, vanilla, arrival, tuned, tuning_s, elapsed, switches)
+    tuner = getattr(cache, "tuner", None)
+    if system is None:
+        described = cache.describe() if hasattr(cache, "describe") else {}
+        system = {"system": "custom", **{k: described.get(k) for k in ("admission", "eviction")}, "tuning": None}
+    return SimResult(dict(system), spec, cache.capacity_bytes, mode, lat.name, cache.stats, input_len, reused,
+                     kv_hit, ttft, vanilla, arrival, tuner.tuning_record() if tuner is not None else {}, elapsed)
+
+
+def simulate_system(trace: Iterable[Request], system: SystemConfig | str, spec: ModelSpec | str,
+                    capacity_bytes: float, *, latency: LatencyModel | str | None = "a100", mode: str = "sequential",
+                    tuning_workers: int | None = None, tuning_mapper: Any = None, progress: Any = None) -> SimResult:
+    """Build a fresh cache of the named ``system`` and :func:`simulate` ``trace`` through it.
+
+    The cache reads a clock the driver sets to the trace's arrival times. Systems that read the
+    future (``oracle``) are handed the whole trace. ``infinite`` reports the requested capacity.
+    """
+    if mode not in MODES:
+        raise ValueError(f"unknown mode {mode!r}; choose one of {MODES}")
+    system = make_system(system)
+    clock = ManualClock()
+    future = None
+    if system.needs_future:
+        trace = trace if isinstance(trace, Sequence) else list(trace)
+        future = trace
+    cache = system.build(spec, capacity_bytes, clock=clock, tuning_workers=tuning_workers, tuning_mapper=tuning_mapper,
+                         future=future)
+    result = simulate(trace, cache, clock=clock, latency=latency, mode=mode, progress=progress,
+                      system=system_fields(system))
+    if system.unbounded:
+        result.capacity_bytes = int(capacity_bytes)
+    return result
+
+
+class _NoClock:
+    """Stands in for the clock when the cache keeps its own: setting ``now`` does nothing."""
+
+    __slots__ = ()
+
+    @property
+    def now(self) -> float:
+        return 0.0
+
+    @now.setter
+    def now(self, value: float) -> None:
+        pass
 
 
 def _run_sequential(trace: Iterable[Request], cache: PrefixCache, clock: ManualClock,

@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 from marconi.io import iter_jsonl, write_jsonl
 from marconi.model import ModelSpec, get_model
 from marconi.sim.backends import Backend, make_backend
-from marconi.sim.replay import simulate, working_set_bytes
+from marconi.sim.replay import simulate_system, working_set_bytes
 from marconi.systems import make_system
 from marconi.units import Capacity, parse_capacity
 
@@ -67,19 +67,6 @@ def expand_points(systems: Sequence[str], capacities: Sequence[str], models: Seq
     return [SweepPoint(s, c, m) for m in models for c in capacities for s in systems]
 
 
-class _RecordingMapper:
-    """Wraps a tuning map (or runs serially) and keeps every grid search's results."""
-
-    def __init__(self, inner: Callable[..., list[Any]] | None) -> None:
-        self.inner = inner
-        self.searches: list[tuple[list[float], list[tuple[int, float, int]]]] = []
-
-    def __call__(self, fn: Callable[[float], Any], grid: Sequence[float]) -> list[Any]:
-        results = list(self.inner(fn, grid)) if self.inner is not None else [fn(a) for a in grid]
-        self.searches.append(([float(a) for a in grid], [tuple(r) for r in results]))
-        return results
-
-
 def run_point(trace: Any, trace_name: str, task: SweepTask, *, tuning_workers: int | None = None,
               tuning_mapper: Callable[..., list[Any]] | None = None) -> dict[str, Any]:
     """Simulate one task on ``trace`` and flatten the result into a record (see ``SimResult.record``).
@@ -93,9 +80,8 @@ def run_point(trace: Any, trace_name: str, task: SweepTask, *, tuning_workers: i
     if capacity.fraction is not None and task.working_set is None:
         raise ValueError(f"capacity {point.capacity!r} is a fraction but no working set was given")
     capacity_bytes = capacity.resolve(task.working_set or 0)
-    recorder = _RecordingMapper(tuning_mapper) if task.capture_tuning else None
-    result = simulate(trace, point.system, spec, capacity_bytes, latency=task.latency, mode=task.mode,
-                      tuning_workers=tuning_workers, tuning_mapper=recorder or tuning_mapper)
+    result = simulate_system(trace, point.system, spec, capacity_bytes, latency=task.latency, mode=task.mode,
+                             tuning_workers=tuning_workers, tuning_mapper=tuning_mapper)
     extra: dict[str, Any] = {"trace": trace_name, "capacity": point.capacity}
     if capacity.fraction is not None:
         extra["working_set_bytes"] = task.working_set
@@ -105,12 +91,8 @@ def run_point(trace: Any, trace_name: str, task: SweepTask, *, tuning_workers: i
     rec = result.record(per_request=task.per_request, **extra)
     if task.per_request:
         rec["per_request"]["reused_len"] = result.reused_len.tolist()
-    if recorder is not None:
-        rec["tuning_windows"] = [
-            {"at_request": at, "alpha": alpha, "grid": grid,
-             "hit_rate": [r[0] / r[2] if r[2] else 0.0 for r in results],
-             "flops_saved": [r[1] for r in results]}
-            for (at, alpha), (grid, results) in zip(result.tuned_alphas, recorder.searches)]
+    if not task.capture_tuning:
+        rec.pop("tuning_windows", None)
     return rec
 
 

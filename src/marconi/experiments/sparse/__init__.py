@@ -12,7 +12,7 @@ strategy               admission policy (every one also keeps the last decoded t
 ``sparse-dp-lam``      ``sparse-dp(lam=X;marconi=false)``: no hard budget; a checkpoint must
                        save ``tau`` tokens' worth of FLOPs per future hit, ``X = tau*F(1)/bytes``
 ``uniform``            ``uniform(m=M)``: M checkpoints evenly spaced over the input
-``every-block``        ``every-block(k=K;paged=false)``: block caching, token-level KV matching,
+``every-block``        ``every-block(block=K;paged=false)``: block caching, token-level KV matching,
                        K a power of two from median sequence length / max(M) up to it
 ``last-token``         only the last decoded token
 ``marconi``            Marconi's branch point + last token

@@ -87,7 +87,7 @@ def plan_strategies(config: StudyConfig, trace: Trace, spec: ModelSpec) -> list[
         out.append(Strategy("sparse-dp-lam", "sparse-dp", (("lam", lam), ("marconi", False)), lam=lam,
                             break_even_tokens=tau))
     out += [Strategy("uniform", "uniform", (("m", m),), budget=m) for m in config.budgets]
-    out += [Strategy("every-block", "every-block", (("k", k), ("paged", False)), block=k)
+    out += [Strategy("every-block", "every-block", (("block", k), ("paged", False)), block=k)
             for k in block_sizes(trace, max(config.budgets))]
     out += [Strategy("last-token", "last-token"), Strategy("marconi", "marconi")]
     return out
@@ -97,9 +97,9 @@ def plan_strategies(config: StudyConfig, trace: Trace, spec: ModelSpec) -> list[
 def simulation_record(workload: Workload, strategy: Strategy, spec: ModelSpec, capacity: str,
                       capacity_bytes: float) -> dict[str, Any]:
     """Replay the workload under one strategy and measure placement quality (one JSONL record)."""
-    from marconi.sim import simulate
+    from marconi.sim import simulate_system
 
-    result = simulate(workload.trace, strategy.system, spec, capacity_bytes, latency="zero")
+    result = simulate_system(workload.trace, strategy.system, spec, capacity_bytes, latency="zero")
     st = result.stats
     potential = flops_cost(spec).potential
     recomputed_flops = float(np.sum(potential(result.kv_hit_len.astype(np.float64))
