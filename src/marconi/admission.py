@@ -210,7 +210,8 @@ class Uniform:
         return {"admission": self.name, "m": self.m}
 
 
-ADMISSION_POLICIES: Registry[AdmissionPolicy] = Registry("admission policy")
+# sparse-dp registers itself from marconi.sparse.admission, which marconi.systems imports.
+ADMISSION_POLICIES: Registry[AdmissionPolicy] = Registry("admission policy", providers=("marconi.systems",))
 
 
 @ADMISSION_POLICIES.register("none", "vanilla: cache nothing")
@@ -241,6 +242,3 @@ def _uniform(m: int = 4) -> AdmissionPolicy:
 def make_admission(spec: "str | AdmissionPolicy") -> AdmissionPolicy:
     return ADMISSION_POLICIES.create(spec) if isinstance(spec, str) else spec
 
-
-# Policies defined in other modules register themselves on import.
-from marconi.sparse import admission as _sparse_admission  # noqa: E402,F401  (registers "sparse-dp")

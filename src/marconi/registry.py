@@ -8,6 +8,7 @@ silent default (libCacheSim-style CLI sweeps depend on that).
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import math
 from dataclasses import dataclass
@@ -92,12 +93,27 @@ def _convert(raw: str, annotation: Any, default: Any, where: str) -> Any:
 
 
 class Registry(Generic[T]):
-    """Factories by name; ``create("name:k=v")`` validates and converts the parameters."""
+    """Factories by name; ``create("name:k=v")`` validates and converts the parameters.
 
-    def __init__(self, kind: str) -> None:
+    ``providers``: modules that register entries here and are imported the first time the registry
+    is read (listed, described or asked for a name). Pieces defined beside the core — the sparse
+    policies, the vLLM emulation — register themselves when ``marconi.systems`` (where systems are
+    assembled) or their own module is imported; naming them as providers lets a registry be complete
+    without importing them itself, so no module imports in a circle.
+    """
+
+    def __init__(self, kind: str, providers: tuple[str, ...] = ()) -> None:
         self.kind = kind
+        self.providers = providers
         self._factories: dict[str, Callable[..., T]] = {}
         self._docs: dict[str, str] = {}
+        self._loaded = not providers
+
+    def _load_providers(self) -> None:
+        if not self._loaded:
+            self._loaded = True  # first: a provider's own lookups must not import it again
+            for module in self.providers:
+                importlib.import_module(module)
 
     def register(self, name: str, doc: str = "") -> Callable[[Callable[..., T]], Callable[..., T]]:
         def decorator(factory: Callable[..., T]) -> Callable[..., T]:
@@ -109,18 +125,22 @@ class Registry(Generic[T]):
         return decorator
 
     def names(self) -> list[str]:
+        self._load_providers()
         return list(self._factories)
 
     def describe(self) -> dict[str, str]:
+        self._load_providers()
         return dict(self._docs)
 
     def params_of(self, name: str) -> dict[str, Any]:
+        self._load_providers()
         sig = inspect.signature(self._factories[name])
         return {p.name: p.default for p in sig.parameters.values()
                 if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)}
 
     def create(self, spec: str | ParsedName, **overrides: Any) -> T:
         parsed = spec if isinstance(spec, ParsedName) else parse_name(spec)
+        self._load_providers()
         factory = self._factories.get(parsed.name)
         if factory is None:
             raise ConfigError(f"unknown {self.kind} {parsed.name!r}; choose one of: {', '.join(self._factories)}")

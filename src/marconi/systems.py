@@ -4,7 +4,7 @@
 name      admission                   eviction
 ========  ==========================  =====================================================
 vanilla   none                        (nothing cached)
-vllm+     every-block (k = 32)        lru (leaves; hits refresh the whole path)
+vllm+     every-block (block = 32)    lru (leaves; hits refresh the whole path)
 sglang+   marconi                     lru
 marconi   marconi                     adaptive: a FLOP-aware rule re-chosen online (default);
                                       ``tuner=bootstrap``: α bootstrap-tuned once, the paper's
@@ -38,6 +38,7 @@ from marconi.cache import PayloadOps, PrefixCache
 from marconi.eviction import EVICTION_POLICIES, FlopAware
 from marconi.model import ModelSpec
 from marconi.registry import ConfigError, ParsedName, Registry, parse_name, split_name_list
+from marconi.sparse import admission as _sparse_admission  # noqa: F401  (the sparse policies register themselves)
 from marconi.tuning import OBJECTIVES, BootstrapTuner
 
 __all__ = ["SystemConfig", "TuningConfig", "SYSTEMS", "make_system", "parse_systems", "build_cache"]
@@ -123,7 +124,8 @@ class SystemConfig:
         return out
 
 
-SYSTEMS: Registry[SystemConfig] = Registry("system")
+# vllm-align (the vLLM emulation) registers itself from marconi.vllm.system, which builds on this module.
+SYSTEMS: Registry[SystemConfig] = Registry("system", providers=("marconi.vllm.system",))
 UNBOUNDED_BYTES = 2**62
 _BOOTSTRAP_ONLY = ("multiplier", "retune", "drift", "tolerance")
 _ADAPTIVE_ONLY = ("rules", "decay", "hysteresis")
@@ -285,6 +287,3 @@ def parse_systems(text: str) -> list[SystemConfig]:
 def build_cache(system: str | SystemConfig, spec: ModelSpec | str, capacity_bytes: float, **kwargs: Any) -> PrefixCache:
     return make_system(system).build(spec, capacity_bytes, **kwargs)
 
-
-# Systems defined in other modules register themselves on import.
-from marconi.vllm import system as _vllm_system  # noqa: E402,F401  (registers "vllm-align")
