@@ -246,15 +246,23 @@ class PrefixCache:
         self.clock: Callable[[], float] = clock if clock is not None else self._logical  # type: ignore[assignment]
         self.payloads: PayloadOps = payloads if payloads is not None else SizeOnlyPayloads()
         self.tree = RadixTree(self.admission.page_size)
+        # Every unlocked node an eviction may take: a leaf, or (for policies that evict inner nodes)
+        # a one-child node holding a checkpoint. ``node.slot`` is set iff the node is in it, and
+        # its arrays mirror the node's recency and FLOP efficiency (``check_invariants`` verifies).
         self.candidates = CandidateSet()
         self.stats = CacheStats()
+        # Bytes, from the ModelSpec only: kv = sum(edge_len) * kv_bytes_per_token, ssm = number of
+        # checkpoints * ssm_checkpoint_bytes, used = kv + ssm <= capacity_bytes at every moment;
+        # locked = bytes of the nodes on an in-flight request's matched path (never evicted).
         self.used_bytes = 0
         self.kv_bytes = 0
         self.ssm_bytes = 0
         self.locked_bytes = 0
-        self._seq = 0                  # hit-access order (see Node.access_seq)
-        self._path_seq = 0             # path-access order (see Node.path_seq)
+        self._seq = 0                  # last hit-access order handed out (> every node's access_seq)
+        self._path_seq = 0             # last path-access order handed out (> every node's path_seq)
         self._next_request_id = 0
+        # Requests between begin and finish/abort; each holds one lock on every node from its
+        # lock_node up to the root, so node.lock_ref == the number of them whose path passes there.
         self._in_flight: dict[int, RequestHandle] = {}
         self._observers: list[CacheObserver] = []
         self._evicted_once = False
@@ -301,6 +309,11 @@ class PrefixCache:
     @_locked
     def begin(self, input_tokens: Any, *, max_hit_len: int | None = None) -> RequestHandle:
         """Look up a request's input, lock what it matched, and plan its prefill checkpoints.
+
+        Mutates: splits a block run at the match (so the hit is a node boundary); locks every node
+        from the deepest (partly) matched one up to the root until ``finish``/``abort``; refreshes
+        recency (the hit node, and the path's path-recency); counts the lookup in ``stats``;
+        ticks the logical clock. Nothing is inserted or evicted.
 
         ``max_hit_len``: resume no deeper than this. An engine that cannot produce the first
         output token's logits from a checkpoint alone passes ``len(input) - 1`` (it must compute
@@ -349,7 +362,14 @@ class PrefixCache:
 
     @_locked
     def cached_prefix(self, handle: RequestHandle) -> CachedPrefix:
-        """Payloads of the usable prefix, root first. Valid while ``handle`` is in flight."""
+        """Payloads of the usable prefix, root first: what an engine restores before its prefill.
+
+        Returns the KV payloads covering ``[0, usable_hit_len)`` in tree order (the last one split
+        down for a pure transformer whose hit ends inside an edge) and the SSM payload at
+        ``usable_hit_len`` (None without a hit). Mutates nothing. Valid only while ``handle`` is in
+        flight: its path is locked, so the payloads cannot be evicted or re-split meanwhile.
+        Raises ValueError for a finished or aborted handle.
+        """
         self._check_active(handle)
         usable = handle.match.usable_hit_len
         if usable == 0:
@@ -377,6 +397,11 @@ class PrefixCache:
                states: Mapping[int, Any] | Callable[[int], Any] | None = None,
                kv: Callable[[int, int], Any] | None = None) -> InsertResult:
         """Insert input + output with the checkpoints the admission policy asks for, then unlock.
+
+        Mutates: evicts (by the eviction policy, never a locked node) until the new KVs and
+        checkpoints fit, splits edges at new checkpoint positions, adds the new tokens as nodes,
+        attaches checkpoints; unlocks the request's path; ticks the logical clock; tells the
+        observers (the bootstrap tuner). The handle is finished afterwards, even if this raises.
 
         ``states`` supplies SSM payloads by position and ``kv(start, end)`` KV payloads of
         ``(input + output)[start:end]`` (engine); in simulation leave both None. ``states`` is
@@ -535,6 +560,24 @@ class PrefixCache:
     def _insert_sequence(self, handle: RequestHandle, seq: np.ndarray, plan: FinalPlan,
                          states: Mapping[int, Any] | Callable[[int], Any] | None,
                          kv: Callable[[int, int], Any] | None, walk: WalkResult | None = None) -> InsertResult:
+        """Insert ``seq[:plan.insert_len]`` with the plan's checkpoints, evicting what must go.
+
+        Token ranges of ``seq`` (input + output)::
+
+            0            floor            matched                insert_len         len(seq)
+            |-- reused ---|--- in the tree ---|---- new nodes -------|-- not kept --|
+                          ^ usable_hit_len    ^ walk.matched_len
+
+        * ``[0, floor)``: the request resumed here and computed nothing; no state of it can be
+          admitted (all or nothing: the engine never had them);
+        * ``[floor, matched)``: already in the tree; checkpoints wanted here are attached to the
+          walked nodes (an edge is split where a position falls inside it);
+        * ``[matched, insert_len)``: new KVs, one node per checkpoint-to-checkpoint span (or one
+          block run);
+        * ``[insert_len, len)``: beyond what the admission keeps (vLLM+'s partial last block).
+
+        The walked path stays locked while evicting, so the request's own prefix survives.
+        """
         walk = walk if walk is not None else self.tree.walk(seq)
         # Positions are read before a run is split below: the split changes no answer of
         # ``holds_checkpoint_at`` at or above the match, and the dry run does not split.
