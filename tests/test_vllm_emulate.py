@@ -17,7 +17,7 @@ from marconi.model import ModelSpec
 from marconi.registry import ConfigError
 from marconi.sim.replay import simulate_system
 from marconi.systems import make_system
-from marconi.vllm.bench import BenchConfig, emulate_run, read_fixture, select_requests
+from marconi.vllm.bench import BenchConfig, emulate_run, max_tokens, read_fixture, select_requests
 from marconi.vllm.emulate import VllmAlignEngine, VllmLayout, layout_for_spec, prefix_hashes
 from marconi.vllm.models import PRESETS
 from marconi.vllm.policy import ATTENTION, MAMBA
@@ -166,13 +166,13 @@ def test_emulation_reproduces_the_recorded_real_server_per_request(fixture: Path
     data = read_fixture(fixture)
     cfg = data["config"]
     config = BenchConfig(vllm_python="unused", **{k: (tuple(v) if k == "policies" else v) for k, v in cfg.items()})
-    requests, _ = select_requests(config)
-    assert [r.index for r in requests] == data["requests"] and [r.max_tokens for r in requests] == data["max_tokens"]
+    requests, indices, _ = select_requests(config)
+    assert indices == data["requests"] and [max_tokens(r) for r in requests] == data["max_tokens"]
     spec = ModelSpec(**data["model_spec"])
     assert {run["policy"] for run in data["runs"]} == {"lru", "marconi"}
     for run in data["runs"]:
         hits, evictions = emulate_run(spec, config, requests, run["outputs"], run["policy"])
         assert hits == run["cached_tokens"], f"{run['policy']}: emulation differs from the real server"
         assert sum(hits) == run["prefix_cache_hits"]                 # vLLM's /metrics counter
-        assert sum(len(r.prompt) for r in requests) == run["prefix_cache_queries"]
+        assert sum(r.input_len for r in requests) == run["prefix_cache_queries"]
         assert sum(evictions.values()) > 0 and sum(hits) > 0          # the pool was contended, hits happened

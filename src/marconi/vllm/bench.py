@@ -34,7 +34,7 @@ import sys
 import time
 import zlib
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -46,8 +46,9 @@ from marconi.vllm.config import PluginConfig
 from marconi.vllm.emulate import VllmAlignEngine, layout_for_spec
 from marconi.vllm.models import BLOCK_SIZES, NEEDS_MAMBA2_CPU_FIX, PRESETS
 from marconi.vllm.policy import DEFAULT_ALPHA
+from marconi.workloads.trace import Request
 
-__all__ = ["BenchConfig", "BenchRequest", "BenchOutcome", "RunResult", "select_requests", "run_bench", "emulate_run",
+__all__ = ["BenchConfig", "BenchOutcome", "RunResult", "select_requests", "run_bench", "emulate_run",
            "bench_table", "plot_ttft_cdf", "write_fixture", "read_fixture", "encode_ids", "decode_ids"]
 
 Progress = Callable[[str], None]
@@ -93,37 +94,32 @@ class BenchConfig:
         return BLOCK_SIZES[self.model]
 
 
-@dataclass(frozen=True, slots=True)
-class BenchRequest:
-    index: int               # position in the bundled trace
-    session_id: Any
-    turn_id: int
-    prompt: np.ndarray
-    max_tokens: int
-    trace_output: np.ndarray
+def max_tokens(request: Request) -> int:
+    """What a replayed request asks the server for: its trace output's length (at least 1 token)."""
+    return max(1, len(request.output_tokens))
 
 
-def select_requests(config: BenchConfig) -> tuple[list[BenchRequest], dict[str, Any]]:
-    """The bundled trace's first requests, capped as configured; and the trace's description."""
+def select_requests(config: BenchConfig) -> tuple[list[Request], list[int], dict[str, Any]]:
+    """The catalog trace's first requests, outputs capped at ``max_output_len``; their positions in
+    the trace; and the trace's description."""
     from marconi.workloads import build_workload
 
     trace = build_workload(f"{config.trace}:max_input_len={config.max_input_len}")
-    out = []
+    out, indices = [], []
     for i, req in enumerate(trace):
         if config.num_requests is not None and len(out) >= config.num_requests:
             break
-        n = len(req.output_tokens)
-        if config.max_output_len is not None:
-            n = min(n, config.max_output_len)
-        out.append(BenchRequest(i, req.session_id, int(req.turn_id), np.asarray(req.input_tokens, dtype=np.int32),
-                                max(1, n), np.asarray(req.output_tokens, dtype=np.int32)))
+        if config.max_output_len is not None and len(req.output_tokens) > config.max_output_len:
+            req = replace(req, output_tokens=req.output_tokens[: config.max_output_len])
+        out.append(req)
+        indices.append(i)
     if not out:
         raise ConfigError(f"trace {config.trace!r} has no request with an input of at most {config.max_input_len} tokens")
-    return out, {"trace": trace.name, "trace_params": {"max_input_len": config.max_input_len}}
+    return out, indices, {"trace": trace.name, "trace_params": {"max_input_len": config.max_input_len}}
 
 
-def max_model_len(requests: Sequence[BenchRequest], block_size: int) -> int:
-    longest = max(len(r.prompt) + r.max_tokens for r in requests)
+def max_model_len(requests: Sequence[Request], block_size: int) -> int:
+    longest = max(r.input_len + max_tokens(r) for r in requests)
     return -(-longest // block_size) * block_size
 
 
@@ -151,7 +147,7 @@ def _plugin_env(config: BenchConfig, policy: str, trace_path: Path) -> tuple[dic
     return {}, "absent"
 
 
-def serve_runs(config: BenchConfig, model_dir: Path, requests: Sequence[BenchRequest],
+def serve_runs(config: BenchConfig, model_dir: Path, requests: Sequence[Request],
                progress: Progress) -> list[RunResult]:
     """Start one server per policy, replay ``requests`` on each, read the counters, stop them.
 
@@ -223,7 +219,7 @@ def _settings(trace_path: Path) -> dict[str, Any]:
     return event[1] if event and event[0] == "config" else {}
 
 
-def _replay_paired(servers: dict[str, Any], model: str, requests: Sequence[BenchRequest],
+def _replay_paired(servers: dict[str, Any], model: str, requests: Sequence[Request],
                    progress: Progress) -> tuple[dict[str, list[Any]], dict[str, float]]:
     """Request by request, to every server in turn (alternating which goes first)."""
     import httpx
@@ -239,8 +235,8 @@ def _replay_paired(servers: dict[str, Any], model: str, requests: Sequence[Bench
             for policy in (names if i % 2 == 0 else names[::-1]):
                 servers[policy].check_alive()
                 started = time.perf_counter()
-                results[policy].append(complete(client, servers[policy].base_url, model, req.prompt.tolist(),
-                                                req.max_tokens))
+                results[policy].append(complete(client, servers[policy].base_url, model, req.input_tokens.tolist(),
+                                                max_tokens(req)))
                 walls[policy] += time.perf_counter() - started
             if (i + 1) % report_every == 0 or i + 1 == len(requests):
                 progress(f"{i + 1}/{len(requests)} requests on {len(names)} server(s)")
@@ -256,7 +252,7 @@ def _check_block_size(metrics: dict[str, float], expected: int) -> None:
                                   "marconi.vllm.models.BLOCK_SIZES for this vLLM")
 
 
-def _replay(server: Any, model: str, requests: Sequence[BenchRequest], concurrency: int, policy: str,
+def _replay(server: Any, model: str, requests: Sequence[Request], concurrency: int, policy: str,
             progress: Progress) -> list[Any]:
     """Send every request; a session's turns in order, at most ``concurrency`` in flight."""
     import httpx
@@ -274,7 +270,7 @@ def _replay(server: Any, model: str, requests: Sequence[BenchRequest], concurren
             if previous is not None:
                 previous.result()
             req = requests[i]
-            return complete(client, server.base_url, model, req.prompt.tolist(), req.max_tokens)
+            return complete(client, server.base_url, model, req.input_tokens.tolist(), max_tokens(req))
 
         pending: list[tuple[int, Future[Any]]] = []
         for i, req in enumerate(requests):
@@ -296,14 +292,14 @@ def _replay(server: Any, model: str, requests: Sequence[BenchRequest], concurren
 
 
 # ====================================================================================== emulation
-def emulate_run(spec: ModelSpec, config: BenchConfig, requests: Sequence[BenchRequest],
+def emulate_run(spec: ModelSpec, config: BenchConfig, requests: Sequence[Request],
                 outputs: Sequence[Sequence[int]], policy: str) -> tuple[list[int], dict[str, int]]:
     """Per-request hits of the ``vllm-align`` emulation on these prompts and outputs."""
     layout = layout_for_spec(spec, num_blocks=config.num_blocks, block_size=config.block_size,
                              max_num_batched_tokens=config.max_num_batched_tokens,
                              prefix_match_unit=config.prefix_match_unit, retention_interval=config.retention_interval)
     engine = VllmAlignEngine(layout, spec, eviction=policy, alpha=config.alpha)
-    hits = [engine.run(r.prompt, np.asarray(o, dtype=np.int32)).hit_len for r, o in zip(requests, outputs)]
+    hits = [engine.run(r.input_tokens, np.asarray(o, dtype=np.int32)).hit_len for r, o in zip(requests, outputs)]
     return hits, dict(engine.pool.stats.evictions)
 
 
@@ -317,10 +313,10 @@ def _mean(values: Sequence[float | None]) -> float | None:
     return float(np.mean(kept)) if kept else None
 
 
-def make_record(config: BenchConfig, trace_info: dict[str, Any], spec: ModelSpec, requests: Sequence[BenchRequest],
-                run: RunResult, sim_hits: Sequence[int], sim_evictions: dict[str, int],
+def make_record(config: BenchConfig, trace_info: dict[str, Any], spec: ModelSpec, requests: Sequence[Request],
+                indices: Sequence[int], run: RunResult, sim_hits: Sequence[int], sim_evictions: dict[str, int],
                 sim_trace_hits: Sequence[int]) -> dict[str, Any]:
-    prompt_tokens = int(sum(len(r.prompt) for r in requests))
+    prompt_tokens = int(sum(r.input_len for r in requests))
     queries = run.metrics.get("vllm:prefix_cache_queries_total", 0.0)
     hits = run.metrics.get("vllm:prefix_cache_hits_total", 0.0)
     token_hit = hits / queries if queries else 0.0
@@ -346,7 +342,7 @@ def make_record(config: BenchConfig, trace_info: dict[str, Any], spec: ModelSpec
         "sim_trace_token_hit_rate": sum(sim_trace_hits) / prompt_tokens,
         "marconi_counters": marconi, "server_settings": run.settings,
         "startup_s": run.startup_s, "wall_s": run.wall_s, "model_spec": spec.describe(),
-        "per_request": {"index": [r.index for r in requests], "prompt_len": [len(r.prompt) for r in requests],
+        "per_request": {"index": list(indices), "prompt_len": [r.input_len for r in requests],
                         "cached_tokens": run.cached_tokens, "sim_cached_tokens": list(sim_hits),
                         "output_len": [len(o) for o in run.outputs], "ttft_s": [round(t, 6) for t in run.ttft_s],
                         "tpot_s": [None if t is None else round(t, 6) for t in run.tpot_s]},
@@ -370,7 +366,8 @@ def build_model(config: BenchConfig, progress: Progress) -> Path:
 class BenchOutcome:
     records: list[dict[str, Any]]        # one per policy (what --out holds)
     runs: list[RunResult]
-    requests: list[BenchRequest]
+    requests: list[Request]
+    indices: list[int]                   # each request's position in the trace
     spec: ModelSpec
 
 
@@ -380,25 +377,24 @@ def run_bench(config: BenchConfig, progress: Progress | None = None) -> BenchOut
     if not Path(config.vllm_python).is_file():
         raise ConfigError(f"no vLLM python at {config.vllm_python}: run `make vllm-env` or pass --vllm-python")
     Path(config.work_dir).mkdir(parents=True, exist_ok=True)
-    requests, trace_info = select_requests(config)
-    say(f"trace {trace_info['trace']}: {len(requests)} requests, {sum(len(r.prompt) for r in requests):,} prompt "
-        f"tokens, {sum(r.max_tokens for r in requests):,} output tokens")
+    requests, indices, trace_info = select_requests(config)
+    say(f"trace {trace_info['trace']}: {len(requests)} requests, {sum(r.input_len for r in requests):,} prompt "
+        f"tokens, {sum(max_tokens(r) for r in requests):,} output tokens")
     model_dir = build_model(config, say)
     spec = ModelSpec.from_hf_config(model_dir, name=config.model, bytes_per_elem=2)
     records, runs = [], []
     for run in serve_runs(config, model_dir, requests, say):
         policy = run.policy
         sim_hits, sim_evictions = emulate_run(spec, config, requests, run.outputs, policy)
-        sim_trace_hits, _ = emulate_run(spec, config, requests, [r.trace_output[:r.max_tokens] for r in requests],
-                                        policy)
-        rec = make_record(config, trace_info, spec, requests, run, sim_hits, sim_evictions, sim_trace_hits)
+        sim_trace_hits, _ = emulate_run(spec, config, requests, [r.output_tokens for r in requests], policy)
+        rec = make_record(config, trace_info, spec, requests, indices, run, sim_hits, sim_evictions, sim_trace_hits)
         say(f"[{policy}] vLLM token hit rate {100 * rec['token_hit_rate']:.2f}%, emulation "
             f"{100 * rec['sim_token_hit_rate']:.2f}% ({rec['emulation_error_pp']:+.2f} pp, "
             f"{rec['emulation_requests_exact']}/{len(requests)} requests exact), TTFT P50 "
             f"{1000 * rec['ttft_p50_s']:.0f} ms, {run.wall_s:.0f}s")
         records.append(rec)
         runs.append(run)
-    return BenchOutcome(records, runs, requests, spec)
+    return BenchOutcome(records, runs, requests, indices, spec)
 
 
 def bench_table(records: Sequence[dict[str, Any]]) -> str:
@@ -461,20 +457,20 @@ def decode_ids(text: str) -> list[int]:
 
 def write_fixture(path: str | Path, config: BenchConfig, outcome: BenchOutcome, command: str) -> Path:
     """The real server's per-request counts and outputs, for the emulation test (atomic write)."""
-    from marconi.workloads.trace import atomic_output
+    from marconi.io import atomic_write
 
     requests, runs = outcome.requests, outcome.runs
     data = {
         "command": command, "config": {k: v for k, v in asdict(config).items() if k not in ("vllm_python", "work_dir")},
         "model_spec": {k: v for k, v in outcome.spec.to_dict().items() if k != "source"},
-        "block_size": config.block_size, "requests": [r.index for r in requests],
-        "max_tokens": [r.max_tokens for r in requests],
+        "block_size": config.block_size, "requests": list(outcome.indices),
+        "max_tokens": [max_tokens(r) for r in requests],
         "runs": [{"policy": run.policy, "plugin": run.plugin, "cached_tokens": run.cached_tokens,
                   "outputs": [encode_ids(o) for o in run.outputs],
                   "prefix_cache_queries": run.metrics.get("vllm:prefix_cache_queries_total"),
                   "prefix_cache_hits": run.metrics.get("vllm:prefix_cache_hits_total")} for run in runs],
     }
-    with atomic_output(path, "w") as fh:
+    with atomic_write(path, "w") as fh:
         json.dump(data, fh, indent=1)
         fh.write("\n")
     return Path(path)
