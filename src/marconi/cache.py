@@ -613,13 +613,12 @@ class PrefixCache:
         """Payloads for the positions whose state is available: from ``states`` (a mapping or a
         callable; None: the payload ops' own ``state_at``, every one of them in simulation)."""
         supply = self.payloads.state_at if states is None else states if callable(states) else states.get
-        out = {}
-        for pos in positions:
-            payload = supply(pos)
-            if payload is not None:
-                out[pos] = payload
-            else:
-                self.stats.checkpoints_unavailable += 1
+        out = {pos: supply(pos) for pos in positions}
+        if None in out.values():
+            missing = [pos for pos, payload in out.items() if payload is None]
+            self.stats.checkpoints_unavailable += len(missing)
+            for pos in missing:
+                del out[pos]
         return out
 
     def _attach_on_path(self, walk: WalkResult, to_admit: dict[int, Any]) -> list[int]:
@@ -734,15 +733,24 @@ class PrefixCache:
         the run's recency and the deepest is always the leaf — as many as free ``shortfall`` bytes,
         all at once. A block is the span from one checkpoint (or the edge's start) to the next."""
         positions = node.ckpt_positions
-        starts = [node.parent_depth, *positions[:-1]]
-        freed = blocks = 0
-        while freed < shortfall and blocks < len(positions):
-            blocks += 1
-            freed += (positions[-blocks] - starts[-blocks]) * self._kv_per_token + self._ckpt_bytes
-        if blocks == len(positions):
+        n = len(positions)
+
+        def freed_by(blocks: int) -> int:  # bytes the last ``blocks`` blocks hold (grows with blocks)
+            start = positions[n - blocks - 1] if blocks < n else node.parent_depth
+            return (node.depth - start) * self._kv_per_token + blocks * self._ckpt_bytes
+
+        lo, hi = 1, n  # the fewest blocks that free ``shortfall``: a binary search (runs are long)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if freed_by(mid) >= shortfall:
+                hi = mid
+            else:
+                lo = mid + 1
+        blocks = lo
+        if blocks == n:
             self._evict_leaf(node)
             return
-        dropped_tokens = node.depth - starts[-blocks]
+        dropped_tokens = node.depth - positions[n - blocks - 1]
         kept_kv, dropped_kv = self.payloads.split_kv(node.kv, node.edge_len - dropped_tokens)
         self.payloads.release(dropped_kv)
         node.kv = kept_kv
