@@ -10,6 +10,7 @@ import pytest
 from marconi.cli import build_parser
 from marconi.experiments.reproduce import PROFILES, choose_regimes, rerender, run_reproduction
 from marconi.experiments.reproduce.anatomy import window_bounds
+from marconi.experiments.reproduce.context import PAPER_MARCONI
 from marconi.experiments.reproduce.latency import engine_latency_from_file, latency_set
 from marconi.experiments.reproduce.report import FIGURES
 from marconi.experiments.reproduce.traces import (TraceFactory, WorkloadSource, concat_traces, continuation_stats,
@@ -22,7 +23,7 @@ from marconi.workloads import Request, build_swe_trace, bundled_data_dir, chat_t
 
 pytestmark = pytest.mark.slow  # minutes of sweeps / processes: CI and `make test` only
 
-FIGURE_KEYS = ("fig7", "fig8", "fig9", "fig10", "fig11", "fig12", "fig13", "alpha", "admission", "anatomy")
+FIGURE_KEYS = ("fig7", "fig8", "fig9", "fig10", "fig11", "fig12", "fig13", "headroom", "alpha", "admission", "anatomy")
 
 
 @pytest.fixture(scope="module")
@@ -90,19 +91,26 @@ def test_summary_table_is_complete_and_computed_from_the_records(report):
     # fig. 7's ratio, recomputed from its own records
     fig7 = read_records(out / "fig7.jsonl")
     swe = {r["system"]: r["token_hit_rate"] for r in fig7 if r["trace"] == "swe"}
-    assert summary["figures"]["fig7"]["swe"]["marconi_vs_vllm_x"] == pytest.approx(swe["marconi"] / swe["vllm+"])
+    assert summary["figures"]["fig7"]["swe"]["marconi_vs_vllm_x"] == pytest.approx(swe[PAPER_MARCONI] / swe["vllm+"])
     # fig. 8's P95 gain, recomputed from its own records
     fig8 = read_records(out / "fig8.jsonl")
     by_point = {}
     for r in fig8:
         if r["workload"] == "swe":
             by_point.setdefault((r["trace"], r["capacity"]), {})[r["system"]] = r["token_hit_rate"]
-    gains = [p["marconi"] / p["sglang+"] - 1 for p in by_point.values() if p["sglang+"] > 0]
+    gains = [p[PAPER_MARCONI] / p["sglang+"] - 1 for p in by_point.values() if p["sglang+"] > 0]
     assert summary["figures"]["fig8"]["swe"]["p95"] == pytest.approx(float(np.percentile(gains, 95)))
     # fig. 9 rows: every system's P95 TTFT relative to vanilla is finite and positive
     for row in read_records(out / "fig9.jsonl"):
         assert row["relative_to_vanilla"] > 0 and math.isfinite(row["relative_to_vanilla"])
         assert row["ttft_p95_s"] <= row["vanilla_ttft_p95_s"] + 1e-12
+    # the headroom section: every system as a fraction of the oracle and infinite, from its records
+    headroom = read_records(out / "headroom.jsonl")
+    assert {"vllm+", "sglang+", PAPER_MARCONI, "marconi", "oracle", "infinite"} <= {r["system"] for r in headroom}
+    for w, d in summary["figures"]["headroom"].items():
+        rates = {r["system"]: r["token_hit_rate"] for r in headroom if r["trace"] == w}
+        assert d["of_oracle"]["marconi"] == pytest.approx(rates["marconi"] / rates["oracle"])
+        assert d["of_infinite"]["sglang+"] == pytest.approx(rates["sglang+"] / rates["infinite"])
     # the paper's numbers are printed beside ours
     text = (out / "report.md").read_text()
     assert "34.4" in text and "+219.7%" in text and "68.3%" in text

@@ -8,7 +8,7 @@ One module per concern (compute → records → report):
 * :mod:`.pipeline` — orchestration: build traces, plan and run the sweep, calibrate the regimes;
 * :mod:`.figure`   — the seam every figure follows (:class:`~.figure.FigureRecords`, ``Finding``,
   the paper's numbers) and its helpers;
-* :mod:`.fig7` … :mod:`.fig13`, :mod:`.alpha`, :mod:`.admission`, :mod:`.anatomy` — one per
+* :mod:`.fig7` … :mod:`.fig13`, :mod:`.headroom`, :mod:`.alpha`, :mod:`.admission`, :mod:`.anatomy` — one per
   figure: ``compute(ctx) -> records``; ``plot``, ``section``, ``verdict``, ``explain`` read records only;
 * :mod:`.latency`  — the latency models figs. 9 and 10 apply;
 * :mod:`.report`   — writes report.md, summary.md/json, figN.jsonl and the PNGs;

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Mapping
 
-from marconi.experiments.reproduce.context import ReproContext
+from marconi.experiments.reproduce.context import ReproContext, tuned_system
 from marconi.experiments.reproduce.figure import FigureRecords, Finding, label, strip_per_request
 from marconi.report import MISSING, fmt_pct, fmt_pts, md_table, pyplot, save_figure
 
@@ -30,11 +30,6 @@ def oracle_record(ctx: ReproContext, key: str, cap: str) -> dict[str, Any] | Non
         return None
     best_a, _ = max(scan, key=lambda x: (x[1], -x[0]))
     return ctx.find(key, f"marconi:alpha={best_a:g}", cap)
-
-
-def tuned_system(multiplier: float) -> str:
-    """The system name of a bootstrap-tuned Marconi run with this window multiplier (5 is the default)."""
-    return "marconi" if multiplier == 5 else f"marconi:multiplier={multiplier:g}"
 
 
 def compute(ctx: ReproContext) -> FigureRecords:

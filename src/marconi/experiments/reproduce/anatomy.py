@@ -7,8 +7,8 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from marconi.experiments.reproduce.alpha import alpha_scan, tuned_system
-from marconi.experiments.reproduce.context import ReproContext
+from marconi.experiments.reproduce.alpha import alpha_scan
+from marconi.experiments.reproduce.context import PAPER_MARCONI, ReproContext, tuned_system
 from marconi.experiments.reproduce.figure import FigureRecords, Finding, label, strip_per_request
 from marconi.experiments.reproduce.traces import continuation_stats, reuse_kinds
 from marconi.report import MISSING, fmt_pct, fmt_pts, md_table
@@ -25,7 +25,7 @@ def compute(ctx: ReproContext) -> FigureRecords:
     for w in [w for w in ("swe", "swe-keepall") if w in ctx.traces]:
         trace = ctx.traces[w]
         kinds = {}
-        for system in ("sglang+", "marconi"):
+        for system in ("sglang+", PAPER_MARCONI):
             for cap_label in (ctx.regime_capacity(w, "moderate"), "1x"):
                 rec = ctx.find(w, system, cap_label)
                 if rec is None or "per_request" not in rec:

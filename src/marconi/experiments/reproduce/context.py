@@ -18,12 +18,22 @@ from marconi.tuning import DEFAULT_ALPHA_GRID
 from marconi.workloads import Trace
 
 __all__ = ["ReproProfile", "PROFILES", "TraceInfo", "ReproContext", "frac_label", "base_key", "variant_key",
-           "MAIN_WORKLOADS", "MAIN_SYSTEMS"]
+           "MAIN_WORKLOADS", "MAIN_SYSTEMS", "MAIN_ROLES", "PAPER_MARCONI", "HEADROOM_SYSTEMS", "tuned_system"]
 
 # The workloads of figs. 7-10 and 13, in report order (those present in a run).
 MAIN_WORKLOADS = ("lmsys", "sharegpt", "swe", "swe-keepall", "mooncake")
 # The paper's three systems, in the order of every sweep, table and plot.
-MAIN_SYSTEMS = ("vllm+", "sglang+", "marconi")
+# The paper's Marconi is the bootstrap-tuned one: figs. 7-13 reproduce it. The project's default
+# (``marconi``: the adaptive rule) is measured beside it, with the ceilings, in the headroom section.
+PAPER_MARCONI = "marconi:tuner=bootstrap"
+MAIN_SYSTEMS = ("vllm+", "sglang+", PAPER_MARCONI)
+MAIN_ROLES = dict(zip(("vllm+", "sglang+", "marconi"), MAIN_SYSTEMS))   # figure role -> system name
+HEADROOM_SYSTEMS = ("marconi", "oracle", "infinite")
+
+
+def tuned_system(multiplier: float) -> str:
+    """The system name of a bootstrap-tuned Marconi run with this window multiplier (5 is the default)."""
+    return PAPER_MARCONI if multiplier == 5 else f"{PAPER_MARCONI},multiplier={multiplier:g}"
 
 
 # ============================================================================ profiles

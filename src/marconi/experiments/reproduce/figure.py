@@ -21,7 +21,7 @@ from typing import Any, Mapping, Protocol, Sequence
 
 import numpy as np
 
-from marconi.experiments.reproduce.context import MAIN_SYSTEMS, ReproContext
+from marconi.experiments.reproduce.context import MAIN_ROLES, ReproContext
 from marconi.experiments.reproduce.traces import WORKLOAD_LABELS
 from marconi.report import fmt_pct
 from marconi.units import format_bytes
@@ -140,8 +140,9 @@ def dig(data: Mapping[str, Any], *path: Any, default: Any = None) -> Any:
 
 # ============================================================================ helpers for compute (read ctx)
 def trio(ctx: ReproContext, key: str, cap: str, model: str | None = None) -> dict[str, dict[str, Any]] | None:
-    """The three systems' records at one point, or None if any is missing."""
-    recs = {s: ctx.find(key, s, cap, model) for s in MAIN_SYSTEMS}
+    """The paper's three systems' records at one point by role (``vllm+``, ``sglang+``, ``marconi``:
+    the bootstrap-tuned Marconi), or None if any is missing."""
+    recs = {role: ctx.find(key, name, cap, model) for role, name in MAIN_ROLES.items()}
     return None if any(r is None for r in recs.values()) else recs  # type: ignore[return-value]
 
 

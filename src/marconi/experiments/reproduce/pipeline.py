@@ -28,8 +28,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
-from marconi.experiments.reproduce.context import (MAIN_SYSTEMS, ReproContext, ReproProfile, TraceInfo,
-                                                   frac_label, variant_key)
+from marconi.experiments.reproduce.context import (HEADROOM_SYSTEMS, MAIN_SYSTEMS, ReproContext, ReproProfile,
+                                                   TraceInfo, frac_label, tuned_system, variant_key)
 from marconi.experiments.reproduce.traces import TraceFactory, data_available
 from marconi.model import ModelSpec, get_model
 from marconi.sim.backends import Backend, make_backend
@@ -160,6 +160,10 @@ def plan_main_tasks(ctx: ReproContext) -> list[SweepTask]:
             for regime in regime_names:
                 cap = ctx.regime_capacity(key, regime)
                 tasks += [_task(ctx, key, s, cap) for s in MAIN_SYSTEMS]
+    # headroom: the project's default and the ceilings at moderate contention of each base trace
+    for workload in ctx.main_workloads():
+        cap = ctx.regime_capacity(workload, "moderate")
+        tasks += [_task(ctx, workload, s, cap) for s in HEADROOM_SYSTEMS]
     # fig. 11: the capacity ladder
     for workload in p.fig11_workloads:
         if workload in ctx.traces:
@@ -173,7 +177,7 @@ def plan_main_tasks(ctx: ReproContext) -> list[SweepTask]:
     alphas = sorted(set(p.alpha_grid) | set(p.fixed_alphas))
     for key in ctx.alpha_keys():
         cap = ctx.regime_capacity(key, "moderate")
-        tasks += [_task(ctx, key, f"marconi:multiplier={m:g}" if m != 5 else "marconi", cap) for m in p.multipliers]
+        tasks += [_task(ctx, key, tuned_system(m), cap) for m in p.multipliers]
         tasks += [_task(ctx, key, f"marconi:alpha={a:g}", cap) for a in alphas]
         tasks.append(_task(ctx, key, "sglang+", cap))
     # admission x eviction ablation
