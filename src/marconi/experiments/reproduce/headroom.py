@@ -17,7 +17,7 @@ import numpy as np
 from marconi.experiments.reproduce.context import PAPER_MARCONI, ReproContext
 from marconi.experiments.reproduce.figure import (FigureRecords, Finding, capacity_point, fmt_capacity, label,
                                                   safe_ratio, strip_per_request)
-from marconi.report import MISSING, fmt_pct, md_table, pyplot, save_figure
+from marconi.report import MISSING, fmt_pct, fmt_pts, md_table, pyplot, save_figure
 
 KEY = "headroom"
 TITLE = "Headroom (not in the paper): every system as a fraction of the oracle and of the infinite cache"
@@ -112,6 +112,6 @@ def explain(records: FigureRecords, computed: Mapping[str, FigureRecords]) -> st
         return ""
     gaps = {w: v["hit_rate"]["oracle"] - v["hit_rate"]["marconi"] for w, v in d.items()}
     widest = max(gaps, key=lambda w: gaps[w])
-    return (f"The oracle shows what eviction alone could still win at this capacity: up to "
-            f"{fmt_pct(gaps[widest])} points on {label(widest)}; the rest of the gap to the infinite cache is "
+    return (f"The oracle shows what eviction alone could still win at this capacity over the default Marconi: "
+            f"up to {fmt_pts(gaps[widest])} on {label(widest)}; the rest of the gap to the infinite cache is "
             "capacity, which no eviction policy recovers.")
