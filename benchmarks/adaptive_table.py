@@ -37,6 +37,9 @@ from marconi.workloads import (Trace, build_mooncake_trace, build_sharegpt_trace
 
 ROOT = Path(__file__).resolve().parent.parent
 FRACTIONS = (0.02, 0.05, 0.1, 0.2, 0.4)
+#: Cross-validation split: selector settings are chosen on TRAIN_TRACES; HELD_OUT_TRACES only report.
+TRAIN_TRACES = ("swe", "sharegpt", "mooncake", "sweagent-demos")
+HELD_OUT_TRACES = ("swe-keepall", "swe-sharedprefix", "sharegpt-random", "mooncake-synthetic")
 BOOTSTRAP = "marconi:tuner=bootstrap"
 
 
@@ -182,7 +185,14 @@ def render(rows: list[dict[str, Any]]) -> str:
                 f"{1000 * r['p95']:.0f} / {1000 * r['p95_sglang']:.0f} | {mark(r['a'])} | {mark(r['b'])} | {mark(r['c'])} |")
         n = len(sub)
         lines += ["", f"Holds at: (a) {sum(r['a'] for r in sub)}/{n}, (b) {sum(r['b'] for r in sub)}/{n}, "
-                      f"(c) {sum(r['c'] for r in sub)}/{n} points."]
+                      f"(c) {sum(r['c'] for r in sub)}/{n} points; all three at {sum(r['a'] and r['b'] and r['c'] for r in sub)}/{n}."]
+        for label, names in (("selection half", TRAIN_TRACES), ("held-out half", HELD_OUT_TRACES)):
+            part = [r for r in sub if r["trace"] in names]
+            if part:
+                m = len(part)
+                lines.append(f"On the {label} ({', '.join(t for t in names if any(r['trace'] == t for r in part))}): "
+                             f"(a) {sum(r['a'] for r in part)}/{m}, (b) {sum(r['b'] for r in part)}/{m}, "
+                             f"(c) {sum(r['c'] for r in part)}/{m}.")
         worst_a = min(sub, key=lambda r: r["marconi"] - r["sglang"])
         worst_b = min(sub, key=lambda r: r["marconi"] - r["best"])
         gain = sum(r["marconi"] - r["sglang"] for r in sub) / n

@@ -177,3 +177,46 @@ def test_an_adaptive_policy_serves_one_cache():
     with pytest.raises(ConfigError, match="one cache"):
         PrefixCache("paper-7b", 1e9, "marconi", policy)
     assert policy_for(EvictionRule.from_label("lru")).name == "lru"
+
+
+def _adaptive_system(policy_kwargs: dict) -> SystemConfig:
+    """A marconi system whose adaptive policy takes constructor options the registry does not name."""
+    from marconi.eviction import EVICTION_POLICIES
+
+    name = "adaptive-test-confidence"
+    if name not in EVICTION_POLICIES.names():
+        def factory(confidence: float = 0.0) -> AdaptiveEviction:
+            return AdaptiveEviction(confidence=confidence)
+
+        EVICTION_POLICIES.register(name, "test only")(factory)
+    return SystemConfig("marconi", "marconi", f"{name}:confidence={policy_kwargs['confidence']}")
+
+
+def test_confidence_is_a_burden_of_proof_for_leaving_the_first_rule(chat):
+    capacity = 1e9
+    free = simulate_system(chat, "marconi", "paper-7b", capacity)
+    assert free.rule_switches                               # without it the selector leaves LRU here ...
+    stuck = simulate_system(chat, _adaptive_system({"confidence": 1e9}), "paper-7b", capacity)
+    assert stuck.rule_switches == []                        # ... with an absurd bound it never does,
+    lru = simulate_system(chat, "sglang+", "paper-7b", capacity)
+    assert stuck.reused_len.tolist() == lru.reused_len.tolist()  # and is exactly SGLang+
+    bounded = simulate_system(chat, _adaptive_system({"confidence": 2.0}), "paper-7b", capacity)
+    assert bounded.rule_switches                            # a real bound: it still leaves LRU, but only later,
+    assert bounded.rule_switches[0][0] > free.rule_switches[0][0]    # once the lead stands out of the noise
+    again = simulate_system(chat, _adaptive_system({"confidence": 2.0}), "paper-7b", capacity)
+    assert again.reused_len.tolist() == bounded.reused_len.tolist() and again.rule_switches == bounded.rule_switches
+
+
+def test_the_confidence_bound_reads_the_noise_of_the_regret_gap():
+    policy = AdaptiveEviction(confidence=2.0)
+    policy.regret[:] = [10.0, 4.0, 9.0]      # rule 1 leads the first rule by 6 charged tokens
+    policy._gap_sq[0, 1] = policy._gap_sq[1, 0] = 4.0    # one charge difference of 2 per request: se 2
+    assert policy._significant(1)            # 6 > 2 x 2
+    policy._gap_sq[0, 1] = policy._gap_sq[1, 0] = 16.0   # se 4: a lead of 6 is within the noise
+    assert not policy._significant(1)
+    policy._step[:] = [3.0, 0.0, 3.0]        # a request that charged rules 0 and 2, not rule 1
+    policy._track_noise()
+    assert policy._gap_sq[0, 1] == pytest.approx(16.0 * 0.999**2 + 9.0) and policy._gap_sq[0, 2] == pytest.approx(0.0)
+    assert not policy._step.any()
+    with pytest.raises(ConfigError, match="confidence must be >= 0"):
+        AdaptiveEviction(confidence=-1)

@@ -411,10 +411,10 @@ def _flop_aware_marginal(alpha: float = 0.0, recency: str = "linear") -> Evictio
 @EVICTION_POLICIES.register("adaptive", "FLOP-aware eviction whose rule (alpha, efficiency, SGLang's or Marconi's "
                                         "candidates and recency) is re-chosen online by counterfactual regret")
 def _adaptive(rules: str = "default", decay: float = 0.999, hysteresis: float = 0.05,
-              objective: str = "hit-rate") -> EvictionPolicy:
+              objective: str = "hit-rate", confidence: float = 0.0) -> EvictionPolicy:
     from marconi.adaptive import AdaptiveEviction  # imports the cache, which imports this module
 
-    return AdaptiveEviction(rules, decay=decay, hysteresis=hysteresis, objective=objective)
+    return AdaptiveEviction(rules, decay=decay, hysteresis=hysteresis, objective=objective, confidence=confidence)
 
 
 @EVICTION_POLICIES.register("oracle", "future-aware (Belady-style) reference; needs the whole trace (simulator only)")

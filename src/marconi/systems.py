@@ -128,7 +128,7 @@ class SystemConfig:
 SYSTEMS: Registry[SystemConfig] = Registry("system", providers=("marconi.vllm.system",))
 UNBOUNDED_BYTES = 2**62
 _BOOTSTRAP_ONLY = ("multiplier", "retune", "drift", "tolerance")
-_ADAPTIVE_ONLY = ("rules", "decay", "hysteresis")
+_ADAPTIVE_ONLY = ("rules", "decay", "hysteresis", "confidence")
 
 
 def _alpha_or_auto(alpha: str) -> float | None:
@@ -169,7 +169,8 @@ def _sglang() -> SystemConfig:
 def _marconi(alpha: str = "auto", tuner: str = "auto", objective: str = "hit-rate", efficiency: str = "auto",
              recency: str = "auto", multiplier: float | None = None, retune: int | None = None,
              drift: float | None = None, tolerance: float | None = None, rules: str | None = None,
-             decay: float | None = None, hysteresis: float | None = None) -> SystemConfig:
+             decay: float | None = None, hysteresis: float | None = None,
+             confidence: float | None = None) -> SystemConfig:
     given = {k for k, v in locals().items() if v is not None and k in _BOOTSTRAP_ONLY + _ADAPTIVE_ONLY}
     fixed = _alpha_or_auto(alpha)
     tuner_named = tuner != "auto"
@@ -199,7 +200,8 @@ def _marconi(alpha: str = "auto", tuner: str = "auto", objective: str = "hit-rat
         raise ConfigError("marconi: the adaptive tuner chooses the efficiency and recency itself (its rules); "
                           "name a family with rules=lru/a0/a1m/... or use tuner=bootstrap")
     params = [f"rules={rules or 'default'}", f"objective={objective}"]
-    params += [f"{k}={v}" for k, v in (("decay", decay), ("hysteresis", hysteresis)) if v is not None]
+    params += [f"{k}={v}" for k, v in (("decay", decay), ("hysteresis", hysteresis), ("confidence", confidence))
+               if v is not None]
     return SystemConfig("marconi", "marconi", "adaptive:" + ",".join(params))
 
 
