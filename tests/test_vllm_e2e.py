@@ -1,9 +1,11 @@
 """Marconi inside a real vLLM server: hits, evictions, exact outputs, stock behaviour untouched.
 
-Three real vLLM 0.32 OpenAI-compatible servers (CPU, a tiny random-weight Qwen3-Next built here)
+Four real vLLM 0.32 OpenAI-compatible servers (CPU, a tiny random-weight Qwen3-Next built here)
 serve the same workload — a multi-turn conversation, sessions that crowd it out of a small block
 pool, and three requests sharing a prefix — side by side: stock (plugin not loaded), the plugin in
-``lru`` (observe-only) mode, and the plugin's Marconi eviction. The test checks that
+``lru`` (observe-only) mode, the plugin's Marconi eviction with a fixed α, and with adaptive α
+(``MARCONI_VLLM_ALPHA=adaptive``: the shadow of adaptive Marconi fed each finished request). The
+test checks that
 
 * hits and evictions happened with the plugin (vLLM's own counters and the plugin's);
 * greedy outputs are identical with and without the plugin, turn after turn (each server's
@@ -31,14 +33,15 @@ import pytest
 from marconi.model import ModelSpec
 from marconi.vllm.emulate import VllmAlignEngine, layout_for_spec
 
-pytestmark = pytest.mark.slow  # three real vLLM servers (~1.5 min): CI and `make test` only
+pytestmark = pytest.mark.slow  # four real vLLM servers (~2 min): CI and `make test` only
 
 REPO = Path(__file__).resolve().parents[1]
 VLLM_PYTHON = os.environ.get("MARCONI_VLLM_PYTHON") or str(REPO / ".venv-vllm" / "bin" / "python")
 REQUIRED = os.environ.get("MARCONI_REQUIRE_VLLM") == "1"
 BLOCK, NUM_BLOCKS, MAX_MODEL_LEN = 384, 20, 2048
 SERVERS = {"stock": {}, "lru": {"MARCONI_VLLM_POLICY": "lru"},
-           "marconi": {"MARCONI_VLLM_POLICY": "marconi", "MARCONI_VLLM_ALPHA": "1.0"}}
+           "marconi": {"MARCONI_VLLM_POLICY": "marconi", "MARCONI_VLLM_ALPHA": "1.0"},
+           "adaptive": {"MARCONI_VLLM_POLICY": "marconi", "MARCONI_VLLM_ALPHA": "adaptive"}}
 
 
 def _require_vllm() -> None:
@@ -117,7 +120,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     steps = _workload(np.random.default_rng(7))
-    with ThreadPoolExecutor(len(SERVERS)) as pool:       # three servers side by side: ~1 min, not 3
+    with ThreadPoolExecutor(len(SERVERS)) as pool:       # the servers side by side: ~2 min, not 4
         futures = {name: pool.submit(_serve, name, model_dir, work, steps) for name in SERVERS}
         runs = {name: fut.result() for name, fut in futures.items()}
     runs["_model_dir"] = model_dir
@@ -126,10 +129,10 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 
 def _emulate(model_dir: Path, run: dict[str, Any], eviction: str,
-             trace: list[Any] | None = None) -> list[int]:
+             trace: list[Any] | None = None, alpha: float | str = 1.0) -> list[int]:
     spec = ModelSpec.from_hf_config(model_dir, bytes_per_elem=2)
     layout = layout_for_spec(spec, num_blocks=NUM_BLOCKS, block_size=BLOCK, max_num_batched_tokens=2048)
-    engine = VllmAlignEngine(layout, spec, eviction=eviction, alpha=1.0)
+    engine = VllmAlignEngine(layout, spec, eviction=eviction, alpha=alpha)
     engine.pool.trace = trace
     hits = [engine.run(np.asarray(p), np.asarray(o)).hit_len for p, o in zip(run["prompts"], run["outputs"])]
     engine.check_invariants()
@@ -153,7 +156,7 @@ def test_hits_and_evictions_happen_with_the_plugin(served: dict[str, Any]) -> No
 def test_greedy_outputs_are_identical_with_and_without_the_plugin(served: dict[str, Any]) -> None:
     stock = served["stock"]
     assert any(c > 0 for c in stock["cached"])
-    for name in ("lru", "marconi"):
+    for name in ("lru", "marconi", "adaptive"):
         assert served[name]["prompts"] == stock["prompts"], f"{name}: the conversation diverged"
         assert served[name]["outputs"] == stock["outputs"], f"{name}: greedy outputs differ from stock vLLM"
     # Marconi resumed the conversation where stock vLLM recomputed it: identical outputs compare
@@ -178,6 +181,17 @@ def test_lru_mode_leaves_stock_vllm_untouched(served: dict[str, Any]) -> None:
 def test_emulation_matches_the_live_servers_per_request(served: dict[str, Any]) -> None:
     for name, eviction in (("stock", "lru"), ("marconi", "marconi")):
         assert _emulate(served["_model_dir"], served[name], eviction) == served[name]["cached"], name
+    # Adaptive α: the server's shadow and the emulation's see the same finished requests, in the
+    # same order, so they pick the same rules at the same evictions — block event for block event.
+    with open(served["_work"] / "blocks-adaptive.jsonl") as fh:
+        real = [json.loads(line) for line in fh]
+    emulated: list[Any] = []
+    hits = _emulate(served["_model_dir"], served["adaptive"], "marconi", emulated, alpha="adaptive")
+    assert hits == served["adaptive"]["cached"]
+    assert real[1:] == [list(e) for e in emulated]
+    assert sum(e[0] == "lookup" for e in real) == len(served["adaptive"]["prompts"])
+    log = (served["_work"] / "server-adaptive.log").read_text()
+    assert "the alpha source failed" not in log
     # The three requests sharing an 800-token prefix: the third resumes from the junction's state.
     assert served["stock"]["cached"][-1] >= 768
 

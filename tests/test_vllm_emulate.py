@@ -1,7 +1,7 @@
 """vllm-align: vLLM 0.32's hybrid prefix cache emulated, checked against what real vLLM served.
 
 The recorded fixtures come from the real server (``marconi vllm bench``; the command is stored in
-each fixture; one with vLLM's defaults, one with ``--prefix-match-unit 64``): per request, vLLM's own cached-token count and the tokens it generated. The
+each fixture: vLLM's defaults, ``--prefix-match-unit 64``, and stock vs fixed vs adaptive α): per request, vLLM's own cached-token count and the tokens it generated. The
 emulation, fed the same prompts and outputs, must reproduce every count exactly, for stock vLLM
 and for vLLM with the Marconi plugin.
 """
@@ -17,7 +17,9 @@ from marconi.model import ModelSpec
 from marconi.registry import ConfigError
 from marconi.sim.replay import simulate_system
 from marconi.systems import make_system
-from marconi.vllm.bench import BenchConfig, emulate_run, max_tokens, read_fixture, select_requests
+from marconi.vllm.adaptive import AdaptiveAlpha
+from marconi.vllm.bench import (BenchConfig, alpha_changes, emulate_run, max_tokens, policy_arm, read_fixture,
+                                select_requests)
 from marconi.vllm.emulate import VllmAlignEngine, VllmLayout, layout_for_spec, prefix_hashes
 from marconi.vllm.models import PRESETS
 from marconi.vllm.policy import ATTENTION, MAMBA
@@ -30,10 +32,10 @@ QWEN_TINY = ModelSpec.from_hf_config({"model_type": "qwen3_next", **PRESETS["qwe
 KINDS = (MAMBA, MAMBA, MAMBA, ATTENTION)
 
 
-def _engine(num_blocks: int, eviction: str = "lru", **layout: object) -> VllmAlignEngine:
+def _engine(num_blocks: int, eviction: str = "lru", alpha: float | str = 0.5, **layout: object) -> VllmAlignEngine:
     options = {"max_num_batched_tokens": 2048, **layout}
     return VllmAlignEngine(VllmLayout(block_size=384, num_blocks=num_blocks, group_kinds=KINDS, **options),
-                           QWEN_TINY, eviction=eviction)
+                           QWEN_TINY, eviction=eviction, alpha=alpha)
 
 
 def test_layout_follows_vllm_grouping() -> None:
@@ -134,10 +136,49 @@ def test_vllm_align_is_a_system_name() -> None:
                            "alpha_source=test_vllm_policy:_CountingSource").build(QWEN_TINY, 0)
     adaptive.process(np.arange(900) % 32000, np.arange(4))
     assert adaptive.engine.index.alpha_source.alpha() == 1.0       # it observed the one request
+    marconi = make_system("vllm-align:eviction=marconi,alpha=adaptive,rules=lru/a1m,block=384,blocks=60")
+    assert marconi.eviction == "marconi-blocks(alpha=adaptive,rules=lru/a1m)"
+    source = marconi.build(QWEN_TINY, 0).engine.index.alpha_source
+    assert isinstance(source, AdaptiveAlpha) and [r.label() for r in source.rules] == ["lru", "a1m"]
+    assert marconi.build(QWEN_TINY, 0).engine.index.alpha_source is not source     # a fresh one per cache
     for bad in ("vllm-align:eviction=fifo", "vllm-align:retention=-1", "vllm-align:efficiency=x",
-                "vllm-align:alpha=-1", "vllm-align:typo=1", "vllm-align:alpha_source=nocolon"):
+                "vllm-align:alpha=-1", "vllm-align:typo=1", "vllm-align:alpha_source=nocolon",
+                "vllm-align:alpha=adaptiv", "vllm-align:eviction=marconi,alpha=adaptive,efficiency=marginal",
+                "vllm-align:eviction=marconi,alpha=adaptive,alpha_source=m:f", "vllm-align:rules=lru/a1m",
+                "vllm-align:eviction=marconi,alpha=adaptive,rules=lru/a2lp"):
         with pytest.raises(ConfigError):
             make_system(bad)
+
+
+def test_adaptive_alpha_in_the_emulation_switches_and_stays_consistent() -> None:
+    """``alpha=adaptive``: the shadow sees each request after its blocks are freed; its rule changes
+    appear in the block trace (as the plugin writes them) and in the simulator's records; the pool's
+    invariants hold throughout; the same requests give the same hits and switches."""
+    from marconi.workloads import build_workload
+
+    trace = list(build_workload("swe-sample:max_input_len=8192"))[:60]
+    runs = []
+    for _ in range(2):
+        engine = _engine(100, "marconi", alpha="adaptive")
+        engine.pool.trace = events = []
+        hits = []
+        for i, req in enumerate(trace):
+            hits.append(engine.run(req.input_tokens, req.output_tokens).hit_len)
+            if i % 10 == 0:
+                engine.check_invariants()
+        engine.check_invariants()
+        changes = alpha_changes(events)
+        assert [e for e in events if e[0] == "alpha"] == [("alpha", a, eff) for _, a, eff in changes]
+        runs.append((hits, changes))
+    assert runs[0] == runs[1]
+    changes = runs[0][1]
+    assert len(changes) >= 2 and {eff for _, _, eff in changes} == {"marginal", "total"}   # a0.5m/a2m and back to lru
+    switches = engine.index.alpha_source.tuning_record()["rule_switches"]
+    assert [c[0] for c in changes] == [at for at, _ in switches]    # request i's finish moved the rule
+    result = simulate_system(trace, "vllm-align:block=384,blocks=100,eviction=marconi,alpha=adaptive", QWEN_TINY, 0,
+                             latency="zero")
+    assert result.record()["rule_switches"] == switches
+    assert result.reused_len.tolist() == runs[0][0]
 
 
 @pytest.mark.parametrize("mode", ["sequential", "event"])
@@ -157,7 +198,14 @@ def test_simulate_runs_vllm_align_on_a_bundled_trace(mode: str) -> None:
 
 
 def test_fixtures_are_there() -> None:
-    assert {f.name for f in FIXTURES} >= {"vllm_swe40_blocks80.json", "vllm_swe40_blocks80_unit64.json"}
+    """Stock vLLM, the plugin with a fixed alpha, and with adaptive alpha, each recorded on a real server."""
+    assert {f.name for f in FIXTURES} >= {"vllm_swe40_blocks80.json", "vllm_swe40_blocks80_unit64.json",
+                                          "vllm_swe_adaptive.json"}
+    arms = set()
+    for fixture in FIXTURES:
+        data = read_fixture(fixture)
+        arms |= {policy_arm(run["policy"], data["config"]["alpha"]) for run in data["runs"]}
+    assert {("lru", None), ("marconi", 0.5), ("marconi", "adaptive")} <= arms
 
 
 @pytest.mark.parametrize("fixture", FIXTURES, ids=lambda p: p.stem)
@@ -169,10 +217,48 @@ def test_emulation_reproduces_the_recorded_real_server_per_request(fixture: Path
     requests, indices, _ = select_requests(config)
     assert indices == data["requests"] and [max_tokens(r) for r in requests] == data["max_tokens"]
     spec = ModelSpec(**data["model_spec"])
-    assert {run["policy"] for run in data["runs"]} == {"lru", "marconi"}
     for run in data["runs"]:
-        hits, evictions = emulate_run(spec, config, requests, run["outputs"], run["policy"])
-        assert hits == run["cached_tokens"], f"{run['policy']}: emulation differs from the real server"
-        assert sum(hits) == run["prefix_cache_hits"]                 # vLLM's /metrics counter
+        sim = emulate_run(spec, config, requests, run["outputs"], run["policy"])
+        assert sim.hits == run["cached_tokens"], f"{run['policy']}: emulation differs from the real server"
+        assert sum(sim.hits) == run["prefix_cache_hits"]                 # vLLM's /metrics counter
         assert sum(r.input_len for r in requests) == run["prefix_cache_queries"]
-        assert sum(evictions.values()) > 0 and sum(hits) > 0          # the pool was contended, hits happened
+        assert sum(sim.evictions.values()) > 0 and sum(sim.hits) > 0      # the pool was contended, hits happened
+        if policy_arm(run["policy"], config.alpha)[1] == "adaptive":
+            # The plugin's adaptive source switched rules inside the server (its block trace), after
+            # the same requests as the emulation's.
+            assert len(run["alpha_changes"]) >= 2 and sim.alpha_changes == run["alpha_changes"]
+
+
+def test_bench_records_table_and_plot_from_a_recorded_run(tmp_path: Path) -> None:
+    """What ``marconi vllm bench`` writes and prints after serving, fed a recorded real run: the
+    record's vLLM and emulated rates, the comparison table and the TTFT CDF (the part of the bench
+    a CI machine without a server would otherwise never execute)."""
+    from marconi.vllm.bench import RunResult, bench_table, make_record, plot_ttft_cdf
+
+    data = read_fixture(next(f for f in FIXTURES if f.name == "vllm_swe_adaptive.json"))
+    cfg = data["config"]
+    config = BenchConfig(vllm_python="unused", **{k: (tuple(v) if k == "policies" else v) for k, v in cfg.items()})
+    requests, indices, trace_info = select_requests(config)
+    spec = ModelSpec(**data["model_spec"])
+    records = []
+    for i, run in enumerate(data["runs"]):
+        n = len(requests)
+        ttft = [0.1 * (i + 1) + 0.001 * k for k in range(n)]           # timings are not in fixtures
+        result = RunResult(run["policy"], run["plugin"], run["cached_tokens"], run["outputs"], ttft, [0.003] * n,
+                           ttft, {"vllm:prefix_cache_queries_total": run["prefix_cache_queries"],
+                                  "vllm:prefix_cache_hits_total": run["prefix_cache_hits"]}, 1.0, 2.0,
+                           alpha_changes=run["alpha_changes"])
+        sim = emulate_run(spec, config, requests, run["outputs"], run["policy"])
+        rec = make_record(config, trace_info, spec, requests, indices, result, sim, sim.hits)
+        assert rec["engine"] == "vllm" and rec["policy"] in ("lru", "marconi") and rec["num_requests"] == n
+        assert rec["token_hit_rate"] == run["prefix_cache_hits"] / run["prefix_cache_queries"] > 0
+        assert rec["emulation_error_pp"] == 0.0 and rec["emulation_requests_exact"] == n
+        assert rec["ttft_p50_s"] <= rec["ttft_p95_s"] <= rec["ttft_p99_s"]
+        records.append(rec)
+    table = bench_table(records).splitlines()
+    assert table[0].split()[:2] == ["policy", "plugin"] and len(table) == 2 + len(records)
+    for line, rec in zip(table[2:], records):
+        assert line.startswith(rec["arm"]) and f"{100 * rec['token_hit_rate']:.1f}%" in line and "+0.00pp" in line
+    png = plot_ttft_cdf(records, tmp_path / "sub" / "ttft.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert [p.name for p in png.parent.iterdir()] == ["ttft.png"]                  # no temp file left

@@ -5,10 +5,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from marconi.eviction import flop_efficiency
-from marconi.model import get_model
+from marconi.adaptive import parse_rules
+from marconi.eviction import EvictionRule, flop_efficiency
+from marconi.model import ModelSpec, get_model
 from marconi.registry import ConfigError
+from marconi.vllm.adaptive import AdaptiveAlpha, block_rule, pool_capacity_bytes
 from marconi.vllm.config import PluginConfig
+from marconi.vllm.emulate import layout_for_spec
+from marconi.vllm.models import PRESETS
 from marconi.vllm.policy import ATTENTION, MAMBA, BlockEvictionState, FixedAlpha, RequestObservation, parent_depth
 
 SPEC = get_model("paper-7b")
@@ -147,8 +151,9 @@ def test_alpha_sources() -> None:
     with pytest.raises(ConfigError):
         FixedAlpha(float("nan"))
     src = FixedAlpha(2.5)
-    src.observe(RequestObservation(100, 64, 0))
-    assert src.alpha() == 2.5
+    event = RequestObservation(np.arange(100), np.arange(3), 64, 0)
+    src.observe(event)
+    assert (src.alpha(), src.efficiency(), event.input_len) == (2.5, None, 100)
 
 
 class _CountingSource:
@@ -158,7 +163,11 @@ class _CountingSource:
     def alpha(self) -> float:
         return float(self.seen)
 
+    def efficiency(self) -> str | None:
+        return None
+
     def observe(self, event: RequestObservation) -> None:
+        assert len(event.prompt_token_ids) == event.input_len > 0
         self.seen += 1
 
 
@@ -174,10 +183,123 @@ def test_plugin_config_from_env_and_alpha_source_factory() -> None:
         with pytest.raises(ConfigError):
             PluginConfig.from_env(bad)
     src = PluginConfig(policy="marconi", alpha_source=f"{__name__}:_CountingSource").make_alpha_source(SPEC)
-    src.observe(RequestObservation(10, 0, 0))
+    src.observe(RequestObservation(np.arange(10), (), 0, 0))
     assert src.alpha() == 1.0
     with pytest.raises(ConfigError, match="cannot load"):
         PluginConfig(policy="marconi", alpha_source="no.such.module:f").make_alpha_source(SPEC)
+    with pytest.raises(ConfigError, match="lacks efficiency"):
+        PluginConfig(policy="marconi", alpha_source=f"{__name__}:_NoEfficiency").make_alpha_source(SPEC)
+
+
+class _NoEfficiency:
+    def __init__(self, spec: object, config: object) -> None:
+        pass
+
+    def alpha(self) -> float:
+        return 0.0
+
+    def observe(self, event: RequestObservation) -> None:
+        pass
+
+
+def test_plugin_config_adaptive() -> None:
+    """MARCONI_VLLM_ALPHA=adaptive: adaptive Marconi's source, its family from
+    MARCONI_VLLM_ADAPTIVE_RULES; round-trips through the environment; clashes are errors."""
+    cfg = PluginConfig.from_env({"MARCONI_VLLM_POLICY": "marconi", "MARCONI_VLLM_ALPHA": "Adaptive"})
+    assert cfg.adaptive and cfg.alpha == "adaptive" and cfg.adaptive_rules == "default"
+    assert PluginConfig.from_env(cfg.to_env()) == cfg
+    assert isinstance(cfg.make_alpha_source(SPEC), AdaptiveAlpha)
+    assert cfg.make_alpha_source(SPEC) is not cfg.make_alpha_source(SPEC)        # stateful: one per pool
+    ruled = PluginConfig.from_env({"MARCONI_VLLM_POLICY": "marconi", "MARCONI_VLLM_ALPHA": "adaptive",
+                                   "MARCONI_VLLM_ADAPTIVE_RULES": "lru/a1m"})
+    assert [r.label() for r in ruled.make_alpha_source(SPEC).rules] == ["lru", "a1m"]
+    assert PluginConfig.from_env(ruled.to_env()) == ruled
+    for bad, match in (({"MARCONI_VLLM_ALPHA": "adaptive", "MARCONI_VLLM_EFFICIENCY": "marginal"}, "choose the efficiency"),
+                       ({"MARCONI_VLLM_ALPHA": "adaptive", "MARCONI_VLLM_ALPHA_SOURCE": "m:f"}, "keep one"),
+                       ({"MARCONI_VLLM_ALPHA": "adaptive", "MARCONI_VLLM_ADAPTIVE_RULES": "lru/a1mi"}, "no counterpart"),
+                       ({"MARCONI_VLLM_ALPHA": "adaptive", "MARCONI_VLLM_ADAPTIVE_RULES": "lru/x"}, "a<alpha>"),
+                       ({"MARCONI_VLLM_ALPHA": "0.5", "MARCONI_VLLM_ADAPTIVE_RULES": "lru/a1m"}, "needs"),
+                       ({"MARCONI_VLLM_ALPHA": "adaptiv"}, "number >= 0 or adaptive")):
+        with pytest.raises(ConfigError, match=match):
+            PluginConfig.from_env({"MARCONI_VLLM_POLICY": "marconi", **bad})
+
+
+def test_block_rules_of_the_adaptive_family() -> None:
+    """lru -> alpha 0; aXm -> alpha X, marginal; aX -> alpha X, whole-prefix; the rest has no block form."""
+    assert [block_rule(r) for r in parse_rules("default")] == [(0.0, None), (0.5, "marginal"), (2.0, "marginal")]
+    assert block_rule(EvictionRule.from_label("a1")) == (1.0, "total")
+    assert block_rule(EvictionRule.from_label("a0")) == (0.0, None)
+    for label in ("a1mi", "a2lp", "a0.5ml"):
+        with pytest.raises(ConfigError, match="no counterpart"):
+            block_rule(EvictionRule.from_label(label))
+
+
+class _Switch:
+    """A source whose rule the test sets."""
+
+    def __init__(self) -> None:
+        self.rule: tuple[float, str | None] = (0.0, None)
+
+    def alpha(self) -> float:
+        return self.rule[0]
+
+    def efficiency(self) -> str | None:
+        return self.rule[1]
+
+    def observe(self, event: RequestObservation) -> None:
+        self.rule = (100.0, event.output_token_ids[0] and "marginal" or "total")
+
+
+def test_the_sources_efficiency_decides_at_each_eviction() -> None:
+    """A deep prefix saves the most FLOPs of its whole prefix per byte (total) but the fewest of its
+    own block per byte (marginal): switching the variant flips the victim, without rebuilding."""
+    source = _Switch()
+    st = BlockEvictionState(SPEC, KINDS, 64, B, source)
+    deep = Chain(st, "deep", 1).add(16, states=(256,))
+    shallow = Chain(st, "shallow", 40).add(1, states=(16,))
+    shallow.release_all()
+    deep.release_all()                       # the deep chain is the more recent: LRU evicts the shallow one
+    shallow_ids = {shallow.attn[16], *shallow.mamba[16]}
+    deep_ids = {deep.attn[256], *deep.mamba[256]}
+    assert st.next_victim().block_id in shallow_ids                     # alpha 0
+    assert st.finished(RequestObservation([1], [0], 0, 0)) == (100.0, "total")
+    assert st.next_victim().block_id in shallow_ids
+    assert st.finished(RequestObservation([1], [0], 0, 0)) is None      # no change, nothing to trace
+    assert st.finished(RequestObservation([1], [1], 0, 0)) == (100.0, "marginal")
+    assert st.next_victim().block_id in deep_ids
+    assert np.array_equal(st.flop_eff, st.flop_eff_of("total"))         # the configured variant
+    st.check_invariants()
+
+
+def test_adaptive_alpha_follows_the_shadows_live_rule() -> None:
+    """The source feeds finished requests to a size-only adaptive-Marconi cache of the pool's bytes
+    and answers with its live rule, mapped to blocks; on a contended agent trace it switches."""
+    from marconi.cache import PrefixCache
+    from marconi.workloads import build_workload
+
+    spec = ModelSpec.from_hf_config({"model_type": "qwen3_next", **PRESETS["qwen3_next-tiny"][1],
+                                     "torch_dtype": "bfloat16"}, name="qwen3_next-tiny")
+    source = AdaptiveAlpha()
+    assert (source.alpha(), source.efficiency()) == (0.0, None)          # lru before any request
+    st = BlockEvictionState(spec, (MAMBA, MAMBA, MAMBA, ATTENTION), 100, 384, source)
+    capacity = pool_capacity_bytes(spec, 100, 384)
+    assert capacity == 99 * layout_for_spec(spec, num_blocks=100, block_size=384).block_bytes
+    assert source.cache is not None and source.cache.capacity_bytes == capacity
+    twin = PrefixCache(spec, capacity, "marconi", "adaptive")            # the project's default, by name
+    seen = set()
+    for req in list(build_workload("swe-sample:max_input_len=8192"))[:60]:
+        changed = st.finished(RequestObservation(req.input_tokens, req.output_tokens, 0, 0))
+        twin.process(req.input_tokens, req.output_tokens)
+        assert source.rule == twin.eviction.rule
+        assert (source.alpha(), source.efficiency()) == block_rule(twin.eviction.rule)
+        assert changed is None or changed == (source.alpha(), source.efficiency() or "total")
+        seen.add(source.rule.label())
+    assert len(seen) >= 2, "the shadow never switched: the test trace is not contended enough"
+    assert source.tuning_record()["rule_switches"] == twin.tuner.tuning_record()["rule_switches"]
+    with pytest.raises(ConfigError, match="one block pool"):
+        source.bind(st)
+    with pytest.raises(ConfigError, match="cannot be built"):
+        BlockEvictionState(spec, (MAMBA, MAMBA, MAMBA, ATTENTION), 2, 16, AdaptiveAlpha())
 
 
 def test_invariants_hold_under_random_event_sequences() -> None:

@@ -4,8 +4,9 @@ The bench
 
 1. builds the tiny random-weight model with the project's code, in the vLLM environment (once);
 2. starts one ``python -m vllm.entrypoints.openai.api_server`` on 127.0.0.1 per policy (``lru``:
-   stock vLLM, the plugin not loaded; ``marconi``: the plugin's FLOP-aware eviction), each with
-   the same fixed block pool, small enough that eviction matters (``--blocks``);
+   stock vLLM, the plugin not loaded; ``marconi``: the plugin's FLOP-aware eviction with
+   ``--alpha``; ``marconi:alpha=X``: with α = X, a number or ``adaptive``), each with the same fixed
+   block pool, small enough that eviction matters (``--blocks``);
 3. replays a bundled trace through the completions API — each turn's input is the trace's input
    as token ids, ``max_tokens`` its output length, ``ignore_eos``, greedy — with a streaming
    client, a session's turns in order. At ``--concurrency 1`` the servers take turns request by
@@ -36,20 +37,22 @@ import zlib
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import numpy as np
 
 from marconi.model import ModelSpec
 from marconi.registry import ConfigError
-from marconi.vllm.config import PluginConfig
+from marconi.registry import parse_name, split_name_list
+from marconi.vllm.config import ADAPTIVE, PluginConfig, parse_alpha
 from marconi.vllm.emulate import VllmAlignEngine, layout_for_spec
 from marconi.vllm.models import BLOCK_SIZES, NEEDS_MAMBA2_CPU_FIX, PRESETS
 from marconi.vllm.policy import DEFAULT_ALPHA
 from marconi.workloads.trace import Request
 
-__all__ = ["BenchConfig", "BenchOutcome", "RunResult", "select_requests", "run_bench", "emulate_run",
-           "bench_table", "plot_ttft_cdf", "write_fixture", "read_fixture", "encode_ids", "decode_ids"]
+__all__ = ["BenchConfig", "BenchOutcome", "RunResult", "EmulatedRun", "select_requests", "run_bench", "emulate_run",
+           "policy_arm", "parse_policies", "alpha_changes", "bench_table", "plot_ttft_cdf", "write_fixture",
+           "read_fixture", "encode_ids", "decode_ids"]
 
 Progress = Callable[[str], None]
 
@@ -66,8 +69,8 @@ class BenchConfig:
     num_requests: int | None = None
     max_output_len: int | None = None
     num_blocks: int = 150
-    policies: tuple[str, ...] = ("lru", "marconi")
-    alpha: float = DEFAULT_ALPHA
+    policies: tuple[str, ...] = ("lru", "marconi")   # "lru", "marconi" (α = alpha) or "marconi:alpha=X"
+    alpha: float | str = DEFAULT_ALPHA                # a number or "adaptive"
     concurrency: int = 1
     max_num_batched_tokens: int = 2048
     prefix_match_unit: int | None = None
@@ -78,20 +81,38 @@ class BenchConfig:
     def __post_init__(self) -> None:
         if self.model not in PRESETS:
             raise ConfigError(f"unknown model preset {self.model!r}; presets: {', '.join(PRESETS)}")
-        bad = [p for p in self.policies if p not in ("lru", "marconi")]
-        if bad or not self.policies:
-            raise ConfigError(f"policies must be lru and/or marconi, got {list(self.policies)}")
+        object.__setattr__(self, "alpha", parse_alpha(self.alpha, "--alpha"))
+        if not self.policies:
+            raise ConfigError("give at least one policy: lru, marconi or marconi:alpha=X")
+        arms = [policy_arm(p, self.alpha) for p in self.policies]     # validates each
+        if len(set(arms)) != len(arms):
+            raise ConfigError(f"policies {list(self.policies)} name the same server twice")
         if self.concurrency < 1 or self.num_blocks < 2 or self.max_input_len < 2:
             raise ConfigError("concurrency must be >= 1, blocks >= 2, max input length >= 2")
         if self.num_requests is not None and self.num_requests < 1:
             raise ConfigError("num_requests must be >= 1")
         if self.max_output_len is not None and self.max_output_len < 1:
             raise ConfigError("max_output_len must be >= 1")
-        PluginConfig(policy="marconi", alpha=self.alpha)   # validates alpha
 
     @property
     def block_size(self) -> int:
         return BLOCK_SIZES[self.model]
+
+
+def policy_arm(text: str, default_alpha: float | str = DEFAULT_ALPHA) -> tuple[str, float | str | None]:
+    """``"lru"`` -> ("lru", None); ``"marconi"`` -> ("marconi", default α); ``"marconi:alpha=adaptive"``
+    -> ("marconi", "adaptive"). ConfigError for anything else."""
+    parsed = parse_name(text)
+    if parsed.name == "lru" and not parsed.params:
+        return "lru", None
+    if parsed.name != "marconi" or set(parsed.params) - {"alpha"}:
+        raise ConfigError(f"policy {text!r}: write lru, marconi or marconi:alpha=X (X a number or {ADAPTIVE})")
+    return "marconi", parse_alpha(parsed.params.get("alpha", default_alpha), f"{text}: alpha")
+
+
+def parse_policies(text: str) -> tuple[str, ...]:
+    """``--policies``: a comma list (``lru,marconi:alpha=0.5,marconi:alpha=adaptive``)."""
+    return tuple(split_name_list(text))
 
 
 def max_tokens(request: Request) -> int:
@@ -137,11 +158,13 @@ class RunResult:
     startup_s: float
     wall_s: float
     settings: dict[str, Any] = field(default_factory=dict)
+    alpha_changes: list[list[Any]] | None = None      # from the plugin's block trace (see alpha_changes)
 
 
-def _plugin_env(config: BenchConfig, policy: str, trace_path: Path) -> tuple[dict[str, str], str]:
+def _plugin_env(config: BenchConfig, label: str, trace_path: Path) -> tuple[dict[str, str], str]:
+    policy, alpha = policy_arm(label, config.alpha)
     if policy == "marconi":
-        return PluginConfig(policy="marconi", alpha=config.alpha, trace_path=str(trace_path)).to_env(), "marconi"
+        return PluginConfig(policy="marconi", alpha=alpha, trace_path=str(trace_path)).to_env(), "marconi"
     if config.model in NEEDS_MAMBA2_CPU_FIX:          # stock eviction, but the model must run at all
         return {"MARCONI_VLLM_POLICY": "", "MARCONI_VLLM_MAMBA2_CPU_FIX": "auto"}, "cpu-fix-only"
     return {}, "absent"
@@ -165,7 +188,7 @@ def serve_runs(config: BenchConfig, model_dir: Path, requests: Sequence[Request]
     plugins: dict[str, str] = {}
     traces: dict[str, Path] = {}
     for policy in config.policies:
-        traces[policy] = work / f"blocks-{policy}.jsonl"
+        traces[policy] = work / f"blocks-{_file_label(policy)}.jsonl"
         traces[policy].unlink(missing_ok=True)
         env, plugins[policy] = _plugin_env(config, policy, traces[policy])
         server_config = ServerConfig(python=config.vllm_python, model_dir=str(model_dir),
@@ -175,7 +198,7 @@ def serve_runs(config: BenchConfig, model_dir: Path, requests: Sequence[Request]
                                      block_size=config.block_size, max_num_seqs=max(8, config.concurrency),
                                      prefix_match_unit=config.prefix_match_unit,
                                      retention_interval=config.retention_interval, plugin_env=env)
-        servers[policy] = VllmServer(server_config, log_path=work / f"server-{policy}.log")
+        servers[policy] = VllmServer(server_config, log_path=work / f"server-{_file_label(policy)}.log")
     results: dict[str, list[Any]] = {}
     walls: dict[str, float] = {}
     metrics: dict[str, dict[str, float]] = {}
@@ -205,8 +228,35 @@ def serve_runs(config: BenchConfig, model_dir: Path, requests: Sequence[Request]
         res = results[policy]
         runs.append(RunResult(policy, plugins[policy], [r.cached_tokens for r in res], [r.output for r in res],
                               [r.ttft_s for r in res], [r.tpot_s for r in res], [r.latency_s for r in res],
-                              metrics[policy], server.startup_s, walls[policy], _settings(traces[policy])))
+                              metrics[policy], server.startup_s, walls[policy], _settings(traces[policy]),
+                              _trace_alpha_changes(traces[policy])))
     return runs
+
+
+def _file_label(policy: str) -> str:
+    """A policy label as a file name part: ``marconi:alpha=adaptive`` -> ``marconi-alpha-adaptive``."""
+    return "".join(c if c.isalnum() or c in "._" else "-" for c in policy)
+
+
+def alpha_changes(events: Any) -> list[list[Any]]:
+    """``[[request, alpha, efficiency], ...]`` from a block trace's ``alpha`` events: the rule the
+    α source switched to after request ``request`` (0-based, in admission order) finished."""
+    out: list[list[Any]] = []
+    num_lookups = 0
+    for event in events:
+        if event[0] == "lookup":
+            num_lookups += 1
+        elif event[0] == "alpha":
+            out.append([num_lookups - 1, float(event[1]), event[2]])
+    return out
+
+
+def _trace_alpha_changes(trace_path: Path) -> list[list[Any]] | None:
+    """The α changes in a server's block trace (None without a trace: the plugin was not on)."""
+    if not trace_path.is_file():
+        return None
+    with trace_path.open() as fh:
+        return alpha_changes(json.loads(line) for line in fh if line.startswith('["lookup"') or line.startswith('["alpha"'))
 
 
 def _settings(trace_path: Path) -> dict[str, Any]:
@@ -292,15 +342,29 @@ def _replay(server: Any, model: str, requests: Sequence[Request], concurrency: i
 
 
 # ====================================================================================== emulation
+class EmulatedRun(NamedTuple):
+    hits: list[int]                      # per request, vLLM's num_cached_tokens as emulated
+    evictions: dict[str, int]            # "<group kind>:<reason>" -> blocks
+    alpha_changes: list[list[Any]]       # [[request, alpha, efficiency], ...] (adaptive α; else empty)
+
+
 def emulate_run(spec: ModelSpec, config: BenchConfig, requests: Sequence[Request],
-                outputs: Sequence[Sequence[int]], policy: str) -> tuple[list[int], dict[str, int]]:
-    """Per-request hits of the ``vllm-align`` emulation on these prompts and outputs."""
+                outputs: Sequence[Sequence[int]], policy: str) -> EmulatedRun:
+    """The ``vllm-align`` emulation of one bench server (``policy``: its label, as in
+    ``config.policies``) on these prompts and outputs; a fresh α source, as a fresh server has."""
     layout = layout_for_spec(spec, num_blocks=config.num_blocks, block_size=config.block_size,
                              max_num_batched_tokens=config.max_num_batched_tokens,
                              prefix_match_unit=config.prefix_match_unit, retention_interval=config.retention_interval)
-    engine = VllmAlignEngine(layout, spec, eviction=policy, alpha=config.alpha)
-    hits = [engine.run(r.input_tokens, np.asarray(o, dtype=np.int32)).hit_len for r, o in zip(requests, outputs)]
-    return hits, dict(engine.pool.stats.evictions)
+    eviction, alpha = policy_arm(policy, config.alpha)
+    engine = VllmAlignEngine(layout, spec, eviction=eviction, alpha=DEFAULT_ALPHA if alpha is None else alpha)
+    events: list[tuple[Any, ...]] = []
+    engine.pool.trace = events
+    hits = []
+    for r, o in zip(requests, outputs):
+        hits.append(engine.run(r.input_tokens, np.asarray(o, dtype=np.int32)).hit_len)
+        if len(events) > 4096:        # keep only what alpha_changes reads
+            events[:] = [e for e in events if e[0] in ("lookup", "alpha")]
+    return EmulatedRun(hits, dict(engine.pool.stats.evictions), alpha_changes(events))
 
 
 def _pct(values: Sequence[float], q: float) -> float | None:
@@ -314,18 +378,19 @@ def _mean(values: Sequence[float | None]) -> float | None:
 
 
 def make_record(config: BenchConfig, trace_info: dict[str, Any], spec: ModelSpec, requests: Sequence[Request],
-                indices: Sequence[int], run: RunResult, sim_hits: Sequence[int], sim_evictions: dict[str, int],
-                sim_trace_hits: Sequence[int]) -> dict[str, Any]:
+                indices: Sequence[int], run: RunResult, sim: EmulatedRun, sim_trace_hits: Sequence[int]) -> dict[str, Any]:
     prompt_tokens = int(sum(r.input_len for r in requests))
     queries = run.metrics.get("vllm:prefix_cache_queries_total", 0.0)
     hits = run.metrics.get("vllm:prefix_cache_hits_total", 0.0)
     token_hit = hits / queries if queries else 0.0
+    sim_hits = sim.hits
     sim_rate = sum(sim_hits) / prompt_tokens
     matches = sum(int(a == b) for a, b in zip(run.cached_tokens, sim_hits))
+    policy, alpha = policy_arm(run.policy, config.alpha)
     marconi = {k.removeprefix("marconi:"): v for k, v in run.metrics.items() if k.startswith("marconi:")}
     return {
-        "engine": "vllm", "policy": run.policy, "plugin": run.plugin, "model": config.model,
-        "alpha": config.alpha if run.policy == "marconi" else None,
+        "engine": "vllm", "policy": policy, "arm": run.policy, "plugin": run.plugin, "model": config.model,
+        "alpha": alpha,
         **trace_info, "num_requests": len(requests), "prompt_tokens": prompt_tokens,
         "output_tokens": int(sum(len(o) for o in run.outputs)),
         "block_size": config.block_size, "num_blocks": config.num_blocks,
@@ -338,7 +403,8 @@ def make_record(config: BenchConfig, trace_info: dict[str, Any], spec: ModelSpec
         "ttft_p95_s": _pct(run.ttft_s, 95), "ttft_p99_s": _pct(run.ttft_s, 99),
         "ttft_mean_s": float(np.mean(run.ttft_s)), "tpot_p50_s": _pct(run.tpot_s, 50), "tpot_mean_s": _mean(run.tpot_s),
         "sim_token_hit_rate": sim_rate, "emulation_error_pp": 100.0 * (sim_rate - token_hit),
-        "emulation_requests_exact": matches, "sim_evictions": sim_evictions,
+        "emulation_requests_exact": matches, "sim_evictions": sim.evictions,
+        "alpha_changes": run.alpha_changes, "sim_alpha_changes": sim.alpha_changes if alpha == ADAPTIVE else None,
         "sim_trace_token_hit_rate": sum(sim_trace_hits) / prompt_tokens,
         "marconi_counters": marconi, "server_settings": run.settings,
         "startup_s": run.startup_s, "wall_s": run.wall_s, "model_spec": spec.describe(),
@@ -385,9 +451,9 @@ def run_bench(config: BenchConfig, progress: Progress | None = None) -> BenchOut
     records, runs = [], []
     for run in serve_runs(config, model_dir, requests, say):
         policy = run.policy
-        sim_hits, sim_evictions = emulate_run(spec, config, requests, run.outputs, policy)
-        sim_trace_hits, _ = emulate_run(spec, config, requests, [r.output_tokens for r in requests], policy)
-        rec = make_record(config, trace_info, spec, requests, indices, run, sim_hits, sim_evictions, sim_trace_hits)
+        sim = emulate_run(spec, config, requests, run.outputs, policy)
+        sim_trace_hits = emulate_run(spec, config, requests, [r.output_tokens for r in requests], policy).hits
+        rec = make_record(config, trace_info, spec, requests, indices, run, sim, sim_trace_hits)
         say(f"[{policy}] vLLM token hit rate {100 * rec['token_hit_rate']:.2f}%, emulation "
             f"{100 * rec['sim_token_hit_rate']:.2f}% ({rec['emulation_error_pp']:+.2f} pp, "
             f"{rec['emulation_requests_exact']}/{len(requests)} requests exact), TTFT P50 "
@@ -398,7 +464,7 @@ def run_bench(config: BenchConfig, progress: Progress | None = None) -> BenchOut
 
 
 def bench_table(records: Sequence[dict[str, Any]]) -> str:
-    from marconi.tables import fmt_s, format_table, pct
+    from marconi.report import fmt_pct, fmt_seconds, format_table
 
     rows = []
     for rec in records:
@@ -410,27 +476,22 @@ def bench_table(records: Sequence[dict[str, Any]]) -> str:
             int(sum(rec["sim_evictions"].values()))
         rows.append(row)
     return format_table(rows, [
-        ("policy", "policy", None), ("plugin", "plugin", None), ("requests", "num_requests", None),
-        ("vLLM token hit", "token_hit_rate", pct), ("emulated", "sim_token_hit_rate", pct), ("error", "_err", None),
+        ("policy", "arm", None), ("plugin", "plugin", None), ("requests", "num_requests", None),
+        ("vLLM token hit", "token_hit_rate", fmt_pct), ("emulated", "sim_token_hit_rate", fmt_pct), ("error", "_err", None),
         ("exact req", "_exact", None), ("evicted blocks", "_evicted", None),
-        ("TTFT P50", "ttft_p50_s", fmt_s), ("TTFT P90", "ttft_p90_s", fmt_s), ("TTFT P95", "ttft_p95_s", fmt_s),
-        ("TTFT P99", "ttft_p99_s", fmt_s), ("TPOT mean", "tpot_mean_s", fmt_s)])
+        ("TTFT P50", "ttft_p50_s", fmt_seconds), ("TTFT P90", "ttft_p90_s", fmt_seconds), ("TTFT P95", "ttft_p95_s", fmt_seconds),
+        ("TTFT P99", "ttft_p99_s", fmt_seconds), ("TPOT mean", "tpot_mean_s", fmt_seconds)])
 
 
 def plot_ttft_cdf(records: Sequence[dict[str, Any]], path: str | Path) -> Path:
-    """One CDF of per-request TTFT per policy (PNG)."""
-    import matplotlib
+    """One CDF of per-request TTFT per policy (PNG, written atomically)."""
+    from marconi.report import pyplot, save_figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, ax = pyplot().subplots(figsize=(6, 4))
     for rec in records:
         ttft = np.sort(np.asarray(rec["per_request"]["ttft_s"], dtype=np.float64)) * 1000
         y = np.arange(1, len(ttft) + 1) / len(ttft)
-        ax.step(ttft, y, where="post", label=f"{rec['policy']} (hit {100 * rec['token_hit_rate']:.1f}%)")
+        ax.step(ttft, y, where="post", label=f"{rec.get('arm', rec['policy'])} (hit {100 * rec['token_hit_rate']:.1f}%)")
     ax.set_xscale("log")
     ax.set_xlabel("TTFT (ms, client-side)")
     ax.set_ylabel("fraction of requests")
@@ -439,11 +500,7 @@ def plot_ttft_cdf(records: Sequence[dict[str, Any]], path: str | Path) -> Path:
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=120)
-    plt.close(fig)
-    tmp.replace(path)
-    return path
+    return save_figure(fig, path, dpi=120)
 
 
 # ====================================================================================== fixture
@@ -466,6 +523,7 @@ def write_fixture(path: str | Path, config: BenchConfig, outcome: BenchOutcome, 
         "block_size": config.block_size, "requests": list(outcome.indices),
         "max_tokens": [max_tokens(r) for r in requests],
         "runs": [{"policy": run.policy, "plugin": run.plugin, "cached_tokens": run.cached_tokens,
+                  "alpha_changes": run.alpha_changes,
                   "outputs": [encode_ids(o) for o in run.outputs],
                   "prefix_cache_queries": run.metrics.get("vllm:prefix_cache_queries_total"),
                   "prefix_cache_hits": run.metrics.get("vllm:prefix_cache_hits_total")} for run in runs],

@@ -2,7 +2,7 @@
 
     marconi vllm bench [--vllm-python .venv-vllm/bin/python] [--model qwen3_next-tiny] [--trace swe-sample]
                        [--max-input-len 8192] [--num-requests N] [--max-output-len N] [--blocks 150]
-                       [--policies lru,marconi] [--alpha 0.5] [--concurrency 1]
+                       [--policies lru,marconi[,marconi:alpha=adaptive]] [--alpha 0.5|adaptive] [--concurrency 1]
                        [--out results/vllm_bench.jsonl] [--plot results/vllm_bench_ttft_cdf.png]
                        [--record-fixture FILE]
 
@@ -37,8 +37,12 @@ def register(subparsers: Any) -> None:
     bench.add_argument("--num-requests", type=int, default=None, help="replay only the first N requests")
     bench.add_argument("--max-output-len", type=int, default=None, help="cap each request's max_tokens")
     bench.add_argument("--blocks", type=int, default=150, help="vLLM's block pool (--num-gpu-blocks-override)")
-    bench.add_argument("--policies", default="lru,marconi", help="comma list: lru (stock vLLM), marconi (plugin)")
-    bench.add_argument("--alpha", type=float, default=DEFAULT_ALPHA, help="Marconi's alpha (fixed; default %(default)s)")
+    bench.add_argument("--policies", default="lru,marconi",
+                       help="comma list, one server each: lru (stock vLLM), marconi (the plugin, alpha from --alpha), "
+                            "marconi:alpha=X (X a number or adaptive), e.g. lru,marconi,marconi:alpha=adaptive")
+    bench.add_argument("--alpha", default=str(DEFAULT_ALPHA),
+                       help="the plugin's alpha for plain 'marconi': a number >= 0, or adaptive (adaptive Marconi's "
+                            "live rule picks alpha and efficiency online); default %(default)s")
     bench.add_argument("--concurrency", type=int, default=1,
                        help="requests in flight (1: one at a time, which the emulation models exactly)")
     bench.add_argument("--max-num-batched-tokens", type=int, default=2048)
@@ -56,12 +60,12 @@ def register(subparsers: Any) -> None:
 
 def _cmd_bench(args: argparse.Namespace) -> int:
     from marconi.sim.sweep import write_records
-    from marconi.vllm.bench import BenchConfig, bench_table, plot_ttft_cdf, run_bench, write_fixture
+    from marconi.vllm.bench import BenchConfig, bench_table, parse_policies, plot_ttft_cdf, run_bench, write_fixture
 
     config = BenchConfig(vllm_python=args.vllm_python, model=args.model, trace=args.trace,
                          max_input_len=args.max_input_len, num_requests=args.num_requests,
                          max_output_len=args.max_output_len, num_blocks=args.blocks,
-                         policies=tuple(p.strip() for p in args.policies.split(",") if p.strip()), alpha=args.alpha,
+                         policies=parse_policies(args.policies), alpha=args.alpha,
                          concurrency=args.concurrency, max_num_batched_tokens=args.max_num_batched_tokens,
                          prefix_match_unit=args.prefix_match_unit,
                          retention_interval=None if args.retention.strip().lower() == "none" else int(args.retention),

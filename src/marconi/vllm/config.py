@@ -9,10 +9,14 @@ variable                           meaning
 ``MARCONI_VLLM_POLICY``            unset/empty: the plugin changes nothing (stock vLLM);
                                    ``lru``: vLLM's own eviction, observed (counters, trace);
                                    ``marconi``: FLOP-aware eviction among cached free blocks
-``MARCONI_VLLM_ALPHA``             α, a number >= 0 (default 0.5)
+``MARCONI_VLLM_ALPHA``             α, a number >= 0 (default 0.5), or ``adaptive``: α and efficiency
+                                   follow adaptive Marconi's live rule (:mod:`marconi.vllm.adaptive`)
+``MARCONI_VLLM_ADAPTIVE_RULES``    with ``adaptive``: the rule family (default ``lru/a0.5m/a2m``)
 ``MARCONI_VLLM_ALPHA_SOURCE``      ``module:factory`` returning an :class:`~marconi.vllm.policy.AlphaSource`
-                                   (called as ``factory(spec, config)``); overrides ``MARCONI_VLLM_ALPHA``
-``MARCONI_VLLM_EFFICIENCY``        ``total`` (default, the paper's) or ``marginal``
+                                   (called as ``factory(spec, config)``); overrides a numeric
+                                   ``MARCONI_VLLM_ALPHA`` (with ``adaptive`` it is an error)
+``MARCONI_VLLM_EFFICIENCY``        ``total`` (default, the paper's) or ``marginal``; not with
+                                   ``adaptive`` (its rules name their own)
 ``MARCONI_VLLM_TRACE``             a path: the engine core appends every block-pool event as JSONL
 ``MARCONI_VLLM_MAMBA2_CPU_FIX``    ``auto`` (default) or ``off``: see :mod:`marconi.vllm.plugin`
 =================================  =================================================================
@@ -29,60 +33,103 @@ from typing import Any, Callable, Mapping
 from marconi.registry import ConfigError
 from marconi.vllm.policy import DEFAULT_ALPHA, EFFICIENCIES, POLICIES, AlphaSource, FixedAlpha
 
-__all__ = ["PluginConfig", "ENV_POLICY", "ENV_ALPHA", "ENV_ALPHA_SOURCE", "ENV_EFFICIENCY", "ENV_TRACE",
-           "ENV_MAMBA2_CPU_FIX"]
+__all__ = ["PluginConfig", "ENV_POLICY", "ENV_ALPHA", "ENV_ADAPTIVE_RULES", "ENV_ALPHA_SOURCE", "ENV_EFFICIENCY",
+           "ENV_TRACE", "ENV_MAMBA2_CPU_FIX", "ADAPTIVE", "parse_alpha"]
 
 ENV_POLICY = "MARCONI_VLLM_POLICY"
 ENV_ALPHA = "MARCONI_VLLM_ALPHA"
+ENV_ADAPTIVE_RULES = "MARCONI_VLLM_ADAPTIVE_RULES"
 ENV_ALPHA_SOURCE = "MARCONI_VLLM_ALPHA_SOURCE"
 ENV_EFFICIENCY = "MARCONI_VLLM_EFFICIENCY"
 ENV_TRACE = "MARCONI_VLLM_TRACE"
 ENV_MAMBA2_CPU_FIX = "MARCONI_VLLM_MAMBA2_CPU_FIX"
+#: The value of ``MARCONI_VLLM_ALPHA`` / ``vllm-align:alpha=`` / ``--alpha`` that selects adaptive α.
+ADAPTIVE = "adaptive"
+DEFAULT_RULES = "default"
 
+
+def parse_alpha(raw: Any, where: str = ENV_ALPHA) -> float | str:
+    """α as configured: a finite number >= 0, or ``"adaptive"``. ``where`` names the setting in errors."""
+    if isinstance(raw, str):
+        text = raw.strip().lower()
+        if text == ADAPTIVE:
+            return ADAPTIVE
+        try:
+            raw = float(text)
+        except ValueError:
+            raise ConfigError(f"{where}={raw!r}: write a number >= 0 or {ADAPTIVE}") from None
+    if isinstance(raw, bool) or not isinstance(raw, (int, float)) or not math.isfinite(raw) or raw < 0:
+        raise ConfigError(f"{where}={raw!r}: alpha must be a finite number >= 0 or {ADAPTIVE}")
+    return float(raw)
 
 
 @dataclass(frozen=True, slots=True)
 class PluginConfig:
-    """What the plugin does in this process. ``policy=None``: nothing (stock vLLM)."""
+    """What the plugin does in this process. ``policy=None``: nothing (stock vLLM).
+
+    ``alpha`` is a number or ``"adaptive"`` (then ``adaptive_rules`` is the family and the rules
+    choose the efficiency; ``efficiency`` stays at its default)."""
 
     policy: str | None = None
-    alpha: float = DEFAULT_ALPHA
+    alpha: float | str = DEFAULT_ALPHA
     alpha_source: str | None = None
     efficiency: str = "total"
     trace_path: str | None = None
     mamba2_cpu_fix: bool = True
+    adaptive_rules: str = DEFAULT_RULES
 
     def __post_init__(self) -> None:
         if self.policy is not None and self.policy not in POLICIES:
             raise ConfigError(f"{ENV_POLICY}={self.policy!r}: choose one of {', '.join(POLICIES)} (or leave it "
                               "unset for stock vLLM)")
-        if not math.isfinite(self.alpha) or self.alpha < 0:
-            raise ConfigError(f"{ENV_ALPHA}={self.alpha!r}: alpha must be a finite number >= 0")
+        object.__setattr__(self, "alpha", parse_alpha(self.alpha))
         if self.efficiency not in EFFICIENCIES:
             raise ConfigError(f"{ENV_EFFICIENCY}={self.efficiency!r}: choose one of {', '.join(EFFICIENCIES)}")
         if self.alpha_source is not None and ":" not in self.alpha_source:
             raise ConfigError(f"{ENV_ALPHA_SOURCE}={self.alpha_source!r}: write module:factory")
+        if self.adaptive:
+            if self.alpha_source is not None:
+                raise ConfigError(f"{ENV_ALPHA}={ADAPTIVE} and {ENV_ALPHA_SOURCE}={self.alpha_source!r} both name "
+                                  "the alpha source: keep one")
+            if self.efficiency != "total":
+                raise ConfigError(f"{ENV_ALPHA}={ADAPTIVE}: its rules choose the efficiency (lru/a0.5m/a2m: "
+                                  f"marginal); unset {ENV_EFFICIENCY}")
+            from marconi.vllm.adaptive import AdaptiveAlpha
+
+            AdaptiveAlpha(self.adaptive_rules)           # every rule must map onto the block policy
+        elif self.adaptive_rules != DEFAULT_RULES:
+            raise ConfigError(f"{ENV_ADAPTIVE_RULES}={self.adaptive_rules!r} needs {ENV_ALPHA}={ADAPTIVE}")
+
+    @property
+    def adaptive(self) -> bool:
+        return self.alpha == ADAPTIVE
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "PluginConfig":
         env = os.environ if env is None else env
         policy = env.get(ENV_POLICY, "").strip().lower() or None
         raw_alpha = env.get(ENV_ALPHA, "").strip()
-        try:
-            alpha = float(raw_alpha) if raw_alpha else DEFAULT_ALPHA
-        except ValueError:
-            raise ConfigError(f"{ENV_ALPHA}={raw_alpha!r}: not a number") from None
+        alpha = parse_alpha(raw_alpha) if raw_alpha else DEFAULT_ALPHA
         fix = env.get(ENV_MAMBA2_CPU_FIX, "auto").strip().lower()
         if fix not in ("auto", "off"):
             raise ConfigError(f"{ENV_MAMBA2_CPU_FIX}={fix!r}: choose auto or off")
+        efficiency = env.get(ENV_EFFICIENCY, "").strip().lower()
+        if alpha == ADAPTIVE and efficiency:
+            raise ConfigError(f"{ENV_ALPHA}={ADAPTIVE}: its rules choose the efficiency (lru/a0.5m/a2m: marginal); "
+                              f"unset {ENV_EFFICIENCY}={efficiency!r}")
         return cls(policy=policy, alpha=alpha, alpha_source=env.get(ENV_ALPHA_SOURCE, "").strip() or None,
-                   efficiency=env.get(ENV_EFFICIENCY, "total").strip().lower() or "total",
-                   trace_path=env.get(ENV_TRACE, "").strip() or None, mamba2_cpu_fix=fix == "auto")
+                   efficiency=efficiency or "total", trace_path=env.get(ENV_TRACE, "").strip() or None,
+                   mamba2_cpu_fix=fix == "auto",
+                   adaptive_rules=env.get(ENV_ADAPTIVE_RULES, "").strip() or DEFAULT_RULES)
 
     def to_env(self) -> dict[str, str]:
         """The environment that reproduces this configuration (for launching a server)."""
-        env = {ENV_POLICY: self.policy or "", ENV_ALPHA: repr(self.alpha), ENV_EFFICIENCY: self.efficiency,
+        env = {ENV_POLICY: self.policy or "", ENV_ALPHA: str(self.alpha) if self.adaptive else repr(self.alpha),
                ENV_MAMBA2_CPU_FIX: "auto" if self.mamba2_cpu_fix else "off"}
+        if self.adaptive:
+            env[ENV_ADAPTIVE_RULES] = self.adaptive_rules
+        else:
+            env[ENV_EFFICIENCY] = self.efficiency
         if self.alpha_source:
             env[ENV_ALPHA_SOURCE] = self.alpha_source
         if self.trace_path:
@@ -90,8 +137,14 @@ class PluginConfig:
         return env
 
     def make_alpha_source(self, spec: Any) -> AlphaSource:
-        """The configured α source: ``factory(spec, config)`` if given, else a fixed α."""
+        """A fresh α source as configured (sources keep state: one per pool): ``factory(spec, config)``
+        if given, adaptive Marconi's, or a fixed α."""
+        if self.adaptive:
+            from marconi.vllm.adaptive import AdaptiveAlpha
+
+            return AdaptiveAlpha(self.adaptive_rules)
         if self.alpha_source is None:
+            assert isinstance(self.alpha, float)
             return FixedAlpha(self.alpha)
         module_name, _, attr = self.alpha_source.partition(":")
         try:
@@ -99,7 +152,8 @@ class PluginConfig:
         except (ImportError, AttributeError) as exc:
             raise ConfigError(f"{ENV_ALPHA_SOURCE}={self.alpha_source!r}: cannot load it ({exc})") from None
         source = factory(spec, self)
-        if not (callable(getattr(source, "alpha", None)) and callable(getattr(source, "observe", None))):
+        missing = [m for m in ("alpha", "efficiency", "observe") if not callable(getattr(source, m, None))]
+        if missing:
             raise ConfigError(f"{ENV_ALPHA_SOURCE}={self.alpha_source!r} returned {source!r}, which lacks "
-                              "alpha() and observe(event)")
+                              f"{', '.join(missing)} (an alpha source has alpha(), efficiency() and observe(event))")
         return source

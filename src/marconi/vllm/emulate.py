@@ -21,7 +21,9 @@ What vLLM does, in short (defaults: ``prefix_cache_retention_interval=0``, no EA
   are reused first. A hit takes its blocks out of the queue; released again, they are recent.
 
 Eviction is vLLM's LRU (``eviction=lru``) or the Marconi plugin's (``eviction=marconi``): the same
-:class:`~marconi.vllm.policy.BlockEvictionState` the plugin runs inside vLLM.
+:class:`~marconi.vllm.policy.BlockEvictionState` the plugin runs inside vLLM, with the same α source
+(fixed, or adaptive: fed each finished request at the same point as in the plugin, after its
+blocks are freed).
 
 With ``prefix_match_unit`` finer than the block, hits may land inside a block: each prompt's last
 hash boundary is registered as a partial entry (the prefill stops there so a state exists), and a
@@ -402,7 +404,7 @@ class _Request:
     """A request as the block manager sees it: its tokens, hashes and progress."""
 
     __slots__ = ("rid", "tokens", "num_prompt_tokens", "num_tokens", "num_computed_tokens", "hashes", "unit",
-                 "shared_prefix_boundary")
+                 "shared_prefix_boundary", "hit_len", "kv_only_len")
 
     def __init__(self, rid: int, tokens: np.ndarray, num_prompt_tokens: int, unit: int) -> None:
         self.rid = rid
@@ -413,6 +415,8 @@ class _Request:
         self.unit = unit
         self.hashes = prefix_hashes(tokens[:num_prompt_tokens], unit)
         self.shared_prefix_boundary = 0
+        self.hit_len = 0                 # set at admission, reported to the α source at the end
+        self.kv_only_len = 0
 
     def hash_at(self, depth: int) -> bytes:
         """Hash of ``tokens[:depth]`` (``depth`` a positive multiple of the hash unit)."""
@@ -725,13 +729,20 @@ class VllmAlignEngine:
     """
 
     def __init__(self, layout: VllmLayout, spec: ModelSpec, *, eviction: str = "lru",
-                 alpha: float | AlphaSource = DEFAULT_ALPHA, efficiency: str = "total") -> None:
+                 alpha: float | str | AlphaSource = DEFAULT_ALPHA, efficiency: str = "total") -> None:
+        """``alpha``: a number, ``"adaptive"`` (a fresh :class:`~marconi.vllm.adaptive.AdaptiveAlpha`,
+        as ``MARCONI_VLLM_ALPHA=adaptive``) or an α source (stateful: one per engine)."""
         if eviction not in ("lru", "marconi"):
             raise ConfigError(f"vllm-align: eviction must be 'lru' or 'marconi', got {eviction!r}")
         self.layout = layout
         self.spec = spec
         self.eviction = eviction
-        source = FixedAlpha(alpha) if isinstance(alpha, (int, float)) else alpha
+        if isinstance(alpha, str):
+            from marconi.vllm.config import PluginConfig
+
+            source = PluginConfig(policy=eviction, alpha=alpha).make_alpha_source(spec)
+        else:
+            source = FixedAlpha(alpha) if isinstance(alpha, (int, float)) else alpha
         self.index = BlockEvictionState(spec, layout.group_kinds, layout.num_blocks, layout.block_size, source,
                                         efficiency)
         self.pool = _BlockPool(layout, self.index, eviction)
@@ -769,7 +780,7 @@ class VllmAlignEngine:
             self.allocate_slots(req, num_new, hit if first else 0, hit_blocks if first else None)
             if first:      # vLLM records the lookup once the request is admitted (after its first slots)
                 self.pool.emit("lookup", req.num_prompt_tokens, hit, kv_hit - hit)
-                self.index.alpha_source.observe(RequestObservation(req.num_prompt_tokens, hit, kv_hit - hit))
+                req.hit_len, req.kv_only_len = hit, kv_hit - hit
             self.release_copies()
             req.num_computed_tokens = start + num_new
             first = False
@@ -786,6 +797,11 @@ class VllmAlignEngine:
                 req.num_computed_tokens += 1
                 req.append_output()
         self.free(req)
+        # As the plugin does after vLLM's ``_free_request``: the finished request goes to the α source.
+        changed = self.index.finished(RequestObservation(req.tokens[:req.num_prompt_tokens], out, req.hit_len,
+                                                         req.kv_only_len))
+        if changed is not None:
+            self.pool.emit("alpha", *changed)
 
     # --------------------------------------------------------------- vLLM's steps
     def get_computed_blocks(self, req: _Request) -> tuple[list[list[_Block]], int, int]:
@@ -913,11 +929,14 @@ class VllmAlignCache:
     """
 
     def __init__(self, spec: ModelSpec, layout: VllmLayout, *, eviction: str = "lru",
-                 alpha: float | AlphaSource = DEFAULT_ALPHA, efficiency: str = "total") -> None:
+                 alpha: float | str | AlphaSource = DEFAULT_ALPHA, efficiency: str = "total") -> None:
         self.spec = spec
         self.layout = layout
         self.engine = VllmAlignEngine(layout, spec, eviction=eviction, alpha=alpha, efficiency=efficiency)
         self.capacity_bytes = layout.num_blocks * layout.block_bytes
+        # An adaptive α source reports its rule switches in the simulator's records (``tuning``).
+        source = self.engine.index.alpha_source
+        self.tuner = source if callable(getattr(source, "tuning_record", None)) else None
         self.stats = CacheStats()
         self._observers: list[Any] = []
         self._in_flight: dict[int, _Handle] = {}

@@ -8,7 +8,9 @@ environment::
     .venv-vllm/bin/python -m marconi.vllm.offline requests.json out.json --model DIR --blocks 64
 
 ``requests.json``: ``[{"prompt": [ids...], "max_tokens": n}, ...]``. ``out.json``: per request the
-generated ids and vLLM's ``num_cached_tokens``, plus the engine's cache configuration.
+generated ids and vLLM's ``num_cached_tokens``, plus the engine's cache configuration, the wall time
+of serving them (``serve_s``, after start-up) and, with the plugin on, its own figures (``marconi``:
+time spent in the α source on the scheduler thread, requests it saw, α changes).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import argparse
 import json
 import os
 import sys
+import time
 from typing import Any
 
 __all__ = ["main", "serve_offline"]
@@ -43,12 +46,25 @@ def serve_offline(requests: list[dict[str, Any]], *, model: str, num_blocks: int
               max_model_len=max_model_len, dtype="bfloat16", num_gpu_blocks_override=num_blocks,
               gpu_memory_utilization=0.1, max_num_batched_tokens=max_num_batched_tokens, **kwargs)
     results = []
+    started = time.perf_counter()
     for item in requests:
         params = SamplingParams(max_tokens=int(item["max_tokens"]), ignore_eos=True, temperature=0.0)
         out = llm.generate([TokensPrompt(prompt_token_ids=list(item["prompt"]))], params, use_tqdm=False)[0]
         results.append({"output": list(out.outputs[0].token_ids), "num_cached_tokens": int(out.num_cached_tokens or 0)})
+    serve_s = time.perf_counter() - started
     cache = llm.llm_engine.vllm_config.cache_config
-    return {"results": results, "block_size": int(cache.block_size), "num_blocks": int(num_blocks)}
+    return {"results": results, "block_size": int(cache.block_size), "num_blocks": int(num_blocks),
+            "serve_s": serve_s, "marconi": _plugin_figures(llm)}
+
+
+def _plugin_figures(llm: Any) -> dict[str, Any] | None:
+    """The plugin's own figures from the in-process scheduler (None: the plugin is not attached)."""
+    core = getattr(getattr(llm.llm_engine, "engine_core", None), "engine_core", None)
+    hooks = getattr(getattr(core, "scheduler", None), "_marconi", None)
+    if hooks is None:
+        return None
+    return {"alpha_source": repr(hooks.state.alpha_source), "source_s": hooks.source_s,
+            "num_finished": hooks.num_finished, "num_alpha_changes": hooks.num_alpha_changes}
 
 
 def main(argv: list[str] | None = None) -> int:

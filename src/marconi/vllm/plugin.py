@@ -8,7 +8,10 @@ on :class:`~marconi.vllm.config.PluginConfig` (environment variables):
 * ``lru``: every block pool is *observed* — the prefix index of :mod:`marconi.vllm.policy` is kept,
   evictions and hits are counted and (``MARCONI_VLLM_TRACE``) traced — but vLLM decides.
 * ``marconi``: as ``lru``, and ``BlockPool.get_new_blocks`` takes free blocks without a hash first
-  (as vLLM does), then evicts cached ones by Marconi's utility instead of LRU.
+  (as vLLM does), then evicts cached ones by Marconi's utility instead of LRU. α is fixed
+  (``MARCONI_VLLM_ALPHA=0.5``) or adaptive (``MARCONI_VLLM_ALPHA=adaptive``: a shadow of adaptive
+  Marconi, :mod:`marconi.vllm.adaptive`, fed every finished request's token ids, picks α and the
+  efficiency; the block trace records each change as an ``alpha`` event).
 
 Hooks are set per instance, on the ``BlockPool`` of every ``Scheduler`` built after registration
 (``Scheduler.__init__`` is wrapped), so nothing changes in processes that build no scheduler.
@@ -23,7 +26,9 @@ set (the engine core is a separate process; ``marconi vllm bench`` sets it):
   below is stranded), ``state`` (a recurrent state; its KVs stay for the child), ``dead`` (held
   nothing a hit could use: a duplicate, an orphan state, KVs past the last state);
 * ``marconi:hit_tokens_total{kind}`` — ``usable`` (vLLM's hits: resumed from a state) and
-  ``kv_only`` (KVs matched deeper than any state: found, not reusable).
+  ``kv_only`` (KVs matched deeper than any state: found, not reusable);
+* ``marconi:alpha_changes_total{alpha, efficiency}`` — rule changes of an adaptive α source, by the
+  rule it changed to.
 
 **Mamba-2 CPU checkpoint fix** (``MARCONI_VLLM_MAMBA2_CPU_FIX``, default ``auto``). vLLM 0.32's
 ``MambaMixer2`` (Nemotron-H, Bamba-like Mamba-2 hybrids) asks the scheduler for one mid-prefill
@@ -40,6 +45,7 @@ import dataclasses
 import json
 import logging
 import threading
+import time
 from typing import Any
 
 from marconi.vllm.config import PluginConfig
@@ -175,6 +181,8 @@ class _Counters:
                                ["policy", "group", "reason"])
         self.hit_tokens = Counter("marconi:hit_tokens", "Prompt tokens matched in the prefix cache: usable "
                                   "(resumed from a state) or kv_only (KVs without a state)", ["kind"])
+        self.alpha_changes = Counter("marconi:alpha_changes", "Times the alpha source changed the eviction rule, "
+                                     "by the rule it changed to", ["alpha", "efficiency"])
 
     @classmethod
     def get(cls) -> "_Counters":
@@ -203,6 +211,11 @@ class PoolHooks:
         self._local = threading.local()
         self._trace = open(config.trace_path, "a", buffering=1) if config.trace_path else None
         self.num_evicted: dict[str, int] = {}
+        self._admitted: dict[str, tuple[int, int]] = {}     # request id -> (hit, kv-only) tokens at admission
+        self._observe_failed = False
+        self.num_finished = 0            # requests shown to the α source
+        self.num_alpha_changes = 0
+        self.source_s = 0.0              # scheduler-thread time spent in the α source's observe
 
     # --------------------------------------------------------------- attach
     @classmethod
@@ -224,6 +237,7 @@ class PoolHooks:
         hooks = cls(pool, kv_manager, state, config, int(pool.hash_block_size))
         hooks._hash_parts = (get_block_hash, get_group_id)
         hooks._install()
+        hooks._install_finish_hook(scheduler)
         hooks.settings = scheduler_settings(scheduler, kinds)
         hooks._emit("config", hooks.settings)
         logger.info("marconi: %s eviction on a %d-block pool, groups %s, block %d tokens, alpha source %r",
@@ -266,6 +280,18 @@ class PoolHooks:
             return allocate(request, num_new_tokens, num_new_computed_tokens, *args, **kwargs)
 
         self.kv_manager.allocate_slots = allocate_slots
+
+    def _install_finish_hook(self, scheduler: Any) -> None:
+        """``Scheduler._free_request`` (finished or aborted, not preempted): show the request to the
+        α source once its blocks are back in the pool, as the emulation's ``complete`` does."""
+        free_request = scheduler._free_request
+
+        def _free_request(request: Any, *args: Any, **kwargs: Any) -> Any:
+            result = free_request(request, *args, **kwargs)
+            self.on_finished(request)
+            return result
+
+        scheduler._free_request = _free_request
 
     # --------------------------------------------------------------- trace
     def _emit(self, *event: Any) -> None:
@@ -444,5 +470,28 @@ class PoolHooks:
         self.counters.hit_tokens.labels("usable").inc(num_hits)
         if kv_only:
             self.counters.hit_tokens.labels("kv_only").inc(kv_only)
-        self.state.alpha_source.observe(RequestObservation(int(request.num_prompt_tokens), int(num_hits), kv_only))
+        self._admitted[request.request_id] = (int(num_hits), kv_only)
         self._emit("lookup", int(request.num_prompt_tokens), int(num_hits), kv_only)
+
+    def on_finished(self, request: Any) -> None:
+        """A request finished and freed its blocks: its token ids go to the α source. A failing
+        source never takes the server down: it is logged once and the last rule stays."""
+        hit, kv_only = self._admitted.pop(request.request_id, (0, 0))
+        if self._observe_failed or request.prompt_token_ids is None:   # prompt embeddings: no ids to learn from
+            return
+        started = time.perf_counter()
+        event = RequestObservation(request.prompt_token_ids, list(request.output_token_ids), hit, kv_only)
+        try:
+            changed = self.state.finished(event)
+        except Exception:
+            self._observe_failed = True
+            logger.exception("marconi: the alpha source failed; it keeps its last rule from now on")
+            return
+        finally:
+            self.source_s += time.perf_counter() - started
+        self.num_finished += 1
+        if changed is not None:
+            self.num_alpha_changes += 1
+            self.counters.alpha_changes.labels(f"{changed[0]:g}", changed[1]).inc()
+            self._emit("alpha", *changed)
+            logger.info("marconi: alpha source %r now alpha=%g, efficiency=%s", self.state.alpha_source, *changed)

@@ -30,8 +30,11 @@ The same :class:`BlockEvictionState` runs inside the vLLM plugin (:mod:`marconi.
 in the ``vllm-align`` emulation (:mod:`marconi.vllm.emulate`), so the simulator reproduces the
 plugin's decisions, not an approximation of them. Nothing here imports vLLM.
 
-α comes from an :class:`AlphaSource`: fixed by configuration now; an adaptive source plugs in
-through the same two methods.
+α comes from an :class:`AlphaSource`: fixed by configuration (:class:`FixedAlpha`), or re-chosen
+online (:class:`marconi.vllm.adaptive.AdaptiveAlpha`: the project's adaptive Marconi run on a
+shadow of the pool), which may also switch the efficiency variant. A source sees every finished
+request (:class:`RequestObservation`: its token ids and hit lengths) through the same hook in the
+plugin and in the emulation, so both make the same choices.
 """
 
 from __future__ import annotations
@@ -57,23 +60,41 @@ DEFAULT_ALPHA = 0.5
 EFFICIENCIES = ("total", "marginal")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class RequestObservation:
-    """One admitted request as the cache saw it: what an α source may learn from."""
+    """One finished request as the cache served it: what an α source may learn from.
 
-    input_len: int          # prompt tokens
+    Built when the request's blocks are freed (vLLM's ``Scheduler._free_request``; the emulation's
+    ``complete``), so the outputs are complete. Token ids are the request's own sequences (lists in
+    vLLM, arrays in the emulation); a source must not keep them beyond ``observe``.
+    """
+
+    prompt_token_ids: Sequence[int]
+    output_token_ids: Sequence[int]
     hit_len: int            # tokens reused (vLLM's num_cached_tokens)
     kv_only_len: int        # tokens whose KVs were cached beyond the hit, without a state to resume from
 
+    @property
+    def input_len(self) -> int:
+        return len(self.prompt_token_ids)
+
 
 class AlphaSource(Protocol):
-    """Where α comes from. ``alpha()`` is read at every eviction; ``observe`` sees every request.
+    """Where α (and the efficiency variant) come from, read at every eviction; ``observe`` sees
+    every finished request.
 
-    A fixed α ignores the observations; an adaptive source (online choice of α) updates from them.
-    Implementations must be cheap: both run on vLLM's scheduler thread.
+    ``efficiency()`` returns ``"total"``, ``"marginal"`` or None (the pool's configured variant).
+    A fixed α ignores the observations; an adaptive source updates from them. Implementations must
+    be cheap and deterministic: they run on vLLM's scheduler thread, and the emulation reproduces
+    their choices only if the same observations give the same answers. A source that needs the
+    pool (its size, the model) may define ``bind(state)``, called once by the
+    :class:`BlockEvictionState` it serves.
     """
 
     def alpha(self) -> float:
+        ...
+
+    def efficiency(self) -> str | None:
         ...
 
     def observe(self, event: RequestObservation) -> None:
@@ -81,7 +102,7 @@ class AlphaSource(Protocol):
 
 
 class FixedAlpha:
-    """α fixed by configuration."""
+    """α fixed by configuration (the efficiency is the pool's)."""
 
     def __init__(self, value: float) -> None:
         if not np.isfinite(value) or value < 0:
@@ -90,6 +111,9 @@ class FixedAlpha:
 
     def alpha(self) -> float:
         return self.value
+
+    def efficiency(self) -> str | None:
+        return None
 
     def observe(self, event: RequestObservation) -> None:
         return None
@@ -163,6 +187,7 @@ class BlockEvictionState:
         self.group_kinds = tuple(group_kinds)
         self.attn_groups = tuple(g for g, k in enumerate(group_kinds) if k == ATTENTION)
         self.mamba_groups = tuple(g for g, k in enumerate(group_kinds) if k == MAMBA)
+        self.num_blocks = int(num_blocks)
         self.block_size = int(block_size)
         self.alpha_source = alpha
         self.efficiency = efficiency
@@ -172,10 +197,24 @@ class BlockEvictionState:
         self.free_cached = np.zeros(num_blocks, dtype=bool)
         self.release_seq = np.zeros(num_blocks, dtype=np.int64)
         self.candidate = np.zeros(num_blocks, dtype=bool)
-        self.flop_eff = np.zeros(num_blocks, dtype=np.float64)
+        # One row per efficiency variant: an adaptive source may switch between them at any eviction.
+        self._flop_eff = {variant: np.zeros(num_blocks, dtype=np.float64) for variant in EFFICIENCIES}
         self.reason = np.zeros(num_blocks, dtype=np.int8)          # index into _REASONS
         self._seq = 0
-        self._eff_by_depth: dict[int, float] = {}
+        self._eff_by_depth: dict[tuple[int, str], float] = {}
+        self._rule = self._current_rule()
+        bind = getattr(alpha, "bind", None)
+        if bind is not None:         # a source that needs the pool's size or the model (adaptive)
+            bind(self)
+            self._rule = self._current_rule()
+
+    @property
+    def flop_eff(self) -> np.ndarray:
+        """FLOP efficiency of every block in the configured variant (0 where not cached)."""
+        return self._flop_eff[self.efficiency]
+
+    def flop_eff_of(self, variant: str) -> np.ndarray:
+        return self._flop_eff[variant]
 
     # ------------------------------------------------------------------ events
     def cached(self, block_id: int, prefix: Hashable, group_id: int, depth: int, parent: Hashable | None) -> None:
@@ -224,6 +263,27 @@ class BlockEvictionState:
         """A block left the free queue (hit or allocation)."""
         self.free_cached[block_id] = False
 
+    def finished(self, event: RequestObservation) -> tuple[float, str] | None:
+        """A request finished: show it to the α source. Returns the new ``(alpha, efficiency)``
+        if that changed the rule the next eviction applies (the plugin and the emulation both
+        trace it), else None."""
+        self.alpha_source.observe(event)
+        rule = self._current_rule()
+        if rule == self._rule:
+            return None
+        self._rule = rule
+        return rule
+
+    def _current_rule(self) -> tuple[float, str]:
+        alpha = float(self.alpha_source.alpha())
+        variant = self.alpha_source.efficiency() or self.efficiency
+        if variant not in EFFICIENCIES:
+            raise ConfigError(f"alpha source {self.alpha_source!r} named efficiency {variant!r}; "
+                              f"choose one of {EFFICIENCIES}")
+        if not np.isfinite(alpha) or alpha < 0:
+            raise ConfigError(f"alpha source {self.alpha_source!r} gave alpha {alpha}; it must be finite and >= 0")
+        return alpha, variant
+
     def prefix_info(self, prefix: Hashable) -> tuple[int, Hashable | None]:
         """``(depth, parent prefix)`` of a cached prefix (KeyError if nothing holds it)."""
         node = self._prefixes[prefix]
@@ -253,16 +313,18 @@ class BlockEvictionState:
             pool = free
         seq = self.release_seq[pool]
         scores = _min_max(seq.astype(np.float64))
-        alpha = float(self.alpha_source.alpha())
+        alpha, variant = self._current_rule()
         if alpha:
-            scores = scores + alpha * _min_max(self.flop_eff[pool])
+            scores = scores + alpha * _min_max(self._flop_eff[variant][pool])
         best = scores.min()
         ties = pool[scores == best]
         block = int(ties[np.argmin(self.release_seq[ties])])
         return Victim(block, _REASONS[self.reason[block]])
 
     def describe(self) -> dict[str, Any]:
-        return {"eviction": "marconi-blocks", "alpha": self.alpha_source.alpha(), "efficiency": self.efficiency}
+        alpha, variant = self._current_rule()
+        return {"eviction": "marconi-blocks", "alpha": alpha, "efficiency": variant,
+                "alpha_source": repr(self.alpha_source)}
 
     # ------------------------------------------------------------------ bookkeeping
     def _refresh_around(self, prefix: Hashable) -> None:
@@ -283,44 +345,47 @@ class BlockEvictionState:
         keys = self._block_keys.get(block_id)
         if not keys:
             self.candidate[block_id] = False
-            self.flop_eff[block_id] = 0.0
+            for row in self._flop_eff.values():
+                row[block_id] = 0.0
             self.reason[block_id] = _DEAD
             return
         # A block holds one primary hash; partial (sub-block) entries are extra lookup keys on the
         # same block. Rank it by its deepest key: that is the prefix its contents complete.
         prefix, group_id = max(keys, key=lambda k: self._prefixes[k[0]].depth)
         node = self._prefixes[prefix]
-        cand, eff, reason = self._judge(node, prefix, group_id)
+        cand, valued, reason = self._judge(node, prefix, group_id)
         self.candidate[block_id] = cand
-        self.flop_eff[block_id] = eff
+        for variant, row in self._flop_eff.items():
+            row[block_id] = self._eff(node.depth, variant) if valued else 0.0
         self.reason[block_id] = reason
 
-    def _judge(self, node: _Prefix, prefix: Hashable, group_id: int) -> tuple[bool, float, int]:
+    def _judge(self, node: _Prefix, prefix: Hashable, group_id: int) -> tuple[bool, bool, int]:
+        """``(candidate, holds something a hit can use, reason)`` of a block keyed ``prefix``."""
         if len(node.blocks[group_id]) > 1:              # a duplicate: another copy serves the hits
-            return True, 0.0, _DEAD
+            return True, False, _DEAD
         has_state = all(node.blocks[g] for g in self.mamba_groups)
         has_kv = all(node.blocks[g] for g in self.attn_groups)
         kv_children = sum(1 for c in self._children.get(prefix, ()) if self._has_any_kv(c))
         if self.group_kinds[group_id] == ATTENTION:
             if kv_children:
-                return False, 0.0, _KV_INNER
+                return False, False, _KV_INNER
             if not has_state:
-                return True, 0.0, _DEAD
-            return True, self._eff(node.depth), _KV_LEAF
+                return True, False, _DEAD
+            return True, True, _KV_LEAF
         if not (has_state and has_kv):
-            return True, 0.0, _DEAD
-        return kv_children <= 1, self._eff(node.depth), _STATE
+            return True, False, _DEAD
+        return kv_children <= 1, True, _STATE
 
     def _has_any_kv(self, prefix: Hashable) -> bool:
         node = self._prefixes.get(prefix)
         return node is not None and any(node.blocks[g] for g in self.attn_groups)
 
-    def _eff(self, depth: int) -> float:
-        eff = self._eff_by_depth.get(depth)
+    def _eff(self, depth: int, variant: str) -> float:
+        eff = self._eff_by_depth.get((depth, variant))
         if eff is None:
             edge = min(depth, self.block_size)
-            eff = self._eff_by_depth[depth] = flop_efficiency(self.spec, depth, edge, bool(self.mamba_groups),
-                                                               self.efficiency)
+            eff = self._eff_by_depth[(depth, variant)] = flop_efficiency(self.spec, depth, edge,
+                                                                         bool(self.mamba_groups), variant)
         return eff
 
     # ------------------------------------------------------------------ checks
@@ -337,10 +402,11 @@ class BlockEvictionState:
             assert not node.empty(), f"empty prefix {prefix!r} kept"
             if node.parent is not None:
                 assert prefix in self._children.get(node.parent, ()), "child link missing"
-        snapshot = (self.candidate.copy(), self.flop_eff.copy(), self.reason.copy())
+        rows = (self.candidate, *self._flop_eff.values(), self.reason)
+        snapshot = tuple(row.copy() for row in rows)
         for block_id in list(self._block_keys):
             self._refresh_block(block_id)
-        for before, after in zip(snapshot, (self.candidate, self.flop_eff, self.reason)):
+        for before, after in zip(snapshot, rows):
             ids = list(self._block_keys)
             assert np.array_equal(before[ids], after[ids]), "stale candidate/efficiency arrays"
 

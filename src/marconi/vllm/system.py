@@ -4,6 +4,7 @@ Usable wherever a system is named (``marconi simulate --systems vllm-align,vllm-
 
     vllm-align                            stock vLLM (LRU), the block size vLLM would pick, pool from --capacity
     vllm-align:eviction=marconi,alpha=1   vLLM + the Marconi plugin
+    vllm-align:eviction=marconi,alpha=adaptive   the plugin with MARCONI_VLLM_ALPHA=adaptive
     vllm-align:block=384,blocks=150       an exact pool (as served with --num-gpu-blocks-override 150)
     vllm-align:retention=none             prefix_cache_retention_interval=None (a state at every block)
 
@@ -12,8 +13,10 @@ Parameters: ``block`` (tokens; 0 = derived from the model as vLLM does, with ``k
 (``prefix_match_unit``, a divisor of the block; 0 = the block), ``retention`` (``0``, ``none`` or a
 multiple of the block), ``shared_prefix`` (``enable_mamba_shared_prefix_checkpoint``; inert without
 EAGLE, as in vLLM), ``chunk`` (``max_num_batched_tokens``), ``eviction`` (``lru``/``marconi``),
-``alpha`` and ``efficiency`` (the plugin's), ``alpha_source`` (``module:factory``, an adaptive α as
-the plugin's ``MARCONI_VLLM_ALPHA_SOURCE``), ``attn_first`` (the model's first layer is attention).
+``alpha`` (a number or ``adaptive``) and ``efficiency`` (the plugin's), ``rules`` (with
+``alpha=adaptive``: the family, ``lru/a0.5m/a2m`` by default, as ``MARCONI_VLLM_ADAPTIVE_RULES``),
+``alpha_source`` (``module:factory``, as the plugin's ``MARCONI_VLLM_ALPHA_SOURCE``), ``attn_first``
+(the model's first layer is attention).
 """
 
 from __future__ import annotations
@@ -25,8 +28,9 @@ from marconi.model import ModelSpec, get_model
 from marconi.registry import ConfigError
 from marconi.systems import SYSTEMS, SystemConfig
 from marconi.vllm.emulate import VllmAlignCache, layout_for_spec
-from marconi.vllm.config import PluginConfig
-from marconi.vllm.policy import DEFAULT_ALPHA, EFFICIENCIES, AlphaSource, FixedAlpha
+from marconi.vllm.adaptive import AdaptiveAlpha
+from marconi.vllm.config import ADAPTIVE, DEFAULT_RULES, PluginConfig, parse_alpha
+from marconi.vllm.policy import DEFAULT_ALPHA, EFFICIENCIES, AlphaSource
 
 __all__ = ["VllmAlignSystem"]
 
@@ -39,9 +43,10 @@ class VllmAlignSystem(SystemConfig):
     block_size: int | None = None
     num_blocks: int | None = None
     policy: str = "lru"
-    alpha: float = DEFAULT_ALPHA
+    alpha: float | str = DEFAULT_ALPHA    # a number or "adaptive"
     efficiency: str = "total"
     alpha_source: str | None = None       # ``module:factory``, as MARCONI_VLLM_ALPHA_SOURCE
+    rules: str = DEFAULT_RULES            # the adaptive family, as MARCONI_VLLM_ADAPTIVE_RULES
 
     def __post_init__(self) -> None:
         """Nothing to build: ``admission``/``eviction`` are descriptive labels here (not registry
@@ -55,12 +60,15 @@ class VllmAlignSystem(SystemConfig):
         spec = get_model(spec)
         layout = layout_for_spec(spec, capacity_bytes=None if self.num_blocks else capacity_bytes,
                                  num_blocks=self.num_blocks, block_size=self.block_size, **dict(self.layout_options))
-        alpha: float | AlphaSource = self.alpha
-        if self.alpha_source:
-            alpha = PluginConfig(policy=self.policy, alpha=self.alpha, alpha_source=self.alpha_source,
-                                 efficiency=self.efficiency).make_alpha_source(spec)
+        # A fresh source per cache, built exactly as the plugin builds its own.
+        alpha: AlphaSource = self.plugin_config().make_alpha_source(spec)
         # No clock: vLLM's recency is the order blocks return to its free queue, not time.
         return VllmAlignCache(spec, layout, eviction=self.policy, alpha=alpha, efficiency=self.efficiency)
+
+    def plugin_config(self) -> PluginConfig:
+        """The plugin configuration this system emulates."""
+        return PluginConfig(policy=self.policy, alpha=self.alpha, alpha_source=self.alpha_source,
+                            efficiency=self.efficiency, adaptive_rules=self.rules)
 
 
 def _retention(text: str) -> int | None:
@@ -78,18 +86,26 @@ def _retention(text: str) -> int | None:
 @SYSTEMS.register("vllm-align", "vLLM 0.32's hybrid prefix cache (Mamba align mode, block pool, LRU or the "
                                 "Marconi plugin), emulated block by block")
 def _vllm_align(block: int = 0, blocks: int = 0, match_unit: int = 0, retention: str = "0",
-                shared_prefix: bool = False, chunk: int = 2048, eviction: str = "lru", alpha: float = DEFAULT_ALPHA,
+                shared_prefix: bool = False, chunk: int = 2048, eviction: str = "lru", alpha: str = str(DEFAULT_ALPHA),
                 efficiency: str = "total", kernel_align: int = 16, attn_first: bool = False,
-                alpha_source: str = "") -> SystemConfig:
+                alpha_source: str = "", rules: str = DEFAULT_RULES) -> SystemConfig:
     if eviction not in ("lru", "marconi"):
         raise ConfigError(f"vllm-align: eviction must be lru or marconi, got {eviction!r}")
     if efficiency not in EFFICIENCIES:
         raise ConfigError(f"vllm-align: efficiency must be one of {', '.join(EFFICIENCIES)}, got {efficiency!r}")
     if block < 0 or blocks < 0 or match_unit < 0 or chunk <= 0 or kernel_align <= 0:
         raise ConfigError("vllm-align: block, blocks and match_unit must be >= 0; chunk and kernel_align > 0")
-    FixedAlpha(alpha)  # validates
+    alpha_value = parse_alpha(alpha, "vllm-align: alpha")
     if alpha_source and ":" not in alpha_source:
         raise ConfigError(f"vllm-align: alpha_source must be module:factory, got {alpha_source!r}")
+    if alpha_value == ADAPTIVE:
+        if alpha_source:
+            raise ConfigError("vllm-align: alpha=adaptive and alpha_source both name the alpha source; keep one")
+        if efficiency != "total":
+            raise ConfigError("vllm-align: alpha=adaptive chooses the efficiency with its rules; drop efficiency=")
+        AdaptiveAlpha(rules)                 # every rule must map onto the block policy
+    elif rules != DEFAULT_RULES:
+        raise ConfigError("vllm-align: rules= needs alpha=adaptive")
     options: dict[str, Any] = {"retention_interval": _retention(retention), "shared_prefix_checkpoint": shared_prefix,
                                "max_num_batched_tokens": chunk, "kernel_alignment": kernel_align,
                                "mamba_first": not attn_first}
@@ -97,9 +113,14 @@ def _vllm_align(block: int = 0, blocks: int = 0, match_unit: int = 0, retention:
         options["prefix_match_unit"] = match_unit
     admission = ("vllm-align(" + ",".join(f"{k}={v}" for k, v in (("block", block or "auto"), ("retention", retention),
                                                                    ("chunk", chunk))) + ")")
-    eviction_name = "lru" if eviction == "lru" else f"marconi-blocks(alpha={alpha:g},efficiency={efficiency})"
-    if alpha_source:
+    if eviction == "lru":
+        eviction_name = "lru"
+    elif alpha_source:
         eviction_name = f"marconi-blocks(alpha_source={alpha_source},efficiency={efficiency})"
+    elif alpha_value == ADAPTIVE:
+        eviction_name = f"marconi-blocks(alpha=adaptive,rules={rules})"
+    else:
+        eviction_name = f"marconi-blocks(alpha={alpha_value:g},efficiency={efficiency})"
     return VllmAlignSystem("vllm-align", admission, eviction_name, layout_options=tuple(options.items()),
-                           block_size=block or None, num_blocks=blocks or None, policy=eviction, alpha=float(alpha),
-                           efficiency=efficiency, alpha_source=alpha_source or None)
+                           block_size=block or None, num_blocks=blocks or None, policy=eviction, alpha=alpha_value,
+                           efficiency=efficiency, alpha_source=alpha_source or None, rules=rules)
