@@ -136,6 +136,24 @@ def test_out_through_a_symlink_or_to_dev_null_leaves_them_in_place(tmp_path, cap
     assert sorted(p.name for p in tmp_path.iterdir()) == ["discard.jsonl", "link.jsonl", "real.jsonl"]
 
 
+def test_out_to_a_named_pipe_streams_the_records_and_keeps_the_pipe(tmp_path, capsys):
+    """A FIFO as --out (e.g. piping results into another tool) is written through, not replaced."""
+    import json
+    import threading
+
+    fifo = tmp_path / "results.jsonl"
+    os.mkfifo(fifo)
+    received: list[str] = []
+    reader = threading.Thread(target=lambda: received.extend(fifo.read_text().splitlines()), daemon=True)
+    reader.start()
+    assert main(["simulate", "--trace", "swe-sample", "--out", str(fifo), *FAST]) == 0
+    reader.join(timeout=60)
+    assert not reader.is_alive() and len(received) == 2
+    assert sorted(json.loads(line)["system"] for line in received) == ["sglang+", "vanilla"]
+    assert stat.S_ISFIFO(fifo.lstat().st_mode)
+    assert [p.name for p in tmp_path.iterdir()] == ["results.jsonl"]          # no temp file beside it
+
+
 def test_results_files_get_normal_permissions_like_trace_files(tmp_path, capsys):
     old = os.umask(0o022)
     try:
