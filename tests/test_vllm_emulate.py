@@ -1,9 +1,10 @@
 """vllm-align: vLLM 0.32's hybrid prefix cache emulated, checked against what real vLLM served.
 
 The recorded fixtures come from the real server (``marconi vllm bench``; the command is stored in
-each fixture: vLLM's defaults, ``--prefix-match-unit 64``, and stock vs fixed vs adaptive α): per request, vLLM's own cached-token count and the tokens it generated. The
-emulation, fed the same prompts and outputs, must reproduce every count exactly, for stock vLLM
-and for vLLM with the Marconi plugin.
+each fixture: vLLM's defaults, ``--prefix-match-unit 64``, and stock vs fixed vs adaptive α): per
+request, vLLM's own cached-token count and the tokens it generated. The emulation, fed the same
+prompts and outputs, must reproduce every count exactly, for stock vLLM and for vLLM with the
+Marconi plugin.
 """
 
 from __future__ import annotations
