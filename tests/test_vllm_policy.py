@@ -222,6 +222,9 @@ def test_plugin_config_adaptive() -> None:
                        ({"MARCONI_VLLM_ALPHA": "adaptiv"}, "number >= 0 or adaptive")):
         with pytest.raises(ConfigError, match=match):
             PluginConfig.from_env({"MARCONI_VLLM_POLICY": "marconi", **bad})
+    for policy in ("", "lru"):        # adaptive without Marconi's eviction would silently be stock vLLM
+        with pytest.raises(ConfigError, match="MARCONI_VLLM_POLICY=marconi"):
+            PluginConfig.from_env({"MARCONI_VLLM_POLICY": policy, "MARCONI_VLLM_ALPHA": "adaptive"})
 
 
 def test_block_rules_of_the_adaptive_family() -> None:

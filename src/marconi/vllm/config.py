@@ -88,6 +88,9 @@ class PluginConfig:
         if self.alpha_source is not None and ":" not in self.alpha_source:
             raise ConfigError(f"{ENV_ALPHA_SOURCE}={self.alpha_source!r}: write module:factory")
         if self.adaptive:
+            if self.policy != "marconi":       # else it would silently serve stock eviction
+                raise ConfigError(f"{ENV_ALPHA}={ADAPTIVE} picks Marconi's eviction rule online: set "
+                                  f"{ENV_POLICY}=marconi (it is {self.policy or 'unset'})")
             if self.alpha_source is not None:
                 raise ConfigError(f"{ENV_ALPHA}={ADAPTIVE} and {ENV_ALPHA_SOURCE}={self.alpha_source!r} both name "
                                   "the alpha source: keep one")

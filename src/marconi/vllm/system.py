@@ -99,6 +99,8 @@ def _vllm_align(block: int = 0, blocks: int = 0, match_unit: int = 0, retention:
     if alpha_source and ":" not in alpha_source:
         raise ConfigError(f"vllm-align: alpha_source must be module:factory, got {alpha_source!r}")
     if alpha_value == ADAPTIVE:
+        if eviction != "marconi":
+            raise ConfigError("vllm-align: alpha=adaptive picks the plugin's eviction rule online; add eviction=marconi")
         if alpha_source:
             raise ConfigError("vllm-align: alpha=adaptive and alpha_source both name the alpha source; keep one")
         if efficiency != "total":
