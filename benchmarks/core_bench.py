@@ -11,9 +11,9 @@ Each (workload, system) runs in its own forked process so its peak RSS is its ow
 loaded before forking, is included and reported separately).
 
 Then the cost of adaptation (issue 11: at most 2x): on a 5,000-request SWE-like trace, fixed-alpha
-Marconi, the adaptive default and the paper's bootstrap are replayed side by side in one process,
-interleaved, ``--repeats`` times each; the table gives the fastest time of each and its ratio to
-fixed alpha.
+Marconi, the adaptive default, its exact-worlds selector (``selector=worlds``) and the paper's
+bootstrap are replayed side by side in one process, interleaved, ``--repeats`` times each; the
+table gives the fastest time of each and its ratio to fixed alpha.
 
     python benchmarks/core_bench.py                      # both workloads, default sizes
     python benchmarks/core_bench.py --workload synthetic --capacity 20GB,1TB
@@ -37,7 +37,7 @@ from marconi.units import format_bytes, parse_bytes
 from marconi.workloads import Request, Trace, agent_trace, chat_trace, shared_data_dir
 
 SYSTEMS = ["vanilla", "vllm+", "sglang+", "marconi:alpha=1", "marconi"]
-ADAPTATION = ["marconi:alpha=1", "marconi", "marconi:tuner=bootstrap"]
+ADAPTATION = ["marconi:alpha=1", "marconi", "marconi:selector=worlds", "marconi:tuner=bootstrap"]
 
 
 def synthetic_workload(seed: int = 0) -> Trace:

@@ -28,7 +28,8 @@ charge is lower by more than ``hysteresis`` (relative). This is the regret-minim
 LeCaR/CACHEUS, made deterministic and tree-aware.
 
 Why not simulations? We measured the alternatives on real traces (see ``docs/adaptive.md``):
-exact full-rate shadow caches of every rule are the most accurate but cost one replay per rule;
+exact full-rate worlds of every rule are the most accurate but cost one replay per rule (they are
+``marconi:selector=worlds``, :mod:`marconi.worlds`);
 shadow caches on a sample of sessions (SHARDS) or windows replayed from snapshots fit the budget
 but are too noisy or too short-sighted at these trace sizes and chose worse than regret. Regret
 costs a few scorings per eviction and sees every request.

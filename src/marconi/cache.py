@@ -106,6 +106,12 @@ class CacheObserver:
     def on_finish(self, cache: "PrefixCache", handle: "RequestHandle", output_tokens: np.ndarray) -> None:
         pass
 
+    def on_prefill(self, cache: "PrefixCache", handle: "RequestHandle") -> None:
+        """``insert_prefill`` admitted (or tried to admit) the request's prefill checkpoints."""
+
+    def on_abort(self, cache: "PrefixCache", handle: "RequestHandle") -> None:
+        """The request was aborted: unlocked, nothing inserted."""
+
     def on_first_eviction(self, cache: "PrefixCache") -> None:
         pass
 
@@ -124,6 +130,7 @@ class RequestHandle:
     matched_node: Node | None   # deepest fully matched node: it spells tokens[:depth] while locked
     begin_time: float
     active: bool = True
+    max_hit_len: int | None = None  # as passed to ``begin`` (a shadow of this cache replays it alike)
 
 
 class CachedPrefix(NamedTuple):
@@ -352,7 +359,7 @@ class PrefixCache:
                                             len(tokens))))
         matched_node = walk.path[-1] if walk.path else None
         handle = RequestHandle(self._next_request_id, tokens, match, prefill, branch_len, hit_node, lock_node,
-                               matched_node, now)
+                               matched_node, now, max_hit_len=max_hit_len)
         self._next_request_id += 1
         self._in_flight[handle.request_id] = handle
         self.stats.record_lookup(match, self.spec, from_checkpoint=hit_node is not None and hit_node.has_ssm)
@@ -454,6 +461,8 @@ class PrefixCache:
         """Unlock an in-flight request without inserting anything."""
         self._check_active(handle)
         self._release(handle)
+        for observer in self._observers:
+            observer.on_abort(self, handle)
 
     @_locked
     def process(self, input_tokens: Any, output_tokens: Any = (), *,
@@ -515,6 +524,8 @@ class PrefixCache:
         is still missing. A no-op when there are no prefill checkpoints.
         """
         self._check_active(handle)
+        for observer in self._observers:
+            observer.on_prefill(self, handle)
         if not self.admission.caches or not handle.prefill_checkpoints:
             return InsertResult(False, 0, ())
         if self._logical is not None:

@@ -417,6 +417,15 @@ def _adaptive(rules: str = "default", decay: float = 0.999, hysteresis: float = 
     return AdaptiveEviction(rules, decay=decay, hysteresis=hysteresis, objective=objective, confidence=confidence)
 
 
+@EVICTION_POLICIES.register("worlds", "the rule of a family whose own exact world (a size-only cache running it) "
+                                      "is ahead: one replay per rule")
+def _worlds(rules: str = "default", decay: float = 0.999, hysteresis: float = 0.0,
+            objective: str = "hit-rate") -> EvictionPolicy:
+    from marconi.worlds import WorldsEviction  # imports the cache, which imports this module
+
+    return WorldsEviction(rules, decay=decay, hysteresis=hysteresis, objective=objective)
+
+
 @EVICTION_POLICIES.register("oracle", "future-aware (Belady-style) reference; needs the whole trace (simulator only)")
 def _oracle() -> EvictionPolicy:
     raise ConfigError("the oracle eviction knows the future, so it needs the whole trace: use the 'oracle' "

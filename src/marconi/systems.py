@@ -16,7 +16,9 @@ custom    any (admission=…)           any (eviction=…)
 
 Parameters go on the name, wherever a system is named: ``marconi:alpha=1.0``, ``vllm+:block=16``,
 ``marconi:tuner=bootstrap,multiplier=15,objective=flops``, ``marconi:rules=lru/a0/a1m,decay=0.99``,
-``custom:admission=every-block,eviction=flop-aware,alpha=auto``. The bootstrap-only parameters
+``custom:admission=every-block,eviction=flop-aware,alpha=auto``. ``marconi:selector=worlds`` chooses
+the same family's rule by exact per-rule worlds instead of counterfactual regret (one replay per
+rule; see :mod:`marconi.worlds`). The bootstrap-only parameters
 (``multiplier``, ``retune``, ``drift``, ``tolerance``) and the single-rule ones (``efficiency``,
 ``recency``) select ``tuner=bootstrap`` when no tuner is named, so names written before the adaptive
 default keep their meaning.
@@ -119,7 +121,7 @@ class SystemConfig:
         out: dict[str, Any] = {"system": self.label, "admission": self.admission, "eviction": self.eviction}
         if self.tuning is not None:
             out["tuning"] = f"bootstrap(multiplier={self.tuning.multiplier}, objective={self.tuning.objective})"
-        elif self.eviction.startswith("adaptive"):
+        elif self.eviction.startswith(("adaptive", "worlds")):
             out["tuning"] = "adaptive"
         return out
 
@@ -128,7 +130,7 @@ class SystemConfig:
 SYSTEMS: Registry[SystemConfig] = Registry("system", providers=("marconi.vllm.system",))
 UNBOUNDED_BYTES = 2**62
 _BOOTSTRAP_ONLY = ("multiplier", "retune", "drift", "tolerance")
-_ADAPTIVE_ONLY = ("rules", "decay", "hysteresis", "confidence")
+_ADAPTIVE_ONLY = ("rules", "decay", "hysteresis", "confidence", "selector")
 
 
 def _alpha_or_auto(alpha: str) -> float | None:
@@ -165,12 +167,13 @@ def _sglang() -> SystemConfig:
 
 
 @SYSTEMS.register("marconi", "judicious admission + FLOP-aware eviction; tuner=adaptive (default): its rule "
-                             "re-chosen online; tuner=bootstrap: alpha tuned once (the paper); alpha=X: fixed")
+                             "re-chosen online (selector=regret, or =worlds: exact per-rule worlds); "
+                             "tuner=bootstrap: alpha tuned once (the paper); alpha=X: fixed")
 def _marconi(alpha: str = "auto", tuner: str = "auto", objective: str = "hit-rate", efficiency: str = "auto",
              recency: str = "auto", multiplier: float | None = None, retune: int | None = None,
              drift: float | None = None, tolerance: float | None = None, rules: str | None = None,
              decay: float | None = None, hysteresis: float | None = None,
-             confidence: float | None = None) -> SystemConfig:
+             confidence: float | None = None, selector: str | None = None) -> SystemConfig:
     given = {k for k, v in locals().items() if v is not None and k in _BOOTSTRAP_ONLY + _ADAPTIVE_ONLY}
     fixed = _alpha_or_auto(alpha)
     tuner_named = tuner != "auto"
@@ -199,10 +202,16 @@ def _marconi(alpha: str = "auto", tuner: str = "auto", objective: str = "hit-rat
     if efficiency is not None or recency is not None:
         raise ConfigError("marconi: the adaptive tuner chooses the efficiency and recency itself (its rules); "
                           "name a family with rules=lru/a0/a1m/... or use tuner=bootstrap")
+    if selector not in (None, "regret", "worlds"):
+        raise ConfigError(f"marconi: selector must be 'regret' (default: counterfactual regret, about 1.7x a "
+                          f"fixed-alpha replay) or 'worlds' (exact worlds, one replay per rule), got {selector!r}")
+    if selector == "worlds" and confidence is not None:
+        raise ConfigError("marconi: confidence applies to selector=regret only (worlds compare exact caches)")
     params = [f"rules={rules or 'default'}", f"objective={objective}"]
     params += [f"{k}={v}" for k, v in (("decay", decay), ("hysteresis", hysteresis), ("confidence", confidence))
                if v is not None]
-    return SystemConfig("marconi", "marconi", "adaptive:" + ",".join(params))
+    policy = "worlds" if selector == "worlds" else "adaptive"
+    return SystemConfig("marconi", "marconi", f"{policy}:" + ",".join(params))
 
 
 @SYSTEMS.register("infinite", "the same admission with unbounded capacity: the hit-rate ceiling")

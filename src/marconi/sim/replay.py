@@ -132,7 +132,7 @@ class SimResult:
 def system_fields(system: SystemConfig) -> dict[str, Any]:
     """How a named system is echoed into records (label, admission, eviction, tuning)."""
     tuning = (f"bootstrap:multiplier={system.tuning.multiplier}" if system.tuning is not None
-              else "adaptive" if system.eviction.startswith("adaptive") else None)
+              else "adaptive" if system.eviction.startswith(("adaptive", "worlds")) else None)
     return {"system": system.label, "admission": system.admission, "eviction": system.eviction, "tuning": tuning}
 
 

@@ -1,0 +1,224 @@
+"""Adaptive Marconi by exact worlds: the live cache follows whichever rule's own cache is ahead.
+
+The regret selector (:mod:`marconi.adaptive`) judges every rule from the live cache's state alone,
+and that estimate is biased against whichever rule is live (``docs/adaptive.md``, second round).
+Here nothing is estimated: each rule of the family that is not live runs in a **world** of its own,
+a size-only :class:`~marconi.cache.PrefixCache` with the same admission and capacity, fed the same
+requests. The live cache is the live rule's world. Each world's score is the decayed sum of the
+tokens (or prefill FLOPs) its lookups reused; the live rule changes to the best-scoring one when
+that one leads by more than ``hysteresis`` (relative).
+
+**Why this costs rules×, not (rules + 1)×.** A cache that has run one rule for a while *is* that
+rule's world. On a switch from rule A to rule B, B's world is dropped (the live cache now runs B)
+and A's world becomes an exact copy of the live cache (which has been running A): no separate
+world for the live rule is ever needed. The copy is taken with the in-flight requests, so it
+finishes them as the live cache does. Scores carry over: the live rule's score keeps B's history.
+
+A live cache right after a switch holds A's contents while it runs B; its score is B's, so a rule
+whose value is what it *retains* is not judged by its first requests from another rule's state
+(what windowed duels from snapshots got wrong).
+
+Cost: one replay per rule of the family (three for the default), measured in
+``benchmarks/core_bench.py``. Worlds hold no payloads, only sizes; in a serving engine they are
+metadata next to the real cache. Everything is deterministic.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+from typing import TYPE_CHECKING, Any, Sequence
+
+import numpy as np
+
+from marconi.adaptive import RuleSwitch, parse_rules
+from marconi.cache import CacheObserver, PrefixCache, RequestHandle, SizeOnlyPayloads
+from marconi.eviction import CandidateSet, EvictionRule, flop_efficiency_array
+from marconi.radix import Node
+from marconi.registry import ConfigError
+
+if TYPE_CHECKING:
+    from marconi.model import ModelSpec
+
+__all__ = ["WorldsEviction", "clone_cache"]
+
+
+class WorldsEviction:
+    """Eviction by the live rule of a family; with ``explore`` (the default), the live rule follows
+    the best of the rules' exact worlds (see the module docstring).
+
+    Candidates are every unlocked node with at most one child (a leaf-only rule scores the leaves
+    alone), so the live cache can apply any rule of the family, and a world pinned to a rule
+    decides exactly as a cache built for that rule alone.
+
+    Args:
+        rules: the family (``"default"``, labels ``"lru/a0.5m/a2m"``, or rules); the first is live
+            until another rule's world is ahead.
+        decay: weight kept by the scores per request (horizon ~ 1 / (1 - decay)).
+        hysteresis: switch only to a world scoring more than the live one by this fraction.
+        objective: score reused ``"hit-rate"`` tokens or saved prefill ``"flops"``.
+        explore: False: a single fixed rule (``current``), no worlds (what each world runs).
+    """
+
+    name = "worlds"
+    evicts_inner_nodes = True
+
+    def __init__(self, rules: str | Sequence[EvictionRule] = "default", *, decay: float = 0.999,
+                 hysteresis: float = 0.0, objective: str = "hit-rate", explore: bool = True,
+                 current: int = 0) -> None:
+        if not 0 < decay <= 1:
+            raise ConfigError(f"worlds decay must be in (0, 1], got {decay}")
+        if not hysteresis >= 0:
+            raise ConfigError(f"worlds hysteresis must be >= 0, got {hysteresis}")
+        if objective not in ("hit-rate", "flops"):
+            raise ConfigError(f"worlds objective must be 'hit-rate' or 'flops', got {objective!r}")
+        self.rules = parse_rules(rules)
+        variants = [r.efficiency for r in self.rules if r.alpha]
+        # The cache keeps this variant's efficiency on its nodes; a rule using the other computes it.
+        self.efficiency_variant = max(("marginal", "total"), key=variants.count) if variants else "total"
+        self.decay, self.hysteresis, self.objective, self.explore = decay, hysteresis, objective, explore
+        self.current = current
+        self.score = np.zeros(len(self.rules))
+        self.switches: list[RuleSwitch] = []
+        self.cache: PrefixCache | None = None
+        self.worlds: dict[int, PrefixCache] = {}           # rule -> its world (every rule but the live one)
+        self._handles: dict[int, dict[int, RequestHandle]] = {}  # live request id -> rule -> handle there
+
+    # ---------------------------------------------------------------- binding
+    def bind(self, cache: PrefixCache) -> None:
+        if self.cache is not None:
+            raise ConfigError("a worlds eviction policy serves one cache; build one per cache")
+        self.cache = cache
+        if not self.explore:
+            return
+        cache.tuner = self
+        cache.add_observer(_Mirror(self))
+        for k in range(len(self.rules)):
+            if k != self.current:
+                self.worlds[k] = PrefixCache(
+                    cache.spec, cache.capacity_bytes, copy.deepcopy(cache.admission), self._pinned(k),
+                    clock=None if cache._logical is not None else cache.clock,
+                    prefill_chunk_len=cache.prefill_chunk_len)
+
+    def _pinned(self, k: int) -> "WorldsEviction":
+        return WorldsEviction(self.rules, explore=False, current=k)
+
+    @property
+    def rule(self) -> EvictionRule:
+        return self.rules[self.current]
+
+    @property
+    def spec(self) -> "ModelSpec":
+        assert self.cache is not None, "WorldsEviction is used by a cache (which binds it)"
+        return self.cache.spec
+
+    # ---------------------------------------------------------------- eviction
+    def choose(self, candidates: CandidateSet) -> int:
+        rule, n = self.rule, len(candidates)
+        if not rule.alpha or rule.efficiency == self.efficiency_variant:
+            efficiency = candidates.flop_eff[:n]
+        else:
+            efficiency = flop_efficiency_array(self.spec, candidates.depth[:n], candidates.edge_len[:n],
+                                               candidates.has_ssm[:n], rule.efficiency)
+        return rule.choose(candidates, efficiency)
+
+    # ---------------------------------------------------------------- following the best world
+    def _value(self, handle: RequestHandle) -> float:
+        usable = handle.match.usable_hit_len
+        return float(usable) if self.objective == "hit-rate" else self.spec.prefill_flops(usable)
+
+    def begin(self, handle: RequestHandle) -> None:
+        """The live cache began ``handle``: every world looks the same input up; scores move."""
+        step = np.zeros(len(self.rules))
+        step[self.current] = self._value(handle)
+        mine = self._handles[handle.request_id] = {}
+        for k, world in self.worlds.items():
+            mine[k] = h = world.begin(handle.tokens, max_hit_len=handle.max_hit_len)
+            step[k] = self._value(h)
+        self.score = self.score * self.decay + step
+        self._maybe_switch(handle.request_id)
+
+    def _maybe_switch(self, request_id: int) -> None:
+        best = int(np.argmax(self.score))
+        lead = self.score[best] - self.score[self.current]
+        if best == self.current or not lead > self.score[self.current] * self.hysteresis:
+            return
+        assert self.cache is not None
+        old = self.current
+        # The live cache has been running ``old``: a copy of it is ``old``'s world, in-flight requests too.
+        world = clone_cache(self.cache, self._pinned(old))
+        self.worlds[old] = world
+        del self.worlds[best]
+        for rid, mine in self._handles.items():
+            mine.pop(best, None)
+            mine[old] = world._in_flight[rid]
+        self.current = best
+        self.switches.append(RuleSwitch(request_id, best))
+
+    def each_world(self, request_id: int, action: str, *args: Any) -> None:
+        """Replay ``finish`` / ``abort`` / ``insert_prefill`` of a live request in every world."""
+        mine = self._handles.get(request_id, {})
+        if action != "insert_prefill":
+            self._handles.pop(request_id, None)
+        for k, h in mine.items():
+            getattr(self.worlds[k], action)(h, *args)
+
+    def tuning_record(self) -> dict[str, Any]:
+        """Record fields: every switch of the live rule (``rule_switches``: request, new rule)."""
+        return {"rule_switches": [[s.at_request, self.rules[s.rule].label()] for s in self.switches]}
+
+    def describe(self) -> dict[str, object]:
+        return {"eviction": self.name, "rules": "/".join(r.label() for r in self.rules), "rule": self.rule.label()}
+
+
+class _Mirror(CacheObserver):
+    """Feeds every world what the live cache is asked to do, as it is asked."""
+
+    def __init__(self, policy: WorldsEviction) -> None:
+        self.policy = policy
+
+    def on_begin(self, cache: PrefixCache, handle: RequestHandle) -> None:
+        self.policy.begin(handle)
+
+    def on_prefill(self, cache: PrefixCache, handle: RequestHandle) -> None:
+        self.policy.each_world(handle.request_id, "insert_prefill")
+
+    def on_finish(self, cache: PrefixCache, handle: RequestHandle, output_tokens: np.ndarray) -> None:
+        self.policy.each_world(handle.request_id, "finish", output_tokens)
+
+    def on_abort(self, cache: PrefixCache, handle: RequestHandle) -> None:
+        self.policy.each_world(handle.request_id, "abort")
+
+
+def clone_cache(cache: PrefixCache, eviction: Any) -> PrefixCache:
+    """A size-only copy of ``cache`` (tree, recency, candidate index, in-flight requests, admission
+    state) that evicts by ``eviction`` and has no observers: it then behaves exactly as ``cache``
+    would under that policy. Payloads are dropped (a world holds sizes only); the clock is shared
+    unless the cache keeps its own logical one. The tree is copied iteratively (a deep chain of
+    nodes would overflow a recursive copy)."""
+    memo: dict[int, Any] = {id(cache.eviction): eviction, id(cache._observers): [], id(cache.spec): cache.spec,
+                            id(cache._mutex): threading.RLock(), id(cache.payloads): SizeOnlyPayloads()}
+    if cache.tuner is not None and cache.tuner is not cache.eviction:
+        memo[id(cache.tuner)] = None
+    if cache._logical is None:
+        memo[id(cache.clock)] = cache.clock
+    pairs: list[tuple[Node, Node]] = []
+    stack = [cache.tree.root]
+    while stack:
+        node = stack.pop()
+        twin = Node.__new__(Node)
+        for slot in Node.__slots__:
+            setattr(twin, slot, getattr(node, slot))
+        twin.kv = None
+        twin.ckpt_positions = list(node.ckpt_positions)
+        twin.ckpt_states = [None] * len(node.ckpt_positions)
+        memo[id(node)] = twin
+        pairs.append((node, twin))
+        stack.extend(node.children.values())
+    for node, twin in pairs:
+        twin.parent = None if node.parent is None else memo[id(node.parent)]
+        twin.children = {key: memo[id(child)] for key, child in node.children.items()}
+    clone = copy.deepcopy(cache, memo)
+    clone.tuner = None
+    eviction.bind(clone)
+    return clone
