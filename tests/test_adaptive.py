@@ -88,9 +88,10 @@ def test_vectorised_flop_efficiency_is_bit_for_bit_the_scalar_one(model):
                                 for d, e, h in zip(depth, edge, has_ssm)]
 
 
-def test_the_adaptive_default_is_deterministic_with_any_number_of_workers():
+@pytest.mark.parametrize("system", ["marconi", "marconi:selector=worlds"])
+def test_the_adaptive_default_is_deterministic_with_any_number_of_workers(system):
     trace = build_workload("swe-sample")
-    points = expand_points(["marconi"], ["0.05x", "0.15x"], ["paper-7b"])
+    points = expand_points([system], ["0.05x", "0.15x"], ["paper-7b"])
     strip = (lambda recs: [{k: v for k, v in r.items() if k not in TIMING_FIELDS} for r in recs])
     one = strip(run_sweep(trace, "swe-sample", points, workers=1))
     two = strip(run_sweep(trace, "swe-sample", points, workers=2))
