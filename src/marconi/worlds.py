@@ -155,13 +155,10 @@ class WorldsEviction:
         self.current = best
         self.switches.append(RuleSwitch(request_id, best))
 
-    def each_world(self, request_id: int, action: str, *args: Any) -> None:
-        """Replay ``finish`` / ``abort`` / ``insert_prefill`` of a live request in every world."""
-        mine = self._handles.get(request_id, {})
-        if action != "insert_prefill":
-            self._handles.pop(request_id, None)
-        for k, h in mine.items():
-            getattr(self.worlds[k], action)(h, *args)
+    def in_worlds(self, request_id: int, *, done: bool = False) -> list[tuple[PrefixCache, RequestHandle]]:
+        """Each world with its handle for the live request ``request_id`` (``done``: forget them)."""
+        mine = self._handles.pop(request_id, {}) if done else self._handles.get(request_id, {})
+        return [(self.worlds[k], h) for k, h in mine.items()]
 
     def tuning_record(self) -> dict[str, Any]:
         """Record fields: every switch of the live rule (``rule_switches``: request, new rule)."""
@@ -181,13 +178,16 @@ class _Mirror(CacheObserver):
         self.policy.begin(handle)
 
     def on_prefill(self, cache: PrefixCache, handle: RequestHandle) -> None:
-        self.policy.each_world(handle.request_id, "insert_prefill")
+        for world, h in self.policy.in_worlds(handle.request_id):
+            world.insert_prefill(h)
 
     def on_finish(self, cache: PrefixCache, handle: RequestHandle, output_tokens: np.ndarray) -> None:
-        self.policy.each_world(handle.request_id, "finish", output_tokens)
+        for world, h in self.policy.in_worlds(handle.request_id, done=True):
+            world.finish(h, output_tokens)
 
     def on_abort(self, cache: PrefixCache, handle: RequestHandle) -> None:
-        self.policy.each_world(handle.request_id, "abort")
+        for world, h in self.policy.in_worlds(handle.request_id, done=True):
+            world.abort(h)
 
 
 def clone_cache(cache: PrefixCache, eviction: Any) -> PrefixCache:
