@@ -201,7 +201,7 @@ def render(rows: list[dict[str, Any]]) -> str:
              "(a) marconi >= SGLang+; (b) marconi >= best fixed - 0.5 pp; (c) modelled P95 TTFT (A100",
              "roofline) <= SGLang+'s. `bootstrap` is the paper's protocol (`marconi:tuner=bootstrap`); **marconi** the",
              "default (counterfactual regret, ~1.7x a fixed-alpha replay); *worlds* `marconi:selector=worlds` (the same",
-             "family chosen by exact per-rule worlds, one replay per rule: ~3x), with its own (a) (b) (c).", ""]
+             "family chosen by exact per-rule worlds, one replay per rule: ~3.3x), with its own (a) (b) (c).", ""]
     mark = (lambda ok: "yes" if ok else "**no**")
     for model in dict.fromkeys(r["model"] for r in rows):
         sub = [r for r in rows if r["model"] == model]
