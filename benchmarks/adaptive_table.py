@@ -2,7 +2,7 @@
 
 For each trace built from ../shared/data with the project's builders (ShareGPT by the paper's
 recipe and a random-record sample, SWE agent trajectories kept-5 / kept-all / with the SWE-agent
-shared prefix, the SWE-agent demonstration trajectories, both Mooncake traces) and each capacity
+shared prefix, the SWE-agent demonstration trajectories, both Mooncake traces, QuALITY) and each capacity
 (fractions of the trace's working set, tight to loose), it replays ``oracle``, ``infinite``,
 SGLang+, vLLM+, every fixed rule of the adaptive family, the paper's bootstrap Marconi and the
 default ``marconi``, and writes:
@@ -32,14 +32,14 @@ from typing import Any, Callable
 from marconi.adaptive import DEFAULT_RULES
 from marconi.eviction import EvictionRule
 from marconi.sim.sweep import SweepPoint, SweepTask, run_tasks, working_sets
-from marconi.workloads import (Trace, build_mooncake_trace, build_sharegpt_trace, build_swe_trace,
+from marconi.workloads import (Trace, build_mooncake_trace, build_sharegpt_trace, build_swe_trace, build_workload,
                                shared_data_dir)
 
 ROOT = Path(__file__).resolve().parent.parent
 FRACTIONS = (0.02, 0.05, 0.1, 0.2, 0.4)
 #: Cross-validation split: selector settings are chosen on TRAIN_TRACES; HELD_OUT_TRACES only report.
 TRAIN_TRACES = ("swe", "sharegpt", "mooncake", "sweagent-demos")
-HELD_OUT_TRACES = ("swe-keepall", "swe-sharedprefix", "sharegpt-random", "mooncake-synthetic")
+HELD_OUT_TRACES = ("swe-keepall", "swe-sharedprefix", "sharegpt-random", "mooncake-synthetic", "quality")
 BOOTSTRAP = "marconi:tuner=bootstrap"
 WORLDS = "marconi:selector=worlds"  # exact worlds: the same family, one replay per rule
 
@@ -58,6 +58,7 @@ def trace_builders(shared: Path) -> dict[str, Callable[[], Trace]]:
         "sweagent-demos": lambda: build_swe_trace([swe / "sweagent-demos"], num_sessions=None),
         "mooncake": lambda: build_mooncake_trace(shared / "mooncake" / "conversation_trace.jsonl"),
         "mooncake-synthetic": lambda: build_mooncake_trace(shared / "mooncake" / "synthetic_trace.jsonl"),
+        "quality": lambda: build_workload("quality"),  # long shared articles, questions (added after selection)
     }
 
 
