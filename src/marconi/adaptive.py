@@ -53,7 +53,8 @@ if TYPE_CHECKING:
     from marconi.model import ModelSpec
     from marconi.radix import Node
 
-__all__ = ["DEFAULT_RULES", "DEFAULT_RULE_LABELS", "AdaptiveEviction", "RuleSwitch", "parse_rules", "policy_for"]
+__all__ = ["DEFAULT_RULES", "DEFAULT_RULE_LABELS", "AdaptiveEviction", "RuleSwitch", "cached_efficiency_variant",
+           "parse_rules", "policy_for"]
 
 #: The default family (labels: :meth:`EvictionRule.label`): SGLang+'s LRU, a balanced and an
 #: aggressive FLOP-aware rule.
@@ -76,6 +77,13 @@ def parse_rules(text: str | Sequence[EvictionRule]) -> tuple[EvictionRule, ...]:
 
 
 DEFAULT_RULES: tuple[EvictionRule, ...] = parse_rules("default")
+
+
+def cached_efficiency_variant(rules: Sequence[EvictionRule]) -> str:
+    """The FLOP efficiency a cache serving ``rules`` keeps on its nodes: the variant most of its
+    FLOP-aware rules use (a rule using the other computes it, vectorised, when it scores)."""
+    variants = [r.efficiency for r in rules if r.alpha]
+    return max(("marginal", "total"), key=variants.count) if variants else "total"
 
 
 def policy_for(rule: EvictionRule) -> Any:
@@ -139,10 +147,7 @@ class AdaptiveEviction:
         if objective not in ("hit-rate", "flops"):
             raise ConfigError(f"adaptive objective must be 'hit-rate' or 'flops', got {objective!r}")
         self.rules = parse_rules(rules)
-        # The cache keeps the FLOP efficiency most FLOP-aware rules use on its nodes; another
-        # variant is computed (vectorised) at eviction time when a rule needs it.
-        variants = [r.efficiency for r in self.rules if r.alpha]
-        self.efficiency_variant = max(("marginal", "total"), key=variants.count) if variants else "total"
+        self.efficiency_variant = cached_efficiency_variant(self.rules)
         self.decay = decay
         self.reach_weight = reach_weight
         self.hysteresis = hysteresis

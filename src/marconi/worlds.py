@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
-from marconi.adaptive import RuleSwitch, parse_rules
+from marconi.adaptive import RuleSwitch, cached_efficiency_variant, parse_rules
 from marconi.cache import CacheObserver, PrefixCache, RequestHandle, SizeOnlyPayloads
 from marconi.eviction import CandidateSet, EvictionRule, flop_efficiency_array
 from marconi.radix import Node
@@ -73,9 +73,7 @@ class WorldsEviction:
         if objective not in ("hit-rate", "flops"):
             raise ConfigError(f"worlds objective must be 'hit-rate' or 'flops', got {objective!r}")
         self.rules = parse_rules(rules)
-        variants = [r.efficiency for r in self.rules if r.alpha]
-        # The cache keeps this variant's efficiency on its nodes; a rule using the other computes it.
-        self.efficiency_variant = max(("marginal", "total"), key=variants.count) if variants else "total"
+        self.efficiency_variant = cached_efficiency_variant(self.rules)
         self.decay, self.hysteresis, self.objective, self.explore = decay, hysteresis, objective, explore
         self.current = current
         self.score = np.zeros(len(self.rules))
