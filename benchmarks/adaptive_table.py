@@ -41,7 +41,7 @@ FRACTIONS = (0.02, 0.05, 0.1, 0.2, 0.4)
 TRAIN_TRACES = ("swe", "sharegpt", "mooncake", "sweagent-demos")
 HELD_OUT_TRACES = ("swe-keepall", "swe-sharedprefix", "sharegpt-random", "mooncake-synthetic", "quality")
 BOOTSTRAP = "marconi:tuner=bootstrap"
-WORLDS = "marconi:selector=worlds"  # exact worlds: the same family, one replay per rule
+REGRET = "marconi:selector=regret"  # the cheaper selector: the same family, by counterfactual regret
 
 
 def trace_builders(shared: Path) -> dict[str, Callable[[], Trace]]:
@@ -73,7 +73,7 @@ def rule_system(rule: EvictionRule) -> str:
 
 
 def systems(bootstrap: bool) -> list[str]:
-    out = ["oracle", "sglang+", "vllm+", "marconi", WORLDS] + [rule_system(r) for r in DEFAULT_RULES]
+    out = ["oracle", "sglang+", "vllm+", "marconi", REGRET] + [rule_system(r) for r in DEFAULT_RULES]
     if bootstrap:
         out.append(BOOTSTRAP)
     return list(dict.fromkeys(out))
@@ -163,7 +163,7 @@ def rows_of(records: dict[tuple, dict[str, Any]]) -> list[dict[str, Any]]:
             "bootstrap": by.get(BOOTSTRAP, {}).get("token_hit_rate"),
             "p95": m["ttft_p95_s"], "p95_sglang": s["ttft_p95_s"], "switches": len(m.get("rule_switches") or []),
             **_requirements(m, s, best, ""),
-            **({"worlds": by[WORLDS]["token_hit_rate"], **_requirements(by[WORLDS], s, best, "w")} if WORLDS in by else {}),
+            **({"regret": by[REGRET]["token_hit_rate"], **_requirements(by[REGRET], s, best, "r")} if REGRET in by else {}),
             "oracle_below": [n for n, r in by.items() if by.get("oracle") and n != "oracle"
                              and r["token_hit_rate"] > by["oracle"]["token_hit_rate"] + 1e-12],
         })
@@ -201,27 +201,28 @@ def render(rows: list[dict[str, Any]]) -> str:
              f"family ({', '.join(r.label() for r in DEFAULT_RULES)}; `lru` is SGLang+), replayed on its own.",
              "(a) marconi >= SGLang+; (b) marconi >= best fixed - 0.5 pp; (c) modelled P95 TTFT (A100",
              "roofline) <= SGLang+'s. `bootstrap` is the paper's protocol (`marconi:tuner=bootstrap`); **marconi** the",
-             "default (counterfactual regret, ~1.7x a fixed-alpha replay); *worlds* `marconi:selector=worlds` (the same",
-             "family chosen by exact per-rule worlds, one replay per rule: ~3.3x), with its own (a) (b) (c).", ""]
+             "default (the family's rule chosen by exact per-rule worlds, one replay per rule: ~3.3x a fixed-alpha",
+             "replay); *regret* `marconi:selector=regret` (the same family chosen by counterfactual regret, ~1.7x; the",
+             "default until issue 11's fourth round), with its own (a) (b) (c).", ""]
     mark = (lambda ok: "yes" if ok else "**no**")
     for model in dict.fromkeys(r["model"] for r in rows):
         sub = [r for r in rows if r["model"] == model]
-        worlds = all("worlds" in r for r in sub)
+        regret = all("regret" in r for r in sub)
         lines += [f"## {model}", "",
                   "| trace | capacity | oracle | infinite | SGLang+ | vLLM+ | best fixed | bootstrap | **marconi** | "
-                  "switches | P95 TTFT marconi / SGLang+ (ms) | (a) | (b) | (c) |" + (" worlds | (a) (b) (c) |" if worlds else ""),
-                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|---|" if worlds else "")]
+                  "switches | P95 TTFT marconi / SGLang+ (ms) | (a) | (b) | (c) |" + (" regret | (a) (b) (c) |" if regret else ""),
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|---|" if regret else "")]
         for r in sub:
             lines.append(
                 f"| {r['trace']} | {r['fraction']:g}x ({r['capacity_bytes'] / 1e9:.3g} GB) | {_pct(r['oracle'])} | "
                 f"{_pct(r['infinite'])} | {_pct(r['sglang'])} | {_pct(r['vllm'])} | {_pct(r['best'])} ({r['best_rule']}) | "
                 f"{_pct(r['bootstrap'])} | **{_pct(r['marconi'])}** | {r['switches']} | "
                 f"{1000 * r['p95']:.0f} / {1000 * r['p95_sglang']:.0f} | {mark(r['a'])} | {mark(r['b'])} | {mark(r['c'])} |"
-                + (f" {_pct(r['worlds'])} | {' '.join(mark(r['w' + x]) for x in 'abc')} |" if worlds else ""))
+                + (f" {_pct(r['regret'])} | {' '.join(mark(r['r' + x]) for x in 'abc')} |" if regret else ""))
         lines.append("")
         lines += _summary(sub, "marconi", "", "marconi (default)")
-        if worlds:
-            lines += _summary(sub, "worlds", "w", "worlds")
+        if regret:
+            lines += _summary(sub, "regret", "r", "regret (selector=regret)")
         if any(r["bootstrap"] is not None for r in sub):
             boot = [r for r in sub if r["bootstrap"] is not None]
             lines.append(f"The paper's bootstrap: mean {100 * sum(r['bootstrap'] - r['sglang'] for r in boot) / len(boot):+.2f} pp "

@@ -37,7 +37,7 @@ from marconi.units import format_bytes, parse_bytes
 from marconi.workloads import Request, Trace, agent_trace, chat_trace, shared_data_dir
 
 SYSTEMS = ["vanilla", "vllm+", "sglang+", "marconi:alpha=1", "marconi"]
-ADAPTATION = ["marconi:alpha=1", "marconi", "marconi:selector=worlds", "marconi:tuner=bootstrap"]
+ADAPTATION = ["marconi:alpha=1", "marconi", "marconi:selector=regret", "marconi:tuner=bootstrap"]
 
 
 def synthetic_workload(seed: int = 0) -> Trace:

@@ -88,7 +88,7 @@ def test_vectorised_flop_efficiency_is_bit_for_bit_the_scalar_one(model):
                                 for d, e, h in zip(depth, edge, has_ssm)]
 
 
-@pytest.mark.parametrize("system", ["marconi", "marconi:selector=worlds"])
+@pytest.mark.parametrize("system", ["marconi", "marconi:selector=regret"])
 def test_the_adaptive_default_is_deterministic_with_any_number_of_workers(system):
     trace = build_workload("swe-sample")
     points = expand_points([system], ["0.05x", "0.15x"], ["paper-7b"])
@@ -127,7 +127,7 @@ def test_the_choice_follows_a_workload_shift():
             > 1.5 * simulate_system(swe, "sglang+", "paper-7b", capacity).stats.token_hit_rate)
     assert (simulate_system(chats, aggressive, "paper-7b", capacity).stats.token_hit_rate
             < 0.85 * simulate_system(chats, "sglang+", "paper-7b", capacity).stats.token_hit_rate)
-    result = simulate_system(_phases(swe, chats), "marconi", "paper-7b", capacity)
+    result = simulate_system(_phases(swe, chats), "marconi:selector=regret", "paper-7b", capacity)
     rules = _rules_in_force(result.rule_switches, len(result.input_len))
     first, second = rules[:len(swe)], rules[len(swe):]
     share_before = first.count("a2m") / len(first)
@@ -151,12 +151,15 @@ def test_invariants_hold_while_the_rule_keeps_changing(chat):
 
 
 def test_marconi_names_and_their_errors():
-    assert make_system("marconi").eviction == "adaptive:rules=default,objective=hit-rate"
+    assert make_system("marconi").eviction == "worlds:rules=default,objective=hit-rate"   # the default selector
+    assert make_system("marconi:selector=regret").eviction == "adaptive:rules=default,objective=hit-rate"
     assert make_system("marconi:tuner=bootstrap").tuning is not None
     assert make_system("marconi:multiplier=15").tuning.multiplier == 15      # bootstrap-only: selects it
     old_name = make_system("marconi:recency=inverse-age,efficiency=marginal")  # a single-rule knob: the same
     assert old_name.tuning is not None and "efficiency=marginal,recency=inverse-age" in old_name.eviction
     assert make_system("marconi:rules=lru/a1m,decay=0.99").eviction == \
+        "worlds:rules=lru/a1m,objective=hit-rate,decay=0.99"
+    assert make_system("marconi:selector=regret,rules=lru/a1m,decay=0.99").eviction == \
         "adaptive:rules=lru/a1m,objective=hit-rate,decay=0.99"
     for name, message in (("marconi:alpha=1,tuner=adaptive", "nothing to tune"),
                           ("marconi:alpha=1,multiplier=5", "nothing to tune"),
@@ -195,7 +198,7 @@ def _adaptive_system(policy_kwargs: dict) -> SystemConfig:
 
 def test_confidence_is_a_burden_of_proof_for_leaving_the_first_rule(chat):
     capacity = 1e9
-    free = simulate_system(chat, "marconi", "paper-7b", capacity)
+    free = simulate_system(chat, "marconi:selector=regret", "paper-7b", capacity)
     assert free.rule_switches                               # without it the selector leaves LRU here ...
     stuck = simulate_system(chat, _adaptive_system({"confidence": 1e9}), "paper-7b", capacity)
     assert stuck.rule_switches == []                        # ... with an absurd bound it never does,

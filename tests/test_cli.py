@@ -12,7 +12,7 @@ def test_models_and_systems_list(capsys):
     assert main(["systems"]) == 0
     out = capsys.readouterr().out
     for name in ("vanilla", "vllm+", "sglang+", "marconi", "flop-aware", "every-block", "sparse-dp", "oracle",
-                 "infinite", "adaptive", "tuner=auto", "tuner=bootstrap", "worlds", "selector"):
+                 "infinite", "adaptive", "tuner=auto", "tuner=bootstrap", "worlds", "selector", "regret"):
         assert name in out
 
 
@@ -25,14 +25,14 @@ def test_demo_runs_the_readme_job_and_marconi_does_not_lose_to_sglang(tmp_path, 
     by = {(r["capacity"], r["system"]): r["token_hit_rate"] for r in records}
     assert {c for c, _ in by} == {"0.05x", "0.15x"}
     for capacity in ("0.05x", "0.15x"):
-        for system in ("marconi", "marconi:selector=worlds"):
+        for system in ("marconi", "marconi:selector=regret"):
             assert by[(capacity, system)] >= by[(capacity, "sglang+")]
-        assert by[(capacity, "oracle")] >= by[(capacity, "marconi:selector=worlds")] >= by[(capacity, "marconi")]
+        assert by[(capacity, "oracle")] >= by[(capacity, "marconi")] >= by[(capacity, "marconi:selector=regret")]
         assert by[(capacity, "infinite")] >= by[(capacity, "oracle")]
     assert by[("0.05x", "marconi")] > by[("0.05x", "sglang+")]
     assert (tmp_path / "demo" / "demo_mrc.png").stat().st_size > 0
     mrc = [json.loads(line) for line in (tmp_path / "demo" / "demo_mrc.jsonl").read_text().splitlines()]
-    assert {r["system"] for r in mrc} >= {"vllm+", "sglang+", "marconi", "marconi:selector=worlds", "oracle"}
+    assert {r["system"] for r in mrc} >= {"vllm+", "sglang+", "marconi", "marconi:selector=regret", "oracle"}
     assert "infinite (unbounded capacity)" in capsys.readouterr().out
 
 

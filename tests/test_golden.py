@@ -18,7 +18,7 @@ from marconi.sim.sweep import expand_points, run_sweep
 from marconi.workloads import build_workload
 
 GOLDEN = Path(__file__).parent / "golden" / "swe_sample.json"
-SYSTEMS = ["vanilla", "vllm+", "sglang+", "marconi", "marconi:tuner=bootstrap", "marconi:alpha=0", "marconi:alpha=1",
+SYSTEMS = ["vanilla", "vllm+", "sglang+", "marconi", "marconi:selector=regret", "marconi:tuner=bootstrap", "marconi:alpha=0", "marconi:alpha=1",
            "marconi:alpha=0.5,efficiency=marginal", "marconi:alpha=1,recency=inverse-age"]
 CAPACITIES = ["0.05x", "0.15x", "1TB"]
 MODES = ["sequential", "event"]

@@ -157,8 +157,11 @@ def test_worlds_names_and_their_errors():
     assert make_system("marconi:selector=worlds").eviction == "worlds:rules=default,objective=hit-rate"
     assert make_system("marconi:selector=worlds,rules=lru/a2m,hysteresis=0.02").eviction == \
         "worlds:rules=lru/a2m,objective=hit-rate,hysteresis=0.02"
-    assert make_system("marconi:selector=regret").eviction == make_system("marconi").eviction
-    for name, message in (("marconi:selector=bandit", "selector must be 'regret'"),
+    assert make_system("marconi:selector=worlds").eviction == make_system("marconi").eviction  # the default
+    assert make_system("marconi:selector=regret").eviction == "adaptive:rules=default,objective=hit-rate"
+    # the confidence bound is the regret selector's: naming it alone keeps the meaning it had before
+    assert make_system("marconi:confidence=2").eviction == make_system("marconi:selector=regret,confidence=2").eviction
+    for name, message in (("marconi:selector=bandit", "selector must be 'worlds'"),
                           ("marconi:selector=worlds,confidence=2", "confidence applies to selector=regret"),
                           ("marconi:selector=worlds,multiplier=5", "mix the bootstrap"),
                           ("marconi:selector=worlds,alpha=1", "nothing to tune")):

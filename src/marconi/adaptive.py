@@ -1,4 +1,6 @@
-"""Adaptive Marconi: FLOP-aware eviction whose rule is re-chosen online, for the whole trace.
+"""Adaptive Marconi by counterfactual regret (``marconi:selector=regret``): FLOP-aware eviction whose
+rule is re-chosen online, for the whole trace. This module also owns the rule family and its
+parsing, which the default selector (exact worlds, :mod:`marconi.worlds`) shares.
 
 The paper's bootstrap tuner (:mod:`marconi.tuning`) picks α once, from one window replayed from one
 snapshot, and keeps it: it wins its window and can lose the trace. Here the choice is never frozen.
@@ -27,12 +29,15 @@ per request; the live rule is the least charged one, and it changes only when an
 charge is lower by more than ``hysteresis`` (relative). This is the regret-minimisation idea of
 LeCaR/CACHEUS, made deterministic and tree-aware.
 
-Why not simulations? We measured the alternatives on real traces (see ``docs/adaptive.md``):
-exact full-rate worlds of every rule are the most accurate but cost one replay per rule (they are
-``marconi:selector=worlds``, :mod:`marconi.worlds`);
-shadow caches on a sample of sessions (SHARDS) or windows replayed from snapshots fit the budget
-but are too noisy or too short-sighted at these trace sizes and chose worse than regret. Regret
-costs a few scorings per eviction and sees every request.
+Why it is no longer the default: its estimate is made from the live cache's state alone, and it is
+measurably biased against whichever rule is live, so it mixes rules where holding one pays
+(``docs/adaptive.md``, second round). Exact worlds of every rule (the default ``marconi``,
+:mod:`marconi.worlds`) are closer to the best rule on every real trace we have, at one replay per
+rule (3.3× a fixed-α replay against regret's 1.7×). Shadow caches on a sample of sessions (SHARDS)
+or windows replayed from snapshots fit a 2× budget but are too noisy or too short-sighted at these
+trace sizes and chose worse than regret. Regret costs a few scorings per eviction and sees every
+request: it remains the choice where one shadow replay is all that can be afforded (the vLLM
+plugin's adaptive α).
 
 Everything is deterministic: the same trace gives the same choices, whatever the number of workers.
 """

@@ -232,7 +232,7 @@ def _cmd_mrc(args: argparse.Namespace) -> int:
 def _cmd_demo(args: argparse.Namespace) -> int:
     """The README's main job: the systems on a bundled real trace at two capacities, with the
     oracle and infinite ceilings, then the miss-ratio curve of the same trace."""
-    ns = argparse.Namespace(trace=args.trace, systems="vanilla,vllm+,sglang+,marconi,marconi:selector=worlds,oracle,infinite",
+    ns = argparse.Namespace(trace=args.trace, systems="vanilla,vllm+,sglang+,marconi,marconi:selector=regret,oracle,infinite",
                             capacity=args.capacity, model=args.model, out=args.out, latency="a100", mode="sequential",
                             workers=None, limit=None, no_per_request=False, quiet=False)
     code = _cmd_simulate(ns)
@@ -240,7 +240,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         code = _cmd_compare(argparse.Namespace(results=args.out, plots=None))
     if code == 0 and args.out:
         out = Path(args.out)
-        code = _cmd_mrc(argparse.Namespace(trace=args.trace, systems="vllm+,sglang+,marconi,marconi:selector=worlds",
+        code = _cmd_mrc(argparse.Namespace(trace=args.trace, systems="vllm+,sglang+,marconi,marconi:selector=regret",
                                            points=12, lo=0.005,
                                            model=args.model, out=str(out.with_name(out.stem + "_mrc.jsonl")),
                                            plot=None, no_ceilings=False, workers=None, backend="local", address=None,

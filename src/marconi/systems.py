@@ -6,7 +6,9 @@ name      admission                   eviction
 vanilla   none                        (nothing cached)
 vllm+     every-block (block = 32)    lru (leaves; hits refresh the whole path)
 sglang+   marconi                     lru
-marconi   marconi                     adaptive: a FLOP-aware rule re-chosen online (default);
+marconi   marconi                     adaptive: a FLOP-aware rule re-chosen online by exact
+                                      per-rule worlds (default); ``selector=regret``: by
+                                      counterfactual regret (cheaper, less exact);
                                       ``tuner=bootstrap``: α bootstrap-tuned once, the paper's
                                       protocol; ``alpha=…``: fixed α
 infinite  marconi (or admission=…)    none needed: unbounded capacity, the hit-rate ceiling
@@ -16,9 +18,10 @@ custom    any (admission=…)           any (eviction=…)
 
 Parameters go on the name, wherever a system is named: ``marconi:alpha=1.0``, ``vllm+:block=16``,
 ``marconi:tuner=bootstrap,multiplier=15,objective=flops``, ``marconi:rules=lru/a0/a1m,decay=0.99``,
-``custom:admission=every-block,eviction=flop-aware,alpha=auto``. ``marconi:selector=worlds`` chooses
-the same family's rule by exact per-rule worlds instead of counterfactual regret (one replay per
-rule; see :mod:`marconi.worlds`). The bootstrap-only parameters
+``custom:admission=every-block,eviction=flop-aware,alpha=auto``. The default ``marconi`` chooses its
+rule by exact per-rule worlds (one replay per rule, :mod:`marconi.worlds`); ``marconi:selector=regret``
+chooses the same family's rule by counterfactual regret instead (:mod:`marconi.adaptive`: about half
+the cost, further from the best rule; ``docs/adaptive.md`` has both measured). The bootstrap-only parameters
 (``multiplier``, ``retune``, ``drift``, ``tolerance``) and the single-rule ones (``efficiency``,
 ``recency``) select ``tuner=bootstrap`` when no tuner is named, so names written before the adaptive
 default keep their meaning.
@@ -167,7 +170,8 @@ def _sglang() -> SystemConfig:
 
 
 @SYSTEMS.register("marconi", "judicious admission + FLOP-aware eviction; tuner=adaptive (default): its rule "
-                             "re-chosen online (selector=regret, or =worlds: exact per-rule worlds); "
+                             "re-chosen online (selector=worlds: exact per-rule worlds, the default; or =regret: "
+                             "counterfactual regret); "
                              "tuner=bootstrap: alpha tuned once (the paper); alpha=X: fixed")
 def _marconi(alpha: str = "auto", tuner: str = "auto", objective: str = "hit-rate", efficiency: str = "auto",
              recency: str = "auto", multiplier: float | None = None, retune: int | None = None,
@@ -203,14 +207,16 @@ def _marconi(alpha: str = "auto", tuner: str = "auto", objective: str = "hit-rat
         raise ConfigError("marconi: the adaptive tuner chooses the efficiency and recency itself (its rules); "
                           "name a family with rules=lru/a0/a1m/... or use tuner=bootstrap")
     if selector not in (None, "regret", "worlds"):
-        raise ConfigError(f"marconi: selector must be 'regret' (default: counterfactual regret, about 1.7x a "
-                          f"fixed-alpha replay) or 'worlds' (exact worlds, one replay per rule), got {selector!r}")
+        raise ConfigError(f"marconi: selector must be 'worlds' (default: exact per-rule worlds, one replay per "
+                          f"rule) or 'regret' (counterfactual regret, about 1.7x a fixed-alpha replay), got {selector!r}")
+    if selector is None and confidence is not None:
+        selector = "regret"  # only the regret selector has a confidence bound (names written before keep meaning)
     if selector == "worlds" and confidence is not None:
         raise ConfigError("marconi: confidence applies to selector=regret only (worlds compare exact caches)")
     params = [f"rules={rules or 'default'}", f"objective={objective}"]
     params += [f"{k}={v}" for k, v in (("decay", decay), ("hysteresis", hysteresis), ("confidence", confidence))
                if v is not None]
-    policy = "worlds" if selector == "worlds" else "adaptive"
+    policy = "adaptive" if selector == "regret" else "worlds"
     return SystemConfig("marconi", "marconi", f"{policy}:" + ",".join(params))
 
 

@@ -1,4 +1,5 @@
-"""Adaptive Marconi by exact worlds: the live cache follows whichever rule's own cache is ahead.
+"""Adaptive Marconi by exact worlds (the default ``marconi``): the live cache follows whichever rule's
+own cache is ahead.
 
 The regret selector (:mod:`marconi.adaptive`) judges every rule from the live cache's state alone,
 and that estimate is biased against whichever rule is live (``docs/adaptive.md``, second round).

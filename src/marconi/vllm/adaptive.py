@@ -1,9 +1,11 @@
-"""Adaptive α for vLLM: the project's default ``marconi`` eviction, run on a shadow of the block pool.
+"""Adaptive α for vLLM: Marconi's regret selector, run on a shadow of the block pool.
 
-The default ``marconi`` (:class:`marconi.adaptive.AdaptiveEviction`) keeps re-choosing its eviction
-rule among ``lru / a0.5m / a2m`` (SGLang+'s LRU; recency + 0.5 or 2 × the *marginal* FLOP
+``marconi:selector=regret`` (:class:`marconi.adaptive.AdaptiveEviction`) keeps re-choosing its
+eviction rule among ``lru / a0.5m / a2m`` (SGLang+'s LRU; recency + 0.5 or 2 × the *marginal* FLOP
 efficiency) by counterfactual eviction regret. :class:`AdaptiveAlpha` brings that choice into
-vLLM's block pool:
+vLLM's block pool. (The simulator's default ``marconi`` chooses among the same rules by exact
+worlds, :mod:`marconi.worlds`; here that would mean three shadow replays per request instead of one,
+and the live-server validation below was done for the regret selector.)
 
 * a size-only shadow :class:`~marconi.cache.PrefixCache` — Marconi admission, adaptive eviction,
   the served model's :class:`~marconi.model.ModelSpec`, capacity = the pool's bytes as ``vllm-align``

@@ -1,7 +1,7 @@
 """Headroom (not in the paper): every system as a fraction of the ``oracle`` and ``infinite`` ceilings.
 
 At moderate contention of each base trace: vLLM+, SGLang+, the paper's Marconi (bootstrap-tuned α),
-this project's default ``marconi`` (its eviction rule re-chosen online), the future-aware
+this project's default ``marconi`` (its eviction rule re-chosen online by exact worlds), the future-aware
 ``oracle`` and the unbounded ``infinite``. The oracle is a strong reference, not a proven bound
 (Belady's rule with variable sizes and a tree's dependencies); ``infinite`` is the absolute ceiling
 of the admission policy.
@@ -24,7 +24,7 @@ TITLE = "Headroom (not in the paper): every system as a fraction of the oracle a
 
 #: (record system name, report label), in table order.
 SYSTEMS = (("vllm+", "vLLM+"), ("sglang+", "SGLang+"), (PAPER_MARCONI, "Marconi (paper: bootstrap α)"),
-           ("marconi", "Marconi (default: adaptive)"), ("oracle", "oracle"), ("infinite", "infinite"))
+           ("marconi", "Marconi (default: adaptive, exact worlds)"), ("oracle", "oracle"), ("infinite", "infinite"))
 
 
 def compute(ctx: ReproContext) -> FigureRecords:
