@@ -185,6 +185,36 @@ def test_engine_decisions_equal_simulation_flop_aware_deltanet():
     assert engine.cache.stats.evictions_leaf + engine.cache.stats.evictions_inner > 0
 
 
+def test_the_default_marconi_eviction_serves_the_engine_exactly():
+    """The default ``marconi`` eviction (exact worlds, cloned size-only while the live cache holds
+    tensors) under eviction pressure in the real engine: the tokens of an uncached run, and the
+    decisions of a size-only simulation with the same policy, request for request."""
+    model = model_for("bamba-tiny")
+    spec = model.spec
+    capacity = 5 * spec.ssm_checkpoint_bytes + 260 * spec.kv_bytes_per_token  # small: it evicts
+    engine = Engine(model, capacity, admission="marconi", eviction="worlds")
+    plain = Engine(model, 0, admission="none")
+    sim = PrefixCache(spec, capacity, "marconi", "worlds")
+    system = rand_tokens(40, seed=7)
+    history = {s: list(system) for s in range(3)}
+    for turn in range(3):
+        for s in history:
+            prompt = history[s] + rand_tokens(12 + 4 * s, seed=500 + 10 * s + turn)
+            r = engine.generate(prompt, 8)
+            assert r.output_tokens == plain.generate(prompt, 8).output_tokens, (turn, s)
+            match, ins = sim.process(prompt, r.output_tokens)
+            assert (r.usable_hit_len, r.cached, r.admitted) == (match.usable_hit_len, ins.cached, ins.admitted)
+            history[s] = prompt + list(r.output_tokens)
+            check_payloads(engine)
+    stats = engine.cache.stats
+    assert stats == sim.stats and stats.reused_tokens > 0
+    assert stats.evictions_leaf + stats.evictions_inner > 0
+    policy = engine.cache.eviction
+    assert policy.switches  # it switched: a world was cloned from a live cache holding tensors ...
+    assert all(w.payloads is not engine.payloads and w.kv_bytes <= capacity for w in policy.worlds.values())
+    assert all(n.kv is None for w in policy.worlds.values() for n in w.tree.iter_nodes())  # ... without them
+
+
 @pytest.mark.parametrize("admission", slow_but_first(["marconi", "every-block:block=8", "sparse-dp:m=2,key_tokens=16"]))
 def test_greedy_engine_finds_the_states_it_needs_while_decoding(admission):
     """Generation does not know its output up front: a branch point where the output leaves a
