@@ -5,7 +5,7 @@ import pytest
 
 from marconi.adaptive import DEFAULT_RULES
 from marconi.cache import ManualClock, PrefixCache
-from marconi.eviction import EvictionRule
+from marconi.eviction import LRU, EvictionRule, FlopAware
 from marconi.registry import ConfigError
 from marconi.sim import simulate, simulate_system
 from marconi.systems import make_system
@@ -55,6 +55,25 @@ def test_a_clone_continues_exactly_as_the_original(chat):
     assert ahead == again and sum(ahead) > 0
     clone.check_invariants()
     original.check_invariants()            # the copy shares nothing it changes
+
+
+def test_a_clone_for_another_kind_of_policy_rebuilds_its_index(chat):
+    # Worlds evict as their rule's own cache (lru: SGLang+'s leaf-only LRU), so a clone of the live
+    # cache (every <= 1-child node a candidate, marginal efficiency) is re-indexed for its new policy.
+    clock = ManualClock()
+    live = PrefixCache("paper-7b", 1.2e9, "marconi", WorldsEviction("lru/a2m", explore=False, current=1),
+                       clock=clock)
+    half = len(chat) // 2
+    _replay(live, clock, chat[:half])
+    assert any(node.children for node in live.candidates.nodes)      # inner candidates to drop
+    for policy in (LRU(), FlopAware(1.0)):                              # leaf-only; whole-prefix efficiency
+        clone = clone_cache(live, policy)
+        clone.check_invariants()                                       # candidates and efficiency rebuilt
+        assert clone.eviction is policy and clone.used_bytes == live.used_bytes
+        _replay(clone, clock, chat[half:])
+        clone.check_invariants()
+    assert not any(node.children for node in clone_cache(live, LRU()).candidates.nodes)
+    live.check_invariants()                                            # the original is untouched
 
 
 def test_a_clone_takes_in_flight_requests_with_it():

@@ -922,6 +922,16 @@ class PrefixCache:
             raise ConfigError(f"the tree holds {self.used_bytes:,} bytes, more than the capacity "
                               f"{self.capacity_bytes:,}")
 
+    @_locked
+    def reindex(self) -> None:
+        """Recompute every node's FLOP efficiency and eviction-candidate membership for the current
+        eviction policy. For a copy of a cache whose policy object was replaced by one with other
+        candidates or another efficiency variant (a world cloned from the live cache,
+        :func:`marconi.worlds.clone_cache`); a no-op where nothing differs."""
+        for node in self.tree.iter_nodes():
+            self._update_eff(node)
+            self._sync_candidate(node)
+
     # ================================================================== invariants
     @_locked
     def check_invariants(self) -> None:

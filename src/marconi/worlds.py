@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
-from marconi.adaptive import RuleSwitch, cached_efficiency_variant, parse_rules
+from marconi.adaptive import RuleSwitch, cached_efficiency_variant, parse_rules, policy_for
 from marconi.cache import CacheObserver, PrefixCache, RequestHandle, SizeOnlyPayloads
 from marconi.eviction import CandidateSet, EvictionRule, flop_efficiency_array
 from marconi.radix import Node
@@ -48,9 +48,10 @@ class WorldsEviction:
     """Eviction by the live rule of a family; with ``explore`` (the default), the live rule follows
     the best of the rules' exact worlds (see the module docstring).
 
-    Candidates are every unlocked node with at most one child (a leaf-only rule scores the leaves
-    alone), so the live cache can apply any rule of the family, and a world pinned to a rule
-    decides exactly as a cache built for that rule alone.
+    The live cache's candidates are every unlocked node with at most one child (a leaf-only rule
+    scores the leaves alone), so it can apply any rule of the family at any eviction. Each world is
+    a cache built for its rule alone (:func:`~marconi.adaptive.policy_for`; ``lru``'s is SGLang+'s
+    leaf-only LRU): a world is never promoted to live, so it keeps no more candidates than its rule.
 
     Args:
         rules: the family (``"default"``, labels ``"lru/a0.5m/a2m"``, or rules); the first is live
@@ -58,7 +59,7 @@ class WorldsEviction:
         decay: weight kept by the scores per request (horizon ~ 1 / (1 - decay)).
         hysteresis: switch only to a world scoring more than the live one by this fraction.
         objective: score reused ``"hit-rate"`` tokens or saved prefill ``"flops"``.
-        explore: False: a single fixed rule (``current``), no worlds (what each world runs).
+        explore: False: the live cache's semantics pinned to one rule (``current``), no worlds.
     """
 
     name = "worlds"
@@ -99,8 +100,11 @@ class WorldsEviction:
                     clock=None if cache._logical is not None else cache.clock,
                     prefill_chunk_len=cache.prefill_chunk_len)
 
-    def _pinned(self, k: int) -> "WorldsEviction":
-        return WorldsEviction(self.rules, explore=False, current=k)
+    def _pinned(self, k: int) -> Any:
+        """Rule ``k``'s world evicts as a cache built for that rule alone (``lru``: SGLang+'s own
+        leaf-only LRU, the cheapest world): a world is never promoted to live, so it needs no
+        candidates beyond its rule's."""
+        return policy_for(self.rules[k])
 
     @property
     def rule(self) -> EvictionRule:
@@ -194,7 +198,8 @@ def clone_cache(cache: PrefixCache, eviction: Any) -> PrefixCache:
     state) that evicts by ``eviction`` and has no observers: it then behaves exactly as ``cache``
     would under that policy. Payloads are dropped (a world holds sizes only); the clock is shared
     unless the cache keeps its own logical one. The tree is copied iteratively (a deep chain of
-    nodes would overflow a recursive copy)."""
+    nodes would overflow a recursive copy). Where ``eviction`` takes other candidates or keeps
+    another FLOP efficiency than ``cache``'s policy, the copy's index is rebuilt for it."""
     memo: dict[int, Any] = {id(cache.eviction): eviction, id(cache._observers): [], id(cache.spec): cache.spec,
                             id(cache._mutex): threading.RLock(), id(cache.payloads): SizeOnlyPayloads()}
     if cache.tuner is not None and cache.tuner is not cache.eviction:
@@ -219,5 +224,11 @@ def clone_cache(cache: PrefixCache, eviction: Any) -> PrefixCache:
         twin.children = {key: memo[id(child)] for key, child in node.children.items()}
     clone = copy.deepcopy(cache, memo)
     clone.tuner = None
-    eviction.bind(clone)
+    bind = getattr(eviction, "bind", None)
+    if bind is not None:
+        bind(clone)
+    old = cache.eviction
+    if (eviction.evicts_inner_nodes, eviction.efficiency_variant) != (old.evicts_inner_nodes,
+                                                                     old.efficiency_variant):
+        clone.reindex()
     return clone
