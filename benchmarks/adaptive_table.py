@@ -201,7 +201,7 @@ def render(rows: list[dict[str, Any]]) -> str:
              f"family ({', '.join(r.label() for r in DEFAULT_RULES)}; `lru` is SGLang+), replayed on its own.",
              "(a) marconi >= SGLang+; (b) marconi >= best fixed - 0.5 pp; (c) modelled P95 TTFT (A100",
              "roofline) <= SGLang+'s. `bootstrap` is the paper's protocol (`marconi:tuner=bootstrap`); **marconi** the",
-             "default (the family's rule chosen by exact per-rule worlds, one replay per rule: ~3.3x a fixed-alpha",
+             "default (the family's rule chosen by exact per-rule worlds, one replay per rule: ~3.1x a fixed-alpha",
              "replay); *regret* `marconi:selector=regret` (the same family chosen by counterfactual regret, ~1.7x; the",
              "default until issue 11's fourth round), with its own (a) (b) (c).", ""]
     mark = (lambda ok: "yes" if ok else "**no**")
