@@ -78,7 +78,7 @@ class WorldsEviction:
         self.efficiency_variant = cached_efficiency_variant(self.rules)
         self.decay, self.hysteresis, self.objective, self.explore = decay, hysteresis, objective, explore
         self.current = current
-        self.score = np.zeros(len(self.rules))
+        self.score = [0.0] * len(self.rules)  # floats, not an array: three numbers updated per request
         self.switches: list[RuleSwitch] = []
         self.cache: PrefixCache | None = None
         self.worlds: dict[int, PrefixCache] = {}           # rule -> its world (every rule but the live one)
@@ -132,17 +132,18 @@ class WorldsEviction:
 
     def begin(self, handle: RequestHandle) -> None:
         """The live cache began ``handle``: every world looks the same input up; scores move."""
-        step = np.zeros(len(self.rules))
+        step = [0.0] * len(self.rules)
         step[self.current] = self._value(handle)
         mine = self._handles[handle.request_id] = {}
         for k, world in self.worlds.items():
             mine[k] = h = world.begin(handle.tokens, max_hit_len=handle.max_hit_len)
             step[k] = self._value(h)
-        self.score = self.score * self.decay + step
+        decay = self.decay
+        self.score = [s * decay + x for s, x in zip(self.score, step)]
         self._maybe_switch(handle.request_id)
 
     def _maybe_switch(self, request_id: int) -> None:
-        best = int(np.argmax(self.score))
+        best = max(range(len(self.score)), key=self.score.__getitem__)  # the first of equal scores
         lead = self.score[best] - self.score[self.current]
         if best == self.current or not lead > self.score[self.current] * self.hysteresis:
             return
