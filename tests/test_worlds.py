@@ -40,12 +40,17 @@ def _replay(cache, clock, requests):
     return out
 
 
-def test_a_clone_continues_exactly_as_the_original(chat):
+def _half_served(chat, rules: str):
+    """A live-style cache pinned to ``rules``' second rule, after the first half of ``chat``."""
     clock = ManualClock()
-    original = PrefixCache("paper-7b", 1.2e9, "marconi", WorldsEviction("lru/a1m", explore=False, current=1),
-                           clock=clock)
+    cache = PrefixCache("paper-7b", 1.2e9, "marconi", WorldsEviction(rules, explore=False, current=1), clock=clock)
     half = len(chat) // 2
-    _replay(original, clock, chat[:half])
+    _replay(cache, clock, chat[:half])
+    return cache, clock, half
+
+
+def test_a_clone_continues_exactly_as_the_original(chat):
+    original, clock, half = _half_served(chat, "lru/a1m")
     assert original.stats.evictions_leaf + original.stats.evictions_inner > 0
     clone = clone_cache(original, WorldsEviction("lru/a1m", explore=False, current=1))
     clone.check_invariants()
@@ -60,11 +65,7 @@ def test_a_clone_continues_exactly_as_the_original(chat):
 def test_a_clone_for_another_kind_of_policy_rebuilds_its_index(chat):
     # Worlds evict as their rule's own cache (lru: SGLang+'s leaf-only LRU), so a clone of the live
     # cache (every <= 1-child node a candidate, marginal efficiency) is re-indexed for its new policy.
-    clock = ManualClock()
-    live = PrefixCache("paper-7b", 1.2e9, "marconi", WorldsEviction("lru/a2m", explore=False, current=1),
-                       clock=clock)
-    half = len(chat) // 2
-    _replay(live, clock, chat[:half])
+    live, clock, half = _half_served(chat, "lru/a2m")
     assert any(node.children for node in live.candidates.nodes)      # inner candidates to drop
     for policy in (LRU(), FlopAware(1.0)):                              # leaf-only; whole-prefix efficiency
         clone = clone_cache(live, policy)
