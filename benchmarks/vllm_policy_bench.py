@@ -1,6 +1,6 @@
 """What one Marconi victim costs vLLM's scheduler, by pool size: the plugin's block ranking alone.
 
-Builds a :class:`~marconi.vllm.policy.BlockEvictionState` for a pool of N blocks (two KV cache
+Builds a :class:`~marconi.integrations.vllm.policy.BlockEvictionState` for a pool of N blocks (two KV cache
 groups, Mamba + attention, as a Qwen3-Next / Nemotron-H layout), fills it with cached chains of 8
 attention blocks ending in a state block, releases them all to the free queue, then evicts
 ``--evictions`` blocks one at a time as the plugin does (``next_victim``, ``taken``, ``uncached``)
@@ -17,9 +17,9 @@ import argparse
 import sys
 import time
 
-from marconi.model import get_model
+from marconi.core.model import get_model
 from marconi.report import format_table
-from marconi.vllm.policy import ATTENTION, MAMBA, BlockEvictionState, FixedAlpha
+from marconi.integrations.vllm.policy import ATTENTION, MAMBA, BlockEvictionState, FixedAlpha
 
 CHAIN = 8            # attention blocks per cached chain; one state block at its end
 

@@ -3,10 +3,10 @@
 import numpy as np
 import pytest
 
-from marconi.cache import PrefixCache
-from marconi.registry import ConfigError
+from marconi.core.cache import PrefixCache
+from marconi.core.registry import ConfigError
 from marconi.sim import simulate_system
-from marconi.systems import make_system
+from marconi.sim.systems import make_system
 from marconi.workloads import doc_qa_trace
 
 from test_cache import SPEC, toks

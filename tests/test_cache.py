@@ -3,10 +3,11 @@
 import numpy as np
 import pytest
 
-from marconi.cache import PrefixCache
-from marconi.eviction import FlopAware, flop_efficiency
-from marconi.model import ModelSpec
-from marconi.registry import ConfigError
+from marconi.core.cache import PrefixCache
+from marconi.core.candidates import flop_efficiency
+from marconi.core.eviction import FlopAware
+from marconi.core.model import ModelSpec
+from marconi.core.registry import ConfigError
 
 # A tiny spec with round numbers: 10 bytes of KV per token, 100 bytes per SSM checkpoint.
 SPEC = ModelSpec("tiny", num_attn_layers=1, num_ssm_layers=1, num_mlp_layers=1, d_model=5, ssm_state_dim=1,

@@ -14,10 +14,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from marconi.admission import AdmissionContext, AdmissionPolicy, FinalPlan, MarconiAdmission, MatchResult
-from marconi.cache import CachedPrefix, InsertResult, PayloadOps, PrefixCache, RequestHandle
-from marconi.stats import CacheStats
-from marconi.model import ModelSpec, get_model
+from marconi.core.admission import AdmissionContext, AdmissionPolicy, FinalPlan, MarconiAdmission, MatchResult
+from marconi.core.cache import CachedPrefix, InsertResult, PayloadOps, PrefixCache, RequestHandle
+from marconi.core.stats import CacheStats
+from marconi.core.model import ModelSpec, get_model
 from marconi.sparse.admission import SparseDPAdmission
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "cache-api.md"

@@ -4,8 +4,8 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from marconi.cache import PrefixCache
-from marconi.model import ModelSpec
+from marconi.core.cache import PrefixCache
+from marconi.core.model import ModelSpec
 
 SPEC = ModelSpec("tiny", num_attn_layers=1, num_ssm_layers=1, num_mlp_layers=1, d_model=5, ssm_state_dim=1,
                  conv_kernel=0, num_kv_heads=1, head_dim=5, bytes_per_elem=1, ssm_state_width=100)

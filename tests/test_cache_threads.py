@@ -9,8 +9,8 @@ import threading
 import numpy as np
 import pytest
 
-from marconi.cache import PrefixCache
-from marconi.model import ModelSpec
+from marconi.core.cache import PrefixCache
+from marconi.core.model import ModelSpec
 
 # 10 bytes of KV per token, 100 bytes per checkpoint (as in test_cache.py).
 SPEC = ModelSpec("tiny", num_attn_layers=1, num_ssm_layers=1, num_mlp_layers=1, d_model=5, ssm_state_dim=1,

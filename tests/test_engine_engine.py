@@ -13,12 +13,11 @@ import torch
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-from marconi.cache import PrefixCache
+from marconi.core.cache import PrefixCache
 from marconi.engine.engine import Engine
 from marconi.engine.errors import EngineError, TokenRangeError
 from marconi.engine.models import load_model
 from marconi.engine.states import KVPayload, SSMPayload
-from marconi.tuning import snapshot_tree
 from marks import slow_but_first
 
 
@@ -149,7 +148,7 @@ def _assert_same_decisions(engine: Engine, sim: PrefixCache, requests, *, genera
         check_payloads(engine)
     assert engine.cache.stats == sim.stats
     assert engine.cache.stats.checkpoints_unavailable == 0
-    mine, theirs = snapshot_tree(engine.cache), snapshot_tree(sim)
+    mine, theirs = engine.cache.snapshot(), sim.snapshot()
     assert mine.parent_index == theirs.parent_index and mine.ckpt_positions == theirs.ckpt_positions
     assert all(np.array_equal(a, b) for a, b in zip(mine.tokens, theirs.tokens))
 

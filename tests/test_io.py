@@ -11,7 +11,7 @@ import pytest
 
 from marconi.io import (JsonError, atomic_write, check_output, iter_jsonl, read_json, read_jsonl, write_jsonl,
                         write_text)
-from marconi.registry import ConfigError
+from marconi.core.registry import ConfigError
 
 
 def _listing(path):

@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from marconi.model import PRESETS, ModelSpec, SpecError, get_model
+from marconi.core.model import PRESETS, ModelSpec, SpecError, get_model
 
 
 def test_paper_7b_matches_the_paper_numbers():

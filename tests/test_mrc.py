@@ -5,7 +5,7 @@ import json
 import pytest
 
 from marconi.cli import main
-from marconi.registry import ConfigError
+from marconi.core.registry import ConfigError
 from marconi.sim.compare import gains
 from marconi.sim.mrc import capacity_fractions, run_mrc
 from marconi.workloads import build_workload

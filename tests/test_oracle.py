@@ -3,12 +3,12 @@
 import numpy as np
 import pytest
 
-from marconi.adaptive import DEFAULT_RULES
-from marconi.model import ModelSpec
-from marconi.oracle import NEVER, FutureIndex
-from marconi.registry import ConfigError
+from marconi.selectors.family import DEFAULT_RULES
+from marconi.core.model import ModelSpec
+from marconi.selectors.oracle import NEVER, FutureIndex
+from marconi.core.registry import ConfigError
 from marconi.sim import simulate_system
-from marconi.systems import SystemConfig, make_system
+from marconi.sim.systems import SystemConfig, make_system
 from marconi.workloads import Request, Trace, chat_trace
 
 # 10 bytes of KV per token, 100 bytes per SSM checkpoint (as in test_cache.py).

@@ -11,7 +11,7 @@ import pytest
 import ray
 
 from marconi.cli import main
-from marconi.registry import ConfigError
+from marconi.core.registry import ConfigError
 from marconi.sim.backends import LocalBackend, RayBackend, make_backend, pack_trace
 from marconi.sim.sweep import TIMING_FIELDS, SweepPoint, SweepTask, expand_points, run_sweep, run_tasks, read_records
 from marconi.workloads import build_workload, chat_trace

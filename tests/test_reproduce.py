@@ -15,10 +15,10 @@ from marconi.experiments.reproduce.latency import engine_latency_from_file, late
 from marconi.experiments.reproduce.report import FIGURES
 from marconi.experiments.reproduce.traces import (TraceFactory, WorkloadSource, concat_traces, continuation_stats,
                                                   retime_sessions, retime_swe, reuse_kinds)
-from marconi.model import get_model
+from marconi.core.model import get_model
 from marconi.sim import simulate_system
 from marconi.sim.sweep import read_records
-from marconi.tuning import BootstrapTuner
+from marconi.selectors.bootstrap import BootstrapTuner
 from marconi.workloads import Request, build_swe_trace, bundled_data_dir, chat_trace
 
 pytestmark = pytest.mark.slow  # minutes of sweeps / processes: CI and `make test` only
@@ -209,9 +209,9 @@ def test_window_bounds_match_the_tuner():
         assert res.tuned_alphas, "capacity too large for a tuning to happen"
         at, _ = res.tuned_alphas[0]
         lo, hi = window_bounds(at, m)
-        from marconi.systems import make_system
+        from marconi.sim.systems import make_system
         cache = make_system(f"marconi:multiplier={m}").build(spec, 2e9, tuning_workers=1)
-        tuner = cache.tuner
+        tuner = cache.selector
         assert isinstance(tuner, BootstrapTuner)
         for r in trace:
             cache.process(r.input_tokens, r.output_tokens)

@@ -7,13 +7,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from marconi.cache import PrefixCache
-from marconi.model import ModelSpec
-from marconi.cache import ManualClock
+from marconi.core.cache import PrefixCache
+from marconi.core.model import ModelSpec
+from marconi.core.cache import ManualClock
 from marconi.sim import RooflineLatency, TableLatency, simulate, simulate_system, working_set_bytes
 from marconi.sim.compare import gains
 from marconi.sim.sweep import expand_points, read_records, run_sweep, write_records
-from marconi.systems import make_system, parse_systems
+from marconi.sim.systems import make_system, parse_systems
 from marconi.workloads import Request, chat_trace, shared_prompts_trace
 
 SPEC = ModelSpec("tiny", num_attn_layers=1, num_ssm_layers=1, num_mlp_layers=1, d_model=5, ssm_state_dim=1,

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from marconi.model import PRESETS
+from marconi.core.model import PRESETS
 from marconi.sparse import dp
 from marconi.sparse.dp import (
     TOKEN_COST,

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from marconi.model import PRESETS
+from marconi.core.model import PRESETS
 from marconi.sparse import (
     TOKEN_COST,
     EstimatorConfig,

@@ -2,13 +2,12 @@
 
 import pytest
 
-from marconi.eviction import FlopAware
-from marconi.registry import ConfigError
-from marconi.systems import make_system
-from marconi.tuning import (BootstrapTuner, TuningJob, WindowResult, best_alpha, cache_from_snapshot, evaluate_alphas,
-                            replay_window, snapshot_tree)
+from marconi.core.eviction import FlopAware
+from marconi.core.registry import ConfigError
+from marconi.sim.systems import make_system
+from marconi.selectors.bootstrap import BootstrapTuner, TuningJob, WindowResult, best_alpha, evaluate_alphas, replay_window
 from marconi.workloads import Request, chat_trace
-from marconi.cache import ManualClock
+from marconi.core.cache import ManualClock, PrefixCache
 
 
 def run(trace, cache):
@@ -18,8 +17,8 @@ def run(trace, cache):
 
 
 def tuner_of(cache):
-    assert isinstance(cache.tuner, BootstrapTuner)
-    return cache.tuner
+    assert isinstance(cache.selector, BootstrapTuner)
+    return cache.selector
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +55,7 @@ def test_bootstrap_protocol(trace):
 def test_parallel_search_equals_serial_and_is_deterministic(trace):
     base = make_system("sglang+").build("paper-7b", 3e9)
     run(trace.head(80), base)
-    job = TuningJob(snapshot_tree(base), [], base.spec, base.capacity_bytes, base.admission, "total", "linear")
+    job = TuningJob(base.snapshot(), [], base.spec, base.capacity_bytes, base.admission, "total", "linear")
     job.window = [Request(i, 0, float(i), r.input_tokens, r.output_tokens) for i, r in enumerate(trace[80:200])]
     grid = [0.0, 0.5, 1.0, 1.5, 2.0]
     serial = evaluate_alphas(job, grid, workers=1)
@@ -88,13 +87,13 @@ def test_snapshot_roundtrip_reproduces_the_cache(trace):
     for r in trace.head(150):
         live_clock.now = r.ts
         live.process(r.input_tokens, r.output_tokens)
-    snap = snapshot_tree(live)
-    clone = cache_from_snapshot(snap, "paper-7b", 2e9, "marconi", FlopAware(alpha=0.8), clock=clock)
+    snap = live.snapshot()
+    clone = PrefixCache.from_snapshot(snap, "paper-7b", 2e9, "marconi", FlopAware(alpha=0.8), clock=clock)
     clone.check_invariants()
     assert clock.now == live_clock.now
     assert (clone.used_bytes, clone.kv_bytes, clone.ssm_bytes) == (live.used_bytes, live.kv_bytes, live.ssm_bytes)
     assert clone.tree.num_nodes == live.tree.num_nodes
-    assert sorted(map(tuple, snapshot_tree(clone).ckpt_positions)) == sorted(map(tuple, snap.ckpt_positions))
+    assert sorted(map(tuple, clone.snapshot().ckpt_positions)) == sorted(map(tuple, snap.ckpt_positions))
     # both continue identically on the rest of the trace (same arrival times)
     for r in trace[150:260]:
         live_clock.now = clock.now = r.ts

@@ -30,8 +30,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from marconi.model import ModelSpec
-from marconi.vllm.emulate import VllmAlignEngine, layout_for_spec
+from marconi.core.model import ModelSpec
+from marconi.integrations.vllm.emulate import VllmAlignEngine, layout_for_spec
 
 pytestmark = pytest.mark.slow  # four real vLLM servers (~2 min): CI and `make test` only
 
@@ -82,8 +82,8 @@ def _workload(rng: np.random.Generator) -> list[dict[str, Any]]:
 def _serve(name: str, model_dir: Path, work: Path, steps: list[dict[str, Any]]) -> dict[str, Any]:
     import httpx
 
-    from marconi.vllm.client import complete
-    from marconi.vllm.server import ServerConfig, VllmServer
+    from marconi.integrations.vllm.client import complete
+    from marconi.integrations.vllm.server import ServerConfig, VllmServer
 
     env = dict(SERVERS[name])
     if env:
@@ -116,7 +116,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     _require_vllm()
     work = tmp_path_factory.mktemp("vllm-e2e")
     model_dir = work / "model"
-    proc = subprocess.run([VLLM_PYTHON, "-m", "marconi.vllm.models", "qwen3_next-tiny", str(model_dir)],
+    proc = subprocess.run([VLLM_PYTHON, "-m", "marconi.integrations.vllm.models", "qwen3_next-tiny", str(model_dir)],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     steps = _workload(np.random.default_rng(7))
@@ -205,7 +205,7 @@ def test_plugin_registration_patches_only_what_is_asked() -> None:
         "import vllm.v1.core.sched.scheduler as s, vllm.v1.core.block_pool as bp\n"
         "from vllm.model_executor.layers.mamba import mamba_mixer2 as m\n"
         "from vllm.platforms import current_platform\n"
-        "from marconi.vllm import plugin\n"
+        "from marconi.integrations.vllm import plugin\n"
         "core = (s.Scheduler.__init__, bp.BlockPool.get_new_blocks, bp.BlockPool.free_blocks, bp.BlockPool.touch)\n"
         "spec_fn = m.MambaMixer2.get_kv_cache_spec\n"
         "plugin.register()\n"

@@ -14,17 +14,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from marconi.model import ModelSpec
-from marconi.registry import ConfigError
+from marconi.core.model import ModelSpec
+from marconi.core.registry import ConfigError
 from marconi.sim.replay import simulate_system
-from marconi.systems import make_system
-from marconi.vllm.adaptive import AdaptiveAlpha
-from marconi.vllm.bench import (BenchConfig, alpha_changes, emulate_run, max_tokens, policy_arm, read_fixture,
+from marconi.sim.systems import make_system
+from marconi.integrations.vllm.adaptive import AdaptiveAlpha
+from marconi.integrations.vllm.bench import (BenchConfig, alpha_changes, emulate_run, max_tokens, policy_arm, read_fixture,
                                 select_requests)
-from marconi.vllm.emulate import VllmAlignEngine, VllmLayout, layout_for_spec, prefix_hashes
-from marconi.vllm.models import PRESETS
-from marconi.vllm.policy import ATTENTION, MAMBA
-from marconi.vllm.system import VllmAlignSystem
+from marconi.integrations.vllm.emulate import VllmAlignEngine, VllmLayout, layout_for_spec, prefix_hashes
+from marconi.integrations.vllm.models import PRESETS
+from marconi.integrations.vllm.policy import ATTENTION, MAMBA
+from marconi.integrations.vllm.system import VllmAlignSystem
 
 FIXTURES = sorted((Path(__file__).parent / "fixtures").glob("vllm_*.json"))
 # The tiny Qwen3-Next preset's config as vLLM serves it (3 gated-DeltaNet layers, 1 attention).
@@ -234,7 +234,7 @@ def test_bench_records_table_and_plot_from_a_recorded_run(tmp_path: Path) -> Non
     """What ``marconi vllm bench`` writes and prints after serving, fed a recorded real run: the
     record's vLLM and emulated rates, the comparison table and the TTFT CDF (the part of the bench
     a CI machine without a server would otherwise never execute)."""
-    from marconi.vllm.bench import RunResult, bench_table, make_record, plot_ttft_cdf
+    from marconi.integrations.vllm.bench import RunResult, bench_table, make_record, plot_ttft_cdf
 
     data = read_fixture(next(f for f in FIXTURES if f.name == "vllm_swe_adaptive.json"))
     cfg = data["config"]

@@ -1,19 +1,20 @@
-"""The plugin's eviction decision (marconi.vllm.policy) and its configuration, without vLLM."""
+"""The plugin's eviction decision (marconi.integrations.vllm.policy) and its configuration, without vLLM."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from marconi.adaptive import parse_rules
-from marconi.eviction import EvictionRule, flop_efficiency
-from marconi.model import ModelSpec, get_model
-from marconi.registry import ConfigError
-from marconi.vllm.adaptive import AdaptiveAlpha, block_rule, pool_capacity_bytes
-from marconi.vllm.config import PluginConfig
-from marconi.vllm.emulate import layout_for_spec
-from marconi.vllm.models import PRESETS
-from marconi.vllm.policy import ATTENTION, MAMBA, BlockEvictionState, FixedAlpha, RequestObservation, parent_depth
+from marconi.selectors.family import parse_rules
+from marconi.core.candidates import flop_efficiency
+from marconi.core.eviction import EvictionRule
+from marconi.core.model import ModelSpec, get_model
+from marconi.core.registry import ConfigError
+from marconi.integrations.vllm.adaptive import AdaptiveAlpha, block_rule, pool_capacity_bytes
+from marconi.integrations.vllm.config import PluginConfig
+from marconi.integrations.vllm.emulate import layout_for_spec
+from marconi.integrations.vllm.models import PRESETS
+from marconi.integrations.vllm.policy import ATTENTION, MAMBA, BlockEvictionState, FixedAlpha, RequestObservation, parent_depth
 
 SPEC = get_model("paper-7b")
 B = 16
@@ -277,7 +278,7 @@ def test_the_sources_efficiency_decides_at_each_eviction() -> None:
 def test_adaptive_alpha_follows_the_shadows_live_rule() -> None:
     """The source feeds finished requests to a size-only adaptive-Marconi cache of the pool's bytes
     and answers with its live rule, mapped to blocks; on a contended agent trace it switches."""
-    from marconi.cache import PrefixCache
+    from marconi.core.cache import PrefixCache
     from marconi.workloads import build_workload
 
     spec = ModelSpec.from_hf_config({"model_type": "qwen3_next", **PRESETS["qwen3_next-tiny"][1],
@@ -288,7 +289,7 @@ def test_adaptive_alpha_follows_the_shadows_live_rule() -> None:
     capacity = pool_capacity_bytes(spec, 100, 384)
     assert capacity == 99 * layout_for_spec(spec, num_blocks=100, block_size=384).block_bytes
     assert source.cache is not None and source.cache.capacity_bytes == capacity
-    twin = PrefixCache(spec, capacity, "marconi", "adaptive")            # the project's default, by name
+    twin = PrefixCache(spec, capacity, "marconi", "regret")              # the regret selector, by name
     seen = set()
     for req in list(build_workload("swe-sample:max_input_len=8192"))[:60]:
         changed = st.finished(RequestObservation(req.input_tokens, req.output_tokens, 0, 0))
@@ -298,7 +299,7 @@ def test_adaptive_alpha_follows_the_shadows_live_rule() -> None:
         assert changed is None or changed == (source.alpha(), source.efficiency() or "total")
         seen.add(source.rule.label())
     assert len(seen) >= 2, "the shadow never switched: the test trace is not contended enough"
-    assert source.tuning_record()["rule_switches"] == twin.tuner.tuning_record()["rule_switches"]
+    assert source.tuning_record()["rule_switches"] == twin.selector.tuning_record()["rule_switches"]
     with pytest.raises(ConfigError, match="one block pool"):
         source.bind(st)
     with pytest.raises(ConfigError, match="cannot be built"):

@@ -16,7 +16,7 @@ from marconi.cli import main
 from marconi.experiments.reproduce import PROFILES, with_available_data
 from marconi.experiments.reproduce.traces import TraceFactory
 from marconi.experiments.sparse import study_workload
-from marconi.registry import ConfigError
+from marconi.core.registry import ConfigError
 from marconi.workloads import (DataUnavailable, Provenance, build_swe_trace, build_workload, bundled_data_dir,
                                catalog_entries, chat_trace, doc_qa_trace, read_trace, workload_names,
                                write_trace)

@@ -3,16 +3,16 @@
 import numpy as np
 import pytest
 
-from marconi.adaptive import DEFAULT_RULES
-from marconi.cache import ManualClock, PrefixCache
-from marconi.eviction import LRU, EvictionRule, FlopAware
-from marconi.registry import ConfigError
+from marconi.selectors.family import DEFAULT_RULES
+from marconi.core.cache import ManualClock, PrefixCache
+from marconi.core.eviction import LRU, EvictionRule, FlopAware
+from marconi.core.registry import ConfigError
 from marconi.sim import simulate, simulate_system
-from marconi.systems import make_system
+from marconi.sim.systems import make_system
 from marconi.workloads import build_workload, chat_trace
-from marconi.worlds import WorldsEviction, clone_cache
+from marconi.selectors.worlds import WorldsEviction
 
-from test_adaptive import _phases, _rules_in_force, fixed
+from test_regret import _phases, _rules_in_force, fixed
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +52,7 @@ def _half_served(chat, rules: str):
 def test_a_clone_continues_exactly_as_the_original(chat):
     original, clock, half = _half_served(chat, "lru/a1m")
     assert original.stats.evictions_leaf + original.stats.evictions_inner > 0
-    clone = clone_cache(original, WorldsEviction("lru/a1m", explore=False, current=1))
+    clone = original.clone(WorldsEviction("lru/a1m", explore=False, current=1))
     clone.check_invariants()
     assert clone.used_bytes == original.used_bytes and clone.tree.num_nodes == original.tree.num_nodes
     ahead = _replay(original, clock, chat[half:])
@@ -68,12 +68,12 @@ def test_a_clone_for_another_kind_of_policy_rebuilds_its_index(chat):
     live, clock, half = _half_served(chat, "lru/a2m")
     assert any(node.children for node in live.candidates.nodes)      # inner candidates to drop
     for policy in (LRU(), FlopAware(1.0)):                              # leaf-only; whole-prefix efficiency
-        clone = clone_cache(live, policy)
+        clone = live.clone(policy)
         clone.check_invariants()                                       # candidates and efficiency rebuilt
         assert clone.eviction is policy and clone.used_bytes == live.used_bytes
         _replay(clone, clock, chat[half:])
         clone.check_invariants()
-    assert not any(node.children for node in clone_cache(live, LRU()).candidates.nodes)
+    assert not any(node.children for node in live.clone(LRU()).candidates.nodes)
     live.check_invariants()                                            # the original is untouched
 
 
@@ -84,7 +84,7 @@ def test_a_clone_takes_in_flight_requests_with_it():
     cache.process(base, rng.integers(0, 50_000, 20))
     handle = cache.begin(np.concatenate([base, rng.integers(0, 50_000, 40)]))
     assert handle.match.kv_hit_len > 0
-    clone = clone_cache(cache, WorldsEviction("lru", explore=False))
+    clone = cache.clone(WorldsEviction("lru", explore=False))
     twin = clone._in_flight[handle.request_id]
     assert twin is not handle and twin.lock_node is not handle.lock_node
     assert clone.locked_bytes == cache.locked_bytes > 0
@@ -101,7 +101,7 @@ def test_a_deep_tree_is_cloned_without_recursion():
     for end in range(2, 6_000, 2):             # one long conversation: a chain of 3,000 nodes
         cache.process(tokens[:end])
     assert cache.tree.num_nodes > 2_000
-    clone = clone_cache(cache, WorldsEviction("lru", explore=False))
+    clone = cache.clone(WorldsEviction("lru", explore=False))
     assert clone.tree.num_nodes == cache.tree.num_nodes
     clone.check_invariants()
 
@@ -178,7 +178,7 @@ def test_worlds_names_and_their_errors():
     assert make_system("marconi:selector=worlds,rules=lru/a2m,hysteresis=0.02").eviction == \
         "worlds:rules=lru/a2m,objective=hit-rate,hysteresis=0.02"
     assert make_system("marconi:selector=worlds").eviction == make_system("marconi").eviction  # the default
-    assert make_system("marconi:selector=regret").eviction == "adaptive:rules=default,objective=hit-rate"
+    assert make_system("marconi:selector=regret").eviction == "regret:rules=default,objective=hit-rate"
     # the confidence bound is the regret selector's: naming it alone keeps the meaning it had before
     assert make_system("marconi:confidence=2").eviction == make_system("marconi:selector=regret,confidence=2").eviction
     for name, message in (("marconi:selector=bandit", "selector must be 'worlds'"),

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from marconi.pool import sigterm_raises, sigterm_received
-from marconi.registry import ConfigError, split_name_list
+from marconi.core.registry import ConfigError, split_name_list
 from marconi.units import request_limit
 
 __all__ = ["main", "load_trace"]
@@ -52,7 +52,7 @@ def _file_inputs(*texts: str | None) -> list[str]:
 
 # --------------------------------------------------------------------------- models / systems
 def _cmd_models(args: argparse.Namespace) -> int:
-    from marconi.model import PRESETS
+    from marconi.core.model import PRESETS
     from marconi.report import format_table
     from marconi.units import format_bytes
 
@@ -69,9 +69,9 @@ def _cmd_models(args: argparse.Namespace) -> int:
 
 
 def _cmd_systems(args: argparse.Namespace) -> int:
-    from marconi.admission import ADMISSION_POLICIES
-    from marconi.eviction import EVICTION_POLICIES
-    from marconi.systems import SYSTEMS
+    from marconi.core.admission import ADMISSION_POLICIES
+    from marconi.core.eviction import EVICTION_POLICIES
+    from marconi.sim.systems import SYSTEMS
 
     for title, registry in (("systems", SYSTEMS), ("admission policies", ADMISSION_POLICIES),
                             ("eviction policies", EVICTION_POLICIES)):
@@ -311,7 +311,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.set_defaults(func=_cmd_demo)
 
     for module in ("marconi.workloads.commands", "marconi.engine.commands", "marconi.experiments.commands",
-                   "marconi.vllm.commands"):
+                   "marconi.integrations.vllm.commands"):
         try:
             mod = __import__(module, fromlist=["register"])
         except ModuleNotFoundError as exc:

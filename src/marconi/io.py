@@ -32,21 +32,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any, Iterable, Iterator, Sequence
 
-from marconi.registry import ConfigError
+from marconi.core.jsonfile import JsonError, check_readable, read_json
+from marconi.core.registry import ConfigError
 
 __all__ = ["atomic_write", "write_text", "write_jsonl", "iter_lines", "iter_jsonl", "read_jsonl",
            "read_json", "decode_line", "loads", "check_output", "is_stream", "JsonError"]
 
 PathLike = str | os.PathLike
-
-
-class JsonError(ValueError):
-    """A JSON(L) file could not be read; the message is ``where: reason`` (``where``: ``path:line``)."""
-
-    def __init__(self, where: str, reason: str) -> None:
-        super().__init__(f"{where}: {reason}")
-        self.where = where
-        self.reason = reason
 
 
 # ============================================================================ writing
@@ -220,13 +212,6 @@ def _open_binary(path: Path) -> IO[bytes]:
     return open(path, "rb")
 
 
-def _check_readable(path: Path) -> None:
-    if path.is_dir():
-        raise JsonError(str(path), "is a directory, not a file")
-    if not path.exists():
-        raise FileNotFoundError(f"file not found: {path}")
-
-
 def iter_lines(path: PathLike) -> Iterator[tuple[int, bytes]]:
     """``(1-based line number, raw line with its newline)`` of a (``.gz``) file, blank lines included.
 
@@ -238,7 +223,7 @@ def iter_lines(path: PathLike) -> Iterator[tuple[int, bytes]]:
             gzip) stream -- the message names the line where reading stopped.
     """
     p = Path(path)
-    _check_readable(p)
+    check_readable(p)
     lineno = 0
     with _open_binary(p) as fh:
         try:
@@ -265,29 +250,6 @@ def loads(text: str, where: str) -> Any:
         raise JsonError(where, f"invalid JSON: {exc.msg} (column {exc.colno}){hint}") from None
     except RecursionError:
         raise JsonError(where, "JSON nested too deeply to decode") from None
-
-
-def read_json(path: PathLike) -> Any:
-    """The value of a whole JSON file, with errors as :class:`JsonError` naming file and line.
-
-    Raises:
-        FileNotFoundError: no such file.
-        JsonError: a directory, bytes that are not UTF-8, invalid or absurdly nested JSON.
-    """
-    p = Path(path)
-    _check_readable(p)
-    raw = p.read_bytes()
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = raw.count(b"\n", 0, exc.start) + 1
-        raise JsonError(f"{p}:{line}", f"not UTF-8 text (byte 0x{raw[exc.start]:02x})") from None
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise JsonError(f"{p}:{exc.lineno}", f"invalid JSON: {exc.msg} (column {exc.colno})") from None
-    except RecursionError:
-        raise JsonError(str(p), "JSON nested too deeply to decode") from None
 
 
 def iter_jsonl(path: PathLike) -> Iterator[tuple[str, Any]]:

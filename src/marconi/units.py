@@ -6,7 +6,7 @@ import argparse
 import math
 import re
 
-from marconi.registry import ConfigError
+from marconi.core.registry import ConfigError
 
 __all__ = ["parse_bytes", "format_bytes", "Capacity", "parse_capacity", "request_limit", "MAX_CAPACITY_BYTES",
            "MAX_CAPACITY_FRACTION"]

@@ -46,7 +46,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from marconi.cache import PrefixCache
+from marconi.core.cache import PrefixCache
 from marconi.engine.errors import EngineError
 from marconi.engine.models import HybridModel
 from marconi.engine.prefill import (

@@ -2,7 +2,7 @@
 
 A :class:`HybridModel` bundles the torch module, the layout of its ``DynamicCache`` (which layers
 hold per-token KVs, which hold a fixed-size recurrent state), the scan's chunk length, and the
-:class:`~marconi.model.ModelSpec` the cache core uses for byte accounting. The spec is built with
+:class:`~marconi.core.model.ModelSpec` the cache core uses for byte accounting. The spec is built with
 ``ModelSpec.from_hf_config`` and **checked against the real cache tensors** of a short prefill:
 KV bytes per token and conv + recurrent bytes per checkpoint must match exactly, or
 :class:`SpecMismatchError` names both numbers.
@@ -49,7 +49,7 @@ from marconi.engine.errors import (
     UnsupportedModelError,
 )
 from marconi.engine.precision import float64_scans
-from marconi.model import ModelSpec, SpecError
+from marconi.core.model import ModelSpec, SpecError
 
 __all__ = [
     "ARCHITECTURES",

@@ -49,7 +49,7 @@ import torch
 
 from marconi.engine.errors import EngineError
 from marconi.engine.states import SSMPayload, capture_ssm
-from marconi.registry import Registry
+from marconi.core.registry import Registry
 
 __all__ = [
     "CHECKPOINTING",

@@ -1,6 +1,6 @@
 """Cache payloads of the real engine: KV slices and recurrent-state checkpoints as tensors.
 
-The cache core (``marconi.cache.PrefixCache``) never looks inside a payload: a radix-tree node
+The cache core (``marconi.core.cache.PrefixCache``) never looks inside a payload: a radix-tree node
 holds one :class:`KVPayload` for its edge tokens and optionally one :class:`SSMPayload` (the state
 after its last token). This module captures them from a live ``DynamicCache`` (cloned: the cache
 updates its conv / recurrent buffers in place) and rebuilds a ``DynamicCache`` from them, using

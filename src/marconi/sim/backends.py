@@ -28,8 +28,8 @@ from typing import Any, Callable, Mapping, Protocol, Sequence
 import numpy as np
 
 from marconi.pool import terminated, worker_pool
-from marconi.registry import ConfigError
-from marconi.tuning import default_workers
+from marconi.core.registry import ConfigError
+from marconi.selectors.bootstrap import default_workers
 from marconi.workloads.trace import Request, Trace
 
 __all__ = ["Backend", "LocalBackend", "RayBackend", "make_backend", "BACKENDS", "PackedTrace", "pack_trace",

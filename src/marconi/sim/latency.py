@@ -18,8 +18,8 @@ from typing import Protocol
 
 import numpy as np
 
-from marconi.model import ModelSpec
-from marconi.registry import ConfigError
+from marconi.core.model import ModelSpec
+from marconi.core.registry import ConfigError
 
 __all__ = ["LatencyModel", "ZeroLatency", "RooflineLatency", "TableLatency", "make_latency", "ACCELERATORS"]
 

@@ -16,10 +16,10 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from marconi.registry import ConfigError
+from marconi.core.registry import ConfigError
 from marconi.sim.backends import Backend
 from marconi.sim.sweep import SweepPoint, expand_points, run_sweep
-from marconi.systems import make_system
+from marconi.sim.systems import make_system
 
 __all__ = ["capacity_fractions", "run_mrc", "plot_mrc", "CEILINGS"]
 

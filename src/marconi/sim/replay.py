@@ -1,7 +1,7 @@
 """Replay a request trace through a cache, libCacheSim-style: the driver takes a built cache.
 
 * :func:`simulate` ``(trace, cache) -> SimResult``: any cache with ``begin``/``finish`` (a
-  :class:`~marconi.cache.PrefixCache` you built, the vLLM emulation ...);
+  :class:`~marconi.core.cache.PrefixCache` you built, the vLLM emulation ...);
 * :func:`simulate_system` ``(trace, system, spec, capacity) -> SimResult``: builds the cache of a
   named system (``marconi``, ``vllm+:block=16`` ...) with a clock the driver sets to each request's
   arrival time, hands the trace to systems that read the future (``oracle``), and simulates.
@@ -27,11 +27,11 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from marconi.cache import ManualClock, PrefixCache
-from marconi.model import ModelSpec, get_model
+from marconi.core.cache import ManualClock, PrefixCache
+from marconi.core.model import ModelSpec, get_model
 from marconi.sim.latency import LatencyModel, make_latency
-from marconi.stats import CacheStats
-from marconi.systems import SystemConfig, make_system
+from marconi.core.stats import CacheStats
+from marconi.sim.systems import SystemConfig, make_system
 from marconi.workloads.trace import Request
 
 __all__ = ["SimResult", "simulate", "simulate_system", "system_fields", "working_set_bytes", "MODES"]
@@ -45,7 +45,7 @@ class SimResult:
 
     ``system``: what was simulated, echoed into the record (``system`` label, ``admission``,
     ``eviction``, ``tuning``); ``tuning``: what the cache's tuner reported (``tuned_alphas``,
-    ``tuning_seconds``, ``tuning_windows``, ``rule_switches``; see ``PrefixCache.tuner``).
+    ``tuning_seconds``, ``tuning_windows``, ``rule_switches``; see ``PrefixCache.selector``).
     """
 
     system: dict[str, Any]
@@ -132,7 +132,7 @@ class SimResult:
 def system_fields(system: SystemConfig) -> dict[str, Any]:
     """How a named system is echoed into records (label, admission, eviction, tuning)."""
     tuning = (f"bootstrap:multiplier={system.tuning.multiplier}" if system.tuning is not None
-              else "adaptive" if system.eviction.startswith(("adaptive", "worlds")) else None)
+              else "adaptive" if system.eviction.startswith(("regret", "worlds")) else None)
     return {"system": system.label, "admission": system.admission, "eviction": system.eviction, "tuning": tuning}
 
 
@@ -148,7 +148,7 @@ def simulate(trace: Iterable[Request], cache: Any, *, clock: ManualClock | None 
     """Replay ``trace`` (requests in timestamp order) through ``cache``, a built cache.
 
     Args:
-        cache: a :class:`~marconi.cache.PrefixCache` (or anything with its ``begin`` /
+        cache: a :class:`~marconi.core.cache.PrefixCache` (or anything with its ``begin`` /
             ``insert_prefill`` / ``finish``, ``stats``, ``spec``, ``capacity_bytes``).
         clock: the :class:`ManualClock` the cache reads; the driver sets it to each request's
             arrival (and, in event mode, each prefill's and decode's end). None: the cache keeps
@@ -175,7 +175,7 @@ def simulate(trace: Iterable[Request], cache: Any, *, clock: ManualClock | None 
     arrival = np.array([r[3] for r in rows], dtype=np.float64)
     ttft = np.array([lat.ttft_s(spec, int(n), int(h)) for n, h in zip(input_len, reused)], dtype=np.float64)
     vanilla = np.array([lat.ttft_s(spec, int(n), 0) for n in input_len], dtype=np.float64)
-    tuner = getattr(cache, "tuner", None)
+    tuner = cache.selector
     if system is None:
         described = cache.describe() if hasattr(cache, "describe") else {}
         system = {"system": "custom", **{k: described.get(k) for k in ("admission", "eviction")}, "tuning": None}

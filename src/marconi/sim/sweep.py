@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 from marconi.io import iter_jsonl, write_jsonl
-from marconi.model import ModelSpec, get_model
+from marconi.core.model import ModelSpec, get_model
 from marconi.sim.backends import Backend, make_backend
 from marconi.sim.replay import simulate_system, working_set_bytes
-from marconi.systems import make_system
+from marconi.sim.systems import make_system
 from marconi.units import Capacity, parse_capacity
 
 __all__ = ["SweepPoint", "SweepTask", "expand_points", "run_sweep", "run_tasks", "working_sets",

@@ -19,13 +19,13 @@ from typing import TYPE_CHECKING, Iterable
 
 import numpy as np
 
-from marconi.admission import ADMISSION_POLICIES, AdmissionContext, FinalPlan, MarconiAdmission
-from marconi.registry import ConfigError
+from marconi.core.admission import ADMISSION_POLICIES, AdmissionContext, FinalPlan, MarconiAdmission
+from marconi.core.registry import ConfigError
 from marconi.sparse.dp import TOKEN_COST, PotentialCost, flops_cost, place_checkpoints, place_checkpoints_lagrangian
 from marconi.sparse.overlap import EstimatorConfig, OverlapEstimator
 
 if TYPE_CHECKING:
-    from marconi.model import ModelSpec
+    from marconi.core.model import ModelSpec
 
 __all__ = ["SparseDPAdmission"]
 

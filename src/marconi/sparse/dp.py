@@ -84,7 +84,7 @@ from typing import Callable, NamedTuple, Protocol
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from marconi.model import ModelSpec
+from marconi.core.model import ModelSpec
 
 __all__ = [
     "Cost",

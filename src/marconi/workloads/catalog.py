@@ -21,7 +21,7 @@ name                            trace (full size)
 =============================== ===============================================================
 
 **Names and parameters.** A name takes parameters as systems and policies do
-(:mod:`marconi.registry`): typos are errors that list the valid names or parameters. Every entry
+(:mod:`marconi.core.registry`): typos are errors that list the valid names or parameters. Every entry
 takes ``scale`` (a fraction of its full size: it sets the entry's count -- sessions, requests,
 documents -- unless that count is given itself) and ``seed`` (its random draws: Poisson gaps,
 synthetic tokens, arrival order; recipes without randomness ignore it).
@@ -48,7 +48,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, NamedTuple, Sequence
 
-from marconi.registry import ConfigError, ParsedName, Registry, parse_name
+from marconi.core.registry import ConfigError, ParsedName, Registry, parse_name
 
 from .mooncake import build_mooncake_trace
 from .paths import bundled_data_dir, shared_data_dir

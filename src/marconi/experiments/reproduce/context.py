@@ -13,8 +13,8 @@ from typing import Any, Iterable, Sequence
 
 from marconi.experiments.reproduce.latency import LatencySet
 from marconi.experiments.reproduce.traces import WorkloadSource
-from marconi.model import ModelSpec
-from marconi.tuning import DEFAULT_ALPHA_GRID
+from marconi.core.model import ModelSpec
+from marconi.selectors.bootstrap import DEFAULT_ALPHA_GRID
 from marconi.workloads import Trace
 
 __all__ = ["ReproProfile", "PROFILES", "TraceInfo", "ReproContext", "frac_label", "base_key", "variant_key",

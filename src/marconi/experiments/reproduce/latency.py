@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from marconi.io import iter_jsonl
-from marconi.model import ModelSpec
+from marconi.core.model import ModelSpec
 from marconi.sim.latency import LatencyModel, RooflineLatency, TableLatency
 from marconi.workloads import shared_data_dir
 

@@ -31,7 +31,7 @@ from typing import Any, Callable, Iterable, Sequence
 from marconi.experiments.reproduce.context import (HEADROOM_SYSTEMS, MAIN_SYSTEMS, ReproContext, ReproProfile,
                                                    TraceInfo, frac_label, tuned_system, variant_key)
 from marconi.experiments.reproduce.traces import TraceFactory, data_available
-from marconi.model import ModelSpec, get_model
+from marconi.core.model import ModelSpec, get_model
 from marconi.sim.backends import Backend, make_backend
 from marconi.sim.sweep import SweepPoint, SweepTask, read_records, run_tasks, working_sets
 

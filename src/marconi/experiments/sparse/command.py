@@ -11,7 +11,7 @@ from marconi.experiments.sparse.report import findings, write_outputs
 from marconi.experiments.sparse.study import DEFAULT_WORKLOADS, StudyConfig, plan_tasks, run_study
 from marconi.experiments.sparse.workloads import WORKLOADS, study_workload
 from marconi.io import check_output
-from marconi.registry import ConfigError
+from marconi.core.registry import ConfigError
 
 __all__ = ["register"]
 

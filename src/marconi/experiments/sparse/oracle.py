@@ -18,10 +18,10 @@ from typing import Any
 
 import numpy as np
 
-from marconi.admission import AdmissionContext, MatchResult, make_admission
+from marconi.core.admission import AdmissionContext, MatchResult, make_admission
 from marconi.experiments.sparse.strategies import Strategy
 from marconi.experiments.sparse.workloads import Workload
-from marconi.model import ModelSpec
+from marconi.core.model import ModelSpec
 from marconi.sparse import TOKEN_COST, PotentialCost, expected_cost, flops_cost, place_checkpoints
 from marconi.workloads.trace import Trace
 

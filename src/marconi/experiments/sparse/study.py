@@ -19,9 +19,9 @@ import numpy as np
 from marconi.experiments.sparse.oracle import analytic_records
 from marconi.experiments.sparse.strategies import Strategy, block_sizes
 from marconi.experiments.sparse.workloads import SCALES, WORKLOADS, Workload
-from marconi.model import ModelSpec, get_model
+from marconi.core.model import ModelSpec, get_model
 from marconi.pool import worker_pool
-from marconi.registry import ConfigError
+from marconi.core.registry import ConfigError
 from marconi.sparse import flops_cost
 from marconi.units import parse_capacity
 from marconi.workloads.trace import Trace

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from marconi.registry import ConfigError
+from marconi.core.registry import ConfigError
 from marconi.workloads.catalog import DataUnavailable, Provenance, build_workload
 from marconi.workloads.trace import Trace
 

@@ -2,15 +2,15 @@
 
 Registered as the ``vllm.general_plugins`` entry point ``marconi`` (installed with the project, see
 ``pyproject.toml``); vLLM calls :func:`register` in every process it starts. What it does depends
-on :class:`~marconi.vllm.config.PluginConfig` (environment variables):
+on :class:`~marconi.integrations.vllm.config.PluginConfig` (environment variables):
 
 * ``MARCONI_VLLM_POLICY`` unset: nothing, except the CPU fix below. vLLM behaves as stock.
-* ``lru``: every block pool is *observed* — the prefix index of :mod:`marconi.vllm.policy` is kept,
+* ``lru``: every block pool is *observed* — the prefix index of :mod:`marconi.integrations.vllm.policy` is kept,
   evictions and hits are counted and (``MARCONI_VLLM_TRACE``) traced — but vLLM decides.
 * ``marconi``: as ``lru``, and ``BlockPool.get_new_blocks`` takes free blocks without a hash first
   (as vLLM does), then evicts cached ones by Marconi's utility instead of LRU. α is fixed
   (``MARCONI_VLLM_ALPHA=0.5``) or adaptive (``MARCONI_VLLM_ALPHA=adaptive``: a shadow of adaptive
-  Marconi, :mod:`marconi.vllm.adaptive`, fed every finished request's token ids, picks α and the
+  Marconi, :mod:`marconi.integrations.vllm.adaptive`, fed every finished request's token ids, picks α and the
   efficiency; the block trace records each change as an ``alpha`` event).
 
 Hooks are set per instance, on the ``BlockPool`` of every ``Scheduler`` built after registration
@@ -48,12 +48,12 @@ import threading
 import time
 from typing import Any
 
-from marconi.vllm.config import PluginConfig
-from marconi.vllm.policy import ATTENTION, MAMBA, BlockEvictionState, RequestObservation, parent_depth
+from marconi.integrations.vllm.config import PluginConfig
+from marconi.integrations.vllm.policy import ATTENTION, MAMBA, BlockEvictionState, RequestObservation, parent_depth
 
 __all__ = ["register", "PoolHooks", "SUPPORTED_VLLM"]
 
-logger = logging.getLogger("marconi.vllm")
+logger = logging.getLogger("marconi.integrations.vllm")
 SUPPORTED_VLLM = "0.32"
 
 _REGISTERED = False
@@ -158,7 +158,7 @@ def scheduler_settings(scheduler: Any, kinds: list[str]) -> dict[str, Any]:
 
 
 def _model_spec(vllm_config: Any) -> Any:
-    from marconi.model import ModelSpec
+    from marconi.core.model import ModelSpec
 
     hf = vllm_config.model_config.hf_config
     cfg = hf.to_dict()

@@ -2,7 +2,7 @@
 
 Run inside the vLLM environment (its transformers)::
 
-    .venv-vllm/bin/python -m marconi.vllm.models qwen3_next-tiny /path/to/dir
+    .venv-vllm/bin/python -m marconi.integrations.vllm.models qwen3_next-tiny /path/to/dir
 
 The presets respect vLLM 0.32's CPU kernels: attention head sizes of 32+ (the CPU attention
 backend), gated-DeltaNet key/value heads of 64 in bfloat16 (the CPU GDN kernel), a MoE block in

@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING, Iterable, NamedTuple, Protocol
 
 import numpy as np
 
-from marconi.registry import ConfigError, Registry
+from marconi.core.registry import ConfigError, Registry
 
 if TYPE_CHECKING:
-    from marconi.model import ModelSpec
+    from marconi.core.model import ModelSpec
 
 __all__ = ["MatchResult", "AdmissionContext", "FinalPlan", "AdmissionPolicy", "ADMISSION_POLICIES",
            "make_admission", "NoAdmission", "MarconiAdmission", "EveryBlock", "LastToken", "Uniform"]
@@ -210,8 +210,9 @@ class Uniform:
         return {"admission": self.name, "m": self.m}
 
 
-# sparse-dp registers itself from marconi.sparse.admission, which marconi.systems imports.
-ADMISSION_POLICIES: Registry[AdmissionPolicy] = Registry("admission policy", providers=("marconi.systems",))
+# sparse-dp (the second paper's placement) registers itself from marconi.sparse.admission: listed as
+# the provider, it is imported the first time the registry is read, so this module never imports it.
+ADMISSION_POLICIES: Registry[AdmissionPolicy] = Registry("admission policy", providers=("marconi.sparse.admission",))
 
 
 @ADMISSION_POLICIES.register("none", "vanilla: cache nothing")

@@ -1,10 +1,10 @@
 """Adaptive Marconi by exact worlds (the default ``marconi``): the live cache follows whichever rule's
 own cache is ahead.
 
-The regret selector (:mod:`marconi.adaptive`) judges every rule from the live cache's state alone,
+The regret selector (:mod:`marconi.selectors.regret`) judges every rule from the live cache's state alone,
 and that estimate is biased against whichever rule is live (``docs/adaptive.md``, second round).
 Here nothing is estimated: each rule of the family that is not live runs in a **world** of its own,
-a size-only :class:`~marconi.cache.PrefixCache` with the same admission and capacity, fed the same
+a size-only :class:`~marconi.core.cache.PrefixCache` with the same admission and capacity, fed the same
 requests. The live cache is the live rule's world. Each world's score is the decayed sum of the
 tokens (or prefill FLOPs) its lookups reused; the live rule changes to the best-scoring one when
 that one leads by more than ``hysteresis`` (relative).
@@ -26,22 +26,20 @@ metadata next to the real cache. Everything is deterministic.
 
 from __future__ import annotations
 
-import copy
-import threading
 from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
-from marconi.adaptive import RuleSwitch, cached_efficiency_variant, parse_rules, policy_for
-from marconi.cache import CacheObserver, PrefixCache, RequestHandle, SizeOnlyPayloads
-from marconi.eviction import CandidateSet, EvictionRule, flop_efficiency_array
-from marconi.radix import Node
-from marconi.registry import ConfigError
+from marconi.core.cache import CacheObserver, PrefixCache, RequestHandle
+from marconi.core.candidates import CandidateSet, flop_efficiency_array
+from marconi.core.eviction import EVICTION_POLICIES, EvictionPolicy, EvictionRule
+from marconi.core.registry import ConfigError
+from marconi.selectors.family import RuleSwitch, cached_efficiency_variant, parse_rules, policy_for
 
 if TYPE_CHECKING:
-    from marconi.model import ModelSpec
+    from marconi.core.model import ModelSpec
 
-__all__ = ["WorldsEviction", "clone_cache"]
+__all__ = ["WorldsEviction"]
 
 
 class WorldsEviction:
@@ -50,7 +48,7 @@ class WorldsEviction:
 
     The live cache's candidates are every unlocked node with at most one child (a leaf-only rule
     scores the leaves alone), so it can apply any rule of the family at any eviction. Each world is
-    a cache built for its rule alone (:func:`~marconi.adaptive.policy_for`; ``lru``'s is SGLang+'s
+    a cache built for its rule alone (:func:`~marconi.selectors.family.policy_for`; ``lru``'s is SGLang+'s
     leaf-only LRU): a world is never promoted to live, so it keeps no more candidates than its rule.
 
     Args:
@@ -91,16 +89,13 @@ class WorldsEviction:
         self.cache = cache
         if not self.explore:
             return
-        cache.tuner = self
+        cache.attach_selector(self)
         cache.add_observer(_Mirror(self))
         for k in range(len(self.rules)):
             if k != self.current:
-                self.worlds[k] = PrefixCache(
-                    cache.spec, cache.capacity_bytes, copy.deepcopy(cache.admission), self._pinned(k),
-                    clock=None if cache._logical is not None else cache.clock,
-                    prefill_chunk_len=cache.prefill_chunk_len)
+                self.worlds[k] = cache.empty_like(self._pinned(k))
 
-    def _pinned(self, k: int) -> Any:
+    def _pinned(self, k: int) -> EvictionPolicy:
         """Rule ``k``'s world evicts as a cache built for that rule alone (``lru``: SGLang+'s own
         leaf-only LRU, the cheapest world): a world is never promoted to live, so it needs no
         candidates beyond its rule's."""
@@ -150,12 +145,12 @@ class WorldsEviction:
         assert self.cache is not None
         old = self.current
         # The live cache has been running ``old``: a copy of it is ``old``'s world, in-flight requests too.
-        world = clone_cache(self.cache, self._pinned(old))
+        world = self.cache.clone(self._pinned(old))
         self.worlds[old] = world
         del self.worlds[best]
         for rid, mine in self._handles.items():
             mine.pop(best, None)
-            mine[old] = world._in_flight[rid]
+            mine[old] = world.in_flight(rid)
         self.current = best
         self.switches.append(RuleSwitch(request_id, best))
 
@@ -194,42 +189,8 @@ class _Mirror(CacheObserver):
             world.abort(h)
 
 
-def clone_cache(cache: PrefixCache, eviction: Any) -> PrefixCache:
-    """A size-only copy of ``cache`` (tree, recency, candidate index, in-flight requests, admission
-    state) that evicts by ``eviction`` and has no observers: it then behaves exactly as ``cache``
-    would under that policy. Payloads are dropped (a world holds sizes only); the clock is shared
-    unless the cache keeps its own logical one. The tree is copied iteratively (a deep chain of
-    nodes would overflow a recursive copy). Where ``eviction`` takes other candidates or keeps
-    another FLOP efficiency than ``cache``'s policy, the copy's index is rebuilt for it."""
-    memo: dict[int, Any] = {id(cache.eviction): eviction, id(cache._observers): [], id(cache.spec): cache.spec,
-                            id(cache._mutex): threading.RLock(), id(cache.payloads): SizeOnlyPayloads()}
-    if cache.tuner is not None and cache.tuner is not cache.eviction:
-        memo[id(cache.tuner)] = None
-    if cache._logical is None:
-        memo[id(cache.clock)] = cache.clock
-    pairs: list[tuple[Node, Node]] = []
-    stack = [cache.tree.root]
-    while stack:
-        node = stack.pop()
-        twin = Node.__new__(Node)
-        for slot in Node.__slots__:
-            setattr(twin, slot, getattr(node, slot))
-        twin.kv = None
-        twin.ckpt_positions = list(node.ckpt_positions)
-        twin.ckpt_states = [None] * len(node.ckpt_positions)
-        memo[id(node)] = twin
-        pairs.append((node, twin))
-        stack.extend(node.children.values())
-    for node, twin in pairs:
-        twin.parent = None if node.parent is None else memo[id(node.parent)]
-        twin.children = {key: memo[id(child)] for key, child in node.children.items()}
-    clone = copy.deepcopy(cache, memo)
-    clone.tuner = None
-    bind = getattr(eviction, "bind", None)
-    if bind is not None:
-        bind(clone)
-    old = cache.eviction
-    if (eviction.evicts_inner_nodes, eviction.efficiency_variant) != (old.evicts_inner_nodes,
-                                                                     old.efficiency_variant):
-        clone.reindex()
-    return clone
+@EVICTION_POLICIES.register("worlds", "the rule of a family whose own exact world (a size-only cache running it) "
+                                      "is ahead: one replay per rule")
+def _worlds(rules: str = "default", decay: float = 0.999, hysteresis: float = 0.0,
+            objective: str = "hit-rate") -> EvictionPolicy:
+    return WorldsEviction(rules, decay=decay, hysteresis=hysteresis, objective=objective)

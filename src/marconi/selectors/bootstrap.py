@@ -8,11 +8,13 @@ parallel worker processes, and the α with the best objective (token hit rate, o
 adopted. Ties go to the smaller α. Optionally the cycle repeats when the hit rate drifts.
 
 Replays are sequential (match then insert per request), cheap (no model), deterministic, and
-identical whatever the number of workers. The tree snapshot a replay starts from (shape, recency,
-checkpoint positions; no payloads, no locks) is taken and restored here: only the tuner needs it.
+identical whatever the number of workers. The tree a replay starts from is the cache's own
+:meth:`~marconi.core.cache.PrefixCache.snapshot` (shape, recency, checkpoint positions; no payloads,
+no locks), restored by :meth:`~marconi.core.cache.PrefixCache.from_snapshot`.
 
-A tuner reports what it chose through ``tuning_record()``; the cache it serves exposes it as
-``cache.tuner`` (simulation records echo it).
+A tuner reports what it chose through ``tuning_record()``; it holds the cache's selector role
+(``cache.selector``, :meth:`~marconi.core.cache.PrefixCache.attach_selector`), and simulation
+records echo it.
 """
 
 from __future__ import annotations
@@ -25,82 +27,19 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from marconi.admission import AdmissionPolicy
-from marconi.cache import SIZE_ONLY, CacheObserver, ManualClock, PrefixCache, RequestHandle
-from marconi.eviction import EvictionPolicy, FlopAware
-from marconi.model import ModelSpec
+from marconi.core.admission import AdmissionPolicy
+from marconi.core.cache import CacheObserver, ManualClock, PrefixCache, RequestHandle, TreeSnapshot
+from marconi.core.eviction import EvictionPolicy, FlopAware
+from marconi.core.model import ModelSpec
 from marconi.pool import worker_pool
-from marconi.registry import ConfigError
+from marconi.core.registry import ConfigError
 from marconi.workloads.trace import Request
 
-__all__ = ["DEFAULT_ALPHA_GRID", "TreeSnapshot", "TuningJob", "TuningEvent", "WindowResult", "BootstrapTuner",
-           "evaluate_alphas", "replay_window", "snapshot_tree", "cache_from_snapshot"]
+__all__ = ["DEFAULT_ALPHA_GRID", "TuningJob", "TuningEvent", "WindowResult", "BootstrapTuner", "evaluate_alphas",
+           "replay_window"]
 
 DEFAULT_ALPHA_GRID: tuple[float, ...] = tuple(round(0.1 * i, 1) for i in range(21))
 OBJECTIVES = ("hit-rate", "flops")
-
-
-@dataclass(slots=True)
-class TreeSnapshot:
-    """A cache's tree without payloads or locks: what a tuning replay starts from.
-
-    Parallel lists, one entry per node, parents before children.
-    """
-
-    page_size: int
-    parent_index: list[int]            # index into these lists; -1 = child of the root
-    tokens: list[np.ndarray]
-    ckpt_positions: list[list[int]]    # the node's checkpoint positions (absolute)
-    last_access: list[float]
-    access_seq: list[int]
-    path_access: list[float]
-    path_seq: list[int]
-    clock_value: float
-
-
-def snapshot_tree(cache: PrefixCache) -> TreeSnapshot:
-    """The tree of ``cache`` as it is now (taken under its lock)."""
-    with cache.lock:
-        index: dict[int, int] = {}
-        snap = TreeSnapshot(cache.tree.page_size, [], [], [], [], [], [], [], float(cache.clock()))
-        root = cache.tree.root
-        for node in cache.tree.iter_nodes():
-            index[node.node_id] = len(snap.tokens)
-            parent = node.parent
-            snap.parent_index.append(-1 if parent is root else index[parent.node_id])  # type: ignore[union-attr]
-            snap.tokens.append(node.tokens)
-            snap.ckpt_positions.append(list(node.ckpt_positions))
-            snap.last_access.append(node.last_access)
-            snap.access_seq.append(node.access_seq)
-            snap.path_access.append(node.path_access)
-            snap.path_seq.append(node.path_seq)
-    return snap
-
-
-def cache_from_snapshot(snapshot: TreeSnapshot, spec: ModelSpec | str, capacity_bytes: float,
-                        admission: AdmissionPolicy | str, eviction: EvictionPolicy | str, *,
-                        clock: ManualClock) -> PrefixCache:
-    """A size-only cache holding the snapshot's tree, its clock set to the snapshot's time.
-
-    Raises ConfigError if the admission policy matches at another page size, or the tree does not
-    fit ``capacity_bytes``.
-    """
-    cache = PrefixCache(spec, capacity_bytes, admission, eviction, clock=clock)
-    if cache.tree.page_size != snapshot.page_size:
-        raise ConfigError(f"snapshot has page size {snapshot.page_size}, admission policy "
-                          f"{cache.admission.name!r} uses {cache.tree.page_size}")
-    clock.now = snapshot.clock_value
-    nodes = []
-    for i, tokens in enumerate(snapshot.tokens):
-        p = snapshot.parent_index[i]
-        node = cache.tree.new_node(tokens, cache.tree.root if p < 0 else nodes[p])
-        node.ckpt_positions = list(snapshot.ckpt_positions[i])
-        node.ckpt_states = [SIZE_ONLY] * len(node.ckpt_positions)
-        node.last_access, node.access_seq = snapshot.last_access[i], snapshot.access_seq[i]
-        node.path_access, node.path_seq = snapshot.path_access[i], snapshot.path_seq[i]
-        nodes.append(node)
-    cache.adopt_tree()
-    return cache
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,7 +88,7 @@ def replay_window(job: TuningJob, alpha: float) -> WindowResult:
     """Replay the job's window from its snapshot with a fixed α."""
     clock = ManualClock()
     policy = FlopAware(alpha=alpha, efficiency=job.efficiency, recency=job.recency)
-    cache = cache_from_snapshot(job.snapshot, job.spec, job.capacity_bytes, copy.deepcopy(job.admission), policy,
+    cache = PrefixCache.from_snapshot(job.snapshot, job.spec, job.capacity_bytes, copy.deepcopy(job.admission), policy,
                                 clock=clock)
     for req in job.window:
         clock.now = req.ts
@@ -273,7 +212,7 @@ class BootstrapTuner(CacheObserver):
     # ---------------------------------------------------------------- cycle
     def _start_cycle(self, cache: PrefixCache) -> None:
         self._snapshot_due = False
-        self._snapshot = snapshot_tree(cache)
+        self._snapshot = cache.snapshot()
         self._window = []
         self._recording_ids = {}
 

@@ -10,15 +10,15 @@ variable                           meaning
                                    ``lru``: vLLM's own eviction, observed (counters, trace);
                                    ``marconi``: FLOP-aware eviction among cached free blocks
 ``MARCONI_VLLM_ALPHA``             α, a number >= 0 (default 0.5), or ``adaptive``: α and efficiency
-                                   follow adaptive Marconi's live rule (:mod:`marconi.vllm.adaptive`)
+                                   follow adaptive Marconi's live rule (:mod:`marconi.integrations.vllm.adaptive`)
 ``MARCONI_VLLM_ADAPTIVE_RULES``    with ``adaptive``: the rule family (default ``lru/a0.5m/a2m``)
-``MARCONI_VLLM_ALPHA_SOURCE``      ``module:factory`` returning an :class:`~marconi.vllm.policy.AlphaSource`
+``MARCONI_VLLM_ALPHA_SOURCE``      ``module:factory`` returning an :class:`~marconi.integrations.vllm.policy.AlphaSource`
                                    (called as ``factory(spec, config)``); overrides a numeric
                                    ``MARCONI_VLLM_ALPHA`` (with ``adaptive`` it is an error)
 ``MARCONI_VLLM_EFFICIENCY``        ``total`` (default, the paper's) or ``marginal``; not with
                                    ``adaptive`` (its rules name their own)
 ``MARCONI_VLLM_TRACE``             a path: the engine core appends every block-pool event as JSONL
-``MARCONI_VLLM_MAMBA2_CPU_FIX``    ``auto`` (default) or ``off``: see :mod:`marconi.vllm.plugin`
+``MARCONI_VLLM_MAMBA2_CPU_FIX``    ``auto`` (default) or ``off``: see :mod:`marconi.integrations.vllm.plugin`
 =================================  =================================================================
 """
 
@@ -30,8 +30,8 @@ import os
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
-from marconi.registry import ConfigError
-from marconi.vllm.policy import DEFAULT_ALPHA, EFFICIENCIES, POLICIES, AlphaSource, FixedAlpha
+from marconi.core.registry import ConfigError
+from marconi.integrations.vllm.policy import DEFAULT_ALPHA, EFFICIENCIES, POLICIES, AlphaSource, FixedAlpha
 
 __all__ = ["PluginConfig", "ENV_POLICY", "ENV_ALPHA", "ENV_ADAPTIVE_RULES", "ENV_ALPHA_SOURCE", "ENV_EFFICIENCY",
            "ENV_TRACE", "ENV_MAMBA2_CPU_FIX", "ADAPTIVE", "parse_alpha"]
@@ -97,7 +97,7 @@ class PluginConfig:
             if self.efficiency != "total":
                 raise ConfigError(f"{ENV_ALPHA}={ADAPTIVE}: its rules choose the efficiency (lru/a0.5m/a2m: "
                                   f"marginal); unset {ENV_EFFICIENCY}")
-            from marconi.vllm.adaptive import AdaptiveAlpha
+            from marconi.integrations.vllm.adaptive import AdaptiveAlpha
 
             AdaptiveAlpha(self.adaptive_rules)           # every rule must map onto the block policy
         elif self.adaptive_rules != DEFAULT_RULES:
@@ -143,7 +143,7 @@ class PluginConfig:
         """A fresh α source as configured (sources keep state: one per pool): ``factory(spec, config)``
         if given, adaptive Marconi's, or a fixed α."""
         if self.adaptive:
-            from marconi.vllm.adaptive import AdaptiveAlpha
+            from marconi.integrations.vllm.adaptive import AdaptiveAlpha
 
             return AdaptiveAlpha(self.adaptive_rules)
         if self.alpha_source is None:

@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping
 
-from marconi.io import JsonError, read_json
+from marconi.core.jsonfile import JsonError, read_json
 
 __all__ = ["ModelSpec", "PRESETS", "get_model", "list_models", "SpecError"]
 

@@ -21,7 +21,7 @@ What vLLM does, in short (defaults: ``prefix_cache_retention_interval=0``, no EA
   are reused first. A hit takes its blocks out of the queue; released again, they are recent.
 
 Eviction is vLLM's LRU (``eviction=lru``) or the Marconi plugin's (``eviction=marconi``): the same
-:class:`~marconi.vllm.policy.BlockEvictionState` the plugin runs inside vLLM, with the same α source
+:class:`~marconi.integrations.vllm.policy.BlockEvictionState` the plugin runs inside vLLM, with the same α source
 (fixed, or adaptive: fed each finished request at the same point as in the plugin, after its
 blocks are freed).
 
@@ -43,12 +43,12 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from marconi.admission import MatchResult
-from marconi.cache import as_tokens
-from marconi.stats import CacheStats
-from marconi.model import ModelSpec
-from marconi.registry import ConfigError
-from marconi.vllm.policy import (ATTENTION, DEFAULT_ALPHA, MAMBA, AlphaSource, BlockEvictionState, FixedAlpha, RequestObservation,
+from marconi.core.admission import MatchResult
+from marconi.core.cache import as_tokens
+from marconi.core.stats import CacheStats
+from marconi.core.model import ModelSpec
+from marconi.core.registry import ConfigError
+from marconi.integrations.vllm.policy import (ATTENTION, DEFAULT_ALPHA, MAMBA, AlphaSource, BlockEvictionState, FixedAlpha, RequestObservation,
                                  parent_depth)
 
 __all__ = ["VllmLayout", "VllmAlignEngine", "VllmAlignCache", "RequestRecord", "layout_for_spec",
@@ -730,7 +730,7 @@ class VllmAlignEngine:
 
     def __init__(self, layout: VllmLayout, spec: ModelSpec, *, eviction: str = "lru",
                  alpha: float | str | AlphaSource = DEFAULT_ALPHA, efficiency: str = "total") -> None:
-        """``alpha``: a number, ``"adaptive"`` (a fresh :class:`~marconi.vllm.adaptive.AdaptiveAlpha`,
+        """``alpha``: a number, ``"adaptive"`` (a fresh :class:`~marconi.integrations.vllm.adaptive.AdaptiveAlpha`,
         as ``MARCONI_VLLM_ALPHA=adaptive``) or an α source (stateful: one per engine)."""
         if eviction not in ("lru", "marconi"):
             raise ConfigError(f"vllm-align: eviction must be 'lru' or 'marconi', got {eviction!r}")
@@ -738,7 +738,7 @@ class VllmAlignEngine:
         self.spec = spec
         self.eviction = eviction
         if isinstance(alpha, str):
-            from marconi.vllm.config import PluginConfig
+            from marconi.integrations.vllm.config import PluginConfig
 
             source = PluginConfig(policy=eviction, alpha=alpha).make_alpha_source(spec)
         else:
@@ -924,7 +924,7 @@ class VllmAlignCache:
     """The emulation behind the simulator's cache interface (``begin`` / ``finish``).
 
     ``begin`` admits a request (lookup + prefill allocation), ``finish`` runs its decode and frees
-    its blocks. ``stats`` is a :class:`~marconi.stats.CacheStats`: reused tokens are vLLM's hits,
+    its blocks. ``stats`` is a :class:`~marconi.core.stats.CacheStats`: reused tokens are vLLM's hits,
     ``kv_hit_tokens`` the attention-only matches, ``unusable_tokens`` their difference.
     """
 
@@ -936,7 +936,7 @@ class VllmAlignCache:
         self.capacity_bytes = layout.num_blocks * layout.block_bytes
         # An adaptive α source reports its rule switches in the simulator's records (``tuning``).
         source = self.engine.index.alpha_source
-        self.tuner = source if callable(getattr(source, "tuning_record", None)) else None
+        self.selector = source if callable(getattr(source, "tuning_record", None)) else None
         self.stats = CacheStats()
         self._observers: list[Any] = []
         self._in_flight: dict[int, _Handle] = {}

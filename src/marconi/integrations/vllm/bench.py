@@ -41,13 +41,13 @@ from typing import Any, Callable, NamedTuple, Sequence
 
 import numpy as np
 
-from marconi.model import ModelSpec
-from marconi.registry import ConfigError
-from marconi.registry import parse_name, split_name_list
-from marconi.vllm.config import ADAPTIVE, PluginConfig, parse_alpha
-from marconi.vllm.emulate import VllmAlignEngine, layout_for_spec
-from marconi.vllm.models import BLOCK_SIZES, NEEDS_MAMBA2_CPU_FIX, PRESETS
-from marconi.vllm.policy import DEFAULT_ALPHA
+from marconi.core.model import ModelSpec
+from marconi.core.registry import ConfigError
+from marconi.core.registry import parse_name, split_name_list
+from marconi.integrations.vllm.config import ADAPTIVE, PluginConfig, parse_alpha
+from marconi.integrations.vllm.emulate import VllmAlignEngine, layout_for_spec
+from marconi.integrations.vllm.models import BLOCK_SIZES, NEEDS_MAMBA2_CPU_FIX, PRESETS
+from marconi.integrations.vllm.policy import DEFAULT_ALPHA
 from marconi.workloads.trace import Request
 
 __all__ = ["BenchConfig", "BenchOutcome", "RunResult", "EmulatedRun", "select_requests", "run_bench", "emulate_run",
@@ -181,7 +181,7 @@ def serve_runs(config: BenchConfig, model_dir: Path, requests: Sequence[Request]
     """
     from contextlib import ExitStack
 
-    from marconi.vllm.server import ServerConfig, VllmServer
+    from marconi.integrations.vllm.server import ServerConfig, VllmServer
 
     work = Path(config.work_dir)
     servers: dict[str, Any] = {}
@@ -274,7 +274,7 @@ def _replay_paired(servers: dict[str, Any], model: str, requests: Sequence[Reque
     """Request by request, to every server in turn (alternating which goes first)."""
     import httpx
 
-    from marconi.vllm.client import complete
+    from marconi.integrations.vllm.client import complete
 
     names = list(servers)
     results: dict[str, list[Any]] = {p: [] for p in names}
@@ -299,7 +299,7 @@ def _check_block_size(metrics: dict[str, float], expected: int) -> None:
             found = [p for p in key.split(",") if p.startswith("block_size=")]
             if found and found[0] != f'block_size="{expected}"':
                 raise ConfigError(f"vLLM chose {found[0]} but the bench expects {expected}; update "
-                                  "marconi.vllm.models.BLOCK_SIZES for this vLLM")
+                                  "marconi.integrations.vllm.models.BLOCK_SIZES for this vLLM")
 
 
 def _replay(server: Any, model: str, requests: Sequence[Request], concurrency: int, policy: str,
@@ -307,7 +307,7 @@ def _replay(server: Any, model: str, requests: Sequence[Request], concurrency: i
     """Send every request; a session's turns in order, at most ``concurrency`` in flight."""
     import httpx
 
-    from marconi.vllm.client import complete
+    from marconi.integrations.vllm.client import complete
 
     results: list[Any] = [None] * len(requests)
     last_of_session: dict[Any, Future[Any]] = {}
@@ -421,7 +421,7 @@ def build_model(config: BenchConfig, progress: Progress) -> Path:
 
     model_dir = Path(config.work_dir) / "models" / config.model
     progress(f"building {config.model} (random weights, seed {config.seed}) in {model_dir}")
-    proc = subprocess.run([config.vllm_python, "-m", "marconi.vllm.models", config.model, str(model_dir),
+    proc = subprocess.run([config.vllm_python, "-m", "marconi.integrations.vllm.models", config.model, str(model_dir),
                            "--seed", str(config.seed)], capture_output=True, text=True)
     if proc.returncode != 0:
         raise RuntimeError(f"building {config.model} failed:\n{proc.stderr[-3000:]}")

@@ -1,13 +1,13 @@
 """Adaptive Marconi by counterfactual regret (``marconi:selector=regret``): FLOP-aware eviction whose
 rule is re-chosen online, for the whole trace. This module also owns the rule family and its
-parsing, which the default selector (exact worlds, :mod:`marconi.worlds`) shares.
+parsing, which the default selector (exact worlds, :mod:`marconi.selectors.worlds`) shares.
 
-The paper's bootstrap tuner (:mod:`marconi.tuning`) picks α once, from one window replayed from one
+The paper's bootstrap tuner (:mod:`marconi.selectors.bootstrap`) picks α once, from one window replayed from one
 snapshot, and keeps it: it wins its window and can lose the trace. Here the choice is never frozen.
 
 **A family that contains SGLang+.** The live cache keeps both recency signals on every node (a hit
 refreshes the node it resumed from; a matched path, every node on it) and indexes every node with
-at most one child, so it can apply any :class:`~marconi.eviction.EvictionRule` at any eviction and
+at most one child, so it can apply any :class:`~marconi.core.eviction.EvictionRule` at any eviction and
 switch instantly. The default family has one rule per regime, spread so that they disagree:
 
 * ``lru`` — SGLang+'s own rule (leaves, path recency, α = 0); the rule used until the evidence
@@ -32,7 +32,7 @@ LeCaR/CACHEUS, made deterministic and tree-aware.
 Why it is no longer the default: its estimate is made from the live cache's state alone, and it is
 measurably biased against whichever rule is live, so it mixes rules where holding one pays
 (``docs/adaptive.md``, second round). Exact worlds of every rule (the default ``marconi``,
-:mod:`marconi.worlds`) stay closer to the best rule across our real traces (within 0.5 pp of it at
+:mod:`marconi.selectors.worlds`) stay closer to the best rule across our real traces (within 0.5 pp of it at
 41 of 45 points, regret at 32), at one replay per rule (about 3.1× a fixed-α replay against
 regret's 1.7×). Shadow caches on a sample of sessions (SHARDS)
 or windows replayed from snapshots fit a 2× budget but are too noisy or too short-sighted at these
@@ -51,60 +51,19 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
-from marconi.cache import CacheObserver, PrefixCache, RequestHandle
-from marconi.eviction import LRU, CandidateSet, EvictionRule, FlopAware, flop_efficiency_array, score_many
-from marconi.registry import ConfigError
+from marconi.core.cache import CacheObserver, PrefixCache, RequestHandle
+from marconi.core.candidates import CandidateSet, flop_efficiency_array
+from marconi.core.eviction import EVICTION_POLICIES, EvictionPolicy, EvictionRule, score_rules
+from marconi.selectors.family import RuleSwitch, cached_efficiency_variant, parse_rules
+from marconi.core.registry import ConfigError
 
 if TYPE_CHECKING:
-    from marconi.model import ModelSpec
-    from marconi.radix import Node
+    from marconi.core.model import ModelSpec
+    from marconi.core.radix import Node
 
-__all__ = ["DEFAULT_RULES", "DEFAULT_RULE_LABELS", "AdaptiveEviction", "RuleSwitch", "cached_efficiency_variant",
-           "parse_rules", "policy_for"]
+__all__ = ["RegretEviction"]
 
-#: The default family (labels: :meth:`EvictionRule.label`): SGLang+'s LRU, a balanced and an
-#: aggressive FLOP-aware rule.
-DEFAULT_RULE_LABELS = "lru/a0.5m/a2m"
 _GHOSTS_PER_NODE = 16
-
-
-def parse_rules(text: str | Sequence[EvictionRule]) -> tuple[EvictionRule, ...]:
-    """``"default"`` or labels separated by ``/``: ``"lru/a0/a1m/a2lp"`` -> rules (see ``EvictionRule.label``)."""
-    if not isinstance(text, str):
-        rules = tuple(text)
-    else:
-        labels = DEFAULT_RULE_LABELS if text.strip() == "default" else text
-        rules = tuple(EvictionRule.from_label(t) for t in labels.split("/") if t.strip())
-    if not rules:
-        raise ConfigError("the adaptive rule family is empty")
-    if len(set(rules)) != len(rules):
-        raise ConfigError(f"the adaptive rule family lists a rule twice: {[r.label() for r in rules]}")
-    return rules
-
-
-DEFAULT_RULES: tuple[EvictionRule, ...] = parse_rules("default")
-
-
-def cached_efficiency_variant(rules: Sequence[EvictionRule]) -> str:
-    """The FLOP efficiency a cache serving ``rules`` keeps on its nodes: the variant most of its
-    FLOP-aware rules use (a rule using the other computes it, vectorised, when it scores)."""
-    variants = [r.efficiency for r in rules if r.alpha]
-    return max(("marginal", "total"), key=variants.count) if variants else "total"
-
-
-def policy_for(rule: EvictionRule) -> Any:
-    """A fixed-rule eviction policy making exactly ``rule``'s decisions."""
-    if rule.is_lru and rule.recency == "linear":
-        return LRU()  # the same decisions, cheaper
-    return FlopAware(rule.alpha, rule.efficiency, rule.recency, rule.candidates, rule.touch)
-
-
-@dataclass(frozen=True, slots=True)
-class RuleSwitch:
-    """The live rule changed to ``rule`` (an index into the family) when request ``at_request`` began."""
-
-    at_request: int
-    rule: int
 
 
 @dataclass(slots=True)
@@ -116,7 +75,7 @@ class _Ghost:
     blamed: tuple[int, ...]
 
 
-class AdaptiveEviction:
+class RegretEviction:
     """Eviction by whichever rule of a family currently has the least counterfactual regret.
 
     Candidates are every unlocked node with at most one child; a leaf-only rule scores only the
@@ -138,7 +97,7 @@ class AdaptiveEviction:
             rule, which this bound does not remove.
     """
 
-    name = "adaptive"
+    name = "regret"
     evicts_inner_nodes = True
 
     def __init__(self, rules: str | Sequence[EvictionRule] = "default", *, decay: float = 0.999,
@@ -181,7 +140,7 @@ class AdaptiveEviction:
         self._kv_per_token = cache.spec.kv_bytes_per_token
         self._ckpt_bytes = cache.spec.ssm_checkpoint_bytes
         cache.add_observer(_Charger(self))
-        cache.tuner = self
+        cache.attach_selector(self)
 
     @property
     def rule(self) -> EvictionRule:
@@ -189,13 +148,13 @@ class AdaptiveEviction:
 
     @property
     def spec(self) -> "ModelSpec":
-        assert self.cache is not None, "AdaptiveEviction is used by a cache (which binds it)"
+        assert self.cache is not None, "RegretEviction is used by a cache (which binds it)"
         return self.cache.spec
 
     # ---------------------------------------------------------------- eviction
     def choose(self, candidates: CandidateSet) -> int:
         n = len(candidates)
-        scored = score_many(self.rules, candidates, _LazyEfficiency(self, candidates, n))
+        scored = score_rules(self.rules, candidates, _LazyEfficiency(self, candidates, n))
         victim = scored[self.current][0]
         self._record_wants(candidates, scored)
         self._remember(candidates.nodes[victim])
@@ -363,7 +322,7 @@ class AdaptiveEviction:
 class _LazyEfficiency(dict):
     """Per-variant FLOP efficiency of the candidates: the cached column, or computed on first use."""
 
-    def __init__(self, policy: AdaptiveEviction, candidates: CandidateSet, n: int) -> None:
+    def __init__(self, policy: RegretEviction, candidates: CandidateSet, n: int) -> None:
         super().__init__()
         self[policy.efficiency_variant] = candidates.flop_eff[:n]
         self._policy, self._candidates, self._n = policy, candidates, n
@@ -376,8 +335,15 @@ class _LazyEfficiency(dict):
 
 
 class _Charger(CacheObserver):
-    def __init__(self, policy: AdaptiveEviction) -> None:
+    def __init__(self, policy: RegretEviction) -> None:
         self.policy = policy
 
     def on_begin(self, cache: PrefixCache, handle: RequestHandle) -> None:
         self.policy.observe(handle)
+
+
+@EVICTION_POLICIES.register("regret", "FLOP-aware eviction whose rule (alpha, efficiency, SGLang's or Marconi's "
+                                      "candidates and recency) is re-chosen online by counterfactual regret")
+def _regret(rules: str = "default", decay: float = 0.999, hysteresis: float = 0.05,
+            objective: str = "hit-rate", confidence: float = 0.0) -> EvictionPolicy:
+    return RegretEviction(rules, decay=decay, hysteresis=hysteresis, objective=objective, confidence=confidence)

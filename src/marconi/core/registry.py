@@ -97,7 +97,7 @@ class Registry(Generic[T]):
 
     ``providers``: modules that register entries here and are imported the first time the registry
     is read (listed, described or asked for a name). Pieces defined beside the core — the sparse
-    policies, the vLLM emulation — register themselves when ``marconi.systems`` (where systems are
+    policies, the vLLM emulation — register themselves when ``marconi.sim.systems`` (where systems are
     assembled) or their own module is imported; naming them as providers lets a registry be complete
     without importing them itself, so no module imports in a circle.
     """

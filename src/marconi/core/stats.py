@@ -1,7 +1,7 @@
 """CacheStats: what a prefix cache counts over its lifetime (hits, admissions, evictions, bytes).
 
 Kept apart from the cache core so every cache that reports the same numbers — :class:`PrefixCache`
-and the vLLM emulation (:mod:`marconi.vllm.emulate`) — counts a lookup the same way
+and the vLLM emulation (:mod:`marconi.integrations.vllm.emulate`) — counts a lookup the same way
 (:meth:`CacheStats.record_lookup`), and records read one definition of the token hit rate.
 """
 
@@ -11,8 +11,8 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from marconi.admission import MatchResult
-    from marconi.model import ModelSpec
+    from marconi.core.admission import MatchResult
+    from marconi.core.model import ModelSpec
 
 __all__ = ["CacheStats"]
 

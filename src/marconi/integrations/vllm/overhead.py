@@ -1,7 +1,7 @@
 """What the plugin costs vLLM: the in-process engine with and without it, side by side.
 
 Serves the same prefill-heavy requests (the bundled SWE trace's prompts, a few output tokens each)
-through vLLM's in-process engine (:mod:`marconi.vllm.offline`), once per configuration and round,
+through vLLM's in-process engine (:mod:`marconi.integrations.vllm.offline`), once per configuration and round,
 the configurations in a rotating order so the machine's background load falls on all alike:
 
 * ``stock`` — the plugin not loaded (``VLLM_PLUGINS=''``);
@@ -13,7 +13,7 @@ excluded), its ratio to stock, and the scheduler-thread time the plugin itself m
 α source; checks that every configuration generated the same tokens (greedy) and that the plugin's
 runs reused what the ``vllm-align`` emulation says they should. Run from the main environment::
 
-    .venv/bin/python -m marconi.vllm.overhead --vllm-python .venv-vllm/bin/python --num-requests 30 --rounds 3
+    .venv/bin/python -m marconi.integrations.vllm.overhead --vllm-python .venv-vllm/bin/python --num-requests 30 --rounds 3
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def _serve(vllm_python: str, config: str, requests_path: Path, model_dir: Path, 
     out = work / f"out-{config}.json"
     env = {k: v for k, v in os.environ.items() if not k.startswith("MARCONI_VLLM_")}
     env.update(CONFIGS[config])
-    proc = subprocess.run([vllm_python, "-m", "marconi.vllm.offline", str(requests_path), str(out), "--model",
+    proc = subprocess.run([vllm_python, "-m", "marconi.integrations.vllm.offline", str(requests_path), str(out), "--model",
                            str(model_dir), "--blocks", str(blocks), "--block-size", str(block_size),
                            "--max-model-len", str(max_model_len)], capture_output=True, text=True, env=env)
     if proc.returncode != 0:
@@ -54,9 +54,9 @@ def _serve(vllm_python: str, config: str, requests_path: Path, model_dir: Path, 
 
 
 def main(argv: list[str] | None = None) -> int:
-    from marconi.model import ModelSpec
-    from marconi.vllm.bench import BenchConfig, build_model, max_model_len, select_requests
-    from marconi.vllm.emulate import VllmAlignEngine, layout_for_spec
+    from marconi.core.model import ModelSpec
+    from marconi.integrations.vllm.bench import BenchConfig, build_model, max_model_len, select_requests
+    from marconi.integrations.vllm.emulate import VllmAlignEngine, layout_for_spec
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--vllm-python", default=".venv-vllm/bin/python")

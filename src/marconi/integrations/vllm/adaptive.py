@@ -1,14 +1,14 @@
 """Adaptive α for vLLM: Marconi's regret selector, run on a shadow of the block pool.
 
-``marconi:selector=regret`` (:class:`marconi.adaptive.AdaptiveEviction`) keeps re-choosing its
+``marconi:selector=regret`` (:class:`marconi.selectors.regret.RegretEviction`) keeps re-choosing its
 eviction rule among ``lru / a0.5m / a2m`` (SGLang+'s LRU; recency + 0.5 or 2 × the *marginal* FLOP
 efficiency) by counterfactual eviction regret. :class:`AdaptiveAlpha` brings that choice into
 vLLM's block pool. (The simulator's default ``marconi`` chooses among the same rules by exact
-worlds, :mod:`marconi.worlds`; here that would mean three shadow replays per request instead of one,
+worlds, :mod:`marconi.selectors.worlds`; here that would mean three shadow replays per request instead of one,
 and the live-server validation below was done for the regret selector.)
 
-* a size-only shadow :class:`~marconi.cache.PrefixCache` — Marconi admission, adaptive eviction,
-  the served model's :class:`~marconi.model.ModelSpec`, capacity = the pool's bytes as ``vllm-align``
+* a size-only shadow :class:`~marconi.core.cache.PrefixCache` — Marconi admission, adaptive eviction,
+  the served model's :class:`~marconi.core.model.ModelSpec`, capacity = the pool's bytes as ``vllm-align``
   accounts them (``(num_blocks - 1) × block bytes``, vLLM's null block excluded) — is fed every
   finished request's prompt and output token ids, in finish order;
 * its live rule is the block policy's: ``lru`` → α = 0 (recency only, among the block candidates),
@@ -32,16 +32,17 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Sequence
 
-from marconi.adaptive import AdaptiveEviction, parse_rules
-from marconi.cache import PrefixCache
-from marconi.eviction import EvictionRule
-from marconi.registry import ConfigError
-from marconi.vllm.config import ADAPTIVE
-from marconi.vllm.policy import RequestObservation
+from marconi.selectors.family import parse_rules
+from marconi.selectors.regret import RegretEviction
+from marconi.core.cache import PrefixCache
+from marconi.core.eviction import EvictionRule
+from marconi.core.registry import ConfigError
+from marconi.integrations.vllm.config import ADAPTIVE
+from marconi.integrations.vllm.policy import RequestObservation
 
 if TYPE_CHECKING:
-    from marconi.model import ModelSpec
-    from marconi.vllm.policy import BlockEvictionState
+    from marconi.core.model import ModelSpec
+    from marconi.integrations.vllm.policy import BlockEvictionState
 
 __all__ = ["ADAPTIVE", "AdaptiveAlpha", "pool_capacity_bytes", "block_rule"]
 
@@ -60,22 +61,22 @@ def pool_capacity_bytes(spec: "ModelSpec", num_blocks: int, block_size: int) -> 
     """Bytes of a vLLM pool of ``num_blocks`` blocks (null block excluded), as ``vllm-align`` counts
     them: one block holds ``block_size`` tokens of KVs of one KV cache group's layers. The inverse of
     ``vllm-align``'s capacity → blocks, so a simulated ``--capacity C`` gives the shadow ``C``."""
-    from marconi.vllm.emulate import layout_for_spec
+    from marconi.integrations.vllm.emulate import layout_for_spec
 
     layout = layout_for_spec(spec, num_blocks=num_blocks, block_size=block_size)
     return (num_blocks - 1) * layout.block_bytes
 
 
 class AdaptiveAlpha:
-    """An :class:`~marconi.vllm.policy.AlphaSource` following adaptive Marconi's live rule.
+    """An :class:`~marconi.integrations.vllm.policy.AlphaSource` following adaptive Marconi's live rule.
 
-    Bound by the :class:`~marconi.vllm.policy.BlockEvictionState` it serves (which gives the model
+    Bound by the :class:`~marconi.integrations.vllm.policy.BlockEvictionState` it serves (which gives the model
     and the pool size); until the first request finishes it answers with the family's first rule
     (``lru``: α = 0). ``observe`` replays the finished request through the shadow cache.
 
     Args:
         rules: the family, as ``marconi:rules=`` (``"default"`` = ``lru/a0.5m/a2m``).
-        decay, hysteresis: the selector's (see :class:`marconi.adaptive.AdaptiveEviction`).
+        decay, hysteresis: the selector's (see :class:`marconi.selectors.regret.RegretEviction`).
     """
 
     def __init__(self, rules: str | Sequence[EvictionRule] = "default", *, decay: float = 0.999,
@@ -85,7 +86,7 @@ class AdaptiveAlpha:
         self.decay = decay
         self.hysteresis = hysteresis
         self.cache: PrefixCache | None = None
-        self.policy: AdaptiveEviction | None = None
+        self.policy: RegretEviction | None = None
         self.num_observed = 0
 
     def bind(self, state: "BlockEvictionState") -> None:
@@ -93,7 +94,7 @@ class AdaptiveAlpha:
         if self.cache is not None:
             raise ConfigError("an adaptive alpha source serves one block pool; build one per pool")
         capacity = pool_capacity_bytes(state.spec, state.num_blocks, state.block_size)
-        policy = AdaptiveEviction(self.rules, decay=self.decay, hysteresis=self.hysteresis)
+        policy = RegretEviction(self.rules, decay=self.decay, hysteresis=self.hysteresis)
         try:
             self.cache = PrefixCache(state.spec, capacity, "marconi", policy)
         except ConfigError as exc:

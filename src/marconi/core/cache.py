@@ -8,7 +8,7 @@ goes through it in three steps (see ``docs/cache-api.md``)::
                                             # the rest capturing handle.prefill_checkpoints, decode
     cache.finish(handle, output_tokens)     # admit checkpoints, evict if needed, insert, unlock
 
-Byte accounting lives here only, from the :class:`~marconi.model.ModelSpec`: an edge of ``n``
+Byte accounting lives here only, from the :class:`~marconi.core.model.ModelSpec`: an edge of ``n``
 tokens holds ``n * spec.kv_bytes_per_token`` bytes, a checkpoint ``spec.ssm_checkpoint_bytes``.
 Payloads (sizes in simulation, tensors in the engine) are opaque; the engine supplies a
 :class:`PayloadOps` to split and join KV payloads when edges split and merge.
@@ -24,6 +24,7 @@ while other threads work is not atomic: hold ``cache.lock`` for a consistent vie
 
 from __future__ import annotations
 
+import copy
 import functools
 import math
 import threading
@@ -32,15 +33,16 @@ from typing import Any, Callable, Iterable, Mapping, NamedTuple, Protocol
 
 import numpy as np
 
-from marconi.admission import AdmissionContext, AdmissionPolicy, FinalPlan, MatchResult, make_admission
-from marconi.eviction import CandidateSet, EvictionPolicy, flop_efficiency, make_eviction
-from marconi.model import ModelSpec, get_model
-from marconi.radix import Node, RadixTree, WalkResult
-from marconi.registry import ConfigError
-from marconi.stats import CacheStats
+from marconi.core.admission import AdmissionContext, AdmissionPolicy, FinalPlan, MatchResult, make_admission
+from marconi.core.candidates import CandidateSet, flop_efficiency
+from marconi.core.eviction import EvictionPolicy, make_eviction
+from marconi.core.model import ModelSpec, get_model
+from marconi.core.radix import Node, RadixTree, WalkResult
+from marconi.core.registry import ConfigError
+from marconi.core.stats import CacheStats
 
 __all__ = ["PrefixCache", "RequestHandle", "CachedPrefix", "InsertResult", "PayloadOps", "SizeOnlyPayloads",
-           "SIZE_ONLY", "CacheObserver", "InvariantError", "ManualClock", "as_tokens"]
+           "SIZE_ONLY", "CacheObserver", "Selector", "TreeSnapshot", "InvariantError", "ManualClock", "as_tokens"]
 
 
 class InvariantError(AssertionError):
@@ -114,6 +116,38 @@ class CacheObserver:
 
     def on_first_eviction(self, cache: "PrefixCache") -> None:
         pass
+
+
+class Selector(Protocol):
+    """The component choosing a cache's policy parameters online (a selector's role on the cache).
+
+    The bootstrap tuner, the regret and the worlds selectors take this role through
+    :meth:`PrefixCache.attach_selector`; whoever reports on the cache (the simulator's records)
+    reads ``cache.selector.tuning_record()``.
+    """
+
+    def tuning_record(self) -> dict[str, Any]:
+        """Fields to echo in a result record: what was chosen, and when."""
+        ...
+
+
+@dataclass(slots=True)
+class TreeSnapshot:
+    """A cache's tree without payloads or locks, as plain data a worker process can be sent.
+
+    Parallel lists, one entry per node, parents before children. Taken by
+    :meth:`PrefixCache.snapshot`, restored by :meth:`PrefixCache.from_snapshot`.
+    """
+
+    page_size: int
+    parent_index: list[int]            # index into these lists; -1 = child of the root
+    tokens: list[np.ndarray]
+    ckpt_positions: list[list[int]]    # the node's checkpoint positions (absolute)
+    last_access: list[float]
+    access_seq: list[int]
+    path_access: list[float]
+    path_seq: list[int]
+    clock_value: float
 
 
 @dataclass(slots=True, eq=False)
@@ -283,9 +317,9 @@ class PrefixCache:
         self._end_request: Callable[[int], None] | None = getattr(self.admission, "end_request", None)
         self._mutex = threading.RLock()
         # The component choosing this cache's policy parameters online, or None: the bootstrap
-        # tuner (attached by the system that builds the cache) or an adaptive eviction policy
-        # (which attaches itself when bound). ``tuner.tuning_record()`` reports its choices.
-        self.tuner: Any = None
+        # tuner (attached by the system that builds the cache) or a selecting eviction policy
+        # (which attaches itself when bound). See ``attach_selector``.
+        self._selector: Selector | None = None
         bind = getattr(self.eviction, "bind", None)
         if bind is not None:  # policies that score with the cost model, or watch requests
             bind(self)
@@ -300,6 +334,33 @@ class PrefixCache:
     @_locked
     def add_observer(self, observer: CacheObserver) -> None:
         self._observers.append(observer)
+
+    @property
+    def selector(self) -> Selector | None:
+        """The component choosing this cache's policy parameters online, or None."""
+        return self._selector
+
+    @_locked
+    def attach_selector(self, selector: Selector) -> None:
+        """Give ``selector`` the selector's role on this cache (one per cache).
+
+        Raises ConfigError if another selector holds it: two components tuning one cache would
+        each report choices the other overrode.
+        """
+        if self._selector is not None and self._selector is not selector:
+            raise ConfigError(f"this cache's policy is already chosen online by {type(self._selector).__name__}; "
+                              f"one selector per cache")
+        self._selector = selector
+
+    @_locked
+    def in_flight(self, request_id: int) -> RequestHandle:
+        """The handle of the in-flight request ``request_id`` (KeyError if it is not in flight)."""
+        return self._in_flight[request_id]
+
+    @property
+    def keeps_logical_clock(self) -> bool:
+        """True when the cache ticks its own logical clock (no ``clock`` was given)."""
+        return self._logical is not None
 
     @property
     def free_bytes(self) -> int:
@@ -899,17 +960,111 @@ class PrefixCache:
         if parent is not self.tree.root:
             self._sync_candidate(parent)
 
-    # ================================================================== restoring a tree
-    @_locked
-    def adopt_tree(self) -> None:
-        """Account for nodes added with ``self.tree``'s own surgery — how the bootstrap tuner
-        restores a snapshot (:func:`marconi.tuning.cache_from_snapshot`): bytes, FLOP efficiency
-        and the eviction candidates, from scratch; access counters continue after the largest.
+    # ================================================================== copies (the cache owns them)
+    def empty_like(self, eviction: EvictionPolicy | str) -> "PrefixCache":
+        """An empty size-only cache like this one (model, capacity, a copy of the admission policy
+        with its state, chunk grid, and this cache's clock unless it keeps its own logical one)
+        that evicts by ``eviction``: a world that starts with this cache, before anything is cached."""
+        return PrefixCache(self.spec, self.capacity_bytes, copy.deepcopy(self.admission), eviction,
+                           clock=None if self.keeps_logical_clock else self.clock,
+                           prefill_chunk_len=self.prefill_chunk_len)
 
-        Raises ConfigError if the tree holds more bytes than the capacity. Only for a cache that
-        has served nothing yet (no request in flight, nothing accounted).
+    @_locked
+    def clone(self, eviction: EvictionPolicy | str) -> "PrefixCache":
+        """A size-only copy of this cache that evicts by ``eviction``: it then behaves exactly as this
+        cache would under that policy.
+
+        Copied: the tree, both recency signals, the candidate index, the in-flight requests (their
+        handles are :meth:`in_flight` in the copy, under the same ids), stats and the admission
+        policy's state. Not copied: payloads (the copy holds sizes only), observers, the selector's
+        role and the lock (the copy has its own). The clock is shared unless this cache keeps its
+        own logical one. The tree is copied iteratively (a deep chain of nodes would overflow a
+        recursive copy). Where ``eviction`` takes other candidates or keeps another FLOP efficiency
+        than this cache's policy, the copy's index is rebuilt for it.
         """
-        assert not self._in_flight and self.used_bytes == 0, "adopt_tree is for a fresh cache"
+        eviction = make_eviction(eviction)
+        memo: dict[int, Any] = {} if self._selector is None else {id(self._selector): None}
+        memo.update({id(self.eviction): eviction, id(self._observers): [], id(self.spec): self.spec,
+                     id(self._mutex): threading.RLock(), id(self.payloads): SizeOnlyPayloads()})
+        if self._logical is None:
+            memo[id(self.clock)] = self.clock
+        pairs: list[tuple[Node, Node]] = []
+        stack = [self.tree.root]
+        while stack:
+            node = stack.pop()
+            twin = Node.__new__(Node)
+            for slot in Node.__slots__:
+                setattr(twin, slot, getattr(node, slot))
+            twin.kv = None
+            twin.ckpt_positions = list(node.ckpt_positions)
+            twin.ckpt_states = [None] * len(node.ckpt_positions)
+            memo[id(node)] = twin
+            pairs.append((node, twin))
+            stack.extend(node.children.values())
+        for node, twin in pairs:
+            twin.parent = None if node.parent is None else memo[id(node.parent)]
+            twin.children = {key: memo[id(child)] for key, child in node.children.items()}
+        twin_cache = copy.deepcopy(self, memo)
+        twin_cache._selector = None
+        bind = getattr(eviction, "bind", None)
+        if bind is not None:
+            bind(twin_cache)
+        old = self.eviction
+        if (eviction.evicts_inner_nodes, eviction.efficiency_variant) != (old.evicts_inner_nodes,
+                                                                         old.efficiency_variant):
+            twin_cache._reindex()
+        return twin_cache
+
+    @_locked
+    def snapshot(self) -> TreeSnapshot:
+        """The tree as it is now, as plain data (shape, recency, checkpoint positions; no payloads,
+        no locks): what the bootstrap tuner replays its α grid from, in worker processes."""
+        index: dict[int, int] = {}
+        snap = TreeSnapshot(self.tree.page_size, [], [], [], [], [], [], [], float(self.clock()))
+        root = self.tree.root
+        for node in self.tree.iter_nodes():
+            index[node.node_id] = len(snap.tokens)
+            parent = node.parent
+            snap.parent_index.append(-1 if parent is root else index[parent.node_id])  # type: ignore[union-attr]
+            snap.tokens.append(node.tokens)
+            snap.ckpt_positions.append(list(node.ckpt_positions))
+            snap.last_access.append(node.last_access)
+            snap.access_seq.append(node.access_seq)
+            snap.path_access.append(node.path_access)
+            snap.path_seq.append(node.path_seq)
+        return snap
+
+    @classmethod
+    def from_snapshot(cls, snapshot: TreeSnapshot, spec: ModelSpec | str, capacity_bytes: float,
+                      admission: AdmissionPolicy | str, eviction: EvictionPolicy | str, *,
+                      clock: ManualClock) -> "PrefixCache":
+        """A size-only cache holding ``snapshot``'s tree, ``clock`` set to the snapshot's time.
+
+        Access counters continue after the snapshot's largest. Raises ConfigError if the admission
+        policy matches at another page size, or the tree does not fit ``capacity_bytes``.
+        """
+        cache = cls(spec, capacity_bytes, admission, eviction, clock=clock)
+        if cache.tree.page_size != snapshot.page_size:
+            raise ConfigError(f"snapshot has page size {snapshot.page_size}, admission policy "
+                              f"{cache.admission.name!r} uses {cache.tree.page_size}")
+        clock.now = snapshot.clock_value
+        nodes: list[Node] = []
+        for i, tokens in enumerate(snapshot.tokens):
+            p = snapshot.parent_index[i]
+            node = cache.tree.new_node(tokens, cache.tree.root if p < 0 else nodes[p])
+            node.ckpt_positions = list(snapshot.ckpt_positions[i])
+            node.ckpt_states = [SIZE_ONLY] * len(node.ckpt_positions)
+            node.last_access, node.access_seq = snapshot.last_access[i], snapshot.access_seq[i]
+            node.path_access, node.path_seq = snapshot.path_access[i], snapshot.path_seq[i]
+            nodes.append(node)
+        cache._adopt_tree()
+        return cache
+
+    def _adopt_tree(self) -> None:
+        """Account for a tree built with the tree's own surgery (``from_snapshot``): bytes, FLOP
+        efficiency and the eviction candidates, from scratch; access counters continue after the
+        largest. Only for a cache that has served nothing yet."""
+        assert not self._in_flight and self.used_bytes == 0, "_adopt_tree is for a fresh cache"
         for node in self.tree.iter_nodes():
             self.used_bytes += self._node_bytes(node)
             self.kv_bytes += node.edge_len * self._kv_per_token
@@ -922,12 +1077,9 @@ class PrefixCache:
             raise ConfigError(f"the tree holds {self.used_bytes:,} bytes, more than the capacity "
                               f"{self.capacity_bytes:,}")
 
-    @_locked
-    def reindex(self) -> None:
-        """Recompute every node's FLOP efficiency and eviction-candidate membership for the current
-        eviction policy. For a copy of a cache whose policy object was replaced by one with other
-        candidates or another efficiency variant (a world cloned from the live cache,
-        :func:`marconi.worlds.clone_cache`); a no-op where nothing differs."""
+    def _reindex(self) -> None:
+        """Recompute every node's FLOP efficiency and candidate membership for the current policy
+        (a clone given a policy with other candidates or another efficiency variant)."""
         for node in self.tree.iter_nodes():
             self._update_eff(node)
             self._sync_candidate(node)

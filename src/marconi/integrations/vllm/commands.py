@@ -21,8 +21,8 @@ __all__ = ["register"]
 
 def register(subparsers: Any) -> None:
     """Add the ``vllm`` group to an argparse subparsers object (each leaf sets ``func``)."""
-    from marconi.vllm.models import PRESETS
-    from marconi.vllm.policy import DEFAULT_ALPHA
+    from marconi.integrations.vllm.models import PRESETS
+    from marconi.integrations.vllm.policy import DEFAULT_ALPHA
 
     group = subparsers.add_parser("vllm", help="Marconi inside vLLM: a real-server benchmark of the plugin")
     sub = group.add_subparsers(dest="vllm_command", required=True)
@@ -60,7 +60,7 @@ def register(subparsers: Any) -> None:
 
 def _cmd_bench(args: argparse.Namespace) -> int:
     from marconi.sim.sweep import write_records
-    from marconi.vllm.bench import BenchConfig, bench_table, parse_policies, plot_ttft_cdf, run_bench, write_fixture
+    from marconi.integrations.vllm.bench import BenchConfig, bench_table, parse_policies, plot_ttft_cdf, run_bench, write_fixture
 
     config = BenchConfig(vllm_python=args.vllm_python, model=args.model, trace=args.trace,
                          max_input_len=args.max_input_len, num_requests=args.num_requests,

@@ -6,7 +6,7 @@ states after given positions, as two parallel lists (positions, payloads). A nod
 most one, at its end; block caching under leaf-only eviction keeps a whole chain of blocks as one
 node holding a checkpoint at every block boundary (the same decisions as one node per block,
 without the nodes). The tree does surgery only (find, split, add, remove, merge, trim);
-:class:`marconi.cache.PrefixCache` wraps every change with byte accounting, locking and the
+:class:`marconi.core.cache.PrefixCache` wraps every change with byte accounting, locking and the
 eviction candidate index.
 
 Matching can be page-granular (``page_size > 1``): children are keyed by their first page of tokens

@@ -19,8 +19,8 @@ custom    any (admission=…)           any (eviction=…)
 Parameters go on the name, wherever a system is named: ``marconi:alpha=1.0``, ``vllm+:block=16``,
 ``marconi:tuner=bootstrap,multiplier=15,objective=flops``, ``marconi:rules=lru/a0/a1m,decay=0.99``,
 ``custom:admission=every-block,eviction=flop-aware,alpha=auto``. The default ``marconi`` chooses its
-rule by exact per-rule worlds (one replay per rule, :mod:`marconi.worlds`); ``marconi:selector=regret``
-chooses the same family's rule by counterfactual regret instead (:mod:`marconi.adaptive`: about half
+rule by exact per-rule worlds (one replay per rule, :mod:`marconi.selectors.worlds`); ``marconi:selector=regret``
+chooses the same family's rule by counterfactual regret instead (:mod:`marconi.selectors.regret`: about half
 the cost, further from the best rule; ``docs/adaptive.md`` has both measured). The bootstrap-only parameters
 (``multiplier``, ``retune``, ``drift``, ``tolerance``) and the single-rule ones (``efficiency``,
 ``recency``) select ``tuner=bootstrap`` when no tuner is named, so names written before the adaptive
@@ -38,13 +38,12 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from marconi.admission import ADMISSION_POLICIES
-from marconi.cache import PayloadOps, PrefixCache
-from marconi.eviction import EVICTION_POLICIES, FlopAware
-from marconi.model import ModelSpec
-from marconi.registry import ConfigError, ParsedName, Registry, parse_name, split_name_list
-from marconi.sparse import admission as _sparse_admission  # noqa: F401  (the sparse policies register themselves)
-from marconi.tuning import OBJECTIVES, BootstrapTuner
+from marconi.core.admission import ADMISSION_POLICIES
+from marconi.core.cache import PayloadOps, PrefixCache
+from marconi.core.eviction import EVICTION_POLICIES, FlopAware
+from marconi.core.model import ModelSpec
+from marconi.core.registry import ConfigError, ParsedName, Registry, parse_name, split_name_list
+from marconi.selectors.bootstrap import OBJECTIVES, BootstrapTuner
 
 __all__ = ["SystemConfig", "TuningConfig", "SYSTEMS", "make_system", "parse_systems", "build_cache"]
 
@@ -104,7 +103,7 @@ class SystemConfig:
             if future is None:
                 raise ConfigError(f"{self.label} knows the future: it needs the whole trace, so it runs only in the "
                                   "simulator (marconi simulate / marconi.sim.simulate hand the trace over)")
-            from marconi.oracle import FutureIndex, OracleEviction
+            from marconi.selectors.oracle import FutureIndex, OracleEviction
 
             eviction = OracleEviction(FutureIndex([np.asarray(r.input_tokens) for r in future]))
         if self.unbounded:
@@ -114,23 +113,24 @@ class SystemConfig:
             if not isinstance(cache.eviction, FlopAware):
                 raise ConfigError(f"{self.label}: alpha tuning needs the flop-aware eviction policy")
             t = self.tuning
-            cache.tuner = BootstrapTuner(cache.eviction, multiplier=t.multiplier, objective=t.objective,
-                                         workers=tuning_workers, retune_every=t.retune_every, drift=t.drift,
-                                         tolerance=t.tolerance, mapper=tuning_mapper)
-            cache.add_observer(cache.tuner)
+            tuner = BootstrapTuner(cache.eviction, multiplier=t.multiplier, objective=t.objective,
+                                   workers=tuning_workers, retune_every=t.retune_every, drift=t.drift,
+                                   tolerance=t.tolerance, mapper=tuning_mapper)
+            cache.attach_selector(tuner)
+            cache.add_observer(tuner)
         return cache
 
     def describe(self) -> dict[str, Any]:
         out: dict[str, Any] = {"system": self.label, "admission": self.admission, "eviction": self.eviction}
         if self.tuning is not None:
             out["tuning"] = f"bootstrap(multiplier={self.tuning.multiplier}, objective={self.tuning.objective})"
-        elif self.eviction.startswith(("adaptive", "worlds")):
+        elif self.eviction.startswith(("regret", "worlds")):
             out["tuning"] = "adaptive"
         return out
 
 
-# vllm-align (the vLLM emulation) registers itself from marconi.vllm.system, which builds on this module.
-SYSTEMS: Registry[SystemConfig] = Registry("system", providers=("marconi.vllm.system",))
+# vllm-align (the vLLM emulation) registers itself from marconi.integrations.vllm.system, which builds on this module.
+SYSTEMS: Registry[SystemConfig] = Registry("system", providers=("marconi.integrations.vllm.system",))
 UNBOUNDED_BYTES = 2**62
 _BOOTSTRAP_ONLY = ("multiplier", "retune", "drift", "tolerance")
 _ADAPTIVE_ONLY = ("rules", "decay", "hysteresis", "confidence", "selector")
@@ -216,7 +216,7 @@ def _marconi(alpha: str = "auto", tuner: str = "auto", objective: str = "hit-rat
     params = [f"rules={rules or 'default'}", f"objective={objective}"]
     params += [f"{k}={v}" for k, v in (("decay", decay), ("hysteresis", hysteresis), ("confidence", confidence))
                if v is not None]
-    policy = "adaptive" if selector == "regret" else "worlds"
+    policy = "regret" if selector == "regret" else "worlds"
     return SystemConfig("marconi", "marconi", f"{policy}:" + ",".join(params))
 
 

@@ -3,14 +3,16 @@
 import numpy as np
 import pytest
 
-from marconi.adaptive import DEFAULT_RULES, AdaptiveEviction, parse_rules, policy_for
-from marconi.cache import ManualClock, PrefixCache
-from marconi.eviction import EvictionRule, flop_efficiency, flop_efficiency_array, score_many
-from marconi.model import get_model
-from marconi.registry import ConfigError
+from marconi.selectors.family import DEFAULT_RULES, parse_rules, policy_for
+from marconi.selectors.regret import RegretEviction
+from marconi.core.cache import ManualClock, PrefixCache
+from marconi.core.candidates import flop_efficiency, flop_efficiency_array
+from marconi.core.eviction import EvictionRule, score_rules
+from marconi.core.model import get_model
+from marconi.core.registry import ConfigError
 from marconi.sim import simulate_system
 from marconi.sim.sweep import TIMING_FIELDS, expand_points, run_sweep
-from marconi.systems import SystemConfig, make_system
+from marconi.sim.systems import SystemConfig, make_system
 from marconi.workloads import Request, Trace, build_workload, chat_trace
 
 
@@ -62,7 +64,7 @@ def test_a_one_rule_family_decides_exactly_as_that_rule(chat, label):
 
 def test_scoring_many_rules_at_once_equals_each_rule(chat):
     spec = get_model("paper-7b")
-    cache = PrefixCache(spec, 2e9, "marconi", AdaptiveEviction("lru/a1m"))
+    cache = PrefixCache(spec, 2e9, "marconi", RegretEviction("lru/a1m"))
     for req in chat[:150]:
         cache.process(req.input_tokens, req.output_tokens)
     cands = cache.candidates
@@ -71,7 +73,7 @@ def test_scoring_many_rules_at_once_equals_each_rule(chat):
     eff = {v: flop_efficiency_array(spec, cands.depth[:n], cands.edge_len[:n], cands.has_ssm[:n], v)
            for v in ("total", "marginal")}
     rules = [EvictionRule.from_label(x) for x in ("lru", "a0", "a0.5m", "a2m", "a1", "a1mi", "a1lp", "a0.5p", "a1l")]
-    scored = score_many(rules, cands, eff)
+    scored = score_rules(rules, cands, eff)
     assert [s[0] for s in scored] == [r.choose(cands, eff[r.efficiency]) for r in rules]
 
 
@@ -140,7 +142,7 @@ def test_the_choice_follows_a_workload_shift():
 
 def test_invariants_hold_while_the_rule_keeps_changing(chat):
     clock = ManualClock()
-    policy = AdaptiveEviction("lru/a0/a1m/a2lp/a1mi")
+    policy = RegretEviction("lru/a0/a1m/a2lp/a1mi")
     cache = PrefixCache("paper-7b", 1.5e9, "marconi", policy, clock=clock)
     for i, req in enumerate(chat[:200]):
         clock.now = req.ts
@@ -152,7 +154,7 @@ def test_invariants_hold_while_the_rule_keeps_changing(chat):
 
 def test_marconi_names_and_their_errors():
     assert make_system("marconi").eviction == "worlds:rules=default,objective=hit-rate"   # the default selector
-    assert make_system("marconi:selector=regret").eviction == "adaptive:rules=default,objective=hit-rate"
+    assert make_system("marconi:selector=regret").eviction == "regret:rules=default,objective=hit-rate"
     assert make_system("marconi:tuner=bootstrap").tuning is not None
     assert make_system("marconi:multiplier=15").tuning.multiplier == 15      # bootstrap-only: selects it
     old_name = make_system("marconi:recency=inverse-age,efficiency=marginal")  # a single-rule knob: the same
@@ -160,7 +162,7 @@ def test_marconi_names_and_their_errors():
     assert make_system("marconi:rules=lru/a1m,decay=0.99").eviction == \
         "worlds:rules=lru/a1m,objective=hit-rate,decay=0.99"
     assert make_system("marconi:selector=regret,rules=lru/a1m,decay=0.99").eviction == \
-        "adaptive:rules=lru/a1m,objective=hit-rate,decay=0.99"
+        "regret:rules=lru/a1m,objective=hit-rate,decay=0.99"
     for name, message in (("marconi:alpha=1,tuner=adaptive", "nothing to tune"),
                           ("marconi:alpha=1,multiplier=5", "nothing to tune"),
                           ("marconi:rules=a1m,multiplier=5", "mix the bootstrap"),
@@ -176,7 +178,7 @@ def test_marconi_names_and_their_errors():
 
 
 def test_an_adaptive_policy_serves_one_cache():
-    policy = AdaptiveEviction()
+    policy = RegretEviction()
     PrefixCache("paper-7b", 1e9, "marconi", policy)
     with pytest.raises(ConfigError, match="one cache"):
         PrefixCache("paper-7b", 1e9, "marconi", policy)
@@ -185,12 +187,12 @@ def test_an_adaptive_policy_serves_one_cache():
 
 def _adaptive_system(policy_kwargs: dict) -> SystemConfig:
     """A marconi system whose adaptive policy takes constructor options the registry does not name."""
-    from marconi.eviction import EVICTION_POLICIES
+    from marconi.core.eviction import EVICTION_POLICIES
 
     name = "adaptive-test-confidence"
     if name not in EVICTION_POLICIES.names():
-        def factory(confidence: float = 0.0) -> AdaptiveEviction:
-            return AdaptiveEviction(confidence=confidence)
+        def factory(confidence: float = 0.0) -> RegretEviction:
+            return RegretEviction(confidence=confidence)
 
         EVICTION_POLICIES.register(name, "test only")(factory)
     return SystemConfig("marconi", "marconi", f"{name}:confidence={policy_kwargs['confidence']}")
@@ -212,7 +214,7 @@ def test_confidence_is_a_burden_of_proof_for_leaving_the_first_rule(chat):
 
 
 def test_the_confidence_bound_reads_the_noise_of_the_regret_gap():
-    policy = AdaptiveEviction(confidence=2.0)
+    policy = RegretEviction(confidence=2.0)
     policy.regret[:] = [10.0, 4.0, 9.0]      # rule 1 leads the first rule by 6 charged tokens
     policy._gap_sq[0, 1] = policy._gap_sq[1, 0] = 4.0    # one charge difference of 2 per request: se 2
     assert policy._significant(1)            # 6 > 2 x 2
@@ -223,4 +225,4 @@ def test_the_confidence_bound_reads_the_noise_of_the_regret_gap():
     assert policy._gap_sq[0, 1] == pytest.approx(16.0 * 0.999**2 + 9.0) and policy._gap_sq[0, 2] == pytest.approx(0.0)
     assert not policy._step.any()
     with pytest.raises(ConfigError, match="confidence must be >= 0"):
-        AdaptiveEviction(confidence=-1)
+        RegretEviction(confidence=-1)

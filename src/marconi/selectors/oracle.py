@@ -34,12 +34,14 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
-from marconi.cache import CacheObserver, RequestHandle
-from marconi.radix import Node, RadixTree
+from marconi.core.cache import CacheObserver, RequestHandle
+from marconi.core.eviction import EVICTION_POLICIES, EvictionPolicy
+from marconi.core.radix import Node, RadixTree
+from marconi.core.registry import ConfigError
 
 if TYPE_CHECKING:
-    from marconi.cache import PrefixCache
-    from marconi.eviction import CandidateSet
+    from marconi.core.cache import PrefixCache
+    from marconi.core.candidates import CandidateSet
 
 __all__ = ["FutureIndex", "OracleEviction", "NEVER"]
 
@@ -252,3 +254,9 @@ class OracleEviction:
 
     def describe(self) -> dict[str, Any]:
         return {"eviction": self.name}
+
+
+@EVICTION_POLICIES.register("oracle", "future-aware (Belady-style) reference; needs the whole trace (simulator only)")
+def _oracle() -> EvictionPolicy:
+    raise ConfigError("the oracle eviction knows the future, so it needs the whole trace: use the 'oracle' "
+                      "system through the simulator (marconi simulate / marconi.sim.simulate), which hands it over")

@@ -20,18 +20,18 @@ tree: a prefix hash with a state is a node with a checkpoint, the attention bloc
   attention prefix or sibling Mamba groups are gone, and an attention leaf with no state at its
   end hold nothing a hit can use: efficiency 0, candidates.
 
-FLOP efficiency is the core's :func:`marconi.eviction.flop_efficiency` on the served model's
-:class:`~marconi.model.ModelSpec` at the block's prefix depth ("total": FLOPs of the whole prefix per
+FLOP efficiency is the core's :func:`marconi.core.eviction.flop_efficiency` on the served model's
+:class:`~marconi.core.model.ModelSpec` at the block's prefix depth ("total": FLOPs of the whole prefix per
 byte of state + prefix KVs; "marginal": FLOPs of the block's own tokens). Recency is the order in
 which blocks were released to the free queue — exactly the order vLLM's LRU uses, since blocks
 carry no timestamps — min-max normalised like the core's. Ties go to the least recently released.
 
-The same :class:`BlockEvictionState` runs inside the vLLM plugin (:mod:`marconi.vllm.plugin`) and
-in the ``vllm-align`` emulation (:mod:`marconi.vllm.emulate`), so the simulator reproduces the
+The same :class:`BlockEvictionState` runs inside the vLLM plugin (:mod:`marconi.integrations.vllm.plugin`) and
+in the ``vllm-align`` emulation (:mod:`marconi.integrations.vllm.emulate`), so the simulator reproduces the
 plugin's decisions, not an approximation of them. Nothing here imports vLLM.
 
 α comes from an :class:`AlphaSource`: fixed by configuration (:class:`FixedAlpha`), or re-chosen
-online (:class:`marconi.vllm.adaptive.AdaptiveAlpha`: the project's adaptive Marconi run on a
+online (:class:`marconi.integrations.vllm.adaptive.AdaptiveAlpha`: the project's adaptive Marconi run on a
 shadow of the pool), which may also switch the efficiency variant. A source sees every finished
 request (:class:`RequestObservation`: its token ids and hit lengths) through the same hook in the
 plugin and in the emulation, so both make the same choices.
@@ -44,9 +44,10 @@ from typing import Any, Hashable, Iterable, Protocol, Sequence
 
 import numpy as np
 
-from marconi.eviction import flop_efficiency
-from marconi.model import ModelSpec
-from marconi.registry import ConfigError
+from marconi.core.candidates import flop_efficiency
+from marconi.core.eviction import argmin_ties_by_order, min_max
+from marconi.core.model import ModelSpec
+from marconi.core.registry import ConfigError
 
 __all__ = ["ATTENTION", "MAMBA", "POLICIES", "DEFAULT_ALPHA", "EFFICIENCIES", "AlphaSource", "FixedAlpha", "RequestObservation",
            "BlockEvictionState", "Victim", "parent_depth"]
@@ -312,13 +313,11 @@ class BlockEvictionState:
         if pool.size == 0:
             pool = free
         seq = self.release_seq[pool]
-        scores = _min_max(seq.astype(np.float64))
+        scores = min_max(seq.astype(np.float64))   # the core's utility: the same normalisation and tie-break
         alpha, variant = self._current_rule()
         if alpha:
-            scores = scores + alpha * _min_max(self._flop_eff[variant][pool])
-        best = scores.min()
-        ties = pool[scores == best]
-        block = int(ties[np.argmin(self.release_seq[ties])])
+            scores = scores + alpha * min_max(self._flop_eff[variant][pool])
+        block = int(pool[argmin_ties_by_order(scores, seq)])
         return Victim(block, _REASONS[self.reason[block]])
 
     def describe(self) -> dict[str, Any]:
@@ -421,10 +420,3 @@ def parent_depth(depth: int, block_size: int) -> int:
 
 _KV_LEAF, _KV_INNER, _STATE, _DEAD = 0, 1, 2, 3
 _REASONS = ("kv-leaf", "kv-inner", "state", "dead")
-
-
-def _min_max(values: np.ndarray) -> np.ndarray:
-    lo, hi = values.min(), values.max()
-    if hi <= lo:
-        return np.zeros_like(values, dtype=np.float64)
-    return (values - lo) / (hi - lo)

@@ -24,20 +24,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from marconi.model import ModelSpec, get_model
-from marconi.registry import ConfigError
-from marconi.systems import SYSTEMS, SystemConfig
-from marconi.vllm.emulate import VllmAlignCache, layout_for_spec
-from marconi.vllm.adaptive import AdaptiveAlpha
-from marconi.vllm.config import ADAPTIVE, DEFAULT_RULES, PluginConfig, parse_alpha
-from marconi.vllm.policy import DEFAULT_ALPHA, EFFICIENCIES, AlphaSource
+from marconi.core.model import ModelSpec, get_model
+from marconi.core.registry import ConfigError
+from marconi.sim.systems import SYSTEMS, SystemConfig
+from marconi.integrations.vllm.emulate import VllmAlignCache, layout_for_spec
+from marconi.integrations.vllm.adaptive import AdaptiveAlpha
+from marconi.integrations.vllm.config import ADAPTIVE, DEFAULT_RULES, PluginConfig, parse_alpha
+from marconi.integrations.vllm.policy import DEFAULT_ALPHA, EFFICIENCIES, AlphaSource
 
 __all__ = ["VllmAlignSystem"]
 
 
 @dataclass(frozen=True, slots=True)
 class VllmAlignSystem(SystemConfig):
-    """A :class:`~marconi.systems.SystemConfig` whose cache is the vLLM emulation."""
+    """A :class:`~marconi.sim.systems.SystemConfig` whose cache is the vLLM emulation."""
 
     layout_options: tuple[tuple[str, Any], ...] = ()
     block_size: int | None = None

@@ -5,7 +5,7 @@ HTTP: the same engine core (``LLM`` with ``VLLM_ENABLE_V1_MULTIPROCESSING=0``), 
 (loaded by vLLM from its entry point, configured by ``MARCONI_VLLM_*``). Run inside the vLLM
 environment::
 
-    .venv-vllm/bin/python -m marconi.vllm.offline requests.json out.json --model DIR --blocks 64
+    .venv-vllm/bin/python -m marconi.integrations.vllm.offline requests.json out.json --model DIR --blocks 64
 
 ``requests.json``: ``[{"prompt": [ids...], "max_tokens": n}, ...]``. ``out.json``: per request the
 generated ids and vLLM's ``num_cached_tokens``, plus the engine's cache configuration, the wall time

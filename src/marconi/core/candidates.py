@@ -1,0 +1,137 @@
+"""The eviction candidates as parallel arrays, and the FLOP efficiency a policy scores them by.
+
+The cache keeps every evictable node in a :class:`CandidateSet` — parallel numpy arrays of
+last-access time, access order, FLOP efficiency and shape — so a policy picks its victim with a
+few vectorised operations instead of walking the tree (:mod:`marconi.core.eviction` scores them).
+
+FLOP efficiency of a node (paper §4.2, App. A) = FLOPs a hit at the node saves ÷ bytes its entry
+holds (its SSM checkpoint + the KVs of its whole prefix). The ``marginal`` variant counts only the
+FLOPs of the node's own edge, as the Marconi authors' simulator does. Both come from
+:class:`~marconi.core.model.ModelSpec`'s formulas, never retyped here.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from marconi.core.model import ModelSpec
+    from marconi.core.radix import Node
+
+__all__ = ["CandidateSet", "flop_efficiency", "flop_efficiency_array"]
+
+
+class CandidateSet:
+    """Evictable nodes as parallel arrays; O(1) add/remove (swap-remove), vectorised scoring.
+
+    Columns: both recency signals (``last_access``/``access_seq`` for hits, ``path_access``/
+    ``path_seq`` for matched paths, see :class:`~marconi.core.radix.Node`), the cached FLOP efficiency
+    of the cache's policy, and the structural facts a policy may score with instead (``depth``,
+    ``edge_len``, ``has_ssm``, ``leaf``).
+    """
+
+    COLUMNS: tuple[tuple[str, Any], ...] = (
+        ("last_access", np.float64), ("access_seq", np.int64), ("path_access", np.float64),
+        ("path_seq", np.int64), ("flop_eff", np.float64), ("depth", np.int64), ("edge_len", np.int64),
+        ("has_ssm", np.bool_), ("leaf", np.bool_))
+
+    def __init__(self, capacity: int = 64) -> None:
+        self.nodes: list[Node] = []
+        for name, dtype in self.COLUMNS:
+            setattr(self, name, np.zeros(capacity, dtype=dtype))
+
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+    def _grow(self) -> None:
+        size = 2 * len(self.last_access)
+        for name, _ in self.COLUMNS:
+            old = getattr(self, name)
+            new = np.zeros(size, dtype=old.dtype)
+            new[: len(old)] = old
+            setattr(self, name, new)
+
+    def _write(self, i: int, node: "Node") -> None:
+        self.last_access[i] = node.last_access
+        self.access_seq[i] = node.access_seq
+        self.path_access[i] = node.path_access
+        self.path_seq[i] = node.path_seq
+        self.flop_eff[i] = node.flop_eff
+        self.depth[i] = node.depth
+        self.edge_len[i] = len(node.tokens)
+        self.has_ssm[i] = node.has_ssm
+        self.leaf[i] = not node.children
+
+    def add(self, node: "Node") -> None:
+        i = len(self.nodes)
+        if i == len(self.last_access):
+            self._grow()
+        self.nodes.append(node)
+        node.slot = i
+        self._write(i, node)
+
+    def remove(self, node: "Node") -> None:
+        i = node.slot
+        assert i is not None and self.nodes[i] is node
+        last = len(self.nodes) - 1
+        moved = self.nodes[last]
+        if i != last:
+            self.nodes[i] = moved
+            moved.slot = i
+            for name, _ in self.COLUMNS:
+                column = getattr(self, name)
+                column[i] = column[last]
+        self.nodes.pop()
+        node.slot = None
+
+    def refresh(self, node: "Node") -> None:
+        """Copy a candidate's recency, efficiency and shape into the arrays after they changed."""
+        i = node.slot
+        if i is not None:
+            self._write(i, node)
+
+    def stale_columns(self, node: "Node") -> list[str]:
+        """Columns whose stored value differs from the node's (for ``check_invariants``)."""
+        i = node.slot
+        assert i is not None
+        fresh = CandidateSet(1)
+        fresh._write(0, node)
+        return [name for name, _ in self.COLUMNS if getattr(fresh, name)[0] != getattr(self, name)[i]]
+
+
+def flop_efficiency(spec: "ModelSpec", depth: int, edge_len: int, has_ssm: bool, variant: str) -> float:
+    """FLOPs saved per byte held by a node ending at ``depth`` whose edge is ``edge_len`` tokens.
+
+    Bytes = its SSM checkpoint (if any) + the KVs of its whole prefix. ``variant="total"`` counts the
+    FLOPs of the whole prefix (the paper's definition); ``"marginal"`` only those of the node's edge:
+    ``S·ssm(Lc) + A·(attn(Lt) − attn(Lp)) + M·(mlp(Lt) − mlp(Lp))``. Both are >= 0.
+    """
+    held = spec.kv_bytes(depth) + (spec.ssm_checkpoint_bytes if has_ssm else 0)
+    if held == 0:
+        return 0.0
+    if variant == "total":
+        saved = spec.prefill_flops(depth)
+    else:
+        saved = spec.span_flops(depth - edge_len, depth)
+    return saved / held
+
+
+def flop_efficiency_array(spec: "ModelSpec", depth: np.ndarray, edge_len: np.ndarray, has_ssm: np.ndarray,
+                          variant: str) -> np.ndarray:
+    """:func:`flop_efficiency` of many nodes at once, bit for bit.
+
+    The FLOPs come from the ModelSpec's own formulas (``prefill_flops`` / ``span_flops`` are plain
+    arithmetic, so they run elementwise on float arrays): the same operations in the same order as
+    the scalar path, hence the same float64 results (integers stay exact below 2**53).
+    """
+    depth_f = depth.astype(np.float64)
+    held = (depth * spec.kv_bytes_per_token + np.where(has_ssm, spec.ssm_checkpoint_bytes, 0)).astype(np.float64)
+    if variant == "total":
+        saved = spec.prefill_flops(depth_f)  # type: ignore[arg-type]
+    else:
+        saved = spec.span_flops((depth - edge_len).astype(np.float64), depth_f)  # type: ignore[arg-type]
+    out = np.zeros_like(held)
+    np.divide(saved, held, out=out, where=held > 0)
+    return out

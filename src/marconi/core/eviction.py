@@ -1,0 +1,276 @@
+"""Eviction rules and policies: they score candidates, the cache owns the eviction loop.
+
+Which nodes are candidates, and which recency signal a rule scores with, are a policy's decisions
+besides its score (the cache keeps both signals: a hit refreshes the node it resumed from, a
+matched path every node on it up to there):
+
+* ``lru`` (SGLang+, vLLM+): leaves only; path recency (a hit refreshes every node on the path).
+* ``flop-aware`` (Marconi): every unlocked node with at most one child; hit recency (a hit
+  refreshes only the matched node). Utility = normalised recency + α · normalised FLOP efficiency,
+  both min-max normalised over the current candidates; the lowest utility is evicted, one node at
+  a time. Its :class:`EvictionRule` can also take SGLang's candidates and touch, which with α = 0
+  is exactly ``lru``: the family the selectors (:mod:`marconi.selectors`) choose from online.
+
+Every caller scores through :func:`score_rules` (and its normalisation :func:`min_max` and
+tie-break :func:`argmin_ties_by_order`): one rule's victim, a family's victims at once, and the
+vLLM plugin's block pool. Candidates and FLOP efficiency live in :mod:`marconi.core.candidates`.
+
+The registry's other entries (``regret``, ``worlds``, ``oracle``) are the selectors': they
+register themselves from :mod:`marconi.selectors`, which the registry names as its provider.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol, Sequence
+
+import numpy as np
+
+from marconi.core.candidates import CandidateSet
+from marconi.core.registry import ConfigError, Registry
+
+__all__ = ["EvictionPolicy", "EvictionRule", "LRU", "FlopAware", "EVICTION_POLICIES", "make_eviction",
+           "score_rules", "min_max", "argmin_ties_by_order"]
+
+
+EFFICIENCIES = ("total", "marginal")
+RECENCIES = ("linear", "inverse-age")
+CANDIDATE_KINDS = ("single-child", "leaves")
+TOUCHES = ("hit", "path")
+
+
+@dataclass(frozen=True, slots=True)
+class EvictionRule:
+    """One scoring rule of the FLOP-aware family: the knobs that decide a victim.
+
+    ``alpha`` weighs normalised FLOP efficiency (``efficiency``: whole-prefix ``total`` or the
+    node's own edge ``marginal``) against normalised recency (``recency``: ``linear`` in the last
+    access time, or ``inverse-age`` in accesses, the authors' simulator's transform). ``candidates``:
+    nodes with <= 1 child (Marconi) or leaves only (SGLang); ``touch``: which recency signal —
+    ``hit`` (only the node a request resumed from, Marconi) or ``path`` (every matched node up to
+    it, SGLang). ``EvictionRule(candidates="leaves", touch="path")`` makes exactly SGLang+'s LRU
+    decisions.
+    """
+
+    alpha: float = 0.0
+    efficiency: str = "total"
+    recency: str = "linear"
+    candidates: str = "single-child"
+    touch: str = "hit"
+
+    def __post_init__(self) -> None:
+        if not self.alpha >= 0:
+            raise ConfigError(f"flop-aware: alpha must be >= 0, got {self.alpha}")
+        for value, allowed, what in ((self.efficiency, EFFICIENCIES, "efficiency"), (self.recency, RECENCIES, "recency"),
+                                     (self.candidates, CANDIDATE_KINDS, "candidates"), (self.touch, TOUCHES, "touch")):
+            if value not in allowed:
+                raise ConfigError(f"flop-aware: {what} must be one of {', '.join(allowed)}; got {value!r}")
+
+    @property
+    def is_lru(self) -> bool:
+        """SGLang+'s semantics: recency only (any transform ranks the same), leaves, path touch."""
+        return self.alpha == 0 and self.candidates == "leaves" and self.touch == "path"
+
+    def label(self) -> str:
+        """A compact name: ``lru``, or ``a`` + α + flags ``m`` (marginal efficiency), ``i``
+        (inverse-age recency), ``l`` (leaf candidates), ``p`` (path touch): ``a1m``, ``a2lp``."""
+        if self.is_lru and self.recency == "linear":
+            return "lru"
+        flags = "".join(flag for flag, on in (("m", self.efficiency == "marginal" and self.alpha > 0),
+                                               ("i", self.recency == "inverse-age"), ("l", self.candidates == "leaves"),
+                                               ("p", self.touch == "path")) if on)
+        return f"a{self.alpha:g}{flags}"
+
+    @classmethod
+    def from_label(cls, label: str) -> "EvictionRule":
+        """The inverse of :meth:`label` (``lru``, ``a0``, ``a0.5m``, ``a1mi``, ``a2lp`` ...)."""
+        text = label.strip()
+        if text == "lru":
+            return cls(candidates="leaves", touch="path")
+        if not text.startswith("a"):
+            raise ConfigError(f"rule {label!r}: write lru or a<alpha>[m][i][l][p], e.g. a1m, a2lp")
+        body = text[1:]
+        end = len(body.rstrip("milp"))
+        flags, number = body[end:], body[:end]
+        try:
+            alpha = float(number)
+        except ValueError:
+            raise ConfigError(f"rule {label!r}: {number!r} is not a number (write a<alpha>[m][i][l][p])") from None
+        if len(set(flags)) != len(flags):
+            raise ConfigError(f"rule {label!r}: a flag is repeated")
+        return cls(alpha, "marginal" if "m" in flags else "total", "inverse-age" if "i" in flags else "linear",
+                   "leaves" if "l" in flags else "single-child", "path" if "p" in flags else "hit")
+
+    def describe(self) -> dict[str, object]:
+        return {"alpha": self.alpha, "efficiency": self.efficiency, "recency": self.recency,
+                "candidates": self.candidates, "touch": self.touch}
+
+    def choose(self, cands: CandidateSet, efficiency: np.ndarray) -> int:
+        """Index of the victim among ``cands`` (non-empty); ``efficiency`` per candidate for this
+        rule's variant. Normalisation runs over the rule's own candidates only, so the rule decides
+        the same inside a cache whose candidate set is larger (a selector's)."""
+        ((victim, _, _),) = score_rules((self,), cands, {self.efficiency: efficiency}, full=False)
+        return victim
+
+
+def score_rules(rules: Sequence[EvictionRule], cands: CandidateSet, efficiency: "dict[str, np.ndarray]", *,
+                full: bool = True) -> list[tuple[int, np.ndarray, np.ndarray]]:
+    """Per rule: (its victim, its scores, its tie-break order) over the candidates, sharing the work.
+
+    ``efficiency`` maps a variant (``total``/``marginal``) to its FLOP efficiency per candidate; it
+    is read only for rules with α > 0 (a lazily filled mapping works). A leaf-only rule looks at
+    leaves only (at every candidate if none is a leaf: all leaves are locked); with ``full`` its
+    scores are ``inf`` and its order 0 where it does not look, so every row spans all candidates.
+    Rules with the same candidates, recency signal and transform share their normalised recency;
+    with the same candidates and efficiency, their normalised efficiency.
+    """
+    n = len(cands)
+    leaf = cands.leaf[:n]
+    subsets: dict[str, np.ndarray | None] = {"single-child": None, "leaves": None}
+    if not leaf.all():
+        found = np.flatnonzero(leaf)
+        subsets["leaves"] = found if found.size else None
+    recency: dict[tuple[str, str, str], np.ndarray] = {}
+    normalised_eff: dict[tuple[str, str], np.ndarray] = {}
+    out = []
+    for rule in rules:
+        subset = subsets[rule.candidates]
+        if rule.touch == "hit":
+            last, seq = cands.last_access[:n], cands.access_seq[:n]
+        else:
+            last, seq = cands.path_access[:n], cands.path_seq[:n]
+        if subset is not None:
+            last, seq = last[subset], seq[subset]
+        key = (rule.candidates, rule.touch, rule.recency)
+        if key not in recency:
+            recency[key] = min_max(last) if rule.recency == "linear" else min_max(1.0 / (seq.max() - seq + 1.0))
+        scores = recency[key]
+        if rule.alpha:
+            ekey = (rule.candidates, rule.efficiency)
+            if ekey not in normalised_eff:
+                eff = efficiency[rule.efficiency]
+                normalised_eff[ekey] = min_max(eff if subset is None else eff[subset])
+            scores = scores + rule.alpha * normalised_eff[ekey]
+        best = argmin_ties_by_order(scores, seq)
+        if subset is None:
+            out.append((best, scores, seq))
+        elif not full:
+            out.append((int(subset[best]), scores, seq))
+        else:
+            all_scores = np.full(n, np.inf)
+            all_scores[subset] = scores
+            all_seq = np.zeros(n, dtype=seq.dtype)
+            all_seq[subset] = seq
+            out.append((int(subset[best]), all_scores, all_seq))
+    return out
+
+
+def min_max(values: np.ndarray) -> np.ndarray:
+    """``values`` scaled to [0, 1] (all zeros when they are all equal): the utility's normalisation."""
+    lo, hi = values.min(), values.max()
+    if hi <= lo:
+        return np.zeros_like(values)
+    return (values - lo) / (hi - lo)
+
+
+def argmin_ties_by_order(scores: np.ndarray, order: np.ndarray) -> int:
+    """argmin of ``scores``; exact ties go to the least recently accessed (smallest order)."""
+    best = scores.min()
+    ties = np.flatnonzero(scores == best)
+    if ties.size == 1:
+        return int(ties[0])
+    return int(ties[np.argmin(order[ties])])
+
+
+class EvictionPolicy(Protocol):
+    """What an eviction policy decides; the cache does the bookkeeping and the surgery.
+
+    The cache keeps both recency signals on every node (hit and path, see
+    :class:`~marconi.core.radix.Node`); a policy scores with the one it wants. A policy may define
+    ``bind(cache)``: the cache calls it once, at construction (policies that need the model's cost
+    model or watch requests).
+    """
+
+    name: str
+    evicts_inner_nodes: bool   # candidates: nodes with <= 1 child (True) or leaves only (False)
+    efficiency_variant: str    # which FLOP efficiency the cache keeps on nodes ("total"/"marginal")
+
+    def choose(self, candidates: CandidateSet) -> int:
+        """Index (into ``candidates``) of the next node to evict; ``candidates`` is non-empty."""
+        ...
+
+    def describe(self) -> dict[str, object]:
+        ...
+
+
+class LRU:
+    """SGLang-style LRU: evict the least recently used leaf; hits refresh the whole matched path."""
+
+    name = "lru"
+    evicts_inner_nodes = False
+    efficiency_variant = "total"
+
+    def choose(self, candidates: CandidateSet) -> int:
+        return int(np.argmin(candidates.path_seq[: len(candidates)]))
+
+    def describe(self) -> dict[str, object]:
+        return {"eviction": self.name}
+
+
+class FlopAware:
+    """Marconi's FLOP-aware eviction (paper §4.2), one :class:`EvictionRule` of the family.
+
+    ``alpha`` is mutable: the bootstrap tuner sets it once it has searched the grid. The defaults
+    are the paper's: nodes with <= 1 child, hits refresh only the hit node, linear recency.
+    """
+
+    name = "flop-aware"
+
+    def __init__(self, alpha: float = 0.0, efficiency: str = "total", recency: str = "linear",
+                 candidates: str = "single-child", touch: str = "hit") -> None:
+        rule = EvictionRule(float(alpha), efficiency, recency, candidates, touch)  # validates
+        self.alpha = rule.alpha
+        self.efficiency_variant = efficiency
+        self.recency = recency
+        self.candidates = candidates
+        self.touch = touch
+        self.evicts_inner_nodes = candidates == "single-child"
+
+    @property
+    def rule(self) -> EvictionRule:
+        return EvictionRule(self.alpha, self.efficiency_variant, self.recency, self.candidates, self.touch)
+
+    def choose(self, candidates: CandidateSet) -> int:
+        return self.rule.choose(candidates, candidates.flop_eff[: len(candidates)])
+
+    def describe(self) -> dict[str, object]:
+        out: dict[str, object] = {"eviction": self.name, "alpha": self.alpha, "efficiency": self.efficiency_variant,
+                                  "recency": self.recency}
+        if self.candidates != "single-child" or self.touch != "hit":
+            out.update(candidates=self.candidates, touch=self.touch)
+        return out
+
+
+# The selectors (regret, worlds, oracle) register themselves from marconi.selectors: listed as the
+# provider, it is imported the first time the registry is read, so this module never imports it.
+EVICTION_POLICIES: Registry[EvictionPolicy] = Registry("eviction policy", providers=("marconi.selectors",))
+
+
+@EVICTION_POLICIES.register("lru", "least recently used leaf (SGLang); hits refresh the whole path")
+def _lru() -> EvictionPolicy:
+    return LRU()
+
+
+@EVICTION_POLICIES.register("flop-aware", "Marconi: recency + alpha * FLOP efficiency over nodes with <= 1 child")
+def _flop_aware(alpha: float = 0.0, efficiency: str = "total", recency: str = "linear",
+                candidates: str = "single-child", touch: str = "hit") -> EvictionPolicy:
+    return FlopAware(alpha=alpha, efficiency=efficiency, recency=recency, candidates=candidates, touch=touch)
+
+
+@EVICTION_POLICIES.register("flop-aware-marginal", "flop-aware with the FLOPs of the node's own edge only")
+def _flop_aware_marginal(alpha: float = 0.0, recency: str = "linear") -> EvictionPolicy:
+    return FlopAware(alpha=alpha, efficiency="marginal", recency=recency)
+
+
+def make_eviction(spec: "str | EvictionPolicy") -> EvictionPolicy:
+    return EVICTION_POLICIES.create(spec) if isinstance(spec, str) else spec

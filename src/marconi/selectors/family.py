@@ -1,0 +1,61 @@
+"""The rule family the selectors choose from, and how a family is written and served.
+
+A family is a tuple of :class:`~marconi.core.eviction.EvictionRule`, written as labels separated by
+``/`` (``"lru/a0.5m/a2m"``, the default). Every selector shares this: exact worlds
+(:mod:`marconi.selectors.worlds`), counterfactual regret (:mod:`marconi.selectors.regret`) and the
+vLLM plugin's adaptive α.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from marconi.core.eviction import LRU, EvictionPolicy, EvictionRule, FlopAware
+from marconi.core.registry import ConfigError
+
+__all__ = ["DEFAULT_RULES", "DEFAULT_RULE_LABELS", "RuleSwitch", "cached_efficiency_variant", "parse_rules",
+           "policy_for"]
+
+#: The default family (labels: :meth:`EvictionRule.label`): SGLang+'s LRU, a balanced and an
+#: aggressive FLOP-aware rule.
+DEFAULT_RULE_LABELS = "lru/a0.5m/a2m"
+
+
+def parse_rules(text: str | Sequence[EvictionRule]) -> tuple[EvictionRule, ...]:
+    """``"default"`` or labels separated by ``/``: ``"lru/a0/a1m/a2lp"`` -> rules (see ``EvictionRule.label``)."""
+    if not isinstance(text, str):
+        rules = tuple(text)
+    else:
+        labels = DEFAULT_RULE_LABELS if text.strip() == "default" else text
+        rules = tuple(EvictionRule.from_label(t) for t in labels.split("/") if t.strip())
+    if not rules:
+        raise ConfigError("the adaptive rule family is empty")
+    if len(set(rules)) != len(rules):
+        raise ConfigError(f"the adaptive rule family lists a rule twice: {[r.label() for r in rules]}")
+    return rules
+
+
+DEFAULT_RULES: tuple[EvictionRule, ...] = parse_rules("default")
+
+
+def cached_efficiency_variant(rules: Sequence[EvictionRule]) -> str:
+    """The FLOP efficiency a cache serving ``rules`` keeps on its nodes: the variant most of its
+    FLOP-aware rules use (a rule using the other computes it, vectorised, when it scores)."""
+    variants = [r.efficiency for r in rules if r.alpha]
+    return max(("marginal", "total"), key=variants.count) if variants else "total"
+
+
+def policy_for(rule: EvictionRule) -> EvictionPolicy:
+    """A fixed-rule eviction policy making exactly ``rule``'s decisions."""
+    if rule.is_lru and rule.recency == "linear":
+        return LRU()  # the same decisions, cheaper
+    return FlopAware(rule.alpha, rule.efficiency, rule.recency, rule.candidates, rule.touch)
+
+
+@dataclass(frozen=True, slots=True)
+class RuleSwitch:
+    """The live rule changed to ``rule`` (an index into the family) when request ``at_request`` began."""
+
+    at_request: int
+    rule: int
