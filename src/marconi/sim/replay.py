@@ -28,13 +28,14 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 
 from marconi.core.cache import ManualClock, PrefixCache
+from marconi.core.protocol import ReplayCache
 from marconi.core.model import ModelSpec, get_model
 from marconi.sim.latency import LatencyModel, make_latency
 from marconi.core.stats import CacheStats
-from marconi.sim.systems import SystemConfig, make_system
+from marconi.sim.systems import System, make_system
 from marconi.workloads.trace import Request
 
-__all__ = ["SimResult", "simulate", "simulate_system", "system_fields", "working_set_bytes", "MODES"]
+__all__ = ["SimResult", "simulate", "simulate_system", "working_set_bytes", "MODES"]
 
 MODES = ("sequential", "event")
 
@@ -129,27 +130,20 @@ class SimResult:
         return rec
 
 
-def system_fields(system: SystemConfig) -> dict[str, Any]:
-    """How a named system is echoed into records (label, admission, eviction, tuning)."""
-    tuning = (f"bootstrap:multiplier={system.tuning.multiplier}" if system.tuning is not None
-              else "adaptive" if system.eviction.startswith(("regret", "worlds")) else None)
-    return {"system": system.label, "admission": system.admission, "eviction": system.eviction, "tuning": tuning}
-
-
 def _check_order(prev_ts: float, ts: float, index: int) -> None:
     if ts < prev_ts:
         raise ValueError(f"request {index}: timestamp {ts} is earlier than the previous request's {prev_ts}; "
                          "traces must be sorted by ts")
 
 
-def simulate(trace: Iterable[Request], cache: Any, *, clock: ManualClock | None = None,
+def simulate(trace: Iterable[Request], cache: ReplayCache, *, clock: ManualClock | None = None,
              latency: LatencyModel | str | None = "a100", mode: str = "sequential", progress: Any = None,
              system: Mapping[str, Any] | None = None) -> SimResult:
     """Replay ``trace`` (requests in timestamp order) through ``cache``, a built cache.
 
     Args:
-        cache: a :class:`~marconi.core.cache.PrefixCache` (or anything with its ``begin`` /
-            ``insert_prefill`` / ``finish``, ``stats``, ``spec``, ``capacity_bytes``).
+        cache: a :class:`~marconi.core.protocol.ReplayCache`: a
+            :class:`~marconi.core.cache.PrefixCache`, or an emulated engine's cache (``vllm-align``).
         clock: the :class:`ManualClock` the cache reads; the driver sets it to each request's
             arrival (and, in event mode, each prefill's and decode's end). None: the cache keeps
             its own clock (a ``PrefixCache`` built without one counts requests).
@@ -177,13 +171,13 @@ def simulate(trace: Iterable[Request], cache: Any, *, clock: ManualClock | None 
     vanilla = np.array([lat.ttft_s(spec, int(n), 0) for n in input_len], dtype=np.float64)
     tuner = cache.selector
     if system is None:
-        described = cache.describe() if hasattr(cache, "describe") else {}
+        described = cache.describe()
         system = {"system": "custom", **{k: described.get(k) for k in ("admission", "eviction")}, "tuning": None}
     return SimResult(dict(system), spec, cache.capacity_bytes, mode, lat.name, cache.stats, input_len, reused,
                      kv_hit, ttft, vanilla, arrival, tuner.tuning_record() if tuner is not None else {}, elapsed)
 
 
-def simulate_system(trace: Iterable[Request], system: SystemConfig | str, spec: ModelSpec | str,
+def simulate_system(trace: Iterable[Request], system: System | str, spec: ModelSpec | str,
                     capacity_bytes: float, *, latency: LatencyModel | str | None = "a100", mode: str = "sequential",
                     tuning_workers: int | None = None, tuning_mapper: Any = None, progress: Any = None) -> SimResult:
     """Build a fresh cache of the named ``system`` and :func:`simulate` ``trace`` through it.
@@ -202,7 +196,7 @@ def simulate_system(trace: Iterable[Request], system: SystemConfig | str, spec: 
     cache = system.build(spec, capacity_bytes, clock=clock, tuning_workers=tuning_workers, tuning_mapper=tuning_mapper,
                          future=future)
     result = simulate(trace, cache, clock=clock, latency=latency, mode=mode, progress=progress,
-                      system=system_fields(system))
+                      system=system.record_fields())
     if system.unbounded:
         result.capacity_bytes = int(capacity_bytes)
     return result
@@ -222,7 +216,7 @@ class _NoClock:
         pass
 
 
-def _run_sequential(trace: Iterable[Request], cache: PrefixCache, clock: ManualClock,
+def _run_sequential(trace: Iterable[Request], cache: ReplayCache, clock: ManualClock,
                     progress: Any) -> list[tuple[int, int, int, float]]:
     rows = []
     prev = float("-inf")
@@ -240,7 +234,7 @@ def _run_sequential(trace: Iterable[Request], cache: PrefixCache, clock: ManualC
     return rows
 
 
-def _run_event(trace: Iterable[Request], cache: PrefixCache, clock: ManualClock, lat: LatencyModel,
+def _run_event(trace: Iterable[Request], cache: ReplayCache, clock: ManualClock, lat: LatencyModel,
                spec: ModelSpec, progress: Any) -> list[tuple[int, int, int, float]]:
     rows = []
     events: list[tuple[float, int, str, Any, Any]] = []

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
@@ -42,6 +42,7 @@ from marconi.core.admission import ADMISSION_POLICIES
 from marconi.core.cache import PayloadOps, PrefixCache
 from marconi.core.eviction import EVICTION_POLICIES, FlopAware
 from marconi.core.model import ModelSpec
+from marconi.core.protocol import ReplayCache
 from marconi.core.registry import ConfigError, ParsedName, Registry, parse_name, split_name_list
 from marconi.selectors.bootstrap import OBJECTIVES, BootstrapTuner
 
@@ -71,9 +72,37 @@ class TuningConfig:
             raise ConfigError(f"tolerance must be in [0, 1), got {self.tolerance}")
 
 
+@runtime_checkable
+class System(Protocol):
+    """A named caching system: what the simulator, sweeps and reports ask of one.
+
+    ``build`` returns a fresh :class:`~marconi.core.protocol.ReplayCache` (a ``PrefixCache`` for
+    the systems here, the vLLM emulation for ``vllm-align``); ``record_fields`` is how the system is
+    echoed into every result record; ``relabel`` gives it the name the user typed.
+    """
+
+    label: str
+    unbounded: bool       # ignores the capacity (the ``infinite`` ceiling)
+    needs_future: bool    # build() needs the whole trace as ``future`` (the ``oracle``)
+
+    def build(self, spec: ModelSpec | str, capacity_bytes: float, *, clock: Callable[[], float] | None = None,
+              payloads: PayloadOps | None = None, tuning_workers: int | None = None,
+              tuning_mapper: Callable[..., list[Any]] | None = None,
+              future: Sequence[Any] | None = None) -> ReplayCache:
+        ...
+
+    def record_fields(self) -> dict[str, Any]:
+        """``system`` (the label), ``admission``, ``eviction``, ``tuning``: the record's echo."""
+        ...
+
+    def relabel(self, label: str) -> "System":
+        ...
+
+
 @dataclass(frozen=True, slots=True)
 class SystemConfig:
-    """A caching system: what to build for a cache, and the label it is reported under."""
+    """A caching system built on :class:`~marconi.core.cache.PrefixCache` (implements :class:`System`):
+    what to build for a cache, and the label it is reported under."""
 
     label: str
     admission: str
@@ -120,6 +149,14 @@ class SystemConfig:
             cache.add_observer(tuner)
         return cache
 
+    def record_fields(self) -> dict[str, Any]:
+        tuning = (f"bootstrap:multiplier={self.tuning.multiplier}" if self.tuning is not None
+                  else "adaptive" if self.eviction.startswith(("regret", "worlds")) else None)
+        return {"system": self.label, "admission": self.admission, "eviction": self.eviction, "tuning": tuning}
+
+    def relabel(self, label: str) -> "SystemConfig":
+        return replace(self, label=label)
+
     def describe(self) -> dict[str, Any]:
         out: dict[str, Any] = {"system": self.label, "admission": self.admission, "eviction": self.eviction}
         if self.tuning is not None:
@@ -130,7 +167,7 @@ class SystemConfig:
 
 
 # vllm-align (the vLLM emulation) registers itself from marconi.integrations.vllm.system, which builds on this module.
-SYSTEMS: Registry[SystemConfig] = Registry("system", providers=("marconi.integrations.vllm.system",))
+SYSTEMS: Registry[System] = Registry("system", providers=("marconi.integrations.vllm.system",))
 UNBOUNDED_BYTES = 2**62
 _BOOTSTRAP_ONLY = ("multiplier", "retune", "drift", "tolerance")
 _ADAPTIVE_ONLY = ("rules", "decay", "hysteresis", "confidence", "selector")
@@ -281,9 +318,9 @@ def _custom(admission: str = "marconi", eviction: str = "lru", block: int = 32, 
     return SystemConfig(f"{admission}+{eviction}", adm, evi, tuning)
 
 
-def make_system(text: str | SystemConfig) -> SystemConfig:
+def make_system(text: str | System) -> System:
     """A system from its name with parameters; the label is the text as given."""
-    if isinstance(text, SystemConfig):
+    if not isinstance(text, str):
         return text
     parsed: ParsedName = parse_name(text)
     try:
@@ -293,14 +330,14 @@ def make_system(text: str | SystemConfig) -> SystemConfig:
             raise
         raise ConfigError(f"{parsed}: {exc}") from None
     label = str(parsed) if parsed.name != "custom" or not parsed.params else config.label
-    return replace(config, label=label)  # keeps a registered SystemConfig subclass (vllm-align)
+    return config.relabel(label)
 
 
-def parse_systems(text: str) -> list[SystemConfig]:
+def parse_systems(text: str) -> list[System]:
     """``"vanilla,vllm+,marconi:alpha=1,multiplier=5"`` -> configs (parameters may contain commas)."""
     return [make_system(item) for item in split_name_list(text)]
 
 
-def build_cache(system: str | SystemConfig, spec: ModelSpec | str, capacity_bytes: float, **kwargs: Any) -> PrefixCache:
+def build_cache(system: str | System, spec: ModelSpec | str, capacity_bytes: float, **kwargs: Any) -> ReplayCache:
     return make_system(system).build(spec, capacity_bytes, **kwargs)
 
