@@ -19,24 +19,10 @@ __all__ = ["main", "load_trace"]
 
 
 def load_trace(text: str, limit: int | None = None) -> Any:
-    """A catalog workload (``swe-sample``, ``sharegpt:scale=0.5``, …: ``marconi trace list``) or a
-    JSONL/Parquet file. A workload built on a stand-in for absent data says so on stderr.
+    """:func:`marconi.workloads.load_trace`, with its notices on stderr."""
+    from marconi.workloads import load_trace as load
 
-    ``limit``: the first ``limit`` requests (None: all; 0: none), the same for both kinds.
-    """
-    from marconi.workloads import Provenance, build_workload, is_workload, read_trace, workload_names
-
-    if is_workload(text):
-        trace = build_workload(text)
-        provenance = Provenance.of(trace)
-        if provenance is not None and provenance.fallback:
-            print(f"trace {text}: {provenance.describe()}", file=sys.stderr)
-        return trace.head(limit) if limit is not None else trace
-    path = Path(text)
-    if not path.exists():
-        raise ConfigError(f"trace {text!r} is neither a file nor a catalog workload ({', '.join(workload_names())}; "
-                          "`marconi trace list` describes them)")
-    return read_trace(path, limit=limit)
+    return load(text, limit, notice=lambda line: print(line, file=sys.stderr))
 
 
 def _file_inputs(*texts: str | None) -> list[str]:

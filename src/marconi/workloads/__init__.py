@@ -7,6 +7,7 @@
 * :mod:`.synthetic` -- seeded generators for tests and sweeps.
 * :mod:`.catalog` -- every named workload: ``build_workload("swe-sample")``, ``build_workload("sharegpt:scale=0.5")``
   (with provenance and documented fallbacks); :mod:`.paths` -- data locations.
+* :mod:`.source` -- ``load_trace``: a trace file or a catalog name, as every command takes it.
 * :mod:`.commands` -- the ``marconi trace ...`` CLI group (``register(subparsers)``).
 """
 
@@ -18,6 +19,7 @@ from .sharegpt import build_chat_trace, build_lmsys_trace, build_sharegpt_trace,
 from .swe import SHARED_PREFIXES, build_swe_trace, load_shared_prefix, load_trajectories
 from .synthetic import (SYNTHETIC_KINDS, agent_trace, chat_trace, doc_qa_trace, prompt_tree_trace,
                         shared_prompts_trace, synthetic_trace)
+from .source import load_trace
 from .tokenizer import TextTokenizer, TokenizerError, load_tokenizer
 from .trace import (Request, Trace, TraceFormatError, TraceProblem, TraceStats, iter_requests,
                     read_trace, read_trace_meta, trace_stats, validate_trace, write_trace)
@@ -32,5 +34,5 @@ __all__ = [
     "chat_trace", "agent_trace", "shared_prompts_trace", "doc_qa_trace", "prompt_tree_trace", "synthetic_trace",
     "SYNTHETIC_KINDS",
     "build_workload", "workload_names", "is_workload", "catalog_entries", "Provenance", "DataUnavailable",
-    "bundled_data_dir", "shared_data_dir",
+    "bundled_data_dir", "shared_data_dir", "load_trace",
 ]

@@ -1,0 +1,43 @@
+"""One way for every command to name its trace: a trace file or a catalog workload.
+
+``simulate``, ``mrc``, ``demo``, ``vllm bench`` and the replay commands all call
+:func:`load_trace`, so ``--trace swe-sample``, ``--trace sharegpt:scale=0.5`` and
+``--trace my_trace.jsonl`` mean the same everywhere.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+from marconi.core.registry import ConfigError
+
+from .catalog import Provenance, build_workload, is_workload, workload_names
+from .trace import Trace, read_trace
+
+__all__ = ["load_trace"]
+
+
+def load_trace(text: str, limit: int | None = None, *, notice: Callable[[str], None] | None = None) -> Trace:
+    """A catalog workload (``swe-sample``, ``sharegpt:scale=0.5``, …: ``marconi trace list``) or a
+    JSONL/Parquet trace file.
+
+    ``limit``: the first ``limit`` requests (None: all; 0: none), the same for both kinds.
+    ``notice``: called with a line for the user when a workload was built on a stand-in for absent
+    data (the CLI prints it on stderr); the library itself prints nothing.
+
+    Raises:
+        ConfigError: ``text`` is neither an existing file nor a catalog name (the message lists them).
+        TraceFormatError, JsonError: the file is not a valid trace (the message names file and line).
+    """
+    if is_workload(text):
+        trace = build_workload(text)
+        provenance = Provenance.of(trace)
+        if notice is not None and provenance is not None and provenance.fallback:
+            notice(f"trace {text}: {provenance.describe()}")
+        return trace.head(limit) if limit is not None else trace
+    path = Path(text)
+    if not path.exists():
+        raise ConfigError(f"trace {text!r} is neither a file nor a catalog workload ({', '.join(workload_names())}; "
+                          "`marconi trace list` describes them)")
+    return read_trace(path, limit=limit)
