@@ -167,7 +167,7 @@ def test_finish_checkpoints_changes_nothing():
     assert (cache.tree.num_nodes, cache.used_bytes, cache.stats.to_dict()) == before
     result = cache.finish(handle, toks((300, 305)))
     assert result.admitted == first
-    assert cache.admission._plans == {}  # forgotten once the request ended
+    assert cache.admission.num_open_plans == 0  # forgotten once the request ended
 
 
 # ================================================================================ chunk grid

@@ -216,13 +216,14 @@ def test_confidence_is_a_burden_of_proof_for_leaving_the_first_rule(chat):
 def test_the_confidence_bound_reads_the_noise_of_the_regret_gap():
     policy = RegretEviction(confidence=2.0)
     policy.regret[:] = [10.0, 4.0, 9.0]      # rule 1 leads the first rule by 6 charged tokens
-    policy._gap_sq[0, 1] = policy._gap_sq[1, 0] = 4.0    # one charge difference of 2 per request: se 2
-    assert policy._significant(1)            # 6 > 2 x 2
-    policy._gap_sq[0, 1] = policy._gap_sq[1, 0] = 16.0   # se 4: a lead of 6 is within the noise
-    assert not policy._significant(1)
-    policy._step[:] = [3.0, 0.0, 3.0]        # a request that charged rules 0 and 2, not rule 1
-    policy._track_noise()
-    assert policy._gap_sq[0, 1] == pytest.approx(16.0 * 0.999**2 + 9.0) and policy._gap_sq[0, 2] == pytest.approx(0.0)
-    assert not policy._step.any()
+    noise = policy.noise
+    noise.gap_sq[0, 1] = noise.gap_sq[1, 0] = 4.0    # one charge difference of 2 per request: se 2
+    assert policy.lead_is_significant(1)     # 6 > 2 x 2
+    noise.gap_sq[0, 1] = noise.gap_sq[1, 0] = 16.0   # se 4: a lead of 6 is within the noise
+    assert not policy.lead_is_significant(1)
+    noise.step[:] = [3.0, 0.0, 3.0]          # a request that charged rules 0 and 2, not rule 1
+    noise.end_request()
+    assert noise.gap_sq[0, 1] == pytest.approx(16.0 * 0.999**2 + 9.0) and noise.gap_sq[0, 2] == pytest.approx(0.0)
+    assert not noise.step.any()
     with pytest.raises(ConfigError, match="confidence must be >= 0"):
         RegretEviction(confidence=-1)

@@ -169,7 +169,7 @@ def test_long_streams_rebase_without_overflow() -> None:
     got = est.depth_weights("k", 10)
     assert np.all(np.isfinite(got)) and got.sum() == pytest.approx(1.0)
     assert int(np.argmax(got)) == 4999 % 7                       # the latest observation dominates
-    assert len(est._by_key["k"].weight_by_depth) <= 7
+    assert 0 < est.num_depths("k") <= 7
 
 
 def test_depths_beyond_the_sequence_are_clipped_to_its_end() -> None:

@@ -85,7 +85,7 @@ def test_a_clone_takes_in_flight_requests_with_it():
     handle = cache.begin(np.concatenate([base, rng.integers(0, 50_000, 40)]))
     assert handle.match.kv_hit_len > 0
     clone = cache.clone(WorldsEviction("lru", explore=False))
-    twin = clone._in_flight[handle.request_id]
+    twin = clone.in_flight(handle.request_id)
     assert twin is not handle and twin.lock_node is not handle.lock_node
     assert clone.locked_bytes == cache.locked_bytes > 0
     clone.finish(twin, rng.integers(0, 50_000, 10))
@@ -153,7 +153,7 @@ def test_prefills_finishes_and_aborts_reach_every_world():
     cache.finish(handle, rng.integers(0, 50_000, 5))
     other = cache.begin(shared)
     cache.abort(other)
-    assert world.num_in_flight == 0 and not policy._handles
+    assert world.num_in_flight == 0 and policy.num_mirrored == 0
     assert world.stats.num_requests == cache.stats.num_requests == 3
     assert world.used_bytes == cache.used_bytes
 
@@ -166,7 +166,7 @@ def test_event_mode_runs_worlds_to_the_end():
     policy = WorldsEviction()
     cache = PrefixCache("paper-7b", 3e9, "marconi", policy, clock=clock)
     result = simulate(trace, cache, clock=clock, mode="event")
-    assert result.rule_switches and not policy._handles
+    assert result.rule_switches and policy.num_mirrored == 0
     for world in policy.worlds.values():
         assert world.num_in_flight == 0 and world.stats.num_requests == len(trace)
         world.check_invariants()

@@ -61,9 +61,34 @@ if TYPE_CHECKING:
     from marconi.core.model import ModelSpec
     from marconi.core.radix import Node
 
-__all__ = ["RegretEviction"]
+__all__ = ["RegretEviction", "LeadNoise"]
 
 _GHOSTS_PER_NODE = 16
+
+
+class LeadNoise:
+    """The noise of the regret gaps between rules: what the confidence bound measures a lead against.
+
+    ``step`` holds the current request's charges per rule; ``end_request`` folds their pairwise
+    differences, squared, into ``gap_sq`` (decayed by ``decay``² per request, the square of the
+    regret's own weights), so ``standard_error(a, b)`` is the root of the decayed sum of squared
+    per-request charge differences between rules ``a`` and ``b``.
+    """
+
+    def __init__(self, num_rules: int, decay: float) -> None:
+        self.decay = decay
+        self.step = np.zeros(num_rules)                   # this request's charges
+        self.gap_sq = np.zeros((num_rules, num_rules))    # decayed sum of squared charge differences
+
+    def end_request(self) -> None:
+        self.gap_sq *= self.decay * self.decay
+        step = self.step
+        if step.any():
+            self.gap_sq += (step[:, None] - step[None, :]) ** 2
+            step[:] = 0
+
+    def standard_error(self, a: int, b: int) -> float:
+        return float(np.sqrt(self.gap_sq[a, b]))
 
 
 @dataclass(slots=True)
@@ -120,9 +145,7 @@ class RegretEviction:
         self.current = 0
         self.regret = np.zeros(len(self.rules))
         self.confidence = confidence
-        self._step = np.zeros(len(self.rules))    # this request's charges
-        # decayed sum of squared per-request charge differences, rule by rule (the regret gap's noise)
-        self._gap_sq = np.zeros((len(self.rules), len(self.rules)))
+        self.noise = LeadNoise(len(self.rules), decay)   # the regret gaps' noise (used with ``confidence``)
         self.switches: list[RuleSwitch] = []
         self.cache: PrefixCache | None = None
         self._wanted: dict[int, set[int]] = {}                     # node id -> rules that wanted it gone
@@ -222,7 +245,7 @@ class RegretEviction:
         if amount > 0:
             for k in blamed:
                 self.regret[k] += amount
-                self._step[k] += amount
+                self.noise.step[k] += amount
 
     @staticmethod
     def _checkpoint_above(node: "Node") -> int:
@@ -247,7 +270,7 @@ class RegretEviction:
                 self._charge(blamed, self.reach_weight * self._lost(handle.match.kv_hit_len, usable))
         self._charge_ghosts(handle, usable)
         if self.confidence:
-            self._track_noise()
+            self.noise.end_request()
         self._switch(handle.request_id)
 
     def _charge_ghosts(self, handle: RequestHandle, usable: int) -> None:
@@ -289,7 +312,7 @@ class RegretEviction:
         best = float(self.regret.min())
         if self.regret[self.current] > best * (1.0 + self.hysteresis) + 1e-9:
             k = int(np.flatnonzero(self.regret == best)[0])
-            if self.current == 0 and self.confidence and not self._significant(k):
+            if self.current == 0 and self.confidence and not self.lead_is_significant(k):
                 return
             self.current = k
             self.switches.append(RuleSwitch(request_id, self.current))
@@ -298,22 +321,15 @@ class RegretEviction:
         """Record fields: every switch of the live rule (``rule_switches``: request, new rule)."""
         return {"rule_switches": [[s.at_request, self.rules[s.rule].label()] for s in self.switches]}
 
-    def _track_noise(self) -> None:
-        """Fold this request's charges into the decayed squared differences (only with ``confidence``)."""
-        self._gap_sq *= self.decay * self.decay
-        step = self._step
-        if step.any():
-            self._gap_sq += (step[:, None] - step[None, :]) ** 2
-            step[:] = 0
-
-    def _significant(self, k: int) -> bool:
+    def lead_is_significant(self, k: int) -> bool:
         """Whether rule ``k``'s lead over the first rule exceeds ``confidence`` standard errors.
 
         The lead is a decayed sum of per-request charge differences; its noise, the root of the
-        decayed sum of their squares (the same weights squared). A few large charges — one long
-        context that one rule lost — then do not move the cache off the first rule by themselves."""
+        decayed sum of their squares (the same weights squared, :class:`LeadNoise`). A few large
+        charges — one long context that one rule lost — then do not move the cache off the first
+        rule by themselves."""
         lead = self.regret[0] - self.regret[k]
-        return bool(lead > self.confidence * np.sqrt(self._gap_sq[0, k]))
+        return bool(lead > self.confidence * self.noise.standard_error(0, k))
 
     def describe(self) -> dict[str, object]:
         return {"eviction": self.name, "rules": "/".join(r.label() for r in self.rules), "rule": self.rule.label()}

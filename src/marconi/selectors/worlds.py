@@ -154,6 +154,11 @@ class WorldsEviction:
         self.current = best
         self.switches.append(RuleSwitch(request_id, best))
 
+    @property
+    def num_mirrored(self) -> int:
+        """Live requests whose twins the worlds still hold (0 once every request ended)."""
+        return len(self._handles)
+
     def in_worlds(self, request_id: int, *, done: bool = False) -> list[tuple[PrefixCache, RequestHandle]]:
         """Each world with its handle for the live request ``request_id`` (``done``: forget them)."""
         mine = self._handles.pop(request_id, {}) if done else self._handles.get(request_id, {})

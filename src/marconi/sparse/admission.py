@@ -78,6 +78,11 @@ class SparseDPAdmission:
         """The cache finished or aborted the request: forget its plan."""
         self._plans.pop(request_id, None)
 
+    @property
+    def num_open_plans(self) -> int:
+        """Plans of requests still in flight (0 once every request ended: no plan outlives its request)."""
+        return len(self._plans)
+
     def describe(self) -> dict[str, object]:
         return {"admission": self.name, "m": self.m, "lam": self.lam, "cost": self.cost_name,
                 "marconi": self.marconi is not None}

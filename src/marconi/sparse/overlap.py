@@ -240,6 +240,11 @@ class OverlapEstimator:
         """Drop a key's own history (the global estimate keeps its contribution). No-op if unknown."""
         self._by_key.pop(key, None)
 
+    def num_depths(self, key: Hashable) -> int:
+        """Distinct depths ``key``'s own history holds (its memory; decayed weights drop out)."""
+        hist = self._by_key.get(key)
+        return 0 if hist is None else len(hist.weight_by_depth)
+
     # ----------------------------------------------------------------------------- estimates
     def depth_weights(self, key: Hashable, seq_len: int) -> FloatArray:
         """``(seq_len+1,)`` estimated ``P(d)`` for ``d = 0..seq_len`` under ``key``; sums to 1.
