@@ -20,6 +20,7 @@ from marconi.sparse.dp import (
     flops_cost,
     place_checkpoints,
     place_checkpoints_lagrangian,
+    place_checkpoints_monge,
     place_checkpoints_reference,
     satisfies_quadrangle_inequality,
     segment_cost_matrix,
@@ -237,11 +238,9 @@ def test_precondition_is_needed_for_the_fast_layers() -> None:
         return table[np.asarray(c), np.asarray(d)]
     weights = np.array([0.0, 1.0, 0.0, 0.0, 1.0, 1.0])
     positions = [1, 2, 3, 4, 5]
-    inst = dp._make_instance(weights, positions)
-    seg = dp._segments_for(inst, cost)
-    fast_exact, _ = dp._layers_monge(seg, 2)
-    ref_exact, _ = dp._layers_reference(seg, 2)
-    assert fast_exact[1] > ref_exact[1] + 0.5                   # D&C without its precondition: wrong
+    fast = place_checkpoints_monge(weights, positions, 1, cost=cost)
+    ref = place_checkpoints_reference(weights, positions, 1, cost=cost)
+    assert fast.expected_cost > ref.expected_cost + 0.5        # D&C without its precondition: wrong
     plan = place_checkpoints(weights, positions, 1, cost=cost)
     assert plan.solver == "reference"
     assert plan.expected_cost == pytest.approx(_brute_curve(weights, positions, 1, _scalar_of(cost))[1])

@@ -546,6 +546,15 @@ def place_checkpoints_reference(weights: ArrayLike, positions: ArrayLike, max_ch
     return _solve_budgeted(inst, _segments_for(inst, cost), cost, max_checkpoints, use_monge=False)
 
 
+def place_checkpoints_monge(weights: ArrayLike, positions: ArrayLike, max_checkpoints: int, *,
+                            cost: Cost = TOKEN_COST) -> Placement:
+    """Same contract as :func:`place_checkpoints`, always by the ``O(M K log K)`` divide-and-conquer
+    layers, whether or not their precondition (the quadrangle inequality) holds: exact only where it
+    does. For studying the precondition; :func:`place_checkpoints` checks it and falls back."""
+    inst = _make_instance(weights, positions)
+    return _solve_budgeted(inst, _segments_for(inst, cost), cost, max_checkpoints, use_monge=True)
+
+
 def place_checkpoints_lagrangian(weights: ArrayLike, positions: ArrayLike, lam: float, *,
                                  cost: Cost = TOKEN_COST, checkpoint_bytes: float = 1.0) -> LagrangianPlacement:
     """Minimise ``E[cost] + lam * checkpoint_bytes * (number of checkpoints)``, no hard budget.
