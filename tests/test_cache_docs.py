@@ -16,6 +16,7 @@ import pytest
 
 from marconi.core.admission import AdmissionContext, AdmissionPolicy, FinalPlan, MarconiAdmission, MatchResult
 from marconi.core.cache import CachedPrefix, InsertResult, PayloadOps, PrefixCache, RequestHandle
+from marconi.core.eviction import LRU, EvictionPolicy, FlopAware
 from marconi.core.stats import CacheStats
 from marconi.core.model import ModelSpec, get_model
 from marconi.sparse.admission import SparseDPAdmission
@@ -101,14 +102,27 @@ def test_every_keyword_the_page_passes_is_accepted():
     assert not missing, f"docs/cache-api.md passes keywords the code does not take: {sorted(missing)}"
 
 
-@pytest.mark.parametrize("policy", [MarconiAdmission(), SparseDPAdmission()])
-def test_every_protocol_method_the_page_lists_exists(policy):
-    protocols = {"AdmissionPolicy": type(policy), "PayloadOps": PayloadOps}
+@pytest.mark.parametrize("admission, eviction", [(MarconiAdmission(), LRU()), (SparseDPAdmission(), FlopAware())])
+def test_every_protocol_method_the_page_lists_exists(admission, eviction):
+    protocols = {"AdmissionPolicy": type(admission), "PayloadOps": PayloadOps, "EvictionPolicy": type(eviction)}
     uses = _protocol_methods(DOC.read_text())
     assert {c for c, _ in uses} == set(protocols)
     missing = sorted(f"{c}.{m}" for c, m in uses if not hasattr(protocols[c], m))
     assert not missing, f"docs/cache-api.md lists protocol methods the code lacks: {missing}"
     assert all(hasattr(AdmissionPolicy, m) for c, m in uses if c == "AdmissionPolicy")
+    assert all(hasattr(EvictionPolicy, m) for c, m in uses if c == "EvictionPolicy")
+
+
+def test_the_eviction_protocol_fields_the_page_lists_exist():
+    """The page's ``EvictionPolicy`` block names fields as well as methods: each is on the protocol
+    and on every built-in policy."""
+    (body,) = re.findall(r"class EvictionPolicy\(Protocol\):\n((?:    .*\n?)+)", DOC.read_text())
+    fields = re.findall(r"^    (\w+): ", body, flags=re.M)
+    assert "evicts_inner_nodes" in fields
+    for name in fields:
+        assert name in EvictionPolicy.__annotations__, name
+        for policy in (LRU(), FlopAware(alpha=1.0)):
+            assert hasattr(policy, name), (type(policy).__name__, name)
 
 
 def test_the_page_walkthrough_runs():
