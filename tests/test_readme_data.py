@@ -1,8 +1,11 @@
-"""The README's "Data" section is instructions a user follows by hand: they must stay true.
+"""The data page (``docs/data.md``, linked from the README's "Data" section) is instructions a user
+follows by hand: they must stay true.
 
-Every full data set has a source and a licence; every ``marconi ...`` command the section shows
+Every full data set has a source and a licence; every ``marconi ...`` command the page shows
 parses with the real CLI (a renamed option or builder fails here, not in a user's shell); and every
-folder of the documented ``$MARCONI_SHARED_DATA`` layout is one the package actually looks in.
+folder of the documented ``$MARCONI_SHARED_DATA`` layout is one the package actually looks in. The
+README keeps a short "Data" section pointing at the page: the package's own messages send users to
+"the README's Data section".
 """
 
 from __future__ import annotations
@@ -17,15 +20,22 @@ from marconi.cli import build_parser
 
 REPO = Path(__file__).resolve().parents[1]
 README = (REPO / "README.md").read_text(encoding="utf-8")
+DATA = (REPO / "docs" / "data.md").read_text(encoding="utf-8")
 
 
-def _section(title: str) -> str:
-    start = README.index(f"## {title}\n")
-    end = README.find("\n## ", start + 1)
-    return README[start:end if end >= 0 else len(README)]
+def _section(text: str, title: str) -> str:
+    start = text.index(f"## {title}\n")
+    end = text.find("\n## ", start + 1)
+    return text[start:end if end >= 0 else len(text)]
 
 
-DATA = _section("Data")
+def test_the_readme_data_section_points_at_the_data_page() -> None:
+    """``marconi.workloads.catalog`` and ``reproduce`` tell users to get data "as the README's Data
+    section says": that section must exist and lead to the page with the instructions."""
+    section = _section(README, "Data")
+    assert "(docs/data.md)" in section and "$MARCONI_SHARED_DATA" in section
+
+
 TABLE = [line for line in DATA.splitlines() if line.startswith("| ") and not line.startswith("| data |")]
 
 
@@ -35,7 +45,7 @@ def _cells(line: str) -> list[str]:
 
 def test_every_full_data_set_says_where_to_get_it_and_its_licence() -> None:
     rows = [_cells(line) for line in TABLE]
-    assert len(rows) >= 7, "the table of full data sets went missing"
+    assert len(rows) >= 7, "the table of full data sets went missing from docs/data.md"
     for data, where, licence, build in rows:
         assert data and where and licence and build, f"incomplete row for {data!r}"
         assert re.search(r"GitHub|Hugging Face", where), f"{data}: no source named"
@@ -61,7 +71,7 @@ def test_the_commands_the_data_section_shows_parse(command: str) -> None:
     try:
         build_parser().parse_args(argv)
     except SystemExit as exc:          # argparse's way of saying the command is wrong
-        pytest.fail(f"README command no longer parses ({exc}): {command}")
+        pytest.fail(f"docs/data.md command no longer parses ({exc}): {command}")
 
 
 def test_the_data_section_shows_a_build_command_per_builder() -> None:
@@ -79,7 +89,7 @@ def test_the_documented_layout_is_where_the_package_looks() -> None:
         parts = [p for p in entry.split("/") if p and "*" not in p]
         # every named folder or file of the layout appears in the code that looks for it
         for part in parts:
-            assert part in source, f"the README's layout names {part!r} ({entry}); no code looks for it"
+            assert part in source, f"docs/data.md's layout names {part!r} ({entry}); no code looks for it"
 
 
 def test_the_options_the_table_adds_to_builders_exist() -> None:
