@@ -27,6 +27,7 @@ from __future__ import annotations
 import copy
 import functools
 import math
+import numbers
 import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, NamedTuple, Protocol
@@ -100,7 +101,14 @@ class SizeOnlyPayloads:
 
 
 class CacheObserver:
-    """Hooks for components that watch the cache (the bootstrap tuner). Default: do nothing."""
+    """Hooks for components that watch the cache (the bootstrap tuner). Default: do nothing.
+
+    Every request an observer is told ``on_begin`` of ends with exactly one ``on_finish`` or
+    ``on_abort``, also when the cache or another observer raises. An observer that raises is
+    reported to the cache's caller after every other observer was told of the same event; the
+    cache's own state is consistent by then (see :meth:`PrefixCache.begin` and
+    :meth:`PrefixCache.finish` for what becomes of the request).
+    """
 
     def on_begin(self, cache: "PrefixCache", handle: "RequestHandle") -> None:
         pass
@@ -112,7 +120,9 @@ class CacheObserver:
         """``insert_prefill`` admitted (or tried to admit) the request's prefill checkpoints."""
 
     def on_abort(self, cache: "PrefixCache", handle: "RequestHandle") -> None:
-        """The request was aborted: unlocked, nothing inserted."""
+        """The request ended without finishing: unlocked, nothing inserted by ``finish`` — an
+        ``abort``, or a ``begin``/``finish`` that raised (a ``finish`` that raised part-way may
+        have evicted, and inserted part of its sequence)."""
 
     def on_first_eviction(self, cache: "PrefixCache") -> None:
         pass
@@ -199,7 +209,12 @@ class ManualClock:
 
 def as_tokens(tokens: Any, what: str, *, allow_empty: bool = False) -> np.ndarray:
     """Validate and convert token ids to a 1-D int32 array (without copying when possible: the
-    result may share memory with ``tokens``)."""
+    result may share memory with ``tokens``).
+
+    Token ids are integers in ``[0, 2**31)``: the trace schema's range (a negative id is no token
+    of any vocabulary, and int32 is what the tree stores). Raises ValueError naming ``what`` and
+    the offending id otherwise.
+    """
     arr = np.asarray(tokens)
     if arr.ndim != 1:
         raise ValueError(f"{what} must be a 1-D sequence of token ids, got shape {arr.shape}")
@@ -209,12 +224,33 @@ def as_tokens(tokens: Any, what: str, *, allow_empty: bool = False) -> np.ndarra
         raise ValueError(f"{what} is empty: a request needs at least one input token")
     if not np.issubdtype(arr.dtype, np.integer):
         raise ValueError(f"{what} must hold integer token ids, got dtype {arr.dtype}")
+    if np.issubdtype(arr.dtype, np.signedinteger):
+        if arr.min() < 0:
+            at = int(np.argmax(arr < 0))
+            raise ValueError(f"{what}: token id {int(arr[at])} at index {at} is negative; token ids are >= 0")
     if arr.dtype != np.int32:
-        if arr.min() < np.iinfo(np.int32).min or arr.max() > np.iinfo(np.int32).max:
-            raise ValueError(f"{what}: token ids must fit in int32")
+        highest = arr.max()
+        if highest > np.iinfo(np.int32).max:
+            raise ValueError(f"{what}: token id {int(highest)} does not fit in int32 (ids must be < 2**31)")
         arr = arr.astype(np.int32)
     return arr
 
+
+
+def _check_capacity(capacity_bytes: Any) -> None:
+    """Raise ConfigError unless ``capacity_bytes`` is a finite real number >= 0 (bytes).
+
+    Text such as ``"1GB"`` is refused with a hint rather than parsed: the core takes numbers only
+    (parsing units is the CLI's and ``marconi.units``' job).
+    """
+    if isinstance(capacity_bytes, (str, bytes)):
+        raise ConfigError(f"capacity_bytes must be a number of bytes, got the text {capacity_bytes!r}: pass bytes "
+                          f"as a number (e.g. 1e9), or convert the text with marconi.units.parse_bytes")
+    if isinstance(capacity_bytes, bool) or not isinstance(capacity_bytes, numbers.Real):
+        raise ConfigError(f"capacity_bytes must be a number of bytes, got {type(capacity_bytes).__name__} "
+                          f"{capacity_bytes!r}")
+    if not math.isfinite(capacity_bytes) or capacity_bytes < 0:
+        raise ConfigError(f"capacity_bytes must be a finite number >= 0, got {capacity_bytes!r}")
 
 
 def _locked(method: Callable) -> Callable:
@@ -274,8 +310,7 @@ class PrefixCache:
         self.spec = get_model(spec)
         self.admission = make_admission(admission)
         self.eviction = make_eviction(eviction)
-        if capacity_bytes is None or not np.isfinite(capacity_bytes) or capacity_bytes < 0:
-            raise ConfigError(f"capacity_bytes must be a finite number >= 0, got {capacity_bytes!r}")
+        _check_capacity(capacity_bytes)
         if prefill_chunk_len is not None and (isinstance(prefill_chunk_len, bool) or int(prefill_chunk_len) < 1):
             raise ConfigError(f"prefill_chunk_len must be None or an integer >= 1, got {prefill_chunk_len!r}")
         self.capacity_bytes = int(capacity_bytes)
@@ -392,13 +427,17 @@ class PrefixCache:
 
         A writable input array is copied: the caller may reuse or change it at once (a
         read-only one is kept as it is). Returns a handle to pass to :meth:`cached_prefix` and
-        :meth:`finish` (or :meth:`abort`). Raises ValueError for an empty or non-integer input.
+        :meth:`finish` (or :meth:`abort`). Raises ValueError for an empty, negative or non-integer
+        input, before anything changes.
+
+        Callbacks: ``PayloadOps.split_kv`` (the run split), the admission policy and the clock run
+        before the request is registered: if one raises, no request exists and nothing is locked
+        (a run split already done stays, a consistent tree). The observers run last; if one
+        raises, the request is released again (every observer is then told ``on_abort``) and the
+        error propagates: the caller, who gets no handle, leaves nothing locked.
         """
         tokens = _own_tokens(input_tokens, "input_tokens")
         limit = len(tokens) if max_hit_len is None else max(0, min(int(max_hit_len), len(tokens)))
-        if self._logical is not None:
-            self._logical.tick()
-        now = self.clock()
         walk = self._split_run_at_match(self.tree.walk(tokens))
         hit_index = self._hit_index(walk.path, limit)
         hit_node = walk.path[hit_index] if hit_index >= 0 else None
@@ -406,6 +445,15 @@ class PrefixCache:
             usable = hit_node.depth if hit_node is not None else 0
         else:
             usable = min(walk.matched_len, limit)
+        match = MatchResult(len(tokens), walk.matched_len, usable)
+        branch_len = self._branch_len(len(tokens), walk)
+        ctx = AdmissionContext(tokens, len(tokens), match, branch_len, self.spec, self._next_request_id)
+        prefill = tuple(sorted(self._placed(self.admission.prefill_checkpoints(ctx), usable, len(tokens),
+                                            len(tokens))))
+        if self._logical is not None:
+            self._logical.tick()
+        now = self.clock()
+        # From here to the observers nothing calls out: the request is registered as a whole.
         lock_node = walk.partial or (walk.path[-1] if walk.path else None)
         if lock_node is not None:
             self._lock(lock_node)
@@ -413,19 +461,18 @@ class PrefixCache:
             self._touch_path(node, now)
         if hit_node is not None:                   # the hit signal: the resumed-from node only
             self._touch_hit(hit_node, now)
-        match = MatchResult(len(tokens), walk.matched_len, usable)
-        branch_len = self._branch_len(len(tokens), walk)
-        ctx = AdmissionContext(tokens, len(tokens), match, branch_len, self.spec, self._next_request_id)
-        prefill = tuple(sorted(self._placed(self.admission.prefill_checkpoints(ctx), usable, len(tokens),
-                                            len(tokens))))
         matched_node = walk.path[-1] if walk.path else None
         handle = RequestHandle(self._next_request_id, tokens, match, prefill, branch_len, hit_node, lock_node,
                                matched_node, now, max_hit_len=max_hit_len)
         self._next_request_id += 1
         self._in_flight[handle.request_id] = handle
         self.stats.record_lookup(match, self.spec, from_checkpoint=hit_node is not None and hit_node.has_ssm)
-        for observer in self._observers:
-            observer.on_begin(self, handle)
+        if self._observers:
+            try:
+                self._notify("on_begin", handle)
+            except Exception:
+                self._end(handle, "on_abort")  # the caller gets no handle: nothing may stay locked for it
+                raise
         return handle
 
     @_locked
@@ -477,10 +524,19 @@ class PrefixCache:
         (and the tree as it is now). A checkpoint whose state is not supplied is skipped (counted
         in ``stats.checkpoints_unavailable``). If the new states cannot fit even after evicting
         everything unlocked, nothing is inserted and ``stats.requests_not_cached`` grows.
+
+        Errors: for a finished or aborted handle, ValueError and nothing changes. Anything else
+        that raises — invalid ``output_tokens`` (ValueError), ``states``, ``kv``, a
+        ``PayloadOps`` method, the admission or eviction policy — ends the request as an abort:
+        the cache stays consistent (what was evicted or inserted before the error stays, as
+        whole nodes with their bytes accounted; a node is linked only once its payload exists),
+        the path is unlocked, the handle is finished, every observer is told ``on_abort`` (not
+        ``on_finish``), and the error propagates. An observer raising from ``on_finish`` is
+        reported after every observer was told; the request is finished by then.
         """
         self._check_active(handle)
-        output = as_tokens(output_tokens, "output_tokens", allow_empty=True)
         try:
+            output = as_tokens(output_tokens, "output_tokens", allow_empty=True)
             if not self.admission.caches:
                 result = InsertResult(False, 0, ())
             else:
@@ -488,10 +544,10 @@ class PrefixCache:
                     self._logical.tick()
                 seq, walk, plan = self._final(handle, output)
                 result = self._insert_sequence(handle, seq, plan, states, kv, walk)
-        finally:
-            self._release(handle)
-        for observer in self._observers:
-            observer.on_finish(self, handle, output)
+        except BaseException:
+            self._end(handle, "on_abort")
+            raise
+        self._end(handle, "on_finish", output)
         return result
 
     @_locked
@@ -519,11 +575,10 @@ class PrefixCache:
 
     @_locked
     def abort(self, handle: RequestHandle) -> None:
-        """Unlock an in-flight request without inserting anything."""
+        """Unlock an in-flight request without inserting anything; then tell the observers (an
+        observer's error is raised after every observer was told, the request already aborted)."""
         self._check_active(handle)
-        self._release(handle)
-        for observer in self._observers:
-            observer.on_abort(self, handle)
+        self._end(handle, "on_abort")
 
     @_locked
     def process(self, input_tokens: Any, output_tokens: Any = (), *,
@@ -583,10 +638,14 @@ class PrefixCache:
         Inserts the input up to its deepest prefill checkpoint, so concurrent requests can reuse a
         branch point while this request is still decoding. Optional: :meth:`finish` admits whatever
         is still missing. A no-op when there are no prefill checkpoints.
+
+        The observers are told first; if one raises, the error propagates (after every observer
+        was told) before the cache changes. If a callback raises during the insertion (``states``,
+        ``kv``, ``PayloadOps``), the cache stays consistent with what was done before the error,
+        and the request stays in flight: finish or abort it.
         """
         self._check_active(handle)
-        for observer in self._observers:
-            observer.on_prefill(self, handle)
+        self._notify("on_prefill", handle)
         if not self.admission.caches or not handle.prefill_checkpoints:
             return InsertResult(False, 0, ())
         if self._logical is not None:
@@ -649,15 +708,23 @@ class PrefixCache:
         * ``[insert_len, len)``: beyond what the admission keeps (vLLM+'s partial last block).
 
         The walked path stays locked while evicting, so the request's own prefix survives.
+
+        Callbacks and consistency: ``states`` and the clock are asked before anything changes.
+        Later ones (``PayloadOps`` in a split, an eviction or a join; ``kv`` for each new node; the
+        eviction policy; ``on_first_eviction``) are each called before the step that needs them
+        changes the tree, or after it is complete (``release``), so if one raises, the tree,
+        bytes, locks and candidate index are consistent with the steps done so far and the error
+        propagates (the caller decides what becomes of the request).
         """
         walk = walk if walk is not None else self.tree.walk(seq)
         # Positions are read before a run is split below: the split changes no answer of
         # ``holds_checkpoint_at`` at or above the match, and the dry run does not split.
         on_path, tail = self._wanted(handle, plan, walk, len(seq))
+        to_admit = self._collect_states(states, on_path + tail)
+        now = self.clock()  # one time for every node and checkpoint this insertion creates
         walk = self._split_run_at_match(walk)  # lock only what this sequence shares, not the run's rest
         insert_len = min(plan.insert_len, len(seq))
         matched = walk.matched_len
-        to_admit = self._collect_states(states, on_path + tail)
         new_tokens = max(0, insert_len - matched)
         need = new_tokens * self._kv_per_token + len(to_admit) * self._ckpt_bytes
         if need == 0:
@@ -670,14 +737,13 @@ class PrefixCache:
                 self.stats.requests_not_cached += 1
                 return InsertResult(False, 0, ())
             self._evict_until(need)
-            admitted = self._attach_on_path(walk, to_admit)
+            admitted = self._attach_on_path(walk, to_admit, now)
             if new_tokens:
-                admitted += self._add_tail(seq, walk, insert_len, to_admit, plan.block, kv)
+                admitted += self._add_tail(seq, walk, insert_len, to_admit, plan.block, kv, now)
         finally:
             if guard is not None:
                 self._unlock(guard)
-        self.stats.kv_tokens_inserted += new_tokens
-        self.stats.note_usage(self.used_bytes, self.kv_bytes, self.ssm_bytes)
+            self.stats.note_usage(self.used_bytes, self.kv_bytes, self.ssm_bytes)
         return InsertResult(True, new_tokens, tuple(sorted(admitted)))
 
     def _collect_states(self, states: Mapping[int, Any] | Callable[[int], Any] | None,
@@ -693,11 +759,11 @@ class PrefixCache:
                 del out[pos]
         return out
 
-    def _attach_on_path(self, walk: WalkResult, to_admit: dict[int, Any]) -> list[int]:
+    def _attach_on_path(self, walk: WalkResult, to_admit: dict[int, Any], now: float) -> list[int]:
         """Admit checkpoints at positions the tree already holds (splitting edges where needed)."""
         admitted = []
         for pos in sorted(p for p in to_admit if p <= walk.matched_len):
-            self._attach_ssm(self._node_ending_at(walk, pos), to_admit[pos])
+            self._attach_ssm(self._node_ending_at(walk, pos), to_admit[pos], now)
             admitted.append(pos)
         return admitted
 
@@ -711,8 +777,11 @@ class PrefixCache:
         raise AssertionError(f"no walked edge contains position {pos}")
 
     def _add_tail(self, seq: np.ndarray, walk: WalkResult, insert_len: int, to_admit: dict[int, Any], block: int,
-                  kv: Callable[[int, int], Any] | None) -> list[int]:
-        """Insert ``seq[matched_len:insert_len]`` as new nodes: one run, or a chain cut at checkpoints."""
+                  kv: Callable[[int, int], Any] | None, now: float) -> list[int]:
+        """Insert ``seq[matched_len:insert_len]`` as new nodes: one run, or a chain cut at checkpoints.
+
+        Each node is complete (payloads, bytes, candidate index) before the next ``kv`` call, so a
+        ``kv`` that raises leaves the chain inserted so far, consistent."""
         start = walk.matched_len
         if walk.partial is not None:
             # The partial edge may already have been split at ``start`` to hold a checkpoint.
@@ -725,16 +794,16 @@ class PrefixCache:
         if (block and not self.eviction.evicts_inner_nodes and start % block == 0
                 and tail == list(range(start + block, insert_len + 1, block))):
             # Block caching under leaf-only eviction: one node holding a checkpoint per block.
-            node = self._new_node(seq, start, insert_len, parent, kv)
+            node = self._new_node(seq, start, insert_len, parent, kv, now)
             node.ckpt_positions = tail
             node.ckpt_states = [to_admit[p] for p in tail]
-            self._account_ssm(node, len(tail))
+            self._account_ssm(node, len(tail), now)
             return tail
         admitted = []
         for end in sorted(set(tail) | {insert_len}):
-            node = self._new_node(seq, start, end, parent, kv)
+            node = self._new_node(seq, start, end, parent, kv, now)
             if end in to_admit:
-                self._attach_ssm(node, to_admit[end])
+                self._attach_ssm(node, to_admit[end], now)
                 admitted.append(end)
             else:
                 self._update_eff(node)
@@ -743,13 +812,21 @@ class PrefixCache:
         return admitted
 
     def _new_node(self, seq: np.ndarray, start: int, end: int, parent: Node,
-                  kv: Callable[[int, int], Any] | None) -> Node:
+                  kv: Callable[[int, int], Any] | None, now: float) -> Node:
+        """Link a node for ``seq[start:end]`` under ``parent``, with its KV payload and bytes.
+
+        ``kv`` is asked first: a node is linked only once its payload exists, so a ``kv`` that
+        raises leaves the tree as it was (a node linked without its bytes and candidate status
+        would corrupt the cache for good).
+        """
+        payload = kv(start, end) if kv is not None else None
         node = self.tree.new_node(seq[start:end].copy(), parent)
-        node.kv = kv(start, end) if kv is not None else None
+        node.kv = payload
         edge_bytes = (end - start) * self._kv_per_token
         self.used_bytes += edge_bytes
         self.kv_bytes += edge_bytes
-        node.last_access = node.path_access = self.clock()
+        self.stats.kv_tokens_inserted += end - start
+        node.last_access = node.path_access = now
         self._seq += 1
         node.access_seq = self._seq
         self._path_seq += 1
@@ -767,14 +844,14 @@ class PrefixCache:
         self._sync_candidate(upper)
         return upper
 
-    def _attach_ssm(self, node: Node, payload: Any) -> None:
+    def _attach_ssm(self, node: Node, payload: Any, now: float) -> None:
         node.add_checkpoint(node.depth, payload)
-        self._account_ssm(node, 1)
+        self._account_ssm(node, 1, now)
 
-    def _account_ssm(self, node: Node, count: int) -> None:
+    def _account_ssm(self, node: Node, count: int, now: float) -> None:
         # A checkpoint admitted now is recent, even on a node split off an older edge (which
         # inherited that edge's recency): otherwise a fresh branch state looks stale to eviction.
-        self._touch(node, self.clock())
+        self._touch(node, now)
         added = count * self._ckpt_bytes
         self.used_bytes += added
         self.ssm_bytes += added
@@ -785,11 +862,13 @@ class PrefixCache:
         self._sync_candidate(node)
 
     def _evict_until(self, need: int) -> None:
+        """Evict until ``need`` bytes are free. Each eviction is whole before the next callback
+        (``on_first_eviction``, the policy's ``choose``, ``PayloadOps``), so one that raises stops
+        the loop with the cache consistent."""
         while self.capacity_bytes - self.used_bytes < need:
             if not self._evicted_once:
-                self._evicted_once = True
-                for observer in self._observers:
-                    observer.on_first_eviction(self)
+                self._evicted_once = True  # first: an observer that raises is told once, as promised
+                self._notify("on_first_eviction")
             if not len(self.candidates):
                 raise InvariantError("eviction found no candidate although the feasibility check passed")
             victim = self.candidates.nodes[self.eviction.choose(self.candidates)]
@@ -823,11 +902,9 @@ class PrefixCache:
             self._evict_leaf(node)
             return
         dropped_tokens = node.depth - positions[n - blocks - 1]
-        kept_kv, dropped_kv = self.payloads.split_kv(node.kv, node.edge_len - dropped_tokens)
-        self.payloads.release(dropped_kv)
+        kept_kv, dropped_kv = self.payloads.split_kv(node.kv, node.edge_len - dropped_tokens)  # before any change
         node.kv = kept_kv
-        for payload in self.tree.trim_leaf(node, dropped_tokens):
-            self.payloads.release(payload)
+        dropped_states = self.tree.trim_leaf(node, dropped_tokens)
         freed_kv = dropped_tokens * self._kv_per_token
         freed_ssm = blocks * self._ckpt_bytes
         self.used_bytes -= freed_kv + freed_ssm
@@ -839,15 +916,13 @@ class PrefixCache:
         st.kv_tokens_evicted += dropped_tokens
         st.bytes_evicted += freed_kv + freed_ssm
         self._update_eff(node)
+        self._release_payloads((dropped_kv, *dropped_states))
 
     def _evict_leaf(self, node: Node) -> None:
         self.candidates.remove(node)
         kv_freed = node.edge_len * self._kv_per_token
         n_ckpt = node.num_checkpoints
         ssm_freed = n_ckpt * self._ckpt_bytes
-        self.payloads.release(node.kv)
-        for payload in node.ckpt_states:
-            self.payloads.release(payload)
         self.used_bytes -= kv_freed + ssm_freed
         self.kv_bytes -= kv_freed
         self.ssm_bytes -= ssm_freed
@@ -860,14 +935,15 @@ class PrefixCache:
         self.tree.remove_leaf(node)
         assert parent is not None
         self._sync_parent(parent)
+        self._release_payloads((node.kv, *node.ckpt_states))
 
     def _evict_inner(self, node: Node) -> None:
         """Drop a one-child node's checkpoint; its edge KVs are absorbed by its child."""
         assert node.num_checkpoints == 1, "runs exist only under leaf-only eviction"
-        self.candidates.remove(node)
         (child,) = node.children.values()
-        self.payloads.release(node.end_state)
-        child.kv = self.payloads.join_kv(node.kv, child.kv)
+        joined = self.payloads.join_kv(node.kv, child.kv)  # before any change: if it raises, nothing did
+        self.candidates.remove(node)
+        child.kv = joined
         self.used_bytes -= self._ckpt_bytes
         self.ssm_bytes -= self._ckpt_bytes
         self.stats.checkpoints_evicted += 1
@@ -875,6 +951,22 @@ class PrefixCache:
         self.stats.bytes_evicted += self._ckpt_bytes
         self.tree.merge_into_child(node)
         self._update_eff(child)
+        self._release_payloads((node.end_state,))
+
+    def _release_payloads(self, payloads: tuple[Any, ...]) -> None:
+        """Tell the payload ops that ``payloads`` left the tree — after the surgery, so a ``release``
+        that raises finds the cache consistent. Every one is released even if one raises (the
+        first error is re-raised after the others): the tree no longer references any of them."""
+        release = self.payloads.release
+        error: Exception | None = None
+        for payload in payloads:
+            try:
+                release(payload)
+            except Exception as exc:
+                if error is None:
+                    error = exc
+        if error is not None:
+            raise error
 
     # ================================================================== locks, recency, candidates
     def _lock(self, node: Node) -> None:
@@ -903,6 +995,27 @@ class PrefixCache:
         del self._in_flight[handle.request_id]
         if self._end_request is not None:
             self._end_request(handle.request_id)
+
+    def _end(self, handle: RequestHandle, event: str, *args: Any) -> None:
+        """Release ``handle`` and tell the observers ``event`` (``on_finish``/``on_abort``) — they
+        are told even if the admission policy's ``end_request`` raises (its error comes first)."""
+        try:
+            self._release(handle)
+        finally:
+            self._notify(event, handle, *args)
+
+    def _notify(self, event: str, *args: Any) -> None:
+        """Call ``event`` on every observer; an observer's error is re-raised once all were told,
+        so one failing observer never leaves another (a selector's mirror worlds) a step behind."""
+        error: Exception | None = None
+        for observer in self._observers:
+            try:
+                getattr(observer, event)(self, *args)
+            except Exception as exc:
+                if error is None:
+                    error = exc
+        if error is not None:
+            raise error
 
     def _check_active(self, handle: RequestHandle) -> None:
         if not handle.active or self._in_flight.get(handle.request_id) is not handle:
