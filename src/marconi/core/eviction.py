@@ -21,6 +21,8 @@ register themselves from :mod:`marconi.selectors`, which the registry names as i
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass
 from typing import Any, Protocol, Sequence
 
@@ -29,7 +31,7 @@ import numpy as np
 from marconi.core.candidates import CandidateSet
 from marconi.core.registry import ConfigError, Registry
 
-__all__ = ["EvictionPolicy", "EvictionRule", "LRU", "FlopAware", "EVICTION_POLICIES", "make_eviction",
+__all__ = ["EvictionPolicy", "EvictionRule", "LRU", "FlopAware", "EVICTION_POLICIES", "make_eviction", "check_alpha",
            "score_rules", "min_max", "argmin_ties_by_order"]
 
 
@@ -37,6 +39,18 @@ EFFICIENCIES = ("total", "marginal")
 RECENCIES = ("linear", "inverse-age")
 CANDIDATE_KINDS = ("single-child", "leaves")
 TOUCHES = ("hit", "path")
+
+
+def check_alpha(alpha: Any, where: str) -> None:
+    """Raise ConfigError unless ``alpha`` is a finite real number >= 0.
+
+    Finite, because an infinite α turns the utility into ``inf * 0 = nan`` wherever a candidate's
+    normalised efficiency is 0, and a nan utility leaves no victim: the sweep or the cache would
+    die at its first eviction instead of at configuration time.
+    """
+    if (isinstance(alpha, bool) or not isinstance(alpha, numbers.Real)
+            or not math.isfinite(alpha) or alpha < 0):
+        raise ConfigError(f"{where}: alpha must be >= 0 and finite (a number), got {alpha!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,8 +73,7 @@ class EvictionRule:
     touch: str = "hit"
 
     def __post_init__(self) -> None:
-        if not self.alpha >= 0:
-            raise ConfigError(f"flop-aware: alpha must be >= 0, got {self.alpha}")
+        check_alpha(self.alpha, "flop-aware")
         for value, allowed, what in ((self.efficiency, EFFICIENCIES, "efficiency"), (self.recency, RECENCIES, "recency"),
                                      (self.candidates, CANDIDATE_KINDS, "candidates"), (self.touch, TOUCHES, "touch")):
             if value not in allowed:
@@ -96,6 +109,7 @@ class EvictionRule:
             alpha = float(number)
         except ValueError:
             raise ConfigError(f"rule {label!r}: {number!r} is not a number (write a<alpha>[m][i][l][p])") from None
+        check_alpha(alpha, f"rule {label!r}")  # float() accepts 'inf' and 'nan'
         if len(set(flags)) != len(flags):
             raise ConfigError(f"rule {label!r}: a flag is repeated")
         return cls(alpha, "marginal" if "m" in flags else "total", "inverse-age" if "i" in flags else "linear",
@@ -220,21 +234,36 @@ class LRU:
 class FlopAware:
     """Marconi's FLOP-aware eviction (paper §4.2), one :class:`EvictionRule` of the family.
 
-    ``alpha`` is mutable: the bootstrap tuner sets it once it has searched the grid. The defaults
-    are the paper's: nodes with <= 1 child, hits refresh only the hit node, linear recency.
+    ``alpha`` is mutable: the bootstrap tuner sets it once it has searched the grid; setting it
+    validates it (finite, >= 0) at once, not at the next eviction. The defaults are the paper's:
+    nodes with <= 1 child, hits refresh only the hit node, linear recency.
     """
 
     name = "flop-aware"
 
     def __init__(self, alpha: float = 0.0, efficiency: str = "total", recency: str = "linear",
                  candidates: str = "single-child", touch: str = "hit") -> None:
-        rule = EvictionRule(float(alpha), efficiency, recency, candidates, touch)  # validates
-        self.alpha = rule.alpha
+        try:
+            value = alpha if isinstance(alpha, bool) else float(alpha)  # a bool is refused below
+        except (TypeError, ValueError):
+            raise ConfigError(f"flop-aware: alpha must be >= 0 and finite (a number), got {alpha!r}") from None
+        rule = EvictionRule(value, efficiency, recency, candidates, touch)  # validates
+        self._alpha = rule.alpha
         self.efficiency_variant = efficiency
         self.recency = recency
         self.candidates = candidates
         self.touch = touch
         self.evicts_inner_nodes = candidates == "single-child"
+
+    @property
+    def alpha(self) -> float:
+        """The weight of normalised FLOP efficiency in the utility (finite, >= 0)."""
+        return self._alpha
+
+    @alpha.setter
+    def alpha(self, value: float) -> None:
+        check_alpha(value, "flop-aware")
+        self._alpha = float(value)
 
     @property
     def rule(self) -> EvictionRule:

@@ -29,7 +29,7 @@ import numpy as np
 
 from marconi.core.admission import AdmissionPolicy
 from marconi.core.cache import CacheObserver, ManualClock, PrefixCache, RequestHandle, TreeSnapshot
-from marconi.core.eviction import EvictionPolicy, FlopAware
+from marconi.core.eviction import EvictionPolicy, FlopAware, check_alpha
 from marconi.core.model import ModelSpec
 from marconi.pool import worker_pool
 from marconi.core.registry import ConfigError
@@ -163,8 +163,10 @@ class BootstrapTuner(CacheObserver):
             raise ConfigError(f"bootstrap multiplier must be > 0, got {multiplier}")
         if objective not in OBJECTIVES:
             raise ConfigError(f"tuning objective must be one of {OBJECTIVES}, got {objective!r}")
-        if not grid or any(a < 0 for a in grid):
+        if not grid:
             raise ConfigError("the alpha grid must be non-empty and non-negative")
+        for a in grid:  # an infinite α would pass a sign check and kill the replay of the grid
+            check_alpha(a, "the bootstrap alpha grid")
         if not 0 <= tolerance < 1:
             raise ConfigError(f"tuning tolerance must be in [0, 1), got {tolerance}")
         self.tolerance = tolerance
