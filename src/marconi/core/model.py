@@ -20,6 +20,8 @@ same for any supported hybrid config.
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping
@@ -31,6 +33,28 @@ __all__ = ["ModelSpec", "PRESETS", "get_model", "list_models", "SpecError"]
 
 class SpecError(ValueError):
     """A model specification (or a config it was built from) is invalid."""
+
+
+# Plausibility bounds: far above any real model, low enough that every byte count and FLOP
+# formula stays exact in float64 and int64 (a typo such as hidden_size 1e30 is an error here, not
+# an OverflowError, or a loop over 10**12 layers, far from the config).
+MAX_LAYERS = 1 << 16
+MAX_SIZE = (1 << 31) - 1
+MAX_BYTES = 1 << 53
+
+_COUNT_FIELDS = ("num_attn_layers", "num_ssm_layers", "num_mlp_layers")
+# >= 0 each; d_model and bytes_per_elem > 0, the None-able ones > 0 (heads, head dim) or >= 0 when given
+_SIZE_FIELDS = ("d_model", "ssm_state_dim", "conv_kernel", "ssm_expand", "bytes_per_elem", "checkpoint_extra_bytes")
+_OPTIONAL_FIELDS = ("num_kv_heads", "head_dim", "ssm_state_width", "conv_dim")
+
+
+def _is_integer(value: Any) -> bool:
+    """An int (not a bool), or an integral finite float (a JSON ``64.0``)."""
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, numbers.Integral):
+        return True
+    return isinstance(value, float) and math.isfinite(value) and value.is_integer()
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,9 +96,21 @@ class ModelSpec:
     source: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
-        for attr in ("num_attn_layers", "num_ssm_layers", "num_mlp_layers"):
-            if getattr(self, attr) < 0:
-                raise SpecError(f"{self.name}: {attr} must be >= 0, got {getattr(self, attr)}")
+        for attr in (*_COUNT_FIELDS, *_SIZE_FIELDS, *_OPTIONAL_FIELDS):
+            value = getattr(self, attr)
+            if value is None and attr in _OPTIONAL_FIELDS:
+                continue
+            if not _is_integer(value):
+                raise SpecError(f"{self.name}: {attr} must be an integer, got {value!r}")
+            if value < 0:
+                raise SpecError(f"{self.name}: {attr} must be >= 0, got {value}")
+            limit = MAX_LAYERS if attr in _COUNT_FIELDS else MAX_SIZE
+            if value > limit:
+                raise SpecError(f"{self.name}: {attr} = {value} is implausibly large (at most {limit:,}); "
+                                f"check the config")
+        for attr in ("num_kv_heads", "head_dim"):
+            if getattr(self, attr) == 0:
+                raise SpecError(f"{self.name}: {attr} must be > 0 when given, got 0 (None: derive it)")
         if self.num_attn_layers + self.num_ssm_layers == 0:
             raise SpecError(f"{self.name}: a model needs at least one attention or SSM layer")
         for attr in ("d_model", "bytes_per_elem"):
@@ -87,6 +123,11 @@ class ModelSpec:
         heads, hdim = self.kv_geometry
         if self.num_attn_layers and (heads <= 0 or hdim <= 0):
             raise SpecError(f"{self.name}: attention layers need num_kv_heads > 0 and head_dim > 0")
+        for what, nbytes in (("KV bytes per token", self.kv_bytes_per_token),
+                             ("SSM checkpoint bytes", self.ssm_checkpoint_bytes)):
+            if nbytes > MAX_BYTES:
+                raise SpecError(f"{self.name}: {what} = {nbytes:,} is implausibly large (at most 2**53); "
+                                f"check the layer counts and dimensions")
 
     # ----------------------------------------------------------------------------- geometry
     @property
@@ -193,40 +234,65 @@ class ModelSpec:
 
         Nothing is downloaded. Supported ``model_type`` values are listed in ``HF_PARSERS``; the
         state sizes are the real ones of each architecture, not the paper's simplification.
+
+        Raises SpecError, naming the file (or "config") and the field, for an unsupported
+        ``model_type``, a missing field, or a value that cannot mean what the field means: a
+        null, zero or negative count or size, a fraction, text or a list where a number belongs,
+        a number where a list belongs, an implausibly large value. A field left out or null takes
+        the architecture's default (``num_key_value_heads``: the head count); a 0 is an error.
         """
-        cfg = _load_config(config)
+        cfg, path = _load_config(config)
+        where = str(path) if path is not None else "config"
         model_type = cfg.get("model_type")
-        if "text_config" in cfg and model_type not in HF_PARSERS:
-            cfg = {**cfg["text_config"]}
+        if "text_config" in cfg and not _is_parsed(model_type):
+            text = cfg["text_config"]
+            if not isinstance(text, Mapping):
+                raise SpecError(f"{where}: text_config must be a JSON object (the language model's config), "
+                                f"got {_kind(text)}")
+            cfg = dict(text)
             model_type = cfg.get("model_type")
-        parser = HF_PARSERS.get(str(model_type))
-        if parser is None:
-            raise SpecError(f"unsupported model_type {model_type!r} in config; supported: "
+        if not _is_parsed(model_type):
+            raise SpecError(f"{where}: unsupported model_type {model_type!r} in config; supported: "
                             f"{', '.join(sorted(HF_PARSERS))}")
-        try:
-            fields = parser(cfg)
-        except KeyError as exc:
-            raise SpecError(f"config of model_type {model_type!r} lacks the field {exc.args[0]!r}") from None
+        fields = HF_PARSERS[model_type](_Fields(cfg, f"{where} of model_type {model_type!r}"))
         if bytes_per_elem is None:
-            bytes_per_elem = _dtype_bytes(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16")
-        return cls(name=name or str(cfg.get("_name_or_path") or model_type), bytes_per_elem=bytes_per_elem,
-                   source=f"hf:{model_type}", **fields)
+            bytes_per_elem = _dtype_bytes(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16", where)
+        try:
+            return cls(name=name or str(cfg.get("_name_or_path") or model_type), bytes_per_elem=bytes_per_elem,
+                       source=f"hf:{model_type}", **fields)
+        except SpecError as exc:
+            if path is None:
+                raise
+            raise SpecError(f"{path}: {exc}") from None
 
 
 # ================================================================================= HF parsing
 _DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8, "float8_e4m3fn": 1}
 
 
-def _dtype_bytes(dtype: Any) -> int:
+def _dtype_bytes(dtype: Any, where: str = "config") -> int:
     key = str(dtype).removeprefix("torch.")
     if key not in _DTYPE_BYTES:
-        raise SpecError(f"unknown dtype {dtype!r}; known: {', '.join(_DTYPE_BYTES)}")
+        raise SpecError(f"{where}: unknown dtype {dtype!r}; known: {', '.join(_DTYPE_BYTES)}")
     return _DTYPE_BYTES[key]
 
 
-def _load_config(config: Mapping[str, Any] | str | Path) -> dict[str, Any]:
+def _kind(value: Any) -> str:
+    """How a JSON value reads in a message: ``a list [1, 2]``, ``null``."""
+    if value is None:
+        return "null"
+    names = {dict: "an object", list: "a list", tuple: "a list", str: "text", bool: "a boolean"}
+    return f"{names.get(type(value), type(value).__name__)} {value!r}"
+
+
+def _is_parsed(model_type: Any) -> bool:
+    return isinstance(model_type, str) and model_type in HF_PARSERS
+
+
+def _load_config(config: Mapping[str, Any] | str | Path) -> tuple[dict[str, Any], Path | None]:
+    """The config as a dict, and the file it was read from (None for a mapping)."""
     if isinstance(config, Mapping):
-        return dict(config)
+        return dict(config), None
     path = Path(config)
     if path.is_dir():
         path = path / "config.json"
@@ -238,14 +304,104 @@ def _load_config(config: Mapping[str, Any] | str | Path) -> dict[str, Any]:
         raise SpecError(str(exc)) from None
     if not isinstance(cfg, dict):
         raise SpecError(f"{path}: expected a JSON object (a Hugging Face config.json), got a JSON {type(cfg).__name__}")
-    return cfg
+    return cfg, path
 
 
-def _attn(cfg: Mapping[str, Any], heads_key: str = "num_attention_heads") -> dict[str, int]:
-    heads = int(cfg[heads_key])
-    kv = int(cfg.get("num_key_value_heads") or heads)
-    hdim = int(cfg.get("head_dim") or cfg.get("attention_head_dim") or cfg["hidden_size"] // heads)
-    return {"num_kv_heads": kv, "head_dim": hdim}
+_REQUIRED: Any = object()
+
+
+class _Fields:
+    """Typed reads of one config's fields: the parsers' only access to it.
+
+    Every bad value is a SpecError naming ``where`` (the file and model type), the field, what it
+    holds and what it must be — instead of a TypeError (``int(None)``), a ZeroDivisionError
+    (``hidden_size // 0``) or a silent substitute (``num_key_value_heads: 0 or heads``) deep in
+    a parser. A field absent or null takes ``default``; without one it is required.
+    """
+
+    def __init__(self, cfg: Mapping[str, Any], where: str) -> None:
+        self.cfg = cfg
+        self.where = where
+
+    def has(self, key: str) -> bool:
+        """Whether ``key`` is given (present and not null)."""
+        return self.cfg.get(key) is not None
+
+    def get(self, key: str, default: Any = _REQUIRED) -> Any:
+        value = self.cfg.get(key)
+        if value is None:
+            if default is _REQUIRED:
+                null = " (it is null)" if key in self.cfg else ""
+                raise SpecError(f"{self.where} lacks the field {key!r}{null}")
+            return default
+        return value
+
+    def int(self, key: str, default: Any = _REQUIRED, *, low: int = 1, high: int = MAX_SIZE) -> int:
+        """An integer in ``[low, high]`` (default: a size or count >= 1)."""
+        value = self.get(key, default)
+        if not _is_integer(value):
+            raise SpecError(f"{self.where}: {key} must be an integer, got {_kind(value)}")
+        value = int(value)
+        if value < low:
+            raise SpecError(f"{self.where}: {key} must be >= {low}, got {value}")
+        if value > high:
+            raise SpecError(f"{self.where}: {key} = {value} is implausibly large (at most {high:,}); check the config")
+        return value
+
+    def layers(self, key: str = "num_hidden_layers") -> int:
+        return self.int(key, high=MAX_LAYERS)
+
+    def list(self, key: str, default: Any = _REQUIRED) -> list[Any]:
+        value = self.get(key, default)
+        if not isinstance(value, (list, tuple)):
+            raise SpecError(f"{self.where}: {key} must be a list, got {_kind(value)}")
+        if len(value) > MAX_LAYERS:
+            raise SpecError(f"{self.where}: {key} has {len(value):,} entries, implausibly many (at most "
+                            f"{MAX_LAYERS:,} layers)")
+        return list(value)
+
+    def names(self, key: str, default: Any = _REQUIRED) -> list[str]:
+        """A list of layer kinds (text)."""
+        items = self.list(key, default)
+        bad = [item for item in items if not isinstance(item, str)]
+        if bad:
+            raise SpecError(f"{self.where}: {key} must list layer kinds as text, got {bad[0]!r} among them")
+        return items
+
+    def indices(self, key: str, num_layers: int) -> list[int]:
+        """A list of distinct layer indices in ``[0, num_layers)`` (absent or null: none)."""
+        items = self.list(key, [])
+        for item in items:
+            if not _is_integer(item) or not 0 <= item < num_layers:
+                raise SpecError(f"{self.where}: {key} must list layer indices in [0, {num_layers}) "
+                                f"(num_hidden_layers = {num_layers}), got {item!r}")
+        if len(set(items)) != len(items):
+            raise SpecError(f"{self.where}: {key} lists a layer twice: {items}")
+        return items
+
+    def text(self, key: str) -> str:
+        value = self.get(key)
+        if not isinstance(value, str):
+            raise SpecError(f"{self.where}: {key} must be text, got {_kind(value)}")
+        return value
+
+    def head_dim(self, heads_key: str, heads: int, d_model: int, *, scale: int = 1) -> int:
+        """``head_dim`` (or ``attention_head_dim``) if given, else ``scale·D // heads`` as
+        transformers derives it (>= 1: more heads than ``scale·D`` channels is an error)."""
+        for key in ("head_dim", "attention_head_dim"):
+            if self.has(key):
+                return self.int(key)
+        hdim = scale * d_model // heads
+        if hdim < 1:
+            raise SpecError(f"{self.where}: {heads_key} = {heads} exceeds the {scale * d_model} channels of "
+                            f"hidden_size = {d_model}: the derived head_dim would be 0; give head_dim")
+        return hdim
+
+
+def _attn(f: _Fields, heads_key: str = "num_attention_heads") -> dict[str, int]:
+    heads = f.int(heads_key)
+    kv = f.int("num_key_value_heads", heads)  # absent or null: multi-head attention; 0 is an error
+    return {"num_kv_heads": kv, "head_dim": f.head_dim(heads_key, heads, f.int("hidden_size"))}
 
 
 def _mamba2(d_inner: int, n_groups: int, d_state: int, kernel: int) -> dict[str, int]:
@@ -254,122 +410,124 @@ def _mamba2(d_inner: int, n_groups: int, d_state: int, kernel: int) -> dict[str,
             "conv_dim": d_inner + 2 * n_groups * d_state, "conv_kernel": kernel}
 
 
-def _parse_bamba(cfg: Mapping[str, Any]) -> dict[str, Any]:
-    layers = int(cfg["num_hidden_layers"])
-    attn = len(cfg.get("attn_layer_indices") or [])
-    d = int(cfg["hidden_size"])
-    d_inner = int(cfg.get("mamba_n_heads", 128)) * int(cfg.get("mamba_d_head", 64))
+def _parse_bamba(f: _Fields) -> dict[str, Any]:
+    layers = f.layers()
+    attn = len(f.indices("attn_layer_indices", layers))
+    d = f.int("hidden_size")
+    d_inner = f.int("mamba_n_heads", 128) * f.int("mamba_d_head", 64)
     return dict(num_attn_layers=attn, num_ssm_layers=layers - attn, num_mlp_layers=layers, d_model=d,
-                ssm_expand=int(cfg.get("mamba_expand", 2)), **_attn(cfg),
-                **_mamba2(d_inner, int(cfg.get("mamba_n_groups", 1)), int(cfg.get("mamba_d_state", 128)),
-                          int(cfg.get("mamba_d_conv", 4))))
+                ssm_expand=f.int("mamba_expand", 2), **_attn(f),
+                **_mamba2(d_inner, f.int("mamba_n_groups", 1), f.int("mamba_d_state", 128),
+                          f.int("mamba_d_conv", 4)))
 
 
-def _parse_nemotron_h(cfg: Mapping[str, Any]) -> dict[str, Any]:
-    pattern = cfg.get("hybrid_override_pattern")
-    if pattern is None and "layers_block_type" in cfg:
+def _parse_nemotron_h(f: _Fields) -> dict[str, Any]:
+    if f.has("hybrid_override_pattern") or not f.has("layers_block_type"):
+        pattern = f.text("hybrid_override_pattern")
+    else:
         # transformers >= 5 spells the kinds linear_attention / full_attention.
         letters = {"mamba": "M", "linear_attention": "M", "attention": "*", "full_attention": "*",
                    "mlp": "-", "moe": "E"}
-        unknown = sorted({t for t in cfg["layers_block_type"] if t not in letters})
+        kinds = f.names("layers_block_type")
+        unknown = sorted({t for t in kinds if t not in letters})
         if unknown:
-            raise SpecError(f"nemotron_h: unknown layer kinds {unknown} in layers_block_type")
-        pattern = "".join(letters[t] for t in cfg["layers_block_type"])
-    if pattern is None:
-        raise KeyError("hybrid_override_pattern")
-    d = int(cfg["hidden_size"])
-    d_inner = int(cfg["mamba_num_heads"]) * int(cfg["mamba_head_dim"])
+            raise SpecError(f"{f.where}: unknown layer kinds {unknown} in layers_block_type; known: "
+                            f"{', '.join(letters)}")
+        pattern = "".join(letters[t] for t in kinds)
+    if len(pattern) > MAX_LAYERS:
+        raise SpecError(f"{f.where}: hybrid_override_pattern has {len(pattern):,} layers, implausibly many")
+    d = f.int("hidden_size")
+    d_inner = f.int("mamba_num_heads") * f.int("mamba_head_dim")
     return dict(num_attn_layers=pattern.count("*"), num_ssm_layers=pattern.count("M"),
-                num_mlp_layers=pattern.count("-") + pattern.count("E"), d_model=d, **_attn(cfg),
-                **_mamba2(d_inner, int(cfg.get("n_groups", 1)), int(cfg["ssm_state_size"]),
-                          int(cfg.get("conv_kernel", 4))))
+                num_mlp_layers=pattern.count("-") + pattern.count("E"), d_model=d, **_attn(f),
+                **_mamba2(d_inner, f.int("n_groups", 1), f.int("ssm_state_size"), f.int("conv_kernel", 4)))
 
 
-def _parse_falcon_h1(cfg: Mapping[str, Any]) -> dict[str, Any]:
+def _parse_falcon_h1(f: _Fields) -> dict[str, Any]:
     # Parallel hybrid: every layer has an attention branch, an SSM branch and an MLP.
-    layers = int(cfg["num_hidden_layers"])
-    d = int(cfg["hidden_size"])
-    d_inner = int(cfg.get("mamba_d_ssm") or int(cfg.get("mamba_expand", 2)) * d)
-    return dict(num_attn_layers=layers, num_ssm_layers=layers, num_mlp_layers=layers, d_model=d, **_attn(cfg),
-                **_mamba2(d_inner, int(cfg.get("mamba_n_groups", 1)), int(cfg.get("mamba_d_state", 256)),
-                          int(cfg.get("mamba_d_conv", 4))))
+    layers = f.layers()
+    d = f.int("hidden_size")
+    d_inner = f.int("mamba_d_ssm") if f.has("mamba_d_ssm") else f.int("mamba_expand", 2) * d
+    return dict(num_attn_layers=layers, num_ssm_layers=layers, num_mlp_layers=layers, d_model=d, **_attn(f),
+                **_mamba2(d_inner, f.int("mamba_n_groups", 1), f.int("mamba_d_state", 256),
+                          f.int("mamba_d_conv", 4)))
 
 
-def _parse_granitemoehybrid(cfg: Mapping[str, Any]) -> dict[str, Any]:
-    types = list(cfg["layer_types"])
-    d = int(cfg["hidden_size"])
-    d_inner = int(cfg.get("mamba_n_heads", 128)) * int(cfg.get("mamba_d_head", 64))
+def _parse_granitemoehybrid(f: _Fields) -> dict[str, Any]:
+    types = f.names("layer_types")
+    d = f.int("hidden_size")
+    d_inner = f.int("mamba_n_heads", 128) * f.int("mamba_d_head", 64)
     ssm = sum(1 for t in types if t in ("mamba", "linear_attention"))
     attn = sum(1 for t in types if t in ("attention", "full_attention"))
     return dict(num_attn_layers=attn, num_ssm_layers=ssm,
-                num_mlp_layers=len(types), d_model=d, **_attn(cfg),
-                **_mamba2(d_inner, int(cfg.get("mamba_n_groups", 1)), int(cfg.get("mamba_d_state", 128)),
-                          int(cfg.get("mamba_d_conv", 4))))
+                num_mlp_layers=len(types), d_model=d, **_attn(f),
+                **_mamba2(d_inner, f.int("mamba_n_groups", 1), f.int("mamba_d_state", 128),
+                          f.int("mamba_d_conv", 4)))
 
 
-def _parse_zamba2(cfg: Mapping[str, Any]) -> dict[str, Any]:
-    layers = int(cfg["num_hidden_layers"])
-    kinds = list(cfg.get("layers_block_type") or [])
-    hybrid = kinds.count("hybrid") if kinds else len(cfg.get("hybrid_layer_ids") or [])
-    d = int(cfg["hidden_size"])
-    expand = int(cfg.get("mamba_expand", 2))
+def _parse_zamba2(f: _Fields) -> dict[str, Any]:
+    layers = f.layers()
+    kinds = f.names("layers_block_type", [])
+    hybrid = kinds.count("hybrid") if kinds else len(f.indices("hybrid_layer_ids", layers))
+    d = f.int("hidden_size")
+    expand = f.int("mamba_expand", 2)
     d_inner = expand * d
-    heads = int(cfg["num_attention_heads"])
+    heads = f.int("num_attention_heads")
     # Zamba2's shared attention runs on concat(hidden, embeddings): head_dim = 2·D / heads.
-    hdim = int(cfg.get("attention_head_dim") or 2 * d // heads)
     return dict(num_attn_layers=hybrid, num_ssm_layers=layers, num_mlp_layers=hybrid, d_model=d,
-                num_kv_heads=int(cfg.get("num_key_value_heads") or heads), head_dim=hdim, ssm_expand=expand,
-                **_mamba2(d_inner, int(cfg.get("mamba_ngroups", 1)), int(cfg.get("mamba_d_state", 64)),
-                          int(cfg.get("mamba_d_conv", 4))))
+                num_kv_heads=f.int("num_key_value_heads", heads),
+                head_dim=f.head_dim("num_attention_heads", heads, d, scale=2), ssm_expand=expand,
+                **_mamba2(d_inner, f.int("mamba_ngroups", 1), f.int("mamba_d_state", 64),
+                          f.int("mamba_d_conv", 4)))
 
 
-def _parse_jamba(cfg: Mapping[str, Any]) -> dict[str, Any]:
-    layers = int(cfg["num_hidden_layers"])
-    period, offset = int(cfg.get("attn_layer_period", 8)), int(cfg.get("attn_layer_offset", 4))
+def _parse_jamba(f: _Fields) -> dict[str, Any]:
+    layers = f.layers()
+    period, offset = f.int("attn_layer_period", 8), f.int("attn_layer_offset", 4, low=0)
     attn = sum(1 for i in range(layers) if i % period == offset)
-    d = int(cfg["hidden_size"])
-    expand = int(cfg.get("mamba_expand", 2))
+    d = f.int("hidden_size")
+    expand = f.int("mamba_expand", 2)
     # Mamba-1: state [expand·D, N], conv over the expand·D channels only.
     return dict(num_attn_layers=attn, num_ssm_layers=layers - attn, num_mlp_layers=layers, d_model=d,
-                ssm_state_dim=int(cfg.get("mamba_d_state", 16)), ssm_expand=expand,
-                ssm_state_width=expand * d, conv_dim=expand * d, conv_kernel=int(cfg.get("mamba_d_conv", 4)),
-                **_attn(cfg))
+                ssm_state_dim=f.int("mamba_d_state", 16), ssm_expand=expand,
+                ssm_state_width=expand * d, conv_dim=expand * d, conv_kernel=f.int("mamba_d_conv", 4),
+                **_attn(f))
 
 
-def _gated_deltanet(cfg: Mapping[str, Any], layers: int, attn: int) -> dict[str, Any]:
+def _gated_deltanet(f: _Fields, layers: int, attn: int) -> dict[str, Any]:
     """Gated DeltaNet state ``[v_heads, k_dim, v_dim]``; conv over q, k, v channels."""
-    d = int(cfg["hidden_size"])
-    k_heads, v_heads = int(cfg["linear_num_key_heads"]), int(cfg["linear_num_value_heads"])
-    k_dim, v_dim = int(cfg["linear_key_head_dim"]), int(cfg["linear_value_head_dim"])
+    d = f.int("hidden_size")
+    k_heads, v_heads = f.int("linear_num_key_heads"), f.int("linear_num_value_heads")
+    k_dim, v_dim = f.int("linear_key_head_dim"), f.int("linear_value_head_dim")
     return dict(num_attn_layers=attn, num_ssm_layers=layers - attn, num_mlp_layers=layers, d_model=d,
                 ssm_state_dim=k_dim, ssm_state_width=v_heads * v_dim,
-                conv_dim=2 * k_heads * k_dim + v_heads * v_dim, conv_kernel=int(cfg.get("linear_conv_kernel_dim", 4)),
-                **_attn(cfg))
+                conv_dim=2 * k_heads * k_dim + v_heads * v_dim, conv_kernel=f.int("linear_conv_kernel_dim", 4),
+                **_attn(f))
 
 
-def _parse_qwen3_next(cfg: Mapping[str, Any]) -> dict[str, Any]:
-    layers = int(cfg["num_hidden_layers"])
-    types = cfg.get("layer_types")
+def _parse_qwen3_next(f: _Fields) -> dict[str, Any]:
+    layers = f.layers()
+    types = f.names("layer_types", [])
     if types:
         attn = sum(1 for t in types if t == "full_attention")
     else:
-        interval = int(cfg.get("full_attention_interval", 4))
+        interval = f.int("full_attention_interval", 4)
         attn = sum(1 for i in range(layers) if (i + 1) % interval == 0)
-    return _gated_deltanet(cfg, layers, attn)
+    return _gated_deltanet(f, layers, attn)
 
 
-def _parse_olmo_hybrid(cfg: Mapping[str, Any]) -> dict[str, Any]:
-    types = list(cfg["layer_types"])
-    return _gated_deltanet(cfg, len(types), sum(1 for t in types if t == "full_attention"))
+def _parse_olmo_hybrid(f: _Fields) -> dict[str, Any]:
+    types = f.names("layer_types")
+    return _gated_deltanet(f, len(types), sum(1 for t in types if t == "full_attention"))
 
 
-def _parse_lfm2(cfg: Mapping[str, Any]) -> dict[str, Any]:
+def _parse_lfm2(f: _Fields) -> dict[str, Any]:
     # LFM2: short-conv layers hold only a conv state [D, L_cache]; no N-dim recurrent state.
-    types = list(cfg["layer_types"])
-    d = int(cfg["hidden_size"])
+    types = f.names("layer_types")
+    d = f.int("hidden_size")
     return dict(num_attn_layers=types.count("full_attention"), num_ssm_layers=types.count("conv"),
                 num_mlp_layers=len(types), d_model=d, ssm_state_dim=1, ssm_state_width=0, conv_dim=d,
-                conv_kernel=int(cfg.get("conv_L_cache", 3)), **_attn(cfg))
+                conv_kernel=f.int("conv_L_cache", 3), **_attn(f))
 
 
 HF_PARSERS = {
