@@ -19,7 +19,8 @@ import time
 
 from marconi.core.model import get_model
 from marconi.report import format_table
-from marconi.integrations.vllm.policy import ATTENTION, MAMBA, BlockEvictionState, FixedAlpha
+from marconi.integrations.common.alpha import FixedAlpha
+from marconi.integrations.vllm.policy import ATTENTION, MAMBA, BlockEvictionState
 
 CHAIN = 8            # attention blocks per cached chain; one state block at its end
 

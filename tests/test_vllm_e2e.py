@@ -31,7 +31,8 @@ import numpy as np
 import pytest
 
 from marconi.core.model import ModelSpec
-from marconi.integrations.vllm.emulate import VllmAlignEngine, layout_for_spec
+from marconi.integrations.vllm.emulate.engine import VllmAlignEngine
+from marconi.integrations.vllm.emulate.layout import layout_for_spec
 
 pytestmark = pytest.mark.slow  # four real vLLM servers (~2 min): CI and `make test` only
 
@@ -82,7 +83,7 @@ def _workload(rng: np.random.Generator) -> list[dict[str, Any]]:
 def _serve(name: str, model_dir: Path, work: Path, steps: list[dict[str, Any]]) -> dict[str, Any]:
     import httpx
 
-    from marconi.integrations.vllm.client import complete
+    from marconi.integrations.common.client import complete
     from marconi.integrations.vllm.server import ServerConfig, VllmServer
 
     env = dict(SERVERS[name])
@@ -213,7 +214,7 @@ def test_plugin_registration_patches_only_what_is_asked() -> None:
         "      bp.BlockPool.free_blocks, bp.BlockPool.touch))\n"
         "print('cpu', current_platform.is_cpu(), 'fix', m.MambaMixer2.get_kv_cache_spec is not spec_fn)\n"
         "m.MambaMixer2.get_kv_cache_spec = spec_fn\n"
-        "plugin._REGISTERED = False\n"
+        "plugin.reset_registration()\n"
         "os.environ['MARCONI_VLLM_MAMBA2_CPU_FIX'] = 'off'\n"
         "plugin.register()\n"
         "print('off-fix', m.MambaMixer2.get_kv_cache_spec is not spec_fn)\n")

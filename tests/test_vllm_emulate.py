@@ -15,15 +15,19 @@ import numpy as np
 import pytest
 
 from marconi.core.model import ModelSpec
+from marconi.core.protocol import ReplayCache
 from marconi.core.registry import ConfigError
 from marconi.sim.replay import simulate_system
-from marconi.sim.systems import make_system
-from marconi.integrations.vllm.adaptive import AdaptiveAlpha
-from marconi.integrations.vllm.bench import (BenchConfig, alpha_changes, emulate_run, max_tokens, policy_arm, read_fixture,
-                                select_requests)
-from marconi.integrations.vllm.emulate import VllmAlignEngine, VllmLayout, layout_for_spec, prefix_hashes
+from marconi.sim.systems import System, SystemConfig, make_system
+from marconi.integrations.common.bench import max_tokens
+from marconi.integrations.vllm.bench import (BenchConfig, alpha_changes, emulate_run, policy_arm, read_fixture,
+                                             select_requests)
+from marconi.integrations.vllm.emulate.cache import VllmAlignCache
+from marconi.integrations.vllm.emulate.engine import VllmAlignEngine
+from marconi.integrations.vllm.emulate.layout import VllmLayout, layout_for_spec, prefix_hashes
 from marconi.integrations.vllm.models import PRESETS
 from marconi.integrations.vllm.policy import ATTENTION, MAMBA
+from marconi.integrations.vllm.shadow import PoolShadowAlpha
 from marconi.integrations.vllm.system import VllmAlignSystem
 
 FIXTURES = sorted((Path(__file__).parent / "fixtures").glob("vllm_*.json"))
@@ -140,7 +144,7 @@ def test_vllm_align_is_a_system_name() -> None:
     marconi = make_system("vllm-align:eviction=marconi,alpha=adaptive,rules=lru/a1m,block=384,blocks=60")
     assert marconi.eviction == "marconi-blocks(alpha=adaptive,rules=lru/a1m)"
     source = marconi.build(QWEN_TINY, 0).engine.index.alpha_source
-    assert isinstance(source, AdaptiveAlpha) and [r.label() for r in source.rules] == ["lru", "a1m"]
+    assert isinstance(source, PoolShadowAlpha) and [r.label() for r in source.rules] == ["lru", "a1m"]
     assert marconi.build(QWEN_TINY, 0).engine.index.alpha_source is not source     # a fresh one per cache
     for bad in ("vllm-align:eviction=fifo", "vllm-align:retention=-1", "vllm-align:efficiency=x",
                 "vllm-align:alpha=-1", "vllm-align:typo=1", "vllm-align:alpha_source=nocolon",
@@ -149,6 +153,34 @@ def test_vllm_align_is_a_system_name() -> None:
                 "vllm-align:eviction=marconi,alpha=adaptive,rules=lru/a2lp", "vllm-align:alpha=adaptive"):
         with pytest.raises(ConfigError):
             make_system(bad)
+
+
+def test_vllm_align_implements_the_system_and_replay_cache_protocols() -> None:
+    """vllm-align meets the simulator through its two typed seams: the system is a ``System`` of its
+    own (not a ``SystemConfig`` with other meanings), its cache a ``ReplayCache``; records echo
+    the same fields as when it subclassed ``SystemConfig``."""
+    stock = make_system("vllm-align")
+    assert isinstance(stock, System) and not isinstance(stock, SystemConfig)
+    assert (stock.label, stock.unbounded, stock.needs_future) == ("vllm-align", False, False)
+    assert stock.record_fields() == {"system": "vllm-align", "admission": "vllm-align(block=auto,retention=0,chunk=2048)",
+                                     "eviction": "lru", "tuning": None}
+    name = "vllm-align:eviction=marconi,alpha=1,block=384,blocks=60"
+    plugin = make_system(name)
+    assert plugin.record_fields() == {"system": name, "admission": "vllm-align(block=384,retention=0,chunk=2048)",
+                                      "eviction": "marconi-blocks(alpha=1,efficiency=total)", "tuning": None}
+    assert plugin.relabel("mine").record_fields()["system"] == "mine" and plugin.label == name
+    cache = plugin.build(QWEN_TINY, 0)
+    assert isinstance(cache, VllmAlignCache) and isinstance(cache, ReplayCache) and cache.selector is None
+    shadowed = make_system("vllm-align:eviction=marconi,alpha=adaptive,block=384,blocks=60")
+    assert shadowed.record_fields()["eviction"] == "marconi-blocks(alpha=adaptive,rules=default)"
+    assert isinstance(shadowed.build(QWEN_TINY, 0).selector, PoolShadowAlpha)   # its switches reach the records
+    with pytest.raises(ConfigError, match="no real payloads"):
+        plugin.build(QWEN_TINY, 0, payloads=object())  # type: ignore[arg-type]
+    from marconi.workloads import build_workload
+
+    result = simulate_system(list(build_workload("swe-sample:max_input_len=8192"))[:5], plugin, QWEN_TINY, 0,
+                             latency="zero")
+    assert {k: result.system[k] for k in ("system", "admission", "eviction", "tuning")} == plugin.record_fields()
 
 
 def test_adaptive_alpha_in_the_emulation_switches_and_stays_consistent() -> None:

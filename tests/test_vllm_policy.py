@@ -10,11 +10,12 @@ from marconi.core.candidates import flop_efficiency
 from marconi.core.eviction import EvictionRule
 from marconi.core.model import ModelSpec, get_model
 from marconi.core.registry import ConfigError
-from marconi.integrations.vllm.adaptive import AdaptiveAlpha, block_rule, pool_capacity_bytes
+from marconi.integrations.common.alpha import FixedAlpha, RequestObservation
 from marconi.integrations.vllm.config import PluginConfig
-from marconi.integrations.vllm.emulate import layout_for_spec
+from marconi.integrations.vllm.emulate.layout import layout_for_spec, pool_capacity_bytes
 from marconi.integrations.vllm.models import PRESETS
-from marconi.integrations.vllm.policy import ATTENTION, MAMBA, BlockEvictionState, FixedAlpha, RequestObservation, parent_depth
+from marconi.integrations.vllm.policy import ATTENTION, MAMBA, BlockEvictionState, block_rule, parent_depth
+from marconi.integrations.vllm.shadow import PoolShadowAlpha
 
 SPEC = get_model("paper-7b")
 B = 16
@@ -209,7 +210,7 @@ def test_plugin_config_adaptive() -> None:
     cfg = PluginConfig.from_env({"MARCONI_VLLM_POLICY": "marconi", "MARCONI_VLLM_ALPHA": "Adaptive"})
     assert cfg.adaptive and cfg.alpha == "adaptive" and cfg.adaptive_rules == "default"
     assert PluginConfig.from_env(cfg.to_env()) == cfg
-    assert isinstance(cfg.make_alpha_source(SPEC), AdaptiveAlpha)
+    assert isinstance(cfg.make_alpha_source(SPEC), PoolShadowAlpha)
     assert cfg.make_alpha_source(SPEC) is not cfg.make_alpha_source(SPEC)        # stateful: one per pool
     ruled = PluginConfig.from_env({"MARCONI_VLLM_POLICY": "marconi", "MARCONI_VLLM_ALPHA": "adaptive",
                                    "MARCONI_VLLM_ADAPTIVE_RULES": "lru/a1m"})
@@ -283,7 +284,7 @@ def test_adaptive_alpha_follows_the_shadows_live_rule() -> None:
 
     spec = ModelSpec.from_hf_config({"model_type": "qwen3_next", **PRESETS["qwen3_next-tiny"][1],
                                      "torch_dtype": "bfloat16"}, name="qwen3_next-tiny")
-    source = AdaptiveAlpha()
+    source = PoolShadowAlpha()
     assert (source.alpha(), source.efficiency()) == (0.0, None)          # lru before any request
     st = BlockEvictionState(spec, (MAMBA, MAMBA, MAMBA, ATTENTION), 100, 384, source)
     capacity = pool_capacity_bytes(spec, 100, 384)
@@ -303,7 +304,7 @@ def test_adaptive_alpha_follows_the_shadows_live_rule() -> None:
     with pytest.raises(ConfigError, match="one block pool"):
         source.bind(st)
     with pytest.raises(ConfigError, match="cannot be built"):
-        BlockEvictionState(spec, (MAMBA, MAMBA, MAMBA, ATTENTION), 2, 16, AdaptiveAlpha())
+        BlockEvictionState(spec, (MAMBA, MAMBA, MAMBA, ATTENTION), 2, 16, PoolShadowAlpha())
 
 
 def test_invariants_hold_under_random_event_sequences() -> None:

@@ -7,11 +7,13 @@ The bench
    stock vLLM, the plugin not loaded; ``marconi``: the plugin's FLOP-aware eviction with
    ``--alpha``; ``marconi:alpha=X``: with α = X, a number or ``adaptive``), each with the same fixed
    block pool, small enough that eviction matters (``--blocks``);
-3. replays a bundled trace through the completions API — each turn's input is the trace's input
-   as token ids, ``max_tokens`` its output length, ``ignore_eos``, greedy — with a streaming
-   client, a session's turns in order. At ``--concurrency 1`` the servers take turns request by
-   request (paired measurement: the machine's background load hits both alike); above that each
-   server replays alone with that many requests in flight;
+3. replays a trace (``--trace``: a catalog name or a trace file, as every command takes it)
+   through the completions API — each turn's input is the trace's input as token ids,
+   ``max_tokens`` its output length, ``ignore_eos``, greedy — with a streaming client, a session's
+   turns in order. At ``--concurrency 1`` the servers take turns request by request (paired
+   measurement: the machine's background load hits both alike); above that each server replays
+   alone with that many requests in flight (:mod:`marconi.integrations.common.bench` does this part,
+   and :mod:`marconi.integrations.common.server` runs the servers);
 4. reads the hit rate from vLLM's own counters (``vllm:prefix_cache_hits`` / ``queries`` on
    ``/metrics``; per request ``cached_tokens``), TTFT and TPOT from the client;
 5. replays the same requests, with the outputs the server generated, through the ``vllm-align``
@@ -32,29 +34,29 @@ from __future__ import annotations
 import base64
 import json
 import sys
-import time
 import zlib
-from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 
 from marconi.core.model import ModelSpec
-from marconi.core.registry import ConfigError
-from marconi.core.registry import parse_name, split_name_list
+from marconi.core.registry import ConfigError, parse_name, split_name_list
+from marconi.integrations.common import bench as common
+from marconi.integrations.common.bench import Progress, Selection, max_tokens, mean_or_none, percentile
+from marconi.integrations.common.server import ServerProcess
 from marconi.integrations.vllm.config import ADAPTIVE, PluginConfig, parse_alpha
-from marconi.integrations.vllm.emulate import VllmAlignEngine, layout_for_spec
+from marconi.integrations.vllm.emulate.engine import VllmAlignEngine
+from marconi.integrations.vllm.emulate.layout import layout_for_spec
 from marconi.integrations.vllm.models import BLOCK_SIZES, NEEDS_MAMBA2_CPU_FIX, PRESETS
 from marconi.integrations.vllm.policy import DEFAULT_ALPHA
+from marconi.integrations.vllm.server import ServerConfig, VllmServer
 from marconi.workloads.trace import Request
 
 __all__ = ["BenchConfig", "BenchOutcome", "RunResult", "EmulatedRun", "select_requests", "run_bench", "emulate_run",
            "policy_arm", "parse_policies", "alpha_changes", "bench_table", "plot_ttft_cdf", "write_fixture",
            "read_fixture", "encode_ids", "decode_ids"]
-
-Progress = Callable[[str], None]
 
 
 # ====================================================================================== config
@@ -64,7 +66,7 @@ class BenchConfig:
 
     vllm_python: str
     model: str = "qwen3_next-tiny"
-    trace: str = "swe-sample"
+    trace: str = "swe-sample"                         # a catalog name or a trace file
     max_input_len: int = 8192
     num_requests: int | None = None
     max_output_len: int | None = None
@@ -115,28 +117,12 @@ def parse_policies(text: str) -> tuple[str, ...]:
     return tuple(split_name_list(text))
 
 
-def max_tokens(request: Request) -> int:
-    """What a replayed request asks the server for: its trace output's length (at least 1 token)."""
-    return max(1, len(request.output_tokens))
-
-
-def select_requests(config: BenchConfig) -> tuple[list[Request], list[int], dict[str, Any]]:
-    """The catalog trace's first requests, outputs capped at ``max_output_len``; their positions in
-    the trace; and the trace's description."""
-    from marconi.workloads import build_workload
-
-    trace = build_workload(f"{config.trace}:max_input_len={config.max_input_len}")
-    out, indices = [], []
-    for i, req in enumerate(trace):
-        if config.num_requests is not None and len(out) >= config.num_requests:
-            break
-        if config.max_output_len is not None and len(req.output_tokens) > config.max_output_len:
-            req = replace(req, output_tokens=req.output_tokens[: config.max_output_len])
-        out.append(req)
-        indices.append(i)
-    if not out:
-        raise ConfigError(f"trace {config.trace!r} has no request with an input of at most {config.max_input_len} tokens")
-    return out, indices, {"trace": trace.name, "trace_params": {"max_input_len": config.max_input_len}}
+def select_requests(config: BenchConfig, notice: Progress | None = None) -> Selection:
+    """``(requests, indices, trace_info)``: the bench's trace (a catalog name or a trace file),
+    inputs capped at ``max_input_len``, the first ``num_requests``, outputs capped at
+    ``max_output_len`` (see :func:`marconi.integrations.common.bench.select_requests`)."""
+    return common.select_requests(config.trace, max_input_len=config.max_input_len, num_requests=config.num_requests,
+                                  max_output_len=config.max_output_len, notice=notice)
 
 
 def max_model_len(requests: Sequence[Request], block_size: int) -> int:
@@ -172,23 +158,14 @@ def _plugin_env(config: BenchConfig, label: str, trace_path: Path) -> tuple[dict
 
 def serve_runs(config: BenchConfig, model_dir: Path, requests: Sequence[Request],
                progress: Progress) -> list[RunResult]:
-    """Start one server per policy, replay ``requests`` on each, read the counters, stop them.
-
-    With ``concurrency == 1`` the servers run side by side and take turns: request ``i`` goes to
-    every server before request ``i+1`` (the order alternates), so background load on a shared
-    machine falls on all policies alike and the TTFT comparison is paired. Otherwise each server
-    replays alone, one after the other.
-    """
-    from contextlib import ExitStack
-
-    from marconi.integrations.vllm.server import ServerConfig, VllmServer
-
+    """Start one server per policy, replay ``requests`` on each, read the counters, stop them
+    (:func:`marconi.integrations.common.bench.serve_side_by_side`: paired at ``concurrency == 1``)."""
     work = Path(config.work_dir)
-    servers: dict[str, Any] = {}
+    servers: dict[str, ServerProcess] = {}
     plugins: dict[str, str] = {}
     traces: dict[str, Path] = {}
     for policy in config.policies:
-        traces[policy] = work / f"blocks-{_file_label(policy)}.jsonl"
+        traces[policy] = work / f"blocks-{common.file_label(policy)}.jsonl"
         traces[policy].unlink(missing_ok=True)
         env, plugins[policy] = _plugin_env(config, policy, traces[policy])
         server_config = ServerConfig(python=config.vllm_python, model_dir=str(model_dir),
@@ -198,44 +175,20 @@ def serve_runs(config: BenchConfig, model_dir: Path, requests: Sequence[Request]
                                      block_size=config.block_size, max_num_seqs=max(8, config.concurrency),
                                      prefix_match_unit=config.prefix_match_unit,
                                      retention_interval=config.retention_interval, plugin_env=env)
-        servers[policy] = VllmServer(server_config, log_path=work / f"server-{_file_label(policy)}.log")
-    results: dict[str, list[Any]] = {}
-    walls: dict[str, float] = {}
-    metrics: dict[str, dict[str, float]] = {}
-    paired = config.concurrency == 1
-    with ExitStack() as stack:
-        for server in servers.values():
-            stack.callback(server.stop)
-        progress(f"starting {len(servers)} vLLM server(s) ({', '.join(f'{p}: {plugins[p]} plugin' for p in servers)}; "
-                 f"{config.num_blocks} blocks of {config.block_size} tokens)")
-        with ThreadPoolExecutor(len(servers)) as pool:
-            for fut in [pool.submit(s.start) for s in servers.values()]:
-                fut.result()
-        for policy, server in servers.items():
-            progress(f"[{policy}] server up in {server.startup_s:.0f}s")
-            _check_block_size(server.metrics(), config.block_size)
-        if paired:
-            results, walls = _replay_paired(servers, str(model_dir), requests, progress)
-        else:
-            for policy, server in servers.items():
-                started = time.perf_counter()
-                results[policy] = _replay(server, str(model_dir), requests, config.concurrency, policy, progress)
-                walls[policy] = time.perf_counter() - started
-        for policy, server in servers.items():
-            metrics[policy] = server.metrics()
+        servers[policy] = VllmServer(server_config, log_path=work / f"server-{common.file_label(policy)}.log")
+    progress(f"starting {len(servers)} vLLM server(s) ({', '.join(f'{p}: {plugins[p]} plugin' for p in servers)}; "
+             f"{config.num_blocks} blocks of {config.block_size} tokens)")
+    served = common.serve_side_by_side(servers, str(model_dir), requests, concurrency=config.concurrency,
+                                       progress=progress,
+                                       on_up=lambda _, server: _check_block_size(server.metrics(), config.block_size))
     runs = []
-    for policy, server in servers.items():
-        res = results[policy]
+    for policy, run in served.items():
+        res = run.results
         runs.append(RunResult(policy, plugins[policy], [r.cached_tokens for r in res], [r.output for r in res],
                               [r.ttft_s for r in res], [r.tpot_s for r in res], [r.latency_s for r in res],
-                              metrics[policy], server.startup_s, walls[policy], _settings(traces[policy]),
+                              run.metrics, run.startup_s, run.wall_s, _settings(traces[policy]),
                               _trace_alpha_changes(traces[policy])))
     return runs
-
-
-def _file_label(policy: str) -> str:
-    """A policy label as a file name part: ``marconi:alpha=adaptive`` -> ``marconi-alpha-adaptive``."""
-    return "".join(c if c.isalnum() or c in "._" else "-" for c in policy)
 
 
 def alpha_changes(events: Any) -> list[list[Any]]:
@@ -269,30 +222,6 @@ def _settings(trace_path: Path) -> dict[str, Any]:
     return event[1] if event and event[0] == "config" else {}
 
 
-def _replay_paired(servers: dict[str, Any], model: str, requests: Sequence[Request],
-                   progress: Progress) -> tuple[dict[str, list[Any]], dict[str, float]]:
-    """Request by request, to every server in turn (alternating which goes first)."""
-    import httpx
-
-    from marconi.integrations.vllm.client import complete
-
-    names = list(servers)
-    results: dict[str, list[Any]] = {p: [] for p in names}
-    walls = dict.fromkeys(names, 0.0)
-    report_every = max(1, len(requests) // 10)
-    with httpx.Client() as client:
-        for i, req in enumerate(requests):
-            for policy in (names if i % 2 == 0 else names[::-1]):
-                servers[policy].check_alive()
-                started = time.perf_counter()
-                results[policy].append(complete(client, servers[policy].base_url, model, req.input_tokens.tolist(),
-                                                max_tokens(req)))
-                walls[policy] += time.perf_counter() - started
-            if (i + 1) % report_every == 0 or i + 1 == len(requests):
-                progress(f"{i + 1}/{len(requests)} requests on {len(names)} server(s)")
-    return results, walls
-
-
 def _check_block_size(metrics: dict[str, float], expected: int) -> None:
     for key in metrics:
         if key.startswith("vllm:cache_config_info"):
@@ -300,45 +229,6 @@ def _check_block_size(metrics: dict[str, float], expected: int) -> None:
             if found and found[0] != f'block_size="{expected}"':
                 raise ConfigError(f"vLLM chose {found[0]} but the bench expects {expected}; update "
                                   "marconi.integrations.vllm.models.BLOCK_SIZES for this vLLM")
-
-
-def _replay(server: Any, model: str, requests: Sequence[Request], concurrency: int, policy: str,
-            progress: Progress) -> list[Any]:
-    """Send every request; a session's turns in order, at most ``concurrency`` in flight."""
-    import httpx
-
-    from marconi.integrations.vllm.client import complete
-
-    results: list[Any] = [None] * len(requests)
-    last_of_session: dict[Any, Future[Any]] = {}
-    done = 0
-    report_every = max(1, len(requests) // 10)
-    with httpx.Client(limits=httpx.Limits(max_connections=concurrency + 1)) as client, \
-            ThreadPoolExecutor(max_workers=concurrency) as pool:
-
-        def run(i: int, previous: Future[Any] | None) -> Any:
-            if previous is not None:
-                previous.result()
-            req = requests[i]
-            return complete(client, server.base_url, model, req.input_tokens.tolist(), max_tokens(req))
-
-        pending: list[tuple[int, Future[Any]]] = []
-        for i, req in enumerate(requests):
-            while len(pending) >= concurrency:        # bound the queue, not only the workers
-                j, fut = pending.pop(0)
-                results[j] = fut.result()
-                done += 1
-                if done % report_every == 0:
-                    progress(f"[{policy}] {done}/{len(requests)} requests")
-            fut = pool.submit(run, i, last_of_session.get(req.session_id))
-            last_of_session[req.session_id] = fut
-            pending.append((i, fut))
-            server.check_alive()
-        for j, fut in pending:
-            results[j] = fut.result()
-            done += 1
-    progress(f"[{policy}] {done}/{len(requests)} requests done")
-    return results
 
 
 # ====================================================================================== emulation
@@ -367,16 +257,6 @@ def emulate_run(spec: ModelSpec, config: BenchConfig, requests: Sequence[Request
     return EmulatedRun(hits, dict(engine.pool.stats.evictions), alpha_changes(events))
 
 
-def _pct(values: Sequence[float], q: float) -> float | None:
-    arr = np.asarray([v for v in values if v is not None], dtype=np.float64)
-    return float(np.percentile(arr, q)) if arr.size else None
-
-
-def _mean(values: Sequence[float | None]) -> float | None:
-    kept = [v for v in values if v is not None]
-    return float(np.mean(kept)) if kept else None
-
-
 def make_record(config: BenchConfig, trace_info: dict[str, Any], spec: ModelSpec, requests: Sequence[Request],
                 indices: Sequence[int], run: RunResult, sim: EmulatedRun, sim_trace_hits: Sequence[int]) -> dict[str, Any]:
     prompt_tokens = int(sum(r.input_len for r in requests))
@@ -399,9 +279,10 @@ def make_record(config: BenchConfig, trace_info: dict[str, Any], spec: ModelSpec
         "retention_interval": config.retention_interval,
         "token_hit_rate": token_hit, "prefix_cache_queries": queries, "prefix_cache_hits": hits,
         "request_cached_tokens": int(sum(run.cached_tokens)),
-        "ttft_p50_s": _pct(run.ttft_s, 50), "ttft_p90_s": _pct(run.ttft_s, 90),
-        "ttft_p95_s": _pct(run.ttft_s, 95), "ttft_p99_s": _pct(run.ttft_s, 99),
-        "ttft_mean_s": float(np.mean(run.ttft_s)), "tpot_p50_s": _pct(run.tpot_s, 50), "tpot_mean_s": _mean(run.tpot_s),
+        "ttft_p50_s": percentile(run.ttft_s, 50), "ttft_p90_s": percentile(run.ttft_s, 90),
+        "ttft_p95_s": percentile(run.ttft_s, 95), "ttft_p99_s": percentile(run.ttft_s, 99),
+        "ttft_mean_s": float(np.mean(run.ttft_s)), "tpot_p50_s": percentile(run.tpot_s, 50),
+        "tpot_mean_s": mean_or_none(run.tpot_s),
         "sim_token_hit_rate": sim_rate, "emulation_error_pp": 100.0 * (sim_rate - token_hit),
         "emulation_requests_exact": matches, "sim_evictions": sim.evictions,
         "alpha_changes": run.alpha_changes, "sim_alpha_changes": sim.alpha_changes if alpha == ADAPTIVE else None,
@@ -438,12 +319,15 @@ class BenchOutcome:
 
 
 def run_bench(config: BenchConfig, progress: Progress | None = None) -> BenchOutcome:
-    """Run every policy: records (one per policy), the raw runs, the requests and the model's spec."""
+    """Run every policy: records (one per policy), the raw runs, the requests and the model's spec.
+
+    The trace is resolved first (a bad ``--trace`` fails before anything needs vLLM), then the
+    vLLM environment's python is checked (ConfigError if missing)."""
     say = progress or (lambda msg: print(msg, file=sys.stderr))
+    requests, indices, trace_info = select_requests(config, notice=say)
     if not Path(config.vllm_python).is_file():
         raise ConfigError(f"no vLLM python at {config.vllm_python}: run `make vllm-env` or pass --vllm-python")
     Path(config.work_dir).mkdir(parents=True, exist_ok=True)
-    requests, indices, trace_info = select_requests(config)
     say(f"trace {trace_info['trace']}: {len(requests)} requests, {sum(r.input_len for r in requests):,} prompt "
         f"tokens, {sum(max_tokens(r) for r in requests):,} output tokens")
     model_dir = build_model(config, say)

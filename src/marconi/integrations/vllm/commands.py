@@ -1,6 +1,6 @@
 """The ``marconi vllm`` command group (wired into ``marconi.cli`` by ``register``).
 
-    marconi vllm bench [--vllm-python .venv-vllm/bin/python] [--model qwen3_next-tiny] [--trace swe-sample]
+    marconi vllm bench [--vllm-python .venv-vllm/bin/python] [--model qwen3_next-tiny] [--trace swe-sample|FILE]
                        [--max-input-len 8192] [--num-requests N] [--max-output-len N] [--blocks 150]
                        [--policies lru,marconi[,marconi:alpha=adaptive]] [--alpha 0.5|adaptive] [--concurrency 1]
                        [--out results/vllm_bench.jsonl] [--plot results/vllm_bench_ttft_cdf.png]
@@ -26,14 +26,17 @@ def register(subparsers: Any) -> None:
 
     group = subparsers.add_parser("vllm", help="Marconi inside vLLM: a real-server benchmark of the plugin")
     sub = group.add_subparsers(dest="vllm_command", required=True)
-    bench = sub.add_parser("bench", help="stock vLLM vs vLLM + the Marconi plugin on a real server and a bundled "
-                                         "trace; hit rates from vLLM's counters, TTFT from a streaming client")
+    bench = sub.add_parser("bench", help="stock vLLM vs vLLM + the Marconi plugin on a real server and a trace; "
+                                         "hit rates from vLLM's counters, TTFT from a streaming client")
     bench.add_argument("--vllm-python", default=".venv-vllm/bin/python",
                        help="python of the vLLM environment (`make vllm-env` builds .venv-vllm)")
     bench.add_argument("--model", default="qwen3_next-tiny", choices=sorted(PRESETS),
                        help="tiny random-weight preset, built at run time")
-    bench.add_argument("--trace", default="swe-sample", help="bundled trace name")
-    bench.add_argument("--max-input-len", type=int, default=8192, help="the trace builder's input cap (tokens)")
+    bench.add_argument("--trace", default="swe-sample",
+                       help="a trace file (JSONL/Parquet) or a catalog name (`marconi trace list`), as simulate takes it")
+    bench.add_argument("--max-input-len", type=int, default=8192,
+                       help="input cap in tokens (a catalog trace is built with it; in a trace file a session ends "
+                            "before its first longer input)")
     bench.add_argument("--num-requests", type=int, default=None, help="replay only the first N requests")
     bench.add_argument("--max-output-len", type=int, default=None, help="cap each request's max_tokens")
     bench.add_argument("--blocks", type=int, default=150, help="vLLM's block pool (--num-gpu-blocks-override)")

@@ -10,9 +10,9 @@ variable                           meaning
                                    ``lru``: vLLM's own eviction, observed (counters, trace);
                                    ``marconi``: FLOP-aware eviction among cached free blocks
 ``MARCONI_VLLM_ALPHA``             α, a number >= 0 (default 0.5), or ``adaptive``: α and efficiency
-                                   follow adaptive Marconi's live rule (:mod:`marconi.integrations.vllm.adaptive`)
+                                   follow the shadow α source's live rule (:mod:`marconi.integrations.vllm.shadow`)
 ``MARCONI_VLLM_ADAPTIVE_RULES``    with ``adaptive``: the rule family (default ``lru/a0.5m/a2m``)
-``MARCONI_VLLM_ALPHA_SOURCE``      ``module:factory`` returning an :class:`~marconi.integrations.vllm.policy.AlphaSource`
+``MARCONI_VLLM_ALPHA_SOURCE``      ``module:factory`` returning an :class:`~marconi.integrations.common.alpha.AlphaSource`
                                    (called as ``factory(spec, config)``); overrides a numeric
                                    ``MARCONI_VLLM_ALPHA`` (with ``adaptive`` it is an error)
 ``MARCONI_VLLM_EFFICIENCY``        ``total`` (default, the paper's) or ``marginal``; not with
@@ -31,7 +31,9 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 from marconi.core.registry import ConfigError
-from marconi.integrations.vllm.policy import DEFAULT_ALPHA, EFFICIENCIES, POLICIES, AlphaSource, FixedAlpha
+from marconi.integrations.common.alpha import AlphaSource, FixedAlpha
+from marconi.integrations.vllm.policy import DEFAULT_ALPHA, EFFICIENCIES, POLICIES
+from marconi.integrations.vllm.shadow import PoolShadowAlpha
 
 __all__ = ["PluginConfig", "ENV_POLICY", "ENV_ALPHA", "ENV_ADAPTIVE_RULES", "ENV_ALPHA_SOURCE", "ENV_EFFICIENCY",
            "ENV_TRACE", "ENV_MAMBA2_CPU_FIX", "ADAPTIVE", "parse_alpha"]
@@ -97,9 +99,7 @@ class PluginConfig:
             if self.efficiency != "total":
                 raise ConfigError(f"{ENV_ALPHA}={ADAPTIVE}: its rules choose the efficiency (lru/a0.5m/a2m: "
                                   f"marginal); unset {ENV_EFFICIENCY}")
-            from marconi.integrations.vllm.adaptive import AdaptiveAlpha
-
-            AdaptiveAlpha(self.adaptive_rules)           # every rule must map onto the block policy
+            PoolShadowAlpha(self.adaptive_rules)         # every rule must map onto the block policy
         elif self.adaptive_rules != DEFAULT_RULES:
             raise ConfigError(f"{ENV_ADAPTIVE_RULES}={self.adaptive_rules!r} needs {ENV_ALPHA}={ADAPTIVE}")
 
@@ -141,11 +141,9 @@ class PluginConfig:
 
     def make_alpha_source(self, spec: Any) -> AlphaSource:
         """A fresh α source as configured (sources keep state: one per pool): ``factory(spec, config)``
-        if given, adaptive Marconi's, or a fixed α."""
+        if given, the shadow α source (``adaptive``), or a fixed α."""
         if self.adaptive:
-            from marconi.integrations.vllm.adaptive import AdaptiveAlpha
-
-            return AdaptiveAlpha(self.adaptive_rules)
+            return PoolShadowAlpha(self.adaptive_rules)
         if self.alpha_source is None:
             assert isinstance(self.alpha, float)
             return FixedAlpha(self.alpha)

@@ -9,14 +9,21 @@ on :class:`~marconi.integrations.vllm.config.PluginConfig` (environment variable
   evictions and hits are counted and (``MARCONI_VLLM_TRACE``) traced — but vLLM decides.
 * ``marconi``: as ``lru``, and ``BlockPool.get_new_blocks`` takes free blocks without a hash first
   (as vLLM does), then evicts cached ones by Marconi's utility instead of LRU. α is fixed
-  (``MARCONI_VLLM_ALPHA=0.5``) or adaptive (``MARCONI_VLLM_ALPHA=adaptive``: a shadow of adaptive
-  Marconi, :mod:`marconi.integrations.vllm.adaptive`, fed every finished request's token ids, picks α and the
+  (``MARCONI_VLLM_ALPHA=0.5``) or adaptive (``MARCONI_VLLM_ALPHA=adaptive``: the shadow α source,
+  :mod:`marconi.integrations.vllm.shadow`, fed every finished request's token ids, picks α and the
   efficiency; the block trace records each change as an ``alpha`` event).
 
 Hooks are set per instance, on the ``BlockPool`` of every ``Scheduler`` built after registration
 (``Scheduler.__init__`` is wrapped), so nothing changes in processes that build no scheduler.
 They rely on vLLM 0.32's block-pool internals; :func:`register` refuses (with a logged error, vLLM
 running stock) if those are missing.
+
+**Private attributes.** A plugin that changes how vLLM evicts has to hook vLLM's own private
+methods and read its private state (``BlockPool._maybe_evict_cached_block``,
+``_insert_block_hash``, ``_remove_cached_block_hashes``, ``_reuse_watchers`` / ``_notify_reuse``,
+``Scheduler._free_request``): that is this module's nature, and it stays in this module — each
+place is marked ``vLLM private``, the attribute check in :meth:`PoolHooks.attach` names them, and
+no other module of the project reads a private attribute of vLLM (or of another module).
 
 Counters, exported on vLLM's ``/metrics`` when the server runs with ``PROMETHEUS_MULTIPROC_DIR``
 set (the engine core is a separate process; ``marconi vllm bench`` sets it):
@@ -48,16 +55,16 @@ import threading
 import time
 from typing import Any
 
+from marconi.integrations.common.alpha import RequestObservation
 from marconi.integrations.vllm.config import PluginConfig
-from marconi.integrations.vllm.policy import ATTENTION, MAMBA, BlockEvictionState, RequestObservation, parent_depth
+from marconi.integrations.vllm.policy import ATTENTION, MAMBA, REASONS, BlockEvictionState, parent_depth
 
-__all__ = ["register", "PoolHooks", "SUPPORTED_VLLM"]
+__all__ = ["register", "reset_registration", "PoolHooks", "SUPPORTED_VLLM"]
 
 logger = logging.getLogger("marconi.integrations.vllm")
 SUPPORTED_VLLM = "0.32"
 
 _REGISTERED = False
-_REASONS = ("kv-leaf", "kv-inner", "state", "dead")
 
 
 def register() -> None:
@@ -77,6 +84,13 @@ def register() -> None:
         logger.warning("marconi: built for vLLM %s.x, running on %s; the block-pool hooks may not fit",
                        SUPPORTED_VLLM, vllm.__version__)
     _install_scheduler_hook(config)
+
+
+def reset_registration() -> None:
+    """Forget that :func:`register` ran in this process, so the next call reads the environment
+    again (the tests register twice in one process; hooks already installed stay installed)."""
+    global _REGISTERED
+    _REGISTERED = False
 
 
 # ====================================================================================== CPU fix
@@ -116,7 +130,7 @@ def _install_scheduler_hook(config: PluginConfig) -> None:
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         original(self, *args, **kwargs)
         try:
-            self._marconi = PoolHooks.attach(self, config)
+            self._marconi = PoolHooks.attach(self, config)     # our hooks, kept alive on vLLM's scheduler
         except Exception:  # never take the server down: run stock and say why
             logger.exception("marconi: could not attach to the scheduler; vLLM runs with its own eviction")
 
@@ -224,6 +238,7 @@ class PoolHooks:
 
         kv_manager = scheduler.kv_cache_manager
         pool = kv_manager.block_pool
+        # vLLM private: the _-prefixed names are BlockPool internals the hooks replace (vLLM 0.32).
         for name in ("get_new_blocks", "free_blocks", "touch", "_insert_block_hash", "_remove_cached_block_hashes",
                      "_maybe_evict_cached_block", "cache_full_blocks", "cache_partial_block", "move_block_hashes",
                      "reset_prefix_cache", "unpin_blocks", "free_block_queue", "cached_block_hash_to_block", "blocks"):
@@ -256,6 +271,7 @@ class PoolHooks:
             pool.get_new_blocks = self.get_new_blocks_observed
         pool.free_blocks = self.free_blocks
         pool.touch = self.touch
+        # vLLM private: the hash-map and eviction internals every cache or evict path goes through.
         pool._insert_block_hash = self._insert_block_hash
         pool._remove_cached_block_hashes = self._remove_cached_block_hashes
         pool._maybe_evict_cached_block = self._maybe_evict_cached_block
@@ -284,7 +300,7 @@ class PoolHooks:
     def _install_finish_hook(self, scheduler: Any) -> None:
         """``Scheduler._free_request`` (finished or aborted, not preempted): show the request to the
         α source once its blocks are back in the pool, as the emulation's ``complete`` does."""
-        free_request = scheduler._free_request
+        free_request = scheduler._free_request          # vLLM private: the one place every request ends
 
         def _free_request(request: Any, *args: Any, **kwargs: Any) -> Any:
             result = free_request(request, *args, **kwargs)
@@ -324,8 +340,9 @@ class PoolHooks:
             block = pool.blocks[victim.block_id]
             queue.remove(block)
             self.state.taken(block.block_id)
-            pool._maybe_evict_cached_block(block)
+            pool._maybe_evict_cached_block(block)        # vLLM private (hooked: counts the eviction)
             picked.append(block)
+        # From here on, vLLM 0.32's own get_new_blocks, private parts included.
         if pool._reuse_watchers:
             pool._notify_reuse(picked)
         for block in picked:
@@ -352,7 +369,7 @@ class PoolHooks:
         key = block.block_hash
         if key is not None:
             gid = self._hash_parts[1](key)
-            reason = _REASONS[int(self.state.reason[block.block_id])]
+            reason = REASONS[int(self.state.reason[block.block_id])]
             group = self.group_kinds[gid] if gid < len(self.group_kinds) else "other"
             self.counters.evicted.labels(self.policy, group, reason).inc()
             name = f"{group}:{reason}"

@@ -20,7 +20,7 @@ tree: a prefix hash with a state is a node with a checkpoint, the attention bloc
   attention prefix or sibling Mamba groups are gone, and an attention leaf with no state at its
   end hold nothing a hit can use: efficiency 0, candidates.
 
-FLOP efficiency is the core's :func:`marconi.core.eviction.flop_efficiency` on the served model's
+FLOP efficiency is the core's :func:`marconi.core.candidates.flop_efficiency` on the served model's
 :class:`~marconi.core.model.ModelSpec` at the block's prefix depth ("total": FLOPs of the whole prefix per
 byte of state + prefix KVs; "marginal": FLOPs of the block's own tokens). Recency is the order in
 which blocks were released to the free queue — exactly the order vLLM's LRU uses, since blocks
@@ -30,27 +30,29 @@ The same :class:`BlockEvictionState` runs inside the vLLM plugin (:mod:`marconi.
 in the ``vllm-align`` emulation (:mod:`marconi.integrations.vllm.emulate`), so the simulator reproduces the
 plugin's decisions, not an approximation of them. Nothing here imports vLLM.
 
-α comes from an :class:`AlphaSource`: fixed by configuration (:class:`FixedAlpha`), or re-chosen
-online (:class:`marconi.integrations.vllm.adaptive.AdaptiveAlpha`: the project's adaptive Marconi run on a
-shadow of the pool), which may also switch the efficiency variant. A source sees every finished
-request (:class:`RequestObservation`: its token ids and hit lengths) through the same hook in the
-plugin and in the emulation, so both make the same choices.
+α comes from an :class:`~marconi.integrations.common.alpha.AlphaSource`: fixed by configuration
+(:class:`~marconi.integrations.common.alpha.FixedAlpha`), or re-chosen online (the shadow α source,
+:class:`marconi.integrations.vllm.shadow.PoolShadowAlpha`: the project's regret selector run on a
+size-only shadow of the pool), which may also switch the efficiency variant; :func:`block_rule` says
+which of the simulator's eviction rules this policy can apply. A source sees every finished request
+(:class:`~marconi.integrations.common.alpha.RequestObservation`: its token ids and hit lengths)
+through the same hook in the plugin and in the emulation, so both make the same choices.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Hashable, Iterable, Protocol, Sequence
+from typing import Any, Hashable, Iterable, Sequence
 
 import numpy as np
 
 from marconi.core.candidates import flop_efficiency
-from marconi.core.eviction import argmin_ties_by_order, min_max
+from marconi.core.eviction import EvictionRule, argmin_ties_by_order, min_max
 from marconi.core.model import ModelSpec
 from marconi.core.registry import ConfigError
+from marconi.integrations.common.alpha import AlphaSource, RequestObservation
 
-__all__ = ["ATTENTION", "MAMBA", "POLICIES", "DEFAULT_ALPHA", "EFFICIENCIES", "AlphaSource", "FixedAlpha", "RequestObservation",
-           "BlockEvictionState", "Victim", "parent_depth"]
+__all__ = ["ATTENTION", "MAMBA", "POLICIES", "DEFAULT_ALPHA", "EFFICIENCIES", "REASONS", "BlockEvictionState", "Victim",
+           "block_rule", "parent_depth"]
 
 ATTENTION = "attention"
 MAMBA = "mamba"
@@ -59,68 +61,9 @@ POLICIES = ("lru", "marconi")
 # traces, 60-300 blocks); alpha = 1 wins more on chat but loses up to 2 pp elsewhere.
 DEFAULT_ALPHA = 0.5
 EFFICIENCIES = ("total", "marginal")
-
-
-@dataclass(frozen=True, slots=True, eq=False)
-class RequestObservation:
-    """One finished request as the cache served it: what an α source may learn from.
-
-    Built when the request's blocks are freed (vLLM's ``Scheduler._free_request``; the emulation's
-    ``complete``), so the outputs are complete. Token ids are the request's own sequences (lists in
-    vLLM, arrays in the emulation); a source must not keep them beyond ``observe``.
-    """
-
-    prompt_token_ids: Sequence[int]
-    output_token_ids: Sequence[int]
-    hit_len: int            # tokens reused (vLLM's num_cached_tokens)
-    kv_only_len: int        # tokens whose KVs were cached beyond the hit, without a state to resume from
-
-    @property
-    def input_len(self) -> int:
-        return len(self.prompt_token_ids)
-
-
-class AlphaSource(Protocol):
-    """Where α (and the efficiency variant) come from, read at every eviction; ``observe`` sees
-    every finished request.
-
-    ``efficiency()`` returns ``"total"``, ``"marginal"`` or None (the pool's configured variant).
-    A fixed α ignores the observations; an adaptive source updates from them. Implementations must
-    be cheap and deterministic: they run on vLLM's scheduler thread, and the emulation reproduces
-    their choices only if the same observations give the same answers. A source that needs the
-    pool (its size, the model) may define ``bind(state)``, called once by the
-    :class:`BlockEvictionState` it serves.
-    """
-
-    def alpha(self) -> float:
-        ...
-
-    def efficiency(self) -> str | None:
-        ...
-
-    def observe(self, event: RequestObservation) -> None:
-        ...
-
-
-class FixedAlpha:
-    """α fixed by configuration (the efficiency is the pool's)."""
-
-    def __init__(self, value: float) -> None:
-        if not np.isfinite(value) or value < 0:
-            raise ConfigError(f"alpha must be a finite number >= 0, got {value}")
-        self.value = float(value)
-
-    def alpha(self) -> float:
-        return self.value
-
-    def efficiency(self) -> str | None:
-        return None
-
-    def observe(self, event: RequestObservation) -> None:
-        return None
-
-    def __repr__(self) -> str:
-        return f"FixedAlpha({self.value})"
+#: Why a block was chosen (``Victim.reason``, ``BlockEvictionState.reason`` indexes it; the plugin's
+#: counters and the emulation's eviction stats label evictions with it).
+REASONS = ("kv-leaf", "kv-inner", "state", "dead")
 
 
 class Victim(tuple):
@@ -200,7 +143,7 @@ class BlockEvictionState:
         self.candidate = np.zeros(num_blocks, dtype=bool)
         # One row per efficiency variant: an adaptive source may switch between them at any eviction.
         self._flop_eff = {variant: np.zeros(num_blocks, dtype=np.float64) for variant in EFFICIENCIES}
-        self.reason = np.zeros(num_blocks, dtype=np.int8)          # index into _REASONS
+        self.reason = np.zeros(num_blocks, dtype=np.int8)          # index into REASONS
         self._seq = 0
         self._eff_by_depth: dict[tuple[int, str], float] = {}
         self._rule = self._current_rule()
@@ -318,7 +261,7 @@ class BlockEvictionState:
         if alpha:
             scores = scores + alpha * min_max(self._flop_eff[variant][pool])
         block = int(pool[argmin_ties_by_order(scores, seq)])
-        return Victim(block, _REASONS[self.reason[block]])
+        return Victim(block, REASONS[self.reason[block]])
 
     def describe(self) -> dict[str, Any]:
         alpha, variant = self._current_rule()
@@ -410,6 +353,19 @@ class BlockEvictionState:
             assert np.array_equal(before[ids], after[ids]), "stale candidate/efficiency arrays"
 
 
+def block_rule(rule: EvictionRule) -> tuple[float, str | None]:
+    """``(alpha, efficiency)`` with which :class:`BlockEvictionState` applies the simulator's ``rule``
+    (efficiency None: irrelevant at α = 0): ``lru`` -> α = 0, ``aX`` -> α = X on the whole-prefix
+    efficiency, ``aXm`` -> on the marginal one. The policy has linear recency, single-child
+    candidates and hit touch built in, so rules that change those raise ConfigError."""
+    if rule.is_lru:
+        return 0.0, None
+    if rule.recency != "linear" or rule.candidates != "single-child" or rule.touch != "hit":
+        raise ConfigError(f"adaptive rule {rule.label()!r} has no counterpart in vLLM's block pool: use lru, "
+                          "aX (whole-prefix efficiency) or aXm (marginal), e.g. lru/a0.5m/a2m")
+    return rule.alpha, rule.efficiency if rule.alpha else None
+
+
 def parent_depth(depth: int, block_size: int) -> int:
     """Depth of the block a ``depth``-token prefix continues (0: none): the previous block boundary.
 
@@ -418,5 +374,4 @@ def parent_depth(depth: int, block_size: int) -> int:
     return (depth - 1) // block_size * block_size
 
 
-_KV_LEAF, _KV_INNER, _STATE, _DEAD = 0, 1, 2, 3
-_REASONS = ("kv-leaf", "kv-inner", "state", "dead")
+_KV_LEAF, _KV_INNER, _STATE, _DEAD = range(len(REASONS))     # indices into REASONS

@@ -21,24 +21,37 @@ EAGLE, as in vLLM), ``chunk`` (``max_num_batched_tokens``), ``eviction`` (``lru`
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Callable
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Sequence
 
+from marconi.core.cache import PayloadOps
 from marconi.core.model import ModelSpec, get_model
 from marconi.core.registry import ConfigError
-from marconi.sim.systems import SYSTEMS, SystemConfig
-from marconi.integrations.vllm.emulate import VllmAlignCache, layout_for_spec
-from marconi.integrations.vllm.adaptive import AdaptiveAlpha
+from marconi.integrations.common.alpha import AlphaSource
 from marconi.integrations.vllm.config import ADAPTIVE, DEFAULT_RULES, PluginConfig, parse_alpha
-from marconi.integrations.vllm.policy import DEFAULT_ALPHA, EFFICIENCIES, AlphaSource
+from marconi.integrations.vllm.emulate.cache import VllmAlignCache
+from marconi.integrations.vllm.emulate.layout import layout_for_spec
+from marconi.integrations.vllm.policy import DEFAULT_ALPHA, EFFICIENCIES
+from marconi.integrations.vllm.shadow import PoolShadowAlpha
+from marconi.sim.systems import SYSTEMS
 
 __all__ = ["VllmAlignSystem"]
 
 
 @dataclass(frozen=True, slots=True)
-class VllmAlignSystem(SystemConfig):
-    """A :class:`~marconi.sim.systems.SystemConfig` whose cache is the vLLM emulation."""
+class VllmAlignSystem:
+    """A :class:`~marconi.sim.systems.System` whose cache is the vLLM emulation
+    (:class:`~marconi.integrations.vllm.emulate.cache.VllmAlignCache`).
 
+    ``admission`` and ``eviction`` are descriptive labels for the records (``vllm-align(block=…)``,
+    ``lru`` / ``marconi-blocks(…)``), not registry names: vLLM's own machinery admits, and the
+    plugin's policy evicts, as ``policy``, ``alpha`` … configure it. The factory below
+    (``vllm-align:…``) validates every parameter before it builds one.
+    """
+
+    label: str
+    admission: str
+    eviction: str
     layout_options: tuple[tuple[str, Any], ...] = ()
     block_size: int | None = None
     num_blocks: int | None = None
@@ -46,15 +59,16 @@ class VllmAlignSystem(SystemConfig):
     alpha: float | str = DEFAULT_ALPHA    # a number or "adaptive"
     efficiency: str = "total"
     alpha_source: str | None = None       # ``module:factory``, as MARCONI_VLLM_ALPHA_SOURCE
-    rules: str = DEFAULT_RULES            # the adaptive family, as MARCONI_VLLM_ADAPTIVE_RULES
-
-    def __post_init__(self) -> None:
-        """Nothing to build: ``admission``/``eviction`` are descriptive labels here (not registry
-        names), and the factory below has already checked every parameter."""
+    rules: str = DEFAULT_RULES            # the shadow's family, as MARCONI_VLLM_ADAPTIVE_RULES
+    unbounded: bool = field(default=False, init=False)      # the pool is finite, from the capacity
+    needs_future: bool = field(default=False, init=False)   # vLLM does not know the future
 
     def build(self, spec: ModelSpec | str, capacity_bytes: float, *, clock: Callable[[], float] | None = None,
-              payloads: Any = None, tuning_workers: int | None = None,
-              tuning_mapper: Callable[..., list[Any]] | None = None, future: Any = None) -> VllmAlignCache:
+              payloads: PayloadOps | None = None, tuning_workers: int | None = None,
+              tuning_mapper: Callable[..., list[Any]] | None = None,
+              future: Sequence[Any] | None = None) -> VllmAlignCache:
+        """A fresh emulated pool of ``capacity_bytes`` (or of ``num_blocks``). ``clock``, the tuning
+        workers and ``future`` are not used; ConfigError with ``payloads`` (it holds none)."""
         if payloads is not None:
             raise ConfigError("vllm-align is a simulation of vLLM's cache: it holds no real payloads")
         spec = get_model(spec)
@@ -64,6 +78,16 @@ class VllmAlignSystem(SystemConfig):
         alpha: AlphaSource = self.plugin_config().make_alpha_source(spec)
         # No clock: vLLM's recency is the order blocks return to its free queue, not time.
         return VllmAlignCache(spec, layout, eviction=self.policy, alpha=alpha, efficiency=self.efficiency)
+
+    def record_fields(self) -> dict[str, Any]:
+        """The record's echo; ``tuning`` stays None (a shadow α source reports ``rule_switches``)."""
+        return {"system": self.label, "admission": self.admission, "eviction": self.eviction, "tuning": None}
+
+    def relabel(self, label: str) -> "VllmAlignSystem":
+        return replace(self, label=label)
+
+    def describe(self) -> dict[str, Any]:
+        return {"system": self.label, "admission": self.admission, "eviction": self.eviction}
 
     def plugin_config(self) -> PluginConfig:
         """The plugin configuration this system emulates."""
@@ -88,7 +112,7 @@ def _retention(text: str) -> int | None:
 def _vllm_align(block: int = 0, blocks: int = 0, match_unit: int = 0, retention: str = "0",
                 shared_prefix: bool = False, chunk: int = 2048, eviction: str = "lru", alpha: str = str(DEFAULT_ALPHA),
                 efficiency: str = "total", kernel_align: int = 16, attn_first: bool = False,
-                alpha_source: str = "", rules: str = DEFAULT_RULES) -> SystemConfig:
+                alpha_source: str = "", rules: str = DEFAULT_RULES) -> VllmAlignSystem:
     if eviction not in ("lru", "marconi"):
         raise ConfigError(f"vllm-align: eviction must be lru or marconi, got {eviction!r}")
     if efficiency not in EFFICIENCIES:
@@ -105,7 +129,7 @@ def _vllm_align(block: int = 0, blocks: int = 0, match_unit: int = 0, retention:
             raise ConfigError("vllm-align: alpha=adaptive and alpha_source both name the alpha source; keep one")
         if efficiency != "total":
             raise ConfigError("vllm-align: alpha=adaptive chooses the efficiency with its rules; drop efficiency=")
-        AdaptiveAlpha(rules)                 # every rule must map onto the block policy
+        PoolShadowAlpha(rules)               # every rule must map onto the block policy
     elif rules != DEFAULT_RULES:
         raise ConfigError("vllm-align: rules= needs alpha=adaptive")
     options: dict[str, Any] = {"retention_interval": _retention(retention), "shared_prefix_checkpoint": shared_prefix,

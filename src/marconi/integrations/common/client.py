@@ -1,11 +1,11 @@
-"""A streaming client for vLLM's completions API: token ids in, token ids and timings out.
+"""A streaming client for an OpenAI-compatible completions API: token ids in, token ids and timings out.
 
 Each request is a ``POST /v1/completions`` with ``prompt`` = token ids, ``max_tokens`` = the
 trace's output length, ``ignore_eos``, greedy sampling, ``stream`` with usage, and
-``return_token_ids`` (so the server's own output ids come back, no tokenizer involved). TTFT is
-measured on the client, from sending the request to the first streamed token; TPOT is the mean
-gap between later tokens. vLLM's per-request cached-token count comes from
-``usage.prompt_tokens_details.cached_tokens`` (``--enable-prompt-tokens-details``).
+``return_token_ids`` (so the server's own output ids come back, no tokenizer involved; vLLM's
+extension, as ``ignore_eos`` is). TTFT is measured on the client, from sending the request to the
+first streamed token; TPOT is the mean gap between later tokens. The per-request cached-token count
+comes from ``usage.prompt_tokens_details.cached_tokens`` (vLLM: ``--enable-prompt-tokens-details``).
 """
 
 from __future__ import annotations
@@ -24,6 +24,8 @@ class ClientError(RuntimeError):
 
 @dataclass(slots=True)
 class CompletionResult:
+    """One finished completion: what the server reported and what the client timed (seconds)."""
+
     prompt_len: int
     output: list[int]
     cached_tokens: int

@@ -1,0 +1,81 @@
+"""Where an engine's eviction gets α: the α-source contract, a fixed α, and what a source observes.
+
+An engine integration ranks its cached blocks (or nodes) by Marconi's utility, ``recency + α ·
+FLOP efficiency``; α, and which efficiency variant, come from an :class:`AlphaSource` read at
+every eviction. A source sees each finished request (:class:`RequestObservation`) through the
+same hook in a live engine and in its emulation, so both make the same choices. Nothing here
+knows an engine: the vLLM plugin and its emulation use it, and so will the next integration.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, Sequence
+
+import numpy as np
+
+from marconi.core.registry import ConfigError
+
+__all__ = ["AlphaSource", "FixedAlpha", "RequestObservation"]
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class RequestObservation:
+    """One finished request as the cache served it: what an α source may learn from.
+
+    Built when the request's blocks are freed (vLLM's ``Scheduler._free_request``; the emulation's
+    ``complete``), so the outputs are complete. Token ids are the request's own sequences (lists in
+    vLLM, arrays in the emulation); a source must not keep them beyond ``observe``.
+    """
+
+    prompt_token_ids: Sequence[int]
+    output_token_ids: Sequence[int]
+    hit_len: int            # tokens reused (vLLM's num_cached_tokens)
+    kv_only_len: int        # tokens whose KVs were cached beyond the hit, without a state to resume from
+
+    @property
+    def input_len(self) -> int:
+        return len(self.prompt_token_ids)
+
+
+class AlphaSource(Protocol):
+    """Where α (and the efficiency variant) come from, read at every eviction; ``observe`` sees
+    every finished request.
+
+    ``efficiency()`` returns ``"total"``, ``"marginal"`` or None (the pool's configured variant).
+    A fixed α ignores the observations; an adaptive source updates from them. Implementations must
+    be cheap and deterministic: they run on the engine's scheduler thread, and an emulation
+    reproduces their choices only if the same observations give the same answers. A source that
+    needs the pool (its size, the model) may define ``bind(state)``, called once by the eviction
+    state it serves (vLLM: :class:`~marconi.integrations.vllm.policy.BlockEvictionState`).
+    """
+
+    def alpha(self) -> float:
+        ...
+
+    def efficiency(self) -> str | None:
+        ...
+
+    def observe(self, event: RequestObservation) -> None:
+        ...
+
+
+class FixedAlpha:
+    """α fixed by configuration (the efficiency is the pool's)."""
+
+    def __init__(self, value: float) -> None:
+        if not np.isfinite(value) or value < 0:
+            raise ConfigError(f"alpha must be a finite number >= 0, got {value}")
+        self.value = float(value)
+
+    def alpha(self) -> float:
+        return self.value
+
+    def efficiency(self) -> str | None:
+        return None
+
+    def observe(self, event: RequestObservation) -> None:
+        return None
+
+    def __repr__(self) -> str:
+        return f"FixedAlpha({self.value})"

@@ -1,0 +1,222 @@
+"""The engine-free half of a real-server bench: which requests, replayed how, summarised how.
+
+An engine's bench (vLLM's: :mod:`marconi.integrations.vllm.bench`) builds one server per policy
+and hands them here:
+
+1. :func:`select_requests` — the trace's first requests (a trace file or a catalog name, through
+   :func:`marconi.workloads.load_trace`, as every command takes it), inputs capped, outputs trimmed;
+2. :func:`serve_side_by_side` — start the servers together, then replay the requests on them:
+
+   * ``concurrency == 1``: *paired* (:func:`replay_paired`): request ``i`` goes to every server
+     before request ``i+1``, alternating which goes first, so background load on a shared machine
+     falls on every policy alike and the TTFT comparison is paired;
+   * otherwise each server alone in turn (:func:`replay_concurrent`), at most ``concurrency``
+     requests in flight, a session's turns in order;
+
+   and read every server's ``/metrics`` at the end;
+3. :func:`percentile` / :func:`mean_or_none` — the summaries a record reports (None-safe: TPOT is
+   None for one-token outputs).
+
+Each request asks for its trace output's length (:func:`max_tokens`) with ``ignore_eos``, so every
+policy generates the same number of tokens.
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import ExitStack
+from dataclasses import dataclass, replace
+from typing import Any, Callable, Mapping, NamedTuple, Sequence
+
+import numpy as np
+
+from marconi.core.registry import ConfigError, parse_name
+from marconi.integrations.common.client import CompletionResult, complete
+from marconi.integrations.common.server import ServerProcess
+from marconi.workloads import is_workload, load_trace
+from marconi.workloads.trace import Request, Trace
+
+__all__ = ["Progress", "Selection", "ServedRun", "select_requests", "max_tokens", "serve_side_by_side",
+           "replay_paired", "replay_concurrent", "percentile", "mean_or_none", "file_label"]
+
+Progress = Callable[[str], None]
+
+
+def max_tokens(request: Request) -> int:
+    """What a replayed request asks the server for: its trace output's length (at least 1 token)."""
+    return max(1, len(request.output_tokens))
+
+
+# ====================================================================================== requests
+class Selection(NamedTuple):
+    requests: list[Request]
+    indices: list[int]                  # each request's position in the (capped) trace
+    trace_info: dict[str, Any]          # echoed into records: the trace's name and the cap
+
+
+def select_requests(trace: str, *, max_input_len: int, num_requests: int | None = None,
+                    max_output_len: int | None = None, notice: Progress | None = None) -> Selection:
+    """The first ``num_requests`` requests of ``trace`` (all: None), outputs cut to ``max_output_len``.
+
+    ``trace`` is a catalog name (``swe-sample``, ``swe:sessions=20``: built with
+    ``max_input_len`` unless the name sets it) or a JSONL/Parquet trace file (a session then ends
+    before its first input longer than ``max_input_len``, as the catalog's builders end them).
+    ``notice``: told when a catalog workload was built on a stand-in for absent data.
+
+    Raises:
+        ConfigError: neither a file nor a catalog name, or no request fits the cap.
+    """
+    loaded, cap = _capped_trace(trace, max_input_len, notice)
+    out, indices = [], []
+    for i, req in enumerate(loaded):
+        if num_requests is not None and len(out) >= num_requests:
+            break
+        if max_output_len is not None and len(req.output_tokens) > max_output_len:
+            req = replace(req, output_tokens=req.output_tokens[:max_output_len])
+        out.append(req)
+        indices.append(i)
+    if not out:
+        raise ConfigError(f"trace {trace!r} has no request with an input of at most {cap} tokens")
+    return Selection(out, indices, {"trace": loaded.name, "trace_params": {"max_input_len": cap}})
+
+
+def _capped_trace(text: str, max_input_len: int, notice: Progress | None) -> tuple[Trace, int]:
+    """The trace, its inputs capped, and the cap that applied (a catalog name's own wins)."""
+    if is_workload(text):
+        parsed = parse_name(text)
+        parsed.params.setdefault("max_input_len", str(max_input_len))
+        trace = load_trace(str(parsed), notice=notice)      # the catalog parsed the cap: it is an int
+        return trace, int(parsed.params["max_input_len"])
+    trace = load_trace(text, notice=notice)
+    ended: set[Any] = set()
+    kept = []
+    for req in trace:
+        if req.session_id in ended:
+            continue
+        if req.input_len > max_input_len:
+            ended.add(req.session_id)
+            continue
+        kept.append(req)
+    return (trace if len(kept) == len(trace) else Trace(kept, name=trace.name, meta=dict(trace.meta))), max_input_len
+
+
+# ====================================================================================== serving
+@dataclass(slots=True)
+class ServedRun:
+    """One server's replay: a result per request (in request order), its time, its counters."""
+
+    results: list[CompletionResult]
+    wall_s: float                       # time spent in this server's requests
+    metrics: dict[str, float]           # /metrics after the last request
+    startup_s: float
+
+
+def serve_side_by_side(servers: Mapping[str, ServerProcess], model: str, requests: Sequence[Request], *,
+                       concurrency: int, progress: Progress,
+                       on_up: Callable[[str, ServerProcess], None] | None = None) -> dict[str, ServedRun]:
+    """Start ``servers`` (label -> a server not yet started) together, replay ``requests`` on them
+    (paired at ``concurrency == 1``, else each alone), read their metrics, stop them (always).
+
+    ``on_up(label, server)`` runs once per server when all are healthy (an engine's own checks of
+    the running server, e.g. that it chose the block size the bench expects); it may raise.
+    """
+    with ExitStack() as stack:
+        for server in servers.values():
+            stack.callback(server.stop)
+        with ThreadPoolExecutor(len(servers)) as pool:
+            for fut in [pool.submit(s.start) for s in servers.values()]:
+                fut.result()
+        for label, server in servers.items():
+            progress(f"[{label}] server up in {server.startup_s:.0f}s")
+            if on_up is not None:
+                on_up(label, server)
+        if concurrency == 1:
+            results, walls = replay_paired(servers, model, requests, progress)
+        else:
+            results, walls = {}, {}
+            for label, server in servers.items():
+                started = time.perf_counter()
+                results[label] = replay_concurrent(server, model, requests, concurrency, label, progress)
+                walls[label] = time.perf_counter() - started
+        metrics = {label: server.metrics() for label, server in servers.items()}
+    return {label: ServedRun(results[label], walls[label], metrics[label], server.startup_s)
+            for label, server in servers.items()}
+
+
+def replay_paired(servers: Mapping[str, ServerProcess], model: str, requests: Sequence[Request],
+                  progress: Progress) -> tuple[dict[str, list[CompletionResult]], dict[str, float]]:
+    """Request by request, to every server in turn (alternating which goes first): the results per
+    server and the time each spent in its own requests."""
+    import httpx
+
+    names = list(servers)
+    results: dict[str, list[CompletionResult]] = {p: [] for p in names}
+    walls = dict.fromkeys(names, 0.0)
+    report_every = max(1, len(requests) // 10)
+    with httpx.Client() as client:
+        for i, req in enumerate(requests):
+            for label in (names if i % 2 == 0 else names[::-1]):
+                servers[label].check_alive()
+                started = time.perf_counter()
+                results[label].append(complete(client, servers[label].base_url, model, req.input_tokens.tolist(),
+                                               max_tokens(req)))
+                walls[label] += time.perf_counter() - started
+            if (i + 1) % report_every == 0 or i + 1 == len(requests):
+                progress(f"{i + 1}/{len(requests)} requests on {len(names)} server(s)")
+    return results, walls
+
+
+def replay_concurrent(server: ServerProcess, model: str, requests: Sequence[Request], concurrency: int,
+                      label: str, progress: Progress) -> list[CompletionResult]:
+    """Send every request; a session's turns in order, at most ``concurrency`` in flight."""
+    import httpx
+
+    results: list[Any] = [None] * len(requests)
+    last_of_session: dict[Any, Future[CompletionResult]] = {}
+    done = 0
+    report_every = max(1, len(requests) // 10)
+    with httpx.Client(limits=httpx.Limits(max_connections=concurrency + 1)) as client, \
+            ThreadPoolExecutor(max_workers=concurrency) as pool:
+
+        def run(i: int, previous: Future[CompletionResult] | None) -> CompletionResult:
+            if previous is not None:
+                previous.result()
+            req = requests[i]
+            return complete(client, server.base_url, model, req.input_tokens.tolist(), max_tokens(req))
+
+        pending: list[tuple[int, Future[CompletionResult]]] = []
+        for i, req in enumerate(requests):
+            while len(pending) >= concurrency:        # bound the queue, not only the workers
+                j, fut = pending.pop(0)
+                results[j] = fut.result()
+                done += 1
+                if done % report_every == 0:
+                    progress(f"[{label}] {done}/{len(requests)} requests")
+            fut = pool.submit(run, i, last_of_session.get(req.session_id))
+            last_of_session[req.session_id] = fut
+            pending.append((i, fut))
+            server.check_alive()
+        for j, fut in pending:
+            results[j] = fut.result()
+            done += 1
+    progress(f"[{label}] {done}/{len(requests)} requests done")
+    return results
+
+
+# ====================================================================================== summaries
+def percentile(values: Sequence[float | None], q: float) -> float | None:
+    """The ``q``-th percentile of the values that are not None (None if there are none)."""
+    arr = np.asarray([v for v in values if v is not None], dtype=np.float64)
+    return float(np.percentile(arr, q)) if arr.size else None
+
+
+def mean_or_none(values: Sequence[float | None]) -> float | None:
+    """The mean of the values that are not None (None if there are none)."""
+    kept = [v for v in values if v is not None]
+    return float(np.mean(kept)) if kept else None
+
+
+def file_label(label: str) -> str:
+    """A policy label as a file name part: ``marconi:alpha=adaptive`` -> ``marconi-alpha-adaptive``."""
+    return "".join(c if c.isalnum() or c in "._" else "-" for c in label)

@@ -1,0 +1,175 @@
+"""An engine's HTTP server as a child process: start, wait until healthy, read metrics, stop.
+
+What an engine integration supplies is a :class:`Launch`: the command line for a port and the
+environment (vLLM's: :class:`marconi.integrations.vllm.server.ServerConfig`). :class:`ServerProcess`
+does the rest, the same for every engine: a free port on 127.0.0.1, the log to a file, its own
+process session (so stopping it stops every process the server forked), ``GET /health`` until it
+answers 200, ``GET /metrics`` parsed by :func:`parse_metrics`. ``PROMETHEUS_MULTIPROC_DIR`` gets a
+fresh directory per server, so counters incremented in the engine's other processes (vLLM's engine
+core, where the plugin counts) reach ``/metrics``; it is removed at stop.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Mapping, Protocol, Self
+
+__all__ = ["Launch", "ServerProcess", "ServerError", "parse_metrics", "free_port"]
+
+
+class ServerError(RuntimeError):
+    """The server did not start, or died; the message quotes the end of its log."""
+
+
+class Launch(Protocol):
+    """How to start one server: its command line on ``port``, and the environment it runs in
+    (called at each start, so it may read ``os.environ`` then)."""
+
+    def args(self, port: int) -> list[str]:
+        ...
+
+    def environment(self) -> Mapping[str, str]:
+        ...
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (the OS picks it)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class ServerProcess:
+    """A running server; use as a context manager (stopped, process group and all, on exit).
+
+    Args:
+        launch: the command line and environment.
+        log_path: the server's stdout and stderr (overwritten).
+        startup_timeout_s: how long :meth:`start` waits for ``/health`` before giving up.
+        name: how errors name the server (``"vLLM server"``).
+
+    ``startup_s`` is the time from launch to healthy; ``base_url`` the server's address.
+    """
+
+    def __init__(self, launch: Launch, *, log_path: str | Path, startup_timeout_s: float = 600.0,
+                 name: str = "server") -> None:
+        self.launch = launch
+        self.log_path = Path(log_path)
+        self.startup_timeout_s = startup_timeout_s
+        self.name = name
+        self.port = free_port()
+        self.base_url = f"http://127.0.0.1:{self.port}"
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._prom_dir: str | None = None
+        self.startup_s = 0.0
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        """Launch the server and wait until it is healthy (ServerError, with the log's end, if it
+        exits first or the timeout passes; the process is stopped then)."""
+        self._prom_dir = tempfile.mkdtemp(prefix="marconi-prom-")
+        env = dict(self.launch.environment())
+        env["PROMETHEUS_MULTIPROC_DIR"] = self._prom_dir
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = self.log_path.open("wb")
+        started = time.perf_counter()
+        self._proc = subprocess.Popen(self.launch.args(self.port), stdout=log, stderr=subprocess.STDOUT, env=env,
+                                      start_new_session=True)
+        log.close()
+        try:
+            self._wait_healthy(started)
+        except BaseException:
+            self.stop()
+            raise
+        self.startup_s = time.perf_counter() - started
+
+    def _wait_healthy(self, started: float) -> None:
+        import httpx
+
+        while True:
+            if self._proc is not None and self._proc.poll() is not None:
+                raise ServerError(f"{self.name} exited with code {self._proc.returncode} while starting; "
+                                  f"log {self.log_path}:\n{self.log_tail()}")
+            try:
+                if httpx.get(self.base_url + "/health", timeout=2.0).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            if time.perf_counter() - started > self.startup_timeout_s:
+                raise ServerError(f"{self.name} not healthy after {self.startup_timeout_s:.0f} s; log "
+                                  f"{self.log_path}:\n{self.log_tail()}")
+            time.sleep(1.0)
+
+    def check_alive(self) -> None:
+        """ServerError (with the log's end) if the server is not running."""
+        if self._proc is None or self._proc.poll() is not None:
+            raise ServerError(f"{self.name} died; log {self.log_path}:\n{self.log_tail()}")
+
+    def log_tail(self, num_lines: int = 40) -> str:
+        try:
+            lines = self.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            return "(no log)"
+        return "\n".join(lines[-num_lines:])
+
+    def metrics(self) -> dict[str, float]:
+        """The server's ``/metrics`` now (see :func:`parse_metrics`)."""
+        import httpx
+
+        return parse_metrics(httpx.get(self.base_url + "/metrics", timeout=30.0).text)
+
+    def stop(self) -> None:
+        """SIGTERM to the server's process group, SIGKILL after 60 s; idempotent."""
+        proc, self._proc = self._proc, None
+        if proc is not None and proc.poll() is None:
+            try:
+                os.killpg(proc.pid, signal.SIGTERM)
+                proc.wait(timeout=60)
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                proc.wait(timeout=30)
+        if self._prom_dir is not None:
+            shutil.rmtree(self._prom_dir, ignore_errors=True)
+            self._prom_dir = None
+
+
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+([-+0-9.eEinfNa]+)")
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """Prometheus text -> ``{"name{labels}": value}``; labels kept verbatim except ``engine`` and
+    ``model_name`` (dropped), samples with equal keys summed."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        m = _SAMPLE.match(line)
+        if not m:
+            continue
+        name, labels, value = m.group(1), m.group(2) or "", m.group(3)
+        if labels:
+            kept = [p for p in re.findall(r'(\w+="[^"]*")', labels)
+                    if not p.startswith(("engine=", "model_name="))]
+            labels = "{" + ",".join(sorted(kept)) + "}" if kept else ""
+        try:
+            out[name + labels] = out.get(name + labels, 0.0) + float(value)
+        except ValueError:
+            continue
+    return out

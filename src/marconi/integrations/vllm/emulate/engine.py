@@ -1,0 +1,229 @@
+"""vLLM's ``KVCacheManager``, hybrid coordinator and scheduler, for requests served one at a time.
+
+Mirrors ``vllm/v1/core/kv_cache_manager.py`` (``get_computed_blocks``, ``allocate_slots``),
+``kv_cache_coordinator.py`` (the hybrid lookup: attention first, then the deepest state within it)
+and ``sched/scheduler.py`` (``_mamba_block_aligned_split``, the free at a request's end) over the
+pool (:mod:`.block_pool`) and the per-group managers (:mod:`.managers`). At a request's end the
+finished request goes to the α source, as the plugin does after vLLM's ``_free_request``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from marconi.core.cache import as_tokens
+from marconi.core.model import ModelSpec
+from marconi.core.registry import ConfigError
+from marconi.integrations.common.alpha import AlphaSource, FixedAlpha, RequestObservation
+from marconi.integrations.vllm.config import PluginConfig
+from marconi.integrations.vllm.emulate.block_pool import Block, BlockPool
+from marconi.integrations.vllm.emulate.layout import VllmLayout, cdiv
+from marconi.integrations.vllm.emulate.managers import AttentionManager, MambaManager
+from marconi.integrations.vllm.emulate.request import RequestState
+from marconi.integrations.vllm.policy import ATTENTION, DEFAULT_ALPHA, MAMBA, BlockEvictionState
+
+__all__ = ["VllmAlignEngine", "RequestRecord"]
+
+
+class RequestRecord(tuple):
+    """Per request: ``(input_len, hit_len, kv_hit_len)``; ``hit_len`` is vLLM's ``num_cached_tokens``."""
+
+    __slots__ = ()
+
+    def __new__(cls, input_len: int, hit_len: int, kv_hit_len: int) -> "RequestRecord":
+        return tuple.__new__(cls, (input_len, hit_len, kv_hit_len))
+
+    input_len = property(lambda self: self[0])
+    hit_len = property(lambda self: self[1])
+    kv_hit_len = property(lambda self: self[2])
+
+
+class VllmAlignEngine:
+    """vLLM 0.32's block manager and scheduler, for requests served one at a time.
+
+    ``admit(prompt)`` looks the prompt up and runs its prefill (chunk by chunk, as vLLM's
+    scheduler splits it), ``complete(request, outputs)`` its decode steps and the free. ``run``
+    does both. Counters mirror vLLM's: ``queries``/``hits`` are ``vllm:prefix_cache_queries`` and
+    ``vllm:prefix_cache_hits``.
+    """
+
+    def __init__(self, layout: VllmLayout, spec: ModelSpec, *, eviction: str = "lru",
+                 alpha: float | str | AlphaSource = DEFAULT_ALPHA, efficiency: str = "total") -> None:
+        """``alpha``: a number, ``"adaptive"`` (a fresh shadow α source,
+        :class:`~marconi.integrations.vllm.shadow.PoolShadowAlpha`, as ``MARCONI_VLLM_ALPHA=adaptive``)
+        or an α source (stateful: one per engine)."""
+        if eviction not in ("lru", "marconi"):
+            raise ConfigError(f"vllm-align: eviction must be 'lru' or 'marconi', got {eviction!r}")
+        self.layout = layout
+        self.spec = spec
+        self.eviction = eviction
+        if isinstance(alpha, str):       # built exactly as the plugin builds its own
+            source = PluginConfig(policy=eviction, alpha=alpha).make_alpha_source(spec)
+        else:
+            source = FixedAlpha(alpha) if isinstance(alpha, (int, float)) else alpha
+        self.index = BlockEvictionState(spec, layout.group_kinds, layout.num_blocks, layout.block_size, source,
+                                        efficiency)
+        self.pool = BlockPool(layout, self.index, eviction)
+        managers: list[AttentionManager | MambaManager] = []
+        for gid, kind in enumerate(layout.group_kinds):
+            managers.append((AttentionManager if kind == ATTENTION else MambaManager)(self.pool, gid))
+        self.managers = managers
+        self.attn_ids = [g for g, k in enumerate(layout.group_kinds) if k == ATTENTION]
+        self.mamba_ids = [g for g, k in enumerate(layout.group_kinds) if k == MAMBA]
+        self.queries = 0
+        self.hits = 0
+        self._next_rid = 0
+
+    # --------------------------------------------------------------- public
+    def run(self, prompt: Any, outputs: Any) -> RequestRecord:
+        req, record = self.admit(prompt)
+        self.complete(req, outputs)
+        return record
+
+    def admit(self, prompt: Any) -> tuple[RequestState, RequestRecord]:
+        tokens = as_tokens(prompt, "prompt")
+        req = RequestState(self._next_rid, tokens, len(tokens), self.layout.hash_block_size)
+        self._next_rid += 1
+        hit_blocks, hit, kv_hit = self.get_computed_blocks(req)
+        self.queries += req.num_prompt_tokens
+        self.hits += hit
+        first = True
+        while req.num_computed_tokens < req.num_prompt_tokens:
+            start = hit if first else req.num_computed_tokens
+            num_new = min(req.num_prompt_tokens - start, self.layout.max_num_batched_tokens)
+            if 0 < self.layout.long_prefill_token_threshold < num_new:
+                num_new = self.layout.long_prefill_token_threshold
+            if self.layout.has_mamba:
+                num_new = self._mamba_block_aligned_split(req, start, num_new)
+            self.allocate_slots(req, num_new, hit if first else 0, hit_blocks if first else None)
+            if first:      # vLLM records the lookup once the request is admitted (after its first slots)
+                self.pool.emit("lookup", req.num_prompt_tokens, hit, kv_hit - hit)
+                req.hit_len, req.kv_only_len = hit, kv_hit - hit
+            self.release_copies()
+            req.num_computed_tokens = start + num_new
+            first = False
+        return req, RequestRecord(req.num_prompt_tokens, hit, kv_hit)
+
+    def complete(self, req: RequestState, outputs: Any) -> None:
+        out = as_tokens(outputs, "outputs", allow_empty=True)
+        if out.size:
+            req.tokens = np.concatenate((req.tokens[:req.num_prompt_tokens], out))
+            req.append_output()                   # the prefill's last step samples the first token
+            for _ in range(1, len(out)):          # each decode step computes one token, samples the next
+                self.allocate_slots(req, 1, 0, None)
+                self.release_copies()
+                req.num_computed_tokens += 1
+                req.append_output()
+        self.free(req)
+        # As the plugin does after vLLM's ``_free_request``: the finished request goes to the α source.
+        changed = self.index.finished(RequestObservation(req.tokens[:req.num_prompt_tokens], out, req.hit_len,
+                                                         req.kv_only_len))
+        if changed is not None:
+            self.pool.emit("alpha", *changed)
+
+    # --------------------------------------------------------------- vLLM's steps
+    def get_computed_blocks(self, req: RequestState) -> tuple[list[list[Block]], int, int]:
+        """``KVCacheManager.get_computed_blocks`` + the hybrid coordinator's lookup.
+
+        Returns the hit blocks per group, the hit length, and the attention-only hit length (the
+        longest single-group hit). Sets the request's shared-prefix boundary as the scheduler does.
+        """
+        max_len = req.num_prompt_tokens - 1
+        blocks: list[list[Block]] = [[] for _ in self.managers]
+        attn = self.managers[self.attn_ids[0]]
+        attn_blocks, hit = attn.find_longest_cache_hit(req, max_len, self.attn_ids)
+        for gid, b in zip(self.attn_ids, attn_blocks):
+            blocks[gid] = b
+        longest = hit
+        if self.mamba_ids:
+            mamba = self.managers[self.mamba_ids[0]]
+            mamba_blocks, hit = mamba.find_longest_cache_hit(req, hit, self.mamba_ids)
+            for gid, b in zip(self.mamba_ids, mamba_blocks):
+                blocks[gid] = b
+            longest = max(longest, hit)
+            keep = cdiv(hit, self.layout.block_size)
+            for gid in self.attn_ids:
+                del blocks[gid][keep:]
+        req.shared_prefix_boundary = longest if longest > hit else 0
+        return blocks, hit, longest
+
+    def _mamba_block_aligned_split(self, req: RequestState, start: int, num_new: int) -> int:
+        """``Scheduler._mamba_block_aligned_split``: chunk ends where a state must be cached."""
+        size = self.layout.block_size
+        prefill_end = max(req.num_prompt_tokens, req.num_tokens - 1)
+        if start >= prefill_end:
+            return num_new
+        last_cache_position = max((req.num_tokens - 1) // size * size, 0)
+        end = start + num_new
+        if end < prefill_end:
+            budget = self.layout.max_num_batched_tokens
+            if self.layout.long_prefill_token_threshold > 0:
+                budget = min(budget, self.layout.long_prefill_token_threshold)
+            aligned_end = end // size * size
+            if aligned_end > start or size <= budget:
+                end = aligned_end
+        # With a prefix-match unit finer than the block, also stop at the prompt's last hash
+        # boundary: its state is what a longer sibling's partial hit resumes from.
+        unit = self.layout.hash_block_size
+        tail = max((req.num_prompt_tokens - 1) // unit * unit, 0) if unit < size else 0
+        junction = req.shared_prefix_boundary
+        junction_stop = start + (junction - start) // size * size     # block-floored from the start, as in vLLM
+        stops = (
+            (start // size + 1) * size if start % size else 0,
+            last_cache_position,
+            tail if last_cache_position < tail < req.num_prompt_tokens else 0,
+            junction_stop if start < junction < end else 0,
+        )
+        end = min((s for s in stops if start < s < end), default=end)
+        return max(end - start, 0)
+
+    def allocate_slots(self, req: RequestState, num_new: int, num_new_computed: int,
+                       new_computed: list[list[Block]] | None) -> None:
+        self.pool.emit("slots", req.num_computed_tokens, num_new_computed, num_new, 0)
+        total_computed = req.num_computed_tokens + num_new_computed
+        for manager in self.managers:
+            manager.remove_skipped_blocks(req, total_computed)
+        num_tokens = total_computed + num_new
+        need = sum(m.num_blocks_to_allocate(req, num_tokens, new_computed[g] if new_computed else [], total_computed)
+                   for g, m in enumerate(self.managers))
+        if need > self.pool.num_free:
+            raise ConfigError(f"vllm-align: a {req.num_prompt_tokens}-token request needs {need} free blocks at "
+                              f"{num_tokens} tokens but the pool has {self.pool.num_free} of "
+                              f"{self.layout.num_blocks}; vLLM would never schedule it — raise the capacity")
+        if new_computed is not None and any(new_computed):
+            for g, manager in enumerate(self.managers):
+                manager.add_local_computed_blocks(req, new_computed[g], total_computed)
+        for manager in self.managers:
+            manager.allocate_new_blocks(req, num_tokens)
+        for manager in self.managers:
+            manager.cache_blocks(req, min(num_tokens, req.num_tokens))
+
+    def release_copies(self) -> None:
+        """End of vLLM's scheduling step: blocks held for this step's copy-on-writes go back."""
+        copies = [pair for manager in self.managers for pair in manager.take_pending_copies()]
+        if copies:
+            self.pool.free_blocks([block for pair in copies for block in pair])
+
+    def free(self, req: RequestState) -> None:
+        for manager in self.managers:
+            manager.free(req)
+
+    # --------------------------------------------------------------- checks
+    def check_invariants(self) -> None:
+        """Recompute the pool's bookkeeping from scratch (AssertionError on drift)."""
+        in_use = {b.block_id for m in self.managers for blocks in m.req_to_blocks.values()
+                  for b in blocks if b is not self.pool.null}
+        free = set(self.pool.free)
+        assert not (in_use & free), "a block is both free and held"
+        assert len(free) + len(in_use) == self.layout.num_blocks - 1, "blocks leaked"
+        for block in self.pool.blocks[1:]:
+            assert (block.ref_cnt == 0) == (block.block_id in free), f"block {block.block_id}: ref count vs free queue"
+        keys = [(b.block_id, k[0], k[1]) for b in self.pool.blocks if b.key is not None
+                for k in [b.key, *self.pool.extra_keys.get(b.block_id, ())]]
+        assert all(self.pool.blocks[b].key is not None for b in self.pool.extra_keys), "partial entry without a hash"
+        assert sum(len(v) for v in self.pool.cached.values()) == len(keys), "hash map vs block keys"
+        self.index.check_invariants(keys)
+        free_cached = {b for b in free if self.pool.blocks[b].key is not None}
+        assert set(np.flatnonzero(self.index.free_cached).tolist()) == free_cached, "free cached set drifted"

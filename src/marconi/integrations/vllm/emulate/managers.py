@@ -1,0 +1,294 @@
+"""vLLM's ``SingleTypeKVCacheManager`` per KV cache group (``vllm/v1/core/single_type_kv_cache_manager.py``).
+
+:class:`AttentionManager` is ``FullAttentionManager`` (whole cached blocks from the start, then a
+partial entry inside the next block with a finer prefix-match unit), :class:`MambaManager` is
+``MambaManager`` in ``align`` mode (the deepest cached state; only the running state block is
+kept). Both copy on write a block shared with the cache at a sub-block hit.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from marconi.integrations.vllm.emulate.block_pool import Block, BlockPool
+from marconi.integrations.vllm.emulate.layout import cdiv
+from marconi.integrations.vllm.emulate.request import RequestState
+from marconi.integrations.vllm.policy import ATTENTION, MAMBA
+
+__all__ = ["GroupManager", "AttentionManager", "MambaManager"]
+
+
+class GroupManager:
+    """What vLLM's ``SingleTypeKVCacheManager`` keeps for one KV cache group: blocks per request,
+    and the copy-on-write of a block shared with the cache at a sub-block (partial) hit."""
+
+    kind = ""
+
+    def __init__(self, pool: BlockPool, group_id: int) -> None:
+        self.pool = pool
+        self.group_id = group_id
+        self.block_size = pool.layout.block_size
+        self.hash_unit = pool.layout.hash_block_size
+        self.req_to_blocks: dict[int, list[Block]] = {}
+        self.num_cached_block: dict[int, int] = {}
+        self.partial_hit_reqs: dict[int, tuple[int, Block]] = {}
+        self.pending_copies: list[tuple[Block, Block]] = []
+
+    def num_skipped_tokens(self, num_computed: int) -> int:
+        return 0
+
+    def has_partial_local_hit(self, new_computed: Sequence[Block], num_local_computed: int) -> bool:
+        return len(new_computed) > 0 and num_local_computed % self.block_size != 0
+
+    def add_local_computed_blocks(self, req: RequestState, blocks: list[Block], num_local_computed: int) -> None:
+        """Take the hit's blocks (out of the free queue); a sub-block hit's last one is shared: CoW it."""
+        assert not self.req_to_blocks.get(req.rid)
+        skipped = self.num_skipped_tokens(num_local_computed) // self.block_size
+        if skipped > 0:
+            blocks = blocks[skipped:]
+        self.pool.touch(blocks)
+        self.req_to_blocks[req.rid] = [self.pool.null] * max(skipped, 0) + list(blocks)
+        self.num_cached_block[req.rid] = len(self.req_to_blocks[req.rid])
+        if self.has_partial_local_hit(blocks, num_local_computed):
+            idx = num_local_computed // self.block_size
+            self.partial_hit_reqs[req.rid] = (idx, blocks[-1])
+            self.num_cached_block[req.rid] = idx
+
+    def apply_cow(self, req: RequestState, idx: int, source: Block, cow: Block) -> None:
+        blocks = self.req_to_blocks[req.rid]
+        assert blocks[idx] is source
+        blocks[idx] = cow
+        self.pending_copies.append((source, cow))
+        cow.ref_cnt += 1                     # both ends stay held until the copy has run
+
+    def take_pending_copies(self) -> list[tuple[Block, Block]]:
+        copies, self.pending_copies = self.pending_copies, []
+        return copies
+
+    def free(self, req: RequestState) -> None:
+        """Release the request's blocks tail first (so vLLM's LRU evicts tails first)."""
+        blocks = self.req_to_blocks.pop(req.rid, [])
+        self.num_cached_block.pop(req.rid, None)
+        self.partial_hit_reqs.pop(req.rid, None)
+        self.pool.free_blocks(blocks[::-1])
+
+
+class AttentionManager(GroupManager):
+    """vLLM's ``FullAttentionManager``: whole blocks from the start, then (with a prefix-match unit
+    finer than the block) one partial entry inside the next block."""
+
+    kind = ATTENTION
+
+    def find_longest_cache_hit(self, req: RequestState, max_length: int, group_ids: list[int]) -> tuple[list[list[Block]], int]:
+        computed: list[list[Block]] = [[] for _ in group_ids]
+        for i in range(max_length // self.block_size):
+            cached = self.pool.get_cached_block(req.hash_at((i + 1) * self.block_size), group_ids)
+            if not cached:
+                break
+            for out, block in zip(computed, cached):
+                out.append(block)
+        hit = len(computed[0]) * self.block_size
+        unit = self.hash_unit
+        if unit < self.block_size:           # probe the next block's interior boundaries, longest first
+            scale = self.block_size // unit
+            first = len(computed[0]) * scale
+            last = min(first + scale - 1, max_length // unit, req.num_prompt_tokens // unit)
+            for fine in range(last - 1, first - 1, -1):
+                cached = self.pool.get_cached_block(req.hash_at((fine + 1) * unit), group_ids)
+                if cached:
+                    for out, block in zip(computed, cached):
+                        out.append(block)
+                    hit = (fine + 1) * unit
+                    break
+        return computed, hit
+
+    def remove_skipped_blocks(self, req: RequestState, processed: int) -> None:
+        return None                    # full attention never skips tokens
+
+    def allocate_new_blocks(self, req: RequestState, num_tokens: int) -> None:
+        if req.rid in self.partial_hit_reqs:
+            idx, source = self.partial_hit_reqs.pop(req.rid)
+            self.apply_cow(req, idx, source, self.pool.get_new_blocks(1)[0])
+        blocks = self.req_to_blocks.setdefault(req.rid, [])
+        num_new = cdiv(num_tokens, self.block_size) - len(blocks)
+        if num_new > 0:
+            blocks.extend(self.pool.get_new_blocks(num_new))
+
+    def num_blocks_to_allocate(self, req: RequestState, num_tokens: int, new_computed: list[Block],
+                               num_local_computed: int) -> int:
+        held = len(self.req_to_blocks.get(req.rid, ()))
+        if req.rid in self.num_cached_block:
+            return max(cdiv(num_tokens, self.block_size) - held, 0)
+        num_new = max(cdiv(num_tokens, self.block_size) - (len(new_computed) + held), 0)
+        if self.has_partial_local_hit(new_computed, num_local_computed):
+            num_new += 1
+        return num_new + sum(1 for b in new_computed if b.ref_cnt == 0 and b is not self.pool.null)
+
+    def cache_blocks(self, req: RequestState, num_tokens: int) -> None:
+        num_cached = self.num_cached_block.get(req.rid, 0)
+        num_full = num_tokens // self.block_size
+        if num_cached < num_full:
+            self.pool.cache_full_blocks(req, self.req_to_blocks[req.rid], num_cached, num_full, self.group_id, None)
+            self.num_cached_block[req.rid] = num_full
+        if self.hash_unit < self.block_size:
+            self._cache_partial_tail_block(req, num_tokens)
+
+    def _cache_partial_tail_block(self, req: RequestState, num_tokens: int) -> None:
+        """Register the prompt's last hash boundary (``P-1`` rounded down) when it ends inside a block."""
+        boundary = (req.num_prompt_tokens - 1) // self.hash_unit * self.hash_unit
+        if boundary == 0 or boundary > num_tokens or boundary % self.block_size == 0:
+            return
+        blocks = self.req_to_blocks[req.rid]
+        idx = boundary // self.block_size
+        if idx < len(blocks):
+            self.pool.cache_partial_block(req, blocks[idx], boundary, self.group_id)
+
+
+class MambaManager(GroupManager):
+    """vLLM's ``MambaManager`` in ``align`` mode (no speculative or prefill-checkpoint blocks)."""
+
+    kind = MAMBA
+
+    def __init__(self, pool: BlockPool, group_id: int) -> None:
+        super().__init__(pool, group_id)
+        self.last_state_block_idx: dict[int, int] = {}
+        self.num_retired_blocks: dict[int, int] = {}
+        self.allocated: set[int] = set()
+
+    def num_skipped_tokens(self, num_computed: int) -> int:
+        return num_computed - 1                                  # Mamba keeps only the last state
+
+    def find_longest_cache_hit(self, req: RequestState, max_length: int, group_ids: list[int]) -> tuple[list[list[Block]], int]:
+        """The deepest state within ``max_length`` (every hash boundary, fine-grained or not)."""
+        computed: list[list[Block]] = [[] for _ in group_ids]
+        unit = self.hash_unit if self.hash_unit < self.block_size else self.block_size
+        for fine in range(min(max_length // unit, req.num_prompt_tokens // unit) - 1, -1, -1):
+            cached = self.pool.get_cached_block(req.hash_at((fine + 1) * unit), group_ids)
+            if cached:
+                idx = fine // (self.block_size // unit)                # the block holding that boundary
+                for out, block in zip(computed, cached):
+                    out.extend([self.pool.null] * idx)
+                    out.append(block)
+                return computed, (fine + 1) * unit
+        return computed, 0
+
+    def _free_and_null(self, blocks: list[Block], indices: Sequence[int]) -> None:
+        freed = []
+        for i in indices:
+            if blocks[i] is not self.pool.null:
+                freed.append(blocks[i])
+                blocks[i] = self.pool.null
+        if freed:
+            self.pool.free_blocks(freed)
+
+    def remove_skipped_blocks(self, req: RequestState, processed: int) -> None:
+        blocks = self.req_to_blocks.setdefault(req.rid, [])
+        num_skipped_tokens = self.num_skipped_tokens(processed)
+        if num_skipped_tokens > 0:
+            last = min(num_skipped_tokens // self.block_size, len(blocks))
+            first = self.num_retired_blocks.get(req.rid, 0)
+            if first < last:
+                self._free_and_null(blocks, range(last - 1, first - 1, -1))
+                self.num_retired_blocks[req.rid] = last
+        idx = self.last_state_block_idx.get(req.rid)
+        if idx is not None and idx < cdiv(processed, self.block_size) - 1:
+            self._free_and_null(blocks, [idx])
+
+    def num_blocks_to_allocate(self, req: RequestState, num_tokens: int, new_computed: list[Block],
+                               num_local_computed: int) -> int:
+        held = len(self.req_to_blocks.get(req.rid, ()))
+        num_new = cdiv(num_tokens, self.block_size) - len(new_computed) - held
+        partial = self.has_partial_local_hit(new_computed, num_local_computed) or req.rid in self.partial_hit_reqs
+        if partial:
+            num_new = max(num_new, 0) + 1
+        if num_new > 0:
+            num_new = min(num_new, 1 + int(partial))             # the physical cap: the running block (+ CoW)
+        # May be negative, as in vLLM: a request holding more (null-padded) blocks than it needs.
+        return num_new + sum(1 for b in new_computed if b.ref_cnt == 0 and b is not self.pool.null)
+
+    def allocate_new_blocks(self, req: RequestState, num_tokens: int) -> None:
+        blocks = self.req_to_blocks.setdefault(req.rid, [])
+        num_required = cdiv(num_tokens, self.block_size)
+        partial = self.partial_hit_reqs.get(req.rid)
+        if num_required <= len(blocks) and partial is None:
+            self.allocated.add(req.rid)
+            return
+        prev_len = len(blocks)
+        was_allocated = req.rid in self.allocated
+        if was_allocated or prev_len > 0:
+            self.last_state_block_idx[req.rid] = prev_len - 1     # the state the next one copies
+        num_skipped = num_required - 1
+        if prev_len < num_skipped:
+            blocks.extend([self.pool.null] * (num_skipped - prev_len))
+        num_new = max(num_required - len(blocks), 0) + int(partial is not None)
+        new = self.pool.get_new_blocks(num_new)
+        if partial is not None:
+            idx, source = partial
+            cow, new = new[0], new[1:]
+            if was_allocated:
+                # This request keeps computing in ``source``: the cache entry moves to ``cow``,
+                # which the copy fills with the boundary state.
+                assert blocks[idx] is source
+                self.pool.move_block_hashes(source, cow)
+                self.pending_copies.append((source, cow))
+                source.ref_cnt += 1
+            else:
+                self.apply_cow(req, idx, source, cow)
+        blocks.extend(new)
+        self.allocated.add(req.rid)
+        self.partial_hit_reqs.pop(req.rid, None)
+
+    def reachable_block_mask(self, start: int, end: int, boundaries: Sequence[int]) -> list[bool] | None:
+        interval = self.pool.layout.retention_interval
+        if interval is None:
+            return None
+        mask = [False] * (end - start)
+        if interval:
+            per_segment = interval // self.block_size
+            if per_segment <= 1:
+                return None
+            first = (start + per_segment) // per_segment * per_segment - 1
+            for i in range(first - start, len(mask), per_segment):
+                mask[i] = True
+        align = min(self.hash_unit, self.block_size)
+        for boundary in boundaries:
+            aligned = boundary // align * align
+            block = aligned // self.block_size - 1
+            if start <= block < end:
+                mask[block - start] = True
+        return mask
+
+    def cache_blocks(self, req: RequestState, num_tokens: int) -> None:
+        num_cached = self.num_cached_block.get(req.rid, 0)
+        num_full = num_tokens // self.block_size
+        if num_cached < num_full:
+            boundaries = [req.num_prompt_tokens - 1]               # vLLM's replay boundary (no EAGLE)
+            if req.shared_prefix_boundary:
+                boundaries.append(req.shared_prefix_boundary)
+            mask = self.reachable_block_mask(num_cached, num_full, boundaries)
+            self.pool.cache_full_blocks(req, self.req_to_blocks[req.rid], num_cached, num_full, self.group_id, mask)
+            self.num_cached_block[req.rid] = num_full
+        self._cache_partial_tail_block(req, num_tokens)
+
+    def _cache_partial_tail_block(self, req: RequestState, num_tokens: int) -> None:
+        """At the prompt's last hash boundary, key the running state block there (a producer CoW
+        then preserves it when the request moves on)."""
+        unit = self.hash_unit
+        if num_tokens <= 0 or num_tokens % unit:
+            return
+        if num_tokens != max((req.num_prompt_tokens - 1) // unit * unit, 0):
+            return
+        idx = cdiv(num_tokens, self.block_size) - 1
+        blocks = self.req_to_blocks[req.rid]
+        if idx >= len(blocks) or blocks[idx] is self.pool.null:
+            return
+        key = self.pool.cache_partial_block(req, blocks[idx], num_tokens, self.group_id)
+        if key is not None and num_tokens % self.block_size:
+            self.partial_hit_reqs[req.rid] = (idx, blocks[idx])
+            self.num_cached_block[req.rid] = idx
+
+    def free(self, req: RequestState) -> None:
+        self.allocated.discard(req.rid)
+        self.last_state_block_idx.pop(req.rid, None)
+        self.num_retired_blocks.pop(req.rid, None)
+        super().free(req)
