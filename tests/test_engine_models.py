@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 
+import numpy as np
 import pytest
 
 import torch
@@ -157,3 +158,85 @@ def test_token_ids_out_of_range_or_malformed(bad):
     model = load_model("lfm2-tiny")
     with pytest.raises(TokenRangeError):
         model.check_tokens(bad)
+
+
+# ----------------------------------------------------------------------------- issue 21: bugs 13, 19
+@pytest.fixture(scope="module")
+def lfm2_checkpoint(tmp_path_factory):
+    """A saved lfm2-tiny checkpoint (the cheapest preset), copied per test that breaks it."""
+    directory = tmp_path_factory.mktemp("lfm2")
+    load_model("lfm2-tiny").module.save_pretrained(directory)
+    return directory
+
+
+def _copy(checkpoint, tmp_path):
+    import shutil
+
+    target = tmp_path / "ckpt"
+    shutil.copytree(checkpoint, target)
+    return target
+
+
+@pytest.mark.parametrize("text, message", [
+    ("[1, 2]", "config.json: expected a JSON object .*got a JSON list"),
+    ('{"text_config": [1]}', "config.json: text_config must be a JSON object .*got a JSON list"),
+    ('{"model_type": ["lfm2"]}', "model_type must be text naming the architecture"),
+    ("\xff\xfe", "config.json:1: not valid JSON \\(not UTF-8 text"),
+])
+def test_a_config_json_that_is_not_an_object_is_a_clear_error(tmp_path, text, message):
+    (tmp_path / "config.json").write_bytes(text.encode("latin-1"))
+    with pytest.raises(EngineError, match=message):
+        load_checkpoint(tmp_path)
+
+
+def test_a_config_transformers_refuses_names_the_file(lfm2_checkpoint, tmp_path):
+    directory = _copy(lfm2_checkpoint, tmp_path)
+    cfg = json.loads((directory / "config.json").read_text())
+    (directory / "config.json").write_text(json.dumps({**cfg, "hidden_size": None}))
+    with pytest.raises(EngineError, match="config.json: transformers cannot build a config from it .*hidden_size"):
+        load_checkpoint(directory)
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda data: b"", "model.safetensors: the weights file is empty"),
+    (lambda data: data[:1000], "model.safetensors: not a readable safetensors file"),
+    (lambda data: b"\0" * 64, "model.safetensors: not a readable safetensors file"),
+])
+def test_empty_or_corrupt_safetensors_name_the_file(lfm2_checkpoint, tmp_path, damage, message):
+    directory = _copy(lfm2_checkpoint, tmp_path)
+    weights = directory / "model.safetensors"
+    weights.write_bytes(damage(weights.read_bytes()))
+    with pytest.raises(EngineError, match=message):
+        load_checkpoint(directory)
+
+
+def test_a_vocab_size_that_disagrees_with_the_weights_says_which_field_to_fix(lfm2_checkpoint, tmp_path):
+    directory = _copy(lfm2_checkpoint, tmp_path)
+    cfg = json.loads((directory / "config.json").read_text())
+    (directory / "config.json").write_text(json.dumps({**cfg, "vocab_size": 1000}))
+    with pytest.raises(EngineError, match="shapes disagree with config.json: .*embed_tokens.weight is \\(32000, 64\\) "
+                                          "in model.safetensors but \\(1000, 64\\) by the config \\(vocab_size is "
+                                          "1000; the checkpoint's vocabulary has 32000 ids: fix vocab_size\\)"):
+        load_checkpoint(directory)
+
+
+@pytest.mark.parametrize("dtype", [np.uint64, np.uint32, np.uint16, np.uint8, np.int16])
+def test_unsigned_numpy_token_arrays_are_checked_not_crashed(dtype):
+    """Bug 19: torch has no ``min`` for UInt64, so a numpy uint64 id array crashed check_tokens."""
+    model = load_model("lfm2-tiny")
+    ids = model.check_tokens(np.array([1, 2, 200], dtype=dtype))
+    assert ids.dtype == torch.int64 and ids.tolist() == [1, 2, 200]
+    read_only = np.array([5, 6], dtype=dtype)
+    read_only.flags.writeable = False
+    assert model.check_tokens(read_only).tolist() == [5, 6]
+
+
+def test_unsigned_ids_out_of_range_are_token_range_errors():
+    model = load_model("lfm2-tiny")
+    with pytest.raises(TokenRangeError, match="token id 32000 is outside the vocabulary \\[0, 32000\\)"):
+        model.check_tokens(np.array([1, 32000], dtype=np.uint64))
+    with pytest.raises(TokenRangeError, match="fits no vocabulary"):
+        model.check_tokens(np.array([2**64 - 1], dtype=np.uint64))
+    with pytest.raises(TokenRangeError, match="outside the vocabulary"):
+        model.check_tokens(torch.tensor([1, 40000], dtype=torch.uint32))
+    assert model.check_tokens(torch.tensor([3, 4], dtype=torch.uint64)).tolist() == [3, 4]

@@ -31,7 +31,6 @@ checkpoints keep their value and their decode-vs-prefill difference (not a cache
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import threading
 from collections.abc import Callable, Iterator, Mapping
@@ -49,6 +48,7 @@ from marconi.engine.errors import (
     UnsupportedModelError,
 )
 from marconi.engine.precision import float64_scans
+from marconi.core.jsonfile import JsonError, read_json
 from marconi.core.model import ModelSpec, SpecError
 
 __all__ = [
@@ -116,13 +116,16 @@ ARCHITECTURES: dict[str, Architecture] = {a.model_type: a for a in (
 _MAMBA1 = {"jamba": "Jamba", "zamba": "Zamba (v1)", "mamba": "Mamba", "falcon_mamba": "FalconMamba"}
 
 
-def _architecture(model_type: str | None) -> Architecture:
+def _architecture(model_type: Any) -> Architecture:
+    if not isinstance(model_type, str):  # (a list would not even hash)
+        raise UnsupportedModelError(f"model_type must be text naming the architecture, got {model_type!r}; the "
+                                    f"engine serves {', '.join(sorted(ARCHITECTURES))}")
     if model_type in _MAMBA1:
         raise UnsupportedModelError(
             f"{_MAMBA1[model_type]} ({model_type!r}) uses Mamba-1 layers: transformers' torch scan restarts "
             "from a zero state on every multi-token forward, so a prefill cannot resume from a cached "
             "state and prefix reuse would not be exact. Supported: " + ", ".join(sorted(ARCHITECTURES)))
-    arch = ARCHITECTURES.get(str(model_type))
+    arch = ARCHITECTURES.get(model_type)
     if arch is None:
         raise UnsupportedModelError(f"unsupported model_type {model_type!r}; the engine serves "
                                     f"{', '.join(sorted(ARCHITECTURES))}")
@@ -434,13 +437,29 @@ def check_head(model: HybridModel) -> None:
                                 f"forward's ({model.arch.model_type}'s LM head post-processing changed?)")
 
 
+# torch implements no min/max for these (a numpy uint64 id array became one of them and crashed).
+_WIDE_UNSIGNED = tuple(getattr(torch, name) for name in ("uint16", "uint32", "uint64") if hasattr(torch, name))
+
+
 def _as_id_tensor(token_ids: Any) -> torch.Tensor:
-    """``torch.as_tensor`` with a clear error for what cannot be token ids (strings, ragged lists ...)."""
+    """``torch.as_tensor`` with a clear error for what cannot be token ids (strings, ragged lists ...).
+
+    Unsigned ids (numpy ``uint*``, torch ``uint16/32/64``) come back as int64, so the range check
+    can compare them; an id of 2**63 or more fits no vocabulary and is refused here.
+    """
     if isinstance(token_ids, (str, bytes)):
         raise TokenRangeError(f"token ids must be a sequence of integers, got text {token_ids[:40]!r}; "
                               "tokenize it first (Engine.generate tokenizes a str prompt)")
-    if isinstance(token_ids, np.ndarray) and not token_ids.flags.writeable:
-        token_ids = token_ids.copy()  # trace arrays are read-only views; torch wants to own writable memory
+    if isinstance(token_ids, torch.Tensor) and token_ids.dtype in _WIDE_UNSIGNED:
+        token_ids = token_ids.numpy()
+    if isinstance(token_ids, np.ndarray):
+        if token_ids.dtype.kind == "u":
+            if token_ids.size and token_ids.max() > np.iinfo(np.int64).max:
+                raise TokenRangeError(f"token id {int(token_ids.max())} fits no vocabulary (ids are < 2**63); ids "
+                                      "are never folded — use a tokenizer whose ids fit")
+            token_ids = token_ids.astype(np.int64)  # a copy, writable
+        elif not token_ids.flags.writeable:
+            token_ids = token_ids.copy()  # trace arrays are read-only views; torch wants to own writable memory
     try:
         return torch.as_tensor(token_ids)
     except (TypeError, ValueError, RuntimeError) as exc:
@@ -511,7 +530,13 @@ def build_model(config: Any, *, dtype: str | torch.dtype = "float32", seed: int 
 
 
 def load_checkpoint(path: str | Path, *, dtype: str | torch.dtype = "float32") -> HybridModel:
-    """A local checkpoint directory (``config.json`` + weights). Nothing is downloaded."""
+    """A local checkpoint directory (``config.json`` + weights). Nothing is downloaded.
+
+    Raises EngineError naming the file and what to change for a missing, unreadable or non-object
+    ``config.json``, a config transformers refuses, an empty or corrupt ``*.safetensors`` file,
+    weights whose shapes disagree with the config (a ``vocab_size`` that is not the embedding's),
+    or no weights at all; UnsupportedModelError for an architecture the engine cannot serve.
+    """
     from transformers import AutoConfig, AutoModelForCausalLM
 
     directory = Path(path)
@@ -520,20 +545,102 @@ def load_checkpoint(path: str | Path, *, dtype: str | torch.dtype = "float32") -
     config_file = directory / "config.json"
     if not config_file.is_file():
         raise EngineError(f"{directory} has no config.json: a checkpoint directory needs config.json + weights")
-    try:
-        raw = json.loads(config_file.read_text())
-    except json.JSONDecodeError as exc:
-        raise EngineError(f"{config_file}: not valid JSON ({exc})") from None
-    _architecture(raw.get("model_type") or raw.get("text_config", {}).get("model_type"))
+    _architecture(_config_model_type(_read_config_json(config_file), config_file))
     torch_dtype = _as_dtype(dtype)
+    _check_weight_files(directory)
     with _quiet_transformers():
-        config = AutoConfig.from_pretrained(directory, local_files_only=True)
+        try:
+            config = AutoConfig.from_pretrained(directory, local_files_only=True)
+        except Exception as exc:  # transformers' own validation: a null or mistyped field ...
+            raise EngineError(f"{config_file}: transformers cannot build a config from it ({_brief(exc)}); "
+                              "fix the field it names") from exc
         try:
             module = AutoModelForCausalLM.from_pretrained(directory, local_files_only=True, dtype=torch_dtype)
         except OSError as exc:
             raise EngineError(f"cannot load weights from {directory}: {exc}") from None
+        except Exception as exc:  # size mismatches (RuntimeError), a weights file broken past its header ...
+            mismatches = _shape_mismatches(directory, config)
+            if mismatches:
+                raise EngineError(f"cannot load weights from {directory}: their shapes disagree with "
+                                  f"{config_file.name}: " + "; ".join(mismatches)) from None
+            raise EngineError(f"cannot load weights from {directory}: {_brief(exc)}") from exc
     arch = _architecture(config.model_type)
     return HybridModel(str(directory), module.eval(), module.config, arch, torch_dtype)
+
+
+def _brief(exc: BaseException) -> str:
+    """An exception as one line for a message: its type and the first line of its text."""
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+
+
+def _read_config_json(config_file: Path) -> dict[str, Any]:
+    """``config.json`` as a dict; EngineError naming the file if it is not a readable JSON object."""
+    try:
+        raw = read_json(config_file)
+    except JsonError as exc:
+        raise EngineError(f"{exc.where}: not valid JSON ({exc.reason})") from None
+    if not isinstance(raw, dict):
+        raise EngineError(f"{config_file}: expected a JSON object (a Hugging Face config.json), "
+                          f"got a JSON {type(raw).__name__}")
+    return raw
+
+
+def _config_model_type(raw: Mapping[str, Any], config_file: Path) -> Any:
+    """The config's ``model_type``, or its ``text_config``'s (a multimodal wrapper's)."""
+    model_type = raw.get("model_type")
+    if not model_type and "text_config" in raw:
+        text = raw["text_config"]
+        if not isinstance(text, Mapping):
+            raise EngineError(f"{config_file}: text_config must be a JSON object (the language model's config), "
+                              f"got a JSON {type(text).__name__}")
+        model_type = text.get("model_type")
+    return model_type
+
+
+def _check_weight_files(directory: Path) -> None:
+    """EngineError naming the first ``*.safetensors`` file that is empty or whose header cannot be
+    read (a copy or download cut short), before transformers reports it without the file's name."""
+    from safetensors import SafetensorError, safe_open
+
+    for weights in sorted(directory.glob("*.safetensors")):
+        if weights.stat().st_size == 0:
+            raise EngineError(f"{weights}: the weights file is empty (a copy or download cut short?); copy it again")
+        try:
+            with safe_open(weights, framework="pt") as handle:
+                handle.keys()
+        except (SafetensorError, OSError) as exc:
+            raise EngineError(f"{weights}: not a readable safetensors file ({exc}); the copy or download is "
+                              "incomplete or corrupt: copy it again") from None
+
+
+def _shape_mismatches(directory: Path, config: Any, limit: int = 3) -> list[str]:
+    """Tensors whose shape in the ``*.safetensors`` files differs from what ``config`` builds (at
+    most ``limit``, described for a message; a vocabulary mismatch says which field to fix)."""
+    from safetensors import safe_open
+    from transformers import AutoModelForCausalLM
+
+    try:
+        with torch.device("meta"):
+            expected = {k: tuple(v.shape) for k, v in AutoModelForCausalLM.from_config(config).state_dict().items()}
+        found: list[str] = []
+        for weights in sorted(directory.glob("*.safetensors")):
+            with safe_open(weights, framework="pt") as handle:
+                for key in handle.keys():
+                    shape, want = tuple(handle.get_slice(key).get_shape()), expected.get(key)
+                    if want is None or want == shape:
+                        continue
+                    text = f"{key} is {shape} in {weights.name} but {want} by the config"
+                    vocab = getattr(config, "vocab_size", None)
+                    if ("embed" in key or "lm_head" in key) and shape and want and shape[0] != want[0] == vocab:
+                        text += (f" (vocab_size is {vocab}; the checkpoint's vocabulary has {shape[0]} ids: "
+                                 f"fix vocab_size)")
+                    found.append(text)
+                    if len(found) >= limit:
+                        return found
+        return found
+    except Exception:  # only a diagnosis: the caller reports the loader's own error instead
+        return []
 
 
 def load_model(name_or_path: str | Path, *, dtype: str | torch.dtype = "float32", seed: int = 0) -> HybridModel:
