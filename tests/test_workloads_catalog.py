@@ -200,3 +200,19 @@ def test_cli_lists_the_catalog_and_says_a_fallback(no_shared_data, capsys, tmp_p
     assert main(["simulate", "--trace", "sharegpt:sessions=3", "--systems", "sglang+", "--capacity", "1TB",
                  "--workers", "1", "--quiet"]) == 0
     assert "trace sharegpt:sessions=3: FALLBACK: ../shared/data/sharegpt is absent" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("spec, named", [
+    ("swe-sample:max_input_len=1", "max_input_len=1"),
+    ("agent-synthetic:sessions=2,max_input_len=1", "max_input_len=1"),
+])
+def test_a_filter_that_leaves_no_requests_is_a_config_error_naming_it(spec, named, capsys, tmp_path):
+    """Issue 21: ``max_input_len=1`` left a 0-request trace, and the commands exited 0 on it."""
+    with pytest.raises(ConfigError) as info:
+        build_workload(spec)
+    message = str(info.value)
+    assert spec.split(":")[0] in message and "no requests" in message and named in message
+    assert "raise max_input_len" in message
+    out = tmp_path / "empty.jsonl"
+    assert main(["trace", "build", "bundled", spec, "--out", str(out)]) == 2
+    assert "no requests" in capsys.readouterr().err and not out.exists()

@@ -430,6 +430,22 @@ def _text(value: Any) -> str:
     return os.fspath(value) if isinstance(value, os.PathLike) else str(value)
 
 
+_FILTERS = {"max_input_len": "drops every request whose input is longer than {value} tokens; raise max_input_len",
+            "max_turns": "keeps only the first {value} turns of each session; raise max_turns"}
+"""Parameters that drop requests, and what to say when one dropped them all."""
+
+
+def _no_requests(name: str, entry: str, params: dict[str, Any], data: str) -> str:
+    """Why ``name`` built no requests and what to change (the filters set off their default first)."""
+    defaults = WORKLOADS.params_of(entry)
+    causes = [f"{key}={params[key]} " + text.format(value=params[key]) + f" (default {defaults[key]})"
+              for key, text in _FILTERS.items() if key in params and params[key] != defaults.get(key)]
+    if not causes:
+        causes = ["its data and parameters leave none; check the data files or loosen the parameters "
+                  "(`marconi trace list` shows them)"]
+    return f"workload {name!r} has no requests ({data}): " + "; ".join(causes)
+
+
 def build_workload(spec: str | ParsedName, **overrides: Any) -> Trace:
     """Build a catalog workload: ``"name"`` or ``"name:key=value,..."`` (seconds for the samples).
 
@@ -441,6 +457,9 @@ def build_workload(spec: str | ParsedName, **overrides: Any) -> Trace:
         ConfigError: unknown name (the message lists the catalog), unknown parameter (it lists the
             entry's), a malformed value, or a bad ``scale`` / count / ``data``.
         DataUnavailable: ``data=shared`` where the shared data set lacks the data, or LMSys without files.
+        ConfigError: the parameters (or the data) leave no request at all, e.g. ``max_input_len=1``; the
+            message names the filter and what to change. A 0-request trace replays to empty results
+            with exit 0, which looks like success.
         OSError, ValueError: the data files themselves are unreadable or malformed (the builders say where).
     """
     parsed = spec if isinstance(spec, ParsedName) else parse_name(spec)
@@ -448,6 +467,8 @@ def build_workload(spec: str | ParsedName, **overrides: Any) -> Trace:
     applied = {k: v for k, v in overrides.items()
                if k in params and k not in parsed.params and v is not None and v != "" and v != ()}
     name = str(ParsedName(parsed.name, {**parsed.params, **{k: _text(v) for k, v in applied.items()}}))
+    if len(built.trace) == 0:
+        raise ConfigError(_no_requests(name, parsed.name, params, built.data))
     trace = built.trace
     trace.name = name
     trace.meta["provenance"] = Provenance(name, built.data, built.licence, params, built.fallback).as_dict()
