@@ -11,6 +11,12 @@ are kept on top (``marconi=false`` drops the branch point; the last token always
 Depths below the request's resume point are already served by checkpoints on its path, so they
 get no weight, and the recompute of an uncovered depth d is charged from the resume point u:
 the potential is F(max(x, u)), still non-decreasing, so the fast DP's precondition holds.
+
+Exactness: with a budget ``m`` the DP runs over every candidate depth of the rule (``all``: every
+depth in ``(u, N]``), so the placement is the optimum of the stated problem, at ``O(m·N log N)``
+per planned request. The Lagrangian form's solver is ``O(K²)``, so there the candidates are
+capped at ``max_candidates`` (the heaviest depths, ties spread evenly): exact only while the
+support fits under the cap.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ from marconi.sparse.overlap import EstimatorConfig, OverlapEstimator
 if TYPE_CHECKING:
     from marconi.core.model import ModelSpec
 
-__all__ = ["SparseDPAdmission"]
+__all__ = ["SparseDPAdmission", "cap_candidates"]
 
 
 class SparseDPAdmission:
@@ -94,26 +100,23 @@ class SparseDPAdmission:
         return PotentialCost(f"{base.name}-from-{resume}", lambda x: potential(np.maximum(x, resume)))
 
     def _candidates(self, key: int, weights: np.ndarray, resume: int, n: int) -> np.ndarray:
-        """Candidate depths in (resume, n], thinned to at most ``max_candidates``.
+        """Candidate depths in (resume, n], ascending: the whole support of the rule.
 
         An optimal checkpoint sits at a depth with mass (moving it up to the next such depth serves
-        the same requests from deeper), so the support is enough. ``candidates="all"`` (default)
-        solves the stated problem exactly: the prior's spread gives every depth some mass, so a
-        budget of M is always filled. ``candidates="observed"`` places only at depths actually
-        observed: fewer checkpoints per sequence, but a new document's own divergence depth is
-        missed until it has been seen (QuALITY: 4.8% of prefill FLOPs recomputed at M=8 vs 0.1%).
-        When the support is larger than the cap, the heaviest depths are kept.
+        the same requests from deeper), so the support is enough — and, in general, needed: with a
+        fresh estimator the prior's depths all weigh the same, and the optimum (for m = 2 at
+        N = 8000: (4039, 8000)) lies anywhere among them. ``candidates="all"`` (default) takes
+        every depth with mass: the budgeted DP then solves the stated problem exactly, and the
+        prior's spread gives every depth some mass, so a budget of M is always filled.
+        ``candidates="observed"`` places only at depths actually observed: fewer checkpoints per
+        sequence, but a new document's own divergence depth is missed until it has been seen
+        (QuALITY: 4.8% of prefill FLOPs recomputed at M=8 vs 0.1%).
         """
         if self.candidate_rule == "observed":
             observed = self.estimator.observed_depths(key)
             support = observed[(observed > resume) & (observed <= n)]
-            support = support[weights[support] > 0]
-        else:
-            support = np.flatnonzero(weights[resume + 1: n + 1] > 0) + resume + 1
-        if support.size > self.max_candidates:
-            heaviest = np.argsort(weights[support], kind="stable")[-self.max_candidates:]
-            support = np.sort(support[heaviest])
-        return support
+            return support[weights[support] > 0]
+        return np.flatnonzero(weights[resume + 1: n + 1] > 0) + resume + 1
 
     def _plan(self, key: int, ctx: AdmissionContext) -> tuple[int, ...]:
         n, resume = ctx.input_len, ctx.match.usable_hit_len
@@ -129,11 +132,33 @@ class SparseDPAdmission:
         cost = self._cost(ctx.spec, resume)
         self.num_planned += 1
         if self.lam is not None:
+            candidates = cap_candidates(candidates, weights, self.max_candidates)  # its solver is O(K²)
             placement = place_checkpoints_lagrangian(weights, candidates, self.lam, cost=cost,
                                                      checkpoint_bytes=ctx.spec.ssm_checkpoint_bytes)
             return tuple(int(p) for p in placement.positions)
         placement = place_checkpoints(weights, candidates, self.m, cost=cost, curve=False)
         return tuple(int(p) for p in placement.positions)
+
+
+def cap_candidates(support: np.ndarray, weights: np.ndarray, cap: int) -> np.ndarray:
+    """At most ``cap`` of the ascending depths ``support``: the heaviest, ascending.
+
+    Depths tied at the cut-off weight are taken evenly spread over their range rather than the
+    deepest (a fresh estimator's prior ties every depth; keeping the deepest 256 of 8000 placed
+    m = 2 at (7745, 8000), 1.86x the optimum's recompute). An approximation once the support
+    exceeds the cap: the optimum may lie between the kept depths.
+    """
+    if support.size <= cap:
+        return support
+    w = weights[support]
+    cutoff = np.sort(w)[-cap]                      # the cap-th largest weight
+    above = support[w > cutoff]
+    tied = support[w == cutoff]
+    need = cap - above.size                        # 1 <= need <= tied.size
+    # the middle of each of ``need`` equal parts of the tied run: strictly increasing, since the
+    # numerators grow by 2·tied.size >= the denominator 2·need
+    spread = (2 * np.arange(need) + 1) * tied.size // (2 * need)
+    return np.sort(np.concatenate((above, tied[spread])))
 
 
 @ADMISSION_POLICIES.register("sparse-dp", "checkpoints placed by the exact DP over estimated overlap depths "
