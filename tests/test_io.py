@@ -190,3 +190,76 @@ def test_read_json_names_the_line(tmp_path):
     path.write_bytes(b'{\n"a": "\xfe"}\n')
     with pytest.raises(JsonError, match=r"c\.json:2: not UTF-8"):
         read_json(path)
+
+
+# ----------------------------------------------------------------------------- hardening (issue 21)
+def test_check_output_refuses_an_existing_file_inside_an_input_directory(tmp_path):
+    """A model directory is read as a whole (config.json, weights ...): --out must not name any of its files."""
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    with pytest.raises(ConfigError, match=r"inside .*model.*, an input of this command"):
+        check_output(model / "config.json", inputs=[model])
+    link = tmp_path / "cfg-link.json"
+    link.symlink_to(model / "config.json")
+    with pytest.raises(ConfigError, match="an input of this command"):
+        check_output(link, inputs=[model])
+    assert check_output(model / "results.jsonl", inputs=[model])  # a new file there destroys nothing
+    assert (model / "config.json").read_text() == "{}"
+
+
+def test_check_output_of_a_replaced_directory_refuses_inputs_inside_it(tmp_path):
+    out = tmp_path / "report"
+    out.mkdir()
+    table = out / "ttft.csv"
+    table.write_text("tokens,ttft_ms\n1,1\n")
+    with pytest.raises(ConfigError, match=r"ttft\.csv.*is inside --out"):
+        check_output(out, directory=True, inputs=[table])
+    assert check_output(out, directory=True, inputs=[tmp_path / "elsewhere.csv"])
+    assert table.exists()
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full")
+def test_a_full_device_error_names_the_file():
+    with pytest.raises(OSError, match="No space left on device.*/dev/full") as info:
+        write_jsonl("/dev/full", [{"a": 1}] * 10_000)
+    assert info.value.errno == 28
+
+
+def test_a_full_disk_error_names_the_file_and_leaves_nothing(tmp_path, monkeypatch):
+    target = tmp_path / "r.jsonl"
+    target.write_text("old\n")
+
+    def full(fd):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(OSError, match=r"No space left on device.*r\.jsonl") as info:
+        write_jsonl(target, [{"a": 1}])
+    assert info.value.errno == 28 and info.value.filename == str(target)
+    assert target.read_text() == "old\n" and _listing(tmp_path) == ["r.jsonl"]
+
+
+def test_atomic_directory_replaces_the_old_directory_only_when_complete(tmp_path):
+    from marconi.io import atomic_directory
+
+    out = tmp_path / "report"
+    out.mkdir()
+    (out / "old.md").write_text("old")
+    (out / "fig.png").write_text("old png")
+    with pytest.raises(KeyboardInterrupt):
+        with atomic_directory(out) as stage:
+            (stage / "fig.png").write_text("new png")
+            raise KeyboardInterrupt  # interrupted half-way: the old report stays whole, nothing mixed
+    assert _listing(out) == ["fig.png", "old.md"] and (out / "fig.png").read_text() == "old png"
+    assert _listing(tmp_path) == ["report"]  # no staging directory left
+    with atomic_directory(out) as stage:
+        (stage / "new.md").write_text("new")
+    assert _listing(out) == ["new.md"]  # the old files are gone, not mixed in
+    assert _listing(tmp_path) == ["report"]
+    old = os.umask(0o022)
+    try:
+        with atomic_directory(tmp_path / "fresh" / "made") as stage:
+            (stage / "a").write_text("a")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "fresh" / "made").stat().st_mode) == 0o755  # not mkdtemp's 0700

@@ -15,17 +15,24 @@ Every file marconi writes goes through :func:`atomic_write`, and every JSONL fil
 * **Normal permissions.** A new file gets ``0o666 & ~umask`` (``0644`` usually), like ``open()``; a
   replaced file keeps its mode. (``mkstemp`` alone would leave ``0600``.)
 * **Errors name the place.** Readers raise :class:`JsonError` (a ValueError) as ``path:line: what``
-  for a line that is not UTF-8, not JSON, or nested too deeply to decode.
+  for a line that is not UTF-8, not JSON, or nested too deeply to decode. A write that fails for
+  want of space (``ENOSPC``, a quota, a file size limit) raises an OSError naming the target, not a
+  bare ``[Errno 28]``.
+* **A directory is replaced as a whole.** :func:`atomic_directory` fills a hidden staging directory
+  and swaps it in only once complete, so an interrupted report never mixes old and new files.
 
 :func:`check_output` is the pre-flight check commands run *before* long work, so a result is never
-computed and then lost to an unwritable ``--out`` (or written over one of the command's inputs).
+computed and then lost to an unwritable ``--out`` (or written over one of the command's inputs:
+every file it reads, a trace's sidecar and the files of a model directory included).
 """
 
 from __future__ import annotations
 
+import errno
 import gzip
 import json
 import os
+import shutil
 import stat
 import tempfile
 from contextlib import contextmanager
@@ -35,8 +42,8 @@ from typing import IO, Any, Iterable, Iterator, Sequence
 from marconi.core.jsonfile import JsonError, check_readable, read_json
 from marconi.core.registry import ConfigError
 
-__all__ = ["atomic_write", "write_text", "write_jsonl", "iter_lines", "iter_jsonl", "read_jsonl",
-           "read_json", "decode_line", "loads", "check_output", "is_stream", "JsonError"]
+__all__ = ["atomic_write", "atomic_directory", "write_text", "write_jsonl", "iter_lines", "iter_jsonl",
+           "read_jsonl", "read_json", "decode_line", "loads", "check_output", "is_stream", "JsonError"]
 
 PathLike = str | os.PathLike
 
@@ -44,14 +51,29 @@ PathLike = str | os.PathLike
 # ============================================================================ writing
 
 
-def _new_file_mode(target: Path) -> int:
-    """The mode ``open()`` would give a new file (or the existing file's, which is kept)."""
+def _new_file_mode(target: Path, base: int = 0o666) -> int:
+    """The mode ``open()`` (``mkdir()`` with ``base=0o777``) would give a new ``target``, or the
+    existing target's, which is kept."""
     try:
         return target.stat().st_mode & 0o7777
     except FileNotFoundError:
         umask = os.umask(0)
         os.umask(umask)
-        return 0o666 & ~umask
+        return base & ~umask
+
+
+# Errors of a write that can only be about the file being written (a read error has other errnos).
+_NO_SPACE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
+
+
+def _naming(exc: OSError, path: PathLike) -> OSError | None:
+    """``exc`` again with ``path`` as its file name (and advice where space ran out), or None if it has one."""
+    if exc.filename is not None or exc.errno is None:
+        return None
+    reason = exc.strerror or str(exc)
+    if exc.errno in _NO_SPACE_ERRNOS:
+        reason += " (free some space there, or write elsewhere)"
+    return OSError(exc.errno, reason, os.fspath(path))
 
 
 def _is_stream(st: os.stat_result) -> bool:
@@ -99,24 +121,96 @@ def atomic_write(path: PathLike, mode: str = "w") -> Iterator[IO[Any]]:
         if refusal:
             raise ConfigError(refusal)
         if _is_stream(st):
-            with open(target, mode, encoding=encoding) as fh:
-                yield fh
+            try:
+                with open(target, mode, encoding=encoding) as fh:
+                    with _no_space_named(path):
+                        yield fh
+            except OSError as exc:  # flushing at close (/dev/full, a closed pipe)
+                named = _naming(exc, path)
+                if named is None:
+                    raise
+                raise named from None
             return
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, mode, encoding=encoding) as fh:
-            yield fh
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(tmp_name, _new_file_mode(target))
-        os.replace(tmp_name, target)
+        try:
+            with os.fdopen(fd, mode, encoding=encoding) as fh:
+                with _no_space_named(path):
+                    yield fh
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.chmod(tmp_name, _new_file_mode(target))
+            os.replace(tmp_name, target)
+        except OSError as exc:  # after the body: flushing, syncing, renaming -- all about this file
+            named = _naming(exc, path)
+            if named is None:
+                raise
+            raise named from None
     except BaseException:
         try:
             os.unlink(tmp_name)
         except FileNotFoundError:
             pass
         raise
+
+
+@contextmanager
+def _no_space_named(path: PathLike) -> Iterator[None]:
+    """Inside the caller's body only a want of space is surely about ``path`` (a read error may not be)."""
+    try:
+        yield
+    except OSError as exc:
+        named = _naming(exc, path) if exc.errno in _NO_SPACE_ERRNOS else None
+        if named is None:
+            raise
+        raise named from None
+
+
+@contextmanager
+def atomic_directory(path: PathLike) -> Iterator[Path]:
+    """A new, empty directory to fill, which replaces ``path`` as a whole only if the body completes.
+
+    The body writes into a hidden staging directory beside ``path`` (``.<name>.*.staging``). On
+    success the old ``path`` is renamed aside, the staging directory renamed to ``path`` and the
+    old one removed: readers see the old directory or the new one, never a mix (between the two
+    renames, for an instant, neither). On any exception -- :class:`marconi.pool.Terminated`
+    included -- the staging directory is removed and ``path`` is untouched. A symlink is followed:
+    the directory it points to is replaced, the link stays. The new directory gets ``mkdir``'s mode
+    (or the old one's). Whatever else was in the old directory is gone: callers check first
+    (:func:`check_output` with ``directory=True``) that no input lives there.
+
+    Raises:
+        ConfigError: ``path`` exists and is not a directory.
+    """
+    target = Path(os.path.realpath(path))
+    if target.exists() and not target.is_dir():
+        raise ConfigError(f"{path} exists and is not a directory")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    stage = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.", suffix=".staging"))
+    try:
+        yield stage
+        os.chmod(stage, _new_file_mode(target, 0o777))
+        _swap_in(stage, target)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)  # gone already after a swap
+
+
+def _swap_in(stage: Path, target: Path) -> None:
+    """Rename ``stage`` to ``target``, replacing (and removing) a directory there; restore it on failure."""
+    if not target.exists():
+        os.rename(stage, target)
+        return
+    aside = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.", suffix=".old"))
+    try:
+        os.rename(target, aside)  # onto the empty directory mkdtemp made: POSIX allows it
+        try:
+            os.rename(stage, target)
+        except BaseException:
+            os.rename(aside, target)
+            raise
+    finally:
+        shutil.rmtree(aside, ignore_errors=True)
 
 
 def write_text(path: PathLike, text: str) -> Path:
@@ -144,6 +238,12 @@ def _same_file(a: Path, b: Path) -> bool:
         return os.path.realpath(a) == os.path.realpath(b)
 
 
+def _inside(path: PathLike, folder: PathLike) -> bool:
+    """Whether ``path`` is ``folder`` or lies under it (symlinks resolved)."""
+    real, base = os.path.realpath(path), os.path.realpath(folder)
+    return real == base or real.startswith(base.rstrip(os.sep) + os.sep)
+
+
 def _nearest_existing(path: Path) -> Path:
     for candidate in (path, *path.parents):
         if candidate.exists():
@@ -153,10 +253,16 @@ def _nearest_existing(path: Path) -> Path:
 
 def check_output(path: PathLike, *, inputs: Sequence[PathLike] = (), directory: bool = False,
                  option: str = "--out") -> Path:
-    """Check, before any long work, that ``path`` can be written and is none of ``inputs``.
+    """Check, before any long work, that ``path`` can be written and destroys none of ``inputs``.
 
-    ``directory``: ``path`` is a directory the command fills (it may exist); else a file that
-    :func:`atomic_write` will write. Nothing is created: the nearest existing ancestor directory
+    ``inputs``: every file the command reads (a trace *and* its ``.meta.json`` sidecar, a latency
+    table ...); an input directory (a model directory) stands for every file in it. Inputs that do
+    not exist are ignored.
+
+    ``directory``: ``path`` is a directory the command fills (it may exist); given ``inputs``, it
+    is one that :func:`atomic_directory` replaces as a whole, so no input may lie inside it. Else
+    ``path`` is a file that :func:`atomic_write` will write: it may be no input, and no existing
+    file inside an input directory. Nothing is created: the nearest existing ancestor directory
     is probed with a temp file that is removed at once.
 
     Raises:
@@ -165,7 +271,17 @@ def check_output(path: PathLike, *, inputs: Sequence[PathLike] = (), directory: 
     p = Path(path)
     for source in inputs:
         src = Path(source)
-        if src.exists() and _same_file(p, src):
+        if not src.exists():
+            continue
+        if directory:
+            if _inside(src, p):
+                raise ConfigError(f"{src}, an input of this command, is inside {option} {p}, which is replaced "
+                                  f"as a whole: move the input out of it, or choose another {option}")
+        elif src.is_dir():
+            if p.exists() and _inside(p, src):
+                raise ConfigError(f"{option} {p} is inside {src}, an input of this command (its files are read); "
+                                  "writing it would destroy the input: choose another output path")
+        elif _same_file(p, src):
             raise ConfigError(f"{option} {p} is also an input of this command ({src}); writing it would "
                               "destroy the input: choose another output path")
     try:
