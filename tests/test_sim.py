@@ -184,3 +184,47 @@ def test_bad_names_fail_before_any_work():
         parse_systems("marconi:alfa=1")
     with pytest.raises(ValueError, match="cannot read '5 gigs' as a size"):
         expand_points(["vanilla"], ["5 gigs"], ["paper-7b"])
+
+
+# ----------------------------------------------------------------------------- hardening (issue 21)
+@pytest.mark.parametrize("rows, where, message", [
+    ("100,10\n200,nan\n400,40\n", ":3:2", "ttft_ms is nan: a TTFT must be a finite number > 0"),
+    ("100,10\n200,inf\n400,40\n", ":3:2", "ttft_ms is inf"),
+    ("100,10\n200,-20\n400,40\n", ":3:2", "ttft_ms is -20"),
+    ("100,10\n-200,20\n400,40\n", ":3:1", "prefill_tokens is -200: a token count must be a finite number >= 0"),
+    ("400,40\n200,20\n100,10\n", ":3:1", "prefill_tokens 200 does not increase on 400 (line 2)"),
+    ("100,10\n200,abc\n", ":3:2", "ttft_ms is 'abc', not a number"),
+    ("100,10\n200\n", ":3:2", "ttft_ms is missing"),
+])
+def test_latency_table_refuses_bad_values_naming_file_line_and_column(tmp_path, rows, where, message):
+    """Bug 5: NaN, inf, negative or descending values fitted a line that gave 0 ms TTFT, and exit 0."""
+    from marconi.core.registry import ConfigError
+
+    table = tmp_path / "ttft.csv"
+    table.write_text("prefill_tokens,ttft_ms\n" + rows)
+    with pytest.raises(ConfigError) as info:
+        TableLatency.from_csv(table)
+    assert str(info.value).startswith(f"{table}{where}: ") and message in str(info.value)
+
+
+def test_latency_table_whose_ttft_falls_with_the_tokens_is_refused(tmp_path):
+    from marconi.core.registry import ConfigError
+
+    table = tmp_path / "ttft.csv"
+    table.write_text("prefill_tokens,ttft_ms\n100,40\n200,30\n400,10\n")  # TTFT falls: columns swapped?
+    with pytest.raises(ConfigError, match=r"ttft\.csv: the fitted TTFT falls as the tokens to prefill grow"):
+        TableLatency.from_csv(table)
+    noisy = tmp_path / "noisy.csv"  # measured tables dip here and there (the paper's does): that is fine
+    noisy.write_text("prefill_tokens,ttft_ms\n50,28.5\n100,11.9\n150,4.8\n200,8.1\n400,12\n800,20\n")
+    assert TableLatency.from_csv(noisy).slope_s_per_token > 0
+
+
+def test_simulate_with_a_bad_latency_table_fails_before_the_trace_loads(tmp_path, monkeypatch, capsys):
+    import marconi.cli
+    from marconi.cli import main
+
+    monkeypatch.setattr(marconi.cli, "load_trace", lambda *a, **k: pytest.fail("the trace loaded first"))
+    table = tmp_path / "ttft.csv"
+    table.write_text("prefill_tokens,ttft_ms\n100,10\n200,nan\n")
+    assert main(["simulate", "--trace", "swe-sample", "--latency", f"table:{table}", "--quiet"]) == 2
+    assert f"{table}:3:2: ttft_ms is nan" in capsys.readouterr().err

@@ -6,15 +6,19 @@
   fixed overhead; decode at a fixed per-token time. Presets for A100 and H100.
 * :class:`TableLatency` — a measured TTFT-vs-tokens-prefilled table fitted with a straight line,
   as the paper does with its Jamba-1.5-Mini measurements (``../shared/data/latency``), or the
-  engine's own CPU measurements.
+  engine's own CPU measurements. A table is checked before it is fitted: every token count a
+  finite number >= 0 and increasing down the file, every TTFT a finite number > 0 (errors name
+  ``file:line:column``), and the fitted line must grow with the tokens (a NaN, a negative value or
+  swapped columns used to fit a line that gave 0 ms TTFT).
 """
 
 from __future__ import annotations
 
 import csv
+import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, Sequence
 
 import numpy as np
 
@@ -92,31 +96,97 @@ class TableLatency:
 
     @classmethod
     def from_csv(cls, path: str | Path, *, name: str | None = None) -> "TableLatency":
-        """Read a CSV with a tokens column and a TTFT column in ms (``*_ms``) or s, and fit a line."""
+        """Read a CSV with a tokens column and a TTFT column in ms (``*_ms``) or s, and fit a line.
+
+        Raises:
+            ConfigError: no such file, no tokens or TTFT column, a value that is missing, not a
+                number, not finite, negative (a TTFT of 0 too) or a token count that does not
+                increase down the file (``path:line:column`` names it), or a fit that does not
+                grow with the tokens (see :meth:`fit`).
+        """
         path = Path(path)
         if not path.is_file():
             raise ConfigError(f"latency table {path} not found")
-        with path.open() as fh:
-            rows = list(csv.DictReader(fh))
-        if not rows:
-            raise ConfigError(f"{path}: empty latency table")
-        cols = list(rows[0])
-        tok_col = next((c for c in cols if "token" in c.lower()), None)
-        ttft_col = next((c for c in cols if "ttft" in c.lower() or "latency" in c.lower() or c.endswith("_ms")), None)
-        if tok_col is None or ttft_col is None:
-            raise ConfigError(f"{path}: need a tokens column and a TTFT column, found {cols}")
-        x = np.array([float(r[tok_col]) for r in rows])
-        y = np.array([float(r[ttft_col]) for r in rows])
+        try:
+            with path.open(encoding="utf-8", newline="") as fh:
+                reader = csv.reader(fh)
+                header = [c.strip() for c in next(reader, [])]
+                tok_col = next((c for c in header if "token" in c.lower()), None)
+                ttft_col = next((c for c in header if "ttft" in c.lower() or "latency" in c.lower()
+                                 or c.endswith("_ms")), None)
+                if not header:
+                    raise ConfigError(f"{path}: empty latency table")
+                if tok_col is None or ttft_col is None:
+                    raise ConfigError(f"{path}: need a tokens column and a TTFT column, found {header}")
+                ti, yi = header.index(tok_col), header.index(ttft_col)
+                xs: list[float] = []
+                ys: list[float] = []
+                last: tuple[str, int] | None = None  # the previous row's token count (as written) and line
+                for row in reader:
+                    if not any(cell.strip() for cell in row):
+                        continue
+                    line = reader.line_num
+                    tokens, raw = _cell(row, ti, tok_col, f"{path}:{line}")
+                    if not (math.isfinite(tokens) and tokens >= 0):
+                        raise ConfigError(f"{path}:{line}:{ti + 1}: {tok_col} is {raw}: a token count must be a "
+                                          "finite number >= 0")
+                    if last is not None and tokens <= xs[-1]:
+                        raise ConfigError(f"{path}:{line}:{ti + 1}: {tok_col} {raw} does not increase on {last[0]} "
+                                          f"(line {last[1]}): list the rows by increasing tokens to prefill")
+                    ttft, raw_ttft = _cell(row, yi, ttft_col, f"{path}:{line}")
+                    if not (math.isfinite(ttft) and ttft > 0):
+                        raise ConfigError(f"{path}:{line}:{yi + 1}: {ttft_col} is {raw_ttft}: a TTFT must be a "
+                                          "finite number > 0")
+                    xs.append(tokens)
+                    ys.append(ttft)
+                    last = (raw, line)
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+        except csv.Error as exc:
+            raise ConfigError(f"{path}: not a CSV table ({exc})") from None
+        y = np.asarray(ys)
         if ttft_col.lower().endswith("ms") or "_ms" in ttft_col.lower():
             y = y / 1000.0
-        slope, intercept = np.polyfit(x, y, 1)
-        return cls(float(intercept), float(slope), name or f"table:{path.stem}")
+        return cls.fit(xs, y, name or f"table:{path.stem}", where=str(path))
+
+    @classmethod
+    def fit(cls, tokens: Sequence[float] | np.ndarray, ttft_s: Sequence[float] | np.ndarray, name: str, *,
+            where: str) -> "TableLatency":
+        """The least-squares line through ``(tokens, ttft_s)`` points (already checked finite, >= 0).
+
+        Raises:
+            ConfigError: fewer than 2 distinct token counts, or a fitted TTFT that does not grow with
+                the tokens (it would model prefills as free); ``where`` names the source.
+        """
+        x = np.asarray(tokens, dtype=np.float64)
+        y = np.asarray(ttft_s, dtype=np.float64)
+        if len(np.unique(x)) < 2:
+            raise ConfigError(f"{where}: a latency table needs at least 2 distinct token counts to fit a line, "
+                              f"found {len(np.unique(x))}")
+        slope, intercept = (float(v) for v in np.polyfit(x, y, 1))
+        if not slope > 0:
+            trend = "falls as the tokens to prefill grow" if slope < 0 else "stays flat as the tokens to prefill grow"
+            raise ConfigError(f"{where}: the fitted TTFT {trend} (slope {slope * 1e6:.3g} µs/token over {len(x)} "
+                              "rows), so every prefill would cost nothing: check that the columns hold tokens to "
+                              "prefill and the TTFT they took")
+        return cls(intercept, slope, name)
 
     def ttft_s(self, spec: ModelSpec, input_len: int, reused_len: int) -> float:
         return max(0.0, self.intercept_s + self.slope_s_per_token * (input_len - reused_len))
 
     def decode_s(self, spec: ModelSpec, output_len: int) -> float:
         return max(0, output_len - 1) * self.decode_s_per_token
+
+
+def _cell(row: list[str], index: int, column: str, where: str) -> tuple[float, str]:
+    """The number in ``row[index]`` and its text; ConfigError ``where:column: ...`` if missing or not one."""
+    raw = row[index].strip() if index < len(row) else ""
+    if not raw:
+        raise ConfigError(f"{where}:{index + 1}: {column} is missing")
+    try:
+        return float(raw), raw
+    except ValueError:
+        raise ConfigError(f"{where}:{index + 1}: {column} is {raw!r}, not a number") from None
 
 
 def make_latency(text: str | LatencyModel | None) -> LatencyModel:
