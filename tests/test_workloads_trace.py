@@ -198,6 +198,8 @@ def test_error_message_names_file_line_and_field(tmp_path):
     (_line(num_output_tokens=0), "num_output_tokens", "says 0 but output_tokens has 1"),
     ("[1, 2, 3]", None, "expected a JSON object"),
     ('{"session_id": 0, "turn_id": 0, "ts": 0.0, "input_tokens": [1, 2,, 3], "output_tokens": []}',
+     "input_tokens", "invalid JSON"),  # a syntax error inside a token list names the list
+    ('{"session_id": 0, "turn_id": 0, "ts": 0.0 "input_tokens": [1], "output_tokens": []}',
      None, "invalid JSON"),
 ])
 def test_each_kind_of_bad_line(tmp_path, line, field, fragment):

@@ -1,7 +1,8 @@
 """Real and synthetic workloads: the trace schema and I/O, the tokenizer, and trace builders.
 
 * :mod:`.trace` -- ``Request``/``Trace`` (:mod:`.trace.schema`), streaming readers and atomic writers
-  (:mod:`.trace.files`, :mod:`.trace.jsonl`, :mod:`.trace.parquet`), validation (:mod:`.trace.checks`).
+  (:mod:`.trace.files`; each format registers itself in :mod:`.trace.formats`: :mod:`.trace.jsonl`,
+  :mod:`.trace.parquet`), validation (:mod:`.trace.checks`).
 * :mod:`.tokenizer` -- ``load_tokenizer`` (vendored Mistral v1 by default).
 * :mod:`.sharegpt`, :mod:`.swe`, :mod:`.mooncake`, :mod:`.quality` -- builders from real data (paper's recipes).
 * :mod:`.synthetic` -- seeded generators for tests and sweeps.

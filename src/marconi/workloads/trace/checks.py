@@ -13,8 +13,9 @@ from typing import Iterable
 
 import numpy as np
 
-from .files import checked_records, problem, trace_format
-from .schema import Request, SessionId, Trace, TraceProblem
+from .files import checked_records, problem, stored_meta, trace_format
+from .formats import format_named
+from .schema import Request, SessionId, Trace, TraceFormatError, TraceProblem
 
 __all__ = ["SessionCheck", "session_warnings", "validate_trace", "inspect_trace"]
 
@@ -54,10 +55,10 @@ class SessionCheck:
     def warnings(self, label: str, fmt: str, max_positions: int = 3) -> list[TraceProblem]:
         """One summary warning per kind (a trace may have thousands of either).
 
-        ``fmt``: ``"jsonl"``/``"jsonl.gz"`` (positions are lines), ``"parquet"`` (rows) or
-        ``"memory"`` (positions are request indices, named in the message).
+        ``fmt``: a file format's name (positions are its lines or rows) or ``"memory"``
+        (positions are request indices, named in the message).
         """
-        unit = {"parquet": "row", "memory": "request"}.get(fmt, "line")
+        unit = "request" if fmt == "memory" else format_named(fmt).position
         out = []
         if self.duplicates:
             pos, sid, turn, first = self.duplicates[0]
@@ -101,14 +102,20 @@ def validate_trace(path: str | os.PathLike) -> list[TraceProblem]:
 
 
 def inspect_trace(path: str | os.PathLike) -> tuple[list[TraceProblem], list[TraceProblem]]:
-    """(problems, warnings) of a trace file in one pass: :func:`validate_trace`'s problems, and
-    :class:`SessionCheck`'s warnings (which do not make the file invalid)."""
+    """(problems, warnings) of a trace file in one pass: :func:`validate_trace`'s problems (the
+    stored name and meta included: a malformed sidecar is one), and :class:`SessionCheck`'s
+    warnings (which do not make the file invalid), plus one when the sidecar counts other requests."""
     label = os.fspath(path)
     fmt = trace_format(path)
     if not Path(path).exists():
         return [TraceProblem(label, None, None, None, "file not found")], []
-    _, checked = checked_records(path)
     out: list[TraceProblem] = []
+    try:
+        meta_where, stored = stored_meta(path)
+    except TraceFormatError as exc:
+        out.append(exc.problem)
+        meta_where, stored = label, {}
+    _, checked = checked_records(path)
     prev_ts = -math.inf
     count = 0
     sessions = SessionCheck()
@@ -127,4 +134,14 @@ def inspect_trace(path: str | os.PathLike) -> tuple[list[TraceProblem], list[Tra
                 prev_ts = fields["ts"]
     if count == 0 and not out:
         out.append(TraceProblem(label, None, None, None, "no requests in the file"))
-    return out, sessions.warnings(label, fmt)
+    warnings = sessions.warnings(label, fmt)
+    stored_count = stored.get("num_requests")
+    if not out and stored_count is not None and stored_count != count:
+        beside = meta_where != label
+        warnings.append(TraceProblem(
+            meta_where, None, None, "num_requests",
+            f"the {'sidecar' if beside else 'stored metadata'} says {stored_count} requests but the file has "
+            f"{count}: it may describe another version of this trace (its name and meta too); write the "
+            f"trace again{', or delete the sidecar' if beside else ''}",
+            severity="warning"))
+    return out, warnings

@@ -1,69 +1,63 @@
 """Trace files: the format from the suffix, streaming readers and atomic writers for every format.
 
+Formats come from the table in :mod:`.formats`; :mod:`.jsonl` (``jsonl``, ``jsonl.gz``) and
+:mod:`.parquet` register theirs when imported here, so nothing below names a format.
+
 Reading streams: :func:`iter_requests` yields one :class:`~.schema.Request` at a time (JSONL line by
 line, Parquet batch by batch), so memory is bounded by one request (one batch) plus what the caller
-keeps. A trace's ``name`` and ``meta`` (recipe, parameters, provenance) travel in the Parquet schema
-metadata, and for JSONL in a sidecar ``<file>.meta.json`` (so the JSONL itself stays loadable by the
-authors' code). Writing is atomic (:func:`marconi.io.atomic_write`): a temp file in the target
-directory is renamed over the target only once it is complete; on any error it is removed and the
-target is untouched.
+keeps. A trace's ``name`` and ``meta`` (recipe, parameters, provenance) travel in the file where the
+format can hold them (Parquet's schema metadata), else in a sidecar ``<file>.meta.json``
+(:mod:`.sidecar`; so the JSONL itself stays loadable by the authors' code). Writing is atomic
+(:func:`marconi.io.atomic_write`): a temp file in the target directory is renamed over the target
+only once it is complete; on any error it is removed and the target is untouched. A trace and its
+sidecar are written as a pair (:func:`write_trace`).
 """
 
 from __future__ import annotations
 
-import gzip
-import io
-import json
 import math
 import os
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping
+from typing import IO, Any, Iterable, Iterator, Mapping
 
 from marconi.io import atomic_write, is_stream
 
-from .jsonl import jsonl_records, write_jsonl
-from .parquet import parquet_records, read_parquet_meta, write_parquet
+from . import jsonl, parquet  # noqa: F401  (each registers its formats in the table on import)
+from .formats import TraceFormat, format_named, format_of, suffix_listing
 from .schema import Record, Request, Trace, TraceFormatError, TraceProblem, TraceStats, check_limit
+from .sidecar import META_SUFFIX, sidecar_path, sidecar_text
 
-__all__ = ["trace_format", "iter_requests", "read_trace", "read_trace_meta", "write_trace", "trace_stats",
-           "checked_records", "problem", "META_SUFFIX"]
+__all__ = ["trace_format", "iter_requests", "read_trace", "read_trace_meta", "stored_meta", "write_trace",
+           "trace_stats", "checked_records", "problem", "META_SUFFIX"]
 
-META_SUFFIX = ".meta.json"
+
+def _format(path: str | os.PathLike) -> tuple[TraceFormat, str]:
+    found = format_of(path)
+    if found is None:
+        raise ValueError(f"{os.fspath(path)}: unknown trace format (use {suffix_listing()})")
+    return found
 
 
 def trace_format(path: str | os.PathLike) -> str:
-    """``"jsonl"``, ``"jsonl.gz"`` or ``"parquet"`` from the file name; ValueError otherwise."""
-    name = os.fspath(path).lower()
-    if name.endswith(".jsonl.gz"):
-        return "jsonl.gz"
-    if name.endswith(".jsonl"):
-        return "jsonl"
-    if name.endswith(".parquet"):
-        return "parquet"
-    raise ValueError(f"{os.fspath(path)}: unknown trace format (use .jsonl, .jsonl.gz or .parquet)")
-
-
-def _meta_path(path: str | os.PathLike) -> Path:
-    return Path(os.fspath(path) + META_SUFFIX)
+    """The format's name (``"jsonl"``, ``"jsonl.gz"``, ``"parquet"``) from the file name; ValueError otherwise."""
+    return _format(path)[0].name
 
 
 def checked_records(path: str | os.PathLike) -> tuple[str, Iterator[Record]]:
     """(format, every record of the file checked): what :func:`iter_requests` and the checks read."""
-    fmt = trace_format(path)
+    fmt, _ = _format(path)
     p = Path(path)
     if p.is_dir():
         raise ValueError(f"{os.fspath(path)} is a directory, not a trace file")
     if not p.exists():
         raise FileNotFoundError(f"trace file not found: {os.fspath(path)}")
-    if fmt == "parquet":
-        return fmt, parquet_records(p)
-    return fmt, jsonl_records(p)
+    return fmt.name, fmt.records(p)
 
 
 def problem(label: str, fmt: str, pos: int, field_name: str | None, message: str,
             severity: str = "error") -> TraceProblem:
-    """A problem at record ``pos``: a line of a JSONL file, a row of a Parquet file."""
-    if fmt == "parquet":
+    """A problem at record ``pos`` of a file in format ``fmt``: a line (JSONL) or a row (Parquet)."""
+    if format_named(fmt).position == "row":
         return TraceProblem(label, None, pos, field_name, message, severity)
     return TraceProblem(label, pos, None, field_name, message, severity)
 
@@ -97,26 +91,71 @@ def iter_requests(path: str | os.PathLike, limit: int | None = None) -> Iterator
         count += 1
 
 
-def read_trace_meta(path: str | os.PathLike) -> tuple[str, dict[str, Any]]:
-    """(name, meta) stored with a trace file; the file stem and ``{}`` when there is none."""
+# ============================================================================ name and meta
+
+
+def _json_type(value: Any) -> str:
+    return {type(None): "null", dict: "object", list: "list", str: "string", bool: "bool"}.get(
+        type(value), type(value).__name__)
+
+
+def _stored_meta_problems(stored: Any) -> list[tuple[str | None, str]]:
+    """What is wrong with a stored ``{"name": str|null, "meta": object|null, "num_requests": int >= 0}``."""
+    if not isinstance(stored, dict):
+        return [(None, f"expected a JSON object, got {_json_type(stored)} (stored meta is "
+                       '{"name": ..., "meta": {...}, "num_requests": ...})')]
+    out: list[tuple[str | None, str]] = []
+    name = stored.get("name")
+    if name is not None and not isinstance(name, str):
+        out.append(("name", f"expected a string (or null), got {_json_type(name)}"))
+    meta = stored.get("meta")
+    if meta is not None and not isinstance(meta, dict):
+        out.append(("meta", f"expected a JSON object (or null), got {_json_type(meta)}"))
+    if "num_requests" in stored:
+        count = stored["num_requests"]
+        if type(count) is not int or count < 0:
+            out.append(("num_requests", f"expected an int >= 0, got {_json_type(count)} ({count!r})"))
+    return out
+
+
+def stored_meta(path: str | os.PathLike) -> tuple[str, dict[str, Any]]:
+    """(where it is stored, the checked ``{"name", "meta", ...}``) of a trace file; ``{}`` when none.
+
+    ``where`` is the sidecar for a format that keeps meta beside the file, else the file itself.
+
+    Raises:
+        ValueError: unknown suffix.
+        TraceFormatError: the stored value is unreadable or of the wrong shape; the message names
+            the sidecar (or file) and the field, and says to fix or delete it.
+    """
+    fmt, _ = _format(path)
     p = Path(path)
-    stem = p.name
-    for suffix in (".jsonl.gz", ".jsonl", ".parquet"):
-        if stem.lower().endswith(suffix):
-            stem = stem[: -len(suffix)]
-            break
-    stored: Mapping[str, Any] = {}
-    if trace_format(path) == "parquet":
-        stored = read_parquet_meta(p)
-    else:
-        mp = _meta_path(p)
-        if mp.exists():
-            stored = json.loads(mp.read_text(encoding="utf-8"))
+    where = str(sidecar_path(p)) if fmt.sidecar else os.fspath(path)
+    stored = fmt.read_meta(p)
+    problems = _stored_meta_problems(stored)
+    if problems:
+        field_name, message = problems[0]
+        fix = ("fix the sidecar or delete it (the trace then loads under its file name, with no meta)"
+               if fmt.sidecar else "rewrite the file with write_trace")
+        raise TraceFormatError(TraceProblem(where, None, None, field_name, f"{message}; {fix}"))
+    return where, stored
+
+
+def read_trace_meta(path: str | os.PathLike) -> tuple[str, dict[str, Any]]:
+    """(name, meta) stored with a trace file; the file stem and ``{}`` when there is none.
+
+    Raises:
+        ValueError: unknown suffix; TraceFormatError: a malformed sidecar (see :func:`stored_meta`).
+    """
+    _, suffix = _format(path)
+    stem = Path(path).name[: -len(suffix)]
+    _, stored = stored_meta(path)
     return str(stored.get("name") or stem), dict(stored.get("meta") or {})
 
 
 def read_trace(path: str | os.PathLike, limit: int | None = None) -> Trace:
-    """Load a trace file (all of it, or its first ``limit`` requests). Errors as :func:`iter_requests`."""
+    """Load a trace file (all of it, or its first ``limit`` requests). Errors as :func:`iter_requests`
+    and :func:`read_trace_meta`."""
     name, meta = read_trace_meta(path)
     return Trace(list(iter_requests(path, limit=limit)), name=name, meta=meta)
 
@@ -126,6 +165,9 @@ def trace_stats(source: str | os.PathLike | Trace) -> TraceStats:
     if isinstance(source, Trace):
         return source.stats()
     return TraceStats.from_requests(iter_requests(source))
+
+
+# ============================================================================ writing
 
 
 def _checked_stream(requests: Iterable[Request]) -> Iterator[Request]:
@@ -145,35 +187,69 @@ def write_trace(path: str | os.PathLike, trace: Trace | Iterable[Request], *, na
     """Write a Trace (or any iterable of requests in arrival order) atomically; return the count.
 
     The format comes from the suffix (.jsonl, .jsonl.gz, .parquet). ``name``/``meta`` default to the
-    Trace's; for JSONL they go to the sidecar ``<path>.meta.json``. Requests are streamed: an iterator
-    is consumed once, one Parquet row group (about 4M tokens) is buffered at a time.
+    Trace's; for JSONL they go to the sidecar ``<path>.meta.json``, written as a pair with the trace
+    (:func:`_write_with_sidecar`). Requests are streamed: an iterator is consumed once, one Parquet
+    row group (about 4M tokens) is buffered at a time.
 
     Raises:
         ValueError: unknown suffix; requests out of ``ts`` order; mixed session id types (Parquet).
-        Nothing is left at ``path`` (or its sidecar) when an error is raised.
+        Nothing is changed at ``path`` or its sidecar when an error is raised: an old trace and
+        sidecar stay as they were, as a pair.
     """
-    fmt = trace_format(path)
+    fmt, _ = _format(path)
     if isinstance(trace, Trace):
         name = trace.name if name is None else name
         meta = trace.meta if meta is None else meta
     name = name or ""
     meta = dict(meta or {})
-    json.dumps(meta, default=str)  # fail before touching anything if meta cannot be stored
+    sidecar_text(name, meta, 0)  # fail before touching anything if meta cannot be stored
     stream = _checked_stream(trace)
-    if fmt == "parquet":
+    if not fmt.sidecar or is_stream(path):  # /dev/null, a pipe: there is no place beside it for a sidecar
         with atomic_write(path, "wb") as fh:
-            n = write_parquet(fh, stream, name, meta)
-        return n
-    if fmt == "jsonl.gz":
-        with atomic_write(path, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as gz, \
-                io.TextIOWrapper(gz, encoding="utf-8") as text:
-            n = write_jsonl(text, stream)
-    else:
-        with atomic_write(path, "w") as fh:
-            n = write_jsonl(fh, stream)
-    if is_stream(path):  # /dev/null, a pipe: there is no place beside it for a sidecar
-        return n
-    with atomic_write(_meta_path(path), "w") as fh:
-        json.dump({"name": name, "meta": meta, "num_requests": n}, fh, indent=1, default=str)
-        fh.write("\n")
+            return fmt.write(fh, stream, name, meta)
+    return _write_with_sidecar(path, fmt, stream, name, meta)
+
+
+def _write_with_sidecar(path: str | os.PathLike, fmt: TraceFormat, stream: Iterator[Request], name: str,
+                        meta: dict[str, Any]) -> int:
+    """Write the trace and its sidecar so that readers never find a new one beside an old one.
+
+    Order: the trace is written to its temp file and flushed to disk (its own failures, such as a
+    full disk, happen here, before anything is replaced); then the sidecar is committed; then the
+    trace. If the trace's commit fails after the sidecar's, the old sidecar is put back (it is
+    small, so it is kept in memory; the trace may be gigabytes). Only a crash between the two
+    renames can leave the new sidecar beside the old trace.
+    """
+    sidecar = sidecar_path(path)
+    old_sidecar = sidecar.read_bytes() if sidecar.is_file() else None
+    sidecar_committed = False
+    try:
+        with atomic_write(path, "wb") as fh:
+            n = fmt.write(fh, stream, name, meta)
+            _flush_to_disk(fh)
+            with atomic_write(sidecar, "w") as side:
+                side.write(sidecar_text(name, meta, n))
+            sidecar_committed = True
+    except BaseException as exc:
+        if sidecar_committed:
+            _restore_sidecar(sidecar, old_sidecar, exc)
+        raise
     return n
+
+
+def _flush_to_disk(fh: IO[bytes]) -> None:
+    fh.flush()
+    os.fsync(fh.fileno())
+
+
+def _restore_sidecar(sidecar: Path, old: bytes | None, exc: BaseException) -> None:
+    """Put the sidecar back as it was (``None``: there was none); a failure is noted on ``exc``."""
+    try:
+        if old is None:
+            sidecar.unlink(missing_ok=True)
+        else:
+            with atomic_write(sidecar, "wb") as fh:
+                fh.write(old)
+    except OSError as undo:
+        exc.add_note(f"{sidecar} could not be restored ({undo}); it now describes a trace that was not "
+                     "written: delete it or write the trace again")

@@ -1,107 +1,267 @@
-"""JSONL traces: reading records line by line (with a regex fast path for the token lists) and
-writing requests as lines.
+"""JSONL traces: reading records line by line (with a fast path for the token lists) and writing
+requests as lines; registers the ``jsonl`` and ``jsonl.gz`` formats (meta in the sidecar).
 
-The fast path cuts the two token lists out of a line with a regex and parses them with NumPy, so
-a 32k-token line never becomes 32k Python ints; ``json`` decodes the rest. Any doubt (a key seen
-twice, an odd element, the key nested somewhere else) falls back to ``json`` for the whole line,
-and :func:`~.schema.check_record` judges both paths' results alike.
+**The fast path** cuts the two token lists out of a line with string finds and parses them with
+NumPy, so a 32k-token line never becomes 32k Python ints; ``json`` decodes the rest. It must read
+exactly what ``json.loads`` reads, and a fast path that merely looks right does not (``np.fromstring``
+read ``[1, 2, ]`` as three ids), so each step states why it is sound: :func:`_fast_decode` for the
+cut, :func:`parse_token_list` for the ids (it proves a long body is plain ids before NumPy reads
+it). Any doubt falls back to ``json`` for the whole line, and :func:`~.schema.check_record` judges
+both paths' results alike. ``tests/test_workloads_trace_hardening.py`` checks the equality against
+``json.loads`` with Hypothesis, over valid lists and malformed ones.
 """
 
 from __future__ import annotations
 
+import gzip
 import io
 import json
 import os
 import re
 import warnings
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import IO, Any, Iterable, Iterator, Mapping
 
 import numpy as np
 
 from marconi.io import JsonError, decode_line, iter_lines, loads
 
+from .formats import TraceFormat, register_format
 from .schema import INT32_MAX, Record, Request, check_record
+from .sidecar import read_sidecar
 
-__all__ = ["jsonl_records", "write_jsonl"]
-
-
-# ============================================================================ JSONL decoding
-
-_TOKEN_LIST_RE = re.compile(r'"(input_tokens|output_tokens)"\s*:\s*\[([^\[\]]*)\]')
+__all__ = ["jsonl_records", "write_jsonl", "parse_token_list", "decode_record", "JSONL", "JSONL_GZ"]
 
 
-class _Fallback(Exception):
-    pass
+# ============================================================================ token lists
+
+_JSON_WS = "[ \t\n\r]*"  # JSON's whitespace; Python's \s also matches \x0b, \xa0, ... which json refuses
+_TOKEN_KEY_RE = re.compile(rf'"(input_tokens|output_tokens)"{_JSON_WS}:')
+_TOKEN_KEYS = ("input_tokens", "output_tokens")
+_SHORT_BODY = 512  # characters: below this, ``json.loads`` of the list is as fast as the proof
 
 
-def _parse_int_list(text: str) -> np.ndarray:
-    """Parse ``"1, 2, 3"`` at C speed; raise _Fallback unless it is a clean list of int32 >= 0."""
-    if not text.strip():
-        return np.zeros(0, dtype=np.int32)
-    if "+" in text:
-        raise _Fallback
+def parse_token_list(body: str) -> np.ndarray | None:
+    """The int32 ids of a JSON list's ``body`` (the text between ``[`` and ``]``), or None: "ask json".
+
+    Contract: a result is exactly ``json.loads("[" + body + "]")``, and None means the caller must
+    decode the line with ``json``, which decides. A result is given for every list of ids in
+    ``[0, INT32_MAX]`` shorter than 512 characters (decoded by ``json`` itself), and for longer ones
+    in the forms writers produce: ids without leading zeros, separated by ``", "`` (``json.dumps``,
+    :func:`write_jsonl`) or ``","`` (compact), no other whitespace.
+
+    Why long lists are proven, not given to ``json``: a 32k-token list would become 32k Python ints
+    (and a regex check costs more than NumPy's parse). ``np.fromstring`` alone is lenient --
+    ``"1, 2, "`` reads a third id 0, ``"01"`` reads 1, a lone ``-`` reads 0 -- so
+    :func:`_count_plain_ids` first proves the text is plain ids, in vectorised passes over its bytes.
+    """
+    if len(body) < _SHORT_BODY:
+        return _short_token_list(body)
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", DeprecationWarning)  # numpy < 2 warns on partial reads
-            arr = np.fromstring(text, dtype=np.int64, sep=",")
-    except ValueError:
-        raise _Fallback from None
-    if arr.size != text.count(",") + 1:
-        raise _Fallback
-    if arr.size and (int(arr.min()) < 0 or int(arr.max()) > INT32_MAX):
-        raise _Fallback
+        raw = body.encode("ascii")
+    except UnicodeEncodeError:
+        return None
+    num_ids = _count_plain_ids(np.frombuffer(raw, dtype=np.uint8))
+    if num_ids is None:
+        return None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # numpy < 2 warns on partial reads
+        arr = np.fromstring(body, dtype=np.int64, sep=",")
+    # an id of 11+ digits without a leading zero is >= 10**10, so the range check refuses it
+    if arr.size != num_ids or int(arr.max()) > INT32_MAX:
+        return None
     return arr.astype(np.int32)
+
+
+def _short_token_list(body: str) -> np.ndarray | None:
+    try:
+        values = json.loads("[" + body + "]")
+    except (ValueError, RecursionError):
+        return None
+    if not all(type(v) is int and 0 <= v <= INT32_MAX for v in values):
+        return None
+    return np.array(values, dtype=np.int32)
+
+
+def _count_plain_ids(chars: np.ndarray) -> int | None:
+    """How many ids the bytes ``chars`` hold if they are ``d ((", " | ",") d)*`` -- each ``d`` a
+    digit string without a leading zero -- else None.
+
+    Why these checks prove the form: with only digits, commas and spaces present, a text that
+    starts and ends with a digit, where every space follows a comma and precedes a digit and no
+    comma follows a comma, is exactly digit strings joined by ``", "`` or ``","``. A leading zero is
+    a ``0`` at the start or after a separator, followed by a digit.
+    """
+    if chars.size == 0:
+        return None
+    is_digit = (chars - np.uint8(ord("0"))) < 10  # uint8 wraps below '0'
+    is_comma = chars == ord(",")
+    is_space = chars == ord(" ")
+    num_commas = np.count_nonzero(is_comma)
+    num_spaces = np.count_nonzero(is_space)
+    if np.count_nonzero(is_digit) + num_commas + num_spaces != chars.size:
+        return None  # a sign, a dot, a tab, a letter, ...
+    if not (is_digit[0] and is_digit[-1]):
+        return None  # a leading or trailing separator
+    if np.count_nonzero(is_comma[:-1] & is_comma[1:]):
+        return None  # ",,": an empty id
+    if num_spaces and (np.count_nonzero(is_comma[:-1] & is_space[1:]) != num_spaces
+                       or np.count_nonzero(is_space[:-1] & is_digit[1:]) != num_spaces):
+        return None  # a space elsewhere than inside ", " before an id
+    starts_zero = (chars[:-1] == ord("0")) & is_digit[1:]
+    if starts_zero[0] or np.count_nonzero(~is_digit[:-2] & starts_zero[1:]):
+        return None  # a leading zero
+    return int(num_commas) + 1
+
+
+def _cut_token_list(line: str, key: str) -> tuple[str, str] | None:
+    """(``line`` with ``"key": [body]`` replaced by ``"key": 0``, body); None if the key is not
+    followed by a flat list. String finds, not a regex: a regex walks a 32k-token list in Python's
+    engine, several times slower than the parse."""
+    quoted = f'"{key}"'
+    start = line.find(quoted)
+    if start < 0:
+        return None
+    pos = _skip_json_ws(line, start + len(quoted))
+    if not line.startswith(":", pos):
+        return None
+    pos = _skip_json_ws(line, pos + 1)
+    if not line.startswith("[", pos):
+        return None
+    end = line.find("]", pos + 1)
+    if end < 0:
+        return None
+    return f'{line[:start]}{quoted}: 0{line[end + 1:]}', line[pos + 1:end]
+
+
+def _skip_json_ws(line: str, pos: int) -> int:
+    while pos < len(line) and line[pos] in " \t\n\r":
+        pos += 1
+    return pos
 
 
 def _fast_decode(line: str) -> tuple[dict[str, Any], dict[str, np.ndarray]] | None:
     """Decode a well-formed line without building Python ints for the tokens; None to fall back.
 
-    The token lists are cut out with a regex, the rest is decoded by ``json``. Any doubt (a key seen
-    twice, an odd element, the key nested somewhere else) returns None and the slow path decides.
+    Each token list is cut out (:func:`_cut_token_list`) and replaced by ``0``; ``json`` decodes
+    the rest. Why this reads what ``json.loads(line)`` reads: with no backslash left in the rest,
+    every quote is a real string delimiter and every key is spelled literally, so a key found once
+    whose top-level value decodes as our ``0`` is the top-level key, and the list we cut was its
+    value; a body :func:`parse_token_list` cannot prove returns None, and so does any other doubt
+    (a key seen twice, nested, escaped), and the slow path decides.
     """
-    lists: dict[str, str] = {}
-
-    def cut(match: re.Match[str]) -> str:
-        key = match.group(1)
-        if key in lists:
-            raise _Fallback
-        lists[key] = match.group(2)
-        return f'"{key}": 0'
-
-    try:
-        rest = _TOKEN_LIST_RE.sub(cut, line)
-        if len(lists) != 2:
+    rest = line
+    bodies: dict[str, str] = {}
+    for key in _TOKEN_KEYS:
+        cut = _cut_token_list(rest, key)
+        if cut is None:
             return None
-        obj = json.loads(rest)
-        if not isinstance(obj, dict) or obj.get("input_tokens") != 0 or obj.get("output_tokens") != 0:
-            return None
-        if type(obj["input_tokens"]) is not int or type(obj["output_tokens"]) is not int:
-            return None
-        tokens = {key: _parse_int_list(text) for key, text in lists.items()}
-    except (_Fallback, ValueError, RecursionError):
+        rest, bodies[key] = cut
+    if "\\" in rest or any(rest.count(f'"{key}"') != 1 for key in _TOKEN_KEYS):
         return None
+    try:
+        obj = json.loads(rest)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(obj, dict) or any(type(obj.get(key)) is not int or obj[key] != 0 for key in _TOKEN_KEYS):
+        return None
+    tokens = {}
+    for key, body in bodies.items():
+        arr = parse_token_list(body)
+        if arr is None:
+            return None
+        tokens[key] = arr
     return obj, tokens
 
 
-def _decode_line(line: str, where: str) -> tuple[dict[str, Any], list[tuple[str | None, str]]]:
+# what may lie between a token list's key and a syntax error inside that list: an opened list not
+# yet closed (which may have swallowed the next key as an element), or numbers with no bracket
+_INSIDE_LIST_RE = re.compile(rf'{_JSON_WS}\[[^\[\]{{}}"]*(?:"[^"\\]*"{_JSON_WS})?|{_JSON_WS}[0-9.eE+\-, \t\n\r]*')
+
+
+def _syntax_error_field(line: str) -> str | None:
+    """The token list a JSON syntax error of ``line`` lies in (so the message can name the field),
+    or None when it lies elsewhere or cannot be told."""
+    try:
+        json.loads(line)
+        return None
+    except json.JSONDecodeError as exc:
+        pos = exc.pos
+    except RecursionError:
+        return None
+    keys = list(_TOKEN_KEY_RE.finditer(line, 0, pos))
+    if keys and _INSIDE_LIST_RE.fullmatch(line, keys[-1].end(), pos):
+        return keys[-1].group(1)
+    return None
+
+
+def decode_record(line: str, where: str) -> tuple[dict[str, Any], list[tuple[str | None, str]]]:
+    """(fields, problems) of one JSONL line, as :func:`~.schema.check_record` judges ``json.loads(line)``.
+
+    ``where`` (``path:line``) only shapes JSON error messages. A syntax error inside a token list
+    names that field; elsewhere the problem's field is None.
+    """
     fast = _fast_decode(line)
     if fast is not None:
         return check_record(*fast)
     try:
         obj = loads(line, where)
     except JsonError as exc:
-        return {}, [(None, exc.reason)]
+        return {}, [(_syntax_error_field(line), exc.reason)]
     return check_record(obj)
+
+
+_GZIP_MAGIC = b"\x1f\x8b"
+_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+_PARQUET_MAGIC = b"PAR1"
+
+
+def _misnamed(path: Path) -> str | None:
+    """Why the file's first bytes contradict its name, and what to do; None when they agree.
+
+    A compressed file named ``.jsonl`` otherwise reads as "not UTF-8 (byte 0x8b)", which says
+    nothing about compression.
+    """
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(4)
+    except OSError:
+        return None  # reading the file says why
+    if not head:
+        return None
+    name = path.name
+    if name.lower().endswith(".gz"):
+        if head.startswith(_GZIP_MAGIC):
+            return None
+        if head.startswith(_ZSTD_MAGIC):
+            return ("looks zstd-compressed, not gzip (it starts with the zstd magic bytes 28 b5 2f fd): "
+                    f"decompress it (zstd -d) and name it {name[:-3]}, or recompress it with gzip")
+        return (f"is not gzip-compressed (it does not start with the gzip magic bytes 1f 8b): "
+                f"if it is plain JSONL, rename it to {name[:-3]}")
+    if head.startswith(_GZIP_MAGIC):
+        return (f"looks gzip-compressed (it starts with the gzip magic bytes 1f 8b) but is named like plain "
+                f"JSONL: rename it to {name}.gz (gzip-compressed JSONL is read as such), or decompress it")
+    if head.startswith(_ZSTD_MAGIC):
+        return ("looks zstd-compressed (it starts with the zstd magic bytes 28 b5 2f fd), which trace files "
+                f"cannot be: decompress it (zstd -d), or recompress it with gzip as {name}.gz")
+    if head.startswith(_PARQUET_MAGIC):
+        stem = name[: -len(".jsonl")] if name.lower().endswith(".jsonl") else name
+        return f"looks like a Parquet file (it starts with PAR1): rename it to {stem}.parquet"
+    return None
 
 
 def jsonl_records(path: Path) -> Iterator[Record]:
     """Yield (1-based line, fields, problems) for each non-blank line.
 
     Lines are decoded one at a time (:func:`marconi.io.iter_lines`), so a bad byte is a problem of
-    its own line and reading goes on; an unreadable stream (corrupt gzip) ends the file with one.
+    its own line and reading goes on; an unreadable stream (corrupt gzip) ends the file with one,
+    and so does a file whose first bytes say it is compressed otherwise than its name says.
     """
     label = os.fspath(path)
+    misnamed = _misnamed(Path(path))
+    if misnamed is not None:
+        yield 1, {}, [(None, misnamed)]
+        return
     lineno = 0
     try:
         for lineno, raw in iter_lines(path):
@@ -113,7 +273,7 @@ def jsonl_records(path: Path) -> Iterator[Record]:
             except JsonError as exc:
                 yield lineno, {}, [(None, exc.reason)]
                 continue
-            yield (lineno, *_decode_line(line, where))
+            yield (lineno, *decode_record(line, where))
     except JsonError as exc:
         yield lineno + 1, {}, [(None, exc.reason)]
 
@@ -158,3 +318,29 @@ def write_jsonl(fh: io.IOBase, requests: Iterable[Request]) -> int:
             buf.clear()
     fh.write("".join(buf))
     return n
+
+
+def _write_plain(fh: IO[bytes], requests: Iterable[Request], name: str, meta: Mapping[str, Any]) -> int:
+    """The ``jsonl`` writer: UTF-8 lines into the binary ``fh``, left open (meta goes to the sidecar)."""
+    text = io.TextIOWrapper(fh, encoding="utf-8")
+    try:
+        n = write_jsonl(text, requests)
+    except BaseException:
+        try:
+            text.detach()  # the owner of ``fh`` discards it; a second error here would hide the first
+        except (OSError, ValueError):
+            pass
+        raise
+    text.detach()  # flushes; closing the wrapper instead would close ``fh``, which its owner commits
+    return n
+
+
+def _write_gzip(fh: IO[bytes], requests: Iterable[Request], name: str, meta: Mapping[str, Any]) -> int:
+    """The ``jsonl.gz`` writer: gzip (``mtime=0``: the same trace gives the same bytes) into ``fh``."""
+    with gzip.GzipFile(fileobj=fh, mode="wb", mtime=0) as gz, io.TextIOWrapper(gz, encoding="utf-8") as text:
+        return write_jsonl(text, requests)
+
+
+JSONL = register_format(TraceFormat("jsonl", (".jsonl",), jsonl_records, _write_plain, read_sidecar, sidecar=True))
+JSONL_GZ = register_format(TraceFormat("jsonl.gz", (".jsonl.gz",), jsonl_records, _write_gzip, read_sidecar,
+                                       sidecar=True))

@@ -1,8 +1,9 @@
-"""Parquet traces: reading rows one Arrow batch at a time, writing row groups of about 4M tokens.
+"""Parquet traces: reading rows one Arrow batch at a time, writing row groups of about 4M tokens;
+registers the ``parquet`` format.
 
 Columns as the JSONL fields (``list<int32>`` token columns, optional ``num_*_tokens``); the trace's
 ``name`` and ``meta`` travel in the schema metadata under ``marconi.trace``. PyArrow is imported
-only when a Parquet file is read or written.
+only when a Parquet file is read or written (registering the format imports nothing).
 """
 
 from __future__ import annotations
@@ -14,9 +15,10 @@ from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from .schema import INT32_MAX, Record, Request, check_record
+from .formats import TraceFormat, register_format
+from .schema import INT32_MAX, Record, Request, TraceFormatError, TraceProblem, check_record
 
-__all__ = ["parquet_records", "write_parquet", "read_parquet_meta"]
+__all__ = ["parquet_records", "write_parquet", "read_parquet_meta", "PARQUET"]
 
 PARQUET_META_KEY = b"marconi.trace"
 _ROW_GROUP_TOKENS = 1024 * 1024  # tokens per Parquet row group (4 MiB of int32): bounds reader memory
@@ -187,12 +189,28 @@ def _parquet_schema(sid_type: Any, name: str, meta: Mapping[str, Any]) -> Any:
     )
 
 
-def read_parquet_meta(path: Path) -> Mapping[str, Any]:
-    """The ``{"name", "meta"}`` stored in a Parquet trace's schema; ``{}`` when there is none (or the
-    file is unreadable: reading it says why)."""
+def read_parquet_meta(path: Path) -> Any:
+    """The ``{"name", "meta"}`` stored in a Parquet trace's schema, unchecked; ``{}`` when there is
+    none (or the file is unreadable: reading it says why).
+
+    Raises:
+        TraceFormatError: the stored value is not UTF-8 JSON (the message names the file and key).
+    """
     _, pq = _pa()
     try:
         md = pq.read_schema(path).metadata or {}
     except Exception:  # pyarrow raises ArrowInvalid / OSError variants
         md = {}
-    return json.loads(md[PARQUET_META_KEY]) if PARQUET_META_KEY in md else {}
+    if PARQUET_META_KEY not in md:
+        return {}
+    try:
+        return json.loads(md[PARQUET_META_KEY])
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise TraceFormatError(TraceProblem(
+            str(path), None, None, None,
+            f"schema metadata {PARQUET_META_KEY.decode()!r} is not valid JSON ({exc}); rewrite the file with "
+            "write_trace, or drop that key")) from None
+
+
+PARQUET = register_format(TraceFormat("parquet", (".parquet",), parquet_records, write_parquet, read_parquet_meta,
+                                      position="row"))
