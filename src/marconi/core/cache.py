@@ -222,9 +222,10 @@ def as_tokens(tokens: Any, what: str, *, allow_empty: bool = False) -> np.ndarra
         if allow_empty:
             return np.empty(0, dtype=np.int32)
         raise ValueError(f"{what} is empty: a request needs at least one input token")
-    if not np.issubdtype(arr.dtype, np.integer):
+    kind = arr.dtype.kind  # 'i' signed, 'u' unsigned integers (a dtype.kind test is ~10x np.issubdtype's cost)
+    if kind != "i" and kind != "u":
         raise ValueError(f"{what} must hold integer token ids, got dtype {arr.dtype}")
-    if np.issubdtype(arr.dtype, np.signedinteger):
+    if kind == "i":
         if arr.min() < 0:
             at = int(np.argmax(arr < 0))
             raise ValueError(f"{what}: token id {int(arr[at])} at index {at} is negative; token ids are >= 0")
