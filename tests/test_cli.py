@@ -342,3 +342,128 @@ def test_experiment_output_folders_are_checked_before_any_work(tmp_path, monkeyp
     assert "exists and is not a directory" in capsys.readouterr().err
     assert main(["experiment", "sparse", "--tiny", "--out", str(blocker / "sub"), "--quiet"]) == 2
     assert "not a directory" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------- hardening, round 2 (issue 21)
+from pathlib import Path  # noqa: E402
+
+BAMBA_CONFIG = {"model_type": "bamba", "hidden_size": 64, "num_hidden_layers": 4, "num_attention_heads": 4,
+                "num_key_value_heads": 2, "attn_layer_indices": [1], "mamba_n_heads": 4, "mamba_d_head": 16,
+                "mamba_d_state": 8, "mamba_n_groups": 1, "mamba_d_conv": 4, "torch_dtype": "float32"}
+
+
+def test_out_refuses_a_traces_sidecar(small_trace, no_sweep, capsys):
+    """Bug 3: the .meta.json beside a trace is read with it; --out over it destroyed the trace's name and meta."""
+    sidecar = Path(str(small_trace) + ".meta.json")
+    before = sidecar.read_bytes()
+    assert main(["simulate", "--trace", str(small_trace), "--out", str(sidecar), *FAST]) == 2
+    assert "also an input" in capsys.readouterr().err
+    for option in ("--out", "--plot"):
+        argv = ["mrc", "--trace", str(small_trace), "--points", "2", "--quiet", "--workers", "1",
+                "--out", str(small_trace.parent / "m.jsonl"), option, str(sidecar)]
+        assert main(argv) == 2
+        assert "also an input" in capsys.readouterr().err
+    assert sidecar.read_bytes() == before
+
+
+def test_out_refuses_a_file_of_a_model_directory(tmp_path, no_sweep, capsys):
+    """Bug 3: --model DIR reads DIR/config.json; --out DIR/config.json destroyed it."""
+    model = tmp_path / "model"
+    model.mkdir()
+    config = model / "config.json"
+    config.write_text(json.dumps(BAMBA_CONFIG))
+    assert main(["simulate", "--trace", "swe-sample", "--model", str(model), "--out", str(config), *FAST]) == 2
+    assert "an input of this command" in capsys.readouterr().err
+    assert main(["mrc", "--trace", "swe-sample", "--model", str(model), "--points", "2", "--quiet",
+                 "--out", str(config)]) == 2
+    assert "an input of this command" in capsys.readouterr().err
+    assert json.loads(config.read_text()) == BAMBA_CONFIG
+
+
+@pytest.mark.parametrize("workers", ["0", "-1"])
+def test_workers_below_one_is_an_error_not_one_worker(workers, no_trace_load, capsys):
+    for argv in (["simulate", "--trace", "swe-sample", "--workers", workers],
+                 ["mrc", "--trace", "swe-sample", "--workers", workers],
+                 ["reproduce", "--profile", "tiny", "--workers", workers]):
+        with pytest.raises(SystemExit) as info:
+            main(argv)
+        assert info.value.code == 2
+        assert f"--workers: must be an integer >= 1, got {workers!r}" in capsys.readouterr().err
+
+
+def test_huge_workers_are_capped_to_the_cpus_with_a_notice(capsys):
+    from marconi.sim.backends import available_cpus
+
+    assert main(["simulate", "--trace", "swe-sample", "--limit", "20", "--workers", "100000", *FAST[:-3]]) == 0
+    err = capsys.readouterr().err
+    assert f"--workers 100000 is more than the {available_cpus()} CPUs this process may use" in err
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full")
+def test_a_full_disk_names_the_path_and_the_table_is_still_printed(capsys):
+    assert main(["simulate", "--trace", "swe-sample", "--limit", "20", "--out", "/dev/full", *FAST]) == 2
+    captured = capsys.readouterr()
+    assert "No space left on device" in captured.err and "/dev/full" in captured.err
+    assert "sglang+" in captured.out and "token hit" in captured.out  # the results were not lost with the file
+
+
+def test_a_missing_ray_is_reported_before_the_trace_loads(monkeypatch, no_trace_load, capsys):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` raises ImportError
+    for argv in (["simulate", "--trace", "swe-sample", "--backend", "ray", "--quiet"],
+                 ["mrc", "--trace", "swe-sample", "--backend", "ray", "--quiet", "--out", "/dev/null"]):
+        assert main(argv) == 2
+        assert "the ray backend needs the 'ray' package" in capsys.readouterr().err
+
+
+def _unused_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.mark.timeout(120)
+def test_a_ray_address_with_nothing_listening_fails_fast(small_trace, capsys):
+    """Bug 6: ray.init retried an unreachable address for ever (and SIGTERM then took 18 s)."""
+    import time
+
+    port = _unused_port()
+    started = time.monotonic()
+    assert main(["simulate", "--trace", str(small_trace), "--backend", "ray", "--address", f"127.0.0.1:{port}",
+                 *FAST]) == 2
+    assert time.monotonic() - started < 30
+    err = capsys.readouterr().err
+    assert f"cannot reach a Ray cluster at 127.0.0.1:{port}" in err and "ray start --head" in err
+
+
+def test_an_infeasible_point_keeps_the_finished_points(tmp_path, capsys):
+    """One vllm-align point its pool cannot serve aborted the sweep and lost the points that had finished."""
+    out = tmp_path / "r.jsonl"
+    code = main(["simulate", "--trace", "swe-sample", "--limit", "20", "--systems", "vllm-align,sglang+",
+                 "--capacity", "30MB,3GB", "--out", str(out), "--quiet", "--workers", "1", "--no-per-request"])
+    assert code == 2
+    captured = capsys.readouterr()
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(r["system"], r["capacity"]) for r in records] == [("sglang+", "30MB"), ("vllm-align", "3GB"),
+                                                               ("sglang+", "3GB")]
+    assert "1 of 4 points could not run: vllm-align at 30MB: vllm-align: a 2097-token request" in captured.err
+    assert "wrote 3 records" in captured.err
+    assert "vllm-align" in captured.out and "sglang+" in captured.out  # the table of the finished points
+
+
+def test_compare_and_mrc_plot_a_trace_whose_name_is_not_utf8(tmp_path, capsys):
+    """Bug 17: a plot title with an undecodable file name crashed after the records were written."""
+    name = os.fsdecode(b"bad\xff.jsonl")
+    trace = tmp_path / name
+    write_trace(trace, build_workload("swe-sample").head(30))
+    out = tmp_path / "r.jsonl"
+    assert main(["simulate", "--trace", str(trace), "--out", str(out), *FAST]) == 0
+    assert main(["compare", str(out), "--plots", str(tmp_path / "plots")]) == 0
+    assert list((tmp_path / "plots").glob("*.png"))
+    assert main(["mrc", "--trace", str(trace), "--systems", "sglang+", "--points", "2", "--lo", "0.1",
+                 "--workers", "1", "--out", str(tmp_path / "m.jsonl"), "--quiet"]) == 0
+    assert (tmp_path / "m.png").stat().st_size > 0
+    assert "Traceback" not in capsys.readouterr().err

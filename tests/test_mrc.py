@@ -66,3 +66,43 @@ def test_compare_gives_each_system_as_a_fraction_of_oracle_and_infinite():
     assert rows[("20B", "sglang+")]["of_infinite"] == pytest.approx(0.6)   # one infinite run serves every capacity
     assert "of_oracle" not in rows[("20B", "sglang+")]
     assert ("1x", "infinite") in rows and len(rows) == 5
+
+
+# ----------------------------------------------------------------------------- hardening (issue 21)
+def test_capacity_fractions_run_each_distinct_capacity_once():
+    """--points 5000 --lo 0.9999 ran 5,000 simulations over 101 distinct capacities."""
+    fr = capacity_fractions(5000, lo=0.9999)
+    assert len(fr) == len(set(fr)) == 101 and fr[0] == 0.9999 and fr[-1] == 1.0
+    assert capacity_fractions(12, lo=0.005) == sorted(set(capacity_fractions(12, lo=0.005)))
+    assert len(capacity_fractions(12, lo=0.005)) == 12  # the usual curve is untouched
+
+
+def test_mrc_says_how_many_distinct_capacities_it_runs(tmp_path, capsys):
+    out = tmp_path / "m.jsonl"
+    assert main(["mrc", "--trace", "swe-sample", "--limit", "10", "--systems", "sglang+", "--no-ceilings",
+                 "--points", "300", "--lo", "0.9999", "--workers", "1", "--out", str(out), "--quiet"]) == 0
+    err = capsys.readouterr().err
+    assert "--points 300 from --lo 0.9999 gives only 101 distinct capacities" in err
+    assert len(out.read_text().splitlines()) == 101
+
+
+def test_mrc_with_too_small_a_lo_says_raise_lo_not_the_capacity(tmp_path, capsys):
+    """mrc has no --capacity: its advice must name --lo, and come before the sweep."""
+    out = tmp_path / "m.jsonl"
+    assert main(["mrc", "--trace", "swe-sample", "--limit", "40", "--systems", "sglang+", "--points", "3",
+                 "--lo", "0.00001", "--workers", "1", "--out", str(out), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "--lo 1e-05 makes the smallest capacity" in err and "raise --lo to at least 0.0" in err
+    assert "raise the capacity" not in err and not out.exists()
+
+
+def test_mrc_points_that_cannot_run_are_reported_in_lo_terms_and_the_curve_kept(tmp_path, capsys):
+    out = tmp_path / "m.jsonl"
+    code = main(["mrc", "--trace", "swe-sample", "--limit", "20", "--systems", "vllm-align", "--no-ceilings",
+                 "--points", "2", "--lo", "0.01", "--workers", "1", "--out", str(out), "--quiet"])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "1 of 2 points could not run, at 0.01x of the working set" in err
+    assert "raise --lo above 0.01" in err and "raise the capacity" not in err
+    assert [json.loads(line)["fraction"] for line in out.read_text().splitlines()] == [1.0]
+    assert (tmp_path / "m.png").exists()

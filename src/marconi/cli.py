@@ -6,6 +6,7 @@ Every sub-command is a function ``(args) -> exit code``; library code never prin
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -13,9 +14,10 @@ from typing import Any, Sequence
 
 from marconi.pool import sigterm_raises, sigterm_received
 from marconi.core.registry import ConfigError, split_name_list
+from marconi.sim.backends import worker_count
 from marconi.units import request_limit
 
-__all__ = ["main", "load_trace"]
+__all__ = ["main", "load_trace", "read_files"]
 
 
 def load_trace(text: str, limit: int | None = None) -> Any:
@@ -25,15 +27,23 @@ def load_trace(text: str, limit: int | None = None) -> Any:
     return load(text, limit, notice=lambda line: print(line, file=sys.stderr))
 
 
-def _file_inputs(*texts: str | None) -> list[str]:
-    """The arguments that name existing files (a --out must not overwrite any of them)."""
-    out = []
-    for text in texts:
-        for item in (text or "").split(","):
-            item = item.strip().removeprefix("table:")
-            if item and Path(item).exists():
-                out.append(item)
-    return out
+def read_files(*, traces: Sequence[str | None] = (), models: Sequence[str | None] = (),
+               files: Sequence[str | None] = ()) -> list[str]:
+    """Every existing file (or model directory) a command reads, for ``check_output(inputs=...)``.
+
+    ``traces``: ``--trace`` values; a trace file is read with its ``.meta.json`` sidecar. ``models``:
+    ``--model`` values (comma lists); a path is a config file or a directory whose files are all
+    read. ``files``: other paths (comma lists; a ``table:`` prefix is dropped). Catalog and preset
+    names name no file here.
+    """
+    from marconi.workloads.trace.files import META_SUFFIX
+
+    def items(texts: Sequence[str | None]) -> list[str]:
+        return [i.strip().removeprefix("table:") for t in texts for i in (t or "").split(",") if i.strip()]
+
+    out = [p for t in traces if t for p in (t, t + META_SUFFIX)]
+    out += items(models) + items(files)
+    return [p for p in dict.fromkeys(out) if Path(p).exists()]
 
 
 # --------------------------------------------------------------------------- models / systems
@@ -102,44 +112,64 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from marconi.io import check_output
-    from marconi.sim.backends import make_backend
     from marconi.sim.latency import make_latency
-    from marconi.sim.sweep import expand_points, run_sweep, write_records
+    from marconi.sim.sweep import PointsFailed, expand_points, run_sweep, write_records
     from marconi.workloads.trace import session_warnings
 
-    # Everything that can be checked without the trace is checked before it loads, and --out before
-    # the sweep runs: a result is never computed and then lost to an unwritable or clobbering --out.
+    # Everything that can be checked without the trace is checked before it loads (the backend:
+    # is ray there?), and --out before the sweep runs: a result is never computed and then lost to
+    # an unwritable or clobbering --out.
     points = expand_points(split_name_list(args.systems), [c.strip() for c in args.capacity.split(",")],
                            [m.strip() for m in args.model.split(",")])
     make_latency(args.latency)
-    if args.out:
-        check_output(args.out, inputs=_file_inputs(args.trace, args.model, args.latency))
-    started = time.perf_counter()
-    trace = load_trace(args.trace, args.limit)
-    if len(trace) == 0:
-        raise ConfigError(f"trace {args.trace!r} has no requests" + (" (--limit)" if args.limit else "")
-                          + ": nothing to simulate")
-    for warning in session_warnings(trace, args.trace):
-        if warning.field == "turn_id":  # repeated (session, turn) pairs; `trace validate` says more
-            print(warning, file=sys.stderr)
-    backend = make_backend(getattr(args, "backend", "local"), workers=args.workers,
-                           address=getattr(args, "address", None))
-    print(f"trace {args.trace}: {len(trace):,} requests, {trace.total_input_tokens:,} input tokens "
-          f"(loaded in {time.perf_counter() - started:.1f}s); {len(points)} points on the {backend.name} backend",
-          file=sys.stderr)
-    bar = tqdm(total=len(points), unit="point", disable=args.quiet, file=sys.stderr)
+    backend, workers = _backend(args)
     try:
-        records = run_sweep(trace, args.trace, points, latency=args.latency, mode=args.mode, workers=args.workers,
-                            per_request=not args.no_per_request, on_record=lambda r: bar.update(1),
-                            backend=backend)
+        if args.out:
+            check_output(args.out, inputs=read_files(traces=[args.trace], models=[args.model], files=[args.latency]))
+        started = time.perf_counter()
+        trace = load_trace(args.trace, args.limit)
+        if len(trace) == 0:
+            raise ConfigError(f"trace {args.trace!r} has no requests" + (" (--limit)" if args.limit else "")
+                              + ": nothing to simulate")
+        for warning in session_warnings(trace, args.trace):
+            if warning.field == "turn_id":  # repeated (session, turn) pairs; `trace validate` says more
+                print(warning, file=sys.stderr)
+        print(f"trace {args.trace}: {len(trace):,} requests, {trace.total_input_tokens:,} input tokens "
+              f"(loaded in {time.perf_counter() - started:.1f}s); {len(points)} points on the {backend.name} "
+              "backend", file=sys.stderr)
+        bar = tqdm(total=len(points), unit="point", disable=args.quiet, file=sys.stderr)
+        failed: PointsFailed | None = None
+        try:
+            records = run_sweep(trace, args.trace, points, latency=args.latency, mode=args.mode, workers=workers,
+                                per_request=not args.no_per_request, on_record=lambda r: bar.update(1),
+                                backend=backend)
+        except PointsFailed as exc:  # the finished points are kept: written, shown, then the error
+            failed, records = exc, exc.records
+        finally:
+            bar.close()
     finally:
-        bar.close()
         backend.close()
-    if args.out:
+    if records:  # the table first: a full disk or a failed point must not lose the results
+        print(_sim_table([_decorate(r) for r in records]))
+    if args.out and records:
         write_records(records, args.out)
-        print(f"wrote {len(records)} records to {args.out}", file=sys.stderr)
-    print(_sim_table([_decorate(r) for r in records]))
+        left_out = f" (without the {len(failed.failures)} that could not run)" if failed else ""
+        print(f"wrote {len(records)} records to {args.out}{left_out}", file=sys.stderr)
+    if failed is not None:
+        raise failed
     return 0
+
+
+def _backend(args: argparse.Namespace) -> tuple[Any, int | None]:
+    """The sweep backend of ``--backend/--address/--workers`` (made before the trace loads: a
+    missing ray is said at once) and the worker count to use, capped to the CPUs with a notice."""
+    from marconi.sim.backends import capped_workers, make_backend
+
+    address = getattr(args, "address", None)
+    workers, note = capped_workers(args.workers, address=address)
+    if note:
+        print(f"marconi {getattr(args, 'command', 'simulate')}: {note}", file=sys.stderr)
+    return make_backend(getattr(args, "backend", "local"), workers=workers, address=address), workers
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:
@@ -172,33 +202,45 @@ def _cmd_mrc(args: argparse.Namespace) -> int:
     """Miss-ratio curves: hit rate vs capacity per system, with oracle and infinite, JSONL + PNG."""
     from tqdm import tqdm
 
-    from marconi.sim.backends import make_backend
-    from marconi.sim.mrc import plot_mrc, run_mrc
     from marconi.io import check_output
     from marconi.report import fmt_pct as pct
     from marconi.report import format_table
-    from marconi.sim.sweep import write_records
+    from marconi.sim.mrc import capacity_fractions, mrc_points, plot_mrc, run_mrc
+    from marconi.sim.sweep import PointsFailed, write_records
     from marconi.units import format_bytes
 
     out = Path(args.out)
     png = Path(args.plot) if args.plot else out.with_suffix(".png")
-    inputs = _file_inputs(args.trace, args.model)
+    if os.path.realpath(out) == os.path.realpath(png):
+        raise ConfigError(f"--plot {png} is the --out file: give the plot another name "
+                          f"(e.g. {out.with_suffix('.png')})")
+    inputs = read_files(traces=[args.trace], models=[args.model])
     check_output(out, inputs=inputs)  # before the sweep, not after
     check_output(png, inputs=inputs, option="--plot")
-    trace = load_trace(args.trace, args.limit)
     systems = split_name_list(args.systems)
-    backend = make_backend(args.backend, workers=args.workers, address=args.address)
-    total = args.points * (len(systems) + (0 if args.no_ceilings or "oracle" in systems else 1)) + 1
-    bar = tqdm(total=total, unit="point", disable=args.quiet, file=sys.stderr)
+    fractions = capacity_fractions(args.points, args.lo)
+    if len(fractions) < args.points:
+        print(f"marconi mrc: --points {args.points} from --lo {args.lo:g} gives only {len(fractions)} distinct "
+              f"capacities (fractions of the working set, to 6 significant digits): running those "
+              f"{len(fractions)}", file=sys.stderr)
+    total = len(mrc_points(systems, model=args.model, points=args.points, lo=args.lo, ceilings=not args.no_ceilings))
+    backend, workers = _backend(args)
     try:
-        records = run_mrc(trace, args.trace, systems, model=args.model, points=args.points, lo=args.lo,
-                          ceilings=not args.no_ceilings, workers=args.workers, backend=backend,
-                          on_record=lambda r: bar.update(1))
+        trace = load_trace(args.trace, args.limit)
+        bar = tqdm(total=total, unit="point", disable=args.quiet, file=sys.stderr)
+        failed: PointsFailed | None = None
+        try:
+            records = run_mrc(trace, args.trace, systems, model=args.model, points=args.points, lo=args.lo,
+                              ceilings=not args.no_ceilings, workers=workers, backend=backend,
+                              on_record=lambda r: bar.update(1))
+        except PointsFailed as exc:  # the curve of the capacities that ran is kept
+            failed, records = exc, exc.records
+        finally:
+            bar.close()
     finally:
-        bar.close()
         backend.close()
-    write_records(records, out)
-    png = plot_mrc(records, png)
+    if not records:
+        raise failed or ConfigError("no point of the curve ran")
     by_cap: dict[float, dict[str, Any]] = {}
     for r in records:
         if r["system"] != "infinite":
@@ -211,7 +253,11 @@ def _cmd_mrc(args: argparse.Namespace) -> int:
     ceiling = next((r["token_hit_rate"] for r in records if r["system"] == "infinite"), None)
     if ceiling is not None:
         print(f"infinite (unbounded capacity): {pct(ceiling)}")
+    write_records(records, out)  # after the table: a full disk must not lose the results
+    png = plot_mrc(records, png)
     print(f"wrote {len(records)} records to {out} and the plot to {png}", file=sys.stderr)
+    if failed is not None:
+        raise failed
     return 0
 
 
@@ -254,7 +300,7 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--out", help="write one JSONL record per point here (atomically)")
     sim.add_argument("--mode", default="sequential", choices=["sequential", "event"])
     sim.add_argument("--latency", default="a100", help="zero | a100 | h100 | a100:efficiency=0.4 | table:FILE.csv")
-    sim.add_argument("--workers", type=int, default=None,
+    sim.add_argument("--workers", type=worker_count, default=None,
                      help="parallel processes (default: one per core); with --backend ray and no --address, "
                           "the CPUs of the local Ray instance")
     sim.add_argument("--backend", default="local", choices=["local", "ray"],
@@ -281,7 +327,8 @@ def build_parser() -> argparse.ArgumentParser:
     mrc.add_argument("--out", default="results/mrc.jsonl", help="records (JSONL, written atomically)")
     mrc.add_argument("--plot", default=None, help="PNG path (default: --out with .png)")
     mrc.add_argument("--no-ceilings", action="store_true", help="do not add oracle and infinite")
-    mrc.add_argument("--workers", type=int, default=None, help="parallel processes (default: one per core)")
+    mrc.add_argument("--workers", type=worker_count, default=None,
+                     help="parallel processes (default: one per core, at most the CPUs)")
     mrc.add_argument("--backend", default="local", choices=["local", "ray"])
     mrc.add_argument("--address", default=None, help="with --backend ray: the cluster to join")
     mrc.add_argument("--limit", type=int, default=None, help="replay only the first N requests")
@@ -319,6 +366,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     SIGTERM raises :class:`~marconi.pool.Terminated`, a KeyboardInterrupt (exit 143), so that, as
     on Ctrl-C (130), worker processes are killed and no temp file is left.
     """
+    for stream in (sys.stdout, sys.stderr):  # a file name that is not UTF-8 is shown escaped, never a crash
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="backslashreplace")
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

@@ -10,6 +10,12 @@ read-only objects (traces), which travel to the workers **once**:
   maps use it (a trace is packed into one int32 buffer first: requests that are views of one
   session buffer share it), and every item is one Ray task that receives only the objects it names. ``address`` joins an existing cluster; by default a local Ray instance is started
   (and shut down by :meth:`RayBackend.close`). The cluster's nodes need ``marconi`` installed.
+  A backend made for Ray checks at once that ``ray`` is installed; an ``address`` of the form
+  ``host:port`` (or ``ray://host:port``) is probed with a plain TCP connect bounded by
+  :data:`RAY_CONNECT_TIMEOUT_S` before ``ray.init``, which would retry an unreachable cluster for ever.
+
+``workers`` is at least 1 (a ConfigError otherwise); :func:`capped_workers` is how the commands
+cap it to the CPUs this process may use, saying so.
 
 Results come back in item order whatever order they complete in; ``on_result`` sees them as they
 complete (progress bars). Neither backend changes what a point computes: records are identical
@@ -18,8 +24,11 @@ complete (progress bars). Neither backend changes what a point computes: records
 
 from __future__ import annotations
 
+import argparse
 import logging
+import os
 import signal
+import socket
 import threading
 from concurrent.futures import as_completed
 from dataclasses import dataclass
@@ -33,9 +42,10 @@ from marconi.selectors.bootstrap import default_workers
 from marconi.workloads.trace import Request, Trace
 
 __all__ = ["Backend", "LocalBackend", "RayBackend", "make_backend", "BACKENDS", "PackedTrace", "pack_trace",
-           "ray_tuning_mapper"]
+           "ray_tuning_mapper", "available_cpus", "worker_count", "capped_workers", "RAY_CONNECT_TIMEOUT_S"]
 
 BACKENDS = ("local", "ray")
+RAY_CONNECT_TIMEOUT_S = 5.0  # how long a Ray cluster's address may take to accept a TCP connection
 
 Shared = Mapping[str, Any]
 TaskFn = Callable[[Shared, Any], Any]
@@ -66,6 +76,47 @@ class Backend(Protocol):
         ...
 
 
+# ============================================================================ workers
+def available_cpus() -> int:
+    """The CPUs this process may run on (its affinity mask where the platform has one)."""
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return os.cpu_count() or 1
+
+
+def worker_count(text: str) -> int:
+    """argparse type of every ``--workers``: an integer >= 1 (0 or -1 used to run silently as 1)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
+    return value
+
+
+def capped_workers(workers: int | None, *, address: str | None = None) -> tuple[int | None, str | None]:
+    """``workers`` as a backend should get it, and a line for the user where it was not taken as given.
+
+    Points are CPU-bound: more processes than the CPUs this process may use only oversubscribe
+    them, so the count is capped there. With ``address`` (a Ray cluster to join) the cluster's
+    CPUs run the points and ``workers`` is not used.
+
+    Raises:
+        ConfigError: ``workers`` < 1.
+    """
+    if workers is None:
+        return None, None
+    if workers < 1:
+        raise ConfigError(f"workers must be >= 1, got {workers}")
+    if address is not None:
+        return None, f"--workers {workers} is not used with --address: the cluster's CPUs run the points"
+    cpus = available_cpus()
+    if workers > cpus:
+        return cpus, f"--workers {workers} is more than the {cpus} CPUs this process may use: running {cpus}"
+    return workers, None
+
+
 # ============================================================================ local
 _LOCAL_SHARED: Shared = {}
 
@@ -80,7 +131,9 @@ class LocalBackend:
     name = "local"
 
     def __init__(self, workers: int | None = None) -> None:
-        self.workers = default_workers() if workers is None else max(1, int(workers))
+        if workers is not None and int(workers) < 1:
+            raise ConfigError(f"workers must be >= 1, got {workers}")
+        self.workers = default_workers() if workers is None else int(workers)
 
     @property
     def parallelism(self) -> int:
@@ -219,6 +272,32 @@ def _ray_remote(name: str, fn: Callable[..., Any]) -> Any:
     return _RAY_FUNCS[name]
 
 
+def _ray_endpoint(address: str) -> tuple[str, int] | None:
+    """``(host, port)`` of ``host:port`` / ``ray://host:port`` / ``[::1]:port``; None for ``auto`` and the like."""
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    if not sep or not host or not port.isdigit():
+        return None
+    return host.strip("[]"), int(port)
+
+
+def check_ray_address(address: str, timeout_s: float = RAY_CONNECT_TIMEOUT_S) -> None:
+    """Fail fast where nothing accepts a connection at ``address`` (``ray.init`` would retry for ever).
+
+    Raises:
+        ConfigError: the address refused, timed out or does not resolve; the message says what to do.
+    """
+    endpoint = _ray_endpoint(address)
+    if endpoint is None:
+        return
+    try:
+        with socket.create_connection(endpoint, timeout=timeout_s):
+            pass
+    except OSError as exc:
+        reason = f"no answer within {timeout_s:g} s" if isinstance(exc, TimeoutError) else (exc.strerror or str(exc))
+        raise ConfigError(f"cannot reach a Ray cluster at {address} ({reason}): start one there with "
+                          f"`ray start --head --port {endpoint[1]}`, or correct --address") from None
+
+
 def _ray_task(fn: TaskFn, keys: tuple[str, ...], item: Any, *values: Any) -> Any:
     # Top-level ObjectRef arguments arrive resolved (zero-copy numpy buffers from the object store).
     return fn({k: _unpack(v) for k, v in zip(keys, values)}, item)
@@ -254,6 +333,9 @@ class RayBackend:
 
     def __init__(self, address: str | None = None, *, num_cpus: int | None = None, tune_on_ray: bool = True,
                  **init_kwargs: Any) -> None:
+        _import_ray()  # a missing ray is said now, not after the trace has loaded
+        if num_cpus is not None and int(num_cpus) < 1:
+            raise ConfigError(f"num_cpus must be >= 1, got {num_cpus}")
         self.address = address
         self.num_cpus = num_cpus
         self.tune_on_ray = tune_on_ray
@@ -270,6 +352,8 @@ class RayBackend:
                                       "log_to_driver": False, **self.init_kwargs}
             if self.address is None:
                 kwargs.setdefault("num_cpus", self.num_cpus)
+            if self.address is not None:
+                check_ray_address(self.address)  # bounded: ray.init would wait for ever
             in_main = threading.current_thread() is threading.main_thread()
             sigterm = signal.getsignal(signal.SIGTERM) if in_main else None
             self._started = True  # before init: close() must stop whatever a cut-short init started

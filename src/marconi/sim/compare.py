@@ -15,7 +15,21 @@ from typing import Any, Sequence
 
 import numpy as np
 
-__all__ = ["gains", "plot_records", "base_name"]
+__all__ = ["gains", "plot_records", "base_name", "plot_text"]
+
+
+def plot_text(value: Any) -> str:
+    """``value`` as text a plot can draw and a file name can hold: valid UTF-8.
+
+    A trace named by a file whose name is not UTF-8 carries lone surrogates (``bad\\udcff.jsonl``),
+    which matplotlib refuses (a TypeError after the records were written). An undecodable byte
+    becomes U+FFFD, as a terminal shows it; any other lone surrogate, ``?``.
+    """
+    text = str(value)
+    try:
+        return text.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "replace").decode("utf-8")
 
 
 def base_name(label: str) -> str:
@@ -84,7 +98,7 @@ def plot_records(records: Sequence[dict[str, Any]], out_dir: str | Path) -> list
         groups[(rec.get("trace"), rec.get("model"), rec.get("mode"))].append(rec)
     paths = []
     for (trace, model, mode), recs in groups.items():
-        stem = f"{Path(str(trace)).stem}_{model}_{mode}".replace("/", "_")
+        stem = plot_text(f"{Path(str(trace)).stem}_{model}_{mode}").replace("/", "_")
         systems = list(dict.fromkeys(r["system"] for r in recs))
         caps = list(dict.fromkeys(r.get("capacity", r["capacity_bytes"]) for r in recs))
         fig, ax = plt.subplots(figsize=(1.5 + 1.2 * len(caps) * len(systems) / 3, 3.6))
@@ -92,11 +106,11 @@ def plot_records(records: Sequence[dict[str, Any]], out_dir: str | Path) -> list
         for j, system in enumerate(systems):
             vals = [next((r["token_hit_rate"] for r in recs if r["system"] == system
                           and r.get("capacity", r["capacity_bytes"]) == c), 0.0) for c in caps]
-            ax.bar(np.arange(len(caps)) + j * width, np.array(vals) * 100, width, label=system)
-        ax.set_xticks(np.arange(len(caps)) + width * (len(systems) - 1) / 2, [str(c) for c in caps])
+            ax.bar(np.arange(len(caps)) + j * width, np.array(vals) * 100, width, label=plot_text(system))
+        ax.set_xticks(np.arange(len(caps)) + width * (len(systems) - 1) / 2, [plot_text(c) for c in caps])
         ax.set_xlabel("cache capacity")
         ax.set_ylabel("token hit rate (%)")
-        ax.set_title(f"{Path(str(trace)).name} — {model}")
+        ax.set_title(plot_text(f"{Path(str(trace)).name} — {model}"))
         ax.legend(fontsize=8)
         fig.tight_layout()
         paths.append(save_figure(fig, out_dir / f"{stem}_hit_rate.png", dpi=120))
@@ -106,16 +120,17 @@ def plot_records(records: Sequence[dict[str, Any]], out_dir: str | Path) -> list
                 continue
             fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.6))
             ax1.boxplot([np.array(r["per_request"]["hit_rate"]) * 100 for r in per], whis=(5, 95), showfliers=False)
-            ax1.set_xticks(range(1, len(per) + 1), [r["system"] for r in per], rotation=20, fontsize=8)
+            ax1.set_xticks(range(1, len(per) + 1), [plot_text(r["system"]) for r in per], rotation=20, fontsize=8)
             ax1.set_ylabel("per-request token hit rate (%)")
-            ax1.set_title(f"capacity {cap}: P5–P95 whiskers")
+            ax1.set_title(plot_text(f"capacity {cap}: P5–P95 whiskers"))
             for r in per:
                 ttft = np.sort(np.array(r["per_request"]["ttft_s"]))
-                ax2.plot(ttft * 1000, np.linspace(0, 1, len(ttft)), label=r["system"])
+                ax2.plot(ttft * 1000, np.linspace(0, 1, len(ttft)), label=plot_text(r["system"]))
             ax2.set_xlabel("modelled TTFT (ms)")
             ax2.set_ylabel("CDF")
             ax2.set_xscale("symlog")
             ax2.legend(fontsize=8)
             fig.tight_layout()
-            paths.append(save_figure(fig, out_dir / f"{stem}_{str(cap).replace('/', '_')}_requests.png", dpi=120))
+            paths.append(save_figure(fig, out_dir / f"{stem}_{plot_text(cap).replace('/', '_')}_requests.png",
+                                     dpi=120))
     return paths

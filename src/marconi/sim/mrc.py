@@ -6,6 +6,12 @@ working set up to the working set itself (where nothing is ever evicted), in par
 backend (local processes or Ray). ``infinite`` (unbounded capacity: the ceiling, one run) and
 ``oracle`` (future-aware eviction: how far each policy is from what knowing the future allows)
 are drawn on the same plot. Records are the sweep's JSONL records plus ``fraction``.
+
+A curve's capacities are fractions of the working set, so its knob is ``lo`` (``--lo``), not a
+capacity: a smallest capacity below one SSM checkpoint is refused before the sweep, saying how
+far to raise ``lo``, and points that cannot run at the small end (a vLLM pool too small for a
+request) are reported in the same terms while the rest of the curve is kept. Fractions are kept
+to 6 significant digits, and duplicates run once (``--points 5000 --lo 0.9999`` is 101 capacities).
 """
 
 from __future__ import annotations
@@ -14,25 +20,52 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+import math
+import re
+
 import numpy as np
 
+from marconi.core.admission import ADMISSION_POLICIES
+from marconi.core.model import get_model
 from marconi.core.registry import ConfigError
 from marconi.sim.backends import Backend
-from marconi.sim.sweep import SweepPoint, expand_points, run_sweep
-from marconi.sim.systems import make_system
+from marconi.sim.compare import plot_text
+from marconi.sim.sweep import PointsFailed, SweepPoint, backend_scope, expand_points, run_sweep, working_sets
+from marconi.sim.systems import SystemConfig, make_system
+from marconi.units import format_bytes
 
-__all__ = ["capacity_fractions", "run_mrc", "plot_mrc", "CEILINGS"]
+__all__ = ["capacity_fractions", "mrc_points", "run_mrc", "plot_mrc", "CEILINGS"]
 
 CEILINGS = ("oracle", "infinite")
 
 
 def capacity_fractions(points: int, lo: float = 0.005) -> list[float]:
-    """``points`` fractions of the working set, geometric from ``lo`` to 1 (both included)."""
+    """Up to ``points`` distinct fractions of the working set, geometric from ``lo`` to 1 (both included).
+
+    Fractions are rounded to 6 significant digits; where that makes neighbours equal (many points
+    in a narrow range) each is kept once, so the list may be shorter than ``points``.
+    """
     if points < 2:
         raise ConfigError(f"a miss-ratio curve needs at least 2 points, got {points}")
     if not 0 < lo < 1:
         raise ConfigError(f"the smallest capacity must be a fraction in (0, 1) of the working set, got {lo}")
-    return [float(f"{f:.6g}") for f in np.geomspace(lo, 1.0, points)]
+    return list(dict.fromkeys(float(f"{f:.6g}") for f in np.geomspace(lo, 1.0, points)))
+
+
+def mrc_points(systems: Sequence[str], *, model: str = "paper-7b", points: int = 12, lo: float = 0.005,
+               ceilings: bool = True) -> list[SweepPoint]:
+    """The sweep points of a curve: every system at every fraction, ``oracle`` too (with ``ceilings``),
+    and one ``infinite`` run (capacity-independent). Names are checked here, before any work."""
+    caps = [f"{f:g}x" for f in capacity_fractions(points, lo)]
+    names = list(dict.fromkeys(systems))
+    for name in names:
+        make_system(name)
+    if ceilings and "oracle" not in names:
+        names.append("oracle")
+    pts = expand_points([n for n in names if make_system(n).label != "infinite"], caps, [model])
+    if ceilings or any(make_system(n).label == "infinite" for n in names):
+        pts.append(SweepPoint("infinite", caps[-1], model))  # capacity-independent: one run
+    return pts
 
 
 def run_mrc(trace: Sequence[Any], trace_name: str, systems: Sequence[str], *, model: str = "paper-7b",
@@ -42,22 +75,68 @@ def run_mrc(trace: Sequence[Any], trace_name: str, systems: Sequence[str], *, mo
     """Records of every system at every capacity fraction (plus ``oracle`` and one ``infinite``).
 
     Each record carries ``fraction`` (of the working set) next to ``capacity_bytes``.
+
+    Raises:
+        ConfigError: ``lo`` x the working set is below one SSM checkpoint (before the sweep).
+        PointsFailed: some points could not run (in ``lo`` terms); the curve's other records are on it.
     """
-    fractions = capacity_fractions(points, lo)
-    names = list(dict.fromkeys(systems))
-    for name in names:
-        make_system(name)
-    if ceilings and "oracle" not in names:
-        names.append("oracle")
-    caps = [f"{f:g}x" for f in fractions]
-    pts = expand_points([n for n in names if make_system(n).label != "infinite"], caps, [model])
-    if ceilings or any(make_system(n).label == "infinite" for n in names):
-        pts.append(SweepPoint("infinite", caps[-1], model))  # capacity-independent: one run
-    records = run_sweep(trace, trace_name, pts, latency=latency, workers=workers, per_request=False,
-                        on_record=on_record, backend=backend)
+    pts = mrc_points(systems, model=model, points=points, lo=lo, ceilings=ceilings)
+    spec = get_model(model)
+    with backend_scope(backend, workers) as be:
+        ws = working_sets({"trace": trace}, [("trace", model)], backend=be)[("trace", model)]
+        smallest = min(float(p.capacity.rstrip("x")) for p in pts)
+        if any(_holds_checkpoints(p.system) for p in pts) and smallest * ws < spec.ssm_checkpoint_bytes:
+            need = _round_up(spec.ssm_checkpoint_bytes / ws) if ws else float("inf")
+            raise ConfigError(f"--lo {lo:g} makes the smallest capacity {format_bytes(int(smallest * ws))} "
+                              f"(of a {format_bytes(ws)} working set), less than one SSM checkpoint of {spec.name} "
+                              f"({format_bytes(spec.ssm_checkpoint_bytes)}): nothing could be cached there; "
+                              + (f"raise --lo to at least {need:g}" if need < 1 else
+                                 "the whole working set holds no checkpoint: use a longer trace"))
+        try:
+            records = run_sweep(trace, trace_name, pts, latency=latency, workers=workers, per_request=False,
+                                on_record=on_record, backend=be, working_set_bytes={model: ws})
+        except PointsFailed as exc:
+            _add_fractions(exc.records)
+            raise _in_lo_terms(exc, lo) from None
+    _add_fractions(records)
+    return records
+
+
+def _holds_checkpoints(name: str) -> bool:
+    """Whether the system is a bounded PrefixCache that caches (and so needs room for one checkpoint)."""
+    system = make_system(name)
+    return (isinstance(system, SystemConfig) and not system.unbounded
+            and ADMISSION_POLICIES.create(system.admission).caches)
+
+
+def _round_up(value: float, digits: int = 3) -> float:
+    """``value`` rounded *up* to ``digits`` significant digits (advice that is enough when followed)."""
+    step = 10.0 ** (math.floor(math.log10(value)) - digits + 1)
+    return float(f"{math.ceil(value / step) * step:.{digits}g}")
+
+
+def _add_fractions(records: list[dict[str, Any]]) -> None:
     for rec in records:
         rec["fraction"] = float(rec["capacity"].rstrip("x"))
-    return records
+
+
+# A point's own advice names a capacity, which a curve does not take: its knob is --lo.
+_CAPACITY_ADVICE = re.compile(r"[;,]?\s*(?:—\s*)?raise the capacity\b[^;]*")
+
+
+def _in_lo_terms(exc: PointsFailed, lo: float) -> PointsFailed:
+    """The same failure, said in the curve's terms (``--lo``), not a ``--capacity`` it does not have."""
+    fractions = sorted({float(t.point.capacity.rstrip("x")) for t, _ in exc.failures})
+    first_task, first = exc.failures[0]
+    system = first_task.point.system
+    reason = _CAPACITY_ADVICE.sub("", first)
+    reason = reason if reason.startswith(system) else f"{system}: {reason}"
+    at = ", ".join(f"{f:g}x" for f in fractions[:5]) + (" ..." if len(fractions) > 5 else "")
+    kept = len(exc.records)
+    message = (f"{len(exc.failures)} of {exc.total} points could not run, at {at} of the working set "
+               f"(e.g. {reason}); the curve's capacities run from --lo {lo:g} to 1x of the working set: "
+               f"raise --lo above {fractions[-1]:g} to leave them out ({kept} other point{'s' * (kept != 1)} kept)")
+    return PointsFailed(exc.records, exc.failures, exc.total, message)
 
 
 def plot_mrc(records: Sequence[dict[str, Any]], path: str | Path, *, title: str | None = None) -> Path:
@@ -76,7 +155,7 @@ def plot_mrc(records: Sequence[dict[str, Any]], path: str | Path, *, title: str 
     for system, pts in curves.items():
         pts.sort()
         style = {"linestyle": ":", "color": "black", "marker": "."} if system == "oracle" else {"marker": "o"}
-        ax.plot([p[0] for p in pts], [100 * p[1] for p in pts], label=system, markersize=4, **style)
+        ax.plot([p[0] for p in pts], [100 * p[1] for p in pts], label=plot_text(system), markersize=4, **style)
     if ceiling is not None:
         ax.axhline(100 * ceiling, linestyle="--", color="grey", label="infinite")
     ax.set_xscale("log")
@@ -84,7 +163,7 @@ def plot_mrc(records: Sequence[dict[str, Any]], path: str | Path, *, title: str 
     ax.set_ylabel("token hit rate (%)")
     trace = records[0].get("trace") if records else ""
     model = records[0].get("model") if records else ""
-    ax.set_title(title or f"{Path(str(trace)).name} — {model}: hit rate vs capacity")
+    ax.set_title(plot_text(title or f"{Path(str(trace)).name} — {model}: hit rate vs capacity"))
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()

@@ -5,6 +5,11 @@ workers inherit the trace (no copy per point); ``"ray"`` makes every point a Ray
 trace put in the object store once. Each point yields one flat JSONL record with its whole
 configuration echoed, written atomically (:func:`marconi.io.write_jsonl`) so an interrupted sweep
 never leaves a half-written ``--out``.
+
+A point whose system cannot serve the trace at its capacity (a :class:`ConfigError` raised inside
+the point: a pool too small for one request, a capacity below one SSM checkpoint) does not abort
+the others: every point runs, and :class:`PointsFailed` then carries the finished records and
+says which points could not run and why.
 """
 
 from __future__ import annotations
@@ -16,13 +21,14 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 from marconi.io import iter_jsonl, write_jsonl
 from marconi.core.model import ModelSpec, get_model
+from marconi.core.registry import ConfigError
 from marconi.sim.backends import Backend, make_backend
 from marconi.sim.replay import simulate_system, working_set_bytes
 from marconi.sim.systems import make_system
 from marconi.units import Capacity, parse_capacity
 
-__all__ = ["SweepPoint", "SweepTask", "expand_points", "run_sweep", "run_tasks", "working_sets",
-           "write_records", "read_records", "RESULT_FIELDS", "TIMING_FIELDS"]
+__all__ = ["SweepPoint", "SweepTask", "PointsFailed", "expand_points", "run_sweep", "run_tasks", "working_sets",
+           "backend_scope", "write_records", "read_records", "RESULT_FIELDS", "TIMING_FIELDS"]
 
 # Record fields that measure this machine, not the simulation (they differ between runs and backends).
 TIMING_FIELDS = ("elapsed_s", "requests_per_s", "tuning_seconds")
@@ -54,6 +60,41 @@ class SweepTask:
     capture_tuning: bool = False
     tags: tuple[tuple[str, Any], ...] = ()
     trace_name: str | None = None        # echoed as the record's "trace" (default: trace_key)
+
+
+@dataclass(frozen=True, slots=True)
+class _PointFailure:
+    """What a worker returns instead of a record when its point could not run."""
+
+    message: str
+
+
+class PointsFailed(ConfigError):
+    """Some points of a sweep could not run; every other point finished.
+
+    ``records``: the finished points' records, in task order; ``failures``: ``(task, message)``
+    of each point that could not run; ``total``: how many points the sweep had.
+    """
+
+    def __init__(self, records: list[dict[str, Any]], failures: list[tuple[SweepTask, str]], total: int,
+                 message: str | None = None) -> None:
+        self.records = records
+        self.failures = failures
+        self.total = total
+        super().__init__(message or f"{len(failures)} of {total} points could not run: " + describe_failures(failures))
+
+
+def point_label(task: SweepTask, *, with_trace: bool = False) -> str:
+    """``system at capacity`` (``... on trace``): how a point is named in messages."""
+    label = f"{task.point.system} at {task.point.capacity}"
+    return label + (f" on {task.trace_name or task.trace_key}" if with_trace else "")
+
+
+def describe_failures(failures: Sequence[tuple[SweepTask, str]], shown: int = 3) -> str:
+    """``label: message; ...`` for the first ``shown`` failures, then how many more."""
+    with_trace = len({t.trace_key for t, _ in failures}) > 1
+    text = "; ".join(f"{point_label(t, with_trace=with_trace)}: {m}" for t, m in failures[:shown])
+    return text + (f"; and {len(failures) - shown} more" if len(failures) > shown else "")
 
 
 def expand_points(systems: Sequence[str], capacities: Sequence[str], models: Sequence[str]) -> list[SweepPoint]:
@@ -97,12 +138,15 @@ def run_point(trace: Any, trace_name: str, task: SweepTask, *, tuning_workers: i
 
 
 # ----------------------------------------------------------------------------- backend tasks
-def _task_fn(shared: Mapping[str, Any], item: tuple[SweepTask, int | None, bool]) -> dict[str, Any]:
+def _task_fn(shared: Mapping[str, Any], item: tuple[SweepTask, int | None, bool]) -> dict[str, Any] | _PointFailure:
     task, tuning_workers, use_mapper = item
     mapper = shared["__tuning_mapper__"] if use_mapper else None
     trace = shared[task.trace_key]
-    return run_point(trace, task.trace_name or task.trace_key, task, tuning_workers=tuning_workers,
-                     tuning_mapper=mapper)
+    try:
+        return run_point(trace, task.trace_name or task.trace_key, task, tuning_workers=tuning_workers,
+                         tuning_mapper=mapper)
+    except ConfigError as exc:  # this point cannot run (its capacity, its pool): the others still can
+        return _PointFailure(str(exc))
 
 
 def _working_set_fn(shared: Mapping[str, Any], item: tuple[str, str | ModelSpec]) -> int:
@@ -111,7 +155,7 @@ def _working_set_fn(shared: Mapping[str, Any], item: tuple[str, str | ModelSpec]
 
 
 @contextmanager
-def _backend_scope(backend: str | Backend, workers: int | None) -> Iterator[Backend]:
+def backend_scope(backend: str | Backend, workers: int | None) -> Iterator[Backend]:
     """The backend to use; one made here from a name is closed (a Ray instance it started stops)."""
     be = make_backend(backend, workers=workers)
     try:
@@ -133,7 +177,7 @@ def working_sets(traces: Mapping[str, Any], pairs: Iterable[tuple[str, str | Mod
                  backend: str | Backend = "local", workers: int | None = None) -> dict[tuple[str, Any], int]:
     """Working set bytes (see :func:`working_set_bytes`) of each distinct (trace key, model), in parallel."""
     items = list(dict.fromkeys(pairs))
-    with _backend_scope(backend, workers) as be:
+    with backend_scope(backend, workers) as be:
         values = be.map(_working_set_fn, items, shared=dict(traces), needs=_working_set_needs)
     return dict(zip(items, values))
 
@@ -146,9 +190,12 @@ def run_tasks(traces: Mapping[str, Any], tasks: Sequence[SweepTask], *, backend:
     Records come back in the order of ``tasks``. ``names`` gives the trace name echoed in records
     (default: the key). When several points run at once, each tunes α in its own process (nested
     pools would oversubscribe the cores); the Ray backend may instead spread the grid search over
-    Ray tasks.
+    Ray tasks. ``on_record`` sees each record as it completes (not the points that fail).
+
+    Raises:
+        PointsFailed: some points could not run (after every other point finished; it holds their records).
     """
-    with _backend_scope(backend, workers) as be:
+    with backend_scope(backend, workers) as be:
         parallel = be.parallelism > 1 and len(tasks) > 1
         mapper = be.tuning_mapper()
         tuning_workers = 1 if parallel else None
@@ -157,24 +204,40 @@ def run_tasks(traces: Mapping[str, Any], tasks: Sequence[SweepTask], *, backend:
         if names:
             tasks = [replace(t, trace_name=names.get(t.trace_key, t.trace_name)) for t in tasks]
         items = [(t, tuning_workers, mapper is not None) for t in tasks]
-        return be.map(_task_fn, items, shared=shared, on_result=on_record, needs=_task_needs)
+
+        def on_result(result: Any) -> None:
+            if on_record is not None and not isinstance(result, _PointFailure):
+                on_record(result)
+        results = be.map(_task_fn, items, shared=shared, on_result=on_result, needs=_task_needs)
+    failures = [(t, r.message) for t, r in zip(tasks, results) if isinstance(r, _PointFailure)]
+    if failures:
+        raise PointsFailed([r for r in results if not isinstance(r, _PointFailure)], failures, len(tasks))
+    return results
 
 
 def run_sweep(trace: Sequence[Any], trace_name: str, points: Sequence[SweepPoint], *, latency: str = "a100",
               mode: str = "sequential", workers: int | None = None, per_request: bool = True,
               on_record: Callable[[dict[str, Any]], None] | None = None,
-              backend: str | Backend = "local") -> list[dict[str, Any]]:
+              backend: str | Backend = "local",
+              working_set_bytes: Mapping[str | ModelSpec, int] | None = None) -> list[dict[str, Any]]:
     """Simulate every point; records come back in the order of ``points``.
 
     Capacities given as fractions (``0.1x``) resolve against the working set of the trace for each
-    model (computed once, in parallel). ``on_record`` is called as each point completes (progress
-    bars). ``backend``: ``"local"`` (a process pool of ``workers``), ``"ray"``, or a backend object
-    (e.g. a :class:`~marconi.sim.backends.RayBackend` joined to a cluster).
+    model (computed once, in parallel, unless ``working_set_bytes`` gives it by model). ``on_record``
+    is called as each point completes (progress bars). ``backend``: ``"local"`` (a process pool of
+    ``workers``), ``"ray"``, or a backend object (e.g. a :class:`~marconi.sim.backends.RayBackend`
+    joined to a cluster).
+
+    Raises:
+        PointsFailed: some points could not run; the others' records are on the exception.
     """
     key = "trace"
-    models = list(dict.fromkeys(p.model for p in points if parse_capacity(p.capacity).fraction is not None))
-    with _backend_scope(backend, workers) as be:
+    known = dict(working_set_bytes or {})
+    models = list(dict.fromkeys(p.model for p in points if parse_capacity(p.capacity).fraction is not None
+                                and p.model not in known))
+    with backend_scope(backend, workers) as be:
         ws = working_sets({key: trace}, [(key, m) for m in models], backend=be) if models else {}
+        ws.update({(key, m): v for m, v in known.items()})
         tasks = [SweepTask(key, p, ws.get((key, p.model)), latency, mode, per_request) for p in points]
         return run_tasks({key: trace}, tasks, backend=be, names={key: trace_name}, on_record=on_record)
 
