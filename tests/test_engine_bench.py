@@ -73,3 +73,72 @@ def test_cli_info_and_bench(tmp_path, capsys):
     assert "measured/ideal" in text and "chunk-boundary" in text
     kinds = [json.loads(line)["kind"] for line in out.read_text().splitlines()]
     assert kinds.count("ttft") == len(reqs) and kinds.count("checkpointing") == 3
+
+
+# ----------------------------------------------------------------------------- hardening (issue 21)
+@pytest.fixture
+def no_model_load(monkeypatch):
+    """Fails the test if the model loads: the error had to be found before any work."""
+    import marconi.engine.models
+
+    def fail(*args, **kwargs):
+        raise AssertionError("the model loaded before the error was detected")
+    monkeypatch.setattr(marconi.engine.models, "load_model", fail)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--out", "/proc/nope/x.jsonl"], "--out /proc/nope/x.jsonl"),
+    (["--lengths", "abc"], "--lengths: 'abc' is not a whole number of tokens"),
+    (["--lengths", "64,0"], "--lengths: every length must be >= 2 tokens, got 0"),
+    (["--capacity", "lots"], "--capacity: cannot read 'lots' as a size"),
+])
+def test_bench_option_errors_come_before_any_work(argv, message, no_model_load, capsys):
+    """Bug 14: --out and --lengths were checked only after the whole TTFT replay."""
+    from marconi.cli import main
+
+    assert main(["engine", "bench", "--model", "bamba-tiny", *argv]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_bench_out_refuses_the_traces_sidecar_and_the_model_directory(tmp_path, no_model_load, capsys):
+    from marconi.cli import main
+    from marconi.workloads.trace import write_trace
+
+    trace = tmp_path / "t.jsonl"
+    write_trace(trace, _small_trace())
+    sidecar = tmp_path / "t.jsonl.meta.json"
+    before = sidecar.read_bytes()
+    assert main(["engine", "bench", "--trace", str(trace), "--out", str(sidecar)]) == 2
+    assert "also an input" in capsys.readouterr().err and sidecar.read_bytes() == before
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    assert main(["engine", "bench", "--model", str(model), "--out", str(model / "config.json")]) == 2
+    assert "an input of this command" in capsys.readouterr().err
+    assert (model / "config.json").read_text() == "{}"
+
+
+def test_bench_with_no_request_that_fits_is_an_error_not_a_nan_table(tmp_path, no_model_load, capsys):
+    from marconi.cli import main
+    from marconi.workloads.trace import write_trace
+
+    trace = tmp_path / "t.jsonl"
+    write_trace(trace, _small_trace())
+    assert main(["engine", "bench", "--trace", str(trace), "--max-input", "5"]) == 2
+    err = capsys.readouterr().err
+    assert "no request of" in err and "--max-input 5" in err
+
+
+def test_bench_with_no_cache_hit_exits_non_zero_after_the_table(tmp_path, capsys):
+    from marconi.cli import main
+    from marconi.workloads.trace import write_trace
+
+    trace = tmp_path / "t.jsonl"
+    write_trace(trace, _small_trace()[:1])  # one request: nothing to hit
+    out = tmp_path / "bench.jsonl"
+    code = main(["engine", "bench", "--model", "bamba-tiny", "--trace", str(trace), "--max-input", "200",
+                 "--lengths", "", "--out", str(out)])
+    captured = capsys.readouterr()
+    assert code == 1
+    assert "measured/ideal" in captured.out and out.exists()  # the measurements are shown and kept
+    assert "no request hit the cache" in captured.err

@@ -4,13 +4,16 @@
     marconi engine bench [--model bamba-bench] [--trace swe-sample|synthetic|FILE] [--max-input 4000]
                          [--sessions 8] [--limit 24] [--capacity 2GB] [--lengths 1024,2048,4096] [--clock cpu|wall] [--out FILE.jsonl]
 
-Only these handlers print; torch and transformers are imported when a command runs.
+Only these handlers print; torch and transformers are imported when a command runs. ``bench``
+checks every option (``--out``, ``--lengths``, ``--capacity``) and cuts the trace before the model
+loads, so a typo never costs a replay; a run with no cache hit to measure exits 1 after its table.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 from typing import Any
 
 from marconi.units import request_limit
@@ -68,26 +71,58 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1000:8.1f}"
 
 
+def _lengths(text: str) -> list[int]:
+    """``--lengths``: a comma list of prefill lengths >= 2 tokens ('' for none)."""
+    from marconi.core.registry import ConfigError
+
+    out = []
+    for item in filter(None, (x.strip() for x in text.split(","))):
+        try:
+            out.append(int(item))
+        except ValueError:
+            raise ConfigError(f"--lengths: {item!r} is not a whole number of tokens (e.g. 1024,2048,4096, "
+                              "or '' to skip the checkpointing runs)") from None
+        if out[-1] < 2:  # a checkpoint goes strictly inside the prefill
+            raise ConfigError(f"--lengths: every length must be >= 2 tokens, got {out[-1]}")
+    return out
+
+
 def _cmd_bench(args: argparse.Namespace) -> int:
+    from marconi.cli import read_files
+    from marconi.core.registry import ConfigError
+    from marconi.io import check_output
+    from marconi.units import parse_bytes
+
+    # Every option is checked, and the trace cut, before the model loads and minutes of replay begin.
+    lengths = _lengths(args.lengths)
+    try:
+        capacity_bytes = parse_bytes(args.capacity)
+    except ConfigError as exc:
+        raise ConfigError(f"--capacity: {exc}") from None
+    if args.out:
+        check_output(args.out, inputs=read_files(traces=[args.trace], models=[args.model]))
+
     import torch
 
     from marconi.engine import bench
     from marconi.engine.models import describe, load_model
-    from marconi.units import parse_bytes
 
+    source = (f"agent-cpu-synthetic:sessions={args.sessions},max_input_len={args.max_input}"
+              if args.trace == "synthetic" else args.trace)
+    requests = bench.trace_requests(source, max_input_len=args.max_input, max_sessions=args.sessions,
+                                    limit=args.limit)
+    if not requests:
+        raise ConfigError(f"no request of trace {args.trace} fits --max-input {args.max_input} (each session stops at "
+                          "its first longer input or empty output): raise --max-input")
     torch.set_num_threads(args.threads)
     model = load_model(args.model, dtype=args.dtype)
     meta = {k: v for k, v in describe(model).items()}
     print(f"model {model.name}: {model.num_parameters / 1e6:.1f}M parameters, {meta['dtype']}, "
           f"scan chunk {model.chunk_size}, KV {model.spec.kv_bytes_per_token} B/token, "
           f"checkpoint {model.spec.ssm_checkpoint_bytes} B; torch threads {torch.get_num_threads()}")
-    source = (f"agent-cpu-synthetic:sessions={args.sessions},max_input_len={args.max_input}"
-              if args.trace == "synthetic" else args.trace)
-    requests = bench.trace_requests(source, max_input_len=args.max_input, max_sessions=args.sessions,
-                                    limit=args.limit)
     print(f"trace {args.trace}: {len(requests)} requests with inputs <= {args.max_input} tokens\n")
 
-    records = bench.replay_ttft(model, requests, capacity_bytes=parse_bytes(args.capacity), eviction=args.eviction,
+    records = bench.replay_ttft(model, requests, capacity_bytes=capacity_bytes, eviction=args.eviction,
                                 clock=args.clock, repeats=args.repeats)
     print(f"TTFT on the {args.clock} clock; restore / capture / save columns are wall-clock")
     print("  sess turn  input    hit      h  TTFT cached  TTFT full   ideal(ms)  measured/ideal  restore  capture"
@@ -103,7 +138,6 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         print(f"  {key:38s} {value:.4g}" if isinstance(value, float) else f"  {key:38s} {value}")
 
     ckpt = []
-    lengths = [int(x) for x in args.lengths.split(",") if x.strip()]
     if lengths:
         ckpt = bench.checkpoint_overhead(model, lengths, repeats=args.ckpt_repeats, clock=args.clock)
         print("\n  checkpoint placement: one checkpoint requested at p inside a prefill of L tokens")
@@ -125,4 +159,9 @@ def _cmd_bench(args: argparse.Namespace) -> int:
             for c in ckpt:
                 fh.write(json.dumps({"kind": "checkpointing", **config, **c.to_record()}) + "\n")
         print(f"\nrecords written to {args.out}")
+    if not any(r.h > 0 for r in records):  # the table's ratios are NaN: nothing was measured
+        print(f"marconi engine bench: no request hit the cache ({len(records)} requests, --capacity {args.capacity}), "
+              "so there is no cached TTFT to compare: use a multi-turn trace, more --sessions or --limit, or a "
+              "larger --capacity", file=sys.stderr)
+        return 1
     return 0
