@@ -93,3 +93,23 @@ def test_the_original_sharegpt_file_is_found_as_the_readme_says(tmp_path, monkey
     part = tmp_path / "sharegpt" / "sharegpt_v3_ge10rounds_fileorder_part00.json"
     part.write_text("[]")
     assert default_sharegpt_files() == [part]  # the filtered parts win where both are there
+
+
+def test_a_shared_data_variable_pointing_nowhere_is_named_in_the_fallback(tmp_path, monkeypatch, capsys):
+    """MARCONI_SHARED_DATA=/nonexistent got a fallback that blamed ../shared/data, never looked at."""
+    from marconi.cli import load_trace
+    from marconi.workloads import Provenance
+
+    missing = tmp_path / "nonexistent"
+    monkeypatch.setenv("MARCONI_SHARED_DATA", str(missing))
+    trace = load_trace("sharegpt:sessions=3")
+    fallback = Provenance.of(trace).fallback
+    assert fallback == f"MARCONI_SHARED_DATA={missing} is not a directory, so sharegpt is absent"
+    assert f"FALLBACK: MARCONI_SHARED_DATA={missing} is not a directory" in capsys.readouterr().err
+    profile, note = reproduce.with_available_data(reproduce.PROFILES["quick"])
+    assert f"MARCONI_SHARED_DATA={missing}, which is not a directory" in note and "../shared/data" not in note
+    assert any(f"MARCONI_SHARED_DATA={missing}" in p for p in data_available(reproduce.PROFILES["quick"].source))
+    (tmp_path / "data").mkdir()  # a real directory without the data: the message names where it looked
+    monkeypatch.setenv("MARCONI_SHARED_DATA", str(tmp_path / "data"))
+    fallback = Provenance.of(load_trace("sharegpt:sessions=3")).fallback
+    assert fallback == f"MARCONI_SHARED_DATA={tmp_path / 'data'}: {tmp_path / 'data' / 'sharegpt'} is absent"

@@ -247,3 +247,104 @@ def test_lmsys_files_join_the_workloads(tmp_path):
     assert trace.num_sessions == 3 and len(trace) == 30
     fast = factory.variant("lmsys", sessions_per_second=2.0)
     assert [r.ts for r in fast if r.turn_id == 0] == [0.0, 0.5, 1.0]
+
+
+# ----------------------------------------------------------------------------- hardening (issue 21)
+import shutil  # noqa: E402
+
+from marconi.cli import main  # noqa: E402
+from marconi.core.registry import ConfigError  # noqa: E402
+
+
+def _tree(path):
+    return {p.relative_to(path).as_posix(): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
+
+
+def test_an_interrupted_report_write_leaves_the_old_report_whole(report, tmp_path, monkeypatch):
+    """Bug 10: the report's files were written one by one into --out; an interrupt mixed old and new."""
+    out, _, _ = report
+    copy_dir = tmp_path / "report"
+    shutil.copytree(out, copy_dir)
+    (copy_dir / "fig7.jsonl").write_text('{"marker": "the earlier report"}\n')  # a re-render rewrites it first
+    before = _tree(copy_dir)
+    from marconi.experiments.reproduce import fig12
+
+    def interrupted(records, directory):
+        raise KeyboardInterrupt  # after figs. 7-11 were plotted and the JSONL files written
+    monkeypatch.setattr(fig12, "plot", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        rerender(PROFILES["tiny"], copy_dir)
+    assert _tree(copy_dir) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["report"]  # no staging directory left
+
+
+def _summary(tmp_path, summary, points=None):
+    out = tmp_path / "report"
+    out.mkdir()
+    (out / "summary.json").write_text(json.dumps(summary))
+    if points is not None:
+        (out / "points.jsonl").write_text("".join(json.dumps(p) + "\n" for p in points))
+    return out
+
+
+@pytest.mark.parametrize("summary, message", [
+    ([], "a JSON list, not an object"), (None, "a JSON null, not an object"),
+    ({"profile": "tiny"}, "no 'working_sets'"),
+    ({"profile": "tiny", "working_sets": [[1, 2]], "regimes": {}, "contention": {}}, "'working_sets'"),
+    ({"profile": "tiny", "working_sets": [], "regimes": [], "contention": {}}, "'regimes'")])
+def test_report_only_refuses_a_summary_that_is_not_a_reproduce_summary(tmp_path, summary, message):
+    """Bug 18: --report-only took summary.json for a dict (an AttributeError traceback otherwise)."""
+    out = _summary(tmp_path, summary, points=[])
+    with pytest.raises(ConfigError) as info:
+        rerender(PROFILES["tiny"], out)
+    assert str(info.value).startswith(f"{out / 'summary.json'}: not a `marconi reproduce` summary")
+    assert message in str(info.value) and "without --report-only" in str(info.value)
+
+
+def test_report_only_refuses_a_truncated_points_file(tmp_path, capsys):
+    """--report-only rewrote the report from 5 of 132 records with exit 0."""
+    summary = {"profile": "tiny", "working_sets": [], "regimes": {}, "contention": {},
+               "timings": {"num_points": 132.0}}
+    rec = {"trace": "swe", "system": "sglang+", "capacity": "1x", "model": "paper-7b"}
+    out = _summary(tmp_path, summary, points=[{**rec, "capacity": f"{i}x"} for i in range(5)])
+    before = _tree(out)
+    assert main(["reproduce", "--profile", "tiny", "--report-only", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert f"{out / 'points.jsonl'}: 5 records, but" in err and "the run made 132" in err
+    assert _tree(out) == before
+
+
+def test_reproduce_over_an_existing_report_says_it_replaces_it(tmp_path, monkeypatch, capsys):
+    from marconi.experiments.reproduce import pipeline
+
+    out = _summary(tmp_path, {"profile": "quick"})
+    monkeypatch.setattr(pipeline, "run_reproduction", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt))
+    assert main(["reproduce", "--profile", "tiny", "--out", str(out), "--quiet"]) == 130
+    assert f"the report already in {out} (profile quick) is replaced" in capsys.readouterr().err
+
+
+def test_reproduce_refuses_a_folder_that_holds_something_else(tmp_path, monkeypatch, capsys):
+    from marconi.experiments.reproduce import pipeline
+
+    monkeypatch.setattr(pipeline, "run_reproduction", lambda *a, **k: pytest.fail("ran before the check"))
+    out = tmp_path / "results"
+    out.mkdir()
+    (out / "mine.jsonl").write_text("{}\n")
+    assert main(["reproduce", "--profile", "tiny", "--out", str(out), "--quiet"]) == 2
+    assert "holds no `marconi reproduce` report" in capsys.readouterr().err
+    table = tmp_path / "report" / "ttft.csv"  # an input inside the directory the report replaces
+    table.parent.mkdir()
+    table.write_text("prefill_tokens,ttft_ms\n100,10\n200,20\n")
+    assert main(["reproduce", "--profile", "tiny", "--out", str(table.parent), "--jamba-table", str(table),
+                 "--quiet"]) == 2
+    assert "is inside --out" in capsys.readouterr().err
+    assert (out / "mine.jsonl").exists() and table.exists()
+
+
+def test_engine_latency_records_with_nan_are_refused(tmp_path):
+    bench = tmp_path / "bench.jsonl"
+    rows = [{"kind": "ttft", "input_len": 1000, "hit_len": 0, "ttft_full_s": 1.0, "ttft_cached_s": 1.0},
+            {"kind": "ttft", "input_len": 2000, "hit_len": 500, "ttft_full_s": float("nan"), "ttft_cached_s": 1.5}]
+    bench.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    with pytest.raises(ConfigError, match=r"bench\.jsonl:2: ttft_full_s is nan"):
+        engine_latency_from_file(bench)

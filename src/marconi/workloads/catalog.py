@@ -51,7 +51,7 @@ from typing import Any, Callable, NamedTuple, Sequence
 from marconi.core.registry import ConfigError, ParsedName, Registry, parse_name
 
 from .mooncake import build_mooncake_trace
-from .paths import bundled_data_dir, shared_data_dir
+from .paths import bundled_data_dir, shared_data_absent, shared_data_dir, shared_data_where
 from .quality import build_quality_trace, default_quality_files, load_quality_articles
 from .sharegpt import build_lmsys_trace, build_sharegpt_trace, default_sharegpt_files
 from .swe import build_swe_trace, default_swe_paths
@@ -163,7 +163,7 @@ def _choice(data: str, choices: Sequence[str]) -> str:
 
 
 def _absent(what: str, stand_in: str) -> DataUnavailable:
-    return DataUnavailable(f"{what} is not in the shared data set (../shared/data or $MARCONI_SHARED_DATA): "
+    return DataUnavailable(f"{what} is not in the shared data set (looked at {shared_data_where()}): "
                            f"get it as the README's Data section says, or use data={stand_in} for the stand-in")
 
 
@@ -191,7 +191,7 @@ def _swe(scale: float, seed: int, sessions: int | None, full: int, max_turns: in
     text += ", every observation kept" if keep is None else ""
     text += f", shared prefix {shared_prefix}" if shared_prefix else ""
     text += f", inputs <= {max_input_len} tokens" if max_input_len != 32768 else ""
-    fallback = "../shared/data/swe is absent" if vendored and data == "auto" else None
+    fallback = shared_data_absent("swe") if vendored and data == "auto" else None
     return _Built(trace, text, LICENCE_SWE, fallback)
 
 
@@ -249,7 +249,7 @@ def _sharegpt(*, scale: float = 1.0, seed: int = 0, sessions: int | None = None,
     trace = chat_trace(num_sessions=n, turns=(2, 8), system_prompt_len=300, think_time_s=10.0, seed=seed)
     text = (f"a synthetic chat trace: {n} sessions of 2-8 turns after a shared 300-token system prompt, "
             "10 s think time")
-    return _Built(trace, text, LICENCE_SYNTHETIC, "../shared/data/sharegpt is absent" if data == "auto" else None)
+    return _Built(trace, text, LICENCE_SYNTHETIC, shared_data_absent("sharegpt") if data == "auto" else None)
 
 
 @_entry("lmsys", LICENCE_LMSYS)
@@ -283,7 +283,7 @@ def _mooncake(scale: float, seed: int, requests: int | None, data: str) -> _Buil
     where = "the vendored first 2,000 Mooncake conversation requests" if vendored else \
         f"the Mooncake FAST'25 conversation trace {path}"
     text = f"{where}: first {len(trace)} requests, 512-token blocks rebuilt as tokens"
-    fallback = "../shared/data/mooncake is absent" if vendored and data == "auto" else None
+    fallback = shared_data_absent("mooncake") if vendored and data == "auto" else None
     return _Built(trace, text, LICENCE_MOONCAKE, fallback)
 
 
@@ -329,7 +329,7 @@ def _quality(*, scale: float = 1.0, seed: int = 0, articles: int | None = None, 
     trace = doc_qa_trace(num_docs=docs, depth_fractions=(1.0,), seed=seed, **_QUALITY_SHAPE)
     text = (f"synthetic doc-qa ({docs} documents x {_QUALITY_SHAPE['questions_per_doc']} questions, "
             f"{_QUALITY_SHAPE['doc_len']} tokens each)")
-    return _Built(trace, text, LICENCE_SYNTHETIC, "../shared/data/quality is absent" if data == "auto" else None)
+    return _Built(trace, text, LICENCE_SYNTHETIC, shared_data_absent("quality") if data == "auto" else None)
 
 
 # ============================================================================ synthetic

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ["bundled_data_dir", "shared_data_dir", "SHARED_DATA_ENV"]
+__all__ = ["bundled_data_dir", "shared_data_dir", "shared_data_where", "shared_data_absent", "SHARED_DATA_ENV"]
 
 SHARED_DATA_ENV = "MARCONI_SHARED_DATA"
 _PACKAGE_DIR = Path(__file__).resolve().parent.parent  # src/marconi
@@ -33,3 +33,33 @@ def shared_data_dir() -> Path | None:
         if candidate.is_dir():
             return candidate.resolve()
     return None
+
+
+def shared_data_where() -> str:
+    """Where the shared data set was looked for, for a message that it is missing.
+
+    A set ``$MARCONI_SHARED_DATA`` is named with its value, so a typo in it is not blamed on
+    ``../shared/data``, a place that was never looked at.
+    """
+    value = os.environ.get(SHARED_DATA_ENV)
+    if value is None:
+        return f"../shared/data beside the repository or the current directory (or set {SHARED_DATA_ENV})"
+    if not value.strip():
+        return f"nowhere: {SHARED_DATA_ENV} is set empty, which means no shared data set"
+    path = Path(value.strip()).expanduser()
+    if not path.is_dir():
+        return (f"{SHARED_DATA_ENV}={value.strip()}, which is not a directory: set it to the data set's directory "
+                "or unset it")
+    return f"{SHARED_DATA_ENV}={value.strip()}"
+
+
+def shared_data_absent(sub: str) -> str:
+    """``"<where>/<sub> is absent"``: why a catalog entry fell back to its stand-in, naming the place
+    looked at (``../shared/data/<sub>``, or ``$MARCONI_SHARED_DATA`` and its value where it is set)."""
+    value = os.environ.get(SHARED_DATA_ENV, "").strip()
+    if value:
+        path = Path(value).expanduser()
+        if not path.is_dir():
+            return f"{SHARED_DATA_ENV}={value} is not a directory, so {sub} is absent"
+        return f"{SHARED_DATA_ENV}={value}: {path / sub} is absent"
+    return f"../shared/data/{sub} is absent"

@@ -1,4 +1,10 @@
-"""``marconi reproduce``: the command line (options, progress bars, printing). The only module that prints."""
+"""``marconi reproduce``: the command line (options, progress bars, printing). The only module that prints.
+
+``--out`` is replaced as a whole once the new report is complete (the earlier report stays whole
+until then, and an interrupted run leaves it as it was). So the command says, before it starts,
+that an earlier report there will be replaced, and refuses a non-empty directory that holds
+anything but a report (its files would be lost), or one that holds an input of the run.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +17,7 @@ from typing import Any, Callable
 
 from marconi.experiments.reproduce.context import PROFILES, with_available_data
 from marconi.io import check_output
+from marconi.sim.backends import capped_workers, worker_count
 
 __all__ = ["register"]
 
@@ -23,11 +30,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--quick", action="store_true", help="smaller traces and fewer points (minutes on 2 cores)")
     p.add_argument("--profile", choices=sorted(PROFILES), default=None,
                    help="full (default) | quick (= --quick) | tiny (CI smoke test: vendored and synthetic data)")
-    p.add_argument("--out", default="report", help="output directory (default: report/)")
+    p.add_argument("--out", default="report",
+                   help="output directory (default: report/), replaced as a whole once the new report is complete: "
+                        "an earlier report there is replaced (said first); a directory holding anything else "
+                        "is refused")
     p.add_argument("--backend", default="local", choices=["local", "ray"],
                    help="local: a process pool on this machine; ray: every point is a Ray task")
     p.add_argument("--address", default=None, help="with --backend ray: join this Ray cluster (default: start one)")
-    p.add_argument("--workers", type=int, default=None, help="parallel processes / local Ray CPUs (default: all cores)")
+    p.add_argument("--workers", type=worker_count, default=None,
+                   help="parallel processes / local Ray CPUs (default: all cores; at most the CPUs)")
     p.add_argument("--lmsys", action="append", default=[], metavar="FILE",
                    help="an LMSys-Chat-1M export (JSON/JSONL/Parquet); repeat for several parts")
     p.add_argument("--tokenizer", default=None, help="tokenizer name or tokenizer.json (default: mistral-v1; "
@@ -65,16 +76,20 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
         return bar.update
 
     started = time.perf_counter()
+    # before minutes of simulation, not after: the directory is writable and holds no input of the run
+    inputs = [p for p in (args.jamba_table, args.engine_latency, *args.lmsys) if p]
+    check_output(args.out, directory=True, inputs=inputs)
     if args.report_only:
         ctx = rerender(profile, args.out, jamba_table=args.jamba_table, engine_latency=args.engine_latency)
         print(f"rewrote {Path(args.out) / 'report.md'} from {len(ctx.records)} records", file=sys.stderr)
         print((Path(args.out) / "summary.md").read_text())
         return 0
-    check_output(args.out, directory=True)  # before minutes of simulation, not after
-    print(f"marconi reproduce: profile {name}, backend {args.backend}, writing {args.out}/\n{data_note}",
-          file=sys.stderr)
+    earlier = _earlier_report(Path(args.out))
+    workers, note = capped_workers(args.workers, address=args.address)
+    print(f"marconi reproduce: profile {name}, backend {args.backend}, writing {args.out}/\n{data_note}"
+          + "".join(f"\n{line}" for line in (earlier, note) if line), file=sys.stderr)
     try:
-        ctx = run_reproduction(profile, args.out, backend=args.backend, workers=args.workers, address=args.address,
+        ctx = run_reproduction(profile, args.out, backend=args.backend, workers=workers, address=args.address,
                                jamba_table=args.jamba_table, engine_latency=args.engine_latency, progress=progress)
     finally:
         for bar in bars:
@@ -85,3 +100,27 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
     if summary.is_file():
         print(summary.read_text())
     return 0
+
+
+def _earlier_report(out: Path) -> str | None:
+    """What happens to what is in ``out`` already: a line to show, or None (new or empty).
+
+    Raises:
+        ConfigError: ``out`` holds files but no report (they would be lost with the directory).
+    """
+    from marconi.core.jsonfile import read_json
+    from marconi.core.registry import ConfigError
+
+    if not out.is_dir() or not any(out.iterdir()):
+        return None
+    if not (out / "summary.json").is_file():
+        raise ConfigError(f"--out {out} is not empty and holds no `marconi reproduce` report (no summary.json): "
+                          "the report replaces the whole directory, so its files would be lost; choose a new or "
+                          "empty directory")
+    try:
+        summary = read_json(out / "summary.json")
+    except ValueError:  # a damaged summary: still the report's directory, and replaced all the same
+        summary = None
+    profile = summary.get("profile") if isinstance(summary, dict) else None
+    return (f"the report already in {out}" + (f" (profile {profile})" if isinstance(profile, str) else "")
+            + " is replaced once this run completes; until then it stays as it is")

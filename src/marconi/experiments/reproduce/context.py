@@ -93,10 +93,11 @@ def with_available_data(profile: ReproProfile) -> tuple[ReproProfile, str]:
     repository's own samples (:meth:`WorkloadSource.bundled`) instead of failing, and the line says so.
     """
     from marconi.workloads import shared_data_dir
+    from marconi.workloads.paths import shared_data_where
 
     if profile.source.needs_shared_data() and shared_data_dir() is None:
         profile = replace(profile, source=profile.source.bundled())
-        return profile, ("the shared data set (../shared/data or $MARCONI_SHARED_DATA) was not found, so this "
+        return profile, (f"the shared data set was not found (looked at {shared_data_where()}), so this "
                          f"runs on the repository's bundled data: {profile.source.describe()}. For the real "
                          "traces, get the data sets as the README's Data section says")
     return profile, f"data: {profile.source.describe()}"

@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ import numpy as np
 
 from marconi.io import iter_jsonl
 from marconi.core.model import ModelSpec
+from marconi.core.registry import ConfigError
 from marconi.sim.latency import LatencyModel, RooflineLatency, TableLatency
 from marconi.workloads import shared_data_dir
 
@@ -53,16 +55,21 @@ def engine_latency_from_file(path: str | Path) -> TableLatency:
     path = Path(path)
     if path.suffix.lower() == ".csv":
         return TableLatency.from_csv(path, name=f"engine:{path.stem}")
-    xs, ys = [], []
-    for _, rec in iter_jsonl(path):
+    xs: list[float] = []
+    ys: list[float] = []
+    for where, rec in iter_jsonl(path):
         if not isinstance(rec, dict) or rec.get("kind") != "ttft":
             continue
-        xs += [rec["input_len"], rec["input_len"] - rec["hit_len"]]
-        ys += [rec["ttft_full_s"], rec["ttft_cached_s"]]
+        values = {k: rec.get(k) for k in ("input_len", "hit_len", "ttft_full_s", "ttft_cached_s")}
+        for key, value in values.items():  # a NaN or negative time would fit a line of free prefills
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+                raise ConfigError(f"{where}: {key} is {value!r}: an `engine bench` TTFT record needs finite "
+                                  "numbers >= 0 (re-run `marconi engine bench --out`)")
+        xs += [values["input_len"], values["input_len"] - values["hit_len"]]
+        ys += [values["ttft_full_s"], values["ttft_cached_s"]]
     if len(xs) < 2:
         raise ValueError(f"{path}: no 'ttft' records of `marconi engine bench --out` to fit")
-    slope, intercept = np.polyfit(np.asarray(xs, dtype=float), np.asarray(ys, dtype=float), 1)
-    return TableLatency(float(intercept), float(slope), f"engine:{path.stem}")
+    return TableLatency.fit(xs, ys, f"engine:{path.stem}", where=str(path))
 
 
 def latency_set(jamba_table: str | Path | None, engine_latency: str | Path | None) -> LatencySet:
@@ -80,8 +87,12 @@ def latency_set(jamba_table: str | Path | None, engine_latency: str | Path | Non
                                 f"TTFT = {table.intercept_s * 1000:.1f} ms + {table.slope_s_per_token * 1e6:.1f} µs × "
                                 "uncached tokens")
     else:
+        from marconi.workloads.paths import shared_data_where
+
         models["Jamba table"] = None
-        notes["Jamba table"] = "not available: ../shared/data/latency/jamba-1.5-mini_4xA100_ttft.csv not found"
+        notes["Jamba table"] = ("not available: " + (f"{jamba_table} not found" if jamba_table is not None else
+                                                      "the shared data set, which holds latency/" + JAMBA_TABLE[1]
+                                                      + f", was not found (looked at {shared_data_where()})"))
     if engine_latency is not None:
         eng = engine_latency_from_file(engine_latency)
         models["engine (CPU, measured)"] = eng

@@ -23,7 +23,6 @@ Library code here never prints; the CLI handler (:mod:`.command`) draws progress
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
@@ -31,11 +30,14 @@ from typing import Any, Callable, Iterable, Sequence
 from marconi.experiments.reproduce.context import (HEADROOM_SYSTEMS, MAIN_SYSTEMS, ReproContext, ReproProfile,
                                                    TraceInfo, frac_label, tuned_system, variant_key)
 from marconi.experiments.reproduce.traces import TraceFactory, data_available
+from marconi.core.jsonfile import read_json
 from marconi.core.model import ModelSpec, get_model
+from marconi.core.registry import ConfigError
 from marconi.sim.backends import Backend, make_backend
 from marconi.sim.sweep import SweepPoint, SweepTask, read_records, run_tasks, working_sets
 
-__all__ = ["run_reproduction", "rerender", "plan_main_tasks", "choose_regimes", "build_traces", "spec_variants",
+__all__ = ["run_reproduction", "rerender", "read_summary",
+           "plan_main_tasks", "choose_regimes", "build_traces", "spec_variants",
            "ProgressFactory"]
 
 ProgressFactory = Callable[[str, int], Callable[[int], None]]
@@ -277,14 +279,30 @@ def rerender(profile: ReproProfile, out_dir: str | Path, *, jamba_table: str | P
     """Rewrite the report of an earlier run from its ``points.jsonl`` and ``summary.json`` (no simulation).
 
     The traces are rebuilt (they are deterministic functions of the profile) for the analyses that
-    read them. Raises FileNotFoundError if the earlier run's files are missing.
+    read them. Both files are checked before anything is rebuilt, and the report is replaced as a
+    whole (:func:`marconi.io.atomic_directory`) only once complete.
+
+    Raises:
+        FileNotFoundError: the earlier run's files are missing.
+        ConfigError: ``summary.json`` is not a reproduction's summary, or ``points.jsonl`` holds
+            fewer (or more) records than the run made (a truncated file); ValueError: another profile's run.
     """
     from marconi.experiments.reproduce import report
 
     out = Path(out_dir)
-    summary = json.loads((out / "summary.json").read_text())
-    if summary.get("profile") != profile.name:
-        raise ValueError(f"{out} holds a {summary.get('profile')!r} run, not {profile.name!r}")
+    summary = read_summary(out)
+    if summary["profile"] != profile.name:
+        raise ValueError(f"{out} holds a {summary['profile']!r} run, not {profile.name!r}")
+    points = out / "points.jsonl"
+    if not points.is_file():
+        raise FileNotFoundError(f"{points} not found: --report-only rewrites the report of an earlier "
+                                f"`marconi reproduce --out {out}` run; run that first")
+    records = read_records(points)
+    made = summary.get("timings", {}).get("num_points")
+    if made is not None and len(records) != int(made):
+        raise ConfigError(f"{points}: {len(records)} records, but {out / 'summary.json'} says the run made "
+                          f"{int(made)}: the file is truncated or was edited; rerun `marconi reproduce` without "
+                          "--report-only to rebuild it")
     model = get_model(profile.model)
     ctx = ReproContext(profile, model, backend=summary.get("backend", "local"))
     ctx.specs = {k: v for k, v in spec_variants(model, profile).items() if k != model.name}
@@ -293,10 +311,58 @@ def rerender(profile: ReproProfile, out_dir: str | Path, *, jamba_table: str | P
     ctx.regimes = {k: {n: float(f) for n, f in v.items()} for k, v in summary["regimes"].items()}
     ctx.contention = {k: {float(f): c for f, c in v.items()} for k, v in summary["contention"].items()}
     ctx.timings = dict(summary.get("timings", {}))
-    ctx.add_records(read_records(out / "points.jsonl"))
+    ctx.add_records(records)
     report.write_report(ctx, out, jamba_table=jamba_table, engine_latency=engine_latency,
                         wall_time_s=summary.get("wall_time_s"))
     return ctx
+
+
+_JSON_TYPES = {dict: "object", list: "list", str: "string", int: "number", float: "number", bool: "boolean",
+               type(None): "null"}
+
+
+def read_summary(out: str | Path) -> dict[str, Any]:
+    """The ``summary.json`` of an earlier run in ``out``, checked to have what a re-render reads.
+
+    Raises:
+        FileNotFoundError: there is none.
+        JsonError: it is not JSON (file and line named).
+        ConfigError: it is not a reproduction's summary (what is wrong and what to do).
+    """
+    path = Path(out) / "summary.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found: --report-only rewrites the report of an earlier "
+                                f"`marconi reproduce --out {out}` run; run that first")
+    summary = read_json(path)
+    problem = _summary_problem(summary)
+    if problem:
+        raise ConfigError(f"{path}: not a `marconi reproduce` summary ({problem}): rerun `marconi reproduce` "
+                          "without --report-only to rebuild the report")
+    return summary
+
+
+def _summary_problem(summary: Any) -> str | None:
+    """What keeps ``summary`` from being a reproduction's summary, or None."""
+    if not isinstance(summary, dict):
+        return f"a JSON {_JSON_TYPES.get(type(summary), type(summary).__name__)}, not an object"
+    for key, kind in (("profile", str), ("working_sets", list), ("regimes", dict), ("contention", dict)):
+        if key not in summary:
+            return f"no {key!r}"
+        if not isinstance(summary[key], kind):
+            return f"{key!r} is a JSON {_JSON_TYPES.get(type(summary[key]), '?')}, not a {_JSON_TYPES[kind]}"
+    for entry in summary["working_sets"]:
+        if not (isinstance(entry, list) and len(entry) == 3 and all(isinstance(v, str) for v in entry[:2])
+                and isinstance(entry[2], (int, float)) and not isinstance(entry[2], bool)):
+            return f"'working_sets' holds {entry!r}, not [trace, model, bytes]"
+    for key in ("regimes", "contention"):
+        for name, value in summary[key].items():
+            if not isinstance(value, dict) or not all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                                                      for v in value.values()):
+                return f"{key!r}[{name!r}] is not an object of numbers"
+    timings = summary.get("timings", {})
+    if not isinstance(timings, dict) or not isinstance(timings.get("num_points", 0), (int, float)):
+        return "'timings' is not an object of numbers"
+    return None
 
 
 def _run(ctx: ReproContext, be: Backend, tasks: Sequence[SweepTask], workers: int | None,

@@ -3,6 +3,10 @@
 Every figure is computed from the context once (:data:`FIGURES`, in report order); its plot,
 section, verdict and "why ours differ" are then drawn from its records alone. The report's own
 sections (traces, capacities, run) read the context.
+
+The whole directory is written into a staging directory and swapped in once complete
+(:func:`marconi.io.atomic_directory`): an interrupted write leaves the earlier report as it was,
+never old and new files mixed, and files of an earlier report that this one lacks are gone.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from marconi.experiments.reproduce.context import ReproContext
 from marconi.experiments.reproduce.figure import Figure, FigureRecords, Finding
 from marconi.experiments.reproduce.latency import LatencySet, latency_set
 from marconi.experiments.reproduce.traces import WORKLOAD_LABELS
-from marconi.io import write_text
+from marconi.io import atomic_directory, write_text
 from marconi.report import MISSING, fmt_pct, md_table
 from marconi.sim.sweep import write_records
 from marconi.units import format_bytes
@@ -80,27 +84,30 @@ def write_report(ctx: ReproContext, out: Path, *, jamba_table: str | Path | None
     """Compute every figure from ``ctx`` and write the report directory; returns the figures.
 
     Sets ``ctx.latency`` from ``jamba_table`` / ``engine_latency`` (figs. 9 and 10 read it).
+    ``out`` is replaced as a whole, once every file is written (see the module docstring).
     """
-    out.mkdir(parents=True, exist_ok=True)
     lat = ctx.latency = latency_set(jamba_table, engine_latency)
     computed = {fig.KEY: fig.compute(ctx) for fig in FIGURES}
-    write_records(ctx.records, out / "points.jsonl")
-    for key, records in computed.items():
-        write_records(records.rows, out / f"{key}.jsonl")
-    reports = [FigureReport(fig.KEY, fig.TITLE, computed[fig.KEY], fig.plot(computed[fig.KEY], out),
-                            fig.section(computed[fig.KEY]), fig.verdict(computed[fig.KEY]),
-                            fig.explain(computed[fig.KEY], computed)) for fig in FIGURES]
-    findings = [f for rep in reports for f in rep.findings]
-    summary = md_table(["figure", "paper's finding", "paper", "ours", "holds"],
-                       [[f.figure, f.claim, f.paper, f.ours, f.holds] for f in findings])
-    write_text(out / "summary.md", summary + "\n")
-    write_text(out / "summary.json", json.dumps(_jsonable({
-        "profile": ctx.profile.name, "backend": ctx.backend, "wall_time_s": wall_time_s, "timings": ctx.timings,
-        "regimes": ctx.regimes, "contention": ctx.contention,
-        "working_sets": [[k, m, v] for (k, m), v in ctx.ws.items()],
-        "latency": lat.notes, "findings": [f.as_dict() for f in findings],
-        "figures": {rep.key: rep.records.data for rep in reports}}), indent=1) + "\n")
-    write_text(out / "report.md", _render(ctx, reports, lat, summary, wall_time_s))
+    with atomic_directory(out) as stage:
+        write_records(ctx.records, stage / "points.jsonl")
+        for key, records in computed.items():
+            write_records(records.rows, stage / f"{key}.jsonl")
+        reports = [FigureReport(fig.KEY, fig.TITLE, computed[fig.KEY], fig.plot(computed[fig.KEY], stage),
+                                fig.section(computed[fig.KEY]), fig.verdict(computed[fig.KEY]),
+                                fig.explain(computed[fig.KEY], computed)) for fig in FIGURES]
+        findings = [f for rep in reports for f in rep.findings]
+        summary = md_table(["figure", "paper's finding", "paper", "ours", "holds"],
+                           [[f.figure, f.claim, f.paper, f.ours, f.holds] for f in findings])
+        write_text(stage / "summary.md", summary + "\n")
+        write_text(stage / "summary.json", json.dumps(_jsonable({
+            "profile": ctx.profile.name, "backend": ctx.backend, "wall_time_s": wall_time_s, "timings": ctx.timings,
+            "regimes": ctx.regimes, "contention": ctx.contention,
+            "working_sets": [[k, m, v] for (k, m), v in ctx.ws.items()],
+            "latency": lat.notes, "findings": [f.as_dict() for f in findings],
+            "figures": {rep.key: rep.records.data for rep in reports}}), indent=1) + "\n")
+        write_text(stage / "report.md", _render(ctx, reports, lat, summary, wall_time_s))
+    for rep in reports:  # where the plots are now that the staging directory became ``out``
+        rep.plots = [Path(out) / plot.name for plot in rep.plots]
     return reports
 
 

@@ -271,11 +271,12 @@ class TraceFactory:
 def data_available(source: WorkloadSource) -> list[str]:
     """Problems that stop the real-data profile (empty when everything needed is there)."""
     from marconi.workloads import shared_data_dir
+    from marconi.workloads.paths import shared_data_where
 
     problems = []
     shared = shared_data_dir()
     if source.needs_shared_data() and shared is None:
-        problems.append("../shared/data not found (set MARCONI_SHARED_DATA, or use --profile tiny)")
+        problems.append(f"the shared data set was not found (looked at {shared_data_where()}); or use --profile tiny")
     for f in source.lmsys_files:
         if not Path(os.fspath(f)).is_file():
             problems.append(f"--lmsys file not found: {f}")
