@@ -9,7 +9,6 @@ from __future__ import annotations
 import gzip
 import json
 import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -102,25 +101,28 @@ def _expected(line: str) -> list[int] | None:
     return tokens if ok else None
 
 
-_PROPERTY_FILE = Path(tempfile.mkdtemp(prefix="marconi-token-lists-")) / "t.jsonl"
+@pytest.fixture(scope="module")
+def property_file(tmp_path_factory) -> Path:
+    """One file the property tests rewrite per example (module-scoped: Hypothesis reruns the body)."""
+    return tmp_path_factory.mktemp("token-lists") / "t.jsonl"
 
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(_token_list(), st.one_of(st.just(" "), _JSON_WS, _ODD_WS))
-def test_jsonl_rejects_malformed_token_lists_like_json_loads(input_list, key_ws):
+def test_jsonl_rejects_malformed_token_lists_like_json_loads(property_file, input_list, key_ws):
     """The reader (fast path or not) accepts exactly the lines json.loads + the schema accept, with
     json.loads's tokens; everything else is a problem of that line (issue 21, bug 2)."""
     line = _line(input_list, key_ws)
-    _PROPERTY_FILE.write_text(line + "\n", encoding="utf-8")
+    property_file.write_text(line + "\n", encoding="utf-8")
     expected = _expected(line)
-    problems = validate_trace(_PROPERTY_FILE)
+    problems = validate_trace(property_file)
     if expected is None:
         assert problems and problems[0].line == 1, (line, problems)
         with pytest.raises(TraceFormatError):
-            list(iter_requests(_PROPERTY_FILE))
+            list(iter_requests(property_file))
     else:
         assert problems == [], (line, problems)
-        (request,) = list(iter_requests(_PROPERTY_FILE))
+        (request,) = list(iter_requests(property_file))
         assert request.input_tokens.tolist() == expected
         assert request.output_tokens.tolist() == [7, 8]
 
@@ -153,18 +155,18 @@ def _json_ids(body: str) -> list[int] | None:
 
 @settings(max_examples=400, deadline=None)
 @given(_long_token_list_body())
-def test_long_token_lists_parse_exactly_like_json_loads_or_fall_back(body):
+def test_long_token_lists_parse_exactly_like_json_loads_or_fall_back(property_file, body):
     """The NumPy path of the token-list parser gives json.loads's ids, or None (the line then goes
     to json); never other ids."""
     got = parse_token_list(body)
     if got is not None:
         assert got.dtype == np.int32 and got.tolist() == _json_ids(body), body
-    _PROPERTY_FILE.write_text(_line("[" + body + "]") + "\n", encoding="utf-8")
+    property_file.write_text(_line("[" + body + "]") + "\n", encoding="utf-8")
     expected = _expected(_line("[" + body + "]"))
     if expected is None:
-        assert validate_trace(_PROPERTY_FILE)
+        assert validate_trace(property_file)
     else:
-        (request,) = list(iter_requests(_PROPERTY_FILE))
+        (request,) = list(iter_requests(property_file))
         assert request.input_tokens.tolist() == expected
 
 
