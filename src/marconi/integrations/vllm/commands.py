@@ -6,6 +6,11 @@
                        [--out results/vllm_bench.jsonl] [--plot results/vllm_bench_ttft_cdf.png]
                        [--record-fixture FILE]
 
+    marconi vllm replay [--vllm-python .venv-vllm/bin/python] [--model nemotron-h-8b|DIR] [--trace swe-sample|FILE]
+                        (--blocks N | --capacity 0.05x|10GB | --gpu-memory 80GB) [--gpu h100|h200|a100]
+                        (--concurrency C | --rate R) [--policies lru,marconi[,marconi:alpha=adaptive]]
+                        [--out results/vllm_replay.jsonl] [--plot results/vllm_replay_ttft_cdf.png]
+
 Only the handler prints (progress to stderr, the comparison table to stdout).
 """
 
@@ -59,6 +64,62 @@ def register(subparsers: Any) -> None:
     bench.add_argument("--record-fixture", default=None,
                        help="also write per-request counts and outputs here (the emulation test's fixture)")
     bench.set_defaults(func=_cmd_bench)
+    _register_replay(sub)
+
+
+def _register_replay(sub: Any) -> None:
+    from marconi.integrations.vllm.policy import DEFAULT_ALPHA
+
+    replay = sub.add_parser("replay", help="a trace through vLLM's own scheduler and block pool (plugin loaded as "
+                                           "vLLM loads it), no model: a stub runner and a GPU step-time model")
+    replay.add_argument("--vllm-python", default=".venv-vllm/bin/python", help="python of the vLLM environment")
+    replay.add_argument("--model", default="nemotron-h-8b",
+                        help="a bundled config (nemotron-h-8b, qwen3-next-80b-a3b, falcon-h1-7b) or a directory "
+                             "with a config.json; no weights are read")
+    replay.add_argument("--trace", default="swe-sample", help="a trace file or a catalog name, as simulate takes it")
+    pool = replay.add_mutually_exclusive_group(required=True)
+    pool.add_argument("--blocks", type=int, default=None, help="the block pool (vLLM's num_gpu_blocks_override)")
+    pool.add_argument("--capacity", default=None,
+                      help="KV budget: a fraction of the trace's working set (0.05x) or a size (10GB), as simulate")
+    pool.add_argument("--gpu-memory", default=None,
+                      help="the GPU's memory (80GB): 0.9 of it, less weights and a 4 GiB activation reserve")
+    replay.add_argument("--gpu", default="h100", help="step-time model's GPU: h100, h200 or a100")
+    load = replay.add_mutually_exclusive_group(required=True)
+    load.add_argument("--concurrency", type=int, default=None, help="closed loop: requests in flight")
+    load.add_argument("--rate", type=float, default=None, help="Poisson arrivals per (virtual) second")
+    replay.add_argument("--policies", default="lru,marconi",
+                        help="comma list, one engine each: lru (stock), marconi, marconi:alpha=X (X a number or adaptive)")
+    replay.add_argument("--alpha", default=str(DEFAULT_ALPHA), help="alpha for plain 'marconi' (default %(default)s)")
+    replay.add_argument("--max-input-len", type=int, default=8192, help="input cap in tokens (as bench)")
+    replay.add_argument("--num-requests", type=int, default=None, help="replay only the first N requests")
+    replay.add_argument("--max-output-len", type=int, default=None, help="cap each request's output")
+    replay.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    replay.add_argument("--max-num-seqs", type=int, default=256)
+    replay.add_argument("--no-emulation", action="store_true", help="skip the vllm-align emulation")
+    replay.add_argument("--work-dir", default=None, help="requests, worker logs and results (default: a temp dir)")
+    replay.add_argument("--out", default="results/vllm_replay.jsonl", help="JSONL records (written atomically)")
+    replay.add_argument("--plot", default="results/vllm_replay_ttft_cdf.png", help="TTFT CDF PNG ('' to skip)")
+    replay.set_defaults(func=_cmd_replay)
+
+
+def _cmd_replay(args: argparse.Namespace) -> int:
+    from marconi.sim.sweep import write_records
+    from marconi.integrations.vllm.replay.run import ReplayConfig, parse_policies, plot_ttft_cdf, replay_table, run_replay
+
+    config = ReplayConfig(vllm_python=args.vllm_python, model=args.model, trace=args.trace,
+                          policies=parse_policies(args.policies), alpha=args.alpha, num_blocks=args.blocks,
+                          capacity=args.capacity, gpu_memory=args.gpu_memory, gpu=args.gpu,
+                          concurrency=args.concurrency, rate=args.rate, max_input_len=args.max_input_len,
+                          num_requests=args.num_requests, max_output_len=args.max_output_len,
+                          max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs)
+    records = run_replay(config, work_dir=args.work_dir, emulate=not args.no_emulation,
+                         progress=lambda m: print(m, file=sys.stderr))
+    write_records(records, args.out)
+    print(f"wrote {len(records)} records to {args.out}", file=sys.stderr)
+    if args.plot:
+        print(f"wrote {plot_ttft_cdf(records, args.plot)}", file=sys.stderr)
+    print(replay_table(records))
+    return 0
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:

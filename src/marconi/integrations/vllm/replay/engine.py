@@ -1,0 +1,202 @@
+"""vLLM's engine core without a model: its own KV cache config, ``Scheduler``, ``KVCacheManager`` and ``BlockPool``.
+
+Runs inside the vLLM environment. :func:`build_engine_core` constructs vLLM's ``EngineCore`` —
+which loads the general plugins (so the Marconi plugin attaches exactly as in a server), sizes
+the pool with ``get_kv_cache_configs`` and builds the scheduler — around :class:`StubExecutor`,
+an executor whose "model" is the real vLLM model class instantiated on PyTorch's ``meta`` device
+(no weights, no memory). Its layers register in vLLM's forward context as in a worker, so the
+per-layer ``KVCacheSpec`` s come from vLLM's own ``get_kv_cache_spec`` and the hybrid block-size
+alignment from the platform's ``update_block_size_for_backend``, as a worker computes them after
+``load_model``. Nothing is mirrored: the derived ``KVCacheConfig`` is the engine's (the test
+compares it with the in-process engine on the tiny random-weight models).
+
+Pool size: ``num_blocks`` (vLLM's ``num_gpu_blocks_override``), or ``available_bytes`` — what
+``determine_available_memory`` reports, from which vLLM's ``get_kv_cache_configs`` derives the
+block count as it does after profiling (see :func:`available_kv_bytes` for the GPU-memory rule).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from typing import Any
+
+__all__ = ["StubExecutor", "build_engine_core", "kv_config_summary", "available_kv_bytes", "ACTIVATION_RESERVE_BYTES"]
+
+#: What ``--gpu-memory`` keeps aside for activations, the CUDA graphs' pool and the allocator's
+#: fragmentation, beside the weights (vLLM measures this by profiling a forward pass; we cannot).
+ACTIVATION_RESERVE_BYTES = 4 * 2**30
+
+
+def available_kv_bytes(gpu_memory_bytes: int, num_params: int, bytes_per_param: int, *,
+                       gpu_memory_utilization: float = 0.9,
+                       activation_reserve_bytes: int = ACTIVATION_RESERVE_BYTES) -> int:
+    """vLLM's KV budget on one GPU: ``utilization × memory − weights − activation reserve``.
+
+    vLLM's worker computes ``requested_memory = gpu_memory_utilization × total`` and subtracts the
+    profiled non-KV peak (weights, activations, CUDA graphs, non-torch memory). Weights are
+    ``num_params × bytes_per_param``; the rest is :data:`ACTIVATION_RESERVE_BYTES` (an estimate, not
+    a profile). Raises ValueError if nothing is left for the KV cache.
+    """
+    left = int(gpu_memory_utilization * gpu_memory_bytes) - num_params * bytes_per_param - activation_reserve_bytes
+    if left <= 0:
+        raise ValueError(f"{gpu_memory_bytes / 1e9:.0f} GB at utilization {gpu_memory_utilization} does not hold "
+                         f"{num_params / 1e9:.1f}B parameters ({num_params * bytes_per_param / 1e9:.1f} GB) and the "
+                         f"{activation_reserve_bytes / 2**30:.0f} GiB activation reserve")
+    return left
+
+
+def _executor_base() -> type:
+    from vllm.v1.executor.abstract import Executor
+
+    return Executor
+
+
+class StubExecutor(_executor_base()):  # type: ignore[misc]
+    """An executor with the model's layers on the ``meta`` device and no forward pass.
+
+    ``available_bytes`` (class attribute, set by :func:`build_engine_core`) is what
+    ``determine_available_memory`` reports; with ``num_gpu_blocks_override`` set it is ignored,
+    as in vLLM. ``execute_model`` is never called: the replay drives the scheduler itself.
+    """
+
+    uses_ray = False
+    supports_pp = False
+    available_bytes = 1 << 40
+    gpu_memory_bytes: int | None = None         # set: the KV budget is available_kv_bytes(...) of it
+
+    def _init_executor(self) -> None:
+        import torch
+        from vllm.config.vllm import set_current_vllm_config
+        from vllm.distributed import ensure_model_parallel_initialized, init_distributed_environment
+        from vllm.model_executor.model_loader.utils import initialize_model
+        from vllm.platforms import current_platform
+
+        vc = self.vllm_config
+        store = tempfile.mktemp(prefix="marconi-replay-dist-")
+        with set_current_vllm_config(vc):
+            init_distributed_environment(1, 0, f"file://{store}", 0, "gloo")
+            ensure_model_parallel_initialized(1, 1)
+            with torch.device("meta"):
+                self.model = initialize_model(vc)
+        # As the uniproc executor does after load_model: align the hybrid block and Mamba page sizes.
+        current_platform.update_block_size_for_backend(vc)
+        self.num_params = int(sum(p.numel() for p in self.model.parameters()))
+
+    def _kv_cache_spec(self) -> dict[str, Any]:
+        # The model runner's get_kv_cache_spec, minus KV sharing (no supported hybrid uses it).
+        from vllm.config.vllm import get_layers_from_vllm_config
+        from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
+        from vllm.v1.kv_cache_interface import AttentionSpec
+        from vllm.v1.worker.utils import customize_attention_spec
+
+        specs: dict[str, Any] = {}
+        for name, layer in get_layers_from_vllm_config(self.vllm_config, AttentionLayerBase).items():
+            if getattr(layer, "kv_sharing_target_layer_name", None):
+                raise NotImplementedError(f"layer {name} shares another layer's KV cache: not supported here")
+            spec = layer.get_kv_cache_spec(self.vllm_config)
+            if spec is None:
+                continue
+            if isinstance(spec, AttentionSpec):
+                spec = customize_attention_spec(layer.get_attn_backend(), spec)
+            specs[name] = spec
+        return specs
+
+    def get_kv_cache_specs(self) -> list[dict[str, Any]]:
+        return [self._kv_cache_spec()]
+
+    def determine_available_memory(self) -> list[int]:
+        """The KV budget, raised (``floor_applied``) to what vLLM needs for one request of
+        ``max_model_len`` if it is smaller: vLLM would refuse to start, and a tight fraction of a
+        trace's working set (``--capacity 0.05x``) can be below that."""
+        from vllm.v1.core import kv_cache_utils as kcu
+
+        if self.gpu_memory_bytes is not None:
+            bytes_per_param = 4 if str(self.vllm_config.model_config.dtype).endswith("float32") else 2
+            budget = available_kv_bytes(self.gpu_memory_bytes, self.num_params, bytes_per_param)
+        else:
+            budget = int(self.available_bytes)
+        groups = kcu.get_kv_cache_groups(self.vllm_config, self._kv_cache_spec())
+        # vLLM private: the two functions get_kv_cache_configs checks the budget with (null block included).
+        floor = int(kcu._max_memory_usage_bytes_from_groups(self.vllm_config, groups)
+                    + kcu._pool_bytes_per_block(self.vllm_config, groups))
+        self.requested_bytes, self.floor_applied = budget, floor > budget
+        return [max(budget, floor)]
+
+    def get_supported_kv_cache_layouts(self) -> list[list[str]]:
+        return [["NHD"]]
+
+    def set_kv_cache_layout(self, layout_name: str) -> None:
+        pass
+
+    def initialize_from_config(self, kv_cache_configs: list[Any]) -> None:
+        pass
+
+    def compile_or_warm_up_model(self) -> None:
+        pass
+
+    def collective_rpc(self, method: Any, timeout: float | None = None, args: tuple = (),
+                       kwargs: dict | None = None, non_block: bool = False) -> Any:
+        return [None]
+
+    def check_health(self) -> None:
+        pass
+
+    def shutdown(self) -> None:
+        pass
+
+
+def build_engine_core(model_dir: str, *, num_blocks: int | None = None, available_bytes: int | None = None,
+                      gpu_memory_bytes: int | None = None,
+                      max_model_len: int = 8192, max_num_batched_tokens: int = 2048, max_num_seqs: int = 256,
+                      block_size: int | None = None, dtype: str = "bfloat16") -> Any:
+    """vLLM's ``EngineCore`` for the model in ``model_dir`` (a ``config.json``; weights are not read),
+    with prefix caching, chunked prefill, the general plugins loaded, and :class:`StubExecutor`.
+
+    Give one of ``num_blocks`` (the pool, vLLM's null block included), ``available_bytes`` (the KV
+    budget; vLLM derives the blocks) or ``gpu_memory_bytes`` (the budget is
+    :func:`available_kv_bytes` of it). Reads nothing but ``config.json``; downloads nothing.
+    """
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.v1.engine.core import EngineCore
+
+    if sum(x is not None for x in (num_blocks, available_bytes, gpu_memory_bytes)) != 1:
+        raise ValueError("give exactly one of num_blocks, available_bytes, gpu_memory_bytes")
+    kwargs: dict[str, Any] = {}
+    if block_size is not None:
+        kwargs["block_size"] = block_size
+    args = EngineArgs(model=model_dir, skip_tokenizer_init=True, enable_prefix_caching=True,
+                      enable_chunked_prefill=True, max_model_len=max_model_len, dtype=dtype,
+                      num_gpu_blocks_override=num_blocks, max_num_batched_tokens=max_num_batched_tokens,
+                      max_num_seqs=max_num_seqs, load_format="dummy", enforce_eager=True, **kwargs)
+    vllm_config = args.create_engine_config()
+    executor = type("StubExecutor", (StubExecutor,), {"available_bytes": available_bytes or 1 << 40,
+                                                            "gpu_memory_bytes": gpu_memory_bytes})
+    return EngineCore(vllm_config, executor, log_stats=True)
+
+
+def kv_config_summary(kv_cache_config: Any, block_size: int) -> dict[str, Any]:
+    """The parts of a ``KVCacheConfig`` that decide caching, as JSON: the pool's blocks, the
+    scheduler's block size, each group's layers and spec (type, block size, page bytes, fields)."""
+    import dataclasses
+
+    groups = []
+    for group in kv_cache_config.kv_cache_groups:
+        spec = group.kv_cache_spec
+        fields = {f.name: _plain(getattr(spec, f.name)) for f in dataclasses.fields(spec)}
+        groups.append({"layers": list(group.layer_names), "spec": type(spec).__name__,
+                       "block_size": int(spec.block_size), "page_size_bytes": int(spec.page_size_bytes),
+                       "fields": fields})
+    tensors = [{"size": int(t.size), "layers": list(t.shared_by if hasattr(t, "shared_by") else t.layers)}
+               for t in kv_cache_config.kv_cache_tensors]
+    return {"num_blocks": int(kv_cache_config.num_blocks), "block_size": int(block_size), "groups": groups,
+            "tensors": tensors, "pool_bytes": int(sum(t["size"] for t in tensors))}
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, (bool, int, float, str)) or value is None:
+        return value
+    if isinstance(value, (tuple, list)):
+        return [_plain(v) for v in value]
+    return str(value)

@@ -1,0 +1,260 @@
+"""``marconi vllm replay``: the trace through vLLM's own scheduler and block pool, no model, a virtual clock.
+
+This side runs in the project's environment: it selects the trace's requests, sizes the pool,
+launches :mod:`marconi.integrations.vllm.replay.worker` in the vLLM environment once per policy
+(``lru``: stock vLLM, plugin unset; ``marconi``/``marconi:alpha=X``: the plugin, configured by
+``MARCONI_VLLM_*`` as a server is), reads its result, runs the ``vllm-align`` emulation on the same
+requests and pool for ``sim_token_hit_rate``, and makes one record per policy.
+
+Pool: ``num_blocks``, ``capacity`` (``0.05x`` of the trace's working set for the model, as
+``marconi simulate`` counts it, or ``10GB``: the KV budget vLLM divides into blocks) or
+``gpu_memory`` (``80GB``: vLLM's rule, see
+:func:`marconi.integrations.vllm.replay.engine.available_kv_bytes`).
+
+The emulation replays requests one at a time: it does not model concurrency yet (in-flight
+requests holding blocks, hits on blocks still being computed), so at concurrency > 1 its figure
+is the one-at-a-time answer, not a prediction of the replay's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from marconi.core.model import ModelSpec
+from marconi.core.registry import ConfigError
+from marconi.integrations.common import bench as common
+from marconi.integrations.common.bench import mean_or_none, percentile
+from marconi.integrations.vllm.bench import parse_policies, policy_arm
+from marconi.integrations.vllm.config import PluginConfig
+from marconi.integrations.vllm.policy import DEFAULT_ALPHA
+from marconi.units import parse_bytes, parse_capacity
+
+__all__ = ["ReplayConfig", "CONFIGS_DIR", "model_dir", "run_replay", "replay_table", "plot_ttft_cdf", "parse_policies"]
+
+CONFIGS_DIR = Path(__file__).resolve().parents[3] / "data" / "configs"
+
+
+def model_dir(model: str) -> Path:
+    """A bundled config's directory (``nemotron-h-8b``) or a directory holding a ``config.json``."""
+    for path in (CONFIGS_DIR / model, Path(model)):
+        if (path / "config.json").is_file():
+            return path
+    bundled = sorted(p.name for p in CONFIGS_DIR.iterdir() if (p / "config.json").is_file())
+    raise ConfigError(f"model {model!r}: not a bundled config ({', '.join(bundled)}) nor a directory with config.json")
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayConfig:
+    """One replay invocation (echoed in every record). Exactly one of ``num_blocks``, ``capacity``,
+    ``gpu_memory``; one of ``concurrency``, ``rate``."""
+
+    vllm_python: str
+    model: str = "nemotron-h-8b"
+    trace: str = "swe-sample"
+    policies: tuple[str, ...] = ("lru", "marconi")
+    alpha: float | str = DEFAULT_ALPHA
+    num_blocks: int | None = None
+    capacity: str | None = None
+    gpu_memory: str | None = None
+    gpu: str = "h100"
+    concurrency: int | None = None
+    rate: float | None = None
+    max_input_len: int = 8192
+    num_requests: int | None = None
+    max_output_len: int | None = None
+    max_num_batched_tokens: int = 8192
+    max_num_seqs: int = 256
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        from marconi.integrations.vllm.replay.steptime import GPUS
+
+        if sum(x is not None for x in (self.num_blocks, self.capacity, self.gpu_memory)) != 1:
+            raise ConfigError("give one of --blocks, --capacity, --gpu-memory")
+        if (self.concurrency is None) == (self.rate is None):
+            raise ConfigError("give --concurrency C (a closed loop) or --rate R (Poisson arrivals), not both")
+        if self.concurrency is not None and self.concurrency < 1 or self.rate is not None and not self.rate > 0:
+            raise ConfigError("concurrency must be >= 1 and rate > 0")
+        if self.gpu not in GPUS:
+            raise ConfigError(f"unknown GPU {self.gpu!r}; known: {', '.join(GPUS)}")
+        if not self.policies:
+            raise ConfigError("give at least one policy")
+        for p in self.policies:
+            policy_arm(p, self.alpha)
+        if self.capacity is not None:
+            parse_capacity(self.capacity)
+        model_dir(self.model)
+
+
+def _policy_env(label: str, alpha: float | str) -> dict[str, str]:
+    policy, a = policy_arm(label, alpha)
+    if policy == "lru":      # stock vLLM: the plugin does nothing (no forward pass: no CPU fix needed either)
+        return {"MARCONI_VLLM_POLICY": "", "MARCONI_VLLM_MAMBA2_CPU_FIX": "off"}
+    env = PluginConfig(policy="marconi", alpha=a).to_env()
+    env["MARCONI_VLLM_MAMBA2_CPU_FIX"] = "off"
+    return env
+
+
+def _pool_args(config: ReplayConfig, spec: ModelSpec, requests: Sequence[Any]) -> tuple[list[str], dict[str, Any]]:
+    if config.num_blocks is not None:
+        return ["--blocks", str(config.num_blocks)], {"pool": f"{config.num_blocks} blocks"}
+    if config.gpu_memory is not None:
+        return ["--gpu-memory-bytes", str(parse_bytes(config.gpu_memory))], {"gpu_memory": config.gpu_memory}
+    from marconi.sim import working_set_bytes
+
+    assert config.capacity is not None
+    cap = parse_capacity(config.capacity)
+    ws = working_set_bytes(requests, spec) if cap.fraction is not None else None
+    kv = cap.resolve(ws or 0)
+    return ["--kv-bytes", str(kv)], {"capacity": config.capacity, "capacity_bytes": kv, "working_set_bytes": ws}
+
+
+def _run_worker(config: ReplayConfig, mdir: Path, requests_path: Path, out_path: Path, label: str,
+                pool_args: list[str], on_progress: Callable[[int, int], None]) -> dict[str, Any]:
+    limit = ["--concurrency", str(config.concurrency)] if config.concurrency is not None else ["--rate", str(config.rate)]
+    max_len = max(len(r.input_tokens) + max(1, len(r.output_tokens)) for r in _REQUESTS[requests_path])
+    cmd = [config.vllm_python, "-m", "marconi.integrations.vllm.replay.worker", str(requests_path), str(out_path),
+           "--model", str(mdir), *pool_args, "--gpu", config.gpu, *limit, "--progress",
+           "--max-model-len", str(max(max_len, 2048)), "--max-num-batched-tokens", str(config.max_num_batched_tokens),
+           "--max-num-seqs", str(config.max_num_seqs), "--seed", str(config.seed)]
+    env = {**os.environ, **_policy_env(label, config.alpha), "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+           "OMP_NUM_THREADS": "1",
+           # no forward pass, so no position runs past the model's table: a trace longer than
+           # max_position_embeddings (Nemotron-H-8B-Base-8K) is a scheduling question only
+           "VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"}
+    log_path = out_path.with_suffix(".log")
+    with log_path.open("w") as log:
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=log, text=True)
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if line.startswith("progress "):
+                done, total = map(int, line.split()[1:3])
+                on_progress(done, total)
+        rc = proc.wait()
+    if rc != 0:
+        tail = log_path.read_text()[-3000:]
+        raise RuntimeError(f"replay worker for {label!r} failed (exit {rc}); log {log_path}:\n{tail}")
+    return json.loads(out_path.read_text())
+
+
+_REQUESTS: dict[Path, Sequence[Any]] = {}
+
+
+def _emulated_hit_rate(spec: ModelSpec, requests: Sequence[Any], result: dict[str, Any], label: str,
+                       config: ReplayConfig) -> float:
+    from marconi.integrations.vllm.emulate.engine import VllmAlignEngine
+    from marconi.integrations.vllm.emulate.layout import layout_for_spec
+
+    kv = result["kv_cache"]
+    layout = layout_for_spec(spec, num_blocks=kv["num_blocks"], block_size=kv["block_size"],
+                             max_num_batched_tokens=config.max_num_batched_tokens)
+    eviction, alpha = policy_arm(label, config.alpha)
+    engine = VllmAlignEngine(layout, spec, eviction=eviction, alpha=DEFAULT_ALPHA if alpha is None else alpha)
+    hits = sum(engine.run(r.input_tokens, np.asarray(r.output_tokens, dtype=np.int32)).hit_len for r in requests)
+    return hits / sum(r.input_len for r in requests)
+
+
+def _record(config: ReplayConfig, label: str, trace_info: dict[str, Any], pool_info: dict[str, Any],
+            requests: Sequence[Any], res: dict[str, Any], sim_rate: float | None) -> dict[str, Any]:
+    policy, alpha = policy_arm(label, config.alpha)
+    ttft = [f - a for f, a in zip(res["first_token_s"], res["arrival_s"])]
+    tpot = [(fin - first) / (len(r.output_tokens) - 1) if len(r.output_tokens) > 1 else None
+            for r, fin, first in zip(requests, res["finish_s"], res["first_token_s"])]
+    out_tokens = sum(max(1, len(r.output_tokens)) for r in requests)
+    kv = res["kv_cache"]
+    return {
+        "engine": "vllm-replay", "vllm_version": res["vllm_version"], "model": config.model, "gpu": config.gpu,
+        "num_blocks": kv["num_blocks"], "block_size": kv["block_size"], "pool_bytes": kv["pool_bytes"],
+        "kv_cache_groups": [g["spec"] for g in kv["groups"]], **pool_info,
+        "concurrency": config.concurrency, "rate": config.rate, "policy": policy, "arm": label, "alpha": alpha,
+        **trace_info, "num_requests": len(requests), "prompt_tokens": int(sum(r.input_len for r in requests)),
+        "token_hit_rate": res["prefix_cache_hits"] / res["prefix_cache_queries"] if res["prefix_cache_queries"] else 0.0,
+        "request_hit_rate": sum(res["num_cached_tokens"]) / max(1, sum(r.input_len for r in requests)),
+        "sim_token_hit_rate": sim_rate, "sim_models_concurrency": False,
+        "ttft_p50_s": percentile(ttft, 50), "ttft_p95_s": percentile(ttft, 95), "ttft_p99_s": percentile(ttft, 99),
+        "tpot_mean_s": mean_or_none(tpot), "throughput_tok_s": out_tokens / res["virtual_s"] if res["virtual_s"] else None,
+        "num_preemptions": int(sum(res["num_preemptions"])), "sched_s_per_step": res["sched_s_per_step"],
+        "num_steps": res["num_steps"], "virtual_s": res["virtual_s"], "scheduler": res["scheduler"],
+        "plugin_evictions": res["plugin_evictions"],
+        "kv_bytes": res["kv_bytes"], "kv_floor_applied": res["kv_floor_applied"], "num_params": res["num_params"], "wall_s": res["wall_s"],
+        "per_request": {"ttft_s": ttft, "num_cached_tokens": res["num_cached_tokens"]},
+    }
+
+
+def run_replay(config: ReplayConfig, *, work_dir: str | Path | None = None, emulate: bool = True,
+               progress: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
+    """One record per policy (see the module docstring). ``progress``: told each policy's start."""
+    from tqdm import tqdm
+
+    mdir = model_dir(config.model)
+    spec = ModelSpec.from_hf_config(mdir / "config.json", name=config.model)
+    sel = common.select_requests(config.trace, max_input_len=config.max_input_len, num_requests=config.num_requests,
+                                 max_output_len=config.max_output_len)
+    requests = sel.requests
+    work = Path(work_dir or tempfile.mkdtemp(prefix="marconi-replay-"))
+    work.mkdir(parents=True, exist_ok=True)
+    req_path = work / "requests.json"
+    req_path.write_text(json.dumps({"requests": [{"session": str(r.session_id), "prompt": r.input_tokens.tolist(),
+                                                   "output": r.output_tokens.tolist()} for r in requests]}))
+    _REQUESTS[req_path] = requests
+    pool_args, pool_info = _pool_args(config, spec, requests)
+    records = []
+    for label in config.policies:
+        if progress is not None:
+            progress(f"[{label}] vLLM replay of {len(requests)} requests on {config.model}")
+        with tqdm(total=len(requests), desc=label, unit="req", leave=False) as bar:
+            def tick(done: int, total: int) -> None:
+                bar.update(done - bar.n)
+            res = _run_worker(config, mdir, req_path, work / f"out-{common.file_label(label)}.json", label,
+                              pool_args, tick)
+        sim = _emulated_hit_rate(spec, requests, res, label, config) if emulate else None
+        records.append(_record(config, label, sel.trace_info, pool_info, requests, res, sim))
+    return records
+
+
+def replay_table(records: Sequence[dict[str, Any]]) -> str:
+    from marconi.report import fmt_pct, fmt_seconds, format_table
+
+    rows = []
+    for rec in records:
+        row = dict(rec)
+        row["_ms"] = f"{1e6 * rec['sched_s_per_step']:.0f} µs"
+        row["_tput"] = f"{rec['throughput_tok_s']:.0f}" if rec["throughput_tok_s"] else "-"
+        row["_load"] = f"C={rec['concurrency']}" if rec["concurrency"] is not None else f"{rec['rate']}/s"
+        rows.append(row)
+    return format_table(rows, [
+        ("policy", "arm", None), ("load", "_load", None), ("blocks", "num_blocks", None),
+        ("block", "block_size", None), ("vLLM token hit", "token_hit_rate", fmt_pct),
+        ("emulated (C=1)", "sim_token_hit_rate", fmt_pct), ("TTFT P50", "ttft_p50_s", fmt_seconds),
+        ("TTFT P95", "ttft_p95_s", fmt_seconds), ("TTFT P99", "ttft_p99_s", fmt_seconds),
+        ("TPOT mean", "tpot_mean_s", fmt_seconds), ("tok/s", "_tput", None),
+        ("preempt", "num_preemptions", None), ("schedule()/step", "_ms", None)])
+
+
+def plot_ttft_cdf(records: Sequence[dict[str, Any]], path: str | Path) -> Path:
+    """One CDF of per-request virtual TTFT per policy (PNG, written atomically)."""
+    from marconi.report import pyplot, save_figure
+
+    fig, ax = pyplot().subplots(figsize=(6, 4))
+    for rec in records:
+        ttft = np.sort(np.asarray(rec["per_request"]["ttft_s"], dtype=np.float64)) * 1000
+        ax.step(ttft, np.arange(1, len(ttft) + 1) / len(ttft), where="post",
+                label=f"{rec['arm']} (hit {100 * rec['token_hit_rate']:.1f}%)")
+    ax.set_xscale("log")
+    ax.set_xlabel(f"TTFT (ms, virtual clock, {records[0]['gpu']})")
+    ax.set_ylabel("fraction of requests")
+    first = records[0]
+    load = f"concurrency {first['concurrency']}" if first["concurrency"] is not None else f"rate {first['rate']}/s"
+    ax.set_title(f"vLLM replay: {first['model']}, {first['num_blocks']} blocks, {load}")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    return save_figure(fig, path, dpi=120)

@@ -1,0 +1,225 @@
+"""One replay run inside the vLLM environment: vLLM's scheduler, a stub model runner, a virtual clock.
+
+    .venv-vllm/bin/python -m marconi.integrations.vllm.replay.worker requests.json out.json --model DIR \\
+        (--blocks N | --kv-bytes B | --gpu-memory-bytes B) --gpu h100 --concurrency 16 [--rate R]
+
+The plugin is configured as in a server, by ``MARCONI_VLLM_*`` in the environment (unset: stock
+vLLM); vLLM loads it when the engine core starts. ``requests.json``: ``{"requests": [{"session":
+..., "prompt": [ids], "output": [ids]}, ...]}`` in trace order.
+
+Each step: ``Scheduler.schedule()`` (its wall time is measured), a step duration from the
+:class:`~marconi.integrations.vllm.replay.steptime.StepTimeModel` advances the virtual clock, and
+a stub ``ModelRunnerOutput`` hands every request that reached the end of its known tokens the
+next token of the trace's own output, which ``update_from_output`` takes as sampled. So a
+session's next turn (whose prompt holds this turn's output) finds its blocks as a real server
+would. Arrivals: a closed loop (``--concurrency``: a session's turns in order, at most C requests
+admitted, as ``marconi vllm bench`` replays), or Poisson (``--rate``, per second of virtual time;
+a turn still waits for its predecessor).
+
+``out.json``: per request its arrival, first-token and finish times (virtual seconds), vLLM's
+``num_cached_tokens`` and preemptions; vLLM's prefix-cache counters; the scheduler's wall time per
+step; the KV cache configuration; the plugin's eviction counters.
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import json
+import os
+import sys
+import time
+from collections import deque
+from typing import Any
+
+__all__ = ["replay", "main"]
+
+
+def _admission_times(num: int, rate: float | None, seed: int) -> list[float] | None:
+    if rate is None:
+        return None
+    import numpy as np
+
+    return np.cumsum(np.random.default_rng(seed).exponential(1.0 / rate, size=num)).tolist()
+
+
+def replay(core: Any, requests: list[dict[str, Any]], *, gpu: str, concurrency: int | None, rate: float | None,
+           seed: int = 0, progress: Any = None) -> dict[str, Any]:
+    """Drive ``core.scheduler`` through ``requests``; see the module docstring for what comes back."""
+    from vllm import SamplingParams
+    from vllm.v1.outputs import ModelRunnerOutput
+    from vllm.v1.request import Request
+
+    from marconi.core.model import ModelSpec
+    from marconi.integrations.vllm.replay.steptime import StepTimeModel
+
+    sched = core.scheduler
+    vc = core.vllm_config
+    spec = ModelSpec.from_hf_config(vc.model_config.hf_config.to_dict() | _pattern(vc), name="replay")
+    bytes_per_param = 4 if str(vc.model_config.dtype).endswith("float32") else 2
+    timing = StepTimeModel.named(spec, gpu, core.model_executor.num_params * bytes_per_param)
+
+    n = len(requests)
+    arrivals = _admission_times(n, rate, seed)
+    cap = concurrency if concurrency is not None else n
+    prev_of: list[int | None] = []
+    last_in_session: dict[Any, int] = {}
+    for i, r in enumerate(requests):
+        prev_of.append(last_in_session.get(r["session"]))
+        last_in_session[r["session"]] = i
+    done = [False] * n
+    arrival_s = [0.0] * n
+    first_s: list[float | None] = [None] * n
+    finish_s = [0.0] * n
+    live: dict[str, tuple[int, Any]] = {}         # vLLM request id -> (index, Request)
+    cached = [0] * n
+    preempt = [0] * n
+    waiting_on_prev: deque[int] = deque()          # admitted (a slot taken), predecessor unfinished
+    next_i = 0
+    num_admitted = num_done = 0
+    clock = 0.0
+    queries = hits = 0
+    sched_s: list[float] = []
+    num_steps = 0
+
+    def submit(i: int) -> None:
+        r = requests[i]
+        params = SamplingParams(max_tokens=max(1, len(r["output"])), ignore_eos=True, temperature=0.0)
+        req = Request(f"r{i}", list(r["prompt"]), params, None, arrival_time=clock,
+                      block_hasher=core.request_block_hasher)
+        arrival_s[i] = clock
+        live[req.request_id] = (i, req)
+        sched.add_request(req)
+
+    def admit() -> None:
+        nonlocal next_i, num_admitted
+        for i in list(waiting_on_prev):
+            p = prev_of[i]
+            if p is None or done[p]:
+                waiting_on_prev.remove(i)
+                submit(i)
+        while next_i < n and num_admitted - num_done < cap and (arrivals is None or arrivals[next_i] <= clock):
+            i = next_i
+            next_i += 1
+            num_admitted += 1
+            p = prev_of[i]
+            if p is None or done[p]:
+                submit(i)
+            else:
+                waiting_on_prev.append(i)
+
+    while num_done < n:
+        admit()
+        if not live:                               # idle: jump to the next arrival
+            if arrivals is not None and next_i < n:
+                clock = max(clock, arrivals[next_i])
+                continue
+            raise RuntimeError("replay stalled: nothing in flight and nothing to admit")
+        t0 = time.perf_counter()
+        out = sched.schedule()
+        sched_s.append(time.perf_counter() - t0)
+        num_steps += 1
+        spans, ids, sampled = [], [], []
+        for rid, num in out.num_scheduled_tokens.items():
+            i, req = live[rid]
+            end = req.num_computed_tokens            # schedule() already advanced it
+            spans.append((end - num, end))
+            ids.append(rid)
+            if end >= req.num_tokens:                # reached its last known token: one is sampled
+                produced = len(req.output_token_ids)
+                sampled.append([int(requests[i]["output"][produced])] if produced < len(requests[i]["output"])
+                               else [0])
+            else:
+                sampled.append([])
+        clock += timing.step_s(spans)
+        runner = ModelRunnerOutput(req_ids=ids, req_id_to_index={r: k for k, r in enumerate(ids)},
+                                   sampled_token_ids=sampled)
+        outputs = sched.update_from_output(out, runner)
+        for rid, tokens in zip(ids, sampled):
+            i, _ = live[rid]
+            if tokens and first_s[i] is None:
+                first_s[i] = clock
+        for eco in outputs.values():
+            stats = eco.scheduler_stats
+            if stats is not None and stats.prefix_cache_stats is not None:
+                queries += stats.prefix_cache_stats.queries
+                hits += stats.prefix_cache_stats.hits
+            for o in eco.outputs:
+                if o.prefill_stats is not None and o.request_id in live:      # vLLM's num_cached_tokens
+                    cached[live[o.request_id][0]] = int(o.prefill_stats.num_cached_tokens)
+                if o.finish_reason is not None and o.request_id in live:
+                    i, req = live.pop(o.request_id)
+                    done[i] = True
+                    num_done += 1
+                    finish_s[i] = clock
+                    preempt[i] = int(req.num_preemptions)
+                    if progress is not None:
+                        progress(num_done, n)
+    hooks = getattr(sched, "_marconi", None)
+    return {"arrival_s": arrival_s, "first_token_s": first_s, "finish_s": finish_s, "num_cached_tokens": cached,
+            "num_preemptions": preempt, "prefix_cache_queries": queries, "prefix_cache_hits": hits,
+            "num_steps": num_steps, "virtual_s": clock, "sched_s_total": sum(sched_s),
+            "sched_s_per_step": sum(sched_s) / max(1, len(sched_s)), "scheduler": type(sched).__name__,
+            "plugin_evictions": dict(hooks.num_evicted) if hooks is not None else None,
+            "plugin_policy": hooks.policy if hooks is not None else None,
+            "num_params": core.model_executor.num_params}
+
+
+def _pattern(vc: Any) -> dict[str, Any]:
+    """Nemotron-H keeps its layer pattern outside ``to_dict`` in some transformers versions."""
+    hf = vc.model_config.hf_config
+    pattern = getattr(hf, "hybrid_override_pattern", None)
+    return {"hybrid_override_pattern": pattern} if pattern else {}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("requests")
+    parser.add_argument("out")
+    parser.add_argument("--model", required=True, help="a directory with the model's config.json")
+    pool = parser.add_mutually_exclusive_group(required=True)
+    pool.add_argument("--blocks", type=int, help="the pool (vLLM's num_gpu_blocks_override)")
+    pool.add_argument("--kv-bytes", type=int, help="the KV budget in bytes: vLLM derives the blocks")
+    pool.add_argument("--gpu-memory-bytes", type=int, help="the GPU's memory: see engine.available_kv_bytes")
+    parser.add_argument("--gpu", default="h100")
+    parser.add_argument("--concurrency", type=int, default=None)
+    parser.add_argument("--rate", type=float, default=None)
+    parser.add_argument("--max-model-len", type=int, default=32768)
+    parser.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    parser.add_argument("--max-num-seqs", type=int, default=256)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--progress", action="store_true", help="print 'progress DONE TOTAL' lines on stdout")
+    args = parser.parse_args(argv)
+    if args.concurrency is None and args.rate is None:
+        parser.error("give --concurrency or --rate")
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    from marconi.integrations.vllm.replay.engine import build_engine_core, kv_config_summary
+
+    with open(args.requests) as fh:
+        requests = json.load(fh)["requests"]
+    core = build_engine_core(args.model, num_blocks=args.blocks, available_bytes=args.kv_bytes,
+                             gpu_memory_bytes=args.gpu_memory_bytes,
+                             max_model_len=args.max_model_len, max_num_batched_tokens=args.max_num_batched_tokens,
+                             max_num_seqs=args.max_num_seqs)
+
+    def progress(done: int, total: int) -> None:
+        if args.progress:
+            print(f"progress {done} {total}", flush=True)
+
+    started = time.perf_counter()
+    result = replay(core, requests, gpu=args.gpu, concurrency=args.concurrency, rate=args.rate, seed=args.seed,
+                    progress=progress)
+    import vllm
+
+    result.update(wall_s=time.perf_counter() - started, vllm_version=str(vllm.__version__),
+                  kv_cache=kv_config_summary(core.scheduler.kv_cache_config, core.scheduler.block_size),
+                  kv_bytes=core.model_executor.determine_available_memory()[0],
+                  kv_bytes_requested=getattr(core.model_executor, "requested_bytes", None),
+                  kv_floor_applied=bool(getattr(core.model_executor, "floor_applied", False)))
+    with open(args.out, "w") as fh:
+        json.dump(result, fh)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
