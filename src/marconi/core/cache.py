@@ -20,6 +20,11 @@ Threads: every public method holds the cache's re-entrant lock (``cache.lock``) 
 requests may be begun, finished and aborted from any number of threads. A method's callbacks
 (``states``, ``kv``, observers, ``PayloadOps``) run under that lock. Reading ``stats`` or the tree
 while other threads work is not atomic: hold ``cache.lock`` for a consistent view.
+
+Failures: any callback may raise (an allocator out of memory, a buggy observer). Each is called
+before the step that needs it changes the tree, or after the step is whole, so the cache stays
+consistent (``check_invariants`` holds) and keeps serving; what becomes of the request is stated
+by each method (``finish`` always ends it, as an abort).
 """
 
 from __future__ import annotations
@@ -868,7 +873,7 @@ class PrefixCache:
         the loop with the cache consistent."""
         while self.capacity_bytes - self.used_bytes < need:
             if not self._evicted_once:
-                self._evicted_once = True  # first: an observer that raises is told once, as promised
+                self._evicted_once = True  # first: an observer that raises here is not told again next time
                 self._notify("on_first_eviction")
             if not len(self.candidates):
                 raise InvariantError("eviction found no candidate although the feasibility check passed")
