@@ -336,7 +336,7 @@ class _Fields:
             return default
         return value
 
-    def int(self, key: str, default: Any = _REQUIRED, *, low: int = 1, high: int = MAX_SIZE) -> int:
+    def integer(self, key: str, default: Any = _REQUIRED, *, low: int = 1, high: int = MAX_SIZE) -> int:
         """An integer in ``[low, high]`` (default: a size or count >= 1)."""
         value = self.get(key, default)
         if not _is_integer(value):
@@ -349,9 +349,9 @@ class _Fields:
         return value
 
     def layers(self, key: str = "num_hidden_layers") -> int:
-        return self.int(key, high=MAX_LAYERS)
+        return self.integer(key, high=MAX_LAYERS)
 
-    def list(self, key: str, default: Any = _REQUIRED) -> list[Any]:
+    def items(self, key: str, default: Any = _REQUIRED) -> list[Any]:
         value = self.get(key, default)
         if not isinstance(value, (list, tuple)):
             raise SpecError(f"{self.where}: {key} must be a list, got {_kind(value)}")
@@ -362,7 +362,7 @@ class _Fields:
 
     def names(self, key: str, default: Any = _REQUIRED) -> list[str]:
         """A list of layer kinds (text)."""
-        items = self.list(key, default)
+        items = self.items(key, default)
         bad = [item for item in items if not isinstance(item, str)]
         if bad:
             raise SpecError(f"{self.where}: {key} must list layer kinds as text, got {bad[0]!r} among them")
@@ -370,7 +370,7 @@ class _Fields:
 
     def indices(self, key: str, num_layers: int) -> list[int]:
         """A list of distinct layer indices in ``[0, num_layers)`` (absent or null: none)."""
-        items = self.list(key, [])
+        items = self.items(key, [])
         for item in items:
             if not _is_integer(item) or not 0 <= item < num_layers:
                 raise SpecError(f"{self.where}: {key} must list layer indices in [0, {num_layers}) "
@@ -390,7 +390,7 @@ class _Fields:
         transformers derives it (>= 1: more heads than ``scale·D`` channels is an error)."""
         for key in ("head_dim", "attention_head_dim"):
             if self.has(key):
-                return self.int(key)
+                return self.integer(key)
         hdim = scale * d_model // heads
         if hdim < 1:
             raise SpecError(f"{self.where}: {heads_key} = {heads} exceeds the {scale * d_model} channels of "
@@ -399,9 +399,9 @@ class _Fields:
 
 
 def _attn(f: _Fields, heads_key: str = "num_attention_heads") -> dict[str, int]:
-    heads = f.int(heads_key)
-    kv = f.int("num_key_value_heads", heads)  # absent or null: multi-head attention; 0 is an error
-    return {"num_kv_heads": kv, "head_dim": f.head_dim(heads_key, heads, f.int("hidden_size"))}
+    heads = f.integer(heads_key)
+    kv = f.integer("num_key_value_heads", heads)  # absent or null: multi-head attention; 0 is an error
+    return {"num_kv_heads": kv, "head_dim": f.head_dim(heads_key, heads, f.integer("hidden_size"))}
 
 
 def _mamba2(d_inner: int, n_groups: int, d_state: int, kernel: int) -> dict[str, int]:
@@ -413,12 +413,12 @@ def _mamba2(d_inner: int, n_groups: int, d_state: int, kernel: int) -> dict[str,
 def _parse_bamba(f: _Fields) -> dict[str, Any]:
     layers = f.layers()
     attn = len(f.indices("attn_layer_indices", layers))
-    d = f.int("hidden_size")
-    d_inner = f.int("mamba_n_heads", 128) * f.int("mamba_d_head", 64)
+    d = f.integer("hidden_size")
+    d_inner = f.integer("mamba_n_heads", 128) * f.integer("mamba_d_head", 64)
     return dict(num_attn_layers=attn, num_ssm_layers=layers - attn, num_mlp_layers=layers, d_model=d,
-                ssm_expand=f.int("mamba_expand", 2), **_attn(f),
-                **_mamba2(d_inner, f.int("mamba_n_groups", 1), f.int("mamba_d_state", 128),
-                          f.int("mamba_d_conv", 4)))
+                ssm_expand=f.integer("mamba_expand", 2), **_attn(f),
+                **_mamba2(d_inner, f.integer("mamba_n_groups", 1), f.integer("mamba_d_state", 128),
+                          f.integer("mamba_d_conv", 4)))
 
 
 def _parse_nemotron_h(f: _Fields) -> dict[str, Any]:
@@ -436,72 +436,72 @@ def _parse_nemotron_h(f: _Fields) -> dict[str, Any]:
         pattern = "".join(letters[t] for t in kinds)
     if len(pattern) > MAX_LAYERS:
         raise SpecError(f"{f.where}: hybrid_override_pattern has {len(pattern):,} layers, implausibly many")
-    d = f.int("hidden_size")
-    d_inner = f.int("mamba_num_heads") * f.int("mamba_head_dim")
+    d = f.integer("hidden_size")
+    d_inner = f.integer("mamba_num_heads") * f.integer("mamba_head_dim")
     return dict(num_attn_layers=pattern.count("*"), num_ssm_layers=pattern.count("M"),
                 num_mlp_layers=pattern.count("-") + pattern.count("E"), d_model=d, **_attn(f),
-                **_mamba2(d_inner, f.int("n_groups", 1), f.int("ssm_state_size"), f.int("conv_kernel", 4)))
+                **_mamba2(d_inner, f.integer("n_groups", 1), f.integer("ssm_state_size"), f.integer("conv_kernel", 4)))
 
 
 def _parse_falcon_h1(f: _Fields) -> dict[str, Any]:
     # Parallel hybrid: every layer has an attention branch, an SSM branch and an MLP.
     layers = f.layers()
-    d = f.int("hidden_size")
-    d_inner = f.int("mamba_d_ssm") if f.has("mamba_d_ssm") else f.int("mamba_expand", 2) * d
+    d = f.integer("hidden_size")
+    d_inner = f.integer("mamba_d_ssm") if f.has("mamba_d_ssm") else f.integer("mamba_expand", 2) * d
     return dict(num_attn_layers=layers, num_ssm_layers=layers, num_mlp_layers=layers, d_model=d, **_attn(f),
-                **_mamba2(d_inner, f.int("mamba_n_groups", 1), f.int("mamba_d_state", 256),
-                          f.int("mamba_d_conv", 4)))
+                **_mamba2(d_inner, f.integer("mamba_n_groups", 1), f.integer("mamba_d_state", 256),
+                          f.integer("mamba_d_conv", 4)))
 
 
 def _parse_granitemoehybrid(f: _Fields) -> dict[str, Any]:
     types = f.names("layer_types")
-    d = f.int("hidden_size")
-    d_inner = f.int("mamba_n_heads", 128) * f.int("mamba_d_head", 64)
+    d = f.integer("hidden_size")
+    d_inner = f.integer("mamba_n_heads", 128) * f.integer("mamba_d_head", 64)
     ssm = sum(1 for t in types if t in ("mamba", "linear_attention"))
     attn = sum(1 for t in types if t in ("attention", "full_attention"))
     return dict(num_attn_layers=attn, num_ssm_layers=ssm,
                 num_mlp_layers=len(types), d_model=d, **_attn(f),
-                **_mamba2(d_inner, f.int("mamba_n_groups", 1), f.int("mamba_d_state", 128),
-                          f.int("mamba_d_conv", 4)))
+                **_mamba2(d_inner, f.integer("mamba_n_groups", 1), f.integer("mamba_d_state", 128),
+                          f.integer("mamba_d_conv", 4)))
 
 
 def _parse_zamba2(f: _Fields) -> dict[str, Any]:
     layers = f.layers()
     kinds = f.names("layers_block_type", [])
     hybrid = kinds.count("hybrid") if kinds else len(f.indices("hybrid_layer_ids", layers))
-    d = f.int("hidden_size")
-    expand = f.int("mamba_expand", 2)
+    d = f.integer("hidden_size")
+    expand = f.integer("mamba_expand", 2)
     d_inner = expand * d
-    heads = f.int("num_attention_heads")
+    heads = f.integer("num_attention_heads")
     # Zamba2's shared attention runs on concat(hidden, embeddings): head_dim = 2·D / heads.
     return dict(num_attn_layers=hybrid, num_ssm_layers=layers, num_mlp_layers=hybrid, d_model=d,
-                num_kv_heads=f.int("num_key_value_heads", heads),
+                num_kv_heads=f.integer("num_key_value_heads", heads),
                 head_dim=f.head_dim("num_attention_heads", heads, d, scale=2), ssm_expand=expand,
-                **_mamba2(d_inner, f.int("mamba_ngroups", 1), f.int("mamba_d_state", 64),
-                          f.int("mamba_d_conv", 4)))
+                **_mamba2(d_inner, f.integer("mamba_ngroups", 1), f.integer("mamba_d_state", 64),
+                          f.integer("mamba_d_conv", 4)))
 
 
 def _parse_jamba(f: _Fields) -> dict[str, Any]:
     layers = f.layers()
-    period, offset = f.int("attn_layer_period", 8), f.int("attn_layer_offset", 4, low=0)
+    period, offset = f.integer("attn_layer_period", 8), f.integer("attn_layer_offset", 4, low=0)
     attn = sum(1 for i in range(layers) if i % period == offset)
-    d = f.int("hidden_size")
-    expand = f.int("mamba_expand", 2)
+    d = f.integer("hidden_size")
+    expand = f.integer("mamba_expand", 2)
     # Mamba-1: state [expand·D, N], conv over the expand·D channels only.
     return dict(num_attn_layers=attn, num_ssm_layers=layers - attn, num_mlp_layers=layers, d_model=d,
-                ssm_state_dim=f.int("mamba_d_state", 16), ssm_expand=expand,
-                ssm_state_width=expand * d, conv_dim=expand * d, conv_kernel=f.int("mamba_d_conv", 4),
+                ssm_state_dim=f.integer("mamba_d_state", 16), ssm_expand=expand,
+                ssm_state_width=expand * d, conv_dim=expand * d, conv_kernel=f.integer("mamba_d_conv", 4),
                 **_attn(f))
 
 
 def _gated_deltanet(f: _Fields, layers: int, attn: int) -> dict[str, Any]:
     """Gated DeltaNet state ``[v_heads, k_dim, v_dim]``; conv over q, k, v channels."""
-    d = f.int("hidden_size")
-    k_heads, v_heads = f.int("linear_num_key_heads"), f.int("linear_num_value_heads")
-    k_dim, v_dim = f.int("linear_key_head_dim"), f.int("linear_value_head_dim")
+    d = f.integer("hidden_size")
+    k_heads, v_heads = f.integer("linear_num_key_heads"), f.integer("linear_num_value_heads")
+    k_dim, v_dim = f.integer("linear_key_head_dim"), f.integer("linear_value_head_dim")
     return dict(num_attn_layers=attn, num_ssm_layers=layers - attn, num_mlp_layers=layers, d_model=d,
                 ssm_state_dim=k_dim, ssm_state_width=v_heads * v_dim,
-                conv_dim=2 * k_heads * k_dim + v_heads * v_dim, conv_kernel=f.int("linear_conv_kernel_dim", 4),
+                conv_dim=2 * k_heads * k_dim + v_heads * v_dim, conv_kernel=f.integer("linear_conv_kernel_dim", 4),
                 **_attn(f))
 
 
@@ -511,7 +511,7 @@ def _parse_qwen3_next(f: _Fields) -> dict[str, Any]:
     if types:
         attn = sum(1 for t in types if t == "full_attention")
     else:
-        interval = f.int("full_attention_interval", 4)
+        interval = f.integer("full_attention_interval", 4)
         attn = sum(1 for i in range(layers) if (i + 1) % interval == 0)
     return _gated_deltanet(f, layers, attn)
 
@@ -524,10 +524,10 @@ def _parse_olmo_hybrid(f: _Fields) -> dict[str, Any]:
 def _parse_lfm2(f: _Fields) -> dict[str, Any]:
     # LFM2: short-conv layers hold only a conv state [D, L_cache]; no N-dim recurrent state.
     types = f.names("layer_types")
-    d = f.int("hidden_size")
+    d = f.integer("hidden_size")
     return dict(num_attn_layers=types.count("full_attention"), num_ssm_layers=types.count("conv"),
                 num_mlp_layers=len(types), d_model=d, ssm_state_dim=1, ssm_state_width=0, conv_dim=d,
-                conv_kernel=f.int("conv_L_cache", 3), **_attn(f))
+                conv_kernel=f.integer("conv_L_cache", 3), **_attn(f))
 
 
 HF_PARSERS = {
