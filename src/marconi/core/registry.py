@@ -55,11 +55,15 @@ def split_name_list(text: str) -> list[str]:
     """Split a comma list of names whose items may carry comma-separated parameters.
 
     ``"vanilla,marconi:alpha=1,multiplier=15,vllm+"`` -> ``["vanilla", "marconi:alpha=1,multiplier=15",
-    "vllm+"]``: an item containing ``=`` but no ``:`` continues the previous item's parameters.
+    "vllm+"]``: an item that starts as ``key=`` (its first ``=`` before any ``:``) continues the
+    previous item's parameters, so a value may hold a colon (``alpha_source=module:factory``);
+    a new item names itself before its parameters (``name:key=value``).
     """
     items: list[str] = []
     for part in filter(None, (p.strip() for p in text.split(","))):
-        if "=" in part and ":" not in part and items and ":" in items[-1]:
+        eq, colon = part.find("="), part.find(":")
+        continues = eq >= 0 and (colon < 0 or eq < colon)
+        if continues and items and ":" in items[-1]:
             items[-1] += "," + part
         else:
             items.append(part)
