@@ -384,11 +384,18 @@ def test_out_refuses_a_file_of_a_model_directory(tmp_path, no_sweep, capsys):
 def test_workers_below_one_is_an_error_not_one_worker(workers, no_trace_load, capsys):
     for argv in (["simulate", "--trace", "swe-sample", "--workers", workers],
                  ["mrc", "--trace", "swe-sample", "--workers", workers],
-                 ["reproduce", "--profile", "tiny", "--workers", workers]):
+                 ["reproduce", "--profile", "tiny", "--workers", workers],
+                 ["experiment", "sparse", "--out", "unused", "--workers", workers]):
         with pytest.raises(SystemExit) as info:
             main(argv)
         assert info.value.code == 2
         assert f"--workers: must be an integer >= 1, got {workers!r}" in capsys.readouterr().err
+
+
+def test_mrc_limit_zero_is_an_error_as_in_simulate(no_trace_load, capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["mrc", "--trace", "swe-sample", "--limit", "0"])
+    assert info.value.code == 2 and "--limit" in capsys.readouterr().err
 
 
 def test_huge_workers_are_capped_to_the_cpus_with_a_notice(capsys):

@@ -33,7 +33,7 @@ def _optimum(policy: SparseDPAdmission, n: int, resume: int, m: int) -> tuple[tu
     twin.observe(key, resume)
     weights = twin.depth_weights(key, n).copy()
     weights[: resume + 1] = 0.0
-    cost = policy._cost(SPEC, resume)
+    cost = policy.recompute_cost(SPEC, resume)
     best = place_checkpoints(weights, np.arange(resume + 1, n + 1), m, cost=cost, curve=False)
     return best.positions, weights
 
@@ -43,7 +43,7 @@ def test_a_fresh_estimator_places_the_exact_optimum_at_n_8000():
     placed = tuple(policy.prefill_checkpoints(_context(8000)))
     optimum, weights = _optimum(policy, 8000, 0, 2)
     assert placed == optimum == (4039, 8000)
-    cost = policy._cost(SPEC, 0)
+    cost = policy.recompute_cost(SPEC, 0)
     deepest_256 = expected_cost(weights, [7745, 8000], cost=cost)
     assert deepest_256 / expected_cost(weights, placed, cost=cost) > 1.8   # what the old cap placed
 

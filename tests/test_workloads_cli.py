@@ -110,3 +110,13 @@ def test_build_sharegpt_from_the_shared_data(tmp_path, capsys):
     assert trace.num_sessions == 5 and trace.meta["source"] == "sharegpt"
     assert trace.meta["params"]["pairing"] == "roles"
     capsys.readouterr()
+
+
+def test_build_refuses_an_out_whose_sidecar_is_an_input(tmp_path, capsys):
+    """`trace build --out X.jsonl` also writes X.jsonl.meta.json: that file must not be one the build reads."""
+    source = tmp_path / "conv.jsonl.meta.json"          # a Mooncake export that happens to be named so
+    source.write_bytes((bundled_data_dir() / "mooncake" / "conversation_trace_first2000.jsonl").read_bytes())
+    out = tmp_path / "conv.jsonl"
+    assert run("trace", "build", "mooncake", str(source), "--limit", "5", "--out", str(out)) == 2
+    assert "conv.jsonl.meta.json" in capsys.readouterr().err
+    assert not out.exists() and source.stat().st_size > 0

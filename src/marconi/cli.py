@@ -331,7 +331,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="parallel processes (default: one per core, at most the CPUs)")
     mrc.add_argument("--backend", default="local", choices=["local", "ray"])
     mrc.add_argument("--address", default=None, help="with --backend ray: the cluster to join")
-    mrc.add_argument("--limit", type=int, default=None, help="replay only the first N requests")
+    mrc.add_argument("--limit", type=request_limit, default=None, help="replay only the first N requests (N >= 1)")
     mrc.add_argument("--quiet", action="store_true", help="no progress bar")
     mrc.set_defaults(func=_cmd_mrc)
 

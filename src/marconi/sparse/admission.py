@@ -94,7 +94,9 @@ class SparseDPAdmission:
                 "marconi": self.marconi is not None}
 
     # ------------------------------------------------------------------ the DP
-    def _cost(self, spec: "ModelSpec", resume: int) -> PotentialCost:
+    def recompute_cost(self, spec: "ModelSpec", resume: int) -> PotentialCost:
+        """The cost the placement minimises for a request resumed at ``resume``: the FLOPs (or
+        tokens) to recompute from the deepest kept state, where nothing below ``resume`` is paid."""
         base = flops_cost(spec) if self.cost_name == "flops" else TOKEN_COST
         potential = base.potential
         return PotentialCost(f"{base.name}-from-{resume}", lambda x: potential(np.maximum(x, resume)))
@@ -129,7 +131,7 @@ class SparseDPAdmission:
         candidates = self._candidates(key, weights, resume, n)
         if candidates.size == 0:
             return ()
-        cost = self._cost(ctx.spec, resume)
+        cost = self.recompute_cost(ctx.spec, resume)
         self.num_planned += 1
         if self.lam is not None:
             candidates = cap_candidates(candidates, weights, self.max_candidates)  # its solver is O(K²)

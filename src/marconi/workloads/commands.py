@@ -20,6 +20,8 @@ import sys
 from typing import Any, Callable
 
 from marconi.io import check_output
+from marconi.workloads.trace.formats import format_of
+from marconi.workloads.trace.sidecar import sidecar_path
 from marconi.units import request_limit
 
 from .catalog import Provenance, build_workload, catalog_entries
@@ -101,6 +103,9 @@ def _check_out(args: argparse.Namespace, *inputs: Any) -> None:
             continue
         paths.extend(str(x) for x in (item if isinstance(item, (list, tuple)) else [item]))
     check_output(args.out, inputs=paths)
+    found = format_of(args.out)
+    if found is not None and found[0].sidecar:  # written beside the trace: it must not be an input either
+        check_output(sidecar_path(args.out), inputs=paths)
 
 
 def _write_and_report(trace: Trace, out: str) -> int:

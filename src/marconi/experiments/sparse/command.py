@@ -10,8 +10,10 @@ from pathlib import Path
 from marconi.experiments.sparse.report import findings, write_outputs
 from marconi.experiments.sparse.study import DEFAULT_WORKLOADS, StudyConfig, plan_tasks, run_study
 from marconi.experiments.sparse.workloads import WORKLOADS, study_workload
-from marconi.io import check_output
 from marconi.core.registry import ConfigError
+from marconi.io import check_output
+from marconi.sim.backends import worker_count
+from marconi.workloads.paths import shared_data_where
 
 __all__ = ["register"]
 
@@ -35,7 +37,7 @@ def _cmd_sparse(args: argparse.Namespace) -> int:
     for name in config.workloads:
         w = study_workload(name, config.scale, config.seed)
         if w is None:
-            notes.append(f"{name}: skipped — its data (../shared/data) is absent and it has no fallback")
+            notes.append(f"{name}: skipped — its data is absent ({shared_data_where()}) and it has no fallback")
         else:
             workloads.append(w)
             if w.source.startswith("FALLBACK"):
@@ -89,7 +91,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--capacities", help="'large' (unbounded) and/or sizes or working-set fractions, e.g. large,0.25x")
     p.add_argument("--model", default="paper-7b")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--workers", type=int, default=None, help="parallel processes (default: one per core)")
+    p.add_argument("--workers", type=worker_count, default=None, help="parallel processes (default: one per core)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--from-records", metavar="JSONL", help="only redraw plots and summary from an earlier run's records")
     p.set_defaults(func=_cmd_sparse)
