@@ -321,7 +321,7 @@ class PoolHooks:
         if num_blocks > pool.get_num_free_blocks():
             raise ValueError(f"Cannot get {num_blocks} free blocks from the pool")
         queue = pool.free_block_queue
-        num_uncached = pool.get_num_free_blocks() - int(self.state.free_cached.sum())
+        num_uncached = pool.get_num_free_blocks() - self.state.num_free_cached
         picked: list[Any] = []
         want = min(num_blocks, num_uncached)
         block = queue.fake_free_list_head.next_free_block

@@ -25,6 +25,15 @@ FLOP efficiency is the core's :func:`marconi.core.candidates.flop_efficiency` on
 byte of state + prefix KVs; "marginal": FLOPs of the block's own tokens). Recency is the order in
 which blocks were released to the free queue — exactly the order vLLM's LRU uses, since blocks
 carry no timestamps — min-max normalised like the core's. Ties go to the least recently released.
+When no free cached block is a candidate, the same score ranks all of them.
+
+The decision must not cost the scheduler a scan of the pool (10^4-10^6 blocks on a GPU): a
+:class:`~marconi.integrations.vllm.victim_index.VictimIndex` keeps the free cached blocks in
+recency heaps per efficiency level (a block's efficiency depends only on its depth and the variant,
+so levels number the distinct depths, not the blocks) and scores only each level's oldest block,
+with the scan's own float arithmetic: O(1) per victim at α = 0, O(L) over L levels otherwise, and
+O(log n) per event to keep it. :func:`reference_victim` is the scan itself, kept as the
+specification; a differential test holds the two equal after every event, in every mode.
 
 The same :class:`BlockEvictionState` runs inside the vLLM plugin (:mod:`marconi.integrations.vllm.plugin`) and
 in the ``vllm-align`` emulation (:mod:`marconi.integrations.vllm.emulate`), so the simulator reproduces the
@@ -41,6 +50,7 @@ through the same hook in the plugin and in the emulation, so both make the same 
 
 from __future__ import annotations
 
+import math
 from typing import Any, Hashable, Iterable, Sequence
 
 import numpy as np
@@ -50,14 +60,15 @@ from marconi.core.eviction import EvictionRule, argmin_ties_by_order, min_max
 from marconi.core.model import ModelSpec
 from marconi.core.registry import ConfigError
 from marconi.integrations.common.alpha import AlphaSource, RequestObservation
+from marconi.integrations.vllm.victim_index import CANDIDATES, OTHERS, VictimIndex
 
 __all__ = ["ATTENTION", "MAMBA", "POLICIES", "DEFAULT_ALPHA", "EFFICIENCIES", "REASONS", "BlockEvictionState", "Victim",
-           "block_rule", "parent_depth"]
+           "block_rule", "parent_depth", "reference_victim"]
 
 ATTENTION = "attention"
 MAMBA = "mamba"
 POLICIES = ("lru", "marconi")
-# 0.5: never below LRU in the emulated sweeps of README "Marconi inside vLLM" (SWE, chat and agent
+# 0.5: never below LRU in the emulated sweeps of docs/vllm.md, "The emulation" (SWE, chat and agent
 # traces, 60-300 blocks); alpha = 1 wins more on chat but loses up to 2 pp elsewhere.
 DEFAULT_ALPHA = 0.5
 EFFICIENCIES = ("total", "marginal")
@@ -100,7 +111,8 @@ class _Prefix:
 class BlockEvictionState:
     """The free cached blocks of one vLLM block pool, with what Marconi needs to rank them.
 
-    The owner (plugin or emulation) reports four events, in vLLM's order:
+    The owner (plugin or emulation) reports four events, in vLLM's order (each O(log n) in the
+    victim index, plus the refresh of the block's prefix and its parent):
 
     * :meth:`cached` — a block got a hash (``prefix``, group ``group_id``, ``depth`` tokens, parent
       prefix ``parent`` or None at the root);
@@ -144,8 +156,13 @@ class BlockEvictionState:
         # One row per efficiency variant: an adaptive source may switch between them at any eviction.
         self._flop_eff = {variant: np.zeros(num_blocks, dtype=np.float64) for variant in EFFICIENCIES}
         self.reason = np.zeros(num_blocks, dtype=np.int8)          # index into REASONS
+        # The free cached blocks by (candidate?, efficiencies, release_seq): mirrors the rows above,
+        # updated wherever they change, so next_victim needs no scan. _free_seq is release_seq where
+        # free_cached, else 0, as a list: the index is told on every refresh, and numpy reads cost more.
+        self._index = VictimIndex(num_blocks, len(EFFICIENCIES))
+        self._free_seq = [0] * self.num_blocks
         self._seq = 0
-        self._eff_by_depth: dict[tuple[int, str], float] = {}
+        self._effs_by_depth: dict[int, tuple[float, ...]] = {}      # depth -> efficiency per variant
         self._rule = self._current_rule()
         bind = getattr(alpha, "bind", None)
         if bind is not None:         # a source that needs the pool's size or the model (adaptive)
@@ -181,6 +198,7 @@ class BlockEvictionState:
         if not keys:
             del self._block_keys[block_id]
             self.free_cached[block_id] = False     # still free, but now a block without a hash
+            self._free_seq[block_id] = 0
         node = self._prefixes[prefix]
         node.blocks[group_id].discard(block_id)
         parent = node.parent
@@ -202,10 +220,20 @@ class BlockEvictionState:
         self._seq += 1
         self.release_seq[block_id] = self._seq
         self.free_cached[block_id] = True
+        self._free_seq[block_id] = self._seq
+        effs = tuple(float(row[block_id]) for row in self._flop_eff.values())
+        self._sync(block_id, bool(self.candidate[block_id]), effs)
 
     def taken(self, block_id: int) -> None:
         """A block left the free queue (hit or allocation)."""
         self.free_cached[block_id] = False
+        self._free_seq[block_id] = 0
+        self._index.discard(block_id)
+
+    @property
+    def num_free_cached(self) -> int:
+        """Free cached blocks (``free_cached.sum()``, in O(1))."""
+        return len(self._index)
 
     def finished(self, event: RequestObservation) -> tuple[float, str] | None:
         """A request finished: show it to the α source. Returns the new ``(alpha, efficiency)``
@@ -224,7 +252,7 @@ class BlockEvictionState:
         if variant not in EFFICIENCIES:
             raise ConfigError(f"alpha source {self.alpha_source!r} named efficiency {variant!r}; "
                               f"choose one of {EFFICIENCIES}")
-        if not np.isfinite(alpha) or alpha < 0:
+        if not math.isfinite(alpha) or alpha < 0:
             raise ConfigError(f"alpha source {self.alpha_source!r} gave alpha {alpha}; it must be finite and >= 0")
         return alpha, variant
 
@@ -240,28 +268,31 @@ class BlockEvictionState:
         self._block_keys.clear()
         self.free_cached[:] = False
         self.candidate[:] = False
+        self._free_seq = [0] * self.num_blocks
+        self._index.clear()
 
     # ------------------------------------------------------------------ the decision
     def next_victim(self) -> Victim | None:
-        """The free cached block to evict next, or None when there is none.
+        """The free cached block to evict next, or None when there is none; changes nothing.
 
-        Lowest ``recency + α·efficiency`` among candidates (both min-max normalised over them),
-        ties to the least recently released. If no free cached block is a candidate (every one
-        is an inner block of a chain that is still in use), the least recently released one.
+        Among the candidates, the lowest ``recency + α·efficiency`` (release order and FLOP
+        efficiency in the rule's variant, both min-max normalised over the candidates, as the core's
+        utility), ties to the least recently released. If no free cached block is a candidate
+        (every one is an inner block of a chain still in use, or a state with several children),
+        the same score over all free cached blocks. α and the variant are read from the α source
+        now (it may have switched since the last victim).
+
+        Exactly :func:`reference_victim`'s choice (the scan it replaced; a differential test holds
+        them equal), from :class:`~marconi.integrations.vllm.victim_index.VictimIndex`: O(1) at α = 0,
+        O(L) over the L efficiency levels (distinct prefix depths) among the free cached blocks
+        otherwise, independent of the pool's size; the index costs O(log n) per event.
         """
-        free = np.flatnonzero(self.free_cached)
-        if free.size == 0:
+        if not len(self._index):
             return None
-        pool = free[self.candidate[free]]
-        if pool.size == 0:
-            pool = free
-        seq = self.release_seq[pool]
-        scores = min_max(seq.astype(np.float64))   # the core's utility: the same normalisation and tie-break
         alpha, variant = self._current_rule()
-        if alpha:
-            scores = scores + alpha * min_max(self._flop_eff[variant][pool])
-        block = int(pool[argmin_ties_by_order(scores, seq)])
-        return Victim(block, REASONS[self.reason[block]])
+        block = self._index.victim(alpha, _VARIANT_IDS[variant])
+        assert block is not None
+        return tuple.__new__(Victim, (block, REASONS[self.reason[block]]))   # Victim(...) less a frame: hot path
 
     def describe(self) -> dict[str, Any]:
         alpha, variant = self._current_rule()
@@ -290,45 +321,71 @@ class BlockEvictionState:
             for row in self._flop_eff.values():
                 row[block_id] = 0.0
             self.reason[block_id] = _DEAD
+            self._sync(block_id, False, _NO_EFFS)
             return
         # A block holds one primary hash; partial (sub-block) entries are extra lookup keys on the
         # same block. Rank it by its deepest key: that is the prefix its contents complete.
-        prefix, group_id = max(keys, key=lambda k: self._prefixes[k[0]].depth)
+        prefix, group_id = keys[0] if len(keys) == 1 else max(keys, key=lambda k: self._prefixes[k[0]].depth)
         node = self._prefixes[prefix]
         cand, valued, reason = self._judge(node, prefix, group_id)
         self.candidate[block_id] = cand
-        for variant, row in self._flop_eff.items():
-            row[block_id] = self._eff(node.depth, variant) if valued else 0.0
+        effs = self._effs(node.depth) if valued else _NO_EFFS
+        for row, eff in zip(self._flop_eff.values(), effs):
+            row[block_id] = eff
         self.reason[block_id] = reason
+        self._sync(block_id, cand, effs)
+
+    def _sync(self, block_id: int, candidate: bool, effs: tuple[float, ...]) -> None:
+        """Mirror one block's rows into the victim index: a member iff free cached, in the
+        candidates' or the others' set, at its efficiencies (EFFICIENCIES order) and release_seq."""
+        seq = self._free_seq[block_id]
+        if seq:
+            self._index.place(block_id, CANDIDATES if candidate else OTHERS, effs, seq)
+        else:
+            self._index.discard(block_id)
 
     def _judge(self, node: _Prefix, prefix: Hashable, group_id: int) -> tuple[bool, bool, int]:
         """``(candidate, holds something a hit can use, reason)`` of a block keyed ``prefix``."""
-        if len(node.blocks[group_id]) > 1:              # a duplicate: another copy serves the hits
+        blocks = node.blocks
+        if len(blocks[group_id]) > 1:                   # a duplicate: another copy serves the hits
             return True, False, _DEAD
-        has_state = all(node.blocks[g] for g in self.mamba_groups)
-        has_kv = all(node.blocks[g] for g in self.attn_groups)
-        kv_children = sum(1 for c in self._children.get(prefix, ()) if self._has_any_kv(c))
+        kv_children = self._num_kv_children(prefix)
+        has_state = all(map(blocks.__getitem__, self.mamba_groups))
         if self.group_kinds[group_id] == ATTENTION:
             if kv_children:
                 return False, False, _KV_INNER
             if not has_state:
                 return True, False, _DEAD
             return True, True, _KV_LEAF
-        if not (has_state and has_kv):
+        if not (has_state and all(map(blocks.__getitem__, self.attn_groups))):
             return True, False, _DEAD
         return kv_children <= 1, True, _STATE
 
+    def _num_kv_children(self, prefix: Hashable) -> int:
+        """Children of ``prefix`` holding attention blocks: 0, 1, or 2 for two or more (all that
+        :meth:`_judge` asks; a shared system prompt may have thousands of children)."""
+        found = 0
+        for child in self._children.get(prefix, ()):
+            if self._has_any_kv(child):
+                found += 1
+                if found == 2:
+                    break
+        return found
+
     def _has_any_kv(self, prefix: Hashable) -> bool:
         node = self._prefixes.get(prefix)
-        return node is not None and any(node.blocks[g] for g in self.attn_groups)
+        return node is not None and any(map(node.blocks.__getitem__, self.attn_groups))
 
-    def _eff(self, depth: int, variant: str) -> float:
-        eff = self._eff_by_depth.get((depth, variant))
-        if eff is None:
+    def _effs(self, depth: int) -> tuple[float, ...]:
+        """FLOP efficiency of a ``depth``-token prefix in each variant (EFFICIENCIES order), as float64
+        (the rows store them so, and the victim index keys its levels by these exact values)."""
+        effs = self._effs_by_depth.get(depth)
+        if effs is None:
             edge = min(depth, self.block_size)
-            eff = self._eff_by_depth[(depth, variant)] = flop_efficiency(self.spec, depth, edge,
-                                                                         bool(self.mamba_groups), variant)
-        return eff
+            effs = self._effs_by_depth[depth] = tuple(
+                float(np.float64(flop_efficiency(self.spec, depth, edge, bool(self.mamba_groups), variant)))
+                for variant in EFFICIENCIES)
+        return effs
 
     # ------------------------------------------------------------------ checks
     def check_invariants(self, cached_keys: Iterable[tuple[int, Hashable, int]] | None = None) -> None:
@@ -344,6 +401,7 @@ class BlockEvictionState:
             assert not node.empty(), f"empty prefix {prefix!r} kept"
             if node.parent is not None:
                 assert prefix in self._children.get(node.parent, ()), "child link missing"
+        self._check_index()
         rows = (self.candidate, *self._flop_eff.values(), self.reason)
         snapshot = tuple(row.copy() for row in rows)
         for block_id in list(self._block_keys):
@@ -351,6 +409,39 @@ class BlockEvictionState:
         for before, after in zip(snapshot, rows):
             ids = list(self._block_keys)
             assert np.array_equal(before[ids], after[ids]), "stale candidate/efficiency arrays"
+        self._check_index()
+
+    def _check_index(self) -> None:
+        """The victim index holds exactly the free cached blocks, as their rows say."""
+        free_seq = np.where(self.free_cached, self.release_seq, 0)
+        assert free_seq.tolist() == self._free_seq, "free_seq mirror drifted"
+        rows = tuple(self._flop_eff.values())
+        expected = {int(b): (CANDIDATES if self.candidate[b] else OTHERS, tuple(float(row[b]) for row in rows),
+                             int(self.release_seq[b])) for b in np.flatnonzero(self.free_cached)}
+        self._index.check_invariants(expected)
+
+
+def reference_victim(state: BlockEvictionState) -> Victim | None:
+    """:meth:`BlockEvictionState.next_victim` by a scan of every free block: the specification the
+    victim index must match, kept for the differential tests and the benchmark. O(pool) numpy.
+
+    Among the candidates (all free cached blocks if none is one), argmin of the core's utility:
+    ``min_max(release_seq) + α·min_max(flop_eff[variant])`` (the α term only when α != 0), exact
+    ties to the smallest release_seq (:func:`~marconi.core.eviction.argmin_ties_by_order`).
+    """
+    free = np.flatnonzero(state.free_cached)
+    if free.size == 0:
+        return None
+    pool = free[state.candidate[free]]
+    if pool.size == 0:
+        pool = free
+    seq = state.release_seq[pool]
+    scores = min_max(seq.astype(np.float64))   # the core's utility: the same normalisation and tie-break
+    alpha, variant = state._current_rule()
+    if alpha:
+        scores = scores + alpha * min_max(state.flop_eff_of(variant)[pool])
+    block = int(pool[argmin_ties_by_order(scores, seq)])
+    return Victim(block, REASONS[state.reason[block]])
 
 
 def block_rule(rule: EvictionRule) -> tuple[float, str | None]:
@@ -375,3 +466,5 @@ def parent_depth(depth: int, block_size: int) -> int:
 
 
 _KV_LEAF, _KV_INNER, _STATE, _DEAD = range(len(REASONS))     # indices into REASONS
+_VARIANT_IDS = {variant: i for i, variant in enumerate(EFFICIENCIES)}   # the victim index's effs order
+_NO_EFFS = (0.0,) * len(EFFICIENCIES)                                 # a block holding nothing a hit can use
