@@ -27,6 +27,11 @@ is the emulation on the trace's own outputs, for reference.
 With ``--concurrency 1`` (the default) requests are served one at a time, which the emulation
 models exactly; higher concurrency batches requests and the emulation (one at a time) is then an
 approximation.
+
+Nothing is checked after the servers have run: the command checks its output paths
+(:func:`check_outputs`) and :class:`BenchConfig` every option before the trace loads, and the
+emulation of the trace's own outputs runs once the model is built, before any server starts, so a
+pool too small for a request (which vLLM would never schedule) is refused first.
 """
 
 from __future__ import annotations
@@ -55,7 +60,7 @@ from marconi.integrations.vllm.server import ServerConfig, VllmServer
 from marconi.workloads.trace import Request
 
 __all__ = ["BenchConfig", "BenchOutcome", "RunResult", "EmulatedRun", "select_requests", "run_bench", "emulate_run",
-           "policy_arm", "parse_policies", "alpha_changes", "bench_table", "plot_ttft_cdf", "write_fixture",
+           "policy_arm", "parse_policies", "parse_retention", "check_outputs", "alpha_changes", "bench_table", "plot_ttft_cdf", "write_fixture",
            "read_fixture", "encode_ids", "decode_ids"]
 
 
@@ -95,6 +100,17 @@ class BenchConfig:
             raise ConfigError("num_requests must be >= 1")
         if self.max_output_len is not None and self.max_output_len < 1:
             raise ConfigError("max_output_len must be >= 1")
+        if self.max_num_batched_tokens < 1:
+            raise ConfigError(f"--max-num-batched-tokens {self.max_num_batched_tokens}: must be >= 1")
+        block = self.block_size
+        unit = self.prefix_match_unit
+        if unit is not None and (unit < 1 or block % unit):
+            raise ConfigError(f"--prefix-match-unit {unit}: must divide the block of {self.model} ({block} tokens), "
+                              "e.g. 32, 64 or 128")
+        retention = self.retention_interval
+        if retention is not None and (retention < 0 or retention % block):
+            raise ConfigError(f"--retention {retention}: must be 0, none or a multiple of the block of {self.model} "
+                              f"({block} tokens), e.g. {2 * block}")
 
     @property
     def block_size(self) -> int:
@@ -110,6 +126,40 @@ def policy_arm(text: str, default_alpha: float | str = DEFAULT_ALPHA) -> tuple[s
     if parsed.name != "marconi" or set(parsed.params) - {"alpha"}:
         raise ConfigError(f"policy {text!r}: write lru, marconi or marconi:alpha=X (X a number or {ADAPTIVE})")
     return "marconi", parse_alpha(parsed.params.get("alpha", default_alpha), f"{text}: alpha")
+
+
+def parse_retention(text: str) -> int | None:
+    """``--retention``: ``none`` (None: a state at every block) or a whole number of tokens."""
+    if text.strip().lower() == "none":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise ConfigError(f"--retention {text!r}: write 0, none or a number of tokens (a multiple of the block)") from None
+
+
+def check_outputs(trace: str, *, out: str | None, plot: str | None, fixture: str | None) -> None:
+    """Refuse, before anything runs, an output the bench could not write after its servers ran:
+    a path that cannot be written or that names an input (the trace, its sidecar), two outputs on
+    one file, a ``--plot`` without matplotlib.
+
+    Raises:
+        ConfigError: naming the option and the path.
+        ModuleNotFoundError: matplotlib is missing and a plot is asked for.
+    """
+    from marconi.cli import read_files
+    from marconi.io import check_output
+
+    inputs = read_files(traces=[trace])
+    named = [(option, path) for option, path in (("--out", out), ("--plot", plot), ("--record-fixture", fixture))
+             if path]
+    for i, (option, path) in enumerate(named):
+        for other_option, other in named[:i]:
+            if Path(path).resolve() == Path(other).resolve():
+                raise ConfigError(f"{option} {path} is also {other_option}: give each output its own file")
+        check_output(path, inputs=inputs, option=option)
+    if plot:
+        import matplotlib  # noqa: F401  (a missing plotting extra is said now, not after the run)
 
 
 def parse_policies(text: str) -> tuple[str, ...]:
@@ -332,12 +382,13 @@ def run_bench(config: BenchConfig, progress: Progress | None = None) -> BenchOut
         f"tokens, {sum(max_tokens(r) for r in requests):,} output tokens")
     model_dir = build_model(config, say)
     spec = ModelSpec.from_hf_config(model_dir, name=config.model, bytes_per_elem=2)
+    # Needs no server, so it runs first: whatever the emulation refuses is refused before one starts.
+    sim_trace_hits = {policy: _emulate_trace(spec, config, requests, policy) for policy in config.policies}
     records, runs = [], []
     for run in serve_runs(config, model_dir, requests, say):
         policy = run.policy
         sim = emulate_run(spec, config, requests, run.outputs, policy)
-        sim_trace_hits = emulate_run(spec, config, requests, [r.output_tokens for r in requests], policy).hits
-        rec = make_record(config, trace_info, spec, requests, indices, run, sim, sim_trace_hits)
+        rec = make_record(config, trace_info, spec, requests, indices, run, sim, sim_trace_hits[policy])
         say(f"[{policy}] vLLM token hit rate {100 * rec['token_hit_rate']:.2f}%, emulation "
             f"{100 * rec['sim_token_hit_rate']:.2f}% ({rec['emulation_error_pp']:+.2f} pp, "
             f"{rec['emulation_requests_exact']}/{len(requests)} requests exact), TTFT P50 "
@@ -345,6 +396,16 @@ def run_bench(config: BenchConfig, progress: Progress | None = None) -> BenchOut
         records.append(rec)
         runs.append(run)
     return BenchOutcome(records, runs, requests, indices, spec)
+
+
+def _emulate_trace(spec: ModelSpec, config: BenchConfig, requests: Sequence[Request], policy: str) -> list[int]:
+    """The emulation's hits on the trace's own outputs (``sim_trace_token_hit_rate``); ConfigError
+    naming ``--blocks`` where the pool cannot serve a request (vLLM would never schedule it)."""
+    try:
+        return emulate_run(spec, config, requests, [r.output_tokens for r in requests], policy).hits
+    except ConfigError as exc:
+        raise ConfigError(f"--blocks {config.num_blocks} cannot serve this trace ({policy}): {exc} — here: raise "
+                          "--blocks or lower --max-input-len (no server was started)") from None
 
 
 def bench_table(records: Sequence[dict[str, Any]]) -> str:

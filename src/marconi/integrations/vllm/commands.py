@@ -124,15 +124,18 @@ def _cmd_replay(args: argparse.Namespace) -> int:
 
 def _cmd_bench(args: argparse.Namespace) -> int:
     from marconi.sim.sweep import write_records
-    from marconi.integrations.vllm.bench import BenchConfig, bench_table, parse_policies, plot_ttft_cdf, run_bench, write_fixture
+    from marconi.integrations.vllm.bench import (BenchConfig, bench_table, check_outputs, parse_policies, parse_retention,
+                                                 plot_ttft_cdf, run_bench, write_fixture)
 
+    # Every option is checked before the trace loads and any server starts (issue 21, bug 14).
+    check_outputs(args.trace, out=args.out, plot=args.plot, fixture=args.record_fixture)
     config = BenchConfig(vllm_python=args.vllm_python, model=args.model, trace=args.trace,
                          max_input_len=args.max_input_len, num_requests=args.num_requests,
                          max_output_len=args.max_output_len, num_blocks=args.blocks,
                          policies=parse_policies(args.policies), alpha=args.alpha,
                          concurrency=args.concurrency, max_num_batched_tokens=args.max_num_batched_tokens,
                          prefix_match_unit=args.prefix_match_unit,
-                         retention_interval=None if args.retention.strip().lower() == "none" else int(args.retention),
+                         retention_interval=parse_retention(args.retention),
                          work_dir=args.work_dir)
     outcome = run_bench(config)
     records = outcome.records

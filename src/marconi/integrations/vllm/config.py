@@ -14,12 +14,25 @@ variable                           meaning
 ``MARCONI_VLLM_ADAPTIVE_RULES``    with ``adaptive``: the rule family (default ``lru/a0.5m/a2m``)
 ``MARCONI_VLLM_ALPHA_SOURCE``      ``module:factory`` returning an :class:`~marconi.integrations.common.alpha.AlphaSource`
                                    (called as ``factory(spec, config)``); overrides a numeric
-                                   ``MARCONI_VLLM_ALPHA`` (with ``adaptive`` it is an error)
+                                   ``MARCONI_VLLM_ALPHA`` (with ``adaptive`` it is an error).
+                                   It runs arbitrary code: see below
 ``MARCONI_VLLM_EFFICIENCY``        ``total`` (default, the paper's) or ``marginal``; not with
                                    ``adaptive`` (its rules name their own)
 ``MARCONI_VLLM_TRACE``             a path: the engine core appends every block-pool event as JSONL
 ``MARCONI_VLLM_MAMBA2_CPU_FIX``    ``auto`` (default) or ``off``: see :mod:`marconi.integrations.vllm.plugin`
 =================================  =================================================================
+
+**An α source runs arbitrary code.** ``MARCONI_VLLM_ALPHA_SOURCE=module:factory`` (and the
+simulator's ``vllm-align:alpha_source=module:factory``) imports ``module`` — executing its code — in
+every process that reads the setting (each vLLM process at registration; the simulator's workers),
+then calls ``factory`` in the engine core (once per block pool) and ``observe`` after every
+request. Name only modules you trust, as you would a ``--model`` with custom code.
+
+**Errors.** :meth:`PluginConfig.from_env` raises :class:`ConfigError` naming the variable and its
+value. With no policy set the plugin must never stop stock vLLM, so registration reads
+:meth:`PluginConfig.lenient_from_env`, which ignores (and returns, to be warned about) what only a
+policy would use. :meth:`PluginConfig.check_runnable` is the part that touches the system: the
+trace can be appended to, the α source's module imports.
 """
 
 from __future__ import annotations
@@ -28,7 +41,7 @@ import importlib
 import math
 import os
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, TextIO
 
 from marconi.core.registry import ConfigError
 from marconi.integrations.common.alpha import AlphaSource, FixedAlpha
@@ -36,7 +49,7 @@ from marconi.integrations.vllm.policy import DEFAULT_ALPHA, EFFICIENCIES, POLICI
 from marconi.integrations.vllm.shadow import PoolShadowAlpha
 
 __all__ = ["PluginConfig", "ENV_POLICY", "ENV_ALPHA", "ENV_ADAPTIVE_RULES", "ENV_ALPHA_SOURCE", "ENV_EFFICIENCY",
-           "ENV_TRACE", "ENV_MAMBA2_CPU_FIX", "ADAPTIVE", "parse_alpha"]
+           "ENV_TRACE", "ENV_MAMBA2_CPU_FIX", "ADAPTIVE", "parse_alpha", "load_alpha_factory"]
 
 ENV_POLICY = "MARCONI_VLLM_POLICY"
 ENV_ALPHA = "MARCONI_VLLM_ALPHA"
@@ -65,6 +78,47 @@ def parse_alpha(raw: Any, where: str = ENV_ALPHA) -> float | str:
     return float(raw)
 
 
+def _check_factory_name(text: str, where: str) -> tuple[str, str]:
+    module_name, sep, attr = text.partition(":")
+    if not sep or not module_name.strip() or not attr.strip():
+        raise ConfigError(f"{where}={text!r}: write module:factory (a module to import, a callable in it)")
+    return module_name.strip(), attr.strip()
+
+
+def load_alpha_factory(text: str, where: str = ENV_ALPHA_SOURCE) -> Callable[..., AlphaSource]:
+    """The callable that ``module:factory`` names. This imports ``module``, so it runs that module's
+    code (see the module docstring). ``where`` names the setting in errors.
+
+    Raises:
+        ConfigError: not ``module:factory``, the module fails to import (whatever it raised), it has
+            no such attribute, or the attribute is not callable.
+    """
+    module_name, attr = _check_factory_name(text, where)
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # the user's module: any error on import is this setting's
+        raise ConfigError(f"{where}={text!r}: cannot load it ({type(exc).__name__}: {exc})") from exc
+    try:
+        factory = getattr(module, attr)
+    except AttributeError:
+        raise ConfigError(f"{where}={text!r}: cannot load it (module {module_name} has no {attr!r})") from None
+    if not callable(factory):
+        raise ConfigError(f"{where}={text!r}: {attr} is not callable (its type is {type(factory).__name__}); "
+                          "name a function or class, called as factory(spec, config)")
+    return factory
+
+
+def _policy_from_env(env: Mapping[str, str]) -> str | None:
+    return env.get(ENV_POLICY, "").strip().lower() or None
+
+
+def _mamba2_cpu_fix_from_env(env: Mapping[str, str]) -> bool:
+    fix = env.get(ENV_MAMBA2_CPU_FIX, "auto").strip().lower()
+    if fix not in ("auto", "off"):
+        raise ConfigError(f"{ENV_MAMBA2_CPU_FIX}={fix!r}: choose auto or off")
+    return fix == "auto"
+
+
 @dataclass(frozen=True, slots=True)
 class PluginConfig:
     """What the plugin does in this process. ``policy=None``: nothing (stock vLLM).
@@ -87,8 +141,8 @@ class PluginConfig:
         object.__setattr__(self, "alpha", parse_alpha(self.alpha))
         if self.efficiency not in EFFICIENCIES:
             raise ConfigError(f"{ENV_EFFICIENCY}={self.efficiency!r}: choose one of {', '.join(EFFICIENCIES)}")
-        if self.alpha_source is not None and ":" not in self.alpha_source:
-            raise ConfigError(f"{ENV_ALPHA_SOURCE}={self.alpha_source!r}: write module:factory")
+        if self.alpha_source is not None:
+            _check_factory_name(self.alpha_source, ENV_ALPHA_SOURCE)
         if self.adaptive:
             if self.policy != "marconi":       # else it would silently serve stock eviction
                 raise ConfigError(f"{ENV_ALPHA}={ADAPTIVE} picks Marconi's eviction rule online: set "
@@ -109,21 +163,71 @@ class PluginConfig:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "PluginConfig":
+        """The configuration the environment (default ``os.environ``) gives; ConfigError naming the
+        variable and its value for anything wrong."""
         env = os.environ if env is None else env
-        policy = env.get(ENV_POLICY, "").strip().lower() or None
+        policy = _policy_from_env(env)
         raw_alpha = env.get(ENV_ALPHA, "").strip()
         alpha = parse_alpha(raw_alpha) if raw_alpha else DEFAULT_ALPHA
-        fix = env.get(ENV_MAMBA2_CPU_FIX, "auto").strip().lower()
-        if fix not in ("auto", "off"):
-            raise ConfigError(f"{ENV_MAMBA2_CPU_FIX}={fix!r}: choose auto or off")
+        fix = _mamba2_cpu_fix_from_env(env)
         efficiency = env.get(ENV_EFFICIENCY, "").strip().lower()
         if alpha == ADAPTIVE and efficiency:
             raise ConfigError(f"{ENV_ALPHA}={ADAPTIVE}: its rules choose the efficiency (lru/a0.5m/a2m: marginal); "
                               f"unset {ENV_EFFICIENCY}={efficiency!r}")
         return cls(policy=policy, alpha=alpha, alpha_source=env.get(ENV_ALPHA_SOURCE, "").strip() or None,
                    efficiency=efficiency or "total", trace_path=env.get(ENV_TRACE, "").strip() or None,
-                   mamba2_cpu_fix=fix == "auto",
+                   mamba2_cpu_fix=fix,
                    adaptive_rules=env.get(ENV_ADAPTIVE_RULES, "").strip() or DEFAULT_RULES)
+
+    @classmethod
+    def lenient_from_env(cls, env: Mapping[str, str] | None = None) -> tuple["PluginConfig", list[str]]:
+        """:meth:`from_env`, except that with ``MARCONI_VLLM_POLICY`` unset it never raises.
+
+        Without a policy the plugin only applies the Mamba-2 CPU fix, so a wrong value elsewhere
+        must not stop stock vLLM: it is ignored. Returns the configuration and the problems ignored
+        (each a :meth:`from_env` message; empty when it accepts the environment). A wrong
+        ``MARCONI_VLLM_MAMBA2_CPU_FIX`` then keeps its default, ``auto``.
+
+        Raises:
+            ConfigError: a policy is set and :meth:`from_env` refuses the environment.
+        """
+        env = os.environ if env is None else env
+        try:
+            return cls.from_env(env), []
+        except ConfigError as exc:
+            if _policy_from_env(env) is not None:
+                raise
+            problems = [str(exc)]
+        try:
+            fix = _mamba2_cpu_fix_from_env(env)
+        except ConfigError as exc:
+            fix = True
+            if str(exc) not in problems:
+                problems.append(str(exc))
+        return cls(mamba2_cpu_fix=fix), problems
+
+    def check_runnable(self) -> None:
+        """Check, in this process, what :meth:`from_env` cannot: the trace can be appended to (it is
+        opened, so created if missing, and closed) and the α source's factory loads (its module is
+        imported: that runs its code). Called at registration, before a server starts.
+
+        Raises:
+            ConfigError: naming the variable and its value.
+        """
+        if self.trace_path is not None:
+            self.open_trace().close()
+        if self.alpha_source is not None:
+            load_alpha_factory(self.alpha_source)
+
+    def open_trace(self) -> TextIO:
+        """The block trace, opened for appending, line-buffered (ConfigError naming ``MARCONI_VLLM_TRACE``)."""
+        if self.trace_path is None:
+            raise ConfigError(f"{ENV_TRACE} is unset: there is no trace to open")
+        try:
+            return open(self.trace_path, "a", buffering=1)
+        except OSError as exc:
+            raise ConfigError(f"{ENV_TRACE}={self.trace_path!r}: cannot append to it ({exc.strerror or exc}); "
+                              f"fix the path or unset {ENV_TRACE} (eviction does not need the trace)") from None
 
     def to_env(self) -> dict[str, str]:
         """The environment that reproduces this configuration (for launching a server)."""
@@ -139,22 +243,32 @@ class PluginConfig:
             env[ENV_TRACE] = self.trace_path
         return env
 
-    def make_alpha_source(self, spec: Any) -> AlphaSource:
+    def make_alpha_source(self, spec: Any, where: str = ENV_ALPHA_SOURCE) -> AlphaSource:
         """A fresh α source as configured (sources keep state: one per pool): ``factory(spec, config)``
-        if given, the shadow α source (``adaptive``), or a fixed α."""
+        if given, the shadow α source (``adaptive``), or a fixed α.
+
+        A factory runs arbitrary code: its module is imported and it is called here (see the
+        module docstring).
+
+        Raises:
+            ConfigError: the factory cannot be loaded, raises (whatever it raised, chained), or
+                returns something that is not an α source; ``where`` names the setting (the
+                simulator passes ``vllm-align: alpha_source``).
+        """
         if self.adaptive:
             return PoolShadowAlpha(self.adaptive_rules)
         if self.alpha_source is None:
             assert isinstance(self.alpha, float)
             return FixedAlpha(self.alpha)
-        module_name, _, attr = self.alpha_source.partition(":")
+        factory = load_alpha_factory(self.alpha_source, where)
+        name = self.alpha_source.partition(":")[2].strip()
         try:
-            factory: Callable[..., AlphaSource] = getattr(importlib.import_module(module_name), attr)
-        except (ImportError, AttributeError) as exc:
-            raise ConfigError(f"{ENV_ALPHA_SOURCE}={self.alpha_source!r}: cannot load it ({exc})") from None
-        source = factory(spec, self)
+            source = factory(spec, self)
+        except Exception as exc:  # the user's code: its failure is this setting's, said as such
+            raise ConfigError(f"{where}={self.alpha_source!r}: {name}(spec, config) raised "
+                              f"{type(exc).__name__}: {exc}") from exc
         missing = [m for m in ("alpha", "efficiency", "observe") if not callable(getattr(source, m, None))]
         if missing:
-            raise ConfigError(f"{ENV_ALPHA_SOURCE}={self.alpha_source!r} returned {source!r}, which lacks "
+            raise ConfigError(f"{where}={self.alpha_source!r} returned {source!r}, which lacks "
                               f"{', '.join(missing)} (an alpha source has alpha(), efficiency() and observe(event))")
         return source

@@ -17,6 +17,10 @@ EAGLE, as in vLLM), ``chunk`` (``max_num_batched_tokens``), ``eviction`` (``lru`
 ``alpha=adaptive``: the family, ``lru/a0.5m/a2m`` by default, as ``MARCONI_VLLM_ADAPTIVE_RULES``),
 ``alpha_source`` (``module:factory``, as the plugin's ``MARCONI_VLLM_ALPHA_SOURCE``), ``attn_first``
 (the model's first layer is attention).
+
+``alpha_source`` runs arbitrary code: its module is imported when the name is read (so a typo
+fails before any point runs) and in every worker, and its factory is called for every cache built
+(see :mod:`marconi.integrations.vllm.config`). Its errors name ``vllm-align: alpha_source``.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from marconi.core.cache import PayloadOps
 from marconi.core.model import ModelSpec, get_model
 from marconi.core.registry import ConfigError
 from marconi.integrations.common.alpha import AlphaSource
-from marconi.integrations.vllm.config import ADAPTIVE, DEFAULT_RULES, PluginConfig, parse_alpha
+from marconi.integrations.vllm.config import ADAPTIVE, DEFAULT_RULES, PluginConfig, load_alpha_factory, parse_alpha
 from marconi.integrations.vllm.emulate.cache import VllmAlignCache
 from marconi.integrations.vllm.emulate.layout import layout_for_spec
 from marconi.integrations.vllm.policy import DEFAULT_ALPHA, EFFICIENCIES
@@ -75,7 +79,7 @@ class VllmAlignSystem:
         layout = layout_for_spec(spec, capacity_bytes=None if self.num_blocks else capacity_bytes,
                                  num_blocks=self.num_blocks, block_size=self.block_size, **dict(self.layout_options))
         # A fresh source per cache, built exactly as the plugin builds its own.
-        alpha: AlphaSource = self.plugin_config().make_alpha_source(spec)
+        alpha: AlphaSource = self.plugin_config().make_alpha_source(spec, where=_ALPHA_SOURCE)
         # No clock: vLLM's recency is the order blocks return to its free queue, not time.
         return VllmAlignCache(spec, layout, eviction=self.policy, alpha=alpha, efficiency=self.efficiency)
 
@@ -93,6 +97,9 @@ class VllmAlignSystem:
         """The plugin configuration this system emulates."""
         return PluginConfig(policy=self.policy, alpha=self.alpha, alpha_source=self.alpha_source,
                             efficiency=self.efficiency, adaptive_rules=self.rules)
+
+
+_ALPHA_SOURCE = "vllm-align: alpha_source"     # how errors name the parameter (not the plugin's variable)
 
 
 def _retention(text: str) -> int | None:
@@ -132,6 +139,8 @@ def _vllm_align(block: int = 0, blocks: int = 0, match_unit: int = 0, retention:
         PoolShadowAlpha(rules)               # every rule must map onto the block policy
     elif rules != DEFAULT_RULES:
         raise ConfigError("vllm-align: rules= needs alpha=adaptive")
+    if alpha_source:
+        load_alpha_factory(alpha_source, _ALPHA_SOURCE)   # a typo fails with the name, before any point runs
     options: dict[str, Any] = {"retention_interval": _retention(retention), "shared_prefix_checkpoint": shared_prefix,
                                "max_num_batched_tokens": chunk, "kernel_alignment": kernel_align,
                                "mamba_first": not attn_first}
