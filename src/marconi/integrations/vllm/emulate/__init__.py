@@ -14,6 +14,9 @@ own (``vllm/v1/core``), and functions are named after the ones they mirror:
 * :mod:`.managers` — ``single_type_kv_cache_manager.py``: the attention and Mamba group managers;
 * :mod:`.engine` — ``kv_cache_manager.py``, ``kv_cache_coordinator.py`` and ``sched/scheduler.py``:
   :class:`~.engine.VllmAlignEngine`, lookup, prefill split, allocation, free;
+* :mod:`.scheduler` — ``sched/scheduler.py``'s loop: requests in flight, the token budget,
+  chunked prefill, recompute preemption (:func:`~.scheduler.emulate_closed_loop`, what
+  ``marconi vllm replay --concurrency C`` compares with vLLM's counters);
 * :mod:`.cache` — :class:`~.cache.VllmAlignCache`, the engine as a
   :class:`~marconi.core.protocol.ReplayCache` for the simulator (the ``vllm-align`` system).
 
@@ -41,8 +44,11 @@ With ``prefix_match_unit`` finer than the block, hits may land inside a block: e
 hash boundary is registered as a partial entry (the prefill stops there so a state exists), and a
 block shared with the cache at such a hit is copied on write — vLLM's partial-hash-hit paths.
 
-Limits: requests are served one at a time (``begin`` runs the whole prefill, ``finish`` the decode
-and the free); concurrent batching, preemption, EAGLE (hence the shared-prefix checkpoint), KV
-connectors and sliding windows are not modelled.
+Limits: the simulator's cache (:mod:`.cache`) serves requests one at a time (``begin`` runs the whole
+prefill, ``finish`` the decode and the free); :mod:`.scheduler` runs them concurrently, step by
+step. Not modelled: Mamba2's internal prefill checkpoint (vLLM 0.32 exports the prompt's boundary
+state from one unsplit chunk for ``mamba_mixer2`` models such as Nemotron-H and Falcon-H1: same
+cached states, different chunking), EAGLE (hence the shared-prefix checkpoint), KV connectors and
+sliding windows.
 """
 

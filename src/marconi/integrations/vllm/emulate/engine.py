@@ -91,6 +91,7 @@ class VllmAlignEngine:
         self.hits += hit
         first = True
         while req.num_computed_tokens < req.num_prompt_tokens:
+            self.new_step_starts()
             start = hit if first else req.num_computed_tokens
             num_new = min(req.num_prompt_tokens - start, self.layout.max_num_batched_tokens)
             if 0 < self.layout.long_prefill_token_threshold < num_new:
@@ -112,6 +113,7 @@ class VllmAlignEngine:
             req.tokens = np.concatenate((req.tokens[:req.num_prompt_tokens], out))
             req.append_output()                   # the prefill's last step samples the first token
             for _ in range(1, len(out)):          # each decode step computes one token, samples the next
+                self.new_step_starts()
                 self.allocate_slots(req, 1, 0, None)
                 self.release_copies()
                 req.num_computed_tokens += 1
@@ -130,7 +132,7 @@ class VllmAlignEngine:
         Returns the hit blocks per group, the hit length, and the attention-only hit length (the
         longest single-group hit). Sets the request's shared-prefix boundary as the scheduler does.
         """
-        max_len = req.num_prompt_tokens - 1
+        max_len = req.num_tokens - 1          # a resumed (preempted) request also matches its outputs
         blocks: list[list[Block]] = [[] for _ in self.managers]
         attn = self.managers[self.attn_ids[0]]
         attn_blocks, hit = attn.find_longest_cache_hit(req, max_len, self.attn_ids)
@@ -179,19 +181,44 @@ class VllmAlignEngine:
         end = min((s for s in stops if start < s < end), default=end)
         return max(end - start, 0)
 
+    def new_step_starts(self) -> None:
+        """``KVCacheManager.new_step_starts``: forget which states were cached in the last step."""
+        for gid in self.mamba_ids:
+            self.managers[gid].new_step_starts()
+
     def allocate_slots(self, req: RequestState, num_new: int, num_new_computed: int,
                        new_computed: list[list[Block]] | None) -> None:
+        """:meth:`try_allocate_slots` for requests served one at a time: ConfigError if it does not fit."""
+        if not self.try_allocate_slots(req, num_new, num_new_computed, new_computed):
+            raise ConfigError(f"vllm-align: a {req.num_prompt_tokens}-token request needs more free blocks at "
+                              f"{req.num_computed_tokens + num_new_computed + num_new} tokens than the pool has "
+                              f"({self.pool.num_free} of {self.layout.num_blocks}); vLLM would never schedule it "
+                              f"— raise the capacity")
+
+    def _blocks_needed(self, req: RequestState, num_tokens: int, new_computed: list[list[Block]] | None,
+                       total_computed: int) -> int:
+        return sum(m.num_blocks_to_allocate(req, num_tokens, new_computed[g] if new_computed else [], total_computed)
+                   for g, m in enumerate(self.managers))
+
+    def try_allocate_slots(self, req: RequestState, num_new: int, num_new_computed: int,
+                           new_computed: list[list[Block]] | None, *, full_sequence_must_fit: bool = False) -> bool:
+        """``KVCacheManager.allocate_slots``: take the hit's blocks, allocate ``num_new`` tokens' slots and
+        cache the blocks they fill; False (vLLM's None) when the free blocks do not suffice.
+
+        ``full_sequence_must_fit``: vLLM's admission gate (``scheduler_reserve_full_isl``, on by
+        default) for a waiting request: refuse unless the whole known sequence fits. On refusal only
+        the skipped blocks have been released, as in vLLM.
+        """
         self.pool.emit("slots", req.num_computed_tokens, num_new_computed, num_new, 0)
         total_computed = req.num_computed_tokens + num_new_computed
+        if full_sequence_must_fit and self._blocks_needed(req, req.num_tokens, new_computed,
+                                                          total_computed) > self.pool.num_free:
+            return False
         for manager in self.managers:
             manager.remove_skipped_blocks(req, total_computed)
         num_tokens = total_computed + num_new
-        need = sum(m.num_blocks_to_allocate(req, num_tokens, new_computed[g] if new_computed else [], total_computed)
-                   for g, m in enumerate(self.managers))
-        if need > self.pool.num_free:
-            raise ConfigError(f"vllm-align: a {req.num_prompt_tokens}-token request needs {need} free blocks at "
-                              f"{num_tokens} tokens but the pool has {self.pool.num_free} of "
-                              f"{self.layout.num_blocks}; vLLM would never schedule it — raise the capacity")
+        if self._blocks_needed(req, num_tokens, new_computed, total_computed) > self.pool.num_free:
+            return False
         if new_computed is not None and any(new_computed):
             for g, manager in enumerate(self.managers):
                 manager.add_local_computed_blocks(req, new_computed[g], total_computed)
@@ -199,6 +226,7 @@ class VllmAlignEngine:
             manager.allocate_new_blocks(req, num_tokens)
         for manager in self.managers:
             manager.cache_blocks(req, min(num_tokens, req.num_tokens))
+        return True
 
     def release_copies(self) -> None:
         """End of vLLM's scheduling step: blocks held for this step's copy-on-writes go back."""

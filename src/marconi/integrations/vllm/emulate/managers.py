@@ -154,6 +154,12 @@ class MambaManager(GroupManager):
         self.last_state_block_idx: dict[int, int] = {}
         self.num_retired_blocks: dict[int, int] = {}
         self.allocated: set[int] = set()
+        # Keys of the states cached in this scheduling step: another request cannot resume from them
+        # until the step has run (vLLM's ``cached_blocks_this_step``).
+        self.cached_this_step: set[tuple[bytes, int]] = set()
+
+    def new_step_starts(self) -> None:
+        self.cached_this_step.clear()
 
     def num_skipped_tokens(self, num_computed: int) -> int:
         return num_computed - 1                                  # Mamba keeps only the last state
@@ -196,6 +202,8 @@ class MambaManager(GroupManager):
 
     def num_blocks_to_allocate(self, req: RequestState, num_tokens: int, new_computed: list[Block],
                                num_local_computed: int) -> int:
+        if new_computed and new_computed[-1].key in self.cached_this_step:
+            return self.pool.layout.num_blocks + 1         # as vLLM: never fits, so it waits a step
         held = len(self.req_to_blocks.get(req.rid, ()))
         num_new = cdiv(num_tokens, self.block_size) - len(new_computed) - held
         partial = self.has_partial_local_hit(new_computed, num_local_computed) or req.rid in self.partial_hit_reqs
@@ -230,6 +238,8 @@ class MambaManager(GroupManager):
                 # which the copy fills with the boundary state.
                 assert blocks[idx] is source
                 self.pool.move_block_hashes(source, cow)
+                if cow.key is not None:        # filled only by this step's copy
+                    self.cached_this_step.add(cow.key)
                 self.pending_copies.append((source, cow))
                 source.ref_cnt += 1
             else:
@@ -266,8 +276,10 @@ class MambaManager(GroupManager):
             if req.shared_prefix_boundary:
                 boundaries.append(req.shared_prefix_boundary)
             mask = self.reachable_block_mask(num_cached, num_full, boundaries)
-            self.pool.cache_full_blocks(req, self.req_to_blocks[req.rid], num_cached, num_full, self.group_id, mask)
+            blocks = self.req_to_blocks[req.rid]
+            self.pool.cache_full_blocks(req, blocks, num_cached, num_full, self.group_id, mask)
             self.num_cached_block[req.rid] = num_full
+            self.cached_this_step.update(b.key for b in blocks[num_cached:num_full] if b.key is not None)
         self._cache_partial_tail_block(req, num_tokens)
 
     def _cache_partial_tail_block(self, req: RequestState, num_tokens: int) -> None:
@@ -283,6 +295,8 @@ class MambaManager(GroupManager):
         if idx >= len(blocks) or blocks[idx] is self.pool.null:
             return
         key = self.pool.cache_partial_block(req, blocks[idx], num_tokens, self.group_id)
+        if key is not None:
+            self.cached_this_step.add(key)
         if key is not None and num_tokens % self.block_size:
             self.partial_hit_reqs[req.rid] = (idx, blocks[idx])
             self.num_cached_block[req.rid] = idx

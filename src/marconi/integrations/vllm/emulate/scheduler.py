@@ -1,0 +1,309 @@
+"""vLLM 0.32's scheduler loop over the emulated block manager: requests in flight, step by step.
+
+Mirrors ``Scheduler.schedule`` / ``update_from_output`` (``vllm/v1/core/sched/scheduler.py``) as far
+as prefix-cache decisions depend on them, over :class:`~.engine.VllmAlignEngine`'s pool and managers:
+
+* each step has a token budget (``max_num_batched_tokens``); running requests are scheduled first,
+  in order (a prefill chunk or one decode token each, Mamba-aligned as vLLM splits them), then
+  waiting ones from the queue's head while the budget, ``max_num_seqs`` and the pool allow;
+* a waiting request looks up the cache when it is tried (``get_computed_blocks``); its blocks are
+  cached as ``allocate_slots`` schedules them, so a later request sees only what has been
+  scheduled so far. It cannot resume from a state cached in the same step (vLLM's
+  ``cached_blocks_this_step``: it waits a step), and it is admitted only if its whole known
+  sequence fits (``scheduler_reserve_full_isl``, vLLM's default); otherwise the waiting queue stops;
+* a running request that cannot get its slots preempts the last running request (possibly
+  itself): vLLM's recompute preemption frees its blocks and puts it back at the queue's head; no
+  new request is admitted in a step that preempted;
+* after the step, a request that reached the end of its known tokens samples the next token of
+  its trace output; one that has them all finishes: its blocks are freed and it goes to the α
+  source, as the plugin does after ``_free_request``.
+
+:func:`emulate_closed_loop` drives a trace through it as ``marconi vllm replay --concurrency C``
+drives vLLM (a session's turns in order; at most C requests admitted and unfinished). Counters are
+vLLM's: ``queries``/``hits`` count first admissions only (a preempted request's second lookup goes
+to vLLM's ``preempted_*`` counters), and a record's hit is its ``num_cached_tokens``.
+
+Not modelled: async scheduling, speculative decoding, KV connectors, priority scheduling, the
+watermark (0 by default), ``max_model_len`` caps, the adaptive long-prefill threshold.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Hashable, Sequence
+
+import numpy as np
+
+from marconi.core.cache import as_tokens
+from marconi.core.registry import ConfigError
+from marconi.integrations.common.alpha import RequestObservation
+from marconi.integrations.vllm.emulate.engine import RequestRecord, VllmAlignEngine
+from marconi.integrations.vllm.emulate.request import RequestState
+
+__all__ = ["ScheduledRequest", "VllmAlignScheduler", "ClosedLoopResult", "emulate_closed_loop"]
+
+
+class ScheduledRequest:
+    """One request in the scheduler: its block-manager state, its trace output, its progress."""
+
+    __slots__ = ("index", "state", "num_outputs", "max_tokens", "num_output_tokens", "num_preemptions",
+                 "record", "finished")
+
+    def __init__(self, index: int, state: RequestState, outputs: np.ndarray) -> None:
+        self.index = index
+        self.state = state
+        self.num_outputs = len(outputs)
+        self.max_tokens = max(1, len(outputs))      # the replay asks for at least one token
+        self.num_output_tokens = 0
+        self.num_preemptions = 0
+        self.record: RequestRecord | None = None    # set at the first admission
+        self.finished = False
+
+
+class VllmAlignScheduler:
+    """vLLM's scheduler loop (see the module docstring) over one :class:`~.engine.VllmAlignEngine`.
+
+    ``add(prompt, outputs)`` queues a request; ``step()`` runs one scheduling step and its stub
+    model output, and returns the requests that finished in it. ``running`` and ``waiting`` are
+    vLLM's queues (read them; do not edit).
+    """
+
+    def __init__(self, engine: VllmAlignEngine, *, max_num_seqs: int = 256) -> None:
+        if max_num_seqs < 1:
+            raise ConfigError(f"vllm-align: max_num_seqs must be >= 1, got {max_num_seqs}")
+        self.engine = engine
+        self.max_num_seqs = max_num_seqs
+        self.running: list[ScheduledRequest] = []
+        self.waiting: deque[ScheduledRequest] = deque()
+        self.num_steps = 0
+        self.num_preemptions = 0
+        self._num_added = 0
+
+    def add(self, prompt: Any, outputs: Any = ()) -> ScheduledRequest:
+        """Queue a request at the waiting queue's tail (vLLM's ``add_request``)."""
+        engine = self.engine
+        tokens = as_tokens(prompt, "prompt")
+        out = as_tokens(outputs, "outputs", allow_empty=True)
+        # The whole known sequence (an empty output samples one token: 0, as the replay's stub does).
+        sequence = np.concatenate((tokens, out if out.size else np.zeros(1, dtype=tokens.dtype)))
+        state = RequestState(engine._next_rid, sequence, len(tokens), engine.layout.hash_block_size)
+        engine._next_rid += 1
+        req = ScheduledRequest(self._num_added, state, out)
+        self._num_added += 1
+        self.waiting.append(req)
+        return req
+
+    @property
+    def has_requests(self) -> bool:
+        return bool(self.running or self.waiting)
+
+    # --------------------------------------------------------------- one step
+    def step(self) -> list[ScheduledRequest]:
+        """``schedule()`` then ``update_from_output()``; the requests finished in this step, in order.
+
+        Raises ConfigError if nothing can be scheduled and nothing was preempted (a request that
+        does not fit the pool alone: vLLM would never schedule it).
+        """
+        engine = self.engine
+        engine.new_step_starts()
+        self.num_steps += 1
+        budget = engine.layout.max_num_batched_tokens
+        num_eligible = len(self.running) + len(self.waiting)
+        threshold = engine.layout.long_prefill_token_threshold if num_eligible > 1 else 0
+        scheduled: list[tuple[ScheduledRequest, int]] = []
+        preempted = self._schedule_running(budget, threshold, scheduled)
+        budget -= sum(n for _, n in scheduled)
+        if not preempted:
+            self._schedule_waiting(budget, threshold, scheduled)
+        if not scheduled and not preempted:      # an empty step after a preemption is vLLM's too
+            req = (self.waiting or self.running)[0]
+            raise ConfigError(f"vllm-align: a {req.state.num_prompt_tokens}-token request does not fit the pool "
+                              f"({engine.layout.num_blocks} blocks, {engine.pool.num_free} free) even alone; "
+                              f"vLLM would never schedule it — raise the capacity")
+        engine.release_copies()                    # end of schedule(): this step's copy-on-write sources
+        for req, num in scheduled:                 # _update_after_schedule
+            req.state.num_computed_tokens += num
+        return self._update_from_output(scheduled)
+
+    def _chunk(self, req: ScheduledRequest, start: int, budget: int, threshold: int) -> int:
+        num_new = req.state.num_tokens - start
+        if 0 < threshold < num_new:
+            num_new = threshold
+        num_new = min(num_new, budget)
+        if self.engine.layout.has_mamba:
+            num_new = self.engine._mamba_block_aligned_split(req.state, start, num_new)
+        return num_new
+
+    def _schedule_running(self, budget: int, threshold: int, scheduled: list[tuple[ScheduledRequest, int]]) -> bool:
+        """The running requests, in order; True if any was preempted."""
+        engine, preempted = self.engine, False
+        i = 0
+        while i < len(self.running) and budget > 0:
+            req = self.running[i]
+            num_new = self._chunk(req, req.state.num_computed_tokens, budget, threshold)
+            if num_new == 0:
+                i += 1
+                continue
+            while not (ok := engine.try_allocate_slots(req.state, num_new, 0, None)):
+                victim = self.running.pop()        # the lowest priority: the last one (FCFS)
+                if victim is req and not self.running:
+                    # Alone and still short of blocks: it would be preempted and resumed forever
+                    # (vLLM refuses to start with a pool below one max-length request).
+                    raise ConfigError(f"vllm-align: a request of {req.state.num_tokens} tokens does not fit the "
+                                      f"pool ({engine.layout.num_blocks} blocks) even alone; raise the capacity")
+                self._preempt(victim, scheduled)
+                preempted = True
+                if victim is req:
+                    break
+            if not ok:
+                break
+            scheduled.append((req, num_new))
+            budget -= num_new
+            i += 1
+        return preempted
+
+    def _schedule_waiting(self, budget: int, threshold: int, scheduled: list[tuple[ScheduledRequest, int]]) -> None:
+        engine = self.engine
+        while budget > 0 and self.waiting and len(self.running) < self.max_num_seqs:
+            req = self.waiting[0]
+            state = req.state
+            assert state.num_computed_tokens == 0       # recompute preemption leaves nothing computed
+            hit_blocks, hit, kv_hit = engine.get_computed_blocks(state)
+            num_new = self._chunk(req, hit, budget, threshold)
+            if num_new == 0:
+                break
+            if not engine.try_allocate_slots(state, num_new, hit, hit_blocks, full_sequence_must_fit=True):
+                break
+            if req.record is None:                 # vLLM's stats count a request's first admission only
+                engine.queries += state.num_prompt_tokens
+                engine.hits += hit
+                engine.pool.emit("lookup", state.num_prompt_tokens, hit, kv_hit - hit)
+                state.hit_len, state.kv_only_len = hit, kv_hit - hit
+                req.record = RequestRecord(state.num_prompt_tokens, hit, kv_hit)
+            self.waiting.popleft()
+            self.running.append(req)
+            state.num_computed_tokens = hit
+            scheduled.append((req, num_new))
+            budget -= num_new
+
+    def _preempt(self, victim: ScheduledRequest, scheduled: list[tuple[ScheduledRequest, int]]) -> None:
+        """vLLM's recompute preemption: free the blocks, forget the progress, back to the queue's head."""
+        for k, (req, _) in enumerate(scheduled):
+            if req is victim:               # already scheduled in this step: unschedule it
+                del scheduled[k]
+                break
+        self.engine.free(victim.state)
+        victim.state.num_computed_tokens = 0
+        victim.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(victim)
+
+    def _update_from_output(self, scheduled: Sequence[tuple[ScheduledRequest, int]]) -> list[ScheduledRequest]:
+        finished = []
+        for req, _ in scheduled:
+            state = req.state
+            if state.num_computed_tokens < state.num_tokens:
+                continue                           # a prefill chunk short of the end: nothing sampled
+            state.append_output()
+            req.num_output_tokens += 1
+            if req.num_output_tokens >= req.max_tokens:
+                self._finish(req)
+                finished.append(req)
+        return finished
+
+    def _finish(self, req: ScheduledRequest) -> None:
+        engine, state = self.engine, req.state
+        self.running.remove(req)
+        engine.free(state)
+        req.finished = True
+        prompt = state.tokens[:state.num_prompt_tokens]
+        outputs = state.tokens[state.num_prompt_tokens:state.num_prompt_tokens + req.num_outputs]
+        changed = engine.index.finished(RequestObservation(prompt, outputs, state.hit_len, state.kv_only_len))
+        if changed is not None:
+            engine.pool.emit("alpha", *changed)
+
+    # --------------------------------------------------------------- checks
+    def check_invariants(self) -> None:
+        """The engine's checks, and: exactly the running requests hold blocks; waiting ones hold none."""
+        self.engine.check_invariants()
+        holders = {rid for m in self.engine.managers for rid, blocks in m.req_to_blocks.items()
+                   if any(b is not self.engine.pool.null for b in blocks)}
+        running = {r.state.rid for r in self.running}
+        assert holders <= running, f"requests {sorted(holders - running)} hold blocks but are not running"
+        assert all(r.state.num_computed_tokens == 0 for r in self.waiting), "a waiting request kept its progress"
+        assert len(self.running) <= self.max_num_seqs
+
+
+@dataclass(frozen=True, slots=True)
+class ClosedLoopResult:
+    """What :func:`emulate_closed_loop` returns: per request (trace order) its record (vLLM's
+    ``num_cached_tokens`` as ``hit_len``) and preemptions; vLLM's prefix-cache counters; steps."""
+
+    records: list[RequestRecord]
+    num_preemptions: list[int]
+    queries: int
+    hits: int
+    num_steps: int
+
+    @property
+    def token_hit_rate(self) -> float:
+        return self.hits / self.queries if self.queries else 0.0
+
+
+def emulate_closed_loop(engine: VllmAlignEngine, requests: Sequence[Any], *, concurrency: int,
+                        max_num_seqs: int = 256, check: bool = False) -> ClosedLoopResult:
+    """Serve ``requests`` (trace order; each with ``input_tokens``, ``output_tokens`` and
+    ``session_id``) through ``engine`` as ``marconi vllm replay --concurrency C`` serves them through
+    vLLM: before each step, requests whose session predecessor has finished are submitted, and new
+    ones are admitted while fewer than ``concurrency`` are admitted and unfinished (a turn whose
+    predecessor is still running holds its slot and waits). ``check``: run the invariant checks
+    after every step (slow; for tests). Deterministic.
+    """
+    if concurrency < 1:
+        raise ConfigError(f"concurrency must be >= 1, got {concurrency}")
+    sched = VllmAlignScheduler(engine, max_num_seqs=max_num_seqs)
+    n = len(requests)
+    prev_of: list[int | None] = []
+    last_in_session: dict[Hashable, int] = {}
+    for i, r in enumerate(requests):
+        prev_of.append(last_in_session.get(r.session_id))
+        last_in_session[r.session_id] = i
+    done = [False] * n
+    handles: list[ScheduledRequest | None] = [None] * n
+    trace_index: dict[int, int] = {}               # scheduler's request index -> trace index
+    waiting_on_prev: deque[int] = deque()
+    next_i = num_admitted = num_done = 0
+
+    def submit(i: int) -> None:
+        handles[i] = sched.add(requests[i].input_tokens, np.asarray(requests[i].output_tokens, dtype=np.int32))
+        trace_index[handles[i].index] = i
+
+    while num_done < n:
+        for i in list(waiting_on_prev):
+            p = prev_of[i]
+            if p is None or done[p]:
+                waiting_on_prev.remove(i)
+                submit(i)
+        while next_i < n and num_admitted - num_done < concurrency:
+            i, next_i = next_i, next_i + 1
+            num_admitted += 1
+            p = prev_of[i]
+            if p is None or done[p]:
+                submit(i)
+            else:
+                waiting_on_prev.append(i)
+        if not sched.has_requests:
+            raise RuntimeError("closed loop stalled: nothing in flight and nothing to admit")
+        finished = sched.step()
+        if check:
+            sched.check_invariants()
+        for req in finished:
+            done[trace_index[req.index]] = True
+            num_done += 1
+    records = []
+    for h in handles:
+        assert h is not None and h.record is not None
+        records.append(h.record)
+    return ClosedLoopResult(records, [h.num_preemptions for h in handles if h is not None], engine.queries,
+                            engine.hits, sched.num_steps)
