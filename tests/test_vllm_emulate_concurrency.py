@@ -73,18 +73,21 @@ def test_concurrency_one_is_the_sequential_engine_on_the_bundled_trace(swe: tupl
 def test_blocks_held_in_flight_are_never_evicted_and_preemption_recomputes(eviction: str) -> None:
     engine = _engine(28, eviction, max_num_batched_tokens=1024)
     pool = engine.pool
-    evict = pool._maybe_evict_cached_block
 
-    def guarded(block):                     # a victim is free, and no running request holds it
-        assert block.ref_cnt == 0
-        held = {b.block_id for m in engine.managers for blocks in m.req_to_blocks.values() for b in blocks}
-        assert block.block_id not in held
-        evict(block)
+    class EvictionGuard(list):              # the pool's event trace, checking each eviction as it happens
+        def append(self, event):
+            if event[0] == "evict":         # a victim is free, and no running request holds it
+                block = pool.blocks[event[1]]
+                assert block.ref_cnt == 0
+                held = {b.block_id for m in engine.managers for blocks in m.req_to_blocks.values() for b in blocks}
+                assert block.block_id not in held
+            super().append(event)
 
-    pool._maybe_evict_cached_block = guarded
+    pool.trace = EvictionGuard()
     requests = _sessions(3, 6, 4)
     result = emulate_closed_loop(engine, requests, concurrency=6, check=True)
     assert sum(result.num_preemptions) > 0 and pool.stats.num_evicted > 0
+    assert any(event[0] == "evict" for event in pool.trace)   # the guard saw them
     assert result.queries == sum(r.input_len for r in requests)      # first admissions only
     for rec, req in zip(result.records, requests):
         assert rec.input_len == req.input_len and 0 <= rec.hit_len <= rec.kv_hit_len < rec.input_len

@@ -84,8 +84,7 @@ class VllmAlignEngine:
 
     def admit(self, prompt: Any) -> tuple[RequestState, RequestRecord]:
         tokens = as_tokens(prompt, "prompt")
-        req = RequestState(self._next_rid, tokens, len(tokens), self.layout.hash_block_size)
-        self._next_rid += 1
+        req = RequestState(self.next_request_id(), tokens, len(tokens), self.layout.hash_block_size)
         hit_blocks, hit, kv_hit = self.get_computed_blocks(req)
         self.queries += req.num_prompt_tokens
         self.hits += hit
@@ -97,7 +96,7 @@ class VllmAlignEngine:
             if 0 < self.layout.long_prefill_token_threshold < num_new:
                 num_new = self.layout.long_prefill_token_threshold
             if self.layout.has_mamba:
-                num_new = self._mamba_block_aligned_split(req, start, num_new)
+                num_new = self.mamba_block_aligned_split(req, start, num_new)
             self.allocate_slots(req, num_new, hit if first else 0, hit_blocks if first else None)
             if first:      # vLLM records the lookup once the request is admitted (after its first slots)
                 self.pool.emit("lookup", req.num_prompt_tokens, hit, kv_hit - hit)
@@ -151,7 +150,13 @@ class VllmAlignEngine:
         req.shared_prefix_boundary = longest if longest > hit else 0
         return blocks, hit, longest
 
-    def _mamba_block_aligned_split(self, req: RequestState, start: int, num_new: int) -> int:
+    def next_request_id(self) -> int:
+        """A fresh request id (admission order), shared by the sequential path and the scheduler."""
+        rid = self._next_rid
+        self._next_rid += 1
+        return rid
+
+    def mamba_block_aligned_split(self, req: RequestState, start: int, num_new: int) -> int:
         """``Scheduler._mamba_block_aligned_split``: chunk ends where a state must be cached."""
         size = self.layout.block_size
         prefill_end = max(req.num_prompt_tokens, req.num_tokens - 1)

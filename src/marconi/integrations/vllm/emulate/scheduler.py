@@ -87,8 +87,7 @@ class VllmAlignScheduler:
         out = as_tokens(outputs, "outputs", allow_empty=True)
         # The whole known sequence (an empty output samples one token: 0, as the replay's stub does).
         sequence = np.concatenate((tokens, out if out.size else np.zeros(1, dtype=tokens.dtype)))
-        state = RequestState(engine._next_rid, sequence, len(tokens), engine.layout.hash_block_size)
-        engine._next_rid += 1
+        state = RequestState(engine.next_request_id(), sequence, len(tokens), engine.layout.hash_block_size)
         req = ScheduledRequest(self._num_added, state, out)
         self._num_added += 1
         self.waiting.append(req)
@@ -132,7 +131,7 @@ class VllmAlignScheduler:
             num_new = threshold
         num_new = min(num_new, budget)
         if self.engine.layout.has_mamba:
-            num_new = self.engine._mamba_block_aligned_split(req.state, start, num_new)
+            num_new = self.engine.mamba_block_aligned_split(req.state, start, num_new)
         return num_new
 
     def _schedule_running(self, budget: int, threshold: int, scheduled: list[tuple[ScheduledRequest, int]]) -> bool:
