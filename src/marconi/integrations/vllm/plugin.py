@@ -15,8 +15,10 @@ on :class:`~marconi.integrations.vllm.config.PluginConfig` (environment variable
 
 Hooks are set per instance, on the ``BlockPool`` of every ``Scheduler`` built after registration
 (``Scheduler.__init__`` is wrapped), so nothing changes in processes that build no scheduler.
-They rely on vLLM 0.32's block-pool internals; :func:`register` refuses (with a logged error, vLLM
-running stock) if those are missing.
+They rely on vLLM's block-pool internals, so the supported versions are explicit
+(:data:`SUPPORTED_VLLM`, 0.32.x and 0.33.x): :func:`register` refuses any other version with one
+logged line and installs nothing (vLLM runs stock); :meth:`PoolHooks.attach` refuses (a logged
+error, vLLM running stock) where the internals are missing.
 
 **Private attributes.** A plugin that changes how vLLM evicts has to hook vLLM's own private
 methods and read its private state (``BlockPool._maybe_evict_cached_block``,
@@ -59,10 +61,20 @@ from marconi.integrations.common.alpha import RequestObservation
 from marconi.integrations.vllm.config import PluginConfig
 from marconi.integrations.vllm.policy import ATTENTION, MAMBA, REASONS, BlockEvictionState, parent_depth
 
-__all__ = ["register", "reset_registration", "PoolHooks", "SUPPORTED_VLLM"]
+__all__ = ["register", "reset_registration", "PoolHooks", "SUPPORTED_VLLM", "supported_vllm"]
 
 logger = logging.getLogger("marconi.integrations.vllm")
-SUPPORTED_VLLM = "0.32"
+# The vLLM release series the hooks were verified against: tests/test_vllm_versions.py compares the
+# hooked methods' code per series (0.33's differ from 0.32's only where the hooks delegate). Add a
+# series only after that comparison; any other version runs stock (see register).
+SUPPORTED_VLLM = ("0.32", "0.33")
+_SUPPORTED_TEXT = ", ".join(f"{series}.x" for series in SUPPORTED_VLLM)
+
+
+def supported_vllm(version: str) -> bool:
+    """Whether vLLM ``version`` belongs to a series of :data:`SUPPORTED_VLLM` (``0.33.0``,
+    ``0.33.1rc1``, ``0.32.0+cpu``: yes; ``0.34.0``, ``0.3.2``, ``1.0.0``: no)."""
+    return ".".join(version.split("+")[0].split(".")[:2]) in SUPPORTED_VLLM
 
 _REGISTERED = False
 
@@ -74,15 +86,20 @@ def register() -> None:
         return
     _REGISTERED = True
     config = PluginConfig.from_env()
+    if config.policy is None and not config.mamba2_cpu_fix:
+        return
+    import vllm
+
+    version = str(vllm.__version__)
+    if not supported_vllm(version):     # refuse whole: no hook, no CPU fix (an error when a policy was asked)
+        (logger.error if config.policy is not None else logger.warning)(
+            "marconi: vLLM %s is not a supported version (%s): the plugin installs nothing and vLLM runs "
+            "stock (MARCONI_VLLM_POLICY=%s is NOT in effect)", version, _SUPPORTED_TEXT, config.policy)
+        return
     if config.mamba2_cpu_fix:
         _install_mamba2_cpu_fix()
     if config.policy is None:
         return
-    import vllm
-
-    if not str(vllm.__version__).startswith(SUPPORTED_VLLM):
-        logger.warning("marconi: built for vLLM %s.x, running on %s; the block-pool hooks may not fit",
-                       SUPPORTED_VLLM, vllm.__version__)
     _install_scheduler_hook(config)
 
 
@@ -238,12 +255,12 @@ class PoolHooks:
 
         kv_manager = scheduler.kv_cache_manager
         pool = kv_manager.block_pool
-        # vLLM private: the _-prefixed names are BlockPool internals the hooks replace (vLLM 0.32).
+        # vLLM private: the _-prefixed names are BlockPool internals the hooks replace (vLLM 0.32, 0.33).
         for name in ("get_new_blocks", "free_blocks", "touch", "_insert_block_hash", "_remove_cached_block_hashes",
                      "_maybe_evict_cached_block", "cache_full_blocks", "cache_partial_block", "move_block_hashes",
                      "reset_prefix_cache", "unpin_blocks", "free_block_queue", "cached_block_hash_to_block", "blocks"):
             if not hasattr(pool, name):
-                raise AttributeError(f"vLLM's BlockPool has no {name!r}: this vLLM is not {SUPPORTED_VLLM}.x")
+                raise AttributeError(f"vLLM's BlockPool has no {name!r}: this vLLM is not {_SUPPORTED_TEXT}")
         kinds = _group_kinds(scheduler.kv_cache_config)
         spec = _model_spec(scheduler.vllm_config)
         block_size = int(scheduler.cache_config.block_size)
@@ -342,7 +359,7 @@ class PoolHooks:
             self.state.taken(block.block_id)
             pool._maybe_evict_cached_block(block)        # vLLM private (hooked: counts the eviction)
             picked.append(block)
-        # From here on, vLLM 0.32's own get_new_blocks, private parts included.
+        # From here on, vLLM's own get_new_blocks (the same in 0.32 and 0.33), private parts included.
         if pool._reuse_watchers:
             pool._notify_reuse(picked)
         for block in picked:

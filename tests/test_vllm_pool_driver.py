@@ -1,0 +1,52 @@
+"""The randomised pool driver (``tests/vllm_peer/pool_driver.py``) on vLLM 0.32 and on 0.33.
+
+Each run drives one real vLLM ``BlockPool`` with the plugin's hooks for 300 steps and checks ref
+counts, the free queue, the hash map and the plugin's index after every step. In ``marconi`` mode
+the plugin's victims must differ from LRU's (else nothing of its choice was exercised); in ``lru``
+mode it must choose none. 0.32 is ``.venv-vllm`` (``make vllm-env``; a failure when missing under
+``MARCONI_REQUIRE_VLLM=1``, as in ``tests/test_vllm_e2e.py``), 0.33 the overlay
+``.venv-vllm033`` (``make vllm033-env``; skipped when missing).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow  # four vLLM subprocesses (~30 s each on 2 busy cores): CI and `make test` only
+
+REPO = Path(__file__).resolve().parents[1]
+REQUIRED = os.environ.get("MARCONI_REQUIRE_VLLM") == "1"
+PYTHONS = {"0.32": os.environ.get("MARCONI_VLLM_PYTHON") or str(REPO / ".venv-vllm" / "bin" / "python"),
+           "0.33": str(REPO / ".venv-vllm033" / "bin" / "python")}
+
+
+def vllm_python(series: str) -> str:
+    python = PYTHONS[series]
+    if not Path(python).is_file():
+        message = f"no vLLM {series} environment at {python}"
+        if series == "0.32" and REQUIRED:
+            pytest.fail(message + ": run `make vllm-env` (MARCONI_REQUIRE_VLLM=1 makes this a failure)")
+        pytest.skip(message + (": run `make vllm-env`" if series == "0.32" else ": run `make vllm033-env`"))
+    return python
+
+
+@pytest.mark.parametrize("series", ["0.32", "0.33"])
+@pytest.mark.parametrize("mode", ["lru", "marconi"])
+def test_pool_driver(series: str, mode: str) -> None:
+    python = vllm_python(series)
+    proc = subprocess.run([python, str(REPO / "tests" / "vllm_peer" / "pool_driver.py"), "--mode", mode,
+                           "--steps", "300", "--seed", "1"], capture_output=True, text=True, timeout=600,
+                          env={k: v for k, v in os.environ.items() if not k.startswith("MARCONI_VLLM_")})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    counts = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert counts["vllm"].startswith(series)
+    assert counts["steps"] == 300 and counts["admitted"] > 50 and counts["finished"] > 50
+    if mode == "marconi":
+        assert counts["victims"] > 50 and counts["victims_not_lru"] > counts["victims"] // 4, counts
+    else:
+        assert counts["victims"] == 0, counts

@@ -1,0 +1,110 @@
+"""The plugin's supported vLLM versions: an explicit list, refused whole outside it, verified per series.
+
+* :func:`supported_vllm` accepts the 0.32 and 0.33 series only;
+* on any other version :func:`register` logs one line and installs nothing (no hook, no CPU fix);
+* in each vLLM environment present (0.32: ``.venv-vllm``; 0.33: the ``.venv-vllm033`` overlay),
+  every method the hooks wrap has the signature the hooks call it with, and the methods whose
+  code the hooks re-implement or rely on line by line (``get_new_blocks``' tail, the eviction
+  and hash-map internals) are the same code in 0.33 as in 0.32. A new series joins
+  ``SUPPORTED_VLLM`` only when this passes on it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import types
+
+import pytest
+
+from pathlib import Path
+
+from marconi.integrations.vllm import plugin
+
+REPO = Path(__file__).resolve().parents[1]
+REQUIRED = os.environ.get("MARCONI_REQUIRE_VLLM") == "1"
+PYTHONS = {"0.32": os.environ.get("MARCONI_VLLM_PYTHON") or str(REPO / ".venv-vllm" / "bin" / "python"),
+           "0.33": str(REPO / ".venv-vllm033" / "bin" / "python")}
+
+
+def vllm_python(series: str) -> str:
+    """The python of the vLLM ``series`` environment; 0.32 missing fails under MARCONI_REQUIRE_VLLM=1
+    (as in tests/test_vllm_e2e.py), 0.33 missing (``make vllm033-env``) skips."""
+    python = PYTHONS[series]
+    if not Path(python).is_file():
+        message = f"no vLLM {series} environment at {python}"
+        if series == "0.32" and REQUIRED:
+            pytest.fail(message + ": run `make vllm-env` (MARCONI_REQUIRE_VLLM=1 makes this a failure)")
+        pytest.skip(message + (": run `make vllm-env`" if series == "0.32" else ": run `make vllm033-env`"))
+    return python
+
+WRAPPED = ("free_blocks", "touch", "cache_full_blocks", "cache_partial_block", "reset_prefix_cache", "unpin_blocks",
+           "get_num_free_blocks")
+SAME_CODE = ("get_new_blocks", "_maybe_evict_cached_block", "_insert_block_hash", "_remove_cached_block_hashes",
+             "move_block_hashes", "_notify_reuse")
+PROBE = f"""
+import ast, inspect, json, textwrap, vllm
+from vllm.v1.core.block_pool import BlockPool
+from vllm.v1.core.kv_cache_manager import KVCacheManager
+from vllm.v1.core.sched.scheduler import Scheduler
+out = {{"version": vllm.__version__, "signatures": {{}}, "code": {{}}}}
+for owner, names in ((BlockPool, {WRAPPED + SAME_CODE!r}), (KVCacheManager, ("record_prefix_cache_stats", "allocate_slots")),
+                     (Scheduler, ("_free_request",))):
+    for name in names:
+        f = getattr(owner, name)
+        out["signatures"][owner.__name__ + "." + name] = str(inspect.signature(f))
+for name in {SAME_CODE!r}:
+    out["code"][name] = ast.dump(ast.parse(textwrap.dedent(inspect.getsource(getattr(BlockPool, name)))))
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("version, ok", [("0.32.0", True), ("0.32.1rc1", True), ("0.32.0+cpu", True), ("0.33.0", True),
+                                         ("0.33.2.dev4+g1a2b", True), ("0.34.0", False), ("0.3.2", False),
+                                         ("0.31.9", False), ("1.0.0", False), ("0.330.0", False)])
+def test_supported_versions(version: str, ok: bool) -> None:
+    assert plugin.supported_vllm(version) is ok
+
+
+@pytest.mark.parametrize("policy", ["marconi", None])
+def test_unknown_version_installs_nothing(policy: str | None, monkeypatch: pytest.MonkeyPatch,
+                                          caplog: pytest.LogCaptureFixture) -> None:
+    installed = []
+    monkeypatch.setattr(plugin, "_install_scheduler_hook", lambda config: installed.append("hooks"))
+    monkeypatch.setattr(plugin, "_install_mamba2_cpu_fix", lambda: installed.append("cpu fix"))
+    monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(__version__="0.34.0"))
+    for name in [k for k in os.environ if k.startswith("MARCONI_VLLM_")]:
+        monkeypatch.delenv(name)
+    if policy:
+        monkeypatch.setenv("MARCONI_VLLM_POLICY", policy)
+    plugin.reset_registration()
+    try:
+        with caplog.at_level(logging.WARNING, logger="marconi.integrations.vllm"):
+            plugin.register()
+    finally:
+        plugin.reset_registration()
+    assert installed == []
+    [record] = [r for r in caplog.records if "not a supported version" in r.getMessage()]
+    assert record.levelno == (logging.ERROR if policy else logging.WARNING)
+    assert "0.34.0" in record.getMessage() and "0.32.x, 0.33.x" in record.getMessage()
+    assert "runs stock" in record.getMessage()
+
+
+def _probe(series: str) -> dict:
+    proc = subprocess.run([vllm_python(series), "-c", PROBE], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+def test_hooked_methods_match_across_series() -> None:
+    old = _probe("0.32")
+    assert plugin.supported_vllm(old["version"])
+    new = _probe("0.33")
+    assert new["version"].startswith("0.33") and plugin.supported_vllm(new["version"])
+    assert new["signatures"] == old["signatures"]
+    changed = [name for name in SAME_CODE if new["code"][name] != old["code"][name]]
+    assert not changed, f"vLLM 0.33 changed {changed}: re-verify the hooks before supporting it"
