@@ -15,10 +15,21 @@ on :class:`~marconi.integrations.vllm.config.PluginConfig` (environment variable
 
 Hooks are set per instance, on the ``BlockPool`` of every ``Scheduler`` built after registration
 (``Scheduler.__init__`` is wrapped), so nothing changes in processes that build no scheduler.
-They rely on vLLM's block-pool internals, so the supported versions are explicit
-(:data:`SUPPORTED_VLLM`, 0.32.x and 0.33.x): :func:`register` refuses any other version with one
-logged line and installs nothing (vLLM runs stock); :meth:`PoolHooks.attach` refuses (a logged
-error, vLLM running stock) where the internals are missing.
+With prefix caching off there is no eviction choice: ``get_new_blocks`` stays vLLM's own in every
+mode (the plugin only observes), so the pool allocates, and reports metrics, exactly as stock.
+
+**Errors: never half-patched, never silently stock.** A setting that cannot run stops vLLM with
+a :class:`~marconi.core.registry.ConfigError` naming the variable and its value: :func:`register`
+checks, before it imports vLLM and in every vLLM process, the values, that ``MARCONI_VLLM_TRACE``
+can be appended to and that ``MARCONI_VLLM_ALPHA_SOURCE`` loads; an α-source factory that fails
+when the engine core calls it raises :class:`PluginSettingError` out of ``Scheduler.__init__``.
+With ``MARCONI_VLLM_POLICY`` unset nothing raises (stock vLLM must start): a wrong value is
+ignored with a warning. The hooks rely on vLLM's block-pool internals, so the supported versions
+are explicit (:data:`SUPPORTED_VLLM`: 0.32.x and 0.33.x): :func:`register` refuses any other with
+one logged line and installs nothing, vLLM running stock. Where a supported vLLM does
+not fit them (a missing attribute, an unsupported KV cache group), the error is logged and vLLM
+runs stock. Either way the hooks are installed whole or not at all: everything that can fail is
+done before the first vLLM attribute is replaced.
 
 **Private attributes.** A plugin that changes how vLLM evicts has to hook vLLM's own private
 methods and read its private state (``BlockPool._maybe_evict_cached_block``,
@@ -57,11 +68,13 @@ import threading
 import time
 from typing import Any
 
+from marconi.core.registry import ConfigError
 from marconi.integrations.common.alpha import RequestObservation
-from marconi.integrations.vllm.config import PluginConfig
+from marconi.integrations.vllm.config import ENV_POLICY, PluginConfig
 from marconi.integrations.vllm.policy import ATTENTION, MAMBA, REASONS, BlockEvictionState, parent_depth
 
-__all__ = ["register", "reset_registration", "PoolHooks", "SUPPORTED_VLLM", "supported_vllm"]
+__all__ = ["register", "reset_registration", "attach_hooks", "PoolHooks", "PluginSettingError", "SUPPORTED_VLLM",
+           "supported_vllm"]
 
 logger = logging.getLogger("marconi.integrations.vllm")
 # The vLLM release series the hooks were verified against: tests/test_vllm_versions.py compares the
@@ -79,13 +92,29 @@ def supported_vllm(version: str) -> bool:
 _REGISTERED = False
 
 
+class PluginSettingError(ConfigError):
+    """A plugin setting that cannot run in the engine core (an α-source factory that fails, a trace
+    that cannot be opened): it stops vLLM rather than let it serve stock eviction in its place."""
+
+
 def register() -> None:
-    """Entry point (``vllm.general_plugins``): read the configuration and install the hooks."""
+    """Entry point (``vllm.general_plugins``): read the configuration and install the hooks.
+
+    Raises:
+        ConfigError: ``MARCONI_VLLM_POLICY`` is set and a setting is wrong or cannot run here (a
+            trace that cannot be appended to, an α source that does not load): vLLM does not
+            start. With no policy set nothing raises; what is wrong is logged as a warning.
+    """
     global _REGISTERED
     if _REGISTERED:
         return
     _REGISTERED = True
-    config = PluginConfig.from_env()
+    config, ignored = PluginConfig.lenient_from_env()
+    for problem in ignored:
+        logger.warning("marconi: %s — ignored: %s is unset, so the plugin changes nothing (stock vLLM; the "
+                       "Mamba-2 CPU fix stays %s)", problem, ENV_POLICY, "auto" if config.mamba2_cpu_fix else "off")
+    if config.policy is not None:
+        config.check_runnable()          # before anything is patched, in every process vLLM starts
     if config.policy is None and not config.mamba2_cpu_fix:
         return
     import vllm
@@ -146,13 +175,30 @@ def _install_scheduler_hook(config: PluginConfig) -> None:
 
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         original(self, *args, **kwargs)
-        try:
-            self._marconi = PoolHooks.attach(self, config)     # our hooks, kept alive on vLLM's scheduler
-        except Exception:  # never take the server down: run stock and say why
-            logger.exception("marconi: could not attach to the scheduler; vLLM runs with its own eviction")
+        hooks = attach_hooks(self, config)
+        if hooks is not None:
+            self._marconi = hooks      # our hooks, kept alive on vLLM's scheduler
 
     __init__._marconi_hook = True  # type: ignore[attr-defined]
     cls.__init__ = __init__
+
+
+def attach_hooks(scheduler: Any, config: PluginConfig) -> "PoolHooks | None":
+    """What ``Scheduler.__init__`` runs after vLLM's own: the hooks on its block pool, or None where
+    this vLLM does not fit them (logged; vLLM runs stock, untouched).
+
+    Raises:
+        PluginSettingError: the configuration cannot run (the trace, the α source): the engine
+            core must not start with stock eviction in its place.
+    """
+    try:
+        return PoolHooks.attach(scheduler, config)
+    except PluginSettingError:
+        raise
+    except Exception:  # a vLLM the hooks do not fit: never take the server down, run stock and say why
+        logger.exception("marconi: could not attach to the scheduler; vLLM runs with its own eviction "
+                         "(%s=%s is NOT in effect)", ENV_POLICY, config.policy)
+        return None
 
 
 def _group_kinds(kv_cache_config: Any) -> list[str]:
@@ -200,6 +246,21 @@ def _model_spec(vllm_config: Any) -> Any:
                                     {"float32": 4, "float64": 8}.get(dtype, 2))
 
 
+# The BlockPool methods the hooks replace (the _-prefixed ones vLLM private).
+_POOL_HOOKED = ("get_new_blocks", "free_blocks", "touch", "_insert_block_hash", "_remove_cached_block_hashes",
+                "_maybe_evict_cached_block", "cache_full_blocks", "cache_partial_block", "move_block_hashes",
+                "reset_prefix_cache", "unpin_blocks")
+
+
+def _open_trace(config: PluginConfig) -> Any:
+    if config.trace_path is None:
+        return None
+    try:
+        return config.open_trace()
+    except ConfigError as exc:
+        raise PluginSettingError(str(exc)) from None
+
+
 class _Counters:
     """Prometheus counters (created once per process, lazily: only the engine core counts)."""
 
@@ -229,7 +290,7 @@ class PoolHooks:
     """
 
     def __init__(self, pool: Any, kv_manager: Any, state: BlockEvictionState, config: PluginConfig,
-                 hash_block_size: int) -> None:
+                 hash_block_size: int, trace: Any = None) -> None:
         self.pool = pool
         self.kv_manager = kv_manager
         self.state = state
@@ -240,7 +301,8 @@ class PoolHooks:
         self.group_kinds = state.group_kinds
         self.counters = _Counters.get()
         self._local = threading.local()
-        self._trace = open(config.trace_path, "a", buffering=1) if config.trace_path else None
+        self._trace = trace              # the open block trace (MARCONI_VLLM_TRACE), or None
+        self.settings: dict[str, Any] = {}
         self.num_evicted: dict[str, int] = {}
         self._admitted: dict[str, tuple[int, int]] = {}     # request id -> (hit, kv-only) tokens at admission
         self._observe_failed = False
@@ -251,40 +313,71 @@ class PoolHooks:
     # --------------------------------------------------------------- attach
     @classmethod
     def attach(cls, scheduler: Any, config: PluginConfig) -> "PoolHooks":
+        """The hooks on ``scheduler``'s block pool, installed whole; on any error nothing of vLLM's
+        has changed. PluginSettingError where the configuration cannot run, anything else where
+        this vLLM does not fit the hooks."""
+        trace = _open_trace(config)      # first: a setting that cannot run is refused as such
+        try:
+            kinds = _group_kinds(scheduler.kv_cache_config)
+            hooks = cls.for_pool(scheduler.kv_cache_manager, kinds, _model_spec(scheduler.vllm_config),
+                                 int(scheduler.cache_config.block_size), config, trace=trace)
+            hooks.settings = scheduler_settings(scheduler, kinds)
+            hooks._emit("config", hooks.settings)
+            hooks.install(scheduler)
+        except BaseException:
+            if trace is not None:
+                trace.close()
+            raise
+        pool = hooks.pool
+        logger.info("marconi: %s eviction on a %d-block pool, groups %s, block %d tokens, alpha source %r%s",
+                    hooks.policy, pool.num_gpu_blocks, ",".join(kinds), hooks.block_size, hooks.state.alpha_source,
+                    "" if pool.enable_caching else "; prefix caching is off: nothing to evict, vLLM allocates as stock")
+        return hooks
+
+    @classmethod
+    def for_pool(cls, kv_manager: Any, kinds: tuple[str, ...] | list[str], spec: Any, block_size: int,
+                 config: PluginConfig, *, trace: Any = None) -> "PoolHooks":
+        """Hooks for ``kv_manager``'s block pool, built but not installed (nothing of vLLM's changes):
+        the attribute check, the eviction state and the α source. ``trace``: the open block trace
+        (:meth:`attach` opens it), or None for none.
+
+        Raises:
+            AttributeError: this vLLM's pool or KV cache manager lacks what the hooks replace.
+            PluginSettingError: the α source cannot be made (its factory fails).
+        """
         from vllm.v1.core.kv_cache_utils import get_block_hash, get_group_id
 
-        kv_manager = scheduler.kv_cache_manager
         pool = kv_manager.block_pool
         # vLLM private: the _-prefixed names are BlockPool internals the hooks replace (vLLM 0.32, 0.33).
-        for name in ("get_new_blocks", "free_blocks", "touch", "_insert_block_hash", "_remove_cached_block_hashes",
-                     "_maybe_evict_cached_block", "cache_full_blocks", "cache_partial_block", "move_block_hashes",
-                     "reset_prefix_cache", "unpin_blocks", "free_block_queue", "cached_block_hash_to_block", "blocks"):
-            if not hasattr(pool, name):
-                raise AttributeError(f"vLLM's BlockPool has no {name!r}: this vLLM is not {_SUPPORTED_TEXT}")
-        kinds = _group_kinds(scheduler.kv_cache_config)
-        spec = _model_spec(scheduler.vllm_config)
-        block_size = int(scheduler.cache_config.block_size)
-        state = BlockEvictionState(spec, kinds, pool.num_gpu_blocks, block_size, config.make_alpha_source(spec),
-                                   config.efficiency)
-        hooks = cls(pool, kv_manager, state, config, int(pool.hash_block_size))
+        for owner, obj, names in (("BlockPool", pool, _POOL_HOOKED + ("free_block_queue", "cached_block_hash_to_block",
+                                                                      "blocks", "enable_caching")),
+                                  ("KVCacheManager", kv_manager, ("record_prefix_cache_stats", "allocate_slots"))):
+            for name in names:
+                if not hasattr(obj, name):
+                    raise AttributeError(f"vLLM's {owner} has no {name!r}: this vLLM is not {_SUPPORTED_TEXT}")
+        try:
+            source = config.make_alpha_source(spec)
+        except ConfigError as exc:
+            raise PluginSettingError(str(exc)) from exc
+        state = BlockEvictionState(spec, kinds, pool.num_gpu_blocks, block_size, source, config.efficiency)
+        hooks = cls(pool, kv_manager, state, config, int(pool.hash_block_size), trace=trace)
         hooks._hash_parts = (get_block_hash, get_group_id)
-        hooks._install()
-        hooks._install_finish_hook(scheduler)
-        hooks.settings = scheduler_settings(scheduler, kinds)
-        hooks._emit("config", hooks.settings)
-        logger.info("marconi: %s eviction on a %d-block pool, groups %s, block %d tokens, alpha source %r",
-                    hooks.policy, pool.num_gpu_blocks, ",".join(kinds), block_size, state.alpha_source)
         return hooks
+
+    def install(self, scheduler: Any) -> None:
+        """Replace the pool's and KV cache manager's methods, and ``scheduler._free_request``, with
+        the hooks. Checked first, so that either every replacement is made or none."""
+        if not hasattr(scheduler, "_free_request"):            # vLLM private
+            raise AttributeError(f"vLLM's Scheduler has no '_free_request': this vLLM is not {_SUPPORTED_TEXT}")
+        self._install()
+        self._install_finish_hook(scheduler)
 
     def _install(self) -> None:
         pool = self.pool
-        self._orig = {name: getattr(pool, name) for name in (
-            "get_new_blocks", "free_blocks", "touch", "_insert_block_hash", "_remove_cached_block_hashes",
-            "_maybe_evict_cached_block", "cache_full_blocks", "cache_partial_block", "move_block_hashes",
-            "reset_prefix_cache", "unpin_blocks")}
-        if self.policy == "marconi":
+        self._orig = {name: getattr(pool, name) for name in _POOL_HOOKED}
+        if self.policy == "marconi" and pool.enable_caching:
             pool.get_new_blocks = self.get_new_blocks
-        else:
+        else:  # lru, or no prefix caching (no cached block, so no eviction choice): vLLM's own allocation
             pool.get_new_blocks = self.get_new_blocks_observed
         pool.free_blocks = self.free_blocks
         pool.touch = self.touch
@@ -363,10 +456,8 @@ class PoolHooks:
         if pool._reuse_watchers:
             pool._notify_reuse(picked)
         for block in picked:
-            if pool.enable_caching:
+            if pool.enable_caching:                       # installed only then (see _install)
                 pool._maybe_evict_cached_block(block)
-            elif pool.metrics_collector:
-                pool.metrics_collector.on_block_evicted(block)
             assert block.ref_cnt == 0
             block.ref_cnt += 1
             if pool.metrics_collector:
