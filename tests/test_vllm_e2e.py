@@ -33,24 +33,17 @@ import pytest
 from marconi.core.model import ModelSpec
 from marconi.integrations.vllm.emulate.engine import VllmAlignEngine
 from marconi.integrations.vllm.emulate.layout import layout_for_spec
+from vllm_env import VLLM_PYTHON, require_vllm
 
 pytestmark = pytest.mark.slow  # four real vLLM servers (~2 min): CI and `make test` only
 
 REPO = Path(__file__).resolve().parents[1]
-VLLM_PYTHON = os.environ.get("MARCONI_VLLM_PYTHON") or str(REPO / ".venv-vllm" / "bin" / "python")
-REQUIRED = os.environ.get("MARCONI_REQUIRE_VLLM") == "1"
 BLOCK, NUM_BLOCKS, MAX_MODEL_LEN = 384, 20, 2048
 SERVERS = {"stock": {}, "lru": {"MARCONI_VLLM_POLICY": "lru"},
            "marconi": {"MARCONI_VLLM_POLICY": "marconi", "MARCONI_VLLM_ALPHA": "1.0"},
            "adaptive": {"MARCONI_VLLM_POLICY": "marconi", "MARCONI_VLLM_ALPHA": "adaptive"}}
 
 
-def _require_vllm() -> None:
-    if not Path(VLLM_PYTHON).is_file():
-        message = f"no vLLM environment at {VLLM_PYTHON}: run `make vllm-env` (make test builds it)"
-        if REQUIRED:
-            pytest.fail(message + " — MARCONI_REQUIRE_VLLM=1 makes this a failure, not a skip")
-        pytest.skip(message)
 
 
 def _vllm(code: str, env: dict[str, str] | None = None, timeout: int = 300) -> str:
@@ -114,7 +107,7 @@ def _serve(name: str, model_dir: Path, work: Path, steps: list[dict[str, Any]]) 
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    _require_vllm()
+    require_vllm()
     work = tmp_path_factory.mktemp("vllm-e2e")
     model_dir = work / "model"
     proc = subprocess.run([VLLM_PYTHON, "-m", "marconi.integrations.vllm.models", "qwen3_next-tiny", str(model_dir)],
@@ -200,7 +193,7 @@ def test_emulation_matches_the_live_servers_per_request(served: dict[str, Any]) 
 def test_plugin_registration_patches_only_what_is_asked() -> None:
     """No policy: vLLM's scheduler and block pool are untouched; the Mamba-2 fix applies on CPU
     only, and ``MARCONI_VLLM_MAMBA2_CPU_FIX=off`` turns it off. One vLLM import for both."""
-    _require_vllm()
+    require_vllm()
     out = _vllm(
         "import os\n"
         "import vllm.v1.core.sched.scheduler as s, vllm.v1.core.block_pool as bp\n"

@@ -29,10 +29,9 @@ from marconi.integrations.vllm.models import PRESETS
 from marconi.sim.sweep import PointsFailed, expand_points, run_sweep
 from marconi.sim.systems import make_system
 from marconi.workloads import build_workload
+from vllm_env import VLLM_PYTHON, require_vllm
 
 REPO = Path(__file__).resolve().parents[1]
-VLLM_PYTHON = os.environ.get("MARCONI_VLLM_PYTHON") or str(REPO / ".venv-vllm" / "bin" / "python")
-REQUIRED = os.environ.get("MARCONI_REQUIRE_VLLM") == "1"
 SPEC = get_model("paper-7b")
 QWEN_TINY_CONFIG = {"model_type": "qwen3_next", **PRESETS["qwen3_next-tiny"][1], "torch_dtype": "bfloat16"}
 UNWRITABLE = "/proc/nope/blocks.jsonl"       # no such directory, even for root
@@ -172,12 +171,6 @@ def test_with_no_policy_no_setting_stops_stock_vllm(env: pytest.MonkeyPatch, cap
 
 
 # ====================================================================================== caching off
-def _require_vllm() -> None:
-    if not Path(VLLM_PYTHON).is_file():
-        message = f"no vLLM environment at {VLLM_PYTHON}: run `make vllm-env` (make test builds it)"
-        if REQUIRED:
-            pytest.fail(message + " — MARCONI_REQUIRE_VLLM=1 makes this a failure, not a skip")
-        pytest.skip(message)
 
 
 _POOL_SCRIPT = r"""
@@ -234,7 +227,7 @@ def test_with_prefix_caching_off_the_plugin_changes_nothing() -> None:
     eviction (``metrics_collector.on_block_evicted``), which stock vLLM never does: there is no
     eviction choice, so the pool must behave, and report, exactly as stock. Also: a factory that
     raises while the hooks are built is the plugin's setting error, and the pool is left untouched."""
-    _require_vllm()
+    require_vllm()
     base = {k: v for k, v in os.environ.items() if not k.startswith("MARCONI_VLLM_")}
     proc = subprocess.run([VLLM_PYTHON, "-c", _POOL_SCRIPT], capture_output=True, text=True, timeout=300,
                           env={**base, "OMP_NUM_THREADS": "1"})

@@ -16,23 +16,12 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from vllm_env import vllm_python
 
 pytestmark = pytest.mark.slow  # four vLLM subprocesses (~30 s each on 2 busy cores): CI and `make test` only
 
 REPO = Path(__file__).resolve().parents[1]
-REQUIRED = os.environ.get("MARCONI_REQUIRE_VLLM") == "1"
-PYTHONS = {"0.32": os.environ.get("MARCONI_VLLM_PYTHON") or str(REPO / ".venv-vllm" / "bin" / "python"),
-           "0.33": str(REPO / ".venv-vllm033" / "bin" / "python")}
 
-
-def vllm_python(series: str) -> str:
-    python = PYTHONS[series]
-    if not Path(python).is_file():
-        message = f"no vLLM {series} environment at {python}"
-        if series == "0.32" and REQUIRED:
-            pytest.fail(message + ": run `make vllm-env` (MARCONI_REQUIRE_VLLM=1 makes this a failure)")
-        pytest.skip(message + (": run `make vllm-env`" if series == "0.32" else ": run `make vllm033-env`"))
-    return python
 
 
 @pytest.mark.parametrize("series", ["0.32", "0.33"])

@@ -18,18 +18,11 @@ from marconi.core.model import PRESETS, ModelSpec
 from marconi.core.registry import ConfigError
 from marconi.integrations.vllm.replay.run import CONFIGS_DIR, ReplayConfig, model_dir
 from marconi.integrations.vllm.replay.steptime import StepTimeModel
+from vllm_env import VLLM_PYTHON, require_vllm
 
 REPO = Path(__file__).resolve().parents[1]
-VLLM_PYTHON = os.environ.get("MARCONI_VLLM_PYTHON") or str(REPO / ".venv-vllm" / "bin" / "python")
-REQUIRED = os.environ.get("MARCONI_REQUIRE_VLLM") == "1"
 
 
-def _require_vllm() -> None:
-    if not Path(VLLM_PYTHON).is_file():
-        message = f"no vLLM environment at {VLLM_PYTHON}: run `make vllm-env` (make test builds it)"
-        if REQUIRED:
-            pytest.fail(message + " — MARCONI_REQUIRE_VLLM=1 makes this a failure, not a skip")
-        pytest.skip(message)
 
 
 def _vllm(code: str, env: dict[str, str] | None = None, timeout: int = 400) -> str:
@@ -104,7 +97,7 @@ def _summary(stdout: str) -> dict:
 def test_derived_kv_cache_config_equals_the_engines(preset: str, tmp_path: Path) -> None:
     """vLLM's in-process engine with the real (random-weight) model builds exactly the KV cache
     config the replay derives from the config alone: groups, layers, specs, block and page sizes."""
-    _require_vllm()
+    require_vllm()
     out = str(tmp_path / preset)
     env = {"MARCONI_VLLM_MAMBA2_CPU_FIX": "auto"}     # both load the plugin's CPU fix, as the engine must
     real = _summary(_vllm(_REAL.format(preset=preset, out=out), env))
@@ -116,7 +109,7 @@ def test_derived_kv_cache_config_equals_the_engines(preset: str, tmp_path: Path)
 @pytest.mark.slow
 def test_replay_command_end_to_end(tmp_path: Path) -> None:
     """A small version of the issue's done-when command: records with every field, a table, a plot."""
-    _require_vllm()
+    require_vllm()
     out = tmp_path / "replay.jsonl"
     cmd = [sys.executable, "-m", "marconi.cli", "vllm", "replay", "--vllm-python", VLLM_PYTHON, "--trace",
            "swe-sample", "--model", "nemotron-h-8b", "--capacity", "0.05x", "--concurrency", "4", "--num-requests",

@@ -23,23 +23,10 @@ import pytest
 from pathlib import Path
 
 from marconi.integrations.vllm import plugin
+from vllm_env import vllm_python
 
 REPO = Path(__file__).resolve().parents[1]
-REQUIRED = os.environ.get("MARCONI_REQUIRE_VLLM") == "1"
-PYTHONS = {"0.32": os.environ.get("MARCONI_VLLM_PYTHON") or str(REPO / ".venv-vllm" / "bin" / "python"),
-           "0.33": str(REPO / ".venv-vllm033" / "bin" / "python")}
 
-
-def vllm_python(series: str) -> str:
-    """The python of the vLLM ``series`` environment; 0.32 missing fails under MARCONI_REQUIRE_VLLM=1
-    (as in tests/test_vllm_e2e.py), 0.33 missing (``make vllm033-env``) skips."""
-    python = PYTHONS[series]
-    if not Path(python).is_file():
-        message = f"no vLLM {series} environment at {python}"
-        if series == "0.32" and REQUIRED:
-            pytest.fail(message + ": run `make vllm-env` (MARCONI_REQUIRE_VLLM=1 makes this a failure)")
-        pytest.skip(message + (": run `make vllm-env`" if series == "0.32" else ": run `make vllm033-env`"))
-    return python
 
 WRAPPED = ("free_blocks", "touch", "cache_full_blocks", "cache_partial_block", "reset_prefix_cache", "unpin_blocks",
            "get_num_free_blocks")

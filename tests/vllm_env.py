@@ -1,0 +1,35 @@
+"""Where the tests find vLLM: one rule for every test that runs code in a vLLM environment.
+
+``make test`` builds ``.venv-vllm`` (vLLM 0.32, CPU) and sets ``MARCONI_REQUIRE_VLLM=1``, so there
+a missing environment is a failure, never a quiet skip. ``make vllm033-env`` builds the optional
+0.33 overlay; without it the 0.33 cases skip, saying how to build it.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+VLLM_PYTHON = os.environ.get("MARCONI_VLLM_PYTHON") or str(REPO / ".venv-vllm" / "bin" / "python")
+REQUIRED = os.environ.get("MARCONI_REQUIRE_VLLM") == "1"
+PYTHONS = {"0.32": VLLM_PYTHON, "0.33": str(REPO / ".venv-vllm033" / "bin" / "python")}
+
+
+def vllm_python(series: str = "0.32") -> str:
+    """The python of the vLLM ``series`` environment, or skip (fail for 0.32 under MARCONI_REQUIRE_VLLM=1)."""
+    python = PYTHONS[series]
+    if not Path(python).is_file():
+        message = f"no vLLM {series} environment at {python}"
+        if series == "0.32" and REQUIRED:
+            pytest.fail(message + ": run `make vllm-env` (MARCONI_REQUIRE_VLLM=1 makes this a failure, not a skip)")
+        pytest.skip(message + (": run `make vllm-env` (make test builds it)" if series == "0.32"
+                               else ": run `make vllm033-env`"))
+    return python
+
+
+def require_vllm() -> None:
+    """Skip (or, under MARCONI_REQUIRE_VLLM=1, fail) where the vLLM 0.32 environment is absent."""
+    vllm_python("0.32")
