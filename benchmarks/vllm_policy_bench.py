@@ -36,27 +36,16 @@ from typing import Callable
 import numpy as np
 
 from marconi.core.model import get_model
-from marconi.integrations.common.alpha import RequestObservation
+from marconi.integrations.common.alpha import FixedAlpha
 from marconi.integrations.vllm.policy import ATTENTION, MAMBA, BlockEvictionState, reference_victim
 from marconi.report import format_table
 
 BLOCK_SIZE = 384     # tokens per block (vLLM's hybrid block for Qwen3-Next-sized pages)
 ALPHAS = (0.5, 0.0)
 
-class Dial:
-    """An α source the benchmark turns between phases (one pool serves every α)."""
-
-    def __init__(self, value: float) -> None:
-        self.value = value
-
-    def alpha(self) -> float:
-        return self.value
-
-    def efficiency(self) -> str | None:
-        return None
-
-    def observe(self, event: RequestObservation) -> None:
-        return None
+class Dial(FixedAlpha):
+    """An α source the benchmark turns between phases (one pool serves every α): a FixedAlpha whose
+    ``value`` the benchmark sets."""
 
 
 def filled_state(num_blocks: int, max_chain: int, dial: Dial) -> tuple[BlockEvictionState, dict]:
