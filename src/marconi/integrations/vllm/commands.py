@@ -8,7 +8,7 @@
 
     marconi vllm replay [--vllm-python .venv-vllm/bin/python] [--model nemotron-h-8b|DIR] [--trace swe-sample|FILE]
                         (--blocks N | --capacity 0.05x|10GB | --gpu-memory 80GB) [--gpu h100|h200|a100]
-                        (--concurrency C | --rate R) [--policies lru,marconi[,marconi:alpha=adaptive]]
+                        (--concurrency C | --rate R | --trace-times [SCALE]) [--policies lru,marconi[,marconi:alpha=adaptive]]
                         [--out results/vllm_replay.jsonl] [--plot results/vllm_replay_ttft_cdf.png]
 
 Only the handler prints (progress to stderr, the comparison table to stdout).
@@ -87,6 +87,9 @@ def _register_replay(sub: Any) -> None:
     load = replay.add_mutually_exclusive_group(required=True)
     load.add_argument("--concurrency", type=int, default=None, help="closed loop: requests in flight")
     load.add_argument("--rate", type=float, default=None, help="Poisson arrivals per (virtual) second")
+    load.add_argument("--trace-times", type=float, nargs="?", const=1.0, default=None, metavar="SCALE",
+                      help="each request at its trace timestamp (the first at 0), times SCALE (default 1; "
+                           "0.5: twice as fast); a turn still waits for its predecessor")
     replay.add_argument("--policies", default="lru,marconi",
                         help="comma list, one engine each: lru (stock), marconi, marconi:alpha=X (X a number or adaptive)")
     replay.add_argument("--alpha", default=str(DEFAULT_ALPHA), help="alpha for plain 'marconi' (default %(default)s)")
@@ -109,7 +112,8 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     config = ReplayConfig(vllm_python=args.vllm_python, model=args.model, trace=args.trace,
                           policies=parse_policies(args.policies), alpha=args.alpha, num_blocks=args.blocks,
                           capacity=args.capacity, gpu_memory=args.gpu_memory, gpu=args.gpu,
-                          concurrency=args.concurrency, rate=args.rate, max_input_len=args.max_input_len,
+                          concurrency=args.concurrency, rate=args.rate, time_scale=args.trace_times,
+                          max_input_len=args.max_input_len,
                           num_requests=args.num_requests, max_output_len=args.max_output_len,
                           max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs)
     records = run_replay(config, work_dir=args.work_dir, emulate=not args.no_emulation,

@@ -11,10 +11,15 @@ Pool: ``num_blocks``, ``capacity`` (``0.05x`` of the trace's working set for the
 ``gpu_memory`` (``80GB``: vLLM's rule, see
 :func:`marconi.integrations.vllm.replay.engine.available_kv_bytes`).
 
+Load (:mod:`marconi.integrations.vllm.replay.arrivals`): ``concurrency`` (a closed loop),
+``rate`` (Poisson) or ``time_scale`` (the trace's own timestamps, the first at 0, times the scale;
+``requests.json`` carries each request's ``ts``). Records carry ``arrivals`` (``closed-loop``,
+``poisson``, ``trace``) and ``time_scale``.
+
 With ``concurrency`` the emulation runs vLLM's scheduler loop over the same closed loop
 (:func:`marconi.integrations.vllm.emulate.scheduler.emulate_closed_loop`: in-flight requests hold
-their blocks, the token budget, chunked prefill, preemption); with ``rate`` it replays requests
-one at a time (``sim_models_concurrency: false``).
+their blocks, the token budget, chunked prefill, preemption); with ``rate`` or trace times it
+replays requests one at a time (``sim_models_concurrency: false``).
 """
 
 from __future__ import annotations
@@ -38,7 +43,8 @@ from marconi.integrations.vllm.config import PluginConfig
 from marconi.integrations.vllm.policy import DEFAULT_ALPHA
 from marconi.units import parse_bytes, parse_capacity
 
-__all__ = ["ReplayConfig", "CONFIGS_DIR", "model_dir", "run_replay", "replay_table", "plot_ttft_cdf", "parse_policies"]
+__all__ = ["ReplayConfig", "CONFIGS_DIR", "model_dir", "run_replay", "replay_table", "load_label", "plot_ttft_cdf",
+           "parse_policies"]
 
 CONFIGS_DIR = Path(__file__).resolve().parents[3] / "data" / "configs"
 
@@ -55,7 +61,7 @@ def model_dir(model: str) -> Path:
 @dataclass(frozen=True, slots=True)
 class ReplayConfig:
     """One replay invocation (echoed in every record). Exactly one of ``num_blocks``, ``capacity``,
-    ``gpu_memory``; one of ``concurrency``, ``rate``."""
+    ``gpu_memory``; one of ``concurrency``, ``rate``, ``time_scale`` (trace timestamps)."""
 
     vllm_python: str
     model: str = "nemotron-h-8b"
@@ -68,6 +74,7 @@ class ReplayConfig:
     gpu: str = "h100"
     concurrency: int | None = None
     rate: float | None = None
+    time_scale: float | None = None
     max_input_len: int = 8192
     num_requests: int | None = None
     max_output_len: int | None = None
@@ -80,10 +87,13 @@ class ReplayConfig:
 
         if sum(x is not None for x in (self.num_blocks, self.capacity, self.gpu_memory)) != 1:
             raise ConfigError("give one of --blocks, --capacity, --gpu-memory")
-        if (self.concurrency is None) == (self.rate is None):
-            raise ConfigError("give --concurrency C (a closed loop) or --rate R (Poisson arrivals), not both")
+        if sum(x is not None for x in (self.concurrency, self.rate, self.time_scale)) != 1:
+            raise ConfigError("give one of --concurrency C (a closed loop), --rate R (Poisson arrivals), "
+                              "--trace-times [SCALE] (the trace's timestamps)")
         if self.concurrency is not None and self.concurrency < 1 or self.rate is not None and not self.rate > 0:
             raise ConfigError("concurrency must be >= 1 and rate > 0")
+        if self.time_scale is not None and not self.time_scale >= 0:
+            raise ConfigError(f"the trace-times scale must be >= 0, got {self.time_scale}")
         if self.gpu not in GPUS:
             raise ConfigError(f"unknown GPU {self.gpu!r}; known: {', '.join(GPUS)}")
         if not self.policies:
@@ -93,6 +103,19 @@ class ReplayConfig:
         if self.capacity is not None:
             parse_capacity(self.capacity)
         model_dir(self.model)
+
+    @property
+    def arrivals(self) -> str:
+        """The load's mode, as :mod:`~marconi.integrations.vllm.replay.arrivals` names it."""
+        return "closed-loop" if self.concurrency is not None else "poisson" if self.rate is not None else "trace"
+
+    def load_args(self) -> list[str]:
+        """The worker's load option."""
+        if self.concurrency is not None:
+            return ["--concurrency", str(self.concurrency)]
+        if self.rate is not None:
+            return ["--rate", str(self.rate)]
+        return ["--trace-times", str(self.time_scale)]
 
 
 def _policy_env(label: str, alpha: float | str) -> dict[str, str]:
@@ -120,7 +143,7 @@ def _pool_args(config: ReplayConfig, spec: ModelSpec, requests: Sequence[Any]) -
 
 def _run_worker(config: ReplayConfig, mdir: Path, requests_path: Path, out_path: Path, label: str,
                 pool_args: list[str], on_progress: Callable[[int, int], None]) -> dict[str, Any]:
-    limit = ["--concurrency", str(config.concurrency)] if config.concurrency is not None else ["--rate", str(config.rate)]
+    limit = config.load_args()
     max_len = max(len(r.input_tokens) + max(1, len(r.output_tokens)) for r in _REQUESTS[requests_path])
     cmd = [config.vllm_python, "-m", "marconi.integrations.vllm.replay.worker", str(requests_path), str(out_path),
            "--model", str(mdir), *pool_args, "--gpu", config.gpu, *limit, "--progress",
@@ -179,7 +202,8 @@ def _record(config: ReplayConfig, label: str, trace_info: dict[str, Any], pool_i
         "engine": "vllm-replay", "vllm_version": res["vllm_version"], "model": config.model, "gpu": config.gpu,
         "num_blocks": kv["num_blocks"], "block_size": kv["block_size"], "pool_bytes": kv["pool_bytes"],
         "kv_cache_groups": [g["spec"] for g in kv["groups"]], **pool_info,
-        "concurrency": config.concurrency, "rate": config.rate, "policy": policy, "arm": label, "alpha": alpha,
+        "concurrency": config.concurrency, "rate": config.rate, "arrivals": config.arrivals,
+        "time_scale": config.time_scale, "policy": policy, "arm": label, "alpha": alpha,
         **trace_info, "num_requests": len(requests), "prompt_tokens": int(sum(r.input_len for r in requests)),
         "token_hit_rate": res["prefix_cache_hits"] / res["prefix_cache_queries"] if res["prefix_cache_queries"] else 0.0,
         "request_hit_rate": sum(res["num_cached_tokens"]) / max(1, sum(r.input_len for r in requests)),
@@ -195,8 +219,9 @@ def _record(config: ReplayConfig, label: str, trace_info: dict[str, Any], pool_i
 
 
 def run_replay(config: ReplayConfig, *, work_dir: str | Path | None = None, emulate: bool = True,
-               progress: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
-    """One record per policy (see the module docstring). ``progress``: told each policy's start."""
+               progress: Callable[[str], None] | None = None, show_bars: bool = True) -> list[dict[str, Any]]:
+    """One record per policy (see the module docstring). ``progress``: told each policy's start;
+    ``show_bars``: a per-policy progress bar on stderr (off in sweeps, which show one per point)."""
     from tqdm import tqdm
 
     mdir = model_dir(config.model)
@@ -208,14 +233,15 @@ def run_replay(config: ReplayConfig, *, work_dir: str | Path | None = None, emul
     work.mkdir(parents=True, exist_ok=True)
     req_path = work / "requests.json"
     req_path.write_text(json.dumps({"requests": [{"session": str(r.session_id), "prompt": r.input_tokens.tolist(),
-                                                   "output": r.output_tokens.tolist()} for r in requests]}))
+                                                   "output": r.output_tokens.tolist(), "ts": float(r.ts)}
+                                                  for r in requests]}))
     _REQUESTS[req_path] = requests
     pool_args, pool_info = _pool_args(config, spec, requests)
     records = []
     for label in config.policies:
         if progress is not None:
             progress(f"[{label}] vLLM replay of {len(requests)} requests on {config.model}")
-        with tqdm(total=len(requests), desc=label, unit="req", leave=False) as bar:
+        with tqdm(total=len(requests), desc=label, unit="req", leave=False, disable=not show_bars) as bar:
             def tick(done: int, total: int) -> None:
                 bar.update(done - bar.n)
             res = _run_worker(config, mdir, req_path, work / f"out-{common.file_label(label)}.json", label,
@@ -223,6 +249,17 @@ def run_replay(config: ReplayConfig, *, work_dir: str | Path | None = None, emul
         sim = _emulated_hit_rate(spec, requests, res, label, config) if emulate else None
         records.append(_record(config, label, sel.trace_info, pool_info, requests, res, sim))
     return records
+
+
+def load_label(rec: dict[str, Any]) -> str:
+    """A record's load, short: ``C=8``, ``2.0/s`` (Poisson), ``trace×0.5`` (trace timestamps times 0.5).
+    Records from before ``arrivals`` existed are closed-loop or Poisson by which field is set."""
+    arrivals = rec.get("arrivals") or ("closed-loop" if rec.get("concurrency") is not None else "poisson")
+    if arrivals == "closed-loop":
+        return f"C={rec['concurrency']}"
+    if arrivals == "poisson":
+        return f"{rec['rate']}/s"
+    return f"trace×{rec.get('time_scale', 1.0):g}"
 
 
 def replay_table(records: Sequence[dict[str, Any]]) -> str:
@@ -233,7 +270,7 @@ def replay_table(records: Sequence[dict[str, Any]]) -> str:
         row = dict(rec)
         row["_ms"] = f"{1e6 * rec['sched_s_per_step']:.0f} µs"
         row["_tput"] = f"{rec['throughput_tok_s']:.0f}" if rec["throughput_tok_s"] else "-"
-        row["_load"] = f"C={rec['concurrency']}" if rec["concurrency"] is not None else f"{rec['rate']}/s"
+        row["_load"] = load_label(rec)
         rows.append(row)
     return format_table(rows, [
         ("policy", "arm", None), ("load", "_load", None), ("blocks", "num_blocks", None),
@@ -257,7 +294,7 @@ def plot_ttft_cdf(records: Sequence[dict[str, Any]], path: str | Path) -> Path:
     ax.set_xlabel(f"TTFT (ms, virtual clock, {records[0]['gpu']})")
     ax.set_ylabel("fraction of requests")
     first = records[0]
-    load = f"concurrency {first['concurrency']}" if first["concurrency"] is not None else f"rate {first['rate']}/s"
+    load = load_label(first)
     ax.set_title(f"vLLM replay: {first['model']}, {first['num_blocks']} blocks, {load}")
     ax.grid(alpha=0.3)
     ax.legend()

@@ -1,20 +1,24 @@
 """One replay run inside the vLLM environment: vLLM's scheduler, a stub model runner, a virtual clock.
 
     .venv-vllm/bin/python -m marconi.integrations.vllm.replay.worker requests.json out.json --model DIR \\
-        (--blocks N | --kv-bytes B | --gpu-memory-bytes B) --gpu h100 --concurrency 16 [--rate R]
+        (--blocks N | --kv-bytes B | --gpu-memory-bytes B) --gpu h100 (--concurrency 16 | --rate R | --trace-times S)
 
 The plugin is configured as in a server, by ``MARCONI_VLLM_*`` in the environment (unset: stock
 vLLM); vLLM loads it when the engine core starts. ``requests.json``: ``{"requests": [{"session":
-..., "prompt": [ids], "output": [ids]}, ...]}`` in trace order.
+..., "prompt": [ids], "output": [ids], "ts": seconds}, ...]}`` in trace order (``ts`` is read only
+with ``--trace-times``).
 
 Each step: ``Scheduler.schedule()`` (its wall time is measured), a step duration from the
 :class:`~marconi.integrations.vllm.replay.steptime.StepTimeModel` advances the virtual clock, and
 a stub ``ModelRunnerOutput`` hands every request that reached the end of its known tokens the
 next token of the trace's own output, which ``update_from_output`` takes as sampled. So a
 session's next turn (whose prompt holds this turn's output) finds its blocks as a real server
-would. Arrivals: a closed loop (``--concurrency``: a session's turns in order, at most C requests
-admitted, as ``marconi vllm bench`` replays), or Poisson (``--rate``, per second of virtual time;
-a turn still waits for its predecessor).
+would. Arrivals (:mod:`marconi.integrations.vllm.replay.arrivals`): a closed loop (``--concurrency``: a
+session's turns in order, at most C requests admitted, as ``marconi vllm bench`` replays), Poisson
+(``--rate``, per second of virtual time) or the trace's timestamps (``--trace-times SCALE``: each
+request at its ``ts``, the first at 0, times SCALE); in the open-loop modes a turn still waits for
+its predecessor. Requests are submitted between steps, at the first step boundary at or after
+their arrival.
 
 ``out.json``: per request its arrival, first-token and finish times (virtual seconds), vLLM's
 ``num_cached_tokens`` and preemptions; vLLM's prefix-cache counters; the scheduler's wall time per
@@ -24,33 +28,31 @@ step; the KV cache configuration; the plugin's eviction counters.
 from __future__ import annotations
 
 import argparse
-import heapq
 import json
 import os
 import sys
 import time
-from collections import deque
 from typing import Any
 
 __all__ = ["replay", "main"]
 
 
-def _admission_times(num: int, rate: float | None, seed: int) -> list[float] | None:
-    if rate is None:
-        return None
-    import numpy as np
+def replay(core: Any, requests: list[dict[str, Any]], *, gpu: str, concurrency: int | None = None,
+           rate: float | None = None, seed: int = 0, progress: Any = None, arrivals: str | None = None,
+           time_scale: float = 1.0) -> dict[str, Any]:
+    """Drive ``core.scheduler`` through ``requests``; see the module docstring for what comes back.
 
-    return np.cumsum(np.random.default_rng(seed).exponential(1.0 / rate, size=num)).tolist()
-
-
-def replay(core: Any, requests: list[dict[str, Any]], *, gpu: str, concurrency: int | None, rate: float | None,
-           seed: int = 0, progress: Any = None) -> dict[str, Any]:
-    """Drive ``core.scheduler`` through ``requests``; see the module docstring for what comes back."""
+    ``arrivals``: ``closed-loop`` (``concurrency``), ``poisson`` (``rate``, ``seed``) or ``trace``
+    (each request's ``ts``, times ``time_scale``); None: closed loop with a concurrency, else Poisson.
+    Admission is :class:`~marconi.integrations.vllm.replay.arrivals.Admitter`'s, shared with the
+    in-process engine (:mod:`marconi.integrations.vllm.offline`) that the replay is validated against.
+    """
     from vllm import SamplingParams
     from vllm.v1.outputs import ModelRunnerOutput
     from vllm.v1.request import Request
 
     from marconi.core.model import ModelSpec
+    from marconi.integrations.vllm.replay.arrivals import make_admitter
     from marconi.integrations.vllm.replay.steptime import StepTimeModel
 
     sched = core.scheduler
@@ -60,23 +62,16 @@ def replay(core: Any, requests: list[dict[str, Any]], *, gpu: str, concurrency: 
     timing = StepTimeModel.named(spec, gpu, core.model_executor.num_params * bytes_per_param)
 
     n = len(requests)
-    arrivals = _admission_times(n, rate, seed)
-    cap = concurrency if concurrency is not None else n
-    prev_of: list[int | None] = []
-    last_in_session: dict[Any, int] = {}
-    for i, r in enumerate(requests):
-        prev_of.append(last_in_session.get(r["session"]))
-        last_in_session[r["session"]] = i
-    done = [False] * n
+    mode = arrivals or ("closed-loop" if concurrency is not None else "poisson")
+    admitter = make_admitter([r["session"] for r in requests], mode, concurrency=concurrency, rate=rate,
+                             ts=[float(r.get("ts", 0.0)) for r in requests], time_scale=time_scale, seed=seed)
     arrival_s = [0.0] * n
     first_s: list[float | None] = [None] * n
     finish_s = [0.0] * n
     live: dict[str, tuple[int, Any]] = {}         # vLLM request id -> (index, Request)
     cached = [0] * n
     preempt = [0] * n
-    waiting_on_prev: deque[int] = deque()          # admitted (a slot taken), predecessor unfinished
-    next_i = 0
-    num_admitted = num_done = 0
+    num_done = 0
     clock = 0.0
     queries = hits = 0
     sched_s: list[float] = []
@@ -91,28 +86,13 @@ def replay(core: Any, requests: list[dict[str, Any]], *, gpu: str, concurrency: 
         live[req.request_id] = (i, req)
         sched.add_request(req)
 
-    def admit() -> None:
-        nonlocal next_i, num_admitted
-        for i in list(waiting_on_prev):
-            p = prev_of[i]
-            if p is None or done[p]:
-                waiting_on_prev.remove(i)
-                submit(i)
-        while next_i < n and num_admitted - num_done < cap and (arrivals is None or arrivals[next_i] <= clock):
-            i = next_i
-            next_i += 1
-            num_admitted += 1
-            p = prev_of[i]
-            if p is None or done[p]:
-                submit(i)
-            else:
-                waiting_on_prev.append(i)
-
     while num_done < n:
-        admit()
+        for i in admitter.admit(clock):
+            submit(i)
         if not live:                               # idle: jump to the next arrival
-            if arrivals is not None and next_i < n:
-                clock = max(clock, arrivals[next_i])
+            due = admitter.next_arrival()
+            if due is not None:
+                clock = max(clock, due)
                 continue
             raise RuntimeError("replay stalled: nothing in flight and nothing to admit")
         t0 = time.perf_counter()
@@ -149,7 +129,7 @@ def replay(core: Any, requests: list[dict[str, Any]], *, gpu: str, concurrency: 
                     cached[live[o.request_id][0]] = int(o.prefill_stats.num_cached_tokens)
                 if o.finish_reason is not None and o.request_id in live:
                     i, req = live.pop(o.request_id)
-                    done[i] = True
+                    admitter.finish(i)
                     num_done += 1
                     finish_s[i] = clock
                     preempt[i] = int(req.num_preemptions)
@@ -162,7 +142,8 @@ def replay(core: Any, requests: list[dict[str, Any]], *, gpu: str, concurrency: 
             "sched_s_per_step": sum(sched_s) / max(1, len(sched_s)), "scheduler": type(sched).__name__,
             "plugin_evictions": dict(hooks.num_evicted) if hooks is not None else None,
             "plugin_policy": hooks.policy if hooks is not None else None,
-            "num_params": core.model_executor.num_params}
+            "num_params": core.model_executor.num_params, "arrivals": mode,
+            "time_scale": time_scale if mode == "trace" else None}
 
 
 def _pattern(vc: Any) -> dict[str, Any]:
@@ -182,16 +163,17 @@ def main(argv: list[str] | None = None) -> int:
     pool.add_argument("--kv-bytes", type=int, help="the KV budget in bytes: vLLM derives the blocks")
     pool.add_argument("--gpu-memory-bytes", type=int, help="the GPU's memory: see engine.available_kv_bytes")
     parser.add_argument("--gpu", default="h100")
-    parser.add_argument("--concurrency", type=int, default=None)
-    parser.add_argument("--rate", type=float, default=None)
+    load = parser.add_mutually_exclusive_group(required=True)
+    load.add_argument("--concurrency", type=int, default=None)
+    load.add_argument("--rate", type=float, default=None)
+    load.add_argument("--trace-times", type=float, default=None, metavar="SCALE",
+                      help="each request at its trace ts (the first at 0) times SCALE")
     parser.add_argument("--max-model-len", type=int, default=32768)
     parser.add_argument("--max-num-batched-tokens", type=int, default=8192)
     parser.add_argument("--max-num-seqs", type=int, default=256)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--progress", action="store_true", help="print 'progress DONE TOTAL' lines on stdout")
     args = parser.parse_args(argv)
-    if args.concurrency is None and args.rate is None:
-        parser.error("give --concurrency or --rate")
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     from marconi.integrations.vllm.replay.engine import build_engine_core, kv_config_summary
 
@@ -207,8 +189,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"progress {done} {total}", flush=True)
 
     started = time.perf_counter()
+    arrivals = ("trace" if args.trace_times is not None else "poisson" if args.rate is not None
+                else "closed-loop")
     result = replay(core, requests, gpu=args.gpu, concurrency=args.concurrency, rate=args.rate, seed=args.seed,
-                    progress=progress)
+                    progress=progress, arrivals=arrivals,
+                    time_scale=args.trace_times if args.trace_times is not None else 1.0)
     import vllm
 
     result.update(wall_s=time.perf_counter() - started, vllm_version=str(vllm.__version__),
