@@ -51,6 +51,7 @@ through the same hook in the plugin and in the emulation, so both make the same 
 from __future__ import annotations
 
 import math
+from operator import itemgetter
 from typing import Any, Hashable, Iterable, Sequence
 
 import numpy as np
@@ -143,6 +144,7 @@ class BlockEvictionState:
         self.group_kinds = tuple(group_kinds)
         self.attn_groups = tuple(g for g, k in enumerate(group_kinds) if k == ATTENTION)
         self.mamba_groups = tuple(g for g, k in enumerate(group_kinds) if k == MAMBA)
+        self._is_attn = tuple(k == ATTENTION for k in group_kinds)
         self.num_blocks = int(num_blocks)
         self.block_size = int(block_size)
         self.alpha_source = alpha
@@ -150,15 +152,18 @@ class BlockEvictionState:
         self._prefixes: dict[Hashable, _Prefix] = {}
         self._children: dict[Hashable, set[Hashable]] = {}
         self._block_keys: dict[int, list[tuple[Hashable, int]]] = {}   # block id -> its (prefix, group)s
-        self.free_cached = np.zeros(num_blocks, dtype=bool)
-        self.release_seq = np.zeros(num_blocks, dtype=np.int64)
-        self.candidate = np.zeros(num_blocks, dtype=bool)
-        # One row per efficiency variant: an adaptive source may switch between them at any eviction.
-        self._flop_eff = {variant: np.zeros(num_blocks, dtype=np.float64) for variant in EFFICIENCIES}
-        self.reason = np.zeros(num_blocks, dtype=np.int8)          # index into REASONS
+        # The per-block rows are Python lists (a list write costs a fraction of a numpy scalar write,
+        # and every event writes a few): the numpy views (free_cached, candidate, release_seq,
+        # flop_eff) are built from them on demand, for the scan and the checks.
+        self._release_seq = [0] * self.num_blocks
+        self._cand = [False] * self.num_blocks
+        # Per block its efficiency in every variant (EFFICIENCIES order; an adaptive source may switch
+        # between them at any eviction): one shared tuple per depth, so a row write is one pointer.
+        self._effs_of: list[tuple[float, ...]] = [_NO_EFFS] * self.num_blocks
+        self.reason: list[int] = [_DEAD] * self.num_blocks          # index into REASONS
         # The free cached blocks by (candidate?, efficiencies, release_seq): mirrors the rows above,
         # updated wherever they change, so next_victim needs no scan. _free_seq is release_seq where
-        # free_cached, else 0, as a list: the index is told on every refresh, and numpy reads cost more.
+        # the block is free and cached, else 0 (release numbers start at 1).
         self._index = VictimIndex(num_blocks, len(EFFICIENCIES))
         self._free_seq = [0] * self.num_blocks
         self._seq = 0
@@ -170,12 +175,28 @@ class BlockEvictionState:
             self._rule = self._current_rule()
 
     @property
+    def free_cached(self) -> np.ndarray:
+        """Whether each block is free and cached (a new array, O(pool): for scans and checks)."""
+        return np.array(self._free_seq, dtype=np.int64) > 0
+
+    @property
+    def release_seq(self) -> np.ndarray:
+        """Each block's last release number (0: never released; a new array, O(pool))."""
+        return np.array(self._release_seq, dtype=np.int64)
+
+    @property
+    def candidate(self) -> np.ndarray:
+        """Whether each block is a candidate (a new array, O(pool))."""
+        return np.array(self._cand, dtype=bool)
+
+    @property
     def flop_eff(self) -> np.ndarray:
-        """FLOP efficiency of every block in the configured variant (0 where not cached)."""
-        return self._flop_eff[self.efficiency]
+        """FLOP efficiency of every block in the configured variant (0 where not cached; a new array)."""
+        return self.flop_eff_of(self.efficiency)
 
     def flop_eff_of(self, variant: str) -> np.ndarray:
-        return self._flop_eff[variant]
+        return np.fromiter(map(itemgetter(_VARIANT_IDS[variant]), self._effs_of), dtype=np.float64,
+                           count=self.num_blocks)
 
     # ------------------------------------------------------------------ events
     def cached(self, block_id: int, prefix: Hashable, group_id: int, depth: int, parent: Hashable | None) -> None:
@@ -185,24 +206,48 @@ class BlockEvictionState:
             node = self._prefixes[prefix] = _Prefix(parent, depth, len(self.group_kinds))
             if parent is not None:
                 self._children.setdefault(parent, set()).add(prefix)
+            had_kv = False
+        else:
+            had_kv = self._node_has_kv(node)
         node.blocks[group_id].add(block_id)
         self._block_keys.setdefault(block_id, []).append((prefix, group_id))
-        self._refresh_around(prefix)
+        self._refresh_prefix(prefix)
+        # The parent's blocks depend on this prefix only through "does it hold KVs" (_num_kv_children).
+        if node.parent is not None and not had_kv and self._is_attn[group_id]:
+            self._refresh_prefix(node.parent)
 
     def uncached(self, block_id: int, prefix: Hashable, group_id: int) -> None:
         """``block_id`` no longer answers lookups for ``prefix`` (evicted or re-keyed)."""
+        # (The hot path of every eviction: the refreshes are inlined where they are trivial.)
         keys = self._block_keys.get(block_id)
-        if keys is None or (prefix, group_id) not in keys:
+        key = (prefix, group_id)
+        if keys is None or key not in keys:
             return
-        keys.remove((prefix, group_id))
-        if not keys:
-            del self._block_keys[block_id]
-            self.free_cached[block_id] = False     # still free, but now a block without a hash
-            self._free_seq[block_id] = 0
+        keys.remove(key)
         node = self._prefixes[prefix]
-        node.blocks[group_id].discard(block_id)
+        blocks = node.blocks
+        group = blocks[group_id]
+        group.discard(block_id)
         parent = node.parent
-        if node.empty():
+        # The parent's blocks depend on this prefix only through "does it hold KVs": that changes
+        # only when the last attention block goes.
+        refresh_parent = (parent is not None and not group and self._is_attn[group_id]
+                          and not any(map(blocks.__getitem__, self.attn_groups)))
+        if keys:
+            self._refresh_block(block_id)
+        else:                       # still free, but now a block without a hash: no member, no value
+            del self._block_keys[block_id]
+            self._free_seq[block_id] = 0
+            self._index.discard(block_id)
+            self._cand[block_id] = False
+            self._effs_of[block_id] = _NO_EFFS
+            self.reason[block_id] = _DEAD
+        if any(blocks):
+            refresh = self._refresh_block
+            for ids in blocks:
+                for other in ids:
+                    refresh(other)
+        else:
             del self._prefixes[prefix]
             if parent is not None:
                 siblings = self._children.get(parent)
@@ -210,23 +255,17 @@ class BlockEvictionState:
                     siblings.discard(prefix)
                     if not siblings:
                         del self._children[parent]
-        self._refresh_block(block_id)
-        self._refresh_prefix(prefix)
-        if parent is not None:
+        if refresh_parent:
             self._refresh_prefix(parent)
 
     def released(self, block_id: int) -> None:
         """A cached block entered the free queue: it is a candidate from now, recency = now."""
         self._seq += 1
-        self.release_seq[block_id] = self._seq
-        self.free_cached[block_id] = True
-        self._free_seq[block_id] = self._seq
-        effs = tuple(float(row[block_id]) for row in self._flop_eff.values())
-        self._sync(block_id, bool(self.candidate[block_id]), effs)
+        self._release_seq[block_id] = self._free_seq[block_id] = seq = self._seq
+        self._index.place(block_id, CANDIDATES if self._cand[block_id] else OTHERS, self._effs_of[block_id], seq)
 
     def taken(self, block_id: int) -> None:
         """A block left the free queue (hit or allocation)."""
-        self.free_cached[block_id] = False
         self._free_seq[block_id] = 0
         self._index.discard(block_id)
 
@@ -266,8 +305,9 @@ class BlockEvictionState:
         self._prefixes.clear()
         self._children.clear()
         self._block_keys.clear()
-        self.free_cached[:] = False
-        self.candidate[:] = False
+        self._cand = [False] * self.num_blocks
+        self._effs_of = [_NO_EFFS] * self.num_blocks
+        self.reason = [_DEAD] * self.num_blocks
         self._free_seq = [0] * self.num_blocks
         self._index.clear()
 
@@ -300,12 +340,6 @@ class BlockEvictionState:
                 "alpha_source": repr(self.alpha_source)}
 
     # ------------------------------------------------------------------ bookkeeping
-    def _refresh_around(self, prefix: Hashable) -> None:
-        self._refresh_prefix(prefix)
-        node = self._prefixes.get(prefix)
-        if node is not None and node.parent is not None:
-            self._refresh_prefix(node.parent)
-
     def _refresh_prefix(self, prefix: Hashable) -> None:
         node = self._prefixes.get(prefix)
         if node is None:
@@ -317,32 +351,22 @@ class BlockEvictionState:
     def _refresh_block(self, block_id: int) -> None:
         keys = self._block_keys.get(block_id)
         if not keys:
-            self.candidate[block_id] = False
-            for row in self._flop_eff.values():
-                row[block_id] = 0.0
-            self.reason[block_id] = _DEAD
-            self._sync(block_id, False, _NO_EFFS)
-            return
-        # A block holds one primary hash; partial (sub-block) entries are extra lookup keys on the
-        # same block. Rank it by its deepest key: that is the prefix its contents complete.
-        prefix, group_id = keys[0] if len(keys) == 1 else max(keys, key=lambda k: self._prefixes[k[0]].depth)
-        node = self._prefixes[prefix]
-        cand, valued, reason = self._judge(node, prefix, group_id)
-        self.candidate[block_id] = cand
-        effs = self._effs(node.depth) if valued else _NO_EFFS
-        for row, eff in zip(self._flop_eff.values(), effs):
-            row[block_id] = eff
-        self.reason[block_id] = reason
-        self._sync(block_id, cand, effs)
-
-    def _sync(self, block_id: int, candidate: bool, effs: tuple[float, ...]) -> None:
-        """Mirror one block's rows into the victim index: a member iff free cached, in the
-        candidates' or the others' set, at its efficiencies (EFFICIENCIES order) and release_seq."""
-        seq = self._free_seq[block_id]
-        if seq:
-            self._index.place(block_id, CANDIDATES if candidate else OTHERS, effs, seq)
+            cand, effs, reason = False, _NO_EFFS, _DEAD
         else:
-            self._index.discard(block_id)
+            # A block holds one primary hash; partial (sub-block) entries are extra lookup keys on the
+            # same block. Rank it by its deepest key: that is the prefix its contents complete.
+            prefix, group_id = keys[0] if len(keys) == 1 else max(keys, key=lambda k: self._prefixes[k[0]].depth)
+            node = self._prefixes[prefix]
+            cand, valued, reason = self._judge(node, prefix, group_id)
+            effs = self._effs(node.depth) if valued else _NO_EFFS
+        if cand is self._cand[block_id] and reason == self.reason[block_id] and effs == self._effs_of[block_id]:
+            return                  # unchanged: the rows and the index already say so
+        self._cand[block_id] = cand
+        self._effs_of[block_id] = effs
+        self.reason[block_id] = reason
+        seq = self._free_seq[block_id]
+        if seq:                     # a member (not free: no member, see taken and uncached)
+            self._index.place(block_id, CANDIDATES if cand else OTHERS, effs, seq)
 
     def _judge(self, node: _Prefix, prefix: Hashable, group_id: int) -> tuple[bool, bool, int]:
         """``(candidate, holds something a hit can use, reason)`` of a block keyed ``prefix``."""
@@ -376,6 +400,9 @@ class BlockEvictionState:
         node = self._prefixes.get(prefix)
         return node is not None and any(map(node.blocks.__getitem__, self.attn_groups))
 
+    def _node_has_kv(self, node: _Prefix) -> bool:
+        return any(map(node.blocks.__getitem__, self.attn_groups))
+
     def _effs(self, depth: int) -> tuple[float, ...]:
         """FLOP efficiency of a ``depth``-token prefix in each variant (EFFICIENCIES order), as float64
         (the rows store them so, and the victim index keys its levels by these exact values)."""
@@ -402,22 +429,29 @@ class BlockEvictionState:
             if node.parent is not None:
                 assert prefix in self._children.get(node.parent, ()), "child link missing"
         self._check_index()
-        rows = (self.candidate, *self._flop_eff.values(), self.reason)
-        snapshot = tuple(row.copy() for row in rows)
-        for block_id in list(self._block_keys):
-            self._refresh_block(block_id)
-        for before, after in zip(snapshot, rows):
-            ids = list(self._block_keys)
-            assert np.array_equal(before[ids], after[ids]), "stale candidate/efficiency arrays"
+        snapshot = (list(self._cand), list(self._effs_of), list(self.reason))
+        for block_id in range(self.num_blocks):        # recomputed from the prefixes alone
+            self._cand[block_id], self._effs_of[block_id], self.reason[block_id] = self._judged(block_id)
+        for name, before, after in zip(("candidate", "efficiency", "reason"), snapshot,
+                                       (self._cand, self._effs_of, self.reason)):
+            assert before == after, f"stale {name} rows"
         self._check_index()
+
+    def _judged(self, block_id: int) -> tuple[bool, tuple[float, ...], int]:
+        """``(candidate, effs, reason)`` of a block from the prefixes alone (the rows' definition)."""
+        keys = self._block_keys.get(block_id)
+        if not keys:
+            return False, _NO_EFFS, _DEAD
+        prefix, group_id = max(keys, key=lambda k: self._prefixes[k[0]].depth)
+        node = self._prefixes[prefix]
+        cand, valued, reason = self._judge(node, prefix, group_id)
+        return cand, self._effs(node.depth) if valued else _NO_EFFS, reason
 
     def _check_index(self) -> None:
         """The victim index holds exactly the free cached blocks, as their rows say."""
-        free_seq = np.where(self.free_cached, self.release_seq, 0)
-        assert free_seq.tolist() == self._free_seq, "free_seq mirror drifted"
-        rows = tuple(self._flop_eff.values())
-        expected = {int(b): (CANDIDATES if self.candidate[b] else OTHERS, tuple(float(row[b]) for row in rows),
-                             int(self.release_seq[b])) for b in np.flatnonzero(self.free_cached)}
+        assert all(f in (0, r) for f, r in zip(self._free_seq, self._release_seq)), "free_seq mirror drifted"
+        expected = {b: (CANDIDATES if self._cand[b] else OTHERS, self._effs_of[b], f)
+                    for b, f in enumerate(self._free_seq) if f}
         self._index.check_invariants(expected)
 
 

@@ -157,27 +157,44 @@ class VictimIndex:
         number, then the smallest block id (the scan's order). The float operations are the scan's
         (``marconi.core.eviction.min_max``, then ``scores + alpha * eff_norm``), elementwise and in its
         order, so the result is bit-identical."""
+        tier_id = CANDIDATES
         tier = self._tiers[CANDIDATES]
         if not tier.num_live:
-            tier = self._tiers[OTHERS]
+            tier_id, tier = OTHERS, self._tiers[OTHERS]
             if not tier.num_live:
                 return None
-        head = tier.min_heap[0]              # entries order by (release number, block id), as the scan's ties
+        # Removals are lazy (discard pops nothing): drop stale entries off the tops read here.
+        shift, mask = self._shift, self._mask
+        tier_of, level_of, seq_of = self._tier_of, self._level_of, self._seq_of
+        heap = tier.min_heap
+        head = heap[0]
+        while tier_of[head & mask] != tier_id or seq_of[head & mask] != head >> shift:
+            heappop(heap)
+            head = heap[0]
         levels = tier.by_eff[variant]
         e_lo = levels[0][0]
         range_e = levels[-1][0] - e_lo
         if not alpha or not range_e > 0:     # every efficiency term is 0: recency alone, the oldest wins
-            return head & self._mask
-        shift = self._shift
+            return head & mask               # entries order by (release number, block id), as the scan's ties
+        heap = tier.max_heap
+        top = -heap[0]
+        while tier_of[top & mask] != tier_id or seq_of[top & mask] != top >> shift:
+            heappop(heap)
+            top = -heap[0]
         lo = float(head >> shift)
-        range_r = float((-tier.max_heap[0]) >> shift) - lo
+        range_r = float(top >> shift) - lo
         best_entry = -1
         best_score = 0.0
         for eff, level in levels:            # ascending efficiency, so ascending efficiency term
             eff_term = alpha * ((eff - e_lo) / range_e)
             if eff_term > best_score and best_entry >= 0:
                 break                        # score >= eff_term here and at every later level
-            entry = level.heap[0]
+            heap = level.heap
+            entry = heap[0]
+            level_id = level.level_id
+            while level_of[entry & mask] != level_id or seq_of[entry & mask] != entry >> shift:
+                heappop(heap)
+                entry = heap[0]
             if entry > best_entry >= 0:
                 continue                     # older best, no less efficient: it cannot win
             score = ((float(entry >> shift) - lo) / range_r if range_r > 0 else 0.0) + eff_term
@@ -201,7 +218,9 @@ class VictimIndex:
 
     def check_invariants(self, expected: Mapping[int, Membership] | None = None) -> None:
         """Recount every heap and list from the per-block records; with ``expected`` also check the
-        members are exactly those. Raises AssertionError on drift."""
+        members are exactly those. Raises AssertionError on drift. (Cleans the heaps' tops first, as
+        :meth:`victim` would: removals are lazy.)"""
+        self._clean_tops()
         if expected is not None:
             got = dict(self.members())
             assert got == dict(expected), (f"victim index drifted: {len(got)} members, {len(expected)} expected; "
@@ -258,29 +277,19 @@ class VictimIndex:
             tier.max_heap = self._swept(tier.max_heap, self._tier_of, tier_id, negated=True)
 
     def _leave(self, block_id: int) -> None:
-        """Drop a member; restore "every non-empty heap's top is live" where it was the top.
-
-        (The validity tests of ``_valid_in_tier`` are inlined: this runs for every block leaving
-        the free queue.)"""
+        """Drop a member. Lazily: its entries stay in the heaps, stale, until :meth:`victim` finds one
+        on a top it reads (or a sweep drops it); this runs for every block leaving the free queue."""
         level = self._levels[self._level_of[block_id]]
-        tier_id = level.tier
-        tier_of, seq_of = self._tier_of, self._seq_of
         self._level_of[block_id] = _NONE
-        tier_of[block_id] = _NONE
-        self._out_of_level(level)
-        tier = self._tiers[tier_id]
+        self._tier_of[block_id] = _NONE
+        level.num_live -= 1
+        if not level.num_live:
+            self._emptied(level)
+        tier = self._tiers[level.tier]
         tier.num_live -= 1
-        if tier.num_live == 0:
+        if not tier.num_live:
             tier.min_heap = []
             tier.max_heap = []
-            return
-        shift, mask = self._shift, self._mask
-        heap = tier.min_heap
-        while tier_of[heap[0] & mask] != tier_id or seq_of[heap[0] & mask] != heap[0] >> shift:
-            heappop(heap)
-        heap = tier.max_heap
-        while tier_of[-heap[0] & mask] != tier_id or seq_of[-heap[0] & mask] != -heap[0] >> shift:
-            heappop(heap)
 
     def _into_level(self, level: _Level, entry: int) -> None:
         """Push a new member's entry (its records already say ``level``); a level that fills joins
@@ -295,18 +304,29 @@ class VictimIndex:
             level.heap = self._swept(heap, self._level_of, level.level_id)
 
     def _out_of_level(self, level: _Level) -> None:
-        """A member left ``level`` (its records no longer say so): drop stale entries off the top,
-        or the level from its set's sorted lists once it is empty."""
+        """A member left ``level`` (its records no longer say so); its entry stays, stale (lazy)."""
         level.num_live -= 1
-        if level.num_live == 0:
-            level.heap = []
-            for levels, key in zip(self._tiers[level.tier].by_eff, level.sort_keys):
-                levels.remove(key)
-            return
-        heap, level_id, level_of, seq_of = level.heap, level.level_id, self._level_of, self._seq_of
-        shift, mask = self._shift, self._mask
-        while level_of[heap[0] & mask] != level_id or seq_of[heap[0] & mask] != heap[0] >> shift:
-            heappop(heap)
+        if not level.num_live:
+            self._emptied(level)
+
+    def _emptied(self, level: _Level) -> None:
+        """``level`` has no member left: out of its set's sorted lists, its heap dropped."""
+        level.heap = []
+        for levels, key in zip(self._tiers[level.tier].by_eff, level.sort_keys):
+            levels.remove(key)
+
+    def _clean_tops(self) -> None:
+        """Drop the stale entries off every top (what :meth:`victim` does for the tops it reads)."""
+        for tier_id, tier in enumerate(self._tiers):
+            if tier.num_live:
+                while not self._valid_in_tier(tier.min_heap[0], tier_id):
+                    heappop(tier.min_heap)
+                while not self._valid_in_tier(-tier.max_heap[0], tier_id):
+                    heappop(tier.max_heap)
+        for level in self._levels:
+            if level.num_live:
+                while not self._valid_in_level(level.heap[0], level):
+                    heappop(level.heap)
 
     def _valid_in_level(self, entry: int, level: _Level) -> bool:
         block_id = entry & self._mask
