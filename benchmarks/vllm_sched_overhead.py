@@ -1,0 +1,185 @@
+"""What the plugin costs vLLM's scheduler per step at 10^4 .. 10^6 blocks: stock vs plugin, interleaved.
+
+Runs in the vLLM environment. For each pool size and round, one subprocess per configuration (in a
+rotating order, so a shared machine's background load falls on all alike) builds the replay's engine
+core (:func:`marconi.integrations.vllm.replay.engine.build_engine_core`: vLLM's own ``Scheduler``,
+``KVCacheManager`` and ``BlockPool``, no model) and drives it with
+:func:`marconi.integrations.vllm.replay.worker.replay` through one synthetic multi-turn trace:
+
+* ``stock`` — the plugin unset (``MARCONI_VLLM_POLICY=''``): vLLM's LRU;
+* ``marconi`` — the plugin's eviction, α = 0.5;
+* ``adaptive`` — ``MARCONI_VLLM_ALPHA=adaptive``.
+
+The trace must make the pool evict, and filling 10^6 blocks with distinct tokens would take hours
+of scheduling on a CPU; so all but ``--free-region`` blocks of the pool are first taken out of the
+free queue and held (``BlockPool.get_new_blocks``, through the plugin's hooks where it is loaded), and
+the trace has about ``--fill`` times that region's tokens. The pool's arrays, hash map and the
+plugin's per-block state stay pool-sized; the free queue (and the plugin's victim index) hold the
+region. ``--free-region 0``: the whole pool is free (fine for 10^4).
+
+Prints per pool size and configuration: ``Scheduler.schedule`` wall time per step (median over
+rounds), its ratio to stock, the evicted blocks (counted in every configuration by a wrapper on
+``BlockPool._maybe_evict_cached_block``, the same in all), and the extra scheduler time per evicted
+block against stock. Not a test; numbers for reports::
+
+    .venv-vllm/bin/python benchmarks/vllm_sched_overhead.py --blocks 10000,100000,1000000 --rounds 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+CONFIGS = ("stock", "marconi", "adaptive")
+
+
+def config_env(name: str) -> dict[str, str]:
+    """``MARCONI_VLLM_*`` for one configuration (the plugin reads them when the engine core starts)."""
+    from marconi.integrations.vllm.config import PluginConfig
+
+    if name == "stock":
+        return {"MARCONI_VLLM_POLICY": "", "MARCONI_VLLM_MAMBA2_CPU_FIX": "off"}
+    env = PluginConfig(policy="marconi", alpha="adaptive" if name == "adaptive" else 0.5).to_env()
+    env["MARCONI_VLLM_MAMBA2_CPU_FIX"] = "off"
+    return env
+
+
+def synthetic_trace(num_tokens: int, *, sessions: int, turns: int, output_len: int, vocab: int,
+                    seed: int) -> list[dict[str, Any]]:
+    """Multi-turn sessions of random tokens, about ``num_tokens`` prompt tokens in all: each turn's
+    prompt is the previous prompt, its output and new tokens (so turns hit their session's prefix),
+    and every session is distinct (so the pool fills and evicts)."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    per_turn = max(16, num_tokens // max(1, sessions * turns * (turns + 1) // 2))
+    history: list[list[int]] = [[] for _ in range(sessions)]
+    requests = []
+    for turn in range(turns):
+        for s in range(sessions):
+            prompt = history[s] + rng.integers(1, vocab, size=per_turn).tolist()
+            output = rng.integers(1, vocab, size=output_len).tolist()
+            requests.append({"session": s, "prompt": prompt, "output": output})
+            history[s] = prompt + output
+    return requests
+
+
+def child(args: argparse.Namespace) -> int:
+    """One configuration on one pool size: the replay, its per-step scheduler times, evictions."""
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    from marconi.integrations.vllm.replay.engine import build_engine_core
+    from marconi.integrations.vllm.replay.run import model_dir
+    from marconi.integrations.vllm.replay.worker import replay
+
+    core = build_engine_core(str(model_dir(args.model)), num_blocks=args.num_blocks, max_model_len=args.max_model_len,
+                             max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs)
+    pool = core.scheduler.kv_cache_manager.block_pool
+    block_size = int(core.scheduler.block_size)
+    region = args.free_region if args.free_region else pool.get_num_free_blocks()
+    held = pool.get_new_blocks(max(0, pool.get_num_free_blocks() - region))     # out of the queue, for good
+    evicted = [0]
+    evict = pool._maybe_evict_cached_block          # vLLM private (the plugin's hook where it is loaded)
+
+    def counting(block: Any) -> bool:
+        done = evict(block)
+        evicted[0] += bool(done)
+        return done
+
+    pool._maybe_evict_cached_block = counting
+    requests = synthetic_trace(int(args.fill * region * block_size), sessions=args.sessions, turns=args.turns,
+                               output_len=args.output_len, vocab=args.vocab, seed=args.seed)
+    result = replay(core, requests, gpu="h100", concurrency=args.concurrency, rate=None)
+    hooks = getattr(core.scheduler, "_marconi", None)
+    out = {"sched_s_per_step": result["sched_s_per_step"], "sched_s_total": result["sched_s_total"],
+           "num_steps": result["num_steps"], "evicted": evicted[0], "held": len(held), "region": region,
+           "block_size": block_size, "num_blocks": int(pool.num_gpu_blocks),
+           "prompt_tokens": sum(len(r["prompt"]) for r in requests), "hits": result["prefix_cache_hits"],
+           "policy": hooks.policy if hooks is not None else "stock",
+           "plugin_evictions": result["plugin_evictions"]}
+    Path(args.out).write_text(json.dumps(out))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--blocks", default="10000,100000,1000000", help="pool sizes, comma-separated")
+    parser.add_argument("--configs", default=",".join(CONFIGS))
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--model", default="nemotron-h-8b", help="a bundled config or a directory with config.json")
+    parser.add_argument("--free-region", type=int, default=4000,
+                        help="free blocks the trace cycles through (the rest are held); 0: the whole pool")
+    parser.add_argument("--fill", type=float, default=3.0, help="trace prompt tokens / the region's tokens")
+    parser.add_argument("--sessions", type=int, default=32)
+    parser.add_argument("--turns", type=int, default=4)
+    parser.add_argument("--output-len", type=int, default=8)
+    parser.add_argument("--vocab", type=int, default=32000)
+    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--max-model-len", type=int, default=1 << 17)
+    parser.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    parser.add_argument("--max-num-seqs", type=int, default=256)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--num-blocks", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        return child(args)
+    configs = [c.strip() for c in args.configs.split(",") if c.strip()]
+    if not configs or any(c not in CONFIGS for c in configs):
+        parser.error(f"--configs: choose from {', '.join(CONFIGS)}")
+    common = ["--model", args.model, "--free-region", str(args.free_region), "--fill", str(args.fill),
+              "--sessions", str(args.sessions), "--turns", str(args.turns), "--output-len", str(args.output_len),
+              "--vocab", str(args.vocab), "--concurrency", str(args.concurrency),
+              "--max-model-len", str(args.max_model_len), "--max-num-batched-tokens", str(args.max_num_batched_tokens),
+              "--max-num-seqs", str(args.max_num_seqs), "--seed", str(args.seed)]
+    say = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for n in (int(x) for x in args.blocks.split(",")):
+            runs: dict[str, list[dict[str, Any]]] = {c: [] for c in configs}
+            for r in range(args.rounds):
+                for name in configs[r % len(configs):] + configs[:r % len(configs)]:
+                    out = Path(tmp) / f"{n}-{name}-{r}.json"
+                    env = {k: v for k, v in os.environ.items() if not k.startswith("MARCONI_VLLM_")}
+                    env.update(config_env(name), VLLM_ENABLE_V1_MULTIPROCESSING="0", OMP_NUM_THREADS="1",
+                               VLLM_ALLOW_LONG_MAX_MODEL_LEN="1")
+                    proc = subprocess.run([sys.executable, __file__, "--child", "--num-blocks", str(n), "--out", str(out),
+                                           *common], env=env, capture_output=True, text=True)
+                    if proc.returncode != 0:
+                        raise SystemExit(f"{name} at {n} blocks failed:\n{proc.stderr[-3000:]}")
+                    runs[name].append(json.loads(out.read_text()))
+                    got = runs[name][-1]
+                    say(f"{n:,} blocks, round {r + 1}, {name}: {1e3 * got['sched_s_per_step']:.3f} ms/step over "
+                        f"{got['num_steps']} steps, {got['evicted']:,} evicted")
+            base = statistics.median(x["sched_s_per_step"] for x in runs[configs[0]])
+            base_total = statistics.median(x["sched_s_total"] for x in runs[configs[0]])
+            for name in configs:
+                per_step = statistics.median(x["sched_s_per_step"] for x in runs[name])
+                total = statistics.median(x["sched_s_total"] for x in runs[name])
+                evicted = statistics.median(x["evicted"] for x in runs[name])
+                first = runs[name][0]
+                rows.append({"blocks": f"{n:,}", "config": name, "region": f"{first['region']:,}",
+                             "block": first["block_size"], "steps": first["num_steps"], "evicted": f"{evicted:,.0f}",
+                             "ms_step": f"{1e3 * per_step:.3f}", "ratio": f"{per_step / base:.3f}×",
+                             "per_victim": "–" if name == configs[0] or not evicted
+                             else f"{1e6 * (total - base_total) / evicted:+.1f} µs"})
+    from marconi.report import format_table
+
+    print(f"Scheduler.schedule wall time per step, medians of {args.rounds} rounds (configurations interleaved); "
+          f"ratio and extra time per evicted block against {configs[0]}")
+    print(format_table(rows, [("pool (blocks)", "blocks", None), ("config", "config", None),
+                              ("free region", "region", None), ("block", "block", None), ("steps", "steps", None),
+                              ("evicted", "evicted", None), ("ms/step", "ms_step", None),
+                              (f"vs {configs[0]}", "ratio", None), ("extra per evicted block", "per_victim", None)]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
