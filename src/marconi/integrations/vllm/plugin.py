@@ -304,6 +304,7 @@ class PoolHooks:
         self._trace = trace              # the open block trace (MARCONI_VLLM_TRACE), or None
         self.settings: dict[str, Any] = {}
         self.num_evicted: dict[str, int] = {}
+        self._evicted_counters: dict[tuple[str, str], Any] = {}     # (group, reason) -> its labelled counter
         self._admitted: dict[str, tuple[int, int]] = {}     # request id -> (hit, kv-only) tokens at admission
         self._observe_failed = False
         self.num_finished = 0            # requests shown to the α source
@@ -479,7 +480,11 @@ class PoolHooks:
             gid = self._hash_parts[1](key)
             reason = REASONS[int(self.state.reason[block.block_id])]
             group = self.group_kinds[gid] if gid < len(self.group_kinds) else "other"
-            self.counters.evicted.labels(self.policy, group, reason).inc()
+            counter = self._evicted_counters.get((group, reason))
+            if counter is None:            # labels() costs a lock and a dict lookup: once per label set
+                counter = self._evicted_counters[(group, reason)] = self.counters.evicted.labels(self.policy, group,
+                                                                                                 reason)
+            counter.inc()
             name = f"{group}:{reason}"
             self.num_evicted[name] = self.num_evicted.get(name, 0) + 1
             self._emit("evict", block.block_id, gid, block.block_hash_num_tokens)
