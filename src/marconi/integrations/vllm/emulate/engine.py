@@ -19,7 +19,7 @@ from marconi.core.registry import ConfigError
 from marconi.integrations.common.alpha import AlphaSource, FixedAlpha, RequestObservation
 from marconi.integrations.vllm.config import PluginConfig
 from marconi.integrations.vllm.emulate.block_pool import Block, BlockPool
-from marconi.integrations.vllm.emulate.layout import VllmLayout, cdiv
+from marconi.integrations.vllm.emulate.layout import VllmLayout, cdiv, checkpoint_position, is_checkpoint_valid
 from marconi.integrations.vllm.emulate.managers import AttentionManager, MambaManager
 from marconi.integrations.vllm.emulate.request import RequestState
 from marconi.integrations.vllm.policy import ATTENTION, DEFAULT_ALPHA, MAMBA, BlockEvictionState
@@ -162,8 +162,17 @@ class VllmAlignEngine:
         prefill_end = max(req.num_prompt_tokens, req.num_tokens - 1)
         if start >= prefill_end:
             return num_new
-        last_cache_position = max((req.num_tokens - 1) // size * size, 0)
+        last_cache_position = checkpoint_position(req.num_tokens, size)
         end = start + num_new
+        unit = self.layout.hash_block_size
+        # A chunk reaching the prefill's end whose backend can export the boundary state from inside
+        # the pass (MambaMixer2's prefill checkpoint) is not split there: the state goes to a
+        # checkpoint block the Mamba manager reserves (``MambaManager._checkpoints``).
+        internal = end >= prefill_end and is_checkpoint_valid(
+            start, end, checkpoint_position(prefill_end, min(unit, size)), unit, size,
+            self.layout.prefill_checkpoint_alignment)
+        if internal:
+            last_cache_position = 0
         if end < prefill_end:
             budget = self.layout.max_num_batched_tokens
             if self.layout.long_prefill_token_threshold > 0:
@@ -172,13 +181,13 @@ class VllmAlignEngine:
             if aligned_end > start or size <= budget:
                 end = aligned_end
         # With a prefix-match unit finer than the block, also stop at the prompt's last hash
-        # boundary: its state is what a longer sibling's partial hit resumes from.
-        unit = self.layout.hash_block_size
-        tail = max((req.num_prompt_tokens - 1) // unit * unit, 0) if unit < size else 0
+        # boundary: its state is what a longer sibling's partial hit resumes from (unless the
+        # backend exports it from inside the pass).
+        tail = checkpoint_position(req.num_prompt_tokens, unit) if unit < size and not internal else 0
         junction = req.shared_prefix_boundary
         junction_stop = start + (junction - start) // size * size     # block-floored from the start, as in vLLM
         stops = (
-            (start // size + 1) * size if start % size else 0,
+            (start // size + 1) * size if start % size and not internal else 0,
             last_cache_position,
             tail if last_cache_position < tail < req.num_prompt_tokens else 0,
             junction_stop if start < junction < end else 0,
@@ -201,8 +210,12 @@ class VllmAlignEngine:
                               f"— raise the capacity")
 
     def _blocks_needed(self, req: RequestState, num_tokens: int, new_computed: list[list[Block]] | None,
-                       total_computed: int) -> int:
-        return sum(m.num_blocks_to_allocate(req, num_tokens, new_computed[g] if new_computed else [], total_computed)
+                       total_computed: int, admission: bool = False) -> int:
+        """``get_num_blocks_to_allocate`` summed over the groups; ``admission``: the full-sequence
+        gate's call (vLLM's ``apply_admission_cap``), which counts a prefill checkpoint block but
+        does not record it."""
+        return sum(m.num_blocks_to_allocate(req, num_tokens, new_computed[g] if new_computed else [], total_computed,
+                                            admission=admission)
                    for g, m in enumerate(self.managers))
 
     def try_allocate_slots(self, req: RequestState, num_new: int, num_new_computed: int,
@@ -216,8 +229,8 @@ class VllmAlignEngine:
         """
         self.pool.emit("slots", req.num_computed_tokens, num_new_computed, num_new, 0)
         total_computed = req.num_computed_tokens + num_new_computed
-        if full_sequence_must_fit and self._blocks_needed(req, req.num_tokens, new_computed,
-                                                          total_computed) > self.pool.num_free:
+        if full_sequence_must_fit and self._blocks_needed(req, req.num_tokens, new_computed, total_computed,
+                                                          admission=True) > self.pool.num_free:
             return False
         for manager in self.managers:
             manager.remove_skipped_blocks(req, total_computed)

@@ -19,12 +19,39 @@ from marconi.core.model import ModelSpec
 from marconi.core.registry import ConfigError
 from marconi.integrations.vllm.policy import ATTENTION, MAMBA
 
-__all__ = ["VllmLayout", "layout_for_spec", "pool_capacity_bytes", "prefix_hashes", "cdiv"]
+__all__ = ["VllmLayout", "layout_for_spec", "pool_capacity_bytes", "prefix_hashes", "cdiv",
+           "prefill_checkpoint_alignment_for", "MAMBA2_MODEL_TYPES", "checkpoint_position", "is_checkpoint_valid"]
+
+# HF ``model_type``s whose vLLM 0.32 model builds its SSM layers from ``MambaMixer2``, which asks for
+# in-pass prefill checkpoints (``num_prefill_checkpoint_blocks=1, prefill_checkpoint_alignment=1``).
+MAMBA2_MODEL_TYPES = frozenset({"nemotron_h", "falcon_h1", "bamba", "zamba2", "granitemoehybrid", "mamba2"})
+
+
+def prefill_checkpoint_alignment_for(spec: ModelSpec) -> int | None:
+    """vLLM 0.32's Mamba ``prefill_checkpoint_alignment`` for ``spec`` on a GPU (from its HF
+    ``model_type``): 1 for ``MambaMixer2`` models, ``None`` (no internal checkpoints) otherwise."""
+    source = spec.source or ""
+    return 1 if source.startswith("hf:") and source[3:] in MAMBA2_MODEL_TYPES else None
 
 
 def cdiv(a: int, b: int) -> int:
     """``ceil(a / b)`` for positive ``b``, in integers (vLLM's ``cdiv``)."""
     return -(-a // b)
+
+
+def checkpoint_position(num_tokens: int, align: int) -> int:
+    """vLLM's ``get_mamba_prefill_checkpoint_position`` (no EAGLE): the last ``align``-aligned
+    position below ``num_tokens`` (one token is left to recompute on a resend)."""
+    return max((num_tokens - 1) // align * align, 0)
+
+
+def is_checkpoint_valid(start: int, end: int, position: int, unit: int, block_size: int, alignment: int | None) -> bool:
+    """vLLM's ``is_mamba_prefill_checkpoint_valid``: can the backend export the state at
+    ``position`` from inside one forward over ``[start, end)`` (into column ``cdiv(end, B) - 2``)?"""
+    if alignment is None:
+        return False
+    return (start % unit == 0 and cdiv(end, block_size) - 2 > (start - 1) // block_size
+            and start + unit <= position and start < position < end and (position - start) % alignment == 0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +74,14 @@ class VllmLayout:
             are copied on write, as vLLM 0.32 does.
         shared_prefix_checkpoint: ``enable_mamba_shared_prefix_checkpoint``; vLLM 0.32 honours it
             only with an EAGLE drafter, which is not modelled, so it changes nothing (as in vLLM).
+        prefill_checkpoint_alignment: the Mamba groups' ``prefill_checkpoint_alignment`` (their
+            ``num_prefill_checkpoint_blocks`` is then 1): the backend exports the prompt's
+            boundary state from inside the forward pass, so vLLM does not split the prefill's last
+            chunk there but reserves a checkpoint block for it. vLLM 0.32's ``MambaMixer2``
+            (Nemotron-H, Falcon-H1, Bamba, Zamba2, Granite-4) asks for alignment 1 on a GPU; ``None``:
+            no internal checkpoints (gated DeltaNet / Qwen3-Next, and any model on vLLM's CPU build
+            with the plugin's Mamba-2 CPU fix). :func:`prefill_checkpoint_alignment_for` gives
+            vLLM's value for a model.
     """
 
     block_size: int
@@ -58,6 +93,7 @@ class VllmLayout:
     retention_interval: int | None = 0
     prefix_match_unit: int | None = None
     shared_prefix_checkpoint: bool = False
+    prefill_checkpoint_alignment: int | None = None
 
     def __post_init__(self) -> None:
         if self.block_size <= 0:
@@ -79,6 +115,9 @@ class VllmLayout:
         if unit is not None and (unit <= 0 or self.block_size % unit):
             raise ConfigError(f"vllm-align: prefix_match_unit must divide the block size {self.block_size} "
                               f"(as vLLM requires), got {unit}")
+        if self.prefill_checkpoint_alignment is not None and self.prefill_checkpoint_alignment <= 0:
+            raise ConfigError(f"vllm-align: prefill_checkpoint_alignment must be > 0 or None, "
+                              f"got {self.prefill_checkpoint_alignment}")
 
     @property
     def hash_block_size(self) -> int:
@@ -93,7 +132,8 @@ class VllmLayout:
                 "groups": ",".join("A" if k == ATTENTION else "M" for k in self.group_kinds),
                 "max_num_batched_tokens": self.max_num_batched_tokens,
                 "retention_interval": self.retention_interval, "prefix_match_unit": self.hash_block_size,
-                "shared_prefix_checkpoint": self.shared_prefix_checkpoint}
+                "shared_prefix_checkpoint": self.shared_prefix_checkpoint,
+                "prefill_checkpoint_alignment": self.prefill_checkpoint_alignment}
 
 
 def layout_for_spec(spec: ModelSpec, *, capacity_bytes: float | None = None, num_blocks: int | None = None,

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from marconi.integrations.vllm.emulate.block_pool import Block, BlockPool
-from marconi.integrations.vllm.emulate.layout import cdiv
+from marconi.integrations.vllm.emulate.layout import cdiv, checkpoint_position, is_checkpoint_valid
 from marconi.integrations.vllm.emulate.request import RequestState
 from marconi.integrations.vllm.policy import ATTENTION, MAMBA
 
@@ -115,7 +115,7 @@ class AttentionManager(GroupManager):
             blocks.extend(self.pool.get_new_blocks(num_new))
 
     def num_blocks_to_allocate(self, req: RequestState, num_tokens: int, new_computed: list[Block],
-                               num_local_computed: int) -> int:
+                               num_local_computed: int, *, admission: bool = False) -> int:
         held = len(self.req_to_blocks.get(req.rid, ()))
         if req.rid in self.num_cached_block:
             return max(cdiv(num_tokens, self.block_size) - held, 0)
@@ -145,7 +145,15 @@ class AttentionManager(GroupManager):
 
 
 class MambaManager(GroupManager):
-    """vLLM's ``MambaManager`` in ``align`` mode (no speculative or prefill-checkpoint blocks)."""
+    """vLLM's ``MambaManager`` in ``align`` mode (no speculative blocks).
+
+    With the layout's ``prefill_checkpoint_alignment`` (MambaMixer2), a chunk that reaches the
+    prefill's end and can export the boundary state from inside the pass gets one extra block, the
+    checkpoint block at column ``cdiv(end, B) - 2``, keyed at that boundary once cached: the
+    scheduler then runs the prompt's last chunk unsplit. The full-sequence admission gate counts
+    that block too, so a Mamba-2 request needs one more free block per Mamba group to be admitted
+    than a gated-DeltaNet one.
+    """
 
     kind = MAMBA
 
@@ -154,6 +162,11 @@ class MambaManager(GroupManager):
         self.last_state_block_idx: dict[int, int] = {}
         self.num_retired_blocks: dict[int, int] = {}
         self.allocated: set[int] = set()
+        self.checkpoint_alignment = pool.layout.prefill_checkpoint_alignment
+        self.align = min(self.hash_unit, self.block_size)     # vLLM's cache_hit_alignment_tokens
+        # Request -> (checkpoint position, checkpoint block index) for the current allocation
+        # (vLLM's ``_checkpoints``, set by every non-admission ``get_num_blocks_to_allocate``).
+        self.checkpoints: dict[int, tuple[int, int]] = {}
         # Keys of the states cached in this scheduling step: another request cannot resume from them
         # until the step has run (vLLM's ``cached_blocks_this_step``).
         self.cached_this_step: set[tuple[bytes, int]] = set()
@@ -200,8 +213,21 @@ class MambaManager(GroupManager):
         if idx is not None and idx < cdiv(processed, self.block_size) - 1:
             self._free_and_null(blocks, [idx])
 
+    def _needs_internal_checkpoint(self, req: RequestState, start: int, end: int, position: int) -> bool:
+        """vLLM's ``_needs_internal_checkpoint``: the chunk ``[start, end)`` exports ``position``
+        into a checkpoint block (a fresh one: that column holds nothing yet)."""
+        if self.checkpoint_alignment is None:
+            return False
+        # Under dense or interval retention every chunk publishes a state (vLLM zeroes prefill_end).
+        prefill_end = max(req.num_prompt_tokens, req.num_tokens - 1) if self.pool.layout.retention_interval == 0 else 0
+        idx = cdiv(end, self.block_size) - 2
+        blocks = self.req_to_blocks.get(req.rid, [])
+        return (end >= prefill_end
+                and is_checkpoint_valid(start, end, position, self.hash_unit, self.block_size, self.checkpoint_alignment)
+                and idx >= 0 and (idx >= len(blocks) or blocks[idx] is self.pool.null))
+
     def num_blocks_to_allocate(self, req: RequestState, num_tokens: int, new_computed: list[Block],
-                               num_local_computed: int) -> int:
+                               num_local_computed: int, *, admission: bool = False) -> int:
         if new_computed and new_computed[-1].key in self.cached_this_step:
             return self.pool.layout.num_blocks + 1         # as vLLM: never fits, so it waits a step
         held = len(self.req_to_blocks.get(req.rid, ()))
@@ -209,8 +235,15 @@ class MambaManager(GroupManager):
         partial = self.has_partial_local_hit(new_computed, num_local_computed) or req.rid in self.partial_hit_reqs
         if partial:
             num_new = max(num_new, 0) + 1
-        if num_new > 0:
-            num_new = min(num_new, 1 + int(partial))             # the physical cap: the running block (+ CoW)
+        position = checkpoint_position(num_tokens, self.align)
+        checkpoint = self._needs_internal_checkpoint(req, num_local_computed, num_tokens, position)
+        if not admission:                  # as vLLM: the gate's call counts the block, records nothing
+            if checkpoint:
+                self.checkpoints[req.rid] = (position, cdiv(num_tokens, self.block_size) - 2)
+            else:
+                self.checkpoints.pop(req.rid, None)
+        if num_new > 0:       # the physical cap: the running block (+ CoW) (+ the checkpoint block)
+            num_new = min(num_new, 1 + int(partial) + int(checkpoint))
         # May be negative, as in vLLM: a request holding more (null-padded) blocks than it needs.
         return num_new + sum(1 for b in new_computed if b.ref_cnt == 0 and b is not self.pool.null)
 
@@ -218,7 +251,8 @@ class MambaManager(GroupManager):
         blocks = self.req_to_blocks.setdefault(req.rid, [])
         num_required = cdiv(num_tokens, self.block_size)
         partial = self.partial_hit_reqs.get(req.rid)
-        if num_required <= len(blocks) and partial is None:
+        checkpoint = int(req.rid in self.checkpoints)
+        if num_required <= len(blocks) and partial is None and not checkpoint:
             self.allocated.add(req.rid)
             return
         prev_len = len(blocks)
@@ -226,8 +260,8 @@ class MambaManager(GroupManager):
         if was_allocated or prev_len > 0:
             self.last_state_block_idx[req.rid] = prev_len - 1     # the state the next one copies
         num_skipped = num_required - 1
-        if prev_len < num_skipped:
-            blocks.extend([self.pool.null] * (num_skipped - prev_len))
+        if prev_len < num_skipped:       # null up to the checkpoint column, which gets a real block
+            blocks.extend([self.pool.null] * max(num_skipped - checkpoint - prev_len, 0))
         num_new = max(num_required - len(blocks), 0) + int(partial is not None)
         new = self.pool.get_new_blocks(num_new)
         if partial is not None:
@@ -282,9 +316,36 @@ class MambaManager(GroupManager):
             self.cached_this_step.update(b.key for b in blocks[num_cached:num_full] if b.key is not None)
         self._cache_partial_tail_block(req, num_tokens)
 
+    def _cache_checkpoint_block(self, req: RequestState, position: int, idx: int) -> None:
+        """vLLM's checkpoint branch of ``_cache_partial_tail_block``: key the checkpoint block at
+        the boundary the pass exported into it, if a later request can resume there; otherwise
+        the transient state is not reusable and the block's hash goes."""
+        blocks = self.req_to_blocks[req.rid]
+        assert 0 <= idx < len(blocks)
+        block = blocks[idx]
+        is_prompt_checkpoint = position == checkpoint_position(req.num_prompt_tokens, self.align)
+        retained = False
+        if position % self.block_size == 0:
+            block_idx = position // self.block_size - 1
+            boundaries = [req.num_prompt_tokens - 1] + ([req.shared_prefix_boundary] if req.shared_prefix_boundary else [])
+            mask = self.reachable_block_mask(block_idx, block_idx + 1, boundaries)
+            retained = mask is None or mask[0]
+        if not is_prompt_checkpoint and not retained and position != req.shared_prefix_boundary:
+            self.pool._maybe_evict_cached_block(block)
+            return
+        if block.key is not None and block.depth == position:
+            return
+        key = self.pool.cache_partial_block(req, block, position, self.group_id, replace_existing=True)
+        if key is not None:
+            self.cached_this_step.add(key)
+
     def _cache_partial_tail_block(self, req: RequestState, num_tokens: int) -> None:
         """At the prompt's last hash boundary, key the running state block there (a producer CoW
         then preserves it when the request moves on)."""
+        checkpoint = self.checkpoints.get(req.rid)
+        if checkpoint is not None:
+            self._cache_checkpoint_block(req, *checkpoint)
+            return
         unit = self.hash_unit
         if num_tokens <= 0 or num_tokens % unit:
             return
@@ -303,6 +364,7 @@ class MambaManager(GroupManager):
 
     def free(self, req: RequestState) -> None:
         self.allocated.discard(req.rid)
+        self.checkpoints.pop(req.rid, None)
         self.last_state_block_idx.pop(req.rid, None)
         self.num_retired_blocks.pop(req.rid, None)
         super().free(req)
