@@ -84,10 +84,14 @@ def select_requests(trace: str, *, max_input_len: int, num_requests: int | None 
 def _capped_trace(text: str, max_input_len: int, notice: Progress | None) -> tuple[Trace, int]:
     """The trace, its inputs capped, and the cap that applied (a catalog name's own wins)."""
     if is_workload(text):
+        from marconi.workloads.catalog import WORKLOADS
+
         parsed = parse_name(text)
-        parsed.params.setdefault("max_input_len", str(max_input_len))
-        trace = load_trace(str(parsed), notice=notice)      # the catalog parsed the cap: it is an int
-        return trace, int(parsed.params["max_input_len"])
+        if "max_input_len" in WORKLOADS.params_of(parsed.name):   # the builder ends sessions at the cap
+            parsed.params.setdefault("max_input_len", str(max_input_len))
+            trace = load_trace(str(parsed), notice=notice)      # the catalog parsed the cap: it is an int
+            return trace, int(parsed.params["max_input_len"])
+        text = str(parsed)              # a builder without a cap (sharegpt, mooncake): cut as a file is
     trace = load_trace(text, notice=notice)
     ended: set[Any] = set()
     kept = []

@@ -17,9 +17,13 @@ Only the handler prints (progress to stderr, the comparison table to stdout).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import shlex
 import sys
-from typing import Any
+import tempfile
+from typing import Any, Callable
+
+from marconi.sim.backends import worker_count
 
 __all__ = ["register"]
 
@@ -78,15 +82,23 @@ def _register_replay(sub: Any) -> None:
                              "with a config.json; no weights are read")
     replay.add_argument("--trace", default="swe-sample", help="a trace file or a catalog name, as simulate takes it")
     pool = replay.add_mutually_exclusive_group(required=True)
-    pool.add_argument("--blocks", type=int, default=None, help="the block pool (vLLM's num_gpu_blocks_override)")
+    pool.add_argument("--blocks", default=None,
+                      help="the block pool (vLLM's num_gpu_blocks_override); a comma list sweeps")
     pool.add_argument("--capacity", default=None,
-                      help="KV budget: a fraction of the trace's working set (0.05x) or a size (10GB), as simulate")
+                      help="KV budget: a fraction of the trace's working set (0.05x) or a size (10GB), as simulate; "
+                           "a comma list sweeps")
     pool.add_argument("--gpu-memory", default=None,
-                      help="the GPU's memory (80GB): 0.9 of it, less weights and a 4 GiB activation reserve")
+                      help="the GPU's memory (80GB): 0.9 of it, less weights and a 4 GiB activation reserve; "
+                           "a comma list sweeps")
     replay.add_argument("--gpu", default="h100", help="step-time model's GPU: h100, h200 or a100")
+    replay.add_argument("--tensor-parallel", type=int, default=1,
+                        help="GPUs per replica: --gpu-memory is per GPU (weights split over them) and the step "
+                             "time divides over them; TP must divide the model's KV and recurrent heads")
+    replay.add_argument("--weight-bytes", type=int, default=None,
+                        help="bytes per weight in --gpu-memory's arithmetic (default: bf16's 2; 1 for FP8)")
     load = replay.add_mutually_exclusive_group(required=True)
-    load.add_argument("--concurrency", type=int, default=None, help="closed loop: requests in flight")
-    load.add_argument("--rate", type=float, default=None, help="Poisson arrivals per (virtual) second")
+    load.add_argument("--concurrency", default=None, help="closed loop: requests in flight; a comma list sweeps")
+    load.add_argument("--rate", default=None, help="Poisson arrivals per (virtual) second; a comma list sweeps")
     load.add_argument("--trace-times", type=float, nargs="?", const=1.0, default=None, metavar="SCALE",
                       help="each request at its trace timestamp (the first at 0), times SCALE (default 1; "
                            "0.5: twice as fast); a turn still waits for its predecessor")
@@ -99,29 +111,86 @@ def _register_replay(sub: Any) -> None:
     replay.add_argument("--max-num-batched-tokens", type=int, default=8192)
     replay.add_argument("--max-num-seqs", type=int, default=256)
     replay.add_argument("--no-emulation", action="store_true", help="skip the vllm-align emulation")
+    replay.add_argument("--backend", default="local", choices=["local", "ray"],
+                        help="a sweep's points: local processes, or one Ray task each (nodes need both "
+                             "environments at the same paths)")
+    replay.add_argument("--workers", type=worker_count, default=1,
+                        help="sweep points run at once (default 1: more share the cores and slow "
+                             "schedule()/step, never the hit rates or the virtual clock)")
+    replay.add_argument("--address", default=None, help="with --backend ray: the cluster to join")
     replay.add_argument("--work-dir", default=None, help="requests, worker logs and results (default: a temp dir)")
     replay.add_argument("--out", default="results/vllm_replay.jsonl", help="JSONL records (written atomically)")
     replay.add_argument("--plot", default="results/vllm_replay_ttft_cdf.png", help="TTFT CDF PNG ('' to skip)")
     replay.set_defaults(func=_cmd_replay)
 
 
+def _comma_list(text: str | None, flag: str, kind: Callable[[str], Any]) -> list[Any] | None:
+    """``--flag a,b,c`` as values of ``kind`` (None: not given); a clear error for a bad item."""
+    from marconi.core.registry import ConfigError
+
+    if text is None:
+        return None
+    out = []
+    for item in (s.strip() for s in str(text).split(",")):
+        try:
+            out.append(kind(item))
+        except ValueError:
+            raise ConfigError(f"{flag}: {item!r} is not a valid value (a comma list of {kind.__name__})") from None
+    if not out:
+        raise ConfigError(f"{flag}: give at least one value")
+    return out
+
+
+def _replay_axes(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The pool sizes and the loads the command asks for (one each: one point; more: a sweep)."""
+    pools = [{field: v} for field, flag, kind in (("num_blocks", "--blocks", int), ("capacity", "--capacity", str),
+                                                  ("gpu_memory", "--gpu-memory", str))
+             for v in _comma_list(getattr(args, field if field != "num_blocks" else "blocks"), flag, kind) or ()]
+    loads = [{field: v} for field, flag, kind in (("concurrency", "--concurrency", int), ("rate", "--rate", float))
+             for v in _comma_list(getattr(args, field), flag, kind) or ()]
+    if args.trace_times is not None:
+        loads.append({"time_scale": args.trace_times})
+    return pools, loads
+
+
 def _cmd_replay(args: argparse.Namespace) -> int:
     from marconi.sim.sweep import write_records
-    from marconi.integrations.vllm.replay.run import ReplayConfig, parse_policies, plot_ttft_cdf, replay_table, run_replay
+    from marconi.integrations.vllm.replay.run import (ReplayConfig, parse_policies, plot_sweep, plot_ttft_cdf,
+                                                      replay_table, run_replay)
+    from marconi.integrations.vllm.replay.sweep import run_sweep, sweep_configs
 
-    config = ReplayConfig(vllm_python=args.vllm_python, model=args.model, trace=args.trace,
-                          policies=parse_policies(args.policies), alpha=args.alpha, num_blocks=args.blocks,
-                          capacity=args.capacity, gpu_memory=args.gpu_memory, gpu=args.gpu,
-                          concurrency=args.concurrency, rate=args.rate, time_scale=args.trace_times,
-                          max_input_len=args.max_input_len,
-                          num_requests=args.num_requests, max_output_len=args.max_output_len,
-                          max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs)
-    records = run_replay(config, work_dir=args.work_dir, emulate=not args.no_emulation,
-                         progress=lambda m: print(m, file=sys.stderr))
+    base = ReplayConfig(vllm_python=args.vllm_python, model=args.model, trace=args.trace,
+                        policies=parse_policies(args.policies), alpha=args.alpha, num_blocks=1,
+                        gpu=args.gpu, tensor_parallel=args.tensor_parallel, concurrency=1,
+                        max_input_len=args.max_input_len,
+                        num_requests=args.num_requests, max_output_len=args.max_output_len,
+                        max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs)
+    pools, loads = _replay_axes(args)
+    configs = [dataclasses.replace(c, weight_bytes=args.weight_bytes) for c in sweep_configs(base, pools=pools, loads=loads)]
+    if len(configs) == 1:
+        records = run_replay(configs[0], work_dir=args.work_dir, emulate=not args.no_emulation,
+                             progress=lambda m: print(m, file=sys.stderr))
+    else:
+        from tqdm import tqdm
+
+        work = args.work_dir or tempfile.mkdtemp(prefix="marconi-replay-sweep-")
+        print(f"{len(configs)} points ({len(pools)} pools x {len(loads)} loads) x {len(base.policies)} policies on "
+              f"the {args.backend} backend; work in {work}", file=sys.stderr)
+        with tqdm(total=len(configs), desc="sweep", unit="point") as bar:
+            backend: Any = args.backend
+            if args.backend == "ray" or args.address is not None:
+                from marconi.sim.backends import make_backend
+
+                backend = make_backend(args.backend, workers=args.workers, address=args.address)
+            records = run_sweep(configs, work_dir=work, backend=backend, workers=args.workers,
+                                emulate=not args.no_emulation, on_point=lambda _: bar.update(1))
+            if not isinstance(backend, str):
+                backend.close()
     write_records(records, args.out)
     print(f"wrote {len(records)} records to {args.out}", file=sys.stderr)
     if args.plot:
-        print(f"wrote {plot_ttft_cdf(records, args.plot)}", file=sys.stderr)
+        plotted = plot_ttft_cdf(records, args.plot) if len(configs) == 1 else plot_sweep(records, args.plot)
+        print(f"wrote {plotted}", file=sys.stderr)
     print(replay_table(records))
     return 0
 

@@ -29,21 +29,32 @@ ACTIVATION_RESERVE_BYTES = 4 * 2**30
 
 
 def available_kv_bytes(gpu_memory_bytes: int, num_params: int, bytes_per_param: int, *,
-                       gpu_memory_utilization: float = 0.9,
+                       tensor_parallel: int = 1, gpu_memory_utilization: float = 0.9,
                        activation_reserve_bytes: int = ACTIVATION_RESERVE_BYTES) -> int:
-    """vLLM's KV budget on one GPU: ``utilization × memory − weights − activation reserve``.
+    """vLLM's KV budget, in bytes of the whole model's KV cache: per GPU ``utilization × memory −
+    weights / TP − activation reserve``, times ``tensor_parallel``.
 
     vLLM's worker computes ``requested_memory = gpu_memory_utilization × total`` and subtracts the
     profiled non-KV peak (weights, activations, CUDA graphs, non-torch memory). Weights are
-    ``num_params × bytes_per_param``; the rest is :data:`ACTIVATION_RESERVE_BYTES` (an estimate, not
-    a profile). Raises ValueError if nothing is left for the KV cache.
+    ``num_params × bytes_per_param`` (1 for FP8 checkpoints), split over the ``tensor_parallel``
+    GPUs; the rest is :data:`ACTIVATION_RESERVE_BYTES` per GPU (an estimate, not a profile). Under
+    tensor parallelism every GPU holds ``1/TP`` of each layer's heads, so its blocks are ``1/TP``
+    of the whole model's and the pool has ``TP × per-GPU budget / page`` blocks: the same count as
+    one GPU with ``TP ×`` the budget and the full page. That holds where TP divides every layer's
+    KV and recurrent heads (vLLM replicates KV heads otherwise, which changes the block size): the
+    caller checks it. Raises ValueError if nothing is left for the KV cache.
     """
-    left = int(gpu_memory_utilization * gpu_memory_bytes) - num_params * bytes_per_param - activation_reserve_bytes
+    if tensor_parallel < 1:
+        raise ValueError(f"tensor_parallel must be >= 1, got {tensor_parallel}")
+    weights = num_params * bytes_per_param
+    left = int(gpu_memory_utilization * gpu_memory_bytes) - weights // tensor_parallel - activation_reserve_bytes
     if left <= 0:
         raise ValueError(f"{gpu_memory_bytes / 1e9:.0f} GB at utilization {gpu_memory_utilization} does not hold "
-                         f"{num_params / 1e9:.1f}B parameters ({num_params * bytes_per_param / 1e9:.1f} GB) and the "
-                         f"{activation_reserve_bytes / 2**30:.0f} GiB activation reserve")
-    return left
+                         f"{num_params / 1e9:.1f}B parameters ({weights / 1e9:.1f} GB"
+                         f"{f' over {tensor_parallel} GPUs' if tensor_parallel > 1 else ''}) and the "
+                         f"{activation_reserve_bytes / 2**30:.0f} GiB activation reserve: raise the tensor "
+                         "parallelism, use smaller weights (weight_bytes 1: FP8) or a bigger GPU")
+    return left * tensor_parallel
 
 
 def _executor_base() -> type:
@@ -64,6 +75,8 @@ class StubExecutor(_executor_base()):  # type: ignore[misc]
     supports_pp = False
     available_bytes = 1 << 40
     gpu_memory_bytes: int | None = None         # set: the KV budget is available_kv_bytes(...) of it
+    tensor_parallel = 1                         # GPUs the weights and heads are split over (arithmetic only)
+    weight_bytes_per_param: int | None = None   # None: the model dtype's (2 for bf16); 1 for FP8 weights
 
     def _init_executor(self) -> None:
         import torch
@@ -112,8 +125,8 @@ class StubExecutor(_executor_base()):  # type: ignore[misc]
         from vllm.v1.core import kv_cache_utils as kcu
 
         if self.gpu_memory_bytes is not None:
-            bytes_per_param = 4 if str(self.vllm_config.model_config.dtype).endswith("float32") else 2
-            budget = available_kv_bytes(self.gpu_memory_bytes, self.num_params, bytes_per_param)
+            budget = available_kv_bytes(self.gpu_memory_bytes, self.num_params, self.bytes_per_param,
+                                        tensor_parallel=self.tensor_parallel)
         else:
             budget = int(self.available_bytes)
         groups = kcu.get_kv_cache_groups(self.vllm_config, self._kv_cache_spec())
@@ -122,6 +135,13 @@ class StubExecutor(_executor_base()):  # type: ignore[misc]
                     + kcu._pool_bytes_per_block(self.vllm_config, groups))
         self.requested_bytes, self.floor_applied = budget, floor > budget
         return [max(budget, floor)]
+
+    @property
+    def bytes_per_param(self) -> int:
+        """Bytes one weight takes: ``weight_bytes_per_param`` if set, else the model dtype's."""
+        if self.weight_bytes_per_param is not None:
+            return int(self.weight_bytes_per_param)
+        return 4 if str(self.vllm_config.model_config.dtype).endswith("float32") else 2
 
     def get_supported_kv_cache_layouts(self) -> list[list[str]]:
         return [["NHD"]]
@@ -147,15 +167,16 @@ class StubExecutor(_executor_base()):  # type: ignore[misc]
 
 
 def build_engine_core(model_dir: str, *, num_blocks: int | None = None, available_bytes: int | None = None,
-                      gpu_memory_bytes: int | None = None,
-                      max_model_len: int = 8192, max_num_batched_tokens: int = 2048, max_num_seqs: int = 256,
+                      gpu_memory_bytes: int | None = None, tensor_parallel: int = 1,
+                      weight_bytes_per_param: int | None = None, max_model_len: int = 8192, max_num_batched_tokens: int = 2048, max_num_seqs: int = 256,
                       block_size: int | None = None, dtype: str = "bfloat16") -> Any:
     """vLLM's ``EngineCore`` for the model in ``model_dir`` (a ``config.json``; weights are not read),
     with prefix caching, chunked prefill, the general plugins loaded, and :class:`StubExecutor`.
 
     Give one of ``num_blocks`` (the pool, vLLM's null block included), ``available_bytes`` (the KV
     budget; vLLM derives the blocks) or ``gpu_memory_bytes`` (the budget is
-    :func:`available_kv_bytes` of it). Reads nothing but ``config.json``; downloads nothing.
+    :func:`available_kv_bytes` of it, with ``tensor_parallel`` and ``weight_bytes_per_param``).
+    Reads nothing but ``config.json``; downloads nothing.
     """
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     from vllm.engine.arg_utils import EngineArgs
@@ -172,7 +193,9 @@ def build_engine_core(model_dir: str, *, num_blocks: int | None = None, availabl
                       max_num_seqs=max_num_seqs, load_format="dummy", enforce_eager=True, **kwargs)
     vllm_config = args.create_engine_config()
     executor = type("StubExecutor", (StubExecutor,), {"available_bytes": available_bytes or 1 << 40,
-                                                            "gpu_memory_bytes": gpu_memory_bytes})
+                                                            "gpu_memory_bytes": gpu_memory_bytes,
+                                                            "tensor_parallel": tensor_parallel,
+                                                            "weight_bytes_per_param": weight_bytes_per_param})
     return EngineCore(vllm_config, executor, log_stats=True)
 
 

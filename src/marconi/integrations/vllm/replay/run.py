@@ -44,7 +44,7 @@ from marconi.integrations.vllm.policy import DEFAULT_ALPHA
 from marconi.units import parse_bytes, parse_capacity
 
 __all__ = ["ReplayConfig", "CONFIGS_DIR", "model_dir", "run_replay", "replay_table", "load_label", "plot_ttft_cdf",
-           "parse_policies"]
+           "plot_sweep", "parse_policies"]
 
 CONFIGS_DIR = Path(__file__).resolve().parents[3] / "data" / "configs"
 
@@ -72,6 +72,8 @@ class ReplayConfig:
     capacity: str | None = None
     gpu_memory: str | None = None
     gpu: str = "h100"
+    tensor_parallel: int = 1               # GPUs per replica: the --gpu-memory arithmetic and the step time
+    weight_bytes: int | None = None        # bytes per weight in --gpu-memory (None: the dtype's; 1: FP8)
     concurrency: int | None = None
     rate: float | None = None
     time_scale: float | None = None
@@ -96,13 +98,17 @@ class ReplayConfig:
             raise ConfigError(f"the trace-times scale must be >= 0, got {self.time_scale}")
         if self.gpu not in GPUS:
             raise ConfigError(f"unknown GPU {self.gpu!r}; known: {', '.join(GPUS)}")
+        if self.tensor_parallel < 1 or self.weight_bytes is not None and self.weight_bytes < 1:
+            raise ConfigError("--tensor-parallel and --weight-bytes must be >= 1")
+        if self.weight_bytes is not None and self.gpu_memory is None:
+            raise ConfigError("--weight-bytes sizes the weights in --gpu-memory's arithmetic: give --gpu-memory")
         if not self.policies:
             raise ConfigError("give at least one policy")
         for p in self.policies:
             policy_arm(p, self.alpha)
         if self.capacity is not None:
             parse_capacity(self.capacity)
-        model_dir(self.model)
+        _check_tensor_parallel(model_dir(self.model), self.tensor_parallel)
 
     @property
     def arrivals(self) -> str:
@@ -118,6 +124,26 @@ class ReplayConfig:
         return ["--trace-times", str(self.time_scale)]
 
 
+#: The config.json head counts vLLM splits over tensor-parallel ranks (KV, Mamba-2, GDN).
+_SHARDED_HEADS = ("num_attention_heads", "num_key_value_heads", "mamba_num_heads", "n_groups", "mamba_n_groups",
+                  "linear_num_key_heads", "linear_num_value_heads")
+
+
+def _check_tensor_parallel(mdir: Path, tensor_parallel: int) -> None:
+    """Refuse a TP the replay cannot stand for: where it does not divide a layer's heads, vLLM
+    replicates them on each rank, so a rank's pages (and the hybrid block size) are not ``1/TP``
+    of the whole model's that the replay derives."""
+    if tensor_parallel == 1:
+        return
+    hf = json.loads((mdir / "config.json").read_text())
+    for key in _SHARDED_HEADS:
+        value = hf.get(key)
+        if isinstance(value, int) and value % tensor_parallel:
+            raise ConfigError(f"--tensor-parallel {tensor_parallel} does not divide {key}={value} of {mdir.name}: "
+                              "vLLM would replicate those heads and its block size would differ from the "
+                              "replay's; use a TP that divides every head count")
+
+
 def _policy_env(label: str, alpha: float | str) -> dict[str, str]:
     policy, a = policy_arm(label, alpha)
     if policy == "lru":      # stock vLLM: the plugin does nothing (no forward pass: no CPU fix needed either)
@@ -131,7 +157,10 @@ def _pool_args(config: ReplayConfig, spec: ModelSpec, requests: Sequence[Any]) -
     if config.num_blocks is not None:
         return ["--blocks", str(config.num_blocks)], {"pool": f"{config.num_blocks} blocks"}
     if config.gpu_memory is not None:
-        return ["--gpu-memory-bytes", str(parse_bytes(config.gpu_memory))], {"gpu_memory": config.gpu_memory}
+        args = ["--gpu-memory-bytes", str(parse_bytes(config.gpu_memory))]
+        if config.weight_bytes is not None:
+            args += ["--weight-bytes", str(config.weight_bytes)]
+        return args, {"gpu_memory": config.gpu_memory, "weight_bytes": config.weight_bytes}
     from marconi.sim import working_set_bytes
 
     assert config.capacity is not None
@@ -146,7 +175,8 @@ def _run_worker(config: ReplayConfig, mdir: Path, requests_path: Path, out_path:
     limit = config.load_args()
     max_len = max(len(r.input_tokens) + max(1, len(r.output_tokens)) for r in _REQUESTS[requests_path])
     cmd = [config.vllm_python, "-m", "marconi.integrations.vllm.replay.worker", str(requests_path), str(out_path),
-           "--model", str(mdir), *pool_args, "--gpu", config.gpu, *limit, "--progress",
+           "--model", str(mdir), *pool_args, "--gpu", config.gpu,
+           "--tensor-parallel", str(config.tensor_parallel), *limit, "--progress",
            "--max-model-len", str(max(max_len, 2048)), "--max-num-batched-tokens", str(config.max_num_batched_tokens),
            "--max-num-seqs", str(config.max_num_seqs), "--seed", str(config.seed)]
     env = {**os.environ, **_policy_env(label, config.alpha), "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
@@ -204,6 +234,7 @@ def _record(config: ReplayConfig, label: str, trace_info: dict[str, Any], pool_i
     kv = res["kv_cache"]
     return {
         "engine": "vllm-replay", "vllm_version": res["vllm_version"], "model": config.model, "gpu": config.gpu,
+        "tensor_parallel": config.tensor_parallel,
         "num_blocks": kv["num_blocks"], "block_size": kv["block_size"], "pool_bytes": kv["pool_bytes"],
         "kv_cache_groups": [g["spec"] for g in kv["groups"]], **pool_info,
         "concurrency": config.concurrency, "rate": config.rate, "arrivals": config.arrivals,
@@ -275,9 +306,10 @@ def replay_table(records: Sequence[dict[str, Any]]) -> str:
         row["_ms"] = f"{1e6 * rec['sched_s_per_step']:.0f} µs"
         row["_tput"] = f"{rec['throughput_tok_s']:.0f}" if rec["throughput_tok_s"] else "-"
         row["_load"] = load_label(rec)
+        row["_pool"] = _pool_label(rec).split("\n")[0]
         rows.append(row)
     return format_table(rows, [
-        ("policy", "arm", None), ("load", "_load", None), ("blocks", "num_blocks", None),
+        ("policy", "arm", None), ("load", "_load", None), ("pool", "_pool", None), ("blocks", "num_blocks", None),
         ("block", "block_size", None), ("vLLM token hit", "token_hit_rate", fmt_pct),
         ("emulated", "sim_token_hit_rate", fmt_pct), ("TTFT P50", "ttft_p50_s", fmt_seconds),
         ("TTFT P95", "ttft_p95_s", fmt_seconds), ("TTFT P99", "ttft_p99_s", fmt_seconds),
@@ -302,5 +334,44 @@ def plot_ttft_cdf(records: Sequence[dict[str, Any]], path: str | Path) -> Path:
     ax.set_title(f"vLLM replay: {first['model']}, {first['num_blocks']} blocks, {load}")
     ax.grid(alpha=0.3)
     ax.legend()
+    fig.tight_layout()
+    return save_figure(fig, path, dpi=120)
+
+
+def _pool_label(rec: dict[str, Any]) -> str:
+    """A record's pool as asked (``0.05x``, ``80GB`` GPU, ``N blocks``), then the blocks it gave."""
+    if rec.get("capacity"):
+        asked = str(rec["capacity"])
+    elif rec.get("gpu_memory"):
+        tp = rec.get("tensor_parallel") or 1
+        asked = f"{rec['gpu_memory']} GPU" + (f" x{tp}" if tp > 1 else "")
+    else:
+        asked = str(rec.get("pool") or f"{rec['num_blocks']} blocks")
+    return f"{asked}\n{rec['num_blocks']} blocks"
+
+
+def plot_sweep(records: Sequence[dict[str, Any]], path: str | Path) -> Path:
+    """A sweep at a glance (PNG, written atomically): vLLM's token hit rate and TTFT P95 against
+    the pool size, one panel per load, one line per policy."""
+    from marconi.report import pyplot, save_figure
+
+    loads = list(dict.fromkeys(load_label(r) for r in records))
+    pools = list(dict.fromkeys(_pool_label(r) for r in records))
+    arms = list(dict.fromkeys(r["arm"] for r in records))
+    fig, axes = pyplot().subplots(2, len(loads), figsize=(3.6 * len(loads) + 1, 6), squeeze=False, sharex=True)
+    for col, load in enumerate(loads):
+        for arm in arms:
+            by_pool = {_pool_label(r): r for r in records if r["arm"] == arm and load_label(r) == load}
+            xs = [i for i, p in enumerate(pools) if p in by_pool]
+            axes[0][col].plot(xs, [100 * by_pool[pools[i]]["token_hit_rate"] for i in xs], marker="o", label=arm)
+            axes[1][col].plot(xs, [1000 * by_pool[pools[i]]["ttft_p95_s"] for i in xs], marker="o", label=arm)
+        axes[0][col].set_title(load)
+        axes[1][col].set_xticks(range(len(pools)), pools, fontsize=7)
+        for ax in (axes[0][col], axes[1][col]):
+            ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("vLLM token hit rate (%)")
+    axes[1][0].set_ylabel(f"TTFT P95 (ms, virtual, {records[0]['gpu']})")
+    axes[0][-1].legend(fontsize=8)
+    fig.suptitle(f"vLLM replay sweep: {records[0]['model']} on {records[0]['trace']}")
     fig.tight_layout()
     return save_figure(fig, path, dpi=120)

@@ -44,7 +44,9 @@ GPUS = {
 
 @dataclass(frozen=True, slots=True)
 class StepTimeModel:
-    """Seconds per step for ``spec`` with ``weight_bytes`` of parameters on ``gpu``."""
+    """Seconds per step for ``spec`` with ``weight_bytes`` of parameters on ``num_gpus`` × ``gpu``
+    (tensor parallel: each GPU does ``1/num_gpus`` of the FLOPs and reads ``1/num_gpus`` of the
+    bytes; the all-reduces are not modelled)."""
 
     spec: ModelSpec
     gpu: GpuSpec
@@ -52,18 +54,21 @@ class StepTimeModel:
     compute_efficiency: float = 0.5
     memory_efficiency: float = 0.8
     overhead_s: float = 0.002
+    num_gpus: int = 1
 
     def __post_init__(self) -> None:
         if not (0 < self.compute_efficiency <= 1 and 0 < self.memory_efficiency <= 1):
             raise ConfigError("step-time efficiencies must be in (0, 1]")
         if self.weight_bytes < 0 or self.overhead_s < 0:
             raise ConfigError("weight bytes and overhead must be >= 0")
+        if self.num_gpus < 1:
+            raise ConfigError(f"num_gpus must be >= 1, got {self.num_gpus}")
 
     @classmethod
-    def named(cls, spec: ModelSpec, gpu: str, weight_bytes: int) -> "StepTimeModel":
+    def named(cls, spec: ModelSpec, gpu: str, weight_bytes: int, num_gpus: int = 1) -> "StepTimeModel":
         if gpu not in GPUS:
             raise ConfigError(f"unknown GPU {gpu!r}; known: {', '.join(GPUS)}")
-        return cls(spec, GPUS[gpu], weight_bytes)
+        return cls(spec, GPUS[gpu], weight_bytes, num_gpus=num_gpus)
 
     def step_s(self, spans: Iterable[tuple[int, int]]) -> float:
         """Seconds for one step that computes token positions ``[start, end)`` of each request."""
@@ -77,6 +82,6 @@ class StepTimeModel:
             nbytes += self.spec.kv_bytes(end) + state
         if not any_span:
             return 0.0
-        compute = flops / (self.gpu.peak_flops * self.compute_efficiency)
-        memory = nbytes / (self.gpu.bandwidth_bytes_s * self.memory_efficiency)
+        compute = flops / (self.num_gpus * self.gpu.peak_flops * self.compute_efficiency)
+        memory = nbytes / (self.num_gpus * self.gpu.bandwidth_bytes_s * self.memory_efficiency)
         return self.overhead_s + max(compute, memory)

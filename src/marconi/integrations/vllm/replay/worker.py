@@ -58,8 +58,9 @@ def replay(core: Any, requests: list[dict[str, Any]], *, gpu: str, concurrency: 
     sched = core.scheduler
     vc = core.vllm_config
     spec = ModelSpec.from_hf_config(vc.model_config.hf_config.to_dict() | _pattern(vc), name="replay")
-    bytes_per_param = 4 if str(vc.model_config.dtype).endswith("float32") else 2
-    timing = StepTimeModel.named(spec, gpu, core.model_executor.num_params * bytes_per_param)
+    executor = core.model_executor
+    timing = StepTimeModel.named(spec, gpu, executor.num_params * executor.bytes_per_param,
+                                 num_gpus=executor.tensor_parallel)
 
     n = len(requests)
     mode = arrivals or ("closed-loop" if concurrency is not None else "poisson")
@@ -163,6 +164,8 @@ def main(argv: list[str] | None = None) -> int:
     pool.add_argument("--kv-bytes", type=int, help="the KV budget in bytes: vLLM derives the blocks")
     pool.add_argument("--gpu-memory-bytes", type=int, help="the GPU's memory: see engine.available_kv_bytes")
     parser.add_argument("--gpu", default="h100")
+    parser.add_argument("--tensor-parallel", type=int, default=1, help="GPUs per replica (memory and step time)")
+    parser.add_argument("--weight-bytes", type=int, default=None, help="bytes per weight (default: the dtype's)")
     load = parser.add_mutually_exclusive_group(required=True)
     load.add_argument("--concurrency", type=int, default=None)
     load.add_argument("--rate", type=float, default=None)
@@ -180,8 +183,8 @@ def main(argv: list[str] | None = None) -> int:
     with open(args.requests) as fh:
         requests = json.load(fh)["requests"]
     core = build_engine_core(args.model, num_blocks=args.blocks, available_bytes=args.kv_bytes,
-                             gpu_memory_bytes=args.gpu_memory_bytes,
-                             max_model_len=args.max_model_len, max_num_batched_tokens=args.max_num_batched_tokens,
+                             gpu_memory_bytes=args.gpu_memory_bytes, tensor_parallel=args.tensor_parallel,
+                             weight_bytes_per_param=args.weight_bytes, max_model_len=args.max_model_len, max_num_batched_tokens=args.max_num_batched_tokens,
                              max_num_seqs=args.max_num_seqs)
 
     def progress(done: int, total: int) -> None:

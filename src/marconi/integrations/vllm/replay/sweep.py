@@ -1,0 +1,96 @@
+"""Pool-size × load sweeps of ``marconi vllm replay``, on a local process pool or as Ray tasks.
+
+A sweep is a list of :class:`~marconi.integrations.vllm.replay.run.ReplayConfig` points, each one
+``run_replay`` (one vLLM-environment worker per policy, then the emulation), so points are
+independent and run anywhere the vLLM environment's python exists: the same machine
+(``backend="local"``, forked workers) or a Ray cluster whose nodes have both environments at the
+same paths (``backend="ray"``). Points share nothing: each writes its own work directory.
+
+Every point runs vLLM's scheduler on one core (``OMP_NUM_THREADS=1``); more workers than cores
+only slow each other's ``sched_s_per_step`` — the plugin-overhead figure, not the hit rates or the
+virtual-clock latencies, which are deterministic whatever the load.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+from marconi.core.registry import ConfigError
+from marconi.integrations.vllm.replay.run import ReplayConfig, run_replay
+
+__all__ = ["SweepPoint", "sweep_configs", "run_sweep", "POOL_FIELDS", "LOAD_FIELDS"]
+
+#: The pool options a sweep varies (one per point) and the load options (one per point).
+POOL_FIELDS = ("num_blocks", "capacity", "gpu_memory")
+LOAD_FIELDS = ("concurrency", "rate", "time_scale")
+
+
+@dataclass(frozen=True, slots=True)
+class SweepPoint:
+    """One point: its configuration and the work directory its workers write."""
+
+    config: ReplayConfig
+    work_dir: str
+    emulate: bool = True
+
+
+def sweep_configs(base: ReplayConfig, *, pools: Sequence[Mapping[str, Any]],
+                  loads: Sequence[Mapping[str, Any]]) -> list[ReplayConfig]:
+    """The grid ``pools × loads`` over ``base``, pool-major (each a valid ReplayConfig).
+
+    ``pools``: e.g. ``[{"capacity": "0.02x"}, {"gpu_memory": "80GB"}]``; ``loads``:
+    ``[{"concurrency": 16}, {"rate": 2.0}]``. Each mapping replaces all of its group's fields (a
+    point has exactly one pool and one load option). Raises ConfigError for an empty axis or a
+    field outside the group, or where a point's configuration is invalid.
+    """
+    if not pools or not loads:
+        raise ConfigError("a sweep needs at least one pool size and one load")
+    out = []
+    for pool in pools:
+        for load in loads:
+            fields: dict[str, Any] = {**{f: None for f in POOL_FIELDS + LOAD_FIELDS}}
+            for group, given in ((POOL_FIELDS, pool), (LOAD_FIELDS, load)):
+                unknown = set(given) - set(group)
+                if unknown:
+                    raise ConfigError(f"sweep: {sorted(unknown)} are not among {group}")
+                fields.update(given)
+            out.append(dataclasses.replace(base, **fields))
+    return out
+
+
+def _point_label(config: ReplayConfig) -> str:
+    pool = next(f"{k}-{getattr(config, k)}" for k in POOL_FIELDS if getattr(config, k) is not None)
+    load = next(f"{k}-{getattr(config, k)}" for k in LOAD_FIELDS if getattr(config, k) is not None)
+    return f"{pool}_{load}".replace("/", "-").replace(":", "-")
+
+
+def _run_point(shared: Mapping[str, Any], point: SweepPoint) -> list[dict[str, Any]]:
+    """One point's records (a module-level function: it runs in a forked worker or a Ray task)."""
+    return run_replay(point.config, work_dir=point.work_dir, emulate=point.emulate, show_bars=False)
+
+
+def run_sweep(configs: Sequence[ReplayConfig], *, work_dir: str | Path, backend: Any = "local",
+              workers: int | None = 1, emulate: bool = True,
+              on_point: Callable[[list[dict[str, Any]]], None] | None = None) -> list[dict[str, Any]]:
+    """All points' records, in point order (each point's policies in the order given).
+
+    ``backend``: ``"local"``, ``"ray"`` or a :mod:`marconi.sim.backends` backend object (closed here
+    only if made here). ``on_point`` sees each point's records as it completes (progress).
+    """
+    from marconi.sim.backends import make_backend
+
+    work = Path(work_dir)
+    points = [SweepPoint(c, str(work / _point_label(c)), emulate) for c in configs]
+    if len({p.work_dir for p in points}) != len(points):
+        raise ConfigError("sweep: two points are the same configuration")
+    own = isinstance(backend, str)
+    runner = make_backend(backend, workers=workers) if own else backend
+    try:
+        results = runner.map(_run_point, points, shared={}, on_result=on_point)
+    finally:
+        if own:
+            runner.close()
+    return [rec for recs in results for rec in recs]
