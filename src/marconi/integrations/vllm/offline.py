@@ -1,13 +1,21 @@
-"""Serve a list of token-id prompts through vLLM's in-process engine, one at a time (vLLM env).
+"""Serve a list of token-id prompts through vLLM's in-process engine, one at a time or C in flight (vLLM env).
 
 A quicker sibling of the real server for checks that need vLLM's scheduler and block pool but no
 HTTP: the same engine core (``LLM`` with ``VLLM_ENABLE_V1_MULTIPROCESSING=0``), the same plugin
 (loaded by vLLM from its entry point, configured by ``MARCONI_VLLM_*``). Run inside the vLLM
 environment::
 
-    .venv-vllm/bin/python -m marconi.integrations.vllm.offline requests.json out.json --model DIR --blocks 64
+    .venv-vllm/bin/python -m marconi.integrations.vllm.offline requests.json out.json --model DIR --blocks 64 \\
+        [--concurrency 8 --max-num-seqs 256]
 
-``requests.json``: ``[{"prompt": [ids...], "max_tokens": n}, ...]``. ``out.json``: per request the
+``requests.json``: ``[{"prompt": [ids...], "max_tokens": n, "session": ...}, ...]`` (``session``
+optional, read with ``--concurrency``). Without ``--concurrency`` each request is one
+``LLM.generate`` call, after the previous one finished. With it (:func:`serve_closed_loop`) the
+engine is driven step by step (``LLMEngine.add_request`` / ``step``, a real forward pass each
+step) and requests are submitted between steps by the replay's closed-loop admitter
+(:class:`marconi.integrations.vllm.replay.arrivals.Admitter`: a session's turns in order, at most
+C unfinished), exactly as the replay worker submits them: so the replay can be checked against
+it request by request at any concurrency. ``out.json``: per request the
 generated ids and vLLM's ``num_cached_tokens``, plus the engine's cache configuration, the wall time
 of serving them (``serve_s``, after start-up) and, with the plugin on, its own figures (``marconi``:
 time spent in the α source on the scheduler thread, requests it saw, α changes).
@@ -22,18 +30,19 @@ import sys
 import time
 from typing import Any
 
-__all__ = ["main", "serve_offline"]
+__all__ = ["main", "serve_offline", "serve_closed_loop"]
 
 
-def serve_offline(requests: list[dict[str, Any]], *, model: str, num_blocks: int, max_model_len: int,
-                  max_num_batched_tokens: int, block_size: int | None = None,
-                  prefix_match_unit: int | None = None, retention_interval: int | None = 0,
-                  enable_prefix_caching: bool = True) -> dict[str, Any]:
+def _build_llm(*, model: str, num_blocks: int, max_model_len: int, max_num_batched_tokens: int,
+               block_size: int | None = None, prefix_match_unit: int | None = None,
+               retention_interval: int | None = 0, enable_prefix_caching: bool = True,
+               max_num_seqs: int | None = None, enforce_eager: bool = False) -> Any:
+    """vLLM's in-process ``LLM`` (engine core in this thread), one CPU thread, the given pool.
+    ``enforce_eager`` skips torch.compile (about 20 s of start-up on CPU; scheduling is the same)."""
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     for key, value in {"OMP_NUM_THREADS": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind", "KMP_BLOCKTIME": "0"}.items():
         os.environ.setdefault(key, value)
-    from vllm import LLM, SamplingParams
-    from vllm.inputs import TokensPrompt
+    from vllm import LLM
 
     kwargs: dict[str, Any] = {}
     if block_size is not None:
@@ -42,18 +51,98 @@ def serve_offline(requests: list[dict[str, Any]], *, model: str, num_blocks: int
         kwargs["prefix_match_unit"] = prefix_match_unit
     if retention_interval != 0:
         kwargs["prefix_cache_retention_interval"] = retention_interval
-    llm = LLM(model=model, skip_tokenizer_init=True, enable_prefix_caching=enable_prefix_caching,
-              max_model_len=max_model_len, dtype="bfloat16", num_gpu_blocks_override=num_blocks,
-              gpu_memory_utilization=0.1, max_num_batched_tokens=max_num_batched_tokens, **kwargs)
+    if max_num_seqs is not None:
+        kwargs["max_num_seqs"] = max_num_seqs
+    if enforce_eager:
+        kwargs["enforce_eager"] = True
+    return LLM(model=model, skip_tokenizer_init=True, enable_prefix_caching=enable_prefix_caching,
+               max_model_len=max_model_len, dtype="bfloat16", num_gpu_blocks_override=num_blocks,
+               # the pool is num_gpu_blocks_override; the utilization only has to clear vLLM CPU worker's check that
+               # utilization x node memory exceeds the process's RSS (~1 GB), which 0.1 of a 9.5 GiB node does not
+               gpu_memory_utilization=0.5, max_num_batched_tokens=max_num_batched_tokens, **kwargs)
+
+
+def serve_offline(requests: list[dict[str, Any]], *, model: str, num_blocks: int, max_model_len: int,
+                  max_num_batched_tokens: int, block_size: int | None = None,
+                  prefix_match_unit: int | None = None, retention_interval: int | None = 0,
+                  enable_prefix_caching: bool = True, max_num_seqs: int | None = None) -> dict[str, Any]:
+    """Each request through ``LLM.generate`` after the previous one finished; see the module docstring."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    llm = _build_llm(model=model, num_blocks=num_blocks, max_model_len=max_model_len,
+                     max_num_batched_tokens=max_num_batched_tokens, block_size=block_size,
+                     prefix_match_unit=prefix_match_unit, retention_interval=retention_interval,
+                     enable_prefix_caching=enable_prefix_caching, max_num_seqs=max_num_seqs)
     results = []
     started = time.perf_counter()
     for item in requests:
         params = SamplingParams(max_tokens=int(item["max_tokens"]), ignore_eos=True, temperature=0.0)
         out = llm.generate([TokensPrompt(prompt_token_ids=list(item["prompt"]))], params, use_tqdm=False)[0]
         results.append({"output": list(out.outputs[0].token_ids), "num_cached_tokens": int(out.num_cached_tokens or 0)})
-    serve_s = time.perf_counter() - started
-    cache = llm.llm_engine.vllm_config.cache_config
-    return {"results": results, "block_size": int(cache.block_size), "num_blocks": int(num_blocks),
+    return _summary(llm, results, num_blocks, time.perf_counter() - started)
+
+
+def serve_closed_loop(requests: list[dict[str, Any]], *, concurrency: int, model: str, num_blocks: int,
+                      max_model_len: int, max_num_batched_tokens: int, block_size: int | None = None,
+                      max_num_seqs: int | None = None, prefix_match_unit: int | None = None,
+                      retention_interval: int | None = 0, enable_prefix_caching: bool = True,
+                      enforce_eager: bool = False) -> dict[str, Any]:
+    """Up to ``concurrency`` requests in flight, each engine step a real forward pass, requests
+    submitted between steps by the replay's admitter; see the module docstring."""
+    from marconi.integrations.vllm.replay.arrivals import Admitter
+
+    llm = _build_llm(model=model, num_blocks=num_blocks, max_model_len=max_model_len,
+                     max_num_batched_tokens=max_num_batched_tokens, block_size=block_size,
+                     prefix_match_unit=prefix_match_unit, retention_interval=retention_interval,
+                     enable_prefix_caching=enable_prefix_caching, max_num_seqs=max_num_seqs,
+                     enforce_eager=enforce_eager)
+    sessions = [r.get("session", f"request-{i}") for i, r in enumerate(requests)]
+    admitter = Admitter(sessions, concurrency=concurrency)
+    results: list[dict[str, Any] | None] = [None] * len(requests)
+    started = time.perf_counter()
+    num_steps = _drive(llm.llm_engine, requests, admitter, results)
+    summary = _summary(llm, results, num_blocks, time.perf_counter() - started)
+    summary.update(concurrency=concurrency, num_steps=num_steps)
+    return summary
+
+
+def _drive(engine: Any, requests: list[dict[str, Any]], admitter: Any, results: list[Any]) -> int:
+    """Submit what ``admitter`` admits, step the engine, report finishes, until every request is done.
+
+    Submission happens before each ``step()``: the same boundary at which the replay worker adds
+    requests before each ``Scheduler.schedule()``. Returns the number of steps."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+    from vllm.sampling_params import RequestOutputKind
+
+    index: dict[str, int] = {}
+    num_steps = 0
+    while not admitter.finished:
+        for i in admitter.admit():
+            params = SamplingParams(max_tokens=int(requests[i]["max_tokens"]), ignore_eos=True, temperature=0.0,
+                                    output_kind=RequestOutputKind.FINAL_ONLY)
+            internal = engine.add_request(f"r{i}", TokensPrompt(prompt_token_ids=list(requests[i]["prompt"])), params)
+            index[f"r{i}"] = index[internal] = i
+        if not engine.has_unfinished_requests():
+            raise RuntimeError("offline closed loop stalled: nothing in flight and nothing admitted")
+        num_steps += 1
+        for out in engine.step():
+            if not out.finished:
+                continue
+            i = index[out.request_id]
+            results[i] = {"output": list(out.outputs[0].token_ids),
+                          "num_cached_tokens": int(out.num_cached_tokens or 0)}
+            admitter.finish(i)
+    return num_steps
+
+
+def _summary(llm: Any, results: list[Any], num_blocks: int, serve_s: float) -> dict[str, Any]:
+    """What both paths report: per-request results, the cache configuration, serving time, the plugin's figures."""
+    vc = llm.llm_engine.vllm_config
+    return {"results": results, "block_size": int(vc.cache_config.block_size), "num_blocks": int(num_blocks),
+            "max_num_seqs": int(vc.scheduler_config.max_num_seqs),
+            "async_scheduling": bool(vc.scheduler_config.async_scheduling),
             "serve_s": serve_s, "marconi": _plugin_figures(llm)}
 
 
@@ -79,14 +168,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prefix-match-unit", type=int, default=None)
     parser.add_argument("--retention", default="0", help="prefix_cache_retention_interval: 0, none or tokens")
     parser.add_argument("--no-prefix-caching", action="store_true")
+    parser.add_argument("--concurrency", type=int, default=None,
+                        help="drive the engine step by step with up to C requests in flight (the replay's closed loop)")
+    parser.add_argument("--max-num-seqs", type=int, default=None)
+    parser.add_argument("--enforce-eager", action="store_true", help="no torch.compile (faster start-up)")
     args = parser.parse_args(argv)
     with open(args.requests) as fh:
         requests = json.load(fh)
-    result = serve_offline(requests, model=args.model, num_blocks=args.blocks, max_model_len=args.max_model_len,
-                           max_num_batched_tokens=args.max_num_batched_tokens, block_size=args.block_size,
-                           prefix_match_unit=args.prefix_match_unit,
-                           retention_interval=None if args.retention.lower() == "none" else int(args.retention),
-                           enable_prefix_caching=not args.no_prefix_caching)
+    common = dict(model=args.model, num_blocks=args.blocks, max_model_len=args.max_model_len,
+                  max_num_batched_tokens=args.max_num_batched_tokens, block_size=args.block_size,
+                  prefix_match_unit=args.prefix_match_unit, max_num_seqs=args.max_num_seqs,
+                  retention_interval=None if args.retention.lower() == "none" else int(args.retention),
+                  enable_prefix_caching=not args.no_prefix_caching)
+    if args.concurrency is not None:
+        result = serve_closed_loop(requests, concurrency=args.concurrency, enforce_eager=args.enforce_eager, **common)
+    else:
+        result = serve_offline(requests, **common)
     with open(args.out, "w") as fh:
         json.dump(result, fh)
     return 0
