@@ -92,7 +92,8 @@ class AttentionManager(GroupManager):
         if unit < self.block_size:           # probe the next block's interior boundaries, longest first
             scale = self.block_size // unit
             first = len(computed[0]) * scale
-            last = min(first + scale - 1, max_length // unit, req.num_prompt_tokens // unit)
+            # vLLM bounds it by the request's hashes: a resumed request's outputs have them too.
+            last = min(first + scale - 1, max_length // unit, req.num_tokens // unit)
             for fine in range(last - 1, first - 1, -1):
                 cached = self.pool.get_cached_block(req.hash_at((fine + 1) * unit), group_ids)
                 if cached:
@@ -178,10 +179,13 @@ class MambaManager(GroupManager):
         return num_computed - 1                                  # Mamba keeps only the last state
 
     def find_longest_cache_hit(self, req: RequestState, max_length: int, group_ids: list[int]) -> tuple[list[list[Block]], int]:
-        """The deepest state within ``max_length`` (every hash boundary, fine-grained or not)."""
+        """The deepest state within ``max_length`` (every hash boundary, fine-grained or not).
+
+        Bounded by the request's hashes, which a resumed (preempted) request has past its prompt
+        too: it resumes from a state it cached itself at a junction before it was preempted."""
         computed: list[list[Block]] = [[] for _ in group_ids]
         unit = self.hash_unit if self.hash_unit < self.block_size else self.block_size
-        for fine in range(min(max_length // unit, req.num_prompt_tokens // unit) - 1, -1, -1):
+        for fine in range(min(max_length // unit, req.num_tokens // unit) - 1, -1, -1):
             cached = self.pool.get_cached_block(req.hash_at((fine + 1) * unit), group_ids)
             if cached:
                 idx = fine // (self.block_size // unit)                # the block holding that boundary
