@@ -217,6 +217,11 @@ try:
 except ConfigError as exc:
     out["factory"] = [type(exc).__name__, str(exc)]
 out["untouched"] = vars(pool) == before
+tiny = BlockPool(num_gpu_blocks=3, enable_caching=True, hash_block_size=16)
+try:
+    hooked(tiny, PluginConfig(policy="marconi", alpha="adaptive"))
+except ConfigError as exc:
+    out["tiny_adaptive"] = [type(exc).__name__, str(exc)]
 print("RESULT " + json.dumps(out))
 """
 
@@ -226,7 +231,8 @@ def test_with_prefix_caching_off_the_plugin_changes_nothing() -> None:
     """In ``marconi`` mode with prefix caching off the plugin reported every reused block as a KV
     eviction (``metrics_collector.on_block_evicted``), which stock vLLM never does: there is no
     eviction choice, so the pool must behave, and report, exactly as stock. Also: a factory that
-    raises while the hooks are built is the plugin's setting error, and the pool is left untouched."""
+    raises while the hooks are built is the plugin's setting error, and the pool is left untouched; so is
+    an adaptive α source whose shadow cannot be built for a pool this small."""
     require_vllm()
     base = {k: v for k, v in os.environ.items() if not k.startswith("MARCONI_VLLM_")}
     proc = subprocess.run([VLLM_PYTHON, "-c", _POOL_SCRIPT], capture_output=True, text=True, timeout=300,
@@ -238,6 +244,8 @@ def test_with_prefix_caching_off_the_plugin_changes_nothing() -> None:
     assert out["factory"][0] == "PluginSettingError"
     assert out["factory"][1].startswith("MARCONI_VLLM_ALPHA_SOURCE='json:loads': loads(spec, config) raised TypeError")
     assert out["untouched"]
+    # an adaptive source whose shadow cannot fit the pool is a setting error too, not "could not attach, run stock"
+    assert out["tiny_adaptive"][0] == "PluginSettingError" and "cannot be built" in out["tiny_adaptive"][1]
 
 
 # ====================================================================================== bug 14

@@ -344,7 +344,8 @@ class PoolHooks:
 
         Raises:
             AttributeError: this vLLM's pool or KV cache manager lacks what the hooks replace.
-            PluginSettingError: the α source cannot be made (its factory fails).
+            PluginSettingError: the α source cannot be made (its factory fails) or bound to this
+                pool (an adaptive source's shadow does not fit a pool this small).
         """
         from vllm.v1.core.kv_cache_utils import get_block_hash, get_group_id
 
@@ -356,11 +357,11 @@ class PoolHooks:
             for name in names:
                 if not hasattr(obj, name):
                     raise AttributeError(f"vLLM's {owner} has no {name!r}: this vLLM is not {_SUPPORTED_TEXT}")
-        try:
+        try:     # the source binds to the pool in the state: a pool too small for its shadow says so here
             source = config.make_alpha_source(spec)
+            state = BlockEvictionState(spec, kinds, pool.num_gpu_blocks, block_size, source, config.efficiency)
         except ConfigError as exc:
             raise PluginSettingError(str(exc)) from exc
-        state = BlockEvictionState(spec, kinds, pool.num_gpu_blocks, block_size, source, config.efficiency)
         hooks = cls(pool, kv_manager, state, config, int(pool.hash_block_size), trace=trace)
         hooks._hash_parts = (get_block_hash, get_group_id)
         return hooks
