@@ -31,6 +31,14 @@ What vLLM does, in short (defaults: ``prefix_cache_retention_interval=0``, no EA
   detected shared-prefix junction (attention matched deeper than any state: Marconi-style
   admission), and at the token budget; a state block is kept (hashed) only at those boundaries
   (retention 0), at every block (retention ``None``), or every ``retention`` tokens;
+* with in-pass prefill checkpoints (``VllmLayout.prefill_checkpoint_alignment``: vLLM's
+  ``MambaMixer2`` — Nemotron-H, Falcon-H1, Bamba — on a GPU) the chunk that reaches the prompt's
+  end is not split at ``(P-1)//B·B``: the backend writes that state into a checkpoint block the
+  Mamba manager reserves in the same step (column ``cdiv(end, B) - 2``). Same cached states, one
+  step less, and one more block per Mamba group, which the full-sequence admission gate counts:
+  on a tight pool it decides which requests run together;
+* a lookup is bounded by the request's hashes: a preempted request resumes from a state it cached
+  past its prompt (at a junction) before it was preempted;
 * attention blocks are hashed as they fill, prompt and output alike;
 * a finished request frees its blocks tail first; cached ones queue for LRU eviction, the others
   are reused first. A hit takes its blocks out of the queue; released again, they are recent.
@@ -46,9 +54,6 @@ block shared with the cache at such a hit is copied on write — vLLM's partial-
 
 Limits: the simulator's cache (:mod:`.cache`) serves requests one at a time (``begin`` runs the whole
 prefill, ``finish`` the decode and the free); :mod:`.scheduler` runs them concurrently, step by
-step. Not modelled: Mamba2's internal prefill checkpoint (vLLM 0.32 exports the prompt's boundary
-state from one unsplit chunk for ``mamba_mixer2`` models such as Nemotron-H and Falcon-H1: same
-cached states, different chunking), EAGLE (hence the shared-prefix checkpoint), KV connectors and
-sliding windows.
+step. Not modelled: EAGLE (hence the shared-prefix checkpoint), KV connectors and sliding windows.
 """
 
