@@ -114,14 +114,15 @@ def test_the_admission_gate_counts_the_checkpoint_block() -> None:
 @pytest.mark.parametrize("eviction", ["lru", "marconi"])
 def test_concurrency_one_is_the_sequential_engine_with_checkpoints(checkpoint: int | None, eviction: str) -> None:
     spec = ModelSpec.from_hf_config(model_dir("nemotron-h-8b") / "config.json", name="nemotron-h-8b")
-    requests = select_requests("swe-sample", max_input_len=8192, num_requests=30).requests
+    requests = select_requests("swe-sample", max_input_len=8192, num_requests=20).requests
     layout = layout_for_spec(spec, num_blocks=40, block_size=1152, max_num_batched_tokens=8192,
                              prefill_checkpoint_alignment=checkpoint)
     sequential = VllmAlignEngine(layout, spec, eviction=eviction)
     expected = [sequential.run(r.input_tokens, np.asarray(r.output_tokens, dtype=np.int32)) for r in requests]
     looped = VllmAlignEngine(layout, spec, eviction=eviction)
-    result = emulate_closed_loop(looped, requests, concurrency=1, check=True)
+    result = emulate_closed_loop(looped, requests, concurrency=1)
     assert result.records == expected and looped.pool.stats == sequential.pool.stats
+    assert sequential.pool.stats.num_evicted > 0 and sequential.hits > 0
 
 
 def test_checkpoints_keep_the_invariants_under_contention() -> None:
