@@ -344,7 +344,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.set_defaults(func=_cmd_demo)
 
     for module in ("marconi.workloads.commands", "marconi.engine.commands", "marconi.experiments.commands",
-                   "marconi.integrations.vllm.commands"):
+                   "marconi.integrations.vllm.commands", "marconi.integrations.sglang.commands"):
         try:
             mod = __import__(module, fromlist=["register"])
         except ModuleNotFoundError as exc:

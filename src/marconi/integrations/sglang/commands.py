@@ -1,0 +1,57 @@
+"""The ``marconi sglang`` command group (wired into ``marconi.cli`` by ``register``).
+
+    marconi sglang bench [--sglang-python .venv-sglang/bin/python] [--trace swe-sample|FILE] [--capacity 0.05x|10GB]
+                         [--model paper-7b] [--policies lru,marconi[,marconi:alpha=adaptive]] [--num-requests N]
+                         [--out results/sglang_bench.jsonl]
+
+The replay runs in the SGLang environment (``make sglang-env``), through SGLang's own ``UnifiedRadixCache``:
+:mod:`marconi.integrations.sglang.bench`. Records go to stdout and ``--out``; the table to stdout.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+__all__ = ["register"]
+
+
+def register(subparsers: Any) -> None:
+    group = subparsers.add_parser("sglang", help="Marconi inside SGLang: a trace through SGLang's own radix cache")
+    sub = group.add_subparsers(dest="sglang_command", required=True)
+    bench = sub.add_parser("bench", help="stock SGLang (lru) vs the Marconi plugin on SGLang's UnifiedRadixCache (CPU)")
+    bench.add_argument("--sglang-python", default=".venv-sglang/bin/python",
+                       help="python of the SGLang environment (`make sglang-env` builds .venv-sglang)")
+    bench.add_argument("--trace", default="swe-sample", help="a trace file or a catalog name")
+    bench.add_argument("--capacity", default="0.05x", help="pool bytes (10GB) or a fraction of the working set (0.05x)")
+    bench.add_argument("--model", default="paper-7b", help="model preset or HF config (the pools' bytes, Marconi's FLOPs)")
+    bench.add_argument("--policies", default="lru,marconi",
+                       help="comma list: lru (stock SGLang), marconi (alpha 0.5), marconi:alpha=X (X a number or adaptive)")
+    bench.add_argument("--num-requests", type=int, default=None, help="replay only the first N requests")
+    bench.add_argument("--out", default="results/sglang_bench.jsonl", help="JSONL records are appended here")
+    bench.set_defaults(func=_cmd_bench)
+
+
+def _cmd_bench(args: Any) -> int:
+    python = Path(args.sglang_python)
+    if not python.is_file():
+        print(f"error: no SGLang environment at {python}: run `make sglang-env`", file=sys.stderr)
+        return 2
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    cmd = [str(python), "-W", "ignore", "-m", "marconi.integrations.sglang.bench", "--trace", args.trace,
+           "--capacity", args.capacity, "--model", args.model, "--policies", args.policies, "--out", args.out]
+    if args.num_requests is not None:
+        cmd += ["--num-requests", str(args.num_requests)]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        sys.stderr.write(proc.stderr[-4000:])
+        return proc.returncode or 1
+    records = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    print(f"{'policy':<26} {'token hit rate':>14} {'requests':>9} {'kv tokens':>10} {'mamba slots':>11}")
+    for r in records:
+        print(f"{r['policy']:<26} {r['token_hit_rate']:>14.2%} {r['num_requests']:>9} {r['kv_tokens']:>10} "
+              f"{r['mamba_slots']:>11}")
+    return 0
