@@ -94,3 +94,32 @@ def test_vllms_arithmetic_splits_the_weights_over_tensor_parallel_gpus() -> None
     assert int(one) == int(0.9 * 80e9) - 16 * 10**9 - int(reserve)
     assert int(two) == 2 * (int(0.9 * 80e9) - 40 * 10**9 - int(reserve))
     assert rest == ["refused", "True"]
+
+
+@pytest.mark.slow  # one vLLM engine core (~20 s)
+def test_under_open_loop_arrivals_ttft_counts_from_the_due_time(tmp_path) -> None:
+    """A request due between two step boundaries is submitted at the next one; its TTFT counts the
+    wait. A session's next turn arrives when its predecessor's answer does, not before."""
+    require_vllm()
+    import json
+    import os
+
+    from marconi.integrations.vllm.replay.arrivals import poisson_times
+    from marconi.integrations.vllm.replay.run import model_dir
+
+    requests = [{"session": s, "prompt": list(range(1 + 100 * s, 400 + 100 * s + 50 * t)), "output": [5] * 4, "ts": 0.0}
+                for t in range(2) for s in range(6)]
+    path, out = tmp_path / "requests.json", tmp_path / "out.json"
+    path.write_text(json.dumps({"requests": requests}))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MARCONI_VLLM_")}
+    env.update(VLLM_ENABLE_V1_MULTIPROCESSING="0", OMP_NUM_THREADS="1", MARCONI_VLLM_MAMBA2_CPU_FIX="off")
+    subprocess.run([VLLM_PYTHON, "-m", "marconi.integrations.vllm.replay.worker", str(path), str(out), "--model",
+                    str(model_dir("nemotron-h-8b")), "--blocks", "64", "--rate", "40", "--max-model-len", "4096"],
+                   env=env, check=True, capture_output=True, timeout=400)
+    res = json.loads(out.read_text())
+    due = poisson_times(len(requests), 40.0, 0)
+    for i in range(6):                                   # first turns: their due times
+        assert res["arrival_s"][i] == pytest.approx(due[i])
+    for i in range(6, 12):                               # second turns: not before the first turn's answer
+        assert res["arrival_s"][i] == pytest.approx(max(due[i], res["finish_s"][i - 6]))
+    assert all(f >= a for f, a in zip(res["first_token_s"], res["arrival_s"]))

@@ -78,12 +78,20 @@ def replay(core: Any, requests: list[dict[str, Any]], *, gpu: str, concurrency: 
     sched_s: list[float] = []
     num_steps = 0
 
+    def arrived_at(i: int) -> float:
+        """When request ``i`` reached the server: its due time (open loop; now, in a closed loop,
+        whose client sends when a slot frees), but not before its predecessor's answer, which its
+        prompt holds. Submission waits for the next step boundary; TTFT counts that wait."""
+        due = admitter.times[i] if admitter.times is not None else clock
+        prev = admitter.prev_of[i]
+        return min(clock, max(due, finish_s[prev]) if prev is not None else due)
+
     def submit(i: int) -> None:
         r = requests[i]
         params = SamplingParams(max_tokens=max(1, len(r["output"])), ignore_eos=True, temperature=0.0)
-        req = Request(f"r{i}", list(r["prompt"]), params, None, arrival_time=clock,
+        arrival_s[i] = arrived_at(i)
+        req = Request(f"r{i}", list(r["prompt"]), params, None, arrival_time=arrival_s[i],
                       block_hasher=core.request_block_hasher)
-        arrival_s[i] = clock
         live[req.request_id] = (i, req)
         sched.add_request(req)
 
