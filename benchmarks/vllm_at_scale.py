@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/vllm_at_scale.py [--models nemotron-h-8b,qwen3-next-80b-a3b]
         [--traces swe,sharegpt,mooncake] [--concurrency 16,64,256] [--num-requests 1000] [--workers 2]
         [--out results/vllm_at_scale.jsonl]
-    .venv/bin/python benchmarks/vllm_at_scale.py --report results/vllm_at_scale.jsonl
+    .venv/bin/python benchmarks/vllm_at_scale.py --report results/vllm_at_scale.jsonl [--plot PNG]
 
 Every point is ``marconi vllm replay`` (vLLM 0.32's own scheduler and block pool, the plugin
 loaded as vLLM loads it, no model, the H100 step-time model): policies stock (``lru``), α = 0.5
@@ -17,7 +17,7 @@ and the plugin's default (``marconi:alpha=adaptive``). Two pools per model on 80
 Each (model, trace) group is appended to ``--out`` as it completes, so an interrupted run keeps
 what it finished (``--resume`` skips groups already there). ``--report`` prints the markdown
 tables (hit rate, TTFT P50/P95, throughput, preemptions) and each point's verdict: the default's
-and α = 0.5's hit rate minus stock's, in points.
+(α = 0.5) and adaptive α's hit rate minus stock's, in points, with the worst and the mean.
 """
 
 from __future__ import annotations
@@ -101,31 +101,67 @@ def report(path: Path) -> int:
     for rec in records:
         key = (rec["model"], rec["trace_name"], _pool_name(rec), rec["num_blocks"], rec["concurrency"])
         groups[key][rec["arm"]] = rec
-    print("| model | trace | pool (blocks) | C | stock hit | α=0.5 | adaptive | adaptive − stock | "
-          "TTFT P50 stock / adaptive | TTFT P95 stock / adaptive | tok/s stock / adaptive | preemptions |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
-    worst = None
+    print("| model | trace | pool (blocks) | C | stock hit | α=0.5 (default) | adaptive | Δ default | Δ adaptive | "
+          "TTFT P50 stock / default | TTFT P95 stock / default | tok/s stock / default | preemptions s / d / a |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    deltas: dict[str, list[float]] = {"default (α=0.5)": [], "adaptive": []}
     for key in sorted(groups, key=lambda k: (k[0], k[1], k[2] != "tight", k[4])):
         arms = groups[key]
         stock, fixed, adaptive = (arms.get(p) for p in POLICIES)
         if stock is None or adaptive is None or fixed is None:
             continue
-        delta = 100 * (adaptive["token_hit_rate"] - stock["token_hit_rate"])
-        worst = delta if worst is None else min(worst, delta)
+        d_fixed = 100 * (fixed["token_hit_rate"] - stock["token_hit_rate"])
+        d_adaptive = 100 * (adaptive["token_hit_rate"] - stock["token_hit_rate"])
+        deltas["default (α=0.5)"].append(d_fixed)
+        deltas["adaptive"].append(d_adaptive)
         model, trace, pool, blocks, conc = key
 
         def ms(rec: dict[str, Any], field: str) -> str:
             return f"{1000 * rec[field]:.0f}"
 
         print(f"| {model} | {trace} | {pool} ({blocks}) | {conc} | {100 * stock['token_hit_rate']:.2f}% | "
-              f"{100 * fixed['token_hit_rate']:.2f}% | {100 * adaptive['token_hit_rate']:.2f}% | {delta:+.2f} | "
-              f"{ms(stock, 'ttft_p50_s')} / {ms(adaptive, 'ttft_p50_s')} ms | "
-              f"{ms(stock, 'ttft_p95_s')} / {ms(adaptive, 'ttft_p95_s')} ms | "
-              f"{stock['throughput_tok_s']:.0f} / {adaptive['throughput_tok_s']:.0f} | "
+              f"{100 * fixed['token_hit_rate']:.2f}% | {100 * adaptive['token_hit_rate']:.2f}% | {d_fixed:+.2f} | "
+              f"{d_adaptive:+.2f} | {ms(stock, 'ttft_p50_s')} / {ms(fixed, 'ttft_p50_s')} ms | "
+              f"{ms(stock, 'ttft_p95_s')} / {ms(fixed, 'ttft_p95_s')} ms | "
+              f"{stock['throughput_tok_s']:.0f} / {fixed['throughput_tok_s']:.0f} | "
               f"{stock['num_preemptions']} / {fixed['num_preemptions']} / {adaptive['num_preemptions']} |")
-    if worst is not None:
-        print(f"\nworst default (adaptive) minus stock: {worst:+.2f} pp over {len(groups)} points")
+    print()
+    for name, ds in deltas.items():
+        if ds:
+            print(f"{name} minus stock over {len(ds)} points: worst {min(ds):+.2f} pp, mean {sum(ds) / len(ds):+.2f}, "
+                  f"best {max(ds):+.2f}; ahead at {sum(d > 0.005 for d in ds)}, behind at {sum(d < -0.005 for d in ds)}")
     return 0
+
+
+def plot(path: Path, out: Path) -> Path:
+    """Hit rate against requests in flight: a panel per (model, trace), a colour per policy, solid
+    for the comfortable pool and dashed for the tight one (PNG, written atomically)."""
+    from marconi.report import pyplot, save_figure
+
+    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    models = list(dict.fromkeys(r["model"] for r in records))
+    traces = list(dict.fromkeys(r["trace_name"] for r in records))
+    fig, axes = pyplot().subplots(len(models), len(traces), figsize=(4 * len(traces), 3.2 * len(models)),
+                                  squeeze=False)
+    colours = dict(zip(POLICIES, ("tab:gray", "tab:blue", "tab:orange")))
+    for i, model in enumerate(models):
+        for j, trace in enumerate(traces):
+            ax = axes[i][j]
+            for pool, style in (("comfortable", "-"), ("tight", "--")):
+                for arm in POLICIES:
+                    pts = sorted((r["concurrency"], 100 * r["token_hit_rate"]) for r in records
+                                 if r["model"] == model and r["trace_name"] == trace and r["arm"] == arm
+                                 and _pool_name(r) == pool)
+                    if pts:
+                        ax.plot(*zip(*pts), style, marker="o", color=colours[arm], label=f"{arm}, {pool}")
+            ax.set_xscale("log", base=2)
+            ax.set_title(f"{model} · {trace}", fontsize=9)
+            ax.set_xlabel("requests in flight")
+            ax.grid(alpha=0.3)
+        axes[i][0].set_ylabel("vLLM token hit rate (%)")
+    axes[0][-1].legend(fontsize=6)
+    fig.tight_layout()
+    return save_figure(fig, out, dpi=110)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -141,8 +177,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=str(REPO / "results/vllm_at_scale.jsonl"))
     parser.add_argument("--resume", action="store_true", help="skip (model, trace) groups already in --out")
     parser.add_argument("--report", default=None, metavar="JSONL", help="only print the tables of a finished run")
+    parser.add_argument("--plot", default=None, metavar="PNG", help="with --report: also draw the hit rates")
     args = parser.parse_args(argv)
     if args.report:
+        if args.plot:
+            print(f"wrote {plot(Path(args.report), Path(args.plot))}", file=sys.stderr)
         return report(Path(args.report))
     return run(args)
 

@@ -213,8 +213,10 @@ def kv_config_summary(kv_cache_config: Any, block_size: int) -> dict[str, Any]:
                        "fields": fields})
     tensors = [{"size": int(t.size), "layers": list(t.shared_by if hasattr(t, "shared_by") else t.layers)}
                for t in kv_cache_config.kv_cache_tensors]
+    # The groups alias one buffer from byte 0 (vLLM 0.32+: every tensor entry spans the whole pool,
+    # each group uses a block id for its own layers), so the pool is the largest entry, not their sum.
     return {"num_blocks": int(kv_cache_config.num_blocks), "block_size": int(block_size), "groups": groups,
-            "tensors": tensors, "pool_bytes": int(sum(t["size"] for t in tensors))}
+            "tensors": tensors, "pool_bytes": int(max((t["size"] for t in tensors), default=0))}
 
 
 def _plain(value: Any) -> Any:
