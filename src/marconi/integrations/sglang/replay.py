@@ -4,23 +4,29 @@ Runs inside the SGLang environment (``make sglang-env``). A :class:`RadixReplay`
 pools, small in their tensors but sized in slots from a byte budget and the model's
 :class:`~marconi.core.model.ModelSpec` (KV tokens x ``kv_bytes_per_token`` + Mamba slots x
 ``ssm_checkpoint_bytes``), and a ``UnifiedRadixCache`` (FULL + MAMBA components, ``no_buffer`` mode,
-page size 1) on SGLang's Python TreeCore. Each request goes through the steps SGLang's scheduler takes
-for it, one request at a time:
+page size 1) on SGLang's Python TreeCore. Each request goes through the steps SGLang's scheduler and
+``mem_cache/common.py`` take for it, one request at a time:
 
-1. admission: ``match_prefix`` on the prompt; the usable hit is ``device_prefix_len`` (KVs with a
-   Mamba state at their end), the KV-only excess ``full_kv_hit_length - device_prefix_len``; the
-   matched node is locked;
-2. the request's working Mamba slot and the KV slots of its uncached tokens (prompt past the hit,
-   then its output) are allocated, each after ``evict_for_alloc`` for the shortfall, as SGLang's
-   allocation does under pressure;
-3. finish: ``insert`` of prompt + output with the request's KV indices and its Mamba slot (the state
-   after its last token: ``no_buffer`` keeps no other), the KV slots the tree already held freed
-   (SGLang's duplicate free), the slot freed if the node already had a state; unlock.
+1. admission (``match_kv_cache``): ``match_prefix`` on the prompt, capped at ``len(prompt) - 1``
+   (``Req._compute_max_prefix_len``); the usable hit is ``device_prefix_len`` (KVs with a Mamba state
+   at their end), the KV-only excess ``full_kv_hit_length - device_prefix_len``; the matched node is
+   locked; the request's Mamba slot, then the KV of the prompt past the hit, are allocated, each after
+   ``evict_for_alloc`` for the shortfall;
+2. end of prefill (``checkpoint_kv_cache``, ``up_to = len(prompt)``, which the batch-result processor
+   calls for every request whose prefill ends unfinished, chunked or not): ``no_buffer`` copies the live
+   state into a fresh slot and inserts the prompt with it; the lock moves to the new node;
+3. decode: the KV of every output token but the last (``kv_committed_len``: the last sampled token is
+   never fed back);
+4. finish (``release_kv_cache(checkpoint=True)``): the request's own slot is donated with
+   ``prompt + output[:-1]``; a slot whose node already had a state is freed.
 
-What this leaves out of the scheduler: concurrency (one request in flight, so the unfinished-request
-insert after a prefill chunk, which only matters to a request admitted while another is running, is
-not exercised), chunked prefill, decode-time allocation in steps (the output's KV is allocated with the
-prompt's), retraction, and HiCache. The hit accounting is SGLang's own (``match_prefix``).
+In every insert the tree frees the duplicate KV past ``prev_prefix_len`` itself (its ``FreeDeviceKV``
+actions); the driver frees nothing else (:meth:`RadixReplay.kv_in_use` checks conservation).
+
+What this leaves out: concurrency (one request in flight), chunked prefill (with one request in
+flight a chunk boundary adds a state only at the chunk's end, which is not modelled), decode-time
+allocation step by step (the decode KV is allocated at once), retraction, and HiCache. The hit
+accounting is SGLang's own (``match_prefix``).
 """
 
 from __future__ import annotations
@@ -126,27 +132,56 @@ class RadixReplay:
             raise RuntimeError(f"SGLang's Mamba pool ({self.mamba_slots} slots) has no free state after eviction")
         return out
 
+    def _checkpoint(self, seq: list[int], value: Any, state: Any, protected: int, inserted: int) -> Any:
+        """SGLang's ``checkpoint_into_tree`` (page size 1): insert ``seq`` with its KV indices ``value``
+        and the Mamba slot ``state``; the tree frees the duplicate KV past ``protected`` itself (its
+        insert's ``FreeDeviceKV`` actions). Returns the insert's result."""
+        from sglang.srt.mem_cache.base_prefix_cache import InsertParams
+        from sglang.srt.mem_cache.radix_cache import RadixKey
+
+        return self.cache.insert(InsertParams(key=RadixKey(array("q", seq)), value=value, mamba_value=state,
+                                              prev_prefix_len=protected, inserted_len=inserted))
+
     def serve(self, prompt: Sequence[int], output: Sequence[int]) -> tuple[int, int]:
         """One request, start to finish: ``(hit tokens, KV-only tokens)`` as SGLang matched it."""
-        from sglang.srt.mem_cache.base_prefix_cache import InsertParams, MatchPrefixParams
+        from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams
         from sglang.srt.mem_cache.radix_cache import RadixKey
 
         prompt, output = list(prompt), list(output)
-        match = self.cache.match_prefix(MatchPrefixParams(key=RadixKey(array("q", prompt))))
+        torch = self._torch
+        # 1. admission: the match is capped at len(prompt) - 1 (Req._compute_max_prefix_len: one token
+        # is always computed, for its logits).
+        limit = max(len(prompt) - 1, 0)
+        match = self.cache.match_prefix(MatchPrefixParams(key=RadixKey(array("q", prompt), limit=limit)))
         hit = int(match.device_prefix_len)
         kv_only = max(0, int(match.full_kv_hit_length) - hit)
-        node = match.last_device_node
+        lock = self.cache.lock(match.last_device_node)
+        prefix = self.cache.path_device_indices(match.last_device_node)[:hit]
+        state = self._alloc_state()                           # the request's working slot (COW of the hit)
+        fresh = self._alloc_kv(len(prompt) - hit)             # alloc_for_extend
+        value = torch.cat([prefix.to(torch.int64), fresh.to(torch.int64)])
+        # 2. end of prefill: checkpoint_kv_cache(up_to=len(prompt)). no_buffer donates a copy of the
+        # live state to the tree (a fresh slot, evicting if none is free); the lock moves to the new node.
+        copy = self._alloc_state()
+        result = self._checkpoint(prompt, value, copy, hit, 0)
+        if result.mamba_exist:                                # the node had a state: the copy is not kept
+            self.req_pool.mamba_allocator.free(copy)
+        node = result.last_device_node
+        self.cache.unlock(lock)
         lock = self.cache.lock(node)
-        prefix = self.cache.path_device_indices(node)[:hit]
-        state = self._alloc_state()
-        fresh = self._alloc_kv(len(prompt) + len(output) - hit)
-        seq = prompt + output
-        value = self._torch.cat([prefix.to(fresh.dtype), fresh])
-        result = self.cache.insert(InsertParams(key=RadixKey(array("q", seq)), value=value, mamba_value=state,
-                                                prev_prefix_len=hit))
-        if result.prefix_len > hit:                       # SGLang's duplicate free
-            self.allocator.free(value[hit:result.prefix_len])
-        if result.mamba_exist:
+        value = self.cache.path_device_indices(node).to(torch.int64)   # the row now holds the tree's indices
+        protected = len(value)
+        # 3. decode: the KV of every output token but the last (kv_committed_len = prompt + output - 1).
+        committed = len(prompt) + max(len(output) - 1, 0)
+        decode = self._alloc_kv(committed - protected)
+        # 4. finish: release_kv_cache(checkpoint=True) hands the request's own slot to the tree.
+        if committed > protected:
+            value = torch.cat([value, decode.to(torch.int64)])
+            seq = (prompt + output)[:committed]
+            result = self._checkpoint(seq, value, state, protected, protected)
+            if result.mamba_exist:
+                self.req_pool.mamba_allocator.free(state)
+        else:                                                 # nothing new to key: the slot goes back
             self.req_pool.mamba_allocator.free(state)
         self.cache.unlock(lock)
         self.num_requests += 1
@@ -157,6 +192,10 @@ class RadixReplay:
         if hasattr(strategy, "observe"):
             strategy.observe(prompt, output, hit, kv_only)
         return hit, kv_only
+
+    def kv_in_use(self) -> int:
+        """KV slots the tree holds + free slots: equals the pool size when nothing leaked or was freed twice."""
+        return int(self.cache.full_evictable_size() + self.cache.full_protected_size() + self.allocator.available_size())
 
     def sanity_check(self) -> None:
         self.cache.sanity_check()
