@@ -32,7 +32,12 @@ def parse_policy(text: str, model: str) -> tuple[str, dict[str, Any] | None]:
     for item in filter(None, params.split(",")):
         key, _, value = item.partition("=")
         if key == "alpha":
-            config["alpha"] = value if value == "adaptive" else float(value)
+            try:
+                config["alpha"] = value if value == "adaptive" else float(value)
+            except ValueError:
+                raise ConfigError(f"policy {text!r}: alpha must be a number >= 0 or adaptive, got {value!r}") from None
+            if config["alpha"] != "adaptive" and not (config["alpha"] >= 0 and config["alpha"] != float("inf")):
+                raise ConfigError(f"policy {text!r}: alpha must be a finite number >= 0 or adaptive, got {value!r}")
         elif key == "efficiency":
             config["efficiency"] = value
         else:

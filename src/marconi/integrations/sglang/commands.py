@@ -11,6 +11,7 @@ The replay runs in the SGLang environment (``make sglang-env``), through SGLang'
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -35,7 +36,43 @@ def register(subparsers: Any) -> None:
     bench.set_defaults(func=_cmd_bench)
 
 
+def check_bench_options(capacity: str, policies: str, model: str, out: str) -> None:
+    """Every option the bench can check without the trace or SGLang; ConfigError naming the option.
+    Nothing is created or written."""
+    from marconi.core.registry import ConfigError
+    from marconi.integrations.sglang.bench import parse_policy
+    from marconi.units import parse_capacity
+
+    try:
+        parse_capacity(capacity)
+    except ConfigError as exc:
+        raise ConfigError(f"--capacity: {exc}") from None
+    names = [p for p in policies.split(",") if p.strip()]
+    if not names:
+        raise ConfigError("--policies: no policy given (lru, marconi, marconi:alpha=X)")
+    for name in names:
+        try:
+            parse_policy(name, model)
+        except ConfigError as exc:
+            raise ConfigError(f"--policies: {exc}") from None
+    path = Path(out)
+    if path.is_dir():
+        raise ConfigError(f"--out {out}: is a directory (records are appended to a JSONL file)")
+    parent = path.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise ConfigError(f"--out {out}: not writable")
+
+
 def _cmd_bench(args: Any) -> int:
+    from marconi.core.registry import ConfigError
+
+    try:
+        check_bench_options(args.capacity, args.policies, args.model, args.out)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     python = Path(args.sglang_python)
     if not python.is_file():
         print(f"error: no SGLang environment at {python}: run `make sglang-env`", file=sys.stderr)
