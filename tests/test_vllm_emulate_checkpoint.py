@@ -100,7 +100,7 @@ def test_the_admission_gate_counts_the_checkpoint_block() -> None:
     for checkpoint, together in ((None, True), (1, False)):
         engine = _engine(14, checkpoint)
         state = RequestState(0, prompts[0], 1000, B)
-        need = engine._blocks_needed(state, state.num_tokens, None, 0, admission=True)
+        need = engine.blocks_needed(state, state.num_tokens, None, 0, admission=True)
         assert need == 4 + len(engine.mamba_ids) * (2 if checkpoint else 1)
         assert not engine.managers[engine.mamba_ids[0]].checkpoints     # the gate records nothing
         sched = VllmAlignScheduler(engine)
@@ -147,7 +147,7 @@ def test_a_resumed_request_resumes_from_a_state_past_its_prompt() -> None:
     for gid in range(len(KINDS)):                 # the state and KVs at 512, as a junction leaves them
         for depth in (256, 512):
             block = engine.pool.get_new_blocks(1)[0]
-            engine.pool._insert_block_hash(block, state.hash_at(depth), gid, depth, None)
+            engine.pool.insert_block_hash(block, state.hash_at(depth), gid, depth, None)
             engine.pool.free_blocks([block])
     _, hit, kv_hit = engine.get_computed_blocks(state)
     assert (hit, kv_hit) == (512, 512)

@@ -82,7 +82,7 @@ class BlockPool:
                               "raise the capacity (vLLM would not schedule this request)")
         out = [self.blocks[b] for b in self._pick(n)]
         for block in out:
-            self._maybe_evict_cached_block(block)
+            self.evict_cached_block(block)
             block.ref_cnt = 1
         self.emit("alloc", [b.block_id for b in out])
         return out
@@ -110,11 +110,13 @@ class BlockPool:
             self.emit("victim", victim.block_id, victim.reason)
             del self.free[victim.block_id]
             self.index.taken(victim.block_id)
-            self._maybe_evict_cached_block(self.blocks[victim.block_id])
+            self.evict_cached_block(self.blocks[victim.block_id])
             picked.append(victim.block_id)
         return picked
 
-    def _maybe_evict_cached_block(self, block: Block) -> None:
+    def evict_cached_block(self, block: Block) -> None:
+        """vLLM's ``_maybe_evict_cached_block``: drop ``block``'s hashes (counted by the victim's
+        reason); public because the Mamba manager lets a non-reusable checkpoint go through it."""
         if block.key is None:
             return
         kind = self.layout.group_kinds[block.key[1]]
@@ -184,7 +186,7 @@ class BlockPool:
             if block.key is not None:          # a partial entry on this block, now full: promote it
                 assert block.depth < depth
                 self._remove_cached_block_hashes(block)
-            self._insert_block_hash(block, req.hash_at(depth), group_id, depth, self._parent(req, depth))
+            self.insert_block_hash(block, req.hash_at(depth), group_id, depth, self._parent(req, depth))
 
     def cache_partial_block(self, req: RequestState, block: Block, num_tokens: int, group_id: int,
                             replace_existing: bool = False) -> tuple[bytes, int] | None:
@@ -198,7 +200,7 @@ class BlockPool:
             self._remove_cached_block_hashes(block)
         elif not already and block.key is not None and block.depth < num_tokens:
             self._remove_cached_block_hashes(block)
-        self._insert_block_hash(block, prefix, group_id, num_tokens, self._parent(req, num_tokens))
+        self.insert_block_hash(block, prefix, group_id, num_tokens, self._parent(req, num_tokens))
         return key
 
     def move_block_hashes(self, src: Block, dst: Block) -> None:
@@ -208,13 +210,13 @@ class BlockPool:
         known = {key[0]: self.index.prefix_info(key[0]) for key in keys}
         for key in self._remove_cached_block_hashes(src):
             depth, parent = known[key[0]]
-            self._insert_block_hash(dst, key[0], key[1], depth, parent)
+            self.insert_block_hash(dst, key[0], key[1], depth, parent)
 
     def _parent(self, req: RequestState, depth: int) -> bytes | None:
         pdepth = parent_depth(depth, self.layout.block_size)
         return req.hash_at(pdepth) if pdepth else None
 
-    def _insert_block_hash(self, block: Block, prefix: bytes, group_id: int, depth: int,
+    def insert_block_hash(self, block: Block, prefix: bytes, group_id: int, depth: int,
                            parent: bytes | None) -> None:
         key = (prefix, group_id)
         if block.key == key or block.block_id in self.cached.get(key, ()):

@@ -209,7 +209,7 @@ class VllmAlignEngine:
                               f"({self.pool.num_free} of {self.layout.num_blocks}); vLLM would never schedule it "
                               f"— raise the capacity")
 
-    def _blocks_needed(self, req: RequestState, num_tokens: int, new_computed: list[list[Block]] | None,
+    def blocks_needed(self, req: RequestState, num_tokens: int, new_computed: list[list[Block]] | None,
                        total_computed: int, admission: bool = False) -> int:
         """``get_num_blocks_to_allocate`` summed over the groups; ``admission``: the full-sequence
         gate's call (vLLM's ``apply_admission_cap``), which counts a prefill checkpoint block but
@@ -229,13 +229,13 @@ class VllmAlignEngine:
         """
         self.pool.emit("slots", req.num_computed_tokens, num_new_computed, num_new, 0)
         total_computed = req.num_computed_tokens + num_new_computed
-        if full_sequence_must_fit and self._blocks_needed(req, req.num_tokens, new_computed, total_computed,
+        if full_sequence_must_fit and self.blocks_needed(req, req.num_tokens, new_computed, total_computed,
                                                           admission=True) > self.pool.num_free:
             return False
         for manager in self.managers:
             manager.remove_skipped_blocks(req, total_computed)
         num_tokens = total_computed + num_new
-        if self._blocks_needed(req, num_tokens, new_computed, total_computed) > self.pool.num_free:
+        if self.blocks_needed(req, num_tokens, new_computed, total_computed) > self.pool.num_free:
             return False
         if new_computed is not None and any(new_computed):
             for g, manager in enumerate(self.managers):

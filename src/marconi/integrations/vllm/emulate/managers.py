@@ -335,7 +335,7 @@ class MambaManager(GroupManager):
             mask = self.reachable_block_mask(block_idx, block_idx + 1, boundaries)
             retained = mask is None or mask[0]
         if not is_prompt_checkpoint and not retained and position != req.shared_prefix_boundary:
-            self.pool._maybe_evict_cached_block(block)
+            self.pool.evict_cached_block(block)
             return
         if block.key is not None and block.depth == position:
             return
