@@ -94,7 +94,9 @@ vllm-env: $(VLLM_STAMP)
 # without its compiled parts into .venv-vllm033/site, put first on PYTHONPATH by .venv-vllm033/bin/python
 # (a wrapper of .venv-vllm's python: torch 2.13 CPU and the pinned deps stay; the wheel's torch 2.14 and
 # CUDA pins are never installed). Covers what runs without kernels: 0.33's scheduler, KV cache manager
-# and block pool, so the plugin's hooks and their tests run on 0.33; not 0.33's model runner or kernels.
+# and block pool, so the plugin's hooks, their tests and `marconi vllm replay` run on 0.33; not 0.33's model
+# runner or kernels. VLLM_TARGET_DEVICE=cpu: the GPU wheel's platform probe finds no CUDA (its .so files
+# are left out) and would leave the device empty; the CPU platform is what the replay's stub executor needs.
 VLLM033_DIR   := .venv-vllm033
 VLLM033_STAMP := $(VLLM033_DIR)/.installed
 VLLM033_WHEEL := vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl
@@ -105,7 +107,7 @@ $(VLLM033_STAMP): $(VLLM_STAMP)
 	$(VLLM_VENV)/bin/python -m pip download --quiet --no-deps --only-binary :all: -d $(VLLM033_DIR)/wheel vllm==0.33.0
 	cd $(VLLM033_DIR) && unzip -q wheel/$(VLLM033_WHEEL) -d site -x '*.so' 'vllm/third_party/*/include/*'
 	rm -rf $(VLLM033_DIR)/wheel
-	printf '#!/bin/sh\n# vLLM 0.33 (Python code only) over the 0.32 CPU environment: see the Makefile.\nhere=$$(cd "$$(dirname "$$0")/.." && pwd)\nPYTHONPATH="$$here/site$${PYTHONPATH:+:$$PYTHONPATH}" exec "$$here/../$(VLLM_VENV)/bin/python" "$$@"\n' > $(VLLM033_DIR)/bin/python
+	printf '#!/bin/sh\n# vLLM 0.33 (Python code only) over the 0.32 CPU environment: see the Makefile.\nhere=$$(cd "$$(dirname "$$0")/.." && pwd)\nVLLM_TARGET_DEVICE="$${VLLM_TARGET_DEVICE:-cpu}" PYTHONPATH="$$here/site$${PYTHONPATH:+:$$PYTHONPATH}" exec "$$here/../$(VLLM_VENV)/bin/python" "$$@"\n' > $(VLLM033_DIR)/bin/python
 	chmod +x $(VLLM033_DIR)/bin/python
 	$(VLLM033_DIR)/bin/python -c "import vllm, vllm.v1.core.block_pool, vllm.v1.core.kv_cache_manager, vllm.v1.core.sched.scheduler, marconi.integrations.vllm.plugin; print('vLLM', vllm.__version__, 'overlay ready')"
 	touch $(VLLM033_STAMP)

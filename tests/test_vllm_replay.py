@@ -18,7 +18,7 @@ from marconi.core.model import PRESETS, ModelSpec
 from marconi.core.registry import ConfigError
 from marconi.integrations.vllm.replay.run import CONFIGS_DIR, ReplayConfig, model_dir
 from marconi.integrations.vllm.replay.steptime import StepTimeModel
-from vllm_env import VLLM_PYTHON, require_vllm
+from vllm_env import VLLM_PYTHON, require_vllm, vllm_python
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -107,11 +107,13 @@ def test_derived_kv_cache_config_equals_the_engines(preset: str, tmp_path: Path)
 
 
 @pytest.mark.slow
-def test_replay_command_end_to_end(tmp_path: Path) -> None:
-    """A small version of the issue's done-when command: records with every field, a table, a plot."""
-    require_vllm()
+@pytest.mark.parametrize("series", ["0.32", "0.33"])
+def test_replay_command_end_to_end(series: str, tmp_path: Path) -> None:
+    """A small version of the issue's done-when command: records with every field, a table, a plot;
+    on vLLM 0.32 and on the 0.33 overlay (its scheduler and block pool; skipped without it)."""
+    python = vllm_python(series)
     out = tmp_path / "replay.jsonl"
-    cmd = [sys.executable, "-m", "marconi.cli", "vllm", "replay", "--vllm-python", VLLM_PYTHON, "--trace",
+    cmd = [sys.executable, "-m", "marconi.cli", "vllm", "replay", "--vllm-python", python, "--trace",
            "swe-sample", "--model", "nemotron-h-8b", "--capacity", "0.05x", "--concurrency", "4", "--num-requests",
            "8", "--max-output-len", "8", "--policies", "lru,marconi", "--out", str(out), "--plot",
            str(tmp_path / "ttft.png"), "--work-dir", str(tmp_path / "work")]
@@ -126,6 +128,7 @@ def test_replay_command_end_to_end(tmp_path: Path) -> None:
                       "tpot_mean_s", "throughput_tok_s", "num_preemptions", "sched_s_per_step"):
             assert field in rec and rec[field] is not None, field
         assert rec["engine"] == "vllm-replay" and rec["num_requests"] == 8
+        assert rec["vllm_version"].startswith(series)
         assert 0 <= rec["token_hit_rate"] <= 1 and rec["ttft_p50_s"] > 0
     assert records[1]["plugin_evictions"] is not None and records[0]["plugin_evictions"] is None
     assert "vLLM token hit" in proc.stdout and (tmp_path / "ttft.png").is_file()

@@ -122,17 +122,12 @@ class StubExecutor(_executor_base()):  # type: ignore[misc]
         """The KV budget, raised (``floor_applied``) to what vLLM needs for one request of
         ``max_model_len`` if it is smaller: vLLM would refuse to start, and a tight fraction of a
         trace's working set (``--capacity 0.05x``) can be below that."""
-        from vllm.v1.core import kv_cache_utils as kcu
-
         if self.gpu_memory_bytes is not None:
             budget = available_kv_bytes(self.gpu_memory_bytes, self.num_params, self.bytes_per_param,
                                         tensor_parallel=self.tensor_parallel)
         else:
             budget = int(self.available_bytes)
-        groups = kcu.get_kv_cache_groups(self.vllm_config, self._kv_cache_spec())
-        # vLLM private: the two functions get_kv_cache_configs checks the budget with (null block included).
-        floor = int(kcu._max_memory_usage_bytes_from_groups(self.vllm_config, groups)
-                    + kcu._pool_bytes_per_block(self.vllm_config, groups))
+        floor = kv_memory_floor(self.vllm_config, self._kv_cache_spec())
         self.requested_bytes, self.floor_applied = budget, floor > budget
         return [max(budget, floor)]
 
@@ -146,8 +141,8 @@ class StubExecutor(_executor_base()):  # type: ignore[misc]
     def get_supported_kv_cache_layouts(self) -> list[list[str]]:
         return [["NHD"]]
 
-    def set_kv_cache_layout(self, layout_name: str) -> None:
-        pass
+    def set_kv_cache_layout(self, layout_name: str, *_: Any) -> None:
+        """vLLM 0.33 also passes the context-parallel interleave size; nothing runs a kernel here."""
 
     def initialize_from_config(self, kv_cache_configs: list[Any]) -> None:
         pass
@@ -164,6 +159,26 @@ class StubExecutor(_executor_base()):  # type: ignore[misc]
 
     def shutdown(self) -> None:
         pass
+
+
+def kv_memory_floor(vllm_config: Any, kv_cache_spec: dict[str, Any]) -> int:
+    """The smallest KV budget vLLM starts with: one ``max_model_len`` request plus the null block,
+    by the functions ``get_kv_cache_configs`` checks the budget with (vLLM privates). vLLM 0.33 moved
+    them from ``kv_cache_utils`` to ``kv_cache_planning`` and routes them through a config builder."""
+    try:
+        from vllm.v1.core import kv_cache_planning as plan          # vLLM >= 0.33
+    except ImportError:
+        from vllm.v1.core import kv_cache_utils as kcu              # vLLM 0.32
+
+        groups = kcu.get_kv_cache_groups(vllm_config, kv_cache_spec)
+        return int(kcu._max_memory_usage_bytes_from_groups(vllm_config, groups)
+                   + kcu._pool_bytes_per_block(vllm_config, groups))
+    from vllm.v1.core.kv_cache_config_builder import get_kv_cache_config_builder
+
+    builder = get_kv_cache_config_builder(vllm_config)
+    groups = plan.get_kv_cache_groups(vllm_config, kv_cache_spec)
+    return int(plan._max_memory_usage_bytes_from_groups(builder, vllm_config, groups)
+               + plan._pool_bytes_per_block_from_builder(builder, vllm_config, groups))
 
 
 def build_engine_core(model_dir: str, *, num_blocks: int | None = None, available_bytes: int | None = None,
