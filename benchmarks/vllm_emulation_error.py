@@ -81,7 +81,7 @@ def measure(vllm_python: str, model: str, trace: str, concurrency: int, policies
         hits, rate, preempted = emulate(spec, requests, out, label, config)
         vllm_hits = rec["per_request"]["num_cached_tokens"]
         differ = [i for i, (a, b) in enumerate(zip(vllm_hits, hits)) if a != b]
-        rows.append({"model": model, "trace": trace, "concurrency": concurrency, "policy": label,
+        rows.append({"model": model, "trace": trace, "capacity": capacity, "concurrency": concurrency, "policy": label,
                      "num_requests": len(requests), "num_blocks": rec["num_blocks"], "block_size": rec["block_size"],
                      "prefill_checkpoint": checkpoint_alignment(out["kv_cache"]),
                      "vllm_token_hit_rate": rec["token_hit_rate"], "emulated_token_hit_rate": rate,
