@@ -166,8 +166,10 @@ class SystemConfig:
         return out
 
 
-# vllm-align (the vLLM emulation) registers itself from marconi.integrations.vllm.system, which builds on this module.
-SYSTEMS: Registry[System] = Registry("system", providers=("marconi.integrations.vllm.system",))
+# vllm-align (the vLLM emulation) registers itself from marconi.integrations.vllm.system, and sglang-unified (the
+# SGLang emulation) from marconi.integrations.sglang.system; both build on this module.
+SYSTEMS: Registry[System] = Registry("system", providers=("marconi.integrations.vllm.system",
+                                                          "marconi.integrations.sglang.system"))
 UNBOUNDED_BYTES = 2**62
 _BOOTSTRAP_ONLY = ("multiplier", "retune", "drift", "tolerance")
 _ADAPTIVE_ONLY = ("rules", "decay", "hysteresis", "confidence", "selector")

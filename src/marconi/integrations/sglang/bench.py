@@ -4,8 +4,9 @@ Runs in the SGLang environment (``marconi sglang bench`` starts it there). For e
 :class:`~marconi.integrations.sglang.replay.RadixReplay` with the same pools (from ``--capacity``: bytes,
 or a fraction of the trace's working set on ``--model``) replays the trace; hit rates are SGLang's own
 (``match_prefix``). One JSONL record per policy: ``engine="sglang"``, ``policy``, ``token_hit_rate``,
-``sim_token_hit_rate`` (null: the ``sglang-unified`` emulation is not built yet), ``num_requests``, the
-pools, the plugin's counters, seconds.
+``sim_token_hit_rate`` (the ``sglang-unified`` emulation on the same requests, pools and policy, no SGLang
+inside) with ``sim_requests_differing`` (requests whose usable or KV-only hit differs from SGLang's),
+``num_requests``, the pools, the plugin's counters, seconds.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any, Sequence
 
 from marconi.core.registry import ConfigError
 
-__all__ = ["main", "parse_policy", "run_policy"]
+__all__ = ["main", "parse_policy", "run_policy", "emulate_policy"]
 
 
 def parse_policy(text: str, model: str) -> tuple[str, dict[str, Any] | None]:
@@ -52,18 +53,43 @@ def run_policy(trace: Sequence[Any], policy: str, kv_tokens: int, mamba_slots: i
     name, config = parse_policy(policy, model)
     replay = RadixReplay(kv_tokens, mamba_slots, policy=name, policy_config=config)
     start = time.perf_counter()
+    real: list[tuple[int, int]] = []
     for i, req in enumerate(trace):
-        replay.serve(req.input_tokens, req.output_tokens)
+        real.append(replay.serve(req.input_tokens, req.output_tokens))
         if check_every and (i + 1) % check_every == 0:
             replay.sanity_check()
     replay.sanity_check()
+    seconds = time.perf_counter() - start
     counters = dict(getattr(replay.strategy, "counters", {}))
+    sim = emulate_policy(trace, policy, kv_tokens, mamba_slots, model)
+    differ = sum(1 for a, b in zip(real, sim["per_request"]) if a != b)
     return {"engine": "sglang", "sglang_version": _version(), "policy": policy,
-            "token_hit_rate": replay.token_hit_rate, "sim_token_hit_rate": None,
+            "token_hit_rate": replay.token_hit_rate, "sim_token_hit_rate": sim["token_hit_rate"],
+            "sim_requests_differing": differ, "sim_seconds": sim["seconds"],
             "num_requests": replay.num_requests, "input_tokens": replay.input_tokens,
             "hit_tokens": replay.hit_tokens, "kv_only_tokens": replay.kv_only_tokens,
             "kv_tokens": kv_tokens, "mamba_slots": mamba_slots, "model": model,
-            "counters": counters, "seconds": round(time.perf_counter() - start, 3)}
+            "counters": counters, "seconds": round(seconds, 3)}
+
+
+def emulate_policy(trace: Sequence[Any], policy: str, kv_tokens: int, mamba_slots: int, model: str) -> dict[str, Any]:
+    """The same requests through ``sglang-unified`` (:mod:`marconi.integrations.sglang.emulate`, no SGLang)
+    with the same pools and policy: ``token_hit_rate``, ``per_request`` ``(hit, kv_only)`` tokens, seconds."""
+    from marconi.core.model import get_model
+    from marconi.integrations.sglang.emulate import emulator_for
+
+    name, config = parse_policy(policy, model)
+    emulator = emulator_for(get_model(model), kv_tokens, mamba_slots, policy=name, policy_config=config)
+    start = time.perf_counter()
+    rows, hit, total = [], 0, 0
+    for req in trace:
+        m = emulator.serve(req.input_tokens, req.output_tokens)
+        rows.append((m.hit_len, max(0, m.kv_hit_len - m.hit_len)))
+        hit += m.hit_len
+        total += m.input_len
+    emulator.check_invariants()
+    return {"token_hit_rate": hit / total if total else 0.0, "per_request": rows,
+            "seconds": round(time.perf_counter() - start, 3)}
 
 
 def _version() -> str:

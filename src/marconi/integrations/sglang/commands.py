@@ -5,7 +5,8 @@
                          [--out results/sglang_bench.jsonl]
 
 The replay runs in the SGLang environment (``make sglang-env``), through SGLang's own ``UnifiedRadixCache``:
-:mod:`marconi.integrations.sglang.bench`. Records go to stdout and ``--out``; the table to stdout.
+:mod:`marconi.integrations.sglang.bench`. Records go to stdout and ``--out``; the table to stdout, with the
+``sglang-unified`` emulation's hit rate on the same requests and pools beside SGLang's.
 """
 
 from __future__ import annotations
@@ -87,8 +88,11 @@ def _cmd_bench(args: Any) -> int:
         sys.stderr.write(proc.stderr[-4000:])
         return proc.returncode or 1
     records = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
-    print(f"{'policy':<26} {'token hit rate':>14} {'requests':>9} {'kv tokens':>10} {'mamba slots':>11}")
+    print(f"{'policy':<26} {'token hit rate':>14} {'sglang-unified':>14} {'requests':>9} {'kv tokens':>10} "
+          f"{'mamba slots':>11}")
     for r in records:
-        print(f"{r['policy']:<26} {r['token_hit_rate']:>14.2%} {r['num_requests']:>9} {r['kv_tokens']:>10} "
-              f"{r['mamba_slots']:>11}")
+        sim = r.get("sim_token_hit_rate")
+        sim_text = f"{sim:.2%}" if sim is not None else "-"
+        print(f"{r['policy']:<26} {r['token_hit_rate']:>14.2%} {sim_text:>14} {r['num_requests']:>9} "
+              f"{r['kv_tokens']:>10} {r['mamba_slots']:>11}")
     return 0
