@@ -167,6 +167,46 @@ for name, n, capacity, policies in (("swe-sample", None, "0.05x", ("lru", "marco
         r = run_policy(trace, policy, kv, slots, "paper-7b")
         out.append({k: r[k] for k in ("policy", "token_hit_rate", "sim_token_hit_rate", "sim_requests_differing",
                                       "num_requests", "counters")} | {"trace": name})
+
+# Randomised multi-turn replays on small pools: branches, repeats, tombstones, both walks under pressure.
+import numpy as np
+from marconi.integrations.sglang.bench import parse_policy
+from marconi.integrations.sglang.emulate import emulator_for
+from marconi.integrations.sglang.replay import RadixReplay
+spec = get_model("paper-7b")
+for seed in (0, 1):
+    rng = np.random.default_rng(seed)
+    kv, slots = int(rng.integers(1500, 3000)), int(rng.integers(4, 10))
+    heads = [rng.integers(1, 50000, size=int(rng.integers(20, 200))).tolist() for _ in range(3)]
+    history, reqs = {}, []
+    for i in range(150):
+        s = int(rng.integers(0, 12))
+        if s not in history or rng.random() < 0.15:
+            base = heads[int(rng.integers(0, 3))][: int(rng.integers(5, 200))]
+        else:
+            h = history[s]
+            base = h[: int(rng.integers(len(h) // 2, len(h) + 1))] if rng.random() < 0.3 else h
+        prompt = (base + rng.integers(1, 50000, size=int(rng.integers(1, 60))).tolist())[: kv // 2]
+        output = rng.integers(1, 50000, size=int(rng.integers(0, 30))).tolist()
+        reqs.append((prompt, output))
+        history[s] = prompt + output
+    for policy in ("lru", "marconi:alpha=2,efficiency=marginal"):
+        name, config = parse_policy(policy, "paper-7b")
+        real = RadixReplay(kv, slots, policy=name, policy_config=config)
+        emu = emulator_for(spec, kv, slots, policy=name, policy_config=config)
+        differ = 0
+        for prompt, output in reqs:
+            m = emu.serve(prompt, output)
+            differ += real.serve(prompt, output) != (m.hit_len, m.kv_hit_len - m.hit_len)
+        real.sanity_check()
+        emu.check_invariants()
+        c = dict(getattr(real.strategy, "counters", {}))
+        out.append({"trace": f"random-{seed}", "policy": policy, "sim_requests_differing": differ,
+                    "token_hit_rate": real.token_hit_rate, "num_requests": len(reqs), "counters": c,
+                    "sim_token_hit_rate": real.token_hit_rate if not differ else None,
+                    "sim_counters": {k: v for k, v in emu.counters.items() if k in c},
+                    "free": [int(real.allocator.available_size()), emu.kv_free,
+                             int(real.req_pool.mamba_allocator.available_size()), emu.mamba_free]})
 print(json.dumps(out))
 """
 
@@ -174,8 +214,13 @@ print(json.dumps(out))
 @slow
 def test_emulation_matches_sglangs_real_cache_request_by_request() -> None:
     rows = json.loads(run_in_sglang(_AGREEMENT, timeout=600).stdout.strip().splitlines()[-1])
-    assert len(rows) == 5
+    assert len(rows) == 9
     for r in rows:
         assert r["sim_requests_differing"] == 0, r
         assert abs(r["token_hit_rate"] - r["sim_token_hit_rate"]) < 1e-12, r
+    for r in rows[5:]:                                   # the random replays: the same victims, the same free slots
+        if r["policy"] != "lru":
+            assert r["counters"] == r["sim_counters"] | {k: v for k, v in r["counters"].items()
+                                                         if k.startswith("hit_tokens")}, r
+        assert r["free"][0] == r["free"][1] and r["free"][2] == r["free"][3], r
     assert any(r["counters"].get("evicted:state-tombstone") for r in rows)   # the Mamba walk was exercised
