@@ -1,0 +1,152 @@
+"""Where on vLLM's block grid to keep a sequence's recurrent states: the sparse DP, constrained.
+
+vLLM's Mamba ``align`` mode can keep a state only at a block boundary (block ``i`` holds the state
+after ``(i + 1) · block_size`` tokens), and some boundaries are kept whatever this module says:
+the request's resume point (the state it started from), the shared-prefix junction vLLM detects
+(Marconi's branch point) and the replay boundary at the prompt's end (Marconi's last-token state).
+``prefix_cache_retention_interval`` picks the other boundaries by a fixed stride; the sparse-prefix
+paper (arXiv 2605.05219) picks them by an exact DP over the distribution of overlap depths. On the
+grid the problem is: given weights ``P(d)`` over depths ``0..N``, the fixed boundaries ``F`` and a
+budget of ``M`` more, choose ``C`` (block boundaries, ``|C| <= M``) minimising
+
+    E[ cost(c(d), d) ],   c(d) = the deepest point of {0} ∪ F ∪ C at or below d,
+
+with the potential recompute cost of :mod:`marconi.sparse.dp` (tokens, or the model's prefill
+FLOPs). Fixed boundaries cut the sequence into independent segments: a depth in
+``[f_k, f_{k+1})`` resumes from ``f_k`` or from a checkpoint placed inside that segment, never
+from another segment. So :func:`place_on_grid` solves each segment exactly with
+:func:`marconi.sparse.dp.place_checkpoints` (its whole cost-by-budget curve, one run) and splits
+the budget among the segments by a min-plus convolution of those curves: exact for the stated
+problem, ``O(S · M^2)`` on top of the segments' DPs. :func:`brute_force_on_grid` enumerates every
+placement, for the tests.
+
+Nothing here imports vLLM; the plugin's retention hook and the emulation will call it with their
+overlap estimate. Note for that hook: in ``align`` mode a state is written only where a prefill
+chunk ends, so a chosen boundary inside a chunk needs a chunk stop there (as vLLM stops a chunk at
+the shared-prefix junction in ``Scheduler._mamba_block_aligned_split``), or it does not exist.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+from marconi.sparse.dp import TOKEN_COST, PotentialCost, place_checkpoints
+
+__all__ = ["GridPlacement", "grid_candidates", "place_on_grid", "brute_force_on_grid", "grid_expected_cost"]
+
+FloatArray = NDArray[np.float64]
+
+
+@dataclass(frozen=True, slots=True)
+class GridPlacement:
+    """The boundaries to keep beyond the fixed ones, and what they buy.
+
+    Attributes:
+        positions: chosen block boundaries (token positions, multiples of the block), ascending.
+        expected_cost: ``E[cost(c(d), d)]`` with the fixed and chosen boundaries, weights normalised.
+        baseline_cost: the same with the fixed boundaries alone (what vLLM's retention 0 keeps).
+    """
+
+    positions: tuple[int, ...]
+    expected_cost: float
+    baseline_cost: float
+
+
+def grid_candidates(seq_len: int, block_size: int, fixed: Sequence[int] = ()) -> list[int]:
+    """Block boundaries in ``[1, seq_len]`` that are not already kept."""
+    if block_size <= 0:
+        raise ValueError(f"block_size must be positive, got {block_size}")
+    kept = set(fixed)
+    return [p for p in range(block_size, seq_len + 1, block_size) if p not in kept]
+
+
+def _checked(weights: ArrayLike, block_size: int, fixed: Sequence[int], budget: int) -> tuple[FloatArray, list[int]]:
+    w = np.asarray(weights, dtype=np.float64)
+    if w.ndim != 1 or w.size == 0 or not np.all(np.isfinite(w)) or np.any(w < 0) or w.sum() <= 0:
+        raise ValueError("weights must be a 1-D, finite, non-negative array over depths 0..N with a positive sum")
+    if budget < 0:
+        raise ValueError(f"budget must be >= 0, got {budget}")
+    n = w.size - 1
+    bad = [f for f in fixed if not (0 < f <= n) or f % block_size]
+    if bad:
+        raise ValueError(f"fixed boundaries must be block multiples in [1, {n}], got {bad}")
+    return w / w.sum(), sorted(set(fixed))
+
+
+def grid_expected_cost(weights: ArrayLike, kept: Sequence[int], *, cost: PotentialCost = TOKEN_COST) -> float:
+    """``E[cost(c(d), d)]`` under ``weights`` (normalised) with states at ``kept`` (and 0)."""
+    w = np.asarray(weights, dtype=np.float64)
+    w = w / w.sum()
+    depths = np.flatnonzero(w)
+    stored = np.array(sorted({0, *kept}), dtype=np.int64)
+    resume = stored[np.searchsorted(stored, depths, side="right") - 1]
+    return float(np.dot(w[depths], cost(resume, depths)))
+
+
+def _shifted(cost: PotentialCost, origin: int) -> PotentialCost:
+    """``cost`` in a segment's own coordinates: position ``x`` there is ``origin + x`` in the sequence."""
+    return PotentialCost(f"{cost.name}@{origin}", lambda x: cost.potential(x + origin))
+
+
+def place_on_grid(weights: ArrayLike, *, block_size: int, fixed: Sequence[int] = (), budget: int,
+                  cost: PotentialCost = TOKEN_COST) -> GridPlacement:
+    """The exact optimum of the module's problem: at most ``budget`` block boundaries beyond ``fixed``.
+
+    Args:
+        weights: ``(N+1,)`` non-negative weights of the overlap depths ``0..N`` of future requests
+            with this sequence (``N``: its length; a distribution or raw counts).
+        block_size: vLLM's Mamba block (tokens); candidates are its multiples in ``[1, N]``.
+        fixed: boundaries kept anyway (resume point, junction, replay boundary), block multiples.
+        budget: ``M >= 0`` boundaries to add.
+        cost: the recompute cost (:data:`~marconi.sparse.dp.TOKEN_COST` or
+            :func:`~marconi.sparse.dp.flops_cost`); its potential must be non-decreasing.
+
+    Ties between placements of equal expected cost go to the one with fewer states (a larger
+    budget is spent only where it lowers the cost).
+    """
+    w, kept = _checked(weights, block_size, fixed, budget)
+    n = w.size - 1
+    cuts = [0, *kept, n + 1]
+    curves: list[list[float]] = []          # per segment: least cost with at most m added, m = 0..budget
+    plans: list[list[tuple[int, ...]]] = []
+    for lo, hi in zip(cuts, cuts[1:]):
+        seg = w[lo:hi]                      # depths lo .. hi-1, relative 0 .. hi-lo-1
+        cands = [p - lo for p in range(block_size, n + 1, block_size) if lo < p < hi]
+        if seg.sum() <= 0 or not cands or budget == 0:
+            base = 0.0 if seg.sum() <= 0 else float(np.dot(seg, _shifted(cost, lo)(0, np.arange(seg.size))))
+            curves.append([base] * (budget + 1))
+            plans.append([()] * (budget + 1))
+            continue
+        mass = float(seg.sum())
+        placed = place_checkpoints(seg, cands, budget, cost=_shifted(cost, lo))
+        curves.append([mass * c for c in placed.cost_by_budget])
+        plans.append([tuple(lo + p for p in ps) for ps in placed.positions_by_budget])
+    # min-plus convolution of the curves, keeping the split
+    best = curves[0][:]
+    split: list[list[int]] = [[m] for m in range(budget + 1)]
+    for curve in curves[1:]:
+        new_best, new_split = [], []
+        for m in range(budget + 1):
+            options = [(best[m - k] + curve[k], k) for k in range(m + 1)]
+            value, k = min(options, key=lambda o: (o[0], o[1]))
+            new_best.append(value)
+            new_split.append(split[m - k] + [k])
+        best, split = new_best, new_split
+    m = min(range(budget + 1), key=lambda b: (best[b] - best[-1] > 1e-12 * max(1.0, abs(best[-1])), b))
+    positions = tuple(sorted(p for seg_plans, k in zip(plans, split[m]) for p in seg_plans[k]))
+    return GridPlacement(positions=positions, expected_cost=grid_expected_cost(w, [*kept, *positions], cost=cost),
+                         baseline_cost=grid_expected_cost(w, kept, cost=cost))
+
+
+def brute_force_on_grid(weights: ArrayLike, *, block_size: int, fixed: Sequence[int] = (), budget: int,
+                        cost: PotentialCost = TOKEN_COST) -> float:
+    """The least expected cost over every placement of at most ``budget`` boundaries (small N only)."""
+    w, kept = _checked(weights, block_size, fixed, budget)
+    cands = grid_candidates(w.size - 1, block_size, kept)
+    return min(grid_expected_cost(w, [*kept, *extra], cost=cost)
+               for m in range(min(budget, len(cands)) + 1) for extra in itertools.combinations(cands, m))
