@@ -1,4 +1,5 @@
-"""The sparse-dp admission policy places exactly the DP's optimum (issue 21: the candidate cap).
+"""The sparse-dp admission policy places exactly the DP's optimum (issue 21: the candidate cap; the first,
+``estimator=prefix`` estimator: its weights are what these tests recompute).
 
 With a fresh estimator every depth of the prior weighs the same; the old cap of 256 candidates kept
 the deepest 256, and at N = 8000, M = 2 placed (7745, 8000), 1.86x the optimum's expected
@@ -39,7 +40,7 @@ def _optimum(policy: SparseDPAdmission, n: int, resume: int, m: int) -> tuple[tu
 
 
 def test_a_fresh_estimator_places_the_exact_optimum_at_n_8000():
-    policy = SparseDPAdmission(m=2, marconi=False)
+    policy = SparseDPAdmission(m=2, marconi=False, estimator="prefix")
     placed = tuple(policy.prefill_checkpoints(_context(8000)))
     optimum, weights = _optimum(policy, 8000, 0, 2)
     assert placed == optimum == (4039, 8000)
@@ -50,7 +51,7 @@ def test_a_fresh_estimator_places_the_exact_optimum_at_n_8000():
 
 @pytest.mark.parametrize("n, resume, m", [(300, 0, 3), (2000, 700, 4), (5000, 1234, 1)])
 def test_placements_match_the_dp_over_every_position(n, resume, m):
-    policy = SparseDPAdmission(m=m, marconi=False)
+    policy = SparseDPAdmission(m=m, marconi=False, estimator="prefix")
     placed = tuple(policy.prefill_checkpoints(_context(n, resume)))
     assert placed == _optimum(policy, n, resume, m)[0]
     assert all(resume < p <= n for p in placed)
@@ -70,7 +71,7 @@ def test_the_cap_spreads_tied_depths_instead_of_keeping_the_deepest():
 
 
 def test_the_lagrangian_form_keeps_its_capped_candidates_spread():
-    policy = SparseDPAdmission(lam=1e-9, marconi=False, max_candidates=64)
+    policy = SparseDPAdmission(lam=1e-9, marconi=False, max_candidates=64, estimator="prefix")
     placed = policy.prefill_checkpoints(_context(8000))
     assert placed and min(placed) < 4000                 # not all crowded into the deepest 64 depths
 

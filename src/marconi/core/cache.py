@@ -356,6 +356,9 @@ class PrefixCache:
                             else math.lcm(self.prefill_chunk_len, self.tree.page_size))
         # a policy keeping per-request state (sparse-dp) is told when a request ends
         self._end_request: Callable[[int], None] | None = getattr(self.admission, "end_request", None)
+        bind_admission = getattr(self.admission, "bind", None)
+        if bind_admission is not None:  # a policy reading this cache's clock (sparse-dp's time decay)
+            bind_admission(self)
         self._mutex = threading.RLock()
         # The component choosing this cache's policy parameters online, or None: the bootstrap
         # tuner (attached by the system that builds the cache) or a selecting eviction policy

@@ -1,26 +1,45 @@
 """``sparse-dp``: admission that places a sequence's checkpoints by the exact DP over overlap depths.
 
 At each request's prefill the policy (1) records how deep the request overlapped the cache (its KV
-hit) under a key naming its prefix family (a hash of its first ``key_tokens`` tokens — the shared
-document or system prompt), (2) estimates, for the sequence being prefilled, the distribution P(d)
-of how deep future requests will overlap it, and (3) places at most ``m`` checkpoints in
-``(resume point, input length]`` minimising the expected recompute cost (or, with ``lam``, expected
-recompute + ``lam`` · checkpoint bytes). Marconi's branch-point and last-decoded-token checkpoints
-are kept on top (``marconi=false`` drops the branch point; the last token always stays).
+hit), (2) estimates, for the sequence being prefilled, the distribution P(d) of how deep future
+requests will overlap it, and (3) places at most ``m`` checkpoints in ``(resume point, input
+length]`` minimising the expected recompute cost (or, with ``lam``, expected recompute + ``lam`` ·
+checkpoint bytes). Marconi's branch-point and last-decoded-token checkpoints are kept on top
+(``marconi=false`` drops the branch point; the last token always stays).
+
+Two estimators (``estimator=``):
+
+* ``tree`` (default): :class:`~marconi.sparse.tree_overlap.TreeOverlapEstimator`. Keyed by the
+  radix tree's nodes (the node where the request leaves the cached tree, and every known node on
+  its path), depths relative to the node, decayed by counts (``half_life`` observations) and by the
+  cache's clock (``half_life_s``), at most ``max_nodes`` nodes of at most 32 depths each.
+  **Re-placement on drift**: the span between the resume point and the KV hit belongs to stored
+  sequences (KV cached, no state); the request recomputes it anyway. Inside the territory of a
+  node whose histogram moved by more than ``drift`` in total variation since its territory was
+  last placed, the DP may place checkpoints there again (and the node's snapshot is refreshed);
+  elsewhere in that span it places none. The bound: re-placement adds no prefill FLOPs (only
+  positions the request computes anyway), at most ``m`` states per request in all (the budget
+  is shared with the new part), and each node is re-placed once per drift of ``drift``.
+  ``drift=0`` re-places on every change, ``drift=1`` never.
+* ``prefix``: the first estimator (:class:`~marconi.sparse.overlap.OverlapEstimator`): documents
+  keyed by a hash of the first ``key_tokens`` tokens, absolute depths, half the prior's mass at the
+  input's end, count decay only. Kept to reproduce earlier figures.
 
 Depths below the request's resume point are already served by checkpoints on its path, so they
 get no weight, and the recompute of an uncovered depth d is charged from the resume point u:
 the potential is F(max(x, u)), still non-decreasing, so the fast DP's precondition holds.
 
-Exactness: with a budget ``m`` the DP runs over every candidate depth of the rule (``all``: every
-depth in ``(u, N]``), so the placement is the optimum of the stated problem, at ``O(m·N log N)``
-per planned request. The Lagrangian form's solver is ``O(K²)``, so there the candidates are
-capped at ``max_candidates`` (the heaviest depths, ties spread evenly): exact only while the
-support fits under the cap.
+Exactness: the DP runs over every candidate depth of the rule (``all``: every depth with mass in
+``(u, N]``), so the placement is the optimum of the stated problem: ``O(m·N log N)`` per planned
+request for a budget, ``O(N log N)`` for the Lagrangian form (:func:`~marconi.sparse.dp.
+place_checkpoints_lagrangian` solves it by the quadrangle inequality). ``max_candidates > 0``
+restores the old cap of the Lagrangian form's candidates (an approximation once the support
+exceeds it); the default 0 is no cap.
 """
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Iterable
 
 import numpy as np
@@ -29,8 +48,10 @@ from marconi.core.admission import ADMISSION_POLICIES, AdmissionContext, FinalPl
 from marconi.core.registry import ConfigError
 from marconi.sparse.dp import TOKEN_COST, PotentialCost, flops_cost, place_checkpoints, place_checkpoints_lagrangian
 from marconi.sparse.overlap import EstimatorConfig, OverlapEstimator
+from marconi.sparse.tree_overlap import TreeEstimatorConfig, TreeOverlapEstimator, path_keys
 
 if TYPE_CHECKING:
+    from marconi.core.cache import PrefixCache
     from marconi.core.model import ModelSpec
 
 __all__ = ["SparseDPAdmission", "cap_candidates"]
@@ -44,16 +65,23 @@ class SparseDPAdmission:
     caches = True
 
     def __init__(self, m: int = 4, lam: float = -1.0, cost: str = "flops", marconi: bool = True,
-                 key_tokens: int = 128, half_life: float = 512.0, max_candidates: int = 256,
-                 candidates: str = "all") -> None:
+                 key_tokens: int = 128, half_life: float = 512.0, max_candidates: int = 0,
+                 candidates: str = "all", estimator: str = "tree", half_life_s: float = -1.0,
+                 max_nodes: int = 2048, drift: float = 0.1) -> None:
         if m < 0:
             raise ConfigError(f"sparse-dp: m must be >= 0, got {m}")
         if cost not in ("flops", "tokens"):
             raise ConfigError(f"sparse-dp: cost must be 'flops' or 'tokens', got {cost!r}")
-        if key_tokens < 1 or max_candidates < 1:
-            raise ConfigError("sparse-dp: key_tokens and max_candidates must be >= 1")
+        if key_tokens < 1 or max_candidates < 0 or max_nodes < 1:
+            raise ConfigError("sparse-dp: key_tokens and max_nodes must be >= 1, max_candidates >= 0")
         if candidates not in ("observed", "all"):
             raise ConfigError(f"sparse-dp: candidates must be 'observed' or 'all', got {candidates!r}")
+        if estimator not in ("tree", "prefix"):
+            raise ConfigError(f"sparse-dp: estimator must be 'tree' or 'prefix', got {estimator!r}")
+        if not 0.0 <= drift <= 1.0:
+            raise ConfigError(f"sparse-dp: drift must lie in [0, 1], got {drift}")
+        if not half_life > 0 or half_life_s == 0:
+            raise ConfigError("sparse-dp: half_life must be > 0 and half_life_s > 0 (or < 0: no time decay)")
         self.candidate_rule = candidates
         self.m = m
         self.lam = None if lam < 0 else lam
@@ -61,15 +89,28 @@ class SparseDPAdmission:
         self.marconi = MarconiAdmission() if marconi else None
         self.key_tokens = key_tokens
         self.max_candidates = max_candidates
+        self.estimator_name = estimator
+        self.drift = drift
+        self.half_life_s = math.inf if half_life_s < 0 else half_life_s
         self.estimator = OverlapEstimator(EstimatorConfig(half_life_obs=half_life))
+        self.tree_estimator = TreeOverlapEstimator(TreeEstimatorConfig(
+            half_life_obs=half_life, half_life_s=self.half_life_s, max_nodes=max_nodes))
         self._plans: dict[int, tuple[int, ...]] = {}
         self.num_planned = 0
+        self.num_replaced = 0   # planned requests that re-placed checkpoints inside a drifted stored span
+
+    def bind(self, cache: "PrefixCache") -> None:
+        """The cache this policy admits for: time decay reads its clock (trace time in the simulator)."""
+        self.tree_estimator.set_clock(cache.clock)
 
     # ------------------------------------------------------------------ admission protocol
     def prefill_checkpoints(self, ctx: AdmissionContext) -> Iterable[int]:
-        key = hash(ctx.tokens[: self.key_tokens].tobytes())
-        self.estimator.observe(key, min(ctx.match.kv_hit_len, ctx.input_len))
-        planned = self._plan(key, ctx)
+        if self.estimator_name == "tree":
+            planned = self._plan_tree(ctx)
+        else:
+            key = hash(ctx.tokens[: self.key_tokens].tobytes())
+            self.estimator.observe(key, min(ctx.match.kv_hit_len, ctx.input_len))
+            planned = self._plan(key, ctx)
         self._plans[ctx.request_id] = planned
         base = tuple(self.marconi.prefill_checkpoints(ctx)) if self.marconi else ()
         return sorted(set(planned) | set(base))
@@ -91,7 +132,8 @@ class SparseDPAdmission:
 
     def describe(self) -> dict[str, object]:
         return {"admission": self.name, "m": self.m, "lam": self.lam, "cost": self.cost_name,
-                "marconi": self.marconi is not None}
+                "marconi": self.marconi is not None, "estimator": self.estimator_name,
+                **({"drift": self.drift, "half_life_s": self.half_life_s} if self.estimator_name == "tree" else {})}
 
     # ------------------------------------------------------------------ the DP
     def recompute_cost(self, spec: "ModelSpec", resume: int) -> PotentialCost:
@@ -131,15 +173,70 @@ class SparseDPAdmission:
         candidates = self._candidates(key, weights, resume, n)
         if candidates.size == 0:
             return ()
+        return self._solve(ctx, weights, candidates, resume)
+
+    def _solve(self, ctx: AdmissionContext, weights: np.ndarray, candidates: np.ndarray,
+               resume: int) -> tuple[int, ...]:
         cost = self.recompute_cost(ctx.spec, resume)
         self.num_planned += 1
         if self.lam is not None:
-            candidates = cap_candidates(candidates, weights, self.max_candidates)  # its solver is O(K²)
+            if self.max_candidates:
+                candidates = cap_candidates(candidates, weights, self.max_candidates)
             placement = place_checkpoints_lagrangian(weights, candidates, self.lam, cost=cost,
                                                      checkpoint_bytes=ctx.spec.ssm_checkpoint_bytes)
             return tuple(int(p) for p in placement.positions)
         placement = place_checkpoints(weights, candidates, self.m, cost=cost, curve=False)
         return tuple(int(p) for p in placement.positions)
+
+    def _plan_tree(self, ctx: AdmissionContext) -> tuple[int, ...]:
+        """Observe, attach and place with the tree estimator (module doc: re-placement on drift)."""
+        n, resume = ctx.input_len, ctx.match.usable_hit_len
+        hit = min(ctx.match.kv_hit_len, n)
+        est = self.tree_estimator
+        keys = path_keys(ctx.tokens[:n])
+        est.observe(keys, hit)
+        est.attach(keys, hit)
+        if n <= resume or (self.m == 0 and self.lam is None):
+            return ()
+        weights, territories = est.path_weights(keys, n)
+        weights = weights.copy()
+        weights[: resume + 1] = 0.0           # served by checkpoints this request already resumed from
+        replaced = []
+        for start, end in territories:
+            lo, hi = max(start, resume + 1), min(end, hit)
+            if lo >= hi:                      # no stored span of this node that the request recomputes
+                continue
+            if est.drift(keys, start) > self.drift:
+                replaced.append(start)
+            else:
+                weights[lo:hi] = 0.0          # its stored checkpoints were placed for what it still sees
+        if weights.sum() <= 0:
+            return ()
+        if self.candidate_rule == "observed":
+            candidates = self._observed_tree_candidates(keys, territories, weights, resume, n)
+        else:
+            candidates = np.flatnonzero(weights[resume + 1: n + 1] > 0) + resume + 1
+        if candidates.size == 0:
+            return ()
+        planned = self._solve(ctx, weights, candidates, resume)
+        for start in replaced:
+            est.mark_placed(keys, start)
+        if any(start < p < hit for start in replaced for p in planned):
+            self.num_replaced += 1
+        for start, _ in territories:
+            if start >= hit:                  # the request's own new part was placed just now
+                est.mark_placed(keys, start)
+        return planned
+
+    def _observed_tree_candidates(self, keys: np.ndarray, territories: list[tuple[int, int]],
+                                  weights: np.ndarray, resume: int, n: int) -> np.ndarray:
+        found = set()
+        for start, end in territories:
+            for rel in self.tree_estimator.observed_depths(keys, start):
+                d = min(start + rel, n)
+                if start <= d < end and d > resume and weights[d] > 0:
+                    found.add(d)
+        return np.array(sorted(found), dtype=np.int64)
 
 
 def cap_candidates(support: np.ndarray, weights: np.ndarray, cap: int) -> np.ndarray:
@@ -166,6 +263,8 @@ def cap_candidates(support: np.ndarray, weights: np.ndarray, cap: int) -> np.nda
 @ADMISSION_POLICIES.register("sparse-dp", "checkpoints placed by the exact DP over estimated overlap depths "
                                           "(+ Marconi's branch point and last token)")
 def _sparse_dp(m: int = 4, lam: float = -1.0, cost: str = "flops", marconi: bool = True, key_tokens: int = 128,
-               half_life: float = 512.0, max_candidates: int = 256, candidates: str = "all") -> SparseDPAdmission:
+               half_life: float = 512.0, max_candidates: int = 0, candidates: str = "all", estimator: str = "tree",
+               half_life_s: float = -1.0, max_nodes: int = 2048, drift: float = 0.1) -> SparseDPAdmission:
     return SparseDPAdmission(m=m, lam=lam, cost=cost, marconi=marconi, key_tokens=key_tokens, half_life=half_life,
-                             max_candidates=max_candidates, candidates=candidates)
+                             max_candidates=max_candidates, candidates=candidates, estimator=estimator,
+                             half_life_s=half_life_s, max_nodes=max_nodes, drift=drift)

@@ -78,6 +78,7 @@ placement's expected cost by one constant, and leaves the optimal placement unch
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable, NamedTuple, Protocol
 
@@ -296,6 +297,10 @@ class _PotentialSegments:
         out = np.full((n, n), np.inf)
         out[rows, cols] = self(rows, cols)
         return out
+
+    def prefix_lists(self) -> tuple[list[float], list[float], list[float]]:
+        """``(mf_before, mass_before, f_rows)`` as Python lists (scalar loops index them fast)."""
+        return self._mf_before.tolist(), self._mass_before.tolist(), self._f_rows.tolist() + [0.0]
 
     def satisfies_qi(self) -> bool:
         # Exact for potentials: the QI bracket is F(p_b) - F(p_a) over row nodes a < b.
@@ -571,7 +576,11 @@ def place_checkpoints_lagrangian(weights: ArrayLike, positions: ArrayLike, lam: 
         raise ValueError("lam and checkpoint_bytes must be finite and >= 0")
     inst = _make_instance(weights, positions)
     seg = _segments_for(inst, cost)
-    chosen = _lagrangian_path(seg, inst.num_nodes, lam * checkpoint_bytes / seg.scale)
+    penalty = lam * checkpoint_bytes / seg.scale
+    if isinstance(seg, _PotentialSegments) and seg.satisfies_qi():
+        chosen = _lagrangian_path_monge(seg, inst.num_nodes, penalty)
+    else:
+        chosen = _lagrangian_path(seg, inst.num_nodes, penalty)
     exp_cost = _direct_cost(inst, cost, inst.nodes[np.array(chosen, dtype=np.int64)])
     penalty = float(lam * checkpoint_bytes * len(chosen))
     return LagrangianPlacement(positions=tuple(int(inst.nodes[i]) for i in chosen),
@@ -591,6 +600,64 @@ def _lagrangian_path(seg: _Segments, n: int, penalty: float) -> list[int]:
     chosen, node = [], n - 1
     while node != 0:
         node = int(parent[node])
+        chosen.append(node)
+    return sorted(chosen[:-1])
+
+
+def _lagrangian_path_monge(seg: "_PotentialSegments", n: int, penalty: float) -> list[int]:
+    """Same path as :func:`_lagrangian_path` (up to ties), in ``O(K log K)``; needs the QI.
+
+    ``best[j] = min_{i<j} g[i] + w(i, j)`` with ``g[i] = best[i] + penalty`` (``g[0] = 0``). Under the
+    quadrangle inequality a later row that beats an earlier one at column ``j`` beats it at every
+    column after ``j`` (add ``w(a,c) + w(b,d) <= w(a,d) + w(b,c)`` to ``g[b] + w(b,c) <= g[a] + w(a,c)``),
+    so the rows that are best somewhere form a queue, each owning a run of columns; a new row takes
+    over a suffix of the columns, found by binary search. Only a *strictly* better row takes a column
+    over, so ties stay with the shallower predecessor, as in the reference. Scalar arithmetic on
+    Python floats: the O(K^2) numpy reference is the faster one below a few hundred candidates.
+    """
+    mf, mass, f = seg.prefix_lists()
+    best = [math.inf] * n
+    parent = [0] * n
+    best[0] = 0.0
+    g = [0.0] * n                                   # row offsets: best[i] + penalty (0 for the start)
+
+    def value(i: int, j: int) -> float:
+        return g[i] + (mf[j] - mf[i]) - f[i] * (mass[j] - mass[i])
+
+    rows = [0]                                      # the queue: rows, each owning columns from starts[k]
+    starts = [1]
+    head = 0
+    for j in range(1, n):
+        while head + 1 < len(rows) and starts[head + 1] <= j:
+            head += 1
+        i = rows[head]
+        best[j], parent[j] = value(i, j), i
+        if j == n - 1:
+            break
+        g[j] = best[j] + penalty
+        # row j enters: drop queued rows it beats from their first column on, then find where it
+        # overtakes the last survivor (the first column > j where it is strictly better)
+        while len(rows) > head and value(j, max(starts[-1], j + 1)) < value(rows[-1], max(starts[-1], j + 1)):
+            rows.pop()
+            starts.pop()
+        if len(rows) == head:                       # j beats every queued row from j+1 on
+            rows.append(j)
+            starts.append(j + 1)
+            continue
+        last = rows[-1]
+        lo, hi = max(starts[-1], j + 1), n          # j is not better at lo; find the first better column
+        while lo + 1 < hi:
+            mid = (lo + hi) // 2
+            if value(j, mid) < value(last, mid):
+                hi = mid
+            else:
+                lo = mid
+        if hi < n:
+            rows.append(j)
+            starts.append(hi)
+    chosen, node = [], n - 1
+    while node != 0:
+        node = parent[node]
         chosen.append(node)
     return sorted(chosen[:-1])
 

@@ -26,6 +26,8 @@ def _cmd_sparse(args: argparse.Namespace) -> int:
     check_output(args.out, directory=True)  # before the study runs, not after
     if args.from_records:
         return _cmd_render(args)
+    if args.drift:
+        return _cmd_drift(args)
 
     config = StudyConfig.for_run(
         quick=args.quick, tiny=args.tiny, model=args.model, seed=args.seed, workers=args.workers,
@@ -62,6 +64,26 @@ def _cmd_sparse(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_drift(args: argparse.Namespace) -> int:
+    from marconi.core.model import get_model
+    from marconi.experiments.sparse.drift import drift_records, drift_trace, plot_drift
+    from marconi.io import write_jsonl
+
+    trace = drift_trace(seed=args.seed)
+    records = drift_records(trace, get_model(args.model))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    write_jsonl(out / "drift.jsonl", records)
+    plot_drift(records, str(out / "drift.png"))
+    print(f"{trace.name}: {len(trace)} requests, shift at request {trace.meta['shift_index']}")
+    for r in records:
+        if r["scope"] == "phase":
+            print(f"  {r['label']:30s} phase {r['phase'] + 1}: {100 * r['recomputed_flops_fraction']:.2f}% "
+                  f"of prefill FLOPs recomputed, {r['checkpoints_per_seq']:.2f} checkpoints per request")
+    print(f"wrote {out / 'drift.jsonl'} and {out / 'drift.png'}", file=sys.stderr)
+    return 0
+
+
 # What every record of a study has (what the plots and the summary read).
 RECORD_FIELDS = ("kind", "workload", "strategy", "label", "budget", "block", "break_even_tokens")
 
@@ -93,5 +115,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--workers", type=worker_count, default=None, help="parallel processes (default: one per core)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--drift", action="store_true",
+                   help="only the estimator's drift study (doc-QA whose question depths shift halfway)")
     p.add_argument("--from-records", metavar="JSONL", help="only redraw plots and summary from an earlier run's records")
     p.set_defaults(func=_cmd_sparse)
