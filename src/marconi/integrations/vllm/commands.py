@@ -110,6 +110,11 @@ def _register_replay(sub: Any) -> None:
     replay.add_argument("--max-output-len", type=int, default=None, help="cap each request's output")
     replay.add_argument("--max-num-batched-tokens", type=int, default=8192)
     replay.add_argument("--max-num-seqs", type=int, default=256)
+    replay.add_argument("--retention", default="0",
+                        help="vLLM's prefix_cache_retention_interval (0, none, tokens) or sparse-dp: the plugin "
+                             "places the states (MARCONI_VLLM_RETENTION; lru then means the plugin observing)")
+    replay.add_argument("--retention-budget", type=int, default=None,
+                        help="with --retention sparse-dp: states placed per sequence (default 2)")
     replay.add_argument("--no-emulation", action="store_true", help="skip the vllm-align emulation")
     replay.add_argument("--backend", default="local", choices=["local", "ray"],
                         help="a sweep's points: local processes, or one Ray task each (nodes need both "
@@ -164,7 +169,8 @@ def _cmd_replay(args: argparse.Namespace) -> int:
                         gpu=args.gpu, tensor_parallel=args.tensor_parallel, concurrency=1,
                         max_input_len=args.max_input_len,
                         num_requests=args.num_requests, max_output_len=args.max_output_len,
-                        max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs)
+                        max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
+                        retention=args.retention, retention_budget=args.retention_budget)
     pools, loads = _replay_axes(args)
     configs = [dataclasses.replace(c, weight_bytes=args.weight_bytes) for c in sweep_configs(base, pools=pools, loads=loads)]
     if len(configs) == 1:

@@ -20,6 +20,13 @@ variable                           meaning
                                    ``adaptive`` (its rules name their own)
 ``MARCONI_VLLM_TRACE``             a path: the engine core appends every block-pool event as JSONL
 ``MARCONI_VLLM_MAMBA2_CPU_FIX``    ``auto`` (default) or ``off``: see :mod:`marconi.integrations.vllm.plugin`
+``MARCONI_VLLM_RETENTION``         unset/empty: vLLM decides which Mamba states to keep (stock);
+                                   ``sparse-dp``: the plugin places them by the sparse DP
+                                   (:mod:`marconi.integrations.vllm.retention`); needs a policy
+                                   (``lru`` keeps vLLM's eviction), Mamba ``align`` mode and
+                                   ``prefix_cache_retention_interval=0`` (vLLM's default)
+``MARCONI_VLLM_RETENTION_BUDGET``  with ``sparse-dp``: boundaries placed per sequence beyond the
+                                   ones vLLM keeps anyway, an integer >= 0 (default 2)
 =================================  =================================================================
 
 **An α source runs arbitrary code.** ``MARCONI_VLLM_ALPHA_SOURCE=module:factory`` (and the
@@ -46,10 +53,11 @@ from typing import Any, Callable, Mapping, TextIO
 from marconi.core.registry import ConfigError
 from marconi.integrations.common.alpha import AlphaSource, FixedAlpha
 from marconi.integrations.vllm.policy import DEFAULT_ALPHA, EFFICIENCIES, POLICIES
+from marconi.integrations.vllm.retention import DEFAULT_BUDGET, SPARSE_DP
 from marconi.integrations.vllm.shadow import PoolShadowAlpha
 
 __all__ = ["PluginConfig", "ENV_POLICY", "ENV_ALPHA", "ENV_ADAPTIVE_RULES", "ENV_ALPHA_SOURCE", "ENV_EFFICIENCY",
-           "ENV_TRACE", "ENV_MAMBA2_CPU_FIX", "ADAPTIVE", "parse_alpha", "load_alpha_factory"]
+           "ENV_TRACE", "ENV_MAMBA2_CPU_FIX", "ENV_RETENTION", "ENV_RETENTION_BUDGET", "ADAPTIVE", "parse_alpha", "load_alpha_factory"]
 
 ENV_POLICY = "MARCONI_VLLM_POLICY"
 ENV_ALPHA = "MARCONI_VLLM_ALPHA"
@@ -58,6 +66,8 @@ ENV_ALPHA_SOURCE = "MARCONI_VLLM_ALPHA_SOURCE"
 ENV_EFFICIENCY = "MARCONI_VLLM_EFFICIENCY"
 ENV_TRACE = "MARCONI_VLLM_TRACE"
 ENV_MAMBA2_CPU_FIX = "MARCONI_VLLM_MAMBA2_CPU_FIX"
+ENV_RETENTION = "MARCONI_VLLM_RETENTION"
+ENV_RETENTION_BUDGET = "MARCONI_VLLM_RETENTION_BUDGET"
 #: The value of ``MARCONI_VLLM_ALPHA`` / ``vllm-align:alpha=`` / ``--alpha`` that selects adaptive α.
 ADAPTIVE = "adaptive"
 DEFAULT_RULES = "default"
@@ -112,6 +122,17 @@ def _policy_from_env(env: Mapping[str, str]) -> str | None:
     return env.get(ENV_POLICY, "").strip().lower() or None
 
 
+def _retention_from_env(env: Mapping[str, str]) -> tuple[str | None, int | None]:
+    retention = env.get(ENV_RETENTION, "").strip().lower() or None
+    raw = env.get(ENV_RETENTION_BUDGET, "").strip()
+    if not raw:
+        return retention, None
+    try:
+        return retention, int(raw)
+    except ValueError:
+        raise ConfigError(f"{ENV_RETENTION_BUDGET}={raw!r}: write an integer >= 0") from None
+
+
 def _mamba2_cpu_fix_from_env(env: Mapping[str, str]) -> bool:
     fix = env.get(ENV_MAMBA2_CPU_FIX, "auto").strip().lower()
     if fix not in ("auto", "off"):
@@ -124,7 +145,9 @@ class PluginConfig:
     """What the plugin does in this process. ``policy=None``: nothing (stock vLLM).
 
     ``alpha`` is a number or ``"adaptive"`` (then ``adaptive_rules`` is the family and the rules
-    choose the efficiency; ``efficiency`` stays at its default)."""
+    choose the efficiency; ``efficiency`` stays at its default). ``retention``: ``None`` (vLLM's
+    own) or ``"sparse-dp"``, placing ``retention_budget`` boundaries per sequence (``None``: the
+    default, 2)."""
 
     policy: str | None = None
     alpha: float | str = DEFAULT_ALPHA
@@ -133,8 +156,11 @@ class PluginConfig:
     trace_path: str | None = None
     mamba2_cpu_fix: bool = True
     adaptive_rules: str = DEFAULT_RULES
+    retention: str | None = None
+    retention_budget: int | None = None
 
     def __post_init__(self) -> None:
+        self._check_retention()
         if self.policy is not None and self.policy not in POLICIES:
             raise ConfigError(f"{ENV_POLICY}={self.policy!r}: choose one of {', '.join(POLICIES)} (or leave it "
                               "unset for stock vLLM)")
@@ -157,6 +183,25 @@ class PluginConfig:
         elif self.adaptive_rules != DEFAULT_RULES:
             raise ConfigError(f"{ENV_ADAPTIVE_RULES}={self.adaptive_rules!r} needs {ENV_ALPHA}={ADAPTIVE}")
 
+    def _check_retention(self) -> None:
+        if self.retention is None:
+            if self.retention_budget is not None:
+                raise ConfigError(f"{ENV_RETENTION_BUDGET}={self.retention_budget!r} needs {ENV_RETENTION}={SPARSE_DP}")
+            return
+        if self.retention != SPARSE_DP:
+            raise ConfigError(f"{ENV_RETENTION}={self.retention!r}: choose {SPARSE_DP} (or leave it unset for vLLM's "
+                              "own retention)")
+        budget = self.retention_budget
+        if isinstance(budget, bool) or budget is not None and (not isinstance(budget, int) or budget < 0):
+            raise ConfigError(f"{ENV_RETENTION_BUDGET}={budget!r}: write an integer >= 0")
+        if self.policy is None:          # the plugin installs nothing without a policy
+            raise ConfigError(f"{ENV_RETENTION}={SPARSE_DP} needs {ENV_POLICY} (lru keeps vLLM's own eviction)")
+
+    @property
+    def budget(self) -> int:
+        """Boundaries placed per sequence under ``sparse-dp``."""
+        return DEFAULT_BUDGET if self.retention_budget is None else self.retention_budget
+
     @property
     def adaptive(self) -> bool:
         return self.alpha == ADAPTIVE
@@ -174,10 +219,12 @@ class PluginConfig:
         if alpha == ADAPTIVE and efficiency:
             raise ConfigError(f"{ENV_ALPHA}={ADAPTIVE}: its rules choose the efficiency (lru/a0.5m/a2m: marginal); "
                               f"unset {ENV_EFFICIENCY}={efficiency!r}")
+        retention, budget = _retention_from_env(env)
         return cls(policy=policy, alpha=alpha, alpha_source=env.get(ENV_ALPHA_SOURCE, "").strip() or None,
                    efficiency=efficiency or "total", trace_path=env.get(ENV_TRACE, "").strip() or None,
                    mamba2_cpu_fix=fix,
-                   adaptive_rules=env.get(ENV_ADAPTIVE_RULES, "").strip() or DEFAULT_RULES)
+                   adaptive_rules=env.get(ENV_ADAPTIVE_RULES, "").strip() or DEFAULT_RULES,
+                   retention=retention, retention_budget=budget)
 
     @classmethod
     def lenient_from_env(cls, env: Mapping[str, str] | None = None) -> tuple["PluginConfig", list[str]]:
@@ -241,6 +288,9 @@ class PluginConfig:
             env[ENV_ALPHA_SOURCE] = self.alpha_source
         if self.trace_path:
             env[ENV_TRACE] = self.trace_path
+        if self.retention:
+            env[ENV_RETENTION] = self.retention
+            env[ENV_RETENTION_BUDGET] = str(self.budget)
         return env
 
     def make_alpha_source(self, spec: Any, where: str = ENV_ALPHA_SOURCE) -> AlphaSource:

@@ -50,6 +50,16 @@ set (the engine core is a separate process; ``marconi vllm bench`` sets it):
 * ``marconi:alpha_changes_total{alpha, efficiency}`` — rule changes of an adaptive α source, by the
   rule it changed to.
 
+**Sparse retention** (``MARCONI_VLLM_RETENTION=sparse-dp``, off by default; with a policy, ``lru``
+to keep vLLM's eviction). vLLM's Mamba ``align`` mode keeps a state only where a prefill chunk
+ends, and under ``prefix_cache_retention_interval=0`` (its default) only at the replay boundary
+and the shared-prefix junction. :class:`RetentionHooks` adds, per request, the block boundaries
+the sparse DP places (:class:`~marconi.integrations.vllm.retention.RetentionPlanner`, planned at
+the request's first scheduling, dropped when it finishes): ``Scheduler._mamba_block_aligned_split``
+(vLLM private) also stops a chunk there, and each Mamba manager's ``cache_blocks`` gets them with
+its replay boundaries, so ``reachable_block_mask`` keeps them. It needs ``align`` mode and interval
+0; anything else stops vLLM with a :class:`PluginSettingError`. Unset, nothing of it is installed.
+
 **Mamba-2 CPU checkpoint fix** (``MARCONI_VLLM_MAMBA2_CPU_FIX``, default ``auto``). vLLM 0.32's
 ``MambaMixer2`` (Nemotron-H, Bamba-like Mamba-2 hybrids) asks the scheduler for one mid-prefill
 checkpoint block (``num_prefill_checkpoint_blocks=1``) to export a block-boundary state from inside
@@ -70,11 +80,12 @@ from typing import Any
 
 from marconi.core.registry import ConfigError
 from marconi.integrations.common.alpha import RequestObservation
-from marconi.integrations.vllm.config import ENV_POLICY, PluginConfig
+from marconi.integrations.vllm.config import ENV_POLICY, ENV_RETENTION, PluginConfig
 from marconi.integrations.vllm.policy import ATTENTION, MAMBA, REASONS, BlockEvictionState, parent_depth
+from marconi.integrations.vllm.retention import RetentionPlanner
 
-__all__ = ["register", "reset_registration", "attach_hooks", "PoolHooks", "PluginSettingError", "SUPPORTED_VLLM",
-           "supported_vllm"]
+__all__ = ["register", "reset_registration", "attach_hooks", "PoolHooks", "RetentionHooks", "PluginSettingError",
+           "SUPPORTED_VLLM", "supported_vllm"]
 
 logger = logging.getLogger("marconi.integrations.vllm")
 # The vLLM release series the hooks were verified against: tests/test_vllm_versions.py compares the
@@ -304,12 +315,14 @@ class PoolHooks:
         self._trace = trace              # the open block trace (MARCONI_VLLM_TRACE), or None
         self.settings: dict[str, Any] = {}
         self.num_evicted: dict[str, int] = {}
+        self.num_cached: dict[str, int] = {}     # group kind -> block hashes inserted (states kept, for mamba)
         self._evicted_counters: dict[tuple[str, str], Any] = {}     # (group, reason) -> its labelled counter
         self._admitted: dict[str, tuple[int, int]] = {}     # request id -> (hit, kv-only) tokens at admission
         self._observe_failed = False
         self.num_finished = 0            # requests shown to the α source
         self.num_alpha_changes = 0
         self.source_s = 0.0              # scheduler-thread time spent in the α source's observe
+        self.retention: RetentionHooks | None = None     # MARCONI_VLLM_RETENTION's hooks, if set
 
     # --------------------------------------------------------------- attach
     @classmethod
@@ -320,11 +333,18 @@ class PoolHooks:
         trace = _open_trace(config)      # first: a setting that cannot run is refused as such
         try:
             kinds = _group_kinds(scheduler.kv_cache_config)
-            hooks = cls.for_pool(scheduler.kv_cache_manager, kinds, _model_spec(scheduler.vllm_config),
-                                 int(scheduler.cache_config.block_size), config, trace=trace)
+            spec = _model_spec(scheduler.vllm_config)
+            hooks = cls.for_pool(scheduler.kv_cache_manager, kinds, spec, int(scheduler.cache_config.block_size),
+                                 config, trace=trace)
+            if config.retention is not None:     # checked whole before anything is installed
+                hooks.retention = RetentionHooks.for_scheduler(scheduler, kinds, spec, config)
             hooks.settings = scheduler_settings(scheduler, kinds)
+            if hooks.retention is not None:
+                hooks.settings["marconi_retention"] = hooks.retention.planner.describe()
             hooks._emit("config", hooks.settings)
             hooks.install(scheduler)
+            if hooks.retention is not None:
+                hooks.retention.install()
         except BaseException:
             if trace is not None:
                 trace.close()
@@ -566,6 +586,8 @@ class PoolHooks:
         prefix, gid = self._hash_parts[0](key), self._hash_parts[1](key)
         depth, parent = self._depth_and_parent(prefix, num_tokens)
         self.state.cached(block.block_id, prefix, gid, depth, parent)
+        kind = self.group_kinds[gid] if gid < len(self.group_kinds) else "other"
+        self.num_cached[kind] = self.num_cached.get(kind, 0) + 1
         self._emit("cache", block.block_id, gid, depth)
 
     def _depth_and_parent(self, prefix: Any, num_tokens: int | None) -> tuple[int, Any]:
@@ -608,6 +630,8 @@ class PoolHooks:
         """A request finished and freed its blocks: its token ids go to the α source. A failing
         source never takes the server down: it is logged once and the last rule stays."""
         hit, kv_only = self._admitted.pop(request.request_id, (0, 0))
+        if self.retention is not None:
+            self.retention.planner.finish(request.request_id)
         if self._observe_failed or request.prompt_token_ids is None:   # prompt embeddings: no ids to learn from
             return
         started = time.perf_counter()
@@ -626,3 +650,83 @@ class PoolHooks:
             self.counters.alpha_changes.labels(f"{changed[0]:g}", changed[1]).inc()
             self._emit("alpha", *changed)
             logger.info("marconi: alpha source %r now alpha=%g, efficiency=%s", self.state.alpha_source, *changed)
+
+
+class RetentionHooks:
+    """``MARCONI_VLLM_RETENTION=sparse-dp`` on one scheduler (see the module docstring): the
+    planner's boundaries become chunk stops and retained Mamba states.
+
+    Built by :meth:`for_scheduler` (checks only), installed by :meth:`install` (assignments only,
+    so it cannot fail half-way); the finish hook of :class:`PoolHooks` drops a request's plan.
+    """
+
+    def __init__(self, scheduler: Any, mamba_managers: list[Any], planner: RetentionPlanner) -> None:
+        self.scheduler = scheduler
+        self.mamba_managers = mamba_managers
+        self.planner = planner
+        self.block_size = planner.block_size
+        self.hash_block_size = int(scheduler.kv_cache_manager.block_pool.hash_block_size)
+
+    @classmethod
+    def for_scheduler(cls, scheduler: Any, kinds: list[str], spec: Any, config: PluginConfig) -> "RetentionHooks":
+        """The hooks for ``scheduler``, not installed.
+
+        Raises:
+            PluginSettingError: not Mamba ``align`` mode, or a retention interval other than 0.
+            AttributeError: this vLLM lacks what the hooks wrap.
+        """
+        cc = scheduler.cache_config
+        if MAMBA not in kinds or not getattr(scheduler, "need_mamba_block_aligned_split", False):
+            raise PluginSettingError(f"{ENV_RETENTION}={config.retention}: needs a hybrid model in Mamba align mode "
+                                     f"(mamba_cache_mode={cc.mamba_cache_mode!r}, groups {','.join(kinds)}); "
+                                     f"unset {ENV_RETENTION} or serve with --mamba-cache-mode align")
+        if cc.prefix_cache_retention_interval != 0:
+            raise PluginSettingError(f"{ENV_RETENTION}={config.retention}: needs --prefix-cache-retention-interval 0 "
+                                     f"(vLLM's default), got {cc.prefix_cache_retention_interval!r}: the plugin "
+                                     "places the states the interval would")
+        if not hasattr(scheduler, "_mamba_block_aligned_split"):          # vLLM private
+            raise AttributeError(f"vLLM's Scheduler has no '_mamba_block_aligned_split': this vLLM is not "
+                                 f"{_SUPPORTED_TEXT}")
+        managers = list(scheduler.kv_cache_manager.coordinator.single_type_managers)
+        mamba = [m for m, kind in zip(managers, kinds) if kind == MAMBA]
+        if not all(callable(getattr(m, "cache_blocks", None)) for m in mamba):
+            raise AttributeError(f"vLLM's MambaManager has no 'cache_blocks': this vLLM is not {_SUPPORTED_TEXT}")
+        planner = RetentionPlanner.for_model(spec, block_size=int(cc.block_size), budget=config.budget)
+        return cls(scheduler, mamba, planner)
+
+    def install(self) -> None:
+        split = self.scheduler._mamba_block_aligned_split          # vLLM private: where align mode ends a chunk
+
+        def _mamba_block_aligned_split(request: Any, num_new_tokens: int, num_new_local_computed_tokens: int = 0,
+                                       num_external_computed_tokens: int = 0) -> int:
+            num = split(request, num_new_tokens, num_new_local_computed_tokens, num_external_computed_tokens)
+            start = request.num_computed_tokens + num_new_local_computed_tokens + num_external_computed_tokens
+            if request.request_id not in self.planner:
+                self.plan(request, start)
+            return self.planner.stop(request.request_id, start, num)
+
+        self.scheduler._mamba_block_aligned_split = _mamba_block_aligned_split
+        for manager in self.mamba_managers:
+            self._wrap_cache_blocks(manager)
+        logger.info("marconi: sparse-dp retention on (%d boundaries a sequence beyond vLLM's, block %d tokens)",
+                    self.planner.budget, self.block_size)
+
+    def _wrap_cache_blocks(self, manager: Any) -> None:
+        cache_blocks = manager.cache_blocks
+
+        def wrapped(request: Any, num_tokens: int, retention_interval: int | None = None, *,
+                    replay_boundaries: Any) -> None:
+            extra = self.planner.positions(request.request_id)
+            boundaries = (*replay_boundaries, *extra) if extra else replay_boundaries
+            cache_blocks(request, num_tokens, retention_interval, replay_boundaries=boundaries)
+
+        manager.cache_blocks = wrapped
+
+    def plan(self, request: Any, start: int) -> tuple[int, ...]:
+        """The request's plan (made at its first call): its prompt's block hashes, one per block."""
+        n = int(request.num_prompt_tokens)
+        step = max(1, self.block_size // self.hash_block_size)
+        hashes = request.block_hashes
+        keys = [hashes[(i + 1) * step - 1] for i in range(min(n // self.block_size, len(hashes) // step))]
+        return self.planner.plan(request.request_id, keys, num_prompt_tokens=n, resume=int(start),
+                                 junction=int(request.shared_prefix_boundary or 0))

@@ -20,24 +20,40 @@ the budget among the segments by a min-plus convolution of those curves: exact f
 problem, ``O(S · M^2)`` on top of the segments' DPs. :func:`brute_force_on_grid` enumerates every
 placement, for the tests.
 
-Nothing here imports vLLM; the plugin's retention hook and the emulation will call it with their
-overlap estimate. Note for that hook: in ``align`` mode a state is written only where a prefill
-chunk ends, so a chosen boundary inside a chunk needs a chunk stop there (as vLLM stops a chunk at
-the shared-prefix junction in ``Scheduler._mamba_block_aligned_split``), or it does not exist.
+**Online** (:class:`RetentionPlanner`, what ``MARCONI_VLLM_RETENTION=sparse-dp`` runs in the
+engine core and ``vllm-align:retention=sparse-dp`` in the emulation, the same object in both):
+when a request is first scheduled, :class:`OverlapEstimator` measures its overlap with the
+sequences seen before (leading block hashes), records that divergence relative to the sequence it
+diverged from, and returns the request's own anchor; the planner turns the anchor's depth
+distribution into weights over the request's depths and places ``budget`` boundaries with
+:func:`place_on_grid` (the model's prefill FLOPs as the cost). In ``align`` mode a state is
+written only where a prefill chunk ends, so each chosen boundary is also a chunk stop (as vLLM
+stops a chunk at the shared-prefix junction in ``Scheduler._mamba_block_aligned_split``), and the
+Mamba managers keep it as they keep the replay boundary. The plan is made once per request and
+dropped when it finishes.
+
+Nothing here imports vLLM.
 """
 
 from __future__ import annotations
 
 import itertools
+from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Hashable, Sequence
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from marconi.sparse.dp import TOKEN_COST, PotentialCost, place_checkpoints
+from marconi.sparse.dp import TOKEN_COST, PotentialCost, flops_cost, place_checkpoints
 
-__all__ = ["GridPlacement", "grid_candidates", "place_on_grid", "brute_force_on_grid", "grid_expected_cost"]
+__all__ = ["GridPlacement", "grid_candidates", "place_on_grid", "brute_force_on_grid", "grid_expected_cost",
+           "EstimatorLimits", "OverlapEstimator", "RetentionPlanner", "SPARSE_DP", "DEFAULT_BUDGET"]
+
+#: The value of ``MARCONI_VLLM_RETENTION`` / ``vllm-align:retention=`` that selects DP placement.
+SPARSE_DP = "sparse-dp"
+#: Boundaries placed per sequence beyond the fixed ones, unless configured.
+DEFAULT_BUDGET = 2
 
 FloatArray = NDArray[np.float64]
 
@@ -150,3 +166,222 @@ def brute_force_on_grid(weights: ArrayLike, *, block_size: int, fixed: Sequence[
     cands = grid_candidates(w.size - 1, block_size, kept)
     return min(grid_expected_cost(w, [*kept, *extra], cost=cost)
                for m in range(min(budget, len(cands)) + 1) for extra in itertools.combinations(cands, m))
+
+
+# ====================================================================================== online
+@dataclass(frozen=True, slots=True)
+class EstimatorLimits:
+    """The estimator's memory bound and forgetting (defaults documented here, nowhere else).
+
+    Attributes:
+        max_keys: block hashes remembered (LRU: a lookup touches the shared ones, the oldest go
+            first); 65,536 blocks are about 25M tokens at vLLM's 384-token hybrid block.
+        max_anchors: anchors (branch points) with a histogram of their own (LRU).
+        max_bins: distinct relative depths per histogram; past it the lightest bin goes.
+        decay: every observation multiplies a histogram's weights by this first (count decay:
+            the effective sample is at most ``1 / (1 - decay)``, 50 at 0.98).
+        prior: pseudo-count of the global histogram in an anchor's blend (its own observations
+            dominate once it has a few).
+    """
+
+    max_keys: int = 1 << 16
+    max_anchors: int = 4096
+    max_bins: int = 64
+    decay: float = 0.98
+    prior: float = 1.0
+
+    def __post_init__(self) -> None:
+        if min(self.max_keys, self.max_anchors, self.max_bins) < 1:
+            raise ValueError("max_keys, max_anchors and max_bins must be >= 1")
+        if not 0 < self.decay <= 1 or not self.prior >= 0:
+            raise ValueError(f"decay must be in (0, 1] and prior >= 0, got {self.decay}, {self.prior}")
+
+
+class _Histogram:
+    """Decayed weights of relative divergence depths (in blocks), at most ``max_bins`` of them."""
+
+    __slots__ = ("weights", "max_bins", "decay")
+
+    def __init__(self, max_bins: int, decay: float) -> None:
+        self.weights: dict[int, float] = {}
+        self.max_bins = max_bins
+        self.decay = decay
+
+    def add(self, depth: int) -> None:
+        for k in self.weights:
+            self.weights[k] *= self.decay
+        self.weights[depth] = self.weights.get(depth, 0.0) + 1.0
+        if len(self.weights) > self.max_bins:    # the lightest goes (ties: the deepest), never the new one
+            victim = min((k for k in self.weights if k != depth), key=lambda k: (self.weights[k], -k))
+            del self.weights[victim]
+
+    @property
+    def mass(self) -> float:
+        return sum(self.weights.values())
+
+
+class OverlapEstimator:
+    """Where future requests will diverge from a sequence, learnt from the requests seen.
+
+    Keyed by the radix tree itself, not by a token window: every block hash a sequence brings
+    first is *owned* by it, with the sequence's *novelty start* ``h`` (its overlap, in blocks, with
+    what was seen before it) and its *anchor* (the hash of its last shared block: its branch point
+    in the tree; ``None`` for the root). A new request's overlap ``d`` (leading blocks seen) ends in
+    a block some earlier sequence owns; ``d - h_owner`` (>= 1) is the observation, added to the
+    owner's anchor's histogram and to the global one. Depths are relative to the node, so one
+    document's length does not land at another document's offset.
+
+    Memory is bounded by :class:`EstimatorLimits`. Deterministic: the same keys in the same order
+    give the same state.
+    """
+
+    def __init__(self, limits: EstimatorLimits = EstimatorLimits()) -> None:
+        self.limits = limits
+        self._owner: OrderedDict[Hashable, tuple[Hashable | None, int]] = OrderedDict()
+        self._local: OrderedDict[Hashable | None, _Histogram] = OrderedDict()
+        self._global = _Histogram(limits.max_bins, limits.decay)
+        self.num_observations = 0
+
+    @property
+    def num_keys(self) -> int:
+        return len(self._owner)
+
+    @property
+    def num_anchors(self) -> int:
+        return len(self._local)
+
+    def observe(self, keys: Sequence[Hashable]) -> tuple[Hashable | None, int]:
+        """A new sequence's leading block hashes (one per block, in order): record its divergence
+        and take ownership of its new blocks. Returns its anchor and novelty start ``h`` (blocks)."""
+        depth = 0
+        while depth < len(keys) and keys[depth] in self._owner:
+            depth += 1
+        if depth:
+            anchor, start = self._owner[keys[depth - 1]]
+            self._record(anchor, depth - start)
+            for key in keys[:depth]:
+                self._owner.move_to_end(key)
+        anchor = keys[depth - 1] if depth else None
+        for key in keys[depth:]:
+            self._owner[key] = (anchor, depth)
+        while len(self._owner) > self.limits.max_keys:
+            self._owner.popitem(last=False)
+        return anchor, depth
+
+    def _record(self, anchor: Hashable | None, relative: int) -> None:
+        hist = self._local.get(anchor)
+        if hist is None:
+            hist = self._local[anchor] = _Histogram(self.limits.max_bins, self.limits.decay)
+            while len(self._local) > self.limits.max_anchors:
+                self._local.popitem(last=False)
+        else:
+            self._local.move_to_end(anchor)
+        hist.add(relative)
+        self._global.add(relative)
+        self.num_observations += 1
+
+    def distribution(self, anchor: Hashable | None) -> dict[int, float]:
+        """Relative divergence depth (blocks, >= 1) -> probability for a sequence anchored at
+        ``anchor``: its histogram blended with the global one (``prior`` pseudo-counts of it);
+        empty before any observation."""
+        g_mass = self._global.mass
+        if g_mass <= 0:
+            return {}
+        local = self._local.get(anchor)
+        l_mass = local.mass if local is not None else 0.0
+        prior = self.limits.prior if l_mass > 0 else 1.0
+        out: dict[int, float] = {}
+        for k, w in self._global.weights.items():
+            out[k] = prior * w / g_mass
+        if local is not None and l_mass > 0:
+            for k, w in local.weights.items():
+                out[k] = out.get(k, 0.0) + w            # l_mass * (w / l_mass)
+        total = sum(out.values())
+        return {k: v / total for k, v in sorted(out.items())}
+
+    def check_invariants(self) -> None:
+        assert len(self._owner) <= self.limits.max_keys and len(self._local) <= self.limits.max_anchors
+        for hist in (self._global, *self._local.values()):
+            assert len(hist.weights) <= self.limits.max_bins and all(k >= 1 and w > 0 for k, w in hist.weights.items())
+
+
+class RetentionPlanner:
+    """Per request, the block boundaries to keep beyond vLLM's own (see the module docstring).
+
+    ``plan`` once, when the request is first scheduled (later calls return the same plan: a
+    preempted request keeps it); ``stop`` clips a prefill chunk at the first planned boundary
+    inside it; ``positions`` are what the Mamba managers add to their replay boundaries;
+    ``finish`` drops the plan. The plugin and the emulation build it with :meth:`for_model`.
+    """
+
+    def __init__(self, *, block_size: int, budget: int, cost: PotentialCost = TOKEN_COST,
+                 limits: EstimatorLimits = EstimatorLimits()) -> None:
+        if block_size <= 0 or budget < 0:
+            raise ValueError(f"block_size must be > 0 and budget >= 0, got {block_size}, {budget}")
+        self.block_size = block_size
+        self.budget = budget
+        self.cost = cost
+        self.estimator = OverlapEstimator(limits)
+        self._plans: dict[Hashable, tuple[int, ...]] = {}
+        self.num_planned = 0
+        self.num_placed = 0              # boundaries placed, summed over the plans made
+
+    @classmethod
+    def for_model(cls, spec: object, *, block_size: int, budget: int) -> "RetentionPlanner":
+        """The planner with the model's prefill FLOPs as the recompute cost."""
+        return cls(block_size=block_size, budget=budget, cost=flops_cost(spec))  # type: ignore[arg-type]
+
+    def describe(self) -> dict[str, object]:
+        return {"retention": SPARSE_DP, "budget": self.budget, "block_size": self.block_size, "cost": self.cost.name}
+
+    def plan(self, request_id: Hashable, keys: Sequence[Hashable], *, num_prompt_tokens: int, resume: int,
+             junction: int) -> tuple[int, ...]:
+        """The request's boundaries (token positions, block multiples, ascending), made at its first call.
+
+        Args:
+            keys: the prompt's block hashes, one per full block (``num_prompt_tokens // block``).
+            resume: the tokens it resumes from (its hit); ``junction``: vLLM's shared-prefix
+                boundary (0: none). Both, and the replay boundary ``num_prompt_tokens - 1``, are
+                floored to the grid and fixed.
+        """
+        known = self._plans.get(request_id)
+        if known is not None:
+            return known
+        anchor, start = self.estimator.observe(keys)
+        positions = self._place(self.estimator.distribution(anchor), start, num_prompt_tokens, resume, junction)
+        self._plans[request_id] = positions
+        self.num_planned += 1
+        self.num_placed += len(positions)
+        return positions
+
+    def _place(self, dist: dict[int, float], start: int, n: int, resume: int, junction: int) -> tuple[int, ...]:
+        b = self.block_size
+        if not dist or self.budget == 0 or n < b:
+            return ()
+        weights = np.zeros(n + 1)
+        for relative, p in dist.items():
+            weights[min((start + relative) * b, n)] += p
+        fixed = sorted({x // b * b for x in (resume, junction, n - 1) if 0 < x // b * b <= n})
+        return place_on_grid(weights, block_size=b, fixed=fixed, budget=self.budget, cost=self.cost).positions
+
+    def __contains__(self, request_id: Hashable) -> bool:
+        """Whether ``request_id`` has a plan (made, not yet finished)."""
+        return request_id in self._plans
+
+    def positions(self, request_id: Hashable) -> tuple[int, ...]:
+        return self._plans.get(request_id, ())
+
+    def stop(self, request_id: Hashable, start: int, num_new_tokens: int) -> int:
+        """``num_new_tokens`` clipped so the chunk from ``start`` ends at the first planned boundary inside it."""
+        end = start + num_new_tokens
+        for p in self._plans.get(request_id, ()):
+            if start < p < end:
+                return p - start
+        return num_new_tokens
+
+    def finish(self, request_id: Hashable) -> None:
+        self._plans.pop(request_id, None)
+
+    @property
+    def num_open_plans(self) -> int:
+        return len(self._plans)

@@ -7,11 +7,13 @@ Usable wherever a system is named (``marconi simulate --systems vllm-align,vllm-
     vllm-align:eviction=marconi,alpha=adaptive   the plugin with MARCONI_VLLM_ALPHA=adaptive
     vllm-align:block=384,blocks=150       an exact pool (as served with --num-gpu-blocks-override 150)
     vllm-align:retention=none             prefix_cache_retention_interval=None (a state at every block)
+    vllm-align:retention=sparse-dp,budget=2   the plugin's MARCONI_VLLM_RETENTION=sparse-dp (interval 0 + DP placement)
 
 Parameters: ``block`` (tokens; 0 = derived from the model as vLLM does, with ``kernel_align``),
 ``blocks`` (pool size including the null block; 0 = from the capacity), ``match_unit``
 (``prefix_match_unit``, a divisor of the block; 0 = the block), ``retention`` (``0``, ``none`` or a
-multiple of the block), ``shared_prefix`` (``enable_mamba_shared_prefix_checkpoint``; inert without
+multiple of the block; or ``sparse-dp``: interval 0 and the plugin's DP placement, ``budget``
+boundaries a sequence, default 2), ``shared_prefix`` (``enable_mamba_shared_prefix_checkpoint``; inert without
 EAGLE, as in vLLM), ``chunk`` (``max_num_batched_tokens``), ``eviction`` (``lru``/``marconi``),
 ``alpha`` (a number or ``adaptive``) and ``efficiency`` (the plugin's), ``rules`` (with
 ``alpha=adaptive``: the family, ``lru/a0.5m/a2m`` by default, as ``MARCONI_VLLM_ADAPTIVE_RULES``),
@@ -36,6 +38,7 @@ from marconi.integrations.vllm.config import ADAPTIVE, DEFAULT_RULES, PluginConf
 from marconi.integrations.vllm.emulate.cache import VllmAlignCache
 from marconi.integrations.vllm.emulate.layout import layout_for_spec
 from marconi.integrations.vllm.policy import DEFAULT_ALPHA, EFFICIENCIES
+from marconi.integrations.vllm.retention import DEFAULT_BUDGET, SPARSE_DP
 from marconi.integrations.vllm.shadow import PoolShadowAlpha
 from marconi.sim.systems import SYSTEMS
 
@@ -64,6 +67,7 @@ class VllmAlignSystem:
     efficiency: str = "total"
     alpha_source: str | None = None       # ``module:factory``, as MARCONI_VLLM_ALPHA_SOURCE
     rules: str = DEFAULT_RULES            # the shadow's family, as MARCONI_VLLM_ADAPTIVE_RULES
+    retention_budget: int | None = None   # MARCONI_VLLM_RETENTION=sparse-dp with this budget; None: off
     unbounded: bool = field(default=False, init=False)      # the pool is finite, from the capacity
     needs_future: bool = field(default=False, init=False)   # vLLM does not know the future
 
@@ -81,7 +85,8 @@ class VllmAlignSystem:
         # A fresh source per cache, built exactly as the plugin builds its own.
         alpha: AlphaSource = self.plugin_config().make_alpha_source(spec, where=_ALPHA_SOURCE)
         # No clock: vLLM's recency is the order blocks return to its free queue, not time.
-        return VllmAlignCache(spec, layout, eviction=self.policy, alpha=alpha, efficiency=self.efficiency)
+        return VllmAlignCache(spec, layout, eviction=self.policy, alpha=alpha, efficiency=self.efficiency,
+                              retention_budget=self.retention_budget)
 
     def record_fields(self) -> dict[str, Any]:
         """The record's echo; ``tuning`` stays None (a shadow α source reports ``rule_switches``)."""
@@ -96,7 +101,9 @@ class VllmAlignSystem:
     def plugin_config(self) -> PluginConfig:
         """The plugin configuration this system emulates."""
         return PluginConfig(policy=self.policy, alpha=self.alpha, alpha_source=self.alpha_source,
-                            efficiency=self.efficiency, adaptive_rules=self.rules)
+                            efficiency=self.efficiency, adaptive_rules=self.rules,
+                            retention=None if self.retention_budget is None else SPARSE_DP,
+                            retention_budget=self.retention_budget)
 
 
 _ALPHA_SOURCE = "vllm-align: alpha_source"     # how errors name the parameter (not the plugin's variable)
@@ -114,12 +121,24 @@ def _retention(text: str) -> int | None:
     return value
 
 
+def _budget(text: str) -> int:
+    if not text:
+        return DEFAULT_BUDGET
+    try:
+        value = int(text)
+    except ValueError:
+        raise ConfigError(f"vllm-align: budget must be an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise ConfigError(f"vllm-align: budget must be >= 0, got {value}")
+    return value
+
+
 @SYSTEMS.register("vllm-align", "vLLM 0.32's hybrid prefix cache (Mamba align mode, block pool, LRU or the "
                                 "Marconi plugin), emulated block by block")
 def _vllm_align(block: int = 0, blocks: int = 0, match_unit: int = 0, retention: str = "0",
                 shared_prefix: bool = False, chunk: int = 2048, eviction: str = "lru", alpha: str = str(DEFAULT_ALPHA),
                 efficiency: str = "total", kernel_align: int = 16, attn_first: bool = False,
-                alpha_source: str = "", rules: str = DEFAULT_RULES) -> VllmAlignSystem:
+                alpha_source: str = "", rules: str = DEFAULT_RULES, budget: str = "") -> VllmAlignSystem:
     if eviction not in ("lru", "marconi"):
         raise ConfigError(f"vllm-align: eviction must be lru or marconi, got {eviction!r}")
     if efficiency not in EFFICIENCIES:
@@ -141,12 +160,18 @@ def _vllm_align(block: int = 0, blocks: int = 0, match_unit: int = 0, retention:
         raise ConfigError("vllm-align: rules= needs alpha=adaptive")
     if alpha_source:
         load_alpha_factory(alpha_source, _ALPHA_SOURCE)   # a typo fails with the name, before any point runs
-    options: dict[str, Any] = {"retention_interval": _retention(retention), "shared_prefix_checkpoint": shared_prefix,
+    sparse = retention.strip().lower() == SPARSE_DP
+    if budget and not sparse:
+        raise ConfigError(f"vllm-align: budget= needs retention={SPARSE_DP}")
+    retention_budget = _budget(budget) if sparse else None
+    options: dict[str, Any] = {"retention_interval": 0 if sparse else _retention(retention), "shared_prefix_checkpoint": shared_prefix,
                                "max_num_batched_tokens": chunk, "kernel_alignment": kernel_align,
                                "mamba_first": not attn_first}
     if match_unit:
         options["prefix_match_unit"] = match_unit
-    admission = ("vllm-align(" + ",".join(f"{k}={v}" for k, v in (("block", block or "auto"), ("retention", retention),
+    retention_label = f"{SPARSE_DP}(budget={retention_budget})" if sparse else retention
+    admission = ("vllm-align(" + ",".join(f"{k}={v}" for k, v in (("block", block or "auto"),
+                                                                   ("retention", retention_label),
                                                                    ("chunk", chunk))) + ")")
     if eviction == "lru":
         eviction_name = "lru"
@@ -158,4 +183,5 @@ def _vllm_align(block: int = 0, blocks: int = 0, match_unit: int = 0, retention:
         eviction_name = f"marconi-blocks(alpha={alpha_value:g},efficiency={efficiency})"
     return VllmAlignSystem("vllm-align", admission, eviction_name, layout_options=tuple(options.items()),
                            block_size=block or None, num_blocks=blocks or None, policy=eviction, alpha=alpha_value,
-                           efficiency=efficiency, alpha_source=alpha_source or None, rules=rules)
+                           efficiency=efficiency, alpha_source=alpha_source or None, rules=rules,
+                           retention_budget=retention_budget)

@@ -50,10 +50,12 @@ class VllmAlignCache(ReplayCache):
     """
 
     def __init__(self, spec: ModelSpec, layout: VllmLayout, *, eviction: str = "lru",
-                 alpha: float | str | AlphaSource = DEFAULT_ALPHA, efficiency: str = "total") -> None:
+                 alpha: float | str | AlphaSource = DEFAULT_ALPHA, efficiency: str = "total",
+                 retention_budget: int | None = None) -> None:
         self.spec = spec
         self.layout = layout
-        self.engine = VllmAlignEngine(layout, spec, eviction=eviction, alpha=alpha, efficiency=efficiency)
+        self.engine = VllmAlignEngine(layout, spec, eviction=eviction, alpha=alpha, efficiency=efficiency,
+                                      retention_budget=retention_budget)
         self.capacity_bytes = layout.num_blocks * layout.block_bytes
         # An adaptive α source reports its rule switches in the simulator's records (``tuning``).
         source = self.engine.index.alpha_source

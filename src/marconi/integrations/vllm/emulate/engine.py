@@ -23,6 +23,7 @@ from marconi.integrations.vllm.emulate.layout import VllmLayout, cdiv, checkpoin
 from marconi.integrations.vllm.emulate.managers import AttentionManager, MambaManager
 from marconi.integrations.vllm.emulate.request import RequestState
 from marconi.integrations.vllm.policy import ATTENTION, DEFAULT_ALPHA, MAMBA, BlockEvictionState
+from marconi.integrations.vllm.retention import RetentionPlanner
 
 __all__ = ["VllmAlignEngine", "RequestRecord"]
 
@@ -50,12 +51,21 @@ class VllmAlignEngine:
     """
 
     def __init__(self, layout: VllmLayout, spec: ModelSpec, *, eviction: str = "lru",
-                 alpha: float | str | AlphaSource = DEFAULT_ALPHA, efficiency: str = "total") -> None:
+                 alpha: float | str | AlphaSource = DEFAULT_ALPHA, efficiency: str = "total",
+                 retention_budget: int | None = None) -> None:
         """``alpha``: a number, ``"adaptive"`` (a fresh shadow α source,
         :class:`~marconi.integrations.vllm.shadow.PoolShadowAlpha`, as ``MARCONI_VLLM_ALPHA=adaptive``)
-        or an α source (stateful: one per engine)."""
+        or an α source (stateful: one per engine). ``retention_budget``: ``MARCONI_VLLM_RETENTION=sparse-dp``
+        with that budget (the plugin's planner, :class:`~marconi.integrations.vllm.retention.RetentionPlanner`;
+        it needs retention interval 0 and a Mamba group); ``None``: vLLM's own retention."""
         if eviction not in ("lru", "marconi"):
             raise ConfigError(f"vllm-align: eviction must be 'lru' or 'marconi', got {eviction!r}")
+        self.retention: RetentionPlanner | None = None
+        if retention_budget is not None:
+            if layout.retention_interval != 0 or not layout.has_mamba:
+                raise ConfigError("vllm-align: retention=sparse-dp needs a Mamba group and retention interval 0 (as "
+                                  f"the plugin), got interval {layout.retention_interval!r}")
+            self.retention = RetentionPlanner.for_model(spec, block_size=layout.block_size, budget=retention_budget)
         self.layout = layout
         self.spec = spec
         self.eviction = eviction
@@ -68,7 +78,8 @@ class VllmAlignEngine:
         self.pool = BlockPool(layout, self.index, eviction)
         managers: list[AttentionManager | MambaManager] = []
         for gid, kind in enumerate(layout.group_kinds):
-            managers.append((AttentionManager if kind == ATTENTION else MambaManager)(self.pool, gid))
+            managers.append(AttentionManager(self.pool, gid) if kind == ATTENTION
+                            else MambaManager(self.pool, gid, retention=self.retention))
         self.managers = managers
         self.attn_ids = [g for g, k in enumerate(layout.group_kinds) if k == ATTENTION]
         self.mamba_ids = [g for g, k in enumerate(layout.group_kinds) if k == MAMBA]
@@ -118,6 +129,7 @@ class VllmAlignEngine:
                 req.num_computed_tokens += 1
                 req.append_output()
         self.free(req)
+        self.end_request(req)
         # As the plugin does after vLLM's ``_free_request``: the finished request goes to the α source.
         changed = self.index.finished(RequestObservation(req.tokens[:req.num_prompt_tokens], out, req.hit_len,
                                                          req.kv_only_len))
@@ -149,6 +161,11 @@ class VllmAlignEngine:
                 del blocks[gid][keep:]
         req.shared_prefix_boundary = longest if longest > hit else 0
         return blocks, hit, longest
+
+    def end_request(self, req: RequestState) -> None:
+        """A request finished (not preempted): its retention plan goes, as the plugin's ``_free_request`` hook."""
+        if self.retention is not None:
+            self.retention.finish(req.rid)
 
     def next_request_id(self) -> int:
         """A fresh request id (admission order), shared by the sequential path and the scheduler."""
@@ -193,7 +210,14 @@ class VllmAlignEngine:
             junction_stop if start < junction < end else 0,
         )
         end = min((s for s in stops if start < s < end), default=end)
-        return max(end - start, 0)
+        num = max(end - start, 0)
+        if self.retention is None:
+            return num
+        if req.rid not in self.retention:            # the plugin's hook: planned at the first call
+            keys = [req.hash_at((i + 1) * size) for i in range(req.num_prompt_tokens // size)]
+            self.retention.plan(req.rid, keys, num_prompt_tokens=req.num_prompt_tokens, resume=start,
+                                junction=req.shared_prefix_boundary)
+        return self.retention.stop(req.rid, start, num)
 
     def new_step_starts(self) -> None:
         """``KVCacheManager.new_step_starts``: forget which states were cached in the last step."""

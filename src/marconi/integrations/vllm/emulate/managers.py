@@ -14,6 +14,7 @@ from marconi.integrations.vllm.emulate.block_pool import Block, BlockPool
 from marconi.integrations.vllm.emulate.layout import cdiv, checkpoint_position, is_checkpoint_valid
 from marconi.integrations.vllm.emulate.request import RequestState
 from marconi.integrations.vllm.policy import ATTENTION, MAMBA
+from marconi.integrations.vllm.retention import RetentionPlanner
 
 __all__ = ["GroupManager", "AttentionManager", "MambaManager"]
 
@@ -158,8 +159,9 @@ class MambaManager(GroupManager):
 
     kind = MAMBA
 
-    def __init__(self, pool: BlockPool, group_id: int) -> None:
+    def __init__(self, pool: BlockPool, group_id: int, *, retention: RetentionPlanner | None = None) -> None:
         super().__init__(pool, group_id)
+        self.retention = retention       # the plugin's sparse-dp planner: its boundaries are kept too
         self.last_state_block_idx: dict[int, int] = {}
         self.num_retired_blocks: dict[int, int] = {}
         self.allocated: set[int] = set()
@@ -311,6 +313,8 @@ class MambaManager(GroupManager):
         num_full = num_tokens // self.block_size
         if num_cached < num_full:
             boundaries = [req.num_prompt_tokens - 1]               # vLLM's replay boundary (no EAGLE)
+            if self.retention is not None:                        # the plugin's wrapped cache_blocks
+                boundaries.extend(self.retention.positions(req.rid))
             if req.shared_prefix_boundary:
                 boundaries.append(req.shared_prefix_boundary)
             mask = self.reachable_block_mask(num_cached, num_full, boundaries)

@@ -215,6 +215,7 @@ class VllmAlignScheduler:
         engine, state = self.engine, req.state
         self.running.remove(req)
         engine.free(state)
+        engine.end_request(state)
         req.finished = True
         prompt = state.tokens[:state.num_prompt_tokens]
         outputs = state.tokens[state.num_prompt_tokens:state.num_prompt_tokens + req.num_outputs]

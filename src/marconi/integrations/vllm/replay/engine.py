@@ -184,13 +184,14 @@ def kv_memory_floor(vllm_config: Any, kv_cache_spec: dict[str, Any]) -> int:
 def build_engine_core(model_dir: str, *, num_blocks: int | None = None, available_bytes: int | None = None,
                       gpu_memory_bytes: int | None = None, tensor_parallel: int = 1,
                       weight_bytes_per_param: int | None = None, max_model_len: int = 8192, max_num_batched_tokens: int = 2048, max_num_seqs: int = 256,
-                      block_size: int | None = None, dtype: str = "bfloat16") -> Any:
+                      block_size: int | None = None, dtype: str = "bfloat16", retention_interval: int | None = 0) -> Any:
     """vLLM's ``EngineCore`` for the model in ``model_dir`` (a ``config.json``; weights are not read),
     with prefix caching, chunked prefill, the general plugins loaded, and :class:`StubExecutor`.
 
     Give one of ``num_blocks`` (the pool, vLLM's null block included), ``available_bytes`` (the KV
     budget; vLLM derives the blocks) or ``gpu_memory_bytes`` (the budget is
     :func:`available_kv_bytes` of it, with ``tensor_parallel`` and ``weight_bytes_per_param``).
+    ``retention_interval``: vLLM's ``prefix_cache_retention_interval`` (0, its default; None: dense).
     Reads nothing but ``config.json``; downloads nothing.
     """
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -202,6 +203,8 @@ def build_engine_core(model_dir: str, *, num_blocks: int | None = None, availabl
     kwargs: dict[str, Any] = {}
     if block_size is not None:
         kwargs["block_size"] = block_size
+    if retention_interval != 0:
+        kwargs["prefix_cache_retention_interval"] = retention_interval
     args = EngineArgs(model=model_dir, skip_tokenizer_init=True, enable_prefix_caching=True,
                       enable_chunked_prefill=True, max_model_len=max_model_len, dtype=dtype,
                       num_gpu_blocks_override=num_blocks, max_num_batched_tokens=max_num_batched_tokens,

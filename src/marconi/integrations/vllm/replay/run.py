@@ -16,6 +16,13 @@ Load (:mod:`marconi.integrations.vllm.replay.arrivals`): ``concurrency`` (a clos
 ``requests.json`` carries each request's ``ts``). Records carry ``arrivals`` (``closed-loop``,
 ``poisson``, ``trace``) and ``time_scale``.
 
+Retention (``retention``): vLLM's ``prefix_cache_retention_interval`` (``0``, its default;
+``none``; a multiple of the block), or ``sparse-dp``: interval 0 and the plugin's DP placement
+(``MARCONI_VLLM_RETENTION``, ``retention_budget`` states a sequence; the ``lru`` arm is then the
+plugin observing vLLM's eviction, so placement is its only change). Records carry
+``states_per_request`` (Mamba states cached per request, as the plugin counted them; None for
+stock vLLM, where the plugin is not loaded).
+
 With ``concurrency`` the emulation runs vLLM's scheduler loop over the same closed loop
 (:func:`marconi.integrations.vllm.emulate.scheduler.emulate_closed_loop`: in-flight requests hold
 their blocks, the token budget, chunked prefill, preemption); with ``rate`` or trace times it
@@ -38,13 +45,14 @@ from marconi.core.model import ModelSpec
 from marconi.core.registry import ConfigError
 from marconi.integrations.common import bench as common
 from marconi.integrations.common.bench import mean_or_none, percentile
-from marconi.integrations.vllm.bench import parse_policies, policy_arm
+from marconi.integrations.vllm.bench import parse_policies, parse_retention, policy_arm
 from marconi.integrations.vllm.config import PluginConfig
-from marconi.integrations.vllm.policy import DEFAULT_ALPHA
+from marconi.integrations.vllm.policy import DEFAULT_ALPHA, MAMBA
+from marconi.integrations.vllm.retention import DEFAULT_BUDGET, SPARSE_DP
 from marconi.units import parse_bytes, parse_capacity
 
-__all__ = ["ReplayConfig", "CONFIGS_DIR", "model_dir", "run_replay", "replay_table", "load_label", "plot_ttft_cdf",
-           "plot_sweep", "parse_policies"]
+__all__ = ["ReplayConfig", "CONFIGS_DIR", "model_dir", "policy_env", "run_replay", "replay_table", "load_label",
+           "plot_ttft_cdf", "plot_sweep", "parse_policies"]
 
 CONFIGS_DIR = Path(__file__).resolve().parents[3] / "data" / "configs"
 
@@ -83,9 +91,18 @@ class ReplayConfig:
     max_num_batched_tokens: int = 8192
     max_num_seqs: int = 256
     seed: int = 0
+    retention: str = "0"                   # vLLM's interval (0, none, tokens) or sparse-dp (the plugin's)
+    retention_budget: int | None = None    # with sparse-dp: MARCONI_VLLM_RETENTION_BUDGET (None: its default)
 
     def __post_init__(self) -> None:
         from marconi.integrations.vllm.replay.steptime import GPUS
+
+        if self.retention.strip().lower() != SPARSE_DP:
+            parse_retention(self.retention)
+            if self.retention_budget is not None:
+                raise ConfigError(f"--retention-budget needs --retention {SPARSE_DP}")
+        elif self.retention_budget is not None and self.retention_budget < 0:
+            raise ConfigError(f"--retention-budget must be >= 0, got {self.retention_budget}")
 
         if sum(x is not None for x in (self.num_blocks, self.capacity, self.gpu_memory)) != 1:
             raise ConfigError("give one of --blocks, --capacity, --gpu-memory")
@@ -109,6 +126,18 @@ class ReplayConfig:
         if self.capacity is not None:
             parse_capacity(self.capacity)
         _check_tensor_parallel(model_dir(self.model), self.tensor_parallel)
+
+    @property
+    def sparse_budget(self) -> int | None:
+        """``MARCONI_VLLM_RETENTION=sparse-dp``'s budget, or None when vLLM's interval decides."""
+        if self.retention.strip().lower() != SPARSE_DP:
+            return None
+        return DEFAULT_BUDGET if self.retention_budget is None else self.retention_budget
+
+    @property
+    def retention_interval(self) -> int | None:
+        """vLLM's ``prefix_cache_retention_interval`` (0 under sparse-dp)."""
+        return 0 if self.sparse_budget is not None else parse_retention(self.retention)
 
     @property
     def arrivals(self) -> str:
@@ -144,12 +173,19 @@ def _check_tensor_parallel(mdir: Path, tensor_parallel: int) -> None:
                               "replay's; use a TP that divides every head count")
 
 
-def _policy_env(label: str, alpha: float | str) -> dict[str, str]:
+def policy_env(label: str, alpha: float | str, budget: int | None = None) -> dict[str, str]:
+    """The plugin's environment for one arm; ``budget``: with sparse-dp retention (then ``lru`` is
+    the plugin observing vLLM's eviction, the placement its only change)."""
     policy, a = policy_arm(label, alpha)
-    if policy == "lru":      # stock vLLM: the plugin does nothing (no forward pass: no CPU fix needed either)
-        return {"MARCONI_VLLM_POLICY": "", "MARCONI_VLLM_MAMBA2_CPU_FIX": "off"}
-    env = PluginConfig(policy="marconi", alpha=a).to_env()
+    if policy == "lru" and budget is None:  # stock vLLM: the plugin does nothing (no forward pass: no CPU fix either)
+        return {"MARCONI_VLLM_POLICY": "", "MARCONI_VLLM_MAMBA2_CPU_FIX": "off", "MARCONI_VLLM_RETENTION": "",
+                "MARCONI_VLLM_RETENTION_BUDGET": ""}
+    sparse = {} if budget is None else {"retention": SPARSE_DP, "retention_budget": budget}
+    env = (PluginConfig(policy="lru", **sparse) if policy == "lru" else
+           PluginConfig(policy="marconi", alpha=a, **sparse)).to_env()   # type: ignore[arg-type]
     env["MARCONI_VLLM_MAMBA2_CPU_FIX"] = "off"
+    env.setdefault("MARCONI_VLLM_RETENTION", "")
+    env.setdefault("MARCONI_VLLM_RETENTION_BUDGET", "")
     return env
 
 
@@ -178,8 +214,9 @@ def _run_worker(config: ReplayConfig, mdir: Path, requests_path: Path, out_path:
            "--model", str(mdir), *pool_args, "--gpu", config.gpu,
            "--tensor-parallel", str(config.tensor_parallel), *limit, "--progress",
            "--max-model-len", str(max(max_len, 2048)), "--max-num-batched-tokens", str(config.max_num_batched_tokens),
-           "--max-num-seqs", str(config.max_num_seqs), "--seed", str(config.seed)]
-    env = {**os.environ, **_policy_env(label, config.alpha), "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+           "--max-num-seqs", str(config.max_num_seqs), "--seed", str(config.seed),
+           "--retention-interval", str(config.retention_interval).lower()]
+    env = {**os.environ, **policy_env(label, config.alpha, config.sparse_budget), "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
            "OMP_NUM_THREADS": "1",
            # no forward pass, so no position runs past the model's table: a trace longer than
            # max_position_embeddings (Nemotron-H-8B-Base-8K) is a scheduling question only
@@ -203,7 +240,8 @@ _REQUESTS: dict[Path, Sequence[Any]] = {}
 
 
 def _emulated_hit_rate(spec: ModelSpec, requests: Sequence[Any], result: dict[str, Any], label: str,
-                       config: ReplayConfig) -> float:
+                       config: ReplayConfig) -> tuple[float, float]:
+    """The emulation's token hit rate, and its Mamba states cached per request (per Mamba group)."""
     from marconi.integrations.vllm.emulate.engine import VllmAlignEngine
     from marconi.integrations.vllm.emulate.layout import layout_for_spec
     from marconi.integrations.vllm.emulate.scheduler import emulate_closed_loop
@@ -214,18 +252,22 @@ def _emulated_hit_rate(spec: ModelSpec, requests: Sequence[Any], result: dict[st
                        if g["spec"] == "MambaSpec" and g["fields"].get("num_prefill_checkpoint_blocks")), None)
     layout = layout_for_spec(spec, num_blocks=kv["num_blocks"], block_size=kv["block_size"],
                              max_num_batched_tokens=config.max_num_batched_tokens,
-                             prefill_checkpoint_alignment=checkpoint)
+                             prefill_checkpoint_alignment=checkpoint, retention_interval=config.retention_interval)
     eviction, alpha = policy_arm(label, config.alpha)
-    engine = VllmAlignEngine(layout, spec, eviction=eviction, alpha=DEFAULT_ALPHA if alpha is None else alpha)
+    engine = VllmAlignEngine(layout, spec, eviction=eviction, alpha=DEFAULT_ALPHA if alpha is None else alpha,
+                             retention_budget=config.sparse_budget)
     if config.concurrency is not None:     # vLLM's scheduler loop, the same closed loop
-        return emulate_closed_loop(engine, requests, concurrency=config.concurrency,
+        rate = emulate_closed_loop(engine, requests, concurrency=config.concurrency,
                                    max_num_seqs=config.max_num_seqs).token_hit_rate
-    hits = sum(engine.run(r.input_tokens, np.asarray(r.output_tokens, dtype=np.int32)).hit_len for r in requests)
-    return hits / sum(r.input_len for r in requests)
+    else:
+        hits = sum(engine.run(r.input_tokens, np.asarray(r.output_tokens, dtype=np.int32)).hit_len for r in requests)
+        rate = hits / sum(r.input_len for r in requests)
+    states = engine.pool.stats.blocks_cached.get(MAMBA, 0) / max(1, len(engine.mamba_ids)) / max(1, len(requests))
+    return rate, states
 
 
 def _record(config: ReplayConfig, label: str, trace_info: dict[str, Any], pool_info: dict[str, Any],
-            requests: Sequence[Any], res: dict[str, Any], sim_rate: float | None) -> dict[str, Any]:
+            requests: Sequence[Any], res: dict[str, Any], sim: tuple[float, float] | None) -> dict[str, Any]:
     policy, alpha = policy_arm(label, config.alpha)
     ttft = [f - a for f, a in zip(res["first_token_s"], res["arrival_s"])]
     tpot = [(fin - first) / (len(r.output_tokens) - 1) if len(r.output_tokens) > 1 else None
@@ -242,15 +284,29 @@ def _record(config: ReplayConfig, label: str, trace_info: dict[str, Any], pool_i
         **trace_info, "num_requests": len(requests), "prompt_tokens": int(sum(r.input_len for r in requests)),
         "token_hit_rate": res["prefix_cache_hits"] / res["prefix_cache_queries"] if res["prefix_cache_queries"] else 0.0,
         "request_hit_rate": sum(res["num_cached_tokens"]) / max(1, sum(r.input_len for r in requests)),
-        "sim_token_hit_rate": sim_rate, "sim_models_concurrency": config.concurrency is not None,
+        "sim_token_hit_rate": None if sim is None else sim[0], "sim_states_per_request": None if sim is None else sim[1],
+        "sim_models_concurrency": config.concurrency is not None,
         "ttft_p50_s": percentile(ttft, 50), "ttft_p95_s": percentile(ttft, 95), "ttft_p99_s": percentile(ttft, 99),
         "tpot_mean_s": mean_or_none(tpot), "throughput_tok_s": out_tokens / res["virtual_s"] if res["virtual_s"] else None,
         "num_preemptions": int(sum(res["num_preemptions"])), "sched_s_per_step": res["sched_s_per_step"],
         "num_steps": res["num_steps"], "virtual_s": res["virtual_s"], "scheduler": res["scheduler"],
         "plugin_evictions": res["plugin_evictions"],
+        "retention": config.retention, "retention_interval": config.retention_interval,
+        "retention_budget": config.sparse_budget, "plugin_retention": res.get("plugin_retention"),
+        # Mamba states cached per request (block hashes the plugin saw inserted, per Mamba group);
+        # None for stock vLLM (the plugin is not loaded)
+        "states_per_request": _states_per_request(res, len(requests)),
         "kv_bytes": res["kv_bytes"], "kv_floor_applied": res["kv_floor_applied"], "num_params": res["num_params"], "wall_s": res["wall_s"],
         "per_request": {"ttft_s": ttft, "num_cached_tokens": res["num_cached_tokens"]},
     }
+
+
+def _states_per_request(res: dict[str, Any], num_requests: int) -> float | None:
+    cached = res.get("plugin_cached")
+    groups = sum(g["spec"] == "MambaSpec" for g in res["kv_cache"]["groups"])
+    if cached is None or not groups or not num_requests:
+        return None
+    return cached.get("mamba", 0) / groups / num_requests
 
 
 def run_replay(config: ReplayConfig, *, work_dir: str | Path | None = None, emulate: bool = True,
@@ -307,10 +363,15 @@ def replay_table(records: Sequence[dict[str, Any]]) -> str:
         row["_tput"] = f"{rec['throughput_tok_s']:.0f}" if rec["throughput_tok_s"] else "-"
         row["_load"] = load_label(rec)
         row["_pool"] = _pool_label(rec).split("\n")[0]
+        budget = rec.get("retention_budget")
+        row["_ret"] = f"sparse-dp({budget})" if budget is not None else str(rec.get("retention_interval", 0)).lower()
+        states = rec.get("sim_states_per_request")
+        row["_states"] = f"{states:.2f}" if states is not None else "-"
         rows.append(row)
     return format_table(rows, [
         ("policy", "arm", None), ("load", "_load", None), ("pool", "_pool", None), ("blocks", "num_blocks", None),
-        ("block", "block_size", None), ("vLLM token hit", "token_hit_rate", fmt_pct),
+        ("block", "block_size", None), ("retention", "_ret", None), ("states/req", "_states", None),
+        ("vLLM token hit", "token_hit_rate", fmt_pct),
         ("emulated", "sim_token_hit_rate", fmt_pct), ("TTFT P50", "ttft_p50_s", fmt_seconds),
         ("TTFT P95", "ttft_p95_s", fmt_seconds), ("TTFT P99", "ttft_p99_s", fmt_seconds),
         ("TPOT mean", "tpot_mean_s", fmt_seconds), ("tok/s", "_tput", None),

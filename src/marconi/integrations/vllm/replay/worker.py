@@ -151,6 +151,10 @@ def replay(core: Any, requests: list[dict[str, Any]], *, gpu: str, concurrency: 
             "sched_s_per_step": sum(sched_s) / max(1, len(sched_s)), "scheduler": type(sched).__name__,
             "plugin_evictions": dict(hooks.num_evicted) if hooks is not None else None,
             "plugin_policy": hooks.policy if hooks is not None else None,
+            "plugin_cached": dict(hooks.num_cached) if hooks is not None else None,
+            "plugin_retention": None if hooks is None or hooks.retention is None else {
+                **hooks.retention.planner.describe(), "num_planned": hooks.retention.planner.num_planned,
+                "num_placed": hooks.retention.planner.num_placed},
             "num_params": core.model_executor.num_params, "arrivals": mode,
             "time_scale": time_scale if mode == "trace" else None}
 
@@ -183,6 +187,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-num-batched-tokens", type=int, default=8192)
     parser.add_argument("--max-num-seqs", type=int, default=256)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--retention-interval", default="0",
+                        help="vLLM's prefix_cache_retention_interval: 0 (default), none or tokens")
     parser.add_argument("--progress", action="store_true", help="print 'progress DONE TOTAL' lines on stdout")
     args = parser.parse_args(argv)
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -193,7 +199,9 @@ def main(argv: list[str] | None = None) -> int:
     core = build_engine_core(args.model, num_blocks=args.blocks, available_bytes=args.kv_bytes,
                              gpu_memory_bytes=args.gpu_memory_bytes, tensor_parallel=args.tensor_parallel,
                              weight_bytes_per_param=args.weight_bytes, max_model_len=args.max_model_len, max_num_batched_tokens=args.max_num_batched_tokens,
-                             max_num_seqs=args.max_num_seqs)
+                             max_num_seqs=args.max_num_seqs,
+                             retention_interval=None if args.retention_interval.lower() == "none"
+                             else int(args.retention_interval))
 
     def progress(done: int, total: int) -> None:
         if args.progress:
