@@ -238,13 +238,20 @@ class OracleEviction:
         saved = max(1, reach - self._fallback_depth(node))
         return (nxt - now) * freed / saved, freed
 
-    def choose(self, candidates: "CandidateSet") -> int:
+    def keep_costs(self, candidates: "CandidateSet") -> tuple[np.ndarray, np.ndarray]:
+        """Per candidate, now: (the cost of keeping it, ``inf`` if no later request reuses it; the
+        bytes its eviction frees). What :meth:`choose` ranks; public so that a study can tell the
+        candidates never reused again from the rest without choosing by the future's order."""
         now = self._now.index
         n = len(candidates)
         costs = np.empty(n)
         freed = np.empty(n)
         for i, node in enumerate(candidates.nodes):
             costs[i], freed[i] = self._keep_cost(node, now)
+        return costs, freed
+
+    def choose(self, candidates: "CandidateSet") -> int:
+        costs, freed = self.keep_costs(candidates)
         worst = costs.max()
         ties = np.flatnonzero(costs == worst)
         if ties.size == 1:
