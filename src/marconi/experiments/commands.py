@@ -10,7 +10,8 @@ import importlib
 
 # (module, where it registers): "experiment" modules add a sub-command under `marconi experiment`,
 # "top" modules add a top-level command.
-_EXPERIMENTS = (("marconi.experiments.sparse", "experiment"), ("marconi.experiments.reproduce", "top"))
+_EXPERIMENTS = (("marconi.experiments.sparse", "experiment"), ("marconi.experiments.headroom", "experiment"),
+                ("marconi.experiments.reproduce", "top"))
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
