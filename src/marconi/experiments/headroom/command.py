@@ -6,7 +6,6 @@ import argparse
 import shlex
 import sys
 import time
-from pathlib import Path
 
 from marconi.core.model import get_model
 from marconi.core.registry import ConfigError, split_name_list
@@ -85,12 +84,10 @@ RECORD_FIELDS = ("kind", "trace", "capacity", "model", "default")
 
 def _cmd_render(args: argparse.Namespace) -> int:
     from marconi.experiments.headroom.report import write_outputs
-    from marconi.sim.sweep import read_records
+    from marconi.experiments.render import records_to_render
 
-    records = read_records(args.from_records, required=RECORD_FIELDS, kind="`marconi experiment headroom`")
-    if not records:
-        raise ConfigError(f"{args.from_records}: no records to render")
-    same = Path(args.from_records).resolve() == (Path(args.out) / "records.jsonl").resolve()
+    records, same = records_to_render(args.from_records, args.out, required=RECORD_FIELDS,
+                                      kind="`marconi experiment headroom`")
     paths = write_outputs(records, args.out, write_records=not same)
     print(f"rendered {len(records)} records from {args.from_records} into {len(paths)} files under {args.out}",
           file=sys.stderr)

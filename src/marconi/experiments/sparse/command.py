@@ -89,13 +89,10 @@ RECORD_FIELDS = ("kind", "workload", "strategy", "label", "budget", "block", "br
 
 
 def _cmd_render(args: argparse.Namespace) -> int:
-    from marconi.sim.sweep import read_records
+    from marconi.experiments.render import records_to_render
 
-    # Check every record before anything is written to --out (a wrong file must not be copied there).
-    records = read_records(args.from_records, required=RECORD_FIELDS, kind="`marconi experiment sparse`")
-    if not records:
-        raise ConfigError(f"{args.from_records}: no records to render")
-    same = Path(args.from_records).resolve() == (Path(args.out) / "records.jsonl").resolve()
+    records, same = records_to_render(args.from_records, args.out, required=RECORD_FIELDS,
+                                      kind="`marconi experiment sparse`")
     paths = write_outputs(records, args.out, write_jsonl=not same)
     print(f"rendered {len(records)} records from {args.from_records} into {len(paths)} files under {args.out}",
           file=sys.stderr)
