@@ -228,8 +228,12 @@ class OverlapEstimator:
     what was seen before it) and its *anchor* (the hash of its last shared block: its branch point
     in the tree; ``None`` for the root). A new request's overlap ``d`` (leading blocks seen) ends in
     a block some earlier sequence owns; ``d - h_owner`` (>= 1) is the observation, added to the
-    owner's anchor's histogram and to the global one. Depths are relative to the node, so one
-    document's length does not land at another document's offset.
+    owner's anchor's histogram. Depths are relative to the node, so one document's length does not
+    land at another document's offset. A node with few observations of its own borrows from the
+    global histogram of *absolute* depths ``d`` (where requests diverged, counted from the root),
+    restricted to depths past the sequence's novelty start: sequences of one shape (questions at
+    the same depths of same-length documents) share a prior, and a node's own evidence takes over
+    as it accumulates.
 
     Memory is bounded by :class:`EstimatorLimits`. Deterministic: the same keys in the same order
     give the same state.
@@ -258,7 +262,7 @@ class OverlapEstimator:
             depth += 1
         if depth:
             anchor, start = self._owner[keys[depth - 1]]
-            self._record(anchor, depth - start)
+            self._record(anchor, depth - start, depth)
             for key in keys[:depth]:
                 self._owner.move_to_end(key)
         anchor = keys[depth - 1] if depth else None
@@ -268,7 +272,7 @@ class OverlapEstimator:
             self._owner.popitem(last=False)
         return anchor, depth
 
-    def _record(self, anchor: Hashable | None, relative: int) -> None:
+    def _record(self, anchor: Hashable | None, relative: int, absolute: int) -> None:
         hist = self._local.get(anchor)
         if hist is None:
             hist = self._local[anchor] = _Histogram(self.limits.max_bins, self.limits.decay)
@@ -277,21 +281,23 @@ class OverlapEstimator:
         else:
             self._local.move_to_end(anchor)
         hist.add(relative)
-        self._global.add(relative)
+        self._global.add(absolute)
         self.num_observations += 1
 
-    def distribution(self, anchor: Hashable | None) -> dict[int, float]:
+    def distribution(self, anchor: Hashable | None, start: int = 0) -> dict[int, float]:
         """Relative divergence depth (blocks, >= 1) -> probability for a sequence anchored at
-        ``anchor``: its histogram blended with the global one (``prior`` pseudo-counts of it);
-        empty before any observation."""
-        g_mass = self._global.mass
-        if g_mass <= 0:
-            return {}
+        ``anchor`` with novelty start ``start``: its anchor's histogram blended with the global
+        absolute depths past ``start`` (shifted by it; ``prior`` pseudo-counts of them); empty
+        when neither has anything."""
+        beyond = {k - start: w for k, w in self._global.weights.items() if k > start}
+        g_mass = sum(beyond.values())
         local = self._local.get(anchor)
         l_mass = local.mass if local is not None else 0.0
+        if g_mass <= 0 and l_mass <= 0:
+            return {}
         prior = self.limits.prior if l_mass > 0 else 1.0
         out: dict[int, float] = {}
-        for k, w in self._global.weights.items():
+        for k, w in beyond.items():
             out[k] = prior * w / g_mass
         if local is not None and l_mass > 0:
             for k, w in local.weights.items():
@@ -348,7 +354,7 @@ class RetentionPlanner:
         if known is not None:
             return known
         anchor, start = self.estimator.observe(keys)
-        positions = self._place(self.estimator.distribution(anchor), start, num_prompt_tokens, resume, junction)
+        positions = self._place(self.estimator.distribution(anchor, start), start, num_prompt_tokens, resume, junction)
         self._plans[request_id] = positions
         self.num_planned += 1
         self.num_placed += len(positions)

@@ -20,8 +20,10 @@ Retention (``retention``): vLLM's ``prefix_cache_retention_interval`` (``0``, it
 ``none``; a multiple of the block), or ``sparse-dp``: interval 0 and the plugin's DP placement
 (``MARCONI_VLLM_RETENTION``, ``retention_budget`` states a sequence; the ``lru`` arm is then the
 plugin observing vLLM's eviction, so placement is its only change). Records carry
-``states_per_request`` (Mamba states cached per request, as the plugin counted them; None for
-stock vLLM, where the plugin is not loaded).
+``sim_states_per_request``: Mamba states cached per request in the emulation (per Mamba group; a
+state shared by many requests counts once, one evicted and cached again counts again), and
+``states_per_request``, the same as the plugin counted it in vLLM (None for stock vLLM, where the
+plugin is not loaded).
 
 With ``concurrency`` the emulation runs vLLM's scheduler loop over the same closed loop
 (:func:`marconi.integrations.vllm.emulate.scheduler.emulate_closed_loop`: in-flight requests hold
@@ -293,8 +295,8 @@ def _record(config: ReplayConfig, label: str, trace_info: dict[str, Any], pool_i
         "plugin_evictions": res["plugin_evictions"],
         "retention": config.retention, "retention_interval": config.retention_interval,
         "retention_budget": config.sparse_budget, "plugin_retention": res.get("plugin_retention"),
-        # Mamba states cached per request (block hashes the plugin saw inserted, per Mamba group);
-        # None for stock vLLM (the plugin is not loaded)
+        # Mamba states cached per request (state hashes the plugin saw inserted, per Mamba group:
+        # a shared state once, a re-cached one again); None for stock vLLM (no plugin loaded)
         "states_per_request": _states_per_request(res, len(requests)),
         "kv_bytes": res["kv_bytes"], "kv_floor_applied": res["kv_floor_applied"], "num_params": res["num_params"], "wall_s": res["wall_s"],
         "per_request": {"ttft_s": ttft, "num_cached_tokens": res["num_cached_tokens"]},
