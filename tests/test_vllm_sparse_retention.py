@@ -238,6 +238,23 @@ def test_dp_placement_raises_the_hit_rate_on_doc_qa(trace: str) -> None:
     assert engine.retention.num_placed <= 2 * engine.retention.num_planned
 
 
+def test_the_simulator_path_serves_it_one_request_at_a_time() -> None:
+    """``marconi simulate --systems vllm-align:retention=sparse-dp``: the cache contract
+    (begin/finish, requests one at a time) plans, stops chunks and drops every plan."""
+    requests = _requests("doc-qa-synthetic", 120)
+    hits = {}
+    for name in ("vllm-align:blocks=4000", "vllm-align:blocks=4000,retention=sparse-dp,budget=2"):
+        cache = SYSTEMS.create(name).build(SPEC, 0)
+        for r in requests:
+            cache.process(r.input_tokens, r.output_tokens)
+        cache.check_invariants()
+        hits[name] = cache.stats.reused_tokens
+        planner = cache.engine.retention
+        assert planner is None or (planner.num_open_plans == 0 and planner.num_placed > 0)
+    stock, dp = hits.values()
+    assert dp > stock
+
+
 # ====================================================================================== vLLM
 _BASE_ENV = {k: v for k, v in os.environ.items() if not k.startswith("MARCONI_VLLM_")}
 _DP_ENV = {"MARCONI_VLLM_POLICY": "lru", "MARCONI_VLLM_RETENTION": "sparse-dp", "MARCONI_VLLM_RETENTION_BUDGET": "2"}
