@@ -86,6 +86,18 @@ def test_solver_matches_brute_force_over_all_placements(num_groups: int, seq_len
         assert plan.expected_cost <= place_shared(groups, probs, budget).expected_cost + 1e-12
 
 
+@pytest.mark.parametrize("flops", [(0.0, 0.0), (0.0, 1.0), (1.0, 0.0)])
+def test_a_group_that_costs_nothing_to_recompute(flops: tuple[float, float]) -> None:
+    probs = np.random.default_rng(1).dirichlet(np.full(7, 0.5))
+    groups = LayerGroups(("lo", "hi"), (2, 1), flops)
+    for budget in (0, 3, 5, 8):
+        best, _ = _brute_force(groups, probs, budget, list(range(1, 7)))
+        plan = place_per_group(groups, probs, budget)
+        assert plan.expected_cost == pytest.approx(best, abs=1e-12)
+        if flops[1] == 0:                          # a free upper group keeps nothing but what the lower needs
+            assert plan.positions[1] == plan.positions[0]
+
+
 def test_solver_respects_a_candidate_list() -> None:
     rng = np.random.default_rng(7)
     for _ in range(8):

@@ -362,6 +362,13 @@ def _per_source_column_minima(prev: FloatArray, w: FloatArray, sources: IntArray
     return best, arg
 
 
+def _scaled(flops: float, costs: FloatArray) -> FloatArray:
+    """``flops * costs`` with ``+inf`` (no path) kept ``+inf`` when a group's cost is 0 (not ``nan``)."""
+    out = np.full(costs.shape, np.inf)
+    np.multiply(flops, costs, out=out, where=np.isfinite(costs))
+    return out
+
+
 def _top_paths(w: FloatArray, flops: float, sources: IntArray, max_vertices: int) -> _TopPaths:
     n = w.shape[0]
     dist = np.full((sources.size, n), np.inf)
@@ -370,7 +377,7 @@ def _top_paths(w: FloatArray, flops: float, sources: IntArray, max_vertices: int
     cost = np.empty((sources.size, n, max_vertices + 1))
     for edges in range(1, max_vertices + 2):
         dist, parents[edges] = _per_source_column_minima(dist, w, sources)
-        cost[:, :, edges - 1] = flops * dist
+        cost[:, :, edges - 1] = _scaled(flops, dist)
     return _TopPaths(cost, parents)
 
 
@@ -429,7 +436,7 @@ class _Solver:
         below = self.top.cost
         for r in range(2, num_groups + 1):
             g = num_groups - r
-            edge_cost = flops[g] * w[:, :, None] + below
+            edge_cost = _scaled(flops[g], w)[:, :, None] + below
             self.levels[r] = _group_paths(edge_cost, root if r == num_groups else every, self.lattice, r)
             below = self.levels[r].cost
 
