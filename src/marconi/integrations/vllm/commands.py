@@ -11,6 +11,10 @@
                         (--concurrency C | --rate R | --trace-times [SCALE]) [--policies lru,marconi[,marconi:alpha=adaptive]]
                         [--out results/vllm_replay.jsonl] [--plot results/vllm_replay_ttft_cdf.png]
 
+    marconi vllm frontier --out DIR [--traces quality,shared-prompts-synthetic,swe-sample,doc-qa-synthetic]
+                          [--model nemotron-h-8b] [--budgets 0,1,2,4] [--intervals 0,512,1024,2048]
+                          [--gpu-memory 80GB | --capacity 0.3x] [--limit 256] [--from-records JSONL]
+
 Only the handler prints (progress to stderr, the comparison table to stdout).
 """
 
@@ -21,6 +25,7 @@ import dataclasses
 import shlex
 import sys
 import tempfile
+from pathlib import Path
 from typing import Any, Callable
 
 from marconi.sim.backends import worker_count
@@ -69,6 +74,7 @@ def register(subparsers: Any) -> None:
                        help="also write per-request counts and outputs here (the emulation test's fixture)")
     bench.set_defaults(func=_cmd_bench)
     _register_replay(sub)
+    _register_frontier(sub)
 
 
 def _register_replay(sub: Any) -> None:
@@ -127,6 +133,74 @@ def _register_replay(sub: Any) -> None:
     replay.add_argument("--out", default="results/vllm_replay.jsonl", help="JSONL records (written atomically)")
     replay.add_argument("--plot", default="results/vllm_replay_ttft_cdf.png", help="TTFT CDF PNG ('' to skip)")
     replay.set_defaults(func=_cmd_replay)
+
+
+def _register_frontier(sub: Any) -> None:
+    from marconi.integrations.vllm.frontier import DEFAULT_BUDGETS, DEFAULT_INTERVALS, DEFAULT_WORKLOADS
+
+    p = sub.add_parser("frontier", help="the Pareto frontier of Mamba states kept per request vs prefill recomputed, "
+                                        "through vLLM's replay: DP placement, vLLM's intervals, Marconi admission")
+    p.add_argument("--out", required=True, help="directory for records.jsonl, frontier.png and report.md")
+    p.add_argument("--vllm-python", default=".venv-vllm/bin/python", help="python of the vLLM environment")
+    p.add_argument("--traces", default=",".join(DEFAULT_WORKLOADS), help="comma list of catalog names or trace files")
+    p.add_argument("--model", default="nemotron-h-8b", help="a bundled config or a directory with a config.json")
+    p.add_argument("--budgets", default=",".join(map(str, DEFAULT_BUDGETS)), help="DP budgets M (sparse-dp arms)")
+    p.add_argument("--intervals", default=",".join(map(str, DEFAULT_INTERVALS)),
+                   help="vLLM retention intervals in tokens, each rounded up to a multiple of the model's block")
+    pool = p.add_mutually_exclusive_group()
+    pool.add_argument("--gpu-memory", default=None, help="pools as a GPU's memory (default 80GB); a comma list")
+    pool.add_argument("--capacity", default=None, help="pools as KV budgets (0.3x, 10GB); a comma list")
+    p.add_argument("--arms", default="dp,interval,marconi",
+                   help="arm families: dp (one per budget), interval (one per rounded interval), marconi "
+                        "(Marconi's admission alone: the plugin's marconi policy, retention 0)")
+    p.add_argument("--concurrency", type=int, default=8, help="requests in flight (closed loop)")
+    p.add_argument("--limit", type=int, default=256, help="the first N requests of each trace")
+    p.add_argument("--max-input-len", type=int, default=16384, help="input cap in tokens")
+    p.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    p.add_argument("--gpu", default="h100", help="step-time model's GPU (latencies only)")
+    p.add_argument("--workers", type=worker_count, default=1, help="points run at once (default 1)")
+    p.add_argument("--work-dir", default=None, help="the replays' requests and logs (default: a temp dir)")
+    p.add_argument("--from-records", metavar="JSONL", help="only redraw the plot and report from earlier records")
+    p.set_defaults(func=_cmd_frontier)
+
+
+def _cmd_frontier(args: argparse.Namespace) -> int:
+    import time
+
+    from marconi.experiments.render import records_to_render
+    from marconi.integrations.vllm.frontier import RECORD_FIELDS, FrontierConfig, run_frontier, write_outputs
+    from marconi.io import check_output
+
+    check_output(args.out, directory=True)           # before the replays run, not after
+    if args.from_records:
+        records, same = records_to_render(args.from_records, args.out, required=RECORD_FIELDS,
+                                          kind="`marconi vllm frontier`")
+        paths = write_outputs(records, args.out, write_jsonl=not same)
+        print(f"rendered {len(records)} records from {args.from_records} into {len(paths)} files under {args.out}",
+              file=sys.stderr)
+        return 0
+    from tqdm import tqdm
+
+    pools = ([{"capacity": c} for c in _comma_list(args.capacity, "--capacity", str) or ()]
+             or [{"gpu_memory": g} for g in _comma_list(args.gpu_memory or "80GB", "--gpu-memory", str) or ()])
+    config = FrontierConfig(vllm_python=args.vllm_python, workloads=tuple(_comma_list(args.traces, "--traces", str) or ()),
+                            model=args.model, budgets=tuple(_comma_list(args.budgets, "--budgets", int) or ()),
+                            intervals=tuple(_comma_list(args.intervals, "--intervals", int) or ()), pools=tuple(pools),
+                            concurrency=args.concurrency, limit=args.limit, max_input_len=args.max_input_len,
+                            max_num_batched_tokens=args.max_num_batched_tokens, gpu=args.gpu,
+                            families=tuple(_comma_list(args.arms, "--arms", str) or ()))
+    started = time.perf_counter()
+    work = args.work_dir or tempfile.mkdtemp(prefix="marconi-frontier-")
+    with tqdm(desc="frontier", unit="point", file=sys.stderr) as bar:
+        records = run_frontier(config, work_dir=work, workers=args.workers, on_point=lambda _: bar.update(1))
+    wall_s = time.perf_counter() - started
+    command = "marconi vllm frontier " + " ".join(shlex.quote(a) for a in sys.argv[3:])
+    records = [{**r, "command": command, "command_wall_s": wall_s} for r in records]
+    paths = write_outputs(records, args.out)
+    print(f"wrote {len(records)} records and {len(paths) - 1} files under {args.out} in {wall_s:.0f}s "
+          f"(work in {work})", file=sys.stderr)
+    print((Path(args.out) / "report.md").read_text())
+    return 0
 
 
 def _comma_list(text: str | None, flag: str, kind: Callable[[str], Any]) -> list[Any] | None:
