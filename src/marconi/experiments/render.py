@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from marconi.core.registry import ConfigError
 
@@ -24,3 +24,13 @@ def records_to_render(from_records: str | Path, out: str | Path, *, required: Se
         raise ConfigError(f"{from_records}: no records to render")
     same = Path(from_records).resolve() == (Path(out) / "records.jsonl").resolve()
     return records, same
+
+
+def render_records(from_records: str | Path, out: str | Path, *, required: Sequence[str], kind: str,
+                   write: Callable[[list[dict[str, Any]], bool], Sequence[Path]]) -> str:
+    """Re-render ``out`` from an earlier run's records: :func:`records_to_render`, then
+    ``write(records, write_records)`` (``write_records`` false when the records are ``out``'s own);
+    returns the line a command prints."""
+    records, same = records_to_render(from_records, out, required=required, kind=kind)
+    paths = write(records, not same)
+    return f"rendered {len(records)} records from {from_records} into {len(paths)} files under {out}"

@@ -167,16 +167,14 @@ def _register_frontier(sub: Any) -> None:
 def _cmd_frontier(args: argparse.Namespace) -> int:
     import time
 
-    from marconi.experiments.render import records_to_render
+    from marconi.experiments.render import render_records
     from marconi.integrations.vllm.frontier import RECORD_FIELDS, FrontierConfig, run_frontier, write_outputs
     from marconi.io import check_output
 
     check_output(args.out, directory=True)           # before the replays run, not after
     if args.from_records:
-        records, same = records_to_render(args.from_records, args.out, required=RECORD_FIELDS,
-                                          kind="`marconi vllm frontier`")
-        paths = write_outputs(records, args.out, write_jsonl=not same)
-        print(f"rendered {len(records)} records from {args.from_records} into {len(paths)} files under {args.out}",
+        print(render_records(args.from_records, args.out, required=RECORD_FIELDS, kind="`marconi vllm frontier`",
+                             write=lambda recs, jsonl: write_outputs(recs, args.out, write_jsonl=jsonl)),
               file=sys.stderr)
         return 0
     from tqdm import tqdm
