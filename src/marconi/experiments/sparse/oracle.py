@@ -8,12 +8,19 @@ heuristics' positions come from their admission policies' ``final_plan`` (Marcon
 where ``S_i`` leaves the tree of earlier sequences), and are scored by
 :func:`~marconi.sparse.expected_cost`. Costs are summed over all (sequence, later request) pairs
 and reported per pair, in tokens and in FLOPs (the DP is solved for each).
+
+Checkpoints are counted two ways: ``checkpoints_per_seq``, each sequence's own (what its budget
+caps), and ``shared_checkpoints_per_seq``, distinct states over all sequences per sequence: a
+checkpoint after ``p`` tokens of ``S_i`` is the state of the prefix ``S_i[:p]``, so one that
+several sequences place at the same shared prefix (a document's end under its questions) is one
+state, counted once, as the simulation counts a shared node once.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+import hashlib
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -25,7 +32,7 @@ from marconi.core.model import ModelSpec
 from marconi.sparse import TOKEN_COST, PotentialCost, expected_cost, flops_cost, place_checkpoints
 from marconi.workloads.trace import Trace
 
-__all__ = ["analytic_records", "sequence_overlaps"]
+__all__ = ["analytic_records", "sequence_overlaps", "prefix_ids"]
 
 
 class _SortedSequences:
@@ -80,14 +87,29 @@ def sequence_overlaps(trace: Trace) -> Iterator[tuple[int, np.ndarray, int | Non
         yield i, depths, (branch if 0 < branch < seqs[i].size and continues else None)
 
 
+def prefix_ids(seq: np.ndarray, positions: Iterable[int]) -> dict[int, int]:
+    """``{p: id of the prefix seq[:p]}`` for each position (one pass over ``seq``): equal prefixes,
+    of this or any other sequence, get equal ids (a 64-bit BLAKE2b digest of the tokens)."""
+    h = hashlib.blake2b(digest_size=8)
+    data = np.ascontiguousarray(seq, dtype=np.int32)
+    out, done = {}, 0
+    for p in sorted(set(positions)):
+        h.update(data[done:p].tobytes())
+        done = p
+        out[p] = int.from_bytes(h.copy().digest(), "little")
+    return out
+
+
 @dataclass(slots=True)
 class _Tally:
-    """Sums over (sequence, later request) pairs for one analytic strategy and cost."""
+    """Sums over (sequence, later request) pairs for one analytic strategy and cost; ``ids``: the
+    distinct checkpoint states it placed over all sequences (:func:`prefix_ids`)."""
 
     cost: float = 0.0
     dp_at_count: float = 0.0
     checkpoints: float = 0.0
     sequences: int = 0
+    ids: set[int] = field(default_factory=set)
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,26 +140,32 @@ def analytic_records(workload: Workload, strategies: Sequence[Strategy], spec: M
     for i, depths, branch in sequence_overlaps(workload.trace):
         req = workload.trace[i]
         total_len = req.input_len + req.output_len
+        seq = np.concatenate([req.input_tokens, req.output_tokens])
         weights = np.bincount(depths, minlength=total_len + 1).astype(np.float64)
         ctx = AdmissionContext(req.input_tokens, req.input_len, MatchResult(req.input_len, 0, 0), branch, spec, i)
         plans = [(h, sorted({p for p in h.plan(ctx, total_len) if 1 <= p <= total_len})) for h in heuristics]
         extra_needed = max([max_budget] + [len(pos) - (total_len in pos) for _, pos in plans])
         num_pairs += depths.size
         num_sequences += 1
+        curves = {name: _dp_curve(weights, total_len, cost, extra_needed) for name, cost in costs.items()}
+        ids = prefix_ids(seq, [p for _, pos in plans for p in pos]
+                         + [p for _, placed in curves.values() for ps in placed[:max_budget + 1] for p in ps])
         for name, cost in costs.items():
             no_ckpt[name] += float(np.sum(cost.potential(depths.astype(np.float64))))
-            curve, counts = _dp_curve(weights, total_len, cost, extra_needed)
+            curve, placed = curves[name]
             for m in range(max_budget + 1):
                 t = dp[name][m]
                 t.cost += curve[m]
-                t.checkpoints += counts[m]
+                t.checkpoints += len(placed[m])
                 t.sequences += 1
+                t.ids.update(ids[p] for p in placed[m])
             for h, pos in plans:
                 t = tallies[(h.strategy.label, name)]
                 t.cost += expected_cost(weights, pos, cost=cost) * depths.size
                 t.dp_at_count += curve[min(len(pos) - (total_len in pos), len(curve) - 1)]
                 t.checkpoints += len(pos)
                 t.sequences += 1
+                t.ids.update(ids[p] for p in pos)
     base = {"kind": "analytic", **workload.describe(), "model": spec.name, "ssm_checkpoint_bytes": spec.ssm_checkpoint_bytes,
             "num_sequences": num_sequences, "num_pairs": num_pairs}
     records = []
@@ -151,26 +179,28 @@ def analytic_records(workload: Workload, strategies: Sequence[Strategy], spec: M
     return records
 
 
-def _dp_curve(weights: np.ndarray, total_len: int, cost: PotentialCost, max_extra: int) -> tuple[np.ndarray, np.ndarray]:
+def _dp_curve(weights: np.ndarray, total_len: int, cost: PotentialCost,
+              max_extra: int) -> tuple[np.ndarray, list[tuple[int, ...]]]:
     """Least total cost over this sequence's pairs with at most ``m`` checkpoints besides the free
-    last token (``m = 0..max_extra``), and the checkpoints (incl. the last token) it uses."""
+    last token (``m = 0..max_extra``), and the positions it uses (the last token included)."""
     free = weights.copy()
     free[total_len] = 0.0                      # served by the last-token checkpoint every strategy keeps
     mass = float(free.sum())
     candidates = np.flatnonzero(free[1:total_len]) + 1
     if mass <= 0 or candidates.size == 0:
-        return np.zeros(max_extra + 1), np.ones(max_extra + 1)
+        return np.zeros(max_extra + 1), [(total_len,)] * (max_extra + 1)
     plc = place_checkpoints(free, candidates, min(max_extra, int(candidates.size)), cost=cost)
     curve = np.array(plc.cost_by_budget) * mass
-    counts = np.array([len(p) + 1 for p in plc.positions_by_budget], dtype=np.float64)
+    placed = [(*map(int, p), total_len) for p in plc.positions_by_budget]
     pad = max_extra + 1 - curve.size
-    return np.pad(curve, (0, pad), mode="edge"), np.pad(counts, (0, pad), mode="edge")
+    return np.pad(curve, (0, pad), mode="edge"), placed + [placed[-1]] * pad
 
 
 def _analytic_record(base: dict[str, Any], strategy: Strategy, cost_name: str, t: _Tally, num_pairs: int,
                      no_ckpt: float, dp_at_count: float) -> dict[str, Any]:
     per_seq = t.checkpoints / max(1, t.sequences)
     return {**base, **strategy.describe(), "cost": cost_name,
+            "shared_checkpoints_per_seq": len(t.ids) / max(1, t.sequences),
             "expected_cost_per_pair": t.cost / max(1, num_pairs),
             "cost_share": t.cost / no_ckpt if no_ckpt > 0 else 0.0,
             "dp_cost_per_pair_at_equal_count": dp_at_count / max(1, num_pairs),

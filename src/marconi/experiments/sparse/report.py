@@ -391,13 +391,21 @@ def summary_markdown(records: Sequence[dict[str, Any]], notes: Sequence[str] = (
             ("- recomputed tokens: KV-cached tokens recomputed because the deepest checkpoint on the path was "
              "shallower (`unusable_tokens`); recomputed FLOPs: sum over requests of `span_flops(usable, kv_hit)`, as "
              "a share of all input prefill FLOPs."),
-            (f"- Findings: a DP point (sparse-dp, sparse-dp-lam) beats a heuristic point when it recomputes less by "
-             f"more than max({100 * _TIE_REL:g}% of the heuristic's, {100 * _TIE_ABS:g}% of prefill FLOPs) with at most "
-             f"{100 * (_DENSITY_SLACK - 1):g}% more checkpoints per sequence; within that margin it ties. Marconi is "
-             f"'enough' when the best DP point (any density) is within {100 * _ENOUGH_ABS:g} pp of prefill FLOPs."),
+            (f"- Findings, density slack: a DP point (sparse-dp, sparse-dp-lam) is at *no more* checkpoints than a "
+             f"heuristic point when it holds at most {_DENSITY_SLACK:g}x the heuristic's checkpoints per sequence "
+             f"({100 * (_DENSITY_SLACK - 1):g}% more), and at *fewer* when under 1/{_DENSITY_SLACK:g} of them. "
+             f"Recompute margin: max({100 * _TIE_REL:g}% of the heuristic's recomputed FLOPs, {100 * _TIE_ABS:g}% of "
+             "prefill FLOPs). The DP *beats* the point when a DP point at no more checkpoints recomputes less by more "
+             "than the margin; it *ties* (*ties with fewer*) when the sparsest DP point that recomputes no more than "
+             "the heuristic plus the margin is at no more (at fewer) checkpoints; otherwise the heuristic is better "
+             f"at its density. Marconi is 'enough' when the best DP point (any density) is within "
+             f"{100 * _ENOUGH_ABS:g} pp of prefill FLOPs."),
             ("- Analytic: each sequence S_i alone, P_i = depths to which every later request overlaps it; costs "
              "summed over (sequence, later request) pairs; share = of the cost with no checkpoint at all. "
-             "`DP @ same count` is the exact DP with the heuristic's own number of checkpoints on each sequence."), ""]
+             "`DP @ same count` is the exact DP with the heuristic's own number of checkpoints on each sequence. "
+             "ckpt/seq counts each sequence's own checkpoints (what its budget caps); `shared once` counts distinct "
+             "states over all sequences (a checkpoint is the state of the prefix before it, so sequences placing one "
+             "at the same shared prefix hold one state), per sequence."), ""]
     return "\n".join(out)
 
 
@@ -442,8 +450,10 @@ def _analytic_table(records: Sequence[dict[str, Any]], workload: str) -> str:
     for (label, family), costs in sorted(by_key.items(), key=lambda kv: (order.index(kv[0][1]), kv[1]["tokens"]["budget"] or 0,
                                                                           kv[1]["tokens"]["block"] or 0)):
         tok, fl = costs["tokens"], costs["flops"]
-        rows.append([label, f"{tok['checkpoints_per_seq']:.2f}", f"{tok['expected_cost_per_pair']:,.1f}",
+        shared = tok.get("shared_checkpoints_per_seq")     # absent from records written before it existed
+        rows.append([label, f"{tok['checkpoints_per_seq']:.2f}", "-" if shared is None else f"{shared:.2f}",
+                     f"{tok['expected_cost_per_pair']:,.1f}",
                      _pct(tok["cost_share"]), f"{tok['dp_cost_per_pair_at_equal_count']:,.1f}", _pct(fl["cost_share"]),
                      _pct(fl["dp_cost_share_at_equal_count"])])
-    return md_table(["strategy", "ckpt/seq", "recompute tok/pair", "share (tokens)", "DP @ same count tok/pair",
+    return md_table(["strategy", "ckpt/seq", "shared once", "recompute tok/pair", "share (tokens)", "DP @ same count tok/pair",
                      "share (FLOPs)", "DP @ same count (FLOPs share)"], rows)
