@@ -475,3 +475,34 @@ def test_text_prompts_use_the_project_tokenizer_by_default():
     model = model_for("qwen3_next-tiny")
     r = Engine(model, big_capacity(model)).generate("Prefix caching for hybrid models.", 2)
     assert r.input_len == len(expected)
+
+
+def test_dead_tail_cuts_serve_the_engine_exactly():
+    """``tails=reach`` in the real engine (issue 25): an agent that drops old observations gets its
+    predicted-dead tails cut (tensors split, the tail's KVs and state released) and still generates
+    the tokens of an uncached run, with the decisions of a size-only simulation, request for request."""
+    model = model_for("bamba-tiny")
+    spec = model.spec
+    capacity = 4 * spec.ssm_checkpoint_bytes + 300 * spec.kv_bytes_per_token  # tight: it cuts and evicts
+    engine = Engine(model, capacity, admission="marconi:tails=reach", eviction="lru")
+    plain = Engine(model, 0, admission="none")
+    sim = PrefixCache(spec, capacity, "marconi:tails=reach", "lru")
+    system = rand_tokens(24, seed=3)
+    calls, keep = 8, 2
+    obs = {(s, t): rand_tokens(40, seed=900 + 10 * s + t) for s in range(3) for t in range(calls)}
+    hole = {(s, t): rand_tokens(2, seed=700 + 10 * s + t) for s in range(3) for t in range(calls)}
+    acts: dict[tuple[int, int], list[int]] = {}
+    for t in range(calls):
+        for s in range(3):
+            prompt = list(system) + rand_tokens(6, seed=50 + s)
+            for i in range(t):  # (action, observation) pairs so far, old observations elided
+                prompt += acts[(s, i)] + (obs[(s, i)] if i >= t - keep else hole[(s, i)])
+            r = engine.generate(prompt, 4)
+            assert r.output_tokens == plain.generate(prompt, 4).output_tokens, (t, s)
+            match, ins = sim.process(prompt, r.output_tokens)
+            assert (r.usable_hit_len, r.cached, r.admitted) == (match.usable_hit_len, ins.cached, ins.admitted)
+            acts[(s, t)] = list(r.output_tokens)
+            check_payloads(engine)
+    stats = engine.cache.stats
+    assert stats == sim.stats and stats.reused_tokens > 0
+    assert stats.tail_trims > 0 and stats.tail_tokens_trimmed > 0

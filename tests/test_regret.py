@@ -33,7 +33,9 @@ def test_rule_labels_round_trip_and_bad_labels_say_what_to_write():
     assert EvictionRule.from_label("lru") == EvictionRule(candidates="leaves", touch="path")
     assert EvictionRule.from_label("a0lp").label() == "lru"
     assert [r.label() for r in DEFAULT_RULES] == ["lru", "a0.5m", "a2m"]
-    for bad, message in (("b1", "write lru or a<alpha>"), ("a1x", "not a number"), ("a1mm", "repeated"),
+    assert EvictionRule.from_label("a0.5mt").tails and EvictionRule.from_label("a0.5mt").label() == "a0.5mt"
+    assert EvictionRule.from_label("lrut").label() == "lrut" and EvictionRule.from_label("lrut").is_lru
+    for bad, message in (("b1", r"write lru\[t\] or a<alpha>"), ("a1x", "not a number"), ("a1mm", "repeated"),
                          ("a-1", "alpha must be >= 0")):
         with pytest.raises(ConfigError, match=message):
             EvictionRule.from_label(bad)

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Iterable, NamedTuple, Protocol
 import numpy as np
 
 from marconi.core.registry import ConfigError, Registry
+from marconi.core.tails import TAIL_MODES
 
 if TYPE_CHECKING:
     from marconi.core.model import ModelSpec
@@ -110,11 +111,20 @@ class MarconiAdmission:
     request, checkpointed during that request's prefill so the third one on can reuse it; and
     (b) the state after the last decoded token — where a conversation or agent loop resumes.
     All of input + output is inserted (its KVs are kept).
+
+    ``tails="reach"``: the cache also trims, first at eviction, the tails of branched sequences
+    past the depth later requests are predicted to re-enter (:mod:`marconi.core.tails`); the
+    default ``"keep"`` leaves every KV to the eviction rule, the paper's behaviour.
     """
 
     name = "marconi"
     page_size = 1
     caches = True
+
+    def __init__(self, tails: str = "keep") -> None:
+        if tails not in TAIL_MODES:
+            raise ConfigError(f"marconi admission: tails must be one of {', '.join(TAIL_MODES)}, got {tails!r}")
+        self.tails = tails
 
     def prefill_checkpoints(self, ctx: AdmissionContext) -> Iterable[int]:
         if ctx.branch_len is not None and ctx.match.usable_hit_len < ctx.branch_len <= ctx.input_len:
@@ -127,7 +137,7 @@ class MarconiAdmission:
         return FinalPlan(total_len, (total_len,))
 
     def describe(self) -> dict[str, object]:
-        return {"admission": self.name}
+        return {"admission": self.name} if self.tails == "keep" else {"admission": self.name, "tails": self.tails}
 
 
 class EveryBlock:
@@ -220,9 +230,10 @@ def _none() -> AdmissionPolicy:
     return NoAdmission()
 
 
-@ADMISSION_POLICIES.register("marconi", "branch points (speculative insertion) + last decoded token")
-def _marconi() -> AdmissionPolicy:
-    return MarconiAdmission()
+@ADMISSION_POLICIES.register("marconi", "branch points (speculative insertion) + last decoded token; "
+                                        "tails=reach: trim predicted-dead tails of branched sequences first")
+def _marconi(tails: str = "keep") -> AdmissionPolicy:
+    return MarconiAdmission(tails)
 
 
 @ADMISSION_POLICIES.register("every-block", "a checkpoint at every block boundary (vLLM+)")

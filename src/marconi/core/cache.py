@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import copy
 import functools
+from collections import OrderedDict
 import math
 import numbers
 import threading
@@ -43,9 +44,10 @@ from marconi.core.admission import AdmissionContext, AdmissionPolicy, FinalPlan,
 from marconi.core.candidates import CandidateSet, flop_efficiency
 from marconi.core.eviction import EvictionPolicy, make_eviction
 from marconi.core.model import ModelSpec, get_model
-from marconi.core.radix import Node, RadixTree, WalkResult
+from marconi.core.radix import Node, RadixTree, WalkResult, common_prefix_len
 from marconi.core.registry import ConfigError
 from marconi.core.stats import CacheStats
+from marconi.core.tails import TailReach
 
 __all__ = ["PrefixCache", "RequestHandle", "CachedPrefix", "InsertResult", "PayloadOps", "SizeOnlyPayloads",
            "SIZE_ONLY", "CacheObserver", "Selector", "TreeSnapshot", "InvariantError", "ManualClock", "as_tokens"]
@@ -180,6 +182,7 @@ class RequestHandle:
     begin_time: float
     active: bool = True
     max_hit_len: int | None = None  # as passed to ``begin`` (a shadow of this cache replays it alike)
+    tail_base: int = -1         # tails=reach: where the input left the tree, if it branched (else -1)
 
 
 class CachedPrefix(NamedTuple):
@@ -359,6 +362,14 @@ class PrefixCache:
         bind_admission = getattr(self.admission, "bind", None)
         if bind_admission is not None:  # a policy reading this cache's clock (sparse-dp's time decay)
             bind_admission(self)
+        # Dead tails (``marconi.core.tails``), tracked when the admission (tails=reach) or the
+        # eviction (a rule with tails, or a family with one) asks: the re-entry estimate, and the
+        # leaves whose tail may be cut first at eviction (each created by a request that branched),
+        # oldest first. Cut when ``_trims_tails``.
+        self._admission_trims = getattr(self.admission, "tails", "keep") == "reach"
+        tracks = self._admission_trims or getattr(self.eviction, "tracks_tails", False)
+        self._tails = TailReach() if tracks and self.admission.caches else None
+        self._tail_leaves: OrderedDict[int, Node] = OrderedDict()
         self._mutex = threading.RLock()
         # The component choosing this cache's policy parameters online, or None: the bootstrap
         # tuner (attached by the system that builds the cache) or a selecting eviction policy
@@ -405,6 +416,12 @@ class PrefixCache:
     def keeps_logical_clock(self) -> bool:
         """True when the cache ticks its own logical clock (no ``clock`` was given)."""
         return self._logical is not None
+
+    @property
+    def tail_margin(self) -> int | None:
+        """Dead tails (``marconi.core.tails``): tokens past its base a branched leaf is predicted to
+        be re-entered, or None (not tracked, or no margin yet: nothing is cut)."""
+        return None if self._tails is None else self._tails.margin
 
     @property
     def free_bytes(self) -> int:
@@ -455,6 +472,7 @@ class PrefixCache:
         else:
             usable = min(walk.matched_len, limit)
         match = MatchResult(len(tokens), walk.matched_len, usable)
+        tail_base = self._observe_reentry(walk, tokens) if self._tails is not None else -1
         branch_len = self._branch_len(len(tokens), walk)
         ctx = AdmissionContext(tokens, len(tokens), match, branch_len, self.spec, self._next_request_id)
         prefill = tuple(sorted(self._placed(self.admission.prefill_checkpoints(ctx), usable, len(tokens),
@@ -472,7 +490,7 @@ class PrefixCache:
             self._touch_hit(hit_node, now)
         matched_node = walk.path[-1] if walk.path else None
         handle = RequestHandle(self._next_request_id, tokens, match, prefill, branch_len, hit_node, lock_node,
-                               matched_node, now, max_hit_len=max_hit_len)
+                               matched_node, now, max_hit_len=max_hit_len, tail_base=tail_base)
         self._next_request_id += 1
         self._in_flight[handle.request_id] = handle
         self.stats.record_lookup(match, self.spec, from_checkpoint=hit_node is not None and hit_node.has_ssm)
@@ -552,7 +570,7 @@ class PrefixCache:
                 if self._logical is not None:
                     self._logical.tick()
                 seq, walk, plan = self._final(handle, output)
-                result = self._insert_sequence(handle, seq, plan, states, kv, walk)
+                result = self._insert_sequence(handle, seq, plan, states, kv, walk, tail_base=handle.tail_base)
         except BaseException:
             self._end(handle, "on_abort")
             raise
@@ -627,6 +645,35 @@ class PrefixCache:
             wanted.discard(floor)  # no boundary after the resume point
         return wanted
 
+    def _observe_reentry(self, walk: WalkResult, tokens: np.ndarray) -> int:
+        """tails=reach: learn how far this input re-enters a branched leaf, if its match ends in
+        one (or in the ghost of one evicted); return where the input leaves its predecessor's
+        sequence if it branches (else -1).
+
+        A match that runs to a leaf's end re-enters it wholly (a continuation: an infinite
+        advance); one that ends inside an edge or at an inner node branches there.
+        """
+        assert self._tails is not None
+        input_len = len(tokens)
+        matched = walk.matched_len
+        node = walk.partial or (walk.path[-1] if walk.path else self.tree.root)
+        at_leaf_end = walk.partial is None and not node.children
+        if node.tail_base >= 0:
+            # (an inner eviction may have merged edges above the base into the leaf: diverging
+            # there re-enters none of the tail)
+            self._tails.observe(math.inf if at_leaf_end else max(0, matched - node.tail_base))
+        elif walk.partial is None and node.ghost is not None and matched < input_len:
+            # The leaf this input re-enters was evicted: measure the re-entry on its tokens.
+            edge, base = node.ghost
+            into = common_prefix_len(edge, tokens[matched:])
+            if into:
+                self._tails.observe(math.inf if into == len(edge) else max(0, matched + into - base))
+                if into < len(edge):
+                    return matched + into  # it left its predecessor there, not where the tree ends
+        if matched == 0:
+            return -1
+        return matched if not at_leaf_end and matched < input_len else -1
+
     def _branch_len(self, length: int, walk: WalkResult) -> int | None:
         """Speculative insertion: where inserting ``length`` tokens would create a new branch node."""
         if walk.partial is not None:
@@ -699,7 +746,8 @@ class PrefixCache:
 
     def _insert_sequence(self, handle: RequestHandle, seq: np.ndarray, plan: FinalPlan,
                          states: Mapping[int, Any] | Callable[[int], Any] | None,
-                         kv: Callable[[int, int], Any] | None, walk: WalkResult | None = None) -> InsertResult:
+                         kv: Callable[[int, int], Any] | None, walk: WalkResult | None = None, *,
+                         tail_base: int = -1) -> InsertResult:
         """Insert ``seq[:plan.insert_len]`` with the plan's checkpoints, evicting what must go.
 
         Token ranges of ``seq`` (input + output)::
@@ -715,6 +763,9 @@ class PrefixCache:
         * ``[matched, insert_len)``: new KVs, one node per checkpoint-to-checkpoint span (or one
           block run);
         * ``[insert_len, len)``: beyond what the admission keeps (vLLM+'s partial last block).
+
+        ``tail_base >= 0`` (tails=reach, a request that branched there): the new leaf's tail may
+        be trimmed first at eviction.
 
         The walked path stays locked while evicting, so the request's own prefix survives.
 
@@ -748,7 +799,7 @@ class PrefixCache:
             self._evict_until(need)
             admitted = self._attach_on_path(walk, to_admit, now)
             if new_tokens:
-                admitted += self._add_tail(seq, walk, insert_len, to_admit, plan.block, kv, now)
+                admitted += self._add_tail(seq, walk, insert_len, to_admit, plan.block, kv, now, tail_base)
         finally:
             if guard is not None:
                 self._unlock(guard)
@@ -786,7 +837,7 @@ class PrefixCache:
         raise AssertionError(f"no walked edge contains position {pos}")
 
     def _add_tail(self, seq: np.ndarray, walk: WalkResult, insert_len: int, to_admit: dict[int, Any], block: int,
-                  kv: Callable[[int, int], Any] | None, now: float) -> list[int]:
+                  kv: Callable[[int, int], Any] | None, now: float, tail_base: int = -1) -> list[int]:
         """Insert ``seq[matched_len:insert_len]`` as new nodes: one run, or a chain cut at checkpoints.
 
         Each node is complete (payloads, bytes, candidate index) before the next ``kv`` call, so a
@@ -807,6 +858,7 @@ class PrefixCache:
             node.ckpt_positions = tail
             node.ckpt_states = [to_admit[p] for p in tail]
             self._account_ssm(node, len(tail), now)
+            self._note_tail(node, tail_base)
             return tail
         admitted = []
         for end in sorted(set(tail) | {insert_len}):
@@ -818,7 +870,14 @@ class PrefixCache:
                 self._update_eff(node)
                 self._sync_candidate(node)
             parent, start = node, end
+        self._note_tail(node, tail_base)
         return admitted
+
+    def _note_tail(self, leaf: Node, tail_base: int) -> None:
+        """tails=reach: ``leaf`` ends a sequence that branched at ``tail_base``; its tail may go first."""
+        if tail_base >= 0 and self._tails is not None:
+            leaf.tail_base = tail_base
+            self._tail_leaves[leaf.node_id] = leaf
 
     def _new_node(self, seq: np.ndarray, start: int, end: int, parent: Node,
                   kv: Callable[[int, int], Any] | None, now: float) -> Node:
@@ -878,6 +937,8 @@ class PrefixCache:
             if not self._evicted_once:
                 self._evicted_once = True  # first: an observer that raises here is not told again next time
                 self._notify("on_first_eviction")
+            if self._tails is not None and self._trims_tails() and self._trim_dead_tail():
+                continue  # a predicted-dead tail goes before any victim
             if not len(self.candidates):
                 raise InvariantError("eviction found no candidate although the feasibility check passed")
             victim = self.candidates.nodes[self.eviction.choose(self.candidates)]
@@ -910,18 +971,57 @@ class PrefixCache:
         if blocks == n:
             self._evict_leaf(node)
             return
-        dropped_tokens = node.depth - positions[n - blocks - 1]
+        self.stats.evictions_leaf += blocks
+        self._cut_leaf(node, node.depth - positions[n - blocks - 1])
+
+    def _trims_tails(self) -> bool:
+        return self._admission_trims or getattr(self.eviction, "trims_tails", False)
+
+    def _trim_dead_tail(self) -> bool:
+        """tails=reach: cut the oldest branched leaf back to its predicted reach (base + margin),
+        dropping the tail's KVs and states; False if there is no margin or no such leaf.
+
+        Leaves that gained children, left the tree or already end within the reach leave the index
+        for good; locked ones (in flight) are passed over this time.
+        """
+        assert self._tails is not None
+        margin = self._tails.margin
+        leaves = self._tail_leaves
+        if margin is None:
+            return False
+        page = self.tree.page_size
+        for _ in range(len(leaves)):
+            node_id, node = next(iter(leaves.items()))
+            if node.lock_ref:
+                leaves.move_to_end(node_id)
+                continue
+            del leaves[node_id]
+            reach = -(-(node.tail_base + margin) // page) * page
+            if node.parent is None or node.children or reach >= node.depth:
+                continue
+            self.stats.tail_trims += 1
+            if reach <= node.parent_depth:
+                self.stats.tail_tokens_trimmed += node.edge_len
+                self._evict_leaf(node)
+            else:
+                self.stats.tail_tokens_trimmed += node.depth - reach
+                self._cut_leaf(node, node.depth - reach)
+            return True
+        return False
+
+    def _cut_leaf(self, node: Node, dropped_tokens: int) -> None:
+        """Drop a leaf's last ``dropped_tokens`` tokens (fewer than its edge) with their KVs and the
+        checkpoints on them; the node stays, shorter."""
         kept_kv, dropped_kv = self.payloads.split_kv(node.kv, node.edge_len - dropped_tokens)  # before any change
         node.kv = kept_kv
         dropped_states = self.tree.trim_leaf(node, dropped_tokens)
         freed_kv = dropped_tokens * self._kv_per_token
-        freed_ssm = blocks * self._ckpt_bytes
+        freed_ssm = len(dropped_states) * self._ckpt_bytes
         self.used_bytes -= freed_kv + freed_ssm
         self.kv_bytes -= freed_kv
         self.ssm_bytes -= freed_ssm
         st = self.stats
-        st.evictions_leaf += blocks
-        st.checkpoints_evicted += blocks
+        st.checkpoints_evicted += len(dropped_states)
         st.kv_tokens_evicted += dropped_tokens
         st.bytes_evicted += freed_kv + freed_ssm
         self._update_eff(node)
@@ -929,6 +1029,9 @@ class PrefixCache:
 
     def _evict_leaf(self, node: Node) -> None:
         self.candidates.remove(node)
+        if node.tail_base >= 0:
+            self._tail_leaves.pop(node.node_id, None)
+            node.parent.ghost = (node.tokens, node.tail_base)  # type: ignore[union-attr]
         kv_freed = node.edge_len * self._kv_per_token
         n_ckpt = node.num_checkpoints
         ssm_freed = n_ckpt * self._ckpt_bytes

@@ -63,7 +63,8 @@ class EvictionRule:
     nodes with <= 1 child (Marconi) or leaves only (SGLang); ``touch``: which recency signal —
     ``hit`` (only the node a request resumed from, Marconi) or ``path`` (every matched node up to
     it, SGLang). ``EvictionRule(candidates="leaves", touch="path")`` makes exactly SGLang+'s LRU
-    decisions.
+    decisions. ``tails``: before any victim, cut the predicted-dead tail of a branched sequence
+    (:mod:`marconi.core.tails`; the cache tracks the prediction).
     """
 
     alpha: float = 0.0
@@ -71,6 +72,7 @@ class EvictionRule:
     recency: str = "linear"
     candidates: str = "single-child"
     touch: str = "hit"
+    tails: bool = False
 
     def __post_init__(self) -> None:
         check_alpha(self.alpha, "flop-aware")
@@ -86,38 +88,42 @@ class EvictionRule:
 
     def label(self) -> str:
         """A compact name: ``lru``, or ``a`` + α + flags ``m`` (marginal efficiency), ``i``
-        (inverse-age recency), ``l`` (leaf candidates), ``p`` (path touch): ``a1m``, ``a2lp``."""
+        (inverse-age recency), ``l`` (leaf candidates), ``p`` (path touch), ``t`` (dead tails
+        first): ``a1m``, ``a2lp``, ``a0.5mt``; ``lrut`` is ``lru`` with dead tails first."""
         if self.is_lru and self.recency == "linear":
-            return "lru"
+            return "lrut" if self.tails else "lru"
         flags = "".join(flag for flag, on in (("m", self.efficiency == "marginal" and self.alpha > 0),
                                                ("i", self.recency == "inverse-age"), ("l", self.candidates == "leaves"),
-                                               ("p", self.touch == "path")) if on)
+                                               ("p", self.touch == "path"), ("t", self.tails)) if on)
         return f"a{self.alpha:g}{flags}"
 
     @classmethod
     def from_label(cls, label: str) -> "EvictionRule":
         """The inverse of :meth:`label` (``lru``, ``a0``, ``a0.5m``, ``a1mi``, ``a2lp`` ...)."""
         text = label.strip()
-        if text == "lru":
-            return cls(candidates="leaves", touch="path")
+        if text in ("lru", "lrut"):
+            return cls(candidates="leaves", touch="path", tails=text == "lrut")
         if not text.startswith("a"):
-            raise ConfigError(f"rule {label!r}: write lru or a<alpha>[m][i][l][p], e.g. a1m, a2lp")
+            raise ConfigError(f"rule {label!r}: write lru[t] or a<alpha>[m][i][l][p][t], e.g. a1m, a2lp, a0.5mt")
         body = text[1:]
-        end = len(body.rstrip("milp"))
+        end = len(body.rstrip("milpt"))
         flags, number = body[end:], body[:end]
         try:
             alpha = float(number)
         except ValueError:
-            raise ConfigError(f"rule {label!r}: {number!r} is not a number (write a<alpha>[m][i][l][p])") from None
+            raise ConfigError(f"rule {label!r}: {number!r} is not a number (write a<alpha>[m][i][l][p][t])") from None
         check_alpha(alpha, f"rule {label!r}")  # float() accepts 'inf' and 'nan'
         if len(set(flags)) != len(flags):
             raise ConfigError(f"rule {label!r}: a flag is repeated")
         return cls(alpha, "marginal" if "m" in flags else "total", "inverse-age" if "i" in flags else "linear",
-                   "leaves" if "l" in flags else "single-child", "path" if "p" in flags else "hit")
+                   "leaves" if "l" in flags else "single-child", "path" if "p" in flags else "hit", "t" in flags)
 
     def describe(self) -> dict[str, object]:
-        return {"alpha": self.alpha, "efficiency": self.efficiency, "recency": self.recency,
-                "candidates": self.candidates, "touch": self.touch}
+        out: dict[str, object] = {"alpha": self.alpha, "efficiency": self.efficiency, "recency": self.recency,
+                                  "candidates": self.candidates, "touch": self.touch}
+        if self.tails:
+            out["tails"] = True
+        return out
 
     def choose(self, cands: CandidateSet, efficiency: np.ndarray) -> int:
         """Index of the victim among ``cands`` (non-empty); ``efficiency`` per candidate for this
@@ -242,18 +248,19 @@ class FlopAware:
     name = "flop-aware"
 
     def __init__(self, alpha: float = 0.0, efficiency: str = "total", recency: str = "linear",
-                 candidates: str = "single-child", touch: str = "hit") -> None:
+                 candidates: str = "single-child", touch: str = "hit", tails: bool = False) -> None:
         try:
             value = alpha if isinstance(alpha, bool) else float(alpha)  # a bool is refused below
         except (TypeError, ValueError):
             raise ConfigError(f"flop-aware: alpha must be >= 0 and finite (a number), got {alpha!r}") from None
-        rule = EvictionRule(value, efficiency, recency, candidates, touch)  # validates
+        rule = EvictionRule(value, efficiency, recency, candidates, touch, bool(tails))  # validates
         self._alpha = rule.alpha
         self.efficiency_variant = efficiency
         self.recency = recency
         self.candidates = candidates
         self.touch = touch
         self.evicts_inner_nodes = candidates == "single-child"
+        self.trims_tails = self.tracks_tails = bool(tails)  # the cache reads both (``marconi.core.tails``)
 
     @property
     def alpha(self) -> float:
@@ -267,7 +274,8 @@ class FlopAware:
 
     @property
     def rule(self) -> EvictionRule:
-        return EvictionRule(self.alpha, self.efficiency_variant, self.recency, self.candidates, self.touch)
+        return EvictionRule(self.alpha, self.efficiency_variant, self.recency, self.candidates, self.touch,
+                            self.trims_tails)
 
     def choose(self, candidates: CandidateSet) -> int:
         return self.rule.choose(candidates, candidates.flop_eff[: len(candidates)])
@@ -277,6 +285,8 @@ class FlopAware:
                                   "recency": self.recency}
         if self.candidates != "single-child" or self.touch != "hit":
             out.update(candidates=self.candidates, touch=self.touch)
+        if self.trims_tails:
+            out["tails"] = True
         return out
 
 
@@ -292,8 +302,9 @@ def _lru() -> EvictionPolicy:
 
 @EVICTION_POLICIES.register("flop-aware", "Marconi: recency + alpha * FLOP efficiency over nodes with <= 1 child")
 def _flop_aware(alpha: float = 0.0, efficiency: str = "total", recency: str = "linear",
-                candidates: str = "single-child", touch: str = "hit") -> EvictionPolicy:
-    return FlopAware(alpha=alpha, efficiency=efficiency, recency=recency, candidates=candidates, touch=touch)
+                candidates: str = "single-child", touch: str = "hit", tails: bool = False) -> EvictionPolicy:
+    return FlopAware(alpha=alpha, efficiency=efficiency, recency=recency, candidates=candidates, touch=touch,
+                     tails=tails)
 
 
 @EVICTION_POLICIES.register("flop-aware-marginal", "flop-aware with the FLOPs of the node's own edge only")

@@ -27,7 +27,8 @@ class Node:
     """One radix-tree node; see the module docstring for what it owns."""
 
     __slots__ = ("node_id", "tokens", "parent", "children", "depth", "kv", "ckpt_positions", "ckpt_states",
-                 "last_access", "access_seq", "path_access", "path_seq", "lock_ref", "slot", "flop_eff")
+                 "last_access", "access_seq", "path_access", "path_seq", "lock_ref", "slot", "flop_eff",
+                 "tail_base", "ghost")
 
     def __init__(self, node_id: int, tokens: np.ndarray, parent: "Node | None", depth: int) -> None:
         self.node_id = node_id
@@ -52,6 +53,13 @@ class Node:
         self.lock_ref = 0             # in-flight requests whose matched path includes this node
         self.slot: int | None = None  # index in the eviction candidate set, iff a candidate
         self.flop_eff = 0.0           # FLOP efficiency, recomputed on every structural change
+        # Where the request that created this leaf left the tree (it branched there), or -1: the
+        # tail past it is the sequence's own (``marconi.core.tails``). Only the lower part of a
+        # split keeps it (the tail is below the split).
+        self.tail_base = -1
+        # The edge tokens and tail base of the last branched leaf evicted from under this node, or
+        # None: a later re-entry into it is still measurable (``marconi.core.tails``).
+        self.ghost: tuple[np.ndarray, int] | None = None
 
     @property
     def edge_len(self) -> int:

@@ -42,6 +42,8 @@ class CacheStats:
     evictions_inner: int = 0           # a one-child node: frees its checkpoint, KVs go to the child
     bytes_evicted: int = 0
     requests_not_cached: int = 0       # their states could not fit even after evicting all unlocked
+    tail_trims: int = 0                # tails=reach: branched leaves cut back to their predicted reach
+    tail_tokens_trimmed: int = 0       # KV tokens those cuts dropped
     peak_bytes: int = 0
     peak_kv_bytes: int = 0
     peak_ssm_bytes: int = 0

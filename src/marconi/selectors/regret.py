@@ -137,6 +137,10 @@ class RegretEviction:
         if objective not in ("hit-rate", "flops"):
             raise ConfigError(f"adaptive objective must be 'hit-rate' or 'flops', got {objective!r}")
         self.rules = parse_rules(rules)
+        cutting = [r.label() for r in self.rules if r.tails]
+        if cutting:
+            raise ConfigError(f"the regret selector cannot judge dead-tail cuts (rules {', '.join(cutting)}): its "
+                              "counterfactuals score victims, not cuts; use the worlds selector (selector=worlds)")
         self.efficiency_variant = cached_efficiency_variant(self.rules)
         self.decay = decay
         self.reach_weight = reach_weight

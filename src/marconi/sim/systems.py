@@ -7,8 +7,10 @@ vanilla   none                        (nothing cached)
 vllm+     every-block (block = 32)    lru (leaves; hits refresh the whole path)
 sglang+   marconi                     lru
 marconi   marconi                     adaptive: a FLOP-aware rule re-chosen online by exact
-                                      per-rule worlds (default); ``selector=regret``: by
-                                      counterfactual regret (cheaper, less exact);
+                                      per-rule worlds (default; the family lru / a0.5mt / a2m,
+                                      where a0.5mt also cuts predicted-dead tails first);
+                                      ``selector=regret``: by counterfactual regret over
+                                      lru / a0.5m / a2m (cheaper, less exact);
                                       ``tuner=bootstrap``: α bootstrap-tuned once, the paper's
                                       protocol; ``alpha=…``: fixed α
 infinite  marconi (or admission=…)    none needed: unbounded capacity, the hit-rate ceiling
@@ -25,6 +27,11 @@ the cost, further from the best rule; ``docs/adaptive.md`` has both measured). T
 (``multiplier``, ``retune``, ``drift``, ``tolerance``) and the single-rule ones (``efficiency``,
 ``recency``) select ``tuner=bootstrap`` when no tuner is named, so names written before the adaptive
 default keep their meaning.
+
+``tails=reach`` on ``sglang+`` or ``marconi`` makes the admission cut predicted-dead tails of branched
+sequences first under any eviction (:mod:`marconi.core.tails`); the default ``marconi`` gets its cuts
+from the ``t`` rule of its family instead, and ``marconi:rules=lru/a0.5m/a2m`` is the default before
+issue 25 (the same worlds, no cuts).
 
 ``oracle`` needs the whole trace: :meth:`SystemConfig.build` takes it as ``future`` (the replay
 driver hands it over to systems whose ``needs_future`` is set).
@@ -204,8 +211,13 @@ def _vllm(block: int = 32) -> SystemConfig:
 
 
 @SYSTEMS.register("sglang+", "judicious admission, LRU (SGLang extended to hybrids)")
-def _sglang() -> SystemConfig:
-    return SystemConfig("sglang+", "marconi", "lru")
+def _sglang(tails: str = "keep") -> SystemConfig:
+    return SystemConfig("sglang+", _marconi_admission(tails), "lru")
+
+
+def _marconi_admission(tails: str) -> str:
+    """Marconi's admission; ``tails=reach`` also trims predicted-dead tails first (``marconi.core.tails``)."""
+    return "marconi" if tails == "keep" else f"marconi:tails={tails}"
 
 
 @SYSTEMS.register("marconi", "judicious admission + FLOP-aware eviction; tuner=adaptive (default): its rule "
@@ -216,8 +228,9 @@ def _marconi(alpha: str = "auto", tuner: str = "auto", objective: str = "hit-rat
              recency: str = "auto", multiplier: float | None = None, retune: int | None = None,
              drift: float | None = None, tolerance: float | None = None, rules: str | None = None,
              decay: float | None = None, hysteresis: float | None = None,
-             confidence: float | None = None, selector: str | None = None) -> SystemConfig:
+             confidence: float | None = None, selector: str | None = None, tails: str = "keep") -> SystemConfig:
     given = {k for k, v in locals().items() if v is not None and k in _BOOTSTRAP_ONLY + _ADAPTIVE_ONLY}
+    admission = _marconi_admission(tails)
     fixed = _alpha_or_auto(alpha)
     tuner_named = tuner != "auto"
     efficiency = None if efficiency == "auto" else efficiency
@@ -234,14 +247,14 @@ def _marconi(alpha: str = "auto", tuner: str = "auto", objective: str = "hit-rat
         if given or tuner_named:
             raise ConfigError(f"marconi: alpha={alpha} is fixed, so there is nothing to tune; drop "
                               f"{', '.join(sorted(given)) or 'tuner'} or write alpha=auto")
-        return SystemConfig("marconi", "marconi", _flop_aware(alpha, efficiency or "total", recency or "linear"))
+        return SystemConfig("marconi", admission, _flop_aware(alpha, efficiency or "total", recency or "linear"))
     wrong = given & set(_ADAPTIVE_ONLY if tuner == "bootstrap" else _BOOTSTRAP_ONLY)
     if wrong:
         raise ConfigError(f"marconi: {', '.join(sorted(wrong))} do not apply to tuner={tuner}")
     if tuner == "bootstrap":
         tuning = TuningConfig(5 if multiplier is None else multiplier, objective, retune or 0,
                               0.05 if drift is None else drift, tolerance or 0.0)
-        return SystemConfig("marconi", "marconi", _flop_aware(alpha, efficiency or "total", recency or "linear"), tuning)
+        return SystemConfig("marconi", admission, _flop_aware(alpha, efficiency or "total", recency or "linear"), tuning)
     if efficiency is not None or recency is not None:
         raise ConfigError("marconi: the adaptive tuner chooses the efficiency and recency itself (its rules); "
                           "name a family with rules=lru/a0/a1m/... or use tuner=bootstrap")
@@ -256,7 +269,7 @@ def _marconi(alpha: str = "auto", tuner: str = "auto", objective: str = "hit-rat
     params += [f"{k}={v}" for k, v in (("decay", decay), ("hysteresis", hysteresis), ("confidence", confidence))
                if v is not None]
     policy = "regret" if selector == "regret" else "worlds"
-    return SystemConfig("marconi", "marconi", f"{policy}:" + ",".join(params))
+    return SystemConfig("marconi", admission, f"{policy}:" + ",".join(params))
 
 
 @SYSTEMS.register("infinite", "the same admission with unbounded capacity: the hit-rate ceiling")
