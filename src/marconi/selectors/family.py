@@ -14,20 +14,28 @@ from typing import Sequence
 from marconi.core.eviction import LRU, EvictionPolicy, EvictionRule, FlopAware
 from marconi.core.registry import ConfigError
 
-__all__ = ["DEFAULT_RULES", "DEFAULT_RULE_LABELS", "RuleSwitch", "cached_efficiency_variant", "parse_rules",
+__all__ = ["DEFAULT_RULES", "DEFAULT_RULE_LABELS", "WORLDS_RULES", "WORLDS_RULE_LABELS", "RuleSwitch", "cached_efficiency_variant", "parse_rules",
            "policy_for"]
 
 #: The default family (labels: :meth:`EvictionRule.label`): SGLang+'s LRU, a balanced and an
 #: aggressive FLOP-aware rule.
 DEFAULT_RULE_LABELS = "lru/a0.5m/a2m"
 
+#: The exact worlds selector's default family (the default ``marconi``, issue 25): the balanced rule
+#: also cuts predicted-dead tails of branched sequences first (``t``, :mod:`marconi.core.tails`),
+#: so the worlds choose between cutting (tight caches, agents and shared prefixes) and not (roomy
+#: caches, where a cut tail is sometimes re-entered) by exact replay. The regret selector and the
+#: vLLM plugin keep :data:`DEFAULT_RULE_LABELS`: their block pools and estimates cut no tails.
+WORLDS_RULE_LABELS = "lru/a0.5mt/a2m"
 
-def parse_rules(text: str | Sequence[EvictionRule]) -> tuple[EvictionRule, ...]:
-    """``"default"`` or labels separated by ``/``: ``"lru/a0/a1m/a2lp"`` -> rules (see ``EvictionRule.label``)."""
+
+def parse_rules(text: str | Sequence[EvictionRule], default: str = DEFAULT_RULE_LABELS) -> tuple[EvictionRule, ...]:
+    """``"default"`` (``default``'s labels) or labels separated by ``/``: ``"lru/a0/a1m/a2lp"`` ->
+    rules (see ``EvictionRule.label``)."""
     if not isinstance(text, str):
         rules = tuple(text)
     else:
-        labels = DEFAULT_RULE_LABELS if text.strip() == "default" else text
+        labels = default if text.strip() == "default" else text
         rules = tuple(EvictionRule.from_label(t) for t in labels.split("/") if t.strip())
     if not rules:
         raise ConfigError("the adaptive rule family is empty")
@@ -37,6 +45,7 @@ def parse_rules(text: str | Sequence[EvictionRule]) -> tuple[EvictionRule, ...]:
 
 
 DEFAULT_RULES: tuple[EvictionRule, ...] = parse_rules("default")
+WORLDS_RULES: tuple[EvictionRule, ...] = parse_rules(WORLDS_RULE_LABELS)
 
 
 def cached_efficiency_variant(rules: Sequence[EvictionRule]) -> str:
@@ -48,9 +57,9 @@ def cached_efficiency_variant(rules: Sequence[EvictionRule]) -> str:
 
 def policy_for(rule: EvictionRule) -> EvictionPolicy:
     """A fixed-rule eviction policy making exactly ``rule``'s decisions."""
-    if rule.is_lru and rule.recency == "linear":
+    if rule.is_lru and rule.recency == "linear" and not rule.tails:
         return LRU()  # the same decisions, cheaper
-    return FlopAware(rule.alpha, rule.efficiency, rule.recency, rule.candidates, rule.touch)
+    return FlopAware(rule.alpha, rule.efficiency, rule.recency, rule.candidates, rule.touch, rule.tails)
 
 
 @dataclass(frozen=True, slots=True)

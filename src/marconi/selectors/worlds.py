@@ -34,7 +34,8 @@ from marconi.core.cache import CacheObserver, PrefixCache, RequestHandle
 from marconi.core.candidates import CandidateSet, flop_efficiency_array
 from marconi.core.eviction import EVICTION_POLICIES, EvictionPolicy, EvictionRule
 from marconi.core.registry import ConfigError
-from marconi.selectors.family import RuleSwitch, cached_efficiency_variant, parse_rules, policy_for
+from marconi.selectors.family import (WORLDS_RULE_LABELS, RuleSwitch, cached_efficiency_variant, parse_rules,
+                                      policy_for)
 
 if TYPE_CHECKING:
     from marconi.core.model import ModelSpec
@@ -52,10 +53,16 @@ class WorldsEviction:
     leaf-only LRU): a world is never promoted to live, so it keeps no more candidates than its rule.
 
     Args:
-        rules: the family (``"default"``, labels ``"lru/a0.5m/a2m"``, or rules); the first is live
-            until another rule's world is ahead.
+        rules: the family (``"default"``: ``lru/a0.5mt/a2m``, :data:`~marconi.selectors.family.WORLDS_RULE_LABELS`;
+            labels such as ``"lru/a0.5m/a2m"``; or rules); the first is live until another rule's
+            world is ahead.
         decay: weight kept by the scores per request (horizon ~ 1 / (1 - decay)).
         hysteresis: switch only to a world scoring more than the live one by this fraction.
+        tail_hysteresis: the lead a switch needs from a rule that cuts dead tails to one that
+            keeps them (``marconi.core.tails``), if larger. Such a switch cannot bring back the
+            tails the live cache has cut: the live cache then trails the keeping rule's world,
+            which holds them, and the selector swings back (on the bundled SWE sample at 0.05x
+            that thrash cost 5 pp of hit rate; 5% stops it).
         objective: score reused ``"hit-rate"`` tokens or saved prefill ``"flops"``.
         explore: False: the live cache's semantics pinned to one rule (``current``), no worlds.
     """
@@ -65,16 +72,17 @@ class WorldsEviction:
 
     def __init__(self, rules: str | Sequence[EvictionRule] = "default", *, decay: float = 0.999,
                  hysteresis: float = 0.0, objective: str = "hit-rate", explore: bool = True,
-                 current: int = 0) -> None:
+                 current: int = 0, tail_hysteresis: float = 0.05) -> None:
         if not 0 < decay <= 1:
             raise ConfigError(f"worlds decay must be in (0, 1], got {decay}")
-        if not hysteresis >= 0:
-            raise ConfigError(f"worlds hysteresis must be >= 0, got {hysteresis}")
+        if not hysteresis >= 0 or not tail_hysteresis >= 0:
+            raise ConfigError(f"worlds hysteresis must be >= 0, got {hysteresis} and tail_hysteresis {tail_hysteresis}")
         if objective not in ("hit-rate", "flops"):
             raise ConfigError(f"worlds objective must be 'hit-rate' or 'flops', got {objective!r}")
-        self.rules = parse_rules(rules)
+        self.rules = parse_rules(rules, WORLDS_RULE_LABELS)
         self.efficiency_variant = cached_efficiency_variant(self.rules)
         self.decay, self.hysteresis, self.objective, self.explore = decay, hysteresis, objective, explore
+        self.tail_hysteresis = tail_hysteresis
         self.current = current
         self.score = [0.0] * len(self.rules)  # floats, not an array: three numbers updated per request
         self.switches: list[RuleSwitch] = []
@@ -104,6 +112,16 @@ class WorldsEviction:
     @property
     def rule(self) -> EvictionRule:
         return self.rules[self.current]
+
+    @property
+    def tracks_tails(self) -> bool:
+        """Some rule of the family cuts dead tails: the live cache keeps the prediction up always."""
+        return any(r.tails for r in self.rules)
+
+    @property
+    def trims_tails(self) -> bool:
+        """The live rule cuts predicted-dead tails before any victim (``marconi.core.tails``)."""
+        return self.rule.tails
 
     @property
     def spec(self) -> "ModelSpec":
@@ -140,7 +158,10 @@ class WorldsEviction:
     def _maybe_switch(self, request_id: int) -> None:
         best = max(range(len(self.score)), key=self.score.__getitem__)  # the first of equal scores
         lead = self.score[best] - self.score[self.current]
-        if best == self.current or not lead > self.score[self.current] * self.hysteresis:
+        needed = self.hysteresis
+        if self.rules[self.current].tails and not self.rules[best].tails:
+            needed = max(needed, self.tail_hysteresis)
+        if best == self.current or not lead > self.score[self.current] * needed:
             return
         assert self.cache is not None
         old = self.current
@@ -197,5 +218,6 @@ class _Mirror(CacheObserver):
 @EVICTION_POLICIES.register("worlds", "the rule of a family whose own exact world (a size-only cache running it) "
                                       "is ahead: one replay per rule")
 def _worlds(rules: str = "default", decay: float = 0.999, hysteresis: float = 0.0,
-            objective: str = "hit-rate") -> EvictionPolicy:
-    return WorldsEviction(rules, decay=decay, hysteresis=hysteresis, objective=objective)
+            objective: str = "hit-rate", tail_hysteresis: float = 0.05) -> EvictionPolicy:
+    return WorldsEviction(rules, decay=decay, hysteresis=hysteresis, objective=objective,
+                          tail_hysteresis=tail_hysteresis)
