@@ -23,7 +23,7 @@ def chat():
 
 def fixed(rule: EvictionRule) -> SystemConfig:
     evi = (f"flop-aware:alpha={rule.alpha},efficiency={rule.efficiency},recency={rule.recency},"
-           f"candidates={rule.candidates},touch={rule.touch}")
+           f"candidates={rule.candidates},touch={rule.touch},tails={rule.tails}")
     return SystemConfig(rule.label(), "marconi", evi)
 
 

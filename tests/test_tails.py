@@ -146,3 +146,28 @@ def test_the_regret_selector_refuses_rules_that_cut_tails():
     """Its counterfactuals score victims, so a cutting rule would be judged without its cuts."""
     with pytest.raises(ConfigError, match="cannot judge dead-tail cuts"):
         PrefixCache("paper-7b", 1e12, "marconi", "regret:rules=lru/a0.5mt")
+
+
+def test_a_session_that_returns_keeps_its_state_and_one_that_leaves_loses_its_tail():
+    """One trace, two kinds of session: agents that leave each call's sequence early, and
+    conversations over one shared system prompt that always come back for the whole of it.
+    Cutting takes only the agents' tails: the conversations reuse as much as without cuts (their
+    first turns hang from the prompt's node, whose own re-entries are whole: no margin there),
+    and the agents reuse more."""
+    agents = keep_k_agent(sessions=4, calls=10, seed=3)
+    chats = chat_trace(num_sessions=6, turns=(4, 6), system_prompt_len=64, user_len=60, output_len=60, seed=9)
+    trace = sorted([*agents, *chats], key=lambda r: r.ts)
+    is_agent = {id(r) for r in agents}
+    reused = {}
+    for admission in ("marconi", "marconi:tails=reach"):
+        clock = ManualClock()
+        cache = PrefixCache("paper-7b", _capacity("paper-7b", 5, 5000), admission, "lru", clock=clock)
+        got = {"agent": 0, "chat": 0}
+        for req in trace:
+            clock.now = req.ts
+            match, _ = cache.process(req.input_tokens, req.output_tokens)
+            got["agent" if id(req) in is_agent else "chat"] += match.usable_hit_len
+        reused[admission] = got, cache.stats
+    (plain, plain_stats), (cut, cut_stats) = reused["marconi"], reused["marconi:tails=reach"]
+    assert plain_stats.evictions_leaf > 0 and cut_stats.tail_trims > 0
+    assert cut["chat"] >= plain["chat"] and cut["agent"] > plain["agent"], (plain, cut)

@@ -47,7 +47,7 @@ from marconi.core.model import ModelSpec, get_model
 from marconi.core.radix import Node, RadixTree, WalkResult, common_prefix_len
 from marconi.core.registry import ConfigError
 from marconi.core.stats import CacheStats
-from marconi.core.tails import TailReach
+from marconi.core.tails import TailPredictor
 
 __all__ = ["PrefixCache", "RequestHandle", "CachedPrefix", "InsertResult", "PayloadOps", "SizeOnlyPayloads",
            "SIZE_ONLY", "CacheObserver", "Selector", "TreeSnapshot", "InvariantError", "ManualClock", "as_tokens"]
@@ -182,7 +182,8 @@ class RequestHandle:
     begin_time: float
     active: bool = True
     max_hit_len: int | None = None  # as passed to ``begin`` (a shadow of this cache replays it alike)
-    tail_base: int = -1         # tails=reach: where the input left the tree, if it branched (else -1)
+    tail_base: int = -1         # dead tails: where the input left its predecessor, if it branched (else -1)
+    tail_lineage: bool = False  # ... inside another sequence's leaf (else at an inner node)
 
 
 class CachedPrefix(NamedTuple):
@@ -368,7 +369,7 @@ class PrefixCache:
         # oldest first. Cut when ``_trims_tails``.
         self._admission_trims = getattr(self.admission, "tails", "keep") == "reach"
         tracks = self._admission_trims or getattr(self.eviction, "tracks_tails", False)
-        self._tails = TailReach() if tracks and self.admission.caches else None
+        self._tails = TailPredictor() if tracks and self.admission.caches else None
         self._tail_leaves: OrderedDict[int, Node] = OrderedDict()
         self._mutex = threading.RLock()
         # The component choosing this cache's policy parameters online, or None: the bootstrap
@@ -472,7 +473,7 @@ class PrefixCache:
         else:
             usable = min(walk.matched_len, limit)
         match = MatchResult(len(tokens), walk.matched_len, usable)
-        tail_base = self._observe_reentry(walk, tokens) if self._tails is not None else -1
+        tail_base, tail_lineage = self._observe_reentry(walk, tokens) if self._tails is not None else (-1, False)
         branch_len = self._branch_len(len(tokens), walk)
         ctx = AdmissionContext(tokens, len(tokens), match, branch_len, self.spec, self._next_request_id)
         prefill = tuple(sorted(self._placed(self.admission.prefill_checkpoints(ctx), usable, len(tokens),
@@ -490,7 +491,8 @@ class PrefixCache:
             self._touch_hit(hit_node, now)
         matched_node = walk.path[-1] if walk.path else None
         handle = RequestHandle(self._next_request_id, tokens, match, prefill, branch_len, hit_node, lock_node,
-                               matched_node, now, max_hit_len=max_hit_len, tail_base=tail_base)
+                               matched_node, now, max_hit_len=max_hit_len, tail_base=tail_base,
+                               tail_lineage=tail_lineage)
         self._next_request_id += 1
         self._in_flight[handle.request_id] = handle
         self.stats.record_lookup(match, self.spec, from_checkpoint=hit_node is not None and hit_node.has_ssm)
@@ -570,7 +572,8 @@ class PrefixCache:
                 if self._logical is not None:
                     self._logical.tick()
                 seq, walk, plan = self._final(handle, output)
-                result = self._insert_sequence(handle, seq, plan, states, kv, walk, tail_base=handle.tail_base)
+                result = self._insert_sequence(handle, seq, plan, states, kv, walk,
+                                               mark=(handle.tail_base, handle.tail_lineage))
         except BaseException:
             self._end(handle, "on_abort")
             raise
@@ -645,13 +648,14 @@ class PrefixCache:
             wanted.discard(floor)  # no boundary after the resume point
         return wanted
 
-    def _observe_reentry(self, walk: WalkResult, tokens: np.ndarray) -> int:
+    def _observe_reentry(self, walk: WalkResult, tokens: np.ndarray) -> tuple[int, bool]:
         """tails=reach: learn how far this input re-enters a branched leaf, if its match ends in
         one (or in the ghost of one evicted); return where the input leaves its predecessor's
-        sequence if it branches (else -1).
+        sequence if it branches (else -1), and whether it left inside a leaf's edge.
 
         A match that runs to a leaf's end re-enters it wholly (a continuation: an infinite
-        advance); one that ends inside an edge or at an inner node branches there.
+        advance); one that ends inside a leaf's edge leaves that sequence there (its own new leaf
+        is then marked, with that depth as its base).
         """
         assert self._tails is not None
         input_len = len(tokens)
@@ -661,18 +665,23 @@ class PrefixCache:
         if node.tail_base >= 0:
             # (an inner eviction may have merged edges above the base into the leaf: diverging
             # there re-enters none of the tail)
-            self._tails.observe(math.inf if at_leaf_end else max(0, matched - node.tail_base))
+            self._tails.observe(node.tail_anchor, math.inf if at_leaf_end else max(0, matched - node.tail_base))
         elif walk.partial is None and node.ghost is not None and matched < input_len:
             # The leaf this input re-enters was evicted: measure the re-entry on its tokens.
-            edge, base = node.ghost
+            edge, base, anchor = node.ghost
             into = common_prefix_len(edge, tokens[matched:])
             if into:
-                self._tails.observe(math.inf if into == len(edge) else max(0, matched + into - base))
+                self._tails.observe(anchor, math.inf if into == len(edge) else max(0, matched + into - base))
                 if into < len(edge):
-                    return matched + into  # it left its predecessor there, not where the tree ends
-        if matched == 0:
-            return -1
-        return matched if not at_leaf_end and matched < input_len else -1
+                    return matched + into, True  # it left its predecessor there, not where the tree ends
+        if matched == 0 or matched >= input_len or at_leaf_end:
+            return -1, False
+        # An input that leaves a sequence partway (inside a leaf's edge) behaves like a successor
+        # that drops history (base >= 0: every re-entry's margin applies until its anchor has its
+        # own). One that leaves at an inner node (a prompt several sequences already branch from)
+        # starts a sequence of its own, to be continued or not: only its anchor's own evidence
+        # may cut it.
+        return matched, walk.partial is not None and not walk.partial.children
 
     def _branch_len(self, length: int, walk: WalkResult) -> int | None:
         """Speculative insertion: where inserting ``length`` tokens would create a new branch node."""
@@ -747,7 +756,7 @@ class PrefixCache:
     def _insert_sequence(self, handle: RequestHandle, seq: np.ndarray, plan: FinalPlan,
                          states: Mapping[int, Any] | Callable[[int], Any] | None,
                          kv: Callable[[int, int], Any] | None, walk: WalkResult | None = None, *,
-                         tail_base: int = -1) -> InsertResult:
+                         mark: tuple[int, bool] = (-1, False)) -> InsertResult:
         """Insert ``seq[:plan.insert_len]`` with the plan's checkpoints, evicting what must go.
 
         Token ranges of ``seq`` (input + output)::
@@ -764,8 +773,8 @@ class PrefixCache:
           block run);
         * ``[insert_len, len)``: beyond what the admission keeps (vLLM+'s partial last block).
 
-        ``tail_base >= 0`` (tails=reach, a request that branched there): the new leaf's tail may
-        be trimmed first at eviction.
+        ``mark``: (base, lineage) from ``_observe_reentry`` (base >= 0: the request branched there;
+        the new leaf's tail may be cut first at eviction).
 
         The walked path stays locked while evicting, so the request's own prefix survives.
 
@@ -799,7 +808,7 @@ class PrefixCache:
             self._evict_until(need)
             admitted = self._attach_on_path(walk, to_admit, now)
             if new_tokens:
-                admitted += self._add_tail(seq, walk, insert_len, to_admit, plan.block, kv, now, tail_base)
+                admitted += self._add_tail(seq, walk, insert_len, to_admit, plan.block, kv, now, mark)
         finally:
             if guard is not None:
                 self._unlock(guard)
@@ -837,7 +846,8 @@ class PrefixCache:
         raise AssertionError(f"no walked edge contains position {pos}")
 
     def _add_tail(self, seq: np.ndarray, walk: WalkResult, insert_len: int, to_admit: dict[int, Any], block: int,
-                  kv: Callable[[int, int], Any] | None, now: float, tail_base: int = -1) -> list[int]:
+                  kv: Callable[[int, int], Any] | None, now: float,
+                  mark: tuple[int, bool] = (-1, False)) -> list[int]:
         """Insert ``seq[matched_len:insert_len]`` as new nodes: one run, or a chain cut at checkpoints.
 
         Each node is complete (payloads, bytes, candidate index) before the next ``kv`` call, so a
@@ -858,7 +868,7 @@ class PrefixCache:
             node.ckpt_positions = tail
             node.ckpt_states = [to_admit[p] for p in tail]
             self._account_ssm(node, len(tail), now)
-            self._note_tail(node, tail_base)
+            self._note_tail(node, mark)
             return tail
         admitted = []
         for end in sorted(set(tail) | {insert_len}):
@@ -870,13 +880,17 @@ class PrefixCache:
                 self._update_eff(node)
                 self._sync_candidate(node)
             parent, start = node, end
-        self._note_tail(node, tail_base)
+        self._note_tail(node, mark)
         return admitted
 
-    def _note_tail(self, leaf: Node, tail_base: int) -> None:
-        """tails=reach: ``leaf`` ends a sequence that branched at ``tail_base``; its tail may go first."""
-        if tail_base >= 0 and self._tails is not None:
-            leaf.tail_base = tail_base
+    def _note_tail(self, leaf: Node, mark: tuple[int, bool]) -> None:
+        """``leaf`` ends a sequence that branched at ``mark[0]`` (inside another sequence's leaf if
+        ``mark[1]``, see ``_observe_reentry``): its tail may go first."""
+        base, lineage = mark
+        if base >= 0 and self._tails is not None:
+            leaf.tail_base = base
+            leaf.tail_anchor = leaf.parent.node_id  # type: ignore[union-attr]
+            leaf.tail_lineage = lineage
             self._tail_leaves[leaf.node_id] = leaf
 
     def _new_node(self, seq: np.ndarray, start: int, end: int, parent: Node,
@@ -978,8 +992,9 @@ class PrefixCache:
         return self._admission_trims or getattr(self.eviction, "trims_tails", False)
 
     def _trim_dead_tail(self) -> bool:
-        """tails=reach: cut the oldest branched leaf back to its predicted reach (base + margin),
-        dropping the tail's KVs and states; False if there is no margin or no such leaf.
+        """Cut the oldest branched leaf back to its predicted reach (base + its anchor's margin, or
+        every re-entry's while the anchor has no evidence), dropping the tail's KVs and states;
+        False if there is no margin or no such leaf.
 
         Leaves that gained children, left the tree or already end within the reach leave the index
         for good; locked ones (in flight) are passed over this time.
@@ -996,8 +1011,11 @@ class PrefixCache:
                 leaves.move_to_end(node_id)
                 continue
             del leaves[node_id]
-            reach = -(-(node.tail_base + margin) // page) * page
-            if node.parent is None or node.children or reach >= node.depth:
+            own = self._tails.margin_for(node.tail_anchor, fallback=node.tail_lineage)
+            if own is None or node.parent is None or node.children:
+                continue  # its anchor's leaves are re-entered wholly, or it is no longer a leaf
+            reach = -(-(node.tail_base + own) // page) * page
+            if reach >= node.depth:
                 continue
             self.stats.tail_trims += 1
             if reach <= node.parent_depth:
@@ -1031,7 +1049,7 @@ class PrefixCache:
         self.candidates.remove(node)
         if node.tail_base >= 0:
             self._tail_leaves.pop(node.node_id, None)
-            node.parent.ghost = (node.tokens, node.tail_base)  # type: ignore[union-attr]
+            node.parent.ghost = (node.tokens, node.tail_base, node.tail_anchor)  # type: ignore[union-attr]
         kv_freed = node.edge_len * self._kv_per_token
         n_ckpt = node.num_checkpoints
         ssm_freed = n_ckpt * self._ckpt_bytes

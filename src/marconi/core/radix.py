@@ -28,7 +28,7 @@ class Node:
 
     __slots__ = ("node_id", "tokens", "parent", "children", "depth", "kv", "ckpt_positions", "ckpt_states",
                  "last_access", "access_seq", "path_access", "path_seq", "lock_ref", "slot", "flop_eff",
-                 "tail_base", "ghost")
+                 "tail_base", "tail_anchor", "tail_lineage", "ghost")
 
     def __init__(self, node_id: int, tokens: np.ndarray, parent: "Node | None", depth: int) -> None:
         self.node_id = node_id
@@ -57,9 +57,11 @@ class Node:
         # tail past it is the sequence's own (``marconi.core.tails``). Only the lower part of a
         # split keeps it (the tail is below the split).
         self.tail_base = -1
-        # The edge tokens and tail base of the last branched leaf evicted from under this node, or
-        # None: a later re-entry into it is still measurable (``marconi.core.tails``).
-        self.ghost: tuple[np.ndarray, int] | None = None
+        self.tail_anchor = -1         # the node id this branched leaf was created under (its estimate's key)
+        self.tail_lineage = False     # its creator left another sequence partway (else an inner node)
+        # The edge tokens, tail base and anchor of the last branched leaf evicted from under this
+        # node, or None: a later re-entry into it is still measurable (``marconi.core.tails``).
+        self.ghost: tuple[np.ndarray, int, int] | None = None
 
     @property
     def edge_len(self) -> int:

@@ -29,12 +29,12 @@ Knows nothing of the future and of sessions: bases and advances are read off the
 from __future__ import annotations
 
 import math
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
 from marconi.core.registry import ConfigError
 
-__all__ = ["TailReach", "TAIL_MODES"]
+__all__ = ["TailReach", "TailPredictor", "TAIL_MODES"]
 
 #: Admission ``tails`` values: ``keep`` (every inserted KV stays until a rule evicts it) or ``reach``.
 TAIL_MODES = ("keep", "reach")
@@ -97,3 +97,47 @@ def _quantile(values: deque, q: float) -> float:
     """The smallest value with at least ``q`` of ``values`` at or below it."""
     ranked = sorted(values)
     return ranked[min(len(ranked) - 1, math.ceil(q * len(ranked)) - 1)]
+
+
+@dataclass(slots=True)
+class TailPredictor:
+    """Re-entry margins per *anchor* (the node a branched leaf hangs from when it is created), with
+    one over every re-entry as the fallback.
+
+    Why per anchor: one trace may mix sessions that leave a sequence early (agents) with sessions
+    that come back for all of it (conversations that branched off a shared system prompt). Their
+    first turns all hang from the prompt's node, so that anchor soon has evidence of its own (its
+    leaves are re-entered wholly: no margin, nothing cut), while an agent's leaves hang from anchors
+    of their own, seen once, and take the margin of every re-entry. An anchor's estimate is used
+    once it has ``min_observations`` re-entries; at most ``max_anchors`` are remembered (least
+    recently observed forgotten first), so memory is bounded.
+    """
+
+    max_anchors: int = 4096
+    overall: TailReach = field(default_factory=TailReach)
+    _anchors: "OrderedDict[int, TailReach]" = field(default_factory=OrderedDict, repr=False)
+
+    def observe(self, anchor: int, advance: float) -> None:
+        """A re-entry of ``advance`` tokens into a leaf created under ``anchor`` (see :class:`TailReach`)."""
+        self.overall.observe(advance)
+        reach = self._anchors.get(anchor)
+        if reach is None:
+            reach = self._anchors[anchor] = TailReach(window=16, min_observations=4)
+            if len(self._anchors) > self.max_anchors:
+                self._anchors.popitem(last=False)
+        else:
+            self._anchors.move_to_end(anchor)
+        reach.observe(advance)
+
+    @property
+    def margin(self) -> int | None:
+        """The margin over every re-entry (None: no evidence yet, or mostly whole re-entries)."""
+        return self.overall.margin
+
+    def margin_for(self, anchor: int, *, fallback: bool = True) -> int | None:
+        """The margin for a leaf created under ``anchor``: the anchor's own once it has evidence,
+        else (with ``fallback``) every re-entry's."""
+        reach = self._anchors.get(anchor)
+        if reach is not None and reach.observations >= reach.min_observations:
+            return reach.margin
+        return self.overall.margin if fallback else None
