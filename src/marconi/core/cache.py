@@ -649,7 +649,7 @@ class PrefixCache:
         return wanted
 
     def _observe_reentry(self, walk: WalkResult, tokens: np.ndarray) -> tuple[int, bool]:
-        """tails=reach: learn how far this input re-enters a branched leaf, if its match ends in
+        """Dead tails: learn how far this input re-enters a branched leaf, if its match ends in
         one (or in the ghost of one evicted); return where the input leaves its predecessor's
         sequence if it branches (else -1), and whether it left inside a leaf's edge.
 

@@ -14,19 +14,20 @@ from typing import Sequence
 from marconi.core.eviction import LRU, EvictionPolicy, EvictionRule, FlopAware
 from marconi.core.registry import ConfigError
 
-__all__ = ["DEFAULT_RULES", "DEFAULT_RULE_LABELS", "WORLDS_RULES", "WORLDS_RULE_LABELS", "RuleSwitch", "cached_efficiency_variant", "parse_rules",
+__all__ = ["DEFAULT_RULES", "DEFAULT_RULE_LABELS", "TAILS_RULES", "TAILS_RULE_LABELS", "RuleSwitch", "cached_efficiency_variant", "parse_rules",
            "policy_for"]
 
 #: The default family (labels: :meth:`EvictionRule.label`): SGLang+'s LRU, a balanced and an
 #: aggressive FLOP-aware rule.
 DEFAULT_RULE_LABELS = "lru/a0.5m/a2m"
 
-#: The exact worlds selector's default family (the default ``marconi``, issue 25): the balanced rule
-#: also cuts predicted-dead tails of branched sequences first (``t``, :mod:`marconi.core.tails`),
-#: so the worlds choose between cutting (tight caches, agents and shared prefixes) and not (roomy
-#: caches, where a cut tail is sometimes re-entered) by exact replay. The regret selector and the
-#: vLLM plugin keep :data:`DEFAULT_RULE_LABELS`: their block pools and estimates cut no tails.
-WORLDS_RULE_LABELS = "lru/a0.5mt/a2m"
+#: The family with dead-tail cuts (issue 25, ``docs/tails.md``): the default's three rules and the
+#: balanced rule that also cuts predicted-dead tails of branched sequences first (``t``,
+#: :mod:`marconi.core.tails`), so the exact worlds choose between cutting (tight caches, agents and
+#: shared prefixes) and keeping (roomy caches, where a cut tail is sometimes re-entered deeper).
+#: Opt in with ``marconi:rules=lru/a0.5m/a0.5mt/a2m``; not the default (``docs/tails.md`` says where
+#: it wins and loses). The regret selector and the vLLM plugin cannot use it: they cut nothing.
+TAILS_RULE_LABELS = "lru/a0.5m/a0.5mt/a2m"
 
 
 def parse_rules(text: str | Sequence[EvictionRule], default: str = DEFAULT_RULE_LABELS) -> tuple[EvictionRule, ...]:
@@ -45,7 +46,7 @@ def parse_rules(text: str | Sequence[EvictionRule], default: str = DEFAULT_RULE_
 
 
 DEFAULT_RULES: tuple[EvictionRule, ...] = parse_rules("default")
-WORLDS_RULES: tuple[EvictionRule, ...] = parse_rules(WORLDS_RULE_LABELS)
+TAILS_RULES: tuple[EvictionRule, ...] = parse_rules(TAILS_RULE_LABELS)
 
 
 def cached_efficiency_variant(rules: Sequence[EvictionRule]) -> str:

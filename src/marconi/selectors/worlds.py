@@ -34,8 +34,7 @@ from marconi.core.cache import CacheObserver, PrefixCache, RequestHandle
 from marconi.core.candidates import CandidateSet, flop_efficiency_array
 from marconi.core.eviction import EVICTION_POLICIES, EvictionPolicy, EvictionRule
 from marconi.core.registry import ConfigError
-from marconi.selectors.family import (WORLDS_RULE_LABELS, RuleSwitch, cached_efficiency_variant, parse_rules,
-                                      policy_for)
+from marconi.selectors.family import RuleSwitch, cached_efficiency_variant, parse_rules, policy_for
 
 if TYPE_CHECKING:
     from marconi.core.model import ModelSpec
@@ -53,16 +52,17 @@ class WorldsEviction:
     leaf-only LRU): a world is never promoted to live, so it keeps no more candidates than its rule.
 
     Args:
-        rules: the family (``"default"``: ``lru/a0.5mt/a2m``, :data:`~marconi.selectors.family.WORLDS_RULE_LABELS`;
-            labels such as ``"lru/a0.5m/a2m"``; or rules); the first is live until another rule's
-            world is ahead.
+        rules: the family (``"default"``: ``lru/a0.5m/a2m``; labels such as
+            ``"lru/a0.5m/a0.5mt/a2m"``, :data:`~marconi.selectors.family.TAILS_RULE_LABELS`; or
+            rules); the first is live until another rule's world is ahead.
         decay: weight kept by the scores per request (horizon ~ 1 / (1 - decay)).
         hysteresis: switch only to a world scoring more than the live one by this fraction.
         tail_hysteresis: the lead a switch needs from a rule that cuts dead tails to one that
             keeps them (``marconi.core.tails``), if larger. Such a switch cannot bring back the
-            tails the live cache has cut: the live cache then trails the keeping rule's world,
-            which holds them, and the selector swings back (on the bundled SWE sample at 0.05x
-            the thrash between a0.5mt and a2m cost 16% of the reused tokens at 5%, 2.6% at 20%).
+            tails the live cache has cut, so the live cache trails the keeping rule's world and
+            may swing back. Off by default: 0.2 stopped that thrash on the 307-request SWE sample
+            but kept the cutting rule live where a2m was far better (QuALITY 0.4x: 42.37% vs
+            54.63%), see ``docs/tails.md``.
         objective: score reused ``"hit-rate"`` tokens or saved prefill ``"flops"``.
         explore: False: the live cache's semantics pinned to one rule (``current``), no worlds.
     """
@@ -72,14 +72,14 @@ class WorldsEviction:
 
     def __init__(self, rules: str | Sequence[EvictionRule] = "default", *, decay: float = 0.999,
                  hysteresis: float = 0.0, objective: str = "hit-rate", explore: bool = True,
-                 current: int = 0, tail_hysteresis: float = 0.2) -> None:
+                 current: int = 0, tail_hysteresis: float = 0.0) -> None:
         if not 0 < decay <= 1:
             raise ConfigError(f"worlds decay must be in (0, 1], got {decay}")
         if not hysteresis >= 0 or not tail_hysteresis >= 0:
             raise ConfigError(f"worlds hysteresis must be >= 0, got {hysteresis} and tail_hysteresis {tail_hysteresis}")
         if objective not in ("hit-rate", "flops"):
             raise ConfigError(f"worlds objective must be 'hit-rate' or 'flops', got {objective!r}")
-        self.rules = parse_rules(rules, WORLDS_RULE_LABELS)
+        self.rules = parse_rules(rules)
         self.efficiency_variant = cached_efficiency_variant(self.rules)
         self.decay, self.hysteresis, self.objective, self.explore = decay, hysteresis, objective, explore
         self.tail_hysteresis = tail_hysteresis
@@ -218,6 +218,6 @@ class _Mirror(CacheObserver):
 @EVICTION_POLICIES.register("worlds", "the rule of a family whose own exact world (a size-only cache running it) "
                                       "is ahead: one replay per rule")
 def _worlds(rules: str = "default", decay: float = 0.999, hysteresis: float = 0.0,
-            objective: str = "hit-rate", tail_hysteresis: float = 0.2) -> EvictionPolicy:
+            objective: str = "hit-rate", tail_hysteresis: float = 0.0) -> EvictionPolicy:
     return WorldsEviction(rules, decay=decay, hysteresis=hysteresis, objective=objective,
                           tail_hysteresis=tail_hysteresis)
