@@ -7,10 +7,9 @@ vanilla   none                        (nothing cached)
 vllm+     every-block (block = 32)    lru (leaves; hits refresh the whole path)
 sglang+   marconi                     lru
 marconi   marconi                     adaptive: a FLOP-aware rule re-chosen online by exact
-                                      per-rule worlds (default; the family lru / a0.5mt / a2m,
-                                      where a0.5mt also cuts predicted-dead tails first);
-                                      ``selector=regret``: by counterfactual regret over
-                                      lru / a0.5m / a2m (cheaper, less exact);
+                                      per-rule worlds (default, over lru / a0.5m / a2m);
+                                      ``selector=regret``: by counterfactual regret (cheaper,
+                                      less exact);
                                       ``tuner=bootstrap``: α bootstrap-tuned once, the paper's
                                       protocol; ``alpha=…``: fixed α
 infinite  marconi (or admission=…)    none needed: unbounded capacity, the hit-rate ceiling
@@ -28,10 +27,9 @@ the cost, further from the best rule; ``docs/adaptive.md`` has both measured). T
 ``recency``) select ``tuner=bootstrap`` when no tuner is named, so names written before the adaptive
 default keep their meaning.
 
-``tails=reach`` on ``sglang+`` or ``marconi`` makes the admission cut predicted-dead tails of branched
-sequences first under any eviction (:mod:`marconi.core.tails`); the default ``marconi`` gets its cuts
-from the ``t`` rule of its family instead, and ``marconi:rules=lru/a0.5m/a2m`` is the default before
-issue 25 (the same worlds, no cuts).
+Dead-tail cuts (:mod:`marconi.core.tails`, ``docs/tails.md``): ``marconi:rules=lru/a0.5m/a0.5mt/a2m``
+lets the worlds choose between cutting (``a0.5mt``) and keeping; ``tails=reach`` on ``sglang+`` or
+``marconi`` makes the admission cut predicted-dead tails of branched sequences first under any eviction.
 
 ``oracle`` needs the whole trace: :meth:`SystemConfig.build` takes it as ``future`` (the replay
 driver hands it over to systems whose ``needs_future`` is set).
