@@ -29,7 +29,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any, Callable
 
-from marconi.selectors.family import DEFAULT_RULES
+from marconi.selectors.family import DEFAULT_RULES, TAILS_RULE_LABELS, TAILS_RULES
 from marconi.core.eviction import EvictionRule
 from marconi.sim.sweep import SweepPoint, SweepTask, run_tasks, working_sets
 from marconi.workloads import (Trace, build_mooncake_trace, build_sharegpt_trace, build_swe_trace, build_workload,
@@ -40,8 +40,14 @@ FRACTIONS = (0.02, 0.05, 0.1, 0.2, 0.4)
 #: Cross-validation split: selector settings are chosen on TRAIN_TRACES; HELD_OUT_TRACES only report.
 TRAIN_TRACES = ("swe", "sharegpt", "mooncake", "sweagent-demos")
 HELD_OUT_TRACES = ("swe-keepall", "swe-sharedprefix", "sharegpt-random", "mooncake-synthetic", "quality")
+#: Issue 25 (the dead-tail rule) was designed on the other seven; these two were only replayed at the end.
+DESIGN_HELD_OUT = ("swe-keepall", "mooncake-synthetic")
 BOOTSTRAP = "marconi:tuner=bootstrap"
 REGRET = "marconi:selector=regret"  # the cheaper selector: the same family, by counterfactual regret
+#: Issue 25's policy: the same worlds over the family with dead-tail cuts (``docs/tails.md``).
+TAILS = f"marconi:rules={TAILS_RULE_LABELS}"
+#: Every fixed rule either family chooses from (the tails family adds a0.5mt).
+FIXED_RULES = tuple(dict.fromkeys(DEFAULT_RULES + TAILS_RULES))
 
 
 def trace_builders(shared: Path) -> dict[str, Callable[[], Trace]]:
@@ -65,15 +71,17 @@ def trace_builders(shared: Path) -> dict[str, Callable[[], Trace]]:
 def rule_system(rule: EvictionRule) -> str:
     """The fixed system that makes exactly ``rule``'s decisions."""
     if rule.is_lru and rule.recency == "linear":
-        return "sglang+"
-    if rule.candidates == "single-child" and rule.touch == "hit":
-        return f"marconi:alpha={rule.alpha:g},efficiency={rule.efficiency},recency={rule.recency}"
-    return (f"custom:admission=marconi,eviction=flop-aware(alpha={rule.alpha:g};efficiency={rule.efficiency};"
-            f"recency={rule.recency};candidates={rule.candidates};touch={rule.touch})")
+        return "sglang+:tails=reach" if rule.tails else "sglang+"
+    if rule.candidates == "single-child" and rule.touch == "hit":  # a cutting rule: the admission cuts, alike
+        return (f"marconi:alpha={rule.alpha:g},efficiency={rule.efficiency},recency={rule.recency}"
+                + (",tails=reach" if rule.tails else ""))
+    return (f"custom:admission=marconi{'(tails=reach)' if rule.tails else ''},eviction=flop-aware("
+            f"alpha={rule.alpha:g};efficiency={rule.efficiency};recency={rule.recency};candidates={rule.candidates};"
+            f"touch={rule.touch})")
 
 
 def systems(bootstrap: bool) -> list[str]:
-    out = ["oracle", "sglang+", "vllm+", "marconi", REGRET] + [rule_system(r) for r in DEFAULT_RULES]
+    out = ["oracle", "sglang+", "vllm+", "marconi", TAILS, REGRET] + [rule_system(r) for r in FIXED_RULES]
     if bootstrap:
         out.append(BOOTSTRAP)
     return list(dict.fromkeys(out))
@@ -132,6 +140,10 @@ def _pct(x: float | None) -> str:
     return "-" if x is None else f"{100 * x:.2f}"
 
 
+def _share(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.0f}%"
+
+
 def _requirements(m: dict[str, Any], s: dict[str, Any], best: float, prefix: str) -> dict[str, bool]:
     """Issue 11's (a), (b), (c) for the record ``m`` against SGLang+'s ``s`` and the best fixed rule."""
     return {prefix + "a": m["token_hit_rate"] >= s["token_hit_rate"],
@@ -147,7 +159,8 @@ def rows_of(records: dict[tuple, dict[str, Any]]) -> list[dict[str, Any]]:
             ceilings[(trace, model)] = rec["token_hit_rate"]
         else:
             groups[(trace, model, rec["fraction"])][system] = rec
-    grid = {rule.label(): rule_system(rule) for rule in DEFAULT_RULES}
+    grid = {rule.label(): rule_system(rule) for rule in DEFAULT_RULES}   # the default's family
+    tails_grid = {rule.label(): rule_system(rule) for rule in TAILS_RULES}
     rows = []
     for (trace, model, fraction), by in sorted(groups.items()):
         if "marconi" not in by or "sglang+" not in by or not all(s in by for s in grid.values()):
@@ -155,6 +168,9 @@ def rows_of(records: dict[tuple, dict[str, Any]]) -> list[dict[str, Any]]:
         best_label, best_sys = max(grid.items(), key=lambda kv: by[kv[1]]["token_hit_rate"])
         m, s = by["marconi"], by["sglang+"]
         best = by[best_sys]["token_hit_rate"]
+        oracle = by.get("oracle", {}).get("token_hit_rate")
+        tails = by.get(TAILS)
+        tails_best = max((by[x]["token_hit_rate"] for x in tails_grid.values() if x in by), default=None)
         rows.append({
             "trace": trace, "model": model, "fraction": fraction, "capacity_bytes": m["capacity_bytes"],
             "oracle": by.get("oracle", {}).get("token_hit_rate"), "infinite": ceilings.get((trace, model)),
@@ -163,7 +179,13 @@ def rows_of(records: dict[tuple, dict[str, Any]]) -> list[dict[str, Any]]:
             "bootstrap": by.get(BOOTSTRAP, {}).get("token_hit_rate"),
             "p95": m["ttft_p95_s"], "p95_sglang": s["ttft_p95_s"], "switches": len(m.get("rule_switches") or []),
             **_requirements(m, s, best, ""),
-            **({"regret": by[REGRET]["token_hit_rate"], **_requirements(by[REGRET], s, best, "r")} if REGRET in by else {}),
+            "share": m["token_hit_rate"] / oracle if oracle else None,
+            "d": bool(oracle) and m["token_hit_rate"] >= 0.5 * oracle,
+            **({"tails": tails["token_hit_rate"], "tails_share": tails["token_hit_rate"] / oracle if oracle else None,
+                "td": bool(oracle) and tails["token_hit_rate"] >= 0.5 * oracle,
+                **_requirements(tails, s, tails_best if tails_best is not None else best, "t")} if tails else {}),
+            **({"regret": by[REGRET]["token_hit_rate"], **_requirements(by[REGRET], s, best, "r")}
+               if REGRET in by else {}),
             "oracle_below": [n for n, r in by.items() if by.get("oracle") and n != "oracle"
                              and r["token_hit_rate"] > by["oracle"]["token_hit_rate"] + 1e-12],
         })
@@ -177,7 +199,8 @@ def _summary(sub: list[dict[str, Any]], key: str, prefix: str, name: str) -> lis
     lines = [f"**{name}** holds at: (a) {sum(ok(r, 'a') for r in sub)}/{n}, (b) {sum(ok(r, 'b') for r in sub)}/{n}, "
              f"(c) {sum(ok(r, 'c') for r in sub)}/{n} points; all three at "
              f"{sum(ok(r, 'a') and ok(r, 'b') and ok(r, 'c') for r in sub)}/{n}."]
-    for label, names in (("selection half", TRAIN_TRACES), ("held-out half", HELD_OUT_TRACES)):
+    for label, names in (("selection half", TRAIN_TRACES), ("held-out half", HELD_OUT_TRACES),
+                         ("pair held out of issue 25's design", DESIGN_HELD_OUT)):
         part = [r for r in sub if r["trace"] in names]
         if part:
             m = len(part)
@@ -194,33 +217,58 @@ def _summary(sub: list[dict[str, Any]], key: str, prefix: str, name: str) -> lis
 
 
 def render(rows: list[dict[str, Any]]) -> str:
-    lines = ["# Adaptive Marconi across real traces (issue 11)", "",
+    lines = ["# Adaptive Marconi across real traces (issues 11 and 25)", "",
              "Generated by `python benchmarks/adaptive_table.py` from `results/adaptive/records.jsonl`. Token hit",
              "rates in %; capacities are fractions of each trace's working set (the bytes an unbounded cache with",
              "Marconi's admission holds after the whole trace). *best fixed* is the best single rule of the default",
              f"family ({', '.join(r.label() for r in DEFAULT_RULES)}; `lru` is SGLang+), replayed on its own.",
              "(a) marconi >= SGLang+; (b) marconi >= best fixed - 0.5 pp; (c) modelled P95 TTFT (A100",
-             "roofline) <= SGLang+'s. `bootstrap` is the paper's protocol (`marconi:tuner=bootstrap`); **marconi** the",
-             "default (the family's rule chosen by exact per-rule worlds, one replay per rule: ~3.1x a fixed-alpha",
-             "replay); *regret* `marconi:selector=regret` (the same family chosen by counterfactual regret, ~1.7x; the",
-             "default until issue 11's fourth round), with its own (a) (b) (c).", ""]
+             "roofline) <= SGLang+'s; (d) marconi >= 50% of the oracle's hit rate. *share*: marconi / oracle.",
+             "`bootstrap` is the paper's protocol (`marconi:tuner=bootstrap`); **marconi** the default (the family's",
+             "rule chosen by exact per-rule worlds, one replay per rule); *tails* issue 25's policy",
+             f"(`{TAILS}`: the same worlds with `a0.5mt`, which cuts predicted-dead tails of branched",
+             "sequences first, `docs/tails.md`), with its own (a) (b) (c) (d), (b) against the best of its four",
+             "rules; *regret* `marconi:selector=regret` (the default's family by counterfactual regret, ~1.7x),",
+             "with its own (a) (b) (c).", ""]
+    if rows and all(r["bootstrap"] is None for r in rows):
+        lines += ["This run skipped the bootstrap (`--no-bootstrap`): its column is empty; its figures are in",
+                  "[adaptive.md](adaptive.md).", ""]
     mark = (lambda ok: "yes" if ok else "**no**")
     for model in dict.fromkeys(r["model"] for r in rows):
         sub = [r for r in rows if r["model"] == model]
         regret = all("regret" in r for r in sub)
+        prev = all("tails" in r for r in sub)
         lines += [f"## {model}", "",
-                  "| trace | capacity | oracle | infinite | SGLang+ | vLLM+ | best fixed | bootstrap | **marconi** | "
-                  "switches | P95 TTFT marconi / SGLang+ (ms) | (a) | (b) | (c) |" + (" regret | (a) (b) (c) |" if regret else ""),
-                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|---|" if regret else "")]
+                  "| trace | capacity | oracle | infinite | SGLang+ | vLLM+ | best fixed | bootstrap | **marconi** | share | "
+                  "switches | P95 TTFT marconi / SGLang+ (ms) | (a) | (b) | (c) | (d) |"
+                  + (" tails | share | (a) (b) (c) (d) |" if prev else "") + (" regret | (a) (b) (c) |" if regret else ""),
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|---|---|" if prev else "")
+                  + ("---|---|" if regret else "")]
         for r in sub:
             lines.append(
                 f"| {r['trace']} | {r['fraction']:g}x ({r['capacity_bytes'] / 1e9:.3g} GB) | {_pct(r['oracle'])} | "
                 f"{_pct(r['infinite'])} | {_pct(r['sglang'])} | {_pct(r['vllm'])} | {_pct(r['best'])} ({r['best_rule']}) | "
-                f"{_pct(r['bootstrap'])} | **{_pct(r['marconi'])}** | {r['switches']} | "
-                f"{1000 * r['p95']:.0f} / {1000 * r['p95_sglang']:.0f} | {mark(r['a'])} | {mark(r['b'])} | {mark(r['c'])} |"
+                f"{_pct(r['bootstrap'])} | **{_pct(r['marconi'])}** | {_share(r['share'])} | {r['switches']} | "
+                f"{1000 * r['p95']:.0f} / {1000 * r['p95_sglang']:.0f} | {mark(r['a'])} | {mark(r['b'])} | {mark(r['c'])} | "
+                f"{mark(r['d'])} |"
+                + (f" {_pct(r['tails'])} | {_share(r['tails_share'])} | {' '.join(mark(r['t' + x]) for x in 'abcd')} |"
+                   if prev else "")
                 + (f" {_pct(r['regret'])} | {' '.join(mark(r['r' + x]) for x in 'abc')} |" if regret else ""))
         lines.append("")
+        shares = [r["share"] for r in sub if r["share"] is not None]
+        tight = [r for r in sub if r["share"] is not None]
+        if shares:
+            lines.append(f"**Share of the oracle**: marconi {100 * sum(shares) / len(shares):.1f}% on average"
+                         + (f" (tails {100 * sum(r['tails_share'] for r in tight) / len(tight):.1f}%, (d) at "
+                            f"{sum(r['td'] for r in sub)}/{len(sub)})" if prev else "")
+                         + f"; (d) >= 50% at {sum(r['d'] for r in sub)}/{len(sub)} points"
+                         + (", missed at " + ", ".join(f"{r['trace']} {r['fraction']:g}x ({100 * r['share']:.0f}%)"
+                                                       for r in sub if not r["d"]) if not all(r["d"] for r in sub) else "")
+                         + ".")
+            lines.append("")
         lines += _summary(sub, "marconi", "", "marconi (default)")
+        if prev:
+            lines += _summary(sub, "tails", "t", f"tails ({TAILS})")
         if regret:
             lines += _summary(sub, "regret", "r", "regret (selector=regret)")
         if any(r["bootstrap"] is not None for r in sub):

@@ -37,7 +37,9 @@ from marconi.units import format_bytes, parse_bytes
 from marconi.workloads import Request, Trace, agent_trace, chat_trace, shared_data_dir
 
 SYSTEMS = ["vanilla", "vllm+", "sglang+", "marconi:alpha=1", "marconi"]
-ADAPTATION = ["marconi:alpha=1", "marconi", "marconi:selector=regret", "marconi:tuner=bootstrap"]
+#: fixed alpha, the default, issue 25's worlds with dead-tail cuts (one more rule), regret, bootstrap
+ADAPTATION = ["marconi:alpha=1", "marconi", "marconi:rules=lru/a0.5m/a0.5mt/a2m", "marconi:selector=regret",
+              "marconi:tuner=bootstrap"]
 
 
 def synthetic_workload(seed: int = 0) -> Trace:
