@@ -184,7 +184,8 @@ def kv_memory_floor(vllm_config: Any, kv_cache_spec: dict[str, Any]) -> int:
 def build_engine_core(model_dir: str, *, num_blocks: int | None = None, available_bytes: int | None = None,
                       gpu_memory_bytes: int | None = None, tensor_parallel: int = 1,
                       weight_bytes_per_param: int | None = None, max_model_len: int = 8192, max_num_batched_tokens: int = 2048, max_num_seqs: int = 256,
-                      block_size: int | None = None, dtype: str = "bfloat16", retention_interval: int | None = 0) -> Any:
+                      block_size: int | None = None, dtype: str = "bfloat16", retention_interval: int | None = 0,
+                      offload_extra_config: dict[str, Any] | None = None) -> Any:
     """vLLM's ``EngineCore`` for the model in ``model_dir`` (a ``config.json``; weights are not read),
     with prefix caching, chunked prefill, the general plugins loaded, and :class:`StubExecutor`.
 
@@ -192,6 +193,9 @@ def build_engine_core(model_dir: str, *, num_blocks: int | None = None, availabl
     budget; vLLM derives the blocks) or ``gpu_memory_bytes`` (the budget is
     :func:`available_kv_bytes` of it, with ``tensor_parallel`` and ``weight_bytes_per_param``).
     ``retention_interval``: vLLM's ``prefix_cache_retention_interval`` (0, its default; None: dense).
+    ``offload_extra_config``: a CPU tier, vLLM's ``OffloadingConnector`` (``kv_both``) with this
+    ``kv_connector_extra_config`` (:func:`marconi.integrations.vllm.replay.tiers.extra_config`); the
+    scheduler then owns the connector's scheduler role, as in a server. None: no tier.
     Reads nothing but ``config.json``; downloads nothing.
     """
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -200,17 +204,26 @@ def build_engine_core(model_dir: str, *, num_blocks: int | None = None, availabl
 
     if sum(x is not None for x in (num_blocks, available_bytes, gpu_memory_bytes)) != 1:
         raise ValueError("give exactly one of num_blocks, available_bytes, gpu_memory_bytes")
+    if available_bytes is not None and available_bytes <= 0:  # never the class's 1 TiB stand-in (issue 31, bug 5)
+        raise ValueError(f"available_bytes must be > 0 (a KV budget of {available_bytes} bytes holds no block): "
+                         "raise --capacity")
     kwargs: dict[str, Any] = {}
     if block_size is not None:
         kwargs["block_size"] = block_size
     if retention_interval != 0:
         kwargs["prefix_cache_retention_interval"] = retention_interval
+    if offload_extra_config is not None:
+        from vllm.config import KVTransferConfig
+
+        kwargs["kv_transfer_config"] = KVTransferConfig(kv_connector="OffloadingConnector", kv_role="kv_both",
+                                                        kv_connector_extra_config=dict(offload_extra_config))
     args = EngineArgs(model=model_dir, skip_tokenizer_init=True, enable_prefix_caching=True,
                       enable_chunked_prefill=True, max_model_len=max_model_len, dtype=dtype,
                       num_gpu_blocks_override=num_blocks, max_num_batched_tokens=max_num_batched_tokens,
                       max_num_seqs=max_num_seqs, load_format="dummy", enforce_eager=True, **kwargs)
     vllm_config = args.create_engine_config()
-    executor = type("StubExecutor", (StubExecutor,), {"available_bytes": available_bytes or 1 << 40,
+    executor = type("StubExecutor", (StubExecutor,), {"available_bytes": StubExecutor.available_bytes if available_bytes is None
+                                                                 else available_bytes,
                                                             "gpu_memory_bytes": gpu_memory_bytes,
                                                             "tensor_parallel": tensor_parallel,
                                                             "weight_bytes_per_param": weight_bytes_per_param})

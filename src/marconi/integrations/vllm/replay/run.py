@@ -25,6 +25,17 @@ state shared by many requests counts once, one evicted and cached again counts a
 ``states_per_request``, the same as the plugin counted it in vLLM (None for stock vLLM, where the
 plugin is not loaded).
 
+CPU tier (``cpu_tier``, ``256GB`` or ``0.5x`` of the working set; ``tier_policies``): each GPU
+policy runs once per tier policy with vLLM's own ``OffloadingConnector`` in the loop (scheduler
+role as in a server, worker role with a timed host link at ``host_bandwidth``, see
+:mod:`marconi.integrations.vllm.replay.offload` and :mod:`~marconi.integrations.vllm.replay.tiers`);
+``none`` among the tier policies is the GPU-only run beside them. Those records' ``arm`` is
+``GPU policy+tier policy`` and they add ``tier_policy``, ``cpu_tier``, ``cpu_tier_bytes``,
+``gpu_hit_tokens``, ``tier_hit_tokens``, ``recomputed_tokens`` (the three sum to
+``prompt_tokens``), ``bytes_loaded``, ``bytes_stored``, ``tier_evictions_kv``/``_state`` (chunks
+of attention KV / of Mamba states the tier's policy evicted), ``load_wait_mean_s``; their
+``token_hit_rate`` counts both tiers and their TTFTs include the waits for loads.
+
 With ``concurrency`` the emulation runs vLLM's scheduler loop over the same closed loop
 (:func:`marconi.integrations.vllm.emulate.scheduler.emulate_closed_loop`: in-flight requests hold
 their blocks, the token budget, chunked prefill, preemption); with ``rate`` or trace times it
@@ -50,6 +61,7 @@ from marconi.integrations.common.bench import mean_or_none, percentile
 from marconi.integrations.vllm.bench import parse_policies, parse_retention, policy_arm
 from marconi.integrations.vllm.config import PluginConfig
 from marconi.integrations.vllm.policy import DEFAULT_ALPHA, MAMBA
+from marconi.integrations.vllm.replay.tiers import NO_TIER
 from marconi.integrations.vllm.retention import DEFAULT_BUDGET, SPARSE_DP
 from marconi.units import parse_bytes, parse_capacity
 
@@ -95,6 +107,9 @@ class ReplayConfig:
     seed: int = 0
     retention: str = "0"                   # vLLM's interval (0, none, tokens) or sparse-dp (the plugin's)
     retention_budget: int | None = None    # with sparse-dp: MARCONI_VLLM_RETENTION_BUDGET (None: its default)
+    cpu_tier: str | None = None            # a CPU tier (vLLM's OffloadingConnector): bytes (256GB) or 0.5x
+    tier_policies: tuple[str, ...] = ()    # with cpu_tier: lru, arc, marconi, none (GPU only); one engine each
+    host_bandwidth: float | None = None    # bytes/s per direction per GPU (None: tiers.DEFAULT_HOST_BANDWIDTH)
 
     def __post_init__(self) -> None:
         from marconi.integrations.vllm.replay.steptime import GPUS
@@ -127,7 +142,13 @@ class ReplayConfig:
             policy_arm(p, self.alpha)
         if self.capacity is not None:
             parse_capacity(self.capacity)
+        _check_tier(self)
         _check_tensor_parallel(model_dir(self.model), self.tensor_parallel)
+
+    @property
+    def tier_arms(self) -> tuple[str | None, ...]:
+        """The tier policies each GPU policy runs with (``(None,)``: no tier at all)."""
+        return self.tier_policies if self.cpu_tier is not None else (None,)
 
     @property
     def sparse_budget(self) -> int | None:
@@ -175,6 +196,27 @@ def _check_tensor_parallel(mdir: Path, tensor_parallel: int) -> None:
                               "replay's; use a TP that divides every head count")
 
 
+def _check_tier(config: ReplayConfig) -> None:
+    """The tier options agree: a size with policies, known names, a positive link."""
+    from marconi.integrations.vllm.replay.tiers import TIER_POLICIES
+
+    if config.cpu_tier is None:
+        if config.tier_policies or config.host_bandwidth is not None:
+            raise ConfigError("--tier-policies and --host-bandwidth need a CPU tier: give --cpu-tier (256GB or 0.5x)")
+        return
+    cap = parse_capacity(config.cpu_tier)
+    if cap.absolute is not None and cap.absolute < 1:
+        raise ConfigError(f"--cpu-tier {config.cpu_tier!r}: give a size of at least one byte (256GB) or a fraction (0.5x)")
+    if not config.tier_policies:
+        raise ConfigError("--cpu-tier needs --tier-policies (e.g. lru,arc,marconi)")
+    for name in config.tier_policies:
+        if name != NO_TIER and name not in TIER_POLICIES:
+            raise ConfigError(f"--tier-policies: unknown tier policy {name!r}; known: {', '.join(TIER_POLICIES)}, "
+                              f"{NO_TIER} (GPU only)")
+    if config.host_bandwidth is not None and not config.host_bandwidth > 0:
+        raise ConfigError(f"--host-bandwidth must be > 0 bytes/s, got {config.host_bandwidth}")
+
+
 def policy_env(label: str, alpha: float | str, budget: int | None = None) -> dict[str, str]:
     """The plugin's environment for one arm; ``budget``: with sparse-dp retention (then ``lru`` is
     the plugin observing vLLM's eviction, the placement its only change)."""
@@ -209,7 +251,8 @@ def _pool_args(config: ReplayConfig, spec: ModelSpec, requests: Sequence[Any]) -
 
 
 def _run_worker(config: ReplayConfig, mdir: Path, requests_path: Path, out_path: Path, label: str,
-                pool_args: list[str], on_progress: Callable[[int, int], None]) -> dict[str, Any]:
+                pool_args: list[str], on_progress: Callable[[int, int], None],
+                tier_args: Sequence[str] = ()) -> dict[str, Any]:
     limit = config.load_args()
     max_len = max(len(r.input_tokens) + max(1, len(r.output_tokens)) for r in _REQUESTS[requests_path])
     cmd = [config.vllm_python, "-m", "marconi.integrations.vllm.replay.worker", str(requests_path), str(out_path),
@@ -217,7 +260,7 @@ def _run_worker(config: ReplayConfig, mdir: Path, requests_path: Path, out_path:
            "--tensor-parallel", str(config.tensor_parallel), *limit, "--progress",
            "--max-model-len", str(max(max_len, 2048)), "--max-num-batched-tokens", str(config.max_num_batched_tokens),
            "--max-num-seqs", str(config.max_num_seqs), "--seed", str(config.seed),
-           "--retention-interval", str(config.retention_interval).lower()]
+           "--retention-interval", str(config.retention_interval).lower(), *tier_args]
     env = {**os.environ, **policy_env(label, config.alpha, config.sparse_budget), "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
            "OMP_NUM_THREADS": "1",
            # no forward pass, so no position runs past the model's table: a trace longer than
@@ -330,18 +373,96 @@ def run_replay(config: ReplayConfig, *, work_dir: str | Path | None = None, emul
                                                   for r in requests]}))
     _REQUESTS[req_path] = requests
     pool_args, pool_info = _pool_args(config, spec, requests)
+    tier_info = _tier_info(config, spec, requests, pool_info)
     records = []
     for label in config.policies:
-        if progress is not None:
-            progress(f"[{label}] vLLM replay of {len(requests)} requests on {config.model}")
-        with tqdm(total=len(requests), desc=label, unit="req", leave=False, disable=not show_bars) as bar:
-            def tick(done: int, total: int) -> None:
-                bar.update(done - bar.n)
-            res = _run_worker(config, mdir, req_path, work / f"out-{common.file_label(label)}.json", label,
-                              pool_args, tick)
-        sim = _emulated_hit_rate(spec, requests, res, label, config) if emulate else None
-        records.append(_record(config, label, sel.trace_info, pool_info, requests, res, sim))
+        for tier_policy in config.tier_arms:
+            name = label if tier_policy is None else f"{label}+{tier_policy}"
+            if progress is not None:
+                progress(f"[{name}] vLLM replay of {len(requests)} requests on {config.model}")
+            with tqdm(total=len(requests), desc=name, unit="req", leave=False, disable=not show_bars) as bar:
+                def tick(done: int, total: int) -> None:
+                    bar.update(done - bar.n)
+                res = _run_worker(config, mdir, req_path, work / f"out-{common.file_label(name)}.json", label,
+                                  pool_args, tick, _tier_args(config, tier_policy, tier_info))
+            if tier_policy is None:
+                sim = _emulated_hit_rate(spec, requests, res, label, config) if emulate else None
+                records.append(_record(config, label, sel.trace_info, pool_info, requests, res, sim))
+            else:
+                sim = _emulated_tier(spec, requests, res, label, tier_policy, config) if emulate else None
+                if emulate and tier_policy == NO_TIER:        # no tier: the single-pool emulation
+                    rate = _emulated_hit_rate(spec, requests, res, label, config)[0]
+                    sim = {"token_hit_rate": rate, "gpu_hit_rate": rate, "tier_hit_rate": 0.0}
+                records.append(_tier_record(_record(config, label, sel.trace_info, pool_info, requests, res, None),
+                                            tier_policy, tier_info, res, sim))
     return records
+
+
+def _tier_info(config: ReplayConfig, spec: ModelSpec, requests: Sequence[Any],
+               pool_info: dict[str, Any]) -> dict[str, Any]:
+    """The tier as asked and resolved: ``cpu_tier`` (the option), ``cpu_tier_bytes``, the link."""
+    from marconi.integrations.vllm.replay.tiers import DEFAULT_HOST_BANDWIDTH
+
+    if config.cpu_tier is None:
+        return {}
+    cap = parse_capacity(config.cpu_tier)
+    ws = None
+    if cap.fraction is not None:
+        from marconi.sim import working_set_bytes
+
+        ws = pool_info.get("working_set_bytes") or working_set_bytes(requests, spec)
+    return {"cpu_tier": config.cpu_tier, "cpu_tier_bytes": cap.resolve(ws or 0),
+            "host_bandwidth_bytes_s": config.host_bandwidth or DEFAULT_HOST_BANDWIDTH}
+
+
+def _tier_args(config: ReplayConfig, tier_policy: str | None, tier_info: dict[str, Any]) -> list[str]:
+    """The worker's tier options (none for a GPU-only arm)."""
+    if tier_policy is None or tier_policy == NO_TIER:
+        return []
+    return ["--cpu-tier-bytes", str(tier_info["cpu_tier_bytes"]), "--tier-policy", tier_policy,
+            "--host-bandwidth", str(tier_info["host_bandwidth_bytes_s"])]
+
+
+def _tier_record(rec: dict[str, Any], tier_policy: str, tier_info: dict[str, Any], res: dict[str, Any],
+                 sim: dict[str, Any] | None) -> dict[str, Any]:
+    """A GPU-policy record extended by the tier's fields (see :func:`run_replay`).
+
+    Hits come from vLLM's own counters: ``gpu_hit_tokens`` is the prefix cache's (the GPU pool),
+    ``tier_hit_tokens`` the connector's (chunks loaded from the CPU tier), both for first
+    admissions only (a preempted request's second lookup is not a new query), so
+    ``gpu_hit_tokens + tier_hit_tokens + recomputed_tokens = prompt_tokens`` and
+    ``token_hit_rate`` is the first two over the prompt tokens.
+    """
+    tier = res.get("tier") or {}
+    gpu_hits = int(res["prefix_cache_hits"])
+    tier_hits = int(tier.get("connector_hits", 0))
+    queries = int(res["prefix_cache_queries"])
+    evictions = tier.get("tier_evictions") or {"kv": 0, "state": 0}
+    out = {**rec, "arm": f"{rec['arm']}+{tier_policy}", "tier_policy": tier_policy,
+           "cpu_tier": tier_info["cpu_tier"], "cpu_tier_bytes": tier_info["cpu_tier_bytes"] if tier else 0,
+           "host_bandwidth_bytes_s": tier_info["host_bandwidth_bytes_s"],
+           "token_hit_rate": (gpu_hits + tier_hits) / queries if queries else 0.0,
+           "gpu_hit_tokens": gpu_hits, "tier_hit_tokens": tier_hits,
+           "recomputed_tokens": queries - gpu_hits - tier_hits,
+           "gpu_hit_rate": gpu_hits / queries if queries else 0.0,
+           "tier_hit_rate": tier_hits / queries if queries else 0.0,
+           "bytes_loaded": int(tier.get("bytes_loaded", 0)), "bytes_stored": int(tier.get("bytes_stored", 0)),
+           "num_loads": int(tier.get("num_loads", 0)), "num_stores": int(tier.get("num_stores", 0)),
+           "tier_evictions_kv": int(evictions["kv"]), "tier_evictions_state": int(evictions["state"]),
+           "tier_num_chunks": tier.get("tier_num_chunks", 0),
+           "load_wait_mean_s": tier.get("load_wait_mean_s"), "load_wait_max_s": tier.get("load_wait_max_s"),
+           "sim_token_hit_rate": None if sim is None else sim["token_hit_rate"],
+           "sim_gpu_hit_rate": None if sim is None else sim["gpu_hit_rate"],
+           "sim_tier_hit_rate": None if sim is None else sim["tier_hit_rate"]}
+    out["per_request"] = {**rec["per_request"], "gpu_hit_tokens": res["num_local_cached_tokens"],
+                          "tier_hit_tokens": res["num_external_cached_tokens"]}
+    return out
+
+
+def _emulated_tier(spec: ModelSpec, requests: Sequence[Any], res: dict[str, Any], label: str, tier_policy: str,
+                   config: ReplayConfig) -> dict[str, Any] | None:
+    """The emulation's hits per tier on the same run, or None where the emulation has no tier model."""
+    return None
 
 
 def load_label(rec: dict[str, Any]) -> str:

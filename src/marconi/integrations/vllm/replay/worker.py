@@ -20,6 +20,11 @@ request at its ``ts``, the first at 0, times SCALE); in the open-loop modes a tu
 its predecessor. Requests are submitted between steps, at the first step boundary at or after
 their arrival.
 
+With ``--cpu-tier-bytes`` the engine has a CPU tier (vLLM's ``OffloadingConnector`` under
+``--tier-policy``), its worker role run by :class:`~marconi.integrations.vllm.replay.offload.TierWorker`
+over a link of ``--host-bandwidth`` bytes/s; ``out.json`` then adds ``tier`` (bytes moved,
+evictions by kind, the connector's hit counters) and per request the hits split by tier.
+
 ``out.json``: per request its arrival, first-token and finish times (virtual seconds), vLLM's
 ``num_cached_tokens`` and preemptions; vLLM's prefix-cache counters; the scheduler's wall time per
 step; the KV cache configuration; the plugin's eviction counters.
@@ -39,13 +44,19 @@ __all__ = ["replay", "main"]
 
 def replay(core: Any, requests: list[dict[str, Any]], *, gpu: str, concurrency: int | None = None,
            rate: float | None = None, seed: int = 0, progress: Any = None, arrivals: str | None = None,
-           time_scale: float = 1.0) -> dict[str, Any]:
+           time_scale: float = 1.0, tier: Any = None) -> dict[str, Any]:
     """Drive ``core.scheduler`` through ``requests``; see the module docstring for what comes back.
 
     ``arrivals``: ``closed-loop`` (``concurrency``), ``poisson`` (``rate``, ``seed``) or ``trace``
     (each request's ``ts``, times ``time_scale``); None: closed loop with a concurrency, else Poisson.
     Admission is :class:`~marconi.integrations.vllm.replay.arrivals.Admitter`'s, shared with the
     in-process engine (:mod:`marconi.integrations.vllm.offline`) that the replay is validated against.
+
+    ``tier``: a :class:`~marconi.integrations.vllm.replay.offload.TierWorker` when the scheduler has
+    a CPU tier (vLLM's ``OffloadingConnector``): each step runs the connector's worker role around
+    the modelled forward pass and returns finished transfers in the runner output; a step with
+    nothing scheduled (every request waiting for its load) moves the clock to the next transfer's
+    completion, as a server's busy loop would reach it.
     """
     from vllm import SamplingParams
     from vllm.v1.outputs import ModelRunnerOutput
@@ -75,8 +86,12 @@ def replay(core: Any, requests: list[dict[str, Any]], *, gpu: str, concurrency: 
     num_done = 0
     clock = 0.0
     queries = hits = 0
+    tier_queries = tier_hits = 0
+    local_cached = [0] * n                       # per request: vLLM's prefill_stats split by where hits came from
+    external_cached = [0] * n
     sched_s: list[float] = []
     num_steps = 0
+    num_idle_steps = 0
 
     def arrived_at(i: int) -> float:
         """When request ``i`` reached the server: its due time (open loop; now, in a closed loop,
@@ -120,9 +135,20 @@ def replay(core: Any, requests: list[dict[str, Any]], *, gpu: str, concurrency: 
                                else [0])
             else:
                 sampled.append([])
+        kv_output = None
+        if tier is not None:
+            clock = tier.before_forward(out, clock)
         clock += timing.step_s(spans)
+        if tier is not None:
+            if not spans:
+                due = tier.next_completion()
+                clock = clock if due is None else max(clock, due)
+            kv_output = tier.after_forward(out, clock)
+        num_idle_steps = 0 if spans else num_idle_steps + 1
+        if num_idle_steps > 10_000:
+            raise RuntimeError(f"replay stalled: {len(live)} requests in flight, none scheduled for 10,000 steps")
         runner = ModelRunnerOutput(req_ids=ids, req_id_to_index={r: k for k, r in enumerate(ids)},
-                                   sampled_token_ids=sampled)
+                                   sampled_token_ids=sampled, kv_connector_output=kv_output)
         outputs = sched.update_from_output(out, runner)
         for rid, tokens in zip(ids, sampled):
             i, _ = live[rid]
@@ -133,9 +159,15 @@ def replay(core: Any, requests: list[dict[str, Any]], *, gpu: str, concurrency: 
             if stats is not None and stats.prefix_cache_stats is not None:
                 queries += stats.prefix_cache_stats.queries
                 hits += stats.prefix_cache_stats.hits
+            if stats is not None and stats.connector_prefix_cache_stats is not None:
+                tier_queries += stats.connector_prefix_cache_stats.queries
+                tier_hits += stats.connector_prefix_cache_stats.hits
             for o in eco.outputs:
                 if o.prefill_stats is not None and o.request_id in live:      # vLLM's num_cached_tokens
-                    cached[live[o.request_id][0]] = int(o.prefill_stats.num_cached_tokens)
+                    k = live[o.request_id][0]
+                    cached[k] = int(o.prefill_stats.num_cached_tokens)
+                    local_cached[k] = int(o.prefill_stats.num_local_cached_tokens)
+                    external_cached[k] = int(o.prefill_stats.num_external_cached_tokens)
                 if o.finish_reason is not None and o.request_id in live:
                     i, req = live.pop(o.request_id)
                     admitter.finish(i)
@@ -156,7 +188,10 @@ def replay(core: Any, requests: list[dict[str, Any]], *, gpu: str, concurrency: 
                 **hooks.retention.planner.describe(), "num_planned": hooks.retention.planner.num_planned,
                 "num_placed": hooks.retention.planner.num_placed},
             "num_params": core.model_executor.num_params, "arrivals": mode,
-            "time_scale": time_scale if mode == "trace" else None}
+            "time_scale": time_scale if mode == "trace" else None,
+            "num_local_cached_tokens": local_cached, "num_external_cached_tokens": external_cached,
+            "tier": None if tier is None else {**tier.summary(), "connector_queries": tier_queries,
+                                               "connector_hits": tier_hits}}
 
 
 def _pattern(vc: Any) -> dict[str, Any]:
@@ -189,10 +224,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--retention-interval", default="0",
                         help="vLLM's prefix_cache_retention_interval: 0 (default), none or tokens")
+    parser.add_argument("--cpu-tier-bytes", type=int, default=None,
+                        help="a CPU tier of this many bytes (vLLM's OffloadingConnector); unset: none")
+    parser.add_argument("--tier-policy", default="lru", help="the tier's policy (replay.tiers.TIER_POLICIES)")
+    parser.add_argument("--host-bandwidth", type=float, default=None, help="bytes/s per direction per GPU")
     parser.add_argument("--progress", action="store_true", help="print 'progress DONE TOTAL' lines on stdout")
     args = parser.parse_args(argv)
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     from marconi.integrations.vllm.replay.engine import build_engine_core, kv_config_summary
+    from marconi.integrations.vllm.replay.tiers import DEFAULT_HOST_BANDWIDTH, extra_config
 
     with open(args.requests) as fh:
         requests = json.load(fh)["requests"]
@@ -201,7 +241,14 @@ def main(argv: list[str] | None = None) -> int:
                              weight_bytes_per_param=args.weight_bytes, max_model_len=args.max_model_len, max_num_batched_tokens=args.max_num_batched_tokens,
                              max_num_seqs=args.max_num_seqs,
                              retention_interval=None if args.retention_interval.lower() == "none"
-                             else int(args.retention_interval))
+                             else int(args.retention_interval),
+                             offload_extra_config=None if args.cpu_tier_bytes is None
+                             else extra_config(args.tier_policy, args.cpu_tier_bytes))
+    tier = None
+    if args.cpu_tier_bytes is not None:
+        from marconi.integrations.vllm.replay.offload import TierWorker
+
+        tier = TierWorker(core, args.host_bandwidth or DEFAULT_HOST_BANDWIDTH, args.tensor_parallel)
 
     def progress(done: int, total: int) -> None:
         if args.progress:
@@ -212,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
                 else "closed-loop")
     result = replay(core, requests, gpu=args.gpu, concurrency=args.concurrency, rate=args.rate, seed=args.seed,
                     progress=progress, arrivals=arrivals,
-                    time_scale=args.trace_times if args.trace_times is not None else 1.0)
+                    time_scale=args.trace_times if args.trace_times is not None else 1.0, tier=tier)
     import vllm
 
     result.update(wall_s=time.perf_counter() - started, vllm_version=str(vllm.__version__),

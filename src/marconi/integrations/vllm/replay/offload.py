@@ -1,0 +1,212 @@
+"""The CPU tier's worker side in the replay: vLLM's own ``OffloadingConnectorWorker``, a timed host link.
+
+Runs inside the vLLM environment. With ``kv_transfer_config`` set, vLLM's scheduler owns an
+``OffloadingConnector`` (scheduler role): it looks chunks up on a GPU-pool miss, plans loads and
+stores, and puts them in each step's ``SchedulerOutput.kv_connector_metadata``. In a server the
+model runner hands that metadata to the connector's *worker* role, which copies chunks with CUDA
+kernels and reports finished jobs back through ``KVConnectorOutput`` (``finished_recving`` and the
+``OffloadingWorkerMetadata`` of completed job ids). :class:`TierWorker` is that worker role —
+vLLM's ``OffloadingConnector(role=WORKER)``, whose ``OffloadingConnectorWorker`` keeps its own job
+bookkeeping (loads submitted at the step's start, stores deferred to the next step's start,
+``jobs_to_flush`` waited on) — with the one piece that needs a GPU, the ``OffloadingWorker`` copy
+engine, replaced by :class:`TimedHostLink`: a job finishes ``bytes / bandwidth`` after the link
+is free, one FIFO queue per direction (PCIe is full duplex).
+
+The replay's step loop (:func:`marconi.integrations.vllm.replay.worker.replay`) calls, per step,
+in the model runner's order: :meth:`TierWorker.before_forward` (bind the metadata, flush, start
+transfers; a flush waits, so it may move the clock), the step's modelled duration, then
+:meth:`TierWorker.after_forward` (defer stores, collect what finished by the new clock), and hands
+the result to ``Scheduler.update_from_output`` in the ``ModelRunnerOutput``. So requests whose
+prefix is in the tier sit in ``WAITING_FOR_REMOTE_KVS`` until their load's modelled completion,
+as in a server, and TTFT includes the wait.
+"""
+
+from __future__ import annotations
+
+import heapq
+from typing import Any
+
+from vllm.v1.kv_offload.base import GPULoadStoreSpec, LoadStoreSpec, OffloadingWorker, TransferResult
+
+__all__ = ["TimedHostLink", "TierWorker", "group_bytes_per_block"]
+
+
+def group_bytes_per_block(kv_cache_config: Any) -> list[int]:
+    """Bytes one GPU block of each *offloaded* group moves (its page, padded as the pool lays it
+    out, times the group's layers), in the order of vLLM's offloading groups: the order of a
+    ``GPULoadStoreSpec``'s ``group_sizes``."""
+    from vllm.distributed.kv_transfer.kv_connector.v1.offloading.config import get_offloading_group_ids
+
+    groups = kv_cache_config.kv_cache_groups
+    return [int(groups[g].kv_cache_spec.page_size_bytes) * len(groups[g].layer_names)
+            for g in get_offloading_group_ids(kv_cache_config)]
+
+
+class TimedHostLink(OffloadingWorker):
+    """vLLM's ``OffloadingWorker`` interface with modelled transfers instead of copies.
+
+    ``now`` (virtual seconds) is set by the replay before each call. A job of ``b`` bytes
+    submitted at ``now`` completes at ``max(now, link free) + b / (bandwidth × num_gpus)`` on its
+    direction's link (``num_gpus``: tensor parallelism, each GPU moves its share over its own
+    link). :meth:`get_finished` returns, once each, the jobs complete by ``now``; :meth:`wait`
+    reports how far ``now`` must move for the given jobs to complete (the caller moves it).
+    """
+
+    def __init__(self, bytes_per_block: list[int], bandwidth_bytes_s: float, num_gpus: int = 1) -> None:
+        if not bandwidth_bytes_s > 0 or num_gpus < 1:
+            raise ValueError("bandwidth must be > 0 and num_gpus >= 1")
+        self.bytes_per_block = list(bytes_per_block)
+        self.bandwidth = float(bandwidth_bytes_s) * num_gpus
+        self.now = 0.0
+        self.link_free = {"load": 0.0, "store": 0.0}
+        self.done_at: dict[int, float] = {}          # job id -> completion time (submitted, unreported)
+        self.nbytes: dict[int, int] = {}
+        self.started_at: dict[int, float] = {}
+        self.pending: list[tuple[float, int]] = []    # heap of (completion, job id)
+        self.bytes_loaded = 0
+        self.bytes_stored = 0
+        self.num_loads = 0
+        self.num_stores = 0
+        self.load_wait_s: list[float] = []           # per load job: submission to completion
+
+    def _bytes(self, spec: GPULoadStoreSpec) -> int:
+        sizes = spec.group_sizes if spec.group_sizes is not None else [len(spec.block_ids)]
+        return sum(int(n) * b for n, b in zip(sizes, self.bytes_per_block))
+
+    def _submit(self, job_id: int, direction: str, nbytes: int) -> None:
+        start = max(self.now, self.link_free[direction])
+        done = start + nbytes / self.bandwidth
+        self.link_free[direction] = done
+        self.done_at[job_id], self.nbytes[job_id], self.started_at[job_id] = done, nbytes, self.now
+        heapq.heappush(self.pending, (done, job_id))
+
+    def submit_store(self, job_id: int, src_spec: GPULoadStoreSpec, dst_spec: LoadStoreSpec) -> bool:
+        nbytes = self._bytes(src_spec)
+        self._submit(job_id, "store", nbytes)
+        self.bytes_stored += nbytes
+        self.num_stores += 1
+        return True
+
+    def submit_load(self, job_id: int, src_spec: LoadStoreSpec, dst_spec: GPULoadStoreSpec) -> bool:
+        nbytes = self._bytes(dst_spec)
+        self._submit(job_id, "load", nbytes)
+        self.bytes_loaded += nbytes
+        self.num_loads += 1
+        self.load_wait_s.append(self.done_at[job_id] - self.now)
+        return True
+
+    def get_finished(self) -> list[TransferResult]:
+        out = []
+        while self.pending and self.pending[0][0] <= self.now:
+            done, job_id = heapq.heappop(self.pending)
+            if self.done_at.pop(job_id, None) is None:
+                continue
+            out.append(TransferResult(job_id, True, self.nbytes.pop(job_id), done - self.started_at.pop(job_id)))
+        return out
+
+    def wait(self, job_ids: set[int]) -> None:
+        """vLLM's worker blocks here until the jobs are copied; the replay moves its clock to
+        :meth:`ready_at` of them instead, so there is nothing to do here."""
+
+    def ready_at(self, job_ids: set[int]) -> float:
+        """When the given jobs (those still unreported) are all complete."""
+        return max((self.done_at[j] for j in job_ids if j in self.done_at), default=self.now)
+
+    def next_completion(self) -> float | None:
+        """The earliest unreported completion, or None with nothing in flight."""
+        while self.pending and self.pending[0][1] not in self.done_at:
+            heapq.heappop(self.pending)
+        return self.pending[0][0] if self.pending else None
+
+
+class TierWorker:
+    """The connector's worker role around a :class:`TimedHostLink`, driven by the replay's loop.
+
+    Built from the engine core whose scheduler has an ``OffloadingConnector``; counts the tier's
+    evictions by kind (``kv``: an attention group's chunk, ``state``: a Mamba group's) from what
+    vLLM's ``CPUOffloadingManager.prepare_store`` reports evicted — an observer wrapped around the
+    public method, which changes nothing it returns.
+    """
+
+    def __init__(self, core: Any, bandwidth_bytes_s: float, num_gpus: int = 1) -> None:
+        from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+        from vllm.distributed.kv_transfer.kv_connector.v1.offloading_connector import OffloadingConnector
+        from vllm.v1.kv_cache_interface import MambaSpec
+        from vllm.distributed.kv_transfer.kv_connector.v1.offloading.config import get_offloading_group_ids
+
+        sched = core.scheduler
+        if not isinstance(sched.connector, OffloadingConnector):
+            raise ValueError(f"the scheduler's connector is {type(sched.connector).__name__}, not OffloadingConnector")
+        kv_cfg = sched.kv_cache_config
+        self.connector = OffloadingConnector(core.vllm_config, KVConnectorRole.WORKER, kv_cfg)
+        self.link = TimedHostLink(group_bytes_per_block(kv_cfg), bandwidth_bytes_s, num_gpus)
+        assert self.connector.connector_worker is not None
+        self.connector.connector_worker.worker = self.link      # instead of register_kv_caches (CUDA)
+        self.manager = sched.connector.scheduler.manager
+        self.num_chunks = int(self.connector.connector_worker.spec.num_chunks)   # as vLLM sized the tier
+        kinds = {g: ("state" if isinstance(kv_cfg.kv_cache_groups[g].kv_cache_spec, MambaSpec) else "kv")
+                 for g in get_offloading_group_ids(kv_cfg)}
+        self.evicted = {"kv": 0, "state": 0}
+        self.stored_keys = {"kv": 0, "state": 0}
+        self._observe_evictions(kinds)
+
+    def _observe_evictions(self, kinds: dict[int, str]) -> None:
+        from vllm.v1.kv_offload.base import get_offload_group_idx
+
+        prepare = self.manager.prepare_store
+        evicted, stored = self.evicted, self.stored_keys
+
+        def observed(keys: Any, req_context: Any) -> Any:
+            out = prepare(keys, req_context)
+            if out is not None:
+                for key in out.evicted_keys:
+                    evicted[kinds.get(get_offload_group_idx(key), "kv")] += 1
+                for key in out.keys_to_store:
+                    stored[kinds.get(get_offload_group_idx(key), "kv")] += 1
+            return out
+
+        self.manager.prepare_store = observed
+
+    def before_forward(self, scheduler_output: Any, clock: float) -> float:
+        """The model runner's steps before the forward pass; returns the clock after any flush
+        (vLLM's worker blocks until ``jobs_to_flush`` are stored before it reuses their blocks)."""
+        meta = scheduler_output.kv_connector_metadata
+        self.link.now = clock
+        self.connector.bind_connector_metadata(meta)
+        if meta.jobs_to_flush:
+            flush = set(meta.jobs_to_flush)
+            self.connector.handle_preemptions(meta)
+            clock = max(clock, self.link.ready_at(flush))
+            self.link.now = clock
+        else:
+            self.connector.handle_preemptions(meta)
+        self.connector.start_load_kv(None)
+        return clock
+
+    def after_forward(self, scheduler_output: Any, clock: float) -> Any:
+        """After the forward pass ending at ``clock``: stores deferred to the next step, the jobs
+        complete by ``clock`` collected; the ``KVConnectorOutput`` for ``update_from_output``."""
+        from vllm.v1.outputs import KVConnectorOutput
+
+        self.link.now = clock
+        self.connector.wait_for_save()
+        _, recving = self.connector.get_finished(scheduler_output.finished_req_ids)
+        meta = self.connector.build_connector_worker_meta()
+        self.connector.clear_connector_metadata()
+        return KVConnectorOutput(finished_sending=set(), finished_recving=recving or set(),
+                                 kv_connector_worker_meta=meta)
+
+    def next_completion(self) -> float | None:
+        return self.link.next_completion()
+
+    def summary(self) -> dict[str, Any]:
+        """The tier's counters for the replay's result."""
+        waits = self.link.load_wait_s
+        return {"bytes_loaded": self.link.bytes_loaded, "bytes_stored": self.link.bytes_stored,
+                "num_loads": self.link.num_loads, "num_stores": self.link.num_stores,
+                "tier_evictions": dict(self.evicted), "tier_stored_chunks": dict(self.stored_keys),
+                "tier_num_chunks": self.num_chunks,
+                "load_wait_mean_s": sum(waits) / len(waits) if waits else None,
+                "load_wait_max_s": max(waits) if waits else None,
+                "host_bandwidth_bytes_s": self.link.bandwidth}
+

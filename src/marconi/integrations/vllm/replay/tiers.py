@@ -1,0 +1,83 @@
+"""The replay's CPU tier, as both environments see it: tier policy names, vLLM's connector config, the host link.
+
+``marconi vllm replay --cpu-tier 256GB --tier-policies lru,arc,marconi`` runs vLLM's own
+``OffloadingConnector`` (scheduler side: ``OffloadingConnectorScheduler`` and a
+``CPUOffloadingManager`` with the named ``CachePolicy``) configured exactly as a server is, by
+``--kv-transfer-config``'s ``kv_connector_extra_config``; :func:`extra_config` builds that dict.
+The worker side is vLLM's own ``OffloadingConnectorWorker`` too, with the copy engine replaced by
+a timed host link (:mod:`marconi.integrations.vllm.replay.offload`, vLLM environment).
+
+The host link (:data:`DEFAULT_HOST_BANDWIDTH`): one PCIe Gen5 x16 link per GPU, full duplex (loads
+host→GPU and stores GPU→host each have their own bandwidth). Gen5 x16 carries 64 GB/s raw per
+direction (32 GT/s × 16 lanes, 128b/130b coding: 63 GB/s); pinned ``cudaMemcpyAsync`` on H100
+hosts reaches about 55 GB/s, which is the default. Under tensor parallelism each GPU moves its
+``1/TP`` of every chunk over its own link, so a chunk's transfer takes ``1/TP`` as long.
+
+This module imports nothing from vLLM: the project side reads the names, the vLLM side the config.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from marconi.core.registry import ConfigError
+from marconi.units import parse_bytes
+
+__all__ = ["TIER_POLICIES", "NO_TIER", "DEFAULT_HOST_BANDWIDTH", "MARCONI_POLICY_MODULE", "extra_config", "parse_tier_policies",
+           "parse_bandwidth"]
+
+#: Effective host↔GPU bandwidth per direction and per GPU, bytes/s (PCIe Gen5 x16, see above).
+DEFAULT_HOST_BANDWIDTH = 55e9
+
+#: Where vLLM's ``CachePolicyFactory`` finds Marconi's tier policy (``cache_policy_module_path``).
+MARCONI_POLICY_MODULE = "marconi.integrations.vllm.tier"
+MARCONI_POLICY_CLASS = "MarconiCachePolicy"
+
+#: Tier policy name -> the ``kv_connector_extra_config`` keys that select it in vLLM.
+TIER_POLICIES: dict[str, dict[str, str]] = {
+    "lru": {"eviction_policy": "lru"},
+    "arc": {"eviction_policy": "arc"},
+    "marconi": {"eviction_policy": MARCONI_POLICY_CLASS, "cache_policy_module_path": MARCONI_POLICY_MODULE},
+}
+
+#: In ``--tier-policies``, the GPU-only arm on the same run (no connector), for the tier's gain.
+NO_TIER = "none"
+
+
+def extra_config(policy: str, cpu_bytes: int) -> dict[str, Any]:
+    """vLLM's ``kv_connector_extra_config`` for a CPU tier of ``cpu_bytes`` under ``policy``
+    (one of :data:`TIER_POLICIES`); everything else stays vLLM's default (``offload_prompt_only``,
+    no ``store_threshold``, one GPU block per chunk). Raises ConfigError for an unknown policy or
+    a tier under one byte."""
+    if policy not in TIER_POLICIES:
+        raise ConfigError(f"--tier-policies: unknown tier policy {policy!r}; known: {', '.join(TIER_POLICIES)}")
+    if cpu_bytes < 1:
+        raise ConfigError(f"--cpu-tier must be at least one byte, got {cpu_bytes}")
+    return {"cpu_bytes_to_use": int(cpu_bytes), **TIER_POLICIES[policy]}
+
+
+def parse_tier_policies(text: str) -> tuple[str, ...]:
+    """``--tier-policies lru,arc,marconi`` as names, each checked, none twice; ``none`` is the
+    GPU-only arm (:data:`NO_TIER`)."""
+    names = tuple(s.strip() for s in str(text).split(",") if s.strip())
+    if not names:
+        raise ConfigError("--tier-policies: give at least one of " + ", ".join(TIER_POLICIES))
+    for name in names:
+        if name not in TIER_POLICIES and name != NO_TIER:
+            raise ConfigError(f"--tier-policies: unknown tier policy {name!r}; known: {', '.join(TIER_POLICIES)}, "
+                              f"{NO_TIER} (GPU only)")
+    if len(set(names)) != len(names):
+        raise ConfigError(f"--tier-policies: {text!r} names a policy twice")
+    return names
+
+
+def parse_bandwidth(text: str | float) -> float:
+    """``--host-bandwidth``: bytes per second, as ``55GB/s``, ``55GB`` or ``5.5e10``; > 0."""
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        value = float(text)
+    else:
+        value = float(parse_bytes(re.sub(r"\s*/\s*s\s*$", "", str(text), flags=re.IGNORECASE)))
+    if not value > 0:
+        raise ConfigError(f"--host-bandwidth must be > 0 bytes/s, got {text!r}")
+    return value
