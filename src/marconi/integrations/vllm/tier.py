@@ -1,0 +1,578 @@
+"""Marconi's policy for vLLM's CPU offload tier: a ``CachePolicy`` loaded by vLLM's own config.
+
+vLLM 0.32's ``OffloadingConnector`` keeps a host-memory tier of *chunks* (``CPUOffloadingManager``);
+which chunk goes when the tier is full is a pluggable ``CachePolicy``. This module is one, plugged
+in through ``kv_connector_extra_config`` alone — no patching::
+
+    --kv-transfer-config '{"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
+      "kv_connector_extra_config": {"cpu_bytes_to_use": 68719476736,
+        "eviction_policy": "MarconiCachePolicy",
+        "cache_policy_module_path": "marconi.integrations.vllm.tier"}}'
+
+**What it sees.** A chunk is an ``OffloadKey``: a block hash (the whole prefix up to the chunk's
+end) plus the KV cache group index. For a hybrid model the groups are full attention (a chunk
+holds the KVs of its tokens) and Mamba (a chunk holds the recurrent state after its last token).
+All groups share the block hash at a boundary, so one hash is one node of Marconi's radix tree:
+its attention chunks are the node's edge KVs, its Mamba chunks (one per Mamba group) its state.
+``ReqContext.get_offload_key_position`` gives each key's end token (the node's depth); the
+previous chunk boundary of the same request gives its parent.
+
+**What makes a hit usable.** vLLM looks the tier up from the end of the GPU pool's hit onward and
+stops at the deepest position where every attention group has all chunks *and* every Mamba
+group has the chunk at that position. So:
+
+* a state chunk is *dead* (holds nothing a hit can use) when its node lacks its own KV chunk in
+  an attention group or the state in another Mamba group: it is evicted first. A missing
+  *ancestor* does not kill it: the GPU pool may hold that prefix.
+* a KV chunk is *dead* when no complete state is reachable at or below it through KV chunks
+  held in the tier ("KV past the deepest kept state"), unless a request still running stored at
+  its node (its state may follow in the next step).
+
+**The choice.** ``evict(n, protected)`` takes dead chunks first (oldest first); then, one victim
+at a time and re-judging the tree after each, the lowest ``min_max(recency) + α ·
+min_max(efficiency)`` among the *candidates* — KV chunks of a node no child continues (a KV leaf:
+evicting an inner one strands its subtree) and state chunks of a node with at most one KV child
+(the paper's single-child rule) — or among all evictable chunks when none is a candidate. Ties go
+to the least recently used. ``min_max`` and the tie-break are the core's
+(:mod:`marconi.core.eviction`), the efficiency is the core's
+:func:`~marconi.core.candidates.flop_efficiency` at the node's depth, and α/variant come from a
+rule of the core's family (``lru``, ``aX``, ``aXm``, via :func:`~marconi.integrations.vllm.policy.block_rule`).
+Recency is LRU's: a request's keys are refreshed at its end, head most recent.
+
+**A load's cost.** A hit saves ``flops`` of prefill but moves the held bytes over the host link:
+efficiency is ``max(0, FLOPs per byte − R)`` with ``R = marconi_gpu_tflops / marconi_host_gbps``
+(FLOPs the GPU could have done while one byte crosses). Subtracting a constant leaves the min-max
+ranking unchanged; it matters where it clips: a chunk whose load costs more than recomputing
+ranks as worthless. Defaults: 64 GB/s (a PCIe Gen5 x16 link, ≈ 63 GB/s per direction) and 400
+TFLOP/s (an H100/H200's ≈ 989 dense BF16 TFLOP/s at ≈ 40% prefill utilisation).
+
+**What it cannot decide.** In vLLM 0.32 what is *stored* is the manager's choice
+(``prepare_store``; ``store_threshold`` filters by offer count): a ``CachePolicy`` sees stores
+only as ``on_store_miss`` and ``insert``. Marconi's admission therefore acts at eviction time:
+KV stored past any state is dead and goes first, before any chunk that can serve a hit.
+
+**Configuration** (``kv_connector_extra_config`` keys; the policy finds them by walking up to
+the ``OffloadingSpec`` whose ``get_manager`` builds it — vLLM passes a policy nothing but its
+capacity):
+
+``marconi_rule``        ``lru``, ``aX`` or ``aXm`` (default ``a0.5``: α = 0.5, whole-prefix efficiency)
+``marconi_model``       a preset name or HF config path (default: the served model's config)
+``marconi_group_kinds`` ``attention``/``mamba`` per KV cache group (default: from vLLM's groups)
+``marconi_host_gbps``   host link bandwidth, GB/s per direction (default 64)
+``marconi_gpu_tflops``  effective prefill TFLOP/s (default 400)
+
+Built outside vLLM's connector (vLLM's own manager tests), the same settings come from the
+environment: ``MARCONI_TIER_GROUP_KINDS``, ``MARCONI_TIER_MODEL``, ``MARCONI_TIER_RULE``, or from
+an explicit :class:`TierSettings`. A configuration it cannot serve raises :class:`ConfigError`
+naming the key to change. This module imports vLLM (it runs inside vLLM's environment).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping, Sequence
+
+import numpy as np
+from vllm.v1.kv_offload.base import OffloadKey, ReqContext, get_offload_block_hash, get_offload_group_idx
+from vllm.v1.kv_offload.cpu.policies.base import CachePolicy, ChunkStatus
+
+from marconi.core.candidates import flop_efficiency
+from marconi.core.eviction import EvictionRule, argmin_ties_by_order, min_max
+from marconi.core.model import ModelSpec, get_model
+from marconi.core.registry import ConfigError
+from marconi.integrations.vllm.policy import ATTENTION, MAMBA, block_rule
+
+__all__ = ["MarconiCachePolicy", "TierSettings", "DEFAULT_RULE", "DEFAULT_HOST_GBPS", "DEFAULT_GPU_TFLOPS",
+           "REASONS", "ENV_GROUP_KINDS", "ENV_MODEL", "ENV_RULE"]
+
+DEFAULT_RULE = "a0.5"
+DEFAULT_HOST_GBPS = 64.0
+DEFAULT_GPU_TFLOPS = 400.0
+ENV_GROUP_KINDS = "MARCONI_TIER_GROUP_KINDS"
+ENV_MODEL = "MARCONI_TIER_MODEL"
+ENV_RULE = "MARCONI_TIER_RULE"
+#: Why a chunk was evicted (the keys of :attr:`MarconiCachePolicy.eviction_counts`).
+REASONS = ("dead-kv", "dead-state", "kv", "state")
+_KEYS = ("marconi_rule", "marconi_model", "marconi_group_kinds", "marconi_host_gbps", "marconi_gpu_tflops")
+_SUPPORTED_VLLM = ("0.32", "0.33")
+_DEAD, _CAND, _OTHER = 0, 1, 2
+
+
+@dataclass(frozen=True, slots=True)
+class TierSettings:
+    """What the policy needs beyond its capacity.
+
+    ``group_kinds``: ``"attention"`` or ``"mamba"`` per KV cache group index (vLLM's order);
+    ``spec``: the served model's cost model; ``tokens_per_chunk``: tokens per offloaded chunk
+    (None: parents are learned from each request's previous boundary); ``rule``: a rule of the
+    core's family the tier can apply (``lru``, ``aX``, ``aXm``); ``host_gbps`` / ``gpu_tflops``:
+    the load-cost exchange rate (see the module docstring).
+    """
+
+    group_kinds: tuple[str, ...]
+    spec: ModelSpec
+    tokens_per_chunk: int | None = None
+    rule: EvictionRule = field(default_factory=lambda: EvictionRule.from_label(DEFAULT_RULE))
+    host_gbps: float = DEFAULT_HOST_GBPS
+    gpu_tflops: float = DEFAULT_GPU_TFLOPS
+
+    def __post_init__(self) -> None:
+        bad = [k for k in self.group_kinds if k not in (ATTENTION, MAMBA)]
+        if bad:
+            raise ConfigError(f"marconi_group_kinds: each group is {ATTENTION!r} or {MAMBA!r}, got "
+                              f"{list(self.group_kinds)}")
+        if MAMBA not in self.group_kinds or ATTENTION not in self.group_kinds:
+            raise ConfigError(f"MarconiCachePolicy serves hybrid models (attention and Mamba KV cache groups); "
+                              f"this one has {list(self.group_kinds)}: set kv_connector_extra_config "
+                              "'eviction_policy' to 'lru' or 'arc'")
+        block_rule(self.rule)   # ConfigError for a rule the tier cannot apply
+        for name in ("host_gbps", "gpu_tflops"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+                raise ConfigError(f"marconi_{name}: a positive number, got {value!r}")
+        if self.tokens_per_chunk is not None and self.tokens_per_chunk <= 0:
+            raise ConfigError(f"tokens_per_chunk must be positive, got {self.tokens_per_chunk}")
+
+    @property
+    def alpha(self) -> float:
+        return block_rule(self.rule)[0]
+
+    @property
+    def efficiency(self) -> str:
+        return block_rule(self.rule)[1] or "total"
+
+    @property
+    def load_flops_per_byte(self) -> float:
+        """FLOPs the GPU does while one byte crosses the host link (the efficiency a load costs)."""
+        return self.gpu_tflops * 1e12 / (self.host_gbps * 1e9)
+
+    @classmethod
+    def from_extra_config(cls, extra: Mapping[str, Any], *, group_kinds: Sequence[str] | None = None,
+                          spec: ModelSpec | None = None, tokens_per_chunk: int | None = None) -> "TierSettings":
+        """Settings from ``kv_connector_extra_config`` (``extra``); vLLM's groups and model are the
+        defaults for ``marconi_group_kinds`` and ``marconi_model``. ConfigError names the key."""
+        kinds = extra.get("marconi_group_kinds", group_kinds)
+        if kinds is None:
+            raise ConfigError("MarconiCachePolicy cannot tell which KV cache groups hold states: set "
+                              "kv_connector_extra_config 'marconi_group_kinds' (e.g. ['attention', 'mamba'])")
+        if isinstance(kinds, str):
+            kinds = [k.strip() for k in kinds.split(",") if k.strip()]
+        model = extra.get("marconi_model")
+        if model is not None:
+            try:
+                spec = get_model(str(model))
+            except ValueError as exc:
+                raise ConfigError(f"kv_connector_extra_config 'marconi_model': {exc}") from None
+        if spec is None:
+            raise ConfigError("MarconiCachePolicy needs the model's FLOPs and bytes: set kv_connector_extra_config "
+                              "'marconi_model' (a preset such as nemotron-h-8b, or a config.json path)")
+        try:
+            rule = EvictionRule.from_label(str(extra.get("marconi_rule", DEFAULT_RULE)))
+        except ConfigError as exc:
+            raise ConfigError(f"kv_connector_extra_config 'marconi_rule': {exc}") from None
+        numbers = {}
+        for name, default in (("host_gbps", DEFAULT_HOST_GBPS), ("gpu_tflops", DEFAULT_GPU_TFLOPS)):
+            raw = extra.get(f"marconi_{name}", default)
+            try:
+                numbers[name] = float(raw)
+            except (TypeError, ValueError):
+                raise ConfigError(f"kv_connector_extra_config 'marconi_{name}': a number, got {raw!r}") from None
+        try:
+            return cls(tuple(kinds), spec, tokens_per_chunk, rule, **numbers)
+        except ConfigError as exc:
+            if "marconi_rule" not in str(exc) and "adaptive rule" in str(exc):
+                raise ConfigError(f"kv_connector_extra_config 'marconi_rule': {exc}") from None
+            raise
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] = os.environ) -> "TierSettings":
+        """Settings for a policy built outside vLLM's connector (``MARCONI_TIER_*``)."""
+        if not env.get(ENV_GROUP_KINDS):
+            raise ConfigError("MarconiCachePolicy was built outside vLLM's OffloadingConnector and cannot learn the "
+                              f"KV cache groups: build it through kv_connector_extra_config, or set {ENV_GROUP_KINDS} "
+                              "(e.g. attention,mamba) and " + ENV_MODEL)
+        extra: dict[str, Any] = {"marconi_group_kinds": env[ENV_GROUP_KINDS],
+                                 "marconi_model": env.get(ENV_MODEL) or None}
+        if env.get(ENV_RULE):
+            extra["marconi_rule"] = env[ENV_RULE]
+        if extra["marconi_model"] is None:
+            raise ConfigError(f"MarconiCachePolicy: set {ENV_MODEL} (a preset such as nemotron-h-8b)")
+        return cls.from_extra_config(extra)
+
+
+class _Node:
+    """One block hash held in the tier: its depth, parent hash, and its chunk per group."""
+
+    __slots__ = ("depth", "parent", "keys")
+
+    def __init__(self) -> None:
+        self.depth: int | None = None
+        self.parent: bytes | None = None
+        self.keys: dict[int, OffloadKey] = {}
+
+
+class _TierRequest:
+    """Per-request scratch (``ReqContext.set_state``): hashes by end position, nodes it opened."""
+
+    __slots__ = ("owner", "by_position", "opened")
+
+    def __init__(self, owner: "MarconiCachePolicy") -> None:
+        self.owner = owner
+        self.by_position: dict[int, bytes] = {}
+        self.opened: set[bytes] = set()
+
+
+class MarconiCachePolicy(CachePolicy):
+    """vLLM ``CachePolicy`` ranking tier chunks by Marconi's utility over the chunk tree.
+
+    Contract (vLLM's): ``evict(n, protected)`` returns exactly ``n`` evictable (``ref_cnt == 0``,
+    not in ``protected``) chunks and forgets them, or None and changes nothing. Chunks become
+    evictable through ``insert`` with ``ref_cnt == 0`` or ``mark_evictable``.
+
+    Args:
+        cache_capacity: chunks in the tier (vLLM passes only this).
+        settings: explicit settings; None (vLLM's factory path) finds the building
+            ``OffloadingSpec`` on the call stack, else reads ``MARCONI_TIER_*``.
+
+    Raises:
+        ConfigError: a configuration it cannot serve (not hybrid, unknown vLLM, a bad key), naming
+            the key to change.
+    """
+
+    def __init__(self, cache_capacity: int, settings: TierSettings | None = None) -> None:
+        super().__init__(cache_capacity)
+        self.settings = settings if settings is not None else _discover_settings()
+        kinds = self.settings.group_kinds
+        self._attn_groups = tuple(g for g, k in enumerate(kinds) if k == ATTENTION)
+        self._mamba_groups = tuple(g for g, k in enumerate(kinds) if k == MAMBA)
+        self._chunks: dict[OffloadKey, ChunkStatus] = {}
+        self._seq: dict[OffloadKey, int] = {}
+        self._evictable: set[OffloadKey] = set()
+        self._nodes: dict[bytes, _Node] = {}
+        self._children: dict[bytes, set[bytes]] = {}
+        self._open: dict[bytes, int] = {}
+        self._recent: dict[bytes, tuple[int, bytes | None]] = {}   # this store's misses: depth, parent
+        self._clock = 0
+        self._effs: dict[int, float] = {}
+        self.eviction_counts: dict[str, int] = dict.fromkeys(REASONS, 0)
+
+    # ------------------------------------------------------------------ vLLM's interface
+    def get(self, key: OffloadKey) -> ChunkStatus | None:
+        return self._chunks.get(key)
+
+    def insert(self, key: OffloadKey, chunk: ChunkStatus) -> None:
+        group = get_offload_group_idx(key)
+        if group >= len(self.settings.group_kinds):
+            raise ConfigError(f"MarconiCachePolicy: key of KV cache group {group}, but marconi_group_kinds names "
+                              f"{len(self.settings.group_kinds)} groups: fix kv_connector_extra_config "
+                              "'marconi_group_kinds'")
+        self._chunks[key] = chunk
+        self._tick(key)
+        block_hash = get_offload_block_hash(key)
+        node = self._nodes.get(block_hash)
+        if node is None:
+            node = self._nodes[block_hash] = _Node()
+            learned = self._recent.get(block_hash)
+            if learned is not None:
+                self._place(block_hash, node, *learned)
+        node.keys[group] = key
+        if chunk.ref_cnt == 0:
+            self._evictable.add(key)
+
+    def remove(self, key: OffloadKey) -> None:
+        self._forget(key)
+
+    def touch(self, keys: Iterable[OffloadKey], req_context: ReqContext) -> None:
+        keys = list(keys)
+        self._learn(keys, req_context)
+        for key in reversed(keys):
+            if key in self._chunks:
+                self._tick(key)
+
+    def on_store_miss(self, keys: Iterable[OffloadKey], req_context: ReqContext) -> None:
+        """Learn the misses' depths and parents, and hold their nodes open until the request ends
+        (a running request's KV may be followed by its state next step); no recency change."""
+        keys = list(keys)
+        self._recent.clear()        # insert() follows within the same prepare_store
+        state = self._learn(keys, req_context, stash=True)
+        for block_hash in {get_offload_block_hash(k) for k in keys} - state.opened:
+            state.opened.add(block_hash)
+            self._open[block_hash] = self._open.get(block_hash, 0) + 1
+
+    def on_request_finished(self, key_groups: Sequence[Sequence[OffloadKey]], insertion_only_keys: set[OffloadKey],
+                            reused_keys: set[OffloadKey], req_context: ReqContext) -> None:
+        keys = [key for group in key_groups for key in group]
+        state = self._learn(keys, req_context)
+        positions = {k: p for k in keys if (p := req_context.get_offload_key_position(k)) is not None}
+        if len(positions) == len(keys):
+            keys.sort(key=positions.__getitem__)
+        for key in reversed(keys):          # LRU's order: the head ends most recent
+            if key in self._chunks:
+                self._tick(key)
+        for block_hash in state.opened:
+            left = self._open.get(block_hash, 0) - 1
+            if left > 0:
+                self._open[block_hash] = left
+            else:
+                self._open.pop(block_hash, None)
+        state.opened.clear()
+
+    def evict(self, n: int, protected: set[OffloadKey]) -> list[tuple[OffloadKey, ChunkStatus]] | None:
+        if n <= 0:
+            return []
+        pool = [k for k in self._evictable if k not in protected]
+        if len(pool) < n:
+            return None
+        gone: set[OffloadKey] = set()
+        chosen: list[tuple[OffloadKey, str]] = []
+        while len(chosen) < n:
+            judged = self._judge_all(gone)
+            avail = [k for k in pool if k not in gone]
+            dead = sorted((self._seq[k], k) for k in avail if judged[k][0] == _DEAD)
+            if dead:
+                for _, key in dead[: n - len(chosen)]:
+                    gone.add(key)
+                    chosen.append((key, "dead-" + self._kind(key)))
+                continue
+            cands = [k for k in avail if judged[k][0] == _CAND] or avail
+            seq = np.array([self._seq[k] for k in cands], dtype=np.int64)
+            scores = min_max(seq.astype(np.float64))
+            alpha = self.settings.alpha
+            if alpha:
+                scores = scores + alpha * min_max(np.array([judged[k][1] for k in cands], dtype=np.float64))
+            victim = cands[argmin_ties_by_order(scores, seq)]
+            gone.add(victim)
+            chosen.append((victim, self._kind(victim)))
+        out = []
+        for key, reason in chosen:
+            chunk = self._chunks[key]
+            assert chunk.ref_cnt == 0, "an evictable chunk is pinned"
+            self._forget(key)
+            self.eviction_counts[reason] += 1
+            out.append((key, chunk))
+        return out
+
+    def clear(self) -> None:
+        self._chunks.clear()
+        self._seq.clear()
+        self._evictable.clear()
+        self._nodes.clear()
+        self._children.clear()
+        self._open.clear()
+        self._recent.clear()
+        self._clock = 0
+
+    def mark_evictable(self, key: OffloadKey) -> None:
+        self._evictable.add(key)
+
+    def mark_non_evictable(self, key: OffloadKey) -> None:
+        self._evictable.discard(key)
+
+    # ------------------------------------------------------------------ the tree
+    def usable_depths(self) -> list[int]:
+        """Depths of the nodes a tier hit could end at (own KV in every attention group and a state
+        in every Mamba group), ascending; for tests and reports."""
+        judged = self._judge_nodes(set())
+        return sorted(self._nodes[h].depth or 0 for h, (usable, _, _, _) in judged.items() if usable)
+
+    def classify(self) -> dict[OffloadKey, str]:
+        """Every chunk's standing now: ``"dead"``, ``"candidate"`` or ``"other"`` (for tests)."""
+        names = {_DEAD: "dead", _CAND: "candidate", _OTHER: "other"}
+        return {k: names[c] for k, (c, _) in self._judge_all(set()).items()}
+
+    def _judge_nodes(self, gone: set[OffloadKey]) -> dict[bytes, tuple[bool, bool, bool, int]]:
+        """Per node ``(usable, kv_alive, kv_present, kv_children)`` with the chunks in ``gone``
+        taken away."""
+        present = self._chunks.keys()
+
+        def has(node: _Node, groups: tuple[int, ...]) -> bool:
+            return all((k := node.keys.get(g)) is not None and k in present and k not in gone for g in groups)
+
+        kv: dict[bytes, bool] = {}
+        usable: dict[bytes, bool] = {}
+        for h, node in self._nodes.items():
+            kv[h] = has(node, self._attn_groups)
+            usable[h] = kv[h] and has(node, self._mamba_groups)
+        alive: dict[bytes, bool] = {}
+        for h in sorted(self._nodes, key=lambda x: -(self._nodes[x].depth or 0)):
+            alive[h] = kv[h] and (usable[h] or h in self._open
+                                  or any(alive.get(c, False) for c in self._children.get(h, ())))
+        return {h: (usable[h], alive[h], kv[h], sum(kv.get(c, False) for c in self._children.get(h, ())))
+                for h in self._nodes}
+
+    def _judge_all(self, gone: set[OffloadKey]) -> dict[OffloadKey, tuple[int, float]]:
+        """Per chunk still held ``(category, efficiency)`` with ``gone`` taken away."""
+        out: dict[OffloadKey, tuple[int, float]] = {}
+        for h, (usable, alive, _, kv_children) in self._judge_nodes(gone).items():
+            node = self._nodes[h]
+            eff = self._eff(node.depth)
+            for group, key in node.keys.items():
+                if key in gone:
+                    continue
+                if self.settings.group_kinds[group] == ATTENTION:
+                    cat = _DEAD if not alive else (_CAND if kv_children == 0 else _OTHER)
+                else:
+                    cat = _DEAD if not (usable or h in self._open) else (_CAND if kv_children <= 1 else _OTHER)
+                out[key] = (cat, eff if cat != _DEAD else 0.0)
+        return out
+
+    def _eff(self, depth: int | None) -> float:
+        """FLOPs saved per byte held by a hit at ``depth``, less what the load costs (>= 0)."""
+        if not depth:
+            return 0.0
+        eff = self._effs.get(depth)
+        if eff is None:
+            s = self.settings
+            edge = min(depth, s.tokens_per_chunk or depth)
+            raw = flop_efficiency(s.spec, depth, edge, True, s.efficiency)
+            eff = self._effs[depth] = max(0.0, raw - s.load_flops_per_byte)
+        return eff
+
+    # ------------------------------------------------------------------ bookkeeping
+    def _kind(self, key: OffloadKey) -> str:
+        return "kv" if self.settings.group_kinds[get_offload_group_idx(key)] == ATTENTION else "state"
+
+    def _tick(self, key: OffloadKey) -> None:
+        self._clock += 1
+        self._seq[key] = self._clock
+
+    def _forget(self, key: OffloadKey) -> None:
+        del self._chunks[key]
+        self._seq.pop(key, None)
+        self._evictable.discard(key)
+        block_hash = get_offload_block_hash(key)
+        node = self._nodes.get(block_hash)
+        if node is None:
+            return
+        node.keys.pop(get_offload_group_idx(key), None)
+        if not node.keys:
+            del self._nodes[block_hash]
+            if node.parent is not None:
+                siblings = self._children.get(node.parent)
+                if siblings is not None:
+                    siblings.discard(block_hash)
+                    if not siblings:
+                        del self._children[node.parent]
+
+    def _learn(self, keys: Sequence[OffloadKey], req_context: ReqContext, *, stash: bool = False) -> _TierRequest:
+        """Record the keys' end positions for the request and give held nodes depth and parent
+        (``stash``: also for the nodes the coming ``insert`` calls create)."""
+        state = req_context.get_state(_TierRequest)
+        if state is None or state.owner is not self:
+            state = _TierRequest(self)
+            req_context.set_state(state)
+        fresh = []
+        for key in keys:
+            position = req_context.get_offload_key_position(key)
+            if position is not None:
+                block_hash = get_offload_block_hash(key)
+                state.by_position[position] = block_hash
+                fresh.append((position, block_hash))
+        for position, block_hash in fresh:
+            parent = state.by_position.get(self._parent_position(position, state))
+            if parent == block_hash:
+                parent = None
+            if stash:
+                self._recent[block_hash] = (position, parent)
+            node = self._nodes.get(block_hash)
+            if node is not None:
+                self._place(block_hash, node, position, parent)
+        return state
+
+    def _place(self, block_hash: bytes, node: _Node, depth: int, parent: bytes | None) -> None:
+        """Give ``node`` its depth and (if not known yet) its parent."""
+        if node.depth is None:
+            node.depth = depth
+        if node.parent is None and parent is not None:
+            node.parent = parent
+            self._children.setdefault(parent, set()).add(block_hash)
+
+    def _parent_position(self, position: int, state: _TierRequest) -> int:
+        tpc = self.settings.tokens_per_chunk
+        if tpc:
+            return position - tpc if position % tpc == 0 else position // tpc * tpc
+        earlier = [p for p in state.by_position if p < position]
+        return max(earlier) if earlier else -1
+
+    # ------------------------------------------------------------------ checks
+    def check_invariants(self) -> None:
+        """Recompute the tree from the chunks; AssertionError on drift."""
+        assert self._evictable <= self._chunks.keys(), "evictable chunk not held"
+        for key in self._evictable:
+            assert self._chunks[key].ref_cnt == 0, "evictable chunk with ref_cnt != 0"
+        for key, chunk in self._chunks.items():
+            if chunk.ref_cnt == 0:
+                assert key in self._evictable, "idle chunk not evictable"
+            node = self._nodes.get(get_offload_block_hash(key))
+            assert node is not None and node.keys.get(get_offload_group_idx(key)) == key, "chunk missing from its node"
+        assert self._seq.keys() == self._chunks.keys(), "recency rows drifted"
+        for h, node in self._nodes.items():
+            assert node.keys, "empty node kept"
+            assert all(k in self._chunks for k in node.keys.values()), "node names a chunk not held"
+        for parent, children in self._children.items():
+            for child in children:
+                assert child in self._nodes and self._nodes[child].parent == parent, "child link drifted"
+
+
+def _discover_settings() -> TierSettings:
+    """Settings of the policy vLLM's factory is building: from the ``OffloadingSpec`` (its
+    ``extra_config``, groups and chunk size) and the connector's ``kv_cache_config`` /
+    ``vllm_config`` found on the call stack; else from ``MARCONI_TIER_*``."""
+    import vllm
+
+    version = getattr(vllm, "__version__", "?")
+    if ".".join(version.split("+")[0].split(".")[:2]) not in _SUPPORTED_VLLM:
+        raise ConfigError(f"MarconiCachePolicy supports vLLM {', '.join(s + '.x' for s in _SUPPORTED_VLLM)}, not "
+                          f"{version}: set kv_connector_extra_config 'eviction_policy' to 'lru' or 'arc'")
+    from vllm.v1.kv_offload.base import OffloadingSpec
+
+    spec_obj = kv_cache_config = vllm_config = None
+    frame = sys._getframe(2)
+    for _ in range(12):
+        if frame is None:
+            break
+        local = frame.f_locals
+        for name in ("self", "spec"):
+            if spec_obj is None and isinstance(local.get(name), OffloadingSpec):
+                spec_obj = local[name]
+        if kv_cache_config is None and hasattr(local.get("kv_cache_config"), "kv_cache_groups"):
+            kv_cache_config = local["kv_cache_config"]
+        if vllm_config is None and hasattr(local.get("vllm_config"), "model_config"):
+            vllm_config = local["vllm_config"]
+        frame = frame.f_back
+    if spec_obj is None:
+        return TierSettings.from_env()
+    extra = dict(spec_obj.extra_config)
+    unknown = sorted(k for k in extra if k.startswith("marconi_") and k not in _KEYS)
+    if unknown:
+        raise ConfigError(f"kv_connector_extra_config: unknown key(s) {unknown}; known: {list(_KEYS)}")
+    kinds = _group_kinds(kv_cache_config) if kv_cache_config is not None else None
+    model = None
+    if "marconi_model" not in extra and vllm_config is not None:
+        from marconi.integrations.vllm.plugin import _model_spec
+
+        model = _model_spec(vllm_config)
+    tpc = None
+    sizes = {int(t) * int(spec_obj.blocks_per_chunk) for t in spec_obj.tokens_per_block}
+    if len(sizes) == 1:
+        tpc = sizes.pop()
+    return TierSettings.from_extra_config(extra, group_kinds=kinds, spec=model, tokens_per_chunk=tpc)
+
+
+def _group_kinds(kv_cache_config: Any) -> list[str]:
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec
+
+    kinds = []
+    for index, group in enumerate(kv_cache_config.kv_cache_groups):
+        spec = group.kv_cache_spec
+        if isinstance(spec, MambaSpec):
+            kinds.append(MAMBA)
+        elif isinstance(spec, FullAttentionSpec):
+            kinds.append(ATTENTION)
+        else:
+            raise ConfigError(f"MarconiCachePolicy: KV cache group {index} is {type(spec).__name__} (full attention "
+                              "and Mamba only): set kv_connector_extra_config 'eviction_policy' to 'lru' or 'arc'")
+    return kinds
