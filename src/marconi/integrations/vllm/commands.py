@@ -121,6 +121,14 @@ def _register_replay(sub: Any) -> None:
                              "places the states (MARCONI_VLLM_RETENTION; lru then means the plugin observing)")
     replay.add_argument("--retention-budget", type=int, default=None,
                         help="with --retention sparse-dp: states placed per sequence (default 2)")
+    replay.add_argument("--cpu-tier", default=None,
+                        help="a CPU tier beside the GPU pool (vLLM's OffloadingConnector): a size (256GB) or a "
+                             "fraction of the trace's working set (0.5x), as --capacity")
+    replay.add_argument("--tier-policies", default=None,
+                        help="with --cpu-tier: comma list of the tier's policies, one engine per GPU policy each: "
+                             "lru, arc, marconi, none (GPU only, for the tier's gain); default lru")
+    replay.add_argument("--host-bandwidth", default=None,
+                        help="with --cpu-tier: host link per GPU and direction (55GB/s, the default: PCIe Gen5 x16)")
     replay.add_argument("--no-emulation", action="store_true", help="skip the vllm-align emulation")
     replay.add_argument("--backend", default="local", choices=["local", "ray"],
                         help="a sweep's points: local processes, or one Ray task each (nodes need both "
@@ -242,7 +250,8 @@ def _cmd_replay(args: argparse.Namespace) -> int:
                         max_input_len=args.max_input_len,
                         num_requests=args.num_requests, max_output_len=args.max_output_len,
                         max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
-                        retention=args.retention, retention_budget=args.retention_budget)
+                        retention=args.retention, retention_budget=args.retention_budget,
+                        **_tier_options(args))
     pools, loads = _replay_axes(args)
     configs = [dataclasses.replace(c, weight_bytes=args.weight_bytes) for c in sweep_configs(base, pools=pools, loads=loads)]
     if len(configs) == 1:
@@ -266,11 +275,29 @@ def _cmd_replay(args: argparse.Namespace) -> int:
                 backend.close()
     write_records(records, args.out)
     print(f"wrote {len(records)} records to {args.out}", file=sys.stderr)
+    if base.cpu_tier is not None:                  # two tiers: hits split by tier, bytes moved
+        from marconi.integrations.vllm.replay.run import plot_tiers, tier_table
+
+        if args.plot:
+            print(f"wrote {plot_tiers(records, args.plot)}", file=sys.stderr)
+        print(tier_table(records))
+        return 0
     if args.plot:
         plotted = plot_ttft_cdf(records, args.plot) if len(configs) == 1 else plot_sweep(records, args.plot)
         print(f"wrote {plotted}", file=sys.stderr)
     print(replay_table(records))
     return 0
+
+
+def _tier_options(args: argparse.Namespace) -> dict[str, Any]:
+    """``--cpu-tier``, ``--tier-policies`` and ``--host-bandwidth`` as ReplayConfig fields (which
+    checks that they agree); ``--tier-policies`` defaults to ``lru`` when a tier is given."""
+    from marconi.integrations.vllm.replay.tiers import parse_bandwidth, parse_tier_policies
+
+    policies = (parse_tier_policies(args.tier_policies) if args.tier_policies is not None
+                else ("lru",) if args.cpu_tier is not None else ())
+    return {"cpu_tier": args.cpu_tier, "tier_policies": policies,
+            "host_bandwidth": parse_bandwidth(args.host_bandwidth) if args.host_bandwidth is not None else None}
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:

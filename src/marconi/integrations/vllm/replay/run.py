@@ -559,3 +559,65 @@ def plot_sweep(records: Sequence[dict[str, Any]], path: str | Path) -> Path:
     fig.suptitle(f"vLLM replay sweep: {records[0]['model']} on {records[0]['trace']}")
     fig.tight_layout()
     return save_figure(fig, path, dpi=120)
+
+
+def is_tier_record(rec: dict[str, Any]) -> bool:
+    """A record of a two-tier replay (it carries ``tier_policy``)."""
+    return rec.get("tier_policy") is not None
+
+
+def tier_table(records: Sequence[dict[str, Any]]) -> str:
+    """The two-tier records side by side: where hits came from, what crossed the host link, latency."""
+    from marconi.report import fmt_pct, fmt_seconds, format_table
+    from marconi.units import format_bytes
+
+    rows = []
+    for rec in records:
+        row = dict(rec)
+        row["_load"] = load_label(rec)
+        row["_pool"] = _pool_label(rec).split("\n")[0] + f" ({rec['num_blocks']} blk)"
+        row["_tier"] = (f"{rec['cpu_tier']} = {format_bytes(rec['cpu_tier_bytes'])}" if rec["cpu_tier_bytes"]
+                        else "-")
+        row["_moved"] = f"{format_bytes(rec['bytes_loaded'])} / {format_bytes(rec['bytes_stored'])}"
+        row["_evicted"] = f"{rec['tier_evictions_kv']} / {rec['tier_evictions_state']}"
+        row["_tput"] = f"{rec['throughput_tok_s']:.0f}" if rec["throughput_tok_s"] else "-"
+        rows.append(row)
+    return format_table(rows, [
+        ("GPU policy", "arm", lambda a: str(a).split("+")[0]), ("tier policy", "tier_policy", None),
+        ("load", "_load", None), ("GPU pool", "_pool", None), ("CPU tier", "_tier", None),
+        ("token hit", "token_hit_rate", fmt_pct), ("GPU hit", "gpu_hit_rate", fmt_pct),
+        ("tier hit", "tier_hit_rate", fmt_pct), ("emulated", "sim_token_hit_rate", fmt_pct),
+        ("loaded / stored", "_moved", None), ("tier evicted KV / state", "_evicted", None),
+        ("TTFT P50", "ttft_p50_s", fmt_seconds), ("TTFT P95", "ttft_p95_s", fmt_seconds),
+        ("TTFT P99", "ttft_p99_s", fmt_seconds), ("tok/s", "_tput", None)])
+
+
+def plot_tiers(records: Sequence[dict[str, Any]], path: str | Path) -> Path:
+    """Two-tier records at a glance (PNG, written atomically): per point (pool × load), one bar
+    per policy pair, split into GPU-pool hits and CPU-tier hits, and below it the TTFT P95."""
+    from marconi.report import pyplot, save_figure
+
+    points = list(dict.fromkeys((_pool_label(r).split("\n")[0], r.get("cpu_tier"), load_label(r)) for r in records))
+    fig, axes = pyplot().subplots(2, len(points), figsize=(max(5.0, 4.2 * len(points)), 6.5), squeeze=False)
+    for col, point in enumerate(points):
+        recs = [r for r in records if (_pool_label(r).split("\n")[0], r.get("cpu_tier"), load_label(r)) == point]
+        xs = np.arange(len(recs))
+        gpu = [100 * r["gpu_hit_rate"] for r in recs]
+        tier = [100 * r["tier_hit_rate"] for r in recs]
+        top, bottom = axes[0][col], axes[1][col]
+        top.bar(xs, gpu, color="#4c72b0", label="GPU pool")
+        top.bar(xs, tier, bottom=gpu, color="#dd8452", label="CPU tier")
+        for x, r in zip(xs, recs):
+            if r.get("sim_token_hit_rate") is not None:
+                top.plot([x - 0.4, x + 0.4], [100 * r["sim_token_hit_rate"]] * 2, color="k", lw=1)
+        bottom.bar(xs, [1000 * r["ttft_p95_s"] for r in recs], color="#55a868")
+        for ax in (top, bottom):
+            ax.set_xticks(xs, [r["arm"].replace("+", "\n+") for r in recs], fontsize=7)
+            ax.grid(alpha=0.3, axis="y")
+        top.set_title(f"GPU {point[0]}, CPU {point[1]}, {point[2]}", fontsize=9)
+    axes[0][0].set_ylabel("token hit rate (%)")
+    axes[1][0].set_ylabel(f"TTFT P95 (ms, virtual, {records[0]['gpu']})")
+    axes[0][0].legend(fontsize=7, title="hits from (line: emulated)", title_fontsize=7)
+    fig.suptitle(f"vLLM replay in two tiers: {records[0]['model']} on {str(records[0]['trace']).split(':')[0]}", fontsize=10)
+    fig.tight_layout()
+    return save_figure(fig, path, dpi=120)

@@ -45,16 +45,20 @@ TIER_POLICIES: dict[str, dict[str, str]] = {
 NO_TIER = "none"
 
 
-def extra_config(policy: str, cpu_bytes: int) -> dict[str, Any]:
+def extra_config(policy: str, cpu_bytes: int, host_bandwidth: float = DEFAULT_HOST_BANDWIDTH) -> dict[str, Any]:
     """vLLM's ``kv_connector_extra_config`` for a CPU tier of ``cpu_bytes`` under ``policy``
     (one of :data:`TIER_POLICIES`); everything else stays vLLM's default (``offload_prompt_only``,
-    no ``store_threshold``, one GPU block per chunk). Raises ConfigError for an unknown policy or
-    a tier under one byte."""
+    no ``store_threshold``, one GPU block per chunk). Marconi's policy also hears the host link's
+    bandwidth (``marconi_host_gbps``, GB/s), which prices a load against the FLOPs it saves.
+    Raises ConfigError for an unknown policy or a tier under one byte."""
     if policy not in TIER_POLICIES:
         raise ConfigError(f"--tier-policies: unknown tier policy {policy!r}; known: {', '.join(TIER_POLICIES)}")
     if cpu_bytes < 1:
         raise ConfigError(f"--cpu-tier must be at least one byte, got {cpu_bytes}")
-    return {"cpu_bytes_to_use": int(cpu_bytes), **TIER_POLICIES[policy]}
+    extra: dict[str, Any] = {"cpu_bytes_to_use": int(cpu_bytes), **TIER_POLICIES[policy]}
+    if policy == "marconi":
+        extra["marconi_host_gbps"] = host_bandwidth / 1e9
+    return extra
 
 
 def parse_tier_policies(text: str) -> tuple[str, ...]:

@@ -243,7 +243,8 @@ def main(argv: list[str] | None = None) -> int:
                              retention_interval=None if args.retention_interval.lower() == "none"
                              else int(args.retention_interval),
                              offload_extra_config=None if args.cpu_tier_bytes is None
-                             else extra_config(args.tier_policy, args.cpu_tier_bytes))
+                             else extra_config(args.tier_policy, args.cpu_tier_bytes,
+                                               args.host_bandwidth or DEFAULT_HOST_BANDWIDTH))
     tier = None
     if args.cpu_tier_bytes is not None:
         from marconi.integrations.vllm.replay.offload import TierWorker
