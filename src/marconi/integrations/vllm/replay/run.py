@@ -204,7 +204,10 @@ def _check_tier(config: ReplayConfig) -> None:
         if config.tier_policies or config.host_bandwidth is not None:
             raise ConfigError("--tier-policies and --host-bandwidth need a CPU tier: give --cpu-tier (256GB or 0.5x)")
         return
-    cap = parse_capacity(config.cpu_tier)
+    try:
+        cap = parse_capacity(config.cpu_tier)
+    except ConfigError as exc:
+        raise ConfigError(f"--cpu-tier: {exc}") from None
     if cap.absolute is not None and cap.absolute < 1:
         raise ConfigError(f"--cpu-tier {config.cpu_tier!r}: give a size of at least one byte (256GB) or a fraction (0.5x)")
     if not config.tier_policies:

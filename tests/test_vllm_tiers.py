@@ -1,0 +1,97 @@
+"""``marconi vllm replay --cpu-tier``: vLLM's OffloadingConnector in the replay, hits split by tier.
+
+The replay test needs the vLLM environment (``make vllm-env``), as ``tests/test_vllm_replay.py``'s do:
+under ``MARCONI_REQUIRE_VLLM=1`` a missing environment fails it, under a plain ``pytest`` it skips.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from marconi.core.registry import ConfigError
+from marconi.integrations.vllm.replay.run import ReplayConfig, run_replay, tier_table
+from marconi.integrations.vllm.replay.tiers import (DEFAULT_HOST_BANDWIDTH, MARCONI_POLICY_MODULE, extra_config,
+                                                    parse_bandwidth, parse_tier_policies)
+from marks import slow
+from vllm_env import vllm_python
+
+#: The fields every two-tier record carries (the issue's done-when list, and what the table reads).
+TIER_FIELDS = ("tier_policy", "cpu_tier_bytes", "token_hit_rate", "gpu_hit_tokens", "tier_hit_tokens",
+               "recomputed_tokens", "bytes_loaded", "bytes_stored", "ttft_p50_s", "ttft_p95_s", "ttft_p99_s",
+               "tier_evictions_kv", "tier_evictions_state", "throughput_tok_s", "sim_token_hit_rate")
+
+
+# ====================================================================================== no vLLM needed
+def test_tier_options_parse_and_refuse_clearly() -> None:
+    assert parse_tier_policies("lru, arc,marconi,none") == ("lru", "arc", "marconi", "none")
+    with pytest.raises(ConfigError, match="unknown tier policy 'fifo'"):
+        parse_tier_policies("lru,fifo")
+    with pytest.raises(ConfigError, match="twice"):
+        parse_tier_policies("lru,lru")
+    assert parse_bandwidth("55GB/s") == parse_bandwidth("55GB") == 55e9
+    with pytest.raises(ConfigError, match="--host-bandwidth"):
+        parse_bandwidth("0GB/s")
+    # the tier is configured as a server configures it: kv_connector_extra_config alone
+    assert extra_config("arc", 8 * 2**30) == {"cpu_bytes_to_use": 8 * 2**30, "eviction_policy": "arc"}
+    marconi = extra_config("marconi", 10**9, 32e9)
+    assert marconi["cache_policy_module_path"] == MARCONI_POLICY_MODULE
+    assert marconi["marconi_host_gbps"] == 32.0
+    with pytest.raises(ConfigError, match="--cpu-tier"):
+        extra_config("lru", 0)
+
+
+def test_replay_config_refuses_tier_options_that_disagree() -> None:
+    base = dict(vllm_python="x", capacity="0.05x", concurrency=4)
+    with pytest.raises(ConfigError, match="give --cpu-tier"):
+        ReplayConfig(**base, tier_policies=("lru",))
+    with pytest.raises(ConfigError, match="--tier-policies"):
+        ReplayConfig(**base, cpu_tier="0.5x")
+    with pytest.raises(ConfigError, match="unknown tier policy"):
+        ReplayConfig(**base, cpu_tier="0.5x", tier_policies=("mru",))
+    with pytest.raises(ConfigError, match="cpu-tier"):
+        ReplayConfig(**base, cpu_tier="lots", tier_policies=("lru",))
+    ok = ReplayConfig(**base, cpu_tier="256GB", tier_policies=("none", "lru"))
+    assert ok.tier_arms == ("none", "lru")
+    assert ReplayConfig(**base).tier_arms == (None,)
+
+
+# ====================================================================================== vLLM
+@slow
+def test_two_tier_replay_splits_hits_by_tier_and_waits_for_loads(tmp_path) -> None:
+    """A GPU pool far too small for the trace's reuse, a CPU tier half its working set: vLLM's
+    connector serves most hits from the tier, every prompt token is a GPU hit, a tier hit or
+    recomputed (vLLM's counters, summed and per request), and a slower host link leaves the hits
+    alone but makes requests wait longer for their loads (the asynchronous load path is modelled)."""
+    python = vllm_python()
+    base = dict(vllm_python=python, trace="swe-sample", model="nemotron-h-8b", capacity="0.05x", cpu_tier="0.5x",
+                concurrency=8, num_requests=48, policies=("lru",))
+    fast = run_replay(ReplayConfig(**base, tier_policies=("none", "lru")), work_dir=tmp_path / "fast",
+                      emulate=False, show_bars=False)
+    slow_link = run_replay(ReplayConfig(**base, tier_policies=("lru",), host_bandwidth=1e9),
+                           work_dir=tmp_path / "slow", emulate=False, show_bars=False)
+    gpu_only, tiered = fast
+    assert [r["arm"] for r in fast] == ["lru+none", "lru+lru"]
+    for rec in (*fast, *slow_link):
+        for field in TIER_FIELDS:
+            assert field in rec, field
+        assert rec["gpu_hit_tokens"] + rec["tier_hit_tokens"] + rec["recomputed_tokens"] == rec["prompt_tokens"]
+        assert rec["recomputed_tokens"] >= 0
+        assert sum(rec["per_request"]["gpu_hit_tokens"]) == rec["gpu_hit_tokens"]
+        assert sum(rec["per_request"]["tier_hit_tokens"]) == rec["tier_hit_tokens"]
+        assert rec["token_hit_rate"] == pytest.approx(
+            (rec["gpu_hit_tokens"] + rec["tier_hit_tokens"]) / rec["prompt_tokens"])
+    # GPU only: no connector, nothing moved
+    assert gpu_only["tier_policy"] == "none" and gpu_only["cpu_tier_bytes"] == 0
+    assert gpu_only["tier_hit_tokens"] == 0 and gpu_only["bytes_loaded"] == gpu_only["bytes_stored"] == 0
+    # the tier: hits beyond the GPU pool's, loaded over the link, and a store for each stored chunk
+    assert tiered["cpu_tier_bytes"] > 0 and tiered["tier_num_chunks"] > 0
+    assert tiered["tier_hit_tokens"] > tiered["gpu_hit_tokens"]
+    assert tiered["token_hit_rate"] > gpu_only["token_hit_rate"] + 0.2
+    assert tiered["bytes_loaded"] > 0 and tiered["bytes_stored"] > 0
+    assert tiered["load_wait_mean_s"] > 0
+    # a link 55x slower: each load waits longer, so first tokens come later
+    (slow_rec,) = slow_link
+    assert tiered["host_bandwidth_bytes_s"] == DEFAULT_HOST_BANDWIDTH
+    assert slow_rec["load_wait_mean_s"] > 10 * tiered["load_wait_mean_s"]
+    assert slow_rec["ttft_p50_s"] > tiered["ttft_p50_s"]
+    assert "tier hit" in tier_table([*fast, *slow_link])
