@@ -70,7 +70,7 @@ def test_the_command_resolves_its_trace_before_it_needs_vllm(tmp_path: Path, cap
     assert "neither a file nor a catalog workload" in capsys.readouterr().err
     assert main(["vllm", "bench", "--trace", str(path), *work]) == 2        # the file resolved; vLLM is missing
     err = capsys.readouterr().err
-    assert f"no vLLM python at {missing_python}" in err and "Traceback" not in err
+    assert f"--vllm-python {missing_python}: no such file" in err and "Traceback" not in err   # issue 31: probed
 
 
 def test_metrics_parse_prometheus_text_without_engine_labels() -> None:

@@ -128,8 +128,10 @@ def serve_side_by_side(servers: Mapping[str, ServerProcess], model: str, request
     with ExitStack() as stack:
         for server in servers.values():
             stack.callback(server.stop)
+        for server in servers.values():      # spawned here: a server dies with the thread that spawned it
+            server.spawn()
         with ThreadPoolExecutor(len(servers)) as pool:
-            for fut in [pool.submit(s.start) for s in servers.values()]:
+            for fut in [pool.submit(s.wait_healthy) for s in servers.values()]:
                 fut.result()
         for label, server in servers.items():
             progress(f"[{label}] server up in {server.startup_s:.0f}s")

@@ -4,7 +4,8 @@ What an engine integration supplies is a :class:`Launch`: the command line for a
 environment (vLLM's: :class:`marconi.integrations.vllm.server.ServerConfig`). :class:`ServerProcess`
 does the rest, the same for every engine: a free port on 127.0.0.1, the log to a file, its own
 process session (so stopping it stops every process the server forked), ``GET /health`` until it
-answers 200, ``GET /metrics`` parsed by :func:`parse_metrics`. ``PROMETHEUS_MULTIPROC_DIR`` gets a
+answers 200, ``GET /metrics`` parsed by :func:`parse_metrics`. The server is spawned by
+:func:`marconi.pool.spawn`, so it dies with the command that started it, even after a ``kill -9``. ``PROMETHEUS_MULTIPROC_DIR`` gets a
 fresh directory per server, so counters incremented in the engine's other processes (vLLM's engine
 core, where the plugin counts) reach ``/metrics``; it is removed at stop.
 """
@@ -14,7 +15,6 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import signal
 import socket
 import subprocess
 import tempfile
@@ -69,6 +69,7 @@ class ServerProcess:
         self.base_url = f"http://127.0.0.1:{self.port}"
         self._proc: subprocess.Popen[bytes] | None = None
         self._prom_dir: str | None = None
+        self._started = 0.0
         self.startup_s = 0.0
 
     def __enter__(self) -> Self:
@@ -81,21 +82,35 @@ class ServerProcess:
     def start(self) -> None:
         """Launch the server and wait until it is healthy (ServerError, with the log's end, if it
         exits first or the timeout passes; the process is stopped then)."""
+        self.spawn()
+        self.wait_healthy()
+
+    def spawn(self) -> None:
+        """Launch the server (:func:`marconi.pool.spawn`: it dies with this process). Call it from a
+        thread that outlives the server (the death signal follows the spawning thread), then
+        :meth:`wait_healthy`, which any thread may run."""
+        from marconi.pool import spawn
+
         self._prom_dir = tempfile.mkdtemp(prefix="marconi-prom-")
         env = dict(self.launch.environment())
         env["PROMETHEUS_MULTIPROC_DIR"] = self._prom_dir
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        log = self.log_path.open("wb")
-        started = time.perf_counter()
-        self._proc = subprocess.Popen(self.launch.args(self.port), stdout=log, stderr=subprocess.STDOUT, env=env,
-                                      start_new_session=True)
-        log.close()
+        self._started = time.perf_counter()
         try:
-            self._wait_healthy(started)
+            with self.log_path.open("wb") as log:
+                self._proc = spawn(self.launch.args(self.port), stdout=log, stderr=subprocess.STDOUT, env=env)
         except BaseException:
             self.stop()
             raise
-        self.startup_s = time.perf_counter() - started
+
+    def wait_healthy(self) -> None:
+        """Wait until the spawned server answers ``/health`` (see :meth:`start`)."""
+        try:
+            self._wait_healthy(self._started)
+        except BaseException:
+            self.stop()
+            raise
+        self.startup_s = time.perf_counter() - self._started
 
     def _wait_healthy(self, started: float) -> None:
         import httpx
@@ -133,18 +148,12 @@ class ServerProcess:
         return parse_metrics(httpx.get(self.base_url + "/metrics", timeout=30.0).text)
 
     def stop(self) -> None:
-        """SIGTERM to the server's process group, SIGKILL after 60 s; idempotent."""
+        """SIGTERM to the server's process group, SIGKILL after 60 s (:func:`marconi.pool.stop`); idempotent."""
+        from marconi.pool import stop
+
         proc, self._proc = self._proc, None
-        if proc is not None and proc.poll() is None:
-            try:
-                os.killpg(proc.pid, signal.SIGTERM)
-                proc.wait(timeout=60)
-            except (ProcessLookupError, subprocess.TimeoutExpired):
-                try:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                proc.wait(timeout=30)
+        if proc is not None:
+            stop(proc, grace_s=60.0)
         if self._prom_dir is not None:
             shutil.rmtree(self._prom_dir, ignore_errors=True)
             self._prom_dir = None

@@ -62,12 +62,18 @@ class ShadowAlpha:
         decay, hysteresis: the selector's (see :class:`marconi.selectors.regret.RegretEviction`).
 
     Raises:
-        ConfigError: an unknown rule, or one ``rule_map`` rejects.
+        ConfigError: an unknown rule, a rule that cuts dead tails (``a0.5mt``: neither the regret
+            selector nor an engine's ranking can follow it), or one ``rule_map`` rejects.
     """
 
     def __init__(self, rules: str | Sequence[EvictionRule] = "default", *, rule_map: RuleMap,
                  decay: float = 0.999, hysteresis: float = 0.05) -> None:
         self.rules = parse_rules(rules)
+        cutting = [r.label() for r in self.rules if r.tails]
+        if cutting:        # refused here, when the setting is read, not when a pool binds (issue 31)
+            raise ConfigError(f"rules {', '.join(cutting)} cut dead tails, which this adaptive alpha cannot follow: its "
+                              "regret selector scores victims, not cuts, and an engine's eviction only ranks blocks; "
+                              "use lru, aX and aXm rules (e.g. lru/a0.5m/a2m)")
         self._mapped = [rule_map(r) for r in self.rules]    # validates every rule
         self.decay = decay
         self.hysteresis = hysteresis

@@ -107,7 +107,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--num-requests", type=int, default=None)
     ap.add_argument("--out", default=None, help="append the JSONL records here (also printed)")
     args = ap.parse_args(argv)
+    if args.num_requests is not None and args.num_requests < 1:
+        ap.error(f"--num-requests must be >= 1, got {args.num_requests}")
+    try:
+        return _bench(args)
+    except (ConfigError, ValueError) as exc:       # a bad option or trace: one line, not a traceback
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
 
+
+def _bench(args: argparse.Namespace) -> int:
     from marconi.core.model import get_model
     from marconi.integrations.sglang.replay import pool_sizes
     from marconi.sim.replay import working_set_bytes

@@ -61,9 +61,9 @@ def radix_rule(rule: EvictionRule) -> tuple[float, str | None]:
     """``(alpha, efficiency)`` with which :class:`MarconiStrategy` applies an adaptive family's rule
     (``lru`` -> α = 0; ``aX`` / ``aXm`` -> α = X on the total / marginal efficiency). Rules whose
     recency, candidates or touch differ from what the strategy has built in raise ConfigError."""
-    if rule.is_lru:
+    if rule.is_lru and not rule.tails:
         return 0.0, None
-    if rule.recency != "linear" or rule.candidates != "single-child" or rule.touch != "hit":
+    if rule.recency != "linear" or rule.candidates != "single-child" or rule.touch != "hit" or rule.tails:
         raise ConfigError(f"adaptive rule {rule.label()!r} has no counterpart in SGLang's radix cache: use lru, "
                           "aX or aXm, e.g. lru/a0.5m/a2m")
     return rule.alpha, rule.efficiency if rule.alpha else None

@@ -348,12 +348,16 @@ def make_record(config: BenchConfig, trace_info: dict[str, Any], spec: ModelSpec
 
 # ====================================================================================== the bench
 def build_model(config: BenchConfig, progress: Progress) -> Path:
-    import subprocess
+    """The preset's random-weight model, built in the vLLM environment (probed first: ConfigError
+    naming ``--vllm-python`` unless it is one, :func:`marconi.integrations.common.probe.probe_python`)."""
+    from marconi.integrations.common.probe import probe_python
+    from marconi.pool import run_child
 
+    probe_python(config.vllm_python, "vllm", option="--vllm-python", make_target="make vllm-env")
     model_dir = Path(config.work_dir) / "models" / config.model
     progress(f"building {config.model} (random weights, seed {config.seed}) in {model_dir}")
-    proc = subprocess.run([config.vllm_python, "-m", "marconi.integrations.vllm.models", config.model, str(model_dir),
-                           "--seed", str(config.seed)], capture_output=True, text=True)
+    proc = run_child([config.vllm_python, "-m", "marconi.integrations.vllm.models", config.model, str(model_dir),
+                      "--seed", str(config.seed)])
     if proc.returncode != 0:
         raise RuntimeError(f"building {config.model} failed:\n{proc.stderr[-3000:]}")
     return model_dir
@@ -372,11 +376,10 @@ def run_bench(config: BenchConfig, progress: Progress | None = None) -> BenchOut
     """Run every policy: records (one per policy), the raw runs, the requests and the model's spec.
 
     The trace is resolved first (a bad ``--trace`` fails before anything needs vLLM), then the
-    vLLM environment's python is checked (ConfigError if missing)."""
+    vLLM environment's python is probed, before the first thing runs there (:func:`build_model`:
+    ConfigError naming ``--vllm-python`` unless it runs and has vLLM and this project)."""
     say = progress or (lambda msg: print(msg, file=sys.stderr))
     requests, indices, trace_info = select_requests(config, notice=say)
-    if not Path(config.vllm_python).is_file():
-        raise ConfigError(f"no vLLM python at {config.vllm_python}: run `make vllm-env` or pass --vllm-python")
     Path(config.work_dir).mkdir(parents=True, exist_ok=True)
     say(f"trace {trace_info['trace']}: {len(requests)} requests, {sum(r.input_len for r in requests):,} prompt "
         f"tokens, {sum(max_tokens(r) for r in requests):,} output tokens")

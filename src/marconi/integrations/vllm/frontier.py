@@ -177,7 +177,7 @@ def _run_arm(shared: Mapping[str, Any], item: tuple[Any, str, Arm, str, dict[str
     return {**frontier_record(replay, arm, workload, pool), **echo}
 
 
-def run_frontier(config: FrontierConfig, *, work_dir: str | Path, workers: int = 1,
+def run_frontier(config: FrontierConfig, *, work_dir: str | Path | None = None, workers: int = 1,
                  on_point: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
     """Every point's record, workload-major, then pool, then arm (:func:`plan_arms`' order).
 
@@ -185,21 +185,28 @@ def run_frontier(config: FrontierConfig, *, work_dir: str | Path, workers: int =
     depend on it run first and their block size rounds the intervals; with none of them, one
     request is replayed to learn it.
 
+    ``work_dir`` (every replay's requests, logs and results) is kept; without one a temporary
+    folder is used and removed when the run ends, however it ends (issue 31, bug 12: it held
+    every selected trace as JSON), unless ``MARCONI_KEEP_SCRATCH=1`` (:func:`marconi.pool.scratch_dir`).
+
     Raises:
-        ConfigError: an invalid point, before any runs.
+        ConfigError: an invalid point, or ``vllm_python`` not a vLLM environment, before any runs.
     """
+    from marconi.integrations.common.probe import probe_python
+    from marconi.pool import scratch_dir
     from marconi.sim.backends import make_backend
 
-    work = Path(work_dir)
-    runner = make_backend("local", workers=workers)
-    try:
-        first = [a for a in plan_arms(1, config.budgets, config.intervals, config.families) if not _needs_block(a)]
-        done = _run_arms(runner, config, first, work, on_point) if first else []
-        block = done[0]["block_size"] if done else _probe_block_size(config, work / "probe")
-        arms = plan_arms(block, config.budgets, config.intervals, config.families)
-        done += _run_arms(runner, config, [a for a in arms if _needs_block(a)], work, on_point)
-    finally:
-        runner.close()
+    probe_python(config.vllm_python, "vllm", option="--vllm-python", make_target="make vllm-env")
+    with scratch_dir("marconi-frontier-", work_dir) as work:
+        runner = make_backend("local", workers=workers)
+        try:
+            first = [a for a in plan_arms(1, config.budgets, config.intervals, config.families) if not _needs_block(a)]
+            done = _run_arms(runner, config, first, work, on_point) if first else []
+            block = done[0]["block_size"] if done else _probe_block_size(config, work / "probe")
+            arms = plan_arms(block, config.budgets, config.intervals, config.families)
+            done += _run_arms(runner, config, [a for a in arms if _needs_block(a)], work, on_point)
+        finally:
+            runner.close()
     order = {(w, pool_label(p), a.label): i for i, (w, p, a) in
              enumerate((w, p, a) for w in config.workloads for p in config.pools for a in arms)}
     return sorted(done, key=lambda r: order[(r["workload"], r["pool_label"], r["arm"])])

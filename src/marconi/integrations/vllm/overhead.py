@@ -22,13 +22,14 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from marconi.pool import run_child
 
 __all__ = ["main", "CONFIGS"]
 
@@ -44,9 +45,9 @@ def _serve(vllm_python: str, config: str, requests_path: Path, model_dir: Path, 
     out = work / f"out-{config}.json"
     env = {k: v for k, v in os.environ.items() if not k.startswith("MARCONI_VLLM_")}
     env.update(CONFIGS[config])
-    proc = subprocess.run([vllm_python, "-m", "marconi.integrations.vllm.offline", str(requests_path), str(out), "--model",
-                           str(model_dir), "--blocks", str(blocks), "--block-size", str(block_size),
-                           "--max-model-len", str(max_model_len)], capture_output=True, text=True, env=env)
+    proc = run_child([vllm_python, "-m", "marconi.integrations.vllm.offline", str(requests_path), str(out), "--model",
+                      str(model_dir), "--blocks", str(blocks), "--block-size", str(block_size),
+                      "--max-model-len", str(max_model_len)], env=env)
     if proc.returncode != 0:
         raise RuntimeError(f"{config}: the in-process engine failed:\n{proc.stderr[-3000:]}")
     with out.open() as fh:

@@ -79,8 +79,9 @@ class VllmServer(ServerProcess):
         super().__init__(config, log_path=log_path, startup_timeout_s=startup_timeout_s, name="vLLM server")
         self.config = config
 
-    def start(self) -> None:
-        """ServerError at once if the vLLM environment's python is missing; else as the base class."""
+    def spawn(self) -> None:
+        """ServerError at once if the vLLM environment's python is missing; else as the base class
+        (:meth:`start` and :func:`~marconi.integrations.common.bench.serve_side_by_side` both spawn here)."""
         if not Path(self.config.python).is_file():
             raise ServerError(f"no vLLM python at {self.config.python}: run `make vllm-env` (or pass --vllm-python)")
-        super().start()
+        super().spawn()

@@ -47,7 +47,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -58,11 +57,13 @@ from marconi.core.model import ModelSpec
 from marconi.core.registry import ConfigError
 from marconi.integrations.common import bench as common
 from marconi.integrations.common.bench import mean_or_none, percentile
+from marconi.integrations.common.probe import probe_python
 from marconi.integrations.vllm.bench import parse_policies, parse_retention, policy_arm
 from marconi.integrations.vllm.config import PluginConfig
 from marconi.integrations.vllm.policy import DEFAULT_ALPHA, MAMBA
 from marconi.integrations.vllm.replay.tiers import NO_TIER
 from marconi.integrations.vllm.retention import DEFAULT_BUDGET, SPARSE_DP
+from marconi.pool import KEEP_SCRATCH_ENV, child_process, scratch_dir
 from marconi.units import parse_bytes, parse_capacity
 
 __all__ = ["ReplayConfig", "CONFIGS_DIR", "model_dir", "policy_env", "run_replay", "replay_table", "load_label",
@@ -270,17 +271,20 @@ def _run_worker(config: ReplayConfig, mdir: Path, requests_path: Path, out_path:
            # max_position_embeddings (Nemotron-H-8B-Base-8K) is a scheduling question only
            "VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"}
     log_path = out_path.with_suffix(".log")
-    with log_path.open("w") as log:
-        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=log, text=True)
+    # The worker dies with this process: on SIGTERM, Ctrl-C or an error here it is stopped, and a
+    # kill -9 of this process kills it too (issue 31, bug 11; marconi.pool.child_process).
+    with log_path.open("w") as log, child_process(cmd, env=env, stdout=subprocess.PIPE, stderr=log, text=True) as proc:
         assert proc.stdout is not None
         for line in proc.stdout:
             if line.startswith("progress "):
                 done, total = map(int, line.split()[1:3])
                 on_progress(done, total)
         rc = proc.wait()
-    if rc != 0:
-        tail = log_path.read_text()[-3000:]
-        raise RuntimeError(f"replay worker for {label!r} failed (exit {rc}); log {log_path}:\n{tail}")
+    if rc != 0 or not out_path.is_file():     # exit 0 without a result is a failure too (issue 31, bug 10)
+        tail = log_path.read_text(errors="replace")[-3000:]
+        what = f"exit {rc}" if rc != 0 else "exit 0 without writing its result"
+        raise RuntimeError(f"replay worker for {label!r} failed ({what}); log {log_path} (kept only with --work-dir "
+                           f"or {KEEP_SCRATCH_ENV}=1):\n{tail}")
     return json.loads(out_path.read_text())
 
 
@@ -360,7 +364,23 @@ def _states_per_request(res: dict[str, Any], num_requests: int) -> float | None:
 def run_replay(config: ReplayConfig, *, work_dir: str | Path | None = None, emulate: bool = True,
                progress: Callable[[str], None] | None = None, show_bars: bool = True) -> list[dict[str, Any]]:
     """One record per policy (see the module docstring). ``progress``: told each policy's start;
-    ``show_bars``: a per-policy progress bar on stderr (off in sweeps, which show one per point)."""
+    ``show_bars``: a per-policy progress bar on stderr (off in sweeps, which show one per point).
+
+    ``config.vllm_python`` is probed first (ConfigError naming ``--vllm-python``). ``work_dir``
+    (requests, worker logs, results) is kept; without one a temporary folder is used and removed
+    when the run ends, however it ends (issue 31, bug 12), unless ``MARCONI_KEEP_SCRATCH=1``.
+    """
+    probe_python(config.vllm_python, "vllm", option="--vllm-python", make_target="make vllm-env")
+    with scratch_dir("marconi-replay-", work_dir) as work:
+        try:
+            return _replay_in(config, work, emulate=emulate, progress=progress, show_bars=show_bars)
+        finally:
+            _REQUESTS.pop(work / "requests.json", None)
+
+
+def _replay_in(config: ReplayConfig, work: Path, *, emulate: bool, progress: Callable[[str], None] | None,
+               show_bars: bool) -> list[dict[str, Any]]:
+    """:func:`run_replay`'s records, its files in the working folder ``work``."""
     from tqdm import tqdm
 
     mdir = model_dir(config.model)
@@ -368,8 +388,6 @@ def run_replay(config: ReplayConfig, *, work_dir: str | Path | None = None, emul
     sel = common.select_requests(config.trace, max_input_len=config.max_input_len, num_requests=config.num_requests,
                                  max_output_len=config.max_output_len)
     requests = sel.requests
-    work = Path(work_dir or tempfile.mkdtemp(prefix="marconi-replay-"))
-    work.mkdir(parents=True, exist_ok=True)
     req_path = work / "requests.json"
     req_path.write_text(json.dumps({"requests": [{"session": str(r.session_id), "prompt": r.input_tokens.tolist(),
                                                    "output": r.output_tokens.tolist(), "ts": float(r.ts)}

@@ -72,25 +72,33 @@ def _run_point(shared: Mapping[str, Any], point: SweepPoint) -> list[dict[str, A
     return run_replay(point.config, work_dir=point.work_dir, emulate=point.emulate, show_bars=False)
 
 
-def run_sweep(configs: Sequence[ReplayConfig], *, work_dir: str | Path, backend: Any = "local",
+def run_sweep(configs: Sequence[ReplayConfig], *, work_dir: str | Path | None = None, backend: Any = "local",
               workers: int | None = 1, emulate: bool = True,
               on_point: Callable[[list[dict[str, Any]]], None] | None = None) -> list[dict[str, Any]]:
     """All points' records, in point order (each point's policies in the order given).
 
     ``backend``: ``"local"``, ``"ray"`` or a :mod:`marconi.sim.backends` backend object (closed here
     only if made here). ``on_point`` sees each point's records as it completes (progress).
+    ``work_dir`` is kept; without one a temporary folder is used and removed when the sweep ends,
+    however it ends, unless ``MARCONI_KEEP_SCRATCH=1`` (:func:`marconi.pool.scratch_dir`; on Ray,
+    the nodes must share the folder's path, so give ``work_dir``). The vLLM environment is probed
+    first (ConfigError naming ``--vllm-python``).
     """
+    from marconi.integrations.common.probe import probe_python
+    from marconi.pool import scratch_dir
     from marconi.sim.backends import make_backend
 
-    work = Path(work_dir)
-    points = [SweepPoint(c, str(work / _point_label(c)), emulate) for c in configs]
-    if len({p.work_dir for p in points}) != len(points):
-        raise ConfigError("sweep: two points are the same configuration")
-    own = isinstance(backend, str)
-    runner = make_backend(backend, workers=workers) if own else backend
-    try:
-        results = runner.map(_run_point, points, shared={}, on_result=on_point)
-    finally:
-        if own:
-            runner.close()
+    for python in dict.fromkeys(c.vllm_python for c in configs):
+        probe_python(python, "vllm", option="--vllm-python", make_target="make vllm-env")
+    with scratch_dir("marconi-replay-sweep-", work_dir) as work:
+        points = [SweepPoint(c, str(work / _point_label(c)), emulate) for c in configs]
+        if len({p.work_dir for p in points}) != len(points):
+            raise ConfigError("sweep: two points are the same configuration")
+        own = isinstance(backend, str)
+        runner = make_backend(backend, workers=workers) if own else backend
+        try:
+            results = runner.map(_run_point, points, shared={}, on_result=on_point)
+        finally:
+            if own:
+                runner.close()
     return [rec for recs in results for rec in recs]
