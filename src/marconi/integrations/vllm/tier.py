@@ -120,14 +120,7 @@ class TierSettings:
     gpu_tflops: float = DEFAULT_GPU_TFLOPS
 
     def __post_init__(self) -> None:
-        bad = [k for k in self.group_kinds if k not in (ATTENTION, MAMBA)]
-        if bad:
-            raise ConfigError(f"marconi_group_kinds: each group is {ATTENTION!r} or {MAMBA!r}, got "
-                              f"{list(self.group_kinds)}")
-        if MAMBA not in self.group_kinds or ATTENTION not in self.group_kinds:
-            raise ConfigError(f"MarconiCachePolicy serves hybrid models (attention and Mamba KV cache groups); "
-                              f"this one has {list(self.group_kinds)}: set kv_connector_extra_config "
-                              "'eviction_policy' to 'lru' or 'arc'")
+        _check_kinds(self.group_kinds)
         block_rule(self.rule)   # ConfigError for a rule the tier cannot apply
         for name in ("host_gbps", "gpu_tflops"):
             value = getattr(self, name)
@@ -154,6 +147,9 @@ class TierSettings:
                           spec: ModelSpec | None = None, tokens_per_chunk: int | None = None) -> "TierSettings":
         """Settings from ``kv_connector_extra_config`` (``extra``); vLLM's groups and model are the
         defaults for ``marconi_group_kinds`` and ``marconi_model``. ConfigError names the key."""
+        unknown = sorted(k for k in extra if k.startswith("marconi_") and k not in _KEYS)
+        if unknown:
+            raise ConfigError(f"kv_connector_extra_config: unknown key(s) {unknown}; known: {list(_KEYS)}")
         kinds = extra.get("marconi_group_kinds", group_kinds)
         if kinds is None:
             raise ConfigError("MarconiCachePolicy cannot tell which KV cache groups hold states: set "
@@ -517,6 +513,15 @@ class MarconiCachePolicy(CachePolicy):
                 assert child in self._nodes and self._nodes[child].parent == parent, "child link drifted"
 
 
+def _check_kinds(kinds: Sequence[str]) -> None:
+    bad = [k for k in kinds if k not in (ATTENTION, MAMBA)]
+    if bad:
+        raise ConfigError(f"marconi_group_kinds: each group is {ATTENTION!r} or {MAMBA!r}, got {list(kinds)}")
+    if MAMBA not in kinds or ATTENTION not in kinds:
+        raise ConfigError(f"MarconiCachePolicy serves hybrid models (attention and Mamba KV cache groups); this one "
+                          f"has {list(kinds)}: set kv_connector_extra_config 'eviction_policy' to 'lru' or 'arc'")
+
+
 def _discover_settings() -> TierSettings:
     """Settings of the policy vLLM's factory is building: from the ``OffloadingSpec`` (its
     ``extra_config``, groups and chunk size) and the connector's ``kv_cache_config`` /
@@ -546,15 +551,18 @@ def _discover_settings() -> TierSettings:
     if spec_obj is None:
         return TierSettings.from_env()
     extra = dict(spec_obj.extra_config)
-    unknown = sorted(k for k in extra if k.startswith("marconi_") and k not in _KEYS)
-    if unknown:
-        raise ConfigError(f"kv_connector_extra_config: unknown key(s) {unknown}; known: {list(_KEYS)}")
-    kinds = _group_kinds(kv_cache_config) if kv_cache_config is not None else None
+    kinds = extra.get("marconi_group_kinds") or (_group_kinds(kv_cache_config) if kv_cache_config is not None else None)
+    if kinds is not None and not isinstance(kinds, str):
+        _check_kinds(kinds)
     model = None
     if "marconi_model" not in extra and vllm_config is not None:
         from marconi.integrations.vllm.plugin import _model_spec
 
-        model = _model_spec(vllm_config)
+        try:
+            model = _model_spec(vllm_config)
+        except ValueError as exc:
+            raise ConfigError(f"MarconiCachePolicy cannot read the served model's FLOPs and bytes ({exc}): set "
+                              "kv_connector_extra_config 'marconi_model'") from None
     tpc = None
     sizes = {int(t) * int(spec_obj.blocks_per_chunk) for t in spec_obj.tokens_per_block}
     if len(sizes) == 1:
