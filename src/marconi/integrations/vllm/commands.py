@@ -24,7 +24,6 @@ import argparse
 import dataclasses
 import shlex
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
@@ -196,7 +195,7 @@ def _cmd_frontier(args: argparse.Namespace) -> int:
                             max_num_batched_tokens=args.max_num_batched_tokens, gpu=args.gpu,
                             families=tuple(_comma_list(args.arms, "--arms", str) or ()))
     started = time.perf_counter()
-    work = args.work_dir or tempfile.mkdtemp(prefix="marconi-frontier-")
+    work = args.work_dir          # None: a temporary folder, removed at the end (marconi.pool.scratch_dir)
     with tqdm(desc="frontier", unit="point", file=sys.stderr) as bar:
         records = run_frontier(config, work_dir=work, workers=args.workers, on_point=lambda _: bar.update(1))
     wall_s = time.perf_counter() - started
@@ -204,7 +203,7 @@ def _cmd_frontier(args: argparse.Namespace) -> int:
     records = [{**r, "command": command, "command_wall_s": wall_s} for r in records]
     paths = write_outputs(records, args.out)
     print(f"wrote {len(records)} records and {len(paths) - 1} files under {args.out} in {wall_s:.0f}s "
-          f"(work in {work})", file=sys.stderr)
+          f"(work in {work or 'a temporary folder, removed'})", file=sys.stderr)
     print((Path(args.out) / "report.md").read_text())
     return 0
 
@@ -260,9 +259,9 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     else:
         from tqdm import tqdm
 
-        work = args.work_dir or tempfile.mkdtemp(prefix="marconi-replay-sweep-")
+        work = args.work_dir      # None: a temporary folder, removed at the end (marconi.pool.scratch_dir)
         print(f"{len(configs)} points ({len(pools)} pools x {len(loads)} loads) x {len(base.policies)} policies on "
-              f"the {args.backend} backend; work in {work}", file=sys.stderr)
+              f"the {args.backend} backend; work in {work or 'a temporary folder'}", file=sys.stderr)
         with tqdm(total=len(configs), desc="sweep", unit="point") as bar:
             backend: Any = args.backend
             if args.backend == "ray" or args.address is not None:

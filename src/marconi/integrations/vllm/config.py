@@ -179,7 +179,10 @@ class PluginConfig:
             if self.efficiency != "total":
                 raise ConfigError(f"{ENV_ALPHA}={ADAPTIVE}: its rules choose the efficiency (lru/a0.5m/a2m: "
                                   f"marginal); unset {ENV_EFFICIENCY}")
-            PoolShadowAlpha(self.adaptive_rules)         # every rule must map onto the block policy
+            try:
+                PoolShadowAlpha(self.adaptive_rules)     # every rule must map onto the block policy
+            except ConfigError as exc:                   # at config read time, naming the variable
+                raise ConfigError(f"{ENV_ADAPTIVE_RULES}={self.adaptive_rules!r}: {exc}") from None
         elif self.adaptive_rules != DEFAULT_RULES:
             raise ConfigError(f"{ENV_ADAPTIVE_RULES}={self.adaptive_rules!r} needs {ENV_ALPHA}={ADAPTIVE}")
 

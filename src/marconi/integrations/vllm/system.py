@@ -155,7 +155,10 @@ def _vllm_align(block: int = 0, blocks: int = 0, match_unit: int = 0, retention:
             raise ConfigError("vllm-align: alpha=adaptive and alpha_source both name the alpha source; keep one")
         if efficiency != "total":
             raise ConfigError("vllm-align: alpha=adaptive chooses the efficiency with its rules; drop efficiency=")
-        PoolShadowAlpha(rules)               # every rule must map onto the block policy
+        try:
+            PoolShadowAlpha(rules)           # every rule must map onto the block policy, checked at parse time
+        except ConfigError as exc:
+            raise ConfigError(f"vllm-align: rules={rules}: {exc}") from None
     elif rules != DEFAULT_RULES:
         raise ConfigError("vllm-align: rules= needs alpha=adaptive")
     if alpha_source:
