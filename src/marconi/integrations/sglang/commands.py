@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -66,6 +65,29 @@ def check_bench_options(capacity: str, policies: str, model: str, out: str) -> N
         raise ConfigError(f"--out {out}: not writable")
 
 
+def check_bench_inputs(sglang_python: str, trace: str, model: str, num_requests: int | None) -> None:
+    """What the SGLang side would otherwise fail on with a traceback (issue 31, bug 10), checked here
+    before it is spawned; ConfigError naming the option. ``--sglang-python`` is probed
+    (:func:`marconi.integrations.common.probe.probe_python`: it runs, is Python, finds SGLang and
+    this project); ``--model`` is a preset or an HF config; ``--trace`` a catalog name or a file;
+    ``--num-requests`` at least 1."""
+    from marconi.core.model import get_model
+    from marconi.core.registry import ConfigError
+    from marconi.integrations.common.probe import probe_python
+    from marconi.workloads import is_workload
+
+    if num_requests is not None and num_requests < 1:
+        raise ConfigError(f"--num-requests: must be >= 1, got {num_requests}")
+    try:
+        get_model(model)
+    except (ConfigError, ValueError, OSError) as exc:
+        raise ConfigError(f"--model: {exc}") from None
+    if not is_workload(trace) and not Path(trace).is_file():
+        what = "is a directory" if Path(trace).is_dir() else "is neither a trace file nor a catalog name"
+        raise ConfigError(f"--trace {trace!r}: {what} (`marconi trace list` lists the catalog)")
+    probe_python(sglang_python, "sglang", option="--sglang-python", make_target="make sglang-env")
+
+
 def _cmd_bench(args: Any) -> int:
     from marconi.core.registry import ConfigError
 
@@ -74,20 +96,30 @@ def _cmd_bench(args: Any) -> int:
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    python = Path(args.sglang_python)
-    if not python.is_file():
-        print(f"error: no SGLang environment at {python}: run `make sglang-env`", file=sys.stderr)
+    try:
+        check_bench_inputs(args.sglang_python, args.trace, args.model, args.num_requests)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
         return 2
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    cmd = [str(python), "-W", "ignore", "-m", "marconi.integrations.sglang.bench", "--trace", args.trace,
+    policies = [p for p in args.policies.split(",") if p.strip()]
+    cmd = [str(args.sglang_python), "-W", "ignore", "-m", "marconi.integrations.sglang.bench", "--trace", args.trace,
            "--capacity", args.capacity, "--model", args.model, "--policies", args.policies, "--out", args.out]
     if args.num_requests is not None:
         cmd += ["--num-requests", str(args.num_requests)]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    from marconi.pool import run_child
+
+    proc = run_child(cmd)                  # dies with this command (issue 31, bug 11's mechanism)
     if proc.returncode != 0:
         sys.stderr.write(proc.stderr[-4000:])
         return proc.returncode or 1
     records = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    if len(records) != len(policies):     # exit 0 without results is a failure, never an empty table (bug 10)
+        said = (proc.stderr.strip().splitlines() or ["no output on stderr"])[-1][:300]
+        print(f"error: the SGLang side ({args.sglang_python}) exited 0 with {len(records)} of {len(policies)} "
+              f"records ({said}); check --sglang-python, or rebuild the environment with `make sglang-env`",
+              file=sys.stderr)
+        return 1
     print(f"{'policy':<26} {'token hit rate':>14} {'sglang-unified':>14} {'requests':>9} {'kv tokens':>10} "
           f"{'mamba slots':>11}")
     for r in records:
