@@ -17,7 +17,7 @@ from marconi.core.registry import ConfigError, split_name_list
 from marconi.sim.backends import worker_count
 from marconi.units import request_limit
 
-__all__ = ["main", "load_trace", "read_files"]
+__all__ = ["main", "load_trace", "read_files", "guard_outputs", "build_parser"]
 
 
 def load_trace(text: str, limit: int | None = None) -> Any:
@@ -44,6 +44,46 @@ def read_files(*, traces: Sequence[str | None] = (), models: Sequence[str | None
     out = [p for t in traces if t for p in (t, t + META_SUFFIX)]
     out += items(models) + items(files)
     return [p for p in dict.fromkeys(out) if Path(p).exists()]
+
+
+def guard_outputs(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """The one output guard, run by :func:`main` before any command: every option of the chosen
+    sub-command marked by :func:`marconi.options.add_output` goes through
+    :func:`marconi.io.check_output`, with every path any other option names as the command's
+    inputs (a trace's ``.meta.json`` sidecar and a model directory's files included).
+
+    Refused before any work: an output that is an input (spelled any way: relative, ``./x``,
+    absolute, through a symlink), a directory where a file goes, a file where a directory goes,
+    an unwritable place, and two outputs that are the same file.
+
+    Raises:
+        ConfigError: naming the option, the path and what to do.
+    """
+    from marconi.io import check_output, is_stream
+    from marconi.options import chosen_actions, is_reread, output_kind, values_of
+
+    actions = chosen_actions(parser, args)
+    outputs = [(a, v) for a in actions if output_kind(a) for v in values_of(getattr(args, a.dest, None)) if v]
+    if not outputs:
+        return
+    items = [item.strip() for a in actions if not output_kind(a)
+             for v in values_of(getattr(args, a.dest, None)) for item in v.split(",") if item.strip()]
+    inputs = read_files(traces=items, files=items)
+    reread = [p for a in actions if is_reread(a) for p in values_of(getattr(args, a.dest, None)) if p]
+    files: dict[str, str] = {}
+    for action, path in outputs:
+        flag, kind = action.option_strings[-1] if action.option_strings else action.dest, output_kind(action)
+        if kind == "workdir":
+            check_output(path, directory=True, option=flag)
+            continue
+        # a directory replaced as a whole may hold the records it is re-rendered from (read first)
+        check_output(path, directory=kind == "dir", option=flag,
+                     inputs=[i for i in inputs if not (kind == "dir" and i in reread)])
+        if kind == "file" and not is_stream(path):  # /dev/null twice is fine
+            real = os.path.realpath(path)
+            if real in files:
+                raise ConfigError(f"{flag} {path} is also {files[real]}: give each output its own file")
+            files[real] = f"{flag} {path}"
 
 
 # --------------------------------------------------------------------------- models / systems
@@ -282,6 +322,11 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 # --------------------------------------------------------------------------- parser
 def build_parser() -> argparse.ArgumentParser:
+    """The ``marconi`` parser: every numeric option typed with its domain, every output marked
+    (:mod:`marconi.options`)."""
+    from marconi.core.registry import Domain
+    from marconi.options import CapacityList, Number, add_output
+
     parser = argparse.ArgumentParser(prog="marconi", description="Prefix caching for hybrid LLMs.")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -295,9 +340,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="JSONL/Parquet trace or a catalog workload (marconi trace list)")
     sim.add_argument("--systems", default="vanilla,vllm+,sglang+,marconi",
                      help="comma list, parameters on names: marconi:alpha=1.0,vllm+:block=16")
-    sim.add_argument("--capacity", default="10GB", help="comma list: 5GB,10GiB or fractions of the working set 0.1x,25%%")
+    sim.add_argument("--capacity", default="10GB", type=CapacityList(), help="comma list: 5GB,10GiB or fractions of the working set 0.1x,25%%")
     sim.add_argument("--model", default="paper-7b", help="comma list of presets or config.json paths")
-    sim.add_argument("--out", help="write one JSONL record per point here (atomically)")
+    add_output(sim, "--out", help="write one JSONL record per point here (atomically)")
     sim.add_argument("--mode", default="sequential", choices=["sequential", "event"])
     sim.add_argument("--latency", default="a100", help="zero | a100 | h100 | a100:efficiency=0.4 | table:FILE.csv")
     sim.add_argument("--workers", type=worker_count, default=None,
@@ -315,17 +360,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     cmp_ = sub.add_parser("compare", help="relative gains and plots from simulate --out records")
     cmp_.add_argument("results")
-    cmp_.add_argument("--plots", help="directory for PNG plots (default: <results>_plots/)")
+    add_output(cmp_, "--plots", kind="dir", help="directory for PNG plots (default: <results>_plots/)")
     cmp_.set_defaults(func=_cmd_compare)
 
     mrc = sub.add_parser("mrc", help="miss-ratio curves: hit rate vs capacity per system (how to size a cache)")
     mrc.add_argument("--trace", required=True, help="JSONL/Parquet trace or a bundled trace name")
     mrc.add_argument("--systems", default="vllm+,sglang+,marconi", help="comma list (oracle and infinite are added)")
-    mrc.add_argument("--points", type=int, default=12, help="capacities, geometric from --lo to the working set")
-    mrc.add_argument("--lo", type=float, default=0.005, help="smallest capacity as a fraction of the working set")
+    mrc.add_argument("--points", type=Number(Domain(2, 1000, integer=True)), default=12, help="capacities, geometric from --lo to the working set")
+    mrc.add_argument("--lo", type=Number(Domain(0, 1, lo_open=True, hi_open=True)), default=0.005, help="smallest capacity as a fraction of the working set")
     mrc.add_argument("--model", default="paper-7b")
-    mrc.add_argument("--out", default="results/mrc.jsonl", help="records (JSONL, written atomically)")
-    mrc.add_argument("--plot", default=None, help="PNG path (default: --out with .png)")
+    add_output(mrc, "--out", default="results/mrc.jsonl", help="records (JSONL, written atomically)")
+    add_output(mrc, "--plot", default=None, help="PNG path (default: --out with .png)")
     mrc.add_argument("--no-ceilings", action="store_true", help="do not add oracle and infinite")
     mrc.add_argument("--workers", type=worker_count, default=None,
                      help="parallel processes (default: one per core, at most the CPUs)")
@@ -338,9 +383,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="the main job: the systems on a bundled real trace, with the oracle and a "
                                        "miss-ratio curve")
     demo.add_argument("--trace", default="swe-sample")
-    demo.add_argument("--capacity", default="0.05x,0.15x")
+    demo.add_argument("--capacity", default="0.05x,0.15x", type=CapacityList())
     demo.add_argument("--model", default="paper-7b")
-    demo.add_argument("--out", default="results/demo.jsonl")
+    add_output(demo, "--out", default="results/demo.jsonl")
     demo.set_defaults(func=_cmd_demo)
 
     for module in ("marconi.workloads.commands", "marconi.engine.commands", "marconi.experiments.commands",
@@ -373,6 +418,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         with sigterm_raises():
+            guard_outputs(parser, args)  # before any work: nothing computed is lost to --out
             return int(args.func(args) or 0)
     except ModuleNotFoundError as exc:
         extra = _EXTRA_OF.get((exc.name or "").split(".")[0])

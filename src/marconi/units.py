@@ -6,7 +6,7 @@ import argparse
 import math
 import re
 
-from marconi.core.registry import ConfigError
+from marconi.core.registry import ConfigError, Domain
 
 __all__ = ["parse_bytes", "format_bytes", "Capacity", "parse_capacity", "request_limit", "MAX_CAPACITY_BYTES",
            "MAX_CAPACITY_FRACTION"]
@@ -89,16 +89,22 @@ def parse_capacity(text: str) -> Capacity:
     return Capacity(t, parse_bytes(t), None)
 
 
-def request_limit(text: str) -> int:
-    """argparse type of every ``--limit``: the first N requests (lines), N an integer >= 1.
+class _RequestLimit:
+    """argparse type of every ``--limit``: the first N requests (lines), N an integer >= 1 (the
+    :class:`marconi.options.Number` protocol: ``domain`` is the declaration the parser walk reads).
 
     ``0`` and negative values are errors rather than "nothing" or "all but one": a run over no
     requests is never what was meant. (The library's ``limit=0`` means zero requests.)
     """
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number of requests >= 1, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1 (the first N requests), got {value}")
-    return value
+
+    domain = Domain(1, 10**9, integer=True, hint="the first N requests")
+    __name__ = "integer"
+
+    def __call__(self, text: str) -> int:
+        try:
+            return int(self.domain.parse(text))
+        except ConfigError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+request_limit = _RequestLimit()

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Iterable, NamedTuple, Protocol
 
 import numpy as np
 
-from marconi.core.registry import ConfigError, Registry
+from marconi.core.registry import ConfigError, Domain, Registry
 from marconi.core.tails import TAIL_MODES
 
 if TYPE_CHECKING:
@@ -236,7 +236,8 @@ def _marconi(tails: str = "keep") -> AdmissionPolicy:
     return MarconiAdmission(tails)
 
 
-@ADMISSION_POLICIES.register("every-block", "a checkpoint at every block boundary (vLLM+)")
+@ADMISSION_POLICIES.register("every-block", "a checkpoint at every block boundary (vLLM+)",
+                             domains={"block": Domain(1, 1 << 24, integer=True)})
 def _every_block(block: int = 32, runs: bool = True, paged: bool = True) -> AdmissionPolicy:
     return EveryBlock(block, runs, paged)
 
@@ -246,7 +247,8 @@ def _last_token() -> AdmissionPolicy:
     return LastToken()
 
 
-@ADMISSION_POLICIES.register("uniform", "m checkpoints evenly spaced over the input + the last token")
+@ADMISSION_POLICIES.register("uniform", "m checkpoints evenly spaced over the input + the last token",
+                             domains={"m": Domain(0, 1024, integer=True)})
 def _uniform(m: int = 4) -> AdmissionPolicy:
     return Uniform(m)
 

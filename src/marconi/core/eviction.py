@@ -29,7 +29,7 @@ from typing import Any, Protocol, Sequence
 import numpy as np
 
 from marconi.core.candidates import CandidateSet
-from marconi.core.registry import ConfigError, Registry
+from marconi.core.registry import ConfigError, Domain, Registry
 
 __all__ = ["EvictionPolicy", "EvictionRule", "LRU", "FlopAware", "EVICTION_POLICIES", "make_eviction", "check_alpha",
            "score_rules", "min_max", "argmin_ties_by_order"]
@@ -300,14 +300,16 @@ def _lru() -> EvictionPolicy:
     return LRU()
 
 
-@EVICTION_POLICIES.register("flop-aware", "Marconi: recency + alpha * FLOP efficiency over nodes with <= 1 child")
+@EVICTION_POLICIES.register("flop-aware", "Marconi: recency + alpha * FLOP efficiency over nodes with <= 1 child",
+                            domains={"alpha": Domain(0, 1e6)})
 def _flop_aware(alpha: float = 0.0, efficiency: str = "total", recency: str = "linear",
                 candidates: str = "single-child", touch: str = "hit", tails: bool = False) -> EvictionPolicy:
     return FlopAware(alpha=alpha, efficiency=efficiency, recency=recency, candidates=candidates, touch=touch,
                      tails=tails)
 
 
-@EVICTION_POLICIES.register("flop-aware-marginal", "flop-aware with the FLOPs of the node's own edge only")
+@EVICTION_POLICIES.register("flop-aware-marginal", "flop-aware with the FLOPs of the node's own edge only",
+                            domains={"alpha": Domain(0, 1e6)})
 def _flop_aware_marginal(alpha: float = 0.0, recency: str = "linear") -> EvictionPolicy:
     return FlopAware(alpha=alpha, efficiency="marginal", recency=recency)
 

@@ -3,7 +3,13 @@
 Policies and systems are looked up by name, optionally followed by parameters:
 ``"every-block:block=16"``, ``"marconi:alpha=1.0,multiplier=15"``. Each registered factory declares its
 parameters with types and defaults, so a typo is an error that lists the valid ones instead of a
-silent default (libCacheSim-style CLI sweeps depend on that).
+silent default (libCacheSim-style CLI sweeps depend on that). A numeric parameter also declares its
+:class:`Domain` at registration (``register(name, doc, domains={"m": Domain(0, 1024, integer=True)})``),
+which :meth:`Registry.create` enforces before the factory runs: the same declaration the command
+line's numeric options use (``marconi.units``).
+
+Parameters of a policy named inside a system's parameter ride in parentheses
+(``custom:admission=marconi(tails=reach),eviction=lru``): commas inside parentheses do not split.
 """
 
 from __future__ import annotations
@@ -14,13 +20,100 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable, Generic, TypeVar
 
-__all__ = ["Registry", "ParsedName", "parse_name", "split_name_list", "ConfigError"]
+__all__ = ["Registry", "ParsedName", "Domain", "parse_name", "split_name_list", "split_top_level", "ConfigError"]
 
 T = TypeVar("T")
 
 
 class ConfigError(ValueError):
     """An impossible or misspelt configuration; the message says what to change."""
+
+
+def _fmt(value: float) -> str:
+    return f"{int(value):,}" if float(value).is_integer() and abs(value) < 1e13 else f"{value:g}"
+
+
+@dataclass(frozen=True, slots=True)
+class Domain:
+    """The values a numeric name parameter or command-line option accepts, declared once.
+
+    ``lo``/``hi``: bounds (None: none), exclusive when ``lo_open``/``hi_open``; ``integer``: whole
+    numbers only (``"1e3"`` is read as 1000, ``"1.5"`` is refused); ``multiple_of``: integers
+    that are multiples of it only (0: any); ``words``: spellings accepted
+    besides numbers (``auto``, ``none``), compared case-insensitively. NaN and infinities are never
+    in a domain. ``hint`` is added to every refusal (what to do instead).
+    """
+
+    lo: float | None = None
+    hi: float | None = None
+    integer: bool = False
+    lo_open: bool = False
+    hi_open: bool = False
+    multiple_of: int = 0
+    words: tuple[str, ...] = ()
+    hint: str = ""
+
+    def describe(self) -> str:
+        """``"an integer >= 1 and <= 1,024, or none"``."""
+        text = "an integer" if self.integer else "a finite number"
+        bounds = []
+        if self.lo is not None:
+            bounds.append(f"{'>' if self.lo_open else '>='} {_fmt(self.lo)}")
+        if self.hi is not None:
+            bounds.append(f"{'<' if self.hi_open else '<='} {_fmt(self.hi)}")
+        text += " " + " and ".join(bounds) if bounds else ""
+        text += f", a multiple of {self.multiple_of}" if self.multiple_of else ""
+        return text + "".join(f", or {w}" for w in self.words)
+
+    def admits(self, value: float) -> bool:
+        """Whether the number ``value`` lies in the domain (words aside)."""
+        if not math.isfinite(value) or (self.integer and not float(value).is_integer()):
+            return False
+        if self.multiple_of and value % self.multiple_of:
+            return False
+        if self.lo is not None and (value <= self.lo if self.lo_open else value < self.lo):
+            return False
+        return self.hi is None or (value < self.hi if self.hi_open else value <= self.hi)
+
+    def parse(self, text: str | float) -> Any:
+        """``text`` as an int (``integer``) or float in the domain, or one of ``words`` (lower-cased).
+
+        Raises:
+            ConfigError: ``must be <describe()>, got '<text>'`` and the hint; callers prefix the name.
+        """
+        if isinstance(text, str) and text.strip().lower() in self.words:
+            return text.strip().lower()
+        try:
+            value = float(text)
+        except (TypeError, ValueError):
+            value = math.nan
+        if isinstance(text, bool) or not self.admits(value):
+            raise ConfigError(f"must be {self.describe()}, got {str(text)!r}" + (f" ({self.hint})" if self.hint else ""))
+        return int(value) if self.integer else value
+
+
+def split_top_level(text: str, where: str = "") -> list[str]:
+    """``text`` split on commas outside parentheses (``"a(x=1,y=2),b"`` -> ``["a(x=1,y=2)", "b"]``).
+
+    Raises:
+        ConfigError: unbalanced parentheses, naming ``where`` (or the text).
+    """
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        if ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+            if depth < 0:
+                break
+        elif ch == "," and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+    if depth != 0:
+        raise ConfigError(f"{where or repr(text)}: unbalanced parentheses; a policy's parameters go in one pair, "
+                          "separated by ';' or ',': admission=uniform(m=8;paged=false)")
+    parts.append(text[start:])
+    return parts
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,18 +128,28 @@ class ParsedName:
 
 
 def parse_name(text: str) -> ParsedName:
-    """Split ``"name:k=v,k2=v2"`` into the name and a dict of raw string values."""
+    """Split ``"name:k=v,k2=v2"`` into the name and a dict of raw string values.
+
+    Commas inside parentheses do not split (``custom:admission=marconi(tails=reach),eviction=lru``).
+
+    Raises:
+        ConfigError: an empty name, an item that is not ``key=value``, a key given twice, an empty
+            value (``rules=``: give a value or drop the parameter), unbalanced parentheses.
+    """
     text = text.strip()
     if not text:
         raise ConfigError("empty name")
     name, _, rest = text.partition(":")
     params: dict[str, str] = {}
-    for item in filter(None, (p.strip() for p in rest.split(","))):
+    for item in filter(None, (p.strip() for p in split_top_level(rest, repr(text)))):
         key, eq, value = item.partition("=")
         if not eq or not key.strip():
             raise ConfigError(f"{text!r}: parameter {item!r} is not of the form key=value")
         if key.strip() in params:
             raise ConfigError(f"{text!r}: parameter {key.strip()!r} is given twice; give it once")
+        if not value.strip():
+            raise ConfigError(f"{text!r}: parameter {key.strip()!r} is empty: give it a value, or drop it for "
+                              "its default")
         params[key.strip()] = value.strip()
     return ParsedName(name.strip(), params)
 
@@ -57,10 +160,11 @@ def split_name_list(text: str) -> list[str]:
     ``"vanilla,marconi:alpha=1,multiplier=15,vllm+"`` -> ``["vanilla", "marconi:alpha=1,multiplier=15",
     "vllm+"]``: an item that starts as ``key=`` (its first ``=`` before any ``:``) continues the
     previous item's parameters, so a value may hold a colon (``alpha_source=module:factory``);
-    a new item names itself before its parameters (``name:key=value``).
+    a new item names itself before its parameters (``name:key=value``). Commas inside parentheses
+    do not split (``custom:admission=marconi(tails=reach),eviction=lru``).
     """
     items: list[str] = []
-    for part in filter(None, (p.strip() for p in text.split(","))):
+    for part in filter(None, (p.strip() for p in split_top_level(text))):
         eq, colon = part.find("="), part.find(":")
         continues = eq >= 0 and (colon < 0 or eq < colon)
         if continues and items and ":" in items[-1]:
@@ -70,10 +174,22 @@ def split_name_list(text: str) -> list[str]:
     return items
 
 
-def _convert(raw: str, annotation: Any, default: Any, where: str) -> Any:
+def _kind(annotation: Any, default: Any) -> type:
+    """The scalar type a parameter's raw text converts to (int, float, bool or str)."""
     kind = annotation if isinstance(annotation, type) else type(default) if default is not None else str
     if isinstance(annotation, str):  # postponed annotations: "float", "int | None", ...
         kind = {"int": int, "float": float, "bool": bool, "str": str}.get(annotation.split("|")[0].strip(), str)
+    return kind
+
+
+def _convert(raw: str, annotation: Any, default: Any, where: str, domain: Domain | None = None) -> Any:
+    kind = _kind(annotation, default)
+    if domain is not None:  # declared: its check, its message; a str parameter gets the text itself
+        try:
+            value = domain.parse(raw)
+        except ConfigError as exc:
+            raise ConfigError(f"{where}: {exc}") from None
+        return raw if kind is str else value
     try:
         if kind is bool:
             lowered = raw.lower()
@@ -111,6 +227,7 @@ class Registry(Generic[T]):
         self.providers = providers
         self._factories: dict[str, Callable[..., T]] = {}
         self._docs: dict[str, str] = {}
+        self._domains: dict[str, dict[str, Domain]] = {}
         self._loaded = not providers
 
     def _load_providers(self) -> None:
@@ -119,10 +236,19 @@ class Registry(Generic[T]):
             for module in self.providers:
                 importlib.import_module(module)
 
-    def register(self, name: str, doc: str = "") -> Callable[[Callable[..., T]], Callable[..., T]]:
+    def register(self, name: str, doc: str = "", domains: dict[str, Domain] | None = None
+                 ) -> Callable[[Callable[..., T]], Callable[..., T]]:
+        """Register a factory under ``name``. ``domains``: the :class:`Domain` of each numeric
+        parameter (a str parameter that carries a number, such as ``alpha="auto"``, declares one
+        with ``words``); an int or float parameter without one accepts any finite value of its type."""
         def decorator(factory: Callable[..., T]) -> Callable[..., T]:
             if name in self._factories:
                 raise ValueError(f"{self.kind} {name!r} registered twice")
+            params = inspect.signature(factory).parameters
+            unknown = set(domains or ()) - set(params)
+            if unknown:
+                raise ValueError(f"{self.kind} {name!r}: domains for no parameter: {', '.join(sorted(unknown))}")
+            self._domains[name] = dict(domains or {})
             self._factories[name] = factory
             self._docs[name] = doc or (inspect.getdoc(factory) or "").split("\n")[0]
             return factory
@@ -142,6 +268,22 @@ class Registry(Generic[T]):
         return {p.name: p.default for p in sig.parameters.values()
                 if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)}
 
+    def domains_of(self, name: str) -> dict[str, Domain]:
+        """The declared :class:`Domain` of each of ``name``'s numeric parameters."""
+        self._load_providers()
+        return dict(self._domains[name])
+
+    def numeric_params_of(self, name: str) -> dict[str, type]:
+        """``name``'s parameters whose values are numbers: int or float ones, and str ones with a domain."""
+        self._load_providers()
+        domains = self._domains[name]
+        out = {}
+        for p in inspect.signature(self._factories[name]).parameters.values():
+            kind = _kind(p.annotation, p.default)
+            if kind in (int, float) or p.name in domains:
+                out[p.name] = kind
+        return out
+
     def create(self, spec: str | ParsedName, **overrides: Any) -> T:
         parsed = spec if isinstance(spec, ParsedName) else parse_name(spec)
         self._load_providers()
@@ -156,7 +298,8 @@ class Registry(Generic[T]):
                 listing = ", ".join(valid) or "none"
                 raise ConfigError(f"{self.kind} {parsed.name!r} has no parameter {key!r}; valid parameters: {listing}")
             param = valid[key]
-            kwargs[key] = _convert(raw, param.annotation, param.default, f"{parsed}: {key}")
+            kwargs[key] = _convert(raw, param.annotation, param.default, f"{parsed}: {key}",
+                                   self._domains[parsed.name].get(key))
         for key, value in overrides.items():
             if key in valid:
                 kwargs.setdefault(key, value)

@@ -16,9 +16,13 @@ import json
 import sys
 from typing import Any
 
+from marconi.core.registry import Domain
+from marconi.options import COUNT, SEED, TOKENS, Number, add_output
 from marconi.units import request_limit
 
 __all__ = ["register"]
+
+REPEATS = Domain(1, 1000, integer=True)
 
 
 def register(subparsers: Any) -> None:
@@ -29,7 +33,7 @@ def register(subparsers: Any) -> None:
     info = sub.add_parser("info", help="load a model; show its cache layout and its checked ModelSpec")
     info.add_argument("--model", default="bamba-tiny", help="preset name or local checkpoint directory")
     info.add_argument("--dtype", default="float32", choices=["float32", "float64"])
-    info.add_argument("--seed", type=int, default=0)
+    info.add_argument("--seed", type=Number(SEED), default=0)
     info.set_defaults(func=_cmd_info)
 
     bench = sub.add_parser("bench", help="measured TTFT with vs without the cache, save/restore and "
@@ -38,20 +42,20 @@ def register(subparsers: Any) -> None:
     bench.add_argument("--dtype", default="float32", choices=["float32", "float64"])
     bench.add_argument("--trace", default="swe-sample",
                        help="bundled trace name, JSONL/Parquet file, or 'synthetic' (SWE-like, generated)")
-    bench.add_argument("--max-input", type=int, default=4000, help="skip requests with longer inputs (CPU budget)")
-    bench.add_argument("--sessions", type=int, default=8, help="at most this many sessions")
+    bench.add_argument("--max-input", type=Number(TOKENS), default=4000, help="skip requests with longer inputs (CPU budget)")
+    bench.add_argument("--sessions", type=Number(COUNT), default=8, help="at most this many sessions")
     bench.add_argument("--limit", type=request_limit, default=24, help="at most this many requests (>= 1)")
     bench.add_argument("--capacity", default="2GB", help="cache capacity (e.g. 512MB, 2GB)")
     bench.add_argument("--eviction", default="lru")
     bench.add_argument("--lengths", default="1024,2048,4096",
                        help="prefill lengths for the checkpointing overhead ('' to skip)")
-    bench.add_argument("--repeats", type=int, default=1,
+    bench.add_argument("--repeats", type=Number(REPEATS), default=1,
                        help="time each restore + prefill this many times, keep the fastest (TTFT replay)")
-    bench.add_argument("--ckpt-repeats", type=int, default=2, help="same, for the checkpointing runs")
+    bench.add_argument("--ckpt-repeats", type=Number(REPEATS), default=2, help="same, for the checkpointing runs")
     bench.add_argument("--clock", default="cpu", choices=["cpu", "wall"],
                        help="cpu: thread CPU time (robust on a shared machine); wall: elapsed time")
-    bench.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
-    bench.add_argument("--out", help="also write every record as JSONL here")
+    bench.add_argument("--threads", type=Number(Domain(1, 1024, integer=True)), default=1, help="torch intra-op threads")
+    add_output(bench, "--out", help="also write every record as JSONL here")
     bench.set_defaults(func=_cmd_bench)
 
 

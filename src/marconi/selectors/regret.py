@@ -55,7 +55,7 @@ from marconi.core.cache import CacheObserver, PrefixCache, RequestHandle
 from marconi.core.candidates import CandidateSet, flop_efficiency_array
 from marconi.core.eviction import EVICTION_POLICIES, EvictionPolicy, EvictionRule, score_rules
 from marconi.selectors.family import RuleSwitch, cached_efficiency_variant, parse_rules
-from marconi.core.registry import ConfigError
+from marconi.core.registry import ConfigError, Domain
 
 if TYPE_CHECKING:
     from marconi.core.model import ModelSpec
@@ -363,7 +363,9 @@ class _Charger(CacheObserver):
 
 
 @EVICTION_POLICIES.register("regret", "FLOP-aware eviction whose rule (alpha, efficiency, SGLang's or Marconi's "
-                                      "candidates and recency) is re-chosen online by counterfactual regret")
+                                      "candidates and recency) is re-chosen online by counterfactual regret",
+                            domains={"decay": Domain(0, 1, lo_open=True), "hysteresis": Domain(0, 1000),
+                                     "confidence": Domain(0, 1000)})
 def _regret(rules: str = "default", decay: float = 0.999, hysteresis: float = 0.05,
             objective: str = "hit-rate", confidence: float = 0.0) -> EvictionPolicy:
     return RegretEviction(rules, decay=decay, hysteresis=hysteresis, objective=objective, confidence=confidence)

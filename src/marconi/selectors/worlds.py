@@ -33,7 +33,7 @@ import numpy as np
 from marconi.core.cache import CacheObserver, PrefixCache, RequestHandle
 from marconi.core.candidates import CandidateSet, flop_efficiency_array
 from marconi.core.eviction import EVICTION_POLICIES, EvictionPolicy, EvictionRule
-from marconi.core.registry import ConfigError
+from marconi.core.registry import ConfigError, Domain
 from marconi.selectors.family import RuleSwitch, cached_efficiency_variant, parse_rules, policy_for
 
 if TYPE_CHECKING:
@@ -216,7 +216,9 @@ class _Mirror(CacheObserver):
 
 
 @EVICTION_POLICIES.register("worlds", "the rule of a family whose own exact world (a size-only cache running it) "
-                                      "is ahead: one replay per rule")
+                                      "is ahead: one replay per rule",
+                            domains={"decay": Domain(0, 1, lo_open=True), "hysteresis": Domain(0, 1000),
+                                     "tail_hysteresis": Domain(0, 1000)})
 def _worlds(rules: str = "default", decay: float = 0.999, hysteresis: float = 0.0,
             objective: str = "hit-rate", tail_hysteresis: float = 0.0) -> EvictionPolicy:
     return WorldsEviction(rules, decay=decay, hysteresis=hysteresis, objective=objective,

@@ -48,7 +48,7 @@ from marconi.core.cache import PayloadOps, PrefixCache
 from marconi.core.eviction import EVICTION_POLICIES, FlopAware
 from marconi.core.model import ModelSpec
 from marconi.core.protocol import ReplayCache
-from marconi.core.registry import ConfigError, ParsedName, Registry, parse_name, split_name_list
+from marconi.core.registry import ConfigError, Domain, ParsedName, Registry, parse_name, split_name_list
 from marconi.selectors.bootstrap import OBJECTIVES, BootstrapTuner
 
 __all__ = ["SystemConfig", "TuningConfig", "SYSTEMS", "make_system", "parse_systems", "build_cache"]
@@ -202,7 +202,7 @@ def _vanilla() -> SystemConfig:
     return SystemConfig("vanilla", "none", "lru")
 
 
-@SYSTEMS.register("vllm+", "checkpoint every block, LRU (vLLM extended to hybrids)")
+@SYSTEMS.register("vllm+", "checkpoint every block, LRU (vLLM extended to hybrids)", domains={"block": Domain(1, 1 << 24, integer=True)})
 def _vllm(block: int = 32) -> SystemConfig:
     _check_block(block)
     return SystemConfig("vllm+", f"every-block:block={block}", "lru")
@@ -221,7 +221,11 @@ def _marconi_admission(tails: str) -> str:
 @SYSTEMS.register("marconi", "judicious admission + FLOP-aware eviction; tuner=adaptive (default): its rule "
                              "re-chosen online (selector=worlds: exact per-rule worlds, the default; or =regret: "
                              "counterfactual regret); "
-                             "tuner=bootstrap: alpha tuned once (the paper); alpha=X: fixed")
+                             "tuner=bootstrap: alpha tuned once (the paper); alpha=X: fixed",
+                  domains={"alpha": Domain(0, 1e6, words=("auto",)), "multiplier": Domain(0, 1e6, lo_open=True),
+                           "retune": Domain(0, 10**9, integer=True), "drift": Domain(0, 1e6),
+                           "tolerance": Domain(0, 1, hi_open=True), "decay": Domain(0, 1, lo_open=True),
+                           "hysteresis": Domain(0, 1000), "confidence": Domain(0, 1000)})
 def _marconi(alpha: str = "auto", tuner: str = "auto", objective: str = "hit-rate", efficiency: str = "auto",
              recency: str = "auto", multiplier: float | None = None, retune: int | None = None,
              drift: float | None = None, tolerance: float | None = None, rules: str | None = None,
@@ -306,7 +310,9 @@ def _policy_spec(text: str) -> tuple[str, str]:
 
 
 @SYSTEMS.register("custom", "any admission policy with any eviction policy, e.g. "
-                            "custom:admission=uniform(m=8),eviction=flop-aware(alpha=1)")
+                            "custom:admission=uniform(m=8),eviction=flop-aware(alpha=1)",
+                  domains={"block": Domain(1, 1 << 24, integer=True), "alpha": Domain(0, 1e6, words=("auto",)),
+                           "multiplier": Domain(0, 1e6, lo_open=True)})
 def _custom(admission: str = "marconi", eviction: str = "lru", block: int = 32, alpha: str = "auto",
             multiplier: float = 5, objective: str = "hit-rate", efficiency: str = "total",
             recency: str = "linear") -> SystemConfig:

@@ -45,7 +45,8 @@ from typing import TYPE_CHECKING, Iterable
 import numpy as np
 
 from marconi.core.admission import ADMISSION_POLICIES, AdmissionContext, FinalPlan, MarconiAdmission
-from marconi.core.registry import ConfigError
+from marconi.core.registry import ConfigError, Domain
+from marconi.options import CHECKPOINT_BUDGET
 from marconi.sparse.dp import TOKEN_COST, PotentialCost, flops_cost, place_checkpoints, place_checkpoints_lagrangian
 from marconi.sparse.overlap import EstimatorConfig, OverlapEstimator
 from marconi.sparse.tree_overlap import TreeEstimatorConfig, TreeOverlapEstimator, path_keys
@@ -261,7 +262,11 @@ def cap_candidates(support: np.ndarray, weights: np.ndarray, cap: int) -> np.nda
 
 
 @ADMISSION_POLICIES.register("sparse-dp", "checkpoints placed by the exact DP over estimated overlap depths "
-                                          "(+ Marconi's branch point and last token)")
+                                          "(+ Marconi's branch point and last token)",
+                             domains={"m": CHECKPOINT_BUDGET, "lam": Domain(), "key_tokens": Domain(1, 1 << 24, integer=True),
+                                      "half_life": Domain(0, 1e12, lo_open=True),
+                                      "max_candidates": Domain(0, 1 << 24, integer=True), "half_life_s": Domain(),
+                                      "max_nodes": Domain(1, 1 << 24, integer=True), "drift": Domain(0, 1)})
 def _sparse_dp(m: int = 4, lam: float = -1.0, cost: str = "flops", marconi: bool = True, key_tokens: int = 128,
                half_life: float = 512.0, max_candidates: int = 0, candidates: str = "all", estimator: str = "tree",
                half_life_s: float = -1.0, max_nodes: int = 2048, drift: float = 0.1) -> SparseDPAdmission:

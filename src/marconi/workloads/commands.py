@@ -19,7 +19,9 @@ import json
 import sys
 from typing import Any, Callable
 
+from marconi.core.registry import Domain
 from marconi.io import check_output
+from marconi.options import COUNT, SEED, TOKENS, Number, add_output
 from marconi.workloads.trace.formats import format_of
 from marconi.workloads.trace.sidecar import sidecar_path
 from marconi.units import request_limit
@@ -40,14 +42,25 @@ __all__ = ["register"]
 # ============================================================================ argument helpers
 
 
-def _count_or_all(text: str) -> int | None:
-    """An int >= 0, or ``all``/``off``/``none`` for None."""
-    if text.strip().lower() in ("all", "off", "none"):
-        return None
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a count >= 0 or 'all', got {text}")
-    return value
+# Domains of the trace builders' numeric options (checked at parse time).
+RATE = Domain(0, 10**6, lo_open=True)        # sessions or requests per second
+FRACTION = Domain(0, 1)
+SECONDS = Domain(0, 10**6, lo_open=True)
+VOCAB = Domain(2, 1 << 31, integer=True)
+
+
+class _CountOrAll(Number):
+    """An integer >= 0, or ``all``/``off``/``none`` for None."""
+
+    def __init__(self) -> None:
+        super().__init__(Domain(0, 10**9, integer=True, words=("all", "off", "none")))
+
+    def __call__(self, text: str) -> int | None:
+        value = super().__call__(text)
+        return None if isinstance(value, str) else value
+
+
+_count_or_all = _CountOrAll()
 
 
 def _out_path(text: str) -> str:
@@ -269,7 +282,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
 
 
 def _add_out(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--out", required=True, type=_out_path,
+    add_output(p, "--out", required=True, type=_out_path,
                    help="output trace (.jsonl, .jsonl.gz or .parquet), written atomically")
 
 
@@ -288,16 +301,16 @@ def _add_chat(p: argparse.ArgumentParser, files_nargs: str, non_ascii_default: s
                    help="record files (.json array, .jsonl, .parquet), read in order")
     p.add_argument("--sessions", type=_count_or_all, default=100,
                    help="first N qualifying sessions, or 'all' (default: %(default)s)")
-    p.add_argument("--min-rounds", type=int, default=10,
+    p.add_argument("--min-rounds", type=Number(Domain(0, 10**6, integer=True)), default=10,
                    help="qualify records with >= 2*N messages (default: %(default)s)")
-    p.add_argument("--sessions-per-second", type=float, default=1.0,
+    p.add_argument("--sessions-per-second", type=Number(RATE), default=1.0,
                    help="session k starts at k / rate (default: %(default)s)")
-    p.add_argument("--max-input-len", type=int, default=32768, help="default: %(default)s")
-    p.add_argument("--words-per-min", type=float, default=90.0,
+    p.add_argument("--max-input-len", type=Number(TOKENS), default=32768, help="default: %(default)s")
+    p.add_argument("--words-per-min", type=Number(RATE), default=90.0,
                    help="typing speed for the gaps between turns (default: %(default)s)")
     p.add_argument("--pairing", choices=PAIRINGS, default="roles",
                    help="turns by roles (default) or messages 2t/2t+1 as the authors' script")
-    p.add_argument("--max-non-ascii", type=float, default=None,
+    p.add_argument("--max-non-ascii", type=Number(FRACTION), default=None,
                    help="drop sessions with more non-ASCII characters than this fraction "
                         f"({non_ascii_default})")
     _add_tokenization(p)
@@ -327,15 +340,15 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
                         "(default: the shared data set, else the vendored sample)")
     p.add_argument("--sessions", type=_count_or_all, default=100,
                    help="first N trajectories by name, or 'all' (default: %(default)s)")
-    p.add_argument("--sessions-per-second", type=float, default=1.0, help="default: %(default)s")
+    p.add_argument("--sessions-per-second", type=Number(RATE), default=1.0, help="default: %(default)s")
     p.add_argument("--keep-observations", type=_count_or_all, default=5,
                    help="keep observations of the last N rounds; 'off' keeps all (default: %(default)s)")
     p.add_argument("--gaps", choices=GAP_MODES, default="poisson",
                    help="gaps between calls: Poisson or the real 'created' times (default: %(default)s)")
-    p.add_argument("--mean-gap", type=float, default=7.5, help="Poisson mean gap, s (default: %(default)s)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--max-input-len", type=int, default=32768, help="default: %(default)s")
-    p.add_argument("--max-turns", type=int, default=50, help="default: %(default)s")
+    p.add_argument("--mean-gap", type=Number(SECONDS), default=7.5, help="Poisson mean gap, s (default: %(default)s)")
+    p.add_argument("--seed", type=Number(SEED), default=0)
+    p.add_argument("--max-input-len", type=Number(TOKENS), default=32768, help="default: %(default)s")
+    p.add_argument("--max-turns", type=Number(COUNT), default=50, help="default: %(default)s")
     p.add_argument("--shared-prefix", default=None,
                    help="prepend a shared system + demonstration prefix: 'sweagent-demo' or a .traj path")
     _add_tokenization(p)
@@ -346,27 +359,27 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("file", nargs="?", default=None,
                    help="trace .jsonl (default: shared conversation trace, else the vendored sample)")
     p.add_argument("--limit", type=request_limit, default=None, help="first N lines only (N >= 1)")
-    p.add_argument("--block-size", type=int, default=512)
-    p.add_argument("--vocab-size", type=int, default=32000)
-    p.add_argument("--output-vocab", type=int, default=1024, help="token ids reserved for outputs")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--max-input-len", type=int, default=None, help="drop longer requests")
+    p.add_argument("--block-size", type=Number(TOKENS), default=512)
+    p.add_argument("--vocab-size", type=Number(VOCAB), default=32000)
+    p.add_argument("--output-vocab", type=Number(VOCAB), default=1024, help="token ids reserved for outputs")
+    p.add_argument("--seed", type=Number(SEED), default=0)
+    p.add_argument("--max-input-len", type=Number(TOKENS), default=None, help="drop longer requests")
     _add_out(p)
     p.set_defaults(func=cmd_build_mooncake)
 
     p = bsub.add_parser("quality", help="QuALITY long-document QA: many questions per article")
     p.add_argument("files", nargs="*", help="QuALITY JSONL files (default: the shared data set)")
     p.add_argument("--answer-form", choices=ANSWER_FORMS, default="letter+text")
-    p.add_argument("--requests-per-second", type=float, default=0.5)
-    p.add_argument("--max-articles", type=int, default=None)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--requests-per-second", type=Number(RATE), default=0.5)
+    p.add_argument("--max-articles", type=Number(COUNT), default=None)
+    p.add_argument("--seed", type=Number(SEED), default=0)
     p.add_argument("--tokenizer", default=None, help="tokenizer.json, its folder, or a name (default: mistral-v1)")
     _add_out(p)
     p.set_defaults(func=cmd_build_quality)
 
     p = bsub.add_parser("synthetic", help="seeded synthetic workloads")
     p.add_argument("kind", choices=list(SYNTHETIC_KINDS))
-    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--seed", type=Number(SEED), default=None)
     p.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="generator parameter, e.g. num_sessions=500, turns=4:16, depth_fractions=0.5,1")
     _add_out(p)
@@ -384,7 +397,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 
     p = sub.add_parser("validate", help="check a trace file and report every problem (exit 1 if any)")
     p.add_argument("file")
-    p.add_argument("--max-show", type=int, default=100, help="print at most N problems")
+    p.add_argument("--max-show", type=Number(Domain(0, 10**9, integer=True)), default=100, help="print at most N problems")
     p.set_defaults(func=cmd_validate)
 
     p = sub.add_parser("stats", help="sessions, requests, token totals, input-length percentiles")

@@ -10,6 +10,7 @@ import time
 from marconi.core.model import get_model
 from marconi.core.registry import ConfigError, split_name_list
 from marconi.units import parse_capacity, request_limit
+from marconi.options import add_output, add_reread
 
 __all__ = ["register"]
 
@@ -97,7 +98,7 @@ def _cmd_render(args: argparse.Namespace) -> int:
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("headroom", help="anatomy of the gap between the oracle and the default policy",
                               description=DESCRIPTION)
-    p.add_argument("--out", required=True, help="directory for records.jsonl, requests.jsonl, plots/ and report.md")
+    add_output(p, "--out", kind="dir", required=True, help="directory for records.jsonl, requests.jsonl, plots/ and report.md")
     p.add_argument("--traces", default=DEFAULT_TRACES,
                    help=f"comma list of catalog names or trace files (default: {DEFAULT_TRACES})")
     p.add_argument("--capacities", default=DEFAULT_CAPACITIES,
@@ -107,5 +108,5 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="the online system compared with the oracle (default: marconi, the worlds selector)")
     p.add_argument("--limit", type=request_limit, default=None, help="only the first N requests of each trace")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.add_argument("--from-records", metavar="JSONL", help="only redraw the plots and report.md from an earlier run")
+    add_reread(p, "--from-records", metavar="JSONL", help="only redraw the plots and report.md from an earlier run")
     p.set_defaults(func=_cmd_headroom)

@@ -17,6 +17,7 @@ from typing import Any, Callable
 
 from marconi.experiments.reproduce.context import PROFILES, with_available_data
 from marconi.io import check_output
+from marconi.options import add_output
 from marconi.sim.backends import capped_workers, worker_count
 
 __all__ = ["register"]
@@ -30,7 +31,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--quick", action="store_true", help="smaller traces and fewer points (minutes on 2 cores)")
     p.add_argument("--profile", choices=sorted(PROFILES), default=None,
                    help="full (default) | quick (= --quick) | tiny (CI smoke test: vendored and synthetic data)")
-    p.add_argument("--out", default="report",
+    add_output(p, "--out", kind="dir", default="report",
                    help="output directory (default: report/), replaced as a whole once the new report is complete: "
                         "an earlier report there is replaced (said first); a directory holding anything else "
                         "is refused")

@@ -12,6 +12,7 @@ from marconi.experiments.sparse.study import DEFAULT_WORKLOADS, StudyConfig, pla
 from marconi.experiments.sparse.workloads import WORKLOADS, study_workload
 from marconi.core.registry import ConfigError
 from marconi.io import check_output
+from marconi.options import CHECKPOINT_BUDGET, SEED, Number, NumberList, add_output, add_reread
 from marconi.sim.backends import worker_count
 from marconi.workloads.paths import shared_data_where
 
@@ -32,7 +33,7 @@ def _cmd_sparse(args: argparse.Namespace) -> int:
     config = StudyConfig.for_run(
         quick=args.quick, tiny=args.tiny, model=args.model, seed=args.seed, workers=args.workers,
         workloads=tuple(w.strip() for w in args.workloads.split(",") if w.strip()) if args.workloads else None,
-        budgets=tuple(int(m) for m in args.budgets.split(",")) if args.budgets else None,
+        budgets=tuple(args.budgets) if args.budgets else None,
         capacities=tuple(c.strip() for c in args.capacities.split(",") if c.strip()) if args.capacities else None)
     started = time.perf_counter()
     workloads, notes = [], []
@@ -102,17 +103,17 @@ def _cmd_render(args: argparse.Namespace) -> int:
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("sparse", help="sparse prefix caching: DP checkpoint placement vs heuristics",
                               description=DESCRIPTION)
-    p.add_argument("--out", required=True, help="directory for records.jsonl, plots/ and summary.md")
+    add_output(p, "--out", kind="dir", required=True, help="directory for records.jsonl, plots/ and summary.md")
     p.add_argument("--quick", action="store_true", help="M in {1,2,4,8}, smaller traces (a few minutes)")
     p.add_argument("--tiny", action="store_true", help="smallest traces, M in {1,2,4,8} (a smoke test)")
     p.add_argument("--workloads", help=f"comma list from {', '.join(WORKLOADS)} (default: {','.join(DEFAULT_WORKLOADS)})")
-    p.add_argument("--budgets", help="comma list of M (default 1..16; --quick/--tiny: 1,2,4,8)")
+    p.add_argument("--budgets", type=NumberList(CHECKPOINT_BUDGET), help="comma list of M (default 1..16; --quick/--tiny: 1,2,4,8)")
     p.add_argument("--capacities", help="'large' (unbounded) and/or sizes or working-set fractions, e.g. large,0.25x")
     p.add_argument("--model", default="paper-7b")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=Number(SEED), default=0)
     p.add_argument("--workers", type=worker_count, default=None, help="parallel processes (default: one per core)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--drift", action="store_true",
                    help="only the estimator's drift study (doc-QA whose question depths shift halfway)")
-    p.add_argument("--from-records", metavar="JSONL", help="only redraw plots and summary from an earlier run's records")
+    add_reread(p, "--from-records", metavar="JSONL", help="only redraw plots and summary from an earlier run's records")
     p.set_defaults(func=_cmd_sparse)

@@ -12,10 +12,11 @@ The replay runs in the SGLang environment (``make sglang-env``), through SGLang'
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any
+
+from marconi.options import COUNT, CapacityList, NameList, Number, add_output
 
 __all__ = ["register"]
 
@@ -27,18 +28,20 @@ def register(subparsers: Any) -> None:
     bench.add_argument("--sglang-python", default=".venv-sglang/bin/python",
                        help="python of the SGLang environment (`make sglang-env` builds .venv-sglang)")
     bench.add_argument("--trace", default="swe-sample", help="a trace file or a catalog name")
-    bench.add_argument("--capacity", default="0.05x", help="pool bytes (10GB) or a fraction of the working set (0.05x)")
+    bench.add_argument("--capacity", default="0.05x", type=CapacityList(allow_zero=False),
+                       help="pool bytes (10GB) or a fraction of the working set (0.05x)")
     bench.add_argument("--model", default="paper-7b", help="model preset or HF config (the pools' bytes, Marconi's FLOPs)")
-    bench.add_argument("--policies", default="lru,marconi",
+    bench.add_argument("--policies", default="lru,marconi", type=NameList("policy"),
                        help="comma list: lru (stock SGLang), marconi (alpha 0.5), marconi:alpha=X (X a number or adaptive)")
-    bench.add_argument("--num-requests", type=int, default=None, help="replay only the first N requests")
-    bench.add_argument("--out", default="results/sglang_bench.jsonl", help="JSONL records are appended here")
+    bench.add_argument("--num-requests", type=Number(COUNT), default=None, help="replay only the first N requests")
+    add_output(bench, "--out", default="results/sglang_bench.jsonl", help="JSONL records are appended here")
     bench.set_defaults(func=_cmd_bench)
 
 
-def check_bench_options(capacity: str, policies: str, model: str, out: str) -> None:
+def check_bench_options(capacity: str, policies: str, model: str) -> None:
     """Every option the bench can check without the trace or SGLang; ConfigError naming the option.
-    Nothing is created or written."""
+    Nothing is created or written. (``--out`` is checked by the CLI's one output guard,
+    :func:`marconi.cli.guard_outputs`, before this runs.)"""
     from marconi.core.registry import ConfigError
     from marconi.integrations.sglang.bench import parse_policy
     from marconi.units import parse_capacity
@@ -55,14 +58,6 @@ def check_bench_options(capacity: str, policies: str, model: str, out: str) -> N
             parse_policy(name, model)
         except ConfigError as exc:
             raise ConfigError(f"--policies: {exc}") from None
-    path = Path(out)
-    if path.is_dir():
-        raise ConfigError(f"--out {out}: is a directory (records are appended to a JSONL file)")
-    parent = path.parent
-    while not parent.exists() and parent != parent.parent:
-        parent = parent.parent
-    if not parent.is_dir() or not os.access(parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
-        raise ConfigError(f"--out {out}: not writable")
 
 
 def check_bench_inputs(sglang_python: str, trace: str, model: str, num_requests: int | None) -> None:
@@ -92,7 +87,7 @@ def _cmd_bench(args: Any) -> int:
     from marconi.core.registry import ConfigError
 
     try:
-        check_bench_options(args.capacity, args.policies, args.model, args.out)
+        check_bench_options(args.capacity, args.policies, args.model)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

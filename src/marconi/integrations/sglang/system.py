@@ -32,7 +32,7 @@ from marconi.core.admission import MatchResult
 from marconi.core.cache import PayloadOps, Selector, as_tokens
 from marconi.core.model import ModelSpec, get_model
 from marconi.core.protocol import ReplayCache
-from marconi.core.registry import ConfigError
+from marconi.core.registry import ConfigError, Domain
 from marconi.core.stats import CacheStats
 from marconi.integrations.sglang.emulate import BUFFERS, PoolExhausted, UnifiedRadixEmulator, emulator_for
 from marconi.integrations.sglang.policy import EFFICIENCIES, parse_config
@@ -227,7 +227,11 @@ def _eviction(text: str, alpha: str, efficiency: str, rules: str) -> tuple[str, 
 
 @SYSTEMS.register("sglang-unified", "SGLang 0.5.23's hybrid radix cache (UnifiedRadixCache, FULL + MAMBA: "
                                     "no_buffer/extra_buffer checkpoints, split pools, LRU or the Marconi plugin), "
-                                    "emulated node by node")
+                                    "emulated node by node",
+                  domains={"page": Domain(1, 1 << 16, integer=True), "chunk": Domain(1, 1 << 24, integer=True),
+                           "track_interval": Domain(1, 1 << 24, integer=True), "ratio": Domain(0, 1e6, lo_open=True),
+                           "kv_tokens": Domain(0, 1 << 40, integer=True), "mamba_slots": Domain(0, 1 << 30, integer=True),
+                           "alpha": Domain(0, 1e6, words=("adaptive",))})
 def _sglang_unified(buffer: str = "no_buffer", page: int = 1, chunk: int = 64, track_interval: int = 256,
                     ratio: float = MAMBA_FULL_MEMORY_RATIO, kv_tokens: int = 0, mamba_slots: int = 0,
                     eviction: str = "lru", alpha: str = "", efficiency: str = "", rules: str = "") -> SglangUnifiedSystem:

@@ -27,9 +27,33 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
+from marconi.core.registry import Domain
+from marconi.options import (CHECKPOINT_BUDGET, COUNT, MAX_BLOCKS, MAX_TOKENS, TOKENS, CapacityList, NameList, Number,
+                             NumberList, add_output, add_reread)
 from marconi.sim.backends import worker_count
 
 __all__ = ["register"]
+
+# The domains of the vLLM commands' numeric options, checked at parse time (issue 31: each of these
+# used to fail inside the worker with vLLM's or pydantic's text, or not at all).
+POOL_BLOCKS = Domain(2, MAX_BLOCKS, integer=True, hint="one block is vLLM's null block")
+CONCURRENCY = Domain(1, 65536, integer=True)
+RATE = Domain(0, 10**6, lo_open=True, hint="requests per virtual second")
+TIME_SCALE = Domain(0, 10**6, lo_open=True, hint="1: the trace's own times; 0.5: twice as fast")
+ALPHA = Domain(0, 10**6, words=("adaptive",))
+# vLLM's prefix_cache_retention_interval: >= 0 (pydantic's ge=0 in vllm/config/cache.py) and a
+# multiple of the scheduler's block (_validate_prefix_cache_retention_interval in
+# vllm/v1/core/kv_cache_coordinator.py); None (`none`) is dense. The block is vLLM's choice for the
+# model (nemotron-h-8b: 1,152 tokens on vLLM 0.32; the replay records it as block_size) and is
+# always a multiple of the attention kernel's 16 tokens, so that much is checked here.
+_RETENTION_HINT = ("vLLM needs a multiple of the model's block, which the replay records as block_size "
+                   "(nemotron-h-8b: 1152); `vllm frontier --intervals` rounds up for you")
+RETENTION = Domain(0, MAX_TOKENS, integer=True, multiple_of=16, words=("none",), hint=_RETENTION_HINT)
+RETENTION_OR_SPARSE = Domain(0, MAX_TOKENS, integer=True, multiple_of=16, words=("none", "sparse-dp"),
+                             hint=_RETENTION_HINT)
+INTERVAL = Domain(0, MAX_TOKENS, integer=True)
+_name_list = NameList("trace")
+_policy_list = NameList("policy")
 
 
 def register(subparsers: Any) -> None:
@@ -47,29 +71,31 @@ def register(subparsers: Any) -> None:
                        help="tiny random-weight preset, built at run time")
     bench.add_argument("--trace", default="swe-sample",
                        help="a trace file (JSONL/Parquet) or a catalog name (`marconi trace list`), as simulate takes it")
-    bench.add_argument("--max-input-len", type=int, default=8192,
+    bench.add_argument("--max-input-len", type=Number(TOKENS), default=8192,
                        help="input cap in tokens (a catalog trace is built with it; in a trace file a session ends "
                             "before its first longer input)")
-    bench.add_argument("--num-requests", type=int, default=None, help="replay only the first N requests")
-    bench.add_argument("--max-output-len", type=int, default=None, help="cap each request's max_tokens")
-    bench.add_argument("--blocks", type=int, default=150, help="vLLM's block pool (--num-gpu-blocks-override)")
-    bench.add_argument("--policies", default="lru,marconi",
+    bench.add_argument("--num-requests", type=Number(COUNT), default=None, help="replay only the first N requests")
+    bench.add_argument("--max-output-len", type=Number(TOKENS), default=None,
+                       help="cap each request's max_tokens (>= 1)")
+    bench.add_argument("--blocks", type=Number(POOL_BLOCKS), default=150,
+                       help="vLLM's block pool (--num-gpu-blocks-override)")
+    bench.add_argument("--policies", default="lru,marconi", type=_policy_list,
                        help="comma list, one server each: lru (stock vLLM), marconi (the plugin, alpha from --alpha), "
                             "marconi:alpha=X (X a number or adaptive), e.g. lru,marconi,marconi:alpha=adaptive")
-    bench.add_argument("--alpha", default=str(DEFAULT_ALPHA),
+    bench.add_argument("--alpha", default=str(DEFAULT_ALPHA), type=Number(ALPHA, text=True),
                        help="the plugin's alpha for plain 'marconi': a number >= 0, or adaptive (adaptive Marconi's "
                             "live rule picks alpha and efficiency online); default %(default)s")
-    bench.add_argument("--concurrency", type=int, default=1,
+    bench.add_argument("--concurrency", type=Number(CONCURRENCY), default=1,
                        help="requests in flight (1: one at a time, which the emulation models exactly)")
-    bench.add_argument("--max-num-batched-tokens", type=int, default=2048)
-    bench.add_argument("--prefix-match-unit", type=int, default=None,
+    bench.add_argument("--max-num-batched-tokens", type=Number(TOKENS), default=2048)
+    bench.add_argument("--prefix-match-unit", type=Number(TOKENS), default=None,
                        help="vLLM's hash granularity (default: the block); finer lets hits land inside a block")
-    bench.add_argument("--retention", default="0",
+    bench.add_argument("--retention", default="0", type=Number(RETENTION, text=True),
                        help="vLLM's prefix_cache_retention_interval: 0 (default), none (every block) or tokens")
-    bench.add_argument("--work-dir", default="results/vllm_bench_work", help="model, server logs, block traces")
-    bench.add_argument("--out", default="results/vllm_bench.jsonl", help="JSONL records (written atomically)")
-    bench.add_argument("--plot", default="results/vllm_bench_ttft_cdf.png", help="TTFT CDF PNG ('' to skip)")
-    bench.add_argument("--record-fixture", default=None,
+    add_output(bench, "--work-dir", kind="workdir", default="results/vllm_bench_work", help="model, server logs, block traces")
+    add_output(bench, "--out", default="results/vllm_bench.jsonl", help="JSONL records (written atomically)")
+    add_output(bench, "--plot", default="results/vllm_bench_ttft_cdf.png", help="TTFT CDF PNG ('' to skip)")
+    add_output(bench, "--record-fixture", default=None,
                        help="also write per-request counts and outputs here (the emulation test's fixture)")
     bench.set_defaults(func=_cmd_bench)
     _register_replay(sub)
@@ -87,38 +113,40 @@ def _register_replay(sub: Any) -> None:
                              "with a config.json; no weights are read")
     replay.add_argument("--trace", default="swe-sample", help="a trace file or a catalog name, as simulate takes it")
     pool = replay.add_mutually_exclusive_group(required=True)
-    pool.add_argument("--blocks", default=None,
+    pool.add_argument("--blocks", default=None, type=NumberList(POOL_BLOCKS),
                       help="the block pool (vLLM's num_gpu_blocks_override); a comma list sweeps")
-    pool.add_argument("--capacity", default=None,
+    pool.add_argument("--capacity", default=None, type=CapacityList(allow_zero=False),
                       help="KV budget: a fraction of the trace's working set (0.05x) or a size (10GB), as simulate; "
                            "a comma list sweeps")
-    pool.add_argument("--gpu-memory", default=None,
+    pool.add_argument("--gpu-memory", default=None, type=CapacityList(allow_zero=False),
                       help="the GPU's memory (80GB): 0.9 of it, less weights and a 4 GiB activation reserve; "
                            "a comma list sweeps")
     replay.add_argument("--gpu", default="h100", help="step-time model's GPU: h100, h200 or a100")
-    replay.add_argument("--tensor-parallel", type=int, default=1,
+    replay.add_argument("--tensor-parallel", type=Number(Domain(1, 1024, integer=True)), default=1,
                         help="GPUs per replica: --gpu-memory is per GPU (weights split over them) and the step "
                              "time divides over them; TP must divide the model's KV and recurrent heads")
-    replay.add_argument("--weight-bytes", type=int, default=None,
+    replay.add_argument("--weight-bytes", type=Number(Domain(1, 8, integer=True)), default=None,
                         help="bytes per weight in --gpu-memory's arithmetic (default: bf16's 2; 1 for FP8)")
     load = replay.add_mutually_exclusive_group(required=True)
-    load.add_argument("--concurrency", default=None, help="closed loop: requests in flight; a comma list sweeps")
-    load.add_argument("--rate", default=None, help="Poisson arrivals per (virtual) second; a comma list sweeps")
-    load.add_argument("--trace-times", type=float, nargs="?", const=1.0, default=None, metavar="SCALE",
+    load.add_argument("--concurrency", default=None, type=NumberList(CONCURRENCY), help="closed loop: requests in flight; a comma list sweeps")
+    load.add_argument("--rate", default=None, type=NumberList(RATE), help="Poisson arrivals per (virtual) second; a comma list sweeps")
+    load.add_argument("--trace-times", type=Number(TIME_SCALE), nargs="?", const=1.0, default=None, metavar="SCALE",
                       help="each request at its trace timestamp (the first at 0), times SCALE (default 1; "
                            "0.5: twice as fast); a turn still waits for its predecessor")
-    replay.add_argument("--policies", default="lru,marconi",
+    replay.add_argument("--policies", default="lru,marconi", type=_policy_list,
                         help="comma list, one engine each: lru (stock), marconi, marconi:alpha=X (X a number or adaptive)")
-    replay.add_argument("--alpha", default=str(DEFAULT_ALPHA), help="alpha for plain 'marconi' (default %(default)s)")
-    replay.add_argument("--max-input-len", type=int, default=8192, help="input cap in tokens (as bench)")
-    replay.add_argument("--num-requests", type=int, default=None, help="replay only the first N requests")
-    replay.add_argument("--max-output-len", type=int, default=None, help="cap each request's output")
-    replay.add_argument("--max-num-batched-tokens", type=int, default=8192)
-    replay.add_argument("--max-num-seqs", type=int, default=256)
-    replay.add_argument("--retention", default="0",
+    replay.add_argument("--alpha", default=str(DEFAULT_ALPHA), type=Number(ALPHA, text=True), help="alpha for plain 'marconi' (default %(default)s)")
+    replay.add_argument("--max-input-len", type=Number(TOKENS), default=8192, help="input cap in tokens (as bench)")
+    replay.add_argument("--num-requests", type=Number(COUNT), default=None, help="replay only the first N requests")
+    replay.add_argument("--max-output-len", type=Number(TOKENS), default=None, help="cap each request's output (>= 1)")
+    replay.add_argument("--max-num-batched-tokens", type=Number(TOKENS), default=8192,
+                        help="vLLM's token budget of one scheduler step (>= 1)")
+    replay.add_argument("--max-num-seqs", type=Number(CONCURRENCY), default=256,
+                        help="vLLM's cap on requests in one step (>= 1)")
+    replay.add_argument("--retention", default="0", type=Number(RETENTION_OR_SPARSE, text=True),
                         help="vLLM's prefix_cache_retention_interval (0, none, tokens) or sparse-dp: the plugin "
                              "places the states (MARCONI_VLLM_RETENTION; lru then means the plugin observing)")
-    replay.add_argument("--retention-budget", type=int, default=None,
+    replay.add_argument("--retention-budget", type=Number(CHECKPOINT_BUDGET), default=None,
                         help="with --retention sparse-dp: states placed per sequence (default 2)")
     replay.add_argument("--cpu-tier", default=None,
                         help="a CPU tier beside the GPU pool (vLLM's OffloadingConnector): a size (256GB) or a "
@@ -136,9 +164,10 @@ def _register_replay(sub: Any) -> None:
                         help="sweep points run at once (default 1: more share the cores and slow "
                              "schedule()/step, never the hit rates or the virtual clock)")
     replay.add_argument("--address", default=None, help="with --backend ray: the cluster to join")
-    replay.add_argument("--work-dir", default=None, help="requests, worker logs and results (default: a temp dir)")
-    replay.add_argument("--out", default="results/vllm_replay.jsonl", help="JSONL records (written atomically)")
-    replay.add_argument("--plot", default="results/vllm_replay_ttft_cdf.png", help="TTFT CDF PNG ('' to skip)")
+    add_output(replay, "--work-dir", kind="workdir", default=None,
+               help="requests, worker logs and results (default: a temp dir)")
+    add_output(replay, "--out", default="results/vllm_replay.jsonl", help="JSONL records (written atomically)")
+    add_output(replay, "--plot", default="results/vllm_replay_ttft_cdf.png", help="TTFT CDF PNG ('' to skip)")
     replay.set_defaults(func=_cmd_replay)
 
 
@@ -147,27 +176,28 @@ def _register_frontier(sub: Any) -> None:
 
     p = sub.add_parser("frontier", help="the Pareto frontier of Mamba states kept per request vs prefill recomputed, "
                                         "through vLLM's replay: DP placement, vLLM's intervals, Marconi admission")
-    p.add_argument("--out", required=True, help="directory for records.jsonl, frontier.png and report.md")
+    add_output(p, "--out", kind="dir", required=True, help="directory for records.jsonl, frontier.png and report.md")
     p.add_argument("--vllm-python", default=".venv-vllm/bin/python", help="python of the vLLM environment")
-    p.add_argument("--traces", default=",".join(DEFAULT_WORKLOADS), help="comma list of catalog names or trace files")
+    p.add_argument("--traces", default=",".join(DEFAULT_WORKLOADS), type=_name_list, help="comma list of catalog names or trace files")
     p.add_argument("--model", default="nemotron-h-8b", help="a bundled config or a directory with a config.json")
-    p.add_argument("--budgets", default=",".join(map(str, DEFAULT_BUDGETS)), help="DP budgets M (sparse-dp arms)")
-    p.add_argument("--intervals", default=",".join(map(str, DEFAULT_INTERVALS)),
+    p.add_argument("--budgets", default=DEFAULT_BUDGETS, type=NumberList(CHECKPOINT_BUDGET), help="DP budgets M (sparse-dp arms)")
+    p.add_argument("--intervals", default=DEFAULT_INTERVALS, type=NumberList(INTERVAL),
                    help="vLLM retention intervals in tokens, each rounded up to a multiple of the model's block")
     pool = p.add_mutually_exclusive_group()
-    pool.add_argument("--gpu-memory", default=None, help="pools as a GPU's memory (default 80GB); a comma list")
-    pool.add_argument("--capacity", default=None, help="pools as KV budgets (0.3x, 10GB); a comma list")
+    pool.add_argument("--gpu-memory", default=None, type=CapacityList(allow_zero=False), help="pools as a GPU's memory (default 80GB); a comma list")
+    pool.add_argument("--capacity", default=None, type=CapacityList(allow_zero=False), help="pools as KV budgets (0.3x, 10GB); a comma list")
     p.add_argument("--arms", default="dp,interval,marconi",
                    help="arm families: dp (one per budget), interval (one per rounded interval), marconi "
                         "(Marconi's admission alone: the plugin's marconi policy, retention 0)")
-    p.add_argument("--concurrency", type=int, default=8, help="requests in flight (closed loop)")
-    p.add_argument("--limit", type=int, default=256, help="the first N requests of each trace")
-    p.add_argument("--max-input-len", type=int, default=16384, help="input cap in tokens")
-    p.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    p.add_argument("--concurrency", type=Number(CONCURRENCY), default=8, help="requests in flight (closed loop)")
+    p.add_argument("--limit", type=Number(COUNT), default=256, help="the first N requests of each trace")
+    p.add_argument("--max-input-len", type=Number(TOKENS), default=16384, help="input cap in tokens")
+    p.add_argument("--max-num-batched-tokens", type=Number(TOKENS), default=8192,
+                   help="vLLM's token budget of one scheduler step (>= 1)")
     p.add_argument("--gpu", default="h100", help="step-time model's GPU (latencies only)")
     p.add_argument("--workers", type=worker_count, default=1, help="points run at once (default 1)")
-    p.add_argument("--work-dir", default=None, help="the replays' requests and logs (default: a temp dir)")
-    p.add_argument("--from-records", metavar="JSONL", help="only redraw the plot and report from earlier records")
+    add_output(p, "--work-dir", kind="workdir", default=None, help="the replays' requests and logs (default: a temp dir)")
+    add_reread(p, "--from-records", metavar="JSONL", help="only redraw the plot and report from earlier records")
     p.set_defaults(func=_cmd_frontier)
 
 
@@ -214,6 +244,8 @@ def _comma_list(text: str | None, flag: str, kind: Callable[[str], Any]) -> list
 
     if text is None:
         return None
+    if isinstance(text, (list, tuple)):  # checked by the option's type already
+        return list(text)
     out = []
     for item in (s.strip() for s in str(text).split(",")):
         try:

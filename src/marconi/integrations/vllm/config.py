@@ -51,6 +51,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping, TextIO
 
 from marconi.core.registry import ConfigError
+from marconi.options import CHECKPOINT_BUDGET
 from marconi.integrations.common.alpha import AlphaSource, FixedAlpha
 from marconi.integrations.vllm.policy import DEFAULT_ALPHA, EFFICIENCIES, POLICIES
 from marconi.integrations.vllm.retention import DEFAULT_BUDGET, SPARSE_DP
@@ -128,9 +129,9 @@ def _retention_from_env(env: Mapping[str, str]) -> tuple[str | None, int | None]
     if not raw:
         return retention, None
     try:
-        return retention, int(raw)
-    except ValueError:
-        raise ConfigError(f"{ENV_RETENTION_BUDGET}={raw!r}: write an integer >= 0") from None
+        return retention, CHECKPOINT_BUDGET.parse(raw)
+    except ConfigError as exc:
+        raise ConfigError(f"{ENV_RETENTION_BUDGET}={raw!r}: {exc}") from None
 
 
 def _mamba2_cpu_fix_from_env(env: Mapping[str, str]) -> bool:
@@ -195,8 +196,9 @@ class PluginConfig:
             raise ConfigError(f"{ENV_RETENTION}={self.retention!r}: choose {SPARSE_DP} (or leave it unset for vLLM's "
                               "own retention)")
         budget = self.retention_budget
-        if isinstance(budget, bool) or budget is not None and (not isinstance(budget, int) or budget < 0):
-            raise ConfigError(f"{ENV_RETENTION_BUDGET}={budget!r}: write an integer >= 0")
+        if isinstance(budget, bool) or budget is not None and (not isinstance(budget, int)
+                                                              or not CHECKPOINT_BUDGET.admits(budget)):
+            raise ConfigError(f"{ENV_RETENTION_BUDGET}={budget!r}: write {CHECKPOINT_BUDGET.describe()}")
         if self.policy is None:          # the plugin installs nothing without a policy
             raise ConfigError(f"{ENV_RETENTION}={SPARSE_DP} needs {ENV_POLICY} (lru keeps vLLM's own eviction)")
 

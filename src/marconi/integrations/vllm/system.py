@@ -32,7 +32,8 @@ from typing import Any, Callable, Sequence
 
 from marconi.core.cache import PayloadOps
 from marconi.core.model import ModelSpec, get_model
-from marconi.core.registry import ConfigError
+from marconi.core.registry import ConfigError, Domain
+from marconi.options import CHECKPOINT_BUDGET
 from marconi.integrations.common.alpha import AlphaSource
 from marconi.integrations.vllm.config import ADAPTIVE, DEFAULT_RULES, PluginConfig, load_alpha_factory, parse_alpha
 from marconi.integrations.vllm.emulate.cache import VllmAlignCache
@@ -134,7 +135,12 @@ def _budget(text: str) -> int:
 
 
 @SYSTEMS.register("vllm-align", "vLLM 0.32's hybrid prefix cache (Mamba align mode, block pool, LRU or the "
-                                "Marconi plugin), emulated block by block")
+                                "Marconi plugin), emulated block by block",
+                  domains={"block": Domain(0, 1 << 24, integer=True), "blocks": Domain(0, 1 << 30, integer=True),
+                           "match_unit": Domain(0, 1 << 24, integer=True), "chunk": Domain(1, 1 << 24, integer=True),
+                           "kernel_align": Domain(1, 1 << 16, integer=True),
+                           "alpha": Domain(0, 1e6, words=("adaptive",)), "budget": CHECKPOINT_BUDGET,
+                           "retention": Domain(0, 1 << 24, integer=True, words=("none", "sparse-dp"))})
 def _vllm_align(block: int = 0, blocks: int = 0, match_unit: int = 0, retention: str = "0",
                 shared_prefix: bool = False, chunk: int = 2048, eviction: str = "lru", alpha: str = str(DEFAULT_ALPHA),
                 efficiency: str = "total", kernel_align: int = 16, attn_first: bool = False,

@@ -1,0 +1,209 @@
+"""Command-line options declared once: numeric domains checked at parse time, outputs the CLI guards.
+
+Every numeric option's ``type=`` is a :class:`Number` or :class:`NumberList` holding the option's
+:class:`~marconi.core.registry.Domain` (the same declaration the registries use for name
+parameters), so argparse refuses ``0``, ``-1``, ``nan``, ``inf`` or ``1e12`` where they make no
+sense with exit code 2 and a message naming the option and what it takes -- before anything
+loads, spawns or runs. A capacity option's type is :class:`CapacityList`.
+
+Every option a command writes is added with :func:`add_output`, which marks the argparse action;
+``marconi.cli.main`` finds the marked actions of the chosen sub-command in the parser itself and
+runs :func:`marconi.io.check_output` on each before the command starts (refusing an input of the
+command spelled any way, a directory where a file goes, an unwritable place). A new command cannot
+forget the guard: ``tests/test_cli_guards.py`` fails for an output-like option that is not marked.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any, Sequence
+
+from marconi.core.registry import ConfigError, Domain
+
+__all__ = ["Number", "NumberList", "NameList", "CapacityList", "add_output", "add_reread", "output_kind", "is_reread",
+           "OUTPUT_KINDS", "COUNT", "TOKENS", "BLOCKS", "SEED", "WORKERS", "CHECKPOINT_BUDGET",
+           "MAX_CHECKPOINT_BUDGET", "MAX_TOKENS", "MAX_BLOCKS", "MAX_COUNT"]
+
+# Bounds a typo cannot reach but no real run needs to: 16M tokens is past every model's context;
+# 1G blocks is past every GPU's pool (an H200 at 16-token blocks of a 7B model holds ~2M);
+# 1G requests is past every trace we read.
+MAX_TOKENS = 1 << 24
+MAX_BLOCKS = 1 << 30
+MAX_COUNT = 10**9
+# States placed per sequence by the sparse DP (sparse-dp's m, vllm-align's budget,
+# --retention-budget, frontier's --budgets, MARCONI_VLLM_RETENTION_BUDGET): each is a full SSM
+# state (megabytes), so 1,024 per sequence is already gigabytes of one request's states, and the
+# DP's time grows with the budget (issue 31, bug 4: 10^9 ran out of memory, 10^5 took minutes).
+MAX_CHECKPOINT_BUDGET = 1024
+
+COUNT = Domain(1, MAX_COUNT, integer=True)
+TOKENS = Domain(1, MAX_TOKENS, integer=True)
+BLOCKS = Domain(1, MAX_BLOCKS, integer=True)
+SEED = Domain(0, 2**32 - 1, integer=True)
+WORKERS = Domain(1, 4096, integer=True)
+CHECKPOINT_BUDGET = Domain(0, MAX_CHECKPOINT_BUDGET, integer=True,
+                           hint=f"states per sequence; more than {MAX_CHECKPOINT_BUDGET:,} is never useful")
+
+
+class Number:
+    """argparse ``type=`` for one number in ``domain``; ArgumentTypeError (exit 2, the option named
+    by argparse) otherwise. A word of the domain (``none``) comes back as the lower-cased word;
+    ``text``: the checked text itself comes back (for options whose handler reads the text)."""
+
+    def __init__(self, domain: Domain, *, text: bool = False) -> None:
+        self.domain, self.text = domain, text
+        self.__name__ = "integer" if domain.integer else "number"   # argparse's name for the type
+
+    def __call__(self, text: str) -> Any:
+        try:
+            value = self.domain.parse(text)
+        except ConfigError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+        return str(text).strip() if self.text else value
+
+    def __repr__(self) -> str:
+        return f"Number({self.domain.describe()})"
+
+
+class NumberList:
+    """argparse ``type=`` for a comma list of numbers in ``domain`` (a sweep); returns the list.
+
+    ``unique``: a value given twice is refused (two identical points under one label)."""
+
+    def __init__(self, domain: Domain, *, unique: bool = True) -> None:
+        self.domain, self.unique = domain, unique
+        self.__name__ = "list"
+
+    def __call__(self, text: str) -> list[Any]:
+        items = [s.strip() for s in str(text).split(",")]
+        if not any(items) or not all(items):
+            raise argparse.ArgumentTypeError(f"expected a comma list of {self.domain.describe()} (e.g. 1,2,4), "
+                                             f"got {text!r}")
+        values = []
+        for item in items:
+            try:
+                values.append(self.domain.parse(item))
+            except ConfigError as exc:
+                raise argparse.ArgumentTypeError(f"{item!r}: {exc}" if len(items) > 1 else str(exc)) from None
+        if self.unique and len(set(values)) < len(values):
+            twice = sorted({str(v) for v in values if values.count(v) > 1})
+            raise argparse.ArgumentTypeError(f"{', '.join(twice)} given twice: give each value once")
+        return values
+
+    def __repr__(self) -> str:
+        return f"NumberList({self.domain.describe()})"
+
+
+class NameList:
+    """argparse ``type=`` for a comma list of names (traces, policies with ``:k=v`` parameters);
+    returns the text, checked: at least one name, no empty item, none given twice.
+    ``what``: the kind of name, for the message (``trace``, ``policy``)."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        self.__name__ = f"{what} list"
+
+    def __call__(self, text: str) -> str:
+        from marconi.core.registry import split_name_list, split_top_level
+
+        try:
+            items = split_name_list(str(text))
+        except ConfigError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+        if not items:
+            raise argparse.ArgumentTypeError(f"give at least one {self.what} (a comma list), got {text!r}")
+        if any(not item.strip() for item in split_top_level(str(text))):
+            raise argparse.ArgumentTypeError(f"{text!r} has an empty item: write names separated by single commas")
+        twice = sorted({i for i in items if items.count(i) > 1})
+        if twice:
+            raise argparse.ArgumentTypeError(f"{', '.join(twice)} given twice (it would run twice under one "
+                                             f"label): give each {self.what} once")
+        return str(text)
+
+
+class CapacityList:
+    """argparse ``type=`` for a comma list of capacities (``10GB``, ``0.05x``, ``25%``: see
+    :func:`marconi.units.parse_capacity`); returns the text, checked. ``allow_zero``: whether ``0``
+    bytes is a capacity (a simulated cache of nothing) or an error (a server's pool)."""
+
+    def __init__(self, *, allow_zero: bool = True) -> None:
+        self.allow_zero = allow_zero
+        self.__name__ = "capacity"
+
+    def __call__(self, text: str) -> str:
+        from marconi.units import parse_capacity
+
+        items = [s.strip() for s in str(text).split(",")]
+        if not all(items):
+            raise argparse.ArgumentTypeError(f"expected a comma list of sizes (10GB) or fractions of the working "
+                                             f"set (0.05x), got {text!r}")
+        for item in items:
+            try:
+                capacity = parse_capacity(item)
+            except ConfigError as exc:
+                raise argparse.ArgumentTypeError(str(exc)) from None
+            if not self.allow_zero and capacity.absolute == 0:
+                raise argparse.ArgumentTypeError(f"{item!r} is 0 bytes: give a size > 0 (10GB) or a fraction of "
+                                                 "the working set (0.05x)")
+        return str(text)
+
+
+OUTPUT_KINDS = ("file", "dir", "workdir")
+_OUTPUT_ATTR = "marconi_output"
+_REREAD_ATTR = "marconi_reread"
+
+
+def add_output(parser: argparse.ArgumentParser, *flags: str, kind: str = "file", **kwargs: Any) -> argparse.Action:
+    """``parser.add_argument(*flags, **kwargs)`` for a path the command writes, marked for the CLI's guard.
+
+    ``kind``: ``file`` (written atomically or appended to: no input of the command, not a
+    directory, a writable place), ``dir`` (a directory replaced as a whole: no input inside it) or
+    ``workdir`` (a scratch directory filled: not a file, writable). An empty value means "skip".
+    """
+    if kind not in OUTPUT_KINDS:
+        raise ValueError(f"add_output: kind must be one of {OUTPUT_KINDS}, got {kind!r}")
+    action = parser.add_argument(*flags, **kwargs)
+    setattr(action, _OUTPUT_ATTR, kind)
+    return action
+
+
+def add_reread(parser: argparse.ArgumentParser, *flags: str, **kwargs: Any) -> argparse.Action:
+    """An input read whole before anything is written (``--from-records``), so it may lie inside
+    the command's output directory (the re-render of a directory from its own records)."""
+    action = parser.add_argument(*flags, **kwargs)
+    setattr(action, _REREAD_ATTR, True)
+    return action
+
+
+def output_kind(action: argparse.Action) -> str | None:
+    """The :func:`add_output` kind of ``action``, or None for an option that is not an output."""
+    return getattr(action, _OUTPUT_ATTR, None)
+
+
+def is_reread(action: argparse.Action) -> bool:
+    return bool(getattr(action, _REREAD_ATTR, False))
+
+
+def chosen_actions(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[argparse.Action]:
+    """The actions of ``parser`` and of every sub-command ``args`` chose (the path to the leaf)."""
+    actions: list[argparse.Action] = []
+    current: argparse.ArgumentParser | None = parser
+    while current is not None:
+        nxt = None
+        for action in current._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                chosen = getattr(args, action.dest, None)
+                nxt = action.choices.get(chosen) if chosen is not None else None
+            else:
+                actions.append(action)
+        current = nxt
+    return actions
+
+
+def values_of(value: Any) -> Sequence[str]:
+    """The strings an option's parsed value holds (a str, or a list of them)."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [v for v in value if isinstance(v, str)]
+    return []
