@@ -370,6 +370,10 @@ class PrefixCache:
         self._admission_trims = getattr(self.admission, "tails", "keep") == "reach"
         tracks = self._admission_trims or getattr(self.eviction, "tracks_tails", False)
         self._tails = TailPredictor() if tracks and self.admission.caches else None
+        # Invariant (``check_invariants``): every entry is a leaf of the tree with ``tail_base >= 0``,
+        # keyed by its node id, so the index never outgrows the tree. A leaf leaves it when it gains
+        # a child (it was continued: not dead), leaves the tree (evicted, or merged into its child
+        # by an inner eviction), or is passed over by ``_trim_dead_tail``.
         self._tail_leaves: OrderedDict[int, Node] = OrderedDict()
         self._mutex = threading.RLock()
         # The component choosing this cache's policy parameters online, or None: the bootstrap
@@ -423,6 +427,12 @@ class PrefixCache:
         """Dead tails (``marconi.core.tails``): tokens past its base a branched leaf is predicted to
         be re-entered, or None (not tracked, or no margin yet: nothing is cut)."""
         return None if self._tails is None else self._tails.margin
+
+    @property
+    def num_tail_leaves(self) -> int:
+        """Dead tails (``marconi.core.tails``): branched leaves whose tail may be cut first. Each is a
+        leaf of the tree (``check_invariants`` verifies), so this never exceeds the tree's size."""
+        return len(self._tail_leaves)
 
     @property
     def free_bytes(self) -> int:
@@ -913,6 +923,7 @@ class PrefixCache:
         node.access_seq = self._seq
         self._path_seq += 1
         node.path_seq = self._path_seq
+        self._tail_leaves.pop(parent.node_id, None)  # a continued sequence's tail is not dead
         self._sync_parent(parent)
         return node
 
@@ -996,8 +1007,9 @@ class PrefixCache:
         every re-entry's while the anchor has no evidence), dropping the tail's KVs and states;
         False if there is no margin or no such leaf.
 
-        Leaves that gained children, left the tree or already end within the reach leave the index
-        for good; locked ones (in flight) are passed over this time.
+        Leaves whose anchor's re-entries run wholly, or that already end within the reach, leave
+        the index for good; locked ones (in flight) are passed over this time. (Leaves that gain a
+        child or leave the tree left it already: see ``_tail_leaves`` in ``__init__``.)
         """
         assert self._tails is not None
         margin = self._tails.margin
@@ -1012,8 +1024,8 @@ class PrefixCache:
                 continue
             del leaves[node_id]
             own = self._tails.margin_for(node.tail_anchor, fallback=node.tail_lineage)
-            if own is None or node.parent is None or node.children:
-                continue  # its anchor's leaves are re-entered wholly, or it is no longer a leaf
+            if own is None:
+                continue  # its anchor's leaves are re-entered wholly
             reach = -(-(node.tail_base + own) // page) * page
             if reach >= node.depth:
                 continue
@@ -1079,6 +1091,7 @@ class PrefixCache:
         self.stats.checkpoints_evicted += 1
         self.stats.evictions_inner += 1
         self.stats.bytes_evicted += self._ckpt_bytes
+        self._tail_leaves.pop(node.node_id, None)  # it leaves the tree (it had gained a child, so none is due)
         self.tree.merge_into_child(node)
         self._update_eff(child)
         self._release_payloads((node.end_state,))
@@ -1330,9 +1343,13 @@ class PrefixCache:
     # ================================================================== invariants
     @_locked
     def check_invariants(self) -> None:
-        """Recompute bytes, lock counts, tree shape and the candidate index from scratch."""
+        """Recompute bytes, lock counts, tree shape and every index the cache keeps from scratch: the
+        candidate index, the in-flight requests, and the dead-tail index, ghosts and anchors
+        (``marconi.core.tails``), each bounded by the tree (or, for anchors, by ``max_anchors``)."""
         expected_locks: dict[int, int] = {}
-        for handle in self._in_flight.values():
+        for request_id, handle in self._in_flight.items():
+            _require(handle.active and handle.request_id == request_id,
+                     f"in-flight request {request_id}: handle {handle.request_id} is finished or filed elsewhere")
             node = handle.lock_node
             while node is not None and node is not self.tree.root:
                 expected_locks[node.node_id] = expected_locks.get(node.node_id, 0) + 1
@@ -1376,12 +1393,42 @@ class PrefixCache:
                 _require(eff == node.flop_eff and eff >= 0, f"{where}: stale FLOP efficiency")
                 stack.append(node)
         _require(count == self.tree.num_nodes, f"node count {self.tree.num_nodes} != {count} in the tree")
+        self._check_tail_indexes()
         _require(len(self.candidates) == sum(1 for n in self.tree.iter_nodes() if n.slot is not None),
                  "candidate set holds nodes no longer in the tree")
         _require((used, kv, ssm) == (self.used_bytes, self.kv_bytes, self.ssm_bytes),
                  f"bytes drifted: recomputed used/kv/ssm {(used, kv, ssm)} vs {(self.used_bytes, self.kv_bytes, self.ssm_bytes)}")
         _require(locked == self.locked_bytes, f"locked bytes {self.locked_bytes} != recomputed {locked}")
         _require(self.used_bytes <= self.capacity_bytes, f"used {self.used_bytes} exceeds capacity {self.capacity_bytes}")
+
+
+    def _check_tail_indexes(self) -> None:
+        """The dead-tail index holds leaves of the tree only (so it never outgrows the tree), ghosts
+        are well formed and only kept while tails are tracked, the anchors stay within their bound."""
+        in_tree = {node.node_id: node for node in self.tree.iter_nodes() if node is not self.tree.root}
+        if self._tails is None:
+            _require(not self._tail_leaves, f"{len(self._tail_leaves)} dead-tail entries while tails are not tracked")
+        else:
+            try:
+                self._tails.check_invariants()
+            except AssertionError as exc:
+                raise InvariantError(str(exc)) from None
+        for node_id, node in self._tail_leaves.items():
+            where = f"dead-tail index entry {node_id}"
+            _require(in_tree.get(node_id) is node, f"{where}: the node is no longer in the tree")
+            _require(not node.children, f"{where}: node {node_id} has children (it is no leaf)")
+            _require(node.tail_base >= 0, f"{where}: node {node_id} has no tail base")
+        for node in (self.tree.root, *in_tree.values()):
+            ghost = node.ghost
+            if ghost is None:
+                continue
+            where = f"node {node.node_id}: ghost"
+            _require(self._tails is not None, f"{where} kept while tails are not tracked")
+            _require(isinstance(ghost, tuple) and len(ghost) == 3, f"{where} is not (edge tokens, base, anchor)")
+            edge, base, _anchor = ghost
+            _require(isinstance(edge, np.ndarray) and edge.ndim == 1 and edge.size > 0,
+                     f"{where}: its edge is not a non-empty 1-D token array")
+            _require(base >= 0, f"{where}: negative tail base {base}")
 
 
 def _require(condition: bool, message: str) -> None:

@@ -92,6 +92,14 @@ class TailReach:
         """Tokens past its base a branched leaf is expected to be re-entered; None: trim nothing."""
         return self._margin
 
+    def check_invariants(self) -> None:
+        """AssertionError unless the window holds at most ``window`` re-entries and the margin is
+        the one they give."""
+        if len(self._advances) > self.window:
+            raise AssertionError(f"tail reach: {len(self._advances)} re-entries kept, window is {self.window}")
+        if self._margin != self._estimate():
+            raise AssertionError(f"tail reach: stale margin {self._margin}, the window gives {self._estimate()}")
+
 
 def _quantile(values: deque, q: float) -> float:
     """The smallest value with at least ``q`` of ``values`` at or below it."""
@@ -133,6 +141,20 @@ class TailPredictor:
     def margin(self) -> int | None:
         """The margin over every re-entry (None: no evidence yet, or mostly whole re-entries)."""
         return self.overall.margin
+
+    @property
+    def num_anchors(self) -> int:
+        """Anchors with an estimate of their own (at most ``max_anchors``)."""
+        return len(self._anchors)
+
+    def check_invariants(self) -> None:
+        """AssertionError unless at most ``max_anchors`` anchors are remembered and every estimate
+        holds its own (:meth:`TailReach.check_invariants`)."""
+        if len(self._anchors) > self.max_anchors:
+            raise AssertionError(f"tail predictor: {len(self._anchors)} anchors kept, max_anchors is {self.max_anchors}")
+        self.overall.check_invariants()
+        for reach in self._anchors.values():
+            reach.check_invariants()
 
     def margin_for(self, anchor: int, *, fallback: bool = True) -> int | None:
         """The margin for a leaf created under ``anchor``: the anchor's own once it has evidence,
