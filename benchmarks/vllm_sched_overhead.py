@@ -17,10 +17,14 @@ the trace has about ``--fill`` times that region's tokens. The pool's arrays, ha
 plugin's per-block state stay pool-sized; the free queue (and the plugin's victim index) hold the
 region. ``--free-region 0``: the whole pool is free (fine for 10^4).
 
-Prints per pool size and configuration: ``Scheduler.schedule`` wall time per step (median over
-rounds), its ratio to stock, the evicted blocks (counted in every configuration by a wrapper on
+Prints per pool size and configuration: the scheduler thread's CPU time per step (``thread_time``) —
+``Scheduler.schedule`` plus ``Scheduler.update_from_output`` (where finished requests free their
+blocks and the adaptive shadow is fed) — and ``schedule`` alone, medians over rounds, their ratios to
+stock, the evicted blocks (counted in every configuration by a wrapper on
 ``BlockPool._maybe_evict_cached_block``, the same in all), and the extra scheduler time per evicted
-block against stock. Not a test; numbers for reports::
+block against stock. The last line is one JSON object, ``{"blocks": N, "step_ratio": x,
+"step_ratio_adaptive": y}``: the whole-step ratios at the largest pool size asked. Not a test;
+numbers for reports::
 
     .venv-vllm/bin/python benchmarks/vllm_sched_overhead.py --blocks 10000,100000,1000000 --rounds 3
 """
@@ -34,6 +38,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -93,11 +98,34 @@ def child(args: argparse.Namespace) -> int:
         return done
 
     pool._maybe_evict_cached_block = counting
+    # The scheduler thread's work per step is schedule() and update_from_output() (which frees finished
+    # requests' blocks and, with adaptive α, feeds the shadow): both are timed, in the thread's CPU time
+    # (thread_time: what a shared machine's other processes inflate least; the replay's own wall time
+    # of schedule() is kept beside it).
+    sched = core.scheduler
+    cpu_s = {"schedule": 0.0, "update_from_output": 0.0}
+
+    def timed(name: str) -> None:
+        method = getattr(sched, name)
+
+        def wrapper(*a: Any, **k: Any) -> Any:
+            t0 = time.thread_time()
+            try:
+                return method(*a, **k)
+            finally:
+                cpu_s[name] += time.thread_time() - t0
+
+        setattr(sched, name, wrapper)
+
+    timed("schedule")
+    timed("update_from_output")
     requests = synthetic_trace(int(args.fill * region * block_size), sessions=args.sessions, turns=args.turns,
                                output_len=args.output_len, vocab=args.vocab, seed=args.seed)
     result = replay(core, requests, gpu="h100", concurrency=args.concurrency, rate=None)
     hooks = getattr(core.scheduler, "_marconi", None)
     out = {"sched_s_per_step": result["sched_s_per_step"], "sched_s_total": result["sched_s_total"],
+           "sched_cpu_s": cpu_s["schedule"], "update_cpu_s": cpu_s["update_from_output"],
+           "step_s_per_step": (cpu_s["schedule"] + cpu_s["update_from_output"]) / max(1, result["num_steps"]),
            "num_steps": result["num_steps"], "evicted": evicted[0], "held": len(held), "region": region,
            "block_size": block_size, "num_blocks": int(pool.num_gpu_blocks),
            "prompt_tokens": sum(len(r["prompt"]) for r in requests), "hits": result["prefix_cache_hits"],
@@ -141,6 +169,7 @@ def main(argv: list[str] | None = None) -> int:
               "--max-num-seqs", str(args.max_num_seqs), "--seed", str(args.seed)]
     say = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     rows = []
+    ratios: dict[tuple[int, str], float] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for n in (int(x) for x in args.blocks.split(",")):
             runs: dict[str, list[dict[str, Any]]] = {c: [] for c in configs}
@@ -156,30 +185,45 @@ def main(argv: list[str] | None = None) -> int:
                         raise SystemExit(f"{name} at {n} blocks failed:\n{proc.stderr[-3000:]}")
                     runs[name].append(json.loads(out.read_text()))
                     got = runs[name][-1]
-                    say(f"{n:,} blocks, round {r + 1}, {name}: {1e3 * got['sched_s_per_step']:.3f} ms/step over "
+                    say(f"{n:,} blocks, round {r + 1}, {name}: {1e3 * got['step_s_per_step']:.3f} ms CPU/step "
+                        f"({1e3 * got['sched_s_per_step']:.3f} ms wall in schedule) over "
                         f"{got['num_steps']} steps, {got['evicted']:,} evicted")
-            base = statistics.median(x["sched_s_per_step"] for x in runs[configs[0]])
-            base_total = statistics.median(x["sched_s_total"] for x in runs[configs[0]])
+            sched_cpu = lambda x: x["sched_cpu_s"] / x["num_steps"]  # noqa: E731
+            base = statistics.median(map(sched_cpu, runs[configs[0]]))
+            base_step = statistics.median(x["step_s_per_step"] for x in runs[configs[0]])
+            base_total = statistics.median(x["sched_cpu_s"] + x["update_cpu_s"] for x in runs[configs[0]])
             for name in configs:
-                per_step = statistics.median(x["sched_s_per_step"] for x in runs[name])
-                total = statistics.median(x["sched_s_total"] for x in runs[name])
+                per_step = statistics.median(map(sched_cpu, runs[name]))
+                step = statistics.median(x["step_s_per_step"] for x in runs[name])
+                total = statistics.median(x["sched_cpu_s"] + x["update_cpu_s"] for x in runs[name])
                 evicted = statistics.median(x["evicted"] for x in runs[name])
                 first = runs[name][0]
+                ratios[(n, name)] = step / base_step
                 rows.append({"blocks": f"{n:,}", "config": name, "region": f"{first['region']:,}",
                              "block": first["block_size"], "steps": first["num_steps"], "evicted": f"{evicted:,.0f}",
-                             "ms_step": f"{1e3 * per_step:.3f}", "ratio": f"{per_step / base:.3f}×",
+                             "ms_sched": f"{1e3 * per_step:.3f}", "ratio_sched": f"{per_step / base:.3f}×",
+                             "ms_step": f"{1e3 * step:.3f}", "ratio": f"{step / base_step:.3f}×",
                              "per_victim": "–" if name == configs[0] or not evicted
                              else f"{1e6 * (total - base_total) / evicted:+.1f} µs"})
     from marconi.report import format_table
 
-    print(f"Scheduler.schedule wall time per step, medians of {args.rounds} rounds (configurations interleaved); "
-          f"ratio and extra time per evicted block against {configs[0]}")
+    print(f"Scheduler-thread CPU time per step (schedule + update_from_output; schedule alone beside it), medians of "
+          f"{args.rounds} rounds (configurations interleaved); ratio and extra time per evicted block against "
+          f"{configs[0]}")
     print(format_table(rows, [("pool (blocks)", "blocks", None), ("config", "config", None),
                               ("free region", "region", None), ("block", "block", None), ("steps", "steps", None),
                               ("evicted", "evicted", None), ("ms/step", "ms_step", None),
-                              (f"vs {configs[0]}", "ratio", None), ("extra per evicted block", "per_victim", None)]))
+                              (f"vs {configs[0]}", "ratio", None), ("schedule ms/step", "ms_sched", None),
+                              (f"schedule vs {configs[0]}", "ratio_sched", None),
+                              ("extra per evicted block", "per_victim", None)]))
+    # The line a script reads (the last): the step ratios at the largest pool size asked.
+    largest = max(n for n, _ in ratios)
+    line: dict[str, Any] = {"blocks": largest}
+    for key, name in (("step_ratio", "marconi"), ("step_ratio_adaptive", "adaptive")):
+        if (largest, name) in ratios:
+            line[key] = round(ratios[(largest, name)], 4)
+    print(json.dumps(line))
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -121,6 +121,7 @@ def register() -> None:
         return
     _REGISTERED = True
     config, ignored = PluginConfig.lenient_from_env()
+    config = _with_recording(config)     # MARCONI_VLLM_RECORD (marconi.integrations.vllm.record)
     for problem in ignored:
         logger.warning("marconi: %s — ignored: %s is unset, so the plugin changes nothing (stock vLLM; the "
                        "Mamba-2 CPU fix stays %s)", problem, ENV_POLICY, "auto" if config.mamba2_cpu_fix else "off")
@@ -148,6 +149,35 @@ def reset_registration() -> None:
     again (the tests register twice in one process; hooks already installed stay installed)."""
     global _REGISTERED
     _REGISTERED = False
+
+
+def _with_recording(config: PluginConfig) -> PluginConfig:
+    """``MARCONI_VLLM_RECORD`` checked in every process (ConfigError naming it); with no policy set
+    the plugin observes as ``lru`` does (stock decisions), so that the recorder can be hooked."""
+    from marconi.integrations.vllm import record
+
+    path = record.record_path_from_env()
+    if path is None:
+        return config
+    record.check_record_path(path)
+    return config if config.policy is not None else dataclasses.replace(config, policy="lru")
+
+
+def _open_recorder(scheduler: Any, hooks: "PoolHooks") -> Any:
+    from marconi.integrations.vllm import record
+
+    path = record.record_path_from_env()
+    if path is None:
+        return None
+    import vllm
+
+    try:
+        return record.Recorder.open(path, block_size=hooks.hash_block_size,
+                                    model=str(scheduler.vllm_config.model_config.model), vllm_version=str(vllm.__version__),
+                                    policy=hooks.policy, settings=hooks.settings,
+                                    max_num_seqs=int(scheduler.scheduler_config.max_num_seqs))
+    except ConfigError as exc:
+        raise PluginSettingError(str(exc)) from None
 
 
 # ====================================================================================== CPU fix
@@ -314,15 +344,21 @@ class PoolHooks:
         self._local = threading.local()
         self._trace = trace              # the open block trace (MARCONI_VLLM_TRACE), or None
         self.settings: dict[str, Any] = {}
-        self.num_evicted: dict[str, int] = {}
+        self._num_evicted: dict[str, int] = {}  # "group:reason" -> blocks evicted (read through num_evicted)
         self.num_cached: dict[str, int] = {}     # group kind -> block hashes inserted (states kept, for mamba)
-        self._evicted_counters: dict[tuple[str, str], Any] = {}     # (group, reason) -> its labelled counter
+        # Evictions counted per (group id, reason) since the last flush into Prometheus (a labelled
+        # counter's inc costs about 2 µs, as much as vLLM's whole eviction of a block: they are added
+        # once per get_new_blocks call and per finished request, see _flush_evicted).
+        self._evicted_pending: dict[tuple[int, int], int] = {}
+        self._evicted_labels: dict[tuple[int, int], tuple[Any, str]] = {}   # -> (labelled counter, name)
+        self._hit_counters: tuple[Any, Any] | None = None   # hit_tokens' usable and kv_only, labelled once
         self._admitted: dict[str, tuple[int, int]] = {}     # request id -> (hit, kv-only) tokens at admission
         self._observe_failed = False
         self.num_finished = 0            # requests shown to the α source
         self.num_alpha_changes = 0
         self.source_s = 0.0              # scheduler-thread time spent in the α source's observe
         self.retention: RetentionHooks | None = None     # MARCONI_VLLM_RETENTION's hooks, if set
+        self.recorder: Any = None        # MARCONI_VLLM_RECORD's Recorder, if set
 
     # --------------------------------------------------------------- attach
     @classmethod
@@ -342,6 +378,7 @@ class PoolHooks:
             if hooks.retention is not None:
                 hooks.settings["marconi_retention"] = hooks.retention.planner.describe()
             hooks._emit("config", hooks.settings)
+            hooks.recorder = _open_recorder(scheduler, hooks)
             hooks.install(scheduler)
             if hooks.retention is not None:
                 hooks.retention.install()
@@ -443,94 +480,142 @@ class PoolHooks:
 
     # --------------------------------------------------------------- trace
     def _emit(self, *event: Any) -> None:
+        """Write one trace event (the hot paths test ``self._trace`` first, saving the call)."""
         if self._trace is not None:
             self._trace.write(json.dumps(event) + "\n")
 
     # --------------------------------------------------------------- allocation
     def get_new_blocks(self, num_blocks: int) -> list[Any]:
-        """``BlockPool.get_new_blocks`` with Marconi's choice among cached free blocks."""
+        """``BlockPool.get_new_blocks`` with Marconi's choice among cached free blocks.
+
+        vLLM's own steps, in its order, less the calls that do nothing: a block without any hash is
+        not passed to ``_maybe_evict_cached_block`` (only the metrics collector's eviction hook runs
+        for it, as there), nor is a victim a second time (its hashes went when it was picked)."""
         pool = self.pool
-        if num_blocks > pool.get_num_free_blocks():
+        num_free = pool.get_num_free_blocks()
+        if num_blocks > num_free:
             raise ValueError(f"Cannot get {num_blocks} free blocks from the pool")
         queue = pool.free_block_queue
-        num_uncached = pool.get_num_free_blocks() - self.state.num_free_cached
+        state = self.state
         picked: list[Any] = []
-        want = min(num_blocks, num_uncached)
-        block = queue.fake_free_list_head.next_free_block
-        while len(picked) < want and block is not queue.fake_free_list_tail:
-            if block.block_hash is None:
+        want = min(num_blocks, num_free - state.num_free_cached)
+        if want:
+            tail = queue.fake_free_list_tail
+            block = queue.fake_free_list_head.next_free_block
+            while block is not tail:
+                if block.block_hash is None:
+                    picked.append(block)
+                    if len(picked) == want:
+                        break
+                block = block.next_free_block
+            for block in picked:
+                queue.remove(block)
+        num_plain = len(picked)
+        if num_plain < num_blocks:
+            blocks = pool.blocks
+            evict = pool._maybe_evict_cached_block       # vLLM private (hooked: counts the eviction)
+            trace = self._trace
+            while len(picked) < num_blocks:
+                # One victim at a time, evicted at once: its parent may become the next leaf.
+                victim = state.next_victim()
+                if victim is None:
+                    raise RuntimeError("marconi: free blocks remain but none is cached or uncached")
+                if trace is not None:
+                    self._emit("victim", victim[0], victim[1])
+                block = blocks[victim[0]]
+                queue.remove(block)
+                state.taken(victim[0])
+                evict(block)
                 picked.append(block)
-            block = block.next_free_block
-        for block in picked:
-            queue.remove(block)
-        while len(picked) < num_blocks:
-            # One victim at a time, evicted at once: its parent may become the next leaf.
-            victim = self.state.next_victim()
-            if victim is None:
-                raise RuntimeError("marconi: free blocks remain but none is cached or uncached")
-            self._emit("victim", victim.block_id, victim.reason)
-            block = pool.blocks[victim.block_id]
-            queue.remove(block)
-            self.state.taken(block.block_id)
-            pool._maybe_evict_cached_block(block)        # vLLM private (hooked: counts the eviction)
-            picked.append(block)
         # From here on, vLLM's own get_new_blocks (the same in 0.32 and 0.33), private parts included.
         if pool._reuse_watchers:
             pool._notify_reuse(picked)
-        for block in picked:
-            if pool.enable_caching:                       # installed only then (see _install)
-                pool._maybe_evict_cached_block(block)
+        metrics = pool.metrics_collector
+        by_block = pool.cached_block_hashes_by_block          # vLLM's extra (partial) hashes per block
+        for i, block in enumerate(picked):
+            if i < num_plain:                                 # a victim's hashes are gone already
+                if block.block_hash is not None or block.block_id in by_block:
+                    pool._maybe_evict_cached_block(block)
+                elif metrics:                                 # what _maybe_evict_cached_block does for it
+                    metrics.on_block_evicted(block)
             assert block.ref_cnt == 0
             block.ref_cnt += 1
-            if pool.metrics_collector:
-                pool.metrics_collector.on_block_allocated(block)
-        self._emit("alloc", [b.block_id for b in picked])
+            if metrics:
+                metrics.on_block_allocated(block)
+        if self._evicted_pending:
+            self._flush_evicted()
+        if self._trace is not None:
+            self._emit("alloc", [b.block_id for b in picked])
         return picked
 
     def get_new_blocks_observed(self, num_blocks: int) -> list[Any]:
         """vLLM's own ``get_new_blocks`` (LRU), with the index told which blocks left the queue."""
         blocks = self._orig["get_new_blocks"](num_blocks)
+        taken = self.state.taken
         for block in blocks:
-            self.state.taken(block.block_id)
-        self._emit("alloc", [b.block_id for b in blocks])
+            taken(block.block_id)
+        if self._evicted_pending:
+            self._flush_evicted()
+        if self._trace is not None:
+            self._emit("alloc", [b.block_id for b in blocks])
         return blocks
 
     def _maybe_evict_cached_block(self, block: Any) -> bool:
         key = block.block_hash
         if key is not None:
             gid = self._hash_parts[1](key)
-            reason = REASONS[int(self.state.reason[block.block_id])]
-            group = self.group_kinds[gid] if gid < len(self.group_kinds) else "other"
-            counter = self._evicted_counters.get((group, reason))
-            if counter is None:            # labels() costs a lock and a dict lookup: once per label set
-                counter = self._evicted_counters[(group, reason)] = self.counters.evicted.labels(self.policy, group,
-                                                                                                 reason)
-            counter.inc()
-            name = f"{group}:{reason}"
-            self.num_evicted[name] = self.num_evicted.get(name, 0) + 1
-            self._emit("evict", block.block_id, gid, block.block_hash_num_tokens)
+            count = (gid, self.state.reason[block.block_id])
+            self._evicted_pending[count] = self._evicted_pending.get(count, 0) + 1
+            if self._trace is not None:
+                self._emit("evict", block.block_id, gid, block.block_hash_num_tokens)
         return self._orig["_maybe_evict_cached_block"](block)
+
+    def _flush_evicted(self) -> None:
+        """Add the evictions counted since the last flush to ``num_evicted`` and the Prometheus
+        counters (one labelled ``inc`` per label set, not per block)."""
+        pending, self._evicted_pending = self._evicted_pending, {}
+        for key, num in pending.items():
+            labelled = self._evicted_labels.get(key)
+            if labelled is None:           # labels() costs a lock and a dict lookup: once per label set
+                gid, reason_id = key
+                group = self.group_kinds[gid] if gid < len(self.group_kinds) else "other"
+                reason = REASONS[reason_id]
+                labelled = self._evicted_labels[key] = (self.counters.evicted.labels(self.policy, group, reason),
+                                                        f"{group}:{reason}")
+            labelled[0].inc(num)
+            self._num_evicted[labelled[1]] = self._num_evicted.get(labelled[1], 0) + num
+
+    @property
+    def num_evicted(self) -> dict[str, int]:
+        """Blocks evicted so far, by ``"group:reason"`` (counted up to now: pending counts are flushed)."""
+        if self._evicted_pending:
+            self._flush_evicted()
+        return self._num_evicted
 
     def touch(self, blocks: Any) -> None:
         blocks = list(blocks)
         leaving = [b.block_id for b in blocks if b.ref_cnt == 0 and not b.is_null]
         self._orig["touch"](blocks)
-        for block_id in leaving:
-            self.state.taken(block_id)
         if leaving:
-            self._emit("touch", leaving)
+            taken = self.state.taken
+            for block_id in leaving:
+                taken(block_id)
+            if self._trace is not None:
+                self._emit("touch", leaving)
 
     def free_blocks(self, ordered_blocks: Any) -> None:
         blocks = list(ordered_blocks)
         self._orig["free_blocks"](blocks)
-        released = []
+        pool = self.pool
+        release = self.state.released if pool.enable_caching else None
+        released: list[int] | None = [] if self._trace is not None else None
         for block in blocks:
-            if block.pool is not None and block.pool is not self.pool:
+            if block.ref_cnt or block.is_null or (block.pool is not None and block.pool is not pool):
                 continue
-            if block.ref_cnt == 0 and not block.is_null:
+            if released is not None:
                 released.append(block.block_id)
-                if block.block_hash is not None and self.pool.enable_caching:
-                    self.state.released(block.block_id)
+            if release is not None and block.block_hash is not None:
+                release(block.block_id)
         if released:
             self._emit("free", released)
 
@@ -620,16 +705,24 @@ class PoolHooks:
         """A request passed admission with ``num_hits`` cached tokens (vLLM's own count)."""
         boundary = int(getattr(request, "shared_prefix_boundary", 0) or 0)
         kv_only = max(0, boundary - num_hits)
-        self.counters.hit_tokens.labels("usable").inc(num_hits)
+        if self._hit_counters is None:     # labels() once: it costs a lock and a lookup per call
+            self._hit_counters = (self.counters.hit_tokens.labels("usable"), self.counters.hit_tokens.labels("kv_only"))
+        self._hit_counters[0].inc(num_hits)
         if kv_only:
-            self.counters.hit_tokens.labels("kv_only").inc(kv_only)
+            self._hit_counters[1].inc(kv_only)
         self._admitted[request.request_id] = (int(num_hits), kv_only)
+        if self.recorder is not None:
+            self.recorder.admitted(request, num_hits)
         self._emit("lookup", int(request.num_prompt_tokens), int(num_hits), kv_only)
 
     def on_finished(self, request: Any) -> None:
         """A request finished and freed its blocks: its token ids go to the α source. A failing
         source never takes the server down: it is logged once and the last rule stays."""
         hit, kv_only = self._admitted.pop(request.request_id, (0, 0))
+        if self.recorder is not None:
+            self.recorder.finished(request)
+        if self._evicted_pending:          # evictions outside get_new_blocks (a reset, a connector) count by now
+            self._flush_evicted()
         if self.retention is not None:
             self.retention.planner.finish(request.request_id)
         if self._observe_failed or request.prompt_token_ids is None:   # prompt embeddings: no ids to learn from

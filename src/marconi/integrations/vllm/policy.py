@@ -160,7 +160,11 @@ class BlockEvictionState:
         # Per block its efficiency in every variant (EFFICIENCIES order; an adaptive source may switch
         # between them at any eviction): one shared tuple per depth, so a row write is one pointer.
         self._effs_of: list[tuple[float, ...]] = [_NO_EFFS] * self.num_blocks
-        self.reason: list[int] = [_DEAD] * self.num_blocks          # index into REASONS
+        self._reason: list[int] = [_DEAD] * self.num_blocks         # index into REASONS (read: reason)
+        # Prefixes whose blocks' rows are stale: cached() marks them (a request caches a chain of
+        # blocks in one call, each the parent of the next, so eager refreshes would judge every
+        # prefix twice) and _flush judges them once, before anything reads a row or the index.
+        self._dirty: set[Hashable] = set()
         # The free cached blocks by (candidate?, efficiencies, release_seq): mirrors the rows above,
         # updated wherever they change, so next_victim needs no scan. _free_seq is release_seq where
         # the block is free and cached, else 0 (release numbers start at 1).
@@ -175,6 +179,14 @@ class BlockEvictionState:
             self._rule = self._current_rule()
 
     @property
+    def reason(self) -> list[int]:
+        """Why each block would be evicted, an index into :data:`REASONS` per block id (the live
+        list: read it, do not keep it across events)."""
+        if self._dirty:
+            self._flush()
+        return self._reason
+
+    @property
     def free_cached(self) -> np.ndarray:
         """Whether each block is free and cached (a new array, O(pool): for scans and checks)."""
         return np.array(self._free_seq, dtype=np.int64) > 0
@@ -187,6 +199,8 @@ class BlockEvictionState:
     @property
     def candidate(self) -> np.ndarray:
         """Whether each block is a candidate (a new array, O(pool))."""
+        if self._dirty:
+            self._flush()
         return np.array(self._cand, dtype=bool)
 
     @property
@@ -195,6 +209,8 @@ class BlockEvictionState:
         return self.flop_eff_of(self.efficiency)
 
     def flop_eff_of(self, variant: str) -> np.ndarray:
+        if self._dirty:
+            self._flush()
         return np.fromiter(map(itemgetter(_VARIANT_IDS[variant]), self._effs_of), dtype=np.float64,
                            count=self.num_blocks)
 
@@ -211,10 +227,11 @@ class BlockEvictionState:
             had_kv = self._node_has_kv(node)
         node.blocks[group_id].add(block_id)
         self._block_keys.setdefault(block_id, []).append((prefix, group_id))
-        self._refresh_prefix(prefix)
+        dirty = self._dirty
+        dirty.add(prefix)
         # The parent's blocks depend on this prefix only through "does it hold KVs" (_num_kv_children).
         if node.parent is not None and not had_kv and self._is_attn[group_id]:
-            self._refresh_prefix(node.parent)
+            dirty.add(node.parent)
 
     def uncached(self, block_id: int, prefix: Hashable, group_id: int) -> None:
         """``block_id`` no longer answers lookups for ``prefix`` (evicted or re-keyed)."""
@@ -241,7 +258,7 @@ class BlockEvictionState:
             self._index.discard(block_id)
             self._cand[block_id] = False
             self._effs_of[block_id] = _NO_EFFS
-            self.reason[block_id] = _DEAD
+            self._reason[block_id] = _DEAD
         if any(blocks):
             refresh = self._refresh_block
             for ids in blocks:
@@ -260,6 +277,8 @@ class BlockEvictionState:
 
     def released(self, block_id: int) -> None:
         """A cached block entered the free queue: it is a candidate from now, recency = now."""
+        if self._dirty:
+            self._flush()
         self._seq += 1
         self._release_seq[block_id] = self._free_seq[block_id] = seq = self._seq
         self._index.place(block_id, CANDIDATES if self._cand[block_id] else OTHERS, self._effs_of[block_id], seq)
@@ -307,7 +326,8 @@ class BlockEvictionState:
         self._block_keys.clear()
         self._cand = [False] * self.num_blocks
         self._effs_of = [_NO_EFFS] * self.num_blocks
-        self.reason = [_DEAD] * self.num_blocks
+        self._reason = [_DEAD] * self.num_blocks
+        self._dirty.clear()
         self._free_seq = [0] * self.num_blocks
         self._index.clear()
 
@@ -329,10 +349,12 @@ class BlockEvictionState:
         """
         if not len(self._index):
             return None
+        if self._dirty:
+            self._flush()
         alpha, variant = self._current_rule()
         block = self._index.victim(alpha, _VARIANT_IDS[variant])
         assert block is not None
-        return tuple.__new__(Victim, (block, REASONS[self.reason[block]]))   # Victim(...) less a frame: hot path
+        return tuple.__new__(Victim, (block, REASONS[self._reason[block]]))   # Victim(...) less a frame: hot path
 
     def describe(self) -> dict[str, Any]:
         alpha, variant = self._current_rule()
@@ -340,6 +362,12 @@ class BlockEvictionState:
                 "alpha_source": repr(self.alpha_source)}
 
     # ------------------------------------------------------------------ bookkeeping
+    def _flush(self) -> None:
+        """Judge the blocks of every prefix cached() marked (each once), as eagerly as before."""
+        dirty, self._dirty = self._dirty, set()
+        for prefix in dirty:
+            self._refresh_prefix(prefix)
+
     def _refresh_prefix(self, prefix: Hashable) -> None:
         node = self._prefixes.get(prefix)
         if node is None:
@@ -359,11 +387,11 @@ class BlockEvictionState:
             node = self._prefixes[prefix]
             cand, valued, reason = self._judge(node, prefix, group_id)
             effs = self._effs(node.depth) if valued else _NO_EFFS
-        if cand is self._cand[block_id] and reason == self.reason[block_id] and effs == self._effs_of[block_id]:
+        if cand is self._cand[block_id] and reason == self._reason[block_id] and effs == self._effs_of[block_id]:
             return                  # unchanged: the rows and the index already say so
         self._cand[block_id] = cand
         self._effs_of[block_id] = effs
-        self.reason[block_id] = reason
+        self._reason[block_id] = reason
         seq = self._free_seq[block_id]
         if seq:                     # a member (not free: no member, see taken and uncached)
             self._index.place(block_id, CANDIDATES if cand else OTHERS, effs, seq)
@@ -424,16 +452,18 @@ class BlockEvictionState:
                 expected.setdefault(block_id, set()).add((prefix, group_id))
             got = {b: set(k) for b, k in self._block_keys.items()}
             assert got == expected, f"index drifted: {len(got)} blocks indexed, {len(expected)} cached"
+        if self._dirty:
+            self._flush()
         for prefix, node in self._prefixes.items():
             assert not node.empty(), f"empty prefix {prefix!r} kept"
             if node.parent is not None:
                 assert prefix in self._children.get(node.parent, ()), "child link missing"
         self._check_index()
-        snapshot = (list(self._cand), list(self._effs_of), list(self.reason))
+        snapshot = (list(self._cand), list(self._effs_of), list(self._reason))
         for block_id in range(self.num_blocks):        # recomputed from the prefixes alone
-            self._cand[block_id], self._effs_of[block_id], self.reason[block_id] = self._judged(block_id)
+            self._cand[block_id], self._effs_of[block_id], self._reason[block_id] = self._judged(block_id)
         for name, before, after in zip(("candidate", "efficiency", "reason"), snapshot,
-                                       (self._cand, self._effs_of, self.reason)):
+                                       (self._cand, self._effs_of, self._reason)):
             assert before == after, f"stale {name} rows"
         self._check_index()
 
