@@ -40,4 +40,12 @@ def load_trace(text: str, limit: int | None = None, *, notice: Callable[[str], N
     if not path.exists():
         raise ConfigError(f"trace {text!r} is neither a file nor a catalog workload ({', '.join(workload_names())}; "
                           "`marconi trace list` describes them)")
+    from .recording import build_recording_trace, is_mooncake_file, is_recording   # hash-id traces (issue 32)
+
+    if is_recording(path):
+        return build_recording_trace(path, limit=limit)
+    if path.suffix == ".jsonl" and is_mooncake_file(path):
+        from .mooncake import build_mooncake_trace
+
+        return build_mooncake_trace(path, limit=limit)
     return read_trace(path, limit=limit)

@@ -100,6 +100,8 @@ def register(subparsers: Any) -> None:
     bench.set_defaults(func=_cmd_bench)
     _register_replay(sub)
     _register_frontier(sub)
+    from marconi.integrations.vllm.diagnose import register_command as _register_diagnose   # issue 32
+    _register_diagnose(sub)
 
 
 def _register_replay(sub: Any) -> None:

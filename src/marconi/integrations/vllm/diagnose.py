@@ -1,0 +1,660 @@
+"""``marconi vllm diagnose``: where did my prefix-cache hits go, and what would each lever give?
+
+Input: a hash-id trace (a ``MARCONI_VLLM_RECORD`` recording, :mod:`marconi.workloads.recording`, or
+a Mooncake file given by path, or any trace ``--trace`` accepts), a model config and a GPU. The
+recording's requests are served again through vLLM 0.32's scheduler and block pool as the
+``vllm-align`` emulation mirrors them (:mod:`marconi.integrations.vllm.emulate`), on a virtual
+clock that :class:`~marconi.integrations.vllm.replay.steptime.StepTimeModel` advances per step,
+requests arriving at their recorded times (``--concurrency C``: a closed loop instead). With
+``--vllm-python`` the stock run and the levers that the replay has go through vLLM's own scheduler
+(``marconi vllm replay``) instead, and the report says which engine produced each figure.
+
+**Fidelity first.** For a recording the stock run's per-request ``num_cached_tokens`` is compared
+with what vLLM counted on the live server: the share of requests that agree exactly, and the
+token-weighted gap. The sidecar's vLLM version and configuration are compared with the run's; a
+difference is a warning naming the field (``settings.block_size``, ``max_num_seqs``, ...).
+
+**Where the lost tokens went.** A request's lost prompt tokens are ``prompt_len -
+num_cached_tokens``. At the request's first admission in the stock run each of them gets exactly
+one cause (:data:`CAUSES`), by the depth (in hash units ``u``) it lies at, with ``P`` the prompt
+length, ``h`` the hit, ``T = max(h, ⌊(P-1)/u⌋·u)`` the deepest hit vLLM could ever give:
+
+* ``below_one_block``: ``[T, P)``, the tail that no block boundary covers (and vLLM's last token);
+* ``never_shared``: ``[S, T)`` with ``S`` the longest prefix that any earlier request's sequence
+  (prompt or output) contains;
+* KV resident to depth ``K`` (vLLM's attention-only match): ``[h, K)`` splits at ``E``, the deepest
+  depth ``<= K`` where a Mamba state was ever cached: ``state_evicted_kv_stayed`` ``[h, E)`` and
+  ``no_state_at_usable_depth`` ``[max(h, E), K)`` (junction or alignment);
+* ``kv_evicted``: ``[K, C)`` with ``C`` the longest prefix some request had computed by then;
+* ``preempted``: ``[C, D)`` where ``D`` is the longest prefix held by a request that is waiting after
+  a preemption (its computed blocks went back to the pool);
+* ``in_flight``: ``[D, S)``, still being computed by another request.
+
+Every bound is clamped into ``[h, T]`` in that order, so the seven sum exactly to the lost tokens
+(tests/test_diagnose.py proves it on every request). The same accounting runs with
+``--vllm-python``: causes are the emulation's, which the fidelity figure vouches for.
+
+**Ceilings and levers.** ``infinite_token_hit_rate``: the stock run with a pool that never evicts;
+``oracle_token_hit_rate``: the simulator's future-aware oracle (:mod:`marconi.selectors.oracle`)
+at the same KV bytes (token-granular, Marconi's admission: a reference, not a bound). Levers, each
+one run: Marconi's GPU eviction, sparse-DP retention (``MARCONI_VLLM_RETENTION=sparse-dp``), a
+retention interval of four blocks, half the ``max_num_seqs``, twice the GPU memory. The CPU tier
+runs only through the replay (``--vllm-python``); the emulation has none.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from marconi.core.model import ModelSpec
+from marconi.core.registry import ConfigError
+from marconi.integrations.common.bench import percentile
+from marconi.integrations.vllm.emulate.engine import VllmAlignEngine
+from marconi.integrations.vllm.emulate.layout import VllmLayout, cdiv, layout_for_spec, prefix_hashes
+from marconi.integrations.vllm.emulate.scheduler import VllmAlignScheduler
+from marconi.integrations.vllm.policy import DEFAULT_ALPHA, MAMBA
+from marconi.integrations.vllm.replay.steptime import StepTimeModel
+from marconi.units import parse_bytes
+
+__all__ = ["CAUSES", "CAUSE_TEXT", "DiagnoseConfig", "EmulatedRun", "attribute", "run_emulated", "diagnose",
+           "summary_table", "lever_table", "write_report", "EMULATED_VLLM"]
+
+CAUSES = ("never_shared", "kv_evicted", "no_state_at_usable_depth", "state_evicted_kv_stayed", "in_flight",
+          "preempted", "below_one_block")
+CAUSE_TEXT = {
+    "never_shared": "never shared (no earlier request had this prefix)",
+    "kv_evicted": "shared, but its KV was evicted",
+    "no_state_at_usable_depth": "KV resident, but no state at a usable depth (junction/alignment)",
+    "state_evicted_kv_stayed": "state evicted while its KV stayed",
+    "in_flight": "still being computed by another request",
+    "preempted": "held by a preempted request",
+    "below_one_block": "below one block (tail no boundary covers)",
+}
+EMULATED_VLLM = "0.32"           # the series vllm-align mirrors
+#: Parameters of the bundled configs (bf16 weights: 2 bytes each); others are estimated from config.json.
+_BUNDLED_PARAMS = {"nemotron-h-8b": 8_100_000_000, "falcon-h1-7b": 7_590_000_000, "qwen3-next-80b-a3b": 79_700_000_000}
+
+
+def attribute(prompt_len: int, hit: int, kv_hit: int, unit: int, seen_depth: int, computed_depth: int,
+              state_depth: int, preempted_depth: int) -> dict[str, int]:
+    """One request's lost tokens by cause (see the module docstring); the values sum to
+    ``prompt_len - hit`` exactly. Depths are token counts (``state_depth``: the deepest depth
+    ``<= kv_hit`` with a state ever cached, 0 if none)."""
+    P, h = int(prompt_len), int(hit)
+    if not 0 <= h <= P:
+        raise ValueError(f"hit {h} outside [0, {P}]")
+    top = max(h, (P - 1) // unit * unit)
+
+    def clamp(x: int, lo: int, hi: int) -> int:
+        return min(max(int(x), lo), hi)
+
+    S = clamp(seen_depth, h, top)
+    K = clamp(kv_hit, h, S)
+    E = clamp(state_depth, h, K)
+    C = clamp(computed_depth, K, S)
+    D = clamp(preempted_depth, C, S)
+    return {"never_shared": top - S, "kv_evicted": C - K, "no_state_at_usable_depth": K - E,
+            "state_evicted_kv_stayed": E - h, "in_flight": S - D, "preempted": D - C, "below_one_block": P - top}
+
+
+def _depth(chain: Sequence[bytes], members: Any, unit: int) -> int:
+    d = 0
+    while d < len(chain) and chain[d] in members:
+        d += 1
+    return d * unit
+
+
+def _lcp(a: Sequence[bytes], b: Sequence[bytes]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+@dataclass
+class EmulatedRun:
+    """One run of the emulation over a trace: per request (trace order) its hit, attention-only
+    hit, preemptions, TTFT (virtual seconds) and, when attributed, its lost tokens by cause."""
+
+    name: str
+    hit: np.ndarray
+    kv_hit: np.ndarray
+    prompt: np.ndarray
+    preemptions: np.ndarray
+    ttft_s: np.ndarray
+    causes: np.ndarray | None = None        # [n, len(CAUSES)]
+    num_blocks: int = 0
+    info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def token_hit_rate(self) -> float:
+        total = int(self.prompt.sum())
+        return float(self.hit.sum()) / total if total else 0.0
+
+    def lost_by_cause(self) -> dict[str, int]:
+        assert self.causes is not None
+        return {c: int(v) for c, v in zip(CAUSES, self.causes.sum(axis=0))}
+
+
+def run_emulated(requests: Sequence[Any], spec: ModelSpec, layout: VllmLayout, timing: StepTimeModel, *,
+                 name: str = "stock", eviction: str = "lru", alpha: float | str = DEFAULT_ALPHA,
+                 retention_budget: int | None = None, max_num_seqs: int = 256, concurrency: int | None = None,
+                 attribute_causes: bool = False, progress: Callable[[int], None] | None = None) -> EmulatedRun:
+    """Serve ``requests`` through :class:`VllmAlignScheduler` on a virtual clock (arrivals at each
+    request's ``ts``, or a closed loop of ``concurrency``); see the module docstring."""
+    engine = VllmAlignEngine(layout, spec, eviction=eviction, alpha=alpha, retention_budget=retention_budget)
+    sched = VllmAlignScheduler(engine, max_num_seqs=max_num_seqs)
+    n = len(requests)
+    unit = layout.hash_block_size
+    t0 = requests[0].ts if n else 0.0
+    arrival = [float(r.ts - t0) for r in requests]
+    hit = np.zeros(n, np.int64)
+    kv_hit = np.zeros(n, np.int64)
+    prompt = np.array([len(r.input_tokens) for r in requests], np.int64)
+    ttft = np.full(n, np.nan)
+    causes = np.zeros((n, len(CAUSES)), np.int64) if attribute_causes else None
+    chains: list[list[bytes]] = []
+    seen: set[bytes] = set()
+    computed: set[bytes] = set()
+    state_ever: set[bytes] = set()
+    ptr = [0] * n
+    if attribute_causes:
+        for r in requests:
+            out = np.asarray(r.output_tokens, np.int32)
+            seq = np.concatenate((np.asarray(r.input_tokens, np.int32), out if out.size else np.zeros(1, np.int32)))
+            chains.append(prefix_hashes(seq, unit))
+        original = engine.pool.insert_block_hash
+        mamba_groups = {g for g, k in enumerate(layout.group_kinds) if k == MAMBA}
+
+        def insert_block_hash(block: Any, prefix: bytes, group_id: int, depth: int, parent: Any) -> None:
+            original(block, prefix, group_id, depth, parent)
+            if group_id in mamba_groups:
+                state_ever.add(prefix)
+
+        engine.pool.insert_block_hash = insert_block_hash  # type: ignore[method-assign]
+    index_of: dict[int, int] = {}
+    marked = [False] * n
+    seen_upto = 0
+    clock = 0.0
+    next_i = done = 0
+    in_flight = 0
+    while done < n:
+        if concurrency is not None:
+            while next_i < n and in_flight < concurrency:
+                index_of[sched.add(requests[next_i].input_tokens, np.asarray(requests[next_i].output_tokens, np.int32)).index] = next_i
+                next_i += 1
+                in_flight += 1
+        else:
+            while next_i < n and arrival[next_i] <= clock + 1e-12:
+                index_of[sched.add(requests[next_i].input_tokens, np.asarray(requests[next_i].output_tokens, np.int32)).index] = next_i
+                next_i += 1
+                in_flight += 1
+        if not sched.has_requests:
+            clock = arrival[next_i]
+            continue
+        before = {id(r): r.state.num_computed_tokens for r in sched.running}
+        pre_waiting = [r for r in sched.waiting if r.num_preemptions > 0]
+        finished = sched.step()
+        touched = list(sched.running) + finished
+        spans = []
+        for r in touched:
+            start = before.get(id(r))
+            if start is None:
+                start = r.record.hit_len if r.record is not None else 0
+            end = r.state.num_computed_tokens
+            if end > start:
+                spans.append((start, end))
+        clock += timing.step_s(spans)
+        for r in touched:
+            i = index_of[r.index]
+            if r.record is not None and not marked[i]:
+                marked[i] = True
+                hit[i], kv_hit[i] = r.record.hit_len, r.record.kv_hit_len
+                if causes is not None:
+                    while seen_upto < i:
+                        seen.update(chains[seen_upto])
+                        seen_upto += 1
+                    chain = chains[i]
+                    k_blocks = int(r.record.kv_hit_len) // unit
+                    e = 0
+                    for d in range(min(k_blocks, len(chain)), 0, -1):
+                        if chain[d - 1] in state_ever:
+                            e = d * unit
+                            break
+                    pre = max((_lcp(chain, chains[index_of[w.index]]) for w in pre_waiting
+                               if index_of[w.index] != i), default=0) * unit
+                    row = attribute(int(prompt[i]), int(hit[i]), int(kv_hit[i]), unit, _depth(chain, seen, unit),
+                                    _depth(chain, computed, unit), e, pre)
+                    causes[i] = [row[c] for c in CAUSES]
+            if np.isnan(ttft[i]) and r.num_output_tokens >= 1:
+                ttft[i] = clock - arrival[i] if concurrency is None else clock
+        if causes is not None:
+            for r in touched:
+                i = index_of[r.index]
+                full = min(r.state.num_computed_tokens // unit, len(chains[i]))
+                if full > ptr[i]:
+                    computed.update(chains[i][ptr[i]:full])
+                    ptr[i] = full
+        done += len(finished)
+        in_flight -= len(finished)
+        if progress is not None and finished:
+            progress(len(finished))
+    preempt = np.zeros(n, np.int64)
+    return EmulatedRun(name, hit, kv_hit, prompt, preempt, ttft, causes, layout.num_blocks,
+                       {"num_steps": sched.num_steps, "num_preemptions": sched.num_preemptions, "virtual_s": clock})
+
+
+# ============================================================================================ config
+@dataclass(frozen=True)
+class DiagnoseConfig:
+    """One diagnosis. One of ``gpu_memory`` / ``num_blocks`` (neither: a recording's own pool)."""
+
+    trace: str
+    model: str = "nemotron-h-8b"
+    gpu_memory: str | None = None
+    num_blocks: int | None = None
+    tensor_parallel: int = 1
+    gpu: str = "h100"
+    weight_bytes: int = 2
+    concurrency: int | None = None
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    num_requests: int | None = None
+    vllm_python: str | None = None
+    capacity_points: tuple[float, ...] = (0.25, 0.5, 2.0, 4.0)
+    levers: tuple[str, ...] = ("marconi", "sparse-dp", "retention-interval", "max-num-seqs", "gpu-memory-2x")
+
+
+def available_kv_bytes(gpu_memory_bytes: int, num_params: int, bytes_per_param: int, *, tensor_parallel: int = 1,
+                       gpu_memory_utilization: float = 0.9, activation_reserve_bytes: int = 4 * 2**30) -> int:
+    """:func:`marconi.integrations.vllm.replay.engine.available_kv_bytes`, the same arithmetic (that
+    module imports vLLM at import time; this one must not). ConfigError if nothing is left."""
+    weights = num_params * bytes_per_param
+    left = int(gpu_memory_utilization * gpu_memory_bytes) - weights // tensor_parallel - activation_reserve_bytes
+    if left <= 0:
+        raise ConfigError(f"--gpu-memory {gpu_memory_bytes / 1e9:.0f} GB does not hold {num_params / 1e9:.1f}B "
+                          f"parameters over {tensor_parallel} GPU(s) and the activation reserve: raise "
+                          "--tensor-parallel or the memory")
+    return left * tensor_parallel
+
+
+def _num_params(spec_cfg: dict[str, Any], model: str) -> int:
+    if model in _BUNDLED_PARAMS:
+        return _BUNDLED_PARAMS[model]
+    h = int(spec_cfg.get("hidden_size", 4096))
+    layers = int(spec_cfg.get("num_hidden_layers", 32))
+    vocab = int(spec_cfg.get("vocab_size", 32000))
+    return 12 * h * h * layers + 2 * vocab * h
+
+
+def _layout(cfg: DiagnoseConfig, spec: ModelSpec, config_json: dict[str, Any], *, gpu_memory_scale: float = 1.0,
+            recorded: dict[str, Any] | None = None, **options: Any) -> VllmLayout:
+    block_size = None
+    settings = (recorded or {}).get("settings") or {}
+    if recorded and settings.get("block_size"):
+        block_size = int(settings["block_size"])
+    if cfg.num_blocks is not None:
+        return layout_for_spec(spec, num_blocks=int(cfg.num_blocks * gpu_memory_scale), block_size=block_size, **options)
+    if cfg.gpu_memory is not None:
+        kv = available_kv_bytes(int(parse_bytes(cfg.gpu_memory) * gpu_memory_scale),
+                                _num_params(config_json, cfg.model), cfg.weight_bytes,
+                                tensor_parallel=cfg.tensor_parallel)
+        return layout_for_spec(spec, capacity_bytes=kv, block_size=block_size, **options)
+    if settings.get("num_blocks"):
+        return layout_for_spec(spec, num_blocks=int(settings["num_blocks"] * gpu_memory_scale), block_size=block_size,
+                               **options)
+    raise ConfigError("give --gpu-memory or --blocks (only a recording names its own pool)")
+
+
+def _fidelity(recorded: Sequence[int], ran: np.ndarray, prompt: np.ndarray) -> dict[str, Any]:
+    rec = np.asarray(recorded, np.int64)
+    agree = rec == ran
+    return {"requests": int(len(rec)), "agree": int(agree.sum()), "agree_share": float(agree.mean()) if len(rec) else 1.0,
+            "recorded_hit_rate": float(rec.sum() / prompt.sum()) if prompt.sum() else 0.0,
+            "replayed_hit_rate": float(ran.sum() / prompt.sum()) if prompt.sum() else 0.0,
+            "abs_token_gap": int(np.abs(rec - ran).sum()),
+            "first_disagreements": [{"request": int(i), "recorded": int(rec[i]), "replayed": int(ran[i])}
+                                    for i in np.flatnonzero(~agree)[:10]]}
+
+
+def _config_warnings(recorded: dict[str, Any], layout: VllmLayout, max_num_seqs: int, where: str,
+                     vllm_version: str) -> list[str]:
+    out = []
+    version = str(recorded.get("vllm_version", ""))
+    if version and ".".join(version.split("+")[0].split(".")[:2]) != ".".join(vllm_version.split(".")[:2]):
+        out.append(f"{where}: field 'vllm_version': recorded on vLLM {version}, replayed as vLLM {vllm_version}: "
+                   "hits may differ where the versions' schedulers do")
+    settings = recorded.get("settings") or {}
+    if "block_size" in recorded and int(recorded["block_size"]) != layout.hash_block_size:
+        out.append(f"{where}: field 'block_size': the recording hashes {recorded['block_size']}-token blocks, this "
+                   f"model's vLLM pool matches {layout.hash_block_size}-token units: hits are only as exact as the "
+                   "coarser of the two")
+    for key, ours in (("num_blocks", layout.num_blocks), ("max_num_batched_tokens", layout.max_num_batched_tokens)):
+        if key in settings and settings[key] is not None and int(settings[key]) != int(ours):
+            out.append(f"{where}: field 'settings.{key}': recorded {settings[key]}, replayed {ours}")
+    if recorded.get("max_num_seqs") is not None and int(recorded["max_num_seqs"]) != max_num_seqs:
+        out.append(f"{where}: field 'max_num_seqs': recorded {recorded['max_num_seqs']}, replayed {max_num_seqs}")
+    ri = settings.get("retention_interval", 0)
+    if ri != layout.retention_interval:
+        out.append(f"{where}: field 'settings.retention_interval': recorded {ri}, replayed {layout.retention_interval}")
+    return out
+
+
+def diagnose(cfg: DiagnoseConfig, *, trace: Any = None, notice: Callable[[str], None] | None = None,
+             show_bars: bool = True) -> dict[str, Any]:
+    """Run the diagnosis; returns ``{"summary": record, "levers": [records], "capacity": [records],
+    "per_request": {...}, "warnings": [...]}`` (see the module docstring for the fields)."""
+    from tqdm import tqdm
+
+    from marconi.integrations.vllm.replay.run import model_dir
+    from marconi.workloads import load_trace
+
+    say = notice or (lambda line: None)
+    if trace is None:
+        trace = load_trace(cfg.trace, cfg.num_requests)
+    requests = list(trace)
+    if not requests:
+        raise ConfigError(f"trace {cfg.trace!r}: no request")
+    mdir = model_dir(cfg.model)
+    config_json = json.loads((mdir / "config.json").read_text())
+    spec = ModelSpec.from_hf_config(mdir / "config.json", name=cfg.model)
+    recorded = (trace.meta or {}).get("recording") if hasattr(trace, "meta") else None
+    recorded_hits = ((trace.meta or {}).get("recorded") or {}).get("num_cached_tokens")
+    warnings = list((trace.meta or {}).get("warnings", [])) if hasattr(trace, "meta") else []
+    settings = (recorded or {}).get("settings") or {}
+    max_num_seqs = cfg.max_num_seqs or int((recorded or {}).get("max_num_seqs") or 256)
+    mnbt = cfg.max_num_batched_tokens or int(settings.get("max_num_batched_tokens") or 8192)
+    interval = settings.get("retention_interval", 0) if recorded else 0
+    options = dict(max_num_batched_tokens=mnbt, retention_interval=interval,
+                   long_prefill_token_threshold=int(settings.get("long_prefill_token_threshold") or 0))
+    layout = _layout(cfg, spec, config_json, recorded=recorded, **options)
+    if recorded is not None and recorded_hits is not None:
+        where = f"{cfg.trace}.meta.json"
+        warnings += _config_warnings(recorded, layout, max_num_seqs, where, EMULATED_VLLM)
+        bs = int(recorded.get("block_size", layout.hash_block_size))
+        if layout.hash_block_size % bs:
+            raise ConfigError(f"{where}: field 'block_size': the recording's {bs}-token blocks do not divide model "
+                              f"{cfg.model}'s {layout.hash_block_size}-token match unit: its hash ids cannot say "
+                              "which of this model's blocks are shared; record with this model's configuration")
+    for w in warnings:
+        say(f"warning: {w}")
+    timing = StepTimeModel.named(spec, cfg.gpu, _num_params(config_json, cfg.model) * cfg.weight_bytes,
+                                 num_gpus=cfg.tensor_parallel)
+    n = len(requests)
+
+    def run(name: str, lay: VllmLayout, **kw: Any) -> EmulatedRun:
+        with tqdm(total=n, desc=name, unit="req", leave=False, disable=not show_bars) as bar:
+            return run_emulated(requests, spec, lay, timing, name=name, concurrency=cfg.concurrency,
+                                max_num_seqs=kw.pop("max_num_seqs", max_num_seqs), progress=bar.update, **kw)
+
+    say(f"diagnose: {n} requests on {cfg.model}, {layout.num_blocks} blocks of {layout.block_size} tokens "
+        f"(match unit {layout.hash_block_size}), vllm-align emulation")
+    stock = run("stock", layout, attribute_causes=True)
+    by_cause = stock.lost_by_cause()
+    lost = int((stock.prompt - stock.hit).sum())
+    assert sum(by_cause.values()) == lost, (by_cause, lost)
+    seq_blocks = sum(cdiv(len(r.input_tokens) + max(1, len(r.output_tokens)), layout.block_size) for r in requests)
+    inf_layout = replace(layout, num_blocks=seq_blocks * len(layout.group_kinds) + 2)
+    infinite = run("infinite", inf_layout)
+    oracle_rate = _oracle_rate(trace, spec, layout, say)
+    fidelity = None
+    stock_engine = "vllm-align"
+    replay_records: list[dict[str, Any]] = []
+    if cfg.vllm_python is not None:
+        replay_records = _replay(cfg, layout, max_num_seqs, n, say)
+        stock_engine = "vllm-replay"
+    if recorded_hits is not None:
+        fidelity = _fidelity(recorded_hits, stock.hit, stock.prompt)
+        fidelity["engine"] = "vllm-align"
+        if replay_records:
+            ran = np.asarray(replay_records[0]["per_request"]["num_cached_tokens"], np.int64)
+            fidelity["vllm_replay"] = _fidelity(recorded_hits, ran, stock.prompt)
+    levers = [_lever_record("stock", stock, layout, "vllm-align", baseline=stock)]
+    for lever in cfg.levers:
+        try:
+            lrun, lay = _run_lever(lever, run, layout, cfg, spec, config_json, recorded, options, max_num_seqs)
+        except ConfigError as exc:
+            say(f"lever {lever}: skipped ({exc})")
+            continue
+        levers.append(_lever_record(lever, lrun, lay, "vllm-align", baseline=stock))
+    for rec in replay_records:
+        levers.append({"record": "lever", "lever": f"replay:{rec['arm']}", "engine": "vllm-replay",
+                       "token_hit_rate": rec["token_hit_rate"], "ttft_p50_s": rec["ttft_p50_s"],
+                       "ttft_p95_s": rec["ttft_p95_s"], "num_blocks": rec["num_blocks"]})
+    capacity = [{"record": "capacity", "num_blocks": layout.num_blocks, "scale": 1.0, "token_hit_rate": stock.token_hit_rate}]
+    for scale in cfg.capacity_points:
+        blocks = max(2 + len(layout.group_kinds), int(layout.num_blocks * scale))
+        try:
+            crun = run(f"capacity x{scale:g}", replace(layout, num_blocks=blocks))
+        except ConfigError as exc:
+            say(f"capacity x{scale:g}: skipped ({exc})")
+            continue
+        capacity.append({"record": "capacity", "num_blocks": blocks, "scale": scale, "token_hit_rate": crun.token_hit_rate})
+    capacity.sort(key=lambda r: r["num_blocks"])
+    summary = {"record": "summary", "trace": cfg.trace, "model": cfg.model, "gpu": cfg.gpu, "gpu_memory": cfg.gpu_memory,
+               "tensor_parallel": cfg.tensor_parallel, "engine": stock_engine, "num_requests": n,
+               "num_blocks": layout.num_blocks, "block_size": layout.block_size, "match_unit": layout.hash_block_size,
+               "prompt_tokens": int(stock.prompt.sum()), "hit_tokens": int(stock.hit.sum()),
+               "token_hit_rate": (replay_records[0]["token_hit_rate"] if replay_records else stock.token_hit_rate),
+               "emulated_token_hit_rate": stock.token_hit_rate,
+               "infinite_token_hit_rate": infinite.token_hit_rate, "oracle_token_hit_rate": oracle_rate,
+               "lost_tokens": lost, "lost_tokens_by_cause": by_cause, "fidelity": fidelity,
+               "recorded_token_hit_rate": (fidelity or {}).get("recorded_hit_rate"),
+               "ttft_p50_s": percentile(list(stock.ttft_s), 50), "ttft_p95_s": percentile(list(stock.ttft_s), 95),
+               "max_num_seqs": max_num_seqs, "concurrency": cfg.concurrency, "warnings": warnings}
+    per_request = {"prompt_len": stock.prompt.tolist(), "num_cached_tokens": stock.hit.tolist(),
+                   "kv_hit": stock.kv_hit.tolist(), "causes": {c: stock.causes[:, k].tolist() for k, c in enumerate(CAUSES)},
+                   "recorded_num_cached_tokens": list(recorded_hits) if recorded_hits is not None else None}
+    return {"summary": summary, "levers": levers, "capacity": capacity, "per_request": per_request, "warnings": warnings}
+
+
+def _oracle_rate(trace: Any, spec: ModelSpec, layout: VllmLayout, say: Callable[[str], None]) -> float | None:
+    from marconi.sim import simulate_system
+
+    try:
+        res = simulate_system(list(trace), "oracle", spec, (layout.num_blocks - 1) * layout.block_bytes, latency=None)
+    except Exception as exc:        # a reference figure: its failure must not hide the diagnosis
+        say(f"oracle: skipped ({type(exc).__name__}: {exc})")
+        return None
+    total = int(res.input_len.sum())
+    return float(res.reused_len.sum()) / total if total else 0.0
+
+
+def _run_lever(lever: str, run: Callable[..., EmulatedRun], layout: VllmLayout, cfg: DiagnoseConfig, spec: ModelSpec,
+               config_json: dict[str, Any], recorded: Any, options: dict[str, Any],
+               max_num_seqs: int) -> tuple[EmulatedRun, VllmLayout]:
+    if lever == "marconi":
+        return run(lever, layout, eviction="marconi"), layout
+    if lever == "sparse-dp":
+        lay = replace(layout, retention_interval=0)
+        return run(lever, lay, retention_budget=2), lay
+    if lever == "retention-interval":
+        lay = replace(layout, retention_interval=4 * layout.block_size)
+        return run(lever, lay), lay
+    if lever == "max-num-seqs":
+        return run(lever, layout, max_num_seqs=max(1, max_num_seqs // 2)), layout
+    if lever == "gpu-memory-2x":
+        lay = _layout(cfg, spec, config_json, gpu_memory_scale=2.0, recorded=recorded, **options)
+        return run(lever, lay), lay
+    raise ConfigError(f"unknown lever {lever!r}")
+
+
+def _lever_record(name: str, r: EmulatedRun, layout: VllmLayout, engine: str, *, baseline: EmulatedRun) -> dict[str, Any]:
+    return {"record": "lever", "lever": name, "engine": engine, "token_hit_rate": r.token_hit_rate,
+            "delta_token_hit_rate": r.token_hit_rate - baseline.token_hit_rate,
+            "ttft_p50_s": percentile(list(r.ttft_s), 50), "ttft_p95_s": percentile(list(r.ttft_s), 95),
+            "num_blocks": layout.num_blocks, "retention_interval": layout.retention_interval,
+            "num_preemptions": r.info.get("num_preemptions")}
+
+
+def _replay(cfg: DiagnoseConfig, layout: VllmLayout, max_num_seqs: int, n: int,
+            say: Callable[[str], None]) -> list[dict[str, Any]]:
+    from marconi.integrations.vllm.replay.run import ReplayConfig, run_replay
+
+    load = {"concurrency": cfg.concurrency} if cfg.concurrency is not None else {"time_scale": 1.0}
+    rc = ReplayConfig(vllm_python=cfg.vllm_python, model=cfg.model, trace=cfg.trace, policies=("lru", "marconi"),
+                      num_blocks=layout.num_blocks, tensor_parallel=cfg.tensor_parallel, gpu=cfg.gpu,
+                      max_input_len=10**9, num_requests=cfg.num_requests, max_num_seqs=max_num_seqs,
+                      max_num_batched_tokens=layout.max_num_batched_tokens,
+                      retention=str(layout.retention_interval).lower(), **load)
+    return run_replay(rc, emulate=False, progress=say)
+
+
+# ============================================================================================ output
+def _fmt(x: Any, pct: bool = False) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "-"
+    return f"{100 * x:.1f}%" if pct else (f"{x:.3f}" if isinstance(x, float) else str(x))
+
+
+def summary_table(result: dict[str, Any]) -> str:
+    s = result["summary"]
+    lines = [f"token hit rate {_fmt(s['token_hit_rate'], True)} ({s['engine']}); infinite "
+             f"{_fmt(s['infinite_token_hit_rate'], True)}; oracle {_fmt(s['oracle_token_hit_rate'], True)}"]
+    f = s.get("fidelity")
+    if f:
+        lines.append(f"fidelity: {f['agree']}/{f['requests']} requests reproduce the recorded num_cached_tokens "
+                     f"(recorded {_fmt(f['recorded_hit_rate'], True)}, replayed {_fmt(f['replayed_hit_rate'], True)})")
+    lines.append(f"lost prompt tokens: {s['lost_tokens']:,} of {s['prompt_tokens']:,}")
+    for c in CAUSES:
+        v = s["lost_tokens_by_cause"][c]
+        lines.append(f"  {c:<26} {v:>12,}  {100 * v / max(1, s['lost_tokens']):5.1f}%")
+    return "\n".join(lines)
+
+
+def lever_table(result: dict[str, Any]) -> str:
+    rows = [("lever", "engine", "hit rate", "Δ", "TTFT p50 s", "TTFT p95 s", "blocks")]
+    for r in result["levers"]:
+        rows.append((r["lever"], r["engine"], _fmt(r["token_hit_rate"], True), _fmt(r.get("delta_token_hit_rate"), True),
+                     _fmt(r["ttft_p50_s"]), _fmt(r["ttft_p95_s"]), str(r.get("num_blocks", "-"))))
+    widths = [max(len(row[k]) for row in rows) for k in range(len(rows[0]))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in rows)
+
+
+def _plot_waterfall(summary: dict[str, Any], path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = ["prompt tokens", "hits"] + list(CAUSES)
+    values = [summary["prompt_tokens"], -summary["hit_tokens"]] + [-summary["lost_tokens_by_cause"][c] for c in CAUSES]
+    fig, ax = plt.subplots(figsize=(9, 4))
+    level = 0
+    for k, (lab, v) in enumerate(zip(labels, values)):
+        bottom = level if v >= 0 else level + v
+        ax.bar(k, abs(v), bottom=bottom, color="tab:blue" if k == 0 else "tab:green" if k == 1 else "tab:red")
+        level += v
+    ax.set_xticks(range(len(labels)), labels, rotation=35, ha="right")
+    ax.set_ylabel("tokens")
+    ax.set_title("Where the prompt tokens went (stock vLLM)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _plot_capacity(result: dict[str, Any], path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    s = result["summary"]
+    pts = result["capacity"]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot([p["num_blocks"] for p in pts], [100 * p["token_hit_rate"] for p in pts], "o-", label="stock vLLM")
+    ax.axhline(100 * s["infinite_token_hit_rate"], ls="--", color="gray", label="infinite capacity")
+    if s["oracle_token_hit_rate"] is not None:
+        ax.axhline(100 * s["oracle_token_hit_rate"], ls=":", color="black", label="oracle (this pool)")
+    ax.axvline(s["num_blocks"], color="tab:red", lw=0.8, label="your pool")
+    ax.set_xscale("log")
+    ax.set_xlabel("pool blocks")
+    ax.set_ylabel("token hit rate (%)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def write_report(result: dict[str, Any], out: str | Path) -> list[Path]:
+    """``out/`` gets ``records.jsonl`` (summary, levers, capacity points), ``per_request.json``,
+    ``report.md``, ``waterfall.png`` and ``capacity.png``; the folder is swapped in whole."""
+    from marconi.io import atomic_directory
+
+    with atomic_directory(out) as stage:
+        records = [result["summary"], *result["levers"], *result["capacity"]]
+        (stage / "records.jsonl").write_text("".join(json.dumps(r, default=str) + "\n" for r in records))
+        (stage / "per_request.json").write_text(json.dumps(result["per_request"]))
+        _plot_waterfall(result["summary"], stage / "waterfall.png")
+        _plot_capacity(result, stage / "capacity.png")
+        s = result["summary"]
+        md = [f"# Prefix-cache diagnosis: {s['trace']} on {s['model']}", "",
+              f"{s['num_requests']} requests; pool {s['num_blocks']} blocks of {s['block_size']} tokens "
+              f"(GPU memory {s['gpu_memory'] or 'as recorded'}, TP {s['tensor_parallel']}); engine {s['engine']}.", "",
+              "```", summary_table(result), "```", "", "## Lost tokens by cause", "",
+              "| cause | tokens | share |", "|---|---:|---:|"]
+        for c in CAUSES:
+            v = s["lost_tokens_by_cause"][c]
+            md.append(f"| {CAUSE_TEXT[c]} | {v:,} | {100 * v / max(1, s['lost_tokens']):.1f}% |")
+        md += [f"| **total lost** | **{s['lost_tokens']:,}** | 100% |", "", "![waterfall](waterfall.png)", "",
+               "## Levers", "", "```", lever_table(result), "```", "", "## Hit rate against capacity", "",
+               "![capacity](capacity.png)", ""]
+        if s["warnings"]:
+            md += ["## Warnings", ""] + [f"- {w}" for w in s["warnings"]] + [""]
+        (stage / "report.md").write_text("\n".join(md))
+    out = Path(out)
+    return [out / name for name in ("report.md", "records.jsonl", "waterfall.png", "capacity.png")]
+
+
+# ============================================================================================ command
+def register_command(sub: Any) -> None:
+    """``marconi vllm diagnose`` (added to the ``vllm`` group by :mod:`.commands`)."""
+    from marconi.core.registry import Domain
+    from marconi.options import COUNT, Number, add_output
+
+    p = sub.add_parser("diagnose", help="where a recording's (or hash-id trace's) prefix-cache hits went, by cause, "
+                                        "and what each lever (Marconi, retention, max_num_seqs, memory) gives")
+    p.add_argument("--trace", required=True, help="a MARCONI_VLLM_RECORD recording, a Mooncake file, or any trace")
+    p.add_argument("--model", default="nemotron-h-8b", help="a bundled config or a directory with a config.json")
+    pool = p.add_mutually_exclusive_group()
+    pool.add_argument("--gpu-memory", default=None, help="the GPU's memory (80GB); default: a recording's own pool")
+    pool.add_argument("--blocks", type=Number(Domain(2, 10**9, integer=True)), default=None,
+                      help="the block pool (num_gpu_blocks) instead of --gpu-memory")
+    p.add_argument("--tensor-parallel", type=Number(Domain(1, 1024, integer=True)), default=1)
+    p.add_argument("--gpu", default="h100", help="step-time model's GPU: h100, h200 or a100")
+    p.add_argument("--concurrency", type=Number(Domain(1, 65536, integer=True)), default=None,
+                   help="a closed loop of C requests instead of the recorded arrival times")
+    p.add_argument("--max-num-seqs", type=Number(Domain(1, 65536, integer=True)), default=None,
+                   help="default: the recording's, else 256")
+    p.add_argument("--num-requests", type=Number(COUNT), default=None, help="only the first N requests")
+    p.add_argument("--vllm-python", default=None,
+                   help="run the stock and Marconi arms through vLLM's scheduler (marconi vllm replay) as well")
+    add_output(p, "--out", kind="dir", required=True, help="report folder (replaced as a whole)")
+    p.set_defaults(func=_cmd_diagnose)
+
+
+def _cmd_diagnose(args: Any) -> int:
+    import sys
+
+    from marconi.workloads.recording import RecordingError
+
+    cfg = DiagnoseConfig(trace=args.trace, model=args.model, gpu_memory=args.gpu_memory, num_blocks=args.blocks,
+                         tensor_parallel=args.tensor_parallel, gpu=args.gpu, concurrency=args.concurrency,
+                         max_num_seqs=args.max_num_seqs, num_requests=args.num_requests, vllm_python=args.vllm_python)
+    try:
+        result = diagnose(cfg, notice=lambda line: print(line, file=sys.stderr))
+    except RecordingError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    paths = write_report(result, args.out)
+    print(summary_table(result))
+    print()
+    print(lever_table(result))
+    print(f"\nreport: {paths[0]}", file=sys.stderr)
+    return 0

@@ -1,0 +1,261 @@
+"""Hash-id recordings of a live vLLM server (``MARCONI_VLLM_RECORD``), read as traces.
+
+A recording is a JSONL file plus its sidecar ``<file>.meta.json`` (the layout is documented in
+:mod:`marconi.integrations.vllm.record`): a header line ``{"recording": salt_id, "format": ...}``,
+then one line per request with ``arrival``/``finish`` (seconds), ``prompt_len``, ``output_len``,
+``hash_ids`` (the salted block-hash chain over prompt and output at the sidecar's ``block_size``),
+``num_cached_tokens`` and ``num_preemptions``. Like Mooncake's traces it holds no tokens: equal
+hash ids are equal prefixes, and :func:`build_recording_trace` rebuilds a token trace with exactly
+those equalities (through :class:`~marconi.workloads.mooncake.MooncakeTokens`), so every engine of
+the project (the simulator, ``vllm-align``, ``marconi vllm replay``) can serve it.
+
+Rebuilt sequences: request ``i``'s prompt and output are one token sequence of ``prompt_len +
+output_len`` tokens whose full blocks are its ``hash_ids`` (so a later prompt that continues an
+earlier output hits it, as in vLLM); tokens past the last recorded full block (a partial tail)
+get a block id of their own (never shared, as vLLM never shares a partial block). Requests are
+ordered by arrival (stably); the request at position ``i`` is session ``i``, turn 0, at ``ts =
+arrival - first arrival``. The trace's ``meta["recording"]`` holds, per position, the recorded
+``num_cached_tokens``, ``num_preemptions``, finish times and source lines, and the sidecar's fields.
+
+Bad input is a :class:`RecordingError` naming file, line and field: a missing or foreign sidecar,
+a header whose salt fingerprint is not the sidecar's (``salt mismatch``), a field of the wrong type
+or range, a chain too short for the prompt or too long for the sequence, two chains that
+contradict each other (one id after two different parents, or at two depths), a file with no
+request. A last line cut short (a server killed mid-write) is skipped with a warning naming it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from marconi.core.jsonfile import JsonError, read_json
+
+from .messages import Progress, no_progress
+from .mooncake import MooncakeRow, MooncakeTokens
+from .trace import Request, Trace
+
+__all__ = ["RecordedRequest", "Recording", "RecordingError", "read_recording", "build_recording_trace",
+           "is_recording", "is_mooncake_file", "RECORDING_FORMAT"]
+
+RECORDING_FORMAT = "marconi-vllm-recording"     # marconi.integrations.vllm.record writes it (same value)
+META_SUFFIX = ".meta.json"
+_FRESH = 1 << 63        # ids of blocks no recording names (partial tails): above every salted id
+
+
+class RecordingError(ValueError):
+    """A recording that cannot be read; the message names file, line and field."""
+
+
+@dataclass(frozen=True, slots=True)
+class RecordedRequest:
+    """One recorded request (``where``: ``path:line``)."""
+
+    where: str
+    arrival: float
+    finish: float
+    prompt_len: int
+    output_len: int
+    hash_ids: tuple[int, ...]
+    num_cached_tokens: int
+    num_preemptions: int
+
+
+@dataclass
+class Recording:
+    """A recording as read: its sidecar, its requests in file order, and warnings."""
+
+    path: str
+    meta: dict[str, Any]
+    requests: list[RecordedRequest]
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def block_size(self) -> int:
+        return int(self.meta["block_size"])
+
+
+def is_recording(path: str | os.PathLike) -> bool:
+    """Whether ``path`` has a recording sidecar (``format: marconi-vllm-recording``)."""
+    side = Path(os.fspath(path) + META_SUFFIX)
+    if not side.is_file():
+        return False
+    try:
+        meta = read_json(side)
+    except JsonError:
+        return False
+    return isinstance(meta, dict) and meta.get("format") == RECORDING_FORMAT
+
+
+def is_mooncake_file(path: str | os.PathLike) -> bool:
+    """Whether ``path``'s first non-blank line is a Mooncake request (``timestamp``, ``input_length``,
+    ``hash_ids``); a Mooncake file has no sidecar."""
+    try:
+        with open(path, "rb") as fh:
+            for raw in fh:
+                if raw.strip():
+                    obj = json.loads(raw)
+                    return isinstance(obj, dict) and {"timestamp", "input_length", "hash_ids"} <= obj.keys()
+    except (OSError, ValueError):
+        return False
+    return False
+
+
+def _where(path: str, line: int, name: str | None = None) -> str:
+    return f"{path}:{line}" + (f": field {name!r}" if name else "")
+
+
+def _int(obj: dict, key: str, path: str, line: int, minimum: int = 0) -> int:
+    value = obj.get(key)
+    if key not in obj:
+        raise RecordingError(f"{_where(path, line, key)}: missing")
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise RecordingError(f"{_where(path, line, key)}: expected an integer >= {minimum}, got {value!r}")
+    return value
+
+
+def _time(obj: dict, key: str, path: str, line: int) -> float:
+    value = obj.get(key)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0 or value == float("inf"):
+        raise RecordingError(f"{_where(path, line, key)}: expected seconds >= 0, got {value!r}")
+    return float(value)
+
+
+def _read_meta(path: str) -> dict[str, Any]:
+    side = path + META_SUFFIX
+    if not Path(side).is_file():
+        raise RecordingError(f"{side}: missing: a recording's sidecar holds its block size and model (it is written "
+                             "next to the file by MARCONI_VLLM_RECORD); copy it along with the recording")
+    try:
+        meta = read_json(side)
+    except JsonError as exc:
+        raise RecordingError(f"{exc.where}: {exc.reason}") from None
+    if not isinstance(meta, dict) or meta.get("format") != RECORDING_FORMAT:
+        got = meta.get("format") if isinstance(meta, dict) else type(meta).__name__
+        raise RecordingError(f"{side}: field 'format': expected {RECORDING_FORMAT!r}, got {got!r}")
+    for key in ("block_size", "salt_id"):
+        if key not in meta:
+            raise RecordingError(f"{side}: field {key!r}: missing")
+    bs = meta["block_size"]
+    if isinstance(bs, bool) or not isinstance(bs, int) or bs < 1:
+        raise RecordingError(f"{side}: field 'block_size': expected an integer >= 1, got {bs!r}")
+    return meta
+
+
+def read_recording(path: str | os.PathLike, limit: int | None = None) -> Recording:
+    """Read and check a recording and its sidecar (see the module docstring).
+
+    Raises:
+        RecordingError: naming file, line and field (see the module docstring).
+        FileNotFoundError: no such file.
+    """
+    path = os.fspath(path)
+    meta = _read_meta(path)
+    bs = int(meta["block_size"])
+    with open(path, "rb") as fh:
+        lines = fh.read().split(b"\n")
+    numbered = [(i + 1, raw) for i, raw in enumerate(lines) if raw.strip()]
+    if not numbered:
+        raise RecordingError(f"{path}: empty: no header and no request (was the server stopped before any request "
+                             "finished?)")
+    rec = Recording(path, meta, [])
+    parent_of: dict[int, int] = {}
+    depth_of: dict[int, int] = {}
+    first_seen: dict[int, int] = {}
+    last_line = numbered[-1][0]
+    for k, (line, raw) in enumerate(numbered):
+        try:
+            obj = json.loads(raw)
+        except ValueError as exc:
+            if line == last_line and not raw.endswith(b"}"):
+                rec.warnings.append(f"{path}:{line}: the last line is cut short (a server stopped mid-write?); "
+                                    "it is skipped")
+                break
+            raise RecordingError(f"{path}:{line}: not JSON ({exc})") from None
+        if not isinstance(obj, dict):
+            raise RecordingError(f"{path}:{line}: expected a JSON object, got {type(obj).__name__}")
+        if k == 0:
+            if "recording" not in obj:
+                raise RecordingError(f"{path}:{line}: field 'recording': missing: the first line of a recording is "
+                                     "its header (written by MARCONI_VLLM_RECORD)")
+            if obj["recording"] != meta["salt_id"]:
+                raise RecordingError(f"{path}:{line}: field 'recording': salt mismatch: the file was recorded with "
+                                     f"salt {obj['recording']!r}, its sidecar {path + META_SUFFIX} holds "
+                                     f"{meta['salt_id']!r} (a sidecar from another recording?)")
+            continue
+        if "recording" in obj:
+            raise RecordingError(f"{path}:{line}: field 'recording': a second header (two recordings concatenated? "
+                                 "their hash ids cannot be compared: diagnose them apart)")
+        if limit is not None and len(rec.requests) >= limit:
+            break
+        arrival = _time(obj, "arrival", path, line)
+        finish = _time(obj, "finish", path, line)
+        prompt_len = _int(obj, "prompt_len", path, line, 1)
+        output_len = _int(obj, "output_len", path, line, 0)
+        cached = _int(obj, "num_cached_tokens", path, line, 0)
+        preempt = _int(obj, "num_preemptions", path, line, 0)
+        if cached > prompt_len:
+            raise RecordingError(f"{_where(path, line, 'num_cached_tokens')}: {cached} exceeds prompt_len {prompt_len}")
+        ids = obj.get("hash_ids")
+        if not isinstance(ids, list) or not all(type(h) is int and 0 <= h < _FRESH for h in ids):
+            raise RecordingError(f"{_where(path, line, 'hash_ids')}: expected a list of integers in [0, 2**63)")
+        if len(ids) < prompt_len // bs or len(ids) > (prompt_len + output_len) // bs:
+            raise RecordingError(f"{_where(path, line, 'hash_ids')}: {len(ids)} blocks of {bs} tokens do not fit "
+                                 f"prompt_len {prompt_len} + output_len {output_len} (expected "
+                                 f"{prompt_len // bs} to {(prompt_len + output_len) // bs}; is the sidecar's "
+                                 "block_size this recording's?)")
+        parent = -1
+        for d, h in enumerate(ids):
+            seen = parent_of.setdefault(h, parent)
+            if seen != parent or depth_of.setdefault(h, d) != d:
+                raise RecordingError(f"{_where(path, line, 'hash_ids')}: hash chains contradict each other: id {h} at "
+                                     f"block {d} follows {parent}, but followed {seen} at block {depth_of[h]} on "
+                                     f"line {first_seen[h]}")
+            first_seen.setdefault(h, line)
+            parent = h
+        rec.requests.append(RecordedRequest(f"{path}:{line}", arrival, finish, prompt_len, output_len, tuple(ids),
+                                            cached, preempt))
+    if not rec.requests:
+        raise RecordingError(f"{path}: holds no request (only its header): nothing finished while it recorded")
+    if meta.get("truncated"):
+        rec.warnings.append(f"{path}{META_SUFFIX}: field 'truncated': the recording stopped at its size cap; "
+                            "later traffic is missing")
+    return rec
+
+
+def build_recording_trace(source: str | os.PathLike | Recording, *, limit: int | None = None,
+                          vocab_size: int = 32000, output_vocab: int = 1024, seed: int = 0,
+                          progress: Progress | None = None) -> Trace:
+    """The token trace of a recording (see the module docstring), ordered by arrival."""
+    rec = source if isinstance(source, Recording) else read_recording(source, limit=limit)
+    bs = rec.block_size
+    order = sorted(range(len(rec.requests)), key=lambda i: rec.requests[i].arrival)
+    reqs = [rec.requests[i] for i in order]
+    t0 = reqs[0].arrival
+    rows = []
+    fresh = _FRESH
+    for r in reqs:
+        total = r.prompt_len + max(1, r.output_len)
+        ids = list(r.hash_ids)
+        while len(ids) * bs < total:
+            ids.append(fresh)
+            fresh += 1
+        rows.append(MooncakeRow(r.where, (r.arrival - t0) * 1000.0, total, 0, tuple(ids)))
+    tokens = MooncakeTokens(rows, block_size=bs, vocab_size=vocab_size, output_vocab=output_vocab, seed=seed)
+    out = []
+    wrap = progress or no_progress
+    for i, (r, row) in enumerate(wrap(list(zip(reqs, rows)))):
+        seq = tokens.input_tokens(row)
+        out.append(Request(i, 0, r.arrival - t0, seq[:r.prompt_len], seq[r.prompt_len:r.prompt_len + r.output_len]))
+    meta = {"source": "vllm-recording", "files": [str(rec.path)], "block_size": bs,
+            "recording": {k: v for k, v in rec.meta.items() if k != "salt"},
+            "recorded": {"num_cached_tokens": [r.num_cached_tokens for r in reqs],
+                         "num_preemptions": [r.num_preemptions for r in reqs],
+                         "arrival": [r.arrival - t0 for r in reqs], "finish": [r.finish - t0 for r in reqs],
+                         "where": [r.where for r in reqs]},
+            "warnings": list(rec.warnings)}
+    trace = Trace(out, name=f"recording-{Path(rec.path).stem}", meta=meta)
+    return trace
