@@ -335,3 +335,13 @@ def test_bug5_the_replay_engine_refuses_a_zero_kv_budget_instead_of_one_tebibyte
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = [line for line in proc.stdout.splitlines() if line.startswith(("REFUSED", "BUILT"))]
     assert len(lines) == 2 and all(line.startswith("REFUSED available_bytes must be > 0") for line in lines), lines
+
+
+def test_engine_bench_lengths_are_bounded_before_the_model_loads() -> None:
+    """``engine bench --lengths 1000000000000`` would have allocated a 10^12-token prefill; the
+    list is read by the handler (``''`` skips the runs), so its bound is there, named."""
+    from marconi.engine.commands import _lengths
+
+    assert _lengths("64,4096") == [64, 4096] and _lengths("") == []
+    with pytest.raises(ConfigError, match="--lengths: every length must be <= 16,777,216 tokens"):
+        _lengths("64,1000000000000")

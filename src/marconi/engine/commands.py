@@ -88,6 +88,8 @@ def _lengths(text: str) -> list[int]:
                               "or '' to skip the checkpointing runs)") from None
         if out[-1] < 2:  # a checkpoint goes strictly inside the prefill
             raise ConfigError(f"--lengths: every length must be >= 2 tokens, got {out[-1]}")
+        if out[-1] > TOKENS.hi:  # a prefill of 10^12 tokens would allocate its inputs before failing
+            raise ConfigError(f"--lengths: every length must be <= {TOKENS.hi:,.0f} tokens, got {out[-1]:,}")
     return out
 
 
