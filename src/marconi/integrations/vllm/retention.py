@@ -24,9 +24,13 @@ placement, for the tests.
 engine core and ``vllm-align:retention=sparse-dp`` in the emulation, the same object in both):
 when a request is first scheduled, :class:`OverlapEstimator` measures its overlap with the
 sequences seen before (leading block hashes), records that divergence relative to the sequence it
-diverged from, and returns the request's own anchor; the planner turns the anchor's depth
-distribution into weights over the request's depths and places ``budget`` boundaries with
-:func:`place_on_grid` (the model's prefill FLOPs as the cost). In ``align`` mode a state is
+diverged from and at the block it diverged after (a *branch point*), and returns the request's own
+anchor; the planner weighs the request's depths by the branch points on its known prefix and, past
+it, by the anchor's depth distribution (:meth:`OverlapEstimator.path_distribution`), drops the
+depths at or below its resume point, and places ``budget`` boundaries with :func:`place_on_grid`
+(the model's prefill FLOPs as the cost). The known prefix matters because the cache forgets what
+the estimator remembers: a request that recomputes an evicted document is the one chance to keep
+a state where that document's questions diverge (vLLM's junction needs the document's KVs cached). In ``align`` mode a state is
 written only where a prefill chunk ends, so each chosen boundary is also a chunk stop (as vLLM
 stops a chunk at the shared-prefix junction in ``Scheduler._mamba_block_aligned_split``), and the
 Mamba managers keep it as they keep the replay boundary. The plan is made once per request and
@@ -176,7 +180,8 @@ class EstimatorLimits:
     Attributes:
         max_keys: block hashes remembered (LRU: a lookup touches the shared ones, the oldest go
             first); 65,536 blocks are about 25M tokens at vLLM's 384-token hybrid block.
-        max_anchors: anchors (branch points) with a histogram of their own (LRU).
+        max_anchors: anchors with a histogram of their own (LRU), and separately branch points
+            (blocks right after which requests left the tree) with a count of their own (LRU).
         max_bins: distinct relative depths per histogram; past it the lightest bin goes.
         decay: every observation multiplies a histogram's weights by this first (count decay:
             the effective sample is at most ``1 / (1 - decay)``, 50 at 0.98).
@@ -235,6 +240,11 @@ class OverlapEstimator:
     the same depths of same-length documents) share a prior, and a node's own evidence takes over
     as it accumulates.
 
+    Every observation also counts one more request at its *branch point*, the block ``keys[d - 1]``
+    the request left the tree after. A later sequence passing through that block learns exactly
+    where along its own known prefix requests diverged (:meth:`path_distribution`), whatever the
+    documents' lengths; counts decay by ``decay`` at each observation of the same branch point.
+
     Memory is bounded by :class:`EstimatorLimits`. Deterministic: the same keys in the same order
     give the same state.
     """
@@ -244,6 +254,8 @@ class OverlapEstimator:
         self._owner: OrderedDict[Hashable, tuple[Hashable | None, int]] = OrderedDict()
         self._local: OrderedDict[Hashable | None, _Histogram] = OrderedDict()
         self._global = _Histogram(limits.max_bins, limits.decay)
+        # Block hash -> decayed count of requests whose overlap ended right after that block.
+        self._branches: OrderedDict[Hashable, float] = OrderedDict()
         self.num_observations = 0
 
     @property
@@ -263,6 +275,7 @@ class OverlapEstimator:
         if depth:
             anchor, start = self._owner[keys[depth - 1]]
             self._record(anchor, depth - start, depth)
+            self._branch(keys[depth - 1])
             for key in keys[:depth]:
                 self._owner.move_to_end(key)
         anchor = keys[depth - 1] if depth else None
@@ -284,11 +297,17 @@ class OverlapEstimator:
         self._global.add(absolute)
         self.num_observations += 1
 
-    def distribution(self, anchor: Hashable | None, start: int = 0) -> dict[int, float]:
-        """Relative divergence depth (blocks, >= 1) -> probability for a sequence anchored at
-        ``anchor`` with novelty start ``start``: its anchor's histogram blended with the global
-        absolute depths past ``start`` (shifted by it; ``prior`` pseudo-counts of them); empty
-        when neither has anything."""
+    def _branch(self, key: Hashable) -> None:
+        """One more request left the tree right after block ``key`` (its count decays as a bin does)."""
+        count = self._branches.pop(key, 0.0)
+        self._branches[key] = count * self.limits.decay + 1.0
+        while len(self._branches) > self.limits.max_anchors:
+            self._branches.popitem(last=False)
+
+    def _tail(self, anchor: Hashable | None, start: int) -> dict[int, float]:
+        """Unnormalised weights of relative depths past ``start``: the anchor's own decayed counts
+        plus ``prior`` pseudo-counts of the global absolute depths past ``start`` (one pseudo-count
+        when the anchor has none of its own)."""
         beyond = {k - start: w for k, w in self._global.weights.items() if k > start}
         g_mass = sum(beyond.values())
         local = self._local.get(anchor)
@@ -296,19 +315,57 @@ class OverlapEstimator:
         if g_mass <= 0 and l_mass <= 0:
             return {}
         prior = self.limits.prior if l_mass > 0 else 1.0
-        out: dict[int, float] = {}
-        for k, w in beyond.items():
-            out[k] = prior * w / g_mass
+        out = {k: prior * w / g_mass for k, w in beyond.items()}
         if local is not None and l_mass > 0:
             for k, w in local.weights.items():
                 out[k] = out.get(k, 0.0) + w            # l_mass * (w / l_mass)
-        total = sum(out.values())
-        return {k: v / total for k, v in sorted(out.items())}
+        return out
+
+    def distribution(self, anchor: Hashable | None, start: int = 0) -> dict[int, float]:
+        """Relative divergence depth (blocks, >= 1) -> probability for a sequence anchored at
+        ``anchor`` with novelty start ``start``: its anchor's histogram blended with the global
+        absolute depths past ``start`` (shifted by it; ``prior`` pseudo-counts of them); empty
+        when neither has anything."""
+        return _normalised(self._tail(anchor, start))
+
+    def path_distribution(self, keys: Sequence[Hashable], anchor: Hashable | None, start: int) -> dict[int, float]:
+        """Absolute divergence depth (blocks, >= 1) -> probability over the whole sequence whose
+        block hashes are ``keys`` (``anchor`` and ``start``: what :meth:`observe` returned for it).
+
+        Up to ``start`` the sequence spells a known path and the evidence there is exact: every
+        branch point on it (a block right after which earlier requests left the path), weighted
+        by its decayed count of those requests. Past ``start``, where no request has been, the
+        relative estimate of :meth:`distribution` with its own mass (the anchor's counts plus the
+        prior's pseudo-count), shifted by ``start``: a sequence with no branch point on its path
+        gets :meth:`distribution` exactly. Touches the branch points it reads (their LRU order).
+
+        Why both: a request that recomputes a known prefix (the cache evicted it; the estimator
+        remembers it) is the one chance to keep a state where that prefix's siblings diverge."""
+        out: dict[int, float] = {}
+        for j in range(min(start, len(keys))):
+            count = self._branches.get(keys[j])
+            if count is not None:
+                self._branches.move_to_end(keys[j])
+                out[j + 1] = count
+        for k, w in self._tail(anchor, start).items():
+            out[start + k] = out.get(start + k, 0.0) + w
+        return _normalised(out)
+
+    @property
+    def num_branches(self) -> int:
+        """Branch points remembered (at most ``max_anchors``)."""
+        return len(self._branches)
 
     def check_invariants(self) -> None:
         assert len(self._owner) <= self.limits.max_keys and len(self._local) <= self.limits.max_anchors
+        assert len(self._branches) <= self.limits.max_anchors and all(c > 0 for c in self._branches.values())
         for hist in (self._global, *self._local.values()):
             assert len(hist.weights) <= self.limits.max_bins and all(k >= 1 and w > 0 for k, w in hist.weights.items())
+
+
+def _normalised(weights: dict[int, float]) -> dict[int, float]:
+    total = sum(weights.values())
+    return {k: v / total for k, v in sorted(weights.items())} if total > 0 else {}
 
 
 class RetentionPlanner:
@@ -349,24 +406,31 @@ class RetentionPlanner:
             resume: the tokens it resumes from (its hit); ``junction``: vLLM's shared-prefix
                 boundary (0: none). Both, and the replay boundary ``num_prompt_tokens - 1``, are
                 floored to the grid and fixed.
+
+        The weights are :meth:`OverlapEstimator.path_distribution` over the whole prompt, less the
+        depths at or below ``resume`` (the request computes nothing there, so no placement changes
+        their cost): the budget goes only to boundaries the request computes.
         """
         known = self._plans.get(request_id)
         if known is not None:
             return known
         anchor, start = self.estimator.observe(keys)
-        positions = self._place(self.estimator.distribution(anchor, start), start, num_prompt_tokens, resume, junction)
+        positions = self._place(self.estimator.path_distribution(keys, anchor, start), num_prompt_tokens, resume, junction)
         self._plans[request_id] = positions
         self.num_planned += 1
         self.num_placed += len(positions)
         return positions
 
-    def _place(self, dist: dict[int, float], start: int, n: int, resume: int, junction: int) -> tuple[int, ...]:
+    def _place(self, dist: dict[int, float], n: int, resume: int, junction: int) -> tuple[int, ...]:
         b = self.block_size
         if not dist or self.budget == 0 or n < b:
             return ()
         weights = np.zeros(n + 1)
-        for relative, p in dist.items():
-            weights[min((start + relative) * b, n)] += p
+        for depth, p in dist.items():
+            weights[min(depth * b, n)] += p
+        weights[:resume + 1] = 0.0          # resumed from the hit whatever is placed
+        if weights.sum() <= 0:
+            return ()
         fixed = sorted({x // b * b for x in (resume, junction, n - 1) if 0 < x // b * b <= n})
         return place_on_grid(weights, block_size=b, fixed=fixed, budget=self.budget, cost=self.cost).positions
 
