@@ -17,13 +17,17 @@ import sys
 import time
 from typing import Any, Sequence
 
-from marconi.core.registry import ConfigError
+from marconi.core.registry import ConfigError, split_name_list
 
 __all__ = ["main", "parse_policy", "run_policy", "emulate_policy"]
 
 
 def parse_policy(text: str, model: str) -> tuple[str, dict[str, Any] | None]:
-    """``lru`` | ``marconi`` | ``marconi:alpha=X`` (X a number or adaptive) -> SGLang's policy and config."""
+    """``lru`` | ``marconi`` (the plugin's default: adaptive, exact worlds) | ``marconi:alpha=X`` (X a
+    number or adaptive) with ``efficiency=``, ``selector=`` (worlds, regret), ``rules=`` (a family,
+    e.g. a2m/a0.5m/lru) -> SGLang's policy and config (checked by the plugin's own parser)."""
+    from marconi.integrations.sglang.policy import parse_config
+
     name, _, params = text.strip().partition(":")
     if name == "lru" and not params:
         return "lru", None
@@ -39,10 +43,14 @@ def parse_policy(text: str, model: str) -> tuple[str, dict[str, Any] | None]:
                 raise ConfigError(f"policy {text!r}: alpha must be a number >= 0 or adaptive, got {value!r}") from None
             if config["alpha"] != "adaptive" and not (config["alpha"] >= 0 and config["alpha"] != float("inf")):
                 raise ConfigError(f"policy {text!r}: alpha must be a finite number >= 0 or adaptive, got {value!r}")
-        elif key == "efficiency":
-            config["efficiency"] = value
+        elif key in ("efficiency", "selector", "rules"):
+            config[key] = value
         else:
-            raise ConfigError(f"policy {text!r}: unknown parameter {key!r} (alpha, efficiency)")
+            raise ConfigError(f"policy {text!r}: unknown parameter {key!r} (alpha, efficiency, selector, rules)")
+    try:
+        parse_config(config)
+    except ConfigError as exc:
+        raise ConfigError(f"policy {text!r}: {exc}") from None
     return "marconi", config
 
 
@@ -123,7 +131,7 @@ def _bench(args: argparse.Namespace) -> int:
     from marconi.units import parse_capacity
     from marconi.workloads.source import load_trace
 
-    policies = [p for p in args.policies.split(",") if p.strip()]
+    policies = split_name_list(args.policies)      # marconi:alpha=adaptive,selector=regret is one policy
     for p in policies:
         parse_policy(p, args.model)
     capacity = parse_capacity(args.capacity)

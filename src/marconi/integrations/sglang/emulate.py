@@ -62,7 +62,8 @@ import numpy as np
 
 from marconi.core.model import ModelSpec
 
-__all__ = ["UnifiedRadixEmulator", "EmuNode", "ServeResult", "PoolExhausted", "BUFFERS", "FULL", "MAMBA", "emulator_for"]
+__all__ = ["UnifiedRadixEmulator", "EmuNode", "ServeResult", "PoolExhausted", "BUFFERS", "FULL", "MAMBA", "emulator_for",
+           "EmulatedWorld", "world_maker"]
 
 BUFFERS = ("no_buffer", "extra_buffer")
 FULL, MAMBA = 0, 1          # indices into ``EmuNode.component_data`` (the strategy reads MAMBA's ``value``)
@@ -488,6 +489,32 @@ class UnifiedRadixEmulator:
         self.complete(req, output)
         return req.match
 
+    def clone(self, strategy: Any = None) -> "UnifiedRadixEmulator":
+        """An independent copy of the tree, the pools, the clock and the counters, under ``strategy``
+        (None: SGLang's LRU). Node keys are shared (never written in place). Take it between requests:
+        locks are copied, the requests holding them are not. (The exact-worlds α source copies the
+        live cache at a switch: :mod:`marconi.integrations.common.worlds_alpha`.)"""
+        new = object.__new__(UnifiedRadixEmulator)
+        new.__dict__.update(self.__dict__)
+        new.strategy = strategy
+        new.counters = dict(self.counters)
+        copies: dict[EmuNode, EmuNode] = {}
+        stack: list[tuple[EmuNode, EmuNode | None]] = [(self.root, None)]
+        while stack:
+            node, parent = stack.pop()
+            twin = EmuNode(node.key, parent, node.id, node.last_access_time)
+            twin.creation_time = node.creation_time
+            for mine, theirs in zip(twin.component_data, node.component_data):
+                mine.value, mine.lock_ref = theirs.value, theirs.lock_ref
+            if parent is not None:
+                parent.children[self._child_key(node.key)] = twin
+            copies[node] = twin
+            stack.extend((child, twin) for child in node.children.values())
+        new.root = copies[self.root]
+        new._leaves = {copies[n] for n in self._leaves}
+        new._mamba_lru = OrderedDict((copies[n], None) for n in self._mamba_lru)
+        return new
+
     # ------------------------------------------------------------------------------ checks
     def nodes(self) -> Iterator[EmuNode]:
         stack = [self.root]
@@ -540,28 +567,52 @@ class UnifiedRadixEmulator:
 def emulator_for(spec: ModelSpec, kv_tokens: int, mamba_slots: int, *, policy: str = "lru",
                  policy_config: dict[str, Any] | None = None, **options: Any) -> UnifiedRadixEmulator:
     """An emulator under SGLang's ``lru`` or the plugin's ``marconi`` (``policy_config`` as the plugin's
-    ``--radix-eviction-policy-config``; its ``model`` defaults to ``spec``), the adaptive shadow started
-    on the pools' bytes as the plugin starts it."""
+    ``--radix-eviction-policy-config``; its ``model`` defaults to ``spec``), the adaptive source
+    started on the pools as the plugin starts it (the worlds on emulators with these ``options``)."""
     strategy = None
     if policy == "marconi":
-        from marconi.integrations.sglang.policy import MarconiStrategy, parse_config, radix_rule
+        from marconi.integrations.sglang.policy import MarconiStrategy
 
         config = dict(policy_config or {})
         model = config.pop("model", None) or spec
-        if isinstance(model, ModelSpec):
-            cfg = parse_config(config)
-            if cfg["alpha"] == "adaptive":
-                from marconi.integrations.common.shadow_alpha import ShadowAlpha
-
-                alpha: Any = ShadowAlpha(cfg["rules"], rule_map=radix_rule)
-            else:
-                alpha = cfg["alpha"]
-            strategy = MarconiStrategy(model, MAMBA, alpha, cfg["efficiency"])
-        else:
-            strategy = MarconiStrategy.from_config({**config, "model": model}, mamba_index=MAMBA)
-        strategy.start_shadow(kv_tokens * strategy.spec.kv_bytes_per_token
-                              + mamba_slots * strategy.spec.ssm_checkpoint_bytes)
+        strategy = MarconiStrategy.from_config(config, mamba_index=MAMBA, default_model=model)
+        strategy.start_shadow(kv_tokens, mamba_slots, world_maker(strategy.spec, kv_tokens, mamba_slots, **options))
     elif policy != "lru":
         raise ValueError(f"policy must be lru or marconi, got {policy!r}")
     return UnifiedRadixEmulator(kv_tokens, mamba_slots, strategy=strategy, **options)
 
+
+class EmulatedWorld:
+    """One rule's copy of SGLang's cache (a :class:`~marconi.integrations.common.worlds_alpha.World`):
+    this emulator under a fixed ``(alpha, efficiency)`` of the plugin's strategy (SGLang's LRU at α = 0)."""
+
+    def __init__(self, emulator: UnifiedRadixEmulator, spec: ModelSpec) -> None:
+        self.emulator = emulator
+        self.spec = spec
+
+    def strategy(self, alpha: float, efficiency: str | None) -> Any:
+        if alpha == 0:
+            return None                  # the plugin at α = 0 is SGLang's LRU, victim for victim (tested)
+        from marconi.integrations.sglang.policy import MarconiStrategy
+
+        return MarconiStrategy(self.spec, MAMBA, alpha, efficiency or "total")
+
+    def serve(self, prompt: Sequence[int], output: Sequence[int]) -> int:
+        return self.emulator.serve(prompt, output).hit_len
+
+    def clone(self, alpha: float, efficiency: str | None) -> "EmulatedWorld":
+        return EmulatedWorld(self.emulator.clone(self.strategy(alpha, efficiency)), self.spec)
+
+    def follow(self, alpha: float, efficiency: str | None) -> None:
+        self.emulator.strategy = self.strategy(alpha, efficiency)
+
+
+def world_maker(spec: ModelSpec, kv_tokens: int, mamba_slots: int,
+                **options: Any) -> Callable[[float, "str | None"], EmulatedWorld]:
+    """What the exact-worlds α source builds its worlds with: empty emulators of these pools and
+    ``options`` (buffer, page size, ...), one per rule."""
+    def make(alpha: float, efficiency: str | None) -> EmulatedWorld:
+        world = EmulatedWorld(UnifiedRadixEmulator(kv_tokens, mamba_slots, **options), spec)
+        world.follow(alpha, efficiency)
+        return world
+    return make

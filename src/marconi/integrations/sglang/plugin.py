@@ -7,7 +7,8 @@ its arguments are parsed, and in every scheduler process); :func:`register` runs
   and to its strategy factories (``sglang.srt.mem_cache.utils._EVICTION_POLICY_FACTORIES``: SGLang has
   no public registration for strategies, so the plugin writes that dict), configured by
   ``--radix-eviction-policy-config '{"alpha": 0.5}'`` (or ``"adaptive"``; also ``efficiency``,
-  ``model``, ``rules``: :func:`marconi.integrations.sglang.policy.parse_config`);
+  ``model``, ``rules``, ``selector``: :func:`marconi.integrations.sglang.policy.parse_config`; with no
+  config it is adaptive, by exact worlds; ``{"alpha": 0.5}`` is the fixed α that was the default);
 * registers hooks with SGLang's ``HookRegistry`` (applied by ``load_plugins``), each a pass-through
   unless the tree's strategy is Marconi's, so stock SGLang (any other policy) runs untouched:
 
@@ -21,8 +22,9 @@ its arguments are parsed, and in every scheduler process); :func:`register` runs
     tombstones that inner node, by its own rules;
   - ``FullComponent._evict_device_next_node``, ``UnifiedRadixCache.match_prefix``: counters
     (evictions by kind; usable vs KV-only hit tokens);
-  - ``UnifiedRadixCache.__init__`` / ``checkpoint``: the adaptive α source's shadow, sized from the
-    pools, fed each finished request.
+  - ``UnifiedRadixCache.__init__`` / ``checkpoint``: the adaptive α source (by default exact worlds:
+    one emulation of this cache per rule, :mod:`marconi.integrations.common.worlds_alpha`), sized from
+    the pools, fed each finished request.
 
 Session-aware radix caching (``enable_session_radix_cache``) keeps SGLang's own Mamba walk (its
 session cursors are a different walk); the FULL heap still follows Marconi.
@@ -132,11 +134,14 @@ def _cache_init(original, self, *args, **kwargs):
     original(self, *args, **kwargs)
     strategy = strategy_of(self)
     if strategy is not None:
-        spec = strategy.spec
-        kv = self.token_to_kv_pool_allocator.size * spec.kv_bytes_per_token
+        from marconi.integrations.sglang.emulate import world_maker
+
+        kv_tokens = int(self.token_to_kv_pool_allocator.size)
         mamba_pool = getattr(self.req_to_token_pool, "mamba_pool", None)
-        states = getattr(mamba_pool, "size", 0) * spec.ssm_checkpoint_bytes
-        strategy.start_shadow(kv + states)
+        mamba_slots = int(getattr(mamba_pool, "size", 0))
+        # the worlds emulate this cache as the bench drives it (no_buffer, page 1): exact there, a
+        # proxy under extra_buffer or a concurrent scheduler (docs/sglang.md)
+        strategy.start_shadow(kv_tokens, mamba_slots, world_maker(strategy.spec, kv_tokens, max(mamba_slots, 2)))
 
 
 def _checkpoint(original, self, req, *args, **kwargs):

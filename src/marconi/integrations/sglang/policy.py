@@ -50,11 +50,25 @@ from marconi.core.model import ModelSpec, get_model
 from marconi.core.registry import ConfigError
 from marconi.integrations.common.alpha import AlphaSource, FixedAlpha, RequestObservation
 
-__all__ = ["DEFAULT_ALPHA", "EFFICIENCIES", "MarconiStrategy", "parse_config", "radix_rule"]
+__all__ = ["DEFAULT_ALPHA", "DEFAULT_CONFIG_ALPHA", "DEFAULT_SELECTOR", "EFFICIENCIES", "SELECTORS", "WORLDS_RULES",
+           "MarconiStrategy", "parse_config", "radix_rule"]
 
+#: The fixed α the plugin applied by default before issue 31 (``{"alpha": 0.5}`` still asks for it),
+#: and :class:`MarconiStrategy`'s when built with a number.
 DEFAULT_ALPHA = 0.5
+#: What ``--radix-eviction-policy marconi`` does without a config: adaptive, by exact worlds (issue 31:
+#: fixed α = 0.5 lost to stock SGLang on swe-sample at 0.05x; docs/sglang.md has the nine points).
+DEFAULT_CONFIG_ALPHA = "adaptive"
+#: How adaptive α chooses: ``worlds`` (one exact emulation of SGLang's cache per rule,
+#: :mod:`marconi.integrations.common.worlds_alpha`) or ``regret`` (the regret selector on a size-only
+#: Marconi shadow, :mod:`marconi.integrations.common.shadow_alpha`: the adaptive α before issue 31).
+SELECTORS = ("worlds", "regret")
+DEFAULT_SELECTOR = "worlds"
+#: The worlds' default family, live rule first: a2m beat stock SGLang at every bench point when fixed
+#: (lru first lost 0.02 pp at swe-sample 0.02x, switching too late to keep what a2m had kept).
+WORLDS_RULES = "a2m/a0.5m/lru"
 EFFICIENCIES = ("total", "marginal")
-_KEYS = {"alpha", "efficiency", "model", "rules"}
+_KEYS = {"alpha", "efficiency", "model", "rules", "selector"}
 
 
 def radix_rule(rule: EvictionRule) -> tuple[float, str | None]:
@@ -71,8 +85,11 @@ def radix_rule(rule: EvictionRule) -> tuple[float, str | None]:
 
 def parse_config(config: Mapping[str, Any] | str | None) -> dict[str, Any]:
     """The ``--radix-eviction-policy-config`` of ``marconi``, checked: ``alpha`` (a number >= 0 or
-    ``"adaptive"``, default 0.5), ``efficiency`` (``total`` | ``marginal``), ``model`` (a preset name or
-    an HF config path; default: the served model), ``rules`` (with adaptive: the family)."""
+    ``"adaptive"``, the default), ``efficiency`` (``total`` | ``marginal``; with a number), ``model``
+    (a preset name or an HF config path; default: the served model), and with adaptive: ``selector``
+    (``worlds``, the default, or ``regret``) and ``rules`` (the family; ``default``: the selector's,
+    :data:`WORLDS_RULES` for worlds, ``lru/a0.5m/a2m`` for regret). The returned ``rules`` is resolved
+    (never ``default`` for worlds); ``selector`` is None for a fixed α."""
     if config is None:
         config = {}
     if isinstance(config, str):
@@ -82,7 +99,7 @@ def parse_config(config: Mapping[str, Any] | str | None) -> dict[str, Any]:
     unknown = set(config) - _KEYS
     if unknown:
         raise ConfigError(f"marconi eviction config: unknown keys {sorted(unknown)}; known: {sorted(_KEYS)}")
-    alpha = config.get("alpha", DEFAULT_ALPHA)
+    alpha = config.get("alpha", DEFAULT_CONFIG_ALPHA)
     if alpha != "adaptive":
         if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not alpha >= 0:
             raise ConfigError(f"marconi eviction config: alpha must be a number >= 0 or 'adaptive', got {alpha!r}")
@@ -90,10 +107,22 @@ def parse_config(config: Mapping[str, Any] | str | None) -> dict[str, Any]:
     efficiency = config.get("efficiency", "total")
     if efficiency not in EFFICIENCIES:
         raise ConfigError(f"marconi eviction config: efficiency must be one of {EFFICIENCIES}, got {efficiency!r}")
-    if "rules" in config and alpha != "adaptive":
-        raise ConfigError("marconi eviction config: 'rules' goes with alpha 'adaptive'")
-    return {"alpha": alpha, "efficiency": efficiency, "model": config.get("model"),
-            "rules": config.get("rules", "default")}
+    if alpha != "adaptive":
+        for key in ("rules", "selector"):
+            if key in config:
+                raise ConfigError(f"marconi eviction config: {key!r} goes with alpha 'adaptive'")
+        return {"alpha": alpha, "efficiency": efficiency, "model": config.get("model"), "rules": None,
+                "selector": None}
+    selector = config.get("selector", DEFAULT_SELECTOR)
+    if selector not in SELECTORS:
+        raise ConfigError(f"marconi eviction config: selector must be one of {SELECTORS}, got {selector!r}")
+    rules = config.get("rules", "default")
+    if not isinstance(rules, str) or not rules.strip():
+        raise ConfigError(f"marconi eviction config: rules must be labels joined by '/', e.g. {WORLDS_RULES}")
+    if rules.strip() == "default" and selector == "worlds":
+        rules = WORLDS_RULES
+    return {"alpha": alpha, "efficiency": efficiency, "model": config.get("model"), "rules": rules,
+            "selector": selector}
 
 
 def _min_max(value: float, lo: float, hi: float) -> float:
@@ -127,18 +156,21 @@ class MarconiStrategy:
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any] | str | None, *, mamba_index: int | None,
-                    default_model: str | None = None) -> "MarconiStrategy":
+                    default_model: str | ModelSpec | None = None) -> "MarconiStrategy":
         cfg = parse_config(config)
         model = cfg["model"] or default_model
         if model is None:
             raise ConfigError("marconi eviction: no model to cost (set 'model' in --radix-eviction-policy-config)")
         spec = get_model(model)
-        if cfg["alpha"] == "adaptive":
+        source: float | AlphaSource = cfg["alpha"]
+        if cfg["selector"] == "worlds":
+            from marconi.integrations.common.worlds_alpha import WorldsAlpha
+
+            source = WorldsAlpha(cfg["rules"], rule_map=radix_rule)
+        elif cfg["selector"] == "regret":
             from marconi.integrations.common.shadow_alpha import ShadowAlpha
 
-            source: float | AlphaSource = ShadowAlpha(cfg["rules"], rule_map=radix_rule)
-        else:
-            source = cfg["alpha"]
+            source = ShadowAlpha(cfg["rules"], rule_map=radix_rule)
         return cls(spec, mamba_index, source, cfg["efficiency"])
 
     # ----------------------------------------------------------------------------- α
@@ -150,11 +182,22 @@ class MarconiStrategy:
     def variant(self) -> str:
         return self.alpha_source.efficiency() or self.efficiency
 
-    def start_shadow(self, capacity_bytes: float) -> None:
-        """Adaptive only: build the shadow cache with the pools' bytes (no-op for a fixed α)."""
-        start = getattr(self.alpha_source, "start", None)
-        if start is not None and not getattr(self.alpha_source, "started", True):
-            start(self.spec, capacity_bytes)
+    def start_shadow(self, kv_tokens: int, mamba_slots: int, make_world: Any = None) -> None:
+        """Adaptive only (a no-op for a fixed α, or when already started): the regret source's shadow
+        gets the pools' bytes; the worlds source builds its worlds with ``make_world`` (an engine's
+        :data:`~marconi.integrations.common.worlds_alpha.WorldMaker` for these pools; ConfigError
+        without one)."""
+        from marconi.integrations.common.shadow_alpha import ShadowAlpha
+        from marconi.integrations.common.worlds_alpha import WorldsAlpha
+
+        source = self.alpha_source
+        if isinstance(source, WorldsAlpha) and not source.started:
+            if make_world is None:
+                raise ConfigError("marconi eviction: the worlds selector needs the engine's worlds (make_world)")
+            source.start(make_world)
+        elif isinstance(source, ShadowAlpha) and not source.started:
+            source.start(self.spec, kv_tokens * self.spec.kv_bytes_per_token
+                         + mamba_slots * self.spec.ssm_checkpoint_bytes)
 
     def observe(self, prompt: Sequence[int], output: Sequence[int], hit_len: int, kv_only_len: int = 0) -> None:
         """A finished request (its token ids): what an adaptive source learns from."""
