@@ -1,7 +1,7 @@
 """The ``marconi sglang`` command group (wired into ``marconi.cli`` by ``register``).
 
     marconi sglang bench [--sglang-python .venv-sglang/bin/python] [--trace swe-sample|FILE] [--capacity 0.05x|10GB]
-                         [--model paper-7b] [--policies lru,marconi[,marconi:alpha=adaptive]] [--num-requests N]
+                         [--model paper-7b] [--policies lru,marconi[,marconi:alpha=0.5]] [--num-requests N]
                          [--out results/sglang_bench.jsonl]
 
 The replay runs in the SGLang environment (``make sglang-env``), through SGLang's own ``UnifiedRadixCache``:
@@ -32,7 +32,9 @@ def register(subparsers: Any) -> None:
                        help="pool bytes (10GB) or a fraction of the working set (0.05x)")
     bench.add_argument("--model", default="paper-7b", help="model preset or HF config (the pools' bytes, Marconi's FLOPs)")
     bench.add_argument("--policies", default="lru,marconi", type=NameList("policy"),
-                       help="comma list: lru (stock SGLang), marconi (alpha 0.5), marconi:alpha=X (X a number or adaptive)")
+                       help="comma list: lru (stock SGLang), marconi (the plugin's default: adaptive, exact worlds), "
+                            "marconi:alpha=X (X a number, e.g. 0.5, the default before issue 31, or adaptive), "
+                            "marconi:alpha=adaptive,selector=regret (the regret shadow)")
     bench.add_argument("--num-requests", type=Number(COUNT), default=None, help="replay only the first N requests")
     add_output(bench, "--out", default="results/sglang_bench.jsonl", help="JSONL records are appended here")
     bench.set_defaults(func=_cmd_bench)
@@ -42,7 +44,7 @@ def check_bench_options(capacity: str, policies: str, model: str) -> None:
     """Every option the bench can check without the trace or SGLang; ConfigError naming the option.
     Nothing is created or written. (``--out`` is checked by the CLI's one output guard,
     :func:`marconi.cli.guard_outputs`, before this runs.)"""
-    from marconi.core.registry import ConfigError
+    from marconi.core.registry import ConfigError, split_name_list
     from marconi.integrations.sglang.bench import parse_policy
     from marconi.units import parse_capacity
 
@@ -50,7 +52,7 @@ def check_bench_options(capacity: str, policies: str, model: str) -> None:
         parse_capacity(capacity)
     except ConfigError as exc:
         raise ConfigError(f"--capacity: {exc}") from None
-    names = [p for p in policies.split(",") if p.strip()]
+    names = split_name_list(policies)        # marconi:alpha=adaptive,selector=regret is one policy
     if not names:
         raise ConfigError("--policies: no policy given (lru, marconi, marconi:alpha=X)")
     for name in names:
@@ -84,7 +86,7 @@ def check_bench_inputs(sglang_python: str, trace: str, model: str, num_requests:
 
 
 def _cmd_bench(args: Any) -> int:
-    from marconi.core.registry import ConfigError
+    from marconi.core.registry import ConfigError, split_name_list
 
     try:
         check_bench_options(args.capacity, args.policies, args.model)
@@ -97,7 +99,7 @@ def _cmd_bench(args: Any) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    policies = [p for p in args.policies.split(",") if p.strip()]
+    policies = split_name_list(args.policies)
     cmd = [str(args.sglang_python), "-W", "ignore", "-m", "marconi.integrations.sglang.bench", "--trace", args.trace,
            "--capacity", args.capacity, "--model", args.model, "--policies", args.policies, "--out", args.out]
     if args.num_requests is not None:

@@ -3,8 +3,9 @@
 Usable wherever a system is named (``marconi simulate --systems sglang-unified,sglang-unified:eviction=marconi``)::
 
     sglang-unified                                  stock SGLang: no_buffer, page 1, LRU, pools from the capacity
-    sglang-unified:eviction=marconi                 the Marconi plugin (alpha 0.5)
-    sglang-unified:eviction=marconi(alpha=adaptive) the plugin with {"alpha": "adaptive"}; also alpha=X as its own parameter
+    sglang-unified:eviction=marconi                 the Marconi plugin's default (adaptive, exact worlds)
+    sglang-unified:eviction=marconi,alpha=0.5       the plugin at a fixed alpha (0.5: its default before issue 31)
+    sglang-unified:eviction=marconi(alpha=adaptive;selector=regret)  the regret shadow (also selector= on its own)
     sglang-unified:kv_tokens=50076,mamba_slots=110  exact pools (what `marconi sglang bench` builds)
     sglang-unified:buffer=extra_buffer,page=64      extra_buffer (modelled from SGLang's code; no CPU check)
 
@@ -14,7 +15,8 @@ whose ``auto`` picks extra_buffer on a GPU for the models that support it), ``pa
 ``track_interval`` (``--mamba-track-interval``, 256), ``ratio`` (``--mamba-full-memory-ratio``, 0.9),
 ``kv_tokens`` / ``mamba_slots`` (exact pools; 0 = from the capacity), ``eviction`` (``lru`` |
 ``marconi``, parameters in parentheses: ``marconi(alpha=1;efficiency=marginal)``), ``alpha`` and
-``efficiency`` (the plugin's ``--radix-eviction-policy-config``), ``rules`` (with alpha=adaptive).
+``efficiency`` (the plugin's ``--radix-eviction-policy-config``), ``selector`` and ``rules`` (with
+alpha=adaptive: ``worlds`` or ``regret``, and the family).
 
 See :mod:`marconi.integrations.sglang.emulate` for what is emulated and docs/sglang.md for its
 agreement with SGLang's real cache.
@@ -185,8 +187,8 @@ class SglangUnifiedSystem:
         return {"system": self.label, "admission": self.admission, "eviction": self.eviction}
 
 
-def _eviction(text: str, alpha: str, efficiency: str, rules: str) -> tuple[str, dict[str, Any]]:
-    """``lru`` | ``marconi`` | ``marconi(alpha=X;efficiency=Y;rules=Z)`` (+ the separate parameters)
+def _eviction(text: str, alpha: str, efficiency: str, rules: str, selector: str = "") -> tuple[str, dict[str, Any]]:
+    """``lru`` | ``marconi`` | ``marconi(alpha=X;efficiency=Y;selector=S;rules=Z)`` (+ the separate parameters)
     -> the policy and its ``--radix-eviction-policy-config``, checked by the plugin's own parser."""
     name, paren, rest = text.partition("(")
     params: dict[str, str] = {}
@@ -198,7 +200,8 @@ def _eviction(text: str, alpha: str, efficiency: str, rules: str) -> tuple[str, 
             params[key.strip()] = value.strip()
     if name not in ("lru", "marconi"):
         raise ConfigError(f"sglang-unified: eviction must be lru or marconi, got {name!r}")
-    separate = {k: v for k, v in (("alpha", alpha), ("efficiency", efficiency), ("rules", rules)) if v}
+    separate = {k: v for k, v in (("alpha", alpha), ("efficiency", efficiency), ("rules", rules),
+                                  ("selector", selector)) if v}
     if name == "lru":
         if params or separate:
             raise ConfigError(f"sglang-unified: {', '.join(sorted({*params, *separate}))} need eviction=marconi")
@@ -214,10 +217,10 @@ def _eviction(text: str, alpha: str, efficiency: str, rules: str) -> tuple[str, 
                 config["alpha"] = value if value == "adaptive" else float(value)
             except ValueError:
                 raise ConfigError(f"sglang-unified: alpha must be a number >= 0 or adaptive, got {value!r}") from None
-        elif key in ("efficiency", "rules"):
+        elif key in ("efficiency", "rules", "selector"):
             config[key] = value
         else:
-            raise ConfigError(f"sglang-unified: unknown eviction parameter {key!r} (alpha, efficiency, rules)")
+            raise ConfigError(f"sglang-unified: unknown eviction parameter {key!r} (alpha, efficiency, selector, rules)")
     try:
         parse_config(config)
     except ConfigError as exc:
@@ -234,7 +237,8 @@ def _eviction(text: str, alpha: str, efficiency: str, rules: str) -> tuple[str, 
                            "alpha": Domain(0, 1e6, words=("adaptive",))})
 def _sglang_unified(buffer: str = "no_buffer", page: int = 1, chunk: int = 64, track_interval: int = 256,
                     ratio: float = MAMBA_FULL_MEMORY_RATIO, kv_tokens: int = 0, mamba_slots: int = 0,
-                    eviction: str = "lru", alpha: str = "", efficiency: str = "", rules: str = "") -> SglangUnifiedSystem:
+                    eviction: str = "lru", alpha: str = "", efficiency: str = "", rules: str = "",
+                    selector: str = "") -> SglangUnifiedSystem:
     if buffer not in BUFFERS:
         raise ConfigError(f"sglang-unified: buffer must be one of {', '.join(BUFFERS)}, got {buffer!r}")
     if buffer == "no_buffer" and page != 1:
@@ -251,14 +255,14 @@ def _sglang_unified(buffer: str = "no_buffer", page: int = 1, chunk: int = 64, t
         raise ConfigError(f"sglang-unified: ratio must be a finite number > 0, got {ratio}")
     if efficiency and efficiency not in EFFICIENCIES:
         raise ConfigError(f"sglang-unified: efficiency must be one of {', '.join(EFFICIENCIES)}, got {efficiency!r}")
-    policy, config = _eviction(eviction, alpha, efficiency, rules)
+    policy, config = _eviction(eviction, alpha, efficiency, rules, selector)
     admission = f"sglang-unified({buffer},page={page}" + (f",track={track_interval}" if buffer == "extra_buffer" else "") + ")"
     if policy == "lru":
         label = "lru"
     else:
         cfg = parse_config(config)
         a = cfg["alpha"]
-        label = (f"marconi-radix(alpha=adaptive,rules={cfg['rules']})" if a == "adaptive"
+        label = (f"marconi-radix(alpha=adaptive,selector={cfg['selector']},rules={cfg['rules']})" if a == "adaptive"
                  else f"marconi-radix(alpha={a:g},efficiency={cfg['efficiency']})")
     return SglangUnifiedSystem("sglang-unified", admission, label, buffer=buffer, page_size=page, chunk_size=chunk,
                                track_interval=track_interval, ratio=float(ratio), kv_tokens=kv_tokens,
