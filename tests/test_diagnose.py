@@ -1,0 +1,270 @@
+"""Issue 32: MARCONI_VLLM_RECORD recordings, their reader, and ``marconi vllm diagnose`` (no vLLM needed)."""
+
+from __future__ import annotations
+
+import json
+import os
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from marconi.core.model import ModelSpec
+from marconi.core.registry import ConfigError
+from marconi.integrations.vllm.diagnose import (CAUSES, DiagnoseConfig, attribute, diagnose, run_emulated,
+                                               write_report)
+from marconi.integrations.vllm.emulate.layout import layout_for_spec, prefix_hashes
+from marconi.integrations.vllm.record import ENV_RECORD, Recorder, check_record_path
+from marconi.integrations.vllm.replay.run import model_dir
+from marconi.integrations.vllm.replay.steptime import StepTimeModel
+from marconi.workloads import load_trace
+from marconi.workloads.recording import RecordingError, build_recording_trace, read_recording
+from marconi.workloads.trace import Request
+
+MODEL = "nemotron-h-8b"
+
+
+def _spec() -> ModelSpec:
+    return ModelSpec.from_hf_config(model_dir(MODEL) / "config.json", name=MODEL)
+
+
+def _sessions(seed: int = 0, sessions: int = 4, turns: int = 3, unit: int = 544) -> list[Request]:
+    """Multi-turn sessions: each turn's prompt is the previous prompt + output + a new message,
+    all sessions sharing a 2-block system prompt."""
+    rng = np.random.default_rng(seed)
+    system = rng.integers(10, 30000, 2 * unit, dtype=np.int32)
+    out, ts = [], 0.0
+    for s in range(sessions):
+        history = system
+        for t in range(turns):
+            prompt = np.concatenate((history, rng.integers(10, 30000, int(rng.integers(300, 900)), dtype=np.int32)))
+            output = rng.integers(10, 30000, int(rng.integers(20, 80)), dtype=np.int32)
+            out.append(Request(s, t, ts, prompt, output))
+            history = np.concatenate((prompt, output))
+            ts += 1.0
+    return out
+
+
+class _FakeRequest(SimpleNamespace):
+    pass
+
+
+def _record(path: str, requests: list[Request], hits: list[int], unit: int, **meta) -> None:
+    """Write a recording as the plugin would, from token sequences (hashes chained as vLLM's)."""
+    settings = {"block_size": meta.pop("scheduler_block", unit), "num_blocks": meta.pop("num_blocks", 60), "max_num_batched_tokens": 8192,
+                "retention_interval": 0}
+    rec = Recorder.open(path, block_size=unit, model=MODEL, vllm_version=meta.pop("vllm_version", "0.32.0"),
+                        policy="lru", settings=settings, max_num_seqs=meta.pop("max_num_seqs", 256), env={})
+    for i, (r, h) in enumerate(zip(requests, hits)):
+        seq = np.concatenate((r.input_tokens, r.output_tokens))
+        fake = _FakeRequest(request_id=str(i), block_hashes=prefix_hashes(seq, unit), arrival_time=1000.0 + r.ts,
+                            num_prompt_tokens=len(r.input_tokens), num_output_tokens=len(r.output_tokens),
+                            num_preemptions=0)
+        rec.admitted(fake, h)
+        rec.finished(fake)
+    rec.close()
+
+
+# ------------------------------------------------------------------------------ recorder and reader
+def test_recording_holds_no_tokens_and_keeps_the_chain_equalities(tmp_path):
+    reqs = _sessions(sessions=2, turns=2)
+    path = str(tmp_path / "rec.jsonl")
+    _record(path, reqs, [0] * len(reqs), 544)
+    text = open(path).read()
+    meta = json.loads(open(path + ".meta.json").read())
+    assert meta["salt"] not in text and len(bytes.fromhex(meta["salt"])) == 32
+    for tok in reqs[0].input_tokens[:20]:
+        assert f",{int(tok)}," not in text          # not a token list
+    rec = read_recording(path)
+    assert [r.prompt_len for r in rec.requests] == [len(r.input_tokens) for r in reqs]
+    # the shared system prompt: the same first two ids in every request; turn 2 extends turn 1's sequence
+    assert len({r.hash_ids[:2] for r in rec.requests}) == 1
+    first, second = rec.requests[0], rec.requests[1]
+    assert second.hash_ids[:len(first.hash_ids)] == first.hash_ids
+    # a second recording of the same traffic cannot be joined to the first
+    other = str(tmp_path / "rec2.jsonl")
+    _record(other, reqs, [0] * len(reqs), 544)
+    assert not set(read_recording(other).requests[0].hash_ids) & set(first.hash_ids)
+
+
+def test_record_path_refused_at_start_naming_the_variable(tmp_path):
+    existing = tmp_path / "r.jsonl"
+    existing.write_text("x\n")
+    with pytest.raises(ConfigError, match=ENV_RECORD + ".*already exists"):
+        check_record_path(str(existing), {})
+    with pytest.raises(ConfigError, match=ENV_RECORD + ".*does not exist"):
+        check_record_path(str(tmp_path / "nope" / "r.jsonl"), {})
+    if os.geteuid() != 0:
+        locked = tmp_path / "locked"
+        locked.mkdir()
+        locked.chmod(0o500)
+        with pytest.raises(ConfigError, match=ENV_RECORD + ".*cannot create"):
+            check_record_path(str(locked / "r.jsonl"), {})
+
+
+def test_recorder_stops_at_its_size_cap_and_says_so(tmp_path):
+    reqs = _sessions(sessions=1, turns=3)
+    path = str(tmp_path / "r.jsonl")
+    rec = Recorder.open(path, block_size=544, model=MODEL, vllm_version="0.32.0", policy="lru", settings={},
+                        env={"MARCONI_VLLM_RECORD_MAX_BYTES": "400"})
+    for i, r in enumerate(reqs):
+        seq = np.concatenate((r.input_tokens, r.output_tokens))
+        rec.finished(_FakeRequest(request_id=str(i), block_hashes=prefix_hashes(seq, 544), arrival_time=1.0 + i,
+                                  num_prompt_tokens=len(r.input_tokens), num_output_tokens=len(r.output_tokens),
+                                  num_preemptions=0))
+    assert rec.truncated and 0 < rec.num_written < len(reqs)
+    got = read_recording(path)
+    assert any("truncated" in w for w in got.warnings)
+
+
+def test_bad_recordings_name_line_and_field(tmp_path):
+    reqs = _sessions(sessions=2, turns=2)
+    path = str(tmp_path / "r.jsonl")
+    _record(path, reqs, [0] * len(reqs), 544)
+    lines = open(path).read().splitlines()
+
+    def variant(name: str, body: list[str], meta: str | None = None) -> str:
+        p = tmp_path / name
+        p.write_text("\n".join(body) + ("\n" if body else ""))
+        (tmp_path / (name + ".meta.json")).write_text(meta or open(path + ".meta.json").read())
+        return str(p)
+
+    # truncated: a last line cut short is a warning naming it, the rest reads
+    cut = variant("cut.jsonl", lines[:-1] + [lines[-1][:40]])
+    got = read_recording(cut)
+    assert len(got.requests) == len(reqs) - 1 and f"cut.jsonl:{len(lines)}" in got.warnings[0]
+    # salt mismatch: the header's fingerprint is not the sidecar's
+    meta = json.loads(open(path + ".meta.json").read())
+    meta["salt_id"] = "0" * 16
+    with pytest.raises(RecordingError, match=r"mm\.jsonl:1: field 'recording': salt mismatch"):
+        read_recording(variant("mm.jsonl", lines, json.dumps(meta)))
+    # contradicting chains: request 2's second id follows another parent
+    row = json.loads(lines[2])
+    row["hash_ids"][1] = json.loads(lines[1])["hash_ids"][0]
+    with pytest.raises(RecordingError, match=r"bad\.jsonl:3: field 'hash_ids': hash chains contradict"):
+        read_recording(variant("bad.jsonl", lines[:2] + [json.dumps(row)]))
+    # a block size that is not the recording's: the chain does not fit the lengths
+    meta = json.loads(open(path + ".meta.json").read())
+    meta["block_size"] = 16
+    with pytest.raises(RecordingError, match=r"bs\.jsonl:2: field 'hash_ids'.*block_size"):
+        read_recording(variant("bs.jsonl", lines, json.dumps(meta)))
+    # empty, header only, a field of the wrong type
+    with pytest.raises(RecordingError, match="empty"):
+        read_recording(variant("empty.jsonl", []))
+    with pytest.raises(RecordingError, match="no request"):
+        read_recording(variant("header.jsonl", lines[:1]))
+    row = json.loads(lines[1])
+    row["num_cached_tokens"] = "12"
+    with pytest.raises(RecordingError, match=r"type\.jsonl:2: field 'num_cached_tokens'"):
+        read_recording(variant("type.jsonl", lines[:1] + [json.dumps(row)]))
+    # no sidecar
+    lone = tmp_path / "lone.jsonl"
+    lone.write_text(open(path).read())
+    assert load_trace  # a lone JSONL without a recording sidecar is not a recording
+    with pytest.raises(RecordingError, match="missing"):
+        read_recording(lone)
+
+
+# ------------------------------------------------------------------------------ cause accounting
+def test_attribute_unit_cases_sum_exactly():
+    u = 100
+    # nothing shared: all lost in blocks is never_shared, the tail below one block
+    assert attribute(450, 0, 0, u, 0, 0, 0, 0) == {**dict.fromkeys(CAUSES, 0), "never_shared": 400,
+                                                   "below_one_block": 50}
+    # seen to 400, KV resident to 300 with a state once at 200, computed to 400: evicted KV 300-400
+    got = attribute(450, 100, 300, u, 400, 400, 200, 0)
+    assert got["state_evicted_kv_stayed"] == 100 and got["no_state_at_usable_depth"] == 100
+    assert got["kv_evicted"] == 100 and got["never_shared"] == 0 and got["below_one_block"] == 50
+    # seen but never computed: in flight, part of it held by a preempted request
+    got = attribute(450, 0, 0, u, 400, 100, 0, 300)
+    assert got["kv_evicted"] == 100 and got["preempted"] == 200 and got["in_flight"] == 100
+    # a prompt of exactly one block: vLLM keeps its last token, so the whole block is below one block
+    assert attribute(100, 0, 0, u, 100, 100, 0, 0)["below_one_block"] == 100
+    rng = np.random.default_rng(1)
+    for _ in range(2000):
+        P = int(rng.integers(1, 3000))
+        h = int(rng.integers(0, P)) // u * u
+        args = [int(x) for x in rng.integers(0, 3500, 5)]
+        got = attribute(P, h, args[0], u, *args[1:])
+        assert sum(got.values()) == P - h and min(got.values()) >= 0
+
+
+def test_causes_sum_to_the_lost_tokens_on_every_request_under_pressure():
+    spec = _spec()
+    reqs = _sessions(seed=3, sessions=6, turns=3)
+    layout = layout_for_spec(spec, num_blocks=40)
+    timing = StepTimeModel.named(spec, "h100", 16 * 10**9)
+    run = run_emulated(reqs, spec, layout, timing, concurrency=4, attribute_causes=True)
+    lost = run.prompt - run.hit
+    assert (run.causes.sum(axis=1) == lost).all() and (run.causes >= 0).all()
+    by = run.lost_by_cause()
+    assert sum(by.values()) == int(lost.sum())
+    # a small pool under 4 in flight loses shared tokens to more than "never shared"
+    assert by["kv_evicted"] + by["in_flight"] + by["no_state_at_usable_depth"] + by["state_evicted_kv_stayed"] > 0
+    assert by["never_shared"] > 0 and by["below_one_block"] > 0
+
+
+# ------------------------------------------------------------------------------ diagnose end to end
+def test_diagnose_reproduces_a_recording_made_by_the_same_engine(tmp_path):
+    """Record what the emulation served at concurrency 1, rebuild tokens from the hash ids alone,
+    and diagnose: every request's num_cached_tokens comes back."""
+    spec = _spec()
+    reqs = _sessions(seed=5, sessions=3, turns=3)
+    layout = layout_for_spec(spec, num_blocks=60)
+    timing = StepTimeModel.named(spec, "h100", 16 * 10**9)
+    first = run_emulated(reqs, spec, layout, timing, concurrency=1)
+    assert first.hit.sum() > 0
+    path = str(tmp_path / "rec.jsonl")
+    _record(path, reqs, first.hit.tolist(), layout.hash_block_size, num_blocks=60)
+    result = diagnose(DiagnoseConfig(trace=path, model=MODEL, concurrency=1, capacity_points=(2.0,),
+                                     levers=("marconi", "gpu-memory-2x")), show_bars=False)
+    s = result["summary"]
+    assert s["fidelity"]["agree"] == len(reqs) and s["fidelity"]["agree_share"] == 1.0
+    assert s["warnings"] == []
+    assert sum(s["lost_tokens_by_cause"].values()) == s["lost_tokens"] == s["prompt_tokens"] - s["hit_tokens"]
+    assert set(s["lost_tokens_by_cause"]) == set(CAUSES)
+    for key in ("token_hit_rate", "infinite_token_hit_rate", "oracle_token_hit_rate"):
+        assert 0.0 <= s[key] <= 1.0
+    assert s["infinite_token_hit_rate"] >= s["token_hit_rate"]
+    levers = {r["lever"]: r for r in result["levers"]}
+    assert {"stock", "marconi", "gpu-memory-2x"} <= set(levers)
+    assert all(r["ttft_p95_s"] > 0 for r in levers.values())
+    paths = write_report(result, tmp_path / "R")
+    assert all(p.is_file() for p in paths)
+    recs = [json.loads(x) for x in (tmp_path / "R" / "records.jsonl").read_text().splitlines()]
+    assert recs[0]["record"] == "summary" and sum(recs[0]["lost_tokens_by_cause"].values()) == recs[0]["lost_tokens"]
+    assert "waterfall.png" in (tmp_path / "R" / "report.md").read_text()
+
+
+def test_diagnose_warns_naming_the_differing_field(tmp_path):
+    spec = _spec()
+    reqs = _sessions(seed=6, sessions=2, turns=2)
+    layout = layout_for_spec(spec, num_blocks=60)
+    path = str(tmp_path / "rec.jsonl")
+    _record(path, reqs, [0] * len(reqs), layout.hash_block_size, num_blocks=60, vllm_version="0.40.1",
+            max_num_seqs=8)
+    notes: list[str] = []
+    result = diagnose(DiagnoseConfig(trace=path, model=MODEL, concurrency=1, max_num_seqs=16, capacity_points=(),
+                                     levers=()), notice=notes.append, show_bars=False)
+    text = "\n".join(result["warnings"])
+    assert "field 'vllm_version'" in text and "field 'max_num_seqs'" in text
+    assert any("field 'vllm_version'" in n for n in notes)
+
+
+def test_a_model_whose_unit_the_recording_does_not_divide_is_refused(tmp_path):
+    reqs = _sessions(seed=7, sessions=1, turns=2, unit=500)
+    path = str(tmp_path / "rec.jsonl")
+    _record(path, reqs, [0] * len(reqs), 500, num_blocks=60, scheduler_block=544)   # the model's block: 544
+    with pytest.raises(ConfigError, match=r"meta\.json: field 'block_size'"):
+        diagnose(DiagnoseConfig(trace=path, model=MODEL, concurrency=1, capacity_points=(), levers=()),
+                 show_bars=False)
+
+
+def test_a_mooncake_file_given_by_path_is_read_as_mooncake(tmp_path):
+    src = model_dir(MODEL).parent.parent / "mooncake" / "conversation_trace_first2000.jsonl"
+    path = tmp_path / "mc.jsonl"
+    path.write_text("".join(open(src).readlines()[:5]))
+    trace = load_trace(str(path))
+    assert trace.meta["source"] == "mooncake" and len(trace) == 5
+    rec_trace = build_recording_trace  # the recording reader is separate (a sidecar names it)
+    assert rec_trace is not None
