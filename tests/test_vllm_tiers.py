@@ -60,8 +60,8 @@ def test_replay_config_refuses_tier_options_that_disagree() -> None:
 def test_two_tier_replay_splits_hits_by_tier_and_waits_for_loads(tmp_path) -> None:
     """A GPU pool far too small for the trace's reuse, a CPU tier half its working set: vLLM's
     connector serves most hits from the tier, every prompt token is a GPU hit, a tier hit or
-    recomputed (vLLM's counters, summed and per request), and a slower host link leaves the hits
-    alone but makes requests wait longer for their loads (the asynchronous load path is modelled)."""
+    recomputed (vLLM's counters, summed and per request), and a slower host link makes requests
+    wait longer for their loads and their first tokens (the asynchronous load path is modelled)."""
     python = vllm_python()
     base = dict(vllm_python=python, trace="swe-sample", model="nemotron-h-8b", capacity="0.05x", cpu_tier="0.5x",
                 concurrency=8, num_requests=48, policies=("lru",))
