@@ -28,10 +28,21 @@ instead of one, and the live-server validation was done for the regret selector.
 
 Deterministic: the same finished requests in the same order give the same rules. Engine-agnostic:
 nothing here knows a block, a pool or an engine.
+
+**Lag** (``lag=L``, default 0). The replay costs the engine's scheduler thread a few hundred µs per
+finished request (docs/vllm-at-scale.md, "What the plugin costs the scheduler"). With ``L >= 1`` the
+rule in force after the n-th finished request is the shadow's rule after request ``n - L`` (the
+family's first while ``n <= L``): a switch takes effect ``L`` requests later than it would at lag 0,
+and nothing else changes. That is deterministic, so an engine may replay on a worker thread
+(:meth:`ShadowAlpha.run_in_background`) and its emulation inline, and both apply the same rules at
+the same requests; the scheduler thread only queues the request and waits on the worker only when
+it is more than ``L`` requests behind.
 """
 
 from __future__ import annotations
 
+import threading
+from collections import deque
 from typing import Any, Callable, Sequence
 
 from marconi.core.cache import PrefixCache
@@ -67,7 +78,9 @@ class ShadowAlpha:
     """
 
     def __init__(self, rules: str | Sequence[EvictionRule] = "default", *, rule_map: RuleMap,
-                 decay: float = 0.999, hysteresis: float = 0.05) -> None:
+                 decay: float = 0.999, hysteresis: float = 0.05, lag: int = 0) -> None:
+        if isinstance(lag, bool) or not isinstance(lag, int) or lag < 0:
+            raise ConfigError(f"shadow alpha: lag must be a whole number of requests >= 0, got {lag!r}")
         self.rules = parse_rules(rules)
         cutting = [r.label() for r in self.rules if r.tails]
         if cutting:        # refused here, when the setting is read, not when a pool binds (issue 31)
@@ -80,6 +93,13 @@ class ShadowAlpha:
         self.cache: PrefixCache | None = None
         self.selector: RegretEviction | None = None
         self.num_observed = 0
+        self.lag = lag
+        self._live = 0                   # with a lag: the index of the rule in force
+        # With a lag: the shadow's rule index after each replayed request, from request number
+        # _first_kept on (entries older than the rule in force are dropped as it advances).
+        self._rule_after: deque[int] = deque([0])
+        self._first_kept = 0
+        self._worker: _ShadowWorker | None = None
 
     def start(self, spec: ModelSpec, capacity_bytes: float) -> None:
         """Build the shadow: ``spec``'s model, ``capacity_bytes`` (what the engine's pool holds).
@@ -100,8 +120,9 @@ class ShadowAlpha:
 
     @property
     def rule(self) -> EvictionRule:
-        """The live rule of the shadow (the family's first before any request)."""
-        return self.rules[0] if self.selector is None else self.selector.rule
+        """The rule in force (the family's first before any request; with a lag, the shadow's rule
+        ``lag`` requests ago)."""
+        return self.rules[self._current()]
 
     def alpha(self) -> float:
         return self._mapped[self._current()][0]
@@ -110,6 +131,8 @@ class ShadowAlpha:
         return self._mapped[self._current()][1]
 
     def _current(self) -> int:
+        if self.lag:
+            return self._live
         return 0 if self.selector is None else self.selector.current
 
     def observe(self, event: RequestObservation) -> None:
@@ -117,15 +140,101 @@ class ShadowAlpha:
         selector charges the rules and may switch the live one. ConfigError before :meth:`start`."""
         if self.cache is None:
             raise ConfigError("shadow alpha: observe before start (the engine builds the shadow for its pool)")
-        self.cache.process(event.prompt_token_ids, event.output_token_ids)
+        if not self.lag:
+            self.cache.process(event.prompt_token_ids, event.output_token_ids)
+            self.num_observed += 1
+            return
         self.num_observed += 1
+        if self._worker is not None:
+            self._worker.submit(event)
+        else:
+            self._replay(event)
+        due = self.num_observed - self.lag        # the rule in force from now: the shadow's after `due` requests
+        if due > 0:
+            if self._worker is not None:
+                self._worker.wait_for(due + 1 - self._first_kept)
+            rules = self._rule_after
+            while self._first_kept < due:
+                rules.popleft()
+                self._first_kept += 1
+            self._live = rules[0]
+
+    def _replay(self, event: RequestObservation) -> None:
+        """One request through the shadow (the worker thread's, in the background), and the rule after it."""
+        assert self.cache is not None and self.selector is not None
+        self.cache.process(event.prompt_token_ids, event.output_token_ids)
+        self._rule_after.append(self.selector.current)
+
+    def run_in_background(self) -> None:
+        """Replay on a worker thread from now on (same rules, see the module docstring: the scheduler
+        thread queues each request and waits only when the worker is more than ``lag`` requests
+        behind). A worker's failure is raised by the next :meth:`observe`.
+
+        Raises:
+            ConfigError: lag 0 (each observe would wait for its own replay), or not started.
+        """
+        if not self.lag:
+            raise ConfigError("shadow alpha: a background replay needs lag >= 1 (at lag 0 each request waits for it)")
+        if self.cache is None:
+            raise ConfigError("shadow alpha: run_in_background before start")
+        if self._worker is None:
+            self._worker = _ShadowWorker(self._replay, self._rule_after)
+
+    def drain(self) -> None:
+        """Wait until the worker has replayed every observed request (a no-op without one)."""
+        if self._worker is not None:
+            self._worker.wait_for(self.num_observed + 1 - self._first_kept)
 
     def tuning_record(self) -> dict[str, Any]:
         """The selector's record: every switch of the live rule, ``rule_switches`` =
         ``[[request index (0-based, finish order), label], ...]``."""
+        self.drain()
         return {"rule_switches": []} if self.selector is None else self.selector.tuning_record()
 
     def __repr__(self) -> str:
         family = "/".join(r.label() for r in self.rules)
+        lag = f", lag={self.lag}" if self.lag else ""
         return (f"{type(self).__name__}({family}, live={self.rule.label()}, decay={self.decay:g}, "
-                f"hysteresis={self.hysteresis:g})")
+                f"hysteresis={self.hysteresis:g}{lag})")
+
+
+class _ShadowWorker:
+    """A daemon thread replaying queued requests through ``replay`` (which appends to ``rules``)."""
+
+    def __init__(self, replay: Callable[[RequestObservation], None], rules: deque[int]) -> None:
+        self._replay = replay
+        self._rules = rules
+        self._queue: deque[RequestObservation] = deque()
+        self._cond = threading.Condition()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="marconi-shadow-alpha", daemon=True)
+        self._thread.start()
+
+    def submit(self, event: RequestObservation) -> None:
+        with self._cond:
+            self._queue.append(event)
+            self._cond.notify_all()
+
+    def wait_for(self, num_rules: int) -> None:
+        """Block until ``rules`` holds ``num_rules`` entries; re-raise the worker's failure."""
+        with self._cond:
+            while len(self._rules) < num_rules and self._error is None:
+                self._cond.wait()
+            if self._error is not None:
+                raise RuntimeError("shadow alpha: the background replay failed") from self._error
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue:
+                    self._cond.wait()
+                event = self._queue.popleft()
+            try:
+                self._replay(event)
+            except BaseException as exc:   # reported to the scheduler thread by its next wait
+                with self._cond:
+                    self._error = exc
+                    self._cond.notify_all()
+                return
+            with self._cond:
+                self._cond.notify_all()

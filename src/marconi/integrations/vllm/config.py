@@ -12,6 +12,10 @@ variable                           meaning
 ``MARCONI_VLLM_ALPHA``             α, a number >= 0 (default 0.5), or ``adaptive``: α and efficiency
                                    follow the shadow α source's live rule (:mod:`marconi.integrations.vllm.shadow`)
 ``MARCONI_VLLM_ADAPTIVE_RULES``    with ``adaptive``: the rule family (default ``lru/a0.5m/a2m``)
+``MARCONI_VLLM_ADAPTIVE_LAG``      with ``adaptive``: requests by which a rule switch lags, an
+                                   integer >= 0 (default 0: the shadow replays each finished
+                                   request on the scheduler thread); >= 1: on a worker thread
+                                   (:mod:`marconi.integrations.common.shadow_alpha`, "Lag")
 ``MARCONI_VLLM_ALPHA_SOURCE``      ``module:factory`` returning an :class:`~marconi.integrations.common.alpha.AlphaSource`
                                    (called as ``factory(spec, config)``); overrides a numeric
                                    ``MARCONI_VLLM_ALPHA`` (with ``adaptive`` it is an error).
@@ -57,12 +61,13 @@ from marconi.integrations.vllm.policy import DEFAULT_ALPHA, EFFICIENCIES, POLICI
 from marconi.integrations.vllm.retention import DEFAULT_BUDGET, SPARSE_DP
 from marconi.integrations.vllm.shadow import PoolShadowAlpha
 
-__all__ = ["PluginConfig", "ENV_POLICY", "ENV_ALPHA", "ENV_ADAPTIVE_RULES", "ENV_ALPHA_SOURCE", "ENV_EFFICIENCY",
+__all__ = ["PluginConfig", "ENV_POLICY", "ENV_ALPHA", "ENV_ADAPTIVE_RULES", "ENV_ADAPTIVE_LAG", "ENV_ALPHA_SOURCE", "ENV_EFFICIENCY",
            "ENV_TRACE", "ENV_MAMBA2_CPU_FIX", "ENV_RETENTION", "ENV_RETENTION_BUDGET", "ADAPTIVE", "parse_alpha", "load_alpha_factory"]
 
 ENV_POLICY = "MARCONI_VLLM_POLICY"
 ENV_ALPHA = "MARCONI_VLLM_ALPHA"
 ENV_ADAPTIVE_RULES = "MARCONI_VLLM_ADAPTIVE_RULES"
+ENV_ADAPTIVE_LAG = "MARCONI_VLLM_ADAPTIVE_LAG"
 ENV_ALPHA_SOURCE = "MARCONI_VLLM_ALPHA_SOURCE"
 ENV_EFFICIENCY = "MARCONI_VLLM_EFFICIENCY"
 ENV_TRACE = "MARCONI_VLLM_TRACE"
@@ -157,6 +162,7 @@ class PluginConfig:
     trace_path: str | None = None
     mamba2_cpu_fix: bool = True
     adaptive_rules: str = DEFAULT_RULES
+    adaptive_lag: int = 0
     retention: str | None = None
     retention_budget: int | None = None
 
@@ -186,6 +192,10 @@ class PluginConfig:
                 raise ConfigError(f"{ENV_ADAPTIVE_RULES}={self.adaptive_rules!r}: {exc}") from None
         elif self.adaptive_rules != DEFAULT_RULES:
             raise ConfigError(f"{ENV_ADAPTIVE_RULES}={self.adaptive_rules!r} needs {ENV_ALPHA}={ADAPTIVE}")
+        if isinstance(self.adaptive_lag, bool) or not isinstance(self.adaptive_lag, int) or self.adaptive_lag < 0:
+            raise ConfigError(f"{ENV_ADAPTIVE_LAG}={self.adaptive_lag!r}: write a whole number of requests >= 0")
+        if self.adaptive_lag and not self.adaptive:
+            raise ConfigError(f"{ENV_ADAPTIVE_LAG}={self.adaptive_lag!r} needs {ENV_ALPHA}={ADAPTIVE}")
 
     def _check_retention(self) -> None:
         if self.retention is None:
@@ -225,11 +235,16 @@ class PluginConfig:
             raise ConfigError(f"{ENV_ALPHA}={ADAPTIVE}: its rules choose the efficiency (lru/a0.5m/a2m: marginal); "
                               f"unset {ENV_EFFICIENCY}={efficiency!r}")
         retention, budget = _retention_from_env(env)
+        raw_lag = env.get(ENV_ADAPTIVE_LAG, "").strip()
+        try:
+            lag = int(raw_lag) if raw_lag else 0
+        except ValueError:
+            raise ConfigError(f"{ENV_ADAPTIVE_LAG}={raw_lag!r}: write a whole number of requests >= 0") from None
         return cls(policy=policy, alpha=alpha, alpha_source=env.get(ENV_ALPHA_SOURCE, "").strip() or None,
                    efficiency=efficiency or "total", trace_path=env.get(ENV_TRACE, "").strip() or None,
                    mamba2_cpu_fix=fix,
                    adaptive_rules=env.get(ENV_ADAPTIVE_RULES, "").strip() or DEFAULT_RULES,
-                   retention=retention, retention_budget=budget)
+                   adaptive_lag=lag, retention=retention, retention_budget=budget)
 
     @classmethod
     def lenient_from_env(cls, env: Mapping[str, str] | None = None) -> tuple["PluginConfig", list[str]]:
@@ -287,6 +302,8 @@ class PluginConfig:
                ENV_MAMBA2_CPU_FIX: "auto" if self.mamba2_cpu_fix else "off"}
         if self.adaptive:
             env[ENV_ADAPTIVE_RULES] = self.adaptive_rules
+            if self.adaptive_lag:
+                env[ENV_ADAPTIVE_LAG] = str(self.adaptive_lag)
         else:
             env[ENV_EFFICIENCY] = self.efficiency
         if self.alpha_source:
@@ -311,7 +328,7 @@ class PluginConfig:
                 simulator passes ``vllm-align: alpha_source``).
         """
         if self.adaptive:
-            return PoolShadowAlpha(self.adaptive_rules)
+            return PoolShadowAlpha(self.adaptive_rules, lag=self.adaptive_lag)
         if self.alpha_source is None:
             assert isinstance(self.alpha, float)
             return FixedAlpha(self.alpha)

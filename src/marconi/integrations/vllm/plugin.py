@@ -80,6 +80,7 @@ from typing import Any
 
 from marconi.core.registry import ConfigError
 from marconi.integrations.common.alpha import RequestObservation
+from marconi.integrations.common.shadow_alpha import ShadowAlpha
 from marconi.integrations.vllm.config import ENV_POLICY, ENV_RETENTION, PluginConfig
 from marconi.integrations.vllm.policy import ATTENTION, MAMBA, REASONS, BlockEvictionState, parent_depth
 from marconi.integrations.vllm.retention import RetentionPlanner
@@ -419,6 +420,8 @@ class PoolHooks:
             state = BlockEvictionState(spec, kinds, pool.num_gpu_blocks, block_size, source, config.efficiency)
         except ConfigError as exc:
             raise PluginSettingError(str(exc)) from exc
+        if isinstance(source, ShadowAlpha) and source.lag:
+            source.run_in_background()   # off the scheduler thread: a switch lags by `lag` requests anyway
         hooks = cls(pool, kv_manager, state, config, int(pool.hash_block_size), trace=trace)
         hooks._hash_parts = (get_block_hash, get_group_id)
         return hooks

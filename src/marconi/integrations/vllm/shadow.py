@@ -32,14 +32,16 @@ class PoolShadowAlpha(ShadowAlpha):
     Args:
         rules: the family, as ``MARCONI_VLLM_ADAPTIVE_RULES`` (``"default"`` = ``lru/a0.5m/a2m``).
         decay, hysteresis: the regret selector's.
+        lag: requests by which a rule switch takes effect (``MARCONI_VLLM_ADAPTIVE_LAG``; see
+            :class:`~marconi.integrations.common.shadow_alpha.ShadowAlpha`).
 
     Raises:
         ConfigError: a rule the block policy cannot apply (``no counterpart in vLLM's block pool``).
     """
 
     def __init__(self, rules: str | Sequence[EvictionRule] = "default", *, decay: float = 0.999,
-                 hysteresis: float = 0.05) -> None:
-        super().__init__(rules, rule_map=block_rule, decay=decay, hysteresis=hysteresis)
+                 hysteresis: float = 0.05, lag: int = 0) -> None:
+        super().__init__(rules, rule_map=block_rule, decay=decay, hysteresis=hysteresis, lag=lag)
 
     def bind(self, state: "BlockEvictionState") -> None:
         """Build the shadow for ``state``'s model and pool (once; ConfigError on a second pool, or
