@@ -140,8 +140,9 @@ def replay(core: Any, requests: list[dict[str, Any]], *, gpu: str, concurrency: 
             clock = tier.before_forward(out, clock)
         clock += timing.step_s(spans)
         if tier is not None:
-            if not spans:
-                due = tier.next_completion()
+            if not spans:                        # all waiting on loads: to the next completion or arrival
+                due = min((t for t in (tier.next_completion(), admitter.next_arrival()) if t is not None),
+                          default=None)
                 clock = clock if due is None else max(clock, due)
             kv_output = tier.after_forward(out, clock)
         num_idle_steps = 0 if spans else num_idle_steps + 1
