@@ -360,3 +360,71 @@ def test_run_frontier_removes_its_scratch_folder_on_success(tmp_path, monkeypatc
     records = run_frontier(config)
     assert [r["arm"] for r in records] == ["dp-0", "dp-1"] and len(seen) == 2
     assert list((tmp_path / "tmp").iterdir()) == []
+
+
+# ====================================================================================== bench servers
+HEALTH_SERVER = textwrap.dedent("""
+    import http.server, sys
+    class H(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200); self.end_headers(); self.wfile.write(b"ok")
+        def log_message(self, *a):
+            pass
+    http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+""")
+
+
+class _Launch:
+    def args(self, port: int) -> list[str]:
+        return [sys.executable, "-c", HEALTH_SERVER, str(port)]
+
+    def environment(self) -> dict[str, str]:
+        return dict(os.environ)
+
+
+@slow
+@LINUX
+def test_a_bench_server_outlives_the_thread_that_waited_for_it(tmp_path):
+    # issue 31, bug 11's mechanism: the death signal follows the spawning thread, so servers are spawned
+    # by the caller's thread and only waited for in helper threads (serve_side_by_side); the server must
+    # survive those threads and die at stop
+    from concurrent.futures import ThreadPoolExecutor
+
+    from marconi.integrations.common.server import ServerProcess
+
+    server = ServerProcess(_Launch(), log_path=tmp_path / "server.log", startup_timeout_s=60, name="fake server")
+    server.spawn()
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            pool.submit(server.wait_healthy).result()
+        time.sleep(0.5)                                   # the helper thread has exited
+        server.check_alive()
+        pid = server.pid
+    finally:
+        server.stop()
+    _assert_gone(pid)
+
+
+SERVER_PARENT = textwrap.dedent("""
+    import os, sys, time
+    sys.path.insert(0, sys.argv[1])
+    from test_spawn import _Launch
+    from marconi.integrations.common.server import ServerProcess
+    server = ServerProcess(_Launch(), log_path=sys.argv[2], startup_timeout_s=60)
+    server.start()
+    print(server.pid, flush=True)
+    time.sleep(600)
+""")
+
+
+@slow
+@LINUX
+def test_a_bench_server_dies_with_a_killed_bench(tmp_path):
+    # issue 31, bug 11's mechanism for `marconi vllm bench`: kill -9 of the bench leaves no server running
+    parent = subprocess.Popen([sys.executable, "-c", SERVER_PARENT, str(Path(__file__).parent), str(tmp_path / "log")],
+                              stdout=subprocess.PIPE, text=True, start_new_session=True)
+    server = int(parent.stdout.readline())
+    assert _alive(server)
+    os.kill(parent.pid, signal.SIGKILL)
+    parent.wait(timeout=30)
+    _assert_gone(server)

@@ -129,6 +129,11 @@ class ServerProcess:
                                   f"{self.log_path}:\n{self.log_tail()}")
             time.sleep(1.0)
 
+    @property
+    def pid(self) -> int | None:
+        """The server process's pid (None before :meth:`spawn` and after :meth:`stop`)."""
+        return None if self._proc is None else self._proc.pid
+
     def check_alive(self) -> None:
         """ServerError (with the log's end) if the server is not running."""
         if self._proc is None or self._proc.poll() is not None:
