@@ -428,3 +428,55 @@ def test_a_bench_server_dies_with_a_killed_bench(tmp_path):
     os.kill(parent.pid, signal.SIGKILL)
     parent.wait(timeout=30)
     _assert_gone(server)
+
+
+# ====================================================================================== the real vLLM worker
+def _descendants(root: int) -> set[int]:
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                text = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            children.setdefault(int(text[text.rindex(")") + 2:].split()[1]), []).append(int(entry))
+    out, todo = set(), [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in out:
+                out.add(child)
+                todo.append(child)
+    return out
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+@slow
+@LINUX
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "kill-9"])
+def test_signal_to_vllm_replay_stops_the_real_vllm_worker(tmp_path, sig):
+    # issue 31, bug 11 with vLLM itself (.venv-vllm): the worker, reparented to init before, dies with the command
+    from vllm_env import vllm_python
+
+    python = vllm_python()
+    args = ["vllm", "replay", "--vllm-python", python, "--blocks", "400", "--concurrency", "4", "--num-requests", "300",
+            "--no-emulation", "--plot", "", "--policies", "lru", "--out", str(tmp_path / "r.jsonl")]
+    proc = _marconi(args, tmp_path)
+
+    def worker():
+        if proc.poll() is not None:
+            raise AssertionError(f"the replay exited early ({proc.returncode}): {proc.stderr.read()[-2000:]}")
+        found = [p for p in _descendants(proc.pid) if b"replay.worker" in _cmdline(p)]
+        return found[0] if found else None
+    pid = _wait_for(worker, 300, "the vLLM replay worker")
+    time.sleep(2.0)                                       # let it import vLLM and start
+    os.kill(proc.pid, sig)
+    proc.wait(timeout=120)
+    _assert_gone(pid, timeout_s=60)
+    if sig == signal.SIGTERM:                             # kill -9 runs no clean-up: only the worker is checked
+        assert list((tmp_path / "tmp").iterdir()) == []
