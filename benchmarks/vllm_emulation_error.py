@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, Sequence
@@ -37,6 +36,7 @@ from marconi.integrations.vllm.emulate.layout import layout_for_spec
 from marconi.integrations.vllm.emulate.scheduler import emulate_closed_loop
 from marconi.integrations.vllm.policy import DEFAULT_ALPHA
 from marconi.integrations.vllm.replay.run import ReplayConfig, model_dir, run_replay
+from marconi.pool import scratch_dir
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -118,23 +118,23 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not Path(args.vllm_python).exists():
         parser.error(f"no vLLM environment at {args.vllm_python} (make vllm-env)")
-    work = Path(args.work_dir or tempfile.mkdtemp(prefix="marconi-emulation-error-"))
-    policies = args.policies.split(",")
-    rows: list[dict[str, Any]] = []
-    started = time.perf_counter()
-    for model in args.models.split(","):
-        for trace in args.traces.split(","):
-            for c in (int(x) for x in args.concurrency.split(",")):
-                new = measure(args.vllm_python, model, trace, c, policies, args.capacity, args.num_requests, work)
-                rows.extend(new)
-                for r in new:
-                    print(f"{model} {trace} C={c} {r['policy']}: vLLM {100 * r['vllm_token_hit_rate']:.2f}% "
-                          f"emulated {100 * r['emulated_token_hit_rate']:.2f}% ({r['error_pp']:+.2f} pp), "
-                          f"{r['requests_differ']}/{r['num_requests']} requests differ "
-                          f"[{time.perf_counter() - started:.0f} s]", file=sys.stderr, flush=True)
-                if args.out:
-                    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-                    Path(args.out).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with scratch_dir("marconi-emulation-error-", args.work_dir) as work:   # removed at the end unless given
+        policies = args.policies.split(",")
+        rows: list[dict[str, Any]] = []
+        started = time.perf_counter()
+        for model in args.models.split(","):
+            for trace in args.traces.split(","):
+                for c in (int(x) for x in args.concurrency.split(",")):
+                    new = measure(args.vllm_python, model, trace, c, policies, args.capacity, args.num_requests, work)
+                    rows.extend(new)
+                    for r in new:
+                        print(f"{model} {trace} C={c} {r['policy']}: vLLM {100 * r['vllm_token_hit_rate']:.2f}% "
+                              f"emulated {100 * r['emulated_token_hit_rate']:.2f}% ({r['error_pp']:+.2f} pp), "
+                              f"{r['requests_differ']}/{r['num_requests']} requests differ "
+                              f"[{time.perf_counter() - started:.0f} s]", file=sys.stderr, flush=True)
+                    if args.out:
+                        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+                        Path(args.out).write_text("".join(json.dumps(r) + "\n" for r in rows))
     print(table(rows))
     worst = max(rows, key=lambda r: abs(r["error_pp"]))
     print(f"\nworst |error|: {abs(worst['error_pp']):.2f} pp ({worst['model']} {worst['trace']} "

@@ -20,7 +20,6 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -41,10 +40,13 @@ def _env(policy: str) -> dict[str, str]:
 def _run(python: str, args: list[str], policy: str, log: Path) -> float:
     """Run ``python -m args`` in the vLLM environment; its wall time in seconds."""
     started = time.perf_counter()
-    with log.open("w") as fh:
-        proc = subprocess.run([python, "-m", *args], stdout=fh, stderr=subprocess.STDOUT, env=_env(policy), cwd=REPO)
-    if proc.returncode != 0:
-        sys.exit(f"{args[0]} failed (exit {proc.returncode}); log {log}:\n{log.read_text()[-3000:]}")
+    from marconi.pool import child_process      # the child dies with this script
+
+    with log.open("w") as fh, child_process([python, "-m", *args], stdout=fh, stderr=subprocess.STDOUT,
+                                            env=_env(policy), cwd=REPO) as proc:
+        rc = proc.wait()
+    if rc != 0:
+        sys.exit(f"{args[0]} failed (exit {rc}); log {log}:\n{log.read_text()[-3000:]}")
     return time.perf_counter() - started
 
 
@@ -100,18 +102,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--policy", choices=("marconi", "lru"), default="marconi")
     parser.add_argument("--work-dir", default=None, help="model, requests, logs (default: a temp dir)")
     args = parser.parse_args(argv)
-    work = Path(args.work_dir or tempfile.mkdtemp(prefix="marconi-replay-speed-"))
-    work.mkdir(parents=True, exist_ok=True)
-    m = measure(args, work)
-    print(f"{m['num_requests']} requests ({m['prompt_tokens']} prompt, {m['output_tokens']} output tokens), "
-          f"{args.blocks} blocks, {args.concurrency} in flight, policy {args.policy}")
-    print(f"in-process engine (real forward pass): serve {m['real_serve_s']:.2f} s ({m['real_steps']} steps), "
-          f"process {m['real_wall_s']:.1f} s")
-    print(f"replay (stub runner):                  serve {m['replay_serve_s']:.2f} s ({m['replay_steps']} steps), "
-          f"process {m['replay_wall_s']:.1f} s")
-    print(f"ratio engine/replay: serve {m['real_serve_s'] / m['replay_serve_s']:.1f}x, "
-          f"process {m['real_wall_s'] / m['replay_wall_s']:.1f}x")
-    print(f"num_cached_tokens identical per request: {m['cached_equal']} ({m['hit_tokens']} hit tokens)")
+    from marconi.pool import scratch_dir
+
+    with scratch_dir("marconi-replay-speed-", args.work_dir) as work:     # removed at the end unless given
+        m = measure(args, work)
+        print(f"{m['num_requests']} requests ({m['prompt_tokens']} prompt, {m['output_tokens']} output tokens), "
+              f"{args.blocks} blocks, {args.concurrency} in flight, policy {args.policy}")
+        print(f"in-process engine (real forward pass): serve {m['real_serve_s']:.2f} s ({m['real_steps']} steps), "
+              f"process {m['real_wall_s']:.1f} s")
+        print(f"replay (stub runner):                  serve {m['replay_serve_s']:.2f} s ({m['replay_steps']} steps), "
+              f"process {m['replay_wall_s']:.1f} s")
+        print(f"ratio engine/replay: serve {m['real_serve_s'] / m['replay_serve_s']:.1f}x, "
+              f"process {m['real_wall_s'] / m['replay_wall_s']:.1f}x")
+        print(f"num_cached_tokens identical per request: {m['cached_equal']} ({m['hit_tokens']} hit tokens)")
     return 0
 
 
