@@ -112,3 +112,66 @@ def test_check_invariants_refuses_a_malformed_ghost():
         cache.check_invariants()
     node.ghost = None
     cache.check_invariants()
+
+
+# ============================================================================ bug 4: the sparse-DP budget
+
+
+def _dp_instance(num_candidates: int = 40):
+    rng = np.random.default_rng(31)
+    weights = rng.random(num_candidates * 5 + 1)
+    return weights, np.arange(5, num_candidates * 5 + 1, 5)
+
+
+@pytest.mark.parametrize("budget", [41, 10**5, 10**9, 10**18])
+def test_a_huge_sparse_dp_budget_places_as_the_number_of_candidates(budget):
+    """Issue 31, bug 4: a budget of 10**9 built a 10**9-entry list (MemoryError) and 10**5 took
+    minutes; the DP now stops at the K candidates, so any budget past K gives budget K's placement."""
+    from marconi.core.model import get_model
+    from marconi.sparse.dp import flops_cost, place_checkpoints, place_checkpoints_reference
+
+    weights, cands = _dp_instance()
+    for cost in (None, flops_cost(get_model("paper-7b"))):
+        kw = {} if cost is None else {"cost": cost}
+        at_k = place_checkpoints(weights, cands, cands.size, **kw)
+        huge = place_checkpoints(weights, cands, budget, curve=False, **kw)
+        assert huge.positions == at_k.positions and huge.expected_cost == at_k.expected_cost
+    ref = place_checkpoints_reference(weights, cands[:8], budget if budget < 2**20 else 8)
+    assert ref.positions == place_checkpoints_reference(weights, cands[:8], 8).positions
+
+
+def test_a_sparse_dp_curve_past_the_candidates_is_flat_and_a_huge_one_is_refused():
+    """Issue 31, bug 4: the curve keeps its M + 1 entries (flat past K, as callers index it) up to a
+    bound; past the bound curve=True is a ValueError naming max_checkpoints, not an OOM."""
+    from marconi.sparse.dp import place_checkpoints
+
+    weights, cands = _dp_instance(10)
+    plan = place_checkpoints(weights, cands, 1000)
+    assert len(plan.cost_by_budget) == 1001 and len(set(plan.cost_by_budget[10:])) == 1
+    assert plan.positions_by_budget[1000] == plan.positions_by_budget[10] == plan.positions
+    with pytest.raises(ValueError, match="max_checkpoints=1,000,000,000 with curve=True.*curve=False"):
+        place_checkpoints(weights, cands, 10**9)
+    for bad in (-1, 2.5, True, "4"):
+        with pytest.raises(ValueError, match="max_checkpoints"):
+            place_checkpoints(weights, cands, bad)
+
+
+def test_sparse_dp_admission_with_a_huge_m_plans_like_m_equal_to_the_candidates():
+    """Issue 31, bug 4 (``sparse-dp(m=...)``): the admission policy's budget goes through the same
+    clamp, so a policy built in the library with m = 10**9 (the registry now bounds the name's m)
+    runs and keeps what m = 1,000 (more than any request's candidates) keeps."""
+    from marconi.sparse.admission import SparseDPAdmission
+    from marconi.workloads.synthetic import doc_qa_trace
+
+    trace = doc_qa_trace(num_docs=2, doc_len=60, questions_per_doc=4, seed=3)
+    assert max(r.input_len for r in trace) < 1000
+    spec = get_model("paper-7b")
+    cap = 200 * spec.ssm_checkpoint_bytes + 5000 * spec.kv_bytes_per_token
+    reused = []
+    for m in (10**9, 1000):
+        cache = PrefixCache(spec, cap, SparseDPAdmission(m=m, cost="tokens"), "lru")
+        for req in trace:
+            cache.process(req.input_tokens, req.output_tokens)
+        cache.check_invariants()
+        reused.append((cache.stats.checkpoints_admitted, cache.stats.kv_tokens_inserted))
+    assert reused[0] == reused[1] and reused[0][0] > 0

@@ -108,6 +108,9 @@ IntArray = NDArray[np.int64]
 # Relative tolerance for "no better": a larger budget is used only if it beats a smaller one by more
 # than this (so zero-mass segments never get a useless checkpoint from rounding noise).
 _TIE_RTOL = 1e-12
+# The most entries ``curve=True`` returns (a budget is otherwise unbounded: past the candidates the
+# DP stops, but the curve keeps the contract's M + 1 entries).
+_MAX_CURVE_ENTRIES = 1 << 20
 # Relative slack allowed in the instance check of the quadrangle inequality (rounding only).
 _QI_RTOL = 1e-12
 
@@ -483,14 +486,21 @@ def _best_counts(exact: FloatArray, max_checkpoints: int) -> list[int]:
 
 def _solve_budgeted(inst: _Instance, seg: _Segments, cost: Cost, max_checkpoints: int,
                     use_monge: bool, curve: bool = True) -> Placement:
-    if max_checkpoints < 0:
-        raise ValueError(f"max_checkpoints must be >= 0, got {max_checkpoints}")
-    num_layers = min(max_checkpoints, inst.candidates.size) + 1       # m + 1 edges for m checkpoints
+    requested = _check_budget(max_checkpoints)
+    if curve and requested >= _MAX_CURVE_ENTRIES:
+        raise ValueError(f"max_checkpoints={requested:,} with curve=True asks for {requested + 1:,} curve entries; "
+                         f"pass curve=False (any budget), or a budget of at most the number of candidates "
+                         f"({int(inst.candidates.size):,}): the curve is flat past it")
+    # No placement holds more checkpoints than there are candidates, so every budget past K has
+    # budget K's answer: the DP, the tie-breaking and the re-scoring run to K at most, whatever
+    # the budget (a budget of 10**9 once built a 10**9-entry list: MemoryError).
+    top = min(requested, int(inst.candidates.size))
+    num_layers = top + 1                                              # m + 1 edges for m checkpoints
     layers = _layers_monge if use_monge else _layers_reference
     exact, parents = layers(seg, num_layers)
     by_budget, costs = [], []
-    counts = _best_counts(exact, max_checkpoints)
-    budgets = range(max_checkpoints + 1) if curve else [max_checkpoints]
+    counts = _best_counts(exact, top)
+    budgets = range(top + 1) if curve else [top]
     for budget in budgets:
         # Report costs from the definition: prefix-sum differences lose ~1e-16 of the largest
         # potential (visible as -1e-6 FLOPs for a zero cost, or a wrong tie when all the mass is
@@ -507,8 +517,21 @@ def _solve_budgeted(inst: _Instance, seg: _Segments, cost: Cost, max_checkpoints
             chosen, value = by_budget[-1], costs[-1]
         by_budget.append(chosen)
         costs.append(value)
+    if curve and requested > top:  # the curve is flat past K (the contract's M + 1 entries)
+        costs += [costs[-1]] * (requested - top)
+        by_budget += [by_budget[-1]] * (requested - top)
     return Placement(positions=by_budget[-1], expected_cost=costs[-1], cost_by_budget=tuple(costs),
                      positions_by_budget=tuple(by_budget), solver="monge-dc" if use_monge else "reference")
+
+
+def _check_budget(max_checkpoints: object) -> int:
+    """``max_checkpoints`` as an int >= 0; ValueError naming the parameter otherwise."""
+    if isinstance(max_checkpoints, bool) or not isinstance(max_checkpoints, (int, np.integer)):
+        raise ValueError(f"max_checkpoints must be a whole number >= 0, got {type(max_checkpoints).__name__} "
+                         f"{max_checkpoints!r}")
+    if max_checkpoints < 0:
+        raise ValueError(f"max_checkpoints must be >= 0, got {max_checkpoints}")
+    return int(max_checkpoints)
 
 
 def _direct_cost(inst: _Instance, cost: Cost, checkpoints: IntArray) -> float:
@@ -527,7 +550,11 @@ def place_checkpoints(weights: ArrayLike, positions: ArrayLike, max_checkpoints:
         weights: ``(N+1,)`` non-negative weights of overlap depths ``0..N`` (a distribution or raw
             counts; normalised here). Depth ``d`` resumes from the deepest checkpoint ``<= d``.
         positions: distinct candidate positions in ``[1, N]`` (any order).
-        max_checkpoints: budget ``M >= 0``; the result also holds the curve for every ``m <= M``.
+        max_checkpoints: budget ``M >= 0`` (any size: the work stops at the ``K`` candidates, as
+            no placement holds more; a budget past ``K`` gives budget ``K``'s placement). The
+            result also holds the curve for every ``m <= M``, flat past ``K``: with ``curve=True``
+            that is ``M + 1`` entries, refused (ValueError) from ``M = 2**20`` on: pass ``curve=False``
+            (any ``M``) or ``min(M, K)``.
         cost: :data:`TOKEN_COST`, :func:`flops_cost`, another :class:`PotentialCost`, or a vectorised
             callable ``cost(c, d)`` with ``cost(c, c) == 0``.
 
