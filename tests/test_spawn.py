@@ -480,3 +480,29 @@ def test_signal_to_vllm_replay_stops_the_real_vllm_worker(tmp_path, sig):
     _assert_gone(pid, timeout_s=60)
     if sig == signal.SIGTERM:                             # kill -9 runs no clean-up: only the worker is checked
         assert list((tmp_path / "tmp").iterdir()) == []
+
+
+# ====================================================================================== the mechanism
+SPAWNS = {("subprocess", "Popen"), ("subprocess", "run"), ("subprocess", "call"), ("subprocess", "check_call"),
+          ("subprocess", "check_output"), ("os", "system"), ("os", "popen"), ("os", "spawnv"), ("os", "spawnl")}
+# mkdtemp folders the library removes itself: io.py's staging (renamed or removed), the server's metrics dir
+MKDTEMP_OWNERS = {"pool.py", "io.py", "integrations/common/server.py"}
+
+
+def test_only_the_spawn_helper_starts_programs_and_makes_scratch_folders():
+    # issue 31, "the same helper everywhere": a new command cannot spawn or leave a temp folder its own way
+    import ast
+
+    src = REPO / "src" / "marconi"
+    offending = []
+    for path in src.rglob("*.py"):
+        rel = path.relative_to(src).as_posix()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                    and isinstance(node.func.value, ast.Name):
+                pair = (node.func.value.id, node.func.attr)
+                if pair in SPAWNS and rel != "pool.py":
+                    offending.append(f"{rel}:{node.lineno}: {'.'.join(pair)} (use marconi.pool.spawn/run_child)")
+                if pair == ("tempfile", "mkdtemp") and rel not in MKDTEMP_OWNERS:
+                    offending.append(f"{rel}:{node.lineno}: tempfile.mkdtemp (use marconi.pool.scratch_dir)")
+    assert not offending, "\n".join(offending)
