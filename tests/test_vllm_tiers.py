@@ -95,3 +95,41 @@ def test_two_tier_replay_splits_hits_by_tier_and_waits_for_loads(tmp_path) -> No
     assert slow_rec["load_wait_mean_s"] > 10 * tiered["load_wait_mean_s"]
     assert slow_rec["ttft_p50_s"] > tiered["ttft_p50_s"]
     assert "tier hit" in tier_table([*fast, *slow_link])
+
+
+_LINK = """
+from vllm.v1.kv_offload.base import GPULoadStoreSpec
+from marconi.integrations.vllm.replay.offload import TimedHostLink
+
+link = TimedHostLink([100, 300], bandwidth_bytes_s=1000.0, num_gpus=2)   # 2,000 bytes/s in all
+spec = lambda a, b: GPULoadStoreSpec(list(range(a + b)), group_sizes=[a, b], block_indices=[0, 0])
+link.now = 1.0
+link.submit_load(1, None, spec(2, 1))        # 2*100 + 1*300 = 500 bytes: 0.25 s
+link.submit_load(2, None, spec(0, 2))        # 600 bytes, queued behind job 1: done at 1.55
+link.submit_store(3, spec(4, 0), None)       # 400 bytes on the other direction: done at 1.2
+assert (link.bytes_loaded, link.bytes_stored) == (1100, 400)
+assert abs(link.ready_at({1, 2}) - 1.55) < 1e-9 and abs(link.next_completion() - 1.2) < 1e-9
+link.now = 1.3
+assert sorted(r.job_id for r in link.get_finished()) == [1, 3]
+assert link.get_finished() == []             # each job once
+link.now = 2.0
+(r,) = link.get_finished()
+assert r.job_id == 2 and r.transfer_size == 600 and abs(r.transfer_time - 0.55) < 1e-9
+assert link.next_completion() is None
+assert [round(w, 9) for w in link.load_wait_s] == [0.25, 0.55]
+print("OK")
+"""
+
+
+@slow
+def test_the_host_link_queues_each_direction_and_reports_each_job_once() -> None:
+    """The timed link: a job completes bytes / (bandwidth x GPUs) after its direction's link is
+    free (loads and stores do not wait for each other), is reported once, with its size."""
+    import os
+    import subprocess
+
+    python = vllm_python()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MARCONI_VLLM_")}
+    proc = subprocess.run([python, "-c", _LINK], capture_output=True, text=True, timeout=300,
+                          env={**env, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0 and "OK" in proc.stdout, proc.stderr[-3000:]
