@@ -410,7 +410,7 @@ def _replay_in(config: ReplayConfig, work: Path, *, emulate: bool, progress: Cal
                 sim = _emulated_hit_rate(spec, requests, res, label, config) if emulate else None
                 records.append(_record(config, label, sel.trace_info, pool_info, requests, res, sim))
             else:
-                sim = _emulated_tier(spec, requests, res, label, tier_policy, config) if emulate else None
+                sim = None                     # vllm-align has no tier model yet (issue 34 item 3)
                 if emulate and tier_policy == NO_TIER:        # no tier: the single-pool emulation
                     rate = _emulated_hit_rate(spec, requests, res, label, config)[0]
                     sim = {"token_hit_rate": rate, "gpu_hit_rate": rate, "tier_hit_rate": 0.0}
@@ -478,12 +478,6 @@ def _tier_record(rec: dict[str, Any], tier_policy: str, tier_info: dict[str, Any
     out["per_request"] = {**rec["per_request"], "gpu_hit_tokens": res["num_local_cached_tokens"],
                           "tier_hit_tokens": res["num_external_cached_tokens"]}
     return out
-
-
-def _emulated_tier(spec: ModelSpec, requests: Sequence[Any], res: dict[str, Any], label: str, tier_policy: str,
-                   config: ReplayConfig) -> dict[str, Any] | None:
-    """The emulation's hits per tier on the same run, or None where the emulation has no tier model."""
-    return None
 
 
 def load_label(rec: dict[str, Any]) -> str:
