@@ -174,7 +174,7 @@ def test_marconi_names_and_their_errors():
                           ("marconi:rules=a1m,efficiency=marginal", "chooses the efficiency"),
                           ("marconi:tuner=greedy", "tuner must be"),
                           ("marconi:rules=a1q", "not a number"),
-                          ("marconi:decay=0", "decay must be")):
+                          ("marconi:decay=0", "decay: must be a finite number > 0 and <= 1")):  # its Domain
         with pytest.raises(ConfigError, match=message):
             make_system(name).build("paper-7b", 1e9)
 

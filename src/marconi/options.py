@@ -4,7 +4,8 @@ Every numeric option's ``type=`` is a :class:`Number` or :class:`NumberList` hol
 :class:`~marconi.core.registry.Domain` (the same declaration the registries use for name
 parameters), so argparse refuses ``0``, ``-1``, ``nan``, ``inf`` or ``1e12`` where they make no
 sense with exit code 2 and a message naming the option and what it takes -- before anything
-loads, spawns or runs. A capacity option's type is :class:`CapacityList`.
+loads, spawns or runs. A capacity option's type is :class:`CapacityList`; a comma list of names
+(traces, policies) is a :class:`NameList`, which refuses empty items and duplicates.
 
 Every option a command writes is added with :func:`add_output`, which marks the argparse action;
 ``marconi.cli.main`` finds the marked actions of the chosen sub-command in the parser itself and
@@ -21,7 +22,7 @@ from typing import Any, Sequence
 from marconi.core.registry import ConfigError, Domain
 
 __all__ = ["Number", "NumberList", "NameList", "CapacityList", "add_output", "add_reread", "output_kind", "is_reread",
-           "OUTPUT_KINDS", "COUNT", "TOKENS", "BLOCKS", "SEED", "WORKERS", "CHECKPOINT_BUDGET",
+           "chosen_actions", "values_of", "OUTPUT_KINDS", "COUNT", "TOKENS", "SEED", "CHECKPOINT_BUDGET",
            "MAX_CHECKPOINT_BUDGET", "MAX_TOKENS", "MAX_BLOCKS", "MAX_COUNT"]
 
 # Bounds a typo cannot reach but no real run needs to: 16M tokens is past every model's context;
@@ -38,9 +39,7 @@ MAX_CHECKPOINT_BUDGET = 1024
 
 COUNT = Domain(1, MAX_COUNT, integer=True)
 TOKENS = Domain(1, MAX_TOKENS, integer=True)
-BLOCKS = Domain(1, MAX_BLOCKS, integer=True)
 SEED = Domain(0, 2**32 - 1, integer=True)
-WORKERS = Domain(1, 4096, integer=True)
 CHECKPOINT_BUDGET = Domain(0, MAX_CHECKPOINT_BUDGET, integer=True,
                            hint=f"states per sequence; more than {MAX_CHECKPOINT_BUDGET:,} is never useful")
 
