@@ -114,5 +114,5 @@ def test_bad_tuning_configuration():
         BootstrapTuner(FlopAware(), multiplier=0)
     with pytest.raises(ConfigError, match="objective must be one of"):
         BootstrapTuner(FlopAware(), objective="speed")
-    with pytest.raises(ConfigError, match="alpha must be a number >= 0 or 'auto'"):
+    with pytest.raises(ConfigError, match="alpha: must be a finite number >= 0 and <= 1,000,000, or auto"):  # its Domain
         make_system("marconi:alpha=lots")
