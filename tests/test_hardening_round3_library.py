@@ -175,3 +175,152 @@ def test_sparse_dp_admission_with_a_huge_m_plans_like_m_equal_to_the_candidates(
         cache.check_invariants()
         reused.append((cache.stats.checkpoints_admitted, cache.stats.kv_tokens_inserted))
     assert reused[0] == reused[1] and reused[0][0] > 0
+
+
+# ============================================================================ bug 3: bounded reads
+
+
+import gzip  # noqa: E402
+import os  # noqa: E402
+import signal  # noqa: E402
+from contextlib import contextmanager  # noqa: E402
+
+from marconi.core.registry import ConfigError  # noqa: E402
+from marconi.io import MAX_LINE_ENV, JsonError, iter_jsonl, iter_lines  # noqa: E402
+from marconi.workloads import TraceFormatError, iter_requests, read_trace, validate_trace  # noqa: E402
+
+GOOD_LINE = ('{"session_id": 1, "turn_id": 0, "ts": 0.0, "input_tokens": [1, 2, 3], '
+             '"output_tokens": [4]}\n')
+
+
+@contextmanager
+def _no_hang(seconds: int = 30):
+    """Fail (rather than hang the suite) if the body blocks, as reading a FIFO did."""
+    def fail(*_):
+        raise AssertionError(f"blocked for {seconds} s")
+    old = signal.signal(signal.SIGALRM, fail)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def _gzip_bomb(path, size: int) -> None:
+    """``size`` zero bytes (no newline), gzip-compressed: ~1,000x smaller on disk."""
+    chunk = b"\0" * (1 << 20)
+    with gzip.open(path, "wb") as fh:
+        for _ in range(size // len(chunk)):
+            fh.write(chunk)
+
+
+def test_a_gzip_bomb_without_newlines_stops_at_the_line_limit(tmp_path, monkeypatch):
+    """Issue 31, bug 3: a small gzip expanding to gigabytes without a newline was read whole (23 GB
+    and the OOM killer). Now reading stops at the line limit, naming file, line and how to raise it.
+    (8 MiB of zeros and a 1 MiB limit stand in for gigabytes and 64 MiB.)"""
+    bomb = tmp_path / "bomb.jsonl.gz"
+    _gzip_bomb(bomb, 8 << 20)
+    assert bomb.stat().st_size < 100_000
+    with pytest.raises(JsonError, match=rf"bomb\.jsonl\.gz:1: line longer than 1,048,576 bytes.*{MAX_LINE_ENV}"):
+        list(iter_lines(bomb, max_line_bytes=1 << 20))
+    with pytest.raises(JsonError, match=r"bomb\.jsonl\.gz:1: line longer"):
+        list(iter_jsonl(bomb, max_line_bytes=1 << 20))
+    monkeypatch.setenv(MAX_LINE_ENV, str(1 << 20))
+    with pytest.raises(TraceFormatError, match=rf"bomb\.jsonl\.gz:1: .*line longer.*{MAX_LINE_ENV}=<bytes>"):
+        read_trace(bomb)
+    (problem,) = validate_trace(bomb)
+    assert problem.line == 1 and "line longer than 1,048,576 bytes" in problem.message
+
+
+def test_a_long_line_after_good_ones_names_its_own_line_and_a_raised_limit_reads_it(tmp_path, monkeypatch):
+    """Issue 31, bug 3: the limit names the line it stops at; raising it (parameter or variable)
+    reads a legitimate long line."""
+    path = tmp_path / "t.jsonl"
+    long_tokens = ", ".join(["7"] * 5000)
+    path.write_text(GOOD_LINE * 2 + GOOD_LINE.replace("[1, 2, 3]", f"[{long_tokens}]"))
+    with pytest.raises(JsonError, match=r"t\.jsonl:3: line longer than 10,000 bytes"):
+        list(iter_lines(path, max_line_bytes=10_000))
+    assert len(list(iter_lines(path, max_line_bytes=100_000))) == 3
+    monkeypatch.setenv(MAX_LINE_ENV, "10000")
+    with pytest.raises(TraceFormatError, match=r"t\.jsonl:3: .*line longer"):
+        read_trace(path)
+    monkeypatch.setenv(MAX_LINE_ENV, "100000")
+    assert read_trace(path)[2].input_len == 5000
+    for bad in ("0", "-5", "lots", "1e6"):
+        monkeypatch.setenv(MAX_LINE_ENV, bad)
+        with pytest.raises(ConfigError, match=MAX_LINE_ENV):
+            list(iter_lines(path))
+    with pytest.raises(ConfigError, match="max_line_bytes"):
+        list(iter_lines(path, max_line_bytes=0))
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/zero"), reason="needs /dev/zero")
+def test_a_symlink_to_dev_zero_is_refused_before_reading(tmp_path):
+    """Issue 31, bug 3: a trace symlinked to /dev/zero filled memory with one endless line; a
+    device is now refused before it is opened, by every reader."""
+    link = tmp_path / "zero.jsonl"
+    link.symlink_to("/dev/zero")
+    with _no_hang():
+        with pytest.raises(JsonError, match=r"zero\.jsonl: is a character device, not a regular file"):
+            list(iter_lines(link))
+        with pytest.raises(ValueError, match=r"zero\.jsonl is a character device, not a regular file"):
+            read_trace(link)
+        (problem,) = validate_trace(link)
+        assert "character device" in problem.message
+        gz = tmp_path / "zero.jsonl.gz"
+        gz.symlink_to("/dev/zero")
+        with pytest.raises(ValueError, match="character device"):
+            list(iter_requests(gz))
+        pq = tmp_path / "zero.parquet"
+        pq.symlink_to("/dev/zero")
+        with pytest.raises(ValueError, match="character device"):
+            read_trace(pq)
+
+
+def test_a_fifo_given_as_a_trace_is_refused_not_waited_on(tmp_path, capsys):
+    """Issue 31, unclear row: a FIFO given as a trace made ``trace validate`` block and
+    ``simulate`` report invalid JSON for valid data. Both now say it is a FIFO, at once."""
+    from marconi.cli import main
+
+    fifo = tmp_path / "pipe.jsonl"
+    os.mkfifo(fifo)
+    with _no_hang():
+        with pytest.raises(ValueError, match=r"pipe\.jsonl is a FIFO \(named pipe\), not a regular file.*save"):
+            read_trace(fifo)
+        with pytest.raises(JsonError, match="FIFO"):
+            list(iter_jsonl(fifo))
+        (problem,) = validate_trace(fifo)
+        assert "FIFO" in problem.message
+        assert main(["trace", "validate", str(fifo)]) != 0
+        assert main(["simulate", "--trace", str(fifo), "--systems", "lru", "--capacity", "1GB",
+                     "--quiet", "--workers", "1"]) != 0
+    out = capsys.readouterr()
+    text = out.out + out.err
+    assert "FIFO" in text and "invalid JSON" not in text
+
+
+def test_a_jsonl_file_holding_only_a_bom_is_empty_not_truncated(tmp_path):
+    """Issue 31, unclear row: a file holding only a UTF-8 BOM was called "truncated". A leading BOM
+    is dropped (Windows editors write one), so the file is what it is: empty."""
+    path = tmp_path / "bom.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf")
+    assert list(iter_lines(path)) == [(1, b"")]
+    (problem,) = validate_trace(path)
+    assert "no requests" in problem.message and "looks truncated" not in problem.message
+    assert len(read_trace(path)) == 0
+    path.write_bytes(b"\xef\xbb\xbf" + GOOD_LINE.encode() * 2)
+    assert len(read_trace(path)) == 2 and validate_trace(path) == []
+
+
+def test_truncated_is_said_only_where_the_text_ran_out(tmp_path):
+    """Issue 31, unclear row (the mechanism): "looks truncated" is a guess kept for a last line that
+    stops mid-value; a last line with junk after a complete value is not called truncated."""
+    path = tmp_path / "t.jsonl"
+    path.write_text(GOOD_LINE + GOOD_LINE.rstrip("\n") + " x")
+    with pytest.raises(TraceFormatError, match=r"t\.jsonl:2: invalid JSON") as info:
+        read_trace(path)
+    assert "looks truncated" not in str(info.value)
+    path.write_text(GOOD_LINE + GOOD_LINE[:30])
+    with pytest.raises(TraceFormatError, match="looks truncated"):
+        read_trace(path)

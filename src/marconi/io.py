@@ -43,7 +43,8 @@ from marconi.core.jsonfile import JsonError, check_readable, read_json
 from marconi.core.registry import ConfigError
 
 __all__ = ["atomic_write", "atomic_directory", "write_text", "write_jsonl", "iter_lines", "iter_jsonl",
-           "read_jsonl", "read_json", "decode_line", "loads", "check_output", "is_stream", "JsonError"]
+           "read_jsonl", "read_json", "decode_line", "loads", "check_output", "is_stream", "JsonError",
+           "line_limit", "MAX_LINE_ENV", "DEFAULT_MAX_LINE_BYTES"]
 
 PathLike = str | os.PathLike
 
@@ -328,25 +329,81 @@ def _open_binary(path: Path) -> IO[bytes]:
     return open(path, "rb")
 
 
-def iter_lines(path: PathLike) -> Iterator[tuple[int, bytes]]:
+#: The environment variable that raises (or lowers) the longest line a reader accepts, in bytes.
+MAX_LINE_ENV = "MARCONI_MAX_LINE_BYTES"
+#: The default longest line: 64 MiB, about 8M token ids as JSON (a 32k-token request is ~200 KB).
+DEFAULT_MAX_LINE_BYTES = 64 << 20
+
+
+def line_limit(value: int | None = None) -> int:
+    """The longest line a reader accepts: ``value``, else ``$MARCONI_MAX_LINE_BYTES``, else 64 MiB.
+
+    Raises:
+        ConfigError: ``value`` or the variable is not a whole number >= 1 (names which).
+    """
+    if value is None:
+        text = os.environ.get(MAX_LINE_ENV, "").strip()
+        if not text:
+            return DEFAULT_MAX_LINE_BYTES
+        try:
+            value = int(text)
+        except ValueError:
+            raise ConfigError(f"{MAX_LINE_ENV}={text!r}: expected a whole number of bytes >= 1 "
+                              f"(default {DEFAULT_MAX_LINE_BYTES})") from None
+        source = MAX_LINE_ENV
+    else:
+        source = "max_line_bytes"
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{source}: expected a whole number of bytes >= 1, got {value!r}")
+    return value
+
+
+def iter_lines(path: PathLike, *, max_line_bytes: int | None = None) -> Iterator[tuple[int, bytes]]:
     """``(1-based line number, raw line with its newline)`` of a (``.gz``) file, blank lines included.
 
     Lines are split on ``\\n`` as bytes and decoded one by one (:func:`decode_line`), so a bad byte is
-    reported on its own line -- a text-mode reader decodes ahead in blocks and misplaces it.
+    reported on its own line -- a text-mode reader decodes ahead in blocks and misplaces it. A UTF-8
+    byte order mark at the start of the file is dropped (a file holding only one is empty).
+
+    Bounded: no line may be longer than ``max_line_bytes`` (see :func:`line_limit`; default 64
+    MiB, or ``$MARCONI_MAX_LINE_BYTES``), so memory stays bounded by one line whatever the file
+    holds -- a file without newlines, or a small gzip that expands to gigabytes of them. Only
+    regular files are read (a symlink is followed): a device such as ``/dev/zero`` never ends and
+    a FIFO blocks until written to, so both are refused before opening.
 
     Raises:
-        FileNotFoundError, JsonError: a missing file, a directory, or an unreadable (corrupt
-            gzip) stream -- the message names the line where reading stopped.
+        FileNotFoundError, JsonError: a missing file, a directory, a device, FIFO or socket, an
+            unreadable (corrupt gzip) stream, or a line over the limit -- the message names the
+            file and the line where reading stopped (and, for a long line, how to raise the limit).
+        ConfigError: a bad ``max_line_bytes`` or ``$MARCONI_MAX_LINE_BYTES``.
     """
     p = Path(path)
+    limit = line_limit(max_line_bytes)
     check_readable(p)
     lineno = 0
     with _open_binary(p) as fh:
         try:
-            for lineno, raw in enumerate(fh, start=1):
+            while True:
+                raw = fh.readline(limit + 1)
+                if not raw:
+                    return
+                lineno += 1
+                if len(raw) > limit:
+                    raise JsonError(f"{p}:{lineno}", _too_long(limit))
+                if lineno == 1 and raw.startswith(_UTF8_BOM):
+                    raw = raw[len(_UTF8_BOM):]  # what Windows editors put first; not part of the data
                 yield lineno, raw
         except (EOFError, OSError, gzip.BadGzipFile) as exc:
             raise JsonError(f"{p}:{lineno + 1}", f"unreadable ({type(exc).__name__}: {exc})") from None
+
+
+_UTF8_BOM = b"\xef\xbb\xbf"
+
+
+def _too_long(limit: int) -> str:
+    return (f"line longer than {limit:,} bytes without a newline; stopped reading. If the file is not "
+            f"a line-per-record file (a JSON array, a binary file) convert it; if the line is "
+            f"legitimate, raise the limit with {MAX_LINE_ENV}=<bytes> (or max_line_bytes=)")
 
 
 def decode_line(raw: bytes, where: str) -> str:
@@ -362,20 +419,23 @@ def loads(text: str, where: str) -> Any:
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
-        hint = "; the file looks truncated" if not text.endswith("\n") else ""
+        # only where the text ran out mid-value: the last line of a file cut short
+        ran_out = exc.pos >= len(text.rstrip()) or exc.msg.startswith("Unterminated string")
+        hint = "; the file looks truncated" if ran_out and not text.endswith("\n") else ""
         raise JsonError(where, f"invalid JSON: {exc.msg} (column {exc.colno}){hint}") from None
     except RecursionError:
         raise JsonError(where, "JSON nested too deeply to decode") from None
 
 
-def iter_jsonl(path: PathLike) -> Iterator[tuple[str, Any]]:
+def iter_jsonl(path: PathLike, *, max_line_bytes: int | None = None) -> Iterator[tuple[str, Any]]:
     """``(where, value)`` for each non-blank line of a JSONL (``.jsonl.gz``) file; ``where`` = ``path:line``.
 
     Raises:
         FileNotFoundError: no such file.
-        JsonError: the first line that is not UTF-8 or not JSON (the message names file and line).
+        JsonError: the first line that is not UTF-8 or not JSON, or longer than ``max_line_bytes``
+            (the message names file and line), or a file that is no regular file (:func:`iter_lines`).
     """
-    for lineno, raw in iter_lines(path):
+    for lineno, raw in iter_lines(path, max_line_bytes=max_line_bytes):
         if not raw.strip():
             continue
         where = f"{os.fspath(path)}:{lineno}"

@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from pathlib import Path
 from typing import Any
 
-__all__ = ["JsonError", "check_readable", "read_json"]
+__all__ = ["JsonError", "check_readable", "read_json", "not_regular"]
 
 
 class JsonError(ValueError):
@@ -22,12 +23,36 @@ class JsonError(ValueError):
         self.reason = reason
 
 
+_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISCHR, "a character device"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
+          (stat.S_ISSOCK, "a socket"), (stat.S_ISBLK, "a block device"))
+
+
+def not_regular(st: os.stat_result) -> str | None:
+    """What a file with stat ``st`` is, if it is not a regular file (``"a FIFO (named pipe)"``), else None."""
+    for test, kind in _KINDS:
+        if test(st.st_mode):
+            return kind
+    return None if stat.S_ISREG(st.st_mode) else "not a regular file"
+
+
 def check_readable(path: Path) -> None:
-    """FileNotFoundError for a missing file, JsonError for a directory."""
-    if path.is_dir():
+    """FileNotFoundError for a missing file, JsonError for anything but a regular file.
+
+    Why not read a device or a FIFO: ``/dev/zero`` (or a symlink to it) never ends, so a reader
+    fills memory with one endless line; opening a FIFO blocks until some process writes to it, and
+    its bytes are gone once read (a trace is read more than once). Copy a stream to a file first.
+    Symlinks are followed: a link to a regular file is read.
+    """
+    try:
+        st = path.stat()
+    except (FileNotFoundError, NotADirectoryError):
+        raise FileNotFoundError(f"file not found: {path}") from None
+    kind = not_regular(st)
+    if kind == "a directory":
         raise JsonError(str(path), "is a directory, not a file")
-    if not path.exists():
-        raise FileNotFoundError(f"file not found: {path}")
+    if kind is not None:
+        raise JsonError(str(path), f"is {kind}, not a regular file: only regular files are read "
+                                   "(save the stream to a file first)")
 
 
 def read_json(path: str | os.PathLike) -> Any:
@@ -35,7 +60,8 @@ def read_json(path: str | os.PathLike) -> Any:
 
     Raises:
         FileNotFoundError: no such file.
-        JsonError: a directory, bytes that are not UTF-8, invalid or absurdly nested JSON.
+        JsonError: a directory, a device or FIFO (see :func:`check_readable`), bytes that are not
+            UTF-8, invalid or absurdly nested JSON.
     """
     p = Path(path)
     check_readable(p)

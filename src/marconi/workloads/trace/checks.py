@@ -13,7 +13,7 @@ from typing import Iterable
 
 import numpy as np
 
-from .files import checked_records, problem, stored_meta, trace_format
+from .files import checked_records, not_a_trace_file, problem, stored_meta, trace_format
 from .formats import format_named
 from .schema import Request, SessionId, Trace, TraceFormatError, TraceProblem
 
@@ -109,6 +109,9 @@ def inspect_trace(path: str | os.PathLike) -> tuple[list[TraceProblem], list[Tra
     fmt = trace_format(path)
     if not Path(path).exists():
         return [TraceProblem(label, None, None, None, "file not found")], []
+    refusal = not_a_trace_file(path)
+    if refusal is not None:  # before anything opens it: a FIFO would block, /dev/zero never end
+        return [TraceProblem(label, None, None, None, refusal.removeprefix(f"{label} "))], []
     out: list[TraceProblem] = []
     try:
         meta_where, stored = stored_meta(path)

@@ -20,6 +20,7 @@ import os
 from pathlib import Path
 from typing import IO, Any, Iterable, Iterator, Mapping
 
+from marconi.core.jsonfile import not_regular
 from marconi.io import atomic_write, is_stream
 
 from . import jsonl, parquet  # noqa: F401  (each registers its formats in the table on import)
@@ -28,7 +29,7 @@ from .schema import Record, Request, Trace, TraceFormatError, TraceProblem, Trac
 from .sidecar import META_SUFFIX, sidecar_path, sidecar_text
 
 __all__ = ["trace_format", "iter_requests", "read_trace", "read_trace_meta", "stored_meta", "write_trace",
-           "trace_stats", "checked_records", "problem", "META_SUFFIX"]
+           "trace_stats", "checked_records", "not_a_trace_file", "problem", "META_SUFFIX"]
 
 
 def _format(path: str | os.PathLike) -> tuple[TraceFormat, str]:
@@ -43,12 +44,38 @@ def trace_format(path: str | os.PathLike) -> str:
     return _format(path)[0].name
 
 
+def not_a_trace_file(path: str | os.PathLike) -> str | None:
+    """Why ``path`` cannot be read as a trace (``"... is a FIFO (named pipe), ..."``), or None.
+
+    Only regular files are read (symlinks are followed): a device such as ``/dev/zero`` never ends,
+    a FIFO blocks until written to and yields its bytes once, while a trace is read more than once.
+    """
+    try:
+        st = os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return None  # the caller says "not found"
+    kind = not_regular(st)
+    if kind is None:
+        return None
+    if kind == "a directory":
+        return f"{os.fspath(path)} is a directory, not a trace file"
+    return (f"{os.fspath(path)} is {kind}, not a regular file: traces are read from regular files only "
+            "(save the stream to a file first, e.g. cat pipe > trace.jsonl)")
+
+
 def checked_records(path: str | os.PathLike) -> tuple[str, Iterator[Record]]:
-    """(format, every record of the file checked): what :func:`iter_requests` and the checks read."""
+    """(format, every record of the file checked): what :func:`iter_requests` and the checks read.
+
+    Raises:
+        ValueError: unknown suffix, or not a regular file (a directory, a device, a FIFO), before
+            anything is opened.
+        FileNotFoundError: no such file.
+    """
     fmt, _ = _format(path)
     p = Path(path)
-    if p.is_dir():
-        raise ValueError(f"{os.fspath(path)} is a directory, not a trace file")
+    refusal = not_a_trace_file(p)
+    if refusal is not None:
+        raise ValueError(refusal)
     if not p.exists():
         raise FileNotFoundError(f"trace file not found: {os.fspath(path)}")
     return fmt.name, fmt.records(p)

@@ -24,6 +24,7 @@ from typing import IO, Any, Iterable, Iterator, Mapping
 
 import numpy as np
 
+from marconi.core.jsonfile import check_readable
 from marconi.io import JsonError, decode_line, iter_lines, loads
 
 from .formats import TraceFormat, register_format
@@ -255,9 +256,17 @@ def jsonl_records(path: Path) -> Iterator[Record]:
 
     Lines are decoded one at a time (:func:`marconi.io.iter_lines`), so a bad byte is a problem of
     its own line and reading goes on; an unreadable stream (corrupt gzip) ends the file with one,
-    and so does a file whose first bytes say it is compressed otherwise than its name says.
+    and so do a line longer than the limit (``$MARCONI_MAX_LINE_BYTES``, 64 MiB by default: memory
+    stays bounded whatever a file or a gzip bomb holds), a file that is not a regular file (a
+    device, a FIFO: refused before opening) and a file whose first bytes say it is compressed
+    otherwise than its name says.
     """
     label = os.fspath(path)
+    try:
+        check_readable(Path(path))  # before ``_misnamed`` opens it: a FIFO would block there
+    except JsonError as exc:
+        yield 1, {}, [(None, exc.reason)]
+        return
     misnamed = _misnamed(Path(path))
     if misnamed is not None:
         yield 1, {}, [(None, misnamed)]
