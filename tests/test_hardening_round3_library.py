@@ -324,3 +324,34 @@ def test_truncated_is_said_only_where_the_text_ran_out(tmp_path):
     path.write_text(GOOD_LINE + GOOD_LINE[:30])
     with pytest.raises(TraceFormatError, match="looks truncated"):
         read_trace(path)
+
+
+# ============================================================================ bug 9: Parquet nulls
+
+
+def _parquet_with_a_null_id(path, null_row: int, num_rows: int = 200) -> None:
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    inputs = [[1, 2, 3, 4] for _ in range(num_rows)]
+    inputs[null_row] = [1, 2, None, 4]
+    table = pa.table({"session_id": pa.array(range(num_rows), pa.int64()),
+                      "turn_id": pa.array([0] * num_rows, pa.int64()),
+                      "ts": pa.array([float(i) for i in range(num_rows)]),
+                      "input_tokens": pa.array(inputs, pa.list_(pa.int32())),
+                      "output_tokens": pa.array([[5]] * num_rows, pa.list_(pa.int32()))})
+    pq.write_table(table, path)
+
+
+@pytest.mark.parametrize("null_row", [0, 130, 199])
+def test_a_null_inside_a_parquet_token_list_names_its_row_and_field(tmp_path, null_row):
+    """Issue 31, bug 9: a null token id crashed ``trace validate`` with KeyError, and ``simulate``
+    blamed the first row of the 128-row batch. Both now name the row, the field and the element."""
+    path = tmp_path / "t.parquet"
+    _parquet_with_a_null_id(path, null_row)
+    (problem,) = validate_trace(path)
+    assert (problem.row, problem.field) == (null_row, "input_tokens")
+    assert "element 2 is null" in problem.message
+    with pytest.raises(TraceFormatError, match=rf"row {null_row}.*input_tokens.*element 2 is null") as info:
+        read_trace(path)
+    assert info.value.problem.row == null_row
+    assert len(read_trace(path, limit=null_row)) == null_row  # the rows before it read fine

@@ -45,11 +45,18 @@ def _token_column(col: Any, row0: int) -> tuple[list[np.ndarray] | None, list[tu
         for i in np.flatnonzero(np.asarray(col.is_null())):
             problems.append((row0 + int(i), "null"))
     flat = col.flatten()
-    if flat.null_count:
-        return None, problems + [(row0, "null token ids in the list")]
-    values = flat.to_numpy(zero_copy_only=False)
     offsets = np.asarray(col.offsets, dtype=np.int64)
     offsets = offsets - offsets[0]
+    if flat.null_count:  # a null id inside a list: the row (not its batch's first) and the element
+        nulls = np.flatnonzero(np.asarray(flat.is_null()))
+        rows = np.searchsorted(offsets, nulls, side="right") - 1
+        named: set[int] = set()
+        for flat_i, r in zip(nulls.tolist(), rows.tolist()):
+            if r not in named:
+                named.add(r)
+                problems.append((row0 + r, f"element {flat_i - int(offsets[r])} is null (token ids are integers)"))
+        flat = flat.fill_null(0)  # those rows are reported; the others read as they are
+    values = flat.to_numpy(zero_copy_only=False)
     if values.size:
         bad = np.flatnonzero((values < 0) | (values > INT32_MAX))
         if bad.size:
