@@ -79,6 +79,10 @@ CAUSE_TEXT = {
 }
 EMULATED_VLLM = "0.32"           # the series vllm-align mirrors
 #: Parameters of the bundled configs (bf16 weights: 2 bytes each); others are estimated from config.json.
+#: vLLM 0.32's block (tokens) for the bundled configs on a GPU, as ``marconi vllm replay`` reads it from vLLM
+#: (docs/vllm-at-scale.md): the Mamba page rounded to the attention kernel's alignment. The emulation's
+#: own derivation (16-token alignment, the CPU build's) gives smaller blocks; a recording names its own.
+_VLLM_GPU_BLOCK = {"nemotron-h-8b": 1152, "qwen3-next-80b-a3b": 1152}
 _BUNDLED_PARAMS = {"nemotron-h-8b": 8_100_000_000, "falcon-h1-7b": 7_590_000_000, "qwen3-next-80b-a3b": 79_700_000_000}
 
 
@@ -298,10 +302,15 @@ def _num_params(spec_cfg: dict[str, Any], model: str) -> int:
 
 def _layout(cfg: DiagnoseConfig, spec: ModelSpec, config_json: dict[str, Any], *, gpu_memory_scale: float = 1.0,
             recorded: dict[str, Any] | None = None, **options: Any) -> VllmLayout:
-    block_size = None
+    from marconi.integrations.vllm.emulate.layout import prefill_checkpoint_alignment_for
+
     settings = (recorded or {}).get("settings") or {}
-    if recorded and settings.get("block_size"):
+    if recorded and settings.get("block_size"):      # the live server's own block and checkpoint mode
         block_size = int(settings["block_size"])
+        options.setdefault("prefill_checkpoint_alignment", 1 if settings.get("mamba_prefill_checkpoint_blocks") else None)
+    else:                                            # a GPU deployment of the model, as vLLM 0.32 builds it
+        block_size = _VLLM_GPU_BLOCK.get(cfg.model)
+        options.setdefault("prefill_checkpoint_alignment", prefill_checkpoint_alignment_for(spec))
     if cfg.num_blocks is not None:
         return layout_for_spec(spec, num_blocks=int(cfg.num_blocks * gpu_memory_scale), block_size=block_size, **options)
     if cfg.gpu_memory is not None:
@@ -385,6 +394,11 @@ def diagnose(cfg: DiagnoseConfig, *, trace: Any = None, notice: Callable[[str], 
             raise ConfigError(f"{where}: field 'block_size': the recording's {bs}-token blocks do not divide model "
                               f"{cfg.model}'s {layout.hash_block_size}-token match unit: its hash ids cannot say "
                               "which of this model's blocks are shared; record with this model's configuration")
+    params = ((trace.meta or {}).get("params") or {}) if (trace.meta or {}).get("source") == "mooncake" else {}
+    if params.get("block_size") and layout.hash_block_size % int(params["block_size"]):
+        warnings.append(f"{cfg.trace}: field 'block_size': Mooncake's {params['block_size']}-token hash blocks do not "
+                        f"divide {cfg.model}'s {layout.hash_block_size}-token vLLM block: a block that spans a "
+                        "differing Mooncake block counts as different, so hits are a lower bound")
     for w in warnings:
         say(f"warning: {w}")
     timing = StepTimeModel.named(spec, cfg.gpu, _num_params(config_json, cfg.model) * cfg.weight_bytes,
