@@ -172,6 +172,7 @@ class BlockEvictionState:
         self._free_seq = [0] * self.num_blocks
         self._seq = 0
         self._effs_by_depth: dict[int, tuple[float, ...]] = {}      # depth -> efficiency per variant
+        self._checked_rule: tuple[float, str] | None = None        # the last rule _current_rule validated
         self._rule = self._current_rule()
         bind = getattr(alpha, "bind", None)
         if bind is not None:         # a source that needs the pool's size or the model (adaptive)
@@ -305,13 +306,18 @@ class BlockEvictionState:
         return rule
 
     def _current_rule(self) -> tuple[float, str]:
-        alpha = float(self.alpha_source.alpha())
-        variant = self.alpha_source.efficiency() or self.efficiency
+        source = self.alpha_source
+        alpha = float(source.alpha())
+        variant = source.efficiency() or self.efficiency
+        checked = self._checked_rule
+        if checked is not None and alpha == checked[0] and variant == checked[1]:
+            return checked              # checked before (every victim asks: the checks cost as much as the pick)
         if variant not in EFFICIENCIES:
             raise ConfigError(f"alpha source {self.alpha_source!r} named efficiency {variant!r}; "
                               f"choose one of {EFFICIENCIES}")
         if not math.isfinite(alpha) or alpha < 0:
             raise ConfigError(f"alpha source {self.alpha_source!r} gave alpha {alpha}; it must be finite and >= 0")
+        self._checked_rule = (alpha, variant)
         return alpha, variant
 
     def prefix_info(self, prefix: Hashable) -> tuple[int, Hashable | None]:
