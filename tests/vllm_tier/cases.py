@@ -202,6 +202,27 @@ def case_load_cost_clips_worthless_hits() -> None:
     assert MarconiCachePolicy(4, s)._eff(C) > 0.0
 
 
+def case_incremental_standing_equals_a_fresh_pass() -> None:
+    """evict() updates the tree's standing victim by victim (the node and its ancestors); after
+    every removal it must equal a pass from scratch over the chunks left."""
+    rng = random.Random(7)
+    for trial in range(20):
+        p = MarconiCachePolicy(10_000, settings())
+        d = Driver(p)
+        for chain, states, *_ in _workload(trial, 25):
+            d.request(chain, states, finish=rng.random() < 0.8)
+        view = tier._Judgement(p)
+        keys = list(p.classify())
+        rng.shuffle(keys)
+        for key in keys[: len(keys) // 2]:
+            view.remove(key)
+            p.remove(key)
+            fresh = tier._Judgement(p)
+            for k in p.classify():
+                assert view.category(k) == fresh.category(k), (trial, k)
+            p.check_invariants()
+
+
 # --------------------------------------------------------------------------- the randomised driver
 def _workload(seed: int, num_requests: int) -> list[tuple[list[bytes], set[int], int, int, bool]]:
     """Requests over a random prefix tree: (chain, state positions, store delay, load delay, store fails)."""

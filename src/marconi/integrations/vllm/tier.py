@@ -322,26 +322,34 @@ class MarconiCachePolicy(CachePolicy):
         pool = [k for k in self._evictable if k not in protected]
         if len(pool) < n:
             return None
-        gone: set[OffloadKey] = set()
+        view = _Judgement(self)
+        where = {key: i for i, key in enumerate(pool)}
+        seq = np.fromiter((self._seq[k] for k in pool), dtype=np.int64, count=len(pool))
+        cat = np.fromiter((view.category(k) for k in pool), dtype=np.int8, count=len(pool))
+        eff = np.fromiter((view.efficiency(k) for k in pool), dtype=np.float64, count=len(pool))
+        avail = np.ones(len(pool), dtype=bool)
+        alpha = self.settings.alpha
         chosen: list[tuple[OffloadKey, str]] = []
         while len(chosen) < n:
-            judged = self._judge_all(gone)
-            avail = [k for k in pool if k not in gone]
-            dead = sorted((self._seq[k], k) for k in avail if judged[k][0] == _DEAD)
-            if dead:
-                for _, key in dead[: n - len(chosen)]:
-                    gone.add(key)
-                    chosen.append((key, "dead-" + self._kind(key)))
-                continue
-            cands = [k for k in avail if judged[k][0] == _CAND] or avail
-            seq = np.array([self._seq[k] for k in cands], dtype=np.int64)
-            scores = min_max(seq.astype(np.float64))
-            alpha = self.settings.alpha
-            if alpha:
-                scores = scores + alpha * min_max(np.array([judged[k][1] for k in cands], dtype=np.float64))
-            victim = cands[argmin_ties_by_order(scores, seq)]
-            gone.add(victim)
-            chosen.append((victim, self._kind(victim)))
+            dead = np.flatnonzero(avail & (cat == _DEAD))
+            if dead.size:                    # dead stays dead as chunks go: take them oldest first
+                picks = dead[np.argsort(seq[dead], kind="stable")][: n - len(chosen)].tolist()
+            else:
+                cands = np.flatnonzero(avail & (cat == _CAND))
+                if not cands.size:
+                    cands = np.flatnonzero(avail)
+                scores = min_max(seq[cands].astype(np.float64))
+                if alpha:
+                    scores = scores + alpha * min_max(eff[cands])
+                picks = [int(cands[argmin_ties_by_order(scores, seq[cands])])]
+            for i in picks:
+                key = pool[i]
+                avail[i] = False
+                chosen.append((key, ("dead-" if cat[i] == _DEAD else "") + self._kind(key)))
+                for other in view.remove(key):
+                    j = where.get(other)
+                    if j is not None and avail[j]:
+                        cat[j], eff[j] = view.category(other), view.efficiency(other)
         out = []
         for key, reason in chosen:
             chunk = self._chunks[key]
@@ -371,49 +379,14 @@ class MarconiCachePolicy(CachePolicy):
     def usable_depths(self) -> list[int]:
         """Depths of the nodes a tier hit could end at (own KV in every attention group and a state
         in every Mamba group), ascending; for tests and reports."""
-        judged = self._judge_nodes(set())
-        return sorted(self._nodes[h].depth or 0 for h, (usable, _, _, _) in judged.items() if usable)
+        view = _Judgement(self)
+        return sorted(self._nodes[h].depth or 0 for h in self._nodes if view.usable[h])
 
     def classify(self) -> dict[OffloadKey, str]:
         """Every chunk's standing now: ``"dead"``, ``"candidate"`` or ``"other"`` (for tests)."""
         names = {_DEAD: "dead", _CAND: "candidate", _OTHER: "other"}
-        return {k: names[c] for k, (c, _) in self._judge_all(set()).items()}
-
-    def _judge_nodes(self, gone: set[OffloadKey]) -> dict[bytes, tuple[bool, bool, bool, int]]:
-        """Per node ``(usable, kv_alive, kv_present, kv_children)`` with the chunks in ``gone``
-        taken away."""
-        present = self._chunks.keys()
-
-        def has(node: _Node, groups: tuple[int, ...]) -> bool:
-            return all((k := node.keys.get(g)) is not None and k in present and k not in gone for g in groups)
-
-        kv: dict[bytes, bool] = {}
-        usable: dict[bytes, bool] = {}
-        for h, node in self._nodes.items():
-            kv[h] = has(node, self._attn_groups)
-            usable[h] = kv[h] and has(node, self._mamba_groups)
-        alive: dict[bytes, bool] = {}
-        for h in sorted(self._nodes, key=lambda x: -(self._nodes[x].depth or 0)):
-            alive[h] = kv[h] and (usable[h] or h in self._open
-                                  or any(alive.get(c, False) for c in self._children.get(h, ())))
-        return {h: (usable[h], alive[h], kv[h], sum(kv.get(c, False) for c in self._children.get(h, ())))
-                for h in self._nodes}
-
-    def _judge_all(self, gone: set[OffloadKey]) -> dict[OffloadKey, tuple[int, float]]:
-        """Per chunk still held ``(category, efficiency)`` with ``gone`` taken away."""
-        out: dict[OffloadKey, tuple[int, float]] = {}
-        for h, (usable, alive, _, kv_children) in self._judge_nodes(gone).items():
-            node = self._nodes[h]
-            eff = self._eff(node.depth)
-            for group, key in node.keys.items():
-                if key in gone:
-                    continue
-                if self.settings.group_kinds[group] == ATTENTION:
-                    cat = _DEAD if not alive else (_CAND if kv_children == 0 else _OTHER)
-                else:
-                    cat = _DEAD if not (usable or h in self._open) else (_CAND if kv_children <= 1 else _OTHER)
-                out[key] = (cat, eff if cat != _DEAD else 0.0)
-        return out
+        view = _Judgement(self)
+        return {k: names[view.category(k)] for k in self._chunks}
 
     def _eff(self, depth: int | None) -> float:
         """FLOPs saved per byte held by a hit at ``depth``, less what the load costs (>= 0)."""
@@ -511,6 +484,75 @@ class MarconiCachePolicy(CachePolicy):
         for parent, children in self._children.items():
             for child in children:
                 assert child in self._nodes and self._nodes[child].parent == parent, "child link drifted"
+
+
+class _Judgement:
+    """The tree's standing for one ``evict`` call: per node whether it holds its KVs (every
+    attention group) and a whole state, whether a hit can end there (``usable``), whether its KVs
+    lead to a usable node at or below it (``alive``), and how many children hold KVs. Built in one
+    pass (O(nodes + chunks)); :meth:`remove` takes a chunk away and updates the node and its
+    ancestors only (children counts make each step O(1)), returning the chunks whose standing
+    may have changed. The policy's own fields are read, never written."""
+
+    def __init__(self, policy: "MarconiCachePolicy") -> None:
+        self.p = policy
+        nodes = policy._nodes
+        self.gone: set[OffloadKey] = set()
+        self.kv = {h: all(g in n.keys for g in policy._attn_groups) for h, n in nodes.items()}
+        self.state = {h: all(g in n.keys for g in policy._mamba_groups) for h, n in nodes.items()}
+        self.usable = {h: self.kv[h] and self.state[h] for h in nodes}
+        self.kv_kids = dict.fromkeys(nodes, 0)
+        self.alive_kids = dict.fromkeys(nodes, 0)
+        self.alive: dict[bytes, bool] = {}
+        for h in sorted(nodes, key=lambda x: -(nodes[x].depth or 0)):     # children before parents
+            parent = nodes[h].parent
+            self.alive[h] = alive = self._alive(h)
+            if parent in nodes:
+                self.kv_kids[parent] += self.kv[h]
+                self.alive_kids[parent] += alive
+
+    def _alive(self, h: bytes) -> bool:
+        return self.kv[h] and (self.usable[h] or h in self.p._open or self.alive_kids[h] > 0)
+
+    def category(self, key: OffloadKey) -> int:
+        h = get_offload_block_hash(key)
+        if self.p.settings.group_kinds[get_offload_group_idx(key)] == ATTENTION:
+            return _DEAD if not self.alive[h] else (_CAND if self.kv_kids[h] == 0 else _OTHER)
+        if not (self.usable[h] or h in self.p._open):
+            return _DEAD
+        return _CAND if self.kv_kids[h] <= 1 else _OTHER
+
+    def efficiency(self, key: OffloadKey) -> float:
+        return self.p._eff(self.p._nodes[get_offload_block_hash(key)].depth)
+
+    def remove(self, key: OffloadKey) -> list[OffloadKey]:
+        """Take ``key`` away; the chunks (still present) whose standing may have changed."""
+        nodes = self.p._nodes
+        self.gone.add(key)
+        h = get_offload_block_hash(key)
+        was_kv = self.kv[h]
+        if self.p.settings.group_kinds[get_offload_group_idx(key)] == ATTENTION:
+            self.kv[h] = False
+        else:
+            self.state[h] = False
+        self.usable[h] = self.kv[h] and self.state[h]
+        touched = [h]
+        parent = nodes[h].parent
+        if was_kv and not self.kv[h] and parent in nodes:
+            self.kv_kids[parent] -= 1
+            touched.append(parent)
+        x = h
+        while x is not None and x in nodes:        # alive flips travel up the chain
+            now = self._alive(x)
+            if now == self.alive[x]:
+                break
+            self.alive[x] = now
+            up = nodes[x].parent
+            if up in nodes:
+                self.alive_kids[up] += 1 if now else -1
+                touched.append(up)
+            x = up
+        return [k for t in touched for k in nodes[t].keys.values() if k not in self.gone]
 
 
 def _check_kinds(kinds: Sequence[str]) -> None:
