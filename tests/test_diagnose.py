@@ -268,3 +268,19 @@ def test_a_mooncake_file_given_by_path_is_read_as_mooncake(tmp_path):
     assert trace.meta["source"] == "mooncake" and len(trace) == 5
     rec_trace = build_recording_trace  # the recording reader is separate (a sidecar names it)
     assert rec_trace is not None
+
+
+def test_the_command_names_a_bad_recording_and_writes_nothing(tmp_path, capsys):
+    from marconi.cli import main
+
+    reqs = _sessions(seed=8, sessions=1, turns=2)
+    path = str(tmp_path / "rec.jsonl")
+    _record(path, reqs, [0] * len(reqs), 544)
+    meta = json.loads(open(path + ".meta.json").read())
+    meta["salt_id"] = "f" * 16
+    open(path + ".meta.json", "w").write(json.dumps(meta))
+    out = tmp_path / "R"
+    rc = main(["vllm", "diagnose", "--trace", path, "--model", MODEL, "--out", str(out)])
+    err = capsys.readouterr().err
+    assert rc == 2 and "rec.jsonl:1: field 'recording': salt mismatch" in err
+    assert not out.exists()
