@@ -355,3 +355,118 @@ def test_a_null_inside_a_parquet_token_list_names_its_row_and_field(tmp_path, nu
         read_trace(path)
     assert info.value.problem.row == null_row
     assert len(read_trace(path, limit=null_row)) == null_row  # the rows before it read fine
+
+
+# ============================================================================ unclear rows: PrefixCache arguments
+
+
+@pytest.mark.parametrize("bad", [2.5, 2.0, float("nan"), "8", True, 0, -4])
+def test_prefill_chunk_len_that_is_not_a_whole_number_ge_1_is_refused(bad):
+    """Issue 31, unclear row: ``PrefixCache(prefill_chunk_len=2.5)`` truncated silently to 2."""
+    with pytest.raises(ConfigError, match=r"prefill_chunk_len must be None or an integer >= 1"):
+        PrefixCache("paper-7b", 1e12, prefill_chunk_len=bad)
+    assert PrefixCache("paper-7b", 1e12, prefill_chunk_len=np.int64(32)).prefill_chunk_len == 32
+
+
+@pytest.mark.parametrize("bad, error", [(2.7, TypeError), (float("nan"), TypeError), (float("inf"), TypeError),
+                                        ("3", TypeError), (True, TypeError), (-1, ValueError)])
+def test_max_hit_len_that_is_not_a_whole_number_ge_0_names_the_parameter(bad, error):
+    """Issue 31, unclear row: ``begin(max_hit_len=2.7)`` truncated silently and ``nan`` gave a
+    message naming no parameter. Nothing changes: no request is left in flight."""
+    cache = PrefixCache("paper-7b", 1e12)
+    with pytest.raises(error, match="max_hit_len"):
+        cache.begin([1, 2, 3], max_hit_len=bad)
+    assert cache.num_in_flight == 0 and cache.stats.num_requests == 0
+    cache.check_invariants()
+    assert cache.begin([1, 2, 3], max_hit_len=np.int64(2)).max_hit_len == 2
+
+
+@pytest.mark.parametrize("states, kv, name", [([1, 2, 3], None, "states"), ("abc", None, "states"),
+                                              (None, {0: 1}, "kv"), (None, 5, "kv")])
+def test_finish_with_states_or_kv_of_the_wrong_kind_is_a_type_error_naming_it(states, kv, name):
+    """Issue 31, unclear row: ``finish(h, out, states=[1, 2, 3])`` gave an AttributeError. It is a
+    TypeError naming the argument and what it may be; the request ends as an abort (the contract
+    for an invalid finish), and ``insert_prefill`` refuses it before anything changes."""
+    cache = PrefixCache("paper-7b", 1e12)
+    handle = cache.begin(list(range(1, 50)))
+    with pytest.raises(TypeError, match=rf"{name} must be .*callable"):
+        cache.insert_prefill(handle, states=states, kv=kv)
+    assert cache.num_in_flight == 1
+    with pytest.raises(TypeError, match=rf"{name} must be .*callable.*got"):
+        cache.finish(handle, [7], states=states, kv=kv)
+    assert cache.num_in_flight == 0 and cache.tree.num_nodes == 0
+    cache.check_invariants()
+
+
+# ============================================================================ unclear row: snapshots
+
+
+def _snapshot_and_cache():
+    from marconi.core.cache import ManualClock
+
+    cache = PrefixCache("paper-7b", 1e12, "marconi", "lru", clock=ManualClock())
+    for req in _conversations(6):
+        cache.process(req.input_tokens, req.output_tokens)
+    return cache.snapshot(), cache
+
+
+def _restore(snap):
+    from marconi.core.cache import ManualClock
+
+    return PrefixCache.from_snapshot(snap, "paper-7b", 1e12, "marconi", "lru", clock=ManualClock())
+
+
+def test_a_valid_snapshot_restores_as_before():
+    snap, cache = _snapshot_and_cache()
+    restored = _restore(snap)
+    restored.check_invariants()
+    assert restored.tree.num_nodes == cache.tree.num_nodes and restored.used_bytes == cache.used_bytes
+
+
+@pytest.mark.parametrize("field, edit, fragment", [
+    ("tokens", lambda s: s.tokens.__setitem__(1, np.array([5, -3, 7])), r"snapshot\.tokens\[1\].*-3.*negative"),
+    ("tokens", lambda s: s.tokens.__setitem__(2, np.array([], dtype=np.int32)), r"snapshot\.tokens\[2\] is empty"),
+    ("tokens", lambda s: s.tokens.__setitem__(1, np.array([1.5, 2.0])), r"snapshot\.tokens\[1\].*integer"),
+    ("parent_index", lambda s: s.parent_index.__setitem__(1, 5), r"snapshot\.parent_index\[1\] = 5.*earlier"),
+    ("parent_index", lambda s: s.parent_index.__setitem__(2, -2), r"snapshot\.parent_index\[2\] = -2"),
+    ("parent_index", lambda s: s.parent_index.pop(), r"parallel lists differ in length"),
+    ("ckpt_positions", lambda s: s.ckpt_positions.__setitem__(1, [10**9]), r"snapshot\.ckpt_positions\[1\]"),
+    ("last_access", lambda s: s.last_access.__setitem__(0, float("nan")), r"snapshot\.last_access\[0\]"),
+    ("access_seq", lambda s: s.access_seq.__setitem__(0, 1.5), r"snapshot\.access_seq\[0\]"),
+    ("clock_value", lambda s: setattr(s, "clock_value", float("inf")), r"snapshot\.clock_value"),
+])
+def test_a_malformed_snapshot_is_refused_naming_the_field_and_index(field, edit, fragment):
+    """Issue 31, unclear row: ``from_snapshot`` validated nothing: negative tokens passed (and
+    passed check_invariants), a forward parent index gave IndexError. Every field is checked as
+    the snapshot is restored, and the error names it with its index."""
+    snap, _ = _snapshot_and_cache()
+    assert len(snap.tokens) >= 3 and snap.parent_index[1] < 1
+    edit(snap)
+    with pytest.raises(ConfigError, match=fragment):
+        _restore(snap)
+
+
+def test_a_snapshot_whose_siblings_start_alike_is_refused():
+    """Issue 31, unclear row (snapshots): two root children with the same first token would have
+    replaced one another in the tree silently."""
+    snap, _ = _snapshot_and_cache()
+    roots = [i for i, p in enumerate(snap.parent_index) if p == -1]
+    first = roots[0]
+    snap.parent_index.append(-1)
+    snap.tokens.append(np.array([*snap.tokens[first][:1], 99999], dtype=np.int32))
+    for name in ("ckpt_positions", "last_access", "access_seq", "path_access", "path_seq"):
+        getattr(snap, name).append([] if name == "ckpt_positions" else 0)
+    with pytest.raises(ConfigError, match=rf"snapshot\.tokens\[{len(snap.tokens) - 1}\] starts like "
+                                          rf"snapshot\.tokens\[{first}\]"):
+        _restore(snap)
+
+
+def test_check_invariants_refuses_negative_tokens():
+    """Issue 31, unclear row (snapshots): a negative id in an edge passed check_invariants."""
+    _, cache = _snapshot_and_cache()
+    node = next(n for n in cache.tree.iter_nodes() if n.parent is not None and n.edge_len > 1)
+    edge = node.tokens.copy()
+    edge[-1] = -3
+    node.tokens = edge
+    with pytest.raises(InvariantError, match="non-negative int32"):
+        cache.check_invariants()

@@ -247,6 +247,31 @@ def as_tokens(tokens: Any, what: str, *, allow_empty: bool = False) -> np.ndarra
 
 
 
+def _is_whole(value: Any) -> bool:
+    """An integer (Python's or NumPy's), not a bool: what a count of tokens may be."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _check_max_hit_len(max_hit_len: Any) -> None:
+    """TypeError unless ``max_hit_len`` is None or an integer; ValueError if it is negative."""
+    if max_hit_len is None:
+        return
+    if not _is_whole(max_hit_len):
+        raise TypeError(f"max_hit_len must be None or an integer >= 0 (tokens), got "
+                        f"{type(max_hit_len).__name__} {max_hit_len!r}")
+    if max_hit_len < 0:
+        raise ValueError(f"max_hit_len must be >= 0 (tokens; 0: resume from nothing), got {max_hit_len}")
+
+
+def _check_suppliers(states: Any, kv: Any) -> None:
+    """TypeError unless ``states`` is None, a mapping or a callable, and ``kv`` None or a callable."""
+    if not (states is None or callable(states) or isinstance(states, Mapping)):
+        raise TypeError(f"states must be a mapping {{position: payload}}, a callable position -> payload, "
+                        f"or None, got {type(states).__name__}")
+    if not (kv is None or callable(kv)):
+        raise TypeError(f"kv must be a callable (start, end) -> KV payload, or None, got {type(kv).__name__}")
+
+
 def _check_capacity(capacity_bytes: Any) -> None:
     """Raise ConfigError unless ``capacity_bytes`` is a finite real number >= 0 (bytes).
 
@@ -321,8 +346,9 @@ class PrefixCache:
         self.admission = make_admission(admission)
         self.eviction = make_eviction(eviction)
         _check_capacity(capacity_bytes)
-        if prefill_chunk_len is not None and (isinstance(prefill_chunk_len, bool) or int(prefill_chunk_len) < 1):
-            raise ConfigError(f"prefill_chunk_len must be None or an integer >= 1, got {prefill_chunk_len!r}")
+        if prefill_chunk_len is not None and not (_is_whole(prefill_chunk_len) and prefill_chunk_len >= 1):
+            raise ConfigError(f"prefill_chunk_len must be None or an integer >= 1 (tokens), got "
+                              f"{type(prefill_chunk_len).__name__} {prefill_chunk_len!r}")
         self.capacity_bytes = int(capacity_bytes)
         if self.admission.caches and self.capacity_bytes < self.spec.ssm_checkpoint_bytes:
             raise ConfigError(
@@ -465,7 +491,8 @@ class PrefixCache:
         A writable input array is copied: the caller may reuse or change it at once (a
         read-only one is kept as it is). Returns a handle to pass to :meth:`cached_prefix` and
         :meth:`finish` (or :meth:`abort`). Raises ValueError for an empty, negative or non-integer
-        input, before anything changes.
+        input, and TypeError (ValueError) for a ``max_hit_len`` that is not an integer (is
+        negative), before anything changes.
 
         Callbacks: ``PayloadOps.split_kv`` (the run split), the admission policy and the clock run
         before the request is registered: if one raises, no request exists and nothing is locked
@@ -473,8 +500,9 @@ class PrefixCache:
         raises, the request is released again (every observer is then told ``on_abort``) and the
         error propagates: the caller, who gets no handle, leaves nothing locked.
         """
+        _check_max_hit_len(max_hit_len)
         tokens = _own_tokens(input_tokens, "input_tokens")
-        limit = len(tokens) if max_hit_len is None else max(0, min(int(max_hit_len), len(tokens)))
+        limit = len(tokens) if max_hit_len is None else min(int(max_hit_len), len(tokens))
         walk = self._split_run_at_match(self.tree.walk(tokens))
         hit_index = self._hit_index(walk.path, limit)
         hit_node = walk.path[hit_index] if hit_index >= 0 else None
@@ -565,7 +593,8 @@ class PrefixCache:
         everything unlocked, nothing is inserted and ``stats.requests_not_cached`` grows.
 
         Errors: for a finished or aborted handle, ValueError and nothing changes. Anything else
-        that raises — invalid ``output_tokens`` (ValueError), ``states``, ``kv``, a
+        that raises — invalid ``output_tokens`` (ValueError), ``states`` or ``kv`` of the wrong
+        kind (TypeError naming which), ``states``, ``kv``, a
         ``PayloadOps`` method, the admission or eviction policy — ends the request as an abort:
         the cache stays consistent (what was evicted or inserted before the error stays, as
         whole nodes with their bytes accounted; a node is linked only once its payload exists),
@@ -576,6 +605,7 @@ class PrefixCache:
         self._check_active(handle)
         try:
             output = as_tokens(output_tokens, "output_tokens", allow_empty=True)
+            _check_suppliers(states, kv)
             if not self.admission.caches:
                 result = InsertResult(False, 0, ())
             else:
@@ -720,6 +750,7 @@ class PrefixCache:
         and the request stays in flight: finish or abort it.
         """
         self._check_active(handle)
+        _check_suppliers(states, kv)  # before anything: the request stays in flight as it was
         self._notify("on_prefill", handle)
         if not self.admission.caches or not handle.prefill_checkpoints:
             return InsertResult(False, 0, ())
@@ -1296,24 +1327,42 @@ class PrefixCache:
                       clock: ManualClock) -> "PrefixCache":
         """A size-only cache holding ``snapshot``'s tree, ``clock`` set to the snapshot's time.
 
-        Access counters continue after the snapshot's largest. Raises ConfigError if the admission
-        policy matches at another page size, or the tree does not fit ``capacity_bytes``.
+        Access counters continue after the snapshot's largest. The snapshot is validated as it
+        is restored (it may come from another process): every error names the field and index.
+
+        Raises:
+            ConfigError: the admission policy matches at another page size; the tree does not fit
+                ``capacity_bytes``; or the snapshot is malformed -- lists of different lengths, a
+                parent index that is not an earlier node (or -1), an edge that is empty, not a
+                whole number of pages, or holds ids outside ``[0, 2**31)``, two siblings whose
+                edges start alike, checkpoints not ascending inside their edge, a non-finite time.
         """
         cache = cls(spec, capacity_bytes, admission, eviction, clock=clock)
         if cache.tree.page_size != snapshot.page_size:
             raise ConfigError(f"snapshot has page size {snapshot.page_size}, admission policy "
                               f"{cache.admission.name!r} uses {cache.tree.page_size}")
+        _check_snapshot_shape(snapshot)
         clock.now = snapshot.clock_value
         nodes: list[Node] = []
-        for i, tokens in enumerate(snapshot.tokens):
+        for i, raw in enumerate(snapshot.tokens):
             p = snapshot.parent_index[i]
-            node = cache.tree.new_node(tokens, cache.tree.root if p < 0 else nodes[p])
+            parent = cache.tree.root if p == -1 else nodes[p]
+            try:
+                tokens = as_tokens(raw, f"snapshot.tokens[{i}]")
+            except ValueError as exc:
+                raise ConfigError(str(exc)) from None
+            _check_snapshot_node(cache.tree, snapshot, i, tokens, parent, nodes)
+            node = cache.tree.new_node(tokens, parent)
             node.ckpt_positions = list(snapshot.ckpt_positions[i])
             node.ckpt_states = [SIZE_ONLY] * len(node.ckpt_positions)
             node.last_access, node.access_seq = snapshot.last_access[i], snapshot.access_seq[i]
             node.path_access, node.path_seq = snapshot.path_access[i], snapshot.path_seq[i]
             nodes.append(node)
         cache._adopt_tree()
+        try:
+            cache.check_invariants()  # what the fields alone cannot show (a block run under inner-node eviction)
+        except InvariantError as exc:
+            raise ConfigError(f"snapshot: {exc}") from None
         return cache
 
     def _adopt_tree(self) -> None:
@@ -1365,6 +1414,8 @@ class PrefixCache:
                 _require(node.parent is parent, f"{where}: parent link broken")
                 _require(node.edge_len > 0 and node.edge_len % page == 0, f"{where}: bad edge length {node.edge_len}")
                 _require(self.tree.child_key(node.tokens, 0) == key, f"{where}: child key does not match its edge")
+                _require(node.tokens.dtype == np.int32 and node.tokens.ndim == 1 and int(node.tokens.min()) >= 0,
+                         f"{where}: edge tokens must be non-negative int32 ids")
                 _require(node.depth == parent.depth + node.edge_len, f"{where}: depth != parent depth + edge length")
                 nbytes = self._node_bytes(node)
                 used += nbytes
@@ -1429,6 +1480,50 @@ class PrefixCache:
             _require(isinstance(edge, np.ndarray) and edge.ndim == 1 and edge.size > 0,
                      f"{where}: its edge is not a non-empty 1-D token array")
             _require(base >= 0, f"{where}: negative tail base {base}")
+
+
+_SNAPSHOT_LISTS = ("parent_index", "tokens", "ckpt_positions", "last_access", "access_seq", "path_access", "path_seq")
+
+
+def _check_snapshot_shape(snapshot: TreeSnapshot) -> None:
+    """ConfigError unless the parallel lists have one entry per node, each parent comes before its
+    child (or is -1, the root), and times and orders are finite numbers."""
+    sizes = {name: len(getattr(snapshot, name)) for name in _SNAPSHOT_LISTS}
+    if len(set(sizes.values())) > 1:
+        raise ConfigError(f"snapshot: its parallel lists differ in length ({sizes}); one entry per node")
+    if not (isinstance(snapshot.clock_value, numbers.Real) and math.isfinite(snapshot.clock_value)):
+        raise ConfigError(f"snapshot.clock_value must be a finite number, got {snapshot.clock_value!r}")
+    for i, p in enumerate(snapshot.parent_index):
+        if not _is_whole(p) or not -1 <= p < i:
+            raise ConfigError(f"snapshot.parent_index[{i}] = {p!r}: a parent is an earlier node's index "
+                              f"(0..{i - 1}) or -1 (the root); parents come before their children")
+    for name in ("last_access", "path_access", "access_seq", "path_seq"):
+        for i, value in enumerate(getattr(snapshot, name)):
+            whole = name.endswith("_seq")
+            if not ((_is_whole(value) and value >= 0) if whole
+                    else isinstance(value, numbers.Real) and math.isfinite(value)):
+                raise ConfigError(f"snapshot.{name}[{i}] = {value!r}: expected "
+                                  f"{'an integer >= 0' if whole else 'a finite number'}")
+
+
+def _check_snapshot_node(tree: RadixTree, snapshot: TreeSnapshot, i: int, tokens: np.ndarray, parent: Node,
+                         restored: list[Node]) -> None:
+    """ConfigError unless node ``i``'s edge fits the tree (whole pages, no sibling starting alike)
+    and its checkpoints are ascending inside the edge."""
+    if len(tokens) % tree.page_size:
+        raise ConfigError(f"snapshot.tokens[{i}]: {len(tokens)} tokens, not a whole number of pages of "
+                          f"{tree.page_size}")
+    key = tree.child_key(tokens, 0)
+    if key in parent.children:
+        raise ConfigError(f"snapshot.tokens[{i}] starts like snapshot.tokens[{restored.index(parent.children[key])}], "
+                          "a sibling's edge: a radix tree's siblings differ in their first page")
+    low, high = parent.depth, parent.depth + len(tokens)
+    positions = snapshot.ckpt_positions[i]
+    ok = (all(_is_whole(pos) for pos in positions) and all(a < b for a, b in zip([low, *positions], positions))
+          and all(pos <= high for pos in positions))
+    if not ok:
+        raise ConfigError(f"snapshot.ckpt_positions[{i}] = {list(positions)!r}: expected ascending integers in "
+                          f"({low}, {high}], the node's edge")
 
 
 def _require(condition: bool, message: str) -> None:
