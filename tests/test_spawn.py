@@ -506,3 +506,18 @@ def test_only_the_spawn_helper_starts_programs_and_makes_scratch_folders():
                 if pair == ("tempfile", "mkdtemp") and rel not in MKDTEMP_OWNERS:
                     offending.append(f"{rel}:{node.lineno}: tempfile.mkdtemp (use marconi.pool.scratch_dir)")
     assert not offending, "\n".join(offending)
+
+
+@slow
+def test_a_real_vllm_replay_leaves_nothing_in_the_temp_folder(tmp_path):
+    # issue 31, bug 12 with vLLM itself: neither the scratch folder nor the worker's own temp files
+    # (gloo's marconi-replay-dist-* store) stay behind after a successful run
+    from vllm_env import vllm_python
+
+    args = ["vllm", "replay", "--vllm-python", vllm_python(), "--blocks", "400", "--concurrency", "2",
+            "--num-requests", "4", "--policies", "lru", "--plot", "", "--out", str(tmp_path / "r.jsonl")]
+    proc = _marconi(args, tmp_path)
+    _, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, err[-3000:]
+    assert len((tmp_path / "r.jsonl").read_text().splitlines()) == 1
+    assert list((tmp_path / "tmp").iterdir()) == []

@@ -269,7 +269,9 @@ def _run_worker(config: ReplayConfig, mdir: Path, requests_path: Path, out_path:
            "OMP_NUM_THREADS": "1",
            # no forward pass, so no position runs past the model's table: a trace longer than
            # max_position_embeddings (Nemotron-H-8B-Base-8K) is a scheduling question only
-           "VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"}
+           "VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1",
+           # the worker's own temp files (gloo's file store, torch's caches) go with the work folder
+           "TMPDIR": str(out_path.parent.resolve())}
     log_path = out_path.with_suffix(".log")
     # The worker dies with this process: on SIGTERM, Ctrl-C or an error here it is stopped, and a
     # kill -9 of this process kills it too (issue 31, bug 11; marconi.pool.child_process).
