@@ -45,7 +45,7 @@ __all__ = ["register"]
 # Domains of the trace builders' numeric options (checked at parse time).
 RATE = Domain(0, 10**6, lo_open=True)        # sessions or requests per second
 FRACTION = Domain(0, 1)
-SECONDS = Domain(0, 10**6, lo_open=True)
+SECONDS = Domain(0, 10**6)                  # 0: no gap (as the builders allow)
 VOCAB = Domain(2, 1 << 31, integer=True)
 
 
