@@ -202,7 +202,8 @@ def _vanilla() -> SystemConfig:
     return SystemConfig("vanilla", "none", "lru")
 
 
-@SYSTEMS.register("vllm+", "checkpoint every block, LRU (vLLM extended to hybrids)", domains={"block": Domain(1, 1 << 24, integer=True)})
+@SYSTEMS.register("vllm+", "checkpoint every block, LRU (vLLM extended to hybrids)",
+                  domains={"block": Domain(1, 1 << 24, integer=True)})
 def _vllm(block: int = 32) -> SystemConfig:
     _check_block(block)
     return SystemConfig("vllm+", f"every-block:block={block}", "lru")

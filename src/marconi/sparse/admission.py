@@ -263,7 +263,8 @@ def cap_candidates(support: np.ndarray, weights: np.ndarray, cap: int) -> np.nda
 
 @ADMISSION_POLICIES.register("sparse-dp", "checkpoints placed by the exact DP over estimated overlap depths "
                                           "(+ Marconi's branch point and last token)",
-                             domains={"m": CHECKPOINT_BUDGET, "lam": Domain(), "key_tokens": Domain(1, 1 << 24, integer=True),
+                             domains={"m": CHECKPOINT_BUDGET, "lam": Domain(),
+                                      "key_tokens": Domain(1, 1 << 24, integer=True),
                                       "half_life": Domain(0, 1e12, lo_open=True),
                                       "max_candidates": Domain(0, 1 << 24, integer=True), "half_life_s": Domain(),
                                       "max_nodes": Domain(1, 1 << 24, integer=True), "drift": Domain(0, 1)})

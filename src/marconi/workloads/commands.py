@@ -361,7 +361,8 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--limit", type=request_limit, default=None, help="first N lines only (N >= 1)")
     p.add_argument("--block-size", type=Number(TOKENS), default=512)
     p.add_argument("--vocab-size", type=Number(VOCAB), default=32000)
-    p.add_argument("--output-vocab", type=Number(Domain(1, 1 << 31, integer=True)), default=1024, help="token ids reserved for outputs")
+    p.add_argument("--output-vocab", type=Number(Domain(1, 1 << 31, integer=True)), default=1024,
+                   help="token ids reserved for outputs")
     p.add_argument("--seed", type=Number(SEED), default=0)
     p.add_argument("--max-input-len", type=Number(TOKENS), default=None, help="drop longer requests")
     _add_out(p)
