@@ -113,7 +113,9 @@ def _cmd_systems(args: argparse.Namespace) -> int:
                             ("eviction policies", EVICTION_POLICIES)):
         print(f"{title}:")
         for name, doc in registry.describe().items():
-            params = ", ".join(f"{k}={v}" for k, v in registry.params_of(name).items())
+            domains = registry.domains_of(name)
+            params = ", ".join(f"{k}={v}" + (f" in {domains[k].interval()}" if k in domains else "")
+                               for k, v in registry.params_of(name).items())
             print(f"  {name:22s} {doc}" + (f"  [{params}]" if params else ""))
     return 0
 

@@ -65,6 +65,14 @@ class Domain:
         text += f", a multiple of {self.multiple_of}" if self.multiple_of else ""
         return text + "".join(f", or {w}" for w in self.words)
 
+    def interval(self) -> str:
+        """``"[0, 1,024] integer"``, ``"(0, 1]"``, ``"[0, 1,000,000] or auto"``: the domain in brief."""
+        lo = "(" if self.lo_open or self.lo is None else "["
+        hi = ")" if self.hi_open or self.hi is None else "]"
+        text = (f"{lo}{'-inf' if self.lo is None else _fmt(self.lo)}, {'inf' if self.hi is None else _fmt(self.hi)}{hi}"
+                + (" integer" if self.integer else "") + (f" multiple of {self.multiple_of}" if self.multiple_of else ""))
+        return text + "".join(f" or {w}" for w in self.words)
+
     def admits(self, value: float) -> bool:
         """Whether the number ``value`` lies in the domain (words aside)."""
         if not math.isfinite(value) or (self.integer and not float(value).is_integer()):
