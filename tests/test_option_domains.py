@@ -303,6 +303,8 @@ def test_domain_describes_and_checks_what_it_declares() -> None:
         with pytest.raises(ConfigError, match=r"must be an integer >= 0 and <= 1,024, a multiple of 16, or none.*\(h\)"):
             d.parse(bad)
     assert Domain(0, 1, lo_open=True, hi_open=True).describe() == "a finite number > 0 and < 1"
+    assert d.interval() == "[0, 1,024] integer multiple of 16 or none"       # as `marconi systems` lists it
+    assert Domain(0, 1, lo_open=True).interval() == "(0, 1]" and Domain().interval() == "(-inf, inf)"
 
 
 _ZERO_BUDGET = """
