@@ -271,6 +271,12 @@ def test_a_symlink_to_dev_zero_is_refused_before_reading(tmp_path):
         pq.symlink_to("/dev/zero")
         with pytest.raises(ValueError, match="character device"):
             read_trace(pq)
+        from marconi.io import read_json
+
+        config = tmp_path / "config.json"  # a model's config.json, a SWE trajectory, a sidecar
+        config.symlink_to("/dev/zero")
+        with pytest.raises(JsonError, match=r"config\.json: is a character device"):
+            read_json(config)
 
 
 def test_a_fifo_given_as_a_trace_is_refused_not_waited_on(tmp_path, capsys):
