@@ -347,3 +347,19 @@ def test_engine_bench_lengths_are_bounded_before_the_model_loads() -> None:
     assert _lengths("64,4096") == [64, 4096] and _lengths("") == []
     with pytest.raises(ConfigError, match="--lengths: every length must be <= 16,777,216 tokens"):
         _lengths("64,1000000000000")
+
+
+def test_unclear_retention_vllm_refuses_in_its_worker_is_named_as_the_option() -> None:
+    """Issue 31 unclear row, the rest of ``--retention``: a multiple of 16 that is not a multiple of
+    the block vLLM chose (nemotron-h-8b: 1152 on vLLM 0.32) is refused by vLLM inside the worker,
+    which reached the user as a traceback; it is a ConfigError naming ``--retention`` and the block.
+    The text is vLLM 0.32's own (_validate_prefix_cache_retention_interval)."""
+    from marconi.integrations.vllm.commands import _setting_error
+
+    worker = RuntimeError("replay worker for 'lru' failed (exit 1); log /tmp/x/out-lru.log:\n[rank0]: ValueError: "
+                          "prefix_cache_retention_interval (32) must be non-negative and a multiple of "
+                          "scheduler_block_size (1152).\n")
+    named = _setting_error(worker)
+    assert isinstance(named, ConfigError)
+    assert str(named).startswith("--retention 32: vLLM's block for this model is 1152 tokens") and "2304" in str(named)
+    assert _setting_error(RuntimeError("replay worker for 'lru' failed (exit 1): MemoryError")) is None

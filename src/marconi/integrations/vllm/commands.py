@@ -22,12 +22,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import re
 import shlex
 import sys
 from pathlib import Path
 from typing import Any, Callable
 
-from marconi.core.registry import Domain
+from marconi.core.registry import ConfigError, Domain
 from marconi.options import (CHECKPOINT_BUDGET, COUNT, MAX_BLOCKS, MAX_TOKENS, TOKENS, CapacityList, NameList, Number,
                              NumberList, add_output, add_reread)
 from marconi.sim.backends import worker_count
@@ -242,8 +243,6 @@ def _cmd_frontier(args: argparse.Namespace) -> int:
 
 def _comma_list(text: str | None, flag: str, kind: Callable[[str], Any]) -> list[Any] | None:
     """``--flag a,b,c`` as values of ``kind`` (None: not given); a clear error for a bad item."""
-    from marconi.core.registry import ConfigError
-
     if text is None:
         return None
     if isinstance(text, (list, tuple)):  # checked by the option's type already
@@ -257,6 +256,24 @@ def _comma_list(text: str | None, flag: str, kind: Callable[[str], Any]) -> list
     if not out:
         raise ConfigError(f"{flag}: give at least one value")
     return out
+
+
+# vLLM's refusal of a retention interval that is not a multiple of the block it chose for the model
+# (vllm/v1/core/kv_cache_coordinator.py, _validate_prefix_cache_retention_interval). The block is
+# known only once vLLM has built its config, in the worker: the parse-time check covers what can be
+# known before (>= 0, a multiple of 16), this names the option when the worker finds the rest.
+_VLLM_RETENTION_REFUSAL = re.compile(r"prefix_cache_retention_interval \((\d+)\) must be non-negative and a "
+                                     r"multiple of scheduler_block_size \((\d+)\)")
+
+
+def _setting_error(exc: BaseException) -> ConfigError | None:
+    """A worker failure that is an option's fault, as a ConfigError naming the option (else None)."""
+    found = _VLLM_RETENTION_REFUSAL.search(str(exc))
+    if found is None:
+        return None
+    interval, block = int(found[1]), int(found[2])
+    return ConfigError(f"--retention {interval}: vLLM's block for this model is {block} tokens and the interval "
+                       f"must be a multiple of it: give {block}, {2 * block}, ..., or 0 or none")
 
 
 def _replay_axes(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -288,8 +305,11 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     pools, loads = _replay_axes(args)
     configs = [dataclasses.replace(c, weight_bytes=args.weight_bytes) for c in sweep_configs(base, pools=pools, loads=loads)]
     if len(configs) == 1:
-        records = run_replay(configs[0], work_dir=args.work_dir, emulate=not args.no_emulation,
-                             progress=lambda m: print(m, file=sys.stderr))
+        try:
+            records = run_replay(configs[0], work_dir=args.work_dir, emulate=not args.no_emulation,
+                                 progress=lambda m: print(m, file=sys.stderr))
+        except RuntimeError as exc:
+            raise _setting_error(exc) or exc
     else:
         from tqdm import tqdm
 
