@@ -547,7 +547,12 @@ def summary_table(result: dict[str, Any]) -> str:
     f = s.get("fidelity")
     if f:
         lines.append(f"fidelity: {f['agree']}/{f['requests']} requests reproduce the recorded num_cached_tokens "
-                     f"(recorded {_fmt(f['recorded_hit_rate'], True)}, replayed {_fmt(f['replayed_hit_rate'], True)})")
+                     f"(recorded {_fmt(f['recorded_hit_rate'], True)}, replayed {_fmt(f['replayed_hit_rate'], True)}; "
+                     f"{f.get('engine', 'vllm-align')})")
+        if f.get("vllm_replay"):
+            v = f["vllm_replay"]
+            lines.append(f"fidelity: {v['agree']}/{v['requests']} through vLLM's own scheduler (vllm-replay; replayed "
+                         f"{_fmt(v['replayed_hit_rate'], True)})")
     lines.append(f"lost prompt tokens: {s['lost_tokens']:,} of {s['prompt_tokens']:,}")
     for c in CAUSES:
         v = s["lost_tokens_by_cause"][c]
