@@ -134,7 +134,7 @@ vllm-bench: $(STAMP) $(VLLM_STAMP)
 # scheduler step against stock (alpha 0.5 and adaptive). Each prints its ratios as its last line (JSON).
 bench-vllm: $(VLLM_STAMP)
 	$(VLLM_VENV)/bin/python benchmarks/vllm_policy_bench.py --blocks 1000000
-	$(VLLM_VENV)/bin/python benchmarks/vllm_sched_overhead.py --blocks 1000000 --rounds 3 --free-region 500 --fill 2
+	$(VLLM_VENV)/bin/python benchmarks/vllm_sched_overhead.py --in-process --blocks 1000000 --rounds 3 --free-region 500 --fill 2
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) $(VLLM033_DIR) $(CORE_VENV) .pytest_cache .hypothesis

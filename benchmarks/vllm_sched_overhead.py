@@ -49,6 +49,32 @@ from typing import Any
 CONFIGS = ("stock", "marconi", "adaptive", "adaptive-lag")
 
 
+def run_in_process(args: argparse.Namespace, n: int, configs: list[str], common: list[str],
+                   tmp: Path) -> dict[str, list[dict[str, Any]]]:
+    """``--in-process``: one process runs this project's configurations on ``n`` blocks, another (with
+    ``--baseline-src`` on its path) stock and the ``@base`` ones; their runs by configuration name."""
+    groups = [(None, [c for c in configs if not c.endswith("@base")])]
+    based = [c.removesuffix("@base") for c in configs if c.endswith("@base")]
+    if based:
+        groups.append((os.path.abspath(args.baseline_src), ["stock", *based]))
+    runs: dict[str, list[dict[str, Any]]] = {}
+    for src, names in groups:
+        out = tmp / f"{n}-{'base' if src else 'this'}.json"
+        env = {k: v for k, v in os.environ.items() if not k.startswith("MARCONI_VLLM_")}
+        env.update(MARCONI_VLLM_POLICY="", MARCONI_VLLM_MAMBA2_CPU_FIX="off", VLLM_ENABLE_V1_MULTIPROCESSING="0",
+                   OMP_NUM_THREADS="1", VLLM_ALLOW_LONG_MAX_MODEL_LEN="1")
+        if src:
+            env["PYTHONPATH"] = src
+        proc = subprocess.run([sys.executable, __file__, "--inproc-child", "--num-blocks", str(n), "--out", str(out),
+                               "--configs", ",".join(names), "--rounds", str(args.rounds), "--lag", str(args.lag),
+                               *common], env=env, stderr=None, stdout=subprocess.DEVNULL, text=True)
+        if proc.returncode != 0:
+            raise SystemExit(f"{','.join(names)} at {n} blocks failed (exit {proc.returncode})")
+        for name, got in json.loads(out.read_text()).items():
+            runs[f"{name}@base" if src else name] = got
+    return runs
+
+
 def config_env(name: str, lag: int = 8) -> dict[str, str]:
     """``MARCONI_VLLM_*`` for one configuration (the plugin reads them when the engine core starts)."""
     from marconi.integrations.vllm.config import PluginConfig
@@ -82,14 +108,57 @@ def synthetic_trace(num_tokens: int, *, sessions: int, turns: int, output_len: i
 
 
 def child(args: argparse.Namespace) -> int:
-    """One configuration on one pool size: the replay, its per-step scheduler times, evictions."""
+    """One configuration on one pool size (the plugin as vLLM loads it, from the environment)."""
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    Path(args.out).write_text(json.dumps(run_config(args)))
+    return 0
+
+
+def in_process(args: argparse.Namespace) -> int:
+    """Every configuration of ``--configs`` on one pool size in this one process, rounds interleaved
+    (rotating order): vLLM is imported once, so a round costs an engine core's build and the replay,
+    not a process start, and every configuration runs on the same heap and the same minutes of a
+    shared machine. The hooks are attached to each stock-built scheduler as ``Scheduler.__init__``'s
+    wrapper attaches them (:func:`~marconi.integrations.vllm.plugin.attach_hooks`); stock gets none."""
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    import gc
+
+    from marconi.integrations.vllm.config import PluginConfig
+    from marconi.integrations.vllm.plugin import attach_hooks
+
+    configs = [c.strip() for c in args.configs.split(",") if c.strip()]
+    runs: dict[str, list[dict[str, Any]]] = {c: [] for c in configs}
+    for r in range(args.rounds):
+        for name in configs[r % len(configs):] + configs[:r % len(configs)]:
+            attach = None
+            if name != "stock":
+                lagged = {"adaptive_lag": args.lag} if name == "adaptive-lag" else {}
+                config = PluginConfig(policy="marconi", alpha="adaptive" if name.startswith("adaptive") else 0.5,
+                                      mamba2_cpu_fix=False, **lagged)
+
+                def attach(scheduler: Any, config: PluginConfig = config) -> None:
+                    scheduler._marconi = attach_hooks(scheduler, config)
+
+            runs[name].append(run_config(args, attach))
+            gc.collect()
+            got = runs[name][-1]
+            print(f"{args.num_blocks:,} blocks, round {r + 1}, {name}: {1e3 * got['step_s_per_step']:.3f} ms CPU/step, "
+                  f"{got['evicted']:,} evicted", file=sys.stderr, flush=True)
+    Path(args.out).write_text(json.dumps(runs))
+    return 0
+
+
+def run_config(args: argparse.Namespace, attach: Any = None) -> dict[str, Any]:
+    """Build an engine core (``attach(scheduler)`` first, if given), replay the trace, return the
+    per-step scheduler times and what was evicted."""
     from marconi.integrations.vllm.replay.engine import build_engine_core
     from marconi.integrations.vllm.replay.run import model_dir
     from marconi.integrations.vllm.replay.worker import replay
 
     core = build_engine_core(str(model_dir(args.model)), num_blocks=args.num_blocks, max_model_len=args.max_model_len,
                              max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs)
+    if attach is not None:
+        attach(core.scheduler)
     pool = core.scheduler.kv_cache_manager.block_pool
     block_size = int(core.scheduler.block_size)
     region = args.free_region if args.free_region else pool.get_num_free_blocks()
@@ -138,8 +207,7 @@ def child(args: argparse.Namespace) -> int:
            "prompt_tokens": sum(len(r["prompt"]) for r in requests), "hits": result["prefix_cache_hits"],
            "policy": hooks.policy if hooks is not None else "stock",
            "plugin_evictions": result["plugin_evictions"]}
-    Path(args.out).write_text(json.dumps(out))
-    return 0
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -161,15 +229,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-num-seqs", type=int, default=256)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--lag", type=int, default=8, help="MARCONI_VLLM_ADAPTIVE_LAG of adaptive-lag (requests)")
+    parser.add_argument("--baseline-src", help="a src/ directory of another version of the project (e.g. from git "
+                        "archive): configurations named NAME@base run the plugin from it, interleaved with the rest")
+    parser.add_argument("--in-process", action="store_true",
+                        help="one process per pool size (and per --baseline-src) runs every configuration, rounds "
+                             "interleaved: no process start per round (steadier on a loaded machine)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--inproc-child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--num-blocks", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
         return child(args)
+    if args.inproc_child:
+        return in_process(args)
     configs = [c.strip() for c in args.configs.split(",") if c.strip()]
-    if not configs or any(c not in CONFIGS for c in configs):
-        parser.error(f"--configs: choose from {', '.join(CONFIGS)}")
+    if not configs or any(c.removesuffix("@base") not in CONFIGS for c in configs):
+        parser.error(f"--configs: choose from {', '.join(CONFIGS)} (NAME@base: with --baseline-src)")
+    if any(c.endswith("@base") for c in configs) and not args.baseline_src:
+        parser.error("--configs NAME@base needs --baseline-src")
     common = ["--model", args.model, "--free-region", str(args.free_region), "--fill", str(args.fill),
               "--sessions", str(args.sessions), "--turns", str(args.turns), "--output-len", str(args.output_len),
               "--vocab", str(args.vocab), "--concurrency", str(args.concurrency),
@@ -181,11 +259,15 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         for n in (int(x) for x in args.blocks.split(",")):
             runs: dict[str, list[dict[str, Any]]] = {c: [] for c in configs}
-            for r in range(args.rounds):
+            if args.in_process:
+                runs = run_in_process(args, n, configs, common, Path(tmp))
+            for r in range(0 if args.in_process else args.rounds):
                 for name in configs[r % len(configs):] + configs[:r % len(configs)]:
                     out = Path(tmp) / f"{n}-{name}-{r}.json"
                     env = {k: v for k, v in os.environ.items() if not k.startswith("MARCONI_VLLM_")}
-                    env.update(config_env(name, args.lag), VLLM_ENABLE_V1_MULTIPROCESSING="0", OMP_NUM_THREADS="1",
+                    if name.endswith("@base"):
+                        env["PYTHONPATH"] = os.path.abspath(args.baseline_src)
+                    env.update(config_env(name.removesuffix("@base"), args.lag), VLLM_ENABLE_V1_MULTIPROCESSING="0", OMP_NUM_THREADS="1",
                                VLLM_ALLOW_LONG_MAX_MODEL_LEN="1")
                     proc = subprocess.run([sys.executable, __file__, "--child", "--num-blocks", str(n), "--out", str(out),
                                            *common], env=env, capture_output=True, text=True)
@@ -197,10 +279,12 @@ def main(argv: list[str] | None = None) -> int:
                         f"({1e3 * got['sched_s_per_step']:.3f} ms wall in schedule) over "
                         f"{got['num_steps']} steps, {got['evicted']:,} evicted")
             sched_cpu = lambda x: x["sched_cpu_s"] / x["num_steps"]  # noqa: E731
-            base = statistics.median(map(sched_cpu, runs[configs[0]]))
-            base_step = statistics.median(x["step_s_per_step"] for x in runs[configs[0]])
-            base_total = statistics.median(x["sched_cpu_s"] + x["update_cpu_s"] for x in runs[configs[0]])
-            for name in configs:
+            for name in runs:
+                # against the stock run of the same process (in-process: the baseline's own stock)
+                ref = "stock@base" if name.endswith("@base") and "stock@base" in runs else configs[0]
+                base = statistics.median(map(sched_cpu, runs[ref]))
+                base_step = statistics.median(x["step_s_per_step"] for x in runs[ref])
+                base_total = statistics.median(x["sched_cpu_s"] + x["update_cpu_s"] for x in runs[ref])
                 per_step = statistics.median(map(sched_cpu, runs[name]))
                 step = statistics.median(x["step_s_per_step"] for x in runs[name])
                 total = statistics.median(x["sched_cpu_s"] + x["update_cpu_s"] for x in runs[name])
@@ -208,14 +292,14 @@ def main(argv: list[str] | None = None) -> int:
                 first = runs[name][0]
                 ratios[(n, name)] = step / base_step
                 process = statistics.median(x["process_cpu_s"] for x in runs[name])
-                base_process = statistics.median(x["process_cpu_s"] for x in runs[configs[0]])
+                base_process = statistics.median(x["process_cpu_s"] for x in runs[ref])
                 rows.append({"blocks": f"{n:,}", "config": name, "region": f"{first['region']:,}",
                              "block": first["block_size"], "steps": first["num_steps"], "evicted": f"{evicted:,.0f}",
                              "ms_sched": f"{1e3 * per_step:.3f}", "ratio_sched": f"{per_step / base:.3f}×",
                              "ms_step": f"{1e3 * step:.3f}", "ratio": f"{step / base_step:.3f}×",
-                             "min_ratio": f"{min(x['step_s_per_step'] for x in runs[name]) / min(x['step_s_per_step'] for x in runs[configs[0]]):.3f}×",
+                             "min_ratio": f"{min(x['step_s_per_step'] for x in runs[name]) / min(x['step_s_per_step'] for x in runs[ref]):.3f}×",
                              "process": f"{process / base_process:.3f}×",
-                             "per_victim": "–" if name == configs[0] or not evicted
+                             "per_victim": "–" if name == ref or not evicted
                              else f"{1e6 * (total - base_total) / evicted:+.1f} µs"})
     from marconi.report import format_table
 
@@ -234,7 +318,8 @@ def main(argv: list[str] | None = None) -> int:
     largest = max(n for n, _ in ratios)
     line: dict[str, Any] = {"blocks": largest}
     for key, name in (("step_ratio", "marconi"), ("step_ratio_adaptive", "adaptive"),
-                      ("step_ratio_adaptive_lag", "adaptive-lag")):
+                      ("step_ratio_adaptive_lag", "adaptive-lag"), ("step_ratio_base", "marconi@base"),
+                      ("step_ratio_adaptive_base", "adaptive@base")):
         if (largest, name) in ratios:
             line[key] = round(ratios[(largest, name)], 4)
     print(json.dumps(line))
