@@ -27,7 +27,7 @@ from vllm_env import VLLM_PYTHON, require_vllm
 pytestmark = slow           # two real vLLM servers
 
 REPO = Path(__file__).resolve().parents[1]
-BLOCK, NUM_BLOCKS, MAX_MODEL_LEN, MAX_TOKENS = 384, 160, 13312, 8
+BLOCK, NUM_BLOCKS, MAX_MODEL_LEN, MAX_TOKENS = 384, 48, 13312, 8
 
 
 def _requests() -> list[Any]:
@@ -37,7 +37,7 @@ def _requests() -> list[Any]:
     keep: dict[Any, int] = {}
     out = []
     for r in trace:
-        if len(keep) >= 3 and r.session_id not in keep:
+        if len(keep) >= 5 and r.session_id not in keep:
             continue
         keep.setdefault(r.session_id, 0)
         if keep[r.session_id] >= 4 or len(r.input_tokens) + MAX_TOKENS > MAX_MODEL_LEN:
