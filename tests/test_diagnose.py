@@ -284,3 +284,20 @@ def test_the_command_names_a_bad_recording_and_writes_nothing(tmp_path, capsys):
     err = capsys.readouterr().err
     assert rc == 2 and "rec.jsonl:1: field 'recording': salt mismatch" in err
     assert not out.exists()
+
+
+def test_plugin_registration_refuses_an_existing_record_path_naming_the_variable(tmp_path, monkeypatch):
+    """Checked in every vLLM process before vLLM is imported, even with no policy set."""
+    from marconi.integrations.vllm import plugin
+
+    existing = tmp_path / "rec.jsonl"
+    existing.write_text("{}\n")
+    monkeypatch.delenv("MARCONI_VLLM_POLICY", raising=False)
+    monkeypatch.setenv(ENV_RECORD, str(existing))
+    plugin.reset_registration()
+    try:
+        with pytest.raises(ConfigError, match=ENV_RECORD + ".*already exists"):
+            plugin.register()
+    finally:
+        plugin.reset_registration()
+    assert existing.read_text() == "{}\n"

@@ -24,14 +24,15 @@ field                  meaning
 hash could be looked up by dictionary, and two recordings of the same prompts would share them.
 Each recording draws a fresh 256-bit random salt and stores ``blake2b(salt ‖ hash)`` instead; the
 salt stays in the sidecar ``<path>.meta.json`` (never in the JSONL), so two recordings cannot be
-joined, and keeping or deleting the sidecar is the owner's choice (the diagnosis needs only the
-chain's equalities, not the salt: the sidecar is read for the block size, the model and vLLM's
-configuration, and its salt fingerprint is checked against the one in each line's file header).
+joined. The diagnosis needs only the chain's equalities, never the salt: the sidecar is read for
+the block size, the model and vLLM's configuration, and its salt fingerprint (``salt_id``) must
+match the JSONL's header line, so a sidecar from another recording is refused. Deleting ``salt``
+from the sidecar before sharing a recording loses nothing the diagnosis uses.
 
 The sidecar ``<path>.meta.json`` (written atomically when the engine core starts) holds
-``format`` (``marconi-vllm-recording``), ``version``, ``salt`` (hex), ``salt_id`` (the first 16 hex
-digits of ``blake2b(salt)``, repeated in the JSONL's first line, a header
-``{"recording": salt_id}``, so a sidecar from another recording is refused), ``block_size`` (the
+``format`` (``marconi-vllm-recording``), ``version``, ``salt`` (hex), ``salt_id`` (16 hex digits,
+``blake2b(salt)``, repeated in the JSONL's first line, the header ``{"recording": salt_id}``),
+``block_size`` (the
 hash granularity), ``model``, ``vllm_version``, ``max_num_seqs``, ``policy`` and vLLM's scheduler
 settings (the plugin's ``config`` event).
 
