@@ -40,7 +40,8 @@ at the same KV bytes, the better of Marconi's admission and a state at every blo
 (``oracle_admission`` says which; token-granular: a strong reference, not a bound). Levers, each
 one run: Marconi's GPU eviction, sparse-DP retention (``MARCONI_VLLM_RETENTION=sparse-dp``), a
 retention interval of four blocks, half the ``max_num_seqs``, twice the GPU memory. The CPU tier
-runs only through the replay (``--vllm-python``); the emulation has none.
+(``--cpu-tiers 0.5x``, tier policies ``lru`` and ``marconi``, one replay each) runs only through the
+replay (``--vllm-python``); the emulation has none.
 """
 
 from __future__ import annotations
@@ -275,6 +276,7 @@ class DiagnoseConfig:
     num_requests: int | None = None
     vllm_python: str | None = None
     capacity_points: tuple[float, ...] = (0.25, 0.5, 2.0, 4.0)
+    cpu_tiers: tuple[str, ...] = ("0.5x",)      # with vllm_python: CPU tier sizes, each with tier policies lru, marconi
     levers: tuple[str, ...] = ("marconi", "sparse-dp", "retention-interval", "max-num-seqs", "gpu-memory-2x")
 
 
@@ -441,7 +443,8 @@ def diagnose(cfg: DiagnoseConfig, *, trace: Any = None, notice: Callable[[str], 
             continue
         levers.append(_lever_record(lever, lrun, lay, "vllm-align", baseline=stock))
     for rec in replay_records:
-        levers.append({"record": "lever", "lever": f"replay:{rec['arm']}", "engine": "vllm-replay",
+        tier = f" cpu-tier {rec['cpu_tier']}" if rec.get("tier_policy") else ""
+        levers.append({"record": "lever", "lever": f"replay:{rec['arm']}{tier}", "engine": "vllm-replay",
                        "token_hit_rate": rec["token_hit_rate"], "ttft_p50_s": rec["ttft_p50_s"],
                        "ttft_p95_s": rec["ttft_p95_s"], "num_blocks": rec["num_blocks"]})
     capacity = [{"record": "capacity", "num_blocks": layout.num_blocks, "scale": 1.0, "token_hit_rate": stock.token_hit_rate}]
@@ -530,7 +533,14 @@ def _replay(cfg: DiagnoseConfig, layout: VllmLayout, max_num_seqs: int, n: int,
                       max_input_len=10**9, num_requests=cfg.num_requests, max_num_seqs=max_num_seqs,
                       max_num_batched_tokens=layout.max_num_batched_tokens,
                       retention=str(layout.retention_interval).lower(), **load)
-    return run_replay(rc, emulate=False, progress=say)
+    records = run_replay(rc, emulate=False, progress=say)
+    for size in cfg.cpu_tiers:       # the CPU tier (vLLM's OffloadingConnector), each tier policy one replay
+        try:
+            records += run_replay(replace(rc, policies=("lru",), cpu_tier=size, tier_policies=("lru", "marconi")),
+                                  emulate=False, progress=say)
+        except (ConfigError, RuntimeError) as exc:
+            say(f"lever cpu-tier {size}: skipped ({str(exc).splitlines()[0]})")
+    return records
 
 
 # ============================================================================================ output
@@ -665,6 +675,9 @@ def register_command(sub: Any) -> None:
     p.add_argument("--num-requests", type=Number(COUNT), default=None, help="only the first N requests")
     p.add_argument("--vllm-python", default=None,
                    help="run the stock and Marconi arms through vLLM's scheduler (marconi vllm replay) as well")
+    p.add_argument("--cpu-tiers", default="0.5x",
+                   help="with --vllm-python: CPU tier sizes (comma list: 0.5x of the working set, 256GB), each "
+                        "replayed with tier policies lru and marconi; '' for none")
     add_output(p, "--out", kind="dir", required=True, help="report folder (replaced as a whole)")
     p.set_defaults(func=_cmd_diagnose)
 
@@ -676,7 +689,8 @@ def _cmd_diagnose(args: Any) -> int:
 
     cfg = DiagnoseConfig(trace=args.trace, model=args.model, gpu_memory=args.gpu_memory, num_blocks=args.blocks,
                          tensor_parallel=args.tensor_parallel, gpu=args.gpu, concurrency=args.concurrency,
-                         max_num_seqs=args.max_num_seqs, num_requests=args.num_requests, vllm_python=args.vllm_python)
+                         max_num_seqs=args.max_num_seqs, num_requests=args.num_requests, vllm_python=args.vllm_python,
+                         cpu_tiers=tuple(t.strip() for t in args.cpu_tiers.split(",") if t.strip()))
     try:
         result = diagnose(cfg, notice=lambda line: print(line, file=sys.stderr))
     except RecordingError as exc:
