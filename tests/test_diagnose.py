@@ -175,9 +175,9 @@ def test_attribute_unit_cases_sum_exactly():
     got = attribute(450, 100, 300, u, 400, 400, 200, 0)
     assert got["state_evicted_kv_stayed"] == 100 and got["no_state_at_usable_depth"] == 100
     assert got["kv_evicted"] == 100 and got["never_shared"] == 0 and got["below_one_block"] == 50
-    # seen but never computed: in flight, part of it held by a preempted request
-    got = attribute(450, 0, 0, u, 400, 100, 0, 300)
-    assert got["kv_evicted"] == 100 and got["preempted"] == 200 and got["in_flight"] == 100
+    # computed to 300 (the first 100 by a request since preempted), seen to 400: the rest in flight
+    got = attribute(450, 0, 0, u, 400, 300, 0, 100)
+    assert got["preempted"] == 100 and got["kv_evicted"] == 200 and got["in_flight"] == 100
     # a prompt of exactly one block: vLLM keeps its last token, so the whole block is below one block
     assert attribute(100, 0, 0, u, 100, 100, 0, 0)["below_one_block"] == 100
     rng = np.random.default_rng(1)

@@ -25,10 +25,11 @@ length, ``h`` the hit, ``T = max(h, ⌊(P-1)/u⌋·u)`` the deepest hit vLLM cou
 * KV resident to depth ``K`` (vLLM's attention-only match): ``[h, K)`` splits at ``E``, the deepest
   depth ``<= K`` where a Mamba state was ever cached: ``state_evicted_kv_stayed`` ``[h, E)`` and
   ``no_state_at_usable_depth`` ``[max(h, E), K)`` (junction or alignment);
-* ``kv_evicted``: ``[K, C)`` with ``C`` the longest prefix some request had computed by then;
-* ``preempted``: ``[C, D)`` where ``D`` is the longest prefix held by a request that is waiting after
-  a preemption (its computed blocks went back to the pool);
-* ``in_flight``: ``[D, S)``, still being computed by another request.
+* computed to depth ``C`` (the longest prefix some request had computed by then), but not
+  resident: ``preempted`` ``[K, D)``, where ``D`` is the longest prefix of a request that is waiting
+  after a preemption (it had computed those blocks, vLLM freed them when it preempted it, and they
+  were evicted), and ``kv_evicted`` ``[max(K, D), C)``;
+* ``in_flight``: ``[C, S)``, still being computed by another request.
 
 Every bound is clamped into ``[h, T]`` in that order, so the seven sum exactly to the lost tokens
 (tests/test_diagnose.py proves it on every request). The same accounting runs with
@@ -104,9 +105,9 @@ def attribute(prompt_len: int, hit: int, kv_hit: int, unit: int, seen_depth: int
     K = clamp(kv_hit, h, S)
     E = clamp(state_depth, h, K)
     C = clamp(computed_depth, K, S)
-    D = clamp(preempted_depth, C, S)
-    return {"never_shared": top - S, "kv_evicted": C - K, "no_state_at_usable_depth": K - E,
-            "state_evicted_kv_stayed": E - h, "in_flight": S - D, "preempted": D - C, "below_one_block": P - top}
+    D = clamp(preempted_depth, K, C)
+    return {"never_shared": top - S, "kv_evicted": C - D, "no_state_at_usable_depth": K - E,
+            "state_evicted_kv_stayed": E - h, "in_flight": S - C, "preempted": D - K, "below_one_block": P - top}
 
 
 def _depth(chain: Sequence[bytes], members: Any, unit: int) -> int:
