@@ -76,7 +76,7 @@ CAUSE_TEXT = {
     "no_state_at_usable_depth": "KV resident, but no state at a usable depth (junction/alignment)",
     "state_evicted_kv_stayed": "state evicted while its KV stayed",
     "in_flight": "still being computed by another request",
-    "preempted": "held by a preempted request",
+    "preempted": "computed by a request since preempted (freed, then evicted)",
     "below_one_block": "below one block (tail no boundary covers)",
 }
 EMULATED_VLLM = "0.32"           # the series vllm-align mirrors
