@@ -54,9 +54,13 @@ def pytest_configure(config: pytest.Config) -> None:
     CPUOffloadingManager.__init__ = __init__
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    _live.clear()                               # managers built by fixtures count too
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_call(item: pytest.Item):
-    _live.clear()
     outcome = yield
     if outcome.excinfo is None:
         for policy in _live:

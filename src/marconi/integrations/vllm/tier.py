@@ -567,7 +567,8 @@ def _check_kinds(kinds: Sequence[str]) -> None:
 def _discover_settings() -> TierSettings:
     """Settings of the policy vLLM's factory is building: from the ``OffloadingSpec`` (its
     ``extra_config``, groups and chunk size) and the connector's ``kv_cache_config`` /
-    ``vllm_config`` found on the call stack; else from ``MARCONI_TIER_*``."""
+    ``vllm_config`` found on the call stack; what neither gives (a spec built without a
+    connector, as in vLLM's tests) from ``MARCONI_TIER_*``."""
     import vllm
 
     version = getattr(vllm, "__version__", "?")
@@ -593,6 +594,10 @@ def _discover_settings() -> TierSettings:
     if spec_obj is None:
         return TierSettings.from_env()
     extra = dict(spec_obj.extra_config)
+    if kv_cache_config is None and "marconi_group_kinds" not in extra and os.environ.get(ENV_GROUP_KINDS):
+        extra["marconi_group_kinds"] = os.environ[ENV_GROUP_KINDS]     # a spec built without a connector
+    if vllm_config is None and "marconi_model" not in extra and os.environ.get(ENV_MODEL):
+        extra["marconi_model"] = os.environ[ENV_MODEL]
     kinds = extra.get("marconi_group_kinds") or (_group_kinds(kv_cache_config) if kv_cache_config is not None else None)
     if kinds is not None and not isinstance(kinds, str):
         _check_kinds(kinds)
