@@ -119,7 +119,9 @@ def in_process(args: argparse.Namespace) -> int:
     (rotating order): vLLM is imported once, so a round costs an engine core's build and the replay,
     not a process start, and every configuration runs on the same heap and the same minutes of a
     shared machine. The hooks are attached to each stock-built scheduler as ``Scheduler.__init__``'s
-    wrapper attaches them (:func:`~marconi.integrations.vllm.plugin.attach_hooks`); stock gets none."""
+    wrapper attaches them (:func:`~marconi.integrations.vllm.plugin.attach_hooks`); stock gets none.
+    Then the heap is frozen, as vLLM's engine core freezes it after start-up with the plugin's state
+    in it (unfrozen, its pool-sized lists would be walked by every full collection)."""
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     import gc
 
@@ -130,16 +132,24 @@ def in_process(args: argparse.Namespace) -> int:
     runs: dict[str, list[dict[str, Any]]] = {c: [] for c in configs}
     for r in range(args.rounds):
         for name in configs[r % len(configs):] + configs[:r % len(configs)]:
-            attach = None
+            config = None
             if name != "stock":
                 lagged = {"adaptive_lag": args.lag} if name == "adaptive-lag" else {}
                 config = PluginConfig(policy="marconi", alpha="adaptive" if name.startswith("adaptive") else 0.5,
                                       mamba2_cpu_fix=False, **lagged)
 
-                def attach(scheduler: Any, config: PluginConfig = config) -> None:
+            def attach(scheduler: Any, config: PluginConfig | None = config) -> None:
+                if config is not None:
                     scheduler._marconi = attach_hooks(scheduler, config)
+                # vLLM's EngineCore freezes the heap once its scheduler (the plugin's state included:
+                # the hooks attach in Scheduler.__init__) is built; the hooks attached here after that
+                # freeze, so freeze again, as vLLM would have (its freeze_gc_heap), for every config.
+                for generation in (0, 1, 2):
+                    gc.collect(generation)
+                gc.freeze()
 
             runs[name].append(run_config(args, attach))
+            gc.unfreeze()                 # what this round built may go now (vLLM's shutdown does the same)
             gc.collect()
             got = runs[name][-1]
             print(f"{args.num_blocks:,} blocks, round {r + 1}, {name}: {1e3 * got['step_s_per_step']:.3f} ms CPU/step, "
