@@ -502,7 +502,7 @@ class PoolHooks:
         state = self.state
         picked: list[Any] = []
         want = min(num_blocks, num_free - state.num_free_cached)
-        if want:
+        if want > 0:
             tail = queue.fake_free_list_tail
             block = queue.fake_free_list_head.next_free_block
             while block is not tail:
