@@ -101,14 +101,14 @@ def report(path: str) -> str:
         ttft = " / ".join(f"{1000 * r['ttft_p95_s']:.0f}" for r in ([base] if base else []) +
                           [by[p] for p in ("lru", "arc", "marconi") if p in by])
         shown = tier if tier.upper() == format_bytes(tier_bytes).upper() else f"{tier} = {format_bytes(tier_bytes)}"
-        rows.append(f"| {model} | {trace.split(':')[0]} | {nblk} | {load} | {shown} | "
+        rows.append(f"| {model} | {policy} | {trace.split(':')[0]} | {nblk} | {load} | {shown} | "
                     f"{_pct(base['token_hit_rate']) if base else '–'} | "
                     + " | ".join(_pct(by[p]["token_hit_rate"]) if p in by else "–" for p in ("lru", "arc", "marconi"))
                     + f" | {'–' if gain is None else f'{gain:+.2f}'} | {'–' if margin is None else f'{margin:+.2f}'}"
                     f" | {ttft} |")
-    head = ("| model | trace | GPU blocks | load | CPU tier | GPU only | tier lru | tier arc | tier marconi | "
+    head = ("| model | GPU policy | trace | GPU blocks | load | CPU tier | GPU only | tier lru | tier arc | tier marconi | "
             "tier gain (pp) | marconi − max(lru, arc) (pp) | TTFT P95 ms GPU only / lru / arc / marconi |\n"
-            "|---|---|---|---|---|---|---|---|---|---|---|---|")
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     summary = []
     if gains:
         summary.append(f"tier gain: mean {sum(gains) / len(gains):+.2f} pp, min {min(gains):+.2f}, max {max(gains):+.2f}")
