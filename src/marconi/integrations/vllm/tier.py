@@ -63,7 +63,8 @@ capacity):
 
 Built outside vLLM's connector (vLLM's own manager tests), the same settings come from the
 environment: ``MARCONI_TIER_GROUP_KINDS``, ``MARCONI_TIER_MODEL``, ``MARCONI_TIER_RULE``, or from
-an explicit :class:`TierSettings`. A configuration it cannot serve raises :class:`ConfigError`
+an explicit :class:`TierSettings`. ``MARCONI_TIER_RULE`` also applies under a connector whose
+config names no ``marconi_rule`` (to compare rules without changing a server's or a replay's config). A configuration it cannot serve raises :class:`ConfigError`
 naming the key to change. This module imports vLLM (it runs inside vLLM's environment).
 """
 
@@ -596,6 +597,8 @@ def _discover_settings() -> TierSettings:
     extra = dict(spec_obj.extra_config)
     if kv_cache_config is None and "marconi_group_kinds" not in extra and os.environ.get(ENV_GROUP_KINDS):
         extra["marconi_group_kinds"] = os.environ[ENV_GROUP_KINDS]     # a spec built without a connector
+    if "marconi_rule" not in extra and os.environ.get(ENV_RULE):
+        extra["marconi_rule"] = os.environ[ENV_RULE]                   # experiments without a config change
     if vllm_config is None and "marconi_model" not in extra and os.environ.get(ENV_MODEL):
         extra["marconi_model"] = os.environ[ENV_MODEL]
     kinds = extra.get("marconi_group_kinds") or (_group_kinds(kv_cache_config) if kv_cache_config is not None else None)
