@@ -2,8 +2,9 @@
 
 1. Fetches vLLM's source release and the test runner exactly as ``make vllm-peer-test`` does
    (:func:`vllm_peer_test.fetch`, :func:`vllm_peer_test.install_runner`: ``build/vllm-peer``).
-2. Runs ``tests/v1/kv_offload`` (policy, manager and factory tests; the GPU worker and Triton tests
-   fail or skip alike in both runs on a CPU machine) once stock (the baseline) and once through
+2. Runs vLLM's tier tests that exercise a cache policy (:data:`DEFAULT_TESTS`: the policy factory,
+   the CPU manager, the spec factories, the tiering manager over a CPU primary tier) once stock
+   (the baseline) and once through
    ``tests/vllm_tier/peer_tier_plugin.py``, which makes every ``CPUOffloadingManager`` built with
    ``cache_policy="lru"`` load ``MarconiCachePolicy`` by module path instead.
 3. Prints per run the pass/fail/skip counts and the tests that fail with Marconi and not without
@@ -28,7 +29,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from vllm_peer_test import fetch, install_runner, outcomes, summary  # noqa: E402  (the pool suite's helpers)
 
 REPO = Path(__file__).resolve().parents[1]
-DEFAULT_TESTS = ["tests/v1/kv_offload"]
+#: vLLM's tier tests that build a CPU tier and need no GPU, network or file-system backend (the p2p,
+#: fs and obj tiers, the GPU worker, shared-region and Triton tests test no cache policy; on a
+#: 2-core machine the whole directory ran past 20 minutes, stalling in the fs/obj tier tests).
+DEFAULT_TESTS = ["tests/v1/kv_offload/cpu/policies/test_factory.py", "tests/v1/kv_offload/cpu/test_manager.py",
+                 "tests/v1/kv_offload/test_factory.py", "tests/v1/kv_offload/tiering/test_factory.py",
+                 "tests/v1/kv_offload/tiering/test_tiering_offloading.py",
+                 "tests/v1/kv_offload/tiering/test_backpressure.py", "tests/v1/kv_offload/tiering/test_async_lookup.py",
+                 "tests/v1/kv_offload/tiering/test_metrics.py"]
 #: Tests that check LRU's implementation, not a policy's contract: each asserts
 #: ``isinstance(policy, LRUCachePolicy)`` and then reads LRU's own fields (``_heap``, ``_ranks``).
 LRU_INTERNALS = {
