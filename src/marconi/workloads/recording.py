@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from marconi.core.jsonfile import JsonError, read_json
+from marconi.core.jsonfile import JsonError, not_regular, read_json
 
 from .messages import Progress, no_progress
 from .mooncake import MooncakeRow, MooncakeTokens
@@ -90,17 +90,32 @@ def is_recording(path: str | os.PathLike) -> bool:
     return isinstance(meta, dict) and meta.get("format") == RECORDING_FORMAT
 
 
+# How far is_mooncake_file looks for its first line: a Mooncake request is a few KiB; a file with no
+# newline (or /dev/zero) must not be read whole just to sniff its format.
+_SNIFF_BYTES = 1 << 20
+
+
 def is_mooncake_file(path: str | os.PathLike) -> bool:
     """Whether ``path``'s first non-blank line is a Mooncake request (``timestamp``, ``input_length``,
-    ``hash_ids``); a Mooncake file has no sidecar."""
+    ``hash_ids``); a Mooncake file has no sidecar. Reads at most 1 MiB, never a FIFO or a device
+    (False: the trace reader that follows names what is wrong), and never raises."""
     try:
+        if not_regular(os.stat(path)) is not None:
+            return False
         with open(path, "rb") as fh:
-            for raw in fh:
-                if raw.strip():
-                    obj = json.loads(raw)
-                    return isinstance(obj, dict) and {"timestamp", "input_length", "hash_ids"} <= obj.keys()
-    except (OSError, ValueError):
+            head = fh.read(_SNIFF_BYTES)
+    except OSError:
         return False
+    lines = head.splitlines()
+    if len(head) == _SNIFF_BYTES and not head.endswith(b"\n"):
+        lines = lines[:-1]  # cut at the limit: the last line is not whole
+    for raw in lines:
+        if raw.strip():
+            try:
+                obj = json.loads(raw)
+            except (ValueError, RecursionError):  # RecursionError: a line nested thousands deep
+                return False
+            return isinstance(obj, dict) and {"timestamp", "input_length", "hash_ids"} <= obj.keys()
     return False
 
 
