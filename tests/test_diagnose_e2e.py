@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from marks import slow
-from vllm_env import VLLM_PYTHON, require_vllm
+from vllm_env import VLLM_PYTHON, require_vllm, build_tiny_model
 
 pytestmark = slow           # two real vLLM servers
 
@@ -84,10 +84,7 @@ def _diagnose(record: Path, model_dir: Path, out: Path, concurrency: int) -> dic
 def served(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     require_vllm()
     work = tmp_path_factory.mktemp("diagnose-e2e")
-    model_dir = work / "model"
-    proc = subprocess.run([VLLM_PYTHON, "-m", "marconi.integrations.vllm.models", "qwen3_next-tiny", str(model_dir)],
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    model_dir = build_tiny_model(work / "model")
     requests = _requests()
     out = {"_model_dir": model_dir, "_work": work, "_requests": requests}
     for name, c in (("c1", 1), ("c4", 4)):

@@ -33,7 +33,7 @@ import pytest
 from marconi.core.model import ModelSpec
 from marconi.integrations.vllm.emulate.engine import VllmAlignEngine
 from marconi.integrations.vllm.emulate.layout import layout_for_spec
-from vllm_env import VLLM_PYTHON, require_vllm
+from vllm_env import VLLM_PYTHON, require_vllm, build_tiny_model
 
 pytestmark = pytest.mark.slow  # four real vLLM servers (~2 min): CI and `make test` only
 
@@ -109,10 +109,7 @@ def _serve(name: str, model_dir: Path, work: Path, steps: list[dict[str, Any]]) 
 def served(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     require_vllm()
     work = tmp_path_factory.mktemp("vllm-e2e")
-    model_dir = work / "model"
-    proc = subprocess.run([VLLM_PYTHON, "-m", "marconi.integrations.vllm.models", "qwen3_next-tiny", str(model_dir)],
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    model_dir = build_tiny_model(work / "model")
     steps = _workload(np.random.default_rng(7))
     with ThreadPoolExecutor(len(SERVERS)) as pool:       # the servers side by side: ~2 min, not 4
         futures = {name: pool.submit(_serve, name, model_dir, work, steps) for name in SERVERS}

@@ -33,3 +33,14 @@ def vllm_python(series: str = "0.32") -> str:
 def require_vllm() -> None:
     """Skip (or, under MARCONI_REQUIRE_VLLM=1, fail) where the vLLM 0.32 environment is absent."""
     vllm_python("0.32")
+
+
+def build_tiny_model(model_dir: Path) -> Path:
+    """The bundled tiny Qwen3-Next (random weights) written to ``model_dir`` by vLLM's environment,
+    as the real-server tests serve it; fails the test with the builder's stderr if it cannot."""
+    import subprocess
+
+    proc = subprocess.run([VLLM_PYTHON, "-m", "marconi.integrations.vllm.models", "qwen3_next-tiny", str(model_dir)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return model_dir
