@@ -220,9 +220,9 @@ class Uniform:
         return {"admission": self.name, "m": self.m}
 
 
-# sparse-dp (the second paper's placement) registers itself from marconi.sparse.admission: listed as
-# the provider, it is imported the first time the registry is read, so this module never imports it.
-ADMISSION_POLICIES: Registry[AdmissionPolicy] = Registry("admission policy", providers=("marconi.sparse.admission",))
+# sparse-dp (the second paper's placement) registers here through the marconi.admission_policies
+# entry points, imported the first time the registry is read, so this module never imports it.
+ADMISSION_POLICIES: Registry[AdmissionPolicy] = Registry("admission policy", entry_points="marconi.admission_policies")
 
 
 @ADMISSION_POLICIES.register("none", "vanilla: cache nothing")

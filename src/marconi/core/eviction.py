@@ -290,9 +290,9 @@ class FlopAware:
         return out
 
 
-# The selectors (regret, worlds, oracle) register themselves from marconi.selectors: listed as the
-# provider, it is imported the first time the registry is read, so this module never imports it.
-EVICTION_POLICIES: Registry[EvictionPolicy] = Registry("eviction policy", providers=("marconi.selectors",))
+# The online choosers (regret, worlds, oracle) register here through the marconi.eviction_policies
+# entry points, imported the first time the registry is read, so this module never imports them.
+EVICTION_POLICIES: Registry[EvictionPolicy] = Registry("eviction policy", entry_points="marconi.eviction_policies")
 
 
 @EVICTION_POLICIES.register("lru", "least recently used leaf (SGLang); hits refresh the whole path")

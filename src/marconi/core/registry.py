@@ -223,26 +223,39 @@ def _convert(raw: str, annotation: Any, default: Any, where: str, domain: Domain
 class Registry(Generic[T]):
     """Factories by name; ``create("name:k=v")`` validates and converts the parameters.
 
-    ``providers``: modules that register entries here and are imported the first time the registry
-    is read (listed, described or asked for a name). Pieces defined beside the core — the sparse
-    policies, the vLLM emulation — register themselves when ``marconi.sim.systems`` (where systems are
-    assembled) or their own module is imported; naming them as providers lets a registry be complete
-    without importing them itself, so no module imports in a circle.
+    ``entry_points``: an entry-point group (``marconi.eviction_policies``) whose every entry names a
+    module that registers entries here when imported. The group is read, and its modules imported,
+    the first time the registry is read (listed, described or asked for a name), so a registry is
+    complete without importing the floors above it, and no module imports in a circle. Pieces of
+    this package declare theirs in ``pyproject.toml``; another package may add its own.
+
+    Raises (on that first read):
+        ConfigError: an entry point whose module fails to import, naming the entry point and its
+            group; every later read tries again, so the registry is never silently incomplete.
     """
 
-    def __init__(self, kind: str, providers: tuple[str, ...] = ()) -> None:
+    def __init__(self, kind: str, entry_points: str = "") -> None:
         self.kind = kind
-        self.providers = providers
+        self.entry_points = entry_points
         self._factories: dict[str, Callable[..., T]] = {}
         self._docs: dict[str, str] = {}
         self._domains: dict[str, dict[str, Domain]] = {}
-        self._loaded = not providers
+        self._loaded = not entry_points
 
     def _load_providers(self) -> None:
-        if not self._loaded:
-            self._loaded = True  # first: a provider's own lookups must not import it again
-            for module in self.providers:
-                importlib.import_module(module)
+        if self._loaded:
+            return
+        import importlib.metadata  # here: reading installed metadata costs tens of ms, paid only when needed
+
+        self._loaded = True  # first: a plugin's own lookups while it is imported must not import it again
+        found = importlib.metadata.entry_points(group=self.entry_points)
+        for entry in sorted({(e.name, e.value) for e in found}, key=lambda e: e[1]):
+            try:
+                importlib.import_module(entry[1])
+            except Exception as exc:
+                self._loaded = False
+                raise ConfigError(f"{self.kind} plugin {entry[0]!r} (entry point {entry[1]!r} of group "
+                                  f"{self.entry_points!r}) failed to import: {type(exc).__name__}: {exc}") from exc
 
     def register(self, name: str, doc: str = "", domains: dict[str, Domain] | None = None
                  ) -> Callable[[Callable[..., T]], Callable[..., T]]:

@@ -171,10 +171,9 @@ class SystemConfig:
         return out
 
 
-# vllm-align (the vLLM emulation) registers itself from marconi.integrations.vllm.system, and sglang-unified (the
-# SGLang emulation) from marconi.integrations.sglang.system; both build on this module.
-SYSTEMS: Registry[System] = Registry("system", providers=("marconi.integrations.vllm.system",
-                                                          "marconi.integrations.sglang.system"))
+# vllm-align (the vLLM emulation) and sglang-unified (the SGLang emulation) register here through the
+# marconi.systems entry points, imported the first time the registry is read; both build on this module.
+SYSTEMS: Registry[System] = Registry("system", entry_points="marconi.systems")
 UNBOUNDED_BYTES = 2**62
 _BOOTSTRAP_ONLY = ("multiplier", "retune", "drift", "tolerance")
 _ADAPTIVE_ONLY = ("rules", "decay", "hysteresis", "confidence", "selector")
