@@ -24,6 +24,7 @@ from marconi.sparse.dp import (
     place_checkpoints_reference,
     satisfies_quadrangle_inequality,
     segment_cost_matrix,
+    validate_positions,
 )
 from marconi.sparse.overlap import (
     EstimatorConfig,
@@ -56,4 +57,5 @@ __all__ = [
     "place_checkpoints_reference",
     "satisfies_quadrangle_inequality",
     "segment_cost_matrix",
+    "validate_positions",
 ]

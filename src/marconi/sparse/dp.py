@@ -100,6 +100,7 @@ __all__ = [
     "place_checkpoints_reference",
     "satisfies_quadrangle_inequality",
     "segment_cost_matrix",
+    "validate_positions",
 ]
 
 FloatArray = NDArray[np.float64]
@@ -229,14 +230,18 @@ def _make_instance(weights: ArrayLike, positions: ArrayLike) -> _Instance:
     total = float(w.sum())
     if total <= 0:
         raise ValueError("weights must have a positive sum")
-    cand = _validate_positions(positions, seq_len=w.size - 1)
+    cand = validate_positions(positions, seq_len=w.size - 1)
     depths = np.flatnonzero(w).astype(np.int64)
     nodes = np.concatenate(([0], cand, [w.size])).astype(np.int64)
     return _Instance(nodes=nodes, depths=depths, masses=w[depths] / total)
 
 
-def _validate_positions(positions: ArrayLike, *, seq_len: int) -> IntArray:
-    """Distinct integer positions in ``[1, seq_len]``, returned ascending (input order is free)."""
+def validate_positions(positions: ArrayLike, *, seq_len: int) -> IntArray:
+    """Distinct integer positions in ``[1, seq_len]``, returned ascending as int64 (input order is free).
+
+    Raises:
+        ValueError: positions not a 1-D array of integers, repeated, or outside ``[1, seq_len]``.
+    """
     raw = np.asarray(positions)
     if raw.size == 0:
         return np.zeros(0, dtype=np.int64)

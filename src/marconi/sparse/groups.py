@@ -80,7 +80,7 @@ from numpy.typing import ArrayLike, NDArray
 
 from marconi.core.model import PRESETS
 from marconi.core.registry import ConfigError
-from marconi.sparse.dp import _validate_positions, place_checkpoints, segment_cost_matrix
+from marconi.sparse.dp import place_checkpoints, segment_cost_matrix, validate_positions
 from marconi.sparse.overlap import GeometricSpread, OverlapPrior
 
 __all__ = [
@@ -206,7 +206,7 @@ def _check_positions(positions: ArrayLike | None, seq_len: int, what: str) -> In
     if positions is None:
         return np.arange(1, seq_len + 1, dtype=np.int64)
     try:
-        return _validate_positions(positions, seq_len=seq_len)
+        return validate_positions(positions, seq_len=seq_len)
     except ValueError as err:
         raise ConfigError(f"{what}: {err}") from None
 

@@ -30,7 +30,7 @@ from typing import Callable, Hashable, Protocol
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from marconi.sparse.dp import IntArray, _validate_positions
+from marconi.sparse.dp import IntArray, validate_positions
 
 __all__ = [
     "EstimatorConfig",
@@ -319,7 +319,7 @@ def bin_depths(depth_weights: ArrayLike, candidates: ArrayLike) -> FloatArray:
     is exactly the set of requests that resume from ``p_k`` if ``p_k`` and ``p_{k+1}`` are stored.
     """
     w = np.asarray(depth_weights, dtype=np.float64)
-    cand = _validate_positions(candidates, seq_len=w.size - 1)
+    cand = validate_positions(candidates, seq_len=w.size - 1)
     edges = np.concatenate(([0], cand, [w.size]))
     return np.diff(np.concatenate(([0.0], np.cumsum(w)))[edges])
 
@@ -332,7 +332,7 @@ def binned_depth_weights(depth_weights: ArrayLike, candidates: ArrayLike) -> Flo
     :mod:`marconi.sparse.dp`). Use it when only interval masses are known or to shrink the DP input.
     """
     w = np.asarray(depth_weights, dtype=np.float64)
-    cand = _validate_positions(candidates, seq_len=w.size - 1)
+    cand = validate_positions(candidates, seq_len=w.size - 1)
     out = np.zeros_like(w)
     out[np.concatenate(([0], cand))] = bin_depths(w, cand)
     return out
