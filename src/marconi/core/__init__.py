@@ -10,8 +10,8 @@
 * :mod:`~marconi.core.stats`, :mod:`~marconi.core.registry` — counters; named, parameterised policies.
 
 Nothing here imports outside ``marconi.core``, numpy and the standard library (a test walks the
-imports). The online selectors (``worlds``, ``regret``, ``oracle``) live in :mod:`marconi.selectors`
-and join the eviction registry as its provider.
+imports). The online selectors (``worlds``, ``regret``, ``oracle``) live above the core and join the
+eviction registry through the ``marconi.eviction_policies`` entry points.
 """
 
 from marconi.core.cache import CacheObserver, ManualClock, PayloadOps, PrefixCache, RequestHandle, TreeSnapshot

@@ -485,8 +485,7 @@ class PrefixCache:
         output token's logits from a checkpoint alone passes ``len(input) - 1`` (it must compute
         at least the last input token, and, all or nothing, it can only resume from a checkpoint
         at or before that). The default, no limit, is the paper's accounting (a whole-input hit
-        counts as fully reused); ``marconi.engine`` keeps each checkpoint's last hidden state and
-        uses it.
+        counts as fully reused); an engine that keeps each checkpoint's last hidden state uses it.
 
         A writable input array is copied: the caller may reuse or change it at once (a
         read-only one is kept as it is). Returns a handle to pass to :meth:`cached_prefix` and

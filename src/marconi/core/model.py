@@ -75,8 +75,8 @@ class ModelSpec:
             (the paper's ``D·N`` state). Real Mamba-2 layers hold ``n_heads·head_dim·N``.
         conv_dim: channels of the conv state; ``None`` means ``expand·D + 2·N``.
         checkpoint_extra_bytes: bytes an engine keeps beside each SSM checkpoint besides the
-            states (``marconi.engine``: the last position's final hidden state, ``D`` elements, so
-            a hit on a whole prompt needs no forward). 0 for the presets: the paper's accounting.
+            states (an engine that keeps the last position's final hidden state: ``D`` elements,
+            so a hit on a whole prompt needs no forward). 0 for the presets: the paper's accounting.
     """
 
     name: str

@@ -1,6 +1,6 @@
 """The driver contract: what a trace replay needs of a cache, as a type.
 
-:func:`marconi.sim.simulate`, the bootstrap tuner's window replays, the selectors' worlds and every
+The simulator's replay, the bootstrap tuner's window replays, the selectors' worlds and every
 emulated engine (the vLLM emulation, ``vllm-align``) meet here: a replay hands each request to
 ``begin``, optionally reports the end of its prefill with ``insert_prefill``, and closes it with
 ``finish``; it reads ``stats`` at the end. :class:`~marconi.core.cache.PrefixCache` implements it;

@@ -6,7 +6,7 @@ parameters with types and defaults, so a typo is an error that lists the valid o
 silent default (libCacheSim-style CLI sweeps depend on that). A numeric parameter also declares its
 :class:`Domain` at registration (``register(name, doc, domains={"m": Domain(0, 1024, integer=True)})``),
 which :meth:`Registry.create` enforces before the factory runs: the same declaration the command
-line's numeric options use (``marconi.units``).
+line's numeric options use.
 
 Parameters of a policy named inside a system's parameter ride in parentheses
 (``custom:admission=marconi(tails=reach),eviction=lru``): commas inside parentheses do not split.
@@ -242,7 +242,7 @@ class Registry(Generic[T]):
         self._domains: dict[str, dict[str, Domain]] = {}
         self._loaded = not entry_points
 
-    def _load_providers(self) -> None:
+    def _load_plugins(self) -> None:
         if self._loaded:
             return
         import importlib.metadata  # here: reading installed metadata costs tens of ms, paid only when needed
@@ -276,27 +276,27 @@ class Registry(Generic[T]):
         return decorator
 
     def names(self) -> list[str]:
-        self._load_providers()
+        self._load_plugins()
         return list(self._factories)
 
     def describe(self) -> dict[str, str]:
-        self._load_providers()
+        self._load_plugins()
         return dict(self._docs)
 
     def params_of(self, name: str) -> dict[str, Any]:
-        self._load_providers()
+        self._load_plugins()
         sig = inspect.signature(self._factories[name])
         return {p.name: p.default for p in sig.parameters.values()
                 if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)}
 
     def domains_of(self, name: str) -> dict[str, Domain]:
         """The declared :class:`Domain` of each of ``name``'s numeric parameters."""
-        self._load_providers()
+        self._load_plugins()
         return dict(self._domains[name])
 
     def numeric_params_of(self, name: str) -> dict[str, type]:
         """``name``'s parameters whose values are numbers: int or float ones, and str ones with a domain."""
-        self._load_providers()
+        self._load_plugins()
         domains = self._domains[name]
         out = {}
         for p in inspect.signature(self._factories[name]).parameters.values():
@@ -307,7 +307,7 @@ class Registry(Generic[T]):
 
     def create(self, spec: str | ParsedName, **overrides: Any) -> T:
         parsed = spec if isinstance(spec, ParsedName) else parse_name(spec)
-        self._load_providers()
+        self._load_plugins()
         factory = self._factories.get(parsed.name)
         if factory is None:
             raise ConfigError(f"unknown {self.kind} {parsed.name!r}; choose one of: {', '.join(self._factories)}")

@@ -1,7 +1,7 @@
 """CacheStats: what a prefix cache counts over its lifetime (hits, admissions, evictions, bytes).
 
 Kept apart from the cache core so every cache that reports the same numbers — :class:`PrefixCache`
-and the vLLM emulation (:mod:`marconi.integrations.vllm.emulate`) — counts a lookup the same way
+and the engine emulations built above the core (``vllm-align``) — counts a lookup the same way
 (:meth:`CacheStats.record_lookup`), and records read one definition of the token hit rate.
 """
 
