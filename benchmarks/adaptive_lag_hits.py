@@ -19,7 +19,7 @@ import sys
 
 from marconi.core.model import get_model
 from marconi.integrations.vllm.emulate.engine import VllmAlignEngine
-from marconi.integrations.vllm.emulate.layout import layout_for_spec
+from marconi.integrations.vllm.layout import layout_for_spec
 from marconi.integrations.vllm.shadow import PoolShadowAlpha
 from marconi.workloads import build_workload
 

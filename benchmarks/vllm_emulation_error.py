@@ -32,7 +32,7 @@ from marconi.core.model import ModelSpec
 from marconi.integrations.common import bench as common
 from marconi.integrations.vllm.bench import policy_arm
 from marconi.integrations.vllm.emulate.engine import VllmAlignEngine
-from marconi.integrations.vllm.emulate.layout import layout_for_spec
+from marconi.integrations.vllm.layout import layout_for_spec
 from marconi.integrations.vllm.emulate.scheduler import emulate_closed_loop
 from marconi.integrations.vllm.policy import DEFAULT_ALPHA
 from marconi.integrations.vllm.replay.run import ReplayConfig, model_dir, run_replay

@@ -13,7 +13,7 @@ from marconi.core.model import ModelSpec
 from marconi.core.registry import ConfigError
 from marconi.integrations.vllm.diagnose import (CAUSES, DiagnoseConfig, attribute, diagnose, run_emulated,
                                                write_report)
-from marconi.integrations.vllm.emulate.layout import layout_for_spec, prefix_hashes
+from marconi.integrations.vllm.layout import layout_for_spec, prefix_hashes
 from marconi.integrations.vllm.record import ENV_RECORD, Recorder, check_record_path
 from marconi.integrations.vllm.replay.run import model_dir
 from marconi.integrations.vllm.replay.steptime import StepTimeModel

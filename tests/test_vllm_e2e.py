@@ -32,7 +32,7 @@ import pytest
 
 from marconi.core.model import ModelSpec
 from marconi.integrations.vllm.emulate.engine import VllmAlignEngine
-from marconi.integrations.vllm.emulate.layout import layout_for_spec
+from marconi.integrations.vllm.layout import layout_for_spec
 from vllm_env import VLLM_PYTHON, require_vllm, build_tiny_model
 
 pytestmark = pytest.mark.slow  # four real vLLM servers (~2 min): CI and `make test` only

@@ -24,7 +24,7 @@ from marconi.integrations.vllm.bench import (BenchConfig, alpha_changes, emulate
                                              select_requests)
 from marconi.integrations.vllm.emulate.cache import VllmAlignCache
 from marconi.integrations.vllm.emulate.engine import VllmAlignEngine
-from marconi.integrations.vllm.emulate.layout import VllmLayout, layout_for_spec, prefix_hashes
+from marconi.integrations.vllm.layout import VllmLayout, layout_for_spec, prefix_hashes
 from marconi.integrations.vllm.models import PRESETS
 from marconi.integrations.vllm.policy import ATTENTION, MAMBA
 from marconi.integrations.vllm.shadow import PoolShadowAlpha

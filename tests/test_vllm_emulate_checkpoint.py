@@ -21,7 +21,7 @@ from marconi.core.model import PRESETS, ModelSpec
 from marconi.core.registry import ConfigError
 from marconi.integrations.common.bench import select_requests
 from marconi.integrations.vllm.emulate.engine import VllmAlignEngine
-from marconi.integrations.vllm.emulate.layout import (VllmLayout, checkpoint_position, is_checkpoint_valid,
+from marconi.integrations.vllm.layout import (VllmLayout, checkpoint_position, is_checkpoint_valid,
                                                       layout_for_spec, prefill_checkpoint_alignment_for)
 from marconi.integrations.vllm.emulate.request import RequestState
 from marconi.integrations.vllm.emulate.scheduler import VllmAlignScheduler, emulate_closed_loop

@@ -16,7 +16,7 @@ from marconi.core.model import ModelSpec
 from marconi.core.registry import ConfigError
 from marconi.integrations.common.bench import select_requests
 from marconi.integrations.vllm.emulate.engine import VllmAlignEngine
-from marconi.integrations.vllm.emulate.layout import VllmLayout, layout_for_spec
+from marconi.integrations.vllm.layout import VllmLayout, layout_for_spec
 from marconi.integrations.vllm.emulate.scheduler import VllmAlignScheduler, emulate_closed_loop
 from marconi.integrations.vllm.models import PRESETS
 from marconi.integrations.vllm.policy import ATTENTION, MAMBA

@@ -12,7 +12,7 @@ from marconi.core.model import ModelSpec, get_model
 from marconi.core.registry import ConfigError
 from marconi.integrations.common.alpha import FixedAlpha, RequestObservation
 from marconi.integrations.vllm.config import PluginConfig
-from marconi.integrations.vllm.emulate.layout import layout_for_spec, pool_capacity_bytes
+from marconi.integrations.vllm.layout import layout_for_spec, pool_capacity_bytes
 from marconi.integrations.vllm.models import PRESETS
 from marconi.integrations.vllm.policy import ATTENTION, MAMBA, BlockEvictionState, block_rule, parent_depth
 from marconi.integrations.vllm.shadow import PoolShadowAlpha

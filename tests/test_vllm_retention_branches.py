@@ -16,8 +16,9 @@ import pytest
 
 from marconi.core.model import get_model
 from marconi.integrations.vllm.emulate.engine import VllmAlignEngine
-from marconi.integrations.vllm.emulate.layout import layout_for_spec
-from marconi.integrations.vllm.retention import EstimatorLimits, OverlapEstimator, RetentionPlanner
+from marconi.integrations.vllm.layout import layout_for_spec
+from marconi.integrations.vllm.retention import RetentionPlanner
+from marconi.sparse.overlap import BlockEstimatorConfig, BlockOverlapEstimator
 
 SPEC = get_model("paper-7b")          # vLLM's derived block: 80 tokens, six Mamba groups and one attention group
 
@@ -59,7 +60,7 @@ def test_the_budget_goes_only_to_boundaries_the_request_computes() -> None:
 
 
 def test_the_path_estimate_is_the_relative_one_where_no_branch_point_is_known() -> None:
-    est = OverlapEstimator(EstimatorLimits(decay=1.0))
+    est = BlockOverlapEstimator(BlockEstimatorConfig(decay=1.0))
     a = _keys(("sys", 2), ("docA", 6), ("q1", 1))
     est.observe(a)
     est.observe(_keys(("sys", 2), ("docA", 6), ("q2", 1)))           # branch point after 8 blocks
@@ -74,7 +75,7 @@ def test_the_path_estimate_is_the_relative_one_where_no_branch_point_is_known() 
 
 
 def test_branch_points_stay_bounded() -> None:
-    est = OverlapEstimator(EstimatorLimits(max_anchors=5))
+    est = BlockOverlapEstimator(BlockEstimatorConfig(max_anchors=5))
     for i in range(200):
         est.observe(_keys(("root", 2), (f"b{i % 17}", 3), (f"leaf{i}", 2)))
         est.check_invariants()

@@ -28,11 +28,12 @@ from marconi.core.model import ModelSpec, get_model
 from marconi.core.registry import ConfigError
 from marconi.integrations.vllm.config import PluginConfig
 from marconi.integrations.vllm.emulate.engine import VllmAlignEngine
-from marconi.integrations.vllm.emulate.layout import layout_for_spec
+from marconi.integrations.vllm.layout import layout_for_spec
 from marconi.integrations.vllm.emulate.scheduler import emulate_closed_loop
 from marconi.integrations.vllm.plugin import PluginSettingError, RetentionHooks
 from marconi.integrations.vllm.replay.run import model_dir
-from marconi.integrations.vllm.retention import EstimatorLimits, OverlapEstimator, RetentionPlanner
+from marconi.integrations.vllm.retention import RetentionPlanner
+from marconi.sparse.overlap import BlockEstimatorConfig, BlockOverlapEstimator
 from marconi.sim.systems import SYSTEMS
 from vllm_env import VLLM_PYTHON, require_vllm
 
@@ -51,7 +52,7 @@ def _seq(*parts: tuple[str, int]) -> list[tuple[str, int]]:
 
 
 def test_depths_are_relative_to_the_node_a_sequence_branched_from() -> None:
-    est = OverlapEstimator(EstimatorLimits(decay=1.0))       # no forgetting: exact fractions
+    est = BlockOverlapEstimator(BlockEstimatorConfig(decay=1.0))       # no forgetting: exact fractions
     a = _seq(("sys", 2), ("docA", 6), ("q1", 1))
     assert est.observe(a) == (None, 0)                     # nothing seen: anchored at the root
     b = _seq(("sys", 2), ("docB", 3), ("q1", 1))
@@ -72,14 +73,14 @@ def test_depths_are_relative_to_the_node_a_sequence_branched_from() -> None:
 
 
 def test_decay_forgets_and_memory_stays_bounded() -> None:
-    est = OverlapEstimator(EstimatorLimits(max_keys=50, max_anchors=3, max_bins=4, decay=0.9))
+    est = BlockOverlapEstimator(BlockEstimatorConfig(max_keys=50, max_anchors=3, max_bins=4, decay=0.9))
     rng = np.random.default_rng(0)
     for i in range(300):          # random trees: a shared root, random branches
         parts = [("root", 2), (f"b{int(rng.integers(0, 6))}", int(rng.integers(1, 5))), (f"leaf{i}", 2)]
         est.observe(_seq(*parts))
         est.check_invariants()
     assert est.num_keys <= 50 and est.num_anchors <= 3
-    old = OverlapEstimator(EstimatorLimits(decay=0.9))
+    old = BlockOverlapEstimator(BlockEstimatorConfig(decay=0.9))
     old.observe(_seq(("x", 10)))
     for i in range(5):
         old.observe(_seq(("x", 3), (f"y{i}", 1)))

@@ -18,7 +18,7 @@ from marconi.core.eviction import argmin_ties_by_order, min_max
 from marconi.core.model import ModelSpec, get_model
 from marconi.integrations.common.alpha import FixedAlpha, RequestObservation
 from marconi.integrations.vllm.emulate.engine import VllmAlignEngine
-from marconi.integrations.vllm.emulate.layout import VllmLayout
+from marconi.integrations.vllm.layout import VllmLayout
 from marconi.integrations.vllm.models import PRESETS
 from marconi.integrations.vllm.policy import (ATTENTION, EFFICIENCIES, MAMBA, BlockEvictionState, Victim,
                                              reference_victim)

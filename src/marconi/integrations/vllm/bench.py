@@ -53,7 +53,7 @@ from marconi.integrations.common.bench import Progress, Selection, max_tokens, m
 from marconi.integrations.common.server import ServerProcess
 from marconi.integrations.vllm.config import ADAPTIVE, PluginConfig, parse_alpha
 from marconi.integrations.vllm.emulate.engine import VllmAlignEngine
-from marconi.integrations.vllm.emulate.layout import layout_for_spec
+from marconi.integrations.vllm.layout import layout_for_spec
 from marconi.integrations.vllm.models import BLOCK_SIZES, NEEDS_MAMBA2_CPU_FIX, PRESETS
 from marconi.integrations.vllm.policy import DEFAULT_ALPHA
 from marconi.integrations.vllm.server import ServerConfig, VllmServer
@@ -147,7 +147,7 @@ def check_outputs(trace: str, *, out: str | None, plot: str | None, fixture: str
         ConfigError: naming the option and the path.
         ModuleNotFoundError: matplotlib is missing and a plot is asked for.
     """
-    from marconi.cli import read_files
+    from marconi.commandline import read_files
     from marconi.io import check_output
 
     inputs = read_files(traces=[trace])

@@ -59,8 +59,8 @@ from marconi.core.model import ModelSpec
 from marconi.core.registry import ConfigError
 from marconi.integrations.common.bench import percentile
 from marconi.integrations.vllm.emulate.engine import VllmAlignEngine
-from marconi.integrations.vllm.emulate.layout import VllmLayout, cdiv, layout_for_spec, prefix_hashes
 from marconi.integrations.vllm.emulate.scheduler import VllmAlignScheduler
+from marconi.integrations.vllm.layout import VllmLayout, cdiv, layout_for_spec, prefix_hashes
 from marconi.integrations.vllm.policy import DEFAULT_ALPHA, MAMBA
 from marconi.integrations.vllm.replay.steptime import StepTimeModel
 from marconi.units import parse_bytes
@@ -305,7 +305,7 @@ def _num_params(spec_cfg: dict[str, Any], model: str) -> int:
 
 def _layout(cfg: DiagnoseConfig, spec: ModelSpec, config_json: dict[str, Any], *, gpu_memory_scale: float = 1.0,
             recorded: dict[str, Any] | None = None, **options: Any) -> VllmLayout:
-    from marconi.integrations.vllm.emulate.layout import prefill_checkpoint_alignment_for
+    from marconi.integrations.vllm.layout import prefill_checkpoint_alignment_for
 
     settings = (recorded or {}).get("settings") or {}
     if recorded and settings.get("block_size"):      # the live server's own block and checkpoint mode

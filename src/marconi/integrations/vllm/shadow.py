@@ -3,7 +3,7 @@
 :class:`~marconi.integrations.common.shadow_alpha.ShadowAlpha` is engine-agnostic; this adds what
 vLLM decides: its rules are applied by the block policy (:func:`~marconi.integrations.vllm.policy.block_rule`:
 ``lru``, ``aX``, ``aXm``), and its shadow holds the bytes of the pool it serves, as ``vllm-align``
-counts them (:func:`~marconi.integrations.vllm.emulate.layout.pool_capacity_bytes`: ``(num_blocks - 1) ×
+counts them (:func:`~marconi.integrations.vllm.layout.pool_capacity_bytes`: ``(num_blocks - 1) ×
 block bytes``, vLLM's null block excluded). The plugin and the emulation both build it through
 :meth:`marconi.integrations.vllm.config.PluginConfig.make_alpha_source`, and the
 :class:`~marconi.integrations.vllm.policy.BlockEvictionState` it serves binds it once.
@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Sequence
 from marconi.core.eviction import EvictionRule
 from marconi.core.registry import ConfigError
 from marconi.integrations.common.shadow_alpha import ShadowAlpha
-from marconi.integrations.vllm.emulate.layout import pool_capacity_bytes
+from marconi.integrations.vllm.layout import pool_capacity_bytes
 from marconi.integrations.vllm.policy import block_rule
 
 if TYPE_CHECKING:

@@ -37,7 +37,7 @@ from marconi.options import CHECKPOINT_BUDGET
 from marconi.integrations.common.alpha import AlphaSource
 from marconi.integrations.vllm.config import ADAPTIVE, DEFAULT_RULES, PluginConfig, load_alpha_factory, parse_alpha
 from marconi.integrations.vllm.emulate.cache import VllmAlignCache
-from marconi.integrations.vllm.emulate.layout import layout_for_spec
+from marconi.integrations.vllm.layout import layout_for_spec
 from marconi.integrations.vllm.policy import DEFAULT_ALPHA, EFFICIENCIES
 from marconi.integrations.vllm.retention import DEFAULT_BUDGET, SPARSE_DP
 from marconi.integrations.vllm.shadow import PoolShadowAlpha

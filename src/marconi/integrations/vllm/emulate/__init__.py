@@ -5,10 +5,11 @@ vLLM caches a hybrid model in fixed-size blocks from one pool shared by all KV c
 model of that machinery — the block pool and its free queue, the per-group managers, the hybrid
 coordinator's lookup, the scheduler's Mamba-aligned prefill split — so that its hit counts are
 vLLM's own, token for token, for a trace served one request at a time. The modules follow vLLM's
-own (``vllm/v1/core``), and functions are named after the ones they mirror:
+own (``vllm/v1/core``), and functions are named after the ones they mirror. They build on the
+layout (:class:`~marconi.integrations.vllm.layout.VllmLayout`: block size, KV cache groups, pool, as
+vLLM derives them from the model, and the chained prefix hashes), which lives a floor below, in
+:mod:`marconi.integrations.vllm.layout`, beside the block policy: the plugin needs it too.
 
-* :mod:`.layout` — :class:`~.layout.VllmLayout` (block size, KV cache groups, pool) as vLLM derives
-  it from the model (:func:`~.layout.layout_for_spec`), and the chained prefix hashes;
 * :mod:`.request` — a request as the block manager sees it (``vllm/v1/request.py``);
 * :mod:`.block_pool` — ``block_pool.py``: blocks, the free queue, the hash map, eviction;
 * :mod:`.managers` — ``single_type_kv_cache_manager.py``: the attention and Mamba group managers;
@@ -20,8 +21,7 @@ own (``vllm/v1/core``), and functions are named after the ones they mirror:
 * :mod:`.cache` — :class:`~.cache.VllmAlignCache`, the engine as a
   :class:`~marconi.core.protocol.ReplayCache` for the simulator (the ``vllm-align`` system).
 
-Import from those modules; this package imports none of them (so a module that needs only the
-layout, like the shadow α source's pool capacity, pulls in nothing else).
+Import from those modules; this package imports none of them.
 
 What vLLM does, in short (defaults: ``prefix_cache_retention_interval=0``, no EAGLE, no connector):
 

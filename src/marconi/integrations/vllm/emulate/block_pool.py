@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from marconi.core.registry import ConfigError
-from marconi.integrations.vllm.emulate.layout import VllmLayout
 from marconi.integrations.vllm.emulate.request import RequestState
+from marconi.integrations.vllm.layout import VllmLayout
 from marconi.integrations.vllm.policy import REASONS, BlockEvictionState, parent_depth
 
 __all__ = ["Block", "BlockPool", "PoolStats"]

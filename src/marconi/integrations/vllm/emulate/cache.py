@@ -21,8 +21,8 @@ from marconi.core.registry import ConfigError
 from marconi.core.stats import CacheStats
 from marconi.integrations.common.alpha import AlphaSource
 from marconi.integrations.vllm.emulate.engine import VllmAlignEngine
-from marconi.integrations.vllm.emulate.layout import VllmLayout
 from marconi.integrations.vllm.emulate.request import RequestState
+from marconi.integrations.vllm.layout import VllmLayout
 from marconi.integrations.vllm.policy import ATTENTION, DEFAULT_ALPHA, MAMBA
 
 __all__ = ["VllmAlignCache", "AlignHandle"]

@@ -19,9 +19,9 @@ from marconi.core.registry import ConfigError
 from marconi.integrations.common.alpha import AlphaSource, FixedAlpha, RequestObservation
 from marconi.integrations.vllm.config import PluginConfig
 from marconi.integrations.vllm.emulate.block_pool import Block, BlockPool
-from marconi.integrations.vllm.emulate.layout import VllmLayout, cdiv, checkpoint_position, is_checkpoint_valid
 from marconi.integrations.vllm.emulate.managers import AttentionManager, MambaManager
 from marconi.integrations.vllm.emulate.request import RequestState
+from marconi.integrations.vllm.layout import VllmLayout, cdiv, checkpoint_position, is_checkpoint_valid
 from marconi.integrations.vllm.policy import ATTENTION, DEFAULT_ALPHA, MAMBA, BlockEvictionState
 from marconi.integrations.vllm.retention import RetentionPlanner
 

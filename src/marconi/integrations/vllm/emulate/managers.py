@@ -11,8 +11,8 @@ from __future__ import annotations
 from typing import Sequence
 
 from marconi.integrations.vllm.emulate.block_pool import Block, BlockPool
-from marconi.integrations.vllm.emulate.layout import cdiv, checkpoint_position, is_checkpoint_valid
 from marconi.integrations.vllm.emulate.request import RequestState
+from marconi.integrations.vllm.layout import cdiv, checkpoint_position, is_checkpoint_valid
 from marconi.integrations.vllm.policy import ATTENTION, MAMBA
 from marconi.integrations.vllm.retention import RetentionPlanner
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from marconi.integrations.vllm.emulate.layout import prefix_hashes
+from marconi.integrations.vllm.layout import prefix_hashes
 
 __all__ = ["RequestState"]
 

@@ -297,7 +297,7 @@ def _emulated_hit_rate(spec: ModelSpec, requests: Sequence[Any], result: dict[st
                        config: ReplayConfig) -> tuple[float, float]:
     """The emulation's token hit rate, and its Mamba states cached per request (per Mamba group)."""
     from marconi.integrations.vllm.emulate.engine import VllmAlignEngine
-    from marconi.integrations.vllm.emulate.layout import layout_for_spec
+    from marconi.integrations.vllm.layout import layout_for_spec
     from marconi.integrations.vllm.emulate.scheduler import emulate_closed_loop
 
     kv = result["kv_cache"]

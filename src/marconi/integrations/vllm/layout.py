@@ -1,5 +1,8 @@
 """What vLLM's block manager looks like for one model: block size, KV cache groups, pool; prefix hashes.
 
+Below both users of it: the plugin's shadow α source sizes its shadow by the pool
+(:func:`pool_capacity_bytes`), and the emulation (:mod:`marconi.integrations.vllm.emulate`) runs on it.
+
 Mirrors vLLM 0.32's hybrid set-up (``vllm/v1/core/kv_cache_utils.py``, the Mamba page-size
 alignment in ``vllm/model_executor/models/config.py``): :func:`layout_for_spec` derives the
 :class:`VllmLayout` vLLM would build for a :class:`~marconi.core.model.ModelSpec`;
