@@ -8,11 +8,15 @@ FLOP efficiency of a node (paper §4.2, App. A) = FLOPs a hit at the node saves 
 holds (its SSM checkpoint + the KVs of its whole prefix). The ``marginal`` variant counts only the
 FLOPs of the node's own edge, as the Marconi authors' simulator does. Both come from
 :class:`~marconi.core.model.ModelSpec`'s formulas, never retyped here.
+
+A rule (:class:`marconi.core.eviction.Rule`) reads its candidates through a :class:`CandidateTable`:
+a :class:`CandidateSet` (the cache's own, or one an engine fills with :meth:`CandidateSet.of`) and the
+FLOP efficiency per variant, computed on first use (:class:`LazyEfficiency`).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable, Hashable, Mapping, Sequence
 
 import numpy as np
 
@@ -20,7 +24,7 @@ if TYPE_CHECKING:
     from marconi.core.model import ModelSpec
     from marconi.core.radix import Node
 
-__all__ = ["CandidateSet", "flop_efficiency", "flop_efficiency_array"]
+__all__ = ["CandidateSet", "CandidateTable", "LazyEfficiency", "flop_efficiency", "flop_efficiency_array"]
 
 
 class CandidateSet:
@@ -44,6 +48,26 @@ class CandidateSet:
 
     def __len__(self) -> int:
         return len(self.nodes)
+
+    @classmethod
+    def of(cls, keys: Sequence[Hashable], **columns: Any) -> "CandidateSet":
+        """A set over ``keys`` (an engine's blocks, nodes or chunks; they stand in ``nodes``) filled from
+        ``columns`` (name -> one value per key; :attr:`COLUMNS` not given are 0/False). Such a set is
+        read, never updated (``add``/``remove`` need radix nodes). ValueError for an unknown column or
+        one of another length."""
+        n = len(keys)
+        out = cls(max(n, 1))
+        unknown = set(columns) - {name for name, _ in cls.COLUMNS}
+        if unknown:
+            raise ValueError(f"unknown candidate columns {sorted(unknown)}")
+        for name, values in columns.items():
+            array = np.asarray(values)
+            if array.shape != (n,):
+                raise ValueError(f"candidate column {name!r}: {array.shape[0] if array.ndim else 0} values "
+                                 f"for {n} candidates")
+            getattr(out, name)[:n] = array
+        out.nodes = list(keys)  # type: ignore[arg-type]
+        return out
 
     def _grow(self) -> None:
         size = 2 * len(self.last_access)
@@ -135,3 +159,69 @@ def flop_efficiency_array(spec: "ModelSpec", depth: np.ndarray, edge_len: np.nda
     out = np.zeros_like(held)
     np.divide(saved, held, out=out, where=held > 0)
     return out
+
+
+class LazyEfficiency(dict):
+    """FLOP efficiency per variant of the first ``n`` candidates of a set: those given, and any other
+    variant computed from the set's shape columns on first use (:func:`flop_efficiency_array` on
+    ``spec``; KeyError naming the variant when no ``spec`` was given, or ``compute`` if given instead)."""
+
+    def __init__(self, given: Mapping[str, np.ndarray], *, spec: "ModelSpec | None" = None,
+                 cands: CandidateSet | None = None, compute: Callable[[str], np.ndarray] | None = None) -> None:
+        super().__init__(given)
+        self._spec, self._cands, self._compute = spec, cands, compute
+
+    def __missing__(self, variant: str) -> np.ndarray:
+        if self._compute is not None:
+            value = np.asarray(self._compute(variant), dtype=np.float64)
+        elif self._spec is not None and self._cands is not None:
+            c, n = self._cands, len(self._cands)
+            value = flop_efficiency_array(self._spec, c.depth[:n], c.edge_len[:n], c.has_ssm[:n], variant)
+        else:
+            raise KeyError(variant)
+        self[variant] = value
+        return value
+
+
+class CandidateTable:
+    """The candidates one victim is chosen among, as a rule reads them (the first ``len(cands)`` rows).
+
+    ``recency(touch)``: ``(time, order)`` per candidate for ``"hit"`` or ``"path"`` (an engine with one
+    recency signal fills both touches' columns with it); ``efficiency[variant]``: FLOP efficiency per
+    candidate (``total``/``marginal``), computed on first use; ``leaf``: whether no cached node
+    continues the candidate; ``depth``/``edge_len``/``has_ssm``: its shape. Rows are read, not changed.
+    """
+
+    __slots__ = ("cands", "efficiency")
+
+    def __init__(self, cands: CandidateSet, efficiency: Mapping[str, np.ndarray]) -> None:
+        self.cands = cands
+        self.efficiency = efficiency
+
+    def __len__(self) -> int:
+        return len(self.cands)
+
+    def recency(self, touch: str) -> tuple[np.ndarray, np.ndarray]:
+        """``(last access time, access order)`` per candidate under ``touch`` (``hit`` or ``path``)."""
+        c, n = self.cands, len(self.cands)
+        if touch == "hit":
+            return c.last_access[:n], c.access_seq[:n]
+        if touch == "path":
+            return c.path_access[:n], c.path_seq[:n]
+        raise ValueError(f"touch must be hit or path, got {touch!r}")
+
+    @property
+    def leaf(self) -> np.ndarray:
+        return self.cands.leaf[: len(self.cands)]
+
+    @property
+    def depth(self) -> np.ndarray:
+        return self.cands.depth[: len(self.cands)]
+
+    @property
+    def edge_len(self) -> np.ndarray:
+        return self.cands.edge_len[: len(self.cands)]
+
+    @property
+    def has_ssm(self) -> np.ndarray:
+        return self.cands.has_ssm[: len(self.cands)]

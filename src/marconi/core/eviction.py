@@ -1,6 +1,13 @@
-"""Eviction rules and policies: they score candidates, the cache owns the eviction loop.
+"""Eviction rules and policies: a rule scores candidates, the cache owns the eviction loop.
 
-Which nodes are candidates, and which recency signal a rule scores with, are a policy's decisions
+A :class:`Rule` is a value: which candidates may be victims (``candidates``), which recency signal it
+reads (``touch``), whether predicted-dead tails are cut first (``tails``), and ``scores(table)`` over a
+:class:`~marconi.core.candidates.CandidateTable` (lowest is evicted; exact ties go to the least
+recently accessed, :func:`choose_victim`). Every engine fills that table and asks the rule; a rule is
+written once. A rule class names itself in text through :func:`register_rule_label`, so
+:func:`rule_from_label` (and every ``rules=`` option built on it) accepts its labels.
+
+Which nodes are candidates, and which recency signal a rule scores with, are a rule's decisions
 besides its score (the cache keeps both signals: a hit refreshes the node it resumed from, a
 matched path every node on it up to there):
 
@@ -9,14 +16,13 @@ matched path every node on it up to there):
   refreshes only the matched node). Utility = normalised recency + α · normalised FLOP efficiency,
   both min-max normalised over the current candidates; the lowest utility is evicted, one node at
   a time. Its :class:`EvictionRule` can also take SGLang's candidates and touch, which with α = 0
-  is exactly ``lru``: the family the selectors (:mod:`marconi.selectors`) choose from online.
+  is exactly ``lru``: the family an adaptive policy chooses from online.
 
-Every caller scores through :func:`score_rules` (and its normalisation :func:`min_max` and
-tie-break :func:`argmin_ties_by_order`): one rule's victim, a family's victims at once, and the
-vLLM plugin's block pool. Candidates and FLOP efficiency live in :mod:`marconi.core.candidates`.
-
-The registry's other entries (``regret``, ``worlds``, ``oracle``) are the selectors': they
-register themselves from :mod:`marconi.selectors`, which the registry names as its provider.
+:class:`EvictionRule` scores through :func:`score_rules` (and its normalisation :func:`min_max` and
+tie-break :func:`argmin_ties_by_order`): one rule's victim, a family's victims at once, and every
+engine's fast path. :class:`RulePolicy` applies any other :class:`Rule` in the cache. Candidates
+and FLOP efficiency live in :mod:`marconi.core.candidates`. The registry's other entries (the
+adaptive policies) are registered by the packages that define them.
 """
 
 from __future__ import annotations
@@ -24,21 +30,137 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import dataclass
-from typing import Any, Protocol, Sequence
+from enum import StrEnum
+from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
-from marconi.core.candidates import CandidateSet
+from marconi.core.candidates import CandidateSet, CandidateTable, LazyEfficiency
 from marconi.core.registry import ConfigError, Domain, Registry
 
-__all__ = ["EvictionPolicy", "EvictionRule", "LRU", "FlopAware", "EVICTION_POLICIES", "make_eviction", "check_alpha",
-           "score_rules", "min_max", "argmin_ties_by_order"]
+if TYPE_CHECKING:
+    from marconi.core.cache import PrefixCache
+
+__all__ = ["EvictionPolicy", "EvictionRule", "Rule", "RulePolicy", "LRU", "FlopAware", "EVICTION_POLICIES",
+           "make_eviction", "check_alpha", "score_rules", "min_max", "argmin_ties_by_order", "choose_victim",
+           "Efficiency", "Recency", "Candidates", "Touch", "EFFICIENCIES", "register_rule_label",
+           "unregister_rule_label", "rule_from_label", "rule_labels", "check_cuts_tails"]
 
 
-EFFICIENCIES = ("total", "marginal")
-RECENCIES = ("linear", "inverse-age")
-CANDIDATE_KINDS = ("single-child", "leaves")
-TOUCHES = ("hit", "path")
+class Efficiency(StrEnum):
+    """Which FLOP efficiency a rule weighs: the whole prefix's (the paper's) or the node's own edge's."""
+
+    TOTAL = "total"
+    MARGINAL = "marginal"
+
+
+class Recency(StrEnum):
+    """How recency is scored: linear in the last access, or inverse age in accesses."""
+
+    LINEAR = "linear"
+    INVERSE_AGE = "inverse-age"
+
+
+class Candidates(StrEnum):
+    """Which nodes may be victims: those with at most one child (Marconi) or leaves only (SGLang)."""
+
+    SINGLE_CHILD = "single-child"
+    LEAVES = "leaves"
+
+
+class Touch(StrEnum):
+    """Which recency signal: refreshed on the node a hit resumed from, or on every matched node."""
+
+    HIT = "hit"
+    PATH = "path"
+
+
+#: The efficiency variants, as plain strings (every engine validates against this one tuple).
+EFFICIENCIES: tuple[str, ...] = tuple(e.value for e in Efficiency)
+RECENCIES: tuple[str, ...] = tuple(r.value for r in Recency)
+CANDIDATE_KINDS: tuple[str, ...] = tuple(c.value for c in Candidates)
+TOUCHES: tuple[str, ...] = tuple(t.value for t in Touch)
+
+
+@runtime_checkable
+class Rule(Protocol):
+    """What every engine needs to apply an eviction rule.
+
+    ``candidates``: which candidates the engine puts in the table (``single-child``: every one it may
+    evict; ``leaves``: the table's leaf flags narrow it further). ``touch``: which recency signal the
+    table's ``recency(touch)`` gives. ``tails``: cut predicted-dead tails before any victim (only a
+    cache that tracks them can; :func:`check_cuts_tails`). ``scores(table)``: one float per row of
+    the table, lowest evicted first (``inf`` where the rule does not look); exact ties go to the
+    least recently accessed under ``touch`` (:func:`choose_victim`). Rules are immutable and hashable.
+    """
+
+    candidates: Candidates
+    touch: Touch
+    tails: bool
+
+    def label(self) -> str:
+        ...
+
+    def scores(self, table: CandidateTable) -> np.ndarray:
+        ...
+
+
+def choose_victim(rule: Rule, table: CandidateTable) -> int:
+    """Row of ``table`` (non-empty) ``rule`` evicts: the lowest score, exact ties to the smallest
+    access order under the rule's touch. Raises ConfigError if the rule's scores are not one finite
+    or infinite float per row (a nan leaves no victim)."""
+    scores = np.asarray(rule.scores(table), dtype=np.float64)
+    if scores.shape != (len(table),) or np.isnan(scores).any() or not np.isfinite(scores).any():
+        raise ConfigError(f"rule {rule.label()!r} scored {len(table)} candidates as {scores!r}: want one float per "
+                          "candidate, no nan, at least one finite")
+    return argmin_ties_by_order(scores, table.recency(rule.touch)[1])
+
+
+def check_cuts_tails(rule: Rule, where: str, cuts_tails: bool) -> Rule:
+    """``rule``, or ConfigError if it cuts dead tails (``t``) and ``where`` cannot (``cuts_tails``
+    False: only a cache that tracks the tails' prediction can cut them)."""
+    if rule.tails and not cuts_tails:
+        raise ConfigError(f"{where} cannot cut dead tails: rule {rule.label()!r} asks for it (t); drop the t")
+    return rule
+
+
+#: Label parsers of rule classes other than :class:`EvictionRule`, by name, in registration order.
+_RULE_LABELS: dict[str, Callable[[str], "Rule | None"]] = {}
+
+
+def register_rule_label(name: str, parse: Callable[[str], "Rule | None"]) -> None:
+    """Make :func:`rule_from_label` accept the labels ``parse`` recognises: it returns the rule a label
+    names, or None for a label that is not its own (then the next parser, and finally
+    :meth:`EvictionRule.from_label`, are asked). Raises ConfigError if ``name`` is registered."""
+    if name in _RULE_LABELS:
+        raise ConfigError(f"rule label parser {name!r} is registered already")
+    _RULE_LABELS[name] = parse
+
+
+def unregister_rule_label(name: str) -> None:
+    """Forget the parser registered as ``name`` (KeyError if none is)."""
+    del _RULE_LABELS[name]
+
+
+def rule_labels() -> tuple[str, ...]:
+    """Names of the registered label parsers."""
+    return tuple(_RULE_LABELS)
+
+
+def rule_from_label(label: str) -> Rule:
+    """The rule ``label`` names: a registered parser's, else :meth:`EvictionRule.from_label`'s
+    (whose ConfigError, naming the registered parsers, is raised when no one knows it)."""
+    text = label.strip()
+    for parse in tuple(_RULE_LABELS.values()):
+        rule = parse(text)
+        if rule is not None:
+            return rule
+    try:
+        return EvictionRule.from_label(text)
+    except ConfigError as exc:
+        if not _RULE_LABELS:
+            raise
+        raise ConfigError(f"{exc} (or a label of: {', '.join(_RULE_LABELS)})") from None
 
 
 def check_alpha(alpha: Any, where: str) -> None:
@@ -68,18 +190,23 @@ class EvictionRule:
     """
 
     alpha: float = 0.0
-    efficiency: str = "total"
-    recency: str = "linear"
-    candidates: str = "single-child"
-    touch: str = "hit"
+    efficiency: Efficiency = Efficiency.TOTAL
+    recency: Recency = Recency.LINEAR
+    candidates: Candidates = Candidates.SINGLE_CHILD
+    touch: Touch = Touch.HIT
     tails: bool = False
 
     def __post_init__(self) -> None:
+        """Strings are accepted for the four kinds and converted (ConfigError naming the allowed ones)."""
         check_alpha(self.alpha, "flop-aware")
-        for value, allowed, what in ((self.efficiency, EFFICIENCIES, "efficiency"), (self.recency, RECENCIES, "recency"),
-                                     (self.candidates, CANDIDATE_KINDS, "candidates"), (self.touch, TOUCHES, "touch")):
-            if value not in allowed:
-                raise ConfigError(f"flop-aware: {what} must be one of {', '.join(allowed)}; got {value!r}")
+        for what, kind in (("efficiency", Efficiency), ("recency", Recency), ("candidates", Candidates),
+                           ("touch", Touch)):
+            value = getattr(self, what)
+            try:
+                object.__setattr__(self, what, kind(value))
+            except (ValueError, TypeError):
+                raise ConfigError(f"flop-aware: {what} must be one of {', '.join(k.value for k in kind)}; "
+                                  f"got {value!r}") from None
 
     @property
     def is_lru(self) -> bool:
@@ -119,11 +246,18 @@ class EvictionRule:
                    "leaves" if "l" in flags else "single-child", "path" if "p" in flags else "hit", "t" in flags)
 
     def describe(self) -> dict[str, object]:
-        out: dict[str, object] = {"alpha": self.alpha, "efficiency": self.efficiency, "recency": self.recency,
-                                  "candidates": self.candidates, "touch": self.touch}
+        out: dict[str, object] = {"alpha": self.alpha, "efficiency": self.efficiency.value,
+                                  "recency": self.recency.value, "candidates": self.candidates.value,
+                                  "touch": self.touch.value}
         if self.tails:
             out["tails"] = True
         return out
+
+    def scores(self, table: CandidateTable) -> np.ndarray:
+        """The :class:`Rule` contract: :func:`score_rules`' full row for this rule (``inf`` outside a
+        leaf-only rule's leaves); the efficiency variant is read from the table only when α > 0."""
+        ((_, scores, _),) = score_rules((self,), table.cands, table.efficiency, full=True)
+        return scores
 
     def choose(self, cands: CandidateSet, efficiency: np.ndarray) -> int:
         """Index of the victim among ``cands`` (non-empty); ``efficiency`` per candidate for this
@@ -288,6 +422,39 @@ class FlopAware:
         if self.trims_tails:
             out["tails"] = True
         return out
+
+
+class RulePolicy:
+    """Any :class:`Rule` as a cache's eviction policy: the cache's candidate set is the table.
+
+    The cache keeps on its nodes the efficiency variant the rule names (``efficiency``, if it has one;
+    else ``total``); a rule reading the other variant gets it computed from the candidates' shape with
+    the model bound by the cache (``bind``). Candidates and tail cuts are the rule's.
+    """
+
+    name = "rule"
+
+    def __init__(self, rule: Rule) -> None:
+        if not isinstance(rule, Rule):
+            raise ConfigError(f"eviction rule {rule!r} lacks the Rule contract (label, candidates, touch, tails, scores)")
+        self.rule = rule
+        self.evicts_inner_nodes = rule.candidates == Candidates.SINGLE_CHILD
+        variant = str(getattr(rule, "efficiency", Efficiency.TOTAL))
+        self.efficiency_variant = variant if variant in EFFICIENCIES else Efficiency.TOTAL.value
+        self.trims_tails = self.tracks_tails = bool(rule.tails)  # the cache reads both
+        self.spec: Any = None
+
+    def bind(self, cache: "PrefixCache") -> None:
+        self.spec = cache.spec
+
+    def choose(self, candidates: CandidateSet) -> int:
+        n = len(candidates)
+        efficiency = LazyEfficiency({self.efficiency_variant: candidates.flop_eff[:n]}, spec=self.spec,
+                                    cands=candidates)
+        return choose_victim(self.rule, CandidateTable(candidates, efficiency))
+
+    def describe(self) -> dict[str, object]:
+        return {"eviction": self.name, "rule": self.rule.label()}
 
 
 # The online choosers (regret, worlds, oracle) register here through the marconi.eviction_policies

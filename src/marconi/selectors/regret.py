@@ -137,6 +137,10 @@ class RegretEviction:
         if objective not in ("hit-rate", "flops"):
             raise ConfigError(f"adaptive objective must be 'hit-rate' or 'flops', got {objective!r}")
         self.rules = parse_rules(rules)
+        other = [r.label() for r in self.rules if not isinstance(r, EvictionRule)]
+        if other:
+            raise ConfigError(f"the regret selector scores the FLOP-aware family only (rules {', '.join(other)} are "
+                              "not of it): its counterfactuals share score_rules; use the worlds selector")
         cutting = [r.label() for r in self.rules if r.tails]
         if cutting:
             raise ConfigError(f"the regret selector cannot judge dead-tail cuts (rules {', '.join(cutting)}): its "

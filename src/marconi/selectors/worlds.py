@@ -31,8 +31,8 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 
 from marconi.core.cache import CacheObserver, PrefixCache, RequestHandle
-from marconi.core.candidates import CandidateSet, flop_efficiency_array
-from marconi.core.eviction import EVICTION_POLICIES, EvictionPolicy, EvictionRule
+from marconi.core.candidates import CandidateSet, CandidateTable, LazyEfficiency, flop_efficiency_array
+from marconi.core.eviction import EVICTION_POLICIES, EvictionPolicy, EvictionRule, Rule, choose_victim
 from marconi.core.registry import ConfigError, Domain
 from marconi.selectors.family import RuleSwitch, cached_efficiency_variant, parse_rules, policy_for
 
@@ -110,7 +110,7 @@ class WorldsEviction:
         return policy_for(self.rules[k])
 
     @property
-    def rule(self) -> EvictionRule:
+    def rule(self) -> Rule:
         return self.rules[self.current]
 
     @property
@@ -131,6 +131,10 @@ class WorldsEviction:
     # ---------------------------------------------------------------- eviction
     def choose(self, candidates: CandidateSet) -> int:
         rule, n = self.rule, len(candidates)
+        if not isinstance(rule, EvictionRule):
+            efficiency = LazyEfficiency({self.efficiency_variant: candidates.flop_eff[:n]}, spec=self.spec,
+                                        cands=candidates)
+            return choose_victim(rule, CandidateTable(candidates, efficiency))
         if not rule.alpha or rule.efficiency == self.efficiency_variant:
             efficiency = candidates.flop_eff[:n]
         else:
