@@ -12,7 +12,7 @@ from marconi.core.cache import ManualClock, PrefixCache
 from marconi.core.model import PRESETS
 from marconi.sparse.admission import SparseDPAdmission
 from marconi.sparse.dp import TOKEN_COST, expected_cost, flops_cost, place_checkpoints, place_checkpoints_lagrangian
-from marconi.sparse.tree_overlap import TreeEstimatorConfig, TreeOverlapEstimator, path_keys
+from marconi.sparse.overlap import TreeEstimatorConfig, TreeOverlapEstimator, path_keys
 
 SPEC = PRESETS["paper-7b"]
 

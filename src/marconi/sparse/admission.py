@@ -9,7 +9,7 @@ checkpoint bytes). Marconi's branch-point and last-decoded-token checkpoints are
 
 Two estimators (``estimator=``):
 
-* ``tree`` (default): :class:`~marconi.sparse.tree_overlap.TreeOverlapEstimator`. Keyed by the
+* ``tree`` (default): :class:`~marconi.sparse.overlap.TreeOverlapEstimator`. Keyed by the
   radix tree's nodes (the node where the request leaves the cached tree, and every known node on
   its path), depths relative to the node, decayed by counts (``half_life`` observations) and by the
   cache's clock (``half_life_s``), at most ``max_nodes`` nodes of at most 32 depths each.
@@ -48,8 +48,13 @@ from marconi.core.admission import ADMISSION_POLICIES, AdmissionContext, FinalPl
 from marconi.core.registry import ConfigError, Domain
 from marconi.options import CHECKPOINT_BUDGET
 from marconi.sparse.dp import TOKEN_COST, PotentialCost, flops_cost, place_checkpoints, place_checkpoints_lagrangian
-from marconi.sparse.overlap import EstimatorConfig, OverlapEstimator
-from marconi.sparse.tree_overlap import TreeEstimatorConfig, TreeOverlapEstimator, path_keys
+from marconi.sparse.overlap import (
+    EstimatorConfig,
+    OverlapEstimator,
+    TreeEstimatorConfig,
+    TreeOverlapEstimator,
+    path_keys,
+)
 
 if TYPE_CHECKING:
     from marconi.core.cache import PrefixCache

@@ -22,12 +22,12 @@ placement, for the tests.
 
 **Online** (:class:`RetentionPlanner`, what ``MARCONI_VLLM_RETENTION=sparse-dp`` runs in the
 engine core and ``vllm-align:retention=sparse-dp`` in the emulation, the same object in both):
-when a request is first scheduled, :class:`OverlapEstimator` measures its overlap with the
-sequences seen before (leading block hashes), records that divergence relative to the sequence it
-diverged from and at the block it diverged after (a *branch point*), and returns the request's own
-anchor; the planner weighs the request's depths by the branch points on its known prefix and, past
-it, by the anchor's depth distribution (:meth:`OverlapEstimator.path_distribution`), drops the
-depths at or below its resume point, and places ``budget`` boundaries with :func:`place_on_grid`
+when a request is first scheduled, :class:`~marconi.sparse.overlap.BlockOverlapEstimator` measures
+its overlap with the sequences seen before (leading block hashes), records that divergence
+relative to the sequence it diverged from and at the block it diverged after (a *branch point*),
+and returns the request's own anchor; the planner weighs the request's depths by the branch points
+on its known prefix and, past it, by the anchor's depth distribution (its ``path_distribution``),
+drops the depths at or below its resume point, and places ``budget`` boundaries with :func:`place_on_grid`
 (the model's prefill FLOPs as the cost). The known prefix matters because the cache forgets what
 the estimator remembers: a request that recomputes an evicted document is the one chance to keep
 a state where that document's questions diverge (vLLM's junction needs the document's KVs cached). In ``align`` mode a state is
@@ -42,7 +42,6 @@ Nothing here imports vLLM.
 from __future__ import annotations
 
 import itertools
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Hashable, Sequence
 
@@ -50,9 +49,10 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from marconi.sparse.dp import TOKEN_COST, PotentialCost, flops_cost, place_checkpoints
+from marconi.sparse.overlap import BlockEstimatorConfig, BlockOverlapEstimator
 
 __all__ = ["GridPlacement", "grid_candidates", "place_on_grid", "brute_force_on_grid", "grid_expected_cost",
-           "EstimatorLimits", "OverlapEstimator", "RetentionPlanner", "SPARSE_DP", "DEFAULT_BUDGET"]
+           "RetentionPlanner", "SPARSE_DP", "DEFAULT_BUDGET"]
 
 #: The value of ``MARCONI_VLLM_RETENTION`` / ``vllm-align:retention=`` that selects DP placement.
 SPARSE_DP = "sparse-dp"
@@ -173,201 +173,6 @@ def brute_force_on_grid(weights: ArrayLike, *, block_size: int, fixed: Sequence[
 
 
 # ====================================================================================== online
-@dataclass(frozen=True, slots=True)
-class EstimatorLimits:
-    """The estimator's memory bound and forgetting (defaults documented here, nowhere else).
-
-    Attributes:
-        max_keys: block hashes remembered (LRU: a lookup touches the shared ones, the oldest go
-            first); 65,536 blocks are about 25M tokens at vLLM's 384-token hybrid block.
-        max_anchors: anchors with a histogram of their own (LRU), and separately branch points
-            (blocks right after which requests left the tree) with a count of their own (LRU).
-        max_bins: distinct relative depths per histogram; past it the lightest bin goes.
-        decay: every observation multiplies a histogram's weights by this first (count decay:
-            the effective sample is at most ``1 / (1 - decay)``, 50 at 0.98).
-        prior: pseudo-count of the global histogram in an anchor's blend (its own observations
-            dominate once it has a few).
-    """
-
-    max_keys: int = 1 << 16
-    max_anchors: int = 4096
-    max_bins: int = 64
-    decay: float = 0.98
-    prior: float = 1.0
-
-    def __post_init__(self) -> None:
-        if min(self.max_keys, self.max_anchors, self.max_bins) < 1:
-            raise ValueError("max_keys, max_anchors and max_bins must be >= 1")
-        if not 0 < self.decay <= 1 or not self.prior >= 0:
-            raise ValueError(f"decay must be in (0, 1] and prior >= 0, got {self.decay}, {self.prior}")
-
-
-class _Histogram:
-    """Decayed weights of relative divergence depths (in blocks), at most ``max_bins`` of them."""
-
-    __slots__ = ("weights", "max_bins", "decay")
-
-    def __init__(self, max_bins: int, decay: float) -> None:
-        self.weights: dict[int, float] = {}
-        self.max_bins = max_bins
-        self.decay = decay
-
-    def add(self, depth: int) -> None:
-        for k in self.weights:
-            self.weights[k] *= self.decay
-        self.weights[depth] = self.weights.get(depth, 0.0) + 1.0
-        if len(self.weights) > self.max_bins:    # the lightest goes (ties: the deepest), never the new one
-            victim = min((k for k in self.weights if k != depth), key=lambda k: (self.weights[k], -k))
-            del self.weights[victim]
-
-    @property
-    def mass(self) -> float:
-        return sum(self.weights.values())
-
-
-class OverlapEstimator:
-    """Where future requests will diverge from a sequence, learnt from the requests seen.
-
-    Keyed by the radix tree itself, not by a token window: every block hash a sequence brings
-    first is *owned* by it, with the sequence's *novelty start* ``h`` (its overlap, in blocks, with
-    what was seen before it) and its *anchor* (the hash of its last shared block: its branch point
-    in the tree; ``None`` for the root). A new request's overlap ``d`` (leading blocks seen) ends in
-    a block some earlier sequence owns; ``d - h_owner`` (>= 1) is the observation, added to the
-    owner's anchor's histogram. Depths are relative to the node, so one document's length does not
-    land at another document's offset. A node with few observations of its own borrows from the
-    global histogram of *absolute* depths ``d`` (where requests diverged, counted from the root),
-    restricted to depths past the sequence's novelty start: sequences of one shape (questions at
-    the same depths of same-length documents) share a prior, and a node's own evidence takes over
-    as it accumulates.
-
-    Every observation also counts one more request at its *branch point*, the block ``keys[d - 1]``
-    the request left the tree after. A later sequence passing through that block learns exactly
-    where along its own known prefix requests diverged (:meth:`path_distribution`), whatever the
-    documents' lengths; counts decay by ``decay`` at each observation of the same branch point.
-
-    Memory is bounded by :class:`EstimatorLimits`. Deterministic: the same keys in the same order
-    give the same state.
-    """
-
-    def __init__(self, limits: EstimatorLimits = EstimatorLimits()) -> None:
-        self.limits = limits
-        self._owner: OrderedDict[Hashable, tuple[Hashable | None, int]] = OrderedDict()
-        self._local: OrderedDict[Hashable | None, _Histogram] = OrderedDict()
-        self._global = _Histogram(limits.max_bins, limits.decay)
-        # Block hash -> decayed count of requests whose overlap ended right after that block.
-        self._branches: OrderedDict[Hashable, float] = OrderedDict()
-        self.num_observations = 0
-
-    @property
-    def num_keys(self) -> int:
-        return len(self._owner)
-
-    @property
-    def num_anchors(self) -> int:
-        return len(self._local)
-
-    def observe(self, keys: Sequence[Hashable]) -> tuple[Hashable | None, int]:
-        """A new sequence's leading block hashes (one per block, in order): record its divergence
-        and take ownership of its new blocks. Returns its anchor and novelty start ``h`` (blocks)."""
-        depth = 0
-        while depth < len(keys) and keys[depth] in self._owner:
-            depth += 1
-        if depth:
-            anchor, start = self._owner[keys[depth - 1]]
-            self._record(anchor, depth - start, depth)
-            self._branch(keys[depth - 1])
-            for key in keys[:depth]:
-                self._owner.move_to_end(key)
-        anchor = keys[depth - 1] if depth else None
-        for key in keys[depth:]:
-            self._owner[key] = (anchor, depth)
-        while len(self._owner) > self.limits.max_keys:
-            self._owner.popitem(last=False)
-        return anchor, depth
-
-    def _record(self, anchor: Hashable | None, relative: int, absolute: int) -> None:
-        hist = self._local.get(anchor)
-        if hist is None:
-            hist = self._local[anchor] = _Histogram(self.limits.max_bins, self.limits.decay)
-            while len(self._local) > self.limits.max_anchors:
-                self._local.popitem(last=False)
-        else:
-            self._local.move_to_end(anchor)
-        hist.add(relative)
-        self._global.add(absolute)
-        self.num_observations += 1
-
-    def _branch(self, key: Hashable) -> None:
-        """One more request left the tree right after block ``key`` (its count decays as a bin does)."""
-        count = self._branches.pop(key, 0.0)
-        self._branches[key] = count * self.limits.decay + 1.0
-        while len(self._branches) > self.limits.max_anchors:
-            self._branches.popitem(last=False)
-
-    def _tail(self, anchor: Hashable | None, start: int) -> dict[int, float]:
-        """Unnormalised weights of relative depths past ``start``: the anchor's own decayed counts
-        plus ``prior`` pseudo-counts of the global absolute depths past ``start`` (one pseudo-count
-        when the anchor has none of its own)."""
-        beyond = {k - start: w for k, w in self._global.weights.items() if k > start}
-        g_mass = sum(beyond.values())
-        local = self._local.get(anchor)
-        l_mass = local.mass if local is not None else 0.0
-        if g_mass <= 0 and l_mass <= 0:
-            return {}
-        prior = self.limits.prior if l_mass > 0 else 1.0
-        out = {k: prior * w / g_mass for k, w in beyond.items()}
-        if local is not None and l_mass > 0:
-            for k, w in local.weights.items():
-                out[k] = out.get(k, 0.0) + w            # l_mass * (w / l_mass)
-        return out
-
-    def distribution(self, anchor: Hashable | None, start: int = 0) -> dict[int, float]:
-        """Relative divergence depth (blocks, >= 1) -> probability for a sequence anchored at
-        ``anchor`` with novelty start ``start``: its anchor's histogram blended with the global
-        absolute depths past ``start`` (shifted by it; ``prior`` pseudo-counts of them); empty
-        when neither has anything."""
-        return _normalised(self._tail(anchor, start))
-
-    def path_distribution(self, keys: Sequence[Hashable], anchor: Hashable | None, start: int) -> dict[int, float]:
-        """Absolute divergence depth (blocks, >= 1) -> probability over the whole sequence whose
-        block hashes are ``keys`` (``anchor`` and ``start``: what :meth:`observe` returned for it).
-
-        Up to ``start`` the sequence spells a known path and the evidence there is exact: every
-        branch point on it (a block right after which earlier requests left the path), weighted
-        by its decayed count of those requests. Past ``start``, where no request has been, the
-        relative estimate of :meth:`distribution` with its own mass (the anchor's counts plus the
-        prior's pseudo-count), shifted by ``start``: a sequence with no branch point on its path
-        gets :meth:`distribution` exactly. Touches the branch points it reads (their LRU order).
-
-        Why both: a request that recomputes a known prefix (the cache evicted it; the estimator
-        remembers it) is the one chance to keep a state where that prefix's siblings diverge."""
-        out: dict[int, float] = {}
-        for j in range(min(start, len(keys))):
-            count = self._branches.get(keys[j])
-            if count is not None:
-                self._branches.move_to_end(keys[j])
-                out[j + 1] = count
-        for k, w in self._tail(anchor, start).items():
-            out[start + k] = out.get(start + k, 0.0) + w
-        return _normalised(out)
-
-    @property
-    def num_branches(self) -> int:
-        """Branch points remembered (at most ``max_anchors``)."""
-        return len(self._branches)
-
-    def check_invariants(self) -> None:
-        assert len(self._owner) <= self.limits.max_keys and len(self._local) <= self.limits.max_anchors
-        assert len(self._branches) <= self.limits.max_anchors and all(c > 0 for c in self._branches.values())
-        for hist in (self._global, *self._local.values()):
-            assert len(hist.weights) <= self.limits.max_bins and all(k >= 1 and w > 0 for k, w in hist.weights.items())
-
-
-def _normalised(weights: dict[int, float]) -> dict[int, float]:
-    total = sum(weights.values())
-    return {k: v / total for k, v in sorted(weights.items())} if total > 0 else {}
-
-
 class RetentionPlanner:
     """Per request, the block boundaries to keep beyond vLLM's own (see the module docstring).
 
@@ -378,13 +183,13 @@ class RetentionPlanner:
     """
 
     def __init__(self, *, block_size: int, budget: int, cost: PotentialCost = TOKEN_COST,
-                 limits: EstimatorLimits = EstimatorLimits()) -> None:
+                 estimator: BlockEstimatorConfig = BlockEstimatorConfig()) -> None:
         if block_size <= 0 or budget < 0:
             raise ValueError(f"block_size must be > 0 and budget >= 0, got {block_size}, {budget}")
         self.block_size = block_size
         self.budget = budget
         self.cost = cost
-        self.estimator = OverlapEstimator(limits)
+        self.estimator = BlockOverlapEstimator(estimator)
         self._plans: dict[Hashable, tuple[int, ...]] = {}
         self.num_planned = 0
         self.num_placed = 0              # boundaries placed, summed over the plans made
@@ -407,9 +212,9 @@ class RetentionPlanner:
                 boundary (0: none). Both, and the replay boundary ``num_prompt_tokens - 1``, are
                 floored to the grid and fixed.
 
-        The weights are :meth:`OverlapEstimator.path_distribution` over the whole prompt, less the
-        depths at or below ``resume`` (the request computes nothing there, so no placement changes
-        their cost): the budget goes only to boundaries the request computes.
+        The weights are the estimator's ``path_distribution`` over the whole prompt, less the depths
+        at or below ``resume`` (the request computes nothing there, so no placement changes their
+        cost): the budget goes only to boundaries the request computes.
         """
         known = self._plans.get(request_id)
         if known is not None:
