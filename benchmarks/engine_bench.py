@@ -17,12 +17,13 @@ import argparse
 import sys
 
 from marconi.engine.commands import register
+from marconi.lab.engine_bench_command import register as register_bench
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="engine_bench")
     sub = parser.add_subparsers(dest="command", required=True)
-    register(sub)
+    register_bench(register(sub))
     args = parser.parse_args(["engine", "bench", *(sys.argv[1:] if argv is None else argv)])
     return int(args.func(args))
 

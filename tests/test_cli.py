@@ -334,8 +334,8 @@ def test_clean_traces_have_no_warnings(tmp_path, capsys):
 
 
 def test_experiment_output_folders_are_checked_before_any_work(tmp_path, monkeypatch, capsys):
-    from marconi.experiments.reproduce import pipeline
-    from marconi.experiments.sparse import command as sparse_command
+    from marconi.lab.reproduce import pipeline
+    from marconi.lab.sparse import command as sparse_command
 
     def fail(*args, **kwargs):
         raise AssertionError("the study ran before the error was detected")

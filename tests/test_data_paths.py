@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from marconi.cli import main
-from marconi.experiments import reproduce
-from marconi.experiments.reproduce.traces import data_available
+from marconi.lab import reproduce
+from marconi.lab.reproduce.traces import data_available
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -52,7 +52,7 @@ def test_reproduce_quick_cli_runs_on_bundled_data_and_says_so(monkeypatch, tmp_p
         seen["profile"] = profile
         raise KeyboardInterrupt  # stop here: the 2-minute run is not this test's business
 
-    from marconi.experiments.reproduce import pipeline
+    from marconi.lab.reproduce import pipeline
 
     monkeypatch.setattr(pipeline, "run_reproduction", fake_run)
     assert main(["reproduce", "--quick", "--out", str(tmp_path / "report"), "--quiet"]) == 130

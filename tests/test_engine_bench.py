@@ -8,7 +8,7 @@ import pytest
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-from marconi.engine import bench
+from marconi.lab import engine_bench as bench
 from marconi.engine.models import load_model
 from marconi.workloads.synthetic import agent_trace
 

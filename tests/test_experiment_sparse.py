@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from marconi.cli import main
-from marconi.experiments.sparse import (
+from marconi.lab.sparse import (
     StudyConfig,
     Workload,
     block_sizes,

@@ -11,10 +11,10 @@ import pytest
 from marconi.cli import main
 from marconi.core.cache import ManualClock
 from marconi.core.model import get_model
-from marconi.experiments.headroom import (DECOMPOSITION, DIMENSIONS, VARIANTS, anatomy, breakdown_rows, build_variant,
+from marconi.lab.headroom import (DECOMPOSITION, DIMENSIONS, VARIANTS, anatomy, breakdown_rows, build_variant,
                                           derive_sessions, replay, run_point, trace_sessions)
-from marconi.experiments.headroom.sessions import PrefixHasher
-from marconi.experiments.headroom.variants import default_system, future_of
+from marconi.lab.headroom.sessions import PrefixHasher
+from marconi.lab.headroom.variants import default_system, future_of
 from marconi.selectors.oracle import NEVER, FutureIndex
 from marconi.sim.replay import simulate_system, working_set_bytes
 from marconi.workloads import build_workload

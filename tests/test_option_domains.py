@@ -342,11 +342,11 @@ def test_bug5_the_replay_engine_refuses_a_zero_kv_budget_instead_of_one_tebibyte
 def test_engine_bench_lengths_are_bounded_before_the_model_loads() -> None:
     """``engine bench --lengths 1000000000000`` would have allocated a 10^12-token prefill; the
     list is read by the handler (``''`` skips the runs), so its bound is there, named."""
-    from marconi.engine.commands import _lengths
+    from marconi.lab.engine_bench_command import parse_lengths
 
-    assert _lengths("64,4096") == [64, 4096] and _lengths("") == []
+    assert parse_lengths("64,4096") == [64, 4096] and parse_lengths("") == []
     with pytest.raises(ConfigError, match="--lengths: every length must be <= 16,777,216 tokens"):
-        _lengths("64,1000000000000")
+        parse_lengths("64,1000000000000")
 
 
 def test_unclear_retention_vllm_refuses_in_its_worker_is_named_as_the_option() -> None:

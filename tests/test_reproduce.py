@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 
 from marconi.cli import build_parser
-from marconi.experiments.reproduce import PROFILES, choose_regimes, rerender, run_reproduction
-from marconi.experiments.reproduce.anatomy import window_bounds
-from marconi.experiments.reproduce.context import PAPER_MARCONI
-from marconi.experiments.reproduce.latency import engine_latency_from_file, latency_set
-from marconi.experiments.reproduce.report import FIGURES
-from marconi.experiments.reproduce.traces import (TraceFactory, WorkloadSource, concat_traces, continuation_stats,
+from marconi.lab.reproduce import PROFILES, choose_regimes, rerender, run_reproduction
+from marconi.lab.reproduce.anatomy import window_bounds
+from marconi.lab.reproduce.context import PAPER_MARCONI
+from marconi.lab.reproduce.latency import engine_latency_from_file, latency_set
+from marconi.lab.reproduce.report import FIGURES
+from marconi.lab.reproduce.traces import (TraceFactory, WorkloadSource, concat_traces, continuation_stats,
                                                   retime_sessions, retime_swe, reuse_kinds)
 from marconi.core.model import get_model
 from marconi.sim import simulate_system
@@ -267,7 +267,7 @@ def test_an_interrupted_report_write_leaves_the_old_report_whole(report, tmp_pat
     shutil.copytree(out, copy_dir)
     (copy_dir / "fig7.jsonl").write_text('{"marker": "the earlier report"}\n')  # a re-render rewrites it first
     before = _tree(copy_dir)
-    from marconi.experiments.reproduce import fig12
+    from marconi.lab.reproduce import fig12
 
     def interrupted(records, directory):
         raise KeyboardInterrupt  # after figs. 7-11 were plotted and the JSONL files written
@@ -315,7 +315,7 @@ def test_report_only_refuses_a_truncated_points_file(tmp_path, capsys):
 
 
 def test_reproduce_over_an_existing_report_says_it_replaces_it(tmp_path, monkeypatch, capsys):
-    from marconi.experiments.reproduce import pipeline
+    from marconi.lab.reproduce import pipeline
 
     out = _summary(tmp_path, {"profile": "quick"})
     monkeypatch.setattr(pipeline, "run_reproduction", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt))
@@ -324,7 +324,7 @@ def test_reproduce_over_an_existing_report_says_it_replaces_it(tmp_path, monkeyp
 
 
 def test_reproduce_refuses_a_folder_that_holds_something_else(tmp_path, monkeypatch, capsys):
-    from marconi.experiments.reproduce import pipeline
+    from marconi.lab.reproduce import pipeline
 
     monkeypatch.setattr(pipeline, "run_reproduction", lambda *a, **k: pytest.fail("ran before the check"))
     out = tmp_path / "results"

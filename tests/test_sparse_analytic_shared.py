@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from marconi.core.model import get_model
-from marconi.experiments.sparse.oracle import analytic_records, prefix_ids
-from marconi.experiments.sparse.report import summary_markdown
-from marconi.experiments.sparse.workloads import Workload
+from marconi.lab.sparse.oracle import analytic_records, prefix_ids
+from marconi.lab.sparse.report import summary_markdown
+from marconi.lab.sparse.workloads import Workload
 from marconi.workloads import Request, Trace
 
 

@@ -1,4 +1,4 @@
-"""Per-group checkpoint placement (marconi.sparse.groups): exact against brute force, dp.py at G = 1,
+"""Per-group checkpoint placement (marconi.lab.sparse_groups): exact against brute force, dp.py at G = 1,
 strictly better than one shared placement where groups differ, equal where they do not."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 
 from marconi.core.registry import ConfigError
 from marconi.sparse.dp import TOKEN_COST, place_checkpoints, segment_cost_matrix
-from marconi.sparse.groups import (
+from marconi.lab.sparse_groups import (
     SYNTHETIC_SPECS,
     LayerGroups,
     compare_budgets,

@@ -340,7 +340,7 @@ def test_run_frontier_removes_its_scratch_folder_on_success(tmp_path, monkeypatc
     import tempfile
 
     import marconi.integrations.vllm.replay.run as run
-    from marconi.integrations.vllm.frontier import FrontierConfig, run_frontier
+    from marconi.lab.frontier import FrontierConfig, run_frontier
 
     seen = []
 

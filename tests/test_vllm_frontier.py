@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from marconi.core.registry import ConfigError
-from marconi.integrations.vllm.frontier import (RECORD_FIELDS, Arm, pareto, plan_arms, report_markdown,
+from marconi.lab.frontier import (RECORD_FIELDS, Arm, pareto, plan_arms, report_markdown,
                                                 verdict_lines)
 from vllm_env import VLLM_PYTHON, require_vllm
 

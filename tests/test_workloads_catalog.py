@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 from marconi.cli import main
-from marconi.experiments.reproduce import PROFILES, with_available_data
-from marconi.experiments.reproduce.traces import TraceFactory
-from marconi.experiments.sparse import study_workload
+from marconi.lab.reproduce import PROFILES, with_available_data
+from marconi.lab.reproduce.traces import TraceFactory
+from marconi.lab.sparse import study_workload
 from marconi.core.registry import ConfigError
 from marconi.workloads import (DataUnavailable, Provenance, build_swe_trace, build_workload, bundled_data_dir,
                                catalog_entries, chat_trace, doc_qa_trace, read_trace, workload_names,
@@ -158,7 +158,7 @@ def test_provenance_travels_with_the_trace_file(tmp_path, no_shared_data):
 
 
 def test_agent_cpu_is_the_engine_benchs_trace_shape():
-    """What ``engine.bench.swe_like_trace`` made: agents sharing an 800-token system prompt, each call's
+    """What the engine bench's ``swe_like_trace`` made: agents sharing an 800-token system prompt, each call's
     input = the previous input + its output + a new observation, <= max_turns calls, inputs capped."""
     trace = build_workload("agent-cpu-synthetic:sessions=3,max_input_len=2500")
     sessions = trace.sessions()

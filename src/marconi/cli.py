@@ -1,4 +1,5 @@
-"""``marconi`` command line: models, systems, simulate, compare, demo, trace …, engine …, experiments.
+"""``marconi`` command line: models, systems, simulate, compare, demo, trace …, engine …, vllm …, sglang …,
+and the lab's commands (experiment …, reproduce, engine bench, vllm frontier; :mod:`marconi.lab.commands`).
 
 Every sub-command is a function ``(args) -> exit code``; library code never prints, this does.
 """
@@ -6,44 +7,20 @@ Every sub-command is a function ``(args) -> exit code``; library code never prin
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 import time
 from pathlib import Path
 from typing import Any, Sequence
 
+from marconi.commandline import load_trace, read_files
 from marconi.pool import sigterm_raises, sigterm_received
 from marconi.core.registry import ConfigError, split_name_list
 from marconi.sim.backends import worker_count
 from marconi.units import request_limit
 
-__all__ = ["main", "load_trace", "read_files", "guard_outputs", "build_parser"]
-
-
-def load_trace(text: str, limit: int | None = None) -> Any:
-    """:func:`marconi.workloads.load_trace`, with its notices on stderr."""
-    from marconi.workloads import load_trace as load
-
-    return load(text, limit, notice=lambda line: print(line, file=sys.stderr))
-
-
-def read_files(*, traces: Sequence[str | None] = (), models: Sequence[str | None] = (),
-               files: Sequence[str | None] = ()) -> list[str]:
-    """Every existing file (or model directory) a command reads, for ``check_output(inputs=...)``.
-
-    ``traces``: ``--trace`` values; a trace file is read with its ``.meta.json`` sidecar. ``models``:
-    ``--model`` values (comma lists); a path is a config file or a directory whose files are all
-    read. ``files``: other paths (comma lists; a ``table:`` prefix is dropped). Catalog and preset
-    names name no file here.
-    """
-    from marconi.workloads.trace.files import META_SUFFIX
-
-    def items(texts: Sequence[str | None]) -> list[str]:
-        return [i.strip().removeprefix("table:") for t in texts for i in (t or "").split(",") if i.strip()]
-
-    out = [p for t in traces if t for p in (t, t + META_SUFFIX)]
-    out += items(models) + items(files)
-    return [p for p in dict.fromkeys(out) if Path(p).exists()]
+__all__ = ["main", "guard_outputs", "build_parser"]
 
 
 def guard_outputs(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -323,6 +300,14 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 # --------------------------------------------------------------------------- parser
+# The library's command modules, each with ``register(subparsers)``, and the group name of those
+# whose ``register`` returns its group's subparsers object; then the lab's commands, which add
+# leaves to those groups (the library never imports the lab).
+_LIBRARY_COMMANDS = (("marconi.workloads.commands", None), ("marconi.engine.commands", "engine"),
+                     ("marconi.integrations.vllm.commands", "vllm"), ("marconi.integrations.sglang.commands", None))
+_LAB_COMMANDS = "marconi.lab.commands"
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``marconi`` parser: every numeric option typed with its domain, every output marked
     (:mod:`marconi.options`)."""
@@ -390,15 +375,18 @@ def build_parser() -> argparse.ArgumentParser:
     add_output(demo, "--out", default="results/demo.jsonl")
     demo.set_defaults(func=_cmd_demo)
 
-    for module in ("marconi.workloads.commands", "marconi.engine.commands", "marconi.experiments.commands",
-                   "marconi.integrations.vllm.commands", "marconi.integrations.sglang.commands"):
+    groups: dict[str, Any] = {}   # group name -> its subparsers object, for the lab's leaves
+    for module, group in _LIBRARY_COMMANDS:
         try:
-            mod = __import__(module, fromlist=["register"])
+            mod = importlib.import_module(module)
         except ModuleNotFoundError as exc:
             if exc.name != module:
                 raise
             continue
-        mod.register(sub)
+        added = mod.register(sub)
+        if group is not None:
+            groups[group] = added
+    importlib.import_module(_LAB_COMMANDS).register(sub, groups)
     return parser
 
 

@@ -8,8 +8,10 @@ Modules, one concept each:
 * :mod:`~marconi.engine.states` — KV / SSM payloads, capture and restore, ``TensorPayloads``;
 * :mod:`~marconi.engine.prefill` — prefill with checkpoints (segmented / chunk-boundary), decode;
 * :mod:`~marconi.engine.engine` — :class:`Engine`: one request at a time through ``PrefixCache``;
-* :mod:`~marconi.engine.bench` — measured TTFT with / without the cache, checkpointing overheads;
 * :mod:`~marconi.engine.commands` — the ``engine`` CLI command group (``register(subparsers)``).
+
+The engine's bench (measured TTFT with / without the cache, checkpointing overheads) is in the lab:
+:mod:`marconi.lab.engine_bench`, ``marconi engine bench``.
 
 torch and transformers are imported lazily by the CLI, so ``marconi`` works without them.
 """

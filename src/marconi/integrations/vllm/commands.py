@@ -11,10 +11,6 @@
                         (--concurrency C | --rate R | --trace-times [SCALE]) [--policies lru,marconi[,marconi:alpha=adaptive]]
                         [--out results/vllm_replay.jsonl] [--plot results/vllm_replay_ttft_cdf.png]
 
-    marconi vllm frontier --out DIR [--traces quality,shared-prompts-synthetic,swe-sample,doc-qa-synthetic]
-                          [--model nemotron-h-8b] [--budgets 0,1,2,4] [--intervals 0,512,1024,2048]
-                          [--gpu-memory 80GB | --capacity 0.3x] [--limit 256] [--from-records JSONL]
-
 Only the handler prints (progress to stderr, the comparison table to stdout).
 """
 
@@ -25,15 +21,15 @@ import dataclasses
 import re
 import shlex
 import sys
-from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
+from marconi.commandline import comma_list
 from marconi.core.registry import ConfigError, Domain
 from marconi.options import (CHECKPOINT_BUDGET, COUNT, MAX_BLOCKS, MAX_TOKENS, TOKENS, CapacityList, NameList, Number,
-                             NumberList, add_output, add_reread)
+                             NumberList, add_output)
 from marconi.sim.backends import worker_count
 
-__all__ = ["register"]
+__all__ = ["register", "CONCURRENCY"]
 
 # The domains of the vLLM commands' numeric options, checked at parse time (issue 31: each of these
 # used to fail inside the worker with vLLM's or pydantic's text, or not at all).
@@ -52,13 +48,12 @@ _RETENTION_HINT = ("vLLM needs a multiple of the model's block, which the replay
 RETENTION = Domain(0, MAX_TOKENS, integer=True, multiple_of=16, words=("none",), hint=_RETENTION_HINT)
 RETENTION_OR_SPARSE = Domain(0, MAX_TOKENS, integer=True, multiple_of=16, words=("none", "sparse-dp"),
                              hint=_RETENTION_HINT)
-INTERVAL = Domain(0, MAX_TOKENS, integer=True)
-_name_list = NameList("trace")
 _policy_list = NameList("policy")
 
 
-def register(subparsers: Any) -> None:
-    """Add the ``vllm`` group to an argparse subparsers object (each leaf sets ``func``)."""
+def register(subparsers: Any) -> Any:
+    """Add the ``vllm`` group to an argparse subparsers object (each leaf sets ``func``); return the
+    group's own subparsers object, where the lab adds its ``vllm`` leaves (:mod:`marconi.lab.commands`)."""
     from marconi.integrations.vllm.models import PRESETS
     from marconi.integrations.vllm.policy import DEFAULT_ALPHA
 
@@ -100,9 +95,9 @@ def register(subparsers: Any) -> None:
                        help="also write per-request counts and outputs here (the emulation test's fixture)")
     bench.set_defaults(func=_cmd_bench)
     _register_replay(sub)
-    _register_frontier(sub)
     from marconi.integrations.vllm.diagnose import register_command as _register_diagnose   # issue 32
     _register_diagnose(sub)
+    return sub
 
 
 def _register_replay(sub: Any) -> None:
@@ -174,90 +169,6 @@ def _register_replay(sub: Any) -> None:
     replay.set_defaults(func=_cmd_replay)
 
 
-def _register_frontier(sub: Any) -> None:
-    from marconi.integrations.vllm.frontier import DEFAULT_BUDGETS, DEFAULT_INTERVALS, DEFAULT_WORKLOADS
-
-    p = sub.add_parser("frontier", help="the Pareto frontier of Mamba states kept per request vs prefill recomputed, "
-                                        "through vLLM's replay: DP placement, vLLM's intervals, Marconi admission")
-    add_output(p, "--out", kind="dir", required=True, help="directory for records.jsonl, frontier.png and report.md")
-    p.add_argument("--vllm-python", default=".venv-vllm/bin/python", help="python of the vLLM environment")
-    p.add_argument("--traces", default=",".join(DEFAULT_WORKLOADS), type=_name_list, help="comma list of catalog names or trace files")
-    p.add_argument("--model", default="nemotron-h-8b", help="a bundled config or a directory with a config.json")
-    p.add_argument("--budgets", default=DEFAULT_BUDGETS, type=NumberList(CHECKPOINT_BUDGET), help="DP budgets M (sparse-dp arms)")
-    p.add_argument("--intervals", default=DEFAULT_INTERVALS, type=NumberList(INTERVAL),
-                   help="vLLM retention intervals in tokens, each rounded up to a multiple of the model's block")
-    pool = p.add_mutually_exclusive_group()
-    pool.add_argument("--gpu-memory", default=None, type=CapacityList(allow_zero=False), help="pools as a GPU's memory (default 80GB); a comma list")
-    pool.add_argument("--capacity", default=None, type=CapacityList(allow_zero=False), help="pools as KV budgets (0.3x, 10GB); a comma list")
-    p.add_argument("--arms", default="dp,interval,marconi",
-                   help="arm families: dp (one per budget), interval (one per rounded interval), marconi "
-                        "(Marconi's admission alone: the plugin's marconi policy, retention 0)")
-    p.add_argument("--concurrency", type=Number(CONCURRENCY), default=8, help="requests in flight (closed loop)")
-    p.add_argument("--limit", type=Number(COUNT), default=256, help="the first N requests of each trace")
-    p.add_argument("--max-input-len", type=Number(TOKENS), default=16384, help="input cap in tokens")
-    p.add_argument("--max-num-batched-tokens", type=Number(TOKENS), default=8192,
-                   help="vLLM's token budget of one scheduler step (>= 1)")
-    p.add_argument("--gpu", default="h100", help="step-time model's GPU (latencies only)")
-    p.add_argument("--workers", type=worker_count, default=1, help="points run at once (default 1)")
-    add_output(p, "--work-dir", kind="workdir", default=None, help="the replays' requests and logs (default: a temp dir)")
-    add_reread(p, "--from-records", metavar="JSONL", help="only redraw the plot and report from earlier records")
-    p.set_defaults(func=_cmd_frontier)
-
-
-def _cmd_frontier(args: argparse.Namespace) -> int:
-    import time
-
-    from marconi.experiments.render import render_records
-    from marconi.integrations.vllm.frontier import RECORD_FIELDS, FrontierConfig, run_frontier, write_outputs
-    from marconi.io import check_output
-
-    check_output(args.out, directory=True)           # before the replays run, not after
-    if args.from_records:
-        print(render_records(args.from_records, args.out, required=RECORD_FIELDS, kind="`marconi vllm frontier`",
-                             write=lambda recs, jsonl: write_outputs(recs, args.out, write_jsonl=jsonl)),
-              file=sys.stderr)
-        return 0
-    from tqdm import tqdm
-
-    pools = ([{"capacity": c} for c in _comma_list(args.capacity, "--capacity", str) or ()]
-             or [{"gpu_memory": g} for g in _comma_list(args.gpu_memory or "80GB", "--gpu-memory", str) or ()])
-    config = FrontierConfig(vllm_python=args.vllm_python, workloads=tuple(_comma_list(args.traces, "--traces", str) or ()),
-                            model=args.model, budgets=tuple(_comma_list(args.budgets, "--budgets", int) or ()),
-                            intervals=tuple(_comma_list(args.intervals, "--intervals", int) or ()), pools=tuple(pools),
-                            concurrency=args.concurrency, limit=args.limit, max_input_len=args.max_input_len,
-                            max_num_batched_tokens=args.max_num_batched_tokens, gpu=args.gpu,
-                            families=tuple(_comma_list(args.arms, "--arms", str) or ()))
-    started = time.perf_counter()
-    work = args.work_dir          # None: a temporary folder, removed at the end (marconi.pool.scratch_dir)
-    with tqdm(desc="frontier", unit="point", file=sys.stderr) as bar:
-        records = run_frontier(config, work_dir=work, workers=args.workers, on_point=lambda _: bar.update(1))
-    wall_s = time.perf_counter() - started
-    command = "marconi vllm frontier " + " ".join(shlex.quote(a) for a in sys.argv[3:])
-    records = [{**r, "command": command, "command_wall_s": wall_s} for r in records]
-    paths = write_outputs(records, args.out)
-    print(f"wrote {len(records)} records and {len(paths) - 1} files under {args.out} in {wall_s:.0f}s "
-          f"(work in {work or 'a temporary folder, removed'})", file=sys.stderr)
-    print((Path(args.out) / "report.md").read_text())
-    return 0
-
-
-def _comma_list(text: str | None, flag: str, kind: Callable[[str], Any]) -> list[Any] | None:
-    """``--flag a,b,c`` as values of ``kind`` (None: not given); a clear error for a bad item."""
-    if text is None:
-        return None
-    if isinstance(text, (list, tuple)):  # checked by the option's type already
-        return list(text)
-    out = []
-    for item in (s.strip() for s in str(text).split(",")):
-        try:
-            out.append(kind(item))
-        except ValueError:
-            raise ConfigError(f"{flag}: {item!r} is not a valid value (a comma list of {kind.__name__})") from None
-    if not out:
-        raise ConfigError(f"{flag}: give at least one value")
-    return out
-
-
 # vLLM's refusal of a retention interval that is not a multiple of the block it chose for the model
 # (vllm/v1/core/kv_cache_coordinator.py, _validate_prefix_cache_retention_interval). The block is
 # known only once vLLM has built its config, in the worker: the parse-time check covers what can be
@@ -280,9 +191,9 @@ def _replay_axes(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[d
     """The pool sizes and the loads the command asks for (one each: one point; more: a sweep)."""
     pools = [{field: v} for field, flag, kind in (("num_blocks", "--blocks", int), ("capacity", "--capacity", str),
                                                   ("gpu_memory", "--gpu-memory", str))
-             for v in _comma_list(getattr(args, field if field != "num_blocks" else "blocks"), flag, kind) or ()]
+             for v in comma_list(getattr(args, field if field != "num_blocks" else "blocks"), flag, kind) or ()]
     loads = [{field: v} for field, flag, kind in (("concurrency", "--concurrency", int), ("rate", "--rate", float))
-             for v in _comma_list(getattr(args, field), flag, kind) or ()]
+             for v in comma_list(getattr(args, field), flag, kind) or ()]
     if args.trace_times is not None:
         loads.append({"time_scale": args.trace_times})
     return pools, loads

@@ -1,0 +1,64 @@
+"""What the command modules share beyond option types (:mod:`marconi.options`): the trace loader
+with its notices on stderr, the files a command reads (for its output guard), comma lists.
+
+A floor below every command module and below :mod:`marconi.cli`, which imports the command
+modules: a command module takes its helpers from here, never from the CLI.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from marconi.core.registry import ConfigError
+
+__all__ = ["load_trace", "read_files", "comma_list"]
+
+
+def load_trace(text: str, limit: int | None = None) -> Any:
+    """:func:`marconi.workloads.load_trace`, with its notices on stderr."""
+    from marconi.workloads import load_trace as load
+
+    return load(text, limit, notice=lambda line: print(line, file=sys.stderr))
+
+
+def read_files(*, traces: Sequence[str | None] = (), models: Sequence[str | None] = (),
+               files: Sequence[str | None] = ()) -> list[str]:
+    """Every existing file (or model directory) a command reads, for ``check_output(inputs=...)``.
+
+    ``traces``: ``--trace`` values; a trace file is read with its ``.meta.json`` sidecar. ``models``:
+    ``--model`` values (comma lists); a path is a config file or a directory whose files are all
+    read. ``files``: other paths (comma lists; a ``table:`` prefix is dropped). Catalog and preset
+    names name no file here.
+    """
+    from marconi.workloads.trace.files import META_SUFFIX
+
+    def items(texts: Sequence[str | None]) -> list[str]:
+        return [i.strip().removeprefix("table:") for t in texts for i in (t or "").split(",") if i.strip()]
+
+    out = [p for t in traces if t for p in (t, t + META_SUFFIX)]
+    out += items(models) + items(files)
+    return [p for p in dict.fromkeys(out) if Path(p).exists()]
+
+
+def comma_list(text: Any, flag: str, kind: Callable[[str], Any]) -> list[Any] | None:
+    """``--flag a,b,c`` as a list of ``kind(item)`` (None when ``text`` is None: not given); a list
+    or tuple (an option whose type already split it) is returned as a list.
+
+    Raises:
+        ConfigError: naming ``flag``, for an item ``kind`` refuses (ValueError) or an empty list.
+    """
+    if text is None:
+        return None
+    if isinstance(text, (list, tuple)):  # checked by the option's type already
+        return list(text)
+    out = []
+    for item in (s.strip() for s in str(text).split(",")):
+        try:
+            out.append(kind(item))
+        except ValueError:
+            raise ConfigError(f"{flag}: {item!r} is not a valid value (a comma list of {kind.__name__})") from None
+    if not out:
+        raise ConfigError(f"{flag}: give at least one value")
+    return out

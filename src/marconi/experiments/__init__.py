@@ -1,1 +1,0 @@
-"""Experiments: paper-figure reproductions (``marconi reproduce``) and studies (``marconi experiment …``)."""
