@@ -86,7 +86,7 @@ from marconi.integrations.vllm.policy import ATTENTION, MAMBA, REASONS, BlockEvi
 from marconi.integrations.vllm.retention import RetentionPlanner
 
 __all__ = ["register", "reset_registration", "attach_hooks", "PoolHooks", "RetentionHooks", "PluginSettingError",
-           "SUPPORTED_VLLM", "supported_vllm"]
+           "SUPPORTED_VLLM", "supported_vllm", "model_spec"]
 
 logger = logging.getLogger("marconi.integrations.vllm")
 # The vLLM release series the hooks were verified against: tests/test_vllm_versions.py compares the
@@ -276,7 +276,13 @@ def scheduler_settings(scheduler: Any, kinds: list[str]) -> dict[str, Any]:
             "mamba_prefill_checkpoint_blocks": bool(getattr(scheduler, "mamba_has_prefill_checkpoint_blocks", False))}
 
 
-def _model_spec(vllm_config: Any) -> Any:
+def model_spec(vllm_config: Any) -> Any:
+    """The :class:`~marconi.core.model.ModelSpec` of the model a vLLM config serves (its HF config,
+    Nemotron-H's layer pattern, its dtype's bytes per element: 2 unless float32/float64).
+
+    Raises:
+        SpecError: (a ValueError) an architecture or field ``ModelSpec.from_hf_config`` cannot read.
+    """
     from marconi.core.model import ModelSpec
 
     hf = vllm_config.model_config.hf_config
@@ -370,7 +376,7 @@ class PoolHooks:
         trace = _open_trace(config)      # first: a setting that cannot run is refused as such
         try:
             kinds = _group_kinds(scheduler.kv_cache_config)
-            spec = _model_spec(scheduler.vllm_config)
+            spec = model_spec(scheduler.vllm_config)
             hooks = cls.for_pool(scheduler.kv_cache_manager, kinds, spec, int(scheduler.cache_config.block_size),
                                  config, trace=trace)
             if config.retention is not None:     # checked whole before anything is installed

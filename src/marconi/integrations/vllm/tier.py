@@ -606,10 +606,10 @@ def _discover_settings() -> TierSettings:
         _check_kinds(kinds)
     model = None
     if "marconi_model" not in extra and vllm_config is not None:
-        from marconi.integrations.vllm.plugin import _model_spec
+        from marconi.integrations.vllm.plugin import model_spec
 
         try:
-            model = _model_spec(vllm_config)
+            model = model_spec(vllm_config)
         except ValueError as exc:
             raise ConfigError(f"MarconiCachePolicy cannot read the served model's FLOPs and bytes ({exc}): set "
                               "kv_connector_extra_config 'marconi_model'") from None
