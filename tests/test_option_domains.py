@@ -354,12 +354,12 @@ def test_unclear_retention_vllm_refuses_in_its_worker_is_named_as_the_option() -
     the block vLLM chose (nemotron-h-8b: 1152 on vLLM 0.32) is refused by vLLM inside the worker,
     which reached the user as a traceback; it is a ConfigError naming ``--retention`` and the block.
     The text is vLLM 0.32's own (_validate_prefix_cache_retention_interval)."""
-    from marconi.integrations.vllm.commands import _setting_error
+    from marconi.integrations.vllm.commands import setting_error
 
     worker = RuntimeError("replay worker for 'lru' failed (exit 1); log /tmp/x/out-lru.log:\n[rank0]: ValueError: "
                           "prefix_cache_retention_interval (32) must be non-negative and a multiple of "
                           "scheduler_block_size (1152).\n")
-    named = _setting_error(worker)
+    named = setting_error(worker)
     assert isinstance(named, ConfigError)
     assert str(named).startswith("--retention 32: vLLM's block for this model is 1152 tokens") and "2304" in str(named)
-    assert _setting_error(RuntimeError("replay worker for 'lru' failed (exit 1): MemoryError")) is None
+    assert setting_error(RuntimeError("replay worker for 'lru' failed (exit 1): MemoryError")) is None

@@ -10,7 +10,7 @@ import pytest
 
 from marconi.core.model import PRESETS
 from marconi.core.registry import ConfigError
-from marconi.integrations.vllm.commands import _replay_axes
+from marconi.integrations.vllm.commands import replay_axes
 from marconi.integrations.vllm.replay.run import ReplayConfig, replay_table
 from marconi.integrations.vllm.replay.steptime import StepTimeModel
 from marconi.integrations.vllm.replay.sweep import sweep_configs
@@ -44,12 +44,12 @@ def _args(**given: object) -> argparse.Namespace:
 
 
 def test_comma_lists_on_the_command_line_become_the_axes() -> None:
-    pools, loads = _replay_axes(_args(capacity="0.02x,16GB", concurrency="16,64,256"))
+    pools, loads = replay_axes(_args(capacity="0.02x,16GB", concurrency="16,64,256"))
     assert pools == [{"capacity": "0.02x"}, {"capacity": "16GB"}]
     assert loads == [{"concurrency": 16}, {"concurrency": 64}, {"concurrency": 256}]
-    assert _replay_axes(_args(blocks="100", trace_times=0.5)) == ([{"num_blocks": 100}], [{"time_scale": 0.5}])
+    assert replay_axes(_args(blocks="100", trace_times=0.5)) == ([{"num_blocks": 100}], [{"time_scale": 0.5}])
     with pytest.raises(ConfigError, match="--concurrency: 'x'"):
-        _replay_axes(_args(blocks="100", concurrency="16,x"))
+        replay_axes(_args(blocks="100", concurrency="16,x"))
 
 
 def test_tensor_parallel_must_divide_every_head_count_and_weight_bytes_needs_gpu_memory() -> None:

@@ -29,7 +29,7 @@ from marconi.options import (CHECKPOINT_BUDGET, COUNT, MAX_BLOCKS, MAX_TOKENS, T
                              NumberList, add_output)
 from marconi.sim.backends import worker_count
 
-__all__ = ["register", "CONCURRENCY"]
+__all__ = ["register", "CONCURRENCY", "replay_axes", "setting_error"]
 
 # The domains of the vLLM commands' numeric options, checked at parse time (issue 31: each of these
 # used to fail inside the worker with vLLM's or pydantic's text, or not at all).
@@ -177,7 +177,7 @@ _VLLM_RETENTION_REFUSAL = re.compile(r"prefix_cache_retention_interval \((\d+)\)
                                      r"multiple of scheduler_block_size \((\d+)\)")
 
 
-def _setting_error(exc: BaseException) -> ConfigError | None:
+def setting_error(exc: BaseException) -> ConfigError | None:
     """A worker failure that is an option's fault, as a ConfigError naming the option (else None)."""
     found = _VLLM_RETENTION_REFUSAL.search(str(exc))
     if found is None:
@@ -187,7 +187,7 @@ def _setting_error(exc: BaseException) -> ConfigError | None:
                        f"must be a multiple of it: give {block}, {2 * block}, ..., or 0 or none")
 
 
-def _replay_axes(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def replay_axes(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """The pool sizes and the loads the command asks for (one each: one point; more: a sweep)."""
     pools = [{field: v} for field, flag, kind in (("num_blocks", "--blocks", int), ("capacity", "--capacity", str),
                                                   ("gpu_memory", "--gpu-memory", str))
@@ -213,14 +213,14 @@ def _cmd_replay(args: argparse.Namespace) -> int:
                         max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
                         retention=args.retention, retention_budget=args.retention_budget,
                         **_tier_options(args))
-    pools, loads = _replay_axes(args)
+    pools, loads = replay_axes(args)
     configs = [dataclasses.replace(c, weight_bytes=args.weight_bytes) for c in sweep_configs(base, pools=pools, loads=loads)]
     if len(configs) == 1:
         try:
             records = run_replay(configs[0], work_dir=args.work_dir, emulate=not args.no_emulation,
                                  progress=lambda m: print(m, file=sys.stderr))
         except RuntimeError as exc:
-            raise _setting_error(exc) or exc
+            raise setting_error(exc) or exc
     else:
         from tqdm import tqdm
 
