@@ -1,15 +1,17 @@
 """The floors stay visible: no import cycle, a numpy-only core, no reads of another's private state.
 
-These walk the source (``ast``), so they see every import — module-level and inside functions —
-not just what one test run happens to execute. Imports under ``if TYPE_CHECKING:`` are for type
-checkers only and do not run, so they are left out. Registry providers (a module named as a
-string in ``Registry(..., providers=...)``) are plugin discovery, like entry points, not imports.
+These walk the source (``ast``), so they see every import — module-level and inside functions,
+``importlib.import_module``/``__import__`` of literal module names included — not just what one
+test run happens to execute. Imports under ``if TYPE_CHECKING:`` are for type checkers only and do
+not run, so they are left out. A registry's entry points (``pyproject.toml``) are plugin
+discovery, not imports: that is how a lower floor learns of an upper one without naming it.
 """
 
 from __future__ import annotations
 
 import ast
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -35,11 +37,55 @@ def _is_type_checking(test: ast.expr) -> bool:
         isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
-def _imports(path: Path) -> list[tuple[int, str]]:
-    """(line, imported module) for every import that runs, absolute, including relative ones."""
-    name = _module_name(path)
-    package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+def _literal_strings(node: ast.AST | None) -> set[str]:
+    """Every string constant inside a literal (a string, tuple, list, set or dict of them, nested)."""
+    if isinstance(node, ast.Constant):
+        return {node.value} if isinstance(node.value, str) else set()
+    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+        return set().union(*map(_literal_strings, node.elts))
+    if isinstance(node, ast.Dict):
+        return set().union(*map(_literal_strings, [*node.keys, *node.values]))
+    return set()
+
+
+def _bound_strings(tree: ast.AST) -> dict[str, set[str]]:
+    """Name -> the strings it may hold: names assigned a literal, and loop variables over a literal
+    or over such a name (``for module in ("a.b", "a.c")``, ``for module, where in _TABLE``). The
+    file is one scope: a name takes the strings of every binding of it."""
+    bound: dict[str, set[str]] = {}
+    for _ in range(2):  # twice: a loop may come before the assignment of what it iterates
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Assign, ast.AnnAssign)):
+                targets, value = (node.targets if isinstance(node, ast.Assign) else [node.target]), node.value
+            elif isinstance(node, (ast.For, ast.comprehension)):
+                targets, value = [node.target], node.iter
+            else:
+                continue
+            strings = _literal_strings(value) | (bound.get(value.id, set()) if isinstance(value, ast.Name) else set())
+            for target in targets:
+                for name in ast.walk(target):
+                    if isinstance(name, ast.Name) and strings:
+                        bound.setdefault(name.id, set()).update(strings)
+    return bound
+
+
+def _called(node: ast.Call) -> str:
+    func = node.func
+    return func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
+
+
+def _imports_of(source: str, name: str, is_package: bool = False) -> list[tuple[int, str]]:
+    """(line, imported module) for every import in ``source`` (module ``name``) that runs, absolute:
+    ``import``/``from`` statements (relative ones resolved), ``importlib.import_module(...)`` and
+    ``__import__(...)`` whose module is a string literal or a name bound only to literals (a loop
+    over a tuple of module names), and ``Registry(..., providers=(...))`` module strings."""
+    package = name.split(".") if is_package else name.split(".")[:-1]
+    tree = ast.parse(source)
+    bound = _bound_strings(tree)
     found: list[tuple[int, str]] = []
+
+    def strings(node: ast.AST) -> set[str]:
+        return bound.get(node.id, set()) if isinstance(node, ast.Name) else _literal_strings(node)
 
     def visit(node: ast.AST) -> None:
         if isinstance(node, ast.If) and _is_type_checking(node.test):
@@ -58,29 +104,49 @@ def _imports(path: Path) -> list[tuple[int, str]]:
             for alias in node.names:  # ``from pkg import submodule`` imports the submodule
                 if f"{module}.{alias.name}" in MODULES:
                     found.append((node.lineno, f"{module}.{alias.name}"))
+        elif isinstance(node, ast.Call) and _called(node) in ("import_module", "__import__") and node.args:
+            fromlist = next((k.value for k in node.keywords if k.arg == "fromlist"),
+                            node.args[3] if len(node.args) > 3 else None)
+            for module in strings(node.args[0]):
+                found.append((node.lineno, module))
+                found.extend((node.lineno, f"{module}.{item}") for item in strings(fromlist)
+                             if f"{module}.{item}" in MODULES)
+        elif isinstance(node, ast.Call) and _called(node) == "Registry":
+            for keyword in node.keywords:
+                if keyword.arg == "providers":
+                    found.extend((node.lineno, module) for module in strings(keyword.value))
         for child in ast.iter_child_nodes(node):
             visit(child)
 
-    visit(ast.parse(path.read_text()))
+    visit(tree)
     return found
 
 
-def _edges() -> dict[str, set[str]]:
-    """Module -> project modules it imports. Importing ``a.b.c`` also runs the packages ``a.b``
-    (their ``__init__``), except the importer's own ancestors and the top ``marconi`` package,
-    which Python has always finished or is finishing first."""
+def _imports(path: Path) -> list[tuple[int, str]]:
+    return _imports_of(path.read_text(), _module_name(path), path.name == "__init__.py")
+
+
+def _edges_of(imports: dict[str, list[str]], known: set[str]) -> dict[str, set[str]]:
+    """Module -> modules of ``known`` it imports. Importing ``a.b.c`` also runs the packages ``a.b``
+    (their ``__init__``), except the importer's own ancestors and the top package, which Python has
+    always finished or is finishing first."""
     edges: dict[str, set[str]] = {}
-    for name, path in MODULES.items():
+    for name, targets in imports.items():
         ancestors = {".".join(name.split(".")[:i]) for i in range(1, name.count(".") + 1)}
         out: set[str] = set()
-        for _, target in _imports(path):
+        for target in targets:
             parts = target.split(".")
             for i in range(2, len(parts) + 1):
                 prefix = ".".join(parts[:i])
-                if prefix in MODULES and prefix != name and prefix not in ancestors:
+                if prefix in known and prefix != name and prefix not in ancestors:
                     out.add(prefix)
         edges[name] = out
     return edges
+
+
+def _edges() -> dict[str, set[str]]:
+    """Module -> project modules it imports, statically and through literal dynamic imports."""
+    return _edges_of({name: [t for _, t in _imports(path)] for name, path in MODULES.items()}, set(MODULES))
 
 
 def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
@@ -138,6 +204,111 @@ def test_no_import_cycle_in_the_package() -> None:
     edges = _edges()
     assert len(edges) > 50 and edges["marconi.selectors.worlds"] >= {"marconi.core.cache"}
     assert _cycles(edges) == [], "import cycles (function-level imports count too)"
+
+
+def test_the_import_finder_sees_dynamic_imports() -> None:
+    """``importlib.import_module``/``__import__`` of a literal, or of a name that loops over literal
+    module names, are edges like ``import`` statements, and a circle closed by one is found."""
+    source_a = """
+import importlib
+from typing import TYPE_CHECKING
+
+_TABLE = (("marconi.fake.d", "top"),)
+
+def load(kind):
+    importlib.import_module("marconi.fake.b")
+    for module in ("marconi.fake.c",):
+        __import__(module, fromlist=["register"])
+    for module_name, where in _TABLE:
+        importlib.import_module(module_name)
+    importlib.import_module(f"marconi.fake.{kind}")        # not a literal: not followed
+    PLUGINS = Registry("thing", providers=("marconi.fake.e",))
+
+if TYPE_CHECKING:
+    importlib.import_module("marconi.fake.z")
+"""
+    found = {target for _, target in _imports_of(source_a, "marconi.fake.a")}
+    assert {"marconi.fake.b", "marconi.fake.c", "marconi.fake.d", "marconi.fake.e"} <= found
+    assert "marconi.fake.z" not in found
+    imports = {"marconi.fake.a": sorted(found), "marconi.fake.b": ["marconi.fake.a"]}
+    assert _cycles(_edges_of(imports, set(imports))) == [["marconi.fake.a", "marconi.fake.b"]]
+
+
+def _collapsed(edges: dict[str, set[str]], package: str) -> dict[str, set[str]]:
+    """The import graph inside ``package``, each of its subpackages one node (its modules' edges
+    merged); its own modules stay nodes of their own, edges leaving ``package`` are dropped."""
+    def node(module: str) -> str:
+        sub = f"{package}.{module[len(package) + 1:].split('.')[0]}"
+        return sub if module != package and MODULES[sub].name == "__init__.py" else module
+
+    inside = [m for m in edges if m == package or m.startswith(package + ".")]
+    out: dict[str, set[str]] = {node(m): set() for m in inside}
+    for module in inside:
+        out[node(module)] |= {node(t) for t in edges[module] if t in inside and node(t) != node(module)}
+    return out
+
+
+def test_no_cycle_among_the_vllm_integrations_subpackages() -> None:
+    """``integrations/vllm/``'s subpackages (the emulation, the replay) stack: neither, taken whole,
+    depends on a module that depends on it (what they share lives a floor below: layout, policy)."""
+    collapsed = _collapsed(_edges(), "marconi.integrations.vllm")
+    assert {"marconi.integrations.vllm.emulate", "marconi.integrations.vllm.replay"} <= set(collapsed)
+    assert _cycles(collapsed) == []
+
+
+# The plumbing floor directly above the core (docs/architecture.md); the core may point a user to it
+# in a message (``marconi.units.parse_bytes``). Every other module outside the core is above it.
+_PLUMBING = {"io", "units", "options", "pool", "report"}
+
+
+def test_the_core_names_no_floor_above_it() -> None:
+    """No text in ``core/`` — code, strings, docstrings, comments — names a module of an upper floor:
+    the core states its contracts, and upper floors register through entry points."""
+    upper = ({name.split(".")[1] for name in MODULES if name.count(".") >= 1} - {"core"} - _PLUMBING
+             | {"selectors", "sparse", "sim", "integrations", "engine", "workloads", "lab", "experiments", "cli"})
+    pattern = re.compile(r"\bmarconi\.(" + "|".join(sorted(upper)) + r")\b")
+    offending = []
+    for path in sorted((PACKAGE / "core").rglob("*.py")):
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if pattern.search(line):
+                offending.append(f"{path.relative_to(SRC)}:{number}: {line.strip()}")
+    assert not offending, "the core names an upper floor:\n" + "\n".join(offending)
+
+
+def test_no_module_imports_another_modules_private_names() -> None:
+    """``from x import _name`` (or ``import x._name``) where ``x`` is another of our modules is refused,
+    in the package and in the tests: what is shared is public. Dunder names are not private."""
+    def private(part: str) -> bool:
+        return part.startswith("_") and not (part.startswith("__") and part.endswith("__"))
+
+    offending = []
+    for path in [*MODULES.values(), *sorted((SRC.parent / "tests").glob("*.py"))]:
+        name = _module_name(path) if path.is_relative_to(SRC) else ""
+        package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+        rel = path.relative_to(SRC.parent).as_posix()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                module = ".".join(package[: len(package) - node.level + 1] + ([node.module] if node.module else [])
+                                  ) if node.level else node.module or ""
+                if module.split(".")[0] != "marconi" or module == name:
+                    continue
+                names = [alias.name for alias in node.names if private(alias.name)]
+            elif isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names if alias.name.split(".")[0] == "marconi"
+                         and any(map(private, alias.name.split(".")))]
+            else:
+                continue
+            offending.extend(f"{rel}:{node.lineno}: {ast.unparse(node)}" for _ in names[:1])
+    assert not offending, "imports of another module's private names:\n" + "\n".join(offending)
+
+
+def test_no_module_imports_the_command_line() -> None:
+    """``marconi.cli`` assembles the commands; a command module (or any other) that imports it would
+    make its own floor depend on the top one. What commands share lives below them."""
+    offending = [f"{path.relative_to(SRC)}:{line}: {target}" for name, path in sorted(MODULES.items())
+                 if name not in ("marconi.cli", "marconi.__main__") for line, target in _imports(path)
+                 if target == "marconi.cli" or target.startswith("marconi.cli.")]
+    assert not offending, "modules that import marconi.cli:\n" + "\n".join(offending)
 
 
 def test_the_core_imports_only_numpy_and_the_standard_library() -> None:
@@ -212,9 +383,10 @@ print(sorted(third))
 
 def test_the_cache_runs_with_numpy_alone(tmp_path: Path) -> None:
     """``from marconi import PrefixCache`` and begin/finish in an interpreter that can see only the
-    standard library, numpy and ``src/`` (isolated mode, no site-packages): what ``pip install
-    marconi`` without extras gives an engine. The Makefile's ``check-core`` does the same in a real
-    fresh virtual environment with numpy alone."""
+    standard library, numpy, ``src/`` and this package's installed metadata (its entry points: the
+    registries' plugins) (isolated mode, no site-packages): what ``pip install marconi`` without
+    extras gives an engine. The Makefile's ``check-core`` does the same in a real fresh virtual
+    environment with numpy alone."""
     numpy_dir = Path(np.__file__).resolve().parent
     visible = tmp_path / "site"
     visible.mkdir()
@@ -222,6 +394,10 @@ def test_the_cache_runs_with_numpy_alone(tmp_path: Path) -> None:
     libs = numpy_dir.parent / "numpy.libs"       # manylinux wheels keep OpenBLAS beside the package
     if libs.is_dir():
         (visible / "numpy.libs").symlink_to(libs)
+    metadata = [info for entry in map(Path, sys.path) if entry.is_dir() and entry.resolve() != SRC
+                for info in entry.glob("marconi*-info") if (info / "entry_points.txt").is_file()]
+    for info in metadata[:1]:       # an editable install's metadata may also lie in src/ (seen there)
+        (visible / info.name).symlink_to(info.resolve())
     script = f"import sys; sys.path[:0] = [{str(SRC)!r}, {str(visible)!r}]\n" + _CORE_ONLY
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
     out = subprocess.run([sys.executable, "-I", "-S", "-c", script], capture_output=True, text=True, env=env,

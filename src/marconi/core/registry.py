@@ -231,7 +231,9 @@ class Registry(Generic[T]):
 
     Raises (on that first read):
         ConfigError: an entry point whose module fails to import, naming the entry point and its
-            group; every later read tries again, so the registry is never silently incomplete.
+            group; every later read tries again, so the registry is never silently incomplete. An
+            unknown name where the group has no entry point at all (the package is on the path but
+            not installed) says so.
     """
 
     def __init__(self, kind: str, entry_points: str = "") -> None:
@@ -241,6 +243,7 @@ class Registry(Generic[T]):
         self._docs: dict[str, str] = {}
         self._domains: dict[str, dict[str, Domain]] = {}
         self._loaded = not entry_points
+        self._plugins_found = 0
 
     def _load_plugins(self) -> None:
         if self._loaded:
@@ -249,12 +252,13 @@ class Registry(Generic[T]):
 
         self._loaded = True  # first: a plugin's own lookups while it is imported must not import it again
         found = importlib.metadata.entry_points(group=self.entry_points)
-        for entry in sorted({(e.name, e.value) for e in found}, key=lambda e: e[1]):
+        self._plugins_found = len(found)
+        for name, module in sorted({(e.name, e.value) for e in found}):  # a set: a package seen twice on the path
             try:
-                importlib.import_module(entry[1])
+                importlib.import_module(module)
             except Exception as exc:
                 self._loaded = False
-                raise ConfigError(f"{self.kind} plugin {entry[0]!r} (entry point {entry[1]!r} of group "
+                raise ConfigError(f"{self.kind} plugin {name!r} (module {module!r}, entry point group "
                                   f"{self.entry_points!r}) failed to import: {type(exc).__name__}: {exc}") from exc
 
     def register(self, name: str, doc: str = "", domains: dict[str, Domain] | None = None
@@ -310,7 +314,10 @@ class Registry(Generic[T]):
         self._load_plugins()
         factory = self._factories.get(parsed.name)
         if factory is None:
-            raise ConfigError(f"unknown {self.kind} {parsed.name!r}; choose one of: {', '.join(self._factories)}")
+            hint = (f" (no {self.entry_points!r} entry point is installed, so no plugin registered here: install "
+                    "the package, e.g. pip install -e .)" if self.entry_points and not self._plugins_found else "")
+            raise ConfigError(f"unknown {self.kind} {parsed.name!r}; choose one of: {', '.join(self._factories)}"
+                              + hint)
         sig = inspect.signature(factory)
         valid = {p.name: p for p in sig.parameters.values() if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)}
         kwargs: dict[str, Any] = {}
