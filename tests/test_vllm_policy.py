@@ -230,12 +230,19 @@ def test_plugin_config_adaptive() -> None:
 
 
 def test_block_rules_of_the_adaptive_family() -> None:
-    """lru -> alpha 0; aXm -> alpha X, marginal; aX -> alpha X, whole-prefix; the rest has no block form."""
+    """lru -> alpha 0; aXm -> alpha X, marginal; aX -> alpha X, whole-prefix; touch and candidates
+    change nothing in the pool (one signal, one candidate notion); inverse-age recency at alpha > 0
+    has no index form, and tail cuts none at all."""
     assert [block_rule(r) for r in parse_rules("default")] == [(0.0, None), (0.5, "marginal"), (2.0, "marginal")]
     assert block_rule(EvictionRule.from_label("a1")) == (1.0, "total")
     assert block_rule(EvictionRule.from_label("a0")) == (0.0, None)
-    for label in ("a1mi", "a2lp", "a0.5ml"):
-        with pytest.raises(ConfigError, match="no counterpart"):
+    assert block_rule(EvictionRule.from_label("a2lp")) == (2.0, "total")
+    assert block_rule(EvictionRule.from_label("a0.5ml")) == (0.5, "marginal")
+    assert block_rule(EvictionRule.from_label("a0i")) == (0.0, None)
+    with pytest.raises(ConfigError, match="no counterpart"):
+        block_rule(EvictionRule.from_label("a1mi"))
+    for label in ("lrut", "a0.5mt"):
+        with pytest.raises(ConfigError, match="cannot cut dead tails"):
             block_rule(EvictionRule.from_label(label))
 
 

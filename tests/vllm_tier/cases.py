@@ -166,7 +166,9 @@ def case_refusals_name_the_key() -> None:
     refused(lambda: TierSettings(("attention", "attention"), SPEC), "eviction_policy", "'lru' or 'arc'")
     refused(lambda: TierSettings.from_extra_config({}, spec=SPEC), "marconi_group_kinds")
     refused(lambda: TierSettings.from_extra_config({"marconi_group_kinds": "attention,mamba"}), "marconi_model")
-    refused(lambda: TierSettings.from_extra_config({"marconi_group_kinds": "attention,mamba", "marconi_rule": "a1lp"},
+    refused(lambda: TierSettings.from_extra_config({"marconi_group_kinds": "attention,mamba", "marconi_rule": "a1mt"},
+                                                   spec=SPEC), "marconi_rule", "cannot cut dead tails")
+    refused(lambda: TierSettings.from_extra_config({"marconi_group_kinds": "attention,mamba", "marconi_rule": "b1"},
                                                    spec=SPEC), "marconi_rule")
     refused(lambda: TierSettings.from_extra_config({"marconi_group_kinds": "attention,mamba", "marconi_host_gbps": 0},
                                                    spec=SPEC), "marconi_host_gbps")

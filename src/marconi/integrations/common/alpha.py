@@ -14,9 +14,10 @@ from typing import Protocol, Sequence
 
 import numpy as np
 
+from marconi.core.eviction import EvictionRule, Rule
 from marconi.core.registry import ConfigError
 
-__all__ = ["AlphaSource", "FixedAlpha", "RequestObservation"]
+__all__ = ["AlphaSource", "FixedAlpha", "FixedRule", "RequestObservation"]
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -47,7 +48,10 @@ class AlphaSource(Protocol):
     be cheap and deterministic: they run on the engine's scheduler thread, and an emulation
     reproduces their choices only if the same observations give the same answers. A source that
     needs the pool (its size, the model) may define ``bind(state)``, called once by the eviction
-    state it serves (vLLM: :class:`~marconi.integrations.vllm.policy.BlockEvictionState`).
+    state it serves (vLLM: :class:`~marconi.integrations.vllm.policy.BlockEvictionState`). A source
+    may also name its live rule whole (a ``rule`` attribute or property: any
+    :class:`~marconi.core.eviction.Rule`): an engine then applies that rule exactly, by its fast path
+    when the path serves it (and ``alpha()``/``efficiency()`` are the rule's), else by its generic path.
     """
 
     def alpha(self) -> float:
@@ -79,3 +83,27 @@ class FixedAlpha:
 
     def __repr__(self) -> str:
         return f"FixedAlpha({self.value})"
+
+
+class FixedRule:
+    """A rule of any kind (:class:`~marconi.core.eviction.Rule`) fixed by configuration: ``rule`` names
+    it; ``alpha()``/``efficiency()`` are a FLOP-aware rule's (α = 0 and None for any other rule, whose
+    decisions are the engine's generic path's). Raises ConfigError for what lacks the Rule contract."""
+
+    def __init__(self, rule: Rule) -> None:
+        if not isinstance(rule, Rule):
+            raise ConfigError(f"{rule!r} lacks the Rule contract (label, candidates, touch, tails, scores)")
+        self.rule = rule
+
+    def alpha(self) -> float:
+        return float(self.rule.alpha) if isinstance(self.rule, EvictionRule) else 0.0
+
+    def efficiency(self) -> str | None:
+        rule = self.rule
+        return rule.efficiency.value if isinstance(rule, EvictionRule) and rule.alpha else None
+
+    def observe(self, event: RequestObservation) -> None:
+        return None
+
+    def __repr__(self) -> str:
+        return f"FixedRule({self.rule.label()})"

@@ -42,8 +42,14 @@ plugin's decisions, not an approximation of them. Nothing here imports vLLM.
 α comes from an :class:`~marconi.integrations.common.alpha.AlphaSource`: fixed by configuration
 (:class:`~marconi.integrations.common.alpha.FixedAlpha`), or re-chosen online (the shadow α source,
 :class:`marconi.integrations.vllm.shadow.PoolShadowAlpha`: the project's regret selector run on a
-size-only shadow of the pool), which may also switch the efficiency variant; :func:`block_rule` says
-which of the simulator's eviction rules this policy can apply. A source sees every finished request
+size-only shadow of the pool), which may also switch the efficiency variant. A source that names a
+whole rule (``rule``: any :class:`~marconi.core.eviction.Rule`, e.g.
+:class:`~marconi.integrations.common.alpha.FixedRule`) has it applied exactly: by the victim index when
+:func:`index_serves` the rule, else by the generic path — the core's scoring over a candidate table of
+the free cached blocks (:meth:`BlockEvictionState.table`, :func:`reference_victim`). The pool has one
+recency signal (release order) and one candidate notion (its candidates, as above): the table gives
+them for both touches and both candidate kinds. Dead-tail cuts are refused (the pool cannot cut).
+A source sees every finished request
 (:class:`~marconi.integrations.common.alpha.RequestObservation`: its token ids and hit lengths)
 through the same hook in the plugin and in the emulation, so both make the same choices.
 """
@@ -56,15 +62,15 @@ from typing import Any, Hashable, Iterable, Sequence
 
 import numpy as np
 
-from marconi.core.candidates import flop_efficiency
-from marconi.core.eviction import EvictionRule, argmin_ties_by_order, min_max
+from marconi.core.candidates import CandidateSet, CandidateTable, LazyEfficiency, flop_efficiency
+from marconi.core.eviction import EFFICIENCIES, EvictionRule, Rule, check_cuts_tails, choose_victim
 from marconi.core.model import ModelSpec
 from marconi.core.registry import ConfigError
 from marconi.integrations.common.alpha import AlphaSource, RequestObservation
 from marconi.integrations.vllm.victim_index import CANDIDATES, OTHERS, VictimIndex
 
 __all__ = ["ATTENTION", "MAMBA", "POLICIES", "DEFAULT_ALPHA", "EFFICIENCIES", "REASONS", "BlockEvictionState", "Victim",
-           "block_rule", "parent_depth", "reference_victim"]
+           "block_rule", "index_serves", "parent_depth", "reference_victim"]
 
 ATTENTION = "attention"
 MAMBA = "mamba"
@@ -72,7 +78,8 @@ POLICIES = ("lru", "marconi")
 # 0.5: never below LRU in the emulated sweeps of docs/vllm.md, "The emulation" (SWE, chat and agent
 # traces, 60-300 blocks); alpha = 1 wins more on chat but loses up to 2 pp elsewhere.
 DEFAULT_ALPHA = 0.5
-EFFICIENCIES = ("total", "marginal")
+#: What the pool calls itself in a refused rule's message.
+BLOCK_POOL = "vLLM's block pool"
 #: Why a block was chosen (``Victim.reason``, ``BlockEvictionState.reason`` indexes it; the plugin's
 #: counters and the emulation's eviction stats label evictions with it).
 REASONS = ("kv-leaf", "kv-inner", "state", "dead")
@@ -129,8 +136,11 @@ class BlockEvictionState:
         group_kinds: ``ATTENTION`` or ``MAMBA`` for each KV cache group id, in vLLM's order.
         num_blocks: blocks in the pool (ids ``0 .. num_blocks-1``).
         block_size: tokens per block (the ``marginal`` efficiency counts one block's tokens).
-        alpha: the α source (``FixedAlpha(a)`` or an adaptive one).
+        alpha: the α source (``FixedAlpha(a)``, ``FixedRule(rule)`` or an adaptive one).
         efficiency: ``"total"`` (the paper's) or ``"marginal"``.
+
+    Raises:
+        ConfigError: an unknown efficiency or group kind, or a source naming a rule that cuts dead tails.
     """
 
     def __init__(self, spec: ModelSpec, group_kinds: Sequence[str], num_blocks: int, block_size: int,
@@ -173,6 +183,8 @@ class BlockEvictionState:
         self._seq = 0
         self._effs_by_depth: dict[int, tuple[float, ...]] = {}      # depth -> efficiency per variant
         self._checked_rule: tuple[float, str] | None = None        # the last rule _current_rule validated
+        self._named: tuple[Any, Rule | None] = (None, None)        # (the source's rule, it if generic)
+        self.generic_rule()                                         # refuses a rule the pool cannot apply now
         self._rule = self._current_rule()
         bind = getattr(alpha, "bind", None)
         if bind is not None:         # a source that needs the pool's size or the model (adaptive)
@@ -305,6 +317,20 @@ class BlockEvictionState:
         self._rule = rule
         return rule
 
+    def generic_rule(self) -> Rule | None:
+        """The rule the generic path applies at the next victim: the source's named rule (``rule``)
+        when the victim index does not serve it, else None (the index decides by ``(alpha,
+        efficiency)``). ConfigError for a rule that cuts dead tails."""
+        rule = getattr(self.alpha_source, "rule", None)
+        if rule is None:
+            return None
+        named = self._named
+        if rule is not named[0]:         # (a ``rule`` that is no Rule is some source's own business)
+            generic = (None if index_serves(rule) or not isinstance(rule, Rule)
+                       else check_cuts_tails(rule, BLOCK_POOL, False))
+            self._named = named = (rule, generic)
+        return named[1]
+
     def _current_rule(self) -> tuple[float, str]:
         source = self.alpha_source
         alpha = float(source.alpha())
@@ -357,12 +383,33 @@ class BlockEvictionState:
             return None
         if self._dirty:
             self._flush()
+        generic = self.generic_rule()
+        if generic is not None:
+            return reference_victim(self, generic)
         alpha, variant = self._current_rule()
         block = self._index.victim(alpha, _VARIANT_IDS[variant])
         assert block is not None
         return tuple.__new__(Victim, (block, REASONS[self._reason[block]]))   # Victim(...) less a frame: hot path
 
+    def table(self, blocks: np.ndarray, candidates: bool) -> CandidateTable:
+        """The candidate table of ``blocks`` (free cached block ids) for a rule: release order as the
+        recency of both touches, ``candidates`` as every row's leaf flag (the pool's one candidate
+        notion), the depth of each block's deepest prefix, and its efficiency per variant on first use."""
+        seq = self.release_seq[blocks]
+        keys, prefixes = self._block_keys, self._prefixes
+        depth = np.fromiter((max((prefixes[k].depth for k, _ in keys.get(b, ())), default=0) for b in blocks.tolist()),
+                            dtype=np.int64, count=blocks.size)
+        time = seq.astype(np.float64)
+        cands = CandidateSet.of(blocks.tolist(), last_access=time, access_seq=seq, path_access=time, path_seq=seq,
+                                depth=depth, edge_len=np.minimum(depth, self.block_size),
+                                has_ssm=np.full(blocks.size, bool(self.mamba_groups)),
+                                leaf=np.full(blocks.size, candidates))
+        return CandidateTable(cands, LazyEfficiency({}, compute=lambda variant: self.flop_eff_of(variant)[blocks]))
+
     def describe(self) -> dict[str, Any]:
+        generic = self.generic_rule()
+        if generic is not None:
+            return {"eviction": "marconi-blocks", "rule": generic.label(), "alpha_source": repr(self.alpha_source)}
         alpha, variant = self._current_rule()
         return {"eviction": "marconi-blocks", "alpha": alpha, "efficiency": variant,
                 "alpha_source": repr(self.alpha_source)}
@@ -491,40 +538,55 @@ class BlockEvictionState:
         self._index.check_invariants(expected)
 
 
-def reference_victim(state: BlockEvictionState) -> Victim | None:
-    """:meth:`BlockEvictionState.next_victim` by a scan of every free block: the specification the
-    victim index must match, kept for the differential tests and the benchmark. O(pool) numpy.
+def reference_victim(state: BlockEvictionState, rule: Rule | None = None) -> Victim | None:
+    """The generic path: the victim of ``rule`` (default: the pool's live rule, the source's named
+    rule or ``EvictionRule(alpha, efficiency)``) by a scan of every free block. For the rules
+    :func:`index_serves` it is the specification the victim index must match (the differential tests
+    and the benchmark hold :meth:`BlockEvictionState.next_victim` to it); for any other rule it is
+    the decision itself. O(pool) numpy.
 
-    Among the candidates (all free cached blocks if none is one), argmin of the core's utility:
-    ``min_max(release_seq) + α·min_max(flop_eff[variant])`` (the α term only when α != 0), exact
-    ties to the smallest release_seq (:func:`~marconi.core.eviction.argmin_ties_by_order`).
+    Among the candidates (all free cached blocks if none is one), the core's
+    :func:`~marconi.core.eviction.choose_victim` over :meth:`BlockEvictionState.table`: for the
+    FLOP-aware family ``min_max(release_seq) + α·min_max(flop_eff[variant])``, exact ties to the
+    smallest release_seq.
     """
     free = np.flatnonzero(state.free_cached)
     if free.size == 0:
         return None
-    pool = free[state.candidate[free]]
+    candidate = state.candidate[free]
+    pool = free[candidate]
     if pool.size == 0:
         pool = free
-    seq = state.release_seq[pool]
-    scores = min_max(seq.astype(np.float64))   # the core's utility: the same normalisation and tie-break
-    alpha, variant = state._current_rule()
-    if alpha:
-        scores = scores + alpha * min_max(state.flop_eff_of(variant)[pool])
-    block = int(pool[argmin_ties_by_order(scores, seq)])
+    if rule is None:
+        rule = state.generic_rule()
+        if rule is None:
+            alpha, variant = state._current_rule()
+            rule = EvictionRule(alpha, variant)
+    block = int(pool[choose_victim(rule, state.table(pool, bool(candidate.any())))])
     return Victim(block, REASONS[state.reason[block]])
 
 
-def block_rule(rule: EvictionRule) -> tuple[float, str | None]:
-    """``(alpha, efficiency)`` with which :class:`BlockEvictionState` applies the simulator's ``rule``
-    (efficiency None: irrelevant at α = 0): ``lru`` -> α = 0, ``aX`` -> α = X on the whole-prefix
-    efficiency, ``aXm`` -> on the marginal one. The policy has linear recency, single-child
-    candidates and hit touch built in, so rules that change those raise ConfigError."""
-    if rule.is_lru:
-        return 0.0, None
-    if rule.recency != "linear" or rule.candidates != "single-child" or rule.touch != "hit":
-        raise ConfigError(f"adaptive rule {rule.label()!r} has no counterpart in vLLM's block pool: use lru, "
-                          "aX (whole-prefix efficiency) or aXm (marginal), e.g. lru/a0.5m/a2m")
-    return rule.alpha, rule.efficiency if rule.alpha else None
+def index_serves(rule: Rule) -> bool:
+    """Whether the victim index applies ``rule`` exactly (the fast path's declaration): FLOP-aware
+    rules with linear recency (any recency at α = 0: every transform ranks alike) that cut no tails.
+    Touch and candidates do not change a block decision (one signal, one candidate notion)."""
+    return (isinstance(rule, EvictionRule) and not rule.tails
+            and (rule.recency == "linear" or rule.alpha == 0))
+
+
+def block_rule(rule: Rule) -> tuple[float, str | None]:
+    """``(alpha, efficiency)`` with which the victim index applies ``rule`` (efficiency None:
+    irrelevant at α = 0): ``lru`` -> α = 0, ``aX`` -> α = X on the whole-prefix efficiency, ``aXm`` ->
+    on the marginal one. The adaptive α sources speak these pairs; a rule the index does not serve
+    (:func:`index_serves`) raises ConfigError (a fixed rule of any kind is served by the generic path:
+    :class:`~marconi.integrations.common.alpha.FixedRule`)."""
+    if not index_serves(rule):
+        check_cuts_tails(rule, BLOCK_POOL, False)
+        raise ConfigError(f"adaptive rule {rule.label()!r} has no counterpart in the victim index of {BLOCK_POOL}, "
+                          "which an adaptive alpha drives: use lru, aX (whole-prefix efficiency) or aXm (marginal), "
+                          "e.g. lru/a0.5m/a2m")
+    assert isinstance(rule, EvictionRule)
+    return rule.alpha, rule.efficiency.value if rule.alpha else None
 
 
 def parent_depth(depth: int, block_size: int) -> int:

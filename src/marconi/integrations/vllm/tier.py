@@ -29,15 +29,17 @@ group has the chunk at that position. So:
   its node (its state may follow in the next step).
 
 **The choice.** ``evict(n, protected)`` takes dead chunks first (oldest first); then, one victim
-at a time and re-judging the tree after each, the lowest ``min_max(recency) + α ·
-min_max(efficiency)`` among the *candidates* — KV chunks of a node no child continues (a KV leaf:
+at a time and re-judging the tree after each, the victim of the configured rule (any
+:class:`~marconi.core.eviction.Rule`; the FLOP-aware family's is the lowest ``min_max(recency) + α ·
+min_max(efficiency)``) among the *candidates* — KV chunks of a node no child continues (a KV leaf:
 evicting an inner one strands its subtree) and state chunks of a node with at most one KV child
 (the paper's single-child rule) — or among all evictable chunks when none is a candidate. Ties go
-to the least recently used. ``min_max`` and the tie-break are the core's
-(:mod:`marconi.core.eviction`), the efficiency is the core's
-:func:`~marconi.core.candidates.flop_efficiency` at the node's depth, and α/variant come from a
-rule of the core's family (``lru``, ``aX``, ``aXm``, via :func:`~marconi.integrations.vllm.policy.block_rule`).
-Recency is LRU's: a request's keys are refreshed at its end, head most recent.
+to the least recently used. The rule scores a candidate table
+(:class:`~marconi.core.candidates.CandidateTable`) through the core's
+:func:`~marconi.core.eviction.choose_victim`; the efficiency is the core's
+:func:`~marconi.core.candidates.flop_efficiency` at the node's depth. Recency is LRU's: a request's
+keys are refreshed at its end, head most recent; the tier has that one signal and one candidate
+notion, which the table gives for both touches and both candidate kinds. Dead-tail cuts are refused.
 
 **A load's cost.** A hit saves ``flops`` of prefill but moves the held bytes over the host link:
 efficiency is ``max(0, FLOPs per byte − R)`` with ``R = marconi_gpu_tflops / marconi_host_gbps``
@@ -55,7 +57,7 @@ KV stored past any state is dead and goes first, before any chunk that can serve
 the ``OffloadingSpec`` whose ``get_manager`` builds it — vLLM passes a policy nothing but its
 capacity):
 
-``marconi_rule``        ``lru``, ``aX`` or ``aXm`` (default ``a0.5``: α = 0.5, whole-prefix efficiency)
+``marconi_rule``        a rule label: ``lru``, ``aX``, ``aXm``, ... (default ``a0.5``: α = 0.5, whole-prefix efficiency)
 ``marconi_model``       a preset name or HF config path (default: the served model's config)
 ``marconi_group_kinds`` ``attention``/``mamba`` per KV cache group (default: from vLLM's groups)
 ``marconi_host_gbps``   host link bandwidth, GB/s per direction (default 64)
@@ -80,11 +82,11 @@ import numpy as np
 from vllm.v1.kv_offload.base import OffloadKey, ReqContext, get_offload_block_hash, get_offload_group_idx
 from vllm.v1.kv_offload.cpu.policies.base import CachePolicy, ChunkStatus
 
-from marconi.core.candidates import flop_efficiency
-from marconi.core.eviction import EvictionRule, argmin_ties_by_order, min_max
+from marconi.core.candidates import CandidateSet, CandidateTable, LazyEfficiency, flop_efficiency
+from marconi.core.eviction import EvictionRule, Rule, check_cuts_tails, choose_victim, rule_from_label
 from marconi.core.model import ModelSpec, get_model
 from marconi.core.registry import ConfigError
-from marconi.integrations.vllm.policy import ATTENTION, MAMBA, block_rule
+from marconi.integrations.vllm.policy import ATTENTION, MAMBA
 
 __all__ = ["MarconiCachePolicy", "TierSettings", "DEFAULT_RULE", "DEFAULT_HOST_GBPS", "DEFAULT_GPU_TFLOPS",
            "REASONS", "ENV_GROUP_KINDS", "ENV_MODEL", "ENV_RULE"]
@@ -108,21 +110,21 @@ class TierSettings:
 
     ``group_kinds``: ``"attention"`` or ``"mamba"`` per KV cache group index (vLLM's order);
     ``spec``: the served model's cost model; ``tokens_per_chunk``: tokens per offloaded chunk
-    (None: parents are learned from each request's previous boundary); ``rule``: a rule of the
-    core's family the tier can apply (``lru``, ``aX``, ``aXm``); ``host_gbps`` / ``gpu_tflops``:
+    (None: parents are learned from each request's previous boundary); ``rule``: any rule that
+    cuts no dead tails (``lru``, ``aX``, ``aXm``, a registered label's); ``host_gbps`` / ``gpu_tflops``:
     the load-cost exchange rate (see the module docstring).
     """
 
     group_kinds: tuple[str, ...]
     spec: ModelSpec
     tokens_per_chunk: int | None = None
-    rule: EvictionRule = field(default_factory=lambda: EvictionRule.from_label(DEFAULT_RULE))
+    rule: Rule = field(default_factory=lambda: EvictionRule.from_label(DEFAULT_RULE))
     host_gbps: float = DEFAULT_HOST_GBPS
     gpu_tflops: float = DEFAULT_GPU_TFLOPS
 
     def __post_init__(self) -> None:
         _check_kinds(self.group_kinds)
-        block_rule(self.rule)   # ConfigError for a rule the tier cannot apply
+        check_cuts_tails(self.rule, "marconi_rule: vLLM's offload tier", False)
         for name in ("host_gbps", "gpu_tflops"):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
@@ -132,11 +134,14 @@ class TierSettings:
 
     @property
     def alpha(self) -> float:
-        return block_rule(self.rule)[0]
+        """A FLOP-aware rule's α (0 for any other rule)."""
+        return float(self.rule.alpha) if isinstance(self.rule, EvictionRule) else 0.0
 
     @property
     def efficiency(self) -> str:
-        return block_rule(self.rule)[1] or "total"
+        """The efficiency variant the tier keeps per depth: a FLOP-aware rule's at α > 0, else total."""
+        rule = self.rule
+        return rule.efficiency.value if isinstance(rule, EvictionRule) and rule.alpha else "total"
 
     @property
     def load_flops_per_byte(self) -> float:
@@ -167,7 +172,7 @@ class TierSettings:
             raise ConfigError("MarconiCachePolicy needs the model's FLOPs and bytes: set kv_connector_extra_config "
                               "'marconi_model' (a preset such as nemotron-h-8b, or a config.json path)")
         try:
-            rule = EvictionRule.from_label(str(extra.get("marconi_rule", DEFAULT_RULE)))
+            rule = rule_from_label(str(extra.get("marconi_rule", DEFAULT_RULE)))
         except ConfigError as exc:
             raise ConfigError(f"kv_connector_extra_config 'marconi_rule': {exc}") from None
         numbers = {}
@@ -328,8 +333,10 @@ class MarconiCachePolicy(CachePolicy):
         seq = np.fromiter((self._seq[k] for k in pool), dtype=np.int64, count=len(pool))
         cat = np.fromiter((view.category(k) for k in pool), dtype=np.int8, count=len(pool))
         eff = np.fromiter((view.efficiency(k) for k in pool), dtype=np.float64, count=len(pool))
+        depth = np.fromiter((self._nodes[get_offload_block_hash(k)].depth or 0 for k in pool), dtype=np.int64,
+                            count=len(pool))
         avail = np.ones(len(pool), dtype=bool)
-        alpha = self.settings.alpha
+        rule = self.settings.rule
         chosen: list[tuple[OffloadKey, str]] = []
         while len(chosen) < n:
             dead = np.flatnonzero(avail & (cat == _DEAD))
@@ -339,10 +346,7 @@ class MarconiCachePolicy(CachePolicy):
                 cands = np.flatnonzero(avail & (cat == _CAND))
                 if not cands.size:
                     cands = np.flatnonzero(avail)
-                scores = min_max(seq[cands].astype(np.float64))
-                if alpha:
-                    scores = scores + alpha * min_max(eff[cands])
-                picks = [int(cands[argmin_ties_by_order(scores, seq[cands])])]
+                picks = [int(cands[choose_victim(rule, self._table(cands, seq, eff, depth, cat))])]
             for i in picks:
                 key = pool[i]
                 avail[i] = False
@@ -389,17 +393,33 @@ class MarconiCachePolicy(CachePolicy):
         view = _Judgement(self)
         return {k: names[view.category(k)] for k in self._chunks}
 
-    def _eff(self, depth: int | None) -> float:
-        """FLOPs saved per byte held by a hit at ``depth``, less what the load costs (>= 0)."""
+    def _eff(self, depth: int | None, variant: str | None = None) -> float:
+        """FLOPs saved per byte held by a hit at ``depth``, less what the load costs (>= 0); in the
+        settings' variant unless ``variant`` names another."""
         if not depth:
             return 0.0
+        s = self.settings
+        if variant is not None and variant != s.efficiency:
+            edge = min(depth, s.tokens_per_chunk or depth)
+            return max(0.0, flop_efficiency(s.spec, depth, edge, True, variant) - s.load_flops_per_byte)
         eff = self._effs.get(depth)
         if eff is None:
-            s = self.settings
             edge = min(depth, s.tokens_per_chunk or depth)
             raw = flop_efficiency(s.spec, depth, edge, True, s.efficiency)
             eff = self._effs[depth] = max(0.0, raw - s.load_flops_per_byte)
         return eff
+
+    def _table(self, rows: np.ndarray, seq: np.ndarray, eff: np.ndarray, depth: np.ndarray,
+               cat: np.ndarray) -> CandidateTable:
+        """The candidate table of ``rows`` (indices into the evict call's pool): recency order for
+        both touches, candidacy as the leaf flag, the settings' efficiency, any other on first use."""
+        order, d = seq[rows], depth[rows]
+        time = order.astype(np.float64)
+        cands = CandidateSet.of(rows.tolist(), last_access=time, access_seq=order, path_access=time, path_seq=order,
+                                depth=d, has_ssm=np.ones(rows.size, dtype=bool), leaf=cat[rows] == _CAND,
+                                edge_len=np.minimum(d, self.settings.tokens_per_chunk or d))
+        other = lambda variant: np.array([self._eff(int(x), variant) for x in d], dtype=np.float64)  # noqa: E731
+        return CandidateTable(cands, LazyEfficiency({self.settings.efficiency: eff[rows]}, compute=other))
 
     # ------------------------------------------------------------------ bookkeeping
     def _kind(self, key: OffloadKey) -> str:
