@@ -10,7 +10,8 @@
 * :mod:`~marconi.selectors.family` — the rule family they share (``lru/a0.5m/a2m``).
 
 Importing this package registers ``regret``, ``worlds`` and ``oracle`` in the eviction registry
-(:data:`marconi.core.eviction.EVICTION_POLICIES` names it as its provider). Each selector holds
+(:data:`marconi.core.eviction.EVICTION_POLICIES` imports it through its ``marconi.eviction_policies``
+entry point). Each selector holds
 its cache's selector role (:meth:`marconi.core.cache.PrefixCache.attach_selector`).
 """
 
