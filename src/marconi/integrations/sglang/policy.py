@@ -33,7 +33,16 @@ tombstoned, which fails with competing shared prefixes"):
 Recency: the FULL heap normalises ``last_access_time`` (SGLang's own LRU key) over the leaves the
 walk starts with, and breaks ties by it; the Mamba walk normalises the position in SGLang's own
 recency list. So at α = 0 both walks take SGLang's LRU victims, in SGLang's order (a test checks it,
-event for event). Nothing here imports SGLang: the plugin (:mod:`marconi.integrations.sglang.plugin`)
+event for event).
+
+That arithmetic is the strategy's fast path, for the FLOP-aware rules it declares it serves
+(:func:`strategy_serves`). Any other rule a source names (``rule``, e.g.
+:class:`~marconi.integrations.common.alpha.FixedRule`) is applied by the generic path: the core's
+scoring (:func:`~marconi.core.eviction.choose_victim`) over a candidate table — the FULL walk's leaves
+(a parent pushed during the walk is scored in a table of those leaves and itself), or the Mamba walk's
+unlocked states (branch points only when nothing else is). A node has one recency signal here
+(``last_access_time``, or the Mamba list's order), which the table gives for both touches. Dead-tail
+cuts are refused. Nothing here imports SGLang: the plugin (:mod:`marconi.integrations.sglang.plugin`)
 passes SGLang's nodes in; they are read through ``parent``, ``children``, ``key``,
 ``component_data[i].value`` and ``last_access_time``.
 """
@@ -44,14 +53,16 @@ import json
 from collections import Counter
 from typing import Any, Iterable, Mapping, Sequence
 
-from marconi.core.candidates import flop_efficiency
-from marconi.core.eviction import EvictionRule
+import numpy as np
+
+from marconi.core.candidates import CandidateSet, CandidateTable, LazyEfficiency, flop_efficiency
+from marconi.core.eviction import EFFICIENCIES, EvictionRule, Rule, check_cuts_tails, choose_victim
 from marconi.core.model import ModelSpec, get_model
 from marconi.core.registry import ConfigError
-from marconi.integrations.common.alpha import AlphaSource, FixedAlpha, RequestObservation
+from marconi.integrations.common.alpha import AlphaSource, FixedAlpha, FixedRule, RequestObservation
 
 __all__ = ["DEFAULT_ALPHA", "DEFAULT_CONFIG_ALPHA", "DEFAULT_SELECTOR", "EFFICIENCIES", "SELECTORS", "WORLDS_RULES",
-           "MarconiStrategy", "parse_config", "radix_rule"]
+           "MarconiStrategy", "parse_config", "radix_rule", "strategy_serves"]
 
 #: The fixed α the plugin applied by default before issue 31 (``{"alpha": 0.5}`` still asks for it),
 #: and :class:`MarconiStrategy`'s when built with a number.
@@ -67,20 +78,30 @@ DEFAULT_SELECTOR = "worlds"
 #: The worlds' default family, live rule first: a2m beat stock SGLang at every bench point when fixed
 #: (lru first lost 0.02 pp at swe-sample 0.02x, switching too late to keep what a2m had kept).
 WORLDS_RULES = "a2m/a0.5m/lru"
-EFFICIENCIES = ("total", "marginal")
+#: What the strategy calls itself in a refused rule's message.
+RADIX_CACHE = "SGLang's radix cache"
 _KEYS = {"alpha", "efficiency", "model", "rules", "selector"}
 
 
-def radix_rule(rule: EvictionRule) -> tuple[float, str | None]:
-    """``(alpha, efficiency)`` with which :class:`MarconiStrategy` applies an adaptive family's rule
-    (``lru`` -> α = 0; ``aX`` / ``aXm`` -> α = X on the total / marginal efficiency). Rules whose
-    recency, candidates or touch differ from what the strategy has built in raise ConfigError."""
-    if rule.is_lru and not rule.tails:
-        return 0.0, None
-    if rule.recency != "linear" or rule.candidates != "single-child" or rule.touch != "hit" or rule.tails:
-        raise ConfigError(f"adaptive rule {rule.label()!r} has no counterpart in SGLang's radix cache: use lru, "
-                          "aX or aXm, e.g. lru/a0.5m/a2m")
-    return rule.alpha, rule.efficiency if rule.alpha else None
+def strategy_serves(rule: Rule) -> bool:
+    """Whether :class:`MarconiStrategy`'s own arithmetic (the fast path) applies ``rule``: ``lru``, and
+    FLOP-aware rules with linear recency, single-child candidates and hit touch; none cutting tails."""
+    if not isinstance(rule, EvictionRule) or rule.tails:
+        return False
+    return rule.is_lru or (rule.recency == "linear" and rule.candidates == "single-child" and rule.touch == "hit")
+
+
+def radix_rule(rule: Rule) -> tuple[float, str | None]:
+    """``(alpha, efficiency)`` with which the fast path applies an adaptive family's rule (``lru`` -> α
+    = 0; ``aX`` / ``aXm`` -> α = X on the total / marginal efficiency): the adaptive sources speak
+    these pairs. A rule the fast path does not serve (:func:`strategy_serves`) raises ConfigError (a
+    fixed rule of any kind is served by the generic path: :class:`FixedRule`)."""
+    if not strategy_serves(rule):
+        check_cuts_tails(rule, RADIX_CACHE, False)
+        raise ConfigError(f"adaptive rule {rule.label()!r} has no counterpart in the adaptive alpha of {RADIX_CACHE}: "
+                          "use lru, aX or aXm, e.g. lru/a0.5m/a2m")
+    assert isinstance(rule, EvictionRule)
+    return (0.0, None) if rule.is_lru else (rule.alpha, rule.efficiency.value if rule.alpha else None)
 
 
 def parse_config(config: Mapping[str, Any] | str | None) -> dict[str, Any]:
@@ -137,17 +158,28 @@ class MarconiStrategy:
     Args:
         spec: the served model's cost model (the plugin builds it from the HF config).
         mamba_index: SGLang's ``ComponentType.MAMBA`` (index into ``node.component_data``).
-        alpha: a number >= 0, or an :class:`AlphaSource` (adaptive: the shadow source).
+        alpha: a number >= 0, a :class:`~marconi.core.eviction.Rule` (fixed), or an
+            :class:`AlphaSource` (adaptive: the shadow source).
         efficiency: ``total`` or ``marginal`` (an adaptive source may switch it).
+
+    Raises:
+        ConfigError: an unknown efficiency, or a rule that cuts dead tails.
     """
 
-    def __init__(self, spec: ModelSpec, mamba_index: int | None, alpha: float | AlphaSource = DEFAULT_ALPHA,
+    def __init__(self, spec: ModelSpec, mamba_index: int | None, alpha: float | AlphaSource | Rule = DEFAULT_ALPHA,
                  efficiency: str = "total") -> None:
         if efficiency not in EFFICIENCIES:
             raise ConfigError(f"efficiency must be one of {EFFICIENCIES}, got {efficiency!r}")
         self.spec = spec
         self.mamba_index = mamba_index
-        self.alpha_source: AlphaSource = FixedAlpha(alpha) if isinstance(alpha, (int, float)) else alpha
+        if isinstance(alpha, (int, float)):
+            alpha = FixedAlpha(alpha)
+        elif isinstance(alpha, Rule):
+            alpha = FixedRule(alpha)
+        self.alpha_source: AlphaSource = alpha
+        self._named: tuple[Any, Rule | None] = (None, None)   # (the source's rule, it if generic)
+        self._walk: tuple[list[Any], dict[int, float]] = ([], {})   # the generic FULL walk's leaves, scores
+        self.generic_rule()                                      # refuses a rule it cannot apply, now
         self.efficiency = efficiency
         self.counters: Counter[str] = Counter()
         self._rec_lo = self._rec_hi = 0.0
@@ -181,6 +213,19 @@ class MarconiStrategy:
     @property
     def variant(self) -> str:
         return self.alpha_source.efficiency() or self.efficiency
+
+    def generic_rule(self) -> Rule | None:
+        """The rule the generic path applies now: the source's named rule (``rule``) when the fast
+        path does not serve it, else None. ConfigError for a rule that cuts dead tails."""
+        rule = getattr(self.alpha_source, "rule", None)
+        if rule is None:
+            return None
+        named = self._named
+        if rule is not named[0]:
+            generic = (None if not isinstance(rule, Rule) or strategy_serves(rule)
+                       else check_cuts_tails(rule, RADIX_CACHE, False))
+            self._named = named = (rule, generic)
+        return named[1]
 
     def start_shadow(self, kv_tokens: int, mamba_slots: int, make_world: Any = None) -> None:
         """Adaptive only (a no-op for a fixed α, or when already started): the regret source's shadow
@@ -225,13 +270,14 @@ class MarconiStrategy:
             anc = anc.parent
         return 0
 
-    def node_efficiency(self, node: Any) -> float:
-        """FLOPs saved per byte held by ``node`` (0 where it holds no state a request resumes from)."""
+    def node_efficiency(self, node: Any, variant: str | None = None) -> float:
+        """FLOPs saved per byte held by ``node`` (0 where it holds no state a request resumes from), in
+        the live variant unless ``variant`` names one."""
         if self.mamba_index is not None and not self.has_state(node):
             return 0.0
         depth = self.depth(node)
         edge = depth - self.fallback_depth(node)
-        key = (depth, edge, self.mamba_index is not None, self.variant)
+        key = (depth, edge, self.mamba_index is not None, variant or self.variant)
         eff = self._eff_cache.get(key)
         if eff is None:
             eff = flop_efficiency(self.spec, depth, edge, key[2], key[3])
@@ -239,9 +285,37 @@ class MarconiStrategy:
         return eff
 
     # ----------------------------------------------------------------------------- FULL heap
+    def table(self, nodes: Sequence[Any], times: Sequence[float], leaf: Sequence[bool]) -> CandidateTable:
+        """The candidate table of ``nodes`` for a rule: ``times`` as the recency of both touches (their
+        rank as the order), ``leaf`` flags, depth and edge from the fallback, and efficiency per variant
+        on first use (:meth:`node_efficiency`)."""
+        time = np.asarray(times, dtype=np.float64)
+        order = np.empty(len(nodes), dtype=np.int64)
+        order[np.argsort(time, kind="stable")] = np.arange(len(nodes))
+        depth = np.fromiter((self.depth(n) for n in nodes), dtype=np.int64, count=len(nodes))
+        fallback = np.fromiter((self.fallback_depth(n) for n in nodes), dtype=np.int64, count=len(nodes))
+        has_state = [self.mamba_index is None or self.has_state(n) for n in nodes]
+        cands = CandidateSet.of(list(nodes), last_access=time, access_seq=order, path_access=time, path_seq=order,
+                                depth=depth, edge_len=depth - fallback, has_ssm=has_state, leaf=list(leaf))
+        effs = LazyEfficiency({}, compute=lambda v: [self.node_efficiency(n, v) for n in nodes])
+        return CandidateTable(cands, effs)
+
+    def _generic_scores(self, rule: Rule, nodes: Sequence[Any]) -> np.ndarray:
+        scores = np.asarray(rule.scores(self.table(nodes, [n.last_access_time for n in nodes], [True] * len(nodes))),
+                            dtype=np.float64)
+        if scores.shape != (len(nodes),) or np.isnan(scores).any():
+            raise ConfigError(f"rule {rule.label()!r} scored {len(nodes)} nodes as {scores!r}")
+        return scores
+
     def begin_full_walk(self, leaves: Iterable[Any]) -> None:
-        """Freeze the normalisation bounds over the leaves the FULL walk starts with."""
+        """Freeze the normalisation bounds over the leaves the FULL walk starts with (the generic
+        path: score those leaves as one table)."""
         leaves = list(leaves)
+        generic = self.generic_rule()
+        if generic is not None:
+            scores = self._generic_scores(generic, leaves) if leaves else []
+            self._walk = (leaves, {id(n): float(v) for n, v in zip(leaves, scores)})
+            return
         if not leaves:
             self._rec_lo = self._rec_hi = self._eff_lo = self._eff_hi = 0.0
             return
@@ -254,6 +328,13 @@ class MarconiStrategy:
     def get_priority(self, node: Any) -> tuple[float, float]:
         """``(utility, last_access_time)``: SGLang's heap pops the lowest first."""
         t = node.last_access_time
+        generic = self.generic_rule()
+        if generic is not None:
+            leaves, scores = self._walk
+            score = scores.get(id(node))
+            if score is None:               # pushed during the walk: scored among the walk's leaves
+                score = float(self._generic_scores(generic, [*leaves, node])[-1])
+            return score, t
         utility = _min_max(t, self._rec_lo, self._rec_hi)
         alpha = self.alpha
         if alpha > 0:
@@ -268,6 +349,12 @@ class MarconiStrategy:
         """
         if not lru_order:
             return None
+        generic = self.generic_rule()
+        if generic is not None:
+            pool = [i for i, x in enumerate(lru_order) if is_leaf(x) or len(x.children) < 2] or range(len(lru_order))
+            nodes = [lru_order[i] for i in pool]
+            table = self.table(nodes, [float(i) for i in pool], [bool(is_leaf(x)) for x in nodes])
+            return nodes[choose_victim(generic, table)]
         alpha = self.alpha
         if alpha == 0:
             return lru_order[0]
