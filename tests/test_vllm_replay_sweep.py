@@ -37,6 +37,29 @@ def test_a_sweep_refuses_empty_axes_foreign_fields_and_invalid_points() -> None:
         sweep_configs(BASE, pools=[{"num_blocks": 64}], loads=[{"concurrency": 0}])
 
 
+def test_a_point_that_cannot_run_leaves_the_others_to_finish(monkeypatch, tmp_path) -> None:
+    """The replay's sweep runs on the simulator's runner: a ConfigError in one point is reported,
+    with the point's pool and load, after the other points finished."""
+    from marconi.integrations.vllm.replay import sweep
+    from marconi.sim.sweep import PointsFailed
+
+    def fake_replay(config: ReplayConfig, **_: object) -> list[dict[str, object]]:
+        if config.concurrency == 4:
+            raise ConfigError("the pool holds no request")
+        return [{"arm": arm, "concurrency": config.concurrency} for arm in config.policies]
+
+    monkeypatch.setattr("marconi.integrations.common.probe.probe_python", lambda *a, **k: None)
+    monkeypatch.setattr(sweep, "run_replay", fake_replay)
+    configs = sweep_configs(BASE, pools=[{"num_blocks": 64}], loads=[{"concurrency": 4}, {"concurrency": 8}])
+    seen: list[list[dict[str, object]]] = []
+    with pytest.raises(PointsFailed, match="1 of 2 points could not run: num_blocks-64_concurrency-4: the pool") as info:
+        sweep.run_sweep(configs, work_dir=tmp_path, workers=1, on_point=seen.append)
+    assert info.value.records == [[{"arm": "lru", "concurrency": 8}, {"arm": "marconi", "concurrency": 8}]]
+    assert seen == info.value.records
+    assert [p.config.concurrency for p, _ in info.value.failures] == [4]
+    assert sweep.run_sweep(configs[1:], work_dir=tmp_path, workers=1) == info.value.records[0]
+
+
 def _args(**given: object) -> argparse.Namespace:
     fields = {"blocks": None, "capacity": None, "gpu_memory": None, "concurrency": None, "rate": None,
               "trace_times": None}

@@ -10,6 +10,10 @@ A point whose system cannot serve the trace at its capacity (a :class:`ConfigErr
 the point: a pool too small for one request, a capacity below one SSM checkpoint) does not abort
 the others: every point runs, and :class:`PointsFailed` then carries the finished records and
 says which points could not run and why.
+
+:func:`run_points` is that runner for any engine (the backend, the per-point failures, the
+progress callback); the simulator's points plug in :func:`run_point`, ``marconi vllm replay``'s
+sweep (:mod:`marconi.integrations.vllm.replay.sweep`) its own.
 """
 
 from __future__ import annotations
@@ -22,13 +26,13 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 from marconi.io import iter_jsonl, write_jsonl
 from marconi.core.model import ModelSpec, get_model
 from marconi.core.registry import ConfigError
-from marconi.sim.backends import Backend, make_backend
+from marconi.sim.backends import Backend, TaskFn, make_backend
 from marconi.sim.replay import simulate_system, working_set_bytes
 from marconi.sim.systems import make_system
 from marconi.units import Capacity, parse_capacity
 
-__all__ = ["SweepPoint", "SweepTask", "PointsFailed", "expand_points", "run_sweep", "run_tasks", "working_sets",
-           "backend_scope", "write_records", "read_records", "RESULT_FIELDS", "TIMING_FIELDS"]
+__all__ = ["SweepPoint", "SweepTask", "PointsFailed", "expand_points", "run_points", "run_sweep", "run_tasks",
+           "working_sets", "backend_scope", "write_records", "read_records", "RESULT_FIELDS", "TIMING_FIELDS"]
 
 # Record fields that measure this machine, not the simulation (they differ between runs and backends).
 TIMING_FIELDS = ("elapsed_s", "requests_per_s", "tuning_seconds")
@@ -72,11 +76,12 @@ class _PointFailure:
 class PointsFailed(ConfigError):
     """Some points of a sweep could not run; every other point finished.
 
-    ``records``: the finished points' records, in task order; ``failures``: ``(task, message)``
-    of each point that could not run; ``total``: how many points the sweep had.
+    ``records``: the finished points' results, in point order; ``failures``: ``(point, message)``
+    of each point that could not run (a :class:`SweepTask` in the simulator's sweeps);
+    ``total``: how many points the sweep had.
     """
 
-    def __init__(self, records: list[dict[str, Any]], failures: list[tuple[SweepTask, str]], total: int,
+    def __init__(self, records: list[Any], failures: list[tuple[Any, str]], total: int,
                  message: str | None = None) -> None:
         self.records = records
         self.failures = failures
@@ -90,10 +95,19 @@ def point_label(task: SweepTask, *, with_trace: bool = False) -> str:
     return label + (f" on {task.trace_name or task.trace_key}" if with_trace else "")
 
 
-def describe_failures(failures: Sequence[tuple[SweepTask, str]], shown: int = 3) -> str:
-    """``label: message; ...`` for the first ``shown`` failures, then how many more."""
-    with_trace = len({t.trace_key for t, _ in failures}) > 1
-    text = "; ".join(f"{point_label(t, with_trace=with_trace)}: {m}" for t, m in failures[:shown])
+def describe_failures(failures: Sequence[tuple[Any, str]], shown: int = 3) -> str:
+    """``label: message; ...`` for the first ``shown`` failures, then how many more.
+
+    A :class:`SweepTask` is labelled by :func:`point_label`; any other point by its ``label``
+    attribute, else ``str(point)``.
+    """
+    with_trace = len({t.trace_key for t, _ in failures if isinstance(t, SweepTask)}) > 1
+
+    def label(point: Any) -> str:
+        if isinstance(point, SweepTask):
+            return point_label(point, with_trace=with_trace)
+        return str(getattr(point, "label", point))
+    text = "; ".join(f"{label(t)}: {m}" for t, m in failures[:shown])
     return text + (f"; and {len(failures) - shown} more" if len(failures) > shown else "")
 
 
@@ -138,15 +152,52 @@ def run_point(trace: Any, trace_name: str, task: SweepTask, *, tuning_workers: i
 
 
 # ----------------------------------------------------------------------------- backend tasks
-def _task_fn(shared: Mapping[str, Any], item: tuple[SweepTask, int | None, bool]) -> dict[str, Any] | _PointFailure:
+def _task_fn(shared: Mapping[str, Any], item: tuple[SweepTask, int | None, bool]) -> dict[str, Any]:
     task, tuning_workers, use_mapper = item
     mapper = shared["__tuning_mapper__"] if use_mapper else None
-    trace = shared[task.trace_key]
-    try:
-        return run_point(trace, task.trace_name or task.trace_key, task, tuning_workers=tuning_workers,
-                         tuning_mapper=mapper)
-    except ConfigError as exc:  # this point cannot run (its capacity, its pool): the others still can
-        return _PointFailure(str(exc))
+    return run_point(shared[task.trace_key], task.trace_name or task.trace_key, task, tuning_workers=tuning_workers,
+                     tuning_mapper=mapper)
+
+
+@dataclass(frozen=True, slots=True)
+class _Guarded:
+    """``fn(shared, item)``, a :class:`ConfigError` returned as a :class:`_PointFailure` (picklable
+    for the backends: ``fn`` is a module-level function)."""
+
+    fn: TaskFn
+
+    def __call__(self, shared: Mapping[str, Any], item: Any) -> Any:
+        try:
+            return self.fn(shared, item)
+        except ConfigError as exc:  # this point cannot run (its capacity, its pool): the others still can
+            return _PointFailure(str(exc))
+
+
+def run_points(fn: TaskFn, items: Sequence[Any], *, backend: str | Backend = "local", workers: int | None = None,
+               shared: Mapping[str, Any] | None = None, needs: Callable[[Any], Sequence[str]] | None = None,
+               on_result: Callable[[Any], None] | None = None,
+               point: Callable[[Any], Any] = lambda item: item) -> list[Any]:
+    """``[fn(shared, item) for item in items]`` on ``backend``, one point per item, in item order.
+
+    ``fn`` is a module-level function (it runs in a forked worker or a Ray task); ``needs(item)``
+    names the ``shared`` keys an item reads. ``backend``: ``"local"`` (a process pool of
+    ``workers``), ``"ray"``, or a backend object (closed only if made here). ``on_result`` sees
+    each result as it completes (not the points that fail). ``point(item)`` is what a failure is
+    reported as (:attr:`PointsFailed.failures`).
+
+    Raises:
+        PointsFailed: some items raised :class:`ConfigError` (after every other item finished; it
+            holds their results).
+    """
+    def on_success(result: Any) -> None:
+        if on_result is not None and not isinstance(result, _PointFailure):
+            on_result(result)
+    with backend_scope(backend, workers) as be:
+        results = be.map(_Guarded(fn), items, shared=shared or {}, on_result=on_success, needs=needs)
+    failures = [(point(i), r.message) for i, r in zip(items, results) if isinstance(r, _PointFailure)]
+    if failures:
+        raise PointsFailed([r for r in results if not isinstance(r, _PointFailure)], failures, len(items))
+    return results
 
 
 def _working_set_fn(shared: Mapping[str, Any], item: tuple[str, str | ModelSpec]) -> int:
@@ -204,15 +255,8 @@ def run_tasks(traces: Mapping[str, Any], tasks: Sequence[SweepTask], *, backend:
         if names:
             tasks = [replace(t, trace_name=names.get(t.trace_key, t.trace_name)) for t in tasks]
         items = [(t, tuning_workers, mapper is not None) for t in tasks]
-
-        def on_result(result: Any) -> None:
-            if on_record is not None and not isinstance(result, _PointFailure):
-                on_record(result)
-        results = be.map(_task_fn, items, shared=shared, on_result=on_result, needs=_task_needs)
-    failures = [(t, r.message) for t, r in zip(tasks, results) if isinstance(r, _PointFailure)]
-    if failures:
-        raise PointsFailed([r for r in results if not isinstance(r, _PointFailure)], failures, len(tasks))
-    return results
+        return run_points(_task_fn, items, backend=be, shared=shared, needs=_task_needs, on_result=on_record,
+                          point=lambda item: item[0])
 
 
 def run_sweep(trace: Sequence[Any], trace_name: str, points: Sequence[SweepPoint], *, latency: str = "a100",

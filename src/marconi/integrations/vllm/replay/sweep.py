@@ -4,7 +4,9 @@ A sweep is a list of :class:`~marconi.integrations.vllm.replay.run.ReplayConfig`
 ``run_replay`` (one vLLM-environment worker per policy, then the emulation), so points are
 independent and run anywhere the vLLM environment's python exists: the same machine
 (``backend="local"``, forked workers) or a Ray cluster whose nodes have both environments at the
-same paths (``backend="ray"``). Points share nothing: each writes its own work directory.
+same paths (``backend="ray"``). Points share nothing: each writes its own work directory. They run
+on the simulator's sweep runner (:func:`marconi.sim.sweep.run_points`: the backend, the points that
+cannot run, the progress callback), with :func:`run_replay` as the point.
 
 Every point runs vLLM's scheduler on one core (``OMP_NUM_THREADS=1``); more workers than cores
 only slow each other's ``sched_s_per_step`` — the plugin-overhead figure, not the hit rates or the
@@ -21,7 +23,7 @@ from typing import Any, Callable, Mapping, Sequence
 from marconi.core.registry import ConfigError
 from marconi.integrations.vllm.replay.run import ReplayConfig, run_replay
 
-__all__ = ["SweepPoint", "sweep_configs", "run_sweep", "POOL_FIELDS", "LOAD_FIELDS"]
+__all__ = ["ReplayPoint", "sweep_configs", "run_sweep", "POOL_FIELDS", "LOAD_FIELDS"]
 
 #: The pool options a sweep varies (one per point) and the load options (one per point).
 POOL_FIELDS = ("num_blocks", "capacity", "gpu_memory")
@@ -29,12 +31,17 @@ LOAD_FIELDS = ("concurrency", "rate", "time_scale")
 
 
 @dataclass(frozen=True, slots=True)
-class SweepPoint:
+class ReplayPoint:
     """One point: its configuration and the work directory its workers write."""
 
     config: ReplayConfig
     work_dir: str
     emulate: bool = True
+
+    @property
+    def label(self) -> str:
+        """The point's pool and load (how a failure names it): its work directory's name."""
+        return Path(self.work_dir).name
 
 
 def sweep_configs(base: ReplayConfig, *, pools: Sequence[Mapping[str, Any]],
@@ -67,7 +74,7 @@ def _point_label(config: ReplayConfig) -> str:
     return f"{pool}_{load}".replace("/", "-").replace(":", "-")
 
 
-def _run_point(shared: Mapping[str, Any], point: SweepPoint) -> list[dict[str, Any]]:
+def _run_point(shared: Mapping[str, Any], point: ReplayPoint) -> list[dict[str, Any]]:
     """One point's records (a module-level function: it runs in a forked worker or a Ray task)."""
     return run_replay(point.config, work_dir=point.work_dir, emulate=point.emulate, show_bars=False)
 
@@ -83,22 +90,20 @@ def run_sweep(configs: Sequence[ReplayConfig], *, work_dir: str | Path | None = 
     however it ends, unless ``MARCONI_KEEP_SCRATCH=1`` (:func:`marconi.pool.scratch_dir`; on Ray,
     the nodes must share the folder's path, so give ``work_dir``). The vLLM environment is probed
     first (ConfigError naming ``--vllm-python``).
+
+    Raises:
+        PointsFailed: some points raised :class:`ConfigError` (after every other point finished;
+            the others' records are on it, one list per point).
     """
     from marconi.integrations.common.probe import probe_python
     from marconi.pool import scratch_dir
-    from marconi.sim.backends import make_backend
+    from marconi.sim.sweep import run_points
 
     for python in dict.fromkeys(c.vllm_python for c in configs):
         probe_python(python, "vllm", option="--vllm-python", make_target="make vllm-env")
     with scratch_dir("marconi-replay-sweep-", work_dir) as work:
-        points = [SweepPoint(c, str(work / _point_label(c)), emulate) for c in configs]
+        points = [ReplayPoint(c, str(work / _point_label(c)), emulate) for c in configs]
         if len({p.work_dir for p in points}) != len(points):
             raise ConfigError("sweep: two points are the same configuration")
-        own = isinstance(backend, str)
-        runner = make_backend(backend, workers=workers) if own else backend
-        try:
-            results = runner.map(_run_point, points, shared={}, on_result=on_point)
-        finally:
-            if own:
-                runner.close()
+        results = run_points(_run_point, points, backend=backend, workers=workers, on_result=on_point)
     return [rec for recs in results for rec in recs]
