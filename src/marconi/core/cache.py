@@ -1,4 +1,6 @@
-"""PrefixCache: the radix tree + an admission and an eviction policy + byte capacity + stats.
+"""PrefixCache: a request's lifecycle (begin, finish, abort) and the eviction loop, over the
+store (:mod:`marconi.core.store`: tree, bytes, candidates, surgery) with an admission and an
+eviction policy, and dead tails (:mod:`marconi.core.tails`) when a policy asks.
 
 This is the one cache shared by the simulator, the bootstrap tuner and the real engine. A request
 goes through it in three steps (see ``docs/cache-api.md``)::
@@ -8,10 +10,9 @@ goes through it in three steps (see ``docs/cache-api.md``)::
                                             # the rest capturing handle.prefill_checkpoints, decode
     cache.finish(handle, output_tokens)     # admit checkpoints, evict if needed, insert, unlock
 
-Byte accounting lives here only, from the :class:`~marconi.core.model.ModelSpec`: an edge of ``n``
-tokens holds ``n * spec.kv_bytes_per_token`` bytes, a checkpoint ``spec.ssm_checkpoint_bytes``.
-Payloads (sizes in simulation, tensors in the engine) are opaque; the engine supplies a
-:class:`PayloadOps` to split and join KV payloads when edges split and merge.
+Byte accounting is the store's, from the :class:`~marconi.core.model.ModelSpec`. Payloads (sizes
+in simulation, tensors in the engine) are opaque; the engine supplies a :class:`PayloadOps` to
+split and join KV payloads when edges split and merge.
 
 Time is injected: ``clock()`` is read for recency; without one, a logical clock ticks once per
 request (like the Marconi authors' simulator). Nothing here reads the wall clock.
@@ -31,7 +32,6 @@ from __future__ import annotations
 
 import copy
 import functools
-from collections import OrderedDict
 import math
 import numbers
 import threading
@@ -41,70 +41,16 @@ from typing import Any, Callable, Iterable, Mapping, NamedTuple, Protocol
 import numpy as np
 
 from marconi.core.admission import AdmissionContext, AdmissionPolicy, FinalPlan, MatchResult, make_admission
-from marconi.core.candidates import CandidateSet, flop_efficiency
 from marconi.core.eviction import EvictionPolicy, make_eviction
 from marconi.core.model import ModelSpec, get_model
-from marconi.core.radix import Node, RadixTree, WalkResult, common_prefix_len
+from marconi.core.radix import Node, RadixTree, WalkResult
 from marconi.core.registry import ConfigError
-from marconi.core.stats import CacheStats
-from marconi.core.tails import TailPredictor
+from marconi.core.store import (SIZE_ONLY, InvariantError, PayloadOps, SizeOnly, SizeOnlyPayloads, TreeStore,
+                                 require)
+from marconi.core.tails import DeadTails
 
-__all__ = ["PrefixCache", "RequestHandle", "CachedPrefix", "InsertResult", "PayloadOps", "SizeOnlyPayloads",
+__all__ = ["PrefixCache", "RequestHandle", "CachedPrefix", "InsertResult", "PayloadOps", "SizeOnly", "SizeOnlyPayloads",
            "SIZE_ONLY", "CacheObserver", "Selector", "TreeSnapshot", "InvariantError", "ManualClock", "as_tokens"]
-
-
-class InvariantError(AssertionError):
-    """``check_invariants`` found the cache's incremental bookkeeping inconsistent."""
-
-
-class PayloadOps(Protocol):
-    """How the cache manipulates opaque payloads when the tree's shape changes."""
-
-    def split_kv(self, kv: Any, at: int) -> tuple[Any, Any]:
-        """An edge's KV payload -> (its first ``at`` tokens, the rest)."""
-        ...
-
-    def join_kv(self, first: Any, second: Any) -> Any:
-        """Concatenate two consecutive edges' KV payloads (a parent absorbed into its child)."""
-        ...
-
-    def release(self, payload: Any) -> None:
-        """An evicted KV or SSM payload is no longer referenced by the cache."""
-        ...
-
-    def state_at(self, pos: int) -> Any:
-        """The SSM payload to admit at ``pos`` when ``finish``/``insert_prefill`` were given no
-        ``states``: a stand-in for payloads that are only sizes, None (unavailable) for real ones."""
-        ...
-
-
-class SizeOnly:
-    """The payload of a simulated checkpoint: it has a size (from the ModelSpec), no content."""
-
-    __slots__ = ()
-
-    def __repr__(self) -> str:
-        return "SIZE_ONLY"
-
-
-SIZE_ONLY = SizeOnly()
-
-
-class SizeOnlyPayloads:
-    """Simulation payloads: nothing is stored; sizes come from the ModelSpec. Every checkpoint the
-    admission policy asks for is available (its payload is :data:`SIZE_ONLY`)."""
-
-    def split_kv(self, kv: Any, at: int) -> tuple[Any, Any]:
-        return None, None
-
-    def join_kv(self, first: Any, second: Any) -> Any:
-        return None
-
-    def release(self, payload: Any) -> None:
-        return None
-
-    def state_at(self, pos: int) -> Any:
-        return SIZE_ONLY
 
 
 class CacheObserver:
@@ -316,7 +262,7 @@ def _own_tokens(tokens: Any, what: str) -> np.ndarray:
     return arr
 
 
-class PrefixCache:
+class PrefixCache(TreeStore):
     """A byte-bounded radix prefix cache for hybrid models.
 
     Args:
@@ -356,30 +302,16 @@ class PrefixCache:
                 f"({self.spec.ssm_checkpoint_bytes:,} bytes): nothing could ever be cached; raise the capacity")
         self._logical = ManualClock() if clock is None else None
         self.clock: Callable[[], float] = clock if clock is not None else self._logical  # type: ignore[assignment]
-        self.payloads: PayloadOps = payloads if payloads is not None else SizeOnlyPayloads()
-        self.tree = RadixTree(self.admission.page_size)
-        # Every unlocked node an eviction may take: a leaf, or (for policies that evict inner nodes)
-        # a one-child node holding a checkpoint. ``node.slot`` is set iff the node is in it, and
-        # its arrays mirror the node's recency and FLOP efficiency (``check_invariants`` verifies).
-        self.candidates = CandidateSet()
-        self.stats = CacheStats()
-        # Bytes, from the ModelSpec only: kv = sum(edge_len) * kv_bytes_per_token, ssm = number of
-        # checkpoints * ssm_checkpoint_bytes, used = kv + ssm <= capacity_bytes at every moment;
-        # locked = bytes of the nodes on an in-flight request's matched path (never evicted).
-        self.used_bytes = 0
-        self.kv_bytes = 0
-        self.ssm_bytes = 0
-        self.locked_bytes = 0
-        self._seq = 0                  # last hit-access order handed out (> every node's access_seq)
-        self._path_seq = 0             # last path-access order handed out (> every node's path_seq)
+        TreeStore.__init__(self, self.spec, self.capacity_bytes, self.admission.page_size,
+                           payloads if payloads is not None else SizeOnlyPayloads(),
+                           inner_candidates=self.eviction.evicts_inner_nodes,
+                           efficiency_variant=self.eviction.efficiency_variant)
         self._next_request_id = 0
         # Requests between begin and finish/abort; each holds one lock on every node from its
         # lock_node up to the root, so node.lock_ref == the number of them whose path passes there.
         self._in_flight: dict[int, RequestHandle] = {}
         self._observers: list[CacheObserver] = []
         self._evicted_once = False
-        self._ckpt_bytes = self.spec.ssm_checkpoint_bytes
-        self._kv_per_token = self.spec.kv_bytes_per_token
         self.prefill_chunk_len = None if prefill_chunk_len is None else int(prefill_chunk_len)
         # states inside a prefill lie on this grid (counted from the resume point), or anywhere (None)
         self._state_grid = (None if self.prefill_chunk_len is None
@@ -390,17 +322,10 @@ class PrefixCache:
         if bind_admission is not None:  # a policy reading this cache's clock (sparse-dp's time decay)
             bind_admission(self)
         # Dead tails (``marconi.core.tails``), tracked when the admission (tails=reach) or the
-        # eviction (a rule with tails, or a family with one) asks: the re-entry estimate, and the
-        # leaves whose tail may be cut first at eviction (each created by a request that branched),
-        # oldest first. Cut when ``_trims_tails``.
+        # eviction (a rule with tails, or a family with one) asks; cut when ``_trims_tails()``.
         self._admission_trims = getattr(self.admission, "tails", "keep") == "reach"
         tracks = self._admission_trims or getattr(self.eviction, "tracks_tails", False)
-        self._tails = TailPredictor() if tracks and self.admission.caches else None
-        # Invariant (``check_invariants``): every entry is a leaf of the tree with ``tail_base >= 0``,
-        # keyed by its node id, so the index never outgrows the tree. A leaf leaves it when it gains
-        # a child (it was continued: not dead), leaves the tree (evicted, or merged into its child
-        # by an inner eviction), or is passed over by ``_trim_dead_tail``.
-        self._tail_leaves: OrderedDict[int, Node] = OrderedDict()
+        self.dead_tails = DeadTails() if tracks and self.admission.caches else None
         self._mutex = threading.RLock()
         # The component choosing this cache's policy parameters online, or None: the bootstrap
         # tuner (attached by the system that builds the cache) or a selecting eviction policy
@@ -452,17 +377,14 @@ class PrefixCache:
     def tail_margin(self) -> int | None:
         """Dead tails (``marconi.core.tails``): tokens past its base a branched leaf is predicted to
         be re-entered, or None (not tracked, or no margin yet: nothing is cut)."""
-        return None if self._tails is None else self._tails.margin
+        return None if self.dead_tails is None else self.dead_tails.margin
 
     @property
     def num_tail_leaves(self) -> int:
         """Dead tails (``marconi.core.tails``): branched leaves whose tail may be cut first. Each is a
         leaf of the tree (``check_invariants`` verifies), so this never exceeds the tree's size."""
-        return len(self._tail_leaves)
+        return 0 if self.dead_tails is None else len(self.dead_tails.leaves)
 
-    @property
-    def free_bytes(self) -> int:
-        return self.capacity_bytes - self.used_bytes
 
     @property
     def num_in_flight(self) -> int:
@@ -510,7 +432,8 @@ class PrefixCache:
         else:
             usable = min(walk.matched_len, limit)
         match = MatchResult(len(tokens), walk.matched_len, usable)
-        tail_base, tail_lineage = self._observe_reentry(walk, tokens) if self._tails is not None else (-1, False)
+        tails = self.dead_tails
+        tail_base, tail_lineage = tails.enter(walk, tokens, self.tree.root) if tails is not None else (-1, False)
         branch_len = self._branch_len(len(tokens), walk)
         ctx = AdmissionContext(tokens, len(tokens), match, branch_len, self.spec, self._next_request_id)
         prefill = tuple(sorted(self._placed(self.admission.prefill_checkpoints(ctx), usable, len(tokens),
@@ -687,40 +610,6 @@ class PrefixCache:
             wanted.discard(floor)  # no boundary after the resume point
         return wanted
 
-    def _observe_reentry(self, walk: WalkResult, tokens: np.ndarray) -> tuple[int, bool]:
-        """Dead tails: learn how far this input re-enters a branched leaf, if its match ends in
-        one (or in the ghost of one evicted); return where the input leaves its predecessor's
-        sequence if it branches (else -1), and whether it left inside a leaf's edge.
-
-        A match that runs to a leaf's end re-enters it wholly (a continuation: an infinite
-        advance); one that ends inside a leaf's edge leaves that sequence there (its own new leaf
-        is then marked, with that depth as its base).
-        """
-        assert self._tails is not None
-        input_len = len(tokens)
-        matched = walk.matched_len
-        node = walk.partial or (walk.path[-1] if walk.path else self.tree.root)
-        at_leaf_end = walk.partial is None and not node.children
-        if node.tail_base >= 0:
-            # (an inner eviction may have merged edges above the base into the leaf: diverging
-            # there re-enters none of the tail)
-            self._tails.observe(node.tail_anchor, math.inf if at_leaf_end else max(0, matched - node.tail_base))
-        elif walk.partial is None and node.ghost is not None and matched < input_len:
-            # The leaf this input re-enters was evicted: measure the re-entry on its tokens.
-            edge, base, anchor = node.ghost
-            into = common_prefix_len(edge, tokens[matched:])
-            if into:
-                self._tails.observe(anchor, math.inf if into == len(edge) else max(0, matched + into - base))
-                if into < len(edge):
-                    return matched + into, True  # it left its predecessor there, not where the tree ends
-        if matched == 0 or matched >= input_len or at_leaf_end:
-            return -1, False
-        # An input that leaves a sequence partway (inside a leaf's edge) behaves like a successor
-        # that drops history (base >= 0: every re-entry's margin applies until its anchor has its
-        # own). One that leaves at an inner node (a prompt several sequences already branch from)
-        # starts a sequence of its own, to be continued or not: only its anchor's own evidence
-        # may cut it.
-        return matched, walk.partial is not None and not walk.partial.children
 
     def _branch_len(self, length: int, walk: WalkResult) -> int | None:
         """Speculative insertion: where inserting ``length`` tokens would create a new branch node."""
@@ -813,7 +702,7 @@ class PrefixCache:
           block run);
         * ``[insert_len, len)``: beyond what the admission keeps (vLLM+'s partial last block).
 
-        ``mark``: (base, lineage) from ``_observe_reentry`` (base >= 0: the request branched there;
+        ``mark``: (base, lineage) from ``DeadTails.enter`` (base >= 0: the request branched there;
         the new leaf's tail may be cut first at eviction).
 
         The walked path stays locked while evicting, so the request's own prefix survives.
@@ -908,7 +797,8 @@ class PrefixCache:
             node.ckpt_positions = tail
             node.ckpt_states = [to_admit[p] for p in tail]
             self._account_ssm(node, len(tail), now)
-            self._note_tail(node, mark)
+            if self.dead_tails is not None:
+                self.dead_tails.note(node, mark)
             return tail
         admitted = []
         for end in sorted(set(tail) | {insert_len}):
@@ -920,69 +810,15 @@ class PrefixCache:
                 self._update_eff(node)
                 self._sync_candidate(node)
             parent, start = node, end
-        self._note_tail(node, mark)
+        if self.dead_tails is not None:
+            self.dead_tails.note(node, mark)
         return admitted
 
-    def _note_tail(self, leaf: Node, mark: tuple[int, bool]) -> None:
-        """``leaf`` ends a sequence that branched at ``mark[0]`` (inside another sequence's leaf if
-        ``mark[1]``, see ``_observe_reentry``): its tail may go first."""
-        base, lineage = mark
-        if base >= 0 and self._tails is not None:
-            leaf.tail_base = base
-            leaf.tail_anchor = leaf.parent.node_id  # type: ignore[union-attr]
-            leaf.tail_lineage = lineage
-            self._tail_leaves[leaf.node_id] = leaf
 
-    def _new_node(self, seq: np.ndarray, start: int, end: int, parent: Node,
-                  kv: Callable[[int, int], Any] | None, now: float) -> Node:
-        """Link a node for ``seq[start:end]`` under ``parent``, with its KV payload and bytes.
-
-        ``kv`` is asked first: a node is linked only once its payload exists, so a ``kv`` that
-        raises leaves the tree as it was (a node linked without its bytes and candidate status
-        would corrupt the cache for good).
-        """
-        payload = kv(start, end) if kv is not None else None
-        node = self.tree.new_node(seq[start:end].copy(), parent)
-        node.kv = payload
-        edge_bytes = (end - start) * self._kv_per_token
-        self.used_bytes += edge_bytes
-        self.kv_bytes += edge_bytes
-        self.stats.kv_tokens_inserted += end - start
-        node.last_access = node.path_access = now
-        self._seq += 1
-        node.access_seq = self._seq
-        self._path_seq += 1
-        node.path_seq = self._path_seq
-        self._tail_leaves.pop(parent.node_id, None)  # a continued sequence's tail is not dead
-        self._sync_parent(parent)
-        return node
 
     # ================================================================== tree surgery with accounting
-    def _split(self, node: Node, at: int) -> Node:
-        upper_kv, lower_kv = self.payloads.split_kv(node.kv, at)
-        upper = self.tree.split(node, at)
-        upper.kv, node.kv = upper_kv, lower_kv
-        self._update_eff(upper)
-        self._update_eff(node)
-        self._sync_candidate(upper)
-        return upper
 
-    def _attach_ssm(self, node: Node, payload: Any, now: float) -> None:
-        node.add_checkpoint(node.depth, payload)
-        self._account_ssm(node, 1, now)
 
-    def _account_ssm(self, node: Node, count: int, now: float) -> None:
-        # A checkpoint admitted now is recent, even on a node split off an older edge (which
-        # inherited that edge's recency): otherwise a fresh branch state looks stale to eviction.
-        self._touch(node, now)
-        added = count * self._ckpt_bytes
-        self.used_bytes += added
-        self.ssm_bytes += added
-        if node.lock_ref:
-            self.locked_bytes += added
-        self.stats.checkpoints_admitted += count
-        self._update_eff(node)
-        self._sync_candidate(node)
 
     def _evict_until(self, need: int) -> None:
         """Evict until ``need`` bytes are free. Each eviction is whole before the next callback
@@ -992,7 +828,7 @@ class PrefixCache:
             if not self._evicted_once:
                 self._evicted_once = True  # first: an observer that raises here is not told again next time
                 self._notify("on_first_eviction")
-            if self._tails is not None and self._trims_tails() and self._trim_dead_tail():
+            if self.dead_tails is not None and self._trims_tails() and self._trim_dead_tail():
                 continue  # a predicted-dead tail goes before any victim
             if not len(self.candidates):
                 raise InvariantError("eviction found no candidate although the feasibility check passed")
@@ -1004,162 +840,27 @@ class PrefixCache:
             else:
                 self._evict_leaf(victim)
 
-    def _trim_run(self, node: Node, shortfall: int) -> None:
-        """Evict the last blocks of a run leaf — what per-block LRU would do, since the blocks share
-        the run's recency and the deepest is always the leaf — as many as free ``shortfall`` bytes,
-        all at once. A block is the span from one checkpoint (or the edge's start) to the next."""
-        positions = node.ckpt_positions
-        n = len(positions)
 
-        def freed_by(blocks: int) -> int:  # bytes the last ``blocks`` blocks hold (grows with blocks)
-            start = positions[n - blocks - 1] if blocks < n else node.parent_depth
-            return (node.depth - start) * self._kv_per_token + blocks * self._ckpt_bytes
-
-        lo, hi = 1, n  # the fewest blocks that free ``shortfall``: a binary search (runs are long)
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if freed_by(mid) >= shortfall:
-                hi = mid
-            else:
-                lo = mid + 1
-        blocks = lo
-        if blocks == n:
-            self._evict_leaf(node)
-            return
-        self.stats.evictions_leaf += blocks
-        self._cut_leaf(node, node.depth - positions[n - blocks - 1])
 
     def _trims_tails(self) -> bool:
+        """Cut dead tails now? (A family's live rule may change whether it cuts.)"""
         return self._admission_trims or getattr(self.eviction, "trims_tails", False)
 
     def _trim_dead_tail(self) -> bool:
-        """Cut the oldest branched leaf back to its predicted reach (base + its anchor's margin, or
-        every re-entry's while the anchor has no evidence), dropping the tail's KVs and states;
-        False if there is no margin or no such leaf.
-
-        Leaves whose anchor's re-entries run wholly, or that already end within the reach, leave
-        the index for good; locked ones (in flight) are passed over this time. (Leaves that gain a
-        child or leave the tree left it already: see ``_tail_leaves`` in ``__init__``.)
-        """
-        assert self._tails is not None
-        margin = self._tails.margin
-        leaves = self._tail_leaves
-        if margin is None:
+        """Cut the tail :meth:`DeadTails.next_cut` names, dropping its KVs and states; False if it
+        names none."""
+        cut = self.dead_tails.next_cut(self.tree.page_size)  # type: ignore[union-attr]
+        if cut is None:
             return False
-        page = self.tree.page_size
-        for _ in range(len(leaves)):
-            node_id, node = next(iter(leaves.items()))
-            if node.lock_ref:
-                leaves.move_to_end(node_id)
-                continue
-            del leaves[node_id]
-            own = self._tails.margin_for(node.tail_anchor, fallback=node.tail_lineage)
-            if own is None:
-                continue  # its anchor's leaves are re-entered wholly
-            reach = -(-(node.tail_base + own) // page) * page
-            if reach >= node.depth:
-                continue
-            self.stats.tail_trims += 1
-            if reach <= node.parent_depth:
-                self.stats.tail_tokens_trimmed += node.edge_len
-                self._evict_leaf(node)
-            else:
-                self.stats.tail_tokens_trimmed += node.depth - reach
-                self._cut_leaf(node, node.depth - reach)
-            return True
-        return False
-
-    def _cut_leaf(self, node: Node, dropped_tokens: int) -> None:
-        """Drop a leaf's last ``dropped_tokens`` tokens (fewer than its edge) with their KVs and the
-        checkpoints on them; the node stays, shorter."""
-        kept_kv, dropped_kv = self.payloads.split_kv(node.kv, node.edge_len - dropped_tokens)  # before any change
-        node.kv = kept_kv
-        dropped_states = self.tree.trim_leaf(node, dropped_tokens)
-        freed_kv = dropped_tokens * self._kv_per_token
-        freed_ssm = len(dropped_states) * self._ckpt_bytes
-        self.used_bytes -= freed_kv + freed_ssm
-        self.kv_bytes -= freed_kv
-        self.ssm_bytes -= freed_ssm
-        st = self.stats
-        st.checkpoints_evicted += len(dropped_states)
-        st.kv_tokens_evicted += dropped_tokens
-        st.bytes_evicted += freed_kv + freed_ssm
-        self._update_eff(node)
-        self._release_payloads((dropped_kv, *dropped_states))
-
-    def _evict_leaf(self, node: Node) -> None:
-        self.candidates.remove(node)
-        if node.tail_base >= 0:
-            self._tail_leaves.pop(node.node_id, None)
-            node.parent.ghost = (node.tokens, node.tail_base, node.tail_anchor)  # type: ignore[union-attr]
-        kv_freed = node.edge_len * self._kv_per_token
-        n_ckpt = node.num_checkpoints
-        ssm_freed = n_ckpt * self._ckpt_bytes
-        self.used_bytes -= kv_freed + ssm_freed
-        self.kv_bytes -= kv_freed
-        self.ssm_bytes -= ssm_freed
-        st = self.stats
-        st.checkpoints_evicted += n_ckpt
-        st.evictions_leaf += max(1, n_ckpt)  # a run's blocks count one each, as if one node per block
-        st.kv_tokens_evicted += node.edge_len
-        st.bytes_evicted += kv_freed + ssm_freed
-        parent = node.parent
-        self.tree.remove_leaf(node)
-        assert parent is not None
-        self._sync_parent(parent)
-        self._release_payloads((node.kv, *node.ckpt_states))
-
-    def _evict_inner(self, node: Node) -> None:
-        """Drop a one-child node's checkpoint; its edge KVs are absorbed by its child."""
-        assert node.num_checkpoints == 1, "runs exist only under leaf-only eviction"
-        (child,) = node.children.values()
-        joined = self.payloads.join_kv(node.kv, child.kv)  # before any change: if it raises, nothing did
-        self.candidates.remove(node)
-        child.kv = joined
-        self.used_bytes -= self._ckpt_bytes
-        self.ssm_bytes -= self._ckpt_bytes
-        self.stats.checkpoints_evicted += 1
-        self.stats.evictions_inner += 1
-        self.stats.bytes_evicted += self._ckpt_bytes
-        self._tail_leaves.pop(node.node_id, None)  # it leaves the tree (it had gained a child, so none is due)
-        self.tree.merge_into_child(node)
-        self._update_eff(child)
-        self._release_payloads((node.end_state,))
-
-    def _release_payloads(self, payloads: tuple[Any, ...]) -> None:
-        """Tell the payload ops that ``payloads`` left the tree — after the surgery, so a ``release``
-        that raises finds the cache consistent. Every one is released even if one raises (the
-        first error is re-raised after the others): the tree no longer references any of them."""
-        release = self.payloads.release
-        error: Exception | None = None
-        for payload in payloads:
-            try:
-                release(payload)
-            except Exception as exc:
-                if error is None:
-                    error = exc
-        if error is not None:
-            raise error
-
-    # ================================================================== locks, recency, candidates
-    def _lock(self, node: Node) -> None:
-        root = self.tree.root
-        while node is not root:
-            node.lock_ref += 1
-            if node.lock_ref == 1:
-                self.locked_bytes += self._node_bytes(node)
-                if node.slot is not None:
-                    self.candidates.remove(node)
-            node = node.parent  # type: ignore[assignment]
-
-    def _unlock(self, node: Node) -> None:
-        root = self.tree.root
-        while node is not root:
-            node.lock_ref -= 1
-            if node.lock_ref == 0:
-                self.locked_bytes -= self._node_bytes(node)
-                self._sync_candidate(node)
-            node = node.parent  # type: ignore[assignment]
+        node, reach = cut
+        self.stats.tail_trims += 1
+        if reach <= node.parent_depth:
+            self.stats.tail_tokens_trimmed += node.edge_len
+            self._evict_leaf(node)
+        else:
+            self.stats.tail_tokens_trimmed += node.depth - reach
+            self._cut_leaf(node, node.depth - reach)
+        return True
 
     def _release(self, handle: RequestHandle) -> None:
         if handle.lock_node is not None:
@@ -1194,57 +895,13 @@ class PrefixCache:
         if not handle.active or self._in_flight.get(handle.request_id) is not handle:
             raise ValueError(f"request {handle.request_id} is not in flight in this cache (finished or aborted)")
 
-    def _node_bytes(self, node: Node) -> int:
-        return node.edge_len * self._kv_per_token + node.num_checkpoints * self._ckpt_bytes
 
-    def _touch(self, node: Node, now: float) -> None:
-        """Both recency signals (a node created or given a checkpoint)."""
-        self._path_seq += 1
-        node.path_access = now
-        node.path_seq = self._path_seq
-        self._touch_hit(node, now)
 
-    def _touch_hit(self, node: Node, now: float) -> None:
-        node.last_access = now
-        self._seq += 1
-        node.access_seq = self._seq
-        if node.slot is not None:
-            self.candidates.refresh(node)
 
-    def _touch_path(self, node: Node, now: float) -> None:
-        node.path_access = now
-        self._path_seq += 1
-        node.path_seq = self._path_seq
-        if node.slot is not None:
-            self.candidates.refresh(node)
 
-    def _update_eff(self, node: Node) -> None:
-        node.flop_eff = flop_efficiency(self.spec, node.depth, node.edge_len, node.has_ssm,
-                                        self.eviction.efficiency_variant)
-        if node.slot is not None:
-            self.candidates.refresh(node)
 
-    def _is_candidate(self, node: Node) -> bool:
-        if node.lock_ref or node.parent is None:
-            return False
-        n_children = len(node.children)
-        if n_children == 0:
-            return True
-        # A one-child node is worth evicting only if it frees a checkpoint.
-        return n_children == 1 and self.eviction.evicts_inner_nodes and node.has_ssm and self._ckpt_bytes > 0
 
-    def _sync_candidate(self, node: Node) -> None:
-        want = self._is_candidate(node)
-        if want and node.slot is None:
-            self.candidates.add(node)
-        elif not want and node.slot is not None:
-            self.candidates.remove(node)
-        elif want:
-            self.candidates.refresh(node)  # its children changed: a leaf became a one-child node or back
 
-    def _sync_parent(self, parent: Node) -> None:
-        if parent is not self.tree.root:
-            self._sync_candidate(parent)
 
     # ================================================================== copies (the cache owns them)
     def empty_like(self, eviction: EvictionPolicy | str) -> "PrefixCache":
@@ -1295,10 +952,10 @@ class PrefixCache:
         bind = getattr(eviction, "bind", None)
         if bind is not None:
             bind(twin_cache)
-        old = self.eviction
-        if (eviction.evicts_inner_nodes, eviction.efficiency_variant) != (old.evicts_inner_nodes,
-                                                                         old.efficiency_variant):
-            twin_cache._reindex()
+        wanted = (eviction.evicts_inner_nodes, eviction.efficiency_variant)
+        if wanted != (twin_cache.inner_candidates, twin_cache.efficiency_variant):
+            twin_cache.inner_candidates, twin_cache.efficiency_variant = wanted
+            twin_cache.reindex()
         return twin_cache
 
     @_locked
@@ -1357,36 +1014,14 @@ class PrefixCache:
             node.last_access, node.access_seq = snapshot.last_access[i], snapshot.access_seq[i]
             node.path_access, node.path_seq = snapshot.path_access[i], snapshot.path_seq[i]
             nodes.append(node)
-        cache._adopt_tree()
+        cache.adopt_tree()
         try:
             cache.check_invariants()  # what the fields alone cannot show (a block run under inner-node eviction)
         except InvariantError as exc:
             raise ConfigError(f"snapshot: {exc}") from None
         return cache
 
-    def _adopt_tree(self) -> None:
-        """Account for a tree built with the tree's own surgery (``from_snapshot``): bytes, FLOP
-        efficiency and the eviction candidates, from scratch; access counters continue after the
-        largest. Only for a cache that has served nothing yet."""
-        assert not self._in_flight and self.used_bytes == 0, "_adopt_tree is for a fresh cache"
-        for node in self.tree.iter_nodes():
-            self.used_bytes += self._node_bytes(node)
-            self.kv_bytes += node.edge_len * self._kv_per_token
-            self.ssm_bytes += node.num_checkpoints * self._ckpt_bytes
-            self._seq = max(self._seq, node.access_seq)
-            self._path_seq = max(self._path_seq, node.path_seq)
-            self._update_eff(node)
-            self._sync_candidate(node)
-        if self.used_bytes > self.capacity_bytes:
-            raise ConfigError(f"the tree holds {self.used_bytes:,} bytes, more than the capacity "
-                              f"{self.capacity_bytes:,}")
 
-    def _reindex(self) -> None:
-        """Recompute every node's FLOP efficiency and candidate membership for the current policy
-        (a clone given a policy with other candidates or another efficiency variant)."""
-        for node in self.tree.iter_nodes():
-            self._update_eff(node)
-            self._sync_candidate(node)
 
     # ================================================================== invariants
     @_locked
@@ -1396,89 +1031,23 @@ class PrefixCache:
         (``marconi.core.tails``), each bounded by the tree (or, for anchors, by ``max_anchors``)."""
         expected_locks: dict[int, int] = {}
         for request_id, handle in self._in_flight.items():
-            _require(handle.active and handle.request_id == request_id,
+            require(handle.active and handle.request_id == request_id,
                      f"in-flight request {request_id}: handle {handle.request_id} is finished or filed elsewhere")
             node = handle.lock_node
             while node is not None and node is not self.tree.root:
                 expected_locks[node.node_id] = expected_locks.get(node.node_id, 0) + 1
                 node = node.parent
-        used = kv = ssm = locked = count = 0
-        page = self.tree.page_size
-        stack = [self.tree.root]
-        while stack:
-            parent = stack.pop()
-            for key, node in parent.children.items():
-                count += 1
-                where = f"node {node.node_id} (depth {node.depth})"
-                _require(node.parent is parent, f"{where}: parent link broken")
-                _require(node.edge_len > 0 and node.edge_len % page == 0, f"{where}: bad edge length {node.edge_len}")
-                _require(self.tree.child_key(node.tokens, 0) == key, f"{where}: child key does not match its edge")
-                _require(node.tokens.dtype == np.int32 and node.tokens.ndim == 1 and int(node.tokens.min()) >= 0,
-                         f"{where}: edge tokens must be non-negative int32 ids")
-                _require(node.depth == parent.depth + node.edge_len, f"{where}: depth != parent depth + edge length")
-                nbytes = self._node_bytes(node)
-                used += nbytes
-                kv += node.edge_len * self._kv_per_token
-                ssm += node.num_checkpoints * self._ckpt_bytes
-                positions = node.ckpt_positions
-                _require(len(positions) == len(node.ckpt_states)
-                         and all(node.parent_depth < a < b <= node.depth for a, b in zip(positions, positions[1:]))
-                         and all(node.parent_depth < a <= node.depth for a in positions[:1]),
-                         f"{where}: checkpoints {positions} not ascending inside the edge or without payloads")
-                if len(positions) > 1:
-                    _require(node.has_ssm, f"{where}: a block run must end at its last checkpoint")
-                    _require(not self.eviction.evicts_inner_nodes, f"{where}: a run under inner-node eviction")
-                _require(node.lock_ref == expected_locks.get(node.node_id, 0),
-                         f"{where}: lock_ref {node.lock_ref} != {expected_locks.get(node.node_id, 0)} in-flight users")
-                if node.lock_ref:
-                    locked += nbytes
-                _require((node.slot is not None) == self._is_candidate(node), f"{where}: candidate index out of sync")
-                if node.slot is not None:
-                    i = node.slot
-                    _require(self.candidates.nodes[i] is node, f"{where}: candidate slot points elsewhere")
-                    stale = self.candidates.stale_columns(node)
-                    _require(not stale, f"{where}: stale candidate arrays {stale}")
-                eff = flop_efficiency(self.spec, node.depth, node.edge_len, node.has_ssm,
-                                      self.eviction.efficiency_variant)
-                _require(eff == node.flop_eff and eff >= 0, f"{where}: stale FLOP efficiency")
-                stack.append(node)
-        _require(count == self.tree.num_nodes, f"node count {self.tree.num_nodes} != {count} in the tree")
-        self._check_tail_indexes()
-        _require(len(self.candidates) == sum(1 for n in self.tree.iter_nodes() if n.slot is not None),
-                 "candidate set holds nodes no longer in the tree")
-        _require((used, kv, ssm) == (self.used_bytes, self.kv_bytes, self.ssm_bytes),
-                 f"bytes drifted: recomputed used/kv/ssm {(used, kv, ssm)} vs {(self.used_bytes, self.kv_bytes, self.ssm_bytes)}")
-        _require(locked == self.locked_bytes, f"locked bytes {self.locked_bytes} != recomputed {locked}")
-        _require(self.used_bytes <= self.capacity_bytes, f"used {self.used_bytes} exceeds capacity {self.capacity_bytes}")
-
-
-    def _check_tail_indexes(self) -> None:
-        """The dead-tail index holds leaves of the tree only (so it never outgrows the tree), ghosts
-        are well formed and only kept while tails are tracked, the anchors stay within their bound."""
-        in_tree = {node.node_id: node for node in self.tree.iter_nodes() if node is not self.tree.root}
-        if self._tails is None:
-            _require(not self._tail_leaves, f"{len(self._tail_leaves)} dead-tail entries while tails are not tracked")
+        in_tree = {node.node_id: node for node in self.tree.iter_nodes()}
+        if self.dead_tails is None:
+            require(all(node.ghost is None for node in in_tree.values()), "a ghost kept while tails are not tracked")
         else:
             try:
-                self._tails.check_invariants()
+                self.dead_tails.check_invariants(in_tree)
             except AssertionError as exc:
                 raise InvariantError(str(exc)) from None
-        for node_id, node in self._tail_leaves.items():
-            where = f"dead-tail index entry {node_id}"
-            _require(in_tree.get(node_id) is node, f"{where}: the node is no longer in the tree")
-            _require(not node.children, f"{where}: node {node_id} has children (it is no leaf)")
-            _require(node.tail_base >= 0, f"{where}: node {node_id} has no tail base")
-        for node in (self.tree.root, *in_tree.values()):
-            ghost = node.ghost
-            if ghost is None:
-                continue
-            where = f"node {node.node_id}: ghost"
-            _require(self._tails is not None, f"{where} kept while tails are not tracked")
-            _require(isinstance(ghost, tuple) and len(ghost) == 3, f"{where} is not (edge tokens, base, anchor)")
-            edge, base, _anchor = ghost
-            _require(isinstance(edge, np.ndarray) and edge.ndim == 1 and edge.size > 0,
-                     f"{where}: its edge is not a non-empty 1-D token array")
-            _require(base >= 0, f"{where}: negative tail base {base}")
+        self.check_store(expected_locks)
+
+
 
 
 _SNAPSHOT_LISTS = ("parent_index", "tokens", "ckpt_positions", "last_access", "access_seq", "path_access", "path_seq")
@@ -1523,8 +1092,3 @@ def _check_snapshot_node(tree: RadixTree, snapshot: TreeSnapshot, i: int, tokens
     if not ok:
         raise ConfigError(f"snapshot.ckpt_positions[{i}] = {list(positions)!r}: expected ascending integers in "
                           f"({low}, {high}], the node's edge")
-
-
-def _require(condition: bool, message: str) -> None:
-    if not condition:
-        raise InvariantError(message)

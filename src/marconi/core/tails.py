@@ -32,9 +32,12 @@ import math
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
+import numpy as np
+
+from marconi.core.radix import Node, WalkResult, common_prefix_len
 from marconi.core.registry import ConfigError
 
-__all__ = ["TailReach", "TailPredictor", "TAIL_MODES"]
+__all__ = ["TailReach", "TailPredictor", "DeadTails", "TAIL_MODES"]
 
 #: Admission ``tails`` values: ``keep`` (every inserted KV stays until a rule evicts it) or ``reach``.
 TAIL_MODES = ("keep", "reach")
@@ -163,3 +166,128 @@ class TailPredictor:
         if reach is not None and reach.observations >= reach.min_observations:
             return reach.margin
         return self.overall.margin if fallback else None
+
+
+class DeadTails:
+    """The cache's dead-tail strategy: learn re-entries as requests begin, remember the leaves of
+    branched sequences, and name the next tail to cut at eviction.
+
+    Hooks (the only places the cache and its store call): :meth:`enter` when a request begins,
+    :meth:`note` when its insertion created a leaf, :meth:`continued` / :meth:`leaf_removed` /
+    :meth:`inner_removed` when the tree changes, :meth:`next_cut` before each eviction.
+
+    Invariant (:meth:`check_invariants`): every remembered leaf is a leaf of the tree with
+    ``tail_base >= 0``, keyed by its node id, so the index never outgrows the tree. A leaf leaves
+    it when it gains a child (continued: not dead), leaves the tree, or is passed over by
+    :meth:`next_cut`.
+    """
+
+    __slots__ = ("predictor", "leaves")
+
+    def __init__(self) -> None:
+        self.predictor = TailPredictor()
+        self.leaves: "OrderedDict[int, Node]" = OrderedDict()   # oldest first
+
+    @property
+    def margin(self) -> int | None:
+        return self.predictor.margin
+
+    def enter(self, walk: WalkResult, tokens: np.ndarray, root: Node) -> tuple[int, bool]:
+        """Learn how far this input re-enters a branched leaf, if its match ends in one (or in the
+        ghost of one evicted); return where the input leaves its predecessor's sequence if it
+        branches (else -1), and whether it left inside a leaf's edge.
+
+        A match that runs to a leaf's end re-enters it wholly (a continuation: an infinite
+        advance); one that ends inside a leaf's edge leaves that sequence there. An input that
+        leaves at an inner node (a prompt several sequences already branch from) starts a sequence
+        of its own: only its anchor's own evidence may cut it (lineage False).
+        """
+        input_len = len(tokens)
+        matched = walk.matched_len
+        node = walk.partial or (walk.path[-1] if walk.path else root)
+        at_leaf_end = walk.partial is None and not node.children
+        if node.tail_base >= 0:
+            self.predictor.observe(node.tail_anchor, math.inf if at_leaf_end else max(0, matched - node.tail_base))
+        elif walk.partial is None and node.ghost is not None and matched < input_len:
+            edge, base, anchor = node.ghost
+            into = common_prefix_len(edge, tokens[matched:])
+            if into:
+                self.predictor.observe(anchor, math.inf if into == len(edge) else max(0, matched + into - base))
+                if into < len(edge):
+                    return matched + into, True  # it left its predecessor there, not where the tree ends
+        if matched == 0 or matched >= input_len or at_leaf_end:
+            return -1, False
+        return matched, walk.partial is not None and not walk.partial.children
+
+    def note(self, leaf: Node, mark: tuple[int, bool]) -> None:
+        """``leaf`` ends a sequence that branched at ``mark[0]`` (inside another sequence's leaf if
+        ``mark[1]``); a base < 0 means it did not branch, and nothing is remembered."""
+        base, lineage = mark
+        if base >= 0:
+            leaf.tail_base = base
+            leaf.tail_anchor = leaf.parent.node_id  # type: ignore[union-attr]
+            leaf.tail_lineage = lineage
+            self.leaves[leaf.node_id] = leaf
+
+    def continued(self, parent: Node) -> None:
+        """``parent`` gained a child: its sequence continues, its tail is not dead."""
+        self.leaves.pop(parent.node_id, None)
+
+    def leaf_removed(self, node: Node) -> None:
+        """A leaf left the tree: forget it, and leave its edge as a ghost on its parent so later
+        re-entries into it are still measured."""
+        if node.tail_base >= 0:
+            self.leaves.pop(node.node_id, None)
+            node.parent.ghost = (node.tokens, node.tail_base, node.tail_anchor)  # type: ignore[union-attr]
+
+    def inner_removed(self, node: Node) -> None:
+        """A one-child node merged into its child (it had gained a child, so none is due)."""
+        self.leaves.pop(node.node_id, None)
+
+    def next_cut(self, page_size: int) -> "tuple[Node, int] | None":
+        """The oldest unlocked remembered leaf and the depth to cut it back to (its base plus its
+        anchor's margin, or every re-entry's while the anchor has no evidence, rounded up to a
+        page); None when there is no margin or no such leaf. Leaves passed over for good (whole
+        re-entries, or already within their reach) are forgotten; locked ones wait."""
+        margin = self.predictor.margin
+        if margin is None:
+            return None
+        leaves = self.leaves
+        for _ in range(len(leaves)):
+            node_id, node = next(iter(leaves.items()))
+            if node.lock_ref:
+                leaves.move_to_end(node_id)
+                continue
+            del leaves[node_id]
+            own = self.predictor.margin_for(node.tail_anchor, fallback=node.tail_lineage)
+            if own is None:
+                continue
+            reach = -(-(node.tail_base + own) // page_size) * page_size
+            if reach < node.depth:
+                return node, reach
+        return None
+
+    def check_invariants(self, in_tree: "dict[int, Node]") -> None:
+        """AssertionError unless every remembered leaf is in ``in_tree`` (node id -> node), has no
+        children and has a base, every ghost is well formed, and the predictor holds its own."""
+        self.predictor.check_invariants()
+        for node_id, node in self.leaves.items():
+            where = f"dead-tail index entry {node_id}"
+            if in_tree.get(node_id) is not node:
+                raise AssertionError(f"{where}: the node is no longer in the tree")
+            if node.children:
+                raise AssertionError(f"{where}: node {node_id} has children (it is no leaf)")
+            if node.tail_base < 0:
+                raise AssertionError(f"{where}: node {node_id} has no tail base")
+        for node in in_tree.values():
+            ghost = node.ghost
+            if ghost is None:
+                continue
+            where = f"node {node.node_id}: ghost"
+            if not (isinstance(ghost, tuple) and len(ghost) == 3):
+                raise AssertionError(f"{where} is not (edge tokens, base, anchor)")
+            edge, base, _anchor = ghost
+            if not (isinstance(edge, np.ndarray) and edge.ndim == 1 and edge.size > 0):
+                raise AssertionError(f"{where}: its edge is not a non-empty 1-D token array")
+            if base < 0:
+                raise AssertionError(f"{where}: negative tail base {base}")
