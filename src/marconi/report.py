@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
 __all__ = ["MISSING", "fmt_pct", "fmt_signed_pct", "fmt_pts", "fmt_times", "fmt_seconds", "md_table",
-           "format_table", "pyplot", "save_figure"]
+           "format_table", "pyplot", "save_figure", "plot_ttft_cdf"]
 
 MISSING = "–"
 """What every formatter and table prints for a missing value (None, NaN or infinite)."""
@@ -114,3 +114,26 @@ def save_figure(fig: Any, path: str | os.PathLike[str], *, dpi: int = 110) -> Pa
     finally:
         plt.close(fig)
     return target
+
+
+def plot_ttft_cdf(records: Sequence[dict[str, Any]], path: str | os.PathLike[str], *, clock: str, title: str) -> Path:
+    """One CDF of per-request TTFT per record (PNG, written atomically); returns ``path``.
+
+    Each record needs ``per_request.ttft_s`` (seconds), ``token_hit_rate`` and ``arm`` (or
+    ``policy``), which labels its line; ``clock`` says where the TTFT is measured (the x label).
+    """
+    import numpy as np
+
+    fig, ax = pyplot().subplots(figsize=(6, 4))
+    for rec in records:
+        ttft = np.sort(np.asarray(rec["per_request"]["ttft_s"], dtype=np.float64)) * 1000
+        ax.step(ttft, np.arange(1, len(ttft) + 1) / len(ttft), where="post",
+                label=f"{rec.get('arm', rec.get('policy'))} (hit {100 * rec['token_hit_rate']:.1f}%)")
+    ax.set_xscale("log")
+    ax.set_xlabel(f"TTFT (ms, {clock})")
+    ax.set_ylabel("fraction of requests")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    return save_figure(fig, path, dpi=120)

@@ -433,22 +433,11 @@ def bench_table(records: Sequence[dict[str, Any]]) -> str:
 
 def plot_ttft_cdf(records: Sequence[dict[str, Any]], path: str | Path) -> Path:
     """One CDF of per-request TTFT per policy (PNG, written atomically)."""
-    from marconi.report import pyplot, save_figure
+    from marconi.report import plot_ttft_cdf as plot
 
-    fig, ax = pyplot().subplots(figsize=(6, 4))
-    for rec in records:
-        ttft = np.sort(np.asarray(rec["per_request"]["ttft_s"], dtype=np.float64)) * 1000
-        y = np.arange(1, len(ttft) + 1) / len(ttft)
-        ax.step(ttft, y, where="post", label=f"{rec.get('arm', rec['policy'])} (hit {100 * rec['token_hit_rate']:.1f}%)")
-    ax.set_xscale("log")
-    ax.set_xlabel("TTFT (ms, client-side)")
-    ax.set_ylabel("fraction of requests")
     first = records[0]
-    ax.set_title(f"vLLM {first['model']}, {first['num_requests']} requests, {first['num_blocks']} blocks")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    return save_figure(fig, path, dpi=120)
+    return plot(records, path, clock="client-side",
+                title=f"vLLM {first['model']}, {first['num_requests']} requests, {first['num_blocks']} blocks")
 
 
 # ====================================================================================== fixture

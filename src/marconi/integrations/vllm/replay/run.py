@@ -520,23 +520,11 @@ def replay_table(records: Sequence[dict[str, Any]]) -> str:
 
 def plot_ttft_cdf(records: Sequence[dict[str, Any]], path: str | Path) -> Path:
     """One CDF of per-request virtual TTFT per policy (PNG, written atomically)."""
-    from marconi.report import pyplot, save_figure
+    from marconi.report import plot_ttft_cdf as plot
 
-    fig, ax = pyplot().subplots(figsize=(6, 4))
-    for rec in records:
-        ttft = np.sort(np.asarray(rec["per_request"]["ttft_s"], dtype=np.float64)) * 1000
-        ax.step(ttft, np.arange(1, len(ttft) + 1) / len(ttft), where="post",
-                label=f"{rec['arm']} (hit {100 * rec['token_hit_rate']:.1f}%)")
-    ax.set_xscale("log")
-    ax.set_xlabel(f"TTFT (ms, virtual clock, {records[0]['gpu']})")
-    ax.set_ylabel("fraction of requests")
     first = records[0]
-    load = load_label(first)
-    ax.set_title(f"vLLM replay: {first['model']}, {first['num_blocks']} blocks, {load}")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    return save_figure(fig, path, dpi=120)
+    return plot(records, path, clock=f"virtual clock, {first['gpu']}",
+                title=f"vLLM replay: {first['model']}, {first['num_blocks']} blocks, {load_label(first)}")
 
 
 def _pool_label(rec: dict[str, Any]) -> str:
