@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from marconi.core.admission import make_admission
+from marconi.core.admission import BaseAdmission, make_admission
 from marconi.core.cache import CacheObserver, InvariantError, PrefixCache
 from marconi.core.eviction import make_eviction
 from marconi.core.model import ModelSpec
@@ -144,7 +144,7 @@ class FaultyEviction:
         return self.inner.describe()
 
 
-class FaultyAdmission:
+class FaultyAdmission(BaseAdmission):
     """An admission policy whose plans may fail (delegates to a registry policy)."""
 
     def __init__(self, inner: str, faults: Faults) -> None:

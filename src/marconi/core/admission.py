@@ -14,7 +14,7 @@ policy pairs with any eviction policy.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterable, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, Iterable, NamedTuple, Protocol
 
 import numpy as np
 
@@ -24,7 +24,7 @@ from marconi.core.tails import TAIL_MODES
 if TYPE_CHECKING:
     from marconi.core.model import ModelSpec
 
-__all__ = ["MatchResult", "AdmissionContext", "FinalPlan", "AdmissionPolicy", "ADMISSION_POLICIES",
+__all__ = ["BaseAdmission", "MatchResult", "AdmissionContext", "FinalPlan", "AdmissionPolicy", "ADMISSION_POLICIES",
            "make_admission", "NoAdmission", "MarconiAdmission", "EveryBlock", "LastToken", "Uniform"]
 
 
@@ -69,13 +69,22 @@ class FinalPlan(NamedTuple):
 
 
 class AdmissionPolicy(Protocol):
-    """``final_plan`` must not change the policy: the cache also calls it for dry runs
-    (``PrefixCache.finish_checkpoints``). A policy that keeps per-request state may define
-    ``end_request(request_id)``; the cache calls it when the request finishes or aborts."""
+    """What the cache asks of an admission policy. ``final_plan`` must not change the policy: the
+    cache also calls it for dry runs (``PrefixCache.finish_checkpoints``)."""
 
     name: str
     page_size: int    # KV matching granularity (1 = token-level radix tree)
     caches: bool      # False: nothing is ever inserted (vanilla)
+    tails: str        # one of TAIL_MODES: "reach" asks the cache to cut predicted-dead tails first
+
+    def bind(self, cache: Any) -> None:
+        """Called once by the cache that holds the policy, at its construction (a policy may read
+        the cache's clock)."""
+        ...
+
+    def end_request(self, request_id: int) -> None:
+        """The request finished or aborted (a policy keeping per-request plans drops them)."""
+        ...
 
     def prefill_checkpoints(self, ctx: AdmissionContext) -> Iterable[int]:
         ...
@@ -87,7 +96,20 @@ class AdmissionPolicy(Protocol):
         ...
 
 
-class NoAdmission:
+class BaseAdmission:
+    """The capabilities of :class:`AdmissionPolicy` a stateless policy does without: it keeps every
+    KV to the eviction rule (``tails = "keep"``), needs no cache and keeps nothing per request."""
+
+    tails = "keep"
+
+    def bind(self, cache: Any) -> None:
+        return None
+
+    def end_request(self, request_id: int) -> None:
+        return None
+
+
+class NoAdmission(BaseAdmission):
     """Vanilla inference: no prefix caching at all."""
 
     name = "none"
@@ -104,7 +126,7 @@ class NoAdmission:
         return {"admission": self.name}
 
 
-class MarconiAdmission:
+class MarconiAdmission(BaseAdmission):
     """Judicious admission (paper §4.1): at most two checkpoints per request.
 
     (a) a branch point found by speculative insertion — a purely-input prefix shared by a second
@@ -140,7 +162,7 @@ class MarconiAdmission:
         return {"admission": self.name} if self.tails == "keep" else {"admission": self.name, "tails": self.tails}
 
 
-class EveryBlock:
+class EveryBlock(BaseAdmission):
     """Fine-grained checkpointing (vLLM+): a checkpoint at every ``block``-token block boundary.
 
     ``paged=True`` (vLLM+): only whole blocks are cached and matched (the tree's page size is the
@@ -178,7 +200,7 @@ class EveryBlock:
         return {"admission": self.name, "block": self.block, "paged": self.paged}
 
 
-class LastToken:
+class LastToken(BaseAdmission):
     """Only the state after the last decoded token (conversation continuation), no branch points."""
 
     name = "last-token"
@@ -195,7 +217,7 @@ class LastToken:
         return {"admission": self.name}
 
 
-class Uniform:
+class Uniform(BaseAdmission):
     """``m`` checkpoints evenly spaced over the input (at i·L/m), plus the last decoded token."""
 
     name = "uniform"

@@ -316,14 +316,10 @@ class PrefixCache(TreeStore):
         # states inside a prefill lie on this grid (counted from the resume point), or anywhere (None)
         self._state_grid = (None if self.prefill_chunk_len is None
                             else math.lcm(self.prefill_chunk_len, self.tree.page_size))
-        # a policy keeping per-request state (sparse-dp) is told when a request ends
-        self._end_request: Callable[[int], None] | None = getattr(self.admission, "end_request", None)
-        bind_admission = getattr(self.admission, "bind", None)
-        if bind_admission is not None:  # a policy reading this cache's clock (sparse-dp's time decay)
-            bind_admission(self)
+        self.admission.bind(self)
         # Dead tails (``marconi.core.tails``), tracked when the admission (tails=reach) or the
         # eviction (a rule with tails, or a family with one) asks; cut when ``_trims_tails()``.
-        self._admission_trims = getattr(self.admission, "tails", "keep") == "reach"
+        self._admission_trims = self.admission.tails == "reach"
         tracks = self._admission_trims or getattr(self.eviction, "tracks_tails", False)
         self.dead_tails = DeadTails() if tracks and self.admission.caches else None
         self._mutex = threading.RLock()
@@ -867,8 +863,7 @@ class PrefixCache(TreeStore):
             self._unlock(handle.lock_node)
         handle.active = False
         del self._in_flight[handle.request_id]
-        if self._end_request is not None:
-            self._end_request(handle.request_id)
+        self.admission.end_request(handle.request_id)
 
     def _end(self, handle: RequestHandle, event: str, *args: Any) -> None:
         """Release ``handle`` and tell the observers ``event`` (``on_finish``/``on_abort``) — they

@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Iterable
 
 import numpy as np
 
-from marconi.core.admission import ADMISSION_POLICIES, AdmissionContext, FinalPlan, MarconiAdmission
+from marconi.core.admission import ADMISSION_POLICIES, AdmissionContext, BaseAdmission, FinalPlan, MarconiAdmission
 from marconi.core.registry import ConfigError, Domain
 from marconi.options import CHECKPOINT_BUDGET
 from marconi.sparse.dp import TOKEN_COST, PotentialCost, flops_cost, place_checkpoints, place_checkpoints_lagrangian
@@ -63,7 +63,7 @@ if TYPE_CHECKING:
 __all__ = ["SparseDPAdmission", "cap_candidates"]
 
 
-class SparseDPAdmission:
+class SparseDPAdmission(BaseAdmission):
     """Checkpoint placement by dynamic programming over the estimated overlap-depth distribution."""
 
     name = "sparse-dp"

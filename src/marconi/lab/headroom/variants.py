@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 import numpy as np
 
-from marconi.core.admission import AdmissionContext, AdmissionPolicy, FinalPlan, make_admission
+from marconi.core.admission import AdmissionContext, AdmissionPolicy, BaseAdmission, FinalPlan, make_admission
 from marconi.core.cache import ManualClock, PrefixCache
 from marconi.core.eviction import EVICTION_POLICIES, EvictionPolicy
 from marconi.core.model import ModelSpec
@@ -58,7 +58,7 @@ DECOMPOSITION = (("admission_states", "default", "admission-states"), ("admissio
                  ("dead_entries", "admission", "dead"), ("ordering", "dead", "oracle"))
 
 
-class FutureFilteredAdmission:
+class FutureFilteredAdmission(BaseAdmission):
     """An admission policy that asks ``inner`` and then declines what no later request uses: a
     checkpoint at ``p`` unless a later input starts with ``tokens[:p]``, and (``trim_kv``) the KVs
     more than one token past the deepest point any later input reaches along the sequence (that
@@ -73,6 +73,13 @@ class FutureFilteredAdmission:
         self.trim_kv = trim_kv
         self.page_size = self.inner.page_size
         self.caches = self.inner.caches
+        self.tails = self.inner.tails
+
+    def bind(self, cache: Any) -> None:
+        self.inner.bind(cache)
+
+    def end_request(self, request_id: int) -> None:
+        self.inner.end_request(request_id)
 
     def __deepcopy__(self, memo: dict[int, Any]) -> "FutureFilteredAdmission":
         # Worlds and clones copy their admission policy; the index is read-only, so it is shared.
