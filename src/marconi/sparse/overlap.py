@@ -1,8 +1,7 @@
 """Overlap-depth estimates: the distribution ``P(d)`` of how deep future requests will match a
 sequence, which the placement DP (:mod:`marconi.sparse.dp`) consumes.
 
-One module, one histogram (decayed by observation counts and by an injected clock, shrunk towards
-a pooled histogram and a cold-start prior by pseudo-counts), three keys:
+One module, three keys:
 
 * :class:`OverlapEstimator`: an opaque key (a document id, a hash of the first tokens), absolute
   depths. No tree: ``sparse-dp(estimator=prefix)`` keeps it to reproduce earlier figures.
@@ -18,10 +17,12 @@ The token-path and block-path estimators answer the same question from different
 known node on the path, composed, vs the owner's anchor and branch counts on a block grid): each
 engine's pinned results are computed with its own, so they stay two classes.
 
-Histograms, as in cachetools, decay lazily: observation ``i`` is stored with weight
-``2**(stamp_i - origin)`` where ``stamp`` counts half-lives, so nothing is rescaled per
-observation; the origin moves (and negligible depths are dropped) only when weights would
-otherwise overflow. Shrinkage, for ``n`` the decayed (effective) observation count::
+The opaque-key and token-path estimators share one histogram, decayed by observation counts and
+by an injected clock and shrunk towards a pooled histogram and a cold-start prior by pseudo-counts
+(the block-path one decays per observation, see :class:`BlockEstimatorConfig`). It decays
+lazily: observation ``i`` is stored with weight ``2**(stamp_i - origin)`` where ``stamp`` counts
+half-lives, so nothing is rescaled per observation; the origin moves (and negligible depths are
+dropped) only when weights would otherwise overflow. Shrinkage, for ``n`` the decayed (effective) observation count::
 
     P_pooled = (n_g * H_pooled + prior_strength * prior)    / (n_g + prior_strength)
     P_key    = (n_k * H_key    + key_strength   * P_pooled) / (n_k + key_strength)
@@ -255,8 +256,10 @@ class EstimatorConfig:
 class OverlapEstimator:
     """Per-key, drift-following estimate of the overlap-depth distribution, with fallbacks.
 
-    Not thread-safe; the cache that owns it serialises calls. Memory is one small dict per key:
-    call :meth:`forget` when the keyed sequence leaves the cache.
+    Depths are absolute token counts; asking for a sequence of length ``N`` clips deeper
+    observations to ``N`` (a request cannot overlap a sequence past its end). The prior is relative
+    to ``N``. Memory is one small dict per key: call :meth:`forget` when the keyed sequence leaves
+    the cache.
     """
 
     def __init__(self, config: EstimatorConfig | None = None, *, clock: Callable[[], float] | None = None) -> None:
