@@ -152,11 +152,9 @@ def run_point(trace: Any, trace_name: str, task: SweepTask, *, tuning_workers: i
 
 
 # ----------------------------------------------------------------------------- backend tasks
-def _task_fn(shared: Mapping[str, Any], item: tuple[SweepTask, int | None, bool]) -> dict[str, Any]:
-    task, tuning_workers, use_mapper = item
-    mapper = shared["__tuning_mapper__"] if use_mapper else None
-    return run_point(shared[task.trace_key], task.trace_name or task.trace_key, task, tuning_workers=tuning_workers,
-                     tuning_mapper=mapper)
+def _task_fn(shared: Mapping[str, Any], task: SweepTask) -> dict[str, Any]:
+    return run_point(shared[task.trace_key], task.trace_name or task.trace_key, task,
+                     tuning_workers=shared["__tuning_workers__"], tuning_mapper=shared["__tuning_mapper__"])
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,15 +173,13 @@ class _Guarded:
 
 def run_points(fn: TaskFn, items: Sequence[Any], *, backend: str | Backend = "local", workers: int | None = None,
                shared: Mapping[str, Any] | None = None, needs: Callable[[Any], Sequence[str]] | None = None,
-               on_result: Callable[[Any], None] | None = None,
-               point: Callable[[Any], Any] = lambda item: item) -> list[Any]:
+               on_result: Callable[[Any], None] | None = None) -> list[Any]:
     """``[fn(shared, item) for item in items]`` on ``backend``, one point per item, in item order.
 
     ``fn`` is a module-level function (it runs in a forked worker or a Ray task); ``needs(item)``
     names the ``shared`` keys an item reads. ``backend``: ``"local"`` (a process pool of
     ``workers``), ``"ray"``, or a backend object (closed only if made here). ``on_result`` sees
-    each result as it completes (not the points that fail). ``point(item)`` is what a failure is
-    reported as (:attr:`PointsFailed.failures`).
+    each result as it completes (not the points that fail).
 
     Raises:
         PointsFailed: some items raised :class:`ConfigError` (after every other item finished; it
@@ -194,7 +190,7 @@ def run_points(fn: TaskFn, items: Sequence[Any], *, backend: str | Backend = "lo
             on_result(result)
     with backend_scope(backend, workers) as be:
         results = be.map(_Guarded(fn), items, shared=shared or {}, on_result=on_success, needs=needs)
-    failures = [(point(i), r.message) for i, r in zip(items, results) if isinstance(r, _PointFailure)]
+    failures = [(i, r.message) for i, r in zip(items, results) if isinstance(r, _PointFailure)]
     if failures:
         raise PointsFailed([r for r in results if not isinstance(r, _PointFailure)], failures, len(items))
     return results
@@ -216,8 +212,8 @@ def backend_scope(backend: str | Backend, workers: int | None) -> Iterator[Backe
             be.close()
 
 
-def _task_needs(item: tuple[SweepTask, int | None, bool]) -> tuple[str, ...]:
-    return (item[0].trace_key, "__tuning_mapper__")
+def _task_needs(task: SweepTask) -> tuple[str, ...]:
+    return (task.trace_key, "__tuning_mapper__", "__tuning_workers__")
 
 
 def _working_set_needs(item: tuple[str, Any]) -> tuple[str, ...]:
@@ -250,13 +246,10 @@ def run_tasks(traces: Mapping[str, Any], tasks: Sequence[SweepTask], *, backend:
         parallel = be.parallelism > 1 and len(tasks) > 1
         mapper = be.tuning_mapper()
         tuning_workers = 1 if parallel else None
-        shared: dict[str, Any] = dict(traces)
-        shared["__tuning_mapper__"] = mapper
+        shared = {**traces, "__tuning_mapper__": mapper, "__tuning_workers__": tuning_workers}
         if names:
             tasks = [replace(t, trace_name=names.get(t.trace_key, t.trace_name)) for t in tasks]
-        items = [(t, tuning_workers, mapper is not None) for t in tasks]
-        return run_points(_task_fn, items, backend=be, shared=shared, needs=_task_needs, on_result=on_record,
-                          point=lambda item: item[0])
+        return run_points(_task_fn, tasks, backend=be, shared=shared, needs=_task_needs, on_result=on_record)
 
 
 def run_sweep(trace: Sequence[Any], trace_name: str, points: Sequence[SweepPoint], *, latency: str = "a100",
