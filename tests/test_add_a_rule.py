@@ -183,7 +183,7 @@ def test_vllm_emulation_applies_the_rule(trace):
     def brute() -> int:
         free = [b for b in range(state.num_blocks) if state.free_cached[b]]
         cand = [b for b in free if state.candidate[b]] or free
-        depth = [max(state.prefix_info(p)[0] for p, _ in state._block_keys[b]) for b in cand]
+        depth = [max(state.prefix_info(p)[0] for p, _ in state.keys_of(b)) for b in cand]
         seq = [int(state.release_seq[b]) for b in cand]
         return cand[_brute(seq, depth, seq)]
 

@@ -150,7 +150,7 @@ def test_vllm_align_is_a_system_name() -> None:
                 "vllm-align:alpha=-1", "vllm-align:typo=1", "vllm-align:alpha_source=nocolon",
                 "vllm-align:alpha=adaptiv", "vllm-align:eviction=marconi,alpha=adaptive,efficiency=marginal",
                 "vllm-align:eviction=marconi,alpha=adaptive,alpha_source=m:f", "vllm-align:rules=lru/a1m",
-                "vllm-align:eviction=marconi,alpha=adaptive,rules=lru/a2lp", "vllm-align:alpha=adaptive"):
+                "vllm-align:eviction=marconi,alpha=adaptive,rules=lru/a1mi", "vllm-align:alpha=adaptive"):
         with pytest.raises(ConfigError):
             make_system(bad)
 

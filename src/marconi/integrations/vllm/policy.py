@@ -346,6 +346,10 @@ class BlockEvictionState:
         self._checked_rule = (alpha, variant)
         return alpha, variant
 
+    def keys_of(self, block_id: int) -> tuple[tuple[Hashable, int], ...]:
+        """The ``(prefix, group)`` keys ``block_id`` answers lookups for (empty: none)."""
+        return tuple(self._block_keys.get(block_id, ()))
+
     def prefix_info(self, prefix: Hashable) -> tuple[int, Hashable | None]:
         """``(depth, parent prefix)`` of a cached prefix (KeyError if nothing holds it)."""
         node = self._prefixes[prefix]
