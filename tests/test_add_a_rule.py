@@ -228,9 +228,28 @@ def test_sglang_emulation_applies_the_rule(trace):
     mine = sum(emu.serve(r.input_tokens, r.output_tokens).hit_len for r in trace)
     emu.check_invariants()
     assert picks and emu.counters["evicted:kv-leaf"] > 0
-    others = {}
+    others, walks = {}, []
     for name, make in (("lru", lambda: None), ("a0.5m", lambda: MarconiStrategy(SPEC, MAMBA, 0.5, "marginal")),
-                       ("a2m", lambda: MarconiStrategy(SPEC, MAMBA, 2.0, "marginal"))):
+                       ("a2m", lambda: _fast_equals_generic(MarconiStrategy(SPEC, MAMBA, 2.0, "marginal"), walks))):
         other = UnifiedRadixEmulator(kv_tokens, slots, strategy=make())
         others[name] = sum(other.serve(r.input_tokens, r.output_tokens).hit_len for r in trace)
     assert mine not in others.values(), (mine, others)
+    assert walks, "no FULL walk compared"
+
+
+def _fast_equals_generic(strategy: MarconiStrategy, log: list[int]) -> MarconiStrategy:
+    """``strategy`` (a FLOP-aware rule on its fast path), checked at every FULL walk: its priorities
+    of the walk's leaves equal the core's scores of the same rule over the generic path's table."""
+    rule = EvictionRule(strategy.alpha, strategy.variant)
+    begin = strategy.begin_full_walk
+
+    def checked(leaves):
+        leaves = list(leaves)
+        begin(leaves)
+        if len(leaves) > 1:
+            table = strategy.table(leaves, [n.last_access_time for n in leaves], [True] * len(leaves))
+            assert [strategy.get_priority(n)[0] for n in leaves] == rule.scores(table).tolist()
+            log.append(len(leaves))
+
+    strategy.begin_full_walk = checked
+    return strategy
