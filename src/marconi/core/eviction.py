@@ -19,8 +19,9 @@ matched path every node on it up to there):
   is exactly ``lru``: the family an adaptive policy chooses from online.
 
 :class:`EvictionRule` scores through :func:`score_rules` (and its normalisation :func:`min_max` and
-tie-break :func:`argmin_ties_by_order`): one rule's victim, a family's victims at once, and every
-engine's fast path. :class:`RulePolicy` applies any other :class:`Rule` in the cache. Candidates
+tie-break :func:`argmin_ties_by_order`): one rule's victim, a family's victims at once, and the
+specification every engine's fast path is held to. :class:`RulePolicy` applies any other
+:class:`Rule` in the cache. Candidates
 and FLOP efficiency live in :mod:`marconi.core.candidates`. The registry's other entries (the
 adaptive policies) are registered by the packages that define them.
 """

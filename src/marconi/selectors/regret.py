@@ -52,7 +52,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 
 from marconi.core.cache import CacheObserver, PrefixCache, RequestHandle
-from marconi.core.candidates import CandidateSet, flop_efficiency_array
+from marconi.core.candidates import CandidateSet, LazyEfficiency
 from marconi.core.eviction import EVICTION_POLICIES, EvictionPolicy, EvictionRule, score_rules
 from marconi.selectors.family import RuleSwitch, cached_efficiency_variant, parse_rules
 from marconi.core.registry import ConfigError, Domain
@@ -185,7 +185,8 @@ class RegretEviction:
     # ---------------------------------------------------------------- eviction
     def choose(self, candidates: CandidateSet) -> int:
         n = len(candidates)
-        scored = score_rules(self.rules, candidates, _LazyEfficiency(self, candidates, n))
+        scored = score_rules(self.rules, candidates, LazyEfficiency(
+            {self.efficiency_variant: candidates.flop_eff[:n]}, spec=self.spec, cands=candidates))
         victim = scored[self.current][0]
         self._record_wants(candidates, scored)
         self._remember(candidates.nodes[victim])
@@ -341,21 +342,6 @@ class RegretEviction:
 
     def describe(self) -> dict[str, object]:
         return {"eviction": self.name, "rules": "/".join(r.label() for r in self.rules), "rule": self.rule.label()}
-
-
-class _LazyEfficiency(dict):
-    """Per-variant FLOP efficiency of the candidates: the cached column, or computed on first use."""
-
-    def __init__(self, policy: RegretEviction, candidates: CandidateSet, n: int) -> None:
-        super().__init__()
-        self[policy.efficiency_variant] = candidates.flop_eff[:n]
-        self._policy, self._candidates, self._n = policy, candidates, n
-
-    def __missing__(self, variant: str) -> np.ndarray:
-        c, n = self._candidates, self._n
-        value = flop_efficiency_array(self._policy.spec, c.depth[:n], c.edge_len[:n], c.has_ssm[:n], variant)
-        self[variant] = value
-        return value
 
 
 class _Charger(CacheObserver):
