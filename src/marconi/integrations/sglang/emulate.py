@@ -1,53 +1,11 @@
 """``sglang-unified``: SGLang 0.5.23's hybrid radix cache (``UnifiedRadixCache``, FULL + MAMBA), emulated.
 
-Pure Python + numpy, no SGLang import: a user without SGLang can ask what SGLang's real cache would
-hit. :class:`UnifiedRadixEmulator` follows SGLang's own code, rule by rule (paths are SGLang's, under
-``srt/mem_cache/``):
-
-* **Tree** (``unified_cache/unified_tree_core.py``): a radix tree over page-aligned keys; every node
-  holds the KV of its edge (FULL) and at most one Mamba state for the sequence ending at it. Without
-  HiCache an evicted node is deleted, so a node always has its KV. Splitting an edge (in a match or an
-  insert) leaves the new parent with no state: a *tombstone*.
-* **Match** (``_match_prefix_helper``): walks the key (capped at ``len(prompt) - 1``, page-aligned),
-  splitting a partly matched edge; the hit is the depth of the deepest node *with a state*
-  (``device_prefix_len``); KV matched past it counts as ``full_kv_hit_length`` but is not reusable.
-  Only the hit node and its ancestors get a fresh ``last_access_time`` (parents ``1e-5`` older per
-  level); only the hit node moves to the Mamba LRU's front.
-* **Insert** (``begin_insert`` and its steps): touches every walked node, frees the request's
-  duplicate KV past ``prev_prefix_len``, puts the state on the end node (a new leaf, or a tombstone
-  that gets its state back); an end node that already has a state keeps it (``mamba_exist``: the
-  caller frees its own).
-* **Eviction** (``unified_radix_cache.py:_evict_components``): one walk per component short of slots,
-  run until the allocator has the shortfall. FULL: a heap of unlocked leaves by the strategy's
-  priority (LRU: ``last_access_time``); a popped leaf is deleted with its state; a parent left a leaf
-  is pushed. MAMBA (``components/mamba.py:_evict_device_next_node``): the least recent unlocked state
-  in the Mamba LRU; a leaf is deleted whole, an inner node is tombstoned. Under ``marconi`` the FULL
-  heap is ordered and the Mamba victim picked by the plugin's own
-  :class:`~marconi.integrations.sglang.policy.MarconiStrategy` (the same object the plugin runs in
-  SGLang, fed these nodes).
-* **Locks** (``components/full.py`` / ``mamba.py``: ``acquire_component_lock``): a request locks
-  the FULL KV of its node's whole path, and the Mamba state of that node alone.
-* **Pools**: ``kv_tokens`` KV slots and ``mamba_slots`` Mamba slots (SGLang's fixed split;
-  :func:`~marconi.integrations.sglang.replay.pool_sizes`).
-
-The request's life is the scheduler's (``mem_cache/common.py``, ``managers/schedule_batch.py``), as
-:mod:`marconi.integrations.sglang.replay` drives the real cache:
-
-``no_buffer`` (what the bench measures; page size 1):
-  admission allocates the request's Mamba slot, then its uncached KV; the end of prefill keeps a
-  copy of the state at ``len(prompt)`` (a fresh slot); the finish keys ``prompt + output[:-1]``
-  with the request's own slot.
-``extra_buffer`` (*modelled from the code only*: SGLang runs it on a GPU platform, so no bench here
-  checks it): the request holds its slot plus two ping-pong track slots; the prefill keeps a state
-  only at ``hit + ((len(prompt) - hit) // grid) * grid`` (``grid = lcm(chunk, page)``), or at the
-  match's ``mamba_branching_seqlen`` (the KV hit aligned down to the grid, when past the state hit)
-  when that lies inside the extend; decode keeps the state at every committed length that is a
-  multiple of ``lcm(grid, mamba_track_interval)``; the finish keys the sequence up to the last such
-  state only (nothing when decode crossed no boundary), and frees the KV past it.
-
-Not modelled (as in the bench): concurrency inside SGLang's scheduler (here requests may overlap
-only as the simulator's event mode interleaves ``begin`` and ``finish``), chunked prefill,
-retraction, HiCache, ``mamba_max_states_per_path`` (default -1: unlimited), session radix caching.
+Pure Python + numpy, no SGLang import, so a user without SGLang can ask what SGLang's real cache would
+hit. :class:`UnifiedRadixEmulator` follows SGLang's tree, match, insert, eviction and lock rules
+(``srt/mem_cache/``) and the scheduler's request life (``no_buffer``; ``extra_buffer`` is modelled
+from the code only); under ``marconi`` it runs the plugin's own
+:class:`~marconi.integrations.sglang.policy.MarconiStrategy` on its nodes. The rules, what is not
+modelled and the agreement with the real cache: docs/sglang.md, "The emulation".
 """
 
 from __future__ import annotations

@@ -1,49 +1,17 @@
-"""The plugin's configuration: environment variables, read once per process, validated.
+"""The plugin's configuration: environment variables (``ENV_*``), read once per process, validated.
 
-vLLM loads general plugins in every process it starts (API server, engine core, workers), before
-any command-line option of ours could reach them, so configuration travels in the environment:
+vLLM loads general plugins in every process it starts, before any command-line option could reach
+them, so configuration travels in the environment; each variable's meaning is in docs/vllm.md,
+"Using the plugin".
 
-=================================  =================================================================
-variable                           meaning
-=================================  =================================================================
-``MARCONI_VLLM_POLICY``            unset/empty: the plugin changes nothing (stock vLLM);
-                                   ``lru``: vLLM's own eviction, observed (counters, trace);
-                                   ``marconi``: FLOP-aware eviction among cached free blocks
-``MARCONI_VLLM_ALPHA``             α, a number >= 0 (default 0.5), or ``adaptive``: α and efficiency
-                                   follow the shadow α source's live rule (:mod:`marconi.integrations.vllm.shadow`)
-``MARCONI_VLLM_ADAPTIVE_RULES``    with ``adaptive``: the rule family (default ``lru/a0.5m/a2m``)
-``MARCONI_VLLM_ADAPTIVE_LAG``      with ``adaptive``: requests by which a rule switch lags, an
-                                   integer >= 0 (default 0: the shadow replays each finished
-                                   request on the scheduler thread); >= 1: on a worker thread
-                                   (:mod:`marconi.integrations.common.shadow_alpha`, "Lag")
-``MARCONI_VLLM_ALPHA_SOURCE``      ``module:factory`` returning an :class:`~marconi.integrations.common.alpha.AlphaSource`
-                                   (called as ``factory(spec, config)``); overrides a numeric
-                                   ``MARCONI_VLLM_ALPHA`` (with ``adaptive`` it is an error).
-                                   It runs arbitrary code: see below
-``MARCONI_VLLM_EFFICIENCY``        ``total`` (default, the paper's) or ``marginal``; not with
-                                   ``adaptive`` (its rules name their own)
-``MARCONI_VLLM_TRACE``             a path: the engine core appends every block-pool event as JSONL
-``MARCONI_VLLM_MAMBA2_CPU_FIX``    ``auto`` (default) or ``off``: see :mod:`marconi.integrations.vllm.plugin`
-``MARCONI_VLLM_RETENTION``         unset/empty: vLLM decides which Mamba states to keep (stock);
-                                   ``sparse-dp``: the plugin places them by the sparse DP
-                                   (:mod:`marconi.integrations.vllm.retention`); needs a policy
-                                   (``lru`` keeps vLLM's eviction), Mamba ``align`` mode and
-                                   ``prefix_cache_retention_interval=0`` (vLLM's default)
-``MARCONI_VLLM_RETENTION_BUDGET``  with ``sparse-dp``: boundaries placed per sequence beyond the
-                                   ones vLLM keeps anyway, an integer >= 0 (default 2)
-=================================  =================================================================
-
-**An α source runs arbitrary code.** ``MARCONI_VLLM_ALPHA_SOURCE=module:factory`` (and the
-simulator's ``vllm-align:alpha_source=module:factory``) imports ``module`` — executing its code — in
-every process that reads the setting (each vLLM process at registration; the simulator's workers),
-then calls ``factory`` in the engine core (once per block pool) and ``observe`` after every
-request. Name only modules you trust, as you would a ``--model`` with custom code.
-
-**Errors.** :meth:`PluginConfig.from_env` raises :class:`ConfigError` naming the variable and its
-value. With no policy set the plugin must never stop stock vLLM, so registration reads
-:meth:`PluginConfig.lenient_from_env`, which ignores (and returns, to be warned about) what only a
-policy would use. :meth:`PluginConfig.check_runnable` is the part that touches the system: the
-trace can be appended to, the α source's module imports.
+* :meth:`PluginConfig.from_env` raises :class:`ConfigError` naming the variable and its value.
+  With no policy set the plugin must never stop stock vLLM, so registration reads
+  :meth:`PluginConfig.lenient_from_env`, which returns what it ignored instead of raising.
+* :meth:`PluginConfig.check_runnable` is the part that touches the system (the trace can be
+  appended to, the α source's module imports).
+* **An α source runs arbitrary code**: ``MARCONI_VLLM_ALPHA_SOURCE=module:factory`` (and
+  ``vllm-align:alpha_source=``) imports ``module`` in every process that reads it, calls ``factory``
+  once per block pool and ``observe`` after every request. Name only modules you trust.
 """
 
 from __future__ import annotations

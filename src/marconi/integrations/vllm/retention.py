@@ -1,42 +1,13 @@
 """Where on vLLM's block grid to keep a sequence's recurrent states: the sparse DP, constrained.
 
-vLLM's Mamba ``align`` mode can keep a state only at a block boundary (block ``i`` holds the state
-after ``(i + 1) · block_size`` tokens), and some boundaries are kept whatever this module says:
-the request's resume point (the state it started from), the shared-prefix junction vLLM detects
-(Marconi's branch point) and the replay boundary at the prompt's end (Marconi's last-token state).
-``prefix_cache_retention_interval`` picks the other boundaries by a fixed stride; the sparse-prefix
-paper (arXiv 2605.05219) picks them by an exact DP over the distribution of overlap depths. On the
-grid the problem is: given weights ``P(d)`` over depths ``0..N``, the fixed boundaries ``F`` and a
-budget of ``M`` more, choose ``C`` (block boundaries, ``|C| <= M``) minimising
-
-    E[ cost(c(d), d) ],   c(d) = the deepest point of {0} ∪ F ∪ C at or below d,
-
-with the potential recompute cost of :mod:`marconi.sparse.dp` (tokens, or the model's prefill
-FLOPs). Fixed boundaries cut the sequence into independent segments: a depth in
-``[f_k, f_{k+1})`` resumes from ``f_k`` or from a checkpoint placed inside that segment, never
-from another segment. So :func:`place_on_grid` solves each segment exactly with
-:func:`marconi.sparse.dp.place_checkpoints` (its whole cost-by-budget curve, one run) and splits
-the budget among the segments by a min-plus convolution of those curves: exact for the stated
-problem, ``O(S · M^2)`` on top of the segments' DPs. :func:`brute_force_on_grid` enumerates every
-placement, for the tests.
-
-**Online** (:class:`RetentionPlanner`, what ``MARCONI_VLLM_RETENTION=sparse-dp`` runs in the
-engine core and ``vllm-align:retention=sparse-dp`` in the emulation, the same object in both):
-when a request is first scheduled, :class:`~marconi.sparse.overlap.BlockOverlapEstimator` measures
-its overlap with the sequences seen before (leading block hashes), records that divergence
-relative to the sequence it diverged from and at the block it diverged after (a *branch point*),
-and returns the request's own anchor; the planner weighs the request's depths by the branch points
-on its known prefix and, past it, by the anchor's depth distribution (its ``path_distribution``),
-drops the depths at or below its resume point, and places ``budget`` boundaries with :func:`place_on_grid`
-(the model's prefill FLOPs as the cost). The known prefix matters because the cache forgets what
-the estimator remembers: a request that recomputes an evicted document is the one chance to keep
-a state where that document's questions diverge (vLLM's junction needs the document's KVs cached). In ``align`` mode a state is
-written only where a prefill chunk ends, so each chosen boundary is also a chunk stop (as vLLM
-stops a chunk at the shared-prefix junction in ``Scheduler._mamba_block_aligned_split``), and the
-Mamba managers keep it as they keep the replay boundary. The plan is made once per request and
-dropped when it finishes.
-
-Nothing here imports vLLM.
+:func:`place_on_grid` is the exact optimum: at most ``budget`` block boundaries beyond the fixed
+ones (resume point, vLLM's shared-prefix junction, the replay boundary), minimising the expected
+recompute cost of :mod:`marconi.sparse.dp` under weights over overlap depths.
+:class:`RetentionPlanner` is what ``MARCONI_VLLM_RETENTION=sparse-dp`` runs in the engine core and
+``vllm-align:retention=sparse-dp`` in the emulation (the same object): one plan per request, made
+at its first scheduling from :class:`~marconi.sparse.overlap.BlockOverlapEstimator`, whose boundaries
+become chunk stops and kept states. The problem, its exact decomposition and the measurements:
+docs/vllm.md, "Sparse retention". Nothing here imports vLLM.
 """
 
 from __future__ import annotations
