@@ -1,79 +1,11 @@
 """Exact sparse-checkpoint placement by dynamic programming over overlap depths.
 
-Problem
--------
-A cached sequence has ``N`` tokens. A future request overlaps it to depth ``d`` (``0 <= d <= N``)
-with probability ``P(d)``. We may store recurrent-state checkpoints at up to ``M`` of ``K``
-candidate positions ``0 < p_1 < ... < p_K <= N``; a request of depth ``d`` resumes from the deepest
-checkpoint ``c(d) <= d`` (``0``, i.e. from scratch, if none) and recomputes ``[c(d), d)`` at
-``cost(c(d), d)``. Minimise ``E[cost(c(d), d)]``, or, in the Lagrangian form,
-``E[cost] + lam * checkpoint_bytes * (number of checkpoints)`` with no hard ``M``.
-
-Graph form (steps numbered as in the code)
-------------------------------------------
-1. Nodes ``0..K+1`` at positions ``p_0 = 0`` (always "stored": resuming from scratch),
-   ``p_1..p_K`` (the candidates) and ``p_{K+1} = N + 1`` (a terminal past every depth).
-2. Segment cost ``w(i, j) = sum_{p_i <= d < p_j} P(d) * cost(p_i, d)`` for ``i < j``: the checkpoint
-   at ``p_i`` serves every depth up to the next checkpoint ``p_j``. A placement of ``m``
-   checkpoints is a path ``0 -> i_1 -> ... -> i_m -> K+1`` of ``m + 1`` edges and its expected
-   cost is the sum of its edges.
-3. ``D_t(j) = min_{i < j} D_{t-1}(i) + w(i, j)``, ``D_0 = [0, inf, ...]``; ``D_{m+1}(K+1)`` is the
-   best cost with exactly ``m`` checkpoints, so one run of ``M + 1`` layers yields the whole
-   Pareto curve ``m = 0..M`` ("at most m" is a prefix minimum).
-
-Segment costs in O(1)
----------------------
-The built-in costs are *potential* (path-additive) costs ``cost(c, d) = F(d) - F(c)``:
-tokens ``F(x) = x``; FLOPs ``F = spec.prefill_flops`` (``span_flops(c, d) = F(d) - F(c)`` because
-the SSM/MLP terms are linear with zero intercept and attention is ``attn(d) - attn(c)``). With
-prefix sums ``S(x) = sum_{d<x} P(d)`` and ``G(x) = sum_{d<x} P(d) F(d)``::
-
-    w(i, j) = G(p_j) - G(p_i) - F(p_i) * (S(p_j) - S(p_i)).
-
-For FLOPs ``F(x) = a x^2 + b x``, so ``G`` is ``a`` times the prefix sum of ``d^2 P`` plus ``b``
-times that of ``d P``: the "sums of P, dP, d^2 P" closed form, computed as one prefix sum.
-
-Precondition of the fast solver (quadrangle inequality)
--------------------------------------------------------
-For node indices ``a <= b < c <= d`` the two "long minus short" differences share their depths::
-
-    w(a,d) + w(b,c) - w(a,c) - w(b,d) = sum_{p_c <= x < p_d} P(x) * (cost(p_a, x) - cost(p_b, x)).
-
-So ``w`` satisfies the quadrangle inequality ``w(a,c) + w(b,d) <= w(a,d) + w(b,c)`` (is Monge on
-``i < j``; entries ``i >= j`` are ``+inf`` and make every other quadruple trivial) **for every
-distribution P if and only if cost(c, x) is non-increasing in c for each fixed x** -- a deeper
-checkpoint never costs more to resume from (necessity: put a point mass at one ``x``). For a
-potential cost the bracket is ``F(p_b) - F(p_a)``: the condition is "F non-decreasing".
-
-* token count: ``F(x) = x`` -- holds.
-* FLOPs: ``F = prefill_flops`` is increasing for ``x >= 0`` -- holds. The quadratic attention term
-  ``attn(d) - attn(c)`` makes a span of fixed length *dearer* the deeper it starts, but only
-  monotonicity in ``c`` at fixed ``d`` matters, not convexity, so the inequality survives.
-* a user callable: holds iff it is non-increasing in ``c``; not guaranteed, so it is checked on
-  the instance (below).
-
-Adding the row offset ``D_{t-1}(i)`` keeps the matrix ``A_t[j, i] = D_{t-1}(i) + w(i, j)`` Monge
-(unreachable rows are all ``+inf``), hence a leftmost minimising ``i`` is non-decreasing in ``j``
-and divide-and-conquer finds every column minimum of a layer with ``O(K log K)`` evaluations:
-``O(M K log K)`` in all, against ``O(M K^2)`` for :func:`place_checkpoints_reference`. The D&C
-runs one recursion level at a time over all pending sub-problems, so each level is a handful of
-numpy calls rather than ``K`` Python calls.
-
-:func:`place_checkpoints` verifies the precondition on the instance before using the fast solver:
-for a :class:`PotentialCost` it checks ``F`` is non-decreasing at the candidates (exact, ``O(K)``);
-for any other callable it builds ``w`` (``O(K * #depths)``) and checks the adjacent 2x2
-inequalities ``w(i,j) + w(i+1,j+1) <= w(i,j+1) + w(i+1,j)`` for ``i + 1 < j``, which sum to every
-quadruple of the ``i < j`` domain. If the check fails it runs the reference solver instead
-(``Placement.solver`` says which ran). The Lagrangian solver is a 1-D DP over all predecessors,
-exact for any cost, ``O(K^2)`` time and ``O(K)`` memory.
-
-Binning to candidates
----------------------
-For a potential cost and ``p_k <= d < p_{k+1}``, ``c(d) <= p_k`` so
-``cost(c(d), d) = cost(c(d), p_k) + F(d) - F(p_k)`` and the last two terms do not depend on the
-placement: moving each depth's mass to the left end of its candidate interval shifts every
-placement's expected cost by one constant, and leaves the optimal placement unchanged
-(:func:`marconi.sparse.overlap.binned_depth_weights`).
+Given ``P(d)`` over depths ``0..N`` and candidates ``0 < p_1 < ... < p_K <= N``, choose at most
+``M`` checkpoints minimising ``E[cost(c(d), d)]`` (``c(d)``: the deepest checkpoint ``<= d``, 0 if
+none), or ``E[cost] + lam * bytes * count``. :func:`place_checkpoints` uses an ``O(M K log K)``
+Monge solver when the quadrangle inequality holds on the instance (checked; always for a
+non-decreasing potential) and the exact ``O(M K^2)`` reference otherwise. The derivation (graph
+form, O(1) segment costs, the precondition, binning) is in docs/sparse.md ("The placement DP").
 """
 
 from __future__ import annotations
@@ -119,15 +51,8 @@ _QI_RTOL = 1e-12
 # ================================================================================= costs
 @dataclass(frozen=True, slots=True)
 class PotentialCost:
-    """A path-additive recompute cost ``cost(c, d) = F(d) - F(c)``.
-
-    The DP gets O(1) segment costs from prefix sums, and the fast solver is exact whenever ``F`` is
-    non-decreasing at the candidate positions (checked at solve time). Use this for any cost with
-    a potential, e.g. a prefill-latency model ``T(L)``: ``PotentialCost("latency", T)``.
-
-    Attributes:
-        name: echoed in results.
-        potential: ``F``, vectorised: float array of positions -> float array of the same shape.
+    """A path-additive cost ``cost(c, d) = F(d) - F(c)``: O(1) segment costs, fast solver exact iff ``F``
+    is non-decreasing at the candidates. ``potential``: vectorised ``F`` over positions.
     """
 
     name: str
@@ -161,16 +86,13 @@ with ``cost(c, c) == 0``; it is only evaluated at ``c <= d``. Wrap a scalar func
 # ================================================================================= results
 @dataclass(frozen=True, slots=True)
 class Placement:
-    """The best placement for a checkpoint budget, and the Pareto curve up to that budget.
+    """The best placement for a budget, and the Pareto curve up to it.
 
     Attributes:
-        positions: chosen checkpoint positions, ascending (at most ``max_checkpoints``).
-        expected_cost: ``E[cost(c(d), d)]`` under the normalised weights (cost units: tokens, FLOPs...).
-        cost_by_budget: ``[m]`` = least expected cost with at most ``m`` checkpoints, ``m = 0..M``;
-            non-increasing.
-        positions_by_budget: ``[m]`` = a placement achieving ``cost_by_budget[m]``, with the fewest
-            checkpoints among those within rounding of it.
-        solver: ``"monge-dc"`` (fast, precondition verified) or ``"reference"`` (``O(K^2 M)``).
+        expected_cost: ``E[cost(c(d), d)]`` under the normalised weights, in cost units.
+        cost_by_budget: ``[m]`` = least expected cost with at most ``m`` checkpoints (non-increasing).
+        positions_by_budget: ``[m]`` = a placement achieving it with the fewest checkpoints.
+        solver: ``"monge-dc"`` or ``"reference"``.
     """
 
     positions: tuple[int, ...]
@@ -196,11 +118,7 @@ class LagrangianPlacement(NamedTuple):
 # ================================================================================= instance
 @dataclass(frozen=True, slots=True)
 class _Instance:
-    """Validated problem data in sparse form.
-
-    nodes: ``(K+2,)`` positions ``[0, p_1..p_K, N+1]``; depths/masses: the depths with positive
-    weight, ascending, and their weights normalised to sum 1.
-    """
+    """Validated data: ``nodes`` = ``[0, p_1..p_K, N+1]``; positive-weight depths and masses summing to 1."""
 
     nodes: IntArray
     depths: IntArray
@@ -216,12 +134,7 @@ class _Instance:
 
 
 def _make_instance(weights: ArrayLike, positions: ArrayLike) -> _Instance:
-    """Validate ``weights`` over depths ``0..N`` and distinct ``positions`` in ``[1, N]``.
-
-    Raises:
-        ValueError: weights not 1-D, negative, non-finite or summing to 0; positions not integers,
-            repeated, or outside ``[1, N]``.
-    """
+    """Raises ValueError for bad weights (not 1-D, negative, non-finite, zero sum) or positions."""
     w = np.asarray(weights, dtype=np.float64)
     if w.ndim != 1 or w.size == 0:
         raise ValueError(f"weights must be a non-empty 1-D array over depths 0..N, got shape {w.shape}")
@@ -237,11 +150,7 @@ def _make_instance(weights: ArrayLike, positions: ArrayLike) -> _Instance:
 
 
 def validate_positions(positions: ArrayLike, *, seq_len: int) -> IntArray:
-    """Distinct integer positions in ``[1, seq_len]``, returned ascending as int64 (input order is free).
-
-    Raises:
-        ValueError: positions not a 1-D array of integers, repeated, or outside ``[1, seq_len]``.
-    """
+    """Distinct integer positions in ``[1, seq_len]`` as ascending int64; ValueError otherwise."""
     raw = np.asarray(positions)
     if raw.size == 0:
         return np.zeros(0, dtype=np.int64)
@@ -336,10 +245,7 @@ class _MatrixSegments:
 
 
 def _tabulate_segments(inst: _Instance, cost: Callable[[IntArray, IntArray], FloatArray]) -> FloatArray:
-    """``w[i, j] = sum_{nodes[i] <= d < nodes[j]} P(d) cost(nodes[i], d)``, ``+inf`` for ``i >= j``.
-
-    Raises:
-        ValueError: the cost is not finite, or ``cost(c, c) != 0`` at a candidate.
+    """``w[i, j]`` tabulated (``+inf`` for ``i >= j``); ValueError if the cost is not finite or ``cost(c, c) != 0``.
     """
     n = inst.num_nodes
     first_at = np.searchsorted(inst.depths, inst.nodes, side="left")
@@ -373,20 +279,16 @@ def _segments_for(inst: _Instance, cost: Cost) -> _Segments:
 
 
 def segment_cost_matrix(weights: ArrayLike, positions: ArrayLike, *, cost: Cost = TOKEN_COST) -> FloatArray:
-    """The DP's segment costs ``w`` over nodes ``[0, *sorted(positions), N+1]``, in cost units.
-
-    ``w[i, j]`` is the expected cost contributed by depths in ``[node_i, node_j)`` served from a
-    checkpoint at ``node_i`` (weights normalised); ``+inf`` for ``i >= j``. For analysis and tests.
+    """The DP's segment costs ``w`` over nodes ``[0, *sorted(positions), N+1]`` (``+inf`` for ``i >= j``),
+    in cost units. For analysis and tests.
     """
     seg = _segments_for(_make_instance(weights, positions), cost)
     return seg.matrix() * seg.scale
 
 
 def satisfies_quadrangle_inequality(w: FloatArray, *, rtol: float = _QI_RTOL) -> bool:
-    """Whether ``w(a,c) + w(b,d) <= w(a,d) + w(b,c)`` for all ``a < b < c < d`` (up to ``rtol``).
-
-    Checks the adjacent 2x2 inequalities with finite entries (``i + 1 < j``); they sum to every
-    quadruple because each rectangle ``[a, b] x [c, d]`` with ``b < c`` lies inside ``i < j``.
+    """Whether ``w(a,c) + w(b,d) <= w(a,d) + w(b,c)`` for all ``a < b < c < d`` (up to ``rtol``), via the
+    adjacent 2x2 inequalities, which sum to every quadruple.
     """
     n = w.shape[0]
     if n < 4:
@@ -401,11 +303,7 @@ def satisfies_quadrangle_inequality(w: FloatArray, *, rtol: float = _QI_RTOL) ->
 
 # ================================================================================= DP layers
 def _layers_reference(seg: _Segments, num_layers: int) -> tuple[FloatArray, IntArray]:
-    """Plain min-plus layers over the full matrix: ``O(K^2)`` per layer.
-
-    Returns ``exact[m]`` (cost with exactly ``m`` checkpoints, ``m < num_layers``) and
-    ``parents[t, j]`` (best predecessor of node ``j`` on a ``t``-edge path).
-    """
+    """``O(K^2)``-per-layer min-plus: ``exact[m]`` costs and ``parents[t, j]``."""
     w = seg.matrix()                                  # (K+2, K+2), +inf where i >= j
     n = w.shape[0]
     dist = np.full(n, np.inf)
@@ -434,12 +332,8 @@ def _layers_monge(seg: _Segments, num_layers: int) -> tuple[FloatArray, IntArray
 
 
 def _column_minima(prev: FloatArray, seg: _Segments) -> tuple[FloatArray, IntArray]:
-    """``best[j] = min_{i<j} prev[i] + w(i, j)`` and a leftmost minimiser, for ``j = 1..n-1``.
-
-    Divide and conquer on monotone argmins, one recursion level per iteration: each pending
-    sub-problem ``(columns [j_lo, j_hi], rows [i_lo, i_hi])`` evaluates its middle column over its
-    row range; children inherit ``[i_lo, opt]`` and ``[opt, i_hi]``. Invariant ``i_lo < j_lo`` keeps
-    every row range non-empty. ``best[0] = inf``.
+    """``best[j] = min_{i<j} prev[i] + w(i, j)`` and a leftmost argmin (``best[0] = inf``), by divide and
+    conquer on monotone argmins, one recursion level per numpy pass.
     """
     n = prev.size
     best = np.full(n, np.inf)
@@ -552,21 +446,13 @@ def place_checkpoints(weights: ArrayLike, positions: ArrayLike, max_checkpoints:
     """Optimal placement of at most ``max_checkpoints`` checkpoints among candidate ``positions``.
 
     Args:
-        weights: ``(N+1,)`` non-negative weights of overlap depths ``0..N`` (a distribution or raw
-            counts; normalised here). Depth ``d`` resumes from the deepest checkpoint ``<= d``.
-        positions: distinct candidate positions in ``[1, N]`` (any order).
-        max_checkpoints: budget ``M >= 0`` (any size: the work stops at the ``K`` candidates, as
-            no placement holds more; a budget past ``K`` gives budget ``K``'s placement). The
-            result also holds the curve for every ``m <= M``, flat past ``K``: with ``curve=True``
-            that is ``M + 1`` entries, refused (ValueError) from ``M = 2**20`` on: pass ``curve=False``
-            (any ``M``) or ``min(M, K)``.
-        cost: :data:`TOKEN_COST`, :func:`flops_cost`, another :class:`PotentialCost`, or a vectorised
-            callable ``cost(c, d)`` with ``cost(c, c) == 0``.
-
-    Uses the ``O(M K log K)`` Monge solver when its precondition holds on this instance and the
-    ``O(M K^2)`` reference otherwise (see the module docstring); both are exact.
-    ``curve=False`` skips re-scoring every smaller budget (an admission policy only needs the
-    placement at ``M``): ``cost_by_budget``/``positions_by_budget`` then hold that budget only.
+        weights: ``(N+1,)`` non-negative weights of depths ``0..N`` (normalised here).
+        positions: distinct candidates in ``[1, N]``, any order.
+        max_checkpoints: ``M >= 0``; past ``K`` it gives budget ``K``'s placement. With ``curve=True``
+            the result holds the curve for every ``m <= M``; ``M >= 2**20`` is then refused.
+        cost: :data:`TOKEN_COST`, :func:`flops_cost`, a :class:`PotentialCost`, or a vectorised
+            ``cost(c, d)`` with ``cost(c, c) == 0``.
+        curve: False skips re-scoring smaller budgets (the curve then holds budget ``M`` only).
 
     Raises:
         ValueError: invalid weights, positions, budget or cost.
@@ -585,21 +471,18 @@ def place_checkpoints_reference(weights: ArrayLike, positions: ArrayLike, max_ch
 
 def place_checkpoints_monge(weights: ArrayLike, positions: ArrayLike, max_checkpoints: int, *,
                             cost: Cost = TOKEN_COST) -> Placement:
-    """Same contract as :func:`place_checkpoints`, always by the ``O(M K log K)`` divide-and-conquer
-    layers, whether or not their precondition (the quadrangle inequality) holds: exact only where it
-    does. For studying the precondition; :func:`place_checkpoints` checks it and falls back."""
+    """As :func:`place_checkpoints`, always by the Monge solver: exact only where the quadrangle
+    inequality holds. For studying the precondition.
+    """
     inst = _make_instance(weights, positions)
     return _solve_budgeted(inst, _segments_for(inst, cost), cost, max_checkpoints, use_monge=True)
 
 
 def place_checkpoints_lagrangian(weights: ArrayLike, positions: ArrayLike, lam: float, *,
                                  cost: Cost = TOKEN_COST, checkpoint_bytes: float = 1.0) -> LagrangianPlacement:
-    """Minimise ``E[cost] + lam * checkpoint_bytes * (number of checkpoints)``, no hard budget.
+    """Minimise ``E[cost] + lam * checkpoint_bytes * count``, no hard budget; exact for any cost.
 
-    ``lam`` is the price of one checkpoint byte in cost units (e.g. FLOPs per byte); with the default
-    ``checkpoint_bytes=1`` it is the price per checkpoint. Exact for any cost (a 1-D DP over all
-    predecessors, ``O(K^2)`` time, ``O(K)`` memory). At the returned count ``m``, the expected cost
-    equals ``place_checkpoints(..., m).expected_cost``. Ties go to the shallower predecessor.
+    ``lam`` prices one checkpoint byte in cost units. Ties go to the shallower predecessor.
 
     Raises:
         ValueError: invalid inputs, or ``lam`` / ``checkpoint_bytes`` negative or not finite.
@@ -637,15 +520,8 @@ def _lagrangian_path(seg: _Segments, n: int, penalty: float) -> list[int]:
 
 
 def _lagrangian_path_monge(seg: "_PotentialSegments", n: int, penalty: float) -> list[int]:
-    """Same path as :func:`_lagrangian_path` (up to ties), in ``O(K log K)``; needs the QI.
-
-    ``best[j] = min_{i<j} g[i] + w(i, j)`` with ``g[i] = best[i] + penalty`` (``g[0] = 0``). Under the
-    quadrangle inequality a later row that beats an earlier one at column ``j`` beats it at every
-    column after ``j`` (add ``w(a,c) + w(b,d) <= w(a,d) + w(b,c)`` to ``g[b] + w(b,c) <= g[a] + w(a,c)``),
-    so the rows that are best somewhere form a queue, each owning a run of columns; a new row takes
-    over a suffix of the columns, found by binary search. Only a *strictly* better row takes a column
-    over, so ties stay with the shallower predecessor, as in the reference. Scalar arithmetic on
-    Python floats: the O(K^2) numpy reference is the faster one below a few hundred candidates.
+    """:func:`_lagrangian_path` in ``O(K log K)`` under the QI: rows best somewhere form a queue, each
+    owning a run of columns; only a strictly better row takes columns (ties stay shallower).
     """
     mf, mass, f = seg.prefix_lists()
     best = [math.inf] * n
@@ -695,10 +571,8 @@ def _lagrangian_path_monge(seg: "_PotentialSegments", n: int, penalty: float) ->
 
 
 def expected_cost(weights: ArrayLike, checkpoints: ArrayLike, *, cost: Cost = TOKEN_COST) -> float:
-    """``E[cost(c(d), d)]`` of a given set of checkpoints, straight from the definition.
-
-    For scoring heuristics (every-k-blocks, last-token only) on the same distribution as the DP.
-    ``checkpoints`` are distinct positions in ``[1, N]``; weights are normalised.
+    """``E[cost(c(d), d)]`` of given checkpoints (distinct, in ``[1, N]``), from the definition: scores
+    heuristics on the DP's distribution.
     """
     inst = _make_instance(weights, checkpoints)
     return _direct_cost(inst, cost, inst.candidates)

@@ -1,36 +1,15 @@
 """Overlap-depth estimates: the distribution ``P(d)`` of how deep future requests will match a
 sequence, which the placement DP (:mod:`marconi.sparse.dp`) consumes.
 
-One module, three keys:
+* :class:`OverlapEstimator`: an opaque key (a document id), absolute depths (``estimator=prefix``).
+* :class:`TreeOverlapEstimator`: radix-tree nodes named by :func:`path_keys`, relative depths
+  composed along the token path; the simulator admission's estimator.
+* :class:`BlockOverlapEstimator`: vLLM block hashes, relative to the owner's anchor plus branch
+  counts; vLLM's retention planner uses it.
 
-* :class:`OverlapEstimator`: an opaque key (a document id, a hash of the first tokens), absolute
-  depths. No tree: ``sparse-dp(estimator=prefix)`` keeps it to reproduce earlier figures.
-* :class:`TreeOverlapEstimator`: the token path (:func:`path_keys` names every prefix of the
-  tokens), depths relative to the radix-tree nodes on it, composed along the path; drift
-  snapshots drive the simulator admission's re-placement (:mod:`marconi.sparse.admission`).
-* :class:`BlockOverlapEstimator`: the block path (vLLM's block hashes, each naming its whole
-  prefix), depths in blocks relative to the sequence a request diverged from, plus counts at the
-  blocks requests left the tree after; vLLM's retention planner
-  (:mod:`marconi.integrations.vllm.retention`) calls it.
-
-The token-path and block-path estimators answer the same question from different evidence (every
-known node on the path, composed, vs the owner's anchor and branch counts on a block grid): each
-engine's pinned results are computed with its own, so they stay two classes.
-
-The opaque-key and token-path estimators share one histogram, decayed by observation counts and
-by an injected clock and shrunk towards a pooled histogram and a cold-start prior by pseudo-counts
-(the block-path one decays per observation, see :class:`BlockEstimatorConfig`). It decays
-lazily: observation ``i`` is stored with weight ``2**(stamp_i - origin)`` where ``stamp`` counts
-half-lives, so nothing is rescaled per observation; the origin moves (and negligible depths are
-dropped) only when weights would otherwise overflow. Shrinkage, for ``n`` the decayed (effective) observation count::
-
-    P_pooled = (n_g * H_pooled + prior_strength * prior)    / (n_g + prior_strength)
-    P_key    = (n_k * H_key    + key_strength   * P_pooled) / (n_k + key_strength)
-
-so a new key gets the pooled estimate, an empty estimator the prior, and a key with many recent
-observations essentially its own history.
-
-None of these is thread-safe; the cache (or planner) that owns one serialises calls.
+Token- and block-path estimators stay two classes because each engine's pinned results use its own.
+The shrinkage and decay arithmetic is in docs/sparse.md ("The estimators' arithmetic"). None is
+thread-safe; the owning cache or planner serialises calls.
 """
 
 from __future__ import annotations
@@ -90,11 +69,7 @@ class UniformSpread:
 
 @dataclass(frozen=True, slots=True)
 class GeometricSpread:
-    """``P(d) ∝ q**d`` on ``0..N``: short shared prefixes (system prompts) more likely than long ones.
-
-    Attributes:
-        mean_frac: mean of the untruncated geometric law as a fraction of ``N`` (``q/(1-q) = mean_frac*N``).
-    """
+    """``P(d) ∝ q**d`` on ``0..N``; ``mean_frac``: the untruncated mean as a fraction of ``N``."""
 
     mean_frac: float = 0.25
 
@@ -113,13 +88,7 @@ class GeometricSpread:
 
 @dataclass(frozen=True, slots=True)
 class OverlapPrior:
-    """Cold-start ``P(d)`` for a sequence of ``N`` tokens.
-
-    Attributes:
-        end_mass: probability of a full overlap ``d = N`` (a multi-turn continuation re-reads the
-            whole sequence).
-        spread: how the remaining ``1 - end_mass`` is spread over ``0..N``.
-    """
+    """Cold-start ``P(d)``: ``end_mass`` at ``d = N`` (a full continuation), the rest spread by ``spread``."""
 
     end_mass: float = 0.5
     spread: Spread = field(default_factory=UniformSpread)
@@ -158,12 +127,10 @@ def _check_decay(config: object, strengths: tuple[str, ...]) -> None:
 
 
 class _DecayedHistogram:
-    """Depth -> decayed weight, stored relative to ``origin`` (in half-lives).
+    """Depth -> weight ``2**(stamp - origin)`` (stamps in half-lives), so nothing is rescaled per add.
 
-    ``weights[d] = sum over observations i at d of 2**(stamp_i - origin)``; the weight an
-    observation has *now* is ``2**(stamp_i - now)``, so ``effective_count(now) = total * 2**(origin - now)``.
-    With ``max_depths``, one depth too many merges the lightest into its shallower neighbour (the
-    deeper one for the shallowest depth): mass moved shallower is still served by a checkpoint there.
+    Over ``max_depths``, the lightest depth merges into its shallower neighbour (a checkpoint there
+    still serves it).
     """
 
     __slots__ = ("weights", "total", "origin", "num_observations")
@@ -221,7 +188,8 @@ class _DecayedHistogram:
 
 
 def _blend(hist: _DecayedHistogram, now: float, base: FloatArray, strength: float, length: int) -> FloatArray:
-    """``(n * hist + strength * base) / (n + strength)`` with ``n`` the effective count; ``base`` if ``n == 0``."""
+    """``(n * hist + strength * base) / (n + strength)``, ``n`` the effective count; ``base`` if ``n == 0``.
+    """
     n_eff = hist.effective_count(now)
     if n_eff <= 0:
         return base
@@ -231,15 +199,12 @@ def _blend(hist: _DecayedHistogram, now: float, base: FloatArray, strength: floa
 # ================================================================================= opaque key
 @dataclass(frozen=True, slots=True)
 class EstimatorConfig:
-    """How fast estimates forget and how strongly they shrink towards the fallbacks.
+    """Forgetting and shrinkage of :class:`OverlapEstimator`.
 
     Attributes:
-        prior: cold-start distribution.
-        half_life_obs: an observation's weight halves after this many later observations of the same
-            key (of any key, for the global estimate); ``inf`` = no count decay.
-        half_life_s: ... and after this many clock seconds; ``inf`` = no time decay (needs a clock).
-        prior_strength: pseudo-observations of the prior in the global estimate (> 0 keeps a cold
-            estimator equal to the prior and every depth's probability from collapsing early).
+        half_life_obs: later observations (of the key; of any key globally) that halve a weight; ``inf``: none.
+        half_life_s: clock seconds that halve a weight; ``inf``: none (finite needs a clock).
+        prior_strength: pseudo-observations of the prior in the global estimate.
         global_strength: pseudo-observations of the global estimate in a key's estimate.
     """
 
@@ -254,21 +219,12 @@ class EstimatorConfig:
 
 
 class OverlapEstimator:
-    """Per-key, drift-following estimate of the overlap-depth distribution, with fallbacks.
-
-    Depths are absolute token counts; asking for a sequence of length ``N`` clips deeper
-    observations to ``N`` (a request cannot overlap a sequence past its end). The prior is relative
-    to ``N``. Memory is one small dict per key: call :meth:`forget` when the keyed sequence leaves
-    the cache.
+    """Per-key overlap-depth distribution (absolute tokens, clipped to the asked ``N``), shrunk towards
+    the global estimate and the prior. Call :meth:`forget` when the keyed sequence leaves the cache.
     """
 
     def __init__(self, config: EstimatorConfig | None = None, *, clock: Callable[[], float] | None = None) -> None:
-        """
-        Args:
-            config: decay, prior and blending settings (defaults: no decay, uniform+end prior).
-            clock: seconds, e.g. the simulator's trace time or ``time.monotonic``; required iff
-                ``config.half_life_s`` is finite.
-        """
+        """Raises ValueError if ``config.half_life_s`` is finite and ``clock`` (seconds) is None."""
         self.config = config or EstimatorConfig()
         if math.isfinite(self.config.half_life_s) and clock is None:
             raise ValueError("half_life_s is finite: pass a clock")
@@ -278,7 +234,8 @@ class OverlapEstimator:
 
     # ----------------------------------------------------------------------------- updates
     def observe(self, key: Hashable, depth: int) -> None:
-        """Record that a request overlapped the sequence under ``key`` to ``depth`` tokens (``>= 0``)."""
+        """Record a request overlapping ``key``'s sequence to ``depth >= 0`` tokens (ValueError if negative).
+        """
         if depth < 0:
             raise ValueError(f"depth must be >= 0, got {depth}")
         hist = self._by_key.setdefault(key, _DecayedHistogram())
@@ -287,7 +244,7 @@ class OverlapEstimator:
         self._global.add(int(depth), self._global.num_observations / self.config.half_life_obs + seconds)
 
     def forget(self, key: Hashable) -> None:
-        """Drop a key's own history (the global estimate keeps its contribution). No-op if unknown."""
+        """Drop ``key``'s own history (the global estimate keeps it); no-op if unknown."""
         self._by_key.pop(key, None)
 
     def num_depths(self, key: Hashable) -> int:
@@ -297,10 +254,7 @@ class OverlapEstimator:
 
     # ----------------------------------------------------------------------------- estimates
     def depth_weights(self, key: Hashable, seq_len: int) -> FloatArray:
-        """``(seq_len+1,)`` estimated ``P(d)`` for ``d = 0..seq_len`` under ``key``; sums to 1.
-
-        Ready for :func:`marconi.sparse.dp.place_checkpoints`.
-        """
+        """``(seq_len+1,)`` estimated ``P(d)`` under ``key``; sums to 1."""
         base = self.global_depth_weights(seq_len)
         hist = self._by_key.get(key)
         if hist is None:
@@ -308,8 +262,7 @@ class OverlapEstimator:
         return _blend(hist, self._now_stamp(hist), base, self.config.global_strength, seq_len)
 
     def observed_depths(self, key: Hashable) -> IntArray:
-        """Sorted distinct depths observed under ``key`` or globally (the support of the data,
-        without the prior's spread): where an optimal checkpoint can sit for observed overlaps."""
+        """Sorted distinct depths observed under ``key`` or globally (no prior spread)."""
         depths = set(self._global.weights)
         hist = self._by_key.get(key)
         if hist is not None:
@@ -368,11 +321,9 @@ def _powers(n: int) -> KeyArray:
 
 
 def path_keys(tokens: np.ndarray) -> KeyArray:
-    """``(n+1,)`` keys: ``[d]`` names the prefix ``tokens[:d]`` (``[0] == 0``, the root).
+    """``(n+1,)`` uint64 keys, ``[d]`` naming ``tokens[:d]`` (``[0] == 0``): a wrapping polynomial hash.
 
-    ``key[d] = sum_{i<d} (tokens[i] + 1) * B**i mod 2**64``: one numpy pass (uint64 arithmetic wraps).
-    Two prefixes of the same depth collide with probability about ``2**-64`` per pair for the
-    token sequences caches see; keys are always paired with their depth.
+    Same-depth prefixes collide with probability about ``2**-64``; keys are always paired with depths.
     """
     t = np.asarray(tokens).astype(np.uint64) + np.uint64(1)
     with np.errstate(over="ignore"):
@@ -386,17 +337,13 @@ def _relative_prior() -> OverlapPrior:
 
 @dataclass(frozen=True, slots=True)
 class TreeEstimatorConfig:
-    """Forgetting, shrinkage and the memory cap of :class:`TreeOverlapEstimator`.
+    """Forgetting, shrinkage and memory cap of :class:`TreeOverlapEstimator`.
 
     Attributes:
         prior: cold-start distribution over a node's relative depths ``0..n - depth``.
-        half_life_obs: a node's observation halves after this many later observations of that node
-            (of any node, for the pooled histogram); ``inf`` = no count decay.
-        half_life_s: ... and after this many clock units; ``inf`` = no time decay (needs a clock).
-        prior_strength: pseudo-observations of the prior in the pooled estimate.
+        half_life_obs, half_life_s: as in :class:`EstimatorConfig`, per node (any node for the pool).
         node_strength: pseudo-observations of the pooled estimate in a node's estimate.
-        max_nodes: nodes kept besides the root (least recently touched evicted beyond it).
-        max_depths: distinct relative depths per histogram (the lightest merged beyond it).
+        max_nodes: nodes kept besides the root (LRU); max_depths: relative depths per histogram.
     """
 
     prior: OverlapPrior = field(default_factory=_relative_prior)
@@ -419,7 +366,7 @@ class TreeEstimatorConfig:
 
 
 class _NodeStats:
-    """One known tree node: its depth, histogram and the snapshot its territory was placed with."""
+    """A known node: depth, histogram, and the normalised snapshot of its last placement."""
 
     __slots__ = ("depth", "hist", "placed")
 
@@ -436,46 +383,17 @@ def _total_variation(a: dict[int, float], b: dict[int, float]) -> float:
 class TreeOverlapEstimator:
     """Overlap depths per radix-tree node, relative to the node, composed along a token path.
 
-    Where a request leaves the cached tree is a node of the tree (its *attach node*, at depth
-    ``kv_hit_len``): the sequence it inserts hangs below that node. Per node (up to ``max_nodes``)
-    this keeps a histogram of how far requests that reached the node went past it -- *relative*
-    depths ``hit_len - node_depth`` -- and composes the histograms of the nodes on a path into
-    the distribution ``P(d)`` the placement DP consumes.
-
-    Keys. A node is named by the tokens it spells from the root: ``(depth, path_keys(tokens)[depth])``.
-    Every request passing through the node computes the same key, so the estimate survives the
-    tree's edge splits, evictions and re-insertions, and the policy needs no handle on the tree.
-
-    Observing. A request with KV hit ``h`` records ``h - depth`` at every known node on its path at
-    depth ``<= h`` (:meth:`observe`); the deepest one also feeds the pooled histogram (what a *new*
-    node's estimate starts from). The request's attach node is then registered (:meth:`attach`).
-
-    Composing. For a sequence of ``n`` tokens with known nodes ``a_1 < ... < a_k`` on its path (the
-    root is always one), node ``j`` owns the territory ``[a_j, a_{j+1})``; a request reaching ``a_j``
-    stops inside it with ``P_j(d - a_j)`` and goes on with the tail mass ``P_j(>= a_{j+1} - a_j)``::
-
-        w(d) = reach_j * P_j(d - a_j)  for a_j <= d < a_{j+1},   reach_{j+1} = reach_j * P_j(>= a_{j+1} - a_j)
-
-    with the last territory ending at ``n`` (deeper overlaps clipped to ``n``). ``P_j`` is the node's
-    histogram shrunk towards the pooled one, which is shrunk towards the prior (uniform over the
-    relative depths ``0..n - a_j`` by default, with no point mass at the end: Marconi's last-token
-    checkpoint serves continuations).
-
-    Memory. At most ``max_nodes`` nodes besides the root (one more evicts the least recently
-    observed, attached or composed) of at most ``max_depths`` relative depths each: at most
-    ``(max_nodes + 2) * max_depths`` (depth, weight) pairs whatever the trace's length.
-
-    Drift. Each node remembers its own normalised histogram as of its territory's last placement;
-    :meth:`drift` is the total-variation distance between that snapshot and the histogram now.
+    A node is ``(depth, path_keys(tokens)[depth])``, so estimates survive edge splits, evictions and
+    re-insertions with no handle on the tree. :meth:`observe` records ``hit_len - depth`` at every
+    known node on the path (the deepest also feeds the pooled histogram); :meth:`attach` registers a
+    request's attach node; :meth:`path_weights` composes the nodes' territories into ``P(d)``.
+    Memory is at most ``config.max_pairs`` (depth, weight) pairs; :meth:`drift` compares a node's
+    histogram with its snapshot at the last placement.
     """
 
     def __init__(self, config: TreeEstimatorConfig | None = None, *,
                  clock: Callable[[], float] | None = None) -> None:
-        """
-        Args:
-            config: decay, prior, shrinkage and memory cap (defaults: count half-life 512, no time decay).
-            clock: the cache's clock (trace seconds in the simulator); needed (here or by
-                :meth:`set_clock` before the first observation) iff ``config.half_life_s`` is finite.
+        """``clock``: the cache's; needed (here or via :meth:`set_clock`) iff ``config.half_life_s`` is finite.
         """
         self.config = config or TreeEstimatorConfig()
         self._clock = clock
@@ -523,8 +441,7 @@ class TreeOverlapEstimator:
         return self._depths_sorted
 
     def attach(self, keys: KeyArray, depth: int) -> None:
-        """Register the node at ``depth`` on this path (where a request's new sequence hangs);
-        touch it if known. May evict the least recently touched node (the cap)."""
+        """Register (or touch) the node at ``depth`` on this path; may evict the LRU node."""
         if depth <= 0:
             return
         key = (depth, int(keys[depth]))
@@ -552,8 +469,8 @@ class TreeOverlapEstimator:
 
     # ----------------------------------------------------------------------------- updates
     def observe(self, keys: KeyArray, hit_len: int) -> None:
-        """A request whose path has ``keys`` matched the cache to ``hit_len`` tokens: record
-        ``hit_len - depth`` at every known node on the path at or above ``hit_len``."""
+        """Record ``hit_len - depth`` at every known node on the path at depth <= ``hit_len``; ValueError if ``hit_len < 0``.
+        """
         if hit_len < 0:
             raise ValueError(f"hit_len must be >= 0, got {hit_len}")
         nodes = self.nodes_on_path(keys, hit_len)
@@ -573,8 +490,7 @@ class TreeOverlapEstimator:
         return _blend(self._pool, self._now(self._pool), prior, self.config.prior_strength, length)
 
     def node_weights(self, keys: KeyArray, depth: int, length: int) -> FloatArray:
-        """``(length+1,)`` ``P(r)``, ``r = 0..length``: how far past the node at ``depth`` a request
-        that reaches it goes (its histogram shrunk towards the pooled one; the pooled one if unknown)."""
+        """``(length+1,)`` relative-depth ``P(r)`` past the node at ``depth`` (the pooled one if unknown)."""
         base = self.pooled_weights(length)
         stats = self._root if depth == 0 else self._nodes.get((depth, int(keys[depth])))
         if stats is None:
@@ -582,9 +498,9 @@ class TreeOverlapEstimator:
         return _blend(stats.hist, self._now(stats.hist), base, self.config.node_strength, length)
 
     def path_weights(self, keys: KeyArray, seq_len: int) -> tuple[FloatArray, list[tuple[int, int]]]:
-        """``(seq_len+1,)`` ``P(d)`` over absolute depths of this path, composed from the known
-        nodes on it (module doc), and the territories ``[(start, end)]`` (one per node, ascending,
-        the last ending at ``seq_len + 1``). Sums to 1. Touches every node used."""
+        """``(seq_len+1,)`` composed ``P(d)`` (sums to 1) and the territories ``[(start, end)]`` per node,
+        the last ending at ``seq_len + 1``. Touches every node used.
+        """
         nodes = self.nodes_on_path(keys, seq_len)
         out = np.zeros(seq_len + 1)
         reach = 1.0
@@ -600,17 +516,16 @@ class TreeOverlapEstimator:
         return (out / total if total > 0 else out), territories
 
     def observed_depths(self, keys: KeyArray, depth: int) -> list[int]:
-        """Relative depths the node at ``depth`` or the pooled histogram observed (the data's
-        support, without the prior's spread)."""
+        """Relative depths the node or the pool observed (no prior spread)."""
         stats = self._root if depth == 0 else self._nodes.get((depth, int(keys[depth])))
         own = set() if stats is None else set(stats.hist.weights)
         return sorted(own | set(self._pool.weights))
 
     # ----------------------------------------------------------------------------- drift
     def drift(self, keys: KeyArray, depth: int) -> float:
-        """Total variation between the node's own histogram now and at its last placement
-        (:meth:`mark_placed`); 1.0 for a node never placed with data of its own, 0.0 for an
-        unknown node or one with no observation."""
+        """Total variation between the node's histogram and its last placement's snapshot; 1.0 if never
+        placed, 0.0 for an unknown or empty node.
+        """
         stats = self._root if depth == 0 else self._nodes.get((depth, int(keys[depth])))
         if stats is None or stats.hist.total <= 0:
             return 0.0
@@ -619,7 +534,7 @@ class TreeOverlapEstimator:
         return _total_variation(stats.hist.normalised(), stats.placed)
 
     def mark_placed(self, keys: KeyArray, depth: int) -> None:
-        """Remember the node's histogram now as the one its territory was placed with."""
+        """Snapshot the node's histogram as the one its territory was placed with."""
         stats = self._root if depth == 0 else self._nodes.get((depth, int(keys[depth])))
         if stats is not None:
             stats.placed = stats.hist.normalised()
@@ -662,15 +577,11 @@ class BlockEstimatorConfig:
     """Memory bound and forgetting of :class:`BlockOverlapEstimator`.
 
     Attributes:
-        max_keys: block hashes remembered (LRU: a lookup touches the shared ones, the oldest go
-            first); 65,536 blocks are about 25M tokens at vLLM's 384-token hybrid block.
-        max_anchors: anchors with a histogram of their own (LRU), and separately branch points
-            (blocks right after which requests left the tree) with a count of their own (LRU).
-        max_bins: distinct relative depths per histogram; past it the lightest bin goes.
-        decay: every observation multiplies a histogram's weights by this first (count decay:
-            the effective sample is at most ``1 / (1 - decay)``, 50 at 0.98).
-        prior: pseudo-count of the global histogram in an anchor's blend (its own observations
-            dominate once it has a few).
+        max_keys: block hashes remembered (LRU).
+        max_anchors: anchors with a histogram (LRU), and separately branch points with a count (LRU).
+        max_bins: relative depths per histogram; past it the lightest bin is dropped.
+        decay: factor on a histogram's weights per observation (effective sample <= ``1/(1-decay)``).
+        prior: pseudo-count of the global histogram in an anchor's blend.
     """
 
     max_keys: int = 1 << 16
@@ -687,10 +598,8 @@ class BlockEstimatorConfig:
 
 
 class _BlockHistogram:
-    """Decayed weights of relative divergence depths (in blocks), at most ``max_bins`` of them.
-
-    Decays eagerly (every observation multiplies the others by ``decay``) and drops, not merges,
-    the lightest bin: vLLM's retention results are pinned with this arithmetic, not the half-life one.
+    """Relative depths (blocks) with eager decay; drops (not merges) the lightest bin, as vLLM's
+    pinned retention results assume.
     """
 
     __slots__ = ("weights", "max_bins", "decay")
@@ -714,28 +623,12 @@ class _BlockHistogram:
 
 
 class BlockOverlapEstimator:
-    """Where future requests will diverge from a sequence, learnt from the requests seen, by block path.
+    """Where future requests diverge from a sequence, by vLLM block path (``keys[j]`` names ``j + 1`` blocks).
 
-    ``keys[j]`` is block ``j``'s hash and names the whole prefix of ``j + 1`` blocks (vLLM's block
-    hashes chain their parent). Keyed by the radix tree itself, not by a token window: every block
-    hash a sequence brings first is *owned* by it, with the sequence's *novelty start* ``h`` (its overlap, in blocks, with
-    what was seen before it) and its *anchor* (the hash of its last shared block: its branch point
-    in the tree; ``None`` for the root). A new request's overlap ``d`` (leading blocks seen) ends in
-    a block some earlier sequence owns; ``d - h_owner`` (>= 1) is the observation, added to the
-    owner's anchor's histogram. Depths are relative to the node, so one document's length does not
-    land at another document's offset. A node with few observations of its own borrows from the
-    global histogram of *absolute* depths ``d`` (where requests diverged, counted from the root),
-    restricted to depths past the sequence's novelty start: sequences of one shape (questions at
-    the same depths of same-length documents) share a prior, and a node's own evidence takes over
-    as it accumulates.
-
-    Every observation also counts one more request at its *branch point*, the block ``keys[d - 1]``
-    the request left the tree after. A later sequence passing through that block learns exactly
-    where along its own known prefix requests diverged (:meth:`path_distribution`), whatever the
-    documents' lengths; counts decay by ``decay`` at each observation of the same branch point.
-
-    Memory is bounded by :class:`BlockEstimatorConfig`. Deterministic: the same keys in the same order
-    give the same state.
+    A sequence owns the block hashes it brings first, with its novelty start ``h`` and its anchor
+    (its last shared block; None for the root). A request overlapping ``d`` blocks adds ``d - h_owner``
+    to the owner's anchor's histogram, ``d`` to the global one, and one count at its branch point
+    ``keys[d - 1]``. Bounded by :class:`BlockEstimatorConfig`; deterministic.
     """
 
     def __init__(self, config: BlockEstimatorConfig = BlockEstimatorConfig()) -> None:
@@ -756,8 +649,7 @@ class BlockOverlapEstimator:
         return len(self._local)
 
     def observe(self, keys: Sequence[Hashable]) -> tuple[Hashable | None, int]:
-        """A new sequence's leading block hashes (one per block, in order): record its divergence
-        and take ownership of its new blocks. Returns its anchor and novelty start ``h`` (blocks)."""
+        """Record a new sequence's divergence and own its new blocks; returns ``(anchor, novelty start)``."""
         depth = 0
         while depth < len(keys) and keys[depth] in self._owner:
             depth += 1
@@ -794,9 +686,9 @@ class BlockOverlapEstimator:
             self._branches.popitem(last=False)
 
     def _tail(self, anchor: Hashable | None, start: int) -> dict[int, float]:
-        """Unnormalised weights of relative depths past ``start``: the anchor's own decayed counts
-        plus ``prior`` pseudo-counts of the global absolute depths past ``start`` (one pseudo-count
-        when the anchor has none of its own)."""
+        """Unnormalised relative-depth weights past ``start``: the anchor's counts plus ``prior`` (1 if the
+        anchor has none) pseudo-counts of the global depths past ``start``.
+        """
         beyond = {k - start: w for k, w in self._global.weights.items() if k > start}
         g_mass = sum(beyond.values())
         local = self._local.get(anchor)
@@ -811,25 +703,15 @@ class BlockOverlapEstimator:
         return out
 
     def distribution(self, anchor: Hashable | None, start: int = 0) -> dict[int, float]:
-        """Relative divergence depth (blocks, >= 1) -> probability for a sequence anchored at
-        ``anchor`` with novelty start ``start``: its anchor's histogram blended with the global
-        absolute depths past ``start`` (shifted by it; ``prior`` pseudo-counts of them); empty
-        when neither has anything."""
+        """Relative divergence depth (blocks, >= 1) -> probability (normalised :meth:`_tail`); empty if no data.
+        """
         return _normalised(self._tail(anchor, start))
 
     def path_distribution(self, keys: Sequence[Hashable], anchor: Hashable | None, start: int) -> dict[int, float]:
-        """Absolute divergence depth (blocks, >= 1) -> probability over the whole sequence whose
-        block hashes are ``keys`` (``anchor`` and ``start``: what :meth:`observe` returned for it).
-
-        Up to ``start`` the sequence spells a known path and the evidence there is exact: every
-        branch point on it (a block right after which earlier requests left the path), weighted
-        by its decayed count of those requests. Past ``start``, where no request has been, the
-        relative estimate of :meth:`distribution` with its own mass (the anchor's counts plus the
-        prior's pseudo-count), shifted by ``start``: a sequence with no branch point on its path
-        gets :meth:`distribution` exactly. Touches the branch points it reads (their LRU order).
-
-        Why both: a request that recomputes a known prefix (the cache evicted it; the estimator
-        remembers it) is the one chance to keep a state where that prefix's siblings diverge."""
+        """Absolute divergence depth (blocks, >= 1) -> probability for the sequence ``keys`` (``anchor``,
+        ``start`` from :meth:`observe`): branch-point counts up to ``start``, the :meth:`_tail` estimate
+        shifted by ``start`` past it. Touches the branch points it reads.
+        """
         out: dict[int, float] = {}
         for j in range(min(start, len(keys))):
             count = self._branches.get(keys[j])
@@ -859,11 +741,8 @@ def _normalised(weights: dict[int, float]) -> dict[int, float]:
 
 # ================================================================================= binning
 def bin_depths(depth_weights: ArrayLike, candidates: ArrayLike) -> FloatArray:
-    """``(K+1,)`` total weight per candidate interval ``[0,p_1), [p_1,p_2), ..., [p_K, N]``.
-
-    ``depth_weights`` is over depths ``0..N``; ``candidates`` are distinct positions in ``[1, N]``
-    (any order, sorted here). A depth ``d`` counts for the interval it falls in, so interval ``k``
-    is exactly the set of requests that resume from ``p_k`` if ``p_k`` and ``p_{k+1}`` are stored.
+    """``(K+1,)`` weight per interval ``[0,p_1), ..., [p_K, N]`` of ``depth_weights`` (over ``0..N``);
+    ``candidates``: distinct positions in ``[1, N]``, any order.
     """
     w = np.asarray(depth_weights, dtype=np.float64)
     cand = validate_positions(candidates, seq_len=w.size - 1)
@@ -872,11 +751,8 @@ def bin_depths(depth_weights: ArrayLike, candidates: ArrayLike) -> FloatArray:
 
 
 def binned_depth_weights(depth_weights: ArrayLike, candidates: ArrayLike) -> FloatArray:
-    """``(N+1,)`` weights with each candidate interval's mass moved to its left end (``0`` or ``p_k``).
-
-    For a potential cost (tokens, FLOPs) the optimal placement on these weights is optimal on the
-    original ones: every placement's expected cost shifts by the same constant (see
-    :mod:`marconi.sparse.dp`). Use it when only interval masses are known or to shrink the DP input.
+    """``(N+1,)`` weights with each candidate interval's mass moved to its left end; for a potential
+    cost the optimal placement is unchanged (see :mod:`marconi.sparse.dp`).
     """
     w = np.asarray(depth_weights, dtype=np.float64)
     cand = validate_positions(candidates, seq_len=w.size - 1)
