@@ -1,37 +1,14 @@
 """``marconi vllm bench``: stock vLLM vs vLLM with the Marconi plugin, on a real server, on a real trace.
 
-The bench
-
-1. builds the tiny random-weight model with the project's code, in the vLLM environment (once);
-2. starts one ``python -m vllm.entrypoints.openai.api_server`` on 127.0.0.1 per policy (``lru``:
-   stock vLLM, the plugin not loaded; ``marconi``: the plugin's FLOP-aware eviction with
-   ``--alpha``; ``marconi:alpha=X``: with α = X, a number or ``adaptive``), each with the same fixed
-   block pool, small enough that eviction matters (``--blocks``);
-3. replays a trace (``--trace``: a catalog name or a trace file, as every command takes it)
-   through the completions API — each turn's input is the trace's input as token ids,
-   ``max_tokens`` its output length, ``ignore_eos``, greedy — with a streaming client, a session's
-   turns in order. At ``--concurrency 1`` the servers take turns request by request (paired
-   measurement: the machine's background load hits both alike); above that each server replays
-   alone with that many requests in flight (:mod:`marconi.integrations.common.bench` does this part,
-   and :mod:`marconi.integrations.common.server` runs the servers);
-4. reads the hit rate from vLLM's own counters (``vllm:prefix_cache_hits`` / ``queries`` on
-   ``/metrics``; per request ``cached_tokens``), TTFT and TPOT from the client;
-5. replays the same requests, with the outputs the server generated, through the ``vllm-align``
-   emulation (same block size, pool and policy) and reports its hit rate and its error.
-
-Records go to ``--out`` (JSONL, written atomically), one per policy; a TTFT CDF goes to ``--plot``.
-The random-weight model cannot reproduce the trace's outputs, so the emulation is validated on the
-outputs the server actually produced (the prompts are the trace's); ``sim_trace_token_hit_rate``
-is the emulation on the trace's own outputs, for reference.
-
-With ``--concurrency 1`` (the default) requests are served one at a time, which the emulation
-models exactly; higher concurrency batches requests and the emulation (one at a time) is then an
-approximation.
-
-Nothing is checked after the servers have run: the command checks its output paths
-(:func:`check_outputs`) and :class:`BenchConfig` every option before the trace loads, and the
-emulation of the trace's own outputs runs once the model is built, before any server starts, so a
-pool too small for a request (which vLLM would never schedule) is refused first.
+One vLLM server per policy (``lru``: stock, plugin not loaded; ``marconi``; ``marconi:alpha=X``),
+each with the same fixed block pool (``--blocks``), replays the trace as token ids through the
+completions API (:mod:`marconi.integrations.common.bench`); hit rates are vLLM's own counters,
+TTFT/TPOT the client's. The same requests, with the outputs each server generated, then run
+through the ``vllm-align`` emulation, whose hit rate and error are reported beside vLLM's (exact at
+``--concurrency 1``, an approximation above). Records go to ``--out`` (one per policy), a TTFT CDF
+to ``--plot``. Every option and output path is checked, and the emulation of the trace's own
+outputs run, before any server starts, so a pool too small for a request fails first. Usage and
+figures: docs/vllm.md, "The bench".
 """
 
 from __future__ import annotations

@@ -1,13 +1,9 @@
-"""What vLLM's block manager looks like for one model: block size, KV cache groups, pool; prefix hashes.
+"""What vLLM 0.32's block manager looks like for one model: block size, KV cache groups, pool; prefix hashes.
 
-Below both users of it: the plugin's shadow α source sizes its shadow by the pool
-(:func:`pool_capacity_bytes`), and the emulation (:mod:`marconi.integrations.vllm.emulate`) runs on it.
-
-Mirrors vLLM 0.32's hybrid set-up (``vllm/v1/core/kv_cache_utils.py``, the Mamba page-size
-alignment in ``vllm/model_executor/models/config.py``): :func:`layout_for_spec` derives the
-:class:`VllmLayout` vLLM would build for a :class:`~marconi.core.model.ModelSpec`;
-:func:`pool_capacity_bytes` is its inverse (the bytes a pool of N blocks holds);
-:func:`prefix_hashes` chains block hashes as vLLM's ``block_hashes`` do.
+:func:`layout_for_spec` derives the :class:`VllmLayout` vLLM would build for a
+:class:`~marconi.core.model.ModelSpec` (``vllm/v1/core/kv_cache_utils.py`` and the Mamba page-size
+alignment); :func:`pool_capacity_bytes` is its inverse; :func:`prefix_hashes` chains block hashes as
+vLLM's ``block_hashes`` do. Used by the emulation and by the shadow α source (to size its shadow).
 """
 
 from __future__ import annotations
@@ -77,14 +73,10 @@ class VllmLayout:
             are copied on write, as vLLM 0.32 does.
         shared_prefix_checkpoint: ``enable_mamba_shared_prefix_checkpoint``; vLLM 0.32 honours it
             only with an EAGLE drafter, which is not modelled, so it changes nothing (as in vLLM).
-        prefill_checkpoint_alignment: the Mamba groups' ``prefill_checkpoint_alignment`` (their
-            ``num_prefill_checkpoint_blocks`` is then 1): the backend exports the prompt's
-            boundary state from inside the forward pass, so vLLM does not split the prefill's last
-            chunk there but reserves a checkpoint block for it. vLLM 0.32's ``MambaMixer2``
-            (Nemotron-H, Falcon-H1, Bamba, Zamba2, Granite-4) asks for alignment 1 on a GPU; ``None``:
-            no internal checkpoints (gated DeltaNet / Qwen3-Next, and any model on vLLM's CPU build
-            with the plugin's Mamba-2 CPU fix). :func:`prefill_checkpoint_alignment_for` gives
-            vLLM's value for a model.
+        prefill_checkpoint_alignment: the Mamba groups' ``prefill_checkpoint_alignment``: the
+            backend exports the prompt's boundary state from inside the forward pass, so vLLM
+            reserves a checkpoint block instead of splitting the last chunk there. ``None``: no
+            internal checkpoints. :func:`prefill_checkpoint_alignment_for` gives vLLM's value.
     """
 
     block_size: int

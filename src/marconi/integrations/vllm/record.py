@@ -1,9 +1,8 @@
 """``MARCONI_VLLM_RECORD``: a privacy-safe recording of a live vLLM server's traffic, one line per request.
 
-Set ``MARCONI_VLLM_RECORD=path`` (with ``MARCONI_VLLM_POLICY=lru`` for stock decisions, or
-``marconi``; with no policy the plugin observes as ``lru`` does, so recording never changes what
-vLLM decides). The engine core then writes ``path`` as JSONL, one line per finished (or aborted)
-request, when vLLM frees it (``Scheduler._free_request``, the hook the plugin already has):
+With ``MARCONI_VLLM_RECORD=path`` (no policy observes as ``lru``: recording never changes what vLLM
+decides) the engine core appends one JSONL line per finished or aborted request when vLLM frees it
+(``Scheduler._free_request``):
 
 =====================  ==========================================================================
 field                  meaning
@@ -20,34 +19,17 @@ field                  meaning
 ``num_preemptions``    times vLLM preempted the request
 =====================  ==========================================================================
 
-**No token ids, no text.** vLLM's block hashes are hashes of token ids, chained; a short block's
-hash could be looked up by dictionary, and two recordings of the same prompts would share them.
-Each recording draws a fresh 256-bit random salt and stores ``blake2b(salt ‖ hash)`` instead; the
-salt stays in the sidecar ``<path>.meta.json`` (never in the JSONL), so two recordings cannot be
-joined. The diagnosis needs only the chain's equalities, never the salt: the sidecar is read for
-the block size, the model and vLLM's configuration, and its salt fingerprint (``salt_id``) must
-match the JSONL's header line, so a sidecar from another recording is refused. Deleting ``salt``
-from the sidecar before sharing a recording loses nothing the diagnosis uses.
-
-The sidecar ``<path>.meta.json`` (written atomically when the engine core starts) holds
-``format`` (``marconi-vllm-recording``), ``version``, ``salt`` (hex), ``salt_id`` (16 hex digits,
-``blake2b(salt)``, repeated in the JSONL's first line, the header ``{"recording": salt_id}``),
-``block_size`` (the
-hash granularity), ``model``, ``vllm_version``, ``max_num_seqs``, ``policy`` and vLLM's scheduler
-settings (the plugin's ``config`` event).
-
-**Limits.** The file is never overwritten: ``path`` must not exist yet (an existing file is an
-error at start, naming the variable: pick a new path per server start). There is no rotation:
-``MARCONI_VLLM_RECORD_MAX_BYTES`` (default 1 GiB) caps the file; past it recording stops with one
-warning and the sidecar gains ``truncated: true`` (the lines written stay valid). A line is about
-``20 × hash blocks + 150`` bytes (a 32k-token request at 16-token hashes: ~40 kB), so 1 GiB holds
-~25k such requests; start a new path (restart with a new value) to record more. Lines are written
-whole and flushed per request, so a killed server leaves at most one partial last line, which
-the reader reports (line and field) and the diagnosis skips with a warning. One engine core per
-path: with data parallelism give each its own.
-
-**Errors.** An unwritable or existing path is a :class:`~marconi.core.registry.ConfigError` at
-registration, in every vLLM process, naming ``MARCONI_VLLM_RECORD``: vLLM does not start.
+* **No token ids, no text**: each block hash is stored as ``blake2b(salt ‖ hash)`` with a fresh
+  256-bit salt per recording, kept only in the sidecar ``<path>.meta.json``, so two recordings cannot
+  be joined. The sidecar (written atomically at engine-core start) holds ``format``, ``version``,
+  ``salt``, ``salt_id`` (repeated in the JSONL's header line ``{"recording": salt_id}``, so a foreign
+  sidecar is refused), ``block_size``, ``model``, ``vllm_version``, ``max_num_seqs``, ``policy``,
+  vLLM's scheduler settings and ``truncated``.
+* ``path`` must not exist (never overwritten); ``MARCONI_VLLM_RECORD_MAX_BYTES`` (default 1 GiB)
+  caps the file, past which recording stops and the sidecar says ``truncated: true``. Lines are
+  written whole and flushed per request. One engine core per path.
+* An unwritable or existing path is a :class:`~marconi.core.registry.ConfigError` at registration
+  naming ``MARCONI_VLLM_RECORD``: vLLM does not start. Sizes and usage: docs/diagnose.md, "1. Record".
 """
 
 from __future__ import annotations

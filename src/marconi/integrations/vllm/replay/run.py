@@ -1,45 +1,14 @@
 """``marconi vllm replay``: the trace through vLLM's own scheduler and block pool, no model, a virtual clock.
 
-This side runs in the project's environment: it selects the trace's requests, sizes the pool,
-launches :mod:`marconi.integrations.vllm.replay.worker` in the vLLM environment once per policy
-(``lru``: stock vLLM, plugin unset; ``marconi``/``marconi:alpha=X``: the plugin, configured by
-``MARCONI_VLLM_*`` as a server is), reads its result, runs the ``vllm-align`` emulation on the same
-requests and pool for ``sim_token_hit_rate``, and makes one record per policy.
-
-Pool: ``num_blocks``, ``capacity`` (``0.05x`` of the trace's working set for the model, as
-``marconi simulate`` counts it, or ``10GB``: the KV budget vLLM divides into blocks) or
-``gpu_memory`` (``80GB``: vLLM's rule, see
-:func:`marconi.integrations.vllm.replay.engine.available_kv_bytes`).
-
-Load (:mod:`marconi.integrations.vllm.replay.arrivals`): ``concurrency`` (a closed loop),
-``rate`` (Poisson) or ``time_scale`` (the trace's own timestamps, the first at 0, times the scale;
-``requests.json`` carries each request's ``ts``). Records carry ``arrivals`` (``closed-loop``,
-``poisson``, ``trace``) and ``time_scale``.
-
-Retention (``retention``): vLLM's ``prefix_cache_retention_interval`` (``0``, its default;
-``none``; a multiple of the block), or ``sparse-dp``: interval 0 and the plugin's DP placement
-(``MARCONI_VLLM_RETENTION``, ``retention_budget`` states a sequence; the ``lru`` arm is then the
-plugin observing vLLM's eviction, so placement is its only change). Records carry
-``sim_states_per_request``: Mamba states cached per request in the emulation (per Mamba group; a
-state shared by many requests counts once, one evicted and cached again counts again), and
-``states_per_request``, the same as the plugin counted it in vLLM (None for stock vLLM, where the
-plugin is not loaded).
-
-CPU tier (``cpu_tier``, ``256GB`` or ``0.5x`` of the working set; ``tier_policies``): each GPU
-policy runs once per tier policy with vLLM's own ``OffloadingConnector`` in the loop (scheduler
-role as in a server, worker role with a timed host link at ``host_bandwidth``, see
-:mod:`marconi.integrations.vllm.replay.offload` and :mod:`~marconi.integrations.vllm.replay.tiers`);
-``none`` among the tier policies is the GPU-only run beside them. Those records' ``arm`` is
-``GPU policy+tier policy`` and they add ``tier_policy``, ``cpu_tier``, ``cpu_tier_bytes``,
-``gpu_hit_tokens``, ``tier_hit_tokens``, ``recomputed_tokens`` (the three sum to
-``prompt_tokens``), ``bytes_loaded``, ``bytes_stored``, ``tier_evictions_kv``/``_state`` (chunks
-of attention KV / of Mamba states the tier's policy evicted), ``load_wait_mean_s``; their
-``token_hit_rate`` counts both tiers and their TTFTs include the waits for loads.
-
-With ``concurrency`` the emulation runs vLLM's scheduler loop over the same closed loop
-(:func:`marconi.integrations.vllm.emulate.scheduler.emulate_closed_loop`: in-flight requests hold
-their blocks, the token budget, chunked prefill, preemption); with ``rate`` or trace times it
-replays requests one at a time (``sim_models_concurrency: false``).
+This side runs in the project's environment: it selects the requests, sizes the pool
+(``num_blocks``, ``capacity`` or ``gpu_memory``), launches
+:mod:`marconi.integrations.vllm.replay.worker` in the vLLM environment once per policy (``lru``:
+stock vLLM; ``marconi``/``marconi:alpha=X``: the plugin, configured by ``MARCONI_VLLM_*``), runs the
+``vllm-align`` emulation on the same requests and pool, and makes one record per policy (per
+GPU+tier policy pair with ``cpu_tier``). Options map to docs: the load (``concurrency``, ``rate``,
+``time_scale``: :mod:`~marconi.integrations.vllm.replay.arrivals`, docs/vllm.md "The replay"),
+``retention`` (docs/vllm.md "Sparse retention") and the CPU tier (docs/vllm-tiers.md, which
+lists the tier records' fields).
 """
 
 from __future__ import annotations
@@ -370,7 +339,7 @@ def run_replay(config: ReplayConfig, *, work_dir: str | Path | None = None, emul
 
     ``config.vllm_python`` is probed first (ConfigError naming ``--vllm-python``). ``work_dir``
     (requests, worker logs, results) is kept; without one a temporary folder is used and removed
-    when the run ends, however it ends (issue 31, bug 12), unless ``MARCONI_KEEP_SCRATCH=1``.
+    when the run ends, however it ends, unless ``MARCONI_KEEP_SCRATCH=1``.
     """
     probe_python(config.vllm_python, "vllm", option="--vllm-python", make_target="make vllm-env")
     with scratch_dir("marconi-replay-", work_dir) as work:
@@ -448,14 +417,9 @@ def _tier_args(config: ReplayConfig, tier_policy: str | None, tier_info: dict[st
 
 def _tier_record(rec: dict[str, Any], tier_policy: str, tier_info: dict[str, Any], res: dict[str, Any],
                  sim: dict[str, Any] | None) -> dict[str, Any]:
-    """A GPU-policy record extended by the tier's fields (see :func:`run_replay`).
-
-    Hits come from vLLM's own counters: ``gpu_hit_tokens`` is the prefix cache's (the GPU pool),
-    ``tier_hit_tokens`` the connector's (chunks loaded from the CPU tier), both for first
-    admissions only (a preempted request's second lookup is not a new query), so
-    ``gpu_hit_tokens + tier_hit_tokens + recomputed_tokens = prompt_tokens`` and
-    ``token_hit_rate`` is the first two over the prompt tokens.
-    """
+    """A GPU-policy record extended by the tier's fields (docs/vllm-tiers.md). Both hit counters are
+    vLLM's, first admissions only, so ``gpu_hit_tokens + tier_hit_tokens + recomputed_tokens =
+    prompt_tokens``."""
     tier = res.get("tier") or {}
     gpu_hits = int(res["prefix_cache_hits"])
     tier_hits = int(tier.get("connector_hits", 0))
