@@ -1,29 +1,12 @@
-"""Files, in one place: atomic writes, JSONL records read with ``path:line`` locations, output checks.
+"""Files, in one place: atomic writes, bounded JSONL reads with ``path:line`` errors, output checks.
 
-Every file marconi writes goes through :func:`atomic_write`, and every JSONL file it reads through
-:func:`iter_lines` / :func:`iter_jsonl`, so the rules below hold everywhere:
-
-* **Nothing half-written.** A regular file is written to a temp file in the target's own directory,
-  flushed, fsynced and renamed over the target (``os.replace``) only once complete. On any exception
-  -- including :class:`marconi.pool.Terminated`, which the CLI raises on SIGTERM -- the temp file is
-  removed and the target is untouched. (``kill -9`` cannot be cleaned up after: a hidden
-  ``.<name>.*.tmp`` may remain beside the target.)
-* **Special targets are never replaced.** A symlink is followed: the file it points to is replaced
-  and the link stays. A character device or a FIFO (``/dev/null``, ``/dev/stdout``, a named pipe) is
-  written through as a stream -- renaming over it would destroy it (as root, ``/dev/null`` itself).
-  A directory, a socket or a block device is refused.
-* **Normal permissions.** A new file gets ``0o666 & ~umask`` (``0644`` usually), like ``open()``; a
-  replaced file keeps its mode. (``mkstemp`` alone would leave ``0600``.)
-* **Errors name the place.** Readers raise :class:`JsonError` (a ValueError) as ``path:line: what``
-  for a line that is not UTF-8, not JSON, or nested too deeply to decode. A write that fails for
-  want of space (``ENOSPC``, a quota, a file size limit) raises an OSError naming the target, not a
-  bare ``[Errno 28]``.
-* **A directory is replaced as a whole.** :func:`atomic_directory` fills a hidden staging directory
-  and swaps it in only once complete, so an interrupted report never mixes old and new files.
-
-:func:`check_output` is the pre-flight check commands run *before* long work, so a result is never
-computed and then lost to an unwritable ``--out`` (or written over one of the command's inputs:
-every file it reads, a trace's sidecar and the files of a model directory included).
+Every file marconi writes goes through :func:`atomic_write` (temp file, fsync, rename; removed on
+any exception, :class:`marconi.pool.Terminated` included), and every JSONL file it reads through
+:func:`iter_lines` / :func:`iter_jsonl` (:class:`JsonError` as ``path:line: what``). Symlinks are
+followed; character devices and FIFOs are written through, never replaced; directories, sockets
+and block devices are refused; new files get ``0o666 & ~umask``. :func:`check_output` runs before
+long work so a result is never lost to an unwritable ``--out`` or written over an input. The full
+rules are in docs/architecture.md ("Files").
 """
 
 from __future__ import annotations
@@ -53,8 +36,8 @@ PathLike = str | os.PathLike
 
 
 def _new_file_mode(target: Path, base: int = 0o666) -> int:
-    """The mode ``open()`` (``mkdir()`` with ``base=0o777``) would give a new ``target``, or the
-    existing target's, which is kept."""
+    """The mode ``open()`` (``mkdir()`` with ``base=0o777``) gives a new ``target``; an existing one keeps its own.
+    """
     try:
         return target.stat().st_mode & 0o7777
     except FileNotFoundError:
@@ -100,14 +83,13 @@ def _refusal(path: Path, st: os.stat_result) -> str | None:
 
 @contextmanager
 def atomic_write(path: PathLike, mode: str = "w") -> Iterator[IO[Any]]:
-    """Open ``path`` for writing (``"w"`` text in UTF-8, or ``"wb"``); commit it only on success.
+    """Open ``path`` for writing (``"w"`` UTF-8 text, or ``"wb"``); commit it only on success.
 
-    See the module docstring for what happens with symlinks, devices, FIFOs and permissions.
     Missing parent directories are created.
 
     Raises:
         ConfigError: ``path`` is a directory, a socket or a block device.
-        OSError: the directory cannot be written (nothing is left behind).
+        OSError: the directory cannot be written (nothing is left behind); ENOSPC names ``path``.
     """
     if mode not in ("w", "wb"):
         raise ValueError(f"atomic_write: mode must be 'w' or 'wb', got {mode!r}")
@@ -170,16 +152,11 @@ def _no_space_named(path: PathLike) -> Iterator[None]:
 
 @contextmanager
 def atomic_directory(path: PathLike) -> Iterator[Path]:
-    """A new, empty directory to fill, which replaces ``path`` as a whole only if the body completes.
+    """A new, empty staging directory that replaces ``path`` as a whole only if the body completes.
 
-    The body writes into a hidden staging directory beside ``path`` (``.<name>.*.staging``). On
-    success the old ``path`` is renamed aside, the staging directory renamed to ``path`` and the
-    old one removed: readers see the old directory or the new one, never a mix (between the two
-    renames, for an instant, neither). On any exception -- :class:`marconi.pool.Terminated`
-    included -- the staging directory is removed and ``path`` is untouched. A symlink is followed:
-    the directory it points to is replaced, the link stays. The new directory gets ``mkdir``'s mode
-    (or the old one's). Whatever else was in the old directory is gone: callers check first
-    (:func:`check_output` with ``directory=True``) that no input lives there.
+    Readers see the old directory or the new one, never a mix; on any exception the staging
+    directory is removed and ``path`` is untouched. Whatever else was in the old directory is gone:
+    callers first check (:func:`check_output` with ``directory=True``) that no input lives there.
 
     Raises:
         ConfigError: ``path`` exists and is not a directory.
@@ -254,17 +231,11 @@ def _nearest_existing(path: Path) -> Path:
 
 def check_output(path: PathLike, *, inputs: Sequence[PathLike] = (), directory: bool = False,
                  option: str = "--out") -> Path:
-    """Check, before any long work, that ``path`` can be written and destroys none of ``inputs``.
+    """Check, before long work, that ``path`` can be written and destroys none of ``inputs``.
 
-    ``inputs``: every file the command reads (a trace *and* its ``.meta.json`` sidecar, a latency
-    table ...); an input directory (a model directory) stands for every file in it. Inputs that do
-    not exist are ignored.
-
-    ``directory``: ``path`` is a directory the command fills (it may exist); given ``inputs``, it
-    is one that :func:`atomic_directory` replaces as a whole, so no input may lie inside it. Else
-    ``path`` is a file that :func:`atomic_write` will write: it may be no input, and no existing
-    file inside an input directory. Nothing is created: the nearest existing ancestor directory
-    is probed with a temp file that is removed at once.
+    ``inputs``: every file the command reads (an input directory stands for its files; missing ones
+    are ignored). ``directory``: ``path`` is a directory :func:`atomic_directory` fills, so no input may
+    lie inside it; else a file that may be no input. Creates nothing (probes with a removed temp file).
 
     Raises:
         ConfigError: saying what is wrong with ``path`` and what to do.
@@ -337,9 +308,7 @@ DEFAULT_MAX_LINE_BYTES = 64 << 20
 
 def line_limit(value: int | None = None) -> int:
     """The longest line a reader accepts: ``value``, else ``$MARCONI_MAX_LINE_BYTES``, else 64 MiB.
-
-    Raises:
-        ConfigError: ``value`` or the variable is not a whole number >= 1 (names which).
+    ConfigError if it is not a whole number >= 1.
     """
     if value is None:
         text = os.environ.get(MAX_LINE_ENV, "").strip()
@@ -359,22 +328,15 @@ def line_limit(value: int | None = None) -> int:
 
 
 def iter_lines(path: PathLike, *, max_line_bytes: int | None = None) -> Iterator[tuple[int, bytes]]:
-    """``(1-based line number, raw line with its newline)`` of a (``.gz``) file, blank lines included.
+    """``(1-based line number, raw line with newline)`` of a (``.gz``) regular file, blanks included.
 
-    Lines are split on ``\\n`` as bytes and decoded one by one (:func:`decode_line`), so a bad byte is
-    reported on its own line -- a text-mode reader decodes ahead in blocks and misplaces it. A UTF-8
-    byte order mark at the start of the file is dropped (a file holding only one is empty).
-
-    Bounded: no line may be longer than ``max_line_bytes`` (see :func:`line_limit`; default 64
-    MiB, or ``$MARCONI_MAX_LINE_BYTES``), so memory stays bounded by one line whatever the file
-    holds -- a file without newlines, or a small gzip that expands to gigabytes of them. Only
-    regular files are read (a symlink is followed): a device such as ``/dev/zero`` never ends and
-    a FIFO blocks until written to, so both are refused before opening.
+    Splits on ``\\n`` as bytes so a bad byte is reported on its own line; drops a leading UTF-8 BOM.
+    Memory is bounded by one line of at most ``max_line_bytes`` (:func:`line_limit`). Devices and
+    FIFOs are refused before opening (they may never end or block).
 
     Raises:
-        FileNotFoundError, JsonError: a missing file, a directory, a device, FIFO or socket, an
-            unreadable (corrupt gzip) stream, or a line over the limit -- the message names the
-            file and the line where reading stopped (and, for a long line, how to raise the limit).
+        FileNotFoundError, JsonError: missing file, not a regular file, corrupt gzip, or a line over
+            the limit; the message names file and line.
         ConfigError: a bad ``max_line_bytes`` or ``$MARCONI_MAX_LINE_BYTES``.
     """
     p = Path(path)
@@ -432,8 +394,7 @@ def iter_jsonl(path: PathLike, *, max_line_bytes: int | None = None) -> Iterator
 
     Raises:
         FileNotFoundError: no such file.
-        JsonError: the first line that is not UTF-8 or not JSON, or longer than ``max_line_bytes``
-            (the message names file and line), or a file that is no regular file (:func:`iter_lines`).
+        JsonError: the first line not UTF-8, not JSON or over the limit, or not a regular file.
     """
     for lineno, raw in iter_lines(path, max_line_bytes=max_line_bytes):
         if not raw.strip():
