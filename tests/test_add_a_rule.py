@@ -147,6 +147,7 @@ def test_simulator_applies_the_rule(trace):
 
 
 # ====================================================================================== (b) the engine
+@pytest.mark.usefixtures("one_torch_thread")
 def test_engine_applies_the_rule():
     """The real engine (tensors, bamba-tiny) makes the size-only simulation's decisions under the
     new rule, each victim checked, and they are not LRU's nor Marconi's default rule's."""
