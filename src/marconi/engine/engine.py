@@ -1,39 +1,11 @@
 """The real engine: serves requests through the one cache core, on real tensors.
 
-Per request (``docs/cache-api.md``)::
-
-    handle = cache.begin(input)                 # match + lock the matched path + admission plan
-    prefix = cache.cached_prefix(handle)        # KV payloads [0, h) + the SSM state at h
-    work   = build_cache(model, prefix)         # restore into a fresh DynamicCache (a copy)
-    prefill input[h:], capturing the states the cache will ask for      -> first token (TTFT)
-    decode (greedy, or teacher-forced to a trace's output), feeding the last token and capturing
-        the states the cache will ask for inside the output
-    cache.finish(handle, output, states={p: state}, kv=lambda s, e: KVs of (input+output)[s:e])
-
-There is no second cache: the engine keeps no tensors of its own between requests — every payload
-lives in ``PrefixCache``'s tree, and the core's byte accounting (from the checked ``ModelSpec``)
-is what bounds memory. The core locks the matched path from ``begin`` to ``finish``/``abort``, so
-an in-flight request's prefix cannot be evicted (the restored working cache is a copy anyway).
-
-**Which states to capture.** The engine asks the core (``cache.finish_checkpoints``, a dry run of
-``finish``) instead of guessing. A replay knows its output, so it learns every position before the
-prefill; a greedy generation asks at each decode step with the tokens so far, which finds
-Marconi's branch point where the output leaves the tree and every block boundary as decoding
-reaches them. The engine therefore supplies every state the cache asks for and makes the
-decisions of a size-only simulation of the same requests. With ``checkpointing="chunk-boundary"``
-the core is told the scan's chunk length (``prefill_chunk_len``) and itself moves positions inside
-a prefill to chunk boundaries, so a simulation given that length decides identically too.
-
-**Whole-prompt hits are free.** Every checkpoint keeps the final hidden state of its last
-position, so when the whole input is cached the first output token's logits come from one
-``lm_head`` call and nothing is prefilled: the core's default accounting (a whole-input hit is
-fully reused) is exactly what the engine computes.
-
-**Threads.** ``generate`` / ``replay`` may be called from several threads at once on one engine:
-the core serialises its own calls, each request works on its own ``DynamicCache``, and the float64
-scan patch is reference-counted. Decisions then depend on the interleaving, and a greedy request
-may find a state it did not capture wanted (another thread changed the tree meanwhile); such
-states are skipped and counted in ``stats.checkpoints_unavailable``.
+Per request: ``cache.begin``, restore ``cached_prefix`` into a fresh ``DynamicCache``, prefill the
+rest (TTFT), decode, ``cache.finish`` with the captured states and KV slices. The engine keeps no
+tensors between requests (every payload lives in ``PrefixCache``'s tree), captures exactly the
+states ``cache.finish_checkpoints`` asks for, so it decides as a size-only simulation would, and
+serves whole-prompt hits from the kept hidden state. Safe to call from several threads; a state
+wanted but not captured is counted in ``stats.checkpoints_unavailable``. See docs/cache-api.md.
 """
 
 from __future__ import annotations
@@ -67,14 +39,11 @@ __all__ = ["Engine", "EngineResult"]
 
 @dataclass(frozen=True, slots=True)
 class EngineResult:
-    """What one request did and how long each step took (seconds, ``time.perf_counter``).
+    """What one request did and its timings (seconds, ``time.perf_counter``).
 
-    ``ttft_s`` runs from ``begin`` to the end of the prefill, whose last logits give the first
-    output token (lookup + restore + prefill with its checkpoint captures); ``ttft_cpu_s`` is the
-    same span in CPU time of the serving thread (what an uncontended core would take, with one
-    torch thread). With ``ttft_repeats > 1`` restore + prefill are timed that many times and the
-    fastest run is reported. ``save_s`` is the work after decoding that stores
-    states: KV slicing and ``finish`` (states captured while decoding count in ``decode_s``).
+    ``ttft_s``: ``begin`` to the end of the prefill; ``ttft_cpu_s``: the same in the thread's CPU
+    time; with ``ttft_repeats > 1``, the fastest run. ``save_s``: KV slicing and ``finish`` after
+    decoding.
     """
 
     request_id: int
@@ -118,17 +87,13 @@ class Engine:
     """Serve a :class:`HybridModel` one request at a time through a :class:`PrefixCache`.
 
     Args:
-        model: the model (its checked ``spec`` drives the cache's byte accounting).
         capacity_bytes: cache capacity for KVs + SSM checkpoints.
-        admission / eviction: cache-core policies (registry names or objects); ``admission="none"``
-            serves without caching (vanilla), through the same code path.
-        checkpointing: where prefill checkpoints are taken (``segmented``: exactly at the
-            requested positions; ``chunk-boundary``: only on the scan's chunk grid — the cache
-            core is given ``prefill_chunk_len = model.chunk_size`` and plans its checkpoints there).
+        admission / eviction: cache-core policies; ``admission="none"`` serves without caching.
+        checkpointing: ``segmented`` (exact positions) or ``chunk-boundary`` (the scan's grid; the
+            core gets ``prefill_chunk_len = model.chunk_size``).
         clock: the cache's clock (default: its logical per-request clock).
-        tokenizer: used for text input; default ``marconi.workloads.tokenizer.load_tokenizer()``.
-        ttft_repeats: run restore + prefill this many times per request and report the fastest
-            (benchmarks on a shared machine); the results are identical each time.
+        tokenizer: for text input; default :func:`marconi.workloads.tokenizer.load_tokenizer`.
+        ttft_repeats: time restore + prefill this many times and report the fastest.
     """
 
     def __init__(self, model: HybridModel, capacity_bytes: float, *, admission: Any = "marconi",
@@ -158,10 +123,8 @@ class Engine:
 
     def replay(self, input_tokens: Sequence[int] | np.ndarray | torch.Tensor,
                output_tokens: Sequence[int] | np.ndarray | torch.Tensor) -> EngineResult:
-        """A trace request: prefill ``input_tokens``, then teacher-force ``output_tokens``.
-
-        Forcing the recorded output makes the next turn's input (history + output + new message)
-        continue exactly what was cached.
+        """A trace request: prefill ``input_tokens``, then teacher-force ``output_tokens`` so the next turn
+        continues exactly what was cached.
         """
         ids = self._token_ids(input_tokens)
         forced = self._output_ids(output_tokens)
@@ -170,9 +133,9 @@ class Engine:
 
     def replay_appended(self, input_tokens: Sequence[int] | np.ndarray | torch.Tensor,
                         output_tokens: Sequence[int] | np.ndarray | torch.Tensor) -> EngineResult:
-        """Like :meth:`replay`, but the recorded output is appended with one forward (cut only where
-        the cache wants a state) instead of decoded token by token (see ``prefill.append_forced``):
-        same cache decisions and TTFT, much cheaper — for TTFT benchmarks that do not measure decoding."""
+        """:meth:`replay` with the output appended by one cut forward (``prefill.append_forced``): same cache
+        decisions and TTFT, much cheaper.
+        """
         ids = self._token_ids(input_tokens)
         forced = self._output_ids(output_tokens)
         return self._serve(ids, forced, lambda work, pre, start, _, wanted: append_forced(
@@ -205,11 +168,8 @@ class Engine:
         return self._tokenizer
 
     def _prefill_from_prefix(self, ids: torch.Tensor, prefix: Any, checkpoints: Sequence[int]) -> _Prefilled:
-        """Restore ``prefix`` into a fresh cache and prefill the rest of ``ids`` (the TTFT path).
-
-        ``checkpoints`` are where the core wants states (already on the chunk grid if it has
-        one), so the prefill is cut exactly there. A whole-input hit prefills nothing: the first
-        token's logits follow from the checkpoint's kept final hidden state.
+        """Restore ``prefix`` into a fresh cache and prefill the rest of ``ids``, cut at ``checkpoints``; a
+        whole-input hit prefills nothing.
         """
         model = self.model
         w0, c0 = time.perf_counter(), time.thread_time()
@@ -226,10 +186,8 @@ class Engine:
 
     def _plan_captures(self, handle: Any, input_len: int,
                        forced: list[int] | None) -> tuple[tuple[int, ...], Capture, tuple[int, ...]]:
-        """(positions to capture in the prefill, the decode's capture rule, output positions).
-
-        A known output gets the dry run of its ``finish`` once; a generated one asks at each step
-        (see ``PrefixCache.finish_checkpoints``). Either way the prefill takes the input positions.
+        """(prefill capture positions, the decode's capture rule, output positions): one dry run of
+        ``finish`` for a known output, a query per step for a generated one.
         """
         cache = self.cache
         if forced is not None:

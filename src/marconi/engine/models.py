@@ -1,31 +1,11 @@
 """Load a transformers hybrid LLM (random-weight preset or local checkpoint) with its checked spec.
 
-A :class:`HybridModel` bundles the torch module, the layout of its ``DynamicCache`` (which layers
-hold per-token KVs, which hold a fixed-size recurrent state), the scan's chunk length, and the
-:class:`~marconi.core.model.ModelSpec` the cache core uses for byte accounting. The spec is built with
-``ModelSpec.from_hf_config`` and **checked against the real cache tensors** of a short prefill:
-KV bytes per token and conv + recurrent bytes per checkpoint must match exactly, or
-:class:`SpecMismatchError` names both numbers.
-
-Supported: Mamba-2 hybrids (Bamba, Nemotron-H, Zamba2, Falcon-H1, GraniteMoeHybrid), gated
-DeltaNet hybrids (Qwen3-Next, OLMo-Hybrid) and LFM2 (short convolution). Refused with a message:
-Mamba-1 hybrids (Jamba, Zamba) — transformers' torch path restarts their scan from zero on a
-multi-token forward, so a prefill cannot resume from a saved state — and anything else.
-
-Presets are random-weight configs, seeded and deterministic, with vocab 32000 so the project's
-Mistral-v1 tokenizer ids fit without folding (token ids >= vocab are an error, never folded).
-Random weights are chosen so that the recurrent state matters: projections use
-``initializer_range = 1/sqrt(D)`` (O(1) activations; with transformers' 0.02 a tiny model's SSM
-states are ~1e-5 and barely touch the logits), the SSM parameters get the Mamba-2 paper's
-initialisation (A ~ U[1, 16], dt ~ logU[1e-3, 1e-1]; transformers' A = 1..H, dt_bias = 1 forgets
-within a few tokens), and the LM head keeps transformers' std 0.02 (logits O(1)). Otherwise a
-state checkpoint would carry almost nothing across a split and exactness tests would be vacuous.
-
-Known upstream caveat (transformers 5.24): Nemotron-H and Zamba2 clamp ``dt >= time_step_min``
-in their chunked scan but not in their 1-token decode step, so for a checkpoint with
-``time_step_min > 0`` a token processed by decode (or by a 1-token prefill segment) updates the
-state slightly differently than inside a prefill. Our presets set ``time_step_min = 1e-9``; real
-checkpoints keep their value and their decode-vs-prefill difference (not a cache effect).
+A :class:`HybridModel` bundles the torch module, its ``DynamicCache`` layout, the scan's chunk
+length and a :class:`~marconi.core.model.ModelSpec` checked against the real cache tensors of a
+short prefill (:class:`SpecMismatchError` otherwise). Supported: Mamba-2 hybrids, gated-DeltaNet
+hybrids and LFM2; Mamba-1 hybrids and anything else are refused with a message. Presets are
+seeded random-weight configs with vocab 32000 (ids >= vocab are an error, never folded), initialised
+so the recurrent state matters; why, and an upstream decode caveat, in docs/engine.md.
 """
 
 from __future__ import annotations
@@ -71,11 +51,9 @@ __all__ = [
 class Architecture:
     """What the engine needs to know about one transformers ``model_type``.
 
-    ``chunk_size_attr``: config field holding the scan's chunk length; ``default_chunk_size``: the
-    length when there is no such field (the gated-DeltaNet torch scan always uses 64); both None for
-    mixers without a chunked scan (LFM2's short convolution: every position is a "boundary").
-    ``logits_post``: what the ``*ForCausalLM`` forward does to ``lm_head``'s output (a scale, a
-    cast), so logits can be recomputed from a kept final hidden state; checked bitwise at load.
+    ``chunk_size_attr`` / ``default_chunk_size``: where the scan's chunk length comes from (both None
+    without a chunked scan). ``logits_post``: what ``*ForCausalLM`` does to ``lm_head``'s output, so
+    logits can be recomputed from a kept hidden state (checked bitwise at load).
     """
 
     model_type: str
@@ -197,9 +175,8 @@ def preset_config(name: str) -> Any:
 # ================================================================================ cache layout
 @dataclass(frozen=True, slots=True)
 class CacheLayout:
-    """Which ``DynamicCache`` layers hold KVs (``attn_layers``) and which a recurrent state (``ssm_layers``).
-
-    A layer may be in both (Falcon-H1's parallel hybrid, Zamba2's hybrid blocks). Indices ascend.
+    """``DynamicCache`` layers holding KVs (``attn_layers``) and recurrent states (``ssm_layers``),
+    ascending; a layer may be in both (parallel hybrids).
     """
 
     attn_layers: tuple[int, ...]
@@ -235,9 +212,9 @@ class CacheLayout:
 
 # ================================================================================ the model
 class Forward(NamedTuple):
-    """One forward's results: ``logits`` ``[k, vocab]`` of the last ``k`` positions, and
-    ``hidden`` ``[1, 1, D]``, the final hidden state of the last position (the LM head's input;
-    a view — clone it to keep it)."""
+    """``logits`` ``[k, vocab]`` of the last ``k`` positions; ``hidden`` ``[1, 1, D]``, the last
+    position's final hidden state (a view: clone to keep).
+    """
 
     logits: torch.Tensor
     hidden: torch.Tensor
@@ -250,10 +227,7 @@ class HybridModel:
     Attributes:
         name: preset name or checkpoint directory.
         module: the transformers ``*ForCausalLM`` (eval mode, no grad).
-        config: its (text) config.
-        arch: :class:`Architecture` of ``config.model_type``.
         dtype: parameter / cache dtype (float32 or float64).
-        layout: :class:`CacheLayout`.
         spec: byte/FLOP model for the cache core, checked against the real cache tensors.
         chunk_size: the scan's chunk length in tokens (None: no chunked scan).
     """
@@ -321,12 +295,11 @@ class HybridModel:
         return ids.to(torch.int64)
 
     def forward(self, cache: Any, token_ids: torch.Tensor, start: int, *, keep_logits: int = 1) -> torch.Tensor:
-        """Run ``token_ids`` (positions ``start .. start+T-1``) through the model, extending ``cache``.
+        """Run ``token_ids`` at positions ``start..`` through the model, extending ``cache`` in place.
 
-        ``cache`` must hold exactly the first ``start`` tokens (checked for models with attention).
-        Explicit ``position_ids`` are always passed (Bamba's RoPE ignores the cache offset otherwise).
-        Returns float logits ``[k, vocab]`` of the last ``k = keep_logits`` positions (0: all).
-        A 1-token call takes the model's recurrent (decode) path, longer calls its chunked scan.
+        ``cache`` must hold exactly ``start`` tokens (checked with attention). Returns float logits
+        ``[k, vocab]`` of the last ``k = keep_logits`` positions (0: all). A 1-token call takes the decode
+        path, longer calls the chunked scan.
         """
         return self.forward_full(cache, token_ids, start, keep_logits=keep_logits).logits
 
@@ -346,9 +319,9 @@ class HybridModel:
         return Forward(out.logits[0], seen[:, -1:, :])
 
     def logits_from_hidden(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Logits ``[1, vocab]`` from a final hidden state ``[1, 1, D]`` kept by :meth:`forward_full`:
-        bitwise what that forward returned for the position when it kept one logit row (the same
-        ``lm_head`` call on the same one-row input; :func:`check_head` proves it at load)."""
+        """Logits ``[1, vocab]`` from a hidden state kept by :meth:`forward_full`: bitwise that forward's
+        own one-row logits (:func:`check_head` proves it at load).
+        """
         with torch.no_grad():
             logits = self._head(hidden)
             if self.arch.logits_post is not None:
@@ -366,8 +339,7 @@ def _spec_config_dict(config: Any) -> dict[str, Any]:
 
 
 def spec_from_config(config: Any, *, name: str, dtype: torch.dtype) -> ModelSpec:
-    """The engine's byte model: the architecture's states, plus the final hidden state
-    (``hidden_size`` elements) the engine keeps beside every checkpoint."""
+    """The byte model: the architecture's states plus the final hidden state kept per checkpoint."""
     bytes_per_elem = torch.finfo(dtype).bits // 8
     try:
         spec = ModelSpec.from_hf_config(_spec_config_dict(config), name=name, bytes_per_elem=bytes_per_elem)
@@ -386,11 +358,8 @@ class CacheBytes(NamedTuple):
 
 
 def measure_cache_bytes(model: HybridModel, num_tokens: int = 3) -> CacheBytes:
-    """Prefill ``num_tokens`` tokens and measure the cache tensors' real bytes.
-
-    KV bytes per token are summed over attention layers (keys + values); checkpoint bytes over
-    what the engine keeps per checkpoint (conv + recurrent state of every recurrent layer,
-    whatever their dtypes, and the last position's final hidden state).
+    """Prefill ``num_tokens`` and measure real bytes: KV per token over attention layers, and per
+    checkpoint the conv + recurrent states of every recurrent layer plus the final hidden state.
     """
     from marconi.engine.states import capture_ssm, slice_kv
 
@@ -426,8 +395,9 @@ def check_spec(model: HybridModel, spec: ModelSpec) -> None:
 
 
 def check_head(model: HybridModel) -> None:
-    """Raise :class:`SpecMismatchError` unless logits recomputed from a kept final hidden state are
-    bitwise the forward's own (a free hit on a whole prompt starts decoding from them)."""
+    """Raise :class:`SpecMismatchError` unless logits recomputed from a kept hidden state are bitwise the
+    forward's own (a whole-prompt hit decodes from them).
+    """
     cache = model.new_cache()
     with _quiet_transformers():
         fwd = model.forward_full(cache, torch.arange(5) * 7 % model.vocab_size, 0)
@@ -442,11 +412,7 @@ _WIDE_UNSIGNED = tuple(getattr(torch, name) for name in ("uint16", "uint32", "ui
 
 
 def _as_id_tensor(token_ids: Any) -> torch.Tensor:
-    """``torch.as_tensor`` with a clear error for what cannot be token ids (strings, ragged lists ...).
-
-    Unsigned ids (numpy ``uint*``, torch ``uint16/32/64``) come back as int64, so the range check
-    can compare them; an id of 2**63 or more fits no vocabulary and is refused here.
-    """
+    """``torch.as_tensor`` with a clear error for non-ids; unsigned ids become int64 (>= 2**63 refused)."""
     if isinstance(token_ids, (str, bytes)):
         raise TokenRangeError(f"token ids must be a sequence of integers, got text {token_ids[:40]!r}; "
                               "tokenize it first (Engine.generate tokenizes a str prompt)")
@@ -530,12 +496,13 @@ def build_model(config: Any, *, dtype: str | torch.dtype = "float32", seed: int 
 
 
 def load_checkpoint(path: str | Path, *, dtype: str | torch.dtype = "float32") -> HybridModel:
-    """A local checkpoint directory (``config.json`` + weights). Nothing is downloaded.
+    """A local checkpoint directory (``config.json`` + weights); nothing is downloaded.
 
-    Raises EngineError naming the file and what to change for a missing, unreadable or non-object
-    ``config.json``, a config transformers refuses, an empty or corrupt ``*.safetensors`` file,
-    weights whose shapes disagree with the config (a ``vocab_size`` that is not the embedding's),
-    or no weights at all; UnsupportedModelError for an architecture the engine cannot serve.
+    Raises:
+        EngineError: naming the file and the fix, for a missing or bad ``config.json``, a refused
+            config, empty or corrupt ``*.safetensors``, shapes that disagree with the config, or no
+            weights.
+        UnsupportedModelError: an architecture the engine cannot serve.
     """
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -599,8 +566,7 @@ def _config_model_type(raw: Mapping[str, Any], config_file: Path) -> Any:
 
 
 def _check_weight_files(directory: Path) -> None:
-    """EngineError naming the first ``*.safetensors`` file that is empty or whose header cannot be
-    read (a copy or download cut short), before transformers reports it without the file's name."""
+    """EngineError naming the first empty or unreadable ``*.safetensors`` file (a cut-short copy)."""
     from safetensors import SafetensorError, safe_open
 
     for weights in sorted(directory.glob("*.safetensors")):
@@ -615,8 +581,7 @@ def _check_weight_files(directory: Path) -> None:
 
 
 def _shape_mismatches(directory: Path, config: Any, limit: int = 3) -> list[str]:
-    """Tensors whose shape in the ``*.safetensors`` files differs from what ``config`` builds (at
-    most ``limit``, described for a message; a vocabulary mismatch says which field to fix)."""
+    """Up to ``limit`` tensors whose file shape differs from ``config``'s, described for a message."""
     from safetensors import safe_open
     from transformers import AutoModelForCausalLM
 

@@ -1,42 +1,12 @@
 """Prefill from a restored prefix with SSM checkpoints inside it, and decoding.
 
-**Where a checkpoint can be taken (paper §4.1, "SSM state checkpointing during prefill").** A
-recurrent layer overwrites its state in place, so the state at position ``p`` inside a prefill of
-``[start, end)`` exists only if the prefill stops there. Both of the paper's ways are run here as
-*segmented* prefills — the forward is cut into calls ``[start, b1) [b1, b2) ... [bk, end)`` that each
-resume from the cache the previous one left, and the state is cloned between calls; each token is
-computed once (no token is recomputed, unlike a literal "two-pass" prefill). They differ in ``b``:
-
-1. :class:`ChunkBoundary` — the state at the last *chunk boundary* ``<= p`` (coarser). The
-   Mamba-2 (SSD) and gated-DeltaNet scans process a forward in chunks of ``C`` tokens counted from
-   the forward's first token (``C`` = ``config.mamba_chunk_size`` / ``chunk_size``, 64 for
-   the DeltaNet torch scan; see ``HybridModel.chunk_size``), and compute the state at every chunk
-   boundary anyway. transformers' torch scan does not return those intermediate states, so we
-   obtain the one at ``b = start + C·floor((p - start)/C)`` by ending a forward call there. The
-   chunks of ``[start, b)`` + ``[b, end)`` are then exactly the chunks of ``[start, end)``: the
-   logits are the same bits as an unsplit prefill (float64) and there are no extra FLOPs — the
-   only cost is the extra call's fixed overhead and shorter matmuls, which the benchmark measures.
-2. :class:`Segmented` (the paper's two-pass prefill) — ``b = p`` exactly. The chunk grid of the
-   second call is shifted, so results equal an unsplit prefill up to rounding (<= 1e-12 in
-   float64 with :mod:`marconi.engine.precision`, ~1e-6 in float32).
-
-For LFM2 (no chunked scan) every position is a boundary and both placements coincide. The state
-at the prefill's end is exact under both: the last call ends there anyway.
-
-The engine itself asks the cache core where states can be taken (``PrefixCache(prefill_chunk_len=C)``
-models chunk-boundary placement, so a simulation makes the same decisions) and then cuts exactly at
-the positions the core hands it; the placements here serve direct callers and the benchmark.
-
-**Decode** is greedy or teacher-forced (a trace replay forces the recorded output so the next
-turn's input matches what was cached). Either way the loop ends by feeding the *last* output token
-through the model — one extra 1-token forward whose logits are discarded — so the cache then
-covers input + all output and the last-decoded-token checkpoint (where a conversation resumes)
-can be captured from it. Every decode step leaves the state at one more position, so a state the
-cache wants inside the output (a branch point, a block boundary) is cloned at the step that
-reaches it: ``capture(position, tokens)`` is asked before each token is fed and once at the end.
-
-Every captured state keeps the final hidden state of the forward that produced it (see
-``states.SSMPayload``).
+A recurrent layer overwrites its state in place, so a checkpoint at ``p`` is taken by ending a
+forward call there (a *segmented* prefill: each token still computed once). :class:`ChunkBoundary`
+cuts at the last scan-chunk boundary ``<= p`` (bitwise equal to an unsplit prefill, no extra
+FLOPs); :class:`Segmented` cuts at ``p`` (equal up to rounding). Decoding (greedy or
+teacher-forced) feeds the last output token too, so the cache covers input + output, and clones
+states the cache asks for as it passes them. Every captured state keeps its forward's final
+hidden state. Details and bounds in docs/engine.md ("Prefill and decode").
 """
 
 from __future__ import annotations
@@ -77,8 +47,7 @@ class Checkpointing(Protocol):
         ...
 
     def state_grid(self, chunk_size: int | None) -> int | None:
-        """The grid (counted from the resume point) a prefill's states lie on, for the cache
-        core's ``prefill_chunk_len``; None: any position."""
+        """The grid (from the resume point) states lie on, for the core's ``prefill_chunk_len``; None: any."""
         ...
 
 
@@ -95,7 +64,7 @@ class Segmented:
 
 
 class ChunkBoundary:
-    """Coarse and free of extra FLOPs: the last scan-chunk boundary ``<= p`` (paper's chunked state passing)."""
+    """Coarse, no extra FLOPs: the last scan-chunk boundary ``<= p`` (chunked state passing)."""
 
     name = "chunk-boundary"
 
@@ -130,10 +99,10 @@ def make_checkpointing(spec: str | Checkpointing) -> Checkpointing:
 
 # ================================================================================ prefill
 class PrefillResult(NamedTuple):
-    """``logits``: ``[k, vocab]`` of the last positions; ``states``: captured position -> state;
-    ``placed``: requested position -> captured position (None: not captured); ``num_calls``: forwards run;
-    ``capture_s``: seconds spent cloning states; ``hidden``: final hidden state ``[1, 1, D]`` of
-    the last position (a view)."""
+    """``logits`` ``[k, vocab]``; ``states``: position -> state; ``placed``: requested -> captured
+    position (None: not captured); ``num_calls``; ``capture_s``: seconds cloning; ``hidden``: last
+    position's final hidden state (a view).
+    """
 
     logits: torch.Tensor
     states: dict[int, SSMPayload]
@@ -145,13 +114,11 @@ class PrefillResult(NamedTuple):
 
 def prefill(model: Any, cache: Any, token_ids: torch.Tensor, start: int, checkpoints: Iterable[int] = (), *,
             checkpointing: str | Checkpointing = "segmented", keep_logits: int = 1) -> PrefillResult:
-    """Prefill ``token_ids[start:]`` into ``cache`` (which holds ``token_ids[:start]``), with checkpoints.
+    """Prefill ``token_ids[start:]`` into ``cache`` (holding ``token_ids[:start]``), with checkpoints.
 
-    ``checkpoints``: positions ``p`` (``start < p <= len(token_ids)``) whose state is wanted; each
-    is placed by ``checkpointing`` (the prefill's end is always exact) and the state there is
-    cloned into ``states``. ``keep_logits``: logits of that many trailing positions are returned
-    (0: every position of ``[start, end)``). Modifies ``cache`` in place; it ends holding all of
-    ``token_ids``.
+    ``checkpoints``: positions in ``(start, len]`` placed by ``checkpointing`` and cloned into
+    ``states``. ``keep_logits``: trailing positions whose logits are returned (0: all). ``cache`` ends
+    holding all of ``token_ids``.
     """
     end = len(token_ids)
     if not 0 <= start < end:
@@ -177,8 +144,7 @@ class _CutRun(NamedTuple):
 
 def _run_cut(model: Any, cache: Any, token_ids: torch.Tensor, offset: int, start: int, end: int,
              capture_at: set[int], keep_logits: int = 1) -> _CutRun:
-    """Forward positions ``[start, end)`` as calls ending at each of ``capture_at`` (and at
-    ``end``), cloning the state after each of them. ``token_ids[i]`` sits at position ``offset + i``."""
+    """Forward ``[start, end)`` as calls ending at each ``capture_at`` and at ``end``, cloning states."""
     cuts = sorted({p for p in capture_at if start < p < end} | {end})
     states: dict[int, SSMPayload] = {}
     pieces: list[torch.Tensor] = []
@@ -200,9 +166,9 @@ def _run_cut(model: Any, cache: Any, token_ids: torch.Tensor, offset: int, start
 
 # ================================================================================ decode
 class DecodeResult(NamedTuple):
-    """``tokens``: the output; ``greedy``: the model's argmax at each step (== tokens when greedy);
-    ``end``: tokens the cache holds afterwards (input + output: the last token was fed);
-    ``states``: position -> state captured on the way (positions in ``[start, end]``)."""
+    """``tokens``: the output; ``greedy``: the argmax at each step; ``end``: tokens the cache holds after
+    (the last token was fed); ``states``: position -> state captured in ``[start, end]``.
+    """
 
     tokens: list[int]
     greedy: list[int]
@@ -219,10 +185,9 @@ Capture = Callable[[int, Sequence[int]], bool]
 def _decode(model: Any, cache: Any, logits: torch.Tensor, start: int, num_steps: int,
             choose: Callable[[int, int], int | None], capture: Capture | None = None,
             hidden: torch.Tensor | None = None) -> DecodeResult:
-    """Shared loop: at step ``i`` the model's argmax ``g`` is offered to ``choose(i, g)``, which
-    returns the token to emit (None stops). Every emitted token, the last included, is fed back.
-    ``hidden``: final hidden state of the forward that left the cache at ``start`` (for a capture
-    there)."""
+    """Shared loop: ``choose(i, argmax)`` returns the token to emit (None stops); every emitted token,
+    the last included, is fed back.
+    """
     tokens: list[int] = []
     greedy: list[int] = []
     states: dict[int, SSMPayload] = {}
@@ -254,11 +219,8 @@ def _capture_here(model: Any, cache: Any, position: int, hidden: torch.Tensor | 
 def decode_greedy(model: Any, cache: Any, logits: torch.Tensor, start: int, max_new_tokens: int, *,
                   eos_token_id: int | None = None, capture: Capture | None = None,
                   hidden: torch.Tensor | None = None) -> DecodeResult:
-    """Greedy decoding from the prefill's last ``logits``; ``cache`` holds ``start`` tokens.
-
-    Stops after ``max_new_tokens`` or after emitting ``eos_token_id``. The cache ends holding
-    ``start + len(tokens)`` tokens (the last token is fed through the model). ``capture`` /
-    ``hidden``: states to clone on the way (see :data:`Capture`).
+    """Greedy decoding until ``max_new_tokens`` or ``eos_token_id``; ``cache`` goes from ``start`` to
+    ``start + len(tokens)`` tokens. ``capture`` / ``hidden``: states to clone (see :data:`Capture`).
     """
     if max_new_tokens < 1:
         raise EngineError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
@@ -275,10 +237,8 @@ def decode_greedy(model: Any, cache: Any, logits: torch.Tensor, start: int, max_
 
 def decode_forced(model: Any, cache: Any, logits: torch.Tensor, start: int, tokens: Sequence[int], *,
                   capture: Capture | None = None, hidden: torch.Tensor | None = None) -> DecodeResult:
-    """Teacher-forced decoding: emit ``tokens`` one step at a time (each a 1-token decode forward).
-
-    ``greedy`` reports what the model would have chosen at each step. The cache ends holding
-    ``start + len(tokens)`` tokens. ``capture`` / ``hidden`` as in :func:`decode_greedy`.
+    """Teacher-forced decoding of ``tokens`` (1-token forwards); ``greedy`` holds the model's choices.
+    Cache and captures as in :func:`decode_greedy`.
     """
     forced = _forced(model, tokens, "teacher-forced decoding")
     return _decode(model, cache, logits, start, len(forced), lambda i, _: forced[i], capture, hidden)
@@ -286,14 +246,10 @@ def decode_forced(model: Any, cache: Any, logits: torch.Tensor, start: int, toke
 
 def append_forced(model: Any, cache: Any, logits: torch.Tensor, start: int, tokens: Sequence[int], *,
                   capture_at: Iterable[int] = (), hidden: torch.Tensor | None = None) -> DecodeResult:
-    """Append a known output with one prefill-style forward instead of ``len(tokens)`` decode steps.
+    """Append a known output with one prefill-style forward, cut at ``capture_at``.
 
-    The cache ends exactly where :func:`decode_forced` leaves it (input + output, last token fed),
-    equal up to rounding (chunked scan vs per-token recurrence), at a fraction of the cost — for
-    trace replays that measure TTFT and do not need real decoding. ``greedy`` holds only the
-    model's first choice (the one the prefill's ``logits`` give). ``capture_at``: positions in
-    ``[start, start + len(tokens)]`` whose states are cloned (the forward is cut there, as
-    decoding would pass each of them); ``hidden`` as in :func:`decode_greedy`.
+    Leaves the cache where :func:`decode_forced` does, up to rounding, far cheaper (TTFT replays).
+    ``greedy`` holds only the first choice.
     """
     forced = _forced(model, tokens, "appending an output")
     ids = torch.tensor(forced)
