@@ -1,30 +1,11 @@
 """vLLM 0.32's scheduler loop over the emulated block manager: requests in flight, step by step.
 
 Mirrors ``Scheduler.schedule`` / ``update_from_output`` (``vllm/v1/core/sched/scheduler.py``) as far
-as prefix-cache decisions depend on them, over :class:`~.engine.VllmAlignEngine`'s pool and managers:
-
-* each step has a token budget (``max_num_batched_tokens``); running requests are scheduled first,
-  in order (a prefill chunk or one decode token each, Mamba-aligned as vLLM splits them), then
-  waiting ones from the queue's head while the budget, ``max_num_seqs`` and the pool allow;
-* a waiting request looks up the cache when it is tried (``get_computed_blocks``); its blocks are
-  cached as ``allocate_slots`` schedules them, so a later request sees only what has been
-  scheduled so far. It cannot resume from a state cached in the same step (vLLM's
-  ``cached_blocks_this_step``: it waits a step), and it is admitted only if its whole known
-  sequence fits (``scheduler_reserve_full_isl``, vLLM's default); otherwise the waiting queue stops;
-* a running request that cannot get its slots preempts the last running request (possibly
-  itself): vLLM's recompute preemption frees its blocks and puts it back at the queue's head; no
-  new request is admitted in a step that preempted;
-* after the step, a request that reached the end of its known tokens samples the next token of
-  its trace output; one that has them all finishes: its blocks are freed and it goes to the α
-  source, as the plugin does after ``_free_request``.
-
-:func:`emulate_closed_loop` drives a trace through it as ``marconi vllm replay --concurrency C``
-drives vLLM (a session's turns in order; at most C requests admitted and unfinished). Counters are
-vLLM's: ``queries``/``hits`` count first admissions only (a preempted request's second lookup goes
-to vLLM's ``preempted_*`` counters), and a record's hit is its ``num_cached_tokens``.
-
-Not modelled: async scheduling, speculative decoding, KV connectors, priority scheduling, the
-watermark (0 by default), ``max_model_len`` caps, the adaptive long-prefill threshold.
+as prefix-cache decisions depend on them: the token budget, chunked Mamba-aligned prefill, the
+full-sequence admission gate, recompute preemption, the α source fed after each free.
+:func:`emulate_closed_loop` drives a trace as ``marconi vllm replay --concurrency C`` drives vLLM.
+Counters are vLLM's (``queries``/``hits``: first admissions only). The rules and what is not
+modelled: docs/vllm.md, "What the emulation models".
 """
 
 from __future__ import annotations

@@ -1,24 +1,16 @@
 """When a replay submits its requests: a closed loop, Poisson arrivals, or the trace's own timestamps.
 
-One module owns admission so that every engine that serves a trace's requests — the replay worker
-(vLLM's scheduler on a virtual clock), the in-process engine with a real forward pass
-(:mod:`marconi.integrations.vllm.offline`) — submits them by the same rule, step for step; a
-difference in hits between them is then the engines', never the load's. It imports in both
-environments: the standard library only, plus numpy for the seeded Poisson draws (the replay
-always drew them with numpy; both environments have it).
+One module owns admission so that every engine serving a trace (the replay worker, the in-process
+engine of :mod:`marconi.integrations.vllm.offline`) submits by the same rule, step for step: a
+difference in hits is then the engines', never the load's. Standard library and numpy only, so it
+imports in both environments. The modes (:data:`ARRIVALS`; docs/vllm.md, "The replay"):
 
-The modes (:data:`ARRIVALS`):
+* ``closed-loop`` (``concurrency`` C): trace order, at most C admitted and unfinished;
+* ``poisson`` (``rate`` per second, seeded): no cap;
+* ``trace``: each request at its ``ts``, the first at 0, times ``time_scale``; no cap.
 
-* ``closed-loop`` (``concurrency`` C): requests in trace order, at most C admitted and unfinished.
-  A turn whose predecessor in its session is unfinished is admitted (it holds its slot) but waits
-  to be submitted until the predecessor finishes, as ``marconi vllm bench``'s client does.
-* ``poisson`` (``rate`` per second, seeded): request i arrives at the i-th point of a Poisson
-  process; no cap.
-* ``trace``: request i arrives at its trace ``ts``, shifted so the first arrival is 0 and scaled by
-  ``time_scale`` (0.5: twice as fast); no cap.
-
-In the open-loop modes too a turn waits for its predecessor: its prompt holds the predecessor's
-output, which does not exist before the predecessor finishes.
+In every mode a turn is submitted only after its session predecessor finishes (its prompt holds
+the predecessor's output).
 """
 
 from __future__ import annotations

@@ -1,18 +1,10 @@
 """vLLM's engine core without a model: its own KV cache config, ``Scheduler``, ``KVCacheManager`` and ``BlockPool``.
 
-Runs inside the vLLM environment. :func:`build_engine_core` constructs vLLM's ``EngineCore`` —
-which loads the general plugins (so the Marconi plugin attaches exactly as in a server), sizes
-the pool with ``get_kv_cache_configs`` and builds the scheduler — around :class:`StubExecutor`,
-an executor whose "model" is the real vLLM model class instantiated on PyTorch's ``meta`` device
-(no weights, no memory). Its layers register in vLLM's forward context as in a worker, so the
-per-layer ``KVCacheSpec`` s come from vLLM's own ``get_kv_cache_spec`` and the hybrid block-size
-alignment from the platform's ``update_block_size_for_backend``, as a worker computes them after
-``load_model``. Nothing is mirrored: the derived ``KVCacheConfig`` is the engine's (the test
-compares it with the in-process engine on the tiny random-weight models).
-
-Pool size: ``num_blocks`` (vLLM's ``num_gpu_blocks_override``), or ``available_bytes`` — what
-``determine_available_memory`` reports, from which vLLM's ``get_kv_cache_configs`` derives the
-block count as it does after profiling (see :func:`available_kv_bytes` for the GPU-memory rule).
+Runs inside the vLLM environment. :func:`build_engine_core` constructs vLLM's ``EngineCore`` (which
+loads the general plugins, so the Marconi plugin attaches as in a server) around
+:class:`StubExecutor`, whose model is the real vLLM model class on PyTorch's ``meta`` device (no
+weights, no memory). Its layers register as in a worker, so the ``KVCacheSpec`` s, the hybrid
+block-size alignment and the derived ``KVCacheConfig`` are vLLM's own: nothing is mirrored.
 """
 
 from __future__ import annotations
@@ -34,15 +26,11 @@ def available_kv_bytes(gpu_memory_bytes: int, num_params: int, bytes_per_param: 
     """vLLM's KV budget, in bytes of the whole model's KV cache: per GPU ``utilization × memory −
     weights / TP − activation reserve``, times ``tensor_parallel``.
 
-    vLLM's worker computes ``requested_memory = gpu_memory_utilization × total`` and subtracts the
-    profiled non-KV peak (weights, activations, CUDA graphs, non-torch memory). Weights are
-    ``num_params × bytes_per_param`` (1 for FP8 checkpoints), split over the ``tensor_parallel``
-    GPUs; the rest is :data:`ACTIVATION_RESERVE_BYTES` per GPU (an estimate, not a profile). Under
-    tensor parallelism every GPU holds ``1/TP`` of each layer's heads, so its blocks are ``1/TP``
-    of the whole model's and the pool has ``TP × per-GPU budget / page`` blocks: the same count as
-    one GPU with ``TP ×`` the budget and the full page. That holds where TP divides every layer's
-    KV and recurrent heads (vLLM replicates KV heads otherwise, which changes the block size): the
-    caller checks it. Raises ValueError if nothing is left for the KV cache.
+    Weights are ``num_params × bytes_per_param`` (1 for FP8), split over the GPUs; the activation
+    reserve is an estimate where vLLM profiles. Under tensor parallelism each GPU's blocks are
+    ``1/TP`` of the model's, so the pool has as many blocks as one GPU with ``TP ×`` the budget;
+    that holds only where TP divides every layer's KV and recurrent heads (the caller checks it).
+    Raises ValueError if nothing is left for the KV cache.
     """
     if tensor_parallel < 1:
         raise ValueError(f"tensor_parallel must be >= 1, got {tensor_parallel}")
@@ -163,8 +151,7 @@ class StubExecutor(_executor_base()):  # type: ignore[misc]
 
 def kv_memory_floor(vllm_config: Any, kv_cache_spec: dict[str, Any]) -> int:
     """The smallest KV budget vLLM starts with: one ``max_model_len`` request plus the null block,
-    by the functions ``get_kv_cache_configs`` checks the budget with (vLLM privates). vLLM 0.33 moved
-    them from ``kv_cache_utils`` to ``kv_cache_planning`` and routes them through a config builder."""
+    by the functions ``get_kv_cache_configs`` checks the budget with (vLLM privates, 0.32 or 0.33)."""
     try:
         from vllm.v1.core import kv_cache_planning as plan          # vLLM >= 0.33
     except ImportError:

@@ -1,24 +1,11 @@
 """The CPU tier's worker side in the replay: vLLM's own ``OffloadingConnectorWorker``, a timed host link.
 
-Runs inside the vLLM environment. With ``kv_transfer_config`` set, vLLM's scheduler owns an
-``OffloadingConnector`` (scheduler role): it looks chunks up on a GPU-pool miss, plans loads and
-stores, and puts them in each step's ``SchedulerOutput.kv_connector_metadata``. In a server the
-model runner hands that metadata to the connector's *worker* role, which copies chunks with CUDA
-kernels and reports finished jobs back through ``KVConnectorOutput`` (``finished_recving`` and the
-``OffloadingWorkerMetadata`` of completed job ids). :class:`TierWorker` is that worker role —
-vLLM's ``OffloadingConnector(role=WORKER)``, whose ``OffloadingConnectorWorker`` keeps its own job
-bookkeeping (loads submitted at the step's start, stores deferred to the next step's start,
-``jobs_to_flush`` waited on) — with the one piece that needs a GPU, the ``OffloadingWorker`` copy
-engine, replaced by :class:`TimedHostLink`: a job finishes ``bytes / bandwidth`` after the link
-is free, one FIFO queue per direction (PCIe is full duplex).
-
-The replay's step loop (:func:`marconi.integrations.vllm.replay.worker.replay`) calls, per step,
-in the model runner's order: :meth:`TierWorker.before_forward` (bind the metadata, flush, start
-transfers; a flush waits, so it may move the clock), the step's modelled duration, then
-:meth:`TierWorker.after_forward` (defer stores, collect what finished by the new clock), and hands
-the result to ``Scheduler.update_from_output`` in the ``ModelRunnerOutput``. So requests whose
-prefix is in the tier sit in ``WAITING_FOR_REMOTE_KVS`` until their load's modelled completion,
-as in a server, and TTFT includes the wait.
+Runs inside the vLLM environment. :class:`TierWorker` is the ``OffloadingConnector``'s worker role,
+vLLM's own job bookkeeping included, with the one piece that needs a GPU (the ``OffloadingWorker``
+copy engine) replaced by :class:`TimedHostLink`. The replay's step loop calls
+:meth:`TierWorker.before_forward`, the step's modelled duration, then :meth:`TierWorker.after_forward`,
+in the model runner's order, so a request whose prefix is in the tier waits in
+``WAITING_FOR_REMOTE_KVS`` until its load's modelled completion, as in a server (docs/vllm-tiers.md).
 """
 
 from __future__ import annotations

@@ -1,16 +1,10 @@
 """How long one scheduler step takes on a named GPU: a roofline over the step's batch.
 
-A step runs every scheduled span ``[start, end)`` of every request in one forward pass. Its
-time is the larger of
-
-* compute: the spans' FLOPs (:meth:`ModelSpec.span_flops`, the project's FLOP model, the one
-  :class:`marconi.sim.latency.RooflineLatency` uses for TTFT) over ``peak × compute_efficiency``;
-* memory: the weights (read once per step) plus, per request, its KVs up to ``end`` and its
-  recurrent state, over ``bandwidth × memory_efficiency``;
-
-plus a fixed ``overhead_s`` (launches, sampling, the scheduler's own turn). Prefill-heavy steps
-are compute-bound, decode batches memory-bound, as on a real GPU. It is a model, not a
-measurement: it ranks policies by the work they leave, deterministically.
+A step's time is ``overhead_s`` plus the larger of compute (the spans' FLOPs by
+:meth:`ModelSpec.span_flops` over ``peak × compute_efficiency``) and memory (the weights once,
+plus each request's KVs up to ``end`` and its recurrent state, over ``bandwidth ×
+memory_efficiency``). A deterministic model, not a measurement: it ranks policies by the work
+they leave.
 """
 
 from __future__ import annotations

@@ -1,16 +1,11 @@
 """Pool-size × load sweeps of ``marconi vllm replay``, on a local process pool or as Ray tasks.
 
 A sweep is a list of :class:`~marconi.integrations.vllm.replay.run.ReplayConfig` points, each one
-``run_replay`` (one vLLM-environment worker per policy, then the emulation), so points are
-independent and run anywhere the vLLM environment's python exists: the same machine
-(``backend="local"``, forked workers) or a Ray cluster whose nodes have both environments at the
-same paths (``backend="ray"``). Points share nothing: each writes its own work directory. They run
-on the simulator's sweep runner (:func:`marconi.sim.sweep.run_points`: the backend, the points that
-cannot run, the progress callback), with :func:`run_replay` as the point.
-
-Every point runs vLLM's scheduler on one core (``OMP_NUM_THREADS=1``); more workers than cores
-only slow each other's ``sched_s_per_step`` — the plugin-overhead figure, not the hit rates or the
-virtual-clock latencies, which are deterministic whatever the load.
+independent :func:`run_replay` with its own work directory, run by the simulator's sweep runner
+(:func:`marconi.sim.sweep.run_points`) locally or on a Ray cluster whose nodes have both
+environments at the same paths. Each point runs vLLM's scheduler on one core
+(``OMP_NUM_THREADS=1``): more workers than cores slow only ``sched_s_per_step``, never the hit
+rates or the virtual-clock latencies.
 """
 
 from __future__ import annotations

@@ -1,19 +1,11 @@
 """The replay's CPU tier, as both environments see it: tier policy names, vLLM's connector config, the host link.
 
-``marconi vllm replay --cpu-tier 256GB --tier-policies lru,arc,marconi`` runs vLLM's own
-``OffloadingConnector`` (scheduler side: ``OffloadingConnectorScheduler`` and a
-``CPUOffloadingManager`` with the named ``CachePolicy``) configured exactly as a server is, by
-``--kv-transfer-config``'s ``kv_connector_extra_config``; :func:`extra_config` builds that dict.
-The worker side is vLLM's own ``OffloadingConnectorWorker`` too, with the copy engine replaced by
-a timed host link (:mod:`marconi.integrations.vllm.replay.offload`, vLLM environment).
-
-The host link (:data:`DEFAULT_HOST_BANDWIDTH`): one PCIe Gen5 x16 link per GPU, full duplex (loads
-host→GPU and stores GPU→host each have their own bandwidth). Gen5 x16 carries 64 GB/s raw per
-direction (32 GT/s × 16 lanes, 128b/130b coding: 63 GB/s); pinned ``cudaMemcpyAsync`` on H100
-hosts reaches about 55 GB/s, which is the default. Under tensor parallelism each GPU moves its
-``1/TP`` of every chunk over its own link, so a chunk's transfer takes ``1/TP`` as long.
-
-This module imports nothing from vLLM: the project side reads the names, the vLLM side the config.
+:func:`extra_config` builds the ``kv_connector_extra_config`` that configures vLLM's own
+``OffloadingConnector`` exactly as a server's ``--kv-transfer-config`` does; the worker side is in
+:mod:`marconi.integrations.vllm.replay.offload`. :data:`DEFAULT_HOST_BANDWIDTH` is one PCIe Gen5
+x16 link per GPU per direction, as pinned copies reach it (docs/vllm-tiers.md, "The host link");
+under tensor parallelism each GPU moves its ``1/TP`` of a chunk over its own link. Imports nothing
+from vLLM.
 """
 
 from __future__ import annotations

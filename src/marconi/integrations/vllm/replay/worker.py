@@ -3,31 +3,19 @@
     .venv-vllm/bin/python -m marconi.integrations.vllm.replay.worker requests.json out.json --model DIR \\
         (--blocks N | --kv-bytes B | --gpu-memory-bytes B) --gpu h100 (--concurrency 16 | --rate R | --trace-times S)
 
-The plugin is configured as in a server, by ``MARCONI_VLLM_*`` in the environment (unset: stock
-vLLM); vLLM loads it when the engine core starts. ``requests.json``: ``{"requests": [{"session":
-..., "prompt": [ids], "output": [ids], "ts": seconds}, ...]}`` in trace order (``ts`` is read only
-with ``--trace-times``).
-
-Each step: ``Scheduler.schedule()`` (its wall time is measured), a step duration from the
-:class:`~marconi.integrations.vllm.replay.steptime.StepTimeModel` advances the virtual clock, and
-a stub ``ModelRunnerOutput`` hands every request that reached the end of its known tokens the
-next token of the trace's own output, which ``update_from_output`` takes as sampled. So a
-session's next turn (whose prompt holds this turn's output) finds its blocks as a real server
-would. Arrivals (:mod:`marconi.integrations.vllm.replay.arrivals`): a closed loop (``--concurrency``: a
-session's turns in order, at most C requests admitted, as ``marconi vllm bench`` replays), Poisson
-(``--rate``, per second of virtual time) or the trace's timestamps (``--trace-times SCALE``: each
-request at its ``ts``, the first at 0, times SCALE); in the open-loop modes a turn still waits for
-its predecessor. Requests are submitted between steps, at the first step boundary at or after
-their arrival.
-
-With ``--cpu-tier-bytes`` the engine has a CPU tier (vLLM's ``OffloadingConnector`` under
-``--tier-policy``), its worker role run by :class:`~marconi.integrations.vllm.replay.offload.TierWorker`
-over a link of ``--host-bandwidth`` bytes/s; ``out.json`` then adds ``tier`` (bytes moved,
-evictions by kind, the connector's hit counters) and per request the hits split by tier.
+The plugin is configured as in a server, by ``MARCONI_VLLM_*`` (unset: stock vLLM).
+``requests.json``: ``{"requests": [{"session": ..., "prompt": [ids], "output": [ids], "ts": seconds},
+...]}`` in trace order (``ts`` read only with ``--trace-times``). Each step runs
+``Scheduler.schedule()`` (wall time measured), advances the virtual clock by the
+:class:`~marconi.integrations.vllm.replay.steptime.StepTimeModel`'s duration, and hands each request
+at the end of its known tokens the next token of the trace's output, so a session's next turn finds
+its blocks as on a real server. ``--cpu-tier-bytes`` adds vLLM's ``OffloadingConnector``
+(:class:`~marconi.integrations.vllm.replay.offload.TierWorker`).
 
 ``out.json``: per request its arrival, first-token and finish times (virtual seconds), vLLM's
-``num_cached_tokens`` and preemptions; vLLM's prefix-cache counters; the scheduler's wall time per
-step; the KV cache configuration; the plugin's eviction counters.
+``num_cached_tokens`` and preemptions (with a tier: hits split by tier); vLLM's prefix-cache
+counters; the scheduler's wall time per step; the KV cache configuration; the plugin's eviction
+counters; with a tier, ``tier`` (bytes moved, evictions by kind, the connector's hit counters).
 """
 
 from __future__ import annotations
@@ -53,10 +41,8 @@ def replay(core: Any, requests: list[dict[str, Any]], *, gpu: str, concurrency: 
     in-process engine (:mod:`marconi.integrations.vllm.offline`) that the replay is validated against.
 
     ``tier``: a :class:`~marconi.integrations.vllm.replay.offload.TierWorker` when the scheduler has
-    a CPU tier (vLLM's ``OffloadingConnector``): each step runs the connector's worker role around
-    the modelled forward pass and returns finished transfers in the runner output; a step with
-    nothing scheduled (every request waiting for its load) moves the clock to the next transfer's
-    completion, as a server's busy loop would reach it.
+    a CPU tier; a step with nothing scheduled (every request waiting for its load) moves the clock
+    to the next transfer's completion.
     """
     from vllm import SamplingParams
     from vllm.v1.outputs import ModelRunnerOutput
