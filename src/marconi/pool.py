@@ -1,37 +1,15 @@
-"""Worker processes that never outlive the command that started them, and SIGTERM as an exception.
+"""Worker processes and child programs that never outlive the command, and SIGTERM as an exception.
 
-Three places fork worker pools (sweep points, the bootstrap α grid, the sparse study). A plain
-``ProcessPoolExecutor`` leaks its workers when the parent dies: after ``kill -9`` they wait on their
-task queue forever, and on an exception its ``__exit__`` *waits* for every queued task. So:
+* :func:`worker_pool`: fork workers that get SIGKILL when the parent dies, ignore SIGINT, and are
+  killed (queued tasks cancelled) on any exception in the ``with`` body.
+* :func:`sigterm_raises`: SIGTERM raises :class:`Terminated` in the main thread so ``finally``
+  blocks run; the CLI wraps every command in it.
+* :func:`spawn` / :func:`child_process` / :func:`run_child`: a child program in its own process
+  group with a parent-death signal; :func:`stop` ends the group.
+* :func:`scratch_dir`: a temporary folder removed on any exit unless ``MARCONI_KEEP_SCRATCH=1``.
 
-* :func:`worker_pool` forks workers that ask Linux to SIGKILL them when their parent dies
-  (``prctl(PR_SET_PDEATHSIG)``; they also exit if the parent is already gone), ignore SIGINT (the
-  parent handles Ctrl-C) and take SIGTERM's default action; on any exception in the ``with`` body
-  (Ctrl-C, SIGTERM, a failed task) the queued tasks are cancelled and the workers killed.
-* :func:`sigterm_raises` makes SIGTERM raise :class:`Terminated` in the main thread, so ``finally``
-  blocks run: pools are torn down, Ray is shut down and :func:`marconi.io.atomic_write` removes
-  its temp file. The CLI wraps every command in it.
-
-Every command that starts another program (the vLLM replay's worker, vLLM and SGLang benches,
-their servers, the environment probes) does it through one helper, so every child dies with the
-command (issue 31, bug 11: a SIGTERM to ``marconi vllm replay`` left its vLLM worker running):
-
-* :func:`spawn` starts the child through a tiny launcher that asks Linux to SIGKILL it when the
-  spawning thread dies (``PR_SET_PDEATHSIG``, kept across ``exec``; the launcher also exits if
-  the parent is already gone), in a process group of its own (so stopping it stops whatever it
-  forked, and Ctrl-C at a terminal reaches only the command, which decides). No ``preexec_fn``:
-  the launcher is a separate ``exec``, safe with threads in the parent. :func:`stop` ends the
-  group (SIGTERM, then SIGKILL after a grace period);
-* :func:`child_process` is :func:`spawn` as a context manager: on any exit of the ``with`` body
-  (an error, Ctrl-C, :class:`Terminated`) the child's group is stopped; :func:`run_child` is
-  ``subprocess.run`` through it.
-* :func:`scratch_dir` is a temporary folder that goes on success, on error and on interruption
-  (bug 12: replay and frontier runs left ``/tmp/marconi-replay-*`` holding the whole trace), unless
-  :data:`KEEP_SCRATCH_ENV` (``MARCONI_KEEP_SCRATCH=1``) asks to keep it for debugging.
-
-``PR_SET_PDEATHSIG`` follows the *thread* that spawned: spawn from a thread that outlives the
-child (the main thread, a pool worker's), never from a short-lived helper thread. Off Linux there
-is no death signal: a ``kill -9`` of the command can leave a child behind.
+The death signal follows the spawning *thread* and exists only on Linux; why and how in
+docs/architecture.md ("Processes").
 """
 
 from __future__ import annotations
@@ -57,11 +35,8 @@ _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
 class Terminated(KeyboardInterrupt):
-    """Raised in the main thread on SIGTERM.
-
-    A KeyboardInterrupt, so whatever handles Ctrl-C handles it too (``except Exception`` does not
-    swallow it; Ray's blocking calls turn it into a plain KeyboardInterrupt, so test
-    :func:`sigterm_received` rather than the type to tell the two apart).
+    """Raised in the main thread on SIGTERM; a KeyboardInterrupt, so ``except Exception`` does not
+    swallow it. Ray may turn it into a plain KeyboardInterrupt: test :func:`sigterm_received`.
     """
 
 
@@ -113,11 +88,10 @@ def _kill_workers(pool: ProcessPoolExecutor) -> None:
 @contextmanager
 def worker_pool(max_workers: int, *, initializer: Callable[..., None] | None = None,
                 initargs: tuple[Any, ...] = ()) -> Iterator[ProcessPoolExecutor]:
-    """A fork-based ``ProcessPoolExecutor`` whose workers die with this process (see the module doc).
+    """A fork-based ``ProcessPoolExecutor`` whose workers die with this process.
 
-    Workers inherit the parent's memory (module globals set before the first ``submit``), so large
-    read-only objects travel without a copy. On normal exit the pool is shut down after its work;
-    on any exception the workers are killed at once and the exception propagates.
+    Workers inherit module globals set before the first ``submit`` (no copy). On normal exit the
+    pool finishes its work; on any exception the workers are killed and the exception propagates.
     """
     pool = ProcessPoolExecutor(max_workers=max_workers, mp_context=multiprocessing.get_context("fork"),
                                initializer=_init_worker, initargs=(os.getpid(), initializer, initargs))
@@ -131,10 +105,8 @@ def worker_pool(max_workers: int, *, initializer: Callable[..., None] | None = N
 
 @contextmanager
 def sigterm_raises() -> Iterator[None]:
-    """Within the block, SIGTERM raises :class:`Terminated` in the main thread (elsewhere: no-op).
-
-    The first SIGTERM raises; later ones are ignored so the clean-up it starts runs undisturbed.
-    The previous handler is restored on exit (library callers keep theirs).
+    """Within the block, the first SIGTERM raises :class:`Terminated` in the main thread (no-op in other
+    threads); later ones are ignored. The previous handler is restored on exit.
     """
     if threading.current_thread() is not threading.main_thread():
         yield
@@ -179,12 +151,11 @@ except OSError as exc:
 
 def spawn(args: Sequence[str], *, env: Mapping[str, str] | None = None, cwd: str | Path | None = None,
           stdin: Any = None, stdout: Any = None, stderr: Any = None, text: bool = False) -> subprocess.Popen[Any]:
-    """Start ``args`` as a child that dies with this process (see the module docstring).
+    """Start ``args`` as a child that dies with this process, leading a new process group.
 
-    The child is the leader of a new process group (``start_new_session``); the other arguments
-    are :class:`subprocess.Popen`'s. ``proc.pid`` is the child's own pid (the launcher replaces itself
-    with it). If the program cannot be executed the child exits with :data:`EXEC_FAILED` and says why on
-    its stderr. Stop it with :func:`stop` (or use :func:`child_process`).
+    Other arguments are :class:`subprocess.Popen`'s; ``proc.pid`` is the child's own pid. A program
+    that cannot be executed exits with :data:`EXEC_FAILED`, saying why on stderr. Stop it with
+    :func:`stop` (or use :func:`child_process`).
     """
     if not args:
         raise ValueError("spawn: no command")
@@ -194,10 +165,8 @@ def spawn(args: Sequence[str], *, env: Mapping[str, str] | None = None, cwd: str
 
 
 def stop(proc: subprocess.Popen[Any], grace_s: float = 10.0) -> int | None:
-    """End ``proc``'s process group: SIGTERM, then SIGKILL after ``grace_s``; reap ``proc``.
-
-    Idempotent. Processes the child forked into its group stop with it, even when the child has
-    already exited. Returns ``proc``'s exit status (None if it could not be reaped).
+    """End ``proc``'s process group (SIGTERM, then SIGKILL after ``grace_s``) and reap ``proc``;
+    idempotent. Returns its exit status (None if it could not be reaped).
     """
     if proc.poll() is None:
         _signal_group(proc.pid, signal.SIGTERM)
@@ -222,9 +191,9 @@ def _signal_group(pgid: int, signum: int) -> None:
 
 @contextmanager
 def child_process(args: Sequence[str], *, grace_s: float = 10.0, **popen: Any) -> Iterator[subprocess.Popen[Any]]:
-    """:func:`spawn` for the ``with`` body; on leaving it, however (an error, Ctrl-C, SIGTERM
-    under :func:`sigterm_raises`), the child's group is stopped (:func:`stop`). A child the body
-    waited for is only reaped; whatever it left in its group is killed."""
+    """:func:`spawn` for the ``with`` body; on leaving it however (error, Ctrl-C, :class:`Terminated`)
+    the child's group is stopped.
+    """
     proc = spawn(args, **popen)
     try:
         yield proc
@@ -237,9 +206,9 @@ def child_process(args: Sequence[str], *, grace_s: float = 10.0, **popen: Any) -
 
 def run_child(args: Sequence[str], *, timeout_s: float | None = None, env: Mapping[str, str] | None = None,
               cwd: str | Path | None = None, text: bool = True) -> subprocess.CompletedProcess[Any]:
-    """``subprocess.run(args, capture_output=True)`` through :func:`child_process`: the child dies
-    with this process and is stopped on any exception here (``subprocess.TimeoutExpired`` after
-    ``timeout_s``)."""
+    """``subprocess.run(args, capture_output=True)`` through :func:`child_process`
+    (``subprocess.TimeoutExpired`` after ``timeout_s``).
+    """
     with child_process(args, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=text) as proc:
         try:
             out, err = proc.communicate(timeout=timeout_s)
@@ -262,10 +231,9 @@ def keep_scratch(env: Mapping[str, str] | None = None) -> bool:
 
 @contextmanager
 def scratch_dir(prefix: str, given: str | Path | None = None) -> Iterator[Path]:
-    """A working folder: ``given`` if the caller named one (created if missing, never removed:
-    it is theirs), else a fresh temporary folder ``{prefix}XXXX`` that is removed when the block
-    ends, on success, on error and on interruption, unless :func:`keep_scratch` (then it stays,
-    for debugging, and the caller may say where)."""
+    """``given`` (created if missing, never removed), else a fresh ``{prefix}XXXX`` temporary folder
+    removed when the block ends in any way, unless :func:`keep_scratch`.
+    """
     if given is not None and str(given) != "":
         path = Path(given)
         path.mkdir(parents=True, exist_ok=True)

@@ -1,19 +1,10 @@
 """Sweeps: every (system, capacity, model) point of a trace, in parallel, as records.
 
-Points run on a backend (:mod:`marconi.sim.backends`): ``"local"`` forks a process pool whose
-workers inherit the trace (no copy per point); ``"ray"`` makes every point a Ray task, with each
-trace put in the object store once. Each point yields one flat JSONL record with its whole
-configuration echoed, written atomically (:func:`marconi.io.write_jsonl`) so an interrupted sweep
-never leaves a half-written ``--out``.
-
-A point whose system cannot serve the trace at its capacity (a :class:`ConfigError` raised inside
-the point: a pool too small for one request, a capacity below one SSM checkpoint) does not abort
-the others: every point runs, and :class:`PointsFailed` then carries the finished records and
-says which points could not run and why.
-
-:func:`run_points` is that runner for any engine (the backend, the per-point failures, the
-progress callback); the simulator's points plug in :func:`run_point`, ``marconi vllm replay``'s
-sweep (:mod:`marconi.integrations.vllm.replay.sweep`) its own.
+Points run on a backend (:mod:`marconi.sim.backends`, ``"local"`` or ``"ray"``); each yields one
+flat JSONL record with its configuration echoed, written atomically. A point that raises
+:class:`ConfigError` does not abort the others: :class:`PointsFailed` then carries the finished
+records and the failures. :func:`run_points` is the runner for any engine; the simulator plugs in
+:func:`run_point`.
 """
 
 from __future__ import annotations
@@ -48,11 +39,10 @@ class SweepPoint:
 
 @dataclass(frozen=True, slots=True)
 class SweepTask:
-    """One point of one trace: what a backend ships to a worker (small; the trace travels apart).
+    """One point of one trace, shipped to a worker (the trace travels apart).
 
-    ``working_set`` resolves fractional capacities; ``tags`` are echoed into the record (an
-    experiment's own coordinates: workload, arrival rate, seed ...); ``capture_tuning`` adds the
-    bootstrap window's score of every α to the record (``tuning_windows``).
+    ``working_set`` resolves fractional capacities; ``tags`` are echoed into the record;
+    ``capture_tuning`` adds the bootstrap window's score of every α (``tuning_windows``).
     """
 
     trace_key: str
@@ -76,9 +66,7 @@ class _PointFailure:
 class PointsFailed(ConfigError):
     """Some points of a sweep could not run; every other point finished.
 
-    ``records``: the finished points' results, in point order; ``failures``: ``(point, message)``
-    of each point that could not run (a :class:`SweepTask` in the simulator's sweeps);
-    ``total``: how many points the sweep had.
+    ``records``: finished results in point order; ``failures``: ``(point, message)``; ``total``: points.
     """
 
     def __init__(self, records: list[Any], failures: list[tuple[Any, str]], total: int,
@@ -96,10 +84,8 @@ def point_label(task: SweepTask, *, with_trace: bool = False) -> str:
 
 
 def describe_failures(failures: Sequence[tuple[Any, str]], shown: int = 3) -> str:
-    """``label: message; ...`` for the first ``shown`` failures, then how many more.
-
-    A :class:`SweepTask` is labelled by :func:`point_label`; any other point by its ``label``
-    attribute, else ``str(point)``.
+    """``label: message; ...`` for the first ``shown`` failures, then how many more (a point is labelled
+    by :func:`point_label`, its ``label``, or ``str``).
     """
     with_trace = len({t.trace_key for t, _ in failures if isinstance(t, SweepTask)}) > 1
 
@@ -124,10 +110,7 @@ def expand_points(systems: Sequence[str], capacities: Sequence[str], models: Seq
 
 def run_point(trace: Any, trace_name: str, task: SweepTask, *, tuning_workers: int | None = None,
               tuning_mapper: Callable[..., list[Any]] | None = None) -> dict[str, Any]:
-    """Simulate one task on ``trace`` and flatten the result into a record (see ``SimResult.record``).
-
-    Per-request arrays also carry ``reused_len`` (exact token counts) so latency models can be
-    applied afterwards.
+    """Simulate one task on ``trace`` as a flat record (``SimResult.record``, plus per-request ``reused_len``).
     """
     point = task.point
     spec = get_model(point.model)
@@ -159,8 +142,7 @@ def _task_fn(shared: Mapping[str, Any], task: SweepTask) -> dict[str, Any]:
 
 @dataclass(frozen=True, slots=True)
 class _Guarded:
-    """``fn(shared, item)``, a :class:`ConfigError` returned as a :class:`_PointFailure` (picklable
-    for the backends: ``fn`` is a module-level function)."""
+    """``fn(shared, item)`` with a :class:`ConfigError` returned as a :class:`_PointFailure` (picklable)."""
 
     fn: TaskFn
 
@@ -174,16 +156,13 @@ class _Guarded:
 def run_points(fn: TaskFn, items: Sequence[Any], *, backend: str | Backend = "local", workers: int | None = None,
                shared: Mapping[str, Any] | None = None, needs: Callable[[Any], Sequence[str]] | None = None,
                on_result: Callable[[Any], None] | None = None) -> list[Any]:
-    """``[fn(shared, item) for item in items]`` on ``backend``, one point per item, in item order.
+    """``[fn(shared, item) for item in items]`` on ``backend``, in item order.
 
-    ``fn`` is a module-level function (it runs in a forked worker or a Ray task); ``needs(item)``
-    names the ``shared`` keys an item reads. ``backend``: ``"local"`` (a process pool of
-    ``workers``), ``"ray"``, or a backend object (closed only if made here). ``on_result`` sees
-    each result as it completes (not the points that fail).
+    ``fn``: module-level (it runs in a forked worker or a Ray task); ``needs(item)``: the ``shared``
+    keys an item reads; a backend object passed in is not closed; ``on_result`` sees each success.
 
     Raises:
-        PointsFailed: some items raised :class:`ConfigError` (after every other item finished; it
-            holds their results).
+        PointsFailed: some items raised :class:`ConfigError` (after every other item finished).
     """
     def on_success(result: Any) -> None:
         if on_result is not None and not isinstance(result, _PointFailure):
@@ -232,15 +211,13 @@ def working_sets(traces: Mapping[str, Any], pairs: Iterable[tuple[str, str | Mod
 def run_tasks(traces: Mapping[str, Any], tasks: Sequence[SweepTask], *, backend: str | Backend = "local",
               workers: int | None = None, names: Mapping[str, str] | None = None,
               on_record: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
-    """Run tasks over several traces at once (all points of all traces share the workers).
+    """Run tasks over several traces sharing the workers; records in ``tasks`` order.
 
-    Records come back in the order of ``tasks``. ``names`` gives the trace name echoed in records
-    (default: the key). When several points run at once, each tunes α in its own process (nested
-    pools would oversubscribe the cores); the Ray backend may instead spread the grid search over
-    Ray tasks. ``on_record`` sees each record as it completes (not the points that fail).
+    ``names``: the trace name echoed per key. Concurrent points each tune α in their own process
+    (nested pools would oversubscribe the cores). ``on_record`` sees each success.
 
     Raises:
-        PointsFailed: some points could not run (after every other point finished; it holds their records).
+        PointsFailed: some points could not run (the others' records are on it).
     """
     with backend_scope(backend, workers) as be:
         parallel = be.parallelism > 1 and len(tasks) > 1
@@ -257,16 +234,13 @@ def run_sweep(trace: Sequence[Any], trace_name: str, points: Sequence[SweepPoint
               on_record: Callable[[dict[str, Any]], None] | None = None,
               backend: str | Backend = "local",
               working_set_bytes: Mapping[str | ModelSpec, int] | None = None) -> list[dict[str, Any]]:
-    """Simulate every point; records come back in the order of ``points``.
+    """Simulate every point; records in ``points`` order.
 
-    Capacities given as fractions (``0.1x``) resolve against the working set of the trace for each
-    model (computed once, in parallel, unless ``working_set_bytes`` gives it by model). ``on_record``
-    is called as each point completes (progress bars). ``backend``: ``"local"`` (a process pool of
-    ``workers``), ``"ray"``, or a backend object (e.g. a :class:`~marconi.sim.backends.RayBackend`
-    joined to a cluster).
+    Fractional capacities (``0.1x``) resolve against each model's working set (computed in parallel
+    unless ``working_set_bytes`` gives it). ``on_record``: progress per point.
 
     Raises:
-        PointsFailed: some points could not run; the others' records are on the exception.
+        PointsFailed: some points could not run (the others' records are on it).
     """
     key = "trace"
     known = dict(working_set_bytes or {})
@@ -289,13 +263,11 @@ RESULT_FIELDS = ("trace", "system", "model", "capacity", "num_requests", "token_
 
 
 def read_records(path: str | Path, required: Sequence[str] = (), kind: str = "results") -> list[dict[str, Any]]:
-    """The records of a JSONL file, each checked to be an object with the ``required`` keys
-    (:data:`RESULT_FIELDS` for ``marconi simulate --out`` files); ``kind`` names them in errors.
+    """The records of a JSONL file, each an object with the ``required`` keys; ``kind`` names them in errors.
 
     Raises:
         FileNotFoundError: no such file.
-        ValueError: a line that is not JSON or not such a record (``path:line:`` names it), e.g.
-            a trace given where results were expected.
+        ValueError: a line not JSON or not such a record (``path:line:`` names it).
     """
     out = []
     for where, rec in iter_jsonl(path):

@@ -1,41 +1,11 @@
 """The workload catalog: every named trace the project replays, ``(scale, seed) -> Trace`` with provenance.
 
-``build_workload("swe-sample")``, ``build_workload("sharegpt:scale=0.5")``,
-``build_workload("swe:sessions=20,data=bundled", seed=1)``. ``marconi simulate --trace NAME``,
-``marconi trace build bundled NAME``, the reproduction and the sparse study all build their traces
-here; ``marconi trace list`` prints this table with every parameter.
-
-=============================== ===============================================================
-name                            trace (full size)
-=============================== ===============================================================
-``swe`` / ``swe-keepall``       mini-swe-agent SWE-bench trajectories, the paper's recipe keeping the
-                                last 5 observations / every observation (100 sessions)
-``swe-sample``                  the 10 vendored trajectories by the same recipe (the demo, the golden
-                                numbers); ``swe-sample-shared-prefix`` adds the SWE-agent demo prefix
-``sharegpt``                    ShareGPT V3 conversations with >= 20 messages (100 sessions)
-``lmsys``                       LMSys-Chat-1M, from the user's own export (``files=``; 100 sessions)
-``mooncake`` / ``mooncake-sample`` Mooncake conversation requests as 512-token blocks (2,000 requests)
-``quality``                     QuALITY questions on long articles (every article of the files)
-``*-synthetic``                 seeded generators (:mod:`.synthetic`): chat, agent, agent-cpu (sized for
-                                the CPU engine), shared-prompts, doc-qa, prompt-tree
-=============================== ===============================================================
-
-**Names and parameters.** A name takes parameters as systems and policies do
-(:mod:`marconi.core.registry`): typos are errors that list the valid names or parameters. Every entry
-takes ``scale`` (a fraction of its full size: it sets the entry's count -- sessions, requests,
-documents -- unless that count is given itself) and ``seed`` (its random draws: Poisson gaps,
-synthetic tokens, arrival order; recipes without randomness ignore it).
-
-**Real data and fallbacks.** An entry built from the shared data set (:func:`~.paths.shared_data_dir`)
-takes ``data``: ``shared`` (the real data; :class:`DataUnavailable` where it is absent), its stand-in
-(``bundled``: the vendored sample of the same data; ``synthetic``: a generated trace of the same
-shape), or ``auto`` (the default: the real data where present, else the stand-in). LMSys has no
-stand-in: it cannot be redistributed, so the user gives the files.
-
-**Provenance.** A built trace is named by its spec and carries ``meta["provenance"]``
-(:class:`Provenance`: the spec, the data in words, its licence, every parameter, and -- when a
-stand-in replaced the named data -- why). It travels with the trace into files and records; the CLI
-prints the fallback, so a stand-in is never mistaken for the real data.
+``build_workload("swe-sample")``, ``build_workload("swe:sessions=20,data=bundled", seed=1)``;
+``marconi trace list`` prints the entries with every parameter. Names take parameters as
+registries do (typos list the valid ones); every entry takes ``scale`` and ``seed``, and entries
+built from the shared data set take ``data`` (``auto``, ``shared``, or a stand-in). A built trace
+carries ``meta["provenance"]`` (:class:`Provenance`), so a stand-in is never mistaken for the real
+data. See docs/data.md ("The workload catalog").
 """
 
 from __future__ import annotations
@@ -74,17 +44,17 @@ LICENCE_SYNTHETIC = "none needed: generated here from a seed"
 
 
 class DataUnavailable(FileNotFoundError):
-    """The named data is not on this machine and the spec asked for it alone (``data=shared``, or
-    LMSys without files); the message says what is missing and how to get it or a stand-in."""
+    """The named data is absent and the spec asked for it alone (``data=shared``, or LMSys without
+    files); the message says how to get it or a stand-in.
+    """
 
 
 @dataclass(frozen=True, slots=True)
 class Provenance:
     """Where a catalog trace came from; stored as ``trace.meta["provenance"]`` (a plain dict).
 
-    ``workload`` rebuilds the same trace with :func:`build_workload`; ``params`` are every parameter
-    of the entry, defaults included; ``fallback`` is None when the named data was used, else why a
-    stand-in replaced it (the stand-in is then ``data``).
+    ``workload`` rebuilds the trace; ``params``: every parameter, defaults included; ``fallback``: None
+    for the named data, else why a stand-in (then ``data``) replaced it.
     """
 
     workload: str
@@ -447,20 +417,16 @@ def _no_requests(name: str, entry: str, params: dict[str, Any], data: str) -> st
 
 
 def build_workload(spec: str | ParsedName, **overrides: Any) -> Trace:
-    """Build a catalog workload: ``"name"`` or ``"name:key=value,..."`` (seconds for the samples).
+    """Build a catalog workload: ``"name"`` or ``"name:key=value,..."``.
 
-    ``overrides`` are defaults for parameters the entry has (the spec's own win; others are
-    ignored, so one call can pass e.g. ``tokenizer=`` to any entry). The trace is named by its spec
-    (plus the overrides that applied) and carries ``meta["provenance"]`` (:class:`Provenance`).
+    ``overrides`` are defaults for parameters the entry has (the spec's own win; others are ignored).
+    The trace is named by its spec and carries ``meta["provenance"]``.
 
     Raises:
-        ConfigError: unknown name (the message lists the catalog), unknown parameter (it lists the
-            entry's), a malformed value, or a bad ``scale`` / count / ``data``.
-        DataUnavailable: ``data=shared`` where the shared data set lacks the data, or LMSys without files.
-        ConfigError: the parameters (or the data) leave no request at all, e.g. ``max_input_len=1``; the
-            message names the filter and what to change. A 0-request trace replays to empty results
-            with exit 0, which looks like success.
-        OSError, ValueError: the data files themselves are unreadable or malformed (the builders say where).
+        ConfigError: unknown name or parameter (listing the valid ones), a bad value, or parameters
+            that leave no request (naming the filter: an empty trace would look like success).
+        DataUnavailable: ``data=shared`` without the data, or LMSys without files.
+        OSError, ValueError: unreadable or malformed data files.
     """
     parsed = spec if isinstance(spec, ParsedName) else parse_name(spec)
     built, params = WORKLOADS.create(parsed, **overrides)

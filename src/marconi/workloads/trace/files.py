@@ -1,16 +1,9 @@
 """Trace files: the format from the suffix, streaming readers and atomic writers for every format.
 
-Formats come from the table in :mod:`.formats`; :mod:`.jsonl` (``jsonl``, ``jsonl.gz``) and
-:mod:`.parquet` register theirs when imported here, so nothing below names a format.
-
-Reading streams: :func:`iter_requests` yields one :class:`~.schema.Request` at a time (JSONL line by
-line, Parquet batch by batch), so memory is bounded by one request (one batch) plus what the caller
-keeps. A trace's ``name`` and ``meta`` (recipe, parameters, provenance) travel in the file where the
-format can hold them (Parquet's schema metadata), else in a sidecar ``<file>.meta.json``
-(:mod:`.sidecar`; so the JSONL itself stays loadable by the authors' code). Writing is atomic
-(:func:`marconi.io.atomic_write`): a temp file in the target directory is renamed over the target
-only once it is complete; on any error it is removed and the target is untouched. A trace and its
-sidecar are written as a pair (:func:`write_trace`).
+Formats come from :mod:`.formats` (``jsonl``, ``jsonl.gz``, ``parquet`` register when imported
+here). :func:`iter_requests` streams, so memory is bounded by one request (one Parquet batch).
+A trace's ``name`` and ``meta`` travel in the file where the format can hold them, else in a
+``<file>.meta.json`` sidecar (:mod:`.sidecar`); :func:`write_trace` writes both atomically, as a pair.
 """
 
 from __future__ import annotations
@@ -45,10 +38,8 @@ def trace_format(path: str | os.PathLike) -> str:
 
 
 def not_a_trace_file(path: str | os.PathLike) -> str | None:
-    """Why ``path`` cannot be read as a trace (``"... is a FIFO (named pipe), ..."``), or None.
-
-    Only regular files are read (symlinks are followed): a device such as ``/dev/zero`` never ends,
-    a FIFO blocks until written to and yields its bytes once, while a trace is read more than once.
+    """Why ``path`` cannot be read as a trace, or None: only regular files (symlinks followed), since a
+    trace is read more than once and devices or FIFOs cannot be.
     """
     try:
         st = os.stat(path)
@@ -64,11 +55,10 @@ def not_a_trace_file(path: str | os.PathLike) -> str | None:
 
 
 def checked_records(path: str | os.PathLike) -> tuple[str, Iterator[Record]]:
-    """(format, every record of the file checked): what :func:`iter_requests` and the checks read.
+    """(format, every record of the file checked).
 
     Raises:
-        ValueError: unknown suffix, or not a regular file (a directory, a device, a FIFO), before
-            anything is opened.
+        ValueError: unknown suffix, or not a regular file, before anything is opened.
         FileNotFoundError: no such file.
     """
     fmt, _ = _format(path)
@@ -146,14 +136,11 @@ def _stored_meta_problems(stored: Any) -> list[tuple[str | None, str]]:
 
 
 def stored_meta(path: str | os.PathLike) -> tuple[str, dict[str, Any]]:
-    """(where it is stored, the checked ``{"name", "meta", ...}``) of a trace file; ``{}`` when none.
-
-    ``where`` is the sidecar for a format that keeps meta beside the file, else the file itself.
+    """(where it is stored: the sidecar or the file, the checked ``{"name", "meta", ...}``); ``{}`` if none.
 
     Raises:
         ValueError: unknown suffix.
-        TraceFormatError: the stored value is unreadable or of the wrong shape; the message names
-            the sidecar (or file) and the field, and says to fix or delete it.
+        TraceFormatError: unreadable or wrongly shaped; names the file and field, says to fix or delete it.
     """
     fmt, _ = _format(path)
     p = Path(path)
@@ -211,17 +198,14 @@ def _checked_stream(requests: Iterable[Request]) -> Iterator[Request]:
 
 def write_trace(path: str | os.PathLike, trace: Trace | Iterable[Request], *, name: str | None = None,
                 meta: Mapping[str, Any] | None = None) -> int:
-    """Write a Trace (or any iterable of requests in arrival order) atomically; return the count.
+    """Write a Trace (or requests in arrival order) atomically, by suffix; returns the count.
 
-    The format comes from the suffix (.jsonl, .jsonl.gz, .parquet). ``name``/``meta`` default to the
-    Trace's; for JSONL they go to the sidecar ``<path>.meta.json``, written as a pair with the trace
-    (:func:`_write_with_sidecar`). Requests are streamed: an iterator is consumed once, one Parquet
-    row group (about 4M tokens) is buffered at a time.
+    ``name``/``meta`` default to the Trace's (JSONL: in the sidecar, written as a pair). Streams: an
+    iterator is consumed once, one Parquet row group (about 4M tokens) buffered at a time.
 
     Raises:
         ValueError: unknown suffix; requests out of ``ts`` order; mixed session id types (Parquet).
-        Nothing is changed at ``path`` or its sidecar when an error is raised: an old trace and
-        sidecar stay as they were, as a pair.
+        On any error ``path`` and its sidecar are unchanged.
     """
     fmt, _ = _format(path)
     if isinstance(trace, Trace):
@@ -239,13 +223,11 @@ def write_trace(path: str | os.PathLike, trace: Trace | Iterable[Request], *, na
 
 def _write_with_sidecar(path: str | os.PathLike, fmt: TraceFormat, stream: Iterator[Request], name: str,
                         meta: dict[str, Any]) -> int:
-    """Write the trace and its sidecar so that readers never find a new one beside an old one.
+    """Write trace and sidecar so readers never find a new one beside an old one.
 
-    Order: the trace is written to its temp file and flushed to disk (its own failures, such as a
-    full disk, happen here, before anything is replaced); then the sidecar is committed; then the
-    trace. If the trace's commit fails after the sidecar's, the old sidecar is put back (it is
-    small, so it is kept in memory; the trace may be gigabytes). Only a crash between the two
-    renames can leave the new sidecar beside the old trace.
+    The trace is flushed to its temp file first (a full disk fails here), then the sidecar is
+    committed, then the trace; if the trace's commit fails the old sidecar (kept in memory) is put
+    back. Only a crash between the two renames can mismatch them.
     """
     sidecar = sidecar_path(path)
     old_sidecar = sidecar.read_bytes() if sidecar.is_file() else None
