@@ -254,3 +254,28 @@ def _fast_equals_generic(strategy: MarconiStrategy, log: list[int]) -> MarconiSt
 
     strategy.begin_full_walk = checked
     return strategy
+
+
+def test_sglang_worlds_choose_the_rule_by_label(trace):
+    """In the SGLang plugin's adaptive family (``rules`` of its config, exact worlds): the new rule's
+    world runs beside lru's, the live cache switches to it, and the live cache's hits are its
+    mirror world's, request for request (the live strategy applies the rule by the generic path)."""
+    from marconi.integrations.sglang.emulate import emulator_for
+
+    live = emulator_for(SPEC, 30_000, 10, policy="marconi", policy_config={"rules": "lru/deep1"})
+    source = live.strategy.alpha_source
+    mirrored: list[int] = []
+    for request in trace:
+        mirror = source.worlds[source.current]
+        served = mirror.serve
+        mirror.serve = lambda p, o, served=served: mirrored.append(served(p, o)) or mirrored[-1]
+        hit = live.serve(request.input_tokens, request.output_tokens).hit_len
+        mirror.serve = served
+        assert mirrored[-1] == hit
+    assert [label for _, label in source.tuning_record()["rule_switches"]][:1] == ["deep1"]
+    assert live.strategy.generic_rule() == DeepFirst(1.0) and source.alpha() == 0.0
+    live.check_invariants()
+    with pytest.raises(ConfigError, match="cut dead tails"):
+        emulator_for(SPEC, 30_000, 10, policy="marconi", policy_config={"rules": "lru/deep1t"})
+    with pytest.raises(ConfigError, match="no counterpart"):
+        emulator_for(SPEC, 30_000, 10, policy="marconi", policy_config={"rules": "lru/deep1", "selector": "regret"})

@@ -19,14 +19,17 @@ copy of the mirror (which has been running A). Scores carry over. The cost is on
 per rule of the family.
 
 Deterministic. Engine-agnostic: an engine supplies the worlds (:class:`World`) and the translation of
-a rule into its eviction's ``(alpha, efficiency)`` (``rule_map``), which rejects what it cannot apply.
+a rule into its eviction's ``(alpha, efficiency)`` (``rule_map``), which rejects what it cannot apply;
+a rule the engine applies whole (its generic path, any :class:`~marconi.core.eviction.Rule`) maps to
+``(rule, None)``: its world is built with the rule itself, and while it is live the source answers
+α = 0 and names it as ``rule``.
 """
 
 from __future__ import annotations
 
 from typing import Any, Callable, Protocol, Sequence
 
-from marconi.core.eviction import EvictionRule
+from marconi.core.eviction import Rule
 from marconi.core.registry import ConfigError
 from marconi.integrations.common.alpha import RequestObservation
 from marconi.selectors.family import parse_rules
@@ -50,8 +53,9 @@ class World(Protocol):
         ...
 
 
-#: Builds an empty world evicting by ``(alpha, efficiency)`` (efficiency None: irrelevant at α = 0).
-WorldMaker = Callable[[float, "str | None"], World]
+#: Builds an empty world evicting by ``(alpha, efficiency)`` (efficiency None: irrelevant at α = 0), or
+#: by ``(rule, None)`` for a rule the engine applies whole.
+WorldMaker = Callable[[Any, "str | None"], World]
 
 
 class WorldsAlpha:
@@ -73,8 +77,8 @@ class WorldsAlpha:
             out of range.
     """
 
-    def __init__(self, rules: str | Sequence[EvictionRule], *,
-                 rule_map: Callable[[EvictionRule], tuple[float, str | None]],
+    def __init__(self, rules: str | Sequence[Rule], *,
+                 rule_map: Callable[[Rule], tuple[Any, str | None]],
                  decay: float = 0.999, hysteresis: float = 0.0) -> None:
         if not 0 < decay <= 1:
             raise ConfigError(f"worlds decay must be in (0, 1], got {decay}")
@@ -84,7 +88,7 @@ class WorldsAlpha:
         cutting = [r.label() for r in self.rules if r.tails]
         if cutting:
             raise ConfigError(f"rules {', '.join(cutting)} cut dead tails, which an engine's eviction cannot do; "
-                              "use lru, aX and aXm rules (e.g. a2m/a0.5m/lru)")
+                              "drop the t (e.g. a2m/a0.5m/lru)")
         self._mapped = [rule_map(r) for r in self.rules]
         self.decay = decay
         self.hysteresis = hysteresis
@@ -105,11 +109,12 @@ class WorldsAlpha:
         self.worlds = [make_world(*mapped) for mapped in self._mapped]
 
     @property
-    def rule(self) -> EvictionRule:
+    def rule(self) -> Rule:
         return self.rules[self.current]
 
     def alpha(self) -> float:
-        return self._mapped[self.current][0]
+        alpha = self._mapped[self.current][0]
+        return alpha if isinstance(alpha, (int, float)) else 0.0     # a whole rule: named by ``rule``
 
     def efficiency(self) -> str | None:
         return self._mapped[self.current][1]

@@ -42,7 +42,7 @@ scoring (:func:`~marconi.core.eviction.choose_victim`) over a candidate table �
 (a parent pushed during the walk is scored in a table of those leaves and itself), or the Mamba walk's
 unlocked states (branch points only when nothing else is). A node has one recency signal here
 (``last_access_time``, or the Mamba list's order), which the table gives for both touches. Dead-tail
-cuts are refused. Nothing here imports SGLang: the plugin (:mod:`marconi.integrations.sglang.plugin`)
+cuts are refused. The exact-worlds source builds a world for any such rule too (:func:`world_rule`). Nothing here imports SGLang: the plugin (:mod:`marconi.integrations.sglang.plugin`)
 passes SGLang's nodes in; they are read through ``parent``, ``children``, ``key``,
 ``component_data[i].value`` and ``last_access_time``.
 """
@@ -62,7 +62,7 @@ from marconi.core.registry import ConfigError
 from marconi.integrations.common.alpha import AlphaSource, FixedAlpha, FixedRule, RequestObservation
 
 __all__ = ["DEFAULT_ALPHA", "DEFAULT_CONFIG_ALPHA", "DEFAULT_SELECTOR", "EFFICIENCIES", "SELECTORS", "WORLDS_RULES",
-           "MarconiStrategy", "parse_config", "radix_rule", "strategy_serves"]
+           "MarconiStrategy", "parse_config", "radix_rule", "strategy_serves", "world_rule"]
 
 #: The fixed α the plugin applied by default before issue 31 (``{"alpha": 0.5}`` still asks for it),
 #: and :class:`MarconiStrategy`'s when built with a number.
@@ -104,12 +104,22 @@ def radix_rule(rule: Rule) -> tuple[float, str | None]:
     return (0.0, None) if rule.is_lru else (rule.alpha, rule.efficiency.value if rule.alpha else None)
 
 
+def world_rule(rule: Rule) -> tuple[Any, str | None]:
+    """How the exact-worlds source builds a world for ``rule``: :func:`radix_rule`'s pair for a rule
+    the fast path serves, else ``(rule, None)`` (the world's strategy applies it by the generic path).
+    ConfigError for a rule that cuts dead tails."""
+    if strategy_serves(rule):
+        return radix_rule(rule)
+    return check_cuts_tails(rule, RADIX_CACHE, False), None
+
+
 def parse_config(config: Mapping[str, Any] | str | None) -> dict[str, Any]:
     """The ``--radix-eviction-policy-config`` of ``marconi``, checked: ``alpha`` (a number >= 0 or
     ``"adaptive"``, the default), ``efficiency`` (``total`` | ``marginal``; with a number), ``model``
     (a preset name or an HF config path; default: the served model), and with adaptive: ``selector``
     (``worlds``, the default, or ``regret``) and ``rules`` (the family; ``default``: the selector's,
-    :data:`WORLDS_RULES` for worlds, ``lru/a0.5m/a2m`` for regret). The returned ``rules`` is resolved
+    :data:`WORLDS_RULES` for worlds, ``lru/a0.5m/a2m`` for regret; worlds take any registered rule
+    label, :func:`world_rule`). The returned ``rules`` is resolved
     (never ``default`` for worlds); ``selector`` is None for a fixed α."""
     if config is None:
         config = {}
@@ -198,7 +208,7 @@ class MarconiStrategy:
         if cfg["selector"] == "worlds":
             from marconi.integrations.common.worlds_alpha import WorldsAlpha
 
-            source = WorldsAlpha(cfg["rules"], rule_map=radix_rule)
+            source = WorldsAlpha(cfg["rules"], rule_map=world_rule)
         elif cfg["selector"] == "regret":
             from marconi.integrations.common.shadow_alpha import ShadowAlpha
 
