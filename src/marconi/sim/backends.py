@@ -1,25 +1,11 @@
 """Where sweep points run: forked local processes, or Ray tasks on a (local or remote) cluster.
 
 A backend maps a module-level function over small items, handing every call the same large
-read-only objects (traces), which travel to the workers **once**:
-
-* :class:`LocalBackend` (``"local"``): the parent stores the shared objects in a module global and
-  forks a process pool (:func:`marconi.pool.worker_pool`: the workers die with the parent, even after
-  ``kill -9``), so workers inherit them without any copy. One worker runs in-process.
-* :class:`RayBackend` (``"ray"``): each shared object is ``ray.put`` once per backend, however many
-  maps use it (a trace is packed into one int32 buffer first: requests that are views of one
-  session buffer share it), and every item is one Ray task that receives only the objects it names. ``address`` joins an existing cluster; by default a local Ray instance is started
-  (and shut down by :meth:`RayBackend.close`). The cluster's nodes need ``marconi`` installed.
-  A backend made for Ray checks at once that ``ray`` is installed; an ``address`` of the form
-  ``host:port`` (or ``ray://host:port``) is probed with a plain TCP connect bounded by
-  :data:`RAY_CONNECT_TIMEOUT_S` before ``ray.init``, which would retry an unreachable cluster for ever.
-
-``workers`` is at least 1 (a ConfigError otherwise); :func:`capped_workers` is how the commands
-cap it to the CPUs this process may use, saying so.
-
-Results come back in item order whatever order they complete in; ``on_result`` sees them as they
-complete (progress bars). Neither backend changes what a point computes: records are identical
-(except timings), which ``tests/test_ray_backend.py`` checks.
+read-only objects (traces), which travel to the workers once: :class:`LocalBackend` forks a
+:func:`marconi.pool.worker_pool` that inherits them; :class:`RayBackend` ``ray.put``s each (packed,
+:class:`PackedTrace`) once and runs one task per item. Results come back in item order;
+``on_result`` sees them as they complete. Neither backend changes what a point computes (records
+are identical but for timings). ``workers`` >= 1; :func:`capped_workers` caps it to this process's CPUs.
 """
 
 from __future__ import annotations
@@ -57,9 +43,8 @@ class Backend(Protocol):
     def map(self, fn: TaskFn, items: Sequence[Any], *, shared: Shared | None = None,
             on_result: Callable[[Any], None] | None = None,
             needs: Callable[[Any], Sequence[str]] | None = None) -> list[Any]:
-        """``[fn(shared, item) for item in items]``, in parallel; ``fn`` must be a module-level function.
-
-        ``needs(item)`` may name the shared keys an item reads (a backend may ship only those).
+        """``[fn(shared, item) for item in items]`` in parallel (``fn`` module-level); ``needs(item)`` may
+        name the shared keys an item reads.
         """
         ...
 
@@ -69,7 +54,7 @@ class Backend(Protocol):
 
     @property
     def parallelism(self) -> int:
-        """How many items can run at once (decides whether a point may tune in parallel itself)."""
+        """Items that can run at once (decides whether a point may tune in parallel)."""
         ...
 
     def close(self) -> None:
@@ -85,7 +70,7 @@ def available_cpus() -> int:
 
 
 def worker_count(text: str) -> int:
-    """argparse type of every ``--workers``: an integer >= 1 (0 or -1 used to run silently as 1)."""
+    """argparse type of every ``--workers``: an integer >= 1."""
     try:
         value = int(text)
     except ValueError:
@@ -96,11 +81,8 @@ def worker_count(text: str) -> int:
 
 
 def capped_workers(workers: int | None, *, address: str | None = None) -> tuple[int | None, str | None]:
-    """``workers`` as a backend should get it, and a line for the user where it was not taken as given.
-
-    Points are CPU-bound: more processes than the CPUs this process may use only oversubscribe
-    them, so the count is capped there. With ``address`` (a Ray cluster to join) the cluster's
-    CPUs run the points and ``workers`` is not used.
+    """(``workers`` for a backend, a line for the user where it was changed): capped at the CPUs this
+    process may use (points are CPU-bound); unused with a Ray ``address``.
 
     Raises:
         ConfigError: ``workers`` < 1.
@@ -174,11 +156,8 @@ class LocalBackend:
 # ============================================================================ trace packing
 @dataclass(frozen=True, slots=True)
 class PackedTrace:
-    """A :class:`Trace` as one int32 buffer plus per-request (offset, length) columns.
-
-    Token arrays that are views into one buffer (a session's requests, as the builders make them)
-    are stored once, so a trace of growing histories packs to about its longest streams, not the
-    sum of its inputs. :meth:`unpack` rebuilds equal requests as read-only views.
+    """A :class:`Trace` as one int32 buffer plus per-request (offset, length) columns; token arrays that
+    are views of one buffer are stored once. :meth:`unpack` rebuilds equal, read-only requests.
     """
 
     name: str
@@ -281,10 +260,11 @@ def _ray_endpoint(address: str) -> tuple[str, int] | None:
 
 
 def check_ray_address(address: str, timeout_s: float = RAY_CONNECT_TIMEOUT_S) -> None:
-    """Fail fast where nothing accepts a connection at ``address`` (``ray.init`` would retry for ever).
+    """Fail fast (a bounded TCP connect) where nothing accepts a connection at ``address``:
+    ``ray.init`` would retry for ever.
 
     Raises:
-        ConfigError: the address refused, timed out or does not resolve; the message says what to do.
+        ConfigError: refused, timed out or unresolvable; the message says what to do.
     """
     endpoint = _ray_endpoint(address)
     if endpoint is None:
@@ -308,9 +288,8 @@ def _ray_apply(fn: Callable[[Any], Any], arg: Any) -> Any:
 
 
 def ray_tuning_mapper(fn: Callable[[float], Any], grid: Sequence[float]) -> list[Any]:
-    """Map the bootstrap α replays over Ray tasks; ``fn`` (job included) is put in the store once.
-
-    Usable inside a Ray task (nested tasks) or in a driver connected to Ray. Results are in grid order.
+    """Map the bootstrap α replays over Ray tasks (``fn`` put once), in grid order; works in a driver or
+    inside a Ray task.
     """
     ray = _import_ray()
     fn_ref = ray.put(fn)
@@ -319,14 +298,17 @@ def ray_tuning_mapper(fn: Callable[[float], Any], grid: Sequence[float]) -> list
 
 
 class RayBackend:
-    """Every item is one Ray task; shared objects are put in the object store once per :meth:`map`.
+    """Every item is one Ray task; shared objects are put in the object store once per backend.
 
     Args:
-        address: a cluster to join (``"auto"``, ``"ray://host:10001"``, ``"host:6379"``); None starts
-            a local instance.
-        num_cpus: CPUs of a local instance (None: all of this machine's).
-        tune_on_ray: run the bootstrap α grid search of a point as nested Ray tasks.
+        address: a cluster to join (``"auto"``, ``"ray://host:10001"``, ``"host:6379"``; probed first;
+            its nodes need ``marconi``); None starts a local instance, which :meth:`close` shuts down.
+        num_cpus: CPUs of a local instance (None: all).
+        tune_on_ray: run a point's bootstrap α grid search as nested Ray tasks.
         init_kwargs: extra ``ray.init`` arguments.
+
+    Raises:
+        ConfigError: ``ray`` is not installed or ``num_cpus`` < 1; an unreachable ``address`` when Ray starts.
     """
 
     name = "ray"

@@ -1,40 +1,14 @@
 """``sparse-dp``: admission that places a sequence's checkpoints by the exact DP over overlap depths.
 
-At each request's prefill the policy (1) records how deep the request overlapped the cache (its KV
-hit), (2) estimates, for the sequence being prefilled, the distribution P(d) of how deep future
-requests will overlap it, and (3) places at most ``m`` checkpoints in ``(resume point, input
-length]`` minimising the expected recompute cost (or, with ``lam``, expected recompute + ``lam`` ·
-checkpoint bytes). Marconi's branch-point and last-decoded-token checkpoints are kept on top
-(``marconi=false`` drops the branch point; the last token always stays).
-
-Two estimators (``estimator=``):
-
-* ``tree`` (default): :class:`~marconi.sparse.overlap.TreeOverlapEstimator`. Keyed by the
-  radix tree's nodes (the node where the request leaves the cached tree, and every known node on
-  its path), depths relative to the node, decayed by counts (``half_life`` observations) and by the
-  cache's clock (``half_life_s``), at most ``max_nodes`` nodes of at most 32 depths each.
-  **Re-placement on drift**: the span between the resume point and the KV hit belongs to stored
-  sequences (KV cached, no state); the request recomputes it anyway. Inside the territory of a
-  node whose histogram moved by more than ``drift`` in total variation since its territory was
-  last placed, the DP may place checkpoints there again (and the node's snapshot is refreshed);
-  elsewhere in that span it places none. The bound: re-placement adds no prefill FLOPs (only
-  positions the request computes anyway), at most ``m`` states per request in all (the budget
-  is shared with the new part), and each node is re-placed once per drift of ``drift``.
-  ``drift=0`` re-places on every change, ``drift=1`` never.
-* ``prefix``: the first estimator (:class:`~marconi.sparse.overlap.OverlapEstimator`): documents
-  keyed by a hash of the first ``key_tokens`` tokens, absolute depths, half the prior's mass at the
-  input's end, count decay only. Kept to reproduce earlier figures.
-
-Depths below the request's resume point are already served by checkpoints on its path, so they
-get no weight, and the recompute of an uncovered depth d is charged from the resume point u:
-the potential is F(max(x, u)), still non-decreasing, so the fast DP's precondition holds.
-
-Exactness: the DP runs over every candidate depth of the rule (``all``: every depth with mass in
-``(u, N]``), so the placement is the optimum of the stated problem: ``O(m·N log N)`` per planned
-request for a budget, ``O(N log N)`` for the Lagrangian form (:func:`~marconi.sparse.dp.
-place_checkpoints_lagrangian` solves it by the quadrangle inequality). ``max_candidates > 0``
-restores the old cap of the Lagrangian form's candidates (an approximation once the support
-exceeds it); the default 0 is no cap.
+At each prefill the policy records the request's KV-hit depth, estimates ``P(d)`` for the
+sequence being prefilled, and places at most ``m`` checkpoints in ``(resume point, input length]``
+minimising expected recompute (or recompute + ``lam`` · checkpoint bytes); Marconi's branch-point
+(dropped by ``marconi=false``) and last-token checkpoints are kept on top. Estimators:
+``tree`` (default, :class:`~marconi.sparse.overlap.TreeOverlapEstimator`, with re-placement where
+a node drifted by more than ``drift``) and ``prefix`` (the opaque-key estimator). Depths below the
+resume point get no weight and recompute is charged from it (potential ``F(max(x, u))``, still
+non-decreasing, so the fast DP applies). ``max_candidates=0`` (default) leaves the support
+uncapped, so the placement is exact. See docs/sparse.md.
 """
 
 from __future__ import annotations
@@ -143,24 +117,16 @@ class SparseDPAdmission(BaseAdmission):
 
     # ------------------------------------------------------------------ the DP
     def recompute_cost(self, spec: "ModelSpec", resume: int) -> PotentialCost:
-        """The cost the placement minimises for a request resumed at ``resume``: the FLOPs (or
-        tokens) to recompute from the deepest kept state, where nothing below ``resume`` is paid."""
+        """The placement's cost for a request resumed at ``resume``: FLOPs (or tokens) from the deepest kept
+        state, nothing below ``resume`` paid.
+        """
         base = flops_cost(spec) if self.cost_name == "flops" else TOKEN_COST
         potential = base.potential
         return PotentialCost(f"{base.name}-from-{resume}", lambda x: potential(np.maximum(x, resume)))
 
     def _candidates(self, key: int, weights: np.ndarray, resume: int, n: int) -> np.ndarray:
-        """Candidate depths in (resume, n], ascending: the whole support of the rule.
-
-        An optimal checkpoint sits at a depth with mass (moving it up to the next such depth serves
-        the same requests from deeper), so the support is enough — and, in general, needed: with a
-        fresh estimator the prior's depths all weigh the same, and the optimum (for m = 2 at
-        N = 8000: (4039, 8000)) lies anywhere among them. ``candidates="all"`` (default) takes
-        every depth with mass: the budgeted DP then solves the stated problem exactly, and the
-        prior's spread gives every depth some mass, so a budget of M is always filled.
-        ``candidates="observed"`` places only at depths actually observed: fewer checkpoints per
-        sequence, but a new document's own divergence depth is missed until it has been seen
-        (QuALITY: 4.8% of prefill FLOPs recomputed at M=8 vs 0.1%).
+        """Candidate depths in (resume, n], ascending: every depth with mass (``candidates="all"``: exact,
+        since an optimal checkpoint sits at a depth with mass) or only observed depths (``"observed"``).
         """
         if self.candidate_rule == "observed":
             observed = self.estimator.observed_depths(key)
@@ -246,12 +212,8 @@ class SparseDPAdmission(BaseAdmission):
 
 
 def cap_candidates(support: np.ndarray, weights: np.ndarray, cap: int) -> np.ndarray:
-    """At most ``cap`` of the ascending depths ``support``: the heaviest, ascending.
-
-    Depths tied at the cut-off weight are taken evenly spread over their range rather than the
-    deepest (a fresh estimator's prior ties every depth; keeping the deepest 256 of 8000 placed
-    m = 2 at (7745, 8000), 1.86x the optimum's recompute). An approximation once the support
-    exceeds the cap: the optimum may lie between the kept depths.
+    """At most ``cap`` of the ascending ``support``: the heaviest, ascending; depths tied at the cut-off
+    are spread evenly over their range. An approximation once the support exceeds the cap.
     """
     if support.size <= cap:
         return support

@@ -1,14 +1,10 @@
 """JSONL traces: reading records line by line (with a fast path for the token lists) and writing
 requests as lines; registers the ``jsonl`` and ``jsonl.gz`` formats (meta in the sidecar).
 
-**The fast path** cuts the two token lists out of a line with string finds and parses them with
-NumPy, so a 32k-token line never becomes 32k Python ints; ``json`` decodes the rest. It must read
-exactly what ``json.loads`` reads, and a fast path that merely looks right does not (``np.fromstring``
-read ``[1, 2, ]`` as three ids), so each step states why it is sound: :func:`_fast_decode` for the
-cut, :func:`parse_token_list` for the ids (it proves a long body is plain ids before NumPy reads
-it). Any doubt falls back to ``json`` for the whole line, and :func:`~.schema.check_record` judges
-both paths' results alike. ``tests/test_workloads_trace_hardening.py`` checks the equality against
-``json.loads`` with Hypothesis, over valid lists and malformed ones.
+The fast path cuts the two token lists out of a line and parses them with NumPy (no Python int
+per token); it must read exactly what ``json.loads`` reads, so every doubt falls back to ``json``
+for the whole line and :func:`~.schema.check_record` judges both alike. Why each step is sound is
+in docs/data.md ("The JSONL fast path").
 """
 
 from __future__ import annotations
@@ -43,18 +39,11 @@ _SHORT_BODY = 512  # characters: below this, ``json.loads`` of the list is as fa
 
 
 def parse_token_list(body: str) -> np.ndarray | None:
-    """The int32 ids of a JSON list's ``body`` (the text between ``[`` and ``]``), or None: "ask json".
+    """The int32 ids of a JSON list's ``body`` (between ``[`` and ``]``), or None: "ask json".
 
-    Contract: a result is exactly ``json.loads("[" + body + "]")``, and None means the caller must
-    decode the line with ``json``, which decides. A result is given for every list of ids in
-    ``[0, INT32_MAX]`` shorter than 512 characters (decoded by ``json`` itself), and for longer ones
-    in the forms writers produce: ids without leading zeros, separated by ``", "`` (``json.dumps``,
-    :func:`write_jsonl`) or ``","`` (compact), no other whitespace.
-
-    Why long lists are proven, not given to ``json``: a 32k-token list would become 32k Python ints
-    (and a regex check costs more than NumPy's parse). ``np.fromstring`` alone is lenient --
-    ``"1, 2, "`` reads a third id 0, ``"01"`` reads 1, a lone ``-`` reads 0 -- so
-    :func:`_count_plain_ids` first proves the text is plain ids, in vectorised passes over its bytes.
+    A result is exactly ``json.loads("[" + body + "]")``. Given for every list of ids in
+    ``[0, INT32_MAX]`` under 512 characters, and for longer ones in the writers' forms (no leading
+    zeros, ``", "`` or ``","`` separators, no other whitespace), proven by :func:`_count_plain_ids`.
     """
     if len(body) < _SHORT_BODY:
         return _short_token_list(body)
@@ -85,13 +74,8 @@ def _short_token_list(body: str) -> np.ndarray | None:
 
 
 def _count_plain_ids(chars: np.ndarray) -> int | None:
-    """How many ids the bytes ``chars`` hold if they are ``d ((", " | ",") d)*`` -- each ``d`` a
-    digit string without a leading zero -- else None.
-
-    Why these checks prove the form: with only digits, commas and spaces present, a text that
-    starts and ends with a digit, where every space follows a comma and precedes a digit and no
-    comma follows a comma, is exactly digit strings joined by ``", "`` or ``","``. A leading zero is
-    a ``0`` at the start or after a separator, followed by a digit.
+    """How many ids ``chars`` hold if they are digit strings without leading zeros joined by ``", "``
+    or ``","``, else None (vectorised checks over the bytes).
     """
     if chars.size == 0:
         return None
@@ -116,9 +100,9 @@ def _count_plain_ids(chars: np.ndarray) -> int | None:
 
 
 def _cut_token_list(line: str, key: str) -> tuple[str, str] | None:
-    """(``line`` with ``"key": [body]`` replaced by ``"key": 0``, body); None if the key is not
-    followed by a flat list. String finds, not a regex: a regex walks a 32k-token list in Python's
-    engine, several times slower than the parse."""
+    """(``line`` with ``"key": [body]`` replaced by ``"key": 0``, body), or None if the key is not
+    followed by a flat list.
+    """
     quoted = f'"{key}"'
     start = line.find(quoted)
     if start < 0:
@@ -142,14 +126,8 @@ def _skip_json_ws(line: str, pos: int) -> int:
 
 
 def _fast_decode(line: str) -> tuple[dict[str, Any], dict[str, np.ndarray]] | None:
-    """Decode a well-formed line without building Python ints for the tokens; None to fall back.
-
-    Each token list is cut out (:func:`_cut_token_list`) and replaced by ``0``; ``json`` decodes
-    the rest. Why this reads what ``json.loads(line)`` reads: with no backslash left in the rest,
-    every quote is a real string delimiter and every key is spelled literally, so a key found once
-    whose top-level value decodes as our ``0`` is the top-level key, and the list we cut was its
-    value; a body :func:`parse_token_list` cannot prove returns None, and so does any other doubt
-    (a key seen twice, nested, escaped), and the slow path decides.
+    """Decode a well-formed line without Python ints for the tokens; None to fall back to ``json``
+    (a key seen twice, nested or escaped, a backslash left, an unproven body).
     """
     rest = line
     bodies: dict[str, str] = {}
@@ -181,8 +159,7 @@ _INSIDE_LIST_RE = re.compile(rf'{_JSON_WS}\[[^\[\]{{}}"]*(?:"[^"\\]*"{_JSON_WS})
 
 
 def _syntax_error_field(line: str) -> str | None:
-    """The token list a JSON syntax error of ``line`` lies in (so the message can name the field),
-    or None when it lies elsewhere or cannot be told."""
+    """The token list a JSON syntax error of ``line`` lies in, or None."""
     try:
         json.loads(line)
         return None
@@ -197,10 +174,8 @@ def _syntax_error_field(line: str) -> str | None:
 
 
 def decode_record(line: str, where: str) -> tuple[dict[str, Any], list[tuple[str | None, str]]]:
-    """(fields, problems) of one JSONL line, as :func:`~.schema.check_record` judges ``json.loads(line)``.
-
-    ``where`` (``path:line``) only shapes JSON error messages. A syntax error inside a token list
-    names that field; elsewhere the problem's field is None.
+    """(fields, problems) of one JSONL line, as :func:`~.schema.check_record` judges ``json.loads(line)``;
+    ``where`` (``path:line``) shapes JSON errors, which name the token list they lie in.
     """
     fast = _fast_decode(line)
     if fast is not None:
@@ -218,11 +193,7 @@ _PARQUET_MAGIC = b"PAR1"
 
 
 def _misnamed(path: Path) -> str | None:
-    """Why the file's first bytes contradict its name, and what to do; None when they agree.
-
-    A compressed file named ``.jsonl`` otherwise reads as "not UTF-8 (byte 0x8b)", which says
-    nothing about compression.
-    """
+    """Why the file's first bytes contradict its name (e.g. gzip named ``.jsonl``) and what to do, or None."""
     try:
         with open(path, "rb") as fh:
             head = fh.read(4)
@@ -254,12 +225,8 @@ def _misnamed(path: Path) -> str | None:
 def jsonl_records(path: Path) -> Iterator[Record]:
     """Yield (1-based line, fields, problems) for each non-blank line.
 
-    Lines are decoded one at a time (:func:`marconi.io.iter_lines`), so a bad byte is a problem of
-    its own line and reading goes on; an unreadable stream (corrupt gzip) ends the file with one,
-    and so do a line longer than the limit (``$MARCONI_MAX_LINE_BYTES``, 64 MiB by default: memory
-    stays bounded whatever a file or a gzip bomb holds), a file that is not a regular file (a
-    device, a FIFO: refused before opening) and a file whose first bytes say it is compressed
-    otherwise than its name says.
+    A bad line is a problem of its own and reading goes on; an unreadable stream, a line over
+    ``$MARCONI_MAX_LINE_BYTES``, a non-regular file or a misnamed compression ends the file with one.
     """
     label = os.fspath(path)
     try:
@@ -294,7 +261,7 @@ _ID_STRINGS: list[str] = []
 
 
 def _join_ids(arr: np.ndarray) -> str:
-    """``"1, 2, 3"``; ids below 2**17 come from a string table (2.5x faster than ``str`` per id)."""
+    """``"1, 2, 3"``; ids below 2**17 come from a string table."""
     global _ID_STRINGS
     if not _ID_STRINGS:
         _ID_STRINGS = [str(i) for i in range(1 << 17)]
