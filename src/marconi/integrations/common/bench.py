@@ -1,24 +1,12 @@
 """The engine-free half of a real-server bench: which requests, replayed how, summarised how.
 
-An engine's bench (vLLM's: :mod:`marconi.integrations.vllm.bench`) builds one server per policy
-and hands them here:
-
-1. :func:`select_requests` — the trace's first requests (a trace file or a catalog name, through
-   :func:`marconi.workloads.load_trace`, as every command takes it), inputs capped, outputs trimmed;
-2. :func:`serve_side_by_side` — start the servers together, then replay the requests on them:
-
-   * ``concurrency == 1``: *paired* (:func:`replay_paired`): request ``i`` goes to every server
-     before request ``i+1``, alternating which goes first, so background load on a shared machine
-     falls on every policy alike and the TTFT comparison is paired;
-   * otherwise each server alone in turn (:func:`replay_concurrent`), at most ``concurrency``
-     requests in flight, a session's turns in order;
-
-   and read every server's ``/metrics`` at the end;
-3. :func:`percentile` / :func:`mean_or_none` — the summaries a record reports (None-safe: TPOT is
-   None for one-token outputs).
-
-Each request asks for its trace output's length (:func:`max_tokens`) with ``ignore_eos``, so every
-policy generates the same number of tokens.
+An engine's bench builds one server per policy and hands them here: :func:`select_requests` picks
+the trace's first requests; :func:`serve_side_by_side` starts the servers together and replays the
+requests, *paired* at ``concurrency == 1`` (:func:`replay_paired`: request ``i`` goes to every
+server, alternating which goes first, before request ``i+1``, so background load falls on every
+policy alike) or each server alone in turn (:func:`replay_concurrent`); :func:`percentile` /
+:func:`mean_or_none` summarise (None-safe). Each request asks for its trace output's length with
+``ignore_eos``, so every policy generates the same tokens' count.
 """
 
 from __future__ import annotations

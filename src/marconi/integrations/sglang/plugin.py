@@ -1,33 +1,22 @@
 """The ``sglang.srt.plugins`` entry point ``marconi``: ``--radix-eviction-policy marconi`` for SGLang 0.5.23.
 
-SGLang loads general plugins with ``sglang.srt.plugins.load_plugins()`` (in ``launch_server`` before
-its arguments are parsed, and in every scheduler process); :func:`register` runs there and
+:func:`register` runs in SGLang's ``load_plugins()`` (in ``launch_server`` and every scheduler
+process). It adds ``marconi`` to the ``--radix-eviction-policy`` choices and to SGLang's strategy
+factories (``sglang.srt.mem_cache.utils._EVICTION_POLICY_FACTORIES``: there is no public registry),
+configured by ``--radix-eviction-policy-config`` (:func:`marconi.integrations.sglang.policy.parse_config`;
+no config: adaptive by exact worlds), and registers ``HookRegistry`` hooks, each a pass-through
+unless the tree's strategy is Marconi's, so any other policy runs stock SGLang:
 
-* adds ``marconi`` to SGLang's ``--radix-eviction-policy`` choices (``add_radix_eviction_policy_choices``)
-  and to its strategy factories (``sglang.srt.mem_cache.utils._EVICTION_POLICY_FACTORIES``: SGLang has
-  no public registration for strategies, so the plugin writes that dict), configured by
-  ``--radix-eviction-policy-config '{"alpha": 0.5}'`` (or ``"adaptive"``; also ``efficiency``,
-  ``model``, ``rules``, ``selector``: :func:`marconi.integrations.sglang.policy.parse_config`; with no
-  config it is adaptive, by exact worlds; ``{"alpha": 0.5}`` is the fixed α that was the default);
-* registers hooks with SGLang's ``HookRegistry`` (applied by ``load_plugins``), each a pass-through
-  unless the tree's strategy is Marconi's, so stock SGLang (any other policy) runs untouched:
+- ``resolve_tree_core_backend``: ``marconi`` runs on the Python TreeCore (the Rust core knows only
+  SGLang's policies and has no Python Mamba walk);
+- ``FullComponent._evict_device_start``: freezes the utility's normalisation over the walk's leaves;
+- ``MambaComponent._evict_device_next_node``: points SGLang's walk cursor at
+  ``MarconiStrategy.pick_state``; SGLang's own step evicts or tombstones it;
+- ``FullComponent._evict_device_next_node``, ``UnifiedRadixCache.match_prefix``: counters;
+- ``UnifiedRadixCache.__init__`` / ``checkpoint``: the adaptive α source, sized from the pools,
+  fed each finished request.
 
-  - ``tree_core_registry.resolve_tree_core_backend``: a cache under ``marconi`` runs on SGLang's
-    Python TreeCore. The default Rust core rebuilds the strategy from its name and knows only
-    SGLang's own policies, and its Mamba walk is not Python (nothing to hook);
-  - ``FullComponent._evict_device_start``: freezes the utility's normalisation over the leaves the
-    FULL walk starts from; SGLang's own heap then orders them by ``MarconiStrategy.get_priority``;
-  - ``MambaComponent._evict_device_next_node``: points SGLang's walk cursor at Marconi's pick
-    (``MarconiStrategy.pick_state``) before each step; SGLang's own step then evicts that leaf or
-    tombstones that inner node, by its own rules;
-  - ``FullComponent._evict_device_next_node``, ``UnifiedRadixCache.match_prefix``: counters
-    (evictions by kind; usable vs KV-only hit tokens);
-  - ``UnifiedRadixCache.__init__`` / ``checkpoint``: the adaptive α source (by default exact worlds:
-    one emulation of this cache per rule, :mod:`marconi.integrations.common.worlds_alpha`), sized from
-    the pools, fed each finished request.
-
-Session-aware radix caching (``enable_session_radix_cache``) keeps SGLang's own Mamba walk (its
-session cursors are a different walk); the FULL heap still follows Marconi.
+Session radix caching keeps SGLang's own Mamba walk; the FULL heap still follows Marconi.
 """
 
 from __future__ import annotations

@@ -1,32 +1,13 @@
 """Replay requests through SGLang's own ``UnifiedRadixCache`` on CPU, driven as its scheduler drives it.
 
 Runs inside the SGLang environment (``make sglang-env``). A :class:`RadixReplay` builds SGLang's real
-pools, small in their tensors but sized in slots from a byte budget and the model's
-:class:`~marconi.core.model.ModelSpec` (KV tokens x ``kv_bytes_per_token`` + Mamba slots x
-``ssm_checkpoint_bytes``), and a ``UnifiedRadixCache`` (FULL + MAMBA components, ``no_buffer`` mode,
-page size 1) on SGLang's Python TreeCore. Each request goes through the steps SGLang's scheduler and
-``mem_cache/common.py`` take for it, one request at a time:
-
-1. admission (``match_kv_cache``): ``match_prefix`` on the prompt, capped at ``len(prompt) - 1``
-   (``Req._compute_max_prefix_len``); the usable hit is ``device_prefix_len`` (KVs with a Mamba state
-   at their end), the KV-only excess ``full_kv_hit_length - device_prefix_len``; the matched node is
-   locked; the request's Mamba slot, then the KV of the prompt past the hit, are allocated, each after
-   ``evict_for_alloc`` for the shortfall;
-2. end of prefill (``checkpoint_kv_cache``, ``up_to = len(prompt)``, which the batch-result processor
-   calls for every request whose prefill ends unfinished, chunked or not): ``no_buffer`` copies the live
-   state into a fresh slot and inserts the prompt with it; the lock moves to the new node;
-3. decode: the KV of every output token but the last (``kv_committed_len``: the last sampled token is
-   never fed back);
-4. finish (``release_kv_cache(checkpoint=True)``): the request's own slot is donated with
-   ``prompt + output[:-1]``; a slot whose node already had a state is freed.
-
-In every insert the tree frees the duplicate KV past ``prev_prefix_len`` itself (its ``FreeDeviceKV``
-actions); the driver frees nothing else (:meth:`RadixReplay.kv_in_use` checks conservation).
-
-What this leaves out: concurrency (one request in flight), chunked prefill (with one request in
-flight a chunk boundary adds a state only at the chunk's end, which is not modelled), decode-time
-allocation step by step (the decode KV is allocated at once), retraction, and HiCache. The hit
-accounting is SGLang's own (``match_prefix``).
+pools, sized in slots from a byte budget and the model's :class:`~marconi.core.model.ModelSpec`, and
+a ``UnifiedRadixCache`` (FULL + MAMBA, ``no_buffer``, page size 1) on SGLang's Python TreeCore, then
+takes each request, one at a time, through the steps of SGLang's scheduler and
+``mem_cache/common.py``: admission (``match_kv_cache``), the end-of-prefill checkpoint, decode KV,
+finish (``release_kv_cache(checkpoint=True)``). The tree frees duplicate KV itself; the driver frees
+nothing else (:meth:`RadixReplay.kv_in_use` checks conservation). Hits are SGLang's own
+``match_prefix`` accounting. The steps and what is left out: docs/sglang.md, "The bench".
 """
 
 from __future__ import annotations

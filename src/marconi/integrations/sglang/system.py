@@ -1,25 +1,14 @@
 """The ``sglang-unified`` simulator system: SGLang 0.5.23's hybrid radix cache, by name, with parameters.
 
-Usable wherever a system is named (``marconi simulate --systems sglang-unified,sglang-unified:eviction=marconi``)::
+Usable wherever a system is named; its options are listed in docs/sglang.md, "The emulation"::
 
     sglang-unified                                  stock SGLang: no_buffer, page 1, LRU, pools from the capacity
     sglang-unified:eviction=marconi                 the Marconi plugin's default (adaptive, exact worlds)
-    sglang-unified:eviction=marconi,alpha=0.5       the plugin at a fixed alpha (0.5: its default before issue 31)
-    sglang-unified:eviction=marconi(alpha=adaptive;selector=regret)  the regret shadow (also selector= on its own)
+    sglang-unified:eviction=marconi,alpha=0.5       the plugin at a fixed alpha
     sglang-unified:kv_tokens=50076,mamba_slots=110  exact pools (what `marconi sglang bench` builds)
     sglang-unified:buffer=extra_buffer,page=64      extra_buffer (modelled from SGLang's code; no CPU check)
 
-Parameters: ``buffer`` (``no_buffer`` | ``extra_buffer``; SGLang's ``--mamba-radix-cache-strategy``,
-whose ``auto`` picks extra_buffer on a GPU for the models that support it), ``page`` (``--page-size``;
-1 for no_buffer), ``chunk`` (``mamba_cache_chunk_size``: the model's Mamba chunk, 64 by default),
-``track_interval`` (``--mamba-track-interval``, 256), ``ratio`` (``--mamba-full-memory-ratio``, 0.9),
-``kv_tokens`` / ``mamba_slots`` (exact pools; 0 = from the capacity), ``eviction`` (``lru`` |
-``marconi``, parameters in parentheses: ``marconi(alpha=1;efficiency=marginal)``), ``alpha`` and
-``efficiency`` (the plugin's ``--radix-eviction-policy-config``), ``selector`` and ``rules`` (with
-alpha=adaptive: ``worlds`` or ``regret``, and the family).
-
-See :mod:`marconi.integrations.sglang.emulate` for what is emulated and docs/sglang.md for its
-agreement with SGLang's real cache.
+What is emulated: :mod:`marconi.integrations.sglang.emulate`.
 """
 
 from __future__ import annotations

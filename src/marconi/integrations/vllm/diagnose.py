@@ -1,48 +1,13 @@
 """``marconi vllm diagnose``: where did my prefix-cache hits go, and what would each lever give?
 
-Input: a hash-id trace (a ``MARCONI_VLLM_RECORD`` recording, :mod:`marconi.workloads.recording`, or
-a Mooncake file given by path, or any trace ``--trace`` accepts), a model config and a GPU. The
-recording's requests are served again through vLLM 0.32's scheduler and block pool as the
-``vllm-align`` emulation mirrors them (:mod:`marconi.integrations.vllm.emulate`), on a virtual
-clock that :class:`~marconi.integrations.vllm.replay.steptime.StepTimeModel` advances per step,
-requests arriving at their recorded times (``--concurrency C``: a closed loop instead). With
-``--vllm-python`` the stock run and the levers that the replay has go through vLLM's own scheduler
-(``marconi vllm replay``) instead, and the report says which engine produced each figure.
-
-**Fidelity first.** For a recording the stock run's per-request ``num_cached_tokens`` is compared
-with what vLLM counted on the live server: the share of requests that agree exactly, and the
-token-weighted gap. The sidecar's vLLM version and configuration are compared with the run's; a
-difference is a warning naming the field (``settings.block_size``, ``max_num_seqs``, ...).
-
-**Where the lost tokens went.** A request's lost prompt tokens are ``prompt_len -
-num_cached_tokens``. At the request's first admission in the stock run each of them gets exactly
-one cause (:data:`CAUSES`), by the depth (in hash units ``u``) it lies at, with ``P`` the prompt
-length, ``h`` the hit, ``T = max(h, ⌊(P-1)/u⌋·u)`` the deepest hit vLLM could ever give:
-
-* ``below_one_block``: ``[T, P)``, the tail that no block boundary covers (and vLLM's last token);
-* ``never_shared``: ``[S, T)`` with ``S`` the longest prefix that any earlier request's sequence
-  (prompt or output) contains;
-* KV resident to depth ``K`` (vLLM's attention-only match): ``[h, K)`` splits at ``E``, the deepest
-  depth ``<= K`` where a Mamba state was ever cached: ``state_evicted_kv_stayed`` ``[h, E)`` and
-  ``no_state_at_usable_depth`` ``[max(h, E), K)`` (junction or alignment);
-* computed to depth ``C`` (the longest prefix some request had computed by then), but not
-  resident: ``preempted`` ``[K, D)``, where ``D`` is the longest prefix of a request that is waiting
-  after a preemption (it had computed those blocks, vLLM freed them when it preempted it, and they
-  were evicted), and ``kv_evicted`` ``[max(K, D), C)``;
-* ``in_flight``: ``[C, S)``, still being computed by another request.
-
-Every bound is clamped into ``[h, T]`` in that order, so the seven sum exactly to the lost tokens
-(tests/test_diagnose.py proves it on every request). The same accounting runs with
-``--vllm-python``: causes are the emulation's, which the fidelity figure vouches for.
-
-**Ceilings and levers.** ``infinite_token_hit_rate``: the stock run with a pool that never evicts;
-``oracle_token_hit_rate``: the simulator's future-aware oracle (:mod:`marconi.selectors.oracle`)
-at the same KV bytes, the better of Marconi's admission and a state at every block boundary
-(``oracle_admission`` says which; token-granular: a strong reference, not a bound). Levers, each
-one run: Marconi's GPU eviction, sparse-DP retention (``MARCONI_VLLM_RETENTION=sparse-dp``), a
-retention interval of four blocks, half the ``max_num_seqs``, twice the GPU memory. The CPU tier
-(``--cpu-tiers 0.5x``, tier policies ``lru`` and ``marconi``, one replay each) runs only through the
-replay (``--vllm-python``); the emulation has none.
+Input: a hash-id trace (a ``MARCONI_VLLM_RECORD`` recording, a Mooncake file, any trace ``--trace``
+accepts), a model config and a GPU. The requests are served again through the ``vllm-align``
+emulation on a virtual clock (:class:`~marconi.integrations.vllm.replay.steptime.StepTimeModel`),
+at their recorded times or in a closed loop; with ``--vllm-python`` the stock run and the replay's
+levers go through vLLM's own scheduler instead, and the report names each figure's engine. The
+report: fidelity against the recording's ``num_cached_tokens`` (and warnings naming mismatched
+sidecar fields), each lost token's cause (:func:`attribute`, :data:`CAUSES`), two ceilings and one
+run per lever (docs/diagnose.md).
 """
 
 from __future__ import annotations
@@ -90,9 +55,15 @@ _BUNDLED_PARAMS = {"nemotron-h-8b": 8_100_000_000, "falcon-h1-7b": 7_590_000_000
 
 def attribute(prompt_len: int, hit: int, kv_hit: int, unit: int, seen_depth: int, computed_depth: int,
               state_depth: int, preempted_depth: int) -> dict[str, int]:
-    """One request's lost tokens by cause (see the module docstring); the values sum to
-    ``prompt_len - hit`` exactly. Depths are token counts (``state_depth``: the deepest depth
-    ``<= kv_hit`` with a state ever cached, 0 if none)."""
+    """One request's lost tokens by cause, at its first admission; the values sum to
+    ``prompt_len - hit`` exactly. Depths are token counts: ``kv_hit`` (``K``: attention matched),
+    ``seen_depth`` (``S``: longest prefix any earlier sequence contains), ``computed_depth`` (``C``:
+    longest prefix some request had computed), ``state_depth`` (``E``: deepest depth ``<= K`` with a
+    state ever cached, 0 if none), ``preempted_depth`` (``D``: longest prefix of a request waiting
+    after a preemption). With ``T = max(hit, ⌊(P-1)/unit⌋·unit)`` and every bound clamped into
+    ``[hit, T]`` in that order: ``below_one_block`` ``[T, P)``, ``never_shared`` ``[S, T)``,
+    ``in_flight`` ``[C, S)``, ``kv_evicted`` ``[D, C)``, ``preempted`` ``[K, D)``,
+    ``no_state_at_usable_depth`` ``[E, K)``, ``state_evicted_kv_stayed`` ``[hit, E)``."""
     P, h = int(prompt_len), int(hit)
     if not 0 <= h <= P:
         raise ValueError(f"hit {h} outside [0, {P}]")

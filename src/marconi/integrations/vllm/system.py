@@ -1,28 +1,16 @@
 """The ``vllm-align`` simulator system: vLLM 0.32's hybrid prefix cache, by name, with parameters.
 
-Usable wherever a system is named (``marconi simulate --systems vllm-align,vllm-align:eviction=marconi``)::
+Usable wherever a system is named; its parameters are listed in docs/vllm.md, "The emulation"::
 
     vllm-align                            stock vLLM (LRU), the block size vLLM would pick, pool from --capacity
     vllm-align:eviction=marconi,alpha=1   vLLM + the Marconi plugin
     vllm-align:eviction=marconi,alpha=adaptive   the plugin with MARCONI_VLLM_ALPHA=adaptive
     vllm-align:block=384,blocks=150       an exact pool (as served with --num-gpu-blocks-override 150)
-    vllm-align:retention=none             prefix_cache_retention_interval=None (a state at every block)
-    vllm-align:retention=sparse-dp,budget=2   the plugin's MARCONI_VLLM_RETENTION=sparse-dp (interval 0 + DP placement)
-
-Parameters: ``block`` (tokens; 0 = derived from the model as vLLM does, with ``kernel_align``),
-``blocks`` (pool size including the null block; 0 = from the capacity), ``match_unit``
-(``prefix_match_unit``, a divisor of the block; 0 = the block), ``retention`` (``0``, ``none`` or a
-multiple of the block; or ``sparse-dp``: interval 0 and the plugin's DP placement, ``budget``
-boundaries a sequence, default 2), ``shared_prefix`` (``enable_mamba_shared_prefix_checkpoint``; inert without
-EAGLE, as in vLLM), ``chunk`` (``max_num_batched_tokens``), ``eviction`` (``lru``/``marconi``),
-``alpha`` (a number or ``adaptive``) and ``efficiency`` (the plugin's), ``rules`` (with
-``alpha=adaptive``: the family, ``lru/a0.5m/a2m`` by default, as ``MARCONI_VLLM_ADAPTIVE_RULES``),
-``alpha_source`` (``module:factory``, as the plugin's ``MARCONI_VLLM_ALPHA_SOURCE``), ``attn_first``
-(the model's first layer is attention).
+    vllm-align:retention=sparse-dp,budget=2   the plugin's MARCONI_VLLM_RETENTION=sparse-dp
 
 ``alpha_source`` runs arbitrary code: its module is imported when the name is read (so a typo
-fails before any point runs) and in every worker, and its factory is called for every cache built
-(see :mod:`marconi.integrations.vllm.config`). Its errors name ``vllm-align: alpha_source``.
+fails before any point runs) and in every worker, and its factory is called for every cache built.
+Its errors name ``vllm-align: alpha_source``.
 """
 
 from __future__ import annotations
