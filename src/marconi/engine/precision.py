@@ -1,34 +1,12 @@
 """Float64-preserving scans for transformers' pure-PyTorch SSM fallbacks (a local, scoped patch).
 
-Why: in transformers 5.24 the torch fallbacks of the recurrent mixers cast their inputs to float32
-whatever the model dtype — ``mamba2_chunk_scan`` (``hidden_states.float()``, ``B.float()`` ...),
-``mamba2_selective_state_update`` (``dt.float() * A.float()``) and the gated-DeltaNet
-``torch_chunk_gated_delta_rule`` / ``torch_recurrent_gated_delta_rule`` (``.to(torch.float32)``).
-A float64 model therefore runs its scans in float32: a prefill split at a position that is not a
-chunk boundary regroups the chunks, the float32 sums round differently, and the cached result
-differs from a full prefill by ~1e-7 — a float64 exactness check at 1e-12 is then impossible, and
-the recurrent states stored in the cache are float32 tensors (4 bytes, not the model's 8).
-
-What: :func:`float64_scans` swaps those four module-level functions, for the duration of a
-``with`` block, in the modeling modules of the supported architectures. The replacements are
-copies of the transformers code in which every ``float32`` cast becomes a cast to the *compute
-dtype* ``promote(input dtype, float32)``; they are only used when the input is float64 and hand
-anything else to the original function, so float32/bf16 models run exactly the upstream code.
-The copies are checked to be bitwise equal to upstream in float32 (``tests/test_engine_precision.py``),
-so they can not drift silently when transformers changes.
-
-Nothing under site-packages is edited; the mixers look these functions up as module globals at
-call time, which is what makes a scoped swap possible. The swap is process-global while active, so
-it is reference-counted under a lock: the first block to enter installs it, the last to leave
-restores upstream. Threads may therefore run float64 forwards concurrently (an early exit in one
-thread used to restore the float32 upstream functions under another thread's running forward);
-a float32 forward running meanwhile in another thread is untouched, as the swapped-in functions
-hand non-float64 inputs to upstream.
-
-Remaining float32 casts (RMSNorm, gated norms, RoPE tables, ``A_log.float()``) are per-element:
-they give the same float32 value for the same input, so they cannot make a split prefill differ
-from a full one except when a float64 input differing in its last bit straddles a float32
-rounding boundary (probability ~1e-9 per element).
+transformers' torch fallbacks of the recurrent mixers cast to float32 whatever the model dtype, so
+a float64 model's split prefill would differ from a full one by ~1e-7 and store float32 states.
+:func:`float64_scans` swaps the four scan functions, within a ``with`` block, for copies whose
+float32 casts become the compute dtype; they take only float64 inputs and hand anything else to
+upstream (bitwise equal in float32, checked by ``tests/test_engine_precision.py``). Nothing under
+site-packages is edited. The swap is process-global, reference-counted under a lock. Details in
+docs/engine.md ("Float64 scans").
 """
 
 from __future__ import annotations
@@ -94,9 +72,8 @@ def _segment_sum(x: torch.Tensor) -> torch.Tensor:
 def _chunk_scan(hidden_states, dt, A, B, C, chunk_size, D=None, dt_bias=None, initial_states=None,
                 dt_softplus=False, dt_limit=(0.0, float("inf")), return_final_states=False, *,
                 compute_dtype: torch.dtype):
-    """transformers' ``mamba2_chunk_scan`` with ``float()`` replaced by ``to(compute_dtype)``.
-
-    Shapes: hidden_states [b, L, h, p]; dt [b, L, h]; A [h]; B, C [b, L, g, n]; states [b, h, p, n].
+    """transformers' ``mamba2_chunk_scan`` in ``compute_dtype``. Shapes: hidden_states [b, L, h, p];
+    dt [b, L, h]; A [h]; B, C [b, L, g, n]; states [b, h, p, n].
     """
     batch_size, sequence_length, num_heads, head_dim = hidden_states.shape
     num_groups = B.shape[2]
@@ -163,8 +140,7 @@ def _chunk_scan(hidden_states, dt, A, B, C, chunk_size, D=None, dt_bias=None, in
 
 def _selective_state_update(state, hidden_states, dt, A, B, C, D=None, dt_bias=None, dt_softplus=False,
                             z=None, *, compute_dtype: torch.dtype):
-    """transformers' ``mamba2_selective_state_update`` (one decode step; updates ``state`` in place).
-
+    """transformers' ``mamba2_selective_state_update`` (one decode step, ``state`` updated in place).
     Shapes: state [b, h, p, n]; hidden_states [b, h, p]; dt [b, h, p]; A [h, p, n]; B, C [b, g, n].
     """
     batch_size, num_heads, head_dim = hidden_states.shape
@@ -209,8 +185,8 @@ def _l2norm(x: torch.Tensor, dim: int = -1, eps: float = 1e-6) -> torch.Tensor:
 
 def _delta_inputs(query, key, value, beta, decay, num_k_heads: int, num_v_heads: int, use_qk_l2norm: bool,
                   compute_dtype: torch.dtype):
-    """The steps both gated-delta-rule scans start with, as upstream writes them: repeat the key
-    heads for GQA, move heads before time in ``compute_dtype``, optionally L2-normalise q and k."""
+    """Both gated-delta-rule scans' first steps as upstream: GQA key repeat, heads before time, optional L2 norm.
+    """
     if num_k_heads != num_v_heads:
         query = query.repeat_interleave(num_v_heads // num_k_heads, dim=2)
         key = key.repeat_interleave(num_v_heads // num_k_heads, dim=2)
@@ -225,9 +201,8 @@ def _delta_inputs(query, key, value, beta, decay, num_k_heads: int, num_v_heads:
 def _chunk_gated_delta_rule(query, key, value, g, beta, chunk_size=64, initial_state=None,
                             output_final_state=False, use_qk_l2norm_in_kernel=False, *,
                             compute_dtype: torch.dtype):
-    """transformers' ``torch_chunk_gated_delta_rule`` with the float32 casts made ``compute_dtype``.
-
-    Shapes: query, key [b, L, hk, dk]; value [b, L, hv, dv]; g, beta [b, L, hv]; state [b, hv, dk, dv].
+    """transformers' ``torch_chunk_gated_delta_rule`` in ``compute_dtype``. Shapes: query, key
+    [b, L, hk, dk]; value [b, L, hv, dv]; g, beta [b, L, hv]; state [b, hv, dk, dv].
     """
     initial_dtype = query.dtype
     batch_size, sequence_length, num_k_heads, k_head_dim = key.shape
@@ -366,10 +341,8 @@ def _install(module: object) -> dict[str, Callable]:
 
 @contextlib.contextmanager
 def float64_scans(model_type: str) -> Iterator[None]:
-    """Within the block, float64 scans of ``model_type``'s mixers stay float64 (see module doc).
-
-    A no-op for architectures without a patched module (e.g. LFM2's short convolution has no scan).
-    Re-entrant and thread-safe: the swap stays while any block, in any thread, is inside.
+    """Within the block, float64 scans of ``model_type``'s mixers stay float64; a no-op without a patched
+    module (LFM2). Re-entrant and thread-safe: the swap stays while any block in any thread is inside.
     """
     module_name = PATCHED_MODULES.get(model_type)
     if module_name is None:

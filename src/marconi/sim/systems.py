@@ -1,38 +1,10 @@
 """Named caching systems: an admission policy + an eviction policy (+ α tuning), by name.
 
-========  ==========================  =====================================================
-name      admission                   eviction
-========  ==========================  =====================================================
-vanilla   none                        (nothing cached)
-vllm+     every-block (block = 32)    lru (leaves; hits refresh the whole path)
-sglang+   marconi                     lru
-marconi   marconi                     adaptive: a FLOP-aware rule re-chosen online by exact
-                                      per-rule worlds (default, over lru / a0.5m / a2m);
-                                      ``selector=regret``: by counterfactual regret (cheaper,
-                                      less exact);
-                                      ``tuner=bootstrap``: α bootstrap-tuned once, the paper's
-                                      protocol; ``alpha=…``: fixed α
-infinite  marconi (or admission=…)    none needed: unbounded capacity, the hit-rate ceiling
-oracle    marconi (or admission=…)    future-aware Belady-style reference (simulator only)
-custom    any (admission=…)           any (eviction=…)
-========  ==========================  =====================================================
-
-Parameters go on the name, wherever a system is named: ``marconi:alpha=1.0``, ``vllm+:block=16``,
-``marconi:tuner=bootstrap,multiplier=15,objective=flops``, ``marconi:rules=lru/a0/a1m,decay=0.99``,
-``custom:admission=every-block,eviction=flop-aware,alpha=auto``. The default ``marconi`` chooses its
-rule by exact per-rule worlds (one replay per rule, :mod:`marconi.selectors.worlds`); ``marconi:selector=regret``
-chooses the same family's rule by counterfactual regret instead (:mod:`marconi.selectors.regret`: about half
-the cost, further from the best rule; ``docs/adaptive.md`` has both measured). The bootstrap-only parameters
-(``multiplier``, ``retune``, ``drift``, ``tolerance``) and the single-rule ones (``efficiency``,
-``recency``) select ``tuner=bootstrap`` when no tuner is named, so names written before the adaptive
-default keep their meaning.
-
-Dead-tail cuts (:mod:`marconi.core.tails`, ``docs/tails.md``): ``marconi:rules=lru/a0.5m/a0.5mt/a2m``
-lets the worlds choose between cutting (``a0.5mt``) and keeping; ``tails=reach`` on ``sglang+`` or
-``marconi`` makes the admission cut predicted-dead tails of branched sequences first under any eviction.
-
-``oracle`` needs the whole trace: :meth:`SystemConfig.build` takes it as ``future`` (the replay
-driver hands it over to systems whose ``needs_future`` is set).
+``vanilla``, ``vllm+``, ``sglang+``, ``marconi`` (adaptive rule choice by default), ``infinite``,
+``oracle`` (needs the whole trace as ``future``) and ``custom``, with parameters on the name
+(``marconi:alpha=1.0``, ``custom:admission=every-block,eviction=flop-aware``; a policy's own
+parameters in parentheses). The table of systems and what each parameter selects is in
+docs/simulator.md ("The named systems").
 """
 
 from __future__ import annotations
@@ -79,11 +51,9 @@ class TuningConfig:
 
 @runtime_checkable
 class System(Protocol):
-    """A named caching system: what the simulator, sweeps and reports ask of one.
-
-    ``build`` returns a fresh :class:`~marconi.core.protocol.ReplayCache` (a ``PrefixCache`` for
-    the systems here, the vLLM emulation for ``vllm-align``); ``record_fields`` is how the system is
-    echoed into every result record; ``relabel`` gives it the name the user typed.
+    """A named caching system as the simulator, sweeps and reports use it: ``build`` returns a fresh
+    :class:`~marconi.core.protocol.ReplayCache`, ``record_fields`` its echo in records, ``relabel``
+    the name the user typed.
     """
 
     label: str
@@ -130,8 +100,9 @@ class SystemConfig:
               payloads: PayloadOps | None = None, tuning_workers: int | None = None,
               tuning_mapper: Callable[..., list[Any]] | None = None,
               future: Sequence[Any] | None = None) -> PrefixCache:
-        """A fresh cache of this system. ``future``: the requests it will serve, in arrival order
-        (objects with ``input_tokens``); required when ``needs_future`` (ConfigError otherwise)."""
+        """A fresh cache of this system. ``future``: the requests it will serve, in arrival order; required
+        when ``needs_future`` (ConfigError otherwise).
+        """
         eviction: Any = self.eviction
         if self.needs_future:
             if future is None:
@@ -295,10 +266,8 @@ def _check_block(block: int) -> None:
 
 
 def _policy_spec(text: str) -> tuple[str, str]:
-    """``"uniform(m=8;paged=false)"`` -> (``"uniform"``, ``"uniform:m=8,paged=false"``).
-
-    Policy parameters ride inside a system name, whose own parameters are comma-separated, so
-    they go in parentheses separated by semicolons.
+    """``"uniform(m=8;paged=false)"`` -> (``"uniform"``, ``"uniform:m=8,paged=false"``): parentheses and
+    semicolons, since the system name's own parameters are comma-separated.
     """
     name, paren, rest = text.partition("(")
     if not paren:

@@ -1,33 +1,12 @@
 """Multi-turn chat traces from ShareGPT or LMSys-Chat-1M exports, by the Marconi paper's recipe.
 
-Recipe (defaults reproduce the paper):
-
-1. Records are read from the given files in order (several parts are read one after another;
-   ``.json`` arrays, ``.jsonl`` one record per line, or ``.parquet`` rows). A record is ShareGPT
-   ``{"id", "conversations": [{"from", "value"}]}`` or LMSys ``{"conversation_id", "conversation":
-   [{"role", "content"}]}``.
-2. A record qualifies if it has at least ``2 * min_rounds`` messages (the paper: ShareGPT >= 20
-   messages; LMSys ``turn >= 10``, i.e. 20 messages) and, when ``max_non_ascii_frac`` is set, at
-   most that fraction of non-ASCII characters in its text (the paper's LMSys/WildChat filter, 0.5).
-   The first ``num_sessions`` qualifying records, in file order, become sessions 0, 1, ...
-3. Each message is tokenized on its own (``text_form="json"``: ``json.dumps`` of the message's
-   role/content fields as in the file, BOS included: what the paper did).
-4. Session *k*'s first request arrives at ``k / sessions_per_second``; each later turn arrives after
-   the user's typing time of its new user message(s) at ``words_per_min`` (90): the words counted are
-   the whitespace-separated words (``len(content.split())``) of the ``content``/``value`` string of
-   the turn's user messages (not the JSON text, not system messages). The model's response time is
-   not added (as in the paper). (The authors' script counted space characters instead.)
-5. Turn *i*'s input is the whole history plus its user message(s); its output the reply. A session
-   stops before the first turn whose input would exceed ``max_input_len`` (32,768) tokens.
-
-Turn structure (``pairing="roles"``, the default): messages are grouped by role. Everything before
-the first user message (a leading assistant message -- about a third of ShareGPT records start with
-a ``gpt`` chunk -- and system messages) is a history prefix: it is part of turn 0's input. After it,
-a turn is a maximal run of non-assistant messages (user, and any system message between turns, kept
-as separate messages in order) followed by a maximal run of assistant messages (consecutive
-assistant messages are kept as separate messages and together form the output). A trailing run of
-user messages without a reply makes no request. ``pairing="positional"`` is the authors' script:
-turn *t* is messages ``2t`` (input) and ``2t+1`` (output) whatever their roles.
+Records (``.json``, ``.jsonl``, ``.parquet``; ShareGPT or LMSys shape) qualify with at least
+``2 * min_rounds`` messages (and at most ``max_non_ascii_frac`` non-ASCII text); the first
+``num_sessions`` become sessions. Messages are tokenized one by one; session *k* starts at
+``k / sessions_per_second`` and each later turn after its user's typing time at ``words_per_min``;
+a session stops before an input over ``max_input_len``. Turns are grouped by role
+(``pairing="roles"``) or by position (``"positional"``, the authors' script). The recipe step by
+step is in docs/data.md ("The chat recipe").
 """
 
 from __future__ import annotations
@@ -136,11 +115,9 @@ def _non_ascii_frac(record: ChatRecord) -> float:
 
 
 def chat_turns(messages: Sequence[Message], pairing: str = "roles") -> tuple[int, list[tuple[int, int, int]]]:
-    """Turn layout of a conversation.
-
-    Returns ``(num_stream_messages, turns)``: the session's stream is ``messages[:num_stream_messages]``
-    and each turn is ``(first_user_msg, first_reply_msg, end_msg)``: its new input is messages
-    ``[first_user_msg, first_reply_msg)`` and its output ``[first_reply_msg, end_msg)``.
+    """``(num_stream_messages, turns)``: the stream is ``messages[:num_stream_messages]``; a turn
+    ``(first_user, first_reply, end)`` has new input ``[first_user, first_reply)`` and output
+    ``[first_reply, end)``.
     """
     if pairing == "positional":
         n = len(messages) // 2
@@ -196,15 +173,14 @@ def build_chat_trace(paths: Sequence[str | os.PathLike], *, num_sessions: int | 
                      max_non_ascii_frac: float | None = None,
                      tokenizer: TextTokenizer | str | os.PathLike | None = None,
                      source: str = "chat", progress: Progress | None = None) -> Trace:
-    """Build a multi-turn chat trace from ShareGPT/LMSys files (see the module docstring).
+    """Build a multi-turn chat trace from ShareGPT/LMSys files (module doc).
 
-    ``num_sessions=None`` takes every qualifying record. Session ids are 0, 1, ... in file order of
-    the qualifying records (their source ids are in ``meta["source_ids"]``). Requests are sorted by
-    time (ties keep session order).
+    ``num_sessions=None``: every qualifying record. Session ids are 0, 1, ... in file order (source
+    ids in ``meta["source_ids"]``); requests sorted by time (ties keep session order).
 
     Raises:
         FileNotFoundError: a file is missing.
-        ValueError: a malformed record (the message names file and record), bad parameters.
+        ValueError: a malformed record (naming file and record), bad parameters.
     """
     if sessions_per_second <= 0 or words_per_min <= 0:
         raise ValueError("sessions_per_second and words_per_min must be > 0")
@@ -252,10 +228,8 @@ def build_chat_trace(paths: Sequence[str | os.PathLike], *, num_sessions: int | 
 
 
 def default_sharegpt_files() -> list[Path]:
-    """The shared data set's ShareGPT parts with >= 20 messages in file order, or [] if absent.
-
-    Without the filtered parts, the original ``ShareGPT_V3_unfiltered_cleaned_split.json`` there
-    serves (the builder applies the same >= 20-message filter, so the sessions are the same).
+    """The shared data set's ShareGPT parts with >= 20 messages, else its original unfiltered file (same
+    sessions after the builder's filter), else [].
     """
     shared = shared_data_dir()
     if shared is None:

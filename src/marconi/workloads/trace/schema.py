@@ -1,20 +1,10 @@
 """The trace schema: :class:`Request`, :class:`Trace`, :class:`TraceStats`, the errors, and what a
 valid on-disk record is.
 
-On disk a trace is JSONL (optionally gzipped) in exactly the format of the Marconi authors' artifact,
-one request per line::
-
-    {"session_id": 0, "turn_id": 0, "ts": 0.0, "num_input_tokens": 3, "num_output_tokens": 2,
-     "input_tokens": [1, 415, 2936], "output_tokens": [1, 733]}
-
-``session_id`` is an int or a str (kept as given), ``turn_id`` an int >= 0, ``ts`` the arrival time in
-seconds (non-decreasing from line to line), ``input_tokens`` the whole history plus the new user
-message (non-empty), ``output_tokens`` this turn's reply; ``num_*_tokens`` are optional and, when
-present, must equal the list lengths. Token ids are integers in ``[0, 2**31)``. Unknown fields are
-ignored. Or it is Parquet with the same columns (``list<int32>`` token columns).
-
-:func:`check_record` is that definition in code: the JSONL and Parquet readers decode a record and
-hand it here, so both formats accept and reject exactly the same records with the same messages.
+On disk a trace is the Marconi authors' JSONL (optionally gzipped), one request per line, or
+Parquet with the same columns; the fields are listed in docs/data.md ("Trace files").
+:func:`check_record` is that definition in code: both readers hand it their decoded records, so
+both formats accept and reject the same records with the same messages.
 """
 
 from __future__ import annotations
@@ -106,20 +96,16 @@ def _as_token_array(value: Any, what: str) -> np.ndarray:
 
 @dataclass(frozen=True, slots=True, eq=False)
 class Request:
-    """One LLM call of a trace.
+    """One LLM call of a trace; the project's one request type (built, stored and replayed).
 
     Attributes:
-        session_id: int or str, as given by the source (multi-turn requests share it).
-        turn_id: index of the request within its session (>= 0).
+        session_id: int or str, as given (multi-turn requests share it).
+        turn_id: index within its session (>= 0).
         ts: arrival time in seconds (finite, >= 0).
         input_tokens: int32 ``[input_len]``, the whole history plus the new message (non-empty).
         output_tokens: int32 ``[output_len]``, the reply (may be empty).
 
-    Token arrays are converted to int32 on construction and kept as **read-only** views (builders
-    share one buffer between the requests of a session); copy before mutating.
-
-    This is the project's one request type: builders and the catalog make it, files hold it, and
-    the simulator (:func:`marconi.sim.simulate`) replays it (reading ``ts`` and the token arrays).
+    Token arrays are stored as **read-only** int32 views (a session may share one buffer).
     """
 
     session_id: SessionId
@@ -254,11 +240,8 @@ class TraceStats:
 
 @dataclass(slots=True, eq=False)
 class Trace:
-    """An in-memory trace: requests in arrival order (``ts`` non-decreasing), a name and a meta dict.
-
-    ``meta`` records where the trace came from (``source``) and the recipe's parameters, so a result
-    file can echo it. Constructing a Trace whose requests are out of order raises ValueError; use
-    :meth:`from_unsorted` to sort (stably) first.
+    """An in-memory trace: requests in arrival order, a name and a ``meta`` dict (source, recipe
+    parameters). Out-of-order requests raise ValueError; :meth:`from_unsorted` sorts stably first.
     """
 
     requests: list[Request]
@@ -395,10 +378,10 @@ def _check_token_list(value: Any, name: str) -> tuple[np.ndarray | None, str | N
 def check_record(obj: Any, tokens: Mapping[str, np.ndarray] | None = None,
                   skip: set[str] | frozenset[str] = frozenset()
                   ) -> tuple[dict[str, Any], list[tuple[str | None, str]]]:
-    """Check one decoded record; return (converted fields, problems as (field, message)).
+    """Check one decoded record; returns (converted fields, problems as (field, message)).
 
-    ``tokens`` carries token arrays already parsed elsewhere (fast path, Parquet): they take the
-    place of ``obj``'s entries. A token field in ``skip`` but not in ``tokens`` was already reported.
+    ``tokens``: token arrays parsed elsewhere, replacing ``obj``'s entries; a token field in ``skip``
+    but not in ``tokens`` was already reported.
     """
     problems: list[tuple[str | None, str]] = []
     out: dict[str, Any] = {}
