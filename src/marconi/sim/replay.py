@@ -1,21 +1,10 @@
 """Replay a request trace through a cache, libCacheSim-style: the driver takes a built cache.
 
-* :func:`simulate` ``(trace, cache) -> SimResult``: any cache with ``begin``/``finish`` (a
-  :class:`~marconi.core.cache.PrefixCache` you built, the vLLM emulation ...);
-* :func:`simulate_system` ``(trace, system, spec, capacity) -> SimResult``: builds the cache of a
-  named system (``marconi``, ``vllm+:block=16`` ...) with a clock the driver sets to each request's
-  arrival time, hands the trace to systems that read the future (``oracle``), and simulates.
-
-Two timing modes:
-
-* ``sequential`` (default): each request is matched, then inserted, before the next one arrives
-  — the strict order of the Marconi authors' simulator, so results compare with the paper's.
-  The latency model then only *reports* TTFT from each request's uncached tokens.
-* ``event``: at arrival a request is matched and its path locked; its prefill checkpoints are
-  admitted when its modelled prefill ends; input + output are inserted (and the path unlocked)
-  when its modelled decode ends. Concurrent requests therefore miss what is still in flight.
-
-Only the CLI prints; this module returns data.
+:func:`simulate` replays through any :class:`~marconi.core.protocol.ReplayCache`;
+:func:`simulate_system` builds a named system's cache first. Modes: ``sequential`` (each request
+matched then inserted before the next, as the paper's simulator; latency only reported) and
+``event`` (checkpoints admitted at the modelled prefill end, input + output inserted at the
+decode end, so concurrent requests miss what is in flight). Returns data; only the CLI prints.
 """
 
 from __future__ import annotations
@@ -44,9 +33,8 @@ MODES = ("sequential", "event")
 class SimResult:
     """Everything one simulation produced; ``record()`` flattens it for JSONL.
 
-    ``system``: what was simulated, echoed into the record (``system`` label, ``admission``,
-    ``eviction``, ``tuning``); ``tuning``: what the cache's tuner reported (``tuned_alphas``,
-    ``tuning_seconds``, ``tuning_windows``, ``rule_switches``; see ``PrefixCache.selector``).
+    ``system``: the record's echo (label, admission, eviction, tuning); ``tuning``: what the cache's
+    tuner reported (``tuned_alphas``, ``tuning_seconds``, ``tuning_windows``, ``rule_switches``).
     """
 
     system: dict[str, Any]
@@ -139,20 +127,18 @@ def _check_order(prev_ts: float, ts: float, index: int) -> None:
 def simulate(trace: Iterable[Request], cache: ReplayCache, *, clock: ManualClock | None = None,
              latency: LatencyModel | str | None = "a100", mode: str = "sequential", progress: Any = None,
              system: Mapping[str, Any] | None = None) -> SimResult:
-    """Replay ``trace`` (requests in timestamp order) through ``cache``, a built cache.
+    """Replay ``trace`` (timestamp order) through the built ``cache``.
 
     Args:
-        cache: a :class:`~marconi.core.protocol.ReplayCache`: a
-            :class:`~marconi.core.cache.PrefixCache`, or an emulated engine's cache (``vllm-align``).
-        clock: the :class:`ManualClock` the cache reads; the driver sets it to each request's
-            arrival (and, in event mode, each prefill's and decode's end). None: the cache keeps
-            its own clock (a ``PrefixCache`` built without one counts requests).
-        latency: the TTFT model reported per request (and, in ``event`` mode, timing the events).
-        mode: ``sequential`` or ``event`` (see the module docstring).
-        progress: called with the number of requests replayed so far (every 256, and at the end).
-        system: what to echo into the record as the system (default: ``cache.describe()``).
+        clock: the :class:`ManualClock` the cache reads, set to each arrival (and, in event mode,
+            each prefill and decode end); None: the cache keeps its own.
+        latency: the TTFT model reported per request (and timing the events in ``event`` mode).
+        mode: ``sequential`` or ``event``.
+        progress: called with the requests replayed so far (every 256, and at the end).
+        system: the record's system echo (default: ``cache.describe()``).
 
-    Raises ValueError if timestamps decrease or the mode is unknown.
+    Raises:
+        ValueError: timestamps decrease or the mode is unknown.
     """
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}; choose one of {MODES}")
@@ -180,10 +166,8 @@ def simulate(trace: Iterable[Request], cache: ReplayCache, *, clock: ManualClock
 def simulate_system(trace: Iterable[Request], system: System | str, spec: ModelSpec | str,
                     capacity_bytes: float, *, latency: LatencyModel | str | None = "a100", mode: str = "sequential",
                     tuning_workers: int | None = None, tuning_mapper: Any = None, progress: Any = None) -> SimResult:
-    """Build a fresh cache of the named ``system`` and :func:`simulate` ``trace`` through it.
-
-    The cache reads a clock the driver sets to the trace's arrival times. Systems that read the
-    future (``oracle``) are handed the whole trace. ``infinite`` reports the requested capacity.
+    """:func:`simulate` through a fresh cache of ``system`` whose clock follows arrival times; ``oracle``
+    gets the whole trace, ``infinite`` reports the requested capacity.
     """
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}; choose one of {MODES}")
@@ -272,10 +256,8 @@ def _run_event(trace: Iterable[Request], cache: ReplayCache, clock: ManualClock,
 
 
 def working_set_bytes(trace: Sequence[Request], spec: ModelSpec | str) -> int:
-    """Bytes an unbounded cache with Marconi admission holds after the whole trace.
-
-    The reference for capacities given as a fraction (``0.1x``): KVs of every distinct token
-    sequence plus Marconi's (at most two per request) checkpoints.
+    """Bytes an unbounded Marconi-admission cache holds after the whole trace (KVs of every distinct
+    sequence plus its checkpoints): the reference for fractional capacities (``0.1x``).
     """
     spec = get_model(spec)
     cache = PrefixCache(spec, 2**62, "marconi", "lru")

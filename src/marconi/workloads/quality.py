@@ -1,31 +1,10 @@
 """Document-QA traces from QuALITY: many multiple-choice questions on one long article.
 
-Source: ``<shared data>/quality/*.jsonl``, one record per article::
-
-    {"article_id", "title", "article", "questions": [{"question", "options": [4 strings], "gold_label"}]}
-
-``gold_label`` is 1-based into ``options``. The text is CC BY 4.0 (the 15-article file came through
-L-Eval, a GPL-3.0 repository): read it from the shared data set, never vendor it.
-
-Layout of one request (each question is a request)::
-
-    input  = [BOS] + "<instruction>"                                   shared by every request
-           + "### Article\\n<article>"                                 shared by one article's questions
-           + "### Question\\n<question>\\n\\n### Options\\n(A) ...\\n(B) ...\\n(C) ...\\n(D) ...\\n\\n### Answer\\n"
-    output = "(C) <gold option text>"        (answer_form="letter+text"; "letter": "(C)")
-
-The three input segments are tokenized on their own and concatenated (as the messages of a chat
-template would be), so instruction and article tokens are identical in every request that shares
-them: questions of one article overlap to at least instruction + article (plus the tokens of
-``### Question`` and any leading words their questions share); questions of different articles
-overlap to the instruction. Articles differ in length (3k-8k tokens), so the overlap depths differ
-across articles and between "same article" and "other article" hits. The default instruction is
-short (about 40 tokens) so that the first 128 tokens of a request -- the prefix-family key of the
-``sparse-dp`` admission policy -- already name the article.
-
-Arrival order: articles are interleaved by a seeded permutation of the multiset of article labels
-(the n-th arrival of an article is its n-th question in file order), with Poisson arrivals at
-``requests_per_second``. Session = article (``session_id`` = its ``article_id``), turn = question index.
+Source: ``<shared data>/quality/*.jsonl``, one article per record (CC BY 4.0: read from the shared
+data set, never vendored). Each question is a request: instruction + article + question segments,
+tokenized separately so one article's questions share the instruction and article tokens exactly;
+the output is the gold option. Session = article, turn = question index; articles are interleaved
+by a seeded permutation with Poisson arrivals. Layout and rationale in docs/data.md ("QuALITY").
 """
 
 from __future__ import annotations
@@ -119,7 +98,7 @@ def load_quality_articles(paths: Sequence[str | os.PathLike]) -> list[QualityArt
 
     Raises:
         FileNotFoundError: a missing file.
-        ValueError: a malformed record (the message names file and line) or a repeated ``article_id``.
+        ValueError: a malformed record (naming file and line) or a repeated ``article_id``.
     """
     out: list[QualityArticle] = []
     seen: dict[str, str] = {}
@@ -145,15 +124,14 @@ def build_quality_trace(paths: Sequence[str | os.PathLike] | None = None, *,
                         instruction: str = DEFAULT_INSTRUCTION, answer_form: str = "letter+text",
                         requests_per_second: float = 0.5, seed: int = 0, max_articles: int | None = None,
                         add_bos: bool = True, tokenizer: TextTokenizer | str | os.PathLike | None = None) -> Trace:
-    """Build a document-QA trace from QuALITY files (layout and order in the module docstring).
+    """Build a document-QA trace from QuALITY files (``paths`` default to :func:`default_quality_files`).
 
-    ``paths`` default to :func:`default_quality_files`; ``max_articles`` keeps the first articles in
-    file order. ``meta`` holds, in trace order, ``article_of_request`` and ``shared_len_of_request``
-    (instruction + article tokens), and per article ``prefix_len_of_article`` and
-    ``questions_per_article``, plus ``instruction_len``.
+    ``max_articles`` keeps the first articles in file order. ``meta``: per request
+    ``article_of_request``, ``shared_len_of_request``; per article ``prefix_len_of_article``,
+    ``questions_per_article``; and ``instruction_len``.
 
     Raises:
-        FileNotFoundError: no files given and the shared data set is absent, or a missing file.
+        FileNotFoundError: no files and no shared data set, or a missing file.
         ValueError: malformed records or bad parameters.
     """
     if answer_form not in ANSWER_FORMS:

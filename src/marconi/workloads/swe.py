@@ -1,30 +1,12 @@
 """Agent traces from SWE agent trajectories, by the Marconi paper's recipe.
 
-Sources: mini-swe-agent compact JSON arrays (``msa_*_partNN.json``: ``[{instance_id, messages}]``),
-single mini-swe-agent trajectories (``{"messages": [...]}``) and SWE-agent ``.traj`` files
-(``{"history": [...]}``); directories are searched for ``*.json`` / ``*.traj``. Trajectories are
-named by ``instance_id`` (or the file name) and the first ``num_sessions`` **sorted by name** are used.
-
-Each assistant message is one LLM call (a request): its input is every message before it, its
-output the assistant message. Messages are tokenized on their own (``text_form="json"``:
-``json.dumps({"role": ..., "content": ...})``, BOS included; other fields such as ``created`` or
-SWE-agent's ``thought``/``action`` copies are not part of the text).
-
-* Observations (``keep_observations=K``, the paper's K = 5; None keeps all): the messages before the
-  first assistant message (system prompt, task, any shared prefix) are always kept, and so is the
-  newest observation (the one the call answers); of the older observations, only those of the last
-  K rounds stay in the history (a round = an assistant message and the observation messages after
-  it). This is what the authors' script does (its first user message, the task, is never dropped).
-* Times: session *k* starts at ``k / sessions_per_second``; gaps between calls are either
-  ``"poisson"``: integer seconds ~ Poisson(``mean_gap_s``) as the authors drew them
-  (``np.random.poisson``; here seeded per session from ``(seed, k)`` so a session's gaps do not
-  depend on the others), or ``"real"``: the differences of the assistant messages' ``created``
-  unix times (the response times: they include the agent's execution and the LLM's latency).
-* A session stops before the first call whose input would exceed ``max_input_len`` (32,768) tokens,
-  and after ``max_turns`` (50) calls.
-* ``shared_prefix``: messages prepended to every trajectory (a name from :data:`SHARED_PREFIXES`,
-  e.g. ``"sweagent-demo"``: the ~7.7k-token SWE-agent system prompt + demonstration of a real GPT-4
-  run, or a path to a ``.traj`` whose leading system/demonstration messages are taken).
+Sources: mini-swe-agent JSON arrays or single trajectories and SWE-agent ``.traj`` files
+(directories searched); the first ``num_sessions`` by name are used. Each assistant message is a
+request whose input is every message before it (older observations beyond the last
+``keep_observations`` rounds dropped), tokenized message by message. Gaps are seeded Poisson or
+the real ``created`` times; a session stops past ``max_input_len`` or ``max_turns``;
+``shared_prefix`` prepends messages to every trajectory. The recipe in full is in docs/data.md
+("The SWE agent recipe").
 """
 
 from __future__ import annotations
@@ -144,11 +126,8 @@ def load_trajectories(paths: Sequence[str | os.PathLike]) -> list[Trajectory]:
 
 
 def load_shared_prefix(spec: str | os.PathLike) -> tuple[Message, ...]:
-    """The leading system + demonstration messages of a named prefix or of a trajectory file.
-
-    Taken: the trajectory's leading messages while they are system messages or SWE-agent
-    demonstrations (``is_demo``); for ``"sweagent-demo"``, the system prompt and the demonstration
-    of the vendored SWE-agent GPT-4 run (about 7.7k tokens).
+    """The leading system and demonstration (``is_demo``) messages of a trajectory file, or of a named
+    prefix (``"sweagent-demo"``: the vendored SWE-agent GPT-4 run's, about 7.7k tokens).
     """
     text = os.fspath(spec)
     path = bundled_data_dir() / SHARED_PREFIXES[text] if text in SHARED_PREFIXES else Path(text)
@@ -173,9 +152,7 @@ def load_shared_prefix(spec: str | os.PathLike) -> tuple[Message, ...]:
 def swe_session(session_id: int, start_ts: float, messages: Sequence[Message],
                 tokens: Sequence[np.ndarray], *, keep_observations: int | None, gap_s: np.ndarray,
                 max_input_len: int, max_turns: int) -> list[Request]:
-    """Requests of one trajectory (messages already tokenized, ``gap_s[j]`` = gap before call j).
-
-    ``tokens[i]`` are the tokens of ``messages[i]``; see the module docstring for the recipe.
+    """Requests of one tokenized trajectory (``tokens[i]`` of ``messages[i]``; ``gap_s[j]``: gap before call j).
     """
     calls = [i for i, m in enumerate(messages) if m.role == "assistant"]
     stream, offsets = concat_with_offsets(tokens)
@@ -217,10 +194,8 @@ def _gaps(traj: Trajectory, messages: Sequence[Message], gaps: str, mean_gap_s: 
 
 
 def default_swe_paths() -> list[Path]:
-    """The shared data set's mini-swe-agent trajectories, else the vendored 10-trajectory sample.
-
-    The folder holds the compacted ``msa_*_partNN.json`` arrays, or the original repository's
-    ``trajs/<id>/<id>.traj.json`` files (then the folder itself is read, recursively).
+    """The shared data set's mini-swe-agent trajectories (compacted arrays, or the original ``trajs/``
+    tree read recursively), else the vendored 10-trajectory sample.
     """
     shared = shared_data_dir()
     folder = shared / "swe" / "mini-swe-agent-gemini3pro" if shared is not None else None
@@ -236,10 +211,9 @@ def build_swe_trace(paths: Sequence[str | os.PathLike] | None = None, *, num_ses
                     shared_prefix: str | os.PathLike | None = None, text_form: str = "json",
                     add_bos: bool = True, tokenizer: TextTokenizer | str | os.PathLike | None = None,
                     progress: Progress | None = None) -> Trace:
-    """Build an agent trace from SWE trajectories (see the module docstring for the recipe).
+    """Build an agent trace from SWE trajectories (module doc); ``paths`` default to :func:`default_swe_paths`.
 
-    ``paths`` default to :func:`default_swe_paths`. Session ids are 0, 1, ... in name order (names in
-    ``meta["source_ids"]``); requests are sorted by time (ties keep session order).
+    Session ids are 0, 1, ... in name order (names in ``meta["source_ids"]``); requests sorted by time.
 
     Raises:
         FileNotFoundError: a missing file, directory or shared prefix.

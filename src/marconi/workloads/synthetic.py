@@ -1,14 +1,9 @@
 """Seeded synthetic traces for tests and sweeps: chat, agent loops, shared system prompts, document QA.
 
-All generators are deterministic functions of their parameters (session *k* draws from its own
-``np.random.default_rng([seed, kind, k])``, so adding sessions does not change earlier ones) and
-vectorised: a session's tokens are drawn in one call and its requests are views into that buffer,
-so 10,000+ requests with 32k-token inputs take seconds and little memory.
-
-Tokens are uniform in ``[3, vocab_size)``; "fresh" segments are independent draws, so two fresh
-segments agree on their first token with probability ``1 / (vocab_size - 3)`` (and on k tokens
-with that to the k-th power). Lengths given as a mean are geometric (support >= 1); a pair
-``(lo, hi)`` is a uniform integer range, both ends included. Times are seconds.
+Deterministic: session *k* draws from ``np.random.default_rng([seed, kind, k])``, so adding
+sessions does not change earlier ones; a session's requests are views of one buffer. Tokens are
+uniform in ``[3, vocab_size)`` (fresh segments are independent draws). A mean length is
+geometric (support >= 1); a pair ``(lo, hi)`` is a uniform inclusive range. Times are seconds.
 """
 
 from __future__ import annotations
@@ -166,14 +161,12 @@ def doc_qa_trace(num_docs: int = 8, doc_len: int = 8000, questions_per_doc: int 
                  question_len: float = 60.0, answer_len: float = 100.0,
                  depth_fractions: Sequence[float] = (0.25, 0.5, 0.75, 1.0), instruction_len: int = 0,
                  requests_per_second: float = 2.0, vocab_size: int = 32000, seed: int = 0) -> Trace:
-    """Many questions on long documents, diverging from the document at different depths.
+    """Questions on long documents, diverging from them at different depths.
 
-    Question *q* on document *d* reads an instruction shared by all documents (``instruction_len``),
-    then the first ``round(f * doc_len)`` tokens of document *d* with *f* drawn from
-    ``depth_fractions``, then its own fresh question; the output is a fresh answer. Each document is a
-    session (turn ids in arrival order); arrivals are Poisson at ``requests_per_second`` over all
-    documents, in a seeded random interleaving. ``meta["depth_of_request"]`` lists each request's
-    document depth in tokens, in trace order.
+    Question *q* on document *d*: a shared instruction, the first ``round(f * doc_len)`` tokens of *d*
+    (*f* from ``depth_fractions``), a fresh question; a fresh answer. A document is a session;
+    arrivals are Poisson at ``requests_per_second`` in a seeded interleaving.
+    ``meta["depth_of_request"]``: each request's document depth, in trace order.
     """
     params = dict(locals())
     params["depth_fractions"] = list(depth_fractions)
@@ -217,15 +210,12 @@ def prompt_tree_trace(num_sessions: int = 600, base_len: int = 1000,
                       prompt_skew: float = 0.8, turns: tuple[int, int] = (1, 3), user_len: float = 120.0,
                       output_len: float = 200.0, sessions_per_second: float = 2.0, think_time_s: float = 20.0,
                       vocab_size: int = 32000, seed: int = 0) -> Trace:
-    """System prompts shared to different depths: a base prompt, variants extending it, sub-variants.
+    """System prompts shared to different depths: a base, variants extending it, sub-variants of each.
 
-    Prompts form a tree: the base (``base_len`` tokens); variant ``v`` = base + its own
-    ``variant_lens[v]`` tokens; sub-variant ``(v, s)`` = variant ``v`` + ``sub_variant_lens[s]`` more.
-    Each of the ``len(variant_lens) * (1 + len(sub_variant_lens))`` variants and sub-variants opens
-    user sessions; a session picks one with probability ``∝ 1 / rank ** prompt_skew`` over a seeded
-    shuffle, then has ``turns`` (uniform, inclusive) turns whose input is the prompt plus the history
-    plus a fresh user message (geometric lengths). Sessions start at ``k / sessions_per_second``,
-    turns follow after exponential think times. ``meta``: ``prompt_depths``, ``prompt_of_session``.
+    A session picks a (sub-)variant with probability ``∝ 1 / rank ** prompt_skew`` over a seeded
+    shuffle, then has ``turns`` turns (prompt + history + a fresh message). Sessions start at
+    ``k / sessions_per_second``, turns after exponential think times. ``meta``: ``prompt_depths``,
+    ``prompt_of_session``.
     """
     params = dict(locals())
     rng = np.random.default_rng([seed, 61])
