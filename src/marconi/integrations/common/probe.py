@@ -1,15 +1,11 @@
 """Is that interpreter an engine's environment? One quick check before anything is spawned there.
 
-``--vllm-python`` and ``--sglang-python`` name the Python of another environment, where the
-engine's side of a command runs. Pointed at the wrong thing, the child used to fail deep inside:
-a traceback with "No module named 'vllm'" buried in a log, or, for ``/bin/true``, nothing at all
-and an empty table (issue 31, bug 10). :func:`probe_python` runs the interpreter once, with a
-one-line script, through :func:`marconi.pool.run_child`, and checks that it runs, is Python 3,
-can import the engine's package and this project (located with ``importlib.util.find_spec``, not
-imported: importing vLLM or SGLang takes seconds, and each command's child imports it anyway),
-and reports the engine's version. Anything else is one :class:`ConfigError` line naming the
-option and the ``make`` target that builds the environment. A successful probe is remembered for
-the life of the process (sweeps and frontier points ask again for free).
+:func:`probe_python` runs the interpreter named by ``--vllm-python`` / ``--sglang-python`` once,
+with a one-line script, and checks that it runs, is Python 3 and finds the engine's package and
+this project (``find_spec``, not imported: importing an engine takes seconds); it returns the
+engine's version. Anything else is one :class:`ConfigError` naming the option and the ``make``
+target that builds the environment, never a traceback from the child. A success is remembered for
+the life of the process.
 """
 
 from __future__ import annotations

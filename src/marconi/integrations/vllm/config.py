@@ -70,8 +70,7 @@ def _check_factory_name(text: str, where: str) -> tuple[str, str]:
 
 
 def load_alpha_factory(text: str, where: str = ENV_ALPHA_SOURCE) -> Callable[..., AlphaSource]:
-    """The callable that ``module:factory`` names. This imports ``module``, so it runs that module's
-    code (see the module docstring). ``where`` names the setting in errors.
+    """The callable that ``module:factory`` names (importing ``module`` runs its code).
 
     Raises:
         ConfigError: not ``module:factory``, the module fails to import (whatever it raised), it has
@@ -216,12 +215,9 @@ class PluginConfig:
 
     @classmethod
     def lenient_from_env(cls, env: Mapping[str, str] | None = None) -> tuple["PluginConfig", list[str]]:
-        """:meth:`from_env`, except that with ``MARCONI_VLLM_POLICY`` unset it never raises.
-
-        Without a policy the plugin only applies the Mamba-2 CPU fix, so a wrong value elsewhere
-        must not stop stock vLLM: it is ignored. Returns the configuration and the problems ignored
-        (each a :meth:`from_env` message; empty when it accepts the environment). A wrong
-        ``MARCONI_VLLM_MAMBA2_CPU_FIX`` then keeps its default, ``auto``.
+        """:meth:`from_env`, except that with ``MARCONI_VLLM_POLICY`` unset it never raises: it
+        returns the configuration and the problems it ignored (each a :meth:`from_env` message), a
+        wrong ``MARCONI_VLLM_MAMBA2_CPU_FIX`` keeping ``auto``. Stock vLLM must never be stopped.
 
         Raises:
             ConfigError: a policy is set and :meth:`from_env` refuses the environment.
@@ -242,9 +238,8 @@ class PluginConfig:
         return cls(mamba2_cpu_fix=fix), problems
 
     def check_runnable(self) -> None:
-        """Check, in this process, what :meth:`from_env` cannot: the trace can be appended to (it is
-        opened, so created if missing, and closed) and the α source's factory loads (its module is
-        imported: that runs its code). Called at registration, before a server starts.
+        """Check what :meth:`from_env` cannot: the trace can be appended to (created if missing) and
+        the α source's factory loads (its module's code runs). Called at registration.
 
         Raises:
             ConfigError: naming the variable and its value.
@@ -285,10 +280,7 @@ class PluginConfig:
 
     def make_alpha_source(self, spec: Any, where: str = ENV_ALPHA_SOURCE) -> AlphaSource:
         """A fresh α source as configured (sources keep state: one per pool): ``factory(spec, config)``
-        if given, the shadow α source (``adaptive``), or a fixed α.
-
-        A factory runs arbitrary code: its module is imported and it is called here (see the
-        module docstring).
+        if given (it runs arbitrary code), the shadow α source (``adaptive``), or a fixed α.
 
         Raises:
             ConfigError: the factory cannot be loaded, raises (whatever it raised, chained), or

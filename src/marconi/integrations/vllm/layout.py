@@ -58,21 +58,17 @@ class VllmLayout:
     """What vLLM's block manager looks like for one served model and configuration.
 
     Attributes:
-        block_size: tokens per block (vLLM's scheduler block; attention and Mamba blocks in align
-            mode are the same size, the attention one inflated so both pages are equal).
+        block_size: tokens per block (attention and Mamba blocks alike in align mode).
         num_blocks: blocks in the pool *including* vLLM's null block (``num_gpu_blocks``).
         group_kinds: ``"attention"``/``"mamba"`` per KV cache group, in vLLM's group order.
         block_bytes: bytes of one block across the layers of a group (for byte capacities).
         max_num_batched_tokens: the scheduler's token budget per step (prefill chunk limit).
         long_prefill_token_threshold: vLLM's per-request prefill chunk cap (0: none).
-        retention_interval: ``prefix_cache_retention_interval``: 0 keeps Mamba states only at the
-            prompt's replay boundary and at shared-prefix junctions, ``None`` at every block,
-            ``k`` also every ``k`` tokens.
-        prefix_match_unit: vLLM's hash granularity (``None``: the block). Finer, hits may land inside a
-            block: the prompt's last boundary is registered as a partial entry and shared blocks
-            are copied on write, as vLLM 0.32 does.
-        shared_prefix_checkpoint: ``enable_mamba_shared_prefix_checkpoint``; vLLM 0.32 honours it
-            only with an EAGLE drafter, which is not modelled, so it changes nothing (as in vLLM).
+        retention_interval: ``prefix_cache_retention_interval`` (0: replay boundary and junctions
+            only; ``None``: every block; ``k``: also every ``k`` tokens).
+        prefix_match_unit: vLLM's hash granularity (``None``: the block); finer, hits may land
+            inside a block.
+        shared_prefix_checkpoint: ``enable_mamba_shared_prefix_checkpoint`` (inert without EAGLE).
         prefill_checkpoint_alignment: the Mamba groups' ``prefill_checkpoint_alignment``: the
             backend exports the prompt's boundary state from inside the forward pass, so vLLM
             reserves a checkpoint block instead of splitting the last chunk there. ``None``: no
@@ -134,14 +130,11 @@ class VllmLayout:
 def layout_for_spec(spec: ModelSpec, *, capacity_bytes: float | None = None, num_blocks: int | None = None,
                     block_size: int | None = None, kernel_alignment: int = 16, mamba_first: bool = True,
                     **options: Any) -> VllmLayout:
-    """The layout vLLM 0.32 would build for ``spec`` (a hybrid with attention and SSM layers).
-
-    Mirrors vLLM's hybrid set-up: the attention block is the smallest multiple of
-    ``kernel_alignment`` whose page (one layer's KVs) holds a Mamba layer's state (conv + SSM);
-    layers are grouped so every group has the same number of layers (the smaller layer count,
-    or the larger if within 1.5x); one block spans that many layers' pages. The pool size comes
-    from ``num_blocks`` or from ``capacity_bytes`` (divided by the block bytes, plus the null block).
-    ``mamba_first`` orders the Mamba groups first (the model's first layer is an SSM layer).
+    """The layout vLLM 0.32 would build for ``spec`` (a hybrid with attention and SSM layers): the
+    block is the smallest multiple of ``kernel_alignment`` whose one-layer KV page holds a Mamba
+    layer's state; groups have equal layer counts (the smaller count, or the larger within 1.5x).
+    The pool is ``num_blocks``, or ``capacity_bytes`` over the block bytes plus the null block.
+    ``mamba_first``: Mamba groups first. Raises ConfigError without an attention layer or a size.
     """
     if spec.num_attn_layers == 0:
         raise ConfigError(f"vllm-align: {spec.name} has no attention layer; vLLM's hybrid cache needs one")

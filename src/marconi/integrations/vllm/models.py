@@ -1,17 +1,12 @@
 """Tiny random-weight hybrid checkpoints that vLLM's CPU build serves (never downloaded).
 
-Run inside the vLLM environment (its transformers)::
+Run inside the vLLM environment::
 
     .venv-vllm/bin/python -m marconi.integrations.vllm.models qwen3_next-tiny /path/to/dir
 
-The presets respect vLLM 0.32's CPU kernels: attention head sizes of 32+ (the CPU attention
-backend), gated-DeltaNet key/value heads of 64 in bfloat16 (the CPU GDN kernel), a MoE block in
-every Qwen3-Next layer (vLLM's Qwen3-Next needs one). Vocabulary 32000, so the project's
-Mistral-v1 token ids fit as they are. Weights are seeded (the same preset gives the same
-checkpoint) and scaled as in :mod:`marconi.engine.models`: projections with std ``1/sqrt(D)`` so
-activations are O(1) and the recurrent state matters to the logits.
-
-No tokenizer is saved: the server runs with ``--skip-tokenizer-init`` and takes token ids.
+The presets fit vLLM 0.32's CPU kernels (attention heads of 32+, gated-DeltaNet heads of 64 in
+bfloat16, a MoE block in every Qwen3-Next layer); vocabulary 32000 (Mistral-v1 ids fit). Weights are
+seeded and scaled as in :mod:`marconi.engine.models`. No tokenizer: servers take token ids.
 """
 
 from __future__ import annotations

@@ -1,24 +1,16 @@
 """Serve a list of token-id prompts through vLLM's in-process engine, one at a time or C in flight (vLLM env).
 
-A quicker sibling of the real server for checks that need vLLM's scheduler and block pool but no
-HTTP: the same engine core (``LLM`` with ``VLLM_ENABLE_V1_MULTIPROCESSING=0``), the same plugin
-(loaded by vLLM from its entry point, configured by ``MARCONI_VLLM_*``). Run inside the vLLM
-environment::
+The same engine core and plugin as a server, without HTTP::
 
     .venv-vllm/bin/python -m marconi.integrations.vllm.offline requests.json out.json --model DIR --blocks 64 \\
         [--concurrency 8 --max-num-seqs 256]
 
-``requests.json``: ``[{"prompt": [ids...], "max_tokens": n, "session": ...}, ...]`` (``session``
-optional, read with ``--concurrency``). Without ``--concurrency`` each request is one
-``LLM.generate`` call, after the previous one finished. With it (:func:`serve_closed_loop`) the
-engine is driven step by step (``LLMEngine.add_request`` / ``step``, a real forward pass each
-step) and requests are submitted between steps by the replay's closed-loop admitter
-(:class:`marconi.integrations.vllm.replay.arrivals.Admitter`: a session's turns in order, at most
-C unfinished), exactly as the replay worker submits them: so the replay can be checked against
-it request by request at any concurrency. ``out.json``: per request the
-generated ids and vLLM's ``num_cached_tokens``, plus the engine's cache configuration, the wall time
-of serving them (``serve_s``, after start-up) and, with the plugin on, its own figures (``marconi``:
-time spent in the α source on the scheduler thread, requests it saw, α changes).
+``requests.json``: ``[{"prompt": [ids...], "max_tokens": n, "session": ...}, ...]``. Without
+``--concurrency`` each request is one ``LLM.generate`` call; with it (:func:`serve_closed_loop`) the
+engine is stepped (a real forward pass each step) and requests are submitted by the replay's own
+:class:`~marconi.integrations.vllm.replay.arrivals.Admitter`, so the replay can be checked against it
+request by request. ``out.json``: per request the generated ids and ``num_cached_tokens``; the cache
+configuration; ``serve_s``; with the plugin on, its figures (``marconi``).
 """
 
 from __future__ import annotations

@@ -86,19 +86,14 @@ def _shifted(cost: PotentialCost, origin: int) -> PotentialCost:
 
 def place_on_grid(weights: ArrayLike, *, block_size: int, fixed: Sequence[int] = (), budget: int,
                   cost: PotentialCost = TOKEN_COST) -> GridPlacement:
-    """The exact optimum of the module's problem: at most ``budget`` block boundaries beyond ``fixed``.
+    """The placement of at most ``budget`` block boundaries beyond ``fixed`` with the least
+    ``E[cost(c(d), d)]``, exactly; ties go to fewer states. Raises ValueError on bad weights.
 
     Args:
-        weights: ``(N+1,)`` non-negative weights of the overlap depths ``0..N`` of future requests
-            with this sequence (``N``: its length; a distribution or raw counts).
+        weights: ``(N+1,)`` non-negative weights of future overlap depths ``0..N`` with this sequence.
         block_size: vLLM's Mamba block (tokens); candidates are its multiples in ``[1, N]``.
         fixed: boundaries kept anyway (resume point, junction, replay boundary), block multiples.
-        budget: ``M >= 0`` boundaries to add.
-        cost: the recompute cost (:data:`~marconi.sparse.dp.TOKEN_COST` or
-            :func:`~marconi.sparse.dp.flops_cost`); its potential must be non-decreasing.
-
-    Ties between placements of equal expected cost go to the one with fewer states (a larger
-    budget is spent only where it lowers the cost).
+        cost: the recompute cost; its potential must be non-decreasing.
     """
     w, kept = _checked(weights, block_size, fixed, budget)
     n = w.size - 1
@@ -145,13 +140,9 @@ def brute_force_on_grid(weights: ArrayLike, *, block_size: int, fixed: Sequence[
 
 # ====================================================================================== online
 class RetentionPlanner:
-    """Per request, the block boundaries to keep beyond vLLM's own (see the module docstring).
-
-    ``plan`` once, when the request is first scheduled (later calls return the same plan: a
-    preempted request keeps it); ``stop`` clips a prefill chunk at the first planned boundary
-    inside it; ``positions`` are what the Mamba managers add to their replay boundaries;
-    ``finish`` drops the plan. The plugin and the emulation build it with :meth:`for_model`.
-    """
+    """Per request, the block boundaries to keep beyond vLLM's own: :meth:`plan` once (a preempted
+    request keeps its plan), :meth:`stop` clips a prefill chunk at a planned boundary,
+    :meth:`positions` feed the Mamba managers, :meth:`finish` drops the plan."""
 
     def __init__(self, *, block_size: int, budget: int, cost: PotentialCost = TOKEN_COST,
                  estimator: BlockEstimatorConfig = BlockEstimatorConfig()) -> None:
@@ -177,15 +168,10 @@ class RetentionPlanner:
              junction: int) -> tuple[int, ...]:
         """The request's boundaries (token positions, block multiples, ascending), made at its first call.
 
-        Args:
-            keys: the prompt's block hashes, one per full block (``num_prompt_tokens // block``).
-            resume: the tokens it resumes from (its hit); ``junction``: vLLM's shared-prefix
-                boundary (0: none). Both, and the replay boundary ``num_prompt_tokens - 1``, are
-                floored to the grid and fixed.
-
-        The weights are the estimator's ``path_distribution`` over the whole prompt, less the depths
-        at or below ``resume`` (the request computes nothing there, so no placement changes their
-        cost): the budget goes only to boundaries the request computes.
+        ``keys``: the prompt's block hashes, one per full block. ``resume`` (its hit), ``junction``
+        (vLLM's shared-prefix boundary, 0: none) and the replay boundary are floored to the grid
+        and fixed. Depths at or below ``resume`` get no weight: the budget goes only where the
+        request computes.
         """
         known = self._plans.get(request_id)
         if known is not None:

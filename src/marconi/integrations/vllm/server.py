@@ -1,14 +1,11 @@
 """A real vLLM OpenAI-compatible server (in the vLLM environment), started from the main one.
 
-What is vLLM's here is the launch (:class:`ServerConfig`); the process handling is every
-engine's (:class:`marconi.integrations.common.server.ServerProcess`). The server is
-``python -m vllm.entrypoints.openai.api_server`` (vLLM 0.32's ``vllm`` console script fails without
-package metadata named ``vllm``), bound to 127.0.0.1, with prefix caching,
-token-id prompts (``--skip-tokenizer-init``), per-request cached-token counts
-(``--enable-prompt-tokens-details``) and a fixed block pool (``--num-gpu-blocks-override``) so the
-capacity is the same for every run. CPU timings are only stable with one OpenMP thread and no
-binding, so those variables are set. The server inherits no ``MARCONI_VLLM_*`` variable but its
-:attr:`ServerConfig.plugin_env`, and without one vLLM loads no general plugin at all.
+:class:`ServerConfig` is vLLM's launch; the process handling is
+:class:`marconi.integrations.common.server.ServerProcess`. The server is
+``python -m vllm.entrypoints.openai.api_server`` on 127.0.0.1 with prefix caching, token-id prompts
+(``--skip-tokenizer-init``), per-request cached-token counts and a fixed block pool
+(``--num-gpu-blocks-override``), one OpenMP thread (stable CPU timings). It inherits no
+``MARCONI_VLLM_*`` variable but :attr:`ServerConfig.plugin_env`.
 """
 
 from __future__ import annotations
