@@ -1,17 +1,10 @@
 """Command-line options declared once: numeric domains checked at parse time, outputs the CLI guards.
 
-Every numeric option's ``type=`` is a :class:`Number` or :class:`NumberList` holding the option's
-:class:`~marconi.core.registry.Domain` (the same declaration the registries use for name
-parameters), so argparse refuses ``0``, ``-1``, ``nan``, ``inf`` or ``1e12`` where they make no
-sense with exit code 2 and a message naming the option and what it takes -- before anything
-loads, spawns or runs. A capacity option's type is :class:`CapacityList`; a comma list of names
-(traces, policies) is a :class:`NameList`, which refuses empty items and duplicates.
-
-Every option a command writes is added with :func:`add_output`, which marks the argparse action;
-``marconi.cli.main`` finds the marked actions of the chosen sub-command in the parser itself and
-runs :func:`marconi.io.check_output` on each before the command starts (refusing an input of the
-command spelled any way, a directory where a file goes, an unwritable place). A new command cannot
-forget the guard: ``tests/test_cli_guards.py`` fails for an output-like option that is not marked.
+A numeric option's ``type=`` (:class:`Number`, :class:`NumberList`, :class:`CapacityList`) holds
+its :class:`~marconi.core.registry.Domain`, so argparse refuses bad values with exit 2 naming the
+option, before anything runs. Every path a command writes is added with :func:`add_output`;
+``marconi.cli.main`` runs :func:`marconi.io.check_output` on each marked action first
+(``tests/test_cli_guards.py`` fails for an output-like option that is not marked).
 """
 
 from __future__ import annotations
@@ -45,9 +38,9 @@ CHECKPOINT_BUDGET = Domain(0, MAX_CHECKPOINT_BUDGET, integer=True,
 
 
 class Number:
-    """argparse ``type=`` for one number in ``domain``; ArgumentTypeError (exit 2, the option named
-    by argparse) otherwise. A word of the domain (``none``) comes back as the lower-cased word;
-    ``text``: the checked text itself comes back (for options whose handler reads the text)."""
+    """argparse ``type=`` for one number in ``domain`` (ArgumentTypeError otherwise); a domain word comes
+    back lower-cased; ``text``: return the checked text.
+    """
 
     def __init__(self, domain: Domain, *, text: bool = False) -> None:
         self.domain, self.text = domain, text
@@ -65,9 +58,7 @@ class Number:
 
 
 class NumberList:
-    """argparse ``type=`` for a comma list of numbers in ``domain`` (a sweep); returns the list.
-
-    ``unique``: a value given twice is refused (two identical points under one label)."""
+    """argparse ``type=`` for a comma list of numbers in ``domain``; ``unique`` refuses repeats."""
 
     def __init__(self, domain: Domain, *, unique: bool = True) -> None:
         self.domain, self.unique = domain, unique
@@ -94,9 +85,7 @@ class NumberList:
 
 
 class NameList:
-    """argparse ``type=`` for a comma list of names (traces, policies with ``:k=v`` parameters);
-    returns the text, checked: at least one name, no empty item, none given twice.
-    ``what``: the kind of name, for the message (``trace``, ``policy``)."""
+    """argparse ``type=`` for a comma list of names; returns the text, with no empty or repeated item."""
 
     def __init__(self, what: str) -> None:
         self.what = what
@@ -121,9 +110,9 @@ class NameList:
 
 
 class CapacityList:
-    """argparse ``type=`` for a comma list of capacities (``10GB``, ``0.05x``, ``25%``: see
-    :func:`marconi.units.parse_capacity`); returns the text, checked. ``allow_zero``: whether ``0``
-    bytes is a capacity (a simulated cache of nothing) or an error (a server's pool)."""
+    """argparse ``type=`` for a comma list of capacities (:func:`marconi.units.parse_capacity`); returns
+    the text. ``allow_zero``: whether ``0`` bytes is allowed.
+    """
 
     def __init__(self, *, allow_zero: bool = True) -> None:
         self.allow_zero = allow_zero
@@ -153,11 +142,10 @@ _REREAD_ATTR = "marconi_reread"
 
 
 def add_output(parser: argparse.ArgumentParser, *flags: str, kind: str = "file", **kwargs: Any) -> argparse.Action:
-    """``parser.add_argument(*flags, **kwargs)`` for a path the command writes, marked for the CLI's guard.
+    """``parser.add_argument`` for a path the command writes, marked for the CLI's guard.
 
-    ``kind``: ``file`` (written atomically or appended to: no input of the command, not a
-    directory, a writable place), ``dir`` (a directory replaced as a whole: no input inside it) or
-    ``workdir`` (a scratch directory filled: not a file, writable). An empty value means "skip".
+    ``kind``: ``file`` (no input, not a directory, writable), ``dir`` (replaced whole: no input
+    inside) or ``workdir`` (scratch: not a file, writable). An empty value means "skip".
     """
     if kind not in OUTPUT_KINDS:
         raise ValueError(f"add_output: kind must be one of {OUTPUT_KINDS}, got {kind!r}")
@@ -167,8 +155,9 @@ def add_output(parser: argparse.ArgumentParser, *flags: str, kind: str = "file",
 
 
 def add_reread(parser: argparse.ArgumentParser, *flags: str, **kwargs: Any) -> argparse.Action:
-    """An input read whole before anything is written (``--from-records``), so it may lie inside
-    the command's output directory (the re-render of a directory from its own records)."""
+    """An input read whole before anything is written (``--from-records``), so it may lie inside the
+    command's output directory.
+    """
     action = parser.add_argument(*flags, **kwargs)
     setattr(action, _REREAD_ATTR, True)
     return action

@@ -1,20 +1,12 @@
 """Cache payloads of the real engine: KV slices and recurrent-state checkpoints as tensors.
 
-The cache core (``marconi.core.cache.PrefixCache``) never looks inside a payload: a radix-tree node
-holds one :class:`KVPayload` for its edge tokens and optionally one :class:`SSMPayload` (the state
-after its last token). This module captures them from a live ``DynamicCache`` (cloned: the cache
-updates its conv / recurrent buffers in place) and rebuilds a ``DynamicCache`` from them, using
-only the cache's public update calls. :class:`TensorPayloads` is the core's ``PayloadOps``.
-
-Shapes (batch 1): keys/values ``[1, H_kv, T, head_dim]`` (RoPE applied, so any prefix slice is
-valid at its original positions); conv state ``[1, conv_dim, K]`` (the last K inputs of the
-causal conv); recurrent state ``[1, H, P, N]`` (None for LFM2's short convolution); final hidden
-state ``[1, 1, D]``.
-
-A checkpoint also keeps the final hidden state of its last position (the LM head's input): the
-logits of the token after the checkpoint follow from it with one ``lm_head`` call, so a request
-whose whole input is cached computes nothing before its first output token. The engine's
-``ModelSpec`` counts those ``D`` elements in ``ssm_checkpoint_bytes``.
+A radix-tree node holds one :class:`KVPayload` for its edge tokens and optionally one
+:class:`SSMPayload` (the state after its last token, plus that position's final hidden state, so a
+whole-prompt hit needs only an ``lm_head`` call). Captures are clones (the cache updates its
+buffers in place); :func:`build_cache` rebuilds a ``DynamicCache`` through its public update calls.
+:class:`TensorPayloads` is the core's ``PayloadOps``. Shapes (batch 1): keys/values
+``[1, H_kv, T, head_dim]`` (RoPE applied); conv ``[1, conv_dim, K]``; recurrent ``[1, H, P, N]``
+(None for LFM2); hidden ``[1, 1, D]``.
 """
 
 from __future__ import annotations
@@ -60,8 +52,9 @@ class KVPayload:
 
 @dataclass(frozen=True, slots=True, eq=False)
 class SSMPayload:
-    """Recurrent state of every SSM layer after ``position`` tokens (a checkpoint), and the final
-    hidden state ``[1, 1, D]`` of position ``position - 1`` (the logits of the next token)."""
+    """Every SSM layer's state after ``position`` tokens, and the final hidden state ``[1, 1, D]`` of
+    position ``position - 1``.
+    """
 
     conv: tuple[torch.Tensor, ...]
     recurrent: tuple[torch.Tensor | None, ...]
@@ -76,8 +69,9 @@ class SSMPayload:
 
 # ================================================================================ capture
 def capture_ssm(cache: Any, layout: Any, position: int, hidden: torch.Tensor) -> SSMPayload:
-    """Clone the conv + recurrent state of every SSM layer of ``cache`` (which holds ``position``
-    tokens) and ``hidden``, the final hidden state ``[1, 1, D]`` of the forward that left it there."""
+    """Clone every SSM layer's conv + recurrent state of ``cache`` (holding ``position`` tokens) and
+    ``hidden``.
+    """
     if hidden.dim() != 3 or hidden.shape[:2] != (1, 1):
         raise EngineError(f"hidden state must be [1, 1, D] (one position), got {tuple(hidden.shape)}")
     conv, recurrent = [], []
@@ -115,11 +109,8 @@ def concat_kv(parts: Sequence[KVPayload]) -> KVPayload:
 
 # ================================================================================ restore
 def build_cache(model: Any, kv: Sequence[KVPayload], ssm: SSMPayload | None) -> Any:
-    """A fresh ``DynamicCache`` holding ``kv`` (root to leaf, concatenated) and the state ``ssm``.
-
-    The result owns new storage (``update`` concatenates, the state updates copy into fresh
-    buffers), so later decoding never writes into a cached payload. ``ssm`` must sit at the end of
-    ``kv`` (for models with attention); an empty ``kv`` and no ``ssm`` give an empty cache.
+    """A fresh ``DynamicCache`` holding ``kv`` (root to leaf) and ``ssm``, on new storage (decoding never
+    writes into a payload). ``ssm`` must sit at the end of ``kv`` (with attention).
     """
     cache = model.new_cache()
     layout = model.layout
@@ -143,11 +134,8 @@ def build_cache(model: Any, kv: Sequence[KVPayload], ssm: SSMPayload | None) -> 
 
 # ================================================================================ PayloadOps
 class TensorPayloads:
-    """The cache core's ``PayloadOps`` for tensor payloads (``split_kv``, ``join_kv``, ``release``).
-
-    Splits and joins copy, so every payload owns exactly its own bytes (a view would keep its
-    parent's storage alive after the other half is evicted). ``release`` drops nothing itself —
-    the tensors are freed when the tree lets go of them — but it counts, for tests and stats.
+    """The core's ``PayloadOps`` for tensors: splits and joins copy, so each payload owns exactly its
+    bytes; ``release`` only counts (the tree's references free the tensors).
     """
 
     def __init__(self) -> None:

@@ -1,17 +1,10 @@
 """Miss-ratio curves: token hit rate against cache capacity, from tight to the whole working set.
 
-``marconi mrc --trace T --systems sglang+,marconi --points 12`` is how a user picks a cache size:
-every system is replayed at ``points`` capacities spaced geometrically from ``lo`` × the trace's
-working set up to the working set itself (where nothing is ever evicted), in parallel on a sweep
-backend (local processes or Ray). ``infinite`` (unbounded capacity: the ceiling, one run) and
-``oracle`` (future-aware eviction: how far each policy is from what knowing the future allows)
-are drawn on the same plot. Records are the sweep's JSONL records plus ``fraction``.
-
-A curve's capacities are fractions of the working set, so its knob is ``lo`` (``--lo``), not a
-capacity: a smallest capacity below one SSM checkpoint is refused before the sweep, saying how
-far to raise ``lo``, and points that cannot run at the small end (a vLLM pool too small for a
-request) are reported in the same terms while the rest of the curve is kept. Fractions are kept
-to 6 significant digits, and duplicates run once (``--points 5000 --lo 0.9999`` is 101 capacities).
+Every system is replayed at ``points`` capacities spaced geometrically from ``lo`` × the working
+set up to the working set, on a sweep backend, with ``infinite`` (one run) and ``oracle`` as
+references; records are the sweep's plus ``fraction``. The knob is ``lo``: a smallest capacity
+below one SSM checkpoint is refused before the sweep, and failing points are reported in ``lo``
+terms while the rest of the curve is kept.
 """
 
 from __future__ import annotations
@@ -40,10 +33,8 @@ CEILINGS = ("oracle", "infinite")
 
 
 def capacity_fractions(points: int, lo: float = 0.005) -> list[float]:
-    """Up to ``points`` distinct fractions of the working set, geometric from ``lo`` to 1 (both included).
-
-    Fractions are rounded to 6 significant digits; where that makes neighbours equal (many points
-    in a narrow range) each is kept once, so the list may be shorter than ``points``.
+    """Up to ``points`` distinct fractions of the working set, geometric from ``lo`` to 1 inclusive,
+    rounded to 6 significant digits (equal neighbours kept once).
     """
     if points < 2:
         raise ConfigError(f"a miss-ratio curve needs at least 2 points, got {points}")
@@ -72,13 +63,11 @@ def run_mrc(trace: Sequence[Any], trace_name: str, systems: Sequence[str], *, mo
             points: int = 12, lo: float = 0.005, ceilings: bool = True, latency: str = "a100",
             workers: int | None = None, backend: str | Backend = "local",
             on_record: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
-    """Records of every system at every capacity fraction (plus ``oracle`` and one ``infinite``).
-
-    Each record carries ``fraction`` (of the working set) next to ``capacity_bytes``.
+    """Records of every system at every fraction (plus ``oracle`` and one ``infinite``), with ``fraction``.
 
     Raises:
         ConfigError: ``lo`` x the working set is below one SSM checkpoint (before the sweep).
-        PointsFailed: some points could not run (in ``lo`` terms); the curve's other records are on it.
+        PointsFailed: some points could not run (in ``lo`` terms); the others' records are on it.
     """
     pts = mrc_points(systems, model=model, points=points, lo=lo, ceilings=ceilings)
     spec = get_model(model)

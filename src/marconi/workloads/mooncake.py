@@ -1,25 +1,11 @@
 """Token traces rebuilt from Mooncake's block-level production traces (no text).
 
-A Mooncake line is ``{timestamp (ms), input_length, output_length, hash_ids}``: the input is
-``len(hash_ids)`` blocks of ``block_size`` (512) tokens, the last one possibly partial
-(``(len(hash_ids) - 1) * block_size < input_length <= len(hash_ids) * block_size``). Hash ids are
-chained: an id always follows the same parent id (checked), so equal ids mean equal prefixes.
-
-Rebuilt tokens (all within ``[3, vocab_size)``, so a real model can run them; 0-2 are left out, they
-are <unk>/<s>/</s> in Llama-style vocabularies):
-
-* outputs use ids ``[3, 3 + output_vocab)``, fresh random tokens per request (seeded from
-  ``(seed, line)``); blocks use ``[3 + output_vocab, vocab_size)``, so no output token ever equals a
-  block token: a cached output never extends a match into a later input;
-* equal hash ids give equal blocks (a partial block is the prefix of its full block);
-* distinct ids give distinct blocks, and blocks that follow the same parent (the only ones a prefix
-  tree ever compares) differ at their **first** token: token 0 of a block is its rank among its
-  parent's children, so a prefix match ends exactly at a block boundary. Tokens 1 and 2 spell the id
-  in base ``B = vocab_size - 3 - output_vocab`` (so any two blocks of >= 3 tokens with ids < B**2
-  differ), the rest are a seeded hash of (id, position).
-
-Requests keep the real arrival times (ms -> s). There are no sessions: each request is its own
-session (id = its 0-based line number in the file) with turn 0.
+A line is ``{timestamp (ms), input_length, output_length, hash_ids}`` with ``block_size`` (512)
+token blocks, the last possibly partial; ids are chained (checked). Rebuilt tokens lie in
+``[3, vocab_size)``: equal ids give equal blocks, sibling blocks differ at their first token (a
+match ends at a block boundary), and outputs use a disjoint id range so a cached output never
+extends a match. Each request is its own session (its line number), turn 0, at its real time.
+The block layout is in docs/data.md ("Block-hash traces").
 """
 
 from __future__ import annotations
@@ -101,7 +87,7 @@ def _mix64(x: np.ndarray) -> np.ndarray:
 
 
 class MooncakeTokens:
-    """Deterministic block contents for a set of rows (see the module docstring for the layout)."""
+    """Deterministic block contents for a set of rows (layout: module doc)."""
 
     def __init__(self, rows: Sequence[MooncakeRow], *, block_size: int = 512, vocab_size: int = 32000,
                  output_vocab: int = 1024, seed: int = 0):
@@ -176,11 +162,8 @@ def build_mooncake_trace(path: str | os.PathLike | None = None, *, limit: int | 
                          block_size: int = 512, vocab_size: int = 32000, output_vocab: int = 1024,
                          seed: int = 0, max_input_len: int | None = None,
                          progress: Progress | None = None) -> Trace:
-    """Rebuild a token trace from a Mooncake trace file (see the module docstring).
-
-    ``limit`` reads only the first lines; ``max_input_len`` drops (does not truncate) longer requests
-    (their count is ``meta["num_dropped"]``). Session ids are the 0-based line indices among the
-    non-blank lines read, so they stay stable when requests are dropped.
+    """Rebuild a token trace from a Mooncake file; ``max_input_len`` drops longer requests (counted in
+    ``meta["num_dropped"]``); session ids are line indices, stable under drops.
     """
     source = Path(path) if path is not None else default_mooncake_path()
     rows = read_mooncake_rows(source, limit=limit, block_size=block_size)

@@ -1,27 +1,12 @@
 """Hash-id recordings of a live vLLM server (``MARCONI_VLLM_RECORD``), read as traces.
 
-A recording is a JSONL file plus its sidecar ``<file>.meta.json`` (the layout is documented in
-:mod:`marconi.integrations.vllm.record`): a header line ``{"recording": salt_id, "format": ...}``,
-then one line per request with ``arrival``/``finish`` (seconds), ``prompt_len``, ``output_len``,
-``hash_ids`` (the salted block-hash chain over prompt and output at the sidecar's ``block_size``),
-``num_cached_tokens`` and ``num_preemptions``. Like Mooncake's traces it holds no tokens: equal
-hash ids are equal prefixes, and :func:`build_recording_trace` rebuilds a token trace with exactly
-those equalities (through :class:`~marconi.workloads.mooncake.MooncakeTokens`), so every engine of
-the project (the simulator, ``vllm-align``, ``marconi vllm replay``) can serve it.
-
-Rebuilt sequences: request ``i``'s prompt and output are one token sequence of ``prompt_len +
-output_len`` tokens whose full blocks are its ``hash_ids`` (so a later prompt that continues an
-earlier output hits it, as in vLLM); tokens past the last recorded full block (a partial tail)
-get a block id of their own (never shared, as vLLM never shares a partial block). Requests are
-ordered by arrival (stably); the request at position ``i`` is session ``i``, turn 0, at ``ts =
-arrival - first arrival``. The trace's ``meta["recording"]`` holds, per position, the recorded
-``num_cached_tokens``, ``num_preemptions``, finish times and source lines, and the sidecar's fields.
-
-Bad input is a :class:`RecordingError` naming file, line and field: a missing or foreign sidecar,
-a header whose salt fingerprint is not the sidecar's (``salt mismatch``), a field of the wrong type
-or range, a chain too short for the prompt or too long for the sequence, two chains that
-contradict each other (one id after two different parents, or at two depths), a file with no
-request. A last line cut short (a server killed mid-write) is skipped with a warning naming it.
+A recording (JSONL plus its ``<file>.meta.json`` sidecar; layout in
+:mod:`marconi.integrations.vllm.record`) holds salted block-hash chains, no tokens.
+:func:`build_recording_trace` rebuilds a token trace with exactly those prefix equalities
+(:class:`~marconi.workloads.mooncake.MooncakeTokens`), so every engine can serve it: one sequence
+per request (prompt + output), a partial tail never shared, session ``i`` turn 0 in arrival order,
+``meta["recording"]`` keeping the recorded counts. Bad input raises :class:`RecordingError`; a last
+line cut short is skipped with a warning. See docs/data.md ("Block-hash traces").
 """
 
 from __future__ import annotations
@@ -96,9 +81,9 @@ _SNIFF_BYTES = 1 << 20
 
 
 def is_mooncake_file(path: str | os.PathLike) -> bool:
-    """Whether ``path``'s first non-blank line is a Mooncake request (``timestamp``, ``input_length``,
-    ``hash_ids``); a Mooncake file has no sidecar. Reads at most 1 MiB, never a FIFO or a device
-    (False: the trace reader that follows names what is wrong), and never raises."""
+    """Whether ``path``'s first non-blank line is a Mooncake request; reads at most 1 MiB of a regular
+    file and never raises.
+    """
     try:
         if not_regular(os.stat(path)) is not None:
             return False
@@ -161,10 +146,11 @@ def _read_meta(path: str) -> dict[str, Any]:
 
 
 def read_recording(path: str | os.PathLike, limit: int | None = None) -> Recording:
-    """Read and check a recording and its sidecar (see the module docstring).
+    """Read and check a recording and its sidecar.
 
     Raises:
-        RecordingError: naming file, line and field (see the module docstring).
+        RecordingError: a missing or foreign sidecar, a salt mismatch, a bad field, a chain too short
+            or too long or contradicting another, or no request (naming file, line and field).
         FileNotFoundError: no such file.
     """
     path = os.fspath(path)
