@@ -1,11 +1,9 @@
 """A streaming client for an OpenAI-compatible completions API: token ids in, token ids and timings out.
 
-Each request is a ``POST /v1/completions`` with ``prompt`` = token ids, ``max_tokens`` = the
-trace's output length, ``ignore_eos``, greedy sampling, ``stream`` with usage, and
-``return_token_ids`` (so the server's own output ids come back, no tokenizer involved; vLLM's
-extension, as ``ignore_eos`` is). TTFT is measured on the client, from sending the request to the
-first streamed token; TPOT is the mean gap between later tokens. The per-request cached-token count
-comes from ``usage.prompt_tokens_details.cached_tokens`` (vLLM: ``--enable-prompt-tokens-details``).
+Each request is a streamed ``POST /v1/completions`` of token ids, ``max_tokens`` = the trace's output
+length, ``ignore_eos``, greedy, ``return_token_ids`` (vLLM's extensions). TTFT is the client's, to
+the first streamed token; TPOT the mean gap after it; cached tokens come from
+``usage.prompt_tokens_details.cached_tokens``.
 """
 
 from __future__ import annotations

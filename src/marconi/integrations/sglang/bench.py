@@ -1,12 +1,10 @@
 """``python -m marconi.integrations.sglang.bench``: a trace through SGLang's own radix cache, per policy.
 
-Runs in the SGLang environment (``marconi sglang bench`` starts it there). For each policy a fresh
-:class:`~marconi.integrations.sglang.replay.RadixReplay` with the same pools (from ``--capacity``: bytes,
-or a fraction of the trace's working set on ``--model``) replays the trace; hit rates are SGLang's own
-(``match_prefix``). One JSONL record per policy: ``engine="sglang"``, ``policy``, ``token_hit_rate``,
-``sim_token_hit_rate`` (the ``sglang-unified`` emulation on the same requests, pools and policy, no SGLang
-inside) with ``sim_requests_differing`` (requests whose usable or KV-only hit differs from SGLang's),
-``num_requests``, the pools, the plugin's counters, seconds.
+Runs in the SGLang environment. Each policy gets a fresh
+:class:`~marconi.integrations.sglang.replay.RadixReplay` with the same pools (``--capacity`` on
+``--model``); hit rates are SGLang's own. One JSONL record per policy, with
+``sim_token_hit_rate`` (the ``sglang-unified`` emulation on the same requests and pools) and
+``sim_requests_differing``.
 """
 
 from __future__ import annotations

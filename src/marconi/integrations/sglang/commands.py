@@ -1,12 +1,8 @@
-"""The ``marconi sglang`` command group (wired into ``marconi.cli`` by ``register``).
+"""The ``marconi sglang`` command group (``bench``; wired into ``marconi.cli`` by ``register``).
 
-    marconi sglang bench [--sglang-python .venv-sglang/bin/python] [--trace swe-sample|FILE] [--capacity 0.05x|10GB]
-                         [--model paper-7b] [--policies lru,marconi[,marconi:alpha=0.5]] [--num-requests N]
-                         [--out results/sglang_bench.jsonl]
-
-The replay runs in the SGLang environment (``make sglang-env``), through SGLang's own ``UnifiedRadixCache``:
-:mod:`marconi.integrations.sglang.bench`. Records go to stdout and ``--out``; the table to stdout, with the
-``sglang-unified`` emulation's hit rate on the same requests and pools beside SGLang's.
+The bench runs in the SGLang environment (``make sglang-env``) through SGLang's own
+``UnifiedRadixCache`` (:mod:`marconi.integrations.sglang.bench`); records go to stdout and ``--out``,
+the table (SGLang's hit rate beside the ``sglang-unified`` emulation's) to stdout.
 """
 
 from __future__ import annotations

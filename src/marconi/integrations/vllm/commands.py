@@ -1,17 +1,7 @@
-"""The ``marconi vllm`` command group (wired into ``marconi.cli`` by ``register``).
+"""The ``marconi vllm`` command group (``bench``, ``replay``, ...; wired into ``marconi.cli`` by ``register``).
 
-    marconi vllm bench [--vllm-python .venv-vllm/bin/python] [--model qwen3_next-tiny] [--trace swe-sample|FILE]
-                       [--max-input-len 8192] [--num-requests N] [--max-output-len N] [--blocks 150]
-                       [--policies lru,marconi[,marconi:alpha=adaptive]] [--alpha 0.5|adaptive] [--concurrency 1]
-                       [--out results/vllm_bench.jsonl] [--plot results/vllm_bench_ttft_cdf.png]
-                       [--record-fixture FILE]
-
-    marconi vllm replay [--vllm-python .venv-vllm/bin/python] [--model nemotron-h-8b|DIR] [--trace swe-sample|FILE]
-                        (--blocks N | --capacity 0.05x|10GB | --gpu-memory 80GB) [--gpu h100|h200|a100]
-                        (--concurrency C | --rate R | --trace-times [SCALE]) [--policies lru,marconi[,marconi:alpha=adaptive]]
-                        [--out results/vllm_replay.jsonl] [--plot results/vllm_replay_ttft_cdf.png]
-
-Only the handler prints (progress to stderr, the comparison table to stdout).
+Options are argparse's (``marconi vllm <command> --help``; docs/vllm.md). Only the handlers print:
+progress to stderr, tables to stdout.
 """
 
 from __future__ import annotations

@@ -2,34 +2,13 @@
 
 With ``MARCONI_VLLM_RECORD=path`` (no policy observes as ``lru``: recording never changes what vLLM
 decides) the engine core appends one JSONL line per finished or aborted request when vLLM frees it
-(``Scheduler._free_request``):
-
-=====================  ==========================================================================
-field                  meaning
-=====================  ==========================================================================
-``arrival``            vLLM's ``arrival_time`` (seconds, Unix epoch)
-``finish``             when the request was freed (seconds, Unix epoch)
-``prompt_len``         prompt tokens
-``output_len``         output tokens generated
-``hash_ids``           the request's block-hash chain at vLLM's hash granularity (``hash_block_size``
-                       tokens per block, prompt and output, full blocks only), each hash re-hashed
-                       with this recording's salt into an integer in ``[0, 2**63)``
-``num_cached_tokens``  the prompt tokens vLLM served from its prefix cache at the request's first
-                       scheduling (what vLLM reports as ``num_cached_tokens``)
-``num_preemptions``    times vLLM preempted the request
-=====================  ==========================================================================
-
-* **No token ids, no text**: each block hash is stored as ``blake2b(salt ‖ hash)`` with a fresh
-  256-bit salt per recording, kept only in the sidecar ``<path>.meta.json``, so two recordings cannot
-  be joined. The sidecar (written atomically at engine-core start) holds ``format``, ``version``,
-  ``salt``, ``salt_id`` (repeated in the JSONL's header line ``{"recording": salt_id}``, so a foreign
-  sidecar is refused), ``block_size``, ``model``, ``vllm_version``, ``max_num_seqs``, ``policy``,
-  vLLM's scheduler settings and ``truncated``.
-* ``path`` must not exist (never overwritten); ``MARCONI_VLLM_RECORD_MAX_BYTES`` (default 1 GiB)
-  caps the file, past which recording stops and the sidecar says ``truncated: true``. Lines are
-  written whole and flushed per request. One engine core per path.
-* An unwritable or existing path is a :class:`~marconi.core.registry.ConfigError` at registration
-  naming ``MARCONI_VLLM_RECORD``: vLLM does not start. Sizes and usage: docs/diagnose.md, "1. Record".
+(``Scheduler._free_request``): times, lengths, the salted block-hash chain, ``num_cached_tokens``
+and preemptions, never token ids. Each hash is stored as ``blake2b(salt ‖ hash)`` with a fresh
+256-bit salt kept only in the sidecar ``<path>.meta.json``, so two recordings cannot be joined.
+``path`` must not exist (never overwritten); ``MARCONI_VLLM_RECORD_MAX_BYTES`` (default 1 GiB) caps
+the file, then recording stops and the sidecar says ``truncated: true``. An unwritable or existing
+path is a :class:`~marconi.core.registry.ConfigError` naming the variable. The fields and the
+sidecar: docs/diagnose.md, "1. Record".
 """
 
 from __future__ import annotations
