@@ -1,8 +1,6 @@
-"""What the command modules share beyond option types (:mod:`marconi.options`): the trace loader
-with its notices on stderr, the files a command reads (for its output guard), comma lists.
-
-A floor below every command module and below :mod:`marconi.cli`, which imports the command
-modules: a command module takes its helpers from here, never from the CLI.
+"""What command modules share beyond option types: the trace loader with its stderr notices, the
+files a command reads (for its output guard), comma lists. Below :mod:`marconi.cli`, so command
+modules never import the CLI.
 """
 
 from __future__ import annotations
@@ -25,12 +23,9 @@ def load_trace(text: str, limit: int | None = None) -> Any:
 
 def read_files(*, traces: Sequence[str | None] = (), models: Sequence[str | None] = (),
                files: Sequence[str | None] = ()) -> list[str]:
-    """Every existing file (or model directory) a command reads, for ``check_output(inputs=...)``.
-
-    ``traces``: ``--trace`` values; a trace file is read with its ``.meta.json`` sidecar. ``models``:
-    ``--model`` values (comma lists); a path is a config file or a directory whose files are all
-    read. ``files``: other paths (comma lists; a ``table:`` prefix is dropped). Catalog and preset
-    names name no file here.
+    """Every existing file (or model directory) a command reads, for ``check_output(inputs=...)``: trace
+    files with their sidecars, model paths, and ``files`` (a ``table:`` prefix dropped); catalog and
+    preset names name no file.
     """
     from marconi.workloads.trace.files import META_SUFFIX
 
@@ -43,11 +38,10 @@ def read_files(*, traces: Sequence[str | None] = (), models: Sequence[str | None
 
 
 def comma_list(text: Any, flag: str, kind: Callable[[str], Any]) -> list[Any] | None:
-    """``--flag a,b,c`` as a list of ``kind(item)`` (None when ``text`` is None: not given); a list
-    or tuple (an option whose type already split it) is returned as a list.
+    """``--flag a,b,c`` as ``[kind(item), ...]`` (None if not given; an already split list passes).
 
     Raises:
-        ConfigError: naming ``flag``, for an item ``kind`` refuses (ValueError) or an empty list.
+        ConfigError: naming ``flag``, for an item ``kind`` refuses or an empty list.
     """
     if text is None:
         return None

@@ -1,11 +1,7 @@
 """Presentation helpers, in one place: number formatters, Markdown and plain-text tables, figures.
 
-Every table, summary and report of the project formats its numbers here, so the same quantity
-reads the same everywhere and a missing value is always :data:`MISSING` (an en dash). Formatters
-take ``None``, NaN and infinities and print :data:`MISSING` for them rather than ``nan%``.
-
-Computation never lives here: a ratio of two numbers is the caller's (``safe_ratio`` in the
-reproduction); :func:`fmt_times` only prints one.
+Every report formats its numbers here, so a quantity reads the same everywhere; ``None``, NaN and
+infinities print as :data:`MISSING` (an en dash). No computation lives here.
 """
 
 from __future__ import annotations
@@ -65,11 +61,8 @@ Column = tuple[str, str, "Callable[[Any], str] | None"]
 
 
 def format_table(rows: Sequence[dict[str, Any]], columns: Sequence[Column]) -> str:
-    """Aligned plain text for a terminal: records in, one line per record out.
-
-    ``columns`` are ``(header, key, formatter)``; a missing key or a None value prints
-    :data:`MISSING`, a value without a formatter prints ``str(value)``. The first column is
-    left-aligned, the others right-aligned.
+    """Aligned plain text, one line per record; ``columns`` are ``(header, key, formatter)``; a missing
+    or None value prints :data:`MISSING`; the first column left-aligned, the rest right-aligned.
     """
     cells = [[h for h, _, _ in columns]]
     for row in rows:
@@ -98,11 +91,8 @@ def pyplot() -> Any:
 
 
 def save_figure(fig: Any, path: str | os.PathLike[str], *, dpi: int = 110) -> Path:
-    """Save ``fig`` as a PNG at ``path`` and close it; returns ``path``.
-
-    Atomic: the PNG is written to a temp file beside ``path`` and renamed over it, so a crash
-    never leaves a half-written image; on an error ``path`` is left as it was. The figure is
-    closed either way (pyplot keeps every open figure alive).
+    """Save ``fig`` as a PNG at ``path`` atomically (``path`` unchanged on error) and close it either
+    way; returns ``path``.
     """
     from marconi.io import atomic_write
 
@@ -117,10 +107,8 @@ def save_figure(fig: Any, path: str | os.PathLike[str], *, dpi: int = 110) -> Pa
 
 
 def plot_ttft_cdf(records: Sequence[dict[str, Any]], path: str | os.PathLike[str], *, clock: str, title: str) -> Path:
-    """One CDF of per-request TTFT per record (PNG, written atomically); returns ``path``.
-
-    Each record needs ``per_request.ttft_s`` (seconds), ``token_hit_rate`` and ``arm`` (or
-    ``policy``), which labels its line; ``clock`` says where the TTFT is measured (the x label).
+    """One CDF of per-request TTFT per record (PNG, atomic); returns ``path``. Records need
+    ``per_request.ttft_s``, ``token_hit_rate`` and ``arm`` (or ``policy``); ``clock`` labels the x axis.
     """
     import numpy as np
 

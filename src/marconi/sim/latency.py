@@ -1,15 +1,9 @@
-"""Latency models: map the uncached part of a prefill to time-to-first-token.
+"""Latency models: map the uncached part of a prefill to time-to-first-token (seconds).
 
-* :class:`ZeroLatency` — requests complete instantly: the strict sequential replay (match, then
-  insert) of the Marconi authors' simulator. The default.
-* :class:`RooflineLatency` — prefill FLOPs of the uncached span ÷ (peak FLOP/s × efficiency), plus a
-  fixed overhead; decode at a fixed per-token time. Presets for A100 and H100.
-* :class:`TableLatency` — a measured TTFT-vs-tokens-prefilled table fitted with a straight line,
-  as the paper does with its Jamba-1.5-Mini measurements (``../shared/data/latency``), or the
-  engine's own CPU measurements. A table is checked before it is fitted: every token count a
-  finite number >= 0 and increasing down the file, every TTFT a finite number > 0 (errors name
-  ``file:line:column``), and the fitted line must grow with the tokens (a NaN, a negative value or
-  swapped columns used to fit a line that gave 0 ms TTFT).
+:class:`ZeroLatency` (the default: the strict sequential replay of the paper's simulator),
+:class:`RooflineLatency` (uncached prefill FLOPs at a fraction of peak, plus overhead; A100 and
+H100 presets) and :class:`TableLatency` (a straight line fitted to a measured TTFT table, checked
+before it is fitted, as the paper does with its Jamba-1.5-Mini measurements).
 """
 
 from __future__ import annotations
@@ -99,10 +93,8 @@ class TableLatency:
         """Read a CSV with a tokens column and a TTFT column in ms (``*_ms``) or s, and fit a line.
 
         Raises:
-            ConfigError: no such file, no tokens or TTFT column, a value that is missing, not a
-                number, not finite, negative (a TTFT of 0 too) or a token count that does not
-                increase down the file (``path:line:column`` names it), or a fit that does not
-                grow with the tokens (see :meth:`fit`).
+            ConfigError: no such file or column; a value missing, not finite, negative (or a zero TTFT);
+                token counts not increasing (``path:line:column`` names it); or a non-growing fit.
         """
         path = Path(path)
         if not path.is_file():
@@ -152,11 +144,11 @@ class TableLatency:
     @classmethod
     def fit(cls, tokens: Sequence[float] | np.ndarray, ttft_s: Sequence[float] | np.ndarray, name: str, *,
             where: str) -> "TableLatency":
-        """The least-squares line through ``(tokens, ttft_s)`` points (already checked finite, >= 0).
+        """The least-squares line through ``(tokens, ttft_s)``.
 
         Raises:
-            ConfigError: fewer than 2 distinct token counts, or a fitted TTFT that does not grow with
-                the tokens (it would model prefills as free); ``where`` names the source.
+            ConfigError: fewer than 2 distinct token counts, or a TTFT that does not grow with the tokens
+                (prefills would be free); ``where`` names the source.
         """
         x = np.asarray(tokens, dtype=np.float64)
         y = np.asarray(ttft_s, dtype=np.float64)

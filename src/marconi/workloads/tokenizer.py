@@ -1,9 +1,8 @@
 """Text -> token ids with the ``tokenizers`` package and a ``tokenizer.json``.
 
-The default is the vendored Mistral-7B v0.1 tokenizer (Apache-2.0, 32k vocab, a Llama-2 look-alike).
-Others are given by path (a ``tokenizer.json`` or a directory holding one) or by the name of a folder
-under ``tokenizers/`` of the vendored data or of the shared data set (``llama2`` there is the paper's
-tokenizer: use it from the shared data set, never vendor it).
+Default: the vendored Mistral-7B v0.1 tokenizer (Apache-2.0, 32k vocab). Others by path or by a
+folder name under ``tokenizers/`` of the vendored or shared data (``llama2``, the paper's, only
+from the shared data set).
 """
 
 from __future__ import annotations
@@ -30,13 +29,11 @@ class TokenizerError(ValueError):
 
 @dataclass(frozen=True, slots=True, eq=False)
 class TextTokenizer:
-    """A loaded tokenizer. ``encode`` returns int32 ids; BOS is prepended when asked.
+    """A loaded tokenizer; ``encode`` returns int32 ids, BOS first when asked.
 
     Attributes:
-        name: the tokenizer's folder name (e.g. ``"mistral-v1"``) or file stem.
-        path: the ``tokenizer.json`` it was loaded from.
         vocab_size: number of ids including added tokens.
-        bos_id: id of the beginning-of-sequence token, or None if the vocabulary has none.
+        bos_id: the beginning-of-sequence id, or None.
     """
 
     name: str
@@ -68,9 +65,8 @@ class TextTokenizer:
 
 
 def resolve_tokenizer_path(spec: str | os.PathLike | None = None) -> Path:
-    """The ``tokenizer.json`` for a name, a file or a directory (None: the default).
-
-    Raises TokenizerError naming every place tried when there is no such tokenizer.
+    """The ``tokenizer.json`` for a name, a file or a directory (None: the default); TokenizerError
+    naming every place tried otherwise.
     """
     if spec is None:
         spec = DEFAULT_TOKENIZER

@@ -21,12 +21,9 @@ __all__ = ["SessionCheck", "session_warnings", "validate_trace", "inspect_trace"
 
 
 class SessionCheck:
-    """Finds what the schema allows but a multi-turn trace rarely means: repeated (session, turn)
-    pairs, and turns whose input does not start with their session's previous input + output.
-
-    The second is expected of some recipes (SWE traces that keep only the last observations, doc-QA
-    sessions whose questions branch off one document), so both are *warnings*. Memory is one
-    (length, digest) pair per session and one position per (session, turn).
+    """Warns of repeated (session, turn) pairs and turns whose input does not extend their session's
+    previous input + output (expected of some recipes, so warnings). Memory: one (length, digest) per
+    session and one position per (session, turn).
     """
 
     def __init__(self) -> None:
@@ -53,10 +50,7 @@ class SessionCheck:
         self.previous[session_id] = (int(history.size), _digest(history))
 
     def warnings(self, label: str, fmt: str, max_positions: int = 3) -> list[TraceProblem]:
-        """One summary warning per kind (a trace may have thousands of either).
-
-        ``fmt``: a file format's name (positions are its lines or rows) or ``"memory"``
-        (positions are request indices, named in the message).
+        """One summary warning per kind; ``fmt``: a file format (positions are lines or rows) or ``"memory"``.
         """
         unit = "request" if fmt == "memory" else format_named(fmt).position
         out = []
@@ -93,18 +87,16 @@ def session_warnings(trace: Trace | Iterable[Request], label: str = "trace") -> 
 
 
 def validate_trace(path: str | os.PathLike) -> list[TraceProblem]:
-    """Check a whole trace file and return EVERY problem found (empty list: the file is valid).
-
-    Each record is checked field by field (all its problems are reported, the first bad element of
-    each token list), plus the order of timestamps against the previous valid one.
+    """Every problem of a trace file (empty: valid): all of each record's field problems and timestamp
+    order against the previous valid record.
     """
     return inspect_trace(path)[0]
 
 
 def inspect_trace(path: str | os.PathLike) -> tuple[list[TraceProblem], list[TraceProblem]]:
-    """(problems, warnings) of a trace file in one pass: :func:`validate_trace`'s problems (the
-    stored name and meta included: a malformed sidecar is one), and :class:`SessionCheck`'s
-    warnings (which do not make the file invalid), plus one when the sidecar counts other requests."""
+    """(problems, warnings) of a trace file in one pass: :func:`validate_trace`'s (a malformed sidecar
+    included), :class:`SessionCheck`'s, and one when the sidecar counts other requests.
+    """
     label = os.fspath(path)
     fmt = trace_format(path)
     if not Path(path).exists():

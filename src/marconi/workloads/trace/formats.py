@@ -1,13 +1,8 @@
 """The table of trace file formats: each format module registers what it reads and writes.
 
-A format is found by the file name's suffix (:func:`format_of`), so adding one is one new module
-that calls :func:`register_format` on import, plus its import in :mod:`.files` (the one module that
-reads the table). :mod:`.jsonl` registers ``jsonl`` and ``jsonl.gz``, :mod:`.parquet` ``parquet``.
-
-Why not :class:`marconi.core.registry.Registry`: that table maps ``"name:k=v"`` specs to factories
-with typed parameters. A trace format has no parameters, is chosen by a suffix rather than a name,
-and is a bundle of functions (records, writer, meta reader) rather than one factory; a
-frozen record per format in a small table says that directly.
+A format is found by suffix (:func:`format_of`); adding one is a module calling
+:func:`register_format`, imported by :mod:`.files`. Not a :class:`marconi.core.registry.Registry`:
+a format has no parameters, is chosen by suffix, and is a bundle of functions.
 """
 
 from __future__ import annotations
@@ -35,15 +30,12 @@ class TraceFormat:
     """One trace file format.
 
     Attributes:
-        name: what :func:`~.files.trace_format` returns (``"jsonl"``).
-        suffixes: lower-case file name endings (``(".jsonl",)``); the longest match over every
-            format wins, so ``.jsonl.gz`` is never read as ``.jsonl``.
-        records: the reader (streaming; a file it cannot read is a problem record, not a raise).
+        suffixes: lower-case endings; the longest match over every format wins.
+        records: the streaming reader (an unreadable file is a problem record, not a raise).
         write: the writer, into a binary stream it must not close.
-        read_meta: what the file stores as its name and meta; :mod:`.files` checks its shape.
-        sidecar: the format cannot hold meta itself, so :func:`~.files.write_trace` writes it to
-            ``<file>.meta.json`` together with the trace, and ``read_meta`` reads it from there.
-        position: how a record is located in messages: a 1-based ``line`` or a 0-based ``row``.
+        read_meta: the stored name and meta (:mod:`.files` checks its shape).
+        sidecar: meta lives in ``<file>.meta.json``, written with the trace.
+        position: how records are located in messages: 1-based ``line`` or 0-based ``row``.
     """
 
     name: str
