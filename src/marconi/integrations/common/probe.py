@@ -42,15 +42,9 @@ _probed: dict[tuple[str, str], str] = {}
 
 
 def probe_python(python: str | os.PathLike[str], package: str, *, option: str, make_target: str) -> str:
-    """``package``'s version in the environment of ``python``; ConfigError (one line, naming
-    ``option`` and ``make_target``) unless ``python`` runs, is Python 3, and finds ``package`` and
-    this project (``marconi``). Nothing is imported there but the standard library.
-
-    Args:
-        python: the interpreter (as given on the command line).
-        package: the engine's import name (``vllm``, ``sglang``).
-        option: the command-line option that named it (``--vllm-python``).
-        make_target: what builds the environment (``make vllm-env``).
+    """``package``'s version (``vllm``, ``sglang``) in the environment of ``python``; ConfigError
+    (one line, naming ``option``, e.g. ``--vllm-python``, and ``make_target``, e.g. ``make
+    vllm-env``) unless ``python`` runs, is Python 3, and finds ``package`` and ``marconi``.
     """
     fix = f"build the environment with `{make_target}` or pass {option} PATH to its python"
     path = Path(python)

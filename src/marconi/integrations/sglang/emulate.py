@@ -29,7 +29,7 @@ _TRACK_SLOTS = 2            # extra_buffer: the request's ping-pong track slots 
 
 
 class PoolExhausted(RuntimeError):
-    """A request the pools cannot hold after evicting everything unlocked (the bench's driver raises too)."""
+    """A request the pools cannot hold after evicting everything unlocked."""
 
 
 class _ComponentData:
@@ -105,13 +105,12 @@ class UnifiedRadixEmulator:
     Args:
         strategy: None for SGLang's LRU, or a :class:`~marconi.integrations.sglang.policy.MarconiStrategy`
             built with ``mamba_index=MAMBA`` (the plugin's policy on these nodes).
-        buffer: ``no_buffer`` (page size 1) or ``extra_buffer`` (modelled only; see the module docstring).
+        buffer: ``no_buffer`` (page size 1) or ``extra_buffer`` (modelled from SGLang's code only).
         page_size: the tree's page (1 for ``no_buffer``, as SGLang asserts).
         chunk_size: ``mamba_cache_chunk_size`` (the model's Mamba chunk, 64 by default, or the page).
         track_interval: ``mamba_track_interval`` (decode checkpoints, ``extra_buffer`` only).
 
-    Raises :class:`PoolExhausted` (a RuntimeError) when a request cannot be served after evicting
-    everything unlocked (the bench's driver raises too).
+    Raises :class:`PoolExhausted` when a request cannot be served after evicting everything unlocked.
     """
 
     def __init__(self, kv_tokens: int, mamba_slots: int, *, strategy: Any = None, buffer: str = "no_buffer",
@@ -450,8 +449,7 @@ class UnifiedRadixEmulator:
     def clone(self, strategy: Any = None) -> "UnifiedRadixEmulator":
         """An independent copy of the tree, the pools, the clock and the counters, under ``strategy``
         (None: SGLang's LRU). Node keys are shared (never written in place). Take it between requests:
-        locks are copied, the requests holding them are not. (The exact-worlds α source copies the
-        live cache at a switch: :mod:`marconi.integrations.common.worlds_alpha`.)"""
+        locks are copied, the requests holding them are not."""
         new = object.__new__(UnifiedRadixEmulator)
         new.__dict__.update(self.__dict__)
         new.strategy = strategy

@@ -41,12 +41,9 @@ class AlignHandle:
 
 
 class VllmAlignCache(ReplayCache):
-    """The emulation behind the simulator's cache contract (:class:`~marconi.core.protocol.ReplayCache`,
-    implemented explicitly: the protocol's methods are checked against these by type checkers).
-
-    ``begin`` admits a request (lookup + prefill allocation), ``finish`` runs its decode and frees
-    its blocks. ``stats`` is a :class:`~marconi.core.stats.CacheStats`: reused tokens are vLLM's hits,
-    ``kv_hit_tokens`` the attention-only matches, ``unusable_tokens`` their difference.
+    """The emulation behind :class:`~marconi.core.protocol.ReplayCache`: ``begin`` admits a request
+    (lookup + prefill allocation), ``finish`` runs its decode and frees its blocks. ``stats``: reused
+    tokens are vLLM's hits, ``kv_hit_tokens`` the attention-only matches.
     """
 
     def __init__(self, spec: ModelSpec, layout: VllmLayout, *, eviction: str = "lru",

@@ -147,14 +147,9 @@ class AttentionManager(GroupManager):
 
 
 class MambaManager(GroupManager):
-    """vLLM's ``MambaManager`` in ``align`` mode (no speculative blocks).
-
-    With the layout's ``prefill_checkpoint_alignment`` (MambaMixer2), a chunk that reaches the
-    prefill's end and can export the boundary state from inside the pass gets one extra block, the
-    checkpoint block at column ``cdiv(end, B) - 2``, keyed at that boundary once cached: the
-    scheduler then runs the prompt's last chunk unsplit. The full-sequence admission gate counts
-    that block too, so a Mamba-2 request needs one more free block per Mamba group to be admitted
-    than a gated-DeltaNet one.
+    """vLLM's ``MambaManager`` in ``align`` mode (no speculative blocks). With the layout's
+    ``prefill_checkpoint_alignment``, a chunk reaching the prefill's end gets one extra checkpoint
+    block (column ``cdiv(end, B) - 2``), which the full-sequence admission gate counts too.
     """
 
     kind = MAMBA
@@ -181,10 +176,8 @@ class MambaManager(GroupManager):
         return num_computed - 1                                  # Mamba keeps only the last state
 
     def find_longest_cache_hit(self, req: RequestState, max_length: int, group_ids: list[int]) -> tuple[list[list[Block]], int]:
-        """The deepest state within ``max_length`` (every hash boundary, fine-grained or not).
-
-        Bounded by the request's hashes, which a resumed (preempted) request has past its prompt
-        too: it resumes from a state it cached itself at a junction before it was preempted."""
+        """The deepest state within ``max_length`` and the request's hashes (a preempted request's
+        run past its prompt), at every hash boundary."""
         computed: list[list[Block]] = [[] for _ in group_ids]
         unit = self.hash_unit if self.hash_unit < self.block_size else self.block_size
         for fine in range(min(max_length // unit, req.num_tokens // unit) - 1, -1, -1):

@@ -52,16 +52,12 @@ def _executor_base() -> type:
 
 
 class StubExecutor(_executor_base()):  # type: ignore[misc]
-    """An executor with the model's layers on the ``meta`` device and no forward pass.
-
-    ``available_bytes`` (class attribute, set by :func:`build_engine_core`) is what
-    ``determine_available_memory`` reports; with ``num_gpu_blocks_override`` set it is ignored,
-    as in vLLM. ``execute_model`` is never called: the replay drives the scheduler itself.
-    """
+    """An executor with the model's layers on the ``meta`` device and no forward pass (the replay
+    drives the scheduler itself). :func:`build_engine_core` sets the class attributes below."""
 
     uses_ray = False
     supports_pp = False
-    available_bytes = 1 << 40
+    available_bytes = 1 << 40                   # determine_available_memory's (ignored under num_gpu_blocks_override)
     gpu_memory_bytes: int | None = None         # set: the KV budget is available_kv_bytes(...) of it
     tensor_parallel = 1                         # GPUs the weights and heads are split over (arithmetic only)
     weight_bytes_per_param: int | None = None   # None: the model dtype's (2 for bf16); 1 for FP8 weights
@@ -173,17 +169,13 @@ def build_engine_core(model_dir: str, *, num_blocks: int | None = None, availabl
                       weight_bytes_per_param: int | None = None, max_model_len: int = 8192, max_num_batched_tokens: int = 2048, max_num_seqs: int = 256,
                       block_size: int | None = None, dtype: str = "bfloat16", retention_interval: int | None = 0,
                       offload_extra_config: dict[str, Any] | None = None) -> Any:
-    """vLLM's ``EngineCore`` for the model in ``model_dir`` (a ``config.json``; weights are not read),
-    with prefix caching, chunked prefill, the general plugins loaded, and :class:`StubExecutor`.
+    """vLLM's ``EngineCore`` for the model in ``model_dir`` (only its ``config.json`` is read), with
+    prefix caching, chunked prefill, the general plugins and :class:`StubExecutor`.
 
-    Give one of ``num_blocks`` (the pool, vLLM's null block included), ``available_bytes`` (the KV
-    budget; vLLM derives the blocks) or ``gpu_memory_bytes`` (the budget is
-    :func:`available_kv_bytes` of it, with ``tensor_parallel`` and ``weight_bytes_per_param``).
-    ``retention_interval``: vLLM's ``prefix_cache_retention_interval`` (0, its default; None: dense).
-    ``offload_extra_config``: a CPU tier, vLLM's ``OffloadingConnector`` (``kv_both``) with this
-    ``kv_connector_extra_config`` (:func:`marconi.integrations.vllm.replay.tiers.extra_config`); the
-    scheduler then owns the connector's scheduler role, as in a server. None: no tier.
-    Reads nothing but ``config.json``; downloads nothing.
+    Give one of ``num_blocks`` (null block included), ``available_bytes`` (the KV budget) or
+    ``gpu_memory_bytes`` (budget by :func:`available_kv_bytes`). ``retention_interval``: vLLM's
+    ``prefix_cache_retention_interval`` (None: dense). ``offload_extra_config``: a CPU tier, vLLM's
+    ``OffloadingConnector`` with this ``kv_connector_extra_config`` (None: no tier).
     """
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     from vllm.engine.arg_utils import EngineArgs
