@@ -1,14 +1,8 @@
 """Admission policies: which SSM checkpoints enter the cache, and how much of a sequence is kept.
 
-A policy answers twice per request:
-
-* before prefill (``prefill_checkpoints``): the positions inside the input whose state the prefill
-  must capture — Marconi's branch point found by speculative insertion, vLLM+'s block boundaries;
-* after decode (``final_plan``): how many tokens of input + output to insert and at which positions
-  to hold checkpoints — Marconi's branch point and the last decoded token, every block boundary...
-
-The cache decides what already exists, what must be created, and whether it fits. Any admission
-policy pairs with any eviction policy.
+A policy answers before prefill (``prefill_checkpoints``: positions whose state the prefill must
+capture) and after decode (``final_plan``: tokens to insert, checkpoint positions); the cache decides
+what exists, what is created and whether it fits. Any admission pairs with any eviction policy.
 """
 
 from __future__ import annotations
@@ -29,12 +23,8 @@ __all__ = ["BaseAdmission", "MatchResult", "AdmissionContext", "FinalPlan", "Adm
 
 
 class MatchResult(NamedTuple):
-    """What a lookup found for a request's input.
-
-    ``kv_hit_len``: longest prefix whose KVs are cached. ``usable_hit_len``: depth of the deepest SSM
-    checkpoint on that path (the request resumes there; equals ``kv_hit_len`` for a pure
-    transformer). ``unusable_len``: tokens found but not reusable (KV without a state to resume from).
-    """
+    """What a lookup found: ``kv_hit_len`` (longest prefix with cached KVs), ``usable_hit_len`` (the
+    deepest SSM checkpoint on it, where the request resumes) and ``unusable_len`` (the difference)."""
 
     input_len: int
     kv_hit_len: int
@@ -47,12 +37,8 @@ class MatchResult(NamedTuple):
 
 @dataclass(frozen=True, slots=True)
 class AdmissionContext:
-    """What an admission policy may look at.
-
-    ``branch_len``: speculative insertion — the depth at which inserting the input would create a
-    new branch node (a split inside an edge, or a second child under a node without a checkpoint),
-    or None. At ``final_plan`` time the same field describes inserting input + output.
-    """
+    """What an admission policy may look at. ``branch_len``: the depth at which inserting the input
+    (input + output at ``final_plan``) would create a new branch node, or None."""
 
     tokens: np.ndarray
     input_len: int
@@ -127,17 +113,10 @@ class NoAdmission(BaseAdmission):
 
 
 class MarconiAdmission(BaseAdmission):
-    """Judicious admission (paper §4.1): at most two checkpoints per request.
-
-    (a) a branch point found by speculative insertion — a purely-input prefix shared by a second
-    request, checkpointed during that request's prefill so the third one on can reuse it; and
-    (b) the state after the last decoded token — where a conversation or agent loop resumes.
-    All of input + output is inserted (its KVs are kept).
-
-    ``tails="reach"``: the cache also trims, first at eviction, the tails of branched sequences
-    past the depth later requests are predicted to re-enter (:mod:`marconi.core.tails`); the
-    default ``"keep"`` leaves every KV to the eviction rule, the paper's behaviour.
-    """
+    """Judicious admission (paper §4.1): at most two checkpoints per request, the branch point found
+    by speculative insertion and the last decoded token; all of input + output is inserted.
+    ``tails="reach"`` also cuts predicted-dead tails first at eviction (:mod:`marconi.core.tails`);
+    ``"keep"`` (default) is the paper's behaviour."""
 
     name = "marconi"
     page_size = 1
@@ -163,14 +142,9 @@ class MarconiAdmission(BaseAdmission):
 
 
 class EveryBlock(BaseAdmission):
-    """Fine-grained checkpointing (vLLM+): a checkpoint at every ``block``-token block boundary.
-
-    ``paged=True`` (vLLM+): only whole blocks are cached and matched (the tree's page size is the
-    block), as in vLLM's block hashing; the partial last block of a sequence is not kept.
-    ``paged=False``: token-level KV matching with a checkpoint every ``block`` tokens plus the last
-    token (block caching on the same footing as the other placement heuristics, for the
-    sparse-caching experiments).
-    """
+    """Fine-grained checkpointing (vLLM+): a checkpoint at every ``block``-token boundary.
+    ``paged=True``: only whole blocks are cached and matched (page size = block; a partial last block
+    is dropped); ``paged=False``: token-level matching, plus a checkpoint at the last token."""
 
     name = "every-block"
     caches = True

@@ -1,17 +1,9 @@
 """The eviction candidates as parallel arrays, and the FLOP efficiency a policy scores them by.
 
-The cache keeps every evictable node in a :class:`CandidateSet` — parallel numpy arrays of
-last-access time, access order, FLOP efficiency and shape — so a policy picks its victim with a
-few vectorised operations instead of walking the tree (:mod:`marconi.core.eviction` scores them).
-
-FLOP efficiency of a node (paper §4.2, App. A) = FLOPs a hit at the node saves ÷ bytes its entry
-holds (its SSM checkpoint + the KVs of its whole prefix). The ``marginal`` variant counts only the
-FLOPs of the node's own edge, as the Marconi authors' simulator does. Both come from
-:class:`~marconi.core.model.ModelSpec`'s formulas, never retyped here.
-
-A rule (:class:`marconi.core.eviction.Rule`) reads its candidates through a :class:`CandidateTable`:
-a :class:`CandidateSet` (the cache's own, or one an engine fills with :meth:`CandidateSet.of`) and the
-FLOP efficiency per variant, computed on first use (:class:`LazyEfficiency`).
+Parallel numpy arrays let a policy pick its victim with a few vectorised operations instead of
+walking the tree. FLOP efficiency (paper §4.2, App. A) = FLOPs a hit at the node saves ÷ bytes its
+entry holds, from :class:`~marconi.core.model.ModelSpec`'s formulas; a rule reads both through a
+:class:`CandidateTable`.
 """
 
 from __future__ import annotations
@@ -28,13 +20,8 @@ __all__ = ["CandidateSet", "CandidateTable", "LazyEfficiency", "flop_efficiency"
 
 
 class CandidateSet:
-    """Evictable nodes as parallel arrays; O(1) add/remove (swap-remove), vectorised scoring.
-
-    Columns: both recency signals (``last_access``/``access_seq`` for hits, ``path_access``/
-    ``path_seq`` for matched paths, see :class:`~marconi.core.radix.Node`), the cached FLOP efficiency
-    of the cache's policy, and the structural facts a policy may score with instead (``depth``,
-    ``edge_len``, ``has_ssm``, ``leaf``).
-    """
+    """Evictable nodes as parallel arrays (:attr:`COLUMNS`: both recency signals, the policy's FLOP
+    efficiency, and shape); O(1) add/remove by swap-remove."""
 
     COLUMNS: tuple[tuple[str, Any], ...] = (
         ("last_access", np.float64), ("access_seq", np.int64), ("path_access", np.float64),
@@ -126,12 +113,9 @@ class CandidateSet:
 
 
 def flop_efficiency(spec: "ModelSpec", depth: int, edge_len: int, has_ssm: bool, variant: str) -> float:
-    """FLOPs saved per byte held by a node ending at ``depth`` whose edge is ``edge_len`` tokens.
-
-    Bytes = its SSM checkpoint (if any) + the KVs of its whole prefix. ``variant="total"`` counts the
-    FLOPs of the whole prefix (the paper's definition); ``"marginal"`` only those of the node's edge:
-    ``S·ssm(Lc) + A·(attn(Lt) − attn(Lp)) + M·(mlp(Lt) − mlp(Lp))``. Both are >= 0.
-    """
+    """FLOPs saved per byte held (>= 0) by a node ending at ``depth`` whose edge is ``edge_len``
+    tokens; bytes = its SSM checkpoint (if any) + its whole prefix's KVs. ``variant``: ``"total"``
+    (the whole prefix's FLOPs, the paper's) or ``"marginal"`` (the edge's only)."""
     held = spec.kv_bytes(depth) + (spec.ssm_checkpoint_bytes if has_ssm else 0)
     if held == 0:
         return 0.0
@@ -144,12 +128,8 @@ def flop_efficiency(spec: "ModelSpec", depth: int, edge_len: int, has_ssm: bool,
 
 def flop_efficiency_array(spec: "ModelSpec", depth: np.ndarray, edge_len: np.ndarray, has_ssm: np.ndarray,
                           variant: str) -> np.ndarray:
-    """:func:`flop_efficiency` of many nodes at once, bit for bit.
-
-    The FLOPs come from the ModelSpec's own formulas (``prefill_flops`` / ``span_flops`` are plain
-    arithmetic, so they run elementwise on float arrays): the same operations in the same order as
-    the scalar path, hence the same float64 results (integers stay exact below 2**53).
-    """
+    """:func:`flop_efficiency` of many nodes at once, bit for bit (the ModelSpec's formulas run
+    elementwise in the same order; integers stay exact below 2**53)."""
     depth_f = depth.astype(np.float64)
     held = (depth * spec.kv_bytes_per_token + np.where(has_ssm, spec.ssm_checkpoint_bytes, 0)).astype(np.float64)
     if variant == "total":
@@ -184,13 +164,8 @@ class LazyEfficiency(dict):
 
 
 class CandidateTable:
-    """The candidates one victim is chosen among, as a rule reads them (the first ``len(cands)`` rows).
-
-    ``recency(touch)``: ``(time, order)`` per candidate for ``"hit"`` or ``"path"`` (an engine with one
-    recency signal fills both touches' columns with it); ``efficiency[variant]``: FLOP efficiency per
-    candidate (``total``/``marginal``), computed on first use; ``leaf``: whether no cached node
-    continues the candidate; ``depth``/``edge_len``/``has_ssm``: its shape. Rows are read, not changed.
-    """
+    """The candidates one victim is chosen among (the first ``len(cands)`` rows), read-only:
+    ``recency(touch)``, ``efficiency[variant]`` (computed on first use), ``leaf`` and shape."""
 
     __slots__ = ("cands", "efficiency")
 

@@ -1,29 +1,11 @@
 """Eviction rules and policies: a rule scores candidates, the cache owns the eviction loop.
 
-A :class:`Rule` is a value: which candidates may be victims (``candidates``), which recency signal it
-reads (``touch``), whether predicted-dead tails are cut first (``tails``), and ``scores(table)`` over a
-:class:`~marconi.core.candidates.CandidateTable` (lowest is evicted; exact ties go to the least
-recently accessed, :func:`choose_victim`). Every engine fills that table and asks the rule; a rule is
-written once. A rule class names itself in text through :func:`register_rule_label`, so
-:func:`rule_from_label` (and every ``rules=`` option built on it) accepts its labels.
-
-Which nodes are candidates, and which recency signal a rule scores with, are a rule's decisions
-besides its score (the cache keeps both signals: a hit refreshes the node it resumed from, a
-matched path every node on it up to there):
-
-* ``lru`` (SGLang+, vLLM+): leaves only; path recency (a hit refreshes every node on the path).
-* ``flop-aware`` (Marconi): every unlocked node with at most one child; hit recency (a hit
-  refreshes only the matched node). Utility = normalised recency + α · normalised FLOP efficiency,
-  both min-max normalised over the current candidates; the lowest utility is evicted, one node at
-  a time. Its :class:`EvictionRule` can also take SGLang's candidates and touch, which with α = 0
-  is exactly ``lru``: the family an adaptive policy chooses from online.
-
-:class:`EvictionRule` scores through :func:`score_rules` (and its normalisation :func:`min_max` and
-tie-break :func:`argmin_ties_by_order`): one rule's victim, a family's victims at once, and the
-specification every engine's fast path is held to. :class:`RulePolicy` applies any other
-:class:`Rule` in the cache. Candidates
-and FLOP efficiency live in :mod:`marconi.core.candidates`. The registry's other entries (the
-adaptive policies) are registered by the packages that define them.
+A :class:`Rule` is an immutable value (candidates, recency signal, dead-tail cuts, ``scores``) that
+every engine applies to the :class:`~marconi.core.candidates.CandidateTable` it fills, so a rule is
+written once. :func:`score_rules` is the single scoring specification (``lru``, ``flop-aware`` and
+the whole :class:`EvictionRule` family) that every engine's fast path is held to; the two rules'
+semantics are in ``docs/cache-api.md``. :func:`rule_from_label` parses rule labels, extensible
+through :func:`register_rule_label`.
 """
 
 from __future__ import annotations
@@ -165,12 +147,8 @@ def rule_from_label(label: str) -> Rule:
 
 
 def check_alpha(alpha: Any, where: str) -> None:
-    """Raise ConfigError unless ``alpha`` is a finite real number >= 0.
-
-    Finite, because an infinite α turns the utility into ``inf * 0 = nan`` wherever a candidate's
-    normalised efficiency is 0, and a nan utility leaves no victim: the sweep or the cache would
-    die at its first eviction instead of at configuration time.
-    """
+    """Raise ConfigError unless ``alpha`` is a finite real number >= 0 (an infinite α makes a nan
+    utility, ``inf * 0``, which leaves no victim)."""
     if (isinstance(alpha, bool) or not isinstance(alpha, numbers.Real)
             or not math.isfinite(alpha) or alpha < 0):
         raise ConfigError(f"{where}: alpha must be >= 0 and finite (a number), got {alpha!r}")
@@ -178,16 +156,10 @@ def check_alpha(alpha: Any, where: str) -> None:
 
 @dataclass(frozen=True, slots=True)
 class EvictionRule:
-    """One scoring rule of the FLOP-aware family: the knobs that decide a victim.
-
-    ``alpha`` weighs normalised FLOP efficiency (``efficiency``: whole-prefix ``total`` or the
-    node's own edge ``marginal``) against normalised recency (``recency``: ``linear`` in the last
-    access time, or ``inverse-age`` in accesses, the authors' simulator's transform). ``candidates``:
-    nodes with <= 1 child (Marconi) or leaves only (SGLang); ``touch``: which recency signal —
-    ``hit`` (only the node a request resumed from, Marconi) or ``path`` (every matched node up to
-    it, SGLang). ``EvictionRule(candidates="leaves", touch="path")`` makes exactly SGLang+'s LRU
-    decisions. ``tails``: before any victim, cut the predicted-dead tail of a branched sequence
-    (:mod:`marconi.core.tails`; the cache tracks the prediction).
+    """One rule of the FLOP-aware family: utility = normalised recency + ``alpha`` · normalised
+    FLOP efficiency, lowest evicted. The four kinds are the enums above; ``tails`` cuts predicted
+    dead tails first (:mod:`marconi.core.tails`). ``EvictionRule(candidates="leaves",
+    touch="path")`` decides exactly as SGLang+'s LRU.
     """
 
     alpha: float = 0.0
@@ -338,13 +310,8 @@ def argmin_ties_by_order(scores: np.ndarray, order: np.ndarray) -> int:
 
 
 class EvictionPolicy(Protocol):
-    """What an eviction policy decides; the cache does the bookkeeping and the surgery.
-
-    The cache keeps both recency signals on every node (hit and path, see
-    :class:`~marconi.core.radix.Node`); a policy scores with the one it wants. A policy may define
-    ``bind(cache)``: the cache calls it once, at construction (policies that need the model's cost
-    model or watch requests).
-    """
+    """What an eviction policy decides; the cache does the bookkeeping and the surgery. An optional
+    ``bind(cache)`` is called once, at the cache's construction."""
 
     name: str
     evicts_inner_nodes: bool   # candidates: nodes with <= 1 child (True) or leaves only (False)
@@ -373,12 +340,8 @@ class LRU:
 
 
 class FlopAware:
-    """Marconi's FLOP-aware eviction (paper §4.2), one :class:`EvictionRule` of the family.
-
-    ``alpha`` is mutable: the bootstrap tuner sets it once it has searched the grid; setting it
-    validates it (finite, >= 0) at once, not at the next eviction. The defaults are the paper's:
-    nodes with <= 1 child, hits refresh only the hit node, linear recency.
-    """
+    """Marconi's FLOP-aware eviction (paper §4.2), one :class:`EvictionRule` with the paper's
+    defaults. ``alpha`` is mutable (the bootstrap tuner sets it); setting it validates it at once."""
 
     name = "flop-aware"
 
@@ -426,12 +389,8 @@ class FlopAware:
 
 
 class RulePolicy:
-    """Any :class:`Rule` as a cache's eviction policy: the cache's candidate set is the table.
-
-    The cache keeps on its nodes the efficiency variant the rule names (``efficiency``, if it has one;
-    else ``total``); a rule reading the other variant gets it computed from the candidates' shape with
-    the model bound by the cache (``bind``). Candidates and tail cuts are the rule's.
-    """
+    """Any :class:`Rule` as a cache's eviction policy over the cache's candidate table. The cache keeps
+    the rule's efficiency variant on its nodes (else ``total``); the other is computed on demand."""
 
     name = "rule"
 
