@@ -24,14 +24,10 @@ __all__ = ["main", "guard_outputs", "build_parser"]
 
 
 def guard_outputs(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """The one output guard, run by :func:`main` before any command: every option of the chosen
-    sub-command marked by :func:`marconi.options.add_output` goes through
-    :func:`marconi.io.check_output`, with every path any other option names as the command's
-    inputs (a trace's ``.meta.json`` sidecar and a model directory's files included).
-
-    Refused before any work: an output that is an input (spelled any way: relative, ``./x``,
-    absolute, through a symlink), a directory where a file goes, a file where a directory goes,
-    an unwritable place, and two outputs that are the same file.
+    """The one output guard, run by :func:`main` before any command: every :func:`~marconi.options.add_output`
+    option of the chosen sub-command goes through :func:`marconi.io.check_output`, with every path
+    other options name as inputs. Refuses an output that is an input (spelled any way), the wrong
+    kind of path, an unwritable place, and two outputs that are the same file.
 
     Raises:
         ConfigError: naming the option, the path and what to do.
@@ -180,8 +176,9 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
 
 
 def _backend(args: argparse.Namespace) -> tuple[Any, int | None]:
-    """The sweep backend of ``--backend/--address/--workers`` (made before the trace loads: a
-    missing ray is said at once) and the worker count to use, capped to the CPUs with a notice."""
+    """The sweep backend of ``--backend/--address/--workers`` (made before the trace loads) and the
+    worker count, capped to the CPUs with a notice.
+    """
     from marconi.sim.backends import capped_workers, make_backend
 
     address = getattr(args, "address", None)
@@ -281,8 +278,9 @@ def _cmd_mrc(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    """The README's main job: the systems on a bundled real trace at two capacities, with the
-    oracle and infinite ceilings, then the miss-ratio curve of the same trace."""
+    """The systems on a bundled real trace at two capacities with the oracle and infinite ceilings, then
+    its miss-ratio curve.
+    """
     ns = argparse.Namespace(trace=args.trace, systems="vanilla,vllm+,sglang+,marconi,marconi:selector=regret,oracle,infinite",
                             capacity=args.capacity, model=args.model, out=args.out, latency="a100", mode="sequential",
                             workers=None, limit=None, no_per_request=False, quiet=False)
@@ -396,10 +394,8 @@ _EXTRA_OF = {"tqdm": "sim", "matplotlib": "sim", "pyarrow": "sim", "tokenizers":
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run one command; bad input is a one-line error and exit code 2, never a traceback.
-
-    SIGTERM raises :class:`~marconi.pool.Terminated`, a KeyboardInterrupt (exit 143), so that, as
-    on Ctrl-C (130), worker processes are killed and no temp file is left.
+    """Run one command; bad input is a one-line error and exit 2, never a traceback. SIGTERM (exit 143)
+    and Ctrl-C (130) kill workers and leave no temp file.
     """
     for stream in (sys.stdout, sys.stderr):  # a file name that is not UTF-8 is shown escaped, never a crash
         if hasattr(stream, "reconfigure"):

@@ -23,9 +23,8 @@ MAX_CAPACITY_FRACTION = 1000.0     # of the working set
 
 
 def parse_bytes(text: str | int | float) -> int:
-    """``"5GB"`` -> 5_000_000_000 (decimal units; ``GiB`` for binary); ConfigError otherwise.
-
-    The value must be finite, >= 0 and at most :data:`MAX_CAPACITY_BYTES` (1 EB).
+    """``"5GB"`` -> 5_000_000_000 (decimal units; ``GiB`` binary); finite, >= 0, at most
+    :data:`MAX_CAPACITY_BYTES` (1 EB); ConfigError otherwise.
     """
     if isinstance(text, (int, float)) and not isinstance(text, bool):
         value = float(text)
@@ -68,10 +67,8 @@ class Capacity:
 
 
 def parse_capacity(text: str) -> Capacity:
-    """``"10GB"`` (bytes, see :func:`parse_bytes`), ``"0.1x"`` or ``"10%"`` (of the working set).
-
-    A fraction must be finite, > 0 and at most :data:`MAX_CAPACITY_FRACTION` (1000x); ConfigError
-    with the accepted forms otherwise.
+    """``"10GB"`` (:func:`parse_bytes`), ``"0.1x"`` or ``"10%"`` (of the working set; finite, > 0, at
+    most :data:`MAX_CAPACITY_FRACTION`); ConfigError listing the forms otherwise.
     """
     t = str(text).strip()
     if t.endswith("%") or t.lower().endswith("x"):
@@ -90,11 +87,8 @@ def parse_capacity(text: str) -> Capacity:
 
 
 class _RequestLimit:
-    """argparse type of every ``--limit``: the first N requests (lines), N an integer >= 1 (the
-    :class:`marconi.options.Number` protocol: ``domain`` is the declaration the parser walk reads).
-
-    ``0`` and negative values are errors rather than "nothing" or "all but one": a run over no
-    requests is never what was meant. (The library's ``limit=0`` means zero requests.)
+    """argparse type of every ``--limit``: an integer >= 1 (a run over no requests is never meant; the
+    library's ``limit=0`` means none). ``domain`` is what the parser walk reads.
     """
 
     domain = Domain(1, 10**9, integer=True, hint="the first N requests")

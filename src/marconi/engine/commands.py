@@ -1,9 +1,5 @@
-"""The ``marconi engine`` command group (wired into ``marconi.cli`` by ``register``).
-
-    marconi engine info  [--model PRESET|DIR] [--dtype float32|float64]
-
-Only this handler prints; torch and transformers are imported when the command runs. The lab adds
-``marconi engine bench`` to the group (:mod:`marconi.lab.engine_bench_command`).
+"""The ``marconi engine`` command group (``marconi engine info``); torch and transformers load when
+it runs. The lab adds ``engine bench`` (:mod:`marconi.lab.engine_bench_command`).
 """
 
 from __future__ import annotations
@@ -17,8 +13,9 @@ __all__ = ["register"]
 
 
 def register(subparsers: Any) -> Any:
-    """Add the ``engine`` group to an argparse subparsers object (each leaf sets ``func``); return the
-    group's own subparsers object, where the lab adds its ``engine`` leaves (:mod:`marconi.lab.commands`)."""
+    """Add the ``engine`` group to ``subparsers``; returns its own subparsers object (where the lab adds
+    leaves).
+    """
     engine = subparsers.add_parser("engine", help="the real engine: transformers hybrids with the prefix cache")
     sub = engine.add_subparsers(dest="engine_command", required=True)
 

@@ -1,10 +1,8 @@
 """Relative gains and plots from sweep records (``marconi compare results.jsonl``).
 
-Groups records by (trace, model, capacity, mode) and compares each system against the baselines
-the paper uses: Marconi vs vLLM+ as a ratio of token hit rates (paper: 4.5x–34.4x), Marconi vs
-SGLang+ as a percentage gain, and P95 TTFT relative to vanilla. Where the group holds them, every
-system's hit rate is also given as a fraction of ``oracle`` (what knowing the future achieves at
-that capacity) and of ``infinite`` (the same admission with unbounded capacity: the ceiling).
+Per (trace, model, capacity, mode) group, each system against the paper's baselines: token hit
+rate as a ratio to vLLM+ and a percentage gain over SGLang+, P95 TTFT relative to vanilla, and,
+where present, hit rate as a fraction of ``oracle`` and ``infinite``.
 """
 
 from __future__ import annotations
@@ -19,11 +17,8 @@ __all__ = ["gains", "plot_records", "base_name", "plot_text"]
 
 
 def plot_text(value: Any) -> str:
-    """``value`` as text a plot can draw and a file name can hold: valid UTF-8.
-
-    A trace named by a file whose name is not UTF-8 carries lone surrogates (``bad\\udcff.jsonl``),
-    which matplotlib refuses (a TypeError after the records were written). An undecodable byte
-    becomes U+FFFD, as a terminal shows it; any other lone surrogate, ``?``.
+    """``value`` as valid UTF-8 for plots and file names (matplotlib refuses lone surrogates): an
+    undecodable byte becomes U+FFFD, any other lone surrogate ``?``.
     """
     text = str(value)
     try:
@@ -42,8 +37,9 @@ def _group_key(rec: dict[str, Any]) -> tuple:
 
 
 def _with_infinite_everywhere(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """``infinite`` does not depend on the capacity: one record of it serves every capacity of its
-    (trace, model, mode) that lacks one (``marconi mrc`` runs it once)."""
+    """One capacity-independent ``infinite`` record serves every capacity of its (trace, model, mode)
+    that lacks one.
+    """
     out = list(records)
     have = {_group_key(r) for r in records if base_name(r["system"]) == "infinite"}
     ceilings = {(r.get("trace"), r.get("model"), r.get("mode")): r for r in records

@@ -1,14 +1,8 @@
 """Sparse prefix caching: where to keep recurrent-state checkpoints along a cached sequence.
 
-A hybrid model can resume from one stored SSM state instead of a dense per-token history, so a
-cache may keep states at a few positions only. Given the distribution of how deep future requests
-overlap a sequence, :mod:`marconi.sparse.dp` places checkpoints exactly (budgeted or Lagrangian),
-and :mod:`marconi.sparse.overlap` estimates that distribution online from the depths a cache sees,
-keyed by an opaque key, by the token path or by the block path.
-
-    weights = estimator.depth_weights(key, seq_len)            # P(d), d = 0..seq_len
-    plan = place_checkpoints(weights, candidates, 8, cost=flops_cost(spec))
-    plan.positions, plan.expected_cost, plan.cost_by_budget    # budget-8 placement + Pareto curve
+:mod:`marconi.sparse.dp` places checkpoints exactly given the overlap-depth distribution;
+:mod:`marconi.sparse.overlap` estimates it online; :mod:`marconi.sparse.admission` is the
+``sparse-dp`` policy using both.
 """
 
 from marconi.sparse.dp import (

@@ -1,15 +1,6 @@
-"""Real and synthetic workloads: the trace schema and I/O, the tokenizer, and trace builders.
-
-* :mod:`.trace` -- ``Request``/``Trace`` (:mod:`.trace.schema`), streaming readers and atomic writers
-  (:mod:`.trace.files`; each format registers itself in :mod:`.trace.formats`: :mod:`.trace.jsonl`,
-  :mod:`.trace.parquet`), validation (:mod:`.trace.checks`).
-* :mod:`.tokenizer` -- ``load_tokenizer`` (vendored Mistral v1 by default).
-* :mod:`.sharegpt`, :mod:`.swe`, :mod:`.mooncake`, :mod:`.quality` -- builders from real data (paper's recipes).
-* :mod:`.synthetic` -- seeded generators for tests and sweeps.
-* :mod:`.catalog` -- every named workload: ``build_workload("swe-sample")``, ``build_workload("sharegpt:scale=0.5")``
-  (with provenance and documented fallbacks); :mod:`.paths` -- data locations.
-* :mod:`.source` -- ``load_trace``: a trace file or a catalog name, as every command takes it.
-* :mod:`.commands` -- the ``marconi trace ...`` CLI group (``register(subparsers)``).
+"""Real and synthetic workloads: the trace schema and I/O (:mod:`.trace`), the tokenizer, builders
+from real data (paper recipes) and synthetic generators, the named catalog (:mod:`.catalog`),
+``load_trace`` (:mod:`.source`) and the ``marconi trace`` CLI group (:mod:`.commands`).
 """
 
 from .catalog import DataUnavailable, Provenance, build_workload, catalog_entries, is_workload, workload_names

@@ -1,8 +1,5 @@
 """Chat messages shared by the real-data builders: roles, the text a message is tokenized as, timing.
-
-Every builder tokenizes each message on its own (BOS included by default, as the paper did) and
-lays a session out as the concatenation of its messages' tokens, so turn *i*'s input is exactly the
-concatenation of the per-message token arrays before it.
+Each message is tokenized on its own, so turn *i*'s input is the concatenation of the arrays before it.
 """
 
 from __future__ import annotations
@@ -63,8 +60,9 @@ def count_words(text: str) -> int:
 
 @dataclass(frozen=True, slots=True)
 class Message:
-    """One message. ``raw`` holds the source's role and content fields (source key names and order):
-    it is what the ``json`` text form serialises. ``created`` is the source's unix time, if any."""
+    """One message; ``raw``: the source's role and content fields (the ``json`` text form); ``created``:
+    the source's unix time, if any.
+    """
 
     role: str
     content: str

@@ -17,10 +17,8 @@ def bundled_data_dir() -> Path:
 
 
 def shared_data_dir() -> Path | None:
-    """The shared data set (``<repo>/../shared/data``), or None where it is absent.
-
-    ``$MARCONI_SHARED_DATA`` overrides the location (an empty value means "none"); a set but
-    missing directory also gives None, so tests that need the data skip instead of failing.
+    """The shared data set (``<repo>/../shared/data``, or ``$MARCONI_SHARED_DATA``; empty means none),
+    or None where absent (so tests that need it skip).
     """
     if SHARED_DATA_ENV in os.environ:
         value = os.environ[SHARED_DATA_ENV].strip()
@@ -36,10 +34,7 @@ def shared_data_dir() -> Path | None:
 
 
 def shared_data_where() -> str:
-    """Where the shared data set was looked for, for a message that it is missing.
-
-    A set ``$MARCONI_SHARED_DATA`` is named with its value, so a typo in it is not blamed on
-    ``../shared/data``, a place that was never looked at.
+    """Where the shared data set was looked for (a set ``$MARCONI_SHARED_DATA`` with its value), for messages.
     """
     value = os.environ.get(SHARED_DATA_ENV)
     if value is None:
@@ -54,8 +49,7 @@ def shared_data_where() -> str:
 
 
 def shared_data_absent(sub: str) -> str:
-    """``"<where>/<sub> is absent"``: why a catalog entry fell back to its stand-in, naming the place
-    looked at (``../shared/data/<sub>``, or ``$MARCONI_SHARED_DATA`` and its value where it is set)."""
+    """``"<where>/<sub> is absent"``: why a catalog entry fell back to its stand-in."""
     value = os.environ.get(SHARED_DATA_ENV, "").strip()
     if value:
         path = Path(value).expanduser()

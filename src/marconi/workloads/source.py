@@ -1,9 +1,4 @@
-"""One way for every command to name its trace: a trace file or a catalog workload.
-
-``simulate``, ``mrc``, ``demo``, ``vllm bench`` and the replay commands all call
-:func:`load_trace`, so ``--trace swe-sample``, ``--trace sharegpt:scale=0.5`` and
-``--trace my_trace.jsonl`` mean the same everywhere.
-"""
+"""One way for every command to name its trace: a trace file or a catalog workload (:func:`load_trace`)."""
 
 from __future__ import annotations
 
@@ -19,16 +14,14 @@ __all__ = ["load_trace"]
 
 
 def load_trace(text: str, limit: int | None = None, *, notice: Callable[[str], None] | None = None) -> Trace:
-    """A catalog workload (``swe-sample``, ``sharegpt:scale=0.5``, …: ``marconi trace list``) or a
-    JSONL/Parquet trace file.
+    """A catalog workload (``marconi trace list``) or a JSONL/Parquet trace file.
 
-    ``limit``: the first ``limit`` requests (None: all; 0: none), the same for both kinds.
-    ``notice``: called with a line for the user when a workload was built on a stand-in for absent
-    data (the CLI prints it on stderr); the library itself prints nothing.
+    ``limit``: the first ``limit`` requests (None: all; 0: none). ``notice``: called with a line when a
+    workload was built on a stand-in (the library prints nothing).
 
     Raises:
-        ConfigError: ``text`` is neither an existing file nor a catalog name (the message lists them).
-        TraceFormatError, JsonError: the file is not a valid trace (the message names file and line).
+        ConfigError: neither an existing file nor a catalog name (the message lists them).
+        TraceFormatError, JsonError: not a valid trace (naming file and line).
     """
     if is_workload(text):
         trace = build_workload(text)

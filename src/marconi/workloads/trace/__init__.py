@@ -1,21 +1,9 @@
 """The canonical request trace: schema, JSONL and Parquet I/O, and checks.
 
-* :mod:`.schema` -- :class:`Request` (the one request type: traces, the simulator and the
-  builders all use it), :class:`Trace`, :class:`TraceStats`, the errors, and what a valid
-  on-disk record is (:func:`~.schema.check_record`).
-* :mod:`.formats` -- the table of formats (:class:`~.formats.TraceFormat`: suffixes, reader,
-  writer, meta reader); each format module registers its own, so a new format is one new module.
-* :mod:`.files` -- the format from the suffix; :func:`iter_requests` / :func:`read_trace` stream
-  any format, :func:`write_trace` writes any format atomically (name and meta included, a JSONL
-  trace and its sidecar as a pair).
-* :mod:`.jsonl` -- JSONL lines (``jsonl``, ``jsonl.gz``), with a NumPy fast path for the token lists
-  that reads exactly what ``json.loads`` reads.
-* :mod:`.parquet` -- Parquet row groups (``parquet``; PyArrow, imported only when used).
-* :mod:`.sidecar` -- the ``<file>.meta.json`` that holds a JSONL trace's name and meta.
-* :mod:`.checks` -- :func:`inspect_trace` / :func:`validate_trace` (every problem of a file, with
-  its line) and :class:`SessionCheck` (the warnings ``marconi trace validate`` prints).
-
-Every public name is importable from here and from :mod:`marconi.workloads`.
+:mod:`.schema` (``Request``, ``Trace``, valid records), :mod:`.formats` (the format table),
+:mod:`.files` (streaming reads, atomic writes of any format), :mod:`.jsonl` and :mod:`.parquet`
+(the formats), :mod:`.sidecar` (JSONL meta), :mod:`.checks` (validation). Every public name is
+importable from here and from :mod:`marconi.workloads`.
 """
 
 

@@ -1,9 +1,6 @@
-"""Parquet traces: reading rows one Arrow batch at a time, writing row groups of about 4M tokens;
-registers the ``parquet`` format.
-
-Columns as the JSONL fields (``list<int32>`` token columns, optional ``num_*_tokens``); the trace's
-``name`` and ``meta`` travel in the schema metadata under ``marconi.trace``. PyArrow is imported
-only when a Parquet file is read or written (registering the format imports nothing).
+"""Parquet traces: rows read one Arrow batch at a time, row groups of about 4M tokens written;
+registers ``parquet``. Columns as the JSONL fields; ``name`` and ``meta`` in the schema metadata
+under ``marconi.trace``. PyArrow is imported only when a file is read or written.
 """
 
 from __future__ import annotations
@@ -149,8 +146,9 @@ def _parquet_table(batch: Sequence[Request], sid_type: Any, schema: Any) -> Any:
 
 
 def write_parquet(fh: io.IOBase, requests: Iterable[Request], name: str, meta: Mapping[str, Any]) -> int:
-    """Write ``requests`` to the binary stream ``fh`` as zstd Parquet, ``name``/``meta`` in the schema
-    metadata; one row group (about 4M tokens) is buffered at a time. Returns the count."""
+    """Write ``requests`` to the binary ``fh`` as zstd Parquet (``name``/``meta`` in the schema metadata,
+    one row group buffered at a time); returns the count.
+    """
     pa, pq = _pa()
     writer = None
     batch: list[Request] = []
@@ -197,11 +195,10 @@ def _parquet_schema(sid_type: Any, name: str, meta: Mapping[str, Any]) -> Any:
 
 
 def read_parquet_meta(path: Path) -> Any:
-    """The ``{"name", "meta"}`` stored in a Parquet trace's schema, unchecked; ``{}`` when there is
-    none (or the file is unreadable: reading it says why).
+    """The stored ``{"name", "meta"}``, unchecked; ``{}`` when none or unreadable (reading says why).
 
     Raises:
-        TraceFormatError: the stored value is not UTF-8 JSON (the message names the file and key).
+        TraceFormatError: not UTF-8 JSON (naming file and key).
     """
     _, pq = _pa()
     try:

@@ -1,10 +1,7 @@
-"""The ``<trace>.meta.json`` sidecar: where a format that cannot hold metadata (JSONL) keeps the
-trace's ``name``, ``meta`` and ``num_requests``, so the JSONL itself stays loadable by the authors'
-code.
+"""The ``<trace>.meta.json`` sidecar holding a JSONL trace's ``name``, ``meta`` and ``num_requests``.
 
-This module only names, reads and renders the sidecar. Writing it *together with* its trace, so
-that the two never disagree, is :func:`~.files.write_trace`'s job; checking the shape of what was
-read is :func:`~.files.stored_meta`'s, which checks Parquet's embedded metadata the same way.
+Only names, reads and renders it; :func:`~.files.write_trace` writes it with its trace and
+:func:`~.files.stored_meta` checks its shape.
 """
 
 from __future__ import annotations
@@ -32,8 +29,7 @@ def read_sidecar(path: Path) -> Any:
     """The decoded sidecar of the trace at ``path``, unchecked; ``{}`` when there is none.
 
     Raises:
-        TraceFormatError: the sidecar is a directory, not UTF-8 or not JSON; the message names the
-            sidecar (and its line) and says to fix or delete it.
+        TraceFormatError: a directory, not UTF-8 or not JSON (naming the sidecar and line).
     """
     sidecar = sidecar_path(path)
     if not sidecar.exists():
