@@ -177,8 +177,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
 
 def _backend(args: argparse.Namespace) -> tuple[Any, int | None]:
     """The sweep backend of ``--backend/--address/--workers`` (made before the trace loads) and the
-    worker count, capped to the CPUs with a notice.
-    """
+    worker count, capped to the CPUs with a notice."""
     from marconi.sim.backends import capped_workers, make_backend
 
     address = getattr(args, "address", None)
@@ -279,8 +278,7 @@ def _cmd_mrc(args: argparse.Namespace) -> int:
 
 def _cmd_demo(args: argparse.Namespace) -> int:
     """The systems on a bundled real trace at two capacities with the oracle and infinite ceilings, then
-    its miss-ratio curve.
-    """
+    its miss-ratio curve."""
     ns = argparse.Namespace(trace=args.trace, systems="vanilla,vllm+,sglang+,marconi,marconi:selector=regret,oracle,infinite",
                             capacity=args.capacity, model=args.model, out=args.out, latency="a100", mode="sequential",
                             workers=None, limit=None, no_per_request=False, quiet=False)
@@ -395,8 +393,7 @@ _EXTRA_OF = {"tqdm": "sim", "matplotlib": "sim", "pyarrow": "sim", "tokenizers":
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; bad input is a one-line error and exit 2, never a traceback. SIGTERM (exit 143)
-    and Ctrl-C (130) kill workers and leave no temp file.
-    """
+    and Ctrl-C (130) kill workers and leave no temp file."""
     for stream in (sys.stdout, sys.stderr):  # a file name that is not UTF-8 is shown escaped, never a crash
         if hasattr(stream, "reconfigure"):
             stream.reconfigure(errors="backslashreplace")

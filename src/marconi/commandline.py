@@ -1,7 +1,6 @@
 """What command modules share beyond option types: the trace loader with its stderr notices, the
 files a command reads (for its output guard), comma lists. Below :mod:`marconi.cli`, so command
-modules never import the CLI.
-"""
+modules never import the CLI."""
 
 from __future__ import annotations
 
@@ -25,8 +24,7 @@ def read_files(*, traces: Sequence[str | None] = (), models: Sequence[str | None
                files: Sequence[str | None] = ()) -> list[str]:
     """Every existing file (or model directory) a command reads, for ``check_output(inputs=...)``: trace
     files with their sidecars, model paths, and ``files`` (a ``table:`` prefix dropped); catalog and
-    preset names name no file.
-    """
+    preset names name no file."""
     from marconi.workloads.trace.files import META_SUFFIX
 
     def items(texts: Sequence[str | None]) -> list[str]:

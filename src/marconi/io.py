@@ -36,8 +36,8 @@ PathLike = str | os.PathLike
 
 
 def _new_file_mode(target: Path, base: int = 0o666) -> int:
-    """The mode ``open()`` (``mkdir()`` with ``base=0o777``) gives a new ``target``; an existing one keeps its own.
-    """
+    """The mode ``open()`` (``mkdir()`` with ``base=0o777``) gives a new ``target``; an existing one keeps
+    its own."""
     try:
         return target.stat().st_mode & 0o7777
     except FileNotFoundError:
@@ -308,8 +308,7 @@ DEFAULT_MAX_LINE_BYTES = 64 << 20
 
 def line_limit(value: int | None = None) -> int:
     """The longest line a reader accepts: ``value``, else ``$MARCONI_MAX_LINE_BYTES``, else 64 MiB.
-    ConfigError if it is not a whole number >= 1.
-    """
+    ConfigError if it is not a whole number >= 1."""
     if value is None:
         text = os.environ.get(MAX_LINE_ENV, "").strip()
         if not text:

@@ -39,8 +39,7 @@ CHECKPOINT_BUDGET = Domain(0, MAX_CHECKPOINT_BUDGET, integer=True,
 
 class Number:
     """argparse ``type=`` for one number in ``domain`` (ArgumentTypeError otherwise); a domain word comes
-    back lower-cased; ``text``: return the checked text.
-    """
+    back lower-cased; ``text``: return the checked text."""
 
     def __init__(self, domain: Domain, *, text: bool = False) -> None:
         self.domain, self.text = domain, text
@@ -111,8 +110,7 @@ class NameList:
 
 class CapacityList:
     """argparse ``type=`` for a comma list of capacities (:func:`marconi.units.parse_capacity`); returns
-    the text. ``allow_zero``: whether ``0`` bytes is allowed.
-    """
+    the text. ``allow_zero``: whether ``0`` bytes is allowed."""
 
     def __init__(self, *, allow_zero: bool = True) -> None:
         self.allow_zero = allow_zero
@@ -156,8 +154,7 @@ def add_output(parser: argparse.ArgumentParser, *flags: str, kind: str = "file",
 
 def add_reread(parser: argparse.ArgumentParser, *flags: str, **kwargs: Any) -> argparse.Action:
     """An input read whole before anything is written (``--from-records``), so it may lie inside the
-    command's output directory.
-    """
+    command's output directory."""
     action = parser.add_argument(*flags, **kwargs)
     setattr(action, _REREAD_ATTR, True)
     return action

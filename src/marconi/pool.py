@@ -36,8 +36,7 @@ _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 class Terminated(KeyboardInterrupt):
     """Raised in the main thread on SIGTERM; a KeyboardInterrupt, so ``except Exception`` does not
-    swallow it. Ray may turn it into a plain KeyboardInterrupt: test :func:`sigterm_received`.
-    """
+    swallow it. Ray may turn it into a plain KeyboardInterrupt: test :func:`sigterm_received`."""
 
 
 _received = threading.Event()
@@ -106,8 +105,7 @@ def worker_pool(max_workers: int, *, initializer: Callable[..., None] | None = N
 @contextmanager
 def sigterm_raises() -> Iterator[None]:
     """Within the block, the first SIGTERM raises :class:`Terminated` in the main thread (no-op in other
-    threads); later ones are ignored. The previous handler is restored on exit.
-    """
+    threads); later ones are ignored. The previous handler is restored on exit."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -166,8 +164,7 @@ def spawn(args: Sequence[str], *, env: Mapping[str, str] | None = None, cwd: str
 
 def stop(proc: subprocess.Popen[Any], grace_s: float = 10.0) -> int | None:
     """End ``proc``'s process group (SIGTERM, then SIGKILL after ``grace_s``) and reap ``proc``;
-    idempotent. Returns its exit status (None if it could not be reaped).
-    """
+    idempotent. Returns its exit status (None if it could not be reaped)."""
     if proc.poll() is None:
         _signal_group(proc.pid, signal.SIGTERM)
         try:
@@ -192,8 +189,7 @@ def _signal_group(pgid: int, signum: int) -> None:
 @contextmanager
 def child_process(args: Sequence[str], *, grace_s: float = 10.0, **popen: Any) -> Iterator[subprocess.Popen[Any]]:
     """:func:`spawn` for the ``with`` body; on leaving it however (error, Ctrl-C, :class:`Terminated`)
-    the child's group is stopped.
-    """
+    the child's group is stopped."""
     proc = spawn(args, **popen)
     try:
         yield proc
@@ -207,8 +203,7 @@ def child_process(args: Sequence[str], *, grace_s: float = 10.0, **popen: Any) -
 def run_child(args: Sequence[str], *, timeout_s: float | None = None, env: Mapping[str, str] | None = None,
               cwd: str | Path | None = None, text: bool = True) -> subprocess.CompletedProcess[Any]:
     """``subprocess.run(args, capture_output=True)`` through :func:`child_process`
-    (``subprocess.TimeoutExpired`` after ``timeout_s``).
-    """
+    (``subprocess.TimeoutExpired`` after ``timeout_s``)."""
     with child_process(args, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=text) as proc:
         try:
             out, err = proc.communicate(timeout=timeout_s)
@@ -232,8 +227,7 @@ def keep_scratch(env: Mapping[str, str] | None = None) -> bool:
 @contextmanager
 def scratch_dir(prefix: str, given: str | Path | None = None) -> Iterator[Path]:
     """``given`` (created if missing, never removed), else a fresh ``{prefix}XXXX`` temporary folder
-    removed when the block ends in any way, unless :func:`keep_scratch`.
-    """
+    removed when the block ends in any way, unless :func:`keep_scratch`."""
     if given is not None and str(given) != "":
         path = Path(given)
         path.mkdir(parents=True, exist_ok=True)

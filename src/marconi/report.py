@@ -62,8 +62,7 @@ Column = tuple[str, str, "Callable[[Any], str] | None"]
 
 def format_table(rows: Sequence[dict[str, Any]], columns: Sequence[Column]) -> str:
     """Aligned plain text, one line per record; ``columns`` are ``(header, key, formatter)``; a missing
-    or None value prints :data:`MISSING`; the first column left-aligned, the rest right-aligned.
-    """
+    or None value prints :data:`MISSING`; the first column left-aligned, the rest right-aligned."""
     cells = [[h for h, _, _ in columns]]
     for row in rows:
         line = []
@@ -92,8 +91,7 @@ def pyplot() -> Any:
 
 def save_figure(fig: Any, path: str | os.PathLike[str], *, dpi: int = 110) -> Path:
     """Save ``fig`` as a PNG at ``path`` atomically (``path`` unchanged on error) and close it either
-    way; returns ``path``.
-    """
+    way; returns ``path``."""
     from marconi.io import atomic_write
 
     plt = pyplot()
@@ -108,8 +106,7 @@ def save_figure(fig: Any, path: str | os.PathLike[str], *, dpi: int = 110) -> Pa
 
 def plot_ttft_cdf(records: Sequence[dict[str, Any]], path: str | os.PathLike[str], *, clock: str, title: str) -> Path:
     """One CDF of per-request TTFT per record (PNG, atomic); returns ``path``. Records need
-    ``per_request.ttft_s``, ``token_hit_rate`` and ``arm`` (or ``policy``); ``clock`` labels the x axis.
-    """
+    ``per_request.ttft_s``, ``token_hit_rate`` and ``arm`` (or ``policy``); ``clock`` labels the x axis."""
     import numpy as np
 
     fig, ax = pyplot().subplots(figsize=(6, 4))

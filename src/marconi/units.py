@@ -24,8 +24,7 @@ MAX_CAPACITY_FRACTION = 1000.0     # of the working set
 
 def parse_bytes(text: str | int | float) -> int:
     """``"5GB"`` -> 5_000_000_000 (decimal units; ``GiB`` binary); finite, >= 0, at most
-    :data:`MAX_CAPACITY_BYTES` (1 EB); ConfigError otherwise.
-    """
+    :data:`MAX_CAPACITY_BYTES` (1 EB); ConfigError otherwise."""
     if isinstance(text, (int, float)) and not isinstance(text, bool):
         value = float(text)
     else:
@@ -68,8 +67,7 @@ class Capacity:
 
 def parse_capacity(text: str) -> Capacity:
     """``"10GB"`` (:func:`parse_bytes`), ``"0.1x"`` or ``"10%"`` (of the working set; finite, > 0, at
-    most :data:`MAX_CAPACITY_FRACTION`); ConfigError listing the forms otherwise.
-    """
+    most :data:`MAX_CAPACITY_FRACTION`); ConfigError listing the forms otherwise."""
     t = str(text).strip()
     if t.endswith("%") or t.lower().endswith("x"):
         number, scale = (t[:-1].strip(), 0.01) if t.endswith("%") else (t[:-1].strip(), 1.0)
@@ -88,8 +86,7 @@ def parse_capacity(text: str) -> Capacity:
 
 class _RequestLimit:
     """argparse type of every ``--limit``: an integer >= 1 (a run over no requests is never meant; the
-    library's ``limit=0`` means none). ``domain`` is what the parser walk reads.
-    """
+    library's ``limit=0`` means none). ``domain`` is what the parser walk reads."""
 
     domain = Domain(1, 10**9, integer=True, hint="the first N requests")
     __name__ = "integer"

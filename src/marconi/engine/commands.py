@@ -1,6 +1,5 @@
 """The ``marconi engine`` command group (``marconi engine info``); torch and transformers load when
-it runs. The lab adds ``engine bench`` (:mod:`marconi.lab.engine_bench_command`).
-"""
+it runs. The lab adds ``engine bench`` (:mod:`marconi.lab.engine_bench_command`)."""
 
 from __future__ import annotations
 
@@ -14,8 +13,7 @@ __all__ = ["register"]
 
 def register(subparsers: Any) -> Any:
     """Add the ``engine`` group to ``subparsers``; returns its own subparsers object (where the lab adds
-    leaves).
-    """
+    leaves)."""
     engine = subparsers.add_parser("engine", help="the real engine: transformers hybrids with the prefix cache")
     sub = engine.add_subparsers(dest="engine_command", required=True)
 

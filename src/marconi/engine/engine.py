@@ -124,8 +124,7 @@ class Engine:
     def replay(self, input_tokens: Sequence[int] | np.ndarray | torch.Tensor,
                output_tokens: Sequence[int] | np.ndarray | torch.Tensor) -> EngineResult:
         """A trace request: prefill ``input_tokens``, then teacher-force ``output_tokens`` so the next turn
-        continues exactly what was cached.
-        """
+        continues exactly what was cached."""
         ids = self._token_ids(input_tokens)
         forced = self._output_ids(output_tokens)
         return self._serve(ids, forced, lambda work, pre, start, capture, _: decode_forced(
@@ -134,8 +133,7 @@ class Engine:
     def replay_appended(self, input_tokens: Sequence[int] | np.ndarray | torch.Tensor,
                         output_tokens: Sequence[int] | np.ndarray | torch.Tensor) -> EngineResult:
         """:meth:`replay` with the output appended by one cut forward (``prefill.append_forced``): same cache
-        decisions and TTFT, much cheaper.
-        """
+        decisions and TTFT, much cheaper."""
         ids = self._token_ids(input_tokens)
         forced = self._output_ids(output_tokens)
         return self._serve(ids, forced, lambda work, pre, start, _, wanted: append_forced(
@@ -169,8 +167,7 @@ class Engine:
 
     def _prefill_from_prefix(self, ids: torch.Tensor, prefix: Any, checkpoints: Sequence[int]) -> _Prefilled:
         """Restore ``prefix`` into a fresh cache and prefill the rest of ``ids``, cut at ``checkpoints``; a
-        whole-input hit prefills nothing.
-        """
+        whole-input hit prefills nothing."""
         model = self.model
         w0, c0 = time.perf_counter(), time.thread_time()
         start = prefix.length
@@ -187,8 +184,7 @@ class Engine:
     def _plan_captures(self, handle: Any, input_len: int,
                        forced: list[int] | None) -> tuple[tuple[int, ...], Capture, tuple[int, ...]]:
         """(prefill capture positions, the decode's capture rule, output positions): one dry run of
-        ``finish`` for a known output, a query per step for a generated one.
-        """
+        ``finish`` for a known output, a query per step for a generated one."""
         cache = self.cache
         if forced is not None:
             wanted = cache.finish_checkpoints(handle, forced)

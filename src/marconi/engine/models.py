@@ -176,8 +176,7 @@ def preset_config(name: str) -> Any:
 @dataclass(frozen=True, slots=True)
 class CacheLayout:
     """``DynamicCache`` layers holding KVs (``attn_layers``) and recurrent states (``ssm_layers``),
-    ascending; a layer may be in both (parallel hybrids).
-    """
+    ascending; a layer may be in both (parallel hybrids)."""
 
     attn_layers: tuple[int, ...]
     ssm_layers: tuple[int, ...]
@@ -213,8 +212,7 @@ class CacheLayout:
 # ================================================================================ the model
 class Forward(NamedTuple):
     """``logits`` ``[k, vocab]`` of the last ``k`` positions; ``hidden`` ``[1, 1, D]``, the last
-    position's final hidden state (a view: clone to keep).
-    """
+    position's final hidden state (a view: clone to keep)."""
 
     logits: torch.Tensor
     hidden: torch.Tensor
@@ -320,8 +318,7 @@ class HybridModel:
 
     def logits_from_hidden(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits ``[1, vocab]`` from a hidden state kept by :meth:`forward_full`: bitwise that forward's
-        own one-row logits (:func:`check_head` proves it at load).
-        """
+        own one-row logits (:func:`check_head` proves it at load)."""
         with torch.no_grad():
             logits = self._head(hidden)
             if self.arch.logits_post is not None:
@@ -359,8 +356,7 @@ class CacheBytes(NamedTuple):
 
 def measure_cache_bytes(model: HybridModel, num_tokens: int = 3) -> CacheBytes:
     """Prefill ``num_tokens`` and measure real bytes: KV per token over attention layers, and per
-    checkpoint the conv + recurrent states of every recurrent layer plus the final hidden state.
-    """
+    checkpoint the conv + recurrent states of every recurrent layer plus the final hidden state."""
     from marconi.engine.states import capture_ssm, slice_kv
 
     cache = model.new_cache()
@@ -396,8 +392,7 @@ def check_spec(model: HybridModel, spec: ModelSpec) -> None:
 
 def check_head(model: HybridModel) -> None:
     """Raise :class:`SpecMismatchError` unless logits recomputed from a kept hidden state are bitwise the
-    forward's own (a whole-prompt hit decodes from them).
-    """
+    forward's own (a whole-prompt hit decodes from them)."""
     cache = model.new_cache()
     with _quiet_transformers():
         fwd = model.forward_full(cache, torch.arange(5) * 7 % model.vocab_size, 0)

@@ -73,8 +73,7 @@ def _chunk_scan(hidden_states, dt, A, B, C, chunk_size, D=None, dt_bias=None, in
                 dt_softplus=False, dt_limit=(0.0, float("inf")), return_final_states=False, *,
                 compute_dtype: torch.dtype):
     """transformers' ``mamba2_chunk_scan`` in ``compute_dtype``. Shapes: hidden_states [b, L, h, p];
-    dt [b, L, h]; A [h]; B, C [b, L, g, n]; states [b, h, p, n].
-    """
+    dt [b, L, h]; A [h]; B, C [b, L, g, n]; states [b, h, p, n]."""
     batch_size, sequence_length, num_heads, head_dim = hidden_states.shape
     num_groups = B.shape[2]
     cd = compute_dtype
@@ -141,8 +140,7 @@ def _chunk_scan(hidden_states, dt, A, B, C, chunk_size, D=None, dt_bias=None, in
 def _selective_state_update(state, hidden_states, dt, A, B, C, D=None, dt_bias=None, dt_softplus=False,
                             z=None, *, compute_dtype: torch.dtype):
     """transformers' ``mamba2_selective_state_update`` (one decode step, ``state`` updated in place).
-    Shapes: state [b, h, p, n]; hidden_states [b, h, p]; dt [b, h, p]; A [h, p, n]; B, C [b, g, n].
-    """
+    Shapes: state [b, h, p, n]; hidden_states [b, h, p]; dt [b, h, p]; A [h, p, n]; B, C [b, g, n]."""
     batch_size, num_heads, head_dim = hidden_states.shape
     num_groups = B.shape[1]
     state_size = B.shape[-1]
@@ -185,8 +183,8 @@ def _l2norm(x: torch.Tensor, dim: int = -1, eps: float = 1e-6) -> torch.Tensor:
 
 def _delta_inputs(query, key, value, beta, decay, num_k_heads: int, num_v_heads: int, use_qk_l2norm: bool,
                   compute_dtype: torch.dtype):
-    """Both gated-delta-rule scans' first steps as upstream: GQA key repeat, heads before time, optional L2 norm.
-    """
+    """Both gated-delta-rule scans' first steps as upstream: GQA key repeat, heads before time, optional L2
+    norm."""
     if num_k_heads != num_v_heads:
         query = query.repeat_interleave(num_v_heads // num_k_heads, dim=2)
         key = key.repeat_interleave(num_v_heads // num_k_heads, dim=2)
@@ -202,8 +200,7 @@ def _chunk_gated_delta_rule(query, key, value, g, beta, chunk_size=64, initial_s
                             output_final_state=False, use_qk_l2norm_in_kernel=False, *,
                             compute_dtype: torch.dtype):
     """transformers' ``torch_chunk_gated_delta_rule`` in ``compute_dtype``. Shapes: query, key
-    [b, L, hk, dk]; value [b, L, hv, dv]; g, beta [b, L, hv]; state [b, hv, dk, dv].
-    """
+    [b, L, hk, dk]; value [b, L, hv, dv]; g, beta [b, L, hv]; state [b, hv, dk, dv]."""
     initial_dtype = query.dtype
     batch_size, sequence_length, num_k_heads, k_head_dim = key.shape
     num_v_heads, v_head_dim = value.shape[-2:]
@@ -342,8 +339,7 @@ def _install(module: object) -> dict[str, Callable]:
 @contextlib.contextmanager
 def float64_scans(model_type: str) -> Iterator[None]:
     """Within the block, float64 scans of ``model_type``'s mixers stay float64; a no-op without a patched
-    module (LFM2). Re-entrant and thread-safe: the swap stays while any block in any thread is inside.
-    """
+    module (LFM2). Re-entrant and thread-safe: the swap stays while any block in any thread is inside."""
     module_name = PATCHED_MODULES.get(model_type)
     if module_name is None:
         yield

@@ -101,8 +101,7 @@ def make_checkpointing(spec: str | Checkpointing) -> Checkpointing:
 class PrefillResult(NamedTuple):
     """``logits`` ``[k, vocab]``; ``states``: position -> state; ``placed``: requested -> captured
     position (None: not captured); ``num_calls``; ``capture_s``: seconds cloning; ``hidden``: last
-    position's final hidden state (a view).
-    """
+    position's final hidden state (a view)."""
 
     logits: torch.Tensor
     states: dict[int, SSMPayload]
@@ -167,8 +166,7 @@ def _run_cut(model: Any, cache: Any, token_ids: torch.Tensor, offset: int, start
 # ================================================================================ decode
 class DecodeResult(NamedTuple):
     """``tokens``: the output; ``greedy``: the argmax at each step; ``end``: tokens the cache holds after
-    (the last token was fed); ``states``: position -> state captured in ``[start, end]``.
-    """
+    (the last token was fed); ``states``: position -> state captured in ``[start, end]``."""
 
     tokens: list[int]
     greedy: list[int]
@@ -186,8 +184,7 @@ def _decode(model: Any, cache: Any, logits: torch.Tensor, start: int, num_steps:
             choose: Callable[[int, int], int | None], capture: Capture | None = None,
             hidden: torch.Tensor | None = None) -> DecodeResult:
     """Shared loop: ``choose(i, argmax)`` returns the token to emit (None stops); every emitted token,
-    the last included, is fed back.
-    """
+    the last included, is fed back."""
     tokens: list[int] = []
     greedy: list[int] = []
     states: dict[int, SSMPayload] = {}
@@ -220,8 +217,7 @@ def decode_greedy(model: Any, cache: Any, logits: torch.Tensor, start: int, max_
                   eos_token_id: int | None = None, capture: Capture | None = None,
                   hidden: torch.Tensor | None = None) -> DecodeResult:
     """Greedy decoding until ``max_new_tokens`` or ``eos_token_id``; ``cache`` goes from ``start`` to
-    ``start + len(tokens)`` tokens. ``capture`` / ``hidden``: states to clone (see :data:`Capture`).
-    """
+    ``start + len(tokens)`` tokens. ``capture`` / ``hidden``: states to clone (see :data:`Capture`)."""
     if max_new_tokens < 1:
         raise EngineError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     done = [False]
@@ -238,8 +234,7 @@ def decode_greedy(model: Any, cache: Any, logits: torch.Tensor, start: int, max_
 def decode_forced(model: Any, cache: Any, logits: torch.Tensor, start: int, tokens: Sequence[int], *,
                   capture: Capture | None = None, hidden: torch.Tensor | None = None) -> DecodeResult:
     """Teacher-forced decoding of ``tokens`` (1-token forwards); ``greedy`` holds the model's choices.
-    Cache and captures as in :func:`decode_greedy`.
-    """
+    Cache and captures as in :func:`decode_greedy`."""
     forced = _forced(model, tokens, "teacher-forced decoding")
     return _decode(model, cache, logits, start, len(forced), lambda i, _: forced[i], capture, hidden)
 

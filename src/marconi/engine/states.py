@@ -53,8 +53,7 @@ class KVPayload:
 @dataclass(frozen=True, slots=True, eq=False)
 class SSMPayload:
     """Every SSM layer's state after ``position`` tokens, and the final hidden state ``[1, 1, D]`` of
-    position ``position - 1``.
-    """
+    position ``position - 1``."""
 
     conv: tuple[torch.Tensor, ...]
     recurrent: tuple[torch.Tensor | None, ...]
@@ -70,8 +69,7 @@ class SSMPayload:
 # ================================================================================ capture
 def capture_ssm(cache: Any, layout: Any, position: int, hidden: torch.Tensor) -> SSMPayload:
     """Clone every SSM layer's conv + recurrent state of ``cache`` (holding ``position`` tokens) and
-    ``hidden``.
-    """
+    ``hidden``."""
     if hidden.dim() != 3 or hidden.shape[:2] != (1, 1):
         raise EngineError(f"hidden state must be [1, 1, D] (one position), got {tuple(hidden.shape)}")
     conv, recurrent = [], []
@@ -110,8 +108,7 @@ def concat_kv(parts: Sequence[KVPayload]) -> KVPayload:
 # ================================================================================ restore
 def build_cache(model: Any, kv: Sequence[KVPayload], ssm: SSMPayload | None) -> Any:
     """A fresh ``DynamicCache`` holding ``kv`` (root to leaf) and ``ssm``, on new storage (decoding never
-    writes into a payload). ``ssm`` must sit at the end of ``kv`` (with attention).
-    """
+    writes into a payload). ``ssm`` must sit at the end of ``kv`` (with attention)."""
     cache = model.new_cache()
     layout = model.layout
     num_tokens = sum(p.num_tokens for p in kv)
@@ -135,8 +132,7 @@ def build_cache(model: Any, kv: Sequence[KVPayload], ssm: SSMPayload | None) -> 
 # ================================================================================ PayloadOps
 class TensorPayloads:
     """The core's ``PayloadOps`` for tensors: splits and joins copy, so each payload owns exactly its
-    bytes; ``release`` only counts (the tree's references free the tensors).
-    """
+    bytes; ``release`` only counts (the tree's references free the tensors)."""
 
     def __init__(self) -> None:
         self.num_splits = 0

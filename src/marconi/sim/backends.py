@@ -44,8 +44,7 @@ class Backend(Protocol):
             on_result: Callable[[Any], None] | None = None,
             needs: Callable[[Any], Sequence[str]] | None = None) -> list[Any]:
         """``[fn(shared, item) for item in items]`` in parallel (``fn`` module-level); ``needs(item)`` may
-        name the shared keys an item reads.
-        """
+        name the shared keys an item reads."""
         ...
 
     def tuning_mapper(self) -> Callable[[Callable[[float], Any], Sequence[float]], list[Any]] | None:
@@ -157,8 +156,7 @@ class LocalBackend:
 @dataclass(frozen=True, slots=True)
 class PackedTrace:
     """A :class:`Trace` as one int32 buffer plus per-request (offset, length) columns; token arrays that
-    are views of one buffer are stored once. :meth:`unpack` rebuilds equal, read-only requests.
-    """
+    are views of one buffer are stored once. :meth:`unpack` rebuilds equal, read-only requests."""
 
     name: str
     meta: dict[str, Any]
@@ -289,8 +287,7 @@ def _ray_apply(fn: Callable[[Any], Any], arg: Any) -> Any:
 
 def ray_tuning_mapper(fn: Callable[[float], Any], grid: Sequence[float]) -> list[Any]:
     """Map the bootstrap α replays over Ray tasks (``fn`` put once), in grid order; works in a driver or
-    inside a Ray task.
-    """
+    inside a Ray task."""
     ray = _import_ray()
     fn_ref = ray.put(fn)
     apply = _ray_remote("apply", _ray_apply)

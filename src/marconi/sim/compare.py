@@ -18,8 +18,7 @@ __all__ = ["gains", "plot_records", "base_name", "plot_text"]
 
 def plot_text(value: Any) -> str:
     """``value`` as valid UTF-8 for plots and file names (matplotlib refuses lone surrogates): an
-    undecodable byte becomes U+FFFD, any other lone surrogate ``?``.
-    """
+    undecodable byte becomes U+FFFD, any other lone surrogate ``?``."""
     text = str(value)
     try:
         return text.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
@@ -38,8 +37,7 @@ def _group_key(rec: dict[str, Any]) -> tuple:
 
 def _with_infinite_everywhere(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """One capacity-independent ``infinite`` record serves every capacity of its (trace, model, mode)
-    that lacks one.
-    """
+    that lacks one."""
     out = list(records)
     have = {_group_key(r) for r in records if base_name(r["system"]) == "infinite"}
     ceilings = {(r.get("trace"), r.get("model"), r.get("mode")): r for r in records

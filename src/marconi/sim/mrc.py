@@ -34,8 +34,7 @@ CEILINGS = ("oracle", "infinite")
 
 def capacity_fractions(points: int, lo: float = 0.005) -> list[float]:
     """Up to ``points`` distinct fractions of the working set, geometric from ``lo`` to 1 inclusive,
-    rounded to 6 significant digits (equal neighbours kept once).
-    """
+    rounded to 6 significant digits (equal neighbours kept once)."""
     if points < 2:
         raise ConfigError(f"a miss-ratio curve needs at least 2 points, got {points}")
     if not 0 < lo < 1:

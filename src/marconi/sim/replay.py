@@ -167,8 +167,7 @@ def simulate_system(trace: Iterable[Request], system: System | str, spec: ModelS
                     capacity_bytes: float, *, latency: LatencyModel | str | None = "a100", mode: str = "sequential",
                     tuning_workers: int | None = None, tuning_mapper: Any = None, progress: Any = None) -> SimResult:
     """:func:`simulate` through a fresh cache of ``system`` whose clock follows arrival times; ``oracle``
-    gets the whole trace, ``infinite`` reports the requested capacity.
-    """
+    gets the whole trace, ``infinite`` reports the requested capacity."""
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}; choose one of {MODES}")
     system = make_system(system)
@@ -257,8 +256,7 @@ def _run_event(trace: Iterable[Request], cache: ReplayCache, clock: ManualClock,
 
 def working_set_bytes(trace: Sequence[Request], spec: ModelSpec | str) -> int:
     """Bytes an unbounded Marconi-admission cache holds after the whole trace (KVs of every distinct
-    sequence plus its checkpoints): the reference for fractional capacities (``0.1x``).
-    """
+    sequence plus its checkpoints): the reference for fractional capacities (``0.1x``)."""
     spec = get_model(spec)
     cache = PrefixCache(spec, 2**62, "marconi", "lru")
     for req in trace:

@@ -85,8 +85,7 @@ def point_label(task: SweepTask, *, with_trace: bool = False) -> str:
 
 def describe_failures(failures: Sequence[tuple[Any, str]], shown: int = 3) -> str:
     """``label: message; ...`` for the first ``shown`` failures, then how many more (a point is labelled
-    by :func:`point_label`, its ``label``, or ``str``).
-    """
+    by :func:`point_label`, its ``label``, or ``str``)."""
     with_trace = len({t.trace_key for t, _ in failures if isinstance(t, SweepTask)}) > 1
 
     def label(point: Any) -> str:
@@ -110,8 +109,8 @@ def expand_points(systems: Sequence[str], capacities: Sequence[str], models: Seq
 
 def run_point(trace: Any, trace_name: str, task: SweepTask, *, tuning_workers: int | None = None,
               tuning_mapper: Callable[..., list[Any]] | None = None) -> dict[str, Any]:
-    """Simulate one task on ``trace`` as a flat record (``SimResult.record``, plus per-request ``reused_len``).
-    """
+    """Simulate one task on ``trace`` as a flat record (``SimResult.record``, plus per-request
+    ``reused_len``)."""
     point = task.point
     spec = get_model(point.model)
     capacity: Capacity = parse_capacity(point.capacity)

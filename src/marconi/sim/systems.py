@@ -53,8 +53,7 @@ class TuningConfig:
 class System(Protocol):
     """A named caching system as the simulator, sweeps and reports use it: ``build`` returns a fresh
     :class:`~marconi.core.protocol.ReplayCache`, ``record_fields`` its echo in records, ``relabel``
-    the name the user typed.
-    """
+    the name the user typed."""
 
     label: str
     unbounded: bool       # ignores the capacity (the ``infinite`` ceiling)
@@ -101,8 +100,7 @@ class SystemConfig:
               tuning_mapper: Callable[..., list[Any]] | None = None,
               future: Sequence[Any] | None = None) -> PrefixCache:
         """A fresh cache of this system. ``future``: the requests it will serve, in arrival order; required
-        when ``needs_future`` (ConfigError otherwise).
-        """
+        when ``needs_future`` (ConfigError otherwise)."""
         eviction: Any = self.eviction
         if self.needs_future:
             if future is None:
@@ -267,8 +265,7 @@ def _check_block(block: int) -> None:
 
 def _policy_spec(text: str) -> tuple[str, str]:
     """``"uniform(m=8;paged=false)"`` -> (``"uniform"``, ``"uniform:m=8,paged=false"``): parentheses and
-    semicolons, since the system name's own parameters are comma-separated.
-    """
+    semicolons, since the system name's own parameters are comma-separated."""
     name, paren, rest = text.partition("(")
     if not paren:
         return name, name

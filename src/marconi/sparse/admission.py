@@ -118,16 +118,14 @@ class SparseDPAdmission(BaseAdmission):
     # ------------------------------------------------------------------ the DP
     def recompute_cost(self, spec: "ModelSpec", resume: int) -> PotentialCost:
         """The placement's cost for a request resumed at ``resume``: FLOPs (or tokens) from the deepest kept
-        state, nothing below ``resume`` paid.
-        """
+        state, nothing below ``resume`` paid."""
         base = flops_cost(spec) if self.cost_name == "flops" else TOKEN_COST
         potential = base.potential
         return PotentialCost(f"{base.name}-from-{resume}", lambda x: potential(np.maximum(x, resume)))
 
     def _candidates(self, key: int, weights: np.ndarray, resume: int, n: int) -> np.ndarray:
         """Candidate depths in (resume, n], ascending: every depth with mass (``candidates="all"``: exact,
-        since an optimal checkpoint sits at a depth with mass) or only observed depths (``"observed"``).
-        """
+        since an optimal checkpoint sits at a depth with mass) or only observed depths (``"observed"``)."""
         if self.candidate_rule == "observed":
             observed = self.estimator.observed_depths(key)
             support = observed[(observed > resume) & (observed <= n)]
@@ -213,8 +211,7 @@ class SparseDPAdmission(BaseAdmission):
 
 def cap_candidates(support: np.ndarray, weights: np.ndarray, cap: int) -> np.ndarray:
     """At most ``cap`` of the ascending ``support``: the heaviest, ascending; depths tied at the cut-off
-    are spread evenly over their range. An approximation once the support exceeds the cap.
-    """
+    are spread evenly over their range. An approximation once the support exceeds the cap."""
     if support.size <= cap:
         return support
     w = weights[support]

@@ -52,8 +52,7 @@ _QI_RTOL = 1e-12
 @dataclass(frozen=True, slots=True)
 class PotentialCost:
     """A path-additive cost ``cost(c, d) = F(d) - F(c)``: O(1) segment costs, fast solver exact iff ``F``
-    is non-decreasing at the candidates. ``potential``: vectorised ``F`` over positions.
-    """
+    is non-decreasing at the candidates. ``potential``: vectorised ``F`` over positions."""
 
     name: str
     potential: Callable[[FloatArray], FloatArray]
@@ -245,8 +244,7 @@ class _MatrixSegments:
 
 
 def _tabulate_segments(inst: _Instance, cost: Callable[[IntArray, IntArray], FloatArray]) -> FloatArray:
-    """``w[i, j]`` tabulated (``+inf`` for ``i >= j``); ValueError if the cost is not finite or ``cost(c, c) != 0``.
-    """
+    """``w[i, j]`` (``+inf`` if ``i >= j``); ValueError unless cost is finite, ``cost(c, c) == 0``."""
     n = inst.num_nodes
     first_at = np.searchsorted(inst.depths, inst.nodes, side="left")
     w = np.full((n, n), np.inf)
@@ -280,16 +278,14 @@ def _segments_for(inst: _Instance, cost: Cost) -> _Segments:
 
 def segment_cost_matrix(weights: ArrayLike, positions: ArrayLike, *, cost: Cost = TOKEN_COST) -> FloatArray:
     """The DP's segment costs ``w`` over nodes ``[0, *sorted(positions), N+1]`` (``+inf`` for ``i >= j``),
-    in cost units. For analysis and tests.
-    """
+    in cost units. For analysis and tests."""
     seg = _segments_for(_make_instance(weights, positions), cost)
     return seg.matrix() * seg.scale
 
 
 def satisfies_quadrangle_inequality(w: FloatArray, *, rtol: float = _QI_RTOL) -> bool:
     """Whether ``w(a,c) + w(b,d) <= w(a,d) + w(b,c)`` for all ``a < b < c < d`` (up to ``rtol``), via the
-    adjacent 2x2 inequalities, which sum to every quadruple.
-    """
+    adjacent 2x2 inequalities, which sum to every quadruple."""
     n = w.shape[0]
     if n < 4:
         return True
@@ -333,8 +329,7 @@ def _layers_monge(seg: _Segments, num_layers: int) -> tuple[FloatArray, IntArray
 
 def _column_minima(prev: FloatArray, seg: _Segments) -> tuple[FloatArray, IntArray]:
     """``best[j] = min_{i<j} prev[i] + w(i, j)`` and a leftmost argmin (``best[0] = inf``), by divide and
-    conquer on monotone argmins, one recursion level per numpy pass.
-    """
+    conquer on monotone argmins, one recursion level per numpy pass."""
     n = prev.size
     best = np.full(n, np.inf)
     arg = np.zeros(n, dtype=np.int64)
@@ -472,8 +467,7 @@ def place_checkpoints_reference(weights: ArrayLike, positions: ArrayLike, max_ch
 def place_checkpoints_monge(weights: ArrayLike, positions: ArrayLike, max_checkpoints: int, *,
                             cost: Cost = TOKEN_COST) -> Placement:
     """As :func:`place_checkpoints`, always by the Monge solver: exact only where the quadrangle
-    inequality holds. For studying the precondition.
-    """
+    inequality holds. For studying the precondition."""
     inst = _make_instance(weights, positions)
     return _solve_budgeted(inst, _segments_for(inst, cost), cost, max_checkpoints, use_monge=True)
 
@@ -521,8 +515,7 @@ def _lagrangian_path(seg: _Segments, n: int, penalty: float) -> list[int]:
 
 def _lagrangian_path_monge(seg: "_PotentialSegments", n: int, penalty: float) -> list[int]:
     """:func:`_lagrangian_path` in ``O(K log K)`` under the QI: rows best somewhere form a queue, each
-    owning a run of columns; only a strictly better row takes columns (ties stay shallower).
-    """
+    owning a run of columns; only a strictly better row takes columns (ties stay shallower)."""
     mf, mass, f = seg.prefix_lists()
     best = [math.inf] * n
     parent = [0] * n
@@ -572,7 +565,6 @@ def _lagrangian_path_monge(seg: "_PotentialSegments", n: int, penalty: float) ->
 
 def expected_cost(weights: ArrayLike, checkpoints: ArrayLike, *, cost: Cost = TOKEN_COST) -> float:
     """``E[cost(c(d), d)]`` of given checkpoints (distinct, in ``[1, N]``), from the definition: scores
-    heuristics on the DP's distribution.
-    """
+    heuristics on the DP's distribution."""
     inst = _make_instance(weights, checkpoints)
     return _direct_cost(inst, cost, inst.candidates)

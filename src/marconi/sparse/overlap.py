@@ -188,8 +188,7 @@ class _DecayedHistogram:
 
 
 def _blend(hist: _DecayedHistogram, now: float, base: FloatArray, strength: float, length: int) -> FloatArray:
-    """``(n * hist + strength * base) / (n + strength)``, ``n`` the effective count; ``base`` if ``n == 0``.
-    """
+    """``(n * hist + strength * base) / (n + strength)``, ``n`` the effective count (``base`` if 0)."""
     n_eff = hist.effective_count(now)
     if n_eff <= 0:
         return base
@@ -220,8 +219,7 @@ class EstimatorConfig:
 
 class OverlapEstimator:
     """Per-key overlap-depth distribution (absolute tokens, clipped to the asked ``N``), shrunk towards
-    the global estimate and the prior. Call :meth:`forget` when the keyed sequence leaves the cache.
-    """
+    the global estimate and the prior. Call :meth:`forget` when the keyed sequence leaves the cache."""
 
     def __init__(self, config: EstimatorConfig | None = None, *, clock: Callable[[], float] | None = None) -> None:
         """Raises ValueError if ``config.half_life_s`` is finite and ``clock`` (seconds) is None."""
@@ -234,8 +232,8 @@ class OverlapEstimator:
 
     # ----------------------------------------------------------------------------- updates
     def observe(self, key: Hashable, depth: int) -> None:
-        """Record a request overlapping ``key``'s sequence to ``depth >= 0`` tokens (ValueError if negative).
-        """
+        """Record a request overlapping ``key``'s sequence to ``depth >= 0`` tokens (ValueError if
+        negative)."""
         if depth < 0:
             raise ValueError(f"depth must be >= 0, got {depth}")
         hist = self._by_key.setdefault(key, _DecayedHistogram())
@@ -393,8 +391,8 @@ class TreeOverlapEstimator:
 
     def __init__(self, config: TreeEstimatorConfig | None = None, *,
                  clock: Callable[[], float] | None = None) -> None:
-        """``clock``: the cache's; needed (here or via :meth:`set_clock`) iff ``config.half_life_s`` is finite.
-        """
+        """``clock``: the cache's; needed (here or via :meth:`set_clock`) iff ``config.half_life_s`` is
+        finite."""
         self.config = config or TreeEstimatorConfig()
         self._clock = clock
         self._root = _NodeStats(0)
@@ -469,8 +467,8 @@ class TreeOverlapEstimator:
 
     # ----------------------------------------------------------------------------- updates
     def observe(self, keys: KeyArray, hit_len: int) -> None:
-        """Record ``hit_len - depth`` at every known node on the path at depth <= ``hit_len``; ValueError if ``hit_len < 0``.
-        """
+        """Record ``hit_len - depth`` at every known node on the path at depth <= ``hit_len``; ValueError
+        if ``hit_len < 0``."""
         if hit_len < 0:
             raise ValueError(f"hit_len must be >= 0, got {hit_len}")
         nodes = self.nodes_on_path(keys, hit_len)
@@ -499,8 +497,7 @@ class TreeOverlapEstimator:
 
     def path_weights(self, keys: KeyArray, seq_len: int) -> tuple[FloatArray, list[tuple[int, int]]]:
         """``(seq_len+1,)`` composed ``P(d)`` (sums to 1) and the territories ``[(start, end)]`` per node,
-        the last ending at ``seq_len + 1``. Touches every node used.
-        """
+        the last ending at ``seq_len + 1``. Touches every node used."""
         nodes = self.nodes_on_path(keys, seq_len)
         out = np.zeros(seq_len + 1)
         reach = 1.0
@@ -524,8 +521,7 @@ class TreeOverlapEstimator:
     # ----------------------------------------------------------------------------- drift
     def drift(self, keys: KeyArray, depth: int) -> float:
         """Total variation between the node's histogram and its last placement's snapshot; 1.0 if never
-        placed, 0.0 for an unknown or empty node.
-        """
+        placed, 0.0 for an unknown or empty node."""
         stats = self._root if depth == 0 else self._nodes.get((depth, int(keys[depth])))
         if stats is None or stats.hist.total <= 0:
             return 0.0
@@ -599,8 +595,7 @@ class BlockEstimatorConfig:
 
 class _BlockHistogram:
     """Relative depths (blocks) with eager decay; drops (not merges) the lightest bin, as vLLM's
-    pinned retention results assume.
-    """
+    pinned retention results assume."""
 
     __slots__ = ("weights", "max_bins", "decay")
 
@@ -687,8 +682,7 @@ class BlockOverlapEstimator:
 
     def _tail(self, anchor: Hashable | None, start: int) -> dict[int, float]:
         """Unnormalised relative-depth weights past ``start``: the anchor's counts plus ``prior`` (1 if the
-        anchor has none) pseudo-counts of the global depths past ``start``.
-        """
+        anchor has none) pseudo-counts of the global depths past ``start``."""
         beyond = {k - start: w for k, w in self._global.weights.items() if k > start}
         g_mass = sum(beyond.values())
         local = self._local.get(anchor)
@@ -703,15 +697,14 @@ class BlockOverlapEstimator:
         return out
 
     def distribution(self, anchor: Hashable | None, start: int = 0) -> dict[int, float]:
-        """Relative divergence depth (blocks, >= 1) -> probability (normalised :meth:`_tail`); empty if no data.
-        """
+        """Relative divergence depth (blocks, >= 1) -> probability (normalised :meth:`_tail`); empty if no
+        data."""
         return _normalised(self._tail(anchor, start))
 
     def path_distribution(self, keys: Sequence[Hashable], anchor: Hashable | None, start: int) -> dict[int, float]:
         """Absolute divergence depth (blocks, >= 1) -> probability for the sequence ``keys`` (``anchor``,
         ``start`` from :meth:`observe`): branch-point counts up to ``start``, the :meth:`_tail` estimate
-        shifted by ``start`` past it. Touches the branch points it reads.
-        """
+        shifted by ``start`` past it. Touches the branch points it reads."""
         out: dict[int, float] = {}
         for j in range(min(start, len(keys))):
             count = self._branches.get(keys[j])
@@ -742,8 +735,7 @@ def _normalised(weights: dict[int, float]) -> dict[int, float]:
 # ================================================================================= binning
 def bin_depths(depth_weights: ArrayLike, candidates: ArrayLike) -> FloatArray:
     """``(K+1,)`` weight per interval ``[0,p_1), ..., [p_K, N]`` of ``depth_weights`` (over ``0..N``);
-    ``candidates``: distinct positions in ``[1, N]``, any order.
-    """
+    ``candidates``: distinct positions in ``[1, N]``, any order."""
     w = np.asarray(depth_weights, dtype=np.float64)
     cand = validate_positions(candidates, seq_len=w.size - 1)
     edges = np.concatenate(([0], cand, [w.size]))
@@ -752,8 +744,7 @@ def bin_depths(depth_weights: ArrayLike, candidates: ArrayLike) -> FloatArray:
 
 def binned_depth_weights(depth_weights: ArrayLike, candidates: ArrayLike) -> FloatArray:
     """``(N+1,)`` weights with each candidate interval's mass moved to its left end; for a potential
-    cost the optimal placement is unchanged (see :mod:`marconi.sparse.dp`).
-    """
+    cost the optimal placement is unchanged (see :mod:`marconi.sparse.dp`)."""
     w = np.asarray(depth_weights, dtype=np.float64)
     cand = validate_positions(candidates, seq_len=w.size - 1)
     out = np.zeros_like(w)

@@ -1,7 +1,6 @@
 """Real and synthetic workloads: the trace schema and I/O (:mod:`.trace`), the tokenizer, builders
 from real data (paper recipes) and synthetic generators, the named catalog (:mod:`.catalog`),
-``load_trace`` (:mod:`.source`) and the ``marconi trace`` CLI group (:mod:`.commands`).
-"""
+``load_trace`` (:mod:`.source`) and the ``marconi trace`` CLI group (:mod:`.commands`)."""
 
 from .catalog import DataUnavailable, Provenance, build_workload, catalog_entries, is_workload, workload_names
 from .mooncake import build_mooncake_trace, read_mooncake_rows

@@ -45,8 +45,7 @@ LICENCE_SYNTHETIC = "none needed: generated here from a seed"
 
 class DataUnavailable(FileNotFoundError):
     """The named data is absent and the spec asked for it alone (``data=shared``, or LMSys without
-    files); the message says how to get it or a stand-in.
-    """
+    files); the message says how to get it or a stand-in."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,6 +1,5 @@
 """Chat messages shared by the real-data builders: roles, the text a message is tokenized as, timing.
-Each message is tokenized on its own, so turn *i*'s input is the concatenation of the arrays before it.
-"""
+Each message is tokenized on its own, so turn *i*'s input is the concatenation of the arrays before it."""
 
 from __future__ import annotations
 
@@ -61,8 +60,7 @@ def count_words(text: str) -> int:
 @dataclass(frozen=True, slots=True)
 class Message:
     """One message; ``raw``: the source's role and content fields (the ``json`` text form); ``created``:
-    the source's unix time, if any.
-    """
+    the source's unix time, if any."""
 
     role: str
     content: str

@@ -163,8 +163,7 @@ def build_mooncake_trace(path: str | os.PathLike | None = None, *, limit: int | 
                          seed: int = 0, max_input_len: int | None = None,
                          progress: Progress | None = None) -> Trace:
     """Rebuild a token trace from a Mooncake file; ``max_input_len`` drops longer requests (counted in
-    ``meta["num_dropped"]``); session ids are line indices, stable under drops.
-    """
+    ``meta["num_dropped"]``); session ids are line indices, stable under drops."""
     source = Path(path) if path is not None else default_mooncake_path()
     rows = read_mooncake_rows(source, limit=limit, block_size=block_size)
     tokens = MooncakeTokens(rows, block_size=block_size, vocab_size=vocab_size,

@@ -18,8 +18,7 @@ def bundled_data_dir() -> Path:
 
 def shared_data_dir() -> Path | None:
     """The shared data set (``<repo>/../shared/data``, or ``$MARCONI_SHARED_DATA``; empty means none),
-    or None where absent (so tests that need it skip).
-    """
+    or None where absent (so tests that need it skip)."""
     if SHARED_DATA_ENV in os.environ:
         value = os.environ[SHARED_DATA_ENV].strip()
         if not value:
@@ -34,8 +33,8 @@ def shared_data_dir() -> Path | None:
 
 
 def shared_data_where() -> str:
-    """Where the shared data set was looked for (a set ``$MARCONI_SHARED_DATA`` with its value), for messages.
-    """
+    """Where the shared data set was looked for (a set ``$MARCONI_SHARED_DATA`` with its value), for
+    messages."""
     value = os.environ.get(SHARED_DATA_ENV)
     if value is None:
         return f"../shared/data beside the repository or the current directory (or set {SHARED_DATA_ENV})"

@@ -82,8 +82,7 @@ _SNIFF_BYTES = 1 << 20
 
 def is_mooncake_file(path: str | os.PathLike) -> bool:
     """Whether ``path``'s first non-blank line is a Mooncake request; reads at most 1 MiB of a regular
-    file and never raises.
-    """
+    file and never raises."""
     try:
         if not_regular(os.stat(path)) is not None:
             return False

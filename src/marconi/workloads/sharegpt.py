@@ -117,8 +117,7 @@ def _non_ascii_frac(record: ChatRecord) -> float:
 def chat_turns(messages: Sequence[Message], pairing: str = "roles") -> tuple[int, list[tuple[int, int, int]]]:
     """``(num_stream_messages, turns)``: the stream is ``messages[:num_stream_messages]``; a turn
     ``(first_user, first_reply, end)`` has new input ``[first_user, first_reply)`` and output
-    ``[first_reply, end)``.
-    """
+    ``[first_reply, end)``."""
     if pairing == "positional":
         n = len(messages) // 2
         return 2 * n, [(2 * t, 2 * t + 1, 2 * t + 2) for t in range(n)]
@@ -229,8 +228,7 @@ def build_chat_trace(paths: Sequence[str | os.PathLike], *, num_sessions: int | 
 
 def default_sharegpt_files() -> list[Path]:
     """The shared data set's ShareGPT parts with >= 20 messages, else its original unfiltered file (same
-    sessions after the builder's filter), else [].
-    """
+    sessions after the builder's filter), else []."""
     shared = shared_data_dir()
     if shared is None:
         return []

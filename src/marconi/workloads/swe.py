@@ -127,8 +127,7 @@ def load_trajectories(paths: Sequence[str | os.PathLike]) -> list[Trajectory]:
 
 def load_shared_prefix(spec: str | os.PathLike) -> tuple[Message, ...]:
     """The leading system and demonstration (``is_demo``) messages of a trajectory file, or of a named
-    prefix (``"sweagent-demo"``: the vendored SWE-agent GPT-4 run's, about 7.7k tokens).
-    """
+    prefix (``"sweagent-demo"``: the vendored SWE-agent GPT-4 run's, about 7.7k tokens)."""
     text = os.fspath(spec)
     path = bundled_data_dir() / SHARED_PREFIXES[text] if text in SHARED_PREFIXES else Path(text)
     if not path.is_file():
@@ -152,8 +151,8 @@ def load_shared_prefix(spec: str | os.PathLike) -> tuple[Message, ...]:
 def swe_session(session_id: int, start_ts: float, messages: Sequence[Message],
                 tokens: Sequence[np.ndarray], *, keep_observations: int | None, gap_s: np.ndarray,
                 max_input_len: int, max_turns: int) -> list[Request]:
-    """Requests of one tokenized trajectory (``tokens[i]`` of ``messages[i]``; ``gap_s[j]``: gap before call j).
-    """
+    """Requests of one tokenized trajectory (``tokens[i]`` of ``messages[i]``; ``gap_s[j]``: gap before
+    call j)."""
     calls = [i for i, m in enumerate(messages) if m.role == "assistant"]
     stream, offsets = concat_with_offsets(tokens)
     requests: list[Request] = []
@@ -195,8 +194,7 @@ def _gaps(traj: Trajectory, messages: Sequence[Message], gaps: str, mean_gap_s: 
 
 def default_swe_paths() -> list[Path]:
     """The shared data set's mini-swe-agent trajectories (compacted arrays, or the original ``trajs/``
-    tree read recursively), else the vendored 10-trajectory sample.
-    """
+    tree read recursively), else the vendored 10-trajectory sample."""
     shared = shared_data_dir()
     folder = shared / "swe" / "mini-swe-agent-gemini3pro" if shared is not None else None
     if folder is not None and folder.is_dir():

@@ -66,8 +66,7 @@ class TextTokenizer:
 
 def resolve_tokenizer_path(spec: str | os.PathLike | None = None) -> Path:
     """The ``tokenizer.json`` for a name, a file or a directory (None: the default); TokenizerError
-    naming every place tried otherwise.
-    """
+    naming every place tried otherwise."""
     if spec is None:
         spec = DEFAULT_TOKENIZER
     text = os.fspath(spec)

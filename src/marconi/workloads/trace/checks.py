@@ -23,8 +23,7 @@ __all__ = ["SessionCheck", "session_warnings", "validate_trace", "inspect_trace"
 class SessionCheck:
     """Warns of repeated (session, turn) pairs and turns whose input does not extend their session's
     previous input + output (expected of some recipes, so warnings). Memory: one (length, digest) per
-    session and one position per (session, turn).
-    """
+    session and one position per (session, turn)."""
 
     def __init__(self) -> None:
         self.first_seen: dict[tuple[SessionId, int], int] = {}
@@ -50,8 +49,8 @@ class SessionCheck:
         self.previous[session_id] = (int(history.size), _digest(history))
 
     def warnings(self, label: str, fmt: str, max_positions: int = 3) -> list[TraceProblem]:
-        """One summary warning per kind; ``fmt``: a file format (positions are lines or rows) or ``"memory"``.
-        """
+        """One summary warning per kind; ``fmt``: a file format (positions are lines or rows) or
+        ``"memory"``."""
         unit = "request" if fmt == "memory" else format_named(fmt).position
         out = []
         if self.duplicates:
@@ -88,15 +87,13 @@ def session_warnings(trace: Trace | Iterable[Request], label: str = "trace") -> 
 
 def validate_trace(path: str | os.PathLike) -> list[TraceProblem]:
     """Every problem of a trace file (empty: valid): all of each record's field problems and timestamp
-    order against the previous valid record.
-    """
+    order against the previous valid record."""
     return inspect_trace(path)[0]
 
 
 def inspect_trace(path: str | os.PathLike) -> tuple[list[TraceProblem], list[TraceProblem]]:
     """(problems, warnings) of a trace file in one pass: :func:`validate_trace`'s (a malformed sidecar
-    included), :class:`SessionCheck`'s, and one when the sidecar counts other requests.
-    """
+    included), :class:`SessionCheck`'s, and one when the sidecar counts other requests."""
     label = os.fspath(path)
     fmt = trace_format(path)
     if not Path(path).exists():

@@ -39,8 +39,7 @@ def trace_format(path: str | os.PathLike) -> str:
 
 def not_a_trace_file(path: str | os.PathLike) -> str | None:
     """Why ``path`` cannot be read as a trace, or None: only regular files (symlinks followed), since a
-    trace is read more than once and devices or FIFOs cannot be.
-    """
+    trace is read more than once and devices or FIFOs cannot be."""
     try:
         st = os.stat(path)
     except (FileNotFoundError, NotADirectoryError):

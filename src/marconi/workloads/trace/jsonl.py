@@ -75,8 +75,7 @@ def _short_token_list(body: str) -> np.ndarray | None:
 
 def _count_plain_ids(chars: np.ndarray) -> int | None:
     """How many ids ``chars`` hold if they are digit strings without leading zeros joined by ``", "``
-    or ``","``, else None (vectorised checks over the bytes).
-    """
+    or ``","``, else None (vectorised checks over the bytes)."""
     if chars.size == 0:
         return None
     is_digit = (chars - np.uint8(ord("0"))) < 10  # uint8 wraps below '0'
@@ -101,8 +100,7 @@ def _count_plain_ids(chars: np.ndarray) -> int | None:
 
 def _cut_token_list(line: str, key: str) -> tuple[str, str] | None:
     """(``line`` with ``"key": [body]`` replaced by ``"key": 0``, body), or None if the key is not
-    followed by a flat list.
-    """
+    followed by a flat list."""
     quoted = f'"{key}"'
     start = line.find(quoted)
     if start < 0:
@@ -127,8 +125,7 @@ def _skip_json_ws(line: str, pos: int) -> int:
 
 def _fast_decode(line: str) -> tuple[dict[str, Any], dict[str, np.ndarray]] | None:
     """Decode a well-formed line without Python ints for the tokens; None to fall back to ``json``
-    (a key seen twice, nested or escaped, a backslash left, an unproven body).
-    """
+    (a key seen twice, nested or escaped, a backslash left, an unproven body)."""
     rest = line
     bodies: dict[str, str] = {}
     for key in _TOKEN_KEYS:
@@ -175,8 +172,7 @@ def _syntax_error_field(line: str) -> str | None:
 
 def decode_record(line: str, where: str) -> tuple[dict[str, Any], list[tuple[str | None, str]]]:
     """(fields, problems) of one JSONL line, as :func:`~.schema.check_record` judges ``json.loads(line)``;
-    ``where`` (``path:line``) shapes JSON errors, which name the token list they lie in.
-    """
+    ``where`` (``path:line``) shapes JSON errors, which name the token list they lie in."""
     fast = _fast_decode(line)
     if fast is not None:
         return check_record(*fast)

@@ -1,7 +1,6 @@
 """Parquet traces: rows read one Arrow batch at a time, row groups of about 4M tokens written;
 registers ``parquet``. Columns as the JSONL fields; ``name`` and ``meta`` in the schema metadata
-under ``marconi.trace``. PyArrow is imported only when a file is read or written.
-"""
+under ``marconi.trace``. PyArrow is imported only when a file is read or written."""
 
 from __future__ import annotations
 
@@ -147,8 +146,7 @@ def _parquet_table(batch: Sequence[Request], sid_type: Any, schema: Any) -> Any:
 
 def write_parquet(fh: io.IOBase, requests: Iterable[Request], name: str, meta: Mapping[str, Any]) -> int:
     """Write ``requests`` to the binary ``fh`` as zstd Parquet (``name``/``meta`` in the schema metadata,
-    one row group buffered at a time); returns the count.
-    """
+    one row group buffered at a time); returns the count."""
     pa, pq = _pa()
     writer = None
     batch: list[Request] = []

@@ -241,8 +241,7 @@ class TraceStats:
 @dataclass(slots=True, eq=False)
 class Trace:
     """An in-memory trace: requests in arrival order, a name and a ``meta`` dict (source, recipe
-    parameters). Out-of-order requests raise ValueError; :meth:`from_unsorted` sorts stably first.
-    """
+    parameters). Out-of-order requests raise ValueError; :meth:`from_unsorted` sorts stably first."""
 
     requests: list[Request]
     name: str = ""
