@@ -36,13 +36,8 @@ def not_regular(st: os.stat_result) -> str | None:
 
 
 def check_readable(path: Path) -> None:
-    """FileNotFoundError for a missing file, JsonError for anything but a regular file.
-
-    Why not read a device or a FIFO: ``/dev/zero`` (or a symlink to it) never ends, so a reader
-    fills memory with one endless line; opening a FIFO blocks until some process writes to it, and
-    its bytes are gone once read (a trace is read more than once). Copy a stream to a file first.
-    Symlinks are followed: a link to a regular file is read.
-    """
+    """FileNotFoundError for a missing file, JsonError for anything but a regular file (symlinks are
+    followed): a device may never end and a FIFO blocks and is read only once."""
     try:
         st = path.stat()
     except (FileNotFoundError, NotADirectoryError):

@@ -1,21 +1,9 @@
 """Cost model of a hybrid LLM: FLOPs a cache hit saves and bytes a cache entry holds.
 
-Everything the cache needs to know about the model lives in one frozen :class:`ModelSpec`,
-so that the simulator and the real engine account bytes identically (the engine builds its spec
-from the real model's config and checks it against the real tensor shapes).
-
-Formulas follow the Marconi paper's Appendix A (Table 1), for a prefix of ``L`` tokens and model
-dimension ``D``:
-
-* attention layer: ``8·L·D² + 4·L²·D`` FLOPs; KVs ``2·L·n_kv·head_dim·bytes`` (``4·L·D`` in fp16
-  without GQA);
-* MLP layer: ``16·L·D²`` FLOPs, no state;
-* SSM layer: ``12·L·D² + 16·L·D·N + 10·L·D`` FLOPs; state ``width·N·bytes`` (``width = D`` in the
-  paper's table) plus a conv state ``conv_dim·kernel·bytes`` (``conv_dim = expand·D + 2·N``).
-
-Presets with real layer shapes (``ssm_state_width``/``conv_dim`` taken from their published
-``config.json``) override the paper's simplified widths; :func:`ModelSpec.from_hf_config` does the
-same for any supported hybrid config.
+One frozen :class:`ModelSpec` holds all the cache knows of the model, so the simulator and the real
+engine account bytes identically. Formulas: the Marconi paper's Appendix A (listed in
+``docs/cache-api.md``), with the real state widths of presets and of
+:func:`ModelSpec.from_hf_config` in place of the paper's simplified ones.
 """
 
 from __future__ import annotations
@@ -195,11 +183,8 @@ class ModelSpec:
                 + self.num_mlp_layers * self.mlp_flops(length))
 
     def span_flops(self, start: int, end: int) -> float:
-        """FLOPs to prefill tokens ``[start, end)`` given the first ``start`` are cached.
-
-        Linear layers cost ``flops(end-start)``; attention costs ``attn(end) - attn(start)`` because
-        the new tokens attend to the whole prefix.
-        """
+        """FLOPs to prefill tokens ``[start, end)`` given the first ``start`` are cached (attention:
+        ``attn(end) - attn(start)``, since the new tokens attend to the whole prefix)."""
         span = end - start
         return (self.num_attn_layers * (self.attn_flops(end) - self.attn_flops(start))
                 + self.num_ssm_layers * self.ssm_flops(span)
@@ -230,17 +215,10 @@ class ModelSpec:
     @classmethod
     def from_hf_config(cls, config: Mapping[str, Any] | str | Path, *, name: str | None = None,
                        bytes_per_elem: int | None = None) -> "ModelSpec":
-        """Build a spec from a Hugging Face ``config.json`` (a dict, a file, or a model directory).
-
-        Nothing is downloaded. Supported ``model_type`` values are listed in ``HF_PARSERS``; the
-        state sizes are the real ones of each architecture, not the paper's simplification.
-
-        Raises SpecError, naming the file (or "config") and the field, for an unsupported
-        ``model_type``, a missing field, or a value that cannot mean what the field means: a
-        null, zero or negative count or size, a fraction, text or a list where a number belongs,
-        a number where a list belongs, an implausibly large value. A field left out or null takes
-        the architecture's default (``num_key_value_heads``: the head count); a 0 is an error.
-        """
+        """Build a spec from a Hugging Face ``config.json`` (a dict, a file, or a model directory;
+        nothing is downloaded; ``model_type`` in ``HF_PARSERS``). A field left out or null takes the
+        architecture's default. Raises SpecError, naming the file and field, for an unsupported
+        ``model_type``, a missing field, or a value of the wrong kind or range (0 included)."""
         cfg, path = _load_config(config)
         where = str(path) if path is not None else "config"
         model_type = cfg.get("model_type")
@@ -311,13 +289,9 @@ _REQUIRED: Any = object()
 
 
 class _Fields:
-    """Typed reads of one config's fields: the parsers' only access to it.
-
-    Every bad value is a SpecError naming ``where`` (the file and model type), the field, what it
-    holds and what it must be — instead of a TypeError (``int(None)``), a ZeroDivisionError
-    (``hidden_size // 0``) or a silent substitute (``num_key_value_heads: 0 or heads``) deep in
-    a parser. A field absent or null takes ``default``; without one it is required.
-    """
+    """Typed reads of one config's fields, the parsers' only access to it: every bad value is a
+    SpecError naming ``where``, the field, its value and what it must be. An absent or null field
+    takes ``default``; without one it is required."""
 
     def __init__(self, cfg: Mapping[str, Any], where: str) -> None:
         self.cfg = cfg

@@ -1,11 +1,8 @@
-"""The driver contract: what a trace replay needs of a cache, as a type.
+"""The driver contract: what a trace replay needs of a cache, as a structural type.
 
-The simulator's replay, the bootstrap tuner's window replays, the selectors' worlds and every
-emulated engine (the vLLM emulation, ``vllm-align``) meet here: a replay hands each request to
-``begin``, optionally reports the end of its prefill with ``insert_prefill``, and closes it with
-``finish``; it reads ``stats`` at the end. :class:`~marconi.core.cache.PrefixCache` implements it;
-so does any engine emulation that wants to be swept beside it. The protocol is structural (no
-base class to inherit), checked by ``isinstance`` at run time where a caller wants a clear error.
+Every replay (the simulator's, the tuner's windows, the selectors' worlds) drives
+:class:`~marconi.core.cache.PrefixCache` and every engine emulation through it, so any of them can be
+swept beside the others; callers wanting a clear error check it with ``isinstance``.
 """
 
 from __future__ import annotations
@@ -30,13 +27,9 @@ class ReplayHandle(Protocol):
 
 @runtime_checkable
 class ReplayCache(Protocol):
-    """A cache a trace can be replayed through.
-
-    Contract (every implementation): ``begin`` looks the input up and accounts the lookup in
-    ``stats``; ``insert_prefill`` may cache what the prefill computed (a no-op where the engine
-    caches as it computes); ``finish`` caches input + output and ends the request. Capacity is in
-    bytes and is never exceeded. Decisions are deterministic: the same trace gives the same stats.
-    """
+    """A cache a trace can be replayed through: ``begin`` looks the input up and counts the lookup;
+    ``insert_prefill`` may cache what the prefill computed; ``finish`` caches input + output and
+    ends the request. Capacity (bytes) is never exceeded; the same trace gives the same stats."""
 
     spec: "ModelSpec"
     capacity_bytes: int

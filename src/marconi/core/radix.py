@@ -1,16 +1,10 @@
 """Radix tree over token ids: the structure of the prefix cache, and nothing else.
 
-Each :class:`Node` owns the edge from its parent: the edge's tokens (stored as one int32 array),
-an opaque KV payload for those tokens, and the SSM checkpoints it holds on that edge — recurrent
-states after given positions, as two parallel lists (positions, payloads). A node usually holds at
-most one, at its end; block caching under leaf-only eviction keeps a whole chain of blocks as one
-node holding a checkpoint at every block boundary (the same decisions as one node per block,
-without the nodes). The tree does surgery only (find, split, add, remove, merge, trim);
-:class:`marconi.core.cache.PrefixCache` wraps every change with byte accounting, locking and the
-eviction candidate index.
-
-Matching can be page-granular (``page_size > 1``): children are keyed by their first page of tokens
-and match lengths are rounded down to whole pages, as in vLLM's block-hash prefix caching.
+Each :class:`Node` owns the edge from its parent: its tokens (one int32 array), an opaque KV
+payload, and the SSM checkpoints on that edge (parallel lists of positions and payloads; usually one,
+at its end; a block run holds one per block). The tree does surgery only; the store above it does
+the bytes, locks and candidate index. With ``page_size > 1`` children are keyed by their first page
+and match lengths round down to whole pages, as in vLLM's block hashing.
 """
 
 from __future__ import annotations
@@ -113,12 +107,8 @@ def common_prefix_len(a: np.ndarray, b: np.ndarray) -> int:
 
 
 class WalkResult(NamedTuple):
-    """Where a token sequence leaves the tree.
-
-    ``path`` holds the fully matched nodes from the root's first child down; ``matched_len`` is the
-    number of matched tokens (page-rounded); ``partial`` is the child whose edge matched only
-    partly (``matched_len`` then ends inside its edge), or None.
-    """
+    """Where a token sequence leaves the tree: ``path`` (fully matched nodes, root excluded),
+    ``matched_len`` (page-rounded) and ``partial`` (the child whose edge matched partly, or None)."""
 
     path: list[Node]
     matched_len: int
@@ -144,11 +134,8 @@ class RadixTree:
         return tokens[start:start + self.page_size].tobytes()
 
     def walk(self, tokens: np.ndarray, start: Node | None = None) -> WalkResult:
-        """Follow ``tokens`` from the root as far as the tree holds them. Does not modify anything.
-
-        ``start``: a node known to spell ``tokens[:start.depth]`` (e.g. one a locked request matched
-        before); the walk resumes there instead of re-comparing the tokens above it.
-        """
+        """Follow ``tokens`` as far as the tree holds them, read-only; from ``start`` (a node known to
+        spell ``tokens[:start.depth]``) instead of the root if given."""
         page = self.page_size
         usable_len = len(tokens) - len(tokens) % page
         node, depth, path = self.root, 0, []
@@ -194,13 +181,9 @@ class RadixTree:
         return node
 
     def split(self, node: Node, at: int) -> Node:
-        """Split ``node``'s edge after ``at`` tokens; returns the new upper node.
-
-        The lower part keeps the node object (its end checkpoint, children and identity), so handles
-        to it stay valid; checkpoints at or above the split point (a block run's) move up with their
-        payloads. The new upper node inherits the lock count and recency of ``node``: it is on
-        every path that ``node`` is on. Splitting the KV payload is the caller's job.
-        """
+        """Split ``node``'s edge after ``at`` tokens; returns the new upper node, which inherits
+        ``node``'s lock count and recency and the checkpoints at or above ``at``. ``node`` stays the
+        lower part (handles stay valid). Splitting the KV payload is the caller's job."""
         if not 0 < at < len(node.tokens):
             raise ValueError(f"split point {at} outside edge of length {len(node.tokens)}")
         if at % self.page_size:
@@ -243,11 +226,8 @@ class RadixTree:
         self.num_nodes -= 1
 
     def merge_into_child(self, node: Node) -> Node:
-        """Remove a one-child node; its edge tokens are prepended to the child's. Returns the child.
-
-        The node's checkpoints go with it (release their payloads first); joining the KV payloads
-        is the caller's job (before calling, while both edges are intact).
-        """
+        """Remove a one-child node, prepending its edge tokens to the child's; returns the child. Its
+        checkpoints go with it; releasing them and joining the KV payloads (first) are the caller's."""
         assert len(node.children) == 1 and node.parent is not None
         (child,) = node.children.values()
         key = self.child_key(node.tokens, 0)

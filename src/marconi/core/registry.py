@@ -1,15 +1,9 @@
 """Name-based registries of pluggable pieces, with parameters given on the name.
 
-Policies and systems are looked up by name, optionally followed by parameters:
-``"every-block:block=16"``, ``"marconi:alpha=1.0,multiplier=15"``. Each registered factory declares its
-parameters with types and defaults, so a typo is an error that lists the valid ones instead of a
-silent default (libCacheSim-style CLI sweeps depend on that). A numeric parameter also declares its
-:class:`Domain` at registration (``register(name, doc, domains={"m": Domain(0, 1024, integer=True)})``),
-which :meth:`Registry.create` enforces before the factory runs: the same declaration the command
-line's numeric options use.
-
-Parameters of a policy named inside a system's parameter ride in parentheses
-(``custom:admission=marconi(tails=reach),eviction=lru``): commas inside parentheses do not split.
+``"marconi:alpha=1.0,multiplier=15"``: each factory declares its parameters' types, defaults and
+numeric :class:`Domain`, so a typo or an out-of-range value is a ConfigError listing the valid ones,
+never a silent default. A nested policy's parameters ride in parentheses. Syntax:
+``docs/simulator.md``.
 """
 
 from __future__ import annotations
@@ -136,9 +130,8 @@ class ParsedName:
 
 
 def parse_name(text: str) -> ParsedName:
-    """Split ``"name:k=v,k2=v2"`` into the name and a dict of raw string values.
-
-    Commas inside parentheses do not split (``custom:admission=marconi(tails=reach),eviction=lru``).
+    """Split ``"name:k=v,k2=v2"`` into the name and a dict of raw string values (commas inside
+    parentheses do not split).
 
     Raises:
         ConfigError: an empty name, an item that is not ``key=value``, a key given twice, an empty
@@ -163,14 +156,9 @@ def parse_name(text: str) -> ParsedName:
 
 
 def split_name_list(text: str) -> list[str]:
-    """Split a comma list of names whose items may carry comma-separated parameters.
-
-    ``"vanilla,marconi:alpha=1,multiplier=15,vllm+"`` -> ``["vanilla", "marconi:alpha=1,multiplier=15",
-    "vllm+"]``: an item that starts as ``key=`` (its first ``=`` before any ``:``) continues the
-    previous item's parameters, so a value may hold a colon (``alpha_source=module:factory``);
-    a new item names itself before its parameters (``name:key=value``). Commas inside parentheses
-    do not split (``custom:admission=marconi(tails=reach),eviction=lru``).
-    """
+    """Split a comma list of names whose items may carry comma-separated parameters: an item that
+    starts as ``key=`` (first ``=`` before any ``:``) continues the previous item's parameters;
+    commas inside parentheses do not split."""
     items: list[str] = []
     for part in filter(None, (p.strip() for p in split_top_level(text))):
         eq, colon = part.find("="), part.find(":")
@@ -223,11 +211,8 @@ def _convert(raw: str, annotation: Any, default: Any, where: str, domain: Domain
 class Registry(Generic[T]):
     """Factories by name; ``create("name:k=v")`` validates and converts the parameters.
 
-    ``entry_points``: an entry-point group (``marconi.eviction_policies``) whose every entry names a
-    module that registers entries here when imported. The group is read, and its modules imported,
-    the first time the registry is read (listed, described or asked for a name), so a registry is
-    complete without importing the floors above it, and no module imports in a circle. Pieces of
-    this package declare theirs in ``pyproject.toml``; another package may add its own.
+    ``entry_points``: a group whose entries name modules that register here; they are imported on
+    the registry's first read, so it is complete without importing the floors above it.
 
     Raises (on that first read):
         ConfigError: an entry point whose module fails to import, naming the entry point and its

@@ -1,9 +1,5 @@
-"""CacheStats: what a prefix cache counts over its lifetime (hits, admissions, evictions, bytes).
-
-Kept apart from the cache core so every cache that reports the same numbers — :class:`PrefixCache`
-and the engine emulations built above the core (``vllm-align``) — counts a lookup the same way
-(:meth:`CacheStats.record_lookup`), and records read one definition of the token hit rate.
-"""
+"""CacheStats: what a prefix cache counts over its lifetime (hits, admissions, evictions, bytes),
+shared by ``PrefixCache`` and the engine emulations so every one counts a lookup the same way."""
 
 from __future__ import annotations
 
@@ -57,11 +53,8 @@ class CacheStats:
         return self.flops_saved / self.input_flops if self.input_flops else 0.0
 
     def record_lookup(self, match: "MatchResult", spec: "ModelSpec", *, from_checkpoint: bool) -> None:
-        """Count one request's lookup: its input, what was found, what it resumes from.
-
-        ``from_checkpoint``: the usable hit resumes from a stored SSM checkpoint (always, for a
-        hybrid model with a hit; a pure transformer resumes from KVs alone).
-        """
+        """Count one request's lookup; ``from_checkpoint``: the usable hit resumes from a stored SSM
+        checkpoint (False for a pure transformer, which resumes from KVs alone)."""
         self.num_requests += 1
         self.input_tokens += match.input_len
         self.kv_hit_tokens += match.kv_hit_len

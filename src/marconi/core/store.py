@@ -1,21 +1,11 @@
 """The store under a prefix cache: the radix tree, its byte accounting, the eviction-candidate index
 and the surgery that keeps all three consistent.
 
-Bytes come from the :class:`~marconi.core.model.ModelSpec` only: an edge of ``n`` tokens holds
-``n * spec.kv_bytes_per_token`` bytes, a checkpoint ``spec.ssm_checkpoint_bytes``; ``used_bytes =
-kv_bytes + ssm_bytes <= capacity_bytes`` at every moment. Payloads (sizes in simulation, tensors in
-an engine) are opaque: a :class:`PayloadOps` splits, joins and releases them.
-
-Surgery contract: each operation either changes nothing (a callback it needs first raised) or
-leaves the tree, the bytes, the locks and the candidate index consistent; payloads that leave the
-tree are released after the change, so a ``release`` that raises finds the store whole.
-:meth:`TreeStore.check_store` recomputes all of it from scratch.
-
-What is a candidate is the eviction rule's choice (``inner_candidates``: one-child nodes holding a
-checkpoint may go besides leaves), and which FLOP efficiency the nodes carry
-(``efficiency_variant``); the store keeps the index for them. Which victim goes and when is the
-cache's business (:class:`~marconi.core.cache.PrefixCache`). Dead-tail bookkeeping
-(:class:`~marconi.core.tails.DeadTails`) is told through three hooks when the tree changes.
+Bytes come from the :class:`~marconi.core.model.ModelSpec` only, and ``used_bytes <=
+capacity_bytes`` always; payloads are opaque (a :class:`PayloadOps` splits, joins, releases them).
+Each operation either changes nothing (a callback it needs first raised) or leaves tree, bytes,
+locks and candidate index consistent; payloads are released after the change, so a raising
+``release`` finds the store whole. Which victim goes and when is the cache's business.
 """
 
 from __future__ import annotations
@@ -136,12 +126,8 @@ class TreeStore:
 
     def _new_node(self, seq: np.ndarray, start: int, end: int, parent: Node,
                   kv: Callable[[int, int], Any] | None, now: float) -> Node:
-        """Link a node for ``seq[start:end]`` under ``parent``, with its KV payload and bytes.
-
-        ``kv`` is asked first: a node is linked only once its payload exists, so a ``kv`` that
-        raises leaves the tree as it was (a node linked without its bytes and candidate status
-        would corrupt the cache for good).
-        """
+        """Link a node for ``seq[start:end]`` under ``parent`` with its KV payload and bytes; ``kv`` is
+        asked first, so a ``kv`` that raises leaves the tree as it was."""
         payload = kv(start, end) if kv is not None else None
         node = self.tree.new_node(seq[start:end].copy(), parent)
         node.kv = payload
@@ -186,9 +172,8 @@ class TreeStore:
         self._sync_candidate(node)
 
     def _trim_run(self, node: Node, shortfall: int) -> None:
-        """Evict the last blocks of a run leaf — what per-block LRU would do, since the blocks share
-        the run's recency and the deepest is always the leaf — as many as free ``shortfall`` bytes,
-        all at once. A block is the span from one checkpoint (or the edge's start) to the next."""
+        """Evict a run leaf's last blocks, as many as free ``shortfall`` bytes, at once (what
+        per-block LRU does: the blocks share the run's recency)."""
         positions = node.ckpt_positions
         n = len(positions)
 
@@ -268,9 +253,8 @@ class TreeStore:
         self._release_payloads((node.end_state,))
 
     def _release_payloads(self, payloads: tuple[Any, ...]) -> None:
-        """Tell the payload ops that ``payloads`` left the tree — after the surgery, so a ``release``
-        that raises finds the cache consistent. Every one is released even if one raises (the
-        first error is re-raised after the others): the tree no longer references any of them."""
+        """Release every one of ``payloads`` (after the surgery); the first error is re-raised after
+        the others are released."""
         release = self.payloads.release
         error: Exception | None = None
         for payload in payloads:

@@ -1,29 +1,10 @@
 """Dead-tail prediction: how far later requests re-enter a sequence that left its predecessor early.
 
-Why (``docs/headroom.md``): at tight capacities the largest share of the oracle's lead on agent and
-multi-tenant traces is KVs that no later input reaches. An agent that drops old observations
-(SWE keep-5) leaves the previous call's sequence early, at the first dropped observation; the KVs
-past that point are never matched again, yet they fill the cache, and by the time the next call
-diverges there the sequence is gone, so its branch point is never found and never checkpointed.
-
-What the cache can see online: a request that *branched* (its input left the tree inside an edge
-or at an inner node, at depth ``base``) created a leaf whose tail past ``base`` is its own. When a
-later request walks into that leaf, it re-enters it by ``advance = matched - base`` tokens; a
-request that runs to the leaf's end and beyond (a conversation continuing) re-enters it wholly.
-:class:`TailReach` keeps the last ``window`` advances and predicts a *margin*: a later request is
-expected to re-enter a branched leaf no deeper than ``base + margin``. The cache then trims, first,
-before any rule evicts anything, the tail past that reach (its KVs and its last-token state) of the
-least recently created such leaf, keeping the stub, so the branch is still found when the next
-request diverges inside it.
-
-The margin is the ``quantile`` of the window times ``slack``; a wholly re-entered leaf counts as an
-infinite advance, so when more than ``1 - quantile`` of the recent re-entries ran to a leaf's end
-(a trace of continuing conversations) there is no margin and nothing is trimmed. Trimming feeds
-back: a trimmed stub that a request runs past is again an infinite advance, so a margin that was
-too short stops trimming until untrimmed leaves show a longer reach.
-
-Deterministic, O(1) per request (the window is sorted only when it changes: ``window`` entries).
-Knows nothing of the future and of sessions: bases and advances are read off the radix walk.
+A request that *branched* at depth ``base`` leaves a leaf whose tail is its own; a later request
+re-enters it by ``matched - base`` tokens (a whole re-entry counts as infinite). From recent
+re-entries a *margin* is predicted, and before any eviction the cache cuts the oldest such leaf back
+to ``base + margin``, keeping the stub so the branch is still found. Online and deterministic (bases
+and advances are read off the radix walk), O(1) per request. Why and how: ``docs/tails.md``.
 """
 
 from __future__ import annotations
@@ -45,7 +26,8 @@ TAIL_MODES = ("keep", "reach")
 
 @dataclass(slots=True)
 class TailReach:
-    """Online estimate of how far re-entries into a branched sequence reach (see the module docstring).
+    """Online margin: the ``quantile`` of the last re-entries times ``slack``; None (cut nothing)
+    when more than ``1 - quantile`` of them were whole.
 
     Args:
         window: re-entries remembered (the last ones).
@@ -112,16 +94,10 @@ def _quantile(values: deque, q: float) -> float:
 
 @dataclass(slots=True)
 class TailPredictor:
-    """Re-entry margins per *anchor* (the node a branched leaf hangs from when it is created), with
-    one over every re-entry as the fallback.
-
-    Why per anchor: one trace may mix sessions that leave a sequence early (agents) with sessions
-    that come back for all of it (conversations that branched off a shared system prompt). Their
-    first turns all hang from the prompt's node, so that anchor soon has evidence of its own (its
-    leaves are re-entered wholly: no margin, nothing cut), while an agent's leaves hang from anchors
-    of their own, seen once, and take the margin of every re-entry. An anchor's estimate is used
-    once it has ``min_observations`` re-entries; at most ``max_anchors`` are remembered (least
-    recently observed forgotten first), so memory is bounded.
+    """Re-entry margins per *anchor* (the node a branched leaf hangs from), with one over every
+    re-entry as the fallback; per anchor because one trace may mix agents with conversations. An
+    anchor's estimate counts from ``min_observations`` re-entries; at most ``max_anchors`` are kept
+    (least recently observed forgotten first).
     """
 
     max_anchors: int = 4096
@@ -193,15 +169,10 @@ class DeadTails:
         return self.predictor.margin
 
     def enter(self, walk: WalkResult, tokens: np.ndarray, root: Node) -> tuple[int, bool]:
-        """Learn how far this input re-enters a branched leaf, if its match ends in one (or in the
-        ghost of one evicted); return where the input leaves its predecessor's sequence if it
-        branches (else -1), and whether it left inside a leaf's edge.
-
-        A match that runs to a leaf's end re-enters it wholly (a continuation: an infinite
-        advance); one that ends inside a leaf's edge leaves that sequence there. An input that
-        leaves at an inner node (a prompt several sequences already branch from) starts a sequence
-        of its own: only its anchor's own evidence may cut it (lineage False).
-        """
+        """Learn how far this input re-enters a branched leaf (or an evicted one's ghost) if its match
+        ends in one; return ``(base, lineage)``: where the input branches (-1: it does not) and
+        whether it left inside a leaf's edge (False at an inner node: only the anchor's own evidence
+        may cut it)."""
         input_len = len(tokens)
         matched = walk.matched_len
         node = walk.partial or (walk.path[-1] if walk.path else root)
