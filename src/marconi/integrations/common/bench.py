@@ -46,11 +46,8 @@ class Selection(NamedTuple):
 def select_requests(trace: str, *, max_input_len: int, num_requests: int | None = None,
                     max_output_len: int | None = None, notice: Progress | None = None) -> Selection:
     """The first ``num_requests`` requests of ``trace`` (all: None), outputs cut to ``max_output_len``.
-
-    ``trace`` is a catalog name (``swe-sample``, ``swe:sessions=20``: built with
-    ``max_input_len`` unless the name sets it) or a JSONL/Parquet trace file (a session then ends
-    before its first input longer than ``max_input_len``, as the catalog's builders end them).
-    ``notice``: told when a catalog workload was built on a stand-in for absent data.
+    A catalog name is built with ``max_input_len`` unless it sets its own; in a trace file a session
+    ends before its first input longer than that. ``notice``: told of a stand-in for absent data.
 
     Raises:
         ConfigError: neither a file nor a catalog name, or no request fits the cap.
@@ -110,8 +107,8 @@ def serve_side_by_side(servers: Mapping[str, ServerProcess], model: str, request
     """Start ``servers`` (label -> a server not yet started) together, replay ``requests`` on them
     (paired at ``concurrency == 1``, else each alone), read their metrics, stop them (always).
 
-    ``on_up(label, server)`` runs once per server when all are healthy (an engine's own checks of
-    the running server, e.g. that it chose the block size the bench expects); it may raise.
+    ``on_up(label, server)`` runs once per server when all are healthy (an engine's own checks); it
+    may raise.
     """
     with ExitStack() as stack:
         for server in servers.values():

@@ -48,15 +48,9 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    """A running server; use as a context manager (stopped, process group and all, on exit).
-
-    Args:
-        launch: the command line and environment.
-        log_path: the server's stdout and stderr (overwritten).
-        startup_timeout_s: how long :meth:`start` waits for ``/health`` before giving up.
-        name: how errors name the server (``"vLLM server"``).
-
-    ``startup_s`` is the time from launch to healthy; ``base_url`` the server's address.
+    """A running server; as a context manager it is stopped, process group and all, on exit.
+    ``log_path`` gets its stdout and stderr (overwritten); :meth:`start` waits up to
+    ``startup_timeout_s`` for ``/health``; ``name`` is how errors name it (``"vLLM server"``).
     """
 
     def __init__(self, launch: Launch, *, log_path: str | Path, startup_timeout_s: float = 600.0,

@@ -38,8 +38,7 @@ def register(subparsers: Any) -> None:
 
 def check_bench_options(capacity: str, policies: str, model: str) -> None:
     """Every option the bench can check without the trace or SGLang; ConfigError naming the option.
-    Nothing is created or written. (``--out`` is checked by the CLI's one output guard,
-    :func:`marconi.cli.guard_outputs`, before this runs.)"""
+    Nothing is written (``--out`` is the CLI output guard's)."""
     from marconi.core.registry import ConfigError, split_name_list
     from marconi.integrations.sglang.bench import parse_policy
     from marconi.units import parse_capacity
@@ -59,11 +58,9 @@ def check_bench_options(capacity: str, policies: str, model: str) -> None:
 
 
 def check_bench_inputs(sglang_python: str, trace: str, model: str, num_requests: int | None) -> None:
-    """What the SGLang side would otherwise fail on with a traceback (issue 31, bug 10), checked here
-    before it is spawned; ConfigError naming the option. ``--sglang-python`` is probed
-    (:func:`marconi.integrations.common.probe.probe_python`: it runs, is Python, finds SGLang and
-    this project); ``--model`` is a preset or an HF config; ``--trace`` a catalog name or a file;
-    ``--num-requests`` at least 1."""
+    """What the SGLang side would otherwise fail on with a traceback, checked before it is spawned;
+    ConfigError naming the option: ``--sglang-python`` (probed), ``--model``, ``--trace``,
+    ``--num-requests``."""
     from marconi.core.model import get_model
     from marconi.core.registry import ConfigError
     from marconi.integrations.common.probe import probe_python

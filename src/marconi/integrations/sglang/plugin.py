@@ -2,21 +2,15 @@
 
 :func:`register` runs in SGLang's ``load_plugins()`` (in ``launch_server`` and every scheduler
 process). It adds ``marconi`` to the ``--radix-eviction-policy`` choices and to SGLang's strategy
-factories (``sglang.srt.mem_cache.utils._EVICTION_POLICY_FACTORIES``: there is no public registry),
-configured by ``--radix-eviction-policy-config`` (:func:`marconi.integrations.sglang.policy.parse_config`;
-no config: adaptive by exact worlds), and registers ``HookRegistry`` hooks, each a pass-through
-unless the tree's strategy is Marconi's, so any other policy runs stock SGLang:
-
-- ``resolve_tree_core_backend``: ``marconi`` runs on the Python TreeCore (the Rust core knows only
-  SGLang's policies and has no Python Mamba walk);
-- ``FullComponent._evict_device_start``: freezes the utility's normalisation over the walk's leaves;
-- ``MambaComponent._evict_device_next_node``: points SGLang's walk cursor at
-  ``MarconiStrategy.pick_state``; SGLang's own step evicts or tombstones it;
-- ``FullComponent._evict_device_next_node``, ``UnifiedRadixCache.match_prefix``: counters;
-- ``UnifiedRadixCache.__init__`` / ``checkpoint``: the adaptive α source, sized from the pools,
-  fed each finished request.
-
-Session radix caching keeps SGLang's own Mamba walk; the FULL heap still follows Marconi.
+factories (``_EVICTION_POLICY_FACTORIES``: there is no public registry), configured by
+``--radix-eviction-policy-config`` (:func:`marconi.integrations.sglang.policy.parse_config`), and
+registers ``HookRegistry`` hooks, each a pass-through unless the tree's strategy is Marconi's:
+``resolve_tree_core_backend`` (the Python TreeCore, whose Mamba walk can be hooked),
+``FullComponent._evict_device_start`` (freeze the utility's normalisation over the walk's leaves),
+``MambaComponent._evict_device_next_node`` (point SGLang's cursor at
+``MarconiStrategy.pick_state``; SGLang's own step evicts or tombstones it), counters on
+``FullComponent._evict_device_next_node`` and ``match_prefix``, and the adaptive α source on
+``UnifiedRadixCache.__init__`` / ``checkpoint``. Session radix caching keeps SGLang's own Mamba walk.
 """
 
 from __future__ import annotations

@@ -1,17 +1,14 @@
 """The plugin's configuration: environment variables (``ENV_*``), read once per process, validated.
 
-vLLM loads general plugins in every process it starts, before any command-line option could reach
-them, so configuration travels in the environment; each variable's meaning is in docs/vllm.md,
-"Using the plugin".
+vLLM loads general plugins in every process, before any command-line option could reach them, so
+configuration travels in the environment (docs/vllm.md, "Using the plugin"). :meth:`PluginConfig.from_env`
+raises :class:`ConfigError` naming the variable and its value; registration reads
+:meth:`PluginConfig.lenient_from_env`, which never stops stock vLLM when no policy is set;
+:meth:`PluginConfig.check_runnable` is the part that touches the system.
 
-* :meth:`PluginConfig.from_env` raises :class:`ConfigError` naming the variable and its value.
-  With no policy set the plugin must never stop stock vLLM, so registration reads
-  :meth:`PluginConfig.lenient_from_env`, which returns what it ignored instead of raising.
-* :meth:`PluginConfig.check_runnable` is the part that touches the system (the trace can be
-  appended to, the α source's module imports).
-* **An α source runs arbitrary code**: ``MARCONI_VLLM_ALPHA_SOURCE=module:factory`` (and
-  ``vllm-align:alpha_source=``) imports ``module`` in every process that reads it, calls ``factory``
-  once per block pool and ``observe`` after every request. Name only modules you trust.
+**An α source runs arbitrary code**: ``MARCONI_VLLM_ALPHA_SOURCE=module:factory`` (and
+``vllm-align:alpha_source=``) imports ``module`` in every process that reads it, calls ``factory``
+once per block pool and ``observe`` after every request. Name only modules you trust.
 """
 
 from __future__ import annotations

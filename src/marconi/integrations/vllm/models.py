@@ -48,11 +48,8 @@ NEEDS_MAMBA2_CPU_FIX = {"nemotron_h-tiny"}
 
 
 def build_checkpoint(preset: str, out_dir: str | Path, *, seed: int = 0, dtype: str = "bfloat16") -> Path:
-    """Build ``preset`` with random weights and save it (config + safetensors) to ``out_dir``.
-
-    Idempotent: if ``out_dir`` already holds this preset's checkpoint (same seed and dtype), it is
-    kept. Raises KeyError for an unknown preset.
-    """
+    """Build ``preset`` with random weights and save it (config + safetensors) to ``out_dir``; an
+    existing checkpoint of the same preset, seed and dtype is kept. KeyError: unknown preset."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 

@@ -100,10 +100,8 @@ def serve_closed_loop(requests: list[dict[str, Any]], *, concurrency: int, model
 
 
 def _drive(engine: Any, requests: list[dict[str, Any]], admitter: Any, results: list[Any]) -> int:
-    """Submit what ``admitter`` admits, step the engine, report finishes, until every request is done.
-
-    Submission happens before each ``step()``: the same boundary at which the replay worker adds
-    requests before each ``Scheduler.schedule()``. Returns the number of steps."""
+    """Submit what ``admitter`` admits before each ``step()`` (the replay worker's boundary), step,
+    report finishes, until every request is done; the number of steps."""
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
     from vllm.sampling_params import RequestOutputKind

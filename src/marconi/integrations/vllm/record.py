@@ -67,11 +67,8 @@ def _max_bytes(env: Mapping[str, str]) -> int:
 
 
 def check_record_path(path: str, env: Mapping[str, str] | None = None) -> None:
-    """Refuse, before vLLM starts, a recording path that exists or cannot be created.
-
-    Raises:
-        ConfigError: naming ``MARCONI_VLLM_RECORD``, its value and what to do.
-    """
+    """Refuse, before vLLM starts, a recording path that exists or cannot be created (ConfigError
+    naming ``MARCONI_VLLM_RECORD``, its value and what to do)."""
     env = os.environ if env is None else env
     _max_bytes(env)
     target = Path(path)
@@ -89,10 +86,7 @@ def check_record_path(path: str, env: Mapping[str, str] | None = None) -> None:
 
 class Recorder:
     """One recording: the open JSONL, its salt, the first-admission hits of requests in flight.
-
-    Built in the engine core by :meth:`open` when the scheduler is hooked; :meth:`admitted` and
-    :meth:`finished` are called from the plugin's admission and ``_free_request`` hooks.
-    """
+    Built by :meth:`open` in the engine core; fed by the plugin's admission and ``_free_request`` hooks."""
 
     def __init__(self, path: str, fh: Any, salt: bytes, meta: dict[str, Any], max_bytes: int) -> None:
         self.path = path
@@ -109,11 +103,8 @@ class Recorder:
     def open(cls, path: str, *, block_size: int, model: str, vllm_version: str, policy: str,
              settings: Mapping[str, Any], max_num_seqs: int | None = None,
              env: Mapping[str, str] | None = None) -> "Recorder":
-        """Create ``path`` (exclusively: never over an existing file) and its sidecar.
-
-        Raises:
-            ConfigError: naming ``MARCONI_VLLM_RECORD`` (exists, cannot be created).
-        """
+        """Create ``path`` (never over an existing file) and its sidecar; ConfigError naming
+        ``MARCONI_VLLM_RECORD`` if it exists or cannot be created."""
         from marconi.io import atomic_write
 
         env = os.environ if env is None else env

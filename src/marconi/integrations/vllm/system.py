@@ -3,14 +3,11 @@
 Usable wherever a system is named; its parameters are listed in docs/vllm.md, "The emulation"::
 
     vllm-align                            stock vLLM (LRU), the block size vLLM would pick, pool from --capacity
-    vllm-align:eviction=marconi,alpha=1   vLLM + the Marconi plugin
     vllm-align:eviction=marconi,alpha=adaptive   the plugin with MARCONI_VLLM_ALPHA=adaptive
     vllm-align:block=384,blocks=150       an exact pool (as served with --num-gpu-blocks-override 150)
-    vllm-align:retention=sparse-dp,budget=2   the plugin's MARCONI_VLLM_RETENTION=sparse-dp
 
-``alpha_source`` runs arbitrary code: its module is imported when the name is read (so a typo
-fails before any point runs) and in every worker, and its factory is called for every cache built.
-Its errors name ``vllm-align: alpha_source``.
+``alpha_source`` runs arbitrary code: its module is imported when the name is read (a typo fails
+before any point runs) and in every worker, its factory called for every cache built.
 """
 
 from __future__ import annotations
@@ -36,13 +33,9 @@ __all__ = ["VllmAlignSystem"]
 
 @dataclass(frozen=True, slots=True)
 class VllmAlignSystem:
-    """A :class:`~marconi.sim.systems.System` whose cache is the vLLM emulation
-    (:class:`~marconi.integrations.vllm.emulate.cache.VllmAlignCache`).
-
-    ``admission`` and ``eviction`` are descriptive labels for the records (``vllm-align(block=…)``,
-    ``lru`` / ``marconi-blocks(…)``), not registry names: vLLM's own machinery admits, and the
-    plugin's policy evicts, as ``policy``, ``alpha`` … configure it. The factory below
-    (``vllm-align:…``) validates every parameter before it builds one.
+    """A :class:`~marconi.sim.systems.System` whose cache is the vLLM emulation. ``admission`` and
+    ``eviction`` are labels for the records, not registry names: vLLM's machinery admits and the
+    plugin's policy evicts. The ``vllm-align:…`` factory validates every parameter first.
     """
 
     label: str

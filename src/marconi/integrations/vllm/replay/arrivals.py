@@ -3,14 +3,8 @@
 One module owns admission so that every engine serving a trace (the replay worker, the in-process
 engine of :mod:`marconi.integrations.vllm.offline`) submits by the same rule, step for step: a
 difference in hits is then the engines', never the load's. Standard library and numpy only, so it
-imports in both environments. The modes (:data:`ARRIVALS`; docs/vllm.md, "The replay"):
-
-* ``closed-loop`` (``concurrency`` C): trace order, at most C admitted and unfinished;
-* ``poisson`` (``rate`` per second, seeded): no cap;
-* ``trace``: each request at its ``ts``, the first at 0, times ``time_scale``; no cap.
-
-In every mode a turn is submitted only after its session predecessor finishes (its prompt holds
-the predecessor's output).
+imports in both environments. The modes are :data:`ARRIVALS` (docs/vllm.md, "The replay"); in every
+mode a turn is submitted only after its session predecessor finishes (its prompt holds that output).
 """
 
 from __future__ import annotations
@@ -50,14 +44,10 @@ def predecessors(sessions: Sequence[Hashable]) -> list[int | None]:
 
 
 class Admitter:
-    """Decides, between engine steps, which requests to submit; the engine tells it who finished.
-
-    The engine loop: ``for i in admitter.admit(clock): submit(i)``, step, ``admitter.finish(i)``
-    for each finished request; when nothing is in flight, jump the clock to
-    :meth:`next_arrival` (None with nothing in flight and nothing due: the loop is stuck).
-    ``concurrency`` caps admitted-and-unfinished requests (None: no cap); ``times`` gives each
-    request's arrival (None: every request is due at once). Requests become due in order of
-    arrival time, trace order among equals.
+    """Decides, between engine steps, which requests to submit: ``for i in admitter.admit(clock):
+    submit(i)``, step, ``admitter.finish(i)`` per finished request; with nothing in flight, jump the
+    clock to :meth:`next_arrival`. ``concurrency`` caps admitted-and-unfinished requests (None: no
+    cap); ``times`` are the arrivals (None: all due at once; ties keep trace order).
     """
 
     def __init__(self, sessions: Sequence[Hashable], *, concurrency: int | None = None,

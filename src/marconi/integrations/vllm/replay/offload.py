@@ -30,13 +30,10 @@ def group_bytes_per_block(kv_cache_config: Any) -> list[int]:
 
 
 class TimedHostLink(OffloadingWorker):
-    """vLLM's ``OffloadingWorker`` interface with modelled transfers instead of copies.
-
-    ``now`` (virtual seconds) is set by the replay before each call. A job of ``b`` bytes
-    submitted at ``now`` completes at ``max(now, link free) + b / (bandwidth × num_gpus)`` on its
-    direction's link (``num_gpus``: tensor parallelism, each GPU moves its share over its own
-    link). :meth:`get_finished` returns, once each, the jobs complete by ``now``; :meth:`wait`
-    reports how far ``now`` must move for the given jobs to complete (the caller moves it).
+    """vLLM's ``OffloadingWorker`` interface with modelled transfers instead of copies. The replay
+    sets ``now`` (virtual seconds); a job of ``b`` bytes completes at ``max(now, link free) + b /
+    (bandwidth × num_gpus)`` on its direction's link. :meth:`get_finished` returns each job once,
+    when complete by ``now``; :meth:`wait` says how far ``now`` must move (the caller moves it).
     """
 
     def __init__(self, bytes_per_block: list[int], bandwidth_bytes_s: float, num_gpus: int = 1) -> None:
@@ -108,11 +105,8 @@ class TimedHostLink(OffloadingWorker):
 
 class TierWorker:
     """The connector's worker role around a :class:`TimedHostLink`, driven by the replay's loop.
-
-    Built from the engine core whose scheduler has an ``OffloadingConnector``; counts the tier's
-    evictions by kind (``kv``: an attention group's chunk, ``state``: a Mamba group's) from what
-    vLLM's ``CPUOffloadingManager.prepare_store`` reports evicted — an observer wrapped around the
-    public method, which changes nothing it returns.
+    Counts the tier's evictions by kind (``kv``, ``state``) by observing
+    ``CPUOffloadingManager.prepare_store``, whose results it does not change.
     """
 
     def __init__(self, core: Any, bandwidth_bytes_s: float, num_gpus: int = 1) -> None:

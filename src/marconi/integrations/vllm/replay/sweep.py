@@ -41,12 +41,9 @@ class ReplayPoint:
 
 def sweep_configs(base: ReplayConfig, *, pools: Sequence[Mapping[str, Any]],
                   loads: Sequence[Mapping[str, Any]]) -> list[ReplayConfig]:
-    """The grid ``pools × loads`` over ``base``, pool-major (each a valid ReplayConfig).
-
-    ``pools``: e.g. ``[{"capacity": "0.02x"}, {"gpu_memory": "80GB"}]``; ``loads``:
-    ``[{"concurrency": 16}, {"rate": 2.0}]``. Each mapping replaces all of its group's fields (a
-    point has exactly one pool and one load option). Raises ConfigError for an empty axis or a
-    field outside the group, or where a point's configuration is invalid.
+    """The grid ``pools × loads`` over ``base``, pool-major. ``pools``: e.g. ``[{"capacity":
+    "0.02x"}]``; ``loads``: e.g. ``[{"rate": 2.0}]``; each mapping replaces all its group's fields.
+    Raises ConfigError for an empty axis, a field outside the group or an invalid point.
     """
     if not pools or not loads:
         raise ConfigError("a sweep needs at least one pool size and one load")
@@ -79,12 +76,10 @@ def run_sweep(configs: Sequence[ReplayConfig], *, work_dir: str | Path | None = 
               on_point: Callable[[list[dict[str, Any]]], None] | None = None) -> list[dict[str, Any]]:
     """All points' records, in point order (each point's policies in the order given).
 
-    ``backend``: ``"local"``, ``"ray"`` or a :mod:`marconi.sim.backends` backend object (closed here
-    only if made here). ``on_point`` sees each point's records as it completes (progress).
-    ``work_dir`` is kept; without one a temporary folder is used and removed when the sweep ends,
-    however it ends, unless ``MARCONI_KEEP_SCRATCH=1`` (:func:`marconi.pool.scratch_dir`; on Ray,
-    the nodes must share the folder's path, so give ``work_dir``). The vLLM environment is probed
-    first (ConfigError naming ``--vllm-python``).
+    ``backend``: ``"local"``, ``"ray"`` or a :mod:`marconi.sim.backends` backend (closed here only
+    if made here). ``on_point`` sees each point's records as it completes. ``work_dir`` is kept
+    (on Ray the nodes must share its path); without one a temporary folder is removed at the end
+    unless ``MARCONI_KEEP_SCRATCH=1``. The vLLM environment is probed first.
 
     Raises:
         PointsFailed: some points raised :class:`ConfigError` (after every other point finished;

@@ -33,16 +33,12 @@ __all__ = ["replay", "main"]
 def replay(core: Any, requests: list[dict[str, Any]], *, gpu: str, concurrency: int | None = None,
            rate: float | None = None, seed: int = 0, progress: Any = None, arrivals: str | None = None,
            time_scale: float = 1.0, tier: Any = None) -> dict[str, Any]:
-    """Drive ``core.scheduler`` through ``requests``; see the module docstring for what comes back.
+    """Drive ``core.scheduler`` through ``requests``; ``out.json``'s content (module docstring).
 
     ``arrivals``: ``closed-loop`` (``concurrency``), ``poisson`` (``rate``, ``seed``) or ``trace``
-    (each request's ``ts``, times ``time_scale``); None: closed loop with a concurrency, else Poisson.
-    Admission is :class:`~marconi.integrations.vllm.replay.arrivals.Admitter`'s, shared with the
-    in-process engine (:mod:`marconi.integrations.vllm.offline`) that the replay is validated against.
-
-    ``tier``: a :class:`~marconi.integrations.vllm.replay.offload.TierWorker` when the scheduler has
-    a CPU tier; a step with nothing scheduled (every request waiting for its load) moves the clock
-    to the next transfer's completion.
+    (``ts`` times ``time_scale``); None: closed loop with a concurrency, else Poisson. ``tier``: a
+    :class:`~marconi.integrations.vllm.replay.offload.TierWorker` with a CPU tier; a step in which
+    every request waits for its load moves the clock to the next transfer's completion.
     """
     from vllm import SamplingParams
     from vllm.v1.outputs import ModelRunnerOutput
