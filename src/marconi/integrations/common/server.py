@@ -1,13 +1,10 @@
 """An engine's HTTP server as a child process: start, wait until healthy, read metrics, stop.
 
-What an engine integration supplies is a :class:`Launch`: the command line for a port and the
-environment (vLLM's: :class:`marconi.integrations.vllm.server.ServerConfig`). :class:`ServerProcess`
-does the rest, the same for every engine: a free port on 127.0.0.1, the log to a file, its own
-process session (so stopping it stops every process the server forked), ``GET /health`` until it
-answers 200, ``GET /metrics`` parsed by :func:`parse_metrics`. The server is spawned by
-:func:`marconi.pool.spawn`, so it dies with the command that started it, even after a ``kill -9``. ``PROMETHEUS_MULTIPROC_DIR`` gets a
-fresh directory per server, so counters incremented in the engine's other processes (vLLM's engine
-core, where the plugin counts) reach ``/metrics``; it is removed at stop.
+An engine supplies a :class:`Launch` (command line and environment); :class:`ServerProcess` does the
+rest: a free port on 127.0.0.1, the log to a file, its own process session (stopping it stops all
+it forked; it dies with the command, even after ``kill -9``), ``GET /health`` until 200,
+``GET /metrics`` by :func:`parse_metrics`, and a fresh ``PROMETHEUS_MULTIPROC_DIR`` (so counters
+from the engine's other processes reach ``/metrics``), removed at stop.
 """
 
 from __future__ import annotations

@@ -1,16 +1,12 @@
 """Serve a list of token-id prompts through vLLM's in-process engine, one at a time or C in flight (vLLM env).
 
-The same engine core and plugin as a server, without HTTP::
+    .venv-vllm/bin/python -m marconi.integrations.vllm.offline requests.json out.json --model DIR --blocks 64 ...
 
-    .venv-vllm/bin/python -m marconi.integrations.vllm.offline requests.json out.json --model DIR --blocks 64 \\
-        [--concurrency 8 --max-num-seqs 256]
-
-``requests.json``: ``[{"prompt": [ids...], "max_tokens": n, "session": ...}, ...]``. Without
-``--concurrency`` each request is one ``LLM.generate`` call; with it (:func:`serve_closed_loop`) the
-engine is stepped (a real forward pass each step) and requests are submitted by the replay's own
-:class:`~marconi.integrations.vllm.replay.arrivals.Admitter`, so the replay can be checked against it
-request by request. ``out.json``: per request the generated ids and ``num_cached_tokens``; the cache
-configuration; ``serve_s``; with the plugin on, its figures (``marconi``).
+``requests.json``: ``[{"prompt": [ids...], "max_tokens": n, "session": ...}, ...]``. With
+``--concurrency`` (:func:`serve_closed_loop`) the engine is stepped and requests are submitted by the
+replay's own :class:`~marconi.integrations.vllm.replay.arrivals.Admitter`, so the replay can be
+checked against it request by request. ``out.json``: per request the generated ids and
+``num_cached_tokens``; the cache configuration; ``serve_s``; with the plugin, its figures.
 """
 
 from __future__ import annotations

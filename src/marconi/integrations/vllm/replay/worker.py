@@ -1,21 +1,15 @@
 """One replay run inside the vLLM environment: vLLM's scheduler, a stub model runner, a virtual clock.
 
-    .venv-vllm/bin/python -m marconi.integrations.vllm.replay.worker requests.json out.json --model DIR \\
-        (--blocks N | --kv-bytes B | --gpu-memory-bytes B) --gpu h100 (--concurrency 16 | --rate R | --trace-times S)
+    .venv-vllm/bin/python -m marconi.integrations.vllm.replay.worker requests.json out.json --model DIR ...
 
-The plugin is configured as in a server, by ``MARCONI_VLLM_*`` (unset: stock vLLM).
-``requests.json``: ``{"requests": [{"session": ..., "prompt": [ids], "output": [ids], "ts": seconds},
-...]}`` in trace order (``ts`` read only with ``--trace-times``). Each step runs
-``Scheduler.schedule()`` (wall time measured), advances the virtual clock by the
-:class:`~marconi.integrations.vllm.replay.steptime.StepTimeModel`'s duration, and hands each request
-at the end of its known tokens the next token of the trace's output, so a session's next turn finds
-its blocks as on a real server. ``--cpu-tier-bytes`` adds vLLM's ``OffloadingConnector``
-(:class:`~marconi.integrations.vllm.replay.offload.TierWorker`).
-
-``out.json``: per request its arrival, first-token and finish times (virtual seconds), vLLM's
-``num_cached_tokens`` and preemptions (with a tier: hits split by tier); vLLM's prefix-cache
-counters; the scheduler's wall time per step; the KV cache configuration; the plugin's eviction
-counters; with a tier, ``tier`` (bytes moved, evictions by kind, the connector's hit counters).
+The plugin is configured by ``MARCONI_VLLM_*``, as in a server. ``requests.json``: ``{"requests":
+[{"session", "prompt": [ids], "output": [ids], "ts": seconds}, ...]}`` in trace order. Each step runs
+``Scheduler.schedule()`` (wall time measured), advances the clock by the
+:class:`~marconi.integrations.vllm.replay.steptime.StepTimeModel`, and feeds each request at the end
+of its known tokens the next token of its trace output. ``out.json``: per request the arrival,
+first-token and finish times (virtual seconds), ``num_cached_tokens`` and preemptions (hits split
+by tier with ``--cpu-tier-bytes``); vLLM's prefix-cache counters; scheduler seconds per step; the KV
+cache configuration; the plugin's counters; ``tier`` (bytes moved, evictions, connector hits).
 """
 
 from __future__ import annotations
