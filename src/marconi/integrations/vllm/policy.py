@@ -1,57 +1,13 @@
 """Marconi's FLOP-aware eviction for vLLM's block pool: which free cached block goes first.
 
-vLLM (0.32) keeps every free block in one queue. Blocks without a hash are reused first; cached
-blocks (with a hash) wait at the tail in release order and are evicted from the head — LRU. This
-module decides instead by Marconi's utility (paper §4.2), block by block:
-
-    utility = normalised recency + α · normalised FLOP efficiency      (lowest is evicted)
-
-over the *candidates* among the free cached blocks. vLLM's blocks form chains (a block's hash covers
-its whole prefix), one chain per KV cache group: attention groups hold the KVs of a block's tokens,
-Mamba groups hold the recurrent state after its last token. A hit needs the attention blocks of the
-whole prefix *and* the state blocks (every Mamba group) at its end. That maps onto Marconi's radix
-tree: a prefix hash with a state is a node with a checkpoint, the attention blocks are its edge.
-
-* An attention block is a candidate only if no cached attention block continues its chain (a leaf):
-  evicting an inner block would strand everything below it.
-* A state block is a candidate if its prefix has at most one continuing child — the paper's
-  "nodes with at most one child"; dropping it keeps the KVs, which the child absorbs.
-* A block duplicated under the same hash (vLLM does not deduplicate), a state block whose
-  attention prefix or sibling Mamba groups are gone, and an attention leaf with no state at its
-  end hold nothing a hit can use: efficiency 0, candidates.
-
-FLOP efficiency is the core's :func:`marconi.core.candidates.flop_efficiency` on the served model's
-:class:`~marconi.core.model.ModelSpec` at the block's prefix depth ("total": FLOPs of the whole prefix per
-byte of state + prefix KVs; "marginal": FLOPs of the block's own tokens). Recency is the order in
-which blocks were released to the free queue — exactly the order vLLM's LRU uses, since blocks
-carry no timestamps — min-max normalised like the core's. Ties go to the least recently released.
-When no free cached block is a candidate, the same score ranks all of them.
-
-The decision must not cost the scheduler a scan of the pool (10^4-10^6 blocks on a GPU): a
-:class:`~marconi.integrations.vllm.victim_index.VictimIndex` keeps the free cached blocks in
-recency heaps per efficiency level (a block's efficiency depends only on its depth and the variant,
-so levels number the distinct depths, not the blocks) and scores only each level's oldest block,
-with the scan's own float arithmetic: O(1) per victim at α = 0, O(L) over L levels otherwise, and
-O(log n) per event to keep it. :func:`reference_victim` is the scan itself, kept as the
-specification; a differential test holds the two equal after every event, in every mode.
-
-The same :class:`BlockEvictionState` runs inside the vLLM plugin (:mod:`marconi.integrations.vllm.plugin`) and
-in the ``vllm-align`` emulation (:mod:`marconi.integrations.vllm.emulate`), so the simulator reproduces the
-plugin's decisions, not an approximation of them. Nothing here imports vLLM.
-
-α comes from an :class:`~marconi.integrations.common.alpha.AlphaSource`: fixed by configuration
-(:class:`~marconi.integrations.common.alpha.FixedAlpha`), or re-chosen online (the shadow α source,
-:class:`marconi.integrations.vllm.shadow.PoolShadowAlpha`: the project's regret selector run on a
-size-only shadow of the pool), which may also switch the efficiency variant. A source that names a
-whole rule (``rule``: any :class:`~marconi.core.eviction.Rule`, e.g.
-:class:`~marconi.integrations.common.alpha.FixedRule`) has it applied exactly: by the victim index when
-:func:`index_serves` the rule, else by the generic path — the core's scoring over a candidate table of
-the free cached blocks (:meth:`BlockEvictionState.table`, :func:`reference_victim`). The pool has one
-recency signal (release order) and one candidate notion (its candidates, as above): the table gives
-them for both touches and both candidate kinds. Dead-tail cuts are refused (the pool cannot cut).
-A source sees every finished request
-(:class:`~marconi.integrations.common.alpha.RequestObservation`: its token ids and hit lengths)
-through the same hook in the plugin and in the emulation, so both make the same choices.
+Instead of vLLM's LRU over its free queue, the lowest ``normalised recency + α · normalised FLOP
+efficiency`` among the free cached blocks that are candidates (as nodes of Marconi's tree: attention
+leaves, state blocks with at most one continuing child, and blocks no hit can use); recency is the
+release order, ties go to the least recently released. The same :class:`BlockEvictionState` runs in
+the vLLM plugin and in the ``vllm-align`` emulation, so the simulator reproduces the plugin's
+decisions. :func:`reference_victim` is the O(pool) specification that the
+:class:`~marconi.integrations.vllm.victim_index.VictimIndex` fast path is held to. Nothing here
+imports vLLM. Details: ``docs/vllm.md`` ("What it changes").
 """
 
 from __future__ import annotations
@@ -119,17 +75,9 @@ class _Prefix:
 class BlockEvictionState:
     """The free cached blocks of one vLLM block pool, with what Marconi needs to rank them.
 
-    The owner (plugin or emulation) reports four events, in vLLM's order (each O(log n) in the
-    victim index, plus the refresh of the block's prefix and its parent):
-
-    * :meth:`cached` — a block got a hash (``prefix``, group ``group_id``, ``depth`` tokens, parent
-      prefix ``parent`` or None at the root);
-    * :meth:`uncached` — a block lost one of its hashes (evicted, re-keyed);
-    * :meth:`released` — a block with a hash entered the free queue (its recency is now);
-    * :meth:`taken` — a block left the free queue (a hit touched it, or it was allocated).
-
-    and asks :meth:`next_victim` which free cached block to evict. Prefix hashes may be any
-    hashable values (vLLM's hash bytes, the emulation's digests). Arrays are indexed by block id.
+    The owner (plugin or emulation) reports :meth:`cached`, :meth:`uncached`, :meth:`released` and
+    :meth:`taken` in vLLM's order (O(log n) each) and asks :meth:`next_victim`. Prefix hashes may be
+    any hashable values; arrays are indexed by block id.
 
     Args:
         spec: cost model of the served model (FLOPs and bytes per prefix).
@@ -369,20 +317,9 @@ class BlockEvictionState:
 
     # ------------------------------------------------------------------ the decision
     def next_victim(self) -> Victim | None:
-        """The free cached block to evict next, or None when there is none; changes nothing.
-
-        Among the candidates, the lowest ``recency + α·efficiency`` (release order and FLOP
-        efficiency in the rule's variant, both min-max normalised over the candidates, as the core's
-        utility), ties to the least recently released. If no free cached block is a candidate
-        (every one is an inner block of a chain still in use, or a state with several children),
-        the same score over all free cached blocks. α and the variant are read from the α source
-        now (it may have switched since the last victim).
-
-        Exactly :func:`reference_victim`'s choice (the scan it replaced; a differential test holds
-        them equal), from :class:`~marconi.integrations.vllm.victim_index.VictimIndex`: O(1) at α = 0,
-        O(L) over the L efficiency levels (distinct prefix depths) among the free cached blocks
-        otherwise, independent of the pool's size; the index costs O(log n) per event.
-        """
+        """The free cached block to evict next, or None when there is none; changes nothing. Exactly
+        :func:`reference_victim`'s choice under the α source's current rule, in O(1) at α = 0 and
+        O(L) over L distinct prefix depths otherwise."""
         if not len(self._index):
             return None
         if self._dirty:
@@ -543,17 +480,10 @@ class BlockEvictionState:
 
 
 def reference_victim(state: BlockEvictionState, rule: Rule | None = None) -> Victim | None:
-    """The generic path: the victim of ``rule`` (default: the pool's live rule, the source's named
-    rule or ``EvictionRule(alpha, efficiency)``) by a scan of every free block. For the rules
-    :func:`index_serves` it is the specification the victim index must match (the differential tests
-    and the benchmark hold :meth:`BlockEvictionState.next_victim` to it); for any other rule it is
-    the decision itself. O(pool) numpy.
-
-    Among the candidates (all free cached blocks if none is one), the core's
-    :func:`~marconi.core.eviction.choose_victim` over :meth:`BlockEvictionState.table`: for the
-    FLOP-aware family ``min_max(release_seq) + α·min_max(flop_eff[variant])``, exact ties to the
-    smallest release_seq.
-    """
+    """The victim of ``rule`` (default: the pool's live rule) by an O(pool) scan: the core's
+    :func:`~marconi.core.eviction.choose_victim` over :meth:`BlockEvictionState.table` of the
+    candidates (of all free cached blocks if none is one). The specification of the victim index
+    for the rules :func:`index_serves`, the decision itself for any other."""
     free = np.flatnonzero(state.free_cached)
     if free.size == 0:
         return None
@@ -579,11 +509,9 @@ def index_serves(rule: Rule) -> bool:
 
 
 def block_rule(rule: Rule) -> tuple[float, str | None]:
-    """``(alpha, efficiency)`` with which the victim index applies ``rule`` (efficiency None:
-    irrelevant at α = 0): ``lru`` -> α = 0, ``aX`` -> α = X on the whole-prefix efficiency, ``aXm`` ->
-    on the marginal one. The adaptive α sources speak these pairs; a rule the index does not serve
-    (:func:`index_serves`) raises ConfigError (a fixed rule of any kind is served by the generic path:
-    :class:`~marconi.integrations.common.alpha.FixedRule`)."""
+    """``(alpha, efficiency)`` with which the victim index applies ``rule`` (efficiency None at
+    α = 0): ``lru`` -> α = 0, ``aX``/``aXm`` -> α = X on the total/marginal efficiency. ConfigError
+    for a rule the index does not serve (:func:`index_serves`)."""
     if not index_serves(rule):
         check_cuts_tails(rule, BLOCK_POOL, False)
         raise ConfigError(f"adaptive rule {rule.label()!r} has no counterpart in the victim index of {BLOCK_POOL}, "
@@ -594,10 +522,7 @@ def block_rule(rule: Rule) -> tuple[float, str | None]:
 
 
 def parent_depth(depth: int, block_size: int) -> int:
-    """Depth of the block a ``depth``-token prefix continues (0: none): the previous block boundary.
-
-    The plugin and the emulation both derive a cached block's parent prefix from it.
-    """
+    """Depth of the block a ``depth``-token prefix continues (0: none): the previous block boundary."""
     return (depth - 1) // block_size * block_size
 
 

@@ -5,35 +5,12 @@ set ``P`` of free cached blocks (its candidates, or all of them when none is a c
 
     score = (r - r_min) / (r_max - r_min) + α · (e - e_min) / (e_max - e_min)        (each term 0 on an empty range)
 
-with ties to the smallest release number ``r`` (the least recently released; release numbers are
-unique in the pool, and would tie next by block id, as the scan does). ``e`` is the block's FLOP
-efficiency, a function of its prefix depth and the variant only, so the members of ``P`` fall into
-few *levels* of equal efficiency (one per distinct depth, however large the pool). Inside a level the
-second term is one constant and the first grows with ``r`` (IEEE subtraction and division by a
-positive number are monotone), so the oldest member of each level — its *head* — scores no worse than
-any other and wins ties by ``r``: only heads can win. This index keeps
-
-* per level, a min-heap of its members' release numbers (the head is its top);
-* per set, a min-heap and a max-heap of all release numbers (``r_min``, ``r_max``);
-* per set and variant, its non-empty levels sorted by efficiency (``e_min``, ``e_max`` at the ends),
-
-and :meth:`VictimIndex.victim` scores the heads with the scan's own float operations, in the same order,
-so it returns the block the scan would, bit for bit. It walks the levels in ascending ``e`` (so
-ascending efficiency term), and two bounds cut the walk short: the recency term is >= 0, so a level
-whose efficiency term alone exceeds the best score so far ends the walk (no later level can do
-better); and a head younger than the best so far cannot win (its level is no less efficient). With
-one efficiency (or α = 0) the oldest member wins outright.
-
-Cost, for ``n`` members and ``L`` non-empty levels: :meth:`~VictimIndex.place` and
-:meth:`~VictimIndex.discard` O(log n) amortised (heap pushes; removals are lazy: a stale entry is
-dropped when it reaches a top, and a heap is rebuilt once it holds twice its live entries), plus
-O(L) list moves when a level empties or fills; :meth:`~VictimIndex.victim` O(1) at α = 0 and
-O(L) comparisons otherwise, scoring only the heads on the recency/efficiency staircase. ``L`` is
-bounded by the distinct prefix depths in the pool (``max_model_len / block_size`` for block-aligned
-hashes), not by its size.
-
-Heap entries are single ints, ``release number << shift | block id``, so they order as the scan breaks
-ties (release number, then block id) and carry their block. Nothing here imports vLLM or numpy.
+with ties to the smallest release number ``r``, then block id, as the scan does. ``e`` depends only
+on a block's prefix depth and the variant, so members fall into few *levels* of equal efficiency,
+and only each level's oldest member can win: the index scores those heads with the scan's own float
+operations, bit for bit. O(log n) amortised per change (lazy heap deletion), O(1) per victim at
+α = 0, O(L) over L non-empty levels otherwise. Nothing here imports vLLM or numpy; the soundness
+argument is in ``docs/vllm-at-scale.md``.
 """
 
 from __future__ import annotations
@@ -87,10 +64,8 @@ class _Tier:
 
 
 class VictimIndex:
-    """Members are block ids ``0 .. num_blocks-1``, each in at most one set, at one efficiency level,
-    with one release number; :meth:`victim` is the scan's argmin over the candidates (or, when there
-    are none, over the others). The owner tells it every change (:meth:`place`, :meth:`discard`);
-    it never reads the owner's state.
+    """Members are block ids, each in at most one set at one level with one release number; the
+    owner reports every change (:meth:`place`, :meth:`discard`), the index never reads its state.
 
     Args:
         num_blocks: ids are ``0 .. num_blocks-1``.
@@ -151,12 +126,9 @@ class VictimIndex:
 
     # ------------------------------------------------------------------ the decision
     def victim(self, alpha: float, variant: int) -> int | None:
-        """The scan's victim (None without members): argmin of ``score`` (module docstring) over the
-        candidates, or the others when no candidate is a member, on efficiency ``variant`` (an index
-        into ``effs``); α = 0 (or falsy) scores recency alone. Exact ties go to the smallest release
-        number, then the smallest block id (the scan's order). The float operations are the scan's
-        (``marconi.core.eviction.min_max``, then ``scores + alpha * eff_norm``), elementwise and in its
-        order, so the result is bit-identical."""
+        """The scan's victim, bit-identical (None without members): argmin of ``score`` (module
+        docstring) over the candidates, else the others, on efficiency ``variant`` (an index into
+        ``effs``); α = 0 (or falsy) scores recency alone."""
         tier_id = CANDIDATES
         tier = self._tiers[CANDIDATES]
         if not tier.num_live:
