@@ -24,14 +24,9 @@ __all__ = ["main", "guard_outputs", "build_parser"]
 
 
 def guard_outputs(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """The one output guard, run by :func:`main` before any command: every :func:`~marconi.options.add_output`
-    option of the chosen sub-command goes through :func:`marconi.io.check_output`, with every path
-    other options name as inputs. Refuses an output that is an input (spelled any way), the wrong
-    kind of path, an unwritable place, and two outputs that are the same file.
-
-    Raises:
-        ConfigError: naming the option, the path and what to do.
-    """
+    """Before any command, every :func:`~marconi.options.add_output` option of the chosen sub-command goes
+    through :func:`marconi.io.check_output` with every other named path as input; two outputs may not be
+    the same file. ConfigError naming the option, the path and the fix."""
     from marconi.io import check_output, is_stream
     from marconi.options import chosen_actions, is_reread, output_kind, values_of
 

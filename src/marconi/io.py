@@ -1,13 +1,7 @@
-"""Files, in one place: atomic writes, bounded JSONL reads with ``path:line`` errors, output checks.
-
-Every file marconi writes goes through :func:`atomic_write` (temp file, fsync, rename; removed on
-any exception, :class:`marconi.pool.Terminated` included), and every JSONL file it reads through
-:func:`iter_lines` / :func:`iter_jsonl` (:class:`JsonError` as ``path:line: what``). Symlinks are
-followed; character devices and FIFOs are written through, never replaced; directories, sockets
-and block devices are refused; new files get ``0o666 & ~umask``. :func:`check_output` runs before
-long work so a result is never lost to an unwritable ``--out`` or written over an input. The full
-rules are in docs/architecture.md ("Files").
-"""
+"""Files, in one place: :func:`atomic_write` / :func:`atomic_directory` (nothing half-written, special
+targets never replaced), bounded JSONL reads with ``path:line`` :class:`JsonError`, and
+:func:`check_output`, run before long work so a result is never lost or written over an input.
+The rules in full: docs/architecture.md ("Files")."""
 
 from __future__ import annotations
 
@@ -83,14 +77,8 @@ def _refusal(path: Path, st: os.stat_result) -> str | None:
 
 @contextmanager
 def atomic_write(path: PathLike, mode: str = "w") -> Iterator[IO[Any]]:
-    """Open ``path`` for writing (``"w"`` UTF-8 text, or ``"wb"``); commit it only on success.
-
-    Missing parent directories are created.
-
-    Raises:
-        ConfigError: ``path`` is a directory, a socket or a block device.
-        OSError: the directory cannot be written (nothing is left behind); ENOSPC names ``path``.
-    """
+    """Open ``path`` (``"w"`` UTF-8 or ``"wb"``), creating parents; committed only on success. Raises
+    ConfigError for a directory, socket or block device; OSError (naming ``path``) if it cannot be written."""
     if mode not in ("w", "wb"):
         raise ValueError(f"atomic_write: mode must be 'w' or 'wb', got {mode!r}")
     encoding = None if mode == "wb" else "utf-8"
@@ -152,15 +140,8 @@ def _no_space_named(path: PathLike) -> Iterator[None]:
 
 @contextmanager
 def atomic_directory(path: PathLike) -> Iterator[Path]:
-    """A new, empty staging directory that replaces ``path`` as a whole only if the body completes.
-
-    Readers see the old directory or the new one, never a mix; on any exception the staging
-    directory is removed and ``path`` is untouched. Whatever else was in the old directory is gone:
-    callers first check (:func:`check_output` with ``directory=True``) that no input lives there.
-
-    Raises:
-        ConfigError: ``path`` exists and is not a directory.
-    """
+    """A staging directory that replaces ``path`` as a whole only if the body completes (readers see old
+    or new, never a mix; removed on any exception). ConfigError if ``path`` is not a directory."""
     target = Path(os.path.realpath(path))
     if target.exists() and not target.is_dir():
         raise ConfigError(f"{path} exists and is not a directory")
@@ -231,15 +212,9 @@ def _nearest_existing(path: Path) -> Path:
 
 def check_output(path: PathLike, *, inputs: Sequence[PathLike] = (), directory: bool = False,
                  option: str = "--out") -> Path:
-    """Check, before long work, that ``path`` can be written and destroys none of ``inputs``.
-
-    ``inputs``: every file the command reads (an input directory stands for its files; missing ones
-    are ignored). ``directory``: ``path`` is a directory :func:`atomic_directory` fills, so no input may
-    lie inside it; else a file that may be no input. Creates nothing (probes with a removed temp file).
-
-    Raises:
-        ConfigError: saying what is wrong with ``path`` and what to do.
-    """
+    """Check, before long work, that ``path`` can be written and destroys none of ``inputs`` (an input
+    directory stands for its files). ``directory``: ``path`` is filled by :func:`atomic_directory`, so
+    no input may lie inside it. Creates nothing. ConfigError saying what is wrong and what to do."""
     p = Path(path)
     for source in inputs:
         src = Path(source)
@@ -327,17 +302,10 @@ def line_limit(value: int | None = None) -> int:
 
 
 def iter_lines(path: PathLike, *, max_line_bytes: int | None = None) -> Iterator[tuple[int, bytes]]:
-    """``(1-based line number, raw line with newline)`` of a (``.gz``) regular file, blanks included.
-
-    Splits on ``\\n`` as bytes so a bad byte is reported on its own line; drops a leading UTF-8 BOM.
-    Memory is bounded by one line of at most ``max_line_bytes`` (:func:`line_limit`). Devices and
-    FIFOs are refused before opening (they may never end or block).
-
-    Raises:
-        FileNotFoundError, JsonError: missing file, not a regular file, corrupt gzip, or a line over
-            the limit; the message names file and line.
-        ConfigError: a bad ``max_line_bytes`` or ``$MARCONI_MAX_LINE_BYTES``.
-    """
+    """``(1-based line number, raw line)`` of a (``.gz``) regular file, blanks included, split as bytes
+    (a bad byte stays on its line; a leading BOM dropped), each at most ``max_line_bytes``
+    (:func:`line_limit`). Raises FileNotFoundError or JsonError (naming file and line) for a missing,
+    irregular or corrupt file or an over-long line; ConfigError for a bad limit."""
     p = Path(path)
     limit = line_limit(max_line_bytes)
     check_readable(p)
@@ -389,12 +357,8 @@ def loads(text: str, where: str) -> Any:
 
 
 def iter_jsonl(path: PathLike, *, max_line_bytes: int | None = None) -> Iterator[tuple[str, Any]]:
-    """``(where, value)`` for each non-blank line of a JSONL (``.jsonl.gz``) file; ``where`` = ``path:line``.
-
-    Raises:
-        FileNotFoundError: no such file.
-        JsonError: the first line not UTF-8, not JSON or over the limit, or not a regular file.
-    """
+    """``(where, value)`` per non-blank line of a JSONL (``.gz``) file, ``where`` = ``path:line``;
+    FileNotFoundError, or JsonError for the first bad line or an irregular file."""
     for lineno, raw in iter_lines(path, max_line_bytes=max_line_bytes):
         if not raw.strip():
             continue

@@ -1,11 +1,6 @@
-"""Command-line options declared once: numeric domains checked at parse time, outputs the CLI guards.
-
-A numeric option's ``type=`` (:class:`Number`, :class:`NumberList`, :class:`CapacityList`) holds
-its :class:`~marconi.core.registry.Domain`, so argparse refuses bad values with exit 2 naming the
-option, before anything runs. Every path a command writes is added with :func:`add_output`;
-``marconi.cli.main`` runs :func:`marconi.io.check_output` on each marked action first
-(``tests/test_cli_guards.py`` fails for an output-like option that is not marked).
-"""
+"""Command-line options declared once: numeric ``type=`` objects hold their
+:class:`~marconi.core.registry.Domain` (exit 2 naming the option), and :func:`add_output` marks every
+written path for ``marconi.cli``'s guard (``tests/test_cli_guards.py`` enforces both)."""
 
 from __future__ import annotations
 
@@ -140,11 +135,8 @@ _REREAD_ATTR = "marconi_reread"
 
 
 def add_output(parser: argparse.ArgumentParser, *flags: str, kind: str = "file", **kwargs: Any) -> argparse.Action:
-    """``parser.add_argument`` for a path the command writes, marked for the CLI's guard.
-
-    ``kind``: ``file`` (no input, not a directory, writable), ``dir`` (replaced whole: no input
-    inside) or ``workdir`` (scratch: not a file, writable). An empty value means "skip".
-    """
+    """``parser.add_argument`` for a written path, marked for the guard. ``kind``: ``file``, ``dir``
+    (replaced whole) or ``workdir`` (scratch); an empty value means "skip"."""
     if kind not in OUTPUT_KINDS:
         raise ValueError(f"add_output: kind must be one of {OUTPUT_KINDS}, got {kind!r}")
     action = parser.add_argument(*flags, **kwargs)

@@ -1,15 +1,8 @@
-"""Worker processes and child programs that never outlive the command, and SIGTERM as an exception.
-
-* :func:`worker_pool`: fork workers that get SIGKILL when the parent dies, ignore SIGINT, and are
-  killed (queued tasks cancelled) on any exception in the ``with`` body.
-* :func:`sigterm_raises`: SIGTERM raises :class:`Terminated` in the main thread so ``finally``
-  blocks run; the CLI wraps every command in it.
-* :func:`spawn` / :func:`child_process` / :func:`run_child`: a child program in its own process
-  group with a parent-death signal; :func:`stop` ends the group.
-* :func:`scratch_dir`: a temporary folder removed on any exit unless ``MARCONI_KEEP_SCRATCH=1``.
-
-The death signal follows the spawning *thread* and exists only on Linux; why and how in
-docs/architecture.md ("Processes").
+"""Worker processes and child programs that never outlive the command, and SIGTERM as an exception:
+:func:`worker_pool` (forked workers killed with the parent or on any exception),
+:func:`sigterm_raises` (SIGTERM raises :class:`Terminated`), :func:`spawn` / :func:`child_process` /
+:func:`run_child` / :func:`stop` (a child in its own process group with a parent-death signal),
+:func:`scratch_dir` (removed on any exit). Linux only for the death signal; docs/architecture.md.
 """
 
 from __future__ import annotations
@@ -87,11 +80,8 @@ def _kill_workers(pool: ProcessPoolExecutor) -> None:
 @contextmanager
 def worker_pool(max_workers: int, *, initializer: Callable[..., None] | None = None,
                 initargs: tuple[Any, ...] = ()) -> Iterator[ProcessPoolExecutor]:
-    """A fork-based ``ProcessPoolExecutor`` whose workers die with this process.
-
-    Workers inherit module globals set before the first ``submit`` (no copy). On normal exit the
-    pool finishes its work; on any exception the workers are killed and the exception propagates.
-    """
+    """A fork-based ``ProcessPoolExecutor`` whose workers die with this process and inherit module
+    globals set before the first ``submit``; on any exception the workers are killed."""
     pool = ProcessPoolExecutor(max_workers=max_workers, mp_context=multiprocessing.get_context("fork"),
                                initializer=_init_worker, initargs=(os.getpid(), initializer, initargs))
     try:
@@ -149,12 +139,9 @@ except OSError as exc:
 
 def spawn(args: Sequence[str], *, env: Mapping[str, str] | None = None, cwd: str | Path | None = None,
           stdin: Any = None, stdout: Any = None, stderr: Any = None, text: bool = False) -> subprocess.Popen[Any]:
-    """Start ``args`` as a child that dies with this process, leading a new process group.
-
-    Other arguments are :class:`subprocess.Popen`'s; ``proc.pid`` is the child's own pid. A program
-    that cannot be executed exits with :data:`EXEC_FAILED`, saying why on stderr. Stop it with
-    :func:`stop` (or use :func:`child_process`).
-    """
+    """Start ``args`` (other arguments as :class:`subprocess.Popen`) as a child that dies with this
+    process, leading a new process group; ``proc.pid`` is the program's. A program that cannot run
+    exits with :data:`EXEC_FAILED`, saying why on stderr. Stop it with :func:`stop`."""
     if not args:
         raise ValueError("spawn: no command")
     cmd = [sys.executable, "-I", "-S", "-c", _LAUNCHER, str(os.getpid()), *map(str, args)]

@@ -1,12 +1,7 @@
-"""The real engine: serves requests through the one cache core, on real tensors.
-
-Per request: ``cache.begin``, restore ``cached_prefix`` into a fresh ``DynamicCache``, prefill the
-rest (TTFT), decode, ``cache.finish`` with the captured states and KV slices. The engine keeps no
-tensors between requests (every payload lives in ``PrefixCache``'s tree), captures exactly the
-states ``cache.finish_checkpoints`` asks for, so it decides as a size-only simulation would, and
-serves whole-prompt hits from the kept hidden state. Safe to call from several threads; a state
-wanted but not captured is counted in ``stats.checkpoints_unavailable``. See docs/cache-api.md.
-"""
+"""The real engine: serves requests through the one cache core, on real tensors. Per request it
+begins, restores the cached prefix, prefills (TTFT), decodes and finishes with exactly the states
+``cache.finish_checkpoints`` asks for, keeping no tensors of its own, so it decides as a size-only
+simulation would. Thread-safe; see docs/cache-api.md."""
 
 from __future__ import annotations
 
@@ -84,17 +79,10 @@ class EngineResult:
 
 
 class Engine:
-    """Serve a :class:`HybridModel` one request at a time through a :class:`PrefixCache`.
-
-    Args:
-        capacity_bytes: cache capacity for KVs + SSM checkpoints.
-        admission / eviction: cache-core policies; ``admission="none"`` serves without caching.
-        checkpointing: ``segmented`` (exact positions) or ``chunk-boundary`` (the scan's grid; the
-            core gets ``prefill_chunk_len = model.chunk_size``).
-        clock: the cache's clock (default: its logical per-request clock).
-        tokenizer: for text input; default :func:`marconi.workloads.tokenizer.load_tokenizer`.
-        ttft_repeats: time restore + prefill this many times and report the fastest.
-    """
+    """Serve a :class:`HybridModel` one request at a time through a :class:`PrefixCache` of
+    ``capacity_bytes``. ``admission="none"`` serves without caching; ``checkpointing``: ``segmented`` or
+    ``chunk-boundary`` (the core plans on ``model.chunk_size``); ``clock``: the cache's; ``tokenizer``:
+    for text; ``ttft_repeats``: report the fastest of that many restore + prefill runs."""
 
     def __init__(self, model: HybridModel, capacity_bytes: float, *, admission: Any = "marconi",
                  eviction: Any = "lru", checkpointing: str | Checkpointing = "segmented",

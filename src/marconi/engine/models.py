@@ -1,12 +1,7 @@
-"""Load a transformers hybrid LLM (random-weight preset or local checkpoint) with its checked spec.
-
-A :class:`HybridModel` bundles the torch module, its ``DynamicCache`` layout, the scan's chunk
-length and a :class:`~marconi.core.model.ModelSpec` checked against the real cache tensors of a
-short prefill (:class:`SpecMismatchError` otherwise). Supported: Mamba-2 hybrids, gated-DeltaNet
-hybrids and LFM2; Mamba-1 hybrids and anything else are refused with a message. Presets are
-seeded random-weight configs with vocab 32000 (ids >= vocab are an error, never folded), initialised
-so the recurrent state matters; why, and an upstream decode caveat, in docs/engine.md.
-"""
+"""Load a transformers hybrid LLM (random-weight preset or local checkpoint) as a :class:`HybridModel`
+whose :class:`~marconi.core.model.ModelSpec` is checked against its real cache tensors
+(:class:`SpecMismatchError`). Mamba-2, gated-DeltaNet and LFM2 hybrids; others refused. Preset
+initialisation and caveats: docs/engine.md."""
 
 from __future__ import annotations
 
@@ -220,15 +215,9 @@ class Forward(NamedTuple):
 
 @dataclass(eq=False)
 class HybridModel:
-    """A loaded hybrid LLM, its cache layout and its checked spec. Build with :func:`load_model`.
-
-    Attributes:
-        name: preset name or checkpoint directory.
-        module: the transformers ``*ForCausalLM`` (eval mode, no grad).
-        dtype: parameter / cache dtype (float32 or float64).
-        spec: byte/FLOP model for the cache core, checked against the real cache tensors.
-        chunk_size: the scan's chunk length in tokens (None: no chunked scan).
-    """
+    """A loaded hybrid LLM (build with :func:`load_model`): ``module`` (eval, no grad), ``config``,
+    ``arch``, ``dtype`` (float32/64), ``layout``, ``spec`` (checked), ``chunk_size`` (None: no
+    chunked scan)."""
 
     name: str
     module: Any
@@ -491,14 +480,8 @@ def build_model(config: Any, *, dtype: str | torch.dtype = "float32", seed: int 
 
 
 def load_checkpoint(path: str | Path, *, dtype: str | torch.dtype = "float32") -> HybridModel:
-    """A local checkpoint directory (``config.json`` + weights); nothing is downloaded.
-
-    Raises:
-        EngineError: naming the file and the fix, for a missing or bad ``config.json``, a refused
-            config, empty or corrupt ``*.safetensors``, shapes that disagree with the config, or no
-            weights.
-        UnsupportedModelError: an architecture the engine cannot serve.
-    """
+    """A local checkpoint directory (nothing downloaded). EngineError naming the file and the fix for a
+    bad ``config.json``, corrupt or mis-shaped weights, or none; UnsupportedModelError otherwise."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     directory = Path(path)

@@ -1,13 +1,7 @@
-"""Float64-preserving scans for transformers' pure-PyTorch SSM fallbacks (a local, scoped patch).
-
-transformers' torch fallbacks of the recurrent mixers cast to float32 whatever the model dtype, so
-a float64 model's split prefill would differ from a full one by ~1e-7 and store float32 states.
-:func:`float64_scans` swaps the four scan functions, within a ``with`` block, for copies whose
-float32 casts become the compute dtype; they take only float64 inputs and hand anything else to
-upstream (bitwise equal in float32, checked by ``tests/test_engine_precision.py``). Nothing under
-site-packages is edited. The swap is process-global, reference-counted under a lock. Details in
-docs/engine.md ("Float64 scans").
-"""
+"""Float64-preserving scans for transformers' pure-PyTorch SSM fallbacks, which cast to float32:
+:func:`float64_scans` swaps in copies computing in the input's dtype for float64 inputs only (bitwise
+upstream otherwise), within a ``with`` block, reference-counted and thread-safe. Nothing in
+site-packages is edited. Why: docs/engine.md ("Float64 scans")."""
 
 from __future__ import annotations
 

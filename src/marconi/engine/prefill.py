@@ -1,13 +1,7 @@
-"""Prefill from a restored prefix with SSM checkpoints inside it, and decoding.
-
-A recurrent layer overwrites its state in place, so a checkpoint at ``p`` is taken by ending a
-forward call there (a *segmented* prefill: each token still computed once). :class:`ChunkBoundary`
-cuts at the last scan-chunk boundary ``<= p`` (bitwise equal to an unsplit prefill, no extra
-FLOPs); :class:`Segmented` cuts at ``p`` (equal up to rounding). Decoding (greedy or
-teacher-forced) feeds the last output token too, so the cache covers input + output, and clones
-states the cache asks for as it passes them. Every captured state keeps its forward's final
-hidden state. Details and bounds in docs/engine.md ("Prefill and decode").
-"""
+"""Prefill from a restored prefix with SSM checkpoints inside it, and decoding. A checkpoint is taken
+by ending a forward call (:class:`ChunkBoundary`: at the last chunk boundary, bitwise exact;
+:class:`Segmented`: at the position, exact up to rounding); decoding feeds the last token too and
+clones states as it passes them. See docs/engine.md ("Prefill and decode")."""
 
 from __future__ import annotations
 
@@ -113,12 +107,9 @@ class PrefillResult(NamedTuple):
 
 def prefill(model: Any, cache: Any, token_ids: torch.Tensor, start: int, checkpoints: Iterable[int] = (), *,
             checkpointing: str | Checkpointing = "segmented", keep_logits: int = 1) -> PrefillResult:
-    """Prefill ``token_ids[start:]`` into ``cache`` (holding ``token_ids[:start]``), with checkpoints.
-
-    ``checkpoints``: positions in ``(start, len]`` placed by ``checkpointing`` and cloned into
-    ``states``. ``keep_logits``: trailing positions whose logits are returned (0: all). ``cache`` ends
-    holding all of ``token_ids``.
-    """
+    """Prefill ``token_ids[start:]`` into ``cache`` (holding ``token_ids[:start]``; ends holding all),
+    cloning states at ``checkpoints`` in ``(start, len]`` as placed by ``checkpointing``;
+    ``keep_logits``: trailing positions returned (0: all)."""
     end = len(token_ids)
     if not 0 <= start < end:
         raise EngineError(f"prefill start {start} outside [0, {end}): nothing to compute")

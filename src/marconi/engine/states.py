@@ -1,13 +1,7 @@
-"""Cache payloads of the real engine: KV slices and recurrent-state checkpoints as tensors.
-
-A radix-tree node holds one :class:`KVPayload` for its edge tokens and optionally one
-:class:`SSMPayload` (the state after its last token, plus that position's final hidden state, so a
-whole-prompt hit needs only an ``lm_head`` call). Captures are clones (the cache updates its
-buffers in place); :func:`build_cache` rebuilds a ``DynamicCache`` through its public update calls.
-:class:`TensorPayloads` is the core's ``PayloadOps``. Shapes (batch 1): keys/values
-``[1, H_kv, T, head_dim]`` (RoPE applied); conv ``[1, conv_dim, K]``; recurrent ``[1, H, P, N]``
-(None for LFM2); hidden ``[1, 1, D]``.
-"""
+"""Cache payloads of the real engine: :class:`KVPayload` (a node's edge KVs,
+``[1, H_kv, T, head_dim]`` per layer) and :class:`SSMPayload` (cloned conv ``[1, conv_dim, K]`` and
+recurrent ``[1, H, P, N]`` states plus the ``[1, 1, D]`` hidden state); :func:`build_cache`
+restores them; :class:`TensorPayloads` is the core's ``PayloadOps``."""
 
 from __future__ import annotations
 

@@ -1,11 +1,6 @@
-"""Miss-ratio curves: token hit rate against cache capacity, from tight to the whole working set.
-
-Every system is replayed at ``points`` capacities spaced geometrically from ``lo`` × the working
-set up to the working set, on a sweep backend, with ``infinite`` (one run) and ``oracle`` as
-references; records are the sweep's plus ``fraction``. The knob is ``lo``: a smallest capacity
-below one SSM checkpoint is refused before the sweep, and failing points are reported in ``lo``
-terms while the rest of the curve is kept.
-"""
+"""Miss-ratio curves: hit rate at ``points`` capacities geometric from ``lo`` × the working set to all
+of it, with ``infinite`` and ``oracle`` references; records carry ``fraction``. Failures are said
+in ``lo`` terms (a capacity below one checkpoint is refused up front)."""
 
 from __future__ import annotations
 
@@ -62,12 +57,8 @@ def run_mrc(trace: Sequence[Any], trace_name: str, systems: Sequence[str], *, mo
             points: int = 12, lo: float = 0.005, ceilings: bool = True, latency: str = "a100",
             workers: int | None = None, backend: str | Backend = "local",
             on_record: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
-    """Records of every system at every fraction (plus ``oracle`` and one ``infinite``), with ``fraction``.
-
-    Raises:
-        ConfigError: ``lo`` x the working set is below one SSM checkpoint (before the sweep).
-        PointsFailed: some points could not run (in ``lo`` terms); the others' records are on it.
-    """
+    """Records of every system at every fraction (plus ``oracle`` and one ``infinite``). ConfigError if
+    ``lo`` x the working set is below one SSM checkpoint; PointsFailed (in ``lo`` terms) otherwise."""
     pts = mrc_points(systems, model=model, points=points, lo=lo, ceilings=ceilings)
     spec = get_model(model)
     with backend_scope(backend, workers) as be:

@@ -1,11 +1,6 @@
-"""Sweeps: every (system, capacity, model) point of a trace, in parallel, as records.
-
-Points run on a backend (:mod:`marconi.sim.backends`, ``"local"`` or ``"ray"``); each yields one
-flat JSONL record with its configuration echoed, written atomically. A point that raises
-:class:`ConfigError` does not abort the others: :class:`PointsFailed` then carries the finished
-records and the failures. :func:`run_points` is the runner for any engine; the simulator plugs in
-:func:`run_point`.
-"""
+"""Sweeps: every (system, capacity, model) point of a trace, in parallel on a backend, as flat JSONL
+records written atomically. A point raising :class:`ConfigError` does not stop the others;
+:class:`PointsFailed` carries the finished records. :func:`run_points` serves any engine."""
 
 from __future__ import annotations
 
@@ -155,14 +150,9 @@ class _Guarded:
 def run_points(fn: TaskFn, items: Sequence[Any], *, backend: str | Backend = "local", workers: int | None = None,
                shared: Mapping[str, Any] | None = None, needs: Callable[[Any], Sequence[str]] | None = None,
                on_result: Callable[[Any], None] | None = None) -> list[Any]:
-    """``[fn(shared, item) for item in items]`` on ``backend``, in item order.
-
-    ``fn``: module-level (it runs in a forked worker or a Ray task); ``needs(item)``: the ``shared``
-    keys an item reads; a backend object passed in is not closed; ``on_result`` sees each success.
-
-    Raises:
-        PointsFailed: some items raised :class:`ConfigError` (after every other item finished).
-    """
+    """``[fn(shared, item) for item in items]`` on ``backend`` in item order (``fn`` module-level;
+    ``needs(item)``: the shared keys it reads; ``on_result``: each success). PointsFailed once every
+    other item finished if some raised :class:`ConfigError`."""
     def on_success(result: Any) -> None:
         if on_result is not None and not isinstance(result, _PointFailure):
             on_result(result)
@@ -210,14 +200,9 @@ def working_sets(traces: Mapping[str, Any], pairs: Iterable[tuple[str, str | Mod
 def run_tasks(traces: Mapping[str, Any], tasks: Sequence[SweepTask], *, backend: str | Backend = "local",
               workers: int | None = None, names: Mapping[str, str] | None = None,
               on_record: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
-    """Run tasks over several traces sharing the workers; records in ``tasks`` order.
-
-    ``names``: the trace name echoed per key. Concurrent points each tune α in their own process
-    (nested pools would oversubscribe the cores). ``on_record`` sees each success.
-
-    Raises:
-        PointsFailed: some points could not run (the others' records are on it).
-    """
+    """Run tasks over several traces on shared workers, records in ``tasks`` order (``names``: the trace
+    echo per key; ``on_record``: each success). Concurrent points tune α in-process. PointsFailed
+    as :func:`run_points`."""
     with backend_scope(backend, workers) as be:
         parallel = be.parallelism > 1 and len(tasks) > 1
         mapper = be.tuning_mapper()
@@ -233,14 +218,8 @@ def run_sweep(trace: Sequence[Any], trace_name: str, points: Sequence[SweepPoint
               on_record: Callable[[dict[str, Any]], None] | None = None,
               backend: str | Backend = "local",
               working_set_bytes: Mapping[str | ModelSpec, int] | None = None) -> list[dict[str, Any]]:
-    """Simulate every point; records in ``points`` order.
-
-    Fractional capacities (``0.1x``) resolve against each model's working set (computed in parallel
-    unless ``working_set_bytes`` gives it). ``on_record``: progress per point.
-
-    Raises:
-        PointsFailed: some points could not run (the others' records are on it).
-    """
+    """Simulate every point, records in ``points`` order; fractional capacities resolve against each
+    model's working set (``working_set_bytes`` or computed). PointsFailed as :func:`run_points`."""
     key = "trace"
     known = dict(working_set_bytes or {})
     models = list(dict.fromkeys(p.model for p in points if parse_capacity(p.capacity).fraction is not None
@@ -262,12 +241,8 @@ RESULT_FIELDS = ("trace", "system", "model", "capacity", "num_requests", "token_
 
 
 def read_records(path: str | Path, required: Sequence[str] = (), kind: str = "results") -> list[dict[str, Any]]:
-    """The records of a JSONL file, each an object with the ``required`` keys; ``kind`` names them in errors.
-
-    Raises:
-        FileNotFoundError: no such file.
-        ValueError: a line not JSON or not such a record (``path:line:`` names it).
-    """
+    """The JSONL records at ``path``, each an object with the ``required`` keys (``kind`` names them);
+    FileNotFoundError, or ValueError naming ``path:line``."""
     out = []
     for where, rec in iter_jsonl(path):
         missing = [k for k in required if k not in rec] if isinstance(rec, dict) else list(required)

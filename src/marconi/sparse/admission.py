@@ -1,14 +1,10 @@
 """``sparse-dp``: admission that places a sequence's checkpoints by the exact DP over overlap depths.
 
-At each prefill the policy records the request's KV-hit depth, estimates ``P(d)`` for the
-sequence being prefilled, and places at most ``m`` checkpoints in ``(resume point, input length]``
-minimising expected recompute (or recompute + ``lam`` · checkpoint bytes); Marconi's branch-point
-(dropped by ``marconi=false``) and last-token checkpoints are kept on top. Estimators:
-``tree`` (default, :class:`~marconi.sparse.overlap.TreeOverlapEstimator`, with re-placement where
-a node drifted by more than ``drift``) and ``prefix`` (the opaque-key estimator). Depths below the
-resume point get no weight and recompute is charged from it (potential ``F(max(x, u))``, still
-non-decreasing, so the fast DP applies). ``max_candidates=0`` (default) leaves the support
-uncapped, so the placement is exact. See docs/sparse.md.
+Per prefill: record the KV-hit depth, estimate ``P(d)`` (``estimator=tree``, the default, or
+``prefix``), and place at most ``m`` checkpoints in ``(resume, input length]`` minimising recompute
+charged from the resume point (or + ``lam`` · bytes), keeping Marconi's last-token (and, unless
+``marconi=false``, branch-point) checkpoints. ``drift`` bounds re-placement inside the recomputed
+span. See docs/sparse.md.
 """
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
 """Exact sparse-checkpoint placement by dynamic programming over overlap depths.
 
-Given ``P(d)`` over depths ``0..N`` and candidates ``0 < p_1 < ... < p_K <= N``, choose at most
-``M`` checkpoints minimising ``E[cost(c(d), d)]`` (``c(d)``: the deepest checkpoint ``<= d``, 0 if
-none), or ``E[cost] + lam * bytes * count``. :func:`place_checkpoints` uses an ``O(M K log K)``
-Monge solver when the quadrangle inequality holds on the instance (checked; always for a
-non-decreasing potential) and the exact ``O(M K^2)`` reference otherwise. The derivation (graph
-form, O(1) segment costs, the precondition, binning) is in docs/sparse.md ("The placement DP").
+Choose at most ``M`` of ``K`` candidate positions minimising ``E[cost(c(d), d)]`` (``c(d)``: the
+deepest checkpoint ``<= d``) or ``E[cost] + lam * bytes * count``. The ``O(M K log K)`` Monge solver
+runs where the quadrangle inequality holds (checked), else the ``O(M K^2)`` reference; both exact.
+Derivation in docs/sparse.md ("The placement DP").
 """
 
 from __future__ import annotations
@@ -85,14 +83,9 @@ with ``cost(c, c) == 0``; it is only evaluated at ``c <= d``. Wrap a scalar func
 # ================================================================================= results
 @dataclass(frozen=True, slots=True)
 class Placement:
-    """The best placement for a budget, and the Pareto curve up to it.
-
-    Attributes:
-        expected_cost: ``E[cost(c(d), d)]`` under the normalised weights, in cost units.
-        cost_by_budget: ``[m]`` = least expected cost with at most ``m`` checkpoints (non-increasing).
-        positions_by_budget: ``[m]`` = a placement achieving it with the fewest checkpoints.
-        solver: ``"monge-dc"`` or ``"reference"``.
-    """
+    """The best placement for a budget (``positions``, ``expected_cost`` in cost units) and the curve:
+    ``cost_by_budget[m]`` / ``positions_by_budget[m]`` for at most ``m`` checkpoints (fewest such);
+    ``solver``: ``"monge-dc"`` or ``"reference"``."""
 
     positions: tuple[int, ...]
     expected_cost: float
@@ -438,19 +431,12 @@ def _direct_cost(inst: _Instance, cost: Cost, checkpoints: IntArray) -> float:
 # ================================================================================= public API
 def place_checkpoints(weights: ArrayLike, positions: ArrayLike, max_checkpoints: int, *,
                       cost: Cost = TOKEN_COST, curve: bool = True) -> Placement:
-    """Optimal placement of at most ``max_checkpoints`` checkpoints among candidate ``positions``.
+    """Optimal placement of at most ``max_checkpoints`` (``M >= 0``) among candidate ``positions``.
 
-    Args:
-        weights: ``(N+1,)`` non-negative weights of depths ``0..N`` (normalised here).
-        positions: distinct candidates in ``[1, N]``, any order.
-        max_checkpoints: ``M >= 0``; past ``K`` it gives budget ``K``'s placement. With ``curve=True``
-            the result holds the curve for every ``m <= M``; ``M >= 2**20`` is then refused.
-        cost: :data:`TOKEN_COST`, :func:`flops_cost`, a :class:`PotentialCost`, or a vectorised
-            ``cost(c, d)`` with ``cost(c, c) == 0``.
-        curve: False skips re-scoring smaller budgets (the curve then holds budget ``M`` only).
-
-    Raises:
-        ValueError: invalid weights, positions, budget or cost.
+    ``weights``: ``(N+1,)`` non-negative depth weights (normalised here); ``positions``: distinct, in
+    ``[1, N]``; ``cost``: :data:`TOKEN_COST`, :func:`flops_cost`, a :class:`PotentialCost` or a
+    vectorised ``cost(c, d)`` with ``cost(c, c) == 0``. ``curve=False`` keeps only budget ``M`` in the
+    curve; with ``curve=True``, ``M >= 2**20`` is refused. ValueError for any invalid input.
     """
     inst = _make_instance(weights, positions)
     seg = _segments_for(inst, cost)
@@ -474,13 +460,9 @@ def place_checkpoints_monge(weights: ArrayLike, positions: ArrayLike, max_checkp
 
 def place_checkpoints_lagrangian(weights: ArrayLike, positions: ArrayLike, lam: float, *,
                                  cost: Cost = TOKEN_COST, checkpoint_bytes: float = 1.0) -> LagrangianPlacement:
-    """Minimise ``E[cost] + lam * checkpoint_bytes * count``, no hard budget; exact for any cost.
-
-    ``lam`` prices one checkpoint byte in cost units. Ties go to the shallower predecessor.
-
-    Raises:
-        ValueError: invalid inputs, or ``lam`` / ``checkpoint_bytes`` negative or not finite.
-    """
+    """Minimise ``E[cost] + lam * checkpoint_bytes * count`` (``lam``: cost units per byte), no budget;
+    exact for any cost, ties to the shallower predecessor. ValueError for invalid inputs or a
+    negative or non-finite ``lam`` / ``checkpoint_bytes``."""
     if not (np.isfinite(lam) and lam >= 0 and np.isfinite(checkpoint_bytes) and checkpoint_bytes >= 0):
         raise ValueError("lam and checkpoint_bytes must be finite and >= 0")
     inst = _make_instance(weights, positions)

@@ -1,16 +1,7 @@
-"""Overlap-depth estimates: the distribution ``P(d)`` of how deep future requests will match a
-sequence, which the placement DP (:mod:`marconi.sparse.dp`) consumes.
-
-* :class:`OverlapEstimator`: an opaque key (a document id), absolute depths (``estimator=prefix``).
-* :class:`TreeOverlapEstimator`: radix-tree nodes named by :func:`path_keys`, relative depths
-  composed along the token path; the simulator admission's estimator.
-* :class:`BlockOverlapEstimator`: vLLM block hashes, relative to the owner's anchor plus branch
-  counts; vLLM's retention planner uses it.
-
-Token- and block-path estimators stay two classes because each engine's pinned results use its own.
-The shrinkage and decay arithmetic is in docs/sparse.md ("The estimators' arithmetic"). None is
-thread-safe; the owning cache or planner serialises calls.
-"""
+"""Overlap-depth estimates ``P(d)`` for the placement DP, by key: :class:`OverlapEstimator` (an opaque
+key, absolute depths), :class:`TreeOverlapEstimator` (radix-tree nodes via :func:`path_keys`, the
+simulator's), :class:`BlockOverlapEstimator` (vLLM block hashes, the retention planner's; kept apart
+because each engine's pinned results use its own). Arithmetic in docs/sparse.md. Not thread-safe."""
 
 from __future__ import annotations
 
@@ -127,11 +118,8 @@ def _check_decay(config: object, strengths: tuple[str, ...]) -> None:
 
 
 class _DecayedHistogram:
-    """Depth -> weight ``2**(stamp - origin)`` (stamps in half-lives), so nothing is rescaled per add.
-
-    Over ``max_depths``, the lightest depth merges into its shallower neighbour (a checkpoint there
-    still serves it).
-    """
+    """Depth -> weight ``2**(stamp - origin)`` (stamps in half-lives; nothing rescaled per add); past
+    ``max_depths`` the lightest depth merges into its shallower neighbour."""
 
     __slots__ = ("weights", "total", "origin", "num_observations")
 
@@ -198,14 +186,10 @@ def _blend(hist: _DecayedHistogram, now: float, base: FloatArray, strength: floa
 # ================================================================================= opaque key
 @dataclass(frozen=True, slots=True)
 class EstimatorConfig:
-    """Forgetting and shrinkage of :class:`OverlapEstimator`.
-
-    Attributes:
-        half_life_obs: later observations (of the key; of any key globally) that halve a weight; ``inf``: none.
-        half_life_s: clock seconds that halve a weight; ``inf``: none (finite needs a clock).
-        prior_strength: pseudo-observations of the prior in the global estimate.
-        global_strength: pseudo-observations of the global estimate in a key's estimate.
-    """
+    """Forgetting and shrinkage of :class:`OverlapEstimator`: ``half_life_obs`` (observations) and
+    ``half_life_s`` (clock seconds; finite needs a clock) halve a weight, ``inf`` for none;
+    ``prior_strength`` / ``global_strength``: pseudo-observations of the prior in the global estimate
+    and of the global estimate in a key's."""
 
     prior: OverlapPrior = field(default_factory=OverlapPrior)
     half_life_obs: float = math.inf
@@ -319,10 +303,8 @@ def _powers(n: int) -> KeyArray:
 
 
 def path_keys(tokens: np.ndarray) -> KeyArray:
-    """``(n+1,)`` uint64 keys, ``[d]`` naming ``tokens[:d]`` (``[0] == 0``): a wrapping polynomial hash.
-
-    Same-depth prefixes collide with probability about ``2**-64``; keys are always paired with depths.
-    """
+    """``(n+1,)`` uint64 keys, ``[d]`` naming ``tokens[:d]`` (``[0] == 0``), a wrapping polynomial hash;
+    same-depth collisions about ``2**-64``."""
     t = np.asarray(tokens).astype(np.uint64) + np.uint64(1)
     with np.errstate(over="ignore"):
         terms = t * _powers(t.size)
@@ -335,14 +317,9 @@ def _relative_prior() -> OverlapPrior:
 
 @dataclass(frozen=True, slots=True)
 class TreeEstimatorConfig:
-    """Forgetting, shrinkage and memory cap of :class:`TreeOverlapEstimator`.
-
-    Attributes:
-        prior: cold-start distribution over a node's relative depths ``0..n - depth``.
-        half_life_obs, half_life_s: as in :class:`EstimatorConfig`, per node (any node for the pool).
-        node_strength: pseudo-observations of the pooled estimate in a node's estimate.
-        max_nodes: nodes kept besides the root (LRU); max_depths: relative depths per histogram.
-    """
+    """Forgetting, shrinkage and memory cap of :class:`TreeOverlapEstimator`: half-lives as in
+    :class:`EstimatorConfig` per node; ``node_strength``: pooled pseudo-observations in a node's
+    estimate; at most ``max_nodes`` nodes besides the root (LRU) of ``max_depths`` depths each."""
 
     prior: OverlapPrior = field(default_factory=_relative_prior)
     half_life_obs: float = 512.0
@@ -379,15 +356,10 @@ def _total_variation(a: dict[int, float], b: dict[int, float]) -> float:
 
 
 class TreeOverlapEstimator:
-    """Overlap depths per radix-tree node, relative to the node, composed along a token path.
-
-    A node is ``(depth, path_keys(tokens)[depth])``, so estimates survive edge splits, evictions and
-    re-insertions with no handle on the tree. :meth:`observe` records ``hit_len - depth`` at every
-    known node on the path (the deepest also feeds the pooled histogram); :meth:`attach` registers a
-    request's attach node; :meth:`path_weights` composes the nodes' territories into ``P(d)``.
-    Memory is at most ``config.max_pairs`` (depth, weight) pairs; :meth:`drift` compares a node's
-    histogram with its snapshot at the last placement.
-    """
+    """Overlap depths per radix-tree node ``(depth, path_keys(tokens)[depth])``, relative to the node, so
+    they survive splits and evictions: :meth:`observe` records hits, :meth:`attach` registers nodes,
+    :meth:`path_weights` composes ``P(d)``, :meth:`drift` compares with the last placement. Holds at most
+    ``config.max_pairs`` (depth, weight) pairs."""
 
     def __init__(self, config: TreeEstimatorConfig | None = None, *,
                  clock: Callable[[], float] | None = None) -> None:
@@ -570,15 +542,9 @@ class TreeOverlapEstimator:
 # ================================================================================= block path
 @dataclass(frozen=True, slots=True)
 class BlockEstimatorConfig:
-    """Memory bound and forgetting of :class:`BlockOverlapEstimator`.
-
-    Attributes:
-        max_keys: block hashes remembered (LRU).
-        max_anchors: anchors with a histogram (LRU), and separately branch points with a count (LRU).
-        max_bins: relative depths per histogram; past it the lightest bin is dropped.
-        decay: factor on a histogram's weights per observation (effective sample <= ``1/(1-decay)``).
-        prior: pseudo-count of the global histogram in an anchor's blend.
-    """
+    """Memory and forgetting of :class:`BlockOverlapEstimator`: ``max_keys`` block hashes, ``max_anchors``
+    anchors and branch points (each LRU), ``max_bins`` depths per histogram (lightest dropped),
+    ``decay`` per observation, ``prior`` pseudo-count of the global histogram."""
 
     max_keys: int = 1 << 16
     max_anchors: int = 4096
@@ -618,13 +584,10 @@ class _BlockHistogram:
 
 
 class BlockOverlapEstimator:
-    """Where future requests diverge from a sequence, by vLLM block path (``keys[j]`` names ``j + 1`` blocks).
-
-    A sequence owns the block hashes it brings first, with its novelty start ``h`` and its anchor
-    (its last shared block; None for the root). A request overlapping ``d`` blocks adds ``d - h_owner``
-    to the owner's anchor's histogram, ``d`` to the global one, and one count at its branch point
-    ``keys[d - 1]``. Bounded by :class:`BlockEstimatorConfig`; deterministic.
-    """
+    """Where requests diverge from a sequence, by vLLM block path (``keys[j]`` names ``j + 1`` blocks). A
+    sequence owns the hashes it brings first, with its novelty start and anchor; an overlap of ``d``
+    blocks counts at the owner's anchor (relative), globally (absolute) and at its branch point
+    ``keys[d - 1]``. Bounded by :class:`BlockEstimatorConfig`; deterministic."""
 
     def __init__(self, config: BlockEstimatorConfig = BlockEstimatorConfig()) -> None:
         self.config = config

@@ -1,11 +1,8 @@
-"""The workload catalog: every named trace the project replays, ``(scale, seed) -> Trace`` with provenance.
+"""The workload catalog: every named trace, ``(scale, seed) -> Trace`` with provenance.
 
-``build_workload("swe-sample")``, ``build_workload("swe:sessions=20,data=bundled", seed=1)``;
-``marconi trace list`` prints the entries with every parameter. Names take parameters as
-registries do (typos list the valid ones); every entry takes ``scale`` and ``seed``, and entries
-built from the shared data set take ``data`` (``auto``, ``shared``, or a stand-in). A built trace
-carries ``meta["provenance"]`` (:class:`Provenance`), so a stand-in is never mistaken for the real
-data. See docs/data.md ("The workload catalog").
+``build_workload("swe:sessions=20,data=bundled", seed=1)``; ``marconi trace list`` prints it.
+Every entry takes ``scale`` and ``seed``, data-backed ones ``data`` (``auto``, ``shared``, a
+stand-in); ``meta["provenance"]`` says which data was used. See docs/data.md.
 """
 
 from __future__ import annotations
@@ -416,17 +413,10 @@ def _no_requests(name: str, entry: str, params: dict[str, Any], data: str) -> st
 
 
 def build_workload(spec: str | ParsedName, **overrides: Any) -> Trace:
-    """Build a catalog workload: ``"name"`` or ``"name:key=value,..."``.
-
-    ``overrides`` are defaults for parameters the entry has (the spec's own win; others are ignored).
-    The trace is named by its spec and carries ``meta["provenance"]``.
-
-    Raises:
-        ConfigError: unknown name or parameter (listing the valid ones), a bad value, or parameters
-            that leave no request (naming the filter: an empty trace would look like success).
-        DataUnavailable: ``data=shared`` without the data, or LMSys without files.
-        OSError, ValueError: unreadable or malformed data files.
-    """
+    """Build ``"name"`` or ``"name:key=value,..."``; ``overrides`` default the entry's parameters (others
+    ignored). Raises ConfigError for an unknown name or parameter, a bad value, or no request left
+    (naming the filter); DataUnavailable for ``data=shared`` without the data or LMSys without
+    files; OSError or ValueError for bad data files."""
     parsed = spec if isinstance(spec, ParsedName) else parse_name(spec)
     built, params = WORKLOADS.create(parsed, **overrides)
     applied = {k: v for k, v in overrides.items()

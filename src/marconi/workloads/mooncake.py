@@ -1,12 +1,6 @@
-"""Token traces rebuilt from Mooncake's block-level production traces (no text).
-
-A line is ``{timestamp (ms), input_length, output_length, hash_ids}`` with ``block_size`` (512)
-token blocks, the last possibly partial; ids are chained (checked). Rebuilt tokens lie in
-``[3, vocab_size)``: equal ids give equal blocks, sibling blocks differ at their first token (a
-match ends at a block boundary), and outputs use a disjoint id range so a cached output never
-extends a match. Each request is its own session (its line number), turn 0, at its real time.
-The block layout is in docs/data.md ("Block-hash traces").
-"""
+"""Token traces rebuilt from Mooncake's block-level traces: equal hash ids give equal blocks, sibling
+blocks differ at their first token, and outputs never match blocks; each request is its own
+session at its real time. Layout: docs/data.md ("Block-hash traces")."""
 
 from __future__ import annotations
 

@@ -1,11 +1,6 @@
-"""Document-QA traces from QuALITY: many multiple-choice questions on one long article.
-
-Source: ``<shared data>/quality/*.jsonl``, one article per record (CC BY 4.0: read from the shared
-data set, never vendored). Each question is a request: instruction + article + question segments,
-tokenized separately so one article's questions share the instruction and article tokens exactly;
-the output is the gold option. Session = article, turn = question index; articles are interleaved
-by a seeded permutation with Poisson arrivals. Layout and rationale in docs/data.md ("QuALITY").
-"""
+"""Document-QA traces from QuALITY (shared data set only, CC BY 4.0): one request per question,
+instruction + article + question tokenized separately so an article's questions share its tokens
+exactly; session = article. Layout: docs/data.md ("QuALITY")."""
 
 from __future__ import annotations
 
@@ -94,12 +89,8 @@ def _article(obj: Any, where: str) -> QualityArticle:
 
 
 def load_quality_articles(paths: Sequence[str | os.PathLike]) -> list[QualityArticle]:
-    """Articles of the given JSONL files, in file order.
-
-    Raises:
-        FileNotFoundError: a missing file.
-        ValueError: a malformed record (naming file and line) or a repeated ``article_id``.
-    """
+    """Articles of the JSONL files in order; FileNotFoundError, or ValueError for a malformed record or a
+    repeated ``article_id``."""
     out: list[QualityArticle] = []
     seen: dict[str, str] = {}
     for path in map(Path, paths):
@@ -124,16 +115,9 @@ def build_quality_trace(paths: Sequence[str | os.PathLike] | None = None, *,
                         instruction: str = DEFAULT_INSTRUCTION, answer_form: str = "letter+text",
                         requests_per_second: float = 0.5, seed: int = 0, max_articles: int | None = None,
                         add_bos: bool = True, tokenizer: TextTokenizer | str | os.PathLike | None = None) -> Trace:
-    """Build a document-QA trace from QuALITY files (``paths`` default to :func:`default_quality_files`).
-
-    ``max_articles`` keeps the first articles in file order. ``meta``: per request
-    ``article_of_request``, ``shared_len_of_request``; per article ``prefix_len_of_article``,
-    ``questions_per_article``; and ``instruction_len``.
-
-    Raises:
-        FileNotFoundError: no files and no shared data set, or a missing file.
-        ValueError: malformed records or bad parameters.
-    """
+    """Build a QuALITY trace (``paths`` default to :func:`default_quality_files`; ``max_articles`` keeps
+    the first). ``meta``: ``article_of_request``, ``shared_len_of_request``, ``prefix_len_of_article``,
+    ``questions_per_article``, ``instruction_len``. FileNotFoundError or ValueError for bad input."""
     if answer_form not in ANSWER_FORMS:
         raise ValueError(f"unknown answer_form {answer_form!r} (choose from {', '.join(ANSWER_FORMS)})")
     if not requests_per_second > 0:

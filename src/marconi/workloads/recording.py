@@ -1,13 +1,6 @@
-"""Hash-id recordings of a live vLLM server (``MARCONI_VLLM_RECORD``), read as traces.
-
-A recording (JSONL plus its ``<file>.meta.json`` sidecar; layout in
-:mod:`marconi.integrations.vllm.record`) holds salted block-hash chains, no tokens.
-:func:`build_recording_trace` rebuilds a token trace with exactly those prefix equalities
-(:class:`~marconi.workloads.mooncake.MooncakeTokens`), so every engine can serve it: one sequence
-per request (prompt + output), a partial tail never shared, session ``i`` turn 0 in arrival order,
-``meta["recording"]`` keeping the recorded counts. Bad input raises :class:`RecordingError`; a last
-line cut short is skipped with a warning. See docs/data.md ("Block-hash traces").
-"""
+"""Hash-id recordings of a live vLLM server (``MARCONI_VLLM_RECORD``), read as traces: the block-hash
+chains are rebuilt as tokens with exactly their prefix equalities, so every engine can serve them.
+Malformed input raises :class:`RecordingError` (file, line, field). See docs/data.md ("Block-hash traces")."""
 
 from __future__ import annotations
 
@@ -145,13 +138,8 @@ def _read_meta(path: str) -> dict[str, Any]:
 
 
 def read_recording(path: str | os.PathLike, limit: int | None = None) -> Recording:
-    """Read and check a recording and its sidecar.
-
-    Raises:
-        RecordingError: a missing or foreign sidecar, a salt mismatch, a bad field, a chain too short
-            or too long or contradicting another, or no request (naming file, line and field).
-        FileNotFoundError: no such file.
-    """
+    """Read and check a recording and its sidecar; RecordingError (naming file, line and field) or
+    FileNotFoundError."""
     path = os.fspath(path)
     meta = _read_meta(path)
     bs = int(meta["block_size"])

@@ -1,13 +1,6 @@
-"""Multi-turn chat traces from ShareGPT or LMSys-Chat-1M exports, by the Marconi paper's recipe.
-
-Records (``.json``, ``.jsonl``, ``.parquet``; ShareGPT or LMSys shape) qualify with at least
-``2 * min_rounds`` messages (and at most ``max_non_ascii_frac`` non-ASCII text); the first
-``num_sessions`` become sessions. Messages are tokenized one by one; session *k* starts at
-``k / sessions_per_second`` and each later turn after its user's typing time at ``words_per_min``;
-a session stops before an input over ``max_input_len``. Turns are grouped by role
-(``pairing="roles"``) or by position (``"positional"``, the authors' script). The recipe step by
-step is in docs/data.md ("The chat recipe").
-"""
+"""Multi-turn chat traces from ShareGPT or LMSys-Chat-1M exports by the paper's recipe: qualifying
+conversations become sessions, messages are tokenized one by one, turns arrive after typing time
+and are grouped by role (or by position). Recipe: docs/data.md ("The chat recipe")."""
 
 from __future__ import annotations
 
@@ -172,15 +165,9 @@ def build_chat_trace(paths: Sequence[str | os.PathLike], *, num_sessions: int | 
                      max_non_ascii_frac: float | None = None,
                      tokenizer: TextTokenizer | str | os.PathLike | None = None,
                      source: str = "chat", progress: Progress | None = None) -> Trace:
-    """Build a multi-turn chat trace from ShareGPT/LMSys files (module doc).
-
-    ``num_sessions=None``: every qualifying record. Session ids are 0, 1, ... in file order (source
-    ids in ``meta["source_ids"]``); requests sorted by time (ties keep session order).
-
-    Raises:
-        FileNotFoundError: a file is missing.
-        ValueError: a malformed record (naming file and record), bad parameters.
-    """
+    """Build a chat trace from ShareGPT/LMSys files (``num_sessions=None``: all qualifying); session ids
+    0, 1, ... in file order (source ids in ``meta["source_ids"]``), requests by time.
+    FileNotFoundError for a missing file; ValueError (naming file and record) for bad input."""
     if sessions_per_second <= 0 or words_per_min <= 0:
         raise ValueError("sessions_per_second and words_per_min must be > 0")
     if num_sessions is not None and num_sessions < 0:

@@ -14,15 +14,9 @@ __all__ = ["load_trace"]
 
 
 def load_trace(text: str, limit: int | None = None, *, notice: Callable[[str], None] | None = None) -> Trace:
-    """A catalog workload (``marconi trace list``) or a JSONL/Parquet trace file.
-
-    ``limit``: the first ``limit`` requests (None: all; 0: none). ``notice``: called with a line when a
-    workload was built on a stand-in (the library prints nothing).
-
-    Raises:
-        ConfigError: neither an existing file nor a catalog name (the message lists them).
-        TraceFormatError, JsonError: not a valid trace (naming file and line).
-    """
+    """A catalog workload or a JSONL/Parquet file; ``limit``: the first requests (None: all; 0: none);
+    ``notice``: told when a stand-in replaced absent data. ConfigError for neither a file nor a name;
+    TraceFormatError or JsonError for an invalid file."""
     if is_workload(text):
         trace = build_workload(text)
         provenance = Provenance.of(trace)

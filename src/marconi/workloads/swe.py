@@ -1,13 +1,6 @@
-"""Agent traces from SWE agent trajectories, by the Marconi paper's recipe.
-
-Sources: mini-swe-agent JSON arrays or single trajectories and SWE-agent ``.traj`` files
-(directories searched); the first ``num_sessions`` by name are used. Each assistant message is a
-request whose input is every message before it (older observations beyond the last
-``keep_observations`` rounds dropped), tokenized message by message. Gaps are seeded Poisson or
-the real ``created`` times; a session stops past ``max_input_len`` or ``max_turns``;
-``shared_prefix`` prepends messages to every trajectory. The recipe in full is in docs/data.md
-("The SWE agent recipe").
-"""
+"""Agent traces from SWE agent trajectories by the paper's recipe: each assistant message is a
+request whose input is every message before it (older observations past ``keep_observations``
+rounds dropped), with seeded Poisson or real gaps. Recipe: docs/data.md ("The SWE agent recipe")."""
 
 from __future__ import annotations
 
@@ -209,14 +202,9 @@ def build_swe_trace(paths: Sequence[str | os.PathLike] | None = None, *, num_ses
                     shared_prefix: str | os.PathLike | None = None, text_form: str = "json",
                     add_bos: bool = True, tokenizer: TextTokenizer | str | os.PathLike | None = None,
                     progress: Progress | None = None) -> Trace:
-    """Build an agent trace from SWE trajectories (module doc); ``paths`` default to :func:`default_swe_paths`.
-
-    Session ids are 0, 1, ... in name order (names in ``meta["source_ids"]``); requests sorted by time.
-
-    Raises:
-        FileNotFoundError: a missing file, directory or shared prefix.
-        ValueError: malformed trajectories, bad parameters, ``gaps="real"`` without ``created`` times.
-    """
+    """Build an agent trace (``paths`` default to :func:`default_swe_paths`); session ids 0, 1, ... in
+    name order (names in ``meta["source_ids"]``), requests by time. FileNotFoundError for a missing
+    file or prefix; ValueError for malformed input, bad parameters or ``gaps="real"`` without times."""
     if gaps not in GAP_MODES:
         raise ValueError(f"unknown gaps {gaps!r} (choose from {', '.join(GAP_MODES)})")
     if sessions_per_second <= 0 or mean_gap_s < 0 or max_input_len <= 0 or max_turns <= 0:

@@ -1,10 +1,6 @@
-"""Trace files: the format from the suffix, streaming readers and atomic writers for every format.
-
-Formats come from :mod:`.formats` (``jsonl``, ``jsonl.gz``, ``parquet`` register when imported
-here). :func:`iter_requests` streams, so memory is bounded by one request (one Parquet batch).
-A trace's ``name`` and ``meta`` travel in the file where the format can hold them, else in a
-``<file>.meta.json`` sidecar (:mod:`.sidecar`); :func:`write_trace` writes both atomically, as a pair.
-"""
+"""Trace files of any registered format (by suffix): streaming readers (one request or Parquet batch
+in memory) and atomic writers; name and meta travel in the file or a ``<file>.meta.json`` sidecar,
+written as a pair."""
 
 from __future__ import annotations
 
@@ -79,13 +75,8 @@ def problem(label: str, fmt: str, pos: int, field_name: str | None, message: str
 
 
 def iter_requests(path: str | os.PathLike, limit: int | None = None) -> Iterator[Request]:
-    """Yield the requests of a trace file one at a time (streaming).
-
-    Raises:
-        FileNotFoundError: no such file.
-        ValueError: the suffix is not .jsonl / .jsonl.gz / .parquet.
-        TraceFormatError: at the first malformed record (message: ``file:line: field 'x': ...``).
-    """
+    """Stream the requests of a trace file. FileNotFoundError; ValueError for an unknown suffix;
+    TraceFormatError at the first bad record (``file:line: field 'x': ...``)."""
     label = os.fspath(path)
     check_limit(limit)
     fmt, checked = checked_records(path)
@@ -197,15 +188,9 @@ def _checked_stream(requests: Iterable[Request]) -> Iterator[Request]:
 
 def write_trace(path: str | os.PathLike, trace: Trace | Iterable[Request], *, name: str | None = None,
                 meta: Mapping[str, Any] | None = None) -> int:
-    """Write a Trace (or requests in arrival order) atomically, by suffix; returns the count.
-
-    ``name``/``meta`` default to the Trace's (JSONL: in the sidecar, written as a pair). Streams: an
-    iterator is consumed once, one Parquet row group (about 4M tokens) buffered at a time.
-
-    Raises:
-        ValueError: unknown suffix; requests out of ``ts`` order; mixed session id types (Parquet).
-        On any error ``path`` and its sidecar are unchanged.
-    """
+    """Write a Trace (or requests in arrival order) atomically by suffix, with its meta (JSONL: the
+    sidecar, as a pair); streams. Returns the count. ValueError for an unknown suffix, requests out of
+    ``ts`` order or mixed session id types (Parquet); on any error nothing at ``path`` changes."""
     fmt, _ = _format(path)
     if isinstance(trace, Trace):
         name = trace.name if name is None else name

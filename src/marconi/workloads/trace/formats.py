@@ -27,16 +27,9 @@ MetaReader = Callable[[Path], Any]
 
 @dataclass(frozen=True, slots=True)
 class TraceFormat:
-    """One trace file format.
-
-    Attributes:
-        suffixes: lower-case endings; the longest match over every format wins.
-        records: the streaming reader (an unreadable file is a problem record, not a raise).
-        write: the writer, into a binary stream it must not close.
-        read_meta: the stored name and meta (:mod:`.files` checks its shape).
-        sidecar: meta lives in ``<file>.meta.json``, written with the trace.
-        position: how records are located in messages: 1-based ``line`` or 0-based ``row``.
-    """
+    """One trace file format: ``suffixes`` (longest match wins), ``records`` (streaming; problems, not
+    raises), ``write`` (into a binary stream it must not close), ``read_meta``, ``sidecar`` (meta in
+    ``<file>.meta.json``), ``position`` (``line`` 1-based or ``row`` 0-based)."""
 
     name: str
     suffixes: tuple[str, ...]

@@ -1,11 +1,6 @@
-"""The trace schema: :class:`Request`, :class:`Trace`, :class:`TraceStats`, the errors, and what a
-valid on-disk record is.
-
-On disk a trace is the Marconi authors' JSONL (optionally gzipped), one request per line, or
-Parquet with the same columns; the fields are listed in docs/data.md ("Trace files").
-:func:`check_record` is that definition in code: both readers hand it their decoded records, so
-both formats accept and reject the same records with the same messages.
-"""
+"""The trace schema: :class:`Request`, :class:`Trace`, :class:`TraceStats`, the errors, and
+:func:`check_record`, the one definition of a valid on-disk record both readers use (fields in
+docs/data.md, "Trace files")."""
 
 from __future__ import annotations
 
@@ -96,17 +91,9 @@ def _as_token_array(value: Any, what: str) -> np.ndarray:
 
 @dataclass(frozen=True, slots=True, eq=False)
 class Request:
-    """One LLM call of a trace; the project's one request type (built, stored and replayed).
-
-    Attributes:
-        session_id: int or str, as given (multi-turn requests share it).
-        turn_id: index within its session (>= 0).
-        ts: arrival time in seconds (finite, >= 0).
-        input_tokens: int32 ``[input_len]``, the whole history plus the new message (non-empty).
-        output_tokens: int32 ``[output_len]``, the reply (may be empty).
-
-    Token arrays are stored as **read-only** int32 views (a session may share one buffer).
-    """
+    """One LLM call: ``session_id`` (int or str), ``turn_id`` (>= 0), ``ts`` (arrival, seconds, finite
+    >= 0), ``input_tokens`` (the whole history plus the new message, non-empty) and ``output_tokens``,
+    stored as read-only int32 views (a session may share one buffer)."""
 
     session_id: SessionId
     turn_id: int
