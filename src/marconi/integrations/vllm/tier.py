@@ -1,73 +1,14 @@
 """Marconi's policy for vLLM's CPU offload tier: a ``CachePolicy`` loaded by vLLM's own config.
 
-vLLM 0.32's ``OffloadingConnector`` keeps a host-memory tier of *chunks* (``CPUOffloadingManager``);
-which chunk goes when the tier is full is a pluggable ``CachePolicy``. This module is one, plugged
-in through ``kv_connector_extra_config`` alone — no patching::
-
-    --kv-transfer-config '{"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
-      "kv_connector_extra_config": {"cpu_bytes_to_use": 68719476736,
-        "eviction_policy": "MarconiCachePolicy",
-        "cache_policy_module_path": "marconi.integrations.vllm.tier"}}'
-
-**What it sees.** A chunk is an ``OffloadKey``: a block hash (the whole prefix up to the chunk's
-end) plus the KV cache group index. For a hybrid model the groups are full attention (a chunk
-holds the KVs of its tokens) and Mamba (a chunk holds the recurrent state after its last token).
-All groups share the block hash at a boundary, so one hash is one node of Marconi's radix tree:
-its attention chunks are the node's edge KVs, its Mamba chunks (one per Mamba group) its state.
-``ReqContext.get_offload_key_position`` gives each key's end token (the node's depth); the
-previous chunk boundary of the same request gives its parent.
-
-**What makes a hit usable.** vLLM looks the tier up from the end of the GPU pool's hit onward and
-stops at the deepest position where every attention group has all chunks *and* every Mamba
-group has the chunk at that position. So:
-
-* a state chunk is *dead* (holds nothing a hit can use) when its node lacks its own KV chunk in
-  an attention group or the state in another Mamba group: it is evicted first. A missing
-  *ancestor* does not kill it: the GPU pool may hold that prefix.
-* a KV chunk is *dead* when no complete state is reachable at or below it through KV chunks
-  held in the tier ("KV past the deepest kept state"), unless a request still running stored at
-  its node (its state may follow in the next step).
-
-**The choice.** ``evict(n, protected)`` takes dead chunks first (oldest first); then, one victim
-at a time and re-judging the tree after each, the victim of the configured rule (any
-:class:`~marconi.core.eviction.Rule`; the FLOP-aware family's is the lowest ``min_max(recency) + α ·
-min_max(efficiency)``) among the *candidates* — KV chunks of a node no child continues (a KV leaf:
-evicting an inner one strands its subtree) and state chunks of a node with at most one KV child
-(the paper's single-child rule) — or among all evictable chunks when none is a candidate. Ties go
-to the least recently used. The rule scores a candidate table
-(:class:`~marconi.core.candidates.CandidateTable`) through the core's
-:func:`~marconi.core.eviction.choose_victim`; the efficiency is the core's
-:func:`~marconi.core.candidates.flop_efficiency` at the node's depth. Recency is LRU's: a request's
-keys are refreshed at its end, head most recent; the tier has that one signal and one candidate
-notion, which the table gives for both touches and both candidate kinds. Dead-tail cuts are refused.
-
-**A load's cost.** A hit saves ``flops`` of prefill but moves the held bytes over the host link:
-efficiency is ``max(0, FLOPs per byte − R)`` with ``R = marconi_gpu_tflops / marconi_host_gbps``
-(FLOPs the GPU could have done while one byte crosses). Subtracting a constant leaves the min-max
-ranking unchanged; it matters where it clips: a chunk whose load costs more than recomputing
-ranks as worthless. Defaults: 64 GB/s (a PCIe Gen5 x16 link, ≈ 63 GB/s per direction) and 400
-TFLOP/s (an H100/H200's ≈ 989 dense BF16 TFLOP/s at ≈ 40% prefill utilisation).
-
-**What it cannot decide.** In vLLM 0.32 what is *stored* is the manager's choice
-(``prepare_store``; ``store_threshold`` filters by offer count): a ``CachePolicy`` sees stores
-only as ``on_store_miss`` and ``insert``. Marconi's admission therefore acts at eviction time:
-KV stored past any state is dead and goes first, before any chunk that can serve a hit.
-
-**Configuration** (``kv_connector_extra_config`` keys; the policy finds them by walking up to
-the ``OffloadingSpec`` whose ``get_manager`` builds it — vLLM passes a policy nothing but its
-capacity):
-
-``marconi_rule``        a rule label: ``lru``, ``aX``, ``aXm``, ... (default ``a0.5``: α = 0.5, whole-prefix efficiency)
-``marconi_model``       a preset name or HF config path (default: the served model's config)
-``marconi_group_kinds`` ``attention``/``mamba`` per KV cache group (default: from vLLM's groups)
-``marconi_host_gbps``   host link bandwidth, GB/s per direction (default 64)
-``marconi_gpu_tflops``  effective prefill TFLOP/s (default 400)
-
-Built outside vLLM's connector (vLLM's own manager tests), the same settings come from the
-environment: ``MARCONI_TIER_GROUP_KINDS``, ``MARCONI_TIER_MODEL``, ``MARCONI_TIER_RULE``, or from
-an explicit :class:`TierSettings`. ``MARCONI_TIER_RULE`` also applies under a connector whose
-config names no ``marconi_rule`` (to compare rules without changing a server's or a replay's config). A configuration it cannot serve raises :class:`ConfigError`
-naming the key to change. This module imports vLLM (it runs inside vLLM's environment).
+Plugged into vLLM 0.32's ``OffloadingConnector`` through ``kv_connector_extra_config`` alone
+(``"eviction_policy": "MarconiCachePolicy", "cache_policy_module_path":
+"marconi.integrations.vllm.tier"``, plus the ``marconi_*`` keys of :meth:`TierSettings.from_extra_config`).
+The tier's chunks form Marconi's radix tree (one block hash = one node: attention chunks its KVs,
+Mamba chunks its state); ``evict`` takes chunks no hit can use first, then one victim at a time the
+configured rule's among the candidates, on FLOP efficiency less the host load's cost. Stores are the
+manager's choice, so admission acts at eviction time. A configuration it cannot serve raises
+:class:`ConfigError` naming the key to change. This module imports vLLM. Details, defaults and
+their reasons: ``docs/vllm-tiers.md``.
 """
 
 from __future__ import annotations
@@ -106,14 +47,10 @@ _DEAD, _CAND, _OTHER = 0, 1, 2
 
 @dataclass(frozen=True, slots=True)
 class TierSettings:
-    """What the policy needs beyond its capacity.
-
-    ``group_kinds``: ``"attention"`` or ``"mamba"`` per KV cache group index (vLLM's order);
-    ``spec``: the served model's cost model; ``tokens_per_chunk``: tokens per offloaded chunk
-    (None: parents are learned from each request's previous boundary); ``rule``: any rule that
-    cuts no dead tails (``lru``, ``aX``, ``aXm``, a registered label's); ``host_gbps`` / ``gpu_tflops``:
-    the load-cost exchange rate (see the module docstring).
-    """
+    """What the policy needs beyond its capacity: ``group_kinds`` (``"attention"``/``"mamba"`` per KV
+    cache group, vLLM's order), ``spec``, ``tokens_per_chunk`` (None: parents learned per request),
+    ``rule`` (any that cuts no dead tails), and the load cost's ``host_gbps`` (GB/s per direction)
+    and ``gpu_tflops`` (effective prefill TFLOP/s)."""
 
     group_kinds: tuple[str, ...]
     spec: ModelSpec
@@ -508,12 +445,9 @@ class MarconiCachePolicy(CachePolicy):
 
 
 class _Judgement:
-    """The tree's standing for one ``evict`` call: per node whether it holds its KVs (every
-    attention group) and a whole state, whether a hit can end there (``usable``), whether its KVs
-    lead to a usable node at or below it (``alive``), and how many children hold KVs. Built in one
-    pass (O(nodes + chunks)); :meth:`remove` takes a chunk away and updates the node and its
-    ancestors only (children counts make each step O(1)), returning the chunks whose standing
-    may have changed. The policy's own fields are read, never written."""
+    """The tree's standing for one ``evict`` call (per node: KVs held, whole state, ``usable``,
+    ``alive``, KV children), built in O(nodes + chunks); :meth:`remove` updates only the node and its
+    ancestors. Reads the policy's fields, never writes them."""
 
     def __init__(self, policy: "MarconiCachePolicy") -> None:
         self.p = policy
@@ -586,10 +520,8 @@ def _check_kinds(kinds: Sequence[str]) -> None:
 
 
 def _discover_settings() -> TierSettings:
-    """Settings of the policy vLLM's factory is building: from the ``OffloadingSpec`` (its
-    ``extra_config``, groups and chunk size) and the connector's ``kv_cache_config`` /
-    ``vllm_config`` found on the call stack; what neither gives (a spec built without a
-    connector, as in vLLM's tests) from ``MARCONI_TIER_*``."""
+    """Settings of the policy vLLM's factory is building, from the ``OffloadingSpec`` and connector
+    found on the call stack; what they do not give, from ``MARCONI_TIER_*``."""
     import vllm
 
     version = getattr(vllm, "__version__", "?")
