@@ -1,72 +1,18 @@
 """The vLLM general plugin: Marconi's eviction inside vLLM's block pool, counters, a CPU fix.
 
-Registered as the ``vllm.general_plugins`` entry point ``marconi`` (installed with the project, see
-``pyproject.toml``); vLLM calls :func:`register` in every process it starts. What it does depends
-on :class:`~marconi.integrations.vllm.config.PluginConfig` (environment variables):
+vLLM calls :func:`register` (entry point ``vllm.general_plugins: marconi``) in every process; it
+reads :class:`~marconi.integrations.vllm.config.PluginConfig` and wraps ``Scheduler.__init__`` so
+that each scheduler's ``BlockPool`` gets instance hooks (:class:`PoolHooks`): observed under
+``MARCONI_VLLM_POLICY=lru``, evicting by Marconi's utility under ``marconi``, untouched when unset
+or with prefix caching off. Optional :class:`RetentionHooks` (sparse retention) and the Mamba-2 CPU
+checkpoint fix are installed here too.
 
-* ``MARCONI_VLLM_POLICY`` unset: nothing, except the CPU fix below. vLLM behaves as stock.
-* ``lru``: every block pool is *observed* — the prefix index of :mod:`marconi.integrations.vllm.policy` is kept,
-  evictions and hits are counted and (``MARCONI_VLLM_TRACE``) traced — but vLLM decides.
-* ``marconi``: as ``lru``, and ``BlockPool.get_new_blocks`` takes free blocks without a hash first
-  (as vLLM does), then evicts cached ones by Marconi's utility instead of LRU. α is fixed
-  (``MARCONI_VLLM_ALPHA=0.5``) or adaptive (``MARCONI_VLLM_ALPHA=adaptive``: the shadow α source,
-  :mod:`marconi.integrations.vllm.shadow`, fed every finished request's token ids, picks α and the
-  efficiency; the block trace records each change as an ``alpha`` event).
-
-Hooks are set per instance, on the ``BlockPool`` of every ``Scheduler`` built after registration
-(``Scheduler.__init__`` is wrapped), so nothing changes in processes that build no scheduler.
-With prefix caching off there is no eviction choice: ``get_new_blocks`` stays vLLM's own in every
-mode (the plugin only observes), so the pool allocates, and reports metrics, exactly as stock.
-
-**Errors: never half-patched, never silently stock.** A setting that cannot run stops vLLM with
-a :class:`~marconi.core.registry.ConfigError` naming the variable and its value: :func:`register`
-checks, before it imports vLLM and in every vLLM process, the values, that ``MARCONI_VLLM_TRACE``
-can be appended to and that ``MARCONI_VLLM_ALPHA_SOURCE`` loads; an α-source factory that fails
-when the engine core calls it raises :class:`PluginSettingError` out of ``Scheduler.__init__``.
-With ``MARCONI_VLLM_POLICY`` unset nothing raises (stock vLLM must start): a wrong value is
-ignored with a warning. The hooks rely on vLLM's block-pool internals, so the supported versions
-are explicit (:data:`SUPPORTED_VLLM`: 0.32.x and 0.33.x): :func:`register` refuses any other with
-one logged line and installs nothing, vLLM running stock. Where a supported vLLM does
-not fit them (a missing attribute, an unsupported KV cache group), the error is logged and vLLM
-runs stock. Either way the hooks are installed whole or not at all: everything that can fail is
-done before the first vLLM attribute is replaced.
-
-**Private attributes.** A plugin that changes how vLLM evicts has to hook vLLM's own private
-methods and read its private state (``BlockPool._maybe_evict_cached_block``,
-``_insert_block_hash``, ``_remove_cached_block_hashes``, ``_reuse_watchers`` / ``_notify_reuse``,
-``Scheduler._free_request``): that is this module's nature, and it stays in this module — each
-place is marked ``vLLM private``, the attribute check in :meth:`PoolHooks.attach` names them, and
-no other module of the project reads a private attribute of vLLM (or of another module).
-
-Counters, exported on vLLM's ``/metrics`` when the server runs with ``PROMETHEUS_MULTIPROC_DIR``
-set (the engine core is a separate process; ``marconi vllm bench`` sets it):
-
-* ``marconi:evicted_blocks_total{policy, group, reason}`` — group ``attention``/``mamba``; reason
-  ``kv-leaf`` (KVs at the end of a chain), ``kv-inner`` (KVs with a cached continuation: the chain
-  below is stranded), ``state`` (a recurrent state; its KVs stay for the child), ``dead`` (held
-  nothing a hit could use: a duplicate, an orphan state, KVs past the last state);
-* ``marconi:hit_tokens_total{kind}`` — ``usable`` (vLLM's hits: resumed from a state) and
-  ``kv_only`` (KVs matched deeper than any state: found, not reusable);
-* ``marconi:alpha_changes_total{alpha, efficiency}`` — rule changes of an adaptive α source, by the
-  rule it changed to.
-
-**Sparse retention** (``MARCONI_VLLM_RETENTION=sparse-dp``, off by default; with a policy, ``lru``
-to keep vLLM's eviction). vLLM's Mamba ``align`` mode keeps a state only where a prefill chunk
-ends, and under ``prefix_cache_retention_interval=0`` (its default) only at the replay boundary
-and the shared-prefix junction. :class:`RetentionHooks` adds, per request, the block boundaries
-the sparse DP places (:class:`~marconi.integrations.vllm.retention.RetentionPlanner`, planned at
-the request's first scheduling, dropped when it finishes): ``Scheduler._mamba_block_aligned_split``
-(vLLM private) also stops a chunk there, and each Mamba manager's ``cache_blocks`` gets them with
-its replay boundaries, so ``reachable_block_mask`` keeps them. It needs ``align`` mode and interval
-0; anything else stops vLLM with a :class:`PluginSettingError`. Unset, nothing of it is installed.
-
-**Mamba-2 CPU checkpoint fix** (``MARCONI_VLLM_MAMBA2_CPU_FIX``, default ``auto``). vLLM 0.32's
-``MambaMixer2`` (Nemotron-H, Bamba-like Mamba-2 hybrids) asks the scheduler for one mid-prefill
-checkpoint block (``num_prefill_checkpoint_blocks=1``) to export a block-boundary state from inside
-a forward pass, but the CPU scan ignores ``return_intermediate_states``, so the first prompt that
-crosses a block boundary crashes (``IndexError`` in ``varlen_states[last_chunk_indices_p]``). On
-CPU only, the fix sets that count to 0: the scheduler then splits the prefill at the boundary, as
-it does for every model without in-pass checkpoints. Nothing changes on other platforms.
+Contract: never half-patched, never silently stock. A set policy with a setting that cannot run
+stops vLLM (ConfigError at registration, :class:`PluginSettingError` from the engine core); an
+unset policy never stops it. A vLLM outside :data:`SUPPORTED_VLLM` or whose internals do not fit
+runs stock with one logged line; the hooks are installed whole or not at all. This is the only
+module that touches vLLM's private attributes (each place marked ``vLLM private``). Settings,
+counters and the fixes: ``docs/vllm.md``.
 """
 
 from __future__ import annotations
@@ -332,10 +278,7 @@ class _Counters:
 
 
 class PoolHooks:
-    """Instance hooks on one vLLM ``BlockPool`` that keep a :class:`BlockEvictionState` in step.
-
-    Built by :meth:`attach` right after a ``Scheduler`` is constructed.
-    """
+    """Instance hooks on one vLLM ``BlockPool`` that keep a :class:`BlockEvictionState` in step."""
 
     def __init__(self, pool: Any, kv_manager: Any, state: BlockEvictionState, config: PluginConfig,
                  hash_block_size: int, trace: Any = None) -> None:
@@ -495,11 +438,8 @@ class PoolHooks:
 
     # --------------------------------------------------------------- allocation
     def get_new_blocks(self, num_blocks: int) -> list[Any]:
-        """``BlockPool.get_new_blocks`` with Marconi's choice among cached free blocks.
-
-        vLLM's own steps, in its order, less the calls that do nothing: a block without any hash is
-        not passed to ``_maybe_evict_cached_block`` (only the metrics collector's eviction hook runs
-        for it, as there), nor is a victim a second time (its hashes went when it was picked)."""
+        """``BlockPool.get_new_blocks`` with Marconi's choice among cached free blocks: vLLM's own
+        steps in its order, less the calls that do nothing."""
         pool = self.pool
         num_free = pool.get_num_free_blocks()
         if num_blocks > num_free:
@@ -755,12 +695,9 @@ class PoolHooks:
 
 
 class RetentionHooks:
-    """``MARCONI_VLLM_RETENTION=sparse-dp`` on one scheduler (see the module docstring): the
-    planner's boundaries become chunk stops and retained Mamba states.
-
-    Built by :meth:`for_scheduler` (checks only), installed by :meth:`install` (assignments only,
-    so it cannot fail half-way); the finish hook of :class:`PoolHooks` drops a request's plan.
-    """
+    """``MARCONI_VLLM_RETENTION=sparse-dp`` on one scheduler: the planner's boundaries become chunk
+    stops and retained Mamba states. Built by :meth:`for_scheduler` (checks only), installed by
+    :meth:`install` (assignments only); :class:`PoolHooks`' finish hook drops a request's plan."""
 
     def __init__(self, scheduler: Any, mamba_managers: list[Any], planner: RetentionPlanner) -> None:
         self.scheduler = scheduler
