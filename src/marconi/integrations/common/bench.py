@@ -1,12 +1,10 @@
 """The engine-free half of a real-server bench: which requests, replayed how, summarised how.
 
-An engine's bench builds one server per policy and hands them here: :func:`select_requests` picks
-the trace's first requests; :func:`serve_side_by_side` starts the servers together and replays the
-requests, *paired* at ``concurrency == 1`` (:func:`replay_paired`: request ``i`` goes to every
-server, alternating which goes first, before request ``i+1``, so background load falls on every
-policy alike) or each server alone in turn (:func:`replay_concurrent`); :func:`percentile` /
-:func:`mean_or_none` summarise (None-safe). Each request asks for its trace output's length with
-``ignore_eos``, so every policy generates the same tokens' count.
+:func:`select_requests` picks the trace's first requests; :func:`serve_side_by_side` starts an
+engine's servers together and replays the requests *paired* at ``concurrency == 1``
+(:func:`replay_paired`: request ``i`` on every server, in alternating order, before ``i+1``, so
+background load falls on every policy alike) or each server alone (:func:`replay_concurrent`).
+Every request asks for its trace output's length with ``ignore_eos``.
 """
 
 from __future__ import annotations

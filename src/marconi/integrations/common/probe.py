@@ -1,11 +1,8 @@
 """Is that interpreter an engine's environment? One quick check before anything is spawned there.
 
-:func:`probe_python` runs the interpreter named by ``--vllm-python`` / ``--sglang-python`` once,
-with a one-line script, and checks that it runs, is Python 3 and finds the engine's package and
-this project (``find_spec``, not imported: importing an engine takes seconds); it returns the
-engine's version. Anything else is one :class:`ConfigError` naming the option and the ``make``
-target that builds the environment, never a traceback from the child. A success is remembered for
-the life of the process.
+:func:`probe_python` runs the interpreter named by ``--vllm-python`` / ``--sglang-python`` once and
+checks that it is Python 3 and finds the engine and this project (without importing them); anything
+else is one :class:`ConfigError` naming the option and the ``make`` target. Successes are cached.
 """
 
 from __future__ import annotations

@@ -1,13 +1,11 @@
 """Replay requests through SGLang's own ``UnifiedRadixCache`` on CPU, driven as its scheduler drives it.
 
-Runs inside the SGLang environment (``make sglang-env``). A :class:`RadixReplay` builds SGLang's real
-pools, sized in slots from a byte budget and the model's :class:`~marconi.core.model.ModelSpec`, and
-a ``UnifiedRadixCache`` (FULL + MAMBA, ``no_buffer``, page size 1) on SGLang's Python TreeCore, then
-takes each request, one at a time, through the steps of SGLang's scheduler and
-``mem_cache/common.py``: admission (``match_kv_cache``), the end-of-prefill checkpoint, decode KV,
-finish (``release_kv_cache(checkpoint=True)``). The tree frees duplicate KV itself; the driver frees
-nothing else (:meth:`RadixReplay.kv_in_use` checks conservation). Hits are SGLang's own
-``match_prefix`` accounting. The steps and what is left out: docs/sglang.md, "The bench".
+Runs in the SGLang environment. :class:`RadixReplay` builds SGLang's real pools (slots sized from a
+byte budget and the model's :class:`~marconi.core.model.ModelSpec`) and a ``UnifiedRadixCache``
+(``no_buffer``, page 1, Python TreeCore), then takes each request, one at a time, through admission,
+the end-of-prefill checkpoint, decode KV and finish, as SGLang's scheduler does. The tree frees
+duplicate KV itself (:meth:`RadixReplay.kv_in_use` checks conservation). Steps and limits:
+docs/sglang.md, "The bench".
 """
 
 from __future__ import annotations

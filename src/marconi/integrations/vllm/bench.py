@@ -1,14 +1,10 @@
 """``marconi vllm bench``: stock vLLM vs vLLM with the Marconi plugin, on a real server, on a real trace.
 
-One vLLM server per policy (``lru``: stock, plugin not loaded; ``marconi``; ``marconi:alpha=X``),
-each with the same fixed block pool (``--blocks``), replays the trace as token ids through the
-completions API (:mod:`marconi.integrations.common.bench`); hit rates are vLLM's own counters,
-TTFT/TPOT the client's. The same requests, with the outputs each server generated, then run
-through the ``vllm-align`` emulation, whose hit rate and error are reported beside vLLM's (exact at
-``--concurrency 1``, an approximation above). Records go to ``--out`` (one per policy), a TTFT CDF
-to ``--plot``. Every option and output path is checked, and the emulation of the trace's own
-outputs run, before any server starts, so a pool too small for a request fails first. Usage and
-figures: docs/vllm.md, "The bench".
+One server per policy (``lru``: stock, plugin not loaded; ``marconi[:alpha=X]``), all with the same
+block pool, replays the trace as token ids (:mod:`marconi.integrations.common.bench`); hit rates are
+vLLM's counters, TTFT/TPOT the client's. The ``vllm-align`` emulation then serves the same requests
+with the outputs each server generated, and its hit rate and error go beside vLLM's. Every option
+and output is checked, and the emulation run, before any server starts (docs/vllm.md, "The bench").
 """
 
 from __future__ import annotations

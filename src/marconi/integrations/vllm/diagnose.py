@@ -1,13 +1,9 @@
 """``marconi vllm diagnose``: where did my prefix-cache hits go, and what would each lever give?
 
-Input: a hash-id trace (a ``MARCONI_VLLM_RECORD`` recording, a Mooncake file, any trace ``--trace``
-accepts), a model config and a GPU. The requests are served again through the ``vllm-align``
-emulation on a virtual clock (:class:`~marconi.integrations.vllm.replay.steptime.StepTimeModel`),
-at their recorded times or in a closed loop; with ``--vllm-python`` the stock run and the replay's
-levers go through vLLM's own scheduler instead, and the report names each figure's engine. The
-report: fidelity against the recording's ``num_cached_tokens`` (and warnings naming mismatched
-sidecar fields), each lost token's cause (:func:`attribute`, :data:`CAUSES`), two ceilings and one
-run per lever (docs/diagnose.md).
+A hash-id trace (a ``MARCONI_VLLM_RECORD`` recording, a Mooncake file, any trace) is served again
+through the ``vllm-align`` emulation on a virtual clock, or with ``--vllm-python`` through vLLM's own
+scheduler. The report: fidelity against the recorded ``num_cached_tokens``, each lost token's cause
+(:func:`attribute`, :data:`CAUSES`), two ceilings and one run per lever (docs/diagnose.md).
 """
 
 from __future__ import annotations

@@ -1,13 +1,11 @@
 """Where on vLLM's block grid to keep a sequence's recurrent states: the sparse DP, constrained.
 
-:func:`place_on_grid` is the exact optimum: at most ``budget`` block boundaries beyond the fixed
-ones (resume point, vLLM's shared-prefix junction, the replay boundary), minimising the expected
-recompute cost of :mod:`marconi.sparse.dp` under weights over overlap depths.
+:func:`place_on_grid` places at most ``budget`` block boundaries beyond the fixed ones (resume point,
+vLLM's junction, replay boundary) with the least expected recompute cost, exactly.
 :class:`RetentionPlanner` is what ``MARCONI_VLLM_RETENTION=sparse-dp`` runs in the engine core and
-``vllm-align:retention=sparse-dp`` in the emulation (the same object): one plan per request, made
-at its first scheduling from :class:`~marconi.sparse.overlap.BlockOverlapEstimator`, whose boundaries
-become chunk stops and kept states. The problem, its exact decomposition and the measurements:
-docs/vllm.md, "Sparse retention". Nothing here imports vLLM.
+``vllm-align:retention=sparse-dp`` in the emulation: one plan per request, weighed by
+:class:`~marconi.sparse.overlap.BlockOverlapEstimator`. The derivation and measurements: docs/vllm.md,
+"Sparse retention". Nothing here imports vLLM.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """vLLM's ``BlockPool`` (``vllm/v1/core/block_pool.py``): blocks, the free queue and the hash map.
 
-Blocks without a hash are reused first; cached ones wait in the free queue in release order and
-leave from its head (vLLM's LRU), or as the Marconi policy's
-:class:`~marconi.integrations.vllm.policy.BlockEvictionState` ranks them (``policy="marconi"``). The pool
-reports every hash and queue event to that state, as the plugin's hooks do inside vLLM, and can
-record them as the plugin's ``MARCONI_VLLM_TRACE`` events (:attr:`BlockPool.trace`).
+Unhashed blocks are reused first; cached ones leave the free queue from its head (vLLM's LRU) or
+as the plugin's :class:`~marconi.integrations.vllm.policy.BlockEvictionState` ranks them. Every hash
+and queue event goes to that state, as the plugin's hooks send it, and to :attr:`BlockPool.trace`.
 """
 
 from __future__ import annotations

@@ -1,10 +1,9 @@
-"""vLLM's ``KVCacheManager``, hybrid coordinator and scheduler, for requests served one at a time.
+"""vLLM's ``KVCacheManager``, hybrid coordinator and scheduler steps, for requests served one at a time.
 
-Mirrors ``vllm/v1/core/kv_cache_manager.py`` (``get_computed_blocks``, ``allocate_slots``),
-``kv_cache_coordinator.py`` (the hybrid lookup: attention first, then the deepest state within it)
-and ``sched/scheduler.py`` (``_mamba_block_aligned_split``, the free at a request's end) over the
-pool (:mod:`.block_pool`) and the per-group managers (:mod:`.managers`). At a request's end the
-finished request goes to the α source, as the plugin does after vLLM's ``_free_request``.
+Mirrors ``kv_cache_manager.py`` (``get_computed_blocks``, ``allocate_slots``), ``kv_cache_coordinator.py``
+(attention first, then the deepest state within it) and ``sched/scheduler.py`` (the Mamba-aligned
+split, the free) over :mod:`.block_pool` and :mod:`.managers`; a finished request then goes to the
+α source, as in the plugin.
 """
 
 from __future__ import annotations

@@ -1,14 +1,11 @@
 """``marconi vllm replay``: the trace through vLLM's own scheduler and block pool, no model, a virtual clock.
 
-This side runs in the project's environment: it selects the requests, sizes the pool
-(``num_blocks``, ``capacity`` or ``gpu_memory``), launches
-:mod:`marconi.integrations.vllm.replay.worker` in the vLLM environment once per policy (``lru``:
-stock vLLM; ``marconi``/``marconi:alpha=X``: the plugin, configured by ``MARCONI_VLLM_*``), runs the
-``vllm-align`` emulation on the same requests and pool, and makes one record per policy (per
-GPU+tier policy pair with ``cpu_tier``). Options map to docs: the load (``concurrency``, ``rate``,
-``time_scale``: :mod:`~marconi.integrations.vllm.replay.arrivals`, docs/vllm.md "The replay"),
-``retention`` (docs/vllm.md "Sparse retention") and the CPU tier (docs/vllm-tiers.md, which
-lists the tier records' fields).
+The project-environment side: select the requests, size the pool, launch
+:mod:`~marconi.integrations.vllm.replay.worker` in the vLLM environment once per policy (``lru``:
+stock vLLM; ``marconi[:alpha=X]``: the plugin) and per tier policy with ``cpu_tier``, run the
+``vllm-align`` emulation on the same requests and pool, and make one record per run. Loads,
+retention and the tier's record fields: docs/vllm.md ("The replay", "Sparse retention") and
+docs/vllm-tiers.md.
 """
 
 from __future__ import annotations

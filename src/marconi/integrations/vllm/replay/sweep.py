@@ -1,10 +1,8 @@
 """Pool-size × load sweeps of ``marconi vllm replay``, on a local process pool or as Ray tasks.
 
-A sweep is a list of :class:`~marconi.integrations.vllm.replay.run.ReplayConfig` points, each one
-independent :func:`run_replay` with its own work directory, run by the simulator's sweep runner
-(:func:`marconi.sim.sweep.run_points`) locally or on a Ray cluster whose nodes have both
-environments at the same paths. Each point runs vLLM's scheduler on one core
-(``OMP_NUM_THREADS=1``): more workers than cores slow only ``sched_s_per_step``, never the hit
+Each :class:`~marconi.integrations.vllm.replay.run.ReplayConfig` point is one independent
+:func:`run_replay` with its own work directory, run by :func:`marconi.sim.sweep.run_points`. A point
+runs vLLM's scheduler on one core: oversubscription slows only ``sched_s_per_step``, never the hit
 rates or the virtual-clock latencies.
 """
 

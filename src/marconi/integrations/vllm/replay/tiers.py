@@ -1,11 +1,8 @@
 """The replay's CPU tier, as both environments see it: tier policy names, vLLM's connector config, the host link.
 
-:func:`extra_config` builds the ``kv_connector_extra_config`` that configures vLLM's own
-``OffloadingConnector`` exactly as a server's ``--kv-transfer-config`` does; the worker side is in
-:mod:`marconi.integrations.vllm.replay.offload`. :data:`DEFAULT_HOST_BANDWIDTH` is one PCIe Gen5
-x16 link per GPU per direction, as pinned copies reach it (docs/vllm-tiers.md, "The host link");
-under tensor parallelism each GPU moves its ``1/TP`` of a chunk over its own link. Imports nothing
-from vLLM.
+:func:`extra_config` configures vLLM's own ``OffloadingConnector`` as a server's
+``--kv-transfer-config`` does. :data:`DEFAULT_HOST_BANDWIDTH` is one PCIe Gen5 x16 link per GPU and
+direction (docs/vllm-tiers.md, "The host link"). Imports nothing from vLLM.
 """
 
 from __future__ import annotations
@@ -19,7 +16,7 @@ from marconi.units import parse_bytes
 __all__ = ["TIER_POLICIES", "NO_TIER", "DEFAULT_HOST_BANDWIDTH", "MARCONI_POLICY_MODULE", "extra_config", "parse_tier_policies",
            "parse_bandwidth"]
 
-#: Effective host↔GPU bandwidth per direction and per GPU, bytes/s (PCIe Gen5 x16, see above).
+#: Effective host↔GPU bandwidth per direction and per GPU, bytes/s (PCIe Gen5 x16 with pinned copies).
 DEFAULT_HOST_BANDWIDTH = 55e9
 
 #: Where vLLM's ``CachePolicyFactory`` finds Marconi's tier policy (``cache_policy_module_path``).
