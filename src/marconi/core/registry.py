@@ -29,14 +29,10 @@ def _fmt(value: float) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Domain:
-    """The values a numeric name parameter or command-line option accepts, declared once.
-
-    ``lo``/``hi``: bounds (None: none), exclusive when ``lo_open``/``hi_open``; ``integer``: whole
-    numbers only (``"1e3"`` is read as 1000, ``"1.5"`` is refused); ``multiple_of``: integers
-    that are multiples of it only (0: any); ``words``: spellings accepted
-    besides numbers (``auto``, ``none``), compared case-insensitively. NaN and infinities are never
-    in a domain. ``hint`` is added to every refusal (what to do instead).
-    """
+    """The values a numeric name parameter or command-line option accepts: bounds ``lo``/``hi``
+    (None: none; exclusive when ``*_open``), whole numbers only (``integer``; ``"1e3"`` is 1000),
+    multiples of ``multiple_of`` (0: any), and case-insensitive ``words``; never NaN or infinities.
+    ``hint`` is added to every refusal."""
 
     lo: float | None = None
     hi: float | None = None
@@ -95,11 +91,8 @@ class Domain:
 
 
 def split_top_level(text: str, where: str = "") -> list[str]:
-    """``text`` split on commas outside parentheses (``"a(x=1,y=2),b"`` -> ``["a(x=1,y=2)", "b"]``).
-
-    Raises:
-        ConfigError: unbalanced parentheses, naming ``where`` (or the text).
-    """
+    """``text`` split on commas outside parentheses; ConfigError naming ``where`` (or the text) for
+    unbalanced ones."""
     parts, depth, start = [], 0, 0
     for i, ch in enumerate(text):
         if ch == "(":
@@ -214,11 +207,9 @@ class Registry(Generic[T]):
     ``entry_points``: a group whose entries name modules that register here; they are imported on
     the registry's first read, so it is complete without importing the floors above it.
 
-    Raises (on that first read):
-        ConfigError: an entry point whose module fails to import, naming the entry point and its
-            group; every later read tries again, so the registry is never silently incomplete. An
-            unknown name where the group has no entry point at all (the package is on the path but
-            not installed) says so.
+    Raises ConfigError on a read when an entry point's module fails to import (every later read tries
+    again: never silently incomplete); an unknown name in a group with no entry point says the
+    package is not installed.
     """
 
     def __init__(self, kind: str, entry_points: str = "") -> None:

@@ -26,16 +26,8 @@ TAIL_MODES = ("keep", "reach")
 
 @dataclass(slots=True)
 class TailReach:
-    """Online margin: the ``quantile`` of the last re-entries times ``slack``; None (cut nothing)
-    when more than ``1 - quantile`` of them were whole.
-
-    Args:
-        window: re-entries remembered (the last ones).
-        quantile: the share of them the margin must cover.
-        slack: the margin is the quantile times this (a re-entry slightly deeper than any seen is
-            still found).
-        min_observations: no margin (nothing trimmed) before this many re-entries were seen.
-    """
+    """Online margin: the ``quantile`` of the last ``window`` re-entries times ``slack``; None (cut
+    nothing) before ``min_observations`` or when more than ``1 - quantile`` of them were whole."""
 
     window: int = 64
     quantile: float = 0.5
@@ -55,8 +47,7 @@ class TailReach:
             raise ConfigError(f"tail reach: slack must be a finite number >= 1, got {self.slack}")
 
     def observe(self, advance: float) -> None:
-        """A later request re-entered a branched leaf (or the ghost of one evicted) by ``advance``
-        tokens past its base (``math.inf``: it ran to the leaf's end, a continuation)."""
+        """Record a re-entry ``advance`` tokens past a leaf's base (``math.inf``: a whole one)."""
         if advance < 0:
             raise ValueError(f"a re-entry cannot advance {advance} tokens")
         self._advances.append(advance)
@@ -145,17 +136,10 @@ class TailPredictor:
 
 
 class DeadTails:
-    """The cache's dead-tail strategy: learn re-entries as requests begin, remember the leaves of
-    branched sequences, and name the next tail to cut at eviction.
-
-    Hooks (the only places the cache and its store call): :meth:`enter` when a request begins,
-    :meth:`note` when its insertion created a leaf, :meth:`continued` / :meth:`leaf_removed` /
-    :meth:`inner_removed` when the tree changes, :meth:`next_cut` before each eviction.
-
-    Invariant (:meth:`check_invariants`): every remembered leaf is a leaf of the tree with
-    ``tail_base >= 0``, keyed by its node id, so the index never outgrows the tree. A leaf leaves
-    it when it gains a child (continued: not dead), leaves the tree, or is passed over by
-    :meth:`next_cut`.
+    """The cache's dead-tail strategy: learns re-entries (:meth:`enter`), remembers branched leaves
+    (:meth:`note`), follows the tree's changes (the ``*_removed``/``continued`` hooks) and names the
+    next tail to cut (:meth:`next_cut`). Invariant: every remembered leaf is a leaf of the tree with
+    ``tail_base >= 0``, so the index never outgrows the tree.
     """
 
     __slots__ = ("predictor", "leaves")
@@ -216,10 +200,8 @@ class DeadTails:
         self.leaves.pop(node.node_id, None)
 
     def next_cut(self, page_size: int) -> "tuple[Node, int] | None":
-        """The oldest unlocked remembered leaf and the depth to cut it back to (its base plus its
-        anchor's margin, or every re-entry's while the anchor has no evidence, rounded up to a
-        page); None when there is no margin or no such leaf. Leaves passed over for good (whole
-        re-entries, or already within their reach) are forgotten; locked ones wait."""
+        """``(leaf, depth)``: the oldest unlocked remembered leaf and its base plus margin, rounded up
+        to a page; None when there is none. Leaves passed over for good are forgotten."""
         margin = self.predictor.margin
         if margin is None:
             return None
@@ -239,8 +221,8 @@ class DeadTails:
         return None
 
     def check_invariants(self, in_tree: "dict[int, Node]") -> None:
-        """AssertionError unless every remembered leaf is in ``in_tree`` (node id -> node), has no
-        children and has a base, every ghost is well formed, and the predictor holds its own."""
+        """AssertionError unless the remembered leaves are leaves of ``in_tree`` (node id -> node)
+        with a base, every ghost is well formed, and the predictor holds its own."""
         self.predictor.check_invariants()
         for node_id, node in self.leaves.items():
             where = f"dead-tail index entry {node_id}"
