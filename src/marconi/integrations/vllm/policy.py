@@ -79,16 +79,9 @@ class BlockEvictionState:
     :meth:`taken` in vLLM's order (O(log n) each) and asks :meth:`next_victim`. Prefix hashes may be
     any hashable values; arrays are indexed by block id.
 
-    Args:
-        spec: cost model of the served model (FLOPs and bytes per prefix).
-        group_kinds: ``ATTENTION`` or ``MAMBA`` for each KV cache group id, in vLLM's order.
-        num_blocks: blocks in the pool (ids ``0 .. num_blocks-1``).
-        block_size: tokens per block (the ``marginal`` efficiency counts one block's tokens).
-        alpha: the α source (``FixedAlpha(a)``, ``FixedRule(rule)`` or an adaptive one).
-        efficiency: ``"total"`` (the paper's) or ``"marginal"``.
-
-    Raises:
-        ConfigError: an unknown efficiency or group kind, or a source naming a rule that cuts dead tails.
+    ``group_kinds``: ``ATTENTION`` or ``MAMBA`` per KV cache group id, in vLLM's order; ``alpha``: the
+    α source; ``efficiency``: ``"total"`` or ``"marginal"`` (one block's tokens). ConfigError for an
+    unknown efficiency or group kind, or a source naming a rule that cuts dead tails.
     """
 
     def __init__(self, spec: ModelSpec, group_kinds: Sequence[str], num_blocks: int, block_size: int,
@@ -255,9 +248,8 @@ class BlockEvictionState:
         return len(self._index)
 
     def finished(self, event: RequestObservation) -> tuple[float, str] | None:
-        """A request finished: show it to the α source. Returns the new ``(alpha, efficiency)``
-        if that changed the rule the next eviction applies (the plugin and the emulation both
-        trace it), else None."""
+        """Show a finished request to the α source; the new ``(alpha, efficiency)`` if the rule of the
+        next eviction changed, else None."""
         self.alpha_source.observe(event)
         rule = self._current_rule()
         if rule == self._rule:
@@ -333,9 +325,8 @@ class BlockEvictionState:
         return tuple.__new__(Victim, (block, REASONS[self._reason[block]]))   # Victim(...) less a frame: hot path
 
     def table(self, blocks: np.ndarray, candidates: bool) -> CandidateTable:
-        """The candidate table of ``blocks`` (free cached block ids) for a rule: release order as the
-        recency of both touches, ``candidates`` as every row's leaf flag (the pool's one candidate
-        notion), the depth of each block's deepest prefix, and its efficiency per variant on first use."""
+        """The candidate table of ``blocks`` (free cached block ids): release order as both touches'
+        recency, ``candidates`` as the leaf flag, efficiency per variant on first use."""
         seq = self.release_seq[blocks]
         keys, prefixes = self._block_keys, self._prefixes
         depth = np.fromiter((max((prefixes[k].depth for k, _ in keys.get(b, ())), default=0) for b in blocks.tolist()),
@@ -408,8 +399,7 @@ class BlockEvictionState:
         return kv_children <= 1, True, _STATE
 
     def _num_kv_children(self, prefix: Hashable) -> int:
-        """Children of ``prefix`` holding attention blocks: 0, 1, or 2 for two or more (all that
-        :meth:`_judge` asks; a shared system prompt may have thousands of children)."""
+        """Children of ``prefix`` holding attention blocks, capped at 2 (all :meth:`_judge` asks)."""
         found = 0
         for child in self._children.get(prefix, ()):
             if self._has_any_kv(child):
@@ -426,8 +416,8 @@ class BlockEvictionState:
         return any(map(node.blocks.__getitem__, self.attn_groups))
 
     def _effs(self, depth: int) -> tuple[float, ...]:
-        """FLOP efficiency of a ``depth``-token prefix in each variant (EFFICIENCIES order), as float64
-        (the rows store them so, and the victim index keys its levels by these exact values)."""
+        """FLOP efficiency of a ``depth``-token prefix per variant (EFFICIENCIES order), as the exact
+        float64 values the victim index keys its levels by."""
         effs = self._effs_by_depth.get(depth)
         if effs is None:
             edge = min(depth, self.block_size)
@@ -501,9 +491,8 @@ def reference_victim(state: BlockEvictionState, rule: Rule | None = None) -> Vic
 
 
 def index_serves(rule: Rule) -> bool:
-    """Whether the victim index applies ``rule`` exactly (the fast path's declaration): FLOP-aware
-    rules with linear recency (any recency at α = 0: every transform ranks alike) that cut no tails.
-    Touch and candidates do not change a block decision (one signal, one candidate notion)."""
+    """Whether the victim index applies ``rule`` exactly: FLOP-aware rules with linear recency (any at
+    α = 0) that cut no tails; touch and candidates do not change a block decision."""
     return (isinstance(rule, EvictionRule) and not rule.tails
             and (rule.recency == "linear" or rule.alpha == 0))
 

@@ -50,9 +50,8 @@ class _Level:
 
 
 class _Tier:
-    """One set (candidates or others): min- and max-heaps of every member's entry (the max-heap holds
-    negated entries), and its non-empty levels sorted by efficiency, one list of ``(efficiency,
-    level)`` per variant."""
+    """One set (candidates or others): min- and max-heaps (negated) of its entries, and its non-empty
+    levels sorted by efficiency per variant."""
 
     __slots__ = ("num_live", "min_heap", "max_heap", "by_eff")
 
@@ -67,10 +66,7 @@ class VictimIndex:
     """Members are block ids, each in at most one set at one level with one release number; the
     owner reports every change (:meth:`place`, :meth:`discard`), the index never reads its state.
 
-    Args:
-        num_blocks: ids are ``0 .. num_blocks-1``.
-        num_variants: efficiencies per member (``effs`` tuples have this length; ``victim`` takes an
-            index into them).
+    ``num_blocks``: ids are ``0 .. num_blocks-1``; ``num_variants``: the length of ``effs`` tuples.
     """
 
     def __init__(self, num_blocks: int, num_variants: int) -> None:
@@ -176,8 +172,7 @@ class VictimIndex:
 
     # ------------------------------------------------------------------ checks
     def heap_sizes(self) -> int:
-        """Entries in every heap, stale ones included (at most about twice the live ones, plus a
-        constant per heap: the memory the lazy deletion costs)."""
+        """Entries in every heap, stale ones included (about twice the live ones at most)."""
         return (sum(len(level.heap) for level in self._levels)
                 + sum(len(tier.min_heap) + len(tier.max_heap) for tier in self._tiers))
 
@@ -189,9 +184,8 @@ class VictimIndex:
                 yield block_id, (level.tier, level.effs, self._seq_of[block_id])
 
     def check_invariants(self, expected: Mapping[int, Membership] | None = None) -> None:
-        """Recount every heap and list from the per-block records; with ``expected`` also check the
-        members are exactly those. Raises AssertionError on drift. (Cleans the heaps' tops first, as
-        :meth:`victim` would: removals are lazy.)"""
+        """Recount every heap and list from the per-block records (cleaning the tops first); with
+        ``expected`` also check the members are exactly those. AssertionError on drift."""
         self._clean_tops()
         if expected is not None:
             got = dict(self.members())
@@ -249,8 +243,7 @@ class VictimIndex:
             tier.max_heap = self._swept(tier.max_heap, self._tier_of, tier_id, negated=True)
 
     def _leave(self, block_id: int) -> None:
-        """Drop a member. Lazily: its entries stay in the heaps, stale, until :meth:`victim` finds one
-        on a top it reads (or a sweep drops it); this runs for every block leaving the free queue."""
+        """Drop a member lazily: its entries stay in the heaps, stale, until a top or a sweep drops them."""
         level = self._levels[self._level_of[block_id]]
         self._level_of[block_id] = _NONE
         self._tier_of[block_id] = _NONE
@@ -309,9 +302,8 @@ class VictimIndex:
         return self._tier_of[block_id] == tier_id and self._seq_of[block_id] == entry >> self._shift
 
     def _swept(self, heap: list[int], owner_of: list[int], owner_id: int, negated: bool = False) -> list[int]:
-        """``heap``'s live entries, once each (a member that left and came back unchanged may have
-        two), as a new heap. ``owner_of`` is ``_level_of`` or ``_tier_of``; ``negated``: a max-heap.
-        O(len(heap)), once per about len(heap)/2 pushes: O(1) amortised per push."""
+        """``heap``'s live entries, once each, as a new heap (``owner_of``: ``_level_of`` or
+        ``_tier_of``; ``negated``: a max-heap). O(1) amortised per push."""
         mask, shift, seq_of = self._mask, self._shift, self._seq_of
         if negated:
             kept = [-e for e in {-x for x in heap} if owner_of[e & mask] == owner_id and seq_of[e & mask] == e >> shift]
