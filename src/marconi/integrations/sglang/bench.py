@@ -1,10 +1,8 @@
 """``python -m marconi.integrations.sglang.bench``: a trace through SGLang's own radix cache, per policy.
 
-Runs in the SGLang environment. Each policy gets a fresh
-:class:`~marconi.integrations.sglang.replay.RadixReplay` with the same pools (``--capacity`` on
-``--model``); hit rates are SGLang's own. One JSONL record per policy, with
-``sim_token_hit_rate`` (the ``sglang-unified`` emulation on the same requests and pools) and
-``sim_requests_differing``.
+Runs in the SGLang environment: a fresh :class:`~marconi.integrations.sglang.replay.RadixReplay` per
+policy, same pools; one JSONL record per policy with SGLang's hit rate and the ``sglang-unified``
+emulation's (``sim_token_hit_rate``, ``sim_requests_differing``).
 """
 
 from __future__ import annotations

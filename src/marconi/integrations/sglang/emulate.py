@@ -1,11 +1,9 @@
 """``sglang-unified``: SGLang 0.5.23's hybrid radix cache (``UnifiedRadixCache``, FULL + MAMBA), emulated.
 
-Pure Python + numpy, no SGLang import, so a user without SGLang can ask what SGLang's real cache would
-hit. :class:`UnifiedRadixEmulator` follows SGLang's tree, match, insert, eviction and lock rules
-(``srt/mem_cache/``) and the scheduler's request life (``no_buffer``; ``extra_buffer`` is modelled
-from the code only); under ``marconi`` it runs the plugin's own
-:class:`~marconi.integrations.sglang.policy.MarconiStrategy` on its nodes. The rules, what is not
-modelled and the agreement with the real cache: docs/sglang.md, "The emulation".
+Pure Python + numpy, no SGLang import: :class:`UnifiedRadixEmulator` follows SGLang's tree, match,
+insert, eviction and lock rules (``srt/mem_cache/``) and the scheduler's request life, and under
+``marconi`` runs the plugin's own :class:`~marconi.integrations.sglang.policy.MarconiStrategy` on its
+nodes. The rules, what is not modelled, the agreement with the real cache: docs/sglang.md.
 """
 
 from __future__ import annotations
@@ -104,11 +102,9 @@ class UnifiedRadixEmulator:
 
     Args:
         strategy: None for SGLang's LRU, or a :class:`~marconi.integrations.sglang.policy.MarconiStrategy`
-            built with ``mamba_index=MAMBA`` (the plugin's policy on these nodes).
+            built with ``mamba_index=MAMBA``.
         buffer: ``no_buffer`` (page size 1) or ``extra_buffer`` (modelled from SGLang's code only).
-        page_size: the tree's page (1 for ``no_buffer``, as SGLang asserts).
-        chunk_size: ``mamba_cache_chunk_size`` (the model's Mamba chunk, 64 by default, or the page).
-        track_interval: ``mamba_track_interval`` (decode checkpoints, ``extra_buffer`` only).
+        chunk_size, track_interval: ``mamba_cache_chunk_size``, ``mamba_track_interval``.
 
     Raises :class:`PoolExhausted` when a request cannot be served after evicting everything unlocked.
     """

@@ -1,9 +1,7 @@
 """What vLLM 0.32's block manager looks like for one model: block size, KV cache groups, pool; prefix hashes.
 
-:func:`layout_for_spec` derives the :class:`VllmLayout` vLLM would build for a
-:class:`~marconi.core.model.ModelSpec` (``vllm/v1/core/kv_cache_utils.py`` and the Mamba page-size
-alignment); :func:`pool_capacity_bytes` is its inverse; :func:`prefix_hashes` chains block hashes as
-vLLM's ``block_hashes`` do. Used by the emulation and by the shadow α source (to size its shadow).
+:func:`layout_for_spec` derives vLLM's :class:`VllmLayout` for a :class:`~marconi.core.model.ModelSpec`,
+:func:`pool_capacity_bytes` inverts it, :func:`prefix_hashes` chains block hashes as vLLM does.
 """
 
 from __future__ import annotations
@@ -55,24 +53,19 @@ def is_checkpoint_valid(start: int, end: int, position: int, unit: int, block_si
 
 @dataclass(frozen=True, slots=True)
 class VllmLayout:
-    """What vLLM's block manager looks like for one served model and configuration.
+    """What vLLM's block manager looks like for one served model and configuration (vLLM's names;
+    ConfigError for a value vLLM would refuse).
 
     Attributes:
         block_size: tokens per block (attention and Mamba blocks alike in align mode).
-        num_blocks: blocks in the pool *including* vLLM's null block (``num_gpu_blocks``).
+        num_blocks: blocks in the pool *including* vLLM's null block.
         group_kinds: ``"attention"``/``"mamba"`` per KV cache group, in vLLM's group order.
-        block_bytes: bytes of one block across the layers of a group (for byte capacities).
-        max_num_batched_tokens: the scheduler's token budget per step (prefill chunk limit).
-        long_prefill_token_threshold: vLLM's per-request prefill chunk cap (0: none).
+        block_bytes: bytes of one block across the layers of a group.
         retention_interval: ``prefix_cache_retention_interval`` (0: replay boundary and junctions
             only; ``None``: every block; ``k``: also every ``k`` tokens).
-        prefix_match_unit: vLLM's hash granularity (``None``: the block); finer, hits may land
-            inside a block.
-        shared_prefix_checkpoint: ``enable_mamba_shared_prefix_checkpoint`` (inert without EAGLE).
-        prefill_checkpoint_alignment: the Mamba groups' ``prefill_checkpoint_alignment``: the
-            backend exports the prompt's boundary state from inside the forward pass, so vLLM
-            reserves a checkpoint block instead of splitting the last chunk there. ``None``: no
-            internal checkpoints. :func:`prefill_checkpoint_alignment_for` gives vLLM's value.
+        prefix_match_unit: vLLM's hash granularity (``None``: the block).
+        prefill_checkpoint_alignment: the backend exports the prompt's boundary state from inside
+            the pass, into a reserved block (``None``: no internal checkpoints).
     """
 
     block_size: int
@@ -83,7 +76,7 @@ class VllmLayout:
     long_prefill_token_threshold: int = 0
     retention_interval: int | None = 0
     prefix_match_unit: int | None = None
-    shared_prefix_checkpoint: bool = False
+    shared_prefix_checkpoint: bool = False                 # enable_mamba_shared_prefix_checkpoint: inert without EAGLE
     prefill_checkpoint_alignment: int | None = None
 
     def __post_init__(self) -> None:

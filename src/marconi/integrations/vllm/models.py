@@ -1,12 +1,9 @@
 """Tiny random-weight hybrid checkpoints that vLLM's CPU build serves (never downloaded).
 
-Run inside the vLLM environment::
-
     .venv-vllm/bin/python -m marconi.integrations.vllm.models qwen3_next-tiny /path/to/dir
 
-The presets fit vLLM 0.32's CPU kernels (attention heads of 32+, gated-DeltaNet heads of 64 in
-bfloat16, a MoE block in every Qwen3-Next layer); vocabulary 32000 (Mistral-v1 ids fit). Weights are
-seeded and scaled as in :mod:`marconi.engine.models`. No tokenizer: servers take token ids.
+The presets fit vLLM 0.32's CPU kernels; vocabulary 32000 (Mistral-v1 ids fit); weights seeded and
+scaled as in :mod:`marconi.engine.models`; no tokenizer (servers take token ids).
 """
 
 from __future__ import annotations

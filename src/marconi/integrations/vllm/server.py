@@ -1,11 +1,9 @@
 """A real vLLM OpenAI-compatible server (in the vLLM environment), started from the main one.
 
-:class:`ServerConfig` is vLLM's launch; the process handling is
-:class:`marconi.integrations.common.server.ServerProcess`. The server is
-``python -m vllm.entrypoints.openai.api_server`` on 127.0.0.1 with prefix caching, token-id prompts
-(``--skip-tokenizer-init``), per-request cached-token counts and a fixed block pool
-(``--num-gpu-blocks-override``), one OpenMP thread (stable CPU timings). It inherits no
-``MARCONI_VLLM_*`` variable but :attr:`ServerConfig.plugin_env`.
+:class:`ServerConfig` is vLLM's launch (``vllm.entrypoints.openai.api_server`` on 127.0.0.1, prefix
+caching, token-id prompts, per-request cached-token counts, a fixed block pool, one OpenMP thread);
+:class:`~marconi.integrations.common.server.ServerProcess` runs it. It inherits no ``MARCONI_VLLM_*``
+variable but :attr:`ServerConfig.plugin_env`.
 """
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
 """vLLM 0.32's scheduler loop over the emulated block manager: requests in flight, step by step.
 
-Mirrors ``Scheduler.schedule`` / ``update_from_output`` (``vllm/v1/core/sched/scheduler.py``) as far
-as prefix-cache decisions depend on them: the token budget, chunked Mamba-aligned prefill, the
-full-sequence admission gate, recompute preemption, the α source fed after each free.
+Mirrors ``Scheduler.schedule`` / ``update_from_output`` as far as prefix-cache decisions depend on
+them (token budget, Mamba-aligned chunks, the full-sequence admission gate, recompute preemption).
 :func:`emulate_closed_loop` drives a trace as ``marconi vllm replay --concurrency C`` drives vLLM.
-Counters are vLLM's (``queries``/``hits``: first admissions only). The rules and what is not
-modelled: docs/vllm.md, "What the emulation models".
+The rules: docs/vllm.md, "What the emulation models".
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """vLLM's engine core without a model: its own KV cache config, ``Scheduler``, ``KVCacheManager`` and ``BlockPool``.
 
-Runs inside the vLLM environment. :func:`build_engine_core` constructs vLLM's ``EngineCore`` (which
-loads the general plugins, so the Marconi plugin attaches as in a server) around
-:class:`StubExecutor`, whose model is the real vLLM model class on PyTorch's ``meta`` device (no
-weights, no memory). Its layers register as in a worker, so the ``KVCacheSpec`` s, the hybrid
-block-size alignment and the derived ``KVCacheConfig`` are vLLM's own: nothing is mirrored.
+Runs in the vLLM environment. :func:`build_engine_core` builds vLLM's ``EngineCore`` (general plugins
+loaded, as in a server) around :class:`StubExecutor`, whose model is the real vLLM class on the
+``meta`` device, so the ``KVCacheConfig`` is vLLM's own: nothing is mirrored.
 """
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
 """The CPU tier's worker side in the replay: vLLM's own ``OffloadingConnectorWorker``, a timed host link.
 
-Runs inside the vLLM environment. :class:`TierWorker` is the ``OffloadingConnector``'s worker role,
-vLLM's own job bookkeeping included, with the one piece that needs a GPU (the ``OffloadingWorker``
-copy engine) replaced by :class:`TimedHostLink`. The replay's step loop calls
-:meth:`TierWorker.before_forward`, the step's modelled duration, then :meth:`TierWorker.after_forward`,
-in the model runner's order, so a request whose prefix is in the tier waits in
-``WAITING_FOR_REMOTE_KVS`` until its load's modelled completion, as in a server (docs/vllm-tiers.md).
+Runs in the vLLM environment. :class:`TierWorker` is the ``OffloadingConnector``'s worker role with
+the copy engine (the one part needing a GPU) replaced by :class:`TimedHostLink`, called in the model
+runner's order around each step, so a request whose prefix is in the tier waits for its load's
+modelled completion, as in a server (docs/vllm-tiers.md).
 """
 
 from __future__ import annotations

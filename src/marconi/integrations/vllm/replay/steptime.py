@@ -1,10 +1,8 @@
 """How long one scheduler step takes on a named GPU: a roofline over the step's batch.
 
-A step's time is ``overhead_s`` plus the larger of compute (the spans' FLOPs by
-:meth:`ModelSpec.span_flops` over ``peak × compute_efficiency``) and memory (the weights once,
-plus each request's KVs up to ``end`` and its recurrent state, over ``bandwidth ×
-memory_efficiency``). A deterministic model, not a measurement: it ranks policies by the work
-they leave.
+``overhead_s`` plus the larger of compute (the spans' FLOPs, :meth:`ModelSpec.span_flops`, over
+``peak × compute_efficiency``) and memory (weights once, plus each request's KVs and state, over
+``bandwidth × memory_efficiency``). A deterministic model that ranks policies, not a measurement.
 """
 
 from __future__ import annotations
