@@ -56,13 +56,9 @@ class PluginSettingError(ConfigError):
 
 
 def register() -> None:
-    """Entry point (``vllm.general_plugins``): read the configuration and install the hooks.
-
-    Raises:
-        ConfigError: ``MARCONI_VLLM_POLICY`` is set and a setting is wrong or cannot run here (a
-            trace that cannot be appended to, an α source that does not load): vLLM does not
-            start. With no policy set nothing raises; what is wrong is logged as a warning.
-    """
+    """Entry point (``vllm.general_plugins``): read the configuration and install the hooks. Raises
+    ConfigError when ``MARCONI_VLLM_POLICY`` is set and a setting is wrong or cannot run here (a
+    trace that cannot be appended to, an α source that does not load); with no policy, only warns."""
     global _REGISTERED
     if _REGISTERED:
         return
@@ -173,12 +169,8 @@ def _install_scheduler_hook(config: PluginConfig) -> None:
 
 def attach_hooks(scheduler: Any, config: PluginConfig) -> "PoolHooks | None":
     """What ``Scheduler.__init__`` runs after vLLM's own: the hooks on its block pool, or None where
-    this vLLM does not fit them (logged; vLLM runs stock, untouched).
-
-    Raises:
-        PluginSettingError: the configuration cannot run (the trace, the α source): the engine
-            core must not start with stock eviction in its place.
-    """
+    this vLLM does not fit them (logged; stock). PluginSettingError where the configuration cannot
+    run (the trace, the α source)."""
     try:
         return PoolHooks.attach(scheduler, config)
     except PluginSettingError:
@@ -223,12 +215,8 @@ def scheduler_settings(scheduler: Any, kinds: list[str]) -> dict[str, Any]:
 
 
 def model_spec(vllm_config: Any) -> Any:
-    """The :class:`~marconi.core.model.ModelSpec` of the model a vLLM config serves (its HF config,
-    Nemotron-H's layer pattern, its dtype's bytes per element: 2 unless float32/float64).
-
-    Raises:
-        SpecError: (a ValueError) an architecture or field ``ModelSpec.from_hf_config`` cannot read.
-    """
+    """The :class:`~marconi.core.model.ModelSpec` of the model a vLLM config serves (HF config, layer
+    pattern, dtype's bytes: 2 unless float32/float64). SpecError for what ``from_hf_config`` cannot read."""
     from marconi.core.model import ModelSpec
 
     hf = vllm_config.model_config.hf_config
@@ -349,10 +337,8 @@ class PoolHooks:
         the attribute check, the eviction state and the α source. ``trace``: the open block trace
         (:meth:`attach` opens it), or None for none.
 
-        Raises:
-            AttributeError: this vLLM's pool or KV cache manager lacks what the hooks replace.
-            PluginSettingError: the α source cannot be made (its factory fails) or bound to this
-                pool (an adaptive source's shadow does not fit a pool this small).
+        AttributeError where this vLLM lacks what the hooks replace; PluginSettingError where the α
+        source cannot be made or bound to this pool.
         """
         from vllm.v1.core.kv_cache_utils import get_block_hash, get_group_id
 
@@ -708,12 +694,8 @@ class RetentionHooks:
 
     @classmethod
     def for_scheduler(cls, scheduler: Any, kinds: list[str], spec: Any, config: PluginConfig) -> "RetentionHooks":
-        """The hooks for ``scheduler``, not installed.
-
-        Raises:
-            PluginSettingError: not Mamba ``align`` mode, or a retention interval other than 0.
-            AttributeError: this vLLM lacks what the hooks wrap.
-        """
+        """The hooks for ``scheduler``, not installed. PluginSettingError unless Mamba ``align`` mode with
+        retention interval 0; AttributeError where this vLLM lacks what the hooks wrap."""
         cc = scheduler.cache_config
         if MAMBA not in kinds or not getattr(scheduler, "need_mamba_block_aligned_split", False):
             raise PluginSettingError(f"{ENV_RETENTION}={config.retention}: needs a hybrid model in Mamba align mode "
