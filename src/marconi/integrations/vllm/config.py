@@ -1,10 +1,8 @@
-"""The plugin's configuration: environment variables (``ENV_*``), read once per process, validated.
+"""The plugin's configuration: environment variables (``ENV_*``, docs/vllm.md "Using the plugin"), read once per process.
 
-vLLM loads general plugins in every process, before any command-line option could reach them, so
-configuration travels in the environment (docs/vllm.md, "Using the plugin"). :meth:`PluginConfig.from_env`
-raises :class:`ConfigError` naming the variable and its value; registration reads
-:meth:`PluginConfig.lenient_from_env`, which never stops stock vLLM when no policy is set;
-:meth:`PluginConfig.check_runnable` is the part that touches the system.
+vLLM loads general plugins in every process before any option could reach them, hence the
+environment. :meth:`PluginConfig.from_env` raises :class:`ConfigError` naming the variable and its
+value; :meth:`PluginConfig.lenient_from_env` never stops stock vLLM (no policy set).
 
 **An α source runs arbitrary code**: ``MARCONI_VLLM_ALPHA_SOURCE=module:factory`` (and
 ``vllm-align:alpha_source=``) imports ``module`` in every process that reads it, calls ``factory``

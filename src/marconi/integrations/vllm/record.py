@@ -1,14 +1,12 @@
 """``MARCONI_VLLM_RECORD``: a privacy-safe recording of a live vLLM server's traffic, one line per request.
 
-With ``MARCONI_VLLM_RECORD=path`` (no policy observes as ``lru``: recording never changes what vLLM
-decides) the engine core appends one JSONL line per finished or aborted request when vLLM frees it
-(``Scheduler._free_request``): times, lengths, the salted block-hash chain, ``num_cached_tokens``
-and preemptions, never token ids. Each hash is stored as ``blake2b(salt ‖ hash)`` with a fresh
-256-bit salt kept only in the sidecar ``<path>.meta.json``, so two recordings cannot be joined.
-``path`` must not exist (never overwritten); ``MARCONI_VLLM_RECORD_MAX_BYTES`` (default 1 GiB) caps
-the file, then recording stops and the sidecar says ``truncated: true``. An unwritable or existing
-path is a :class:`~marconi.core.registry.ConfigError` naming the variable. The fields and the
-sidecar: docs/diagnose.md, "1. Record".
+With ``MARCONI_VLLM_RECORD=path`` the engine core appends one JSONL line per finished or aborted
+request when vLLM frees it; decisions are unchanged (no policy observes as ``lru``). No token ids:
+each block hash is stored as ``blake2b(salt ‖ hash)``, the 256-bit salt only in the sidecar
+``<path>.meta.json``, so two recordings cannot be joined. ``path`` must not exist;
+``MARCONI_VLLM_RECORD_MAX_BYTES`` (default 1 GiB) caps the file (the sidecar then says
+``truncated``). A bad path is a :class:`~marconi.core.registry.ConfigError` at registration.
+Fields and sidecar: docs/diagnose.md, "1. Record".
 """
 
 from __future__ import annotations

@@ -3,13 +3,12 @@
     .venv-vllm/bin/python -m marconi.integrations.vllm.replay.worker requests.json out.json --model DIR ...
 
 The plugin is configured by ``MARCONI_VLLM_*``, as in a server. ``requests.json``: ``{"requests":
-[{"session", "prompt": [ids], "output": [ids], "ts": seconds}, ...]}`` in trace order. Each step runs
-``Scheduler.schedule()`` (wall time measured), advances the clock by the
-:class:`~marconi.integrations.vllm.replay.steptime.StepTimeModel`, and feeds each request at the end
-of its known tokens the next token of its trace output. ``out.json``: per request the arrival,
-first-token and finish times (virtual seconds), ``num_cached_tokens`` and preemptions (hits split
-by tier with ``--cpu-tier-bytes``); vLLM's prefix-cache counters; scheduler seconds per step; the KV
-cache configuration; the plugin's counters; ``tier`` (bytes moved, evictions, connector hits).
+[{"session", "prompt": [ids], "output": [ids], "ts": seconds}, ...]}``. Each step runs
+``Scheduler.schedule()`` (timed), advances the clock by the
+:class:`~marconi.integrations.vllm.replay.steptime.StepTimeModel`, and feeds each request the next
+token of its trace output. ``out.json``: per request arrival, first-token and finish times, hits
+(split by tier with a tier) and preemptions; vLLM's counters; scheduler seconds per step; the KV
+cache configuration; the plugin's counters; ``tier``.
 """
 
 from __future__ import annotations
