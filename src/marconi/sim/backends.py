@@ -1,12 +1,6 @@
-"""Where sweep points run: forked local processes, or Ray tasks on a (local or remote) cluster.
-
-A backend maps a module-level function over small items, handing every call the same large
-read-only objects (traces), which travel to the workers once: :class:`LocalBackend` forks a
-:func:`marconi.pool.worker_pool` that inherits them; :class:`RayBackend` ``ray.put``s each (packed,
-:class:`PackedTrace`) once and runs one task per item. Results come back in item order;
-``on_result`` sees them as they complete. Neither backend changes what a point computes (records
-are identical but for timings). ``workers`` >= 1; :func:`capped_workers` caps it to this process's CPUs.
-"""
+"""Where sweep points run: :class:`LocalBackend` (a forked :func:`marconi.pool.worker_pool` inheriting
+the shared traces) or :class:`RayBackend` (each shared object ``ray.put`` once, one task per item).
+Results come back in item order, identical whichever backend ran them."""
 
 from __future__ import annotations
 
@@ -295,17 +289,11 @@ def ray_tuning_mapper(fn: Callable[[float], Any], grid: Sequence[float]) -> list
 
 
 class RayBackend:
-    """Every item is one Ray task; shared objects are put in the object store once per backend.
+    """Every item is one Ray task; shared objects go to the object store once per backend.
 
-    Args:
-        address: a cluster to join (``"auto"``, ``"ray://host:10001"``, ``"host:6379"``; probed first;
-            its nodes need ``marconi``); None starts a local instance, which :meth:`close` shuts down.
-        num_cpus: CPUs of a local instance (None: all).
-        tune_on_ray: run a point's bootstrap α grid search as nested Ray tasks.
-        init_kwargs: extra ``ray.init`` arguments.
-
-    Raises:
-        ConfigError: ``ray`` is not installed or ``num_cpus`` < 1; an unreachable ``address`` when Ray starts.
+    ``address``: a cluster to join (probed first; its nodes need ``marconi``), None for a local
+    instance (``num_cpus``; shut down by :meth:`close`); ``tune_on_ray``: nested tasks for a point's α
+    grid; ``init_kwargs``: for ``ray.init``. ConfigError without ``ray`` or for ``num_cpus`` < 1.
     """
 
     name = "ray"

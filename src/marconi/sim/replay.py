@@ -1,11 +1,6 @@
-"""Replay a request trace through a cache, libCacheSim-style: the driver takes a built cache.
-
-:func:`simulate` replays through any :class:`~marconi.core.protocol.ReplayCache`;
-:func:`simulate_system` builds a named system's cache first. Modes: ``sequential`` (each request
-matched then inserted before the next, as the paper's simulator; latency only reported) and
-``event`` (checkpoints admitted at the modelled prefill end, input + output inserted at the
-decode end, so concurrent requests miss what is in flight). Returns data; only the CLI prints.
-"""
+"""Replay a request trace through a cache, libCacheSim-style: :func:`simulate` takes a built
+:class:`~marconi.core.protocol.ReplayCache`, :func:`simulate_system` builds a named system's.
+Modes ``sequential`` and ``event`` (docs/simulator.md, "Timing modes"). Returns data; never prints."""
 
 from __future__ import annotations
 
@@ -31,11 +26,8 @@ MODES = ("sequential", "event")
 
 @dataclass(slots=True)
 class SimResult:
-    """Everything one simulation produced; ``record()`` flattens it for JSONL.
-
-    ``system``: the record's echo (label, admission, eviction, tuning); ``tuning``: what the cache's
-    tuner reported (``tuned_alphas``, ``tuning_seconds``, ``tuning_windows``, ``rule_switches``).
-    """
+    """Everything one simulation produced; ``record()`` flattens it for JSONL (``system``: the echo;
+    ``tuning``: what the cache's tuner reported)."""
 
     system: dict[str, Any]
     spec: ModelSpec
@@ -129,16 +121,10 @@ def simulate(trace: Iterable[Request], cache: ReplayCache, *, clock: ManualClock
              system: Mapping[str, Any] | None = None) -> SimResult:
     """Replay ``trace`` (timestamp order) through the built ``cache``.
 
-    Args:
-        clock: the :class:`ManualClock` the cache reads, set to each arrival (and, in event mode,
-            each prefill and decode end); None: the cache keeps its own.
-        latency: the TTFT model reported per request (and timing the events in ``event`` mode).
-        mode: ``sequential`` or ``event``.
-        progress: called with the requests replayed so far (every 256, and at the end).
-        system: the record's system echo (default: ``cache.describe()``).
-
-    Raises:
-        ValueError: timestamps decrease or the mode is unknown.
+    ``clock``: the :class:`ManualClock` the cache reads, set to each arrival (and event ends); None:
+    the cache's own. ``latency``: the TTFT model. ``mode``: ``sequential`` or ``event``. ``progress``:
+    called with the count replayed (every 256 and at the end). ``system``: the record's echo (default
+    ``cache.describe()``). ValueError if timestamps decrease or the mode is unknown.
     """
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}; choose one of {MODES}")

@@ -1,11 +1,6 @@
-"""Named caching systems: an admission policy + an eviction policy (+ α tuning), by name.
-
-``vanilla``, ``vllm+``, ``sglang+``, ``marconi`` (adaptive rule choice by default), ``infinite``,
-``oracle`` (needs the whole trace as ``future``) and ``custom``, with parameters on the name
-(``marconi:alpha=1.0``, ``custom:admission=every-block,eviction=flop-aware``; a policy's own
-parameters in parentheses). The table of systems and what each parameter selects is in
-docs/simulator.md ("The named systems").
-"""
+"""Named caching systems (admission + eviction + α tuning) with parameters on the name:
+``marconi:alpha=1.0``, ``custom:admission=every-block,eviction=flop-aware``. The table:
+docs/simulator.md ("The named systems")."""
 
 from __future__ import annotations
 
