@@ -29,7 +29,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any, Callable
 
-from marconi.selectors.family import DEFAULT_RULES, TAILS_RULE_LABELS, TAILS_RULES
+from marconi.choosers.family import DEFAULT_RULES, TAILS_RULE_LABELS, TAILS_RULES
 from marconi.core.eviction import EvictionRule
 from marconi.sim.sweep import SweepPoint, SweepTask, run_tasks, working_sets
 from marconi.workloads import (Trace, build_mooncake_trace, build_sharegpt_trace, build_swe_trace, build_workload,

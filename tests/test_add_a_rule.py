@@ -24,7 +24,7 @@ from marconi.integrations.common.alpha import FixedRule
 from marconi.integrations.sglang.emulate import MAMBA, UnifiedRadixEmulator
 from marconi.integrations.sglang.policy import MarconiStrategy
 from marconi.integrations.vllm.policy import ATTENTION, BlockEvictionState
-from marconi.selectors.family import DEFAULT_RULES, parse_rules, policy_for
+from marconi.choosers.family import DEFAULT_RULES, parse_rules, policy_for
 from marconi.sim.replay import simulate, simulate_system, working_set_bytes
 from marconi.sim.systems import make_system
 from marconi.workloads import build_workload

@@ -12,8 +12,8 @@ import pytest
 from marconi.core.cache import PrefixCache
 from marconi.core.eviction import EvictionRule, FlopAware, make_eviction
 from marconi.core.registry import ConfigError
-from marconi.selectors.bootstrap import BootstrapTuner
-from marconi.selectors.family import parse_rules
+from marconi.choosers.bootstrap import BootstrapTuner
+from marconi.choosers.family import parse_rules
 
 BAD = [math.inf, -math.inf, math.nan, -1.0, "x", None, True]
 

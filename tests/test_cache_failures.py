@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from marconi.core.admission import BaseAdmission, make_admission
 from marconi.core.cache import CacheObserver, InvariantError, PrefixCache
-from marconi.core.eviction import make_eviction
+from marconi.core.eviction import EvictionBase, make_eviction
 from marconi.core.model import ModelSpec
 from marconi.core.registry import ConfigError
 
@@ -127,7 +127,7 @@ class Watcher(CacheObserver):
         self.faults.maybe("on_first_eviction")
 
 
-class FaultyEviction:
+class FaultyEviction(EvictionBase):
     """An eviction policy whose ``choose`` may fail (delegates to a registry policy)."""
 
     def __init__(self, inner: str, faults: Faults) -> None:

@@ -121,7 +121,7 @@ def _resolves(dotted: str) -> bool:
 
 def test_the_resolver_tells_a_retired_module_from_a_live_one() -> None:
     assert _resolves("marconi.core.cache.PrefixCache.clone") and _resolves("marconi.workloads.build_workload")
-    assert _resolves("marconi.selectors.bootstrap") and _resolves("marconi.sim.simulate")
+    assert _resolves("marconi.choosers.bootstrap") and _resolves("marconi.sim.simulate")
     assert not _resolves("marconi.adaptive") and not _resolves("marconi.tuning")
     assert not _resolves("marconi.core.cache.clone_cache") and not _resolves("marconi.core.cache.PrefixCache.tuner")
 

@@ -209,9 +209,9 @@ def test_the_default_marconi_eviction_serves_the_engine_exactly():
     assert stats == sim.stats and stats.reused_tokens > 0
     assert stats.evictions_leaf + stats.evictions_inner > 0
     policy = engine.cache.eviction
-    assert policy.switches  # it switched: a world was cloned from a live cache holding tensors ...
-    assert all(w.payloads is not engine.payloads and w.kv_bytes <= capacity for w in policy.worlds.values())
-    assert all(n.kv is None for w in policy.worlds.values() for n in w.tree.iter_nodes())  # ... without them
+    assert policy.chooser.switches  # it switched: a world was cloned from a live cache holding tensors ...
+    assert all(w.payloads is not engine.payloads and w.kv_bytes <= capacity for w in policy.chooser.worlds.values())
+    assert all(n.kv is None for w in policy.chooser.worlds.values() for n in w.tree.iter_nodes())  # ... without them
 
 
 @pytest.mark.parametrize("admission", slow_but_first(["marconi", "every-block:block=8", "sparse-dp:m=2,key_tokens=16"]))

@@ -15,7 +15,7 @@ from marconi.lab.headroom import (DECOMPOSITION, DIMENSIONS, VARIANTS, anatomy, 
                                           derive_sessions, replay, run_point, trace_sessions)
 from marconi.lab.headroom.sessions import PrefixHasher
 from marconi.lab.headroom.variants import default_system, future_of
-from marconi.selectors.oracle import NEVER, FutureIndex
+from marconi.sim.oracle import NEVER, FutureIndex
 from marconi.sim.replay import simulate_system, working_set_bytes
 from marconi.workloads import build_workload
 from marconi.workloads.trace import Request, Trace

@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
-from marconi.selectors.family import DEFAULT_RULES
+from marconi.choosers.family import DEFAULT_RULES
 from marconi.core.model import ModelSpec
-from marconi.selectors.oracle import NEVER, FutureIndex
+from marconi.sim.oracle import NEVER, FutureIndex
 from marconi.core.registry import ConfigError
 from marconi.sim import simulate_system
 from marconi.sim.systems import SystemConfig, make_system

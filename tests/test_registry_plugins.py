@@ -20,11 +20,11 @@ def test_the_registries_load_their_plugins_on_first_read_only() -> None:
 import sys
 from marconi.core.admission import ADMISSION_POLICIES
 from marconi.core.eviction import EVICTION_POLICIES
-plugins = ("marconi.selectors", "marconi.sparse.admission", "marconi.integrations.vllm.system",
+plugins = ("marconi.choosers", "marconi.sparse.admission", "marconi.integrations.vllm.system",
            "marconi.integrations.sglang.system")
 assert not [m for m in plugins if m in sys.modules], [m for m in plugins if m in sys.modules]
 assert {"worlds", "regret", "oracle"} <= set(EVICTION_POLICIES.names())
-assert "marconi.selectors" in sys.modules and "marconi.sparse.admission" not in sys.modules
+assert "marconi.choosers" in sys.modules and "marconi.sparse.admission" not in sys.modules
 assert "sparse-dp" in ADMISSION_POLICIES.names()
 from marconi.sim.systems import SYSTEMS
 assert "marconi.integrations.vllm.system" not in sys.modules

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from marconi.selectors.family import DEFAULT_RULES, parse_rules, policy_for
-from marconi.selectors.regret import RegretEviction
+from marconi.choosers.family import DEFAULT_RULES, parse_rules, policy_for
+from marconi.choosers.regret import RegretEviction
 from marconi.core.cache import ManualClock, PrefixCache
 from marconi.core.candidates import flop_efficiency, flop_efficiency_array
 from marconi.core.eviction import EvictionRule, score_rules

@@ -18,7 +18,7 @@ from marconi.lab.reproduce.traces import (TraceFactory, WorkloadSource, concat_t
 from marconi.core.model import get_model
 from marconi.sim import simulate_system
 from marconi.sim.sweep import read_records
-from marconi.selectors.bootstrap import BootstrapTuner
+from marconi.choosers.bootstrap import BootstrapTuner
 from marconi.workloads import Request, build_swe_trace, bundled_data_dir, chat_trace
 
 pytestmark = pytest.mark.slow  # minutes of sweeps / processes: CI and `make test` only
@@ -211,7 +211,7 @@ def test_window_bounds_match_the_tuner():
         lo, hi = window_bounds(at, m)
         from marconi.sim.systems import make_system
         cache = make_system(f"marconi:multiplier={m}").build(spec, 2e9, tuning_workers=1)
-        tuner = cache.selector
+        tuner = cache.chooser
         assert isinstance(tuner, BootstrapTuner)
         for r in trace:
             cache.process(r.input_tokens, r.output_tokens)

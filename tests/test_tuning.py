@@ -5,7 +5,7 @@ import pytest
 from marconi.core.eviction import FlopAware
 from marconi.core.registry import ConfigError
 from marconi.sim.systems import make_system
-from marconi.selectors.bootstrap import BootstrapTuner, TuningJob, WindowResult, best_alpha, evaluate_alphas, replay_window
+from marconi.choosers.bootstrap import BootstrapTuner, TuningJob, WindowResult, best_alpha, evaluate_alphas, replay_window
 from marconi.workloads import Request, chat_trace
 from marconi.core.cache import ManualClock, PrefixCache
 
@@ -17,8 +17,8 @@ def run(trace, cache):
 
 
 def tuner_of(cache):
-    assert isinstance(cache.selector, BootstrapTuner)
-    return cache.selector
+    assert isinstance(cache.chooser, BootstrapTuner)
+    return cache.chooser
 
 
 @pytest.fixture(scope="module")

@@ -170,10 +170,10 @@ def test_vllm_align_implements_the_system_and_replay_cache_protocols() -> None:
                                       "eviction": "marconi-blocks(alpha=1,efficiency=total)", "tuning": None}
     assert plugin.relabel("mine").record_fields()["system"] == "mine" and plugin.label == name
     cache = plugin.build(QWEN_TINY, 0)
-    assert isinstance(cache, VllmAlignCache) and isinstance(cache, ReplayCache) and cache.selector is None
+    assert isinstance(cache, VllmAlignCache) and isinstance(cache, ReplayCache) and cache.chooser is None
     shadowed = make_system("vllm-align:eviction=marconi,alpha=adaptive,block=384,blocks=60")
     assert shadowed.record_fields()["eviction"] == "marconi-blocks(alpha=adaptive,rules=default)"
-    assert isinstance(shadowed.build(QWEN_TINY, 0).selector, PoolShadowAlpha)   # its switches reach the records
+    assert isinstance(shadowed.build(QWEN_TINY, 0).chooser, PoolShadowAlpha)   # its switches reach the records
     with pytest.raises(ConfigError, match="no real payloads"):
         plugin.build(QWEN_TINY, 0, payloads=object())  # type: ignore[arg-type]
     from marconi.workloads import build_workload

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from marconi.selectors.family import parse_rules
+from marconi.choosers.family import parse_rules
 from marconi.core.candidates import flop_efficiency
 from marconi.core.eviction import EvictionRule
 from marconi.core.model import ModelSpec, get_model
@@ -307,7 +307,7 @@ def test_adaptive_alpha_follows_the_shadows_live_rule() -> None:
         assert changed is None or changed == (source.alpha(), source.efficiency() or "total")
         seen.add(source.rule.label())
     assert len(seen) >= 2, "the shadow never switched: the test trace is not contended enough"
-    assert source.tuning_record()["rule_switches"] == twin.selector.tuning_record()["rule_switches"]
+    assert source.tuning_record()["rule_switches"] == twin.chooser.tuning_record()["rule_switches"]
     with pytest.raises(ConfigError, match="one block pool"):
         source.bind(st)
     with pytest.raises(ConfigError, match="cannot be built"):

@@ -3,14 +3,14 @@
 import numpy as np
 import pytest
 
-from marconi.selectors.family import DEFAULT_RULES, TAILS_RULE_LABELS, TAILS_RULES
+from marconi.choosers.family import DEFAULT_RULES, TAILS_RULE_LABELS, TAILS_RULES
 from marconi.core.cache import ManualClock, PrefixCache
 from marconi.core.eviction import LRU, EvictionRule, FlopAware
 from marconi.core.registry import ConfigError
 from marconi.sim import simulate, simulate_system
 from marconi.sim.systems import make_system
 from marconi.workloads import build_workload, chat_trace
-from marconi.selectors.worlds import WorldsEviction
+from marconi.choosers.worlds import WorldsEviction
 
 from test_regret import _phases, _rules_in_force, fixed
 
@@ -135,8 +135,8 @@ def test_a_world_never_live_is_exactly_its_rules_cache(chat):
     cache = PrefixCache("paper-7b", 1.5e9, "marconi", policy, clock=clock)
     simulate(chat, cache, clock=clock)
     alone = simulate_system(chat, fixed(EvictionRule.from_label("a2m")), "paper-7b", 1.5e9)
-    assert policy.switches == [] and policy.score[1] != policy.score[0]
-    world = policy.worlds[1]
+    assert policy.chooser.switches == [] and policy.chooser.score[1] != policy.chooser.score[0]
+    world = policy.chooser.worlds[1]
     assert world.stats.evictions_leaf + world.stats.evictions_inner > 0
     assert world.stats.reused_tokens == int(alone.reused_len.sum())
     live = simulate_system(chat, "sglang+", "paper-7b", 1.5e9)
@@ -146,7 +146,7 @@ def test_a_world_never_live_is_exactly_its_rules_cache(chat):
 def test_prefills_finishes_and_aborts_reach_every_world():
     policy = WorldsEviction("lru/a2m", hysteresis=float("inf"))
     cache = PrefixCache("paper-7b", 1e12, "marconi", policy)
-    world = policy.worlds[1]
+    world = policy.chooser.worlds[1]
     rng = np.random.default_rng(1)
     shared = rng.integers(0, 50_000, 200)
     cache.process(np.concatenate([shared, rng.integers(0, 50_000, 50)]))
@@ -158,7 +158,7 @@ def test_prefills_finishes_and_aborts_reach_every_world():
     cache.finish(handle, rng.integers(0, 50_000, 5))
     other = cache.begin(shared)
     cache.abort(other)
-    assert world.num_in_flight == 0 and policy.num_mirrored == 0
+    assert world.num_in_flight == 0 and policy.chooser.num_mirrored == 0
     assert world.stats.num_requests == cache.stats.num_requests == 3
     assert world.used_bytes == cache.used_bytes
 
@@ -171,8 +171,8 @@ def test_event_mode_runs_worlds_to_the_end():
     policy = WorldsEviction()
     cache = PrefixCache("paper-7b", 3e9, "marconi", policy, clock=clock)
     result = simulate(trace, cache, clock=clock, mode="event")
-    assert result.rule_switches and policy.num_mirrored == 0
-    for world in policy.worlds.values():
+    assert result.rule_switches and policy.chooser.num_mirrored == 0
+    for world in policy.chooser.worlds.values():
         assert world.num_in_flight == 0 and world.stats.num_requests == len(trace)
         world.check_invariants()
     cache.check_invariants()

@@ -2,7 +2,7 @@
 store (:mod:`marconi.core.store`: tree, bytes, candidates, surgery) with an admission and an
 eviction policy, and dead tails (:mod:`marconi.core.tails`) when a policy asks.
 
-This is the one cache shared by the simulator, the bootstrap tuner and the real engine. A request
+This is the one cache shared by the simulator, the rule choosers' worlds and the real engine. A request
 goes through it in three steps (see ``docs/cache-api.md``)::
 
     handle = cache.begin(input_tokens)      # match, lock the matched path, speculative insertion
@@ -36,7 +36,7 @@ import math
 import numbers
 import threading
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Mapping, NamedTuple, Protocol
+from typing import Any, Callable, Iterable, Mapping, NamedTuple
 
 import numpy as np
 
@@ -50,11 +50,12 @@ from marconi.core.store import (SIZE_ONLY, InvariantError, PayloadOps, SizeOnly,
 from marconi.core.tails import DeadTails
 
 __all__ = ["PrefixCache", "RequestHandle", "CachedPrefix", "InsertResult", "PayloadOps", "SizeOnly", "SizeOnlyPayloads",
-           "SIZE_ONLY", "CacheObserver", "Selector", "TreeSnapshot", "InvariantError", "ManualClock", "as_tokens"]
+           "SIZE_ONLY", "CacheObserver", "TreeSnapshot", "InvariantError", "ManualClock", "as_tokens"]
 
 
 class CacheObserver:
-    """Hooks for components that watch the cache (the bootstrap tuner). Default: do nothing.
+    """Hooks for components that watch the cache (a rule chooser's feed,
+    :func:`marconi.core.chooser.follow`). Default: do nothing.
 
     Every request an observer is told ``on_begin`` of ends with exactly one ``on_finish`` or
     ``on_abort``, also when the cache or another observer raises. An observer that raises is
@@ -79,19 +80,6 @@ class CacheObserver:
 
     def on_first_eviction(self, cache: "PrefixCache") -> None:
         pass
-
-
-class Selector(Protocol):
-    """The component choosing a cache's policy parameters online (a selector's role on the cache).
-
-    The bootstrap tuner, the regret and the worlds selectors take this role through
-    :meth:`PrefixCache.attach_selector`; whoever reports on the cache (the simulator's records)
-    reads ``cache.selector.tuning_record()``.
-    """
-
-    def tuning_record(self) -> dict[str, Any]:
-        """Fields to echo in a result record: what was chosen, and when."""
-        ...
 
 
 @dataclass(slots=True)
@@ -320,16 +308,10 @@ class PrefixCache(TreeStore):
         # Dead tails (``marconi.core.tails``), tracked when the admission (tails=reach) or the
         # eviction (a rule with tails, or a family with one) asks; cut when ``_trims_tails()``.
         self._admission_trims = self.admission.tails == "reach"
-        tracks = self._admission_trims or getattr(self.eviction, "tracks_tails", False)
+        tracks = self._admission_trims or self.eviction.tracks_tails
         self.dead_tails = DeadTails() if tracks and self.admission.caches else None
         self._mutex = threading.RLock()
-        # The component choosing this cache's policy parameters online, or None: the bootstrap
-        # tuner (attached by the system that builds the cache) or a selecting eviction policy
-        # (which attaches itself when bound). See ``attach_selector``.
-        self._selector: Selector | None = None
-        bind = getattr(self.eviction, "bind", None)
-        if bind is not None:  # policies that score with the cost model, or watch requests
-            bind(self)
+        self.eviction.bind(self)
 
     # ================================================================== public API
     @property
@@ -343,21 +325,16 @@ class PrefixCache(TreeStore):
         self._observers.append(observer)
 
     @property
-    def selector(self) -> Selector | None:
-        """The component choosing this cache's policy parameters online, or None."""
-        return self._selector
+    def chooser(self) -> Any:
+        """The :class:`~marconi.core.chooser.RuleChooser` setting this cache's rule online (its eviction
+        policy's ``chooser``), or None; records echo its ``tuning_record()``."""
+        return self.eviction.chooser
 
     @_locked
-    def attach_selector(self, selector: Selector) -> None:
-        """Give ``selector`` the selector's role on this cache (one per cache).
-
-        Raises ConfigError if another selector holds it: two components tuning one cache would
-        each report choices the other overrode.
-        """
-        if self._selector is not None and self._selector is not selector:
-            raise ConfigError(f"this cache's policy is already chosen online by {type(self._selector).__name__}; "
-                              f"one selector per cache")
-        self._selector = selector
+    def set_rule(self, rule: Any) -> None:
+        """Evict by ``rule`` (a :class:`~marconi.core.eviction.Rule`) from now on, through the eviction
+        policy's ``set_rule``: ConfigError, and nothing changes, if the policy cannot apply it."""
+        self.eviction.set_rule(rule)
 
     @_locked
     def in_flight(self, request_id: int) -> RequestHandle:
@@ -501,7 +478,7 @@ class PrefixCache(TreeStore):
         Mutates: evicts (by the eviction policy, never a locked node) until the new KVs and
         checkpoints fit, splits edges at new checkpoint positions, adds the new tokens as nodes,
         attaches checkpoints; unlocks the request's path; ticks the logical clock; tells the
-        observers (the bootstrap tuner). The handle is finished afterwards, even if this raises.
+        observers (a rule chooser's feed). The handle is finished afterwards, even if this raises.
 
         ``states`` supplies SSM payloads by position and ``kv(start, end)`` KV payloads of
         ``(input + output)[start:end]`` (engine); in simulation leave both None. ``states`` is
@@ -840,7 +817,7 @@ class PrefixCache(TreeStore):
 
     def _trims_tails(self) -> bool:
         """Cut dead tails now? (A family's live rule may change whether it cuts.)"""
-        return self._admission_trims or getattr(self.eviction, "trims_tails", False)
+        return self._admission_trims or self.eviction.trims_tails
 
     def _trim_dead_tail(self) -> bool:
         """Cut the tail :meth:`DeadTails.next_cut` names, dropping its KVs and states; False if it
@@ -875,7 +852,7 @@ class PrefixCache(TreeStore):
 
     def _notify(self, event: str, *args: Any) -> None:
         """Call ``event`` on every observer; an observer's error is re-raised once all were told,
-        so one failing observer never leaves another (a selector's mirror worlds) a step behind."""
+        so one failing observer never leaves another (a rule chooser's worlds) a step behind."""
         error: Exception | None = None
         for observer in self._observers:
             try:
@@ -902,7 +879,7 @@ class PrefixCache(TreeStore):
     def empty_like(self, eviction: EvictionPolicy | str) -> "PrefixCache":
         """An empty size-only cache like this one (model, capacity, a copy of the admission policy
         with its state, chunk grid, and this cache's clock unless it keeps its own logical one)
-        that evicts by ``eviction``: a world that starts with this cache, before anything is cached."""
+        that evicts by ``eviction``: a rule chooser's world that starts with this cache."""
         return PrefixCache(self.spec, self.capacity_bytes, copy.deepcopy(self.admission), eviction,
                            clock=None if self.keeps_logical_clock else self.clock,
                            prefill_chunk_len=self.prefill_chunk_len)
@@ -914,16 +891,15 @@ class PrefixCache(TreeStore):
 
         Copied: the tree, both recency signals, the candidate index, the in-flight requests (their
         handles are :meth:`in_flight` in the copy, under the same ids), stats and the admission
-        policy's state. Not copied: payloads (the copy holds sizes only), observers, the selector's
-        role and the lock (the copy has its own). The clock is shared unless this cache keeps its
+        policy's state. Not copied: payloads (the copy holds sizes only), observers, the eviction
+        policy and its chooser, and the lock (the copy has its own). The clock is shared unless this cache keeps its
         own logical one. The tree is copied iteratively (a deep chain of nodes would overflow a
         recursive copy). Where ``eviction`` takes other candidates or keeps another FLOP efficiency
         than this cache's policy, the copy's index is rebuilt for it.
         """
         eviction = make_eviction(eviction)
-        memo: dict[int, Any] = {} if self._selector is None else {id(self._selector): None}
-        memo.update({id(self.eviction): eviction, id(self._observers): [], id(self.spec): self.spec,
-                     id(self._mutex): threading.RLock(), id(self.payloads): SizeOnlyPayloads()})
+        memo: dict[int, Any] = {id(self.eviction): eviction, id(self._observers): [], id(self.spec): self.spec,
+                     id(self._mutex): threading.RLock(), id(self.payloads): SizeOnlyPayloads()}
         if self._logical is None:
             memo[id(self.clock)] = self.clock
         pairs: list[tuple[Node, Node]] = []
@@ -943,10 +919,7 @@ class PrefixCache(TreeStore):
             twin.parent = None if node.parent is None else memo[id(node.parent)]
             twin.children = {key: memo[id(child)] for key, child in node.children.items()}
         twin_cache = copy.deepcopy(self, memo)
-        twin_cache._selector = None
-        bind = getattr(eviction, "bind", None)
-        if bind is not None:
-            bind(twin_cache)
+        eviction.bind(twin_cache)
         wanted = (eviction.evicts_inner_nodes, eviction.efficiency_variant)
         if wanted != (twin_cache.inner_candidates, twin_cache.efficiency_variant):
             twin_cache.inner_candidates, twin_cache.efficiency_variant = wanted

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from marconi.core.cache import PrefixCache
 
 __all__ = ["EvictionPolicy", "EvictionRule", "Rule", "RulePolicy", "LRU", "FlopAware", "EVICTION_POLICIES",
-           "make_eviction", "check_alpha", "score_rules", "min_max", "argmin_ties_by_order", "choose_victim",
+           "EvictionBase", "make_eviction", "check_alpha", "score_rules", "min_max", "argmin_ties_by_order", "choose_victim",
            "Efficiency", "Recency", "Candidates", "Touch", "EFFICIENCIES", "register_rule_label",
            "unregister_rule_label", "rule_from_label", "rule_labels", "check_cuts_tails"]
 
@@ -309,13 +309,30 @@ def argmin_ties_by_order(scores: np.ndarray, order: np.ndarray) -> int:
     return int(ties[np.argmin(order[ties])])
 
 
+@runtime_checkable
 class EvictionPolicy(Protocol):
-    """What an eviction policy decides; the cache does the bookkeeping and the surgery. An optional
-    ``bind(cache)`` is called once, at the cache's construction."""
+    """What an eviction policy decides and declares; the cache does the bookkeeping and the surgery.
+
+    :class:`EvictionBase` gives every member but ``choose`` and ``describe`` its default. ``bind``
+    is called once, at the cache's construction (and on a clone's copy). ``tracks_tails``: the cache
+    keeps the dead-tail prediction (:mod:`marconi.core.tails`), read once at construction;
+    ``trims_tails``: cut predicted-dead tails before a victim now (read at every eviction).
+    ``set_rule`` applies a rule from now on (ConfigError for one the policy cannot apply);
+    ``chooser`` is the :class:`~marconi.core.chooser.RuleChooser` that sets it online, or None.
+    """
 
     name: str
     evicts_inner_nodes: bool   # candidates: nodes with <= 1 child (True) or leaves only (False)
     efficiency_variant: str    # which FLOP efficiency the cache keeps on nodes ("total"/"marginal")
+    tracks_tails: bool
+    trims_tails: bool
+    chooser: Any
+
+    def bind(self, cache: "PrefixCache") -> None:
+        ...
+
+    def set_rule(self, rule: "Rule") -> None:
+        ...
 
     def choose(self, candidates: CandidateSet) -> int:
         """Index (into ``candidates``) of the next node to evict; ``candidates`` is non-empty."""
@@ -325,7 +342,23 @@ class EvictionPolicy(Protocol):
         ...
 
 
-class LRU:
+class EvictionBase:
+    """Defaults of :class:`EvictionPolicy`'s declared capabilities: binds to nothing, keeps and cuts
+    no dead tails, applies no rule but its own (``set_rule`` raises ConfigError), no chooser."""
+
+    tracks_tails = False
+    trims_tails = False
+    chooser: Any = None
+
+    def bind(self, cache: "PrefixCache") -> None:
+        return None
+
+    def set_rule(self, rule: "Rule") -> None:
+        raise ConfigError(f"eviction policy {getattr(self, 'name', type(self).__name__)!r} applies one fixed rule; "
+                          f"it cannot switch to {rule.label()!r}")
+
+
+class LRU(EvictionBase):
     """SGLang-style LRU: evict the least recently used leaf; hits refresh the whole matched path."""
 
     name = "lru"
@@ -339,7 +372,7 @@ class LRU:
         return {"eviction": self.name}
 
 
-class FlopAware:
+class FlopAware(EvictionBase):
     """Marconi's FLOP-aware eviction (paper §4.2), one :class:`EvictionRule` with the paper's
     defaults. ``alpha`` is mutable (the bootstrap tuner sets it); setting it validates it at once."""
 
@@ -375,6 +408,16 @@ class FlopAware:
         return EvictionRule(self.alpha, self.efficiency_variant, self.recency, self.candidates, self.touch,
                             self.trims_tails)
 
+    def set_rule(self, rule: "Rule") -> None:
+        """Apply ``rule``, a FLOP-aware rule differing from this policy's in α only (ConfigError else:
+        the cache's candidates and kept efficiency are this policy's)."""
+        if not (isinstance(rule, EvictionRule) and rule == EvictionRule(rule.alpha, self.efficiency_variant,
+                                                                        self.recency, self.candidates, self.touch,
+                                                                        self.trims_tails)):
+            raise ConfigError(f"flop-aware: can switch to a rule differing in alpha only, not {rule.label()!r} "
+                              f"(this policy applies {self.rule.label()!r})")
+        self.alpha = rule.alpha
+
     def choose(self, candidates: CandidateSet) -> int:
         return self.rule.choose(candidates, candidates.flop_eff[: len(candidates)])
 
@@ -388,7 +431,7 @@ class FlopAware:
         return out
 
 
-class RulePolicy:
+class RulePolicy(EvictionBase):
     """Any :class:`Rule` as a cache's eviction policy over the cache's candidate table. The cache keeps
     the rule's efficiency variant on its nodes (else ``total``); the other is computed on demand."""
 
@@ -441,5 +484,18 @@ def _flop_aware_marginal(alpha: float = 0.0, recency: str = "linear") -> Evictio
     return FlopAware(alpha=alpha, efficiency="marginal", recency=recency)
 
 
+@EVICTION_POLICIES.register("oracle", "future-aware (Belady-style) reference; needs the whole trace (simulator only)")
+def _oracle() -> EvictionPolicy:
+    raise ConfigError("the oracle eviction knows the future, so it needs the whole trace: use the 'oracle' "
+                      "system through the simulator (marconi simulate), which hands it over")
+
+
 def make_eviction(spec: "str | EvictionPolicy") -> EvictionPolicy:
-    return EVICTION_POLICIES.create(spec) if isinstance(spec, str) else spec
+    """The registry's policy ``spec`` names, or ``spec`` itself; ConfigError for an object lacking the
+    :class:`EvictionPolicy` contract (inherit :class:`EvictionBase` for its defaults)."""
+    policy = EVICTION_POLICIES.create(spec) if isinstance(spec, str) else spec
+    if not isinstance(policy, EvictionPolicy):
+        raise ConfigError(f"{policy!r} lacks the EvictionPolicy contract (name, evicts_inner_nodes, efficiency_variant, "
+                          "tracks_tails, trims_tails, chooser, bind, set_rule, choose, describe): inherit "
+                          "marconi.core.eviction.EvictionBase for the defaults")
+    return policy

@@ -1,6 +1,6 @@
 """The driver contract: what a trace replay needs of a cache, as a structural type.
 
-Every replay (the simulator's, the tuner's windows, the selectors' worlds) drives
+Every replay (the simulator's, the tuner's windows, the rule choosers' worlds) drives
 :class:`~marconi.core.cache.PrefixCache` and every engine emulation through it, so any of them can be
 swept beside the others; callers wanting a clear error check it with ``isinstance``.
 """
@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from marconi.core.admission import MatchResult
-    from marconi.core.cache import Selector
+    from marconi.core.chooser import RuleChooser
     from marconi.core.model import ModelSpec
     from marconi.core.stats import CacheStats
 
@@ -36,8 +36,9 @@ class ReplayCache(Protocol):
     stats: "CacheStats"
 
     @property
-    def selector(self) -> "Selector | None":
-        """The component choosing the cache's policy online (its choices go into records), or None."""
+    def chooser(self) -> "RuleChooser | None":
+        """The rule chooser setting the cache's rule online (its ``tuning_record()`` goes into
+        records), or None."""
         ...
 
     def begin(self, input_tokens: Any, *, max_hit_len: int | None = None) -> ReplayHandle:

@@ -18,7 +18,7 @@ import numpy as np
 
 from marconi.pool import terminated, worker_pool
 from marconi.core.registry import ConfigError
-from marconi.selectors.bootstrap import default_workers
+from marconi.choosers.bootstrap import default_workers
 from marconi.workloads.trace import Request, Trace
 
 __all__ = ["Backend", "LocalBackend", "RayBackend", "make_backend", "BACKENDS", "PackedTrace", "pack_trace",

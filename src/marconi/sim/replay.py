@@ -141,12 +141,12 @@ def simulate(trace: Iterable[Request], cache: ReplayCache, *, clock: ManualClock
     arrival = np.array([r[3] for r in rows], dtype=np.float64)
     ttft = np.array([lat.ttft_s(spec, int(n), int(h)) for n, h in zip(input_len, reused)], dtype=np.float64)
     vanilla = np.array([lat.ttft_s(spec, int(n), 0) for n in input_len], dtype=np.float64)
-    tuner = cache.selector
+    chooser = cache.chooser
     if system is None:
         described = cache.describe()
         system = {"system": "custom", **{k: described.get(k) for k in ("admission", "eviction")}, "tuning": None}
     return SimResult(dict(system), spec, cache.capacity_bytes, mode, lat.name, cache.stats, input_len, reused,
-                     kv_hit, ttft, vanilla, arrival, tuner.tuning_record() if tuner is not None else {}, elapsed)
+                     kv_hit, ttft, vanilla, arrival, chooser.tuning_record() if chooser is not None else {}, elapsed)
 
 
 def simulate_system(trace: Iterable[Request], system: System | str, spec: ModelSpec | str,

@@ -12,11 +12,12 @@ import numpy as np
 
 from marconi.core.admission import ADMISSION_POLICIES
 from marconi.core.cache import PayloadOps, PrefixCache
+from marconi.core.chooser import follow
 from marconi.core.eviction import EVICTION_POLICIES, FlopAware
 from marconi.core.model import ModelSpec
 from marconi.core.protocol import ReplayCache
 from marconi.core.registry import ConfigError, Domain, ParsedName, Registry, parse_name, split_name_list
-from marconi.selectors.bootstrap import OBJECTIVES, BootstrapTuner
+from marconi.choosers.bootstrap import OBJECTIVES, BootstrapTuner
 
 __all__ = ["SystemConfig", "TuningConfig", "SYSTEMS", "make_system", "parse_systems", "build_cache"]
 
@@ -101,7 +102,7 @@ class SystemConfig:
             if future is None:
                 raise ConfigError(f"{self.label} knows the future: it needs the whole trace, so it runs only in the "
                                   "simulator (marconi simulate / marconi.sim.simulate hand the trace over)")
-            from marconi.selectors.oracle import FutureIndex, OracleEviction
+            from marconi.sim.oracle import FutureIndex, OracleEviction
 
             eviction = OracleEviction(FutureIndex([np.asarray(r.input_tokens) for r in future]))
         if self.unbounded:
@@ -114,8 +115,7 @@ class SystemConfig:
             tuner = BootstrapTuner(cache.eviction, multiplier=t.multiplier, objective=t.objective,
                                    workers=tuning_workers, retune_every=t.retune_every, drift=t.drift,
                                    tolerance=t.tolerance, mapper=tuning_mapper)
-            cache.attach_selector(tuner)
-            cache.add_observer(tuner)
+            follow(cache, tuner)
         return cache
 
     def record_fields(self) -> dict[str, Any]:
@@ -182,10 +182,10 @@ def _marconi_admission(tails: str) -> str:
     return "marconi" if tails == "keep" else f"marconi:tails={tails}"
 
 
-@SYSTEMS.register("marconi", "judicious admission + FLOP-aware eviction; tuner=adaptive (default): its rule "
-                             "re-chosen online (selector=worlds: exact per-rule worlds, the default; or =regret: "
-                             "counterfactual regret); "
-                             "tuner=bootstrap: alpha tuned once (the paper); alpha=X: fixed",
+@SYSTEMS.register("marconi", "judicious admission + FLOP-aware eviction whose rule a chooser picks online: "
+                             "chooser=worlds (exact per-rule worlds, the default), =regret (counterfactual "
+                             "regret) or =bootstrap (alpha tuned once, the paper); alpha=X: fixed. Aliases: "
+                             "selector=worlds|regret, tuner=adaptive|bootstrap",
                   domains={"alpha": Domain(0, 1e6, words=("auto",)), "multiplier": Domain(0, 1e6, lo_open=True),
                            "retune": Domain(0, 10**9, integer=True), "drift": Domain(0, 1e6),
                            "tolerance": Domain(0, 1, hi_open=True), "decay": Domain(0, 1, lo_open=True),
@@ -194,7 +194,18 @@ def _marconi(alpha: str = "auto", tuner: str = "auto", objective: str = "hit-rat
              recency: str = "auto", multiplier: float | None = None, retune: int | None = None,
              drift: float | None = None, tolerance: float | None = None, rules: str | None = None,
              decay: float | None = None, hysteresis: float | None = None,
-             confidence: float | None = None, selector: str | None = None, tails: str = "keep") -> SystemConfig:
+             confidence: float | None = None, selector: str | None = None, tails: str = "keep",
+             chooser: str | None = None) -> SystemConfig:
+    named = "chooser"  # the concept's name; selector=worlds|regret and tuner=bootstrap|adaptive are its aliases
+    if selector is not None:
+        if chooser is not None and chooser != selector:
+            raise ConfigError(f"marconi: chooser={chooser} and selector={selector} (its alias) disagree")
+        chooser, named = selector, "selector"
+    if chooser == "bootstrap":
+        if tuner not in ("auto", "bootstrap"):
+            raise ConfigError(f"marconi: chooser=bootstrap and tuner={tuner} disagree")
+        tuner, chooser = "bootstrap", None
+    selector = chooser
     given = {k for k, v in locals().items() if v is not None and k in _BOOTSTRAP_ONLY + _ADAPTIVE_ONLY}
     admission = _marconi_admission(tails)
     fixed = _alpha_or_auto(alpha)
@@ -225,12 +236,13 @@ def _marconi(alpha: str = "auto", tuner: str = "auto", objective: str = "hit-rat
         raise ConfigError("marconi: the adaptive tuner chooses the efficiency and recency itself (its rules); "
                           "name a family with rules=lru/a0/a1m/... or use tuner=bootstrap")
     if selector not in (None, "regret", "worlds"):
-        raise ConfigError(f"marconi: selector must be 'worlds' (default: exact per-rule worlds, one replay per "
-                          f"rule) or 'regret' (counterfactual regret, about 1.7x a fixed-alpha replay), got {selector!r}")
+        raise ConfigError(f"marconi: {named} must be 'worlds' (default: exact per-rule worlds, one replay per "
+                          f"rule), 'regret' (counterfactual regret, about 1.7x a fixed-alpha replay) or 'bootstrap', "
+                          f"got {selector!r}")
     if selector is None and confidence is not None:
-        selector = "regret"  # only the regret selector has a confidence bound (names written before keep meaning)
+        selector = "regret"  # only the regret chooser has a confidence bound (names written before keep meaning)
     if selector == "worlds" and confidence is not None:
-        raise ConfigError("marconi: confidence applies to selector=regret only (worlds compare exact caches)")
+        raise ConfigError(f"marconi: confidence applies to {named}=regret only (worlds compare exact caches)")
     params = [f"rules={rules or 'default'}", f"objective={objective}"]
     params += [f"{k}={v}" for k, v in (("decay", decay), ("hysteresis", hysteresis), ("confidence", confidence))
                if v is not None]

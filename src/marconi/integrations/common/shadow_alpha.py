@@ -1,6 +1,6 @@
 """The shadow α source: Marconi's regret selector, run on a size-only shadow of an engine's cache.
 
-``marconi:selector=regret`` (:class:`marconi.selectors.regret.RegretEviction`) keeps re-choosing its
+``marconi:selector=regret`` (:class:`marconi.choosers.regret.RegretEviction`) keeps re-choosing its
 eviction rule among a family (by default ``lru / a0.5m / a2m``: SGLang+'s LRU; recency + 0.5 or 2 ×
 the *marginal* FLOP efficiency) by counterfactual eviction regret. :class:`ShadowAlpha` brings that
 choice into an engine's own eviction, which ranks its blocks by ``recency + α · efficiency``:
@@ -23,7 +23,7 @@ layer to a block, and its candidates differ), so the rule that wins the shadow i
 rule that would win the pool. docs/vllm.md measures how good a proxy it is for vLLM.
 
 (The simulator's default ``marconi`` chooses among the same rules by exact worlds,
-:mod:`marconi.selectors.worlds`; here that would mean one shadow replay per rule per request
+:mod:`marconi.choosers.worlds`; here that would mean one shadow replay per rule per request
 instead of one, and the live-server validation was done for the regret selector.)
 
 Deterministic: the same finished requests in the same order give the same rules. Engine-agnostic:
@@ -50,8 +50,8 @@ from marconi.core.eviction import EvictionRule
 from marconi.core.model import ModelSpec
 from marconi.core.registry import ConfigError
 from marconi.integrations.common.alpha import RequestObservation
-from marconi.selectors.family import parse_rules
-from marconi.selectors.regret import RegretEviction
+from marconi.choosers.family import parse_rules
+from marconi.choosers.regret import RegretEviction
 
 __all__ = ["ShadowAlpha", "RuleMap"]
 
@@ -70,7 +70,7 @@ class ShadowAlpha:
     Args:
         rules: the family, as ``marconi:rules=`` (``"default"`` = ``lru/a0.5m/a2m``).
         rule_map: the engine's translation of a rule (every rule of the family is checked now).
-        decay, hysteresis: the selector's (see :class:`marconi.selectors.regret.RegretEviction`).
+        decay, hysteresis: the selector's (see :class:`marconi.choosers.regret.RegretEviction`).
 
     Raises:
         ConfigError: an unknown rule, a rule that cuts dead tails (``a0.5mt``: neither the regret

@@ -1,7 +1,7 @@
 """The exact-worlds α source: the live rule follows whichever rule's own copy of the engine's cache is ahead.
 
 The simulator's default ``marconi`` chooses its eviction rule by exact worlds
-(:mod:`marconi.selectors.worlds`): every rule of the family that is not live runs in a cache of its
+(:mod:`marconi.choosers.worlds`): every rule of the family that is not live runs in a cache of its
 own fed the same requests; the live rule changes to the best-scoring world's. :class:`WorldsAlpha`
 brings that choice to an engine whose cache can be *emulated exactly* request by request (SGLang's
 ``UnifiedRadixCache``: :mod:`marconi.integrations.sglang.emulate`, which matches the real cache on
@@ -32,7 +32,7 @@ from typing import Any, Callable, Protocol, Sequence
 from marconi.core.eviction import Rule
 from marconi.core.registry import ConfigError
 from marconi.integrations.common.alpha import RequestObservation
-from marconi.selectors.family import parse_rules
+from marconi.choosers.family import parse_rules
 
 __all__ = ["World", "WorldMaker", "WorldsAlpha"]
 

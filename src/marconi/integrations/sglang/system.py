@@ -20,7 +20,8 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 
 from marconi.core.admission import MatchResult
-from marconi.core.cache import PayloadOps, Selector, as_tokens
+from marconi.core.cache import PayloadOps, as_tokens
+from marconi.core.chooser import RuleChooser
 from marconi.core.model import ModelSpec, get_model
 from marconi.core.protocol import ReplayCache
 from marconi.core.registry import ConfigError, Domain
@@ -59,11 +60,11 @@ class SglangUnifiedCache(ReplayCache):
         self._in_flight: dict[int, UnifiedHandle] = {}
         self._next_id = 0
         source = getattr(emulator.strategy, "alpha_source", None)
-        self._selector: Selector | None = source if callable(getattr(source, "tuning_record", None)) else None
+        self._chooser: RuleChooser | None = source if isinstance(source, RuleChooser) else None
 
     @property
-    def selector(self) -> Selector | None:
-        return self._selector
+    def chooser(self) -> RuleChooser | None:
+        return self._chooser
 
     def begin(self, input_tokens: Any, *, max_hit_len: int | None = None) -> UnifiedHandle:
         """Admit a request (``max_hit_len`` is ignored: SGLang caps a hit at ``len(prompt) - 1`` itself)."""

@@ -25,7 +25,7 @@ from typing import Sequence
 
 import numpy as np
 
-from marconi.selectors.oracle import FutureIndex
+from marconi.sim.oracle import FutureIndex
 from marconi.workloads.trace import Request
 
 __all__ = ["SAME_SESSION_SHARE", "PrefixHasher", "SessionView", "derive_sessions", "trace_sessions", "entry_kind",

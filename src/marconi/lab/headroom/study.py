@@ -28,7 +28,7 @@ from marconi.core.model import ModelSpec, get_model
 from marconi.lab.headroom.sessions import (BRANCH, LAST_TOKEN, NONE, PrefixHasher, SessionView,
                                                    derive_sessions, entry_kind, trace_sessions)
 from marconi.lab.headroom.variants import DECOMPOSITION, VARIANTS, build_variant, default_system, future_of
-from marconi.selectors.oracle import FutureIndex
+from marconi.sim.oracle import FutureIndex
 from marconi.workloads.trace import Request
 
 __all__ = ["VariantRun", "Anatomy", "DIMENSIONS", "replay", "anatomy", "breakdown_rows", "run_point",

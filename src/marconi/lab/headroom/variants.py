@@ -38,10 +38,10 @@ import numpy as np
 
 from marconi.core.admission import AdmissionContext, AdmissionPolicy, BaseAdmission, FinalPlan, make_admission
 from marconi.core.cache import ManualClock, PrefixCache
-from marconi.core.eviction import EVICTION_POLICIES, EvictionPolicy
+from marconi.core.eviction import EVICTION_POLICIES, EvictionBase, EvictionPolicy, Rule
 from marconi.core.model import ModelSpec
 from marconi.core.registry import ConfigError
-from marconi.selectors.oracle import NEVER, FutureIndex, OracleEviction
+from marconi.sim.oracle import NEVER, FutureIndex, OracleEviction
 from marconi.sim.systems import SystemConfig, make_system
 
 if TYPE_CHECKING:
@@ -115,7 +115,7 @@ class FutureFilteredAdmission(BaseAdmission):
         return {"admission": f"{self.name}({self.inner.describe().get('admission')};{what})"}
 
 
-class DeadFirstEviction:
+class DeadFirstEviction(EvictionBase):
     """Evicts first any candidate that no later request reuses (by the oracle's own accounting:
     :meth:`OracleEviction.keep_costs` is infinite), the largest first; otherwise asks ``inner``.
     Knows *what* is dead, not *when* the rest is next used."""
@@ -126,13 +126,15 @@ class DeadFirstEviction:
         self.inner = inner
         self.oracle = OracleEviction(future)
         self.evicts_inner_nodes = inner.evicts_inner_nodes
-        self.efficiency_variant = getattr(inner, "efficiency_variant", "total")
+        self.efficiency_variant = inner.efficiency_variant
 
     def bind(self, cache: PrefixCache) -> None:
-        bind = getattr(self.inner, "bind", None)
-        if bind is not None:
-            bind(cache)
+        self.inner.bind(cache)
         self.oracle.bind(cache)
+
+    def set_rule(self, rule: Rule) -> None:
+        """``inner``'s rule (its chooser's switches reach it through this policy)."""
+        self.inner.set_rule(rule)
 
     def choose(self, candidates: "CandidateSet") -> int:
         costs, freed = self.oracle.keep_costs(candidates)

@@ -14,7 +14,7 @@ from typing import Any, Iterable, Sequence
 from marconi.lab.reproduce.latency import LatencySet
 from marconi.lab.reproduce.traces import WorkloadSource
 from marconi.core.model import ModelSpec
-from marconi.selectors.bootstrap import DEFAULT_ALPHA_GRID
+from marconi.choosers.bootstrap import DEFAULT_ALPHA_GRID
 from marconi.workloads import Trace
 
 __all__ = ["ReproProfile", "PROFILES", "TraceInfo", "ReproContext", "frac_label", "base_key", "variant_key",

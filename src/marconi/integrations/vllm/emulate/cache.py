@@ -14,7 +14,8 @@ from typing import Any
 import numpy as np
 
 from marconi.core.admission import MatchResult
-from marconi.core.cache import Selector, as_tokens
+from marconi.core.cache import as_tokens
+from marconi.core.chooser import RuleChooser
 from marconi.core.model import ModelSpec
 from marconi.core.protocol import ReplayCache
 from marconi.core.registry import ConfigError
@@ -56,15 +57,15 @@ class VllmAlignCache(ReplayCache):
         self.capacity_bytes = layout.num_blocks * layout.block_bytes
         # An adaptive α source reports its rule switches in the simulator's records (``tuning``).
         source = self.engine.index.alpha_source
-        self._selector: Selector | None = source if callable(getattr(source, "tuning_record", None)) else None
+        self._chooser: RuleChooser | None = source if isinstance(source, RuleChooser) else None
         self.stats = CacheStats()
         self._in_flight: dict[int, AlignHandle] = {}
         self._next_id = 0
 
     @property
-    def selector(self) -> Selector | None:
-        """The α source when it reports what it chose (the shadow α source's rule switches), else None."""
-        return self._selector
+    def chooser(self) -> RuleChooser | None:
+        """The α source when it is a rule chooser (the shadows: their rule switches go into records), else None."""
+        return self._chooser
 
     def add_observer(self, observer: Any) -> None:
         raise ConfigError("vllm-align does not support observers (alpha tuning): give a fixed alpha")

@@ -12,9 +12,9 @@ identical whatever the number of workers. The tree a replay starts from is the c
 :meth:`~marconi.core.cache.PrefixCache.snapshot` (shape, recency, checkpoint positions; no payloads,
 no locks), restored by :meth:`~marconi.core.cache.PrefixCache.from_snapshot`.
 
-A tuner reports what it chose through ``tuning_record()``; it holds the cache's selector role
-(``cache.selector``, :meth:`~marconi.core.cache.PrefixCache.attach_selector`), and simulation
-records echo it.
+The tuner is a :class:`~marconi.core.chooser.RuleChooser` (``marconi:tuner=bootstrap``): fed the
+cache's requests (:func:`~marconi.core.chooser.follow`), it returns the tuned rule, which the cache
+applies; simulation records echo its ``tuning_record()``.
 """
 
 from __future__ import annotations
@@ -28,8 +28,9 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from marconi.core.admission import AdmissionPolicy
-from marconi.core.cache import CacheObserver, ManualClock, PrefixCache, RequestHandle, TreeSnapshot
-from marconi.core.eviction import EvictionPolicy, FlopAware, check_alpha
+from marconi.core.cache import ManualClock, PrefixCache, RequestHandle, TreeSnapshot
+from marconi.core.chooser import RequestEvent
+from marconi.core.eviction import EvictionRule, FlopAware, check_alpha
 from marconi.core.model import ModelSpec
 from marconi.pool import worker_pool
 from marconi.core.registry import ConfigError
@@ -141,11 +142,12 @@ def best_alpha(results: Sequence[WindowResult], objective: str, tolerance: float
     return next(r.alpha for r in ranked if value(r) >= threshold)
 
 
-class BootstrapTuner(CacheObserver):
-    """Watches a cache and sets its FLOP-aware policy's α by bootstrap replay.
+class BootstrapTuner:
+    """A rule chooser: the α of a cache's FLOP-aware rule, by bootstrap replay.
 
     Args:
-        policy: the cache's :class:`FlopAware` eviction policy (its ``alpha`` is set in place).
+        policy: the cache's :class:`FlopAware` eviction policy (the rule it starts from; the tuned
+            rule differs in α only).
         multiplier: window = multiplier × requests seen before the first eviction (paper: 5–15).
         grid: α values to try (default 0, 0.1, …, 2.0).
         objective: ``"hit-rate"`` (reused tokens) or ``"flops"`` (FLOPs saved).
@@ -189,7 +191,24 @@ class BootstrapTuner(CacheObserver):
         self._drift_marks: list[tuple[int, int]] = []  # (reused, input) at each drift checkpoint
         self._since_mark = 0
 
-    # ---------------------------------------------------------------- observer hooks
+    # ---------------------------------------------------------------- the chooser's feed
+    @property
+    def rule(self) -> EvictionRule:
+        return self.policy.rule
+
+    def observe(self, event: RequestEvent) -> EvictionRule | None:
+        """Learn from one step of a request; returns the tuned rule when a grid search ends."""
+        step, cache, handle = event.step, event.cache, event.handle
+        if step == "begin":
+            assert handle is not None
+            self.on_begin(cache, handle)
+        elif step == "finish":
+            assert handle is not None and event.output is not None
+            return self.on_finish(cache, handle, event.output)
+        elif step == "first-eviction":
+            self.on_first_eviction(cache)
+        return None
+
     def on_first_eviction(self, cache: PrefixCache) -> None:
         self.requests_before_first_eviction = cache.stats.num_requests
         self._window_size = max(1, int(round(self.multiplier * cache.stats.num_requests)))
@@ -199,17 +218,19 @@ class BootstrapTuner(CacheObserver):
         if self._snapshot is not None:
             self._recording_ids[handle.request_id] = (handle.begin_time, handle.tokens)
 
-    def on_finish(self, cache: PrefixCache, handle: RequestHandle, output_tokens: np.ndarray) -> None:
+    def on_finish(self, cache: PrefixCache, handle: RequestHandle, output_tokens: np.ndarray) -> EvictionRule | None:
         self._completed += 1
+        tuned = None
         recorded = self._recording_ids.pop(handle.request_id, None)
         if recorded is not None and self._snapshot is not None:
             self._window.append(Request(handle.request_id, 0, recorded[0], recorded[1], output_tokens))
             if len(self._window) >= self._window_size:
-                self._tune(cache)
+                tuned = self._tune(cache)
         if self._snapshot_due:
             self._start_cycle(cache)
         elif self.retune_every and self.events and self._snapshot is None:
             self._check_drift(cache)
+        return tuned
 
     # ---------------------------------------------------------------- cycle
     def _start_cycle(self, cache: PrefixCache) -> None:
@@ -218,14 +239,15 @@ class BootstrapTuner(CacheObserver):
         self._window = []
         self._recording_ids = {}
 
-    def _tune(self, cache: PrefixCache) -> None:
+    def _tune(self, cache: PrefixCache) -> EvictionRule:
         assert self._snapshot is not None
         job = TuningJob(self._snapshot, self._window, cache.spec, cache.capacity_bytes, cache.admission,
                         self.policy.efficiency_variant, self.policy.recency)
         started = time.perf_counter()
         results = evaluate_alphas(job, self.grid, self.workers, self.mapper)
         alpha = best_alpha(results, self.objective, self.tolerance)
-        self.policy.alpha = alpha
+        rule = self.policy.rule
+        tuned = EvictionRule(alpha, rule.efficiency, rule.recency, rule.candidates, rule.touch, rule.tails)
         self.events.append(TuningEvent(cache.stats.num_requests, len(self._window), alpha, tuple(results),
                                        time.perf_counter() - started))
         self._snapshot = None
@@ -233,6 +255,7 @@ class BootstrapTuner(CacheObserver):
         self._recording_ids = {}
         self._drift_marks = [(cache.stats.reused_tokens, cache.stats.input_tokens)]
         self._since_mark = 0
+        return tuned
 
     def _check_drift(self, cache: PrefixCache) -> None:
         self._since_mark += 1

@@ -1,7 +1,7 @@
-"""Adaptive Marconi by exact worlds (the default ``marconi``): the live cache follows whichever rule's
-own cache is ahead.
+"""The worlds chooser (the default ``marconi``): the live cache follows whichever rule's own cache
+is ahead.
 
-The regret selector (:mod:`marconi.selectors.regret`) judges every rule from the live cache's state alone,
+The regret chooser (:mod:`marconi.choosers.regret`) judges every rule from the live cache's state alone,
 and that estimate is biased against whichever rule is live (``docs/adaptive.md``, second round).
 Here nothing is estimated: each rule of the family that is not live runs in a **world** of its own,
 a size-only :class:`~marconi.core.cache.PrefixCache` with the same admission and capacity, fed the same
@@ -28,51 +28,38 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Sequence
 
-import numpy as np
-
-from marconi.core.cache import CacheObserver, PrefixCache, RequestHandle
-from marconi.core.candidates import CandidateSet, CandidateTable, LazyEfficiency, flop_efficiency_array
-from marconi.core.eviction import EVICTION_POLICIES, EvictionPolicy, EvictionRule, Rule, choose_victim
+from marconi.core.cache import PrefixCache, RequestHandle
+from marconi.core.chooser import RequestEvent, follow
+from marconi.core.eviction import EVICTION_POLICIES, EvictionPolicy, EvictionRule, Rule
 from marconi.core.registry import ConfigError, Domain
-from marconi.selectors.family import RuleSwitch, cached_efficiency_variant, parse_rules, policy_for
+from marconi.choosers.family import FamilyPolicy, RuleSwitch, parse_rules, policy_for
 
 if TYPE_CHECKING:
     from marconi.core.model import ModelSpec
 
-__all__ = ["WorldsEviction"]
+__all__ = ["WorldsChooser", "WorldsEviction"]
 
 
-class WorldsEviction:
-    """Eviction by the live rule of a family; with ``explore`` (the default), the live rule follows
-    the best of the rules' exact worlds (see the module docstring).
-
-    The live cache's candidates are every unlocked node with at most one child (a leaf-only rule
-    scores the leaves alone), so it can apply any rule of the family at any eviction. Each world is
-    a cache built for its rule alone (:func:`~marconi.selectors.family.policy_for`; ``lru``'s is SGLang+'s
-    leaf-only LRU): a world is never promoted to live, so it keeps no more candidates than its rule.
+class WorldsChooser:
+    """A :class:`~marconi.core.chooser.RuleChooser`: the rule of a family whose exact world is ahead
+    (see the module docstring). Fed :class:`~marconi.core.chooser.RequestEvent` s of one live cache.
 
     Args:
         rules: the family (``"default"``: ``lru/a0.5m/a2m``; labels such as
-            ``"lru/a0.5m/a0.5mt/a2m"``, :data:`~marconi.selectors.family.TAILS_RULE_LABELS`; or
-            rules); the first is live until another rule's world is ahead.
+            ``"lru/a0.5m/a0.5mt/a2m"``, :data:`~marconi.choosers.family.TAILS_RULE_LABELS`; or
+            rules); ``current`` is live until another rule's world is ahead.
         decay: weight kept by the scores per request (horizon ~ 1 / (1 - decay)).
         hysteresis: switch only to a world scoring more than the live one by this fraction.
         tail_hysteresis: the lead a switch needs from a rule that cuts dead tails to one that
             keeps them (``marconi.core.tails``), if larger. Such a switch cannot bring back the
             tails the live cache has cut, so the live cache trails the keeping rule's world and
-            may swing back. Off by default: 0.2 stopped that thrash on the 307-request SWE sample
-            but kept the cutting rule live where a2m was far better (QuALITY 0.4x: 42.37% vs
-            54.63%), see ``docs/tails.md``.
+            may swing back. Off by default (``docs/tails.md``).
         objective: score reused ``"hit-rate"`` tokens or saved prefill ``"flops"``.
-        explore: False: the live cache's semantics pinned to one rule (``current``), no worlds.
     """
 
-    name = "worlds"
-    evicts_inner_nodes = True
-
-    def __init__(self, rules: str | Sequence[EvictionRule] = "default", *, decay: float = 0.999,
-                 hysteresis: float = 0.0, objective: str = "hit-rate", explore: bool = True,
-                 current: int = 0, tail_hysteresis: float = 0.0) -> None:
+    def __init__(self, rules: str | Sequence[Rule] = "default", *, decay: float = 0.999,
+                 hysteresis: float = 0.0, objective: str = "hit-rate", current: int = 0,
+                 tail_hysteresis: float = 0.0) -> None:
         if not 0 < decay <= 1:
             raise ConfigError(f"worlds decay must be in (0, 1], got {decay}")
         if not hysteresis >= 0 or not tail_hysteresis >= 0:
@@ -80,8 +67,7 @@ class WorldsEviction:
         if objective not in ("hit-rate", "flops"):
             raise ConfigError(f"worlds objective must be 'hit-rate' or 'flops', got {objective!r}")
         self.rules = parse_rules(rules)
-        self.efficiency_variant = cached_efficiency_variant(self.rules)
-        self.decay, self.hysteresis, self.objective, self.explore = decay, hysteresis, objective, explore
+        self.decay, self.hysteresis, self.objective = decay, hysteresis, objective
         self.tail_hysteresis = tail_hysteresis
         self.current = current
         self.score = [0.0] * len(self.rules)  # floats, not an array: three numbers updated per request
@@ -90,15 +76,12 @@ class WorldsEviction:
         self.worlds: dict[int, PrefixCache] = {}           # rule -> its world (every rule but the live one)
         self._handles: dict[int, dict[int, RequestHandle]] = {}  # live request id -> rule -> handle there
 
-    # ---------------------------------------------------------------- binding
-    def bind(self, cache: PrefixCache) -> None:
+    def start(self, cache: PrefixCache) -> None:
+        """Follow ``cache`` (empty, running the live rule): an empty world per other rule.
+        ConfigError if already started (a chooser serves one cache)."""
         if self.cache is not None:
-            raise ConfigError("a worlds eviction policy serves one cache; build one per cache")
+            raise ConfigError("a worlds chooser serves one cache; build one per cache")
         self.cache = cache
-        if not self.explore:
-            return
-        cache.attach_selector(self)
-        cache.add_observer(_Mirror(self))
         for k in range(len(self.rules)):
             if k != self.current:
                 self.worlds[k] = cache.empty_like(self._pinned(k))
@@ -114,40 +97,36 @@ class WorldsEviction:
         return self.rules[self.current]
 
     @property
-    def tracks_tails(self) -> bool:
-        """Some rule of the family cuts dead tails: the live cache keeps the prediction up always."""
-        return any(r.tails for r in self.rules)
-
-    @property
-    def trims_tails(self) -> bool:
-        """The live rule cuts predicted-dead tails before any victim (``marconi.core.tails``)."""
-        return self.rule.tails
-
-    @property
     def spec(self) -> "ModelSpec":
-        assert self.cache is not None, "WorldsEviction is used by a cache (which binds it)"
+        assert self.cache is not None, "a WorldsChooser is started on its live cache first"
         return self.cache.spec
 
-    # ---------------------------------------------------------------- eviction
-    def choose(self, candidates: CandidateSet) -> int:
-        rule, n = self.rule, len(candidates)
-        if not isinstance(rule, EvictionRule):
-            efficiency = LazyEfficiency({self.efficiency_variant: candidates.flop_eff[:n]}, spec=self.spec,
-                                        cands=candidates)
-            return choose_victim(rule, CandidateTable(candidates, efficiency))
-        if not rule.alpha or rule.efficiency == self.efficiency_variant:
-            efficiency = candidates.flop_eff[:n]
-        else:
-            efficiency = flop_efficiency_array(self.spec, candidates.depth[:n], candidates.edge_len[:n],
-                                               candidates.has_ssm[:n], rule.efficiency)
-        return rule.choose(candidates, efficiency)
+    def observe(self, event: RequestEvent) -> Rule | None:
+        """Mirror the live cache's step in every world; on ``begin``, move the scores and return the
+        new live rule if the best world leads by enough (None otherwise)."""
+        step, handle = event.step, event.handle
+        if step == "begin":
+            assert handle is not None
+            return self._begin(handle)
+        if step == "prefill":
+            assert handle is not None
+            for world, h in self.in_worlds(handle.request_id):
+                world.insert_prefill(h)
+        elif step == "finish":
+            assert handle is not None
+            for world, h in self.in_worlds(handle.request_id, done=True):
+                world.finish(h, event.output)
+        elif step == "abort":
+            assert handle is not None
+            for world, h in self.in_worlds(handle.request_id, done=True):
+                world.abort(h)
+        return None
 
-    # ---------------------------------------------------------------- following the best world
     def _value(self, handle: RequestHandle) -> float:
         usable = handle.match.usable_hit_len
         return float(usable) if self.objective == "hit-rate" else self.spec.prefill_flops(usable)
 
-    def begin(self, handle: RequestHandle) -> None:
+    def _begin(self, handle: RequestHandle) -> Rule | None:
         """The live cache began ``handle``: every world looks the same input up; scores move."""
         step = [0.0] * len(self.rules)
         step[self.current] = self._value(handle)
@@ -157,16 +136,16 @@ class WorldsEviction:
             step[k] = self._value(h)
         decay = self.decay
         self.score = [s * decay + x for s, x in zip(self.score, step)]
-        self._maybe_switch(handle.request_id)
+        return self._maybe_switch(handle.request_id)
 
-    def _maybe_switch(self, request_id: int) -> None:
+    def _maybe_switch(self, request_id: int) -> Rule | None:
         best = max(range(len(self.score)), key=self.score.__getitem__)  # the first of equal scores
         lead = self.score[best] - self.score[self.current]
         needed = self.hysteresis
         if self.rules[self.current].tails and not self.rules[best].tails:
             needed = max(needed, self.tail_hysteresis)
         if best == self.current or not lead > self.score[self.current] * needed:
-            return
+            return None
         assert self.cache is not None
         old = self.current
         # The live cache has been running ``old``: a copy of it is ``old``'s world, in-flight requests too.
@@ -178,6 +157,7 @@ class WorldsEviction:
             mine[old] = world.in_flight(rid)
         self.current = best
         self.switches.append(RuleSwitch(request_id, best))
+        return self.rules[best]
 
     @property
     def num_mirrored(self) -> int:
@@ -193,30 +173,36 @@ class WorldsEviction:
         """Record fields: every switch of the live rule (``rule_switches``: request, new rule)."""
         return {"rule_switches": [[s.at_request, self.rules[s.rule].label()] for s in self.switches]}
 
-    def describe(self) -> dict[str, object]:
-        return {"eviction": self.name, "rules": "/".join(r.label() for r in self.rules), "rule": self.rule.label()}
 
+class WorldsEviction(FamilyPolicy):
+    """The live cache's policy under the worlds chooser: it applies the family's live rule; with
+    ``explore`` (the default) a :class:`WorldsChooser` (``chooser``) sets that rule, fed through
+    :func:`~marconi.core.chooser.follow` once the cache binds this policy.
 
-class _Mirror(CacheObserver):
-    """Feeds every world what the live cache is asked to do, as it is asked."""
+    Args: the :class:`WorldsChooser`'s, and ``explore``: False: the rule pinned to ``current``, no
+    chooser, no worlds.
+    """
 
-    def __init__(self, policy: WorldsEviction) -> None:
-        self.policy = policy
+    name = "worlds"
 
-    def on_begin(self, cache: PrefixCache, handle: RequestHandle) -> None:
-        self.policy.begin(handle)
+    def __init__(self, rules: str | Sequence[EvictionRule] = "default", *, decay: float = 0.999,
+                 hysteresis: float = 0.0, objective: str = "hit-rate", explore: bool = True,
+                 current: int = 0, tail_hysteresis: float = 0.0) -> None:
+        chooser = WorldsChooser(rules, decay=decay, hysteresis=hysteresis, objective=objective, current=current,
+                                tail_hysteresis=tail_hysteresis)
+        super().__init__(chooser.rules, current)
+        self.explore = explore
+        self.chooser: WorldsChooser | None = chooser if explore else None
+        self._bound = False
 
-    def on_prefill(self, cache: PrefixCache, handle: RequestHandle) -> None:
-        for world, h in self.policy.in_worlds(handle.request_id):
-            world.insert_prefill(h)
-
-    def on_finish(self, cache: PrefixCache, handle: RequestHandle, output_tokens: np.ndarray) -> None:
-        for world, h in self.policy.in_worlds(handle.request_id, done=True):
-            world.finish(h, output_tokens)
-
-    def on_abort(self, cache: PrefixCache, handle: RequestHandle) -> None:
-        for world, h in self.policy.in_worlds(handle.request_id, done=True):
-            world.abort(h)
+    def bind(self, cache: PrefixCache) -> None:
+        if self._bound:
+            raise ConfigError("a worlds eviction policy serves one cache; build one per cache")
+        super().bind(cache)
+        self._bound = True
+        if self.chooser is not None:
+            self.chooser.start(cache)
+            follow(cache, self.chooser)
 
 
 @EVICTION_POLICIES.register("worlds", "the rule of a family whose own exact world (a size-only cache running it) "

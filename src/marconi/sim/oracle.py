@@ -35,9 +35,8 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 
 from marconi.core.cache import CacheObserver, RequestHandle
-from marconi.core.eviction import EVICTION_POLICIES, EvictionPolicy
+from marconi.core.eviction import EvictionBase
 from marconi.core.radix import Node, RadixTree
-from marconi.core.registry import ConfigError
 
 if TYPE_CHECKING:
     from marconi.core.cache import PrefixCache
@@ -130,7 +129,7 @@ class _Now(CacheObserver):
         self.index = handle.request_id
 
 
-class OracleEviction:
+class OracleEviction(EvictionBase):
     """Future-aware eviction over nodes with at most one child (see the module docstring).
 
     Built from the trace's inputs in arrival order; the cache's request ids must be those indices
@@ -261,9 +260,3 @@ class OracleEviction:
 
     def describe(self) -> dict[str, Any]:
         return {"eviction": self.name}
-
-
-@EVICTION_POLICIES.register("oracle", "future-aware (Belady-style) reference; needs the whole trace (simulator only)")
-def _oracle() -> EvictionPolicy:
-    raise ConfigError("the oracle eviction knows the future, so it needs the whole trace: use the 'oracle' "
-                      "system through the simulator (marconi simulate / marconi.sim.simulate), which hands it over")

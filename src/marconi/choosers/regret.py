@@ -1,8 +1,8 @@
-"""Adaptive Marconi by counterfactual regret (``marconi:selector=regret``): FLOP-aware eviction whose
-rule is re-chosen online, for the whole trace. This module also owns the rule family and its
-parsing, which the default selector (exact worlds, :mod:`marconi.selectors.worlds`) shares.
+"""The regret chooser (``marconi:chooser=regret``): FLOP-aware eviction whose rule is re-chosen
+online, for the whole trace, from the live cache alone. The default chooser is exact worlds
+(:mod:`marconi.choosers.worlds`).
 
-The paper's bootstrap tuner (:mod:`marconi.selectors.bootstrap`) picks α once, from one window replayed from one
+The paper's bootstrap tuner (:mod:`marconi.choosers.bootstrap`) picks α once, from one window replayed from one
 snapshot, and keeps it: it wins its window and can lose the trace. Here the choice is never frozen.
 
 **A family that contains SGLang+.** The live cache keeps both recency signals on every node (a hit
@@ -32,7 +32,7 @@ LeCaR/CACHEUS, made deterministic and tree-aware.
 Why it is no longer the default: its estimate is made from the live cache's state alone, and it is
 measurably biased against whichever rule is live, so it mixes rules where holding one pays
 (``docs/adaptive.md``, second round). Exact worlds of every rule (the default ``marconi``,
-:mod:`marconi.selectors.worlds`) stay closer to the best rule across our real traces (within 0.5 pp of it at
+:mod:`marconi.choosers.worlds`) stay closer to the best rule across our real traces (within 0.5 pp of it at
 41 of 45 points, regret at 32), at one replay per rule (about 3.1× a fixed-α replay against
 regret's 1.7×). Shadow caches on a sample of sessions (SHARDS)
 or windows replayed from snapshots fit a 2× budget but are too noisy or too short-sighted at these
@@ -51,10 +51,11 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
-from marconi.core.cache import CacheObserver, PrefixCache, RequestHandle
+from marconi.core.cache import PrefixCache, RequestHandle
 from marconi.core.candidates import CandidateSet, LazyEfficiency
-from marconi.core.eviction import EVICTION_POLICIES, EvictionPolicy, EvictionRule, score_rules
-from marconi.selectors.family import RuleSwitch, cached_efficiency_variant, parse_rules
+from marconi.core.chooser import RequestEvent, follow
+from marconi.core.eviction import EVICTION_POLICIES, EvictionBase, EvictionPolicy, EvictionRule, Rule, score_rules
+from marconi.choosers.family import RuleSwitch, cached_efficiency_variant, parse_rules
 from marconi.core.registry import ConfigError, Domain
 
 if TYPE_CHECKING:
@@ -100,13 +101,15 @@ class _Ghost:
     blamed: tuple[int, ...]
 
 
-class RegretEviction:
+class RegretEviction(EvictionBase):
     """Eviction by whichever rule of a family currently has the least counterfactual regret.
 
     Candidates are every unlocked node with at most one child; a leaf-only rule scores only the
     leaves among them (normalising over those alone), so each rule decides here exactly as a cache
-    built for that rule alone would in the same state. Binding to a cache attaches the observer
-    that charges the rules and switches ``current``.
+    built for that rule alone would in the same state. It is its own rule chooser (``chooser``): it
+    sees each eviction's candidates through ``choose`` (where every rule names its victim), and is
+    fed the cache's requests (:func:`~marconi.core.chooser.follow`, once bound), which charge the
+    rules and switch ``current``.
 
     Args:
         rules: the family (``"default"``, labels ``"lru/a0.5m/a2m"``, or rules); the first is used
@@ -139,12 +142,12 @@ class RegretEviction:
         self.rules = parse_rules(rules)
         other = [r.label() for r in self.rules if not isinstance(r, EvictionRule)]
         if other:
-            raise ConfigError(f"the regret selector scores the FLOP-aware family only (rules {', '.join(other)} are "
-                              "not of it): its counterfactuals share score_rules; use the worlds selector")
+            raise ConfigError(f"the regret chooser scores the FLOP-aware family only (rules {', '.join(other)} are "
+                              "not of it): its counterfactuals share score_rules; use the worlds chooser")
         cutting = [r.label() for r in self.rules if r.tails]
         if cutting:
-            raise ConfigError(f"the regret selector cannot judge dead-tail cuts (rules {', '.join(cutting)}): its "
-                              "counterfactuals score victims, not cuts; use the worlds selector (selector=worlds)")
+            raise ConfigError(f"the regret chooser cannot judge dead-tail cuts (rules {', '.join(cutting)}): its "
+                              "counterfactuals score victims, not cuts; use the worlds chooser (chooser=worlds)")
         self.efficiency_variant = cached_efficiency_variant(self.rules)
         self.decay = decay
         self.reach_weight = reach_weight
@@ -170,12 +173,17 @@ class RegretEviction:
         self.cache = cache
         self._kv_per_token = cache.spec.kv_bytes_per_token
         self._ckpt_bytes = cache.spec.ssm_checkpoint_bytes
-        cache.add_observer(_Charger(self))
-        cache.attach_selector(self)
+        follow(cache, self)
 
     @property
     def rule(self) -> EvictionRule:
         return self.rules[self.current]
+
+    def set_rule(self, rule: Rule) -> None:
+        """Make ``rule`` live; ConfigError if it is not of the family."""
+        if rule not in self.rules:
+            raise ConfigError(f"rule {rule.label()!r} is not of the family {'/'.join(r.label() for r in self.rules)}")
+        self.current = self.rules.index(rule)
 
     @property
     def spec(self) -> "ModelSpec":
@@ -263,8 +271,13 @@ class RegretEviction:
             parent = parent.parent
         return 0 if parent is None or parent.parent is None else parent.depth
 
-    def observe(self, handle: RequestHandle) -> None:
-        """Charge the rules for what this request needed, then re-choose the live rule."""
+    def observe(self, event: RequestEvent) -> EvictionRule | None:
+        """The :class:`~marconi.core.chooser.RuleChooser` feed: on a request's ``begin``, charge the
+        rules for what it needed, then re-choose the live rule (returned if it changed)."""
+        if event.step != "begin":
+            return None
+        handle = event.handle
+        assert handle is not None
         self.regret *= self.decay
         usable = handle.match.usable_hit_len
         hit = handle.hit_node
@@ -280,7 +293,7 @@ class RegretEviction:
         self._charge_ghosts(handle, usable)
         if self.confidence:
             self.noise.end_request()
-        self._switch(handle.request_id)
+        return self._switch(handle.request_id)
 
     def _charge_ghosts(self, handle: RequestHandle, usable: int) -> None:
         assert self.cache is not None
@@ -317,14 +330,16 @@ class RegretEviction:
         differ = np.flatnonzero(segment != ghost.edge[: len(segment)])
         return start + (int(differ[0]) if differ.size else len(segment))
 
-    def _switch(self, request_id: int) -> None:
+    def _switch(self, request_id: int) -> EvictionRule | None:
         best = float(self.regret.min())
         if self.regret[self.current] > best * (1.0 + self.hysteresis) + 1e-9:
             k = int(np.flatnonzero(self.regret == best)[0])
             if self.current == 0 and self.confidence and not self.lead_is_significant(k):
-                return
+                return None
             self.current = k
             self.switches.append(RuleSwitch(request_id, self.current))
+            return self.rules[k]
+        return None
 
     def tuning_record(self) -> dict[str, Any]:
         """Record fields: every switch of the live rule (``rule_switches``: request, new rule)."""
@@ -342,14 +357,6 @@ class RegretEviction:
 
     def describe(self) -> dict[str, object]:
         return {"eviction": self.name, "rules": "/".join(r.label() for r in self.rules), "rule": self.rule.label()}
-
-
-class _Charger(CacheObserver):
-    def __init__(self, policy: RegretEviction) -> None:
-        self.policy = policy
-
-    def on_begin(self, cache: PrefixCache, handle: RequestHandle) -> None:
-        self.policy.observe(handle)
 
 
 @EVICTION_POLICIES.register("regret", "FLOP-aware eviction whose rule (alpha, efficiency, SGLang's or Marconi's "

@@ -1,0 +1,143 @@
+"""The rule family the choosers choose from, how a family is written, and the policy applying it.
+
+A family is a tuple of rules (:class:`~marconi.core.eviction.Rule`: the FLOP-aware
+:class:`~marconi.core.eviction.EvictionRule` or any rule class whose labels are registered with
+:func:`~marconi.core.eviction.register_rule_label`), written as labels separated by ``/``
+(``"lru/a0.5m/a2m"``, the default). Every rule chooser shares this: exact worlds
+(:mod:`marconi.choosers.worlds`), counterfactual regret (:mod:`marconi.choosers.regret`) and the
+engine plugins' shadows (``alpha=adaptive``). :class:`FamilyPolicy` is the live cache's policy: it
+applies whichever rule of the family its chooser sets.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Sequence
+
+from marconi.core.candidates import CandidateSet, CandidateTable, LazyEfficiency, flop_efficiency_array
+from marconi.core.eviction import (LRU, EvictionBase, EvictionPolicy, EvictionRule, FlopAware, Rule, RulePolicy,
+                                   choose_victim, rule_from_label)
+from marconi.core.registry import ConfigError
+
+if TYPE_CHECKING:
+    from marconi.core.cache import PrefixCache
+
+__all__ = ["DEFAULT_RULES", "DEFAULT_RULE_LABELS", "FamilyPolicy", "TAILS_RULES", "TAILS_RULE_LABELS", "RuleSwitch", "cached_efficiency_variant", "parse_rules",
+           "policy_for"]
+
+#: The default family (labels: :meth:`EvictionRule.label`): SGLang+'s LRU, a balanced and an
+#: aggressive FLOP-aware rule.
+DEFAULT_RULE_LABELS = "lru/a0.5m/a2m"
+
+#: The family with dead-tail cuts (issue 25, ``docs/tails.md``): the default's three rules and the
+#: balanced rule that also cuts predicted-dead tails of branched sequences first (``t``,
+#: :mod:`marconi.core.tails`), so the exact worlds choose between cutting (tight caches, agents and
+#: shared prefixes) and keeping (roomy caches, where a cut tail is sometimes re-entered deeper).
+#: Opt in with ``marconi:rules=lru/a0.5m/a0.5mt/a2m``; not the default (``docs/tails.md`` says where
+#: it wins and loses). The regret selector and the vLLM plugin cannot use it: they cut nothing.
+TAILS_RULE_LABELS = "lru/a0.5m/a0.5mt/a2m"
+
+
+def parse_rules(text: str | Sequence[Rule], default: str = DEFAULT_RULE_LABELS) -> tuple[Rule, ...]:
+    """``"default"`` (``default``'s labels) or labels separated by ``/``: ``"lru/a0/a1m/a2lp"`` ->
+    rules (:func:`~marconi.core.eviction.rule_from_label`: registered labels too). ConfigError for an
+    unknown label, an empty family or a rule listed twice."""
+    if not isinstance(text, str):
+        rules = tuple(text)
+    else:
+        labels = default if text.strip() == "default" else text
+        rules = tuple(rule_from_label(t) for t in labels.split("/") if t.strip())
+    if not rules:
+        raise ConfigError("the adaptive rule family is empty")
+    if len(set(rules)) != len(rules):
+        raise ConfigError(f"the adaptive rule family lists a rule twice: {[r.label() for r in rules]}")
+    return rules
+
+
+DEFAULT_RULES: tuple[EvictionRule, ...] = parse_rules("default")
+TAILS_RULES: tuple[EvictionRule, ...] = parse_rules(TAILS_RULE_LABELS)
+
+
+def cached_efficiency_variant(rules: Sequence[Rule]) -> str:
+    """The FLOP efficiency a cache serving ``rules`` keeps on its nodes: the variant most of its
+    FLOP-aware rules use (a rule using the other computes it, vectorised, when it scores)."""
+    variants = [r.efficiency for r in rules if isinstance(r, EvictionRule) and r.alpha]
+    return max(("marginal", "total"), key=variants.count) if variants else "total"
+
+
+def policy_for(rule: Rule) -> EvictionPolicy:
+    """A fixed-rule eviction policy making exactly ``rule``'s decisions: :class:`LRU` for ``lru`` (the
+    same decisions, cheaper), :class:`FlopAware` for the rest of the FLOP-aware family,
+    :class:`RulePolicy` for any other rule."""
+    if not isinstance(rule, EvictionRule):
+        return RulePolicy(rule)
+    if rule.is_lru and rule.recency == "linear" and not rule.tails:
+        return LRU()
+    return FlopAware(rule.alpha, rule.efficiency, rule.recency, rule.candidates, rule.touch, rule.tails)
+
+
+@dataclass(frozen=True, slots=True)
+class RuleSwitch:
+    """The live rule changed to ``rule`` (an index into the family) when request ``at_request`` began."""
+
+    at_request: int
+    rule: int
+
+
+class FamilyPolicy(EvictionBase):
+    """Eviction by one rule of a family, the live one (``current``), switched by ``set_rule``.
+
+    Candidates are every unlocked node with at most one child (a leaf-only rule scores the leaves
+    alone), so any rule of the family applies at any eviction and decides as a cache built for it
+    alone would in the same state. The cache keeps the family's most used efficiency variant
+    (:func:`cached_efficiency_variant`); a rule weighing the other gets it computed. Dead tails are
+    tracked when some rule cuts them, and cut when the live one does.
+    """
+
+    name = "family"
+    evicts_inner_nodes = True
+
+    def __init__(self, rules: str | Sequence[Rule] = "default", current: int = 0) -> None:
+        self.rules = parse_rules(rules)
+        if not 0 <= current < len(self.rules):
+            raise ConfigError(f"the live rule's index {current} is outside the family of {len(self.rules)}")
+        self.current = current
+        self.efficiency_variant = cached_efficiency_variant(self.rules)
+        self.tracks_tails = any(r.tails for r in self.rules)
+        self.spec: Any = None
+
+    def bind(self, cache: "PrefixCache") -> None:
+        self.spec = cache.spec
+
+    @property
+    def rule(self) -> Rule:
+        return self.rules[self.current]
+
+    @property
+    def trims_tails(self) -> bool:  # type: ignore[override]
+        """The live rule cuts predicted-dead tails before any victim (``marconi.core.tails``)."""
+        return self.rule.tails
+
+    def set_rule(self, rule: Rule) -> None:
+        """Make ``rule`` live; ConfigError if it is not of the family."""
+        try:
+            self.current = self.rules.index(rule)
+        except ValueError:
+            raise ConfigError(f"rule {rule.label()!r} is not of the family "
+                              f"{'/'.join(r.label() for r in self.rules)}") from None
+
+    def choose(self, candidates: CandidateSet) -> int:
+        rule, n = self.rule, len(candidates)
+        if not isinstance(rule, EvictionRule):
+            efficiency = LazyEfficiency({self.efficiency_variant: candidates.flop_eff[:n]}, spec=self.spec,
+                                        cands=candidates)
+            return choose_victim(rule, CandidateTable(candidates, efficiency))
+        if not rule.alpha or rule.efficiency == self.efficiency_variant:
+            eff = candidates.flop_eff[:n]
+        else:
+            eff = flop_efficiency_array(self.spec, candidates.depth[:n], candidates.edge_len[:n],
+                                        candidates.has_ssm[:n], rule.efficiency)
+        return rule.choose(candidates, eff)
+
+    def describe(self) -> dict[str, object]:
+        return {"eviction": self.name, "rules": "/".join(r.label() for r in self.rules), "rule": self.rule.label()}
