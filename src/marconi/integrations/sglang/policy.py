@@ -1,50 +1,14 @@
 """Marconi's FLOP-aware eviction for SGLang's hybrid radix cache (``UnifiedRadixCache``).
 
-SGLang (0.5.23) evicts from its radix tree in two walks, one per component under pressure:
-
-* **FULL KV**: a heap of the tree's evictable device leaves ordered by the configured
-  ``EvictionStrategy.get_priority(node)``; a popped leaf loses its KVs and, by cascade, its Mamba
-  state; a parent that becomes a leaf is pushed back.
-* **Mamba states**: a walk of the component's recency list from the least recent end, ignoring
-  ``get_priority``: a leaf is evicted whole; an inner node loses only its state (it becomes a
-  *tombstone*: KVs without a state, which no request can resume from).
-
-Under ``--radix-eviction-policy marconi`` both follow Marconi's utility (paper §4.2):
-
-    utility = normalised recency + α · normalised FLOP efficiency      (lowest goes first)
-
-FLOP efficiency is the core's :func:`marconi.core.candidates.flop_efficiency` on the served model's
-:class:`~marconi.core.model.ModelSpec` at the node's prefix depth, with one SGLang-specific rule that
-answers the objection raised against FLOP-aware eviction there ("the savings assume the parent is not
-tombstoned, which fails with competing shared prefixes"):
-
-* A node's savings are measured **from its fallback**, the nearest proper ancestor that still holds
-  a Mamba state (the root, depth 0, when none does), not from its parent: when the parent is a
-  tombstone, losing the node sends the next request back to the fallback, so the node's edge is
-  ``depth - fallback_depth`` tokens (``marginal``); ``total`` counts the whole prefix anyway.
-  Two competing prefixes of different lengths under one tombstoned branch are therefore each valued
-  from the same fallback: the longer one saves more FLOPs, as a hit on it would.
-* A node without a Mamba state (a KV-only leaf: its state was evicted or never kept) holds nothing a
-  request can resume from: efficiency 0.
-* In the Mamba walk, a branch point (an inner node with two or more children) is not a candidate
-  while any other state is (Marconi keeps the states at shared-prefix junctions): tombstoning it
-  would make every branch below fall back further.
-
-Recency: the FULL heap normalises ``last_access_time`` (SGLang's own LRU key) over the leaves the
-walk starts with, and breaks ties by it; the Mamba walk normalises the position in SGLang's own
-recency list. So at α = 0 both walks take SGLang's LRU victims, in SGLang's order (a test checks it,
-event for event).
-
-That arithmetic is the strategy's fast path, for the FLOP-aware rules it declares it serves
-(:func:`strategy_serves`). Any other rule a source names (``rule``, e.g.
-:class:`~marconi.integrations.common.alpha.FixedRule`) is applied by the generic path: the core's
-scoring (:func:`~marconi.core.eviction.choose_victim`) over a candidate table — the FULL walk's leaves
-(a parent pushed during the walk is scored in a table of those leaves and itself), or the Mamba walk's
-unlocked states (branch points only when nothing else is). A node has one recency signal here
-(``last_access_time``, or the Mamba list's order), which the table gives for both touches. Dead-tail
-cuts are refused. The exact-worlds source builds a world for any such rule too (:func:`world_rule`). Nothing here imports SGLang: the plugin (:mod:`marconi.integrations.sglang.plugin`)
-passes SGLang's nodes in; they are read through ``parent``, ``children``, ``key``,
-``component_data[i].value`` and ``last_access_time``.
+Under ``--radix-eviction-policy marconi`` both of SGLang's eviction walks (the FULL-KV leaf heap,
+through :meth:`MarconiStrategy.get_priority`, and the Mamba-state walk, through
+:meth:`MarconiStrategy.pick_state`) follow ``normalised recency + α · normalised FLOP efficiency``,
+lowest first. A node's savings count from its *fallback* (the nearest ancestor holding a Mamba
+state), a stateless node is worth 0, and branch points are Mamba candidates last. At α = 0 both walks
+take SGLang's own LRU victims in its order. Rules the fast path does not serve
+(:func:`strategy_serves`) go through the core's scoring (the generic path); dead-tail cuts are
+refused. Nothing here imports SGLang: nodes are read through ``parent``, ``children``, ``key``,
+``component_data[i].value`` and ``last_access_time``. Details: ``docs/sglang.md``.
 """
 
 from __future__ import annotations
@@ -92,10 +56,9 @@ def strategy_serves(rule: Rule) -> bool:
 
 
 def radix_rule(rule: Rule) -> tuple[float, str | None]:
-    """``(alpha, efficiency)`` with which the fast path applies an adaptive family's rule (``lru`` -> α
-    = 0; ``aX`` / ``aXm`` -> α = X on the total / marginal efficiency): the adaptive sources speak
-    these pairs. A rule the fast path does not serve (:func:`strategy_serves`) raises ConfigError (a
-    fixed rule of any kind is served by the generic path: :class:`FixedRule`)."""
+    """``(alpha, efficiency)`` with which the fast path applies ``rule`` (``lru`` -> α = 0; ``aX`` /
+    ``aXm`` -> α = X on the total / marginal efficiency). ConfigError for a rule the fast path does
+    not serve (:func:`strategy_serves`)."""
     if not strategy_serves(rule):
         check_cuts_tails(rule, RADIX_CACHE, False)
         raise ConfigError(f"adaptive rule {rule.label()!r} has no counterpart in the adaptive alpha of {RADIX_CACHE}: "
@@ -165,15 +128,9 @@ def _min_max(value: float, lo: float, hi: float) -> float:
 class MarconiStrategy:
     """SGLang's ``EvictionStrategy`` for ``marconi`` (duck-typed: ``get_priority``), plus the Mamba pick.
 
-    Args:
-        spec: the served model's cost model (the plugin builds it from the HF config).
-        mamba_index: SGLang's ``ComponentType.MAMBA`` (index into ``node.component_data``).
-        alpha: a number >= 0, a :class:`~marconi.core.eviction.Rule` (fixed), or an
-            :class:`AlphaSource` (adaptive: the shadow source).
-        efficiency: ``total`` or ``marginal`` (an adaptive source may switch it).
-
-    Raises:
-        ConfigError: an unknown efficiency, or a rule that cuts dead tails.
+    ``mamba_index``: SGLang's ``ComponentType.MAMBA`` (index into ``node.component_data``); ``alpha``:
+    a number >= 0, a fixed :class:`~marconi.core.eviction.Rule`, or an adaptive
+    :class:`AlphaSource`. ConfigError for an unknown efficiency or a rule that cuts dead tails.
     """
 
     def __init__(self, spec: ModelSpec, mamba_index: int | None, alpha: float | AlphaSource | Rule = DEFAULT_ALPHA,
@@ -238,9 +195,8 @@ class MarconiStrategy:
         return named[1]
 
     def start_shadow(self, kv_tokens: int, mamba_slots: int, make_world: Any = None) -> None:
-        """Adaptive only (a no-op for a fixed α, or when already started): the regret source's shadow
-        gets the pools' bytes; the worlds source builds its worlds with ``make_world`` (an engine's
-        :data:`~marconi.integrations.common.worlds_alpha.WorldMaker` for these pools; ConfigError
+        """Start an adaptive source (a no-op for a fixed α or when started): the regret shadow gets
+        the pools' bytes, the worlds source builds its worlds with ``make_world`` (ConfigError
         without one)."""
         from marconi.integrations.common.shadow_alpha import ShadowAlpha
         from marconi.integrations.common.worlds_alpha import WorldsAlpha
@@ -353,10 +309,8 @@ class MarconiStrategy:
 
     # ----------------------------------------------------------------------------- Mamba walk
     def pick_state(self, lru_order: Sequence[Any], is_leaf: Any) -> Any | None:
-        """The Mamba walk's next victim among ``lru_order`` (least recent first; unlocked states).
-
-        ``is_leaf(node)``: SGLang's evictable-leaf test. At α = 0: the least recent (SGLang's own pick).
-        """
+        """The Mamba walk's next victim among ``lru_order`` (least recent first; unlocked states);
+        ``is_leaf(node)``: SGLang's evictable-leaf test."""
         if not lru_order:
             return None
         generic = self.generic_rule()
