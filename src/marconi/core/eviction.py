@@ -67,14 +67,10 @@ TOUCHES: tuple[str, ...] = tuple(t.value for t in Touch)
 
 @runtime_checkable
 class Rule(Protocol):
-    """What every engine needs to apply an eviction rule.
-
-    ``candidates``: which candidates the engine puts in the table (``single-child``: every one it may
-    evict; ``leaves``: the table's leaf flags narrow it further). ``touch``: which recency signal the
-    table's ``recency(touch)`` gives. ``tails``: cut predicted-dead tails before any victim (only a
-    cache that tracks them can; :func:`check_cuts_tails`). ``scores(table)``: one float per row of
-    the table, lowest evicted first (``inf`` where the rule does not look); exact ties go to the
-    least recently accessed under ``touch`` (:func:`choose_victim`). Rules are immutable and hashable.
+    """What every engine needs to apply an eviction rule (immutable, hashable): ``candidates``
+    (``single-child``, or ``leaves`` by the table's leaf flags), ``touch`` (the recency signal),
+    ``tails`` (cut predicted-dead tails first: :func:`check_cuts_tails`) and ``scores(table)``, one
+    float per row, lowest evicted (``inf`` where the rule does not look; ties: :func:`choose_victim`).
     """
 
     candidates: Candidates
@@ -242,14 +238,10 @@ class EvictionRule:
 
 def score_rules(rules: Sequence[EvictionRule], cands: CandidateSet, efficiency: "dict[str, np.ndarray]", *,
                 full: bool = True) -> list[tuple[int, np.ndarray, np.ndarray]]:
-    """Per rule: (its victim, its scores, its tie-break order) over the candidates, sharing the work.
-
-    ``efficiency`` maps a variant (``total``/``marginal``) to its FLOP efficiency per candidate; it
-    is read only for rules with α > 0 (a lazily filled mapping works). A leaf-only rule looks at
-    leaves only (at every candidate if none is a leaf: all leaves are locked); with ``full`` its
-    scores are ``inf`` and its order 0 where it does not look, so every row spans all candidates.
-    Rules with the same candidates, recency signal and transform share their normalised recency;
-    with the same candidates and efficiency, their normalised efficiency.
+    """Per rule: (its victim, its scores, its tie-break order) over the candidates, sharing normalised
+    terms between rules. ``efficiency`` (variant -> per candidate) is read only for α > 0. A leaf-only
+    rule looks at leaves only (at every candidate if none is a leaf); with ``full`` its scores are
+    ``inf`` and its order 0 elsewhere, so every row spans all candidates.
     """
     n = len(cands)
     leaf = cands.leaf[:n]
