@@ -10,7 +10,7 @@ knows an engine: the vLLM plugin and its emulation use it, and so will the next 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import Any, Protocol, Sequence
 
 import numpy as np
 
@@ -41,7 +41,9 @@ class RequestObservation:
 
 class AlphaSource(Protocol):
     """Where α (and the efficiency variant) come from, read at every eviction; ``observe`` sees
-    every finished request.
+    every finished request. An adaptive source is a rule chooser
+    (:class:`~marconi.core.chooser.RuleChooser` fed :class:`RequestObservation` s): ``observe``
+    returns the new rule when its choice changes (else None), and it reports ``tuning_record()``.
 
     ``efficiency()`` returns ``"total"``, ``"marginal"`` or None (the pool's configured variant).
     A fixed α ignores the observations; an adaptive source updates from them. Implementations must
@@ -60,7 +62,8 @@ class AlphaSource(Protocol):
     def efficiency(self) -> str | None:
         ...
 
-    def observe(self, event: RequestObservation) -> None:
+    def observe(self, event: RequestObservation) -> Any:
+        """Learn from one finished request; an adaptive source returns its new rule on a switch."""
         ...
 
 

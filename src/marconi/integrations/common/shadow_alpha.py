@@ -1,20 +1,20 @@
-"""The shadow α source: Marconi's regret selector, run on a size-only shadow of an engine's cache.
+"""The shadow α source: Marconi's regret chooser, run on a size-only shadow of an engine's cache.
 
-``marconi:selector=regret`` (:class:`marconi.choosers.regret.RegretEviction`) keeps re-choosing its
+``marconi:chooser=regret`` (:class:`marconi.choosers.regret.RegretEviction`) keeps re-choosing its
 eviction rule among a family (by default ``lru / a0.5m / a2m``: SGLang+'s LRU; recency + 0.5 or 2 ×
 the *marginal* FLOP efficiency) by counterfactual eviction regret. :class:`ShadowAlpha` brings that
 choice into an engine's own eviction, which ranks its blocks by ``recency + α · efficiency``:
 
 * a size-only shadow :class:`~marconi.core.cache.PrefixCache` — Marconi admission, the regret
-  selector's eviction, the served model's :class:`~marconi.core.model.ModelSpec`, the capacity the
+  chooser's eviction, the served model's :class:`~marconi.core.model.ModelSpec`, the capacity the
   engine's pool holds (the engine computes it: :meth:`ShadowAlpha.start`) — is fed every finished
   request's prompt and output token ids, in finish order;
 * its live rule is translated into the engine's terms by ``rule_map`` (an ``EvictionRule`` ->
   ``(alpha, efficiency)``; vLLM's: :func:`marconi.integrations.vllm.policy.block_rule`), which
   rejects the rules the engine's eviction cannot express.
 
-Why a shadow and not the selector re-implemented over an engine's blocks: the shadow runs the
-selector that the project tests and measures (docs/adaptive.md), unchanged, through its public API;
+Why a shadow and not the chooser re-implemented over an engine's blocks: the shadow runs the
+chooser that the project tests and measures (docs/adaptive.md), unchanged, through its public API;
 it needs only the token ids, which an engine's scheduler and its emulation both have at a request's
 end, so the emulation reproduces the live engine's choices exactly; and it costs one size-only
 replay of each request. What it gives up: the regret is measured on a radix cache of the same
@@ -24,7 +24,7 @@ rule that would win the pool. docs/vllm.md measures how good a proxy it is for v
 
 (The simulator's default ``marconi`` chooses among the same rules by exact worlds,
 :mod:`marconi.choosers.worlds`; here that would mean one shadow replay per rule per request
-instead of one, and the live-server validation was done for the regret selector.)
+instead of one, and the live-server validation was done for the regret chooser.)
 
 Deterministic: the same finished requests in the same order give the same rules. Engine-agnostic:
 nothing here knows a block, a pool or an engine.
@@ -61,8 +61,8 @@ RuleMap = Callable[[EvictionRule], tuple[float, str | None]]
 
 
 class ShadowAlpha:
-    """An :class:`~marconi.integrations.common.alpha.AlphaSource` following the regret selector's
-    live rule on a size-only shadow cache.
+    """An :class:`~marconi.integrations.common.alpha.AlphaSource` and rule chooser following the
+    regret chooser's live rule on a size-only shadow cache.
 
     Until :meth:`start` builds the shadow (and until the first request finishes) it answers with
     the family's first rule. :meth:`observe` replays a finished request through the shadow.
@@ -70,11 +70,11 @@ class ShadowAlpha:
     Args:
         rules: the family, as ``marconi:rules=`` (``"default"`` = ``lru/a0.5m/a2m``).
         rule_map: the engine's translation of a rule (every rule of the family is checked now).
-        decay, hysteresis: the selector's (see :class:`marconi.choosers.regret.RegretEviction`).
+        decay, hysteresis: the regret chooser's (see :class:`marconi.choosers.regret.RegretEviction`).
 
     Raises:
         ConfigError: an unknown rule, a rule that cuts dead tails (``a0.5mt``: neither the regret
-            selector nor an engine's ranking can follow it), or one ``rule_map`` rejects.
+            chooser nor an engine's ranking can follow it), or one ``rule_map`` rejects.
     """
 
     def __init__(self, rules: str | Sequence[EvictionRule] = "default", *, rule_map: RuleMap,
@@ -85,13 +85,13 @@ class ShadowAlpha:
         cutting = [r.label() for r in self.rules if r.tails]
         if cutting:        # refused here, when the setting is read, not when a pool binds (issue 31)
             raise ConfigError(f"rules {', '.join(cutting)} cut dead tails, which this adaptive alpha cannot follow: its "
-                              "regret selector scores victims, not cuts, and an engine's eviction only ranks blocks; "
+                              "regret chooser scores victims, not cuts, and an engine's eviction only ranks blocks; "
                               "use lru, aX and aXm rules (e.g. lru/a0.5m/a2m)")
         self._mapped = [rule_map(r) for r in self.rules]    # validates every rule
         self.decay = decay
         self.hysteresis = hysteresis
         self.cache: PrefixCache | None = None
-        self.selector: RegretEviction | None = None
+        self.chooser: RegretEviction | None = None    # the regret chooser running in the shadow
         self.num_observed = 0
         self.lag = lag
         self._live = 0                   # with a lag: the index of the rule in force
@@ -110,9 +110,9 @@ class ShadowAlpha:
         """
         if self.cache is not None:
             raise ConfigError("a shadow alpha source serves one pool; build one per pool")
-        selector = RegretEviction(self.rules, decay=self.decay, hysteresis=self.hysteresis)
-        self.cache = PrefixCache(spec, capacity_bytes, "marconi", selector)
-        self.selector = selector
+        chooser = RegretEviction(self.rules, decay=self.decay, hysteresis=self.hysteresis)
+        self.cache = PrefixCache(spec, capacity_bytes, "marconi", chooser)
+        self.chooser = chooser
 
     @property
     def started(self) -> bool:
@@ -133,11 +133,18 @@ class ShadowAlpha:
     def _current(self) -> int:
         if self.lag:
             return self._live
-        return 0 if self.selector is None else self.selector.current
+        return 0 if self.chooser is None else self.chooser.current
 
-    def observe(self, event: RequestObservation) -> None:
+    def observe(self, event: RequestObservation) -> EvictionRule | None:
         """Replay the finished request through the shadow (Marconi admission and eviction); its
-        selector charges the rules and may switch the live one. ConfigError before :meth:`start`."""
+        regret chooser charges the rules and may switch the live one. Returns the rule in force from
+        now if it changed, else None (the rule chooser's contract). ConfigError before :meth:`start`."""
+        before = self._current()
+        self._observe(event)
+        after = self._current()
+        return self.rules[after] if after != before else None
+
+    def _observe(self, event: RequestObservation) -> None:
         if self.cache is None:
             raise ConfigError("shadow alpha: observe before start (the engine builds the shadow for its pool)")
         if not self.lag:
@@ -161,9 +168,9 @@ class ShadowAlpha:
 
     def _replay(self, event: RequestObservation) -> None:
         """One request through the shadow (the worker thread's, in the background), and the rule after it."""
-        assert self.cache is not None and self.selector is not None
+        assert self.cache is not None and self.chooser is not None
         self.cache.process(event.prompt_token_ids, event.output_token_ids)
-        self._rule_after.append(self.selector.current)
+        self._rule_after.append(self.chooser.current)
 
     def run_in_background(self) -> None:
         """Replay on a worker thread from now on (same rules, see the module docstring: the scheduler
@@ -186,10 +193,10 @@ class ShadowAlpha:
             self._worker.wait_for(self.num_observed + 1 - self._first_kept)
 
     def tuning_record(self) -> dict[str, Any]:
-        """The selector's record: every switch of the live rule, ``rule_switches`` =
+        """The regret chooser's record: every switch of the live rule, ``rule_switches`` =
         ``[[request index (0-based, finish order), label], ...]``."""
         self.drain()
-        return {"rule_switches": []} if self.selector is None else self.selector.tuning_record()
+        return {"rule_switches": []} if self.chooser is None else self.chooser.tuning_record()
 
     def __repr__(self) -> str:
         family = "/".join(r.label() for r in self.rules)

@@ -59,8 +59,8 @@ WorldMaker = Callable[[Any, "str | None"], World]
 
 
 class WorldsAlpha:
-    """An :class:`~marconi.integrations.common.alpha.AlphaSource` whose live rule is the best of the
-    rules' exact worlds (see the module docstring).
+    """An :class:`~marconi.integrations.common.alpha.AlphaSource` and rule chooser whose live rule is
+    the best of the rules' exact worlds (see the module docstring).
 
     Until :meth:`start` builds the worlds it answers with the family's first rule, which stays live
     until another world leads.
@@ -119,17 +119,19 @@ class WorldsAlpha:
     def efficiency(self) -> str | None:
         return self._mapped[self.current][1]
 
-    def observe(self, event: RequestObservation) -> None:
-        """Serve the finished request in every world, score them, maybe switch the live rule.
-        ConfigError before :meth:`start`."""
+    def observe(self, event: RequestObservation) -> Rule | None:
+        """Serve the finished request in every world, score them, maybe switch the live rule (the
+        new rule is returned, else None: the rule chooser's contract). ConfigError before :meth:`start`."""
         if not self.worlds:
             raise ConfigError("worlds alpha: observe before start (the engine builds the worlds for its cache)")
         for k, world in enumerate(self.worlds):
             self.scores[k] = self.scores[k] * self.decay + world.serve(event.prompt_token_ids, event.output_token_ids)
         best = max(range(len(self.scores)), key=lambda k: (self.scores[k], -k))
-        if best != self.current and self.scores[best] > self.scores[self.current] * (1 + self.hysteresis):
+        switched = best != self.current and self.scores[best] > self.scores[self.current] * (1 + self.hysteresis)
+        if switched:
             self._switch(best)
         self.num_observed += 1
+        return self.rules[best] if switched else None
 
     def _switch(self, best: int) -> None:
         old, live = self.current, self.worlds[self.current]

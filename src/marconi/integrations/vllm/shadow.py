@@ -31,7 +31,7 @@ class PoolShadowAlpha(ShadowAlpha):
 
     Args:
         rules: the family, as ``MARCONI_VLLM_ADAPTIVE_RULES`` (``"default"`` = ``lru/a0.5m/a2m``).
-        decay, hysteresis: the regret selector's.
+        decay, hysteresis: the regret chooser's.
         lag: requests by which a rule switch takes effect (``MARCONI_VLLM_ADAPTIVE_LAG``; see
             :class:`~marconi.integrations.common.shadow_alpha.ShadowAlpha`).
 
