@@ -49,22 +49,11 @@ def _is_integer(value: Any) -> bool:
 class ModelSpec:
     """Layer mix and dimensions of a hybrid model, with its FLOP and byte costs.
 
-    Attributes:
-        name: preset or model name (echoed in results).
-        num_attn_layers / num_ssm_layers / num_mlp_layers: layer counts by kind. An "SSM" layer is
-            any recurrent mixer with a fixed-size state (Mamba-1/2, gated DeltaNet, short conv).
-        d_model: model dimension ``D``.
-        ssm_state_dim: SSM state dimension ``N``.
-        conv_kernel: width of the conv state kept per SSM layer.
-        ssm_expand: SSM inner expansion factor (only used for the default ``conv_dim``).
-        num_kv_heads / head_dim: attention KV geometry (GQA aware).
-        bytes_per_elem: bytes per cached element (2 for fp16/bf16).
-        ssm_state_width: elements of the recurrent state per unit of ``N``; ``None`` means ``D``
-            (the paper's ``D·N`` state). Real Mamba-2 layers hold ``n_heads·head_dim·N``.
-        conv_dim: channels of the conv state; ``None`` means ``expand·D + 2·N``.
-        checkpoint_extra_bytes: bytes an engine keeps beside each SSM checkpoint besides the
-            states (an engine that keeps the last position's final hidden state: ``D`` elements,
-            so a hit on a whole prompt needs no forward). 0 for the presets: the paper's accounting.
+    An "SSM" layer is any recurrent mixer with a fixed-size state (Mamba-1/2, gated DeltaNet, short
+    conv). ``d_model`` is ``D``, ``ssm_state_dim`` is ``N``; ``ssm_state_width`` (elements per unit of
+    ``N``) and ``conv_dim`` default to the paper's ``D`` and ``expand·D + 2·N``; ``bytes_per_elem``
+    is per cached element (2 for fp16/bf16); ``checkpoint_extra_bytes`` are kept beside each SSM
+    checkpoint (0 for the presets, as in the paper).
     """
 
     name: str

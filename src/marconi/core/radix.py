@@ -1,10 +1,8 @@
 """Radix tree over token ids: the structure of the prefix cache, and nothing else.
 
-Each :class:`Node` owns the edge from its parent: its tokens (one int32 array), an opaque KV
-payload, and the SSM checkpoints on that edge (parallel lists of positions and payloads; usually one,
-at its end; a block run holds one per block). The tree does surgery only; the store above it does
-the bytes, locks and candidate index. With ``page_size > 1`` children are keyed by their first page
-and match lengths round down to whole pages, as in vLLM's block hashing.
+Each :class:`Node` owns the edge from its parent: its tokens (int32), an opaque KV payload, and the
+SSM checkpoints on it (parallel lists of positions and payloads). With ``page_size > 1`` children
+are keyed by their first page and matches round down to whole pages, as in vLLM's block hashing.
 """
 
 from __future__ import annotations

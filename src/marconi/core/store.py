@@ -1,11 +1,7 @@
-"""The store under a prefix cache: the radix tree, its byte accounting, the eviction-candidate index
-and the surgery that keeps all three consistent.
-
-Bytes come from the :class:`~marconi.core.model.ModelSpec` only, and ``used_bytes <=
-capacity_bytes`` always; payloads are opaque (a :class:`PayloadOps` splits, joins, releases them).
-Each operation either changes nothing (a callback it needs first raised) or leaves tree, bytes,
-locks and candidate index consistent; payloads are released after the change, so a raising
-``release`` finds the store whole. Which victim goes and when is the cache's business.
+"""The store under a prefix cache: the radix tree, its byte accounting (from the ModelSpec only) and
+the eviction-candidate index, kept consistent by its surgery. Each operation either changes nothing
+(a callback it needs first raised) or leaves all three consistent; opaque payloads
+(:class:`PayloadOps`) are released after the change, so a raising ``release`` finds the store whole.
 """
 
 from __future__ import annotations
@@ -86,15 +82,9 @@ class SizeOnlyPayloads:
 
 class TreeStore:
     """A radix tree with byte accounting, locks, both recency signals and the candidate index.
-
-    Args:
-        spec: the model's cost model (bytes per KV token and per checkpoint, FLOPs).
-        capacity_bytes: the bound on ``used_bytes`` (checked by the cache before it inserts).
-        page_size: tokens per tree page (edges are whole pages).
-        payloads: how payloads split, join and are released.
-        inner_candidates: one-child nodes holding a checkpoint are eviction candidates too.
-        efficiency_variant: which FLOP efficiency nodes carry (``total`` or ``marginal``).
-    """
+    ``capacity_bytes`` bounds ``used_bytes`` (the cache checks before it inserts); with
+    ``inner_candidates`` one-child nodes holding a checkpoint are candidates too;
+    ``efficiency_variant`` (``total``/``marginal``) is the FLOP efficiency nodes carry."""
 
     def __init__(self, spec: ModelSpec, capacity_bytes: int, page_size: int, payloads: PayloadOps, *,
                  inner_candidates: bool, efficiency_variant: str) -> None:
@@ -172,8 +162,7 @@ class TreeStore:
         self._sync_candidate(node)
 
     def _trim_run(self, node: Node, shortfall: int) -> None:
-        """Evict a run leaf's last blocks, as many as free ``shortfall`` bytes, at once (what
-        per-block LRU does: the blocks share the run's recency)."""
+        """Evict a run leaf's last blocks, as many as free ``shortfall`` bytes, at once."""
         positions = node.ckpt_positions
         n = len(positions)
 
@@ -196,8 +185,7 @@ class TreeStore:
         self._cut_leaf(node, node.depth - positions[n - blocks - 1])
 
     def _cut_leaf(self, node: Node, dropped_tokens: int) -> None:
-        """Drop a leaf's last ``dropped_tokens`` tokens (fewer than its edge) with their KVs and the
-        checkpoints on them; the node stays, shorter."""
+        """Drop a leaf's last ``dropped_tokens`` (< its edge) tokens, their KVs and checkpoints."""
         kept_kv, dropped_kv = self.payloads.split_kv(node.kv, node.edge_len - dropped_tokens)  # before any change
         node.kv = kept_kv
         dropped_states = self.tree.trim_leaf(node, dropped_tokens)

@@ -1,10 +1,8 @@
 """Dead-tail prediction: how far later requests re-enter a sequence that left its predecessor early.
 
-A request that *branched* at depth ``base`` leaves a leaf whose tail is its own; a later request
-re-enters it by ``matched - base`` tokens (a whole re-entry counts as infinite). From recent
-re-entries a *margin* is predicted, and before any eviction the cache cuts the oldest such leaf back
-to ``base + margin``, keeping the stub so the branch is still found. Online and deterministic (bases
-and advances are read off the radix walk), O(1) per request. Why and how: ``docs/tails.md``.
+From recent re-entries into branched leaves (``matched - base`` tokens; a whole one is infinite) a
+*margin* is predicted, and before any eviction the cache cuts the oldest such leaf back to ``base +
+margin``, keeping the stub. Online, deterministic, O(1) per request. Why and how: ``docs/tails.md``.
 """
 
 from __future__ import annotations
@@ -69,8 +67,7 @@ class TailReach:
         return self._margin
 
     def check_invariants(self) -> None:
-        """AssertionError unless the window holds at most ``window`` re-entries and the margin is
-        the one they give."""
+        """AssertionError unless the window and the margin agree with ``window``."""
         if len(self._advances) > self.window:
             raise AssertionError(f"tail reach: {len(self._advances)} re-entries kept, window is {self.window}")
         if self._margin != self._estimate():
@@ -118,8 +115,7 @@ class TailPredictor:
         return len(self._anchors)
 
     def check_invariants(self) -> None:
-        """AssertionError unless at most ``max_anchors`` anchors are remembered and every estimate
-        holds its own (:meth:`TailReach.check_invariants`)."""
+        """AssertionError unless at most ``max_anchors`` anchors are kept and each estimate holds."""
         if len(self._anchors) > self.max_anchors:
             raise AssertionError(f"tail predictor: {len(self._anchors)} anchors kept, max_anchors is {self.max_anchors}")
         self.overall.check_invariants()
