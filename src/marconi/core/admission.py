@@ -1,8 +1,6 @@
 """Admission policies: which SSM checkpoints enter the cache, and how much of a sequence is kept.
-
-A policy answers before prefill (``prefill_checkpoints``: positions whose state the prefill must
-capture) and after decode (``final_plan``: tokens to insert, checkpoint positions); the cache decides
-what exists, what is created and whether it fits. Any admission pairs with any eviction policy.
+The cache decides what exists, what is created and whether it fits; any admission pairs with any
+eviction policy.
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
-"""The eviction candidates as parallel arrays, and the FLOP efficiency a policy scores them by.
-
-Parallel numpy arrays let a policy pick its victim with a few vectorised operations instead of
-walking the tree. FLOP efficiency (paper §4.2, App. A) = FLOPs a hit at the node saves ÷ bytes its
-entry holds, from :class:`~marconi.core.model.ModelSpec`'s formulas; a rule reads both through a
-:class:`CandidateTable`.
+"""The eviction candidates as parallel numpy arrays (a victim in a few vectorised operations, no tree
+walk), and their FLOP efficiency (paper §4.2: FLOPs a hit saves ÷ bytes held), read by a rule
+through a :class:`CandidateTable`.
 """
 
 from __future__ import annotations
@@ -38,10 +35,8 @@ class CandidateSet:
 
     @classmethod
     def of(cls, keys: Sequence[Hashable], **columns: Any) -> "CandidateSet":
-        """A set over ``keys`` (an engine's blocks, nodes or chunks; they stand in ``nodes``) filled from
-        ``columns`` (name -> one value per key; :attr:`COLUMNS` not given are 0/False). Such a set is
-        read, never updated (``add``/``remove`` need radix nodes). ValueError for an unknown column or
-        one of another length."""
+        """A read-only set over an engine's ``keys`` (in ``nodes``) filled from ``columns`` (name -> one
+        value per key; others 0/False). ValueError for an unknown column or one of another length."""
         n = len(keys)
         out = cls(max(n, 1))
         unknown = set(columns) - {name for name, _ in cls.COLUMNS}
@@ -142,9 +137,8 @@ def flop_efficiency_array(spec: "ModelSpec", depth: np.ndarray, edge_len: np.nda
 
 
 class LazyEfficiency(dict):
-    """FLOP efficiency per variant of the first ``n`` candidates of a set: those given, and any other
-    variant computed from the set's shape columns on first use (:func:`flop_efficiency_array` on
-    ``spec``; KeyError naming the variant when no ``spec`` was given, or ``compute`` if given instead)."""
+    """FLOP efficiency per variant of a set's first ``n`` candidates: those given, others computed from
+    the shape columns on first use (by ``spec`` or ``compute``; KeyError naming the variant without)."""
 
     def __init__(self, given: Mapping[str, np.ndarray], *, spec: "ModelSpec | None" = None,
                  cands: CandidateSet | None = None, compute: Callable[[str], np.ndarray] | None = None) -> None:

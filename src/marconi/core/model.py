@@ -1,9 +1,7 @@
 """Cost model of a hybrid LLM: FLOPs a cache hit saves and bytes a cache entry holds.
 
 One frozen :class:`ModelSpec` holds all the cache knows of the model, so the simulator and the real
-engine account bytes identically. Formulas: the Marconi paper's Appendix A (listed in
-``docs/cache-api.md``), with the real state widths of presets and of
-:func:`ModelSpec.from_hf_config` in place of the paper's simplified ones.
+engine account bytes identically. Formulas: the paper's Appendix A (``docs/cache-api.md``).
 """
 
 from __future__ import annotations
