@@ -1,11 +1,8 @@
 """Eviction rules and policies: a rule scores candidates, the cache owns the eviction loop.
 
-A :class:`Rule` is an immutable value (candidates, recency signal, dead-tail cuts, ``scores``) that
-every engine applies to the :class:`~marconi.core.candidates.CandidateTable` it fills, so a rule is
-written once. :func:`score_rules` is the single scoring specification (``lru``, ``flop-aware`` and
-the whole :class:`EvictionRule` family) that every engine's fast path is held to; the two rules'
-semantics are in ``docs/cache-api.md``. :func:`rule_from_label` parses rule labels, extensible
-through :func:`register_rule_label`.
+A :class:`Rule` is a value every engine applies to the candidate table it fills, so a rule is written
+once; :func:`score_rules` is the one scoring specification every engine's fast path is held to.
+Semantics of ``lru`` and ``flop-aware``: ``docs/cache-api.md``.
 """
 
 from __future__ import annotations
@@ -229,9 +226,8 @@ class EvictionRule:
         return scores
 
     def choose(self, cands: CandidateSet, efficiency: np.ndarray) -> int:
-        """Index of the victim among ``cands`` (non-empty); ``efficiency`` per candidate for this
-        rule's variant. Normalisation runs over the rule's own candidates only, so the rule decides
-        the same inside a cache whose candidate set is larger (a selector's)."""
+        """Index of the victim among ``cands`` (non-empty); ``efficiency`` per candidate in this rule's
+        variant. Normalised over the rule's own candidates only, so a larger candidate set decides alike."""
         ((victim, _, _),) = score_rules((self,), cands, {self.efficiency: efficiency}, full=False)
         return victim
 

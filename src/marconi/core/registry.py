@@ -74,11 +74,8 @@ class Domain:
         return self.hi is None or (value < self.hi if self.hi_open else value <= self.hi)
 
     def parse(self, text: str | float) -> Any:
-        """``text`` as an int (``integer``) or float in the domain, or one of ``words`` (lower-cased).
-
-        Raises:
-            ConfigError: ``must be <describe()>, got '<text>'`` and the hint; callers prefix the name.
-        """
+        """``text`` as an int (``integer``) or float in the domain, or one of ``words`` (lower-cased);
+        else ConfigError ``must be <describe()>, got '<text>'`` and the hint (callers prefix the name)."""
         if isinstance(text, str) and text.strip().lower() in self.words:
             return text.strip().lower()
         try:
@@ -124,12 +121,8 @@ class ParsedName:
 
 def parse_name(text: str) -> ParsedName:
     """Split ``"name:k=v,k2=v2"`` into the name and a dict of raw string values (commas inside
-    parentheses do not split).
-
-    Raises:
-        ConfigError: an empty name, an item that is not ``key=value``, a key given twice, an empty
-            value (``rules=``: give a value or drop the parameter), unbalanced parentheses.
-    """
+    parentheses do not split). ConfigError for an empty name or value, an item that is not
+    ``key=value``, a key given twice, or unbalanced parentheses."""
     text = text.strip()
     if not text:
         raise ConfigError("empty name")
@@ -202,15 +195,9 @@ def _convert(raw: str, annotation: Any, default: Any, where: str, domain: Domain
 
 
 class Registry(Generic[T]):
-    """Factories by name; ``create("name:k=v")`` validates and converts the parameters.
-
-    ``entry_points``: a group whose entries name modules that register here; they are imported on
-    the registry's first read, so it is complete without importing the floors above it.
-
-    Raises ConfigError on a read when an entry point's module fails to import (every later read tries
-    again: never silently incomplete); an unknown name in a group with no entry point says the
-    package is not installed.
-    """
+    """Factories by name; ``create("name:k=v")`` validates and converts the parameters. The modules
+    of the ``entry_points`` group are imported on the first read; ConfigError on a read when one
+    fails (every later read tries again: never silently incomplete)."""
 
     def __init__(self, kind: str, entry_points: str = "") -> None:
         self.kind = kind
