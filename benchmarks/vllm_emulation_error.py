@@ -30,7 +30,7 @@ import numpy as np
 
 from marconi.core.model import ModelSpec
 from marconi.integrations.common import bench as common
-from marconi.integrations.vllm.bench import policy_arm
+from marconi.integrations.vllm.arms import policy_arm
 from marconi.integrations.vllm.emulate.engine import VllmAlignEngine
 from marconi.integrations.vllm.layout import layout_for_spec
 from marconi.integrations.vllm.emulate.scheduler import emulate_closed_loop

@@ -312,6 +312,20 @@ def test_no_module_imports_the_command_line() -> None:
     assert not offending, "modules that import marconi.cli:\n" + "\n".join(offending)
 
 
+def test_the_library_never_imports_the_lab() -> None:
+    """The lab (``marconi.lab``: the studies and benches) imports the library, never the reverse:
+    only the lab itself and ``marconi.cli``, which hands the lab the library's command groups, import
+    it. The CLI's own import of the lab is seen, so the finder would see any other."""
+    def lab(target: str) -> bool:
+        return target == "marconi.lab" or target.startswith("marconi.lab.")
+
+    assert any(lab(target) for _, target in _imports(MODULES["marconi.cli"]))
+    offending = [f"{path.relative_to(SRC)}:{line}: {target}" for name, path in sorted(MODULES.items())
+                 if not lab(name) and name not in ("marconi.cli", "marconi.__main__")
+                 for line, target in _imports(path) if lab(target)]
+    assert not offending, "library modules that import the lab:\n" + "\n".join(offending)
+
+
 def test_the_core_imports_only_numpy_and_the_standard_library() -> None:
     allowed_roots = set(sys.stdlib_module_names) | {"numpy", "__future__"}
     offending = []

@@ -23,7 +23,7 @@ from marconi.core.registry import ConfigError
 from marconi.integrations.common.alpha import RequestObservation
 from marconi.integrations.common.shadow_alpha import ShadowAlpha
 from marconi.integrations.common.worlds_alpha import WorldsAlpha
-from marconi.integrations.sglang.bench import emulate_policy, parse_policy
+from marconi.lab.sglang_bench import emulate_policy, parse_policy
 from marconi.integrations.sglang.emulate import MAMBA, UnifiedRadixEmulator, emulator_for
 from marconi.integrations.sglang.policy import MarconiStrategy, parse_config, radix_rule
 from marconi.integrations.sglang.replay import pool_sizes

@@ -150,7 +150,7 @@ def test_a_request_the_pool_cannot_hold_makes_the_point_infeasible() -> None:
 _AGREEMENT = r"""
 import json
 from marconi.core.model import get_model
-from marconi.integrations.sglang.bench import run_policy
+from marconi.lab.sglang_bench import run_policy
 from marconi.integrations.sglang.replay import pool_sizes
 from marconi.sim.replay import working_set_bytes
 from marconi.units import parse_capacity
@@ -170,7 +170,7 @@ for name, n, capacity, policies in (("swe-sample", None, "0.05x", ("lru", "marco
 
 # Randomised multi-turn replays on small pools: branches, repeats, tombstones, both walks under pressure.
 import numpy as np
-from marconi.integrations.sglang.bench import parse_policy
+from marconi.lab.sglang_bench import parse_policy
 from marconi.integrations.sglang.emulate import emulator_for
 from marconi.integrations.sglang.replay import RadixReplay
 spec = get_model("paper-7b")

@@ -71,7 +71,7 @@ with open(PIDS, "a") as fh:
 if MODE == "hang":
     time.sleep(600)
     sys.exit(0)
-if MODE == "exit0" or "marconi.integrations.sglang.bench" in sys.argv:
+if MODE == "exit0" or "marconi.lab.sglang_bench" in sys.argv:
     sys.exit(0)
 requests_path, out_path = sys.argv[3], sys.argv[4]           # -m MODULE requests.json out.json ...
 n = len(json.load(open(requests_path))["requests"])
@@ -273,7 +273,7 @@ def test_sglang_bench_child_exiting_0_without_records_is_an_error(tmp_path):
 
 def test_sglang_bench_child_refuses_a_request_count_below_one():
     # issue 31, bug 10: --num-requests 0 / -3 never reach the replay (the child refuses them too)
-    from marconi.integrations.sglang.bench import main
+    from marconi.lab.sglang_bench import main
 
     for n in ("0", "-3"):
         with pytest.raises(SystemExit) as err:

@@ -11,7 +11,7 @@ import pytest
 from marconi.cli import main
 from marconi.core.registry import ConfigError
 from marconi.integrations.common.server import parse_metrics
-from marconi.integrations.vllm.bench import BenchConfig, select_requests
+from marconi.lab.vllm_bench import BenchConfig, select_requests
 from marconi.workloads import build_workload
 from marconi.workloads.trace import Request, Trace, write_trace
 

@@ -20,8 +20,7 @@ from marconi.core.registry import ConfigError
 from marconi.sim.replay import simulate_system
 from marconi.sim.systems import System, SystemConfig, make_system
 from marconi.integrations.common.bench import max_tokens
-from marconi.integrations.vllm.bench import (BenchConfig, alpha_changes, emulate_run, policy_arm, read_fixture,
-                                             select_requests)
+from marconi.integrations.vllm.arms import policy_arm
 from marconi.integrations.vllm.emulate.cache import VllmAlignCache
 from marconi.integrations.vllm.emulate.engine import VllmAlignEngine
 from marconi.integrations.vllm.layout import VllmLayout, layout_for_spec, prefix_hashes
@@ -29,6 +28,7 @@ from marconi.integrations.vllm.models import PRESETS
 from marconi.integrations.vllm.policy import ATTENTION, MAMBA
 from marconi.integrations.vllm.shadow import PoolShadowAlpha
 from marconi.integrations.vllm.system import VllmAlignSystem
+from marconi.lab.vllm_bench import BenchConfig, alpha_changes, emulate_run, read_fixture, select_requests
 
 FIXTURES = sorted((Path(__file__).parent / "fixtures").glob("vllm_*.json"))
 # The tiny Qwen3-Next preset's config as vLLM serves it (3 gated-DeltaNet layers, 1 attention).
@@ -266,7 +266,7 @@ def test_bench_records_table_and_plot_from_a_recorded_run(tmp_path: Path) -> Non
     """What ``marconi vllm bench`` writes and prints after serving, fed a recorded real run: the
     record's vLLM and emulated rates, the comparison table and the TTFT CDF (the part of the bench
     a CI machine without a server would otherwise never execute)."""
-    from marconi.integrations.vllm.bench import RunResult, bench_table, make_record, plot_ttft_cdf
+    from marconi.lab.vllm_bench import RunResult, bench_table, make_record, plot_ttft_cdf
 
     data = read_fixture(next(f for f in FIXTURES if f.name == "vllm_swe_adaptive.json"))
     cfg = data["config"]

@@ -22,8 +22,9 @@ import pytest
 from marconi.cli import main
 from marconi.core.model import ModelSpec, get_model
 from marconi.core.registry import ConfigError
-from marconi.integrations.vllm import bench, plugin
-from marconi.integrations.vllm.bench import BenchConfig, run_bench
+from marconi.integrations.vllm import plugin
+from marconi.lab import vllm_bench as bench
+from marconi.lab.vllm_bench import BenchConfig, run_bench
 from marconi.integrations.vllm.config import PluginConfig
 from marconi.integrations.vllm.models import PRESETS
 from marconi.sim.sweep import PointsFailed, expand_points, run_sweep

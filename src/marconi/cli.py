@@ -1,5 +1,6 @@
 """``marconi`` command line: models, systems, simulate, compare, demo, trace …, engine …, vllm …, sglang …,
-and the lab's commands (experiment …, reproduce, engine bench, vllm frontier; :mod:`marconi.lab.commands`).
+and the lab's commands (experiment …, reproduce, engine bench, vllm bench, vllm frontier, sglang bench;
+:mod:`marconi.lab.commands`).
 
 Every sub-command is a function ``(args) -> exit code``; library code never prints, this does.
 """
@@ -295,7 +296,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 # whose ``register`` returns its group's subparsers object; then the lab's commands, which add
 # leaves to those groups (the library never imports the lab).
 _LIBRARY_COMMANDS = (("marconi.workloads.commands", None), ("marconi.engine.commands", "engine"),
-                     ("marconi.integrations.vllm.commands", "vllm"), ("marconi.integrations.sglang.commands", None))
+                     ("marconi.integrations.vllm.commands", "vllm"), ("marconi.integrations.sglang.commands", "sglang"))
 _LAB_COMMANDS = "marconi.lab.commands"
 
 

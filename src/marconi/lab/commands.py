@@ -2,8 +2,9 @@
 
 * ``marconi experiment <study> …`` (the sparse study, headroom) and ``marconi reproduce`` (the paper's
   figures): top-level commands of the lab's own.
-* ``marconi engine bench`` and ``marconi vllm frontier``: the lab's leaves under the library's
-  ``engine`` and ``vllm`` groups, added to the subparsers objects those groups' ``register`` return.
+* ``marconi engine bench``, ``marconi vllm bench``, ``marconi vllm frontier`` and ``marconi sglang
+  bench``: the lab's leaves under the library's ``engine``, ``vllm`` and ``sglang`` groups, added to
+  the subparsers objects those groups' ``register`` return.
 
 The library never imports the lab: the CLI, above both, hands the groups down.
 """
@@ -20,7 +21,8 @@ __all__ = ["register"]
 _EXPERIMENTS = (("marconi.lab.sparse", "experiment"), ("marconi.lab.headroom", "experiment"),
                 ("marconi.lab.reproduce", "top"))
 # (module, the library group it adds a leaf to)
-_LEAVES = (("marconi.lab.engine_bench_command", "engine"), ("marconi.lab.frontier_command", "vllm"))
+_LEAVES = (("marconi.lab.engine_bench_command", "engine"), ("marconi.lab.vllm_bench_command", "vllm"),
+           ("marconi.lab.frontier_command", "vllm"), ("marconi.lab.sglang_bench_command", "sglang"))
 
 
 def register(subparsers: Any, groups: Mapping[str, Any]) -> None:

@@ -56,7 +56,7 @@ def _serve(vllm_python: str, config: str, requests_path: Path, model_dir: Path, 
 
 def main(argv: list[str] | None = None) -> int:
     from marconi.core.model import ModelSpec
-    from marconi.integrations.vllm.bench import BenchConfig, build_model, max_model_len, select_requests
+    from marconi.lab.vllm_bench import BenchConfig, build_model, max_model_len, select_requests
     from marconi.integrations.vllm.emulate.engine import VllmAlignEngine
     from marconi.integrations.vllm.layout import layout_for_spec
 

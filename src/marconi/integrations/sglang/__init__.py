@@ -1,6 +1,6 @@
 """Marconi inside SGLang (0.5.23): the plugin (:mod:`~marconi.integrations.sglang.plugin`, its utility in
-:mod:`~marconi.integrations.sglang.policy`), a CPU bench through SGLang's own cache
-(:mod:`~marconi.integrations.sglang.replay`, :mod:`~marconi.integrations.sglang.bench`) and the cache
-emulated without SGLang (:mod:`~marconi.integrations.sglang.emulate`, the ``sglang-unified`` system).
-See docs/sglang.md. Importing this package imports nothing from SGLang.
+:mod:`~marconi.integrations.sglang.policy`), a trace through SGLang's own cache
+(:mod:`~marconi.integrations.sglang.replay`) and the cache emulated without SGLang
+(:mod:`~marconi.integrations.sglang.emulate`, the ``sglang-unified`` system). See docs/sglang.md.
+Importing this package imports nothing from SGLang.
 """

@@ -1,120 +1,16 @@
-"""The ``marconi sglang`` command group (``bench``; wired into ``marconi.cli`` by ``register``).
-
-The bench runs in the SGLang environment (``make sglang-env``) through SGLang's own
-``UnifiedRadixCache`` (:mod:`marconi.integrations.sglang.bench`); records go to stdout and ``--out``,
-the table (SGLang's hit rate beside the ``sglang-unified`` emulation's) to stdout.
+"""The ``marconi sglang`` command group (wired into ``marconi.cli`` by ``register``); the lab adds
+its ``bench`` (:mod:`marconi.lab.commands`).
 """
 
 from __future__ import annotations
 
-import json
-import sys
-from pathlib import Path
 from typing import Any
-
-from marconi.options import COUNT, CapacityList, NameList, Number, add_output
 
 __all__ = ["register"]
 
 
-def register(subparsers: Any) -> None:
+def register(subparsers: Any) -> Any:
+    """Add the ``sglang`` group to an argparse subparsers object; return the group's own subparsers
+    object, where the lab adds its ``sglang`` leaves (:mod:`marconi.lab.commands`)."""
     group = subparsers.add_parser("sglang", help="Marconi inside SGLang: a trace through SGLang's own radix cache")
-    sub = group.add_subparsers(dest="sglang_command", required=True)
-    bench = sub.add_parser("bench", help="stock SGLang (lru) vs the Marconi plugin on SGLang's UnifiedRadixCache (CPU)")
-    bench.add_argument("--sglang-python", default=".venv-sglang/bin/python",
-                       help="python of the SGLang environment (`make sglang-env` builds .venv-sglang)")
-    bench.add_argument("--trace", default="swe-sample", help="a trace file or a catalog name")
-    bench.add_argument("--capacity", default="0.05x", type=CapacityList(allow_zero=False),
-                       help="pool bytes (10GB) or a fraction of the working set (0.05x)")
-    bench.add_argument("--model", default="paper-7b", help="model preset or HF config (the pools' bytes, Marconi's FLOPs)")
-    bench.add_argument("--policies", default="lru,marconi", type=NameList("policy"),
-                       help="comma list: lru (stock SGLang), marconi (the plugin's default: adaptive, exact worlds), "
-                            "marconi:alpha=X (X a number, e.g. 0.5, the default before issue 31, or adaptive), "
-                            "marconi:alpha=adaptive,selector=regret (the regret shadow)")
-    bench.add_argument("--num-requests", type=Number(COUNT), default=None, help="replay only the first N requests")
-    add_output(bench, "--out", default="results/sglang_bench.jsonl", help="JSONL records are appended here")
-    bench.set_defaults(func=_cmd_bench)
-
-
-def check_bench_options(capacity: str, policies: str, model: str) -> None:
-    """Every option the bench can check without the trace or SGLang; ConfigError naming the option.
-    Nothing is written (``--out`` is the CLI output guard's)."""
-    from marconi.core.registry import ConfigError, split_name_list
-    from marconi.integrations.sglang.bench import parse_policy
-    from marconi.units import parse_capacity
-
-    try:
-        parse_capacity(capacity)
-    except ConfigError as exc:
-        raise ConfigError(f"--capacity: {exc}") from None
-    names = split_name_list(policies)        # marconi:alpha=adaptive,selector=regret is one policy
-    if not names:
-        raise ConfigError("--policies: no policy given (lru, marconi, marconi:alpha=X)")
-    for name in names:
-        try:
-            parse_policy(name, model)
-        except ConfigError as exc:
-            raise ConfigError(f"--policies: {exc}") from None
-
-
-def check_bench_inputs(sglang_python: str, trace: str, model: str, num_requests: int | None) -> None:
-    """What the SGLang side would otherwise fail on with a traceback, checked before it is spawned;
-    ConfigError naming the option: ``--sglang-python`` (probed), ``--model``, ``--trace``,
-    ``--num-requests``."""
-    from marconi.core.model import get_model
-    from marconi.core.registry import ConfigError
-    from marconi.integrations.common.probe import probe_python
-    from marconi.workloads import is_workload
-
-    if num_requests is not None and num_requests < 1:
-        raise ConfigError(f"--num-requests: must be >= 1, got {num_requests}")
-    try:
-        get_model(model)
-    except (ConfigError, ValueError, OSError) as exc:
-        raise ConfigError(f"--model: {exc}") from None
-    if not is_workload(trace) and not Path(trace).is_file():
-        what = "is a directory" if Path(trace).is_dir() else "is neither a trace file nor a catalog name"
-        raise ConfigError(f"--trace {trace!r}: {what} (`marconi trace list` lists the catalog)")
-    probe_python(sglang_python, "sglang", option="--sglang-python", make_target="make sglang-env")
-
-
-def _cmd_bench(args: Any) -> int:
-    from marconi.core.registry import ConfigError, split_name_list
-
-    try:
-        check_bench_options(args.capacity, args.policies, args.model)
-    except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    try:
-        check_bench_inputs(args.sglang_python, args.trace, args.model, args.num_requests)
-    except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    policies = split_name_list(args.policies)
-    cmd = [str(args.sglang_python), "-W", "ignore", "-m", "marconi.integrations.sglang.bench", "--trace", args.trace,
-           "--capacity", args.capacity, "--model", args.model, "--policies", args.policies, "--out", args.out]
-    if args.num_requests is not None:
-        cmd += ["--num-requests", str(args.num_requests)]
-    from marconi.pool import run_child
-
-    proc = run_child(cmd)                  # dies with this command (issue 31, bug 11's mechanism)
-    if proc.returncode != 0:
-        sys.stderr.write(proc.stderr[-4000:])
-        return proc.returncode or 1
-    records = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
-    if len(records) != len(policies):     # exit 0 without results is a failure, never an empty table (bug 10)
-        said = (proc.stderr.strip().splitlines() or ["no output on stderr"])[-1][:300]
-        print(f"error: the SGLang side ({args.sglang_python}) exited 0 with {len(records)} of {len(policies)} "
-              f"records ({said}); check --sglang-python, or rebuild the environment with `make sglang-env`",
-              file=sys.stderr)
-        return 1
-    print(f"{'policy':<26} {'token hit rate':>14} {'sglang-unified':>14} {'requests':>9} {'kv tokens':>10} "
-          f"{'mamba slots':>11}")
-    for r in records:
-        sim = r.get("sim_token_hit_rate")
-        sim_text = f"{sim:.2%}" if sim is not None else "-"
-        print(f"{r['policy']:<26} {r['token_hit_rate']:>14.2%} {sim_text:>14} {r['num_requests']:>9} "
-              f"{r['kv_tokens']:>10} {r['mamba_slots']:>11}")
-    return 0
+    return group.add_subparsers(dest="sglang_command", required=True)

@@ -1,6 +1,6 @@
 """Marconi inside vLLM: the plugin (:mod:`~marconi.integrations.vllm.plugin`, configured by
 :mod:`~marconi.integrations.vllm.config`), its block policy (:mod:`~marconi.integrations.vllm.policy`),
-vLLM's cache emulated (:mod:`~marconi.integrations.vllm.emulate`, the ``vllm-align`` system), a
-real-server bench and a model-free replay (:mod:`~marconi.integrations.vllm.bench`,
-:mod:`~marconi.integrations.vllm.replay`). Importing it imports neither vLLM nor its modules.
+vLLM's cache emulated (:mod:`~marconi.integrations.vllm.emulate`, the ``vllm-align`` system) and a
+model-free replay (:mod:`~marconi.integrations.vllm.replay`). Importing it imports neither vLLM nor
+its modules.
 """

@@ -1,4 +1,5 @@
-"""The ``marconi vllm`` command group (``bench``, ``replay``, ...; wired into ``marconi.cli`` by ``register``).
+"""The ``marconi vllm`` command group (``replay``, ``diagnose``; wired into ``marconi.cli`` by ``register``;
+the lab adds ``bench`` and ``frontier``, :mod:`marconi.lab.commands`).
 
 Options are argparse's (``marconi vllm <command> --help``; docs/vllm.md). Only the handlers print:
 progress to stderr, tables to stdout.
@@ -9,7 +10,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import re
-import shlex
 import sys
 from typing import Any
 
@@ -19,7 +19,7 @@ from marconi.options import (CHECKPOINT_BUDGET, COUNT, MAX_BLOCKS, MAX_TOKENS, T
                              NumberList, add_output)
 from marconi.sim.backends import worker_count
 
-__all__ = ["register", "CONCURRENCY", "replay_axes", "setting_error"]
+__all__ = ["register", "CONCURRENCY", "POOL_BLOCKS", "ALPHA", "RETENTION", "replay_axes", "setting_error"]
 
 # The domains of the vLLM commands' numeric options, checked at parse time (issue 31: each of these
 # used to fail inside the worker with vLLM's or pydantic's text, or not at all).
@@ -44,46 +44,8 @@ _policy_list = NameList("policy")
 def register(subparsers: Any) -> Any:
     """Add the ``vllm`` group to an argparse subparsers object (each leaf sets ``func``); return the
     group's own subparsers object, where the lab adds its ``vllm`` leaves (:mod:`marconi.lab.commands`)."""
-    from marconi.integrations.vllm.models import PRESETS
-    from marconi.integrations.vllm.policy import DEFAULT_ALPHA
-
     group = subparsers.add_parser("vllm", help="Marconi inside vLLM: a real-server benchmark of the plugin")
     sub = group.add_subparsers(dest="vllm_command", required=True)
-    bench = sub.add_parser("bench", help="stock vLLM vs vLLM + the Marconi plugin on a real server and a trace; "
-                                         "hit rates from vLLM's counters, TTFT from a streaming client")
-    bench.add_argument("--vllm-python", default=".venv-vllm/bin/python",
-                       help="python of the vLLM environment (`make vllm-env` builds .venv-vllm)")
-    bench.add_argument("--model", default="qwen3_next-tiny", choices=sorted(PRESETS),
-                       help="tiny random-weight preset, built at run time")
-    bench.add_argument("--trace", default="swe-sample",
-                       help="a trace file (JSONL/Parquet) or a catalog name (`marconi trace list`), as simulate takes it")
-    bench.add_argument("--max-input-len", type=Number(TOKENS), default=8192,
-                       help="input cap in tokens (a catalog trace is built with it; in a trace file a session ends "
-                            "before its first longer input)")
-    bench.add_argument("--num-requests", type=Number(COUNT), default=None, help="replay only the first N requests")
-    bench.add_argument("--max-output-len", type=Number(TOKENS), default=None,
-                       help="cap each request's max_tokens (>= 1)")
-    bench.add_argument("--blocks", type=Number(POOL_BLOCKS), default=150,
-                       help="vLLM's block pool (--num-gpu-blocks-override)")
-    bench.add_argument("--policies", default="lru,marconi", type=_policy_list,
-                       help="comma list, one server each: lru (stock vLLM), marconi (the plugin, alpha from --alpha), "
-                            "marconi:alpha=X (X a number or adaptive), e.g. lru,marconi,marconi:alpha=adaptive")
-    bench.add_argument("--alpha", default=str(DEFAULT_ALPHA), type=Number(ALPHA, text=True),
-                       help="the plugin's alpha for plain 'marconi': a number >= 0, or adaptive (adaptive Marconi's "
-                            "live rule picks alpha and efficiency online); default %(default)s")
-    bench.add_argument("--concurrency", type=Number(CONCURRENCY), default=1,
-                       help="requests in flight (1: one at a time, which the emulation models exactly)")
-    bench.add_argument("--max-num-batched-tokens", type=Number(TOKENS), default=2048)
-    bench.add_argument("--prefix-match-unit", type=Number(TOKENS), default=None,
-                       help="vLLM's hash granularity (default: the block); finer lets hits land inside a block")
-    bench.add_argument("--retention", default="0", type=Number(RETENTION, text=True),
-                       help="vLLM's prefix_cache_retention_interval: 0 (default), none (every block) or tokens")
-    add_output(bench, "--work-dir", kind="workdir", default="results/vllm_bench_work", help="model, server logs, block traces")
-    add_output(bench, "--out", default="results/vllm_bench.jsonl", help="JSONL records (written atomically)")
-    add_output(bench, "--plot", default="results/vllm_bench_ttft_cdf.png", help="TTFT CDF PNG ('' to skip)")
-    add_output(bench, "--record-fixture", default=None,
-                       help="also write per-request counts and outputs here (the emulation test's fixture)")
-    bench.set_defaults(func=_cmd_bench)
     _register_replay(sub)
     from marconi.integrations.vllm.diagnose import register_command as _register_diagnose   # issue 32
     _register_diagnose(sub)
@@ -253,30 +215,3 @@ def _tier_options(args: argparse.Namespace) -> dict[str, Any]:
     return {"cpu_tier": args.cpu_tier, "tier_policies": policies,
             "host_bandwidth": parse_bandwidth(args.host_bandwidth) if args.host_bandwidth is not None else None}
 
-
-def _cmd_bench(args: argparse.Namespace) -> int:
-    from marconi.sim.sweep import write_records
-    from marconi.integrations.vllm.bench import (BenchConfig, bench_table, check_outputs, parse_policies, parse_retention,
-                                                 plot_ttft_cdf, run_bench, write_fixture)
-
-    # Every option is checked before the trace loads and any server starts (issue 21, bug 14).
-    check_outputs(args.trace, out=args.out, plot=args.plot, fixture=args.record_fixture)
-    config = BenchConfig(vllm_python=args.vllm_python, model=args.model, trace=args.trace,
-                         max_input_len=args.max_input_len, num_requests=args.num_requests,
-                         max_output_len=args.max_output_len, num_blocks=args.blocks,
-                         policies=parse_policies(args.policies), alpha=args.alpha,
-                         concurrency=args.concurrency, max_num_batched_tokens=args.max_num_batched_tokens,
-                         prefix_match_unit=args.prefix_match_unit,
-                         retention_interval=parse_retention(args.retention),
-                         work_dir=args.work_dir)
-    outcome = run_bench(config)
-    records = outcome.records
-    write_records(records, args.out)
-    print(f"wrote {len(records)} records to {args.out}", file=sys.stderr)
-    if args.plot:
-        print(f"wrote {plot_ttft_cdf(records, args.plot)}", file=sys.stderr)
-    if args.record_fixture:
-        command = "marconi vllm bench " + " ".join(shlex.quote(a) for a in sys.argv[3:])
-        print(f"wrote {write_fixture(args.record_fixture, config, outcome, command)}", file=sys.stderr)
-    print(bench_table(records))
-    return 0

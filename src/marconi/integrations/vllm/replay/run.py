@@ -24,7 +24,7 @@ from marconi.core.registry import ConfigError
 from marconi.integrations.common import bench as common
 from marconi.integrations.common.bench import mean_or_none, percentile
 from marconi.integrations.common.probe import probe_python
-from marconi.integrations.vllm.bench import parse_policies, parse_retention, policy_arm
+from marconi.integrations.vllm.arms import parse_policies, parse_retention, policy_arm
 from marconi.integrations.vllm.config import PluginConfig
 from marconi.integrations.vllm.policy import DEFAULT_ALPHA, MAMBA
 from marconi.integrations.vllm.replay.tiers import NO_TIER

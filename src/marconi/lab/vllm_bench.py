@@ -20,10 +20,11 @@ from typing import Any, NamedTuple, Sequence
 import numpy as np
 
 from marconi.core.model import ModelSpec
-from marconi.core.registry import ConfigError, parse_name, split_name_list
+from marconi.core.registry import ConfigError
 from marconi.integrations.common import bench as common
 from marconi.integrations.common.bench import Progress, Selection, max_tokens, mean_or_none, percentile
 from marconi.integrations.common.server import ServerProcess
+from marconi.integrations.vllm.arms import policy_arm
 from marconi.integrations.vllm.config import ADAPTIVE, PluginConfig, parse_alpha
 from marconi.integrations.vllm.emulate.engine import VllmAlignEngine
 from marconi.integrations.vllm.layout import layout_for_spec
@@ -33,7 +34,7 @@ from marconi.integrations.vllm.server import ServerConfig, VllmServer
 from marconi.workloads.trace import Request
 
 __all__ = ["BenchConfig", "BenchOutcome", "RunResult", "EmulatedRun", "select_requests", "run_bench", "emulate_run",
-           "policy_arm", "parse_policies", "parse_retention", "check_outputs", "alpha_changes", "bench_table", "plot_ttft_cdf", "write_fixture",
+           "check_outputs", "alpha_changes", "bench_table", "plot_ttft_cdf", "write_fixture",
            "read_fixture", "encode_ids", "decode_ids"]
 
 
@@ -90,27 +91,6 @@ class BenchConfig:
         return BLOCK_SIZES[self.model]
 
 
-def policy_arm(text: str, default_alpha: float | str = DEFAULT_ALPHA) -> tuple[str, float | str | None]:
-    """``"lru"`` -> ("lru", None); ``"marconi"`` -> ("marconi", default α); ``"marconi:alpha=adaptive"``
-    -> ("marconi", "adaptive"). ConfigError for anything else."""
-    parsed = parse_name(text)
-    if parsed.name == "lru" and not parsed.params:
-        return "lru", None
-    if parsed.name != "marconi" or set(parsed.params) - {"alpha"}:
-        raise ConfigError(f"policy {text!r}: write lru, marconi or marconi:alpha=X (X a number or {ADAPTIVE})")
-    return "marconi", parse_alpha(parsed.params.get("alpha", default_alpha), f"{text}: alpha")
-
-
-def parse_retention(text: str) -> int | None:
-    """``--retention``: ``none`` (None: a state at every block) or a whole number of tokens."""
-    if text.strip().lower() == "none":
-        return None
-    try:
-        return int(text)
-    except ValueError:
-        raise ConfigError(f"--retention {text!r}: write 0, none or a number of tokens (a multiple of the block)") from None
-
-
 def check_outputs(trace: str, *, out: str | None, plot: str | None, fixture: str | None) -> None:
     """Refuse, before anything runs, an output the bench could not write after its servers ran:
     a path that cannot be written or that names an input (the trace, its sidecar), two outputs on
@@ -133,11 +113,6 @@ def check_outputs(trace: str, *, out: str | None, plot: str | None, fixture: str
         check_output(path, inputs=inputs, option=option)
     if plot:
         import matplotlib  # noqa: F401  (a missing plotting extra is said now, not after the run)
-
-
-def parse_policies(text: str) -> tuple[str, ...]:
-    """``--policies``: a comma list (``lru,marconi:alpha=0.5,marconi:alpha=adaptive``)."""
-    return tuple(split_name_list(text))
 
 
 def select_requests(config: BenchConfig, notice: Progress | None = None) -> Selection:

@@ -1,6 +1,6 @@
-"""``python -m marconi.integrations.sglang.bench``: a trace through SGLang's own radix cache, per policy.
+"""``python -m marconi.lab.sglang_bench``: a trace through SGLang's own radix cache, per policy.
 
-Runs in the SGLang environment: a fresh :class:`~marconi.integrations.sglang.replay.RadixReplay` per
+Runs in the SGLang environment (``marconi sglang bench`` spawns it there): a fresh :class:`~marconi.integrations.sglang.replay.RadixReplay` per
 policy, same pools; one JSONL record per policy with SGLang's hit rate and the ``sglang-unified``
 emulation's (``sim_token_hit_rate``, ``sim_requests_differing``).
 """
@@ -103,7 +103,7 @@ def _version() -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m marconi.integrations.sglang.bench")
+    ap = argparse.ArgumentParser(prog="python -m marconi.lab.sglang_bench")
     ap.add_argument("--trace", default="swe-sample")
     ap.add_argument("--capacity", default="0.05x")
     ap.add_argument("--model", default="paper-7b")
