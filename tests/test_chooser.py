@@ -136,3 +136,15 @@ def test_the_chooser_name_and_its_aliases_build_the_same_systems():
     one = simulate_system(trace, "marconi:chooser=regret", "paper-7b", 1e9, latency="zero")
     two = simulate_system(trace, "marconi:selector=regret", "paper-7b", 1e9, latency="zero")
     assert one.reused_len.tolist() == two.reused_len.tolist() and one.rule_switches == two.rule_switches
+
+
+def test_the_sglang_config_names_the_chooser_and_keeps_selector_as_its_alias():
+    from marconi.integrations.sglang.policy import parse_config
+
+    assert parse_config({"alpha": "adaptive", "chooser": "regret"}) == parse_config({"alpha": "adaptive",
+                                                                                       "selector": "regret"})
+    assert parse_config({"chooser": "worlds"})["selector"] == "worlds"
+    with pytest.raises(ConfigError, match="disagree"):
+        parse_config({"alpha": "adaptive", "chooser": "regret", "selector": "worlds"})
+    with pytest.raises(ConfigError, match="must be one of"):
+        parse_config({"alpha": "adaptive", "chooser": "bandit"})

@@ -44,7 +44,7 @@ DEFAULT_SELECTOR = "worlds"
 WORLDS_RULES = "a2m/a0.5m/lru"
 #: What the strategy calls itself in a refused rule's message.
 RADIX_CACHE = "SGLang's radix cache"
-_KEYS = {"alpha", "efficiency", "model", "rules", "selector"}
+_KEYS = {"alpha", "efficiency", "model", "rules", "chooser", "selector"}   # selector: chooser's alias
 
 
 def strategy_serves(rule: Rule) -> bool:
@@ -93,6 +93,11 @@ def parse_config(config: Mapping[str, Any] | str | None) -> dict[str, Any]:
     unknown = set(config) - _KEYS
     if unknown:
         raise ConfigError(f"marconi eviction config: unknown keys {sorted(unknown)}; known: {sorted(_KEYS)}")
+    if "chooser" in config:   # the rule chooser's name; ``selector`` is its alias (the result keeps ``selector``)
+        if "selector" in config and config["selector"] != config["chooser"]:
+            raise ConfigError(f"marconi eviction config: chooser {config['chooser']!r} and its alias selector "
+                              f"{config['selector']!r} disagree")
+        config = {**{k: v for k, v in config.items() if k != "chooser"}, "selector": config["chooser"]}
     alpha = config.get("alpha", DEFAULT_CONFIG_ALPHA)
     if alpha != "adaptive":
         if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not alpha >= 0:
