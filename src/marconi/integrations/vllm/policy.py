@@ -1,13 +1,10 @@
 """Marconi's FLOP-aware eviction for vLLM's block pool: which free cached block goes first.
 
-Instead of vLLM's LRU over its free queue, the lowest ``normalised recency + α · normalised FLOP
-efficiency`` among the free cached blocks that are candidates (as nodes of Marconi's tree: attention
-leaves, state blocks with at most one continuing child, and blocks no hit can use); recency is the
-release order, ties go to the least recently released. The same :class:`BlockEvictionState` runs in
-the vLLM plugin and in the ``vllm-align`` emulation, so the simulator reproduces the plugin's
-decisions. :func:`reference_victim` is the O(pool) specification that the
-:class:`~marconi.integrations.vllm.victim_index.VictimIndex` fast path is held to. Nothing here
-imports vLLM. Details: ``docs/vllm.md`` ("What it changes").
+Instead of vLLM's LRU, the lowest ``normalised recency + α · normalised FLOP efficiency`` among the
+candidate free cached blocks (release order as recency). The same :class:`BlockEvictionState` runs
+in the vLLM plugin and the ``vllm-align`` emulation, so the simulator reproduces the plugin's
+decisions; :func:`reference_victim` is the specification the victim index is held to. No vLLM
+imports. Details: ``docs/vllm.md``.
 """
 
 from __future__ import annotations

@@ -5,12 +5,9 @@ set ``P`` of free cached blocks (its candidates, or all of them when none is a c
 
     score = (r - r_min) / (r_max - r_min) + α · (e - e_min) / (e_max - e_min)        (each term 0 on an empty range)
 
-with ties to the smallest release number ``r``, then block id, as the scan does. ``e`` depends only
-on a block's prefix depth and the variant, so members fall into few *levels* of equal efficiency,
-and only each level's oldest member can win: the index scores those heads with the scan's own float
-operations, bit for bit. O(log n) amortised per change (lazy heap deletion), O(1) per victim at
-α = 0, O(L) over L non-empty levels otherwise. Nothing here imports vLLM or numpy; the soundness
-argument is in ``docs/vllm-at-scale.md``.
+with ties to the smallest release number ``r``, then block id. Only the oldest member of each level
+of equal efficiency can win, so only those heads are scored, with the scan's own float operations.
+No vLLM or numpy; the soundness argument and costs: ``docs/vllm-at-scale.md``.
 """
 
 from __future__ import annotations
