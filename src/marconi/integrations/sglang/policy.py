@@ -77,13 +77,11 @@ def world_rule(rule: Rule) -> tuple[Any, str | None]:
 
 
 def parse_config(config: Mapping[str, Any] | str | None) -> dict[str, Any]:
-    """The ``--radix-eviction-policy-config`` of ``marconi``, checked: ``alpha`` (a number >= 0 or
-    ``"adaptive"``, the default), ``efficiency`` (``total`` | ``marginal``; with a number), ``model``
-    (a preset name or an HF config path; default: the served model), and with adaptive: ``selector``
-    (``worlds``, the default, or ``regret``) and ``rules`` (the family; ``default``: the selector's,
-    :data:`WORLDS_RULES` for worlds, ``lru/a0.5m/a2m`` for regret; worlds take any registered rule
-    label, :func:`world_rule`). The returned ``rules`` is resolved
-    (never ``default`` for worlds); ``selector`` is None for a fixed α."""
+    """The ``--radix-eviction-policy-config`` of ``marconi``, checked (ConfigError): ``alpha`` (>= 0
+    or ``"adaptive"``, the default), ``efficiency`` (with a number), ``model`` (a preset or HF config
+    path; default: the served model), and with adaptive ``chooser`` (alias ``selector``: ``worlds``
+    or ``regret``) and ``rules`` (``default``: :data:`WORLDS_RULES` for worlds, ``lru/a0.5m/a2m`` for
+    regret). The result names the chooser ``selector``, None for a fixed α."""
     if config is None:
         config = {}
     if isinstance(config, str):
