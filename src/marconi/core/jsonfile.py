@@ -51,13 +51,8 @@ def check_readable(path: Path) -> None:
 
 
 def read_json(path: str | os.PathLike) -> Any:
-    """The value of a whole JSON file, with errors as :class:`JsonError` naming file and line.
-
-    Raises:
-        FileNotFoundError: no such file.
-        JsonError: a directory, a device or FIFO (see :func:`check_readable`), bytes that are not
-            UTF-8, invalid or absurdly nested JSON.
-    """
+    """The value of a whole JSON file. FileNotFoundError for no such file; :class:`JsonError` naming
+    file and line for a non-regular file, bytes that are not UTF-8, invalid or absurdly nested JSON."""
     p = Path(path)
     check_readable(p)
     raw = p.read_bytes()

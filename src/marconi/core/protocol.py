@@ -1,8 +1,7 @@
 """The driver contract: what a trace replay needs of a cache, as a structural type.
 
-Every replay (the simulator's, the tuner's windows, the rule choosers' worlds) drives
-:class:`~marconi.core.cache.PrefixCache` and every engine emulation through it, so any of them can be
-swept beside the others; callers wanting a clear error check it with ``isinstance``.
+Every replay drives :class:`~marconi.core.cache.PrefixCache` and every engine emulation through it,
+so any of them can be swept beside the others.
 """
 
 from __future__ import annotations

@@ -15,10 +15,8 @@ __all__ = ["CacheStats"]
 
 @dataclass(slots=True)
 class CacheStats:
-    """Counters over a cache's lifetime (token hit rate = reused / input tokens, as in the paper).
-
-    ``*_tokens`` are token counts, ``*_flops`` prefill FLOPs, ``*_bytes`` bytes, the rest event counts.
-    """
+    """Lifetime counters (``*_tokens`` tokens, ``*_flops`` prefill FLOPs, ``*_bytes`` bytes, the rest
+    events); token hit rate = reused / input tokens, as in the paper."""
 
     num_requests: int = 0
     num_hits: int = 0                  # requests that resumed from a cached prefix

@@ -82,11 +82,8 @@ def _quantile(values: deque, q: float) -> float:
 
 @dataclass(slots=True)
 class TailPredictor:
-    """Re-entry margins per *anchor* (the node a branched leaf hangs from), with one over every
-    re-entry as the fallback; per anchor because one trace may mix agents with conversations. An
-    anchor's estimate counts from ``min_observations`` re-entries; at most ``max_anchors`` are kept
-    (least recently observed forgotten first).
-    """
+    """Re-entry margins per *anchor* (the node a branched leaf hangs from; one trace may mix agents
+    with conversations), one over every re-entry as the fallback; at most ``max_anchors`` kept."""
 
     max_anchors: int = 4096
     overall: TailReach = field(default_factory=TailReach)
@@ -132,11 +129,8 @@ class TailPredictor:
 
 
 class DeadTails:
-    """The cache's dead-tail strategy: learns re-entries (:meth:`enter`), remembers branched leaves
-    (:meth:`note`), follows the tree's changes (the ``*_removed``/``continued`` hooks) and names the
-    next tail to cut (:meth:`next_cut`). Invariant: every remembered leaf is a leaf of the tree with
-    ``tail_base >= 0``, so the index never outgrows the tree.
-    """
+    """The cache's dead-tail strategy, fed through its hooks; :meth:`next_cut` names the next tail to
+    cut. Every remembered leaf is a leaf of the tree with ``tail_base >= 0`` (bounded by the tree)."""
 
     __slots__ = ("predictor", "leaves")
 
