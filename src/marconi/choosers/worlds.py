@@ -77,14 +77,15 @@ class WorldsChooser:
         self._handles: dict[int, dict[int, RequestHandle]] = {}  # live request id -> rule -> handle there
 
     def start(self, cache: PrefixCache) -> None:
-        """Follow ``cache`` (empty, running the live rule): an empty world per other rule.
-        ConfigError if already started (a chooser serves one cache)."""
+        """Follow ``cache`` (running the live rule): a world per other rule, each a copy of it
+        (``cache.clone``, the one way a world is made). ConfigError if already started (a chooser
+        serves one cache)."""
         if self.cache is not None:
             raise ConfigError("a worlds chooser serves one cache; build one per cache")
         self.cache = cache
         for k in range(len(self.rules)):
             if k != self.current:
-                self.worlds[k] = cache.empty_like(self._pinned(k))
+                self.worlds[k] = cache.clone(self._pinned(k))
 
     def _pinned(self, k: int) -> EvictionPolicy:
         """Rule ``k``'s world evicts as a cache built for that rule alone (``lru``: SGLang+'s own

@@ -876,14 +876,6 @@ class PrefixCache(TreeStore):
 
 
     # ================================================================== copies (the cache owns them)
-    def empty_like(self, eviction: EvictionPolicy | str) -> "PrefixCache":
-        """An empty size-only cache like this one (model, capacity, a copy of the admission policy
-        with its state, chunk grid, and this cache's clock unless it keeps its own logical one)
-        that evicts by ``eviction``: a rule chooser's world that starts with this cache."""
-        return PrefixCache(self.spec, self.capacity_bytes, copy.deepcopy(self.admission), eviction,
-                           clock=None if self.keeps_logical_clock else self.clock,
-                           prefill_chunk_len=self.prefill_chunk_len)
-
     @_locked
     def clone(self, eviction: EvictionPolicy | str) -> "PrefixCache":
         """A size-only copy of this cache that evicts by ``eviction``: it then behaves exactly as this
