@@ -37,7 +37,7 @@ def _conversations(num_sessions: int) -> list:
 
 
 def _every_cache(cache: PrefixCache) -> list[PrefixCache]:
-    return [cache, *cache.eviction.worlds.values()]
+    return [cache, *cache.chooser.worlds.values()]
 
 
 def _run_checking_bounds(cache: PrefixCache, requests: list, check_every: int) -> int:

@@ -185,7 +185,7 @@ def _marconi_admission(tails: str) -> str:
 @SYSTEMS.register("marconi", "judicious admission + FLOP-aware eviction whose rule a chooser picks online: "
                              "chooser=worlds (exact per-rule worlds, the default), =regret (counterfactual "
                              "regret) or =bootstrap (alpha tuned once, the paper); alpha=X: fixed. Aliases: "
-                             "selector=worlds|regret, tuner=adaptive|bootstrap",
+                             "selector=worlds|regret, tuner=bootstrap, tuner=adaptive (worlds or regret)",
                   domains={"alpha": Domain(0, 1e6, words=("auto",)), "multiplier": Domain(0, 1e6, lo_open=True),
                            "retune": Domain(0, 10**9, integer=True), "drift": Domain(0, 1e6),
                            "tolerance": Domain(0, 1, hi_open=True), "decay": Domain(0, 1, lo_open=True),
