@@ -1,6 +1,6 @@
 """Marconi: prefix caching for hybrid (attention + SSM) LLMs.
 
-Floors, bottom up (docs/architecture.md): ``core``, ``selectors``, ``sparse``, ``workloads``,
+Floors, bottom up (docs/architecture.md): ``core``, ``choosers``, ``sparse``, ``workloads``,
 ``sim``, ``engine``, ``integrations``, the CLI. :mod:`marconi.lab` uses the library; the library
 never imports it.
 """

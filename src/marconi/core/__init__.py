@@ -6,9 +6,10 @@ imports); upper floors join the registries through entry points (``docs/architec
 """
 
 from marconi.core.cache import CacheObserver, ManualClock, PayloadOps, PrefixCache, RequestHandle, TreeSnapshot
+from marconi.core.chooser import RequestEvent, RuleChooser, follow
 from marconi.core.model import ModelSpec, get_model, list_models
 from marconi.core.protocol import ReplayCache
 from marconi.core.registry import ConfigError
 
 __all__ = ["PrefixCache", "RequestHandle", "CacheObserver", "ManualClock", "PayloadOps", "TreeSnapshot", "ModelSpec",
-           "get_model", "list_models", "ReplayCache", "ConfigError"]
+           "get_model", "list_models", "ReplayCache", "ConfigError", "RuleChooser", "RequestEvent", "follow"]
