@@ -34,7 +34,7 @@ DEFAULT_RULE_LABELS = "lru/a0.5m/a2m"
 #: :mod:`marconi.core.tails`), so the exact worlds choose between cutting (tight caches, agents and
 #: shared prefixes) and keeping (roomy caches, where a cut tail is sometimes re-entered deeper).
 #: Opt in with ``marconi:rules=lru/a0.5m/a0.5mt/a2m``; not the default (``docs/tails.md`` says where
-#: it wins and loses). The regret selector and the vLLM plugin cannot use it: they cut nothing.
+#: it wins and loses). The regret chooser and the vLLM plugin cannot use it: they cut nothing.
 TAILS_RULE_LABELS = "lru/a0.5m/a0.5mt/a2m"
 
 

@@ -3,5 +3,5 @@
 one package per engine (:mod:`~marconi.integrations.vllm`, :mod:`~marconi.integrations.sglang`).
 
 Dependencies point one way: an engine package builds on ``common``, ``common`` on the core, the
-selectors and the workloads. Importing this package imports no engine.
+choosers and the workloads. Importing this package imports no engine.
 """

@@ -1,7 +1,7 @@
 """``marconi experiment headroom``: the anatomy of the gap between the future-aware oracle and the default.
 
 For each (trace, capacity) the trace is replayed through the default (``--default``, ``marconi``:
-the worlds selector) and the ``oracle`` side by side, and through the steps between them
+the worlds chooser) and the ``oracle`` side by side, and through the steps between them
 (:mod:`.variants`: a future-filtered admission, then dead entries evicted first). The report says
 where the oracle's extra hits come from, request by request (:mod:`.study`):
 

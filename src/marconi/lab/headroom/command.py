@@ -105,7 +105,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help=f"sizes or working-set fractions (default: {DEFAULT_CAPACITIES})")
     p.add_argument("--model", default="paper-7b")
     p.add_argument("--default", default="marconi",
-                   help="the online system compared with the oracle (default: marconi, the worlds selector)")
+                   help="the online system compared with the oracle (default: marconi, the worlds chooser)")
     p.add_argument("--limit", type=request_limit, default=None, help="only the first N requests of each trace")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     add_reread(p, "--from-records", metavar="JSONL", help="only redraw the plots and report.md from an earlier run")
