@@ -1,20 +1,8 @@
 """Bootstrap tuning of α, the weight of FLOP efficiency in Marconi's eviction utility (paper §4.2).
 
-Protocol: α = 0 (pure recency) until the first eviction. The tree is snapshotted when the request
-that caused that eviction completes; the next ``multiplier × (requests seen before the first
-eviction)`` requests are recorded (their arrival time, input and output tokens); then every α of
-the grid {0, 0.1, …, 2.0} replays that window from the snapshot in a size-only simulation, in
-parallel worker processes, and the α with the best objective (token hit rate, or FLOPs saved) is
-adopted. Ties go to the smaller α. Optionally the cycle repeats when the hit rate drifts.
-
-Replays are sequential (match then insert per request), cheap (no model), deterministic, and
-identical whatever the number of workers. The tree a replay starts from is the cache's own
-:meth:`~marconi.core.cache.PrefixCache.snapshot` (shape, recency, checkpoint positions; no payloads,
-no locks), restored by :meth:`~marconi.core.cache.PrefixCache.from_snapshot`.
-
-The tuner is a :class:`~marconi.core.chooser.RuleChooser` (``marconi:tuner=bootstrap``): fed the
-cache's requests (:func:`~marconi.core.chooser.follow`), it returns the tuned rule, which the cache
-applies; simulation records echo its ``tuning_record()``.
+A :class:`~marconi.core.chooser.RuleChooser` (``marconi:tuner=bootstrap``): α = 0 until the first
+eviction; then a window of requests is recorded after a snapshot, every α of a grid replays it from
+the snapshot (size-only), and the best α is adopted. Deterministic whatever the number of workers.
 """
 
 from __future__ import annotations
@@ -129,11 +117,8 @@ def evaluate_alphas(job: TuningJob, grid: Sequence[float], workers: int | None =
 
 
 def best_alpha(results: Sequence[WindowResult], objective: str, tolerance: float = 0.0) -> float:
-    """Highest objective (reused tokens, or FLOPs saved) wins; exact ties go to the smaller α.
-
-    With ``tolerance`` > 0, the smallest α whose objective is within that relative margin of the
-    best wins instead: the window's scores are noisy, and a tiny win for a large α can be a large
-    loss on the rest of the trace. ``tolerance=0`` is the paper's protocol.
+    """The α with the highest objective (reused tokens or FLOPs saved), ties to the smaller; with
+    ``tolerance`` > 0 the smallest α within that relative margin of the best (a window is noisy).
     """
     value = (lambda r: r.reused_tokens) if objective == "hit-rate" else (lambda r: r.flops_saved)
     ranked = sorted(results, key=lambda r: r.alpha)
@@ -146,16 +131,13 @@ class BootstrapTuner:
     """A rule chooser: the α of a cache's FLOP-aware rule, by bootstrap replay.
 
     Args:
-        policy: the cache's :class:`FlopAware` eviction policy (the rule it starts from; the tuned
-            rule differs in α only).
+        policy: the cache's :class:`FlopAware` policy (the tuned rule differs in α only).
         multiplier: window = multiplier × requests seen before the first eviction (paper: 5–15).
-        grid: α values to try (default 0, 0.1, …, 2.0).
-        objective: ``"hit-rate"`` (reused tokens) or ``"flops"`` (FLOPs saved).
-        workers: worker processes for the grid search (None: one per core, 1: in-process).
-        retune_every: if > 0, every that many completed requests after a tuning, compare the
-            window's token hit rate with the previous one; a drop larger than ``drift`` starts a
-            new bootstrap cycle (snapshot now, record, search).
-        mapper: optional map function (e.g. the Ray backend) used instead of the process pool.
+        grid, objective, tolerance: as :func:`best_alpha`; ConfigError if out of range.
+        workers: processes for the grid search (None: one per core, 1: in-process); ``mapper``
+            (e.g. Ray's map) replaces the pool.
+        retune_every: if > 0, every that many completed requests after a tuning, a token hit-rate
+            drop larger than ``drift`` starts a new cycle.
     """
 
     def __init__(self, policy: FlopAware, *, multiplier: float = 5, grid: Sequence[float] = DEFAULT_ALPHA_GRID,

@@ -1,13 +1,6 @@
-"""The rule family the choosers choose from, how a family is written, and the policy applying it.
-
-A family is a tuple of rules (:class:`~marconi.core.eviction.Rule`: the FLOP-aware
-:class:`~marconi.core.eviction.EvictionRule` or any rule class whose labels are registered with
-:func:`~marconi.core.eviction.register_rule_label`), written as labels separated by ``/``
-(``"lru/a0.5m/a2m"``, the default). Every rule chooser shares this: exact worlds
-(:mod:`marconi.choosers.worlds`), counterfactual regret (:mod:`marconi.choosers.regret`) and the
-engine plugins' shadows (``alpha=adaptive``). :class:`FamilyPolicy` is the live cache's policy: it
-applies whichever rule of the family its chooser sets.
-"""
+"""The rule family the choosers choose from: a tuple of :class:`~marconi.core.eviction.Rule` s,
+written as labels separated by ``/`` (``"lru/a0.5m/a2m"``, the default), and
+:class:`FamilyPolicy`, the live cache's policy applying whichever rule its chooser sets."""
 
 from __future__ import annotations
 
@@ -29,12 +22,8 @@ __all__ = ["DEFAULT_RULES", "DEFAULT_RULE_LABELS", "FamilyPolicy", "TAILS_RULES"
 #: aggressive FLOP-aware rule.
 DEFAULT_RULE_LABELS = "lru/a0.5m/a2m"
 
-#: The family with dead-tail cuts (issue 25, ``docs/tails.md``): the default's three rules and the
-#: balanced rule that also cuts predicted-dead tails of branched sequences first (``t``,
-#: :mod:`marconi.core.tails`), so the exact worlds choose between cutting (tight caches, agents and
-#: shared prefixes) and keeping (roomy caches, where a cut tail is sometimes re-entered deeper).
-#: Opt in with ``marconi:rules=lru/a0.5m/a0.5mt/a2m``; not the default (``docs/tails.md`` says where
-#: it wins and loses). The regret chooser and the vLLM plugin cannot use it: they cut nothing.
+#: The family with dead-tail cuts (issue 25, ``docs/tails.md``): the default's rules and ``a0.5mt``,
+#: which cuts predicted-dead tails first (:mod:`marconi.core.tails`). Opt-in; worlds chooser only.
 TAILS_RULE_LABELS = "lru/a0.5m/a0.5mt/a2m"
 
 
@@ -85,14 +74,9 @@ class RuleSwitch:
 
 
 class FamilyPolicy(EvictionBase):
-    """Eviction by one rule of a family, the live one (``current``), switched by ``set_rule``.
-
-    Candidates are every unlocked node with at most one child (a leaf-only rule scores the leaves
-    alone), so any rule of the family applies at any eviction and decides as a cache built for it
-    alone would in the same state. The cache keeps the family's most used efficiency variant
-    (:func:`cached_efficiency_variant`); a rule weighing the other gets it computed. Dead tails are
-    tracked when some rule cuts them, and cut when the live one does.
-    """
+    """Eviction by the family's live rule (``current``, switched by ``set_rule``). Candidates are
+    every unlocked node with at most one child (a leaf-only rule scores the leaves alone), so any
+    rule decides as a cache built for it alone would. ConfigError: ``current`` out of range."""
 
     name = "family"
     evicts_inner_nodes = True

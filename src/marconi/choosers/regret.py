@@ -1,46 +1,7 @@
-"""The regret chooser (``marconi:chooser=regret``): FLOP-aware eviction whose rule is re-chosen
-online, for the whole trace, from the live cache alone. The default chooser is exact worlds
-(:mod:`marconi.choosers.worlds`).
-
-The paper's bootstrap tuner (:mod:`marconi.choosers.bootstrap`) picks α once, from one window replayed from one
-snapshot, and keeps it: it wins its window and can lose the trace. Here the choice is never frozen.
-
-**A family that contains SGLang+.** The live cache keeps both recency signals on every node (a hit
-refreshes the node it resumed from; a matched path, every node on it) and indexes every node with
-at most one child, so it can apply any :class:`~marconi.core.eviction.EvictionRule` at any eviction and
-switch instantly. The default family has one rule per regime, spread so that they disagree:
-
-* ``lru`` — SGLang+'s own rule (leaves, path recency, α = 0); the rule used until the evidence
-  says otherwise, so "no worse than LRU" is the starting point, not a hope;
-* ``a0.5m`` — Marconi's candidates and hit recency, recency + 0.5 · FLOP efficiency;
-* ``a2m`` — the same with FLOP efficiency dominating (α = 2).
-
-Both FLOP-aware members use the *marginal* efficiency (FLOPs of the node's own edge per byte it
-holds): across our real traces it beat the whole-prefix definition at every α we tried.
-
-**Counterfactual eviction regret.** At every eviction each rule names the victim it would have
-chosen in the live state (a few vectorised scorings). Each rule is charged when a node it wanted
-gone is needed later: a request resumes from it (the tokens it saved over the next checkpoint up),
-a request's KVs reach into it (it found a branch point there), or — for nodes the live cache did
-evict — a request would have resumed from it or matched into it (kept as "ghosts" next to where
-they were). A rule whose victims free more bytes than the live cache's in an eviction burst stops
-naming victims for that burst (it would have needed fewer evictions). Charges decay by ``decay``
-per request; the live rule is the least charged one, and it changes only when another rule's
-charge is lower by more than ``hysteresis`` (relative). This is the regret-minimisation idea of
-LeCaR/CACHEUS, made deterministic and tree-aware.
-
-Why it is no longer the default: its estimate is made from the live cache's state alone, and it is
-measurably biased against whichever rule is live, so it mixes rules where holding one pays
-(``docs/adaptive.md``, second round). Exact worlds of every rule (the default ``marconi``,
-:mod:`marconi.choosers.worlds`) stay closer to the best rule across our real traces (within 0.5 pp of it at
-41 of 45 points, regret at 32), at one replay per rule (about 3.1× a fixed-α replay against
-regret's 1.7×). Shadow caches on a sample of sessions (SHARDS)
-or windows replayed from snapshots fit a 2× budget but are too noisy or too short-sighted at these
-trace sizes and chose worse than regret. Regret costs a few scorings per eviction and sees every
-request: it remains the choice where one shadow replay is all that can be afforded (the vLLM
-plugin's adaptive α).
-
-Everything is deterministic: the same trace gives the same choices, whatever the number of workers.
+"""The regret chooser (``marconi:chooser=regret``): the live rule is the one least charged for
+counterfactual evictions. Each rule names the victims it would evict in the live state; it is
+charged (decayed tokens or FLOPs) when one is needed later, evicted ones as *ghosts*. Cheaper than
+exact worlds, but biased against the live rule (``docs/adaptive.md``). Deterministic.
 """
 
 from __future__ import annotations
@@ -68,12 +29,9 @@ _GHOSTS_PER_NODE = 16
 
 
 class LeadNoise:
-    """The noise of the regret gaps between rules: what the confidence bound measures a lead against.
-
-    ``step`` holds the current request's charges per rule; ``end_request`` folds their pairwise
-    differences, squared, into ``gap_sq`` (decayed by ``decay``² per request, the square of the
-    regret's own weights), so ``standard_error(a, b)`` is the root of the decayed sum of squared
-    per-request charge differences between rules ``a`` and ``b``.
+    """The noise of the regret gaps between rules, for the confidence bound: ``standard_error(a, b)``
+    is the root of the decayed (``decay``² per request) sum of squared per-request charge
+    differences; ``step`` holds this request's charges until ``end_request`` folds them in.
     """
 
     def __init__(self, num_rules: int, decay: float) -> None:
@@ -102,27 +60,16 @@ class _Ghost:
 
 
 class RegretEviction(EvictionBase):
-    """Eviction by whichever rule of a family currently has the least counterfactual regret.
+    """Eviction by the rule of a family with the least counterfactual regret; its own rule chooser.
 
-    Candidates are every unlocked node with at most one child; a leaf-only rule scores only the
-    leaves among them (normalising over those alone), so each rule decides here exactly as a cache
-    built for that rule alone would in the same state. It is its own rule chooser (``chooser``): it
-    sees each eviction's candidates through ``choose`` (where every rule names its victim), and is
-    fed the cache's requests (:func:`~marconi.core.chooser.follow`, once bound), which charge the
-    rules and switch ``current``.
+    Candidates as :class:`~marconi.choosers.family.FamilyPolicy`'s. ConfigError: a bad parameter,
+    or a rule outside the FLOP-aware family or one cutting tails.
 
     Args:
-        rules: the family (``"default"``, labels ``"lru/a0.5m/a2m"``, or rules); the first is used
-            until the evidence says otherwise.
-        decay: weight kept by the accumulated charges per request (horizon ~ 1 / (1 - decay)).
-        hysteresis: switch only to a rule charged less than the live one by more than this fraction.
-        objective: charge lost ``"hit-rate"`` (tokens) or ``"flops"`` (prefill FLOPs).
-        confidence: 0 (default): off. Else a burden of proof for leaving the first rule (SGLang+'s
-            LRU in the default family): leave it only when another rule's regret lead exceeds this
-            many standard errors of the per-request charge differences. Opt-in: across our 40
-            real-trace points (z = 2) it trades "near the best rule" for "never below LRU"
-            (``docs/adaptive.md``, second round); the regret estimator is biased against the live
-            rule, which this bound does not remove.
+        rules, decay, hysteresis, objective: as :class:`~marconi.choosers.worlds.WorldsChooser`'s
+            (charges instead of scores); the first rule is live first.
+        confidence: 0: off. Else leave the first rule only when another's lead exceeds this many
+            standard errors (:class:`LeadNoise`); an opt-in trade (``docs/adaptive.md``).
     """
 
     name = "regret"
@@ -206,10 +153,8 @@ class RegretEviction(EvictionBase):
         return node.edge_len * self._kv_per_token + node.num_checkpoints * self._ckpt_bytes
 
     def _record_wants(self, candidates: CandidateSet, scored: list[tuple[int, np.ndarray, np.ndarray]]) -> None:
-        """Each rule wanted gone what it would have evicted to free as many bytes as the live cache
-        has by the end of this eviction: its victim, and its next choices while they free less (a
-        rule that drops small checkpoints needs more evictions than one that drops long leaves) —
-        nothing once, in this eviction burst, its choices already freed more than the live's."""
+        """Mark what each rule would evict to free as many bytes as the live cache has so far in
+        this eviction burst: its victim and next choices, nothing once it has freed as much."""
         assert self.cache is not None
         st = self.cache.stats
         key = (st.num_requests, st.kv_tokens_inserted, st.checkpoints_admitted)
@@ -346,12 +291,8 @@ class RegretEviction(EvictionBase):
         return {"rule_switches": [[s.at_request, self.rules[s.rule].label()] for s in self.switches]}
 
     def lead_is_significant(self, k: int) -> bool:
-        """Whether rule ``k``'s lead over the first rule exceeds ``confidence`` standard errors.
-
-        The lead is a decayed sum of per-request charge differences; its noise, the root of the
-        decayed sum of their squares (the same weights squared, :class:`LeadNoise`). A few large
-        charges — one long context that one rule lost — then do not move the cache off the first
-        rule by themselves."""
+        """Whether rule ``k``'s regret lead over the first rule exceeds ``confidence`` standard errors
+        (:class:`LeadNoise`), so a few large charges alone do not move the cache off it."""
         lead = self.regret[0] - self.regret[k]
         return bool(lead > self.confidence * self.noise.standard_error(0, k))
 

@@ -1,27 +1,7 @@
-"""The worlds chooser (the default ``marconi``): the live cache follows whichever rule's own cache
-is ahead.
-
-The regret chooser (:mod:`marconi.choosers.regret`) judges every rule from the live cache's state alone,
-and that estimate is biased against whichever rule is live (``docs/adaptive.md``, second round).
-Here nothing is estimated: each rule of the family that is not live runs in a **world** of its own,
-a size-only :class:`~marconi.core.cache.PrefixCache` with the same admission and capacity, fed the same
-requests. The live cache is the live rule's world. Each world's score is the decayed sum of the
-tokens (or prefill FLOPs) its lookups reused; the live rule changes to the best-scoring one when
-that one leads by more than ``hysteresis`` (relative).
-
-**Why this costs rules×, not (rules + 1)×.** A cache that has run one rule for a while *is* that
-rule's world. On a switch from rule A to rule B, B's world is dropped (the live cache now runs B)
-and A's world becomes an exact copy of the live cache (which has been running A): no separate
-world for the live rule is ever needed. The copy is taken with the in-flight requests, so it
-finishes them as the live cache does. Scores carry over: the live rule's score keeps B's history.
-
-A live cache right after a switch holds A's contents while it runs B; its score is B's, so a rule
-whose value is what it *retains* is not judged by its first requests from another rule's state
-(what windowed duels from snapshots got wrong).
-
-Cost: one replay per rule of the family (three for the default), measured in
-``benchmarks/core_bench.py``. Worlds hold no payloads, only sizes; in a serving engine they are
-metadata next to the real cache. Everything is deterministic.
+"""The worlds chooser (the default ``marconi``): each rule that is not live runs in a **world** (a
+size-only cache with the same admission and capacity, fed the same requests); the live cache is the
+live rule's world, follows the best-scoring one, and on a switch from A is cloned into A's world: one
+replay per rule. Deterministic; why exact worlds: ``docs/adaptive.md``.
 """
 
 from __future__ import annotations
@@ -41,19 +21,14 @@ __all__ = ["WorldsChooser", "WorldsEviction"]
 
 
 class WorldsChooser:
-    """A :class:`~marconi.core.chooser.RuleChooser`: the rule of a family whose exact world is ahead
-    (see the module docstring). Fed :class:`~marconi.core.chooser.RequestEvent` s of one live cache.
+    """A :class:`~marconi.core.chooser.RuleChooser` for one live cache. ConfigError: a bad parameter.
 
     Args:
-        rules: the family (``"default"``: ``lru/a0.5m/a2m``; labels such as
-            ``"lru/a0.5m/a0.5mt/a2m"``, :data:`~marconi.choosers.family.TAILS_RULE_LABELS`; or
-            rules); ``current`` is live until another rule's world is ahead.
+        rules: the family (:func:`~marconi.choosers.family.parse_rules`); ``current`` (an index) is
+            live until another rule's world is ahead.
         decay: weight kept by the scores per request (horizon ~ 1 / (1 - decay)).
-        hysteresis: switch only to a world scoring more than the live one by this fraction.
-        tail_hysteresis: the lead a switch needs from a rule that cuts dead tails to one that
-            keeps them (``marconi.core.tails``), if larger. Such a switch cannot bring back the
-            tails the live cache has cut, so the live cache trails the keeping rule's world and
-            may swing back. Off by default (``docs/tails.md``).
+        hysteresis: the relative lead a world needs over the live one for a switch;
+            ``tail_hysteresis`` the one to leave a tail-cutting rule, if larger (``docs/tails.md``).
         objective: score reused ``"hit-rate"`` tokens or saved prefill ``"flops"``.
     """
 
@@ -77,9 +52,8 @@ class WorldsChooser:
         self._handles: dict[int, dict[int, RequestHandle]] = {}  # live request id -> rule -> handle there
 
     def start(self, cache: PrefixCache) -> None:
-        """Follow ``cache`` (running the live rule): a world per other rule, each a copy of it
-        (``cache.clone``, the one way a world is made). ConfigError if already started (a chooser
-        serves one cache)."""
+        """Follow ``cache`` (running the live rule): a world per other rule, each ``cache.clone``.
+        ConfigError if already started."""
         if self.cache is not None:
             raise ConfigError("a worlds chooser serves one cache; build one per cache")
         self.cache = cache
@@ -88,9 +62,7 @@ class WorldsChooser:
                 self.worlds[k] = cache.clone(self._pinned(k))
 
     def _pinned(self, k: int) -> EvictionPolicy:
-        """Rule ``k``'s world evicts as a cache built for that rule alone (``lru``: SGLang+'s own
-        leaf-only LRU, the cheapest world): a world is never promoted to live, so it needs no
-        candidates beyond its rule's."""
+        """Rule ``k``'s world's policy: the fixed rule alone (a world is never promoted to live)."""
         return policy_for(self.rules[k])
 
     @property
@@ -128,7 +100,6 @@ class WorldsChooser:
         return float(usable) if self.objective == "hit-rate" else self.spec.prefill_flops(usable)
 
     def _begin(self, handle: RequestHandle) -> Rule | None:
-        """The live cache began ``handle``: every world looks the same input up; scores move."""
         step = [0.0] * len(self.rules)
         step[self.current] = self._value(handle)
         mine = self._handles[handle.request_id] = {}
@@ -176,13 +147,8 @@ class WorldsChooser:
 
 
 class WorldsEviction(FamilyPolicy):
-    """The live cache's policy under the worlds chooser: it applies the family's live rule; with
-    ``explore`` (the default) a :class:`WorldsChooser` (``chooser``) sets that rule, fed through
-    :func:`~marconi.core.chooser.follow` once the cache binds this policy.
-
-    Args: the :class:`WorldsChooser`'s, and ``explore``: False: the rule pinned to ``current``, no
-    chooser, no worlds.
-    """
+    """The live cache's policy: the live rule, set by ``chooser`` (followed once bound). Args: the
+    :class:`WorldsChooser`'s; ``explore=False`` pins the rule to ``current`` (no worlds)."""
 
     name = "worlds"
 
