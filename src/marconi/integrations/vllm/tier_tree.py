@@ -1,0 +1,530 @@
+"""The vLLM-free core of Marconi's CPU-tier policy: settings, the chunk tree, its judgement and eviction.
+
+:class:`ChunkTreePolicy` implements vLLM 0.32's ``CachePolicy`` interface by duck typing over
+``OffloadKey`` bytes; :mod:`marconi.integrations.vllm.tier` binds it to vLLM's base class (and
+finds its settings inside vLLM's connector), and the ``vllm-align`` emulation's CPU tier
+(:mod:`marconi.integrations.vllm.emulate.tier`) runs it without vLLM. Imports nothing from vLLM.
+Semantics and defaults: ``docs/vllm-tiers.md``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping, Sequence
+
+import numpy as np
+
+from marconi.core.candidates import CandidateSet, CandidateTable, LazyEfficiency, flop_efficiency
+from marconi.core.eviction import EvictionRule, Rule, check_cuts_tails, choose_victim, rule_from_label
+from marconi.core.model import ModelSpec, get_model
+from marconi.core.registry import ConfigError
+from marconi.integrations.vllm.policy import ATTENTION, MAMBA
+
+__all__ = ["ChunkTreePolicy", "TierSettings", "DEFAULT_RULE", "DEFAULT_HOST_GBPS", "DEFAULT_GPU_TFLOPS",
+           "REASONS", "ENV_GROUP_KINDS", "ENV_MODEL", "ENV_RULE", "make_offload_key", "get_offload_block_hash",
+           "get_offload_group_idx"]
+
+DEFAULT_RULE = "a0.5"
+DEFAULT_HOST_GBPS = 64.0
+DEFAULT_GPU_TFLOPS = 400.0
+ENV_GROUP_KINDS = "MARCONI_TIER_GROUP_KINDS"
+ENV_MODEL = "MARCONI_TIER_MODEL"
+ENV_RULE = "MARCONI_TIER_RULE"
+#: Why a chunk was evicted (the keys of :attr:`ChunkTreePolicy.eviction_counts`).
+REASONS = ("dead-kv", "dead-state", "kv", "state")
+_KEYS = ("marconi_rule", "marconi_model", "marconi_group_kinds", "marconi_host_gbps", "marconi_gpu_tflops")
+_DEAD, _CAND, _OTHER = 0, 1, 2
+
+OffloadKey = bytes
+
+
+def make_offload_key(block_hash: bytes, group_idx: int) -> OffloadKey:
+    """vLLM's ``make_offload_key``: the block hash, then the group index as 4 big-endian bytes."""
+    return block_hash + group_idx.to_bytes(4, "big", signed=False)
+
+
+def get_offload_block_hash(key: OffloadKey) -> bytes:
+    """vLLM's ``get_offload_block_hash``."""
+    return key[:-4]
+
+
+def get_offload_group_idx(key: OffloadKey) -> int:
+    """vLLM's ``get_offload_group_idx``."""
+    return int.from_bytes(key[-4:], "big", signed=False)
+
+
+@dataclass(frozen=True, slots=True)
+class TierSettings:
+    """What the policy needs beyond its capacity: ``group_kinds`` (``"attention"``/``"mamba"`` per KV
+    cache group, vLLM's order), ``spec``, ``tokens_per_chunk`` (None: parents learned per request),
+    ``rule`` (any that cuts no dead tails), and the load cost's ``host_gbps`` (GB/s per direction)
+    and ``gpu_tflops`` (effective prefill TFLOP/s)."""
+
+    group_kinds: tuple[str, ...]
+    spec: ModelSpec
+    tokens_per_chunk: int | None = None
+    rule: Rule = field(default_factory=lambda: EvictionRule.from_label(DEFAULT_RULE))
+    host_gbps: float = DEFAULT_HOST_GBPS
+    gpu_tflops: float = DEFAULT_GPU_TFLOPS
+
+    def __post_init__(self) -> None:
+        _check_kinds(self.group_kinds)
+        check_cuts_tails(self.rule, "marconi_rule: vLLM's offload tier", False)
+        for name in ("host_gbps", "gpu_tflops"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+                raise ConfigError(f"marconi_{name}: a positive number, got {value!r}")
+        if self.tokens_per_chunk is not None and self.tokens_per_chunk <= 0:
+            raise ConfigError(f"tokens_per_chunk must be positive, got {self.tokens_per_chunk}")
+
+    @property
+    def alpha(self) -> float:
+        """A FLOP-aware rule's α (0 for any other rule)."""
+        return float(self.rule.alpha) if isinstance(self.rule, EvictionRule) else 0.0
+
+    @property
+    def efficiency(self) -> str:
+        """The efficiency variant the tier keeps per depth: a FLOP-aware rule's at α > 0, else total."""
+        rule = self.rule
+        return rule.efficiency.value if isinstance(rule, EvictionRule) and rule.alpha else "total"
+
+    @property
+    def load_flops_per_byte(self) -> float:
+        """FLOPs the GPU does while one byte crosses the host link (the efficiency a load costs)."""
+        return self.gpu_tflops * 1e12 / (self.host_gbps * 1e9)
+
+    @classmethod
+    def from_extra_config(cls, extra: Mapping[str, Any], *, group_kinds: Sequence[str] | None = None,
+                          spec: ModelSpec | None = None, tokens_per_chunk: int | None = None) -> "TierSettings":
+        """Settings from ``kv_connector_extra_config`` (``extra``); vLLM's groups and model are the
+        defaults for ``marconi_group_kinds`` and ``marconi_model``. ConfigError names the key."""
+        unknown = sorted(k for k in extra if k.startswith("marconi_") and k not in _KEYS)
+        if unknown:
+            raise ConfigError(f"kv_connector_extra_config: unknown key(s) {unknown}; known: {list(_KEYS)}")
+        kinds = extra.get("marconi_group_kinds", group_kinds)
+        if kinds is None:
+            raise ConfigError("MarconiCachePolicy cannot tell which KV cache groups hold states: set "
+                              "kv_connector_extra_config 'marconi_group_kinds' (e.g. ['attention', 'mamba'])")
+        if isinstance(kinds, str):
+            kinds = [k.strip() for k in kinds.split(",") if k.strip()]
+        model = extra.get("marconi_model")
+        if model is not None:
+            try:
+                spec = get_model(str(model))
+            except ValueError as exc:
+                raise ConfigError(f"kv_connector_extra_config 'marconi_model': {exc}") from None
+        if spec is None:
+            raise ConfigError("MarconiCachePolicy needs the model's FLOPs and bytes: set kv_connector_extra_config "
+                              "'marconi_model' (a preset such as nemotron-h-8b, or a config.json path)")
+        try:
+            rule = rule_from_label(str(extra.get("marconi_rule", DEFAULT_RULE)))
+        except ConfigError as exc:
+            raise ConfigError(f"kv_connector_extra_config 'marconi_rule': {exc}") from None
+        numbers = {}
+        for name, default in (("host_gbps", DEFAULT_HOST_GBPS), ("gpu_tflops", DEFAULT_GPU_TFLOPS)):
+            raw = extra.get(f"marconi_{name}", default)
+            try:
+                numbers[name] = float(raw)
+            except (TypeError, ValueError):
+                raise ConfigError(f"kv_connector_extra_config 'marconi_{name}': a number, got {raw!r}") from None
+        try:
+            return cls(tuple(kinds), spec, tokens_per_chunk, rule, **numbers)
+        except ConfigError as exc:
+            if "marconi_rule" not in str(exc) and "adaptive rule" in str(exc):
+                raise ConfigError(f"kv_connector_extra_config 'marconi_rule': {exc}") from None
+            raise
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] = os.environ) -> "TierSettings":
+        """Settings for a policy built outside vLLM's connector (``MARCONI_TIER_*``)."""
+        if not env.get(ENV_GROUP_KINDS):
+            raise ConfigError("MarconiCachePolicy was built outside vLLM's OffloadingConnector and cannot learn the "
+                              f"KV cache groups: build it through kv_connector_extra_config, or set {ENV_GROUP_KINDS} "
+                              "(e.g. attention,mamba) and " + ENV_MODEL)
+        extra: dict[str, Any] = {"marconi_group_kinds": env[ENV_GROUP_KINDS],
+                                 "marconi_model": env.get(ENV_MODEL) or None}
+        if env.get(ENV_RULE):
+            extra["marconi_rule"] = env[ENV_RULE]
+        if extra["marconi_model"] is None:
+            raise ConfigError(f"MarconiCachePolicy: set {ENV_MODEL} (a preset such as nemotron-h-8b)")
+        return cls.from_extra_config(extra)
+
+
+class _Node:
+    """One block hash held in the tier: its depth, parent hash, and its chunk per group."""
+
+    __slots__ = ("depth", "parent", "keys")
+
+    def __init__(self) -> None:
+        self.depth: int | None = None
+        self.parent: bytes | None = None
+        self.keys: dict[int, OffloadKey] = {}
+
+
+class _TierRequest:
+    """Per-request scratch (``Any.set_state``): hashes by end position, nodes it opened."""
+
+    __slots__ = ("owner", "by_position", "opened")
+
+    def __init__(self, owner: "ChunkTreePolicy") -> None:
+        self.owner = owner
+        self.by_position: dict[int, bytes] = {}
+        self.opened: set[bytes] = set()
+
+
+class ChunkTreePolicy:
+    """vLLM's ``CachePolicy`` interface (duck-typed, no vLLM import), ranking tier chunks by Marconi's
+    utility over the chunk tree.
+
+    Contract (vLLM's): ``evict(n, protected)`` returns exactly ``n`` evictable (``ref_cnt == 0``,
+    not in ``protected``) chunks and forgets them, or None and changes nothing. Chunks become
+    evictable through ``insert`` with ``ref_cnt == 0`` or ``mark_evictable``.
+
+    Args:
+        cache_capacity: chunks in the tier (vLLM passes only this).
+        settings: the group kinds, model, rule and load cost (:class:`TierSettings`).
+
+    Keys are vLLM's ``OffloadKey`` bytes (a block hash, then the group index as 4 big-endian
+    bytes: :func:`make_offload_key`); a request context needs ``get_state``/``set_state`` and
+    ``get_offload_key_position``; a chunk needs ``ref_cnt`` (vLLM's ``Any``: -1 while its
+    store is pending).
+    """
+
+    def __init__(self, cache_capacity: int, settings: TierSettings) -> None:
+        self.cache_capacity = cache_capacity
+        self.settings = settings
+        kinds = self.settings.group_kinds
+        self._attn_groups = tuple(g for g, k in enumerate(kinds) if k == ATTENTION)
+        self._mamba_groups = tuple(g for g, k in enumerate(kinds) if k == MAMBA)
+        self._chunks: dict[OffloadKey, Any] = {}
+        self._seq: dict[OffloadKey, int] = {}
+        self._evictable: set[OffloadKey] = set()
+        self._nodes: dict[bytes, _Node] = {}
+        self._children: dict[bytes, set[bytes]] = {}
+        self._open: dict[bytes, int] = {}
+        self._recent: dict[bytes, tuple[int, bytes | None]] = {}   # this store's misses: depth, parent
+        self._clock = 0
+        self._effs: dict[int, float] = {}
+        self.eviction_counts: dict[str, int] = dict.fromkeys(REASONS, 0)
+
+    # ------------------------------------------------------------------ vLLM's interface
+    def get(self, key: OffloadKey) -> Any | None:
+        return self._chunks.get(key)
+
+    def insert(self, key: OffloadKey, chunk: Any) -> None:
+        group = get_offload_group_idx(key)
+        if group >= len(self.settings.group_kinds):
+            raise ConfigError(f"MarconiCachePolicy: key of KV cache group {group}, but marconi_group_kinds names "
+                              f"{len(self.settings.group_kinds)} groups: fix kv_connector_extra_config "
+                              "'marconi_group_kinds'")
+        self._chunks[key] = chunk
+        self._tick(key)
+        block_hash = get_offload_block_hash(key)
+        node = self._nodes.get(block_hash)
+        if node is None:
+            node = self._nodes[block_hash] = _Node()
+            learned = self._recent.get(block_hash)
+            if learned is not None:
+                self._place(block_hash, node, *learned)
+        node.keys[group] = key
+        if chunk.ref_cnt == 0:
+            self._evictable.add(key)
+
+    def remove(self, key: OffloadKey) -> None:
+        self._forget(key)
+
+    def touch(self, keys: Iterable[OffloadKey], req_context: Any) -> None:
+        keys = list(keys)
+        self._learn(keys, req_context)
+        for key in reversed(keys):
+            if key in self._chunks:
+                self._tick(key)
+
+    def on_store_miss(self, keys: Iterable[OffloadKey], req_context: Any) -> None:
+        """Learn the misses' depths and parents, and hold their nodes open until the request ends
+        (a running request's KV may be followed by its state next step); no recency change."""
+        keys = list(keys)
+        self._recent.clear()        # insert() follows within the same prepare_store
+        state = self._learn(keys, req_context, stash=True)
+        for block_hash in {get_offload_block_hash(k) for k in keys} - state.opened:
+            state.opened.add(block_hash)
+            self._open[block_hash] = self._open.get(block_hash, 0) + 1
+
+    def on_request_finished(self, key_groups: Sequence[Sequence[OffloadKey]], insertion_only_keys: set[OffloadKey],
+                            reused_keys: set[OffloadKey], req_context: Any) -> None:
+        keys = [key for group in key_groups for key in group]
+        state = self._learn(keys, req_context)
+        positions = {k: p for k in keys if (p := req_context.get_offload_key_position(k)) is not None}
+        if len(positions) == len(keys):
+            keys.sort(key=positions.__getitem__)
+        for key in reversed(keys):          # LRU's order: the head ends most recent
+            if key in self._chunks:
+                self._tick(key)
+        for block_hash in state.opened:
+            left = self._open.get(block_hash, 0) - 1
+            if left > 0:
+                self._open[block_hash] = left
+            else:
+                self._open.pop(block_hash, None)
+        state.opened.clear()
+
+    def evict(self, n: int, protected: set[OffloadKey]) -> list[tuple[OffloadKey, Any]] | None:
+        if n <= 0:
+            return []
+        pool = [k for k in self._evictable if k not in protected]
+        if len(pool) < n:
+            return None
+        view = _Judgement(self)
+        where = {key: i for i, key in enumerate(pool)}
+        seq = np.fromiter((self._seq[k] for k in pool), dtype=np.int64, count=len(pool))
+        cat = np.fromiter((view.category(k) for k in pool), dtype=np.int8, count=len(pool))
+        eff = np.fromiter((view.efficiency(k) for k in pool), dtype=np.float64, count=len(pool))
+        depth = np.fromiter((self._nodes[get_offload_block_hash(k)].depth or 0 for k in pool), dtype=np.int64,
+                            count=len(pool))
+        avail = np.ones(len(pool), dtype=bool)
+        rule = self.settings.rule
+        chosen: list[tuple[OffloadKey, str]] = []
+        while len(chosen) < n:
+            dead = np.flatnonzero(avail & (cat == _DEAD))
+            if dead.size:                    # dead stays dead as chunks go: take them oldest first
+                picks = dead[np.argsort(seq[dead], kind="stable")][: n - len(chosen)].tolist()
+            else:
+                cands = np.flatnonzero(avail & (cat == _CAND))
+                if not cands.size:
+                    cands = np.flatnonzero(avail)
+                picks = [int(cands[choose_victim(rule, self._table(cands, seq, eff, depth, cat))])]
+            for i in picks:
+                key = pool[i]
+                avail[i] = False
+                chosen.append((key, ("dead-" if cat[i] == _DEAD else "") + self._kind(key)))
+                for other in view.remove(key):
+                    j = where.get(other)
+                    if j is not None and avail[j]:
+                        cat[j], eff[j] = view.category(other), view.efficiency(other)
+        out = []
+        for key, reason in chosen:
+            chunk = self._chunks[key]
+            assert chunk.ref_cnt == 0, "an evictable chunk is pinned"
+            self._forget(key)
+            self.eviction_counts[reason] += 1
+            out.append((key, chunk))
+        return out
+
+    def clear(self) -> None:
+        self._chunks.clear()
+        self._seq.clear()
+        self._evictable.clear()
+        self._nodes.clear()
+        self._children.clear()
+        self._open.clear()
+        self._recent.clear()
+        self._clock = 0
+
+    def mark_evictable(self, key: OffloadKey) -> None:
+        self._evictable.add(key)
+
+    def mark_non_evictable(self, key: OffloadKey) -> None:
+        self._evictable.discard(key)
+
+    # ------------------------------------------------------------------ the tree
+    def usable_depths(self) -> list[int]:
+        """Depths of the nodes a tier hit could end at (own KV in every attention group and a state
+        in every Mamba group), ascending; for tests and reports."""
+        view = _Judgement(self)
+        return sorted(self._nodes[h].depth or 0 for h in self._nodes if view.usable[h])
+
+    def classify(self) -> dict[OffloadKey, str]:
+        """Every chunk's standing now: ``"dead"``, ``"candidate"`` or ``"other"`` (for tests)."""
+        names = {_DEAD: "dead", _CAND: "candidate", _OTHER: "other"}
+        view = _Judgement(self)
+        return {k: names[view.category(k)] for k in self._chunks}
+
+    def _eff(self, depth: int | None, variant: str | None = None) -> float:
+        """FLOPs saved per byte held by a hit at ``depth``, less what the load costs (>= 0); in the
+        settings' variant unless ``variant`` names another."""
+        if not depth:
+            return 0.0
+        s = self.settings
+        if variant is not None and variant != s.efficiency:
+            edge = min(depth, s.tokens_per_chunk or depth)
+            return max(0.0, flop_efficiency(s.spec, depth, edge, True, variant) - s.load_flops_per_byte)
+        eff = self._effs.get(depth)
+        if eff is None:
+            edge = min(depth, s.tokens_per_chunk or depth)
+            raw = flop_efficiency(s.spec, depth, edge, True, s.efficiency)
+            eff = self._effs[depth] = max(0.0, raw - s.load_flops_per_byte)
+        return eff
+
+    def _table(self, rows: np.ndarray, seq: np.ndarray, eff: np.ndarray, depth: np.ndarray,
+               cat: np.ndarray) -> CandidateTable:
+        """The candidate table of ``rows`` (indices into the evict call's pool): recency order for
+        both touches, candidacy as the leaf flag, the settings' efficiency, any other on first use."""
+        order, d = seq[rows], depth[rows]
+        time = order.astype(np.float64)
+        cands = CandidateSet.of(rows.tolist(), last_access=time, access_seq=order, path_access=time, path_seq=order,
+                                depth=d, has_ssm=np.ones(rows.size, dtype=bool), leaf=cat[rows] == _CAND,
+                                edge_len=np.minimum(d, self.settings.tokens_per_chunk or d))
+        other = lambda variant: np.array([self._eff(int(x), variant) for x in d], dtype=np.float64)  # noqa: E731
+        return CandidateTable(cands, LazyEfficiency({self.settings.efficiency: eff[rows]}, compute=other))
+
+    # ------------------------------------------------------------------ bookkeeping
+    def _kind(self, key: OffloadKey) -> str:
+        return "kv" if self.settings.group_kinds[get_offload_group_idx(key)] == ATTENTION else "state"
+
+    def _tick(self, key: OffloadKey) -> None:
+        self._clock += 1
+        self._seq[key] = self._clock
+
+    def _forget(self, key: OffloadKey) -> None:
+        del self._chunks[key]
+        self._seq.pop(key, None)
+        self._evictable.discard(key)
+        block_hash = get_offload_block_hash(key)
+        node = self._nodes.get(block_hash)
+        if node is None:
+            return
+        node.keys.pop(get_offload_group_idx(key), None)
+        if not node.keys:
+            del self._nodes[block_hash]
+            if node.parent is not None:
+                siblings = self._children.get(node.parent)
+                if siblings is not None:
+                    siblings.discard(block_hash)
+                    if not siblings:
+                        del self._children[node.parent]
+
+    def _learn(self, keys: Sequence[OffloadKey], req_context: Any, *, stash: bool = False) -> _TierRequest:
+        """Record the keys' end positions for the request and give held nodes depth and parent
+        (``stash``: also for the nodes the coming ``insert`` calls create)."""
+        state = req_context.get_state(_TierRequest)
+        if state is None or state.owner is not self:
+            state = _TierRequest(self)
+            req_context.set_state(state)
+        fresh = []
+        for key in keys:
+            position = req_context.get_offload_key_position(key)
+            if position is not None:
+                block_hash = get_offload_block_hash(key)
+                state.by_position[position] = block_hash
+                fresh.append((position, block_hash))
+        for position, block_hash in fresh:
+            parent = state.by_position.get(self._parent_position(position, state))
+            if parent == block_hash:
+                parent = None
+            if stash:
+                self._recent[block_hash] = (position, parent)
+            node = self._nodes.get(block_hash)
+            if node is not None:
+                self._place(block_hash, node, position, parent)
+        return state
+
+    def _place(self, block_hash: bytes, node: _Node, depth: int, parent: bytes | None) -> None:
+        """Give ``node`` its depth and (if not known yet) its parent."""
+        if node.depth is None:
+            node.depth = depth
+        if node.parent is None and parent is not None:
+            node.parent = parent
+            self._children.setdefault(parent, set()).add(block_hash)
+
+    def _parent_position(self, position: int, state: _TierRequest) -> int:
+        tpc = self.settings.tokens_per_chunk
+        if tpc:
+            return position - tpc if position % tpc == 0 else position // tpc * tpc
+        earlier = [p for p in state.by_position if p < position]
+        return max(earlier) if earlier else -1
+
+    # ------------------------------------------------------------------ checks
+    def check_invariants(self) -> None:
+        """Recompute the tree from the chunks; AssertionError on drift."""
+        assert self._evictable <= self._chunks.keys(), "evictable chunk not held"
+        for key in self._evictable:
+            assert self._chunks[key].ref_cnt == 0, "evictable chunk with ref_cnt != 0"
+        for key, chunk in self._chunks.items():
+            if chunk.ref_cnt == 0:
+                assert key in self._evictable, "idle chunk not evictable"
+            node = self._nodes.get(get_offload_block_hash(key))
+            assert node is not None and node.keys.get(get_offload_group_idx(key)) == key, "chunk missing from its node"
+        assert self._seq.keys() == self._chunks.keys(), "recency rows drifted"
+        for h, node in self._nodes.items():
+            assert node.keys, "empty node kept"
+            assert all(k in self._chunks for k in node.keys.values()), "node names a chunk not held"
+        for parent, children in self._children.items():
+            for child in children:
+                assert child in self._nodes and self._nodes[child].parent == parent, "child link drifted"
+
+
+class _Judgement:
+    """The tree's standing for one ``evict`` call (per node: KVs held, whole state, ``usable``,
+    ``alive``, KV children), built in O(nodes + chunks); :meth:`remove` updates only the node and its
+    ancestors. Reads the policy's fields, never writes them."""
+
+    def __init__(self, policy: "ChunkTreePolicy") -> None:
+        self.p = policy
+        nodes = policy._nodes
+        self.gone: set[OffloadKey] = set()
+        self.kv = {h: all(g in n.keys for g in policy._attn_groups) for h, n in nodes.items()}
+        self.state = {h: all(g in n.keys for g in policy._mamba_groups) for h, n in nodes.items()}
+        self.usable = {h: self.kv[h] and self.state[h] for h in nodes}
+        self.kv_kids = dict.fromkeys(nodes, 0)
+        self.alive_kids = dict.fromkeys(nodes, 0)
+        self.alive: dict[bytes, bool] = {}
+        for h in sorted(nodes, key=lambda x: -(nodes[x].depth or 0)):     # children before parents
+            parent = nodes[h].parent
+            self.alive[h] = alive = self._alive(h)
+            if parent in nodes:
+                self.kv_kids[parent] += self.kv[h]
+                self.alive_kids[parent] += alive
+
+    def _alive(self, h: bytes) -> bool:
+        return self.kv[h] and (self.usable[h] or h in self.p._open or self.alive_kids[h] > 0)
+
+    def category(self, key: OffloadKey) -> int:
+        h = get_offload_block_hash(key)
+        if self.p.settings.group_kinds[get_offload_group_idx(key)] == ATTENTION:
+            return _DEAD if not self.alive[h] else (_CAND if self.kv_kids[h] == 0 else _OTHER)
+        if not (self.usable[h] or h in self.p._open):
+            return _DEAD
+        return _CAND if self.kv_kids[h] <= 1 else _OTHER
+
+    def efficiency(self, key: OffloadKey) -> float:
+        return self.p._eff(self.p._nodes[get_offload_block_hash(key)].depth)
+
+    def remove(self, key: OffloadKey) -> list[OffloadKey]:
+        """Take ``key`` away; the chunks (still present) whose standing may have changed."""
+        nodes = self.p._nodes
+        self.gone.add(key)
+        h = get_offload_block_hash(key)
+        was_kv = self.kv[h]
+        if self.p.settings.group_kinds[get_offload_group_idx(key)] == ATTENTION:
+            self.kv[h] = False
+        else:
+            self.state[h] = False
+        self.usable[h] = self.kv[h] and self.state[h]
+        touched = [h]
+        parent = nodes[h].parent
+        if was_kv and not self.kv[h] and parent in nodes:
+            self.kv_kids[parent] -= 1
+            touched.append(parent)
+        x = h
+        while x is not None and x in nodes:        # alive flips travel up the chain
+            now = self._alive(x)
+            if now == self.alive[x]:
+                break
+            self.alive[x] = now
+            up = nodes[x].parent
+            if up in nodes:
+                self.alive_kids[up] += 1 if now else -1
+                touched.append(up)
+            x = up
+        return [k for t in touched for k in nodes[t].keys.values() if k not in self.gone]
+
+
+def _check_kinds(kinds: Sequence[str]) -> None:
+    bad = [k for k in kinds if k not in (ATTENTION, MAMBA)]
+    if bad:
+        raise ConfigError(f"marconi_group_kinds: each group is {ATTENTION!r} or {MAMBA!r}, got {list(kinds)}")
+    if MAMBA not in kinds or ATTENTION not in kinds:
+        raise ConfigError(f"MarconiCachePolicy serves hybrid models (attention and Mamba KV cache groups); this one "
+                          f"has {list(kinds)}: set kv_connector_extra_config 'eviction_policy' to 'lru' or 'arc'")
