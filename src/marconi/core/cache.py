@@ -1,32 +1,7 @@
-"""PrefixCache: a request's lifecycle (begin, finish, abort) and the eviction loop, over the
-store (:mod:`marconi.core.store`: tree, bytes, candidates, surgery) with an admission and an
-eviction policy, and dead tails (:mod:`marconi.core.tails`) when a policy asks.
-
-This is the one cache shared by the simulator, the rule choosers' worlds and the real engine. A request
-goes through it in three steps (see ``docs/cache-api.md``)::
-
-    handle = cache.begin(input_tokens)      # match, lock the matched path, speculative insertion
-    ...                                     # (engine) restore cache.cached_prefix(handle), prefill
-                                            # the rest capturing handle.prefill_checkpoints, decode
-    cache.finish(handle, output_tokens)     # admit checkpoints, evict if needed, insert, unlock
-
-Byte accounting is the store's, from the :class:`~marconi.core.model.ModelSpec`. Payloads (sizes
-in simulation, tensors in the engine) are opaque; the engine supplies a :class:`PayloadOps` to
-split and join KV payloads when edges split and merge.
-
-Time is injected: ``clock()`` is read for recency; without one, a logical clock ticks once per
-request (like the Marconi authors' simulator). Nothing here reads the wall clock.
-
-Threads: every public method holds the cache's re-entrant lock (``cache.lock``) while it runs, so
-requests may be begun, finished and aborted from any number of threads. A method's callbacks
-(``states``, ``kv``, observers, ``PayloadOps``) run under that lock. Reading ``stats`` or the tree
-while other threads work is not atomic: hold ``cache.lock`` for a consistent view.
-
-Failures: any callback may raise (an allocator out of memory, a buggy observer). Each is called
-before the step that needs it changes the tree, or after the step is whole, so the cache stays
-consistent (``check_invariants`` holds) and keeps serving; what becomes of the request is stated
-by each method (``finish`` always ends it, as an abort).
-"""
+"""PrefixCache: a request's lifecycle (begin, finish, abort) and the eviction loop over the store
+(:mod:`marconi.core.store`), with an admission and an eviction policy and, when a policy asks,
+dead tails (:mod:`marconi.core.tails`). Time is injected (``clock``); every public method holds
+``cache.lock``; a callback that raises leaves the cache consistent. Contract: ``docs/cache-api.md``."""
 
 from __future__ import annotations
 
@@ -54,15 +29,9 @@ __all__ = ["PrefixCache", "RequestHandle", "CachedPrefix", "InsertResult", "Payl
 
 
 class CacheObserver:
-    """Hooks for components that watch the cache (a rule chooser's feed,
-    :func:`marconi.core.chooser.follow`). Default: do nothing.
-
-    Every request an observer is told ``on_begin`` of ends with exactly one ``on_finish`` or
-    ``on_abort``, also when the cache or another observer raises. An observer that raises is
-    reported to the cache's caller after every other observer was told of the same event; the
-    cache's own state is consistent by then (see :meth:`PrefixCache.begin` and
-    :meth:`PrefixCache.finish` for what becomes of the request).
-    """
+    """Hooks for components that watch the cache; default: nothing. Every request told ``on_begin``
+    ends with one ``on_finish`` or ``on_abort``; an observer's error reaches the caller after every
+    other observer was told."""
 
     def on_begin(self, cache: "PrefixCache", handle: "RequestHandle") -> None:
         pass
@@ -74,9 +43,8 @@ class CacheObserver:
         """``insert_prefill`` admitted (or tried to admit) the request's prefill checkpoints."""
 
     def on_abort(self, cache: "PrefixCache", handle: "RequestHandle") -> None:
-        """The request ended without finishing: unlocked, nothing inserted by ``finish`` — an
-        ``abort``, or a ``begin``/``finish`` that raised (a ``finish`` that raised part-way may
-        have evicted, and inserted part of its sequence)."""
+        """The request ended without finishing: an ``abort``, or a ``begin``/``finish`` that raised (a
+        ``finish`` that raised part-way may have evicted and inserted part of its sequence)."""
 
     def on_first_eviction(self, cache: "PrefixCache") -> None:
         pass
@@ -84,11 +52,7 @@ class CacheObserver:
 
 @dataclass(slots=True)
 class TreeSnapshot:
-    """A cache's tree without payloads or locks, as plain data a worker process can be sent.
-
-    Parallel lists, one entry per node, parents before children. Taken by
-    :meth:`PrefixCache.snapshot`, restored by :meth:`PrefixCache.from_snapshot`.
-    """
+    """A cache's tree as picklable data (no payloads, no locks): parallel lists, parents first."""
 
     page_size: int
     parent_index: list[int]            # index into these lists; -1 = child of the root
@@ -135,8 +99,7 @@ class InsertResult(NamedTuple):
 
 
 class ManualClock:
-    """A clock its owner sets (``clock.now = trace_time``) or ticks: the simulator's and the
-    tuner's clock, and the cache's default logical clock (one tick per request event)."""
+    """A clock its owner sets (``clock.now = t``) or ticks; the cache's default logical clock."""
 
     __slots__ = ("now",)
 
@@ -151,13 +114,8 @@ class ManualClock:
 
 
 def as_tokens(tokens: Any, what: str, *, allow_empty: bool = False) -> np.ndarray:
-    """Validate and convert token ids to a 1-D int32 array (without copying when possible: the
-    result may share memory with ``tokens``).
-
-    Token ids are integers in ``[0, 2**31)``: the trace schema's range (a negative id is no token
-    of any vocabulary, and int32 is what the tree stores). Raises ValueError naming ``what`` and
-    the offending id otherwise.
-    """
+    """Token ids as a 1-D int32 array, sharing memory with ``tokens`` when possible. ValueError (naming
+    ``what`` and the offending id) unless every id is an integer in ``[0, 2**31)``, the trace's range."""
     arr = np.asarray(tokens)
     if arr.ndim != 1:
         raise ValueError(f"{what} must be a 1-D sequence of token ids, got shape {arr.shape}")
@@ -207,11 +165,8 @@ def _check_suppliers(states: Any, kv: Any) -> None:
 
 
 def _check_capacity(capacity_bytes: Any) -> None:
-    """Raise ConfigError unless ``capacity_bytes`` is a finite real number >= 0 (bytes).
-
-    Text such as ``"1GB"`` is refused with a hint rather than parsed: the core takes numbers only
-    (parsing units is the CLI's and ``marconi.units``' job).
-    """
+    """ConfigError unless ``capacity_bytes`` is a finite real number >= 0; text such as ``"1GB"`` is
+    refused with a hint (the core takes numbers only)."""
     if isinstance(capacity_bytes, (str, bytes)):
         raise ConfigError(f"capacity_bytes must be a number of bytes, got the text {capacity_bytes!r}: pass bytes "
                           f"as a number (e.g. 1e9), or convert the text with marconi.units.parse_bytes")
@@ -223,7 +178,7 @@ def _check_capacity(capacity_bytes: Any) -> None:
 
 
 def _locked(method: Callable) -> Callable:
-    """Run a public ``PrefixCache`` method under the cache's lock (see the module docstring)."""
+    """Run a public ``PrefixCache`` method under the cache's lock."""
 
     @functools.wraps(method)
     def locked(self: "PrefixCache", *args: Any, **kwargs: Any) -> Any:
@@ -234,14 +189,8 @@ def _locked(method: Callable) -> Callable:
 
 
 def _own_tokens(tokens: Any, what: str) -> np.ndarray:
-    """``as_tokens`` as a read-only array the caller cannot change: a handle keeps its request's
-    tokens until ``finish``, and a caller reusing its buffer in between must not change them.
-
-    A writable array of the caller's (or a view of one, e.g. of a torch tensor) is copied; one
-    ``as_tokens`` just made is kept. An array that is already read-only is kept without a copy:
-    read-only is the caller's promise that it will not change (``Trace`` token arrays are, and
-    copying each one would cost the simulator ~6 us per request).
-    """
+    """``as_tokens`` as a read-only array: a writable input (or a view of one) is copied, so a caller
+    may reuse its buffer while the handle keeps the tokens; a read-only one is kept uncopied."""
     arr = as_tokens(tokens, what)
     if arr.flags.writeable:
         if arr is tokens or arr.base is not None:
@@ -256,22 +205,13 @@ class PrefixCache(TreeStore):
     Args:
         spec: the model's cost model (a ``ModelSpec`` or preset name).
         capacity_bytes: total bytes for KVs + SSM checkpoints; never exceeded.
-        admission: an admission policy or registry name (``none``, ``marconi``, ``every-block:block=32``).
-        eviction: an eviction policy or registry name (``lru``, ``flop-aware:alpha=1``).
-        clock: returns the current time (any monotone unit); default a logical request counter.
+        admission, eviction: a policy or registry name.
+        clock: the current time (any monotone unit); default a logical request counter.
         payloads: ``PayloadOps`` for real payloads; default sizes only (simulation).
-        prefill_chunk_len: where an engine can take a state inside a prefill. None (default):
-            anywhere (segmented prefill). ``C``: only on the scan's chunk grid (chunk-boundary
-            checkpointing) — a prefill resumed at ``u`` yields states at ``u + j*C`` (on a paged
-            tree, also page-aligned), so a checkpoint wanted at ``p`` with ``u < p < len(input)``
-            is taken at the last such boundary ``<= p``, or not at all if there is none. States at
-            the input's end and in the decoded output are exact either way. A simulation given
-            the engine's value makes the engine's decisions.
+        prefill_chunk_len: None: prefill states anywhere; ``C``: on the scan's chunk grid only.
 
-    Raises:
-        ConfigError: negative capacity, unknown policy, or a capacity that cannot hold even one
-            SSM checkpoint of this model while the policy caches anything.
-    """
+    ConfigError: a bad capacity or chunk length, an unknown policy, or a capacity below one SSM
+    checkpoint while the policy caches anything."""
 
     def __init__(self, spec: ModelSpec | str, capacity_bytes: float, admission: AdmissionPolicy | str = "marconi",
                  eviction: EvictionPolicy | str = "lru", *, clock: Callable[[], float] | None = None,
@@ -316,8 +256,7 @@ class PrefixCache(TreeStore):
     # ================================================================== public API
     @property
     def lock(self) -> threading.RLock:
-        """The lock every public method holds; hold it to read ``stats`` or the tree consistently
-        while other threads use the cache, or to make several calls atomic."""
+        """The re-entrant lock every public method holds (hold it for a consistent read)."""
         return self._mutex
 
     @_locked
@@ -326,14 +265,12 @@ class PrefixCache(TreeStore):
 
     @property
     def chooser(self) -> Any:
-        """The :class:`~marconi.core.chooser.RuleChooser` setting this cache's rule online (its eviction
-        policy's ``chooser``), or None; records echo its ``tuning_record()``."""
+        """The eviction policy's :class:`~marconi.core.chooser.RuleChooser`, or None."""
         return self.eviction.chooser
 
     @_locked
     def set_rule(self, rule: Any) -> None:
-        """Evict by ``rule`` (a :class:`~marconi.core.eviction.Rule`) from now on, through the eviction
-        policy's ``set_rule``: ConfigError, and nothing changes, if the policy cannot apply it."""
+        """Evict by ``rule`` from now on; ConfigError, nothing changed, if the policy cannot apply it."""
         self.eviction.set_rule(rule)
 
     @_locked
@@ -348,14 +285,12 @@ class PrefixCache(TreeStore):
 
     @property
     def tail_margin(self) -> int | None:
-        """Dead tails (``marconi.core.tails``): tokens past its base a branched leaf is predicted to
-        be re-entered, or None (not tracked, or no margin yet: nothing is cut)."""
+        """Dead tails: tokens past its base a branched leaf may be re-entered (None: nothing is cut)."""
         return None if self.dead_tails is None else self.dead_tails.margin
 
     @property
     def num_tail_leaves(self) -> int:
-        """Dead tails (``marconi.core.tails``): branched leaves whose tail may be cut first. Each is a
-        leaf of the tree (``check_invariants`` verifies), so this never exceeds the tree's size."""
+        """Dead tails: branched leaves whose tail may be cut first (each a leaf of the tree)."""
         return 0 if self.dead_tails is None else len(self.dead_tails.leaves)
 
 
@@ -369,31 +304,13 @@ class PrefixCache(TreeStore):
 
     @_locked
     def begin(self, input_tokens: Any, *, max_hit_len: int | None = None) -> RequestHandle:
-        """Look up a request's input, lock what it matched, and plan its prefill checkpoints.
+        """Look up a request's input, lock the matched path until ``finish``/``abort``, plan its prefill
+        checkpoints; refreshes recency, counts the lookup, ticks the logical clock; inserts and evicts
+        nothing. ``max_hit_len``: resume no deeper (in tokens). A writable input is copied.
 
-        Mutates: splits a block run at the match (so the hit is a node boundary); locks every node
-        from the deepest (partly) matched one up to the root until ``finish``/``abort``; refreshes
-        recency (the hit node, and the path's path-recency); counts the lookup in ``stats``;
-        ticks the logical clock. Nothing is inserted or evicted.
-
-        ``max_hit_len``: resume no deeper than this. An engine that cannot produce the first
-        output token's logits from a checkpoint alone passes ``len(input) - 1`` (it must compute
-        at least the last input token, and, all or nothing, it can only resume from a checkpoint
-        at or before that). The default, no limit, is the paper's accounting (a whole-input hit
-        counts as fully reused); an engine that keeps each checkpoint's last hidden state uses it.
-
-        A writable input array is copied: the caller may reuse or change it at once (a
-        read-only one is kept as it is). Returns a handle to pass to :meth:`cached_prefix` and
-        :meth:`finish` (or :meth:`abort`). Raises ValueError for an empty, negative or non-integer
-        input, and TypeError (ValueError) for a ``max_hit_len`` that is not an integer (is
-        negative), before anything changes.
-
-        Callbacks: ``PayloadOps.split_kv`` (the run split), the admission policy and the clock run
-        before the request is registered: if one raises, no request exists and nothing is locked
-        (a run split already done stays, a consistent tree). The observers run last; if one
-        raises, the request is released again (every observer is then told ``on_abort``) and the
-        error propagates: the caller, who gets no handle, leaves nothing locked.
-        """
+        Raises, before anything changes, ValueError/TypeError for a bad input or ``max_hit_len``. If a
+        callback raises, no request is left registered or locked (an observer's error releases it,
+        observers told ``on_abort``) and the error propagates."""
         _check_max_hit_len(max_hit_len)
         tokens = _own_tokens(input_tokens, "input_tokens")
         limit = len(tokens) if max_hit_len is None else min(int(max_hit_len), len(tokens))
@@ -439,14 +356,9 @@ class PrefixCache(TreeStore):
 
     @_locked
     def cached_prefix(self, handle: RequestHandle) -> CachedPrefix:
-        """Payloads of the usable prefix, root first: what an engine restores before its prefill.
-
-        Returns the KV payloads covering ``[0, usable_hit_len)`` in tree order (the last one split
-        down for a pure transformer whose hit ends inside an edge) and the SSM payload at
-        ``usable_hit_len`` (None without a hit). Mutates nothing. Valid only while ``handle`` is in
-        flight: its path is locked, so the payloads cannot be evicted or re-split meanwhile.
-        Raises ValueError for a finished or aborted handle.
-        """
+        """Payloads to restore, root first: the KVs covering ``[0, usable_hit_len)`` (the last split down
+        for a pure transformer whose hit ends inside an edge) and the SSM payload there (None without a
+        hit). Mutates nothing; valid while ``handle`` is in flight, else ValueError."""
         self._check_active(handle)
         usable = handle.match.usable_hit_len
         if usable == 0:
@@ -473,30 +385,14 @@ class PrefixCache(TreeStore):
     def finish(self, handle: RequestHandle, output_tokens: Any = (), *,
                states: Mapping[int, Any] | Callable[[int], Any] | None = None,
                kv: Callable[[int, int], Any] | None = None) -> InsertResult:
-        """Insert input + output with the checkpoints the admission policy asks for, then unlock.
+        """Insert input + output with the admission policy's checkpoints, evicting (never a locked node)
+        until they fit; then unlock and tell the observers. ``states`` (position -> SSM payload) and
+        ``kv(start, end)`` supply an engine's payloads (None in simulation); ``states`` is asked for
+        :meth:`finish_checkpoints`' positions, and one not supplied is skipped. If nothing fits even
+        after evicting everything unlocked, nothing is inserted (``stats.requests_not_cached``).
 
-        Mutates: evicts (by the eviction policy, never a locked node) until the new KVs and
-        checkpoints fit, splits edges at new checkpoint positions, adds the new tokens as nodes,
-        attaches checkpoints; unlocks the request's path; ticks the logical clock; tells the
-        observers (a rule chooser's feed). The handle is finished afterwards, even if this raises.
-
-        ``states`` supplies SSM payloads by position and ``kv(start, end)`` KV payloads of
-        ``(input + output)[start:end]`` (engine); in simulation leave both None. ``states`` is
-        asked for exactly the positions :meth:`finish_checkpoints` returns for the same output
-        (and the tree as it is now). A checkpoint whose state is not supplied is skipped (counted
-        in ``stats.checkpoints_unavailable``). If the new states cannot fit even after evicting
-        everything unlocked, nothing is inserted and ``stats.requests_not_cached`` grows.
-
-        Errors: for a finished or aborted handle, ValueError and nothing changes. Anything else
-        that raises — invalid ``output_tokens`` (ValueError), ``states`` or ``kv`` of the wrong
-        kind (TypeError naming which), ``states``, ``kv``, a
-        ``PayloadOps`` method, the admission or eviction policy — ends the request as an abort:
-        the cache stays consistent (what was evicted or inserted before the error stays, as
-        whole nodes with their bytes accounted; a node is linked only once its payload exists),
-        the path is unlocked, the handle is finished, every observer is told ``on_abort`` (not
-        ``on_finish``), and the error propagates. An observer raising from ``on_finish`` is
-        reported after every observer was told; the request is finished by then.
-        """
+        ValueError for a finished or aborted handle (nothing changes). Any other error ends the request
+        as an abort, the cache consistent, and propagates."""
         self._check_active(handle)
         try:
             output = as_tokens(output_tokens, "output_tokens", allow_empty=True)
@@ -517,19 +413,9 @@ class PrefixCache(TreeStore):
 
     @_locked
     def finish_checkpoints(self, handle: RequestHandle, output_tokens: Any = ()) -> tuple[int, ...]:
-        """Dry run of ``finish(handle, output_tokens)``: the positions of input + output whose
-        states it would ask ``states`` for, ascending. Changes nothing.
-
-        The answer holds for the tree as it is now (whether the states then fit does not change
-        it). In a batch-1 engine nothing else touches the tree between ``begin`` and ``finish``,
-        so an engine that knows its output (teacher forcing) learns every position to capture
-        before it starts. A generating engine can ask at each decode step, with the tokens so far
-        plus the one about to be fed: if the current depth ``d`` is in the answer, ``finish`` will
-        want the state at ``d`` for any output that continues this way. That holds for every
-        built-in policy — a position below the end is decided by the tokens up to it (a branch
-        point where the walk leaves the tree, a block boundary, a position inside the input) —
-        and the last position is asked once the output is complete.
-        """
+        """Dry run of ``finish(handle, output_tokens)``: the positions of input + output whose states it
+        would ask ``states`` for, ascending, for the tree as it is now. Changes nothing. Asking at each
+        decode step is sound for every built-in policy (``docs/cache-api.md``)."""
         self._check_active(handle)
         if not self.admission.caches:
             return ()
@@ -540,8 +426,7 @@ class PrefixCache(TreeStore):
 
     @_locked
     def abort(self, handle: RequestHandle) -> None:
-        """Unlock an in-flight request without inserting anything; then tell the observers (an
-        observer's error is raised after every observer was told, the request already aborted)."""
+        """Unlock an in-flight request without inserting anything, then tell the observers."""
         self._check_active(handle)
         self._end(handle, "on_abort")
 
@@ -563,11 +448,8 @@ class PrefixCache(TreeStore):
         return WalkResult([*walk.path, upper], walk.matched_len, None)
 
     def _hit_index(self, path: list[Node], limit: int) -> int:
-        """Index in ``path`` of the node a request resumes from, at depth <= ``limit`` (-1: none).
-
-        With SSM layers that is the deepest node holding a checkpoint; for a pure transformer,
-        the deepest node (the hit may continue into the next edge's KVs).
-        """
+        """Index in ``path`` of the node a request resumes from, at depth <= ``limit`` (-1: none): the
+        deepest checkpoint with SSM layers, the deepest node for a pure transformer."""
         for i in range(len(path) - 1, -1, -1):
             if path[i].depth <= limit and (path[i].has_ssm or not self.spec.has_recurrent_state):
                 return i
@@ -599,17 +481,9 @@ class PrefixCache(TreeStore):
     def insert_prefill(self, handle: RequestHandle, *,
                        states: Mapping[int, Any] | Callable[[int], Any] | None = None,
                        kv: Callable[[int, int], Any] | None = None) -> InsertResult:
-        """Admit the prefill checkpoints as soon as prefill completes (before decode ends).
-
-        Inserts the input up to its deepest prefill checkpoint, so concurrent requests can reuse a
-        branch point while this request is still decoding. Optional: :meth:`finish` admits whatever
-        is still missing. A no-op when there are no prefill checkpoints.
-
-        The observers are told first; if one raises, the error propagates (after every observer
-        was told) before the cache changes. If a callback raises during the insertion (``states``,
-        ``kv``, ``PayloadOps``), the cache stays consistent with what was done before the error,
-        and the request stays in flight: finish or abort it.
-        """
+        """Admit the prefill checkpoints when prefill completes, inserting the input up to the deepest
+        one (:meth:`finish` admits the rest). Observers are told first; an error leaves the cache
+        consistent and the request in flight."""
         self._check_active(handle)
         _check_suppliers(states, kv)  # before anything: the request stays in flight as it was
         self._notify("on_prefill", handle)
@@ -659,34 +533,9 @@ class PrefixCache(TreeStore):
                          states: Mapping[int, Any] | Callable[[int], Any] | None,
                          kv: Callable[[int, int], Any] | None, walk: WalkResult | None = None, *,
                          mark: tuple[int, bool] = (-1, False)) -> InsertResult:
-        """Insert ``seq[:plan.insert_len]`` with the plan's checkpoints, evicting what must go.
-
-        Token ranges of ``seq`` (input + output)::
-
-            0            floor            matched                insert_len         len(seq)
-            |-- reused ---|--- in the tree ---|---- new nodes -------|-- not kept --|
-                          ^ usable_hit_len    ^ walk.matched_len
-
-        * ``[0, floor)``: the request resumed here and computed nothing; no state of it can be
-          admitted (all or nothing: the engine never had them);
-        * ``[floor, matched)``: already in the tree; checkpoints wanted here are attached to the
-          walked nodes (an edge is split where a position falls inside it);
-        * ``[matched, insert_len)``: new KVs, one node per checkpoint-to-checkpoint span (or one
-          block run);
-        * ``[insert_len, len)``: beyond what the admission keeps (vLLM+'s partial last block).
-
-        ``mark``: (base, lineage) from ``DeadTails.enter`` (base >= 0: the request branched there;
-        the new leaf's tail may be cut first at eviction).
-
-        The walked path stays locked while evicting, so the request's own prefix survives.
-
-        Callbacks and consistency: ``states`` and the clock are asked before anything changes.
-        Later ones (``PayloadOps`` in a split, an eviction or a join; ``kv`` for each new node; the
-        eviction policy; ``on_first_eviction``) are each called before the step that needs them
-        changes the tree, or after it is complete (``release``), so if one raises, the tree,
-        bytes, locks and candidate index are consistent with the steps done so far and the error
-        propagates (the caller decides what becomes of the request).
-        """
+        """Insert ``seq[:plan.insert_len]`` with the plan's checkpoints, evicting what must go, the walked
+        path locked (ranges: ``docs/cache-api.md``, "Notes: PrefixCache"). ``mark``: from
+        ``DeadTails.enter``. Callbacks run before their step changes the tree or after it is whole."""
         walk = walk if walk is not None else self.tree.walk(seq)
         # Positions are read before a run is split below: the split changes no answer of
         # ``holds_checkpoint_at`` at or above the match, and the dry run does not split.
@@ -750,10 +599,7 @@ class PrefixCache(TreeStore):
     def _add_tail(self, seq: np.ndarray, walk: WalkResult, insert_len: int, to_admit: dict[int, Any], block: int,
                   kv: Callable[[int, int], Any] | None, now: float,
                   mark: tuple[int, bool] = (-1, False)) -> list[int]:
-        """Insert ``seq[matched_len:insert_len]`` as new nodes: one run, or a chain cut at checkpoints.
-
-        Each node is complete (payloads, bytes, candidate index) before the next ``kv`` call, so a
-        ``kv`` that raises leaves the chain inserted so far, consistent."""
+        """Insert ``seq[matched_len:insert_len]`` as one run or a chain cut at checkpoints, node by node."""
         start = walk.matched_len
         if walk.partial is not None:
             # The partial edge may already have been split at ``start`` to hold a checkpoint.
@@ -794,9 +640,7 @@ class PrefixCache(TreeStore):
 
 
     def _evict_until(self, need: int) -> None:
-        """Evict until ``need`` bytes are free. Each eviction is whole before the next callback
-        (``on_first_eviction``, the policy's ``choose``, ``PayloadOps``), so one that raises stops
-        the loop with the cache consistent."""
+        """Evict until ``need`` bytes are free; each eviction is whole before the next callback."""
         while self.capacity_bytes - self.used_bytes < need:
             if not self._evicted_once:
                 self._evicted_once = True  # first: an observer that raises here is not told again next time
@@ -820,8 +664,7 @@ class PrefixCache(TreeStore):
         return self._admission_trims or self.eviction.trims_tails
 
     def _trim_dead_tail(self) -> bool:
-        """Cut the tail :meth:`DeadTails.next_cut` names, dropping its KVs and states; False if it
-        names none."""
+        """Cut the tail ``DeadTails.next_cut`` names (KVs and states); False if none."""
         cut = self.dead_tails.next_cut(self.tree.page_size)  # type: ignore[union-attr]
         if cut is None:
             return False
@@ -851,8 +694,7 @@ class PrefixCache(TreeStore):
             self._notify(event, handle, *args)
 
     def _notify(self, event: str, *args: Any) -> None:
-        """Call ``event`` on every observer; an observer's error is re-raised once all were told,
-        so one failing observer never leaves another (a rule chooser's worlds) a step behind."""
+        """Call ``event`` on every observer; the first error is re-raised once all were told."""
         error: Exception | None = None
         for observer in self._observers:
             try:
@@ -878,17 +720,9 @@ class PrefixCache(TreeStore):
     # ================================================================== copies (the cache owns them)
     @_locked
     def clone(self, eviction: EvictionPolicy | str) -> "PrefixCache":
-        """A size-only copy of this cache that evicts by ``eviction``: it then behaves exactly as this
-        cache would under that policy.
-
-        Copied: the tree, both recency signals, the candidate index, the in-flight requests (their
-        handles are :meth:`in_flight` in the copy, under the same ids), stats and the admission
-        policy's state. Not copied: payloads (the copy holds sizes only), observers, the eviction
-        policy and its chooser, and the lock (the copy has its own). The clock is shared unless this cache keeps its
-        own logical one. The tree is copied iteratively (a deep chain of nodes would overflow a
-        recursive copy). Where ``eviction`` takes other candidates or keeps another FLOP efficiency
-        than this cache's policy, the copy's index is rebuilt for it.
-        """
+        """A size-only copy evicting by ``eviction``, behaving exactly as this cache would under it: tree,
+        recency, index, in-flight requests (same ids), stats and admission state; not payloads,
+        observers, the eviction policy or the lock. The clock is shared unless it is the logical one."""
         eviction = make_eviction(eviction)
         memo: dict[int, Any] = {id(self.eviction): eviction, id(self._observers): [], id(self.spec): self.spec,
                      id(self._mutex): threading.RLock(), id(self.payloads): SizeOnlyPayloads()}
@@ -920,8 +754,7 @@ class PrefixCache(TreeStore):
 
     @_locked
     def snapshot(self) -> TreeSnapshot:
-        """The tree as it is now, as plain data (shape, recency, checkpoint positions; no payloads,
-        no locks): what the bootstrap tuner replays its α grid from, in worker processes."""
+        """The tree as plain data (shape, recency, checkpoint positions; no payloads, no locks)."""
         index: dict[int, int] = {}
         snap = TreeSnapshot(self.tree.page_size, [], [], [], [], [], [], [], float(self.clock()))
         root = self.tree.root
@@ -941,18 +774,8 @@ class PrefixCache(TreeStore):
     def from_snapshot(cls, snapshot: TreeSnapshot, spec: ModelSpec | str, capacity_bytes: float,
                       admission: AdmissionPolicy | str, eviction: EvictionPolicy | str, *,
                       clock: ManualClock) -> "PrefixCache":
-        """A size-only cache holding ``snapshot``'s tree, ``clock`` set to the snapshot's time.
-
-        Access counters continue after the snapshot's largest. The snapshot is validated as it
-        is restored (it may come from another process): every error names the field and index.
-
-        Raises:
-            ConfigError: the admission policy matches at another page size; the tree does not fit
-                ``capacity_bytes``; or the snapshot is malformed -- lists of different lengths, a
-                parent index that is not an earlier node (or -1), an edge that is empty, not a
-                whole number of pages, or holds ids outside ``[0, 2**31)``, two siblings whose
-                edges start alike, checkpoints not ascending inside their edge, a non-finite time.
-        """
+        """A size-only cache holding ``snapshot``'s tree, ``clock`` set to its time. ConfigError (naming
+        field and index): another page size, a tree over ``capacity_bytes``, or a malformed snapshot."""
         cache = cls(spec, capacity_bytes, admission, eviction, clock=clock)
         if cache.tree.page_size != snapshot.page_size:
             raise ConfigError(f"snapshot has page size {snapshot.page_size}, admission policy "
@@ -986,9 +809,8 @@ class PrefixCache(TreeStore):
     # ================================================================== invariants
     @_locked
     def check_invariants(self) -> None:
-        """Recompute bytes, lock counts, tree shape and every index the cache keeps from scratch: the
-        candidate index, the in-flight requests, and the dead-tail index, ghosts and anchors
-        (``marconi.core.tails``), each bounded by the tree (or, for anchors, by ``max_anchors``)."""
+        """Recompute bytes, lock counts, tree shape and every index (candidates, in-flight requests, dead
+        tails) from scratch; InvariantError on a mismatch."""
         expected_locks: dict[int, int] = {}
         for request_id, handle in self._in_flight.items():
             require(handle.active and handle.request_id == request_id,
