@@ -1,22 +1,6 @@
-"""The rule chooser: what picks the eviction rule online, and how a driver feeds it.
-
-A cache holds one rule and applies it (:meth:`~marconi.core.cache.PrefixCache.set_rule`). A
-:class:`RuleChooser` watches the requests a driver serves and says when the rule should change:
-``observe(event)`` returns the new rule on a switch, else None; ``rule`` is the rule in force;
-``tuning_record()`` is what records echo. The exact worlds (``marconi``), counterfactual regret
-(``marconi:chooser=regret``), the paper's bootstrap (``marconi:tuner=bootstrap``) and the engines'
-shadows (``alpha=adaptive``) are rule choosers (``docs/architecture.md``, "Choosing the rule online").
-
-Two event shapes, because drivers see two things: a driver that owns a
-:class:`~marconi.core.cache.PrefixCache` feeds each step of a request (:class:`RequestEvent`:
-begin, prefill, finish, abort, with the cache's handle), which a chooser needs to mirror the cache
-exactly; an engine plugin sees only finished requests and feeds its integration's observation of
-one (``RequestObservation``).
-
-:func:`follow` is the one adapter from a cache's observer hooks to a chooser's feed: the policies
-that come with their chooser (``worlds``, ``regret``) call it when bound, the simulator's systems for
-the bootstrap tuner, so every driver of such a cache (the simulator's replay, the engine) feeds it.
-"""
+"""The rule chooser: what picks a cache's eviction rule online, and how a driver feeds it. A driver
+owning a cache feeds :class:`RequestEvent` s through :func:`follow`, which applies each switch; an
+engine plugin feeds its own observations (``docs/architecture.md``, "Choosing the rule online")."""
 
 from __future__ import annotations
 
@@ -40,9 +24,8 @@ E = TypeVar("E", contravariant=True)
 
 
 class RequestEvent(NamedTuple):
-    """One step of a request in ``cache``: ``begin`` (after the lookup), ``prefill`` (its prefill
-    checkpoints admitted), ``finish`` (inserted; ``output`` the output tokens), ``abort``, or the
-    cache's ``first-eviction`` (``handle`` None)."""
+    """One step of a request in ``cache`` (:data:`Step`; ``output``: on ``finish``, the output tokens;
+    ``handle``: None on ``first-eviction``)."""
 
     step: Step
     cache: "PrefixCache"
@@ -52,12 +35,8 @@ class RequestEvent(NamedTuple):
 
 @runtime_checkable
 class RuleChooser(Protocol[E]):
-    """Chooses a cache's eviction rule online from the requests its driver feeds.
-
-    ``rule``: the rule to apply now. ``observe(event)``: learn from one event; returns the new rule
-    when the choice changes (the driver then applies it), else None. Deterministic: the same events
-    give the same choices. ``tuning_record()``: fields a result record echoes (what was chosen, when).
-    """
+    """Chooses a cache's eviction rule online. ``rule``: the rule in force. ``observe(event)``: the new
+    rule when the choice changes, else None; deterministic. ``tuning_record()``: record fields."""
 
     @property
     def rule(self) -> "Rule":
@@ -100,13 +79,9 @@ class _Feed(CacheObserver):
 
 
 def follow(cache: "PrefixCache", chooser: RuleChooser[RequestEvent]) -> None:
-    """Feed ``chooser`` every step of every request ``cache`` serves from now on, and apply each rule
-    it returns with ``cache.set_rule``; ``chooser`` becomes the cache's eviction policy's ``chooser``
-    (what records ask for its ``tuning_record()``).
-
-    Raises ConfigError if another chooser sets this cache's rule already: two would each report
-    choices the other overrode.
-    """
+    """Feed ``chooser`` every step of every request ``cache`` serves from now on, applying each rule it
+    returns; it becomes the eviction policy's ``chooser``. ConfigError if another chooser already
+    sets this cache's rule (one chooser per cache)."""
     policy = cache.eviction
     if policy.chooser is not None and policy.chooser is not chooser:
         raise ConfigError(f"this cache's rule is already chosen online by {type(policy.chooser).__name__}; "

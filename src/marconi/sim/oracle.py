@@ -1,32 +1,10 @@
 """A future-aware reference eviction (``oracle``): Belady's rule, adapted to a radix tree of SSM checkpoints.
 
-The oracle knows every request to come. When the cache must free bytes it evicts the candidate
-whose keeping is worth least per byte-time: the one maximising
-
-    (requests until its next *usable* reuse) × (bytes its eviction frees) ÷ (tokens that reuse would save)
-
-where
-
-* the next usable reuse of a leaf is the next request whose input contains the leaf's whole prefix;
-  of a one-child node, the next such request that does not also reach the nearest checkpoint below
-  it (that request would resume from the deeper checkpoint instead);
-* the tokens saved are the node's depth minus the depth of the nearest checkpoint above it (where
-  the request would resume if the node were gone);
-* the bytes freed are a leaf's edge KVs and checkpoints, or a one-child node's checkpoint (its KVs
-  are absorbed by its child and stay).
-
-A candidate never reused again goes first (the largest first). Next-use times come from a
-:class:`FutureIndex`, a radix tree of the whole trace's inputs split at every input's end whose
-nodes list the requests passing through them, so a query is a tree walk plus a binary search and
-the oracle runs at simulator speed.
-
-**A strong reference, not a proven bound.** Belady's rule is optimal for unit-size objects that
-are independent. Here sizes vary (a checkpoint vs a long edge of KVs), entries depend on each
-other through the tree (evicting a node can change what its neighbours are worth), and a leaf's
-KVs also matter to admission: a later request finds its branch point (and gets a branch
-checkpoint admitted) only if they are still cached — value the oracle does not count. So an online
-policy can beat it on some trace; we report where that happens rather than hide it.
-"""
+Knowing every request to come, it evicts the candidate maximising (requests until its next
+*usable* reuse) × (bytes its eviction frees) ÷ (tokens that reuse saves); one never reused goes
+first, the largest first. Next uses come from a :class:`FutureIndex` of the whole trace. A strong
+reference, not a proven bound: sizes vary and tree entries depend on each other, so an online
+policy can beat it (``docs/adaptive.md``, "The oracle")."""
 
 from __future__ import annotations
 
@@ -48,11 +26,8 @@ NEVER = np.iinfo(np.int64).max   # "not used again"
 
 
 class FutureIndex:
-    """For any token prefix, the indices (in arrival order) of the requests whose input contains it.
-
-    A radix tree over every input, split at every input's end, so that all inputs passing a point
-    inside an edge also pass its end; each node keeps the sorted indices of the inputs through it.
-    """
+    """For any token prefix, the indices (in arrival order) of the requests whose input contains it: a
+    radix tree over every input, split at every input's end, each node listing the inputs through it."""
 
     def __init__(self, inputs: Sequence[np.ndarray]) -> None:
         self.tree = RadixTree(1)
@@ -130,11 +105,9 @@ class _Now(CacheObserver):
 
 
 class OracleEviction(EvictionBase):
-    """Future-aware eviction over nodes with at most one child (see the module docstring).
-
-    Built from the trace's inputs in arrival order; the cache's request ids must be those indices
-    (true when a replay driver begins every trace request once, in order).
-    """
+    """Future-aware eviction over nodes with at most one child. The cache's request ids must be the
+    trace's indices in arrival order (a replay driver beginning every request once, in order).
+    ValueError if bound to a second cache."""
 
     name = "oracle"
     evicts_inner_nodes = True
@@ -215,10 +188,8 @@ class OracleEviction(EvictionBase):
         return (nxt - now) * freed / saved, freed
 
     def _leaf_cost(self, node: Node, now: int) -> tuple[float, int]:
-        """A leaf is next used by the next request that enters its edge: one that reaches its end
-        resumes from its checkpoint; one that leaves the edge at depth ``p`` finds its KVs there,
-        so its branch point is detected and checkpointed (the admission's speculative insertion),
-        which later requests reuse. Either way the tokens up to there stay reusable."""
+        """A leaf's keep cost: its next use is the next request entering its edge (resuming from its
+        checkpoint, or finding its KVs where it branches off); the tokens up to there stay reusable."""
         freed = node.edge_len * self._kv_per_token + node.num_checkpoints * self._ckpt_bytes
         segments = self._edge_segments(node)
         if not segments:
@@ -238,9 +209,8 @@ class OracleEviction(EvictionBase):
         return (nxt - now) * freed / saved, freed
 
     def keep_costs(self, candidates: "CandidateSet") -> tuple[np.ndarray, np.ndarray]:
-        """Per candidate, now: (the cost of keeping it, ``inf`` if no later request reuses it; the
-        bytes its eviction frees). What :meth:`choose` ranks; public so that a study can tell the
-        candidates never reused again from the rest without choosing by the future's order."""
+        """Per candidate, now: (the cost of keeping it, ``inf`` if never reused; the bytes its eviction
+        frees). What :meth:`choose` ranks; public for studies of the never-reused candidates."""
         now = self._now.index
         n = len(candidates)
         costs = np.empty(n)
