@@ -61,16 +61,12 @@ class _Ghost:
 
 class RegretEviction(EvictionBase):
     """Eviction by the rule of a family with the least counterfactual regret; its own rule chooser.
+    Candidates as :class:`~marconi.choosers.family.FamilyPolicy`'s. ConfigError: a bad parameter, or
+    a rule outside the FLOP-aware family or one cutting tails.
 
-    Candidates as :class:`~marconi.choosers.family.FamilyPolicy`'s. ConfigError: a bad parameter,
-    or a rule outside the FLOP-aware family or one cutting tails.
-
-    Args:
-        rules, decay, hysteresis, objective: as :class:`~marconi.choosers.worlds.WorldsChooser`'s
-            (charges instead of scores); the first rule is live first.
-        confidence: 0: off. Else leave the first rule only when another's lead exceeds this many
-            standard errors (:class:`LeadNoise`); an opt-in trade (``docs/adaptive.md``).
-    """
+    Args: ``rules``, ``decay``, ``hysteresis``, ``objective`` as
+    :class:`~marconi.choosers.worlds.WorldsChooser`'s (charges for scores; the first rule starts live);
+    ``confidence`` > 0: leave the first rule only on a lead of that many standard errors (opt-in)."""
 
     name = "regret"
     evicts_inner_nodes = True

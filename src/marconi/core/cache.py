@@ -209,9 +209,8 @@ class PrefixCache(TreeStore):
         clock: the current time (any monotone unit); default a logical request counter.
         payloads: ``PayloadOps`` for real payloads; default sizes only (simulation).
         prefill_chunk_len: None: prefill states anywhere; ``C``: on the scan's chunk grid only.
-
-    ConfigError: a bad capacity or chunk length, an unknown policy, or a capacity below one SSM
-    checkpoint while the policy caches anything."""
+    Raises ConfigError: a bad capacity or chunk length, an unknown policy, or a capacity below one
+    SSM checkpoint while the policy caches anything."""
 
     def __init__(self, spec: ModelSpec | str, capacity_bytes: float, admission: AdmissionPolicy | str = "marconi",
                  eviction: EvictionPolicy | str = "lru", *, clock: Callable[[], float] | None = None,
@@ -307,10 +306,8 @@ class PrefixCache(TreeStore):
         """Look up a request's input, lock the matched path until ``finish``/``abort``, plan its prefill
         checkpoints; refreshes recency, counts the lookup, ticks the logical clock; inserts and evicts
         nothing. ``max_hit_len``: resume no deeper (in tokens). A writable input is copied.
-
-        Raises, before anything changes, ValueError/TypeError for a bad input or ``max_hit_len``. If a
-        callback raises, no request is left registered or locked (an observer's error releases it,
-        observers told ``on_abort``) and the error propagates."""
+        Raises ValueError/TypeError for a bad input or ``max_hit_len`` before anything changes. If a
+        callback raises, no request stays registered or locked (observers are told ``on_abort``)."""
         _check_max_hit_len(max_hit_len)
         tokens = _own_tokens(input_tokens, "input_tokens")
         limit = len(tokens) if max_hit_len is None else min(int(max_hit_len), len(tokens))
@@ -390,8 +387,7 @@ class PrefixCache(TreeStore):
         ``kv(start, end)`` supply an engine's payloads (None in simulation); ``states`` is asked for
         :meth:`finish_checkpoints`' positions, and one not supplied is skipped. If nothing fits even
         after evicting everything unlocked, nothing is inserted (``stats.requests_not_cached``).
-
-        ValueError for a finished or aborted handle (nothing changes). Any other error ends the request
+        ValueError for a finished or aborted handle (nothing changes); any other error ends the request
         as an abort, the cache consistent, and propagates."""
         self._check_active(handle)
         try:
