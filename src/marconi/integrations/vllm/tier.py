@@ -22,13 +22,14 @@ from vllm.v1.kv_offload.cpu.policies.base import CachePolicy
 from marconi.core.registry import ConfigError
 from marconi.integrations.vllm.policy import ATTENTION, MAMBA
 from marconi.integrations.vllm.tier_tree import (  # noqa: F401  (re-exported: the policy's public names)
-    _CAND, _DEAD, _KEYS, _OTHER, DEFAULT_GPU_TFLOPS, DEFAULT_HOST_GBPS, DEFAULT_RULE, ENV_GROUP_KINDS, ENV_MODEL,
-    ENV_RULE, REASONS, ChunkTreePolicy, TierSettings, _check_kinds, _Judgement, _Node, _TierRequest)
+    DEFAULT_GPU_TFLOPS, DEFAULT_HOST_GBPS, DEFAULT_RULE, ENV_GROUP_KINDS, ENV_MODEL, ENV_RULE, REASONS,
+    ChunkTreePolicy, TierSettings, TreeJudgement, check_group_kinds)
 
 __all__ = ["MarconiCachePolicy", "TierSettings", "DEFAULT_RULE", "DEFAULT_HOST_GBPS", "DEFAULT_GPU_TFLOPS",
            "REASONS", "ENV_GROUP_KINDS", "ENV_MODEL", "ENV_RULE"]
 
 _SUPPORTED_VLLM = ("0.32", "0.33")
+_Judgement = TreeJudgement      # the name the tier's tests use for the tree's standing
 
 
 class MarconiCachePolicy(ChunkTreePolicy, CachePolicy):
@@ -89,7 +90,7 @@ def _discover_settings() -> TierSettings:
         extra["marconi_model"] = os.environ[ENV_MODEL]
     kinds = extra.get("marconi_group_kinds") or (_group_kinds(kv_cache_config) if kv_cache_config is not None else None)
     if kinds is not None and not isinstance(kinds, str):
-        _check_kinds(kinds)
+        check_group_kinds(kinds)
     model = None
     if "marconi_model" not in extra and vllm_config is not None:
         from marconi.integrations.vllm.plugin import model_spec

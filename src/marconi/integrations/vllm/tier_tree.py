@@ -22,7 +22,7 @@ from marconi.core.model import ModelSpec, get_model
 from marconi.core.registry import ConfigError
 from marconi.integrations.vllm.policy import ATTENTION, MAMBA
 
-__all__ = ["ChunkTreePolicy", "TierSettings", "DEFAULT_RULE", "DEFAULT_HOST_GBPS", "DEFAULT_GPU_TFLOPS",
+__all__ = ["ChunkTreePolicy", "TreeJudgement", "TierSettings", "check_group_kinds", "DEFAULT_RULE", "DEFAULT_HOST_GBPS", "DEFAULT_GPU_TFLOPS",
            "REASONS", "ENV_GROUP_KINDS", "ENV_MODEL", "ENV_RULE", "make_offload_key", "get_offload_block_hash",
            "get_offload_group_idx"]
 
@@ -70,7 +70,7 @@ class TierSettings:
     gpu_tflops: float = DEFAULT_GPU_TFLOPS
 
     def __post_init__(self) -> None:
-        _check_kinds(self.group_kinds)
+        check_group_kinds(self.group_kinds)
         check_cuts_tails(self.rule, "marconi_rule: vLLM's offload tier", False)
         for name in ("host_gbps", "gpu_tflops"):
             value = getattr(self, name)
@@ -276,7 +276,7 @@ class ChunkTreePolicy:
         pool = [k for k in self._evictable if k not in protected]
         if len(pool) < n:
             return None
-        view = _Judgement(self)
+        view = TreeJudgement(self)
         where = {key: i for i, key in enumerate(pool)}
         seq = np.fromiter((self._seq[k] for k in pool), dtype=np.int64, count=len(pool))
         cat = np.fromiter((view.category(k) for k in pool), dtype=np.int8, count=len(pool))
@@ -329,16 +329,20 @@ class ChunkTreePolicy:
         self._evictable.discard(key)
 
     # ------------------------------------------------------------------ the tree
+    def held_chunks(self) -> dict[OffloadKey, Any]:
+        """Every chunk held, by key (a copy; for checks)."""
+        return dict(self._chunks)
+
     def usable_depths(self) -> list[int]:
         """Depths of the nodes a tier hit could end at (own KV in every attention group and a state
         in every Mamba group), ascending; for tests and reports."""
-        view = _Judgement(self)
+        view = TreeJudgement(self)
         return sorted(self._nodes[h].depth or 0 for h in self._nodes if view.usable[h])
 
     def classify(self) -> dict[OffloadKey, str]:
         """Every chunk's standing now: ``"dead"``, ``"candidate"`` or ``"other"`` (for tests)."""
         names = {_DEAD: "dead", _CAND: "candidate", _OTHER: "other"}
-        view = _Judgement(self)
+        view = TreeJudgement(self)
         return {k: names[view.category(k)] for k in self._chunks}
 
     def _eff(self, depth: int | None, variant: str | None = None) -> float:
@@ -455,7 +459,7 @@ class ChunkTreePolicy:
                 assert child in self._nodes and self._nodes[child].parent == parent, "child link drifted"
 
 
-class _Judgement:
+class TreeJudgement:
     """The tree's standing for one ``evict`` call (per node: KVs held, whole state, ``usable``,
     ``alive``, KV children), built in O(nodes + chunks); :meth:`remove` updates only the node and its
     ancestors. Reads the policy's fields, never writes them."""
@@ -521,7 +525,8 @@ class _Judgement:
         return [k for t in touched for k in nodes[t].keys.values() if k not in self.gone]
 
 
-def _check_kinds(kinds: Sequence[str]) -> None:
+def check_group_kinds(kinds: Sequence[str]) -> None:
+    """ConfigError unless ``kinds`` are attention and Mamba groups, both present (a hybrid model)."""
     bad = [k for k in kinds if k not in (ATTENTION, MAMBA)]
     if bad:
         raise ConfigError(f"marconi_group_kinds: each group is {ATTENTION!r} or {MAMBA!r}, got {list(kinds)}")

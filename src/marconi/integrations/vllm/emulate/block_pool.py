@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from marconi.core.registry import ConfigError
 from marconi.integrations.vllm.emulate.request import RequestState
@@ -58,6 +58,8 @@ class BlockPool:
         self.stats = PoolStats()
         self.null = self.blocks[self.free.popitem(last=False)[0]]
         self.trace: list[tuple[Any, ...]] | None = None    # the plugin's MARCONI_VLLM_TRACE events
+        # told (request, group, depth) of each block a request caches (the CPU tier's hand-offs)
+        self.on_cache: Callable[[RequestState, int, int], None] | None = None
 
     def emit(self, *event: Any) -> None:
         if self.trace is not None:
@@ -185,6 +187,8 @@ class BlockPool:
                 assert block.depth < depth
                 self._remove_cached_block_hashes(block)
             self.insert_block_hash(block, req.hash_at(depth), group_id, depth, self._parent(req, depth))
+            if self.on_cache is not None:
+                self.on_cache(req, group_id, depth)
 
     def cache_partial_block(self, req: RequestState, block: Block, num_tokens: int, group_id: int,
                             replace_existing: bool = False) -> tuple[bytes, int] | None:
@@ -199,6 +203,8 @@ class BlockPool:
         elif not already and block.key is not None and block.depth < num_tokens:
             self._remove_cached_block_hashes(block)
         self.insert_block_hash(block, prefix, group_id, num_tokens, self._parent(req, num_tokens))
+        if self.on_cache is not None and not already:
+            self.on_cache(req, group_id, num_tokens)
         return key
 
     def move_block_hashes(self, src: Block, dst: Block) -> None:

@@ -20,6 +20,7 @@ from marconi.integrations.vllm.config import PluginConfig
 from marconi.integrations.vllm.emulate.block_pool import Block, BlockPool
 from marconi.integrations.vllm.emulate.managers import AttentionManager, MambaManager
 from marconi.integrations.vllm.emulate.request import RequestState
+from marconi.integrations.vllm.emulate.tier import EmulatedTier
 from marconi.integrations.vllm.layout import VllmLayout, cdiv, checkpoint_position, is_checkpoint_valid
 from marconi.integrations.vllm.policy import ATTENTION, DEFAULT_ALPHA, MAMBA, BlockEvictionState
 from marconi.integrations.vllm.retention import RetentionPlanner
@@ -85,6 +86,13 @@ class VllmAlignEngine:
         self.queries = 0
         self.hits = 0
         self._next_rid = 0
+        self.tier: EmulatedTier | None = None
+
+    def attach_tier(self, tier: "EmulatedTier") -> None:
+        """Put vLLM's CPU offload tier (:class:`~.tier.EmulatedTier`) beside the pool: the
+        scheduler then looks it up on a GPU-pool miss and the pool hands it the states it caches."""
+        self.tier = tier
+        self.pool.on_cache = tier.on_cache
 
     # --------------------------------------------------------------- public
     def run(self, prompt: Any, outputs: Any) -> RequestRecord:

@@ -27,7 +27,7 @@ class ScheduledRequest:
     """One request in the scheduler: its block-manager state, its trace output, its progress."""
 
     __slots__ = ("index", "state", "num_outputs", "max_tokens", "num_output_tokens", "num_preemptions",
-                 "record", "finished")
+                 "record", "finished", "tier_hit")
 
     def __init__(self, index: int, state: RequestState, outputs: np.ndarray) -> None:
         self.index = index
@@ -38,6 +38,7 @@ class ScheduledRequest:
         self.num_preemptions = 0
         self.record: RequestRecord | None = None    # set at the first admission
         self.finished = False
+        self.tier_hit = 0                           # tokens loaded from the CPU tier at the first admission
 
 
 class VllmAlignScheduler:
@@ -92,14 +93,17 @@ class VllmAlignScheduler:
         scheduled: list[tuple[ScheduledRequest, int]] = []
         preempted = self._schedule_running(budget, threshold, scheduled)
         budget -= sum(n for _, n in scheduled)
+        num_loading = 0
         if not preempted:
-            self._schedule_waiting(budget, threshold, scheduled)
-        if not scheduled and not preempted:      # an empty step after a preemption is vLLM's too
+            num_loading = self._schedule_waiting(budget, threshold, scheduled)
+        if not scheduled and not preempted and not num_loading:   # an empty step after a preemption is vLLM's too
             req = (self.waiting or self.running)[0]
             raise ConfigError(f"vllm-align: a {req.state.num_prompt_tokens}-token request does not fit the pool "
                               f"({engine.layout.num_blocks} blocks, {engine.pool.num_free} free) even alone; "
                               f"vLLM would never schedule it — raise the capacity")
         engine.release_copies()                    # end of schedule(): this step's copy-on-write sources
+        if engine.tier is not None:                # build_connector_meta: this step's stores
+            engine.tier.end_step([(req.state, num) for req, num in scheduled])
         for req, num in scheduled:                 # _update_after_schedule
             req.state.num_computed_tokens += num
         return self._update_from_output(scheduled)
@@ -141,13 +145,23 @@ class VllmAlignScheduler:
             i += 1
         return preempted
 
-    def _schedule_waiting(self, budget: int, threshold: int, scheduled: list[tuple[ScheduledRequest, int]]) -> None:
-        engine = self.engine
+    def _schedule_waiting(self, budget: int, threshold: int, scheduled: list[tuple[ScheduledRequest, int]]) -> int:
+        """Admit waiting requests in order; the number admitted to load from the CPU tier."""
+        engine, num_loading = self.engine, 0
         while budget > 0 and self.waiting and len(self.running) < self.max_num_seqs:
             req = self.waiting[0]
             state = req.state
             assert state.num_computed_tokens == 0       # recompute preemption leaves nothing computed
             hit_blocks, hit, kv_hit = engine.get_computed_blocks(state)
+            if engine.tier is not None:
+                ext = engine.tier.lookup(state, hit)
+                if ext is None:                    # a hit chunk is still being stored: wait
+                    break
+                if ext > 0:
+                    if not self._admit_with_load(req, hit_blocks, hit, kv_hit, ext):
+                        break
+                    num_loading += 1
+                    continue
             num_new = self._chunk(req, hit, budget, threshold)
             if num_new == 0:
                 break
@@ -164,6 +178,29 @@ class VllmAlignScheduler:
             state.num_computed_tokens = hit
             scheduled.append((req, num_new))
             budget -= num_new
+        return num_loading
+
+    def _admit_with_load(self, req: ScheduledRequest, hit_blocks: Any, hit: int, kv_hit: int, ext: int) -> bool:
+        """vLLM's asynchronous load: blocks for the GPU hit and the ``ext`` tokens the tier holds,
+        the load, and the request runs from the next step (nothing scheduled in this one). False if
+        the full-sequence gate refuses it."""
+        engine, state = self.engine, req.state
+        if not engine.try_allocate_slots(state, ext, hit, hit_blocks, full_sequence_must_fit=True):
+            return False
+        first = req.record is None
+        if first:
+            engine.queries += state.num_prompt_tokens
+            engine.hits += hit
+            engine.pool.emit("lookup", state.num_prompt_tokens, hit, kv_hit - hit)
+            state.hit_len, state.kv_only_len = hit, kv_hit - hit
+            req.record = RequestRecord(state.num_prompt_tokens, hit, kv_hit)
+            req.tier_hit = ext
+        assert engine.tier is not None
+        engine.tier.load(state, hit, ext, first)
+        self.waiting.popleft()
+        self.running.append(req)
+        state.num_computed_tokens = hit + ext
+        return True
 
     def _preempt(self, victim: ScheduledRequest, scheduled: list[tuple[ScheduledRequest, int]]) -> None:
         """vLLM's recompute preemption: free the blocks, forget the progress, back to the queue's head."""
@@ -172,6 +209,8 @@ class VllmAlignScheduler:
                 del scheduled[k]
                 break
         self.engine.free(victim.state)
+        if self.engine.tier is not None:
+            self.engine.tier.dropped(victim.state)
         victim.state.num_computed_tokens = 0
         victim.num_preemptions += 1
         self.num_preemptions += 1
@@ -195,6 +234,8 @@ class VllmAlignScheduler:
         self.running.remove(req)
         engine.free(state)
         engine.end_request(state)
+        if engine.tier is not None:
+            engine.tier.finished(state)
         req.finished = True
         prompt = state.tokens[:state.num_prompt_tokens]
         outputs = state.tokens[state.num_prompt_tokens:state.num_prompt_tokens + req.num_outputs]
@@ -206,6 +247,8 @@ class VllmAlignScheduler:
     def check_invariants(self) -> None:
         """The engine's checks, and: exactly the running requests hold blocks; waiting ones hold none."""
         self.engine.check_invariants()
+        if self.engine.tier is not None:
+            self.engine.tier.manager.check_invariants()
         holders = {rid for m in self.engine.managers for rid, blocks in m.req_to_blocks.items()
                    if any(b is not self.engine.pool.null for b in blocks)}
         running = {r.state.rid for r in self.running}
@@ -224,10 +267,20 @@ class ClosedLoopResult:
     queries: int
     hits: int
     num_steps: int
+    tier_hits: list[int] | None = None     # per request, tokens loaded from the CPU tier (None: no tier)
+
+    @property
+    def tier_hit_rate(self) -> float:
+        return sum(self.tier_hits or ()) / self.queries if self.queries else 0.0
+
+    @property
+    def gpu_hit_rate(self) -> float:
+        return self.hits / self.queries if self.queries else 0.0
 
     @property
     def token_hit_rate(self) -> float:
-        return self.hits / self.queries if self.queries else 0.0
+        """GPU-pool and CPU-tier hits over the prompt tokens (first admissions)."""
+        return (self.hits + sum(self.tier_hits or ())) / self.queries if self.queries else 0.0
 
 
 def emulate_closed_loop(engine: VllmAlignEngine, requests: Sequence[Any], *, concurrency: int,
@@ -285,4 +338,5 @@ def emulate_closed_loop(engine: VllmAlignEngine, requests: Sequence[Any], *, con
         assert h is not None and h.record is not None
         records.append(h.record)
     return ClosedLoopResult(records, [h.num_preemptions for h in handles if h is not None], engine.queries,
-                            engine.hits, sched.num_steps)
+                            engine.hits, sched.num_steps,
+                            None if engine.tier is None else [h.tier_hit for h in handles if h is not None])

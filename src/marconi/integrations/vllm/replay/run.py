@@ -259,12 +259,10 @@ def _run_worker(config: ReplayConfig, mdir: Path, requests_path: Path, out_path:
 _REQUESTS: dict[Path, Sequence[Any]] = {}
 
 
-def _emulated_hit_rate(spec: ModelSpec, requests: Sequence[Any], result: dict[str, Any], label: str,
-                       config: ReplayConfig) -> tuple[float, float]:
-    """The emulation's token hit rate, and its Mamba states cached per request (per Mamba group)."""
+def _emulation_engine(spec: ModelSpec, result: dict[str, Any], label: str, config: ReplayConfig) -> Any:
+    """A ``vllm-align`` engine on the pool vLLM built for the run (``result``) under ``label``'s GPU policy."""
     from marconi.integrations.vllm.emulate.engine import VllmAlignEngine
     from marconi.integrations.vllm.layout import layout_for_spec
-    from marconi.integrations.vllm.emulate.scheduler import emulate_closed_loop
 
     kv = result["kv_cache"]
     # vLLM's own Mamba spec says whether the backend exports prefill checkpoints (MambaMixer2 does).
@@ -274,8 +272,16 @@ def _emulated_hit_rate(spec: ModelSpec, requests: Sequence[Any], result: dict[st
                              max_num_batched_tokens=config.max_num_batched_tokens,
                              prefill_checkpoint_alignment=checkpoint, retention_interval=config.retention_interval)
     eviction, alpha = policy_arm(label, config.alpha)
-    engine = VllmAlignEngine(layout, spec, eviction=eviction, alpha=DEFAULT_ALPHA if alpha is None else alpha,
-                             retention_budget=config.sparse_budget)
+    return VllmAlignEngine(layout, spec, eviction=eviction, alpha=DEFAULT_ALPHA if alpha is None else alpha,
+                           retention_budget=config.sparse_budget)
+
+
+def _emulated_hit_rate(spec: ModelSpec, requests: Sequence[Any], result: dict[str, Any], label: str,
+                       config: ReplayConfig) -> tuple[float, float]:
+    """The emulation's token hit rate, and its Mamba states cached per request (per Mamba group)."""
+    from marconi.integrations.vllm.emulate.scheduler import emulate_closed_loop
+
+    engine = _emulation_engine(spec, result, label, config)
     if config.concurrency is not None:     # vLLM's scheduler loop, the same closed loop
         rate = emulate_closed_loop(engine, requests, concurrency=config.concurrency,
                                    max_num_seqs=config.max_num_seqs).token_hit_rate
@@ -284,6 +290,26 @@ def _emulated_hit_rate(spec: ModelSpec, requests: Sequence[Any], result: dict[st
         rate = hits / sum(r.input_len for r in requests)
     states = engine.pool.stats.blocks_cached.get(MAMBA, 0) / max(1, len(engine.mamba_ids)) / max(1, len(requests))
     return rate, states
+
+
+def _emulated_tier(spec: ModelSpec, requests: Sequence[Any], result: dict[str, Any], label: str,
+                   config: ReplayConfig, tier_policy: str, host_bandwidth: float) -> dict[str, Any]:
+    """The emulation with vLLM's CPU tier (``vllm-align``'s :class:`~marconi.integrations.vllm.emulate.tier.EmulatedTier`)
+    on the run's pool, tier size (chunks, as vLLM sized it) and closed loop: its token, GPU and tier
+    hit rates, per-request hit tokens by tier, and the tier's counters. Needs ``config.concurrency``."""
+    from marconi.integrations.vllm.emulate.scheduler import emulate_closed_loop
+    from marconi.integrations.vllm.emulate.tier import EmulatedTier
+
+    assert config.concurrency is not None
+    engine = _emulation_engine(spec, result, label, config)
+    tier = EmulatedTier(engine.layout, int(result["tier"]["tier_num_chunks"]), tier_policy, spec,
+                        host_gbps=host_bandwidth / 1e9)
+    engine.attach_tier(tier)
+    loop = emulate_closed_loop(engine, requests, concurrency=config.concurrency, max_num_seqs=config.max_num_seqs)
+    return {"token_hit_rate": loop.token_hit_rate, "gpu_hit_rate": loop.gpu_hit_rate,
+            "tier_hit_rate": loop.tier_hit_rate, **tier.counters(),
+            "per_request": {"gpu_hit_tokens": [r.hit_len for r in loop.records],
+                            "tier_hit_tokens": list(loop.tier_hits or ())}}
 
 
 def _record(config: ReplayConfig, label: str, trace_info: dict[str, Any], pool_info: dict[str, Any],
@@ -378,10 +404,14 @@ def _replay_in(config: ReplayConfig, work: Path, *, emulate: bool, progress: Cal
                 sim = _emulated_hit_rate(spec, requests, res, label, config) if emulate else None
                 records.append(_record(config, label, sel.trace_info, pool_info, requests, res, sim))
             else:
-                sim = None                     # vllm-align has no tier model yet (issue 34 item 3)
+                sim = None
                 if emulate and tier_policy == NO_TIER:        # no tier: the single-pool emulation
                     rate = _emulated_hit_rate(spec, requests, res, label, config)[0]
                     sim = {"token_hit_rate": rate, "gpu_hit_rate": rate, "tier_hit_rate": 0.0}
+                elif emulate and config.concurrency is not None and res.get("tier"):
+                    # the same pool and the tier as vLLM sized it, on the same closed loop
+                    sim = _emulated_tier(spec, requests, res, label, config, tier_policy,
+                                         float(tier_info["host_bandwidth_bytes_s"]))
                 records.append(_tier_record(_record(config, label, sel.trace_info, pool_info, requests, res, None),
                                             tier_policy, tier_info, res, sim))
     return records
@@ -440,6 +470,11 @@ def _tier_record(rec: dict[str, Any], tier_policy: str, tier_info: dict[str, Any
            "sim_tier_hit_rate": None if sim is None else sim["tier_hit_rate"]}
     out["per_request"] = {**rec["per_request"], "gpu_hit_tokens": res["num_local_cached_tokens"],
                           "tier_hit_tokens": res["num_external_cached_tokens"]}
+    if sim is not None and "per_request" in sim:      # the emulation's split, per request and in total
+        out["per_request"]["sim_gpu_hit_tokens"] = sim["per_request"]["gpu_hit_tokens"]
+        out["per_request"]["sim_tier_hit_tokens"] = sim["per_request"]["tier_hit_tokens"]
+        out["sim_tier"] = {k: sim[k] for k in ("bytes_loaded", "bytes_stored", "num_loads", "num_stores",
+                                                "tier_evictions_kv", "tier_evictions_state", "tier_num_chunks")}
     return out
 
 

@@ -1,0 +1,648 @@
+"""vLLM 0.32's CPU offload tier, emulated: the ``OffloadingConnector``'s scheduler side and its
+``CPUOffloadingManager`` with the ``lru``, ``arc`` or Marconi cache policy, without vLLM.
+
+Mirrors ``vllm/distributed/kv_transfer/kv_connector/v1/offloading/scheduler.py`` and
+``vllm/v1/kv_offload/cpu/{manager.py,policies/}`` at vLLM's defaults (one GPU block per chunk,
+``offload_prompt_only``, no ``store_threshold``, Mamba groups in ``align`` mode):
+
+* **Lookup** (``_lookup_complete_chunks``), on a GPU-pool miss: from the GPU hit onward, the
+  attention groups' longest run of held chunks, then each Mamba group's deepest held chunk at or
+  below it (a one-chunk window), repeated until the groups agree; capped at ``num_tokens - 1``
+  rounded down to a chunk.
+* **Stores**, at the end of each scheduling step (``build_connector_meta``): first every Mamba
+  state the GPU pool cached in the step at a chunk boundary inside the prompt (vLLM's boundary
+  hand-offs, one ``prepare_store`` per state), then each scheduled request's attention chunks
+  computed so far inside the prompt, then the previous step's finished requests (their
+  ``on_request_finished``).
+* **Loads**: the attention chunks past the GPU hit and each Mamba group's chunk at the hit's end.
+
+Assumption (the emulation has no clock): every store and load completes at the end of the step
+that issued it, so a lookup never finds a pending chunk, and a request with a tier hit is
+scheduled from the step after its load. Docs: ``docs/vllm-tiers.md``, "The emulation".
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import OrderedDict
+from typing import Any, Iterable, Iterator, Sequence
+
+from marconi.core.eviction import rule_from_label
+from marconi.core.model import ModelSpec
+from marconi.core.registry import ConfigError
+from marconi.integrations.vllm.layout import VllmLayout, cdiv
+from marconi.integrations.vllm.policy import ATTENTION, MAMBA
+from marconi.integrations.vllm.tier_tree import (DEFAULT_GPU_TFLOPS, DEFAULT_RULE, ChunkTreePolicy, TierSettings,
+                                                 get_offload_group_idx, make_offload_key)
+
+__all__ = ["TIER_POLICIES", "Chunk", "ReqContext", "LRUPolicy", "ARCPolicy", "make_policy", "TierManager",
+           "EmulatedTier", "tier_num_chunks"]
+
+TIER_POLICIES = ("lru", "arc", "marconi")
+MISS, HIT, HIT_PENDING = 0, 1, 2
+#: vLLM's ``SharedOffloadRegion.BLOCK_SIZE_ALIGNMENT``: a chunk's host bytes are rounded up to it.
+_CHUNK_ALIGNMENT = 4096
+
+
+def tier_num_chunks(cpu_bytes: int, chunk_bytes: int) -> int:
+    """Chunks a tier of ``cpu_bytes`` holds (``CPUOffloadingSpec``: bytes over the aligned chunk size)."""
+    if chunk_bytes <= 0:
+        raise ConfigError(f"vllm-align: a tier chunk needs a positive size, got {chunk_bytes} bytes")
+    aligned = -(-chunk_bytes // _CHUNK_ALIGNMENT) * _CHUNK_ALIGNMENT
+    return int(cpu_bytes) // aligned
+
+
+class Chunk:
+    """vLLM's ``ChunkStatus``: ``ref_cnt`` is -1 while its store is pending, else the loads reading it."""
+
+    __slots__ = ("ref_cnt", "chunk_id")
+
+    def __init__(self, chunk_id: int) -> None:
+        self.ref_cnt = -1
+        self.chunk_id = chunk_id
+
+    @property
+    def is_ready(self) -> bool:
+        return self.ref_cnt >= 0
+
+
+class ReqContext:
+    """vLLM's ``ReqContext``: per-request scratch by type, and each key's end position in tokens."""
+
+    __slots__ = ("req_id", "_state", "_positions")
+
+    def __init__(self, req_id: int) -> None:
+        self.req_id = req_id
+        self._state: dict[type, Any] = {}
+        self._positions: dict[bytes, int] = {}
+
+    def set_state(self, val: Any) -> None:
+        self._state[type(val)] = val
+
+    def get_state(self, cls: type) -> Any:
+        return self._state.get(cls)
+
+    def set_offload_key_position(self, key: bytes, end_token: int) -> None:
+        self._positions[key] = end_token
+
+    def get_offload_key_position(self, key: bytes) -> int | None:
+        return self._positions.get(key)
+
+
+def _order_request_keys(key_groups: Sequence[Sequence[bytes]], ctx: ReqContext) -> list[bytes]:
+    """vLLM's ``order_request_keys``: one head-to-tail order across the groups."""
+    keys = [k for group in key_groups for k in group]
+    positions = {k: p for k in keys if (p := ctx.get_offload_key_position(k)) is not None}
+    if len(positions) == len(keys):
+        keys.sort(key=positions.__getitem__)
+    return keys
+
+
+class LRUPolicy:
+    """vLLM's ``LRUCachePolicy``: a rank per chunk, new on insert and (head most recent) when a
+    request that used it finishes; ``evict`` takes the lowest ranks among the evictable."""
+
+    def __init__(self, cache_capacity: int) -> None:
+        self.cache_capacity = cache_capacity
+        self.chunks: dict[bytes, Chunk] = {}
+        self._ranks: dict[bytes, int] = {}
+        self._evictable: set[bytes] = set()
+        self._next_rank = 0
+
+    def get(self, key: bytes) -> Chunk | None:
+        return self.chunks.get(key)
+
+    def insert(self, key: bytes, chunk: Chunk) -> None:
+        self.chunks[key] = chunk
+        self._next_rank += 1
+        self._ranks[key] = self._next_rank
+        if chunk.ref_cnt == 0:
+            self._evictable.add(key)
+
+    def remove(self, key: bytes) -> None:
+        del self.chunks[key]
+        self._ranks.pop(key, None)
+        self._evictable.discard(key)
+
+    def _update_recency(self, keys: Iterable[bytes]) -> None:
+        for key in keys:
+            if key in self.chunks:
+                self._next_rank += 1
+                self._ranks[key] = self._next_rank
+
+    def touch(self, keys: Iterable[bytes], ctx: ReqContext) -> None:
+        self._update_recency(reversed(list(keys)))
+
+    def on_store_miss(self, keys: Iterable[bytes], ctx: ReqContext) -> None:
+        self.touch(keys, ctx)             # vLLM's default: a no-op for keys not yet held
+
+    def on_request_finished(self, key_groups: Sequence[Sequence[bytes]], insertion_only: set[bytes],
+                            reused: set[bytes], ctx: ReqContext) -> None:
+        self._update_recency(reversed(_order_request_keys(key_groups, ctx)))
+
+    def evict(self, n: int, protected: set[bytes]) -> list[tuple[bytes, Chunk]] | None:
+        if n == 0:
+            return []
+        pool = [k for k in self._evictable if k not in protected]
+        if len(pool) < n:
+            return None
+        out = []
+        for key in heapq.nsmallest(n, pool, key=self._ranks.__getitem__):
+            chunk = self.chunks.pop(key)
+            assert chunk.ref_cnt == 0
+            del self._ranks[key]
+            self._evictable.remove(key)
+            out.append((key, chunk))
+        return out
+
+    def mark_evictable(self, key: bytes) -> None:
+        self._evictable.add(key)
+
+    def held_chunks(self) -> dict[bytes, Chunk]:
+        return dict(self.chunks)
+
+    def mark_non_evictable(self, key: bytes) -> None:
+        self._evictable.discard(key)
+
+
+class ARCPolicy:
+    """vLLM's ``ARCCachePolicy`` (T1/T2 with ghost lists B1/B2 and an adaptive T1 target), line for line."""
+
+    def __init__(self, cache_capacity: int) -> None:
+        self.cache_capacity = cache_capacity
+        self.target_t1_size = 0.0
+        self.t1: OrderedDict[bytes, Chunk] = OrderedDict()
+        self.t2: OrderedDict[bytes, Chunk] = OrderedDict()
+        self.b1: OrderedDict[bytes, None] = OrderedDict()
+        self.b2: OrderedDict[bytes, None] = OrderedDict()
+
+    def get(self, key: bytes) -> Chunk | None:
+        return self.t1.get(key) or self.t2.get(key)
+
+    def insert(self, key: bytes, chunk: Chunk) -> None:
+        self.t1[key] = chunk
+        self.b1.pop(key, None)
+        self.b2.pop(key, None)
+
+    def remove(self, key: bytes) -> None:
+        if self.t1.pop(key, None) is None:
+            self.t2.pop(key, None)
+
+    def _adapt_to_ghost_hit(self, key: bytes) -> bool:
+        if key in self.b1:
+            delta = max(1, len(self.b2) / len(self.b1))
+            self.target_t1_size = min(self.target_t1_size + delta, self.cache_capacity)
+            self.b1.move_to_end(key)
+            return True
+        if key in self.b2:
+            delta = max(1, len(self.b1) / len(self.b2))
+            self.target_t1_size = max(self.target_t1_size - delta, 0)
+            self.b2.move_to_end(key)
+            return True
+        return False
+
+    def on_store_miss(self, keys: Iterable[bytes], ctx: ReqContext) -> None:
+        for key in reversed(list(keys)):
+            self._adapt_to_ghost_hit(key)
+
+    def touch(self, keys: Iterable[bytes], ctx: ReqContext) -> None:
+        for key in reversed(list(keys)):
+            if key in self.t1:
+                chunk = self.t1.pop(key)
+                if not chunk.is_ready:
+                    self.t1[key] = chunk
+                else:
+                    self.t2[key] = chunk
+            elif key in self.t2:
+                self.t2.move_to_end(key)
+            else:
+                self._adapt_to_ghost_hit(key)
+
+    def on_request_finished(self, key_groups: Sequence[Sequence[bytes]], insertion_only: set[bytes],
+                            reused: set[bytes], ctx: ReqContext) -> None:
+        for key in reversed(_order_request_keys(key_groups, ctx)):
+            if key in insertion_only:
+                if key in self.t1:
+                    self.t1.move_to_end(key)
+                elif key in self.t2:
+                    self.t2.move_to_end(key)
+                continue
+            if key in reused and key in self.t1:
+                self.t2[key] = self.t1.pop(key)
+            elif key in reused and key in self.t2:
+                self.t2.move_to_end(key)
+
+    def evict(self, n: int, protected: set[bytes]) -> list[tuple[bytes, Chunk]] | None:
+        if n == 0:
+            return []
+        candidates: list[tuple[bytes, Chunk, bool]] = []
+        virtual_t1_size = len(self.t1)
+        t1_iter = iter(self.t1.items())
+        t2_iter = iter(self.t2.items())
+
+        def next_candidate(entries: Iterator[tuple[bytes, Chunk]]) -> tuple[bytes, Chunk] | None:
+            for key, chunk in entries:
+                if chunk.ref_cnt == 0 and key not in protected:
+                    return key, chunk
+            return None
+
+        for _ in range(n):
+            candidate: tuple[bytes, Chunk, bool] | None = None
+            if virtual_t1_size >= int(self.target_t1_size):
+                entry = next_candidate(t1_iter)
+                if entry is not None:
+                    candidate = (*entry, True)
+                    virtual_t1_size -= 1
+            if candidate is None:
+                entry = next_candidate(t2_iter)
+                if entry is not None:
+                    candidate = (*entry, False)
+            if candidate is None:
+                entry = next_candidate(t1_iter)
+                if entry is None:
+                    return None
+                candidate = (*entry, True)
+                virtual_t1_size -= 1
+            candidates.append(candidate)
+        result = []
+        for key, chunk, from_t1 in candidates:
+            if from_t1:
+                del self.t1[key]
+                self.b1[key] = None
+            else:
+                del self.t2[key]
+                self.b2[key] = None
+            result.append((key, chunk))
+        for ghost in (self.b1, self.b2):
+            for _ in range(len(ghost) - self.cache_capacity):
+                ghost.popitem(last=False)
+        return result
+
+    def mark_evictable(self, key: bytes) -> None:
+        return
+
+    def held_chunks(self) -> dict[bytes, Chunk]:
+        return {**self.t1, **self.t2}
+
+    def mark_non_evictable(self, key: bytes) -> None:
+        return
+
+
+def make_policy(name: str, capacity: int, *, group_kinds: Sequence[str] = (), spec: ModelSpec | None = None,
+                tokens_per_chunk: int | None = None, host_gbps: float | None = None,
+                rule: str = DEFAULT_RULE) -> Any:
+    """A tier policy by name: ``lru``, ``arc``, or ``marconi`` (:class:`ChunkTreePolicy` with
+    ``rule`` and the load cost of ``host_gbps``; needs ``group_kinds`` and ``spec``). ConfigError
+    for another name."""
+    if name == "lru":
+        return LRUPolicy(capacity)
+    if name == "arc":
+        return ARCPolicy(capacity)
+    if name == "marconi":
+        if spec is None:
+            raise ConfigError("vllm-align: tier_policy=marconi needs the model")
+        settings = TierSettings(tuple(group_kinds), spec, tokens_per_chunk, rule_from_label(rule),
+                                **({"host_gbps": host_gbps} if host_gbps is not None else {}),
+                                gpu_tflops=DEFAULT_GPU_TFLOPS)
+        return ChunkTreePolicy(capacity, settings)
+    raise ConfigError(f"vllm-align: tier_policy must be one of {', '.join(TIER_POLICIES)}, got {name!r}")
+
+
+class _Access:
+    """``_RequestCacheAccess``: the keys one request saw, per group in order, inserted and reused."""
+
+    __slots__ = ("key_groups", "seen", "inserted", "reused", "store_misses", "finished")
+
+    def __init__(self) -> None:
+        self.key_groups: dict[int, list[bytes]] = {}
+        self.seen: set[bytes] = set()
+        self.inserted: set[bytes] = set()
+        self.reused: set[bytes] = set()
+        self.store_misses: set[bytes] = set()
+        self.finished = False
+
+
+class TierManager:
+    """vLLM's ``CPUOffloadingManager`` (``store_threshold`` 1): ``num_chunks`` slots, ref counts,
+    a policy. ``prepare_store`` returns the keys it will store (evicting as needed), or None when
+    it cannot free enough chunks (nothing changed); ``evicted`` collects every key it evicted."""
+
+    def __init__(self, num_chunks: int, policy: Any) -> None:
+        self.num_chunks = num_chunks
+        self.policy = policy
+        self._num_allocated = 0
+        self._free: list[int] = []
+        self.num_evictable = 0
+        self.evicted: list[bytes] = []
+
+    def _access(self, ctx: ReqContext) -> _Access:
+        state = ctx.get_state(_Access)
+        if state is None:
+            state = _Access()
+            ctx.set_state(state)
+        return state
+
+    def _record(self, keys: Iterable[bytes], ctx: ReqContext, reused: Iterable[bytes] = ()) -> None:
+        state = self._access(ctx)
+        for key in keys:
+            if key in state.seen:
+                continue
+            state.key_groups.setdefault(get_offload_group_idx(key), []).append(key)
+            state.seen.add(key)
+        state.reused.update(k for k in reused if k not in state.inserted)
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free) + self.num_chunks - self._num_allocated
+
+    def lookup(self, key: bytes) -> int:
+        chunk = self.policy.get(key)
+        if chunk is None:
+            return MISS
+        return HIT if chunk.is_ready else HIT_PENDING
+
+    def prepare_load(self, keys: Sequence[bytes], ctx: ReqContext) -> None:
+        for key in keys:
+            chunk = self.policy.get(key)
+            assert chunk is not None and chunk.is_ready, "a load of a chunk not held or not ready"
+            if chunk.ref_cnt == 0:
+                self.policy.mark_non_evictable(key)
+                self.num_evictable -= 1
+            chunk.ref_cnt += 1
+        self._record(keys, ctx, reused=keys)
+
+    def complete_load(self, keys: Iterable[bytes]) -> None:
+        for key in keys:
+            chunk = self.policy.get(key)
+            assert chunk is not None and chunk.ref_cnt > 0
+            chunk.ref_cnt -= 1
+            if chunk.ref_cnt == 0:
+                self.num_evictable += 1
+                self.policy.mark_evictable(key)
+
+    def prepare_store(self, keys: Sequence[bytes], ctx: ReqContext) -> list[bytes] | None:
+        to_store, ready = [], []
+        for key in keys:
+            chunk = self.policy.get(key)
+            if chunk is None:
+                to_store.append(key)
+            elif chunk.is_ready:
+                ready.append(key)
+        state = self._access(ctx)
+        misses = [k for k in to_store if k not in state.store_misses]
+        if misses:
+            self.policy.on_store_miss(misses, ctx)
+            state.store_misses.update(misses)
+        recorded = set(to_store) | set(ready)
+        self._record([k for k in keys if k in recorded], ctx, reused=ready)
+        if not to_store:
+            return []
+        need = len(to_store) - self.num_free
+        if need > 0:
+            if need > self.num_evictable:
+                return None
+            evicted = self.policy.evict(need, set(keys))
+            if evicted is None:
+                return None
+            self.num_evictable -= len(evicted)
+            for key, chunk in evicted:
+                self._free.append(chunk.chunk_id)
+                self.evicted.append(key)
+        for key in to_store:
+            if self._num_allocated < self.num_chunks:
+                chunk = Chunk(self._num_allocated)
+                self._num_allocated += 1
+            else:
+                chunk = Chunk(self._free.pop())
+            self.policy.insert(key, chunk)
+        state.inserted.update(to_store)
+        return to_store
+
+    def complete_store(self, keys: Iterable[bytes]) -> None:
+        for key in keys:
+            chunk = self.policy.get(key)
+            if chunk is not None and not chunk.is_ready:
+                chunk.ref_cnt = 0
+                self.num_evictable += 1
+                self.policy.mark_evictable(key)
+
+    def on_request_finished(self, ctx: ReqContext) -> None:
+        state = ctx.get_state(_Access)
+        if state is None or state.finished:
+            return
+        state.finished = True
+        groups = []
+        for gid in sorted(state.key_groups):
+            keys = state.key_groups[gid]
+            positions = {k: p for k in keys if (p := ctx.get_offload_key_position(k)) is not None}
+            if len(positions) == len(keys):
+                keys = sorted(keys, key=positions.__getitem__)
+            groups.append(tuple(keys))
+        self.policy.on_request_finished(tuple(groups), state.inserted - state.reused, state.reused, ctx)
+
+    def check_invariants(self) -> None:
+        """Free + held chunks = allocated; the evictable count matches the held idle chunks."""
+        held = self.policy.held_chunks()
+        assert len(held) + len(self._free) == self._num_allocated <= self.num_chunks, "tier chunks leaked"
+        assert len({c.chunk_id for c in held.values()} | set(self._free)) == self._num_allocated, "chunk id reused"
+        assert sum(c.ref_cnt == 0 for c in held.values()) == self.num_evictable, "evictable count drifted"
+
+
+class _TierRequest:
+    __slots__ = ("ctx", "next_stored", "keys_made")
+
+    def __init__(self, rid: int) -> None:
+        self.ctx = ReqContext(rid)
+        self.next_stored = 0            # attention chunks offered so far (``next_stored_chunk_idx``)
+        self.keys_made: set[tuple[int, int]] = set()
+
+
+class EmulatedTier:
+    """The connector's scheduler side over a :class:`TierManager` (see the module docstring).
+
+    The scheduler calls :meth:`lookup` after the GPU pool's lookup, :meth:`load` once the request's
+    blocks are allocated, :meth:`on_cache` (through the block pool) for each block it caches,
+    :meth:`dropped` when a request's blocks are freed by preemption, :meth:`finished` when a
+    request ends, and :meth:`end_step` at the end of each scheduling step.
+
+    Counters: ``hit_tokens`` (loaded tokens at first admissions), ``bytes_loaded``,
+    ``bytes_stored``, ``num_loads``, ``num_stores`` (store jobs), ``evictions`` by kind.
+    """
+
+    def __init__(self, layout: VllmLayout, num_chunks: int, policy: str, spec: ModelSpec | None = None, *,
+                 host_gbps: float | None = None, rule: str = DEFAULT_RULE) -> None:
+        if num_chunks < 0:
+            raise ConfigError(f"vllm-align: the tier needs >= 0 chunks, got {num_chunks}")
+        self.layout = layout
+        self.c = layout.block_size
+        self.kinds = layout.group_kinds
+        self.attn = [g for g, k in enumerate(self.kinds) if k == ATTENTION]
+        self.mamba = [g for g, k in enumerate(self.kinds) if k == MAMBA]
+        self.policy_name = policy
+        self.manager = TierManager(num_chunks, make_policy(policy, num_chunks, group_kinds=self.kinds, spec=spec,
+                                                           tokens_per_chunk=self.c, host_gbps=host_gbps, rule=rule))
+        self.chunk_bytes = layout.block_bytes
+        self._reqs: dict[int, _TierRequest] = {}
+        self._handoffs: list[tuple[Any, int, int]] = []
+        self._finished: list[Any] = []
+        self._pending_stores: list[bytes] = []
+        self._pending_loads: list[bytes] = []
+        self.hit_tokens = 0
+        self.bytes_loaded = 0
+        self.bytes_stored = 0
+        self.num_loads = 0
+        self.num_stores = 0
+        self.evictions = {"kv": 0, "state": 0}
+
+    # --------------------------------------------------------------- keys
+    def _req(self, req: Any) -> _TierRequest:
+        st = self._reqs.get(req.rid)
+        if st is None:
+            st = self._reqs[req.rid] = _TierRequest(req.rid)
+        return st
+
+    def _key(self, req: Any, st: _TierRequest, gid: int, end: int) -> bytes:
+        key = make_offload_key(req.hash_at(end), gid)
+        st.ctx.set_offload_key_position(key, end)
+        return key
+
+    # --------------------------------------------------------------- lookup and load
+    def lookup(self, req: Any, local: int) -> int | None:
+        """``_lookup_complete_chunks``: tokens past the GPU hit ``local`` the tier can load (0: none;
+        None: a hit chunk is still being stored, the request waits)."""
+        c, mgr = self.c, self.manager
+        st = self._req(req)
+        num_keys = req.num_tokens // c
+        max_hit = req.num_tokens
+        if self.mamba:
+            max_hit = (max_hit - 1) // c * c
+        num_hit, defer = 0, False
+        groups: Sequence[int] = self.attn + self.mamba
+        while groups:
+            looked_up_window = False
+            todo, groups = groups, ()
+            for gid in todo:
+                max_hit = min(max_hit, num_keys * c)
+                if max_hit - local < c:
+                    return 0
+                num_chunks = min(cdiv(max_hit, c), num_keys)
+                start = local // c
+                keys = [self._key(req, st, gid, (i + 1) * c) for i in range(start, num_chunks)]
+                found: int | None
+                if gid in self.attn:            # a prefix of held chunks
+                    found, pending = 0, False
+                    for key in keys:
+                        r = mgr.lookup(key)
+                        if r == MISS:
+                            break
+                        pending |= r == HIT_PENDING
+                        found += 1
+                    found = None if pending else found
+                else:                            # the deepest held chunk (a one-chunk window)
+                    found = 0
+                    for idx in range(len(keys) - 1, -1, -1):
+                        r = mgr.lookup(keys[idx])
+                        if r != MISS:
+                            found = None if r == HIT_PENDING else idx + 1
+                            break
+                if found == 0:
+                    return 0
+                if found is None:
+                    defer = True
+                else:
+                    max_hit = min(max_hit, c * (start + found))
+                new = max_hit - local
+                if new < c:
+                    return 0
+                if new < num_hit:
+                    if defer:
+                        defer = False
+                        groups = self.attn + self.mamba
+                    elif looked_up_window and not groups:
+                        groups = self.mamba
+                looked_up_window |= gid in self.mamba
+                num_hit = new
+        return None if defer else num_hit
+
+    def load(self, req: Any, local: int, ext: int, first: bool) -> None:
+        """``update_state_after_alloc``: load the tier's chunks for ``local .. local + ext``
+        (``first``: the request's first admission, counted in :attr:`hit_tokens`)."""
+        if ext <= 0:
+            return
+        c, st = self.c, self._req(req)
+        end = local + ext
+        keys = [self._key(req, st, g, (i + 1) * c) for g in self.attn for i in range(local // c, cdiv(end, c))]
+        keys += [self._key(req, st, g, end) for g in self.mamba]
+        self.manager.prepare_load(keys, st.ctx)
+        st.next_stored = max(st.next_stored, cdiv(end, c))
+        self._pending_loads.extend(keys)
+        self.num_loads += 1
+        self.bytes_loaded += len(keys) * self.chunk_bytes
+        if first:
+            self.hit_tokens += ext
+
+    # --------------------------------------------------------------- stores
+    def on_cache(self, req: Any, group_id: int, depth: int) -> None:
+        """The GPU pool cached ``req``'s block of ``group_id`` ending at ``depth``: a Mamba state at
+        a chunk boundary is handed to the connector at the step's end."""
+        if group_id in self.mamba and depth % self.c == 0:
+            self._handoffs.append((req, group_id, depth))
+
+    def dropped(self, req: Any) -> None:
+        """``req``'s blocks went back to the pool before the step's end: its hand-offs are void."""
+        self._handoffs = [h for h in self._handoffs if h[0] is not req]
+
+    def finished(self, req: Any) -> None:
+        """``req`` finished in this step; the next step's end offers its rest and ends its access."""
+        self._finished.append(req)
+
+    def _store(self, keys: list[bytes], ctx: ReqContext) -> list[bytes] | None:
+        before = len(self.manager.evicted)
+        stored = self.manager.prepare_store(keys, ctx)
+        for key in self.manager.evicted[before:]:
+            self.evictions["kv" if self.kinds[get_offload_group_idx(key)] == ATTENTION else "state"] += 1
+        if stored:
+            self._pending_stores.extend(stored)
+            self.num_stores += 1
+            self.bytes_stored += len(stored) * self.chunk_bytes
+        return stored
+
+    def end_step(self, scheduled: Sequence[tuple[Any, int]]) -> None:
+        """``build_connector_meta`` for a step that scheduled ``scheduled`` (request, tokens), then
+        the completion of every transfer issued (the emulation's instant link)."""
+        c = self.c
+        by_req: dict[int, list[tuple[Any, int, int]]] = {}
+        for h in self._handoffs:
+            by_req.setdefault(h[0].rid, []).append(h)
+        self._handoffs = []
+        for entries in by_req.values():
+            for req, gid, depth in sorted(entries, key=lambda e: self.mamba.index(e[1])):
+                if depth > min(req.num_tokens, req.num_prompt_tokens):
+                    continue
+                st = self._req(req)
+                self._store([self._key(req, st, gid, depth)], st.ctx)
+        finished = self._finished
+        self._finished = []
+        for req, after in [(r, r.num_computed_tokens + n) for r, n in scheduled] + [
+                (r, max(r.num_prompt_tokens, r.num_tokens - 1)) for r in finished]:
+            st = self._req(req)
+            n = min(after, req.num_tokens, req.num_prompt_tokens) // c
+            if n <= st.next_stored:
+                continue
+            keys = [self._key(req, st, g, (i + 1) * c) for g in self.attn for i in range(st.next_stored, n)]
+            if self._store(keys, st.ctx) is not None:
+                st.next_stored = n
+        for req in finished:
+            st = self._reqs.pop(req.rid, None)
+            if st is not None:
+                self.manager.on_request_finished(st.ctx)
+        self.manager.complete_store(self._pending_stores)
+        self.manager.complete_load(self._pending_loads)
+        self._pending_stores, self._pending_loads = [], []
+
+    def counters(self) -> dict[str, Any]:
+        """The tier's counters, named as the replay's records name them."""
+        return {"tier_hit_tokens": self.hit_tokens, "bytes_loaded": self.bytes_loaded,
+                "bytes_stored": self.bytes_stored, "num_loads": self.num_loads, "num_stores": self.num_stores,
+                "tier_evictions_kv": self.evictions["kv"], "tier_evictions_state": self.evictions["state"],
+                "tier_num_chunks": self.manager.num_chunks}
