@@ -250,13 +250,16 @@ class VllmAlignEngine:
                    for g, m in enumerate(self.managers))
 
     def try_allocate_slots(self, req: RequestState, num_new: int, num_new_computed: int,
-                           new_computed: list[list[Block]] | None, *, full_sequence_must_fit: bool = False) -> bool:
+                           new_computed: list[list[Block]] | None, *, full_sequence_must_fit: bool = False,
+                           reserved: int = 0, delay_cache: bool = False) -> bool:
         """``KVCacheManager.allocate_slots``: take the hit's blocks, allocate ``num_new`` tokens' slots and
         cache the blocks they fill; False (vLLM's None) when the free blocks do not suffice.
 
         ``full_sequence_must_fit``: vLLM's admission gate (``scheduler_reserve_full_isl``, on by
         default) for a waiting request: refuse unless the whole known sequence fits. On refusal only
-        the skipped blocks have been released, as in vLLM.
+        the skipped blocks have been released, as in vLLM. ``reserved``: free blocks the allocation
+        must leave (vLLM's in-flight prefills' reservation for an asynchronous load);
+        ``delay_cache``: cache nothing yet (an asynchronous load; :meth:`cache_blocks` once it lands).
         """
         self.pool.emit("slots", req.num_computed_tokens, num_new_computed, num_new, 0)
         total_computed = req.num_computed_tokens + num_new_computed
@@ -266,16 +269,21 @@ class VllmAlignEngine:
         for manager in self.managers:
             manager.remove_skipped_blocks(req, total_computed)
         num_tokens = total_computed + num_new
-        if self.blocks_needed(req, num_tokens, new_computed, total_computed) > self.pool.num_free:
+        if self.blocks_needed(req, num_tokens, new_computed, total_computed) > self.pool.num_free - reserved:
             return False
         if new_computed is not None and any(new_computed):
             for g, manager in enumerate(self.managers):
                 manager.add_local_computed_blocks(req, new_computed[g], total_computed)
         for manager in self.managers:
             manager.allocate_new_blocks(req, num_tokens)
-        for manager in self.managers:
-            manager.cache_blocks(req, min(num_tokens, req.num_tokens))
+        if not delay_cache:
+            self.cache_blocks(req, min(num_tokens, req.num_tokens))
         return True
+
+    def cache_blocks(self, req: RequestState, num_tokens: int) -> None:
+        """``KVCacheManager.cache_blocks``: make the request's blocks up to ``num_tokens`` reachable."""
+        for manager in self.managers:
+            manager.cache_blocks(req, num_tokens)
 
     def release_copies(self) -> None:
         """End of vLLM's scheduling step: blocks held for this step's copy-on-writes go back."""

@@ -27,7 +27,7 @@ class ScheduledRequest:
     """One request in the scheduler: its block-manager state, its trace output, its progress."""
 
     __slots__ = ("index", "state", "num_outputs", "max_tokens", "num_output_tokens", "num_preemptions",
-                 "record", "finished", "tier_hit")
+                 "record", "finished", "tier_hit", "loaded")
 
     def __init__(self, index: int, state: RequestState, outputs: np.ndarray) -> None:
         self.index = index
@@ -39,6 +39,7 @@ class ScheduledRequest:
         self.record: RequestRecord | None = None    # set at the first admission
         self.finished = False
         self.tier_hit = 0                           # tokens loaded from the CPU tier at the first admission
+        self.loaded = True                          # False while a load's blocks are not cached yet
 
 
 class VllmAlignScheduler:
@@ -56,6 +57,8 @@ class VllmAlignScheduler:
         self.max_num_seqs = max_num_seqs
         self.running: list[ScheduledRequest] = []
         self.waiting: deque[ScheduledRequest] = deque()
+        self.loading: deque[ScheduledRequest] = deque()     # vLLM's kv_holding_waiting: loads from the CPU tier
+        self.inflight: set[ScheduledRequest] = set()       # vLLM's _inflight_prefills (kept with a tier only)
         self.num_steps = 0
         self.num_preemptions = 0
         self._num_added = 0
@@ -75,7 +78,7 @@ class VllmAlignScheduler:
 
     @property
     def has_requests(self) -> bool:
-        return bool(self.running or self.waiting)
+        return bool(self.running or self.waiting or self.loading)
 
     # --------------------------------------------------------------- one step
     def step(self) -> list[ScheduledRequest]:
@@ -106,6 +109,8 @@ class VllmAlignScheduler:
             engine.tier.end_step([(req.state, num) for req, num in scheduled])
         for req, num in scheduled:                 # _update_after_schedule
             req.state.num_computed_tokens += num
+            if req.state.num_computed_tokens >= req.state.num_tokens:
+                self.inflight.discard(req)
         return self._update_from_output(scheduled)
 
     def _chunk(self, req: ScheduledRequest, start: int, budget: int, threshold: int) -> int:
@@ -146,9 +151,23 @@ class VllmAlignScheduler:
         return preempted
 
     def _schedule_waiting(self, budget: int, threshold: int, scheduled: list[tuple[ScheduledRequest, int]]) -> int:
-        """Admit waiting requests in order; the number admitted to load from the CPU tier."""
+        """Admit waiting requests in order, those holding loaded blocks first (vLLM's
+        ``kv_holding_waiting``); the number admitted to load from the CPU tier."""
         engine, num_loading = self.engine, 0
-        while budget > 0 and self.waiting and len(self.running) < self.max_num_seqs:
+        while budget > 0 and (self.loading or self.waiting) and len(self.running) < self.max_num_seqs:
+            if self.loading:                       # a load finished: cache its blocks, then run it
+                req = self.loading[0]
+                state = req.state
+                if not req.loaded:
+                    engine.cache_blocks(state, state.num_computed_tokens)
+                    req.loaded = True
+                num_new = self._chunk(req, state.num_computed_tokens, budget, threshold)
+                if num_new == 0 or not engine.try_allocate_slots(state, num_new, 0, None, full_sequence_must_fit=True):
+                    break
+                self.loading.popleft()
+                self._start(req, num_new, scheduled)
+                budget -= num_new
+                continue
             req = self.waiting[0]
             state = req.state
             assert state.num_computed_tokens == 0       # recompute preemption leaves nothing computed
@@ -167,38 +186,50 @@ class VllmAlignScheduler:
                 break
             if not engine.try_allocate_slots(state, num_new, hit, hit_blocks, full_sequence_must_fit=True):
                 break
-            if req.record is None:                 # vLLM's stats count a request's first admission only
-                engine.queries += state.num_prompt_tokens
-                engine.hits += hit
-                engine.pool.emit("lookup", state.num_prompt_tokens, hit, kv_hit - hit)
-                state.hit_len, state.kv_only_len = hit, kv_hit - hit
-                req.record = RequestRecord(state.num_prompt_tokens, hit, kv_hit)
+            self._record_admission(req, hit, kv_hit)
             self.waiting.popleft()
-            self.running.append(req)
             state.num_computed_tokens = hit
-            scheduled.append((req, num_new))
+            self._start(req, num_new, scheduled)
             budget -= num_new
         return num_loading
 
-    def _admit_with_load(self, req: ScheduledRequest, hit_blocks: Any, hit: int, kv_hit: int, ext: int) -> bool:
-        """vLLM's asynchronous load: blocks for the GPU hit and the ``ext`` tokens the tier holds,
-        the load, and the request runs from the next step (nothing scheduled in this one). False if
-        the full-sequence gate refuses it."""
+    def _start(self, req: ScheduledRequest, num_new: int, scheduled: list[tuple[ScheduledRequest, int]]) -> None:
+        self.running.append(req)
+        scheduled.append((req, num_new))
+        if self.engine.tier is not None and req.state.num_computed_tokens + num_new < req.state.num_tokens:
+            self.inflight.add(req)             # still prefilling after this chunk: it reserves its blocks
+
+    def _record_admission(self, req: ScheduledRequest, hit: int, kv_hit: int, ext: int = 0) -> None:
+        """vLLM's stats count a request's first admission only."""
+        if req.record is not None:
+            return
         engine, state = self.engine, req.state
-        if not engine.try_allocate_slots(state, ext, hit, hit_blocks, full_sequence_must_fit=True):
+        engine.queries += state.num_prompt_tokens
+        engine.hits += hit
+        engine.pool.emit("lookup", state.num_prompt_tokens, hit, kv_hit - hit)
+        state.hit_len, state.kv_only_len = hit, kv_hit - hit
+        req.record = RequestRecord(state.num_prompt_tokens, hit, kv_hit)
+        req.tier_hit = ext
+
+    def _admit_with_load(self, req: ScheduledRequest, hit_blocks: Any, hit: int, kv_hit: int, ext: int) -> bool:
+        """vLLM's asynchronous load: blocks for the GPU hit and the ``ext`` tokens the tier holds
+        (if they fit beside what the in-flight prefills still need), caching deferred, the load;
+        the request waits in :attr:`loading` (not preemptible) until the next step. False if it
+        does not fit."""
+        engine, state = self.engine, req.state
+        reserved = sum(engine.blocks_needed(r.state, r.state.num_tokens, None, r.state.num_computed_tokens,
+                                            admission=True) for r in self.inflight)
+        if not engine.try_allocate_slots(state, ext, hit, hit_blocks, full_sequence_must_fit=True, reserved=reserved,
+                                         delay_cache=True):
             return False
         first = req.record is None
-        if first:
-            engine.queries += state.num_prompt_tokens
-            engine.hits += hit
-            engine.pool.emit("lookup", state.num_prompt_tokens, hit, kv_hit - hit)
-            state.hit_len, state.kv_only_len = hit, kv_hit - hit
-            req.record = RequestRecord(state.num_prompt_tokens, hit, kv_hit)
-            req.tier_hit = ext
+        self._record_admission(req, hit, kv_hit, ext)
         assert engine.tier is not None
         engine.tier.load(state, hit, ext, first)
         self.waiting.popleft()
-        self.running.append(req)
+        self.loading.append(req)
+        self.inflight.add(req)
+        req.loaded = False
         state.num_computed_tokens = hit + ext
         return True
 
@@ -212,6 +243,7 @@ class VllmAlignScheduler:
         if self.engine.tier is not None:
             self.engine.tier.dropped(victim.state)
         victim.state.num_computed_tokens = 0
+        self.inflight.discard(victim)
         victim.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.appendleft(victim)
@@ -232,6 +264,7 @@ class VllmAlignScheduler:
     def _finish(self, req: ScheduledRequest) -> None:
         engine, state = self.engine, req.state
         self.running.remove(req)
+        self.inflight.discard(req)
         engine.free(state)
         engine.end_request(state)
         if engine.tier is not None:

@@ -486,6 +486,7 @@ class EmulatedTier:
         self._handoffs: list[tuple[Any, int, int]] = []
         self._finished: list[Any] = []
         self._pending_stores: list[bytes] = []
+        self._stores_in_flight: list[bytes] = []
         self._pending_loads: list[bytes] = []
         self.hit_tokens = 0
         self.bytes_loaded = 0
@@ -636,9 +637,10 @@ class EmulatedTier:
             st = self._reqs.pop(req.rid, None)
             if st is not None:
                 self.manager.on_request_finished(st.ctx)
-        self.manager.complete_store(self._pending_stores)
+        self.manager.complete_store(self._stores_in_flight)
+        self._stores_in_flight, self._pending_stores = self._pending_stores, []
         self.manager.complete_load(self._pending_loads)
-        self._pending_stores, self._pending_loads = [], []
+        self._pending_loads = []
 
     def counters(self) -> dict[str, Any]:
         """The tier's counters, named as the replay's records name them."""

@@ -307,7 +307,8 @@ def _emulated_tier(spec: ModelSpec, requests: Sequence[Any], result: dict[str, A
     engine.attach_tier(tier)
     loop = emulate_closed_loop(engine, requests, concurrency=config.concurrency, max_num_seqs=config.max_num_seqs)
     return {"token_hit_rate": loop.token_hit_rate, "gpu_hit_rate": loop.gpu_hit_rate,
-            "tier_hit_rate": loop.tier_hit_rate, **tier.counters(),
+            "tier_hit_rate": loop.tier_hit_rate, **tier.counters(), "num_preemptions": sum(loop.num_preemptions),
+            "num_steps": loop.num_steps,
             "per_request": {"gpu_hit_tokens": [r.hit_len for r in loop.records],
                             "tier_hit_tokens": list(loop.tier_hits or ())}}
 
