@@ -278,14 +278,16 @@ class VllmAlignScheduler:
 
     # --------------------------------------------------------------- checks
     def check_invariants(self) -> None:
-        """The engine's checks, and: exactly the running requests hold blocks; waiting ones hold none."""
+        """The engine's checks (and the tier's), and: only running or loading requests hold blocks;
+        waiting ones hold none."""
         self.engine.check_invariants()
         if self.engine.tier is not None:
             self.engine.tier.manager.check_invariants()
         holders = {rid for m in self.engine.managers for rid, blocks in m.req_to_blocks.items()
                    if any(b is not self.engine.pool.null for b in blocks)}
-        running = {r.state.rid for r in self.running}
+        running = {r.state.rid for r in (*self.running, *self.loading)}
         assert holders <= running, f"requests {sorted(holders - running)} hold blocks but are not running"
+        assert all(r.state.num_computed_tokens > 0 for r in self.loading), "a load with nothing to load"
         assert all(r.state.num_computed_tokens == 0 for r in self.waiting), "a waiting request kept its progress"
         assert len(self.running) <= self.max_num_seqs
 

@@ -1,0 +1,234 @@
+"""``vllm-align``'s CPU tier (marconi.integrations.vllm.emulate.tier): vLLM 0.32's offload tier without vLLM.
+
+The policies and the manager are checked by hand-checkable cases; the connector's lookup on chunks
+placed by hand; the closed loop on a synthetic multi-turn trace with the invariants checked after
+every step. The slow case compares the emulation with vLLM's own connector in the replay (it needs
+the vLLM environment, as ``tests/test_vllm_tiers.py``'s replay case does).
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from marconi.core.model import ModelSpec
+from marconi.core.registry import ConfigError
+from marconi.integrations.vllm.emulate.engine import VllmAlignEngine
+from marconi.integrations.vllm.emulate.request import RequestState
+from marconi.integrations.vllm.emulate.scheduler import emulate_closed_loop
+from marconi.integrations.vllm.emulate.tier import (ARCPolicy, EmulatedTier, LRUPolicy, ReqContext, TierManager,
+                                                    make_policy, tier_num_chunks)
+from marconi.integrations.vllm.layout import VllmLayout
+from marconi.integrations.vllm.models import PRESETS
+from marconi.integrations.vllm.policy import ATTENTION, MAMBA
+from marconi.integrations.vllm.tier_tree import make_offload_key
+from marks import slow
+from vllm_env import vllm_python
+
+QWEN_TINY = ModelSpec.from_hf_config({"model_type": "qwen3_next", **PRESETS["qwen3_next-tiny"][1],
+                                      "torch_dtype": "bfloat16"}, name="qwen3_next-tiny")
+KINDS = (MAMBA, MAMBA, MAMBA, ATTENTION)
+BLOCK = 384
+
+
+def _key(name: str, group: int = 0) -> bytes:
+    return make_offload_key(name.encode(), group)
+
+
+def _stored(mgr: TierManager, ctx: ReqContext, *names: str) -> list[bytes]:
+    keys = [_key(n) for n in names]
+    out = mgr.prepare_store(keys, ctx)
+    assert out is not None
+    mgr.complete_store(out)
+    return out
+
+
+def _held(mgr: TierManager) -> set[bytes]:
+    return set(mgr.policy.held_chunks())
+
+
+# ====================================================================================== policies, manager
+def test_lru_evicts_the_oldest_skips_protected_and_refreshes_at_request_end() -> None:
+    mgr, ctx = TierManager(3, LRUPolicy(3)), ReqContext(0)
+    _stored(mgr, ctx, "a")
+    _stored(mgr, ctx, "b")
+    _stored(mgr, ctx, "c")
+    assert mgr.num_free == 0
+    _stored(mgr, ctx, "d")                                     # full: the oldest goes
+    assert _held(mgr) == {_key("b"), _key("c"), _key("d")} and mgr.evicted == [_key("a")]
+    out = mgr.prepare_store([_key("b"), _key("e")], ReqContext(1))   # b is offered, so protected
+    assert out == [_key("e")] and mgr.evicted[-1] == _key("c")
+    mgr.complete_store(out)
+    # a request that reused d ends: d becomes the most recent, b the oldest
+    reader = ReqContext(2)
+    assert mgr.prepare_store([_key("d")], reader) == []        # held and ready: a reuse, nothing stored
+    mgr.on_request_finished(reader)
+    _stored(mgr, ReqContext(3), "f")
+    assert mgr.evicted[-1] == _key("b")
+    assert len(_held(mgr)) == 3
+    mgr.check_invariants()
+
+
+def test_manager_never_exceeds_capacity_and_cannot_evict_pending_or_loading_chunks() -> None:
+    mgr, ctx = TierManager(2, LRUPolicy(2)), ReqContext(0)
+    pending = mgr.prepare_store([_key("a"), _key("b")], ctx)
+    assert pending == [_key("a"), _key("b")]
+    assert mgr.prepare_store([_key("c")], ctx) is None         # both slots hold stores still in flight
+    mgr.complete_store(pending)
+    mgr.prepare_load([_key("a")], ReqContext(1))               # a is being read: pinned
+    out = mgr.prepare_store([_key("c")], ctx)
+    assert out == [_key("c")] and mgr.evicted == [_key("b")]   # not a, although a is older
+    assert mgr.prepare_store([_key("d")], ctx) is None         # a pinned, c pending: nothing to evict
+    mgr.complete_load([_key("a")])
+    mgr.complete_store(out)
+    assert len(_held(mgr)) == 2
+    mgr.check_invariants()
+
+
+def test_arc_promotes_reused_chunks_and_adapts_to_ghost_hits() -> None:
+    policy = ARCPolicy(2)
+    mgr = TierManager(2, policy)
+    _stored(mgr, ReqContext(0), "a")
+    _stored(mgr, ReqContext(1), "b")
+    reader = ReqContext(2)
+    assert mgr.prepare_store([_key("a")], reader) == []        # a reused ...
+    mgr.on_request_finished(reader)
+    assert list(policy.t2) == [_key("a")] and list(policy.t1) == [_key("b")]   # ... so frequent
+    _stored(mgr, ReqContext(3), "c")                           # T1 at its target: T1's LRU goes, to ghost B1
+    assert mgr.evicted == [_key("b")] and list(policy.b1) == [_key("b")]
+    assert policy.target_t1_size == 0
+    _stored(mgr, ReqContext(4), "b")                           # a B1 ghost comes back: recency wins more room
+    assert policy.target_t1_size == 1
+    mgr.check_invariants()
+
+
+def test_policies_by_name_and_tier_size() -> None:
+    assert isinstance(make_policy("lru", 4), LRUPolicy) and isinstance(make_policy("arc", 4), ARCPolicy)
+    marconi = make_policy("marconi", 4, group_kinds=KINDS, spec=QWEN_TINY, tokens_per_chunk=BLOCK, host_gbps=55)
+    assert marconi.settings.host_gbps == 55 and marconi.settings.tokens_per_chunk == BLOCK
+    with pytest.raises(ConfigError, match="tier_policy"):
+        make_policy("fifo", 4)
+    # vLLM's arithmetic: bytes over the chunk rounded up to 4 KiB (Nemotron-H-8B: 3.66 GB -> 193 chunks)
+    assert tier_num_chunks(3_660_996_608, 18_968_576) == 193
+    assert tier_num_chunks(10_000, 4_097) == 1
+
+
+# ====================================================================================== the connector's lookup
+def _tier(num_chunks: int = 64, policy: str = "lru") -> tuple[EmulatedTier, RequestState]:
+    layout = VllmLayout(block_size=BLOCK, num_blocks=64, group_kinds=KINDS)
+    tier = EmulatedTier(layout, num_chunks, policy, QWEN_TINY)
+    tokens = np.arange(4 * BLOCK + 10, dtype=np.int32)
+    return tier, RequestState(0, tokens, len(tokens), BLOCK)
+
+
+def _put(tier: EmulatedTier, req: RequestState, group: int, end: int) -> None:
+    ctx = ReqContext(99)
+    keys = tier.manager.prepare_store([make_offload_key(req.hash_at(end), group)], ctx)
+    assert keys
+    tier.manager.complete_store(keys)
+
+
+def test_a_tier_hit_needs_the_kv_chunks_up_to_a_state_held_in_every_mamba_group() -> None:
+    tier, req = _tier()
+    attn, mamba = KINDS.index(ATTENTION), [g for g, k in enumerate(KINDS) if k == MAMBA]
+    for end in (BLOCK, 2 * BLOCK, 3 * BLOCK):
+        _put(tier, req, attn, end)
+    assert tier.lookup(req, 0) == 0                       # KVs without any state: nothing to load
+    for g in mamba:
+        _put(tier, req, g, 2 * BLOCK)
+    assert tier.lookup(req, 0) == 2 * BLOCK
+    assert tier.lookup(req, BLOCK) == BLOCK               # past a GPU hit of one block: the rest
+    for g in mamba[:2]:
+        _put(tier, req, g, 3 * BLOCK)
+    assert tier.lookup(req, 0) == 2 * BLOCK               # the deeper state is missing in one group
+    _put(tier, req, mamba[2], 3 * BLOCK)
+    assert tier.lookup(req, 0) == 3 * BLOCK
+    _put(tier, req, mamba[0], 4 * BLOCK)                  # a state past the KVs held serves nothing more
+    for g in mamba[1:]:
+        _put(tier, req, g, 4 * BLOCK)
+    assert tier.lookup(req, 0) == 3 * BLOCK
+    gap, req2 = _tier()                                   # a missing first KV chunk: no hit at all
+    for end in (2 * BLOCK, 3 * BLOCK):
+        _put(gap, req2, attn, end)
+    for g in mamba:
+        _put(gap, req2, g, 3 * BLOCK)
+    assert gap.lookup(req2, 0) == 0
+    assert gap.lookup(req2, BLOCK) == 2 * BLOCK           # unless the GPU pool holds it
+
+
+# ====================================================================================== the closed loop
+def _sessions(seed: int, num_sessions: int, turns: int) -> list[SimpleNamespace]:
+    rng = np.random.default_rng(seed)
+    shared = rng.integers(0, 32000, 700)
+    history = [np.concatenate([shared, rng.integers(0, 32000, int(rng.integers(100, 900)))])
+               for _ in range(num_sessions)]
+    out = []
+    for _ in range(turns):
+        for s in range(num_sessions):
+            outputs = rng.integers(0, 32000, int(rng.integers(1, 300)))
+            out.append(SimpleNamespace(session_id=s, input_tokens=history[s].astype(np.int32),
+                                       output_tokens=outputs.astype(np.int32), input_len=len(history[s])))
+            history[s] = np.concatenate([history[s], outputs, rng.integers(0, 32000, int(rng.integers(50, 500)))])
+    return out
+
+
+def _engine(num_blocks: int = 24) -> VllmAlignEngine:
+    layout = VllmLayout(block_size=BLOCK, num_blocks=num_blocks, group_kinds=KINDS, max_num_batched_tokens=2048,
+                        block_bytes=1 << 20)
+    return VllmAlignEngine(layout, QWEN_TINY, eviction="lru", alpha=0.5)
+
+
+def _run(requests: list, num_chunks: int | None, policy: str = "lru", concurrency: int = 4):
+    engine = _engine()
+    if num_chunks is not None:
+        engine.attach_tier(EmulatedTier(engine.layout, num_chunks, policy, QWEN_TINY, host_gbps=55))
+    return engine, emulate_closed_loop(engine, requests, concurrency=concurrency, check=True)
+
+
+@pytest.mark.parametrize("policy", ["lru", "arc", "marconi"])
+def test_closed_loop_with_a_tier_serves_hits_the_pool_cannot(policy: str) -> None:
+    requests = _sessions(3, num_sessions=6, turns=4)
+    _, gpu_only = _run(requests, None)
+    engine, tiered = _run(requests, 40, policy)            # invariants (capacity, ref counts) every step
+    tier = engine.tier
+    assert tier is not None and tiered.tier_hits is not None
+    assert sum(tiered.tier_hits) == tier.hit_tokens > 0
+    assert tiered.token_hit_rate == pytest.approx(tiered.gpu_hit_rate + tiered.tier_hit_rate)
+    assert tiered.token_hit_rate > gpu_only.token_hit_rate
+    for rec, ext in zip(tiered.records, tiered.tier_hits):
+        assert rec.hit_len + ext <= rec.input_len - 1       # at least one token is computed
+        assert (rec.hit_len + ext) % BLOCK == 0             # hits end at a chunk boundary
+    assert tier.bytes_loaded > 0 and tier.bytes_stored > 0
+    assert tier.evictions["kv"] + tier.evictions["state"] > 0      # the tier was contended
+    assert len(tier.manager.policy.held_chunks()) <= 40
+
+
+def test_an_empty_tier_changes_nothing() -> None:
+    requests = _sessions(5, num_sessions=4, turns=3)
+    _, gpu_only = _run(requests, None)
+    _, empty = _run(requests, 0)
+    assert [tuple(r) for r in empty.records] == [tuple(r) for r in gpu_only.records]
+    assert sum(empty.tier_hits or [1]) == 0 and empty.num_steps == gpu_only.num_steps
+
+
+# ====================================================================================== against vLLM
+@slow
+def test_emulated_tier_follows_vllms_connector_in_the_replay(tmp_path) -> None:
+    """The replay's tier records carry the emulation on the same requests, pool, tier and closed
+    loop: the token hit rate within 1 pp of vLLM's counters, split by tier, per request too."""
+    from marconi.integrations.vllm.replay.run import ReplayConfig, run_replay
+
+    python = vllm_python()
+    config = ReplayConfig(vllm_python=python, trace="swe-sample", model="nemotron-h-8b", capacity="0.05x",
+                          cpu_tier="0.5x", concurrency=8, num_requests=48, policies=("lru",),
+                          tier_policies=("lru",))
+    (rec,) = run_replay(config, work_dir=tmp_path, show_bars=False)
+    assert rec["tier_hit_tokens"] > 0
+    assert abs(rec["sim_token_hit_rate"] - rec["token_hit_rate"]) <= 0.01
+    assert abs(rec["sim_tier_hit_rate"] - rec["tier_hit_rate"]) <= 0.01
+    per = rec["per_request"]
+    same = sum(g == sg and t == st for g, t, sg, st in zip(per["gpu_hit_tokens"], per["tier_hit_tokens"],
+                                                            per["sim_gpu_hit_tokens"], per["sim_tier_hit_tokens"]))
+    assert same >= 0.9 * rec["num_requests"]
