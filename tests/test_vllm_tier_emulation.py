@@ -232,3 +232,26 @@ def test_emulated_tier_follows_vllms_connector_in_the_replay(tmp_path) -> None:
     same = sum(g == sg and t == st for g, t, sg, st in zip(per["gpu_hit_tokens"], per["tier_hit_tokens"],
                                                             per["sim_gpu_hit_tokens"], per["sim_tier_hit_tokens"]))
     assert same >= 0.9 * rec["num_requests"]
+
+
+def test_the_simulator_system_takes_a_tier() -> None:
+    """``vllm-align:cpu_tier=…,tier_policy=…``: the tier behind the simulator's cache contract, sized
+    as vLLM sizes it, serving what a pool of a few blocks cannot; bad parameters name themselves."""
+    from marconi.sim.systems import make_system
+
+    requests = _sessions(7, num_sessions=5, turns=3)
+    hits = {}
+    for name in ("vllm-align:blocks=60", "vllm-align:blocks=60,cpu_tier=2GB,tier_policy=arc"):
+        cache = make_system(name).build("nemotron-h-8b", 0)
+        hits[name] = sum(cache.process(r.input_tokens, r.output_tokens).usable_hit_len for r in requests)
+        if "cpu_tier" in name:
+            tier = cache.engine.tier
+            assert tier is not None and tier.policy_name == "arc"
+            assert tier.manager.num_chunks == tier_num_chunks(2 * 10**9, cache.layout.block_bytes)
+            assert tier.hit_tokens > 0
+            tier.manager.check_invariants()
+    assert hits["vllm-align:blocks=60,cpu_tier=2GB,tier_policy=arc"] > hits["vllm-align:blocks=60"]
+    for bad, word in (("vllm-align:tier_policy=arc", "cpu_tier"), ("vllm-align:cpu_tier=lots", "cpu_tier"),
+                      ("vllm-align:cpu_tier=1GB,tier_policy=fifo", "tier_policy")):
+        with pytest.raises(ConfigError, match=word):
+            make_system(bad)

@@ -5,6 +5,7 @@ Usable wherever a system is named; its parameters are listed in docs/vllm.md, "T
     vllm-align                            stock vLLM (LRU), the block size vLLM would pick, pool from --capacity
     vllm-align:eviction=marconi,alpha=adaptive   the plugin with MARCONI_VLLM_ALPHA=adaptive
     vllm-align:block=384,blocks=150       an exact pool (as served with --num-gpu-blocks-override 150)
+    vllm-align:cpu_tier=8GB,tier_policy=arc   vLLM's CPU offload tier beside the pool (OffloadingConnector)
 
 ``alpha_source`` runs arbitrary code: its module is imported when the name is read (a typo fails
 before any point runs) and in every worker, its factory called for every cache built.
@@ -22,11 +23,13 @@ from marconi.options import CHECKPOINT_BUDGET
 from marconi.integrations.common.alpha import AlphaSource
 from marconi.integrations.vllm.config import ADAPTIVE, DEFAULT_RULES, PluginConfig, load_alpha_factory, parse_alpha
 from marconi.integrations.vllm.emulate.cache import VllmAlignCache
+from marconi.integrations.vllm.emulate.tier import TIER_POLICIES, EmulatedTier, tier_num_chunks
 from marconi.integrations.vllm.layout import layout_for_spec
 from marconi.integrations.vllm.policy import DEFAULT_ALPHA, EFFICIENCIES
 from marconi.integrations.vllm.retention import DEFAULT_BUDGET, SPARSE_DP
 from marconi.integrations.vllm.shadow import PoolShadowAlpha
 from marconi.sim.systems import SYSTEMS
+from marconi.units import parse_bytes
 
 __all__ = ["VllmAlignSystem"]
 
@@ -50,6 +53,8 @@ class VllmAlignSystem:
     alpha_source: str | None = None       # ``module:factory``, as MARCONI_VLLM_ALPHA_SOURCE
     rules: str = DEFAULT_RULES            # the shadow's family, as MARCONI_VLLM_ADAPTIVE_RULES
     retention_budget: int | None = None   # MARCONI_VLLM_RETENTION=sparse-dp with this budget; None: off
+    cpu_tier_bytes: int = 0               # vLLM's CPU offload tier (kv_connector_extra_config cpu_bytes_to_use); 0: none
+    tier_policy: str = "lru"              # its eviction_policy: lru, arc or marconi
     unbounded: bool = field(default=False, init=False)      # the pool is finite, from the capacity
     needs_future: bool = field(default=False, init=False)   # vLLM does not know the future
 
@@ -67,8 +72,12 @@ class VllmAlignSystem:
         # A fresh source per cache, built exactly as the plugin builds its own.
         alpha: AlphaSource = self.plugin_config().make_alpha_source(spec, where=_ALPHA_SOURCE)
         # No clock: vLLM's recency is the order blocks return to its free queue, not time.
-        return VllmAlignCache(spec, layout, eviction=self.policy, alpha=alpha, efficiency=self.efficiency,
-                              retention_budget=self.retention_budget)
+        cache = VllmAlignCache(spec, layout, eviction=self.policy, alpha=alpha, efficiency=self.efficiency,
+                               retention_budget=self.retention_budget)
+        if self.cpu_tier_bytes:
+            chunks = tier_num_chunks(self.cpu_tier_bytes, layout.block_bytes)
+            cache.engine.attach_tier(EmulatedTier(layout, chunks, self.tier_policy, spec))
+        return cache
 
     def record_fields(self) -> dict[str, Any]:
         """The record's echo; ``tuning`` stays None (a shadow α source reports ``rule_switches``)."""
@@ -103,6 +112,19 @@ def _retention(text: str) -> int | None:
     return value
 
 
+def _tier_bytes(text: str) -> int:
+    """``cpu_tier=``: bytes (``8GB``, ``8589934592``); empty or 0: no tier."""
+    if not text.strip():
+        return 0
+    try:
+        value = int(parse_bytes(text))
+    except (ConfigError, ValueError) as exc:
+        raise ConfigError(f"vllm-align: cpu_tier must be a size in bytes such as 8GB, got {text!r} ({exc})") from None
+    if value < 0:
+        raise ConfigError(f"vllm-align: cpu_tier must be >= 0 bytes, got {text!r}")
+    return value
+
+
 def _budget(text: str) -> int:
     if not text:
         return DEFAULT_BUDGET
@@ -125,7 +147,8 @@ def _budget(text: str) -> int:
 def _vllm_align(block: int = 0, blocks: int = 0, match_unit: int = 0, retention: str = "0",
                 shared_prefix: bool = False, chunk: int = 2048, eviction: str = "lru", alpha: str = str(DEFAULT_ALPHA),
                 efficiency: str = "total", kernel_align: int = 16, attn_first: bool = False,
-                alpha_source: str = "", rules: str = DEFAULT_RULES, budget: str = "") -> VllmAlignSystem:
+                alpha_source: str = "", rules: str = DEFAULT_RULES, budget: str = "", cpu_tier: str = "",
+                tier_policy: str = "") -> VllmAlignSystem:
     if eviction not in ("lru", "marconi"):
         raise ConfigError(f"vllm-align: eviction must be lru or marconi, got {eviction!r}")
     if efficiency not in EFFICIENCIES:
@@ -159,10 +182,17 @@ def _vllm_align(block: int = 0, blocks: int = 0, match_unit: int = 0, retention:
                                "mamba_first": not attn_first}
     if match_unit:
         options["prefix_match_unit"] = match_unit
+    cpu_tier_bytes = _tier_bytes(cpu_tier)
+    if tier_policy and not cpu_tier_bytes:
+        raise ConfigError("vllm-align: tier_policy= needs cpu_tier= (the CPU tier's size, e.g. cpu_tier=8GB)")
+    if tier_policy and tier_policy not in TIER_POLICIES:
+        raise ConfigError(f"vllm-align: tier_policy must be one of {', '.join(TIER_POLICIES)}, got {tier_policy!r}")
     retention_label = f"{SPARSE_DP}(budget={retention_budget})" if sparse else retention
     admission = ("vllm-align(" + ",".join(f"{k}={v}" for k, v in (("block", block or "auto"),
                                                                    ("retention", retention_label),
                                                                    ("chunk", chunk))) + ")")
+    if cpu_tier_bytes:
+        admission = admission[:-1] + f",cpu_tier={cpu_tier_bytes},tier_policy={tier_policy or 'lru'})"
     if eviction == "lru":
         eviction_name = "lru"
     elif alpha_source:
@@ -174,4 +204,5 @@ def _vllm_align(block: int = 0, blocks: int = 0, match_unit: int = 0, retention:
     return VllmAlignSystem("vllm-align", admission, eviction_name, layout_options=tuple(options.items()),
                            block_size=block or None, num_blocks=blocks or None, policy=eviction, alpha=alpha_value,
                            efficiency=efficiency, alpha_source=alpha_source or None, rules=rules,
-                           retention_budget=retention_budget)
+                           retention_budget=retention_budget, cpu_tier_bytes=cpu_tier_bytes,
+                           tier_policy=tier_policy or "lru")

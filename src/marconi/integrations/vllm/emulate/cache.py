@@ -75,7 +75,9 @@ class VllmAlignCache(ReplayCache):
         hit at the prompt's length - 1 itself)."""
         tokens = as_tokens(input_tokens, "input_tokens")
         req, rec = self.engine.admit(tokens)
-        match = MatchResult(rec.input_len, rec.kv_hit_len, rec.hit_len)
+        # with a CPU tier, its loaded tokens are reused too (they end where a tier state does)
+        hit = rec.hit_len + req.tier_hit_len
+        match = MatchResult(rec.input_len, max(rec.kv_hit_len, hit), hit)
         handle = AlignHandle(self._next_id, tokens, match, req)
         self._next_id += 1
         self._in_flight[handle.request_id] = handle

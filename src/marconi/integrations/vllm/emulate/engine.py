@@ -107,6 +107,19 @@ class VllmAlignEngine:
         self.queries += req.num_prompt_tokens
         self.hits += hit
         first = True
+        ext = self.tier.lookup(req, hit) or 0 if self.tier is not None else 0
+        if ext:            # the tier's load: blocks for the hit and the loaded tokens, cached once it lands
+            assert self.tier is not None
+            self.new_step_starts()
+            self.allocate_slots(req, ext, hit, hit_blocks, delay_cache=True)
+            self.pool.emit("lookup", req.num_prompt_tokens, hit, kv_hit - hit)
+            req.hit_len, req.kv_only_len, req.tier_hit_len = hit, kv_hit - hit, ext
+            self.tier.load(req, hit, ext, True)
+            self.release_copies()
+            self.tier.end_step(())
+            req.num_computed_tokens = hit + ext
+            self.cache_blocks(req, req.num_computed_tokens)
+            first = False
         while req.num_computed_tokens < req.num_prompt_tokens:
             self.new_step_starts()
             start = hit if first else req.num_computed_tokens
@@ -120,6 +133,8 @@ class VllmAlignEngine:
                 self.pool.emit("lookup", req.num_prompt_tokens, hit, kv_hit - hit)
                 req.hit_len, req.kv_only_len = hit, kv_hit - hit
             self.release_copies()
+            if self.tier is not None:
+                self.tier.end_step([(req, num_new)])
             req.num_computed_tokens = start + num_new
             first = False
         return req, RequestRecord(req.num_prompt_tokens, hit, kv_hit)
@@ -137,6 +152,10 @@ class VllmAlignEngine:
                 req.append_output()
         self.free(req)
         self.end_request(req)
+        if self.tier is not None:       # one request at a time: its access ends and every store lands
+            self.tier.finished(req)
+            self.tier.end_step(())
+            self.tier.end_step(())
         # As the plugin does after vLLM's ``_free_request``: the finished request goes to the α source.
         changed = self.index.finished(RequestObservation(req.tokens[:req.num_prompt_tokens], out, req.hit_len,
                                                          req.kv_only_len))
@@ -232,9 +251,9 @@ class VllmAlignEngine:
             self.managers[gid].new_step_starts()
 
     def allocate_slots(self, req: RequestState, num_new: int, num_new_computed: int,
-                       new_computed: list[list[Block]] | None) -> None:
+                       new_computed: list[list[Block]] | None, *, delay_cache: bool = False) -> None:
         """:meth:`try_allocate_slots` for requests served one at a time: ConfigError if it does not fit."""
-        if not self.try_allocate_slots(req, num_new, num_new_computed, new_computed):
+        if not self.try_allocate_slots(req, num_new, num_new_computed, new_computed, delay_cache=delay_cache):
             raise ConfigError(f"vllm-align: a {req.num_prompt_tokens}-token request needs more free blocks at "
                               f"{req.num_computed_tokens + num_new_computed + num_new} tokens than the pool has "
                               f"({self.pool.num_free} of {self.layout.num_blocks}); vLLM would never schedule it "

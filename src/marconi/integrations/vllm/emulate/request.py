@@ -13,7 +13,7 @@ class RequestState:
     """A request as the block manager sees it: its tokens, hashes and progress."""
 
     __slots__ = ("rid", "tokens", "num_prompt_tokens", "num_tokens", "num_computed_tokens", "hashes", "unit",
-                 "shared_prefix_boundary", "hit_len", "kv_only_len")
+                 "shared_prefix_boundary", "hit_len", "kv_only_len", "tier_hit_len")
 
     def __init__(self, rid: int, tokens: np.ndarray, num_prompt_tokens: int, unit: int) -> None:
         self.rid = rid
@@ -26,6 +26,7 @@ class RequestState:
         self.shared_prefix_boundary = 0
         self.hit_len = 0                 # set at admission, reported to the α source at the end
         self.kv_only_len = 0
+        self.tier_hit_len = 0            # tokens loaded from the CPU tier at admission (sequential path)
 
     def hash_at(self, depth: int) -> bytes:
         """Hash of ``tokens[:depth]`` (``depth`` a positive multiple of the hash unit)."""

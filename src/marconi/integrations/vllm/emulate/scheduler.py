@@ -154,6 +154,7 @@ class VllmAlignScheduler:
         """Admit waiting requests in order, those holding loaded blocks first (vLLM's
         ``kv_holding_waiting``); the number admitted to load from the CPU tier."""
         engine, num_loading = self.engine, 0
+        skipped: list[ScheduledRequest] = []       # vLLM's skipped waiting requests: back at the head after
         while budget > 0 and (self.loading or self.waiting) and len(self.running) < self.max_num_seqs:
             if self.loading:                       # a load finished: cache its blocks, then run it
                 req = self.loading[0]
@@ -174,8 +175,9 @@ class VllmAlignScheduler:
             hit_blocks, hit, kv_hit = engine.get_computed_blocks(state)
             if engine.tier is not None:
                 ext = engine.tier.lookup(state, hit)
-                if ext is None:                    # a hit chunk is still being stored: wait
-                    break
+                if ext is None:                    # a hit chunk is still being stored: this one waits
+                    skipped.append(self.waiting.popleft())
+                    continue
                 if ext > 0:
                     if not self._admit_with_load(req, hit_blocks, hit, kv_hit, ext):
                         break
@@ -191,6 +193,7 @@ class VllmAlignScheduler:
             state.num_computed_tokens = hit
             self._start(req, num_new, scheduled)
             budget -= num_new
+        self.waiting.extendleft(reversed(skipped))
         return num_loading
 
     def _start(self, req: ScheduledRequest, num_new: int, scheduled: list[tuple[ScheduledRequest, int]]) -> None:

@@ -16,9 +16,10 @@ Mirrors ``vllm/distributed/kv_transfer/kv_connector/v1/offloading/scheduler.py``
   ``on_request_finished``).
 * **Loads**: the attention chunks past the GPU hit and each Mamba group's chunk at the hit's end.
 
-Assumption (the emulation has no clock): every store and load completes at the end of the step
-that issued it, so a lookup never finds a pending chunk, and a request with a tier hit is
-scheduled from the step after its load. Docs: ``docs/vllm-tiers.md``, "The emulation".
+Assumption (the emulation has no clock): a load lands by the end of the step that issued it (the
+request runs from the next step), and a store by the end of the step after (vLLM's worker starts
+stores a step late); a lookup that finds a chunk still being written makes the request wait, as
+vLLM's does. Docs: ``docs/vllm-tiers.md``, "The emulation".
 """
 
 from __future__ import annotations
@@ -610,7 +611,7 @@ class EmulatedTier:
 
     def end_step(self, scheduled: Sequence[tuple[Any, int]]) -> None:
         """``build_connector_meta`` for a step that scheduled ``scheduled`` (request, tokens), then
-        the completion of every transfer issued (the emulation's instant link)."""
+        the transfers that land: this step's loads and the previous step's stores."""
         c = self.c
         by_req: dict[int, list[tuple[Any, int, int]]] = {}
         for h in self._handoffs:
