@@ -111,7 +111,7 @@ class VllmAlignEngine:
         if ext:            # the tier's load: blocks for the hit and the loaded tokens, cached once it lands
             assert self.tier is not None
             self.new_step_starts()
-            self.allocate_slots(req, ext, hit, hit_blocks, delay_cache=True)
+            self.allocate_slots(req, 0, hit, hit_blocks, delay_cache=True, num_external=ext)
             self.pool.emit("lookup", req.num_prompt_tokens, hit, kv_hit - hit)
             req.hit_len, req.kv_only_len, req.tier_hit_len = hit, kv_hit - hit, ext
             self.tier.load(req, hit, ext, True)
@@ -251,9 +251,11 @@ class VllmAlignEngine:
             self.managers[gid].new_step_starts()
 
     def allocate_slots(self, req: RequestState, num_new: int, num_new_computed: int,
-                       new_computed: list[list[Block]] | None, *, delay_cache: bool = False) -> None:
+                       new_computed: list[list[Block]] | None, *, delay_cache: bool = False,
+                       num_external: int = 0) -> None:
         """:meth:`try_allocate_slots` for requests served one at a time: ConfigError if it does not fit."""
-        if not self.try_allocate_slots(req, num_new, num_new_computed, new_computed, delay_cache=delay_cache):
+        if not self.try_allocate_slots(req, num_new, num_new_computed, new_computed, delay_cache=delay_cache,
+                                       num_external=num_external):
             raise ConfigError(f"vllm-align: a {req.num_prompt_tokens}-token request needs more free blocks at "
                               f"{req.num_computed_tokens + num_new_computed + num_new} tokens than the pool has "
                               f"({self.pool.num_free} of {self.layout.num_blocks}); vLLM would never schedule it "
@@ -270,7 +272,7 @@ class VllmAlignEngine:
 
     def try_allocate_slots(self, req: RequestState, num_new: int, num_new_computed: int,
                            new_computed: list[list[Block]] | None, *, full_sequence_must_fit: bool = False,
-                           reserved: int = 0, delay_cache: bool = False) -> bool:
+                           reserved: int = 0, delay_cache: bool = False, num_external: int = 0) -> bool:
         """``KVCacheManager.allocate_slots``: take the hit's blocks, allocate ``num_new`` tokens' slots and
         cache the blocks they fill; False (vLLM's None) when the free blocks do not suffice.
 
@@ -278,10 +280,11 @@ class VllmAlignEngine:
         default) for a waiting request: refuse unless the whole known sequence fits. On refusal only
         the skipped blocks have been released, as in vLLM. ``reserved``: free blocks the allocation
         must leave (vLLM's in-flight prefills' reservation for an asynchronous load);
-        ``delay_cache``: cache nothing yet (an asynchronous load; :meth:`cache_blocks` once it lands).
+        ``delay_cache``: cache nothing yet (an asynchronous load; :meth:`cache_blocks` once it lands);
+        ``num_external``: tokens past the hit loaded from the CPU tier, computed as far as the blocks go.
         """
         self.pool.emit("slots", req.num_computed_tokens, num_new_computed, num_new, 0)
-        total_computed = req.num_computed_tokens + num_new_computed
+        total_computed = req.num_computed_tokens + num_new_computed + num_external
         if full_sequence_must_fit and self.blocks_needed(req, req.num_tokens, new_computed, total_computed,
                                                           admission=True) > self.pool.num_free:
             return False
@@ -292,7 +295,7 @@ class VllmAlignEngine:
             return False
         if new_computed is not None and any(new_computed):
             for g, manager in enumerate(self.managers):
-                manager.add_local_computed_blocks(req, new_computed[g], total_computed)
+                manager.add_local_computed_blocks(req, new_computed[g], total_computed - num_external)
         for manager in self.managers:
             manager.allocate_new_blocks(req, num_tokens)
         if not delay_cache:

@@ -58,6 +58,7 @@ class VllmAlignScheduler:
         self.running: list[ScheduledRequest] = []
         self.waiting: deque[ScheduledRequest] = deque()
         self.loading: deque[ScheduledRequest] = deque()     # vLLM's kv_holding_waiting: loads from the CPU tier
+        self._new_loads: list[ScheduledRequest] = []
         self.inflight: set[ScheduledRequest] = set()       # vLLM's _inflight_prefills (kept with a tier only)
         self.num_steps = 0
         self.num_preemptions = 0
@@ -99,7 +100,7 @@ class VllmAlignScheduler:
         num_loading = 0
         if not preempted:
             num_loading = self._schedule_waiting(budget, threshold, scheduled)
-        if not scheduled and not preempted and not num_loading:   # an empty step after a preemption is vLLM's too
+        if not scheduled and not preempted and not num_loading and not self.loading:  # (after a preemption: vLLM's too)
             req = (self.waiting or self.running)[0]
             raise ConfigError(f"vllm-align: a {req.state.num_prompt_tokens}-token request does not fit the pool "
                               f"({engine.layout.num_blocks} blocks, {engine.pool.num_free} free) even alone; "
@@ -134,9 +135,10 @@ class VllmAlignScheduler:
                 continue
             while not (ok := engine.try_allocate_slots(req.state, num_new, 0, None)):
                 victim = self.running.pop()        # the lowest priority: the last one (FCFS)
-                if victim is req and not self.running:
+                if victim is req and not self.running and not self.loading:
                     # Alone and still short of blocks: it would be preempted and resumed forever
-                    # (vLLM refuses to start with a pool below one max-length request).
+                    # (vLLM refuses to start with a pool below one max-length request). Loads
+                    # holding blocks will land and free them: then it preempts itself, as vLLM does.
                     raise ConfigError(f"vllm-align: a request of {req.state.num_tokens} tokens does not fit the "
                                       f"pool ({engine.layout.num_blocks} blocks) even alone; raise the capacity")
                 self._preempt(victim, scheduled)
@@ -155,10 +157,16 @@ class VllmAlignScheduler:
         ``kv_holding_waiting``); the number admitted to load from the CPU tier."""
         engine, num_loading = self.engine, 0
         skipped: list[ScheduledRequest] = []       # vLLM's skipped waiting requests: back at the head after
+        self._new_loads: list[ScheduledRequest] = []   # loads issued in this step: they land at its end
+        skipped_loads: list[ScheduledRequest] = []
         while budget > 0 and (self.loading or self.waiting) and len(self.running) < self.max_num_seqs:
             if self.loading:                       # a load finished: cache its blocks, then run it
                 req = self.loading[0]
                 state = req.state
+                assert engine.tier is not None
+                if not engine.tier.landed(state):  # still in flight: vLLM skips it this step
+                    skipped_loads.append(self.loading.popleft())
+                    continue
                 if not req.loaded:
                     engine.cache_blocks(state, state.num_computed_tokens)
                     req.loaded = True
@@ -194,6 +202,8 @@ class VllmAlignScheduler:
             self._start(req, num_new, scheduled)
             budget -= num_new
         self.waiting.extendleft(reversed(skipped))
+        self.loading.extendleft(reversed(skipped_loads))
+        self.loading.extend(self._new_loads)
         return num_loading
 
     def _start(self, req: ScheduledRequest, num_new: int, scheduled: list[tuple[ScheduledRequest, int]]) -> None:
@@ -222,15 +232,15 @@ class VllmAlignScheduler:
         engine, state = self.engine, req.state
         reserved = sum(engine.blocks_needed(r.state, r.state.num_tokens, None, r.state.num_computed_tokens,
                                             admission=True) for r in self.inflight)
-        if not engine.try_allocate_slots(state, ext, hit, hit_blocks, full_sequence_must_fit=True, reserved=reserved,
-                                         delay_cache=True):
+        if not engine.try_allocate_slots(state, 0, hit, hit_blocks, full_sequence_must_fit=True, reserved=reserved,
+                                         delay_cache=True, num_external=ext):
             return False
         first = req.record is None
         self._record_admission(req, hit, kv_hit, ext)
         assert engine.tier is not None
         engine.tier.load(state, hit, ext, first)
         self.waiting.popleft()
-        self.loading.append(req)
+        self._new_loads.append(req)
         self.inflight.add(req)
         req.loaded = False
         state.num_computed_tokens = hit + ext

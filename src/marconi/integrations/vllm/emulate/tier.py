@@ -16,17 +16,21 @@ Mirrors ``vllm/distributed/kv_transfer/kv_connector/v1/offloading/scheduler.py``
   ``on_request_finished``).
 * **Loads**: the attention chunks past the GPU hit and each Mamba group's chunk at the hit's end.
 
-Assumption (the emulation has no clock): a load lands by the end of the step that issued it (the
-request runs from the next step), and a store by the end of the step after (vLLM's worker starts
-stores a step late); a lookup that finds a chunk still being written makes the request wait, as
-vLLM's does. Docs: ``docs/vllm-tiers.md``, "The emulation".
+Transfers: without a clock, a load lands by the end of the step that issued it (the request runs
+from the next step) and a store by the end of the step after (vLLM's worker starts stores a step
+late). With a step-time model and a host link (``step_time``, ``host_bandwidth``: the replay's), a
+transfer takes its bytes over the link as the replay's ``TimedHostLink`` models it (one FIFO link
+per direction, loads from the step's start, stores from its end), the clock advancing by each
+step's modelled time, so a load can span several short steps. Either way a lookup that finds a
+chunk still being written makes the request wait, as vLLM's does. Docs: ``docs/vllm-tiers.md``,
+"The emulation".
 """
 
 from __future__ import annotations
 
 import heapq
 from collections import OrderedDict
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from marconi.core.eviction import rule_from_label
 from marconi.core.model import ModelSpec
@@ -471,7 +475,14 @@ class EmulatedTier:
     """
 
     def __init__(self, layout: VllmLayout, num_chunks: int, policy: str, spec: ModelSpec | None = None, *,
-                 host_gbps: float | None = None, rule: str = DEFAULT_RULE) -> None:
+                 host_gbps: float | None = None, rule: str = DEFAULT_RULE,
+                 step_time: Callable[[Sequence[tuple[int, int]]], float] | None = None,
+                 host_bandwidth: float | None = None) -> None:
+        """``host_gbps``: the link Marconi's policy prices a load at; ``step_time`` (seconds for a
+        step computing the given ``(start, end)`` spans) and ``host_bandwidth`` (bytes/s per
+        direction): the clock (both or neither)."""
+        if (step_time is None) != (host_bandwidth is None) or (host_bandwidth is not None and host_bandwidth <= 0):
+            raise ConfigError("vllm-align: the tier's clock needs a step-time model and a positive host bandwidth")
         if num_chunks < 0:
             raise ConfigError(f"vllm-align: the tier needs >= 0 chunks, got {num_chunks}")
         self.layout = layout
@@ -495,6 +506,12 @@ class EmulatedTier:
         self.num_loads = 0
         self.num_stores = 0
         self.evictions = {"kv": 0, "state": 0}
+        self.step_time = step_time
+        self.bandwidth = host_bandwidth
+        self.now = 0.0                                  # virtual seconds (with a clock)
+        self._link_free = {"load": 0.0, "store": 0.0}
+        self._timed: list[tuple[float, str, list[bytes], int]] = []   # (done, kind, keys, request id)
+        self._loading: set[int] = set()                # requests whose load has not landed
 
     # --------------------------------------------------------------- keys
     def _req(self, req: Any) -> _TierRequest:
@@ -573,15 +590,44 @@ class EmulatedTier:
             return
         c, st = self.c, self._req(req)
         end = local + ext
-        keys = [self._key(req, st, g, (i + 1) * c) for g in self.attn for i in range(local // c, cdiv(end, c))]
-        keys += [self._key(req, st, g, end) for g in self.mamba]
+        keys = []                       # in group order, as vLLM lists them
+        for g in range(len(self.kinds)):
+            ends = [(i + 1) * c for i in range(local // c, cdiv(end, c))] if g in self.attn else [end]
+            keys += [self._key(req, st, g, e) for e in ends]
         self.manager.prepare_load(keys, st.ctx)
         st.next_stored = max(st.next_stored, cdiv(end, c))
-        self._pending_loads.extend(keys)
+        if self.step_time is not None:
+            self._submit("load", keys, req.rid)
+            self._loading.add(req.rid)
+        else:
+            self._pending_loads.extend(keys)
         self.num_loads += 1
         self.bytes_loaded += len(keys) * self.chunk_bytes
         if first:
             self.hit_tokens += ext
+
+    def landed(self, req: Any) -> bool:
+        """Whether ``req``'s load has landed (always, without a clock, by the step after it)."""
+        return req.rid not in self._loading
+
+    def _submit(self, kind: str, keys: list[bytes], rid: int) -> None:
+        assert self.bandwidth is not None
+        done = max(self.now, self._link_free[kind]) + len(keys) * self.chunk_bytes / self.bandwidth
+        self._link_free[kind] = done
+        self._timed.append((done, kind, keys, rid))
+
+    def _land(self) -> None:
+        """Complete the transfers done by :attr:`now`."""
+        still = []
+        for done, kind, keys, rid in self._timed:
+            if done > self.now:
+                still.append((done, kind, keys, rid))
+            elif kind == "load":
+                self.manager.complete_load(keys)
+                self._loading.discard(rid)
+            else:
+                self.manager.complete_store(keys)
+        self._timed = still
 
     # --------------------------------------------------------------- stores
     def on_cache(self, req: Any, group_id: int, depth: int) -> None:
@@ -638,6 +684,16 @@ class EmulatedTier:
             st = self._reqs.pop(req.rid, None)
             if st is not None:
                 self.manager.on_request_finished(st.ctx)
+        if self.step_time is not None:         # the forward pass, then this step's stores go out
+            spans = [(r.num_computed_tokens, r.num_computed_tokens + n) for r, n in scheduled]
+            self.now += self.step_time(spans)
+            if not spans and self._timed:      # everyone waits on a load: to the next completion
+                self.now = max(self.now, min(t[0] for t in self._timed))
+            if self._pending_stores:
+                self._submit("store", self._pending_stores, -1)
+            self._pending_stores = []
+            self._land()
+            return
         self.manager.complete_store(self._stores_in_flight)
         self._stores_in_flight, self._pending_stores = self._pending_stores, []
         self.manager.complete_load(self._pending_loads)

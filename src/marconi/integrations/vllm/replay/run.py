@@ -302,8 +302,14 @@ def _emulated_tier(spec: ModelSpec, requests: Sequence[Any], result: dict[str, A
 
     assert config.concurrency is not None
     engine = _emulation_engine(spec, result, label, config)
+    from marconi.integrations.vllm.replay.steptime import StepTimeModel
+
+    # the replay's clock: its step-time model and host link, so loads span the steps they span there
+    timing = StepTimeModel.named(spec, config.gpu, int(result["num_params"]) * (config.weight_bytes or 2),
+                                 num_gpus=config.tensor_parallel)
     tier = EmulatedTier(engine.layout, int(result["tier"]["tier_num_chunks"]), tier_policy, spec,
-                        host_gbps=host_bandwidth / 1e9)
+                        host_gbps=host_bandwidth / 1e9, step_time=timing.step_s,
+                        host_bandwidth=host_bandwidth * config.tensor_parallel)
     engine.attach_tier(tier)
     loop = emulate_closed_loop(engine, requests, concurrency=config.concurrency, max_num_seqs=config.max_num_seqs)
     return {"token_hit_rate": loop.token_hit_rate, "gpu_hit_rate": loop.gpu_hit_rate,
