@@ -255,3 +255,20 @@ def test_the_simulator_system_takes_a_tier() -> None:
                       ("vllm-align:cpu_tier=1GB,tier_policy=fifo", "tier_policy")):
         with pytest.raises(ConfigError, match=word):
             make_system(bad)
+
+
+def test_with_a_clock_a_slow_link_holds_loads_for_several_steps() -> None:
+    """The replay's clock (a step-time model and a host link): a load lands after its bytes cross the
+    link, so on a slow link requests wait more steps for their loads; the invariants hold throughout."""
+    requests = _sessions(3, num_sessions=6, turns=4)
+    steps = {}
+    for bandwidth in (1e15, 1e8):
+        engine = _engine()
+        engine.attach_tier(EmulatedTier(engine.layout, 40, "lru", QWEN_TINY, step_time=lambda spans: 1e-3,
+                                        host_bandwidth=bandwidth))
+        loop = emulate_closed_loop(engine, requests, concurrency=4, check=True)
+        assert sum(loop.tier_hits or ()) > 0
+        steps[bandwidth] = loop.num_steps
+    assert steps[1e8] > steps[1e15] + 10             # 1 MiB chunks at 100 MB/s: ~10 ms a chunk, 1 ms a step
+    with pytest.raises(ConfigError, match="clock"):
+        EmulatedTier(_engine().layout, 4, "lru", QWEN_TINY, step_time=lambda spans: 1e-3)
