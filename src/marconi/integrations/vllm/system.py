@@ -53,7 +53,7 @@ class VllmAlignSystem:
     alpha_source: str | None = None       # ``module:factory``, as MARCONI_VLLM_ALPHA_SOURCE
     rules: str = DEFAULT_RULES            # the shadow's family, as MARCONI_VLLM_ADAPTIVE_RULES
     retention_budget: int | None = None   # MARCONI_VLLM_RETENTION=sparse-dp with this budget; None: off
-    cpu_tier_bytes: int = 0               # vLLM's CPU offload tier (kv_connector_extra_config cpu_bytes_to_use); 0: none
+    cpu_tier_bytes: int = 0               # vLLM's CPU offload tier (its cpu_bytes_to_use); 0: none
     tier_policy: str = "lru"              # its eviction_policy: lru, arc or marconi
     unbounded: bool = field(default=False, init=False)      # the pool is finite, from the capacity
     needs_future: bool = field(default=False, init=False)   # vLLM does not know the future

@@ -22,9 +22,9 @@ from marconi.core.model import ModelSpec, get_model
 from marconi.core.registry import ConfigError
 from marconi.integrations.vllm.policy import ATTENTION, MAMBA
 
-__all__ = ["ChunkTreePolicy", "TreeJudgement", "TierSettings", "check_group_kinds", "DEFAULT_RULE", "DEFAULT_HOST_GBPS", "DEFAULT_GPU_TFLOPS",
-           "REASONS", "ENV_GROUP_KINDS", "ENV_MODEL", "ENV_RULE", "make_offload_key", "get_offload_block_hash",
-           "get_offload_group_idx"]
+__all__ = ["ChunkTreePolicy", "TreeJudgement", "TierSettings", "check_group_kinds", "DEFAULT_RULE", "DEFAULT_HOST_GBPS",
+           "DEFAULT_GPU_TFLOPS", "REASONS", "ENV_GROUP_KINDS", "ENV_MODEL", "ENV_RULE", "make_offload_key",
+           "get_offload_block_hash", "get_offload_group_idx"]
 
 DEFAULT_RULE = "a0.5"
 DEFAULT_HOST_GBPS = 64.0

@@ -294,16 +294,15 @@ def _emulated_hit_rate(spec: ModelSpec, requests: Sequence[Any], result: dict[st
 
 def _emulated_tier(spec: ModelSpec, requests: Sequence[Any], result: dict[str, Any], label: str,
                    config: ReplayConfig, tier_policy: str, host_bandwidth: float) -> dict[str, Any]:
-    """The emulation with vLLM's CPU tier (``vllm-align``'s :class:`~marconi.integrations.vllm.emulate.tier.EmulatedTier`)
+    """The emulation with vLLM's CPU tier (:class:`~marconi.integrations.vllm.emulate.tier.EmulatedTier`)
     on the run's pool, tier size (chunks, as vLLM sized it) and closed loop: its token, GPU and tier
     hit rates, per-request hit tokens by tier, and the tier's counters. Needs ``config.concurrency``."""
     from marconi.integrations.vllm.emulate.scheduler import emulate_closed_loop
     from marconi.integrations.vllm.emulate.tier import EmulatedTier
+    from marconi.integrations.vllm.replay.steptime import StepTimeModel
 
     assert config.concurrency is not None
     engine = _emulation_engine(spec, result, label, config)
-    from marconi.integrations.vllm.replay.steptime import StepTimeModel
-
     # the replay's clock: its step-time model and host link, so loads span the steps they span there
     timing = StepTimeModel.named(spec, config.gpu, int(result["num_params"]) * (config.weight_bytes or 2),
                                  num_gpus=config.tensor_parallel)
