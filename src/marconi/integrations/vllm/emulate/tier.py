@@ -499,6 +499,7 @@ class EmulatedTier:
         self._finished: list[Any] = []
         self._pending_stores: list[bytes] = []
         self._stores_in_flight: list[bytes] = []
+        self._store_jobs: list[list[bytes]] = []        # this step's store jobs, each its own transfer
         self._pending_loads: list[bytes] = []
         self.hit_tokens = 0
         self.bytes_loaded = 0
@@ -651,6 +652,7 @@ class EmulatedTier:
             self.evictions["kv" if self.kinds[get_offload_group_idx(key)] == ATTENTION else "state"] += 1
         if stored:
             self._pending_stores.extend(stored)
+            self._store_jobs.append(stored)
             self.num_stores += 1
             self.bytes_stored += len(stored) * self.chunk_bytes
         return stored
@@ -689,11 +691,12 @@ class EmulatedTier:
             self.now += self.step_time(spans)
             if not spans and self._timed:      # everyone waits on a load: to the next completion
                 self.now = max(self.now, min(t[0] for t in self._timed))
-            if self._pending_stores:
-                self._submit("store", self._pending_stores, -1)
-            self._pending_stores = []
+            for job in self._store_jobs:
+                self._submit("store", job, -1)
+            self._pending_stores, self._store_jobs = [], []
             self._land()
             return
+        self._store_jobs = []
         self.manager.complete_store(self._stores_in_flight)
         self._stores_in_flight, self._pending_stores = self._pending_stores, []
         self.manager.complete_load(self._pending_loads)
