@@ -257,6 +257,32 @@ def test_the_simulator_system_takes_a_tier() -> None:
             make_system(bad)
 
 
+def test_the_simulator_systems_tier_rule_reaches_the_tier_policy() -> None:
+    """``tier_rule=`` is the rule of the emulated ``ChunkTreePolicy`` (the default without it); it
+    changes the tier's hits; a label the tier cannot apply, or one without tier_policy=marconi,
+    is refused."""
+    from marconi.integrations.vllm.tier_tree import DEFAULT_RULE
+    from marconi.sim.systems import make_system
+
+    requests = _sessions(7, num_sessions=5, turns=3)
+    base = "vllm-align:blocks=60,cpu_tier=300MB,tier_policy=marconi"       # 33 chunks: contended
+    held: dict[str, int] = {}
+    for name, label in ((base, DEFAULT_RULE), (base + ",tier_rule=lru", "lru"), (base + ",tier_rule=a2m", "a2m")):
+        system = make_system(name)
+        cache = system.build("nemotron-h-8b", 0)
+        policy = cache.engine.tier.manager.policy
+        assert policy.settings.rule.label() == label
+        for r in requests:
+            cache.process(r.input_tokens, r.output_tokens)
+        held[label] = cache.engine.tier.hit_tokens
+    assert "tier_rule=a2m" in make_system(base + ",tier_rule=a2m").describe()["admission"]
+    assert held["lru"] != held["a2m"]
+    for bad, word in ((base + ",tier_rule=zz", "tier_rule"), (base + ",tier_rule=a1t", "tier_rule"),
+                      ("vllm-align:cpu_tier=1GB,tier_policy=arc,tier_rule=lru", "tier_policy=marconi")):
+        with pytest.raises(ConfigError, match=word):
+            make_system(bad)
+
+
 def test_with_a_clock_a_slow_link_holds_loads_for_several_steps() -> None:
     """The replay's clock (a step-time model and a host link): a load lands after its bytes cross the
     link, so on a slow link requests wait more steps for their loads; the invariants hold throughout."""

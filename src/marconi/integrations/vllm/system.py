@@ -6,6 +6,7 @@ Usable wherever a system is named; its parameters are listed in docs/vllm.md, "T
     vllm-align:eviction=marconi,alpha=adaptive   the plugin with MARCONI_VLLM_ALPHA=adaptive
     vllm-align:block=384,blocks=150       an exact pool (as served with --num-gpu-blocks-override 150)
     vllm-align:cpu_tier=8GB,tier_policy=arc   vLLM's CPU offload tier beside the pool (OffloadingConnector)
+    vllm-align:cpu_tier=8GB,tier_policy=marconi,tier_rule=lru   the tier policy under a rule (marconi_rule)
 
 ``alpha_source`` runs arbitrary code: its module is imported when the name is read (a typo fails
 before any point runs) and in every worker, its factory called for every cache built.
@@ -17,6 +18,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
 from marconi.core.cache import PayloadOps
+from marconi.core.eviction import check_cuts_tails, rule_from_label
 from marconi.core.model import ModelSpec, get_model
 from marconi.core.registry import ConfigError, Domain
 from marconi.options import CHECKPOINT_BUDGET
@@ -28,6 +30,7 @@ from marconi.integrations.vllm.layout import layout_for_spec
 from marconi.integrations.vllm.policy import DEFAULT_ALPHA, EFFICIENCIES
 from marconi.integrations.vllm.retention import DEFAULT_BUDGET, SPARSE_DP
 from marconi.integrations.vllm.shadow import PoolShadowAlpha
+from marconi.integrations.vllm.tier_tree import DEFAULT_RULE
 from marconi.sim.systems import SYSTEMS
 from marconi.units import parse_bytes
 
@@ -55,6 +58,7 @@ class VllmAlignSystem:
     retention_budget: int | None = None   # MARCONI_VLLM_RETENTION=sparse-dp with this budget; None: off
     cpu_tier_bytes: int = 0               # vLLM's CPU offload tier (its cpu_bytes_to_use); 0: none
     tier_policy: str = "lru"              # its eviction_policy: lru, arc or marconi
+    tier_rule: str = DEFAULT_RULE         # with tier_policy marconi: its rule (marconi_rule)
     unbounded: bool = field(default=False, init=False)      # the pool is finite, from the capacity
     needs_future: bool = field(default=False, init=False)   # vLLM does not know the future
 
@@ -76,7 +80,7 @@ class VllmAlignSystem:
                                retention_budget=self.retention_budget)
         if self.cpu_tier_bytes:
             chunks = tier_num_chunks(self.cpu_tier_bytes, layout.block_bytes)
-            cache.engine.attach_tier(EmulatedTier(layout, chunks, self.tier_policy, spec))
+            cache.engine.attach_tier(EmulatedTier(layout, chunks, self.tier_policy, spec, rule=self.tier_rule))
         return cache
 
     def record_fields(self) -> dict[str, Any]:
@@ -148,7 +152,7 @@ def _vllm_align(block: int = 0, blocks: int = 0, match_unit: int = 0, retention:
                 shared_prefix: bool = False, chunk: int = 2048, eviction: str = "lru", alpha: str = str(DEFAULT_ALPHA),
                 efficiency: str = "total", kernel_align: int = 16, attn_first: bool = False,
                 alpha_source: str = "", rules: str = DEFAULT_RULES, budget: str = "", cpu_tier: str = "",
-                tier_policy: str = "") -> VllmAlignSystem:
+                tier_policy: str = "", tier_rule: str = "") -> VllmAlignSystem:
     if eviction not in ("lru", "marconi"):
         raise ConfigError(f"vllm-align: eviction must be lru or marconi, got {eviction!r}")
     if efficiency not in EFFICIENCIES:
@@ -187,12 +191,20 @@ def _vllm_align(block: int = 0, blocks: int = 0, match_unit: int = 0, retention:
         raise ConfigError("vllm-align: tier_policy= needs cpu_tier= (the CPU tier's size, e.g. cpu_tier=8GB)")
     if tier_policy and tier_policy not in TIER_POLICIES:
         raise ConfigError(f"vllm-align: tier_policy must be one of {', '.join(TIER_POLICIES)}, got {tier_policy!r}")
+    if tier_rule and tier_policy != "marconi":
+        raise ConfigError("vllm-align: tier_rule= is the rule of tier_policy=marconi; add tier_policy=marconi")
+    if tier_rule:
+        try:
+            check_cuts_tails(rule_from_label(tier_rule), "vllm-align: tier_rule", False)
+        except ConfigError as exc:
+            raise ConfigError(f"vllm-align: tier_rule={tier_rule}: {exc}") from None
     retention_label = f"{SPARSE_DP}(budget={retention_budget})" if sparse else retention
     admission = ("vllm-align(" + ",".join(f"{k}={v}" for k, v in (("block", block or "auto"),
                                                                    ("retention", retention_label),
                                                                    ("chunk", chunk))) + ")")
     if cpu_tier_bytes:
-        admission = admission[:-1] + f",cpu_tier={cpu_tier_bytes},tier_policy={tier_policy or 'lru'})"
+        admission = admission[:-1] + f",cpu_tier={cpu_tier_bytes},tier_policy={tier_policy or 'lru'}"
+        admission += f",tier_rule={tier_rule})" if tier_rule else ")"
     if eviction == "lru":
         eviction_name = "lru"
     elif alpha_source:
@@ -205,4 +217,4 @@ def _vllm_align(block: int = 0, blocks: int = 0, match_unit: int = 0, retention:
                            block_size=block or None, num_blocks=blocks or None, policy=eviction, alpha=alpha_value,
                            efficiency=efficiency, alpha_source=alpha_source or None, rules=rules,
                            retention_budget=retention_budget, cpu_tier_bytes=cpu_tier_bytes,
-                           tier_policy=tier_policy or "lru")
+                           tier_policy=tier_policy or "lru", tier_rule=tier_rule or DEFAULT_RULE)
