@@ -26,7 +26,9 @@ __all__ = ["ChunkTreePolicy", "TreeJudgement", "TierSettings", "check_group_kind
            "DEFAULT_GPU_TFLOPS", "REASONS", "ENV_GROUP_KINDS", "ENV_MODEL", "ENV_RULE", "make_offload_key",
            "get_offload_block_hash", "get_offload_group_idx"]
 
-DEFAULT_RULE = "a0.5"
+#: the tree's order (dead chunks first, then the candidates) by recency alone: no α trades a hit
+#: for FLOPs (docs/vllm-tiers.md, "Choosing the default rule")
+DEFAULT_RULE = "lru"
 DEFAULT_HOST_GBPS = 64.0
 DEFAULT_GPU_TFLOPS = 400.0
 ENV_GROUP_KINDS = "MARCONI_TIER_GROUP_KINDS"
