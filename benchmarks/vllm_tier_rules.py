@@ -137,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     by_point: dict[tuple, dict[str, dict[str, Any]]] = {}
     for rec in results:
         key = (rec["model"], rec["trace"], rec["pool"], rec["tier"], rec["concurrency"])
-        by_point.setdefault(key, {})[rec["rule"] or rec["policy"]] = rec
+        by_point.setdefault(key, {})[f"marconi:{rec['rule']}" if rec["rule"] else rec["policy"]] = rec
     head = ["model", "trace", "pool (blocks)", "tier (chunks)", "C", "LRU", "ARC", "best"] + [f"`{r}` (pp)" for r in rules]
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))
@@ -149,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
         cells = [key[0], key[1], f"{key[2]} ({any_rec['pool_blocks']})", f"{key[3]} ({any_rec['tier_chunks']})",
                  str(key[4]), f"{lru:.2%}", f"{arc:.2%}", f"{best:.2%}"]
         for r in rules:
-            rate = arm[r]["token_hit_rate"]
+            rate = arm[f"marconi:{r}"]["token_hit_rate"]
             m = 100 * (rate - best)
             margins[r].append((m, f"{key[1]} pool {key[2]} tier {key[3]} C={key[4]}"))
             cells.append(f"{rate:.2%} ({m:+.1f})")
