@@ -300,13 +300,16 @@ def _emulated_tier(spec: ModelSpec, requests: Sequence[Any], result: dict[str, A
     from marconi.integrations.vllm.emulate.scheduler import emulate_closed_loop
     from marconi.integrations.vllm.emulate.tier import EmulatedTier
     from marconi.integrations.vllm.replay.steptime import StepTimeModel
+    from marconi.integrations.vllm.tier_tree import DEFAULT_RULE, ENV_RULE
 
     assert config.concurrency is not None
     engine = _emulation_engine(spec, result, label, config)
     # the replay's clock: its step-time model and host link, so loads span the steps they span there
     timing = StepTimeModel.named(spec, config.gpu, int(result["num_params"]) * (config.weight_bytes or 2),
                                  num_gpus=config.tensor_parallel)
-    tier = EmulatedTier(engine.layout, int(result["tier"]["tier_num_chunks"]), tier_policy, spec,
+    # the rule vLLM's tier policy runs: MARCONI_TIER_RULE reaches it through the replay's environment
+    rule = os.environ.get(ENV_RULE) or DEFAULT_RULE
+    tier = EmulatedTier(engine.layout, int(result["tier"]["tier_num_chunks"]), tier_policy, spec, rule=rule,
                         host_gbps=host_bandwidth / 1e9, step_time=timing.step_s,
                         host_bandwidth=host_bandwidth * config.tensor_parallel)
     engine.attach_tier(tier)
