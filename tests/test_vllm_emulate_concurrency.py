@@ -33,7 +33,7 @@ def _engine(num_blocks: int, eviction: str = "lru", **layout: object) -> VllmAli
                            QWEN_TINY, eviction=eviction, alpha=0.5)
 
 
-def _sessions(seed: int, num_sessions: int, turns: int) -> list[SimpleNamespace]:
+def sessions(seed: int, num_sessions: int, turns: int) -> list[SimpleNamespace]:
     """Multi-turn sessions interleaved: each turn's prompt is the previous prompt + output + a new turn."""
     rng = np.random.default_rng(seed)
     shared = rng.integers(0, 32000, 700)                # a common system prompt
@@ -84,7 +84,7 @@ def test_blocks_held_in_flight_are_never_evicted_and_preemption_recomputes(evict
             super().append(event)
 
     pool.trace = EvictionGuard()
-    requests = _sessions(3, 6, 4)
+    requests = sessions(3, 6, 4)
     result = emulate_closed_loop(engine, requests, concurrency=6, check=True)
     assert sum(result.num_preemptions) > 0 and pool.stats.num_evicted > 0
     assert any(event[0] == "evict" for event in pool.trace)   # the guard saw them
@@ -133,7 +133,7 @@ def test_a_request_never_resumes_from_what_another_has_not_computed() -> None:
 
 
 def test_the_loop_is_deterministic_and_keeps_a_sessions_turns_in_order() -> None:
-    requests = _sessions(11, 5, 3)
+    requests = sessions(11, 5, 3)
     runs = [emulate_closed_loop(_engine(40, "marconi"), requests, concurrency=4) for _ in range(2)]
     assert runs[0] == runs[1]
     wide = emulate_closed_loop(_engine(200), requests, concurrency=16)

@@ -8,7 +8,6 @@ the vLLM environment, as ``tests/test_vllm_tiers.py``'s replay case does).
 
 from __future__ import annotations
 
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -25,6 +24,7 @@ from marconi.integrations.vllm.models import PRESETS
 from marconi.integrations.vllm.policy import ATTENTION, MAMBA
 from marconi.integrations.vllm.tier_tree import make_offload_key
 from marks import slow
+from test_vllm_emulate_concurrency import sessions
 from vllm_env import vllm_python
 
 QWEN_TINY = ModelSpec.from_hf_config({"model_type": "qwen3_next", **PRESETS["qwen3_next-tiny"][1],
@@ -159,19 +159,6 @@ def test_a_tier_hit_needs_the_kv_chunks_up_to_a_state_held_in_every_mamba_group(
 
 
 # ====================================================================================== the closed loop
-def _sessions(seed: int, num_sessions: int, turns: int) -> list[SimpleNamespace]:
-    rng = np.random.default_rng(seed)
-    shared = rng.integers(0, 32000, 700)
-    history = [np.concatenate([shared, rng.integers(0, 32000, int(rng.integers(100, 900)))])
-               for _ in range(num_sessions)]
-    out = []
-    for _ in range(turns):
-        for s in range(num_sessions):
-            outputs = rng.integers(0, 32000, int(rng.integers(1, 300)))
-            out.append(SimpleNamespace(session_id=s, input_tokens=history[s].astype(np.int32),
-                                       output_tokens=outputs.astype(np.int32), input_len=len(history[s])))
-            history[s] = np.concatenate([history[s], outputs, rng.integers(0, 32000, int(rng.integers(50, 500)))])
-    return out
 
 
 def _engine(num_blocks: int = 24) -> VllmAlignEngine:
@@ -189,7 +176,7 @@ def _run(requests: list, num_chunks: int | None, policy: str = "lru", concurrenc
 
 @pytest.mark.parametrize("policy", ["lru", "arc", "marconi"])
 def test_closed_loop_with_a_tier_serves_hits_the_pool_cannot(policy: str) -> None:
-    requests = _sessions(3, num_sessions=6, turns=4)
+    requests = sessions(3, num_sessions=6, turns=4)
     _, gpu_only = _run(requests, None)
     engine, tiered = _run(requests, 40, policy)            # invariants (capacity, ref counts) every step
     tier = engine.tier
@@ -206,7 +193,7 @@ def test_closed_loop_with_a_tier_serves_hits_the_pool_cannot(policy: str) -> Non
 
 
 def test_an_empty_tier_changes_nothing() -> None:
-    requests = _sessions(5, num_sessions=4, turns=3)
+    requests = sessions(5, num_sessions=4, turns=3)
     _, gpu_only = _run(requests, None)
     _, empty = _run(requests, 0)
     assert [tuple(r) for r in empty.records] == [tuple(r) for r in gpu_only.records]
@@ -239,7 +226,7 @@ def test_the_simulator_system_takes_a_tier() -> None:
     as vLLM sizes it, serving what a pool of a few blocks cannot; bad parameters name themselves."""
     from marconi.sim.systems import make_system
 
-    requests = _sessions(7, num_sessions=5, turns=3)
+    requests = sessions(7, num_sessions=5, turns=3)
     hits = {}
     for name in ("vllm-align:blocks=60", "vllm-align:blocks=60,cpu_tier=2GB,tier_policy=arc"):
         cache = make_system(name).build("nemotron-h-8b", 0)
@@ -264,7 +251,7 @@ def test_the_simulator_systems_tier_rule_reaches_the_tier_policy() -> None:
     from marconi.integrations.vllm.tier_tree import DEFAULT_RULE
     from marconi.sim.systems import make_system
 
-    requests = _sessions(7, num_sessions=5, turns=3)
+    requests = sessions(7, num_sessions=5, turns=3)
     base = "vllm-align:blocks=60,cpu_tier=300MB,tier_policy=marconi"       # 33 chunks: contended
     held: dict[str, int] = {}
     for name, label in ((base, DEFAULT_RULE), (base + ",tier_rule=lru", "lru"), (base + ",tier_rule=a2m", "a2m")):
@@ -286,7 +273,7 @@ def test_the_simulator_systems_tier_rule_reaches_the_tier_policy() -> None:
 def test_with_a_clock_a_slow_link_holds_loads_for_several_steps() -> None:
     """The replay's clock (a step-time model and a host link): a load lands after its bytes cross the
     link, so on a slow link requests wait more steps for their loads; the invariants hold throughout."""
-    requests = _sessions(3, num_sessions=6, turns=4)
+    requests = sessions(3, num_sessions=6, turns=4)
     steps = {}
     for bandwidth in (1e15, 1e8):
         engine = _engine()
