@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from operator import itemgetter
-from typing import Any, Hashable, Iterable, Sequence
+from typing import Any, Hashable, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -56,14 +56,19 @@ class Victim(tuple):
 
 
 class _Prefix:
-    """One prefix hash: its parent prefix, depth, and how many cached blocks each group holds."""
+    """One prefix hash: its parent prefix, depth, the cached blocks of each group (a shared empty
+    frozenset for a group holding none: most prefixes hold one group), how many state (Mamba) and
+    attention groups hold a block, and its valued verdicts (:data:`_Verdicts`, shared per depth)."""
 
-    __slots__ = ("parent", "depth", "blocks")
+    __slots__ = ("parent", "depth", "blocks", "n_state", "n_attn", "valued")
 
-    def __init__(self, parent: Hashable | None, depth: int, num_groups: int) -> None:
+    def __init__(self, parent: Hashable | None, depth: int, num_groups: int, valued: "_Verdicts") -> None:
         self.parent = parent
         self.depth = depth
-        self.blocks: list[set[int]] = [set() for _ in range(num_groups)]
+        self.blocks: list[set[int] | frozenset[int]] = [_EMPTY] * num_groups
+        self.n_state = 0
+        self.n_attn = 0
+        self.valued = valued
 
     def empty(self) -> bool:
         return not any(self.blocks)
@@ -97,8 +102,12 @@ class BlockEvictionState:
         self.block_size = int(block_size)
         self.alpha_source = alpha
         self.efficiency = efficiency
+        self._num_state_groups = len(self.mamba_groups)
+        self._num_attn_groups = len(self.attn_groups)
         self._prefixes: dict[Hashable, _Prefix] = {}
-        self._children: dict[Hashable, set[Hashable]] = {}
+        # Per prefix hash, how many cached child prefixes hold an attention block (a child names its
+        # parent when cached; the parent need not be cached): what a judgement asks of the children.
+        self._kv_children: dict[Hashable, int] = {}
         self._block_keys: dict[int, list[tuple[Hashable, int]]] = {}   # block id -> its (prefix, group)s
         # The per-block rows are Python lists (a list write costs a fraction of a numpy scalar write,
         # and every event writes a few): the numpy views (free_cached, candidate, release_seq,
@@ -120,6 +129,7 @@ class BlockEvictionState:
         self._free_seq = [0] * self.num_blocks
         self._seq = 0
         self._effs_by_depth: dict[int, tuple[float, ...]] = {}      # depth -> efficiency per variant
+        self._valued_by_depth: dict[int, _Verdicts] = {}            # depth -> its valued verdicts
         self._checked_rule: tuple[float, str] | None = None        # the last rule _current_rule validated
         self._named: tuple[Any, Rule | None] = (None, None)        # (the source's rule, it if generic)
         self.generic_rule()                                         # refuses a rule the pool cannot apply now
@@ -170,23 +180,38 @@ class BlockEvictionState:
         """``block_id`` now answers lookups for ``prefix`` in group ``group_id``."""
         node = self._prefixes.get(prefix)
         if node is None:
-            node = self._prefixes[prefix] = _Prefix(parent, depth, len(self.group_kinds))
-            if parent is not None:
-                self._children.setdefault(parent, set()).add(prefix)
-            had_kv = False
-        else:
-            had_kv = self._node_has_kv(node)
-        node.blocks[group_id].add(block_id)
-        self._block_keys.setdefault(block_id, []).append((prefix, group_id))
+            valued = self._valued_by_depth.get(depth)
+            if valued is None:
+                valued = self._valued(depth)
+            node = self._prefixes[prefix] = _Prefix(parent, depth, len(self.group_kinds), valued)
+        ids = node.blocks[group_id]
         dirty = self._dirty
+        if ids:
+            ids.add(block_id)            # a second copy: the group's blocks become duplicates
+        else:
+            node.blocks[group_id] = {block_id}
+            if self._is_attn[group_id]:
+                node.n_attn += 1
+                # The parent's blocks depend on this prefix only through "does it hold KVs".
+                if node.n_attn == 1 and node.parent is not None:
+                    kv_children = self._kv_children
+                    kv_children[node.parent] = kv_children.get(node.parent, 0) + 1
+                    dirty.add(node.parent)
+            else:
+                node.n_state += 1
+        keys = self._block_keys.get(block_id)
+        if keys is None:
+            self._block_keys[block_id] = [(prefix, group_id)]
+        else:
+            keys.append((prefix, group_id))
         dirty.add(prefix)
-        # The parent's blocks depend on this prefix only through "does it hold KVs" (_num_kv_children).
-        if node.parent is not None and not had_kv and self._is_attn[group_id]:
-            dirty.add(node.parent)
 
     def uncached(self, block_id: int, prefix: Hashable, group_id: int) -> None:
         """``block_id`` no longer answers lookups for ``prefix`` (evicted or re-keyed)."""
-        # (The hot path of every eviction: the refreshes are inlined where they are trivial.)
+        # The hot path of every eviction: only the blocks whose judgement can change are judged again
+        # (the block itself; its group's copies when it was one of two; every block of the prefix
+        # when "holds every state" or "holds every attention group" stops holding; the parent's
+        # blocks when the prefix's last attention block goes).
         keys = self._block_keys.get(block_id)
         key = (prefix, group_id)
         if keys is None or key not in keys:
@@ -194,13 +219,26 @@ class BlockEvictionState:
         keys.remove(key)
         node = self._prefixes[prefix]
         blocks = node.blocks
-        group = blocks[group_id]
-        group.discard(block_id)
-        parent = node.parent
-        # The parent's blocks depend on this prefix only through "does it hold KVs": that changes
-        # only when the last attention block goes.
-        refresh_parent = (parent is not None and not group and self._is_attn[group_id]
-                          and not any(map(blocks.__getitem__, self.attn_groups)))
+        ids = blocks[group_id]
+        refresh_all = refresh_parent = False
+        if block_id in ids:
+            ids.discard(block_id)
+            if not ids:
+                blocks[group_id] = _EMPTY
+                if self._is_attn[group_id]:
+                    refresh_all = node.n_attn == self._num_attn_groups      # the states' verdict reads it
+                    node.n_attn -= 1
+                    if not node.n_attn and node.parent is not None:
+                        refresh_parent = True
+                        kv_children = self._kv_children
+                        left = kv_children[node.parent] - 1
+                        if left:
+                            kv_children[node.parent] = left
+                        else:
+                            del kv_children[node.parent]
+                else:
+                    refresh_all = node.n_state == self._num_state_groups    # every verdict reads it
+                    node.n_state -= 1
         if keys:
             self._refresh_block(block_id)
         else:                       # still free, but now a block without a hash: no member, no value
@@ -210,21 +248,14 @@ class BlockEvictionState:
             self._cand[block_id] = False
             self._effs_of[block_id] = _NO_EFFS
             self._reason[block_id] = _DEAD
-        if any(blocks):
-            refresh = self._refresh_block
-            for ids in blocks:
-                for other in ids:
-                    refresh(other)
-        else:
+        if not node.n_attn and not node.n_state:
             del self._prefixes[prefix]
-            if parent is not None:
-                siblings = self._children.get(parent)
-                if siblings is not None:
-                    siblings.discard(prefix)
-                    if not siblings:
-                        del self._children[parent]
+        elif refresh_all:
+            self._refresh_node(node, prefix)
+        elif len(ids) == 1:         # the copy left alone is no duplicate any more
+            self._refresh_node(node, prefix, group_id)
         if refresh_parent:
-            self._refresh_prefix(parent)
+            self._refresh_prefix(node.parent)
 
     def released(self, block_id: int) -> None:
         """A cached block entered the free queue: it is a candidate from now, recency = now."""
@@ -295,7 +326,7 @@ class BlockEvictionState:
     def clear(self) -> None:
         """Every hash dropped (vLLM's ``reset_prefix_cache``)."""
         self._prefixes.clear()
-        self._children.clear()
+        self._kv_children.clear()
         self._block_keys.clear()
         self._cand = [False] * self.num_blocks
         self._effs_of = [_NO_EFFS] * self.num_blocks
@@ -352,23 +383,57 @@ class BlockEvictionState:
 
     def _refresh_prefix(self, prefix: Hashable) -> None:
         node = self._prefixes.get(prefix)
-        if node is None:
-            return
-        for ids in node.blocks:
+        if node is not None:
+            self._refresh_node(node, prefix)
+
+    def _verdicts(self, node: _Prefix, prefix: Hashable) -> tuple["_Verdict", "_Verdict"]:
+        """The verdicts of ``node``'s attention blocks and of its state blocks, each the only copy in
+        its group: :meth:`_judge` from the node's counts (the same answers, no set read)."""
+        kv_children = self._kv_children.get(prefix, 0)
+        valued = node.valued
+        if node.n_state != self._num_state_groups:              # not every state: nothing a hit can use
+            return (_INNER if kv_children else _WORTHLESS), _WORTHLESS
+        attn = _INNER if kv_children else valued[0]
+        if node.n_attn != self._num_attn_groups:
+            return attn, _WORTHLESS
+        return attn, (valued[1] if kv_children <= 1 else valued[2])
+
+    def _refresh_node(self, node: _Prefix, prefix: Hashable, only_group: int = -1) -> None:
+        """Bring the rows (and the index) of ``node``'s blocks, or of group ``only_group``'s, up to date."""
+        attn, state = self._verdicts(node, prefix)
+        is_attn, block_keys = self._is_attn, self._block_keys
+        cands, effs_of, reasons, free_seq = self._cand, self._effs_of, self._reason, self._free_seq
+        for group_id, ids in enumerate(node.blocks):
+            if not ids or (only_group >= 0 and group_id != only_group):
+                continue
+            cand, effs, reason = (attn if is_attn[group_id] else state) if len(ids) == 1 else _WORTHLESS
             for block_id in ids:
-                self._refresh_block(block_id)
+                if len(block_keys[block_id]) > 1:                 # its deepest key decides
+                    self._refresh_block(block_id)
+                    continue
+                if cand is cands[block_id] and reason == reasons[block_id] and effs == effs_of[block_id]:
+                    continue            # unchanged: the rows and the index already say so
+                cands[block_id] = cand
+                effs_of[block_id] = effs
+                reasons[block_id] = reason
+                seq = free_seq[block_id]
+                if seq:                 # a member (not free: no member, see taken and uncached)
+                    self._index.place(block_id, CANDIDATES if cand else OTHERS, effs, seq)
 
     def _refresh_block(self, block_id: int) -> None:
         keys = self._block_keys.get(block_id)
         if not keys:
-            cand, effs, reason = False, _NO_EFFS, _DEAD
+            cand, effs, reason = _UNKEYED
         else:
             # A block holds one primary hash; partial (sub-block) entries are extra lookup keys on the
             # same block. Rank it by its deepest key: that is the prefix its contents complete.
             prefix, group_id = keys[0] if len(keys) == 1 else max(keys, key=lambda k: self._prefixes[k[0]].depth)
             node = self._prefixes[prefix]
-            cand, valued, reason = self._judge(node, prefix, group_id)
-            effs = self._effs(node.depth) if valued else _NO_EFFS
+            if len(node.blocks[group_id]) > 1:
+                cand, effs, reason = _WORTHLESS
+            else:
+                attn, state = self._verdicts(node, prefix)
+                cand, effs, reason = attn if self._is_attn[group_id] else state
         if cand is self._cand[block_id] and reason == self._reason[block_id] and effs == self._effs_of[block_id]:
             return                  # unchanged: the rows and the index already say so
         self._cand[block_id] = cand
@@ -378,39 +443,31 @@ class BlockEvictionState:
         if seq:                     # a member (not free: no member, see taken and uncached)
             self._index.place(block_id, CANDIDATES if cand else OTHERS, effs, seq)
 
-    def _judge(self, node: _Prefix, prefix: Hashable, group_id: int) -> tuple[bool, bool, int]:
-        """``(candidate, holds something a hit can use, reason)`` of a block keyed ``prefix``."""
+    def _judge(self, node: _Prefix, prefix: Hashable, group_id: int,
+               kv_children: Mapping[Hashable, int]) -> tuple[bool, bool, int]:
+        """``(candidate, holds something a hit can use, reason)`` of a block keyed ``prefix``, from
+        the sets alone (the definition :meth:`check_invariants` holds the counted verdicts to;
+        ``kv_children``: per prefix, its child prefixes holding attention blocks)."""
         blocks = node.blocks
         if len(blocks[group_id]) > 1:                   # a duplicate: another copy serves the hits
             return True, False, _DEAD
-        kv_children = self._num_kv_children(prefix)
+        kv = kv_children.get(prefix, 0)
         has_state = all(map(blocks.__getitem__, self.mamba_groups))
         if self.group_kinds[group_id] == ATTENTION:
-            if kv_children:
+            if kv:
                 return False, False, _KV_INNER
             if not has_state:
                 return True, False, _DEAD
             return True, True, _KV_LEAF
         if not (has_state and all(map(blocks.__getitem__, self.attn_groups))):
             return True, False, _DEAD
-        return kv_children <= 1, True, _STATE
+        return kv <= 1, True, _STATE
 
-    def _num_kv_children(self, prefix: Hashable) -> int:
-        """Children of ``prefix`` holding attention blocks, capped at 2 (all :meth:`_judge` asks)."""
-        found = 0
-        for child in self._children.get(prefix, ()):
-            if self._has_any_kv(child):
-                found += 1
-                if found == 2:
-                    break
-        return found
-
-    def _has_any_kv(self, prefix: Hashable) -> bool:
-        node = self._prefixes.get(prefix)
-        return node is not None and any(map(node.blocks.__getitem__, self.attn_groups))
-
-    def _node_has_kv(self, node: _Prefix) -> bool:
-        return any(map(node.blocks.__getitem__, self.attn_groups))
+    def _valued(self, depth: int) -> "_Verdicts":
+        """The verdicts of a block holding something a hit can use at ``depth`` (shared per depth)."""
+        effs = self._effs(depth)
+        valued = self._valued_by_depth[depth] = ((True, effs, _KV_LEAF), (True, effs, _STATE), (False, effs, _STATE))
+        return valued
 
     def _effs(self, depth: int) -> tuple[float, ...]:
         """FLOP efficiency of a ``depth``-token prefix per variant (EFFICIENCIES order), as the exact
@@ -435,27 +492,33 @@ class BlockEvictionState:
             assert got == expected, f"index drifted: {len(got)} blocks indexed, {len(expected)} cached"
         if self._dirty:
             self._flush()
+        kv_children: dict[Hashable, int] = {}
         for prefix, node in self._prefixes.items():
             assert not node.empty(), f"empty prefix {prefix!r} kept"
-            if node.parent is not None:
-                assert prefix in self._children.get(node.parent, ()), "child link missing"
+            assert all(isinstance(ids, set) and ids for ids in node.blocks if ids), "an empty group set kept"
+            assert node.n_state == sum(map(bool, map(node.blocks.__getitem__, self.mamba_groups))), "state count drifted"
+            assert node.n_attn == sum(map(bool, map(node.blocks.__getitem__, self.attn_groups))), "attention count drifted"
+            assert node.valued == self._valued_by_depth[node.depth], "verdicts of another depth"
+            if node.parent is not None and node.n_attn:
+                kv_children[node.parent] = kv_children.get(node.parent, 0) + 1
+        assert kv_children == self._kv_children, "KV children counts drifted"
         self._check_index()
         snapshot = (list(self._cand), list(self._effs_of), list(self._reason))
-        for block_id in range(self.num_blocks):        # recomputed from the prefixes alone
-            self._cand[block_id], self._effs_of[block_id], self._reason[block_id] = self._judged(block_id)
+        for block_id in range(self.num_blocks):        # recomputed from the prefixes' sets alone
+            self._cand[block_id], self._effs_of[block_id], self._reason[block_id] = self._judged(block_id, kv_children)
         for name, before, after in zip(("candidate", "efficiency", "reason"), snapshot,
                                        (self._cand, self._effs_of, self._reason)):
             assert before == after, f"stale {name} rows"
         self._check_index()
 
-    def _judged(self, block_id: int) -> tuple[bool, tuple[float, ...], int]:
+    def _judged(self, block_id: int, kv_children: Mapping[Hashable, int]) -> tuple[bool, tuple[float, ...], int]:
         """``(candidate, effs, reason)`` of a block from the prefixes alone (the rows' definition)."""
         keys = self._block_keys.get(block_id)
         if not keys:
             return False, _NO_EFFS, _DEAD
         prefix, group_id = max(keys, key=lambda k: self._prefixes[k[0]].depth)
         node = self._prefixes[prefix]
-        cand, valued, reason = self._judge(node, prefix, group_id)
+        cand, valued, reason = self._judge(node, prefix, group_id, kv_children)
         return cand, self._effs(node.depth) if valued else _NO_EFFS, reason
 
     def _check_index(self) -> None:
@@ -515,3 +578,11 @@ def parent_depth(depth: int, block_size: int) -> int:
 _KV_LEAF, _KV_INNER, _STATE, _DEAD = range(len(REASONS))     # indices into REASONS
 _VARIANT_IDS = {variant: i for i, variant in enumerate(EFFICIENCIES)}   # the victim index's effs order
 _NO_EFFS = (0.0,) * len(EFFICIENCIES)                                 # a block holding nothing a hit can use
+_EMPTY: frozenset[int] = frozenset()                                 # a group of a prefix holding no block
+# A judgement as the rows hold it: (candidate, efficiency per variant, reason); _Verdicts: a depth's
+# valued ones (an attention leaf, a state that is a candidate, a state kept for its two children).
+_Verdict = tuple[bool, tuple[float, ...], int]
+_Verdicts = tuple[_Verdict, _Verdict, _Verdict]
+_INNER: _Verdict = (False, _NO_EFFS, _KV_INNER)                       # attention below a child's attention
+_WORTHLESS: _Verdict = (True, _NO_EFFS, _DEAD)                        # a duplicate, or nothing a hit can use
+_UNKEYED: _Verdict = (False, _NO_EFFS, _DEAD)                         # no hash at all
