@@ -113,11 +113,11 @@ class BlockEvictionState:
         # and every event writes a few): the numpy views (free_cached, candidate, release_seq,
         # flop_eff) are built from them on demand, for the scan and the checks.
         self._release_seq = [0] * self.num_blocks
-        self._cand = [False] * self.num_blocks
-        # Per block its efficiency in every variant (EFFICIENCIES order; an adaptive source may switch
-        # between them at any eviction): one shared tuple per depth, so a row write is one pointer.
-        self._effs_of: list[tuple[float, ...]] = [_NO_EFFS] * self.num_blocks
-        self._reason: list[int] = [_DEAD] * self.num_blocks         # index into REASONS (read: reason)
+        # Per block its verdict (candidate?, efficiency in every variant in EFFICIENCIES order (an
+        # adaptive source may switch between them at any eviction), reason): one shared tuple per
+        # depth and kind, so a row write is one pointer and "unchanged" one identity test.
+        self._verdict: list[_Verdict] = [_UNKEYED] * self.num_blocks
+        self._reason: list[int] = [_DEAD] * self.num_blocks         # its reason, index into REASONS (read: reason)
         # Prefixes whose blocks' rows are stale: cached() marks them (a request caches a chain of
         # blocks in one call, each the parent of the next, so eager refreshes would judge every
         # prefix twice) and _flush judges them once, before anything reads a row or the index.
@@ -162,7 +162,7 @@ class BlockEvictionState:
         """Whether each block is a candidate (a new array, O(pool))."""
         if self._dirty:
             self._flush()
-        return np.array(self._cand, dtype=bool)
+        return np.fromiter(map(itemgetter(0), self._verdict), dtype=bool, count=self.num_blocks)
 
     @property
     def flop_eff(self) -> np.ndarray:
@@ -172,7 +172,8 @@ class BlockEvictionState:
     def flop_eff_of(self, variant: str) -> np.ndarray:
         if self._dirty:
             self._flush()
-        return np.fromiter(map(itemgetter(_VARIANT_IDS[variant]), self._effs_of), dtype=np.float64,
+        variant_id = _VARIANT_IDS[variant]
+        return np.fromiter((verdict[1][variant_id] for verdict in self._verdict), dtype=np.float64,
                            count=self.num_blocks)
 
     # ------------------------------------------------------------------ events
@@ -245,8 +246,7 @@ class BlockEvictionState:
             del self._block_keys[block_id]
             self._free_seq[block_id] = 0
             self._index.discard(block_id)
-            self._cand[block_id] = False
-            self._effs_of[block_id] = _NO_EFFS
+            self._verdict[block_id] = _UNKEYED
             self._reason[block_id] = _DEAD
         if not node.n_attn and not node.n_state:
             del self._prefixes[prefix]
@@ -263,7 +263,8 @@ class BlockEvictionState:
             self._flush()
         self._seq += 1
         self._release_seq[block_id] = self._free_seq[block_id] = seq = self._seq
-        self._index.place(block_id, CANDIDATES if self._cand[block_id] else OTHERS, self._effs_of[block_id], seq)
+        verdict = self._verdict[block_id]
+        self._index.place(block_id, CANDIDATES if verdict[0] else OTHERS, verdict[1], seq)
 
     def taken(self, block_id: int) -> None:
         """A block left the free queue (hit or allocation)."""
@@ -328,8 +329,7 @@ class BlockEvictionState:
         self._prefixes.clear()
         self._kv_children.clear()
         self._block_keys.clear()
-        self._cand = [False] * self.num_blocks
-        self._effs_of = [_NO_EFFS] * self.num_blocks
+        self._verdict = [_UNKEYED] * self.num_blocks
         self._reason = [_DEAD] * self.num_blocks
         self._dirty.clear()
         self._free_seq = [0] * self.num_blocks
@@ -402,46 +402,44 @@ class BlockEvictionState:
         """Bring the rows (and the index) of ``node``'s blocks, or of group ``only_group``'s, up to date."""
         attn, state = self._verdicts(node, prefix)
         is_attn, block_keys = self._is_attn, self._block_keys
-        cands, effs_of, reasons, free_seq = self._cand, self._effs_of, self._reason, self._free_seq
+        verdicts, reasons, free_seq = self._verdict, self._reason, self._free_seq
         for group_id, ids in enumerate(node.blocks):
             if not ids or (only_group >= 0 and group_id != only_group):
                 continue
-            cand, effs, reason = (attn if is_attn[group_id] else state) if len(ids) == 1 else _WORTHLESS
+            verdict = (attn if is_attn[group_id] else state) if len(ids) == 1 else _WORTHLESS
             for block_id in ids:
+                if verdicts[block_id] is verdict:
+                    continue            # unchanged: the rows and the index already say so
                 if len(block_keys[block_id]) > 1:                 # its deepest key decides
                     self._refresh_block(block_id)
                     continue
-                if cand is cands[block_id] and reason == reasons[block_id] and effs == effs_of[block_id]:
-                    continue            # unchanged: the rows and the index already say so
-                cands[block_id] = cand
-                effs_of[block_id] = effs
-                reasons[block_id] = reason
+                verdicts[block_id] = verdict
+                reasons[block_id] = verdict[2]
                 seq = free_seq[block_id]
                 if seq:                 # a member (not free: no member, see taken and uncached)
-                    self._index.place(block_id, CANDIDATES if cand else OTHERS, effs, seq)
+                    self._index.place(block_id, CANDIDATES if verdict[0] else OTHERS, verdict[1], seq)
 
     def _refresh_block(self, block_id: int) -> None:
         keys = self._block_keys.get(block_id)
         if not keys:
-            cand, effs, reason = _UNKEYED
+            verdict = _UNKEYED
         else:
             # A block holds one primary hash; partial (sub-block) entries are extra lookup keys on the
             # same block. Rank it by its deepest key: that is the prefix its contents complete.
             prefix, group_id = keys[0] if len(keys) == 1 else max(keys, key=lambda k: self._prefixes[k[0]].depth)
             node = self._prefixes[prefix]
             if len(node.blocks[group_id]) > 1:
-                cand, effs, reason = _WORTHLESS
+                verdict = _WORTHLESS
             else:
                 attn, state = self._verdicts(node, prefix)
-                cand, effs, reason = attn if self._is_attn[group_id] else state
-        if cand is self._cand[block_id] and reason == self._reason[block_id] and effs == self._effs_of[block_id]:
+                verdict = attn if self._is_attn[group_id] else state
+        if verdict is self._verdict[block_id]:
             return                  # unchanged: the rows and the index already say so
-        self._cand[block_id] = cand
-        self._effs_of[block_id] = effs
-        self._reason[block_id] = reason
+        self._verdict[block_id] = verdict
+        self._reason[block_id] = verdict[2]
         seq = self._free_seq[block_id]
         if seq:                     # a member (not free: no member, see taken and uncached)
-            self._index.place(block_id, CANDIDATES if cand else OTHERS, effs, seq)
+            self._index.place(block_id, CANDIDATES if verdict[0] else OTHERS, verdict[1], seq)
 
     def _judge(self, node: _Prefix, prefix: Hashable, group_id: int,
                kv_children: Mapping[Hashable, int]) -> tuple[bool, bool, int]:
@@ -503,13 +501,11 @@ class BlockEvictionState:
                 kv_children[node.parent] = kv_children.get(node.parent, 0) + 1
         assert kv_children == self._kv_children, "KV children counts drifted"
         self._check_index()
-        snapshot = (list(self._cand), list(self._effs_of), list(self._reason))
-        for block_id in range(self.num_blocks):        # recomputed from the prefixes' sets alone
-            self._cand[block_id], self._effs_of[block_id], self._reason[block_id] = self._judged(block_id, kv_children)
-        for name, before, after in zip(("candidate", "efficiency", "reason"), snapshot,
-                                       (self._cand, self._effs_of, self._reason)):
-            assert before == after, f"stale {name} rows"
-        self._check_index()
+        assert self._reason == [verdict[2] for verdict in self._verdict], "reason rows drifted"
+        snapshot = ([v[0] for v in self._verdict], [v[1] for v in self._verdict], list(self._reason))
+        recomputed = [self._judged(block_id, kv_children) for block_id in range(self.num_blocks)]
+        for name, before, after in zip(("candidate", "efficiency", "reason"), snapshot, zip(*recomputed)):
+            assert before == list(after), f"stale {name} rows"      # recomputed from the prefixes' sets alone
 
     def _judged(self, block_id: int, kv_children: Mapping[Hashable, int]) -> tuple[bool, tuple[float, ...], int]:
         """``(candidate, effs, reason)`` of a block from the prefixes alone (the rows' definition)."""
@@ -524,7 +520,7 @@ class BlockEvictionState:
     def _check_index(self) -> None:
         """The victim index holds exactly the free cached blocks, as their rows say."""
         assert all(f in (0, r) for f, r in zip(self._free_seq, self._release_seq)), "free_seq mirror drifted"
-        expected = {b: (CANDIDATES if self._cand[b] else OTHERS, self._effs_of[b], f)
+        expected = {b: (CANDIDATES if self._verdict[b][0] else OTHERS, self._verdict[b][1], f)
                     for b, f in enumerate(self._free_seq) if f}
         self._index.check_invariants(expected)
 

@@ -86,26 +86,65 @@ class VictimIndex:
         """Make ``block_id`` a member of set ``tier`` with efficiencies ``effs`` (one per variant, exact
         float64 values: they key the levels) and release number ``seq`` (an int >= 0); a no-op if it
         already is exactly that."""
+        # (The hot path of every release and re-judgement: a join and a level move inlined.)
         level_id = self._level_ids[tier].get(effs)
         if level_id is None:
             level_id = self._new_level(tier, effs)
-        current = self._level_of[block_id]
+        level_of = self._level_of
+        current = level_of[block_id]
+        levels = self._levels
         if current != _NONE:
             if self._seq_of[block_id] != seq or self._tier_of[block_id] != tier:
                 self._leave(block_id)
             elif current == level_id:
                 return
             else:                     # same set, same release number: only its level changes
-                self._level_of[block_id] = level_id
-                self._out_of_level(self._levels[current])
-                self._into_level(self._levels[level_id], seq << self._shift | block_id)
+                level_of[block_id] = level_id
+                old = levels[current]
+                old.num_live -= 1
+                if not old.num_live:
+                    self._emptied(old)
+                self._into_level(levels[level_id], seq << self._shift | block_id)
                 return
-        self._join(block_id, self._levels[level_id], seq)
+        # a new member
+        level = levels[level_id]
+        level_of[block_id] = level_id
+        self._tier_of[block_id] = tier
+        self._seq_of[block_id] = seq
+        entry = seq << self._shift | block_id
+        heap = level.heap
+        heappush(heap, entry)
+        level.num_live += 1
+        if level.num_live == 1:
+            self._filled(level)
+        elif len(heap) > 2 * level.num_live + _SLACK:
+            level.heap = self._swept(heap, level_of, level_id)
+        tier_set = self._tiers[tier]
+        heappush(tier_set.min_heap, entry)
+        heappush(tier_set.max_heap, -entry)
+        tier_set.num_live += 1
+        if len(tier_set.min_heap) > 2 * tier_set.num_live + _SLACK:
+            tier_set.min_heap = self._swept(tier_set.min_heap, self._tier_of, tier)
+        if len(tier_set.max_heap) > 2 * tier_set.num_live + _SLACK:
+            tier_set.max_heap = self._swept(tier_set.max_heap, self._tier_of, tier, negated=True)
 
     def discard(self, block_id: int) -> None:
         """``block_id`` is no member (any more); a no-op if it was none."""
-        if self._level_of[block_id] != _NONE:
-            self._leave(block_id)
+        level_id = self._level_of[block_id]
+        if level_id == _NONE:
+            return
+        # _leave, inlined (every taken block comes here)
+        level = self._levels[level_id]
+        self._level_of[block_id] = _NONE
+        self._tier_of[block_id] = _NONE
+        level.num_live -= 1
+        if not level.num_live:
+            self._emptied(level)
+        tier = self._tiers[level.tier]
+        tier.num_live -= 1
+        if not tier.num_live:
+            tier.min_heap = []
+            tier.max_heap = []
 
     def clear(self) -> None:
         """No members (levels are kept: their efficiencies recur)."""
@@ -223,22 +262,6 @@ class VictimIndex:
         self._level_ids[tier][effs] = level_id
         return level_id
 
-    def _join(self, block_id: int, level: _Level, seq: int) -> None:
-        self._level_of[block_id] = level.level_id
-        self._tier_of[block_id] = level.tier
-        self._seq_of[block_id] = seq
-        entry = seq << self._shift | block_id
-        self._into_level(level, entry)
-        tier_id = level.tier
-        tier = self._tiers[tier_id]
-        heappush(tier.min_heap, entry)
-        heappush(tier.max_heap, -entry)
-        tier.num_live += 1
-        if len(tier.min_heap) > 2 * tier.num_live + _SLACK:
-            tier.min_heap = self._swept(tier.min_heap, self._tier_of, tier_id)
-        if len(tier.max_heap) > 2 * tier.num_live + _SLACK:
-            tier.max_heap = self._swept(tier.max_heap, self._tier_of, tier_id, negated=True)
-
     def _leave(self, block_id: int) -> None:
         """Drop a member lazily: its entries stay in the heaps, stale, until a top or a sweep drops them."""
         level = self._levels[self._level_of[block_id]]
@@ -260,16 +283,14 @@ class VictimIndex:
         heappush(heap, entry)
         level.num_live += 1
         if level.num_live == 1:
-            for levels, key in zip(self._tiers[level.tier].by_eff, level.sort_keys):
-                insort(levels, key, key=_FIRST)
+            self._filled(level)
         elif len(heap) > 2 * level.num_live + _SLACK:
             level.heap = self._swept(heap, self._level_of, level.level_id)
 
-    def _out_of_level(self, level: _Level) -> None:
-        """A member left ``level`` (its records no longer say so); its entry stays, stale (lazy)."""
-        level.num_live -= 1
-        if not level.num_live:
-            self._emptied(level)
+    def _filled(self, level: _Level) -> None:
+        """``level`` has its first member: into its set's sorted lists."""
+        for levels, key in zip(self._tiers[level.tier].by_eff, level.sort_keys):
+            insort(levels, key, key=_FIRST)
 
     def _emptied(self, level: _Level) -> None:
         """``level`` has no member left: out of its set's sorted lists, its heap dropped."""
