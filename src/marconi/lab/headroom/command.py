@@ -85,12 +85,10 @@ RECORD_FIELDS = ("kind", "trace", "capacity", "model", "default")
 
 def _cmd_render(args: argparse.Namespace) -> int:
     from marconi.lab.headroom.report import write_outputs
-    from marconi.lab.render import records_to_render
+    from marconi.lab.render import render_records
 
-    records, same = records_to_render(args.from_records, args.out, required=RECORD_FIELDS,
-                                      kind="`marconi experiment headroom`")
-    paths = write_outputs(records, args.out, write_records=not same)
-    print(f"rendered {len(records)} records from {args.from_records} into {len(paths)} files under {args.out}",
+    print(render_records(args.from_records, args.out, required=RECORD_FIELDS, kind="`marconi experiment headroom`",
+                         write=lambda records, fresh: write_outputs(records, args.out, write_records=fresh)),
           file=sys.stderr)
     return 0
 

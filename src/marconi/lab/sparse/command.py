@@ -90,12 +90,10 @@ RECORD_FIELDS = ("kind", "workload", "strategy", "label", "budget", "block", "br
 
 
 def _cmd_render(args: argparse.Namespace) -> int:
-    from marconi.lab.render import records_to_render
+    from marconi.lab.render import render_records
 
-    records, same = records_to_render(args.from_records, args.out, required=RECORD_FIELDS,
-                                      kind="`marconi experiment sparse`")
-    paths = write_outputs(records, args.out, write_jsonl=not same)
-    print(f"rendered {len(records)} records from {args.from_records} into {len(paths)} files under {args.out}",
+    print(render_records(args.from_records, args.out, required=RECORD_FIELDS, kind="`marconi experiment sparse`",
+                         write=lambda records, fresh: write_outputs(records, args.out, write_jsonl=fresh)),
           file=sys.stderr)
     return 0
 
