@@ -261,17 +261,10 @@ def test_sglang_worlds_choose_the_rule_by_label(trace):
     world runs beside lru's, the live cache switches to it, and the live cache's hits are its
     mirror world's, request for request (the live strategy applies the rule by the generic path)."""
     from marconi.integrations.sglang.emulate import emulator_for
+    from test_sglang_default import serve_beside_the_mirror
 
     live = emulator_for(SPEC, 30_000, 10, policy="marconi", policy_config={"rules": "lru/deep1"})
-    source = live.strategy.alpha_source
-    mirrored: list[int] = []
-    for request in trace:
-        mirror = source.worlds[source.current]
-        served = mirror.serve
-        mirror.serve = lambda p, o, served=served: mirrored.append(served(p, o)) or mirrored[-1]
-        hit = live.serve(request.input_tokens, request.output_tokens).hit_len
-        mirror.serve = served
-        assert mirrored[-1] == hit
+    source = serve_beside_the_mirror(live, trace)
     assert [label for _, label in source.tuning_record()["rule_switches"]][:1] == ["deep1"]
     assert live.strategy.generic_rule() == DeepFirst(1.0) and source.alpha() == 0.0
     live.check_invariants()

@@ -68,11 +68,9 @@ def test_the_default_does_not_lose_to_stock_sglang_on_swe_sample(capacity):
         assert old < stock < default
 
 
-def test_the_live_mirror_is_the_live_cache_request_for_request():
-    # issue 31: the worlds' mirror of the live rule sees exactly the live cache's hits, switches included
-    trace = list(load_trace("swe-sample", None))
-    kv, slots = _bench_pools(trace, "0.05x")
-    live = emulator_for(get_model("paper-7b"), kv, slots, policy="marconi", policy_config={})
+def serve_beside_the_mirror(live, trace):
+    """Serve ``trace`` on ``live`` (an SGLang emulator under worlds), asserting each request's hit is
+    what the live rule's mirror world served for it; returns the worlds α source."""
     source = live.strategy.alpha_source
     mirrored: list[int] = []
     for request in trace:
@@ -82,6 +80,15 @@ def test_the_live_mirror_is_the_live_cache_request_for_request():
         hit = live.serve(request.input_tokens, request.output_tokens).hit_len
         mirror.serve = served
         assert mirrored[-1] == hit
+    return source
+
+
+def test_the_live_mirror_is_the_live_cache_request_for_request():
+    # issue 31: the worlds' mirror of the live rule sees exactly the live cache's hits, switches included
+    trace = list(load_trace("swe-sample", None))
+    kv, slots = _bench_pools(trace, "0.05x")
+    live = emulator_for(get_model("paper-7b"), kv, slots, policy="marconi", policy_config={})
+    source = serve_beside_the_mirror(live, trace)
     assert len(source.tuning_record()["rule_switches"]) >= 1          # the point exercises a switch
     assert (source.worlds[source.current].emulator.kv_free, source.worlds[source.current].emulator.mamba_free) == \
         (live.kv_free, live.mamba_free)
