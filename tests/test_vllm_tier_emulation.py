@@ -245,9 +245,9 @@ def test_the_simulator_system_takes_a_tier() -> None:
 
 
 def test_the_simulator_systems_tier_rule_reaches_the_tier_policy() -> None:
-    """``tier_rule=`` is the rule of the emulated ``ChunkTreePolicy`` (the default without it); it
-    changes the tier's hits; a label the tier cannot apply, or one without tier_policy=marconi,
-    is refused."""
+    """``tier_rule=`` is the rule of the emulated tier policy (the default without it: ``adaptive``,
+    the rule chosen online, starting from ``lru``); it changes the tier's hits; a label the tier
+    cannot apply, or one without tier_policy=marconi, is refused."""
     from marconi.integrations.vllm.tier_tree import DEFAULT_RULE
     from marconi.sim.systems import make_system
 
@@ -258,11 +258,13 @@ def test_the_simulator_systems_tier_rule_reaches_the_tier_policy() -> None:
         system = make_system(name)
         cache = system.build("nemotron-h-8b", 0)
         policy = cache.engine.tier.manager.policy
-        assert policy.settings.rule.label() == label
+        assert (policy.chooser is not None) == (label == DEFAULT_RULE == "adaptive")
+        assert policy.settings.rule.label() == (label if policy.chooser is None else "lru")
         for r in requests:
             cache.process(r.input_tokens, r.output_tokens)
         held[label] = cache.engine.tier.hit_tokens
     assert "tier_rule=a2m" in make_system(base + ",tier_rule=a2m").describe()["admission"]
+    assert "tier_rule=adaptive" in make_system(base + ",tier_rule=adaptive").describe()["admission"]
     assert held["lru"] != held["a2m"]
     for bad, word in ((base + ",tier_rule=zz", "tier_rule"), (base + ",tier_rule=a1t", "tier_rule"),
                       ("vllm-align:cpu_tier=1GB,tier_policy=arc,tier_rule=lru", "tier_policy=marconi")):

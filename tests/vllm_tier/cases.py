@@ -381,7 +381,10 @@ def case_loads_through_vllms_connector_from_extra_config_alone() -> None:
     assert policy.settings.group_kinds == expected and expected.count("mamba") == 6, policy.settings.group_kinds
     assert policy.settings.tokens_per_chunk == 1152, policy.settings.tokens_per_chunk
     assert policy.settings.spec.num_ssm_layers == get_model("nemotron-h-8b").num_ssm_layers
-    assert policy.settings.rule.label() == tier.DEFAULT_RULE and policy.cache_capacity == manager._num_chunks > 0
+    assert policy.cache_capacity == manager._num_chunks > 0
+    # the default, marconi_rule 'adaptive': the family's first rule live, the chooser's worlds beside it
+    assert tier.DEFAULT_RULE == "adaptive" and policy.chooser is not None
+    assert policy.settings.family and policy.settings.rule == policy.settings.family[0]
     core.shutdown()
 
 

@@ -18,7 +18,6 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
 from marconi.core.cache import PayloadOps
-from marconi.core.eviction import check_cuts_tails, rule_from_label
 from marconi.core.model import ModelSpec, get_model
 from marconi.core.registry import ConfigError, Domain
 from marconi.options import CHECKPOINT_BUDGET
@@ -30,7 +29,7 @@ from marconi.integrations.vllm.layout import layout_for_spec
 from marconi.integrations.vllm.policy import DEFAULT_ALPHA, EFFICIENCIES
 from marconi.integrations.vllm.retention import DEFAULT_BUDGET, SPARSE_DP
 from marconi.integrations.vllm.shadow import PoolShadowAlpha
-from marconi.integrations.vllm.tier_tree import DEFAULT_RULE
+from marconi.integrations.vllm.tier_tree import DEFAULT_RULE, parse_tier_rule
 from marconi.sim.systems import SYSTEMS
 from marconi.units import parse_bytes
 
@@ -195,7 +194,7 @@ def _vllm_align(block: int = 0, blocks: int = 0, match_unit: int = 0, retention:
         raise ConfigError("vllm-align: tier_rule= is the rule of tier_policy=marconi; add tier_policy=marconi")
     if tier_rule:
         try:
-            check_cuts_tails(rule_from_label(tier_rule), "vllm-align: tier_rule", False)
+            parse_tier_rule(tier_rule, "vllm-align: tier_rule")          # a fixed rule's label or adaptive
         except ConfigError as exc:
             raise ConfigError(f"vllm-align: tier_rule={tier_rule}: {exc}") from None
     retention_label = f"{SPARSE_DP}(budget={retention_budget})" if sparse else retention

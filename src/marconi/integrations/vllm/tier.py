@@ -24,6 +24,7 @@ from marconi.integrations.vllm.policy import ATTENTION, MAMBA
 from marconi.integrations.vllm.tier_tree import (  # noqa: F401  (re-exported: the policy's public names)
     DEFAULT_GPU_TFLOPS, DEFAULT_HOST_GBPS, DEFAULT_RULE, ENV_GROUP_KINDS, ENV_MODEL, ENV_RULE, REASONS,
     ChunkTreePolicy, TierSettings, TreeJudgement, check_group_kinds)
+from marconi.integrations.vllm.tier_chooser import AdaptiveTierPolicy
 
 __all__ = ["MarconiCachePolicy", "TierSettings", "DEFAULT_RULE", "DEFAULT_HOST_GBPS", "DEFAULT_GPU_TFLOPS",
            "REASONS", "ENV_GROUP_KINDS", "ENV_MODEL", "ENV_RULE"]
@@ -32,9 +33,11 @@ _SUPPORTED_VLLM = ("0.32", "0.33")
 _Judgement = TreeJudgement      # the name the tier's tests use for the tree's standing
 
 
-class MarconiCachePolicy(ChunkTreePolicy, CachePolicy):
+class MarconiCachePolicy(AdaptiveTierPolicy, CachePolicy):
     """vLLM ``CachePolicy`` ranking tier chunks by Marconi's utility over the chunk tree
-    (:class:`~marconi.integrations.vllm.tier_tree.ChunkTreePolicy`, bound to vLLM's base class).
+    (:class:`~marconi.integrations.vllm.tier_tree.ChunkTreePolicy`, bound to vLLM's base class), under
+    the rule ``marconi_rule`` names, or (``adaptive``, the default) the rule chosen online by
+    :class:`~marconi.integrations.vllm.tier_chooser.TierRuleChooser`.
 
     Contract (vLLM's): ``evict(n, protected)`` returns exactly ``n`` evictable (``ref_cnt == 0``,
     not in ``protected``) chunks and forgets them, or None and changes nothing. Chunks become
@@ -51,7 +54,7 @@ class MarconiCachePolicy(ChunkTreePolicy, CachePolicy):
     """
 
     def __init__(self, cache_capacity: int, settings: TierSettings | None = None) -> None:
-        ChunkTreePolicy.__init__(self, cache_capacity, settings if settings is not None else _discover_settings())
+        AdaptiveTierPolicy.__init__(self, cache_capacity, settings if settings is not None else _discover_settings())
 
 
 def _discover_settings() -> TierSettings:

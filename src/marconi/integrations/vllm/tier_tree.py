@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
@@ -22,13 +22,18 @@ from marconi.core.model import ModelSpec, get_model
 from marconi.core.registry import ConfigError
 from marconi.integrations.vllm.policy import ATTENTION, MAMBA
 
-__all__ = ["ChunkTreePolicy", "TreeJudgement", "TierSettings", "check_group_kinds", "DEFAULT_RULE", "DEFAULT_HOST_GBPS",
+__all__ = ["ChunkTreePolicy", "TreeJudgement", "TierSettings", "check_group_kinds", "parse_tier_rule", "ADAPTIVE",
+           "DEFAULT_FAMILY", "DEFAULT_RULE", "DEFAULT_HOST_GBPS",
            "DEFAULT_GPU_TFLOPS", "REASONS", "ENV_GROUP_KINDS", "ENV_MODEL", "ENV_RULE", "make_offload_key",
            "get_offload_block_hash", "get_offload_group_idx"]
 
-#: the tree's order (dead chunks first, then the candidates) by recency alone: no α trades a hit
-#: for FLOPs (docs/vllm-tiers.md, "Choosing the default rule")
-DEFAULT_RULE = "lru"
+#: ``marconi_rule`` naming the online choice over :data:`DEFAULT_FAMILY` (``tier_chooser``)
+ADAPTIVE = "adaptive"
+#: the family the adaptive tier chooses from: the project's default family (``choosers.family``),
+#: its first rule (the tree by recency alone) live until another world leads
+DEFAULT_FAMILY = ("lru", "a0.5m", "a2m")
+#: the configured default: the online choice (docs/vllm-tiers.md, "Choosing the default rule")
+DEFAULT_RULE = ADAPTIVE
 DEFAULT_HOST_GBPS = 64.0
 DEFAULT_GPU_TFLOPS = 400.0
 ENV_GROUP_KINDS = "MARCONI_TIER_GROUP_KINDS"
@@ -61,19 +66,25 @@ def get_offload_group_idx(key: OffloadKey) -> int:
 class TierSettings:
     """What the policy needs beyond its capacity: ``group_kinds`` (``"attention"``/``"mamba"`` per KV
     cache group, vLLM's order), ``spec``, ``tokens_per_chunk`` (None: parents learned per request),
-    ``rule`` (any that cuts no dead tails), and the load cost's ``host_gbps`` (GB/s per direction)
-    and ``gpu_tflops`` (effective prefill TFLOP/s)."""
+    ``rule`` (any that cuts no dead tails; the rule in force first), the load cost's ``host_gbps``
+    (GB/s per direction) and ``gpu_tflops`` (effective prefill TFLOP/s), and ``family``: empty for a
+    fixed rule, else the rules an adaptive tier chooses from online (``rule`` among them)."""
 
     group_kinds: tuple[str, ...]
     spec: ModelSpec
     tokens_per_chunk: int | None = None
-    rule: Rule = field(default_factory=lambda: EvictionRule.from_label(DEFAULT_RULE))
+    rule: Rule = field(default_factory=lambda: EvictionRule.from_label(DEFAULT_FAMILY[0]))
     host_gbps: float = DEFAULT_HOST_GBPS
     gpu_tflops: float = DEFAULT_GPU_TFLOPS
+    family: tuple[Rule, ...] = ()
 
     def __post_init__(self) -> None:
         check_group_kinds(self.group_kinds)
         check_cuts_tails(self.rule, "marconi_rule: vLLM's offload tier", False)
+        for rule in self.family:
+            check_cuts_tails(rule, "marconi_rule: vLLM's offload tier", False)
+        if self.family and self.rule not in self.family:
+            raise ConfigError(f"marconi_rule: the adaptive tier starts with a rule of its family, not {self.rule.label()!r}")
         for name in ("host_gbps", "gpu_tflops"):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
@@ -120,10 +131,7 @@ class TierSettings:
         if spec is None:
             raise ConfigError("MarconiCachePolicy needs the model's FLOPs and bytes: set kv_connector_extra_config "
                               "'marconi_model' (a preset such as nemotron-h-8b, or a config.json path)")
-        try:
-            rule = rule_from_label(str(extra.get("marconi_rule", DEFAULT_RULE)))
-        except ConfigError as exc:
-            raise ConfigError(f"kv_connector_extra_config 'marconi_rule': {exc}") from None
+        rule, family = parse_tier_rule(str(extra.get("marconi_rule", DEFAULT_RULE)), "kv_connector_extra_config 'marconi_rule'")
         numbers = {}
         for name, default in (("host_gbps", DEFAULT_HOST_GBPS), ("gpu_tflops", DEFAULT_GPU_TFLOPS)):
             raw = extra.get(f"marconi_{name}", default)
@@ -132,7 +140,7 @@ class TierSettings:
             except (TypeError, ValueError):
                 raise ConfigError(f"kv_connector_extra_config 'marconi_{name}': a number, got {raw!r}") from None
         try:
-            return cls(tuple(kinds), spec, tokens_per_chunk, rule, **numbers)
+            return cls(tuple(kinds), spec, tokens_per_chunk, rule, family=family, **numbers)
         except ConfigError as exc:
             if "marconi_rule" not in str(exc) and "adaptive rule" in str(exc):
                 raise ConfigError(f"kv_connector_extra_config 'marconi_rule': {exc}") from None
@@ -151,7 +159,25 @@ class TierSettings:
             extra["marconi_rule"] = env[ENV_RULE]
         if extra["marconi_model"] is None:
             raise ConfigError(f"MarconiCachePolicy: set {ENV_MODEL} (a preset such as nemotron-h-8b)")
+        if "marconi_rule" in extra:
+            parse_tier_rule(extra["marconi_rule"], ENV_RULE)        # refused by the variable's name
         return cls.from_extra_config(extra)
+
+
+def parse_tier_rule(label: str, key: str = "marconi_rule") -> tuple[Rule, tuple[Rule, ...]]:
+    """``label`` as the tier's rule: ``"adaptive"`` -> (the family's first rule, :data:`DEFAULT_FAMILY`);
+    any fixed rule's label -> (that rule, ()). ConfigError naming ``key`` for a label no rule has or
+    a rule the tier cannot apply (one cutting dead tails)."""
+    text = label.strip()
+    try:
+        if text == ADAPTIVE:
+            family = tuple(rule_from_label(r) for r in DEFAULT_FAMILY)
+            return family[0], family
+        rule = rule_from_label(text)
+        check_cuts_tails(rule, "vLLM's offload tier", False)
+        return rule, ()
+    except ConfigError as exc:
+        raise ConfigError(f"{key}: {ADAPTIVE!r} or one rule's label ({exc})") from None
 
 
 class _Node:
@@ -329,6 +355,20 @@ class ChunkTreePolicy:
 
     def mark_non_evictable(self, key: OffloadKey) -> None:
         self._evictable.discard(key)
+
+    def set_rule(self, rule: Rule) -> None:
+        """Rank candidates by ``rule`` from the next ``evict`` on (the chunks held stay; an adaptive
+        tier's switch). ConfigError for a rule the tier cannot apply."""
+        self.settings = replace(self.settings, rule=rule)
+        self._effs.clear()
+
+    def num_held(self) -> int:
+        """Chunks held (pending stores included)."""
+        return len(self._chunks)
+
+    def num_evictable(self, protected: set[OffloadKey] = frozenset()) -> int:  # type: ignore[assignment]
+        """Chunks ``evict`` may take now (idle, not in ``protected``)."""
+        return len(self._evictable) - sum(1 for k in protected if k in self._evictable)
 
     # ------------------------------------------------------------------ the tree
     def held_chunks(self) -> dict[OffloadKey, Any]:

@@ -32,13 +32,13 @@ import heapq
 from collections import OrderedDict
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
-from marconi.core.eviction import rule_from_label
 from marconi.core.model import ModelSpec
 from marconi.core.registry import ConfigError
 from marconi.integrations.vllm.layout import VllmLayout, cdiv
 from marconi.integrations.vllm.policy import ATTENTION, MAMBA
-from marconi.integrations.vllm.tier_tree import (DEFAULT_GPU_TFLOPS, DEFAULT_RULE, ChunkTreePolicy, TierSettings,
-                                                 get_offload_group_idx, make_offload_key)
+from marconi.integrations.vllm.tier_chooser import AdaptiveTierPolicy
+from marconi.integrations.vllm.tier_tree import (DEFAULT_GPU_TFLOPS, DEFAULT_RULE, TierSettings, get_offload_group_idx,
+                                                 make_offload_key, parse_tier_rule)
 
 __all__ = ["TIER_POLICIES", "Chunk", "ReqContext", "LRUPolicy", "ARCPolicy", "make_policy", "TierManager",
            "EmulatedTier", "tier_num_chunks"]
@@ -296,9 +296,10 @@ class ARCPolicy:
 def make_policy(name: str, capacity: int, *, group_kinds: Sequence[str] = (), spec: ModelSpec | None = None,
                 tokens_per_chunk: int | None = None, host_gbps: float | None = None,
                 rule: str = DEFAULT_RULE) -> Any:
-    """A tier policy by name: ``lru``, ``arc``, or ``marconi`` (:class:`ChunkTreePolicy` with
-    ``rule`` and the load cost of ``host_gbps``; needs ``group_kinds`` and ``spec``). ConfigError
-    for another name."""
+    """A tier policy by name: ``lru``, ``arc``, or ``marconi`` (:class:`AdaptiveTierPolicy`, the
+    object vLLM's ``MarconiCachePolicy`` runs, under ``rule``, a fixed rule's label or ``adaptive``,
+    and the load cost of ``host_gbps``; needs ``group_kinds`` and ``spec``). ConfigError for another
+    name or rule."""
     if name == "lru":
         return LRUPolicy(capacity)
     if name == "arc":
@@ -306,10 +307,11 @@ def make_policy(name: str, capacity: int, *, group_kinds: Sequence[str] = (), sp
     if name == "marconi":
         if spec is None:
             raise ConfigError("vllm-align: tier_policy=marconi needs the model")
-        settings = TierSettings(tuple(group_kinds), spec, tokens_per_chunk, rule_from_label(rule),
+        live, family = parse_tier_rule(rule, "vllm-align: tier_rule")
+        settings = TierSettings(tuple(group_kinds), spec, tokens_per_chunk, live,
                                 **({"host_gbps": host_gbps} if host_gbps is not None else {}),
-                                gpu_tflops=DEFAULT_GPU_TFLOPS)
-        return ChunkTreePolicy(capacity, settings)
+                                gpu_tflops=DEFAULT_GPU_TFLOPS, family=family)
+        return AdaptiveTierPolicy(capacity, settings)
     raise ConfigError(f"vllm-align: tier_policy must be one of {', '.join(TIER_POLICIES)}, got {name!r}")
 
 

@@ -1,0 +1,374 @@
+"""The CPU tier's rule, chosen online: ghost tiers, one per rule of a family, and the live policy
+that follows the best. vLLM-free (duck-typed over ``OffloadKey`` bytes, as ``tier_tree``).
+
+A **world** is a :class:`~marconi.integrations.vllm.tier_tree.ChunkTreePolicy` under one fixed rule,
+with the live tier's capacity in chunks, holding metadata only (its chunks are idle placeholders,
+never vLLM's). Each world sees what the live policy sees: the store misses and inserts (making room
+by its own rule), failed stores' removals, touches and request ends, under its own per-request
+scratch (the live policy's scratch in vLLM's ``ReqContext`` is never touched). Keys a request offered
+or reused that a world lacks are stored in that world when the request ends (a world that lacked
+them would have had them offered).
+
+**Score.** When a request ends, each world is credited the tokens a tier lookup would have loaded
+from it for that request: from the request's first chunk seen, the run of nodes whose attention
+chunks the world held when the policy first saw the request, up to the deepest of them whose
+state (every Mamba group) it held too. Scores decay per request (:class:`TierRuleChooser`); the
+live rule switches to the best world's when it leads the live rule's own world by a relative
+margin. The live tier's chunks stay; only the ranking of the next victims changes. Why and what
+it measured: ``docs/vllm-tiers.md``, "Adaptive rule: ghost tiers".
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any, Iterable, NamedTuple, Sequence
+
+from marconi.core.eviction import Rule
+from marconi.core.registry import ConfigError
+from marconi.integrations.vllm.policy import ATTENTION
+from marconi.integrations.vllm.tier_tree import (ChunkTreePolicy, TierSettings, get_offload_block_hash,
+                                                 get_offload_group_idx, make_offload_key)
+
+__all__ = ["AdaptiveTierPolicy", "TierEvent", "TierRuleChooser", "DEFAULT_DECAY", "DEFAULT_HYSTERESIS"]
+
+#: weight the scores keep per request end (a horizon of ~1,000 requests, the worlds chooser's)
+DEFAULT_DECAY = 0.999
+#: the relative lead over the live rule's world a world needs for a switch
+DEFAULT_HYSTERESIS = 0.05
+
+OffloadKey = bytes
+
+
+class _Shade:
+    """A world's chunk: metadata only, never read by vLLM. ``ref_cnt`` follows the live chunk of the
+    same key while the live tier holds it (-1 while its store is pending, > 0 while loads read it),
+    so a world cannot evict what the live tier could not; 0 once only the world holds it."""
+
+    __slots__ = ("ref_cnt",)
+
+    def __init__(self, ref_cnt: int) -> None:
+        self.ref_cnt = ref_cnt
+
+
+class _WorldContext:
+    """One world's view of a request's ``ReqContext``: its own scratch, the request's positions."""
+
+    __slots__ = ("base", "_state")
+
+    def __init__(self, base: Any) -> None:
+        self.base = base
+        self._state: dict[type, Any] = {}
+
+    def set_state(self, val: Any) -> None:
+        self._state[type(val)] = val
+
+    def get_state(self, cls: type) -> Any:
+        return self._state.get(cls)
+
+    def get_offload_key_position(self, key: OffloadKey) -> int | None:
+        return self.base.get_offload_key_position(key)
+
+
+class _Sighting:
+    """Per request (in its ``ReqContext``): when the chooser first saw it, and each world's view."""
+
+    __slots__ = ("owner", "t0", "views")
+
+    def __init__(self, owner: "TierRuleChooser", t0: int, ctx: Any) -> None:
+        self.owner = owner
+        self.t0 = t0
+        self.views = [_WorldContext(ctx) for _ in owner.worlds]
+
+
+class _World:
+    """A ghost tier under one rule: the tree, and when each chunk entered (and left) it."""
+
+    __slots__ = ("tree", "capacity", "born", "died")
+
+    def __init__(self, capacity: int, settings: TierSettings) -> None:
+        self.tree = ChunkTreePolicy(capacity, settings)
+        self.capacity = capacity
+        self.born: dict[OffloadKey, int] = {}
+        self.died: OrderedDict[OffloadKey, tuple[int, int]] = OrderedDict()
+
+    def held_at(self, key: OffloadKey, t0: int) -> bool:
+        """Whether the world held ``key`` at clock ``t0`` (its last stay only)."""
+        born = self.born.get(key)
+        if born is not None and born < t0:
+            return True
+        stay = self.died.get(key)
+        return stay is not None and stay[0] < t0 <= stay[1]
+
+    def make_room(self, n: int, protected: set[OffloadKey], clock: int) -> None:
+        """Evict by the world's rule until ``n`` more chunks fit (as many as its evictable chunks
+        not ``protected`` allow)."""
+        need = self.tree.num_held() + n - self.capacity
+        if need <= 0:
+            return
+        need = min(need, self.tree.num_evictable(protected))
+        out = self.tree.evict(need, protected) if need > 0 else None
+        for key, _ in out or ():
+            self.died[key] = (self.born.pop(key), clock)
+            self.died.move_to_end(key)
+        while len(self.died) > 4 * self.capacity:
+            self.died.popitem(last=False)
+
+    def store(self, key: OffloadKey, clock: int, protected: set[OffloadKey], ref_cnt: int = 0) -> None:
+        if key in self.born:
+            self.pin(key, ref_cnt)
+            return
+        if self.tree.num_held() >= self.capacity:
+            self.make_room(1, protected | {key}, clock)
+            if self.tree.num_held() >= self.capacity:
+                return                      # nothing evictable: the store fails, as vLLM's would
+        self.tree.insert(key, _Shade(ref_cnt))
+        self.born[key] = clock
+
+    def pin(self, key: OffloadKey, ref_cnt: int) -> None:
+        """The live chunk ``key`` now has ``ref_cnt``: the world's copy follows (if held)."""
+        chunk = self.tree.get(key)
+        if chunk is None or chunk.ref_cnt == ref_cnt:
+            return
+        chunk.ref_cnt = ref_cnt
+        if ref_cnt == 0:
+            self.tree.mark_evictable(key)
+        else:
+            self.tree.mark_non_evictable(key)
+
+    def remove(self, key: OffloadKey) -> None:
+        if self.born.pop(key, None) is not None:
+            self.tree.remove(key)
+
+    def clear(self) -> None:
+        self.tree.clear()
+        self.born.clear()
+        self.died.clear()
+
+
+class TierEvent(NamedTuple):
+    """One call the live tier policy received: ``step`` is the method's name (``insert``,
+    ``remove``, ``touch``, ``on_store_miss``, ``on_request_finished``, ``clear``) or ``pin`` (a live
+    chunk's ``ref_cnt`` changed: ``mark_evictable``/``mark_non_evictable``), ``keys`` its keys (per
+    group for ``on_request_finished``), ``ctx`` its request context, ``ref_cnt`` the live chunk's
+    (``insert``, ``pin``), ``reused`` and ``inserted`` the request's reused and insertion-only keys
+    (request ends only)."""
+
+    step: str
+    keys: Any = ()
+    ctx: Any = None
+    ref_cnt: int = 0
+    inserted: frozenset = frozenset()
+    reused: frozenset = frozenset()
+
+
+class TierRuleChooser:
+    """A :class:`~marconi.core.chooser.RuleChooser` over :class:`TierEvent` s for one live tier.
+
+    Args:
+        capacity: the live tier's chunks (each world holds as many).
+        settings: the live tier's settings; ``settings.family`` the rules (a world each), and
+            ``settings.rule`` the one in force first.
+        decay: weight the scores keep per request end, in (0, 1].
+        hysteresis: the relative lead (>= 0) the best world needs over the live rule's world; and
+            at least :attr:`min_lead` tokens (one full tier's worth, so a lucky difference in what
+            the worlds held once cannot switch the rule).
+
+    ``observe`` returns the new live rule on a switch, else None; it never touches the live
+    policy's chunks or request scratch. ConfigError: no family, or a bad parameter.
+    """
+
+    def __init__(self, capacity: int, settings: TierSettings, *, decay: float = DEFAULT_DECAY,
+                 hysteresis: float = DEFAULT_HYSTERESIS) -> None:
+        if not settings.family:
+            raise ConfigError("marconi_rule: an adaptive tier needs a family of rules")
+        if not 0 < decay <= 1:
+            raise ConfigError(f"tier chooser decay must be in (0, 1], got {decay}")
+        if not hysteresis >= 0:
+            raise ConfigError(f"tier chooser hysteresis must be >= 0, got {hysteresis}")
+        self.rules: tuple[Rule, ...] = settings.family
+        self.current = self.rules.index(settings.rule)
+        self.decay, self.hysteresis = decay, hysteresis
+        fixed = [TierSettings(settings.group_kinds, settings.spec, settings.tokens_per_chunk, r, settings.host_gbps,
+                              settings.gpu_tflops) for r in self.rules]
+        self.worlds = [_World(capacity, s) for s in fixed]
+        kinds = settings.group_kinds
+        self._attn = tuple(g for g, k in enumerate(kinds) if k == ATTENTION)
+        self._mamba = tuple(g for g, k in enumerate(kinds) if k != ATTENTION)
+        self._tpc = settings.tokens_per_chunk
+        #: a lead no one-time difference in what the tiers hold explains: more tokens than one full
+        #: tier serves (its chunks over the groups a node spans, in tokens)
+        self.min_lead = capacity * (settings.tokens_per_chunk or 1) / len(kinds)
+        self.score = [0.0] * len(self.rules)
+        self.clock = 0
+        self.requests = 0
+        self.switches: list[tuple[int, str]] = []
+        self._misses: set[OffloadKey] = set()
+
+    @property
+    def rule(self) -> Rule:
+        return self.rules[self.current]
+
+    # ------------------------------------------------------------------ events
+    def observe(self, event: TierEvent) -> Rule | None:
+        step = event.step
+        if step == "insert":
+            self.clock += 1
+            for w in self.worlds:
+                w.store(event.keys[0], self.clock, self._misses, event.ref_cnt)
+        elif step == "pin":
+            for w in self.worlds:
+                w.pin(event.keys[0], event.ref_cnt)
+        elif step == "on_store_miss":
+            views = self._views(event.ctx)
+            keys = list(event.keys)
+            self._misses = set(keys)
+            self.clock += 1
+            for w, view in zip(self.worlds, views):
+                w.tree.on_store_miss(keys, view)
+                w.make_room(sum(1 for k in self._misses if k not in w.born), self._misses, self.clock)
+        elif step == "touch":
+            for w, view in zip(self.worlds, self._views(event.ctx)):
+                w.tree.touch(event.keys, view)
+        elif step == "remove":
+            for w in self.worlds:
+                w.remove(event.keys[0])
+        elif step == "on_request_finished":
+            return self._finish(event)
+        elif step == "clear":
+            for w in self.worlds:
+                w.clear()
+            self._misses = set()
+        return None
+
+    def _sighting(self, ctx: Any) -> _Sighting:
+        seen = ctx.get_state(_Sighting)
+        if seen is None or seen.owner is not self:
+            seen = _Sighting(self, self.clock, ctx)
+            ctx.set_state(seen)
+        return seen
+
+    def _views(self, ctx: Any) -> list[_WorldContext]:
+        return self._sighting(ctx).views
+
+    def _finish(self, event: TierEvent) -> Rule | None:
+        ctx = event.ctx
+        seen = self._sighting(ctx)
+        groups = [list(g) for g in event.keys]
+        keys = [k for g in groups for k in g]
+        value = [self._served(w, keys, ctx, seen.t0) for w in self.worlds]
+        self.clock += 1
+        protected = set(keys)
+        for w, view in zip(self.worlds, seen.views):
+            missing = [k for k in keys if k not in w.born]
+            if missing:
+                pos = {k: p for k in missing if (p := ctx.get_offload_key_position(k)) is not None}
+                if len(pos) == len(missing):
+                    missing.sort(key=pos.__getitem__)
+                w.tree.on_store_miss(missing, view)
+                w.make_room(len(missing), protected, self.clock)
+                for k in missing:
+                    w.store(k, self.clock, protected)
+            w.tree.on_request_finished(groups, set(event.inserted), set(event.reused), view)
+        self.requests += 1
+        d = self.decay
+        self.score = [s * d + v for s, v in zip(self.score, value)]
+        best = max(range(len(self.score)), key=self.score.__getitem__)
+        lead = self.score[best] - self.score[self.current]
+        if best == self.current or not lead > max(self.hysteresis * self.score[self.current], self.min_lead):
+            return None
+        self.current = best
+        self.switches.append((self.requests, self.rules[best].label()))
+        return self.rules[best]
+
+    def _served(self, world: _World, keys: Sequence[OffloadKey], ctx: Any, t0: int) -> int:
+        """Tokens a lookup for this request would have loaded from ``world`` at ``t0``: from the
+        first node seen, the run of nodes with every attention chunk held, to the deepest of them
+        with a state held in every Mamba group."""
+        nodes: dict[int, bytes] = {}
+        for k in keys:
+            p = ctx.get_offload_key_position(k)
+            if p is not None:
+                nodes.setdefault(p, get_offload_block_hash(k))
+        if not nodes:
+            return 0
+        order = sorted(nodes)
+        tpc = self._tpc
+        base = order[0] - tpc if tpc else 0
+        prev, deepest = None, base
+        for p in order:
+            if prev is not None and tpc and p - prev != tpc:
+                break
+            h = nodes[p]
+            if not all(world.held_at(make_offload_key(h, g), t0) for g in self._attn):
+                break
+            if all(world.held_at(make_offload_key(h, g), t0) for g in self._mamba):
+                deepest = p
+            prev = p
+        return max(0, deepest - base)
+
+    def tuning_record(self) -> dict[str, Any]:
+        """Record fields: the switches (``tier_rule_switches``: request ends so far, new rule) and the
+        rule in force (``tier_rule``)."""
+        return {"tier_rule_switches": [list(s) for s in self.switches], "tier_rule": self.rule.label()}
+
+
+class AdaptiveTierPolicy(ChunkTreePolicy):
+    """The tier policy of :class:`~marconi.integrations.vllm.tier_tree.ChunkTreePolicy`, whose rule a
+    :class:`TierRuleChooser` sets when ``settings.family`` is not empty (``marconi_rule: adaptive``);
+    with a fixed rule it is exactly ``ChunkTreePolicy``. Same contract (vLLM's ``CachePolicy``):
+    the chooser's worlds never change the chunks held, ref counts or evictability; a switch changes
+    only how the next victims are ranked (:meth:`set_rule`)."""
+
+    def __init__(self, cache_capacity: int, settings: TierSettings) -> None:
+        super().__init__(cache_capacity, settings)
+        self.chooser: TierRuleChooser | None = TierRuleChooser(cache_capacity, settings) if settings.family else None
+
+    def _observe(self, event: TierEvent) -> None:
+        assert self.chooser is not None
+        rule = self.chooser.observe(event)
+        if rule is not None:
+            self.set_rule(rule)
+
+    def insert(self, key: OffloadKey, chunk: Any) -> None:
+        super().insert(key, chunk)
+        if self.chooser is not None:
+            self._observe(TierEvent("insert", (key,), ref_cnt=chunk.ref_cnt))
+
+    def mark_evictable(self, key: OffloadKey) -> None:
+        super().mark_evictable(key)
+        if self.chooser is not None:
+            self._observe(TierEvent("pin", (key,), ref_cnt=0))
+
+    def mark_non_evictable(self, key: OffloadKey) -> None:
+        super().mark_non_evictable(key)
+        if self.chooser is not None:
+            self._observe(TierEvent("pin", (key,), ref_cnt=1))
+
+    def remove(self, key: OffloadKey) -> None:
+        super().remove(key)
+        if self.chooser is not None:
+            self._observe(TierEvent("remove", (key,)))
+
+    def touch(self, keys: Iterable[OffloadKey], req_context: Any) -> None:
+        keys = list(keys)
+        super().touch(keys, req_context)
+        if self.chooser is not None:
+            self._observe(TierEvent("touch", keys, req_context))
+
+    def on_store_miss(self, keys: Iterable[OffloadKey], req_context: Any) -> None:
+        keys = list(keys)
+        super().on_store_miss(keys, req_context)
+        if self.chooser is not None:
+            self._observe(TierEvent("on_store_miss", keys, req_context))
+
+    def on_request_finished(self, key_groups: Sequence[Sequence[OffloadKey]], insertion_only_keys: set[OffloadKey],
+                            reused_keys: set[OffloadKey], req_context: Any) -> None:
+        super().on_request_finished(key_groups, insertion_only_keys, reused_keys, req_context)
+        if self.chooser is not None:
+            self._observe(TierEvent("on_request_finished", key_groups, req_context, frozenset(insertion_only_keys),
+                                    frozenset(reused_keys)))
+
+    def clear(self) -> None:
+        super().clear()
+        if self.chooser is not None:
+            self._observe(TierEvent("clear"))
