@@ -95,10 +95,12 @@ def run_point(task: tuple[str, str, int, str, str, int, str, str]) -> dict[str, 
     tier_bytes = parse_capacity(tier).resolve(working_set_bytes(requests, spec))
     chunks = tier_num_chunks(tier_bytes, layout.block_bytes)
     engine = VllmAlignEngine(layout, spec, eviction="lru")
-    engine.attach_tier(EmulatedTier(layout, chunks, policy, spec, **({"rule": rule} if rule else {})))
+    emulated = EmulatedTier(layout, chunks, policy, spec, **({"rule": rule} if rule else {}))
+    engine.attach_tier(emulated)
     t0 = time.perf_counter()
     loop = emulate_closed_loop(engine, requests, concurrency=concurrency, max_num_seqs=MAX_NUM_SEQS)
-    return {"model": model, "trace": trace, "num_requests": len(requests), "pool": pool,
+    chooser = getattr(emulated.manager.policy, "chooser", None)      # the adaptive rule's switches
+    return {**(chooser.tuning_record() if chooser is not None else {}),"model": model, "trace": trace, "num_requests": len(requests), "pool": pool,
             "pool_blocks": layout.num_blocks, "tier": tier, "tier_chunks": chunks, "concurrency": concurrency,
             "policy": policy, "rule": rule, "token_hit_rate": loop.token_hit_rate,
             "gpu_hit_rate": loop.gpu_hit_rate, "tier_hit_rate": loop.tier_hit_rate, "wall_s": time.perf_counter() - t0}
