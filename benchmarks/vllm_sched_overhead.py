@@ -10,7 +10,11 @@ core (:func:`marconi.integrations.vllm.replay.engine.build_engine_core`: vLLM's 
 * ``marconi`` — the plugin's eviction, α = 0.5;
 * ``adaptive`` — ``MARCONI_VLLM_ALPHA=adaptive`` (the shadow replays on the scheduler thread);
 * ``adaptive-lag`` — the same with ``MARCONI_VLLM_ADAPTIVE_LAG=--lag`` (on a worker thread; the
-  scheduler thread's CPU time no longer holds it, the process's still does: both are reported).
+  scheduler thread's CPU time no longer holds it, the process's still does: both are reported);
+* ``lru`` (diagnostic) — ``MARCONI_VLLM_POLICY=lru``: the plugin keeps its state but vLLM picks the
+  victims, so its evictions are stock's and the difference is bookkeeping alone;
+* ``hooks-only`` (diagnostic, ``--in-process`` only) — ``lru`` with the state's event methods
+  stubbed out: what the plugin's hooks cost vLLM without the state behind them.
 
 The trace must make the pool evict, and filling 10^6 blocks with distinct tokens would take hours
 of scheduling on a CPU; so all but ``--free-region`` blocks of the pool are first taken out of the
@@ -46,7 +50,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-CONFIGS = ("stock", "marconi", "adaptive", "adaptive-lag")
+CONFIGS = ("stock", "marconi", "adaptive", "adaptive-lag", "lru", "hooks-only")
 
 
 def run_in_process(args: argparse.Namespace, n: int, configs: list[str], common: list[str],
@@ -81,6 +85,8 @@ def config_env(name: str, lag: int = 8) -> dict[str, str]:
 
     if name == "stock":
         return {"MARCONI_VLLM_POLICY": "", "MARCONI_VLLM_MAMBA2_CPU_FIX": "off"}
+    if name == "lru":
+        return {**PluginConfig(policy="lru").to_env(), "MARCONI_VLLM_MAMBA2_CPU_FIX": "off"}
     lagged = {"adaptive_lag": lag} if name == "adaptive-lag" else {}
     env = PluginConfig(policy="marconi", alpha="adaptive" if name.startswith("adaptive") else 0.5, **lagged).to_env()
     env["MARCONI_VLLM_MAMBA2_CPU_FIX"] = "off"
@@ -133,14 +139,19 @@ def in_process(args: argparse.Namespace) -> int:
     for r in range(args.rounds):
         for name in configs[r % len(configs):] + configs[:r % len(configs)]:
             config = None
-            if name != "stock":
+            if name in ("lru", "hooks-only"):
+                config = PluginConfig(policy="lru", mamba2_cpu_fix=False)
+            elif name != "stock":
                 lagged = {"adaptive_lag": args.lag} if name == "adaptive-lag" else {}
                 config = PluginConfig(policy="marconi", alpha="adaptive" if name.startswith("adaptive") else 0.5,
                                       mamba2_cpu_fix=False, **lagged)
 
-            def attach(scheduler: Any, config: PluginConfig | None = config) -> None:
+            def attach(scheduler: Any, config: PluginConfig | None = config, name: str = name) -> None:
                 if config is not None:
                     scheduler._marconi = attach_hooks(scheduler, config)
+                    if name == "hooks-only":          # the hooks run, the state behind them does nothing
+                        for event in ("cached", "uncached", "released", "taken"):
+                            setattr(scheduler._marconi.state, event, lambda *_: None)
                 # vLLM's EngineCore freezes the heap once its scheduler (the plugin's state included:
                 # the hooks attach in Scheduler.__init__) is built; the hooks attached here after that
                 # freeze, so freeze again, as vLLM would have (its freeze_gc_heap), for every config.
@@ -258,6 +269,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--configs: choose from {', '.join(CONFIGS)} (NAME@base: with --baseline-src)")
     if any(c.endswith("@base") for c in configs) and not args.baseline_src:
         parser.error("--configs NAME@base needs --baseline-src")
+    if "hooks-only" in configs and not args.in_process:
+        parser.error("--configs hooks-only needs --in-process (it stubs the state inside the process)")
     common = ["--model", args.model, "--free-region", str(args.free_region), "--fill", str(args.fill),
               "--sessions", str(args.sessions), "--turns", str(args.turns), "--output-len", str(args.output_len),
               "--vocab", str(args.vocab), "--concurrency", str(args.concurrency),
@@ -329,7 +342,8 @@ def main(argv: list[str] | None = None) -> int:
     line: dict[str, Any] = {"blocks": largest}
     for key, name in (("step_ratio", "marconi"), ("step_ratio_adaptive", "adaptive"),
                       ("step_ratio_adaptive_lag", "adaptive-lag"), ("step_ratio_base", "marconi@base"),
-                      ("step_ratio_adaptive_base", "adaptive@base")):
+                      ("step_ratio_adaptive_base", "adaptive@base"), ("step_ratio_lru", "lru"),
+                      ("step_ratio_hooks_only", "hooks-only")):
         if (largest, name) in ratios:
             line[key] = round(ratios[(largest, name)], 4)
     print(json.dumps(line))
