@@ -95,7 +95,7 @@ class VictimIndex:
         levels = self._levels
         if current != _NONE:
             if self._seq_of[block_id] != seq or self._tier_of[block_id] != tier:
-                self._leave(block_id)
+                self.discard(block_id)
             elif current == level_id:
                 return
             else:                     # same set, same release number: only its level changes
@@ -133,7 +133,7 @@ class VictimIndex:
         level_id = self._level_of[block_id]
         if level_id == _NONE:
             return
-        # _leave, inlined (every taken block comes here)
+        # Lazy: the member's entries stay in the heaps, stale, until a top or a sweep drops them.
         level = self._levels[level_id]
         self._level_of[block_id] = _NONE
         self._tier_of[block_id] = _NONE
@@ -261,20 +261,6 @@ class VictimIndex:
         self._levels.append(_Level(level_id, tier, effs))
         self._level_ids[tier][effs] = level_id
         return level_id
-
-    def _leave(self, block_id: int) -> None:
-        """Drop a member lazily: its entries stay in the heaps, stale, until a top or a sweep drops them."""
-        level = self._levels[self._level_of[block_id]]
-        self._level_of[block_id] = _NONE
-        self._tier_of[block_id] = _NONE
-        level.num_live -= 1
-        if not level.num_live:
-            self._emptied(level)
-        tier = self._tiers[level.tier]
-        tier.num_live -= 1
-        if not tier.num_live:
-            tier.min_heap = []
-            tier.max_heap = []
 
     def _into_level(self, level: _Level, entry: int) -> None:
         """Push a new member's entry (its records already say ``level``); a level that fills joins
