@@ -7,6 +7,7 @@ worlds never change what the live tier holds or evicts; a bad ``marconi_rule`` i
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import replace
 
@@ -20,7 +21,7 @@ from marconi.integrations.vllm.emulate.scheduler import emulate_closed_loop
 from marconi.integrations.vllm.emulate.tier import EmulatedTier, ReqContext, TierManager, make_policy
 from marconi.integrations.vllm.layout import VllmLayout
 from marconi.integrations.vllm.policy import ATTENTION, MAMBA
-from marconi.integrations.vllm.tier_chooser import AdaptiveTierPolicy, TierRuleChooser
+from marconi.integrations.vllm.tier_chooser import ARC_WORLD, AdaptiveTierPolicy, TierRuleChooser
 from marconi.integrations.vllm.tier_tree import (ADAPTIVE, DEFAULT_FAMILY, DEFAULT_RULE, ChunkTreePolicy, TierSettings,
                                                  make_offload_key, parse_tier_rule)
 from test_vllm_emulate_concurrency import sessions
@@ -76,8 +77,9 @@ def test_the_chooser_moves_to_the_world_that_serves_more_hits() -> None:
         mgr.check_invariants()
     chooser = policy.chooser
     assert chooser is not None
-    lru, a2 = chooser.score
-    assert a2 > 2 * lru                          # clearly more hits in a2's world
+    lru, a2, arc = chooser.score
+    assert chooser.labels == ("lru", "a2", "arc")
+    assert a2 > 2 * lru and a2 > arc             # clearly more hits in a2's world
     assert policy.settings.rule.label() == "a2" and chooser.rule.label() == "a2"
     assert chooser.switches and chooser.switches[0][1] == "a2"
     assert chooser.tuning_record()["tier_rule"] == "a2"
@@ -149,3 +151,89 @@ def test_the_default_is_adaptive_and_bad_rules_are_refused_by_name() -> None:
     with pytest.raises(ConfigError, match="family"):
         TierRuleChooser(8, fixed)
     assert isinstance(ChunkTreePolicy(8, fixed), ChunkTreePolicy)
+
+
+def _frequency_rounds(mgr: TierManager, rounds: int, rid: int = 0) -> int:
+    """Three hot one-chunk documents asked twice every round, then a scan of six one-off requests
+    (12 chunks, the whole tier): by recency the scan flushes the hot documents each round (only
+    their second ask hits); ARC keeps them in T2 (reused) and evicts the scan from T1 (both asks
+    hit). Returns the next request id."""
+    for _ in range(rounds):
+        for doc in (0, 1, 2, 0, 1, 2):
+            _request(mgr, rid, f"hot:{doc}", 1)
+            rid += 1
+        for _ in range(6):
+            _request(mgr, rid, f"scan:{rid}", 1)
+            rid += 1
+        mgr.check_invariants()
+        mgr.policy.check_invariants()
+    return rid
+
+
+def _hot_held(policy) -> bool:
+    held = policy.held_chunks()
+    return all(make_offload_key(f"hot:{d}:1".encode(), g) in held for d in range(3) for g in (0, 1))
+
+
+def test_the_arc_world_leads_on_frequency_and_the_live_tier_then_evicts_as_arc() -> None:
+    """Hot documents between scans (frequency wins): no tree rule of the default family keeps them,
+    the ARC world does; the adaptive tier switches to ARC, and from then on every eviction is the
+    one vLLM's ARC would make from the live tier's ARC lists (a copy taken just before the call),
+    and the hot documents stay held."""
+    settings = TierSettings.from_extra_config({}, group_kinds=KINDS, spec=SPEC, tokens_per_chunk=TPC)
+    policy = AdaptiveTierPolicy(12, settings)
+    mgr = TierManager(12, policy)
+    calls = []
+    live_evict = policy.evict
+
+    def spy(n, protected):
+        follows = policy.follows_arc
+        reference = copy.deepcopy(policy.arc)          # vLLM's ARC, fed the same calls so far
+        out = live_evict(n, protected)
+        expected = reference.evict(n, protected) if follows else None
+        calls.append((follows, [k for k, _ in out or ()], [k for k, _ in expected or ()]))
+        return out
+
+    policy.evict = spy
+    rid = _frequency_rounds(mgr, 2)
+    chooser = policy.chooser
+    assert chooser.labels == (*DEFAULT_FAMILY, ARC_WORLD)
+    assert chooser.label == "lru" and not _hot_held(policy)      # the tree's recency loses them to the scan
+    assert chooser.score[-1] > max(chooser.score[:-1])          # the ARC world served more already
+    rid = _frequency_rounds(mgr, 8, rid)
+    assert chooser.label == ARC_WORLD and policy.follows_arc and chooser.rule is None
+    assert chooser.switches[-1][1] == ARC_WORLD and chooser.tuning_record()["tier_rule"] == ARC_WORLD
+    assert chooser.score[-1] > max(chooser.score[:-1]) + chooser.min_lead
+    under_arc = [c for c in calls if c[0]]
+    assert under_arc and all(out == expected for _, out, expected in under_arc)
+    assert any(not c[0] for c in calls)                 # the tree evicted before the switch
+    assert _hot_held(policy)
+    evicted = sum(policy.eviction_counts.values())
+    assert evicted == len(mgr.evicted)                  # ARC's victims counted as the tree's are
+
+
+def test_a_fixed_rule_evicts_as_the_tree_and_keeps_no_arc_lists() -> None:
+    """A fixed rule builds neither worlds nor ARC lists: on the frequency sequence the policy
+    evicts exactly as a bare ChunkTreePolicy under that rule."""
+    fixed = TierSettings.from_extra_config({"marconi_rule": "lru"}, group_kinds=KINDS, spec=SPEC, tokens_per_chunk=TPC)
+    policy = AdaptiveTierPolicy(12, fixed)
+    assert policy.chooser is None and policy.arc is None and not policy.follows_arc
+    bare = ChunkTreePolicy(12, fixed)
+    managers = [TierManager(12, policy), TierManager(12, bare)]
+    for mgr in managers:
+        _frequency_rounds(mgr, 6)
+    assert managers[0].evicted == managers[1].evicted and managers[0].evicted
+    assert not _hot_held(policy)
+
+
+def test_arc_lists_ghost_what_the_tree_evicts() -> None:
+    """Under a tree rule the live ARC lists follow the tier: a chunk the tree evicts leaves T1/T2
+    for the matching ghost list (as ARC's own eviction would put it)."""
+    policy = _adaptive(12, "lru/a2", hysteresis=math.inf)
+    mgr = TierManager(12, policy)
+    _frequency_rounds(mgr, 3)
+    assert not policy.follows_arc and mgr.evicted
+    arc = policy.arc
+    assert arc.held_chunks().keys() == policy.held_chunks().keys()
+    assert set(mgr.evicted) & (arc.b1.keys() | arc.b2.keys())
+    assert not (set(mgr.evicted) - policy.held_chunks().keys()) & arc.held_chunks().keys()

@@ -1,7 +1,9 @@
-"""The CPU tier's rule, chosen online: ghost tiers, one per rule of a family, and the live policy
-that follows the best. vLLM-free (duck-typed over ``OffloadKey`` bytes, as ``tier_tree``).
+"""The CPU tier's rule, chosen online: ghost tiers, one per rule of a family plus one under vLLM's
+ARC, and the live policy that follows the best. vLLM-free (duck-typed over ``OffloadKey`` bytes,
+as ``tier_tree``).
 
 A **world** is a :class:`~marconi.integrations.vllm.tier_tree.ChunkTreePolicy` under one fixed rule,
+or (the last world, ``arc``) vLLM's ARC order (:class:`~marconi.integrations.vllm.tier_arc.ARCPolicy`),
 with the live tier's capacity in chunks, holding metadata only (its chunks are idle placeholders,
 never vLLM's). Each world sees what the live policy sees: the store misses and inserts (making room
 by its own rule), failed stores' removals, touches and request ends, under its own per-request
@@ -14,27 +16,32 @@ from it for that request: from the request's first chunk seen, the run of nodes 
 chunks the world held when the policy first saw the request, up to the deepest of them whose
 state (every Mamba group) it held too. Scores decay per request (:class:`TierRuleChooser`); the
 live rule switches to the best world's when it leads the live rule's own world by a relative
-margin. The live tier's chunks stay; only the ranking of the next victims changes. Why and what
-it measured: ``docs/vllm-tiers.md``, "Adaptive rule: ghost tiers".
+margin. The live tier's chunks stay; only the ranking of the next victims changes: a tree rule's,
+or, when the ARC world leads, ARC's own order, which the live policy keeps over its chunks at all
+times. Why and what it measured: ``docs/vllm-tiers.md``, "Adaptive rule: ghost tiers".
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
+from dataclasses import replace
 from typing import Any, Iterable, NamedTuple, Sequence
 
 from marconi.core.eviction import Rule
 from marconi.core.registry import ConfigError
 from marconi.integrations.vllm.policy import ATTENTION
+from marconi.integrations.vllm.tier_arc import ARCPolicy
 from marconi.integrations.vllm.tier_tree import (ChunkTreePolicy, TierSettings, get_offload_block_hash,
                                                  get_offload_group_idx, make_offload_key)
 
-__all__ = ["AdaptiveTierPolicy", "TierEvent", "TierRuleChooser", "DEFAULT_DECAY", "DEFAULT_HYSTERESIS"]
+__all__ = ["AdaptiveTierPolicy", "TierEvent", "TierRuleChooser", "ARC_WORLD", "DEFAULT_DECAY", "DEFAULT_HYSTERESIS"]
 
 #: weight the scores keep per request end (a horizon of ~1,000 requests, the worlds chooser's)
 DEFAULT_DECAY = 0.999
 #: the relative lead over the live rule's world a world needs for a switch
 DEFAULT_HYSTERESIS = 0.05
+#: the label of the world (and live order) under vLLM's ARC, beside the family's rules
+ARC_WORLD = "arc"
 
 OffloadKey = bytes
 
@@ -81,12 +88,15 @@ class _Sighting:
 
 
 class _World:
-    """A ghost tier under one rule: the tree, and when each chunk entered (and left) it."""
+    """A ghost tier under one order: ``policy`` (a tree under ``rule``, or ARC when ``rule`` is
+    None), and when each chunk entered (and left) it."""
 
-    __slots__ = ("tree", "capacity", "born", "died")
+    __slots__ = ("policy", "rule", "label", "capacity", "born", "died")
 
-    def __init__(self, capacity: int, settings: TierSettings) -> None:
-        self.tree = ChunkTreePolicy(capacity, settings)
+    def __init__(self, capacity: int, policy: ChunkTreePolicy | ARCPolicy, rule: Rule | None) -> None:
+        self.policy = policy
+        self.rule = rule
+        self.label = rule.label() if rule is not None else ARC_WORLD
         self.capacity = capacity
         self.born: dict[OffloadKey, int] = {}
         self.died: OrderedDict[OffloadKey, tuple[int, int]] = OrderedDict()
@@ -100,13 +110,13 @@ class _World:
         return stay is not None and stay[0] < t0 <= stay[1]
 
     def make_room(self, n: int, protected: set[OffloadKey], clock: int) -> None:
-        """Evict by the world's rule until ``n`` more chunks fit (as many as its evictable chunks
+        """Evict by the world's order until ``n`` more chunks fit (as many as its evictable chunks
         not ``protected`` allow)."""
-        need = self.tree.num_held() + n - self.capacity
+        need = self.policy.num_held() + n - self.capacity
         if need <= 0:
             return
-        need = min(need, self.tree.num_evictable(protected))
-        out = self.tree.evict(need, protected) if need > 0 else None
+        need = min(need, self.policy.num_evictable(protected))
+        out = self.policy.evict(need, protected) if need > 0 else None
         for key, _ in out or ():
             self.died[key] = (self.born.pop(key), clock)
             self.died.move_to_end(key)
@@ -117,30 +127,30 @@ class _World:
         if key in self.born:
             self.pin(key, ref_cnt)
             return
-        if self.tree.num_held() >= self.capacity:
+        if self.policy.num_held() >= self.capacity:
             self.make_room(1, protected | {key}, clock)
-            if self.tree.num_held() >= self.capacity:
+            if self.policy.num_held() >= self.capacity:
                 return                      # nothing evictable: the store fails, as vLLM's would
-        self.tree.insert(key, _Shade(ref_cnt))
+        self.policy.insert(key, _Shade(ref_cnt))
         self.born[key] = clock
 
     def pin(self, key: OffloadKey, ref_cnt: int) -> None:
         """The live chunk ``key`` now has ``ref_cnt``: the world's copy follows (if held)."""
-        chunk = self.tree.get(key)
+        chunk = self.policy.get(key)
         if chunk is None or chunk.ref_cnt == ref_cnt:
             return
         chunk.ref_cnt = ref_cnt
         if ref_cnt == 0:
-            self.tree.mark_evictable(key)
+            self.policy.mark_evictable(key)
         else:
-            self.tree.mark_non_evictable(key)
+            self.policy.mark_non_evictable(key)
 
     def remove(self, key: OffloadKey) -> None:
         if self.born.pop(key, None) is not None:
-            self.tree.remove(key)
+            self.policy.remove(key)
 
     def clear(self) -> None:
-        self.tree.clear()
+        self.policy.clear()
         self.born.clear()
         self.died.clear()
 
@@ -166,15 +176,17 @@ class TierRuleChooser:
 
     Args:
         capacity: the live tier's chunks (each world holds as many).
-        settings: the live tier's settings; ``settings.family`` the rules (a world each), and
-            ``settings.rule`` the one in force first.
+        settings: the live tier's settings; ``settings.family`` the rules (a world each, then one
+            world under ARC, :data:`ARC_WORLD`), and ``settings.rule`` the one in force first.
         decay: weight the scores keep per request end, in (0, 1].
         hysteresis: the relative lead (>= 0) the best world needs over the live rule's world; and
             at least :attr:`min_lead` tokens (one full tier's worth, so a lucky difference in what
             the worlds held once cannot switch the rule).
 
-    ``observe`` returns the new live rule on a switch, else None; it never touches the live
-    policy's chunks or request scratch. ConfigError: no family, or a bad parameter.
+    ``observe`` returns the label of the new live world on a switch (a rule's label, or
+    :data:`ARC_WORLD`), else None; it never touches the live policy's chunks or request scratch.
+    :attr:`rule` is the live world's rule (None while ARC leads). ConfigError: no family, or a bad
+    parameter.
     """
 
     def __init__(self, capacity: int, settings: TierSettings, *, decay: float = DEFAULT_DECAY,
@@ -188,9 +200,10 @@ class TierRuleChooser:
         self.rules: tuple[Rule, ...] = settings.family
         self.current = self.rules.index(settings.rule)
         self.decay, self.hysteresis = decay, hysteresis
-        fixed = [TierSettings(settings.group_kinds, settings.spec, settings.tokens_per_chunk, r, settings.host_gbps,
-                              settings.gpu_tflops) for r in self.rules]
-        self.worlds = [_World(capacity, s) for s in fixed]
+        self.worlds = [_World(capacity, ChunkTreePolicy(capacity, replace(settings, rule=r, family=())), r)
+                       for r in self.rules]
+        self.worlds.append(_World(capacity, ARCPolicy(capacity), None))
+        self.labels: tuple[str, ...] = tuple(w.label for w in self.worlds)
         kinds = settings.group_kinds
         self._attn = tuple(g for g, k in enumerate(kinds) if k == ATTENTION)
         self._mamba = tuple(g for g, k in enumerate(kinds) if k != ATTENTION)
@@ -198,18 +211,24 @@ class TierRuleChooser:
         #: a lead no one-time difference in what the tiers hold explains: more tokens than one full
         #: tier serves (its chunks over the groups a node spans, in tokens)
         self.min_lead = capacity * (settings.tokens_per_chunk or 1) / len(kinds)
-        self.score = [0.0] * len(self.rules)
+        self.score = [0.0] * len(self.worlds)
         self.clock = 0
         self.requests = 0
         self.switches: list[tuple[int, str]] = []
         self._misses: set[OffloadKey] = set()
 
     @property
-    def rule(self) -> Rule:
-        return self.rules[self.current]
+    def rule(self) -> Rule | None:
+        """The live world's rule; None while the ARC world is live."""
+        return self.worlds[self.current].rule
+
+    @property
+    def label(self) -> str:
+        """The live world's label: its rule's, or :data:`ARC_WORLD`."""
+        return self.labels[self.current]
 
     # ------------------------------------------------------------------ events
-    def observe(self, event: TierEvent) -> Rule | None:
+    def observe(self, event: TierEvent) -> str | None:
         step = event.step
         if step == "insert":
             self.clock += 1
@@ -224,11 +243,11 @@ class TierRuleChooser:
             self._misses = set(keys)
             self.clock += 1
             for w, view in zip(self.worlds, views):
-                w.tree.on_store_miss(keys, view)
+                w.policy.on_store_miss(keys, view)
                 w.make_room(sum(1 for k in self._misses if k not in w.born), self._misses, self.clock)
         elif step == "touch":
             for w, view in zip(self.worlds, self._views(event.ctx)):
-                w.tree.touch(event.keys, view)
+                w.policy.touch(event.keys, view)
         elif step == "remove":
             for w in self.worlds:
                 w.remove(event.keys[0])
@@ -250,7 +269,7 @@ class TierRuleChooser:
     def _views(self, ctx: Any) -> list[_WorldContext]:
         return self._sighting(ctx).views
 
-    def _finish(self, event: TierEvent) -> Rule | None:
+    def _finish(self, event: TierEvent) -> str | None:
         ctx = event.ctx
         seen = self._sighting(ctx)
         groups = [list(g) for g in event.keys]
@@ -264,11 +283,11 @@ class TierRuleChooser:
                 pos = {k: p for k in missing if (p := ctx.get_offload_key_position(k)) is not None}
                 if len(pos) == len(missing):
                     missing.sort(key=pos.__getitem__)
-                w.tree.on_store_miss(missing, view)
+                w.policy.on_store_miss(missing, view)
                 w.make_room(len(missing), protected, self.clock)
                 for k in missing:
                     w.store(k, self.clock, protected)
-            w.tree.on_request_finished(groups, set(event.inserted), set(event.reused), view)
+            w.policy.on_request_finished(groups, set(event.inserted), set(event.reused), view)
         self.requests += 1
         d = self.decay
         self.score = [s * d + v for s, v in zip(self.score, value)]
@@ -277,8 +296,8 @@ class TierRuleChooser:
         if best == self.current or not lead > max(self.hysteresis * self.score[self.current], self.min_lead):
             return None
         self.current = best
-        self.switches.append((self.requests, self.rules[best].label()))
-        return self.rules[best]
+        self.switches.append((self.requests, self.labels[best]))
+        return self.labels[best]
 
     def _served(self, world: _World, keys: Sequence[OffloadKey], ctx: Any, t0: int) -> int:
         """Tokens a lookup for this request would have loaded from ``world`` at ``t0``: from the
@@ -307,68 +326,107 @@ class TierRuleChooser:
         return max(0, deepest - base)
 
     def tuning_record(self) -> dict[str, Any]:
-        """Record fields: the switches (``tier_rule_switches``: request ends so far, new rule) and the
-        rule in force (``tier_rule``)."""
-        return {"tier_rule_switches": [list(s) for s in self.switches], "tier_rule": self.rule.label()}
+        """Record fields: the switches (``tier_rule_switches``: request ends so far, new world's label)
+        and the label in force (``tier_rule``: a rule's, or :data:`ARC_WORLD`)."""
+        return {"tier_rule_switches": [list(s) for s in self.switches], "tier_rule": self.label}
 
 
 class AdaptiveTierPolicy(ChunkTreePolicy):
-    """The tier policy of :class:`~marconi.integrations.vllm.tier_tree.ChunkTreePolicy`, whose rule a
+    """The tier policy of :class:`~marconi.integrations.vllm.tier_tree.ChunkTreePolicy`, whose order a
     :class:`TierRuleChooser` sets when ``settings.family`` is not empty (``marconi_rule: adaptive``);
     with a fixed rule it is exactly ``ChunkTreePolicy``. Same contract (vLLM's ``CachePolicy``):
     the chooser's worlds never change the chunks held, ref counts or evictability; a switch changes
-    only how the next victims are ranked (:meth:`set_rule`)."""
+    only how the next victims are ranked: by a tree rule (:meth:`set_rule`), or, when the ARC world
+    leads, in the order of :attr:`arc`, vLLM's ARC kept over the live chunks (every live call
+    feeds it; a chunk the tree evicts goes to its ghost list, :meth:`ARCPolicy.retire`)."""
 
     def __init__(self, cache_capacity: int, settings: TierSettings) -> None:
         super().__init__(cache_capacity, settings)
         self.chooser: TierRuleChooser | None = TierRuleChooser(cache_capacity, settings) if settings.family else None
+        #: ARC's lists over the live chunks (adaptive only); evict follows them while ``follows_arc``
+        self.arc: ARCPolicy | None = ARCPolicy(cache_capacity) if settings.family else None
+        self.follows_arc = False
 
     def _observe(self, event: TierEvent) -> None:
         assert self.chooser is not None
-        rule = self.chooser.observe(event)
+        if self.chooser.observe(event) is None:
+            return
+        rule = self.chooser.rule
+        self.follows_arc = rule is None
         if rule is not None:
             self.set_rule(rule)
 
     def insert(self, key: OffloadKey, chunk: Any) -> None:
         super().insert(key, chunk)
         if self.chooser is not None:
+            self.arc.insert(key, chunk)
             self._observe(TierEvent("insert", (key,), ref_cnt=chunk.ref_cnt))
 
     def mark_evictable(self, key: OffloadKey) -> None:
         super().mark_evictable(key)
         if self.chooser is not None:
+            self.arc.mark_evictable(key)
             self._observe(TierEvent("pin", (key,), ref_cnt=0))
 
     def mark_non_evictable(self, key: OffloadKey) -> None:
         super().mark_non_evictable(key)
         if self.chooser is not None:
+            self.arc.mark_non_evictable(key)
             self._observe(TierEvent("pin", (key,), ref_cnt=1))
 
     def remove(self, key: OffloadKey) -> None:
         super().remove(key)
         if self.chooser is not None:
+            self.arc.remove(key)
             self._observe(TierEvent("remove", (key,)))
 
     def touch(self, keys: Iterable[OffloadKey], req_context: Any) -> None:
         keys = list(keys)
         super().touch(keys, req_context)
         if self.chooser is not None:
+            self.arc.touch(keys, req_context)
             self._observe(TierEvent("touch", keys, req_context))
 
     def on_store_miss(self, keys: Iterable[OffloadKey], req_context: Any) -> None:
         keys = list(keys)
         super().on_store_miss(keys, req_context)
         if self.chooser is not None:
+            self.arc.on_store_miss(keys, req_context)
             self._observe(TierEvent("on_store_miss", keys, req_context))
 
     def on_request_finished(self, key_groups: Sequence[Sequence[OffloadKey]], insertion_only_keys: set[OffloadKey],
                             reused_keys: set[OffloadKey], req_context: Any) -> None:
         super().on_request_finished(key_groups, insertion_only_keys, reused_keys, req_context)
         if self.chooser is not None:
-            self._observe(TierEvent("on_request_finished", key_groups, req_context, frozenset(insertion_only_keys),
-                                    frozenset(reused_keys)))
+            self.arc.on_request_finished(key_groups, insertion_only_keys, reused_keys, req_context)
+            self._observe(TierEvent("on_request_finished", key_groups, req_context,
+                                    inserted=frozenset(insertion_only_keys), reused=frozenset(reused_keys)))
+
+    def evict(self, n: int, protected: set[OffloadKey]) -> list[tuple[OffloadKey, Any]] | None:
+        """vLLM's contract (exactly ``n`` idle chunks not in ``protected``, or None and nothing
+        changed), in ARC's order while the ARC world is live, else the tree rule's."""
+        if self.arc is None:
+            return super().evict(n, protected)
+        if not self.follows_arc:
+            out = super().evict(n, protected)
+            for key, _ in out or ():
+                self.arc.retire(key)
+            return out
+        out = self.arc.evict(n, protected)
+        for key, chunk in out or ():
+            assert chunk.ref_cnt == 0, "an evictable chunk is pinned"
+            self.forget_evicted(key)
+        return out
 
     def clear(self) -> None:
         super().clear()
         if self.chooser is not None:
+            self.arc.clear()
             self._observe(TierEvent("clear"))
+
+    def check_invariants(self) -> None:
+        """The tree's checks, and (adaptive) ARC's lists hold exactly the live chunks."""
+        super().check_invariants()
+        if self.arc is not None:
+            self.arc.check_invariants()
+            assert self.arc.held_chunks().keys() == self.held_chunks().keys(), "ARC's lists drifted from the tier"

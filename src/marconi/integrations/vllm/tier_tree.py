@@ -356,6 +356,13 @@ class ChunkTreePolicy:
     def mark_non_evictable(self, key: OffloadKey) -> None:
         self._evictable.discard(key)
 
+    def forget_evicted(self, key: OffloadKey) -> None:
+        """Forget ``key``, an idle chunk another order evicted (an adaptive tier's ARC), and count it
+        in :attr:`eviction_counts` by its kind (``kv``/``state``; its standing is not judged).
+        KeyError for a key not held."""
+        self._forget(key)
+        self.eviction_counts[self._kind(key)] += 1
+
     def set_rule(self, rule: Rule) -> None:
         """Rank candidates by ``rule`` from the next ``evict`` on (the chunks held stay; an adaptive
         tier's switch). ConfigError for a rule the tier cannot apply."""

@@ -29,13 +29,13 @@ chunk still being written makes the request wait, as vLLM's does. Docs: ``docs/v
 from __future__ import annotations
 
 import heapq
-from collections import OrderedDict
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from marconi.core.model import ModelSpec
 from marconi.core.registry import ConfigError
 from marconi.integrations.vllm.layout import VllmLayout, cdiv
 from marconi.integrations.vllm.policy import ATTENTION, MAMBA
+from marconi.integrations.vllm.tier_arc import ARCPolicy, order_request_keys
 from marconi.integrations.vllm.tier_chooser import AdaptiveTierPolicy
 from marconi.integrations.vllm.tier_tree import (DEFAULT_GPU_TFLOPS, DEFAULT_RULE, TierSettings, get_offload_group_idx,
                                                  make_offload_key, parse_tier_rule)
@@ -94,15 +94,6 @@ class ReqContext:
         return self._positions.get(key)
 
 
-def _order_request_keys(key_groups: Sequence[Sequence[bytes]], ctx: ReqContext) -> list[bytes]:
-    """vLLM's ``order_request_keys``: one head-to-tail order across the groups."""
-    keys = [k for group in key_groups for k in group]
-    positions = {k: p for k in keys if (p := ctx.get_offload_key_position(k)) is not None}
-    if len(positions) == len(keys):
-        keys.sort(key=positions.__getitem__)
-    return keys
-
-
 class LRUPolicy:
     """vLLM's ``LRUCachePolicy``: a rank per chunk, new on insert and (head most recent) when a
     request that used it finishes; ``evict`` takes the lowest ranks among the evictable."""
@@ -143,7 +134,7 @@ class LRUPolicy:
 
     def on_request_finished(self, key_groups: Sequence[Sequence[bytes]], insertion_only: set[bytes],
                             reused: set[bytes], ctx: ReqContext) -> None:
-        self._update_recency(reversed(_order_request_keys(key_groups, ctx)))
+        self._update_recency(reversed(order_request_keys(key_groups, ctx)))
 
     def evict(self, n: int, protected: set[bytes]) -> list[tuple[bytes, Chunk]] | None:
         if n == 0:
@@ -168,129 +159,6 @@ class LRUPolicy:
 
     def mark_non_evictable(self, key: bytes) -> None:
         self._evictable.discard(key)
-
-
-class ARCPolicy:
-    """vLLM's ``ARCCachePolicy`` (T1/T2 with ghost lists B1/B2 and an adaptive T1 target), line for line."""
-
-    def __init__(self, cache_capacity: int) -> None:
-        self.cache_capacity = cache_capacity
-        self.target_t1_size = 0.0
-        self.t1: OrderedDict[bytes, Chunk] = OrderedDict()
-        self.t2: OrderedDict[bytes, Chunk] = OrderedDict()
-        self.b1: OrderedDict[bytes, None] = OrderedDict()
-        self.b2: OrderedDict[bytes, None] = OrderedDict()
-
-    def get(self, key: bytes) -> Chunk | None:
-        return self.t1.get(key) or self.t2.get(key)
-
-    def insert(self, key: bytes, chunk: Chunk) -> None:
-        self.t1[key] = chunk
-        self.b1.pop(key, None)
-        self.b2.pop(key, None)
-
-    def remove(self, key: bytes) -> None:
-        if self.t1.pop(key, None) is None:
-            self.t2.pop(key, None)
-
-    def _adapt_to_ghost_hit(self, key: bytes) -> bool:
-        if key in self.b1:
-            delta = max(1, len(self.b2) / len(self.b1))
-            self.target_t1_size = min(self.target_t1_size + delta, self.cache_capacity)
-            self.b1.move_to_end(key)
-            return True
-        if key in self.b2:
-            delta = max(1, len(self.b1) / len(self.b2))
-            self.target_t1_size = max(self.target_t1_size - delta, 0)
-            self.b2.move_to_end(key)
-            return True
-        return False
-
-    def on_store_miss(self, keys: Iterable[bytes], ctx: ReqContext) -> None:
-        for key in reversed(list(keys)):
-            self._adapt_to_ghost_hit(key)
-
-    def touch(self, keys: Iterable[bytes], ctx: ReqContext) -> None:
-        for key in reversed(list(keys)):
-            if key in self.t1:
-                chunk = self.t1.pop(key)
-                if not chunk.is_ready:
-                    self.t1[key] = chunk
-                else:
-                    self.t2[key] = chunk
-            elif key in self.t2:
-                self.t2.move_to_end(key)
-            else:
-                self._adapt_to_ghost_hit(key)
-
-    def on_request_finished(self, key_groups: Sequence[Sequence[bytes]], insertion_only: set[bytes],
-                            reused: set[bytes], ctx: ReqContext) -> None:
-        for key in reversed(_order_request_keys(key_groups, ctx)):
-            if key in insertion_only:
-                if key in self.t1:
-                    self.t1.move_to_end(key)
-                elif key in self.t2:
-                    self.t2.move_to_end(key)
-                continue
-            if key in reused and key in self.t1:
-                self.t2[key] = self.t1.pop(key)
-            elif key in reused and key in self.t2:
-                self.t2.move_to_end(key)
-
-    def evict(self, n: int, protected: set[bytes]) -> list[tuple[bytes, Chunk]] | None:
-        if n == 0:
-            return []
-        candidates: list[tuple[bytes, Chunk, bool]] = []
-        virtual_t1_size = len(self.t1)
-        t1_iter = iter(self.t1.items())
-        t2_iter = iter(self.t2.items())
-
-        def next_candidate(entries: Iterator[tuple[bytes, Chunk]]) -> tuple[bytes, Chunk] | None:
-            for key, chunk in entries:
-                if chunk.ref_cnt == 0 and key not in protected:
-                    return key, chunk
-            return None
-
-        for _ in range(n):
-            candidate: tuple[bytes, Chunk, bool] | None = None
-            if virtual_t1_size >= int(self.target_t1_size):
-                entry = next_candidate(t1_iter)
-                if entry is not None:
-                    candidate = (*entry, True)
-                    virtual_t1_size -= 1
-            if candidate is None:
-                entry = next_candidate(t2_iter)
-                if entry is not None:
-                    candidate = (*entry, False)
-            if candidate is None:
-                entry = next_candidate(t1_iter)
-                if entry is None:
-                    return None
-                candidate = (*entry, True)
-                virtual_t1_size -= 1
-            candidates.append(candidate)
-        result = []
-        for key, chunk, from_t1 in candidates:
-            if from_t1:
-                del self.t1[key]
-                self.b1[key] = None
-            else:
-                del self.t2[key]
-                self.b2[key] = None
-            result.append((key, chunk))
-        for ghost in (self.b1, self.b2):
-            for _ in range(len(ghost) - self.cache_capacity):
-                ghost.popitem(last=False)
-        return result
-
-    def mark_evictable(self, key: bytes) -> None:
-        return
-
-    def held_chunks(self) -> dict[bytes, Chunk]:
-        return {**self.t1, **self.t2}
-
-    def mark_non_evictable(self, key: bytes) -> None:
-        return
 
 
 def make_policy(name: str, capacity: int, *, group_kinds: Sequence[str] = (), spec: ModelSpec | None = None,
