@@ -48,6 +48,9 @@ def supported_vllm(version: str) -> bool:
     return ".".join(version.split("+")[0].split(".")[:2]) in SUPPORTED_VLLM
 
 _REGISTERED = False
+# The longest get_new_blocks leaves evictions uncounted in Prometheus while no request finishes
+# (each finished request flushes them; ``PoolHooks.num_evicted`` always does), in seconds.
+_FLUSH_S = 1.0
 
 
 class PluginSettingError(ConfigError):
@@ -286,8 +289,10 @@ class PoolHooks:
         self.num_cached: dict[str, int] = {}     # group kind -> block hashes inserted (states kept, for mamba)
         # Evictions counted per (group id, reason) since the last flush into Prometheus (a labelled
         # counter's inc costs about 2 µs, as much as vLLM's whole eviction of a block: they are added
-        # once per get_new_blocks call and per finished request, see _flush_evicted).
+        # at every finished request, and from get_new_blocks at most once per _FLUSH_S seconds, see
+        # _flush_evicted).
         self._evicted_pending: dict[tuple[int, int], int] = {}
+        self._flush_due = 0.0            # time.monotonic() after which get_new_blocks flushes
         self._evicted_labels: dict[tuple[int, int], tuple[Any, str]] = {}   # -> (labelled counter, name)
         self._hit_counters: tuple[Any, Any] | None = None   # hit_tokens' usable and kv_only, labelled once
         self._admitted: dict[str, tuple[int, int]] = {}     # request id -> (hit, kv-only) tokens at admission
@@ -394,6 +399,8 @@ class PoolHooks:
             self.on_admitted(request, num_hits)
 
         self.kv_manager.record_prefix_cache_stats = record_prefix_cache_stats
+        if self._trace is None:      # the wrapper below only writes the trace's "slots" event
+            return
         allocate = self.kv_manager.allocate_slots
 
         def allocate_slots(request: Any, num_new_tokens: int, num_new_computed_tokens: int = 0,
@@ -477,38 +484,77 @@ class PoolHooks:
             block.ref_cnt += 1
             if metrics:
                 metrics.on_block_allocated(block)
-        if self._evicted_pending:
+        if self._evicted_pending and time.monotonic() >= self._flush_due:
             self._flush_evicted()
         if self._trace is not None:
             self._emit("alloc", [b.block_id for b in picked])
         return picked
 
     def get_new_blocks_observed(self, num_blocks: int) -> list[Any]:
-        """vLLM's own ``get_new_blocks`` (LRU), with the index told which blocks left the queue."""
-        blocks = self._orig["get_new_blocks"](num_blocks)
-        taken = self.state.taken
-        for block in blocks:
-            taken(block.block_id)
-        if self._evicted_pending:
+        """vLLM's own ``get_new_blocks`` (LRU: the free queue's head), with the index told which
+        cached blocks left the queue. With prefix caching on it is vLLM's code less the eviction
+        calls that do nothing (a block without a hash gets only the metrics call they would make),
+        as in :meth:`get_new_blocks`; off, vLLM's own method."""
+        pool = self.pool
+        if not pool.enable_caching:
+            blocks = self._orig["get_new_blocks"](num_blocks)
+        else:
+            # vLLM's own get_new_blocks (the same in 0.32 and 0.33), private parts included.
+            if num_blocks > pool.get_num_free_blocks():
+                raise ValueError(f"Cannot get {num_blocks} free blocks from the pool")
+            blocks = pool.free_block_queue.popleft_n(num_blocks)
+            if pool._reuse_watchers:
+                pool._notify_reuse(blocks)
+            metrics = pool.metrics_collector
+            by_block = pool.cached_block_hashes_by_block
+            taken = self.state.taken
+            for block in blocks:
+                if block.block_hash is not None or block.block_id in by_block:
+                    pool._maybe_evict_cached_block(block)     # vLLM private (hooked: counts the eviction)
+                    taken(block.block_id)
+                elif metrics:                                 # what _maybe_evict_cached_block does for it
+                    metrics.on_block_evicted(block)
+                assert block.ref_cnt == 0
+                block.ref_cnt += 1
+                if metrics:
+                    metrics.on_block_allocated(block)
+        if self._evicted_pending and time.monotonic() >= self._flush_due:
             self._flush_evicted()
         if self._trace is not None:
             self._emit("alloc", [b.block_id for b in blocks])
         return blocks
 
     def _maybe_evict_cached_block(self, block: Any) -> bool:
+        """vLLM's own ``_maybe_evict_cached_block`` and ``_remove_cached_block_hashes`` in one frame
+        (the same code in 0.32 and 0.33: ``tests/test_vllm_versions.py``), the eviction counted and
+        the state told of each hash removed. True if a hash was removed."""
+        pool = self.pool
         key = block.block_hash
+        block_id = block.block_id
         if key is not None:
             gid = self._hash_parts[1](key)
-            count = (gid, self.state.reason[block.block_id])
-            self._evicted_pending[count] = self._evicted_pending.get(count, 0) + 1
+            count = (gid, self.state.reason[block_id])
+            pending = self._evicted_pending
+            pending[count] = pending.get(count, 0) + 1
             if self._trace is not None:
-                self._emit("evict", block.block_id, gid, block.block_hash_num_tokens)
-        return self._orig["_maybe_evict_cached_block"](block)
+                self._emit("evict", block_id, gid, block.block_hash_num_tokens)
+        metrics = pool.metrics_collector
+        if metrics:
+            metrics.on_block_evicted(block)
+        extra = pool.cached_block_hashes_by_block.pop(block_id, ())
+        if key is None and not extra:
+            return False             # the block doesn't have a hash: eviction is not needed
+        removed = self._unmap(block, key, extra)
+        if not removed:
+            return False
+        pool._emit_block_removed_events(removed)
+        return True
 
     def _flush_evicted(self) -> None:
         """Add the evictions counted since the last flush to ``num_evicted`` and the Prometheus
         counters (one labelled ``inc`` per label set, not per block)."""
         pending, self._evicted_pending = self._evicted_pending, {}
+        self._flush_due = time.monotonic() + _FLUSH_S
         for key, num in pending.items():
             labelled = self._evicted_labels.get(key)
             if labelled is None:           # labels() costs a lock and a dict lookup: once per label set
@@ -598,17 +644,30 @@ class PoolHooks:
             self._local.moved = None
 
     def _insert_block_hash(self, key: Any, block: Any, num_tokens: int | None) -> None:
+        """vLLM's own ``_insert_block_hash`` (the same code in 0.32 and 0.33:
+        ``tests/test_vllm_versions.py``), then the state told of the new hash, in one frame."""
         pool = self.pool
-        already = block.block_hash == key or pool.cached_block_hash_to_block.contain(key, block.block_id)
-        self._orig["_insert_block_hash"](key, block, num_tokens)
-        if already:
+        current = block.block_hash
+        if current == key:
             return
-        prefix, gid = self._hash_parts[0](key), self._hash_parts[1](key)
+        block_id = block.block_id
+        hash_map = pool.cached_block_hash_to_block
+        if hash_map.contain(key, block_id):
+            return
+        if current is None:
+            block.set_block_hash(key, num_tokens=num_tokens)
+        else:
+            pool.cached_block_hashes_by_block.setdefault(block_id, set()).add(key)
+        hash_map.insert(key, block)
+        parts = self._hash_parts
+        prefix, gid = parts[0](key), parts[1](key)
         depth, parent = self._depth_and_parent(prefix, num_tokens)
-        self.state.cached(block.block_id, prefix, gid, depth, parent)
+        self.state.cached(block_id, prefix, gid, depth, parent)
         kind = self.group_kinds[gid] if gid < len(self.group_kinds) else "other"
-        self.num_cached[kind] = self.num_cached.get(kind, 0) + 1
-        self._emit("cache", block.block_id, gid, depth)
+        num_cached = self.num_cached
+        num_cached[kind] = num_cached.get(kind, 0) + 1
+        if self._trace is not None:
+            self._emit("cache", block_id, gid, depth)
 
     def _depth_and_parent(self, prefix: Any, num_tokens: int | None) -> tuple[int, Any]:
         moved = getattr(self._local, "moved", None)
@@ -622,10 +681,36 @@ class PoolHooks:
         return num_tokens, parent
 
     def _remove_cached_block_hashes(self, block: Any) -> list[Any]:
-        removed = self._orig["_remove_cached_block_hashes"](block)
-        for key in removed:
-            self.state.uncached(block.block_id, self._hash_parts[0](key), self._hash_parts[1](key))
-            self._emit("uncache", block.block_id, self._hash_parts[1](key))
+        """vLLM's own ``_remove_cached_block_hashes`` (the same code in 0.32 and 0.33), the state
+        told of each hash removed: the hashes removed from the hash map."""
+        key = block.block_hash
+        extra = self.pool.cached_block_hashes_by_block.pop(block.block_id, ())
+        if key is None and not extra:
+            return []
+        return self._unmap(block, key, extra)
+
+    def _unmap(self, block: Any, key: Any, extra: Any) -> list[Any]:
+        """The tail of vLLM's ``_remove_cached_block_hashes`` for ``block``'s hashes (``key``, its
+        own or None, and ``extra``, those ``cached_block_hashes_by_block`` held, already popped):
+        each popped from the hash map, the block's hash reset; the state told of each removed."""
+        block_id = block.block_id
+        if key is None:
+            keys = list(extra)
+        elif extra:
+            keys = [key, *extra]
+        else:
+            keys = (key,)
+        pop = self.pool.cached_block_hash_to_block.pop
+        removed = [k for k in keys if pop(k, block_id) is not None]
+        block.reset_hash()
+        if removed:
+            uncached = self.state.uncached
+            block_hash, group_id = self._hash_parts
+            for k in removed:
+                gid = group_id(k)
+                uncached(block_id, block_hash(k), gid)
+                if self._trace is not None:
+                    self._emit("uncache", block_id, gid)
         return removed
 
     def reset_prefix_cache(self) -> bool:
