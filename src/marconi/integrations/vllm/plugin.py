@@ -20,7 +20,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import threading
 import time
 from typing import Any
 
@@ -28,7 +27,7 @@ from marconi.core.registry import ConfigError
 from marconi.integrations.common.alpha import RequestObservation
 from marconi.integrations.common.shadow_alpha import ShadowAlpha
 from marconi.integrations.vllm.config import ENV_POLICY, ENV_RETENTION, PluginConfig
-from marconi.integrations.vllm.policy import ATTENTION, MAMBA, REASONS, BlockEvictionState, parent_depth
+from marconi.integrations.vllm.policy import ATTENTION, MAMBA, REASONS, BlockEvictionState
 from marconi.integrations.vllm.retention import RetentionPlanner
 
 __all__ = ["register", "reset_registration", "attach_hooks", "PoolHooks", "RetentionHooks", "PluginSettingError",
@@ -282,7 +281,11 @@ class PoolHooks:
         self.block_size = state.block_size
         self.group_kinds = state.group_kinds
         self.counters = _Counters.get()
-        self._local = threading.local()
+        # What _insert_block_hash reads while vLLM's cache_full_blocks / cache_partial_block /
+        # move_block_hashes runs: the request being cached, the moved hashes' (depth, parent). Plain
+        # attributes: a BlockPool is driven by its scheduler's one thread (vLLM's pool has no lock).
+        self._request: Any = None
+        self._moved: dict[Any, tuple[int, Any]] | None = None
         self._trace = trace              # the open block trace (MARCONI_VLLM_TRACE), or None
         self.settings: dict[str, Any] = {}
         self._num_evicted: dict[str, int] = {}  # "group:reason" -> blocks evicted (read through num_evicted)
@@ -457,18 +460,20 @@ class PoolHooks:
             blocks = pool.blocks
             evict = pool._maybe_evict_cached_block       # vLLM private (hooked: counts the eviction)
             trace = self._trace
-            while len(picked) < num_blocks:
+            next_victim, taken, remove, append = state.next_victim, state.taken, queue.remove, picked.append
+            for _ in range(num_blocks - num_plain):
                 # One victim at a time, evicted at once: its parent may become the next leaf.
-                victim = state.next_victim()
+                victim = next_victim()
                 if victim is None:
                     raise RuntimeError("marconi: free blocks remain but none is cached or uncached")
                 if trace is not None:
                     self._emit("victim", victim[0], victim[1])
-                block = blocks[victim[0]]
-                queue.remove(block)
-                state.taken(victim[0])
+                block_id = victim[0]
+                block = blocks[block_id]
+                remove(block)
+                taken(block_id)
                 evict(block)
-                picked.append(block)
+                append(block)
         # From here on, vLLM's own get_new_blocks (the same in 0.32 and 0.33), private parts included.
         if pool._reuse_watchers:
             pool._notify_reuse(picked)
@@ -476,7 +481,7 @@ class PoolHooks:
         by_block = pool.cached_block_hashes_by_block          # vLLM's extra (partial) hashes per block
         for i, block in enumerate(picked):
             if i < num_plain:                                 # a victim's hashes are gone already
-                if block.block_hash is not None or block.block_id in by_block:
+                if block.block_id in by_block:                # (a plain block's own hash is None: picked so)
                     pool._maybe_evict_cached_block(block)
                 elif metrics:                                 # what _maybe_evict_cached_block does for it
                     metrics.on_block_evicted(block)
@@ -544,7 +549,7 @@ class PoolHooks:
         extra = pool.cached_block_hashes_by_block.pop(block_id, ())
         if key is None and not extra:
             return False             # the block doesn't have a hash: eviction is not needed
-        removed = self._unmap(block, key, extra)
+        removed = self._unmap(block, key, extra, gid if key is not None else -1)
         if not removed:
             return False
         pool._emit_block_removed_events(removed)
@@ -613,18 +618,18 @@ class PoolHooks:
 
     # --------------------------------------------------------------- hashes
     def cache_full_blocks(self, request: Any, *args: Any, **kwargs: Any) -> None:
-        self._local.request = request
+        self._request = request
         try:
             self._orig["cache_full_blocks"](request, *args, **kwargs)
         finally:
-            self._local.request = None
+            self._request = None
 
     def cache_partial_block(self, request: Any, *args: Any, **kwargs: Any) -> Any:
-        self._local.request = request
+        self._request = request
         try:
             return self._orig["cache_partial_block"](request, *args, **kwargs)
         finally:
-            self._local.request = None
+            self._request = None
 
     def move_block_hashes(self, src_block: Any, dst_block: Any) -> None:
         """Keep each moved hash's depth and parent: the index re-registers them on ``dst_block``."""
@@ -637,11 +642,11 @@ class PoolHooks:
                 known[prefix] = self.state.prefix_info(prefix)
             except KeyError:
                 pass
-        self._local.moved = known
+        self._moved = known
         try:
             self._orig["move_block_hashes"](src_block, dst_block)
         finally:
-            self._local.moved = None
+            self._moved = None
 
     def _insert_block_hash(self, key: Any, block: Any, num_tokens: int | None) -> None:
         """vLLM's own ``_insert_block_hash`` (the same code in 0.32 and 0.33:
@@ -661,24 +666,22 @@ class PoolHooks:
         hash_map.insert(key, block)
         parts = self._hash_parts
         prefix, gid = parts[0](key), parts[1](key)
-        depth, parent = self._depth_and_parent(prefix, num_tokens)
+        moved = self._moved
+        if moved and prefix in moved:
+            depth, parent = moved[prefix]
+        else:
+            request = self._request
+            if request is None or num_tokens is None:
+                raise RuntimeError("marconi: a block was cached outside cache_full_blocks/cache_partial_block")
+            depth = num_tokens
+            pdepth = (num_tokens - 1) // self.block_size * self.block_size        # parent_depth(), inlined
+            parent = request.block_hashes[pdepth // self.hash_block_size - 1] if pdepth else None
         self.state.cached(block_id, prefix, gid, depth, parent)
         kind = self.group_kinds[gid] if gid < len(self.group_kinds) else "other"
         num_cached = self.num_cached
         num_cached[kind] = num_cached.get(kind, 0) + 1
         if self._trace is not None:
             self._emit("cache", block_id, gid, depth)
-
-    def _depth_and_parent(self, prefix: Any, num_tokens: int | None) -> tuple[int, Any]:
-        moved = getattr(self._local, "moved", None)
-        if moved and prefix in moved:
-            return moved[prefix]
-        request = getattr(self._local, "request", None)
-        if request is None or num_tokens is None:
-            raise RuntimeError("marconi: a block was cached outside cache_full_blocks/cache_partial_block")
-        pdepth = parent_depth(num_tokens, self.block_size)
-        parent = request.block_hashes[pdepth // self.hash_block_size - 1] if pdepth else None
-        return num_tokens, parent
 
     def _remove_cached_block_hashes(self, block: Any) -> list[Any]:
         """vLLM's own ``_remove_cached_block_hashes`` (the same code in 0.32 and 0.33), the state
@@ -689,28 +692,33 @@ class PoolHooks:
             return []
         return self._unmap(block, key, extra)
 
-    def _unmap(self, block: Any, key: Any, extra: Any) -> list[Any]:
+    def _unmap(self, block: Any, key: Any, extra: Any, key_gid: int = -1) -> list[Any]:
         """The tail of vLLM's ``_remove_cached_block_hashes`` for ``block``'s hashes (``key``, its
         own or None, and ``extra``, those ``cached_block_hashes_by_block`` held, already popped):
-        each popped from the hash map, the block's hash reset; the state told of each removed."""
+        each popped from the hash map, the block's hash reset; the state told of each removed.
+        ``key_gid``: ``key``'s group id when the caller parsed it already, else -1."""
         block_id = block.block_id
-        if key is None:
-            keys = list(extra)
-        elif extra:
-            keys = [key, *extra]
-        else:
-            keys = (key,)
         pop = self.pool.cached_block_hash_to_block.pop
+        block_hash, group_id = self._hash_parts
+        uncached = self.state.uncached
+        if not extra:                # one hash, the block's own: the common case
+            if pop(key, block_id) is None:
+                block.reset_hash()
+                return []
+            block.reset_hash()
+            gid = key_gid if key_gid >= 0 else group_id(key)
+            uncached(block_id, block_hash(key), gid)
+            if self._trace is not None:
+                self._emit("uncache", block_id, gid)
+            return [key]
+        keys = [key, *extra] if key is not None else list(extra)
         removed = [k for k in keys if pop(k, block_id) is not None]
         block.reset_hash()
-        if removed:
-            uncached = self.state.uncached
-            block_hash, group_id = self._hash_parts
-            for k in removed:
-                gid = group_id(k)
-                uncached(block_id, block_hash(k), gid)
-                if self._trace is not None:
-                    self._emit("uncache", block_id, gid)
+        for k in removed:
+            gid = group_id(k)
+            uncached(block_id, block_hash(k), gid)
+            if self._trace is not None:
+                self._emit("uncache", block_id, gid)
         return removed
 
     def reset_prefix_cache(self) -> bool:
