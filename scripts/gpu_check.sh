@@ -3,7 +3,9 @@
 # random weights, stock vs the Marconi plugin, on the bundled SWE trace at concurrency 16.
 #
 #   scripts/gpu_check.sh            # on a machine with one NVIDIA GPU; about 8 minutes
-#   scripts/gpu_check.sh --dry-run  # print the steps, run nothing
+#   scripts/gpu_check.sh --tier     # the CPU tier's check instead (issue 34, item 6); about 8 minutes
+#   scripts/gpu_check.sh --all      # both
+#   scripts/gpu_check.sh --dry-run  # print the steps, run nothing (with --tier/--all: theirs)
 #
 # Steps: (1) a venv with vllm==0.33.0 and its own (CUDA) dependencies, and this project with no
 # dependencies but numpy, the bench's client, tqdm and matplotlib; (2) a model directory holding only the bundled
@@ -15,14 +17,26 @@
 # Settings (environment): GPU_CHECK_DIR (default build/gpu-check), NUM_BLOCKS (default 2000),
 # NUM_REQUESTS (default 60), CONCURRENCY (default 16), GPU_MODEL (the replay's step-time GPU: h100, h200
 # or a100; default h200), PYTHON (default python3). Not verified on a GPU yet (no device was lent).
+# --tier: vLLM's OffloadingConnector with Marconi's tier policy (MarconiCachePolicy, loaded from
+# kv_connector_extra_config alone) beside a small GPU pool (NUM_BLOCKS_TIER, default 40; CPU_TIER_BYTES,
+# default 32 GiB; TIER_REQUESTS, default 12): (T1) greedy outputs of the requests one at a time,
+# recomputed / GPU pool only / GPU pool + tier, and the tier must give the recomputed outputs on as
+# many requests as the GPU pool alone does, having served tokens from host memory (reloaded states
+# are exact); (T2) the same requests through a server with the tier, 4 in flight, vLLM's hits by
+# tier against `marconi vllm replay --cpu-tier` for the same pool and tier. scripts/gpu_tier_check.py
+# holds the Python half.
 set -euo pipefail
 
 DRY_RUN=0
+POOL=1
+TIER=0
 for arg in "$@"; do
   case "$arg" in
     --dry-run) DRY_RUN=1 ;;
-    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
-    *) echo "gpu_check: unknown argument $arg (only --dry-run)" >&2; exit 2 ;;
+    --tier) POOL=0; TIER=1 ;;
+    --all) POOL=1; TIER=1 ;;
+    -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
+    *) echo "gpu_check: unknown argument $arg (--dry-run, --tier, --all)" >&2; exit 2 ;;
   esac
 done
 
@@ -33,6 +47,9 @@ NUM_BLOCKS=${NUM_BLOCKS:-2000}
 NUM_REQUESTS=${NUM_REQUESTS:-60}
 CONCURRENCY=${CONCURRENCY:-16}
 GPU_MODEL=${GPU_MODEL:-h200}
+NUM_BLOCKS_TIER=${NUM_BLOCKS_TIER:-40}
+CPU_TIER_BYTES=${CPU_TIER_BYTES:-34359738368}
+TIER_REQUESTS=${TIER_REQUESTS:-12}
 SERVE=
 VENV=$WORK/venv
 MODEL=$WORK/nemotron-h-8b
@@ -59,6 +76,7 @@ step "2/5 this project in it (plugin entry point; numpy and httpx only)" -- \
 step "3/5 model directory: the bundled Nemotron-H-8B config, no weights (--load-format dummy)" -- \
   bash -c "mkdir -p '$MODEL' && cp '$CONFIG' '$MODEL/config.json'"
 
+if [ "$POOL" = 1 ]; then
 # Both servers, in turn, through the project's own server and client (marconi.integrations.*).
 SERVE=$(cat <<'PY'
 import json, os, sys
@@ -94,3 +112,24 @@ step "5/5 the replay's prediction for the same run (vLLM's scheduler, virtual cl
   --model nemotron-h-8b --blocks "$NUM_BLOCKS" --concurrency "$CONCURRENCY" --num-requests "$NUM_REQUESTS" \
   --gpu "$GPU_MODEL" --policies lru,marconi --no-emulation --out "$WORK/replay.jsonl" --plot ''
 echo "gpu_check: served results in $WORK/served.jsonl, replay prediction in $WORK/replay.jsonl"
+fi
+
+if [ "$TIER" = 1 ]; then
+  TIER_WORK=$WORK/tier
+  CHECK=$REPO/scripts/gpu_tier_check.py
+  for mode in recompute gpu tier; do
+    step "T1/$mode greedy outputs of $TIER_REQUESTS SWE requests, one at a time ($NUM_BLOCKS_TIER blocks; tier: $CPU_TIER_BYTES bytes, MarconiCachePolicy)" -- \
+      "$VENV/bin/python" "$CHECK" generate --mode "$mode" --model "$MODEL" --blocks "$NUM_BLOCKS_TIER" \
+      --cpu-tier-bytes "$CPU_TIER_BYTES" --num-requests "$TIER_REQUESTS" --work "$TIER_WORK"
+  done
+  step "T2 the same requests through a server with the tier, 4 in flight (vLLM's hits by tier)" -- \
+    "$VENV/bin/python" "$CHECK" serve --model "$MODEL" --blocks "$NUM_BLOCKS_TIER" --cpu-tier-bytes "$CPU_TIER_BYTES" \
+    --num-requests "$TIER_REQUESTS" --concurrency 4 --work "$TIER_WORK"
+  step "T3 the replay's prediction for that server run (vLLM's scheduler and tier, virtual clock, no GPU)" -- \
+    "$VENV/bin/python" -m marconi vllm replay --vllm-python "$VENV/bin/python" --trace swe-sample \
+    --model nemotron-h-8b --blocks "$NUM_BLOCKS_TIER" --concurrency 4 --num-requests "$TIER_REQUESTS" \
+    --cpu-tier "${CPU_TIER_BYTES}B" --policies lru --tier-policies marconi --gpu "$GPU_MODEL" --no-emulation \
+    --out "$TIER_WORK/replay.jsonl" --plot ''
+  step "T4 exactness verdict, and served hits by tier against the replay's" -- \
+    "$VENV/bin/python" "$CHECK" compare --work "$TIER_WORK" --replay "$TIER_WORK/replay.jsonl"
+fi
