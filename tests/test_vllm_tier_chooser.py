@@ -21,7 +21,7 @@ from marconi.integrations.vllm.emulate.scheduler import emulate_closed_loop
 from marconi.integrations.vllm.emulate.tier import EmulatedTier, ReqContext, TierManager, make_policy
 from marconi.integrations.vllm.layout import VllmLayout
 from marconi.integrations.vllm.policy import ATTENTION, MAMBA
-from marconi.integrations.vllm.tier_chooser import ARC_WORLD, AdaptiveTierPolicy, TierRuleChooser
+from marconi.integrations.vllm.tier_chooser import ARC_WORLD, AdaptiveTierPolicy, TierEvent, TierRuleChooser
 from marconi.integrations.vllm.tier_tree import (ADAPTIVE, DEFAULT_FAMILY, DEFAULT_RULE, ChunkTreePolicy, TierSettings,
                                                  make_offload_key, parse_tier_rule)
 from test_vllm_emulate_concurrency import sessions
@@ -261,3 +261,19 @@ def test_the_live_arc_order_is_vllms_arc_in_the_closed_loop() -> None:
             assert sum(policy.eviction_counts.values()) == len(tier.manager.evicted)
     assert runs[0][1]                                    # the tier was contended
     assert runs[0] == runs[1]
+
+
+def test_arc_must_lead_every_tree_world() -> None:
+    """A switch to ARC needs its lead over every tree world, not only over the live one: ARC far
+    ahead of the live lru world but within the margin of a0.5m's stays on lru; far ahead of all, it
+    switches."""
+    settings = TierSettings.from_extra_config({}, group_kinds=KINDS, spec=SPEC, tokens_per_chunk=TPC)
+    chooser = TierRuleChooser(12, settings)
+    lead = 10 * chooser.min_lead
+    end = TierEvent("on_request_finished", (), ReqContext(0))
+    chooser.score = [0.0, lead, 0.0, lead * 1.01]            # lru, a0.5m, a2m, arc
+    assert chooser.observe(end) is None and chooser.label == "lru"
+    chooser.score = [0.0, lead, 0.0, 3 * lead]
+    assert chooser.observe(end) == ARC_WORLD and chooser.rule is None and chooser.switches[-1][1] == ARC_WORLD
+    chooser.score = [0.0, 5 * lead, 0.0, 3 * lead]              # a tree world leads ARC: back to the tree
+    assert chooser.observe(end) == "a0.5m" and chooser.rule.label() == "a0.5m"

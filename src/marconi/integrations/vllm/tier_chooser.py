@@ -181,7 +181,10 @@ class TierRuleChooser:
         decay: weight the scores keep per request end, in (0, 1].
         hysteresis: the relative lead (>= 0) the best world needs over the live rule's world; and
             at least :attr:`min_lead` tokens (one full tier's worth, so a lucky difference in what
-            the worlds held once cannot switch the rule).
+            the worlds held once cannot switch the rule). The ARC world needs that lead over every
+            tree world too: it replaces the tree's order (dead chunks first, states by node)
+            altogether, and an early lucky lead over the live world alone cost 8.6 pp on the grid
+            (``docs/vllm-tiers.md``).
 
     ``observe`` returns the label of the new live world on a switch (a rule's label, or
     :data:`ARC_WORLD`), else None; it never touches the live policy's chunks or request scratch.
@@ -292,12 +295,17 @@ class TierRuleChooser:
         d = self.decay
         self.score = [s * d + v for s, v in zip(self.score, value)]
         best = max(range(len(self.score)), key=self.score.__getitem__)
-        lead = self.score[best] - self.score[self.current]
-        if best == self.current or not lead > max(self.hysteresis * self.score[self.current], self.min_lead):
+        if best == self.current or not self._leads(best, self.current):
             return None
+        if self.worlds[best].rule is None and not all(self._leads(best, i) for i in range(len(self.rules))):
+            return None                 # ARC replaces the tree's order: it must lead every tree world
         self.current = best
         self.switches.append((self.requests, self.labels[best]))
         return self.labels[best]
+
+    def _leads(self, i: int, j: int) -> bool:
+        """Whether world ``i`` leads world ``j`` by both margins (relative, and :attr:`min_lead`)."""
+        return self.score[i] - self.score[j] > max(self.hysteresis * self.score[j], self.min_lead)
 
     def _served(self, world: _World, keys: Sequence[OffloadKey], ctx: Any, t0: int) -> int:
         """Tokens a lookup for this request would have loaded from ``world`` at ``t0``: from the
