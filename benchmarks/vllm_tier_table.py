@@ -124,6 +124,10 @@ def run_arm(task: tuple) -> dict[str, Any]:
     t0 = time.perf_counter()
     loop = emulate_closed_loop(engine, requests, concurrency=concurrency, max_num_seqs=MAX_NUM_SEQS)
     counters = t.counters() if t is not None else {}
+    chooser = getattr(t.manager.policy, "chooser", None) if t is not None else None
+    if chooser is not None:     # the adaptive rule: its switches, the world live at the end, the worlds' scores
+        counters.update(tier_rule_switches=[list(s) for s in chooser.switches], tier_rule_live=chooser.label,
+                        tier_world_scores={w: round(s) for w, s in zip(chooser.labels, chooser.score)})
     return {"engine": "vllm-align", "model": model, "trace": trace, "num_requests": len(requests),
             "max_input_len": max_input_len, "prompt_tokens": int(sum(r.input_len for r in requests)),
             "working_set_bytes": int(ws), "num_blocks": layout.num_blocks, "block_size": layout.block_size,

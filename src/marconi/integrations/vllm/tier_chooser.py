@@ -182,9 +182,8 @@ class TierRuleChooser:
         hysteresis: the relative lead (>= 0) the best world needs over the live rule's world; and
             at least :attr:`min_lead` tokens (one full tier's worth, so a lucky difference in what
             the worlds held once cannot switch the rule). The ARC world needs that lead over every
-            tree world too: it replaces the tree's order (dead chunks first, states by node)
-            altogether, and an early lucky lead over the live world alone cost 8.6 pp on the grid
-            (``docs/vllm-tiers.md``).
+            tree world too, since it replaces the tree's order (dead chunks first, states by node)
+            altogether (what an early lead over the live world alone cost: ``docs/vllm-tiers.md``).
 
     ``observe`` returns the label of the new live world on a switch (a rule's label, or
     :data:`ARC_WORLD`), else None; it never touches the live policy's chunks or request scratch.
