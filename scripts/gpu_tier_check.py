@@ -7,7 +7,8 @@ config), it answers two questions about vLLM's ``OffloadingConnector`` under Mar
    time, in trace order, greedy, in three modes: ``recompute`` (no prefix caching), ``gpu`` (prefix
    caching in a small GPU pool, no tier) and ``tier`` (the same pool plus a CPU tier under
    ``MarconiCachePolicy``, so prefixes the pool evicted come back from host memory). ``compare``
-   counts requests whose output tokens equal the recomputed ones; the tier passes if it differs on
+   counts requests whose output tokens and top log-probabilities are bit-for-bit the recomputed
+   ones (on vLLM's CPU build a GPU-pool hit is: 12 of 12 requests); the tier passes if it differs on
    no more requests than the GPU pool alone (what the arithmetic of a resumed prefill allows) and
    served at least one token from the tier (else the check proved nothing).
 2. **Does the replay predict the tier's hits?** ``serve`` replays the same requests through a vLLM
@@ -30,6 +31,10 @@ from typing import Any, Sequence
 
 MODES = ("recompute", "gpu", "tier")
 MAX_INPUT_LEN = 8192
+MAX_MODEL_LEN = MAX_INPUT_LEN + 256     # a prompt and its outputs
+#: log-probabilities kept per output token: random weights often repeat one token, so the tokens
+#: alone would prove little; the top log-probabilities move with any change in the state
+TOP_LOGPROBS = 5
 
 
 def tier_transfer_config(cpu_bytes: int) -> dict[str, Any]:
@@ -41,13 +46,15 @@ def tier_transfer_config(cpu_bytes: int) -> dict[str, Any]:
             "kv_connector_extra_config": extra_config("marconi", cpu_bytes)}
 
 
-def engine_kwargs(mode: str, model: str, blocks: int, cpu_bytes: int) -> dict[str, Any]:
+def engine_kwargs(mode: str, model: str, blocks: int, cpu_bytes: int, block_size: int | None = None) -> dict[str, Any]:
     """``vllm.LLM`` arguments for ``mode``: one request at a time, greedy-ready, no tokenizer."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-    kwargs: dict[str, Any] = dict(model=model, load_format="dummy", skip_tokenizer_init=True, max_model_len=16384,
+    kwargs: dict[str, Any] = dict(model=model, load_format="dummy", skip_tokenizer_init=True, max_model_len=MAX_MODEL_LEN,
                                   max_num_seqs=1, gpu_memory_utilization=0.85, disable_log_stats=False,
                                   enable_prefix_caching=mode != "recompute")
+    if block_size is not None:
+        kwargs["block_size"] = block_size
     if mode != "recompute":
         kwargs["num_gpu_blocks_override"] = blocks
     if mode == "tier":
@@ -75,18 +82,21 @@ def _counters(llm: Any) -> dict[str, float]:
 
 
 def generate(mode: str, model: str, blocks: int, cpu_bytes: int, num_requests: int, max_tokens: int,
-             out: Path) -> dict[str, Any]:
+             out: Path, block_size: int | None = None) -> dict[str, Any]:
     """Greedy outputs of each prompt, one request at a time in trace order; writes ``out`` (JSON)."""
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    llm = LLM(**engine_kwargs(mode, model, blocks, cpu_bytes))
-    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    llm = LLM(**engine_kwargs(mode, model, blocks, cpu_bytes, block_size))
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, logprobs=TOP_LOGPROBS)
     outputs = []
     for ids in prompts(num_requests):
         result = llm.generate([TokensPrompt(prompt_token_ids=ids)], params, use_tqdm=False)[0]
+        completion = result.outputs[0]
         outputs.append({"prompt_len": len(ids), "num_cached_tokens": result.num_cached_tokens,
-                        "token_ids": list(result.outputs[0].token_ids)})
+                        "token_ids": list(completion.token_ids),
+                        "logprobs": [{str(t): float(lp.logprob) for t, lp in step.items()}
+                                     for step in completion.logprobs or ()]})
     counters = _counters(llm)
     record = {"mode": mode, "blocks": blocks, "cpu_tier_bytes": cpu_bytes if mode == "tier" else 0,
               "outputs": outputs,
@@ -96,20 +106,31 @@ def generate(mode: str, model: str, blocks: int, cpu_bytes: int, num_requests: i
     return record
 
 
+def _answer(output: dict[str, Any]) -> tuple[list[int], list[dict[str, float]]]:
+    return output["token_ids"], output.get("logprobs", [])
+
+
+def _max_logprob_gap(a: dict[str, Any], b: dict[str, Any]) -> float:
+    gaps = [abs(x[t] - y[t]) for x, y in zip(a.get("logprobs", []), b.get("logprobs", [])) for t in x if t in y]
+    return max(gaps, default=0.0)
+
+
 def compare(recompute: dict[str, Any], gpu: dict[str, Any], tier: dict[str, Any]) -> tuple[bool, list[str]]:
     """Whether the tier's outputs pass against the recomputed ones (see the module's docstring), and
-    the lines that say why. Raises ValueError when the runs did not serve the same requests."""
-    base = [o["token_ids"] for o in recompute["outputs"]]
+    the lines that say why. A request matches when its output tokens *and* their top log-probabilities
+    are bit-for-bit the recomputed ones. Raises ValueError when the runs did not serve the same requests."""
+    base = recompute["outputs"]
     lines, differ = [], {}
     for run in (gpu, tier):
-        got = [o["token_ids"] for o in run["outputs"]]
+        got = run["outputs"]
         if len(got) != len(base):
             raise ValueError(f"{run['mode']}: {len(got)} outputs, recompute has {len(base)}")
-        bad = [i for i, (a, b) in enumerate(zip(base, got)) if a != b]
+        bad = [i for i, (a, b) in enumerate(zip(base, got)) if _answer(a) != _answer(b)]
+        gap = max((_max_logprob_gap(a, b) for a, b in zip(base, got)), default=0.0)
         differ[run["mode"]] = bad
-        lines.append(f"{run['mode']:>9s}: {len(base) - len(bad)}/{len(base)} requests with the recomputed output "
-                     f"tokens{' (differ: ' + ', '.join(map(str, bad)) + ')' if bad else ''}; "
-                     f"hits: GPU {run['gpu_hit_tokens']:.0f}, tier {run['tier_hit_tokens']:.0f} tokens")
+        lines.append(f"{run['mode']:>9s}: {len(base) - len(bad)}/{len(base)} requests bit-for-bit the recomputed "
+                     f"outputs{' (differ: ' + ', '.join(map(str, bad)) + ')' if bad else ''}, largest log-probability "
+                     f"gap {gap:.3g}; hits: GPU {run['gpu_hit_tokens']:.0f}, tier {run['tier_hit_tokens']:.0f} tokens")
     ok = True
     if tier["tier_hit_tokens"] <= 0:
         ok = False
@@ -197,6 +218,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         s.add_argument("--work", type=Path, required=True, help="folder for the JSON results")
     sub.choices["generate"].add_argument("--mode", choices=MODES, required=True)
     sub.choices["generate"].add_argument("--max-tokens", type=int, default=16)
+    sub.choices["generate"].add_argument("--block-size", type=int, default=None,
+                                         help="tokens per block (default: vLLM's choice for the model)")
     sub.choices["serve"].add_argument("--concurrency", type=int, default=4)
     c = sub.add_parser("compare")
     c.add_argument("--work", type=Path, required=True)
@@ -205,7 +228,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.cmd == "generate":
         args.work.mkdir(parents=True, exist_ok=True)
         rec = generate(args.mode, args.model, args.blocks, args.cpu_tier_bytes, args.num_requests, args.max_tokens,
-                       args.work / f"outputs-{args.mode}.json")
+                       args.work / f"outputs-{args.mode}.json", args.block_size)
         print(f"{args.mode}: {len(rec['outputs'])} requests; hits GPU {rec['gpu_hit_tokens']:.0f}, "
               f"tier {rec['tier_hit_tokens']:.0f} tokens")
         return 0

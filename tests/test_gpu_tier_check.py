@@ -25,9 +25,9 @@ def _module():
     return mod
 
 
-def _run(mode: str, outputs: list[list[int]], tier_hits: float = 0.0) -> dict:
-    return {"mode": mode, "outputs": [{"token_ids": o} for o in outputs], "gpu_hit_tokens": 100.0,
-            "tier_hit_tokens": tier_hits}
+def _run(mode: str, outputs: list[list[int]], tier_hits: float = 0.0, logprob: float = -1.0) -> dict:
+    return {"mode": mode, "outputs": [{"token_ids": o, "logprobs": [{str(t): logprob} for t in o]} for o in outputs],
+            "gpu_hit_tokens": 100.0, "tier_hit_tokens": tier_hits}
 
 
 def test_dry_run_lists_the_tier_steps_only_with_tier():
@@ -59,6 +59,9 @@ def test_verdict_passes_only_when_the_tier_served_and_adds_no_difference():
     ok, _ = mod.compare(_run("recompute", base), _run("gpu", [[1, 2], [3, 4], [5, 7]]),
                         _run("tier", [[1, 2], [3, 9], [5, 6]], 512))
     assert ok
+    # the same tokens but another log-probability: a different state, caught
+    ok, lines = mod.compare(_run("recompute", base), _run("gpu", base), _run("tier", base, 512, logprob=-1.001))
+    assert not ok and any("largest log-probability gap 0.001" in line for line in lines)
     with pytest.raises(ValueError, match="2 outputs"):
         mod.compare(_run("recompute", base), _run("gpu", base[:2]), _run("tier", base, 1))
 
@@ -106,3 +109,4 @@ def test_replay_step_runs_and_the_verdict_reads_it(tmp_path):
     rows = mod.summarise(served, predicted)
     assert rows[0].split()[1:] == rows[1].split()[1:]      # the same counts read the same through both paths
     assert float(rows[1].split()[6].rstrip("%")) > 0        # the tier's share
+
