@@ -109,6 +109,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--modes", default=",".join(MODES), help="baseline first (default %(default)s)")
     parser.add_argument("tests", nargs="*", default=["tests/v1/core"], help="paths inside vLLM's source tree")
     args = parser.parse_args(argv)
+    # absolute (the tests run from inside vLLM's source tree), not resolved (a venv's python is a link)
+    args.vllm_python = os.path.abspath(args.vllm_python)
     work = Path(args.work_dir).resolve()
     work.mkdir(parents=True, exist_ok=True)
     modes = args.modes.split(",")

@@ -71,6 +71,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work-dir", default=str(REPO / "build" / "vllm-peer"))
     parser.add_argument("tests", nargs="*", default=DEFAULT_TESTS, help="paths inside vLLM's source tree")
     args = parser.parse_args(argv)
+    # absolute (the tests run from inside vLLM's source tree), not resolved (a venv's python is a link)
+    args.vllm_python = os.path.abspath(args.vllm_python)
     work = Path(args.work_dir).resolve()
     work.mkdir(parents=True, exist_ok=True)
     root = fetch(args.vllm_python, work)
