@@ -62,7 +62,7 @@ test:
 	MARCONI_REQUIRE_VLLM=1 MARCONI_VLLM_PYTHON=$(VLLM_VENV)/bin/python MARCONI_REQUIRE_SGLANG=1 \
 		MARCONI_SGLANG_PYTHON=$(SGLANG_VENV)/bin/python $(BIN)/python -m pytest -q $(PYTEST_WORKERS)
 
-# A developer's loop (~3.5 min on 2 cores): everything but the tests marked slow (CI runs those too).
+# A developer's loop (~2 min on 2 cores): everything but the tests marked slow (CI runs those too).
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow" $(PYTEST_WORKERS)
 
