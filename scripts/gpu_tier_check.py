@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any, Sequence
@@ -179,31 +178,29 @@ def serve(model: str, blocks: int, cpu_bytes: int, num_requests: int, concurrenc
 
 
 def _write_json(path: Path, record: dict[str, Any]) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(record) + "\n")
-    os.replace(tmp, path)           # nothing half-written if the run dies
+    from marconi.io import write_text
+
+    write_text(path, json.dumps(record) + "\n")        # atomic: nothing half-written if the run dies
 
 
-def _read_json(path: Path) -> dict[str, Any]:
+def _read(path: Path) -> str:
     try:
-        return json.loads(path.read_text())
+        return path.read_text()
     except FileNotFoundError:
         raise SystemExit(f"gpu_tier_check: {path} missing: run its step first") from None
 
 
+def _read_json(path: Path) -> dict[str, Any]:
+    return json.loads(_read(path))
+
+
 def _replay_record(path: Path) -> dict[str, Any]:
-    rows = [json.loads(line) for line in _read_json_lines(path)]
+    """The replay's record for Marconi's tier policy (JSONL from ``marconi vllm replay``)."""
+    rows = [json.loads(line) for line in _read(path).splitlines() if line.strip()]
     tier_rows = [r for r in rows if r.get("tier_policy") == "marconi"]
     if not tier_rows:
         raise SystemExit(f"gpu_tier_check: {path} has no record with tier_policy 'marconi'")
     return tier_rows[0]
-
-
-def _read_json_lines(path: Path) -> list[str]:
-    try:
-        return [line for line in path.read_text().splitlines() if line.strip()]
-    except FileNotFoundError:
-        raise SystemExit(f"gpu_tier_check: {path} missing: run the replay step first") from None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
