@@ -272,6 +272,29 @@ def test_the_simulator_systems_tier_rule_reaches_the_tier_policy() -> None:
             make_system(bad)
 
 
+def test_store_threshold_holds_back_first_offers_in_the_loop_and_the_system() -> None:
+    """vLLM's ``store_threshold`` in the emulation (checked call for call against vLLM's manager in
+    ``tests/vllm_tier/cases.py``): a chunk offered once is not stored, so a session's second turn
+    finds less in the tier; ``vllm-align:…,store_threshold=N`` reaches the tier; 1 is refused."""
+    from marconi.sim.systems import make_system
+
+    requests = sessions(3, num_sessions=6, turns=4)
+    engine, plain = _run(requests, 40, "lru")
+    filtered_engine, filtered = _run(requests, 40, "lru:store_threshold=2")
+    assert filtered_engine.tier.manager.stores_skipped > 0 and engine.tier.manager.stores_skipped == 0
+    assert filtered_engine.tier.bytes_stored < engine.tier.bytes_stored
+    assert filtered_engine.tier.counters()["tier_stores_skipped"] == filtered_engine.tier.manager.stores_skipped
+    assert sum(filtered.tier_hits or ()) != sum(plain.tier_hits or ())
+    system = make_system("vllm-align:blocks=60,cpu_tier=2GB,tier_policy=arc,store_threshold=3")
+    assert "store_threshold=3" in system.describe()["admission"]
+    tier = system.build("nemotron-h-8b", 0).engine.tier
+    assert tier.policy_name == "arc:store_threshold=3" and tier.manager.store_threshold == 3
+    for bad, word in (("vllm-align:store_threshold=2", "cpu_tier"),
+                      ("vllm-align:cpu_tier=1GB,store_threshold=1", "store_threshold must be")):
+        with pytest.raises(ConfigError, match=word):
+            make_system(bad)
+
+
 def test_with_a_clock_a_slow_link_holds_loads_for_several_steps() -> None:
     """The replay's clock (a step-time model and a host link): a load lands after its bytes cross the
     link, so on a slow link requests wait more steps for their loads; the invariants hold throughout."""

@@ -54,6 +54,7 @@ def results() -> dict[str, str]:
     "refusals_name_the_key",
     "load_cost_clips_worthless_hits",
     "randomised_driver_differs_from_lru",
+    "store_threshold_filter_equals_the_emulation",
 ])
 def test_tier_policy(results: dict[str, str], case: str) -> None:
     assert case in results, f"case {case} did not run: {sorted(results)}"

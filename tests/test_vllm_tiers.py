@@ -38,6 +38,16 @@ def test_tier_options_parse_and_refuse_clearly() -> None:
     assert marconi["marconi_host_gbps"] == 32.0
     with pytest.raises(ConfigError, match="--cpu-tier"):
         extra_config("lru", 0)
+    # vLLM's frequency filter on stores, the baseline admission Marconi's policy is measured against
+    assert parse_tier_policies("lru,lru:store_threshold=2,marconi:store_threshold=3") == (
+        "lru", "lru:store_threshold=2", "marconi:store_threshold=3")
+    assert extra_config("lru:store_threshold=2", 10**9) == {"cpu_bytes_to_use": 10**9, "eviction_policy": "lru",
+                                                             "store_threshold": 2}
+    assert "store_threshold" not in extra_config("lru", 10**9)
+    for bad, words in (("lru:store_threshold=1", "must be >= 2"), ("lru:store_threshold=two", "an integer"),
+                       ("lru:threshold=2", "only option"), ("fifo:store_threshold=2", "unknown tier policy 'fifo'")):
+        with pytest.raises(ConfigError, match=words):
+            parse_tier_policies(f"none,{bad}")
 
 
 def test_replay_config_refuses_tier_options_that_disagree() -> None:

@@ -339,6 +339,43 @@ def case_randomised_driver_differs_from_lru() -> None:
 
 
 # --------------------------------------------------------------------------- vLLM's own factory path
+def case_store_threshold_filter_equals_the_emulation() -> None:
+    """vLLM's ``store_threshold`` (a chunk is stored once offered that many times, counted over the
+    last ``max_tracker_size`` keys) against the emulation's TierManager, call for call: random offers
+    over a small key space, a tracker small enough to age keys out, stores that land a call late."""
+    from marconi.integrations.vllm.emulate.tier import LRUPolicy, ReqContext as EmuContext, TierManager
+
+    for seed in range(3):
+        rng = random.Random(seed)
+        vllm_m = CPUOffloadingManager(6, cache_policy="lru", store_threshold=2, max_tracker_size=10)
+        emu_m = TierManager(6, LRUPolicy(6), store_threshold=2, max_tracker_size=10)
+        space = [make_offload_key(f"k{i}".encode(), g) for i in range(9) for g in (0, 1)]
+        late: tuple[list, list, ReqContext] | None = None
+        stored = skipped = 0
+        for step in range(300):
+            ctx, ectx = ReqContext(req_id=f"r{step}"), EmuContext(step)
+            vllm_m.on_new_request(ctx)
+            offer = rng.sample(space, rng.randint(1, 4))
+            out = vllm_m.prepare_store(offer, ctx)
+            emu = emu_m.prepare_store(offer, ectx)
+            got = None if out is None else list(out.keys_to_store)
+            assert got == emu, f"seed {seed} step {step}: vLLM stores {got}, the emulation {emu}"
+            assert out is None or list(out.evicted_keys) == emu_m.evicted[len(emu_m.evicted) - len(out.evicted_keys):]
+            if late is not None:                       # the previous call's store lands now
+                vllm_m.complete_store(late[0], late[2])
+                emu_m.complete_store(late[1])
+            late = (got or [], emu or [], ctx)
+            stored += len(got or [])
+            vllm_m.on_request_finished(ctx)
+            emu_m.on_request_finished(ectx)
+            held = {k for k in space if vllm_m._policy.get(k) is not None}
+            assert held == {k for k in space if emu_m.policy.get(k) is not None}, f"seed {seed} step {step}: held"
+            assert dict(vllm_m.counts) == dict(emu_m.counts), f"seed {seed} step {step}: the trackers differ"
+        skipped = emu_m.stores_skipped
+        assert stored and skipped, f"seed {seed}: stored {stored}, skipped {skipped}: the filter was not exercised"
+        assert len(vllm_m.counts) == 10, "the tracker never filled: aging was not exercised"
+
+
 def _engine(model_dir: str, extra: dict, num_blocks: int = 64):
     """vLLM's EngineCore (stub executor, no weights) with the OffloadingConnector configured by ``extra``."""
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")

@@ -103,7 +103,8 @@ def _register_replay(sub: Any) -> None:
                              "fraction of the trace's working set (0.5x), as --capacity")
     replay.add_argument("--tier-policies", default=None,
                         help="with --cpu-tier: comma list of the tier's policies, one engine per GPU policy each: "
-                             "lru, arc, marconi, none (GPU only, for the tier's gain); default lru")
+                             "lru, arc, marconi, none (GPU only, for the tier's gain); a policy may carry vLLM's "
+                             "store filter, e.g. lru:store_threshold=2 (stored once offered twice); default lru")
     replay.add_argument("--host-bandwidth", default=None,
                         help="with --cpu-tier: host link per GPU and direction (55GB/s, the default: PCIe Gen5 x16)")
     replay.add_argument("--no-emulation", action="store_true", help="skip the vllm-align emulation")

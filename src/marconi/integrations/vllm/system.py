@@ -7,6 +7,7 @@ Usable wherever a system is named; its parameters are listed in docs/vllm.md, "T
     vllm-align:block=384,blocks=150       an exact pool (as served with --num-gpu-blocks-override 150)
     vllm-align:cpu_tier=8GB,tier_policy=arc   vLLM's CPU offload tier beside the pool (OffloadingConnector)
     vllm-align:cpu_tier=8GB,tier_policy=marconi,tier_rule=lru   the tier policy under a rule (marconi_rule)
+    vllm-align:cpu_tier=8GB,store_threshold=2   vLLM's frequency filter on the tier's stores (store_threshold)
 
 ``alpha_source`` runs arbitrary code: its module is imported when the name is read (a typo fails
 before any point runs) and in every worker, its factory called for every cache built.
@@ -24,7 +25,7 @@ from marconi.options import CHECKPOINT_BUDGET
 from marconi.integrations.common.alpha import AlphaSource
 from marconi.integrations.vllm.config import ADAPTIVE, DEFAULT_RULES, PluginConfig, load_alpha_factory, parse_alpha
 from marconi.integrations.vllm.emulate.cache import VllmAlignCache
-from marconi.integrations.vllm.emulate.tier import TIER_POLICIES, EmulatedTier, tier_num_chunks
+from marconi.integrations.vllm.emulate.tier import STORE_THRESHOLD, TIER_POLICIES, EmulatedTier, tier_num_chunks
 from marconi.integrations.vllm.layout import layout_for_spec
 from marconi.integrations.vllm.policy import DEFAULT_ALPHA, EFFICIENCIES
 from marconi.integrations.vllm.retention import DEFAULT_BUDGET, SPARSE_DP
@@ -56,7 +57,7 @@ class VllmAlignSystem:
     rules: str = DEFAULT_RULES            # the shadow's family, as MARCONI_VLLM_ADAPTIVE_RULES
     retention_budget: int | None = None   # MARCONI_VLLM_RETENTION=sparse-dp with this budget; None: off
     cpu_tier_bytes: int = 0               # vLLM's CPU offload tier (its cpu_bytes_to_use); 0: none
-    tier_policy: str = "lru"              # its eviction_policy: lru, arc or marconi
+    tier_policy: str = "lru"              # its eviction_policy: lru, arc or marconi (":store_threshold=N": vLLM's filter)
     tier_rule: str = DEFAULT_RULE         # with tier_policy marconi: its rule (marconi_rule)
     unbounded: bool = field(default=False, init=False)      # the pool is finite, from the capacity
     needs_future: bool = field(default=False, init=False)   # vLLM does not know the future
@@ -145,13 +146,14 @@ def _budget(text: str) -> int:
                   domains={"block": Domain(0, 1 << 24, integer=True), "blocks": Domain(0, 1 << 30, integer=True),
                            "match_unit": Domain(0, 1 << 24, integer=True), "chunk": Domain(1, 1 << 24, integer=True),
                            "kernel_align": Domain(1, 1 << 16, integer=True),
+                           "store_threshold": Domain(0, 1 << 20, integer=True),
                            "alpha": Domain(0, 1e6, words=("adaptive",)), "budget": CHECKPOINT_BUDGET,
                            "retention": Domain(0, 1 << 24, integer=True, words=("none", "sparse-dp"))})
 def _vllm_align(block: int = 0, blocks: int = 0, match_unit: int = 0, retention: str = "0",
                 shared_prefix: bool = False, chunk: int = 2048, eviction: str = "lru", alpha: str = str(DEFAULT_ALPHA),
                 efficiency: str = "total", kernel_align: int = 16, attn_first: bool = False,
                 alpha_source: str = "", rules: str = DEFAULT_RULES, budget: str = "", cpu_tier: str = "",
-                tier_policy: str = "", tier_rule: str = "") -> VllmAlignSystem:
+                tier_policy: str = "", tier_rule: str = "", store_threshold: int = 0) -> VllmAlignSystem:
     if eviction not in ("lru", "marconi"):
         raise ConfigError(f"vllm-align: eviction must be lru or marconi, got {eviction!r}")
     if efficiency not in EFFICIENCIES:
@@ -190,6 +192,11 @@ def _vllm_align(block: int = 0, blocks: int = 0, match_unit: int = 0, retention:
         raise ConfigError("vllm-align: tier_policy= needs cpu_tier= (the CPU tier's size, e.g. cpu_tier=8GB)")
     if tier_policy and tier_policy not in TIER_POLICIES:
         raise ConfigError(f"vllm-align: tier_policy must be one of {', '.join(TIER_POLICIES)}, got {tier_policy!r}")
+    if store_threshold and not cpu_tier_bytes:
+        raise ConfigError("vllm-align: store_threshold= filters the CPU tier's stores; add cpu_tier= (e.g. cpu_tier=8GB)")
+    if store_threshold == 1 or store_threshold < 0:
+        raise ConfigError(f"vllm-align: store_threshold must be 0 (no filter) or >= 2 (vLLM reads 1 as no filter), "
+                          f"got {store_threshold}")
     if tier_rule and tier_policy != "marconi":
         raise ConfigError("vllm-align: tier_rule= is the rule of tier_policy=marconi; add tier_policy=marconi")
     if tier_rule:
@@ -203,7 +210,8 @@ def _vllm_align(block: int = 0, blocks: int = 0, match_unit: int = 0, retention:
                                                                    ("chunk", chunk))) + ")")
     if cpu_tier_bytes:
         admission = admission[:-1] + f",cpu_tier={cpu_tier_bytes},tier_policy={tier_policy or 'lru'}"
-        admission += f",tier_rule={tier_rule})" if tier_rule else ")"
+        admission += f",tier_rule={tier_rule}" if tier_rule else ""
+        admission += f",{STORE_THRESHOLD}={store_threshold})" if store_threshold else ")"
     if eviction == "lru":
         eviction_name = "lru"
     elif alpha_source:
@@ -216,4 +224,5 @@ def _vllm_align(block: int = 0, blocks: int = 0, match_unit: int = 0, retention:
                            block_size=block or None, num_blocks=blocks or None, policy=eviction, alpha=alpha_value,
                            efficiency=efficiency, alpha_source=alpha_source or None, rules=rules,
                            retention_budget=retention_budget, cpu_tier_bytes=cpu_tier_bytes,
-                           tier_policy=tier_policy or "lru", tier_rule=tier_rule or DEFAULT_RULE)
+                           tier_policy=(tier_policy or "lru") + (f":{STORE_THRESHOLD}={store_threshold}" if store_threshold else ""),
+                           tier_rule=tier_rule or DEFAULT_RULE)

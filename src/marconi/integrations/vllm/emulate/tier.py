@@ -3,7 +3,8 @@
 
 Mirrors ``vllm/distributed/kv_transfer/kv_connector/v1/offloading/scheduler.py`` and
 ``vllm/v1/kv_offload/cpu/{manager.py,policies/}`` at vLLM's defaults (one GPU block per chunk,
-``offload_prompt_only``, no ``store_threshold``, Mamba groups in ``align`` mode):
+``offload_prompt_only``, no ``store_threshold`` unless a tier arm names one, Mamba groups in
+``align`` mode):
 
 * **Lookup** (``_lookup_complete_chunks``), on a GPU-pool miss: from the GPU hit onward, the
   attention groups' longest run of held chunks, then each Mamba group's deepest held chunk at or
@@ -29,6 +30,7 @@ chunk still being written makes the request wait, as vLLM's does. Docs: ``docs/v
 from __future__ import annotations
 
 import heapq
+from collections import OrderedDict
 from typing import Any, Callable, Iterable, Sequence
 
 from marconi.core.model import ModelSpec
@@ -40,10 +42,14 @@ from marconi.integrations.vllm.tier_chooser import AdaptiveTierPolicy
 from marconi.integrations.vllm.tier_tree import (DEFAULT_GPU_TFLOPS, DEFAULT_RULE, TierSettings, get_offload_group_idx,
                                                  make_offload_key, parse_tier_rule)
 
-__all__ = ["TIER_POLICIES", "Chunk", "ReqContext", "LRUPolicy", "ARCPolicy", "make_policy", "TierManager",
+__all__ = ["TIER_POLICIES", "STORE_THRESHOLD", "parse_tier_arm", "Chunk", "ReqContext", "LRUPolicy", "ARCPolicy", "make_policy", "TierManager",
            "EmulatedTier", "tier_num_chunks"]
 
 TIER_POLICIES = ("lru", "arc", "marconi")
+#: The one option a tier arm's label may carry: vLLM's ``store_threshold`` (``lru:store_threshold=2``).
+STORE_THRESHOLD = "store_threshold"
+#: vLLM's default ``max_tracker_size``: how many offered keys the store-threshold filter counts.
+MAX_TRACKER_SIZE = 64_000
 MISS, HIT, HIT_PENDING = 0, 1, 2
 #: vLLM's ``SharedOffloadRegion.BLOCK_SIZE_ALIGNMENT``: a chunk's host bytes are rounded up to it.
 _CHUNK_ALIGNMENT = 4096
@@ -183,6 +189,31 @@ def make_policy(name: str, capacity: int, *, group_kinds: Sequence[str] = (), sp
     raise ConfigError(f"vllm-align: tier_policy must be one of {', '.join(TIER_POLICIES)}, got {name!r}")
 
 
+def parse_tier_arm(label: str, flag: str = "--tier-policies") -> tuple[str, int]:
+    """A tier arm's label as (policy, store threshold): ``lru`` -> ``("lru", 0)``, ``arc:store_threshold=2``
+    -> ``("arc", 2)``. The threshold is vLLM's ``store_threshold`` (``kv_connector_extra_config``): a
+    chunk is stored only once it has been offered that many times, 0 being no filter. ConfigError,
+    naming ``flag``, for an unknown policy or option, a threshold that is not an integer, or one
+    below 2 (vLLM treats 0 and 1 as no filter: the label would repeat the bare policy)."""
+    name, sep, option = str(label).strip().partition(":")
+    if name not in TIER_POLICIES:
+        raise ConfigError(f"{flag}: unknown tier policy {name!r} in {label!r}; known: {', '.join(TIER_POLICIES)}")
+    if not sep:
+        return name, 0
+    key, eq, value = option.partition("=")
+    if key.strip() != STORE_THRESHOLD or not eq:
+        raise ConfigError(f"{flag}: {label!r}: the only option of a tier policy is {STORE_THRESHOLD}=N "
+                          f"(e.g. {name}:{STORE_THRESHOLD}=2)")
+    try:
+        threshold = int(value.strip())
+    except ValueError:
+        raise ConfigError(f"{flag}: {label!r}: {STORE_THRESHOLD} must be an integer, got {value.strip()!r}") from None
+    if threshold < 2:
+        raise ConfigError(f"{flag}: {label!r}: {STORE_THRESHOLD} must be >= 2 (vLLM reads 0 and 1 as no "
+                          f"filter; write {name!r} for that)")
+    return name, threshold
+
+
 class _Access:
     """``_RequestCacheAccess``: the keys one request saw, per group in order, inserted and reused."""
 
@@ -198,17 +229,47 @@ class _Access:
 
 
 class TierManager:
-    """vLLM's ``CPUOffloadingManager`` (``store_threshold`` 1): ``num_chunks`` slots, ref counts,
-    a policy. ``prepare_store`` returns the keys it will store (evicting as needed), or None when
-    it cannot free enough chunks (nothing changed); ``evicted`` collects every key it evicted."""
+    """vLLM's ``CPUOffloadingManager``: ``num_chunks`` slots, ref counts, a policy, and with
+    ``store_threshold`` >= 2 its frequency filter (a key is stored only once offered that many
+    times, counted over the last ``max_tracker_size`` keys offered, as vLLM counts them).
+    ``prepare_store`` returns the keys it will store (evicting as needed), or None when it cannot
+    free enough chunks (nothing changed); ``evicted`` collects every key it evicted;
+    ``stores_skipped`` counts the keys the filter held back."""
 
-    def __init__(self, num_chunks: int, policy: Any) -> None:
+    def __init__(self, num_chunks: int, policy: Any, store_threshold: int = 0,
+                 max_tracker_size: int = MAX_TRACKER_SIZE) -> None:
         self.num_chunks = num_chunks
         self.policy = policy
         self._num_allocated = 0
         self._free: list[int] = []
         self.num_evictable = 0
         self.evicted: list[bytes] = []
+        self.store_threshold = store_threshold
+        self.max_tracker_size = max_tracker_size
+        self.counts: OrderedDict[bytes, int] | None = OrderedDict() if store_threshold >= 2 else None
+        self.stores_skipped = 0
+
+    def _record_accesses(self, keys: Sequence[bytes]) -> None:
+        """vLLM's ``_record_accesses``: count an offer; a new key ages out the least recently
+        offered one not in this offer once the tracker is full."""
+        counts = self.counts
+        assert counts is not None
+        protected: set[bytes] = set()
+        for key in keys:
+            if key in counts:
+                counts.move_to_end(key)
+                counts[key] += 1
+                protected.add(key)
+        num_unprotected = len(counts) - len(protected)
+        for key in keys:
+            if key in counts:
+                continue
+            if len(counts) >= self.max_tracker_size:
+                if num_unprotected == 0:
+                    continue
+                counts.popitem(last=False)
+                num_unprotected -= 1
+            counts[key] = 1
 
     def _access(self, ctx: ReqContext) -> _Access:
         state = ctx.get_state(_Access)
@@ -256,6 +317,8 @@ class TierManager:
                 self.policy.mark_evictable(key)
 
     def prepare_store(self, keys: Sequence[bytes], ctx: ReqContext) -> list[bytes] | None:
+        if self.counts is not None:
+            self._record_accesses(keys)
         to_store, ready = [], []
         for key in keys:
             chunk = self.policy.get(key)
@@ -263,6 +326,10 @@ class TierManager:
                 to_store.append(key)
             elif chunk.is_ready:
                 ready.append(key)
+        if self.counts is not None:
+            counts, offered = self.counts, len(to_store)
+            to_store = [k for k in to_store if counts.get(k, 0) >= self.store_threshold]
+            self.stores_skipped += offered - len(to_store)
         state = self._access(ctx)
         misses = [k for k in to_store if k not in state.store_misses]
         if misses:
@@ -348,8 +415,9 @@ class EmulatedTier:
                  host_gbps: float | None = None, rule: str = DEFAULT_RULE,
                  step_time: Callable[[Sequence[tuple[int, int]]], float] | None = None,
                  host_bandwidth: float | None = None) -> None:
-        """``host_gbps``: the link Marconi's policy prices a load at; ``step_time`` (seconds for a
-        step computing the given ``(start, end)`` spans) and ``host_bandwidth`` (bytes/s per
+        """``policy``: a tier arm's label (:func:`parse_tier_arm`: ``lru``, ``arc``, ``marconi``, each
+        optionally ``:store_threshold=N``); ``host_gbps``: the link Marconi's policy prices a load at;
+        ``step_time`` (seconds for a step computing the given ``(start, end)`` spans) and ``host_bandwidth`` (bytes/s per
         direction): the clock (both or neither)."""
         if (step_time is None) != (host_bandwidth is None) or (host_bandwidth is not None and host_bandwidth <= 0):
             raise ConfigError("vllm-align: the tier's clock needs a step-time model and a positive host bandwidth")
@@ -361,8 +429,10 @@ class EmulatedTier:
         self.attn = [g for g, k in enumerate(self.kinds) if k == ATTENTION]
         self.mamba = [g for g, k in enumerate(self.kinds) if k == MAMBA]
         self.policy_name = policy
-        self.manager = TierManager(num_chunks, make_policy(policy, num_chunks, group_kinds=self.kinds, spec=spec,
-                                                           tokens_per_chunk=self.c, host_gbps=host_gbps, rule=rule))
+        name, threshold = parse_tier_arm(policy, "vllm-align: tier_policy")
+        self.manager = TierManager(num_chunks, make_policy(name, num_chunks, group_kinds=self.kinds, spec=spec,
+                                                           tokens_per_chunk=self.c, host_gbps=host_gbps, rule=rule),
+                                   store_threshold=threshold)
         self.chunk_bytes = layout.block_bytes
         self._reqs: dict[int, _TierRequest] = {}
         self._handoffs: list[tuple[Any, int, int]] = []
@@ -577,4 +647,4 @@ class EmulatedTier:
         return {"tier_hit_tokens": self.hit_tokens, "bytes_loaded": self.bytes_loaded,
                 "bytes_stored": self.bytes_stored, "num_loads": self.num_loads, "num_stores": self.num_stores,
                 "tier_evictions_kv": self.evictions["kv"], "tier_evictions_state": self.evictions["state"],
-                "tier_num_chunks": self.manager.num_chunks}
+                "tier_num_chunks": self.manager.num_chunks, "tier_stores_skipped": self.manager.stores_skipped}

@@ -165,7 +165,7 @@ def _check_tensor_parallel(mdir: Path, tensor_parallel: int) -> None:
 
 def _check_tier(config: ReplayConfig) -> None:
     """The tier options agree: a size with policies, known names, a positive link."""
-    from marconi.integrations.vllm.replay.tiers import TIER_POLICIES
+    from marconi.integrations.vllm.replay.tiers import check_tier_arm
 
     if config.cpu_tier is None:
         if config.tier_policies or config.host_bandwidth is not None:
@@ -180,9 +180,7 @@ def _check_tier(config: ReplayConfig) -> None:
     if not config.tier_policies:
         raise ConfigError("--cpu-tier needs --tier-policies (e.g. lru,arc,marconi)")
     for name in config.tier_policies:
-        if name != NO_TIER and name not in TIER_POLICIES:
-            raise ConfigError(f"--tier-policies: unknown tier policy {name!r}; known: {', '.join(TIER_POLICIES)}, "
-                              f"{NO_TIER} (GPU only)")
+        check_tier_arm(name)
     if config.host_bandwidth is not None and not config.host_bandwidth > 0:
         raise ConfigError(f"--host-bandwidth must be > 0 bytes/s, got {config.host_bandwidth}")
 

@@ -11,9 +11,10 @@ import re
 from typing import Any
 
 from marconi.core.registry import ConfigError
+from marconi.integrations.vllm.emulate.tier import STORE_THRESHOLD, parse_tier_arm
 from marconi.units import parse_bytes
 
-__all__ = ["TIER_POLICIES", "NO_TIER", "DEFAULT_HOST_BANDWIDTH", "MARCONI_POLICY_MODULE", "extra_config", "parse_tier_policies",
+__all__ = ["TIER_POLICIES", "NO_TIER", "DEFAULT_HOST_BANDWIDTH", "MARCONI_POLICY_MODULE", "extra_config", "parse_tier_policies", "check_tier_arm",
            "parse_bandwidth"]
 
 #: Effective host↔GPU bandwidth per direction and per GPU, bytes/s (PCIe Gen5 x16 with pinned copies).
@@ -35,34 +36,44 @@ NO_TIER = "none"
 
 
 def extra_config(policy: str, cpu_bytes: int, host_bandwidth: float = DEFAULT_HOST_BANDWIDTH) -> dict[str, Any]:
-    """vLLM's ``kv_connector_extra_config`` for a CPU tier of ``cpu_bytes`` under ``policy``
-    (one of :data:`TIER_POLICIES`); everything else stays vLLM's default (``offload_prompt_only``,
-    no ``store_threshold``, one GPU block per chunk). Marconi's policy also hears the host link's
-    bandwidth (``marconi_host_gbps``, GB/s), which prices a load against the FLOPs it saves.
-    Raises ConfigError for an unknown policy or a tier under one byte."""
-    if policy not in TIER_POLICIES:
-        raise ConfigError(f"--tier-policies: unknown tier policy {policy!r}; known: {', '.join(TIER_POLICIES)}")
+    """vLLM's ``kv_connector_extra_config`` for a CPU tier of ``cpu_bytes`` under ``policy``, a tier
+    arm's label (one of :data:`TIER_POLICIES`, optionally ``:store_threshold=N``, vLLM's frequency
+    filter on stores); everything else stays vLLM's default (``offload_prompt_only``, one GPU block
+    per chunk). Marconi's policy also hears the host link's bandwidth (``marconi_host_gbps``,
+    GB/s), which prices a load against the FLOPs it saves. Raises ConfigError for an unknown
+    policy or option, or a tier under one byte."""
+    name, threshold = parse_tier_arm(policy)
     if cpu_bytes < 1:
         raise ConfigError(f"--cpu-tier must be at least one byte, got {cpu_bytes}")
-    extra: dict[str, Any] = {"cpu_bytes_to_use": int(cpu_bytes), **TIER_POLICIES[policy]}
-    if policy == "marconi":
+    extra: dict[str, Any] = {"cpu_bytes_to_use": int(cpu_bytes), **TIER_POLICIES[name]}
+    if threshold:
+        extra[STORE_THRESHOLD] = threshold
+    if name == "marconi":
         extra["marconi_host_gbps"] = host_bandwidth / 1e9
     return extra
 
 
 def parse_tier_policies(text: str) -> tuple[str, ...]:
-    """``--tier-policies lru,arc,marconi`` as names, each checked, none twice; ``none`` is the
-    GPU-only arm (:data:`NO_TIER`)."""
+    """``--tier-policies lru,arc,marconi`` as names, each checked (:func:`parse_tier_arm`: a policy,
+    optionally with ``:store_threshold=N``), none twice; ``none`` is the GPU-only arm (:data:`NO_TIER`)."""
     names = tuple(s.strip() for s in str(text).split(",") if s.strip())
     if not names:
         raise ConfigError("--tier-policies: give at least one of " + ", ".join(TIER_POLICIES))
     for name in names:
-        if name not in TIER_POLICIES and name != NO_TIER:
-            raise ConfigError(f"--tier-policies: unknown tier policy {name!r}; known: {', '.join(TIER_POLICIES)}, "
-                              f"{NO_TIER} (GPU only)")
+        check_tier_arm(name)
     if len(set(names)) != len(names):
         raise ConfigError(f"--tier-policies: {text!r} names a policy twice")
     return names
+
+
+def check_tier_arm(name: str) -> None:
+    """One ``--tier-policies`` entry: ``none`` or a tier arm's label; ConfigError naming the flag."""
+    if name == NO_TIER:
+        return
+    try:
+        parse_tier_arm(name)
+    except ConfigError as exc:
+        raise ConfigError(f"{exc}; or {NO_TIER} (GPU only)") from None
 
 
 def parse_bandwidth(text: str | float) -> float:
