@@ -241,6 +241,7 @@ class ChunkTreePolicy:
         self._attn_groups = tuple(g for g, k in enumerate(kinds) if k == ATTENTION)
         self._mamba_groups = tuple(g for g, k in enumerate(kinds) if k == MAMBA)
         self._is_attn = tuple(k == ATTENTION for k in kinds)
+        self._attn_set, self._mamba_set = frozenset(self._attn_groups), frozenset(self._mamba_groups)
         self._chunks: dict[OffloadKey, Any] = {}
         self._seq: dict[OffloadKey, int] = {}
         self._evictable: set[OffloadKey] = set()
@@ -389,7 +390,7 @@ class ChunkTreePolicy:
 
     def num_evictable(self, protected: set[OffloadKey] = frozenset()) -> int:  # type: ignore[assignment]
         """Chunks ``evict`` may take now (idle, not in ``protected``)."""
-        return len(self._evictable) - sum(1 for k in protected if k in self._evictable)
+        return len(self._evictable) - len(self._evictable.intersection(protected))
 
     # ------------------------------------------------------------------ the tree
     def held_chunks(self) -> dict[OffloadKey, Any]:
@@ -442,14 +443,6 @@ class ChunkTreePolicy:
         return CandidateTable(cands, LazyEfficiency({self.settings.efficiency: eff[rows]}, compute=other))
 
     # ------------------------------------------------------------------ the victim index
-    def _category(self, key: OffloadKey, node: _Node) -> int:
-        """``key``'s category from its node's kept standing (:meth:`TreeJudgement.category`'s rule)."""
-        if self._is_attn[get_offload_group_idx(key)]:
-            return _DEAD if not node.alive else (_CAND if node.kv_kids == 0 else _OTHER)
-        if not ((node.kv and node.state) or get_offload_block_hash(key) in self._open):
-            return _DEAD
-        return _CAND if node.kv_kids <= 1 else _OTHER
-
     def _push(self, key: OffloadKey, slot: tuple[int, int, int]) -> None:
         cat, depth, seq = slot
         if cat == _DEAD or self._mode == "min":
@@ -489,11 +482,19 @@ class ChunkTreePolicy:
             self._dirty_nodes.clear()
         if not keys:
             return
-        slots, evictable, nodes, seqs = self._slot, self._evictable, self._nodes, self._seq
+        slots, evictable, nodes, seqs, is_attn, opened = (self._slot, self._evictable, self._nodes, self._seq,
+                                                          self._is_attn, self._open)
         for key in keys:
             if key in evictable and key in seqs:
-                node = nodes[get_offload_block_hash(key)]
-                slot = (self._category(key, node), node.depth or 0, seqs[key])
+                h = key[:-4]
+                node = nodes[h]
+                if is_attn[int.from_bytes(key[-4:], "big")]:      # TreeJudgement.category's rule
+                    cat = _DEAD if not node.alive else (_CAND if node.kv_kids == 0 else _OTHER)
+                elif not ((node.kv and node.state) or h in opened):
+                    cat = _DEAD
+                else:
+                    cat = _CAND if node.kv_kids <= 1 else _OTHER
+                slot = (cat, node.depth or 0, seqs[key])
                 if slots.get(key) != slot:
                     slots[key] = slot
                     self._push(key, slot)
@@ -563,8 +564,14 @@ class ChunkTreePolicy:
         if mode == "generic":
             return self._pick_generic(cat, protected)
         tops = []
+        slots = self._slot
         for depth, heap in self._levels[cat].items():
-            top = self._top(heap, cat, depth, 1, protected, aside)
+            if not heap:
+                continue
+            top = heap[0]                   # _top's test, inline for the common case: a live top
+            slot = slots.get(top[1])
+            if slot is None or slot[0] != cat or slot[1] != depth or slot[2] != top[0] or top[1] in protected:
+                top = self._top(heap, cat, depth, 1, protected, aside)
             if top is not None:
                 tops.append((top[0], depth, top[1]))
         if not tops:
@@ -621,8 +628,8 @@ class ChunkTreePolicy:
         """Node ``h``'s keys changed: its ``kv`` and ``state``, its parent's ``kv_kids``, and the
         ``alive`` flips up its chain; every node whose chunks' categories may change is marked."""
         keys = node.keys
-        kv = all(g in keys for g in self._attn_groups)
-        node.state = all(g in keys for g in self._mamba_groups)
+        kv = keys.keys() >= self._attn_set
+        node.state = keys.keys() >= self._mamba_set
         self._dirty_nodes.add(h)
         if kv != node.kv:
             node.kv = kv
