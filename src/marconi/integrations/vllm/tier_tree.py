@@ -256,6 +256,7 @@ class ChunkTreePolicy:
         # nodes changed since; heaps of (seq, key) (max heaps: (-seq, key)), stale entries skipped
         self._slot: dict[OffloadKey, tuple[int, int, int]] = {}
         self._dirty_keys: set[OffloadKey] = set()
+        self._dirty_seq: set[OffloadKey] = set()        # only their recency changed
         self._dirty_nodes: set[bytes] = set()
         self._mode = _index_mode(settings.rule)
         self._mins: dict[int, list[tuple[int, OffloadKey]]] = {}
@@ -356,6 +357,7 @@ class ChunkTreePolicy:
         self._clock = 0
         self._slot.clear()
         self._dirty_keys.clear()
+        self._dirty_seq.clear()
         self._dirty_nodes.clear()
         self._rebuild()
 
@@ -480,10 +482,29 @@ class ChunkTreePolicy:
                 if node is not None:
                     keys.update(node.keys.values())
             self._dirty_nodes.clear()
+        slots, seqs = self._slot, self._seq
+        if self._dirty_seq:                 # recency alone: the entry moves, its category stays
+            mode, mins, levels, maxs, push = self._mode, self._mins, self._levels, self._maxs, heapq.heappush
+            for key in self._dirty_seq:
+                slot = slots.get(key)
+                if slot is None or key in keys:
+                    continue                # not indexed (then judged below if evictable), or judged below
+                seq = seqs[key]
+                if seq != slot[2]:
+                    cat, depth = slot[0], slot[1]
+                    slots[key] = (cat, depth, seq)
+                    if cat == _DEAD or mode == "min":
+                        push(mins[cat], (seq, key))
+                    elif mode == "level":
+                        push(levels[cat].setdefault(depth, []), (seq, key))
+                        push(maxs[cat], (-seq, key))
+                    self._pushes += 1
+            self._dirty_seq.clear()
         if not keys:
+            if self._pushes > 2 * len(slots) + 256:
+                self._rebuild()
             return
-        slots, evictable, nodes, seqs, is_attn, opened = (self._slot, self._evictable, self._nodes, self._seq,
-                                                          self._is_attn, self._open)
+        evictable, nodes, is_attn, opened = self._evictable, self._nodes, self._is_attn, self._open
         for key in keys:
             if key in evictable and key in seqs:
                 h = key[:-4]
@@ -580,7 +601,8 @@ class ChunkTreePolicy:
         assert isinstance(rule, EvictionRule)
         hi = -self._top(self._maxs[cat], cat, None, -1, protected, aside)[0]
         lo = min(t[0] for t in tops)
-        effs = [self._eff(d) for _, d, _ in tops]
+        cached = self._effs
+        effs = [cached[d] if d in cached else self._eff(d) for _, d, _ in tops]
         elo, ehi = min(effs), max(effs)
         best = None
         # score_rules' arithmetic, term by term (min_max of the recency, plus α times min_max of
@@ -622,7 +644,7 @@ class ChunkTreePolicy:
     def _tick(self, key: OffloadKey) -> None:
         self._clock += 1
         self._seq[key] = self._clock
-        self._dirty_keys.add(key)
+        self._dirty_seq.add(key)
 
     def _restand(self, h: bytes, node: _Node) -> None:
         """Node ``h``'s keys changed: its ``kv`` and ``state``, its parent's ``kv_kids``, and the
