@@ -11,18 +11,21 @@ group where a state is stored), stores that complete late or fail (``remove``), 
 chunks (ref counts), touches, requests that stay open across steps and end later, direct evicts
 with held chunks protected, rule switches and ``clear``; over several seeds, group layouts (Nemotron-H's
 6 Mamba + 1 attention group, one of each, two attention groups), chunk sizes (known, or learned per
-request) and rules (``lru``, α > 0 in both efficiencies and both recencies, ``adaptive``).
+request) and rules (``lru``, α > 0 in both efficiencies and both recencies, ``adaptive``, and
+one outside the FLOP-aware family).
 """
 
 from __future__ import annotations
 
 import random
 from collections import Counter
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
+import numpy as np
 import pytest
 
-from marconi.core.eviction import rule_from_label
+from marconi.core.candidates import CandidateTable
+from marconi.core.eviction import Candidates, Touch, min_max, rule_from_label
 from marconi.core.model import get_model
 from marconi.integrations.vllm.emulate.tier import ReqContext
 from marconi.integrations.vllm.policy import ATTENTION, MAMBA
@@ -37,6 +40,23 @@ LAYOUTS = {
     "attn-mamba": (ATTENTION, MAMBA),
     "two-attn": (ATTENTION, MAMBA, ATTENTION),
 }
+
+
+@dataclass(frozen=True)
+class DeepFirst:
+    """A rule outside the FLOP-aware family (the index ranks it by its own scores over the whole
+    set): deep chunks first, ``min_max(recency) + (1 - min_max(depth))``."""
+
+    candidates: Candidates = Candidates.SINGLE_CHILD
+    touch: Touch = Touch.HIT
+    tails: bool = False
+
+    def label(self) -> str:
+        return "deep-first"
+
+    def scores(self, table: CandidateTable) -> np.ndarray:
+        time, _ = table.recency(self.touch)
+        return min_max(time) + (1.0 - min_max(table.depth.astype(np.float64)))
 
 
 class Chunk:
@@ -72,7 +92,7 @@ def checked(monkeypatch: pytest.MonkeyPatch) -> Counter:
 
 
 def _policy(kinds: tuple[str, ...], label: str, capacity: int, tpc: int | None) -> ChunkTreePolicy:
-    rule, family = parse_tier_rule(label)
+    rule, family = (DeepFirst(), ()) if label == "deep-first" else parse_tier_rule(label)
     settings = TierSettings(kinds, SPEC, tpc, rule, family=family)
     return AdaptiveTierPolicy(capacity, settings) if family else ChunkTreePolicy(capacity, settings)
 
@@ -194,7 +214,7 @@ def drive(policy: ChunkTreePolicy, kinds: tuple[str, ...], seed: int, steps: int
 
 
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
-@pytest.mark.parametrize("label", ["lru", "a0.5m", "a2m", "a1", "a0.5i", "adaptive"])
+@pytest.mark.parametrize("label", ["lru", "a0.5m", "a2m", "a1", "a0.5i", "adaptive", "deep-first"])
 def test_incremental_evict_takes_thereference_victims(checked: Counter, layout: str, label: str) -> None:
     kinds = LAYOUTS[layout]
     for seed, (capacity, tpc) in enumerate([(12 * len(kinds), TPC), (30 * len(kinds), None), (60 * len(kinds), TPC)]):
