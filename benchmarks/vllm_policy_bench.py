@@ -24,7 +24,21 @@ Not a test; the numbers go in reports, not assertions.
     .venv-vllm/bin/python benchmarks/vllm_policy_bench.py --blocks 1000,10000,100000,1000000
 
 The last line is one JSON object, ``{"blocks": N, "victim_ratio": x}``: the whole victim against
-vLLM's LRU (``per victim vs LRU`` at α = 0.5) at the largest pool size asked.
+vLLM's LRU (``per victim vs LRU`` at α = 0.5) at the largest pool size asked (both null with
+``--blocks ""``).
+
+``--tier-chunks 1000,14000`` adds the CPU offload tier's policies (issue 33; a 256 GB tier holds
+~14,000 Nemotron-H-8B chunks): per tier size, vLLM's ``LRUCachePolicy`` and ``ARCCachePolicy`` and
+Marconi's ``MarconiCachePolicy`` (``marconi_rule`` lru, a0.5m and adaptive, and a0.5m with the
+whole-tree evict it had before its victim index) are each filled with the same stream of chat-like
+hybrid requests (:class:`TierWorkload`: 6 Mamba groups + 1 attention group, ``OffloadKey`` = hash +
+group index, positions in vLLM's ``ReqContext``) until full and churned, then fed ``--tier-requests``
+more, each through every policy in turn, timing every call vLLM's manager makes
+(:class:`TierDriver`). The last line then also holds ``tier_chunks`` (the largest size) and
+``tier_ratio``: per policy, its evict (median and mean), touch, insert, request end and whole
+request against vLLM's LRU at that size.
+
+    .venv-vllm/bin/python benchmarks/vllm_policy_bench.py --blocks "" --tier-chunks 1000,14000
 """
 
 from __future__ import annotations
@@ -197,25 +211,333 @@ LEGEND = ("popleft, alloc(1): vLLM's LRU pick (FreeKVCacheBlockQueue.popleft) an
           "levels: efficiency levels among the free candidates")
 
 
+# --------------------------------------------------------------------------- the CPU tier's policies
+TIER_KINDS = (MAMBA,) * 6 + (ATTENTION,)     # Nemotron-H-8B's KV cache groups: 6 Mamba, 1 attention
+TIER_ATTN = TIER_KINDS.index(ATTENTION)
+TIER_TPC = 1152                              # tokens per offload chunk (vLLM's, for Nemotron-H-8B)
+TIER_CALLS = ("touch", "pin", "store_miss", "evict", "insert", "unpin", "finish")
+
+
+class TierWorkload:
+    """A deterministic stream of chat-like requests over a prefix tree: sessions that share a
+    2-chunk system prompt and grow 1-3 chunks a turn up to ``max_depth`` chunks (then end), picked
+    mostly among the most recent; each request's chunk hashes (32 bytes, as vLLM's) and a state (every
+    Mamba group) at its end. Up to ``sessions`` live sessions."""
+
+    def __init__(self, seed: int, sessions: int, max_depth: int = 96) -> None:
+        import random
+
+        self.rng = random.Random(seed)
+        self.max_sessions, self.max_depth = sessions, max_depth
+        self.counter = 0
+        self.system = [self._hash(), self._hash()]
+        self.sessions: list[list[bytes]] = []
+
+    def _hash(self) -> bytes:
+        import hashlib
+
+        self.counter += 1
+        return hashlib.sha256(self.counter.to_bytes(8, "little")).digest()
+
+    def next(self) -> list[bytes]:
+        rng = self.rng
+        if not self.sessions or (len(self.sessions) < self.max_sessions and rng.random() < 0.2):
+            chain = self.system[: rng.randint(1, 2)] + [self._hash() for _ in range(rng.randint(2, 8))]
+            self.sessions.append(chain)
+            return list(chain)
+        i = len(self.sessions) - 1 - min(int(rng.expovariate(1 / 8)), len(self.sessions) - 1) \
+            if rng.random() < 0.7 else rng.randrange(len(self.sessions))
+        chain = self.sessions[i]
+        chain.extend(self._hash() for _ in range(rng.randint(1, 3)))
+        if len(chain) >= self.max_depth:
+            self.sessions.pop(i)
+        return list(chain)
+
+
+def tier_policies(capacity: int) -> tuple[str, dict[str, Callable[[], object]], Callable, Callable]:
+    """The policies compared (name -> factory), and the chunk and request-context classes: vLLM's
+    own where vLLM imports, else the emulation's stand-ins (vLLM's LRU and ARC, line for line)."""
+    from marconi.core.eviction import rule_from_label
+    from marconi.core.model import get_model
+    from marconi.integrations.vllm.tier_tree import TierSettings, parse_tier_rule, reference_victims
+
+    spec = get_model("nemotron-h-8b")
+    try:
+        import vllm
+        from vllm.v1.kv_offload.base import ReqContext
+        from vllm.v1.kv_offload.cpu.policies.arc import ARCCachePolicy
+        from vllm.v1.kv_offload.cpu.policies.base import ChunkStatus
+        from vllm.v1.kv_offload.cpu.policies.lru import LRUCachePolicy
+
+        from marconi.integrations.vllm.tier import MarconiCachePolicy as Tier
+        where = f"vLLM {vllm.__version__}"
+        make_ctx = lambda rid: ReqContext(req_id=str(rid))   # noqa: E731
+    except ImportError:
+        from marconi.integrations.vllm.emulate.tier import Chunk as ChunkStatus, LRUPolicy as LRUCachePolicy
+        from marconi.integrations.vllm.emulate.tier import ReqContext
+        from marconi.integrations.vllm.tier_arc import ARCPolicy as ARCCachePolicy
+        from marconi.integrations.vllm.tier_chooser import AdaptiveTierPolicy as Tier
+        where = "stand-ins (vLLM not importable): the emulation's LRU, tier_arc's ARC, AdaptiveTierPolicy"
+        make_ctx = ReqContext
+
+    def marconi(label: str) -> Callable[[], object]:
+        rule, family = parse_tier_rule(label)
+        return lambda: Tier(capacity, TierSettings(TIER_KINDS, spec, TIER_TPC, rule, family=family))
+
+    class WholeTree(Tier):                                   # type: ignore[misc, valid-type]
+        """The tier policy with the evict it had before its victim index (the whole tree judged per
+        call: ``reference_victims``), switched on for the timed requests only (same victims)."""
+
+        whole_tree = False
+
+        def evict(self, n, protected):
+            if not self.whole_tree:
+                return super().evict(n, protected)
+            chosen = reference_victims(self, n, protected)
+            if chosen is None:
+                return None
+            out = []
+            for key, reason in chosen:
+                out.append((key, self.get(key)))
+                self.remove(key)
+                self.eviction_counts[reason] += 1
+            return out
+
+    whole = lambda: WholeTree(capacity, TierSettings(TIER_KINDS, spec, TIER_TPC, rule_from_label("a0.5m")))  # noqa: E731
+    factories = {"vLLM LRU": lambda: LRUCachePolicy(capacity), "vLLM ARC": lambda: ARCCachePolicy(capacity),
+                 "marconi lru": marconi("lru"), "marconi a0.5m": marconi("a0.5m"),
+                 "marconi adaptive": marconi("adaptive"), "a0.5m whole-tree evict": whole}
+    return where, factories, ChunkStatus, make_ctx
+
+
+class TierDriver:
+    """One policy fed as vLLM's ``CPUOffloadingManager`` feeds it, one request at a time: lookup
+    (the deepest chunk with every attention chunk up to it and its state held and ready), ``touch``
+    and pins of the loaded chunks, ``on_store_miss``, ``evict`` of what the store needs beyond the
+    free chunks (the offered keys protected), ``insert`` per miss, the store's and the load's
+    completion (``mark_evictable``) and ``on_request_finished``. Each call's CPU ns is recorded
+    when ``timed`` (the per-chunk calls as one batch per request, divided by their count)."""
+
+    def __init__(self, policy: object, capacity: int, chunk_cls: Callable, make_ctx: Callable, clock_ns: float) -> None:
+        self.p, self.capacity, self.chunk_cls, self.make_ctx = policy, capacity, chunk_cls, make_ctx
+        self.held = 0
+        self.next_id = 0
+        self.clock_ns = clock_ns
+        self.times: dict[str, list[float]] = {c: [] for c in TIER_CALLS}
+        self.per_request: list[float] = []
+        self.victims = 0
+        self.evict_calls = 0
+
+    def request(self, chain: list[bytes], rid: int, timed: bool) -> None:
+        p, clock = self.p, time.process_time_ns
+        ctx = self.make_ctx(rid)
+        keys_at = []
+        for i, h in enumerate(chain, start=1):
+            here = [h + TIER_ATTN.to_bytes(4, "big")]
+            if i == len(chain):
+                here += [h + g.to_bytes(4, "big") for g in range(len(TIER_KINDS)) if g != TIER_ATTN]
+            for key in here:
+                ctx.set_offload_key_position(key, i * TIER_TPC)
+            keys_at.append(here)
+        hit = 0
+        for d, h in enumerate(chain, start=1):
+            chunk = p.get(h + TIER_ATTN.to_bytes(4, "big"))
+            if chunk is None or chunk.ref_cnt < 0:
+                break
+            if all((c := p.get(h + g.to_bytes(4, "big"))) is not None and c.ref_cnt >= 0
+                   for g in range(len(TIER_KINDS))):
+                hit = d
+        load = [k for i in range(hit) for k in keys_at[i][:1]]
+        if hit:
+            load += [chain[hit - 1] + g.to_bytes(4, "big") for g in range(len(TIER_KINDS)) if g != TIER_ATTN]
+        offer = [k for i in range(hit, len(chain)) for k in keys_at[i]]
+        cost: dict[str, float] = {}
+        if load:
+            t0 = clock()
+            p.touch(load, ctx)
+            t1 = clock()
+            for k in load:
+                chunk = p.get(k)
+                if chunk.ref_cnt == 0:
+                    p.mark_non_evictable(k)
+                chunk.ref_cnt += 1
+            t2 = clock()
+            cost["touch"], cost["pin"] = (t1 - t0 - self.clock_ns, (t2 - t1 - self.clock_ns) / len(load))
+        misses = [k for k in offer if p.get(k) is None]
+        stored = []
+        if misses:
+            t0 = clock()
+            p.on_store_miss(misses, ctx)
+            cost["store_miss"] = clock() - t0 - self.clock_ns
+            need = len(misses) - (self.capacity - self.held)
+            ok = True
+            if need > 0:
+                t0 = clock()
+                out = p.evict(need, set(offer))
+                cost["evict"] = clock() - t0 - self.clock_ns
+                ok = out is not None
+                if ok:
+                    self.held -= len(out)
+                    if timed:
+                        self.victims += len(out)
+                        self.evict_calls += 1
+            if ok:
+                chunks = [self.chunk_cls(self.next_id + j) for j in range(len(misses))]
+                self.next_id += len(misses)
+                t0 = clock()
+                for k, c in zip(misses, chunks):
+                    p.insert(k, c)
+                cost["insert"] = (clock() - t0 - self.clock_ns) / len(misses)
+                self.held += len(misses)
+                stored = misses
+        done = stored + load
+        if done:
+            t0 = clock()
+            for k in stored:                               # the store completes (ref_cnt -1 -> 0)
+                p.get(k).ref_cnt = 0
+                p.mark_evictable(k)
+            for k in load:                                 # the load completes
+                chunk = p.get(k)
+                chunk.ref_cnt -= 1
+                if chunk.ref_cnt == 0:
+                    p.mark_evictable(k)
+            cost["unpin"] = (clock() - t0 - self.clock_ns) / len(done)
+        groups: dict[int, list[bytes]] = {}
+        for here in keys_at:
+            for k in here:
+                groups.setdefault(int.from_bytes(k[-4:], "big"), []).append(k)
+        t0 = clock()
+        p.on_request_finished(tuple(tuple(v) for _, v in sorted(groups.items())), set(stored), set(load), ctx)
+        cost["finish"] = clock() - t0 - self.clock_ns
+        if timed:
+            for name, ns in cost.items():
+                self.times[name].append(ns)
+            whole = cost.get("touch", 0) + cost.get("store_miss", 0) + cost.get("evict", 0) + cost.get("finish", 0)
+            whole += cost.get("pin", 0) * len(load) + cost.get("insert", 0) * len(stored)
+            whole += cost.get("unpin", 0) * len(done)
+            self.per_request.append(whole)
+
+
+def tier_measure(capacity: int, requests: int, warmup: float, seed: int = 0) -> tuple[str, list[dict[str, object]]]:
+    """Fill a tier of ``capacity`` chunks under each policy with the same request stream, churn
+    ``warmup`` x capacity more chunk stores, then time ``requests`` more, each through every policy
+    in turn (the order rotating per request). Returns where the policies came from and one row each."""
+    import gc
+
+    where, factories, chunk_cls, make_ctx = tier_policies(capacity)
+    clock_ns = clock_cost_ns()
+    drivers = {name: TierDriver(make(), capacity, chunk_cls, make_ctx, clock_ns) for name, make in factories.items()}
+    work = TierWorkload(seed, sessions=max(8, capacity // 30))
+    started = time.perf_counter()
+    first = drivers["vLLM LRU"]
+    rid, churn = 0, 0
+    while first.held < capacity or churn < warmup * capacity:
+        chain = work.next()
+        before = first.next_id
+        for d in drivers.values():
+            d.request(chain, rid, timed=False)
+        if first.held >= capacity:
+            churn += first.next_id - before
+        rid += 1
+    fill_s = time.perf_counter() - started
+    for d in drivers.values():
+        if hasattr(d.p, "whole_tree"):
+            d.p.whole_tree = True
+    names = list(drivers)
+    gc.collect()
+    for r in range(requests):
+        chain = work.next()
+        for name in names[r % len(names):] + names[: r % len(names)]:
+            drivers[name].request(chain, rid, timed=True)
+        rid += 1
+    rows = []
+    base = drivers["vLLM LRU"]
+    med = lambda xs: statistics.median(xs) / 1e3 if xs else float("nan")   # noqa: E731
+    mean = lambda xs: statistics.fmean(xs) / 1e3 if xs else float("nan")   # noqa: E731
+    for name, d in drivers.items():
+        row: dict[str, object] = {"chunks": f"{capacity:,}", "policy": name, "held": d.p.num_held() if hasattr(d.p, "num_held") else d.held}
+        for call in TIER_CALLS:
+            row[call] = med(d.times[call])
+        row["evict_mean"] = mean(d.times["evict"])
+        row["per_victim"] = sum(d.times["evict"]) / 1e3 / d.victims if d.victims else float("nan")
+        row["request"] = mean(d.per_request)
+        for call in ("evict", "touch", "insert", "finish"):
+            row[f"{call}_x"] = row[call] / med(base.times[call])
+        row["evict_mean_x"] = row["evict_mean"] / mean(base.times["evict"])
+        row["request_x"] = row["request"] / mean(base.per_request)
+        row["fill_s"] = fill_s
+        rows.append(row)
+    return where, rows
+
+
+TIER_COLUMNS = [("tier (chunks)", "chunks", None), ("policy", "policy", None),
+                ("evict (median)", "evict", lambda v: f"{v:,.1f} µs"), ("evict (mean)", "evict_mean", lambda v: f"{v:,.1f} µs"),
+                ("per victim", "per_victim", lambda v: f"{v:,.2f} µs"),
+                ("touch", "touch", lambda v: f"{v:,.1f} µs"), ("insert", "insert", lambda v: f"{v:.2f} µs"),
+                ("pin", "pin", lambda v: f"{v:.2f} µs"), ("unpin", "unpin", lambda v: f"{v:.2f} µs"),
+                ("store miss", "store_miss", lambda v: f"{v:,.1f} µs"), ("request end", "finish", lambda v: f"{v:,.1f} µs"),
+                ("per request (mean)", "request", lambda v: f"{v:,.0f} µs"),
+                ("evict/LRU", "evict_x", lambda v: f"{v:,.1f}×"), ("evict mean/LRU", "evict_mean_x", lambda v: f"{v:,.1f}×"),
+                ("touch/LRU", "touch_x", lambda v: f"{v:,.1f}×"), ("insert/LRU", "insert_x", lambda v: f"{v:,.1f}×"),
+                ("request end/LRU", "finish_x", lambda v: f"{v:,.1f}×"), ("per request/LRU", "request_x", lambda v: f"{v:,.1f}×")]
+TIER_LEGEND = ("CPU time per call (process_time, the clock's own cost subtracted), medians over the timed requests "
+               "unless marked mean; insert, pin (mark_non_evictable at a load), unpin (mark_evictable when a store or "
+               "load completes) per chunk; evict per call (vLLM's one call per store that needs room) and per victim; "
+               "per request: every call one request made, summed, mean; /LRU: against vLLM's LRUCachePolicy in the "
+               "same run. 'a0.5m whole-tree evict': the tier policy at a0.5m with the evict it had before its victim "
+               "index (same victims)")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--blocks", default="1000,10000,100000,1000000", help="pool sizes, comma-separated")
+    parser.add_argument("--blocks", default="1000,10000,100000,1000000",
+                        help="pool sizes, comma-separated (empty: skip the pool's section)")
     parser.add_argument("--evictions", type=int, default=300, help="victims timed per α")
     parser.add_argument("--max-chain", type=int, default=16, help="chains of 1 .. this many attention blocks")
+    parser.add_argument("--tier-chunks", default="",
+                        help="CPU tier sizes in chunks, comma-separated (e.g. 1000,14000): time the tier policies")
+    parser.add_argument("--tier-requests", type=int, default=300, help="requests timed per tier size")
+    parser.add_argument("--tier-warmup", type=float, default=0.5,
+                        help="chunk stores after the tier first fills, before timing, as a fraction of its size")
     args = parser.parse_args(argv)
+    blocks = [int(x) for x in args.blocks.split(",") if x.strip()]
+    tiers = [int(x) for x in args.tier_chunks.split(",") if x.strip()]
+    if not blocks and not tiers:
+        parser.error("--blocks and --tier-chunks are both empty: nothing to time")
     rows = []
-    for n in (int(x) for x in args.blocks.split(",")):
+    for n in blocks:
         rows.extend(measure(n, args.max_chain, args.evictions))
         print(f"{n:,} blocks done (built in {rows[-1]['built_s']:.1f} s)", file=sys.stderr, flush=True)
-    print(f"LRU: {rows[0]['lru']}; CPU time per call, medians (picks and LRU over batches of repeated calls)")
-    print(LEGEND)
-    print(format_table(rows, COLUMNS))
+    if rows:
+        print(f"LRU: {rows[0]['lru']}; CPU time per call, medians (picks and LRU over batches of repeated calls)")
+        print(LEGEND)
+        print(format_table(rows, COLUMNS))
+    tier_rows = []
+    for n in tiers:
+        where, got = tier_measure(n, args.tier_requests, args.tier_warmup)
+        tier_rows.extend(got)
+        print(f"{n:,} tier chunks done (filled in {got[0]['fill_s']:.1f} s)", file=sys.stderr, flush=True)
+    if tier_rows:
+        print(f"\nCPU tier policies ({where}); Nemotron-H-8B groups (6 Mamba + 1 attention), {TIER_TPC}-token "
+              f"chunks; {args.tier_requests} requests timed per size, interleaved")
+        print(TIER_LEGEND)
+        print(format_table(tier_rows, TIER_COLUMNS))
     # The line a script reads (the last): the whole victim against vLLM's LRU at the largest size, at
-    # the default α (0.5); the popleft stand-in's ratio where vLLM is not importable.
-    largest = max(int(r["blocks"].replace(",", "")) for r in rows)
-    row = next(r for r in rows if int(r["blocks"].replace(",", "")) == largest and r["alpha"] == f"{ALPHAS[0]:g}")
-    ratio = row["victim_vs_lru"] if row["victim_vs_lru"] is not None else row["victim_vs_pop"]
-    print(json.dumps({"blocks": largest, "victim_ratio": round(ratio, 3)}))
+    # the default α (0.5); the popleft stand-in's ratio where vLLM is not importable. With tier sizes:
+    # each tier policy's costs against vLLM's LRUCachePolicy at the largest tier size.
+    line: dict[str, object] = {"blocks": None, "victim_ratio": None}
+    if rows:
+        largest = max(int(r["blocks"].replace(",", "")) for r in rows)
+        row = next(r for r in rows if int(r["blocks"].replace(",", "")) == largest and r["alpha"] == f"{ALPHAS[0]:g}")
+        ratio = row["victim_vs_lru"] if row["victim_vs_lru"] is not None else row["victim_vs_pop"]
+        line = {"blocks": largest, "victim_ratio": round(ratio, 3)}
+    if tier_rows:
+        largest = max(tiers)
+        line["tier_chunks"] = largest
+        line["tier_ratio"] = {r["policy"]: {k: round(r[f"{k}_x"], 3) for k in ("evict", "evict_mean", "touch", "insert",
+                                                                                 "finish", "request")}
+                              for r in tier_rows if r["chunks"] == f"{largest:,}" and r["policy"] != "vLLM LRU"}
+    print(json.dumps(line))
     return 0
 
 

@@ -9,6 +9,7 @@ Semantics and defaults: ``docs/vllm-tiers.md``.
 
 from __future__ import annotations
 
+import heapq
 import math
 import os
 from dataclasses import dataclass, field, replace
@@ -22,7 +23,7 @@ from marconi.core.model import ModelSpec, get_model
 from marconi.core.registry import ConfigError
 from marconi.integrations.vllm.policy import ATTENTION, MAMBA
 
-__all__ = ["ChunkTreePolicy", "TreeJudgement", "TierSettings", "check_group_kinds", "parse_tier_rule", "ADAPTIVE",
+__all__ = ["ChunkTreePolicy", "TreeJudgement", "reference_victims", "TierSettings", "check_group_kinds", "parse_tier_rule", "ADAPTIVE",
            "DEFAULT_FAMILY", "DEFAULT_RULE", "DEFAULT_HOST_GBPS",
            "DEFAULT_GPU_TFLOPS", "REASONS", "ENV_GROUP_KINDS", "ENV_MODEL", "ENV_RULE", "make_offload_key",
            "get_offload_block_hash", "get_offload_group_idx"]
@@ -181,14 +182,20 @@ def parse_tier_rule(label: str, key: str = "marconi_rule") -> tuple[Rule, tuple[
 
 
 class _Node:
-    """One block hash held in the tier: its depth, parent hash, and its chunk per group."""
+    """One block hash held in the tier: its depth, parent hash, its chunk per group, and its standing
+    (kept current by every call, as :class:`TreeJudgement` would compute it from scratch): ``kv``
+    (a chunk in every attention group), ``state`` (in every Mamba group), ``alive`` (``kv`` and a hit
+    can end here or below: ``state``, open, or an alive child), ``kv_kids`` and ``alive_kids``
+    (held children with ``kv``, with ``alive``)."""
 
-    __slots__ = ("depth", "parent", "keys")
+    __slots__ = ("depth", "parent", "keys", "kv", "state", "alive", "kv_kids", "alive_kids")
 
     def __init__(self) -> None:
         self.depth: int | None = None
         self.parent: bytes | None = None
         self.keys: dict[int, OffloadKey] = {}
+        self.kv = self.state = self.alive = False
+        self.kv_kids = self.alive_kids = 0
 
 
 class _TierRequest:
@@ -218,6 +225,13 @@ class ChunkTreePolicy:
     bytes: :func:`make_offload_key`); a request context needs ``get_state``/``set_state`` and
     ``get_offload_key_position``; a chunk needs ``ref_cnt`` (vLLM's ``Any``: -1 while its
     store is pending).
+
+    ``evict`` is incremental: each node keeps its standing (:class:`_Node`) through every call,
+    and each evictable chunk sits in heaps by (category, recency) and, under a FLOP-aware rule,
+    by depth (lazy entries, refreshed at the next ``evict`` for the chunks and nodes changed since).
+    A victim costs O(log chunks + depths), not O(chunks); the victims are exactly those of
+    :func:`reference_victims` (the whole-tree judgement it replaced), given what vLLM's positions
+    guarantee: a node's parent is shallower than the node (``tests/test_vllm_tier_incremental.py``).
     """
 
     def __init__(self, cache_capacity: int, settings: TierSettings) -> None:
@@ -226,16 +240,30 @@ class ChunkTreePolicy:
         kinds = self.settings.group_kinds
         self._attn_groups = tuple(g for g, k in enumerate(kinds) if k == ATTENTION)
         self._mamba_groups = tuple(g for g, k in enumerate(kinds) if k == MAMBA)
+        self._is_attn = tuple(k == ATTENTION for k in kinds)
+        self._attn_set, self._mamba_set = frozenset(self._attn_groups), frozenset(self._mamba_groups)
         self._chunks: dict[OffloadKey, Any] = {}
         self._seq: dict[OffloadKey, int] = {}
         self._evictable: set[OffloadKey] = set()
         self._nodes: dict[bytes, _Node] = {}
-        self._children: dict[bytes, set[bytes]] = {}
+        self._children: dict[bytes, set[bytes]] = {}     # held nodes by their parent hash (held or not)
         self._open: dict[bytes, int] = {}
         self._recent: dict[bytes, tuple[int, bytes | None]] = {}   # this store's misses: depth, parent
         self._clock = 0
         self._effs: dict[int, float] = {}
         self.eviction_counts: dict[str, int] = dict.fromkeys(REASONS, 0)
+        # the victim index: per evictable chunk its (category, depth, seq) as last indexed; chunks and
+        # nodes changed since; heaps of (seq, key) (max heaps: (-seq, key)), stale entries skipped
+        self._slot: dict[OffloadKey, tuple[int, int, int]] = {}
+        self._dirty_keys: set[OffloadKey] = set()
+        self._dirty_seq: set[OffloadKey] = set()        # only their recency changed
+        self._dirty_nodes: set[bytes] = set()
+        self._mode = _index_mode(settings.rule)
+        self._mins: dict[int, list[tuple[int, OffloadKey]]] = {}
+        self._maxs: dict[int, list[tuple[int, OffloadKey]]] = {}
+        self._levels: dict[int, dict[int, list[tuple[int, OffloadKey]]]] = {}
+        self._pushes = 0
+        self._rebuild()
 
     # ------------------------------------------------------------------ vLLM's interface
     def get(self, key: OffloadKey) -> Any | None:
@@ -253,10 +281,16 @@ class ChunkTreePolicy:
         node = self._nodes.get(block_hash)
         if node is None:
             node = self._nodes[block_hash] = _Node()
+            kids = self._children.get(block_hash)
+            if kids:                        # children held while this node was not: count them again
+                nodes = self._nodes
+                node.kv_kids = sum(nodes[c].kv for c in kids)
+                node.alive_kids = sum(nodes[c].alive for c in kids)
             learned = self._recent.get(block_hash)
             if learned is not None:
                 self._place(block_hash, node, *learned)
         node.keys[group] = key
+        self._restand(block_hash, node)
         if chunk.ref_cnt == 0:
             self._evictable.add(key)
 
@@ -278,7 +312,10 @@ class ChunkTreePolicy:
         state = self._learn(keys, req_context, stash=True)
         for block_hash in {get_offload_block_hash(k) for k in keys} - state.opened:
             state.opened.add(block_hash)
-            self._open[block_hash] = self._open.get(block_hash, 0) + 1
+            count = self._open.get(block_hash, 0)
+            self._open[block_hash] = count + 1
+            if not count:
+                self._opened_or_closed(block_hash)
 
     def on_request_finished(self, key_groups: Sequence[Sequence[OffloadKey]], insertion_only_keys: set[OffloadKey],
                             reused_keys: set[OffloadKey], req_context: Any) -> None:
@@ -294,48 +331,17 @@ class ChunkTreePolicy:
             left = self._open.get(block_hash, 0) - 1
             if left > 0:
                 self._open[block_hash] = left
-            else:
-                self._open.pop(block_hash, None)
+            elif self._open.pop(block_hash, None) is not None:
+                self._opened_or_closed(block_hash)
         state.opened.clear()
 
     def evict(self, n: int, protected: set[OffloadKey]) -> list[tuple[OffloadKey, Any]] | None:
         if n <= 0:
             return []
-        pool = [k for k in self._evictable if k not in protected]
-        if len(pool) < n:
+        if self.num_evictable(protected) < n:
             return None
-        view = TreeJudgement(self)
-        where = {key: i for i, key in enumerate(pool)}
-        seq = np.fromiter((self._seq[k] for k in pool), dtype=np.int64, count=len(pool))
-        cat = np.fromiter((view.category(k) for k in pool), dtype=np.int8, count=len(pool))
-        eff = np.fromiter((view.efficiency(k) for k in pool), dtype=np.float64, count=len(pool))
-        depth = np.fromiter((self._nodes[get_offload_block_hash(k)].depth or 0 for k in pool), dtype=np.int64,
-                            count=len(pool))
-        avail = np.ones(len(pool), dtype=bool)
-        rule = self.settings.rule
-        chosen: list[tuple[OffloadKey, str]] = []
-        while len(chosen) < n:
-            dead = np.flatnonzero(avail & (cat == _DEAD))
-            if dead.size:                    # dead stays dead as chunks go: take them oldest first
-                picks = dead[np.argsort(seq[dead], kind="stable")][: n - len(chosen)].tolist()
-            else:
-                cands = np.flatnonzero(avail & (cat == _CAND))
-                if not cands.size:
-                    cands = np.flatnonzero(avail)
-                picks = [int(cands[choose_victim(rule, self._table(cands, seq, eff, depth, cat))])]
-            for i in picks:
-                key = pool[i]
-                avail[i] = False
-                chosen.append((key, ("dead-" if cat[i] == _DEAD else "") + self._kind(key)))
-                for other in view.remove(key):
-                    j = where.get(other)
-                    if j is not None and avail[j]:
-                        cat[j], eff[j] = view.category(other), view.efficiency(other)
         out = []
-        for key, reason in chosen:
-            chunk = self._chunks[key]
-            assert chunk.ref_cnt == 0, "an evictable chunk is pinned"
-            self._forget(key)
+        for key, chunk, reason in self._take(n, protected):
             self.eviction_counts[reason] += 1
             out.append((key, chunk))
         return out
@@ -349,12 +355,19 @@ class ChunkTreePolicy:
         self._open.clear()
         self._recent.clear()
         self._clock = 0
+        self._slot.clear()
+        self._dirty_keys.clear()
+        self._dirty_seq.clear()
+        self._dirty_nodes.clear()
+        self._rebuild()
 
     def mark_evictable(self, key: OffloadKey) -> None:
         self._evictable.add(key)
+        self._dirty_keys.add(key)
 
     def mark_non_evictable(self, key: OffloadKey) -> None:
         self._evictable.discard(key)
+        self._dirty_keys.add(key)
 
     def forget_evicted(self, key: OffloadKey) -> None:
         """Forget ``key``, an idle chunk another order evicted (an adaptive tier's ARC), and count it
@@ -368,6 +381,10 @@ class ChunkTreePolicy:
         tier's switch). ConfigError for a rule the tier cannot apply."""
         self.settings = replace(self.settings, rule=rule)
         self._effs.clear()
+        mode = _index_mode(rule)
+        if mode != self._mode:
+            self._mode = mode
+            self._rebuild()
 
     def num_held(self) -> int:
         """Chunks held (pending stores included)."""
@@ -375,7 +392,7 @@ class ChunkTreePolicy:
 
     def num_evictable(self, protected: set[OffloadKey] = frozenset()) -> int:  # type: ignore[assignment]
         """Chunks ``evict`` may take now (idle, not in ``protected``)."""
-        return len(self._evictable) - sum(1 for k in protected if k in self._evictable)
+        return len(self._evictable) - len(self._evictable.intersection(protected))
 
     # ------------------------------------------------------------------ the tree
     def held_chunks(self) -> dict[OffloadKey, Any]:
@@ -393,6 +410,11 @@ class ChunkTreePolicy:
         names = {_DEAD: "dead", _CAND: "candidate", _OTHER: "other"}
         view = TreeJudgement(self)
         return {k: names[view.category(k)] for k in self._chunks}
+
+    def index_entries(self) -> int:
+        """Entries in the victim index's heaps, live and stale (for tests: compaction bounds them)."""
+        return (sum(map(len, self._mins.values())) + sum(map(len, self._maxs.values()))
+                + sum(len(h) for levels in self._levels.values() for h in levels.values()))
 
     def _eff(self, depth: int | None, variant: str | None = None) -> float:
         """FLOPs saved per byte held by a hit at ``depth``, less what the load costs (>= 0); in the
@@ -422,6 +444,199 @@ class ChunkTreePolicy:
         other = lambda variant: np.array([self._eff(int(x), variant) for x in d], dtype=np.float64)  # noqa: E731
         return CandidateTable(cands, LazyEfficiency({self.settings.efficiency: eff[rows]}, compute=other))
 
+    # ------------------------------------------------------------------ the victim index
+    def _push(self, key: OffloadKey, slot: tuple[int, int, int]) -> None:
+        cat, depth, seq = slot
+        if cat == _DEAD or self._mode == "min":
+            heapq.heappush(self._mins[cat], (seq, key))
+        elif self._mode == "level":
+            heapq.heappush(self._levels[cat].setdefault(depth, []), (seq, key))
+            heapq.heappush(self._maxs[cat], (-seq, key))
+        self._pushes += 1
+
+    def _rebuild(self) -> None:
+        """The heaps afresh from :attr:`_slot` (at a rule switch that changes the index, and when
+        stale entries outnumber live ones)."""
+        self._mins = {_DEAD: [], _CAND: [], _OTHER: []}
+        self._maxs = {_CAND: [], _OTHER: []}
+        self._levels = {_CAND: {}, _OTHER: {}}
+        mode = self._mode
+        for key, (cat, depth, seq) in self._slot.items():
+            if cat == _DEAD or mode == "min":
+                self._mins[cat].append((seq, key))
+            elif mode == "level":
+                self._levels[cat].setdefault(depth, []).append((seq, key))
+                self._maxs[cat].append((-seq, key))
+        for heap in (*self._mins.values(), *self._maxs.values(), *self._levels[_CAND].values(),
+                     *self._levels[_OTHER].values()):
+            heapq.heapify(heap)
+        self._pushes = 0
+
+    def _flush(self) -> None:
+        """Index the chunks changed since the last flush (their own, or their node's standing)."""
+        keys = self._dirty_keys
+        if self._dirty_nodes:
+            nodes = self._nodes
+            for h in self._dirty_nodes:
+                node = nodes.get(h)
+                if node is not None:
+                    keys.update(node.keys.values())
+            self._dirty_nodes.clear()
+        slots, seqs = self._slot, self._seq
+        if self._dirty_seq:                 # recency alone: the entry moves, its category stays
+            mode, mins, levels, maxs, push = self._mode, self._mins, self._levels, self._maxs, heapq.heappush
+            for key in self._dirty_seq:
+                slot = slots.get(key)
+                if slot is None or key in keys:
+                    continue                # not indexed (then judged below if evictable), or judged below
+                seq = seqs[key]
+                if seq != slot[2]:
+                    cat, depth = slot[0], slot[1]
+                    slots[key] = (cat, depth, seq)
+                    if cat == _DEAD or mode == "min":
+                        push(mins[cat], (seq, key))
+                    elif mode == "level":
+                        push(levels[cat].setdefault(depth, []), (seq, key))
+                        push(maxs[cat], (-seq, key))
+                    self._pushes += 1
+            self._dirty_seq.clear()
+        if not keys:
+            if self._pushes > 2 * len(slots) + 256:
+                self._rebuild()
+            return
+        evictable, nodes, is_attn, opened = self._evictable, self._nodes, self._is_attn, self._open
+        for key in keys:
+            if key in evictable and key in seqs:
+                h = key[:-4]
+                node = nodes[h]
+                if is_attn[int.from_bytes(key[-4:], "big")]:      # TreeJudgement.category's rule
+                    cat = _DEAD if not node.alive else (_CAND if node.kv_kids == 0 else _OTHER)
+                elif not ((node.kv and node.state) or h in opened):
+                    cat = _DEAD
+                else:
+                    cat = _CAND if node.kv_kids <= 1 else _OTHER
+                slot = (cat, node.depth or 0, seqs[key])
+                if slots.get(key) != slot:
+                    slots[key] = slot
+                    self._push(key, slot)
+            else:
+                slots.pop(key, None)
+        keys.clear()
+        if self._pushes > 2 * len(slots) + 256:
+            self._rebuild()
+
+    def _top(self, heap: list, cat: int, depth: int | None, sign: int, protected: set[OffloadKey],
+             aside: list) -> tuple[int, OffloadKey] | None:
+        """The first live entry of ``heap`` (``sign`` -1: a max heap), stale ones dropped and
+        ``protected`` ones set ``aside`` (pushed back when the call ends); None if none."""
+        slots = self._slot
+        while heap:
+            entry = heap[0]
+            key = entry[1]
+            slot = slots.get(key)
+            if slot is None or slot[0] != cat or slot[2] != sign * entry[0] or (depth is not None and slot[1] != depth):
+                heapq.heappop(heap)
+            elif key in protected:
+                aside.append((heap, heapq.heappop(heap)))
+            else:
+                return entry
+        return None
+
+    def _take(self, n: int, protected: set[OffloadKey]) -> list[tuple[OffloadKey, Any, str]]:
+        """Choose ``n`` victims (the caller checked there are as many), forgetting each as it is
+        chosen: dead chunks oldest first (every chunk dead now at once: dead stays dead as chunks
+        go), else the rule's pick among the candidates (among every other chunk when none is one).
+        Returns (key, chunk, reason) in order."""
+        chosen: list[tuple[OffloadKey, Any, str]] = []
+        aside: list[tuple[list, tuple[int, OffloadKey]]] = []
+        try:
+            while len(chosen) < n:
+                self._flush()                       # (may rebuild the heaps: read them after it)
+                dead_heap = self._mins[_DEAD]
+                batch = []
+                while len(batch) < n - len(chosen):
+                    top = self._top(dead_heap, _DEAD, None, 1, protected, aside)
+                    if top is None:
+                        break
+                    heapq.heappop(dead_heap)
+                    del self._slot[top[1]]          # a duplicate entry of it is stale now
+                    batch.append(top[1])
+                if not batch:
+                    key = self._pick(_CAND, protected, aside)
+                    if key is None:
+                        key = self._pick(_OTHER, protected, aside)
+                    assert key is not None, "the victim index lost an evictable chunk"
+                for key in batch or (key,):
+                    chunk = self._chunks[key]
+                    assert chunk.ref_cnt == 0, "an evictable chunk is pinned"
+                    chosen.append((key, chunk, ("dead-" if batch else "") + self._kind(key)))
+                    self._forget(key)
+        finally:
+            for heap, entry in aside:
+                heapq.heappush(heap, entry)
+        return chosen
+
+    def _pick(self, cat: int, protected: set[OffloadKey], aside: list) -> OffloadKey | None:
+        """The rule's victim among the indexed chunks of ``cat`` not ``protected``; None if none."""
+        mode = self._mode
+        if mode == "min":                   # α = 0: every recency transform ranks the oldest first
+            top = self._top(self._mins[cat], cat, None, 1, protected, aside)
+            return None if top is None else top[1]
+        if mode == "generic":
+            return self._pick_generic(cat, protected)
+        tops = []
+        slots = self._slot
+        for depth, heap in self._levels[cat].items():
+            if not heap:
+                continue
+            top = heap[0]                   # _top's test, inline for the common case: a live top
+            slot = slots.get(top[1])
+            if slot is None or slot[0] != cat or slot[1] != depth or slot[2] != top[0] or top[1] in protected:
+                top = self._top(heap, cat, depth, 1, protected, aside)
+            if top is not None:
+                tops.append((top[0], depth, top[1]))
+        if not tops:
+            return None
+        rule = self.settings.rule
+        assert isinstance(rule, EvictionRule)
+        hi = -self._top(self._maxs[cat], cat, None, -1, protected, aside)[0]
+        lo = min(t[0] for t in tops)
+        cached = self._effs
+        effs = [cached[d] if d in cached else self._eff(d) for _, d, _ in tops]
+        elo, ehi = min(effs), max(effs)
+        best = None
+        # score_rules' arithmetic, term by term (min_max of the recency, plus α times min_max of
+        # the efficiency), on each depth's oldest chunk: the same floats, so the same victim
+        if rule.recency == "linear":
+            flo, fhi = float(lo), float(hi)
+            span = fhi - flo
+        else:
+            vlo, vhi = 1.0 / ((hi - lo) + 1.0), 1.0 / ((hi - hi) + 1.0)
+            span = vhi - vlo
+        espan = ehi - elo
+        alpha = rule.alpha
+        for (seq, _, key), eff in zip(tops, effs):
+            if span > 0:
+                r = (float(seq) - flo) / span if rule.recency == "linear" else (1.0 / ((hi - seq) + 1.0) - vlo) / span
+            else:
+                r = 0.0
+            score = r + alpha * ((eff - elo) / espan if espan > 0 else 0.0)
+            if best is None or score < best[0] or (score == best[0] and seq < best[1]):
+                best = (score, seq, key)
+        return best[2]
+
+    def _pick_generic(self, cat: int, protected: set[OffloadKey]) -> OffloadKey | None:
+        """A rule other than :class:`EvictionRule`: its own scores over the whole set (O(chunks))."""
+        keys = [k for k, slot in self._slot.items() if slot[0] == cat and k not in protected]
+        if not keys:
+            return None
+        seq = np.fromiter((self._slot[k][2] for k in keys), dtype=np.int64, count=len(keys))
+        depth = np.fromiter((self._slot[k][1] for k in keys), dtype=np.int64, count=len(keys))
+        eff = np.fromiter((self._eff(int(d)) for d in depth), dtype=np.float64, count=len(keys))
+        cats = np.full(len(keys), cat, dtype=np.int8)
+        rows = np.arange(len(keys))
+        return keys[choose_victim(self.settings.rule, self._table(rows, seq, eff, depth, cats))]
+
     # ------------------------------------------------------------------ bookkeeping
     def _kind(self, key: OffloadKey) -> str:
         return "kv" if self.settings.group_kinds[get_offload_group_idx(key)] == ATTENTION else "state"
@@ -429,17 +644,58 @@ class ChunkTreePolicy:
     def _tick(self, key: OffloadKey) -> None:
         self._clock += 1
         self._seq[key] = self._clock
+        self._dirty_seq.add(key)
+
+    def _restand(self, h: bytes, node: _Node) -> None:
+        """Node ``h``'s keys changed: its ``kv`` and ``state``, its parent's ``kv_kids``, and the
+        ``alive`` flips up its chain; every node whose chunks' categories may change is marked."""
+        keys = node.keys
+        kv = keys.keys() >= self._attn_set
+        node.state = keys.keys() >= self._mamba_set
+        self._dirty_nodes.add(h)
+        if kv != node.kv:
+            node.kv = kv
+            parent = self._nodes.get(node.parent) if node.parent is not None else None
+            if parent is not None:
+                parent.kv_kids += 1 if kv else -1
+                self._dirty_nodes.add(node.parent)
+        self._realive(h, node)
+
+    def _realive(self, h: bytes, node: _Node) -> None:
+        """Recompute ``alive`` at ``h`` and carry each flip to the parent's ``alive_kids``, upwards."""
+        nodes, opened, dirty = self._nodes, self._open, self._dirty_nodes
+        while True:
+            now = node.kv and (node.state or node.alive_kids > 0 or h in opened)
+            if now == node.alive:
+                return
+            node.alive = now
+            dirty.add(h)
+            up = node.parent
+            parent = nodes.get(up) if up is not None else None
+            if parent is None:
+                return
+            parent.alive_kids += 1 if now else -1
+            h, node = up, parent
+
+    def _opened_or_closed(self, h: bytes) -> None:
+        """``h`` entered or left :attr:`_open` (its states' standing, its ``alive``)."""
+        node = self._nodes.get(h)
+        if node is not None:
+            self._dirty_nodes.add(h)
+            self._realive(h, node)
 
     def _forget(self, key: OffloadKey) -> None:
         del self._chunks[key]
         self._seq.pop(key, None)
         self._evictable.discard(key)
+        self._slot.pop(key, None)
         block_hash = get_offload_block_hash(key)
         node = self._nodes.get(block_hash)
         if node is None:
             return
         node.keys.pop(get_offload_group_idx(key), None)
-        if not node.keys:
+        self._restand(block_hash, node)
+        if not node.keys:                   # kv and alive are False: its parent no longer counts it
             del self._nodes[block_hash]
             if node.parent is not None:
                 siblings = self._children.get(node.parent)
@@ -474,12 +730,21 @@ class ChunkTreePolicy:
         return state
 
     def _place(self, block_hash: bytes, node: _Node, depth: int, parent: bytes | None) -> None:
-        """Give ``node`` its depth and (if not known yet) its parent."""
+        """Give ``node`` its depth and (if not known yet) its parent, which counts it from now on."""
         if node.depth is None:
             node.depth = depth
+            self._dirty_nodes.add(block_hash)
         if node.parent is None and parent is not None:
             node.parent = parent
             self._children.setdefault(parent, set()).add(block_hash)
+            up = self._nodes.get(parent)
+            if up is not None:
+                if node.kv:
+                    up.kv_kids += 1
+                    self._dirty_nodes.add(parent)
+                if node.alive:
+                    up.alive_kids += 1
+                    self._realive(parent, up)
 
     def _parent_position(self, position: int, state: _TierRequest) -> int:
         tpc = self.settings.tokens_per_chunk
@@ -490,7 +755,8 @@ class ChunkTreePolicy:
 
     # ------------------------------------------------------------------ checks
     def check_invariants(self) -> None:
-        """Recompute the tree from the chunks; AssertionError on drift."""
+        """Recompute the tree from the chunks; AssertionError on drift (of the nodes' kept
+        standing and the victim index too)."""
         assert self._evictable <= self._chunks.keys(), "evictable chunk not held"
         for key in self._evictable:
             assert self._chunks[key].ref_cnt == 0, "evictable chunk with ref_cnt != 0"
@@ -503,14 +769,76 @@ class ChunkTreePolicy:
         for h, node in self._nodes.items():
             assert node.keys, "empty node kept"
             assert all(k in self._chunks for k in node.keys.values()), "node names a chunk not held"
+            if node.parent is not None:
+                assert h in self._children.get(node.parent, ()), "child not listed under its parent"
         for parent, children in self._children.items():
             for child in children:
                 assert child in self._nodes and self._nodes[child].parent == parent, "child link drifted"
+        view = TreeJudgement(self)
+        for h, node in self._nodes.items():
+            kept = (node.kv, node.state, node.alive, node.kv_kids, node.alive_kids)
+            fresh = (view.kv[h], view.state[h], view.alive[h], view.kv_kids[h], view.alive_kids[h])
+            assert kept == fresh, f"kept standing {kept} drifted from a fresh pass {fresh}"
+        self._flush()
+        assert self._slot.keys() == self._evictable, "victim index drifted from the evictable chunks"
+        for key, slot in self._slot.items():
+            depth = self._nodes[get_offload_block_hash(key)].depth or 0
+            assert slot == (view.category(key), depth, self._seq[key]), "victim index entry drifted"
+
+
+def _index_mode(rule: Rule) -> str:
+    """How the victim index ranks under ``rule``: ``min`` (α = 0: the oldest), ``level`` (α > 0:
+    each depth's oldest, normalised as ``score_rules`` does), ``generic`` (another kind of rule: its
+    own scores over the whole set)."""
+    if isinstance(rule, EvictionRule):
+        return "level" if rule.alpha else "min"
+    return "generic"
+
+
+def reference_victims(policy: ChunkTreePolicy, n: int,
+                       protected: set[OffloadKey]) -> list[tuple[OffloadKey, str]] | None:
+    """The victims (key, reason) ``policy.evict(n, protected)`` takes, by the whole-tree judgement
+    it used before its index (a :class:`TreeJudgement` and a candidate table per call, O(chunks)):
+    the reference the incremental ``evict`` is held to. Changes nothing."""
+    if n <= 0:
+        return []
+    pool = [k for k in policy._evictable if k not in protected]
+    if len(pool) < n:
+        return None
+    view = TreeJudgement(policy)
+    where = {key: i for i, key in enumerate(pool)}
+    seq = np.fromiter((policy._seq[k] for k in pool), dtype=np.int64, count=len(pool))
+    cat = np.fromiter((view.category(k) for k in pool), dtype=np.int8, count=len(pool))
+    eff = np.fromiter((view.efficiency(k) for k in pool), dtype=np.float64, count=len(pool))
+    depth = np.fromiter((policy._nodes[get_offload_block_hash(k)].depth or 0 for k in pool), dtype=np.int64,
+                        count=len(pool))
+    avail = np.ones(len(pool), dtype=bool)
+    rule = policy.settings.rule
+    chosen: list[tuple[OffloadKey, str]] = []
+    while len(chosen) < n:
+        dead = np.flatnonzero(avail & (cat == _DEAD))
+        if dead.size:                    # dead stays dead as chunks go: take them oldest first
+            picks = dead[np.argsort(seq[dead], kind="stable")][: n - len(chosen)].tolist()
+        else:
+            cands = np.flatnonzero(avail & (cat == _CAND))
+            if not cands.size:
+                cands = np.flatnonzero(avail)
+            picks = [int(cands[choose_victim(rule, policy._table(cands, seq, eff, depth, cat))])]
+        for i in picks:
+            key = pool[i]
+            avail[i] = False
+            chosen.append((key, ("dead-" if cat[i] == _DEAD else "") + policy._kind(key)))
+            for other in view.remove(key):
+                j = where.get(other)
+                if j is not None and avail[j]:
+                    cat[j], eff[j] = view.category(other), view.efficiency(other)
+    return chosen
 
 
 class TreeJudgement:
-    """The tree's standing for one ``evict`` call (per node: KVs held, whole state, ``usable``,
-    ``alive``, KV children), built in O(nodes + chunks); :meth:`remove` updates only the node and its
+    """The tree's standing from scratch (per node: KVs held, whole state, ``usable``, ``alive``, KV
+    children), built in O(nodes + chunks): :func:`reference_victims`' judgement, and what the
+    policy's kept standing is checked against; :meth:`remove` updates only the node and its
     ancestors. Reads the policy's fields, never writes them."""
 
     def __init__(self, policy: "ChunkTreePolicy") -> None:
