@@ -295,6 +295,31 @@ def test_store_threshold_holds_back_first_offers_in_the_loop_and_the_system() ->
             make_system(bad)
 
 
+def test_a_request_resumed_with_a_shorter_tier_hit_offers_its_chunks_again() -> None:
+    """vLLM's ``update_state_after_alloc`` sets the next chunk to store to the loaded hit's end (it
+    does not take the larger): a request preempted after offering chunk 3 (held back by the filter,
+    offered once) and resumed with a tier hit of two chunks offers chunk 3 again, which the filter
+    now stores. (The replay of issue 34: vLLM stored the re-offered chunk, the emulation did not.)"""
+    tier, req = _tier(policy="lru:store_threshold=2")
+    attn, mamba = KINDS.index(ATTENTION), [g for g, k in enumerate(KINDS) if k == MAMBA]
+    other = ReqContext(99)
+    held_keys = [make_offload_key(req.hash_at(e), attn) for e in (BLOCK, 2 * BLOCK)]
+    held_keys += [make_offload_key(req.hash_at(2 * BLOCK), g) for g in mamba]
+    for _ in range(2):                                  # offered twice: stored
+        tier.manager.complete_store(tier.manager.prepare_store(held_keys, other) or [])
+    third = make_offload_key(req.hash_at(3 * BLOCK), attn)
+    tier.end_step([(req, 3 * BLOCK)])                   # computes 3 chunks: the third is offered once
+    assert tier.manager.lookup(third) == 0 and tier.manager.counts[third] == 1
+    assert tier._req(req).next_stored == 3
+    tier.dropped(req)                                   # preempted; resumed: 2 chunks from the tier
+    assert tier.lookup(req, 0) == 2 * BLOCK
+    tier.load(req, 0, 2 * BLOCK, first=False)
+    assert tier._req(req).next_stored == 2
+    req.num_computed_tokens = 2 * BLOCK
+    tier.end_step([(req, BLOCK)])                       # recomputes chunk 3: offered again, stored
+    assert tier.manager.counts[third] == 2 and tier.manager.lookup(third) != 0
+
+
 def test_with_a_clock_a_slow_link_holds_loads_for_several_steps() -> None:
     """The replay's clock (a step-time model and a host link): a load lands after its bytes cross the
     link, so on a slow link requests wait more steps for their loads; the invariants hold throughout."""

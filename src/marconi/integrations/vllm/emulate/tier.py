@@ -15,7 +15,9 @@ Mirrors ``vllm/distributed/kv_transfer/kv_connector/v1/offloading/scheduler.py``
   hand-offs, one ``prepare_store`` per state), then each scheduled request's attention chunks
   computed so far inside the prompt, then the previous step's finished requests (their
   ``on_request_finished``).
-* **Loads**: the attention chunks past the GPU hit and each Mamba group's chunk at the hit's end.
+* **Loads**: the attention chunks past the GPU hit and each Mamba group's chunk at the hit's end;
+  the next chunk to offer becomes the hit's end (so a request resumed after a preemption with a
+  shorter hit than it had offered before offers those chunks again, as vLLM's does).
 
 Transfers: without a clock, a load lands by the end of the step that issued it (the request runs
 from the next step) and a store by the end of the step after (vLLM's worker starts stores a step
@@ -395,7 +397,7 @@ class _TierRequest:
 
     def __init__(self, rid: int) -> None:
         self.ctx = ReqContext(rid)
-        self.next_stored = 0            # attention chunks offered so far (``next_stored_chunk_idx``)
+        self.next_stored = 0            # the next attention chunk to offer (``next_stored_chunk_idx``)
         self.keys_made: set[tuple[int, int]] = set()
 
 
@@ -536,7 +538,9 @@ class EmulatedTier:
             ends = [(i + 1) * c for i in range(local // c, cdiv(end, c))] if g in self.attn else [end]
             keys += [self._key(req, st, g, e) for e in ends]
         self.manager.prepare_load(keys, st.ctx)
-        st.next_stored = max(st.next_stored, cdiv(end, c))
+        # vLLM assigns (``update_state_after_alloc``, chunk-level policy): a request resumed after a
+        # preemption with a shorter tier hit than it had offered before offers those chunks again
+        st.next_stored = cdiv(end, c)
         if self.step_time is not None:
             self._submit("load", keys, req.rid)
             self._loading.add(req.rid)
