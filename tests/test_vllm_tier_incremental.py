@@ -250,17 +250,23 @@ def test_the_rules_take_different_victims(checked: Counter, monkeypatch: pytest.
     assert checked["calls"] > 0
 
 
-def test_stale_heap_entries_stay_bounded() -> None:
-    """Touching the same chunks over and over leaves lazy entries behind; the index compacts them."""
-    kinds = LAYOUTS["attn-mamba"]
-    policy = _policy(kinds, "a0.5m", 100, TPC)
-    req = _Request(0, [f"c{i}".encode() for i in range(1, 21)], set(range(1, 21)), kinds)
+def _store_idle(policy: ChunkTreePolicy, req: _Request) -> list:
+    """Store every chunk of ``req`` as landed and idle (ref count 0); returns its keys in depth order."""
     keys = [k for i in sorted(req.keys) for k in req.keys[i]]
     policy.on_store_miss(keys, req.ctx)
     for k in keys:
         chunk = Chunk()
         chunk.ref_cnt = 0
         policy.insert(k, chunk)
+    return keys
+
+
+def test_stale_heap_entries_stay_bounded() -> None:
+    """Touching the same chunks over and over leaves lazy entries behind; the index compacts them."""
+    kinds = LAYOUTS["attn-mamba"]
+    policy = _policy(kinds, "a0.5m", 100, TPC)
+    req = _Request(0, [f"c{i}".encode() for i in range(1, 21)], set(range(1, 21)), kinds)
+    keys = _store_idle(policy, req)
     for _ in range(500):
         policy.touch(keys, req.ctx)
         policy.check_invariants()               # indexes the touched chunks (2 entries each at α > 0)
@@ -273,12 +279,7 @@ def test_a_rule_switch_rebuilds_the_index() -> None:
     kinds = LAYOUTS["attn-mamba"]
     policy = _policy(kinds, "lru", 10, TPC)
     req = _Request(0, [b"x1", b"x2"], {2}, kinds)
-    keys = [k for i in sorted(req.keys) for k in req.keys[i]]
-    policy.on_store_miss(keys, req.ctx)
-    for k in keys:
-        chunk = Chunk()
-        chunk.ref_cnt = 0
-        policy.insert(k, chunk)
+    keys = _store_idle(policy, req)
     policy.set_rule(rule_from_label("a1m"))
     assert policy.settings == replace(policy.settings, rule=rule_from_label("a1m"))
     out = policy.evict(1, set())
