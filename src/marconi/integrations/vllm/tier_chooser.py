@@ -31,7 +31,7 @@ from marconi.core.eviction import Rule
 from marconi.core.registry import ConfigError
 from marconi.integrations.vllm.policy import ATTENTION
 from marconi.integrations.vllm.tier_arc import ARCPolicy
-from marconi.integrations.vllm.tier_tree import (ChunkTreePolicy, TierSettings, get_offload_block_hash,
+from marconi.integrations.vllm.tier_tree import (ArcTreeOrder, ChunkTreePolicy, TierSettings, get_offload_block_hash,
                                                  get_offload_group_idx, make_offload_key)
 
 __all__ = ["AdaptiveTierPolicy", "TierEvent", "TierRuleChooser", "ARC_WORLD", "DEFAULT_DECAY", "DEFAULT_HYSTERESIS"]
@@ -341,17 +341,23 @@ class TierRuleChooser:
 class AdaptiveTierPolicy(ChunkTreePolicy):
     """The tier policy of :class:`~marconi.integrations.vllm.tier_tree.ChunkTreePolicy`, whose order a
     :class:`TierRuleChooser` sets when ``settings.family`` is not empty (``marconi_rule: adaptive``);
-    with a fixed rule it is exactly ``ChunkTreePolicy``. Same contract (vLLM's ``CachePolicy``):
-    the chooser's worlds never change the chunks held, ref counts or evictability; a switch changes
-    only how the next victims are ranked: by a tree rule (:meth:`set_rule`), or, when the ARC world
-    leads, in the order of :attr:`arc`, vLLM's ARC kept over the live chunks (every live call
-    feeds it; a chunk the tree evicts goes to its ghost list, :meth:`ARCPolicy.retire`)."""
+    with a fixed rule it is exactly ``ChunkTreePolicy``, except under
+    :class:`~marconi.integrations.vllm.tier_tree.ArcTreeOrder` (``marconi_rule: arc-tree``): the
+    tree's dead chunks first, then :attr:`arc`'s victims one at a time. Same contract (vLLM's
+    ``CachePolicy``): the chooser's worlds never change the chunks held, ref counts or evictability;
+    a switch changes only how the next victims are ranked: by a tree rule (:meth:`set_rule`), or,
+    when the ARC world leads, in the order of :attr:`arc`, vLLM's ARC kept over the live chunks
+    (every live call feeds it; a chunk the tree evicts goes to its ghost list,
+    :meth:`ARCPolicy.retire`)."""
 
     def __init__(self, cache_capacity: int, settings: TierSettings) -> None:
         super().__init__(cache_capacity, settings)
         self.chooser: TierRuleChooser | None = TierRuleChooser(cache_capacity, settings) if settings.family else None
-        #: ARC's lists over the live chunks (adaptive only); evict follows them while ``follows_arc``
-        self.arc: ARCPolicy | None = ARCPolicy(cache_capacity) if settings.family else None
+        #: ``arc-tree``: dead chunks first, then ARC's order (fixed; no chooser)
+        self.arc_tree = isinstance(settings.rule, ArcTreeOrder) and not settings.family
+        #: ARC's lists over the live chunks (adaptive and ``arc-tree`` only); evict follows them
+        #: while ``follows_arc``, and after the dead chunks under ``arc-tree``
+        self.arc: ARCPolicy | None = ARCPolicy(cache_capacity) if settings.family or self.arc_tree else None
         self.follows_arc = False
 
     def _observe(self, event: TierEvent) -> None:
@@ -365,55 +371,65 @@ class AdaptiveTierPolicy(ChunkTreePolicy):
 
     def insert(self, key: OffloadKey, chunk: Any) -> None:
         super().insert(key, chunk)
-        if self.chooser is not None:
+        if self.arc is not None:
             self.arc.insert(key, chunk)
+        if self.chooser is not None:
             self._observe(TierEvent("insert", (key,), ref_cnt=chunk.ref_cnt))
 
     def mark_evictable(self, key: OffloadKey) -> None:
         super().mark_evictable(key)
-        if self.chooser is not None:
+        if self.arc is not None:
             self.arc.mark_evictable(key)
+        if self.chooser is not None:
             self._observe(TierEvent("pin", (key,), ref_cnt=0))
 
     def mark_non_evictable(self, key: OffloadKey) -> None:
         super().mark_non_evictable(key)
-        if self.chooser is not None:
+        if self.arc is not None:
             self.arc.mark_non_evictable(key)
+        if self.chooser is not None:
             self._observe(TierEvent("pin", (key,), ref_cnt=1))
 
     def remove(self, key: OffloadKey) -> None:
         super().remove(key)
-        if self.chooser is not None:
+        if self.arc is not None:
             self.arc.remove(key)
+        if self.chooser is not None:
             self._observe(TierEvent("remove", (key,)))
 
     def touch(self, keys: Iterable[OffloadKey], req_context: Any) -> None:
         keys = list(keys)
         super().touch(keys, req_context)
-        if self.chooser is not None:
+        if self.arc is not None:
             self.arc.touch(keys, req_context)
+        if self.chooser is not None:
             self._observe(TierEvent("touch", keys, req_context))
 
     def on_store_miss(self, keys: Iterable[OffloadKey], req_context: Any) -> None:
         keys = list(keys)
         super().on_store_miss(keys, req_context)
-        if self.chooser is not None:
+        if self.arc is not None:
             self.arc.on_store_miss(keys, req_context)
+        if self.chooser is not None:
             self._observe(TierEvent("on_store_miss", keys, req_context))
 
     def on_request_finished(self, key_groups: Sequence[Sequence[OffloadKey]], insertion_only_keys: set[OffloadKey],
                             reused_keys: set[OffloadKey], req_context: Any) -> None:
         super().on_request_finished(key_groups, insertion_only_keys, reused_keys, req_context)
-        if self.chooser is not None:
+        if self.arc is not None:
             self.arc.on_request_finished(key_groups, insertion_only_keys, reused_keys, req_context)
+        if self.chooser is not None:
             self._observe(TierEvent("on_request_finished", key_groups, req_context,
                                     inserted=frozenset(insertion_only_keys), reused=frozenset(reused_keys)))
 
     def evict(self, n: int, protected: set[OffloadKey]) -> list[tuple[OffloadKey, Any]] | None:
         """vLLM's contract (exactly ``n`` idle chunks not in ``protected``, or None and nothing
-        changed), in ARC's order while the ARC world is live, else the tree rule's."""
+        changed), in ARC's order while the ARC world is live, else the tree rule's; ``arc-tree``:
+        the tree's dead chunks, then ARC's victims."""
         if self.arc is None:
             return super().evict(n, protected)
+        if self.arc_tree:
+            return self._evict_arc_tree(n, protected)
         if not self.follows_arc:
             out = super().evict(n, protected)
             for key, _ in out or ():
@@ -425,10 +441,36 @@ class AdaptiveTierPolicy(ChunkTreePolicy):
             self.forget_evicted(key)
         return out
 
+    def _evict_arc_tree(self, n: int, protected: set[OffloadKey]) -> list[tuple[OffloadKey, Any]] | None:
+        """``arc-tree``'s victims: every dead chunk (:meth:`evict_dead`, each retired to ARC's ghost
+        lists), and while more are needed one ARC victim (forgotten by the tree), then the dead
+        chunks it left, and so on."""
+        assert self.arc is not None
+        if n <= 0:
+            return []
+        if self.num_evictable(protected) < n:
+            return None
+        out: list[tuple[OffloadKey, Any]] = []
+        while True:
+            for key, chunk in self.evict_dead(n - len(out), protected):
+                self.arc.retire(key)
+                out.append((key, chunk))
+            if len(out) == n:
+                return out
+            taken = self.arc.evict(1, protected)
+            assert taken, "ARC's lists lost an evictable chunk"
+            ((key, chunk),) = taken
+            assert chunk.ref_cnt == 0, "an evictable chunk is pinned"
+            self.forget_evicted(key)
+            out.append((key, chunk))
+            if len(out) == n:
+                return out
+
     def clear(self) -> None:
         super().clear()
-        if self.chooser is not None:
+        if self.arc is not None:
             self.arc.clear()
+        if self.chooser is not None:
             self._observe(TierEvent("clear"))
 
     def check_invariants(self) -> None:

@@ -18,12 +18,14 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 
 from marconi.core.candidates import CandidateSet, CandidateTable, LazyEfficiency, flop_efficiency
-from marconi.core.eviction import EvictionRule, Rule, check_cuts_tails, choose_victim, rule_from_label
+from marconi.core.eviction import (Candidates, EvictionRule, Rule, Touch, check_cuts_tails, choose_victim,
+                                   rule_from_label)
 from marconi.core.model import ModelSpec, get_model
 from marconi.core.registry import ConfigError
 from marconi.integrations.vllm.policy import ATTENTION, MAMBA
 
 __all__ = ["ChunkTreePolicy", "TreeJudgement", "reference_victims", "TierSettings", "check_group_kinds", "parse_tier_rule", "ADAPTIVE",
+           "ARC_TREE", "ArcTreeOrder",
            "DEFAULT_FAMILY", "DEFAULT_RULE", "DEFAULT_HOST_GBPS",
            "DEFAULT_GPU_TFLOPS", "REASONS", "ENV_GROUP_KINDS", "ENV_MODEL", "ENV_RULE", "make_offload_key",
            "get_offload_block_hash", "get_offload_group_idx"]
@@ -33,6 +35,8 @@ ADAPTIVE = "adaptive"
 #: the family the adaptive tier chooses from: the project's default family (``choosers.family``),
 #: its first rule (the tree by recency alone) live until another world leads
 DEFAULT_FAMILY = ("lru", "a0.5m", "a2m")
+#: ``marconi_rule`` naming the live order "tree then ARC" (:class:`ArcTreeOrder`)
+ARC_TREE = "arc-tree"
 #: the configured default: the online choice (docs/vllm-tiers.md, "Choosing the default rule")
 DEFAULT_RULE = ADAPTIVE
 DEFAULT_HOST_GBPS = 64.0
@@ -64,6 +68,29 @@ def get_offload_group_idx(key: OffloadKey) -> int:
 
 
 @dataclass(frozen=True, slots=True)
+class ArcTreeOrder:
+    """``marconi_rule: arc-tree``: the tier's live order "tree then ARC". The tree's dead chunks
+    (those no hit can use) go first, oldest first, as under every rule; when none is left, the victim
+    is ARC's (vLLM's ``ARCCachePolicy``, kept over the live chunks by
+    :class:`~marconi.integrations.vllm.tier_chooser.AdaptiveTierPolicy`), one at a time, so a KV
+    chunk ARC evicts that leaves deeper chunks dead has them evicted next. Not a utility rule: a
+    :class:`ChunkTreePolicy` alone ranks its other chunks as ``lru`` (its :meth:`scores`); only
+    ``AdaptiveTierPolicy`` applies the order, and an adaptive family cannot hold it (each world is a
+    bare tree): :class:`TierSettings` refuses it there."""
+
+    candidates: Candidates = Candidates.LEAVES
+    touch: Touch = Touch.PATH
+    tails: bool = False
+
+    def label(self) -> str:
+        return ARC_TREE
+
+    def scores(self, table: CandidateTable) -> np.ndarray:
+        """The :class:`~marconi.core.eviction.Rule` contract: ``lru``'s scores (the bare tree's order)."""
+        return EvictionRule.from_label("lru").scores(table)
+
+
+@dataclass(frozen=True, slots=True)
 class TierSettings:
     """What the policy needs beyond its capacity: ``group_kinds`` (``"attention"``/``"mamba"`` per KV
     cache group, vLLM's order), ``spec``, ``tokens_per_chunk`` (None: parents learned per request),
@@ -84,6 +111,9 @@ class TierSettings:
         check_cuts_tails(self.rule, "marconi_rule: vLLM's offload tier", False)
         for rule in self.family:
             check_cuts_tails(rule, "marconi_rule: vLLM's offload tier", False)
+            if isinstance(rule, ArcTreeOrder):
+                raise ConfigError(f"marconi_rule: {ARC_TREE!r} is a live order, not a rule an adaptive family can "
+                                  "hold (its worlds are bare trees): use it alone")
         if self.family and self.rule not in self.family:
             raise ConfigError(f"marconi_rule: the adaptive tier starts with a rule of its family, not {self.rule.label()!r}")
         for name in ("host_gbps", "gpu_tflops"):
@@ -167,10 +197,13 @@ class TierSettings:
 
 def parse_tier_rule(label: str, key: str = "marconi_rule") -> tuple[Rule, tuple[Rule, ...]]:
     """``label`` as the tier's rule: ``"adaptive"`` -> (the family's first rule, :data:`DEFAULT_FAMILY`);
-    any fixed rule's label -> (that rule, ()). ConfigError naming ``key`` for a label no rule has or
-    a rule the tier cannot apply (one cutting dead tails)."""
+    ``"arc-tree"`` -> (:class:`ArcTreeOrder`, ()); any fixed rule's label -> (that rule, ()).
+    ConfigError naming ``key`` for a label no rule has or a rule the tier cannot apply (one cutting
+    dead tails)."""
     text = label.strip()
     try:
+        if text == ARC_TREE:
+            return ArcTreeOrder(), ()
         if text == ADAPTIVE:
             family = tuple(rule_from_label(r) for r in DEFAULT_FAMILY)
             return family[0], family
@@ -178,7 +211,7 @@ def parse_tier_rule(label: str, key: str = "marconi_rule") -> tuple[Rule, tuple[
         check_cuts_tails(rule, "vLLM's offload tier", False)
         return rule, ()
     except ConfigError as exc:
-        raise ConfigError(f"{key}: {ADAPTIVE!r} or one rule's label ({exc})") from None
+        raise ConfigError(f"{key}: {ADAPTIVE!r}, {ARC_TREE!r} or one rule's label ({exc})") from None
 
 
 class _Node:
@@ -552,15 +585,7 @@ class ChunkTreePolicy:
         try:
             while len(chosen) < n:
                 self._flush()                       # (may rebuild the heaps: read them after it)
-                dead_heap = self._mins[_DEAD]
-                batch = []
-                while len(batch) < n - len(chosen):
-                    top = self._top(dead_heap, _DEAD, None, 1, protected, aside)
-                    if top is None:
-                        break
-                    heapq.heappop(dead_heap)
-                    del self._slot[top[1]]          # a duplicate entry of it is stale now
-                    batch.append(top[1])
+                batch = self._dead_batch(n - len(chosen), protected, aside)
                 if not batch:
                     key = self._pick(_CAND, protected, aside)
                     if key is None:
@@ -575,6 +600,45 @@ class ChunkTreePolicy:
             for heap, entry in aside:
                 heapq.heappush(heap, entry)
         return chosen
+
+    def _dead_batch(self, limit: int, protected: set[OffloadKey], aside: list) -> list[OffloadKey]:
+        """Up to ``limit`` indexed dead chunks not ``protected``, oldest first, out of the index (the
+        caller flushed it and forgets them)."""
+        dead_heap = self._mins[_DEAD]
+        batch: list[OffloadKey] = []
+        while len(batch) < limit:
+            top = self._top(dead_heap, _DEAD, None, 1, protected, aside)
+            if top is None:
+                break
+            heapq.heappop(dead_heap)
+            del self._slot[top[1]]          # a duplicate entry of it is stale now
+            batch.append(top[1])
+        return batch
+
+    def evict_dead(self, n: int, protected: set[OffloadKey]) -> list[tuple[OffloadKey, Any]]:
+        """Evict up to ``n`` idle dead chunks not in ``protected`` (those no hit can use), as
+        :meth:`evict` takes them first: oldest first, again after each batch (a chunk gone may leave
+        others dead), counted as ``dead-kv``/``dead-state``. Returns them in order; fewer than ``n``
+        (possibly none) when no dead chunk is left. For an order that takes the rest by other means
+        (``arc-tree``: :class:`~marconi.integrations.vllm.tier_chooser.AdaptiveTierPolicy`)."""
+        out: list[tuple[OffloadKey, Any]] = []
+        aside: list[tuple[list, tuple[int, OffloadKey]]] = []
+        try:
+            while len(out) < n:
+                self._flush()
+                batch = self._dead_batch(n - len(out), protected, aside)
+                if not batch:
+                    break
+                for key in batch:
+                    chunk = self._chunks[key]
+                    assert chunk.ref_cnt == 0, "an evictable chunk is pinned"
+                    self.eviction_counts["dead-" + self._kind(key)] += 1
+                    out.append((key, chunk))
+                    self._forget(key)
+        finally:
+            for heap, entry in aside:
+                heapq.heappush(heap, entry)
+        return out
 
     def _pick(self, cat: int, protected: set[OffloadKey], aside: list) -> OffloadKey | None:
         """The rule's victim among the indexed chunks of ``cat`` not ``protected``; None if none."""
@@ -789,7 +853,9 @@ class ChunkTreePolicy:
 def _index_mode(rule: Rule) -> str:
     """How the victim index ranks under ``rule``: ``min`` (α = 0: the oldest), ``level`` (α > 0:
     each depth's oldest, normalised as ``score_rules`` does), ``generic`` (another kind of rule: its
-    own scores over the whole set)."""
+    own scores over the whole set). :class:`ArcTreeOrder`: ``min`` (``lru``'s order, its scores)."""
+    if isinstance(rule, ArcTreeOrder):
+        return "min"
     if isinstance(rule, EvictionRule):
         return "level" if rule.alpha else "min"
     return "generic"
