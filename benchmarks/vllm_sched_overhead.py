@@ -31,10 +31,22 @@ stock, the evicted blocks (counted in every configuration by a wrapper on
 block against stock; "min vs min" is the ratio of each configuration's least-disturbed round (the work
 is deterministic, so on a shared machine the minimum is the steadier estimate); "process CPU" counts
 every thread (what adaptive-lag moves off the scheduler thread stays in it). The last line is one JSON object, ``{"blocks": N, "step_ratio": x,
-"step_ratio_adaptive": y}``: the whole-step ratios at the largest pool size asked. Not a test;
-numbers for reports::
+"step_ratio_adaptive": y, ...}``: the whole-step ratios at the largest pool size asked (with ``--trace``
+also ``"trace"`` and ``"evicted_per_step"``, stock's evicted blocks per step). Not a test; numbers for
+reports::
 
     .venv-vllm/bin/python benchmarks/vllm_sched_overhead.py --blocks 10000,100000,1000000 --rounds 3
+
+``--trace NAME`` (a catalog name or a trace file, as ``marconi vllm replay --trace`` takes it)
+replaces the synthetic trace with that workload's first ``--num-requests`` requests, inputs capped at
+``--max-input-len``, selected by the replay's own
+:func:`marconi.integrations.common.bench.select_requests` and fed as the replay feeds them (prompt
+and output token ids, a session's turns in order). The whole pool is then free, as in production
+(``--free-region``, ``--fill``, ``--sessions``, ``--turns``, ``--output-len``, ``--vocab`` do not
+apply). The production table's SWE point (docs/vllm-at-scale.md: Nemotron-H-8B, one H100 80 GB)::
+
+    .venv-vllm/bin/python benchmarks/vllm_sched_overhead.py --in-process --trace swe --num-requests 1000 \
+        --max-input-len 32768 --blocks 2728 --concurrency 64 --rounds 3
 """
 
 from __future__ import annotations
@@ -47,6 +59,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -111,6 +124,19 @@ def synthetic_trace(num_tokens: int, *, sessions: int, turns: int, output_len: i
             requests.append({"session": s, "prompt": prompt, "output": output})
             history[s] = prompt + output
     return requests
+
+
+@lru_cache(maxsize=1)
+def trace_requests(trace: str, max_input_len: int, num_requests: int | None) -> tuple[dict[str, Any], ...]:
+    """The first ``num_requests`` requests of ``trace`` (inputs at most ``max_input_len`` tokens) as
+    the replay hands them to its worker (``replay.run._replay_in``'s ``requests.json``): selected by
+    :func:`~marconi.integrations.common.bench.select_requests`, token ids as lists. Cached: in-process,
+    every configuration and round replays the same requests without reloading the trace."""
+    from marconi.integrations.common import bench as common
+
+    sel = common.select_requests(trace, max_input_len=max_input_len, num_requests=num_requests)
+    return tuple({"session": str(r.session_id), "prompt": r.input_tokens.tolist(), "output": r.output_tokens.tolist(),
+                  "ts": float(r.ts)} for r in sel.requests)
 
 
 def child(args: argparse.Namespace) -> int:
@@ -182,7 +208,8 @@ def run_config(args: argparse.Namespace, attach: Any = None) -> dict[str, Any]:
         attach(core.scheduler)
     pool = core.scheduler.kv_cache_manager.block_pool
     block_size = int(core.scheduler.block_size)
-    region = args.free_region if args.free_region else pool.get_num_free_blocks()
+    # a real trace runs on the whole pool (production's); the synthetic one cycles through a region
+    region = args.free_region if args.free_region and not args.trace else pool.get_num_free_blocks()
     held = pool.get_new_blocks(max(0, pool.get_num_free_blocks() - region))     # out of the queue, for good
     evicted = [0]
     evict = pool._maybe_evict_cached_block          # vLLM private (the plugin's hook where it is loaded)
@@ -214,8 +241,11 @@ def run_config(args: argparse.Namespace, attach: Any = None) -> dict[str, Any]:
 
     timed("schedule")
     timed("update_from_output")
-    requests = synthetic_trace(int(args.fill * region * block_size), sessions=args.sessions, turns=args.turns,
-                               output_len=args.output_len, vocab=args.vocab, seed=args.seed)
+    if args.trace:
+        requests = list(trace_requests(args.trace, args.max_input_len, args.num_requests))
+    else:
+        requests = synthetic_trace(int(args.fill * region * block_size), sessions=args.sessions, turns=args.turns,
+                                   output_len=args.output_len, vocab=args.vocab, seed=args.seed)
     process_t0 = time.process_time()
     result = replay(core, requests, gpu="h100", concurrency=args.concurrency, rate=None)
     process_cpu_s = time.process_time() - process_t0
@@ -244,6 +274,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--turns", type=int, default=4)
     parser.add_argument("--output-len", type=int, default=8)
     parser.add_argument("--vocab", type=int, default=32000)
+    parser.add_argument("--trace", help="a workload (catalog name or trace file, as `marconi vllm replay --trace`) "
+                        "instead of the synthetic trace; the whole pool is free")
+    parser.add_argument("--num-requests", type=int, default=1000, help="with --trace: its first N requests "
+                        "(0: all); 1000, the production table's")
+    parser.add_argument("--max-input-len", type=int, default=32768,
+                        help="with --trace: a session ends before its first longer input (the production table's cap)")
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--max-model-len", type=int, default=1 << 17)
     parser.add_argument("--max-num-batched-tokens", type=int, default=8192)
@@ -260,6 +296,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--num-blocks", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.num_requests is not None and args.num_requests < 0:
+        parser.error(f"--num-requests must be >= 0 (0: the whole trace), got {args.num_requests}")
+    if args.max_input_len < 1:
+        parser.error(f"--max-input-len must be >= 1, got {args.max_input_len}")
+    if args.num_requests == 0:
+        args.num_requests = None
     if args.child:
         return child(args)
     if args.inproc_child:
@@ -275,10 +317,14 @@ def main(argv: list[str] | None = None) -> int:
               "--sessions", str(args.sessions), "--turns", str(args.turns), "--output-len", str(args.output_len),
               "--vocab", str(args.vocab), "--concurrency", str(args.concurrency),
               "--max-model-len", str(args.max_model_len), "--max-num-batched-tokens", str(args.max_num_batched_tokens),
-              "--max-num-seqs", str(args.max_num_seqs), "--seed", str(args.seed)]
+              "--max-num-seqs", str(args.max_num_seqs), "--seed", str(args.seed),
+              "--max-input-len", str(args.max_input_len), "--num-requests", str(args.num_requests or 0)]
+    if args.trace:
+        common += ["--trace", args.trace]
     say = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     rows = []
     ratios: dict[tuple[int, str], float] = {}
+    evicted_per_step: dict[tuple[int, str], float] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for n in (int(x) for x in args.blocks.split(",")):
             runs: dict[str, list[dict[str, Any]]] = {c: [] for c in configs}
@@ -314,10 +360,12 @@ def main(argv: list[str] | None = None) -> int:
                 evicted = statistics.median(x["evicted"] for x in runs[name])
                 first = runs[name][0]
                 ratios[(n, name)] = step / base_step
+                evicted_per_step[(n, name)] = statistics.median(x["evicted"] / max(1, x["num_steps"]) for x in runs[name])
                 process = statistics.median(x["process_cpu_s"] for x in runs[name])
                 base_process = statistics.median(x["process_cpu_s"] for x in runs[ref])
                 rows.append({"blocks": f"{n:,}", "config": name, "region": f"{first['region']:,}",
                              "block": first["block_size"], "steps": first["num_steps"], "evicted": f"{evicted:,.0f}",
+                             "per_step": f"{evicted_per_step[(n, name)]:.2f}",
                              "ms_sched": f"{1e3 * per_step:.3f}", "ratio_sched": f"{per_step / base:.3f}×",
                              "ms_step": f"{1e3 * step:.3f}", "ratio": f"{step / base_step:.3f}×",
                              "min_ratio": f"{min(x['step_s_per_step'] for x in runs[name]) / min(x['step_s_per_step'] for x in runs[ref]):.3f}×",
@@ -326,12 +374,16 @@ def main(argv: list[str] | None = None) -> int:
                              else f"{1e6 * (total - base_total) / evicted:+.1f} µs"})
     from marconi.report import format_table
 
-    print(f"Scheduler-thread CPU time per step (schedule + update_from_output; schedule alone beside it), medians of "
+    workload = (f"{args.trace} (first {args.num_requests or 'all'} requests, inputs <= {args.max_input_len} tokens)"
+                if args.trace else "the synthetic trace")
+    print(f"{workload}, {args.concurrency} in flight. "
+          f"Scheduler-thread CPU time per step (schedule + update_from_output; schedule alone beside it), medians of "
           f"{args.rounds} rounds (configurations interleaved); ratio and extra time per evicted block against "
           f"{configs[0]}")
     print(format_table(rows, [("pool (blocks)", "blocks", None), ("config", "config", None),
                               ("free region", "region", None), ("block", "block", None), ("steps", "steps", None),
-                              ("evicted", "evicted", None), ("ms/step", "ms_step", None),
+                              ("evicted", "evicted", None), ("evicted/step", "per_step", None),
+                              ("ms/step", "ms_step", None),
                               (f"vs {configs[0]}", "ratio", None), ("min vs min", "min_ratio", None),
                               ("schedule ms/step", "ms_sched", None),
                               (f"schedule vs {configs[0]}", "ratio_sched", None),
@@ -340,6 +392,9 @@ def main(argv: list[str] | None = None) -> int:
     # The line a script reads (the last): the step ratios at the largest pool size asked.
     largest = max(n for n, _ in ratios)
     line: dict[str, Any] = {"blocks": largest}
+    if args.trace:
+        line["trace"] = args.trace
+        line["evicted_per_step"] = round(evicted_per_step[(largest, configs[0])], 4)
     for key, name in (("step_ratio", "marconi"), ("step_ratio_adaptive", "adaptive"),
                       ("step_ratio_adaptive_lag", "adaptive-lag"), ("step_ratio_base", "marconi@base"),
                       ("step_ratio_adaptive_base", "adaptive@base"), ("step_ratio_lru", "lru"),
