@@ -267,9 +267,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--configs", default=",".join(CONFIGS))
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--model", default="nemotron-h-8b", help="a bundled config or a directory with config.json")
-    parser.add_argument("--free-region", type=int, default=4000,
+    parser.add_argument("--free-region", type=int, default=500,
                         help="free blocks the trace cycles through (the rest are held); 0: the whole pool")
-    parser.add_argument("--fill", type=float, default=3.0, help="trace prompt tokens / the region's tokens")
+    parser.add_argument("--fill", type=float, default=2.0, help="trace prompt tokens / the region's tokens")
     parser.add_argument("--sessions", type=int, default=32)
     parser.add_argument("--turns", type=int, default=4)
     parser.add_argument("--output-len", type=int, default=8)
