@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import math
+import random
 from dataclasses import replace
 
 import pytest
@@ -23,7 +24,7 @@ from marconi.integrations.vllm.layout import VllmLayout
 from marconi.integrations.vllm.policy import ATTENTION, MAMBA
 from marconi.integrations.vllm.tier_chooser import ARC_WORLD, AdaptiveTierPolicy, TierEvent, TierRuleChooser
 from marconi.integrations.vllm.tier_tree import (ADAPTIVE, DEFAULT_FAMILY, DEFAULT_RULE, ChunkTreePolicy, TierSettings,
-                                                 make_offload_key, parse_tier_rule)
+                                                 get_offload_block_hash, make_offload_key, parse_tier_rule)
 from test_vllm_emulate_concurrency import sessions
 from test_vllm_tier_emulation import BLOCK, QWEN_TINY
 from test_vllm_tier_emulation import KINDS as TINY_KINDS
@@ -277,3 +278,111 @@ def test_arc_must_lead_every_tree_world() -> None:
     assert chooser.observe(end) == ARC_WORLD and chooser.rule is None and chooser.switches[-1][1] == ARC_WORLD
     chooser.score = [0.0, 5 * lead, 0.0, 3 * lead]              # a tree world leads ARC: back to the tree
     assert chooser.observe(end) == "a0.5m" and chooser.rule.label() == "a0.5m"
+
+
+def served_reference(chooser: TierRuleChooser, world, keys, ctx, t0: int) -> int:
+    """The chooser's score for one world, as it was computed before ``TierRuleChooser._values``
+    (issue 33: one world at a time, every key's position looked up per world): the reference the
+    batched scoring is held to."""
+    nodes: dict[int, bytes] = {}
+    for k in keys:
+        p = ctx.get_offload_key_position(k)
+        if p is not None:
+            nodes.setdefault(p, get_offload_block_hash(k))
+    if not nodes:
+        return 0
+    order = sorted(nodes)
+    tpc = chooser._tpc
+    base = order[0] - tpc if tpc else 0
+    prev, deepest = None, base
+    for p in order:
+        if prev is not None and tpc and p - prev != tpc:
+            break
+        h = nodes[p]
+        if not all(world.held_at(make_offload_key(h, g), t0) for g in chooser._attn):
+            break
+        if all(world.held_at(make_offload_key(h, g), t0) for g in chooser._mamba):
+            deepest = p
+        prev = p
+    return max(0, deepest - base)
+
+
+def _random_request(mgr: TierManager, rng: random.Random, rid: int, sessions: dict[str, int]) -> None:
+    """One request of a randomised chat workload over (Mamba, attention) chunks: a session's chain
+    grown by 0-2 chunks, its longest held prefix (attention chunks, then the state) loaded and
+    pinned, the rest offered and stored, the load completed only sometimes before the request ends
+    (so ref counts > 1 and pinned chunks at a request end occur); a few keys without a position
+    (or a gap in the positions), so every branch of the scoring runs."""
+    name = f"s{rng.randrange(5)}"
+    depth = sessions.get(name, 0) + rng.randint(0, 2)
+    if not 0 < depth <= 8:
+        name, depth = f"s{rng.randrange(5)}:{rid}", rng.randint(1, 3)     # the session restarts
+    sessions[name.split(":")[0]] = depth
+    ctx = ReqContext(rid)
+    attn = [make_offload_key(f"{name}:{i}".encode(), 1) for i in range(1, depth + 1)]
+    state = make_offload_key(f"{name}:{depth}".encode(), 0)
+    gap = TPC if rng.random() < 0.1 else 0
+    for i, key in enumerate(attn, start=1):
+        if rng.random() > 0.03:
+            ctx.set_offload_key_position(key, i * TPC + (gap if i > depth // 2 else 0))
+    ctx.set_offload_key_position(state, depth * TPC + gap)
+    hit = 0
+    while hit < depth and mgr.lookup(attn[hit]) == 1:
+        hit += 1
+    load = attn[:hit]
+    if load and rng.random() < 0.7:
+        mgr.prepare_load(load, ctx)
+    else:
+        load = []
+    stored = mgr.prepare_store(attn[hit:] + [state], ctx)
+    if stored:
+        mgr.complete_store(stored)
+    if rng.random() < 0.8:
+        mgr.complete_load(load)
+        load = []
+    mgr.on_request_finished(ctx)
+    mgr.complete_load(load)
+
+
+@pytest.mark.parametrize("rules,capacity,seed", [("lru/a2", 14, 0), ("lru/a0.5m/a2m", 24, 1), ("a2m/lru", 9, 2)])
+def test_batched_scores_equal_the_reference_per_world(rules: str, capacity: int, seed: int) -> None:
+    """On a randomised driver (loads, pins, stores, gaps, keys without positions), every request
+    end's score per world from ``TierRuleChooser._values`` equals :func:`served_reference`'s for
+    that world at the same moment, and the decayed scores are the same floats."""
+    policy = _adaptive(capacity, rules)
+    chooser = policy.chooser
+    batched = chooser._values
+    seen: list[list[int]] = []
+    shadow = [0.0] * len(chooser.worlds)
+
+    def checked(keys, positions, t0):
+        ctx = checked.ctx
+        expected = [served_reference(chooser, w, keys, ctx, t0) for w in chooser.worlds]
+        got = batched(keys, positions, t0)
+        assert got == expected
+        seen.append(got)
+        return got
+
+    chooser._values = checked
+    finish = chooser._finish
+
+    def finishing(event):
+        checked.ctx = event.ctx
+        out = finish(event)
+        shadow[:] = [s * chooser.decay + v for s, v in zip(shadow, seen[-1])]
+        assert chooser.score == shadow
+        return out
+
+    chooser._finish = finishing
+    mgr = TierManager(capacity, policy)
+    rng = random.Random(seed)
+    sessions: dict[str, int] = {}
+    for rid in range(400):
+        _random_request(mgr, rng, rid, sessions)
+        if rid % 50 == 0:
+            mgr.check_invariants()
+            policy.check_invariants()
+    assert len(seen) == 400
+    assert sum(any(v) for v in seen) > 50                    # the worlds served hits ...
+    assert sum(len(set(v)) > 1 for v in seen) > 5            # ... and not always the same
+    assert mgr.evicted and all(w.died for w in chooser.worlds)

@@ -49,22 +49,28 @@ OffloadKey = bytes
 class _Shade:
     """A world's chunk: metadata only, never read by vLLM. ``ref_cnt`` follows the live chunk of the
     same key while the live tier holds it (-1 while its store is pending, > 0 while loads read it),
-    so a world cannot evict what the live tier could not; 0 once only the world holds it."""
+    so a world cannot evict what the live tier could not; 0 once only the world holds it. ``born``:
+    the chooser's clock when the world stored it (the world's :attr:`_World.born` maps each key it
+    holds to its shade, the very object its policy holds, so a mirrored ref count needs no lookup
+    in the policy)."""
 
-    __slots__ = ("ref_cnt",)
+    __slots__ = ("ref_cnt", "born")
 
-    def __init__(self, ref_cnt: int) -> None:
+    def __init__(self, ref_cnt: int, born: int = 0) -> None:
         self.ref_cnt = ref_cnt
+        self.born = born
 
 
 class _WorldContext:
     """One world's view of a request's ``ReqContext``: its own scratch, the request's positions."""
 
-    __slots__ = ("base", "_state")
+    __slots__ = ("base", "_state", "get_offload_key_position")
 
     def __init__(self, base: Any) -> None:
         self.base = base
         self._state: dict[type, Any] = {}
+        #: the request's own lookup, bound once (the worlds call it per key per call)
+        self.get_offload_key_position = base.get_offload_key_position
 
     def set_state(self, val: Any) -> None:
         self._state[type(val)] = val
@@ -72,8 +78,22 @@ class _WorldContext:
     def get_state(self, cls: type) -> Any:
         return self._state.get(cls)
 
-    def get_offload_key_position(self, key: OffloadKey) -> int | None:
-        return self.base.get_offload_key_position(key)
+
+class _Positions(dict):
+    """One call's key positions, looked up in the request's context once for every world: each
+    key of the call to its position (None where it has none); a key not listed falls back to the
+    context itself. The context cannot change while the chooser hands one call to its worlds (they
+    never write it), so a world reads exactly what the context would have answered."""
+
+    __slots__ = ("ctx",)
+
+    def __init__(self, ctx: Any, keys: Iterable[OffloadKey]) -> None:
+        get = ctx.get_offload_key_position
+        super().__init__((k, get(k)) for k in keys)
+        self.ctx = ctx
+
+    def __missing__(self, key: OffloadKey) -> int | None:
+        return self.ctx.get_offload_key_position(key)
 
 
 class _Sighting:
@@ -86,10 +106,19 @@ class _Sighting:
         self.t0 = t0
         self.views = [_WorldContext(ctx) for _ in owner.worlds]
 
+    def lend(self, positions: _Positions | None) -> list[_WorldContext]:
+        """Point every view's position lookup at ``positions`` (one call's), or back at the
+        request's context (None). Returns the views."""
+        for view in self.views:
+            view.get_offload_key_position = (positions.__getitem__ if positions is not None
+                                             else view.base.get_offload_key_position)
+        return self.views
+
 
 class _World:
     """A ghost tier under one order: ``policy`` (a tree under ``rule``, or ARC when ``rule`` is
-    None), and when each chunk entered (and left) it."""
+    None), and when each chunk entered (``born``: every key held, to its :class:`_Shade`) and left
+    (``died``: key to its stay's clocks) it."""
 
     __slots__ = ("policy", "rule", "label", "capacity", "born", "died")
 
@@ -98,13 +127,13 @@ class _World:
         self.rule = rule
         self.label = rule.label() if rule is not None else ARC_WORLD
         self.capacity = capacity
-        self.born: dict[OffloadKey, int] = {}
+        self.born: dict[OffloadKey, _Shade] = {}
         self.died: OrderedDict[OffloadKey, tuple[int, int]] = OrderedDict()
 
     def held_at(self, key: OffloadKey, t0: int) -> bool:
         """Whether the world held ``key`` at clock ``t0`` (its last stay only)."""
-        born = self.born.get(key)
-        if born is not None and born < t0:
+        shade = self.born.get(key)
+        if shade is not None and shade.born < t0:
             return True
         stay = self.died.get(key)
         return stay is not None and stay[0] < t0 <= stay[1]
@@ -118,7 +147,7 @@ class _World:
         need = min(need, self.policy.num_evictable(protected))
         out = self.policy.evict(need, protected) if need > 0 else None
         for key, _ in out or ():
-            self.died[key] = (self.born.pop(key), clock)
+            self.died[key] = (self.born.pop(key).born, clock)
             self.died.move_to_end(key)
         while len(self.died) > 4 * self.capacity:
             self.died.popitem(last=False)
@@ -131,12 +160,12 @@ class _World:
             self.make_room(1, protected | {key}, clock)
             if self.policy.num_held() >= self.capacity:
                 return                      # nothing evictable: the store fails, as vLLM's would
-        self.policy.insert(key, _Shade(ref_cnt))
-        self.born[key] = clock
+        shade = self.born[key] = _Shade(ref_cnt, clock)
+        self.policy.insert(key, shade)
 
     def pin(self, key: OffloadKey, ref_cnt: int) -> None:
         """The live chunk ``key`` now has ``ref_cnt``: the world's copy follows (if held)."""
-        chunk = self.policy.get(key)
+        chunk = self.born.get(key)
         if chunk is None or chunk.ref_cnt == ref_cnt:
             return
         chunk.ref_cnt = ref_cnt
@@ -236,20 +265,38 @@ class TierRuleChooser:
             self.clock += 1
             for w in self.worlds:
                 w.store(event.keys[0], self.clock, self._misses, event.ref_cnt)
-        elif step == "pin":
+        elif step == "pin":                 # the commonest call: _World.pin inlined
+            key, ref_cnt = event.keys[0], event.ref_cnt
             for w in self.worlds:
-                w.pin(event.keys[0], event.ref_cnt)
+                chunk = w.born.get(key)
+                if chunk is None or chunk.ref_cnt == ref_cnt:
+                    continue
+                chunk.ref_cnt = ref_cnt
+                if ref_cnt == 0:
+                    w.policy.mark_evictable(key)
+                else:
+                    w.policy.mark_non_evictable(key)
         elif step == "on_store_miss":
-            views = self._views(event.ctx)
             keys = list(event.keys)
+            seen = self._sighting(event.ctx)
+            views = seen.lend(_Positions(event.ctx, keys))
             self._misses = set(keys)
             self.clock += 1
-            for w, view in zip(self.worlds, views):
-                w.policy.on_store_miss(keys, view)
-                w.make_room(sum(1 for k in self._misses if k not in w.born), self._misses, self.clock)
+            try:
+                for w, view in zip(self.worlds, views):
+                    w.policy.on_store_miss(keys, view)
+                    w.make_room(sum(1 for k in self._misses if k not in w.born), self._misses, self.clock)
+            finally:
+                seen.lend(None)
         elif step == "touch":
-            for w, view in zip(self.worlds, self._views(event.ctx)):
-                w.policy.touch(event.keys, view)
+            keys = list(event.keys)
+            seen = self._sighting(event.ctx)
+            views = seen.lend(_Positions(event.ctx, keys))
+            try:
+                for w, view in zip(self.worlds, views):
+                    w.policy.touch(keys, view)
+            finally:
+                seen.lend(None)
         elif step == "remove":
             for w in self.worlds:
                 w.remove(event.keys[0])
@@ -268,28 +315,32 @@ class TierRuleChooser:
             ctx.set_state(seen)
         return seen
 
-    def _views(self, ctx: Any) -> list[_WorldContext]:
-        return self._sighting(ctx).views
-
     def _finish(self, event: TierEvent) -> str | None:
         ctx = event.ctx
         seen = self._sighting(ctx)
         groups = [list(g) for g in event.keys]
         keys = [k for g in groups for k in g]
-        value = [self._served(w, keys, ctx, seen.t0) for w in self.worlds]
+        lookup = _Positions(ctx, keys)
+        positions = {k: p for k, p in lookup.items() if p is not None}
+        value = self._values(keys, positions, seen.t0)
         self.clock += 1
         protected = set(keys)
-        for w, view in zip(self.worlds, seen.views):
-            missing = [k for k in keys if k not in w.born]
-            if missing:
-                pos = {k: p for k in missing if (p := ctx.get_offload_key_position(k)) is not None}
-                if len(pos) == len(missing):
-                    missing.sort(key=pos.__getitem__)
-                w.policy.on_store_miss(missing, view)
-                w.make_room(len(missing), protected, self.clock)
-                for k in missing:
-                    w.store(k, self.clock, protected)
-            w.policy.on_request_finished(groups, set(event.inserted), set(event.reused), view)
+        inserted, reused = event.inserted, event.reused      # frozensets: no world changes them
+        views = seen.lend(lookup)
+        try:
+            for w, view in zip(self.worlds, views):
+                born = w.born
+                missing = [k for k in keys if k not in born]
+                if missing:
+                    if len(positions.keys() & missing) == len(missing):     # each once, each with a position
+                        missing.sort(key=positions.__getitem__)
+                    w.policy.on_store_miss(missing, view)
+                    w.make_room(len(missing), protected, self.clock)
+                    for k in missing:
+                        w.store(k, self.clock, protected)
+                w.policy.on_request_finished(groups, inserted, reused, view)
+        finally:
+            seen.lend(None)
         self.requests += 1
         d = self.decay
         self.score = [s * d + v for s, v in zip(self.score, value)]
@@ -306,31 +357,58 @@ class TierRuleChooser:
         """Whether world ``i`` leads world ``j`` by both margins (relative, and :attr:`min_lead`)."""
         return self.score[i] - self.score[j] > max(self.hysteresis * self.score[j], self.min_lead)
 
-    def _served(self, world: _World, keys: Sequence[OffloadKey], ctx: Any, t0: int) -> int:
-        """Tokens a lookup for this request would have loaded from ``world`` at ``t0``: from the
-        first node seen, the run of nodes with every attention chunk held, to the deepest of them
-        with a state held in every Mamba group."""
+    def _values(self, keys: Sequence[OffloadKey], positions: dict[OffloadKey, int], t0: int) -> list[int]:
+        """Per world, the tokens a lookup for this request would have loaded from it at ``t0``: from
+        the first node seen, the run of nodes with every attention chunk held, to the deepest of them
+        with a state held in every Mamba group. ``positions``: the request's keys' positions (those
+        it has). The run's nodes and keys are found once for all worlds; each world then only
+        checks what it held (:meth:`_World.held_at`, inlined). Same numbers as
+        ``tests/test_vllm_tier_chooser.py``'s ``served_reference``, one world at a time."""
         nodes: dict[int, bytes] = {}
         for k in keys:
-            p = ctx.get_offload_key_position(k)
-            if p is not None:
-                nodes.setdefault(p, get_offload_block_hash(k))
+            p = positions.get(k)
+            if p is not None and p not in nodes:
+                nodes[p] = get_offload_block_hash(k)
         if not nodes:
-            return 0
+            return [0] * len(self.worlds)
         order = sorted(nodes)
         tpc = self._tpc
         base = order[0] - tpc if tpc else 0
-        prev, deepest = None, base
+        run: list[tuple[int, list[OffloadKey], list[OffloadKey]]] = []   # (position, attention, Mamba keys)
+        prev = None
         for p in order:
             if prev is not None and tpc and p - prev != tpc:
                 break
             h = nodes[p]
-            if not all(world.held_at(make_offload_key(h, g), t0) for g in self._attn):
-                break
-            if all(world.held_at(make_offload_key(h, g), t0) for g in self._mamba):
-                deepest = p
+            run.append((p, [make_offload_key(h, g) for g in self._attn], [make_offload_key(h, g) for g in self._mamba]))
             prev = p
-        return max(0, deepest - base)
+        out = []
+        for w in self.worlds:
+            born, died = w.born.get, w.died.get
+            deepest = base
+            for p, attn, mamba in run:
+                ok = True
+                for key in attn:
+                    shade = born(key)
+                    if shade is not None and shade.born < t0:
+                        continue
+                    stay = died(key)
+                    if stay is None or not stay[0] < t0 <= stay[1]:
+                        ok = False
+                        break
+                if not ok:
+                    break
+                for key in mamba:
+                    shade = born(key)
+                    if shade is not None and shade.born < t0:
+                        continue
+                    stay = died(key)
+                    if stay is None or not stay[0] < t0 <= stay[1]:
+                        break
+                else:
+                    deepest = p
+            out.append(max(0, deepest - base))
+        return out
 
     def tuning_record(self) -> dict[str, Any]:
         """Record fields: the switches (``tier_rule_switches``: request ends so far, new world's label)
