@@ -23,7 +23,7 @@ from marconi.integrations.vllm.emulate.scheduler import emulate_closed_loop
 from marconi.integrations.vllm.emulate.tier import EmulatedTier, TierManager, make_policy
 from marconi.integrations.vllm.layout import VllmLayout
 from marconi.integrations.vllm.tier_chooser import AdaptiveTierPolicy
-from marconi.integrations.vllm.tier_tree import (_DEAD, ARC_TREE, ArcTreeOrder, ChunkTreePolicy, TierSettings,
+from marconi.integrations.vllm.tier_tree import (ARC_TREE, ArcTreeOrder, ChunkTreePolicy, TierSettings,
                                                  TreeJudgement, parse_tier_rule)
 from test_vllm_emulate_concurrency import sessions
 from test_vllm_tier_chooser import KINDS, SPEC, TPC, _frequency_rounds, _hot_held
@@ -38,21 +38,21 @@ def reference(policy: AdaptiveTierPolicy, n: int, protected: set) -> list[tuple[
     victim of a copy of the ARC lists (fed the dead chunks as retired). Changes nothing."""
     if n <= 0:
         return []
-    avail = {k for k in policy._evictable if k not in protected}
+    avail = {k for k in policy.idle_keys() if k not in protected}
     if len(avail) < n:
         return None
     view = TreeJudgement(policy)
     arc = copy.deepcopy(policy.arc)
     chosen: list[tuple[bytes, str]] = []
     while len(chosen) < n:
-        dead = sorted((k for k in avail if view.category(k) == _DEAD), key=policy._seq.__getitem__)
+        dead = sorted((k for k in avail if view.dead(k)), key=policy.recency)
         if dead:
-            picks = [(k, "dead-" + policy._kind(k)) for k in dead[: n - len(chosen)]]
+            picks = [(k, "dead-" + policy.kind(k)) for k in dead[: n - len(chosen)]]
             for k, _ in picks:
                 arc.retire(k)
         else:
             ((k, _),) = arc.evict(1, protected)
-            picks = [(k, policy._kind(k))]
+            picks = [(k, policy.kind(k))]
         for k, reason in picks:
             avail.discard(k)
             chosen.append((k, reason))

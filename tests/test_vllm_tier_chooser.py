@@ -292,16 +292,16 @@ def served_reference(chooser: TierRuleChooser, world, keys, ctx, t0: int) -> int
     if not nodes:
         return 0
     order = sorted(nodes)
-    tpc = chooser._tpc
+    tpc = chooser.tokens_per_chunk
     base = order[0] - tpc if tpc else 0
     prev, deepest = None, base
     for p in order:
         if prev is not None and tpc and p - prev != tpc:
             break
         h = nodes[p]
-        if not all(world.held_at(make_offload_key(h, g), t0) for g in chooser._attn):
+        if not all(world.held_at(make_offload_key(h, g), t0) for g in chooser.attn_groups):
             break
-        if all(world.held_at(make_offload_key(h, g), t0) for g in chooser._mamba):
+        if all(world.held_at(make_offload_key(h, g), t0) for g in chooser.mamba_groups):
             deepest = p
         prev = p
     return max(0, deepest - base)
@@ -351,7 +351,7 @@ def test_batched_scores_equal_the_reference_per_world(rules: str, capacity: int,
     that world at the same moment, and the decayed scores are the same floats."""
     policy = _adaptive(capacity, rules)
     chooser = policy.chooser
-    batched = chooser._values
+    batched = chooser.request_values
     seen: list[list[int]] = []
     shadow = [0.0] * len(chooser.worlds)
 
@@ -363,17 +363,19 @@ def test_batched_scores_equal_the_reference_per_world(rules: str, capacity: int,
         seen.append(got)
         return got
 
-    chooser._values = checked
-    finish = chooser._finish
+    chooser.request_values = checked
+    observe = chooser.observe
 
-    def finishing(event):
+    def observing(event):
+        if event.step != "on_request_finished":
+            return observe(event)
         checked.ctx = event.ctx
-        out = finish(event)
+        out = observe(event)
         shadow[:] = [s * chooser.decay + v for s, v in zip(shadow, seen[-1])]
         assert chooser.score == shadow
         return out
 
-    chooser._finish = finishing
+    chooser.observe = observing
     mgr = TierManager(capacity, policy)
     rng = random.Random(seed)
     sessions: dict[str, int] = {}

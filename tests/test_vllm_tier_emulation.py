@@ -310,11 +310,11 @@ def test_a_request_resumed_with_a_shorter_tier_hit_offers_its_chunks_again() -> 
     third = make_offload_key(req.hash_at(3 * BLOCK), attn)
     tier.end_step([(req, 3 * BLOCK)])                   # computes 3 chunks: the third is offered once
     assert tier.manager.lookup(third) == 0 and tier.manager.counts[third] == 1
-    assert tier._req(req).next_stored == 3
+    assert tier.next_to_store(req) == 3
     tier.dropped(req)                                   # preempted; resumed: 2 chunks from the tier
     assert tier.lookup(req, 0) == 2 * BLOCK
     tier.load(req, 0, 2 * BLOCK, first=False)
-    assert tier._req(req).next_stored == 2
+    assert tier.next_to_store(req) == 2
     req.num_computed_tokens = 2 * BLOCK
     tier.end_step([(req, BLOCK)])                       # recomputes chunk 3: offered again, stored
     assert tier.manager.counts[third] == 2 and tier.manager.lookup(third) != 0

@@ -236,9 +236,9 @@ class TierRuleChooser:
         self.worlds.append(_World(capacity, ARCPolicy(capacity), None))
         self.labels: tuple[str, ...] = tuple(w.label for w in self.worlds)
         kinds = settings.group_kinds
-        self._attn = tuple(g for g, k in enumerate(kinds) if k == ATTENTION)
-        self._mamba = tuple(g for g, k in enumerate(kinds) if k != ATTENTION)
-        self._tpc = settings.tokens_per_chunk
+        self.attn_groups = tuple(g for g, k in enumerate(kinds) if k == ATTENTION)
+        self.mamba_groups = tuple(g for g, k in enumerate(kinds) if k != ATTENTION)
+        self.tokens_per_chunk = settings.tokens_per_chunk
         #: a lead no one-time difference in what the tiers hold explains: more tokens than one full
         #: tier serves (its chunks over the groups a node spans, in tokens)
         self.min_lead = capacity * (settings.tokens_per_chunk or 1) / len(kinds)
@@ -322,7 +322,7 @@ class TierRuleChooser:
         keys = [k for g in groups for k in g]
         lookup = _Positions(ctx, keys)
         positions = {k: p for k, p in lookup.items() if p is not None}
-        value = self._values(keys, positions, seen.t0)
+        value = self.request_values(keys, positions, seen.t0)
         self.clock += 1
         protected = set(keys)
         inserted, reused = event.inserted, event.reused      # frozensets: no world changes them
@@ -357,7 +357,7 @@ class TierRuleChooser:
         """Whether world ``i`` leads world ``j`` by both margins (relative, and :attr:`min_lead`)."""
         return self.score[i] - self.score[j] > max(self.hysteresis * self.score[j], self.min_lead)
 
-    def _values(self, keys: Sequence[OffloadKey], positions: dict[OffloadKey, int], t0: int) -> list[int]:
+    def request_values(self, keys: Sequence[OffloadKey], positions: dict[OffloadKey, int], t0: int) -> list[int]:
         """Per world, the tokens a lookup for this request would have loaded from it at ``t0``: from
         the first node seen, the run of nodes with every attention chunk held, to the deepest of them
         with a state held in every Mamba group. ``positions``: the request's keys' positions (those
@@ -372,7 +372,7 @@ class TierRuleChooser:
         if not nodes:
             return [0] * len(self.worlds)
         order = sorted(nodes)
-        tpc = self._tpc
+        tpc = self.tokens_per_chunk
         base = order[0] - tpc if tpc else 0
         run: list[tuple[int, list[OffloadKey], list[OffloadKey]]] = []   # (position, attention, Mamba keys)
         prev = None
@@ -380,7 +380,7 @@ class TierRuleChooser:
             if prev is not None and tpc and p - prev != tpc:
                 break
             h = nodes[p]
-            run.append((p, [make_offload_key(h, g) for g in self._attn], [make_offload_key(h, g) for g in self._mamba]))
+            run.append((p, [make_offload_key(h, g) for g in self.attn_groups], [make_offload_key(h, g) for g in self.mamba_groups]))
             prev = p
         out = []
         for w in self.worlds:

@@ -444,6 +444,18 @@ class ChunkTreePolicy:
         view = TreeJudgement(self)
         return {k: names[view.category(k)] for k in self._chunks}
 
+    def idle_keys(self) -> frozenset[OffloadKey]:
+        """The chunks ``evict`` may take before any protection: held, landed and unpinned."""
+        return frozenset(self._evictable)
+
+    def recency(self, key: OffloadKey) -> int:
+        """``key``'s recency stamp: larger is more recent (the order ``evict`` reads; KeyError if not held)."""
+        return self._seq[key]
+
+    def kind(self, key: OffloadKey) -> str:
+        """``"kv"`` for an attention group's chunk, ``"state"`` for a Mamba group's."""
+        return self._kind(key)
+
     def index_entries(self) -> int:
         """Entries in the victim index's heaps, live and stale (for tests: compaction bounds them)."""
         return (sum(map(len, self._mins.values())) + sum(map(len, self._maxs.values()))
@@ -926,6 +938,10 @@ class TreeJudgement:
 
     def _alive(self, h: bytes) -> bool:
         return self.kv[h] and (self.usable[h] or h in self.p._open or self.alive_kids[h] > 0)
+
+    def dead(self, key: OffloadKey) -> bool:
+        """Whether no hit can use ``key`` now (its category is the one ``evict`` empties first)."""
+        return self.category(key) == _DEAD
 
     def category(self, key: OffloadKey) -> int:
         h = get_offload_block_hash(key)

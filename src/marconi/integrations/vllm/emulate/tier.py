@@ -463,6 +463,10 @@ class EmulatedTier:
             st = self._reqs[req.rid] = _TierRequest(req.rid)
         return st
 
+    def next_to_store(self, req: Any) -> int:
+        """The index of ``req``'s next attention chunk to offer (vLLM's ``next_stored_chunk_idx``)."""
+        return self._req(req).next_stored
+
     def _key(self, req: Any, st: _TierRequest, gid: int, end: int) -> bytes:
         key = make_offload_key(req.hash_at(end), gid)
         st.ctx.set_offload_key_position(key, end)
