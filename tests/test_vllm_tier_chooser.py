@@ -281,7 +281,7 @@ def test_arc_must_lead_every_tree_world() -> None:
 
 
 def served_reference(chooser: TierRuleChooser, world, keys, ctx, t0: int) -> int:
-    """The chooser's score for one world, as it was computed before ``TierRuleChooser._values``
+    """The chooser's score for one world, as it was computed before ``TierRuleChooser.request_values``
     (issue 33: one world at a time, every key's position looked up per world): the reference the
     batched scoring is held to."""
     nodes: dict[int, bytes] = {}
@@ -347,7 +347,7 @@ def _random_request(mgr: TierManager, rng: random.Random, rid: int, sessions: di
 @pytest.mark.parametrize("rules,capacity,seed", [("lru/a2", 14, 0), ("lru/a0.5m/a2m", 24, 1), ("a2m/lru", 9, 2)])
 def test_batched_scores_equal_the_reference_per_world(rules: str, capacity: int, seed: int) -> None:
     """On a randomised driver (loads, pins, stores, gaps, keys without positions), every request
-    end's score per world from ``TierRuleChooser._values`` equals :func:`served_reference`'s for
+    end's score per world from ``TierRuleChooser.request_values`` equals :func:`served_reference`'s for
     that world at the same moment, and the decayed scores are the same floats."""
     policy = _adaptive(capacity, rules)
     chooser = policy.chooser
