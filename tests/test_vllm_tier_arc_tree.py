@@ -29,7 +29,7 @@ from test_vllm_emulate_concurrency import sessions
 from test_vllm_tier_chooser import KINDS, SPEC, TPC, _frequency_rounds, _hot_held
 from test_vllm_tier_emulation import BLOCK, QWEN_TINY
 from test_vllm_tier_emulation import KINDS as TINY_KINDS
-from test_vllm_tier_incremental import LAYOUTS, drive
+from test_vllm_tier_incremental import LAYOUTS, drive, held_to
 
 
 def reference(policy: AdaptiveTierPolicy, n: int, protected: set) -> list[tuple[bytes, str]] | None:
@@ -71,24 +71,8 @@ def test_arc_tree_takes_dead_chunks_then_arcs_victims(monkeypatch: pytest.Monkey
     protected chunks, open requests, clear) takes the reference's victims in its order and counts
     their reasons; both halves ran (dead chunks, and ARC's victims), and ARC's lists stay the tier's."""
     stats: Counter = Counter()
-    live = AdaptiveTierPolicy.evict
-
-    def evict(self: AdaptiveTierPolicy, n: int, protected: set) -> list | None:
-        want = reference(self, n, protected)
-        before = dict(self.eviction_counts)
-        got = live(self, n, protected)
-        if want is None:
-            assert got is None
-            stats["refused"] += 1
-            return got
-        assert got is not None and [k for k, _ in got] == [k for k, _ in want], (n, want, got)
-        counted = Counter({r: c - before[r] for r, c in self.eviction_counts.items() if c != before[r]})
-        assert counted == Counter(r for _, r in want)
-        stats["calls"] += 1
-        stats.update(r for _, r in want)
-        self.check_invariants()                     # ARC's lists hold exactly the tier's chunks
-        return got
-
+    # after each compared call: ARC's lists hold exactly the tier's chunks
+    evict = held_to(AdaptiveTierPolicy.evict, reference, stats, after=lambda policy: policy.check_invariants())
     monkeypatch.setattr(AdaptiveTierPolicy, "evict", evict)
     kinds = LAYOUTS[layout]
     for seed, (capacity, tpc) in enumerate([(12 * len(kinds), TPC), (30 * len(kinds), None), (60 * len(kinds), TPC)]):

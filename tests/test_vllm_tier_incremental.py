@@ -66,16 +66,15 @@ class Chunk:
         self.ref_cnt = -1
 
 
-@pytest.fixture
-def checked(monkeypatch: pytest.MonkeyPatch) -> Counter:
-    """Every ChunkTreePolicy.evict held to the reference; counts what was compared."""
-    stats: Counter = Counter()
-    incremental = ChunkTreePolicy.evict
+def held_to(live, reference, stats: Counter, *, after=None):
+    """An ``evict`` that runs ``live`` and asserts it took ``reference``'s victims (key, reason),
+    in order, and counted their reasons; ``after(policy)`` runs on each compared call. Counts the
+    calls and reasons in ``stats``."""
 
-    def evict(self: ChunkTreePolicy, n: int, protected: set) -> list | None:
-        want = reference_victims(self, n, protected)
+    def evict(self, n: int, protected: set) -> list | None:
+        want = reference(self, n, protected)
         before = dict(self.eviction_counts)
-        got = incremental(self, n, protected)
+        got = live(self, n, protected)
         if want is None:
             assert got is None, "the reference found too few evictable chunks, the index did not"
             stats["refused"] += 1
@@ -85,9 +84,18 @@ def checked(monkeypatch: pytest.MonkeyPatch) -> Counter:
         assert counted == Counter(r for _, r in want)
         stats["calls"] += 1
         stats.update(r for _, r in want)
+        if after is not None:
+            after(self)
         return got
 
-    monkeypatch.setattr(ChunkTreePolicy, "evict", evict)
+    return evict
+
+
+@pytest.fixture
+def checked(monkeypatch: pytest.MonkeyPatch) -> Counter:
+    """Every ChunkTreePolicy.evict held to the reference; counts what was compared."""
+    stats: Counter = Counter()
+    monkeypatch.setattr(ChunkTreePolicy, "evict", held_to(ChunkTreePolicy.evict, reference_victims, stats))
     return stats
 
 
