@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/vllm_tier_rules.py [--models nemotron-h-8b] [--traces swe-sample,...]
         [--pools 0.05x,0.1x] [--tiers 0.1x,0.25x,0.5x,1x] [--concurrency 16,64]
-        [--rules adaptive,lru,a0.5,a0.5m,a2m] [--num-requests 120] [--workers 2] [--out results/vllm_tier_rules.jsonl]
+        [--rules adaptive,arc-tree,lru,a0.5,a0.5m,a2m] [--num-requests 120] [--workers 2] [--out results/vllm_tier_rules.jsonl]
 
 Every point is the emulation the replay's tier records carry (``sim_*``; docs/vllm-tiers.md, "The
 emulation"): vLLM 0.32's block pool, scheduler and ``OffloadingConnector`` (``vllm-align`` with
@@ -11,7 +11,8 @@ as the replay selects them) in the replay's closed loop (``--concurrency C``), s
 GPU policy. The GPU pool is a fraction of the trace's working set raised to vLLM's floor (one
 request of ``max_model_len``), as the replay's ``--capacity`` is; the tier is a fraction of the
 working set, in chunks as vLLM sizes it. The tier runs ``lru``, ``arc``, and Marconi's policy under
-each ``--rules`` label (``vllm-align:…,tier_policy=marconi,tier_rule=``): a fixed rule's, or
+each ``--rules`` label (``vllm-align:…,tier_policy=marconi,tier_rule=``): a fixed rule's,
+``arc-tree`` (the tree's dead chunks first, then ARC's order over the live chunks), or
 ``adaptive``, the rule chosen online over ghost tiers (the default; ``tier_chooser``).
 No clock: a load lands by the end of its step (the simulator's transfer rule).
 
@@ -117,7 +118,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pools", default="0.05x,0.1x")
     ap.add_argument("--tiers", default="0.1x,0.25x,0.5x,1x")
     ap.add_argument("--concurrency", default="16,64")
-    ap.add_argument("--rules", default="adaptive,lru,a0.5,a0.5m,a2m")
+    ap.add_argument("--rules", default="adaptive,lru,a0.5,a0.5m,a2m",
+                    help="Marconi's tier rules, comma-separated: 'adaptive' (the default, chosen online), "
+                         "'arc-tree' (the tree's dead chunks, then ARC's order), or a fixed rule's label "
+                         "(lru, a0.5, a0.5m, a2m, ...)")
     ap.add_argument("--num-requests", type=int, default=120)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--out", default="", help="JSONL of every arm's record (optional)")

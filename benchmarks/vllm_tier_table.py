@@ -19,7 +19,8 @@ as vLLM's ``CPUOffloadingSpec`` sizes it (bytes over the whole model's block byt
 share together). GPU policies: ``lru`` (stock vLLM) and ``marconi`` (the pool plugin, α = 0.5).
 Tier policies: ``none`` (GPU only), ``lru``, ``arc``, ``marconi`` (``ChunkTreePolicy`` under its
 default rule, whatever :mod:`marconi.integrations.vllm.tier_tree` says at run time) and
-``marconi:RULE`` (the same policy under a fixed rule, e.g. ``marconi:lru``, the tree by recency).
+``marconi:RULE`` (the same policy under a fixed rule, e.g. ``marconi:lru``, the tree by recency, or
+``marconi:arc-tree``, the tree's dead chunks then ARC's order).
 ``--clock``: the replay's clock (its H100 step-time model and the 55 GB/s link), as the replay's
 ``sim_*`` fields run it; without it, a load lands by the end of its step (the simulator's rule).
 
@@ -331,7 +332,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--concurrency", type=lambda s: [int(x) for x in _split(s)], default=[16, 64, 256])
     ap.add_argument("--tiers", type=_split, default=["0.25x", "1x", "64GB", "256GB", "1024GB"])
     ap.add_argument("--gpu-policies", type=_split, default=["lru", "marconi"])
-    ap.add_argument("--tier-policies", type=_split, default=["none", "lru", "arc", "marconi:lru", "marconi"])
+    ap.add_argument("--tier-policies", type=_split, default=["none", "lru", "arc", "marconi:lru", "marconi"],
+                    help="none, lru, arc, marconi (its default rule) or marconi:RULE (a fixed rule's label, "
+                         "'arc-tree', or 'adaptive')")
     ap.add_argument("--clock", action="store_true", help="the replay's clock (step-time model and host link)")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--out", default="docs/data/vllm_tier_table.jsonl")
