@@ -56,17 +56,10 @@ VLLM_BLOCK = {"nemotron-h-8b": 1152, "qwen3-next-80b-a3b": 1152}
 _TRACES: dict[tuple[str, int], Any] = {}
 
 
-def _warn(message: str) -> None:
-    """A stand-in replaced absent data (no ``../shared``): say so on stderr, since the figures then
-    describe the bundled sample, not the trace asked for."""
-    print(f"NOTE: {message}", file=sys.stderr, flush=True)
-
-
 def _requests(trace: str, num_requests: int) -> Any:
     key = (trace, num_requests)
     if key not in _TRACES:
-        _TRACES[key] = common.select_requests(trace, max_input_len=MAX_INPUT_LEN, num_requests=num_requests,
-                                                    notice=_warn).requests
+        _TRACES[key] = common.select_requests(trace, max_input_len=MAX_INPUT_LEN, num_requests=num_requests).requests
     return _TRACES[key]
 
 

