@@ -120,8 +120,11 @@ PARENT = textwrap.dedent("""
 @LINUX
 @pytest.mark.parametrize("sig", slow_but_first([signal.SIGTERM, signal.SIGINT, signal.SIGKILL]))
 def test_child_dies_when_only_its_parent_is_signalled(sig):
-    # issue 31, bug 11 (mechanism): SIGTERM / SIGINT to the parent alone, or kill -9, never leaves the child running
-    parent = subprocess.Popen([sys.executable, "-c", PARENT], stdout=subprocess.PIPE, text=True, start_new_session=True)
+    # issue 31, bug 11 (mechanism): SIGTERM / SIGINT to the parent alone, or kill -9, never leaves the child running.
+    # SIGINT back to its default first: a runner started in the background (nohup ... &) ignores it, the parent
+    # would inherit that, and Python raises KeyboardInterrupt only for a SIGINT not ignored at start-up.
+    parent = subprocess.Popen([sys.executable, "-c", PARENT], stdout=subprocess.PIPE, text=True, start_new_session=True,
+                              preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     child = int(parent.stdout.readline())
     assert _alive(child)
     os.kill(parent.pid, sig)              # the parent alone: the child has its own process group
