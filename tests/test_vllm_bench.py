@@ -80,3 +80,19 @@ def test_metrics_parse_prometheus_text_without_engine_labels() -> None:
             'marconi:evicted_blocks_total{reason="state",group="mamba",policy="marconi"} 2\n')
     assert parse_metrics(text) == {"vllm:prefix_cache_hits_total": 15.0,
                                    'marconi:evicted_blocks_total{group="mamba",policy="marconi",reason="state"}': 2.0}
+
+
+def test_a_stand_in_for_absent_data_is_said_even_with_no_notice(monkeypatch, capsys):
+    # A bench that passes no notice must not measure the bundled sample believing it the trace asked for
+    # (the tier table once measured swe's 307-request stand-in as swe:2000 without a word).
+    from marconi.integrations.common import bench as common
+
+    monkeypatch.setenv("MARCONI_SHARED_DATA", "")          # no shared data set: swe falls back to its sample
+    common.select_requests("swe", max_input_len=8192, num_requests=3)
+    err = capsys.readouterr().err
+    assert err.startswith("NOTE: trace swe") and "FALLBACK" in err, err
+    said: list[str] = []
+    common.select_requests("swe", max_input_len=8192, num_requests=3, notice=said.append)
+    assert capsys.readouterr().err == "" and len(said) == 1 and "FALLBACK" in said[0]
+    common.select_requests("swe-sample", max_input_len=8192, num_requests=3)   # the sample by name: no stand-in
+    assert capsys.readouterr().err == ""
