@@ -1,0 +1,75 @@
+"""The compiled block core makes the Python core's choices (marconi.integrations.vllm.blockcore).
+
+The same random pool event streams (tests/test_vllm_victim_index.py's ``Events``) drive one
+``BlockEvictionState`` per core in lockstep; after every event both must name the same victim, and
+every 25 events the same rows and keys, and pass ``check_invariants`` (rows
+re-derived from the block sets). ``MARCONI_BLOCK_CORE=python`` skips nothing here: the compiled
+core must be built wherever this suite runs (setup.py builds it with the editable install).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from marconi.integrations.vllm.blockcore import BLOCK_CORE_ENV, PyBlockCore, compiled_core, new_core
+from marconi.integrations.vllm.policy import BlockEvictionState
+from test_vllm_victim_index import B, KINDS, MODES, SPEC, Events, Switching
+
+
+class Twin:
+    """Forwards every event to two states (one per core)."""
+
+    def __init__(self, a: BlockEvictionState, b: BlockEvictionState) -> None:
+        self.a, self.b = a, b
+
+    def __getattr__(self, name: str):
+        first, second = getattr(self.a, name), getattr(self.b, name)
+        if not callable(first):
+            return first
+        def both(*args):
+            got = first(*args)
+            assert second(*args) == got, name
+            return got
+        return both
+
+
+def test_the_compiled_core_is_built() -> None:
+    assert compiled_core() is not None, "marconi.integrations.vllm._blockcore is not built: `pip install -e .` needs gcc"
+
+
+@pytest.mark.parametrize("name, source, efficiency", MODES, ids=[m[0] for m in MODES])
+@pytest.mark.parametrize("seed", range(3))
+def test_both_cores_choose_alike_after_every_event(name: str, source: object, efficiency: str, seed: int,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    states = []
+    for core in ("c", "python"):
+        monkeypatch.setenv(BLOCK_CORE_ENV, core)
+        states.append(BlockEvictionState(SPEC, KINDS, 120, B, Switching() if isinstance(source, Switching) else source,
+                                         efficiency))
+    assert [s.core for s in states] == ["c", "python"]
+    twin = Twin(*states)
+    events = Events(twin, np.random.default_rng(seed), 120)
+    for step in range(600):
+        if isinstance(source, Switching):
+            states[1].alpha_source.i = states[0].alpha_source.i
+        events.step()
+        assert states[0].next_victim() == states[1].next_victim(), step
+        if step % 25 == 0:
+            for view in ("free_cached", "release_seq", "candidate"):
+                assert np.array_equal(getattr(states[0], view), getattr(states[1], view)), (view, step)
+            for variant in ("total", "marginal"):
+                assert np.array_equal(states[0].flop_eff_of(variant), states[1].flop_eff_of(variant)), step
+            assert list(states[0].reason) == list(states[1].reason), step
+            assert [states[0].keys_of(b) for b in range(120)] == [states[1].keys_of(b) for b in range(120)], step
+            for s in states:
+                s.check_invariants([(b, p, g) for b, keys in events.keys.items() for p, g in keys])
+    assert events.victims > 50
+
+
+def test_the_choice_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(BLOCK_CORE_ENV, "python")
+    assert isinstance(new_core((False, True), 4, 2, lambda d: (1.0, 1.0)), PyBlockCore)
+    monkeypatch.setenv(BLOCK_CORE_ENV, "fast")
+    with pytest.raises(Exception, match="MARCONI_BLOCK_CORE='fast'"):
+        new_core((False, True), 4, 2, lambda d: (1.0, 1.0))
