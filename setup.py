@@ -11,6 +11,6 @@ from setuptools import Extension, setup
 setup(ext_modules=[Extension(
     "marconi.integrations.vllm._blockcore",
     sources=["src/marconi/integrations/vllm/_blockcore.c"],
-    extra_compile_args=["-O2", "-ffp-contract=off", "-fno-strict-aliasing", "-Wall", "-Wno-unused-function"],
+    extra_compile_args=["-O2", "-ffp-contract=off", "-fno-strict-aliasing", "-Wall"],
     optional=True,
 )])

@@ -29,7 +29,7 @@ enum { V_UNKEYED = 0, V_INNER = 1, V_WORTHLESS = 2, V_FIRST_VALUED = 3 };
 #define SLACK 64
 
 /* ------------------------------------------------------------------ small containers */
-typedef struct { int32_t n, cap; int32_t *v; } IntVec;       /* ids; v == &inl when cap == 1 */
+typedef struct { int32_t n, cap; int32_t *v; } IntVec;       /* a small set of block ids, unordered */
 typedef struct { int32_t node, group; } Key;
 typedef struct { int32_t n, cap; Key *v; } KeyVec;
 typedef struct { Py_ssize_t n, cap; uint64_t *v; } Heap;
@@ -153,7 +153,6 @@ static inline int v_reason(int32_t v) {
 static inline int32_t v_cls(Core *c, int32_t v) { return v < V_FIRST_VALUED ? 0 : c->slot_cls[(v - V_FIRST_VALUED) / 3]; }
 
 /* ------------------------------------------------------------------ id sets */
-static inline int32_t *ids_of(IntVec *s) { return s->v; }
 static int set_contains(IntVec *s, int32_t x) {
     for (int32_t i = 0; i < s->n; i++) if (s->v[i] == x) return 1;
     return 0;
@@ -390,9 +389,7 @@ static int32_t slot_for(Core *c, int64_t depth) {
     }
     int32_t slot = c->num_slots;
     if (grow((void **)&c->slot_cls, &c->cap_slots, sizeof(int32_t), slot + 1) < 0) { Py_DECREF(effs); Py_DECREF(key); return -1; }
-    int32_t cap_effs = c->num_slots;    /* slot_effs grows alongside (same capacity) */
-    PyObject **q = realloc(c->slot_effs, (size_t)c->cap_slots * sizeof(PyObject *));
-    (void)cap_effs;
+    PyObject **q = realloc(c->slot_effs, (size_t)c->cap_slots * sizeof(PyObject *));   /* slot_cls's capacity */
     if (!q) { PyErr_NoMemory(); Py_DECREF(effs); Py_DECREF(key); return -1; }
     c->slot_effs = q;
     c->slot_cls[slot] = cls;
