@@ -143,8 +143,9 @@ def test_no_retired_name_is_left(page: Path) -> None:
 
 @cache
 def _file_names() -> frozenset[str]:
-    roots = [SRC, REPO / "benchmarks", REPO / "tests"]
-    return frozenset(p.name for root in roots for p in root.rglob("*.py"))
+    roots = [SRC, REPO / "benchmarks", REPO / "tests", REPO / "scripts"]
+    top = {p.name for p in REPO.glob("*.py")}      # setup.py and its like, at the repository's root
+    return frozenset(top | {p.name for root in roots for p in root.rglob("*.py")})
 
 
 #: Path prefixes of the engines' own source trees, which the pages cite and this repository does not hold.
