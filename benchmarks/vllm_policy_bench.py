@@ -25,8 +25,9 @@ Not a test; the numbers go in reports, not assertions.
 
 Each of ``--cores`` (default ``auto,python``: the compiled core where it is built, and the
 pure-Python one it is held to) gets its own state, filled alike, timed interleaved with the others.
-``whole`` times pick and bookkeeping together in batches of 20 victims, as vLLM's ``get_new_blocks(1)``
-is timed; the single-call columns keep a clock read per call.
+``whole`` times pick and bookkeeping together, one ``BlockEvictionState.evict(1)`` call per victim (what
+the plugin's ``get_new_blocks`` calls), in batches of 20, as vLLM's ``get_new_blocks(1)`` is timed; the
+single-call columns keep a clock read per call.
 
 The last line is one JSON object, ``{"blocks": N, "victim_ratio": x, "victim_ratio_python": y,
 "core": "c"}``: the whole victim (``per victim vs LRU`` at α = 0.5: (alloc(1) + whole) / alloc(1))
@@ -176,20 +177,20 @@ def median_us(samples: list[float]) -> float:
 
 
 def evict_batched(state: BlockEvictionState, keys: dict, count: int, batch: int = 20) -> list[float]:
-    """Evict ``count`` victims as the plugin does, pick and bookkeeping together (``next_victim``,
-    ``taken``, ``uncached``), timed in batches of ``batch`` victims as vLLM's ``get_new_blocks(1)``
-    is: CPU ns per victim, one sample per batch. The single-call timings of :func:`evict_timed` carry
-    a clock read per call (a system call, ~0.1-0.5 µs, subtracted as its median), which a
-    compiled core's sub-microsecond bookkeeping cannot bear; this is the figure the ratio uses."""
+    """Evict ``count`` victims as the plugin does, pick and bookkeeping together: one
+    :meth:`~marconi.integrations.vllm.policy.BlockEvictionState.evict` call per victim (the plugin
+    makes one per ``get_new_blocks`` call that evicts; one victim a call is its dearest case), timed
+    in batches of ``batch`` calls as vLLM's ``get_new_blocks(1)`` is: CPU ns per victim, one sample
+    per batch. The single-call timings of :func:`evict_timed` carry a clock read per call (a system
+    call, ~0.1-0.5 µs, subtracted as its median), which a compiled core's sub-microsecond work
+    cannot bear; this is the figure the ratio uses. (``keys`` is the plugin's to read; ``evict``
+    finds a victim's keys in the state.)"""
     samples = []
-    next_victim, taken, uncached = state.next_victim, state.taken, state.uncached
+    evict = state.evict
     for _ in range(count // batch):
         t0 = time.process_time_ns()
         for _ in range(batch):
-            block = next_victim()[0]
-            taken(block)
-            prefix, group = keys[block]
-            uncached(block, prefix, group)
+            evict(1)
         samples.append((time.process_time_ns() - t0) / batch)
     return samples
 
@@ -252,8 +253,9 @@ COLUMNS = [("pool (blocks)", "blocks", None), ("α", "alpha", None), ("core", "c
            ("scan/index", "scan_vs_index", lambda v: f"{v:,.0f}×")]
 LEGEND = ("popleft, alloc(1): vLLM's LRU pick (FreeKVCacheBlockQueue.popleft) and its whole eviction of one block "
           "(BlockPool.get_new_blocks(1)); scan, index: the plugin's pick (old O(pool) scan, victim index); "
-          "bookkeeping: taken + uncached after a pick (state and index), one clock read per call; whole: pick + "
-          "bookkeeping timed in batches of 20 victims, as alloc(1) is; per victim vs LRU: (alloc(1) + whole) / "
+          "bookkeeping: taken + uncached after a pick (state and index), one clock read per call; whole: one "
+          "BlockEvictionState.evict(1) per victim (pick, taken, uncached in one call, as the plugin evicts), "
+          "timed in batches of 20, as alloc(1) is; per victim vs LRU: (alloc(1) + whole) / "
           "alloc(1), the plugin's whole cost of one victim (vLLM's eviction work included) against "
           "vLLM's LRU in the same run (target <= 2x at 10^6; needs vLLM, else see the popleft stand-in column); "
           "levels: efficiency levels among the free candidates; core: BlockEvictionState's core (c: compiled, "

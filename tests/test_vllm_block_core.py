@@ -13,7 +13,9 @@ import numpy as np
 import pytest
 
 from marconi.integrations.vllm.blockcore import BLOCK_CORE_ENV, PyBlockCore, compiled_core, new_core
-from marconi.integrations.vllm.policy import BlockEvictionState
+from marconi.core.eviction import EvictionRule
+from marconi.integrations.common.alpha import FixedRule
+from marconi.integrations.vllm.policy import REASONS, BlockEvictionState
 from test_vllm_victim_index import B, KINDS, MODES, SPEC, Events, Switching
 
 
@@ -73,3 +75,53 @@ def test_the_choice_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(BLOCK_CORE_ENV, "fast")
     with pytest.raises(Exception, match="MARCONI_BLOCK_CORE='fast'"):
         new_core((False, True), 4, 2, lambda d: (1.0, 1.0))
+
+
+class _Batched(Events):
+    """Events whose evictions go through ``BlockEvictionState.evict`` (1-4 victims a call) on one
+    state while its twin evicts the old way (``next_victim``, ``taken``, then ``uncached`` per key in
+    the events' own order, not the core's); the other events reach both."""
+
+    def __init__(self, batched: BlockEvictionState, looped: BlockEvictionState, rng: np.random.Generator) -> None:
+        super().__init__(Twin(batched, looped), rng, 120)
+        self.batched, self.looped = batched, looped
+
+    def evict(self) -> None:
+        count = int(self.rng.integers(1, 5))
+        got = self.batched.evict(count)
+        expected = []
+        for _ in range(count):
+            victim = self.looped.next_victim()
+            if victim is None:
+                break
+            expected.append(victim)
+            self.looped.taken(victim.block_id)
+            for prefix, group in self.keys.pop(victim.block_id, []):
+                self.looped.uncached(victim.block_id, prefix, group)
+            self.free.discard(victim.block_id)
+        assert [(b, REASONS[r]) for b, r in got] == [tuple(v) for v in expected]
+        self.victims += len(got)
+
+
+@pytest.mark.parametrize("core", ["c", "python"])
+@pytest.mark.parametrize("name, source, efficiency", MODES + [
+    ("inverse-age recency (the scan)", FixedRule(EvictionRule(0.5, recency="inverse-age")), "total")],
+    ids=[m[0] for m in MODES] + ["inverse-age (scan)"])
+@pytest.mark.parametrize("seed", range(2))
+def test_evict_makes_the_choices_of_one_victim_at_a_time(core: str, name: str, source: object, efficiency: str,
+                                                         seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(BLOCK_CORE_ENV, core)
+    twins = [BlockEvictionState(SPEC, KINDS, 120, B, Switching() if isinstance(source, Switching) else source,
+                                efficiency) for _ in range(2)]
+    events = _Batched(*twins, np.random.default_rng(seed))
+    for step in range(500):
+        if isinstance(source, Switching):
+            twins[1].alpha_source.i = twins[0].alpha_source.i
+        events.step()
+        if step % 25 == 0:
+            assert list(twins[0].reason) == list(twins[1].reason), step
+            assert np.array_equal(twins[0].free_cached, twins[1].free_cached), step
+            for s in twins:
+                s.check_invariants([(b, p, g) for b, keys in events.keys.items() for p, g in keys])
+    assert events.victims > 50
+    assert twins[0].evict(0) == []

@@ -29,7 +29,7 @@ from typing import Any
 
 import pytest
 
-from pool_checks import check_pool, make_hooks
+from pool_checks import check_pool, count_choices, make_hooks
 
 MODES = {"lru": {"MARCONI_VLLM_POLICY": "lru"},
          "marconi": {"MARCONI_VLLM_POLICY": "marconi", "MARCONI_VLLM_ALPHA": "0.5"},
@@ -51,18 +51,7 @@ def _spec() -> Any:
 
 def _count_choices(hooks: Any) -> None:
     """Count the plugin's victims, and those that are not the LRU head of the free queue."""
-    state, queue = hooks.state, hooks.pool.free_block_queue
-    next_victim = state.next_victim
-
-    def counted() -> Any:
-        victim = next_victim()
-        if victim is not None:
-            _stats["victims"] += 1
-            if queue.fake_free_list_head.next_free_block.block_id != victim.block_id:   # vLLM private
-                _stats["victims_not_lru"] += 1
-        return victim
-
-    state.next_victim = counted
+    count_choices(hooks, _stats)
 
 
 def _install(config: Any, spec: Any) -> None:

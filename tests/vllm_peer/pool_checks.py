@@ -77,3 +77,26 @@ def make_hooks(kv_manager: Any, kinds: list[str], spec: Any, block_size: int, co
     hooks = PoolHooks(pool, kv_manager, state, config, int(pool.hash_block_size))
     hooks._hash_parts = (get_block_hash, get_group_id)
     return hooks
+
+
+def count_choices(hooks: Any, counts: dict[str, int]) -> None:
+    """Wrap the plugin state's ``evict`` to count its victims into ``counts["victims"]``, and into
+    ``counts["victims_not_lru"]`` those LRU would not have taken: the free queue's head, less the
+    victims of the same call before it (vLLM private: the queue's sentinels)."""
+    state, queue = hooks.state, hooks.pool.free_block_queue
+    evict = state.evict
+
+    def counted(count: int) -> Any:
+        victims = evict(count)
+        tail = queue.fake_free_list_tail
+        gone: set[int] = set()
+        for block_id, _ in victims:
+            head = queue.fake_free_list_head.next_free_block
+            while head is not tail and head.block_id in gone:
+                head = head.next_free_block
+            counts["victims"] = counts.get("victims", 0) + 1
+            counts["victims_not_lru"] = counts.get("victims_not_lru", 0) + (head.block_id != block_id)
+            gone.add(block_id)
+        return victims
+
+    state.evict = counted

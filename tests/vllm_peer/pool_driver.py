@@ -26,7 +26,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from pool_checks import check_pool, make_hooks  # noqa: E402
+from pool_checks import check_pool, count_choices, make_hooks  # noqa: E402
 
 BLOCK = 16
 MODES = {"lru": {"MARCONI_VLLM_POLICY": "lru"},
@@ -68,17 +68,7 @@ def drive(mode: str, steps: int, seed: int, num_blocks: int = 48) -> dict[str, i
     hooks = build(mode, num_blocks)
     pool, state = hooks.pool, hooks.state
     counts = {"steps": 0, "admitted": 0, "finished": 0, "hit_blocks": 0, "victims": 0, "victims_not_lru": 0}
-    next_victim = state.next_victim
-
-    def counted() -> Any:
-        victim = next_victim()
-        if victim is not None:
-            counts["victims"] += 1
-            if pool.free_block_queue.fake_free_list_head.next_free_block.block_id != victim.block_id:
-                counts["victims_not_lru"] += 1
-        return victim
-
-    state.next_victim = counted
+    count_choices(hooks, counts)
     trunks = [[rng.randrange(32000) for _ in range(BLOCK * rng.randint(6, 14))] for _ in range(3)]
     running: list[tuple[Any, list[Any]]] = []
     held: dict[int, int] = {}

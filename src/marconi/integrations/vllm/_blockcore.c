@@ -95,6 +95,7 @@ typedef struct {
     PyObject *parent;       /* owned or NULL */
     int64_t depth;
     int32_t slot;           /* depth slot (valued verdicts), -1 for a shell */
+    int32_t parent_id;      /* parent's node id, valid while n_attn > 0 (its kv_children holds it) */
     int32_t n_state, n_attn, kv_children;
     uint8_t live, dirty;
     IntVec *groups;         /* num_groups sets of block ids */
@@ -596,6 +597,7 @@ static PyObject *Core_cached(Core *c, PyObject *const *args, Py_ssize_t nargs) {
                 c->nodes[pid].kv_children++;
                 if (mark_dirty(c, pid) < 0) return NULL;
                 n = &c->nodes[id];
+                n->parent_id = pid;
             }
         } else {
             n->n_state++;
@@ -610,6 +612,61 @@ static PyObject *Core_cached(Core *c, PyObject *const *args, Py_ssize_t nargs) {
     Py_RETURN_NONE;
 }
 
+/* Drop block b's key at index `at` of its keys (node id, group g): uncached() past its lookups, and
+   evict()'s per key. 0, or -1 with an exception set. */
+static int uncache_key(Core *c, int32_t b, int32_t at) {
+    KeyVec *keys = &c->keys[b];
+    int32_t id = keys->v[at].node, g = keys->v[at].group;
+    memmove(keys->v + at, keys->v + at + 1, (size_t)(keys->n - at - 1) * sizeof(Key));
+    keys->n--;
+    Node *n = &c->nodes[id];
+    if (!n->live) { PyErr_SetObject(PyExc_KeyError, n->prefix ? n->prefix : Py_None); return -1; }
+    IntVec *ids = &n->groups[g];
+    int refresh_all = 0, refresh_parent = 0;
+    int32_t pid = -1;
+    if (set_contains(ids, b)) {
+        set_discard(ids, b);
+        if (!ids->n) {
+            if (c->is_attn[g]) {
+                refresh_all = n->n_attn == c->num_attn_groups;     /* the states' verdict reads it */
+                n->n_attn--;
+                if (!n->n_attn && n->parent) {
+                    refresh_parent = 1;
+                    pid = n->parent_id;              /* held by its kv_children until now */
+                    Node *p = &c->nodes[pid];
+                    if (--p->kv_children == 0 && !p->live) {
+                        if (node_free(c, pid) < 0) return -1;
+                        pid = -1;
+                    }
+                }
+            } else {
+                refresh_all = n->n_state == c->num_state_groups;   /* every verdict reads it */
+                n->n_state--;
+            }
+        }
+    }
+    if (keys->n) {
+        if (refresh_block(c, b) < 0) return -1;
+    } else {                      /* still free, but a block without a hash: no member, no value */
+        c->free_seq[b] = 0;
+        index_discard(c, b);
+        if (set_verdict(c, b, V_UNKEYED) < 0) return -1;
+    }
+    int rc = 0;
+    if (!n->n_attn && !n->n_state) {
+        n->live = 0;
+        n->slot = -1;
+        if (!n->kv_children) rc = node_free(c, id);
+        else Py_CLEAR(n->parent);
+    } else if (refresh_all) {
+        rc = refresh_node(c, id, -1);
+    } else if (ids->n == 1) {
+        rc = refresh_node(c, id, (int32_t)g);
+    }
+    if (rc == 0 && refresh_parent && pid >= 0 && c->nodes[pid].live) rc = refresh_node(c, pid, -1);
+    return rc;
+}
+
 static PyObject *Core_uncached(Core *c, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 3) { PyErr_SetString(PyExc_TypeError, "uncached(block_id, prefix, group_id)"); return NULL; }
     Py_ssize_t b = PyLong_AsSsize_t(args[0]);
@@ -622,65 +679,11 @@ static PyObject *Core_uncached(Core *c, PyObject *const *args, Py_ssize_t nargs)
     int32_t id = node_lookup(c, args[1]);
     if (id == -2) return NULL;
     if (id < 0) Py_RETURN_NONE;
-    int32_t at = -1;
-    for (int32_t i = 0; i < keys->n; i++) if (keys->v[i].node == id && keys->v[i].group == g) { at = i; break; }
-    if (at < 0) Py_RETURN_NONE;
-    memmove(keys->v + at, keys->v + at + 1, (size_t)(keys->n - at - 1) * sizeof(Key));
-    keys->n--;
-    Node *n = &c->nodes[id];
-    if (!n->live) { PyErr_SetObject(PyExc_KeyError, args[1]); return NULL; }
-    IntVec *ids = &n->groups[g];
-    int refresh_all = 0, refresh_parent = 0;
-    if (set_contains(ids, (int32_t)b)) {
-        set_discard(ids, (int32_t)b);
-        if (!ids->n) {
-            if (c->is_attn[g]) {
-                refresh_all = n->n_attn == c->num_attn_groups;     /* the states' verdict reads it */
-                n->n_attn--;
-                if (!n->n_attn && n->parent) {
-                    refresh_parent = 1;
-                    int32_t pid = node_lookup(c, n->parent);
-                    if (pid == -2) return NULL;
-                    if (pid >= 0) {
-                        Node *p = &c->nodes[pid];
-                        if (--p->kv_children == 0 && !p->live && node_free(c, pid) < 0) return NULL;
-                        n = &c->nodes[id];
-                        ids = &n->groups[g];
-                    }
-                }
-            } else {
-                refresh_all = n->n_state == c->num_state_groups;   /* every verdict reads it */
-                n->n_state--;
-            }
+    for (int32_t i = 0; i < keys->n; i++)
+        if (keys->v[i].node == id && keys->v[i].group == g) {
+            if (uncache_key(c, (int32_t)b, i) < 0) return NULL;
+            break;
         }
-    }
-    if (keys->n) {
-        if (refresh_block(c, (int32_t)b) < 0) return NULL;
-    } else {                      /* still free, but a block without a hash: no member, no value */
-        c->free_seq[b] = 0;
-        index_discard(c, (int32_t)b);
-        if (set_verdict(c, (int32_t)b, V_UNKEYED) < 0) return NULL;
-    }
-    PyObject *parent = n->parent;
-    Py_XINCREF(parent);
-    int rc = 0;
-    if (!n->n_attn && !n->n_state) {
-        n->live = 0;
-        n->slot = -1;
-        if (!n->kv_children) rc = node_free(c, id);
-        else Py_CLEAR(n->parent);
-    } else if (refresh_all) {
-        rc = refresh_node(c, id, -1);
-    } else if (ids->n == 1) {
-        rc = refresh_node(c, id, (int32_t)g);
-    }
-    if (rc == 0 && refresh_parent && parent) {
-        int32_t pid = node_lookup(c, parent);
-        if (pid == -2) rc = -1;
-        else if (pid >= 0 && c->nodes[pid].live) rc = refresh_node(c, pid, -1);
-    }
-    Py_XDECREF(parent);
-    if (rc < 0) return NULL;
     Py_RETURN_NONE;
 }
 
@@ -724,6 +727,43 @@ static PyObject *Core_victim(Core *c, PyObject *const *args, Py_ssize_t nargs) {
     PyTuple_SET_ITEM(out, 0, block);
     PyTuple_SET_ITEM(out, 1, reason);
     return out;
+}
+
+static PyObject *Core_evict(Core *c, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3) { PyErr_SetString(PyExc_TypeError, "evict(alpha, variant, count)"); return NULL; }
+    double alpha = PyFloat_AsDouble(args[0]);
+    if (alpha == -1.0 && PyErr_Occurred()) return NULL;
+    Py_ssize_t variant = PyLong_AsSsize_t(args[1]);
+    if (variant == -1 && PyErr_Occurred()) return NULL;
+    if (variant < 0 || variant >= c->num_variants) { PyErr_SetString(PyExc_IndexError, "variant out of range"); return NULL; }
+    Py_ssize_t count = PyLong_AsSsize_t(args[2]);
+    if (count == -1 && PyErr_Occurred()) return NULL;
+    PyObject *out = PyList_New(0);
+    if (!out) return NULL;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        if (c->num_dirty && flush(c) < 0) goto fail;
+        int32_t b = index_victim(c, alpha, (int)variant);
+        if (b < 0) break;
+        PyObject *reason = c->reason_ints[v_reason(c->verdict[b])];
+        PyObject *block = PyLong_FromLong(b);
+        if (!block) goto fail;
+        Py_INCREF(reason);
+        PyObject *pair = PyTuple_New(2);
+        if (!pair) { Py_DECREF(block); Py_DECREF(reason); goto fail; }
+        PyTuple_SET_ITEM(pair, 0, block);
+        PyTuple_SET_ITEM(pair, 1, reason);
+        int rc = PyList_Append(out, pair);
+        Py_DECREF(pair);
+        if (rc < 0) goto fail;
+        c->free_seq[b] = 0;                          /* taken(b) */
+        index_discard(c, b);
+        while (c->keys[b].n)                         /* uncached(b, prefix, group) per key, in order */
+            if (uncache_key(c, b, 0) < 0) goto fail;
+    }
+    return out;
+fail:
+    Py_DECREF(out);
+    return NULL;
 }
 
 static PyObject *Core_clear(Core *c, PyObject *Py_UNUSED(ignored)) {
@@ -1056,6 +1096,9 @@ static PyMethodDef Core_methods[] = {
     {"taken", (PyCFunction)Core_taken, METH_O, "taken(block_id): a block left the free queue."},
     {"victim", (PyCFunction)(void (*)(void))Core_victim, METH_FASTCALL,
      "victim(alpha, variant) -> (block_id, reason id) | None: the index's victim; changes nothing."},
+    {"evict", (PyCFunction)(void (*)(void))Core_evict, METH_FASTCALL,
+     "evict(alpha, variant, count) -> [(block_id, reason id), ...]: up to count victims, one after another, "
+     "each taken and its keys dropped before the next is picked."},
     {"clear", (PyCFunction)Core_clear, METH_NOARGS, "Every hash dropped."},
     {"keys_of", (PyCFunction)Core_keys_of, METH_O, "keys_of(block_id) -> ((prefix, group), ...)."},
     {"prefix_info", (PyCFunction)Core_prefix_info, METH_O, "prefix_info(prefix) -> (depth, parent); KeyError."},

@@ -15,7 +15,9 @@ victim, every row and every snapshot.
 The interface (both): ``core(group_is_attn, num_blocks, num_variants, effs_of)``, where
 ``effs_of(depth)`` gives a prefix's FLOP efficiency per variant (exact floats: they key the index's
 levels); the events ``cached``, ``uncached``, ``released``, ``taken``; ``victim(alpha, variant)``
--> ``(block id, reason id)`` or None, changing nothing; ``reason`` (the live list of reason ids);
+-> ``(block id, reason id)`` or None, changing nothing; ``evict(alpha, variant, count)``, up to
+``count`` victims each taken and unkeyed before the next is picked (one call per allocation, not
+three per victim); ``reason`` (the live list of reason ids);
 ``len()`` (free cached blocks); ``clear``; ``keys_of``, ``prefix_info``; and for views and checks
 ``rows``, ``snapshot``, ``members``, ``check_index``. No vLLM or numpy.
 """
@@ -227,6 +229,22 @@ class PyBlockCore:
             self._flush()
         block = self._index.victim(alpha, variant)
         return block, self._reason[block]
+
+    def evict(self, alpha: float, variant: int, count: int) -> list[tuple[int, int]]:
+        """Up to ``count`` victims, one after another: each is :meth:`victim`'s pick, then
+        :meth:`taken` and :meth:`uncached` for each of its keys in order, before the next is picked
+        (its parent may be the next leaf). ``[(block id, reason id)]``; fewer when none is left."""
+        out = []
+        for _ in range(count):
+            picked = self.victim(alpha, variant)
+            if picked is None:
+                break
+            out.append(picked)
+            block = picked[0]
+            self.taken(block)
+            for prefix, group in self.keys_of(block):
+                self.uncached(block, prefix, group)
+        return out
 
     def clear(self) -> None:
         """Every hash dropped (release numbers kept)."""

@@ -457,23 +457,22 @@ class PoolHooks:
                 queue.remove(block)
         num_plain = len(picked)
         if num_plain < num_blocks:
+            # The state picks every victim and drops its keys in one call (each picked once the one
+            # before is gone: its parent may become the next leaf); vLLM's side follows per block.
+            victims = state.evict(num_blocks - num_plain)
             blocks = pool.blocks
-            evict = pool._maybe_evict_cached_block       # vLLM private (hooked: counts the eviction)
+            evict = self._evict_block
             trace = self._trace
-            next_victim, taken, remove, append = state.next_victim, state.taken, queue.remove, picked.append
-            for _ in range(num_blocks - num_plain):
-                # One victim at a time, evicted at once: its parent may become the next leaf.
-                victim = next_victim()
-                if victim is None:
-                    raise RuntimeError("marconi: free blocks remain but none is cached or uncached")
+            remove, append = queue.remove, picked.append
+            for block_id, reason in victims:
                 if trace is not None:
-                    self._emit("victim", victim[0], victim[1])
-                block_id = victim[0]
+                    self._emit("victim", block_id, REASONS[reason])
                 block = blocks[block_id]
                 remove(block)
-                taken(block_id)
-                evict(block)
+                evict(block, reason)
                 append(block)
+            if len(victims) < num_blocks - num_plain:
+                raise RuntimeError("marconi: free blocks remain but none is cached or uncached")
         # From here on, vLLM's own get_new_blocks (the same in 0.32 and 0.33), private parts included.
         if pool._reuse_watchers:
             pool._notify_reuse(picked)
@@ -533,12 +532,18 @@ class PoolHooks:
         """vLLM's own ``_maybe_evict_cached_block`` and ``_remove_cached_block_hashes`` in one frame
         (the same code in 0.32 and 0.33: ``tests/test_vllm_versions.py``), the eviction counted and
         the state told of each hash removed. True if a hash was removed."""
+        return self._evict_block(block, -1)
+
+    def _evict_block(self, block: Any, reason: int) -> bool:
+        """:meth:`_maybe_evict_cached_block` for a block judged ``reason`` (a ``REASONS`` id) whose
+        keys the state dropped already (:meth:`BlockEvictionState.evict`); ``reason`` -1: the state's
+        live verdict, and the state told of each hash removed."""
         pool = self.pool
         key = block.block_hash
         block_id = block.block_id
         if key is not None:
             gid = self._hash_parts[1](key)
-            count = (gid, self.state.reason[block_id])
+            count = (gid, self.state.reason[block_id] if reason < 0 else reason)
             pending = self._evicted_pending
             pending[count] = pending.get(count, 0) + 1
             if self._trace is not None:
@@ -549,7 +554,7 @@ class PoolHooks:
         extra = pool.cached_block_hashes_by_block.pop(block_id, ())
         if key is None and not extra:
             return False             # the block doesn't have a hash: eviction is not needed
-        removed = self._unmap(block, key, extra, gid if key is not None else -1)
+        removed = self._unmap(block, key, extra, gid if key is not None else -1, reason < 0)
         if not removed:
             return False
         pool._emit_block_removed_events(removed)
@@ -692,33 +697,39 @@ class PoolHooks:
             return []
         return self._unmap(block, key, extra)
 
-    def _unmap(self, block: Any, key: Any, extra: Any, key_gid: int = -1) -> list[Any]:
+    def _unmap(self, block: Any, key: Any, extra: Any, key_gid: int = -1, tell: bool = True) -> list[Any]:
         """The tail of vLLM's ``_remove_cached_block_hashes`` for ``block``'s hashes (``key``, its
         own or None, and ``extra``, those ``cached_block_hashes_by_block`` held, already popped):
-        each popped from the hash map, the block's hash reset; the state told of each removed.
-        ``key_gid``: ``key``'s group id when the caller parsed it already, else -1."""
+        each popped from the hash map, the block's hash reset; with ``tell``, the state told of each
+        removed (without: it dropped them already). ``key_gid``: ``key``'s group id when the caller
+        parsed it already, else -1."""
         block_id = block.block_id
         pop = self.pool.cached_block_hash_to_block.pop
         block_hash, group_id = self._hash_parts
         uncached = self.state.uncached
+        trace = self._trace
         if not extra:                # one hash, the block's own: the common case
             if pop(key, block_id) is None:
                 block.reset_hash()
                 return []
             block.reset_hash()
-            gid = key_gid if key_gid >= 0 else group_id(key)
-            uncached(block_id, block_hash(key), gid)
-            if self._trace is not None:
-                self._emit("uncache", block_id, gid)
+            if tell or trace is not None:
+                gid = key_gid if key_gid >= 0 else group_id(key)
+                if tell:
+                    uncached(block_id, block_hash(key), gid)
+                if trace is not None:
+                    self._emit("uncache", block_id, gid)
             return [key]
         keys = [key, *extra] if key is not None else list(extra)
         removed = [k for k in keys if pop(k, block_id) is not None]
         block.reset_hash()
-        for k in removed:
-            gid = group_id(k)
-            uncached(block_id, block_hash(k), gid)
-            if self._trace is not None:
-                self._emit("uncache", block_id, gid)
+        if tell or trace is not None:
+            for k in removed:
+                gid = group_id(k)
+                if tell:
+                    uncached(block_id, block_hash(k), gid)
+                if trace is not None:
+                    self._emit("uncache", block_id, gid)
         return removed
 
     def reset_prefix_cache(self) -> bool:

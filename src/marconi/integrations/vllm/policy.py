@@ -69,7 +69,7 @@ class BlockEvictionState:
     * ``released(block_id)``: a cached block entered the free queue (recency = now);
     * ``taken(block_id)``: a block left the free queue (hit or allocation);
 
-    and asks :meth:`next_victim`. These four are the core's own methods (:mod:`blockcore`: compiled
+    and asks :meth:`next_victim`, or has :meth:`evict` pick and drop victims in one call. These four are the core's own methods (:mod:`blockcore`: compiled
     when built, else Python; the same choices), bound on the instance so an event costs no frame
     here. Prefix hashes may be any hashable values; arrays are indexed by block id.
 
@@ -220,6 +220,42 @@ class BlockEvictionState:
             alpha, variant = self._current_rule()
         block, reason = core.victim(alpha, _VARIANT_IDS[variant])
         return tuple.__new__(Victim, (block, REASONS[reason]))   # Victim(...) less a frame
+
+    def evict(self, count: int) -> list[tuple[int, int]]:
+        """Evict up to ``count`` victims, one after another: each is :meth:`next_victim`'s choice once
+        the one before is gone (taken, and ``uncached`` for each of its keys, here; its parent may be
+        the next leaf). Returns ``[(block id, reason id)]`` (``REASONS`` indexes the ids), fewer when
+        no free cached block is left. The α source is read once: nothing it observes can arrive
+        within one allocation. The caller drops the same keys from its own hash map (``keys_of``
+        named them; the plugin's hooks hold vLLM's map equal to them). Same choices as
+        ``next_victim``, ``taken``, ``uncached`` in a loop; one call into the core, not three a victim."""
+        source = self.alpha_source
+        rule = getattr(source, "rule", None)
+        if rule is not None and (rule is not self._named[0] or self._named[1] is not None):
+            generic = self.generic_rule()
+            if generic is not None:
+                return self._evict_scanned(generic, count)
+        alpha = source.alpha()
+        variant = source.efficiency() or self.efficiency
+        checked = self._checked_rule
+        if checked is None or alpha != checked[0] or variant != checked[1] or alpha.__class__ is not float:
+            alpha, variant = self._current_rule()
+        return self._core.evict(alpha, _VARIANT_IDS[variant], count)
+
+    def _evict_scanned(self, rule: Rule, count: int) -> list[tuple[int, int]]:
+        """:meth:`evict` for a rule the index does not serve: each victim by the scan."""
+        core = self._core
+        out = []
+        for _ in range(count):
+            victim = reference_victim(self, rule)
+            if victim is None:
+                break
+            block = victim[0]
+            out.append((block, core.reason[block]))
+            core.taken(block)
+            for prefix, group in core.keys_of(block):
+                core.uncached(block, prefix, group)
+        return out
 
     def table(self, blocks: np.ndarray, candidates: bool) -> CandidateTable:
         """The candidate table of ``blocks`` (free cached block ids): release order as both touches'
