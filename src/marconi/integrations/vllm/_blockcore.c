@@ -29,9 +29,18 @@ enum { V_UNKEYED = 0, V_INNER = 1, V_WORTHLESS = 2, V_FIRST_VALUED = 3 };
 #define SLACK 64
 
 /* ------------------------------------------------------------------ small containers */
-typedef struct { int32_t n, cap; int32_t *v; } IntVec;       /* a small set of block ids, unordered */
+/* Small vectors whose one item lives inline (cap 0: at most one, in `one`; else `v`, malloc'd):
+   nearly every block has one key and nearly every prefix one block per group, and at 10^6 blocks
+   a separate allocation is a cache miss per victim. */
+typedef struct { int32_t n, cap; union { int32_t *v; int32_t one; }; } IntVec;   /* block ids, unordered */
 typedef struct { int32_t node, group; } Key;
-typedef struct { int32_t n, cap; Key *v; } KeyVec;
+typedef struct { int32_t n, cap; union { Key *v; Key one; }; } KeyVec;
+static inline int32_t *iv_items(IntVec *s) { return s->cap ? s->v : &s->one; }
+static inline Key *kv_items(KeyVec *k) { return k->cap ? k->v : &k->one; }
+/* A block's row: its keys, its verdict, its release number while free and cached (0 else), and
+   its place in the victim index (level and tier ids, NONE_ID if none; the release number it was
+   placed with). */
+typedef struct { KeyVec keys; int64_t free_seq, seq_of; int32_t verdict, level_of; int8_t tier_of; } Row;
 typedef struct { Py_ssize_t n, cap; uint64_t *v; } Heap;
 
 static int grow(void **v, int32_t *cap, size_t item, int32_t need) {
@@ -42,6 +51,21 @@ static int grow(void **v, int32_t *cap, size_t item, int32_t need) {
     if (!p) { PyErr_NoMemory(); return -1; }
     *v = p; *cap = c;
     return 0;
+}
+
+/* Room for `need` items in an inline-able vector (items of `item` bytes at `*v`, or inline at
+   `one` while *cap is 0 and need <= 1). 0, or -1 with MemoryError. */
+static int reserve(void **v, void *one, int32_t *cap, int32_t n, size_t item, int32_t need) {
+    if (*cap == 0) {
+        if (need <= 1) return 0;
+        void *heap = malloc(item * 4 > item * (size_t)need ? item * 4 : item * (size_t)need);
+        if (!heap) { PyErr_NoMemory(); return -1; }
+        if (n) memcpy(heap, one, item);
+        *v = heap;
+        *cap = need > 4 ? need : 4;
+        return 0;
+    }
+    return grow(v, cap, item, need);
 }
 
 static int heap_push(Heap *h, uint64_t x) {
@@ -131,17 +155,16 @@ typedef struct {
     double *cls_effs; int32_t num_cls, cap_cls;                              /* class -> num_variants doubles */
     PyObject **cls_tuple; int32_t cap_cls_tuple;                             /* class -> an effs tuple (borrowed from a slot, or zeros) */
     PyObject *zero_effs;
-    /* blocks */
-    KeyVec *keys;
-    int32_t *verdict;
-    int64_t *release_seq, *free_seq;
+    /* blocks: one row each (what an eviction reads, in one place: at 10^6 blocks each array a
+       victim touches is a cache miss of its own), and their release numbers apart */
+    Row *row;
+    int64_t *release_seq;
     PyObject *reason;                 /* list of ints */
     int64_t seq;
     /* the victim index */
     int shift; uint64_t mask;
     Tier tiers[2];
     Level *levels; int32_t num_levels, cap_levels;   /* level id = cls * 2 + tier */
-    int32_t *level_of; int8_t *tier_of; int64_t *seq_of;
     PyObject *reason_ints[4];
 } Core;
 
@@ -155,18 +178,19 @@ static inline int32_t v_cls(Core *c, int32_t v) { return v < V_FIRST_VALUED ? 0 
 
 /* ------------------------------------------------------------------ id sets */
 static int set_contains(IntVec *s, int32_t x) {
-    for (int32_t i = 0; i < s->n; i++) if (s->v[i] == x) return 1;
+    int32_t *items = iv_items(s);
+    for (int32_t i = 0; i < s->n; i++) if (items[i] == x) return 1;
     return 0;
 }
 static int set_add(IntVec *s, int32_t x) {
     if (set_contains(s, x)) return 0;
-    if (grow((void **)&s->v, &s->cap, sizeof(int32_t), s->n + 1) < 0) return -1;
-    s->v[s->n++] = x;
+    if (reserve((void **)&s->v, &s->one, &s->cap, s->n, sizeof(int32_t), s->n + 1) < 0) return -1;
+    iv_items(s)[s->n++] = x;
     return 0;
 }
 static void set_discard(IntVec *s, int32_t x) {
     for (int32_t i = 0; i < s->n; i++)
-        if (s->v[i] == x) { s->v[i] = s->v[--s->n]; return; }
+        if (iv_items(s)[i] == x) { iv_items(s)[i] = iv_items(s)[--s->n]; return; }
 }
 
 /* ------------------------------------------------------------------ the victim index */
@@ -229,11 +253,11 @@ static void level_emptied(Core *c, Level *level, int32_t level_id) {
 
 static inline int valid_in_level(Core *c, uint64_t e, int32_t level_id) {
     int32_t b = (int32_t)(e & c->mask);
-    return c->level_of[b] == level_id && (uint64_t)c->seq_of[b] == (e >> c->shift);
+    return c->row[b].level_of == level_id && (uint64_t)c->row[b].seq_of == (e >> c->shift);
 }
 static inline int valid_in_tier(Core *c, uint64_t e, int tier) {
     int32_t b = (int32_t)(e & c->mask);
-    return c->tier_of[b] == tier && (uint64_t)c->seq_of[b] == (e >> c->shift);
+    return c->row[b].tier_of == tier && (uint64_t)c->row[b].seq_of == (e >> c->shift);
 }
 
 /* Keep a heap's live entries once each (negated: a max-heap of ~entry). */
@@ -259,11 +283,11 @@ static int into_level(Core *c, int32_t level_id, uint64_t entry) {
 }
 
 static void index_discard(Core *c, int32_t b) {
-    int32_t level_id = c->level_of[b];
+    int32_t level_id = c->row[b].level_of;
     if (level_id == NONE_ID) return;
     Level *level = &c->levels[level_id];
-    c->level_of[b] = NONE_ID;
-    c->tier_of[b] = NONE_ID;
+    c->row[b].level_of = NONE_ID;
+    c->row[b].tier_of = NONE_ID;
     if (--level->num_live == 0) level_emptied(c, level, level_id);
     Tier *t = &c->tiers[level_id & 1];
     if (--t->num_live == 0) { t->min_heap.n = 0; t->max_heap.n = 0; }
@@ -272,22 +296,22 @@ static void index_discard(Core *c, int32_t b) {
 static int index_place(Core *c, int32_t b, int tier, int32_t cls, int64_t seq) {
     if (ensure_levels(c, cls) < 0) return -1;
     int32_t level_id = cls * 2 + tier;
-    int32_t current = c->level_of[b];
+    int32_t current = c->row[b].level_of;
     if (current != NONE_ID) {
-        if (c->seq_of[b] != seq || c->tier_of[b] != tier) {
+        if (c->row[b].seq_of != seq || c->row[b].tier_of != tier) {
             index_discard(c, b);
         } else if (current == level_id) {
             return 0;
         } else {                                  /* same set, same release number: only its level */
-            c->level_of[b] = level_id;
+            c->row[b].level_of = level_id;
             Level *old = &c->levels[current];
             if (--old->num_live == 0) level_emptied(c, old, current);
             return into_level(c, level_id, ((uint64_t)seq << c->shift) | (uint64_t)b);
         }
     }
-    c->level_of[b] = level_id;
-    c->tier_of[b] = (int8_t)tier;
-    c->seq_of[b] = seq;
+    c->row[b].level_of = level_id;
+    c->row[b].tier_of = (int8_t)tier;
+    c->row[b].seq_of = seq;
     uint64_t entry = ((uint64_t)seq << c->shift) | (uint64_t)b;
     if (into_level(c, level_id, entry) < 0) return -1;
     Tier *t = &c->tiers[tier];
@@ -346,7 +370,7 @@ static void index_clear(Core *c) {
         t->num_live = 0; t->min_heap.n = 0; t->max_heap.n = 0; t->num_sorted = 0;
     }
     for (int32_t i = 0; i < c->num_levels; i++) { c->levels[i].heap.n = 0; c->levels[i].num_live = 0; }
-    for (int32_t b = 0; b < c->num_blocks; b++) { c->level_of[b] = NONE_ID; c->tier_of[b] = NONE_ID; }
+    for (int32_t b = 0; b < c->num_blocks; b++) { c->row[b].level_of = NONE_ID; c->row[b].tier_of = NONE_ID; }
 }
 
 /* ------------------------------------------------------------------ depth slots and classes */
@@ -477,25 +501,26 @@ static inline void verdicts_of(Core *c, Node *n, int32_t *attn, int32_t *state) 
 }
 
 static int set_verdict(Core *c, int32_t b, int32_t v) {
-    c->verdict[b] = v;
+    c->row[b].verdict = v;
     PyObject *r = c->reason_ints[v_reason(v)];
     PyObject **items = ((PyListObject *)c->reason)->ob_item;
     PyObject *old = items[b];
     if (old != r) { Py_INCREF(r); items[b] = r; Py_DECREF(old); }
-    int64_t seq = c->free_seq[b];
+    int64_t seq = c->row[b].free_seq;
     if (seq) return index_place(c, b, v_cand(v) ? CANDIDATES : OTHERS, v_cls(c, v), seq);
     return 0;
 }
 
 static int refresh_block(Core *c, int32_t b) {
-    KeyVec *keys = &c->keys[b];
+    KeyVec *keys = &c->row[b].keys;
     int32_t v;
     if (!keys->n) {
         v = V_UNKEYED;
     } else {
-        Key k = keys->v[0];
+        Key *items = kv_items(keys);
+        Key k = items[0];
         for (int32_t i = 1; i < keys->n; i++)           /* its deepest key decides (the first of equals) */
-            if (c->nodes[keys->v[i].node].depth > c->nodes[k.node].depth) k = keys->v[i];
+            if (c->nodes[items[i].node].depth > c->nodes[k.node].depth) k = items[i];
         Node *n = &c->nodes[k.node];
         if (n->groups[k.group].n > 1) {
             v = V_WORTHLESS;
@@ -505,7 +530,7 @@ static int refresh_block(Core *c, int32_t b) {
             v = c->is_attn[k.group] ? attn : state;
         }
     }
-    if (v == c->verdict[b]) return 0;
+    if (v == c->row[b].verdict) return 0;
     return set_verdict(c, b, v);
 }
 
@@ -518,9 +543,9 @@ static int refresh_node(Core *c, int32_t id, int32_t only_group) {
         if (!ids->n || (only_group >= 0 && g != only_group)) continue;
         int32_t v = ids->n == 1 ? (c->is_attn[g] ? attn : state) : V_WORTHLESS;
         for (int32_t i = 0; i < ids->n; i++) {
-            int32_t b = ids->v[i];
-            if (c->verdict[b] == v) continue;
-            if (c->keys[b].n > 1) { if (refresh_block(c, b) < 0) return -1; continue; }
+            int32_t b = iv_items(ids)[i];
+            if (c->row[b].verdict == v) continue;
+            if (c->row[b].keys.n > 1) { if (refresh_block(c, b) < 0) return -1; continue; }
             if (set_verdict(c, b, v) < 0) return -1;
         }
     }
@@ -603,10 +628,10 @@ static PyObject *Core_cached(Core *c, PyObject *const *args, Py_ssize_t nargs) {
             n->n_state++;
         }
     }
-    KeyVec *keys = &c->keys[b];
-    if (grow((void **)&keys->v, &keys->cap, sizeof(Key), keys->n + 1) < 0) return NULL;
-    keys->v[keys->n].node = id;
-    keys->v[keys->n].group = (int32_t)g;
+    KeyVec *keys = &c->row[b].keys;
+    if (reserve((void **)&keys->v, &keys->one, &keys->cap, keys->n, sizeof(Key), keys->n + 1) < 0) return NULL;
+    kv_items(keys)[keys->n].node = id;
+    kv_items(keys)[keys->n].group = (int32_t)g;
     keys->n++;
     if (mark_dirty(c, id) < 0) return NULL;
     Py_RETURN_NONE;
@@ -615,9 +640,10 @@ static PyObject *Core_cached(Core *c, PyObject *const *args, Py_ssize_t nargs) {
 /* Drop block b's key at index `at` of its keys (node id, group g): uncached() past its lookups, and
    evict()'s per key. 0, or -1 with an exception set. */
 static int uncache_key(Core *c, int32_t b, int32_t at) {
-    KeyVec *keys = &c->keys[b];
-    int32_t id = keys->v[at].node, g = keys->v[at].group;
-    memmove(keys->v + at, keys->v + at + 1, (size_t)(keys->n - at - 1) * sizeof(Key));
+    KeyVec *keys = &c->row[b].keys;
+    Key *items = kv_items(keys);
+    int32_t id = items[at].node, g = items[at].group;
+    memmove(items + at, items + at + 1, (size_t)(keys->n - at - 1) * sizeof(Key));
     keys->n--;
     Node *n = &c->nodes[id];
     if (!n->live) { PyErr_SetObject(PyExc_KeyError, n->prefix ? n->prefix : Py_None); return -1; }
@@ -648,7 +674,7 @@ static int uncache_key(Core *c, int32_t b, int32_t at) {
     if (keys->n) {
         if (refresh_block(c, b) < 0) return -1;
     } else {                      /* still free, but a block without a hash: no member, no value */
-        c->free_seq[b] = 0;
+        c->row[b].free_seq = 0;
         index_discard(c, b);
         if (set_verdict(c, b, V_UNKEYED) < 0) return -1;
     }
@@ -674,13 +700,13 @@ static PyObject *Core_uncached(Core *c, PyObject *const *args, Py_ssize_t nargs)
     Py_ssize_t g = PyLong_AsSsize_t(args[2]);
     if (g == -1 && PyErr_Occurred()) return NULL;
     if (check_block(c, b) < 0) return NULL;
-    KeyVec *keys = &c->keys[b];
+    KeyVec *keys = &c->row[b].keys;
     if (!keys->n) Py_RETURN_NONE;
     int32_t id = node_lookup(c, args[1]);
     if (id == -2) return NULL;
     if (id < 0) Py_RETURN_NONE;
     for (int32_t i = 0; i < keys->n; i++)
-        if (keys->v[i].node == id && keys->v[i].group == g) {
+        if (kv_items(keys)[i].node == id && kv_items(keys)[i].group == g) {
             if (uncache_key(c, (int32_t)b, i) < 0) return NULL;
             break;
         }
@@ -693,8 +719,8 @@ static PyObject *Core_released(Core *c, PyObject *arg) {
     if (check_block(c, b) < 0) return NULL;
     if (c->num_dirty && flush(c) < 0) return NULL;
     int64_t seq = ++c->seq;
-    c->release_seq[b] = c->free_seq[b] = seq;
-    int32_t v = c->verdict[b];
+    c->release_seq[b] = c->row[b].free_seq = seq;
+    int32_t v = c->row[b].verdict;
     if (index_place(c, (int32_t)b, v_cand(v) ? CANDIDATES : OTHERS, v_cls(c, v), seq) < 0) return NULL;
     Py_RETURN_NONE;
 }
@@ -703,7 +729,7 @@ static PyObject *Core_taken(Core *c, PyObject *arg) {
     Py_ssize_t b = PyLong_AsSsize_t(arg);
     if (b == -1 && PyErr_Occurred()) return NULL;
     if (check_block(c, b) < 0) return NULL;
-    c->free_seq[b] = 0;
+    c->row[b].free_seq = 0;
     index_discard(c, (int32_t)b);
     Py_RETURN_NONE;
 }
@@ -720,7 +746,7 @@ static PyObject *Core_victim(Core *c, PyObject *const *args, Py_ssize_t nargs) {
     if (b < 0) Py_RETURN_NONE;
     PyObject *block = PyLong_FromLong(b);
     if (!block) return NULL;
-    PyObject *reason = c->reason_ints[v_reason(c->verdict[b])];
+    PyObject *reason = c->reason_ints[v_reason(c->row[b].verdict)];
     Py_INCREF(reason);
     PyObject *out = PyTuple_New(2);
     if (!out) { Py_DECREF(block); Py_DECREF(reason); return NULL; }
@@ -744,7 +770,7 @@ static PyObject *Core_evict(Core *c, PyObject *const *args, Py_ssize_t nargs) {
         if (c->num_dirty && flush(c) < 0) goto fail;
         int32_t b = index_victim(c, alpha, (int)variant);
         if (b < 0) break;
-        PyObject *reason = c->reason_ints[v_reason(c->verdict[b])];
+        PyObject *reason = c->reason_ints[v_reason(c->row[b].verdict)];
         PyObject *block = PyLong_FromLong(b);
         if (!block) goto fail;
         Py_INCREF(reason);
@@ -755,9 +781,9 @@ static PyObject *Core_evict(Core *c, PyObject *const *args, Py_ssize_t nargs) {
         int rc = PyList_Append(out, pair);
         Py_DECREF(pair);
         if (rc < 0) goto fail;
-        c->free_seq[b] = 0;                          /* taken(b) */
+        c->row[b].free_seq = 0;                          /* taken(b) */
         index_discard(c, b);
-        while (c->keys[b].n)                         /* uncached(b, prefix, group) per key, in order */
+        while (c->row[b].keys.n)                         /* uncached(b, prefix, group) per key, in order */
             if (uncache_key(c, b, 0) < 0) goto fail;
     }
     return out;
@@ -778,9 +804,9 @@ static PyObject *Core_clear(Core *c, PyObject *Py_UNUSED(ignored)) {
     for (int32_t id = 0; id < c->num_nodes; id++) c->nodes[id].dirty = 0;
     c->num_dirty = 0;
     for (int32_t b = 0; b < c->num_blocks; b++) {
-        c->keys[b].n = 0;
-        c->free_seq[b] = 0;
-        c->verdict[b] = V_UNKEYED;
+        c->row[b].keys.n = 0;
+        c->row[b].free_seq = 0;
+        c->row[b].verdict = V_UNKEYED;
         PyObject **items = ((PyListObject *)c->reason)->ob_item;
         PyObject *r = c->reason_ints[DEAD];
         if (items[b] != r) { Py_INCREF(r); Py_SETREF(items[b], r); }
@@ -802,11 +828,12 @@ static PyObject *Core_keys_of(Core *c, PyObject *arg) {
     Py_ssize_t b = PyLong_AsSsize_t(arg);
     if (b == -1 && PyErr_Occurred()) return NULL;
     if (check_block(c, b) < 0) return NULL;
-    KeyVec *keys = &c->keys[b];
+    KeyVec *keys = &c->row[b].keys;
     PyObject *out = PyTuple_New(keys->n);
     if (!out) return NULL;
     for (int32_t i = 0; i < keys->n; i++) {
-        PyObject *pair = Py_BuildValue("(Oi)", c->nodes[keys->v[i].node].prefix, keys->v[i].group);
+        Key k = kv_items(keys)[i];
+        PyObject *pair = Py_BuildValue("(Oi)", c->nodes[k.node].prefix, k.group);
         if (!pair) { Py_DECREF(out); return NULL; }
         PyTuple_SET_ITEM(out, i, pair);
     }
@@ -834,19 +861,19 @@ static PyObject *Core_rows(Core *c, PyObject *Py_UNUSED(ignored)) {
     PyObject *cache = PyDict_New();
     if (!free_seq || !release || !verdicts || !cache) goto fail;
     for (int32_t b = 0; b < c->num_blocks; b++) {
-        PyObject *x = PyLong_FromLongLong(c->free_seq[b]);
+        PyObject *x = PyLong_FromLongLong(c->row[b].free_seq);
         if (!x) goto fail;
         PyList_SET_ITEM(free_seq, b, x);
         x = PyLong_FromLongLong(c->release_seq[b]);
         if (!x) goto fail;
         PyList_SET_ITEM(release, b, x);
-        PyObject *key = PyLong_FromLong(c->verdict[b]);
+        PyObject *key = PyLong_FromLong(c->row[b].verdict);
         if (!key) goto fail;
         PyObject *t = PyDict_GetItemWithError(cache, key);
         if (t) {
             Py_INCREF(t);
         } else {
-            if (PyErr_Occurred() || !(t = verdict_tuple(c, c->verdict[b])) || PyDict_SetItem(cache, key, t) < 0) {
+            if (PyErr_Occurred() || !(t = verdict_tuple(c, c->row[b].verdict)) || PyDict_SetItem(cache, key, t) < 0) {
                 Py_XDECREF(t); Py_DECREF(key); goto fail;
             }
         }
@@ -881,7 +908,7 @@ static PyObject *Core_snapshot(Core *c, PyObject *Py_UNUSED(ignored)) {
             IntVec *ids = &n->groups[g];
             PyObject *l = PyList_New(ids->n);
             if (!l) { Py_DECREF(groups); goto fail; }
-            for (int32_t i = 0; i < ids->n; i++) PyList_SET_ITEM(l, i, PyLong_FromLong(ids->v[i]));
+            for (int32_t i = 0; i < ids->n; i++) PyList_SET_ITEM(l, i, PyLong_FromLong(iv_items(ids)[i]));
             if (PyList_Sort(l) < 0) { Py_DECREF(l); Py_DECREF(groups); goto fail; }
             PyList_SET_ITEM(groups, g, l);
         }
@@ -891,12 +918,12 @@ static PyObject *Core_snapshot(Core *c, PyObject *Py_UNUSED(ignored)) {
         Py_DECREF(row);
     }
     for (int32_t b = 0; b < c->num_blocks; b++) {
-        KeyVec *keys = &c->keys[b];
+        KeyVec *keys = &c->row[b].keys;
         if (!keys->n) continue;
         PyObject *l = PyList_New(keys->n);
         if (!l) goto fail;
         for (int32_t i = 0; i < keys->n; i++)
-            PyList_SET_ITEM(l, i, Py_BuildValue("(Oi)", c->nodes[keys->v[i].node].prefix, keys->v[i].group));
+            PyList_SET_ITEM(l, i, Py_BuildValue("(Oi)", c->nodes[kv_items(keys)[i].node].prefix, kv_items(keys)[i].group));
         PyObject *key = PyLong_FromLong(b);
         if (!key || PyDict_SetItem(bkeys, key, l) < 0) { Py_XDECREF(key); Py_DECREF(l); goto fail; }
         Py_DECREF(key); Py_DECREF(l);
@@ -913,11 +940,11 @@ static PyObject *Core_members(Core *c, PyObject *Py_UNUSED(ignored)) {
     PyObject *out = PyDict_New();
     if (!out) return NULL;
     for (int32_t b = 0; b < c->num_blocks; b++) {
-        int32_t level_id = c->level_of[b];
+        int32_t level_id = c->row[b].level_of;
         if (level_id == NONE_ID) continue;
         int32_t cls = level_id >> 1;
         PyObject *effs = cls == 0 ? c->zero_effs : c->cls_tuple[cls];
-        PyObject *row = Py_BuildValue("(iOL)", level_id & 1, effs, (long long)c->seq_of[b]);
+        PyObject *row = Py_BuildValue("(iOL)", level_id & 1, effs, (long long)c->row[b].seq_of);
         PyObject *key = PyLong_FromLong(b);
         if (!row || !key || PyDict_SetItem(out, key, row) < 0) { Py_XDECREF(row); Py_XDECREF(key); Py_DECREF(out); return NULL; }
         Py_DECREF(row); Py_DECREF(key);
@@ -933,12 +960,12 @@ static PyObject *Core_check_index(Core *c, PyObject *Py_UNUSED(ignored)) {
     Py_ssize_t *per_level = calloc((size_t)c->num_levels + 1, sizeof(Py_ssize_t));
     if (!per_level) return PyErr_NoMemory();
     for (int32_t b = 0; b < c->num_blocks; b++) {
-        int32_t level_id = c->level_of[b];
+        int32_t level_id = c->row[b].level_of;
         if (level_id == NONE_ID) {
-            if (c->tier_of[b] != NONE_ID) { free(per_level); CHECK(0, "set without a level"); }
+            if (c->row[b].tier_of != NONE_ID) { free(per_level); CHECK(0, "set without a level"); }
             continue;
         }
-        if (c->tier_of[b] != (level_id & 1)) { free(per_level); CHECK(0, "set and level disagree"); }
+        if (c->row[b].tier_of != (level_id & 1)) { free(per_level); CHECK(0, "set and level disagree"); }
         per_tier[level_id & 1]++;
         per_level[level_id]++;
     }
@@ -977,8 +1004,8 @@ static PyObject *Core_check_index(Core *c, PyObject *Py_UNUSED(ignored)) {
             while (!valid_in_tier(c, ~t->max_heap.v[0], tier)) heap_pop(&t->max_heap);
             uint64_t lo = UINT64_MAX, hi = 0;
             for (int32_t b = 0; b < c->num_blocks; b++)
-                if (c->tier_of[b] == tier) {
-                    uint64_t e = ((uint64_t)c->seq_of[b] << c->shift) | (uint64_t)b;
+                if (c->row[b].tier_of == tier) {
+                    uint64_t e = ((uint64_t)c->row[b].seq_of << c->shift) | (uint64_t)b;
                     if (e < lo) lo = e;
                     if (e > hi) hi = e;
                 }
@@ -995,19 +1022,19 @@ static void Core_dealloc(Core *c) {
     for (int32_t id = 0; id < c->num_nodes; id++) {
         Node *n = &c->nodes[id];
         Py_XDECREF(n->prefix); Py_XDECREF(n->parent);
-        if (n->groups) { for (int32_t g = 0; g < c->num_groups; g++) free(n->groups[g].v); free(n->groups); }
+        if (n->groups) { for (int32_t g = 0; g < c->num_groups; g++) if (n->groups[g].cap) free(n->groups[g].v); free(n->groups); }
     }
     free(c->nodes); free(c->free_nodes); free(c->dirty);
     for (int32_t s = 0; s < c->num_slots; s++) Py_XDECREF(c->slot_effs[s]);
     free(c->slot_cls); free(c->slot_effs); free(c->cls_effs); free(c->cls_tuple);
-    if (c->keys) for (int32_t b = 0; b < c->num_blocks; b++) free(c->keys[b].v);
-    free(c->keys); free(c->verdict); free(c->release_seq); free(c->free_seq);
+    if (c->row) for (int32_t b = 0; b < c->num_blocks; b++) if (c->row[b].keys.cap) free(c->row[b].keys.v);
+    free(c->row); free(c->release_seq);
     for (int tier = 0; tier < 2; tier++) {
         free(c->tiers[tier].min_heap.v); free(c->tiers[tier].max_heap.v);
         free(c->tiers[tier].sorted[0]); free(c->tiers[tier].sorted[1]);
     }
     for (int32_t l = 0; l < c->num_levels; l++) free(c->levels[l].heap.v);
-    free(c->levels); free(c->level_of); free(c->tier_of); free(c->seq_of); free(c->is_attn);
+    free(c->levels); free(c->is_attn);
     Py_XDECREF(c->node_of); Py_XDECREF(c->slot_of); Py_XDECREF(c->effs_of); Py_XDECREF(c->zero_effs);
     Py_XDECREF(c->reason);
     for (int i = 0; i < 4; i++) Py_XDECREF(c->reason_ints[i]);
@@ -1029,7 +1056,7 @@ static int Core_init(Core *c, PyObject *args, PyObject *kwds) {
     static char *kwlist[] = {"group_is_attn", "num_blocks", "num_variants", "effs_of", NULL};
     PyObject *kinds, *effs_of;
     Py_ssize_t num_blocks, num_variants;
-    if (c->keys) { PyErr_SetString(PyExc_RuntimeError, "BlockCore is initialised once"); return -1; }
+    if (c->row) { PyErr_SetString(PyExc_RuntimeError, "BlockCore is initialised once"); return -1; }
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "OnnO", kwlist, &kinds, &num_blocks, &num_variants, &effs_of)) return -1;
     if (num_variants < 1 || num_variants > 2) { PyErr_SetString(PyExc_ValueError, "num_variants must be 1 or 2"); return -1; }
     if (num_blocks < 0 || num_blocks > (1 << 30)) { PyErr_SetString(PyExc_ValueError, "num_blocks out of range"); return -1; }
@@ -1061,23 +1088,18 @@ static int Core_init(Core *c, PyObject *args, PyObject *kwds) {
     c->cls_tuple[0] = c->zero_effs;
     c->num_cls = 1;
     size_t n = (size_t)num_blocks + 1;
-    c->keys = calloc(n, sizeof(KeyVec));
-    c->verdict = calloc(n, sizeof(int32_t));
+    c->row = calloc(n, sizeof(Row));
     c->release_seq = calloc(n, sizeof(int64_t));
-    c->free_seq = calloc(n, sizeof(int64_t));
-    c->level_of = malloc(n * sizeof(int32_t));
-    c->tier_of = malloc(n);
-    c->seq_of = calloc(n, sizeof(int64_t));
     c->reason = PyList_New(num_blocks);
-    if (!c->keys || !c->verdict || !c->release_seq || !c->free_seq || !c->level_of || !c->tier_of || !c->seq_of) {
+    if (!c->row || !c->release_seq) {
         PyErr_NoMemory(); return -1;
     }
     if (!c->reason) return -1;
     for (Py_ssize_t b = 0; b < num_blocks; b++) {
         Py_INCREF(c->reason_ints[DEAD]);
         PyList_SET_ITEM(c->reason, b, c->reason_ints[DEAD]);
-        c->level_of[b] = NONE_ID;
-        c->tier_of[b] = NONE_ID;
+        c->row[b].level_of = NONE_ID;
+        c->row[b].tier_of = NONE_ID;
     }
     int shift = 0;
     while ((1LL << shift) <= num_blocks) shift++;

@@ -296,6 +296,7 @@ class PoolHooks:
         # _flush_evicted).
         self._evicted_pending: dict[tuple[int, int], int] = {}
         self._flush_due = 0.0            # time.monotonic() after which get_new_blocks flushes
+        self._told = -1                  # the reason id of the victim get_new_blocks evicts now (its keys dropped)
         self._evicted_labels: dict[tuple[int, int], tuple[Any, str]] = {}   # -> (labelled counter, name)
         self._hit_counters: tuple[Any, Any] | None = None   # hit_tokens' usable and kv_only, labelled once
         self._admitted: dict[str, tuple[int, int]] = {}     # request id -> (hit, kv-only) tokens at admission
@@ -461,7 +462,7 @@ class PoolHooks:
             # before is gone: its parent may become the next leaf); vLLM's side follows per block.
             victims = state.evict(num_blocks - num_plain)
             blocks = pool.blocks
-            evict = self._evict_block
+            evict = pool._maybe_evict_cached_block       # vLLM private (hooked: counts the eviction)
             trace = self._trace
             remove, append = queue.remove, picked.append
             for block_id, reason in victims:
@@ -469,7 +470,8 @@ class PoolHooks:
                     self._emit("victim", block_id, REASONS[reason])
                 block = blocks[block_id]
                 remove(block)
-                evict(block, reason)
+                self._told = reason                      # the hook: the state dropped its keys already
+                evict(block)
                 append(block)
             if len(victims) < num_blocks - num_plain:
                 raise RuntimeError("marconi: free blocks remain but none is cached or uncached")
@@ -530,14 +532,14 @@ class PoolHooks:
 
     def _maybe_evict_cached_block(self, block: Any) -> bool:
         """vLLM's own ``_maybe_evict_cached_block`` and ``_remove_cached_block_hashes`` in one frame
-        (the same code in 0.32 and 0.33: ``tests/test_vllm_versions.py``), the eviction counted and
-        the state told of each hash removed. True if a hash was removed."""
-        return self._evict_block(block, -1)
-
-    def _evict_block(self, block: Any, reason: int) -> bool:
-        """:meth:`_maybe_evict_cached_block` for a block judged ``reason`` (a ``REASONS`` id) whose
-        keys the state dropped already (:meth:`BlockEvictionState.evict`); ``reason`` -1: the state's
-        live verdict, and the state told of each hash removed."""
+        (the same code in 0.32 and 0.33: ``tests/test_vllm_versions.py``), the eviction counted (by
+        the state's verdict) and the state told of each hash removed; or, for the victim of
+        :meth:`get_new_blocks` (``_told``: its verdict's ``REASONS`` id, reset here), counted by that
+        verdict, the state having dropped its keys already (:meth:`BlockEvictionState.evict`). True
+        if a hash was removed."""
+        reason = self._told
+        if reason >= 0:
+            self._told = -1
         pool = self.pool
         key = block.block_hash
         block_id = block.block_id
