@@ -148,10 +148,13 @@ def evict_timed(state: BlockEvictionState, keys: dict, count: int, probe_every: 
     return times
 
 
-def lru_timed(num_blocks: int, count: int, batch: int = 20) -> tuple[str, list[float], list[float] | None]:
+def lru_timed(num_blocks: int, count: int, batch: int = 20) -> tuple[str, list[float], Callable[[], float] | None]:
     """vLLM's LRU on a pool of ``num_blocks`` whose free blocks are all cached: CPU ns per
-    ``popleft`` and per ``get_new_blocks(1)`` (over batches of ``batch`` calls). Without vLLM, an
-    OrderedDict free queue stands in for ``popleft``, and there is no ``get_new_blocks``."""
+    ``popleft`` (over ``count // batch`` batches of ``batch`` calls), and a sampler of
+    ``get_new_blocks(1)``: each call times one batch of ``batch`` calls (CPU ns per call), then
+    (untimed) caches the blocks again and frees them to the queue's tail, so the pool stays whole
+    and every call evicts a cached block. Without vLLM, an OrderedDict free queue stands in for
+    ``popleft``, and there is no sampler."""
     count = min(count, num_blocks - 1) // batch
     try:
         from vllm.v1.core.block_pool import BlockPool
@@ -163,41 +166,62 @@ def lru_timed(num_blocks: int, count: int, batch: int = 20) -> tuple[str, list[f
     free_queue = FreeKVCacheBlockQueue([KVCacheBlock(i) for i in range(num_blocks)])
     pops = [batch_ns(free_queue.popleft, batch) for _ in range(count)]
     pool = BlockPool(num_blocks, enable_caching=True, hash_block_size=16)
-    for block in pool.blocks[1:]:                 # block 0 is vLLM's null block
+
+    def cache(block) -> None:
         key = make_block_hash_with_group_id(block.block_id.to_bytes(8, "little"), 0)
         block.set_block_hash(key, BLOCK_SIZE)
         pool.cached_block_hash_to_block.insert(key, block)
-    allocs = [batch_ns(lambda: pool.get_new_blocks(1), batch) for _ in range(count)]
+
+    for block in pool.blocks[1:]:                 # block 0 is vLLM's null block
+        cache(block)
+
+    def sample() -> float:
+        got: list = []
+        take = pool.get_new_blocks
+        t0 = time.process_time_ns()
+        for _ in range(batch):
+            got += take(1)
+        ns = (time.process_time_ns() - t0) / batch
+        for block in got:
+            cache(block)
+        pool.free_blocks(got)
+        return ns
+
     import vllm
-    return f"vLLM {vllm.__version__}", pops, allocs
+    return f"vLLM {vllm.__version__}", pops, sample
 
 
 def median_us(samples: list[float]) -> float:
     return statistics.median(samples) / 1e3
 
 
-def evict_batched(state: BlockEvictionState, keys: dict, count: int, batch: int = 20) -> list[float]:
+def evict_batched(state: BlockEvictionState, count: int, lru: Callable[[], float] | None,
+                  batch: int = 20) -> tuple[list[float], list[float]]:
     """Evict ``count`` victims as the plugin does, pick and bookkeeping together: one
     :meth:`~marconi.integrations.vllm.policy.BlockEvictionState.evict` call per victim (the plugin
     makes one per ``get_new_blocks`` call that evicts; one victim a call is its dearest case), timed
-    in batches of ``batch`` calls as vLLM's ``get_new_blocks(1)`` is: CPU ns per victim, one sample
-    per batch. The single-call timings of :func:`evict_timed` carry a clock read per call (a system
-    call, ~0.1-0.5 µs, subtracted as its median), which a compiled core's sub-microsecond work
-    cannot bear; this is the figure the ratio uses. (``keys`` is the plugin's to read; ``evict``
-    finds a victim's keys in the state.)"""
-    samples = []
+    in batches of ``batch`` calls as vLLM's ``get_new_blocks(1)`` is, each batch followed by one
+    batch of ``lru`` (:func:`lru_timed`'s sampler), so the machine's noise falls on both alike. CPU
+    ns per victim and per LRU call, one sample per batch each. The single-call timings of
+    :func:`evict_timed` carry a clock read per call (a system call, ~0.1-0.5 µs, subtracted as its
+    median), which a compiled core's sub-microsecond work cannot bear; these are the figures the
+    ratio uses."""
+    samples, allocs = [], []
     evict = state.evict
     for _ in range(count // batch):
         t0 = time.process_time_ns()
         for _ in range(batch):
             evict(1)
         samples.append((time.process_time_ns() - t0) / batch)
-    return samples
+        if lru is not None:
+            allocs.append(lru())
+    return samples, allocs
 
 
 def measure(num_blocks: int, max_chain: int, evictions: int, cores: list[str]) -> list[dict[str, object]]:
     """Per core (``MARCONI_BLOCK_CORE`` values) and α, the rows of the table: one state per core,
-    filled alike; vLLM's LRU timed once; the cores' phases interleaved per α."""
+    filled alike; the cores' phases interleaved per α, and each phase's whole victims with vLLM's
+    ``get_new_blocks(1)``, batch by batch (its median over the phase is the row's ``alloc(1)``)."""
     dial = Dial(ALPHAS[0])
     started = time.perf_counter()
     states = {}
@@ -212,8 +236,8 @@ def measure(num_blocks: int, max_chain: int, evictions: int, cores: list[str]) -
         else:
             os.environ[BLOCK_CORE_ENV] = before
     built_s = time.perf_counter() - started
-    lru_name, pops, allocs = lru_timed(num_blocks, len(ALPHAS) * evictions)
-    popleft_us, alloc_us = median_us(pops), (median_us(allocs) if allocs else None)
+    lru_name, pops, lru = lru_timed(num_blocks, len(ALPHAS) * evictions)
+    popleft_us = median_us(pops)
     rows = []
     for alpha in ALPHAS:
         dial.value = alpha
@@ -222,7 +246,8 @@ def measure(num_blocks: int, max_chain: int, evictions: int, cores: list[str]) -
             levels = num_levels(state)
             count = min(evictions, len(keys) // (2 * len(ALPHAS)))
             times = evict_timed(state, keys, count)
-            whole = evict_batched(state, keys, count)
+            whole, allocs = evict_batched(state, count, lru)
+            alloc_us = median_us(allocs) if allocs else None
             scan_us, index_us, book_us = (median_us(times[k]) for k in ("scan", "index", "book"))
             whole_us = median_us(whole) if whole else index_us + book_us
             rows.append({"blocks": f"{num_blocks:,}", "alpha": f"{alpha:g}", "core": state.core, "levels": levels,
@@ -252,7 +277,7 @@ COLUMNS = [("pool (blocks)", "blocks", None), ("α", "alpha", None), ("core", "c
            ("(popleft+index+book)/popleft", "victim_vs_pop", lambda v: f"{v:.1f}×"),
            ("scan/index", "scan_vs_index", lambda v: f"{v:,.0f}×")]
 LEGEND = ("popleft, alloc(1): vLLM's LRU pick (FreeKVCacheBlockQueue.popleft) and its whole eviction of one block "
-          "(BlockPool.get_new_blocks(1)); scan, index: the plugin's pick (old O(pool) scan, victim index); "
+          "(BlockPool.get_new_blocks(1), timed batch by batch between the row's whole victims); scan, index: the plugin's pick (old O(pool) scan, victim index); "
           "bookkeeping: taken + uncached after a pick (state and index), one clock read per call; whole: one "
           "BlockEvictionState.evict(1) per victim (pick, taken, uncached in one call, as the plugin evicts), "
           "timed in batches of 20, as alloc(1) is; per victim vs LRU: (alloc(1) + whole) / "
