@@ -734,16 +734,19 @@ static PyObject *Core_taken(Core *c, PyObject *arg) {
     Py_RETURN_NONE;
 }
 
-static PyObject *Core_victim(Core *c, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 2) { PyErr_SetString(PyExc_TypeError, "victim(alpha, variant)"); return NULL; }
-    double alpha = PyFloat_AsDouble(args[0]);
-    if (alpha == -1.0 && PyErr_Occurred()) return NULL;
-    Py_ssize_t variant = PyLong_AsSsize_t(args[1]);
-    if (variant == -1 && PyErr_Occurred()) return NULL;
-    if (variant < 0 || variant >= c->num_variants) { PyErr_SetString(PyExc_IndexError, "variant out of range"); return NULL; }
-    if (c->num_dirty && flush(c) < 0) return NULL;
-    int32_t b = index_victim(c, alpha, (int)variant);
-    if (b < 0) Py_RETURN_NONE;
+/* victim() and evict()'s (alpha, variant) arguments: 0, or -1 with an exception set. */
+static int parse_rule(Core *c, PyObject *const *args, double *alpha, int *variant) {
+    *alpha = PyFloat_AsDouble(args[0]);
+    if (*alpha == -1.0 && PyErr_Occurred()) return -1;
+    Py_ssize_t v = PyLong_AsSsize_t(args[1]);
+    if (v == -1 && PyErr_Occurred()) return -1;
+    if (v < 0 || v >= c->num_variants) { PyErr_SetString(PyExc_IndexError, "variant out of range"); return -1; }
+    *variant = (int)v;
+    return 0;
+}
+
+/* A new (block id, reason id) tuple for block b, or NULL with an exception set. */
+static PyObject *victim_pair(Core *c, int32_t b) {
     PyObject *block = PyLong_FromLong(b);
     if (!block) return NULL;
     PyObject *reason = c->reason_ints[v_reason(c->row[b].verdict)];
@@ -755,29 +758,32 @@ static PyObject *Core_victim(Core *c, PyObject *const *args, Py_ssize_t nargs) {
     return out;
 }
 
+static PyObject *Core_victim(Core *c, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) { PyErr_SetString(PyExc_TypeError, "victim(alpha, variant)"); return NULL; }
+    double alpha;
+    int variant;
+    if (parse_rule(c, args, &alpha, &variant) < 0) return NULL;
+    if (c->num_dirty && flush(c) < 0) return NULL;
+    int32_t b = index_victim(c, alpha, variant);
+    if (b < 0) Py_RETURN_NONE;
+    return victim_pair(c, b);
+}
+
 static PyObject *Core_evict(Core *c, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 3) { PyErr_SetString(PyExc_TypeError, "evict(alpha, variant, count)"); return NULL; }
-    double alpha = PyFloat_AsDouble(args[0]);
-    if (alpha == -1.0 && PyErr_Occurred()) return NULL;
-    Py_ssize_t variant = PyLong_AsSsize_t(args[1]);
-    if (variant == -1 && PyErr_Occurred()) return NULL;
-    if (variant < 0 || variant >= c->num_variants) { PyErr_SetString(PyExc_IndexError, "variant out of range"); return NULL; }
+    double alpha;
+    int variant;
+    if (parse_rule(c, args, &alpha, &variant) < 0) return NULL;
     Py_ssize_t count = PyLong_AsSsize_t(args[2]);
     if (count == -1 && PyErr_Occurred()) return NULL;
     PyObject *out = PyList_New(0);
     if (!out) return NULL;
     for (Py_ssize_t i = 0; i < count; i++) {
         if (c->num_dirty && flush(c) < 0) goto fail;
-        int32_t b = index_victim(c, alpha, (int)variant);
+        int32_t b = index_victim(c, alpha, variant);
         if (b < 0) break;
-        PyObject *reason = c->reason_ints[v_reason(c->row[b].verdict)];
-        PyObject *block = PyLong_FromLong(b);
-        if (!block) goto fail;
-        Py_INCREF(reason);
-        PyObject *pair = PyTuple_New(2);
-        if (!pair) { Py_DECREF(block); Py_DECREF(reason); goto fail; }
-        PyTuple_SET_ITEM(pair, 0, block);
-        PyTuple_SET_ITEM(pair, 1, reason);
+        PyObject *pair = victim_pair(c, b);
+        if (!pair) goto fail;
         int rc = PyList_Append(out, pair);
         Py_DECREF(pair);
         if (rc < 0) goto fail;
