@@ -1,7 +1,11 @@
 """The shadow α source's lag (issue 33): a rule switch takes effect ``lag`` requests later, nothing else
-changes, and a worker thread's replay gives exactly the inline replay's rules at every request."""
+changes, and a worker thread's or a child process's replay gives exactly the inline replay's rules at
+every request."""
 
 from __future__ import annotations
+
+import os
+import signal
 
 import pytest
 
@@ -21,31 +25,55 @@ def _spec() -> ModelSpec:
                                      "torch_dtype": "bfloat16"}, name="qwen3_next-tiny")
 
 
-def _rules_in_force(lag: int, background: bool, requests: list) -> tuple[list[tuple[float, str | None]], dict]:
-    """``(alpha, efficiency)`` in force after each finished request, and the shadow's tuning record."""
+def _rules_in_force(lag: int, background: str | None, requests: list) -> tuple[list[tuple[float, str | None]], dict]:
+    """``(alpha, efficiency)`` in force after each finished request, and the shadow's tuning record;
+    ``background``: None (inline), ``"thread"`` or ``"process"``."""
     source = PoolShadowAlpha(lag=lag)
     BlockEvictionState(_spec(), (MAMBA, MAMBA, MAMBA, ATTENTION), 100, 384, source)
     if background:
-        source.run_in_background()
+        source.run_in_background(process=background == "process")
     seen = []
-    for req in requests:
-        source.observe(RequestObservation(req.input_tokens, req.output_tokens, 0, 0))
-        seen.append((source.alpha(), source.efficiency()))
-    return seen, source.tuning_record()
+    try:
+        for req in requests:
+            source.observe(RequestObservation(req.input_tokens, req.output_tokens, 0, 0))
+            seen.append((source.alpha(), source.efficiency()))
+        return seen, source.tuning_record()
+    finally:
+        source.close()
 
 
-def test_lag_delays_each_switch_by_lag_requests_and_the_worker_thread_agrees() -> None:
+def test_lag_delays_each_switch_by_lag_requests_and_the_workers_agree() -> None:
     from marconi.workloads import build_workload
 
     requests = list(build_workload("swe-sample:max_input_len=8192"))[:60]
-    now, record = _rules_in_force(0, False, requests)
+    now, record = _rules_in_force(0, None, requests)
     assert len(set(now)) >= 2, "the shadow never switched: the test trace is not contended enough"
-    lagged, lagged_record = _rules_in_force(LAG, False, requests)
+    lagged, lagged_record = _rules_in_force(LAG, None, requests)
     first = (0.0, None)                                   # lru, the family's first, until request LAG + 1
     assert lagged == [first] * LAG + now[:-LAG]
     assert lagged_record == record                        # the shadow itself saw the same requests
-    threaded, threaded_record = _rules_in_force(LAG, True, requests)
+    threaded, threaded_record = _rules_in_force(LAG, "thread", requests)
     assert threaded == lagged and threaded_record == record
+    forked, forked_record = _rules_in_force(LAG, "process", requests)
+    assert forked == lagged and forked_record == record
+
+
+def test_a_failed_replay_process_is_reported_and_the_rule_in_force_stays() -> None:
+    from marconi.workloads import build_workload
+
+    requests = list(build_workload("swe-sample:max_input_len=8192"))[:LAG + 2]
+    source = PoolShadowAlpha(lag=LAG)
+    BlockEvictionState(_spec(), (MAMBA, ATTENTION), 100, 384, source)
+    source.run_in_background()
+    source.observe(RequestObservation(requests[0].input_tokens, requests[0].output_tokens, 0, 0))
+    source.drain()
+    assert source.replay_pid is not None
+    os.kill(source.replay_pid, signal.SIGKILL)     # the child dies (as an out-of-memory kill would)
+    with pytest.raises(RuntimeError, match="replay process"):
+        for req in requests[1:]:
+            source.observe(RequestObservation(req.input_tokens, req.output_tokens, 0, 0))
+    assert source.alpha() == 0.0                 # lru, the rule in force before it died
+    source.close()
 
 
 def test_lag_is_configured_and_checked() -> None:
@@ -63,3 +91,76 @@ def test_lag_is_configured_and_checked() -> None:
         source = PoolShadowAlpha()
         BlockEvictionState(_spec(), (MAMBA, ATTENTION), 100, 384, source)
         source.run_in_background()
+
+
+def _chained_keys(tokens: list[int], block: int) -> list[bytes]:
+    """vLLM-like block hashes: key i names tokens[:(i + 1) * block] (a sha256 chain)."""
+    import hashlib
+
+    keys, parent = [], b""
+    for i in range(len(tokens) // block):
+        parent = hashlib.sha256(parent + repr(tokens[i * block:(i + 1) * block]).encode()).digest()
+        keys.append(parent)
+    return keys
+
+
+@pytest.mark.parametrize("kept_tokens", [1 << 22, 48, 7])
+def test_the_child_rebuilds_every_request_from_the_known_prefixes(kept_tokens: int) -> None:
+    import random
+
+    from marconi.integrations.common.shadow_process import PrefixDecoder, PrefixEncoder
+
+    rng = random.Random(kept_tokens)
+    encoder, decoder = PrefixEncoder(kept_tokens), PrefixDecoder(kept_tokens)
+    histories: list[list[int]] = [[]]
+    for _ in range(300):
+        base = rng.choice(histories)
+        cut = rng.randrange(len(base) + 1) if rng.random() < 0.3 else len(base)      # branch or go on
+        prompt = base[:cut] + [rng.randrange(50) for _ in range(rng.randrange(1, 12))]
+        output = [rng.randrange(50) for _ in range(rng.randrange(0, 6))]
+        block = 4
+        keys = _chained_keys(prompt + output, block)[:rng.choice([None, 1, 99])]    # keys may stop short
+        frame = encoder.encode(prompt, output, keys, block)
+        got_prompt, got_output = decoder.decode(frame)
+        assert got_prompt.tolist() == prompt and got_output.tolist() == output
+        histories.append(prompt + output)
+    assert encoder.encode([1, 2], [], [], 0)[-1] == [1, 2]           # no keys: every token is sent
+    # A conversation, each turn its history plus 10 new tokens: past the first turn, only what the
+    # child lacks is sent (the new tokens, the last output and the partial block before them).
+    history: list[int] = []
+    for turn in range(20):
+        prompt, output = history + [rng.randrange(50) for _ in range(10)], [rng.randrange(50) for _ in range(3)]
+        frame = encoder.encode(prompt, output, _chained_keys(prompt + output, 4), 4)
+        got_prompt, got_output = decoder.decode(frame)
+        assert got_prompt.tolist() == prompt and got_output.tolist() == output
+        if turn and kept_tokens >= 4 * 13:
+            assert len(frame[-1]) <= 10 + 3 + 3, (turn, len(frame[-1]))
+        history = prompt + output
+
+
+def test_the_process_with_prefix_keys_makes_the_inline_choices() -> None:
+    from collections import deque
+
+    from marconi.integrations.common.shadow_process import ShadowProcess
+    from marconi.workloads import build_workload
+
+    requests = list(build_workload("swe-sample:max_input_len=8192"))[:60]
+    inline = PoolShadowAlpha()
+    BlockEvictionState(_spec(), (MAMBA, MAMBA, MAMBA, ATTENTION), 100, 384, inline)
+    expected = []
+    for req in requests:
+        inline.observe(RequestObservation(req.input_tokens, req.output_tokens, 0, 0))
+        expected.append(inline.chooser.current)
+    assert len(set(expected)) >= 2
+    got: deque[int] = deque()
+    worker = ShadowProcess(inline.rules, inline.decay, inline.hysteresis, _spec(), inline.cache.capacity_bytes, got,
+                           kept_tokens=4096)
+    try:
+        for req in requests:
+            prompt, output = list(map(int, req.input_tokens)), list(map(int, req.output_tokens))
+            worker.submit(RequestObservation(prompt, output, 0, 0, _chained_keys(prompt + output, 64), 64))
+        worker.wait_for(len(requests))
+        assert list(got) == expected
+        assert worker.tuning_record() == inline.tuning_record()
+    finally:
+        worker.close()

@@ -33,6 +33,12 @@ class RequestObservation:
     output_token_ids: Sequence[int]
     hit_len: int            # tokens reused (vLLM's num_cached_tokens)
     kv_only_len: int        # tokens whose KVs were cached beyond the hit, without a state to resume from
+    # Optional, where the engine has them for free: chained prefix keys, ``prefix_keys[i]`` naming the
+    # first ``(i + 1) * key_tokens`` tokens of prompt + output (vLLM's block hashes). Two equal keys
+    # must name equal tokens. A source may use them to avoid re-reading tokens it has seen (the
+    # shadow's replay process: only the tokens past the deepest known key cross the pipe).
+    prefix_keys: Sequence[Any] = ()
+    key_tokens: int = 0
 
     @property
     def input_len(self) -> int:

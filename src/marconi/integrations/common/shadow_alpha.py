@@ -36,11 +36,15 @@ family's first while ``n <= L``): a switch takes effect ``L`` requests later tha
 and nothing else changes. That is deterministic, so an engine may replay on a worker thread
 (:meth:`ShadowAlpha.run_in_background`) and its emulation inline, and both apply the same rules at
 the same requests; the scheduler thread only queues the request and waits on the worker only when
-it is more than ``L`` requests behind.
+it is more than ``L`` requests behind. The worker is a child process
+(:class:`~marconi.integrations.common.shadow_process.ShadowProcess`: the replay leaves the GIL too,
+and the scheduler thread pays only for serialising the token ids), or a thread where no process can
+be started.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections import deque
 from typing import Any, Callable, Sequence
@@ -52,6 +56,8 @@ from marconi.core.registry import ConfigError
 from marconi.integrations.common.alpha import RequestObservation
 from marconi.choosers.family import parse_rules
 from marconi.choosers.regret import RegretEviction
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["ShadowAlpha", "RuleMap"]
 
@@ -99,7 +105,8 @@ class ShadowAlpha:
         # _first_kept on (entries older than the rule in force are dropped as it advances).
         self._rule_after: deque[int] = deque([0])
         self._first_kept = 0
-        self._worker: _ShadowWorker | None = None
+        self._worker: Any = None        # a ShadowProcess or a _ShadowWorker (thread), once in the background
+        self._started_with: tuple[ModelSpec, float] | None = None
 
     def start(self, spec: ModelSpec, capacity_bytes: float) -> None:
         """Build the shadow: ``spec``'s model, ``capacity_bytes`` (what the engine's pool holds).
@@ -113,6 +120,7 @@ class ShadowAlpha:
         chooser = RegretEviction(self.rules, decay=self.decay, hysteresis=self.hysteresis)
         self.cache = PrefixCache(spec, capacity_bytes, "marconi", chooser)
         self.chooser = chooser
+        self._started_with = (spec, capacity_bytes)
 
     @property
     def started(self) -> bool:
@@ -172,20 +180,34 @@ class ShadowAlpha:
         self.cache.process(event.prompt_token_ids, event.output_token_ids)
         self._rule_after.append(self.chooser.current)
 
-    def run_in_background(self) -> None:
-        """Replay on a worker thread from now on (same rules, see the module docstring: the scheduler
+    def run_in_background(self, *, process: bool = True) -> None:
+        """Replay in the background from now on (same rules, see the module docstring: the scheduler
         thread queues each request and waits only when the worker is more than ``lag`` requests
-        behind). A worker's failure is raised by the next :meth:`observe`.
+        behind): in a child process (``process=True``; a thread, logged, where none can start), or on
+        a thread. A worker's failure is raised by the next :meth:`observe` (RuntimeError).
 
         Raises:
-            ConfigError: lag 0 (each observe would wait for its own replay), or not started.
+            ConfigError: lag 0 (each observe would wait for its own replay), not started, or
+                requests already observed (the child's shadow starts empty).
         """
         if not self.lag:
             raise ConfigError("shadow alpha: a background replay needs lag >= 1 (at lag 0 each request waits for it)")
-        if self.cache is None:
+        if self.cache is None or self._started_with is None:
             raise ConfigError("shadow alpha: run_in_background before start")
-        if self._worker is None:
-            self._worker = _ShadowWorker(self._replay, self._rule_after)
+        if self._worker is not None:
+            return
+        if process:
+            if self.num_observed:
+                raise ConfigError("shadow alpha: move the replay to a process before the first request, not after")
+            from marconi.integrations.common.shadow_process import ShadowProcess
+
+            try:
+                self._worker = ShadowProcess(self.rules, self.decay, self.hysteresis, *self._started_with,
+                                             self._rule_after)
+                return
+            except (OSError, RuntimeError) as exc:     # no process, or a child that failed to build its shadow
+                logger.warning("marconi: the shadow's replay process cannot start (%s); replaying on a thread", exc)
+        self._worker = _ShadowWorker(self._replay, self._rule_after)
 
     def drain(self) -> None:
         """Wait until the worker has replayed every observed request (a no-op without one)."""
@@ -196,7 +218,19 @@ class ShadowAlpha:
         """The regret chooser's record: every switch of the live rule, ``rule_switches`` =
         ``[[request index (0-based, finish order), label], ...]``."""
         self.drain()
-        return {"rule_switches": []} if self.chooser is None else self.chooser.tuning_record()
+        if isinstance(self._worker, _ShadowWorker) or self._worker is None:
+            return {"rule_switches": []} if self.chooser is None else self.chooser.tuning_record()
+        return self._worker.tuning_record()
+
+    @property
+    def replay_pid(self) -> int | None:
+        """The background replay process's id (None inline or on a thread): for an operator's logs."""
+        return None if self._worker is None or isinstance(self._worker, _ShadowWorker) else self._worker.pid
+
+    def close(self) -> None:
+        """End a background replay process (a no-op otherwise; it also ends with this source)."""
+        if self._worker is not None and not isinstance(self._worker, _ShadowWorker):
+            self._worker.close()
 
     def __repr__(self) -> str:
         family = "/".join(r.label() for r in self.rules)

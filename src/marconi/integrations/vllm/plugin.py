@@ -769,7 +769,8 @@ class PoolHooks:
         if self._observe_failed or request.prompt_token_ids is None:   # prompt embeddings: no ids to learn from
             return
         started = time.perf_counter()
-        event = RequestObservation(request.prompt_token_ids, list(request.output_token_ids), hit, kv_only)
+        event = RequestObservation(request.prompt_token_ids, list(request.output_token_ids), hit, kv_only,
+                                   request.block_hashes, self.hash_block_size)
         try:
             changed = self.state.finished(event)
         except Exception:

@@ -1,0 +1,359 @@
+"""The shadow's replay in a child process: :class:`ShadowAlpha`'s background worker without the GIL.
+
+A lagged :class:`~marconi.integrations.common.shadow_alpha.ShadowAlpha` (``lag >= 1``) may replay
+its finished requests anywhere, as long as the rule after each one comes back in order. A worker
+*thread* takes the replay off the scheduler thread but not off the GIL: its numpy and radix-tree
+work still delays the scheduler (docs/vllm-at-scale.md measured 1.4× stock with a thread against
+1.8× inline). :class:`ShadowProcess` runs the same replay (the shadow ``ShadowAlpha.start`` builds,
+fed as its inline ``observe`` feeds it) in a child process,
+``python -m marconi.integrations.common.shadow_process``. The scheduler thread pays for one pipe
+write and for serialising the tokens the child has not seen: where the engine names its prefixes
+(``RequestObservation.prefix_keys``, vLLM's block hashes), only the tokens past the deepest prefix
+the child holds are sent (:class:`PrefixEncoder`, :class:`PrefixDecoder`); otherwise all of them
+(``marshal``, about 10 ns a token). A reader thread, blocked in ``read`` outside the GIL nearly
+always, collects the rules.
+
+Same choices: the child replays the same tokens in submission order through the code an inline
+replay runs, so the rule after request ``n`` is the inline replay's, request by request
+(tests/test_shadow_alpha_lag.py holds the three ways to one another, and the decoder's tokens to
+the requests').
+
+Wire format, both ways: frames of ``kind`` (1 byte) + payload length (4 bytes, little-endian) +
+payload. Parent to child: ``S`` start (pickled ``(rules, decay, hysteresis, spec, capacity_bytes,
+kept_tokens)``, once, first), ``R`` one request (marshalled :meth:`PrefixEncoder.encode` tuple),
+``T`` send the tuning record. Child to parent: ``s`` started (the shadow is built; the parent's
+constructor waits for it), ``r`` the rule index after a request (4 bytes), ``t`` the tuning record
+(pickled), ``e`` a failure (its traceback, UTF-8; the child exits). The child exits when its input
+closes, so it never outlives the parent's pipe.
+
+Nothing here knows an engine.
+"""
+
+from __future__ import annotations
+
+import marshal
+import os
+import pickle
+import struct
+import subprocess
+import sys
+import threading
+import traceback
+import weakref
+from collections import deque
+from pathlib import Path
+from typing import IO, Any, Sequence
+
+import numpy as np
+
+__all__ = ["ShadowProcess", "PrefixEncoder", "PrefixDecoder", "serve"]
+
+_HEADER = struct.Struct("<cI")
+_INDEX = struct.Struct("<i")
+
+
+def _ids(tokens: Sequence[int]) -> list[int] | tuple[int, ...]:
+    """Token ids as marshal takes them: a list or tuple of ints as is, anything else (a numpy array,
+    an engine's read-only list type) converted once."""
+    if type(tokens) is list or type(tokens) is tuple:
+        return tokens                  # type: ignore[return-value]
+    tolist = getattr(tokens, "tolist", None)
+    return tolist() if tolist is not None else [int(t) for t in tokens]
+
+
+def _write(out: IO[bytes], kind: bytes, payload: bytes) -> None:
+    """One frame: a single ``writev`` where the stream is a pipe's (one system call a request),
+    else two buffered writes and a flush. OSError (BrokenPipeError) when the reader is gone."""
+    header = _HEADER.pack(kind, len(payload))
+    try:
+        fd = out.fileno() if hasattr(os, "writev") else -1
+    except (AttributeError, OSError, ValueError):       # an in-memory stream
+        fd = -1
+    if fd >= 0:
+        out.flush()
+        total = len(header) + len(payload)
+        sent = os.writev(fd, [header, payload])
+        while sent < total:            # a pipe write can be cut short (a signal): write the rest
+            view = memoryview(header + payload)[sent:] if sent < len(header) else memoryview(payload)[sent - len(header):]
+            sent += os.write(fd, view)
+        return
+    out.write(header)
+    out.write(payload)
+    out.flush()
+
+
+def _read(inp: IO[bytes]) -> tuple[bytes, bytes] | None:
+    """One frame, or None at a clean end of input (EOFError for a frame cut short)."""
+    head = inp.read(_HEADER.size)
+    if not head:
+        return None
+    if len(head) < _HEADER.size:
+        raise EOFError("shadow process: a frame header was cut short")
+    kind, size = _HEADER.unpack(head)
+    payload = inp.read(size) if size else b""
+    if len(payload) < size:
+        raise EOFError("shadow process: a frame was cut short")
+    return kind, payload
+
+
+#: Tokens of known prefixes the child keeps (int32: 16 MiB), and so the blocks the parent may name.
+KEPT_TOKENS = 1 << 22
+
+
+class PrefixEncoder:
+    """The parent's half of the delta: which prefix of a request the child already holds.
+
+    An event with ``prefix_keys`` (see :class:`~marconi.integrations.common.alpha.RequestObservation`)
+    is sent as the id of its deepest known key plus the tokens past it; every key past it gets the
+    next id. The last ``max(1, kept_tokens // key_tokens)`` ids are known, first in first out, and a
+    key counts as known only if every block of its chain (back to the chain's first id, kept beside
+    it) is still among them, so :class:`PrefixDecoder` can always rebuild it. Cost: a dict lookup per
+    new block and a list slice; no per-token Python work.
+    """
+
+    def __init__(self, kept_tokens: int = KEPT_TOKENS) -> None:
+        self.kept_tokens = kept_tokens
+        self.next_id = 0
+        self._known: dict[Any, tuple[int, int]] = {}     # key -> (id, the first id of its chain)
+        self._order: deque[tuple[int, Any]] = deque()    # (id, key), ids increasing
+
+    def encode(self, prompt: Sequence[int], output: Sequence[int], keys: Sequence[Any], key_tokens: int) -> tuple:
+        """The frame's tuple: ``(base id or -1, blocks below the tokens sent, new blocks, key_tokens,
+        prompt length, the tokens past the base)``; registers the new blocks."""
+        prompt, output = _ids(prompt), _ids(output)
+        count = min(len(keys), (len(prompt) + len(output)) // key_tokens) if key_tokens > 0 else 0
+        if not count:
+            return -1, 0, 0, 0, len(prompt), list(prompt) + list(output)
+        cap = max(1, self.kept_tokens // key_tokens)
+        cutoff = self.next_id - cap
+        known, order = self._known, self._order
+        while order and order[0][0] < cutoff:
+            old_id, key = order.popleft()
+            if known.get(key, (None,))[0] == old_id:
+                del known[key]
+        base, below = -1, 0
+        for i in range(count - 1, -1, -1):
+            got = known.get(keys[i])
+            if got is not None and got[1] >= cutoff:
+                base, below = got[0], i + 1
+                break
+        first = known[keys[below - 1]][1] if base >= 0 else self.next_id
+        for i in range(below, count):
+            known.pop(keys[i], None)            # a stale key goes to the back with its new id
+            known[keys[i]] = (self.next_id, first)
+            order.append((self.next_id, keys[i]))
+            self.next_id += 1
+        cut = below * key_tokens
+        rest = (prompt[cut:] + output) if cut <= len(prompt) else output[cut - len(prompt):]
+        return base, below, count - below, key_tokens, len(prompt), rest
+
+
+class PrefixDecoder:
+    """The child's half: rebuilds each request's prompt and output from :meth:`PrefixEncoder.encode`'s
+    tuple, keeping each new block's tokens (a copy, so a request's array is not kept whole) and its
+    parent's id; forgets the ids the encoder can no longer name."""
+
+    def __init__(self, kept_tokens: int = KEPT_TOKENS) -> None:
+        self.kept_tokens = kept_tokens
+        self.next_id = 0
+        self._oldest = 0
+        self._blocks: dict[int, tuple[np.ndarray, int]] = {}     # id -> (its tokens, its parent's id or -1)
+
+    def decode(self, frame: tuple) -> tuple[np.ndarray, np.ndarray]:
+        """``(prompt, output)`` as read-only int32 arrays. KeyError: the frame names a block this
+        decoder never kept (the two halves disagree)."""
+        base, below, new, key_tokens, prompt_len, rest = frame
+        tail = np.array(rest, dtype=np.int32)
+        if base >= 0 or new:
+            cutoff = self.next_id - max(1, self.kept_tokens // key_tokens)
+            blocks = self._blocks
+            for old in range(self._oldest, cutoff):
+                del blocks[old]
+            self._oldest = max(self._oldest, cutoff)
+        if base >= 0:
+            parts, at = [], base
+            while at >= 0:
+                tokens, at = self._blocks[at]
+                parts.append(tokens)
+            parts.reverse()
+            parts.append(tail)
+            seq = np.concatenate(parts)
+        else:
+            seq = tail
+        if new:
+            start = below * key_tokens
+            kept = seq[start:start + new * key_tokens].copy()
+            parent = base
+            for j in range(new):
+                self._blocks[self.next_id] = (kept[j * key_tokens:(j + 1) * key_tokens], parent)
+                parent = self.next_id
+                self.next_id += 1
+        seq.flags.writeable = False
+        return seq[:prompt_len], seq[prompt_len:]
+
+
+class ShadowProcess:
+    """The parent's side: start the child, send it requests, collect the rule after each into
+    ``rules`` (the lagged source's deque, appended in order under this worker's lock).
+
+    The worker interface :class:`~marconi.integrations.common.shadow_alpha.ShadowAlpha` drives:
+    :meth:`submit`, :meth:`wait_for`, :meth:`tuning_record`, :meth:`close`.
+
+    Raises:
+        OSError: the child cannot be started (the caller may fall back to a thread).
+        RuntimeError: the child failed or went away (from :meth:`wait_for` / :meth:`tuning_record`,
+            with the child's own traceback as the message when it sent one).
+    """
+
+    def __init__(self, rules: Sequence[Any], decay: float, hysteresis: float, spec: Any, capacity_bytes: float,
+                 rule_indices: deque[int], *, kept_tokens: int = KEPT_TOKENS) -> None:
+        src = str(Path(__file__).resolve().parents[3])       # the directory holding the marconi package
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH", "")) if p)
+        self._proc = subprocess.Popen([sys.executable, "-m", "marconi.integrations.common.shadow_process"],
+                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, close_fds=True)
+        assert self._proc.stdin is not None and self._proc.stdout is not None
+        self._out = self._proc.stdin
+        self._rules = rule_indices
+        self._cond = threading.Condition()
+        self._error: str | None = None
+        self._record: dict[str, Any] | None = None
+        self._ready = False
+        self._encoder = PrefixEncoder(kept_tokens)
+        self._finalize = weakref.finalize(self, _shut, self._proc)
+        _write(self._out, b"S", pickle.dumps((tuple(rules), decay, hysteresis, spec, capacity_bytes, kept_tokens)))
+        self._reader = threading.Thread(target=self._read_replies, args=(self._proc.stdout,),
+                                        name="marconi-shadow-reader", daemon=True)
+        self._reader.start()
+        # Wait for the child's shadow (its imports take about a second): paid once, where the engine
+        # starts, not by the first requests' scheduler steps.
+        with self._cond:
+            while not self._ready and self._error is None:
+                self._cond.wait()
+        self._raise_if_failed()
+
+    @property
+    def pid(self) -> int:
+        return self._proc.pid
+
+    def submit(self, event: Any) -> None:
+        """Send one finished request (its prompt and output token ids). RuntimeError if the child is gone."""
+        frame = self._encoder.encode(event.prompt_token_ids, event.output_token_ids,
+                                     getattr(event, "prefix_keys", ()), getattr(event, "key_tokens", 0))
+        payload = marshal.dumps(frame, 2)        # version 2: no table of shared objects, 3× faster on token lists
+        try:
+            _write(self._out, b"R", payload)
+        except (BrokenPipeError, ValueError, OSError) as exc:
+            self._raise_if_failed()
+            raise RuntimeError(f"shadow alpha: the replay process (pid {self._proc.pid}) is gone") from exc
+
+    def wait_for(self, num_rules: int) -> None:
+        """Block until ``rules`` holds ``num_rules`` entries; RuntimeError if the child failed."""
+        with self._cond:
+            while len(self._rules) < num_rules and self._error is None:
+                self._cond.wait()
+        if len(self._rules) < num_rules:
+            self._raise_if_failed()
+
+    def tuning_record(self) -> dict[str, Any]:
+        """The child's regret chooser's record (after every request submitted so far)."""
+        with self._cond:
+            self._record = None
+        _write(self._out, b"T", b"")
+        with self._cond:
+            while self._record is None and self._error is None:
+                self._cond.wait()
+            record = self._record
+        if record is None:
+            self._raise_if_failed()
+        return record            # type: ignore[return-value]
+
+    def close(self) -> None:
+        """End the child (it exits at the end of its input) and wait for it briefly."""
+        self._finalize()
+
+    def _raise_if_failed(self) -> None:
+        with self._cond:
+            error = self._error
+        if error is not None:
+            raise RuntimeError(f"shadow alpha: the replay process failed:\n{error}")
+
+    def _read_replies(self, inp: IO[bytes]) -> None:
+        try:
+            while True:
+                frame = _read(inp)
+                if frame is None:
+                    raise EOFError(f"the replay process (pid {self._proc.pid}) ended "
+                                   f"(exit status {self._proc.poll()})")
+                kind, payload = frame
+                with self._cond:
+                    if kind == b"r":
+                        self._rules.append(_INDEX.unpack(payload)[0])
+                    elif kind == b"t":
+                        self._record = pickle.loads(payload)
+                    elif kind == b"s":
+                        self._ready = True
+                    else:
+                        self._error = payload.decode("utf-8", "replace")
+                    self._cond.notify_all()
+                if kind not in (b"r", b"t", b"s"):
+                    return
+        except BaseException as exc:        # reported to the scheduler thread by its next wait
+            with self._cond:
+                if self._error is None:
+                    self._error = f"{type(exc).__name__}: {exc}"
+                self._cond.notify_all()
+
+
+def _shut(proc: subprocess.Popen) -> None:
+    try:
+        if proc.stdin is not None:
+            proc.stdin.close()
+    except OSError:
+        pass
+    try:
+        proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+def serve(inp: IO[bytes], out: IO[bytes]) -> int:
+    """The child: build the shadow from the ``S`` frame, then replay each ``R`` request and answer
+    the rule after it, until the input ends (0). A failure is sent as an ``e`` frame (1)."""
+    from marconi.choosers.regret import RegretEviction
+    from marconi.core.cache import PrefixCache
+
+    try:
+        first = _read(inp)
+        if first is None:
+            return 0
+        kind, payload = first
+        if kind != b"S":
+            raise ValueError(f"shadow process: expected a start frame, got {kind!r}")
+        rules, decay, hysteresis, spec, capacity, kept_tokens = pickle.loads(payload)
+        decoder = PrefixDecoder(kept_tokens)
+        # ShadowAlpha.start's shadow, replayed as its inline (lag 0) observe replays it
+        chooser = RegretEviction(rules, decay=decay, hysteresis=hysteresis)
+        cache = PrefixCache(spec, capacity, "marconi", chooser)
+        _write(out, b"s", b"")
+        while (frame := _read(inp)) is not None:
+            kind, payload = frame
+            if kind == b"R":
+                prompt, output = decoder.decode(marshal.loads(payload))
+                cache.process(prompt, output)
+                _write(out, b"r", _INDEX.pack(chooser.current))
+            elif kind == b"T":
+                _write(out, b"t", pickle.dumps(chooser.tuning_record()))
+            else:
+                raise ValueError(f"shadow process: unknown frame kind {kind!r}")
+        return 0
+    except BaseException:
+        try:
+            _write(out, b"e", traceback.format_exc().encode())
+        except OSError:
+            pass
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(serve(sys.stdin.buffer, sys.stdout.buffer))
