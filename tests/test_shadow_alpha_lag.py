@@ -124,7 +124,7 @@ def test_the_child_rebuilds_every_request_from_the_known_prefixes(kept_tokens: i
         got_prompt, got_output = decoder.decode(frame)
         assert got_prompt.tolist() == prompt and got_output.tolist() == output
         histories.append(prompt + output)
-    assert encoder.encode([1, 2], [], [], 0)[-1] == [1, 2]           # no keys: every token is sent
+    assert encoder.encode([1, 2], [3], [], 0)[-2:] == ([1, 2], [3])      # no keys: every token is sent
     # A conversation, each turn its history plus 10 new tokens: past the first turn, only what the
     # child lacks is sent (the new tokens, the last output and the partial block before them).
     history: list[int] = []
@@ -134,7 +134,7 @@ def test_the_child_rebuilds_every_request_from_the_known_prefixes(kept_tokens: i
         got_prompt, got_output = decoder.decode(frame)
         assert got_prompt.tolist() == prompt and got_output.tolist() == output
         if turn and kept_tokens >= 4 * 13:
-            assert len(frame[-1]) <= 10 + 3 + 3, (turn, len(frame[-1]))
+            assert len(frame[-2]) + len(frame[-1]) <= 10 + 3 + 3, (turn, frame[-2:])
         history = prompt + output
 
 
@@ -154,7 +154,7 @@ def test_the_process_with_prefix_keys_makes_the_inline_choices() -> None:
     assert len(set(expected)) >= 2
     got: deque[int] = deque()
     worker = ShadowProcess(inline.rules, inline.decay, inline.hysteresis, _spec(), inline.cache.capacity_bytes, got,
-                           kept_tokens=4096)
+                           kept_tokens=4096, batch=3)
     try:
         for req in requests:
             prompt, output = list(map(int, req.input_tokens)), list(map(int, req.output_tokens))

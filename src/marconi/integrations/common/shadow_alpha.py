@@ -202,8 +202,10 @@ class ShadowAlpha:
             from marconi.integrations.common.shadow_process import ShadowProcess
 
             try:
+                # requests go to the child in batches of up to lag / 2: fewer wake-ups, and the child
+                # still has half the lag to replay a batch before its rules are due
                 self._worker = ShadowProcess(self.rules, self.decay, self.hysteresis, *self._started_with,
-                                             self._rule_after)
+                                             self._rule_after, batch=max(1, self.lag // 2))
                 return
             except (OSError, RuntimeError) as exc:     # no process, or a child that failed to build its shadow
                 logger.warning("marconi: the shadow's replay process cannot start (%s); replaying on a thread", exc)

@@ -62,24 +62,31 @@ def _ids(tokens: Sequence[int]) -> list[int] | tuple[int, ...]:
 
 
 def _write(out: IO[bytes], kind: bytes, payload: bytes) -> None:
-    """One frame: a single ``writev`` where the stream is a pipe's (one system call a request),
-    else two buffered writes and a flush. OSError (BrokenPipeError) when the reader is gone."""
-    header = _HEADER.pack(kind, len(payload))
+    """One frame (OSError, e.g. BrokenPipeError, when the reader is gone)."""
+    _write_all(out, [_HEADER.pack(kind, len(payload)), payload])
+
+
+def _write_all(out: IO[bytes], parts: list[bytes]) -> None:
+    """Buffers in order: one ``writev`` where the stream is a pipe's (one system call, and one wake-up
+    of the reader, for a batch), else buffered writes and a flush. OSError when the reader is gone."""
     try:
         fd = out.fileno() if hasattr(os, "writev") else -1
     except (AttributeError, OSError, ValueError):       # an in-memory stream
         fd = -1
-    if fd >= 0:
+    if fd < 0:
+        for part in parts:
+            out.write(part)
         out.flush()
-        total = len(header) + len(payload)
-        sent = os.writev(fd, [header, payload])
-        while sent < total:            # a pipe write can be cut short (a signal): write the rest
-            view = memoryview(header + payload)[sent:] if sent < len(header) else memoryview(payload)[sent - len(header):]
-            sent += os.write(fd, view)
         return
-    out.write(header)
-    out.write(payload)
     out.flush()
+    iov_max = 512                                       # well under Linux's IOV_MAX (1024)
+    for first in range(0, len(parts), iov_max):
+        chunk = parts[first:first + iov_max]
+        total, sent = sum(map(len, chunk)), os.writev(fd, chunk)
+        if sent < total:            # a pipe write can be cut short (a signal): write the rest
+            rest = memoryview(b"".join(chunk))[sent:]
+            while rest:
+                rest = rest[os.write(fd, rest):]
 
 
 def _read(inp: IO[bytes]) -> tuple[bytes, bytes] | None:
@@ -119,11 +126,11 @@ class PrefixEncoder:
 
     def encode(self, prompt: Sequence[int], output: Sequence[int], keys: Sequence[Any], key_tokens: int) -> tuple:
         """The frame's tuple: ``(base id or -1, blocks below the tokens sent, new blocks, key_tokens,
-        prompt length, the tokens past the base)``; registers the new blocks."""
+        prompt length, the prompt's tokens past the base, the output's)``; registers the new blocks."""
         prompt, output = _ids(prompt), _ids(output)
         count = min(len(keys), (len(prompt) + len(output)) // key_tokens) if key_tokens > 0 else 0
         if not count:
-            return -1, 0, 0, 0, len(prompt), list(prompt) + list(output)
+            return -1, 0, 0, 0, len(prompt), prompt, output
         cap = max(1, self.kept_tokens // key_tokens)
         cutoff = self.next_id - cap
         known, order = self._known, self._order
@@ -144,8 +151,9 @@ class PrefixEncoder:
             order.append((self.next_id, keys[i]))
             self.next_id += 1
         cut = below * key_tokens
-        rest = (prompt[cut:] + output) if cut <= len(prompt) else output[cut - len(prompt):]
-        return base, below, count - below, key_tokens, len(prompt), rest
+        if cut <= len(prompt):
+            return base, below, count - below, key_tokens, len(prompt), prompt[cut:], output
+        return base, below, count - below, key_tokens, len(prompt), (), output[cut - len(prompt):]
 
 
 class PrefixDecoder:
@@ -162,8 +170,10 @@ class PrefixDecoder:
     def decode(self, frame: tuple) -> tuple[np.ndarray, np.ndarray]:
         """``(prompt, output)`` as read-only int32 arrays. KeyError: the frame names a block this
         decoder never kept (the two halves disagree)."""
-        base, below, new, key_tokens, prompt_len, rest = frame
-        tail = np.array(rest, dtype=np.int32)
+        base, below, new, key_tokens, prompt_len, rest_of_prompt, rest_of_output = frame
+        tail = np.array(rest_of_prompt, dtype=np.int32)
+        if len(rest_of_output):
+            tail = np.concatenate([tail, np.array(rest_of_output, dtype=np.int32)])
         if base >= 0 or new:
             cutoff = self.next_id - max(1, self.kept_tokens // key_tokens)
             blocks = self._blocks
@@ -192,123 +202,165 @@ class PrefixDecoder:
         return seq[:prompt_len], seq[prompt_len:]
 
 
+class _Link:
+    """What the parent's two threads and its :class:`ShadowProcess` share (the threads hold this, not
+    the ShadowProcess, so dropping that ends the child)."""
+
+    def __init__(self, rules: deque[int]) -> None:
+        self.rules = rules
+        self.cond = threading.Condition()
+        self.error: str | None = None
+        self.record: dict[str, Any] | None = None
+        self.ready = False
+
+    def fail(self, text: str) -> None:
+        with self.cond:
+            if self.error is None:
+                self.error = text
+            self.cond.notify_all()
+
+    def raise_if_failed(self) -> None:
+        if self.error is not None:
+            raise RuntimeError(f"shadow alpha: the replay process failed:\n{self.error}")
+
+
 class ShadowProcess:
     """The parent's side: start the child, send it requests, collect the rule after each into
     ``rules`` (the lagged source's deque, appended in order under this worker's lock).
 
-    The worker interface :class:`~marconi.integrations.common.shadow_alpha.ShadowAlpha` drives:
+    The scheduler thread encodes, marshals and writes a request (a writer thread, tried, made the
+    step slower on a 2-core machine: one more thread taking the GIL back); a reader thread collects
+    the answers. The worker interface :class:`~marconi.integrations.common.shadow_alpha.ShadowAlpha` drives:
     :meth:`submit`, :meth:`wait_for`, :meth:`tuning_record`, :meth:`close`.
 
     Raises:
         OSError: the child cannot be started (the caller may fall back to a thread).
-        RuntimeError: the child failed or went away (from :meth:`wait_for` / :meth:`tuning_record`,
-            with the child's own traceback as the message when it sent one).
+        RuntimeError: the child failed or went away (from the constructor, :meth:`submit`,
+            :meth:`wait_for` or :meth:`tuning_record`, with the child's own traceback as the message
+            when it sent one).
     """
 
     def __init__(self, rules: Sequence[Any], decay: float, hysteresis: float, spec: Any, capacity_bytes: float,
-                 rule_indices: deque[int], *, kept_tokens: int = KEPT_TOKENS) -> None:
+                 rule_indices: deque[int], *, kept_tokens: int = KEPT_TOKENS, batch: int = 1) -> None:
         src = str(Path(__file__).resolve().parents[3])       # the directory holding the marconi package
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH", "")) if p)
-        self._proc = subprocess.Popen([sys.executable, "-m", "marconi.integrations.common.shadow_process"],
-                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, close_fds=True)
-        assert self._proc.stdin is not None and self._proc.stdout is not None
-        self._out = self._proc.stdin
-        self._rules = rule_indices
-        self._cond = threading.Condition()
-        self._error: str | None = None
-        self._record: dict[str, Any] | None = None
-        self._ready = False
+        proc = subprocess.Popen([sys.executable, "-m", "marconi.integrations.common.shadow_process"],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, close_fds=True)
+        assert proc.stdin is not None and proc.stdout is not None
+        _widen(proc.stdin)
+        self._proc = proc
+        self._link = link = _Link(rule_indices)
+        self._out = proc.stdin
+        self._held: list[bytes] = []           # frames not yet written (headers and payloads)
+        self._batch = max(1, batch)
         self._encoder = PrefixEncoder(kept_tokens)
-        self._finalize = weakref.finalize(self, _shut, self._proc)
-        _write(self._out, b"S", pickle.dumps((tuple(rules), decay, hysteresis, spec, capacity_bytes, kept_tokens)))
-        self._reader = threading.Thread(target=self._read_replies, args=(self._proc.stdout,),
-                                        name="marconi-shadow-reader", daemon=True)
-        self._reader.start()
+        self._finalize = weakref.finalize(self, _shut, proc)
+        self._send(b"S", pickle.dumps((tuple(rules), decay, hysteresis, spec, capacity_bytes, kept_tokens)))
+        threading.Thread(target=_collect, args=(proc.stdout, link, proc), name="marconi-shadow-reader",
+                         daemon=True).start()
         # Wait for the child's shadow (its imports take about a second): paid once, where the engine
         # starts, not by the first requests' scheduler steps.
-        with self._cond:
-            while not self._ready and self._error is None:
-                self._cond.wait()
-        self._raise_if_failed()
+        with link.cond:
+            while not link.ready and link.error is None:
+                link.cond.wait()
+        link.raise_if_failed()
 
     @property
     def pid(self) -> int:
         return self._proc.pid
 
     def submit(self, event: Any) -> None:
-        """Send one finished request (its prompt and output token ids). RuntimeError if the child is gone."""
+        """Send one finished request (the tokens the child lacks). RuntimeError if the child has failed."""
+        self._link.raise_if_failed()
         frame = self._encoder.encode(event.prompt_token_ids, event.output_token_ids,
                                      getattr(event, "prefix_keys", ()), getattr(event, "key_tokens", 0))
-        payload = marshal.dumps(frame, 2)        # version 2: no table of shared objects, 3× faster on token lists
+        payload = marshal.dumps(frame, 2)       # version 2: no table of shared objects, 3× faster
+        self._held += (_HEADER.pack(b"R", len(payload)), payload)
+        if len(self._held) >= 2 * self._batch:
+            self._flush()
+
+    def _send(self, kind: bytes, payload: bytes) -> None:
+        self._held += (_HEADER.pack(kind, len(payload)), payload)
+        self._flush()
+
+    def _flush(self) -> None:
+        """Write the held frames in one system call (one wake-up of the child for a batch)."""
+        held, self._held = self._held, []
         try:
-            _write(self._out, b"R", payload)
-        except (BrokenPipeError, ValueError, OSError) as exc:
-            self._raise_if_failed()
-            raise RuntimeError(f"shadow alpha: the replay process (pid {self._proc.pid}) is gone") from exc
+            _write_all(self._out, held)
+        except (OSError, ValueError) as exc:        # a broken pipe, or closed
+            self._link.fail(f"{type(exc).__name__} writing to the replay process (pid {self._proc.pid}): {exc}")
+            self._link.raise_if_failed()
 
     def wait_for(self, num_rules: int) -> None:
         """Block until ``rules`` holds ``num_rules`` entries; RuntimeError if the child failed."""
-        with self._cond:
-            while len(self._rules) < num_rules and self._error is None:
-                self._cond.wait()
-        if len(self._rules) < num_rules:
-            self._raise_if_failed()
+        link = self._link
+        if len(link.rules) < num_rules and self._held:
+            self._flush()                         # the child needs the held requests first
+        with link.cond:
+            while len(link.rules) < num_rules and link.error is None:
+                link.cond.wait()
+        if len(link.rules) < num_rules:
+            link.raise_if_failed()
 
     def tuning_record(self) -> dict[str, Any]:
         """The child's regret chooser's record (after every request submitted so far)."""
-        with self._cond:
-            self._record = None
-        _write(self._out, b"T", b"")
-        with self._cond:
-            while self._record is None and self._error is None:
-                self._cond.wait()
-            record = self._record
+        link = self._link
+        with link.cond:
+            link.record = None
+        self._send(b"T", b"")
+        with link.cond:
+            while link.record is None and link.error is None:
+                link.cond.wait()
+            record = link.record
         if record is None:
-            self._raise_if_failed()
+            link.raise_if_failed()
         return record            # type: ignore[return-value]
 
     def close(self) -> None:
         """End the child (it exits at the end of its input) and wait for it briefly."""
+        if self._held and self._link.error is None:
+            self._flush()
         self._finalize()
 
-    def _raise_if_failed(self) -> None:
-        with self._cond:
-            error = self._error
-        if error is not None:
-            raise RuntimeError(f"shadow alpha: the replay process failed:\n{error}")
 
-    def _read_replies(self, inp: IO[bytes]) -> None:
-        try:
-            while True:
-                frame = _read(inp)
-                if frame is None:
-                    raise EOFError(f"the replay process (pid {self._proc.pid}) ended "
-                                   f"(exit status {self._proc.poll()})")
-                kind, payload = frame
-                with self._cond:
-                    if kind == b"r":
-                        self._rules.append(_INDEX.unpack(payload)[0])
-                    elif kind == b"t":
-                        self._record = pickle.loads(payload)
-                    elif kind == b"s":
-                        self._ready = True
-                    else:
-                        self._error = payload.decode("utf-8", "replace")
-                    self._cond.notify_all()
-                if kind not in (b"r", b"t", b"s"):
-                    return
-        except BaseException as exc:        # reported to the scheduler thread by its next wait
-            with self._cond:
-                if self._error is None:
-                    self._error = f"{type(exc).__name__}: {exc}"
-                self._cond.notify_all()
+def _collect(inp: IO[bytes], link: _Link, proc: subprocess.Popen) -> None:
+    """The reader thread: the child's answers into ``link``; its end (or failure) as ``link.error``."""
+    try:
+        while (frame := _read(inp)) is not None:
+            kind, payload = frame
+            with link.cond:
+                if kind == b"r":
+                    link.rules.append(_INDEX.unpack(payload)[0])
+                elif kind == b"t":
+                    link.record = pickle.loads(payload)
+                elif kind == b"s":
+                    link.ready = True
+                else:
+                    link.error = payload.decode("utf-8", "replace")
+                link.cond.notify_all()
+        link.fail(f"the replay process (pid {proc.pid}) ended (exit status {proc.poll()})")
+    except BaseException as exc:
+        link.fail(f"{type(exc).__name__} reading from the replay process (pid {proc.pid}): {exc}")
+
+
+def _widen(pipe: IO[bytes], size: int = 1 << 20) -> None:
+    """Give the request pipe room for a burst of requests (Linux's default 64 KiB holds a few; a full
+    pipe would block the scheduler thread until the child reads). Best effort: elsewhere, or above
+    ``/proc/sys/fs/pipe-max-size``, the pipe keeps its size."""
+    try:
+        import fcntl
+
+        fcntl.fcntl(pipe.fileno(), getattr(fcntl, "F_SETPIPE_SZ", 1031), size)
+    except (ImportError, OSError, ValueError):
+        pass
 
 
 def _shut(proc: subprocess.Popen) -> None:
     try:
         if proc.stdin is not None:
-            proc.stdin.close()
+            proc.stdin.close()           # the child exits at the end of its input
     except OSError:
         pass
     try:
