@@ -21,8 +21,9 @@ the requests').
 Wire format, both ways: frames of ``kind`` (1 byte) + payload length (4 bytes, little-endian) +
 payload. Parent to child: ``S`` start (pickled ``(rules, decay, hysteresis, spec, capacity_bytes,
 kept_tokens)``, once, first), ``R`` one request (marshalled :meth:`PrefixEncoder.encode` tuple),
-``T`` send the tuning record. Child to parent: ``s`` started (the shadow is built; the parent's
-constructor waits for it), ``r`` the rule index after a request (4 bytes), ``t`` the tuning record
+``Q`` one request of a batch whose answer may wait for the batch's last (an ``R``), ``T`` send the
+tuning record. Child to parent: ``s`` started (the shadow is built; the parent's constructor waits
+for it), ``r`` the rule index after each request answered (4 bytes each), ``t`` the tuning record
 (pickled), ``e`` a failure (its traceback, UTF-8; the child exits). The child exits when its input
 closes, so it never outlives the parent's pipe.
 
@@ -285,8 +286,13 @@ class ShadowProcess:
         self._flush()
 
     def _flush(self) -> None:
-        """Write the held frames in one system call (one wake-up of the child for a batch)."""
+        """Write the held frames in one system call (one wake-up of the child for a batch); every
+        request but the batch's last is marked ``Q``, so the child answers the batch in one frame
+        (one wake-up of the reader thread)."""
         held, self._held = self._held, []
+        for at in range(0, len(held) - 2, 2):
+            if held[at][:1] == b"R":
+                held[at] = b"Q" + held[at][1:]
         try:
             _write_all(self._out, held)
         except (OSError, ValueError) as exc:        # a broken pipe, or closed
@@ -332,7 +338,7 @@ def _collect(inp: IO[bytes], link: _Link, proc: subprocess.Popen) -> None:
             kind, payload = frame
             with link.cond:
                 if kind == b"r":
-                    link.rules.append(_INDEX.unpack(payload)[0])
+                    link.rules.extend(index for (index,) in _INDEX.iter_unpack(payload))
                 elif kind == b"t":
                     link.record = pickle.loads(payload)
                 elif kind == b"s":
@@ -388,13 +394,20 @@ def serve(inp: IO[bytes], out: IO[bytes]) -> int:
         chooser = RegretEviction(rules, decay=decay, hysteresis=hysteresis)
         cache = PrefixCache(spec, capacity, "marconi", chooser)
         _write(out, b"s", b"")
+        answers = bytearray()                  # rule indices not yet sent (a batch's first requests)
         while (frame := _read(inp)) is not None:
             kind, payload = frame
-            if kind == b"R":
+            if kind == b"R" or kind == b"Q":
                 prompt, output = decoder.decode(marshal.loads(payload))
                 cache.process(prompt, output)
-                _write(out, b"r", _INDEX.pack(chooser.current))
+                answers += _INDEX.pack(chooser.current)
+                if kind == b"R":                # a batch's last request: answer the whole batch at once
+                    _write(out, b"r", bytes(answers))
+                    answers.clear()
             elif kind == b"T":
+                if answers:
+                    _write(out, b"r", bytes(answers))
+                    answers.clear()
                 _write(out, b"t", pickle.dumps(chooser.tuning_record()))
             else:
                 raise ValueError(f"shadow process: unknown frame kind {kind!r}")
