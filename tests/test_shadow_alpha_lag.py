@@ -35,8 +35,12 @@ def _rules_in_force(lag: int, background: str | None, requests: list) -> tuple[l
     seen = []
     try:
         for req in requests:
+            version = source.rule_version
             source.observe(RequestObservation(req.input_tokens, req.output_tokens, 0, 0))
             seen.append((source.alpha(), source.efficiency()))
+            # the version moves exactly when the rule in force does (an engine re-reads it then)
+            assert (source.rule_version != version) == (len(seen) > 1 and seen[-1] != seen[-2] or
+                                                        len(seen) == 1 and seen[0] != (0.0, None))
         return seen, source.tuning_record()
     finally:
         source.close()

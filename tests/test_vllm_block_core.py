@@ -103,15 +103,30 @@ class _Batched(Events):
         self.victims += len(got)
 
 
+class VersionedSwitching(Switching):
+    """:class:`Switching` keeping a ``rule_version`` (an ``AlphaSource`` may): ``evict`` then reads
+    its rule only when the version moves, and must still follow every switch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rule_version = 0
+
+    def observe(self, event: object) -> None:
+        before = self.i
+        super().observe(event)
+        self.rule_version += self.i != before
+
+
 @pytest.mark.parametrize("core", ["c", "python"])
 @pytest.mark.parametrize("name, source, efficiency", MODES + [
-    ("inverse-age recency (the scan)", FixedRule(EvictionRule(0.5, recency="inverse-age")), "total")],
-    ids=[m[0] for m in MODES] + ["inverse-age (scan)"])
+    ("inverse-age recency (the scan)", FixedRule(EvictionRule(0.5, recency="inverse-age")), "total"),
+    ("adaptive (switching, versioned)", VersionedSwitching(), "total")],
+    ids=[m[0] for m in MODES] + ["inverse-age (scan)", "adaptive (versioned)"])
 @pytest.mark.parametrize("seed", range(2))
 def test_evict_makes_the_choices_of_one_victim_at_a_time(core: str, name: str, source: object, efficiency: str,
                                                          seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(BLOCK_CORE_ENV, core)
-    twins = [BlockEvictionState(SPEC, KINDS, 120, B, Switching() if isinstance(source, Switching) else source,
+    twins = [BlockEvictionState(SPEC, KINDS, 120, B, type(source)() if isinstance(source, Switching) else source,
                                 efficiency) for _ in range(2)]
     events = _Batched(*twins, np.random.default_rng(seed))
     for step in range(500):

@@ -60,6 +60,9 @@ class AlphaSource(Protocol):
     may also name its live rule whole (a ``rule`` attribute or property: any
     :class:`~marconi.core.eviction.Rule`): an engine then applies that rule exactly, by its fast path
     when the path serves it (and ``alpha()``/``efficiency()`` are the rule's), else by its generic path.
+    A source may also keep ``rule_version``, an int that changes whenever ``alpha()``,
+    ``efficiency()`` or ``rule`` could answer differently: an engine then reads them only when it
+    changes (vLLM's eviction does, once per allocation; a source without it is read every time).
     """
 
     def alpha(self) -> float:
@@ -74,15 +77,26 @@ class AlphaSource(Protocol):
 
 
 class FixedAlpha:
-    """α fixed by configuration (the efficiency is the pool's)."""
+    """α fixed by configuration (the efficiency is the pool's). ``value`` may be set (a bench turns
+    one pool's α between phases); each set moves ``rule_version``."""
 
     def __init__(self, value: float) -> None:
+        self.rule_version = 0
+        self.value = value
+
+    @property
+    def value(self) -> float:
+        return self._value
+
+    @value.setter
+    def value(self, value: float) -> None:
         if not np.isfinite(value) or value < 0:
             raise ConfigError(f"alpha must be a finite number >= 0, got {value}")
-        self.value = float(value)
+        self._value = float(value)
+        self.rule_version += 1
 
     def alpha(self) -> float:
-        return self.value
+        return self._value
 
     def efficiency(self) -> str | None:
         return None

@@ -99,6 +99,7 @@ class ShadowAlpha:
         self.cache: PrefixCache | None = None
         self.chooser: RegretEviction | None = None    # the regret chooser running in the shadow
         self.num_observed = 0
+        self.rule_version = 0            # moves with each switch of the rule in force (AlphaSource)
         self.lag = lag
         self._live = 0                   # with a lag: the index of the rule in force
         # With a lag: the shadow's rule index after each replayed request, from request number
@@ -150,7 +151,10 @@ class ShadowAlpha:
         before = self._current()
         self._observe(event)
         after = self._current()
-        return self.rules[after] if after != before else None
+        if after == before:
+            return None
+        self.rule_version += 1
+        return self.rules[after]
 
     def _observe(self, event: RequestObservation) -> None:
         if self.cache is None:

@@ -97,6 +97,8 @@ class BlockEvictionState:
                                      partial(_depth_effs, spec, self.block_size, bool(self.mamba_groups)))
         self.cached, self.uncached, self.released, self.taken = core.cached, core.uncached, core.released, core.taken
         self._checked_rule: tuple[float, str] | None = None        # the last rule _current_rule validated
+        # (rule_version, alpha, variant id) read last from a source that keeps a rule_version (evict)
+        self._known_rule: tuple[Any, float, int] = (None, 0.0, 0)
         self._named: tuple[Any, Rule | None] = (None, None)        # (the source's rule, it if generic)
         self.generic_rule()                                         # refuses a rule the pool cannot apply now
         self._rule = self._current_rule()
@@ -230,6 +232,10 @@ class BlockEvictionState:
         named them; the plugin's hooks hold vLLM's map equal to them). Same choices as
         ``next_victim``, ``taken``, ``uncached`` in a loop; one call into the core, not three a victim."""
         source = self.alpha_source
+        version = getattr(source, "rule_version", None)
+        known = self._known_rule
+        if version is not None and known[0] == version:       # the source's rule has not moved
+            return self._core.evict(known[1], known[2], count)
         rule = getattr(source, "rule", None)
         if rule is not None and (rule is not self._named[0] or self._named[1] is not None):
             generic = self.generic_rule()
@@ -240,6 +246,8 @@ class BlockEvictionState:
         checked = self._checked_rule
         if checked is None or alpha != checked[0] or variant != checked[1] or alpha.__class__ is not float:
             alpha, variant = self._current_rule()
+        if version is not None:
+            self._known_rule = (version, alpha, _VARIANT_IDS[variant])
         return self._core.evict(alpha, _VARIANT_IDS[variant], count)
 
     def _evict_scanned(self, rule: Rule, count: int) -> list[tuple[int, int]]:
