@@ -124,6 +124,8 @@ class PrefixEncoder:
         self.next_id = 0
         self._known: dict[Any, tuple[int, int]] = {}     # key -> (id, the first id of its chain)
         self._order: deque[tuple[int, Any]] = deque()    # (id, key), ids increasing
+        self._key_tokens = 0         # the block size the ids are of (another forgets them all)
+        self._floor = 0              # ids below are forgotten (the decoder's _oldest)
 
     def encode(self, prompt: Sequence[int], output: Sequence[int], keys: Sequence[Any], key_tokens: int) -> tuple:
         """The frame's tuple: ``(base id or -1, blocks below the tokens sent, new blocks, key_tokens,
@@ -132,9 +134,12 @@ class PrefixEncoder:
         count = min(len(keys), (len(prompt) + len(output)) // key_tokens) if key_tokens > 0 else 0
         if not count:
             return -1, 0, 0, 0, len(prompt), prompt, output
-        cap = max(1, self.kept_tokens // key_tokens)
-        cutoff = self.next_id - cap
         known, order = self._known, self._order
+        if key_tokens != self._key_tokens:      # blocks of another size: start over (PrefixDecoder too)
+            known.clear()
+            order.clear()
+            self._key_tokens, self._floor = key_tokens, self.next_id
+        cutoff = self._floor = max(self._floor, self.next_id - max(1, self.kept_tokens // key_tokens))
         while order and order[0][0] < cutoff:
             old_id, key = order.popleft()
             if known.get(key, (None,))[0] == old_id:
@@ -165,7 +170,8 @@ class PrefixDecoder:
     def __init__(self, kept_tokens: int = KEPT_TOKENS) -> None:
         self.kept_tokens = kept_tokens
         self.next_id = 0
-        self._oldest = 0
+        self._oldest = 0             # ids below are forgotten
+        self._key_tokens = 0
         self._blocks: dict[int, tuple[np.ndarray, int]] = {}     # id -> (its tokens, its parent's id or -1)
 
     def decode(self, frame: tuple) -> tuple[np.ndarray, np.ndarray]:
@@ -176,11 +182,14 @@ class PrefixDecoder:
         if len(rest_of_output):
             tail = np.concatenate([tail, np.array(rest_of_output, dtype=np.int32)])
         if base >= 0 or new:
-            cutoff = self.next_id - max(1, self.kept_tokens // key_tokens)
             blocks = self._blocks
+            if key_tokens != self._key_tokens:        # as the encoder: blocks of another size, start over
+                blocks.clear()
+                self._key_tokens, self._oldest = key_tokens, self.next_id
+            cutoff = max(self._oldest, self.next_id - max(1, self.kept_tokens // key_tokens))
             for old in range(self._oldest, cutoff):
                 del blocks[old]
-            self._oldest = max(self._oldest, cutoff)
+            self._oldest = cutoff
         if base >= 0:
             parts, at = [], base
             while at >= 0:
