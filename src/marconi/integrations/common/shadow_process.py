@@ -244,7 +244,8 @@ class ShadowProcess:
     :meth:`submit`, :meth:`wait_for`, :meth:`tuning_record`, :meth:`close`.
 
     Raises:
-        OSError: the child cannot be started (the caller may fall back to a thread).
+        OSError: the child cannot be started; RuntimeError from the constructor when it started but
+            ended before its shadow was built (the caller may fall back to a thread).
         RuntimeError: the child failed or went away (from the constructor, :meth:`submit`,
             :meth:`wait_for` or :meth:`tuning_record`, with the child's own traceback as the message
             when it sent one).
@@ -255,8 +256,10 @@ class ShadowProcess:
         src = str(Path(__file__).resolve().parents[3])       # the directory holding the marconi package
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH", "")) if p)
-        proc = subprocess.Popen([sys.executable, "-m", "marconi.integrations.common.shadow_process"],
-                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, close_fds=True)
+        from marconi.pool import spawn      # the project's one way to start a program: it dies with us
+
+        proc = spawn([sys.executable, "-m", "marconi.integrations.common.shadow_process"],
+                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
         assert proc.stdin is not None and proc.stdout is not None
         _widen(proc.stdin)
         self._proc = proc
@@ -381,7 +384,9 @@ def _shut(proc: subprocess.Popen) -> None:
     try:
         proc.wait(timeout=5)
     except subprocess.TimeoutExpired:
-        proc.kill()
+        from marconi.pool import stop
+
+        stop(proc, grace_s=1.0)
 
 
 def serve(inp: IO[bytes], out: IO[bytes]) -> int:
