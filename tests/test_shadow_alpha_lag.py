@@ -112,7 +112,7 @@ def _chained_keys(tokens: list[int], block: int) -> list[bytes]:
 def test_the_child_rebuilds_every_request_from_the_known_prefixes(kept_tokens: int) -> None:
     import random
 
-    from marconi.integrations.common.shadow_process import PrefixDecoder, PrefixEncoder
+    from marconi.integrations.common.prefix_delta import PrefixDecoder, PrefixEncoder
 
     rng = random.Random(kept_tokens)
     encoder, decoder = PrefixEncoder(kept_tokens), PrefixDecoder(kept_tokens)
@@ -168,3 +168,49 @@ def test_the_process_with_prefix_keys_makes_the_inline_choices() -> None:
         assert worker.tuning_record() == inline.tuning_record()
     finally:
         worker.close()
+
+
+@pytest.mark.parametrize("lag", [0, LAG])
+def test_the_inline_replay_with_prefix_keys_makes_the_same_choices(lag: int) -> None:
+    """An inline replay fed the engine's lists and block hashes (it converts only the tokens past the
+    deepest prefix seen) makes the choices of one fed whole arrays, request by request."""
+    from marconi.workloads import build_workload
+
+    requests = list(build_workload("swe-sample:max_input_len=8192"))[:60]
+    plain, keyed = PoolShadowAlpha(lag=lag), PoolShadowAlpha(lag=lag)
+    for source in (plain, keyed):
+        BlockEvictionState(_spec(), (MAMBA, MAMBA, MAMBA, ATTENTION), 100, 384, source)
+    keyed._delta.__init__(4096)          # a small bound: prefixes are forgotten along the way
+    rules = []
+    for req in requests:
+        plain.observe(RequestObservation(req.input_tokens, req.output_tokens, 0, 0))
+        prompt, output = list(map(int, req.input_tokens)), list(map(int, req.output_tokens))
+        keyed.observe(RequestObservation(prompt, output, 0, 0, _chained_keys(prompt + output, 64), 64))
+        assert keyed.alpha() == plain.alpha() and keyed.efficiency() == plain.efficiency()
+        rules.append(plain.chooser.current)
+    assert len(set(rules)) >= 2, "the shadow never switched: the test trace is not contended enough"
+    assert keyed.tuning_record() == plain.tuning_record()
+    assert keyed.cache.stats.to_dict() == plain.cache.stats.to_dict()
+
+
+def test_prefix_tokens_are_the_requests_and_a_failure_starts_over() -> None:
+    import numpy as np
+
+    from marconi.integrations.common.prefix_delta import PrefixTokens
+
+    delta = PrefixTokens()
+    history = list(range(1, 21))
+    for turn in range(4):
+        prompt, output = history + [7, 8, 9], [turn]
+        got = delta.arrays(prompt, output, _chained_keys(prompt + output, 4), 4)
+        assert got[0].dtype == np.int32 and got[0].tolist() == prompt and got[1].tolist() == output
+        history = prompt + output
+    array = np.arange(5)
+    assert delta.arrays(array, [1], _chained_keys([0, 1, 2, 3, 4, 1], 4), 4)[0] is array    # arrays pass through
+    assert delta.arrays([1, 2], [3], [], 0) == ([1, 2], [3])                               # so do requests without keys
+    bad = history + [1 << 31]                                                             # outside int32
+    with pytest.raises(OverflowError):
+        delta.arrays(bad, [], _chained_keys(bad, 4), 4)
+    prompt = history + [5]               # the halves started over: the next request is read whole, and exact
+    got = delta.arrays(prompt, [2], _chained_keys(prompt + [2], 4), 4)
+    assert got[0].tolist() == prompt and got[1].tolist() == [2]

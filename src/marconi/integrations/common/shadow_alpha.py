@@ -54,6 +54,7 @@ from marconi.core.eviction import EvictionRule
 from marconi.core.model import ModelSpec
 from marconi.core.registry import ConfigError
 from marconi.integrations.common.alpha import RequestObservation
+from marconi.integrations.common.prefix_delta import PrefixTokens
 from marconi.choosers.family import parse_rules
 from marconi.choosers.regret import RegretEviction
 
@@ -108,6 +109,7 @@ class ShadowAlpha:
         self._first_kept = 0
         self._worker: Any = None        # a ShadowProcess or a _ShadowWorker (thread), once in the background
         self._started_with: tuple[ModelSpec, float] | None = None
+        self._delta = PrefixTokens()     # in-process replays: convert only the tokens not seen before
 
     def start(self, spec: ModelSpec, capacity_bytes: float) -> None:
         """Build the shadow: ``spec``'s model, ``capacity_bytes`` (what the engine's pool holds).
@@ -160,7 +162,7 @@ class ShadowAlpha:
         if self.cache is None:
             raise ConfigError("shadow alpha: observe before start (the engine builds the shadow for its pool)")
         if not self.lag:
-            self.cache.process(event.prompt_token_ids, event.output_token_ids)
+            self.cache.process(*self._tokens(event))
             self.num_observed += 1
             return
         self.num_observed += 1
@@ -181,8 +183,14 @@ class ShadowAlpha:
     def _replay(self, event: RequestObservation) -> None:
         """One request through the shadow (the worker thread's, in the background), and the rule after it."""
         assert self.cache is not None and self.chooser is not None
-        self.cache.process(event.prompt_token_ids, event.output_token_ids)
+        self.cache.process(*self._tokens(event))
         self._rule_after.append(self.chooser.current)
+
+    def _tokens(self, event: RequestObservation) -> tuple[Any, Any]:
+        """The request's prompt and output for an in-process replay: with prefix keys, only the tokens
+        past the deepest prefix seen are converted from the engine's lists (the same tokens: see
+        :class:`~marconi.integrations.common.prefix_delta.PrefixTokens`)."""
+        return self._delta.arrays(event.prompt_token_ids, event.output_token_ids, event.prefix_keys, event.key_tokens)
 
     def run_in_background(self, *, process: bool = True) -> None:
         """Replay in the background from now on (same rules, see the module docstring: the scheduler

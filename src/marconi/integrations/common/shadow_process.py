@@ -9,7 +9,7 @@ fed as its inline ``observe`` feeds it) in a child process,
 ``python -m marconi.integrations.common.shadow_process``. The scheduler thread pays for one pipe
 write and for serialising the tokens the child has not seen: where the engine names its prefixes
 (``RequestObservation.prefix_keys``, vLLM's block hashes), only the tokens past the deepest prefix
-the child holds are sent (:class:`PrefixEncoder`, :class:`PrefixDecoder`); otherwise all of them
+the child holds are sent (:mod:`marconi.integrations.common.prefix_delta`); otherwise all of them
 (``marshal``, about 10 ns a token). A reader thread, blocked in ``read`` outside the GIL nearly
 always, collects the rules.
 
@@ -45,21 +45,12 @@ from collections import deque
 from pathlib import Path
 from typing import IO, Any, Sequence
 
-import numpy as np
+from marconi.integrations.common.prefix_delta import KEPT_TOKENS, PrefixDecoder, PrefixEncoder
 
-__all__ = ["ShadowProcess", "PrefixEncoder", "PrefixDecoder", "serve"]
+__all__ = ["ShadowProcess", "serve"]
 
 _HEADER = struct.Struct("<cI")
 _INDEX = struct.Struct("<i")
-
-
-def _ids(tokens: Sequence[int]) -> list[int] | tuple[int, ...]:
-    """Token ids as marshal takes them: a list or tuple of ints as is, anything else (a numpy array,
-    an engine's read-only list type) converted once."""
-    if type(tokens) is list or type(tokens) is tuple:
-        return tokens                  # type: ignore[return-value]
-    tolist = getattr(tokens, "tolist", None)
-    return tolist() if tolist is not None else [int(t) for t in tokens]
 
 
 def _write(out: IO[bytes], kind: bytes, payload: bytes) -> None:
@@ -102,114 +93,6 @@ def _read(inp: IO[bytes]) -> tuple[bytes, bytes] | None:
     if len(payload) < size:
         raise EOFError("shadow process: a frame was cut short")
     return kind, payload
-
-
-#: Tokens of known prefixes the child keeps (int32: 16 MiB), and so the blocks the parent may name.
-KEPT_TOKENS = 1 << 22
-
-
-class PrefixEncoder:
-    """The parent's half of the delta: which prefix of a request the child already holds.
-
-    An event with ``prefix_keys`` (see :class:`~marconi.integrations.common.alpha.RequestObservation`)
-    is sent as the id of its deepest known key plus the tokens past it; every key past it gets the
-    next id. The last ``max(1, kept_tokens // key_tokens)`` ids are known, first in first out, and a
-    key counts as known only if every block of its chain (back to the chain's first id, kept beside
-    it) is still among them, so :class:`PrefixDecoder` can always rebuild it. Cost: a dict lookup per
-    new block and a list slice; no per-token Python work.
-    """
-
-    def __init__(self, kept_tokens: int = KEPT_TOKENS) -> None:
-        self.kept_tokens = kept_tokens
-        self.next_id = 0
-        self._known: dict[Any, tuple[int, int]] = {}     # key -> (id, the first id of its chain)
-        self._order: deque[tuple[int, Any]] = deque()    # (id, key), ids increasing
-        self._key_tokens = 0         # the block size the ids are of (another forgets them all)
-        self._floor = 0              # ids below are forgotten (the decoder's _oldest)
-
-    def encode(self, prompt: Sequence[int], output: Sequence[int], keys: Sequence[Any], key_tokens: int) -> tuple:
-        """The frame's tuple: ``(base id or -1, blocks below the tokens sent, new blocks, key_tokens,
-        prompt length, the prompt's tokens past the base, the output's)``; registers the new blocks."""
-        prompt, output = _ids(prompt), _ids(output)
-        count = min(len(keys), (len(prompt) + len(output)) // key_tokens) if key_tokens > 0 else 0
-        if not count:
-            return -1, 0, 0, 0, len(prompt), prompt, output
-        known, order = self._known, self._order
-        if key_tokens != self._key_tokens:      # blocks of another size: start over (PrefixDecoder too)
-            known.clear()
-            order.clear()
-            self._key_tokens, self._floor = key_tokens, self.next_id
-        cutoff = self._floor = max(self._floor, self.next_id - max(1, self.kept_tokens // key_tokens))
-        while order and order[0][0] < cutoff:
-            old_id, key = order.popleft()
-            if known.get(key, (None,))[0] == old_id:
-                del known[key]
-        base, below = -1, 0
-        for i in range(count - 1, -1, -1):
-            got = known.get(keys[i])
-            if got is not None and got[1] >= cutoff:
-                base, below = got[0], i + 1
-                break
-        first = known[keys[below - 1]][1] if base >= 0 else self.next_id
-        for i in range(below, count):
-            known.pop(keys[i], None)            # a stale key goes to the back with its new id
-            known[keys[i]] = (self.next_id, first)
-            order.append((self.next_id, keys[i]))
-            self.next_id += 1
-        cut = below * key_tokens
-        if cut <= len(prompt):
-            return base, below, count - below, key_tokens, len(prompt), prompt[cut:], output
-        return base, below, count - below, key_tokens, len(prompt), (), output[cut - len(prompt):]
-
-
-class PrefixDecoder:
-    """The child's half: rebuilds each request's prompt and output from :meth:`PrefixEncoder.encode`'s
-    tuple, keeping each new block's tokens (a copy, so a request's array is not kept whole) and its
-    parent's id; forgets the ids the encoder can no longer name."""
-
-    def __init__(self, kept_tokens: int = KEPT_TOKENS) -> None:
-        self.kept_tokens = kept_tokens
-        self.next_id = 0
-        self._oldest = 0             # ids below are forgotten
-        self._key_tokens = 0
-        self._blocks: dict[int, tuple[np.ndarray, int]] = {}     # id -> (its tokens, its parent's id or -1)
-
-    def decode(self, frame: tuple) -> tuple[np.ndarray, np.ndarray]:
-        """``(prompt, output)`` as read-only int32 arrays. KeyError: the frame names a block this
-        decoder never kept (the two halves disagree)."""
-        base, below, new, key_tokens, prompt_len, rest_of_prompt, rest_of_output = frame
-        tail = np.array(rest_of_prompt, dtype=np.int32)
-        if len(rest_of_output):
-            tail = np.concatenate([tail, np.array(rest_of_output, dtype=np.int32)])
-        if base >= 0 or new:
-            blocks = self._blocks
-            if key_tokens != self._key_tokens:        # as the encoder: blocks of another size, start over
-                blocks.clear()
-                self._key_tokens, self._oldest = key_tokens, self.next_id
-            cutoff = max(self._oldest, self.next_id - max(1, self.kept_tokens // key_tokens))
-            for old in range(self._oldest, cutoff):
-                del blocks[old]
-            self._oldest = cutoff
-        if base >= 0:
-            parts, at = [], base
-            while at >= 0:
-                tokens, at = self._blocks[at]
-                parts.append(tokens)
-            parts.reverse()
-            parts.append(tail)
-            seq = np.concatenate(parts)
-        else:
-            seq = tail
-        if new:
-            start = below * key_tokens
-            kept = seq[start:start + new * key_tokens].copy()
-            parent = base
-            for j in range(new):
-                self._blocks[self.next_id] = (kept[j * key_tokens:(j + 1) * key_tokens], parent)
-                parent = self.next_id
-                self.next_id += 1
-        seq.flags.writeable = False
-        return seq[:prompt_len], seq[prompt_len:]
 
 
 class _Link:
