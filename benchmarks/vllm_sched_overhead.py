@@ -387,6 +387,8 @@ def main(argv: list[str] | None = None) -> int:
                              "ms_sched": f"{1e3 * per_step:.3f}", "ratio_sched": f"{per_step / base:.3f}×",
                              "ms_step": f"{1e3 * step:.3f}", "ratio": f"{step / base_step:.3f}×",
                              "min_ratio": f"{min(x['step_s_per_step'] for x in runs[name]) / min(x['step_s_per_step'] for x in runs[ref]):.3f}×",
+                             # each round's run against the same round's reference (its neighbour in time)
+                             "paired": f"{statistics.median(a['step_s_per_step'] / b['step_s_per_step'] for a, b in zip(runs[name], runs[ref])):.3f}×",
                              "process": f"{process / base_process:.3f}×",
                              "per_victim": "–" if name == ref or not evicted
                              else f"{1e6 * (total - base_total) / evicted:+.1f} µs"})
@@ -397,12 +399,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{workload}, {args.concurrency} in flight. "
           f"Scheduler-thread CPU time per step (schedule + update_from_output; schedule alone beside it), medians of "
           f"{args.rounds} rounds (configurations interleaved); ratio and extra time per evicted block against "
-          f"{configs[0]}")
+          f"{configs[0]} (round by round: the median of each round's ratio to the same round's {configs[0]})")
     print(format_table(rows, [("pool (blocks)", "blocks", None), ("config", "config", None),
                               ("free region", "region", None), ("block", "block", None), ("steps", "steps", None),
                               ("evicted", "evicted", None), ("evicted/step", "per_step", None),
                               ("ms/step", "ms_step", None),
                               (f"vs {configs[0]}", "ratio", None), ("min vs min", "min_ratio", None),
+                              ("round by round", "paired", None),
                               ("schedule ms/step", "ms_sched", None),
                               (f"schedule vs {configs[0]}", "ratio_sched", None),
                               ("extra per evicted block", "per_victim", None),

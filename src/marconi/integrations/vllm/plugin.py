@@ -245,6 +245,42 @@ def _open_trace(config: PluginConfig) -> Any:
         raise PluginSettingError(str(exc)) from None
 
 
+def _first_plain(queue: Any, want: int, num_plain: int, num_free: int) -> list[Any]:
+    """The first ``want`` blocks without a hash in vLLM's free queue, in queue order (what a scan from
+    the head finds), without walking the queue end to end when they lie near its tail.
+
+    The queue holds ``num_free`` blocks, ``num_plain`` of them without a hash. Freed blocks join the
+    tail, so the plain ones (a request's partial last blocks) are mostly there, behind every cached
+    block: a scan from the head alone walked the whole queue per call (about 530 blocks a call on the
+    bench's eviction-heavy trace, most of the plugin's cost per step). Here a scan runs from each end,
+    a block at a time: it stops when the forward scan has ``want``, or when the two together have
+    found all ``num_plain`` (then the first ``want`` of them are known), or have visited all
+    ``num_free``. The two never visit a block twice: they meet only once every block is visited.
+    """
+    head, tail = queue.fake_free_list_head, queue.fake_free_list_tail
+    front: list[Any] = []
+    back: list[Any] = []        # found from the tail, last first
+    forward, backward = head.next_free_block, tail.prev_free_block
+    visited = 0
+    while visited < num_free:
+        if forward.block_hash is None:
+            front.append(forward)
+            if len(front) == want:
+                return front
+        forward = forward.next_free_block
+        visited += 1
+        if len(front) + len(back) == num_plain or visited == num_free:
+            break
+        if backward.block_hash is None:
+            back.append(backward)
+        backward = backward.prev_free_block
+        visited += 1
+        if len(front) + len(back) == num_plain:
+            break
+    back.reverse()
+    return (front + back)[:want]
+
+
 class _Counters:
     """Prometheus counters (created once per process, lazily: only the engine core counts)."""
 
@@ -444,16 +480,10 @@ class PoolHooks:
         queue = pool.free_block_queue
         state = self.state
         picked: list[Any] = []
-        want = min(num_blocks, num_free - state.num_free_cached)
+        num_plain_free = num_free - state.num_free_cached
+        want = min(num_blocks, num_plain_free)
         if want > 0:
-            tail = queue.fake_free_list_tail
-            block = queue.fake_free_list_head.next_free_block
-            while block is not tail:
-                if block.block_hash is None:
-                    picked.append(block)
-                    if len(picked) == want:
-                        break
-                block = block.next_free_block
+            picked = _first_plain(queue, want, num_plain_free, num_free)
             for block in picked:
                 queue.remove(block)
         num_plain = len(picked)
