@@ -198,7 +198,7 @@ def test_prefix_tokens_are_the_requests_and_a_failure_starts_over() -> None:
 
     from marconi.integrations.common.prefix_delta import PrefixTokens
 
-    delta = PrefixTokens()
+    delta = PrefixTokens(min_key_tokens=1)
     history = list(range(1, 21))
     for turn in range(4):
         prompt, output = history + [7, 8, 9], [turn]
@@ -208,6 +208,8 @@ def test_prefix_tokens_are_the_requests_and_a_failure_starts_over() -> None:
     array = np.arange(5)
     assert delta.arrays(array, [1], _chained_keys([0, 1, 2, 3, 4, 1], 4), 4)[0] is array    # arrays pass through
     assert delta.arrays([1, 2], [3], [], 0) == ([1, 2], [3])                               # so do requests without keys
+    short = list(range(8))
+    assert PrefixTokens().arrays(short, [], _chained_keys(short, 4), 4)[0] is short    # keys under 64 tokens: whole
     bad = history + [1 << 31]                                                             # outside int32
     with pytest.raises(OverflowError):
         delta.arrays(bad, [], _chained_keys(bad, 4), 4)

@@ -155,20 +155,25 @@ class PrefixTokens:
     only the tokens past its deepest known prefix. A request without prefix keys, or whose tokens
     are arrays already, passes through unconverted (the reader converts it as before).
 
+    Keys of fewer than ``min_key_tokens`` tokens pass through too: rebuilding a request from many
+    small blocks costs more than converting it whole (on the bench's 9,000-token requests, 16-token
+    keys: 279 µs against 210; 64: 133 against 217; vLLM's hybrid 1,152: 78 against 215).
+
     A failure (an id outside int32, or the halves disagreeing, which would be a bug) starts both
     halves over and is raised: the next request is read whole and exact.
     """
 
-    def __init__(self, kept_tokens: int = KEPT_TOKENS) -> None:
+    def __init__(self, kept_tokens: int = KEPT_TOKENS, min_key_tokens: int = 64) -> None:
         self.kept_tokens = kept_tokens
+        self.min_key_tokens = min_key_tokens
         self._encoder = PrefixEncoder(kept_tokens)
         self._decoder = PrefixDecoder(kept_tokens)
 
     def arrays(self, prompt: Sequence[int], output: Sequence[int], keys: Sequence[Any],
                key_tokens: int) -> tuple[Any, Any]:
         """``(prompt, output)``: read-only int32 arrays equal to the request's tokens, or the inputs
-        themselves where no delta applies (no keys, or arrays already)."""
-        if not keys or key_tokens <= 0 or isinstance(prompt, np.ndarray):
+        themselves where no delta applies (no keys, keys too short, or arrays already)."""
+        if not keys or key_tokens < max(1, self.min_key_tokens) or isinstance(prompt, np.ndarray):
             return prompt, output
         try:
             return self._decoder.decode(self._encoder.encode(prompt, output, keys, key_tokens))
