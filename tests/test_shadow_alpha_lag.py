@@ -173,24 +173,30 @@ def test_the_process_with_prefix_keys_makes_the_inline_choices() -> None:
 @pytest.mark.parametrize("lag", [0, LAG])
 def test_the_inline_replay_with_prefix_keys_makes_the_same_choices(lag: int) -> None:
     """An inline replay fed the engine's lists and block hashes (it converts only the tokens past the
-    deepest prefix seen) makes the choices of one fed whole arrays, request by request."""
+    deepest prefix seen), or the lists alone (converted whole), makes the choices of one fed whole
+    arrays, request by request."""
+    from marconi.integrations.common.prefix_delta import PrefixTokens
     from marconi.workloads import build_workload
 
     requests = list(build_workload("swe-sample:max_input_len=8192"))[:60]
-    plain, keyed = PoolShadowAlpha(lag=lag), PoolShadowAlpha(lag=lag)
-    for source in (plain, keyed):
+    # a small bound: prefixes are forgotten along the way; keys of any size take the delta
+    plain, keyed = PoolShadowAlpha(lag=lag), PoolShadowAlpha(lag=lag, tokens=PrefixTokens(4096, min_key_tokens=1))
+    lists = PoolShadowAlpha(lag=lag)
+    for source in (plain, keyed, lists):
         BlockEvictionState(_spec(), (MAMBA, MAMBA, MAMBA, ATTENTION), 100, 384, source)
-    keyed._delta.__init__(4096)          # a small bound: prefixes are forgotten along the way
     rules = []
     for req in requests:
         plain.observe(RequestObservation(req.input_tokens, req.output_tokens, 0, 0))
         prompt, output = list(map(int, req.input_tokens)), list(map(int, req.output_tokens))
         keyed.observe(RequestObservation(prompt, output, 0, 0, _chained_keys(prompt + output, 64), 64))
-        assert keyed.alpha() == plain.alpha() and keyed.efficiency() == plain.efficiency()
+        lists.observe(RequestObservation(prompt, output, 0, 0))
+        for other in (keyed, lists):
+            assert other.alpha() == plain.alpha() and other.efficiency() == plain.efficiency()
         rules.append(plain.chooser.current)
     assert len(set(rules)) >= 2, "the shadow never switched: the test trace is not contended enough"
-    assert keyed.tuning_record() == plain.tuning_record()
-    assert keyed.cache.stats.to_dict() == plain.cache.stats.to_dict()
+    for other in (keyed, lists):
+        assert other.tuning_record() == plain.tuning_record()
+        assert other.cache.stats.to_dict() == plain.cache.stats.to_dict()
 
 
 def test_prefix_tokens_are_the_requests_and_a_failure_starts_over() -> None:
@@ -207,9 +213,14 @@ def test_prefix_tokens_are_the_requests_and_a_failure_starts_over() -> None:
         history = prompt + output
     array = np.arange(5)
     assert delta.arrays(array, [1], _chained_keys([0, 1, 2, 3, 4, 1], 4), 4)[0] is array    # arrays pass through
-    assert delta.arrays([1, 2], [3], [], 0) == ([1, 2], [3])                               # so do requests without keys
-    short = list(range(8))
-    assert PrefixTokens().arrays(short, [], _chained_keys(short, 4), 4)[0] is short    # keys under 64 tokens: whole
+    whole = delta.arrays([1, 2], [3], [], 0)                              # without keys: converted whole
+    assert [a.dtype for a in whole] == [np.int32, np.int32] and [a.tolist() for a in whole] == [[1, 2], [3]]
+    short = list(range(300))                           # keys under 256 tokens (the default): converted whole
+    assert PrefixTokens().arrays(short, [], _chained_keys(short, 4), 4)[0].tolist() == short
+    for wrong in ([1, 1 << 31], [1, 2.5]):            # ids an array cannot hold: passed on, for the reader's error
+        assert delta.arrays(wrong, [], [], 0) == (wrong, [])
+    with pytest.raises(TypeError):                    # a non-integer id in the delta's tail is raised as such
+        PrefixTokens(min_key_tokens=1).arrays([1, 2, 3, 4, 2.5], [], _chained_keys([1, 2, 3, 4, 5], 4), 4)
     bad = history + [1 << 31]                                                             # outside int32
     with pytest.raises(OverflowError):
         delta.arrays(bad, [], _chained_keys(bad, 4), 4)

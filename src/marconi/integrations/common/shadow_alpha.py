@@ -78,6 +78,9 @@ class ShadowAlpha:
         rules: the family, as ``marconi:rules=`` (``"default"`` = ``lru/a0.5m/a2m``).
         rule_map: the engine's translation of a rule (every rule of the family is checked now).
         decay, hysteresis: the regret chooser's (see :class:`marconi.choosers.regret.RegretEviction`).
+        tokens: how an in-process replay (inline, or on a thread) turns an engine's token lists into
+            arrays, converting only what it has not seen where the engine names its prefixes
+            (default: a new :class:`~marconi.integrations.common.prefix_delta.PrefixTokens`).
 
     Raises:
         ConfigError: an unknown rule, a rule that cuts dead tails (``a0.5mt``: neither the regret
@@ -85,7 +88,8 @@ class ShadowAlpha:
     """
 
     def __init__(self, rules: str | Sequence[EvictionRule] = "default", *, rule_map: RuleMap,
-                 decay: float = 0.999, hysteresis: float = 0.05, lag: int = 0) -> None:
+                 decay: float = 0.999, hysteresis: float = 0.05, lag: int = 0,
+                 tokens: PrefixTokens | None = None) -> None:
         if isinstance(lag, bool) or not isinstance(lag, int) or lag < 0:
             raise ConfigError(f"shadow alpha: lag must be a whole number of requests >= 0, got {lag!r}")
         self.rules = parse_rules(rules)
@@ -109,7 +113,7 @@ class ShadowAlpha:
         self._first_kept = 0
         self._worker: Any = None        # a ShadowProcess or a _ShadowWorker (thread), once in the background
         self._started_with: tuple[ModelSpec, float] | None = None
-        self._delta = PrefixTokens()     # in-process replays: convert only the tokens not seen before
+        self._delta = tokens if tokens is not None else PrefixTokens()
 
     def start(self, spec: ModelSpec, capacity_bytes: float) -> None:
         """Build the shadow: ``spec``'s model, ``capacity_bytes`` (what the engine's pool holds).

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Sequence
 
 from marconi.core.eviction import EvictionRule
 from marconi.core.registry import ConfigError
+from marconi.integrations.common.prefix_delta import PrefixTokens
 from marconi.integrations.common.shadow_alpha import ShadowAlpha
 from marconi.integrations.vllm.layout import pool_capacity_bytes
 from marconi.integrations.vllm.policy import block_rule
@@ -34,14 +35,16 @@ class PoolShadowAlpha(ShadowAlpha):
         decay, hysteresis: the regret chooser's.
         lag: requests by which a rule switch takes effect (``MARCONI_VLLM_ADAPTIVE_LAG``; see
             :class:`~marconi.integrations.common.shadow_alpha.ShadowAlpha`).
+        tokens: how an in-process replay reads vLLM's token lists (default: a new
+            :class:`~marconi.integrations.common.prefix_delta.PrefixTokens`).
 
     Raises:
         ConfigError: a rule the block policy cannot apply (``no counterpart in vLLM's block pool``).
     """
 
     def __init__(self, rules: str | Sequence[EvictionRule] = "default", *, decay: float = 0.999,
-                 hysteresis: float = 0.05, lag: int = 0) -> None:
-        super().__init__(rules, rule_map=block_rule, decay=decay, hysteresis=hysteresis, lag=lag)
+                 hysteresis: float = 0.05, lag: int = 0, tokens: PrefixTokens | None = None) -> None:
+        super().__init__(rules, rule_map=block_rule, decay=decay, hysteresis=hysteresis, lag=lag, tokens=tokens)
 
     def bind(self, state: "BlockEvictionState") -> None:
         """Build the shadow for ``state``'s model and pool (once; ConfigError on a second pool, or
