@@ -10,7 +10,7 @@ fed as its inline ``observe`` feeds it) in a child process,
 write and for serialising the tokens the child has not seen: where the engine names its prefixes
 (``RequestObservation.prefix_keys``, vLLM's block hashes), only the tokens past the deepest prefix
 the child holds are sent (:mod:`marconi.integrations.common.prefix_delta`); otherwise all of them
-(``marshal``, about 10 ns a token). A reader thread, blocked in ``read`` outside the GIL nearly
+(as native int32 bytes, about 5 ns a token to pack, which the child reads in place). A reader thread, blocked in ``read`` outside the GIL nearly
 always, collects the rules.
 
 Same choices: the child replays the same tokens in submission order through the code an inline
@@ -20,7 +20,8 @@ the requests').
 
 Wire format, both ways: frames of ``kind`` (1 byte) + payload length (4 bytes, little-endian) +
 payload. Parent to child: ``S`` start (pickled ``(rules, decay, hysteresis, spec, capacity_bytes,
-kept_tokens)``, once, first), ``R`` one request (marshalled :meth:`PrefixEncoder.encode` tuple),
+kept_tokens)``, once, first), ``R`` one request (the marshalled :meth:`PrefixEncoder.encode` tuple, its ids as
+:func:`~marconi.integrations.common.prefix_delta.packed_ids` bytes: parent and child share a machine),
 ``Q`` one request of a batch whose answer may wait for the batch's last (an ``R``), ``T`` send the
 tuning record. Child to parent: ``s`` started (the shadow is built; the parent's constructor waits
 for it), ``r`` the rule index after each request answered (4 bytes each), ``t`` the tuning record
@@ -45,7 +46,7 @@ from collections import deque
 from pathlib import Path
 from typing import IO, Any, Sequence
 
-from marconi.integrations.common.prefix_delta import KEPT_TOKENS, PrefixDecoder, PrefixEncoder
+from marconi.integrations.common.prefix_delta import KEPT_TOKENS, PrefixDecoder, PrefixEncoder, packed_ids
 
 __all__ = ["ShadowProcess", "serve"]
 
@@ -171,6 +172,9 @@ class ShadowProcess:
         self._link.raise_if_failed()
         frame = self._encoder.encode(event.prompt_token_ids, event.output_token_ids,
                                      getattr(event, "prefix_keys", ()), getattr(event, "key_tokens", 0))
+        # the ids as int32 bytes: a little cheaper to write than marshal's ints, and the child reads
+        # them in place instead of converting a list (85 µs for 3,800 ids)
+        frame = frame[:5] + (packed_ids(frame[5]), packed_ids(frame[6]))
         payload = marshal.dumps(frame, 2)       # version 2: no table of shared objects, 3× faster
         self._held += (_HEADER.pack(b"R", len(payload)), payload)
         if len(self._held) >= 2 * self._batch:
