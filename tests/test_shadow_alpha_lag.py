@@ -219,8 +219,9 @@ def test_prefix_tokens_are_the_requests_and_a_failure_starts_over() -> None:
     assert PrefixTokens().arrays(short, [], _chained_keys(short, 4), 4)[0].tolist() == short
     for wrong in ([1, 1 << 31], [1, 2.5]):            # ids an array cannot hold: passed on, for the reader's error
         assert delta.arrays(wrong, [], [], 0) == (wrong, [])
-    with pytest.raises(TypeError):                    # a non-integer id in the delta's tail is raised as such
-        PrefixTokens(min_key_tokens=1).arrays([1, 2, 3, 4, 2.5], [], _chained_keys([1, 2, 3, 4, 5], 4), 4)
+    for tail in ([1, 2, 3, 4, 2.5], (1, 2, 3, 4, 2.5)):   # a non-integer id in the delta's tail: raised, never truncated
+        with pytest.raises(TypeError):
+            PrefixTokens(min_key_tokens=1).arrays(tail, [], _chained_keys([1, 2, 3, 4, 5], 4), 4)
     bad = history + [1 << 31]                                                             # outside int32
     with pytest.raises(OverflowError):
         delta.arrays(bad, [], _chained_keys(bad, 4), 4)
