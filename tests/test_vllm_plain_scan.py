@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from marconi.integrations.vllm.plugin import _first_plain
+from marconi.integrations.vllm.plugin import first_plain_blocks
 
 
 class _Block:
@@ -60,16 +60,16 @@ def test_the_pick_is_a_scan_from_the_heads(seed: int) -> None:
             continue
         queue, blocks = _queue(hashed)
         for want in {1, plain, rng.randrange(1, plain + 1)}:
-            got = [b.block_id for b in _first_plain(queue, want, plain, n)]
+            got = [b.block_id for b in first_plain_blocks(queue, want, plain, n)]
             assert got == _from_head(blocks, want), (hashed, want)
             # an overcount of the plain blocks only makes the walk longer, never the pick different
-            over = [b.block_id for b in _first_plain(queue, want, plain + rng.randrange(1, 5), n)]
+            over = [b.block_id for b in first_plain_blocks(queue, want, plain + rng.randrange(1, 5), n)]
             assert over == got
 
 
 def test_plain_blocks_at_the_tail_are_found_without_walking_the_queue() -> None:
     queue, blocks = _queue([True] * 1000 + [False] * 3)
     _Block.reads.clear()
-    got = _first_plain(queue, 2, 3, len(blocks))
+    got = first_plain_blocks(queue, 2, 3, len(blocks))
     assert [b.block_id for b in got] == [1000, 1001]
     assert len(_Block.reads) <= 8, len(_Block.reads)         # a scan from the head alone reads 1,002

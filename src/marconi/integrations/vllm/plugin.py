@@ -245,7 +245,7 @@ def _open_trace(config: PluginConfig) -> Any:
         raise PluginSettingError(str(exc)) from None
 
 
-def _first_plain(queue: Any, want: int, num_plain: int, num_free: int) -> list[Any]:
+def first_plain_blocks(queue: Any, want: int, num_plain: int, num_free: int) -> list[Any]:
     """The first ``want`` blocks without a hash in vLLM's free queue, in queue order (what a scan from
     the head finds), without walking the queue end to end when they lie near its tail.
 
@@ -483,7 +483,7 @@ class PoolHooks:
         num_plain_free = num_free - state.num_free_cached
         want = min(num_blocks, num_plain_free)
         if want > 0:
-            picked = _first_plain(queue, want, num_plain_free, num_free)
+            picked = first_plain_blocks(queue, want, num_plain_free, num_free)
             for block in picked:
                 queue.remove(block)
         num_plain = len(picked)
