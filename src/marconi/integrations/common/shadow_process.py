@@ -10,8 +10,8 @@ fed as its inline ``observe`` feeds it) in a child process,
 write and for serialising the tokens the child has not seen: where the engine names its prefixes
 (``RequestObservation.prefix_keys``, vLLM's block hashes), only the tokens past the deepest prefix
 the child holds are sent (:mod:`marconi.integrations.common.prefix_delta`); otherwise all of them
-(as native int32 bytes, about 5 ns a token to pack, which the child reads in place). A reader thread, blocked in ``read`` outside the GIL nearly
-always, collects the rules.
+(as native int32 bytes, about 5 ns a token to pack, which the child reads in place). A reader
+thread, blocked in ``read`` outside the GIL nearly always, collects the rules.
 
 Same choices: the child replays the same tokens in submission order through the code an inline
 replay runs, so the rule after request ``n`` is the inline replay's, request by request
@@ -20,10 +20,10 @@ the requests').
 
 Wire format, both ways: frames of ``kind`` (1 byte) + payload length (4 bytes, little-endian) +
 payload. Parent to child: ``S`` start (pickled ``(rules, decay, hysteresis, spec, capacity_bytes,
-kept_tokens)``, once, first), ``R`` one request (the marshalled :meth:`PrefixEncoder.encode` tuple, its ids as
-:func:`~marconi.integrations.common.prefix_delta.packed_ids` bytes: parent and child share a machine),
-``Q`` one request of a batch whose answer may wait for the batch's last (an ``R``), ``T`` send the
-tuning record. Child to parent: ``s`` started (the shadow is built; the parent's constructor waits
+kept_tokens)``, once, first), ``R`` one request (the marshalled :meth:`PrefixEncoder.encode`
+tuple, its ids as :func:`~marconi.integrations.common.prefix_delta.packed_ids` bytes: parent and
+child share a machine), ``Q`` one request of a batch whose answer may wait for the batch's last (an
+``R``), ``T`` send the tuning record. Child to parent: ``s`` started (the shadow is built; the parent's constructor waits
 for it), ``r`` the rule index after each request answered (4 bytes each), ``t`` the tuning record
 (pickled), ``e`` a failure (its traceback, UTF-8; the child exits). The child exits when its input
 closes, so it never outlives the parent's pipe.
