@@ -23,10 +23,10 @@ payload. Parent to child: ``S`` start (pickled ``(rules, decay, hysteresis, spec
 kept_tokens)``, once, first), ``R`` one request (the marshalled :meth:`PrefixEncoder.encode`
 tuple, its ids as :func:`~marconi.integrations.common.prefix_delta.packed_ids` bytes: parent and
 child share a machine), ``Q`` one request of a batch whose answer may wait for the batch's last (an
-``R``), ``T`` send the tuning record. Child to parent: ``s`` started (the shadow is built; the parent's constructor waits
-for it), ``r`` the rule index after each request answered (4 bytes each), ``t`` the tuning record
-(pickled), ``e`` a failure (its traceback, UTF-8; the child exits). The child exits when its input
-closes, so it never outlives the parent's pipe.
+``R``), ``T`` send the tuning record. Child to parent: ``s`` started (the shadow is built; the
+parent's constructor waits for it), ``r`` the rule index after each request answered (4 bytes
+each), ``t`` the tuning record (pickled), ``e`` a failure (its traceback, UTF-8; the child exits).
+The child exits when its input closes, so it never outlives the parent's pipe.
 
 Nothing here knows an engine.
 """
