@@ -12,6 +12,11 @@ lists, which is most of an inline replay's cost: docs/vllm-at-scale.md).
 Exact: the decoded tokens are the request's, whatever was forgotten (tests/test_shadow_alpha_lag.py).
 Bounded: each half keeps the blocks of the last ``kept_tokens`` tokens it saw (int32: 16 MiB at the
 default). Nothing here knows an engine.
+
+A list of ids becomes int32 through :func:`int32_bytes`: the compiled ``_ids.c`` where it was built
+(``pip install -e .`` with a C compiler; ~1.5 ns an id), else :func:`int32_bytes_python`
+(``struct.pack``, ~5.6 ns), which is its specification: the same bytes and the same exceptions
+(tests/test_int32_bytes.py).
 """
 
 from __future__ import annotations
@@ -23,7 +28,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-__all__ = ["KEPT_TOKENS", "PrefixEncoder", "PrefixDecoder", "PrefixTokens", "packed_ids"]
+__all__ = ["INT32_BYTES_COMPILED", "KEPT_TOKENS", "PrefixEncoder", "PrefixDecoder", "PrefixTokens", "int32_bytes",
+           "int32_bytes_python", "packed_ids"]
 
 
 def _ids(tokens: Sequence[int]) -> list[int] | tuple[int, ...]:
@@ -38,24 +44,52 @@ def _ids(tokens: Sequence[int]) -> list[int] | tuple[int, ...]:
 _INT32 = np.iinfo(np.int32)
 
 
-def _array(tokens: Any) -> np.ndarray:
-    """Token ids as an int32 array: a Python list packed by ``struct`` straight into the array's buffer
-    (twice ``np.fromiter``'s speed on 9,000 ints, 5 times ``np.asarray``'s: no type inference, no
-    iterator), bytes from :func:`packed_ids` read in place, anything else through ``np.asarray``.
-    OverflowError for an id outside int32, TypeError for one that is not an integer; the cache that
-    reads the array checks the rest (negative ids)."""
-    if type(tokens) is list:
-        out = np.empty(len(tokens), dtype=np.int32)
+def int32_bytes_python(tokens: Sequence[int]) -> bytes:
+    """A list or tuple of token ids as native int32 bytes (the specification of :func:`int32_bytes`).
+
+    Raises:
+        TypeError: ``tokens`` is not a list or tuple (``"token ids must be a list or tuple, got
+            <type>"``), or an id is not an integer (``"token id <repr> at <index> is not an
+            integer"``: neither an int nor an ``__index__``; a float is refused, not truncated).
+        OverflowError: an id is outside int32 (``"token id <value> at <index> is outside int32"``).
+    Negative ids pass: the reader of the array checks them.
+    """
+    if not isinstance(tokens, (list, tuple)):
+        raise TypeError(f"token ids must be a list or tuple, got {type(tokens).__name__}")
+    try:
+        return struct.pack(f"{len(tokens)}i", *tokens)
+    except struct.error:
+        pass
+    for at, token in enumerate(tokens):       # name the first bad id, as the compiled loop does
         try:
-            struct.pack_into(f"{len(tokens)}i", out, 0, *tokens)
-        except struct.error as exc:
-            for t in tokens:
-                try:
-                    operator.index(t)
-                except TypeError:
-                    raise TypeError(f"token id {t!r} is not an integer") from None
-            raise OverflowError(f"a token id is outside int32: {exc}") from None
-        return out
+            value = operator.index(token)
+        except TypeError:
+            raise TypeError(f"token id {token!r} at {at} is not an integer") from None
+        if not _INT32.min <= value <= _INT32.max:
+            raise OverflowError(f"token id {value} at {at} is outside int32")
+    raise AssertionError("struct.pack refused ids that each fit int32")      # pragma: no cover
+
+
+try:
+    from marconi.integrations.common._ids import int32_bytes as _compiled_int32_bytes
+except ImportError:               # no C compiler where the project was installed: the same, 4x slower
+    _compiled_int32_bytes = None
+
+#: Whether :func:`int32_bytes` is the compiled loop (``_ids.c``) or :func:`int32_bytes_python`.
+INT32_BYTES_COMPILED = _compiled_int32_bytes is not None
+
+#: A list or tuple of ids as native int32 bytes: the compiled ``_ids.c`` where built, else
+#: :func:`int32_bytes_python` (same bytes, same exceptions).
+int32_bytes = _compiled_int32_bytes if _compiled_int32_bytes is not None else int32_bytes_python
+
+
+def _array(tokens: Any) -> np.ndarray:
+    """Token ids as an int32 array: a Python list through :func:`int32_bytes` (read-only: the bytes'
+    memory, no copy), bytes from :func:`packed_ids` read in place, anything else through
+    ``np.asarray``. OverflowError for an id outside int32, TypeError for one that is not an integer;
+    the cache that reads the array checks the rest (negative ids)."""
+    if type(tokens) is list:
+        return np.frombuffer(int32_bytes(tokens), dtype=np.int32)
     if type(tokens) is bytes:
         return np.frombuffer(tokens, dtype=np.int32)
     arr = np.asarray(tokens)
@@ -69,12 +103,12 @@ def _array(tokens: Any) -> np.ndarray:
 
 
 def packed_ids(tokens: Sequence[int]) -> bytes | Sequence[int]:
-    """A list or tuple of ids as native int32 bytes, which :func:`_array` reads without a copy (the
-    replay process's wire: 4 bytes an id, and no conversion in the child); the ids unchanged where
-    they do not all fit (the reader then raises on them as it would have)."""
+    """A list or tuple of ids as native int32 bytes (:func:`int32_bytes`), which :func:`_array` reads
+    without a copy (the replay process's wire: 4 bytes an id, and no conversion in the child); the
+    ids unchanged where they do not all fit (the reader then raises on them as it would have)."""
     try:
-        return struct.pack(f"{len(tokens)}i", *tokens)
-    except (struct.error, TypeError):
+        return int32_bytes(tokens)
+    except (TypeError, OverflowError):
         return tokens
 
 
@@ -209,8 +243,8 @@ class PrefixTokens:
 
     def arrays(self, prompt: Sequence[int], output: Sequence[int], keys: Sequence[Any],
                key_tokens: int) -> tuple[Any, Any]:
-        """``(prompt, output)``: int32 arrays equal to the request's tokens (read-only where rebuilt
-        from known prefixes), or the inputs themselves (arrays already, or ids an int32 array cannot
+        """``(prompt, output)``: read-only int32 arrays equal to the request's tokens (lists converted
+        or rebuilt from known prefixes), or the inputs themselves (arrays already, or ids an int32 array cannot
         hold)."""
         if isinstance(prompt, np.ndarray):
             return prompt, output
