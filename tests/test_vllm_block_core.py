@@ -140,3 +140,41 @@ def test_evict_makes_the_choices_of_one_victim_at_a_time(core: str, name: str, s
                 s.check_invariants([(b, p, g) for b, keys in events.keys.items() for p, g in keys])
     assert events.victims > 50
     assert twins[0].evict(0) == []
+
+
+class _Churn(Events):
+    """Events over ever new prefixes (each name lives for 10 events, then a new generation
+    takes its family), rebuilt as equal but new string objects at every use: the compiled core's
+    prefix table then holds thousands of freed prefixes, which it must neither answer for nor keep
+    (it drops them in a rebuild once they outnumber the live ones by 1,024)."""
+
+    def __init__(self, state: object, rng: np.random.Generator, num_blocks: int) -> None:
+        super().__init__(state, rng, num_blocks)
+        self.events = 0
+
+    def prefix(self, family: int, depth: int) -> str:
+        return "".join(("g", str(self.events // 10), "f", str(family), ":", str(depth)))
+
+    def step(self) -> None:
+        self.events += 1
+        super().step()
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_both_cores_agree_through_thousands_of_freed_prefixes(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    states = []
+    for core in ("c", "python"):
+        monkeypatch.setenv(BLOCK_CORE_ENV, core)
+        states.append(BlockEvictionState(SPEC, KINDS, 120, B, MODES[0][1], MODES[0][2]))
+    events = _Churn(Twin(*states), np.random.default_rng(seed), 120)
+    names = set()
+    for step in range(16000):
+        events.step()
+        names.update(p for keys in events.keys.values() for p, _ in keys)
+        assert states[0].next_victim() == states[1].next_victim(), step
+        if step % 500 == 0:
+            assert list(states[0].reason) == list(states[1].reason), step
+            assert [states[0].keys_of(b) for b in range(120)] == [states[1].keys_of(b) for b in range(120)], step
+            for s in states:
+                s.check_invariants([(b, p, g) for b, keys in events.keys.items() for p, g in keys])
+    assert len(names) > 2500 and events.victims > 500          # enough for two rebuilds or more

@@ -9,7 +9,8 @@
  * released, taken, victim(alpha, variant) -> (block, reason) | None, clear, keys_of, prefix_info,
  * rows, snapshot, members, check_index; attribute reason (the live list of reason ids); len().
  *
- * Data: prefixes are interned to nodes (a dict prefix -> node id). A node that holds no block but
+ * Data: prefixes are interned to nodes (a dict prefix -> node id, whose entries for freed nodes go
+ * stale and are dropped in batches: node_lookup). A node that holds no block but
  * still has child prefixes holding attention blocks is kept as a shell (its kv_children count is
  * what the Python core keeps in its _kv_children dict). Verdict ids: 0 unkeyed, 1 inner, 2
  * worthless, 3 + 3*d + k the valued verdicts of depth slot d. Efficiency classes (levels of the
@@ -145,7 +146,8 @@ typedef struct {
     int32_t num_blocks;
     PyObject *effs_of;                /* depth -> tuple of num_variants floats */
     /* nodes */
-    PyObject *node_of;                /* dict prefix -> int node id */
+    PyObject *node_of;                /* dict prefix -> int node id, lazily cleaned (node_lookup) */
+    PyObject **id_ints; int32_t cap_id_ints;   /* node id -> its int, made once (the dict's values) */
     Node *nodes; int32_t num_nodes, cap_nodes;
     int32_t *free_nodes; int32_t num_free_nodes, cap_free_nodes;
     int32_t *dirty; int32_t num_dirty, cap_dirty;
@@ -427,10 +429,52 @@ static int32_t slot_for(Core *c, int64_t depth) {
 }
 
 /* ------------------------------------------------------------------ nodes */
+/* node_of maps a prefix to its node id lazily: freeing a node leaves its entry (deleting a key from
+   a pool-sized dict cost ~0.4 us a victim at 10^6 blocks, most of a victim's cost: cache misses on
+   the dict's tables), so a found id counts only while its node still holds an equal prefix. A new
+   node for that prefix overwrites the entry; the rest are dropped in one rebuild once they outnumber
+   the nodes that hold a prefix (plus STALE_SLACK), each entry once: amortised O(1) a node, the
+   cost profile of a dict's own resize. */
+#define STALE_SLACK 1024
+
 static inline int32_t node_lookup(Core *c, PyObject *prefix) {
     PyObject *found = PyDict_GetItemWithError(c->node_of, prefix);
     if (!found) return PyErr_Occurred() ? -2 : -1;
-    return (int32_t)PyLong_AsLong(found);
+    int32_t id = (int32_t)PyLong_AsLong(found);
+    PyObject *held = c->nodes[id].prefix;
+    if (held == prefix) return id;
+    if (!held) return -1;                     /* freed: a stale entry */
+    int same = PyObject_RichCompareBool(held, prefix, Py_EQ);
+    if (same < 0) return -2;
+    return same ? id : -1;                    /* reused for another prefix: stale */
+}
+
+static PyObject *id_int(Core *c, int32_t id) {
+    if (id >= c->cap_id_ints) {
+        int32_t cap = c->cap_id_ints ? c->cap_id_ints : 64;
+        while (cap <= id) cap *= 2;
+        PyObject **p = realloc(c->id_ints, (size_t)cap * sizeof(PyObject *));
+        if (!p) { PyErr_NoMemory(); return NULL; }
+        memset(p + c->cap_id_ints, 0, (size_t)(cap - c->cap_id_ints) * sizeof(PyObject *));
+        c->id_ints = p; c->cap_id_ints = cap;
+    }
+    if (!c->id_ints[id] && !(c->id_ints[id] = PyLong_FromLong(id))) return NULL;
+    return c->id_ints[id];                    /* borrowed */
+}
+
+/* Drop node_of's stale entries: a new dict of the nodes that hold a prefix. 0, or -1 (memory). */
+static int node_of_rebuild(Core *c) {
+    int32_t holding = c->num_nodes - c->num_free_nodes;
+    PyObject *fresh = _PyDict_NewPresized(holding);
+    if (!fresh) return -1;
+    for (int32_t id = 0; id < c->num_nodes; id++) {
+        Node *n = &c->nodes[id];
+        if (!n->prefix) continue;
+        PyObject *value = id_int(c, id);
+        if (!value || PyDict_SetItem(fresh, n->prefix, value) < 0) { Py_DECREF(fresh); return -1; }
+    }
+    Py_SETREF(c->node_of, fresh);
+    return 0;
 }
 
 static int32_t node_new(Core *c, PyObject *prefix) {
@@ -446,14 +490,12 @@ static int32_t node_new(Core *c, PyObject *prefix) {
         if (!n->groups) { PyErr_NoMemory(); return -2; }
         c->num_nodes++;
     }
-    PyObject *value = PyLong_FromLong(id);
-    if (!value || PyDict_SetItem(c->node_of, prefix, value) < 0) {
-        Py_XDECREF(value);
+    PyObject *value = id_int(c, id);
+    if (!value || PyDict_SetItem(c->node_of, prefix, value) < 0) {      /* a stale entry is overwritten */
         if (grow((void **)&c->free_nodes, &c->cap_free_nodes, sizeof(int32_t), c->num_free_nodes + 1) == 0)
             c->free_nodes[c->num_free_nodes++] = id;
         return -2;
     }
-    Py_DECREF(value);
     Node *n = &c->nodes[id];
     Py_INCREF(prefix);
     n->prefix = prefix;
@@ -468,12 +510,13 @@ static int32_t node_new(Core *c, PyObject *prefix) {
 
 static int node_free(Core *c, int32_t id) {
     Node *n = &c->nodes[id];
-    if (PyDict_DelItem(c->node_of, n->prefix) < 0) return -1;
-    Py_CLEAR(n->prefix);
+    Py_CLEAR(n->prefix);                       /* its node_of entry is now stale (node_lookup) */
     Py_CLEAR(n->parent);
     n->live = 0;
     if (grow((void **)&c->free_nodes, &c->cap_free_nodes, sizeof(int32_t), c->num_free_nodes + 1) < 0) return -1;
     c->free_nodes[c->num_free_nodes++] = id;
+    int32_t holding = c->num_nodes - c->num_free_nodes;
+    if (PyDict_GET_SIZE(c->node_of) > 2 * (Py_ssize_t)holding + STALE_SLACK) return node_of_rebuild(c);
     return 0;
 }
 
@@ -1043,6 +1086,8 @@ static void Core_dealloc(Core *c) {
     free(c->levels); free(c->is_attn);
     Py_XDECREF(c->node_of); Py_XDECREF(c->slot_of); Py_XDECREF(c->effs_of); Py_XDECREF(c->zero_effs);
     Py_XDECREF(c->reason);
+    for (int32_t id = 0; id < c->cap_id_ints; id++) Py_XDECREF(c->id_ints[id]);
+    free(c->id_ints);
     for (int i = 0; i < 4; i++) Py_XDECREF(c->reason_ints[i]);
     Py_TYPE(c)->tp_free((PyObject *)c);
 }
