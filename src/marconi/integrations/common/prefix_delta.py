@@ -244,8 +244,8 @@ class PrefixTokens:
     def arrays(self, prompt: Sequence[int], output: Sequence[int], keys: Sequence[Any],
                key_tokens: int) -> tuple[Any, Any]:
         """``(prompt, output)``: read-only int32 arrays equal to the request's tokens (lists converted
-        or rebuilt from known prefixes), or the inputs themselves (arrays already, or ids an int32 array cannot
-        hold)."""
+        or rebuilt from known prefixes), or the inputs themselves (arrays already, or ids an int32
+        array cannot hold)."""
         if isinstance(prompt, np.ndarray):
             return prompt, output
         if not keys or key_tokens < max(1, self.min_key_tokens):

@@ -10,8 +10,9 @@ fed as its inline ``observe`` feeds it) in a child process,
 write and for serialising the tokens the child has not seen: where the engine names its prefixes
 (``RequestObservation.prefix_keys``, vLLM's block hashes), only the tokens past the deepest prefix
 the child holds are sent (:mod:`marconi.integrations.common.prefix_delta`); otherwise all of them
-(as native int32 bytes, about 5 ns a token to pack, which the child reads in place). A reader
-thread, blocked in ``read`` outside the GIL nearly always, collects the rules.
+(as native int32 bytes, packed by :func:`~marconi.integrations.common.prefix_delta.int32_bytes`,
+~1.5 ns a token compiled, which the child reads in place). A reader thread, blocked in ``read``
+outside the GIL nearly always, collects the rules.
 
 Same choices: the child replays the same tokens in submission order through the code an inline
 replay runs, so the rule after request ``n`` is the inline replay's, request by request
