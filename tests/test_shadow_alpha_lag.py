@@ -12,7 +12,7 @@ import pytest
 from marconi.core.model import ModelSpec
 from marconi.core.registry import ConfigError
 from marconi.integrations.common.alpha import RequestObservation
-from marconi.integrations.vllm.config import ENV_ADAPTIVE_LAG, PluginConfig
+from marconi.integrations.vllm.config import ENV_ADAPTIVE_LAG, ENV_ADAPTIVE_REPLAY, PluginConfig
 from marconi.integrations.vllm.models import PRESETS
 from marconi.integrations.vllm.policy import ATTENTION, MAMBA, BlockEvictionState
 from marconi.integrations.vllm.shadow import PoolShadowAlpha
@@ -60,6 +60,44 @@ def test_lag_delays_each_switch_by_lag_requests_and_the_workers_agree() -> None:
     assert threaded == lagged and threaded_record == record
     forked, forked_record = _rules_in_force(LAG, "process", requests)
     assert forked == lagged and forked_record == record
+    # lag 0 in the background: every read of the rule waits for the replay, so the rules are inline's
+    for background in ("thread", "process"):
+        assert _rules_in_force(0, background, requests) == (now, record)
+
+
+def test_at_lag_0_in_the_background_the_pool_reads_the_rule_when_it_evicts() -> None:
+    """The pool's ``finished`` does not wait for a lazily settling source; its evictions apply the
+    inline rule at once, and each switch is reported at the first finish after an eviction read it."""
+    from marconi.workloads import build_workload
+
+    requests = list(build_workload("swe-sample:max_input_len=8192"))[:60]
+    kinds = (MAMBA, MAMBA, MAMBA, ATTENTION)
+    inline, lazy = PoolShadowAlpha(), PoolShadowAlpha()
+    inline_state = BlockEvictionState(_spec(), kinds, 100, 384, inline)
+    lazy_state = BlockEvictionState(_spec(), kinds, 100, 384, lazy)
+    assert not inline.settles_lazily
+    lazy.run_in_background()
+    assert lazy.settles_lazily and lazy.unsettled == 0
+    inline_reports, lazy_reports = [], []
+    try:
+        for i, req in enumerate(requests):
+            event = RequestObservation(req.input_tokens, req.output_tokens, 0, 0)
+            inline_reports.append(inline_state.finished(event))
+            lazy_reports.append(lazy_state.finished(event))
+            assert lazy.unsettled == 1 + i % 2
+            if i % 2:                            # an eviction between these finishes reads the rule
+                assert lazy_state.evict(0) == [] and lazy.unsettled == 0
+                assert (lazy.alpha(), lazy.efficiency()) == (inline.alpha(), inline.efficiency())
+    finally:
+        lazy.close()
+    switched = [(i, r) for i, r in enumerate(inline_reports) if r is not None]
+    assert len(switched) >= 2, "the shadow never switched: the test trace is not contended enough"
+    # read at the eviction after odd finishes, reported at the next finish (nothing lost, none twice)
+    expected = {}
+    for i, rule in switched:
+        expected[i + 2 - i % 2] = rule       # the odd finish at or after i, then the finish after it
+    assert {i: r for i, r in enumerate(lazy_reports) if r is not None} == {
+        i: r for i, r in expected.items() if i < len(requests)}
 
 
 def test_a_failed_replay_process_is_reported_and_the_rule_in_force_stays() -> None:
@@ -91,10 +129,26 @@ def test_lag_is_configured_and_checked() -> None:
                                ENV_ADAPTIVE_LAG: "-1"})
     with pytest.raises(ConfigError, match=ENV_ADAPTIVE_LAG):
         PluginConfig.from_env({"MARCONI_VLLM_POLICY": "marconi", ENV_ADAPTIVE_LAG: "2"})     # α fixed: no shadow
-    with pytest.raises(ConfigError, match="lag >= 1"):
+    with pytest.raises(ConfigError, match="before the first request"):
         source = PoolShadowAlpha()
         BlockEvictionState(_spec(), (MAMBA, ATTENTION), 100, 384, source)
-        source.run_in_background()
+        source.observe(RequestObservation([1, 2, 3], [4], 0, 0))
+        source.run_in_background(process=False)
+
+
+def test_the_replay_place_is_configured_and_checked() -> None:
+    adaptive = {"MARCONI_VLLM_POLICY": "marconi", "MARCONI_VLLM_ALPHA": "adaptive"}
+    config = PluginConfig.from_env({**adaptive, ENV_ADAPTIVE_REPLAY: "process"})
+    assert config.adaptive_replay == "process" and config.replays_in_background
+    assert PluginConfig.from_env(config.to_env()) == config
+    assert not PluginConfig.from_env(adaptive).replays_in_background                 # inline at lag 0
+    assert PluginConfig.from_env({**adaptive, ENV_ADAPTIVE_LAG: "2"}).replays_in_background
+    for env, match in (({**adaptive, ENV_ADAPTIVE_REPLAY: "gpu"}, "choose one of inline, process"),
+                       ({"MARCONI_VLLM_POLICY": "marconi", ENV_ADAPTIVE_REPLAY: "process"}, "needs MARCONI_VLLM_ALPHA"),
+                       ({**adaptive, ENV_ADAPTIVE_REPLAY: "inline", ENV_ADAPTIVE_LAG: "4"}, "a lag replays in a process")):
+        with pytest.raises(ConfigError, match=match) as err:
+            PluginConfig.from_env(env)
+        assert ENV_ADAPTIVE_REPLAY in str(err.value)
 
 
 def _chained_keys(tokens: list[int], block: int) -> list[bytes]:

@@ -40,6 +40,14 @@ it is more than ``L`` requests behind. The worker is a child process
 (:class:`~marconi.integrations.common.shadow_process.ShadowProcess`: the replay leaves the GIL too,
 and the scheduler thread pays only for serialising the token ids), or a thread where no process can
 be started.
+
+**Lag 0 in the background** (``run_in_background`` at lag 0). The rule in force after the n-th
+finished request is the shadow's after request n, as inline; but nothing reads it until the engine
+next evicts. So :meth:`observe` only sends the request, and the next read of the rule (``alpha()``,
+``efficiency()``, ``rule``, ``rule_version``) waits for the worker's answers to every request sent
+(:attr:`ShadowAlpha.settles_lazily`). The choices are the inline replay's, exactly; the replay runs
+beside the scheduler's own work between a finish and the next eviction, and the scheduler thread
+waits (without CPU) only for what is left of it then.
 """
 
 from __future__ import annotations
@@ -104,7 +112,7 @@ class ShadowAlpha:
         self.cache: PrefixCache | None = None
         self.chooser: RegretEviction | None = None    # the regret chooser running in the shadow
         self.num_observed = 0
-        self.rule_version = 0            # moves with each switch of the rule in force (AlphaSource)
+        self._version = 0                # moves with each switch of the rule in force (rule_version)
         self.lag = lag
         self._live = 0                   # with a lag: the index of the rule in force
         # With a lag: the shadow's rule index after each replayed request, from request number
@@ -145,31 +153,78 @@ class ShadowAlpha:
     def efficiency(self) -> str | None:
         return self._mapped[self._current()][1]
 
+    @property
+    def rule_version(self) -> int:
+        """Moves with each switch of the rule in force (the AlphaSource's optional attribute); in
+        the background at lag 0, reading it first settles the rule (:meth:`settle`)."""
+        if self._worker is not None and not self.lag:
+            self._settle()
+        return self._version
+
+    @property
+    def settles_lazily(self) -> bool:
+        """Whether the rule is read back from the background replay only when asked (lag 0 in the
+        background): then :meth:`observe` returns None and the next read of the rule waits."""
+        return self._worker is not None and not self.lag
+
+    @property
+    def unsettled(self) -> int:
+        """Observed requests whose rule has not been read back yet: nonzero only when the source
+        :attr:`settles_lazily`, between an :meth:`observe` and the next read of the rule."""
+        return self.num_observed - self._first_kept if self.settles_lazily else 0
+
     def _current(self) -> int:
         if self.lag:
             return self._live
+        if self._worker is not None:
+            self._settle()
+            return self._live
         return 0 if self.chooser is None else self.chooser.current
+
+    def _settle(self) -> None:
+        """In the background at lag 0: wait for the rule after every observed request and make it the
+        rule in force, the inline replay's exactly (RuntimeError if the replay failed: the rule in
+        force stays)."""
+        due = self.num_observed
+        if self._first_kept >= due:
+            return
+        self._worker.wait_for(due + 1 - self._first_kept)
+        rules = self._rule_after
+        while self._first_kept < due:
+            rules.popleft()
+            self._first_kept += 1
+        if rules[0] != self._live:
+            self._live = rules[0]
+            self._version += 1
 
     def observe(self, event: RequestObservation) -> EvictionRule | None:
         """Replay the finished request through the shadow (Marconi admission and eviction); its
         regret chooser charges the rules and may switch the live one. Returns the rule in force from
-        now if it changed, else None (the rule chooser's contract). ConfigError before :meth:`start`."""
+        now if it changed, else None (the rule chooser's contract; always None when the source
+        :attr:`settles_lazily`: the change is known when the rule is next read). ConfigError before
+        :meth:`start`; RuntimeError if a background replay failed."""
+        if self._worker is not None and not self.lag:     # in the background at lag 0: read when asked
+            self._observe(event)
+            return None
         before = self._current()
         self._observe(event)
         after = self._current()
         if after == before:
             return None
-        self.rule_version += 1
+        self._version += 1
         return self.rules[after]
 
     def _observe(self, event: RequestObservation) -> None:
         if self.cache is None:
             raise ConfigError("shadow alpha: observe before start (the engine builds the shadow for its pool)")
-        if not self.lag:
+        if not self.lag and self._worker is None:
             self.cache.process(*self._tokens(event))
             self.num_observed += 1
             return
         self.num_observed += 1
+        if not self.lag:
+            self._worker.submit(event)
+            return
         if self._worker is not None:
             self._worker.submit(event)
         else:
@@ -197,24 +252,22 @@ class ShadowAlpha:
         return self._delta.arrays(event.prompt_token_ids, event.output_token_ids, event.prefix_keys, event.key_tokens)
 
     def run_in_background(self, *, process: bool = True) -> None:
-        """Replay in the background from now on (same rules, see the module docstring: the scheduler
-        thread queues each request and waits only when the worker is more than ``lag`` requests
-        behind): in a child process (``process=True``; a thread, logged, where none can start), or on
-        a thread. A worker's failure is raised by the next :meth:`observe` (RuntimeError).
+        """Replay in the background from now on (same rules, see the module docstring): in a child
+        process (``process=True``; a thread, logged, where none can start), or on a thread. With a
+        lag the scheduler thread queues each request and waits only when the worker is more than
+        ``lag`` requests behind; at lag 0 it waits when it next reads the rule (:attr:`settles_lazily`).
+        A worker's failure is raised by the next :meth:`observe` or read of the rule (RuntimeError).
 
         Raises:
-            ConfigError: lag 0 (each observe would wait for its own replay), not started, or
-                requests already observed (the child's shadow starts empty).
+            ConfigError: not started, or requests already observed (the worker's shadow starts empty).
         """
-        if not self.lag:
-            raise ConfigError("shadow alpha: a background replay needs lag >= 1 (at lag 0 each request waits for it)")
         if self.cache is None or self._started_with is None:
             raise ConfigError("shadow alpha: run_in_background before start")
         if self._worker is not None:
             return
+        if self.num_observed and (process or not self.lag):
+            raise ConfigError("shadow alpha: move the replay to the background before the first request, not after")
         if process:
-            if self.num_observed:
-                raise ConfigError("shadow alpha: move the replay to a process before the first request, not after")
             from marconi.integrations.common.shadow_process import ShadowProcess
 
             try:

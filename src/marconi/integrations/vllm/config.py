@@ -24,13 +24,19 @@ from marconi.integrations.vllm.policy import DEFAULT_ALPHA, EFFICIENCIES, POLICI
 from marconi.integrations.vllm.retention import DEFAULT_BUDGET, SPARSE_DP
 from marconi.integrations.vllm.shadow import PoolShadowAlpha
 
-__all__ = ["PluginConfig", "ENV_POLICY", "ENV_ALPHA", "ENV_ADAPTIVE_RULES", "ENV_ADAPTIVE_LAG", "ENV_ALPHA_SOURCE", "ENV_EFFICIENCY",
+__all__ = ["PluginConfig", "ENV_POLICY", "ENV_ALPHA", "ENV_ADAPTIVE_RULES", "ENV_ADAPTIVE_LAG", "ENV_ADAPTIVE_REPLAY",
+           "ENV_ALPHA_SOURCE", "ENV_EFFICIENCY", "REPLAYS",
            "ENV_TRACE", "ENV_MAMBA2_CPU_FIX", "ENV_RETENTION", "ENV_RETENTION_BUDGET", "ADAPTIVE", "parse_alpha", "load_alpha_factory"]
 
 ENV_POLICY = "MARCONI_VLLM_POLICY"
 ENV_ALPHA = "MARCONI_VLLM_ALPHA"
 ENV_ADAPTIVE_RULES = "MARCONI_VLLM_ADAPTIVE_RULES"
 ENV_ADAPTIVE_LAG = "MARCONI_VLLM_ADAPTIVE_LAG"
+ENV_ADAPTIVE_REPLAY = "MARCONI_VLLM_ADAPTIVE_REPLAY"
+#: Where adaptive α's shadow replays finished requests: on the scheduler thread (``inline``, lag 0
+#: only) or in a child process (``process``; at lag 0 the scheduler waits for it only when it next
+#: reads the rule, at an eviction). Unset: ``inline`` at lag 0, ``process`` with a lag.
+REPLAYS = ("inline", "process")
 ENV_ALPHA_SOURCE = "MARCONI_VLLM_ALPHA_SOURCE"
 ENV_EFFICIENCY = "MARCONI_VLLM_EFFICIENCY"
 ENV_TRACE = "MARCONI_VLLM_TRACE"
@@ -115,7 +121,8 @@ class PluginConfig:
     ``alpha`` is a number or ``"adaptive"`` (then ``adaptive_rules`` is the family and the rules
     choose the efficiency; ``efficiency`` stays at its default). ``retention``: ``None`` (vLLM's
     own) or ``"sparse-dp"``, placing ``retention_budget`` boundaries per sequence (``None``: the
-    default, 2)."""
+    default, 2). ``adaptive_replay``: one of :data:`REPLAYS`, or None (``inline`` at lag 0,
+    ``process`` with a lag)."""
 
     policy: str | None = None
     alpha: float | str = DEFAULT_ALPHA
@@ -125,6 +132,7 @@ class PluginConfig:
     mamba2_cpu_fix: bool = True
     adaptive_rules: str = DEFAULT_RULES
     adaptive_lag: int = 0
+    adaptive_replay: str | None = None
     retention: str | None = None
     retention_budget: int | None = None
 
@@ -158,6 +166,15 @@ class PluginConfig:
             raise ConfigError(f"{ENV_ADAPTIVE_LAG}={self.adaptive_lag!r}: write a whole number of requests >= 0")
         if self.adaptive_lag and not self.adaptive:
             raise ConfigError(f"{ENV_ADAPTIVE_LAG}={self.adaptive_lag!r} needs {ENV_ALPHA}={ADAPTIVE}")
+        if self.adaptive_replay is not None:
+            if self.adaptive_replay not in REPLAYS:
+                raise ConfigError(f"{ENV_ADAPTIVE_REPLAY}={self.adaptive_replay!r}: choose one of {', '.join(REPLAYS)} "
+                                  "(or leave it unset)")
+            if not self.adaptive:
+                raise ConfigError(f"{ENV_ADAPTIVE_REPLAY}={self.adaptive_replay!r} needs {ENV_ALPHA}={ADAPTIVE}")
+            if self.adaptive_replay == "inline" and self.adaptive_lag:
+                raise ConfigError(f"{ENV_ADAPTIVE_REPLAY}=inline with {ENV_ADAPTIVE_LAG}={self.adaptive_lag}: a lag "
+                                  f"replays in a process; unset {ENV_ADAPTIVE_REPLAY} or set the lag to 0")
 
     def _check_retention(self) -> None:
         if self.retention is None:
@@ -183,6 +200,11 @@ class PluginConfig:
     def adaptive(self) -> bool:
         return self.alpha == ADAPTIVE
 
+    @property
+    def replays_in_background(self) -> bool:
+        """Whether adaptive α's shadow replays in a child process (a lag, or ``process``)."""
+        return self.adaptive and (self.adaptive_lag > 0 or self.adaptive_replay == "process")
+
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "PluginConfig":
         """The configuration the environment (default ``os.environ``) gives; ConfigError naming the
@@ -202,11 +224,12 @@ class PluginConfig:
             lag = int(raw_lag) if raw_lag else 0
         except ValueError:
             raise ConfigError(f"{ENV_ADAPTIVE_LAG}={raw_lag!r}: write a whole number of requests >= 0") from None
+        replay = env.get(ENV_ADAPTIVE_REPLAY, "").strip().lower() or None
         return cls(policy=policy, alpha=alpha, alpha_source=env.get(ENV_ALPHA_SOURCE, "").strip() or None,
                    efficiency=efficiency or "total", trace_path=env.get(ENV_TRACE, "").strip() or None,
                    mamba2_cpu_fix=fix,
                    adaptive_rules=env.get(ENV_ADAPTIVE_RULES, "").strip() or DEFAULT_RULES,
-                   adaptive_lag=lag, retention=retention, retention_budget=budget)
+                   adaptive_lag=lag, adaptive_replay=replay, retention=retention, retention_budget=budget)
 
     @classmethod
     def lenient_from_env(cls, env: Mapping[str, str] | None = None) -> tuple["PluginConfig", list[str]]:
@@ -262,6 +285,8 @@ class PluginConfig:
             env[ENV_ADAPTIVE_RULES] = self.adaptive_rules
             if self.adaptive_lag:
                 env[ENV_ADAPTIVE_LAG] = str(self.adaptive_lag)
+            if self.adaptive_replay:
+                env[ENV_ADAPTIVE_REPLAY] = self.adaptive_replay
         else:
             env[ENV_EFFICIENCY] = self.efficiency
         if self.alpha_source:

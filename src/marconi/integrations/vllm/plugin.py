@@ -400,8 +400,8 @@ class PoolHooks:
             state = BlockEvictionState(spec, kinds, pool.num_gpu_blocks, block_size, source, config.efficiency)
         except ConfigError as exc:
             raise PluginSettingError(str(exc)) from exc
-        if isinstance(source, ShadowAlpha) and source.lag:
-            source.run_in_background()   # off the scheduler thread: a switch lags by `lag` requests anyway
+        if isinstance(source, ShadowAlpha) and config.replays_in_background:
+            source.run_in_background()   # off the scheduler thread (at lag 0 it waits only when it reads the rule)
         hooks = cls(pool, kv_manager, state, config, int(pool.hash_block_size), trace=trace)
         hooks._hash_parts = (get_block_hash, get_group_id)
         return hooks

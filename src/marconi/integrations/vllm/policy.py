@@ -150,9 +150,17 @@ class BlockEvictionState:
 
     def finished(self, event: RequestObservation) -> tuple[float, str] | None:
         """Show a finished request to the α source; the new ``(alpha, efficiency)`` if the rule of the
-        next eviction changed, else None."""
-        self.alpha_source.observe(event)
-        rule = self._current_rule()
+        next eviction changed, else None. A source that settles lazily (``settles_lazily``: the shadow
+        replayed in a process at lag 0) is not waited for here: a switch it made is reported at the
+        first finish after an eviction read it (the evictions apply it at once)."""
+        source = self.alpha_source
+        if getattr(source, "settles_lazily", False):
+            # read without waiting only where an eviction has settled it since the last observe
+            rule = self._rule if source.unsettled else self._current_rule()
+            source.observe(event)
+        else:
+            source.observe(event)
+            rule = self._current_rule()
         if rule == self._rule:
             return None
         self._rule = rule
