@@ -136,6 +136,22 @@ def test_lag_is_configured_and_checked() -> None:
         source.run_in_background(process=False)
 
 
+@pytest.mark.timeout(120)
+def test_at_lag_0_a_process_replay_never_read_does_not_stall_the_engine() -> None:
+    """Thousands of finished requests and no eviction to read the rule: more answers than the child's
+    pipe holds, and more requests than the engine's; observe reads the answers itself in time."""
+    source = PoolShadowAlpha()
+    BlockEvictionState(_spec(), (MAMBA, ATTENTION), 100, 384, source)
+    source.run_in_background()
+    try:
+        for i in range(30_000):
+            source.observe(RequestObservation([1 + i % 5, 2, 3, 4], [5], 0, 0))
+            assert source.unsettled <= source.max_unsettled
+        assert source.alpha() == 0.0 and source.unsettled == 0
+    finally:
+        source.close()
+
+
 def test_the_replay_place_is_configured_and_checked() -> None:
     adaptive = {"MARCONI_VLLM_POLICY": "marconi", "MARCONI_VLLM_ALPHA": "adaptive"}
     config = PluginConfig.from_env({**adaptive, ENV_ADAPTIVE_REPLAY: "process"})

@@ -95,6 +95,11 @@ class ShadowAlpha:
             chooser nor an engine's ranking can follow it), or one ``rule_map`` rejects.
     """
 
+    #: In the background at lag 0, the most observed requests left unread before :meth:`observe`
+    #: reads their rules itself: an engine that does not evict for a long time must still take the
+    #: child's answers, or their pipe fills, the child stops reading, and then the engine's writes stop.
+    max_unsettled = 1024
+
     def __init__(self, rules: str | Sequence[EvictionRule] = "default", *, rule_map: RuleMap,
                  decay: float = 0.999, hysteresis: float = 0.05, lag: int = 0,
                  tokens: PrefixTokens | None = None) -> None:
@@ -224,6 +229,8 @@ class ShadowAlpha:
         self.num_observed += 1
         if not self.lag:
             self._worker.submit(event)
+            if self.num_observed - self._first_kept >= self.max_unsettled:
+                self._settle()      # read the answers before the child's pipe to us fills and stops it
             return
         if self._worker is not None:
             self._worker.submit(event)
@@ -273,8 +280,11 @@ class ShadowAlpha:
             try:
                 # requests go to the child in batches of up to lag / 2: fewer wake-ups, and the child
                 # still has half the lag to replay a batch before its rules are due
+                # at lag 0 the scheduler thread waits for every answer anyway: it reads them itself
+                # when it settles, and no reader thread takes the GIL from it in between
                 self._worker = ShadowProcess(self.rules, self.decay, self.hysteresis, *self._started_with,
-                                             self._rule_after, batch=max(1, self.lag // 2))
+                                             self._rule_after, batch=max(1, self.lag // 2),
+                                             reader_thread=bool(self.lag))
                 return
             except (OSError, RuntimeError) as exc:     # no process, or a child that failed to build its shadow
                 logger.warning("marconi: the shadow's replay process cannot start (%s); replaying on a thread", exc)

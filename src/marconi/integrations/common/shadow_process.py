@@ -45,7 +45,7 @@ import traceback
 import weakref
 from collections import deque
 from pathlib import Path
-from typing import IO, Any, Sequence
+from typing import IO, Any, Callable, Sequence
 
 from marconi.integrations.common.prefix_delta import KEPT_TOKENS, PrefixDecoder, PrefixEncoder, packed_ids
 
@@ -137,7 +137,8 @@ class ShadowProcess:
     """
 
     def __init__(self, rules: Sequence[Any], decay: float, hysteresis: float, spec: Any, capacity_bytes: float,
-                 rule_indices: deque[int], *, kept_tokens: int = KEPT_TOKENS, batch: int = 1) -> None:
+                 rule_indices: deque[int], *, kept_tokens: int = KEPT_TOKENS, batch: int = 1,
+                 reader_thread: bool = True) -> None:
         src = str(Path(__file__).resolve().parents[3])       # the directory holding the marconi package
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH", "")) if p)
@@ -155,13 +156,13 @@ class ShadowProcess:
         self._encoder = PrefixEncoder(kept_tokens)
         self._finalize = weakref.finalize(self, _shut, proc)
         self._send(b"S", pickle.dumps((tuple(rules), decay, hysteresis, spec, capacity_bytes, kept_tokens)))
-        threading.Thread(target=_collect, args=(proc.stdout, link, proc), name="marconi-shadow-reader",
-                         daemon=True).start()
+        self._reader_thread = reader_thread
+        if reader_thread:
+            threading.Thread(target=_collect, args=(proc.stdout, link, proc), name="marconi-shadow-reader",
+                             daemon=True).start()
         # Wait for the child's shadow (its imports take about a second): paid once, where the engine
         # starts, not by the first requests' scheduler steps.
-        with link.cond:
-            while not link.ready and link.error is None:
-                link.cond.wait()
+        self._wait(lambda: link.ready)
         link.raise_if_failed()
 
     @property
@@ -204,11 +205,30 @@ class ShadowProcess:
         link = self._link
         if len(link.rules) < num_rules and self._held:
             self._flush()                         # the child needs the held requests first
-        with link.cond:
-            while len(link.rules) < num_rules and link.error is None:
-                link.cond.wait()
+        self._wait(lambda: len(link.rules) >= num_rules)
         if len(link.rules) < num_rules:
             link.raise_if_failed()
+
+    def _wait(self, done: Callable[[], bool]) -> None:
+        """Until ``done()`` or a failure: on the reader thread's notifications, or (without a reader
+        thread) reading the child's answers here, blocked in ``read`` outside the GIL."""
+        link = self._link
+        if self._reader_thread:
+            with link.cond:
+                while not done() and link.error is None:
+                    link.cond.wait()
+            return
+        inp, proc = self._proc.stdout, self._proc
+        while not done() and link.error is None:
+            try:
+                frame = _read(inp)
+            except BaseException as exc:
+                link.fail(f"{type(exc).__name__} reading from the replay process (pid {proc.pid}): {exc}")
+                return
+            if frame is None:
+                link.fail(f"the replay process (pid {proc.pid}) ended (exit status {proc.poll()})")
+                return
+            _take(link, *frame)
 
     def tuning_record(self) -> dict[str, Any]:
         """The child's regret chooser's record (after every request submitted so far)."""
@@ -216,10 +236,8 @@ class ShadowProcess:
         with link.cond:
             link.record = None
         self._send(b"T", b"")
-        with link.cond:
-            while link.record is None and link.error is None:
-                link.cond.wait()
-            record = link.record
+        self._wait(lambda: link.record is not None)
+        record = link.record
         if record is None:
             link.raise_if_failed()
         return record            # type: ignore[return-value]
@@ -235,20 +253,24 @@ def _collect(inp: IO[bytes], link: _Link, proc: subprocess.Popen) -> None:
     """The reader thread: the child's answers into ``link``; its end (or failure) as ``link.error``."""
     try:
         while (frame := _read(inp)) is not None:
-            kind, payload = frame
-            with link.cond:
-                if kind == b"r":
-                    link.rules.extend(index for (index,) in _INDEX.iter_unpack(payload))
-                elif kind == b"t":
-                    link.record = pickle.loads(payload)
-                elif kind == b"s":
-                    link.ready = True
-                else:
-                    link.error = payload.decode("utf-8", "replace")
-                link.cond.notify_all()
+            _take(link, *frame)
         link.fail(f"the replay process (pid {proc.pid}) ended (exit status {proc.poll()})")
     except BaseException as exc:
         link.fail(f"{type(exc).__name__} reading from the replay process (pid {proc.pid}): {exc}")
+
+
+def _take(link: _Link, kind: bytes, payload: bytes) -> None:
+    """One answer of the child into ``link`` (and wake whoever waits on it)."""
+    with link.cond:
+        if kind == b"r":
+            link.rules.extend(index for (index,) in _INDEX.iter_unpack(payload))
+        elif kind == b"t":
+            link.record = pickle.loads(payload)
+        elif kind == b"s":
+            link.ready = True
+        else:
+            link.error = payload.decode("utf-8", "replace")
+        link.cond.notify_all()
 
 
 def _widen(pipe: IO[bytes], size: int = 1 << 20) -> None:
