@@ -152,6 +152,23 @@ def test_at_lag_0_a_process_replay_never_read_does_not_stall_the_engine() -> Non
         source.close()
 
 
+@pytest.mark.parametrize("lag", [0, LAG])
+def test_where_no_process_starts_lag_0_stays_inline_and_a_lag_takes_a_thread(lag: int, monkeypatch) -> None:
+    import marconi.integrations.common.shadow_process as shadow_process
+
+    def cannot_start(*args, **kwargs):
+        raise OSError("no processes here")
+
+    monkeypatch.setattr(shadow_process, "ShadowProcess", cannot_start)
+    source = PoolShadowAlpha(lag=lag)
+    BlockEvictionState(_spec(), (MAMBA, ATTENTION), 100, 384, source)
+    source.run_in_background()
+    assert source.settles_lazily is False and source.replay_pid is None
+    assert source.observe(RequestObservation([1, 2, 3], [4], 0, 0)) is None and source.num_observed == 1
+    assert (source.alpha(), source.efficiency()) == (0.0, None)
+    source.close()
+
+
 def test_the_replay_place_is_configured_and_checked() -> None:
     adaptive = {"MARCONI_VLLM_POLICY": "marconi", "MARCONI_VLLM_ALPHA": "adaptive"}
     config = PluginConfig.from_env({**adaptive, ENV_ADAPTIVE_REPLAY: "process"})

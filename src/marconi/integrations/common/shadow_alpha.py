@@ -260,9 +260,10 @@ class ShadowAlpha:
 
     def run_in_background(self, *, process: bool = True) -> None:
         """Replay in the background from now on (same rules, see the module docstring): in a child
-        process (``process=True``; a thread, logged, where none can start), or on a thread. With a
-        lag the scheduler thread queues each request and waits only when the worker is more than
-        ``lag`` requests behind; at lag 0 it waits when it next reads the rule (:attr:`settles_lazily`).
+        process (``process=True``; where none can start, logged, on a thread with a lag and inline at
+        lag 0), or on a thread. With a lag the scheduler thread queues each request and waits only
+        when the worker is more than ``lag`` requests behind; at lag 0 it waits when it next reads
+        the rule (:attr:`settles_lazily`).
         A worker's failure is raised by the next :meth:`observe` or read of the rule (RuntimeError).
 
         Raises:
@@ -287,6 +288,9 @@ class ShadowAlpha:
                                              reader_thread=bool(self.lag))
                 return
             except (OSError, RuntimeError) as exc:     # no process, or a child that failed to build its shadow
+                if not self.lag:    # a thread would only share the GIL, and each read would wait for it
+                    logger.warning("marconi: the shadow's replay process cannot start (%s); replaying inline", exc)
+                    return
                 logger.warning("marconi: the shadow's replay process cannot start (%s); replaying on a thread", exc)
         self._worker = _ShadowWorker(self._replay, self._rule_after)
 
