@@ -178,7 +178,8 @@ def test_the_replay_place_is_configured_and_checked() -> None:
     assert PluginConfig.from_env({**adaptive, ENV_ADAPTIVE_LAG: "2"}).replays_in_background
     for env, match in (({**adaptive, ENV_ADAPTIVE_REPLAY: "gpu"}, "choose one of inline, process"),
                        ({"MARCONI_VLLM_POLICY": "marconi", ENV_ADAPTIVE_REPLAY: "process"}, "needs MARCONI_VLLM_ALPHA"),
-                       ({**adaptive, ENV_ADAPTIVE_REPLAY: "inline", ENV_ADAPTIVE_LAG: "4"}, "a lag replays in a process")):
+                       ({**adaptive, ENV_ADAPTIVE_REPLAY: "inline", ENV_ADAPTIVE_LAG: "4"},
+                        "a lag replays in a process")):
         with pytest.raises(ConfigError, match=match) as err:
             PluginConfig.from_env(env)
         assert ENV_ADAPTIVE_REPLAY in str(err.value)

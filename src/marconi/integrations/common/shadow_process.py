@@ -11,8 +11,11 @@ write and for serialising the tokens the child has not seen: where the engine na
 (``RequestObservation.prefix_keys``, vLLM's block hashes), only the tokens past the deepest prefix
 the child holds are sent (:mod:`marconi.integrations.common.prefix_delta`); otherwise all of them
 (as native int32 bytes, packed by :func:`~marconi.integrations.common.prefix_delta.int32_bytes`,
-~1.5 ns a token compiled, which the child reads in place). A reader thread, blocked in ``read``
-outside the GIL nearly always, collects the rules.
+~1.5 ns a token compiled, which the child reads in place). With a lag a reader thread, blocked in
+``read`` outside the GIL nearly always, collects the rules; at lag 0 (``reader_thread=False``) the
+caller waits for every rule anyway, so it reads them itself when it waits, and no thread takes the
+GIL from it between waits (its caller must then wait often enough that the child's answers never
+fill their pipe: :attr:`~marconi.integrations.common.shadow_alpha.ShadowAlpha.max_unsettled`).
 
 Same choices: the child replays the same tokens in submission order through the code an inline
 replay runs, so the rule after request ``n`` is the inline replay's, request by request
@@ -125,7 +128,8 @@ class ShadowProcess:
 
     The scheduler thread encodes, marshals and writes a request (a writer thread, tried, made the
     step slower on a 2-core machine: one more thread taking the GIL back); a reader thread collects
-    the answers. The worker interface :class:`~marconi.integrations.common.shadow_alpha.ShadowAlpha` drives:
+    the answers, or (``reader_thread=False``) :meth:`wait_for` reads them on the caller's thread.
+    The worker interface :class:`~marconi.integrations.common.shadow_alpha.ShadowAlpha` drives:
     :meth:`submit`, :meth:`wait_for`, :meth:`tuning_record`, :meth:`close`.
 
     Raises:
