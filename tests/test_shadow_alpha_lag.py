@@ -100,12 +100,13 @@ def test_at_lag_0_in_the_background_the_pool_reads_the_rule_when_it_evicts() -> 
         i: r for i, r in expected.items() if i < len(requests)}
 
 
-def test_a_failed_replay_process_is_reported_and_the_rule_in_force_stays() -> None:
+@pytest.mark.parametrize("lag", [0, LAG])
+def test_a_failed_replay_process_is_reported_and_the_rule_in_force_stays(lag: int) -> None:
     from marconi.workloads import build_workload
 
     requests = list(build_workload("swe-sample:max_input_len=8192"))[:LAG + 2]
-    source = PoolShadowAlpha(lag=LAG)
-    BlockEvictionState(_spec(), (MAMBA, ATTENTION), 100, 384, source)
+    source = PoolShadowAlpha(lag=lag)
+    state = BlockEvictionState(_spec(), (MAMBA, ATTENTION), 100, 384, source)
     source.run_in_background()
     source.observe(RequestObservation(requests[0].input_tokens, requests[0].output_tokens, 0, 0))
     source.drain()
@@ -114,7 +115,14 @@ def test_a_failed_replay_process_is_reported_and_the_rule_in_force_stays() -> No
     with pytest.raises(RuntimeError, match="replay process"):
         for req in requests[1:]:
             source.observe(RequestObservation(req.input_tokens, req.output_tokens, 0, 0))
+            # the engine reads the rule at its next eviction: at lag 0 that read meets the failure,
+            # keeps the rule in force without raising, and the next observe raises
+            assert source.alpha() == 0.0
     assert source.alpha() == 0.0                 # lru, the rule in force before it died
+    # the pool's eviction reads the rule without raising (an engine's allocation must not fail)
+    assert state.evict(0) == [] and source.rule_version == 0
+    with pytest.raises(RuntimeError, match="replay process"):          # and every observe says so
+        source.observe(RequestObservation(requests[0].input_tokens, requests[0].output_tokens, 0, 0))
     source.close()
 
 

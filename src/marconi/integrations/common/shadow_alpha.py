@@ -126,6 +126,7 @@ class ShadowAlpha:
         self._first_kept = 0
         self._worker: Any = None        # a ShadowProcess or a _ShadowWorker (thread), once in the background
         self._started_with: tuple[ModelSpec, float] | None = None
+        self._failed: RuntimeError | None = None    # lag 0 in the background: the replay's failure
         self._delta = tokens if tokens is not None else PrefixTokens()
 
     def start(self, spec: ModelSpec, capacity_bytes: float) -> None:
@@ -160,9 +161,9 @@ class ShadowAlpha:
 
     @property
     def rule_version(self) -> int:
-        """Moves with each switch of the rule in force (the AlphaSource's optional attribute); in
-        the background at lag 0, reading it first settles the rule (:meth:`settle`)."""
-        if self._worker is not None and not self.lag:
+        """Moves with each switch of the rule in force (the AlphaSource's optional attribute); when
+        the source :attr:`settles_lazily`, reading it first waits for the replay's answers."""
+        if self.settles_lazily:
             self._settle()
         return self._version
 
@@ -181,19 +182,24 @@ class ShadowAlpha:
     def _current(self) -> int:
         if self.lag:
             return self._live
-        if self._worker is not None:
+        if self._worker is not None:          # lag 0 in the background (settles_lazily)
             self._settle()
             return self._live
         return 0 if self.chooser is None else self.chooser.current
 
     def _settle(self) -> None:
         """In the background at lag 0: wait for the rule after every observed request and make it the
-        rule in force, the inline replay's exactly (RuntimeError if the replay failed: the rule in
-        force stays)."""
+        rule in force, the inline replay's exactly. If the replay has failed the rule in force stays
+        and nothing is raised here: an engine reads the rule inside its eviction, which must not
+        fail; :meth:`observe` raises it (RuntimeError)."""
         due = self.num_observed
-        if self._first_kept >= due:
+        if self._first_kept >= due or self._failed is not None:
             return
-        self._worker.wait_for(due + 1 - self._first_kept)
+        try:
+            self._worker.wait_for(due + 1 - self._first_kept)
+        except RuntimeError as exc:
+            self._failed = exc
+            return
         rules = self._rule_after
         while self._first_kept < due:
             rules.popleft()
@@ -208,7 +214,7 @@ class ShadowAlpha:
         now if it changed, else None (the rule chooser's contract; always None when the source
         :attr:`settles_lazily`: the change is known when the rule is next read). ConfigError before
         :meth:`start`; RuntimeError if a background replay failed."""
-        if self._worker is not None and not self.lag:     # in the background at lag 0: read when asked
+        if self.settles_lazily:                 # the rule is read (and a switch known) when next asked
             self._observe(event)
             return None
         before = self._current()
@@ -226,12 +232,19 @@ class ShadowAlpha:
             self.cache.process(*self._tokens(event))
             self.num_observed += 1
             return
-        self.num_observed += 1
         if not self.lag:
-            self._worker.submit(event)
-            if self.num_observed - self._first_kept >= self.max_unsettled:
-                self._settle()      # read the answers before the child's pipe to us fills and stops it
+            if self._failed is None:
+                self.num_observed += 1
+                try:
+                    self._worker.submit(event)
+                except RuntimeError as exc:
+                    self._failed = exc
+                if self.num_observed - self._first_kept >= self.max_unsettled:
+                    self._settle()      # read the answers before the child's pipe to us fills and stops it
+            if self._failed is not None:        # every observe from now says so; the rule in force stays
+                raise RuntimeError(str(self._failed)) from self._failed
             return
+        self.num_observed += 1
         if self._worker is not None:
             self._worker.submit(event)
         else:
@@ -263,8 +276,8 @@ class ShadowAlpha:
         process (``process=True``; where none can start, logged, on a thread with a lag and inline at
         lag 0), or on a thread. With a lag the scheduler thread queues each request and waits only
         when the worker is more than ``lag`` requests behind; at lag 0 it waits when it next reads
-        the rule (:attr:`settles_lazily`).
-        A worker's failure is raised by the next :meth:`observe` or read of the rule (RuntimeError).
+        the rule (:attr:`settles_lazily`). A worker's failure is raised by the next :meth:`observe`
+        or read of the rule (RuntimeError).
 
         Raises:
             ConfigError: not started, or requests already observed (the worker's shadow starts empty).
