@@ -124,8 +124,8 @@ $(VLLM033_STAMP): $(VLLM_STAMP)
 vllm033-env: $(VLLM033_STAMP)
 
 # Slow (about 40 min per mode on 2 cores; not in `make test`): vLLM 0.32.0's own tests/v1/core from its
-# PyPI source release, plugin-absent and in lru, marconi and adaptive modes through tests/vllm_peer's
-# harness; fails on any failure the baseline does not have. See scripts/vllm_peer_test.py.
+# PyPI source release, plugin-absent and in lru, marconi, adaptive and adaptive-process modes through
+# tests/vllm_peer's harness; fails on any failure the baseline does not have. See scripts/vllm_peer_test.py.
 vllm-peer-test: $(VLLM_STAMP)
 	$(VLLM_VENV)/bin/python scripts/vllm_peer_test.py --vllm-python $(VLLM_VENV)/bin/python
 

@@ -7,7 +7,8 @@
 2. Installs the test runner (``requirements/vllm-peer.txt``, ``--no-deps``) into
    ``build/vllm-peer/site``, put on ``PYTHONPATH``: the vLLM environment itself is not touched.
 3. Runs the tests once plugin-absent (the baseline) and once per mode (``lru``, ``marconi``,
-   ``adaptive``) through ``tests/vllm_peer/peer_plugin.py``, which hooks every supported pool.
+   ``adaptive``, ``adaptive-process``) through ``tests/vllm_peer/peer_plugin.py``, which hooks every
+   supported pool.
 4. Prints per mode the pass/fail/skip counts, the tests that fail with the plugin and not without
    (new failures), and what the harness exercised. Exit 1 on a new failure, or a mode that hooked
    no pool.
@@ -30,7 +31,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 VERSION = "0.32.0"
-MODES = ("baseline", "lru", "marconi", "adaptive")
+MODES = ("baseline", "lru", "marconi", "adaptive", "adaptive-process")
 
 
 def fetch(python: str, work: Path) -> Path:
