@@ -200,13 +200,18 @@ class ShadowAlpha:
         except RuntimeError as exc:
             self._failed = exc
             return
+        before = self._live
+        self._advance(due)
+        if self._live != before:
+            self._version += 1
+
+    def _advance(self, due: int) -> None:
+        """Put in force the shadow's rule after request ``due`` (already replayed), dropping the older."""
         rules = self._rule_after
         while self._first_kept < due:
             rules.popleft()
             self._first_kept += 1
-        if rules[0] != self._live:
-            self._live = rules[0]
-            self._version += 1
+        self._live = rules[0]
 
     def observe(self, event: RequestObservation) -> EvictionRule | None:
         """Replay the finished request through the shadow (Marconi admission and eviction); its
@@ -253,11 +258,7 @@ class ShadowAlpha:
         if due > 0:
             if self._worker is not None:
                 self._worker.wait_for(due + 1 - self._first_kept)
-            rules = self._rule_after
-            while self._first_kept < due:
-                rules.popleft()
-                self._first_kept += 1
-            self._live = rules[0]
+            self._advance(due)
 
     def _replay(self, event: RequestObservation) -> None:
         """One request through the shadow (the worker thread's, in the background), and the rule after it."""
