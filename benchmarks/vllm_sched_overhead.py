@@ -236,8 +236,8 @@ def run_config(args: argparse.Namespace, attach: Any = None) -> dict[str, Any]:
     region = args.free_region if args.free_region and not args.trace else pool.get_num_free_blocks()
     held = pool.get_new_blocks(max(0, pool.get_num_free_blocks() - region))     # out of the queue, for good
     # The held list is this bench's scaffolding (a server's running requests hold their blocks in many
-    # small old lists): left young, the first collection of the run walks its 10^6 items (~18 ms, a
-    # tenth of a run's scheduler time, in every configuration alike), so it is frozen with the rest.
+    # small old lists): left young, the first collection of the run walks its 10^6 items (~18 ms in
+    # every configuration, inside a timed call or not as it falls), so it is frozen with the rest.
     gc.freeze()
     evicted = [0]
     evict = pool._maybe_evict_cached_block          # vLLM private (the plugin's hook where it is loaded)
