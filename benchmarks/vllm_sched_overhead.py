@@ -97,20 +97,26 @@ def run_in_process(args: argparse.Namespace, n: int, configs: list[str], common:
     return runs
 
 
-def config_env(name: str, lag: int = 8) -> dict[str, str]:
-    """``MARCONI_VLLM_*`` for one configuration (the plugin reads them when the engine core starts)."""
+def plugin_config(name: str, lag: int = 8) -> Any:
+    """The plugin's configuration for one configuration name (None: stock), the Mamba2 CPU fix off;
+    ``lag``: ``adaptive-lag``'s. Both ways of running a configuration (a child process, in-process)
+    build it here."""
     from marconi.integrations.vllm.config import PluginConfig
 
     if name == "stock":
-        return {"MARCONI_VLLM_POLICY": "", "MARCONI_VLLM_MAMBA2_CPU_FIX": "off"}
-    if name == "lru":
-        return {**PluginConfig(policy="lru").to_env(), "MARCONI_VLLM_MAMBA2_CPU_FIX": "off"}
-    lagged = {"adaptive_lag": lag} if name == "adaptive-lag" else {}
-    if name == "adaptive-process":
-        lagged = {"adaptive_replay": "process"}
-    env = PluginConfig(policy="marconi", alpha="adaptive" if name.startswith("adaptive") else 0.5, **lagged).to_env()
-    env["MARCONI_VLLM_MAMBA2_CPU_FIX"] = "off"
-    return env
+        return None
+    if name in ("lru", "hooks-only"):
+        return PluginConfig(policy="lru", mamba2_cpu_fix=False)
+    placed = ({"adaptive_lag": lag} if name == "adaptive-lag"
+              else {"adaptive_replay": "process"} if name == "adaptive-process" else {})
+    return PluginConfig(policy="marconi", alpha="adaptive" if name.startswith("adaptive") else 0.5,
+                        mamba2_cpu_fix=False, **placed)
+
+
+def config_env(name: str, lag: int = 8) -> dict[str, str]:
+    """``MARCONI_VLLM_*`` for one configuration (the plugin reads them when the engine core starts)."""
+    config = plugin_config(name, lag)
+    return {"MARCONI_VLLM_POLICY": "", "MARCONI_VLLM_MAMBA2_CPU_FIX": "off"} if config is None else config.to_env()
 
 
 def synthetic_trace(num_tokens: int, *, sessions: int, turns: int, output_len: int, vocab: int,
@@ -171,15 +177,7 @@ def in_process(args: argparse.Namespace) -> int:
     runs: dict[str, list[dict[str, Any]]] = {c: [] for c in configs}
     for r in range(args.rounds):
         for name in configs[r % len(configs):] + configs[:r % len(configs)]:
-            config = None
-            if name in ("lru", "hooks-only"):
-                config = PluginConfig(policy="lru", mamba2_cpu_fix=False)
-            elif name != "stock":
-                lagged = {"adaptive_lag": args.lag} if name == "adaptive-lag" else {}
-                if name == "adaptive-process":
-                    lagged = {"adaptive_replay": "process"}
-                config = PluginConfig(policy="marconi", alpha="adaptive" if name.startswith("adaptive") else 0.5,
-                                      mamba2_cpu_fix=False, **lagged)
+            config = plugin_config(name, args.lag)
 
             def attach(scheduler: Any, config: PluginConfig | None = config, name: str = name) -> None:
                 if config is not None:
