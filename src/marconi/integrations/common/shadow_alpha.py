@@ -237,7 +237,7 @@ class ShadowAlpha:
             self.cache.process(*self._tokens(event))
             self.num_observed += 1
             return
-        if not self.lag:
+        if self.settles_lazily:
             if self._failed is None:
                 self.num_observed += 1
                 try:
