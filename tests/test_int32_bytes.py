@@ -41,6 +41,32 @@ def test_both_give_struct_bytes(seed: int) -> None:
         assert np.frombuffer(int32_bytes(ids), dtype=np.int32).tolist() == ids
 
 
+@pytest.mark.parametrize("seed", range(2))
+def test_a_start_packs_the_tail_as_a_slice_would(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(0, 1 << 31, size=3000).tolist()
+    for start in (0, 1, 1151, 2999, 3000, 3001, 1 << 40):
+        want = struct.pack(f"{len(ids[start:])}i", *ids[start:])
+        for pack in (int32_bytes_python, int32_bytes):
+            assert pack(ids, start) == want == pack(tuple(ids), start), (pack, start)
+            assert pack(ids, np.int64(min(start, 5))) == pack(ids[min(start, 5):])       # any integer start
+        assert packed_ids(ids, start) == want
+
+
+def test_only_the_tail_is_read_and_its_errors_name_the_whole_list_index() -> None:
+    ids = [2.5, 1 << 40, 7, 8]                    # bad ids before the start are not read
+    for pack in (int32_bytes_python, int32_bytes):
+        assert pack(ids, 2) == struct.pack("2i", 7, 8)
+        with pytest.raises(OverflowError, match=f"^token id {1 << 40} at 1 is outside int32$"):
+            pack(ids, 1)
+        with pytest.raises(ValueError, match="^start must be >= 0, got -1$"):
+            pack([1, 2], -1)
+        with pytest.raises(TypeError):
+            pack([1, 2], 1.0)                     # type: ignore[arg-type]
+    assert packed_ids([1, 2.5, 3], 1) == [2.5, 3]      # not packable: the tail itself, for the reader's error
+    assert packed_ids([1, 2.5], 0) == [1, 2.5]
+
+
 def test_edges_and_integer_kinds() -> None:
     ids = [LO, -1, 0, 1, HI, True, np.int64(7), np.uint16(65535), np.int32(-5)]
     want = struct.pack(f"{len(ids)}i", *ids)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import struct
 
 import pytest
 
@@ -224,7 +225,9 @@ def test_the_child_rebuilds_every_request_from_the_known_prefixes(kept_tokens: i
         got_prompt, got_output = decoder.decode(frame)
         assert got_prompt.tolist() == prompt and got_output.tolist() == output
         histories.append(prompt + output)
-    assert encoder.encode([1, 2], [3], [], 0)[-2:] == ([1, 2], [3])      # no keys: every token is sent
+    # no keys: every token is sent, as int32 bytes (the wire's and the inline arrays' form)
+    assert encoder.encode([1, 2], [3], [], 0)[-2:] == (struct.pack("2i", 1, 2), struct.pack("i", 3))
+    assert encoder.encode([1, 1 << 40], [3], [], 0)[-2:][0] == [1, 1 << 40]     # not int32: the ids, for the reader's error
     # A conversation, each turn its history plus 10 new tokens: past the first turn, only what the
     # child lacks is sent (the new tokens, the last output and the partial block before them).
     history: list[int] = []
@@ -234,7 +237,7 @@ def test_the_child_rebuilds_every_request_from_the_known_prefixes(kept_tokens: i
         got_prompt, got_output = decoder.decode(frame)
         assert got_prompt.tolist() == prompt and got_output.tolist() == output
         if turn and kept_tokens >= 4 * 13:
-            assert len(frame[-2]) + len(frame[-1]) <= 10 + 3 + 3, (turn, frame[-2:])
+            assert (len(frame[-2]) + len(frame[-1])) // 4 <= 10 + 3 + 3, (turn, frame[-2:])     # int32 bytes
         history = prompt + output
 
 

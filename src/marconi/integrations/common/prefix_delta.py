@@ -24,6 +24,7 @@ from __future__ import annotations
 import operator
 import struct
 from collections import deque
+from itertools import islice
 from typing import Any, Sequence
 
 import numpy as np
@@ -44,23 +45,32 @@ def _ids(tokens: Sequence[int]) -> list[int] | tuple[int, ...]:
 _INT32 = np.iinfo(np.int32)
 
 
-def int32_bytes_python(tokens: Sequence[int]) -> bytes:
-    """A list or tuple of token ids as native int32 bytes (the specification of :func:`int32_bytes`).
+def int32_bytes_python(tokens: Sequence[int], start: int = 0) -> bytes:
+    """``tokens[start:]`` (a list or tuple of token ids) as native int32 bytes: the specification of
+    :func:`int32_bytes`. ``start`` spares the caller a slice, which would touch every id once more.
 
     Raises:
         TypeError: ``tokens`` is not a list or tuple (``"token ids must be a list or tuple, got
             <type>"``), or an id is not an integer (``"token id <repr> at <index> is not an
-            integer"``: neither an int nor an ``__index__``; a float is refused, not truncated).
+            integer"``, the index in ``tokens``: neither an int nor an ``__index__``; a float is
+            refused, not truncated), or ``start`` is not an integer.
         OverflowError: an id is outside int32 (``"token id <value> at <index> is outside int32"``).
+        ValueError: ``start`` is negative (``"start must be >= 0, got <start>"``); a start past the
+            end gives ``b""``, as a slice does.
     Negative ids pass: the reader of the array checks them.
     """
+    start = operator.index(start)
+    if start < 0:
+        raise ValueError(f"start must be >= 0, got {start}")
     if not isinstance(tokens, (list, tuple)):
         raise TypeError(f"token ids must be a list or tuple, got {type(tokens).__name__}")
+    start = min(start, len(tokens))
     try:
-        return struct.pack(f"{len(tokens)}i", *tokens)
+        return struct.pack(f"{len(tokens) - start}i", *islice(tokens, start, None))
     except struct.error:
         pass
-    for at, token in enumerate(tokens):       # name the first bad id, as the compiled loop does
+    for at in range(start, len(tokens)):       # name the first bad id, as the compiled loop does
+        token = tokens[at]
         try:
             value = operator.index(token)
         except TypeError:
@@ -78,8 +88,8 @@ except ImportError:               # no C compiler where the project was installe
 #: Whether :func:`int32_bytes` is the compiled loop (``_ids.c``) or :func:`int32_bytes_python`.
 INT32_BYTES_COMPILED = _compiled_int32_bytes is not None
 
-#: A list or tuple of ids as native int32 bytes: the compiled ``_ids.c`` where built, else
-#: :func:`int32_bytes_python` (same bytes, same exceptions).
+#: ``int32_bytes(ids, start=0)``: ``ids[start:]`` (a list or tuple) as native int32 bytes: the compiled
+#: ``_ids.c`` where built, else :func:`int32_bytes_python` (same bytes, same exceptions).
 int32_bytes = _compiled_int32_bytes if _compiled_int32_bytes is not None else int32_bytes_python
 
 
@@ -102,14 +112,15 @@ def _array(tokens: Any) -> np.ndarray:
     return arr.astype(np.int32, copy=False)
 
 
-def packed_ids(tokens: Sequence[int]) -> bytes | Sequence[int]:
-    """A list or tuple of ids as native int32 bytes (:func:`int32_bytes`), which :func:`_array` reads
-    without a copy (the replay process's wire: 4 bytes an id, and no conversion in the child); the
-    ids unchanged where they do not all fit (the reader then raises on them as it would have)."""
+def packed_ids(tokens: Sequence[int], start: int = 0) -> bytes | Sequence[int]:
+    """``tokens[start:]`` (a list or tuple of ids) as native int32 bytes (:func:`int32_bytes`), which
+    :func:`_array` reads without a copy (the replay process's wire: 4 bytes an id, and no conversion
+    in the child); the ids themselves (sliced) where they do not all fit (the reader then raises on
+    them as it would have)."""
     try:
-        return int32_bytes(tokens)
+        return int32_bytes(tokens, start)
     except (TypeError, OverflowError):
-        return tokens
+        return tokens[start:] if start else tokens
 
 
 #: Tokens of known prefixes the child keeps (int32: 16 MiB), and so the blocks the parent may name.
@@ -137,11 +148,13 @@ class PrefixEncoder:
 
     def encode(self, prompt: Sequence[int], output: Sequence[int], keys: Sequence[Any], key_tokens: int) -> tuple:
         """The frame's tuple: ``(base id or -1, blocks below the tokens sent, new blocks, key_tokens,
-        prompt length, the prompt's tokens past the base, the output's)``; registers the new blocks."""
+        prompt length, the prompt's tokens past the base, the output's)``, those tokens as
+        :func:`packed_ids` gives them (int32 bytes, or the ids where they do not fit); registers the
+        new blocks."""
         prompt, output = _ids(prompt), _ids(output)
         count = min(len(keys), (len(prompt) + len(output)) // key_tokens) if key_tokens > 0 else 0
         if not count:
-            return -1, 0, 0, 0, len(prompt), prompt, output
+            return -1, 0, 0, 0, len(prompt), packed_ids(prompt), packed_ids(output)
         known, order = self._known, self._order
         if key_tokens != self._key_tokens:      # blocks of another size: start over (PrefixDecoder too)
             known.clear()
@@ -166,8 +179,8 @@ class PrefixEncoder:
             self.next_id += 1
         cut = below * key_tokens
         if cut <= len(prompt):
-            return base, below, count - below, key_tokens, len(prompt), prompt[cut:], output
-        return base, below, count - below, key_tokens, len(prompt), (), output[cut - len(prompt):]
+            return base, below, count - below, key_tokens, len(prompt), packed_ids(prompt, cut), packed_ids(output)
+        return base, below, count - below, key_tokens, len(prompt), b"", packed_ids(output, cut - len(prompt))
 
 
 class PrefixDecoder:

@@ -50,7 +50,7 @@ from collections import deque
 from pathlib import Path
 from typing import IO, Any, Callable, Sequence
 
-from marconi.integrations.common.prefix_delta import KEPT_TOKENS, PrefixDecoder, PrefixEncoder, packed_ids
+from marconi.integrations.common.prefix_delta import KEPT_TOKENS, PrefixDecoder, PrefixEncoder
 
 __all__ = ["ShadowProcess", "serve"]
 
@@ -176,11 +176,10 @@ class ShadowProcess:
     def submit(self, event: Any) -> None:
         """Send one finished request (the tokens the child lacks). RuntimeError if the child has failed."""
         self._link.raise_if_failed()
+        # the ids come as int32 bytes (packed_ids): cheaper to write than marshal's ints, and the child
+        # reads them in place instead of converting a list (85 µs for 3,800 ids)
         frame = self._encoder.encode(event.prompt_token_ids, event.output_token_ids,
                                      getattr(event, "prefix_keys", ()), getattr(event, "key_tokens", 0))
-        # the ids as int32 bytes: a little cheaper to write than marshal's ints, and the child reads
-        # them in place instead of converting a list (85 µs for 3,800 ids)
-        frame = frame[:5] + (packed_ids(frame[5]), packed_ids(frame[6]))
         payload = marshal.dumps(frame, 2)       # version 2: no table of shared objects, 3× faster
         self._held += (_HEADER.pack(b"R", len(payload)), payload)
         if len(self._held) >= 2 * self._batch:
