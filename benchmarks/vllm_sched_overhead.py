@@ -25,7 +25,10 @@ of scheduling on a CPU; so all but ``--free-region`` blocks of the pool are firs
 free queue and held (``BlockPool.get_new_blocks``, through the plugin's hooks where it is loaded), and
 the trace has about ``--fill`` times that region's tokens. The pool's arrays, hash map and the
 plugin's per-block state stay pool-sized; the free queue (and the plugin's victim index) hold the
-region. ``--free-region 0``: the whole pool is free (fine for 10^4).
+region. ``--free-region 0``: the whole pool is free; the trace then scales with the whole pool, and a
+request longer than ``--max-model-len`` is refused before the run (at 10^4 blocks of 1,152 tokens the
+default ``--fill 2`` makes 4th turns of 288,000 tokens; ``--sessions 128`` keeps them under 73,000, while a
+``--fill`` below 1 would not evict at all).
 
 Prints per pool size and configuration: the scheduler thread's CPU time per step (``thread_time``) —
 ``Scheduler.schedule`` plus ``Scheduler.update_from_output`` (where finished requests free their
@@ -272,6 +275,12 @@ def run_config(args: argparse.Namespace, attach: Any = None) -> dict[str, Any]:
     else:
         requests = synthetic_trace(int(args.fill * region * block_size), sessions=args.sessions, turns=args.turns,
                                    output_len=args.output_len, vocab=args.vocab, seed=args.seed)
+    longest = max((len(r["prompt"]) + len(r["output"]) for r in requests), default=0)
+    if longest > args.max_model_len:       # vLLM would refuse the request mid-run (or wait on it for good)
+        raise SystemExit(f"a request of {longest:,} tokens exceeds --max-model-len {args.max_model_len:,}: "
+                         + ("lower --max-input-len" if args.trace else
+                            f"the synthetic trace scales with the free region ({region:,} blocks of {block_size}); "
+                            "lower --fill, raise --sessions, or set --free-region (or raise --max-model-len)"))
     process_t0 = time.process_time()
     replay_t0 = replay_cpu_s(core.scheduler)          # the replay process's start-up is not the trace's
     result = replay(core, requests, gpu="h100", concurrency=args.concurrency, rate=None)
