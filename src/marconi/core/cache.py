@@ -706,13 +706,6 @@ class PrefixCache(TreeStore):
             raise ValueError(f"request {handle.request_id} is not in flight in this cache (finished or aborted)")
 
 
-
-
-
-
-
-
-
     # ================================================================== copies (the cache owns them)
     @_locked
     def clone(self, eviction: EvictionPolicy | str) -> "PrefixCache":
