@@ -9,9 +9,10 @@ fed as its inline ``observe`` feeds it) in a child process,
 ``python -m marconi.integrations.common.shadow_process``. The scheduler thread pays for one pipe
 write and for serialising the tokens the child has not seen: where the engine names its prefixes
 (``RequestObservation.prefix_keys``, vLLM's block hashes), only the tokens past the deepest prefix
-the child holds are sent (:mod:`marconi.integrations.common.prefix_delta`); otherwise all of them
-(as native int32 bytes, packed by :func:`~marconi.integrations.common.prefix_delta.int32_bytes`,
-~1.5 ns a token compiled, which the child reads in place). With a lag a reader thread, blocked in
+the child holds are sent (:mod:`marconi.integrations.common.prefix_delta`), otherwise all of them;
+either way as native int32 bytes, packed from the engine's list in place by
+:func:`~marconi.integrations.common.prefix_delta.int32_bytes` (~1.5 ns a token compiled, no slice),
+which the child reads in place. With a lag a reader thread, blocked in
 ``read`` outside the GIL nearly always, collects the rules; at lag 0 (``reader_thread=False``) the
 caller waits for every rule anyway, so it reads them itself when it waits, and no thread takes the
 GIL from it between waits (its caller must then wait often enough that the child's answers never
