@@ -8,6 +8,7 @@ the vLLM environment, as ``tests/test_vllm_tiers.py``'s replay case does).
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -16,7 +17,7 @@ from marconi.core.model import ModelSpec
 from marconi.core.registry import ConfigError
 from marconi.integrations.vllm.emulate.engine import VllmAlignEngine
 from marconi.integrations.vllm.emulate.request import RequestState
-from marconi.integrations.vllm.emulate.scheduler import emulate_closed_loop
+from marconi.integrations.vllm.emulate.scheduler import VllmAlignScheduler, emulate_closed_loop
 from marconi.integrations.vllm.emulate.tier import (ARCPolicy, EmulatedTier, LRUPolicy, ReqContext, TierManager,
                                                     make_policy, tier_num_chunks)
 from marconi.integrations.vllm.layout import VllmLayout
@@ -335,3 +336,61 @@ def test_with_a_clock_a_slow_link_holds_loads_for_several_steps() -> None:
     assert steps[1e8] > steps[1e15] + 10             # 1 MiB chunks at 100 MB/s: ~10 ms a chunk, 1 ms a step
     with pytest.raises(ConfigError, match="clock"):
         EmulatedTier(_engine().layout, 4, "lru", QWEN_TINY, step_time=lambda spans: 1e-3)
+
+
+def test_a_load_past_a_gpu_hit_keeps_only_the_loads_state_in_each_mamba_group() -> None:
+    """vLLM's ``allocate_new_computed_blocks``: what a Mamba group skips counts the tokens the tier
+    loads past the GPU hit, so the group holds one block, the state at the load's end, and the hit's
+    own state block stays in the pool. (The emulation took both, one block per Mamba group more than
+    vLLM: at prompt-tree-synthetic on Qwen3-Next, pool 0.05x, tier 0.25x, a loaded request could then
+    never fit its rest and the replay's emulation spun for good where vLLM went on.)"""
+    engine = _engine(num_blocks=32)
+    tier = EmulatedTier(engine.layout, 64, "lru", QWEN_TINY)
+    engine.attach_tier(tier)
+    attn, mamba = KINDS.index(ATTENTION), [g for g, k in enumerate(KINDS) if k == MAMBA]
+    tokens = np.arange(1, 5 * BLOCK + 11, dtype=np.int32)
+    # the GPU pool: a request on the first two blocks and one token more caches its state at 2 blocks
+    first = SimpleNamespace(session_id=0, input_tokens=tokens[: 2 * BLOCK + 1], output_tokens=np.ones(1, np.int32))
+    emulate_closed_loop(engine, [first], concurrency=1, check=True)
+    req = RequestState(100, tokens, len(tokens), engine.layout.hash_block_size)
+    hit_blocks, hit, _ = engine.get_computed_blocks(req)
+    assert hit == 2 * BLOCK
+    # the tier: the KV chunks and every Mamba group's state up to three blocks (the first request
+    # stored its own chunks already)
+    keys = [make_offload_key(req.hash_at(end), attn) for end in (BLOCK, 2 * BLOCK, 3 * BLOCK)]
+    keys += [make_offload_key(req.hash_at(3 * BLOCK), g) for g in mamba]
+    tier.manager.complete_store(tier.manager.prepare_store(keys, ReqContext(99)) or [])
+    ext = tier.lookup(req, hit)
+    assert ext == BLOCK
+    hit_state = hit_blocks[mamba[0]][-1]
+    assert engine.try_allocate_slots(req, 0, hit, hit_blocks, full_sequence_must_fit=True, delay_cache=True,
+                                     num_external=ext)
+    null = engine.pool.null
+    for g in mamba:
+        held = engine.managers[g].req_to_blocks[req.rid]
+        assert len(held) == 3 and held[:2] == [null, null] and held[2] is not null
+    assert hit_state not in engine.managers[mamba[0]].req_to_blocks[req.rid] and hit_state.ref_cnt == 0
+    assert len([b for b in engine.managers[attn].req_to_blocks[req.rid] if b is not null]) == 3
+    engine.check_invariants()
+
+
+def test_a_loaded_request_that_cannot_go_on_alone_is_an_error_not_a_spin() -> None:
+    """A step that schedules nothing, preempts nothing and has nothing in transit is the next step
+    again: the emulation says so (naming the capacity) where it used to loop for good. The stall is
+    made by hand: the pool's free blocks are taken while a request's load is in flight."""
+    engine = _engine(num_blocks=32)
+    tier = EmulatedTier(engine.layout, 64, "lru", QWEN_TINY)
+    engine.attach_tier(tier)
+    tokens = np.arange(1, 5 * BLOCK + 11, dtype=np.int32)
+    first = SimpleNamespace(session_id=0, input_tokens=tokens[: 3 * BLOCK + 1], output_tokens=np.ones(1, np.int32))
+    emulate_closed_loop(engine, [first], concurrency=1, check=True)      # stores 3 blocks' chunks in the tier
+    engine = _engine(num_blocks=32)                                     # an empty GPU pool, the same tier
+    engine.attach_tier(tier)
+    sched = VllmAlignScheduler(engine)
+    sched.add(tokens, np.ones(4, np.int32))
+    sched.step()                                                        # admitted with a load from the tier
+    assert len(sched.loading) == 1 and not sched.running
+    engine.pool.get_new_blocks(engine.pool.num_free)                    # no room for the rest, and no one to free it
+    with pytest.raises(ConfigError, match="loaded .* from the CPU tier and cannot fit the rest.*raise the capacity"):
+        for _ in range(10):
+            sched.step()

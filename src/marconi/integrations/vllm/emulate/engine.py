@@ -262,12 +262,13 @@ class VllmAlignEngine:
                               f"— raise the capacity")
 
     def blocks_needed(self, req: RequestState, num_tokens: int, new_computed: list[list[Block]] | None,
-                       total_computed: int, admission: bool = False) -> int:
+                       total_computed: int, admission: bool = False, num_external: int = 0) -> int:
         """``get_num_blocks_to_allocate`` summed over the groups; ``admission``: the full-sequence
         gate's call (vLLM's ``apply_admission_cap``), which counts a prefill checkpoint block but
-        does not record it."""
+        does not record it. ``total_computed`` includes the ``num_external`` tokens a CPU-tier load
+        brings (a sub-block hit is judged on the local hit alone, as vLLM judges it)."""
         return sum(m.num_blocks_to_allocate(req, num_tokens, new_computed[g] if new_computed else [], total_computed,
-                                            admission=admission)
+                                            admission=admission, num_external=num_external)
                    for g, m in enumerate(self.managers))
 
     def try_allocate_slots(self, req: RequestState, num_new: int, num_new_computed: int,
@@ -286,16 +287,24 @@ class VllmAlignEngine:
         self.pool.emit("slots", req.num_computed_tokens, num_new_computed, num_new, 0)
         total_computed = req.num_computed_tokens + num_new_computed + num_external
         if full_sequence_must_fit and self.blocks_needed(req, req.num_tokens, new_computed, total_computed,
-                                                          admission=True) > self.pool.num_free:
+                                                          admission=True, num_external=num_external) > self.pool.num_free:
             return False
         for manager in self.managers:
             manager.remove_skipped_blocks(req, total_computed)
         num_tokens = total_computed + num_new
-        if self.blocks_needed(req, num_tokens, new_computed, total_computed) > self.pool.num_free - reserved:
+        if self.blocks_needed(req, num_tokens, new_computed, total_computed,
+                              num_external=num_external) > self.pool.num_free - reserved:
             return False
-        if new_computed is not None and any(new_computed):
+        # vLLM's allocate_new_computed_blocks, two phases: every group's hit, then the tier's blocks;
+        # a request already holding blocks (running) adds none
+        if ((new_computed is not None and any(new_computed)) or num_external > 0) and not any(
+                req.rid in m.num_cached_block for m in self.managers):
+            num_local = total_computed - num_external
             for g, manager in enumerate(self.managers):
-                manager.add_local_computed_blocks(req, new_computed[g], total_computed - num_external)
+                manager.add_local_computed_blocks(req, new_computed[g] if new_computed else [], num_local, num_external)
+            if num_external > 0:
+                for manager in self.managers:
+                    manager.allocate_external_computed_blocks(req, num_local, num_external)
         for manager in self.managers:
             manager.allocate_new_blocks(req, num_tokens)
         if not delay_cache:

@@ -41,10 +41,15 @@ class GroupManager:
     def has_partial_local_hit(self, new_computed: Sequence[Block], num_local_computed: int) -> bool:
         return len(new_computed) > 0 and num_local_computed % self.block_size != 0
 
-    def add_local_computed_blocks(self, req: RequestState, blocks: list[Block], num_local_computed: int) -> None:
-        """Take the hit's blocks (out of the free queue); a sub-block hit's last one is shared: CoW it."""
+    def add_local_computed_blocks(self, req: RequestState, blocks: list[Block], num_local_computed: int,
+                                  num_external: int = 0) -> None:
+        """Take the hit's blocks (out of the free queue); a sub-block hit's last one is shared: CoW it.
+        What is skipped counts the ``num_external`` tokens the CPU tier loads past the hit too, as in
+        vLLM: a Mamba group keeps only the state at the load's end, not the hit's (taking both held
+        one block per group more than vLLM, and a loaded request that then could not fit waited
+        for good)."""
         assert not self.req_to_blocks.get(req.rid)
-        skipped = self.num_skipped_tokens(num_local_computed) // self.block_size
+        skipped = self.num_skipped_tokens(num_local_computed + num_external) // self.block_size
         if skipped > 0:
             blocks = blocks[skipped:]
         self.pool.touch(blocks)
@@ -54,6 +59,18 @@ class GroupManager:
             idx = num_local_computed // self.block_size
             self.partial_hit_reqs[req.rid] = (idx, blocks[-1])
             self.num_cached_block[req.rid] = idx
+
+    def allocate_external_computed_blocks(self, req: RequestState, num_local_computed: int, num_external: int) -> None:
+        """vLLM's ``allocate_external_computed_blocks``: blocks for the tokens the CPU tier loads
+        (after every group's hit blocks are taken), up to the load's end, less what is skipped."""
+        total = num_local_computed + num_external
+        skipped = self.num_skipped_tokens(total)
+        if skipped > 0:
+            num_external = min(total - skipped, num_external)
+        if num_external <= 0:
+            return
+        blocks = self.req_to_blocks[req.rid]
+        blocks.extend(self.pool.get_new_blocks(max(0, cdiv(total, self.block_size) - len(blocks))))
 
     def apply_cow(self, req: RequestState, idx: int, source: Block, cow: Block) -> None:
         blocks = self.req_to_blocks[req.rid]
@@ -117,12 +134,12 @@ class AttentionManager(GroupManager):
             blocks.extend(self.pool.get_new_blocks(num_new))
 
     def num_blocks_to_allocate(self, req: RequestState, num_tokens: int, new_computed: list[Block],
-                               num_local_computed: int, *, admission: bool = False) -> int:
+                               num_computed: int, *, admission: bool = False, num_external: int = 0) -> int:
         held = len(self.req_to_blocks.get(req.rid, ()))
         if req.rid in self.num_cached_block:
             return max(cdiv(num_tokens, self.block_size) - held, 0)
         num_new = max(cdiv(num_tokens, self.block_size) - (len(new_computed) + held), 0)
-        if self.has_partial_local_hit(new_computed, num_local_computed):
+        if self.has_partial_local_hit(new_computed, num_computed - num_external):
             num_new += 1
         return num_new + sum(1 for b in new_computed if b.ref_cnt == 0 and b is not self.pool.null)
 
@@ -226,16 +243,17 @@ class MambaManager(GroupManager):
                 and idx >= 0 and (idx >= len(blocks) or blocks[idx] is self.pool.null))
 
     def num_blocks_to_allocate(self, req: RequestState, num_tokens: int, new_computed: list[Block],
-                               num_local_computed: int, *, admission: bool = False) -> int:
+                               num_computed: int, *, admission: bool = False, num_external: int = 0) -> int:
         if new_computed and new_computed[-1].key in self.cached_this_step:
             return self.pool.layout.num_blocks + 1         # as vLLM: never fits, so it waits a step
         held = len(self.req_to_blocks.get(req.rid, ()))
         num_new = cdiv(num_tokens, self.block_size) - len(new_computed) - held
-        partial = self.has_partial_local_hit(new_computed, num_local_computed) or req.rid in self.partial_hit_reqs
+        partial = (self.has_partial_local_hit(new_computed, num_computed - num_external)
+                   or req.rid in self.partial_hit_reqs)
         if partial:
             num_new = max(num_new, 0) + 1
         position = checkpoint_position(num_tokens, self.align)
-        checkpoint = self._needs_internal_checkpoint(req, num_local_computed, num_tokens, position)
+        checkpoint = self._needs_internal_checkpoint(req, num_computed, num_tokens, position)
         if not admission:                  # as vLLM: the gate's call counts the block, records nothing
             if checkpoint:
                 self.checkpoints[req.rid] = (position, cdiv(num_tokens, self.block_size) - 2)

@@ -86,7 +86,8 @@ class VllmAlignScheduler:
         """``schedule()`` then ``update_from_output()``; the requests finished in this step, in order.
 
         Raises ConfigError if nothing can be scheduled and nothing was preempted (a request that
-        does not fit the pool alone: vLLM would never schedule it).
+        does not fit the pool alone: vLLM would never schedule it), or if a request whose CPU-tier
+        load has landed cannot take its next blocks while nothing else runs or is in transit.
         """
         engine = self.engine
         engine.new_step_starts()
@@ -100,11 +101,21 @@ class VllmAlignScheduler:
         num_loading = 0
         if not preempted:
             num_loading = self._schedule_waiting(budget, threshold, scheduled)
-        if not scheduled and not preempted and not num_loading and not self.loading:  # (after a preemption: vLLM's too)
-            req = (self.waiting or self.running)[0]
-            raise ConfigError(f"vllm-align: a {req.state.num_prompt_tokens}-token request does not fit the pool "
-                              f"({engine.layout.num_blocks} blocks, {engine.pool.num_free} free) even alone; "
-                              f"vLLM would never schedule it — raise the capacity")
+        if not scheduled and not preempted and not num_loading:   # (after a preemption: vLLM's too)
+            if not self.loading:
+                req = (self.waiting or self.running)[0]
+                raise ConfigError(f"vllm-align: a {req.state.num_prompt_tokens}-token request does not fit the pool "
+                                  f"({engine.layout.num_blocks} blocks, {engine.pool.num_free} free) even alone; "
+                                  f"vLLM would never schedule it — raise the capacity")
+            if not self.running and (engine.tier is None or not engine.tier.busy):
+                # Every load has landed and nothing else runs or is in transit: the next step is this
+                # one again. (Before the loaded blocks were counted as vLLM counts them, the emulation
+                # spun here for good where vLLM went on.)
+                req = self.loading[0]
+                raise ConfigError(f"vllm-align: a {req.state.num_prompt_tokens}-token request loaded "
+                                  f"{req.state.num_computed_tokens} tokens from the CPU tier and cannot fit the rest "
+                                  f"in the pool ({engine.layout.num_blocks} blocks, {engine.pool.num_free} free) "
+                                  f"with nothing else running; vLLM would wait for good — raise the capacity")
         engine.release_copies()                    # end of schedule(): this step's copy-on-write sources
         if engine.tier is not None:                # build_connector_meta: this step's stores
             engine.tier.end_step([(req.state, num) for req, num in scheduled])

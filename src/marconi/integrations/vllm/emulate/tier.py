@@ -555,6 +555,13 @@ class EmulatedTier:
         if first:
             self.hit_tokens += ext
 
+    @property
+    def busy(self) -> bool:
+        """Whether a transfer is still to land (a load, or a store a lookup may wait for): a step
+        that schedules nothing then still moves the run on."""
+        return bool(self._timed or self._loading or self._pending_loads or self._pending_stores
+                    or self._stores_in_flight)
+
     def landed(self, req: Any) -> bool:
         """Whether ``req``'s load has landed (always, without a clock, by the step after it)."""
         return req.rid not in self._loading
