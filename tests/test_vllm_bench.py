@@ -61,6 +61,17 @@ def test_a_catalog_name_with_parameters_keeps_them() -> None:
     assert len(chosen.requests) == 4 and all(r.input_len <= 4096 for r in chosen.requests)
 
 
+def test_a_catalog_workload_emptied_by_the_commands_cap_names_the_flag() -> None:
+    """Every SWE request with the shared prefix is longer than 8,192 tokens (the replay's default
+    cap): the error names the flag to raise, not only the catalog's parameter. A cap the name sets
+    itself keeps the catalog's own message."""
+    with pytest.raises(ConfigError, match=r"no request with an input of at most 8,192 tokens: raise --max-input-len"):
+        select_requests(_config("swe-sample-shared-prefix", max_input_len=8192))
+    with pytest.raises(ConfigError, match=r"max_input_len=2048 drops every request.*raise max_input_len") as err:
+        select_requests(_config("swe-sample-shared-prefix:max_input_len=2048", max_input_len=8192))
+    assert "--max-input-len" not in str(err.value)
+
+
 def test_the_command_resolves_its_trace_before_it_needs_vllm(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "mine.jsonl"
     write_trace(path, build_workload("swe-sample").head(3))

@@ -396,6 +396,11 @@ def _text(value: Any) -> str:
     return os.fspath(value) if isinstance(value, os.PathLike) else str(value)
 
 
+class NoRequests(ConfigError):
+    """A catalog workload whose data and parameters leave no request (the message says which
+    parameter dropped them all, and what to change)."""
+
+
 _FILTERS = {"max_input_len": "drops every request whose input is longer than {value} tokens; raise max_input_len",
             "max_turns": "keeps only the first {value} turns of each session; raise max_turns"}
 """Parameters that drop requests, and what to say when one dropped them all."""
@@ -423,7 +428,7 @@ def build_workload(spec: str | ParsedName, **overrides: Any) -> Trace:
                if k in params and k not in parsed.params and v is not None and v != "" and v != ()}
     name = str(ParsedName(parsed.name, {**parsed.params, **{k: _text(v) for k, v in applied.items()}}))
     if len(built.trace) == 0:
-        raise ConfigError(_no_requests(name, parsed.name, params, built.data))
+        raise NoRequests(_no_requests(name, parsed.name, params, built.data))
     trace = built.trace
     trace.name = name
     trace.meta["provenance"] = Provenance(name, built.data, built.licence, params, built.fallback).as_dict()

@@ -62,7 +62,8 @@ def select_requests(trace: str, *, max_input_len: int, num_requests: int | None 
         out.append(req)
         indices.append(i)
     if not out:
-        raise ConfigError(f"trace {trace!r} has no request with an input of at most {cap} tokens")
+        raise ConfigError(f"trace {trace!r} has no request with an input of at most {cap:,} tokens: raise "
+                          "--max-input-len")
     return Selection(out, indices, {"trace": loaded.name, "trace_params": {"max_input_len": cap}})
 
 
@@ -73,12 +74,19 @@ def _note_on_stderr(message: str) -> None:
 def _capped_trace(text: str, max_input_len: int, notice: Progress | None) -> tuple[Trace, int]:
     """The trace, its inputs capped, and the cap that applied (a catalog name's own wins)."""
     if is_workload(text):
-        from marconi.workloads.catalog import WORKLOADS
+        from marconi.workloads.catalog import WORKLOADS, NoRequests
 
         parsed = parse_name(text)
         if "max_input_len" in WORKLOADS.params_of(parsed.name):   # the builder ends sessions at the cap
+            ours = "max_input_len" not in parsed.params
             parsed.params.setdefault("max_input_len", str(max_input_len))
-            trace = load_trace(str(parsed), notice=notice)      # the catalog parsed the cap: it is an int
+            try:
+                trace = load_trace(str(parsed), notice=notice)  # the catalog parsed the cap: it is an int
+            except NoRequests as exc:
+                if not ours:                    # the name's own cap: the catalog's message names it
+                    raise
+                raise ConfigError(f"trace {text!r} has no request with an input of at most {max_input_len:,} tokens: "
+                                  f"raise --max-input-len ({exc})") from None
             return trace, int(parsed.params["max_input_len"])
         text = str(parsed)              # a builder without a cap (sharegpt, mooncake): cut as a file is
     trace = load_trace(text, notice=notice)
