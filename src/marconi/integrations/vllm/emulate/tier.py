@@ -441,7 +441,7 @@ class EmulatedTier:
         self._finished: list[Any] = []
         self._pending_stores: list[bytes] = []
         self._stores_in_flight: list[bytes] = []
-        self._store_jobs: list[list[bytes]] = []        # this step's store jobs, each its own transfer
+        self._store_jobs: list[tuple[list[bytes], int]] = []   # this step's store jobs (keys, request id)
         self._pending_loads: list[bytes] = []
         self.hit_tokens = 0
         self.bytes_loaded = 0
@@ -455,6 +455,8 @@ class EmulatedTier:
         self._link_free = {"load": 0.0, "store": 0.0}
         self._timed: list[tuple[float, str, list[bytes], int]] = []   # (done, kind, keys, request id)
         self._loading: set[int] = set()                # requests whose load has not landed
+        self._step_loads: list[tuple[list[bytes], int]] = []   # with a clock: this step's loads, not yet started
+        self._preempted: set[int] = set()              # requests preempted in this step
 
     # --------------------------------------------------------------- keys
     def _req(self, req: Any) -> _TierRequest:
@@ -546,7 +548,7 @@ class EmulatedTier:
         # preemption with a shorter tier hit than it had offered before offers those chunks again
         st.next_stored = cdiv(end, c)
         if self.step_time is not None:
-            self._submit("load", keys, req.rid)
+            self._step_loads.append((keys, req.rid))     # they start with the forward pass (end_step)
             self._loading.add(req.rid)
         else:
             self._pending_loads.extend(keys)
@@ -593,8 +595,11 @@ class EmulatedTier:
             self._handoffs.append((req, group_id, depth))
 
     def dropped(self, req: Any) -> None:
-        """``req``'s blocks went back to the pool before the step's end: its hand-offs are void."""
+        """``req`` was preempted: its blocks went back to the pool before the step's end, so its
+        hand-offs are void, and (with a clock) this step waits for its stores still in transit
+        before the forward pass, as vLLM's worker flushes a preempted request's store jobs."""
         self._handoffs = [h for h in self._handoffs if h[0] is not req]
+        self._preempted.add(req.rid)
 
     def finished(self, req: Any) -> None:
         """``req`` finished in this step; the next step's end offers its rest and ends its access."""
@@ -607,7 +612,7 @@ class EmulatedTier:
             self.evictions["kv" if self.kinds[get_offload_group_idx(key)] == ATTENTION else "state"] += 1
         if stored:
             self._pending_stores.extend(stored)
-            self._store_jobs.append(stored)
+            self._store_jobs.append((stored, ctx.req_id))
             self.num_stores += 1
             self.bytes_stored += len(stored) * self.chunk_bytes
         return stored
@@ -641,13 +646,23 @@ class EmulatedTier:
             st = self._reqs.pop(req.rid, None)
             if st is not None:
                 self.manager.on_request_finished(st.ctx)
-        if self.step_time is not None:         # the forward pass, then this step's stores go out
+        preempted, self._preempted = self._preempted, set()
+        if self.step_time is not None:
+            # vLLM's worker before the forward pass: it waits for a preempted request's stores still
+            # in transit (the connector's jobs_to_flush), then starts this step's loads
+            flushed = [t[0] for t in self._timed if t[1] == "store" and t[3] in preempted]
+            if flushed:
+                self.now = max(self.now, max(flushed))
+            for keys, rid in self._step_loads:
+                self._submit("load", keys, rid)
+            self._step_loads = []
+            # the forward pass, then this step's stores go out
             spans = [(r.num_computed_tokens, r.num_computed_tokens + n) for r, n in scheduled]
             self.now += self.step_time(spans)
             if not spans and self._timed:      # everyone waits on a load: to the next completion
                 self.now = max(self.now, min(t[0] for t in self._timed))
-            for job in self._store_jobs:
-                self._submit("store", job, -1)
+            for job, rid in self._store_jobs:
+                self._submit("store", job, rid)
             self._pending_stores, self._store_jobs = [], []
             self._land()
             return
