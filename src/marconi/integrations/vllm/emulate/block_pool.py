@@ -58,8 +58,11 @@ class BlockPool:
         self.stats = PoolStats()
         self.null = self.blocks[self.free.popitem(last=False)[0]]
         self.trace: list[tuple[Any, ...]] | None = None    # the plugin's MARCONI_VLLM_TRACE events
-        # told (request, group, depth) of each block a request caches (the CPU tier's hand-offs)
-        self.on_cache: Callable[[RequestState, int, int], None] | None = None
+        # told (request, group, depth, block id) of each block a request caches (the CPU tier's hand-offs)
+        self.on_cache: Callable[[RequestState, int, int, int], None] | None = None
+        # blocks handed to requests since the last take_handed_out(): allocated, or taken as a hit
+        # (vLLM's connector watches these for store jobs still reading them)
+        self._handed_out: set[int] = set()
 
     def emit(self, *event: Any) -> None:
         if self.trace is not None:
@@ -84,7 +87,14 @@ class BlockPool:
         for block in out:
             self.evict_cached_block(block)
             block.ref_cnt = 1
+        self._handed_out.update(b.block_id for b in out)
         self.emit("alloc", [b.block_id for b in out])
+        return out
+
+    def take_handed_out(self) -> set[int]:
+        """The ids of the blocks allocated or taken as hits since the last call (then forgotten):
+        vLLM's connector's ``_current_batch_allocated_block_ids`` for one scheduling step."""
+        out, self._handed_out = self._handed_out, set()
         return out
 
     def _pick(self, n: int) -> list[int]:
@@ -151,6 +161,8 @@ class BlockPool:
                 del self.free[block.block_id]
                 self.index.taken(block.block_id)
                 leaving.append(block.block_id)
+            if block is not self.null:
+                self._handed_out.add(block.block_id)
             block.ref_cnt += 1
         if leaving:
             self.emit("touch", leaving)
@@ -188,7 +200,7 @@ class BlockPool:
                 self._remove_cached_block_hashes(block)
             self.insert_block_hash(block, req.hash_at(depth), group_id, depth, self._parent(req, depth))
             if self.on_cache is not None:
-                self.on_cache(req, group_id, depth)
+                self.on_cache(req, group_id, depth, block.block_id)
 
     def cache_partial_block(self, req: RequestState, block: Block, num_tokens: int, group_id: int,
                             replace_existing: bool = False) -> tuple[bytes, int] | None:
@@ -204,7 +216,7 @@ class BlockPool:
             self._remove_cached_block_hashes(block)
         self.insert_block_hash(block, prefix, group_id, num_tokens, self._parent(req, num_tokens))
         if self.on_cache is not None and not already:
-            self.on_cache(req, group_id, num_tokens)
+            self.on_cache(req, group_id, num_tokens, block.block_id)
         return key
 
     def move_block_hashes(self, src: Block, dst: Block) -> None:

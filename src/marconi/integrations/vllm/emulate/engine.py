@@ -93,6 +93,9 @@ class VllmAlignEngine:
         scheduler then looks it up on a GPU-pool miss and the pool hands it the states it caches."""
         self.tier = tier
         self.pool.on_cache = tier.on_cache
+        managers = self.managers
+        tier.bind(lambda req: [[b.block_id for b in m.req_to_blocks.get(req.rid, ())] for m in managers],
+                  self.pool.take_handed_out)
 
     # --------------------------------------------------------------- public
     def run(self, prompt: Any, outputs: Any) -> RequestRecord:

@@ -393,12 +393,26 @@ class TierManager:
 
 
 class _TierRequest:
-    __slots__ = ("ctx", "next_stored", "keys_made")
+    __slots__ = ("ctx", "next_stored", "keys_made", "block_ids")
 
     def __init__(self, rid: int) -> None:
         self.ctx = ReqContext(rid)
         self.next_stored = 0            # the next attention chunk to offer (``next_stored_chunk_idx``)
         self.keys_made: set[tuple[int, int]] = set()
+        self.block_ids: list[list[int]] = []    # its GPU blocks per group as of its last scheduled step
+
+
+class _Watch:
+    """The GPU blocks a store job in transit reads, which vLLM's connector watches: a block handed
+    to a request while a watching job is in transit makes the step wait for the job
+    (``jobs_to_flush``). A Mamba state's job watches its block at once; an attention job only
+    once its request has finished (``deferred`` until then)."""
+
+    __slots__ = ("active", "deferred")
+
+    def __init__(self, active: Iterable[int] = (), deferred: Iterable[int] = ()) -> None:
+        self.active = set(active)
+        self.deferred = set(deferred)
 
 
 class EmulatedTier:
@@ -437,11 +451,11 @@ class EmulatedTier:
                                    store_threshold=threshold)
         self.chunk_bytes = layout.block_bytes
         self._reqs: dict[int, _TierRequest] = {}
-        self._handoffs: list[tuple[Any, int, int]] = []
+        self._handoffs: list[tuple[Any, int, int, int]] = []      # (request, group, depth, block id)
         self._finished: list[Any] = []
         self._pending_stores: list[bytes] = []
         self._stores_in_flight: list[bytes] = []
-        self._store_jobs: list[tuple[list[bytes], int]] = []   # this step's store jobs (keys, request id)
+        self._store_jobs: list[tuple[list[bytes], int, _Watch]] = []   # this step's store jobs
         self._pending_loads: list[bytes] = []
         self.hit_tokens = 0
         self.bytes_loaded = 0
@@ -453,9 +467,15 @@ class EmulatedTier:
         self.bandwidth = host_bandwidth
         self.now = 0.0                                  # virtual seconds (with a clock)
         self._link_free = {"load": 0.0, "store": 0.0}
-        self._timed: list[tuple[float, str, list[bytes], int]] = []   # (done, kind, keys, request id)
+        # (done, kind, keys, request id, the blocks a store reads: None for a load)
+        self._timed: list[tuple[float, str, list[bytes], int, _Watch | None]] = []
+        # bound by the engine (bind): a request's block ids per group, and the blocks handed out
+        # since the last step; unbound (a tier alone), no store job watches a block
+        self._blocks_of: Callable[[Any], list[list[int]]] | None = None
+        self._take_handed_out: Callable[[], set[int]] | None = None
         self._loading: set[int] = set()                # requests whose load has not landed
         self._step_loads: list[tuple[list[bytes], int]] = []   # with a clock: this step's loads, not yet started
+        self._being_loaded: set[bytes] = set()          # keys of the loads in flight (vLLM's _chunks_being_loaded)
         self._preempted: set[int] = set()              # requests preempted in this step
 
     # --------------------------------------------------------------- keys
@@ -477,7 +497,8 @@ class EmulatedTier:
     # --------------------------------------------------------------- lookup and load
     def lookup(self, req: Any, local: int) -> int | None:
         """``_lookup_complete_chunks``: tokens past the GPU hit ``local`` the tier can load (0: none;
-        None: a hit chunk is still being stored, the request waits)."""
+        None: a hit chunk is still being stored, or another request is loading one, and the request
+        waits)."""
         c, mgr = self.c, self.manager
         st = self._req(req)
         num_keys = req.num_tokens // c
@@ -530,7 +551,15 @@ class EmulatedTier:
                         groups = self.mamba
                 looked_up_window |= gid in self.mamba
                 num_hit = new
-        return None if defer else num_hit
+        if defer:
+            return None
+        if self._being_loaded:          # a hit chunk another request is loading: this one waits for it
+            first, last = local // c, cdiv(local + num_hit, c)
+            for gid in self.attn + self.mamba:
+                window = range(first, last) if gid in self.attn else range(max(first, last - 1), last)
+                if any(self._key(req, st, gid, (i + 1) * c) in self._being_loaded for i in window):
+                    return None
+        return num_hit
 
     def load(self, req: Any, local: int, ext: int, first: bool) -> None:
         """``update_state_after_alloc``: load the tier's chunks for ``local .. local + ext``
@@ -544,6 +573,7 @@ class EmulatedTier:
             ends = [(i + 1) * c for i in range(local // c, cdiv(end, c))] if g in self.attn else [end]
             keys += [self._key(req, st, g, e) for e in ends]
         self.manager.prepare_load(keys, st.ctx)
+        self._being_loaded.update(keys)
         # vLLM assigns (``update_state_after_alloc``, chunk-level policy): a request resumed after a
         # preemption with a shorter tier hit than it had offered before offers those chunks again
         st.next_stored = cdiv(end, c)
@@ -568,31 +598,40 @@ class EmulatedTier:
         """Whether ``req``'s load has landed (always, without a clock, by the step after it)."""
         return req.rid not in self._loading
 
-    def _submit(self, kind: str, keys: list[bytes], rid: int) -> None:
+    def _submit(self, kind: str, keys: list[bytes], rid: int, watch: _Watch | None = None) -> None:
         assert self.bandwidth is not None
         done = max(self.now, self._link_free[kind]) + len(keys) * self.chunk_bytes / self.bandwidth
         self._link_free[kind] = done
-        self._timed.append((done, kind, keys, rid))
+        self._timed.append((done, kind, keys, rid, watch))
 
     def _land(self) -> None:
         """Complete the transfers done by :attr:`now`."""
         still = []
-        for done, kind, keys, rid in self._timed:
+        for job in self._timed:
+            done, kind, keys, rid, _ = job
             if done > self.now:
-                still.append((done, kind, keys, rid))
+                still.append(job)
             elif kind == "load":
                 self.manager.complete_load(keys)
+                self._being_loaded.difference_update(keys)
                 self._loading.discard(rid)
             else:
                 self.manager.complete_store(keys)
         self._timed = still
 
     # --------------------------------------------------------------- stores
-    def on_cache(self, req: Any, group_id: int, depth: int) -> None:
-        """The GPU pool cached ``req``'s block of ``group_id`` ending at ``depth``: a Mamba state at
-        a chunk boundary is handed to the connector at the step's end."""
+    def bind(self, blocks_of: Callable[[Any], list[list[int]]], take_handed_out: Callable[[], set[int]]) -> None:
+        """The engine's side (``VllmAlignEngine.attach_tier``): ``blocks_of(req)``, a request's GPU
+        block ids per group (0: none), and ``take_handed_out()``, the blocks allocated or taken as
+        hits since its last call. With both, a store in transit whose blocks are handed out again
+        makes the step wait for it, as vLLM's worker does."""
+        self._blocks_of, self._take_handed_out = blocks_of, take_handed_out
+
+    def on_cache(self, req: Any, group_id: int, depth: int, block_id: int = 0) -> None:
+        """The GPU pool cached ``req``'s block ``block_id`` of ``group_id`` ending at ``depth``: a
+        Mamba state at a chunk boundary is handed to the connector at the step's end."""
         if group_id in self.mamba and depth % self.c == 0:
-            self._handoffs.append((req, group_id, depth))
+            self._handoffs.append((req, group_id, depth, block_id))
 
     def dropped(self, req: Any) -> None:
         """``req`` was preempted: its blocks went back to the pool before the step's end, so its
@@ -602,17 +641,24 @@ class EmulatedTier:
         self._preempted.add(req.rid)
 
     def finished(self, req: Any) -> None:
-        """``req`` finished in this step; the next step's end offers its rest and ends its access."""
+        """``req`` finished in this step; the next step's end offers its rest and ends its access.
+        Its stores in transit now watch the blocks they read (vLLM's deferred fences)."""
         self._finished.append(req)
+        for job in self._timed:
+            watch = job[4]
+            if job[3] == req.rid and watch is not None and watch.deferred:
+                watch.active |= watch.deferred
+                watch.deferred = set()
 
-    def _store(self, keys: list[bytes], ctx: ReqContext) -> list[bytes] | None:
+    def _store(self, keys: list[bytes], ctx: ReqContext, watch: Iterable[int] = (),
+               deferred: Iterable[int] = ()) -> list[bytes] | None:
         before = len(self.manager.evicted)
         stored = self.manager.prepare_store(keys, ctx)
         for key in self.manager.evicted[before:]:
             self.evictions["kv" if self.kinds[get_offload_group_idx(key)] == ATTENTION else "state"] += 1
         if stored:
             self._pending_stores.extend(stored)
-            self._store_jobs.append((stored, ctx.req_id))
+            self._store_jobs.append((stored, ctx.req_id, _Watch(watch, deferred)))
             self.num_stores += 1
             self.bytes_stored += len(stored) * self.chunk_bytes
         return stored
@@ -626,31 +672,41 @@ class EmulatedTier:
             by_req.setdefault(h[0].rid, []).append(h)
         self._handoffs = []
         for entries in by_req.values():
-            for req, gid, depth in sorted(entries, key=lambda e: self.mamba.index(e[1])):
+            for req, gid, depth, block_id in sorted(entries, key=lambda e: self.mamba.index(e[1])):
                 if depth > min(req.num_tokens, req.num_prompt_tokens):
                     continue
                 st = self._req(req)
-                self._store([self._key(req, st, gid, depth)], st.ctx)
+                self._store([self._key(req, st, gid, depth)], st.ctx, watch=(block_id,) if block_id else ())
         finished = self._finished
         self._finished = []
-        for req, after in [(r, r.num_computed_tokens + n) for r, n in scheduled] + [
-                (r, max(r.num_prompt_tokens, r.num_tokens - 1)) for r in finished]:
+        blocks_of = self._blocks_of
+        for req, after, done in [(r, r.num_computed_tokens + n, False) for r, n in scheduled] + [
+                (r, max(r.num_prompt_tokens, r.num_tokens - 1), True) for r in finished]:
             st = self._req(req)
+            if blocks_of is not None and not done:
+                st.block_ids = blocks_of(req)
             n = min(after, req.num_tokens, req.num_prompt_tokens) // c
             if n <= st.next_stored:
                 continue
             keys = [self._key(req, st, g, (i + 1) * c) for g in self.attn for i in range(st.next_stored, n)]
-            if self._store(keys, st.ctx) is not None:
+            ids = st.block_ids
+            src = {ids[g][i] for g in self.attn if g < len(ids) for i in range(st.next_stored, min(n, len(ids[g])))
+                   if ids[g][i]}
+            # a finished request's job watches its blocks at once, a running one's once it finishes
+            if self._store(keys, st.ctx, **{"watch" if done else "deferred": src}) is not None:
                 st.next_stored = n
         for req in finished:
             st = self._reqs.pop(req.rid, None)
             if st is not None:
                 self.manager.on_request_finished(st.ctx)
         preempted, self._preempted = self._preempted, set()
+        handed_out = self._take_handed_out() if self._take_handed_out is not None else set()
         if self.step_time is not None:
-            # vLLM's worker before the forward pass: it waits for a preempted request's stores still
-            # in transit (the connector's jobs_to_flush), then starts this step's loads
-            flushed = [t[0] for t in self._timed if t[1] == "store" and t[3] in preempted]
+            # vLLM's worker before the forward pass: it waits for the stores still in transit of a
+            # request preempted in this step, and for those reading a block handed out in this step
+            # (the connector's jobs_to_flush), then starts this step's loads
+            flushed = [t[0] for t in self._timed if t[1] == "store" and (
+                t[3] in preempted or (t[4] is not None and not t[4].active.isdisjoint(handed_out)))]
             if flushed:
                 self.now = max(self.now, max(flushed))
             for keys, rid in self._step_loads:
@@ -661,8 +717,8 @@ class EmulatedTier:
             self.now += self.step_time(spans)
             if not spans and self._timed:      # everyone waits on a load: to the next completion
                 self.now = max(self.now, min(t[0] for t in self._timed))
-            for job, rid in self._store_jobs:
-                self._submit("store", job, rid)
+            for job, rid, watch in self._store_jobs:
+                self._submit("store", job, rid, watch)
             self._pending_stores, self._store_jobs = [], []
             self._land()
             return
@@ -670,6 +726,7 @@ class EmulatedTier:
         self.manager.complete_store(self._stores_in_flight)
         self._stores_in_flight, self._pending_stores = self._pending_stores, []
         self.manager.complete_load(self._pending_loads)
+        self._being_loaded.difference_update(self._pending_loads)
         self._pending_loads = []
 
     def counters(self) -> dict[str, Any]:
