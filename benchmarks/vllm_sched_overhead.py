@@ -37,7 +37,10 @@ stock, the evicted blocks (counted in every configuration by a wrapper on
 ``BlockPool._maybe_evict_cached_block``, the same in all), and the extra scheduler time per evicted
 block against stock; "min vs min" is the ratio of each configuration's least-disturbed round (the work
 is deterministic, so on a shared machine the minimum is the steadier estimate); "process CPU" counts
-every thread, and the shadow's replay process (what adaptive-lag moves off the scheduler thread). The last line is one JSON object, ``{"blocks": N, "step_ratio": x,
+every thread, and the shadow's replay process (what adaptive-lag moves off the scheduler thread); "α source
+µs/request" is the wall time the plugin's α source takes per finished request on the scheduler thread
+(the inline shadow's replay, or the send to its process; a few µs with α fixed: the event built and
+handed over). The last line is one JSON object, ``{"blocks": N, "step_ratio": x,
 "step_ratio_adaptive": y, ...}``: the whole-step ratios at the largest pool size asked (with ``--trace``
 also ``"trace"`` and ``"evicted_per_step"``, stock's evicted blocks per step). Not a test; numbers for
 reports::
@@ -220,6 +223,13 @@ def replay_cpu_s(scheduler: Any, close: bool = False) -> float:
     return used
 
 
+def source_us(runs: list[dict[str, Any]]) -> str:
+    """The α source's wall time per finished request on the scheduler thread (its observe: the inline
+    shadow's replay, or the send to its process), the median over rounds; "–" where none observed."""
+    per = [1e6 * x["source_s"] / x["num_finished"] for x in runs if x.get("num_finished")]
+    return f"{statistics.median(per):.0f}" if per else "–"
+
+
 def run_config(args: argparse.Namespace, attach: Any = None) -> dict[str, Any]:
     """Build an engine core (``attach(scheduler)`` first, if given), replay the trace, return the
     per-step scheduler times and what was evicted."""
@@ -294,6 +304,10 @@ def run_config(args: argparse.Namespace, attach: Any = None) -> dict[str, Any]:
            "block_size": block_size, "num_blocks": int(pool.num_gpu_blocks),
            "prompt_tokens": sum(len(r["prompt"]) for r in requests), "hits": result["prefix_cache_hits"],
            "policy": hooks.policy if hooks is not None else "stock",
+           # the α source's share of update_from_output: wall time in its observe per finished request
+           # (PoolHooks.source_s: the inline shadow's replay, or a process's send)
+           "source_s": hooks.source_s if hooks is not None else 0.0,
+           "num_finished": hooks.num_finished if hooks is not None else 0,
            "plugin_evictions": result["plugin_evictions"]}
     return out
 
@@ -412,6 +426,7 @@ def main(argv: list[str] | None = None) -> int:
                              # each round's run against the same round's reference (its neighbour in time)
                              "paired": f"{statistics.median(a['step_s_per_step'] / b['step_s_per_step'] for a, b in zip(runs[name], runs[ref])):.3f}×",
                              "process": f"{process / base_process:.3f}×",
+                             "source": source_us(runs[name]),
                              "per_victim": "–" if name == ref or not evicted
                              else f"{1e6 * (total - base_total) / evicted:+.1f} µs"})
     from marconi.report import format_table
@@ -432,7 +447,8 @@ def main(argv: list[str] | None = None) -> int:
                               (f"schedule vs {configs[0]}", "ratio_sched", None),
                               (f"schedule wall vs {configs[0]}", "ratio_wall", None),
                               ("extra per evicted block", "per_victim", None),
-                              ("process CPU vs stock", "process", None)]))
+                              ("process CPU vs stock", "process", None),
+                              ("α source µs/request", "source", None)]))
     # The line a script reads (the last): the step ratios at the largest pool size asked.
     largest = max(n for n, _ in ratios)
     line: dict[str, Any] = {"blocks": largest}
