@@ -289,8 +289,9 @@ class VllmAlignEngine:
         """
         self.pool.emit("slots", req.num_computed_tokens, num_new_computed, num_new, 0)
         total_computed = req.num_computed_tokens + num_new_computed + num_external
-        if full_sequence_must_fit and self.blocks_needed(req, req.num_tokens, new_computed, total_computed,
-                                                          admission=True, num_external=num_external) > self.pool.num_free:
+        if full_sequence_must_fit and self.blocks_needed(
+                req, req.num_tokens, new_computed, total_computed, admission=True,
+                num_external=num_external) > self.pool.num_free:
             return False
         for manager in self.managers:
             manager.remove_skipped_blocks(req, total_computed)

@@ -639,6 +639,9 @@ class EmulatedTier:
         before the forward pass, as vLLM's worker flushes a preempted request's store jobs."""
         self._handoffs = [h for h in self._handoffs if h[0] is not req]
         self._preempted.add(req.rid)
+        st = self._reqs.get(req.rid)
+        if st is not None:              # vLLM forgets a preempted request's blocks; it gets new ones
+            st.block_ids = []
 
     def finished(self, req: Any) -> None:
         """``req`` finished in this step; the next step's end offers its rest and ends its access.
@@ -693,7 +696,7 @@ class EmulatedTier:
             src = {ids[g][i] for g in self.attn if g < len(ids) for i in range(st.next_stored, min(n, len(ids[g])))
                    if ids[g][i]}
             # a finished request's job watches its blocks at once, a running one's once it finishes
-            if self._store(keys, st.ctx, **{"watch" if done else "deferred": src}) is not None:
+            if self._store(keys, st.ctx, watch=src if done else (), deferred=() if done else src) is not None:
                 st.next_stored = n
         for req in finished:
             st = self._reqs.pop(req.rid, None)
