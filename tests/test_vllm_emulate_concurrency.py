@@ -132,6 +132,32 @@ def test_a_request_never_resumes_from_what_another_has_not_computed() -> None:
         sched.step()
 
 
+def test_a_state_resumed_at_a_prompts_last_boundary_is_recached_and_a_sibling_waits_a_step() -> None:
+    """vLLM's hybrid coordinator caches a block-aligned prefix (``get_num_cacheable_tokens``): a
+    request resuming from the state at its prompt's last block boundary registers that state again
+    in the step it is admitted, and a sibling that would resume from the same state waits a step
+    (``cached_blocks_this_step``). (The emulation cached the unaligned count and admitted both in one
+    step; at agent-synthetic on Nemotron-H-8B that moved one admission a step early.)"""
+    engine = _engine(60)
+    sched = VllmAlignScheduler(engine)
+    rng = np.random.default_rng(3)
+    prefix = rng.integers(0, 32000, 2 * 384)
+    first = sched.add(np.concatenate([prefix, rng.integers(0, 32000, 10)]), rng.integers(0, 32000, 1))
+    while sched.has_requests:               # caches the state at 768, its prompt's last boundary
+        sched.step()
+    assert first.record is not None
+    b1 = sched.add(np.concatenate([prefix, rng.integers(0, 32000, 20)]), rng.integers(0, 32000, 4))
+    b2 = sched.add(np.concatenate([prefix, rng.integers(0, 32000, 30)]), rng.integers(0, 32000, 4))
+    sched.step()
+    assert b1.record is not None and b1.record.hit_len == 768
+    assert b2.record is None                # the state at 768 was registered again in this step
+    sched.step()
+    assert b2.record is not None and b2.record.hit_len == 768
+    while sched.has_requests:
+        sched.step()
+        sched.check_invariants()
+
+
 def test_the_loop_is_deterministic_and_keeps_a_sessions_turns_in_order() -> None:
     requests = sessions(11, 5, 3)
     runs = [emulate_closed_loop(_engine(40, "marconi"), requests, concurrency=4) for _ in range(2)]

@@ -353,6 +353,7 @@ def test_a_load_past_a_gpu_hit_keeps_only_the_loads_state_in_each_mamba_group() 
     first = SimpleNamespace(session_id=0, input_tokens=tokens[: 2 * BLOCK + 1], output_tokens=np.ones(1, np.int32))
     emulate_closed_loop(engine, [first], concurrency=1, check=True)
     req = RequestState(100, tokens, len(tokens), engine.layout.hash_block_size)
+    engine.new_step_starts()                            # the next scheduling step
     hit_blocks, hit, _ = engine.get_computed_blocks(req)
     assert hit == 2 * BLOCK
     # the tier: the KV chunks and every Mamba group's state up to three blocks (the first request

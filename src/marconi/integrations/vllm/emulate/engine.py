@@ -316,7 +316,13 @@ class VllmAlignEngine:
         return True
 
     def cache_blocks(self, req: RequestState, num_tokens: int) -> None:
-        """``KVCacheManager.cache_blocks``: make the request's blocks up to ``num_tokens`` reachable."""
+        """``KVCacheManager.cache_blocks``: make the request's blocks up to ``num_tokens`` reachable.
+        vLLM's hybrid coordinator caches a block-aligned prefix only (``get_num_cacheable_tokens``)
+        unless hits may end inside a block: so a request resuming from its prompt's last boundary
+        re-registers that state in the step, and a sibling hitting it waits a step, as in vLLM."""
+        layout = self.layout
+        if layout.has_mamba and layout.hash_block_size >= layout.block_size:
+            num_tokens = num_tokens // layout.block_size * layout.block_size
         for manager in self.managers:
             manager.cache_blocks(req, num_tokens)
 
