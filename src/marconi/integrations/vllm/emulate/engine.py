@@ -153,10 +153,11 @@ class VllmAlignEngine:
                 self.release_copies()
                 req.num_computed_tokens += 1
                 req.append_output()
+        if self.tier is not None:       # before its blocks go back: its last stores read them
+            self.tier.finished(req)
         self.free(req)
         self.end_request(req)
         if self.tier is not None:       # one request at a time: its access ends and every store lands
-            self.tier.finished(req)
             self.tier.end_step(())
             self.tier.end_step(())
         # As the plugin does after vLLM's ``_free_request``: the finished request goes to the α source.

@@ -289,10 +289,10 @@ class VllmAlignScheduler:
         engine, state = self.engine, req.state
         self.running.remove(req)
         self.inflight.discard(req)
+        if engine.tier is not None:                # before the blocks go back: its last stores read them
+            engine.tier.finished(state)
         engine.free(state)
         engine.end_request(state)
-        if engine.tier is not None:
-            engine.tier.finished(state)
         req.finished = True
         prompt = state.tokens[:state.num_prompt_tokens]
         outputs = state.tokens[state.num_prompt_tokens:state.num_prompt_tokens + req.num_outputs]

@@ -399,7 +399,7 @@ class _TierRequest:
         self.ctx = ReqContext(rid)
         self.next_stored = 0            # the next attention chunk to offer (``next_stored_chunk_idx``)
         self.keys_made: set[tuple[int, int]] = set()
-        self.block_ids: list[list[int]] = []    # its GPU blocks per group as of its last scheduled step
+        self.block_ids: list[list[int]] = []    # its GPU blocks per group when it finished (before they went back)
 
 
 class _Watch:
@@ -639,14 +639,14 @@ class EmulatedTier:
         before the forward pass, as vLLM's worker flushes a preempted request's store jobs."""
         self._handoffs = [h for h in self._handoffs if h[0] is not req]
         self._preempted.add(req.rid)
-        st = self._reqs.get(req.rid)
-        if st is not None:              # vLLM forgets a preempted request's blocks; it gets new ones
-            st.block_ids = []
 
     def finished(self, req: Any) -> None:
-        """``req`` finished in this step; the next step's end offers its rest and ends its access.
-        Its stores in transit now watch the blocks they read (vLLM's deferred fences)."""
+        """``req`` finished in this step (called before its blocks go back to the pool); the next
+        step's end offers its rest and ends its access. Its stores in transit now watch the blocks
+        they read (vLLM's deferred fences)."""
         self._finished.append(req)
+        if self._blocks_of is not None:        # what its last stores will read (vLLM keeps the ids)
+            self._req(req).block_ids = self._blocks_of(req)
         for job in self._timed:
             watch = job[4]
             if job[3] == req.rid and watch is not None and watch.deferred:
@@ -686,13 +686,11 @@ class EmulatedTier:
         for req, after, done in [(r, r.num_computed_tokens + n, False) for r, n in scheduled] + [
                 (r, max(r.num_prompt_tokens, r.num_tokens - 1), True) for r in finished]:
             st = self._req(req)
-            if blocks_of is not None and not done:
-                st.block_ids = blocks_of(req)
             n = min(after, req.num_tokens, req.num_prompt_tokens) // c
             if n <= st.next_stored:
                 continue
             keys = [self._key(req, st, g, (i + 1) * c) for g in self.attn for i in range(st.next_stored, n)]
-            ids = st.block_ids
+            ids = st.block_ids if done or blocks_of is None else blocks_of(req)
             src = {ids[g][i] for g in self.attn if g < len(ids) for i in range(st.next_stored, min(n, len(ids[g])))
                    if ids[g][i]}
             # a finished request's job watches its blocks at once, a running one's once it finishes
