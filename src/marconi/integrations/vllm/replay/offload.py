@@ -101,6 +101,17 @@ class TimedHostLink(OffloadingWorker):
         return self.pending[0][0] if self.pending else None
 
 
+class _InOrder(set):
+    """A set that iterates in the order it was built from (``TierWorker._signal_finished_in_order``)."""
+
+    def __init__(self, items: list[str]) -> None:
+        super().__init__(items)
+        self._order = items
+
+    def __iter__(self) -> Any:
+        return iter([x for x in self._order if x in self])
+
+
 class TierWorker:
     """The connector's worker role around a :class:`TimedHostLink`, driven by the replay's loop.
     Counts the tier's evictions by kind (``kv``, ``state``) by observing
@@ -128,6 +139,7 @@ class TierWorker:
         self.evicted = {"kv": 0, "state": 0}
         self.stored_keys = {"kv": 0, "state": 0}
         self._observe_evictions(kinds)
+        self._signal_finished_in_order(sched)
 
     def _observe_evictions(self, kinds: dict[int, str]) -> None:
         from vllm.v1.kv_offload.base import get_offload_group_idx
@@ -145,6 +157,35 @@ class TierWorker:
             return out
 
         self.manager.prepare_store = observed
+
+    @staticmethod
+    def _signal_finished_in_order(sched: Any) -> None:
+        """The connector tells the tier's manager that requests ended by iterating the step's
+        ``finished_req_ids``, a set of id strings, so in an order set by the process's string hash
+        seed: the tier policy's recency (LRU ranks, ARC's lists) then differs from run to run. The
+        replay hands the connector those ids in the order the scheduler finished the requests
+        (``_free_request``), which is one of the orders vLLM can take, every run the same, and the
+        order the emulation follows. Nothing else reads the reordered ids."""
+        finished: list[str] = []
+        free_request = sched._free_request                  # vLLM private: every request's end
+        connector = sched.connector.connector_scheduler
+        build = connector.build_connector_meta
+
+        def _free_request(request: Any, *args: Any, **kwargs: Any) -> Any:
+            finished.append(request.request_id)
+            return free_request(request, *args, **kwargs)
+
+        def build_connector_meta(scheduler_output: Any) -> Any:
+            ids = scheduler_output.finished_req_ids
+            if ids and len(ids) > 1:
+                ordered = [r for r in dict.fromkeys(finished) if r in ids]
+                ordered += sorted(set(ids).difference(ordered))
+                scheduler_output.finished_req_ids = _InOrder(ordered)
+            finished[:] = [r for r in finished if r not in ids] if ids else finished
+            return build(scheduler_output)
+
+        sched._free_request = _free_request
+        connector.build_connector_meta = build_connector_meta
 
     def before_forward(self, scheduler_output: Any, clock: float) -> float:
         """The model runner's steps before the forward pass; returns the clock after any flush

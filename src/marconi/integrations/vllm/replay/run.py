@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -26,7 +26,7 @@ from marconi.integrations.common.bench import mean_or_none, percentile
 from marconi.integrations.common.probe import probe_python
 from marconi.integrations.vllm.arms import parse_policies, parse_retention, policy_arm
 from marconi.integrations.vllm.config import PluginConfig
-from marconi.integrations.vllm.policy import DEFAULT_ALPHA, MAMBA
+from marconi.integrations.vllm.policy import ATTENTION, DEFAULT_ALPHA, MAMBA
 from marconi.integrations.vllm.replay.tiers import NO_TIER
 from marconi.integrations.vllm.retention import DEFAULT_BUDGET, SPARSE_DP
 from marconi.pool import KEEP_SCRATCH_ENV, child_process, scratch_dir
@@ -269,6 +269,11 @@ def _emulation_engine(spec: ModelSpec, result: dict[str, Any], label: str, confi
     layout = layout_for_spec(spec, num_blocks=kv["num_blocks"], block_size=kv["block_size"],
                              max_num_batched_tokens=config.max_num_batched_tokens,
                              prefill_checkpoint_alignment=checkpoint, retention_interval=config.retention_interval)
+    # The groups in vLLM's own order: the order its pool frees blocks in and its tier lists keys
+    # in (Falcon-H1's attention layers register first, so its attention group is group 0 there).
+    kinds = tuple(MAMBA if g["spec"] == "MambaSpec" else ATTENTION for g in kv["groups"])
+    if kinds != layout.group_kinds and sorted(kinds) == sorted(layout.group_kinds):
+        layout = replace(layout, group_kinds=kinds)
     eviction, alpha = policy_arm(label, config.alpha)
     return VllmAlignEngine(layout, spec, eviction=eviction, alpha=DEFAULT_ALPHA if alpha is None else alpha,
                            retention_budget=config.sparse_budget)
