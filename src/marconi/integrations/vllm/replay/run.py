@@ -485,6 +485,11 @@ def _tier_record(rec: dict[str, Any], tier_policy: str, tier_info: dict[str, Any
     if sim is not None and "per_request" in sim:      # the emulation's split, per request and in total
         out["per_request"]["sim_gpu_hit_tokens"] = sim["per_request"]["gpu_hit_tokens"]
         out["per_request"]["sim_tier_hit_tokens"] = sim["per_request"]["tier_hit_tokens"]
+        per = out["per_request"]
+        # requests whose GPU/tier split the emulation did not reproduce (0: exact, request for request)
+        out["sim_requests_differing"] = sum(
+            (g, t) != (sg, st) for g, t, sg, st in zip(per["gpu_hit_tokens"], per["tier_hit_tokens"],
+                                                       per["sim_gpu_hit_tokens"], per["sim_tier_hit_tokens"]))
         out["sim_tier"] = {k: sim[k] for k in ("bytes_loaded", "bytes_stored", "num_loads", "num_stores",
                                                 "tier_evictions_kv", "tier_evictions_state", "tier_num_chunks")}
     return out
@@ -594,13 +599,15 @@ def tier_table(records: Sequence[dict[str, Any]]) -> str:
         row["_moved"] = f"{format_bytes(rec['bytes_loaded'])} / {format_bytes(rec['bytes_stored'])}"
         row["_evicted"] = f"{rec['tier_evictions_kv']} / {rec['tier_evictions_state']}"
         row["_tput"] = f"{rec['throughput_tok_s']:.0f}" if rec["throughput_tok_s"] else "-"
+        if rec.get("sim_requests_differing") is not None:
+            row["_differ"] = f"{rec['sim_requests_differing']}/{rec['num_requests']}"
         rows.append(row)
     return format_table(rows, [
         ("GPU policy", "arm", lambda a: str(a).split("+")[0]), ("tier policy", "tier_policy", None),
         ("load", "_load", None), ("GPU pool", "_pool", None), ("CPU tier", "_tier", None),
         ("token hit", "token_hit_rate", fmt_pct), ("GPU hit", "gpu_hit_rate", fmt_pct),
         ("tier hit", "tier_hit_rate", fmt_pct), ("emulated", "sim_token_hit_rate", fmt_pct),
-        ("loaded / stored", "_moved", None), ("tier evicted KV / state", "_evicted", None),
+        ("requests differing", "_differ", None), ("loaded / stored", "_moved", None), ("tier evicted KV / state", "_evicted", None),
         ("TTFT P50", "ttft_p50_s", fmt_seconds), ("TTFT P95", "ttft_p95_s", fmt_seconds),
         ("TTFT P99", "ttft_p99_s", fmt_seconds), ("tok/s", "_tput", None)])
 
