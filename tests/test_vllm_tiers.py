@@ -56,14 +56,14 @@ def test_the_emulation_takes_vllms_group_order_from_the_run() -> None:
     ranks first and the order blocks go back to the pool, so the emulation follows the run's: at
     doc-QA on Falcon-H1-7B (pool 0.1x, tier 0.25x) it read 24.0% against vLLM's 18.0% before."""
     from marconi.core.model import ModelSpec
-    from marconi.integrations.vllm.replay.run import _emulation_engine, model_dir
+    from marconi.integrations.vllm.replay.run import emulation_engine, model_dir
 
     spec = ModelSpec.from_hf_config(model_dir("falcon-h1-7b") / "config.json", name="falcon-h1-7b")
     config = ReplayConfig(vllm_python="x", model="falcon-h1-7b", capacity="0.1x", concurrency=4)
     for order in (("FullAttentionSpec", "MambaSpec"), ("MambaSpec", "FullAttentionSpec")):
         result = {"kv_cache": {"num_blocks": 7, "block_size": 3200,
                                "groups": [{"spec": name, "fields": {}} for name in order]}}
-        engine = _emulation_engine(spec, result, "lru", config)
+        engine = emulation_engine(spec, result, "lru", config)
         assert engine.layout.group_kinds == tuple("mamba" if n == "MambaSpec" else "attention" for n in order)
 
 

@@ -33,6 +33,7 @@ from marconi.pool import KEEP_SCRATCH_ENV, child_process, scratch_dir
 from marconi.units import parse_bytes, parse_capacity
 
 __all__ = ["ReplayConfig", "CONFIGS_DIR", "model_dir", "policy_env", "run_replay", "replay_table", "load_label",
+           "emulation_engine",
            "plot_ttft_cdf", "plot_sweep", "parse_policies"]
 
 CONFIGS_DIR = Path(__file__).resolve().parents[3] / "data" / "configs"
@@ -257,8 +258,10 @@ def _run_worker(config: ReplayConfig, mdir: Path, requests_path: Path, out_path:
 _REQUESTS: dict[Path, Sequence[Any]] = {}
 
 
-def _emulation_engine(spec: ModelSpec, result: dict[str, Any], label: str, config: ReplayConfig) -> Any:
-    """A ``vllm-align`` engine on the pool vLLM built for the run (``result``) under ``label``'s GPU policy."""
+def emulation_engine(spec: ModelSpec, result: dict[str, Any], label: str, config: ReplayConfig) -> Any:
+    """A ``vllm-align`` engine on the pool vLLM built for the run (``result``, the worker's answer:
+    its ``kv_cache`` block count, block size and groups in vLLM's order) under ``label``'s GPU
+    policy: the replay's emulation runs on it."""
     from marconi.integrations.vllm.emulate.engine import VllmAlignEngine
     from marconi.integrations.vllm.layout import layout_for_spec
 
@@ -284,7 +287,7 @@ def _emulated_hit_rate(spec: ModelSpec, requests: Sequence[Any], result: dict[st
     """The emulation's token hit rate, and its Mamba states cached per request (per Mamba group)."""
     from marconi.integrations.vllm.emulate.scheduler import emulate_closed_loop
 
-    engine = _emulation_engine(spec, result, label, config)
+    engine = emulation_engine(spec, result, label, config)
     if config.concurrency is not None:     # vLLM's scheduler loop, the same closed loop
         rate = emulate_closed_loop(engine, requests, concurrency=config.concurrency,
                                    max_num_seqs=config.max_num_seqs).token_hit_rate
@@ -306,7 +309,7 @@ def _emulated_tier(spec: ModelSpec, requests: Sequence[Any], result: dict[str, A
     from marconi.integrations.vllm.tier_tree import DEFAULT_RULE, ENV_RULE
 
     assert config.concurrency is not None
-    engine = _emulation_engine(spec, result, label, config)
+    engine = emulation_engine(spec, result, label, config)
     # the replay's clock: its step-time model and host link, so loads span the steps they span there
     timing = StepTimeModel.named(spec, config.gpu, int(result["num_params"]) * (config.weight_bytes or 2),
                                  num_gpus=config.tensor_parallel)
