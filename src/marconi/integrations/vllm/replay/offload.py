@@ -181,7 +181,8 @@ class TierWorker:
                 ordered = [r for r in dict.fromkeys(finished) if r in ids]
                 ordered += sorted(set(ids).difference(ordered))
                 scheduler_output.finished_req_ids = _InOrder(ordered)
-            finished[:] = [r for r in finished if r not in ids] if ids else finished
+            if ids:
+                finished[:] = [r for r in finished if r not in ids]
             return build(scheduler_output)
 
         sched._free_request = _free_request
