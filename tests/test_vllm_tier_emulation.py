@@ -17,7 +17,7 @@ from marconi.core.model import ModelSpec
 from marconi.core.registry import ConfigError
 from marconi.integrations.vllm.emulate.engine import VllmAlignEngine
 from marconi.integrations.vllm.emulate.request import RequestState
-from marconi.integrations.vllm.emulate.scheduler import VllmAlignScheduler, emulate_closed_loop
+from marconi.integrations.vllm.emulate.scheduler import VllmAlignScheduler, emulate_admitted, emulate_closed_loop
 from marconi.integrations.vllm.emulate.tier import (HIT, HIT_PENDING, ARCPolicy, EmulatedTier, LRUPolicy, ReqContext,
                                                     TierManager, make_policy, tier_num_chunks)
 from marconi.integrations.vllm.layout import VllmLayout
@@ -193,6 +193,59 @@ def test_closed_loop_with_a_tier_serves_hits_the_pool_cannot(policy: str) -> Non
     assert len(tier.manager.policy.held_chunks()) <= 40
 
 
+def _step_s(spans: list) -> float:
+    """A step-time stand-in: a fixed cost plus one per token computed (virtual seconds)."""
+    return 0.01 + 1e-5 * sum(end - start for start, end in spans)
+
+
+def _clocked(num_chunks: int | None, policy: str = "lru") -> VllmAlignEngine:
+    """``_engine()`` with a CPU tier on the replay's clock (``_step_s``), or none."""
+    engine = _engine()
+    if num_chunks is not None:
+        engine.attach_tier(EmulatedTier(engine.layout, num_chunks, policy, QWEN_TINY, host_gbps=55, step_time=_step_s,
+                                        host_bandwidth=55e9))
+    return engine
+
+
+@pytest.mark.parametrize("num_chunks", [None, 40])
+def test_the_open_loop_emulation_under_a_closed_loop_admitter_is_the_closed_loop(num_chunks) -> None:
+    """``emulate_admitted`` drives the scheduler by the replay's own admitter; given the closed-loop
+    one it serves exactly as ``emulate_closed_loop`` (records, tier hits, steps), with or without a tier."""
+    from marconi.integrations.vllm.replay.arrivals import make_admitter
+
+    requests = sessions(3, num_sessions=6, turns=4)
+    closed = emulate_closed_loop(_clocked(num_chunks), requests, concurrency=4, check=True)
+    admitter = make_admitter([r.session_id for r in requests], "closed-loop", concurrency=4)
+    admitted = emulate_admitted(_clocked(num_chunks), requests, admitter, _step_s, check=True)
+    assert [tuple(r) for r in admitted.records] == [tuple(r) for r in closed.records]
+    assert admitted.tier_hits == closed.tier_hits and admitted.num_steps == closed.num_steps
+    assert admitted.token_hit_rate > 0
+
+
+def test_poisson_arrivals_on_the_virtual_clock() -> None:
+    """Open-loop arrivals: a request is admitted only once the virtual clock (the steps' modelled
+    times) reaches its arrival, and a tier's clock is the loop's; slower arrivals leave the pool
+    emptier (fewer requests in flight at once) than a burst. A tier without a clock is refused."""
+    from marconi.integrations.vllm.replay.arrivals import make_admitter
+
+    requests = sessions(5, num_sessions=6, turns=3)
+    runs = {}
+    for rate in (0.5, 1000.0):
+        engine = _clocked(40, "arc")
+        admitter = make_admitter([r.session_id for r in requests], "poisson", rate=rate, seed=3)
+        runs[rate] = (emulate_admitted(engine, requests, admitter, _step_s, check=True), engine.tier.now, admitter)
+    slow_run, slow_end, slow_adm = runs[0.5]
+    fast_run, fast_end, _ = runs[1000.0]
+    assert slow_end >= max(slow_adm.times) > fast_end          # the clock waited for the last arrival
+    assert sum(p for p in slow_run.num_preemptions) <= sum(p for p in fast_run.num_preemptions)
+    assert slow_run.num_steps != fast_run.num_steps
+    engine = _engine()
+    engine.attach_tier(EmulatedTier(engine.layout, 40, "lru", QWEN_TINY, host_gbps=55))
+    with pytest.raises(ConfigError, match="step_time"):
+        emulate_admitted(engine, requests, make_admitter([r.session_id for r in requests], "poisson", rate=1.0),
+                         _step_s)
+
+
 def test_an_empty_tier_changes_nothing() -> None:
     requests = sessions(5, num_sessions=4, turns=3)
     _, gpu_only = _run(requests, None)
@@ -224,6 +277,23 @@ def test_emulated_tier_follows_vllms_connector_in_the_replay(tmp_path) -> None:
             per["gpu_hit_tokens"], per["tier_hit_tokens"], per["sim_gpu_hit_tokens"], per["sim_tier_hit_tokens"]))
         assert rec["sim_requests_differing"] == differing == 0, rec["arm"]
     assert "requests differing" in tier_table(records) and f"0/{records[0]['num_requests']}" in tier_table(records)
+
+
+@slow
+def test_emulated_tier_follows_vllms_connector_under_poisson_arrivals(tmp_path) -> None:
+    """Open-loop arrivals: the emulation takes the worker's admitter and step-time clock, and each
+    request's GPU and tier hit equals vLLM's (``sim_requests_differing`` 0); before, open-loop tier
+    records had no emulation at all."""
+    from marconi.integrations.vllm.replay.run import ReplayConfig, run_replay
+
+    config = ReplayConfig(vllm_python=vllm_python(), trace="swe-sample", model="nemotron-h-8b", capacity="0.05x",
+                          cpu_tier="0.25x", rate=1.0, num_requests=48, policies=("lru",), tier_policies=("lru", "arc"))
+    records = run_replay(config, work_dir=tmp_path, show_bars=False)
+    for rec in records:
+        assert rec["arrivals"] == "poisson" and rec["sim_models_concurrency"] is True
+        assert rec["tier_hit_tokens"] > 0
+        assert rec["sim_requests_differing"] == 0, rec["arm"]
+        assert rec["sim_token_hit_rate"] == pytest.approx(rec["token_hit_rate"], abs=1e-12)
 
 
 def test_the_simulator_system_takes_a_tier() -> None:

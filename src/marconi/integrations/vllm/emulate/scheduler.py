@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Hashable, Sequence
+from typing import Any, Callable, Hashable, Sequence
 
 import numpy as np
 
@@ -20,7 +20,7 @@ from marconi.integrations.common.alpha import RequestObservation
 from marconi.integrations.vllm.emulate.engine import RequestRecord, VllmAlignEngine
 from marconi.integrations.vllm.emulate.request import RequestState
 
-__all__ = ["ScheduledRequest", "VllmAlignScheduler", "ClosedLoopResult", "emulate_closed_loop"]
+__all__ = ["ScheduledRequest", "VllmAlignScheduler", "ClosedLoopResult", "emulate_closed_loop", "emulate_admitted"]
 
 
 class ScheduledRequest:
@@ -63,6 +63,9 @@ class VllmAlignScheduler:
         self.num_steps = 0
         self.num_preemptions = 0
         self._num_added = 0
+        #: the token spans the last step computed, (start, end) per scheduled request (the step
+        #: time model's input)
+        self.last_spans: list[tuple[int, int]] = []
 
     def add(self, prompt: Any, outputs: Any = ()) -> ScheduledRequest:
         """Queue a request at the waiting queue's tail (vLLM's ``add_request``)."""
@@ -117,6 +120,7 @@ class VllmAlignScheduler:
                                   f"in the pool ({engine.layout.num_blocks} blocks, {engine.pool.num_free} free) "
                                   f"with nothing else running; vLLM would wait for good — raise the capacity")
         engine.release_copies()                    # end of schedule(): this step's copy-on-write sources
+        self.last_spans = [(req.state.num_computed_tokens, req.state.num_computed_tokens + num) for req, num in scheduled]
         if engine.tier is not None:                # build_connector_meta: this step's stores
             engine.tier.end_step([(req.state, num) for req, num in scheduled])
         for req, num in scheduled:                 # _update_after_schedule
@@ -399,3 +403,59 @@ def emulate_closed_loop(engine: VllmAlignEngine, requests: Sequence[Any], *, con
     return ClosedLoopResult(records, [h.num_preemptions for h in handles if h is not None], engine.queries,
                             engine.hits, sched.num_steps,
                             None if engine.tier is None else [h.tier_hit for h in handles if h is not None])
+
+
+def emulate_admitted(engine: VllmAlignEngine, requests: Sequence[Any], admitter: Any,
+                     step_time: Callable[[list[tuple[int, int]]], float], *, max_num_seqs: int = 256,
+                     check: bool = False) -> ClosedLoopResult:
+    """Serve ``requests`` as ``marconi vllm replay`` serves them under ``admitter`` (its
+    ``replay.arrivals.Admitter``: ``admit(clock)``, ``finish(i)``, ``next_arrival()``), on the replay's
+    virtual clock: each step adds ``step_time(spans)`` (the replay's step-time model); with nothing in
+    flight the clock jumps to the next arrival. With a CPU tier the clock is the tier's (it must have
+    the same ``step_time``): a preempted request's stores in transit and the loads it waits for move it
+    as in the replay's worker. Open-loop arrivals (Poisson, trace times) are what this adds to
+    :func:`emulate_closed_loop`; under a closed-loop admitter the two serve identically.
+
+    Raises:
+        ConfigError: as :meth:`VllmAlignScheduler.step`; or a tier without a clock.
+        RuntimeError: nothing in flight and nothing left to arrive while requests remain.
+    """
+    tier = engine.tier
+    if tier is not None and tier.step_time is None:
+        raise ConfigError("vllm-align: an open-loop emulation with a CPU tier needs the tier's step_time (its clock)")
+    sched = VllmAlignScheduler(engine, max_num_seqs=max_num_seqs)
+    n = len(requests)
+    handles: list[ScheduledRequest | None] = [None] * n
+    trace_index: dict[int, int] = {}               # scheduler's request index -> trace index
+    clock = 0.0
+    num_done = 0
+    while num_done < n:
+        for i in admitter.admit(clock):
+            handles[i] = sched.add(requests[i].input_tokens, np.asarray(requests[i].output_tokens, dtype=np.int32))
+            trace_index[handles[i].index] = i
+        if not sched.has_requests:                 # idle: jump to the next arrival
+            due = admitter.next_arrival()
+            if due is None:
+                raise RuntimeError("open loop stalled: nothing in flight and nothing to admit")
+            clock = max(clock, due)
+            if tier is not None:
+                tier.now = max(tier.now, clock)
+            continue
+        if tier is not None:
+            tier.next_arrival = admitter.next_arrival()
+        finished = sched.step()
+        clock = tier.now if tier is not None else clock + step_time(sched.last_spans)
+        if check:
+            sched.check_invariants()
+        for req in finished:
+            admitter.finish(trace_index[req.index])
+            num_done += 1
+    if tier is not None:
+        tier.next_arrival = None
+    records = []
+    for h in handles:
+        assert h is not None and h.record is not None
+        records.append(h.record)
+    return ClosedLoopResult(records, [h.num_preemptions for h in handles if h is not None], engine.queries,
+                            engine.hits, sched.num_steps,
+                            None if tier is None else [h.tier_hit for h in handles if h is not None])

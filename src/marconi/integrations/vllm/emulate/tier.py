@@ -466,6 +466,10 @@ class EmulatedTier:
         self.step_time = step_time
         self.bandwidth = host_bandwidth
         self.now = 0.0                                  # virtual seconds (with a clock)
+        #: when the next request arrives (open-loop arrivals; set by the loop before each step, None
+        #: in a closed loop): a step in which every request waits for a load moves the clock to the
+        #: earlier of the next transfer's completion and the next arrival, as the replay's worker does
+        self.next_arrival: float | None = None
         self._link_free = {"load": 0.0, "store": 0.0}
         # (done, kind, keys, request id, the blocks a store reads: None for a load)
         self._timed: list[tuple[float, str, list[bytes], int, _Watch | None]] = []
@@ -716,8 +720,12 @@ class EmulatedTier:
             # the forward pass, then this step's stores go out
             spans = [(r.num_computed_tokens, r.num_computed_tokens + n) for r, n in scheduled]
             self.now += self.step_time(spans)
-            if not spans and self._timed:      # everyone waits on a load: to the next completion
-                self.now = max(self.now, min(t[0] for t in self._timed))
+            if not spans:                      # everyone waits on a load: to the next completion or arrival
+                due = [t[0] for t in self._timed]
+                if self.next_arrival is not None:
+                    due.append(self.next_arrival)
+                if due:
+                    self.now = max(self.now, min(due))
             for job, rid, watch in self._store_jobs:
                 self._submit("store", job, rid, watch)
             self._pending_stores, self._store_jobs = [], []

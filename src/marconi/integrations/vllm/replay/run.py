@@ -282,18 +282,37 @@ def emulation_engine(spec: ModelSpec, result: dict[str, Any], label: str, config
                            retention_budget=config.sparse_budget)
 
 
+def _admitter(config: ReplayConfig, requests: Sequence[Any]) -> Any:
+    """The worker's admitter (``replay.worker``): the same sessions, arrival times and seed."""
+    from marconi.integrations.vllm.replay.arrivals import make_admitter
+
+    return make_admitter([str(r.session_id) for r in requests], config.arrivals, concurrency=config.concurrency,
+                         rate=config.rate, ts=[float(r.ts) for r in requests], time_scale=config.time_scale or 1.0,
+                         seed=config.seed)
+
+
+def _step_time(spec: ModelSpec, result: dict[str, Any], config: ReplayConfig) -> Any:
+    """The worker's step-time model (``replay.steptime``) for the run's model, GPU and weights."""
+    from marconi.integrations.vllm.replay.steptime import StepTimeModel
+
+    return StepTimeModel.named(spec, config.gpu, int(result["num_params"]) * (config.weight_bytes or 2),
+                               num_gpus=config.tensor_parallel)
+
+
 def _emulated_hit_rate(spec: ModelSpec, requests: Sequence[Any], result: dict[str, Any], label: str,
                        config: ReplayConfig) -> tuple[float, float]:
-    """The emulation's token hit rate, and its Mamba states cached per request (per Mamba group)."""
-    from marconi.integrations.vllm.emulate.scheduler import emulate_closed_loop
+    """The emulation's token hit rate, and its Mamba states cached per request (per Mamba group):
+    vLLM's scheduler loop under the run's load (the closed loop, or the worker's open-loop arrivals
+    on the same virtual clock)."""
+    from marconi.integrations.vllm.emulate.scheduler import emulate_admitted, emulate_closed_loop
 
     engine = emulation_engine(spec, result, label, config)
-    if config.concurrency is not None:     # vLLM's scheduler loop, the same closed loop
+    if config.concurrency is not None:
         rate = emulate_closed_loop(engine, requests, concurrency=config.concurrency,
                                    max_num_seqs=config.max_num_seqs).token_hit_rate
     else:
-        hits = sum(engine.run(r.input_tokens, np.asarray(r.output_tokens, dtype=np.int32)).hit_len for r in requests)
-        rate = hits / sum(r.input_len for r in requests)
+        rate = emulate_admitted(engine, requests, _admitter(config, requests), _step_time(spec, result, config).step_s,
+                                max_num_seqs=config.max_num_seqs).token_hit_rate
     states = engine.pool.stats.blocks_cached.get(MAMBA, 0) / max(1, len(engine.mamba_ids)) / max(1, len(requests))
     return rate, states
 
@@ -301,25 +320,27 @@ def _emulated_hit_rate(spec: ModelSpec, requests: Sequence[Any], result: dict[st
 def _emulated_tier(spec: ModelSpec, requests: Sequence[Any], result: dict[str, Any], label: str,
                    config: ReplayConfig, tier_policy: str, host_bandwidth: float) -> dict[str, Any]:
     """The emulation with vLLM's CPU tier (:class:`~marconi.integrations.vllm.emulate.tier.EmulatedTier`)
-    on the run's pool, tier size (chunks, as vLLM sized it) and closed loop: its token, GPU and tier
-    hit rates, per-request hit tokens by tier, and the tier's counters. Needs ``config.concurrency``."""
-    from marconi.integrations.vllm.emulate.scheduler import emulate_closed_loop
+    on the run's pool, tier size (chunks, as vLLM sized it) and load (the closed loop, or the
+    worker's open-loop arrivals on the same virtual clock): its token, GPU and tier hit rates,
+    per-request hit tokens by tier, and the tier's counters."""
+    from marconi.integrations.vllm.emulate.scheduler import emulate_admitted, emulate_closed_loop
     from marconi.integrations.vllm.emulate.tier import EmulatedTier
-    from marconi.integrations.vllm.replay.steptime import StepTimeModel
     from marconi.integrations.vllm.tier_tree import DEFAULT_RULE, ENV_RULE
 
-    assert config.concurrency is not None
     engine = emulation_engine(spec, result, label, config)
     # the replay's clock: its step-time model and host link, so loads span the steps they span there
-    timing = StepTimeModel.named(spec, config.gpu, int(result["num_params"]) * (config.weight_bytes or 2),
-                                 num_gpus=config.tensor_parallel)
+    timing = _step_time(spec, result, config)
     # the rule vLLM's tier policy runs: MARCONI_TIER_RULE reaches it through the replay's environment
     rule = os.environ.get(ENV_RULE) or DEFAULT_RULE
     tier = EmulatedTier(engine.layout, int(result["tier"]["tier_num_chunks"]), tier_policy, spec, rule=rule,
                         host_gbps=host_bandwidth / 1e9, step_time=timing.step_s,
                         host_bandwidth=host_bandwidth * config.tensor_parallel)
     engine.attach_tier(tier)
-    loop = emulate_closed_loop(engine, requests, concurrency=config.concurrency, max_num_seqs=config.max_num_seqs)
+    if config.concurrency is not None:
+        loop = emulate_closed_loop(engine, requests, concurrency=config.concurrency, max_num_seqs=config.max_num_seqs)
+    else:
+        loop = emulate_admitted(engine, requests, _admitter(config, requests), timing.step_s,
+                                max_num_seqs=config.max_num_seqs)
     return {"token_hit_rate": loop.token_hit_rate, "gpu_hit_rate": loop.gpu_hit_rate,
             "tier_hit_rate": loop.tier_hit_rate, **tier.counters(), "num_preemptions": sum(loop.num_preemptions),
             "num_steps": loop.num_steps,
@@ -346,7 +367,7 @@ def _record(config: ReplayConfig, label: str, trace_info: dict[str, Any], pool_i
         "token_hit_rate": res["prefix_cache_hits"] / res["prefix_cache_queries"] if res["prefix_cache_queries"] else 0.0,
         "request_hit_rate": sum(res["num_cached_tokens"]) / max(1, sum(r.input_len for r in requests)),
         "sim_token_hit_rate": None if sim is None else sim[0], "sim_states_per_request": None if sim is None else sim[1],
-        "sim_models_concurrency": config.concurrency is not None,
+        "sim_models_concurrency": True,
         "ttft_p50_s": percentile(ttft, 50), "ttft_p95_s": percentile(ttft, 95), "ttft_p99_s": percentile(ttft, 99),
         "tpot_mean_s": mean_or_none(tpot), "throughput_tok_s": out_tokens / res["virtual_s"] if res["virtual_s"] else None,
         "num_preemptions": int(sum(res["num_preemptions"])), "sched_s_per_step": res["sched_s_per_step"],
@@ -423,8 +444,8 @@ def _replay_in(config: ReplayConfig, work: Path, *, emulate: bool, progress: Cal
                 if emulate and tier_policy == NO_TIER:        # no tier: the single-pool emulation
                     rate = _emulated_hit_rate(spec, requests, res, label, config)[0]
                     sim = {"token_hit_rate": rate, "gpu_hit_rate": rate, "tier_hit_rate": 0.0}
-                elif emulate and config.concurrency is not None and res.get("tier"):
-                    # the same pool and the tier as vLLM sized it, on the same closed loop
+                elif emulate and res.get("tier"):
+                    # the same pool and the tier as vLLM sized it, under the same load and clock
                     sim = _emulated_tier(spec, requests, res, label, config, tier_policy,
                                          float(tier_info["host_bandwidth_bytes_s"]))
                 records.append(_tier_record(_record(config, label, sel.trace_info, pool_info, requests, res, None),
