@@ -346,6 +346,18 @@ class ClosedLoopResult:
         return (self.hits + sum(self.tier_hits or ())) / self.queries if self.queries else 0.0
 
 
+def _result(engine: VllmAlignEngine, sched: VllmAlignScheduler,
+            handles: Sequence[ScheduledRequest | None]) -> ClosedLoopResult:
+    """A finished loop's result: every request's record (trace order), preemptions and tier hit."""
+    records = []
+    for h in handles:
+        assert h is not None and h.record is not None
+        records.append(h.record)
+    done = [h for h in handles if h is not None]
+    return ClosedLoopResult(records, [h.num_preemptions for h in done], engine.queries, engine.hits, sched.num_steps,
+                            None if engine.tier is None else [h.tier_hit for h in done])
+
+
 def emulate_closed_loop(engine: VllmAlignEngine, requests: Sequence[Any], *, concurrency: int,
                         max_num_seqs: int = 256, check: bool = False) -> ClosedLoopResult:
     """Serve ``requests`` (trace order; each with ``input_tokens``, ``output_tokens`` and
@@ -396,13 +408,7 @@ def emulate_closed_loop(engine: VllmAlignEngine, requests: Sequence[Any], *, con
         for req in finished:
             done[trace_index[req.index]] = True
             num_done += 1
-    records = []
-    for h in handles:
-        assert h is not None and h.record is not None
-        records.append(h.record)
-    return ClosedLoopResult(records, [h.num_preemptions for h in handles if h is not None], engine.queries,
-                            engine.hits, sched.num_steps,
-                            None if engine.tier is None else [h.tier_hit for h in handles if h is not None])
+    return _result(engine, sched, handles)
 
 
 def emulate_admitted(engine: VllmAlignEngine, requests: Sequence[Any], admitter: Any,
@@ -452,10 +458,4 @@ def emulate_admitted(engine: VllmAlignEngine, requests: Sequence[Any], admitter:
             num_done += 1
     if tier is not None:
         tier.next_arrival = None
-    records = []
-    for h in handles:
-        assert h is not None and h.record is not None
-        records.append(h.record)
-    return ClosedLoopResult(records, [h.num_preemptions for h in handles if h is not None], engine.queries,
-                            engine.hits, sched.num_steps,
-                            None if tier is None else [h.tier_hit for h in handles if h is not None])
+    return _result(engine, sched, handles)
