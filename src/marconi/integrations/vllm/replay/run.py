@@ -282,13 +282,19 @@ def emulation_engine(spec: ModelSpec, result: dict[str, Any], label: str, config
                            retention_budget=config.sparse_budget)
 
 
-def _admitter(config: ReplayConfig, requests: Sequence[Any]) -> Any:
-    """The worker's admitter (``replay.worker``): the same sessions, arrival times and seed."""
+def _serve(engine: Any, requests: Sequence[Any], config: ReplayConfig,
+           step_s: Callable[[list[tuple[int, int]]], float]) -> Any:
+    """The emulation's loop under the run's load: the closed loop, or the worker's open-loop
+    admitter (``replay.worker``: the same sessions, arrival times and seed) on the virtual clock
+    ``step_s`` (the worker's step-time model)."""
+    from marconi.integrations.vllm.emulate.scheduler import emulate_admitted, emulate_closed_loop
     from marconi.integrations.vllm.replay.arrivals import make_admitter
 
-    return make_admitter([str(r.session_id) for r in requests], config.arrivals, concurrency=config.concurrency,
-                         rate=config.rate, ts=[float(r.ts) for r in requests], time_scale=config.time_scale or 1.0,
-                         seed=config.seed)
+    if config.concurrency is not None:
+        return emulate_closed_loop(engine, requests, concurrency=config.concurrency, max_num_seqs=config.max_num_seqs)
+    admitter = make_admitter([str(r.session_id) for r in requests], config.arrivals, rate=config.rate,
+                             ts=[float(r.ts) for r in requests], time_scale=config.time_scale or 1.0, seed=config.seed)
+    return emulate_admitted(engine, requests, admitter, step_s, max_num_seqs=config.max_num_seqs)
 
 
 def _step_time(spec: ModelSpec, result: dict[str, Any], config: ReplayConfig) -> Any:
@@ -304,15 +310,8 @@ def _emulated_hit_rate(spec: ModelSpec, requests: Sequence[Any], result: dict[st
     """The emulation's token hit rate, and its Mamba states cached per request (per Mamba group):
     vLLM's scheduler loop under the run's load (the closed loop, or the worker's open-loop arrivals
     on the same virtual clock)."""
-    from marconi.integrations.vllm.emulate.scheduler import emulate_admitted, emulate_closed_loop
-
     engine = emulation_engine(spec, result, label, config)
-    if config.concurrency is not None:
-        rate = emulate_closed_loop(engine, requests, concurrency=config.concurrency,
-                                   max_num_seqs=config.max_num_seqs).token_hit_rate
-    else:
-        rate = emulate_admitted(engine, requests, _admitter(config, requests), _step_time(spec, result, config).step_s,
-                                max_num_seqs=config.max_num_seqs).token_hit_rate
+    rate = _serve(engine, requests, config, _step_time(spec, result, config).step_s).token_hit_rate
     states = engine.pool.stats.blocks_cached.get(MAMBA, 0) / max(1, len(engine.mamba_ids)) / max(1, len(requests))
     return rate, states
 
@@ -323,7 +322,6 @@ def _emulated_tier(spec: ModelSpec, requests: Sequence[Any], result: dict[str, A
     on the run's pool, tier size (chunks, as vLLM sized it) and load (the closed loop, or the
     worker's open-loop arrivals on the same virtual clock): its token, GPU and tier hit rates,
     per-request hit tokens by tier, and the tier's counters."""
-    from marconi.integrations.vllm.emulate.scheduler import emulate_admitted, emulate_closed_loop
     from marconi.integrations.vllm.emulate.tier import EmulatedTier
     from marconi.integrations.vllm.tier_tree import DEFAULT_RULE, ENV_RULE
 
@@ -336,11 +334,7 @@ def _emulated_tier(spec: ModelSpec, requests: Sequence[Any], result: dict[str, A
                         host_gbps=host_bandwidth / 1e9, step_time=timing.step_s,
                         host_bandwidth=host_bandwidth * config.tensor_parallel)
     engine.attach_tier(tier)
-    if config.concurrency is not None:
-        loop = emulate_closed_loop(engine, requests, concurrency=config.concurrency, max_num_seqs=config.max_num_seqs)
-    else:
-        loop = emulate_admitted(engine, requests, _admitter(config, requests), timing.step_s,
-                                max_num_seqs=config.max_num_seqs)
+    loop = _serve(engine, requests, config, timing.step_s)
     return {"token_hit_rate": loop.token_hit_rate, "gpu_hit_rate": loop.gpu_hit_rate,
             "tier_hit_rate": loop.tier_hit_rate, **tier.counters(), "num_preemptions": sum(loop.num_preemptions),
             "num_steps": loop.num_steps,
