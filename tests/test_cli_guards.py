@@ -221,3 +221,30 @@ def test_chosen_actions_are_those_of_the_leaf_command() -> None:
              if a.option_strings}
     assert "--sglang-python" in flags and "--vllm-python" not in flags
     assert os.path.basename(UNWRITABLE)
+
+
+def test_a_plot_left_unset_goes_beside_out_and_is_guarded_like_a_named_one(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], no_work: list[str]) -> None:
+    """``vllm replay`` and ``vllm bench`` wrote their plot to a fixed ``results/`` file whatever
+    ``--out`` said, so two runs with their own ``--out`` overwrote one plot. Unset, ``--plot`` is now
+    ``--out`` with ``.png``; ``''`` skips it; a stream ``--out`` gets no plot; the guard checks the
+    derived path before any work, naming ``--plot``."""
+    from marconi.options import fill_beside
+
+    monkeypatch.chdir(tmp_path)
+    parser = build_parser()
+    base = {"vllm replay": ["vllm", "replay", "--blocks", "100", "--concurrency", "1"], "vllm bench": ["vllm", "bench"]}
+    for command, argv in base.items():
+        cases = [(["--out", "runs/a/R.jsonl"], "runs/a/R.png"), (["--out", "R"], "R.png"),
+                 (["--out", "R.jsonl", "--plot", "p.png"], "p.png"), (["--out", "R.jsonl", "--plot", ""], ""),
+                 (["--out", "/dev/null"], "")]
+        for extra, plot in cases:
+            args = parser.parse_args(argv + extra)
+            fill_beside(parser, args)
+            assert args.plot == plot, (command, extra, args.plot)
+        assert parser.parse_args(argv).plot is None          # unset until filled
+        (tmp_path / "R.png").mkdir()
+        err = _refused(argv + ["--out", "R.jsonl"], capsys)
+        assert "--plot" in err and "R.png" in err, err
+        (tmp_path / "R.png").rmdir()
+    assert no_work == []

@@ -393,10 +393,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     for stream in (sys.stdout, sys.stderr):  # a file name that is not UTF-8 is shown escaped, never a crash
         if hasattr(stream, "reconfigure"):
             stream.reconfigure(errors="backslashreplace")
+    from marconi.options import fill_beside
+
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
         with sigterm_raises():
+            fill_beside(parser, args)    # outputs named after --out (a run's plot beside its records)
             guard_outputs(parser, args)  # before any work: nothing computed is lost to --out
             return int(args.func(args) or 0)
     except ModuleNotFoundError as exc:

@@ -5,6 +5,7 @@ written path for ``marconi.cli``'s guard (``tests/test_cli_guards.py`` enforces 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Any, Sequence
 
 from marconi.core.registry import ConfigError, Domain
@@ -132,16 +133,41 @@ class CapacityList:
 OUTPUT_KINDS = ("file", "dir", "workdir")
 _OUTPUT_ATTR = "marconi_output"
 _REREAD_ATTR = "marconi_reread"
+_BESIDE_ATTR = "marconi_beside"
 
 
-def add_output(parser: argparse.ArgumentParser, *flags: str, kind: str = "file", **kwargs: Any) -> argparse.Action:
+def add_output(parser: argparse.ArgumentParser, *flags: str, kind: str = "file",
+               beside: tuple[str, str] | None = None, **kwargs: Any) -> argparse.Action:
     """``parser.add_argument`` for a written path, marked for the guard. ``kind``: ``file``, ``dir``
-    (replaced whole) or ``workdir`` (scratch); an empty value means "skip"."""
+    (replaced whole) or ``workdir`` (scratch); an empty value means "skip". ``beside=(dest, suffix)``:
+    when the option is not given, :func:`fill_beside` names it after the output ``dest`` with
+    ``suffix`` (``--plot`` beside ``--out R.jsonl`` is ``R.png``), so a run's files stay together."""
     if kind not in OUTPUT_KINDS:
         raise ValueError(f"add_output: kind must be one of {OUTPUT_KINDS}, got {kind!r}")
+    if beside is not None:
+        kwargs.setdefault("default", None)
     action = parser.add_argument(*flags, **kwargs)
     setattr(action, _OUTPUT_ATTR, kind)
+    if beside is not None:
+        setattr(action, _BESIDE_ATTR, beside)
     return action
+
+
+def fill_beside(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Give each chosen ``add_output(..., beside=(dest, suffix))`` option left unset its path: the
+    output ``dest`` with ``suffix`` in place of its own (empty, i.e. skipped, when that output is
+    skipped or is a stream such as ``/dev/stdout``). Changes ``args`` only; run before the guard,
+    which then checks the named paths like any other output."""
+    from marconi.io import is_stream
+
+    for action in chosen_actions(parser, args):
+        beside = getattr(action, _BESIDE_ATTR, None)
+        if beside is None or getattr(args, action.dest, None) is not None:
+            continue
+        dest, suffix = beside
+        other = getattr(args, dest, None)
+        named = bool(other) and other != "-" and not is_stream(other)
+        setattr(args, action.dest, str(Path(other).with_suffix(suffix)) if named else "")
 
 
 def add_reread(parser: argparse.ArgumentParser, *flags: str, **kwargs: Any) -> argparse.Action:

@@ -57,7 +57,8 @@ def register(vllm: Any) -> None:
                        help="vLLM's prefix_cache_retention_interval: 0 (default), none (every block) or tokens")
     add_output(bench, "--work-dir", kind="workdir", default="results/vllm_bench_work", help="model, server logs, block traces")
     add_output(bench, "--out", default="results/vllm_bench.jsonl", help="JSONL records (written atomically)")
-    add_output(bench, "--plot", default="results/vllm_bench_ttft_cdf.png", help="TTFT CDF PNG ('' to skip)")
+    add_output(bench, "--plot", beside=("out", ".png"),
+               help="TTFT CDF PNG (default: beside --out, R.jsonl -> R.png; '' to skip)")
     add_output(bench, "--record-fixture", default=None,
                        help="also write per-request counts and outputs here (the emulation test's fixture)")
     bench.set_defaults(func=_cmd_bench)

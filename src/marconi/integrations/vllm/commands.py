@@ -118,7 +118,9 @@ def _register_replay(sub: Any) -> None:
     add_output(replay, "--work-dir", kind="workdir", default=None,
                help="requests, worker logs and results (default: a temp dir)")
     add_output(replay, "--out", default="results/vllm_replay.jsonl", help="JSONL records (written atomically)")
-    add_output(replay, "--plot", default="results/vllm_replay_ttft_cdf.png", help="TTFT CDF PNG ('' to skip)")
+    add_output(replay, "--plot", beside=("out", ".png"),
+               help="the plot PNG: TTFT CDF, the sweep's or the tiers' (default: beside --out, R.jsonl -> R.png; "
+                    "'' to skip)")
     replay.set_defaults(func=_cmd_replay)
 
 
