@@ -127,7 +127,7 @@ def test_under_open_loop_arrivals_ttft_counts_from_the_due_time(tmp_path) -> Non
     import json
     import os
 
-    from marconi.integrations.vllm.replay.arrivals import poisson_times
+    from marconi.integrations.vllm.arrivals import poisson_times
     from marconi.integrations.vllm.replay.run import model_dir
 
     requests = [{"session": s, "prompt": list(range(1 + 100 * s, 400 + 100 * s + 50 * t)), "output": [5] * 4, "ts": 0.0}

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from marconi.integrations.vllm.replay.arrivals import (Admitter, make_admitter, poisson_times, predecessors,
+from marconi.integrations.vllm.arrivals import (Admitter, make_admitter, poisson_times, predecessors,
                                                        trace_times)
 from vllm_env import VLLM_PYTHON, require_vllm
 

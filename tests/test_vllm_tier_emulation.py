@@ -211,7 +211,7 @@ def _clocked(num_chunks: int | None, policy: str = "lru") -> VllmAlignEngine:
 def test_the_open_loop_emulation_under_a_closed_loop_admitter_is_the_closed_loop(num_chunks) -> None:
     """``emulate_admitted`` drives the scheduler by the replay's own admitter; given the closed-loop
     one it serves exactly as ``emulate_closed_loop`` (records, tier hits, steps), with or without a tier."""
-    from marconi.integrations.vllm.replay.arrivals import make_admitter
+    from marconi.integrations.vllm.arrivals import make_admitter
 
     requests = sessions(3, num_sessions=6, turns=4)
     closed = emulate_closed_loop(_clocked(num_chunks), requests, concurrency=4, check=True)
@@ -226,7 +226,7 @@ def test_poisson_arrivals_on_the_virtual_clock() -> None:
     """Open-loop arrivals: a request is admitted only once the virtual clock (the steps' modelled
     times) reaches its arrival, and a tier's clock is the loop's; slower arrivals leave the pool
     emptier (fewer requests in flight at once) than a burst. A tier without a clock is refused."""
-    from marconi.integrations.vllm.replay.arrivals import make_admitter
+    from marconi.integrations.vllm.arrivals import make_admitter
 
     requests = sessions(5, num_sessions=6, turns=3)
     runs = {}

@@ -4,7 +4,7 @@
 
 ``requests.json``: ``[{"prompt": [ids...], "max_tokens": n, "session": ...}, ...]``. With
 ``--concurrency`` (:func:`serve_closed_loop`) the engine is stepped and requests are submitted by the
-replay's own :class:`~marconi.integrations.vllm.replay.arrivals.Admitter`, so the replay can be
+replay's own :class:`~marconi.integrations.vllm.arrivals.Admitter`, so the replay can be
 checked against it request by request. ``out.json``: per request the generated ids and
 ``num_cached_tokens``; the cache configuration; ``serve_s``; with the plugin, its figures.
 """
@@ -78,7 +78,7 @@ def serve_closed_loop(requests: list[dict[str, Any]], *, concurrency: int, model
                       enforce_eager: bool = False) -> dict[str, Any]:
     """Up to ``concurrency`` requests in flight, each engine step a real forward pass, requests
     submitted between steps by the replay's admitter; see the module docstring."""
-    from marconi.integrations.vllm.replay.arrivals import Admitter
+    from marconi.integrations.vllm.arrivals import Admitter
 
     llm = _build_llm(model=model, num_blocks=num_blocks, max_model_len=max_model_len,
                      max_num_batched_tokens=max_num_batched_tokens, block_size=block_size,

@@ -2,7 +2,8 @@
 
 Mirrors ``Scheduler.schedule`` / ``update_from_output`` as far as prefix-cache decisions depend on
 them (token budget, Mamba-aligned chunks, the full-sequence admission gate, recompute preemption).
-:func:`emulate_closed_loop` drives a trace as ``marconi vllm replay --concurrency C`` drives vLLM.
+:func:`emulate_closed_loop` drives a trace as ``marconi vllm replay --concurrency C`` drives vLLM, and
+:func:`emulate_admitted` under open-loop arrivals, both with the replay's own admitter.
 The rules: docs/vllm.md, "What the emulation models".
 """
 
@@ -10,13 +11,14 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Callable, Hashable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from marconi.core.cache import as_tokens
 from marconi.core.registry import ConfigError
 from marconi.integrations.common.alpha import RequestObservation
+from marconi.integrations.vllm.arrivals import Admitter
 from marconi.integrations.vllm.emulate.engine import RequestRecord, VllmAlignEngine
 from marconi.integrations.vllm.emulate.request import RequestState
 
@@ -362,65 +364,33 @@ def emulate_closed_loop(engine: VllmAlignEngine, requests: Sequence[Any], *, con
                         max_num_seqs: int = 256, check: bool = False) -> ClosedLoopResult:
     """Serve ``requests`` (trace order; each with ``input_tokens``, ``output_tokens`` and
     ``session_id``) through ``engine`` as ``marconi vllm replay --concurrency C`` serves them through
-    vLLM: before each step, requests whose session predecessor has finished are submitted, and new
-    ones are admitted while fewer than ``concurrency`` are admitted and unfinished (a turn whose
-    predecessor is still running holds its slot and waits). ``check``: run the invariant checks
-    after every step (slow; for tests). Deterministic.
+    vLLM: the replay's own closed-loop :class:`~marconi.integrations.vllm.arrivals.Admitter` (before
+    each step, requests whose session predecessor has finished are submitted, and new ones are
+    admitted while fewer than ``concurrency`` are admitted and unfinished; a turn whose predecessor
+    is still running holds its slot and waits), with no clock: a tier's loads land by the end of
+    their step. ``check``: run the invariant checks after every step (slow; for tests).
+    Deterministic.
+
+    Raises:
+        ConfigError: ``concurrency`` < 1; or as :meth:`VllmAlignScheduler.step`.
     """
     if concurrency < 1:
         raise ConfigError(f"concurrency must be >= 1, got {concurrency}")
-    sched = VllmAlignScheduler(engine, max_num_seqs=max_num_seqs)
-    n = len(requests)
-    prev_of: list[int | None] = []
-    last_in_session: dict[Hashable, int] = {}
-    for i, r in enumerate(requests):
-        prev_of.append(last_in_session.get(r.session_id))
-        last_in_session[r.session_id] = i
-    done = [False] * n
-    handles: list[ScheduledRequest | None] = [None] * n
-    trace_index: dict[int, int] = {}               # scheduler's request index -> trace index
-    waiting_on_prev: deque[int] = deque()
-    next_i = num_admitted = num_done = 0
-
-    def submit(i: int) -> None:
-        handles[i] = sched.add(requests[i].input_tokens, np.asarray(requests[i].output_tokens, dtype=np.int32))
-        trace_index[handles[i].index] = i
-
-    while num_done < n:
-        for i in list(waiting_on_prev):
-            p = prev_of[i]
-            if p is None or done[p]:
-                waiting_on_prev.remove(i)
-                submit(i)
-        while next_i < n and num_admitted - num_done < concurrency:
-            i, next_i = next_i, next_i + 1
-            num_admitted += 1
-            p = prev_of[i]
-            if p is None or done[p]:
-                submit(i)
-            else:
-                waiting_on_prev.append(i)
-        if not sched.has_requests:
-            raise RuntimeError("closed loop stalled: nothing in flight and nothing to admit")
-        finished = sched.step()
-        if check:
-            sched.check_invariants()
-        for req in finished:
-            done[trace_index[req.index]] = True
-            num_done += 1
-    return _result(engine, sched, handles)
+    admitter = Admitter([r.session_id for r in requests], concurrency=concurrency)
+    return _serve(engine, requests, admitter, None, max_num_seqs=max_num_seqs, check=check)
 
 
 def emulate_admitted(engine: VllmAlignEngine, requests: Sequence[Any], admitter: Any,
                      step_time: Callable[[list[tuple[int, int]]], float], *, max_num_seqs: int = 256,
                      check: bool = False) -> ClosedLoopResult:
     """Serve ``requests`` as ``marconi vllm replay`` serves them under ``admitter`` (its
-    ``replay.arrivals.Admitter``: ``admit(clock)``, ``finish(i)``, ``next_arrival()``), on the replay's
-    virtual clock: each step adds ``step_time(spans)`` (the replay's step-time model); with nothing in
-    flight the clock jumps to the next arrival. With a CPU tier the clock is the tier's (it must have
-    the same ``step_time``): a preempted request's stores in transit and the loads it waits for move it
-    as in the replay's worker. Open-loop arrivals (Poisson, trace times) are what this adds to
-    :func:`emulate_closed_loop`; under a closed-loop admitter the two serve identically.
+    :class:`~marconi.integrations.vllm.arrivals.Admitter`: ``admit(clock)``, ``finish(i)``,
+    ``next_arrival()``), on the replay's virtual clock: each step adds ``step_time(spans)`` (the
+    replay's step-time model); with nothing in flight the clock jumps to the next arrival. With a CPU
+    tier the clock is the tier's (it must have the same ``step_time``): a preempted request's stores
+    in transit and the loads it waits for move it as in the replay's worker. Open-loop arrivals
+    (Poisson, trace times) are what this adds to :func:`emulate_closed_loop`; under a closed-loop
+    admitter the two serve identically.
 
     Raises:
         ConfigError: as :meth:`VllmAlignScheduler.step`; or a tier without a clock.
@@ -429,6 +399,18 @@ def emulate_admitted(engine: VllmAlignEngine, requests: Sequence[Any], admitter:
     tier = engine.tier
     if tier is not None and tier.step_time is None:
         raise ConfigError("vllm-align: an open-loop emulation with a CPU tier needs the tier's step_time (its clock)")
+    return _serve(engine, requests, admitter, step_time, max_num_seqs=max_num_seqs, check=check)
+
+
+def _serve(engine: VllmAlignEngine, requests: Sequence[Any], admitter: Any,
+           step_time: Callable[[list[tuple[int, int]]], float] | None, *, max_num_seqs: int,
+           check: bool) -> ClosedLoopResult:
+    """The one loop of both: submit what ``admitter`` admits, step, tell it what finished.
+    ``step_time`` None: no clock (only a closed loop, whose admitter never waits on one)."""
+    tier = engine.tier
+    clocked = step_time is not None
+    if not clocked and admitter.next_arrival() is not None:
+        raise ConfigError("vllm-align: arrivals in time need the step-time model (emulate_admitted's step_time)")
     sched = VllmAlignScheduler(engine, max_num_seqs=max_num_seqs)
     n = len(requests)
     handles: list[ScheduledRequest | None] = [None] * n
@@ -442,20 +424,21 @@ def emulate_admitted(engine: VllmAlignEngine, requests: Sequence[Any], admitter:
         if not sched.has_requests:                 # idle: jump to the next arrival
             due = admitter.next_arrival()
             if due is None:
-                raise RuntimeError("open loop stalled: nothing in flight and nothing to admit")
+                raise RuntimeError("emulation stalled: nothing in flight and nothing to admit")
             clock = max(clock, due)
             if tier is not None:
                 tier.now = max(tier.now, clock)
             continue
-        if tier is not None:
+        if clocked and tier is not None:
             tier.next_arrival = admitter.next_arrival()
         finished = sched.step()
-        clock = tier.now if tier is not None else clock + step_time(sched.last_spans)
+        if clocked:
+            clock = tier.now if tier is not None else clock + step_time(sched.last_spans)
         if check:
             sched.check_invariants()
         for req in finished:
             admitter.finish(trace_index[req.index])
             num_done += 1
-    if tier is not None:
+    if clocked and tier is not None:
         tier.next_arrival = None
     return _result(engine, sched, handles)

@@ -132,7 +132,7 @@ class ReplayConfig:
 
     @property
     def arrivals(self) -> str:
-        """The load's mode, as :mod:`~marconi.integrations.vllm.replay.arrivals` names it."""
+        """The load's mode, as :mod:`~marconi.integrations.vllm.arrivals` names it."""
         return "closed-loop" if self.concurrency is not None else "poisson" if self.rate is not None else "trace"
 
     def load_args(self) -> list[str]:
@@ -288,7 +288,7 @@ def _serve(engine: Any, requests: Sequence[Any], config: ReplayConfig,
     admitter (``replay.worker``: the same sessions, arrival times and seed) on the virtual clock
     ``step_s`` (the worker's step-time model)."""
     from marconi.integrations.vllm.emulate.scheduler import emulate_admitted, emulate_closed_loop
-    from marconi.integrations.vllm.replay.arrivals import make_admitter
+    from marconi.integrations.vllm.arrivals import make_admitter
 
     if config.concurrency is not None:
         return emulate_closed_loop(engine, requests, concurrency=config.concurrency, max_num_seqs=config.max_num_seqs)

@@ -38,7 +38,7 @@ def replay(core: Any, requests: list[dict[str, Any]], *, gpu: str, concurrency: 
     from vllm.v1.request import Request
 
     from marconi.core.model import ModelSpec
-    from marconi.integrations.vllm.replay.arrivals import make_admitter
+    from marconi.integrations.vllm.arrivals import make_admitter
     from marconi.integrations.vllm.replay.steptime import StepTimeModel
 
     sched = core.scheduler
