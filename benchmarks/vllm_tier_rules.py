@@ -52,8 +52,6 @@ MAX_NUM_SEQS = 256
 #: the block vLLM 0.32 builds for each model (its float32 SSM state fills a 1,152-token page;
 #: docs/vllm-at-scale.md), which the replay hands its emulation
 VLLM_BLOCK = {"nemotron-h-8b": 1152, "qwen3-next-80b-a3b": 1152, "falcon-h1-7b": 3200}
-#: the models whose attention group vLLM 0.32 lists first (the layout's default is Mamba first)
-VLLM_ATTENTION_FIRST = {"falcon-h1-7b"}
 
 _TRACES: dict[tuple[str, int], Any] = {}
 
@@ -76,16 +74,15 @@ def _layout(spec: ModelSpec, requests: Any, pool: str) -> Any:
     from marconi.sim import working_set_bytes
 
     checkpoint = prefill_checkpoint_alignment_for(spec)
-    mamba_first = spec.name not in VLLM_ATTENTION_FIRST
     probe = layout_for_spec(spec, num_blocks=2, block_size=VLLM_BLOCK.get(spec.name), max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS,
-                            prefill_checkpoint_alignment=checkpoint, retention_interval=0, mamba_first=mamba_first)
+                            prefill_checkpoint_alignment=checkpoint, retention_interval=0)
     max_model_len = max(2048, max(len(r.input_tokens) + max(1, len(r.output_tokens)) for r in requests))
     floor = 1 + sum(cdiv(max_model_len, probe.block_size) if k == ATTENTION else 2 + (checkpoint is not None)
                     for k in probe.group_kinds)
     budget = parse_capacity(pool).resolve(working_set_bytes(requests, spec))
     num_blocks = max(int(budget // probe.block_bytes), floor)
     return layout_for_spec(spec, num_blocks=num_blocks, block_size=probe.block_size, max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS,
-                           prefill_checkpoint_alignment=checkpoint, retention_interval=0, mamba_first=mamba_first)
+                           prefill_checkpoint_alignment=checkpoint, retention_interval=0)
 
 
 def run_point(task: tuple[str, str, int, str, str, int, str, str]) -> dict[str, Any]:

@@ -204,3 +204,24 @@ def test_the_connector_hears_of_finished_requests_in_the_order_they_finished() -
                               env={**env, "PYTHONHASHSEED": seed, "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
                                    "OMP_NUM_THREADS": "1"})
         assert proc.returncode == 0 and "OK" in proc.stdout, proc.stderr[-3000:]
+
+
+def test_the_layout_defaults_to_the_group_order_vllm_builds_for_the_model() -> None:
+    """Without the run, the layout lists groups as vLLM 0.32 does: the first registered layer's kind
+    first (Falcon-H1's parallel layers register attention first; the sequential presets start with
+    an SSM layer). ``vllm-align``'s ``attn_first=1`` still forces attention first."""
+    from marconi.core.model import get_model
+    from marconi.integrations.vllm.layout import layout_for_spec
+    from marconi.integrations.vllm.system import VllmAlignSystem
+    from marconi.sim.systems import make_system
+
+    first = {name: layout_for_spec(get_model(name), num_blocks=10).group_kinds[0]
+             for name in ("falcon-h1-7b", "nemotron-h-8b", "qwen3-next-80b-a3b", "jamba-1.5-mini", "bamba-9b")}
+    assert first == {"falcon-h1-7b": "attention", "nemotron-h-8b": "mamba", "qwen3-next-80b-a3b": "mamba",
+                     "jamba-1.5-mini": "mamba", "bamba-9b": "mamba"}
+    assert layout_for_spec(get_model("falcon-h1-7b"), num_blocks=10, mamba_first=True).group_kinds[0] == "mamba"
+    for text, kind in (("vllm-align:blocks=10", "mamba"), ("vllm-align:blocks=10,attn_first=1", "attention")):
+        system = make_system(text)
+        assert isinstance(system, VllmAlignSystem)
+        layout = layout_for_spec(get_model("nemotron-h-8b"), num_blocks=10, **dict(system.layout_options))
+        assert layout.group_kinds[0] == kind, text

@@ -16,7 +16,7 @@ from marconi.core.model import ModelSpec
 from marconi.core.registry import ConfigError
 from marconi.integrations.vllm.policy import ATTENTION, MAMBA
 
-__all__ = ["VllmLayout", "layout_for_spec", "pool_capacity_bytes", "prefix_hashes", "cdiv",
+__all__ = ["VllmLayout", "layout_for_spec", "vllm_lists_mamba_first", "pool_capacity_bytes", "prefix_hashes", "cdiv",
            "prefill_checkpoint_alignment_for", "MAMBA2_MODEL_TYPES", "checkpoint_position", "is_checkpoint_valid"]
 
 # HF ``model_type``s whose vLLM 0.32 model builds its SSM layers from ``MambaMixer2``, which asks for
@@ -120,14 +120,27 @@ class VllmLayout:
                 "prefill_checkpoint_alignment": self.prefill_checkpoint_alignment}
 
 
+def vllm_lists_mamba_first(spec: ModelSpec) -> bool:
+    """Whether vLLM 0.32 lists ``spec``'s Mamba groups before its attention groups. vLLM groups the
+    layers in the order the model registers them (``_get_kv_cache_groups_uniform_page_size``), so the
+    kind of the first cached layer comes first. Every sequential hybrid preset starts with an SSM
+    layer (Nemotron-H's pattern, Qwen3-Next's three linear layers before each full one, Jamba's
+    attention at offset 4). A parallel hybrid, whose every layer has an attention, an SSM and an MLP
+    branch (Falcon-H1), registers the attention branch first (vLLM's ``FalconH1ParallelHybrid``
+    builds ``self_attn`` before ``mamba``). A replay takes the order from vLLM's own run instead."""
+    parallel = spec.num_attn_layers == spec.num_ssm_layers == spec.num_mlp_layers > 0
+    return not parallel
+
+
 def layout_for_spec(spec: ModelSpec, *, capacity_bytes: float | None = None, num_blocks: int | None = None,
-                    block_size: int | None = None, kernel_alignment: int = 16, mamba_first: bool = True,
+                    block_size: int | None = None, kernel_alignment: int = 16, mamba_first: bool | None = None,
                     **options: Any) -> VllmLayout:
     """The layout vLLM 0.32 would build for ``spec`` (a hybrid with attention and SSM layers): the
     block is the smallest multiple of ``kernel_alignment`` whose one-layer KV page holds a Mamba
     layer's state; groups have equal layer counts (the smaller count, or the larger within 1.5x).
     The pool is ``num_blocks``, or ``capacity_bytes`` over the block bytes plus the null block.
-    ``mamba_first``: Mamba groups first. Raises ConfigError without an attention layer or a size.
+    ``mamba_first``: Mamba groups first; None (the default): the order vLLM 0.32 builds for ``spec``
+    (:func:`vllm_lists_mamba_first`). Raises ConfigError without an attention layer or a size.
     """
     if spec.num_attn_layers == 0:
         raise ConfigError(f"vllm-align: {spec.name} has no attention layer; vLLM's hybrid cache needs one")
@@ -145,6 +158,8 @@ def layout_for_spec(spec: ModelSpec, *, capacity_bytes: float | None = None, num
         group_size = max(counts)
     attn_groups = [ATTENTION] * cdiv(n_attn, group_size)
     mamba_groups = [MAMBA] * (cdiv(n_ssm, group_size) if n_ssm else 0)
+    if mamba_first is None:
+        mamba_first = vllm_lists_mamba_first(spec)
     kinds = tuple(mamba_groups + attn_groups) if mamba_first else tuple(attn_groups + mamba_groups)
     block_bytes = block_size * kv_per_token_layer * group_size
     if num_blocks is None:

@@ -184,7 +184,7 @@ def _vllm_align(block: int = 0, blocks: int = 0, match_unit: int = 0, retention:
     retention_budget = _budget(budget) if sparse else None
     options: dict[str, Any] = {"retention_interval": 0 if sparse else _retention(retention), "shared_prefix_checkpoint": shared_prefix,
                                "max_num_batched_tokens": chunk, "kernel_alignment": kernel_align,
-                               "mamba_first": not attn_first}
+                               "mamba_first": False if attn_first else None}   # None: vLLM's order for the model
     if match_unit:
         options["prefix_match_unit"] = match_unit
     cpu_tier_bytes = _tier_bytes(cpu_tier)
