@@ -225,3 +225,25 @@ def test_the_layout_defaults_to_the_group_order_vllm_builds_for_the_model() -> N
         assert isinstance(system, VllmAlignSystem)
         layout = layout_for_spec(get_model("nemotron-h-8b"), num_blocks=10, **dict(system.layout_options))
         assert layout.group_kinds[0] == kind, text
+
+
+def test_group_kinds_reads_vllms_specs_by_class_and_names_the_fix() -> None:
+    """One reading of vLLM's KV cache groups for the pool plugin and the tier policy: a subclass of
+    vLLM's ``MambaSpec`` or ``FullAttentionSpec`` is its kind; any other group is refused with the
+    caller's name and fix."""
+    from types import SimpleNamespace
+
+    from marconi.integrations.vllm.policy import group_kinds
+
+    class FullAttentionSpec: ...
+    class MLAAttentionSpec(FullAttentionSpec): ...
+    class MambaSpec: ...
+    class SlidingWindowSpec: ...
+
+    def config(*specs: type) -> SimpleNamespace:
+        return SimpleNamespace(kv_cache_groups=[SimpleNamespace(kv_cache_spec=s()) for s in specs])
+
+    assert group_kinds(config(MambaSpec, MLAAttentionSpec, FullAttentionSpec), "x", "y") == ["mamba", "attention",
+                                                                                             "attention"]
+    with pytest.raises(ConfigError, match=r"^MarconiCachePolicy: KV cache group 1 is SlidingWindowSpec .*: do this$"):
+        group_kinds(config(MambaSpec, SlidingWindowSpec), "MarconiCachePolicy", "do this")

@@ -27,7 +27,7 @@ from marconi.core.registry import ConfigError
 from marconi.integrations.common.alpha import RequestObservation
 from marconi.integrations.common.shadow_alpha import ShadowAlpha
 from marconi.integrations.vllm.config import ENV_POLICY, ENV_RETENTION, PluginConfig
-from marconi.integrations.vllm.policy import ATTENTION, MAMBA, REASONS, BlockEvictionState
+from marconi.integrations.vllm.policy import ATTENTION, MAMBA, REASONS, BlockEvictionState, group_kinds
 from marconi.integrations.vllm.retention import RetentionPlanner
 
 __all__ = ["register", "reset_registration", "attach_hooks", "PoolHooks", "RetentionHooks", "PluginSettingError",
@@ -183,22 +183,6 @@ def attach_hooks(scheduler: Any, config: PluginConfig) -> "PoolHooks | None":
         return None
 
 
-def _group_kinds(kv_cache_config: Any) -> list[str]:
-    from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec
-
-    kinds = []
-    for group in kv_cache_config.kv_cache_groups:
-        spec = group.kv_cache_spec
-        if isinstance(spec, MambaSpec):
-            kinds.append(MAMBA)
-        elif isinstance(spec, FullAttentionSpec):
-            kinds.append(ATTENTION)
-        else:
-            raise TypeError(f"KV cache group of type {type(spec).__name__} is not supported "
-                            "(full attention and Mamba only)")
-    return kinds
-
-
 def scheduler_settings(scheduler: Any, kinds: list[str]) -> dict[str, Any]:
     """What the emulation needs to know about this scheduler (the ``config`` trace event)."""
     sc = scheduler.scheduler_config
@@ -351,7 +335,8 @@ class PoolHooks:
         this vLLM does not fit the hooks."""
         trace = _open_trace(config)      # first: a setting that cannot run is refused as such
         try:
-            kinds = _group_kinds(scheduler.kv_cache_config)
+            kinds = group_kinds(scheduler.kv_cache_config, "marconi's block pool hooks",
+                                f"vLLM runs with its own eviction (unset {ENV_POLICY} for this model)")
             spec = model_spec(scheduler.vllm_config)
             hooks = cls.for_pool(scheduler.kv_cache_manager, kinds, spec, int(scheduler.cache_config.block_size),
                                  config, trace=trace)

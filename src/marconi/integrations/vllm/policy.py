@@ -24,11 +24,30 @@ from marconi.integrations.common.alpha import AlphaSource, RequestObservation
 from marconi.integrations.vllm.blockcore import DEAD, KV_INNER, KV_LEAF, STATE, PyBlockCore, new_core
 from marconi.integrations.vllm.victim_index import CANDIDATES, OTHERS
 
-__all__ = ["ATTENTION", "MAMBA", "POLICIES", "DEFAULT_ALPHA", "EFFICIENCIES", "REASONS", "BlockEvictionState", "Victim",
+__all__ = ["ATTENTION", "MAMBA", "group_kinds", "POLICIES", "DEFAULT_ALPHA", "EFFICIENCIES", "REASONS", "BlockEvictionState", "Victim",
            "block_rule", "index_serves", "judge", "parent_depth", "reference_victim"]
 
 ATTENTION = "attention"
 MAMBA = "mamba"
+
+
+def group_kinds(kv_cache_config: Any, who: str, fix: str) -> list[str]:
+    """Each of vLLM's KV cache groups (``kv_cache_config.kv_cache_groups``) as :data:`ATTENTION` or
+    :data:`MAMBA`, by its spec's class: vLLM's ``MambaSpec``, ``FullAttentionSpec`` or a subclass
+    (matched by the class names, so no vLLM import). ConfigError for any other kind, naming ``who``
+    refuses it, the group and its spec, and ``fix``."""
+    kinds = []
+    for index, group in enumerate(kv_cache_config.kv_cache_groups):
+        spec = group.kv_cache_spec
+        lineage = {cls.__name__ for cls in type(spec).__mro__}
+        if "MambaSpec" in lineage:
+            kinds.append(MAMBA)
+        elif "FullAttentionSpec" in lineage:
+            kinds.append(ATTENTION)
+        else:
+            raise ConfigError(f"{who}: KV cache group {index} is {type(spec).__name__} (full attention and Mamba "
+                              f"only): {fix}")
+    return kinds
 POLICIES = ("lru", "marconi")
 # 0.5: never below LRU in the emulated sweeps of docs/vllm.md, "The emulation" (SWE, chat and agent
 # traces, 60-300 blocks); alpha = 1 wins more on chat but loses up to 2 pp elsewhere.

@@ -20,7 +20,7 @@ from typing import Any
 from vllm.v1.kv_offload.cpu.policies.base import CachePolicy
 
 from marconi.core.registry import ConfigError
-from marconi.integrations.vllm.policy import ATTENTION, MAMBA
+from marconi.integrations.vllm.policy import group_kinds
 from marconi.integrations.vllm.tier_tree import (  # noqa: F401  (re-exported: the policy's public names)
     DEFAULT_GPU_TFLOPS, DEFAULT_HOST_GBPS, DEFAULT_RULE, ENV_GROUP_KINDS, ENV_MODEL, ENV_RULE, REASONS,
     ChunkTreePolicy, TierSettings, TreeJudgement, check_group_kinds)
@@ -91,7 +91,10 @@ def _discover_settings() -> TierSettings:
         extra["marconi_rule"] = os.environ[ENV_RULE]                   # experiments without a config change
     if vllm_config is None and "marconi_model" not in extra and os.environ.get(ENV_MODEL):
         extra["marconi_model"] = os.environ[ENV_MODEL]
-    kinds = extra.get("marconi_group_kinds") or (_group_kinds(kv_cache_config) if kv_cache_config is not None else None)
+    kinds = extra.get("marconi_group_kinds") or None
+    if kinds is None and kv_cache_config is not None:
+        kinds = group_kinds(kv_cache_config, "MarconiCachePolicy",
+                            "set kv_connector_extra_config 'eviction_policy' to 'lru' or 'arc'")
     if kinds is not None and not isinstance(kinds, str):
         check_group_kinds(kinds)
     model = None
@@ -110,17 +113,3 @@ def _discover_settings() -> TierSettings:
     return TierSettings.from_extra_config(extra, group_kinds=kinds, spec=model, tokens_per_chunk=tpc)
 
 
-def _group_kinds(kv_cache_config: Any) -> list[str]:
-    from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec
-
-    kinds = []
-    for index, group in enumerate(kv_cache_config.kv_cache_groups):
-        spec = group.kv_cache_spec
-        if isinstance(spec, MambaSpec):
-            kinds.append(MAMBA)
-        elif isinstance(spec, FullAttentionSpec):
-            kinds.append(ATTENTION)
-        else:
-            raise ConfigError(f"MarconiCachePolicy: KV cache group {index} is {type(spec).__name__} (full attention "
-                              "and Mamba only): set kv_connector_extra_config 'eviction_policy' to 'lru' or 'arc'")
-    return kinds
