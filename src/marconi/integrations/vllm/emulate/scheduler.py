@@ -406,11 +406,8 @@ def _serve(engine: VllmAlignEngine, requests: Sequence[Any], admitter: Any,
            step_time: Callable[[list[tuple[int, int]]], float] | None, *, max_num_seqs: int,
            check: bool) -> ClosedLoopResult:
     """The one loop of both: submit what ``admitter`` admits, step, tell it what finished.
-    ``step_time`` None: no clock (only a closed loop, whose admitter never waits on one)."""
+    ``step_time`` None: no clock (a closed loop, whose admitter never waits on one)."""
     tier = engine.tier
-    clocked = step_time is not None
-    if not clocked and admitter.next_arrival() is not None:
-        raise ConfigError("vllm-align: arrivals in time need the step-time model (emulate_admitted's step_time)")
     sched = VllmAlignScheduler(engine, max_num_seqs=max_num_seqs)
     n = len(requests)
     handles: list[ScheduledRequest | None] = [None] * n
@@ -429,16 +426,16 @@ def _serve(engine: VllmAlignEngine, requests: Sequence[Any], admitter: Any,
             if tier is not None:
                 tier.now = max(tier.now, clock)
             continue
-        if clocked and tier is not None:
+        if tier is not None:
             tier.next_arrival = admitter.next_arrival()
         finished = sched.step()
-        if clocked:
+        if step_time is not None:
             clock = tier.now if tier is not None else clock + step_time(sched.last_spans)
         if check:
             sched.check_invariants()
         for req in finished:
             admitter.finish(trace_index[req.index])
             num_done += 1
-    if clocked and tier is not None:
+    if tier is not None:
         tier.next_arrival = None
     return _result(engine, sched, handles)
