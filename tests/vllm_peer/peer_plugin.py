@@ -63,15 +63,15 @@ def _install(config: Any, spec: Any) -> None:
     from vllm.v1.core.sched.scheduler import Scheduler
 
     from marconi.core.registry import ConfigError
-    from marconi.integrations.vllm import plugin
+    from marconi.integrations.vllm.policy import group_kinds
 
     manager_init, scheduler_init = KVCacheManager.__init__, Scheduler.__init__
 
     def hooked_manager_init(self: Any, *args: Any, **kwargs: Any) -> None:
         manager_init(self, *args, **kwargs)
         try:
-            kinds = plugin._group_kinds(self.kv_cache_config)
-        except TypeError:
+            kinds = group_kinds(self.kv_cache_config, "peer harness", "not hooked")
+        except ConfigError:
             kinds = sorted({type(g.kv_cache_spec).__name__ for g in self.kv_cache_config.kv_cache_groups})
             _stats["managers_unsupported_groups:" + "+".join(kinds)] += 1
             return
