@@ -240,24 +240,25 @@ def test_arc_lists_ghost_what_the_tree_evicts() -> None:
     assert not (set(mgr.evicted) - policy.held_chunks().keys()) & arc.held_chunks().keys()
 
 
-def test_the_live_arc_order_is_vllms_arc_in_the_closed_loop() -> None:
-    """Following ARC from the first call, the adaptive policy makes every eviction vLLM's ARC makes
-    in the emulation's closed loop (the same hits per request, the same victims in order): its ARC
-    lists see every live call, and its tree forgets ARC's victims without changing them."""
+def test_the_live_arc_order_is_arc_tree_in_the_closed_loop() -> None:
+    """Following ARC from the first call, the adaptive policy makes every eviction ``arc-tree`` makes
+    in the emulation's closed loop (the same hits per request, the same victims in order): the tree's
+    dead chunks first, which no hit can use under any order, then vLLM's ARC over the live chunks;
+    its ARC lists see every live call, and its tree forgets ARC's victims without changing them."""
     layout = VllmLayout(block_size=BLOCK, num_blocks=24, group_kinds=TINY_KINDS, max_num_batched_tokens=2048,
                         block_bytes=1 << 20)
     runs = []
-    for name in ("arc", "marconi"):
+    for name, rule in (("marconi", "arc-tree"), ("marconi", "adaptive")):
         engine = VllmAlignEngine(layout, QWEN_TINY, eviction="lru", alpha=0.5)
-        tier = EmulatedTier(layout, 40, name, QWEN_TINY, host_gbps=55)
+        tier = EmulatedTier(layout, 40, name, QWEN_TINY, host_gbps=55, rule=rule)
         policy = tier.manager.policy
-        if name == "marconi":
+        if rule == "adaptive":
             policy.chooser.hysteresis = math.inf
             policy.follows_arc = True
         engine.attach_tier(tier)
         loop = emulate_closed_loop(engine, sessions(3, num_sessions=6, turns=4), concurrency=4, check=True)
         runs.append(([tuple(r) for r in loop.records], list(tier.manager.evicted)))
-        if name == "marconi":
+        if rule == "adaptive":
             policy.check_invariants()
             assert sum(policy.eviction_counts.values()) == len(tier.manager.evicted)
     assert runs[0][1]                                    # the tier was contended

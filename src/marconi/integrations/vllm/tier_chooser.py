@@ -17,8 +17,8 @@ chunks the world held when the policy first saw the request, up to the deepest o
 state (every Mamba group) it held too. Scores decay per request (:class:`TierRuleChooser`); the
 live rule switches to the best world's when it leads the live rule's own world by a relative
 margin. The live tier's chunks stay; only the ranking of the next victims changes: a tree rule's,
-or, when the ARC world leads, ARC's own order, which the live policy keeps over its chunks at all
-times. Why and what it measured: ``docs/vllm-tiers.md``, "Adaptive rule: ghost tiers".
+or, when the ARC world leads, ARC's order (kept by the live policy over its chunks at all times)
+after the tree's dead chunks, which no order's hit can use. Why and what it measured: ``docs/vllm-tiers.md``, "Adaptive rule: ghost tiers".
 """
 
 from __future__ import annotations
@@ -424,17 +424,17 @@ class AdaptiveTierPolicy(ChunkTreePolicy):
     tree's dead chunks first, then :attr:`arc`'s victims one at a time. Same contract (vLLM's
     ``CachePolicy``): the chooser's worlds never change the chunks held, ref counts or evictability;
     a switch changes only how the next victims are ranked: by a tree rule (:meth:`set_rule`), or,
-    when the ARC world leads, in the order of :attr:`arc`, vLLM's ARC kept over the live chunks
-    (every live call feeds it; a chunk the tree evicts goes to its ghost list,
-    :meth:`ARCPolicy.retire`)."""
+    when the ARC world leads, as ``arc-tree``: the tree's dead chunks (no hit can use them, under any
+    order), then the order of :attr:`arc`, vLLM's ARC kept over the live chunks (every live call feeds
+    it; a chunk the tree evicts goes to its ghost list, :meth:`ARCPolicy.retire`)."""
 
     def __init__(self, cache_capacity: int, settings: TierSettings) -> None:
         super().__init__(cache_capacity, settings)
         self.chooser: TierRuleChooser | None = TierRuleChooser(cache_capacity, settings) if settings.family else None
         #: ``arc-tree``: dead chunks first, then ARC's order (fixed; no chooser)
         self.arc_tree = isinstance(settings.rule, ArcTreeOrder) and not settings.family
-        #: ARC's lists over the live chunks (adaptive and ``arc-tree`` only); evict follows them
-        #: while ``follows_arc``, and after the dead chunks under ``arc-tree``
+        #: ARC's lists over the live chunks (adaptive and ``arc-tree`` only); evict follows them after
+        #: the dead chunks under ``arc-tree`` and while ``follows_arc``
         self.arc: ARCPolicy | None = ARCPolicy(cache_capacity) if settings.family or self.arc_tree else None
         self.follows_arc = False
 
@@ -502,21 +502,15 @@ class AdaptiveTierPolicy(ChunkTreePolicy):
 
     def evict(self, n: int, protected: set[OffloadKey]) -> list[tuple[OffloadKey, Any]] | None:
         """vLLM's contract (exactly ``n`` idle chunks not in ``protected``, or None and nothing
-        changed), in ARC's order while the ARC world is live, else the tree rule's; ``arc-tree``:
-        the tree's dead chunks, then ARC's victims."""
+        changed): under ``arc-tree``, and while the ARC world is live, the tree's dead chunks, then
+        ARC's victims; else the tree rule's."""
         if self.arc is None:
             return super().evict(n, protected)
-        if self.arc_tree:
+        if self.arc_tree or self.follows_arc:
             return self._evict_arc_tree(n, protected)
-        if not self.follows_arc:
-            out = super().evict(n, protected)
-            for key, _ in out or ():
-                self.arc.retire(key)
-            return out
-        out = self.arc.evict(n, protected)
-        for key, chunk in out or ():
-            assert chunk.ref_cnt == 0, "an evictable chunk is pinned"
-            self.forget_evicted(key)
+        out = super().evict(n, protected)
+        for key, _ in out or ():
+            self.arc.retire(key)
         return out
 
     def _evict_arc_tree(self, n: int, protected: set[OffloadKey]) -> list[tuple[OffloadKey, Any]] | None:
