@@ -48,6 +48,8 @@ def group_kinds(kv_cache_config: Any, who: str, fix: str) -> list[str]:
             raise ConfigError(f"{who}: KV cache group {index} is {type(spec).__name__} (full attention and Mamba "
                               f"only): {fix}")
     return kinds
+
+
 POLICIES = ("lru", "marconi")
 # 0.5: never below LRU in the emulated sweeps of docs/vllm.md, "The emulation" (SWE, chat and agent
 # traces, 60-300 blocks); alpha = 1 wins more on chat but loses up to 2 pp elsewhere.

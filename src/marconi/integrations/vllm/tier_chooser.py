@@ -18,7 +18,8 @@ state (every Mamba group) it held too. Scores decay per request (:class:`TierRul
 live rule switches to the best world's when it leads the live rule's own world by a relative
 margin. The live tier's chunks stay; only the ranking of the next victims changes: a tree rule's,
 or, when the ARC world leads, ARC's order (kept by the live policy over its chunks at all times)
-after the tree's dead chunks, which no order's hit can use. Why and what it measured: ``docs/vllm-tiers.md``, "Adaptive rule: ghost tiers".
+after the tree's dead chunks, which no order's hit can use. Why and what it measured:
+``docs/vllm-tiers.md``, "Adaptive rule: ghost tiers".
 """
 
 from __future__ import annotations
