@@ -284,16 +284,16 @@ def emulation_engine(spec: ModelSpec, result: dict[str, Any], label: str, config
 
 def _serve(engine: Any, requests: Sequence[Any], config: ReplayConfig,
            step_s: Callable[[list[tuple[int, int]]], float]) -> Any:
-    """The emulation's loop under the run's load: the closed loop, or the worker's open-loop
-    admitter (``replay.worker``: the same sessions, arrival times and seed) on the virtual clock
-    ``step_s`` (the worker's step-time model)."""
-    from marconi.integrations.vllm.emulate.scheduler import emulate_admitted, emulate_closed_loop
+    """The emulation's loop under the run's load: the worker's own admitter (``replay.worker``: the
+    same sessions, concurrency or arrival times, and seed) on the virtual clock ``step_s`` (the
+    worker's step-time model). A closed-loop admitter never waits on the clock, so a closed loop
+    serves as ``emulate_closed_loop`` does (``tests/test_vllm_tier_emulation.py``)."""
     from marconi.integrations.vllm.arrivals import make_admitter
+    from marconi.integrations.vllm.emulate.scheduler import emulate_admitted
 
-    if config.concurrency is not None:
-        return emulate_closed_loop(engine, requests, concurrency=config.concurrency, max_num_seqs=config.max_num_seqs)
-    admitter = make_admitter([str(r.session_id) for r in requests], config.arrivals, rate=config.rate,
-                             ts=[float(r.ts) for r in requests], time_scale=config.time_scale or 1.0, seed=config.seed)
+    admitter = make_admitter([str(r.session_id) for r in requests], config.arrivals, concurrency=config.concurrency,
+                             rate=config.rate, ts=[float(r.ts) for r in requests],
+                             time_scale=config.time_scale or 1.0, seed=config.seed)
     return emulate_admitted(engine, requests, admitter, step_s, max_num_seqs=config.max_num_seqs)
 
 
