@@ -13,7 +13,8 @@ request of ``max_model_len``), as the replay's ``--capacity`` is; the tier is a 
 working set, in chunks as vLLM sizes it. The tier runs ``lru``, ``arc``, and Marconi's policy under
 each ``--rules`` label (``vllm-align:…,tier_policy=marconi,tier_rule=``): a fixed rule's,
 ``arc-tree`` (the tree's dead chunks first, then ARC's order over the live chunks), or
-``adaptive``, the rule chosen online over ghost tiers (the default; ``tier_chooser``).
+``adaptive``, the rule chosen online over ghost tiers (the default; ``tier_chooser``), each
+optionally ``:cold_insert=0`` (``marconi_cold_insert``, on by default: ``tier_cold_insert=0``).
 No clock: a load lands by the end of its step (the simulator's transfer rule).
 
 Prints per point the token hit rate of LRU, ARC, the better of the two, and each rule's with its
@@ -39,7 +40,9 @@ from marconi.core.model import ModelSpec  # noqa: E402
 from marconi.integrations.common import bench as common  # noqa: E402
 from marconi.integrations.vllm.emulate.engine import VllmAlignEngine  # noqa: E402
 from marconi.integrations.vllm.emulate.scheduler import emulate_closed_loop  # noqa: E402
+from marconi.core.registry import ConfigError  # noqa: E402
 from marconi.integrations.vllm.emulate.tier import EmulatedTier, tier_num_chunks  # noqa: E402
+from marconi.integrations.vllm.tier_tree import parse_switch, parse_tier_rule  # noqa: E402
 from marconi.integrations.vllm.layout import cdiv, layout_for_spec, prefill_checkpoint_alignment_for  # noqa: E402
 from marconi.integrations.vllm.policy import ATTENTION  # noqa: E402
 from marconi.integrations.vllm.replay.run import model_dir  # noqa: E402
@@ -96,7 +99,7 @@ def run_point(task: tuple[str, str, int, str, str, int, str, str]) -> dict[str, 
     tier_bytes = parse_capacity(tier).resolve(working_set_bytes(requests, spec))
     chunks = tier_num_chunks(tier_bytes, layout.block_bytes)
     engine = VllmAlignEngine(layout, spec, eviction="lru")
-    emulated = EmulatedTier(layout, chunks, policy, spec, **({"rule": rule} if rule else {}))
+    emulated = EmulatedTier(layout, chunks, policy, spec, **(rule_options(rule) if rule else {}))
     engine.attach_tier(emulated)
     t0 = time.perf_counter()
     loop = emulate_closed_loop(engine, requests, concurrency=concurrency, max_num_seqs=MAX_NUM_SEQS)
@@ -105,6 +108,20 @@ def run_point(task: tuple[str, str, int, str, str, int, str, str]) -> dict[str, 
             "pool_blocks": layout.num_blocks, "tier": tier, "tier_chunks": chunks, "concurrency": concurrency,
             "policy": policy, "rule": rule, "token_hit_rate": loop.token_hit_rate,
             "gpu_hit_rate": loop.gpu_hit_rate, "tier_hit_rate": loop.tier_hit_rate, "wall_s": time.perf_counter() - t0}
+
+
+def rule_options(label: str) -> dict[str, Any]:
+    """A ``--rules`` label as ``EmulatedTier`` options: ``RULE`` -> ``{"rule": RULE}``,
+    ``RULE:cold_insert=0`` -> with ``cold_insert`` too. ConfigError naming ``--rules`` otherwise."""
+    rule, _, option = label.partition(":")
+    out: dict[str, Any] = {"rule": rule}
+    parse_tier_rule(rule, f"--rules {label!r}")
+    if option:
+        key, _, value = option.partition("=")
+        if key != "cold_insert":
+            raise ConfigError(f"--rules {label!r}: the one option is cold_insert=0/1, got {option!r}")
+        out["cold_insert"] = parse_switch(value, f"--rules {label!r}: cold_insert")
+    return out
 
 
 def _split(text: str) -> list[str]:
@@ -127,6 +144,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="", help="JSONL of every arm's record (optional)")
     args = ap.parse_args(argv)
     rules = _split(args.rules)
+    try:
+        for r in rules:
+            rule_options(r)
+    except ConfigError as exc:
+        ap.error(str(exc))
     arms = [("lru", ""), ("arc", "")] + [("marconi", r) for r in rules]
     points = [(m, t, args.num_requests, p, tier, int(c)) for m in _split(args.models) for t in _split(args.traces)
               for p in _split(args.pools) for tier in _split(args.tiers) for c in _split(args.concurrency)]

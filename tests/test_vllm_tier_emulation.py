@@ -327,7 +327,8 @@ def test_the_simulator_systems_tier_rule_reaches_the_tier_policy() -> None:
     from marconi.sim.systems import make_system
 
     requests = sessions(7, num_sessions=5, turns=3)
-    base = "vllm-align:blocks=60,cpu_tier=300MB,tier_policy=marconi"       # 33 chunks: contended
+    # 33 chunks: contended; without cold insertion, whose stamps make lru and a2m tie on these sessions
+    base = "vllm-align:blocks=60,cpu_tier=300MB,tier_policy=marconi,tier_cold_insert=0"
     held: dict[str, int] = {}
     for name, label in ((base, DEFAULT_RULE), (base + ",tier_rule=lru", "lru"), (base + ",tier_rule=a2m", "a2m")):
         system = make_system(name)

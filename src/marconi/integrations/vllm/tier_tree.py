@@ -12,6 +12,7 @@ from __future__ import annotations
 import heapq
 import math
 import os
+from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -27,7 +28,8 @@ from marconi.integrations.vllm.policy import ATTENTION, MAMBA
 __all__ = ["ChunkTreePolicy", "TreeJudgement", "reference_victims", "TierSettings", "check_group_kinds", "parse_tier_rule", "ADAPTIVE",
            "ARC_TREE", "ArcTreeOrder",
            "DEFAULT_FAMILY", "DEFAULT_RULE", "DEFAULT_HOST_GBPS",
-           "DEFAULT_GPU_TFLOPS", "REASONS", "ENV_GROUP_KINDS", "ENV_MODEL", "ENV_RULE", "make_offload_key",
+           "DEFAULT_GPU_TFLOPS", "REASONS", "ENV_COLD_INSERT", "ENV_GROUP_KINDS", "ENV_MODEL", "ENV_RULE",
+           "COLD_START", "COLD_CAP", "parse_switch", "make_offload_key",
            "get_offload_block_hash", "get_offload_group_idx"]
 
 #: ``marconi_rule`` naming the online choice over :data:`DEFAULT_FAMILY` (``tier_chooser``)
@@ -44,9 +46,16 @@ DEFAULT_GPU_TFLOPS = 400.0
 ENV_GROUP_KINDS = "MARCONI_TIER_GROUP_KINDS"
 ENV_MODEL = "MARCONI_TIER_MODEL"
 ENV_RULE = "MARCONI_TIER_RULE"
+ENV_COLD_INSERT = "MARCONI_TIER_COLD_INSERT"
+#: cold insertion's count per branch point (:attr:`TierSettings.cold_insert`): where an unseen
+#: branch point starts (warm), and its cap (a few unused branches in a row cool a point that
+#: served many)
+COLD_START, COLD_CAP = 1, 3
 #: Why a chunk was evicted (the keys of :attr:`ChunkTreePolicy.eviction_counts`).
 REASONS = ("dead-kv", "dead-state", "kv", "state")
-_KEYS = ("marconi_rule", "marconi_model", "marconi_group_kinds", "marconi_host_gbps", "marconi_gpu_tflops")
+_KEYS = ("marconi_rule", "marconi_model", "marconi_group_kinds", "marconi_host_gbps", "marconi_gpu_tflops",
+         "marconi_cold_insert")
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 _DEAD, _CAND, _OTHER = 0, 1, 2
 
 OffloadKey = bytes
@@ -95,8 +104,11 @@ class TierSettings:
     """What the policy needs beyond its capacity: ``group_kinds`` (``"attention"``/``"mamba"`` per KV
     cache group, vLLM's order), ``spec``, ``tokens_per_chunk`` (None: parents learned per request),
     ``rule`` (any that cuts no dead tails; the rule in force first), the load cost's ``host_gbps``
-    (GB/s per direction) and ``gpu_tflops`` (effective prefill TFLOP/s), and ``family``: empty for a
-    fixed rule, else the rules an adaptive tier chooses from online (``rule`` among them)."""
+    (GB/s per direction) and ``gpu_tflops`` (effective prefill TFLOP/s), ``family``: empty for a
+    fixed rule, else the rules an adaptive tier chooses from online (``rule`` among them), and
+    ``cold_insert`` (``marconi_cold_insert``): whether a request's own tail enters at the old end of
+    the recency order when the branch point it hangs from has lately had its branches go unused
+    (:class:`ChunkTreePolicy`, "Cold insertion")."""
 
     group_kinds: tuple[str, ...]
     spec: ModelSpec
@@ -105,6 +117,7 @@ class TierSettings:
     host_gbps: float = DEFAULT_HOST_GBPS
     gpu_tflops: float = DEFAULT_GPU_TFLOPS
     family: tuple[Rule, ...] = ()
+    cold_insert: bool = True
 
     def __post_init__(self) -> None:
         check_group_kinds(self.group_kinds)
@@ -171,7 +184,9 @@ class TierSettings:
             except (TypeError, ValueError):
                 raise ConfigError(f"kv_connector_extra_config 'marconi_{name}': a number, got {raw!r}") from None
         try:
-            return cls(tuple(kinds), spec, tokens_per_chunk, rule, family=family, **numbers)
+            return cls(tuple(kinds), spec, tokens_per_chunk, rule, family=family,
+                       cold_insert=parse_switch(extra.get("marconi_cold_insert", True),
+                                         "kv_connector_extra_config 'marconi_cold_insert'"), **numbers)
         except ConfigError as exc:
             if "marconi_rule" not in str(exc) and "adaptive rule" in str(exc):
                 raise ConfigError(f"kv_connector_extra_config 'marconi_rule': {exc}") from None
@@ -188,11 +203,25 @@ class TierSettings:
                                  "marconi_model": env.get(ENV_MODEL) or None}
         if env.get(ENV_RULE):
             extra["marconi_rule"] = env[ENV_RULE]
+        if env.get(ENV_COLD_INSERT):
+            extra["marconi_cold_insert"] = parse_switch(env[ENV_COLD_INSERT], ENV_COLD_INSERT)
         if extra["marconi_model"] is None:
             raise ConfigError(f"MarconiCachePolicy: set {ENV_MODEL} (a preset such as nemotron-h-8b)")
         if "marconi_rule" in extra:
             parse_tier_rule(extra["marconi_rule"], ENV_RULE)        # refused by the variable's name
         return cls.from_extra_config(extra)
+
+
+def parse_switch(value: Any, key: str) -> bool:
+    """``value`` as a switch: a bool, or one of true/false, 1/0, yes/no, on/off; ConfigError naming ``key``."""
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in _TRUE:
+        return True
+    if text in _FALSE:
+        return False
+    raise ConfigError(f"{key}: true or false, got {value!r}")
 
 
 def parse_tier_rule(label: str, key: str = "marconi_rule") -> tuple[Rule, tuple[Rule, ...]]:
@@ -265,6 +294,18 @@ class ChunkTreePolicy:
     A victim costs O(log chunks + depths), not O(chunks); the victims are exactly those of
     :func:`reference_victims` (the whole-tree judgement it replaced), given what vLLM's positions
     guarantee: a node's parent is shallower than the node (``tests/test_vllm_tier_incremental.py``).
+
+    **Cold insertion** (``settings.cold_insert``; SHiP's signature-based hit prediction, Wu et al.,
+    MICRO 2011, with the branch point as signature). A request's *head* is the first node it stored;
+    its *branch point* the node the head hangs from. Each branch point keeps a count in
+    [0, :data:`COLD_CAP`] (:data:`COLD_START` when unseen): a head that a later request reuses warms
+    its branch point (+1), a head forgotten unreused cools it (−1). When a request ends under a
+    branch point at 0, its deepest node's chunks (its own tail and the state after it, which no
+    other request has shared) take recency stamps below every other chunk's, the newest lowest:
+    they go first among candidates, as an insertion at LRU's old end, until a reuse refreshes them.
+    Only recency changes; the rule still weighs them. A request whose head has no known parent
+    predicts nothing. Where it helps (branches that go unused, as one-off questions under a shared
+    prompt) and what it measured: ``docs/vllm-tiers.md``, "Cold insertion".
     """
 
     def __init__(self, cache_capacity: int, settings: TierSettings) -> None:
@@ -296,6 +337,11 @@ class ChunkTreePolicy:
         self._maxs: dict[int, list[tuple[int, OffloadKey]]] = {}
         self._levels: dict[int, dict[int, list[tuple[int, OffloadKey]]]] = {}
         self._pushes = 0
+        # cold insertion: per branch point its count (only counts != COLD_START, oldest update
+        # first, bounded), per unresolved head its branch point, and the cold stamps (negative)
+        self._warmth: OrderedDict[bytes, int] = OrderedDict()
+        self._heads: dict[bytes, bytes] = {}
+        self._cold_clock = 0
         self._rebuild()
 
     # ------------------------------------------------------------------ vLLM's interface
@@ -357,9 +403,16 @@ class ChunkTreePolicy:
         positions = {k: p for k in keys if (p := req_context.get_offload_key_position(k)) is not None}
         if len(positions) == len(keys):
             keys.sort(key=positions.__getitem__)
+        cold = (self._cold_keys(keys, positions, insertion_only_keys, reused_keys, state)
+                if self.settings.cold_insert else ())
         for key in reversed(keys):          # LRU's order: the head ends most recent
             if key in self._chunks:
-                self._tick(key)
+                if key in cold:
+                    self._cold_clock -= 1
+                    self._seq[key] = self._cold_clock
+                    self._dirty_seq.add(key)
+                else:
+                    self._tick(key)
         for block_hash in state.opened:
             left = self._open.get(block_hash, 0) - 1
             if left > 0:
@@ -367,6 +420,43 @@ class ChunkTreePolicy:
             elif self._open.pop(block_hash, None) is not None:
                 self._opened_or_closed(block_hash)
         state.opened.clear()
+
+    def _cold_keys(self, keys: Sequence[OffloadKey], positions: Mapping[OffloadKey, int],
+                   inserted: set[OffloadKey], reused: set[OffloadKey], state: _TierRequest) -> set[OffloadKey]:
+        """Cold insertion at a request's end: warm the branch points of the heads it reused, note its
+        own head's branch point, and return the keys to stamp cold (its deepest node's, when that
+        branch point is at 0; else none)."""
+        heads = self._heads
+        for key in reused:
+            branch = heads.pop(get_offload_block_hash(key), None)
+            if branch is not None:
+                self._warm(branch, +1)
+        new = [k for k in keys if k in inserted and k in positions]
+        if not new:
+            return set()
+        first = min(positions[k] for k in new)
+        head = get_offload_block_hash(next(k for k in new if positions[k] == first))
+        branch = state.by_position.get(self._parent_position(first, state))
+        if branch is None or branch == head:
+            node = self._nodes.get(head)
+            branch = node.parent if node is not None else None
+        if branch is None or head not in self._nodes:
+            return set()
+        heads[head] = branch
+        if self._warmth.get(branch, COLD_START) > 0:
+            return set()
+        last = max(positions[k] for k in new)
+        return {k for k in new if positions[k] == last}
+
+    def _warm(self, branch: bytes, step: int) -> None:
+        """Move ``branch``'s count by ``step`` within [0, COLD_CAP]; the table forgets its oldest
+        update beyond 4 × capacity + 1,024 branch points (a forgotten one starts again warm)."""
+        table = self._warmth
+        count = min(COLD_CAP, max(0, table.pop(branch, COLD_START) + step))
+        if count != COLD_START:
+            table[branch] = count
+            if len(table) > 4 * self.cache_capacity + 1024:
+                table.popitem(last=False)
 
     def evict(self, n: int, protected: set[OffloadKey]) -> list[tuple[OffloadKey, Any]] | None:
         if n <= 0:
@@ -388,6 +478,9 @@ class ChunkTreePolicy:
         self._open.clear()
         self._recent.clear()
         self._clock = 0
+        self._warmth.clear()
+        self._heads.clear()
+        self._cold_clock = 0
         self._slot.clear()
         self._dirty_keys.clear()
         self._dirty_seq.clear()
@@ -449,7 +542,8 @@ class ChunkTreePolicy:
         return frozenset(self._evictable)
 
     def recency(self, key: OffloadKey) -> int:
-        """``key``'s recency stamp: larger is more recent (the order ``evict`` reads; KeyError if not held)."""
+        """``key``'s recency stamp: larger is more recent (the order ``evict`` reads; cold insertion's
+        stamps are negative, below every other; KeyError if not held)."""
         return self._seq[key]
 
     def kind(self, key: OffloadKey) -> str:
@@ -773,6 +867,9 @@ class ChunkTreePolicy:
         self._restand(block_hash, node)
         if not node.keys:                   # kv and alive are False: its parent no longer counts it
             del self._nodes[block_hash]
+            branch = self._heads.pop(block_hash, None)
+            if branch is not None:          # a head forgotten unreused: its branch point cools
+                self._warm(branch, -1)
             if node.parent is not None:
                 siblings = self._children.get(node.parent)
                 if siblings is not None:
@@ -842,6 +939,7 @@ class ChunkTreePolicy:
             node = self._nodes.get(get_offload_block_hash(key))
             assert node is not None and node.keys.get(get_offload_group_idx(key)) == key, "chunk missing from its node"
         assert self._seq.keys() == self._chunks.keys(), "recency rows drifted"
+        assert self._heads.keys() <= self._nodes.keys(), "cold insertion follows a head not held"
         for h, node in self._nodes.items():
             assert node.keys, "empty node kept"
             assert all(k in self._chunks for k in node.keys.values()), "node names a chunk not held"
@@ -929,7 +1027,7 @@ class TreeJudgement:
         self.kv_kids = dict.fromkeys(nodes, 0)
         self.alive_kids = dict.fromkeys(nodes, 0)
         self.alive: dict[bytes, bool] = {}
-        for h in sorted(nodes, key=lambda x: -(nodes[x].depth or 0)):     # children before parents
+        for h in _children_first(nodes, policy._children):
             parent = nodes[h].parent
             self.alive[h] = alive = self._alive(h)
             if parent in nodes:
@@ -982,6 +1080,29 @@ class TreeJudgement:
                 touched.append(up)
             x = up
         return [k for t in touched for k in nodes[t].keys.values() if k not in self.gone]
+
+
+def _children_first(nodes: Mapping[bytes, _Node], children: Mapping[bytes, set[bytes]]) -> list[bytes]:
+    """The held nodes, each after every held child (a post-order over the parent links; by the
+    links, not by depth, since a position gap can give a child its parent's depth)."""
+    order: list[bytes] = []
+    seen: set[bytes] = set()
+    for root in nodes:
+        if root in seen:
+            continue
+        seen.add(root)
+        stack = [(root, False)]
+        while stack:
+            h, done = stack.pop()
+            if done:
+                order.append(h)
+                continue
+            stack.append((h, True))
+            for c in children.get(h, ()):
+                if c in nodes and c not in seen:
+                    seen.add(c)
+                    stack.append((c, False))
+    return order
 
 
 def check_group_kinds(kinds: Sequence[str]) -> None:
