@@ -14,7 +14,8 @@ working set, in chunks as vLLM sizes it. The tier runs ``lru``, ``arc``, and Mar
 each ``--rules`` label (``vllm-align:…,tier_policy=marconi,tier_rule=``): a fixed rule's,
 ``arc-tree`` (the tree's dead chunks first, then ARC's order over the live chunks), or
 ``adaptive``, the rule chosen online over ghost tiers (the default; ``tier_chooser``), each
-optionally ``:cold_insert=0`` (``marconi_cold_insert``, on by default: ``tier_cold_insert=0``).
+optionally with ``:cold_insert=0`` and/or ``:second_chance=0`` (``marconi_cold_insert``,
+``marconi_second_chance``, on by default: the emulation's ``tier_cold_insert=0``, ``tier_second_chance=0``).
 No clock: a load lands by the end of its step (the simulator's transfer rule).
 
 Prints per point the token hit rate of LRU, ARC, the better of the two, and each rule's with its
@@ -112,15 +113,16 @@ def run_point(task: tuple[str, str, int, str, str, int, str, str]) -> dict[str, 
 
 def rule_options(label: str) -> dict[str, Any]:
     """A ``--rules`` label as ``EmulatedTier`` options: ``RULE`` -> ``{"rule": RULE}``,
-    ``RULE:cold_insert=0`` -> with ``cold_insert`` too. ConfigError naming ``--rules`` otherwise."""
-    rule, _, option = label.partition(":")
+    ``RULE:cold_insert=0:second_chance=0`` -> with those switches too. ConfigError naming
+    ``--rules`` otherwise."""
+    rule, *options = label.split(":")
     out: dict[str, Any] = {"rule": rule}
     parse_tier_rule(rule, f"--rules {label!r}")
-    if option:
+    for option in options:
         key, _, value = option.partition("=")
-        if key != "cold_insert":
-            raise ConfigError(f"--rules {label!r}: the one option is cold_insert=0/1, got {option!r}")
-        out["cold_insert"] = parse_switch(value, f"--rules {label!r}: cold_insert")
+        if key not in ("cold_insert", "second_chance"):
+            raise ConfigError(f"--rules {label!r}: options are cold_insert=0/1 and second_chance=0/1, got {option!r}")
+        out[key] = parse_switch(value, f"--rules {label!r}: {key}")
     return out
 
 

@@ -8,6 +8,7 @@ Usable wherever a system is named; its parameters are listed in docs/vllm.md, "T
     vllm-align:cpu_tier=8GB,tier_policy=arc   vLLM's CPU offload tier beside the pool (OffloadingConnector)
     vllm-align:cpu_tier=8GB,tier_policy=marconi,tier_rule=lru   the tier policy under a rule (marconi_rule)
     vllm-align:cpu_tier=8GB,tier_policy=marconi,tier_cold_insert=0   without cold insertion (marconi_cold_insert)
+    vllm-align:cpu_tier=8GB,tier_policy=marconi,tier_second_chance=0   without branch points' second chance
     vllm-align:cpu_tier=8GB,store_threshold=2   vLLM's frequency filter on the tier's stores (store_threshold)
 
 ``alpha_source`` runs arbitrary code: its module is imported when the name is read (a typo fails
@@ -61,6 +62,7 @@ class VllmAlignSystem:
     tier_policy: str = "lru"              # its eviction_policy: lru, arc or marconi (":store_threshold=N": vLLM's filter)
     tier_rule: str = DEFAULT_RULE         # with tier_policy marconi: its rule (marconi_rule)
     tier_cold_insert: bool = True         # with tier_policy marconi: cold insertion (marconi_cold_insert)
+    tier_second_chance: bool = True       # with tier_policy marconi: second chance (marconi_second_chance)
     unbounded: bool = field(default=False, init=False)      # the pool is finite, from the capacity
     needs_future: bool = field(default=False, init=False)   # vLLM does not know the future
 
@@ -83,7 +85,8 @@ class VllmAlignSystem:
         if self.cpu_tier_bytes:
             chunks = tier_num_chunks(self.cpu_tier_bytes, layout.block_bytes)
             cache.engine.attach_tier(EmulatedTier(layout, chunks, self.tier_policy, spec, rule=self.tier_rule,
-                                                  cold_insert=self.tier_cold_insert))
+                                                  cold_insert=self.tier_cold_insert,
+                                                  second_chance=self.tier_second_chance))
         return cache
 
     def record_fields(self) -> dict[str, Any]:
@@ -157,7 +160,7 @@ def _vllm_align(block: int = 0, blocks: int = 0, match_unit: int = 0, retention:
                 efficiency: str = "total", kernel_align: int = 16, attn_first: bool = False,
                 alpha_source: str = "", rules: str = DEFAULT_RULES, budget: str = "", cpu_tier: str = "",
                 tier_policy: str = "", tier_rule: str = "", store_threshold: int = 0,
-                tier_cold_insert: bool = True) -> VllmAlignSystem:
+                tier_cold_insert: bool = True, tier_second_chance: bool = True) -> VllmAlignSystem:
     if eviction not in ("lru", "marconi"):
         raise ConfigError(f"vllm-align: eviction must be lru or marconi, got {eviction!r}")
     if efficiency not in EFFICIENCIES:
@@ -203,9 +206,9 @@ def _vllm_align(block: int = 0, blocks: int = 0, match_unit: int = 0, retention:
                           f"got {store_threshold}")
     if tier_rule and tier_policy != "marconi":
         raise ConfigError("vllm-align: tier_rule= is the rule of tier_policy=marconi; add tier_policy=marconi")
-    if not tier_cold_insert and tier_policy != "marconi":
-        raise ConfigError("vllm-align: tier_cold_insert= switches the cold insertion of tier_policy=marconi; "
-                          "add tier_policy=marconi")
+    for name, value in (("tier_cold_insert", tier_cold_insert), ("tier_second_chance", tier_second_chance)):
+        if not value and tier_policy != "marconi":
+            raise ConfigError(f"vllm-align: {name}= switches a part of tier_policy=marconi; add tier_policy=marconi")
     if tier_rule:
         try:
             parse_tier_rule(tier_rule, "vllm-align: tier_rule")          # a fixed rule's label or adaptive
@@ -219,6 +222,7 @@ def _vllm_align(block: int = 0, blocks: int = 0, match_unit: int = 0, retention:
         admission = admission[:-1] + f",cpu_tier={cpu_tier_bytes},tier_policy={tier_policy or 'lru'}"
         admission += f",tier_rule={tier_rule}" if tier_rule else ""
         admission += ",tier_cold_insert=0" if not tier_cold_insert else ""
+        admission += ",tier_second_chance=0" if not tier_second_chance else ""
         admission += f",{STORE_THRESHOLD}={store_threshold})" if store_threshold else ")"
     if eviction == "lru":
         eviction_name = "lru"
@@ -233,4 +237,5 @@ def _vllm_align(block: int = 0, blocks: int = 0, match_unit: int = 0, retention:
                            efficiency=efficiency, alpha_source=alpha_source or None, rules=rules,
                            retention_budget=retention_budget, cpu_tier_bytes=cpu_tier_bytes,
                            tier_policy=(tier_policy or "lru") + (f":{STORE_THRESHOLD}={store_threshold}" if store_threshold else ""),
-                           tier_rule=tier_rule or DEFAULT_RULE, tier_cold_insert=tier_cold_insert)
+                           tier_rule=tier_rule or DEFAULT_RULE, tier_cold_insert=tier_cold_insert,
+                           tier_second_chance=tier_second_chance)

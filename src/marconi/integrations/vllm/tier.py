@@ -22,12 +22,12 @@ from vllm.v1.kv_offload.cpu.policies.base import CachePolicy
 from marconi.core.registry import ConfigError
 from marconi.integrations.vllm.policy import group_kinds
 from marconi.integrations.vllm.tier_tree import (  # noqa: F401  (re-exported: the policy's public names)
-    DEFAULT_GPU_TFLOPS, DEFAULT_HOST_GBPS, DEFAULT_RULE, ENV_COLD_INSERT, ENV_GROUP_KINDS, ENV_MODEL, ENV_RULE, REASONS,
+    DEFAULT_GPU_TFLOPS, DEFAULT_HOST_GBPS, DEFAULT_RULE, ENV_COLD_INSERT, ENV_GROUP_KINDS, ENV_SECOND_CHANCE, ENV_MODEL, ENV_RULE, REASONS,
     ChunkTreePolicy, TierSettings, TreeJudgement, check_group_kinds)
 from marconi.integrations.vllm.tier_chooser import AdaptiveTierPolicy
 
 __all__ = ["MarconiCachePolicy", "TierSettings", "DEFAULT_RULE", "DEFAULT_HOST_GBPS", "DEFAULT_GPU_TFLOPS",
-           "REASONS", "ENV_COLD_INSERT", "ENV_GROUP_KINDS", "ENV_MODEL", "ENV_RULE"]
+           "REASONS", "ENV_COLD_INSERT", "ENV_SECOND_CHANCE", "ENV_GROUP_KINDS", "ENV_MODEL", "ENV_RULE"]
 
 _SUPPORTED_VLLM = ("0.32", "0.33")
 _Judgement = TreeJudgement      # the name the tier's tests use for the tree's standing
@@ -89,8 +89,9 @@ def _discover_settings() -> TierSettings:
         extra["marconi_group_kinds"] = os.environ[ENV_GROUP_KINDS]     # a spec built without a connector
     if "marconi_rule" not in extra and os.environ.get(ENV_RULE):
         extra["marconi_rule"] = os.environ[ENV_RULE]                   # experiments without a config change
-    if "marconi_cold_insert" not in extra and os.environ.get(ENV_COLD_INSERT):
-        extra["marconi_cold_insert"] = os.environ[ENV_COLD_INSERT]     # likewise (refused by the key's name)
+    for var, key in ((ENV_COLD_INSERT, "marconi_cold_insert"), (ENV_SECOND_CHANCE, "marconi_second_chance")):
+        if key not in extra and os.environ.get(var):
+            extra[key] = os.environ[var]                                # likewise (refused by the key's name)
     if vllm_config is None and "marconi_model" not in extra and os.environ.get(ENV_MODEL):
         extra["marconi_model"] = os.environ[ENV_MODEL]
     kinds = extra.get("marconi_group_kinds") or None

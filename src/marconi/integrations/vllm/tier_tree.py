@@ -28,7 +28,7 @@ from marconi.integrations.vllm.policy import ATTENTION, MAMBA
 __all__ = ["ChunkTreePolicy", "TreeJudgement", "reference_victims", "TierSettings", "check_group_kinds", "parse_tier_rule", "ADAPTIVE",
            "ARC_TREE", "ArcTreeOrder",
            "DEFAULT_FAMILY", "DEFAULT_RULE", "DEFAULT_HOST_GBPS",
-           "DEFAULT_GPU_TFLOPS", "REASONS", "ENV_COLD_INSERT", "ENV_GROUP_KINDS", "ENV_MODEL", "ENV_RULE",
+           "DEFAULT_GPU_TFLOPS", "REASONS", "ENV_COLD_INSERT", "ENV_SECOND_CHANCE", "ENV_GROUP_KINDS", "ENV_MODEL", "ENV_RULE",
            "COLD_START", "COLD_CAP", "parse_switch", "make_offload_key",
            "get_offload_block_hash", "get_offload_group_idx"]
 
@@ -47,6 +47,7 @@ ENV_GROUP_KINDS = "MARCONI_TIER_GROUP_KINDS"
 ENV_MODEL = "MARCONI_TIER_MODEL"
 ENV_RULE = "MARCONI_TIER_RULE"
 ENV_COLD_INSERT = "MARCONI_TIER_COLD_INSERT"
+ENV_SECOND_CHANCE = "MARCONI_TIER_SECOND_CHANCE"
 #: cold insertion's count per branch point (:attr:`TierSettings.cold_insert`): where an unseen
 #: branch point starts (warm), and its cap (a few unused branches in a row cool a point that
 #: served many)
@@ -54,7 +55,7 @@ COLD_START, COLD_CAP = 1, 3
 #: Why a chunk was evicted (the keys of :attr:`ChunkTreePolicy.eviction_counts`).
 REASONS = ("dead-kv", "dead-state", "kv", "state")
 _KEYS = ("marconi_rule", "marconi_model", "marconi_group_kinds", "marconi_host_gbps", "marconi_gpu_tflops",
-         "marconi_cold_insert")
+         "marconi_cold_insert", "marconi_second_chance")
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 _DEAD, _CAND, _OTHER = 0, 1, 2
 
@@ -108,7 +109,9 @@ class TierSettings:
     fixed rule, else the rules an adaptive tier chooses from online (``rule`` among them), and
     ``cold_insert`` (``marconi_cold_insert``): whether a request's own tail enters at the old end of
     the recency order when the branch point it hangs from has lately had its branches go unused
-    (:class:`ChunkTreePolicy`, "Cold insertion")."""
+    (:class:`ChunkTreePolicy`, "Cold insertion"), and ``second_chance``
+    (``marconi_second_chance``): whether a branch point chosen as victim is refreshed once instead
+    (:class:`ChunkTreePolicy`, "Second chance")."""
 
     group_kinds: tuple[str, ...]
     spec: ModelSpec
@@ -118,6 +121,7 @@ class TierSettings:
     gpu_tflops: float = DEFAULT_GPU_TFLOPS
     family: tuple[Rule, ...] = ()
     cold_insert: bool = True
+    second_chance: bool = True
 
     def __post_init__(self) -> None:
         check_group_kinds(self.group_kinds)
@@ -186,7 +190,9 @@ class TierSettings:
         try:
             return cls(tuple(kinds), spec, tokens_per_chunk, rule, family=family,
                        cold_insert=parse_switch(extra.get("marconi_cold_insert", True),
-                                         "kv_connector_extra_config 'marconi_cold_insert'"), **numbers)
+                                                "kv_connector_extra_config 'marconi_cold_insert'"),
+                       second_chance=parse_switch(extra.get("marconi_second_chance", True),
+                                                  "kv_connector_extra_config 'marconi_second_chance'"), **numbers)
         except ConfigError as exc:
             if "marconi_rule" not in str(exc) and "adaptive rule" in str(exc):
                 raise ConfigError(f"kv_connector_extra_config 'marconi_rule': {exc}") from None
@@ -203,8 +209,9 @@ class TierSettings:
                                  "marconi_model": env.get(ENV_MODEL) or None}
         if env.get(ENV_RULE):
             extra["marconi_rule"] = env[ENV_RULE]
-        if env.get(ENV_COLD_INSERT):
-            extra["marconi_cold_insert"] = parse_switch(env[ENV_COLD_INSERT], ENV_COLD_INSERT)
+        for var, key in ((ENV_COLD_INSERT, "marconi_cold_insert"), (ENV_SECOND_CHANCE, "marconi_second_chance")):
+            if env.get(var):
+                extra[key] = parse_switch(env[var], var)
         if extra["marconi_model"] is None:
             raise ConfigError(f"MarconiCachePolicy: set {ENV_MODEL} (a preset such as nemotron-h-8b)")
         if "marconi_rule" in extra:
@@ -306,6 +313,16 @@ class ChunkTreePolicy:
     Only recency changes; the rule still weighs them. A request whose head has no known parent
     predicts nothing. Where it helps (branches that go unused, as one-off questions under a shared
     prompt) and what it measured: ``docs/vllm-tiers.md``, "Cold insertion".
+
+    **Second chance** (``settings.second_chance``; CLOCK's second chance, given to branch points). A
+    node gets a chance when a child other than the first it ever had is placed under it (it has
+    branched: two requests shared it and went different ways), and again at each later new
+    placement after the chance is spent. When the rule picks a chunk of a node holding a chance,
+    the chance is spent instead: every chunk of the node is refreshed (as a request's end would,
+    in the node's key order) and the pick is made again. A shared prefix whose branches were
+    evicted thus outlives one round of one-off tails, where recency alone would take it first,
+    and a stale one goes on the next round (no protection piles up). Dead chunks get none. What
+    it measured: ``docs/vllm-tiers.md``, "Second chance".
     """
 
     def __init__(self, cache_capacity: int, settings: TierSettings) -> None:
@@ -342,6 +359,10 @@ class ChunkTreePolicy:
         self._warmth: OrderedDict[bytes, int] = OrderedDict()
         self._heads: dict[bytes, bytes] = {}
         self._cold_clock = 0
+        # second chance: per parent hash its first child (oldest update first, bounded), and the
+        # nodes holding a chance
+        self._first_kid: OrderedDict[bytes, bytes] = OrderedDict()
+        self._chance: set[bytes] = set()
         self._rebuild()
 
     # ------------------------------------------------------------------ vLLM's interface
@@ -481,6 +502,8 @@ class ChunkTreePolicy:
         self._warmth.clear()
         self._heads.clear()
         self._cold_clock = 0
+        self._first_kid.clear()
+        self._chance.clear()
         self._slot.clear()
         self._dirty_keys.clear()
         self._dirty_seq.clear()
@@ -697,6 +720,12 @@ class ChunkTreePolicy:
                     if key is None:
                         key = self._pick(_OTHER, protected, aside)
                     assert key is not None, "the victim index lost an evictable chunk"
+                    h = get_offload_block_hash(key)
+                    if h in self._chance:       # a branch point's second chance: refreshed, pick again
+                        self._chance.discard(h)
+                        for k in self._nodes[h].keys.values():
+                            self._tick(k)
+                        continue
                 for key in batch or (key,):
                     chunk = self._chunks[key]
                     assert chunk.ref_cnt == 0, "an evictable chunk is pinned"
@@ -908,6 +937,8 @@ class ChunkTreePolicy:
             node.depth = depth
             self._dirty_nodes.add(block_hash)
         if node.parent is None and parent is not None:
+            if self.settings.second_chance:
+                self._saw_child(parent, block_hash)
             node.parent = parent
             self._children.setdefault(parent, set()).add(block_hash)
             up = self._nodes.get(parent)
@@ -918,6 +949,19 @@ class ChunkTreePolicy:
                 if node.alive:
                     up.alive_kids += 1
                     self._realive(parent, up)
+
+    def _saw_child(self, parent: bytes, child: bytes) -> None:
+        """Second chance: ``child`` placed under ``parent``; a child other than its first gives
+        ``parent`` a chance. The table forgets its oldest update beyond 4 × capacity + 1,024
+        parents (and their chances)."""
+        kids = self._first_kid
+        first = kids.pop(parent, child)
+        kids[parent] = first
+        if first != child:
+            self._chance.add(parent)
+        if len(kids) > 4 * self.cache_capacity + 1024:
+            old, _ = kids.popitem(last=False)
+            self._chance.discard(old)
 
     def _parent_position(self, position: int, state: _TierRequest) -> int:
         tpc = self.settings.tokens_per_chunk
@@ -940,6 +984,7 @@ class ChunkTreePolicy:
             assert node is not None and node.keys.get(get_offload_group_idx(key)) == key, "chunk missing from its node"
         assert self._seq.keys() == self._chunks.keys(), "recency rows drifted"
         assert self._heads.keys() <= self._nodes.keys(), "cold insertion follows a head not held"
+        assert self._chance <= self._first_kid.keys(), "a second chance without its parent's record"
         for h, node in self._nodes.items():
             assert node.keys, "empty node kept"
             assert all(k in self._chunks for k in node.keys.values()), "node names a chunk not held"
@@ -975,7 +1020,8 @@ def reference_victims(policy: ChunkTreePolicy, n: int,
                        protected: set[OffloadKey]) -> list[tuple[OffloadKey, str]] | None:
     """The victims (key, reason) ``policy.evict(n, protected)`` takes, by the whole-tree judgement
     it used before its index (a :class:`TreeJudgement` and a candidate table per call, O(chunks)):
-    the reference the incremental ``evict`` is held to. Changes nothing."""
+    the reference the incremental ``evict`` is held to. A pick whose node holds a second chance
+    spends it (on a copy) and refreshes the node's chunks as ``evict`` does. Changes nothing."""
     if n <= 0:
         return []
     pool = [k for k in policy._evictable if k not in protected]
@@ -990,6 +1036,7 @@ def reference_victims(policy: ChunkTreePolicy, n: int,
                         count=len(pool))
     avail = np.ones(len(pool), dtype=bool)
     rule = policy.settings.rule
+    chance, clock = set(policy._chance), policy._clock
     chosen: list[tuple[OffloadKey, str]] = []
     while len(chosen) < n:
         dead = np.flatnonzero(avail & (cat == _DEAD))
@@ -1000,6 +1047,17 @@ def reference_victims(policy: ChunkTreePolicy, n: int,
             if not cands.size:
                 cands = np.flatnonzero(avail)
             picks = [int(cands[choose_victim(rule, policy._table(cands, seq, eff, depth, cat))])]
+            h = get_offload_block_hash(pool[picks[0]])
+            if h in chance:                 # evict's second chance: its ticks, on the node's chunks left
+                chance.discard(h)
+                taken = {k for k, _ in chosen}
+                for k in policy._nodes[h].keys.values():
+                    if k in taken:
+                        continue
+                    clock += 1
+                    if k in where:
+                        seq[where[k]] = clock
+                continue
         for i in picks:
             key = pool[i]
             avail[i] = False

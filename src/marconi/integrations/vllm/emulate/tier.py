@@ -171,7 +171,7 @@ class LRUPolicy:
 
 def make_policy(name: str, capacity: int, *, group_kinds: Sequence[str] = (), spec: ModelSpec | None = None,
                 tokens_per_chunk: int | None = None, host_gbps: float | None = None,
-                rule: str = DEFAULT_RULE, cold_insert: bool = True) -> Any:
+                rule: str = DEFAULT_RULE, cold_insert: bool = True, second_chance: bool = True) -> Any:
     """A tier policy by name: ``lru``, ``arc``, or ``marconi`` (:class:`AdaptiveTierPolicy`, the
     object vLLM's ``MarconiCachePolicy`` runs, under ``rule``, a fixed rule's label or ``adaptive``,
     and the load cost of ``host_gbps``; needs ``group_kinds`` and ``spec``). ConfigError for another
@@ -186,7 +186,8 @@ def make_policy(name: str, capacity: int, *, group_kinds: Sequence[str] = (), sp
         live, family = parse_tier_rule(rule, "vllm-align: tier_rule")
         settings = TierSettings(tuple(group_kinds), spec, tokens_per_chunk, live,
                                 **({"host_gbps": host_gbps} if host_gbps is not None else {}),
-                                gpu_tflops=DEFAULT_GPU_TFLOPS, family=family, cold_insert=cold_insert)
+                                gpu_tflops=DEFAULT_GPU_TFLOPS, family=family, cold_insert=cold_insert,
+                                second_chance=second_chance)
         return AdaptiveTierPolicy(capacity, settings)
     raise ConfigError(f"vllm-align: tier_policy must be one of {', '.join(TIER_POLICIES)}, got {name!r}")
 
@@ -429,11 +430,13 @@ class EmulatedTier:
 
     def __init__(self, layout: VllmLayout, num_chunks: int, policy: str, spec: ModelSpec | None = None, *,
                  host_gbps: float | None = None, rule: str = DEFAULT_RULE, cold_insert: bool = True,
+                 second_chance: bool = True,
                  step_time: Callable[[Sequence[tuple[int, int]]], float] | None = None,
                  host_bandwidth: float | None = None) -> None:
         """``policy``: a tier arm's label (:func:`parse_tier_arm`: ``lru``, ``arc``, ``marconi``, each
         optionally ``:store_threshold=N``); ``host_gbps``: the link Marconi's policy prices a load at;
-        ``rule`` and ``cold_insert``: Marconi's ``marconi_rule`` and ``marconi_cold_insert``;
+        ``rule``, ``cold_insert`` and ``second_chance``: Marconi's ``marconi_rule``,
+        ``marconi_cold_insert`` and ``marconi_second_chance``;
         ``step_time`` (seconds for a step computing the given ``(start, end)`` spans) and ``host_bandwidth`` (bytes/s per
         direction): the clock (both or neither)."""
         if (step_time is None) != (host_bandwidth is None) or (host_bandwidth is not None and host_bandwidth <= 0):
@@ -449,7 +452,7 @@ class EmulatedTier:
         name, threshold = parse_tier_arm(policy, "vllm-align: tier_policy")
         self.manager = TierManager(num_chunks, make_policy(name, num_chunks, group_kinds=self.kinds, spec=spec,
                                                            tokens_per_chunk=self.c, host_gbps=host_gbps, rule=rule,
-                                                           cold_insert=cold_insert),
+                                                           cold_insert=cold_insert, second_chance=second_chance),
                                    store_threshold=threshold)
         self.chunk_bytes = layout.block_bytes
         self._reqs: dict[int, _TierRequest] = {}

@@ -323,18 +323,19 @@ def _emulated_tier(spec: ModelSpec, requests: Sequence[Any], result: dict[str, A
     worker's open-loop arrivals on the same virtual clock): its token, GPU and tier hit rates,
     per-request hit tokens by tier, and the tier's counters."""
     from marconi.integrations.vllm.emulate.tier import EmulatedTier
-    from marconi.integrations.vllm.tier_tree import DEFAULT_RULE, ENV_COLD_INSERT, ENV_RULE, parse_switch
+    from marconi.integrations.vllm.tier_tree import (DEFAULT_RULE, ENV_COLD_INSERT, ENV_RULE, ENV_SECOND_CHANCE,
+                                                     parse_switch)
 
     engine = emulation_engine(spec, result, label, config)
     # the replay's clock: its step-time model and host link, so loads span the steps they span there
     timing = _step_time(spec, result, config)
     # the rule vLLM's tier policy runs: MARCONI_TIER_RULE reaches it through the replay's environment
-    # (and MARCONI_TIER_COLD_INSERT, read as the policy reads it)
+    # (and MARCONI_TIER_COLD_INSERT and MARCONI_TIER_SECOND_CHANCE, read as the policy reads them)
     rule = os.environ.get(ENV_RULE) or DEFAULT_RULE
-    cold = os.environ.get(ENV_COLD_INSERT)
-    cold_insert = parse_switch(cold, ENV_COLD_INSERT) if cold else True
+    switches = {name: parse_switch(os.environ[var], var) if os.environ.get(var) else True
+                for name, var in (("cold_insert", ENV_COLD_INSERT), ("second_chance", ENV_SECOND_CHANCE))}
     tier = EmulatedTier(engine.layout, int(result["tier"]["tier_num_chunks"]), tier_policy, spec, rule=rule,
-                        cold_insert=cold_insert,
+                        **switches,
                         host_gbps=host_bandwidth / 1e9, step_time=timing.step_s,
                         host_bandwidth=host_bandwidth * config.tensor_parallel)
     engine.attach_tier(tier)

@@ -1,0 +1,169 @@
+"""What Marconi's CPU-tier policy reads from the chunk tree's branches (``ChunkTreePolicy``), without vLLM.
+
+**Cold insertion** (``marconi_cold_insert``): a request's head (the first node it stores) hangs
+from a branch point; heads that later requests reuse warm the branch point, heads forgotten unreused
+cool it. Under a branch point gone cold, a request's own tail (its deepest node's chunks) enters
+below every other chunk's recency, so it goes first among candidates; a reuse warms the point again.
+**Second chance** (``marconi_second_chance``): a node that got a second distinct child, when picked
+as victim, is refreshed once instead. Both switches reach the policy from vLLM's config, the
+environment and the emulation's system name, and bad values are refused by name.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from marconi.core.model import get_model
+from marconi.core.registry import ConfigError
+from marconi.integrations.vllm.emulate.tier import ReqContext, TierManager
+from marconi.integrations.vllm.policy import ATTENTION, MAMBA
+from marconi.integrations.vllm.tier_tree import (ENV_COLD_INSERT, ENV_GROUP_KINDS, ENV_MODEL, ENV_SECOND_CHANCE,
+                                                 ChunkTreePolicy, TierSettings, make_offload_key)
+
+SPEC = get_model("nemotron-h-8b")
+KINDS = (MAMBA, ATTENTION)
+TPC = 1152
+
+
+def _request(mgr: TierManager, rid: int, chain: list[str]) -> tuple[bytes, bytes]:
+    """One request over the nodes ``chain`` (shared names share chunks): the attention chunk of every
+    node and the state at the last, offered and stored, then the request's end. Returns the last
+    node's (KV, state) keys."""
+    ctx = ReqContext(rid)
+    attn = [make_offload_key(name.encode(), 1) for name in chain]
+    state = make_offload_key(chain[-1].encode(), 0)
+    for i, key in enumerate(attn, start=1):
+        ctx.set_offload_key_position(key, i * TPC)
+    ctx.set_offload_key_position(state, len(chain) * TPC)
+    stored = mgr.prepare_store(attn + [state], ctx)
+    assert stored is not None
+    mgr.complete_store(stored)
+    mgr.on_request_finished(ctx)
+    return attn[-1], state
+
+
+def _tier(capacity: int, cold_insert: bool, second_chance: bool = False) -> tuple[ChunkTreePolicy, TierManager]:
+    settings = TierSettings(KINDS, SPEC, TPC, cold_insert=cold_insert, second_chance=second_chance)
+    policy = ChunkTreePolicy(capacity, settings)
+    return policy, TierManager(capacity, policy)
+
+
+def _cool_the_prompt(mgr: TierManager) -> int:
+    """A shared prompt (p1, p2), one user under it (u0), then unrelated one-offs until u0's head is
+    evicted unreused: the prompt's branch point goes cold. Returns the next request id."""
+    _request(mgr, 0, ["p1", "p2", "u0"])
+    _request(mgr, 1, ["p1", "p2", "u1"])          # u1's head hangs from p2
+    rid = 2
+    while mgr.policy.get(make_offload_key(b"u1", 1)) is not None:
+        _request(mgr, rid, [f"x{rid}"])
+        rid += 1
+    return rid
+
+
+@pytest.mark.parametrize("cold_insert", [True, False])
+def test_a_tail_under_a_branch_whose_heads_went_unused_enters_cold(cold_insert: bool) -> None:
+    """After u1 left unreused, the next user's tail under the prompt (u2: its KV and its state) takes
+    recency stamps below every other chunk's, and the next victim is from it; without cold
+    insertion it is as recent as any request's end, and the victim is the oldest one-off."""
+    policy, mgr = _tier(12, cold_insert)
+    rid = _cool_the_prompt(mgr)
+    kv, state = _request(mgr, rid, ["p1", "p2", "u2"])
+    others = [k for k in policy.idle_keys() if k not in (kv, state)]
+    if cold_insert:
+        assert policy.recency(kv) < 0 and policy.recency(state) < 0
+        assert max(policy.recency(kv), policy.recency(state)) < min(map(policy.recency, others))
+    else:
+        assert policy.recency(kv) > 0 and policy.recency(state) > 0
+    mgr.check_invariants()
+    ((victim, _),) = policy.evict(1, set())         # the policy's own pick (the manager not told)
+    assert (victim in (kv, state)) == cold_insert
+    policy.check_invariants()
+
+
+def test_a_reused_head_warms_its_branch_point_again() -> None:
+    """Under the cold prompt, u2 enters cold; a second request over u2 reuses its head, which warms
+    the prompt's branch point, so the next user's tail (u3) enters warm, as recent as its end."""
+    policy, mgr = _tier(12, True)
+    rid = _cool_the_prompt(mgr)
+    kv, _ = _request(mgr, rid, ["p1", "p2", "u2"])
+    assert policy.recency(kv) < 0
+    kv, _ = _request(mgr, rid + 1, ["p1", "p2", "u2", "u2b"])     # reuses u2: refreshed, and p2 warms
+    assert policy.recency(make_offload_key(b"u2", 1)) > 0
+    kv3, state3 = _request(mgr, rid + 2, ["p1", "p2", "u3"])
+    assert policy.recency(kv3) > 0 and policy.recency(state3) > 0
+    policy.check_invariants()
+
+
+def test_a_request_whose_head_has_no_known_parent_predicts_nothing() -> None:
+    """Chains from the root (no branch point) never enter cold, however many go unused."""
+    policy, mgr = _tier(6, True)
+    for rid in range(30):
+        kv, state = _request(mgr, rid, [f"solo{rid}", f"solo{rid}:tail"])
+        assert policy.recency(kv) > 0 and policy.recency(state) > 0
+    policy.check_invariants()
+
+
+def _shared_prefix_then_one_off(mgr: TierManager) -> None:
+    """A prefix ending in a state (p1, p2), two users that branch from it (u0, then u1: p2's second
+    distinct child), then a one-off request (x), the newest."""
+    _request(mgr, 0, ["p1", "p2"])
+    _request(mgr, 1, ["p1", "p2", "u0"])
+    _request(mgr, 2, ["p1", "p2", "u1"])
+    _request(mgr, 3, ["x"])
+
+
+@pytest.mark.parametrize("second_chance", [True, False])
+def test_a_branch_point_outlives_one_round_of_younger_leaves(second_chance: bool) -> None:
+    """The users passed through the prefix's KV, not its state, so by recency alone the prefix's state
+    goes right after the first user's tail (the prefix is then useless) and the one-off outlives it.
+    With a second chance the pick of the prefix's state refreshes the node instead: both users' tails
+    go, then the one-off, before any of the prefix."""
+    policy, mgr = _tier(12, cold_insert=False, second_chance=second_chance)
+    _shared_prefix_then_one_off(mgr)
+    users = {make_offload_key(f"u{i}".encode(), g) for i in (0, 1) for g in (0, 1)}
+    one_off = {make_offload_key(b"x", g) for g in (0, 1)}
+    state = make_offload_key(b"p2", 0)
+    victims = [key for key, _ in policy.evict(6, set())]
+    if second_chance:
+        assert set(victims[:4]) == users and set(victims[4:]) == one_off
+    else:
+        assert victims[2] == state and not one_off & set(victims)
+    policy.check_invariants()
+
+
+def test_the_switches_reach_the_policy_and_bad_values_are_refused_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``marconi_cold_insert`` and ``marconi_second_chance`` (on by default), their environment
+    variables and the emulation's ``tier_cold_insert=`` / ``tier_second_chance=`` set them; a value
+    that is not a switch, or the emulation's switch without Marconi's tier policy, is refused
+    naming what to change."""
+    from marconi.sim.systems import make_system
+
+    extra = {"marconi_group_kinds": "mamba,attention", "marconi_model": "nemotron-h-8b"}
+    monkeypatch.setenv(ENV_GROUP_KINDS, "mamba,attention")
+    monkeypatch.setenv(ENV_MODEL, "nemotron-h-8b")
+    for field, key, var in (("cold_insert", "marconi_cold_insert", ENV_COLD_INSERT),
+                            ("second_chance", "marconi_second_chance", ENV_SECOND_CHANCE)):
+        assert getattr(TierSettings.from_extra_config(extra), field) is True
+        for value, expected in (("false", False), ("off", False), (0, False), (True, True), ("1", True)):
+            assert getattr(TierSettings.from_extra_config({**extra, key: value}), field) is expected
+        with pytest.raises(ConfigError, match=key):
+            TierSettings.from_extra_config({**extra, key: "sometimes"})
+        monkeypatch.setenv(var, "0")
+        assert getattr(TierSettings.from_env(), field) is False
+        monkeypatch.setenv(var, "maybe")
+        with pytest.raises(ConfigError, match=var):
+            TierSettings.from_env()
+        monkeypatch.delenv(var)
+
+    base = "vllm-align:blocks=60,cpu_tier=300MB,tier_policy=marconi"
+    for suffix, cold, chance in (("", True, True), (",tier_cold_insert=0", False, True),
+                                 (",tier_second_chance=0", True, False)):
+        system = make_system(base + suffix)
+        assert suffix[1:] in system.describe()["admission"]
+        policy = system.build("nemotron-h-8b", 0).engine.tier.manager.policy
+        worlds = [w.policy for w in policy.chooser.worlds if isinstance(w.policy, ChunkTreePolicy)]
+        for p in [policy, *worlds]:                 # every world of the adaptive default too
+            assert (p.settings.cold_insert, p.settings.second_chance) == (cold, chance)
+    for switch in ("tier_cold_insert=0", "tier_second_chance=0"):
+        with pytest.raises(ConfigError, match="tier_policy=marconi"):
+            make_system(f"vllm-align:cpu_tier=1GB,tier_policy=arc,{switch}")
