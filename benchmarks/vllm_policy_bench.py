@@ -36,7 +36,8 @@ name (``{"blocks": null, "victim_ratio": null}`` with ``--blocks ""``).
 
 ``--tier-chunks 1000,14000`` adds the CPU offload tier's policies (issue 33; a 256 GB tier holds
 ~14,000 Nemotron-H-8B chunks): per tier size, vLLM's ``LRUCachePolicy`` and ``ARCCachePolicy`` and
-Marconi's ``MarconiCachePolicy`` (``marconi_rule`` lru, a0.5m and adaptive, and a0.5m with the
+Marconi's ``MarconiCachePolicy`` (``marconi_rule`` lru, a0.5m and adaptive; lru without reading the
+tree's branches, ``marconi_cold_insert`` and ``marconi_second_chance`` off; and a0.5m with the
 whole-tree evict it had before its victim index) are each filled with the same stream of chat-like
 hybrid requests (:class:`TierWorkload`: 6 Mamba groups + 1 attention group, ``OffloadKey`` = hash +
 group index, positions in vLLM's ``ReqContext``) until full and churned, then fed ``--tier-requests``
@@ -357,9 +358,10 @@ def tier_policies(capacity: int) -> tuple[str, dict[str, Callable[[], object]], 
         where = "stand-ins (vLLM not importable): the emulation's LRU, tier_arc's ARC, AdaptiveTierPolicy"
         make_ctx = ReqContext
 
-    def marconi(label: str) -> Callable[[], object]:
+    def marconi(label: str, branches: bool = True) -> Callable[[], object]:
         rule, family = parse_tier_rule(label)
-        return lambda: Tier(capacity, TierSettings(TIER_KINDS, spec, TIER_TPC, rule, family=family))
+        return lambda: Tier(capacity, TierSettings(TIER_KINDS, spec, TIER_TPC, rule, family=family,
+                                                   cold_insert=branches, second_chance=branches))
 
     class WholeTree(Tier):                                   # type: ignore[misc, valid-type]
         """The tier policy with the evict it had before its victim index (the whole tree judged per
@@ -382,7 +384,8 @@ def tier_policies(capacity: int) -> tuple[str, dict[str, Callable[[], object]], 
 
     whole = lambda: WholeTree(capacity, TierSettings(TIER_KINDS, spec, TIER_TPC, rule_from_label("a0.5m")))  # noqa: E731
     factories = {"vLLM LRU": lambda: LRUCachePolicy(capacity), "vLLM ARC": lambda: ARCCachePolicy(capacity),
-                 "marconi lru": marconi("lru"), "marconi a0.5m": marconi("a0.5m"),
+                 "marconi lru": marconi("lru"), "marconi lru, no branch reading": marconi("lru", branches=False),
+                 "marconi a0.5m": marconi("a0.5m"),
                  "marconi adaptive": marconi("adaptive"), "a0.5m whole-tree evict": whole}
     return where, factories, ChunkStatus, make_ctx
 
