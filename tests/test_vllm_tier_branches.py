@@ -131,6 +131,23 @@ def test_a_branch_point_outlives_one_round_of_younger_leaves(second_chance: bool
     policy.check_invariants()
 
 
+def test_what_the_branches_leave_behind_is_bounded() -> None:
+    """1,100 prefixes, each reused by a user (whose head is then evicted unreused: its branch point
+    cools) and by a second user (the prefix branches): both tables stop at 4 × capacity + 1,024
+    entries, forgetting the oldest, while the policy keeps serving."""
+    capacity = 4
+    policy, mgr = _tier(capacity, cold_insert=True, second_chance=True)
+    rid = 0
+    for i in range(1100):
+        for chain in ([f"p{i}"], [f"p{i}", f"p{i}:a"], [f"p{i}", f"p{i}:b"]):
+            _request(mgr, rid, chain)
+            rid += 1
+    bound = 4 * capacity + 1024
+    assert policy.branch_memory() == (bound, bound)
+    policy.check_invariants()
+    mgr.check_invariants()
+
+
 def test_the_switches_reach_the_policy_and_bad_values_are_refused_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
     """``marconi_cold_insert`` and ``marconi_second_chance`` (on by default), their environment
     variables and the emulation's ``tier_cold_insert=`` / ``tier_second_chance=`` set them; a value

@@ -578,6 +578,12 @@ class ChunkTreePolicy:
         return (sum(map(len, self._mins.values())) + sum(map(len, self._maxs.values()))
                 + sum(len(h) for levels in self._levels.values() for h in levels.values()))
 
+    def branch_memory(self) -> tuple[int, int]:
+        """Entries kept for reading the branches: branch points whose cold-insertion count is not
+        the start's, and parents whose first child second chance remembers; each bounded by
+        4 × capacity + 1,024 (for tests and reports)."""
+        return len(self._warmth), len(self._first_kid)
+
     def _eff(self, depth: int | None, variant: str | None = None) -> float:
         """FLOPs saved per byte held by a hit at ``depth``, less what the load costs (>= 0); in the
         settings' variant unless ``variant`` names another."""
