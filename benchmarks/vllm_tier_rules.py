@@ -38,12 +38,12 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
 from marconi.core.model import ModelSpec  # noqa: E402
+from marconi.core.registry import ConfigError  # noqa: E402
 from marconi.integrations.common import bench as common  # noqa: E402
 from marconi.integrations.vllm.emulate.engine import VllmAlignEngine  # noqa: E402
 from marconi.integrations.vllm.emulate.scheduler import emulate_closed_loop  # noqa: E402
-from marconi.core.registry import ConfigError  # noqa: E402
 from marconi.integrations.vllm.emulate.tier import EmulatedTier, tier_num_chunks  # noqa: E402
-from marconi.integrations.vllm.tier_tree import parse_switch, parse_tier_rule  # noqa: E402
+from marconi.integrations.vllm.tier_tree import SWITCHES, parse_switch, parse_tier_rule  # noqa: E402
 from marconi.integrations.vllm.layout import cdiv, layout_for_spec, prefill_checkpoint_alignment_for  # noqa: E402
 from marconi.integrations.vllm.policy import ATTENTION  # noqa: E402
 from marconi.integrations.vllm.replay.run import model_dir  # noqa: E402
@@ -118,10 +118,11 @@ def rule_options(label: str) -> dict[str, Any]:
     rule, *options = label.split(":")
     out: dict[str, Any] = {"rule": rule}
     parse_tier_rule(rule, f"--rules {label!r}")
+    names = [name for name, _, _ in SWITCHES]
     for option in options:
         key, _, value = option.partition("=")
-        if key not in ("cold_insert", "second_chance"):
-            raise ConfigError(f"--rules {label!r}: options are cold_insert=0/1 and second_chance=0/1, got {option!r}")
+        if key not in names:
+            raise ConfigError(f"--rules {label!r}: options are {', '.join(n + '=0/1' for n in names)}, got {option!r}")
         out[key] = parse_switch(value, f"--rules {label!r}: {key}")
     return out
 

@@ -22,8 +22,8 @@ from vllm.v1.kv_offload.cpu.policies.base import CachePolicy
 from marconi.core.registry import ConfigError
 from marconi.integrations.vllm.policy import group_kinds
 from marconi.integrations.vllm.tier_tree import (  # noqa: F401  (re-exported: the policy's public names)
-    DEFAULT_GPU_TFLOPS, DEFAULT_HOST_GBPS, DEFAULT_RULE, ENV_COLD_INSERT, ENV_GROUP_KINDS, ENV_SECOND_CHANCE, ENV_MODEL, ENV_RULE, REASONS,
-    ChunkTreePolicy, TierSettings, TreeJudgement, check_group_kinds)
+    DEFAULT_GPU_TFLOPS, DEFAULT_HOST_GBPS, DEFAULT_RULE, ENV_COLD_INSERT, ENV_GROUP_KINDS, ENV_MODEL, ENV_RULE,
+    ENV_SECOND_CHANCE, REASONS, SWITCHES, ChunkTreePolicy, TierSettings, TreeJudgement, check_group_kinds)
 from marconi.integrations.vllm.tier_chooser import AdaptiveTierPolicy
 
 __all__ = ["MarconiCachePolicy", "TierSettings", "DEFAULT_RULE", "DEFAULT_HOST_GBPS", "DEFAULT_GPU_TFLOPS",
@@ -89,7 +89,7 @@ def _discover_settings() -> TierSettings:
         extra["marconi_group_kinds"] = os.environ[ENV_GROUP_KINDS]     # a spec built without a connector
     if "marconi_rule" not in extra and os.environ.get(ENV_RULE):
         extra["marconi_rule"] = os.environ[ENV_RULE]                   # experiments without a config change
-    for var, key in ((ENV_COLD_INSERT, "marconi_cold_insert"), (ENV_SECOND_CHANCE, "marconi_second_chance")):
+    for _, key, var in SWITCHES:
         if key not in extra and os.environ.get(var):
             extra[key] = os.environ[var]                                # likewise (refused by the key's name)
     if vllm_config is None and "marconi_model" not in extra and os.environ.get(ENV_MODEL):

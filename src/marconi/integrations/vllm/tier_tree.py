@@ -29,7 +29,7 @@ __all__ = ["ChunkTreePolicy", "TreeJudgement", "reference_victims", "TierSetting
            "ARC_TREE", "ArcTreeOrder",
            "DEFAULT_FAMILY", "DEFAULT_RULE", "DEFAULT_HOST_GBPS",
            "DEFAULT_GPU_TFLOPS", "REASONS", "ENV_COLD_INSERT", "ENV_SECOND_CHANCE", "ENV_GROUP_KINDS", "ENV_MODEL", "ENV_RULE",
-           "COLD_START", "COLD_CAP", "parse_switch", "make_offload_key",
+           "COLD_START", "COLD_CAP", "SWITCHES", "parse_switch", "switches_from_env", "make_offload_key",
            "get_offload_block_hash", "get_offload_group_idx"]
 
 #: ``marconi_rule`` naming the online choice over :data:`DEFAULT_FAMILY` (``tier_chooser``)
@@ -48,6 +48,10 @@ ENV_MODEL = "MARCONI_TIER_MODEL"
 ENV_RULE = "MARCONI_TIER_RULE"
 ENV_COLD_INSERT = "MARCONI_TIER_COLD_INSERT"
 ENV_SECOND_CHANCE = "MARCONI_TIER_SECOND_CHANCE"
+#: the policy's on/off parts, each as (``TierSettings`` field, ``kv_connector_extra_config`` key,
+#: environment variable); all on by default
+SWITCHES = (("cold_insert", "marconi_cold_insert", ENV_COLD_INSERT),
+            ("second_chance", "marconi_second_chance", ENV_SECOND_CHANCE))
 #: cold insertion's count per branch point (:attr:`TierSettings.cold_insert`): where an unseen
 #: branch point starts (warm), and its cap (a few unused branches in a row cool a point that
 #: served many)
@@ -55,7 +59,7 @@ COLD_START, COLD_CAP = 1, 3
 #: Why a chunk was evicted (the keys of :attr:`ChunkTreePolicy.eviction_counts`).
 REASONS = ("dead-kv", "dead-state", "kv", "state")
 _KEYS = ("marconi_rule", "marconi_model", "marconi_group_kinds", "marconi_host_gbps", "marconi_gpu_tflops",
-         "marconi_cold_insert", "marconi_second_chance")
+         *(key for _, key, _ in SWITCHES))
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 _DEAD, _CAND, _OTHER = 0, 1, 2
 
@@ -188,11 +192,9 @@ class TierSettings:
             except (TypeError, ValueError):
                 raise ConfigError(f"kv_connector_extra_config 'marconi_{name}': a number, got {raw!r}") from None
         try:
-            return cls(tuple(kinds), spec, tokens_per_chunk, rule, family=family,
-                       cold_insert=parse_switch(extra.get("marconi_cold_insert", True),
-                                                "kv_connector_extra_config 'marconi_cold_insert'"),
-                       second_chance=parse_switch(extra.get("marconi_second_chance", True),
-                                                  "kv_connector_extra_config 'marconi_second_chance'"), **numbers)
+            switches = {name: parse_switch(extra.get(key, True), f"kv_connector_extra_config '{key}'")
+                        for name, key, _ in SWITCHES}
+            return cls(tuple(kinds), spec, tokens_per_chunk, rule, family=family, **switches, **numbers)
         except ConfigError as exc:
             if "marconi_rule" not in str(exc) and "adaptive rule" in str(exc):
                 raise ConfigError(f"kv_connector_extra_config 'marconi_rule': {exc}") from None
@@ -209,9 +211,8 @@ class TierSettings:
                                  "marconi_model": env.get(ENV_MODEL) or None}
         if env.get(ENV_RULE):
             extra["marconi_rule"] = env[ENV_RULE]
-        for var, key in ((ENV_COLD_INSERT, "marconi_cold_insert"), (ENV_SECOND_CHANCE, "marconi_second_chance")):
-            if env.get(var):
-                extra[key] = parse_switch(env[var], var)
+        keys = {name: key for name, key, _ in SWITCHES}
+        extra.update((keys[name], on) for name, on in switches_from_env(env).items())
         if extra["marconi_model"] is None:
             raise ConfigError(f"MarconiCachePolicy: set {ENV_MODEL} (a preset such as nemotron-h-8b)")
         if "marconi_rule" in extra:
@@ -229,6 +230,12 @@ def parse_switch(value: Any, key: str) -> bool:
     if text in _FALSE:
         return False
     raise ConfigError(f"{key}: true or false, got {value!r}")
+
+
+def switches_from_env(env: Mapping[str, str] = os.environ) -> dict[str, bool]:
+    """The :data:`SWITCHES` the environment sets (``MARCONI_TIER_COLD_INSERT``, …), by
+    ``TierSettings`` field; ConfigError naming the variable for a value that is not a switch."""
+    return {name: parse_switch(env[var], var) for name, _, var in SWITCHES if env.get(var)}
 
 
 def parse_tier_rule(label: str, key: str = "marconi_rule") -> tuple[Rule, tuple[Rule, ...]]:

@@ -323,8 +323,7 @@ def _emulated_tier(spec: ModelSpec, requests: Sequence[Any], result: dict[str, A
     worker's open-loop arrivals on the same virtual clock): its token, GPU and tier hit rates,
     per-request hit tokens by tier, and the tier's counters."""
     from marconi.integrations.vllm.emulate.tier import EmulatedTier
-    from marconi.integrations.vllm.tier_tree import (DEFAULT_RULE, ENV_COLD_INSERT, ENV_RULE, ENV_SECOND_CHANCE,
-                                                     parse_switch)
+    from marconi.integrations.vllm.tier_tree import DEFAULT_RULE, ENV_RULE, switches_from_env
 
     engine = emulation_engine(spec, result, label, config)
     # the replay's clock: its step-time model and host link, so loads span the steps they span there
@@ -332,8 +331,7 @@ def _emulated_tier(spec: ModelSpec, requests: Sequence[Any], result: dict[str, A
     # the rule vLLM's tier policy runs: MARCONI_TIER_RULE reaches it through the replay's environment
     # (and MARCONI_TIER_COLD_INSERT and MARCONI_TIER_SECOND_CHANCE, read as the policy reads them)
     rule = os.environ.get(ENV_RULE) or DEFAULT_RULE
-    switches = {name: parse_switch(os.environ[var], var) if os.environ.get(var) else True
-                for name, var in (("cold_insert", ENV_COLD_INSERT), ("second_chance", ENV_SECOND_CHANCE))}
+    switches = switches_from_env()
     tier = EmulatedTier(engine.layout, int(result["tier"]["tier_num_chunks"]), tier_policy, spec, rule=rule,
                         **switches,
                         host_gbps=host_bandwidth / 1e9, step_time=timing.step_s,
