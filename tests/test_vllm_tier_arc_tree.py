@@ -85,11 +85,12 @@ def test_arc_tree_takes_dead_chunks_then_arcs_victims(monkeypatch: pytest.Monkey
 
 def test_arc_tree_keeps_what_arc_keeps_and_differs_from_the_tree() -> None:
     """On the frequency sequence (hot documents between scans; no chunk is dead there) ``arc-tree``
-    keeps the hot documents as ARC does, where the tree under ``lru`` loses them."""
+    keeps the hot documents as ARC does, where the tree under ``lru`` loses them (both without
+    second chance, which gives the tree a frequency signal of its own: tests/test_vllm_tier_chooser.py)."""
     fixed = {}
     for label in (ARC_TREE, "lru"):
-        settings = TierSettings.from_extra_config({"marconi_rule": label}, group_kinds=KINDS, spec=SPEC,
-                                                  tokens_per_chunk=TPC)
+        settings = TierSettings.from_extra_config({"marconi_rule": label, "marconi_second_chance": False},
+                                                  group_kinds=KINDS, spec=SPEC, tokens_per_chunk=TPC)
         policy = AdaptiveTierPolicy(12, settings)
         mgr = TierManager(12, policy)
         _frequency_rounds(mgr, 8)

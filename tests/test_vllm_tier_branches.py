@@ -4,8 +4,9 @@
 from a branch point; heads that later requests reuse warm the branch point, heads forgotten unreused
 cool it. Under a branch point gone cold, a request's own tail (its deepest node's chunks) enters
 below every other chunk's recency, so it goes first among candidates; a reuse warms the point again.
-**Second chance** (``marconi_second_chance``): a node that got a second distinct child, when picked
-as victim, is refreshed once instead. Both switches reach the policy from vLLM's config, the
+**Second chance** (``marconi_second_chance``): a node with evidence of reuse (a second distinct way
+through it, or a tier hit that ended at its state), when picked as victim, is refreshed once
+instead; a hit's chance is withdrawn by a deeper hit on the same path unless the node branched. Both switches reach the policy from vLLM's config, the
 environment and the emulation's system name, and bad values are refused by name.
 """
 
@@ -25,21 +26,23 @@ KINDS = (MAMBA, ATTENTION)
 TPC = 1152
 
 
-def _request(mgr: TierManager, rid: int, chain: list[str]) -> tuple[bytes, bytes]:
+def _request(mgr: TierManager, rid: int, chain: list[str], states: bool = False) -> tuple[bytes, bytes]:
     """One request over the nodes ``chain`` (shared names share chunks): the attention chunk of every
-    node and the state at the last, offered and stored, then the request's end. Returns the last
-    node's (KV, state) keys."""
+    node and the state at the last (at every node with ``states``), offered and stored (what is
+    held and offered again is the request's reuse: a state reused is a tier hit ending there), then
+    the request's end. Returns the last node's (KV, state) keys."""
     ctx = ReqContext(rid)
-    attn = [make_offload_key(name.encode(), 1) for name in chain]
-    state = make_offload_key(chain[-1].encode(), 0)
-    for i, key in enumerate(attn, start=1):
-        ctx.set_offload_key_position(key, i * TPC)
-    ctx.set_offload_key_position(state, len(chain) * TPC)
-    stored = mgr.prepare_store(attn + [state], ctx)
+    keys = []
+    for i, name in enumerate(chain, start=1):
+        for group in ((1, 0) if states or i == len(chain) else (1,)):
+            key = make_offload_key(name.encode(), group)
+            ctx.set_offload_key_position(key, i * TPC)
+            keys.append(key)
+    stored = mgr.prepare_store(keys, ctx)
     assert stored is not None
     mgr.complete_store(stored)
     mgr.on_request_finished(ctx)
-    return attn[-1], state
+    return keys[-2], keys[-1]
 
 
 def _tier(capacity: int, cold_insert: bool, second_chance: bool = False) -> tuple[ChunkTreePolicy, TierManager]:
@@ -131,10 +134,51 @@ def test_a_branch_point_outlives_one_round_of_younger_leaves(second_chance: bool
     policy.check_invariants()
 
 
+def _victims(chains: list[list[str]], n: int, second_chance: bool = True) -> list[str]:
+    """The first ``n`` victims (``"node/kv"``, ``"node/state"``) after requests over ``chains``, each
+    with a state at every node, then two one-off requests (x, y), the newest."""
+    policy, mgr = _tier(16, cold_insert=False, second_chance=second_chance)
+    for rid, chain in enumerate(chains + [["x"], ["y"]]):
+        _request(mgr, rid, chain, states=True)
+    victims = policy.evict(n, set())
+    policy.check_invariants()
+    return [key[:-4].decode() + ("/kv" if key[-1] == 1 else "/state") for key, _ in victims]
+
+
+@pytest.mark.parametrize("second_chance", [True, False])
+def test_a_state_a_hit_ended_at_outlives_one_round_of_younger_leaves(second_chance: bool) -> None:
+    """s1 then s1, s2: the second request's hit ends at s1's state (ARC's "seen twice"). With a second
+    chance the pick of s1's state refreshes the node: the leaves s2, x and y go first; by recency
+    alone s1 goes right after s2."""
+    victims = _victims([["s1"], ["s1", "s2"]], 6, second_chance)
+    if second_chance:
+        assert victims == ["s2/kv", "s2/state", "x/kv", "x/state", "y/kv", "y/state"]
+    else:
+        assert victims == ["s2/kv", "s2/state", "s1/kv", "s1/state", "x/kv", "x/state"]
+
+
+def test_a_deeper_hit_on_the_path_withdraws_the_chance_a_hit_gave() -> None:
+    """The chain grows (s1; s1, s2; s1, s2, s3, as a session's turns): the third request's hit ends at
+    s2, which takes a chance, and s1's chance from the second hit is withdrawn, so s1's state goes
+    before the one-offs while s2 outlives them."""
+    victims = _victims([["s1"], ["s1", "s2"], ["s1", "s2", "s3"]], 6)
+    assert victims == ["s3/kv", "s3/state", "s1/state", "x/kv", "x/state", "y/kv"]
+
+
+def test_a_node_that_branched_keeps_its_chance_past_a_deeper_hit() -> None:
+    """p's state served a hit that stopped there (p, p), then one that went on to a (p, a): two ways
+    through p, so p branched, and the deeper hit at a (p, a, a2) leaves p's chance. Without the
+    first way (no p, p) the chance was a hit's alone, and the deeper hit withdraws it."""
+    assert _victims([["p"], ["p"], ["p", "a"], ["p", "a", "a2"]], 6) == [
+        "a2/kv", "a2/state", "x/kv", "x/state", "y/kv", "y/state"]
+    assert _victims([["p"], ["p", "a"], ["p", "a", "a2"]], 6) == [
+        "a2/kv", "a2/state", "p/state", "x/kv", "x/state", "y/kv"]
+
+
 def test_what_the_branches_leave_behind_is_bounded() -> None:
     """1,100 prefixes, each reused by a user (whose head is then evicted unreused: its branch point
-    cools) and by a second user (the prefix branches): both tables stop at 4 × capacity + 1,024
-    entries, forgetting the oldest, while the policy keeps serving."""
+    cools) and by a second user (the prefix branches: a chance, granted as a hit's is): the three
+    tables stop at 4 × capacity + 1,024 entries, forgetting the oldest, while the policy keeps serving."""
     capacity = 4
     policy, mgr = _tier(capacity, cold_insert=True, second_chance=True)
     rid = 0
@@ -143,7 +187,7 @@ def test_what_the_branches_leave_behind_is_bounded() -> None:
             _request(mgr, rid, chain)
             rid += 1
     bound = 4 * capacity + 1024
-    assert policy.branch_memory() == (bound, bound)
+    assert policy.branch_memory() == (bound, bound, bound)
     policy.check_invariants()
     mgr.check_invariants()
 

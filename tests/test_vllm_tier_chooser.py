@@ -52,9 +52,9 @@ def _request(mgr: TierManager, rid: int, name: str, depth: int) -> None:
     mgr.on_request_finished(ctx)
 
 
-def _adaptive(capacity: int, rules: str = "lru/a2", **chooser) -> AdaptiveTierPolicy:
+def _adaptive(capacity: int, rules: str = "lru/a2", *, second_chance: bool = True, **chooser) -> AdaptiveTierPolicy:
     family = tuple(rule_from_label(r) for r in rules.split("/"))
-    settings = TierSettings(KINDS, SPEC, TPC, family[0], family=family)
+    settings = TierSettings(KINDS, SPEC, TPC, family[0], family=family, second_chance=second_chance)
     policy = AdaptiveTierPolicy(capacity, settings)
     if chooser:
         policy.chooser = TierRuleChooser(capacity, settings, **chooser)
@@ -64,8 +64,9 @@ def _adaptive(capacity: int, rules: str = "lru/a2", **chooser) -> AdaptiveTierPo
 def test_the_chooser_moves_to_the_world_that_serves_more_hits() -> None:
     """A deep document reused between bursts of one-chunk requests: by recency the bursts break it
     (its deepest KV chunk goes: lru's world serves nothing), by FLOPs per byte (a2) it stays; the
-    live tier, started on lru, switches to a2 and then holds the whole document."""
-    policy = _adaptive(12)
+    live tier, started on lru, switches to a2 and then holds the whole document. (Without second
+    chance: with it the document's state, a hit's end each round, outlives a burst by recency too.)"""
+    policy = _adaptive(12, second_chance=False)
     mgr = TierManager(12, policy)
     assert policy.settings.rule.label() == "lru"
     rid = 0
@@ -180,8 +181,10 @@ def test_the_arc_world_leads_on_frequency_and_the_live_tier_then_evicts_as_arc()
     """Hot documents between scans (frequency wins): no tree rule of the default family keeps them,
     the ARC world does; the adaptive tier switches to ARC, and from then on every eviction is the
     one vLLM's ARC would make from the live tier's ARC lists (a copy taken just before the call),
-    and the hot documents stay held."""
-    settings = TierSettings.from_extra_config({}, group_kinds=KINDS, spec=SPEC, tokens_per_chunk=TPC)
+    and the hot documents stay held. (Without second chance, which gives the tree a frequency
+    signal of its own: each hot document's state, a hit's end, outlives one scan.)"""
+    settings = TierSettings.from_extra_config({"marconi_second_chance": False}, group_kinds=KINDS, spec=SPEC,
+                                              tokens_per_chunk=TPC)
     policy = AdaptiveTierPolicy(12, settings)
     mgr = TierManager(12, policy)
     calls = []
@@ -215,8 +218,10 @@ def test_the_arc_world_leads_on_frequency_and_the_live_tier_then_evicts_as_arc()
 
 def test_a_fixed_rule_evicts_as_the_tree_and_keeps_no_arc_lists() -> None:
     """A fixed rule builds neither worlds nor ARC lists: on the frequency sequence the policy
-    evicts exactly as a bare ChunkTreePolicy under that rule."""
-    fixed = TierSettings.from_extra_config({"marconi_rule": "lru"}, group_kinds=KINDS, spec=SPEC, tokens_per_chunk=TPC)
+    evicts exactly as a bare ChunkTreePolicy under that rule (second chance off: the sequence is
+    one where the tree by recency alone loses the hot documents)."""
+    fixed = TierSettings.from_extra_config({"marconi_rule": "lru", "marconi_second_chance": False}, group_kinds=KINDS,
+                                           spec=SPEC, tokens_per_chunk=TPC)
     policy = AdaptiveTierPolicy(12, fixed)
     assert policy.chooser is None and policy.arc is None and not policy.follows_arc
     bare = ChunkTreePolicy(12, fixed)
@@ -225,6 +230,22 @@ def test_a_fixed_rule_evicts_as_the_tree_and_keeps_no_arc_lists() -> None:
         _frequency_rounds(mgr, 6)
     assert managers[0].evicted == managers[1].evicted and managers[0].evicted
     assert not _hot_held(policy)
+
+
+def test_second_chance_gives_the_tree_the_frequency_the_scans_need() -> None:
+    """The same frequency sequence under the tree alone (fixed rule ``lru``): with second chance each
+    hot document's state, where its second ask's hit ends, outlives the scan, so the documents stay
+    held and the tier evicts less; without it recency flushes them every round."""
+    held, evicted = [], []
+    for second_chance in (True, False):
+        settings = TierSettings.from_extra_config({"marconi_rule": "lru", "marconi_second_chance": second_chance},
+                                                  group_kinds=KINDS, spec=SPEC, tokens_per_chunk=TPC)
+        policy = ChunkTreePolicy(12, settings)
+        mgr = TierManager(12, policy)
+        _frequency_rounds(mgr, 6)
+        held.append(_hot_held(policy))
+        evicted.append(len(mgr.evicted))
+    assert held == [True, False] and evicted[0] < evicted[1]
 
 
 def test_arc_lists_ghost_what_the_tree_evicts() -> None:
@@ -380,12 +401,12 @@ def test_batched_scores_equal_the_reference_per_world(rules: str, capacity: int,
     mgr = TierManager(capacity, policy)
     rng = random.Random(seed)
     sessions: dict[str, int] = {}
-    for rid in range(400):
+    for rid in range(500):
         _random_request(mgr, rng, rid, sessions)
         if rid % 50 == 0:
             mgr.check_invariants()
             policy.check_invariants()
-    assert len(seen) == 400
+    assert len(seen) == 500
     assert sum(any(v) for v in seen) > 50                    # the worlds served hits ...
     assert sum(len(set(v)) > 1 for v in seen) > 5            # ... and not always the same
     assert mgr.evicted and all(w.died for w in chooser.worlds)

@@ -114,8 +114,9 @@ class TierSettings:
     ``cold_insert`` (``marconi_cold_insert``): whether a request's own tail enters at the old end of
     the recency order when the branch point it hangs from has lately had its branches go unused
     (:class:`ChunkTreePolicy`, "Cold insertion"), and ``second_chance``
-    (``marconi_second_chance``): whether a branch point chosen as victim is refreshed once instead
-    (:class:`ChunkTreePolicy`, "Second chance")."""
+    (``marconi_second_chance``): whether a node with evidence of reuse (a branch point, or the
+    state a tier hit ended at) chosen as victim is refreshed once instead (:class:`ChunkTreePolicy`,
+    "Second chance")."""
 
     group_kinds: tuple[str, ...]
     spec: ModelSpec
@@ -321,15 +322,21 @@ class ChunkTreePolicy:
     predicts nothing. Where it helps (branches that go unused, as one-off questions under a shared
     prompt) and what it measured: ``docs/vllm-tiers.md``, "Cold insertion".
 
-    **Second chance** (``settings.second_chance``; CLOCK's second chance, given to branch points). A
-    node gets a chance when a child other than the first it ever had is placed under it (it has
-    branched: two requests shared it and went different ways), and again at each later new
-    placement after the chance is spent. When the rule picks a chunk of a node holding a chance,
-    the chance is spent instead: every chunk of the node is refreshed (as a request's end would,
-    in the node's key order) and the pick is made again. A shared prefix whose branches were
-    evicted thus outlives one round of one-off tails, where recency alone would take it first,
-    and a stale one goes on the next round (no protection piles up). Dead chunks get none. What
-    it measured: ``docs/vllm-tiers.md``, "Second chance".
+    **Second chance** (``settings.second_chance``; CLOCK's second chance, given to nodes with evidence
+    of reuse). A node gets a chance
+    - when it *branches*: a way through it other than its first is seen. A way is a child placed
+      under it, or a request whose tier hit ended at its state: the way that request went on (its
+      next node), or the node itself where the request stopped there;
+    - when a request's tier hit ends at it (the deepest node whose state the request reused: ARC's
+      "seen twice", at the node a hit can use). Such a chance, while the node has not branched, is
+      withdrawn when a later hit ends deeper on the same path: a chain that grows (a session's
+      turns) is served from its newest state, so the states it passed are no longer evidence.
+    When the rule picks a chunk of a node holding a chance, the chance is spent instead: every
+    chunk of the node is refreshed (as a request's end would, in the node's key order) and the pick
+    is made again. A shared prefix whose branches were evicted, or a state that served a hit, thus
+    outlives one round of one-off tails, where recency alone would take it first, and a stale one
+    goes on the next round (one chance at a time: no protection piles up). Dead chunks get none.
+    What it measured: ``docs/vllm-tiers.md``, "Second chance".
     """
 
     def __init__(self, cache_capacity: int, settings: TierSettings) -> None:
@@ -367,9 +374,10 @@ class ChunkTreePolicy:
         self._heads: dict[bytes, bytes] = {}
         self._cold_clock = 0
         # second chance: per parent hash its first child (oldest update first, bounded), and the
-        # nodes holding a chance
+        # nodes holding a chance (oldest grant first, bounded), each True if it branched, False if
+        # only a hit earned it (a deeper hit withdraws those)
         self._first_kid: OrderedDict[bytes, bytes] = OrderedDict()
-        self._chance: set[bytes] = set()
+        self._chance: OrderedDict[bytes, bool] = OrderedDict()
         self._rebuild()
 
     # ------------------------------------------------------------------ vLLM's interface
@@ -433,6 +441,8 @@ class ChunkTreePolicy:
             keys.sort(key=positions.__getitem__)
         cold = (self._cold_keys(keys, positions, insertion_only_keys, reused_keys, state)
                 if self.settings.cold_insert else ())
+        if self.settings.second_chance and reused_keys:
+            self._saw_hit(keys, positions, reused_keys)
         for key in reversed(keys):          # LRU's order: the head ends most recent
             if key in self._chunks:
                 if key in cold:
@@ -585,11 +595,11 @@ class ChunkTreePolicy:
         return (sum(map(len, self._mins.values())) + sum(map(len, self._maxs.values()))
                 + sum(len(h) for levels in self._levels.values() for h in levels.values()))
 
-    def branch_memory(self) -> tuple[int, int]:
+    def branch_memory(self) -> tuple[int, int, int]:
         """Entries kept for reading the branches: branch points whose cold-insertion count is not
-        the start's, and parents whose first child second chance remembers; each bounded by
-        4 × capacity + 1,024 (for tests and reports)."""
-        return len(self._warmth), len(self._first_kid)
+        the start's, parents whose first child second chance remembers, and nodes holding a second
+        chance; each bounded by 4 × capacity + 1,024 (for tests and reports)."""
+        return len(self._warmth), len(self._first_kid), len(self._chance)
 
     def _eff(self, depth: int | None, variant: str | None = None) -> float:
         """FLOPs saved per byte held by a hit at ``depth``, less what the load costs (>= 0); in the
@@ -734,8 +744,7 @@ class ChunkTreePolicy:
                         key = self._pick(_OTHER, protected, aside)
                     assert key is not None, "the victim index lost an evictable chunk"
                     h = get_offload_block_hash(key)
-                    if h in self._chance:       # a branch point's second chance: refreshed, pick again
-                        self._chance.discard(h)
+                    if self._chance.pop(h, None) is not None:   # a second chance: refreshed, pick again
                         for k in self._nodes[h].keys.values():
                             self._tick(k)
                         continue
@@ -971,10 +980,50 @@ class ChunkTreePolicy:
         first = kids.pop(parent, child)
         kids[parent] = first
         if first != child:
-            self._chance.add(parent)
+            self._grant(parent, True)
         if len(kids) > 4 * self.cache_capacity + 1024:
-            old, _ = kids.popitem(last=False)
-            self._chance.discard(old)
+            kids.popitem(last=False)
+
+    def _grant(self, h: bytes, branched: bool) -> None:
+        """Second chance: give node ``h`` a chance (``branched``: for a new branch, which no hit
+        withdraws). The table forgets its oldest grant beyond 4 × capacity + 1,024 nodes."""
+        chance = self._chance
+        chance[h] = chance.pop(h, False) or branched
+        if len(chance) > 4 * self.cache_capacity + 1024:
+            chance.popitem(last=False)
+
+    def _saw_hit(self, keys: Sequence[OffloadKey], positions: Mapping[OffloadKey, int],
+                 reused: set[OffloadKey]) -> None:
+        """Second chance at a request's end (``reused``: the keys it reused from the tier): the
+        deepest node whose state it reused, where its hit ended, gets a chance, and the way the
+        request went through it (its next node, or the node itself) counts as one of the node's ways;
+        the chances that hits alone gave the nodes above it on its path are withdrawn (a node that
+        branched keeps its own)."""
+        mamba = self._mamba_set
+        deepest = None
+        for k in keys:
+            if k in reused and get_offload_group_idx(k) in mamba and k in positions:
+                if deepest is None or positions[k] > positions[deepest]:
+                    deepest = k
+        if deepest is None:
+            return
+        h = get_offload_block_hash(deepest)
+        node = self._nodes.get(h)
+        if node is None:
+            return
+        chance, nodes = self._chance, self._nodes
+        up, steps = node.parent, 0
+        while up is not None and steps < len(nodes):
+            if chance.get(up) is False:
+                del chance[up]
+            above = nodes.get(up)
+            up = above.parent if above is not None else None
+            steps += 1
+        self._grant(h, False)
+        # the hit's way through h: the request's next node past it, or h itself where it stopped there
+        at = positions[deepest]
+        beyond = [(p, k) for k, p in positions.items() if p > at]
+        self._saw_child(h, get_offload_block_hash(min(beyond)[1]) if beyond else h)
 
     def _parent_position(self, position: int, state: _TierRequest) -> int:
         tpc = self.settings.tokens_per_chunk
@@ -997,7 +1046,7 @@ class ChunkTreePolicy:
             assert node is not None and node.keys.get(get_offload_group_idx(key)) == key, "chunk missing from its node"
         assert self._seq.keys() == self._chunks.keys(), "recency rows drifted"
         assert self._heads.keys() <= self._nodes.keys(), "cold insertion follows a head not held"
-        assert self._chance <= self._first_kid.keys(), "a second chance without its parent's record"
+        assert len(self._chance) <= 4 * self.cache_capacity + 1024, "second chances past their bound"
         for h, node in self._nodes.items():
             assert node.keys, "empty node kept"
             assert all(k in self._chunks for k in node.keys.values()), "node names a chunk not held"
