@@ -973,9 +973,10 @@ class ChunkTreePolicy:
                     self._realive(parent, up)
 
     def _saw_child(self, parent: bytes, child: bytes) -> None:
-        """Second chance: ``child`` placed under ``parent``; a child other than its first gives
-        ``parent`` a chance. The table forgets its oldest update beyond 4 × capacity + 1,024
-        parents (and their chances)."""
+        """Second chance: ``child`` is a way through ``parent`` (a child placed under it, or from a
+        hit that ended at it the request's next node, or ``parent`` itself where the request stopped
+        there); a way other than its first makes ``parent`` a branch point, with a chance no hit
+        withdraws. The table forgets its oldest update beyond 4 × capacity + 1,024 parents."""
         kids = self._first_kid
         first = kids.pop(parent, child)
         kids[parent] = first
