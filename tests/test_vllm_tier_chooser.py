@@ -52,12 +52,13 @@ def _request(mgr: TierManager, rid: int, name: str, depth: int) -> None:
     mgr.on_request_finished(ctx)
 
 
-def _adaptive(capacity: int, rules: str = "lru/a2", *, second_chance: bool = True, **chooser) -> AdaptiveTierPolicy:
+def _adaptive(capacity: int, rules: str = "lru/a2", *, second_chance: bool = True, arc_world: bool = False,
+              **chooser) -> AdaptiveTierPolicy:
     family = tuple(rule_from_label(r) for r in rules.split("/"))
     settings = TierSettings(KINDS, SPEC, TPC, family[0], family=family, second_chance=second_chance)
-    policy = AdaptiveTierPolicy(capacity, settings)
+    policy = AdaptiveTierPolicy(capacity, settings, arc_world=arc_world)
     if chooser:
-        policy.chooser = TierRuleChooser(capacity, settings, **chooser)
+        policy.chooser = TierRuleChooser(capacity, settings, arc_world=arc_world, **chooser)
     return policy
 
 
@@ -79,9 +80,9 @@ def test_the_chooser_moves_to_the_world_that_serves_more_hits() -> None:
         mgr.check_invariants()
     chooser = policy.chooser
     assert chooser is not None
-    lru, a2, arc = chooser.score
-    assert chooser.labels == ("lru", "a2", "arc")
-    assert a2 > 2 * lru and a2 > arc             # clearly more hits in a2's world
+    lru, a2 = chooser.score
+    assert chooser.labels == ("lru", "a2")        # no ARC world by default
+    assert a2 > 2 * lru                           # clearly more hits in a2's world
     assert policy.settings.rule.label() == "a2" and chooser.rule.label() == "a2"
     assert chooser.switches and chooser.switches[0][1] == "a2"
     assert chooser.tuning_record()["tier_rule"] == "a2"
@@ -136,6 +137,8 @@ def test_the_default_is_adaptive_and_bad_rules_are_refused_by_name() -> None:
     assert DEFAULT_RULE == ADAPTIVE
     assert [r.label() for r in default.family] == list(DEFAULT_FAMILY) and default.rule == default.family[0]
     assert type(AdaptiveTierPolicy(8, default).chooser) is TierRuleChooser
+    assert ARC_WORLD not in AdaptiveTierPolicy(8, default).chooser.labels and AdaptiveTierPolicy(8, default).arc is None
+    assert AdaptiveTierPolicy(8, default, arc_world=True).chooser.labels[-1] == ARC_WORLD
     fixed = TierSettings.from_extra_config({"marconi_rule": "a2m"}, group_kinds=KINDS, spec=SPEC)
     assert fixed.family == () and fixed.rule.label() == "a2m"
     assert AdaptiveTierPolicy(8, fixed).chooser is None
@@ -185,7 +188,7 @@ def test_the_arc_world_leads_on_frequency_and_the_live_tier_then_evicts_as_arc()
     signal of its own: each hot document's state, a hit's end, outlives one scan.)"""
     settings = TierSettings.from_extra_config({"marconi_second_chance": False}, group_kinds=KINDS, spec=SPEC,
                                               tokens_per_chunk=TPC)
-    policy = AdaptiveTierPolicy(12, settings)
+    policy = AdaptiveTierPolicy(12, settings, arc_world=True)
     mgr = TierManager(12, policy)
     calls = []
     live_evict = policy.evict
@@ -251,7 +254,7 @@ def test_second_chance_gives_the_tree_the_frequency_the_scans_need() -> None:
 def test_arc_lists_ghost_what_the_tree_evicts() -> None:
     """Under a tree rule the live ARC lists follow the tier: a chunk the tree evicts leaves T1/T2
     for the matching ghost list (as ARC's own eviction would put it)."""
-    policy = _adaptive(12, "lru/a2", hysteresis=math.inf)
+    policy = _adaptive(12, "lru/a2", arc_world=True, hysteresis=math.inf)
     mgr = TierManager(12, policy)
     _frequency_rounds(mgr, 3)
     assert not policy.follows_arc and mgr.evicted
@@ -273,7 +276,8 @@ def test_the_live_arc_order_is_arc_tree_in_the_closed_loop() -> None:
         engine = VllmAlignEngine(layout, QWEN_TINY, eviction="lru", alpha=0.5)
         tier = EmulatedTier(layout, 40, name, QWEN_TINY, host_gbps=55, rule=rule)
         policy = tier.manager.policy
-        if rule == "adaptive":
+        if rule == "adaptive":                          # with its ARC world (off by default), from the first call
+            policy = tier.manager.policy = AdaptiveTierPolicy(40, policy.settings, arc_world=True)
             policy.chooser.hysteresis = math.inf
             policy.follows_arc = True
         engine.attach_tier(tier)
@@ -291,7 +295,7 @@ def test_arc_must_lead_every_tree_world() -> None:
     ahead of the live lru world but within the margin of a0.5m's stays on lru; far ahead of all, it
     switches."""
     settings = TierSettings.from_extra_config({}, group_kinds=KINDS, spec=SPEC, tokens_per_chunk=TPC)
-    chooser = TierRuleChooser(12, settings)
+    chooser = TierRuleChooser(12, settings, arc_world=True)
     lead = 10 * chooser.min_lead
     end = TierEvent("on_request_finished", (), ReqContext(0))
     chooser.score = [0.0, lead, 0.0, lead * 1.01]            # lru, a0.5m, a2m, arc

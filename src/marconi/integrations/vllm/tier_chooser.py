@@ -206,14 +206,18 @@ class TierRuleChooser:
 
     Args:
         capacity: the live tier's chunks (each world holds as many).
-        settings: the live tier's settings; ``settings.family`` the rules (a world each, then one
-            world under ARC, :data:`ARC_WORLD`), and ``settings.rule`` the one in force first.
+        settings: the live tier's settings; ``settings.family`` the rules (a world each), and
+            ``settings.rule`` the one in force first.
         decay: weight the scores keep per request end, in (0, 1].
         hysteresis: the relative lead (>= 0) the best world needs over the live rule's world; and
             at least :attr:`min_lead` tokens (one full tier's worth, so a lucky difference in what
             the worlds held once cannot switch the rule). The ARC world needs that lead over every
             tree world too, since it replaces the tree's order (dead chunks first, states by node)
             altogether (what an early lead over the live world alone cost: ``docs/vllm-tiers.md``).
+        arc_world: also run a world under vLLM's ARC (:data:`ARC_WORLD`), which the live tier can
+            follow. Off by default: since the tree keeps what hits used (second chance), its switches
+            to ARC cost more than they gained on every grid measured (``docs/vllm-tiers.md``, "The
+            ARC world, off by default").
 
     ``observe`` returns the label of the new live world on a switch (a rule's label, or
     :data:`ARC_WORLD`), else None; it never touches the live policy's chunks or request scratch.
@@ -222,7 +226,7 @@ class TierRuleChooser:
     """
 
     def __init__(self, capacity: int, settings: TierSettings, *, decay: float = DEFAULT_DECAY,
-                 hysteresis: float = DEFAULT_HYSTERESIS) -> None:
+                 hysteresis: float = DEFAULT_HYSTERESIS, arc_world: bool = False) -> None:
         if not settings.family:
             raise ConfigError("marconi_rule: an adaptive tier needs a family of rules")
         if not 0 < decay <= 1:
@@ -234,7 +238,8 @@ class TierRuleChooser:
         self.decay, self.hysteresis = decay, hysteresis
         self.worlds = [_World(capacity, ChunkTreePolicy(capacity, replace(settings, rule=r, family=())), r)
                        for r in self.rules]
-        self.worlds.append(_World(capacity, ARCPolicy(capacity), None))
+        if arc_world:
+            self.worlds.append(_World(capacity, ARCPolicy(capacity), None))
         self.labels: tuple[str, ...] = tuple(w.label for w in self.worlds)
         kinds = settings.group_kinds
         self.attn_groups = tuple(g for g, k in enumerate(kinds) if k == ATTENTION)
@@ -427,16 +432,19 @@ class AdaptiveTierPolicy(ChunkTreePolicy):
     a switch changes only how the next victims are ranked: by a tree rule (:meth:`set_rule`), or,
     when the ARC world leads, as ``arc-tree``: the tree's dead chunks (no hit can use them, under any
     order), then the order of :attr:`arc`, vLLM's ARC kept over the live chunks (every live call feeds
-    it; a chunk the tree evicts goes to its ghost list, :meth:`ARCPolicy.retire`)."""
+    it; a chunk the tree evicts goes to its ghost list, :meth:`ARCPolicy.retire`). ``arc_world``:
+    the chooser's ARC world (:class:`TierRuleChooser`; off by default)."""
 
-    def __init__(self, cache_capacity: int, settings: TierSettings) -> None:
+    def __init__(self, cache_capacity: int, settings: TierSettings, *, arc_world: bool = False) -> None:
         super().__init__(cache_capacity, settings)
-        self.chooser: TierRuleChooser | None = TierRuleChooser(cache_capacity, settings) if settings.family else None
+        self.chooser: TierRuleChooser | None = (TierRuleChooser(cache_capacity, settings, arc_world=arc_world)
+                                                if settings.family else None)
         #: ``arc-tree``: dead chunks first, then ARC's order (fixed; no chooser)
         self.arc_tree = isinstance(settings.rule, ArcTreeOrder) and not settings.family
-        #: ARC's lists over the live chunks (adaptive and ``arc-tree`` only); evict follows them after
-        #: the dead chunks under ``arc-tree`` and while ``follows_arc``
-        self.arc: ARCPolicy | None = ARCPolicy(cache_capacity) if settings.family or self.arc_tree else None
+        #: ARC's lists over the live chunks (an adaptive tier with its ARC world, and ``arc-tree``);
+        #: evict follows them after the dead chunks under ``arc-tree`` and while ``follows_arc``
+        self.arc: ARCPolicy | None = (ARCPolicy(cache_capacity) if (settings.family and arc_world) or self.arc_tree
+                                      else None)
         self.follows_arc = False
 
     def _observe(self, event: TierEvent) -> None:
