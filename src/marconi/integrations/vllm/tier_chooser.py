@@ -216,8 +216,8 @@ class TierRuleChooser:
             altogether (what an early lead over the live world alone cost: ``docs/vllm-tiers.md``).
         arc_world: also run a world under vLLM's ARC (:data:`ARC_WORLD`), which the live tier can
             follow. Off by default: since the tree keeps what hits used (second chance), its switches
-            to ARC cost more than they gained on every grid measured (``docs/vllm-tiers.md``, "The
-            ARC world, off by default").
+            to ARC cost more than they gained on two of the three grids measured and changed nothing
+            on the third (``docs/vllm-tiers.md``, "The ARC world, off by default").
 
     ``observe`` returns the label of the new live world on a switch (a rule's label, or
     :data:`ARC_WORLD`), else None; it never touches the live policy's chunks or request scratch.
