@@ -489,12 +489,21 @@ class ChunkTreePolicy:
     def _warm(self, branch: bytes, step: int) -> None:
         """Move ``branch``'s count by ``step`` within [0, COLD_CAP]; the table forgets its oldest
         update beyond 4 × capacity + 1,024 branch points (a forgotten one starts again warm)."""
-        table = self._warmth
-        count = min(COLD_CAP, max(0, table.pop(branch, COLD_START) + step))
+        count = min(COLD_CAP, max(0, self._warmth.pop(branch, COLD_START) + step))
         if count != COLD_START:
-            table[branch] = count
-            if len(table) > 4 * self.cache_capacity + 1024:
-                table.popitem(last=False)
+            self._remember(self._warmth, branch, count)
+
+    def _remember(self, table: OrderedDict, key: bytes, value: Any) -> None:
+        """Set ``table[key]`` as its newest entry, forgetting the oldest beyond
+        :meth:`_branch_bound` entries (the bound every branch table keeps)."""
+        table.pop(key, None)
+        table[key] = value
+        if len(table) > self._branch_bound():
+            table.popitem(last=False)
+
+    def _branch_bound(self) -> int:
+        """How many entries each table for reading the branches keeps: 4 × capacity + 1,024."""
+        return 4 * self.cache_capacity + 1024
 
     def evict(self, n: int, protected: set[OffloadKey]) -> list[tuple[OffloadKey, Any]] | None:
         if n <= 0:
@@ -977,21 +986,15 @@ class ChunkTreePolicy:
         hit that ended at it the request's next node, or ``parent`` itself where the request stopped
         there); a way other than its first makes ``parent`` a branch point, with a chance no hit
         withdraws. The table forgets its oldest update beyond 4 × capacity + 1,024 parents."""
-        kids = self._first_kid
-        first = kids.pop(parent, child)
-        kids[parent] = first
+        first = self._first_kid.get(parent, child)
+        self._remember(self._first_kid, parent, first)
         if first != child:
             self._grant(parent, True)
-        if len(kids) > 4 * self.cache_capacity + 1024:
-            kids.popitem(last=False)
 
     def _grant(self, h: bytes, branched: bool) -> None:
         """Second chance: give node ``h`` a chance (``branched``: for a new branch, which no hit
         withdraws). The table forgets its oldest grant beyond 4 × capacity + 1,024 nodes."""
-        chance = self._chance
-        chance[h] = chance.pop(h, False) or branched
-        if len(chance) > 4 * self.cache_capacity + 1024:
-            chance.popitem(last=False)
+        self._remember(self._chance, h, self._chance.get(h, False) or branched)
 
     def _saw_hit(self, keys: Sequence[OffloadKey], positions: Mapping[OffloadKey, int],
                  reused: set[OffloadKey]) -> None:
@@ -1047,7 +1050,7 @@ class ChunkTreePolicy:
             assert node is not None and node.keys.get(get_offload_group_idx(key)) == key, "chunk missing from its node"
         assert self._seq.keys() == self._chunks.keys(), "recency rows drifted"
         assert self._heads.keys() <= self._nodes.keys(), "cold insertion follows a head not held"
-        assert len(self._chance) <= 4 * self.cache_capacity + 1024, "second chances past their bound"
+        assert len(self._chance) <= self._branch_bound(), "second chances past their bound"
         for h, node in self._nodes.items():
             assert node.keys, "empty node kept"
             assert all(k in self._chunks for k in node.keys.values()), "node names a chunk not held"
