@@ -452,17 +452,21 @@ def test_a_ray_address_with_nothing_listening_fails_fast(small_trace, capsys):
 
 
 def test_an_infeasible_point_keeps_the_finished_points(tmp_path, capsys):
-    """One vllm-align point its pool cannot serve aborted the sweep and lost the points that had finished."""
+    """One vllm-align point its pool cannot serve aborted the sweep and lost the points that had finished.
+    The finished points go to r.partial.jsonl: a failed run never replaces --out (an earlier good file)."""
     out = tmp_path / "r.jsonl"
+    out.write_text("GOOD\n")
     code = main(["simulate", "--trace", "swe-sample", "--limit", "20", "--systems", "vllm-align,sglang+",
                  "--capacity", "30MB,3GB", "--out", str(out), "--quiet", "--workers", "1", "--no-per-request"])
     assert code == 2
     captured = capsys.readouterr()
-    records = [json.loads(line) for line in out.read_text().splitlines()]
+    partial = tmp_path / "r.partial.jsonl"
+    records = [json.loads(line) for line in partial.read_text().splitlines()]
     assert [(r["system"], r["capacity"]) for r in records] == [("sglang+", "30MB"), ("vllm-align", "3GB"),
                                                                ("sglang+", "3GB")]
+    assert out.read_text() == "GOOD\n"
     assert "1 of 4 points could not run: vllm-align at 30MB: vllm-align: a 2097-token request" in captured.err
-    assert "wrote 3 records" in captured.err
+    assert f"wrote 3 records to {partial}" in captured.err and f"--out {out} left unchanged" in captured.err
     assert "vllm-align" in captured.out and "sglang+" in captured.out  # the table of the finished points
 
 

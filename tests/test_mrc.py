@@ -104,5 +104,9 @@ def test_mrc_points_that_cannot_run_are_reported_in_lo_terms_and_the_curve_kept(
     err = capsys.readouterr().err
     assert "1 of 2 points could not run, at 0.01x of the working set" in err
     assert "raise --lo above 0.01" in err and "raise the capacity" not in err
-    assert [json.loads(line)["fraction"] for line in out.read_text().splitlines()] == [1.0]
-    assert (tmp_path / "m.png").exists()
+    # the curve of the points that ran goes beside --out and --plot, never over them
+    partial = tmp_path / "m.partial.jsonl"
+    assert [json.loads(line)["fraction"] for line in partial.read_text().splitlines()] == [1.0]
+    assert (tmp_path / "m.partial.png").stat().st_size > 0
+    assert not out.exists() and not (tmp_path / "m.png").exists()
+    assert f"--out {out} and --plot {tmp_path / 'm.png'} left unchanged" in err

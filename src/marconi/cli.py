@@ -129,14 +129,20 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
 
     # Everything that can be checked without the trace is checked before it loads (the backend:
     # is ray there?), and --out before the sweep runs: a result is never computed and then lost to
-    # an unwritable or clobbering --out.
+    # an unwritable or clobbering --out. A sweep with failed points never replaces --out: what
+    # finished goes to the .partial file beside it (checked here too).
     points = expand_points(split_name_list(args.systems), [c.strip() for c in args.capacity.split(",")],
                            [m.strip() for m in args.model.split(",")])
-    make_latency(args.latency)
+    try:
+        make_latency(args.latency)
+    except ConfigError as exc:
+        raise ConfigError(f"--latency: {exc}") from None
     backend, workers = _backend(args)
     try:
         if args.out:
-            check_output(args.out, inputs=read_files(traces=[args.trace], models=[args.model], files=[args.latency]))
+            inputs = read_files(traces=[args.trace], models=[args.model], files=[args.latency])
+            check_output(args.out, inputs=inputs)
+            check_output(_kept_at(args.out, failed=True), inputs=inputs, option=_partial_option("--out"))
         started = time.perf_counter()
         trace = load_trace(args.trace, args.limit)
         if len(trace) == 0:
@@ -154,7 +160,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
             records = run_sweep(trace, args.trace, points, latency=args.latency, mode=args.mode, workers=workers,
                                 per_request=not args.no_per_request, on_record=lambda r: bar.update(1),
                                 backend=backend)
-        except PointsFailed as exc:  # the finished points are kept: written, shown, then the error
+        except PointsFailed as exc:  # the finished points are kept: shown, written beside --out, then the error
             failed, records = exc, exc.records
         finally:
             bar.close()
@@ -163,12 +169,36 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     if records:  # the table first: a full disk or a failed point must not lose the results
         print(_sim_table([_decorate(r) for r in records]))
     if args.out and records:
-        write_records(records, args.out)
-        left_out = f" (without the {len(failed.failures)} that could not run)" if failed else ""
-        print(f"wrote {len(records)} records to {args.out}{left_out}", file=sys.stderr)
+        written = write_records(records, _kept_at(args.out, failed is not None))
+        print(f"wrote {len(records)} records to {written}" + _left_unchanged(failed, [("--out", args.out)]),
+              file=sys.stderr)
     if failed is not None:
         raise failed
     return 0
+
+
+def _partial_option(flag: str) -> str:
+    """How a check names the file beside ``flag``'s that a run with failed points writes instead."""
+    return f"{flag} (its .partial file, for a run with failed points)"
+
+
+def _kept_at(path: str | Path, failed: bool) -> Path:
+    """Where results meant for ``path`` are written: ``path``; after a run whose points did not all
+    run, :func:`marconi.io.partial_path` beside it, so that a failed run never replaces an earlier
+    good file (a stream such as ``/dev/stdout`` replaces nothing and is written through)."""
+    from marconi.io import is_stream, partial_path
+
+    return Path(path) if not failed or is_stream(path) else partial_path(path)
+
+
+def _left_unchanged(failed: Any, outputs: Sequence[tuple[str, str | Path]]) -> str:
+    """What the ``wrote ...`` line adds after a failed run: how many points are missing, and which
+    outputs were left as they were."""
+    if failed is None:
+        return ""
+    kept = [f"{flag} {path}" for flag, path in outputs if _kept_at(path, True) != Path(path)]
+    return (f" (the points that finished; {len(failed.failures)} could not run)"
+            + (f": {' and '.join(kept)} left unchanged" if kept else ""))
 
 
 def _backend(args: argparse.Namespace) -> tuple[Any, int | None]:
@@ -189,9 +219,9 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     from marconi.report import fmt_seconds as fmt_s
     from marconi.report import fmt_times, format_table
     from marconi.sim.compare import gains, plot_records
-    from marconi.sim.sweep import RESULT_FIELDS, read_records
+    from marconi.sim.sweep import RESULT_FIELDS, RESULT_TYPES, read_records
 
-    records = read_records(args.results, RESULT_FIELDS, kind="`marconi simulate --out` results")
+    records = read_records(args.results, RESULT_FIELDS, kind="`marconi simulate --out` results", types=RESULT_TYPES)
     if not records:
         raise ConfigError(f"{args.results}: no records (expected what `marconi simulate --out` writes)")
     rows = gains(records)
@@ -227,7 +257,9 @@ def _cmd_mrc(args: argparse.Namespace) -> int:
                           f"(e.g. {out.with_suffix('.png')})")
     inputs = read_files(traces=[args.trace], models=[args.model])
     check_output(out, inputs=inputs)  # before the sweep, not after
-    check_output(png, inputs=inputs, option="--plot")
+    check_output(png, inputs=inputs, option="--plot", suffixes=_PLOT_SUFFIXES)
+    check_output(_kept_at(out, failed=True), inputs=inputs, option=_partial_option("--out"))
+    check_output(_kept_at(png, failed=True), inputs=inputs, option=_partial_option("--plot"))
     systems = split_name_list(args.systems)
     fractions = capacity_fractions(args.points, args.lo)
     if len(fractions) < args.points:
@@ -264,9 +296,11 @@ def _cmd_mrc(args: argparse.Namespace) -> int:
     ceiling = next((r["token_hit_rate"] for r in records if r["system"] == "infinite"), None)
     if ceiling is not None:
         print(f"infinite (unbounded capacity): {pct(ceiling)}")
-    write_records(records, out)  # after the table: a full disk must not lose the results
-    png = plot_mrc(records, png)
-    print(f"wrote {len(records)} records to {out} and the plot to {png}", file=sys.stderr)
+    # after the table: a full disk must not lose the results
+    written = write_records(records, _kept_at(out, failed is not None))
+    plotted = plot_mrc(records, _kept_at(png, failed is not None))
+    print(f"wrote {len(records)} records to {written} and the plot to {plotted}"
+          + _left_unchanged(failed, [("--out", out), ("--plot", png)]), file=sys.stderr)
     if failed is not None:
         raise failed
     return 0
@@ -292,6 +326,20 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 # --------------------------------------------------------------------------- parser
+# Plots are written as PNG whatever their name says (marconi.report.save_figure).
+_PLOT_SUFFIXES = (".png",)
+
+
+def _plot_path(text: str) -> str:
+    """argparse type of a plot path: not a directory (refused with a ``.png`` name to give instead);
+    the suffix is checked with the other outputs, before any work (:func:`_cmd_mrc`). Empty: the default."""
+    from marconi.io import suffix_refusal
+
+    if text and os.path.isdir(text):
+        raise argparse.ArgumentTypeError(suffix_refusal(text, _PLOT_SUFFIXES))
+    return text
+
+
 # The library's command modules, each with ``register(subparsers)``, and the group name of those
 # whose ``register`` returns its group's subparsers object; then the lab's commands, which add
 # leaves to those groups (the library never imports the lab).
@@ -304,7 +352,9 @@ def build_parser() -> argparse.ArgumentParser:
     """The ``marconi`` parser: every numeric option typed with its domain, every output marked
     (:mod:`marconi.options`)."""
     from marconi.core.registry import Domain
-    from marconi.options import CapacityList, Number, add_output
+    from marconi.options import CapacityList, NameList, Number, add_output
+
+    systems, models = NameList("system"), NameList("model")
 
     parser = argparse.ArgumentParser(prog="marconi", description="Prefix caching for hybrid LLMs.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -317,11 +367,14 @@ def build_parser() -> argparse.ArgumentParser:
     sim = sub.add_parser("simulate", help="replay a trace through caching systems (a sweep)")
     sim.add_argument("--trace", required=True,
                      help="JSONL/Parquet trace or a catalog workload (marconi trace list)")
-    sim.add_argument("--systems", default="vanilla,vllm+,sglang+,marconi",
+    sim.add_argument("--systems", default="vanilla,vllm+,sglang+,marconi", type=systems,
                      help="comma list, parameters on names: marconi:alpha=1.0,vllm+:block=16")
-    sim.add_argument("--capacity", default="10GB", type=CapacityList(), help="comma list: 5GB,10GiB or fractions of the working set 0.1x,25%%")
-    sim.add_argument("--model", default="paper-7b", help="comma list of presets or config.json paths")
-    add_output(sim, "--out", help="write one JSONL record per point here (atomically)")
+    sim.add_argument("--capacity", default="10GB", type=CapacityList(allow_zero=False),
+                     help="comma list: 5GB,10GiB or fractions of the working set 0.1x,25%%")
+    sim.add_argument("--model", default="paper-7b", type=models, help="comma list of presets or config.json paths")
+    add_output(sim, "--out", help="write one JSONL record per point here (atomically); if some points cannot "
+                                  "run, the finished ones go beside it (R.jsonl -> R.partial.jsonl) and --out "
+                                  "is left unchanged")
     sim.add_argument("--mode", default="sequential", choices=["sequential", "event"])
     sim.add_argument("--latency", default="a100", help="zero | a100 | h100 | a100:efficiency=0.4 | table:FILE.csv")
     sim.add_argument("--workers", type=worker_count, default=None,
@@ -344,12 +397,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     mrc = sub.add_parser("mrc", help="miss-ratio curves: hit rate vs capacity per system (how to size a cache)")
     mrc.add_argument("--trace", required=True, help="JSONL/Parquet trace or a bundled trace name")
-    mrc.add_argument("--systems", default="vllm+,sglang+,marconi", help="comma list (oracle and infinite are added)")
+    mrc.add_argument("--systems", default="vllm+,sglang+,marconi", type=systems,
+                     help="comma list (oracle and infinite are added)")
     mrc.add_argument("--points", type=Number(Domain(2, 1000, integer=True)), default=12, help="capacities, geometric from --lo to the working set")
     mrc.add_argument("--lo", type=Number(Domain(0, 1, lo_open=True, hi_open=True)), default=0.005, help="smallest capacity as a fraction of the working set")
-    mrc.add_argument("--model", default="paper-7b")
-    add_output(mrc, "--out", default="results/mrc.jsonl", help="records (JSONL, written atomically)")
-    add_output(mrc, "--plot", default=None, help="PNG path (default: --out with .png)")
+    mrc.add_argument("--model", default="paper-7b", type=models)
+    add_output(mrc, "--out", default="results/mrc.jsonl",
+               help="records (JSONL, written atomically); if some points cannot run, the curve of those that "
+                    "did goes beside --out and --plot (R.jsonl -> R.partial.jsonl, R.png -> R.partial.png) and "
+                    "they are left unchanged")
+    add_output(mrc, "--plot", default=None, type=_plot_path, help="PNG path (default: --out with .png)")
     mrc.add_argument("--no-ceilings", action="store_true", help="do not add oracle and infinite")
     mrc.add_argument("--workers", type=worker_count, default=None,
                      help="parallel processes (default: one per core, at most the CPUs)")
@@ -362,8 +419,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="the main job: the systems on a bundled real trace, with the oracle and a "
                                        "miss-ratio curve")
     demo.add_argument("--trace", default="swe-sample")
-    demo.add_argument("--capacity", default="0.05x,0.15x", type=CapacityList())
-    demo.add_argument("--model", default="paper-7b")
+    demo.add_argument("--capacity", default="0.05x,0.15x", type=CapacityList(allow_zero=False))
+    demo.add_argument("--model", default="paper-7b", type=models)
     add_output(demo, "--out", default="results/demo.jsonl")
     demo.set_defaults(func=_cmd_demo)
 

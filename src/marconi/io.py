@@ -20,7 +20,8 @@ from marconi.core.jsonfile import JsonError, check_readable, read_json
 from marconi.core.registry import ConfigError
 
 __all__ = ["atomic_write", "atomic_directory", "write_text", "write_jsonl", "iter_lines", "iter_jsonl",
-           "read_jsonl", "read_json", "decode_line", "loads", "check_output", "is_stream", "JsonError",
+           "read_jsonl", "read_json", "decode_line", "loads", "check_output", "partial_path", "suffix_refusal",
+           "is_stream", "JsonError",
            "line_limit", "MAX_LINE_ENV", "DEFAULT_MAX_LINE_BYTES"]
 
 PathLike = str | os.PathLike
@@ -66,10 +67,10 @@ def is_stream(path: PathLike) -> bool:
         return False
 
 
-def _refusal(path: Path, st: os.stat_result) -> str | None:
-    """Why ``path`` (with stat ``st``) cannot be an output file, or None."""
+def _refusal(path: Path, st: os.stat_result, suffix: str = ".jsonl") -> str | None:
+    """Why ``path`` (with stat ``st``) cannot be an output file (one ending in ``suffix``), or None."""
     if stat.S_ISDIR(st.st_mode):
-        return f"{path} is a directory: give a file name (e.g. {path / 'results.jsonl'})"
+        return f"{path} is a directory: give a file name (e.g. {path / ('results' + suffix)})"
     if stat.S_ISSOCK(st.st_mode) or stat.S_ISBLK(st.st_mode):
         return f"{path} is a {'socket' if stat.S_ISSOCK(st.st_mode) else 'block device'}, not a file: refusing to write it"
     return None
@@ -210,11 +211,44 @@ def _nearest_existing(path: Path) -> Path:
     return Path(".")
 
 
+def partial_path(path: PathLike) -> Path:
+    """Where a run that failed part-way writes what it finished instead of ``path``, which keeps what it
+    held (an earlier good run's file is never replaced by a partial one): beside it, so the place
+    :func:`check_output` found writable is the same. ``results.jsonl`` -> ``results.partial.jsonl``."""
+    p = Path(path)
+    return p.with_name(f"{p.stem}.partial{p.suffix}")
+
+
+def suffix_refusal(path: PathLike, suffixes: Sequence[str]) -> str | None:
+    """Why ``path`` cannot be an output written in the format of ``suffixes`` (the first one named in
+    advice; compared case-insensitively), or None: a directory, or a file name with another suffix
+    (the writer would put, say, a PNG under ``.svg``). A stream (``/dev/null``) takes any format."""
+    p = Path(path)
+    try:
+        st: os.stat_result | None = p.stat()
+    except OSError:
+        st = None
+    if st is not None and stat.S_ISDIR(st.st_mode):
+        return _refusal(p, st, suffixes[0])
+    if st is not None and _is_stream(st):
+        return None
+    if not any(p.name.lower().endswith(s.lower()) for s in suffixes):
+        try:
+            example = p.with_suffix(suffixes[0])
+        except ValueError:  # no name to put a suffix on ("..")
+            example = p / f"results{suffixes[0]}"
+        return (f"{p} does not end in {' or '.join(suffixes)}, the only format written there: give a name "
+                f"such as {example}")
+    return None
+
+
 def check_output(path: PathLike, *, inputs: Sequence[PathLike] = (), directory: bool = False,
-                 option: str = "--out") -> Path:
+                 option: str = "--out", suffixes: Sequence[str] = ()) -> Path:
     """Check, before long work, that ``path`` can be written and destroys none of ``inputs`` (an input
     directory stands for its files). ``directory``: ``path`` is filled by :func:`atomic_directory`, so
-    no input may lie inside it. Creates nothing. ConfigError saying what is wrong and what to do."""
+    no input may lie inside it. ``suffixes``: the file is written in their format only, so its name
+    must end in one (:func:`suffix_refusal`; checked last). Creates nothing. ConfigError saying what
+    is wrong and what to do."""
     p = Path(path)
     for source in inputs:
         src = Path(source)
@@ -242,7 +276,7 @@ def check_output(path: PathLike, *, inputs: Sequence[PathLike] = (), directory: 
             if not stat.S_ISDIR(st.st_mode):
                 raise ConfigError(f"{option} {p} exists and is not a directory")
         else:
-            refusal = _refusal(p, st)
+            refusal = _refusal(p, st, *suffixes[:1])
             if refusal:
                 raise ConfigError(f"{option}: {refusal}")
             if _is_stream(st):
@@ -257,12 +291,18 @@ def check_output(path: PathLike, *, inputs: Sequence[PathLike] = (), directory: 
     try:
         fd, probe = tempfile.mkstemp(dir=anchor, prefix=".marconi-probe-", suffix=".tmp")
         os.close(fd)
-    except OSError as exc:
-        raise ConfigError(f"{option} {p}: cannot write in {anchor} ({exc.strerror}); "
+    except OSError as exc:  # the file is written as a new one beside its name, then renamed
+        # ENOENT from an existing directory: a pseudo file system (/proc, /sys) that takes no new files
+        reason = "it takes no new files" if exc.errno == errno.ENOENT else exc.strerror or str(exc)
+        replaced = ", so the existing file cannot be replaced" if st is not None else ""
+        raise ConfigError(f"{option} {p}: cannot write in {anchor} ({reason}{replaced}); "
                           "choose a writable place") from None
     finally:  # also when a signal turned into an exception lands between mkstemp and here
         if probe is not None:
             Path(probe).unlink(missing_ok=True)
+    refusal = suffix_refusal(p, suffixes) if suffixes and not directory else None
+    if refusal:
+        raise ConfigError(f"{option}: {refusal}")
     return p
 
 

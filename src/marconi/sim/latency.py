@@ -17,9 +17,10 @@ from typing import Protocol, Sequence
 import numpy as np
 
 from marconi.core.model import ModelSpec
-from marconi.core.registry import ConfigError
+from marconi.core.registry import ConfigError, Domain
 
-__all__ = ["LatencyModel", "ZeroLatency", "RooflineLatency", "TableLatency", "make_latency", "ACCELERATORS"]
+__all__ = ["LatencyModel", "ZeroLatency", "RooflineLatency", "TableLatency", "make_latency", "ACCELERATORS",
+           "ROOFLINE_PARAMS"]
 
 
 class LatencyModel(Protocol):
@@ -181,8 +182,22 @@ def _cell(row: list[str], index: int, column: str, where: str) -> tuple[float, s
         raise ConfigError(f"{where}:{index + 1}: {column} is {raw!r}, not a number") from None
 
 
+# The parameters of ``a100:...`` / ``h100:...`` and the values each takes (checked before any is used).
+ROOFLINE_PARAMS: dict[str, Domain] = {
+    "efficiency": Domain(0, 1, lo_open=True, hint="a fraction of the peak FLOP/s"),
+    "num_devices": Domain(1, 1 << 20, integer=True),
+    "overhead_s": Domain(0, 3600),
+    "decode_s_per_token": Domain(0, 3600),
+}
+
+
 def make_latency(text: str | LatencyModel | None) -> LatencyModel:
-    """``zero``, ``a100``, ``h100``, ``a100:efficiency=0.4``, or ``table:PATH.csv``."""
+    """``zero``, ``a100``, ``h100``, ``a100:efficiency=0.4``, or ``table:PATH.csv``.
+
+    Raises:
+        ConfigError: an unknown model or parameter, or a value outside :data:`ROOFLINE_PARAMS` (naming
+            the text and the parameter); a bad table (see :meth:`TableLatency.from_csv`).
+    """
     if text is None:
         return ZeroLatency()
     if not isinstance(text, str):
@@ -195,10 +210,14 @@ def make_latency(text: str | LatencyModel | None) -> LatencyModel:
     if name not in ACCELERATORS:
         raise ConfigError(f"unknown latency model {text!r}: use zero, {', '.join(ACCELERATORS)} or table:PATH.csv")
     kwargs: dict[str, float] = {}
-    for item in filter(None, rest.split(",")):
-        key, _, value = item.partition("=")
-        if key not in ("efficiency", "num_devices", "overhead_s", "decode_s_per_token"):
-            raise ConfigError(f"latency {name}: unknown parameter {key!r}; valid: efficiency, num_devices, "
-                              "overhead_s, decode_s_per_token")
-        kwargs[key] = int(value) if key == "num_devices" else float(value)
+    for item in filter(None, (i.strip() for i in rest.split(","))):
+        key, _, value = (part.strip() for part in item.partition("="))
+        if key not in ROOFLINE_PARAMS:
+            raise ConfigError(f"latency {text!r}: unknown parameter {key!r}; valid: {', '.join(ROOFLINE_PARAMS)}")
+        if key in kwargs:
+            raise ConfigError(f"latency {text!r}: parameter {key!r} is given twice; give it once")
+        try:
+            kwargs[key] = ROOFLINE_PARAMS[key].parse(value)
+        except ConfigError as exc:
+            raise ConfigError(f"latency {text!r}: parameter {key!r} {exc}") from None
     return RooflineLatency(accelerator=name, **kwargs)  # type: ignore[arg-type]

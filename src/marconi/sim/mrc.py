@@ -40,9 +40,12 @@ def capacity_fractions(points: int, lo: float = 0.005) -> list[float]:
 def mrc_points(systems: Sequence[str], *, model: str = "paper-7b", points: int = 12, lo: float = 0.005,
                ceilings: bool = True) -> list[SweepPoint]:
     """The sweep points of a curve: every system at every fraction, ``oracle`` too (with ``ceilings``),
-    and one ``infinite`` run (capacity-independent). Names are checked here, before any work."""
+    and one ``infinite`` run (capacity-independent). Names are checked here, before any work;
+    ConfigError for none."""
     caps = [f"{f:g}x" for f in capacity_fractions(points, lo)]
     names = list(dict.fromkeys(systems))
+    if not names:
+        raise ConfigError("a miss-ratio curve needs at least one system (--systems): none was given")
     for name in names:
         make_system(name)
     if ceilings and "oracle" not in names:

@@ -18,7 +18,8 @@ from marconi.sim.systems import make_system
 from marconi.units import Capacity, parse_capacity
 
 __all__ = ["SweepPoint", "SweepTask", "PointsFailed", "expand_points", "run_points", "run_sweep", "run_tasks",
-           "working_sets", "backend_scope", "write_records", "read_records", "RESULT_FIELDS", "TIMING_FIELDS"]
+           "working_sets", "backend_scope", "write_records", "read_records", "RESULT_FIELDS", "RESULT_TYPES",
+           "FieldType", "TIMING_FIELDS"]
 
 # Record fields that measure this machine, not the simulation (they differ between runs and backends).
 TIMING_FIELDS = ("elapsed_s", "requests_per_s", "tuning_seconds")
@@ -240,15 +241,94 @@ def write_records(records: Iterable[dict[str, Any]], path: str | Path) -> Path:
 RESULT_FIELDS = ("trace", "system", "model", "capacity", "num_requests", "token_hit_rate")
 
 
-def read_records(path: str | Path, required: Sequence[str] = (), kind: str = "results") -> list[dict[str, Any]]:
-    """The JSONL records at ``path``, each an object with the ``required`` keys (``kind`` names them);
-    FileNotFoundError, or ValueError naming ``path:line``."""
+@dataclass(frozen=True, slots=True)
+class FieldType:
+    """What a record field must hold for :func:`read_records`: ``test(value)`` says whether it does,
+    ``expected`` says it in a message's words (``"a number"``); ``required``: absent is wrong too."""
+
+    test: Callable[[Any], bool]
+    expected: str
+    required: bool = False
+
+
+_NUMBER_TYPES = frozenset({int, float})   # what json.loads makes of a number (a bool is not one)
+
+
+def _is_number(value: Any) -> bool:
+    return type(value) in _NUMBER_TYPES
+
+
+def _is_numbers(value: Any) -> bool:
+    return isinstance(value, list) and _NUMBER_TYPES.issuperset(map(type, value))   # C speed: lists are long
+
+
+_TEXT = FieldType(lambda v: isinstance(v, str), "a string")
+_NUMBER_OR_NULL = FieldType(lambda v: v is None or _is_number(v), "a number or null")
+
+# The type of every field `compare`, its table and its plots compute with (a bad one was a TypeError
+# deep in a plot). A top-level field's presence is read_records' ``required``; a dotted name is a
+# field of an object field, checked when that field is an object.
+RESULT_TYPES: dict[str, FieldType] = {
+    "trace": _TEXT, "system": _TEXT, "model": _TEXT,
+    "mode": FieldType(lambda v: v is None or isinstance(v, str), "a string or null"),
+    "capacity": FieldType(lambda v: isinstance(v, str) or _is_number(v), "a string (10GB, 0.1x) or a number"),
+    "capacity_bytes": _NUMBER_OR_NULL,
+    "num_requests": FieldType(lambda v: type(v) is int, "an integer"),
+    "token_hit_rate": FieldType(_is_number, "a number"),
+    "hit_rate_p95": _NUMBER_OR_NULL, "flops_saved_fraction": _NUMBER_OR_NULL, "ttft_p95_s": _NUMBER_OR_NULL,
+    "vanilla_ttft_p95_s": _NUMBER_OR_NULL,
+    "per_request": FieldType(lambda v: isinstance(v, dict), "an object of per-request lists"),
+    "per_request.hit_rate": FieldType(_is_numbers, "a list of numbers", required=True),
+    "per_request.ttft_s": FieldType(_is_numbers, "a list of numbers", required=True),
+}
+
+
+def _described(value: Any) -> str:
+    """``value`` as a message shows it: its JSON type, and the value itself when it is short."""
+    kind = {type(None): "null", bool: "a bool", str: "a string", list: "a list", dict: "an object",
+            int: "an integer", float: "a number"}.get(type(value), type(value).__name__)
+    if value is None or isinstance(value, (list, dict)):
+        return kind
+    text = repr(value)
+    return f"{kind} ({text[:40]}{'...' if len(text) > 40 else ''})"
+
+
+def _type_error(rec: dict[str, Any], types: Mapping[str, FieldType]) -> str | None:
+    """``field 'x': expected ..., got ...`` for the first field of ``rec`` that ``types`` refuses, or None."""
+    for name, kind in types.items():
+        parent, _, key = name.rpartition(".")
+        holder = rec.get(parent) if parent else rec
+        if not isinstance(holder, dict):
+            continue
+        if key not in holder:
+            if kind.required:
+                return f"field {name!r}: missing (expected {kind.expected})"
+            continue
+        if not kind.test(holder[key]):
+            return f"field {name!r}: expected {kind.expected}, got {_described(holder[key])}"
+    return None
+
+
+def read_records(path: str | Path, required: Sequence[str] = (), kind: str = "results",
+                 types: Mapping[str, FieldType] | None = None) -> list[dict[str, Any]]:
+    """The JSONL records at ``path``, each an object with the ``required`` keys (``kind`` names them)
+    whose fields hold what ``types`` says (one pass, no copies: e.g. :data:`RESULT_TYPES`).
+
+    Raises:
+        FileNotFoundError: no such file.
+        JsonError: a line that is not JSON (naming ``path:line``).
+        ConfigError: naming ``path:line`` (and the field): a record that is not an object, lacks a
+            required key, or holds a field of the wrong type.
+    """
     out = []
     for where, rec in iter_jsonl(path):
         missing = [k for k in required if k not in rec] if isinstance(rec, dict) else list(required)
         if not isinstance(rec, dict) or missing:
             got = "a JSON object" if isinstance(rec, dict) else f"a JSON {type(rec).__name__}"
-            raise ValueError(f"{where}: not one of the {kind} records: {got}"
-                             + (f" without {', '.join(repr(k) for k in missing)}" if missing else ""))
+            raise ConfigError(f"{where}: not one of the {kind} records: {got}"
+                              + (f" without {', '.join(repr(k) for k in missing)}" if missing else ""))
+        wrong = _type_error(rec, types) if types else None
+        if wrong is not None:
+            raise ConfigError(f"{where}: {wrong}")
         out.append(rec)
     return out

@@ -121,7 +121,18 @@ def _check_out(args: argparse.Namespace, *inputs: Any) -> None:
         check_output(sidecar_path(args.out), inputs=paths)
 
 
-def _write_and_report(trace: Trace, out: str) -> int:
+def _built_from(items: Any, source: str) -> str:
+    """What a build read, for messages: its input files, or the default data of ``source``."""
+    files = [str(x) for x in (items if isinstance(items, (list, tuple)) else [items]) if x is not None]
+    return ", ".join(files) if files else f"the default {source} data"
+
+
+def _write_and_report(trace: Trace, out: str, source: str) -> int:
+    """Write ``trace`` to ``out`` and say what was written. ValueError naming ``source`` (what the trace
+    was built from) when it has no requests: a trace nothing can replay is not written."""
+    if len(trace) == 0:
+        raise ValueError(f"{source}: no requests to write (the input holds none, or the options filtered out "
+                         f"every one): nothing written to {out}")
     n = write_trace(out, trace)
     stats = trace.stats()
     print(f"wrote {n} requests ({stats.num_sessions} sessions, {stats.total_input_tokens} input + "
@@ -152,7 +163,7 @@ def cmd_build_sharegpt(args: argparse.Namespace) -> int:
     try:
         _check_out(args, args.files, args.tokenizer)
         trace = build_sharegpt_trace(args.files or None, **_chat_params(args))
-        return _write_and_report(trace, args.out)
+        return _write_and_report(trace, args.out, _built_from(args.files, "ShareGPT"))
     except (OSError, ValueError, TokenizerError) as exc:
         return _fail(exc)
 
@@ -161,7 +172,7 @@ def cmd_build_lmsys(args: argparse.Namespace) -> int:
     try:
         _check_out(args, args.files, args.tokenizer)
         trace = build_lmsys_trace(args.files, **_chat_params(args))
-        return _write_and_report(trace, args.out)
+        return _write_and_report(trace, args.out, _built_from(args.files, "LMSys"))
     except (OSError, ValueError, TokenizerError) as exc:
         return _fail(exc)
 
@@ -175,7 +186,7 @@ def cmd_build_swe(args: argparse.Namespace) -> int:
             seed=args.seed, max_input_len=args.max_input_len, max_turns=args.max_turns,
             shared_prefix=args.shared_prefix, text_form=args.text_form, add_bos=not args.no_bos,
             tokenizer=args.tokenizer, progress=_progress("trajectories", "traj"))
-        return _write_and_report(trace, args.out)
+        return _write_and_report(trace, args.out, _built_from(args.paths, "SWE"))
     except (OSError, ValueError, TokenizerError) as exc:
         return _fail(exc)
 
@@ -187,7 +198,7 @@ def cmd_build_mooncake(args: argparse.Namespace) -> int:
             args.file, limit=args.limit, block_size=args.block_size, vocab_size=args.vocab_size,
             output_vocab=args.output_vocab, seed=args.seed, max_input_len=args.max_input_len,
             progress=_progress("requests", "req"))
-        return _write_and_report(trace, args.out)
+        return _write_and_report(trace, args.out, _built_from(args.file, "Mooncake"))
     except (OSError, ValueError) as exc:
         return _fail(exc)
 
@@ -198,7 +209,7 @@ def cmd_build_quality(args: argparse.Namespace) -> int:
         trace = build_quality_trace(args.files or None, answer_form=args.answer_form,
                                     requests_per_second=args.requests_per_second, seed=args.seed,
                                     max_articles=args.max_articles, tokenizer=args.tokenizer)
-        return _write_and_report(trace, args.out)
+        return _write_and_report(trace, args.out, _built_from(args.files, "QuALITY"))
     except (OSError, ValueError, TokenizerError) as exc:
         return _fail(exc)
 
@@ -209,7 +220,7 @@ def cmd_build_synthetic(args: argparse.Namespace) -> int:
         params = _synthetic_params(args.kind, args.set or [])
         if args.seed is not None:
             params["seed"] = args.seed
-        return _write_and_report(synthetic_trace(args.kind, **params), args.out)
+        return _write_and_report(synthetic_trace(args.kind, **params), args.out, f"synthetic {args.kind}")
     except (OSError, ValueError) as exc:
         return _fail(exc)
 
@@ -217,7 +228,7 @@ def cmd_build_synthetic(args: argparse.Namespace) -> int:
 def cmd_build_bundled(args: argparse.Namespace) -> int:
     try:
         _check_out(args)
-        return _write_and_report(build_workload(args.name), args.out)
+        return _write_and_report(build_workload(args.name), args.out, f"workload {args.name!r}")
     except (OSError, ValueError) as exc:  # ConfigError (unknown name: lists the catalog) is a ValueError
         return _fail(exc)
 
@@ -260,6 +271,8 @@ def cmd_stats(args: argparse.Namespace) -> int:
         stats = trace_stats(args.file)
     except (OSError, ValueError, TraceFormatError) as exc:
         return _fail(exc)
+    if stats.num_requests == 0:  # zeros would read as a trace measured; `trace validate` says the same
+        return _fail(ValueError(f"{args.file}: no requests in the file"))
     record = {"file": args.file, **stats.as_dict()}
     if args.json:
         print(json.dumps(record))

@@ -15,8 +15,11 @@ __all__ = ["load_trace"]
 
 def load_trace(text: str, limit: int | None = None, *, notice: Callable[[str], None] | None = None) -> Trace:
     """A catalog workload or a JSONL/Parquet file; ``limit``: the first requests (None: all; 0: none);
-    ``notice``: told when a stand-in replaced absent data. ConfigError for neither a file nor a name;
-    TraceFormatError or JsonError for an invalid file."""
+    ``notice``: told when a stand-in replaced absent data. ConfigError for an empty text or one that
+    is neither a file nor a name; TraceFormatError or JsonError for an invalid file."""
+    if not text.strip():  # Path("") is the current directory, which exists
+        raise ConfigError(f"the trace is empty ({text!r}): give a trace file or a catalog workload "
+                          f"({', '.join(workload_names())}; `marconi trace list` describes them)")
     if is_workload(text):
         trace = build_workload(text)
         provenance = Provenance.of(trace)

@@ -22,9 +22,16 @@ __all__ = ["trace_format", "iter_requests", "read_trace", "read_trace_meta", "st
 
 
 def _format(path: str | os.PathLike) -> tuple[TraceFormat, str]:
+    """The format of ``path`` by suffix. ValueError for an empty path (``Path("")`` is the current
+    directory), a directory without a trace suffix (said so, not "unknown format"), or an unknown suffix."""
+    text = os.fspath(path)
+    if not text.strip():
+        raise ValueError(f"the trace path is empty ({text!r}): give a trace file ({suffix_listing()})")
     found = format_of(path)
     if found is None:
-        raise ValueError(f"{os.fspath(path)}: unknown trace format (use {suffix_listing()})")
+        if os.path.isdir(path):
+            raise ValueError(f"{text} is a directory, not a trace file (a trace file ends in {suffix_listing()})")
+        raise ValueError(f"{text}: unknown trace format (use {suffix_listing()})")
     return found
 
 
