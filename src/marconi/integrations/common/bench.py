@@ -46,8 +46,9 @@ def select_requests(trace: str, *, max_input_len: int, num_requests: int | None 
                     max_output_len: int | None = None, notice: Progress | None = None) -> Selection:
     """The first ``num_requests`` requests of ``trace`` (all: None), outputs cut to ``max_output_len``.
     A catalog name is built with ``max_input_len`` unless it sets its own; in a trace file a session
-    ends before its first input longer than that. ``notice``: told of a stand-in for absent data
-    (None: a ``NOTE:`` line on stderr, so no bench measures a bundled sample believing it the trace).
+    ends before its first input longer than that. ``notice``: told of a stand-in for absent data, and
+    once of the requests a file's cap left out, with the flag that keeps them (None: a ``NOTE:`` line
+    on stderr, so no bench measures a bundled sample believing it the trace, nor a cut trace whole).
 
     Raises:
         ConfigError: neither a file nor a catalog name, or no request fits the cap.
@@ -99,7 +100,13 @@ def _capped_trace(text: str, max_input_len: int, notice: Progress | None) -> tup
             ended.add(req.session_id)
             continue
         kept.append(req)
-    return (trace if len(kept) == len(trace) else Trace(kept, name=trace.name, meta=dict(trace.meta))), max_input_len
+    if len(kept) == len(trace):
+        return trace, max_input_len
+    if notice is not None and kept:     # once per trace (none kept: select_requests' error names the flag)
+        notice(f"trace {trace.name}: {len(trace) - len(kept):,} of {len(trace):,} requests left out: "
+               f"{len(ended):,} session(s) end before their first input longer than --max-input-len "
+               f"{max_input_len:,} tokens; raise --max-input-len to keep them")
+    return Trace(kept, name=trace.name, meta=dict(trace.meta)), max_input_len
 
 
 # ====================================================================================== serving

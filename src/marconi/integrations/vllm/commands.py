@@ -8,7 +8,6 @@ progress to stderr, tables to stdout.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import re
 import sys
 from typing import Any
@@ -50,6 +49,17 @@ def register(subparsers: Any) -> Any:
     from marconi.integrations.vllm.diagnose import register_command as _register_diagnose   # issue 32
     _register_diagnose(sub)
     return sub
+
+
+def _host_bandwidth(text: str) -> float:
+    """argparse ``type=`` of ``--host-bandwidth`` (:func:`~marconi.integrations.vllm.replay.tiers.parse_bandwidth`),
+    checked at parse time as the size options are; argparse's message names the flag."""
+    from marconi.integrations.vllm.replay.tiers import BANDWIDTH_FLAG, parse_bandwidth
+
+    try:
+        return parse_bandwidth(text)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix(f"{BANDWIDTH_FLAG}: ")) from None
 
 
 def _register_replay(sub: Any) -> None:
@@ -105,7 +115,7 @@ def _register_replay(sub: Any) -> None:
                         help="with --cpu-tier: comma list of the tier's policies, one engine per GPU policy each: "
                              "lru, arc, marconi, none (GPU only, for the tier's gain); a policy may carry vLLM's "
                              "store filter, e.g. lru:store_threshold=2 (stored once offered twice); default lru")
-    replay.add_argument("--host-bandwidth", default=None,
+    replay.add_argument("--host-bandwidth", default=None, type=_host_bandwidth,
                         help="with --cpu-tier: host link per GPU and direction (55GB/s, the default: PCIe Gen5 x16)")
     replay.add_argument("--no-emulation", action="store_true", help="skip the vllm-align emulation")
     replay.add_argument("--backend", default="local", choices=["local", "ray"],
@@ -132,14 +142,23 @@ _VLLM_RETENTION_REFUSAL = re.compile(r"prefix_cache_retention_interval \((\d+)\)
                                      r"multiple of scheduler_block_size \((\d+)\)")
 
 
+# The worker's own refusal of --gpu-memory (replay.gpu_memory.available_kv_bytes by vLLM's parameter
+# count): the host checks a bundled model before the worker starts; for a model directory, whose
+# parameters only vLLM counts, the worker's message already names the flags.
+# (The last match: the exception's own line, after any traceback line quoting the source.)
+_GPU_MEMORY_REFUSAL = re.compile(r"--gpu-memory \d\S* per GPU: .*$", re.MULTILINE)
+
+
 def setting_error(exc: BaseException) -> ConfigError | None:
     """A worker failure that is an option's fault, as a ConfigError naming the option (else None)."""
-    found = _VLLM_RETENTION_REFUSAL.search(str(exc))
-    if found is None:
-        return None
-    interval, block = int(found[1]), int(found[2])
-    return ConfigError(f"--retention {interval}: vLLM's block for this model is {block} tokens and the interval "
-                       f"must be a multiple of it: give {block}, {2 * block}, ..., or 0 or none")
+    text = str(exc)
+    found = _VLLM_RETENTION_REFUSAL.search(text)
+    if found is not None:
+        interval, block = int(found[1]), int(found[2])
+        return ConfigError(f"--retention {interval}: vLLM's block for this model is {block} tokens and the "
+                           f"interval must be a multiple of it: give {block}, {2 * block}, ..., or 0 or none")
+    memory = _GPU_MEMORY_REFUSAL.findall(text)
+    return ConfigError(memory[-1]) if memory else None
 
 
 def replay_axes(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -160,16 +179,19 @@ def _cmd_replay(args: argparse.Namespace) -> int:
                                                       replay_table, run_replay)
     from marconi.integrations.vllm.replay.sweep import run_sweep, sweep_configs
 
+    pools, loads = replay_axes(args)
+    # The base is the first point, every option in it (--weight-bytes with --gpu-memory), so each
+    # point is checked whole on construction, before anything runs (a GPU too small for the weights too).
     base = ReplayConfig(vllm_python=args.vllm_python, model=args.model, trace=args.trace,
-                        policies=parse_policies(args.policies), alpha=args.alpha, num_blocks=1,
-                        gpu=args.gpu, tensor_parallel=args.tensor_parallel, concurrency=1,
+                        policies=parse_policies(args.policies), alpha=args.alpha,
+                        **(pools[0] if pools else {}), **(loads[0] if loads else {}),
+                        gpu=args.gpu, tensor_parallel=args.tensor_parallel, weight_bytes=args.weight_bytes,
                         max_input_len=args.max_input_len,
                         num_requests=args.num_requests, max_output_len=args.max_output_len,
                         max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
                         retention=args.retention, retention_budget=args.retention_budget,
                         **_tier_options(args))
-    pools, loads = replay_axes(args)
-    configs = [dataclasses.replace(c, weight_bytes=args.weight_bytes) for c in sweep_configs(base, pools=pools, loads=loads)]
+    configs = sweep_configs(base, pools=pools, loads=loads)
     if len(configs) == 1:
         try:
             records = run_replay(configs[0], work_dir=args.work_dir, emulate=not args.no_emulation,
@@ -211,10 +233,9 @@ def _cmd_replay(args: argparse.Namespace) -> int:
 def _tier_options(args: argparse.Namespace) -> dict[str, Any]:
     """``--cpu-tier``, ``--tier-policies`` and ``--host-bandwidth`` as ReplayConfig fields (which
     checks that they agree); ``--tier-policies`` defaults to ``lru`` when a tier is given."""
-    from marconi.integrations.vllm.replay.tiers import parse_bandwidth, parse_tier_policies
+    from marconi.integrations.vllm.replay.tiers import parse_tier_policies
 
     policies = (parse_tier_policies(args.tier_policies) if args.tier_policies is not None
                 else ("lru",) if args.cpu_tier is not None else ())
-    return {"cpu_tier": args.cpu_tier, "tier_policies": policies,
-            "host_bandwidth": parse_bandwidth(args.host_bandwidth) if args.host_bandwidth is not None else None}
+    return {"cpu_tier": args.cpu_tier, "tier_policies": policies, "host_bandwidth": args.host_bandwidth}
 

@@ -23,8 +23,8 @@ from marconi.integrations.vllm.emulate.engine import VllmAlignEngine
 from marconi.integrations.vllm.emulate.scheduler import VllmAlignScheduler
 from marconi.integrations.vllm.layout import VllmLayout, cdiv, layout_for_spec, prefix_hashes
 from marconi.integrations.vllm.policy import DEFAULT_ALPHA, MAMBA
+from marconi.integrations.vllm.replay.gpu_memory import available_kv_bytes, estimated_num_params, parse_gpu_memory
 from marconi.integrations.vllm.replay.steptime import StepTimeModel
-from marconi.units import parse_bytes
 
 __all__ = ["CAUSES", "CAUSE_TEXT", "DiagnoseConfig", "EmulatedRun", "attribute", "run_emulated", "diagnose",
            "summary_table", "lever_table", "write_report", "EMULATED_VLLM"]
@@ -41,12 +41,10 @@ CAUSE_TEXT = {
     "below_one_block": "below one block (tail no boundary covers)",
 }
 EMULATED_VLLM = "0.32"           # the series vllm-align mirrors
-#: Parameters of the bundled configs (bf16 weights: 2 bytes each); others are estimated from config.json.
 #: vLLM 0.32's block (tokens) for the bundled configs on a GPU, as ``marconi vllm replay`` reads it from vLLM
 #: (docs/vllm-at-scale.md): the Mamba page rounded to the attention kernel's alignment. The emulation's
 #: own derivation (16-token alignment, the CPU build's) gives smaller blocks; a recording names its own.
 _VLLM_GPU_BLOCK = {"nemotron-h-8b": 1152, "qwen3-next-80b-a3b": 1152}
-_BUNDLED_PARAMS = {"nemotron-h-8b": 8_100_000_000, "falcon-h1-7b": 7_590_000_000, "qwen3-next-80b-a3b": 79_700_000_000}
 
 
 def attribute(prompt_len: int, hit: int, kv_hit: int, unit: int, seen_depth: int, computed_depth: int,
@@ -247,27 +245,24 @@ class DiagnoseConfig:
     cpu_tiers: tuple[str, ...] = ("0.5x",)      # with vllm_python: CPU tier sizes, each with tier policies lru, marconi
     levers: tuple[str, ...] = ("marconi", "sparse-dp", "retention-interval", "max-num-seqs", "gpu-memory-2x")
 
+    def __post_init__(self) -> None:
+        """The options that need no trace, checked before anything loads or runs, by the replay's own
+        checks: the model, ``--tensor-parallel`` (it divides every head count), ``--gpu-memory`` (a size
+        that holds the weights) and each ``--cpu-tiers`` size. ConfigError naming the flag."""
+        from marconi.integrations.vllm.replay.run import check_tensor_parallel, model_dir
+        from marconi.integrations.vllm.replay.tiers import tier_capacity
 
-def available_kv_bytes(gpu_memory_bytes: int, num_params: int, bytes_per_param: int, *, tensor_parallel: int = 1,
-                       gpu_memory_utilization: float = 0.9, activation_reserve_bytes: int = 4 * 2**30) -> int:
-    """:func:`marconi.integrations.vllm.replay.engine.available_kv_bytes`, the same arithmetic (that
-    module imports vLLM at import time; this one must not). ConfigError if nothing is left."""
-    weights = num_params * bytes_per_param
-    left = int(gpu_memory_utilization * gpu_memory_bytes) - weights // tensor_parallel - activation_reserve_bytes
-    if left <= 0:
-        raise ConfigError(f"--gpu-memory {gpu_memory_bytes / 1e9:.0f} GB does not hold {num_params / 1e9:.1f}B "
-                          f"parameters over {tensor_parallel} GPU(s) and the activation reserve: raise "
-                          "--tensor-parallel or the memory")
-    return left * tensor_parallel
-
-
-def _num_params(spec_cfg: dict[str, Any], model: str) -> int:
-    if model in _BUNDLED_PARAMS:
-        return _BUNDLED_PARAMS[model]
-    h = int(spec_cfg.get("hidden_size", 4096))
-    layers = int(spec_cfg.get("num_hidden_layers", 32))
-    vocab = int(spec_cfg.get("vocab_size", 32000))
-    return 12 * h * h * layers + 2 * vocab * h
+        mdir = model_dir(self.model)
+        check_tensor_parallel(mdir, self.tensor_parallel)
+        if self.gpu_memory is not None:
+            config_json = json.loads((mdir / "config.json").read_text())
+            available_kv_bytes(parse_gpu_memory(self.gpu_memory), estimated_num_params(self.model, config_json),
+                               self.weight_bytes, tensor_parallel=self.tensor_parallel, weight_flag=None)
+        for size in self.cpu_tiers:
+            try:
+                tier_capacity(size)
+            except ConfigError as exc:
+                raise ConfigError(f"--cpu-tiers: {exc}") from None
 
 
 def _layout(cfg: DiagnoseConfig, spec: ModelSpec, config_json: dict[str, Any], *, gpu_memory_scale: float = 1.0,
@@ -284,9 +279,9 @@ def _layout(cfg: DiagnoseConfig, spec: ModelSpec, config_json: dict[str, Any], *
     if cfg.num_blocks is not None:
         return layout_for_spec(spec, num_blocks=int(cfg.num_blocks * gpu_memory_scale), block_size=block_size, **options)
     if cfg.gpu_memory is not None:
-        kv = available_kv_bytes(int(parse_bytes(cfg.gpu_memory) * gpu_memory_scale),
-                                _num_params(config_json, cfg.model), cfg.weight_bytes,
-                                tensor_parallel=cfg.tensor_parallel)
+        kv = available_kv_bytes(int(parse_gpu_memory(cfg.gpu_memory) * gpu_memory_scale),
+                                estimated_num_params(cfg.model, config_json), cfg.weight_bytes,
+                                tensor_parallel=cfg.tensor_parallel, weight_flag=None)
         return layout_for_spec(spec, capacity_bytes=kv, block_size=block_size, **options)
     if settings.get("num_blocks"):
         return layout_for_spec(spec, num_blocks=int(settings["num_blocks"] * gpu_memory_scale), block_size=block_size,
@@ -371,7 +366,7 @@ def diagnose(cfg: DiagnoseConfig, *, trace: Any = None, notice: Callable[[str], 
                         "differing Mooncake block counts as different, so hits are a lower bound")
     for w in warnings:
         say(f"warning: {w}")
-    timing = StepTimeModel.named(spec, cfg.gpu, _num_params(config_json, cfg.model) * cfg.weight_bytes,
+    timing = StepTimeModel.named(spec, cfg.gpu, estimated_num_params(cfg.model, config_json) * cfg.weight_bytes,
                                  num_gpus=cfg.tensor_parallel)
     n = len(requests)
 
@@ -643,11 +638,22 @@ def register_command(sub: Any) -> None:
     p.add_argument("--num-requests", type=Number(COUNT), default=None, help="only the first N requests")
     p.add_argument("--vllm-python", default=None,
                    help="run the stock and Marconi arms through vLLM's scheduler (marconi vllm replay) as well")
-    p.add_argument("--cpu-tiers", default="0.5x",
+    p.add_argument("--cpu-tiers", default="0.5x", type=_cpu_tier_sizes,
                    help="with --vllm-python: CPU tier sizes (comma list: 0.5x of the working set, 256GB), each "
                         "replayed with tier policies lru and marconi; '' for none")
     add_output(p, "--out", kind="dir", required=True, help="report folder (replaced as a whole)")
     p.set_defaults(func=_cmd_diagnose)
+
+
+def _cpu_tier_sizes(text: str) -> tuple[str, ...]:
+    """argparse ``type=`` of ``--cpu-tiers``: each size as ``vllm replay --cpu-tier`` reads it
+    (:class:`marconi.options.CapacityList`, no zero), refused at parse time; ``''``: no tier."""
+    from marconi.options import CapacityList
+
+    if not str(text).strip():
+        return ()
+    CapacityList(allow_zero=False)(text)
+    return tuple(s.strip() for s in str(text).split(","))
 
 
 def _cmd_diagnose(args: Any) -> int:
@@ -658,7 +664,7 @@ def _cmd_diagnose(args: Any) -> int:
     cfg = DiagnoseConfig(trace=args.trace, model=args.model, gpu_memory=args.gpu_memory, num_blocks=args.blocks,
                          tensor_parallel=args.tensor_parallel, gpu=args.gpu, concurrency=args.concurrency,
                          max_num_seqs=args.max_num_seqs, num_requests=args.num_requests, vllm_python=args.vllm_python,
-                         cpu_tiers=tuple(t.strip() for t in args.cpu_tiers.split(",") if t.strip()))
+                         cpu_tiers=args.cpu_tiers)
     try:
         result = diagnose(cfg, notice=lambda line: print(line, file=sys.stderr))
     except RecordingError as exc:

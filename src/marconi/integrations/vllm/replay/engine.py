@@ -11,36 +11,11 @@ import os
 import tempfile
 from typing import Any
 
+# The arithmetic is vLLM-free (the host checks --gpu-memory with it before a worker starts); the
+# executor below budgets with it, by vLLM's own parameter count.
+from marconi.integrations.vllm.replay.gpu_memory import ACTIVATION_RESERVE_BYTES, available_kv_bytes
+
 __all__ = ["StubExecutor", "build_engine_core", "kv_config_summary", "available_kv_bytes", "ACTIVATION_RESERVE_BYTES"]
-
-#: What ``--gpu-memory`` keeps aside for activations, the CUDA graphs' pool and the allocator's
-#: fragmentation, beside the weights (vLLM measures this by profiling a forward pass; we cannot).
-ACTIVATION_RESERVE_BYTES = 4 * 2**30
-
-
-def available_kv_bytes(gpu_memory_bytes: int, num_params: int, bytes_per_param: int, *,
-                       tensor_parallel: int = 1, gpu_memory_utilization: float = 0.9,
-                       activation_reserve_bytes: int = ACTIVATION_RESERVE_BYTES) -> int:
-    """vLLM's KV budget, in bytes of the whole model's KV cache: per GPU ``utilization × memory −
-    weights / TP − activation reserve``, times ``tensor_parallel``.
-
-    Weights are ``num_params × bytes_per_param`` (1 for FP8), split over the GPUs; the activation
-    reserve is an estimate where vLLM profiles. Under tensor parallelism each GPU's blocks are
-    ``1/TP`` of the model's, so the pool has as many blocks as one GPU with ``TP ×`` the budget;
-    that holds only where TP divides every layer's KV and recurrent heads (the caller checks it).
-    Raises ValueError if nothing is left for the KV cache.
-    """
-    if tensor_parallel < 1:
-        raise ValueError(f"tensor_parallel must be >= 1, got {tensor_parallel}")
-    weights = num_params * bytes_per_param
-    left = int(gpu_memory_utilization * gpu_memory_bytes) - weights // tensor_parallel - activation_reserve_bytes
-    if left <= 0:
-        raise ValueError(f"{gpu_memory_bytes / 1e9:.0f} GB at utilization {gpu_memory_utilization} does not hold "
-                         f"{num_params / 1e9:.1f}B parameters ({weights / 1e9:.1f} GB"
-                         f"{f' over {tensor_parallel} GPUs' if tensor_parallel > 1 else ''}) and the "
-                         f"{activation_reserve_bytes / 2**30:.0f} GiB activation reserve: raise the tensor "
-                         "parallelism, use smaller weights (weight_bytes 1: FP8) or a bigger GPU")
-    return left * tensor_parallel
 
 
 def _executor_base() -> type:

@@ -11,6 +11,7 @@ docs/vllm-tiers.md.
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 from dataclasses import dataclass, replace
@@ -27,13 +28,14 @@ from marconi.integrations.common.probe import probe_python
 from marconi.integrations.vllm.arms import parse_policies, parse_retention, policy_arm
 from marconi.integrations.vllm.config import PluginConfig
 from marconi.integrations.vllm.policy import ATTENTION, DEFAULT_ALPHA, MAMBA
+from marconi.integrations.vllm.replay.gpu_memory import BUNDLED_NUM_PARAMS, available_kv_bytes, parse_gpu_memory
 from marconi.integrations.vllm.replay.tiers import NO_TIER
 from marconi.integrations.vllm.retention import DEFAULT_BUDGET, SPARSE_DP
 from marconi.pool import KEEP_SCRATCH_ENV, child_process, scratch_dir
-from marconi.units import parse_bytes, parse_capacity
+from marconi.units import parse_capacity
 
-__all__ = ["ReplayConfig", "CONFIGS_DIR", "model_dir", "policy_env", "run_replay", "replay_table", "load_label",
-           "emulation_engine",
+__all__ = ["ReplayConfig", "CONFIGS_DIR", "model_dir", "check_tensor_parallel", "policy_env", "run_replay",
+           "replay_table", "load_label", "emulation_engine",
            "plot_ttft_cdf", "plot_sweep", "parse_policies"]
 
 CONFIGS_DIR = Path(__file__).resolve().parents[3] / "data" / "configs"
@@ -111,7 +113,9 @@ class ReplayConfig:
         if self.capacity is not None:
             parse_capacity(self.capacity)
         _check_tier(self)
-        _check_tensor_parallel(model_dir(self.model), self.tensor_parallel)
+        check_tensor_parallel(model_dir(self.model), self.tensor_parallel)
+        if self.gpu_memory is not None:
+            _check_gpu_memory(self)
 
     @property
     def tier_arms(self) -> tuple[str | None, ...]:
@@ -149,35 +153,51 @@ _SHARDED_HEADS = ("num_attention_heads", "num_key_value_heads", "mamba_num_heads
                   "linear_num_key_heads", "linear_num_value_heads")
 
 
-def _check_tensor_parallel(mdir: Path, tensor_parallel: int) -> None:
-    """Refuse a TP the replay cannot stand for: where it does not divide a layer's heads, vLLM
-    replicates them on each rank, so a rank's pages (and the hybrid block size) are not ``1/TP``
-    of the whole model's that the replay derives."""
+def check_tensor_parallel(mdir: Path, tensor_parallel: int) -> None:
+    """Refuse a TP the replay and the diagnosis cannot stand for: where it does not divide a layer's
+    heads, vLLM replicates them on each rank, so a rank's pages (and the hybrid block size) are not
+    ``1/TP`` of the whole model's that both derive. ConfigError naming ``--tensor-parallel`` and
+    the TPs that would do (``mdir``: a directory with the model's config.json)."""
     if tensor_parallel == 1:
         return
     hf = json.loads((mdir / "config.json").read_text())
-    for key in _SHARDED_HEADS:
-        value = hf.get(key)
-        if isinstance(value, int) and value % tensor_parallel:
+    heads = {key: hf[key] for key in _SHARDED_HEADS if isinstance(hf.get(key), int) and hf[key] > 0}
+    for key, value in heads.items():
+        if value % tensor_parallel:
+            common = math.gcd(*heads.values())
+            fits = [str(tp) for tp in range(1, common + 1) if common % tp == 0]
+            either = f"{', '.join(fits[:-1])} or {fits[-1]}" if len(fits) > 1 else fits[0]
             raise ConfigError(f"--tensor-parallel {tensor_parallel} does not divide {key}={value} of {mdir.name}: "
                               "vLLM would replicate those heads and its block size would differ from the "
-                              "replay's; use a TP that divides every head count")
+                              f"1/TP split derived here; give --tensor-parallel {either} (each divides every "
+                              "head count)")
+
+
+def _check_gpu_memory(config: ReplayConfig) -> None:
+    """``--gpu-memory`` is a size that holds the weights and the activation reserve, checked on the host
+    before any worker starts (:func:`~marconi.integrations.vllm.replay.gpu_memory.available_kv_bytes`,
+    the worker's own arithmetic) for a bundled model, whose parameter count is known here; for
+    another the worker counts them, and :func:`marconi.integrations.vllm.commands.setting_error`
+    names the flag when it refuses."""
+    assert config.gpu_memory is not None
+    memory = parse_gpu_memory(config.gpu_memory)
+    num_params = BUNDLED_NUM_PARAMS.get(config.model)
+    if num_params is not None:
+        available_kv_bytes(memory, num_params, config.weight_bytes or 2, tensor_parallel=config.tensor_parallel)
 
 
 def _check_tier(config: ReplayConfig) -> None:
     """The tier options agree: a size with policies, known names, a positive link."""
-    from marconi.integrations.vllm.replay.tiers import check_tier_arm
+    from marconi.integrations.vllm.replay.tiers import check_tier_arm, tier_capacity
 
     if config.cpu_tier is None:
         if config.tier_policies or config.host_bandwidth is not None:
             raise ConfigError("--tier-policies and --host-bandwidth need a CPU tier: give --cpu-tier (256GB or 0.5x)")
         return
     try:
-        cap = parse_capacity(config.cpu_tier)
+        tier_capacity(config.cpu_tier)
     except ConfigError as exc:
         raise ConfigError(f"--cpu-tier: {exc}") from None
-    if cap.absolute is not None and cap.absolute < 1:
-        raise ConfigError(f"--cpu-tier {config.cpu_tier!r}: give a size of at least one byte (256GB) or a fraction (0.5x)")
     if not config.tier_policies:
         raise ConfigError("--cpu-tier needs --tier-policies (e.g. lru,arc,marconi)")
     for name in config.tier_policies:
@@ -206,7 +226,7 @@ def _pool_args(config: ReplayConfig, spec: ModelSpec, requests: Sequence[Any]) -
     if config.num_blocks is not None:
         return ["--blocks", str(config.num_blocks)], {"pool": f"{config.num_blocks} blocks"}
     if config.gpu_memory is not None:
-        args = ["--gpu-memory-bytes", str(parse_bytes(config.gpu_memory))]
+        args = ["--gpu-memory-bytes", str(parse_gpu_memory(config.gpu_memory))]
         if config.weight_bytes is not None:
             args += ["--weight-bytes", str(config.weight_bytes)]
         return args, {"gpu_memory": config.gpu_memory, "weight_bytes": config.weight_bytes}

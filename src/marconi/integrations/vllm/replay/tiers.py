@@ -12,10 +12,10 @@ from typing import Any
 
 from marconi.core.registry import ConfigError
 from marconi.integrations.vllm.emulate.tier import STORE_THRESHOLD, parse_tier_arm
-from marconi.units import parse_bytes
+from marconi.units import Capacity, parse_bytes, parse_capacity
 
 __all__ = ["TIER_POLICIES", "NO_TIER", "DEFAULT_HOST_BANDWIDTH", "MARCONI_POLICY_MODULE", "extra_config", "parse_tier_policies", "check_tier_arm",
-           "parse_bandwidth"]
+           "tier_capacity", "parse_bandwidth", "BANDWIDTH_FLAG"]
 
 #: Effective host↔GPU bandwidth per direction and per GPU, bytes/s (PCIe Gen5 x16 with pinned copies).
 DEFAULT_HOST_BANDWIDTH = 55e9
@@ -76,12 +76,31 @@ def check_tier_arm(name: str) -> None:
         raise ConfigError(f"{exc}; or {NO_TIER} (GPU only)") from None
 
 
+def tier_capacity(text: str) -> Capacity:
+    """A CPU tier's size as ``vllm replay --cpu-tier`` and ``vllm diagnose --cpu-tiers`` take it: a
+    size of at least one byte (256GB) or a fraction of the trace's working set (0.5x). ConfigError
+    otherwise, without a flag: the caller names its own."""
+    cap = parse_capacity(text)
+    if cap.absolute is not None and cap.absolute < 1:
+        raise ConfigError(f"{text!r} is under one byte: give a size (256GB) or a fraction of the working set (0.5x)")
+    return cap
+
+
+#: The option :func:`parse_bandwidth` reads (its errors begin ``--host-bandwidth: ``).
+BANDWIDTH_FLAG = "--host-bandwidth"
+
+
 def parse_bandwidth(text: str | float) -> float:
-    """``--host-bandwidth``: bytes per second, as ``55GB/s``, ``55GB`` or ``5.5e10``; > 0."""
+    """``--host-bandwidth``: bytes per second, as ``55GB/s``, ``55GB`` or ``5.5e10``; > 0. ConfigError
+    naming the flag (:data:`BANDWIDTH_FLAG`) otherwise."""
     if isinstance(text, (int, float)) and not isinstance(text, bool):
         value = float(text)
     else:
-        value = float(parse_bytes(re.sub(r"\s*/\s*s\s*$", "", str(text), flags=re.IGNORECASE)))
+        try:
+            value = float(parse_bytes(re.sub(r"\s*/\s*s\s*$", "", str(text), flags=re.IGNORECASE)))
+        except ConfigError:          # unreadable, negative or above 1 EB
+            raise ConfigError(f"{BANDWIDTH_FLAG}: cannot read {text!r} as a bandwidth: give bytes per second, "
+                              "e.g. 55GB/s, 25GB/s or 5.5e10") from None
     if not value > 0:
-        raise ConfigError(f"--host-bandwidth must be > 0 bytes/s, got {text!r}")
+        raise ConfigError(f"{BANDWIDTH_FLAG}: must be > 0 bytes/s, got {text!r}")
     return value

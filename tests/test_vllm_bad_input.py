@@ -1,0 +1,177 @@
+"""Bad input to ``marconi vllm replay`` and ``marconi vllm diagnose``: refused before any work, exit 2,
+one line naming the flag to change, nothing written. No test here starts vLLM: each check runs on
+the host before a worker would (the ``--vllm-python`` given is a path that does not exist, so a
+check that came after the probe would name ``--vllm-python`` instead).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from marconi.cli import build_parser, main
+from marconi.core.registry import ConfigError
+from marconi.integrations.common.bench import select_requests
+from marconi.integrations.vllm.commands import setting_error
+from marconi.integrations.vllm.diagnose import DiagnoseConfig
+from marconi.integrations.vllm.replay.gpu_memory import BUNDLED_NUM_PARAMS, available_kv_bytes
+from marconi.integrations.vllm.replay.tiers import parse_bandwidth
+
+MODEL = "nemotron-h-8b"      # 32 attention heads, 8 KV heads and groups, 128 Mamba heads
+
+
+def _trace(path: Path, lengths: dict[int, list[int]]) -> str:
+    """A token-id trace: session -> its turns' input lengths (each turn extends the previous one)."""
+    lines = []
+    for session, turns in lengths.items():
+        for turn, n in enumerate(turns):
+            lines.append(json.dumps({"session_id": session, "turn_id": turn, "ts": float(len(lines)),
+                                     "num_input_tokens": n, "num_output_tokens": 4,
+                                     "input_tokens": [(7 * session + i) % 30000 + 1 for i in range(n)],
+                                     "output_tokens": [5, 6, 7, 8]}))
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
+def _run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
+    """``marconi ARGV``'s exit code and stderr (argparse's refusals exit through SystemExit)."""
+    try:
+        code = main(argv)
+    except SystemExit as exc:
+        code = int(exc.code or 0)
+    return code, capsys.readouterr().err
+
+
+@pytest.fixture
+def trace(tmp_path: Path) -> str:
+    return _trace(tmp_path / "good.jsonl", {s: [200, 270, 340] for s in range(3)})
+
+
+def _replay(tmp_path: Path, trace: str, *extra: str) -> list[str]:
+    return ["vllm", "replay", "--vllm-python", str(tmp_path / "no-vllm" / "python"), "--trace", trace,
+            "--concurrency", "4", "--num-requests", "5", "--out", str(tmp_path / "r.jsonl"), *extra]
+
+
+# ----------------------------------------------------------------------- --gpu-memory too small
+def test_replay_refuses_a_gpu_too_small_for_the_weights_before_the_worker_starts(
+        tmp_path: Path, trace: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """It used to start the worker, which failed with a traceback (host and worker, exit 1) whose last
+    line never named --gpu-memory. Now the host refuses it first, a sweep's point as well, naming the
+    flags that fix it; with FP8 weights the same GPU passes (the probe of --vllm-python comes next)."""
+    for memory in ("1GB", "80GB,1GB"):
+        code, err = _run(_replay(tmp_path, trace, "--gpu-memory", memory), capsys)
+        assert code == 2, err
+        line = err.strip().splitlines()[-1]
+        assert line.startswith("marconi vllm: error: --gpu-memory 1GB per GPU: "), err
+        assert "--tensor-parallel" in line and "--weight-bytes 1" in line and "give --gpu-memory 23GB" in line
+        assert "Traceback" not in err and "--vllm-python" not in err and not (tmp_path / "r.jsonl").exists()
+    code, err = _run(_replay(tmp_path, trace, "--gpu-memory", "20GB", "--weight-bytes", "1"), capsys)
+    assert code == 2 and "--vllm-python" in err and "--gpu-memory" not in err, err
+    code, err = _run(_replay(tmp_path, trace, "--gpu-memory", "0.5x"), capsys)
+    assert code == 2 and "error: --gpu-memory: cannot read '0.5x' as a size" in err, err
+
+
+def test_diagnose_and_replay_refuse_a_small_gpu_by_one_check(
+        tmp_path: Path, trace: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """One arithmetic, every caller: diagnose's refusal is the replay's, less the flag it does not have."""
+    code, err = _run(["vllm", "diagnose", "--trace", trace, "--gpu-memory", "1GB", "--out", str(tmp_path / "d")],
+                     capsys)
+    assert code == 2 and not (tmp_path / "d").exists(), err
+    with pytest.raises(ConfigError) as replay_refusal:
+        available_kv_bytes(10**9, BUNDLED_NUM_PARAMS[MODEL], 2)
+    shared = str(replay_refusal.value).split(", or FP8")[0]
+    assert err.strip() == f"marconi vllm: error: {shared}"
+    assert "--weight-bytes" not in err
+
+
+def test_the_workers_refusal_of_gpu_memory_is_named_for_a_model_directory() -> None:
+    """A model directory's parameters only vLLM counts, so the worker checks them; its failure (the
+    log's tail in a RuntimeError) comes back as the same one line naming --gpu-memory."""
+    with pytest.raises(ConfigError) as refusal:
+        available_kv_bytes(10**9, 7 * 10**9, 2)
+    message = str(refusal.value)
+    tail = ("replay worker for 'lru' failed (exit 1); log /tmp/w/out-lru.log (kept only with --work-dir):\n"
+            "[rank0]: Traceback (most recent call last):\n"
+            '[rank0]:     raise ConfigError(f"--gpu-memory {format_bytes(gpu_memory_bytes)} per GPU: "\n'
+            f"[rank0]: marconi.core.registry.ConfigError: {message}\n")
+    named = setting_error(RuntimeError(tail))
+    assert isinstance(named, ConfigError) and str(named) == message and message.startswith("--gpu-memory 1GB")
+    assert setting_error(RuntimeError("replay worker for 'lru' failed (exit -9)")) is None
+
+
+# ----------------------------------------------------------------------- --cpu-tiers
+def test_diagnose_refuses_a_bad_cpu_tiers_at_parse_time(tmp_path: Path, trace: str,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """It used to become a progress note ("lever cpu-tier abc: skipped", exit 0), or with no
+    --vllm-python to be ignored. Now argparse reads it as replay's --cpu-tier is read."""
+    base = ["vllm", "diagnose", "--trace", trace, "--gpu-memory", "80GB", "--out", str(tmp_path / "d")]
+    for vllm in ([], ["--vllm-python", str(tmp_path / "no-vllm" / "python")]):
+        for bad, says in (("abc", "cannot read 'abc' as a size"), ("0.5x,0", "'0' is 0 bytes"),
+                          ("0.5x,,1x", "expected a comma list")):
+            code, err = _run([*base, *vllm, "--cpu-tiers", bad], capsys)
+            assert code == 2 and f"error: argument --cpu-tiers: {says}" in err, (bad, err)
+            assert "Traceback" not in err and not (tmp_path / "d").exists()
+    parser = build_parser()
+    assert parser.parse_args([*base, "--cpu-tiers", ""]).cpu_tiers == ()
+    assert parser.parse_args([*base, "--cpu-tiers", "0.5x, 256GB"]).cpu_tiers == ("0.5x", "256GB")
+    assert parser.parse_args(base).cpu_tiers == ("0.5x",)
+    with pytest.raises(ConfigError, match=r"^--cpu-tiers: cannot read 'abc' as a size"):
+        DiagnoseConfig(trace=trace, model=MODEL, cpu_tiers=("abc",))
+
+
+# ----------------------------------------------------------------------- --tensor-parallel
+def test_diagnose_refuses_a_tensor_parallel_that_splits_heads_before_any_work(
+        tmp_path: Path, trace: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """It used to run (exit 0) where the replay refuses the same TP. Now diagnose calls the replay's
+    check before the trace is read: the same line from both commands."""
+    out = tmp_path / "d"
+    code, diagnose_err = _run(["vllm", "diagnose", "--trace", trace, "--gpu-memory", "80GB", "--out", str(out),
+                               "--tensor-parallel", "3"], capsys)
+    assert code == 2 and not out.exists(), diagnose_err
+    assert diagnose_err.startswith("marconi vllm: error: --tensor-parallel 3 does not divide num_attention_heads=32")
+    assert "give --tensor-parallel 1, 2, 4 or 8" in diagnose_err
+    code, replay_err = _run(_replay(tmp_path, trace, "--gpu-memory", "80GB", "--tensor-parallel", "3"), capsys)
+    assert code == 2 and replay_err == diagnose_err
+    with pytest.raises(ConfigError, match="--tensor-parallel 3"):
+        DiagnoseConfig(trace=str(tmp_path / "not-read.jsonl"), model=MODEL, tensor_parallel=3)
+
+
+# ----------------------------------------------------------------------- --host-bandwidth
+def test_replay_refuses_a_bad_host_bandwidth_at_parse_time_naming_it(
+        tmp_path: Path, trace: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """It used to say "cannot read 'abc' as a size" without naming the flag; now argparse refuses it as
+    it does the size options, and the library's parser names it too."""
+    tier = ["--cpu-tier", "0.5x"]
+    for bad, says in (("abc", "cannot read 'abc' as a bandwidth"), ("0", "must be > 0 bytes/s"),
+                      ("-5GB/s", "cannot read '-5GB/s'"), ("nan", "cannot read 'nan'")):
+        code, err = _run(_replay(tmp_path, trace, *tier, "--capacity", "0.5x", f"--host-bandwidth={bad}"), capsys)
+        last = err.strip().splitlines()[-1]
+        assert code == 2 and f"error: argument --host-bandwidth: {says}" in last and "Traceback" not in err, (bad, err)
+    with pytest.raises(ConfigError, match=r"^--host-bandwidth: cannot read 'abc' as a bandwidth"):
+        parse_bandwidth("abc")
+    args = build_parser().parse_args(_replay(tmp_path, trace, *tier, "--capacity", "0.5x", "--host-bandwidth", "25GB/s"))
+    assert args.host_bandwidth == 25e9
+
+
+# ----------------------------------------------------------------------- --max-input-len
+def test_a_cap_that_ends_sessions_says_so_once_and_selects_the_same_requests(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A session ends before its first input over --max-input-len; that used to happen silently. Now
+    one note says how many requests and sessions were left out and which flag keeps them; the
+    selection is what it was (benchmarks compare it record for record)."""
+    path = _trace(tmp_path / "t.jsonl", {0: [200, 270, 340], 1: [200, 600, 300], 2: [900, 100], 3: [100]})
+    notes: list[str] = []
+    sel = select_requests(path, max_input_len=500, notice=notes.append)
+    assert [(r.session_id, r.input_len) for r in sel.requests] == [(0, 200), (0, 270), (0, 340), (1, 200), (3, 100)]
+    assert sel.indices == [0, 1, 2, 3, 4] and sel.trace_info["trace_params"] == {"max_input_len": 500}
+    assert len(notes) == 1, notes
+    assert "4 of 9 requests left out: 2 session(s)" in notes[0] and "raise --max-input-len to keep them" in notes[0]
+    assert "--max-input-len 500 tokens" in notes[0]
+    # the default: one NOTE line on stderr; nothing when the cap cuts nothing
+    select_requests(path, max_input_len=500, num_requests=2)
+    err = capsys.readouterr().err
+    assert err.count("NOTE:") == 1 and "--max-input-len" in err
+    notes.clear()
+    assert len(select_requests(path, max_input_len=900, notice=notes.append).requests) == 9 and notes == []
