@@ -40,7 +40,7 @@ def _run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]
     return code, captured.err
 
 
-# ------------------------------------------------------------------ 1: compare reads typed records
+# ------------------------------------------------------------------ compare reads typed records
 def _record(**fields: object) -> dict:
     rec = {"trace": "t.jsonl", "system": "vanilla", "model": "paper-7b", "capacity": "0.5x", "capacity_bytes": 10,
            "mode": "sequential", "num_requests": 4, "token_hit_rate": 0.25, "hit_rate_p95": 0.5,
@@ -82,7 +82,7 @@ def test_compare_still_takes_what_simulate_writes(tmp_path, capsys):
     assert list((tmp_path / "plots").glob("*.png"))
 
 
-# ------------------------------------------------------------------ 3, 5, 6: empty name lists
+# ------------------------------------------------------------------ empty name lists
 @pytest.mark.parametrize("argv,flag", [
     (["simulate", "--systems", ""], "--systems"),
     (["simulate", "--systems", ",,,"], "--systems"),
@@ -100,7 +100,7 @@ def test_an_empty_system_or_model_list_is_refused_naming_the_flag(tmp_path, caps
     assert not out.exists()
 
 
-# ------------------------------------------------------------------ 4: latency parameters
+# ------------------------------------------------------------------ latency parameters
 def test_a_latency_parameter_that_is_not_a_number_names_latency_and_the_parameter(tmp_path, capsys, monkeypatch):
     """A bare float() said "could not convert string to float: 'x'", naming neither."""
     import marconi.cli
@@ -114,7 +114,7 @@ def test_a_latency_parameter_that_is_not_a_number_names_latency_and_the_paramete
         make_latency("h100:num_devices=0")
 
 
-# ------------------------------------------------------------------ 9: a build with no requests
+# ------------------------------------------------------------------ a build with no requests
 def test_trace_build_of_an_empty_input_is_refused_naming_it_and_writes_nothing(tmp_path, capsys):
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")
@@ -124,7 +124,7 @@ def test_trace_build_of_an_empty_input_is_refused_naming_it_and_writes_nothing(t
     assert not out.exists() and not Path(f"{out}.meta.json").exists()
 
 
-# ------------------------------------------------------------------ 10: a failed run keeps --out
+# ------------------------------------------------------------------ a failed run keeps --out
 def test_a_failed_sweep_never_replaces_out_and_keeps_its_points_beside_it(tmp_path, capsys):
     """A sweep with a point that could not run replaced a good --out with its partial records."""
     out = tmp_path / "results.jsonl"
@@ -138,13 +138,13 @@ def test_a_failed_sweep_never_replaces_out_and_keeps_its_points_beside_it(tmp_pa
     assert f"wrote 1 records to {partial}" in err and f"--out {out} left unchanged" in err
 
 
-# ------------------------------------------------------------------ 11: capacity zero
+# ------------------------------------------------------------------ capacity zero
 def test_simulate_refuses_a_zero_capacity_at_parse_time(tmp_path, capsys):
     code, err = _run(["simulate", "--trace", str(_trace(tmp_path)), "--capacity", "1GB,0", *FAST], capsys)
     assert code == 2 and "argument --capacity:" in err and "'0' is 0 bytes" in err, err
 
 
-# ------------------------------------------------------------------ 13a, 13b: the trace path
+# ------------------------------------------------------------------ the trace path
 def test_an_empty_trace_path_says_it_is_empty(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     code, err = _run(["simulate", "--trace", "", *FAST], capsys)
@@ -161,7 +161,7 @@ def test_a_directory_as_trace_is_said_to_be_a_directory(tmp_path, capsys):
     assert "unknown trace format" not in err
 
 
-# ------------------------------------------------------------------ 13c: an existing file that cannot be replaced
+# ------------------------------------------------------------------ an existing file that cannot be replaced
 @pytest.mark.skipif(not os.path.isfile("/proc/version"), reason="needs Linux's /proc")
 def test_an_out_in_a_pseudo_file_system_gives_the_real_reason(tmp_path, capsys):
     code, err = _run(["simulate", "--trace", str(_trace(tmp_path)), "--out", "/proc/version", *FAST], capsys)
@@ -169,13 +169,13 @@ def test_an_out_in_a_pseudo_file_system_gives_the_real_reason(tmp_path, capsys):
     assert "the existing file cannot be replaced" in err and "No such file or directory" not in err
 
 
-# ------------------------------------------------------------------ 13d, 13e: mrc --plot
+# ------------------------------------------------------------------ a plot's name (mrc, vllm replay, vllm bench)
 def test_mrc_plot_in_a_directory_suggests_a_png_name(tmp_path, capsys):
     folder = tmp_path / "adir"
     folder.mkdir()
     code, err = _run(["mrc", "--trace", str(_trace(tmp_path)), "--plot", str(folder), "--out",
                       str(tmp_path / "m.jsonl"), *FAST], capsys)
-    assert code == 2 and "argument --plot:" in err and f"{folder / 'results.png'}" in err, err
+    assert code == 2 and f"--plot: {folder} is a directory" in err and f"{folder / 'results.png'}" in err, err
     assert "results.jsonl" not in err
 
 
@@ -193,7 +193,20 @@ def test_mrc_plot_with_a_suffix_other_than_png_is_refused_before_any_work(tmp_pa
     assert not plot.exists() and not out.exists()
 
 
-# ------------------------------------------------------------------ 13f: stats of an empty trace
+
+@pytest.mark.parametrize("command", [["vllm", "replay", "--vllm-python", "no-such/python", "--capacity", "0.5x",
+                                      "--concurrency", "4"],
+                                     ["vllm", "bench", "--vllm-python", "no-such/python"]])
+def test_a_vllm_plot_with_a_suffix_other_than_png_is_refused_by_the_guard(tmp_path, capsys, command):
+    """The same rule for every plot output (add_output's ``suffixes``): the guard refuses the name
+    before the command starts (here before ``--vllm-python``, which does not exist, is probed)."""
+    plot = tmp_path / "r.xyz"
+    code, err = _run([*command, "--trace", str(_trace(tmp_path)), "--out", str(tmp_path / "r.jsonl"),
+                      "--plot", str(plot)], capsys)
+    assert code == 2 and f"--plot: {plot} does not end in .png" in err and "--vllm-python" not in err, err
+    assert not plot.exists() and not (tmp_path / "r.jsonl").exists()
+
+# ------------------------------------------------------------------ stats of an empty trace
 def test_trace_stats_refuses_an_empty_trace_as_validate_does(tmp_path, capsys):
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")

@@ -26,10 +26,11 @@ __all__ = ["main", "guard_outputs", "build_parser"]
 
 def guard_outputs(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Before any command, every :func:`~marconi.options.add_output` option of the chosen sub-command goes
-    through :func:`marconi.io.check_output` with every other named path as input; two outputs may not be
-    the same file. ConfigError naming the option, the path and the fix."""
+    through :func:`marconi.io.check_output` with every other named path as input, and an output written
+    in one format only (its ``suffixes``: a plot's ``.png``) must be named so; first, two outputs may
+    not be the same file. ConfigError naming the option, the path and the fix."""
     from marconi.io import check_output, is_stream
-    from marconi.options import chosen_actions, is_reread, output_kind, values_of
+    from marconi.options import chosen_actions, is_reread, output_kind, output_suffixes, values_of
 
     actions = chosen_actions(parser, args)
     outputs = [(a, v) for a in actions if output_kind(a) for v in values_of(getattr(args, a.dest, None)) if v]
@@ -40,19 +41,21 @@ def guard_outputs(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
     inputs = read_files(traces=items, files=items)
     reread = [p for a in actions if is_reread(a) for p in values_of(getattr(args, a.dest, None)) if p]
     files: dict[str, str] = {}
+    for action, path in outputs:        # two outputs in one file first: that says more than either's name
+        flag = action.option_strings[-1] if action.option_strings else action.dest
+        if output_kind(action) == "file" and not is_stream(path):  # /dev/null twice is fine
+            real = os.path.realpath(path)
+            if real in files:
+                raise ConfigError(f"{flag} {path} is also {files[real]}: give each output its own file")
+            files[real] = f"{flag} {path}"
     for action, path in outputs:
         flag, kind = action.option_strings[-1] if action.option_strings else action.dest, output_kind(action)
         if kind == "workdir":
             check_output(path, directory=True, option=flag)
             continue
         # a directory replaced as a whole may hold the records it is re-rendered from (read first)
-        check_output(path, directory=kind == "dir", option=flag,
+        check_output(path, directory=kind == "dir", option=flag, suffixes=output_suffixes(action),
                      inputs=[i for i in inputs if not (kind == "dir" and i in reread)])
-        if kind == "file" and not is_stream(path):  # /dev/null twice is fine
-            real = os.path.realpath(path)
-            if real in files:
-                raise ConfigError(f"{flag} {path} is also {files[real]}: give each output its own file")
-            files[real] = f"{flag} {path}"
 
 
 # --------------------------------------------------------------------------- models / systems
@@ -257,7 +260,7 @@ def _cmd_mrc(args: argparse.Namespace) -> int:
                           f"(e.g. {out.with_suffix('.png')})")
     inputs = read_files(traces=[args.trace], models=[args.model])
     check_output(out, inputs=inputs)  # before the sweep, not after
-    check_output(png, inputs=inputs, option="--plot", suffixes=_PLOT_SUFFIXES)
+    check_output(png, inputs=inputs, option="--plot")     # a --plot given was checked by the guard, its .png too
     check_output(_kept_at(out, failed=True), inputs=inputs, option=_partial_option("--out"))
     check_output(_kept_at(png, failed=True), inputs=inputs, option=_partial_option("--plot"))
     systems = split_name_list(args.systems)
@@ -326,18 +329,6 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 # --------------------------------------------------------------------------- parser
-# Plots are written as PNG whatever their name says (marconi.report.save_figure).
-_PLOT_SUFFIXES = (".png",)
-
-
-def _plot_path(text: str) -> str:
-    """argparse type of a plot path: not a directory (refused with a ``.png`` name to give instead);
-    the suffix is checked with the other outputs, before any work (:func:`_cmd_mrc`). Empty: the default."""
-    from marconi.io import suffix_refusal
-
-    if text and os.path.isdir(text):
-        raise argparse.ArgumentTypeError(suffix_refusal(text, _PLOT_SUFFIXES))
-    return text
 
 
 # The library's command modules, each with ``register(subparsers)``, and the group name of those
@@ -352,7 +343,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The ``marconi`` parser: every numeric option typed with its domain, every output marked
     (:mod:`marconi.options`)."""
     from marconi.core.registry import Domain
-    from marconi.options import CapacityList, NameList, Number, add_output
+    from marconi.options import PLOT_SUFFIXES, CapacityList, NameList, Number, add_output
 
     systems, models = NameList("system"), NameList("model")
 
@@ -406,7 +397,8 @@ def build_parser() -> argparse.ArgumentParser:
                help="records (JSONL, written atomically); if some points cannot run, the curve of those that "
                     "did goes beside --out and --plot (R.jsonl -> R.partial.jsonl, R.png -> R.partial.png) and "
                     "they are left unchanged")
-    add_output(mrc, "--plot", default=None, type=_plot_path, help="PNG path (default: --out with .png)")
+    add_output(mrc, "--plot", default=None, suffixes=PLOT_SUFFIXES,
+               help="PNG path (default: --out with .png)")
     mrc.add_argument("--no-ceilings", action="store_true", help="do not add oracle and infinite")
     mrc.add_argument("--workers", type=worker_count, default=None,
                      help="parallel processes (default: one per core, at most the CPUs)")

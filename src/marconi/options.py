@@ -131,13 +131,17 @@ class CapacityList:
 
 
 OUTPUT_KINDS = ("file", "dir", "workdir")
+#: The ``suffixes`` of a plot output: plots are written as PNG whatever their name says
+#: (:func:`marconi.report.save_figure`).
+PLOT_SUFFIXES = (".png",)
 _OUTPUT_ATTR = "marconi_output"
 _REREAD_ATTR = "marconi_reread"
 _BESIDE_ATTR = "marconi_beside"
+_SUFFIXES_ATTR = "marconi_suffixes"
 
 
 def add_output(parser: argparse.ArgumentParser, *flags: str, kind: str = "file",
-               beside: tuple[str, str] | None = None, **kwargs: Any) -> argparse.Action:
+               beside: tuple[str, str] | None = None, suffixes: tuple[str, ...] = (), **kwargs: Any) -> argparse.Action:
     """``parser.add_argument`` for a written path, marked for the guard. ``kind``: ``file``, ``dir``
     (replaced whole) or ``workdir`` (scratch); an empty value means "skip". ``beside=(dest, suffix)``:
     when the option is not given, :func:`fill_beside` names it after the output ``dest`` with
@@ -148,6 +152,7 @@ def add_output(parser: argparse.ArgumentParser, *flags: str, kind: str = "file",
         kwargs.setdefault("default", None)
     action = parser.add_argument(*flags, **kwargs)
     setattr(action, _OUTPUT_ATTR, kind)
+    setattr(action, _SUFFIXES_ATTR, tuple(suffixes))
     if beside is not None:
         setattr(action, _BESIDE_ATTR, beside)
     return action
@@ -181,6 +186,11 @@ def add_reread(parser: argparse.ArgumentParser, *flags: str, **kwargs: Any) -> a
 def output_kind(action: argparse.Action) -> str | None:
     """The :func:`add_output` kind of ``action``, or None for an option that is not an output."""
     return getattr(action, _OUTPUT_ATTR, None)
+
+
+def output_suffixes(action: argparse.Action) -> tuple[str, ...]:
+    """The :func:`add_output` ``suffixes`` of ``action``: the only formats it is written in (empty: any)."""
+    return getattr(action, _SUFFIXES_ATTR, ())
 
 
 def is_reread(action: argparse.Action) -> bool:

@@ -15,7 +15,7 @@ import sys
 from typing import Any
 
 from marconi.integrations.vllm.commands import ALPHA, CONCURRENCY, POOL_BLOCKS, RETENTION
-from marconi.options import COUNT, TOKENS, NameList, Number, add_output
+from marconi.options import COUNT, PLOT_SUFFIXES, TOKENS, NameList, Number, add_output
 
 __all__ = ["register"]
 
@@ -57,7 +57,7 @@ def register(vllm: Any) -> None:
                        help="vLLM's prefix_cache_retention_interval: 0 (default), none (every block) or tokens")
     add_output(bench, "--work-dir", kind="workdir", default="results/vllm_bench_work", help="model, server logs, block traces")
     add_output(bench, "--out", default="results/vllm_bench.jsonl", help="JSONL records (written atomically)")
-    add_output(bench, "--plot", beside=("out", ".png"),
+    add_output(bench, "--plot", beside=("out", ".png"), suffixes=PLOT_SUFFIXES,
                help="TTFT CDF PNG (default: beside --out, R.jsonl -> R.png; '' to skip)")
     add_output(bench, "--record-fixture", default=None,
                        help="also write per-request counts and outputs here (the emulation test's fixture)")

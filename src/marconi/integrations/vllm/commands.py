@@ -14,8 +14,8 @@ from typing import Any
 
 from marconi.commandline import comma_list
 from marconi.core.registry import ConfigError, Domain
-from marconi.options import (CHECKPOINT_BUDGET, COUNT, MAX_BLOCKS, MAX_TOKENS, TOKENS, CapacityList, NameList, Number,
-                             NumberList, add_output)
+from marconi.options import (CHECKPOINT_BUDGET, COUNT, MAX_BLOCKS, MAX_TOKENS, PLOT_SUFFIXES, TOKENS, CapacityList,
+                             NameList, Number, NumberList, add_output)
 from marconi.sim.backends import worker_count
 
 __all__ = ["register", "CONCURRENCY", "POOL_BLOCKS", "ALPHA", "RETENTION", "replay_axes", "setting_error"]
@@ -128,7 +128,7 @@ def _register_replay(sub: Any) -> None:
     add_output(replay, "--work-dir", kind="workdir", default=None,
                help="requests, worker logs and results (default: a temp dir)")
     add_output(replay, "--out", default="results/vllm_replay.jsonl", help="JSONL records (written atomically)")
-    add_output(replay, "--plot", beside=("out", ".png"),
+    add_output(replay, "--plot", beside=("out", ".png"), suffixes=PLOT_SUFFIXES,
                help="the plot PNG: TTFT CDF, the sweep's or the tiers' (default: beside --out, R.jsonl -> R.png; "
                     "'' to skip)")
     replay.set_defaults(func=_cmd_replay)
