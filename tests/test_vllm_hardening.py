@@ -265,8 +265,8 @@ def test_vllm_bench_checks_its_options_before_anything_runs(tmp_path: Path, caps
              # refused by argparse now (issue 31: numeric options are typed with their domains)
              (["--retention", "abc"], "argument --retention: must be an integer >= 0"),
              (["--retention=-384"], "argument --retention: must be an integer >= 0"),
-             (["--retention", "100"], "argument --retention: must be an integer >= 0 and <= 16,777,216, a multiple of 16"),
-             (["--retention", "160"], "--retention 160: must be 0, none or a multiple of the block"),
+             (["--retention", "100"], "argument --retention: must be an integer >= 0 and <= 16,777,216, a multiple of 128"),
+             (["--retention", "128"], "--retention 128: must be 0, none or a multiple of the block"),
              (["--prefix-match-unit", "7"], "--prefix-match-unit 7: must divide the block"),
              (["--max-num-batched-tokens", "0"], "argument --max-num-batched-tokens: must be an integer >= 1"))
     for extra, message in cases:

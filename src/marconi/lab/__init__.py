@@ -5,5 +5,5 @@ frontier``), the benches (``marconi engine bench``, ``marconi vllm bench``, ``ma
 per-group placement study (:mod:`~marconi.lab.sparse_groups`).
 
 The lab imports the library; nothing in the library imports the lab. Its commands are wired by
-:mod:`marconi.lab.commands`.
+:mod:`marconi.lab.commands`; the argparse checks several of them share are in :mod:`marconi.lab.option_types`.
 """

@@ -5,8 +5,8 @@ library's ``engine`` group.
                          [--sessions 8] [--limit 24] [--capacity 2GB] [--lengths 1024,2048,4096] [--clock cpu|wall] [--out FILE.jsonl]
 
 Only the handler prints; torch and transformers are imported when it runs. It checks every option
-(``--out``, ``--lengths``, ``--capacity``) and cuts the trace before the model loads, so a typo
-never costs a replay; a run with no cache hit to measure exits 1 after its table.
+(``--eviction`` at parse time; ``--out``, ``--lengths``, ``--capacity``, ``--model``) and cuts the trace
+before the model loads, so a typo never costs a replay; a run with no cache hit to measure exits 1 after its table.
 """
 
 from __future__ import annotations
@@ -14,9 +14,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
 from marconi.core.registry import ConfigError, Domain
+from marconi.lab.option_types import eviction_policy
 from marconi.options import COUNT, TOKENS, Number, add_output
 from marconi.units import request_limit
 
@@ -38,7 +40,8 @@ def register(engine: Any) -> None:
     bench.add_argument("--sessions", type=Number(COUNT), default=8, help="at most this many sessions")
     bench.add_argument("--limit", type=request_limit, default=24, help="at most this many requests (>= 1)")
     bench.add_argument("--capacity", default="2GB", help="cache capacity (e.g. 512MB, 2GB)")
-    bench.add_argument("--eviction", default="lru")
+    bench.add_argument("--eviction", default="lru", type=eviction_policy,
+                       help="the cache's eviction policy (`marconi systems` lists them), e.g. lru, flop-aware")
     bench.add_argument("--lengths", default="1024,2048,4096",
                        help="prefill lengths for the checkpointing overhead ('' to skip)")
     bench.add_argument("--repeats", type=Number(REPEATS), default=1,
@@ -92,8 +95,12 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
     import torch
 
-    from marconi.engine.models import describe, load_model
+    from marconi.engine.models import PRESETS, describe, load_model
     from marconi.lab import engine_bench as bench
+
+    if args.model not in PRESETS and not Path(args.model).exists():   # load_model's two sources, before the trace
+        raise ConfigError(f"--model {args.model!r}: unknown model: use a preset ({', '.join(PRESETS)}) or a local "
+                          "checkpoint directory")
 
     source = (f"agent-cpu-synthetic:sessions={args.sessions},max_input_len={args.max_input}"
               if args.trace == "synthetic" else args.trace)

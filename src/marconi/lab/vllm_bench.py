@@ -297,11 +297,13 @@ def make_record(config: BenchConfig, trace_info: dict[str, Any], spec: ModelSpec
 # ====================================================================================== the bench
 def build_model(config: BenchConfig, progress: Progress) -> Path:
     """The preset's random-weight model, built in the vLLM environment (probed first: ConfigError
-    naming ``--vllm-python`` unless it is one, :func:`marconi.integrations.common.probe.probe_python`)."""
+    naming ``--vllm-python`` unless it is one, :func:`marconi.integrations.common.probe.probe_python`).
+    Creates ``work_dir`` only once the probe passed, so a refused run leaves no empty directory."""
     from marconi.integrations.common.probe import probe_python
     from marconi.pool import run_child
 
     probe_python(config.vllm_python, "vllm", option="--vllm-python", make_target="make vllm-env")
+    Path(config.work_dir).mkdir(parents=True, exist_ok=True)   # once the probe passed: a refusal leaves nothing
     model_dir = Path(config.work_dir) / "models" / config.model
     progress(f"building {config.model} (random weights, seed {config.seed}) in {model_dir}")
     proc = run_child([config.vllm_python, "-m", "marconi.integrations.vllm.models", config.model, str(model_dir),
@@ -328,7 +330,6 @@ def run_bench(config: BenchConfig, progress: Progress | None = None) -> BenchOut
     ConfigError naming ``--vllm-python`` unless it runs and has vLLM and this project)."""
     say = progress or (lambda msg: print(msg, file=sys.stderr))
     requests, indices, trace_info = select_requests(config, notice=say)
-    Path(config.work_dir).mkdir(parents=True, exist_ok=True)
     say(f"trace {trace_info['trace']}: {len(requests)} requests, {sum(r.input_len for r in requests):,} prompt "
         f"tokens, {sum(max_tokens(r) for r in requests):,} output tokens")
     model_dir = build_model(config, say)

@@ -10,25 +10,40 @@ Only the handler prints (progress to stderr, the table to stdout).
 from __future__ import annotations
 
 import argparse
+import math
 import shlex
 import sys
 from typing import Any
 
-from marconi.integrations.vllm.commands import ALPHA, CONCURRENCY, POOL_BLOCKS, RETENTION
-from marconi.options import COUNT, PLOT_SUFFIXES, TOKENS, NameList, Number, add_output
+from marconi.core.registry import Domain
+from marconi.integrations.common.probe import python_command
+from marconi.integrations.vllm.commands import ALPHA, CONCURRENCY, POOL_BLOCKS
+from marconi.options import COUNT, MAX_TOKENS, PLOT_SUFFIXES, TOKENS, NameList, Number, add_output
 
 __all__ = ["register"]
+
+
+def _retention_domain(block_sizes: dict[str, int]) -> Domain:
+    """``--retention`` of the bench: 0, none or tokens. At parse time a multiple of the presets' blocks'
+    common divisor (``block_sizes``: preset -> tokens, each named in the hint); the exact multiple,
+    of ``--model``'s block, is :class:`~marconi.lab.vllm_bench.BenchConfig`'s check."""
+    return Domain(0, MAX_TOKENS, integer=True, multiple_of=math.gcd(*block_sizes.values()), words=("none",),
+                  hint=f"vLLM needs a multiple of --model's block: {_blocks(block_sizes)}")
+
+
+def _blocks(block_sizes: dict[str, int]) -> str:
+    return ", ".join(f"{block} tokens for {name}" for name, block in sorted(block_sizes.items()))
 
 
 def register(vllm: Any) -> None:
     """Add ``bench`` to the ``marconi vllm`` group's subparsers object (what
     :func:`marconi.integrations.vllm.commands.register` returns)."""
-    from marconi.integrations.vllm.models import PRESETS
+    from marconi.integrations.vllm.models import BLOCK_SIZES, PRESETS
     from marconi.integrations.vllm.policy import DEFAULT_ALPHA
 
     bench = vllm.add_parser("bench", help="stock vLLM vs vLLM + the Marconi plugin on a real server and a trace; "
                                           "hit rates from vLLM's counters, TTFT from a streaming client")
-    bench.add_argument("--vllm-python", default=".venv-vllm/bin/python",
+    bench.add_argument("--vllm-python", default=".venv-vllm/bin/python", type=python_command,
                        help="python of the vLLM environment (`make vllm-env` builds .venv-vllm)")
     bench.add_argument("--model", default="qwen3_next-tiny", choices=sorted(PRESETS),
                        help="tiny random-weight preset, built at run time")
@@ -53,8 +68,9 @@ def register(vllm: Any) -> None:
     bench.add_argument("--max-num-batched-tokens", type=Number(TOKENS), default=2048)
     bench.add_argument("--prefix-match-unit", type=Number(TOKENS), default=None,
                        help="vLLM's hash granularity (default: the block); finer lets hits land inside a block")
-    bench.add_argument("--retention", default="0", type=Number(RETENTION, text=True),
-                       help="vLLM's prefix_cache_retention_interval: 0 (default), none (every block) or tokens")
+    bench.add_argument("--retention", default="0", type=Number(_retention_domain(BLOCK_SIZES), text=True),
+                       help="vLLM's prefix_cache_retention_interval: 0 (default), none (every block) or tokens, "
+                            f"a multiple of --model's block ({_blocks(BLOCK_SIZES)})")
     add_output(bench, "--work-dir", kind="workdir", default="results/vllm_bench_work", help="model, server logs, block traces")
     add_output(bench, "--out", default="results/vllm_bench.jsonl", help="JSONL records (written atomically)")
     add_output(bench, "--plot", beside=("out", ".png"), suffixes=PLOT_SUFFIXES,

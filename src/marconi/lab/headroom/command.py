@@ -9,8 +9,9 @@ import time
 
 from marconi.core.model import get_model
 from marconi.core.registry import ConfigError, split_name_list
+from marconi.lab.option_types import simulator_model
 from marconi.units import parse_capacity, request_limit
-from marconi.options import add_output, add_reread
+from marconi.options import CapacityList, add_output, add_reread
 
 __all__ = ["register"]
 
@@ -32,10 +33,8 @@ def _cmd_headroom(args: argparse.Namespace) -> int:
     from marconi.sim.replay import working_set_bytes
 
     traces = split_name_list(args.traces)
-    capacities = [c.strip() for c in args.capacities.split(",") if c.strip()]
-    for cap in capacities:   # every option is checked before a trace loads
-        parse_capacity(cap)
-    spec = get_model(args.model)
+    capacities = [c.strip() for c in args.capacities.split(",")]   # checked by argparse (CapacityList)
+    spec = get_model(args.model)   # every option is checked before a trace loads
     default_system(args.default)
     if not traces or not capacities:
         raise ConfigError("--traces and --capacities each need at least one entry")
@@ -99,9 +98,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_output(p, "--out", kind="dir", required=True, help="directory for records.jsonl, requests.jsonl, plots/ and report.md")
     p.add_argument("--traces", default=DEFAULT_TRACES,
                    help=f"comma list of catalog names or trace files (default: {DEFAULT_TRACES})")
-    p.add_argument("--capacities", default=DEFAULT_CAPACITIES,
+    p.add_argument("--capacities", default=DEFAULT_CAPACITIES, type=CapacityList(),
                    help=f"sizes or working-set fractions (default: {DEFAULT_CAPACITIES})")
-    p.add_argument("--model", default="paper-7b")
+    p.add_argument("--model", default="paper-7b", type=simulator_model,
+                   help="a model preset (`marconi models`) or a Hugging Face config.json / model directory")
     p.add_argument("--default", default="marconi",
                    help="the online system compared with the oracle (default: marconi, the worlds chooser)")
     p.add_argument("--limit", type=request_limit, default=None, help="only the first N requests of each trace")

@@ -151,8 +151,16 @@ class DeadFirstEviction(EvictionBase):
 def default_system(name: str) -> SystemConfig:
     """The system whose gap to the oracle is studied (``marconi``, ``sglang+``, ``marconi:alpha=1``...):
     a :class:`SystemConfig` without the future and without a bootstrap tuner (its eviction must be
-    a policy the steps can wrap)."""
-    system = make_system(name)
+    a policy the steps can wrap).
+
+    Raises:
+        ConfigError: naming ``--default``, for an unknown system or parameter, or a system the study
+            cannot compare.
+    """
+    try:
+        system = make_system(name)
+    except ConfigError as exc:   # an unknown system or parameter: say which option holds it
+        raise ConfigError(f"--default {name!r}: {exc}") from None
     if not isinstance(system, SystemConfig) or system.needs_future or system.unbounded or system.tuning is not None:
         raise ConfigError(f"--default {name!r}: choose an online system with a fixed or adaptive eviction "
                           "(marconi, marconi:selector=regret, sglang+, marconi:alpha=1 ...), not a tuned, "

@@ -3,7 +3,9 @@
 ``--out`` is replaced as a whole once the new report is complete (the earlier report stays whole
 until then, and an interrupted run leaves it as it was). So the command says, before it starts,
 that an earlier report there will be replaced, and refuses a non-empty directory that holds
-anything but a report (its files would be lost), or one that holds an input of the run.
+anything but a report (its files would be lost), or one that holds an input of the run. The
+latency tables (``--jamba-table``, ``--engine-latency``) are read before any simulation too, and
+``--quick`` with ``--profile`` is refused (one of them says which profile runs).
 """
 
 from __future__ import annotations
@@ -28,9 +30,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "reproduce", help="reproduce the Marconi paper's evaluation (figs. 7-13 + ablations) into one report",
         description="Runs every figure's sweep on real traces and writes report.md, PNG figures and the "
                     "JSONL records behind each figure.")
-    p.add_argument("--quick", action="store_true", help="smaller traces and fewer points (minutes on 2 cores)")
-    p.add_argument("--profile", choices=sorted(PROFILES), default=None,
-                   help="full (default) | quick (= --quick) | tiny (CI smoke test: vendored and synthetic data)")
+    size = p.add_mutually_exclusive_group()   # one says which profile runs: both are refused, never resolved
+    size.add_argument("--quick", action="store_true", help="smaller traces and fewer points (minutes on 2 cores)")
+    size.add_argument("--profile", choices=sorted(PROFILES), default=None,
+                      help="full (default) | quick (= --quick) | tiny (CI smoke test: vendored and synthetic data)")
     add_output(p, "--out", kind="dir", default="report",
                    help="output directory (default: report/), replaced as a whole once the new report is complete: "
                         "an earlier report there is replaced (said first); a directory holding anything else "
@@ -57,6 +60,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def _cmd_reproduce(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
+    from marconi.lab.reproduce.latency import latency_set
     from marconi.lab.reproduce.pipeline import rerender, run_reproduction
 
     name = args.profile or ("quick" if args.quick else "full")
@@ -80,6 +84,7 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
     # before minutes of simulation, not after: the directory is writable and holds no input of the run
     inputs = [p for p in (args.jamba_table, args.engine_latency, *args.lmsys) if p]
     check_output(args.out, directory=True, inputs=inputs)
+    latency_set(args.jamba_table, args.engine_latency)   # the tables the report reads, parsed now (flag, file:line)
     if args.report_only:
         ctx = rerender(profile, args.out, jamba_table=args.jamba_table, engine_latency=args.engine_latency)
         print(f"rewrote {Path(args.out) / 'report.md'} from {len(ctx.records)} records", file=sys.stderr)

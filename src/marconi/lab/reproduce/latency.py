@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -73,14 +73,30 @@ def engine_latency_from_file(path: str | Path) -> TableLatency:
 
 
 def latency_set(jamba_table: str | Path | None, engine_latency: str | Path | None) -> LatencySet:
+    """The latency models of the report: the roofline, the Jamba table (``jamba_table``, or the shared
+    data set's when None) and the engine's table (``engine_latency``, when given).
+
+    Cheap (two small files), so ``marconi reproduce`` calls it before any simulation as well as at
+    report time: a bad table is refused before the hours of work, not after them.
+
+    Raises:
+        ConfigError: naming ``--jamba-table`` / ``--engine-latency`` and the file (and line where it
+            has one): a given path that is not a file, or a table that does not parse. Only the
+            default (shared) Jamba table may be missing: the report then says it is not available.
+    """
     models: dict[str, Any] = {"A100 roofline": RooflineLatency("a100")}
     notes = {"A100 roofline": "prefill FLOPs of the uncached span of the paper's 7B hybrid at 50% of an A100's "
                               "312 TFLOP/s, + 5 ms (`RooflineLatency('a100')`)"}
-    if jamba_table is None:
+    table = None
+    if jamba_table is not None:
+        table = _read_table("--jamba-table", jamba_table, TableLatency.from_csv)
+    else:
         shared = shared_data_dir()
         jamba_table = shared.joinpath(*JAMBA_TABLE) if shared is not None else None
-    if jamba_table is not None and Path(jamba_table).is_file():
-        table = TableLatency.from_csv(jamba_table)
+        if jamba_table is not None and jamba_table.is_file():
+            table = _read_table("--jamba-table (default: the shared data set's table)", jamba_table,
+                                TableLatency.from_csv)
+    if table is not None:
         models["Jamba table"] = table
         notes["Jamba table"] = (f"the paper's Jamba-1.5-Mini 4×A100 measurements ({Path(jamba_table).name}, read from "
                                 f"../shared, not vendored) fitted with a line as the paper did: "
@@ -94,7 +110,7 @@ def latency_set(jamba_table: str | Path | None, engine_latency: str | Path | Non
                                                       "the shared data set, which holds latency/" + JAMBA_TABLE[1]
                                                       + f", was not found (looked at {shared_data_where()})"))
     if engine_latency is not None:
-        eng = engine_latency_from_file(engine_latency)
+        eng = _read_table("--engine-latency", engine_latency, engine_latency_from_file)
         models["engine (CPU, measured)"] = eng
         notes["engine (CPU, measured)"] = (f"{Path(engine_latency).name} fitted with a line: TTFT = "
                                            f"{eng.intercept_s * 1000:.1f} ms + {eng.slope_s_per_token * 1e6:.1f} µs × "
@@ -104,6 +120,25 @@ def latency_set(jamba_table: str | Path | None, engine_latency: str | Path | Non
         notes["engine (CPU, measured)"] = ("not available: no engine latency table was given (run `marconi engine "
                                            "bench --out bench.jsonl` and pass `--engine-latency bench.jsonl`)")
     return LatencySet(models, notes)
+
+
+_WHAT_TO_GIVE = {"--jamba-table": "give the Jamba TTFT CSV (tokens, ttft), or leave --jamba-table out for the "
+                                   "shared data set's",
+                 "--engine-latency": "give a TTFT CSV (tokens, ttft) or `marconi engine bench --out` JSONL"}
+
+
+def _read_table(flag: str, path: str | Path, read: Callable[[str | Path], TableLatency]) -> TableLatency:
+    """``read(path)``, with any refusal as a ConfigError naming ``flag`` and the file (``path:line``
+    where the reader gives one)."""
+    if not Path(path).is_file():
+        what = "a directory" if Path(path).is_dir() else "no such file"
+        raise ConfigError(f"{flag} {path}: {what}" + (f"; {_WHAT_TO_GIVE[flag]}" if flag in _WHAT_TO_GIVE else ""))
+    try:
+        return read(path)
+    except (ValueError, OSError) as exc:   # ConfigError and JsonError are ValueErrors
+        reason = str(exc)
+        where = "" if str(Path(path)) in reason else f" {path}"
+        raise ConfigError(f"{flag}{where}: {reason}") from None
 
 
 def ttft(rec: dict[str, Any], lat: LatencyModel, spec: ModelSpec) -> tuple[np.ndarray, np.ndarray]:

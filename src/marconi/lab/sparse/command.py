@@ -5,14 +5,17 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
+from marconi.lab.option_types import simulator_model
 from marconi.lab.sparse.report import findings, write_outputs
-from marconi.lab.sparse.study import DEFAULT_WORKLOADS, StudyConfig, plan_tasks, run_study
+from marconi.lab.sparse.study import DEFAULT_WORKLOADS, LARGE, StudyConfig, plan_tasks, run_study
 from marconi.lab.sparse.workloads import WORKLOADS, study_workload
 from marconi.core.registry import ConfigError
 from marconi.io import check_output
-from marconi.options import CHECKPOINT_BUDGET, SEED, Number, NumberList, add_output, add_reread
+from marconi.options import (CHECKPOINT_BUDGET, SEED, CapacityList, NameList, Number, NumberList,
+                             add_output, add_reread)
 from marconi.sim.backends import worker_count
 from marconi.workloads.paths import shared_data_where
 
@@ -32,9 +35,8 @@ def _cmd_sparse(args: argparse.Namespace) -> int:
 
     config = StudyConfig.for_run(
         quick=args.quick, tiny=args.tiny, model=args.model, seed=args.seed, workers=args.workers,
-        workloads=tuple(w.strip() for w in args.workloads.split(",") if w.strip()) if args.workloads else None,
-        budgets=tuple(args.budgets) if args.budgets else None,
-        capacities=tuple(c.strip() for c in args.capacities.split(",") if c.strip()) if args.capacities else None)
+        workloads=args.workloads, budgets=tuple(sorted(args.budgets)) if args.budgets else None,
+        capacities=args.capacities)
     started = time.perf_counter()
     workloads, notes = [], []
     for name in config.workloads:
@@ -98,16 +100,47 @@ def _cmd_render(args: argparse.Namespace) -> int:
     return 0
 
 
+def _workloads(text: str) -> tuple[str, ...]:
+    """argparse ``type=`` of ``--workloads``: a comma list of the study's workloads, each once."""
+    names = NameList("workload")(text)
+    items = tuple(w.strip() for w in names.split(","))
+    unknown = [w for w in items if w not in WORKLOADS]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown workload{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}; "
+                                         f"choose from {', '.join(WORKLOADS)}")
+    return items
+
+
+def _capacities(text: str) -> tuple[str, ...]:
+    """argparse ``type=`` of ``--capacities``: 'large' (unbounded) and/or sizes or working-set fractions."""
+    items = [c.strip() for c in str(text).split(",")]
+    if not all(items):
+        raise argparse.ArgumentTypeError(f"expected a comma list of {LARGE}, sizes (10GB) or fractions of the "
+                                         f"working set (0.05x), got {text!r}")
+    sized = [c for c in items if c != LARGE]
+    if sized:
+        CapacityList()(",".join(sized))   # ArgumentTypeError naming the item that is not a size
+    return tuple(items)
+
+
+# The sparse DP places at least one state per sequence (CHECKPOINT_BUDGET also admits 0, "none").
+_BUDGET = replace(CHECKPOINT_BUDGET, lo=1)
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("sparse", help="sparse prefix caching: DP checkpoint placement vs heuristics",
                               description=DESCRIPTION)
     add_output(p, "--out", kind="dir", required=True, help="directory for records.jsonl, plots/ and summary.md")
-    p.add_argument("--quick", action="store_true", help="M in {1,2,4,8}, smaller traces (a few minutes)")
-    p.add_argument("--tiny", action="store_true", help="smallest traces, M in {1,2,4,8} (a smoke test)")
-    p.add_argument("--workloads", help=f"comma list from {', '.join(WORKLOADS)} (default: {','.join(DEFAULT_WORKLOADS)})")
-    p.add_argument("--budgets", type=NumberList(CHECKPOINT_BUDGET), help="comma list of M (default 1..16; --quick/--tiny: 1,2,4,8)")
-    p.add_argument("--capacities", help="'large' (unbounded) and/or sizes or working-set fractions, e.g. large,0.25x")
-    p.add_argument("--model", default="paper-7b")
+    size = p.add_mutually_exclusive_group()   # one says which size runs: both are refused, never resolved
+    size.add_argument("--quick", action="store_true", help="M in {1,2,4,8}, smaller traces (a few minutes)")
+    size.add_argument("--tiny", action="store_true", help="smallest traces, M in {1,2,4,8} (a smoke test)")
+    p.add_argument("--workloads", type=_workloads,
+                   help=f"comma list from {', '.join(WORKLOADS)} (default: {','.join(DEFAULT_WORKLOADS)})")
+    p.add_argument("--budgets", type=NumberList(_BUDGET), help="comma list of M (default 1..16; --quick/--tiny: 1,2,4,8)")
+    p.add_argument("--capacities", type=_capacities,
+                   help="'large' (unbounded) and/or sizes or working-set fractions, e.g. large,0.25x")
+    p.add_argument("--model", default="paper-7b", type=simulator_model,
+                   help="a model preset (`marconi models`) or a Hugging Face config.json / model directory")
     p.add_argument("--seed", type=Number(SEED), default=0)
     p.add_argument("--workers", type=worker_count, default=None, help="parallel processes (default: one per core)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
