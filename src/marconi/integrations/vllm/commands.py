@@ -13,6 +13,7 @@ import sys
 from typing import Any
 
 from marconi.commandline import comma_list
+from marconi.integrations.common.probe import python_command
 from marconi.core.registry import ConfigError, Domain
 from marconi.options import (CHECKPOINT_BUDGET, COUNT, MAX_BLOCKS, MAX_TOKENS, PLOT_SUFFIXES, TOKENS, CapacityList,
                              NameList, Number, NumberList, add_output)
@@ -30,13 +31,17 @@ ALPHA = Domain(0, 10**6, words=("adaptive",))
 # vLLM's prefix_cache_retention_interval: >= 0 (pydantic's ge=0 in vllm/config/cache.py) and a
 # multiple of the scheduler's block (_validate_prefix_cache_retention_interval in
 # vllm/v1/core/kv_cache_coordinator.py); None (`none`) is dense. The block is vLLM's choice for the
-# model (nemotron-h-8b: 1,152 tokens on vLLM 0.32; the replay records it as block_size) and is
-# always a multiple of the attention kernel's 16 tokens, so that much is checked here.
-_RETENTION_HINT = ("vLLM needs a multiple of the model's block, which the replay records as block_size "
-                   "(nemotron-h-8b: 1152); `vllm frontier --intervals` rounds up for you")
+# model (nemotron-h-8b: 1,152 tokens on vLLM 0.32) and is always a multiple of the attention
+# kernel's 16 tokens, so that much is checked here. RETENTION is public, for any command serving
+# any model: its hint names no model's block; only the replay's own domain names its default model's.
+_RETENTION_HINT = ("vLLM needs a multiple of the model's block (vLLM's choice for the model, recorded as "
+                   "block_size); `vllm frontier --intervals` rounds up for you")
+_REPLAY_RETENTION_HINT = ("vLLM needs a multiple of the model's block, which the replay records as block_size "
+                          "(1152 for its default model, nemotron-h-8b, on vLLM 0.32); `vllm frontier --intervals` "
+                          "rounds up for you")
 RETENTION = Domain(0, MAX_TOKENS, integer=True, multiple_of=16, words=("none",), hint=_RETENTION_HINT)
 RETENTION_OR_SPARSE = Domain(0, MAX_TOKENS, integer=True, multiple_of=16, words=("none", "sparse-dp"),
-                             hint=_RETENTION_HINT)
+                             hint=_REPLAY_RETENTION_HINT)
 _policy_list = NameList("policy")
 
 
@@ -67,7 +72,10 @@ def _register_replay(sub: Any) -> None:
 
     replay = sub.add_parser("replay", help="a trace through vLLM's own scheduler and block pool (plugin loaded as "
                                            "vLLM loads it), no model: a stub runner and a GPU step-time model")
-    replay.add_argument("--vllm-python", default=".venv-vllm/bin/python", help="python of the vLLM environment")
+    # --vllm-python / --sglang-python everywhere: typed by python_command, so the program the probe checks
+    # is the one every caller spawns (a bare name that is a file here is that file, not PATH's)
+    replay.add_argument("--vllm-python", default=".venv-vllm/bin/python", type=python_command,
+                        help="python of the vLLM environment")
     replay.add_argument("--model", default="nemotron-h-8b",
                         help="a bundled config (nemotron-h-8b, qwen3-next-80b-a3b, falcon-h1-7b) or a directory "
                              "with a config.json; no weights are read")
@@ -214,6 +222,7 @@ def _cmd_replay(args: argparse.Namespace) -> int:
                                 emulate=not args.no_emulation, on_point=lambda _: bar.update(1))
             if not isinstance(backend, str):
                 backend.close()
+    _check_tier_chunks(records, args.model)
     write_records(records, args.out)
     print(f"wrote {len(records)} records to {args.out}", file=sys.stderr)
     if base.cpu_tier is not None:                  # two tiers: hits split by tier, bytes moved
@@ -228,6 +237,29 @@ def _cmd_replay(args: argparse.Namespace) -> int:
         print(f"wrote {plotted}", file=sys.stderr)
     print(replay_table(records))
     return 0
+
+
+def _check_tier_chunks(records: list[dict[str, Any]], model: str) -> None:
+    """Refuse a ``--cpu-tier`` that held no chunk, as ``vllm-align``'s ``cpu_tier`` is refused
+    (:func:`~marconi.integrations.vllm.emulate.tier.tier_num_chunks`): vLLM sizes its tier only once it
+    has chosen the model's block, in the worker, so a positive size under one chunk shows as a record
+    with a tier of 0 chunks. ConfigError naming ``--cpu-tier`` and the chunk's size (by the
+    emulation's layout at vLLM's block), before any record is written."""
+    from marconi.core.model import ModelSpec
+    from marconi.integrations.vllm.emulate.tier import tier_num_chunks
+    from marconi.integrations.vllm.layout import layout_for_spec
+    from marconi.integrations.vllm.replay.run import model_dir
+
+    for rec in records:
+        cpu_bytes = int(rec.get("cpu_tier_bytes") or 0)
+        if not cpu_bytes or rec.get("tier_num_chunks"):
+            continue
+        where = f"--cpu-tier {rec['cpu_tier']}"
+        spec = ModelSpec.from_hf_config(model_dir(model) / "config.json", name=model)
+        layout = layout_for_spec(spec, num_blocks=rec["num_blocks"], block_size=rec["block_size"])
+        tier_num_chunks(cpu_bytes, layout.block_bytes, where, "drop --cpu-tier for no tier")   # names the chunk
+        raise ConfigError(f"{where}: vLLM sized a tier of {cpu_bytes:,} bytes at no chunk (one chunk is a "
+                          f"{rec['block_size']}-token block of every KV cache group): give a larger size")
 
 
 def _tier_options(args: argparse.Namespace) -> dict[str, Any]:

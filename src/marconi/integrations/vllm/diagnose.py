@@ -19,6 +19,7 @@ import numpy as np
 from marconi.core.model import ModelSpec
 from marconi.core.registry import ConfigError
 from marconi.integrations.common.bench import percentile
+from marconi.integrations.common.probe import python_command
 from marconi.integrations.vllm.emulate.engine import VllmAlignEngine
 from marconi.integrations.vllm.emulate.scheduler import VllmAlignScheduler
 from marconi.integrations.vllm.layout import VllmLayout, cdiv, layout_for_spec, prefix_hashes
@@ -636,7 +637,7 @@ def register_command(sub: Any) -> None:
     p.add_argument("--max-num-seqs", type=Number(Domain(1, 65536, integer=True)), default=None,
                    help="default: the recording's, else 256")
     p.add_argument("--num-requests", type=Number(COUNT), default=None, help="only the first N requests")
-    p.add_argument("--vllm-python", default=None,
+    p.add_argument("--vllm-python", default=None, type=python_command,
                    help="run the stock and Marconi arms through vLLM's scheduler (marconi vllm replay) as well")
     p.add_argument("--cpu-tiers", default="0.5x", type=_cpu_tier_sizes,
                    help="with --vllm-python: CPU tier sizes (comma list: 0.5x of the working set, 256GB), each "

@@ -123,7 +123,9 @@ def _retention(text: str) -> int | None:
 
 
 def _tier_bytes(text: str) -> int:
-    """``cpu_tier=``: bytes (``8GB``, ``8589934592``); empty or 0: no tier."""
+    """``cpu_tier=``: bytes (``8GB``, ``8589934592``); empty or 0: no tier. A positive size under one
+    tier chunk is refused when the system is built (:func:`tier_num_chunks`): the chunk's size is
+    the layout's block, known only then."""
     if not text.strip():
         return 0
     try:

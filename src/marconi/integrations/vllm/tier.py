@@ -85,20 +85,12 @@ def _discover_settings() -> TierSettings:
     if spec_obj is None:
         return TierSettings.from_env()
     extra = dict(spec_obj.extra_config)
-    if kv_cache_config is None and "marconi_group_kinds" not in extra and os.environ.get(ENV_GROUP_KINDS):
-        extra["marconi_group_kinds"] = os.environ[ENV_GROUP_KINDS]     # a spec built without a connector
-    if "marconi_rule" not in extra and os.environ.get(ENV_RULE):
-        extra["marconi_rule"] = os.environ[ENV_RULE]                   # experiments without a config change
-    for _, key, var in SWITCHES:
-        if key not in extra and os.environ.get(var):
-            extra[key] = os.environ[var]                                # likewise (refused by the key's name)
-    if vllm_config is None and "marconi_model" not in extra and os.environ.get(ENV_MODEL):
-        extra["marconi_model"] = os.environ[ENV_MODEL]
-    kinds = extra.get("marconi_group_kinds") or None
-    if kinds is None and kv_cache_config is not None:
+    # vLLM's groups and model where the config does not name them; the MARCONI_TIER_* variables fill in
+    # the rest, each checked (and refused) under its own name by TierSettings.from_extra_config
+    kinds = None
+    if "marconi_group_kinds" not in extra and kv_cache_config is not None:
         kinds = group_kinds(kv_cache_config, "MarconiCachePolicy",
                             "set kv_connector_extra_config 'eviction_policy' to 'lru' or 'arc'")
-    if kinds is not None and not isinstance(kinds, str):
         check_group_kinds(kinds)
     model = None
     if "marconi_model" not in extra and vllm_config is not None:
@@ -113,6 +105,7 @@ def _discover_settings() -> TierSettings:
     sizes = {int(t) * int(spec_obj.blocks_per_chunk) for t in spec_obj.tokens_per_block}
     if len(sizes) == 1:
         tpc = sizes.pop()
-    return TierSettings.from_extra_config(extra, group_kinds=kinds, spec=model, tokens_per_chunk=tpc)
+    return TierSettings.from_extra_config(extra, group_kinds=kinds, spec=model, tokens_per_chunk=tpc,
+                                          env=os.environ)
 
 

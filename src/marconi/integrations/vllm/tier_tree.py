@@ -58,8 +58,13 @@ SWITCHES = (("cold_insert", "marconi_cold_insert", ENV_COLD_INSERT),
 COLD_START, COLD_CAP = 1, 3
 #: Why a chunk was evicted (the keys of :attr:`ChunkTreePolicy.eviction_counts`).
 REASONS = ("dead-kv", "dead-state", "kv", "state")
-_KEYS = ("marconi_rule", "marconi_model", "marconi_group_kinds", "marconi_host_gbps", "marconi_gpu_tflops",
-         *(key for _, key, _ in SWITCHES))
+#: every setting's ``kv_connector_extra_config`` key and the environment variable that may give it
+#: instead (None: none): the one table :meth:`TierSettings.from_extra_config` reads both through, so a
+#: value is checked, and refused, under the name it was given by
+_SOURCES: dict[str, str | None] = {"marconi_rule": ENV_RULE, "marconi_model": ENV_MODEL,
+                                   "marconi_group_kinds": ENV_GROUP_KINDS, "marconi_host_gbps": None,
+                                   "marconi_gpu_tflops": None, **{key: var for _, key, var in SWITCHES}}
+_KEYS = tuple(_SOURCES)
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 _DEAD, _CAND, _OTHER = 0, 1, 2
 
@@ -140,7 +145,7 @@ class TierSettings:
             raise ConfigError(f"marconi_rule: the adaptive tier starts with a rule of its family, not {self.rule.label()!r}")
         for name in ("host_gbps", "gpu_tflops"):
             value = getattr(self, name)
-            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+            if isinstance(value, bool) or not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
                 raise ConfigError(f"marconi_{name}: a positive number, got {value!r}")
         if self.tokens_per_chunk is not None and self.tokens_per_chunk <= 0:
             raise ConfigError(f"tokens_per_chunk must be positive, got {self.tokens_per_chunk}")
@@ -163,62 +168,122 @@ class TierSettings:
 
     @classmethod
     def from_extra_config(cls, extra: Mapping[str, Any], *, group_kinds: Sequence[str] | None = None,
-                          spec: ModelSpec | None = None, tokens_per_chunk: int | None = None) -> "TierSettings":
-        """Settings from ``kv_connector_extra_config`` (``extra``); vLLM's groups and model are the
-        defaults for ``marconi_group_kinds`` and ``marconi_model``. ConfigError names the key."""
+                          spec: ModelSpec | None = None, tokens_per_chunk: int | None = None,
+                          env: Mapping[str, str] | None = None) -> "TierSettings":
+        """Settings from ``kv_connector_extra_config`` (``extra``). vLLM's groups and model
+        (``group_kinds``, ``spec``) are the defaults for ``marconi_group_kinds`` and ``marconi_model``;
+        ``env`` (``MARCONI_TIER_*``; None: not read) gives what neither does: a key outranks vLLM's
+        value, which outranks the variable. Each value is checked where it was given (an empty
+        variable is unset).
+
+        Raises:
+            ConfigError: an unknown ``marconi_*`` key, a value of the wrong type or out of range, a
+                missing group list or model; naming the key (``kv_connector_extra_config
+                'marconi_rule'``) or the variable (``MARCONI_TIER_RULE``) the value came from.
+        """
         unknown = sorted(k for k in extra if k.startswith("marconi_") and k not in _KEYS)
         if unknown:
             raise ConfigError(f"kv_connector_extra_config: unknown key(s) {unknown}; known: {list(_KEYS)}")
-        kinds = extra.get("marconi_group_kinds", group_kinds)
-        if kinds is None:
+        given = _given(extra, env, skip=(() if group_kinds is None else ("marconi_group_kinds",))
+                       + (() if spec is None else ("marconi_model",)))
+        if "marconi_group_kinds" in given:
+            kinds = _group_kinds_value(*given["marconi_group_kinds"])
+        elif group_kinds is not None:
+            kinds = tuple(group_kinds)
+        else:
             raise ConfigError("MarconiCachePolicy cannot tell which KV cache groups hold states: set "
-                              "kv_connector_extra_config 'marconi_group_kinds' (e.g. ['attention', 'mamba'])")
-        if isinstance(kinds, str):
-            kinds = [k.strip() for k in kinds.split(",") if k.strip()]
-        model = extra.get("marconi_model")
-        if model is not None:
-            try:
-                spec = get_model(str(model))
-            except ValueError as exc:
-                raise ConfigError(f"kv_connector_extra_config 'marconi_model': {exc}") from None
+                              "kv_connector_extra_config 'marconi_group_kinds' (e.g. ['attention', 'mamba'])"
+                              + (f" or {ENV_GROUP_KINDS}" if env is not None else ""))
+        if "marconi_model" in given:
+            spec = _model_value(*given["marconi_model"])
         if spec is None:
             raise ConfigError("MarconiCachePolicy needs the model's FLOPs and bytes: set kv_connector_extra_config "
-                              "'marconi_model' (a preset such as nemotron-h-8b, or a config.json path)")
-        rule, family = parse_tier_rule(str(extra.get("marconi_rule", DEFAULT_RULE)), "kv_connector_extra_config 'marconi_rule'")
-        numbers = {}
-        for name, default in (("host_gbps", DEFAULT_HOST_GBPS), ("gpu_tflops", DEFAULT_GPU_TFLOPS)):
-            raw = extra.get(f"marconi_{name}", default)
-            try:
-                numbers[name] = float(raw)
-            except (TypeError, ValueError):
-                raise ConfigError(f"kv_connector_extra_config 'marconi_{name}': a number, got {raw!r}") from None
+                              "'marconi_model' (a preset such as nemotron-h-8b, or a config.json path)"
+                              + (f" or {ENV_MODEL}" if env is not None else ""))
+        raw_rule, rule_where = given.get("marconi_rule", (DEFAULT_RULE, "marconi_rule"))
+        rule, family = _rule_value(raw_rule, rule_where)
+        numbers = {name: _positive(given[f"marconi_{name}"][0], given[f"marconi_{name}"][1])
+                   for name in ("host_gbps", "gpu_tflops") if f"marconi_{name}" in given}
+        switches = {name: parse_switch(*given[key]) for name, key, _ in SWITCHES if key in given}
         try:
-            switches = {name: parse_switch(extra.get(key, True), f"kv_connector_extra_config '{key}'")
-                        for name, key, _ in SWITCHES}
-            return cls(tuple(kinds), spec, tokens_per_chunk, rule, family=family, **switches, **numbers)
+            return cls(kinds, spec, tokens_per_chunk, rule, family=family, **switches, **numbers)
         except ConfigError as exc:
             if "marconi_rule" not in str(exc) and "adaptive rule" in str(exc):
-                raise ConfigError(f"kv_connector_extra_config 'marconi_rule': {exc}") from None
+                raise ConfigError(f"{rule_where}: {exc}") from None
             raise
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> "TierSettings":
-        """Settings for a policy built outside vLLM's connector (``MARCONI_TIER_*``)."""
+        """Settings for a policy built outside vLLM's connector (``MARCONI_TIER_*``): as
+        :meth:`from_extra_config` with no key set, so every refusal names the variable."""
         if not env.get(ENV_GROUP_KINDS):
             raise ConfigError("MarconiCachePolicy was built outside vLLM's OffloadingConnector and cannot learn the "
                               f"KV cache groups: build it through kv_connector_extra_config, or set {ENV_GROUP_KINDS} "
                               "(e.g. attention,mamba) and " + ENV_MODEL)
-        extra: dict[str, Any] = {"marconi_group_kinds": env[ENV_GROUP_KINDS],
-                                 "marconi_model": env.get(ENV_MODEL) or None}
-        if env.get(ENV_RULE):
-            extra["marconi_rule"] = env[ENV_RULE]
-        keys = {name: key for name, key, _ in SWITCHES}
-        extra.update((keys[name], on) for name, on in switches_from_env(env).items())
-        if extra["marconi_model"] is None:
+        if not env.get(ENV_MODEL):
             raise ConfigError(f"MarconiCachePolicy: set {ENV_MODEL} (a preset such as nemotron-h-8b)")
-        if "marconi_rule" in extra:
-            parse_tier_rule(extra["marconi_rule"], ENV_RULE)        # refused by the variable's name
-        return cls.from_extra_config(extra)
+        return cls.from_extra_config({}, env=env)
+
+
+def _given(extra: Mapping[str, Any], env: Mapping[str, str] | None,
+           skip: Sequence[str] = ()) -> dict[str, tuple[Any, str]]:
+    """Per :data:`_SOURCES` key the value given and the name it was given by: ``extra``'s key
+    (``kv_connector_extra_config 'marconi_rule'``), else a non-empty variable of ``env``
+    (``MARCONI_TIER_RULE``), unless the key is in ``skip`` (vLLM gives it); absent keys are left out."""
+    given: dict[str, tuple[Any, str]] = {}
+    for key, var in _SOURCES.items():
+        if key in extra:
+            given[key] = (extra[key], f"kv_connector_extra_config {key!r}")
+        elif env is not None and var is not None and key not in skip and env.get(var):
+            given[key] = (env[var], var)
+    return given
+
+
+def _group_kinds_value(raw: Any, where: str) -> tuple[str, ...]:
+    """``marconi_group_kinds`` as given (a list of kinds, or one comma-separated string) as a checked
+    tuple; ConfigError naming ``where`` for another type or a kind that is not attention or Mamba."""
+    if isinstance(raw, str):
+        kinds = tuple(k.strip() for k in raw.split(",") if k.strip())
+    elif isinstance(raw, (list, tuple)) and all(isinstance(k, str) for k in raw):
+        kinds = tuple(raw)
+    else:
+        raise ConfigError(f"{where}: a list naming each KV cache group {ATTENTION!r} or {MAMBA!r} in vLLM's order "
+                          f"(e.g. ['attention', 'mamba'] or 'attention,mamba'), got {raw!r}")
+    check_group_kinds(kinds, where)
+    return kinds
+
+
+def _model_value(raw: Any, where: str) -> ModelSpec:
+    """``marconi_model`` as given: a preset's name or a config.json path; ConfigError naming ``where``."""
+    if not isinstance(raw, str) or not raw.strip():
+        raise ConfigError(f"{where}: a model preset's name (such as nemotron-h-8b) or a config.json path, got {raw!r}")
+    try:
+        return get_model(raw.strip())
+    except ValueError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+
+
+def _rule_value(raw: Any, where: str) -> tuple[Rule, tuple[Rule, ...]]:
+    """``marconi_rule`` as given: :func:`parse_tier_rule` of a label; ConfigError naming ``where``."""
+    if not isinstance(raw, str):
+        raise ConfigError(f"{where}: a rule's label ({ADAPTIVE!r}, {ARC_TREE!r}, 'lru', 'a1m', ...), got {raw!r}")
+    return parse_tier_rule(raw, where)
+
+
+def _positive(raw: Any, where: str) -> float:
+    """A positive finite number (an int, a float, or its text; never a bool), as a float;
+    ConfigError naming ``where`` otherwise."""
+    value = None
+    if isinstance(raw, (int, float)) and not isinstance(raw, bool):
+        value = float(raw)
+    elif isinstance(raw, str):
+        try:
+            value = float(raw)
+        except ValueError:
+            pass
+    if value is None or not (math.isfinite(value) and value > 0):
+        raise ConfigError(f"{where}: a positive number, got {raw!r}")
+    return value
 
 
 def parse_switch(value: Any, key: str) -> bool:
@@ -1229,11 +1294,17 @@ def _children_first(nodes: Mapping[bytes, _Node], children: Mapping[bytes, set[b
     return order
 
 
-def check_group_kinds(kinds: Sequence[str]) -> None:
-    """ConfigError unless ``kinds`` are attention and Mamba groups, both present (a hybrid model)."""
+def check_group_kinds(kinds: Sequence[str], where: str | None = None) -> None:
+    """ConfigError unless ``kinds`` (a list or tuple) are attention and Mamba groups, both present (a
+    hybrid model). ``where``: the key or variable the user gave them by, named in the refusal (None:
+    vLLM's own groups, or a direct construction; then ``marconi_group_kinds``)."""
+    name = where or "marconi_group_kinds"
+    if not isinstance(kinds, (list, tuple)) or not all(isinstance(k, str) for k in kinds):
+        raise ConfigError(f"{name}: a list naming each KV cache group {ATTENTION!r} or {MAMBA!r}, got {kinds!r}")
     bad = [k for k in kinds if k not in (ATTENTION, MAMBA)]
     if bad:
-        raise ConfigError(f"marconi_group_kinds: each group is {ATTENTION!r} or {MAMBA!r}, got {list(kinds)}")
+        raise ConfigError(f"{name}: each group is {ATTENTION!r} or {MAMBA!r}, got {list(kinds)}")
     if MAMBA not in kinds or ATTENTION not in kinds:
-        raise ConfigError(f"MarconiCachePolicy serves hybrid models (attention and Mamba KV cache groups); this one "
-                          f"has {list(kinds)}: set kv_connector_extra_config 'eviction_policy' to 'lru' or 'arc'")
+        told = f"{where} gives {list(kinds)}: fix it, or" if where else f"this one has {list(kinds)}:"
+        raise ConfigError(f"MarconiCachePolicy serves hybrid models (attention and Mamba KV cache groups); {told} "
+                          "set kv_connector_extra_config 'eviction_policy' to 'lru' or 'arc'")
