@@ -14,6 +14,8 @@ from marconi.core.registry import ConfigError
 from marconi.sim.latency import make_latency
 from marconi.sim.sweep import RESULT_TYPES, read_records
 
+from cli_run import run_cli
+
 # Two sessions of two turns, the second turn extending the first: enough for every command here.
 _REQUESTS = [("a", 0, 0.0, list(range(1, 41))), ("b", 0, 1.0, list(range(100, 140))),
              ("a", 1, 2.0, list(range(1, 61))), ("b", 1, 3.0, list(range(100, 160)))]
@@ -28,16 +30,8 @@ def _trace(tmp_path: Path) -> Path:
 
 
 def _run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
-    """(exit code, stderr) of ``marconi argv``, argparse's own refusals (SystemExit) included; stdout
-    is kept in ``_run.out``."""
-    try:
-        code = main(argv)
-    except SystemExit as exc:
-        code = exc.code
-    captured = capsys.readouterr()
-    _run.out = captured.out
-    assert "Traceback" not in captured.err, captured.err
-    return code, captured.err
+    """(exit code, stderr) of ``marconi ARGV`` (:func:`cli_run.run_cli`: no traceback, asserted)."""
+    return run_cli(argv, capsys)[:2]
 
 
 # ------------------------------------------------------------------ compare reads typed records
@@ -210,6 +204,6 @@ def test_a_vllm_plot_with_a_suffix_other_than_png_is_refused_by_the_guard(tmp_pa
 def test_trace_stats_refuses_an_empty_trace_as_validate_does(tmp_path, capsys):
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")
-    code, err = _run(["trace", "stats", str(empty)], capsys)
+    code, err, out = run_cli(["trace", "stats", str(empty)], capsys)
     assert code == 2 and f"{empty}: no requests in the file" in err, err
-    assert _run.out == ""   # no table of zeros
+    assert out == ""   # no table of zeros

@@ -14,16 +14,12 @@ from marconi.core.registry import ConfigError
 from marconi.workloads import build_workload
 from marconi.workloads.trace import write_trace
 
+from cli_run import run_cli
+
 
 def _run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
-    """(exit code, stderr) of ``marconi argv``, argparse's own refusals (SystemExit) included."""
-    try:
-        code = main(argv)
-    except SystemExit as exc:
-        code = exc.code
-    err = capsys.readouterr().err
-    assert "Traceback" not in err, err
-    return int(code or 0), err
+    """(exit code, stderr) of ``marconi ARGV`` (:func:`cli_run.run_cli`: no traceback, asserted)."""
+    return run_cli(argv, capsys)[:2]
 
 
 def _never(what: str):
@@ -47,12 +43,12 @@ def trace_file(tmp_path: Path) -> Path:
     return path
 
 
-# ------------------------------------------------------------------ reproduce: the latency tables (items 1, 5)
+# ------------------------------------------------------------------ reproduce: the latency tables
 @pytest.mark.parametrize("flag, content, where", [
-    ("--engine-latency", None, "no such file"),                              # audit item 1
+    ("--engine-latency", None, "no such file"),
     ("--jamba-table", "tokens,ttft\nabc,1\n", "bad.csv:2:1: tokens is 'abc', not a number"),
     ("--engine-latency", "tokens,ttft\n100,1\n100,2\n", "bad.csv:3:1: tokens 100 does not increase"),
-    ("--jamba-table", None, "no such file"),                                 # audit item 5: was exit 0
+    ("--jamba-table", None, "no such file"),                                 # was accepted (exit 0)
     ("--jamba-table", "", "a directory"),
 ])
 @pytest.mark.parametrize("report_only", [False, True])
@@ -81,7 +77,7 @@ def test_only_the_default_jamba_table_may_be_missing(tmp_path: Path) -> None:
         latency_set(tmp_path / "absent.csv", None)
 
 
-# ------------------------------------------------------------------ conflicting profile flags (item 6)
+# ------------------------------------------------------------------ conflicting profile flags
 @pytest.mark.parametrize("argv, flags", [
     (["reproduce", "--quick", "--profile", "full"], ("--quick", "--profile")),
     (["reproduce", "--profile", "tiny", "--quick"], ("--quick", "--profile")),
@@ -99,7 +95,7 @@ def test_conflicting_profile_flags_are_refused_naming_both(
     assert all(flag in err.splitlines()[-1] for flag in flags), err
 
 
-# ------------------------------------------------------------------ messages name the flag (item 7)
+# ------------------------------------------------------------------ messages name the flag
 @pytest.mark.parametrize("argv, flag, value", [
     (["experiment", "sparse", "--tiny", "--capacities", "zz"], "--capacities", "'zz'"),
     (["experiment", "sparse", "--tiny", "--capacities", "large,zz"], "--capacities", "'zz'"),
@@ -161,7 +157,7 @@ def test_engine_bench_checks_eviction_and_model_before_the_trace_and_the_model_l
     assert flag in line and argv[1] in line, err
 
 
-# ------------------------------------------------------------------ vllm bench (items 4, 9a)
+# ------------------------------------------------------------------ vllm bench
 def test_vllm_bench_refused_python_leaves_no_work_dir(tmp_path: Path, trace_file: Path,
                                                       monkeypatch: pytest.MonkeyPatch,
                                                       capsys: pytest.CaptureFixture[str]) -> None:

@@ -22,13 +22,14 @@ from pathlib import Path
 import pytest
 
 from marks import slow
-from marconi.cli import main
 from marconi.core.registry import ConfigError
 from marconi.integrations.common.probe import probe_python, python_command
 from marconi.integrations.vllm.commands import RETENTION
 from marconi.integrations.vllm.tier_tree import (ENV_COLD_INSERT, ENV_GROUP_KINDS, ENV_MODEL, ENV_RULE,
                                                  ENV_SECOND_CHANCE, TierSettings)
 from marconi.sim.systems import make_system
+
+from cli_run import run_cli
 from vllm_env import vllm_python
 
 EXTRA = {"marconi_group_kinds": ["attention", "mamba"], "marconi_model": "nemotron-h-8b"}
@@ -45,14 +46,11 @@ def _refused(fn, *words: str) -> str:
 
 
 def _run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
-    try:
-        code = main(argv)
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    return code, capsys.readouterr().err
+    """(exit code, stderr) of ``marconi ARGV`` (:func:`cli_run.run_cli`: no traceback, asserted)."""
+    return run_cli(argv, capsys)[:2]
 
 
-# ====================================================================== item 2: types of the keys
+# ====================================================================== types of the keys
 @pytest.mark.parametrize("value", [5, 2.5, {"attention": 1}, [1, 2], None])
 def test_group_kinds_of_a_wrong_type_is_refused_naming_the_key(value) -> None:
     """``marconi_group_kinds: 5`` raised ``TypeError: 'int' object is not iterable``; a dict ran as its keys."""
@@ -88,7 +86,7 @@ def test_a_one_kind_group_list_names_the_key_that_gave_it() -> None:
              "kv_connector_extra_config 'marconi_group_kinds' gives ['attention']", "eviction_policy")
 
 
-# ====================================================================== item 3: variables by name
+# ====================================================================== variables by name
 @pytest.mark.parametrize("var, value", [(ENV_MODEL, "zz"), (ENV_GROUP_KINDS, "attention,zz"),
                                         (ENV_GROUP_KINDS, "attention"), (ENV_RULE, "zz"),
                                         (ENV_COLD_INSERT, "maybe"), (ENV_SECOND_CHANCE, "2")])
@@ -166,7 +164,7 @@ def test_the_policy_vllm_loads_names_the_variable_or_key_given() -> None:
     assert said[5] == "accepted", said[5]
 
 
-# ====================================================================== item 8: --vllm-python NAME
+# ====================================================================== --vllm-python NAME
 def _fake_python(path: Path, engine_version: str = "0.32.0") -> Path:
     """A stand-in interpreter answering the probe: the engine's version when run by a path containing
     'with', none otherwise (so two links to it tell which path was run)."""
@@ -228,7 +226,7 @@ def test_vllm_replay_runs_the_bare_name_given_here(tmp_path: Path, monkeypatch, 
     assert not (tmp_path / "r.jsonl").exists()
 
 
-# ====================================================================== item 9c: a tier under one chunk
+# ====================================================================== a tier under one chunk
 def test_vllm_align_refuses_a_cpu_tier_under_one_chunk() -> None:
     """``vllm-align:cpu_tier=1`` ran with a tier of 0 chunks and exit 0."""
     message = _refused(lambda: make_system("vllm-align:cpu_tier=1").build("nemotron-h-8b", 1e9),
@@ -265,7 +263,7 @@ def test_vllm_replay_refuses_a_cpu_tier_under_one_chunk(tmp_path: Path, capsys) 
     assert not out.exists()
 
 
-# ====================================================================== item 9a: the retention hint
+# ====================================================================== the retention hint
 def test_the_shared_retention_domain_names_no_models_block(capsys) -> None:
     """The public ``RETENTION`` domain said ``nemotron-h-8b: 1152`` to any command serving any model."""
     assert "nemotron" not in RETENTION.hint and "1152" not in RETENTION.hint

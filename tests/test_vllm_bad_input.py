@@ -11,13 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from marconi.cli import build_parser, main
+from marconi.cli import build_parser
 from marconi.core.registry import ConfigError
 from marconi.integrations.common.bench import select_requests
 from marconi.integrations.vllm.commands import setting_error
 from marconi.integrations.vllm.diagnose import DiagnoseConfig
 from marconi.integrations.vllm.replay.gpu_memory import BUNDLED_NUM_PARAMS, available_kv_bytes
 from marconi.integrations.vllm.replay.tiers import parse_bandwidth
+
+from cli_run import run_cli
 
 MODEL = "nemotron-h-8b"      # 32 attention heads, 8 KV heads and groups, 128 Mamba heads
 
@@ -36,12 +38,8 @@ def _trace(path: Path, lengths: dict[int, list[int]]) -> str:
 
 
 def _run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
-    """``marconi ARGV``'s exit code and stderr (argparse's refusals exit through SystemExit)."""
-    try:
-        code = main(argv)
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    return code, capsys.readouterr().err
+    """(exit code, stderr) of ``marconi ARGV`` (:func:`cli_run.run_cli`: no traceback, asserted)."""
+    return run_cli(argv, capsys)[:2]
 
 
 @pytest.fixture
