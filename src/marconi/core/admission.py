@@ -247,6 +247,20 @@ def _uniform(m: int = 4) -> AdmissionPolicy:
     return Uniform(m)
 
 
+_ADMISSION_MEMBERS = ("name", "page_size", "caches", "tails", "bind", "end_request", "prefill_checkpoints",
+                      "final_plan", "describe")
+
+
 def make_admission(spec: "str | AdmissionPolicy") -> AdmissionPolicy:
-    return ADMISSION_POLICIES.create(spec) if isinstance(spec, str) else spec
+    """The registry's policy ``spec`` names, or ``spec`` itself; ConfigError for an object lacking the
+    :class:`AdmissionPolicy` contract (inherit :class:`BaseAdmission` for ``tails``, ``bind`` and
+    ``end_request``)."""
+    if isinstance(spec, str):
+        return ADMISSION_POLICIES.create(spec)
+    missing = [m for m in _ADMISSION_MEMBERS if not hasattr(spec, m)]
+    if missing:
+        raise ConfigError(f"admission must be a policy name ({', '.join(ADMISSION_POLICIES.names())}) or an "
+                          f"AdmissionPolicy; {type(spec).__name__} {spec!r} lacks {', '.join(missing)} "
+                          "(inherit marconi.core.admission.BaseAdmission for the defaults)")
+    return spec
 

@@ -116,9 +116,14 @@ class ManualClock:
 def as_tokens(tokens: Any, what: str, *, allow_empty: bool = False) -> np.ndarray:
     """Token ids as a 1-D int32 array, sharing memory with ``tokens`` when possible. ValueError (naming
     ``what`` and the offending id) unless every id is an integer in ``[0, 2**31)``, the trace's range."""
-    arr = np.asarray(tokens)
+    try:
+        arr = np.asarray(tokens)
+    except (ValueError, TypeError) as exc:  # ragged nesting, an object NumPy cannot hold
+        raise ValueError(f"{what} must be a 1-D sequence of token ids, got {type(tokens).__name__} that NumPy "
+                         f"cannot read as an array ({exc})") from None
     if arr.ndim != 1:
-        raise ValueError(f"{what} must be a 1-D sequence of token ids, got shape {arr.shape}")
+        got = f"shape {arr.shape}" if arr.ndim else f"{type(tokens).__name__} {_brief(tokens)}"
+        raise ValueError(f"{what} must be a 1-D sequence of token ids, got {got}")
     if arr.size == 0:
         if allow_empty:
             return np.empty(0, dtype=np.int32)
@@ -137,6 +142,11 @@ def as_tokens(tokens: Any, what: str, *, allow_empty: bool = False) -> np.ndarra
         arr = arr.astype(np.int32)
     return arr
 
+
+def _brief(value: Any) -> str:
+    """``repr(value)``, cut to 60 characters, for a message."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _is_whole(value: Any) -> bool:
@@ -175,6 +185,35 @@ def _check_capacity(capacity_bytes: Any) -> None:
                           f"{capacity_bytes!r}")
     if not math.isfinite(capacity_bytes) or capacity_bytes < 0:
         raise ConfigError(f"capacity_bytes must be a finite number >= 0, got {capacity_bytes!r}")
+
+
+_PAYLOAD_METHODS = ("split_kv", "join_kv", "release", "state_at")
+
+
+def _check_clock_and_payloads(clock: Any, payloads: Any) -> None:
+    """ConfigError unless ``clock`` is None or a callable and ``payloads`` None or a ``PayloadOps``."""
+    if clock is not None and not callable(clock):
+        raise ConfigError(f"clock must be None (a logical clock) or a callable returning the time as a number, "
+                          f"got {type(clock).__name__} {_brief(clock)}")
+    if payloads is not None:
+        missing = [m for m in _PAYLOAD_METHODS if not callable(getattr(payloads, m, None))]
+        if missing:
+            raise ConfigError(f"payloads must be None (sizes only) or a PayloadOps with the methods "
+                              f"{', '.join(_PAYLOAD_METHODS)}; {type(payloads).__name__} lacks {', '.join(missing)}")
+
+
+def _read_clock(clock: Callable[[], Any]) -> float:
+    """``clock()``, a finite real number; ValueError otherwise (a NaN or text time would corrupt the
+    recency every eviction ranks by)."""
+    now = clock()
+    try:
+        finite = not isinstance(now, bool) and math.isfinite(now)
+    except TypeError:
+        finite = False
+    if not finite:
+        raise ValueError(f"the cache's clock returned {type(now).__name__} {_brief(now)}: "
+                         "it must return the time as a finite number")
+    return now
 
 
 def _locked(method: Callable) -> Callable:
@@ -227,6 +266,7 @@ class PrefixCache(TreeStore):
             raise ConfigError(
                 f"capacity {self.capacity_bytes:,} bytes is smaller than one SSM checkpoint of {self.spec.name} "
                 f"({self.spec.ssm_checkpoint_bytes:,} bytes): nothing could ever be cached; raise the capacity")
+        _check_clock_and_payloads(clock, payloads)
         self._logical = ManualClock() if clock is None else None
         self.clock: Callable[[], float] = clock if clock is not None else self._logical  # type: ignore[assignment]
         TreeStore.__init__(self, self.spec, self.capacity_bytes, self.admission.page_size,
@@ -327,7 +367,7 @@ class PrefixCache(TreeStore):
                                             len(tokens))))
         if self._logical is not None:
             self._logical.tick()
-        now = self.clock()
+        now = self.clock() if self._logical is not None else _read_clock(self.clock)
         # From here to the observers nothing calls out: the request is registered as a whole.
         lock_node = walk.partial or (walk.path[-1] if walk.path else None)
         if lock_node is not None:
@@ -537,7 +577,8 @@ class PrefixCache(TreeStore):
         # ``holds_checkpoint_at`` at or above the match, and the dry run does not split.
         on_path, tail = self._wanted(handle, plan, walk, len(seq))
         to_admit = self._collect_states(states, on_path + tail)
-        now = self.clock()  # one time for every node and checkpoint this insertion creates
+        # one time for every node and checkpoint this insertion creates
+        now = self.clock() if self._logical is not None else _read_clock(self.clock)
         walk = self._split_run_at_match(walk)  # lock only what this sequence shares, not the run's rest
         insert_len = min(plan.insert_len, len(seq))
         matched = walk.matched_len
@@ -702,8 +743,13 @@ class PrefixCache(TreeStore):
             raise error
 
     def _check_active(self, handle: RequestHandle) -> None:
+        if not isinstance(handle, RequestHandle):
+            raise TypeError(f"handle must be the RequestHandle this cache's begin() returned, got "
+                            f"{type(handle).__name__} {_brief(handle)}")
         if not handle.active or self._in_flight.get(handle.request_id) is not handle:
-            raise ValueError(f"request {handle.request_id} is not in flight in this cache (finished or aborted)")
+            why = ("begun by another PrefixCache: finish or abort it there" if handle.active
+                   else "finished or aborted")
+            raise ValueError(f"request {handle.request_id} is not in flight in this cache ({why})")
 
 
     # ================================================================== copies (the cache owns them)

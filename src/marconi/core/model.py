@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import asdict, dataclass, field, replace
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Any, Mapping
 
 from marconi.core.jsonfile import JsonError, read_json
@@ -258,10 +258,17 @@ def _load_config(config: Mapping[str, Any] | str | Path) -> tuple[dict[str, Any]
     """The config as a dict, and the file it was read from (None for a mapping)."""
     if isinstance(config, Mapping):
         return dict(config), None
+    if not isinstance(config, (str, PurePath)):
+        raise SpecError(f"config must be a mapping (a parsed config.json), a config file or a model directory, "
+                        f"got {type(config).__name__}")
     path = Path(config)
-    if path.is_dir():
-        path = path / "config.json"
-    if not path.is_file():
+    try:
+        if path.is_dir():
+            path = path / "config.json"
+        is_file = path.is_file()
+    except (OSError, ValueError):  # a name too long for a path, a NUL byte
+        is_file = False
+    if not is_file:
         raise SpecError(f"no config.json at {path}: pass a model directory or a config file")
     try:
         cfg = read_json(path)
@@ -555,10 +562,22 @@ def get_model(name_or_path: str | ModelSpec) -> ModelSpec:
     """A preset by name, or a spec built from a local HF ``config.json`` / model directory."""
     if isinstance(name_or_path, ModelSpec):
         return name_or_path
+    if not isinstance(name_or_path, (str, PurePath)):
+        hint = " (for a config dict, call ModelSpec.from_hf_config)" if isinstance(name_or_path, Mapping) else ""
+        raise SpecError(f"model must be a ModelSpec, a preset name ({', '.join(PRESETS)}) or a path to a Hugging "
+                        f"Face config.json / model directory, got {type(name_or_path).__name__}{hint}")
     if name_or_path in PRESETS:
         return PRESETS[name_or_path]
+    if isinstance(name_or_path, str) and not name_or_path.strip():
+        raise SpecError(f"model name is empty: use one of {', '.join(PRESETS)} "
+                        "or a path to a Hugging Face config.json / model directory")
     path = Path(name_or_path)
-    if path.exists():
+    try:
+        exists = path.exists()
+    except (OSError, ValueError):  # a name too long for a path, a NUL byte
+        exists = False
+    if exists:
         return ModelSpec.from_hf_config(path)
-    raise SpecError(f"unknown model {name_or_path!r}: use one of {', '.join(PRESETS)} "
+    name = str(name_or_path)
+    raise SpecError(f"unknown model {name if len(name) <= 80 else name[:77] + '...'!r}: use one of {', '.join(PRESETS)} "
                     "or a path to a Hugging Face config.json / model directory")

@@ -273,8 +273,10 @@ class Registry(Generic[T]):
         return out
 
     def create(self, spec: str | ParsedName, **overrides: Any) -> T:
-        parsed = spec if isinstance(spec, ParsedName) else parse_name(spec)
         self._load_plugins()
+        if isinstance(spec, str) and not spec.strip():
+            raise ConfigError(f"empty {self.kind} name; choose one of: {', '.join(self._factories)}")
+        parsed = spec if isinstance(spec, ParsedName) else parse_name(spec)
         factory = self._factories.get(parsed.name)
         if factory is None:
             hint = (f" (no {self.entry_points!r} entry point is installed, so no plugin registered here: install "
