@@ -14,14 +14,16 @@ refused. Nothing here imports SGLang: nodes are read through ``parent``, ``child
 from __future__ import annotations
 
 import json
+import math
 from collections import Counter
 from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from marconi.choosers.family import parse_rules
 from marconi.core.candidates import CandidateSet, CandidateTable, LazyEfficiency, flop_efficiency
 from marconi.core.eviction import EFFICIENCIES, EvictionRule, Rule, check_cuts_tails, choose_victim
-from marconi.core.model import ModelSpec, get_model
+from marconi.core.model import ModelSpec, SpecError, get_model
 from marconi.core.registry import ConfigError
 from marconi.integrations.common.alpha import AlphaSource, FixedAlpha, FixedRule, RequestObservation
 
@@ -77,49 +79,113 @@ def world_rule(rule: Rule) -> tuple[Any, str | None]:
 
 
 def parse_config(config: Mapping[str, Any] | str | None) -> dict[str, Any]:
-    """The ``--radix-eviction-policy-config`` of ``marconi``, checked (ConfigError): ``alpha`` (>= 0
-    or ``"adaptive"``, the default), ``efficiency`` (with a number), ``model`` (a preset or HF config
-    path; default: the served model), and with adaptive ``chooser`` (alias ``selector``: ``worlds``
-    or ``regret``) and ``rules`` (``default``: :data:`WORLDS_RULES` for worlds, ``lru/a0.5m/a2m`` for
-    regret). The result names the chooser ``selector``, None for a fixed α."""
-    if config is None:
-        config = {}
-    if isinstance(config, str):
-        config = json.loads(config) if config.strip() else {}
-    if not isinstance(config, Mapping):
-        raise ConfigError(f"marconi eviction config must be a JSON object, got {config!r}")
+    """The ``--radix-eviction-policy-config`` of ``marconi``, checked (ConfigError naming the key): ``alpha``
+    (a finite number >= 0, or ``"adaptive"``, the default), ``efficiency`` (with a number only: adaptive
+    rules carry their own), ``model`` (a preset or HF config path; default: the served model), and with
+    adaptive ``chooser`` (alias ``selector``: ``worlds`` or ``regret``) and ``rules`` (``default``:
+    :data:`WORLDS_RULES` for worlds, ``lru/a0.5m/a2m`` for regret; every label checked as that chooser
+    will apply it). A string is read as JSON (a key given twice is refused). The result names the
+    chooser ``selector``, None for a fixed α."""
+    config = _config_mapping(config)
     unknown = set(config) - _KEYS
     if unknown:
-        raise ConfigError(f"marconi eviction config: unknown keys {sorted(unknown)}; known: {sorted(_KEYS)}")
+        raise ConfigError(f"marconi eviction config: unknown keys {sorted(unknown, key=str)}; known: {sorted(_KEYS)}")
     if "chooser" in config:   # the rule chooser's name; ``selector`` is its alias (the result keeps ``selector``)
         if "selector" in config and config["selector"] != config["chooser"]:
             raise ConfigError(f"marconi eviction config: chooser {config['chooser']!r} and its alias selector "
                               f"{config['selector']!r} disagree")
         config = {**{k: v for k, v in config.items() if k != "chooser"}, "selector": config["chooser"]}
-    alpha = config.get("alpha", DEFAULT_CONFIG_ALPHA)
-    if alpha != "adaptive":
-        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not alpha >= 0:
-            raise ConfigError(f"marconi eviction config: alpha must be a number >= 0 or 'adaptive', got {alpha!r}")
-        alpha = float(alpha)
+    alpha = _config_alpha(config.get("alpha", DEFAULT_CONFIG_ALPHA))
     efficiency = config.get("efficiency", "total")
     if efficiency not in EFFICIENCIES:
         raise ConfigError(f"marconi eviction config: efficiency must be one of {EFFICIENCIES}, got {efficiency!r}")
+    model = _config_model(config.get("model"))
     if alpha != "adaptive":
         for key in ("rules", "selector"):
             if key in config:
                 raise ConfigError(f"marconi eviction config: {key!r} goes with alpha 'adaptive'")
-        return {"alpha": alpha, "efficiency": efficiency, "model": config.get("model"), "rules": None,
-                "selector": None}
+        return {"alpha": alpha, "efficiency": efficiency, "model": model, "rules": None, "selector": None}
+    if "efficiency" in config:
+        raise ConfigError("marconi eviction config: 'efficiency' goes with a number for alpha: with alpha 'adaptive' "
+                          "each rule carries its own (aXm marginal, aX total); drop efficiency")
     selector = config.get("selector", DEFAULT_SELECTOR)
     if selector not in SELECTORS:
         raise ConfigError(f"marconi eviction config: selector must be one of {SELECTORS}, got {selector!r}")
     rules = config.get("rules", "default")
     if not isinstance(rules, str) or not rules.strip():
-        raise ConfigError(f"marconi eviction config: rules must be labels joined by '/', e.g. {WORLDS_RULES}")
+        raise ConfigError(f"marconi eviction config: rules must be labels joined by '/', e.g. {WORLDS_RULES}, "
+                          f"got {rules!r}")
     if rules.strip() == "default" and selector == "worlds":
         rules = WORLDS_RULES
-    return {"alpha": alpha, "efficiency": efficiency, "model": config.get("model"), "rules": rules,
-            "selector": selector}
+    _check_rules(rules, selector)
+    return {"alpha": alpha, "efficiency": efficiency, "model": model, "rules": rules, "selector": selector}
+
+
+def _config_mapping(config: Mapping[str, Any] | str | None) -> Mapping[str, Any]:
+    """The config as a mapping: None or a blank string is ``{}``; a string is a JSON object."""
+    if config is None:
+        return {}
+    if isinstance(config, str):
+        if not config.strip():
+            return {}
+        try:
+            config = json.loads(config, object_pairs_hook=_unique_keys)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"marconi eviction config (--radix-eviction-policy-config): not JSON: {exc.msg} at "
+                              f"line {exc.lineno} column {exc.colno}; write an object, e.g. '{{\"alpha\": 0.5}}'") from None
+    if not isinstance(config, Mapping):
+        raise ConfigError(f"marconi eviction config (--radix-eviction-policy-config) must be a JSON object, "
+                          f"got {_short(config)}")
+    return config
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    keys = [k for k, _ in pairs]
+    twice = sorted({k for k in keys if keys.count(k) > 1})
+    if twice:
+        raise ConfigError(f"marconi eviction config: key {', '.join(map(repr, twice))} given twice")
+    return dict(pairs)
+
+
+def _config_alpha(value: Any) -> float | str:
+    """``"adaptive"``, or the number as a float (ConfigError unless finite and >= 0; a bool is no number)."""
+    if isinstance(value, str) and value == "adaptive":
+        return value
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        alpha = math.nan
+    else:
+        try:
+            alpha = float(value)
+        except OverflowError:             # an int past float's range
+            alpha = math.inf
+    if not (math.isfinite(alpha) and alpha >= 0):
+        raise ConfigError(f"marconi eviction config: alpha must be a finite number >= 0 or 'adaptive', "
+                          f"got {_short(value)}")
+    return alpha
+
+
+def _config_model(value: Any) -> str | ModelSpec | None:
+    """``model``: absent/None (the served model), a non-empty preset name or path, or a ModelSpec."""
+    if value is None or isinstance(value, ModelSpec) or (isinstance(value, str) and value.strip()):
+        return value
+    raise ConfigError(f"marconi eviction config: model must be a preset name or a path to a Hugging Face "
+                      f"config.json / model directory, got {_short(value)}")
+
+
+def _check_rules(rules: str, selector: str) -> None:
+    """Every label of the family, checked now as the ``selector``'s source will apply it (worlds:
+    :func:`world_rule`, regret: :func:`radix_rule`), so a bad family fails here, naming ``rules``."""
+    rule_map = world_rule if selector == "worlds" else radix_rule
+    try:
+        for rule in parse_rules(rules):
+            rule_map(rule)
+    except ConfigError as exc:
+        raise ConfigError(f"marconi eviction config: rules {rules!r}: {exc}") from None
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "…"
 
 
 def _min_max(value: float, lo: float, hi: float) -> float:
@@ -163,7 +229,12 @@ class MarconiStrategy:
         model = cfg["model"] or default_model
         if model is None:
             raise ConfigError("marconi eviction: no model to cost (set 'model' in --radix-eviction-policy-config)")
-        spec = get_model(model)
+        try:
+            spec = get_model(model)
+        except SpecError as exc:
+            where = ("marconi eviction config: model" if cfg["model"] else
+                     "marconi eviction: the served model (set 'model' in --radix-eviction-policy-config)")
+            raise ConfigError(f"{where}: {exc}") from None
         source: float | AlphaSource = cfg["alpha"]
         if cfg["selector"] == "worlds":
             from marconi.integrations.common.worlds_alpha import WorldsAlpha

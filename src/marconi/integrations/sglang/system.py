@@ -185,9 +185,14 @@ def _eviction(text: str, alpha: str, efficiency: str, rules: str, selector: str 
     if paren:
         if not rest.endswith(")"):
             raise ConfigError(f"sglang-unified: unbalanced parentheses in eviction={text!r}: write marconi(alpha=1)")
-        for item in filter(None, rest[:-1].split(";")):
-            key, _, value = item.partition("=")
-            params[key.strip()] = value.strip()
+        for item in filter(str.strip, rest[:-1].split(";")):
+            key, eq, value = (part.strip() for part in item.partition("="))
+            if not eq or not key or not value:
+                raise ConfigError(f"sglang-unified: eviction={text!r}: {item.strip()!r} is not key=value: "
+                                  "write marconi(alpha=1;efficiency=marginal)")
+            if key in params:
+                raise ConfigError(f"sglang-unified: eviction={text!r}: {key} given twice")
+            params[key] = value
     if name not in ("lru", "marconi"):
         raise ConfigError(f"sglang-unified: eviction must be lru or marconi, got {name!r}")
     separate = {k: v for k, v in (("alpha", alpha), ("efficiency", efficiency), ("rules", rules),

@@ -1,0 +1,106 @@
+"""Bad input to the SGLang plugin's config and the ``sglang-unified`` system: a ConfigError naming the
+setting, checked when the config is read (not later, when a strategy or a point is built). No SGLang
+needed."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from marconi.core.registry import ConfigError
+from marconi.integrations.sglang.policy import MarconiStrategy, parse_config
+from marconi.sim.systems import make_system
+
+MAMBA = 1
+
+
+@pytest.mark.parametrize("text", ["garbage", "{", '{"alpha": 0.5,}', "{'alpha': 0.5}"])
+def test_a_config_that_is_not_json_names_the_flag(text: str) -> None:
+    with pytest.raises(ConfigError, match=r"--radix-eviction-policy-config.*not JSON.*line 1 column"):
+        parse_config(text)
+
+
+def test_a_key_given_twice_in_json_is_refused() -> None:
+    with pytest.raises(ConfigError, match="'alpha' given twice"):
+        parse_config('{"alpha": 0.5, "alpha": 2}')
+
+
+@pytest.mark.parametrize("alpha", [float("inf"), "Infinity", 1e400, 10**400],
+                         ids=["inf", "json-Infinity", "1e400", "int-10**400"])
+def test_alpha_must_be_finite(alpha) -> None:
+    config = f'{{"alpha": {alpha}}}' if isinstance(alpha, str) else {"alpha": alpha}
+    with pytest.raises(ConfigError, match="alpha must be a finite number >= 0"):
+        parse_config(config)
+
+
+@pytest.mark.parametrize("rules, match", [
+    ("bogus", r"rules 'bogus': rule 'bogus'"),
+    ("a2m/a2m", r"rules 'a2m/a2m': .*twice"),
+    ("lru/lru", r"rules 'lru/lru': .*twice"),
+    ("a2m/a-1", r"rules 'a2m/a-1': rule 'a-1'"),
+    ("//", r"rules '//': .*empty"),
+    ("lru/a0.5mt", r"rules 'lru/a0.5mt': .*dead tails"),
+])
+def test_rules_are_checked_when_the_config_is_read(rules: str, match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        parse_config({"rules": rules})
+
+
+def test_regret_rules_are_checked_as_its_shadow_applies_them() -> None:
+    parse_config({"rules": "a1lp"})                        # the worlds apply any rule (the generic path)
+    with pytest.raises(ConfigError, match=r"rules 'a1lp': .*no counterpart"):
+        parse_config({"selector": "regret", "rules": "a1lp"})
+
+
+def test_efficiency_goes_with_a_fixed_alpha_only() -> None:
+    assert parse_config({"alpha": 1, "efficiency": "marginal"})["efficiency"] == "marginal"
+    with pytest.raises(ConfigError, match="'efficiency' goes with a number for alpha"):
+        parse_config({"efficiency": "marginal"})
+    with pytest.raises(ConfigError, match="'efficiency' goes with a number for alpha"):
+        parse_config({"alpha": "adaptive", "efficiency": "total"})
+
+
+@pytest.mark.parametrize("model", [5, "", "  ", ["paper-7b"], True])
+def test_model_must_be_a_name_or_path(model) -> None:
+    with pytest.raises(ConfigError, match="model must be a preset name or a path"):
+        parse_config({"model": model})
+
+
+def test_an_unknown_model_is_a_config_error_naming_the_key() -> None:
+    with pytest.raises(ConfigError, match="marconi eviction config: model: unknown model 'nosuch'"):
+        MarconiStrategy.from_config({"model": "nosuch", "alpha": 0.5}, mamba_index=MAMBA)
+    with pytest.raises(ConfigError, match="served model .*set 'model' in --radix-eviction-policy-config"):
+        MarconiStrategy.from_config({"alpha": 0.5}, mamba_index=MAMBA, default_model="/nonexistent/model")
+
+
+def test_good_configs_still_parse_as_before() -> None:
+    assert parse_config(None) == parse_config("") == parse_config(json.dumps({}))
+    assert parse_config({"alpha": 0, "model": "paper-7b"})["alpha"] == 0.0
+    cfg = parse_config({"selector": "regret", "rules": "default"})
+    assert (cfg["selector"], cfg["rules"]) == ("regret", "default")
+
+
+@pytest.mark.parametrize("system, match", [
+    ("sglang-unified:eviction=marconi(alpha=1;alpha=2)", "alpha given twice"),
+    ("sglang-unified:eviction=marconi(alpha)", "'alpha' is not key=value"),
+    ("sglang-unified:eviction=marconi(alpha=)", "'alpha=' is not key=value"),
+    ("sglang-unified:eviction=marconi(=1)", "'=1' is not key=value"),
+    ("sglang-unified:eviction=marconi(alpha=inf)", "alpha must be a finite number"),
+    ("sglang-unified:eviction=marconi(alpha=1e400)", "alpha must be a finite number"),
+    ("sglang-unified:eviction=marconi,rules=bogus", "rules 'bogus'"),
+    ("sglang-unified:eviction=marconi,rules=a2m/a2m", "rules 'a2m/a2m'"),
+    ("sglang-unified:eviction=marconi,selector=regret,rules=a1lp", "rules 'a1lp'"),
+    ("sglang-unified:eviction=marconi,efficiency=marginal", "'efficiency' goes with a number for alpha"),
+])
+def test_sglang_unified_refuses_bad_eviction_parameters_when_named(system: str, match: str) -> None:
+    # refused when the system string is read, not as an infeasible point when the cache is built
+    with pytest.raises(ConfigError, match=match):
+        make_system(system)
+
+
+def test_sglang_unified_good_eviction_parameters_still_work() -> None:
+    for system in ("sglang-unified:eviction=marconi( alpha = 1 ;efficiency=marginal)",
+                   "sglang-unified:eviction=marconi(;alpha=0.5;)",
+                   "sglang-unified:eviction=marconi(alpha=adaptive;selector=regret;rules=lru/a2m)"):
+        make_system(system)
