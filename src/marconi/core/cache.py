@@ -19,7 +19,7 @@ from marconi.core.admission import AdmissionContext, AdmissionPolicy, FinalPlan,
 from marconi.core.eviction import EvictionPolicy, make_eviction
 from marconi.core.model import ModelSpec, get_model
 from marconi.core.radix import Node, RadixTree, WalkResult
-from marconi.core.registry import ConfigError
+from marconi.core.registry import ConfigError, brief_repr
 from marconi.core.store import (SIZE_ONLY, InvariantError, PayloadOps, SizeOnly, SizeOnlyPayloads, TreeStore,
                                  require)
 from marconi.core.tails import DeadTails
@@ -122,7 +122,7 @@ def as_tokens(tokens: Any, what: str, *, allow_empty: bool = False) -> np.ndarra
         raise ValueError(f"{what} must be a 1-D sequence of token ids, got {type(tokens).__name__} that NumPy "
                          f"cannot read as an array ({exc})") from None
     if arr.ndim != 1:
-        got = f"shape {arr.shape}" if arr.ndim else f"{type(tokens).__name__} {_brief(tokens)}"
+        got = f"shape {arr.shape}" if arr.ndim else f"{type(tokens).__name__} {brief_repr(tokens)}"
         raise ValueError(f"{what} must be a 1-D sequence of token ids, got {got}")
     if arr.size == 0:
         if allow_empty:
@@ -142,11 +142,6 @@ def as_tokens(tokens: Any, what: str, *, allow_empty: bool = False) -> np.ndarra
         arr = arr.astype(np.int32)
     return arr
 
-
-def _brief(value: Any) -> str:
-    """``repr(value)``, cut to 60 characters, for a message."""
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _is_whole(value: Any) -> bool:
@@ -194,7 +189,7 @@ def _check_clock_and_payloads(clock: Any, payloads: Any) -> None:
     """ConfigError unless ``clock`` is None or a callable and ``payloads`` None or a ``PayloadOps``."""
     if clock is not None and not callable(clock):
         raise ConfigError(f"clock must be None (a logical clock) or a callable returning the time as a number, "
-                          f"got {type(clock).__name__} {_brief(clock)}")
+                          f"got {type(clock).__name__} {brief_repr(clock)}")
     if payloads is not None:
         missing = [m for m in _PAYLOAD_METHODS if not callable(getattr(payloads, m, None))]
         if missing:
@@ -211,7 +206,7 @@ def _read_clock(clock: Callable[[], Any]) -> float:
     except TypeError:
         finite = False
     if not finite:
-        raise ValueError(f"the cache's clock returned {type(now).__name__} {_brief(now)}: "
+        raise ValueError(f"the cache's clock returned {type(now).__name__} {brief_repr(now)}: "
                          "it must return the time as a finite number")
     return now
 
@@ -745,7 +740,7 @@ class PrefixCache(TreeStore):
     def _check_active(self, handle: RequestHandle) -> None:
         if not isinstance(handle, RequestHandle):
             raise TypeError(f"handle must be the RequestHandle this cache's begin() returned, got "
-                            f"{type(handle).__name__} {_brief(handle)}")
+                            f"{type(handle).__name__} {brief_repr(handle)}")
         if not handle.active or self._in_flight.get(handle.request_id) is not handle:
             why = ("begun by another PrefixCache: finish or abort it there" if handle.active
                    else "finished or aborted")

@@ -14,13 +14,20 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable, Generic, TypeVar
 
-__all__ = ["Registry", "ParsedName", "Domain", "parse_name", "split_name_list", "split_top_level", "ConfigError"]
+__all__ = ["Registry", "ParsedName", "Domain", "parse_name", "split_name_list", "split_top_level", "ConfigError",
+           "brief_repr"]
 
 T = TypeVar("T")
 
 
 class ConfigError(ValueError):
     """An impossible or misspelt configuration; the message says what to change."""
+
+
+def brief_repr(value: object, limit: int = 60) -> str:
+    """``repr(value)`` for an error message, cut to ``limit`` characters (``...`` marks a cut)."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def _fmt(value: float) -> str:

@@ -11,7 +11,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 from marconi.io import iter_jsonl, write_jsonl
 from marconi.core.model import ModelSpec, get_model
-from marconi.core.registry import ConfigError
+from marconi.core.registry import ConfigError, brief_repr
 from marconi.sim.backends import Backend, TaskFn, make_backend
 from marconi.sim.replay import simulate_system, working_set_bytes
 from marconi.sim.systems import make_system
@@ -289,8 +289,7 @@ def _described(value: Any) -> str:
             int: "an integer", float: "a number"}.get(type(value), type(value).__name__)
     if value is None or isinstance(value, (list, dict)):
         return kind
-    text = repr(value)
-    return f"{kind} ({text[:40]}{'...' if len(text) > 40 else ''})"
+    return f"{kind} ({brief_repr(value)})"
 
 
 def _type_error(rec: dict[str, Any], types: Mapping[str, FieldType]) -> str | None:

@@ -24,7 +24,7 @@ from marconi.choosers.family import parse_rules
 from marconi.core.candidates import CandidateSet, CandidateTable, LazyEfficiency, flop_efficiency
 from marconi.core.eviction import EFFICIENCIES, EvictionRule, Rule, check_cuts_tails, choose_victim
 from marconi.core.model import ModelSpec, SpecError, get_model
-from marconi.core.registry import ConfigError
+from marconi.core.registry import ConfigError, brief_repr
 from marconi.integrations.common.alpha import AlphaSource, FixedAlpha, FixedRule, RequestObservation
 
 __all__ = ["DEFAULT_ALPHA", "DEFAULT_CONFIG_ALPHA", "DEFAULT_SELECTOR", "EFFICIENCIES", "SELECTORS", "WORLDS_RULES",
@@ -135,7 +135,7 @@ def _config_mapping(config: Mapping[str, Any] | str | None) -> Mapping[str, Any]
                               f"line {exc.lineno} column {exc.colno}; write an object, e.g. '{{\"alpha\": 0.5}}'") from None
     if not isinstance(config, Mapping):
         raise ConfigError(f"marconi eviction config (--radix-eviction-policy-config) must be a JSON object, "
-                          f"got {_short(config)}")
+                          f"got {brief_repr(config)}")
     return config
 
 
@@ -160,7 +160,7 @@ def _config_alpha(value: Any) -> float | str:
             alpha = math.inf
     if not (math.isfinite(alpha) and alpha >= 0):
         raise ConfigError(f"marconi eviction config: alpha must be a finite number >= 0 or 'adaptive', "
-                          f"got {_short(value)}")
+                          f"got {brief_repr(value)}")
     return alpha
 
 
@@ -169,7 +169,7 @@ def _config_model(value: Any) -> str | ModelSpec | None:
     if value is None or isinstance(value, ModelSpec) or (isinstance(value, str) and value.strip()):
         return value
     raise ConfigError(f"marconi eviction config: model must be a preset name or a path to a Hugging Face "
-                      f"config.json / model directory, got {_short(value)}")
+                      f"config.json / model directory, got {brief_repr(value)}")
 
 
 def _check_rules(rules: str, selector: str) -> None:
@@ -181,11 +181,6 @@ def _check_rules(rules: str, selector: str) -> None:
             rule_map(rule)
     except ConfigError as exc:
         raise ConfigError(f"marconi eviction config: rules {rules!r}: {exc}") from None
-
-
-def _short(value: Any, limit: int = 60) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[:limit] + "…"
 
 
 def _min_max(value: float, lo: float, hi: float) -> float:
