@@ -2,7 +2,8 @@
 
 ``build_workload("swe:sessions=20,data=bundled", seed=1)``; ``marconi trace list`` prints it.
 Every entry takes ``scale`` and ``seed``, data-backed ones ``data`` (``auto``, ``shared``, a
-stand-in); ``meta["provenance"]`` says which data was used. See docs/data.md.
+stand-in) and ``files`` (your own files in the same source format, read by the same recipe:
+``sharegpt:files=my_export.json``); ``meta["provenance"]`` says which data was used. See docs/data.md.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ LICENCE_LMSYS = "LMSYS-Chat-1M licence: no redistribution"
 LICENCE_MOONCAKE = "Apache-2.0"
 LICENCE_QUALITY = "CC BY 4.0"
 LICENCE_SYNTHETIC = "none needed: generated here from a seed"
+LICENCE_GIVEN = "the given files' own"
 
 
 class DataUnavailable(FileNotFoundError):
@@ -140,11 +142,33 @@ def _files(files: str | Sequence[str | os.PathLike]) -> list[str]:
     return [os.fspath(p) for p in files]
 
 
+def _given(files: str, data: str) -> list[str]:
+    """The paths of ``files=`` (none when empty); ConfigError when ``data=`` names data as well."""
+    paths = _files(files)
+    if paths and data != "auto":
+        raise ConfigError(f"give files= or data={data}, not both: files= replaces the data")
+    return paths
+
+
+def _where_given(paths: Sequence[str]) -> str:
+    return paths[0] if len(paths) == 1 else f"{len(paths)} files under {Path(paths[0]).parent}"
+
+
 # ============================================================================ SWE agent
 def _swe(scale: float, seed: int, sessions: int | None, full: int, max_turns: int, keep: int | None,
-         data: str, shared_prefix: str, tokenizer: str | None, max_input_len: int = 32768) -> _Built:
+         data: str, shared_prefix: str, tokenizer: str | None, max_input_len: int = 32768,
+         files: str = "") -> _Built:
     n = _count(full, scale, sessions, "sessions")
     _choice(data, ("auto", "shared", "bundled"))
+    given = _given(files, data)
+    if given:
+        trace = build_swe_trace(given, num_sessions=n, max_turns=max_turns, keep_observations=keep, seed=seed,
+                                shared_prefix=shared_prefix or None, tokenizer=tokenizer or None,
+                                max_input_len=max_input_len)
+        text = f"agent trajectories from {_where_given(given)}, first {trace.meta['num_sessions']} sessions, paper recipe"
+        text += ", every observation kept" if keep is None else ""
+        text += f", shared prefix {shared_prefix}" if shared_prefix else ""
+        return _Built(trace, text, LICENCE_GIVEN)
     paths = [bundled_data_dir() / SWE_SAMPLE] if data == "bundled" else default_swe_paths()
     vendored = paths[0].is_relative_to(bundled_data_dir())
     if vendored and data == "shared":
@@ -164,18 +188,19 @@ def _swe(scale: float, seed: int, sessions: int | None, full: int, max_turns: in
 @_entry("swe", LICENCE_SWE)
 def _swe_keep5(*, scale: float = 1.0, seed: int = 0, sessions: int | None = None, max_turns: int = 50,
                data: str = "auto", shared_prefix: str = "", tokenizer: str = "",
-               max_input_len: int = 32768) -> _Built:
+               max_input_len: int = 32768, files: str = "") -> _Built:
     """SWE-bench agent trajectories (mini-swe-agent, gemini-3-pro), paper recipe: last 5 observations kept, Poisson
-    gaps (mean 7.5 s); 100 sessions; stand-in: the 10 vendored ones"""
-    return _swe(scale, seed, sessions, 100, max_turns, 5, data, shared_prefix, tokenizer, max_input_len)
+    gaps (mean 7.5 s); 100 sessions; stand-in: the 10 vendored ones; files=PATH[:PATH...] for your own
+    (mini-swe-agent arrays or SWE-agent .traj files, or folders of them)"""
+    return _swe(scale, seed, sessions, 100, max_turns, 5, data, shared_prefix, tokenizer, max_input_len, files)
 
 
 @_entry("swe-keepall", LICENCE_SWE)
 def _swe_keepall(*, scale: float = 1.0, seed: int = 0, sessions: int | None = None, max_turns: int = 50,
                  data: str = "auto", shared_prefix: str = "", tokenizer: str = "",
-                 max_input_len: int = 32768) -> _Built:
+                 max_input_len: int = 32768, files: str = "") -> _Built:
     """swe keeping every observation in the history (each turn extends the previous one)"""
-    return _swe(scale, seed, sessions, 100, max_turns, None, data, shared_prefix, tokenizer, max_input_len)
+    return _swe(scale, seed, sessions, 100, max_turns, None, data, shared_prefix, tokenizer, max_input_len, files)
 
 
 @_entry("swe-sample", LICENCE_SWE)
@@ -198,11 +223,16 @@ def _swe_sample_prefix(*, scale: float = 1.0, seed: int = 0, sessions: int | Non
 # ============================================================================ chat
 @_entry("sharegpt", LICENCE_SHAREGPT)
 def _sharegpt(*, scale: float = 1.0, seed: int = 0, sessions: int | None = None, data: str = "auto",
-              tokenizer: str = "") -> _Built:
+              tokenizer: str = "", files: str = "") -> _Built:
     """ShareGPT V3 conversations with >= 20 messages, paper recipe; 100 sessions; stand-in: synthetic chat of 2-8
-    turns"""
+    turns; files=PATH[:PATH...] for your own (.json arrays, .jsonl or .parquet of ShareGPT records)"""
     n = _count(100, scale, sessions, "sessions")
     _choice(data, ("auto", "shared", "synthetic"))
+    given = _given(files, data)
+    if given:
+        trace = build_sharegpt_trace(given, num_sessions=n, tokenizer=tokenizer or None)
+        return _Built(trace, f"ShareGPT-format records from {_where_given(given)} (>= 20 messages), "
+                             f"first {trace.meta['num_sessions']} sessions, paper recipe", LICENCE_GIVEN)
     files = [] if data == "synthetic" else default_sharegpt_files()
     if files:
         trace = build_sharegpt_trace(files, num_sessions=n, tokenizer=tokenizer or None)
@@ -235,9 +265,16 @@ def _lmsys(*, scale: float = 1.0, seed: int = 0, sessions: int | None = None, fi
 
 
 # ============================================================================ Mooncake
-def _mooncake(scale: float, seed: int, requests: int | None, data: str) -> _Built:
+def _mooncake(scale: float, seed: int, requests: int | None, data: str, files: str = "") -> _Built:
     n = _count(2000, scale, requests, "requests")
     _choice(data, ("auto", "shared", "bundled"))
+    given = _given(files, data)
+    if len(given) > 1:
+        raise ConfigError(f"mooncake: files= takes one trace file, got {len(given)}")
+    if given:
+        trace = build_mooncake_trace(given[0], limit=n, seed=seed)
+        return _Built(trace, f"Mooncake-format requests from {given[0]}: first {len(trace)} requests, "
+                             "512-token blocks rebuilt as tokens", LICENCE_GIVEN)
     shared = shared_data_dir()
     path = shared / MOONCAKE_SHARED if shared is not None and data != "bundled" else None
     if path is None or not path.is_file():
@@ -255,10 +292,10 @@ def _mooncake(scale: float, seed: int, requests: int | None, data: str) -> _Buil
 
 @_entry("mooncake", LICENCE_MOONCAKE)
 def _mooncake_entry(*, scale: float = 1.0, seed: int = 0, requests: int | None = None,
-                    data: str = "auto") -> _Built:
+                    data: str = "auto", files: str = "") -> _Built:
     """Mooncake (FAST'25) conversation requests, hash blocks rebuilt as 512-token blocks; 2,000 requests; stand-in:
-    the vendored first 2,000"""
-    return _mooncake(scale, seed, requests, data)
+    the vendored first 2,000; files=PATH for another trace of the same format (e.g. toolagent_trace.jsonl)"""
+    return _mooncake(scale, seed, requests, data, files)
 
 
 @_entry("mooncake-sample", LICENCE_MOONCAKE)
@@ -276,19 +313,20 @@ _QUALITY_SHAPE = {"doc_len": 7500, "questions_per_doc": 12, "question_len": 75, 
 
 @_entry("quality", LICENCE_QUALITY)
 def _quality(*, scale: float = 1.0, seed: int = 0, articles: int | None = None, data: str = "auto",
-             tokenizer: str = "") -> _Built:
+             tokenizer: str = "", files: str = "") -> _Built:
     """QuALITY multiple-choice questions on long articles (many per article); every article; stand-in: synthetic
-    doc-qa of the same shape"""
+    doc-qa of the same shape; files=PATH[:PATH...] for your own QuALITY .jsonl files"""
     _choice(data, ("auto", "shared", "synthetic"))
-    files = [] if data == "synthetic" else default_quality_files()
+    given = _given(files, data)
+    files = given or ([] if data == "synthetic" else default_quality_files())
     if files:
         if articles is not None or scale != 1.0:  # else every article
             total = len(load_quality_articles(files)) if articles is None else articles
             articles = _count(total, scale, articles, "articles")
         trace = build_quality_trace(files, seed=seed, max_articles=articles, tokenizer=tokenizer or None)
-        text = (f"QuALITY: {len(files)} files under {files[0].parent} "
+        text = (f"QuALITY: {_where_given([os.fspath(f) for f in files])} "
                 f"({trace.meta['num_articles']} articles, {len(trace)} questions)")
-        return _Built(trace, text, LICENCE_QUALITY)
+        return _Built(trace, text, LICENCE_GIVEN if given else LICENCE_QUALITY)
     if data == "shared":
         raise _absent("quality (QuALITY)", "synthetic")
     docs = _count(16, scale, articles, "articles")

@@ -5,17 +5,21 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
-from marconi.core.registry import ConfigError
+from marconi.core.registry import ConfigError, ParsedName
 
 from .catalog import Provenance, build_workload, is_workload, workload_names
+from .raw import RAW_SOURCES, raw_source_of
 from .trace import Trace, read_trace
+from .trace.formats import format_of, suffix_listing
 
 __all__ = ["load_trace"]
 
 
 def load_trace(text: str, limit: int | None = None, *, notice: Callable[[str], None] | None = None) -> Trace:
-    """A catalog workload or a JSONL/Parquet file; ``limit``: the first requests (None: all; 0: none);
-    ``notice``: told when a stand-in replaced absent data. ConfigError for an empty text or one that
+    """A catalog workload or a file: a token trace (JSONL/Parquet), a block-hash recording or Mooncake
+    trace, or a raw source (ShareGPT, LMSys, agent trajectories, QuALITY: :mod:`.raw`), built by its
+    catalog recipe's defaults; ``limit``: the first requests (None: all; 0: none); ``notice``: told when
+    a stand-in replaced absent data, or a raw source was built. ConfigError for an empty text or one that
     is neither a file nor a name; TraceFormatError or JsonError for an invalid file."""
     if not text.strip():  # Path("") is the current directory, which exists
         raise ConfigError(f"the trace is empty ({text!r}): give a trace file or a catalog workload "
@@ -38,4 +42,17 @@ def load_trace(text: str, limit: int | None = None, *, notice: Callable[[str], N
         from .mooncake import build_mooncake_trace
 
         return build_mooncake_trace(path, limit=limit)
+    kind = raw_source_of(path)
+    if kind is not None:               # a raw source: built by its catalog recipe, as `trace build` would
+        trace = build_workload(ParsedName(kind, {}), files=[text])
+        if notice is not None:
+            notice(f"trace {text}: {RAW_SOURCES[kind]}, not a token trace: built by the catalog's {kind!r} recipe "
+                   f"with its defaults ({Provenance.of(trace).describe()}); set them on the name "
+                   f"(--trace {kind}:files=PATH,...: `marconi trace list`) or write the trace once with "
+                   f"`marconi trace build {kind}`")
+        return trace.head(limit) if limit is not None else trace
+    if format_of(path) is None and path.is_file():
+        raise ConfigError(f"{text}: neither a token trace ({suffix_listing()}) nor a raw source its first record "
+                          f"identifies ({'; '.join(f'{k}: {v}' for k, v in RAW_SOURCES.items())}); "
+                          "`marconi trace build --help` lists the sources it converts")
     return read_trace(path, limit=limit)

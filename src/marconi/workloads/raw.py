@@ -1,0 +1,103 @@
+"""Which raw source a file holds, when it is not a token trace: ShareGPT, LMSys, agent trajectories or
+QuALITY (:func:`raw_source_of`).
+
+A command given such a file as its trace builds it by the catalog entry's recipe (``files=``), as
+``marconi trace build`` would, instead of refusing it as an unknown format. Only the file's first
+record is read: a recipe's own reader checks every record, naming the file and record of a bad one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from marconi.core.jsonfile import not_regular
+
+__all__ = ["raw_source_of", "RAW_SOURCES"]
+
+#: The catalog entry that builds each raw source, and the source in words.
+RAW_SOURCES = {"sharegpt": "ShareGPT conversations", "lmsys": "LMSys-Chat conversations",
+               "swe": "agent trajectories (mini-swe-agent / SWE-agent)", "quality": "QuALITY articles"}
+
+_CHUNK = 1 << 16
+_MAX_FIRST = 64 << 20        # a first record larger than this is not sniffed (the file stays unknown)
+
+
+def _kind(obj: Any) -> str | None:
+    """The raw source of one record, by the fields each source's reader requires."""
+    if not isinstance(obj, dict):
+        return None
+    if isinstance(obj.get("conversations"), list):
+        return "sharegpt"
+    if isinstance(obj.get("conversation"), list):
+        return "lmsys"
+    if isinstance(obj.get("messages"), list) and ("instance_id" in obj or "exit_status" in obj):
+        return "swe"         # mini-swe-agent; a bare {"messages": [...]} chat is left unknown
+    if isinstance(obj.get("history"), list) and all(isinstance(m, dict) and "role" in m for m in obj["history"][:8]):
+        return "swe"         # SWE-agent's .traj (its demonstrations carry the history alone)
+    if "article" in obj and isinstance(obj.get("questions"), list):
+        return "quality"
+    return None
+
+
+def _first_json_line(path: Path) -> Any:
+    with open(path, "rb") as fh:
+        for raw in iter(lambda: fh.readline(_MAX_FIRST), b""):
+            if raw.strip():
+                if not raw.endswith(b"\n") and len(raw) >= _MAX_FIRST:
+                    return None
+                return json.loads(raw)
+    return None
+
+
+def _first_json_value(path: Path) -> Any:
+    """The first element of a JSON array (or the whole value when it is not an array), reading no more of
+    the file than it needs; None when it does not decode within the cap."""
+    decoder = json.JSONDecoder()
+    text = ""
+    with open(path, "r", encoding="utf-8", errors="replace") as fh:
+        while len(text) < _MAX_FIRST:
+            chunk = fh.read(max(_CHUNK, len(text)))     # doubling: each failed decode rescans what is read
+            text += chunk
+            body = text.lstrip()
+            if body.startswith("["):
+                body = body[1:].lstrip()
+                if body.startswith("]"):
+                    return None
+            try:
+                return decoder.raw_decode(body)[0]
+            except ValueError:
+                if not chunk:
+                    return None
+    return None
+
+
+def _parquet_kind(path: Path) -> str | None:
+    """ShareGPT or LMSys records in Parquet (the chat readers take it), by column name."""
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        return None
+    names = set(pq.read_schema(path).names)
+    return "sharegpt" if "conversations" in names else "lmsys" if "conversation" in names else None
+
+
+def raw_source_of(path: str | os.PathLike) -> str | None:
+    """The catalog entry whose recipe reads ``path`` (a key of :data:`RAW_SOURCES`), or None: not a
+    regular file, unreadable, or its first record is none of the raw sources. Never raises."""
+    p = Path(path)
+    try:
+        if not p.is_file() or not_regular(os.stat(p)) is not None:
+            return None
+        name = p.name.lower()
+        if name.endswith(".parquet"):
+            return _parquet_kind(p)
+        if name.endswith(".jsonl"):
+            return _kind(_first_json_line(p))
+        if name.endswith((".json", ".traj")):
+            return _kind(_first_json_value(p))
+    except (OSError, ValueError, RecursionError):     # not sniffable: not a raw source; its reader says why
+        return None
+    return None

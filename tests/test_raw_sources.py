@@ -1,0 +1,128 @@
+"""Raw source files given as a trace: recognised by their first record, built by the catalog's recipe
+(``files=``) with a notice, the same trace as the catalog name with ``files=`` and as ``marconi trace
+build``; anything else is refused naming both what a token trace is and which sources are recognised."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from marconi.cli import main
+from marconi.core.registry import ConfigError
+from marconi.workloads import build_workload, bundled_data_dir, load_trace, read_trace
+from marconi.workloads.raw import RAW_SOURCES, raw_source_of
+
+
+def _conversation(n: int, text: str, key_from: str = "from", key_text: str = "value") -> list[dict]:
+    return [{key_from: "human" if i % 2 == 0 else "gpt", key_text: f"{text} {i} " * 4} for i in range(2 * n)]
+
+
+@pytest.fixture
+def sharegpt_file(tmp_path):
+    path = tmp_path / "held_out_part.json"
+    path.write_text(json.dumps([{"id": f"s{k}", "conversations": _conversation(11, f"session {k}")}
+                                for k in range(3)]))
+    return path
+
+
+@pytest.fixture
+def quality_file(tmp_path):
+    questions = [{"question": f"question {q}?", "options": ["a", "b", "c", "d"], "gold_label": 1}
+                 for q in range(3)]
+    path = tmp_path / "quality_held_out.jsonl"
+    path.write_text("\n".join(json.dumps({"article_id": str(k), "title": f"t{k}", "article": "words " * 300,
+                                          "questions": questions}) for k in range(2)) + "\n")
+    return path
+
+
+def _tokens(trace) -> list[tuple[list[int], list[int]]]:
+    return [(r.input_tokens.tolist(), r.output_tokens.tolist()) for r in trace]
+
+
+def test_each_source_is_recognised_by_its_first_record(tmp_path, sharegpt_file, quality_file):
+    swe = bundled_data_dir() / "swe" / "msa_gemini3pro_verified_first10.json"
+    traj = bundled_data_dir() / "swe" / "sweagent_gpt4_pydicom-1458.traj"
+    lmsys = tmp_path / "lmsys.jsonl"
+    lmsys.write_text(json.dumps({"conversation_id": "c", "conversation": _conversation(2, "x", "role", "content")})
+                     + "\n")
+    parquet = tmp_path / "sharegpt.parquet"
+    pq.write_table(pa.Table.from_pylist([{"id": "a", "conversations": _conversation(2, "y")}]), parquet)
+    assert {raw_source_of(p) for p in (sharegpt_file, parquet)} == {"sharegpt"}
+    assert raw_source_of(lmsys) == "lmsys" and raw_source_of(quality_file) == "quality"
+    assert raw_source_of(swe) == "swe" and raw_source_of(traj) == "swe"
+    # Not raw sources: a token trace, a bare chat in "messages" (ambiguous), an empty array, a broken
+    # file, a directory, a missing path.
+    token_trace = tmp_path / "t.jsonl"
+    token_trace.write_text(json.dumps({"session_id": 0, "turn_id": 0, "ts": 0.0, "input_tokens": [1, 2],
+                                       "output_tokens": [3]}) + "\n")
+    chat = tmp_path / "chat.json"
+    chat.write_text(json.dumps([{"messages": [{"role": "user", "content": "hi"}]}]))
+    empty = tmp_path / "empty.json"
+    empty.write_text("[]")
+    broken = tmp_path / "broken.json"
+    broken.write_text('[{"conversations": [')
+    for path in (token_trace, chat, empty, broken, tmp_path, tmp_path / "missing.json"):
+        assert raw_source_of(path) is None, path
+    assert set(RAW_SOURCES) == {"sharegpt", "lmsys", "swe", "quality"}
+
+
+def test_a_first_record_larger_than_one_read_is_still_recognised(tmp_path):
+    path = tmp_path / "big.json"
+    path.write_text(json.dumps([{"id": "a", "conversations": _conversation(400, "long text " * 20)}]))
+    assert os.path.getsize(path) > 1 << 18
+    assert raw_source_of(path) == "sharegpt"
+
+
+def test_a_raw_file_builds_as_the_catalog_recipe_with_files_and_says_so(sharegpt_file, quality_file):
+    told: list[str] = []
+    trace = load_trace(str(sharegpt_file), notice=told.append)
+    named = build_workload(f"sharegpt:files={sharegpt_file}")
+    assert len(trace) > 0 and _tokens(trace) == _tokens(named)
+    assert len(told) == 1 and "ShareGPT conversations, not a token trace" in told[0]
+    assert "sharegpt:files=" in told[0] and "marconi trace build sharegpt" in told[0]
+    assert _tokens(load_trace(str(sharegpt_file), 2)) == _tokens(named)[:2]
+    q = load_trace(str(quality_file))
+    assert len(q) == 2 * 3 and _tokens(q) == _tokens(build_workload(f"quality:files={quality_file}"))
+    swe = bundled_data_dir() / "swe" / "msa_gemini3pro_verified_first10.json"
+    assert _tokens(load_trace(str(swe))) == _tokens(build_workload("swe-sample"))
+
+
+def test_files_replaces_the_data_and_conflicts_with_data(sharegpt_file):
+    trace = build_workload(f"sharegpt:files={sharegpt_file},sessions=2")
+    p = trace.meta["provenance"]
+    assert p["fallback"] is None and str(sharegpt_file) in p["data"] and p["licence"] == "the given files' own"
+    assert trace.meta["num_sessions"] == 2
+    with pytest.raises(ConfigError, match=r"give files= or data=synthetic, not both"):
+        build_workload(f"sharegpt:files={sharegpt_file},data=synthetic")
+    mooncake = bundled_data_dir() / "mooncake" / "conversation_trace_first2000.jsonl"
+    assert _tokens(build_workload(f"mooncake:files={mooncake},requests=30")) == \
+        _tokens(build_workload("mooncake-sample:requests=30"))
+    with pytest.raises(ConfigError, match=r"mooncake: files= takes one trace file, got 2"):
+        build_workload(f"mooncake:files={mooncake}{os.pathsep}{mooncake}")
+
+
+def test_the_cli_simulates_a_raw_file_and_matches_trace_build(sharegpt_file, tmp_path, capsys):
+    built = tmp_path / "built.jsonl"
+    assert main(["trace", "build", "sharegpt", str(sharegpt_file), "--out", str(built)]) == 0
+    assert _tokens(read_trace(built)) == _tokens(load_trace(str(sharegpt_file)))
+    capsys.readouterr()
+    out = tmp_path / "r.jsonl"
+    assert main(["simulate", "--trace", str(sharegpt_file), "--systems", "marconi", "--capacity", "0.5x",
+                 "--quiet", "--out", str(out)]) == 0
+    assert "not a token trace" in capsys.readouterr().err
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(records) == 1 and records[0]["num_requests"] == len(read_trace(built))
+
+
+def test_an_unrecognised_file_names_both_token_traces_and_raw_sources(tmp_path, capsys):
+    path = tmp_path / "notes.json"
+    path.write_text(json.dumps([{"messages": [{"role": "user", "content": "hi"}]}]))
+    with pytest.raises(ConfigError, match=r"notes\.json: neither a token trace \(\.jsonl.*\) nor a raw source .*"
+                                          r"sharegpt: ShareGPT conversations.*marconi trace build --help"):
+        load_trace(str(path))
+    assert main(["simulate", "--trace", str(path), "--systems", "marconi", "--capacity", "1GB", "--quiet"]) == 2
+    assert "neither a token trace" in capsys.readouterr().err
