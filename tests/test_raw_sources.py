@@ -70,6 +70,19 @@ def test_each_source_is_recognised_by_its_first_record(tmp_path, sharegpt_file, 
     assert set(RAW_SOURCES) == {"sharegpt", "lmsys", "swe", "quality"}
 
 
+def test_a_folder_of_trajectories_is_the_swe_recipe_on_the_folder(tmp_path):
+    trajectories = json.loads((bundled_data_dir() / "swe" / "msa_gemini3pro_verified_first10.json").read_text())
+    folder = tmp_path / "trajs"
+    for i, traj in enumerate(trajectories[:3]):
+        (folder / traj["instance_id"]).mkdir(parents=True)
+        (folder / traj["instance_id"] / f"{traj['instance_id']}.traj.json").write_text(json.dumps(traj))
+    assert raw_source_of(folder) == "swe"
+    assert _tokens(load_trace(str(folder))) == _tokens(build_workload(f"swe:files={folder}"))
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "a.json").write_text("[1, 2]")
+    assert raw_source_of(tmp_path / "other") is None
+
+
 def test_a_first_record_larger_than_one_read_is_still_recognised(tmp_path):
     path = tmp_path / "big.json"
     path.write_text(json.dumps([{"id": "a", "conversations": _conversation(400, "long text " * 20)}]))

@@ -86,9 +86,14 @@ def _parquet_kind(path: Path) -> str | None:
 
 def raw_source_of(path: str | os.PathLike) -> str | None:
     """The catalog entry whose recipe reads ``path`` (a key of :data:`RAW_SOURCES`), or None: not a
-    regular file, unreadable, or its first record is none of the raw sources. Never raises."""
+    regular file, unreadable, or its first record is none of the raw sources. A directory is ``swe``
+    when its first ``.json``/``.traj`` file (by name, recursively, as the SWE reader orders them)
+    holds trajectories: mini-swe-agent writes one file per instance. Never raises."""
     p = Path(path)
     try:
+        if p.is_dir():
+            first = min((f for f in p.rglob("*") if f.suffix in (".json", ".traj") and f.is_file()), default=None)
+            return "swe" if first is not None and raw_source_of(first) == "swe" else None
         if not p.is_file() or not_regular(os.stat(p)) is not None:
             return None
         name = p.name.lower()
