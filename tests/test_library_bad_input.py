@@ -6,15 +6,20 @@ Each test says what the old code did with the input.
 
 from __future__ import annotations
 
+import json
 import math
+import re
+from pathlib import Path
 
 import numpy as np
 import pytest
 
+import marconi
+from marconi.choosers.family import DEFAULT_RULES, TAILS_RULE_LABELS, FamilyPolicy, parse_rules
 from marconi.core.admission import make_admission
-from marconi.core.cache import PrefixCache
+from marconi.core.cache import ManualClock, PrefixCache
 from marconi.core.eviction import make_eviction
-from marconi.core.model import ModelSpec, SpecError, get_model
+from marconi.core.model import PRESETS, ModelSpec, SpecError, get_model, list_models
 from marconi.core.registry import ConfigError
 
 
@@ -197,3 +202,131 @@ def test_finishing_a_handle_twice_still_says_finished_or_aborted():
 def test_bad_eviction_parameters_are_config_errors_naming_alpha(name):
     with pytest.raises(ConfigError, match="alpha"):
         make_eviction(name)
+
+
+# ------------------------------------------------------------------ masked arrays as tokens
+_MASKED = "must be a 1-D sequence of token ids, got a NumPy masked array"
+
+
+def test_a_masked_array_of_input_tokens_is_refused_and_locks_nothing():
+    """Old: accepted; the mask was dropped, so the masked id 2 was looked up and cached as a token."""
+    cache = PrefixCache("nemotron-h-8b", 10e9)
+    with pytest.raises(ValueError, match=r"input_tokens " + _MASKED + r" \[1, None, 3, 4\] \(1 of 4 ids masked, "
+                                         r"shown as None\): masked arrays are not token lists; fill or compress"):
+        cache.begin(np.ma.masked_array([1, 2, 3, 4], mask=[0, 1, 0, 0]))
+    with pytest.raises(ValueError, match=r"input_tokens " + _MASKED + r" \[1, None\]"):
+        cache.process(np.ma.masked_array([1, 2], mask=[0, 1]), [5])
+    assert cache.num_in_flight == 0 and cache.used_bytes == 0
+    cache.check_invariants()
+
+
+def test_a_masked_array_with_nothing_masked_is_refused_too():
+    """A masked array is no token list whatever its mask: its data is read only once filled or compressed."""
+    with pytest.raises(ValueError, match=r"input_tokens " + _MASKED + r" \[1, 2, 3\] \(none masked\)"):
+        _cache().begin(np.ma.masked_array([1, 2, 3]))
+
+
+def test_masked_output_tokens_end_the_request_as_an_abort_and_insert_nothing():
+    """Old: finish() inserted the masked id 8 as if it were a token."""
+    cache = _cache()
+    handle = cache.begin([1, 2, 3])
+    masked = np.ma.masked_array([7, 8], mask=[0, 1])
+    with pytest.raises(ValueError, match=r"output_tokens " + _MASKED + r" \[7, None\]"):
+        cache.finish_checkpoints(handle, masked)
+    assert handle.active  # a dry run: the request stays in flight
+    with pytest.raises(ValueError, match=r"output_tokens " + _MASKED):
+        cache.finish(handle, masked)
+    assert cache.num_in_flight == 0 and not handle.active and cache.used_bytes == 0
+    cache.check_invariants()
+
+
+def test_a_masked_array_in_a_snapshot_is_a_config_error_naming_the_node():
+    cache = PrefixCache("paper-7b", 1e11, "marconi", "flop-aware:alpha=1", clock=ManualClock())
+    cache.process([1, 2, 3, 4], [5])
+    snapshot = cache.snapshot()
+    snapshot.tokens[0] = np.ma.masked_array(snapshot.tokens[0])
+    with pytest.raises(ConfigError, match=r"snapshot.tokens\[0\] " + _MASKED):
+        PrefixCache.from_snapshot(snapshot, "paper-7b", 1e11, "marconi", "flop-aware:alpha=1", clock=ManualClock())
+
+
+def test_filled_or_compressed_masked_arrays_and_plain_arrays_still_work():
+    masked = np.ma.masked_array([1, 2, 3, 4], mask=[0, 1, 0, 0])
+    cache = _cache()
+    match, result = cache.process(masked.compressed(), [5])
+    assert match.input_len == 3 and result.cached
+    match, _ = cache.process(masked.filled(0), np.array([6], dtype=np.int64))
+    assert (match.input_len, match.kv_hit_len) == (4, 1)
+    match, _ = cache.process(np.array([1, 3, 4, 5]), [7])
+    assert match.kv_hit_len == 4
+    cache.check_invariants()
+
+
+# ------------------------------------------------------------------ rule families
+@pytest.mark.parametrize("text, position", [("a2m/", "2 of 2"), ("lru//a2m", "2 of 3"), ("/a2m", "1 of 2"),
+                                            ("lru/ /a2m", "2 of 3"), ("/", "1 of 2")])
+def test_a_rule_family_with_an_empty_label_is_a_config_error_naming_it(text, position):
+    """Old: the empty label was skipped, so "a2m/" was the one-rule family a2m ("/" alone was
+    "the adaptive rule family is empty")."""
+    message = (rf"the adaptive rule family '{text}' has an empty label at position {position} \(a leading, "
+               r"trailing or doubled '/'\): write labels separated by single '/', e\.g\. lru/a0\.5m/a2m")
+    with pytest.raises(ConfigError, match=message):
+        parse_rules(text)
+    with pytest.raises(ConfigError, match="has an empty label"):
+        FamilyPolicy(text)
+
+
+def test_the_rule_families_the_project_uses_still_parse():
+    assert [r.label() for r in DEFAULT_RULES] == ["lru", "a0.5m", "a2m"]
+    assert parse_rules("default") == parse_rules(" default ") == parse_rules("lru/a0.5m/a2m") == DEFAULT_RULES
+    assert [r.label() for r in parse_rules(TAILS_RULE_LABELS)] == ["lru", "a0.5m", "a0.5mt", "a2m"]
+    assert [r.label() for r in parse_rules(" lru / a2m ")] == ["lru", "a2m"]  # spaces around a label still do
+    for text in ("", "  "):
+        with pytest.raises(ConfigError, match="the adaptive rule family is empty"):
+            parse_rules(text)
+
+
+# ------------------------------------------------------------------ attention heads
+def _bamba_config(**change) -> dict:
+    return {"model_type": "bamba", "hidden_size": 64, "num_hidden_layers": 4, "num_attention_heads": 32,
+            "num_key_value_heads": 8, "head_dim": 16, "attn_layer_indices": [1], "mamba_n_heads": 4,
+            "mamba_d_head": 16, "mamba_d_state": 8, "torch_dtype": "float32", **change}
+
+
+@pytest.mark.parametrize("kv", [5, 3, 64])
+def test_attention_heads_that_kv_heads_do_not_divide_are_a_spec_error_naming_the_file_and_fields(tmp_path, kv):
+    """Old: accepted; the spec kept kv KV heads that grouped-query attention cannot have."""
+    message = (rf"num_attention_heads = 32 is not a multiple of num_key_value_heads = {kv}: grouped-query "
+               r"attention shares each KV head among an equal number of query heads; give a num_key_value_heads "
+               r"that divides num_attention_heads")
+    with pytest.raises(SpecError, match=r"config of model_type 'bamba': " + message):
+        ModelSpec.from_hf_config(_bamba_config(num_key_value_heads=kv))
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(_bamba_config(num_key_value_heads=kv)))
+    for load in (lambda: ModelSpec.from_hf_config(tmp_path), lambda: get_model(str(path))):
+        with pytest.raises(SpecError, match=re.escape(str(path)) + r" of model_type 'bamba': " + message):
+            load()
+    with pytest.raises(SpecError, match=message):
+        PrefixCache(str(path), 1e10)
+
+
+def test_zamba2_shared_attention_heads_are_checked_too():
+    config = {"model_type": "zamba2", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+              "num_key_value_heads": 3, "layers_block_type": ["mamba", "hybrid"]}
+    with pytest.raises(SpecError, match="model_type 'zamba2': num_attention_heads = 4 is not a multiple of "
+                                        "num_key_value_heads = 3"):
+        ModelSpec.from_hf_config(config)
+    assert ModelSpec.from_hf_config({**config, "num_key_value_heads": 2}).num_kv_heads == 2
+
+
+@pytest.mark.parametrize("kv, expected", [(8, 8), (1, 1), (32, 32), (None, 32)])
+def test_kv_heads_dividing_the_attention_heads_still_load(kv, expected):
+    assert ModelSpec.from_hf_config(_bamba_config(num_key_value_heads=kv)).num_kv_heads == expected
+
+
+def test_every_preset_and_bundled_config_still_loads():
+    assert [spec.name for spec in list_models()] == list(PRESETS)
+    configs = sorted((Path(marconi.__file__).parent / "data" / "configs").glob("*/config.json"))
+    assert configs
+    for config in configs:
+        spec = get_model(str(config.parent))
+        assert spec.num_attn_layers and spec.num_kv_heads

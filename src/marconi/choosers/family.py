@@ -30,12 +30,19 @@ TAILS_RULE_LABELS = "lru/a0.5m/a0.5mt/a2m"
 def parse_rules(text: str | Sequence[Rule], default: str = DEFAULT_RULE_LABELS) -> tuple[Rule, ...]:
     """``"default"`` (``default``'s labels) or labels separated by ``/``: ``"lru/a0/a1m/a2lp"`` ->
     rules (:func:`~marconi.core.eviction.rule_from_label`: registered labels too). ConfigError for an
-    unknown label, an empty family or a rule listed twice."""
+    unknown label, an empty family, an empty label (a leading, trailing or doubled ``/``) or a rule
+    listed twice."""
     if not isinstance(text, str):
         rules = tuple(text)
     else:
         labels = default if text.strip() == "default" else text
-        rules = tuple(rule_from_label(t) for t in labels.split("/") if t.strip())
+        parts = labels.split("/") if labels.strip() else []
+        for i, part in enumerate(parts):
+            if not part.strip():
+                raise ConfigError(f"the adaptive rule family {labels!r} has an empty label at position {i + 1} of "
+                                  f"{len(parts)} (a leading, trailing or doubled '/'): write labels separated by "
+                                  f"single '/', e.g. {DEFAULT_RULE_LABELS}")
+        rules = tuple(rule_from_label(t) for t in parts)
     if not rules:
         raise ConfigError("the adaptive rule family is empty")
     if len(set(rules)) != len(rules):

@@ -115,7 +115,16 @@ class ManualClock:
 
 def as_tokens(tokens: Any, what: str, *, allow_empty: bool = False) -> np.ndarray:
     """Token ids as a 1-D int32 array, sharing memory with ``tokens`` when possible. ValueError (naming
-    ``what`` and the offending id) unless every id is an integer in ``[0, 2**31)``, the trace's range."""
+    ``what`` and the offending id) unless every id is an integer in ``[0, 2**31)``, the trace's range;
+    ValueError for a NumPy masked array (reading it as an array would drop its mask)."""
+    if isinstance(tokens, np.ma.MaskedArray):  # np.asarray keeps the masked ids' data: they would pass as tokens
+        masked = int(np.ma.count_masked(tokens))
+        shown = tokens[:30] if tokens.ndim == 1 else tokens  # brief_repr shows fewer than 30 ids anyway
+        raise ValueError(f"{what} must be a 1-D sequence of token ids, got a NumPy masked array "
+                         f"{brief_repr(shown.tolist())} ("
+                         + (f"{masked} of {tokens.size} ids masked, shown as None" if masked else "none masked")
+                         + "): masked arrays are not token lists; fill or compress them first "
+                         "(.filled(token_id) or .compressed())")
     try:
         arr = np.asarray(tokens)
     except (ValueError, TypeError) as exc:  # ragged nesting, an object NumPy cannot hold

@@ -205,7 +205,8 @@ class ModelSpec:
         """Build a spec from a Hugging Face ``config.json`` (a dict, a file, or a model directory;
         nothing is downloaded; ``model_type`` in ``HF_PARSERS``). A field left out or null takes the
         architecture's default. Raises SpecError, naming the file and field, for an unsupported
-        ``model_type``, a missing field, or a value of the wrong kind or range (0 included)."""
+        ``model_type``, a missing field, a value of the wrong kind or range (0 included), or a
+        ``num_attention_heads`` that ``num_key_value_heads`` does not divide."""
         cfg, path = _load_config(config)
         where = str(path) if path is not None else "config"
         model_type = cfg.get("model_type")
@@ -365,11 +366,22 @@ class _Fields:
                             f"hidden_size = {d_model}: the derived head_dim would be 0; give head_dim")
         return hdim
 
+    def kv_heads(self, heads_key: str, heads: int) -> int:
+        """``num_key_value_heads`` (absent or null: ``heads``, multi-head attention; 0 is an error),
+        which must divide the ``heads`` query heads: grouped-query attention gives each KV head the
+        same number of them."""
+        kv = self.integer("num_key_value_heads", heads)
+        if heads % kv:
+            raise SpecError(f"{self.where}: {heads_key} = {heads} is not a multiple of num_key_value_heads = {kv}: "
+                            f"grouped-query attention shares each KV head among an equal number of query heads; "
+                            f"give a num_key_value_heads that divides {heads_key}")
+        return kv
+
 
 def _attn(f: _Fields, heads_key: str = "num_attention_heads") -> dict[str, int]:
     heads = f.integer(heads_key)
-    kv = f.integer("num_key_value_heads", heads)  # absent or null: multi-head attention; 0 is an error
-    return {"num_kv_heads": kv, "head_dim": f.head_dim(heads_key, heads, f.integer("hidden_size"))}
+    return {"num_kv_heads": f.kv_heads(heads_key, heads),
+            "head_dim": f.head_dim(heads_key, heads, f.integer("hidden_size"))}
 
 
 def _mamba2(d_inner: int, n_groups: int, d_state: int, kernel: int) -> dict[str, int]:
@@ -443,7 +455,7 @@ def _parse_zamba2(f: _Fields) -> dict[str, Any]:
     heads = f.integer("num_attention_heads")
     # Zamba2's shared attention runs on concat(hidden, embeddings): head_dim = 2·D / heads.
     return dict(num_attn_layers=hybrid, num_ssm_layers=layers, num_mlp_layers=hybrid, d_model=d,
-                num_kv_heads=f.integer("num_key_value_heads", heads),
+                num_kv_heads=f.kv_heads("num_attention_heads", heads),
                 head_dim=f.head_dim("num_attention_heads", heads, d, scale=2), ssm_expand=expand,
                 **_mamba2(d_inner, f.integer("mamba_ngroups", 1), f.integer("mamba_d_state", 64),
                           f.integer("mamba_d_conv", 4)))
