@@ -288,10 +288,10 @@ def _summary(tmp_path, summary, points=None):
 
 
 @pytest.mark.parametrize("summary, message", [
-    ([], "a JSON list, not an object"), (None, "a JSON null, not an object"),
+    ([], "(a list, not an object)"), (None, "(null, not an object)"),
     ({"profile": "tiny"}, "no 'working_sets'"),
     ({"profile": "tiny", "working_sets": [[1, 2]], "regimes": {}, "contention": {}}, "'working_sets'"),
-    ({"profile": "tiny", "working_sets": [], "regimes": [], "contention": {}}, "'regimes'")])
+    ({"profile": "tiny", "working_sets": [], "regimes": [], "contention": {}}, "'regimes' is a list, not an object")])
 def test_report_only_refuses_a_summary_that_is_not_a_reproduce_summary(tmp_path, summary, message):
     """Bug 18: --report-only took summary.json for a dict (an AttributeError traceback otherwise)."""
     out = _summary(tmp_path, summary, points=[])

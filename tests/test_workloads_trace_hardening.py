@@ -319,11 +319,11 @@ def test_failed_trace_commit_after_the_sidecar_rolls_the_sidecar_back(tmp_path, 
 
 
 @pytest.mark.parametrize("text, fragment", [
-    ("[]", "expected a JSON object, got list"),
+    ("[]", "expected a JSON object, got a list"),
     ("null", "expected a JSON object, got null"),
-    ('{"meta": [1, 2]}', "field 'meta': expected a JSON object"),
-    ('{"name": 5}', "field 'name': expected a string"),
-    ('{"num_requests": "x"}', "field 'num_requests': expected an int"),
+    ('{"meta": [1, 2]}', "field 'meta': expected a JSON object (or null), got a list"),
+    ('{"name": 5}', "field 'name': expected a string (or null), got an integer (5)"),
+    ('{"num_requests": "x"}', "field 'num_requests': expected an integer >= 0, got a string ('x')"),
     ("{", "invalid JSON"),
 ])
 def test_malformed_sidecar_is_an_error_naming_the_sidecar_and_fails_validate(tmp_path, capsys, text, fragment):
@@ -349,7 +349,7 @@ def test_malformed_parquet_metadata_names_the_file_and_fails_validate(tmp_path):
     path = tmp_path / "t.parquet"
     write_trace(path, Trace(_requests(2)))
     table = pq.read_table(path)
-    for stored, fragment in ((b"[]", "expected a JSON object, got list"), (b"{", "is not valid JSON")):
+    for stored, fragment in ((b"[]", "expected a JSON object, got a list"), (b"{", "is not valid JSON")):
         pq.write_table(table.replace_schema_metadata({b"marconi.trace": stored}), path)
         with pytest.raises(TraceFormatError) as info:
             read_trace(path)

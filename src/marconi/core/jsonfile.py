@@ -1,6 +1,8 @@
 """Reading one JSON file, with errors that name the file and line (a model's ``config.json``).
 
 The core's only file reading; :mod:`marconi.io` builds its JSONL readers and atomic writers on it.
+:func:`json_kind` and :func:`described` are the one wording every message uses for a decoded JSON
+value that has the wrong type (``expected a string, got a list``).
 """
 
 from __future__ import annotations
@@ -11,7 +13,9 @@ import stat
 from pathlib import Path
 from typing import Any
 
-__all__ = ["JsonError", "check_readable", "read_json", "not_regular"]
+from marconi.core.registry import brief_repr
+
+__all__ = ["JsonError", "check_readable", "read_json", "not_regular", "json_kind", "described"]
 
 
 class JsonError(ValueError):
@@ -67,3 +71,38 @@ def read_json(path: str | os.PathLike) -> Any:
         raise JsonError(f"{p}:{exc.lineno}", f"invalid JSON: {exc.msg} (column {exc.colno})") from None
     except RecursionError:
         raise JsonError(str(p), "JSON nested too deeply to decode") from None
+
+
+# Checked in this order: bool before int (True is an int), and subclasses read as their JSON kind.
+_JSON_KINDS = ((bool, "a bool"), (int, "an integer"), (float, "a number"), (str, "a string"),
+               (list, "a list"), (dict, "an object"))
+
+
+def json_kind(value: Any) -> str:
+    """The JSON kind of a decoded value, with its article, as a message names it: ``"null"``,
+    ``"a bool"``, ``"an integer"``, ``"a number"`` (a float, NaN and infinities included),
+    ``"a string"``, ``"a list"`` or ``"an object"``; a subclass reads as its base (an ``OrderedDict``
+    is an object). Anything ``json.loads`` never returns reads ``"a Python <type>"`` with the type's
+    module named unless it is a builtin (``"a Python tuple"``, ``"a Python numpy.ndarray"``), so it
+    cannot be taken for a JSON kind.
+    """
+    if value is None:
+        return "null"
+    for kind, name in _JSON_KINDS:
+        if isinstance(value, kind):
+            return name
+    cls = type(value)
+    module = "" if cls.__module__ == "builtins" else cls.__module__.partition(".")[0] + "."
+    return f"a Python {module}{cls.__qualname__}"
+
+
+def described(value: Any) -> str:
+    """``value`` as a message shows what it got: :func:`json_kind`, and for anything but null, a
+    list or an object also the value itself, cut by ``brief_repr`` (``"a string ('1,2')"``,
+    ``"an integer (-3)"``, ``"a list"``, ``"null"``): a container's kind says enough, and its
+    contents could fill the message.
+    """
+    kind = json_kind(value)
+    if value is None or isinstance(value, (list, dict)):
+        return kind
+    return f"{kind} ({brief_repr(value)})"

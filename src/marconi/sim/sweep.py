@@ -10,8 +10,9 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 from marconi.io import iter_jsonl, write_jsonl
+from marconi.core.jsonfile import described
 from marconi.core.model import ModelSpec, get_model
-from marconi.core.registry import ConfigError, brief_repr
+from marconi.core.registry import ConfigError
 from marconi.sim.backends import Backend, TaskFn, make_backend
 from marconi.sim.replay import simulate_system, working_set_bytes
 from marconi.sim.systems import make_system
@@ -283,15 +284,6 @@ RESULT_TYPES: dict[str, FieldType] = {
 }
 
 
-def _described(value: Any) -> str:
-    """``value`` as a message shows it: its JSON type, and the value itself when it is short."""
-    kind = {type(None): "null", bool: "a bool", str: "a string", list: "a list", dict: "an object",
-            int: "an integer", float: "a number"}.get(type(value), type(value).__name__)
-    if value is None or isinstance(value, (list, dict)):
-        return kind
-    return f"{kind} ({brief_repr(value)})"
-
-
 def _type_error(rec: dict[str, Any], types: Mapping[str, FieldType]) -> str | None:
     """``field 'x': expected ..., got ...`` for the first field of ``rec`` that ``types`` refuses, or None."""
     for name, kind in types.items():
@@ -304,7 +296,7 @@ def _type_error(rec: dict[str, Any], types: Mapping[str, FieldType]) -> str | No
                 return f"field {name!r}: missing (expected {kind.expected})"
             continue
         if not kind.test(holder[key]):
-            return f"field {name!r}: expected {kind.expected}, got {_described(holder[key])}"
+            return f"field {name!r}: expected {kind.expected}, got {described(holder[key])}"
     return None
 
 
@@ -323,7 +315,7 @@ def read_records(path: str | Path, required: Sequence[str] = (), kind: str = "re
     for where, rec in iter_jsonl(path):
         missing = [k for k in required if k not in rec] if isinstance(rec, dict) else list(required)
         if not isinstance(rec, dict) or missing:
-            got = "a JSON object" if isinstance(rec, dict) else f"a JSON {type(rec).__name__}"
+            got = described(rec)
             raise ConfigError(f"{where}: not one of the {kind} records: {got}"
                               + (f" without {', '.join(repr(k) for k in missing)}" if missing else ""))
         wrong = _type_error(rec, types) if types else None

@@ -30,7 +30,7 @@ from typing import Any, Callable, Iterable, Sequence
 from marconi.lab.reproduce.context import (HEADROOM_SYSTEMS, MAIN_SYSTEMS, ReproContext, ReproProfile,
                                                    TraceInfo, frac_label, tuned_system, variant_key)
 from marconi.lab.reproduce.traces import TraceFactory, data_available
-from marconi.core.jsonfile import read_json
+from marconi.core.jsonfile import described, json_kind, read_json
 from marconi.core.model import ModelSpec, get_model
 from marconi.core.registry import ConfigError
 from marconi.sim.backends import Backend, make_backend
@@ -317,10 +317,6 @@ def rerender(profile: ReproProfile, out_dir: str | Path, *, jamba_table: str | P
     return ctx
 
 
-_JSON_TYPES = {dict: "object", list: "list", str: "string", int: "number", float: "number", bool: "boolean",
-               type(None): "null"}
-
-
 def read_summary(out: str | Path) -> dict[str, Any]:
     """The ``summary.json`` of an earlier run in ``out``, checked to have what a re-render reads.
 
@@ -344,12 +340,12 @@ def read_summary(out: str | Path) -> dict[str, Any]:
 def _summary_problem(summary: Any) -> str | None:
     """What keeps ``summary`` from being a reproduction's summary, or None."""
     if not isinstance(summary, dict):
-        return f"a JSON {_JSON_TYPES.get(type(summary), type(summary).__name__)}, not an object"
+        return f"{described(summary)}, not an object"
     for key, kind in (("profile", str), ("working_sets", list), ("regimes", dict), ("contention", dict)):
         if key not in summary:
             return f"no {key!r}"
-        if not isinstance(summary[key], kind):
-            return f"{key!r} is a JSON {_JSON_TYPES.get(type(summary[key]), '?')}, not a {_JSON_TYPES[kind]}"
+        if not isinstance(summary[key], kind):  # kind() is an empty one: its JSON kind is what we want
+            return f"{key!r} is {described(summary[key])}, not {json_kind(kind())}"
     for entry in summary["working_sets"]:
         if not (isinstance(entry, list) and len(entry) == 3 and all(isinstance(v, str) for v in entry[:2])
                 and isinstance(entry[2], (int, float)) and not isinstance(entry[2], bool)):

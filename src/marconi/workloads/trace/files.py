@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 from typing import IO, Any, Iterable, Iterator, Mapping
 
-from marconi.core.jsonfile import not_regular
+from marconi.core.jsonfile import described, not_regular
 from marconi.io import atomic_write, is_stream
 
 from . import jsonl, parquet  # noqa: F401  (each registers its formats in the table on import)
@@ -108,27 +108,22 @@ def iter_requests(path: str | os.PathLike, limit: int | None = None) -> Iterator
 # ============================================================================ name and meta
 
 
-def _json_type(value: Any) -> str:
-    return {type(None): "null", dict: "object", list: "list", str: "string", bool: "bool"}.get(
-        type(value), type(value).__name__)
-
-
 def _stored_meta_problems(stored: Any) -> list[tuple[str | None, str]]:
     """What is wrong with a stored ``{"name": str|null, "meta": object|null, "num_requests": int >= 0}``."""
     if not isinstance(stored, dict):
-        return [(None, f"expected a JSON object, got {_json_type(stored)} (stored meta is "
+        return [(None, f"expected a JSON object, got {described(stored)} (stored meta is "
                        '{"name": ..., "meta": {...}, "num_requests": ...})')]
     out: list[tuple[str | None, str]] = []
     name = stored.get("name")
     if name is not None and not isinstance(name, str):
-        out.append(("name", f"expected a string (or null), got {_json_type(name)}"))
+        out.append(("name", f"expected a string (or null), got {described(name)}"))
     meta = stored.get("meta")
     if meta is not None and not isinstance(meta, dict):
-        out.append(("meta", f"expected a JSON object (or null), got {_json_type(meta)}"))
+        out.append(("meta", f"expected a JSON object (or null), got {described(meta)}"))
     if "num_requests" in stored:
         count = stored["num_requests"]
         if type(count) is not int or count < 0:
-            out.append(("num_requests", f"expected an int >= 0, got {_json_type(count)} ({count!r})"))
+            out.append(("num_requests", f"expected an integer >= 0, got {described(count)}"))
     return out
 
 

@@ -10,6 +10,9 @@ from typing import Any, Iterable, Iterator, Mapping, NamedTuple
 
 import numpy as np
 
+from marconi.core.jsonfile import described
+from marconi.core.registry import brief_repr
+
 __all__ = ["Request", "Trace", "TraceStats", "TraceFormatError", "TraceProblem", "SessionId", "INT32_MAX",
            "Record", "check_limit", "check_record"]
 
@@ -320,23 +323,14 @@ def check_limit(limit: int | None) -> None:
 # ============================================================================ record checking
 
 
-def _type_name(value: Any) -> str:
-    return "null" if value is None else type(value).__name__
-
-
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _short_repr(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _check_token_list(value: Any, name: str) -> tuple[np.ndarray | None, str | None]:
     """Convert a decoded JSON token list; return (array, None) or (None, problem message)."""
     if not isinstance(value, list):
-        return None, f"expected a list of integers, got {_type_name(value)}"
+        return None, f"expected a list of integers, got {described(value)}"
     # Vectorised check: numpy infers a 1-D integer dtype only if every element is an int or bool.
     try:
         arr = np.array(value) if value else np.zeros(0, dtype=np.int64)
@@ -353,7 +347,7 @@ def _check_token_list(value: Any, name: str) -> tuple[np.ndarray | None, str | N
         return arr.astype(np.int32), None
     for i, x in enumerate(value):  # error path only: find the first offending element
         if not _is_int(x):
-            return None, f"element {i} is not an integer ({_short_repr(x)})"
+            return None, f"element {i} is not an integer ({brief_repr(x, 40)})"
         if x < 0:
             return None, f"element {i} is negative ({x})"
         if x > INT32_MAX:
@@ -372,13 +366,13 @@ def check_record(obj: Any, tokens: Mapping[str, np.ndarray] | None = None,
     problems: list[tuple[str | None, str]] = []
     out: dict[str, Any] = {}
     if not isinstance(obj, dict):
-        return out, [(None, f"expected a JSON object, got {_type_name(obj)}")]
+        return out, [(None, f"expected a JSON object, got {described(obj)}")]
 
     sid = obj.get("session_id")
     if "session_id" not in obj:
         problems.append(("session_id", "missing"))
     elif not (_is_int(sid) or isinstance(sid, str)):
-        problems.append(("session_id", f"expected an int or a str, got {_type_name(sid)}"))
+        problems.append(("session_id", f"expected an integer or a string, got {described(sid)}"))
     else:
         out["session_id"] = sid
 
@@ -386,7 +380,7 @@ def check_record(obj: Any, tokens: Mapping[str, np.ndarray] | None = None,
     if "turn_id" not in obj:
         problems.append(("turn_id", "missing"))
     elif not _is_int(turn):
-        problems.append(("turn_id", f"expected an int, got {_type_name(turn)} ({_short_repr(turn)})"))
+        problems.append(("turn_id", f"expected an integer, got {described(turn)}"))
     elif turn < 0:
         problems.append(("turn_id", f"must be >= 0, got {turn}"))
     else:
@@ -396,7 +390,7 @@ def check_record(obj: Any, tokens: Mapping[str, np.ndarray] | None = None,
     if "ts" not in obj:
         problems.append(("ts", "missing"))
     elif isinstance(ts, bool) or not isinstance(ts, (int, float)):
-        problems.append(("ts", f"expected a number of seconds, got {_type_name(ts)} ({_short_repr(ts)})"))
+        problems.append(("ts", f"expected a number of seconds, got {described(ts)}"))
     elif not math.isfinite(ts) or ts < 0:
         problems.append(("ts", f"must be finite and >= 0, got {ts}"))
     else:
@@ -427,7 +421,7 @@ def check_record(obj: Any, tokens: Mapping[str, np.ndarray] | None = None,
         if count_name in obj:
             count = obj[count_name]
             if not _is_int(count):
-                problems.append((count_name, f"expected an int, got {_type_name(count)}"))
+                problems.append((count_name, f"expected an integer, got {described(count)}"))
             elif length is not None and count != length:
                 problems.append((count_name, f"says {count} but {name} has {length} tokens"))
     return out, problems
