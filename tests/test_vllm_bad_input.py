@@ -1,12 +1,16 @@
 """Bad input to ``marconi vllm replay`` and ``marconi vllm diagnose``: refused before any work, exit 2,
 one line naming the flag to change, nothing written. No test here starts vLLM: each check runs on
 the host before a worker would (the ``--vllm-python`` given is a path that does not exist, so a
-check that came after the probe would name ``--vllm-python`` instead).
+check that came after the probe would name ``--vllm-python`` instead). The one exception, marked
+slow, runs vLLM to show that the least ``--cpu-tier`` the host accepts is one chunk of vLLM's tier.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import re
+import time
 from pathlib import Path
 
 import pytest
@@ -17,9 +21,12 @@ from marconi.integrations.common.bench import select_requests
 from marconi.integrations.vllm.commands import setting_error
 from marconi.integrations.vllm.diagnose import DiagnoseConfig
 from marconi.integrations.vllm.replay.gpu_memory import BUNDLED_NUM_PARAMS, available_kv_bytes
-from marconi.integrations.vllm.replay.tiers import parse_bandwidth
+from marconi.integrations.vllm.replay.configs import CONFIGS_DIR, VLLM_BLOCK_SIZES
+from marconi.integrations.vllm.replay.tiers import check_tier_size, parse_bandwidth, tier_chunk_bytes
 
 from cli_run import run_cli
+from marks import slow
+from vllm_env import vllm_python
 
 MODEL = "nemotron-h-8b"      # 32 attention heads, 8 KV heads and groups, 128 Mamba heads
 
@@ -117,6 +124,117 @@ def test_diagnose_refuses_a_bad_cpu_tiers_at_parse_time(tmp_path: Path, trace: s
     assert parser.parse_args(base).cpu_tiers == ("0.5x",)
     with pytest.raises(ConfigError, match=r"^--cpu-tiers: cannot read 'abc' as a size"):
         DiagnoseConfig(trace=trace, model=MODEL, cpu_tiers=("abc",))
+
+
+# ----------------------------------------------------------------------- a CPU tier under one chunk
+#: One chunk of vLLM's CPU tier for nemotron-h-8b: a block of every KV cache group, vLLM's 1152-token
+#: block x 4,096 bytes of K and V per token and layer x 4 layers per group (vLLM's own page, 4,718,592
+#: bytes, times the group's layers), already a multiple of vLLM's 4 KiB alignment.
+CHUNK = 1152 * 4096 * 4
+
+
+def _refusal(flag: str, size: str, given: int, fix: str) -> str:
+    return (f"marconi vllm: error: {flag} {size}: a tier of {given:,} byte{'s' if given != 1 else ''} holds no "
+            f"chunk (one chunk, a block of every KV cache group, is {CHUNK:,} bytes for this model): give at "
+            f"least {CHUNK:,} bytes, or {fix}")
+
+
+def test_replay_refuses_a_cpu_tier_under_one_chunk_before_any_arm(
+        tmp_path: Path, trace: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """It used to run every arm through vLLM and refuse only then, from the records (19 s for
+    swe-sample's first 10 requests, one arm). Now the options' check refuses it, before the trace is
+    read and before --vllm-python (here a path that does not exist) is probed: no work folder, no
+    --out. The least size it names passes, and the probe comes next."""
+    assert tier_chunk_bytes(MODEL) == CHUNK
+    out, work = tmp_path / "r.jsonl", tmp_path / "work"
+    tier = ["--capacity", "0.5x", "--policies", "lru,marconi", "--tier-policies", "lru,marconi", "--work-dir", str(work)]
+    for size, given in (("1", 1), ("1KB", 1000), (str(CHUNK - 1), CHUNK - 1)):
+        started = time.monotonic()
+        code, err = _run(_replay(tmp_path, trace, *tier, "--cpu-tier", size), capsys)
+        assert code == 2 and time.monotonic() - started < 30, err
+        assert err.strip() == _refusal("--cpu-tier", size, given, "drop --cpu-tier for no tier"), err
+        assert not out.exists() and not work.exists()
+    code, err = _run(_replay(tmp_path, trace, *tier, "--cpu-tier", str(CHUNK)), capsys)
+    assert code == 2 and "--vllm-python" in err and "--cpu-tier" not in err, err
+    assert not out.exists() and not work.exists()
+
+
+def test_replay_refuses_a_cpu_tier_fraction_under_one_chunk_once_the_trace_is_read(
+        tmp_path: Path, trace: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """A fraction of the working set is refused as soon as the working set is measured, before
+    --vllm-python is probed: one point, and a sweep before any of its points. The refusal names the
+    working set and the least fraction that holds a chunk, which passes."""
+    out = tmp_path / "r.jsonl"
+    least = ""
+    for capacity in ("0.5x", "0.5x,1x"):
+        code, err = _run(_replay(tmp_path, trace, "--capacity", capacity, "--cpu-tier", "0.001x"), capsys)
+        line = err.strip().splitlines()[-1]
+        assert code == 2 and line.startswith("marconi vllm: error: --cpu-tier 0.001x: a tier of "), err
+        assert f"is {CHUNK:,} bytes for this model): give at least {CHUNK:,} bytes, or drop --cpu-tier" in line
+        found = re.search(r"\(0\.001x is of this trace's working set, ([0-9,]+) bytes: give at least ([0-9.e-]+)x\)$",
+                          line)
+        assert found is not None, line
+        assert "--vllm-python" not in err and not out.exists()
+        working_set, least = int(found[1].replace(",", "")), found[2]
+        assert check_tier_size(f"{least}x", MODEL, working_set) == int(float(least) * working_set) >= CHUNK
+        less = float(least) - 10.0 ** (math.floor(math.log10(float(least))) - 2)     # one in the third figure
+        with pytest.raises(ConfigError, match=r"^--cpu-tier .*: a tier of .* holds no chunk"):
+            check_tier_size(f"{less!r}x", MODEL, working_set)
+    code, err = _run(_replay(tmp_path, trace, "--capacity", "0.5x", "--cpu-tier", f"{least}x"), capsys)
+    assert code == 2 and "--vllm-python" in err and "--cpu-tier" not in err, err
+
+
+def test_diagnose_refuses_cpu_tiers_under_one_chunk_by_the_replays_check(
+        tmp_path: Path, trace: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """It used to replay such a tier through vLLM (after the emulated runs) and report a lever of a
+    tier of no chunk. Now a size is refused with the other options, naming --cpu-tiers; a fraction
+    once the trace is read, before any run (no progress bar) and before --vllm-python is probed."""
+    out = tmp_path / "d"
+    base = ["vllm", "diagnose", "--trace", trace, "--gpu-memory", "80GB", "--out", str(out)]
+    fix = "leave it out of --cpu-tiers ('' for none)"
+    code, err = _run([*base, "--cpu-tiers", "256GB,1"], capsys)
+    assert code == 2 and err.strip() == _refusal("--cpu-tiers", "1", 1, fix), err
+    assert not out.exists()
+    code, replay_err = _run(_replay(tmp_path, trace, "--capacity", "0.5x", "--cpu-tier", "1"), capsys)
+    assert replay_err.strip() == _refusal("--cpu-tier", "1", 1, "drop --cpu-tier for no tier")    # the same check
+    missing = str(tmp_path / "no-vllm" / "python")
+    code, err = _run([*base, "--vllm-python", missing, "--cpu-tiers", "0.5x,0.001x"], capsys)
+    line = err.strip().splitlines()[-1]
+    assert code == 2 and line.startswith("marconi vllm: error: --cpu-tiers 0.001x: a tier of "), err
+    assert f"or {fix} (0.001x is of this trace's working set" in line
+    assert "--vllm-python" not in err and "stock" not in err and not out.exists()
+    with pytest.raises(ConfigError, match=r"^--cpu-tiers 1MB: a tier of 1,000,000 bytes holds no chunk"):
+        DiagnoseConfig(trace=str(tmp_path / "not-read.jsonl"), model=MODEL, cpu_tiers=("1MB",))
+
+
+def test_a_model_directorys_tier_is_left_to_vllms_block(tmp_path: Path) -> None:
+    """vLLM's block is known here for the bundled configs only; a model directory's tier is checked
+    against the block vLLM reports, after the run (the command's check of the records)."""
+    model = tmp_path / "my-model"
+    model.mkdir()
+    (model / "config.json").write_text((CONFIGS_DIR / MODEL / "config.json").read_text())
+    assert tier_chunk_bytes(str(model)) is None and check_tier_size("1", str(model)) == 1
+    assert set(VLLM_BLOCK_SIZES) == {p.parent.name for p in CONFIGS_DIR.glob("*/config.json")}
+
+
+@slow
+@pytest.mark.parametrize("model", sorted(VLLM_BLOCK_SIZES))
+def test_the_least_cpu_tier_the_host_accepts_is_one_chunk_in_vllm(
+        model: str, tmp_path: Path, trace: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """The host's chunk is vLLM's: the size the refusal names builds a tier of exactly one chunk in
+    vLLM, on vLLM's block for the model (VLLM_BLOCK_SIZES)."""
+    python = vllm_python()
+    argv = ["vllm", "replay", "--vllm-python", python, "--model", model, "--trace", trace, "--capacity", "0.5x",
+            "--concurrency", "1", "--num-requests", "2", "--policies", "lru", "--tier-policies", "lru",
+            "--no-emulation", "--out", str(tmp_path / "r.jsonl"), "--plot", ""]
+    code, err = _run([*argv, "--cpu-tier", "1"], capsys)
+    found = re.search(r"give at least ([0-9,]+) bytes", err)
+    assert code == 2 and found is not None, err
+    least = int(found[1].replace(",", ""))
+    code, err = _run([*argv, "--cpu-tier", str(least)], capsys)
+    assert code == 0, err
+    (rec,) = [json.loads(line) for line in (tmp_path / "r.jsonl").read_text().splitlines()]
+    assert rec["block_size"] == VLLM_BLOCK_SIZES[model] and rec["tier_num_chunks"] == 1, rec
 
 
 # ----------------------------------------------------------------------- --tensor-parallel

@@ -248,7 +248,7 @@ def _check_tier_chunks(records: list[dict[str, Any]], model: str) -> None:
     from marconi.core.model import ModelSpec
     from marconi.integrations.vllm.emulate.tier import tier_num_chunks
     from marconi.integrations.vllm.layout import layout_for_spec
-    from marconi.integrations.vllm.replay.run import model_dir
+    from marconi.integrations.vllm.replay.configs import model_dir
 
     for rec in records:
         cpu_bytes = int(rec.get("cpu_tier_bytes") or 0)

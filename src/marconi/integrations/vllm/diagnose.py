@@ -26,6 +26,8 @@ from marconi.integrations.vllm.layout import VllmLayout, cdiv, layout_for_spec, 
 from marconi.integrations.vllm.policy import DEFAULT_ALPHA, MAMBA
 from marconi.integrations.vllm.replay.gpu_memory import available_kv_bytes, estimated_num_params, parse_gpu_memory
 from marconi.integrations.vllm.replay.steptime import StepTimeModel
+from marconi.integrations.vllm.replay.configs import VLLM_BLOCK_SIZES
+from marconi.units import parse_capacity
 
 __all__ = ["CAUSES", "CAUSE_TEXT", "DiagnoseConfig", "EmulatedRun", "attribute", "run_emulated", "diagnose",
            "summary_table", "lever_table", "write_report", "EMULATED_VLLM"]
@@ -45,7 +47,8 @@ EMULATED_VLLM = "0.32"           # the series vllm-align mirrors
 #: vLLM 0.32's block (tokens) for the bundled configs on a GPU, as ``marconi vllm replay`` reads it from vLLM
 #: (docs/vllm-at-scale.md): the Mamba page rounded to the attention kernel's alignment. The emulation's
 #: own derivation (16-token alignment, the CPU build's) gives smaller blocks; a recording names its own.
-_VLLM_GPU_BLOCK = {"nemotron-h-8b": 1152, "qwen3-next-80b-a3b": 1152}
+#: The numbers are the replay's own (:data:`~marconi.integrations.vllm.replay.configs.VLLM_BLOCK_SIZES`).
+_VLLM_GPU_BLOCK = {model: VLLM_BLOCK_SIZES[model] for model in ("nemotron-h-8b", "qwen3-next-80b-a3b")}
 
 
 def attribute(prompt_len: int, hit: int, kv_hit: int, unit: int, seen_depth: int, computed_depth: int,
@@ -249,8 +252,11 @@ class DiagnoseConfig:
     def __post_init__(self) -> None:
         """The options that need no trace, checked before anything loads or runs, by the replay's own
         checks: the model, ``--tensor-parallel`` (it divides every head count), ``--gpu-memory`` (a size
-        that holds the weights) and each ``--cpu-tiers`` size. ConfigError naming the flag."""
-        from marconi.integrations.vllm.replay.run import check_tensor_parallel, model_dir
+        that holds the weights) and each ``--cpu-tiers`` size, which must hold one chunk of vLLM's
+        tier for the model (a fraction of the working set: :func:`diagnose`, once the trace is read).
+        ConfigError naming the flag."""
+        from marconi.integrations.vllm.replay.configs import model_dir
+        from marconi.integrations.vllm.replay.run import check_tensor_parallel
         from marconi.integrations.vllm.replay.tiers import tier_capacity
 
         mdir = model_dir(self.model)
@@ -264,6 +270,21 @@ class DiagnoseConfig:
                 tier_capacity(size)
             except ConfigError as exc:
                 raise ConfigError(f"--cpu-tiers: {exc}") from None
+        self.check_cpu_tiers()
+
+    def check_cpu_tiers(self, working_set: int | None = None) -> None:
+        """Each ``--cpu-tiers`` size holds one chunk of vLLM's tier for the model, by the replay's own
+        check (:func:`~marconi.integrations.vllm.replay.tiers.check_tier_size`): the sizes, and with
+        ``working_set`` (the replay's, :func:`~marconi.integrations.vllm.replay.run.replay_working_set`)
+        the fractions. ConfigError naming ``--cpu-tiers``."""
+        from marconi.integrations.vllm.replay.tiers import check_tier_size
+
+        for size in self.cpu_tiers:
+            check_tier_size(size, self.model, working_set, flag=_CPU_TIERS,
+                            no_tier=f"leave it out of {_CPU_TIERS} ('' for none)")
+
+
+_CPU_TIERS = "--cpu-tiers"      # how the tier sizes' refusals name the option
 
 
 def _layout(cfg: DiagnoseConfig, spec: ModelSpec, config_json: dict[str, Any], *, gpu_memory_scale: float = 1.0,
@@ -330,7 +351,7 @@ def diagnose(cfg: DiagnoseConfig, *, trace: Any = None, notice: Callable[[str], 
     "per_request": {...}, "warnings": [...]}`` (see the module docstring for the fields)."""
     from tqdm import tqdm
 
-    from marconi.integrations.vllm.replay.run import model_dir
+    from marconi.integrations.vllm.replay.configs import model_dir
     from marconi.workloads import load_trace
 
     say = notice or (lambda line: None)
@@ -365,6 +386,11 @@ def diagnose(cfg: DiagnoseConfig, *, trace: Any = None, notice: Callable[[str], 
         warnings.append(f"{cfg.trace}: field 'block_size': Mooncake's {params['block_size']}-token hash blocks do not "
                         f"divide {cfg.model}'s {layout.hash_block_size}-token vLLM block: a block that spans a "
                         "differing Mooncake block counts as different, so hits are a lower bound")
+    if cfg.vllm_python is not None and any(parse_capacity(size).fraction is not None for size in cfg.cpu_tiers):
+        # a --cpu-tiers fraction is of the replay's working set: refused under one chunk before any run
+        from marconi.integrations.vllm.replay.run import replay_working_set
+
+        cfg.check_cpu_tiers(replay_working_set(_replay_config(cfg, layout, max_num_seqs)))
     for w in warnings:
         say(f"warning: {w}")
     timing = StepTimeModel.named(spec, cfg.gpu, estimated_num_params(cfg.model, config_json) * cfg.weight_bytes,
@@ -487,16 +513,24 @@ def _lever_record(name: str, r: EmulatedRun, layout: VllmLayout, engine: str, *,
             "num_preemptions": r.info.get("num_preemptions")}
 
 
+def _replay_config(cfg: DiagnoseConfig, layout: VllmLayout, max_num_seqs: int) -> Any:
+    """The ``vllm replay`` configuration of the stock and Marconi arms (:func:`_replay`)."""
+    from marconi.integrations.vllm.replay.run import ReplayConfig
+
+    assert cfg.vllm_python is not None
+    load = {"concurrency": cfg.concurrency} if cfg.concurrency is not None else {"time_scale": 1.0}
+    return ReplayConfig(vllm_python=cfg.vllm_python, model=cfg.model, trace=cfg.trace, policies=("lru", "marconi"),
+                        num_blocks=layout.num_blocks, tensor_parallel=cfg.tensor_parallel, gpu=cfg.gpu,
+                        max_input_len=10**9, num_requests=cfg.num_requests, max_num_seqs=max_num_seqs,
+                        max_num_batched_tokens=layout.max_num_batched_tokens,
+                        retention=str(layout.retention_interval).lower(), **load)
+
+
 def _replay(cfg: DiagnoseConfig, layout: VllmLayout, max_num_seqs: int, n: int,
             say: Callable[[str], None]) -> list[dict[str, Any]]:
-    from marconi.integrations.vllm.replay.run import ReplayConfig, run_replay
+    from marconi.integrations.vllm.replay.run import run_replay
 
-    load = {"concurrency": cfg.concurrency} if cfg.concurrency is not None else {"time_scale": 1.0}
-    rc = ReplayConfig(vllm_python=cfg.vllm_python, model=cfg.model, trace=cfg.trace, policies=("lru", "marconi"),
-                      num_blocks=layout.num_blocks, tensor_parallel=cfg.tensor_parallel, gpu=cfg.gpu,
-                      max_input_len=10**9, num_requests=cfg.num_requests, max_num_seqs=max_num_seqs,
-                      max_num_batched_tokens=layout.max_num_batched_tokens,
-                      retention=str(layout.retention_interval).lower(), **load)
+    rc = _replay_config(cfg, layout, max_num_seqs)
     records = run_replay(rc, emulate=False, progress=say)
     for size in cfg.cpu_tiers:       # the CPU tier (vLLM's OffloadingConnector), each tier policy one replay
         try:

@@ -28,6 +28,7 @@ from marconi.integrations.common.probe import probe_python
 from marconi.integrations.vllm.arms import parse_policies, parse_retention, policy_arm
 from marconi.integrations.vllm.config import PluginConfig
 from marconi.integrations.vllm.policy import ATTENTION, DEFAULT_ALPHA, MAMBA
+from marconi.integrations.vllm.replay.configs import CONFIGS_DIR, model_dir
 from marconi.integrations.vllm.replay.gpu_memory import BUNDLED_NUM_PARAMS, available_kv_bytes, parse_gpu_memory
 from marconi.integrations.vllm.replay.tiers import NO_TIER
 from marconi.integrations.vllm.retention import DEFAULT_BUDGET, SPARSE_DP
@@ -35,19 +36,8 @@ from marconi.pool import KEEP_SCRATCH_ENV, child_process, scratch_dir
 from marconi.units import parse_capacity
 
 __all__ = ["ReplayConfig", "CONFIGS_DIR", "model_dir", "check_tensor_parallel", "policy_env", "run_replay",
-           "replay_table", "load_label", "emulation_engine",
+           "select_replay_requests", "replay_working_set", "replay_table", "load_label", "emulation_engine",
            "plot_ttft_cdf", "plot_sweep", "parse_policies"]
-
-CONFIGS_DIR = Path(__file__).resolve().parents[3] / "data" / "configs"
-
-
-def model_dir(model: str) -> Path:
-    """A bundled config's directory (``nemotron-h-8b``) or a directory holding a ``config.json``."""
-    for path in (CONFIGS_DIR / model, Path(model)):
-        if (path / "config.json").is_file():
-            return path
-    bundled = sorted(p.name for p in CONFIGS_DIR.iterdir() if (p / "config.json").is_file())
-    raise ConfigError(f"model {model!r}: not a bundled config ({', '.join(bundled)}) nor a directory with config.json")
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,8 +177,11 @@ def _check_gpu_memory(config: ReplayConfig) -> None:
 
 
 def _check_tier(config: ReplayConfig) -> None:
-    """The tier options agree: a size with policies, known names, a positive link."""
-    from marconi.integrations.vllm.replay.tiers import check_tier_arm, tier_capacity
+    """The tier options agree: a size with policies, known names, a positive link. A size holds one
+    chunk of vLLM's tier for the model (:func:`~marconi.integrations.vllm.replay.tiers.check_tier_size`):
+    a size here, when the options are checked; a fraction of the working set once the trace is read,
+    still before vLLM is probed (:func:`run_replay`, :func:`~marconi.integrations.vllm.replay.sweep.run_sweep`)."""
+    from marconi.integrations.vllm.replay.tiers import check_tier_arm, check_tier_size, tier_capacity
 
     if config.cpu_tier is None:
         if config.tier_policies or config.host_bandwidth is not None:
@@ -198,6 +191,7 @@ def _check_tier(config: ReplayConfig) -> None:
         tier_capacity(config.cpu_tier)
     except ConfigError as exc:
         raise ConfigError(f"--cpu-tier: {exc}") from None
+    check_tier_size(config.cpu_tier, config.model)
     if not config.tier_policies:
         raise ConfigError("--cpu-tier needs --tier-policies (e.g. lru,arc,marconi)")
     for name in config.tier_policies:
@@ -222,7 +216,7 @@ def policy_env(label: str, alpha: float | str, budget: int | None = None) -> dic
     return env
 
 
-def _pool_args(config: ReplayConfig, spec: ModelSpec, requests: Sequence[Any]) -> tuple[list[str], dict[str, Any]]:
+def _pool_args(config: ReplayConfig, working_set: int | None) -> tuple[list[str], dict[str, Any]]:
     if config.num_blocks is not None:
         return ["--blocks", str(config.num_blocks)], {"pool": f"{config.num_blocks} blocks"}
     if config.gpu_memory is not None:
@@ -230,11 +224,9 @@ def _pool_args(config: ReplayConfig, spec: ModelSpec, requests: Sequence[Any]) -
         if config.weight_bytes is not None:
             args += ["--weight-bytes", str(config.weight_bytes)]
         return args, {"gpu_memory": config.gpu_memory, "weight_bytes": config.weight_bytes}
-    from marconi.sim import working_set_bytes
-
     assert config.capacity is not None
     cap = parse_capacity(config.capacity)
-    ws = working_set_bytes(requests, spec) if cap.fraction is not None else None
+    ws = working_set if cap.fraction is not None else None
     kv = cap.resolve(ws or 0)
     return ["--kv-bytes", str(kv)], {"capacity": config.capacity, "capacity_bytes": kv, "working_set_bytes": ws}
 
@@ -413,35 +405,68 @@ def run_replay(config: ReplayConfig, *, work_dir: str | Path | None = None, emul
     """One record per policy (see the module docstring). ``progress``: told each policy's start;
     ``show_bars``: a per-policy progress bar on stderr (off in sweeps, which show one per point).
 
-    ``config.vllm_python`` is probed first (ConfigError naming ``--vllm-python``). ``work_dir``
-    (requests, worker logs, results) is kept; without one a temporary folder is used and removed
-    when the run ends, however it ends, unless ``MARCONI_KEEP_SCRATCH=1``.
+    The trace is read first and the working set a fraction (``--capacity 0.05x``, ``--cpu-tier
+    0.5x``) is of is measured, so a ``--cpu-tier`` fraction under one chunk of vLLM's tier is
+    refused before anything else (ConfigError naming ``--cpu-tier``); then ``config.vllm_python``
+    is probed (ConfigError naming ``--vllm-python``). ``work_dir`` (requests, worker logs, results)
+    is kept; without one a temporary folder is used and removed when the run ends, however it
+    ends, unless ``MARCONI_KEEP_SCRATCH=1``.
     """
+    from marconi.integrations.vllm.replay.tiers import check_tier_size
+
+    sel = select_replay_requests(config)
+    working_set = replay_working_set(config, sel.requests) if _needs_working_set(config) else None
+    if config.cpu_tier is not None:
+        check_tier_size(config.cpu_tier, config.model, working_set)
     probe_python(config.vllm_python, "vllm", option="--vllm-python", make_target="make vllm-env")
     with scratch_dir("marconi-replay-", work_dir) as work:
         try:
-            return _replay_in(config, work, emulate=emulate, progress=progress, show_bars=show_bars)
+            return _replay_in(config, work, sel, working_set, emulate=emulate, progress=progress, show_bars=show_bars)
         finally:
             _REQUESTS.pop(work / "requests.json", None)
 
 
-def _replay_in(config: ReplayConfig, work: Path, *, emulate: bool, progress: Callable[[str], None] | None,
-               show_bars: bool) -> list[dict[str, Any]]:
-    """:func:`run_replay`'s records, its files in the working folder ``work``."""
+def select_replay_requests(config: ReplayConfig) -> common.Selection:
+    """The requests ``config`` replays: the first ``num_requests`` of its trace under ``max_input_len``,
+    outputs cut to ``max_output_len`` (:func:`marconi.integrations.common.bench.select_requests`)."""
+    return common.select_requests(config.trace, max_input_len=config.max_input_len, num_requests=config.num_requests,
+                                  max_output_len=config.max_output_len)
+
+
+def replay_working_set(config: ReplayConfig, requests: Sequence[Any] | None = None) -> int:
+    """The working set (bytes) that ``config``'s fractions (``--capacity 0.05x``, ``--cpu-tier 0.5x``)
+    are of: :func:`marconi.sim.working_set_bytes` of its requests (``requests``, else
+    :func:`select_replay_requests`) on its model."""
+    from marconi.sim import working_set_bytes
+
+    if requests is None:
+        requests = select_replay_requests(config).requests
+    spec = ModelSpec.from_hf_config(model_dir(config.model) / "config.json", name=config.model)
+    return int(working_set_bytes(requests, spec))
+
+
+def _needs_working_set(config: ReplayConfig) -> bool:
+    """Whether ``--capacity`` or ``--cpu-tier`` is a fraction of the working set."""
+    return any(text is not None and parse_capacity(text).fraction is not None
+               for text in (config.capacity, config.cpu_tier))
+
+
+def _replay_in(config: ReplayConfig, work: Path, sel: common.Selection, working_set: int | None, *, emulate: bool,
+               progress: Callable[[str], None] | None, show_bars: bool) -> list[dict[str, Any]]:
+    """:func:`run_replay`'s records, its files in the working folder ``work``: the requests of ``sel``,
+    fractions of ``working_set`` (None: no option is a fraction)."""
     from tqdm import tqdm
 
     mdir = model_dir(config.model)
     spec = ModelSpec.from_hf_config(mdir / "config.json", name=config.model)
-    sel = common.select_requests(config.trace, max_input_len=config.max_input_len, num_requests=config.num_requests,
-                                 max_output_len=config.max_output_len)
     requests = sel.requests
     req_path = work / "requests.json"
     req_path.write_text(json.dumps({"requests": [{"session": str(r.session_id), "prompt": r.input_tokens.tolist(),
                                                    "output": r.output_tokens.tolist(), "ts": float(r.ts)}
                                                   for r in requests]}))
     _REQUESTS[req_path] = requests
-    pool_args, pool_info = _pool_args(config, spec, requests)
-    tier_info = _tier_info(config, spec, requests, pool_info)
+    pool_args, pool_info = _pool_args(config, working_set)
+    tier_info = _tier_info(config, working_set)
     records = []
     for label in config.policies:
         for tier_policy in config.tier_arms:
@@ -470,20 +495,14 @@ def _replay_in(config: ReplayConfig, work: Path, *, emulate: bool, progress: Cal
     return records
 
 
-def _tier_info(config: ReplayConfig, spec: ModelSpec, requests: Sequence[Any],
-               pool_info: dict[str, Any]) -> dict[str, Any]:
-    """The tier as asked and resolved: ``cpu_tier`` (the option), ``cpu_tier_bytes``, the link."""
+def _tier_info(config: ReplayConfig, working_set: int | None) -> dict[str, Any]:
+    """The tier as asked and resolved: ``cpu_tier`` (the option), ``cpu_tier_bytes`` (a fraction of
+    ``working_set``), the link."""
     from marconi.integrations.vllm.replay.tiers import DEFAULT_HOST_BANDWIDTH
 
     if config.cpu_tier is None:
         return {}
-    cap = parse_capacity(config.cpu_tier)
-    ws = None
-    if cap.fraction is not None:
-        from marconi.sim import working_set_bytes
-
-        ws = pool_info.get("working_set_bytes") or working_set_bytes(requests, spec)
-    return {"cpu_tier": config.cpu_tier, "cpu_tier_bytes": cap.resolve(ws or 0),
+    return {"cpu_tier": config.cpu_tier, "cpu_tier_bytes": parse_capacity(config.cpu_tier).resolve(working_set or 0),
             "host_bandwidth_bytes_s": config.host_bandwidth or DEFAULT_HOST_BANDWIDTH}
 
 

@@ -16,7 +16,7 @@ from typing import Any, Callable, Mapping, Sequence
 from marconi.core.registry import ConfigError
 from marconi.integrations.vllm.replay.run import ReplayConfig, run_replay
 
-__all__ = ["ReplayPoint", "sweep_configs", "run_sweep", "POOL_FIELDS", "LOAD_FIELDS"]
+__all__ = ["ReplayPoint", "sweep_configs", "run_sweep", "check_tier_fractions", "POOL_FIELDS", "LOAD_FIELDS"]
 
 #: The pool options a sweep varies (one per point) and the load options (one per point).
 POOL_FIELDS = ("num_blocks", "capacity", "gpu_memory")
@@ -77,7 +77,8 @@ def run_sweep(configs: Sequence[ReplayConfig], *, work_dir: str | Path | None = 
     ``backend``: ``"local"``, ``"ray"`` or a :mod:`marconi.sim.backends` backend (closed here only
     if made here). ``on_point`` sees each point's records as it completes. ``work_dir`` is kept
     (on Ray the nodes must share its path); without one a temporary folder is removed at the end
-    unless ``MARCONI_KEEP_SCRATCH=1``. The vLLM environment is probed first.
+    unless ``MARCONI_KEEP_SCRATCH=1``. Each ``--cpu-tier`` fraction is checked against its point's
+    working set first (:func:`check_tier_fractions`), then the vLLM environment is probed.
 
     Raises:
         PointsFailed: some points raised :class:`ConfigError` (after every other point finished;
@@ -87,6 +88,7 @@ def run_sweep(configs: Sequence[ReplayConfig], *, work_dir: str | Path | None = 
     from marconi.pool import scratch_dir
     from marconi.sim.sweep import run_points
 
+    check_tier_fractions(configs)
     for python in dict.fromkeys(c.vllm_python for c in configs):
         probe_python(python, "vllm", option="--vllm-python", make_target="make vllm-env")
     with scratch_dir("marconi-replay-sweep-", work_dir) as work:
@@ -95,3 +97,23 @@ def run_sweep(configs: Sequence[ReplayConfig], *, work_dir: str | Path | None = 
             raise ConfigError("sweep: two points are the same configuration")
         results = run_points(_run_point, points, backend=backend, workers=workers, on_result=on_point)
     return [rec for recs in results for rec in recs]
+
+
+def check_tier_fractions(configs: Sequence[ReplayConfig]) -> None:
+    """Refuse, before any point runs, a ``--cpu-tier`` fraction whose tier holds no chunk of vLLM's
+    tier on its point's working set (:func:`~marconi.integrations.vllm.replay.tiers.check_tier_size`;
+    a size was refused when its configuration was made). Each distinct selection of requests is
+    read and measured once (:func:`~marconi.integrations.vllm.replay.run.replay_working_set`).
+    ConfigError naming ``--cpu-tier``."""
+    from marconi.integrations.vllm.replay.run import replay_working_set
+    from marconi.integrations.vllm.replay.tiers import check_tier_size
+    from marconi.units import parse_capacity
+
+    working_sets: dict[tuple[Any, ...], int] = {}
+    for config in configs:
+        if config.cpu_tier is None or parse_capacity(config.cpu_tier).fraction is None:
+            continue
+        key = (config.trace, config.max_input_len, config.num_requests, config.max_output_len, config.model)
+        if key not in working_sets:
+            working_sets[key] = replay_working_set(config)
+        check_tier_size(config.cpu_tier, config.model, working_sets[key])

@@ -7,15 +7,18 @@ direction (docs/vllm-tiers.md, "The host link"). Imports nothing from vLLM.
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any
 
 from marconi.core.registry import ConfigError
-from marconi.integrations.vllm.emulate.tier import STORE_THRESHOLD, parse_tier_arm
-from marconi.units import Capacity, parse_bytes, parse_capacity
+from marconi.integrations.vllm.replay.configs import VLLM_BLOCK_SIZES, model_dir
+from marconi.integrations.vllm.emulate.tier import STORE_THRESHOLD, parse_tier_arm, tier_num_chunks
+from marconi.units import MAX_CAPACITY_FRACTION, Capacity, parse_bytes, parse_capacity
 
 __all__ = ["TIER_POLICIES", "NO_TIER", "DEFAULT_HOST_BANDWIDTH", "MARCONI_POLICY_MODULE", "extra_config", "parse_tier_policies", "check_tier_arm",
-           "tier_capacity", "parse_bandwidth", "BANDWIDTH_FLAG"]
+           "tier_capacity", "tier_chunk_bytes", "check_tier_size", "parse_bandwidth",
+           "BANDWIDTH_FLAG"]
 
 #: Effective host↔GPU bandwidth per direction and per GPU, bytes/s (PCIe Gen5 x16 with pinned copies).
 DEFAULT_HOST_BANDWIDTH = 55e9
@@ -84,6 +87,77 @@ def tier_capacity(text: str) -> Capacity:
     if cap.absolute is not None and cap.absolute < 1:
         raise ConfigError(f"{text!r} is under one byte: give a size (256GB) or a fraction of the working set (0.5x)")
     return cap
+
+
+def tier_chunk_bytes(model: str) -> int | None:
+    """Bytes of one chunk of vLLM's CPU tier for ``model`` (one GPU block of every KV cache group, at
+    vLLM's block, :data:`~marconi.integrations.vllm.replay.configs.VLLM_BLOCK_SIZES`), as the
+    ``vllm-align`` emulation lays it out (:func:`~marconi.integrations.vllm.layout.layout_for_spec`'s ``block_bytes``, what
+    :func:`~marconi.integrations.vllm.emulate.tier.tier_num_chunks` divides by); None where vLLM's
+    block for ``model`` is not known before it runs (a model directory)."""
+    from marconi.core.model import ModelSpec
+    from marconi.integrations.vllm.layout import layout_for_spec
+
+    block = VLLM_BLOCK_SIZES.get(model)
+    if block is None:
+        return None
+    spec = ModelSpec.from_hf_config(model_dir(model) / "config.json", name=model)
+    return layout_for_spec(spec, num_blocks=2, block_size=block).block_bytes
+
+
+def check_tier_size(text: str, model: str, working_set: int | None = None, *, flag: str = "--cpu-tier",
+                    no_tier: str | None = None) -> int | None:
+    """A CPU tier's size ``text`` (:func:`tier_capacity`: ``256GB`` or ``0.5x`` of ``working_set``) in
+    bytes, refused where it holds no chunk of vLLM's tier for ``model``: the emulation's check
+    (:func:`~marconi.integrations.vllm.emulate.tier.tier_num_chunks`) at :func:`tier_chunk_bytes`.
+    None for a fraction before the working set is known; the bytes unchecked for a model whose
+    block only vLLM knows (the replay's records are checked against vLLM's own block).
+
+    Raises:
+        ConfigError: naming ``flag`` and ``text``, the bytes given, one chunk's bytes and the least
+            size that holds one (for a fraction, the least fraction too); ``no_tier``: how to ask for
+            no tier instead (default: drop ``flag``). Also a ``text`` :func:`tier_capacity` refuses.
+    """
+    try:
+        cap = tier_capacity(text)
+    except ConfigError as exc:
+        raise ConfigError(f"{flag}: {exc}") from None
+    if cap.fraction is not None and working_set is None:
+        return None
+    chunk = tier_chunk_bytes(model)
+    nbytes = cap.resolve(working_set or 0)
+    if chunk is None:
+        return nbytes
+    try:
+        # a fraction that rounds to 0 bytes asked for a tier too (0 is no tier only as a size)
+        tier_num_chunks(max(nbytes, 1), chunk, f"{flag} {text}", no_tier or f"drop {flag} for no tier")
+    except ConfigError as exc:
+        if cap.fraction is None or working_set is None:
+            raise
+        said = str(exc) if nbytes else str(exc).replace("a tier of 1 byte holds", "a tier of 0 bytes holds", 1)
+        raise ConfigError(f"{said} ({text} is of this trace's working set, {working_set:,} bytes: "
+                          f"{_least_fraction(chunk, working_set)})") from None
+    return nbytes
+
+
+def _least_fraction(chunk: int, working_set: int) -> str:
+    """The smallest fraction of ``working_set``, to three figures, whose tier holds a chunk of
+    ``chunk`` bytes by :func:`~marconi.integrations.vllm.emulate.tier.tier_num_chunks` itself (what
+    :func:`check_tier_size`'s refusal of a fraction suggests), or that none does."""
+    def holds(frac: float) -> bool:
+        try:
+            return tier_num_chunks(int(frac * working_set), chunk) > 0
+        except ConfigError:
+            return False
+
+    none = "no fraction of it holds a chunk: give a size"
+    if working_set <= 0:
+        return none
+    step = 10.0 ** (math.floor(math.log10(chunk / working_set)) - 2)
+    frac = math.ceil(chunk / working_set / step) * step
+    while not holds(frac) and frac <= MAX_CAPACITY_FRACTION:
+        frac += step
+    return none if frac > MAX_CAPACITY_FRACTION else f"give at least {frac:.3g}x"
 
 
 #: The option :func:`parse_bandwidth` reads (its errors begin ``--host-bandwidth: ``).
