@@ -121,6 +121,9 @@ def test_unsupported_architectures_are_refused():
         build_model(jamba)
     with pytest.raises(EngineError, match="unknown model 'no-such-model'"):
         load_model("no-such-model")
+    for empty in ("", "  "):    # Path("") is the current directory: it used to say ". has no config.json"
+        with pytest.raises(EngineError, match=r"the model is empty \('\s*'\): use a preset \(bamba-tiny"):
+            load_model(empty)
     with pytest.raises(EngineError, match="dtype"):
         load_model("bamba-tiny", dtype="float16")
 
@@ -178,9 +181,9 @@ def _copy(checkpoint, tmp_path):
 
 
 @pytest.mark.parametrize("text, message", [
-    ("[1, 2]", "config.json: expected a JSON object .*got a JSON list"),
-    ('{"text_config": [1]}', "config.json: text_config must be a JSON object .*got a JSON list"),
-    ('{"model_type": ["lfm2"]}', "model_type must be text naming the architecture"),
+    ("[1, 2]", "config.json: expected a JSON object .*got a list$"),
+    ('{"text_config": [1]}', "config.json: text_config must be a JSON object .*got a list$"),
+    ('{"model_type": ["lfm2"]}', "model_type must be a string naming the architecture, got a list;"),
     ("\xff\xfe", "config.json:1: not valid JSON \\(not UTF-8 text"),
 ])
 def test_a_config_json_that_is_not_an_object_is_a_clear_error(tmp_path, text, message):

@@ -130,16 +130,16 @@ def test_a_missing_kv_head_count_means_multi_head_attention():
     ({"num_attention_heads": 0}, "num_attention_heads must be >= 1, got 0"),
     ({"num_attention_heads": 200}, "num_attention_heads = 200 exceeds the 64 channels of hidden_size = 64"),
     ({"hidden_size": None}, "lacks the field 'hidden_size' \\(it is null\\)"),
-    ({"hidden_size": "64"}, "hidden_size must be an integer, got text '64'"),
-    ({"hidden_size": 64.5}, "hidden_size must be an integer, got float 64.5"),
-    ({"hidden_size": [64]}, "hidden_size must be an integer, got a list \\[64\\]"),
-    ({"hidden_size": True}, "hidden_size must be an integer, got a boolean True"),
+    ({"hidden_size": "64"}, "hidden_size must be an integer, got a string \\('64'\\)"),
+    ({"hidden_size": 64.5}, "hidden_size must be an integer, got a number \\(64.5\\)"),
+    ({"hidden_size": [64]}, "hidden_size must be an integer, got a list$"),
+    ({"hidden_size": True}, "hidden_size must be an integer, got a bool \\(True\\)"),
     ({"hidden_size": 1e30}, "hidden_size = 1000000000000000019884624838656 is implausibly large"),
     ({"num_hidden_layers": 10**12}, "num_hidden_layers = 1000000000000 is implausibly large"),
-    ({"attn_layer_indices": 5}, "attn_layer_indices must be a list, got int 5"),
+    ({"attn_layer_indices": 5}, "attn_layer_indices must be a list, got an integer \\(5\\)"),
     ({"attn_layer_indices": [1, 9]}, "attn_layer_indices must list layer indices in \\[0, 4\\) .* got 9"),
     ({"attn_layer_indices": [1, 1]}, "attn_layer_indices lists a layer twice"),
-    ({"attn_layer_indices": ["1"]}, "attn_layer_indices must list layer indices .* got '1'"),
+    ({"attn_layer_indices": ["1"]}, "attn_layer_indices must list layer indices .* got a string \\('1'\\)"),
     ({"model_type": ["bamba"]}, "unsupported model_type \\['bamba'\\]"),
     ({"torch_dtype": "int7"}, "unknown dtype 'int7'"),
 ])
@@ -154,7 +154,7 @@ def test_bad_model_configs_are_clear_errors_naming_the_file_and_field(tmp_path, 
 
 
 def test_a_text_config_must_be_an_object():
-    with pytest.raises(SpecError, match="config: text_config must be a JSON object .*got a list \\[1, 2\\]"):
+    with pytest.raises(SpecError, match="config: text_config must be a JSON object .*got a list$"):
         ModelSpec.from_hf_config({"model_type": "llava", "text_config": [1, 2]})
     assert ModelSpec.from_hf_config({"model_type": "llava", "text_config": BAMBA}).num_attn_layers == 1
 
@@ -165,10 +165,10 @@ def test_other_parsers_refuse_bad_fields_too():
         ModelSpec.from_hf_config(jamba)                     # no loop over a billion layers
     with pytest.raises(SpecError, match="attn_layer_period must be >= 1, got 0"):
         ModelSpec.from_hf_config({**jamba, "num_hidden_layers": 8, "attn_layer_period": 0})
-    with pytest.raises(SpecError, match="layer_types must list layer kinds as text, got 3"):
+    with pytest.raises(SpecError, match="layer_types must list layer kinds as strings, got an integer \\(3\\) among"):
         ModelSpec.from_hf_config({"model_type": "lfm2", "hidden_size": 64, "num_attention_heads": 4,
                                   "layer_types": ["conv", 3]})
-    with pytest.raises(SpecError, match="hybrid_override_pattern must be text, got int 7"):
+    with pytest.raises(SpecError, match="hybrid_override_pattern must be a string, got an integer \\(7\\)"):
         ModelSpec.from_hf_config({"model_type": "nemotron_h", "hybrid_override_pattern": 7})
     with pytest.raises(SpecError, match="lacks the field 'hybrid_override_pattern'"):
         ModelSpec.from_hf_config({"model_type": "nemotron_h", "hidden_size": 8})

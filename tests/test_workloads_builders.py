@@ -17,7 +17,11 @@ from marconi.workloads import (build_chat_trace, build_lmsys_trace, build_moonca
                                build_sharegpt_trace, build_swe_trace, bundled_data_dir, load_shared_prefix,
                                load_tokenizer, shared_data_dir)
 from marconi.workloads.messages import Message
-from marconi.workloads.sharegpt import chat_turns
+from marconi.workloads.mooncake import read_mooncake_rows
+from marconi.workloads.quality import load_quality_articles
+from marconi.workloads.recording import read_recording
+from marconi.workloads.sharegpt import chat_turns, read_chat_records
+from marconi.workloads.swe import load_trajectories
 
 DATA = bundled_data_dir()
 MSA_SAMPLE = DATA / "swe" / "msa_gemini3pro_verified_first10.json"
@@ -366,3 +370,63 @@ def test_sharegpt_roles_handles_leading_assistant_chunks(ref_tok):
         for a, b in zip(reqs, reqs[1:]):
             prev = np.concatenate([a.input_tokens, a.output_tokens])
             assert np.array_equal(b.input_tokens[:prev.size], prev)
+
+
+_REC_META = {"format": "marconi-vllm-recording", "block_size": 16, "salt_id": "s"}
+_REC_ROW = {"arrival": 0, "finish": 1, "prompt_len": 1, "output_len": 1, "num_cached_tokens": 0,
+            "num_preemptions": 0, "hash_ids": []}
+
+
+def _read_recording(tmp_path, row, meta=_REC_META):
+    path = tmp_path / "rec.jsonl"
+    path.write_text(json.dumps({"recording": "s"}) + "\n" + json.dumps(row) + "\n")
+    (tmp_path / "rec.jsonl.meta.json").write_text(json.dumps(meta))
+    return read_recording(path)
+
+
+def _lines(tmp_path, name, *objs):
+    path = tmp_path / name
+    path.write_text("".join(json.dumps(o) + "\n" for o in objs))
+    return path
+
+
+@pytest.mark.parametrize("read, message", [
+    (lambda p: load_trajectories([_lines(p, "a.traj", {"messages": [{"role": "user", "content": 5}]})]),
+     r"a\.traj: trajectory 'a' message 0: message content must be a string, got an integer \(5\)"),
+    (lambda p: load_trajectories([_lines(p, "b.traj", [3])]), r"a trajectory must be an object, got an integer \(3\)"),
+    (lambda p: load_trajectories([_lines(p, "c.traj", {"messages": {}})]), "messages must be a list, got an object"),
+    (lambda p: load_trajectories([_lines(p, "d.traj", {"messages": [{"role": "user", "created": "noon"}]})]),
+     r"'created' must be a unix time in seconds, got a string \('noon'\)"),
+    (lambda p: list(read_chat_records([_lines(p, "a.json", {})])),
+     r"a\.json: expected a JSON list of conversation records, got an object"),
+    (lambda p: list(read_chat_records([_lines(p, "b.jsonl", [1])])),
+     r"b\.jsonl:1: a record must be an object, got a list"),
+    (lambda p: list(read_chat_records([_lines(p, "c.jsonl", {"conversations": "hi"})])),
+     r"the conversation must be a list, got a string \('hi'\)"),
+    (lambda p: list(read_chat_records([_lines(p, "d.jsonl", {"conversations": [{"from": "human", "value": 3.5}]})])),
+     r"message 0: message content must be a string, got a number \(3\.5\)"),
+    (lambda p: load_quality_articles([_lines(p, "q.jsonl", None)]),
+     r"q\.jsonl:1: expected a JSON object per line, got null"),
+    (lambda p: load_quality_articles([_lines(p, "q.jsonl", {"article_id": 1, "article": "t", "questions": [
+        {"question": "q", "options": ["a", "b"], "gold_label": "1"}]})]),
+     r"'gold_label' must be an integer in 1\.\.2, got a string \('1'\)"),
+    (lambda p: read_mooncake_rows(_lines(p, "m.jsonl", [1])), r"m\.jsonl:1: expected a JSON object, got a list"),
+    (lambda p: read_mooncake_rows(_lines(p, "m.jsonl", {"timestamp": 0, "input_length": 1.5})),
+     r"field 'input_length': expected an integer, got a number \(1\.5\)"),
+    (lambda p: read_mooncake_rows(_lines(p, "m.jsonl", {"timestamp": 0, "input_length": 1, "output_length": 1,
+                                                        "hash_ids": [0, True]})),
+     r"field 'hash_ids': expected a list of integers >= 0, element 1 is a bool \(True\)"),
+    (lambda p: _read_recording(p, [1]), r"rec\.jsonl:2: expected a JSON object, got a list"),
+    (lambda p: _read_recording(p, {**_REC_ROW, "arrival": "0"}),
+     r"rec\.jsonl:2: field 'arrival': expected seconds >= 0, got a string \('0'\)"),
+    (lambda p: _read_recording(p, {**_REC_ROW, "hash_ids": {}}),
+     r"field 'hash_ids': expected a list of integers in \[0, 2\*\*63\), got an object"),
+    (lambda p: _read_recording(p, _REC_ROW, [_REC_META]),
+     r"rec\.jsonl\.meta\.json: expected a JSON object \(a recording's sidecar\), got a list"),
+    (lambda p: _read_recording(p, _REC_ROW, {**_REC_META, "format": 3}),
+     r"field 'format': expected 'marconi-vllm-recording', got an integer \(3\)"),
+])
+def test_readers_name_the_json_kind_they_got(tmp_path, read, message):
+    """Every reader of decoded JSON says what it got in core.jsonfile's one wording."""
+    with pytest.raises(ValueError, match=message):
+        read(tmp_path)

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path, PurePath
 from typing import Any, Mapping
 
-from marconi.core.jsonfile import JsonError, read_json
+from marconi.core.jsonfile import JsonError, described, read_json
 
 __all__ = ["ModelSpec", "PRESETS", "get_model", "list_models", "SpecError"]
 
@@ -214,7 +214,7 @@ class ModelSpec:
             text = cfg["text_config"]
             if not isinstance(text, Mapping):
                 raise SpecError(f"{where}: text_config must be a JSON object (the language model's config), "
-                                f"got {_kind(text)}")
+                                f"got {described(text)}")
             cfg = dict(text)
             model_type = cfg.get("model_type")
         if not _is_parsed(model_type):
@@ -243,14 +243,6 @@ def _dtype_bytes(dtype: Any, where: str = "config") -> int:
     return _DTYPE_BYTES[key]
 
 
-def _kind(value: Any) -> str:
-    """How a JSON value reads in a message: ``a list [1, 2]``, ``null``."""
-    if value is None:
-        return "null"
-    names = {dict: "an object", list: "a list", tuple: "a list", str: "text", bool: "a boolean"}
-    return f"{names.get(type(value), type(value).__name__)} {value!r}"
-
-
 def _is_parsed(model_type: Any) -> bool:
     return isinstance(model_type, str) and model_type in HF_PARSERS
 
@@ -276,7 +268,7 @@ def _load_config(config: Mapping[str, Any] | str | Path) -> tuple[dict[str, Any]
     except JsonError as exc:
         raise SpecError(str(exc)) from None
     if not isinstance(cfg, dict):
-        raise SpecError(f"{path}: expected a JSON object (a Hugging Face config.json), got a JSON {type(cfg).__name__}")
+        raise SpecError(f"{path}: expected a JSON object (a Hugging Face config.json), got {described(cfg)}")
     return cfg, path
 
 
@@ -309,7 +301,7 @@ class _Fields:
         """An integer in ``[low, high]`` (default: a size or count >= 1)."""
         value = self.get(key, default)
         if not _is_integer(value):
-            raise SpecError(f"{self.where}: {key} must be an integer, got {_kind(value)}")
+            raise SpecError(f"{self.where}: {key} must be an integer, got {described(value)}")
         value = int(value)
         if value < low:
             raise SpecError(f"{self.where}: {key} must be >= {low}, got {value}")
@@ -323,18 +315,19 @@ class _Fields:
     def items(self, key: str, default: Any = _REQUIRED) -> list[Any]:
         value = self.get(key, default)
         if not isinstance(value, (list, tuple)):
-            raise SpecError(f"{self.where}: {key} must be a list, got {_kind(value)}")
+            raise SpecError(f"{self.where}: {key} must be a list, got {described(value)}")
         if len(value) > MAX_LAYERS:
             raise SpecError(f"{self.where}: {key} has {len(value):,} entries, implausibly many (at most "
                             f"{MAX_LAYERS:,} layers)")
         return list(value)
 
     def names(self, key: str, default: Any = _REQUIRED) -> list[str]:
-        """A list of layer kinds (text)."""
+        """A list of layer kinds (strings)."""
         items = self.items(key, default)
         bad = [item for item in items if not isinstance(item, str)]
         if bad:
-            raise SpecError(f"{self.where}: {key} must list layer kinds as text, got {bad[0]!r} among them")
+            raise SpecError(f"{self.where}: {key} must list layer kinds as strings, got {described(bad[0])} "
+                            "among them")
         return items
 
     def indices(self, key: str, num_layers: int) -> list[int]:
@@ -342,8 +335,9 @@ class _Fields:
         items = self.items(key, [])
         for item in items:
             if not _is_integer(item) or not 0 <= item < num_layers:
+                got = item if _is_integer(item) else described(item)
                 raise SpecError(f"{self.where}: {key} must list layer indices in [0, {num_layers}) "
-                                f"(num_hidden_layers = {num_layers}), got {item!r}")
+                                f"(num_hidden_layers = {num_layers}), got {got}")
         if len(set(items)) != len(items):
             raise SpecError(f"{self.where}: {key} lists a layer twice: {items}")
         return items
@@ -351,7 +345,7 @@ class _Fields:
     def text(self, key: str) -> str:
         value = self.get(key)
         if not isinstance(value, str):
-            raise SpecError(f"{self.where}: {key} must be text, got {_kind(value)}")
+            raise SpecError(f"{self.where}: {key} must be a string, got {described(value)}")
         return value
 
     def head_dim(self, heads_key: str, heads: int, d_model: int, *, scale: int = 1) -> int:

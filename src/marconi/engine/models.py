@@ -23,7 +23,7 @@ from marconi.engine.errors import (
     UnsupportedModelError,
 )
 from marconi.engine.precision import float64_scans
-from marconi.core.jsonfile import JsonError, read_json
+from marconi.core.jsonfile import JsonError, described, read_json
 from marconi.core.model import ModelSpec, SpecError
 
 __all__ = [
@@ -91,8 +91,8 @@ _MAMBA1 = {"jamba": "Jamba", "zamba": "Zamba (v1)", "mamba": "Mamba", "falcon_ma
 
 def _architecture(model_type: Any) -> Architecture:
     if not isinstance(model_type, str):  # (a list would not even hash)
-        raise UnsupportedModelError(f"model_type must be text naming the architecture, got {model_type!r}; the "
-                                    f"engine serves {', '.join(sorted(ARCHITECTURES))}")
+        raise UnsupportedModelError(f"model_type must be a string naming the architecture, got "
+                                    f"{described(model_type)}; the engine serves {', '.join(sorted(ARCHITECTURES))}")
     if model_type in _MAMBA1:
         raise UnsupportedModelError(
             f"{_MAMBA1[model_type]} ({model_type!r}) uses Mamba-1 layers: transformers' torch scan restarts "
@@ -527,7 +527,7 @@ def _read_config_json(config_file: Path) -> dict[str, Any]:
         raise EngineError(f"{exc.where}: not valid JSON ({exc.reason})") from None
     if not isinstance(raw, dict):
         raise EngineError(f"{config_file}: expected a JSON object (a Hugging Face config.json), "
-                          f"got a JSON {type(raw).__name__}")
+                          f"got {described(raw)}")
     return raw
 
 
@@ -538,7 +538,7 @@ def _config_model_type(raw: Mapping[str, Any], config_file: Path) -> Any:
         text = raw["text_config"]
         if not isinstance(text, Mapping):
             raise EngineError(f"{config_file}: text_config must be a JSON object (the language model's config), "
-                              f"got a JSON {type(text).__name__}")
+                              f"got {described(text)}")
         model_type = text.get("model_type")
     return model_type
 
@@ -587,7 +587,11 @@ def _shape_mismatches(directory: Path, config: Any, limit: int = 3) -> list[str]
 
 
 def load_model(name_or_path: str | Path, *, dtype: str | torch.dtype = "float32", seed: int = 0) -> HybridModel:
-    """A preset (random weights, ``seed``) or a local checkpoint directory, in ``dtype``."""
+    """A preset (random weights, ``seed``) or a local checkpoint directory, in ``dtype``. EngineError for
+    an empty name (``Path("")`` would be the current directory), an unknown name, or a bad checkpoint."""
+    if isinstance(name_or_path, str) and not name_or_path.strip():
+        raise EngineError(f"the model is empty ({name_or_path!r}): use a preset ({', '.join(PRESETS)}) "
+                          "or a local checkpoint directory")
     if isinstance(name_or_path, str) and name_or_path in PRESETS:
         return build_model(preset_config(name_or_path), dtype=dtype, seed=seed, name=name_or_path)
     path = Path(name_or_path)

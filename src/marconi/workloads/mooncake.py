@@ -11,6 +11,7 @@ from typing import Sequence
 
 import numpy as np
 
+from marconi.core.jsonfile import described
 from marconi.io import iter_jsonl
 
 from .messages import Progress, no_progress
@@ -40,7 +41,7 @@ def _int_field(obj: dict, key: str, where: str, minimum: int) -> int:
         raise ValueError(f"{where}: field {key!r}: missing")
     value = obj[key]
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{where}: field {key!r}: expected an int, got {value!r}")
+        raise ValueError(f"{where}: field {key!r}: expected an integer, got {described(value)}")
     if value < minimum:
         raise ValueError(f"{where}: field {key!r}: must be >= {minimum}, got {value}")
     return value
@@ -56,15 +57,19 @@ def read_mooncake_rows(path: str | os.PathLike, limit: int | None = None,
         if limit is not None and len(rows) >= limit:
             break
         if not isinstance(obj, dict):
-            raise ValueError(f"{where}: expected a JSON object")
+            raise ValueError(f"{where}: expected a JSON object, got {described(obj)}")
         ts = obj.get("timestamp")
         if isinstance(ts, bool) or not isinstance(ts, (int, float)) or not ts >= 0:
-            raise ValueError(f"{where}: field 'timestamp': expected milliseconds >= 0, got {ts!r}")
+            raise ValueError(f"{where}: field 'timestamp': expected milliseconds >= 0, got {described(ts)}")
         input_length = _int_field(obj, "input_length", where, 1)
         output_length = _int_field(obj, "output_length", where, 0)
         ids = obj.get("hash_ids")
-        if not isinstance(ids, list) or not all(type(h) is int and h >= 0 for h in ids):
-            raise ValueError(f"{where}: field 'hash_ids': expected a list of ints >= 0")
+        if not isinstance(ids, list):
+            raise ValueError(f"{where}: field 'hash_ids': expected a list of integers >= 0, got {described(ids)}")
+        bad = next((i for i, h in enumerate(ids) if not (type(h) is int and h >= 0)), None)
+        if bad is not None:
+            raise ValueError(f"{where}: field 'hash_ids': expected a list of integers >= 0, element {bad} is "
+                             f"{described(ids[bad])}")
         if not (len(ids) - 1) * block_size < input_length <= len(ids) * block_size:
             raise ValueError(f"{where}: input_length {input_length} needs "
                              f"{-(-input_length // block_size)} blocks of {block_size}, "

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from marconi.core.jsonfile import described
 from marconi.io import iter_jsonl
 
 from .paths import shared_data_dir
@@ -70,19 +71,20 @@ def _question(obj: Any, where: str) -> QualityQuestion:
         raise ValueError(f"{where}: 'options' must be a list of 1..{len(OPTION_LETTERS)} strings")
     gold = obj.get("gold_label")
     if isinstance(gold, bool) or not isinstance(gold, int) or not 1 <= gold <= len(options):
-        raise ValueError(f"{where}: 'gold_label' must be an int in 1..{len(options)}, got {gold!r}")
+        raise ValueError(f"{where}: 'gold_label' must be an integer in 1..{len(options)}, got {described(gold)}")
     return QualityQuestion(obj["question"], tuple(options), gold)
 
 
 def _article(obj: Any, where: str) -> QualityArticle:
     if not isinstance(obj, dict):
-        raise ValueError(f"{where}: expected a JSON object per line")
+        raise ValueError(f"{where}: expected a JSON object per line, got {described(obj)}")
     for key in ("article_id", "article"):
         if not isinstance(obj.get(key), (str, int)) or isinstance(obj.get(key), bool):
             raise ValueError(f"{where}: missing or invalid {key!r}")
     questions = obj.get("questions")
     if not isinstance(questions, list) or not questions:
-        raise ValueError(f"{where}: 'questions' must be a non-empty list")
+        got = "an empty list" if questions == [] else described(questions)
+        raise ValueError(f"{where}: 'questions' must be a non-empty list, got {got}")
     parsed = tuple(_question(q, f"{where} question {i}") for i, q in enumerate(questions))
     return QualityArticle(str(obj["article_id"]), str(obj.get("title", "")), str(obj["article"]).strip(),
                           parsed, where.split(":")[0])

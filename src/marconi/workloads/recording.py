@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from marconi.core.jsonfile import JsonError, not_regular, read_json
+from marconi.core.jsonfile import JsonError, described, not_regular, read_json
 
 from .messages import Progress, no_progress
 from .mooncake import MooncakeRow, MooncakeTokens
@@ -105,14 +105,14 @@ def _int(obj: dict, key: str, path: str, line: int, minimum: int = 0) -> int:
     if key not in obj:
         raise RecordingError(f"{_where(path, line, key)}: missing")
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise RecordingError(f"{_where(path, line, key)}: expected an integer >= {minimum}, got {value!r}")
+        raise RecordingError(f"{_where(path, line, key)}: expected an integer >= {minimum}, got {described(value)}")
     return value
 
 
 def _time(obj: dict, key: str, path: str, line: int) -> float:
     value = obj.get(key)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0 or value == float("inf"):
-        raise RecordingError(f"{_where(path, line, key)}: expected seconds >= 0, got {value!r}")
+        raise RecordingError(f"{_where(path, line, key)}: expected seconds >= 0, got {described(value)}")
     return float(value)
 
 
@@ -125,15 +125,18 @@ def _read_meta(path: str) -> dict[str, Any]:
         meta = read_json(side)
     except JsonError as exc:
         raise RecordingError(f"{exc.where}: {exc.reason}") from None
-    if not isinstance(meta, dict) or meta.get("format") != RECORDING_FORMAT:
-        got = meta.get("format") if isinstance(meta, dict) else type(meta).__name__
-        raise RecordingError(f"{side}: field 'format': expected {RECORDING_FORMAT!r}, got {got!r}")
+    if not isinstance(meta, dict):
+        raise RecordingError(f"{side}: expected a JSON object (a recording's sidecar), got {described(meta)}")
+    if "format" not in meta:
+        raise RecordingError(f"{side}: field 'format': missing (expected {RECORDING_FORMAT!r})")
+    if meta["format"] != RECORDING_FORMAT:
+        raise RecordingError(f"{side}: field 'format': expected {RECORDING_FORMAT!r}, got {described(meta['format'])}")
     for key in ("block_size", "salt_id"):
         if key not in meta:
             raise RecordingError(f"{side}: field {key!r}: missing")
     bs = meta["block_size"]
     if isinstance(bs, bool) or not isinstance(bs, int) or bs < 1:
-        raise RecordingError(f"{side}: field 'block_size': expected an integer >= 1, got {bs!r}")
+        raise RecordingError(f"{side}: field 'block_size': expected an integer >= 1, got {described(bs)}")
     return meta
 
 
@@ -164,7 +167,7 @@ def read_recording(path: str | os.PathLike, limit: int | None = None) -> Recordi
                 break
             raise RecordingError(f"{path}:{line}: not JSON ({exc})") from None
         if not isinstance(obj, dict):
-            raise RecordingError(f"{path}:{line}: expected a JSON object, got {type(obj).__name__}")
+            raise RecordingError(f"{path}:{line}: expected a JSON object, got {described(obj)}")
         if k == 0:
             if "recording" not in obj:
                 raise RecordingError(f"{path}:{line}: field 'recording': missing: the first line of a recording is "
@@ -188,8 +191,13 @@ def read_recording(path: str | os.PathLike, limit: int | None = None) -> Recordi
         if cached > prompt_len:
             raise RecordingError(f"{_where(path, line, 'num_cached_tokens')}: {cached} exceeds prompt_len {prompt_len}")
         ids = obj.get("hash_ids")
-        if not isinstance(ids, list) or not all(type(h) is int and 0 <= h < _FRESH for h in ids):
-            raise RecordingError(f"{_where(path, line, 'hash_ids')}: expected a list of integers in [0, 2**63)")
+        if not isinstance(ids, list):
+            raise RecordingError(f"{_where(path, line, 'hash_ids')}: expected a list of integers in [0, 2**63), "
+                                 f"got {described(ids)}")
+        if not all(type(h) is int and 0 <= h < _FRESH for h in ids):
+            i, h = next((i, h) for i, h in enumerate(ids) if not (type(h) is int and 0 <= h < _FRESH))
+            raise RecordingError(f"{_where(path, line, 'hash_ids')}: expected a list of integers in [0, 2**63), "
+                                 f"element {i} is {described(h)}")
         if len(ids) < prompt_len // bs or len(ids) > (prompt_len + output_len) // bs:
             raise RecordingError(f"{_where(path, line, 'hash_ids')}: {len(ids)} blocks of {bs} tokens do not fit "
                                  f"prompt_len {prompt_len} + output_len {output_len} (expected "

@@ -11,6 +11,7 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
+from marconi.core.jsonfile import described
 from marconi.io import iter_jsonl, read_json
 
 from .messages import (Message, Progress, check_text_form, concat_with_offsets, count_words,
@@ -35,7 +36,7 @@ class ChatRecord:
 
 def _message(obj: Any, where: str) -> Message:
     if not isinstance(obj, dict):
-        raise ValueError(f"{where}: a message must be an object, got {type(obj).__name__}")
+        raise ValueError(f"{where}: a message must be an object, got {described(obj)}")
     role_key = "from" if "from" in obj else "role" if "role" in obj else None
     content_key = "value" if "value" in obj else "content" if "content" in obj else None
     if role_key is None or content_key is None:
@@ -44,7 +45,7 @@ def _message(obj: Any, where: str) -> Message:
     if content is None:
         content = ""
     if not isinstance(content, str):
-        raise ValueError(f"{where}: message content must be a string, got {type(content).__name__}")
+        raise ValueError(f"{where}: message content must be a string, got {described(content)}")
     try:
         role = normalize_role(obj[role_key])
     except ValueError as exc:
@@ -55,7 +56,7 @@ def _message(obj: Any, where: str) -> Message:
 
 def _record(obj: Any, where: str, index: int) -> ChatRecord:
     if not isinstance(obj, dict):
-        raise ValueError(f"{where}: a record must be an object, got {type(obj).__name__}")
+        raise ValueError(f"{where}: a record must be an object, got {described(obj)}")
     if "conversations" in obj:
         msgs = obj["conversations"]
     elif "conversation" in obj:
@@ -63,7 +64,7 @@ def _record(obj: Any, where: str, index: int) -> ChatRecord:
     else:
         raise ValueError(f"{where}: no 'conversations' (ShareGPT) or 'conversation' (LMSys) field")
     if not isinstance(msgs, list):
-        raise ValueError(f"{where}: the conversation must be a list, got {type(msgs).__name__}")
+        raise ValueError(f"{where}: the conversation must be a list, got {described(msgs)}")
     rid = obj.get("id", obj.get("conversation_id", index))
     return ChatRecord(str(rid), tuple(_message(m, f"{where}: message {j}") for j, m in enumerate(msgs)))
 
@@ -83,7 +84,7 @@ def _file_objects(path: Path) -> Iterator[tuple[str, Any]]:
     else:
         data = read_json(path)
         if not isinstance(data, list):
-            raise ValueError(f"{path}: expected a JSON array of conversation records")
+            raise ValueError(f"{path}: expected a JSON list of conversation records, got {described(data)}")
         for i, obj in enumerate(data):
             yield f"{path}: record {i}", obj
 

@@ -13,6 +13,7 @@ import numpy as np
 
 from .messages import (Message, Progress, check_text_form, concat_with_offsets, encode_messages,
                        no_progress, normalize_role)
+from marconi.core.jsonfile import described
 from marconi.io import read_json
 
 from .paths import bundled_data_dir, shared_data_dir
@@ -49,11 +50,13 @@ def _content_text(content: Any, where: str) -> str:
             elif isinstance(part, str):
                 parts.append(part)
         return "".join(parts)
-    raise ValueError(f"{where}: message content must be a string, got {type(content).__name__}")
+    raise ValueError(f"{where}: message content must be a string, got {described(content)}")
 
 
 def _message(obj: Any, where: str) -> Message:
-    if not isinstance(obj, dict) or "role" not in obj:
+    if not isinstance(obj, dict):
+        raise ValueError(f"{where}: a message must be an object with a 'role', got {described(obj)}")
+    if "role" not in obj:
         raise ValueError(f"{where}: a message must be an object with a 'role'")
     try:
         role = normalize_role(obj["role"])
@@ -62,14 +65,14 @@ def _message(obj: Any, where: str) -> Message:
     content = _content_text(obj.get("content"), where)
     created = obj.get("created")
     if created is not None and (isinstance(created, bool) or not isinstance(created, (int, float))):
-        raise ValueError(f"{where}: 'created' must be a unix time in seconds, got {created!r}")
+        raise ValueError(f"{where}: 'created' must be a unix time in seconds, got {described(created)}")
     return Message(role=role, content=content, raw={"role": obj["role"], "content": content},
                    created=None if created is None else float(created))
 
 
 def _trajectory(obj: Any, name: str, source: str) -> Trajectory:
     if not isinstance(obj, dict):
-        raise ValueError(f"{source}: a trajectory must be an object, got {type(obj).__name__}")
+        raise ValueError(f"{source}: a trajectory must be an object, got {described(obj)}")
     if "messages" in obj:
         msgs = obj["messages"]
         name = str(obj.get("instance_id") or name)
@@ -78,7 +81,7 @@ def _trajectory(obj: Any, name: str, source: str) -> Trajectory:
     else:
         raise ValueError(f"{source}: trajectory {name!r} has no 'messages' or 'history'")
     if not isinstance(msgs, list):
-        raise ValueError(f"{source}: trajectory {name!r}: messages must be a list")
+        raise ValueError(f"{source}: trajectory {name!r}: messages must be a list, got {described(msgs)}")
     messages = tuple(_message(m, f"{source}: trajectory {name!r} message {i}") for i, m in enumerate(msgs))
     return Trajectory(name=name, messages=messages, source=source)
 
