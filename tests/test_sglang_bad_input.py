@@ -10,6 +10,7 @@ import pytest
 
 from marconi.core.registry import ConfigError
 from marconi.integrations.sglang.policy import MarconiStrategy, parse_config
+from marconi.lab.sglang_bench import parse_policy
 from marconi.sim.systems import make_system
 
 MAMBA = 1
@@ -104,3 +105,13 @@ def test_sglang_unified_good_eviction_parameters_still_work() -> None:
                    "sglang-unified:eviction=marconi(;alpha=0.5;)",
                    "sglang-unified:eviction=marconi(alpha=adaptive;selector=regret;rules=lru/a2m)"):
         make_system(system)
+
+
+@pytest.mark.parametrize("alpha", ["x", "inf", "-1", "nan", ""])
+def test_the_benchs_policy_names_are_judged_by_the_plugins_parser(alpha) -> None:
+    """``marconi sglang bench --policies marconi:alpha=X`` has no alpha rule of its own: what the
+    plugin's config refuses, the bench refuses with the plugin's words, naming the policy."""
+    with pytest.raises(ConfigError, match=rf"policy 'marconi:alpha={alpha}': marconi eviction config: alpha must be "
+                                          r"a finite number >= 0 or 'adaptive'"):
+        parse_policy(f"marconi:alpha={alpha}", "paper-7b")
+    assert parse_policy("marconi:alpha=2", "paper-7b") == ("marconi", {"model": "paper-7b", "alpha": 2.0})
