@@ -104,6 +104,7 @@ def test_conflicting_profile_flags_are_refused_naming_both(
     (["experiment", "sparse", "--tiny", "--budgets", "0"], "--budgets", "'0'"),
     (["experiment", "headroom", "--capacities", "zz"], "--capacities", "'zz'"),
     (["experiment", "headroom", "--default", "zz"], "--default", "'zz'"),
+    (["experiment", "headroom", "--default", "marconi:alpha=x"], "--default marconi:alpha=x: alpha:", "'x'"),
     (["experiment", "headroom", "--model", "zz"], "--model", "'zz'"),
 ])
 def test_experiment_option_errors_name_the_flag_before_any_work(
@@ -120,6 +121,8 @@ def test_experiment_option_errors_name_the_flag_before_any_work(
     assert code == 2, err
     line = err.strip().splitlines()[-1]
     assert flag in line and value in line, err
+    if flag.startswith("--default marconi"):
+        assert line.count(argv[-1]) == 1, f"the system is named once: {line}"
     assert not (tmp_path / "out").exists()
 
 

@@ -160,7 +160,8 @@ def default_system(name: str) -> SystemConfig:
     try:
         system = make_system(name)
     except ConfigError as exc:   # an unknown system or parameter: say which option holds it
-        raise ConfigError(f"--default {name!r}: {exc}") from None
+        said = str(exc)          # a parameter's error already begins with the name: do not say it twice
+        raise ConfigError(f"--default {said}" if said.startswith(f"{name}:") else f"--default {name!r}: {said}") from None
     if not isinstance(system, SystemConfig) or system.needs_future or system.unbounded or system.tuning is not None:
         raise ConfigError(f"--default {name!r}: choose an online system with a fixed or adaptive eviction "
                           "(marconi, marconi:selector=regret, sglang+, marconi:alpha=1 ...), not a tuned, "
