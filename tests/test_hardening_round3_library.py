@@ -14,7 +14,7 @@ import pytest
 from marconi.core.cache import InvariantError, PrefixCache
 from marconi.core.model import get_model
 from marconi.workloads.synthetic import chat_trace
-from tests.marks import slow
+from marks import slow
 
 FAMILY = "worlds:rules=lru/a0.5m/a0.5mt/a2m"  # marconi:rules=lru/a0.5m/a0.5mt/a2m's eviction
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 
-from tests.sglang_env import run_in_sglang
+from sglang_env import run_in_sglang
 
 _SCRIPT = r"""
 import json

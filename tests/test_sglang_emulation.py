@@ -21,8 +21,8 @@ from marconi.integrations.sglang.emulate import UnifiedRadixEmulator, emulator_f
 from marconi.sim.replay import simulate_system
 from marconi.sim.systems import SYSTEMS, make_system
 from marconi.workloads.trace.schema import Request
-from tests.marks import slow
-from tests.sglang_env import run_in_sglang
+from marks import slow
+from sglang_env import run_in_sglang
 
 A = list(range(1, 101))
 OUT = list(range(1000, 1010))

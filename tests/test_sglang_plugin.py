@@ -8,7 +8,7 @@ import json
 import os
 import subprocess
 
-from tests.sglang_env import REPO, sglang_python
+from sglang_env import REPO, sglang_python
 
 _REPLAY = r"""
 import json, random, sys
