@@ -139,3 +139,19 @@ def test_an_unrecognised_file_names_both_token_traces_and_raw_sources(tmp_path, 
         load_trace(str(path))
     assert main(["simulate", "--trace", str(path), "--systems", "marconi", "--capacity", "1GB", "--quiet"]) == 2
     assert "neither a token trace" in capsys.readouterr().err
+
+
+def test_trace_stats_takes_what_a_trace_option_takes(sharegpt_file, tmp_path, capsys):
+    """A raw file or a catalog name gets the stats of the trace its recipe builds; a token trace file
+    still streams (the same figures as the built trace's)."""
+    built = tmp_path / "built.jsonl"
+    assert main(["trace", "build", "sharegpt", str(sharegpt_file), "--out", str(built)]) == 0
+    capsys.readouterr()
+    figures = []
+    for source in (str(sharegpt_file), str(built)):
+        assert main(["trace", "stats", source, "--json"]) == 0
+        record = json.loads(capsys.readouterr().out)
+        figures.append({k: v for k, v in record.items() if k != "file"})
+    assert figures[0] == figures[1] and figures[0]["num_requests"] == len(read_trace(built))
+    assert main(["trace", "stats", "mooncake-sample:requests=20", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["num_requests"] == 20

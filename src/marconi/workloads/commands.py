@@ -7,7 +7,7 @@
     marconi trace build bundled NAME --out FILE   # a catalog workload: swe-sample, sharegpt:scale=0.5, ...
     marconi trace list                 # the catalog: names, parameters, data and licences
     marconi trace validate FILE        # every problem, exit 1 if any
-    marconi trace stats FILE [--json]  # sessions, requests, tokens, input-length percentiles
+    marconi trace stats FILE [--json]  # sessions, requests, tokens, input-length percentiles (FILE: what --trace takes)
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import functools
 import inspect
 import json
 import sys
+from pathlib import Path
 from typing import Any, Callable
 
 from marconi.core.registry import Domain
@@ -33,6 +34,7 @@ from .quality import ANSWER_FORMS, build_quality_trace
 from .sharegpt import PAIRINGS, build_lmsys_trace, build_sharegpt_trace
 from .swe import GAP_MODES, build_swe_trace
 from .synthetic import SYNTHETIC_KINDS, synthetic_trace
+from .source import load_trace
 from .tokenizer import TokenizerError
 from .trace import Trace, TraceFormatError, inspect_trace, trace_format, trace_stats, write_trace
 
@@ -266,9 +268,22 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _streamable(text: str) -> bool:
+    """Whether ``text`` is a token-trace file, whose stats stream (only lengths kept); anything else a
+    command takes as its trace (a catalog name, a block-hash trace, a raw source) is built first."""
+    from .recording import is_mooncake_file, is_recording
+
+    path = Path(text)
+    return (path.is_file() and format_of(path) is not None and not is_recording(path)
+            and not (path.suffix == ".jsonl" and is_mooncake_file(path)))
+
+
 def cmd_stats(args: argparse.Namespace) -> int:
     try:
-        stats = trace_stats(args.file)
+        if _streamable(args.file):
+            stats = trace_stats(args.file)
+        else:
+            stats = load_trace(args.file, notice=lambda text: print(text, file=sys.stderr)).stats()
     except (OSError, ValueError, TraceFormatError) as exc:
         return _fail(exc)
     if stats.num_requests == 0:  # zeros would read as a trace measured; `trace validate` says the same
@@ -415,7 +430,8 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_validate)
 
     p = sub.add_parser("stats", help="sessions, requests, token totals, input-length percentiles")
-    p.add_argument("file")
+    p.add_argument("file", help="a trace file, or anything --trace takes: a catalog name, a Mooncake or "
+                                "recorded block-hash trace, a raw ShareGPT/LMSys/SWE/QuALITY file")
     p.add_argument("--json", action="store_true", help="one JSON record instead of text")
     p.set_defaults(func=cmd_stats)
     return trace
