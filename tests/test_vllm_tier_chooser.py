@@ -202,11 +202,14 @@ def test_the_arc_world_leads_on_frequency_and_the_live_tier_then_evicts_as_arc()
         return out
 
     policy.evict = spy
-    rid = _frequency_rounds(mgr, 2)
+    rid = _frequency_rounds(mgr, 1)
     chooser = policy.chooser
     assert chooser.labels == (*DEFAULT_FAMILY, ARC_WORLD)
     assert chooser.label == "lru" and not _hot_held(policy)      # the tree's recency loses them to the scan
-    assert chooser.score[-1] > max(chooser.score[:-1])          # the ARC world served more already
+    rid = _frequency_rounds(mgr, 1, rid)
+    # In the second round's first asks the ARC world serves the hot documents, the tree worlds
+    # nothing: ARC doubles every tree world's score, by more than one request's gap, and leads.
+    assert chooser.switches and chooser.switches[0] == (15, ARC_WORLD)
     rid = _frequency_rounds(mgr, 8, rid)
     assert chooser.label == ARC_WORLD and policy.follows_arc and chooser.rule is None
     assert chooser.switches[-1][1] == ARC_WORLD and chooser.tuning_record()["tier_rule"] == ARC_WORLD
@@ -304,6 +307,31 @@ def test_arc_must_lead_every_tree_world() -> None:
     assert chooser.observe(end) == ARC_WORLD and chooser.rule is None and chooser.switches[-1][1] == ARC_WORLD
     chooser.score = [0.0, 5 * lead, 0.0, 3 * lead]              # a tree world leads ARC: back to the tree
     assert chooser.observe(end) == "a0.5m" and chooser.rule.label() == "a0.5m"
+
+
+def test_a_leader_doubling_a_small_live_score_switches_before_a_tiers_worth() -> None:
+    """The floor is one tier's worth, or, if smaller, the larger of the live world's score and the
+    largest one-request gap: a leader that doubles a live world serving little switches early; one that
+    does not double it, or whose lead one request's gap explains, waits; at scores above a tier's worth
+    the floor is the tier's worth, as before."""
+    settings = TierSettings.from_extra_config({}, group_kinds=KINDS, spec=SPEC, tokens_per_chunk=TPC)
+    end = TierEvent("on_request_finished", (), ReqContext(0))      # no keys: every world's value 0
+    floor = TierRuleChooser(12, settings).min_lead
+    small = 0.2 * floor
+
+    def after(scores: list[float], gap: float = 0.0) -> str:
+        chooser = TierRuleChooser(12, settings)                     # lru, a0.5m, a2m; lru live
+        chooser.score, chooser.largest_gap = list(scores), gap
+        chooser.observe(end)
+        assert chooser.lead_floor(0) == min(floor, max(chooser.score[0], gap))
+        return chooser.label
+
+    assert after([small, 0.0, 2.5 * small]) == "a2m"               # 2.5x a small score, no tier's worth
+    assert after([small, 0.0, 1.8 * small]) == "lru"               # under twice the live score
+    assert after([small, 0.0, 2.5 * small], gap=2 * small) == "lru"   # one request's gap explains it
+    assert after([0.0, 0.0, 0.5 * floor], gap=0.4 * floor) == "a2m"   # live serves nothing: past the gap
+    assert after([5 * floor, 0.0, 5.9 * floor]) == "lru"           # large scores: a tier's worth needed
+    assert after([5 * floor, 0.0, 6.1 * floor]) == "a2m"
 
 
 def served_reference(chooser: TierRuleChooser, world, keys, ctx, t0: int) -> int:

@@ -209,9 +209,11 @@ class TierRuleChooser:
         settings: the live tier's settings; ``settings.family`` the rules (a world each), and
             ``settings.rule`` the one in force first.
         decay: weight the scores keep per request end, in (0, 1].
-        hysteresis: the relative lead (>= 0) the best world needs over the live rule's world; and
-            at least :attr:`min_lead` tokens (one full tier's worth, so a lucky difference in what
-            the worlds held once cannot switch the rule). The ARC world needs that lead over every
+        hysteresis: the relative lead (>= 0) the best world needs over the live rule's world; and a
+            lead in tokens of at least :meth:`lead_floor`: one full tier's worth (:attr:`min_lead`,
+            so a lucky difference in what the worlds held once cannot switch the rule), or less where
+            the leader doubles the live world's score by more than any one request's difference
+            between two worlds (:attr:`largest_gap`). The ARC world needs that lead over every
             tree world too, since it replaces the tree's order (dead chunks first, states by node)
             altogether (what an early lead over the live world alone cost: ``docs/vllm-tiers.md``).
         arc_world: also run a world under vLLM's ARC (:data:`ARC_WORLD`), which the live tier can
@@ -249,6 +251,8 @@ class TierRuleChooser:
         #: tier serves (its chunks over the groups a node spans, in tokens)
         self.min_lead = capacity * (settings.tokens_per_chunk or 1) / len(kinds)
         self.score = [0.0] * len(self.worlds)
+        #: the largest difference between two worlds' values on any one request so far, in tokens
+        self.largest_gap = 0
         self.clock = 0
         self.requests = 0
         self.switches: list[tuple[int, str]] = []
@@ -350,6 +354,8 @@ class TierRuleChooser:
         self.requests += 1
         d = self.decay
         self.score = [s * d + v for s, v in zip(self.score, value)]
+        if value:
+            self.largest_gap = max(self.largest_gap, max(value) - min(value))
         best = max(range(len(self.score)), key=self.score.__getitem__)
         if best == self.current or not self._leads(best, self.current):
             return None
@@ -359,9 +365,25 @@ class TierRuleChooser:
         self.switches.append((self.requests, self.labels[best]))
         return self.labels[best]
 
+    def lead_floor(self, j: int) -> float:
+        """The tokens by which a world must lead world ``j`` (beside the relative margin): one full
+        tier's worth (:attr:`min_lead`), or, if smaller, the larger of ``j``'s own score and
+        :attr:`largest_gap`.
+
+        Why: the tier's worth is a lead no one-time difference in what the tiers hold explains, and on
+        a production tier (thousands of chunks) it is millions of tokens. On a small tier thrashing
+        under the live rule, the live world scores little, and a rule that keeps the reused chains
+        leads it two- or threefold for dozens of requests before reaching a tier's worth, by which
+        time a short run is over (``docs/vllm-tiers.md``, "The floor capped by the live world's
+        score"). A leader that at least doubles the live world's score, by more than any single
+        request's difference, is not one lucky request either; and where the live world serves a
+        lot, doubling it is the higher bar, so nothing changes there.
+        """
+        return min(self.min_lead, max(self.score[j], self.largest_gap))
+
     def _leads(self, i: int, j: int) -> bool:
-        """Whether world ``i`` leads world ``j`` by both margins (relative, and :attr:`min_lead`)."""
-        return self.score[i] - self.score[j] > max(self.hysteresis * self.score[j], self.min_lead)
+        """Whether world ``i`` leads world ``j`` by both margins (relative, and :meth:`lead_floor`)."""
+        return self.score[i] - self.score[j] > max(self.hysteresis * self.score[j], self.lead_floor(j))
 
     def request_values(self, keys: Sequence[OffloadKey], positions: dict[OffloadKey, int], t0: int) -> list[int]:
         """Per world, the tokens a lookup for this request would have loaded from it at ``t0``: from
