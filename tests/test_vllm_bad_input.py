@@ -182,6 +182,10 @@ def test_replay_refuses_a_cpu_tier_fraction_under_one_chunk_once_the_trace_is_re
             check_tier_size(f"{less!r}x", MODEL, working_set)
     code, err = _run(_replay(tmp_path, trace, "--capacity", "0.5x", "--cpu-tier", f"{least}x"), capsys)
     assert code == 2 and "--vllm-python" in err and "--cpu-tier" not in err, err
+    # a fraction that rounds to 0 bytes asked for a tier all the same: refused, saying 0 bytes
+    with pytest.raises(ConfigError, match=r"^--cpu-tier 1e-12x: a tier of 0 bytes holds no chunk .*"
+                                          r"\(1e-12x is of this trace's working set"):
+        check_tier_size("1e-12x", MODEL, working_set)
 
 
 def test_diagnose_refuses_cpu_tiers_under_one_chunk_by_the_replays_check(

@@ -257,7 +257,6 @@ class DiagnoseConfig:
         ConfigError naming the flag."""
         from marconi.integrations.vllm.replay.configs import model_dir
         from marconi.integrations.vllm.replay.run import check_tensor_parallel
-        from marconi.integrations.vllm.replay.tiers import tier_capacity
 
         mdir = model_dir(self.model)
         check_tensor_parallel(mdir, self.tensor_parallel)
@@ -265,12 +264,7 @@ class DiagnoseConfig:
             config_json = json.loads((mdir / "config.json").read_text())
             available_kv_bytes(parse_gpu_memory(self.gpu_memory), estimated_num_params(self.model, config_json),
                                self.weight_bytes, tensor_parallel=self.tensor_parallel, weight_flag=None)
-        for size in self.cpu_tiers:
-            try:
-                tier_capacity(size)
-            except ConfigError as exc:
-                raise ConfigError(f"--cpu-tiers: {exc}") from None
-        self.check_cpu_tiers()
+        self.check_cpu_tiers()       # each size read as the replay reads it, and held to one chunk
 
     def check_cpu_tiers(self, working_set: int | None = None) -> None:
         """Each ``--cpu-tiers`` size holds one chunk of vLLM's tier for the model, by the replay's own

@@ -58,20 +58,22 @@ _CHUNK_ALIGNMENT = 4096
 
 
 def tier_num_chunks(cpu_bytes: int, chunk_bytes: int, where: str = "vllm-align: cpu_tier",
-                    no_tier: str = "cpu_tier=0 for no tier") -> int:
+                    no_tier: str = "cpu_tier=0 for no tier", *, zero_is_no_tier: bool = True) -> int:
     """Chunks a tier of ``cpu_bytes`` holds (``CPUOffloadingSpec``: bytes over the chunk size
-    ``chunk_bytes`` rounded up to 4 KiB); 0 for ``cpu_bytes`` 0 (no tier).
+    ``chunk_bytes`` rounded up to 4 KiB); 0 for ``cpu_bytes`` 0 (no tier), unless
+    ``zero_is_no_tier`` is False (a fraction of a working set that rounds to 0 bytes still asked
+    for a tier).
 
     Raises:
-        ConfigError: a positive ``cpu_bytes`` that holds no chunk (vLLM would run a tier of none),
-            naming ``where`` (the option that gave the size), the chunk's size and ``no_tier`` (how
-            to ask for no tier instead).
+        ConfigError: a ``cpu_bytes`` that holds no chunk (vLLM would run a tier of none), naming
+            ``where`` (the option that gave the size), the chunk's size and ``no_tier`` (how to ask
+            for no tier instead).
     """
     if chunk_bytes <= 0:
         raise ConfigError(f"vllm-align: a tier chunk needs a positive size, got {chunk_bytes} bytes")
     aligned = -(-chunk_bytes // _CHUNK_ALIGNMENT) * _CHUNK_ALIGNMENT
     num_chunks = int(cpu_bytes) // aligned
-    if cpu_bytes > 0 and num_chunks == 0:
+    if num_chunks == 0 and (cpu_bytes > 0 or not zero_is_no_tier):
         raise ConfigError(f"{where}: a tier of {int(cpu_bytes):,} byte{'s' if cpu_bytes != 1 else ''} holds no chunk "
                           f"(one chunk, a block of every KV cache group, is {aligned:,} bytes for this model): give "
                           f"at least {aligned:,} bytes, or {no_tier}")

@@ -416,8 +416,8 @@ def run_replay(config: ReplayConfig, *, work_dir: str | Path | None = None, emul
 
     sel = select_replay_requests(config)
     working_set = replay_working_set(config, sel.requests) if _needs_working_set(config) else None
-    if config.cpu_tier is not None:
-        check_tier_size(config.cpu_tier, config.model, working_set)
+    if config.cpu_tier is not None and parse_capacity(config.cpu_tier).fraction is not None:
+        check_tier_size(config.cpu_tier, config.model, working_set)      # a size: checked with the options
     probe_python(config.vllm_python, "vllm", option="--vllm-python", make_target="make vllm-env")
     with scratch_dir("marconi-replay-", work_dir) as work:
         try:

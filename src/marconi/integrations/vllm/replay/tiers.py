@@ -128,14 +128,13 @@ def check_tier_size(text: str, model: str, working_set: int | None = None, *, fl
     nbytes = cap.resolve(working_set or 0)
     if chunk is None:
         return nbytes
-    try:
-        # a fraction that rounds to 0 bytes asked for a tier too (0 is no tier only as a size)
-        tier_num_chunks(max(nbytes, 1), chunk, f"{flag} {text}", no_tier or f"drop {flag} for no tier")
+    try:      # a fraction that rounds to 0 bytes asked for a tier too (0 is no tier only as a size)
+        tier_num_chunks(nbytes, chunk, f"{flag} {text}", no_tier or f"drop {flag} for no tier",
+                        zero_is_no_tier=cap.fraction is None)
     except ConfigError as exc:
         if cap.fraction is None or working_set is None:
             raise
-        said = str(exc) if nbytes else str(exc).replace("a tier of 1 byte holds", "a tier of 0 bytes holds", 1)
-        raise ConfigError(f"{said} ({text} is of this trace's working set, {working_set:,} bytes: "
+        raise ConfigError(f"{exc} ({text} is of this trace's working set, {working_set:,} bytes: "
                           f"{_least_fraction(chunk, working_set)})") from None
     return nbytes
 
