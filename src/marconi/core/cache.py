@@ -371,7 +371,7 @@ class PrefixCache(TreeStore):
                                             len(tokens))))
         if self._logical is not None:
             self._logical.tick()
-        now = self.clock() if self._logical is not None else _read_clock(self.clock)
+        now = self._now()
         # From here to the observers nothing calls out: the request is registered as a whole.
         lock_node = walk.partial or (walk.path[-1] if walk.path else None)
         if lock_node is not None:
@@ -581,8 +581,7 @@ class PrefixCache(TreeStore):
         # ``holds_checkpoint_at`` at or above the match, and the dry run does not split.
         on_path, tail = self._wanted(handle, plan, walk, len(seq))
         to_admit = self._collect_states(states, on_path + tail)
-        # one time for every node and checkpoint this insertion creates
-        now = self.clock() if self._logical is not None else _read_clock(self.clock)
+        now = self._now()  # one time for every node and checkpoint this insertion creates
         walk = self._split_run_at_match(walk)  # lock only what this sequence shares, not the run's rest
         insert_len = min(plan.insert_len, len(seq))
         matched = walk.matched_len
@@ -745,6 +744,10 @@ class PrefixCache(TreeStore):
                     error = exc
         if error is not None:
             raise error
+
+    def _now(self) -> float:
+        """The cache's time: its logical clock's, or the caller's clock read and checked (:func:`_read_clock`)."""
+        return self.clock() if self._logical is not None else _read_clock(self.clock)
 
     def _check_active(self, handle: RequestHandle) -> None:
         if not isinstance(handle, RequestHandle):
