@@ -15,6 +15,7 @@ from marconi.cli import main
 from marconi.core.registry import ConfigError
 from marconi.workloads import build_workload, bundled_data_dir, load_trace, read_trace
 from marconi.workloads.raw import RAW_SOURCES, raw_source_of
+from marconi.workloads.source import TOKEN_TRACE, trace_file_kind
 
 
 def _conversation(n: int, text: str, key_from: str = "from", key_text: str = "value") -> list[dict]:
@@ -141,7 +142,7 @@ def test_an_unrecognised_file_names_both_token_traces_and_raw_sources(tmp_path, 
     assert "neither a token trace" in capsys.readouterr().err
 
 
-def test_trace_stats_takes_what_a_trace_option_takes(sharegpt_file, tmp_path, capsys):
+def test_trace_stats_takes_what_a_trace_option_takes(sharegpt_file, quality_file, tmp_path, capsys):
     """A raw file or a catalog name gets the stats of the trace its recipe builds; a token trace file
     still streams (the same figures as the built trace's)."""
     built = tmp_path / "built.jsonl"
@@ -155,3 +156,8 @@ def test_trace_stats_takes_what_a_trace_option_takes(sharegpt_file, tmp_path, ca
     assert figures[0] == figures[1] and figures[0]["num_requests"] == len(read_trace(built))
     assert main(["trace", "stats", "mooncake-sample:requests=20", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["num_requests"] == 20
+    # a raw source with a token trace's suffix (QuALITY is .jsonl) is built, not streamed as a trace
+    assert main(["trace", "stats", str(quality_file), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["num_requests"] == len(load_trace(str(quality_file)))
+    assert [trace_file_kind(p) for p in (quality_file, built, tmp_path / "missing.jsonl")] == \
+        ["quality", TOKEN_TRACE, None]

@@ -17,7 +17,6 @@ import functools
 import inspect
 import json
 import sys
-from pathlib import Path
 from typing import Any, Callable
 
 from marconi.core.registry import Domain
@@ -34,7 +33,7 @@ from .quality import ANSWER_FORMS, build_quality_trace
 from .sharegpt import PAIRINGS, build_lmsys_trace, build_sharegpt_trace
 from .swe import GAP_MODES, build_swe_trace
 from .synthetic import SYNTHETIC_KINDS, synthetic_trace
-from .source import load_trace
+from .source import TOKEN_TRACE, load_trace, trace_file_kind
 from .tokenizer import TokenizerError
 from .trace import Trace, TraceFormatError, inspect_trace, trace_format, trace_stats, write_trace
 
@@ -268,19 +267,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _streamable(text: str) -> bool:
-    """Whether ``text`` is a token-trace file, whose stats stream (only lengths kept); anything else a
-    command takes as its trace (a catalog name, a block-hash trace, a raw source) is built first."""
-    from .recording import is_mooncake_file, is_recording
-
-    path = Path(text)
-    return (path.is_file() and format_of(path) is not None and not is_recording(path)
-            and not (path.suffix == ".jsonl" and is_mooncake_file(path)))
-
-
 def cmd_stats(args: argparse.Namespace) -> int:
     try:
-        if _streamable(args.file):
+        if trace_file_kind(args.file) == TOKEN_TRACE:      # streamed: only lengths are kept
             stats = trace_stats(args.file)
         else:
             stats = load_trace(args.file, notice=lambda text: print(text, file=sys.stderr)).stats()

@@ -12,7 +12,28 @@ from .raw import RAW_SOURCES, raw_source_of
 from .trace import Trace, read_trace
 from .trace.formats import format_of, suffix_listing
 
-__all__ = ["load_trace"]
+__all__ = ["load_trace", "trace_file_kind", "TOKEN_TRACE"]
+
+#: :func:`trace_file_kind` of a token trace file, which is read (and streamed) by its suffix's reader.
+TOKEN_TRACE = "token-trace"
+
+
+def trace_file_kind(path: str | Path) -> str | None:
+    """How :func:`load_trace` reads the file at ``path``: ``"recording"`` (a vLLM block-hash
+    recording), ``"mooncake"`` (a Mooncake block-hash trace), a raw source's catalog entry (a key of
+    :data:`~marconi.workloads.raw.RAW_SOURCES`, by its first record), :data:`TOKEN_TRACE` (by its
+    suffix), or None (not a regular file, or none of these). Reads at most the first record."""
+    from .recording import is_mooncake_file, is_recording   # hash-id traces (issue 32)
+
+    p = Path(path)
+    if is_recording(p):
+        return "recording"
+    if p.suffix == ".jsonl" and is_mooncake_file(p):
+        return "mooncake"
+    kind = raw_source_of(p)
+    if kind is not None:
+        return kind
+    return TOKEN_TRACE if p.is_file() and format_of(p) is not None else None
 
 
 def load_trace(text: str, limit: int | None = None, *, notice: Callable[[str], None] | None = None) -> Trace:
@@ -34,16 +55,16 @@ def load_trace(text: str, limit: int | None = None, *, notice: Callable[[str], N
     if not path.exists():
         raise ConfigError(f"trace {text!r} is neither a file nor a catalog workload ({', '.join(workload_names())}; "
                           "`marconi trace list` describes them)")
-    from .recording import build_recording_trace, is_mooncake_file, is_recording   # hash-id traces (issue 32)
+    kind = trace_file_kind(path)
+    if kind == "recording":
+        from .recording import build_recording_trace
 
-    if is_recording(path):
         return build_recording_trace(path, limit=limit)
-    if path.suffix == ".jsonl" and is_mooncake_file(path):
+    if kind == "mooncake":
         from .mooncake import build_mooncake_trace
 
         return build_mooncake_trace(path, limit=limit)
-    kind = raw_source_of(path)
-    if kind is not None:               # a raw source: built by its catalog recipe, as `trace build` would
+    if kind in RAW_SOURCES:            # a raw source: built by its catalog recipe, as `trace build` would
         trace = build_workload(ParsedName(kind, {}), files=[text])
         if notice is not None:
             notice(f"trace {text}: {RAW_SOURCES[kind]}, not a token trace: built by the catalog's {kind!r} recipe "
