@@ -160,6 +160,23 @@ def test_engine_bench_checks_eviction_and_model_before_the_trace_and_the_model_l
     assert flag in line and argv[1] in line, err
 
 
+@pytest.mark.parametrize("name, said", [("zz", "--model: unknown model 'zz': use a preset (bamba-tiny"),
+                                        (" ", "--model: the model is empty (' '): use a preset (bamba-tiny")])
+def test_engine_info_and_bench_word_a_model_they_cannot_find_alike(
+        name: str, said: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("torch")
+    from marconi.lab import engine_bench
+
+    monkeypatch.setattr(engine_bench, "trace_requests", _never("the trace load"))
+    lines = []
+    for argv in (["engine", "info", "--model", name], ["engine", "bench", "--limit", "1", "--lengths", "", "--model", name]):
+        code, err = _run(argv, capsys)
+        assert code == 2, err
+        lines.append(err.strip().splitlines()[-1])
+    assert said in lines[0], lines
+    assert lines[0].split("error: ", 1)[1] == lines[1].split("error: ", 1)[1], lines
+
+
 # ------------------------------------------------------------------ vllm bench
 def test_vllm_bench_refused_python_leaves_no_work_dir(tmp_path: Path, trace_file: Path,
                                                       monkeypatch: pytest.MonkeyPatch,

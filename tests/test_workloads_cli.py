@@ -120,3 +120,21 @@ def test_build_refuses_an_out_whose_sidecar_is_an_input(tmp_path, capsys):
     assert run("trace", "build", "mooncake", str(source), "--limit", "5", "--out", str(out)) == 2
     assert "conv.jsonl.meta.json" in capsys.readouterr().err
     assert not out.exists() and source.stat().st_size > 0
+
+
+def test_validate_checks_a_mooncake_file_with_the_reader_trace_uses(tmp_path, capsys):
+    # a Mooncake trace has no token fields: the token-trace schema used to report every line as a problem
+    rows = [{"timestamp": 0, "input_length": 1000, "output_length": 10, "hash_ids": [0, 1]},
+            {"timestamp": 5, "input_length": 1200, "output_length": 10, "hash_ids": [0, 1, 2]}]
+    good = tmp_path / "mooncake.jsonl"
+    good.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert run("trace", "validate", str(good)) == 0
+    said = capsys.readouterr().out
+    assert "OK (a mooncake file" in said and "2 requests" in said, said
+
+    bad = tmp_path / "bad_mooncake.jsonl"
+    bad.write_text("".join(json.dumps(r) + "\n" for r in [*rows, {**rows[1], "input_length": -3}]))
+    assert run("trace", "validate", str(bad)) == 1
+    out = capsys.readouterr()
+    assert f"{bad}:3" in out.out and "input_length" in out.out, out
+    assert "1 problem(s)" in out.err

@@ -26,8 +26,10 @@ def register(subparsers: Any) -> Any:
 
 
 def _cmd_info(args: argparse.Namespace) -> int:
-    from marconi.engine.models import describe, load_model
+    from marconi.engine.models import EngineError, describe, is_model_source, load_model, unknown_model
 
+    if not is_model_source(args.model):
+        raise EngineError(f"--model: {unknown_model(args.model)}")
     model = load_model(args.model, dtype=args.dtype, seed=args.seed)
     for key, value in describe(model).items():
         print(f"{key:22s} {value}")

@@ -589,16 +589,30 @@ def _shape_mismatches(directory: Path, config: Any, limit: int = 3) -> list[str]
 def load_model(name_or_path: str | Path, *, dtype: str | torch.dtype = "float32", seed: int = 0) -> HybridModel:
     """A preset (random weights, ``seed``) or a local checkpoint directory, in ``dtype``. EngineError for
     an empty name (``Path("")`` would be the current directory), an unknown name, or a bad checkpoint."""
-    if isinstance(name_or_path, str) and not name_or_path.strip():
-        raise EngineError(f"the model is empty ({name_or_path!r}): use a preset ({', '.join(PRESETS)}) "
-                          "or a local checkpoint directory")
+    if not is_model_source(name_or_path):
+        raise EngineError(unknown_model(name_or_path))
     if isinstance(name_or_path, str) and name_or_path in PRESETS:
         return build_model(preset_config(name_or_path), dtype=dtype, seed=seed, name=name_or_path)
-    path = Path(name_or_path)
-    if path.exists():
-        return load_checkpoint(path, dtype=dtype)
-    raise EngineError(f"unknown model {str(name_or_path)!r}: use a preset ({', '.join(PRESETS)}) "
-                      "or a local checkpoint directory")
+    return load_checkpoint(Path(name_or_path), dtype=dtype)
+
+
+def is_model_source(name_or_path: str | Path) -> bool:
+    """Whether :func:`load_model` would find ``name_or_path``: a preset's name or an existing path
+    (what it loads from there is checked when it loads). False for an empty name (``Path("")``
+    would be the current directory)."""
+    if isinstance(name_or_path, str):
+        if not name_or_path.strip():
+            return False
+        if name_or_path in PRESETS:
+            return True
+    return Path(name_or_path).exists()
+
+
+def unknown_model(name_or_path: str | Path) -> str:
+    """The one wording for a model :func:`is_model_source` does not find (commands prefix their flag)."""
+    what = (f"the model is empty ({name_or_path!r})" if isinstance(name_or_path, str) and not name_or_path.strip()
+            else f"unknown model {str(name_or_path)!r}")
+    return f"{what}: use a preset ({', '.join(PRESETS)}) or a local checkpoint directory"
 
 
 def describe(model: HybridModel) -> Mapping[str, Any]:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 from typing import Any
 
 from marconi.core.registry import ConfigError, Domain
@@ -95,12 +94,11 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
     import torch
 
-    from marconi.engine.models import PRESETS, describe, load_model
+    from marconi.engine.models import describe, is_model_source, load_model, unknown_model
     from marconi.lab import engine_bench as bench
 
-    if args.model not in PRESETS and not Path(args.model).exists():   # load_model's two sources, before the trace
-        raise ConfigError(f"--model {args.model!r}: unknown model: use a preset ({', '.join(PRESETS)}) or a local "
-                          "checkpoint directory")
+    if not is_model_source(args.model):            # load_model's two sources, before the trace
+        raise ConfigError(f"--model: {unknown_model(args.model)}")
 
     source = (f"agent-cpu-synthetic:sessions={args.sessions},max_input_len={args.max_input}"
               if args.trace == "synthetic" else args.trace)

@@ -6,7 +6,7 @@
     marconi trace build {sharegpt,lmsys,swe,mooncake,quality,synthetic,bundled} ... --out FILE
     marconi trace build bundled NAME --out FILE   # a catalog workload: swe-sample, sharegpt:scale=0.5, ...
     marconi trace list                 # the catalog: names, parameters, data and licences
-    marconi trace validate FILE        # every problem, exit 1 if any
+    marconi trace validate FILE        # every problem, exit 1 if any (FILE: what --trace takes)
     marconi trace stats FILE [--json]  # sessions, requests, tokens, input-length percentiles (FILE: what --trace takes)
 """
 
@@ -250,6 +250,20 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
+    kind = trace_file_kind(args.file)
+    if kind not in (None, TOKEN_TRACE):     # a recording, a Mooncake trace or a raw source: its reader checks it
+        try:
+            trace = load_trace(args.file, notice=lambda text: print(text, file=sys.stderr))
+        except (OSError, ValueError, TraceFormatError) as exc:
+            print(exc)
+            print(f"{args.file}: 1 problem(s) (a {kind} file, checked by the reader `--trace` uses)", file=sys.stderr)
+            return 1
+        if not trace.requests:
+            print(f"{args.file}: no requests in the file")
+            print(f"{args.file}: 1 problem(s) (a {kind} file)", file=sys.stderr)
+            return 1
+        print(f"{args.file}: OK (a {kind} file, read by the reader `--trace` uses: {len(trace.requests)} requests)")
+        return 0
     try:
         problems, warnings = inspect_trace(args.file)
     except (OSError, ValueError) as exc:
