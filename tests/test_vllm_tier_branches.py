@@ -19,7 +19,7 @@ from marconi.core.registry import ConfigError
 from marconi.integrations.vllm.emulate.tier import ReqContext, TierManager
 from marconi.integrations.vllm.policy import ATTENTION, MAMBA
 from marconi.integrations.vllm.tier_tree import (ENV_COLD_INSERT, ENV_GROUP_KINDS, ENV_MODEL, ENV_SECOND_CHANCE,
-                                                 ChunkTreePolicy, TierSettings, make_offload_key)
+                                                 HIT_TRUST_CAP, ChunkTreePolicy, TierSettings, make_offload_key)
 
 SPEC = get_model("nemotron-h-8b")
 KINDS = (MAMBA, ATTENTION)
@@ -159,25 +159,88 @@ def test_a_state_a_hit_ended_at_outlives_one_round_of_younger_leaves(second_chan
 
 def test_a_deeper_hit_on_the_path_withdraws_the_chance_a_hit_gave() -> None:
     """The chain grows (s1; s1, s2; s1, s2, s3, as a session's turns): the third request's hit ends at
-    s2, which takes a chance, and s1's chance from the second hit is withdrawn, so s1's state goes
-    before the one-offs while s2 outlives them."""
-    victims = _victims([["s1"], ["s1", "s2"], ["s1", "s2", "s3"]], 6)
-    assert victims == ["s3/kv", "s3/state", "s1/state", "x/kv", "x/state", "y/kv"]
+    s2 and s1's chance from the second hit is withdrawn, so s1's state goes before the one-offs.
+    After a prefix asked three times (r; r; r: the third hit ends where the second did, trust +1),
+    s2 takes a chance and outlives them; on its own, the chain's deeper hit has taken the trust to
+    -1, so s2's hit grants nothing and the chain goes by recency."""
+    chain = [["s1"], ["s1", "s2"], ["s1", "s2", "s3"]]
+    assert _victims([["r"]] * 3 + chain, 6) == ["s3/kv", "s3/state", "s1/state", "x/kv", "x/state", "y/kv"]
+    assert _victims(chain, 8) == ["s3/kv", "s3/state", "s2/kv", "s2/state", "s1/kv", "s1/state", "x/kv", "x/state"]
 
 
 def test_a_node_that_branched_keeps_its_chance_past_a_deeper_hit() -> None:
     """p's state served a hit that stopped there (p, p), then one that went on to a (p, a): two ways
-    through p, so p branched, and the deeper hit at a (p, a, a2) leaves p's chance. Without the
-    first way (no p, p) the chance was a hit's alone, and the deeper hit withdraws it."""
+    through p, so p branched, and the deeper hit at a (p, a, a2) leaves p's chance (and a takes one:
+    the repeat at p paid for the pass). Without the first way (no p, p) the chance was a hit's alone,
+    and the deeper hit withdraws it; that pass with no repeat before it takes the trust to -1, so a's
+    hit grants nothing and the whole chain goes by recency."""
     assert _victims([["p"], ["p"], ["p", "a"], ["p", "a", "a2"]], 6) == [
         "a2/kv", "a2/state", "x/kv", "x/state", "y/kv", "y/state"]
-    assert _victims([["p"], ["p", "a"], ["p", "a", "a2"]], 6) == [
-        "a2/kv", "a2/state", "p/state", "x/kv", "x/state", "y/kv"]
+    assert _victims([["p"], ["p", "a"], ["p", "a", "a2"]], 8) == [
+        "a2/kv", "a2/state", "a/kv", "a/state", "p/kv", "p/state", "x/kv", "x/state"]
+
+
+def _trust_then_victims(before: list[list[str]]) -> tuple[int, list[str]]:
+    """Requests over ``before``, then s1; s1, s2 (a hit ends at s1's state); then two one-offs x, y.
+    Returns the hit trust after s1's hit, and the victims among s1, s2, x and y when every chunk goes
+    (the tier holds everything: no eviction before)."""
+    policy, mgr = _tier(256, cold_insert=False, second_chance=True)
+    rid = 0
+    for chain in before:
+        _request(mgr, rid, chain, states=True)
+        rid += 1
+    _request(mgr, rid, ["s1"], states=True)
+    _request(mgr, rid + 1, ["s1", "s2"], states=True)
+    trust = policy.hit_trust
+    _request(mgr, rid + 2, ["x"], states=True)
+    _request(mgr, rid + 3, ["y"], states=True)
+    victims = policy.evict(policy.num_evictable(), set())
+    policy.check_invariants()
+    names = [key[:-4].decode() + ("/kv" if key[-1] == 1 else "/state") for key, _ in victims]
+    return trust, [n for n in names if n.split("/")[0] in ("s1", "s2", "x", "y")]
+
+
+def _growing(turns: int, name: str = "g") -> list[list[str]]:
+    """One session's calls: each extends the last by a node (an agent loop)."""
+    return [[f"{name}{j}" for j in range(1, t + 1)] for t in range(1, turns + 1)]
+
+
+def test_hits_stop_granting_chances_where_every_hit_passes_the_last_and_a_repeat_brings_them_back() -> None:
+    """A growing chain's hits each end one node deeper than the last: each passes the node where
+    the last ended, so the trust falls by one per call and stops at -HIT_TRUST_CAP; s1's hit then
+    grants nothing, and s1's state goes by recency, before the one-offs. Prefixes asked again
+    exactly (r; r; r ...) raise it one per repeat; once it is back at 0, s1's hit earns its chance
+    again and s1 outlives x and y. Without the chain, the trust stays 0 and s1 has its chance."""
+    assert _trust_then_victims([]) == (0, ["s2/kv", "s2/state", "x/kv", "x/state", "y/kv", "y/state",
+                                           "s1/kv", "s1/state"])
+    chain = _growing(HIT_TRUST_CAP + 4)
+    trust, victims = _trust_then_victims(chain)
+    assert trust == -HIT_TRUST_CAP
+    assert victims == ["s2/kv", "s2/state", "s1/kv", "s1/state", "x/kv", "x/state", "y/kv", "y/state"]
+    repeats = [["r"]] * (HIT_TRUST_CAP + 2)       # stored, a first hit, then HIT_TRUST_CAP repeats: back to 0
+    trust, victims = _trust_then_victims(chain + repeats)
+    assert trust == 0
+    assert victims[-2:] == ["s1/kv", "s1/state"]
+
+
+def test_a_chance_a_hit_already_holds_survives_the_trust_falling() -> None:
+    """The trust decides grants, not the chances held: s1's chance, granted while hits were trusted,
+    still saves it after a growing chain takes the trust negative."""
+    policy, mgr = _tier(256, cold_insert=False, second_chance=True)
+    _request(mgr, 0, ["s1"], states=True)
+    _request(mgr, 1, ["s1", "s2"], states=True)
+    for rid, chain in enumerate(_growing(HIT_TRUST_CAP + 4), start=2):
+        _request(mgr, rid, chain, states=True)
+    assert policy.hit_trust == -HIT_TRUST_CAP
+    victims = [key[:-4].decode() for key, _ in policy.evict(policy.num_evictable(), set())]
+    assert victims.index("s1") > victims.index("g1")      # refreshed once: after the chain's oldest
+    policy.check_invariants()
 
 
 def test_what_the_branches_leave_behind_is_bounded() -> None:
     """1,100 prefixes, each reused by a user (whose head is then evicted unreused: its branch point
-    cools) and by a second user (the prefix branches: a chance, granted as a hit's is): the three
+    cools) and by a second user (the prefix branches: a chance, granted as a hit's is); then 1,100
+    prefixes each asked twice (a hit ends at it): the four
     tables stop at 4 × capacity + 1,024 entries, forgetting the oldest, while the policy keeps serving."""
     capacity = 4
     policy, mgr = _tier(capacity, cold_insert=True, second_chance=True)
@@ -186,8 +249,12 @@ def test_what_the_branches_leave_behind_is_bounded() -> None:
         for chain in ([f"p{i}"], [f"p{i}", f"p{i}:a"], [f"p{i}", f"p{i}:b"]):
             _request(mgr, rid, chain)
             rid += 1
+    for i in range(1100):
+        for chain in ([f"q{i}"], [f"q{i}"]):
+            _request(mgr, rid, chain)
+            rid += 1
     bound = 4 * capacity + 1024
-    assert policy.branch_memory() == (bound, bound, bound)
+    assert policy.branch_memory() == (bound, bound, bound, bound)
     policy.check_invariants()
     mgr.check_invariants()
 

@@ -25,7 +25,7 @@ from marconi.core.model import ModelSpec, get_model
 from marconi.core.registry import ConfigError
 from marconi.integrations.vllm.policy import ATTENTION, MAMBA
 
-__all__ = ["ChunkTreePolicy", "TreeJudgement", "reference_victims", "TierSettings", "check_group_kinds", "parse_tier_rule", "ADAPTIVE",
+__all__ = ["ChunkTreePolicy", "TreeJudgement", "reference_victims", "TierSettings", "check_group_kinds", "parse_tier_rule", "ADAPTIVE", "HIT_TRUST_CAP",
            "ARC_TREE", "ArcTreeOrder",
            "DEFAULT_FAMILY", "DEFAULT_RULE", "DEFAULT_HOST_GBPS",
            "DEFAULT_GPU_TFLOPS", "REASONS", "ENV_COLD_INSERT", "ENV_SECOND_CHANCE", "ENV_GROUP_KINDS", "ENV_MODEL", "ENV_RULE",
@@ -56,6 +56,10 @@ SWITCHES = (("cold_insert", "marconi_cold_insert", ENV_COLD_INSERT),
 #: branch point starts (warm), and its cap (a few unused branches in a row cool a point that
 #: served many)
 COLD_START, COLD_CAP = 1, 3
+#: second chance's trust in hits (:attr:`TierSettings.second_chance`): a count in [-cap, cap], from
+#: 0; a hit that ends again where an earlier hit ended adds one, a hit that ends deeper on an
+#: earlier hit's path takes one, and a hit grants its node a chance only while the count is >= 0
+HIT_TRUST_CAP = 8
 #: Why a chunk was evicted (the keys of :attr:`ChunkTreePolicy.eviction_counts`).
 REASONS = ("dead-kv", "dead-state", "kv", "state")
 #: every setting's ``kv_connector_extra_config`` key and the environment variable that may give it
@@ -396,6 +400,11 @@ class ChunkTreePolicy:
       "seen twice", at the node a hit can use). Such a chance, while the node has not branched, is
       withdrawn when a later hit ends deeper on the same path: a chain that grows (a session's
       turns) is served from its newest state, so the states it passed are no longer evidence.
+      Whether hits are evidence at all is counted (:data:`HIT_TRUST_CAP`): each node a hit ended at
+      is remembered until a hit ends deeper on its path (one down) or ends there again (one up),
+      and hits grant chances only while the ups keep pace with the downs. Where every hit is a
+      growing chain's (an agent's calls) the count goes negative and hits stop granting, so the
+      states they passed no longer push out the newest ones; a repeated prefix brings it back.
     When the rule picks a chunk of a node holding a chance, the chance is spent instead: every
     chunk of the node is refreshed (as a request's end would, in the node's key order) and the pick
     is made again. A shared prefix whose branches were evicted, or a state that served a hit, thus
@@ -443,6 +452,10 @@ class ChunkTreePolicy:
         # only a hit earned it (a deeper hit withdraws those)
         self._first_kid: OrderedDict[bytes, bytes] = OrderedDict()
         self._chance: OrderedDict[bytes, bool] = OrderedDict()
+        # ... and the nodes a hit ended at that no hit has passed since (oldest first, bounded),
+        # with the trust they earned hits (HIT_TRUST_CAP)
+        self._hit_ends: OrderedDict[bytes, bool] = OrderedDict()
+        self._hit_trust = 0
         self._rebuild()
 
     # ------------------------------------------------------------------ vLLM's interface
@@ -595,6 +608,8 @@ class ChunkTreePolicy:
         self._cold_clock = 0
         self._first_kid.clear()
         self._chance.clear()
+        self._hit_ends.clear()
+        self._hit_trust = 0
         self._slot.clear()
         self._dirty_keys.clear()
         self._dirty_seq.clear()
@@ -669,11 +684,18 @@ class ChunkTreePolicy:
         return (sum(map(len, self._mins.values())) + sum(map(len, self._maxs.values()))
                 + sum(len(h) for levels in self._levels.values() for h in levels.values()))
 
-    def branch_memory(self) -> tuple[int, int, int]:
+    def branch_memory(self) -> tuple[int, int, int, int]:
         """Entries kept for reading the branches: branch points whose cold-insertion count is not
-        the start's, parents whose first child second chance remembers, and nodes holding a second
-        chance; each bounded by 4 × capacity + 1,024 (for tests and reports)."""
-        return len(self._warmth), len(self._first_kid), len(self._chance)
+        the start's, parents whose first child second chance remembers, nodes holding a second
+        chance, and nodes a hit ended at that no hit has passed since; each bounded by 4 × capacity
+        + 1,024 (for tests and reports)."""
+        return len(self._warmth), len(self._first_kid), len(self._chance), len(self._hit_ends)
+
+    @property
+    def hit_trust(self) -> int:
+        """Second chance's trust in hits, in [-:data:`HIT_TRUST_CAP`, :data:`HIT_TRUST_CAP`]: hits
+        grant chances while it is >= 0."""
+        return self._hit_trust
 
     def _eff(self, depth: int | None, variant: str | None = None) -> float:
         """FLOPs saved per byte held by a hit at ``depth``, less what the load costs (>= 0); in the
@@ -1064,10 +1086,11 @@ class ChunkTreePolicy:
     def _saw_hit(self, keys: Sequence[OffloadKey], positions: Mapping[OffloadKey, int],
                  reused: set[OffloadKey]) -> None:
         """Second chance at a request's end (``reused``: the keys it reused from the tier): the
-        deepest node whose state it reused, where its hit ended, gets a chance, and the way the
-        request went through it (its next node, or the node itself) counts as one of the node's ways;
-        the chances that hits alone gave the nodes above it on its path are withdrawn (a node that
-        branched keeps its own)."""
+        deepest node whose state it reused, where its hit ended, gets a chance while hits are
+        trusted, and the way the request went through it (its next node, or the node itself) counts
+        as one of the node's ways; the chances that hits alone gave the nodes above it on its path
+        are withdrawn (a node that branched keeps its own). Trust: one down per node above it where
+        an earlier hit ended (passed), one up if an earlier hit ended at it too (repeated)."""
         mamba = self._mamba_set
         deepest = None
         for k in keys:
@@ -1080,15 +1103,23 @@ class ChunkTreePolicy:
         node = self._nodes.get(h)
         if node is None:
             return
-        chance, nodes = self._chance, self._nodes
+        chance, nodes, ends = self._chance, self._nodes, self._hit_ends
+        trust = self._hit_trust
         up, steps = node.parent, 0
         while up is not None and steps < len(nodes):
             if chance.get(up) is False:
                 del chance[up]
+            if ends.pop(up, None) is not None:
+                trust = max(-HIT_TRUST_CAP, trust - 1)
             above = nodes.get(up)
             up = above.parent if above is not None else None
             steps += 1
-        self._grant(h, False)
+        if h in ends:
+            trust = min(HIT_TRUST_CAP, trust + 1)
+        self._hit_trust = trust
+        self._remember(ends, h, True)
+        if self._hit_trust >= 0:
+            self._grant(h, False)
         # the hit's way through h: the request's next node past it, or h itself where it stopped there
         at = positions[deepest]
         beyond = [(p, k) for k, p in positions.items() if p > at]
