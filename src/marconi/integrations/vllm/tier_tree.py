@@ -1147,6 +1147,8 @@ class ChunkTreePolicy:
         assert self._seq.keys() == self._chunks.keys(), "recency rows drifted"
         assert self._heads.keys() <= self._nodes.keys(), "cold insertion follows a head not held"
         assert len(self._chance) <= self._branch_bound(), "second chances past their bound"
+        assert len(self._hit_ends) <= self._branch_bound(), "hit ends past their bound"
+        assert -HIT_TRUST_CAP <= self._hit_trust <= HIT_TRUST_CAP, "hit trust past its cap"
         for h, node in self._nodes.items():
             assert node.keys, "empty node kept"
             assert all(k in self._chunks for k in node.keys.values()), "node names a chunk not held"
