@@ -97,6 +97,42 @@ def test_a_reused_head_warms_its_branch_point_again() -> None:
     policy.check_invariants()
 
 
+def _lose(mgr: TierManager, name: str, rid: int) -> int:
+    """Unrelated one-offs until node ``name`` is evicted (its head forgotten unreused). Returns the
+    next request id."""
+    while mgr.policy.get(make_offload_key(name.encode(), 1)) is not None:
+        _request(mgr, rid, [f"x{rid}"])
+        rid += 1
+    return rid
+
+
+def test_a_head_that_entered_cold_and_comes_back_warms_its_branch_point_back() -> None:
+    """Under the cold prompt u2 enters cold and is lost unreused; a later request stores u2 again (a
+    session calling again after its call was evicted): the cold prediction was wrong, the point
+    warms back, and that request's own tail (u2b) enters warm, as does the next new user's (u3).
+    u1, which entered warm and was lost, coming back the same way proves nothing about the
+    prediction: the point stays at 0 and its tail enters cold."""
+    policy, mgr = _tier(12, True)
+    rid = _cool_the_prompt(mgr)
+    kv, _ = _request(mgr, rid, ["p1", "p2", "u2"])
+    assert policy.recency(kv) < 0                               # entered cold
+    rid = _lose(mgr, "u2", rid + 1)
+    assert policy.branch_memory()["lost_heads"] == 1
+    kv, state = _request(mgr, rid, ["p1", "p2", "u2", "u2b"])
+    assert policy.recency(kv) > 0 and policy.recency(state) > 0
+    assert policy.branch_memory()["lost_heads"] == 0
+    kv, state = _request(mgr, rid + 1, ["p1", "p2", "u3"])
+    assert policy.recency(kv) > 0 and policy.recency(state) > 0
+    policy.check_invariants()
+
+    policy, mgr = _tier(12, True)
+    rid = _cool_the_prompt(mgr)                                  # u1 entered warm, then was lost
+    assert policy.branch_memory()["lost_heads"] == 0
+    kv, state = _request(mgr, rid, ["p1", "p2", "u1", "u1b"])
+    assert policy.recency(kv) < 0 and policy.recency(state) < 0
+    policy.check_invariants()
+
+
 def test_a_request_whose_head_has_no_known_parent_predicts_nothing() -> None:
     """Chains from the root (no branch point) never enter cold, however many go unused."""
     policy, mgr = _tier(6, True)
@@ -240,7 +276,8 @@ def test_a_chance_a_hit_already_holds_survives_the_trust_falling() -> None:
 def test_what_the_branches_leave_behind_is_bounded() -> None:
     """1,100 prefixes, each reused by a user (whose head is then evicted unreused: its branch point
     cools) and by a second user (the prefix branches: a chance, granted as a hit's is); then 1,100
-    prefixes each asked twice (a hit ends at it): the four
+    prefixes each asked twice (a hit ends at it), and 1,100 points with five users each (the later
+    ones enter cold and are lost): the six
     tables stop at 4 × capacity + 1,024 entries, forgetting the oldest, while the policy keeps serving."""
     capacity = 4
     policy, mgr = _tier(capacity, cold_insert=True, second_chance=True)
@@ -253,8 +290,15 @@ def test_what_the_branches_leave_behind_is_bounded() -> None:
         for chain in ([f"q{i}"], [f"q{i}"]):
             _request(mgr, rid, chain)
             rid += 1
+    for i in range(1100):                          # five users under each point: later ones enter cold, and go
+        for user in "abcde":
+            _request(mgr, rid, [f"c{i}", f"c{i}:{user}"])
+            rid += 1
     bound = 4 * capacity + 1024
-    assert policy.branch_memory() == (bound, bound, bound, bound)
+    memory = policy.branch_memory()
+    assert memory == {"warmth": bound, "cold_heads": memory["cold_heads"], "lost_heads": bound,
+                      "first_kids": bound, "chances": bound, "hit_ends": bound}, memory
+    assert memory["cold_heads"] <= bound
     policy.check_invariants()
     mgr.check_invariants()
 

@@ -383,7 +383,12 @@ class ChunkTreePolicy:
     MICRO 2011, with the branch point as signature). A request's *head* is the first node it stored;
     its *branch point* the node the head hangs from. Each branch point keeps a count in
     [0, :data:`COLD_CAP`] (:data:`COLD_START` when unseen): a head that a later request reuses warms
-    its branch point (+1), a head forgotten unreused cools it (−1). When a request ends under a
+    its branch point (+1), a head forgotten unreused cools it (−1). A head whose request entered
+    cold and that was forgotten unreused, then stored again by a later request (the same block hash:
+    as a ghost hit is in ARC, the prediction was wrong, the head was needed), warms its point back
+    (+1). Without that, a session whose call entered cold under a point at 0 loses it, stores it
+    again under the same point, enters cold again, and keeps the point at 0 for every other head:
+    an agent's sessions then hit only the shared prompt, call after call. When a request ends under a
     branch point at 0, its deepest node's chunks (its own tail and the state after it, which no
     other request has shared) take recency stamps below every other chunk's, the newest lowest:
     they go first among candidates, as an insertion at LRU's old end, until a reuse refreshes them.
@@ -443,9 +448,13 @@ class ChunkTreePolicy:
         self._levels: dict[int, dict[int, list[tuple[int, OffloadKey]]]] = {}
         self._pushes = 0
         # cold insertion: per branch point its count (only counts != COLD_START, oldest update
-        # first, bounded), per unresolved head its branch point, and the cold stamps (negative)
+        # first, bounded), per unresolved head its branch point, the unresolved heads whose request
+        # entered cold, per such head forgotten unreused its branch point (both oldest first,
+        # bounded), and the cold stamps (negative)
         self._warmth: OrderedDict[bytes, int] = OrderedDict()
         self._heads: dict[bytes, bytes] = {}
+        self._cold_heads: OrderedDict[bytes, bool] = OrderedDict()
+        self._lost_heads: OrderedDict[bytes, bytes] = OrderedDict()
         self._cold_clock = 0
         # second chance: per parent hash its first child (oldest update first, bounded), and the
         # nodes holding a chance (oldest grant first, bounded), each True if it branched, False if
@@ -539,17 +548,26 @@ class ChunkTreePolicy:
 
     def _cold_keys(self, keys: Sequence[OffloadKey], positions: Mapping[OffloadKey, int],
                    inserted: set[OffloadKey], reused: set[OffloadKey], state: _TierRequest) -> set[OffloadKey]:
-        """Cold insertion at a request's end: warm the branch points of the heads it reused, note its
+        """Cold insertion at a request's end: warm the branch points of the heads it reused, and of
+        the cold-entered heads forgotten unreused that it stores again (needed after all), note its
         own head's branch point, and return the keys to stamp cold (its deepest node's, when that
         branch point is at 0; else none)."""
         heads = self._heads
         for key in reused:
-            branch = heads.pop(get_offload_block_hash(key), None)
+            block_hash = get_offload_block_hash(key)
+            branch = heads.pop(block_hash, None)
             if branch is not None:
                 self._warm(branch, +1)
+                self._cold_heads.pop(block_hash, None)
         new = [k for k in keys if k in inserted and k in positions]
         if not new:
             return set()
+        lost = self._lost_heads
+        if lost:
+            for block_hash in dict.fromkeys(get_offload_block_hash(k) for k in new):   # in key order
+                back = lost.pop(block_hash, None)
+                if back is not None:
+                    self._warm(back, +1)
         first = min(positions[k] for k in new)
         head = get_offload_block_hash(next(k for k in new if positions[k] == first))
         branch = state.by_position.get(self._parent_position(first, state))
@@ -560,7 +578,9 @@ class ChunkTreePolicy:
             return set()
         heads[head] = branch
         if self._warmth.get(branch, COLD_START) > 0:
+            self._cold_heads.pop(head, None)
             return set()
+        self._remember(self._cold_heads, head, True)
         last = max(positions[k] for k in new)
         return {k for k in new if positions[k] == last}
 
@@ -605,6 +625,8 @@ class ChunkTreePolicy:
         self._clock = 0
         self._warmth.clear()
         self._heads.clear()
+        self._cold_heads.clear()
+        self._lost_heads.clear()
         self._cold_clock = 0
         self._first_kid.clear()
         self._chance.clear()
@@ -684,12 +706,16 @@ class ChunkTreePolicy:
         return (sum(map(len, self._mins.values())) + sum(map(len, self._maxs.values()))
                 + sum(len(h) for levels in self._levels.values() for h in levels.values()))
 
-    def branch_memory(self) -> tuple[int, int, int, int]:
-        """Entries kept for reading the branches: branch points whose cold-insertion count is not
-        the start's, parents whose first child second chance remembers, nodes holding a second
-        chance, and nodes a hit ended at that no hit has passed since; each bounded by 4 × capacity
-        + 1,024 (for tests and reports)."""
-        return len(self._warmth), len(self._first_kid), len(self._chance), len(self._hit_ends)
+    def branch_memory(self) -> dict[str, int]:
+        """Entries kept for reading the branches, each table bounded by 4 × capacity + 1,024 (for
+        tests and reports): ``warmth`` (branch points whose cold-insertion count is not the
+        start's), ``cold_heads`` (unresolved heads whose request entered cold), ``lost_heads`` (such
+        heads forgotten unreused), ``first_kids`` (parents whose first child second chance
+        remembers), ``chances`` (nodes holding a second chance) and ``hit_ends`` (nodes a hit ended
+        at that no hit has passed since)."""
+        return {"warmth": len(self._warmth), "cold_heads": len(self._cold_heads),
+                "lost_heads": len(self._lost_heads), "first_kids": len(self._first_kid),
+                "chances": len(self._chance), "hit_ends": len(self._hit_ends)}
 
     @property
     def hit_trust(self) -> int:
@@ -1017,6 +1043,8 @@ class ChunkTreePolicy:
             branch = self._heads.pop(block_hash, None)
             if branch is not None:          # a head forgotten unreused: its branch point cools
                 self._warm(branch, -1)
+                if self._cold_heads.pop(block_hash, None) is not None:    # ... after entering cold
+                    self._remember(self._lost_heads, block_hash, branch)
             if node.parent is not None:
                 siblings = self._children.get(node.parent)
                 if siblings is not None:
@@ -1146,8 +1174,8 @@ class ChunkTreePolicy:
             assert node is not None and node.keys.get(get_offload_group_idx(key)) == key, "chunk missing from its node"
         assert self._seq.keys() == self._chunks.keys(), "recency rows drifted"
         assert self._heads.keys() <= self._nodes.keys(), "cold insertion follows a head not held"
-        assert len(self._chance) <= self._branch_bound(), "second chances past their bound"
-        assert len(self._hit_ends) <= self._branch_bound(), "hit ends past their bound"
+        assert self._cold_heads.keys() <= self._heads.keys(), "a cold head not followed"
+        assert all(n <= self._branch_bound() for n in self.branch_memory().values()), "a branch table past its bound"
         assert -HIT_TRUST_CAP <= self._hit_trust <= HIT_TRUST_CAP, "hit trust past its cap"
         for h, node in self._nodes.items():
             assert node.keys, "empty node kept"
