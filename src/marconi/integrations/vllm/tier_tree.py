@@ -448,12 +448,11 @@ class ChunkTreePolicy:
         self._levels: dict[int, dict[int, list[tuple[int, OffloadKey]]]] = {}
         self._pushes = 0
         # cold insertion: per branch point its count (only counts != COLD_START, oldest update
-        # first, bounded), per unresolved head its branch point, the unresolved heads whose request
-        # entered cold, per such head forgotten unreused its branch point (both oldest first,
-        # bounded), and the cold stamps (negative)
+        # first, bounded), per unresolved head its branch point and whether its request entered
+        # cold, per head that entered cold and was forgotten unreused its branch point (oldest
+        # first, bounded), and the cold stamps (negative)
         self._warmth: OrderedDict[bytes, int] = OrderedDict()
-        self._heads: dict[bytes, bytes] = {}
-        self._cold_heads: OrderedDict[bytes, bool] = OrderedDict()
+        self._heads: dict[bytes, tuple[bytes, bool]] = {}
         self._lost_heads: OrderedDict[bytes, bytes] = OrderedDict()
         self._cold_clock = 0
         # second chance: per parent hash its first child (oldest update first, bounded), and the
@@ -554,11 +553,9 @@ class ChunkTreePolicy:
         branch point is at 0; else none)."""
         heads = self._heads
         for key in reused:
-            block_hash = get_offload_block_hash(key)
-            branch = heads.pop(block_hash, None)
-            if branch is not None:
-                self._warm(branch, +1)
-                self._cold_heads.pop(block_hash, None)
+            followed = heads.pop(get_offload_block_hash(key), None)
+            if followed is not None:
+                self._warm(followed[0], +1)
         new = [k for k in keys if k in inserted and k in positions]
         if not new:
             return set()
@@ -576,11 +573,10 @@ class ChunkTreePolicy:
             branch = node.parent if node is not None else None
         if branch is None or head not in self._nodes:
             return set()
-        heads[head] = branch
-        if self._warmth.get(branch, COLD_START) > 0:
-            self._cold_heads.pop(head, None)
+        cold = self._warmth.get(branch, COLD_START) <= 0
+        heads[head] = (branch, cold)
+        if not cold:
             return set()
-        self._remember(self._cold_heads, head, True)
         last = max(positions[k] for k in new)
         return {k for k in new if positions[k] == last}
 
@@ -625,7 +621,6 @@ class ChunkTreePolicy:
         self._clock = 0
         self._warmth.clear()
         self._heads.clear()
-        self._cold_heads.clear()
         self._lost_heads.clear()
         self._cold_clock = 0
         self._first_kid.clear()
@@ -713,7 +708,7 @@ class ChunkTreePolicy:
         heads forgotten unreused), ``first_kids`` (parents whose first child second chance
         remembers), ``chances`` (nodes holding a second chance) and ``hit_ends`` (nodes a hit ended
         at that no hit has passed since)."""
-        return {"warmth": len(self._warmth), "cold_heads": len(self._cold_heads),
+        return {"warmth": len(self._warmth), "cold_heads": sum(cold for _, cold in self._heads.values()),
                 "lost_heads": len(self._lost_heads), "first_kids": len(self._first_kid),
                 "chances": len(self._chance), "hit_ends": len(self._hit_ends)}
 
@@ -1040,10 +1035,11 @@ class ChunkTreePolicy:
         self._restand(block_hash, node)
         if not node.keys:                   # kv and alive are False: its parent no longer counts it
             del self._nodes[block_hash]
-            branch = self._heads.pop(block_hash, None)
-            if branch is not None:          # a head forgotten unreused: its branch point cools
+            followed = self._heads.pop(block_hash, None)
+            if followed is not None:        # a head forgotten unreused: its branch point cools
+                branch, cold = followed
                 self._warm(branch, -1)
-                if self._cold_heads.pop(block_hash, None) is not None:    # ... after entering cold
+                if cold:                    # ... and it entered cold: remembered, should it come back
                     self._remember(self._lost_heads, block_hash, branch)
             if node.parent is not None:
                 siblings = self._children.get(node.parent)
@@ -1146,7 +1142,7 @@ class ChunkTreePolicy:
             trust = min(HIT_TRUST_CAP, trust + 1)
         self._hit_trust = trust
         self._remember(ends, h, True)
-        if self._hit_trust >= 0:
+        if trust >= 0:
             self._grant(h, False)
         # the hit's way through h: the request's next node past it, or h itself where it stopped there
         at = positions[deepest]
@@ -1174,7 +1170,6 @@ class ChunkTreePolicy:
             assert node is not None and node.keys.get(get_offload_group_idx(key)) == key, "chunk missing from its node"
         assert self._seq.keys() == self._chunks.keys(), "recency rows drifted"
         assert self._heads.keys() <= self._nodes.keys(), "cold insertion follows a head not held"
-        assert self._cold_heads.keys() <= self._heads.keys(), "a cold head not followed"
         assert all(n <= self._branch_bound() for n in self.branch_memory().values()), "a branch table past its bound"
         assert -HIT_TRUST_CAP <= self._hit_trust <= HIT_TRUST_CAP, "hit trust past its cap"
         for h, node in self._nodes.items():
