@@ -133,6 +133,35 @@ def test_a_clock_going_bad_between_begin_and_finish_ends_the_request_as_an_abort
 
 
 # ------------------------------------------------------------------ tokens
+
+
+def test_a_clock_going_backwards_fails_begin_before_anything_changes():
+    """Old: a time below the previous one was stored as the touched nodes' recency, so what a request
+    just used ranked as older than what it used before (a wall clock stepped back by an adjustment)."""
+    now = [5.0]
+    cache = _cache(clock=lambda: now[0])
+    cache.process([1, 2, 3], [4])
+    used, lookups = cache.used_bytes, cache.stats.num_requests
+    now[0] = 4.0
+    with pytest.raises(ValueError, match=r"the cache's clock went backwards: it returned 4\.0 after 5\.0; pass a "
+                                         r"monotone clock \(time\.monotonic"):
+        cache.begin([1, 2, 3, 5])
+    assert cache.num_in_flight == 0 and cache.used_bytes == used and cache.stats.num_requests == lookups
+    cache.check_invariants()
+    now[0] = 5.0                      # the same time again is not going back
+    match, result = cache.process([1, 2, 3, 5], [6])
+    assert match.kv_hit_len == 3 and result.cached
+
+
+def test_a_clock_going_backwards_between_begin_and_finish_ends_the_request_as_an_abort():
+    now = [2.0]
+    cache = _cache(clock=lambda: now[0])
+    handle = cache.begin([7, 8, 9])
+    now[0] = 1.0
+    with pytest.raises(ValueError, match="clock went backwards: it returned 1.0 after 2.0"):
+        cache.finish(handle, [1])
+    assert cache.num_in_flight == 0 and not handle.active and cache.used_bytes == 0
+    cache.check_invariants()
 @pytest.mark.parametrize("tokens,got", [
     ([[1], [1, 2]], "list that NumPy cannot read as an array"),
     (None, "NoneType None"),

@@ -206,9 +206,10 @@ def _check_clock_and_payloads(clock: Any, payloads: Any) -> None:
                               f"{', '.join(_PAYLOAD_METHODS)}; {type(payloads).__name__} lacks {', '.join(missing)}")
 
 
-def _read_clock(clock: Callable[[], Any]) -> float:
-    """``clock()``, a finite real number; ValueError otherwise (a NaN or text time would corrupt the
-    recency every eviction ranks by)."""
+def _read_clock(clock: Callable[[], Any], last: float) -> float:
+    """``clock()``, a finite real number not below ``last`` (the previous read); ValueError otherwise
+    (a NaN or text time would corrupt the recency every eviction ranks by, and a time that goes back
+    would rank what it touches as older than what it touched before)."""
     now = clock()
     try:
         finite = not isinstance(now, bool) and math.isfinite(now)
@@ -217,6 +218,10 @@ def _read_clock(clock: Callable[[], Any]) -> float:
     if not finite:
         raise ValueError(f"the cache's clock returned {type(now).__name__} {brief_repr(now)}: "
                          "it must return the time as a finite number")
+    if now < last:
+        raise ValueError(f"the cache's clock went backwards: it returned {now!r} after {last!r}; pass a "
+                         "monotone clock (time.monotonic, not the wall clock time.time, which a clock "
+                         "adjustment can move back)")
     return now
 
 
@@ -249,7 +254,8 @@ class PrefixCache(TreeStore):
         spec: the model's cost model (a ``ModelSpec`` or preset name).
         capacity_bytes: total bytes for KVs + SSM checkpoints; never exceeded.
         admission, eviction: a policy or registry name.
-        clock: the current time (any monotone unit); default a logical request counter.
+        clock: the current time (any monotone unit); default a logical request counter. A read that is not
+            a finite number, or is below the previous read, raises ValueError where it is read.
         payloads: ``PayloadOps`` for real payloads; default sizes only (simulation).
         prefill_chunk_len: None: prefill states anywhere; ``C``: on the scan's chunk grid only.
     Raises ConfigError: a bad capacity or chunk length, an unknown policy, or a capacity below one
@@ -273,6 +279,7 @@ class PrefixCache(TreeStore):
         _check_clock_and_payloads(clock, payloads)
         self._logical = ManualClock() if clock is None else None
         self.clock: Callable[[], float] = clock if clock is not None else self._logical  # type: ignore[assignment]
+        self._last_time = -math.inf       # the caller's clock's previous read (it may not go back)
         TreeStore.__init__(self, self.spec, self.capacity_bytes, self.admission.page_size,
                            payloads if payloads is not None else SizeOnlyPayloads(),
                            inner_candidates=self.eviction.evicts_inner_nodes,
@@ -350,10 +357,12 @@ class PrefixCache(TreeStore):
         """Look up a request's input, lock the matched path until ``finish``/``abort``, plan its prefill
         checkpoints; refreshes recency, counts the lookup, ticks the logical clock; inserts and evicts
         nothing. ``max_hit_len``: resume no deeper (in tokens). A writable input is copied.
-        Raises ValueError/TypeError for a bad input or ``max_hit_len`` before anything changes. If a
-        callback raises, no request stays registered or locked (observers are told ``on_abort``)."""
+        Raises ValueError/TypeError for a bad input, ``max_hit_len`` or read of a caller's ``clock``
+        before anything changes. If a callback raises, no request stays registered or locked
+        (observers are told ``on_abort``)."""
         _check_max_hit_len(max_hit_len)
         tokens = _own_tokens(input_tokens, "input_tokens")
+        now = self._now() if self._logical is None else 0.0   # a caller's clock: read and checked first
         limit = len(tokens) if max_hit_len is None else min(int(max_hit_len), len(tokens))
         walk = self._split_run_at_match(self.tree.walk(tokens))
         hit_index = self._hit_index(walk.path, limit)
@@ -371,7 +380,7 @@ class PrefixCache(TreeStore):
                                             len(tokens))))
         if self._logical is not None:
             self._logical.tick()
-        now = self._now()
+            now = self._now()
         # From here to the observers nothing calls out: the request is registered as a whole.
         lock_node = walk.partial or (walk.path[-1] if walk.path else None)
         if lock_node is not None:
@@ -746,8 +755,12 @@ class PrefixCache(TreeStore):
             raise error
 
     def _now(self) -> float:
-        """The cache's time: its logical clock's, or the caller's clock read and checked (:func:`_read_clock`)."""
-        return self.clock() if self._logical is not None else _read_clock(self.clock)
+        """The cache's time: its logical clock's, or the caller's clock read and checked (:func:`_read_clock`:
+        ValueError for a time that is not a finite number or is below the previous read)."""
+        if self._logical is not None:
+            return self.clock()
+        self._last_time = _read_clock(self.clock, self._last_time)
+        return self._last_time
 
     def _check_active(self, handle: RequestHandle) -> None:
         if not isinstance(handle, RequestHandle):
