@@ -152,7 +152,10 @@ def _tasks(args: argparse.Namespace) -> list[tuple]:
     tasks = []
     for model in args.models:
         for spec in args.traces:
-            trace, _, n = spec.partition(":")
+            # trace[:N]: a trailing whole number is the request count; a trace's own parameters
+            # (``mooncake:files=PATH``, ``swe:seed=1``) keep their colons
+            head, _, tail = spec.rpartition(":")
+            trace, n = (head, tail) if head and tail.isdigit() else (spec, "")
             for c in args.concurrency:
                 for gp in args.gpu_policies:
                     for arm in args.tier_policies:
@@ -326,7 +329,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", type=_split, default=["nemotron-h-8b", "qwen3-next-80b-a3b"])
     ap.add_argument("--traces", type=_split, default=["swe:3000", "sharegpt:1000", "mooncake:1000"],
-                    help="trace[:requests], comma-separated")
+                    help="trace[:requests], comma-separated (a trace's own parameters keep their colons: mooncake:files=PATH:500)")
     ap.add_argument("--num-requests", type=int, default=1000, help="for a trace given without :N")
     ap.add_argument("--max-input-len", type=int, default=32768)
     ap.add_argument("--concurrency", type=lambda s: [int(x) for x in _split(s)], default=[16, 64, 256])

@@ -545,3 +545,21 @@ def test_a_finished_requests_store_in_transit_lands_before_its_blocks_are_reused
     assert reused({6}) == HIT                           # the store was waited for
     assert reused({9}) == HIT_PENDING                   # another block: no wait
     assert reused({6}, finish=False) == HIT_PENDING     # still running: not yet watched
+
+
+def test_the_tier_tables_trace_takes_its_own_parameters_beside_a_request_count(tmp_path) -> None:
+    """``--traces NAME[:N]``: a trailing whole number is the request count; a trace's own parameters
+    keep their colons (``mooncake:files=PATH`` once failed with "invalid literal for int()")."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    bench = Path(__file__).resolve().parents[1] / "benchmarks" / "vllm_tier_table.py"
+    out = tmp_path / "t.jsonl"
+    proc = subprocess.run([sys.executable, str(bench), "--models", "nemotron-h-8b", "--traces",
+                           "chat-synthetic:seed=1:12,chat-synthetic:seed=2", "--num-requests", "5", "--concurrency", "4",
+                           "--tier-policies", "none", "--out", str(out)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    got = sorted({(r["trace"], r["num_requests_asked"]) for r in map(json.loads, out.read_text().splitlines())})
+    assert got == [("chat-synthetic:seed=1", 12), ("chat-synthetic:seed=2", 5)]
