@@ -13,7 +13,7 @@ import pytest
 
 from marconi.cli import main
 from marconi.core.registry import ConfigError
-from marconi.workloads import build_workload, bundled_data_dir, load_trace, read_trace
+from marconi.workloads import TraceFormatError, build_workload, bundled_data_dir, load_trace, read_trace
 from marconi.workloads.raw import RAW_SOURCES, raw_source_of
 from marconi.workloads.source import TOKEN_TRACE, trace_file_kind
 
@@ -82,6 +82,52 @@ def test_a_folder_of_trajectories_is_the_swe_recipe_on_the_folder(tmp_path):
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "a.json").write_text("[1, 2]")
     assert raw_source_of(tmp_path / "other") is None
+
+
+def test_mini_swe_agents_own_trajectory_files_are_the_swe_recipe(tmp_path):
+    """mini-swe-agent writes ``<id>/<id>.traj.json`` as ``{"info": {"exit_status", ...}, "messages": [...],
+    "trajectory_format": ...}``: no top-level ``instance_id`` or ``exit_status``. Old: refused as an
+    unknown format (a file) or "is a directory" (its folder), though ``swe:files=`` read both."""
+    trajectories = json.loads((bundled_data_dir() / "swe" / "msa_gemini3pro_verified_first10.json").read_text())
+    folder = tmp_path / "trajs"
+    for traj in trajectories[:2]:
+        native = {"info": {"exit_status": traj.get("exit_status", "Submitted"), "submission": ""},
+                  "messages": traj["messages"], "trajectory_format": "mini-swe-agent-1"}
+        (folder / traj["instance_id"]).mkdir(parents=True)
+        (folder / traj["instance_id"] / f"{traj['instance_id']}.traj.json").write_text(json.dumps(native))
+    one = next(folder.rglob("*.traj.json"))
+    assert raw_source_of(one) == "swe" and raw_source_of(folder) == "swe"
+    assert _tokens(load_trace(str(one))) == _tokens(build_workload(f"swe:files={one}"))
+    assert _tokens(load_trace(str(folder))) == _tokens(build_workload(f"swe:files={folder}"))
+    bare = tmp_path / "chat.json"                # a bare {"messages": [...]} chat stays unknown
+    bare.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}], "info": {"model": "m"}}))
+    assert raw_source_of(bare) is None
+
+
+def test_gzipped_mooncake_and_chat_files_are_read_as_their_sources(tmp_path, sharegpt_file):
+    """Old: a ``.jsonl.gz`` Mooncake or ShareGPT file given as a trace was read as a gzipped token trace
+    ("field 'session_id': missing"), and ``sharegpt:files=`` did not read it ("not UTF-8 text")."""
+    import gzip
+
+    rows = [{"timestamp": 1000 * i, "input_length": 1024, "output_length": 4, "hash_ids": [0, i + 1]}
+            for i in range(3)]
+    mooncake = tmp_path / "held_out.jsonl.gz"
+    with gzip.open(mooncake, "wt") as fh:
+        fh.write("".join(json.dumps(r) + "\n" for r in rows))
+    plain = tmp_path / "held_out.jsonl"
+    plain.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert trace_file_kind(mooncake) == "mooncake"
+    assert _tokens(load_trace(str(mooncake))) == _tokens(load_trace(str(plain)))
+    chat = tmp_path / "chat.jsonl.gz"
+    with gzip.open(chat, "wt") as fh:
+        fh.write("".join(json.dumps(r) + "\n" for r in json.loads(sharegpt_file.read_text())))
+    assert raw_source_of(chat) == "sharegpt"
+    assert _tokens(load_trace(str(chat))) == _tokens(load_trace(str(sharegpt_file)))
+    broken = tmp_path / "broken.jsonl.gz"
+    broken.write_bytes(b"\x1f\x8b\x08 not a gzip stream")
+    assert raw_source_of(broken) is None and trace_file_kind(broken) == TOKEN_TRACE   # its reader says why:
+    with pytest.raises(TraceFormatError, match=r"broken.jsonl.gz:1: unreadable \(error: Error -3 while decompressing"):
+        load_trace(str(broken))                  # old: zlib.error's traceback
 
 
 def test_a_first_record_larger_than_one_read_is_still_recognised(tmp_path):

@@ -12,6 +12,7 @@ import os
 import shutil
 import stat
 import tempfile
+import zlib
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any, Iterable, Iterator, Sequence
@@ -362,7 +363,7 @@ def iter_lines(path: PathLike, *, max_line_bytes: int | None = None) -> Iterator
                 if lineno == 1 and raw.startswith(_UTF8_BOM):
                     raw = raw[len(_UTF8_BOM):]  # what Windows editors put first; not part of the data
                 yield lineno, raw
-        except (EOFError, OSError, gzip.BadGzipFile) as exc:
+        except (EOFError, OSError, zlib.error) as exc:      # a gzip stream cut short, not gzip, or corrupt
             raise JsonError(f"{p}:{lineno + 1}", f"unreadable ({type(exc).__name__}: {exc})") from None
 
 

@@ -8,8 +8,10 @@ record is read: a recipe's own reader checks every record, naming the file and r
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -33,8 +35,10 @@ def _kind(obj: Any) -> str | None:
         return "sharegpt"
     if isinstance(obj.get("conversation"), list):
         return "lmsys"
-    if isinstance(obj.get("messages"), list) and ("instance_id" in obj or "exit_status" in obj):
-        return "swe"         # mini-swe-agent; a bare {"messages": [...]} chat is left unknown
+    if isinstance(obj.get("messages"), list) and ("instance_id" in obj or "exit_status" in obj
+                                                  or "trajectory_format" in obj
+                                                  or isinstance(obj.get("info"), dict) and "exit_status" in obj["info"]):
+        return "swe"         # mini-swe-agent (compact, or its own .traj.json); a bare {"messages": [...]} chat is unknown
     if isinstance(obj.get("history"), list) and all(isinstance(m, dict) and "role" in m for m in obj["history"][:8]):
         return "swe"         # SWE-agent's .traj (its demonstrations carry the history alone)
     if "article" in obj and isinstance(obj.get("questions"), list):
@@ -43,7 +47,7 @@ def _kind(obj: Any) -> str | None:
 
 
 def _first_json_line(path: Path) -> Any:
-    with open(path, "rb") as fh:
+    with (gzip.open(path, "rb") if path.name.lower().endswith(".gz") else open(path, "rb")) as fh:
         for raw in iter(lambda: fh.readline(_MAX_FIRST), b""):
             if raw.strip():
                 if not raw.endswith(b"\n") and len(raw) >= _MAX_FIRST:
@@ -88,7 +92,8 @@ def raw_source_of(path: str | os.PathLike) -> str | None:
     """The catalog entry whose recipe reads ``path`` (a key of :data:`RAW_SOURCES`), or None: not a
     regular file, unreadable, or its first record is none of the raw sources. A directory is ``swe``
     when its first ``.json``/``.traj`` file (by name, recursively, as the SWE reader orders them)
-    holds trajectories: mini-swe-agent writes one file per instance. Never raises."""
+    holds trajectories: mini-swe-agent writes one file per instance. A ``.jsonl.gz`` file is sniffed through gzip
+    (every reader of a JSONL source reads it gzipped). Never raises."""
     p = Path(path)
     try:
         if p.is_dir():
@@ -99,10 +104,10 @@ def raw_source_of(path: str | os.PathLike) -> str | None:
         name = p.name.lower()
         if name.endswith(".parquet"):
             return _parquet_kind(p)
-        if name.endswith(".jsonl"):
+        if name.endswith((".jsonl", ".jsonl.gz")):     # every reader of a .jsonl source reads it gzipped too
             return _kind(_first_json_line(p))
         if name.endswith((".json", ".traj")):
             return _kind(_first_json_value(p))
-    except (OSError, ValueError, RecursionError):     # not sniffable: not a raw source; its reader says why
+    except (OSError, EOFError, zlib.error, ValueError, RecursionError):   # not sniffable (or a bad gzip stream): not a raw source; its reader says why
         return None
     return None

@@ -4,8 +4,10 @@ Malformed input raises :class:`RecordingError` (file, line, field). See docs/dat
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -75,13 +77,14 @@ _SNIFF_BYTES = 1 << 20
 
 def is_mooncake_file(path: str | os.PathLike) -> bool:
     """Whether ``path``'s first non-blank line is a Mooncake request; reads at most 1 MiB of a regular
-    file and never raises."""
+    file (of its text, if gzipped: a ``.gz`` name) and never raises."""
     try:
         if not_regular(os.stat(path)) is not None:
             return False
-        with open(path, "rb") as fh:
+        gzipped = os.fspath(path).lower().endswith(".gz")
+        with (gzip.open(path, "rb") if gzipped else open(path, "rb")) as fh:
             head = fh.read(_SNIFF_BYTES)
-    except OSError:
+    except (OSError, EOFError, zlib.error):     # a bad gzip stream: BadGzipFile, cut short, or corrupt
         return False
     lines = head.splitlines()
     if len(head) == _SNIFF_BYTES and not head.endswith(b"\n"):

@@ -79,7 +79,7 @@ def _file_objects(path: Path) -> Iterator[tuple[str, Any]]:
             for obj in batch.to_pylist():
                 yield f"{path}:row {row}", obj
                 row += 1
-    elif name.endswith(".jsonl"):
+    elif name.endswith((".jsonl", ".jsonl.gz")):
         yield from iter_jsonl(path)
     else:
         data = read_json(path)

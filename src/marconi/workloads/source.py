@@ -28,7 +28,7 @@ def trace_file_kind(path: str | Path) -> str | None:
     p = Path(path)
     if is_recording(p):
         return "recording"
-    if p.suffix == ".jsonl" and is_mooncake_file(p):
+    if p.name.lower().endswith((".jsonl", ".jsonl.gz")) and is_mooncake_file(p):
         return "mooncake"
     kind = raw_source_of(p)
     if kind is not None:
