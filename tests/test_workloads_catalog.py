@@ -216,3 +216,20 @@ def test_a_filter_that_leaves_no_requests_is_a_config_error_naming_it(spec, name
     out = tmp_path / "empty.jsonl"
     assert main(["trace", "build", "bundled", spec, "--out", str(out)]) == 2
     assert "no requests" in capsys.readouterr().err and not out.exists()
+
+
+def test_the_chat_recipes_message_filter_is_a_parameter_and_named_when_it_leaves_none(tmp_path):
+    """Held-out ShareGPT files of short conversations: the paper's >= 20-message filter left none, and
+    the error said "loosen the parameters", though no parameter of the name could loosen it."""
+    path = tmp_path / "short.json"
+    path.write_text(json.dumps([{"id": f"c{k}", "conversations": [
+        {"from": "human", "value": f"question {k} {i}"} if i % 2 == 0 else {"from": "gpt", "value": f"answer {i}"}
+        for i in range(6)]} for k in range(4)]))
+    with pytest.raises(ConfigError, match=r"min_rounds=10 keeps only conversations of at least 20 messages .*lower "
+                                          r"min_rounds \(e\.g\. sharegpt:files=PATH,min_rounds=1\)"):
+        build_workload(f"sharegpt:files={path}")
+    trace = build_workload(f"sharegpt:files={path},min_rounds=3")
+    assert trace.meta["num_sessions"] == 4 and len(trace) == 12           # 3 rounds each
+    assert len(build_workload(f"sharegpt:files={path},min_rounds=2")) == 12   # 6 messages pass >= 4
+    with pytest.raises(ConfigError, match="min_rounds must be >= 1, got 0"):
+        build_workload(f"sharegpt:files={path},min_rounds=0")

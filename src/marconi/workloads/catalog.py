@@ -223,20 +223,22 @@ def _swe_sample_prefix(*, scale: float = 1.0, seed: int = 0, sessions: int | Non
 # ============================================================================ chat
 @_entry("sharegpt", LICENCE_SHAREGPT)
 def _sharegpt(*, scale: float = 1.0, seed: int = 0, sessions: int | None = None, data: str = "auto",
-              tokenizer: str = "", files: str = "") -> _Built:
-    """ShareGPT V3 conversations with >= 20 messages, paper recipe; 100 sessions; stand-in: synthetic chat of 2-8
-    turns; files=PATH[:PATH...] for your own (.json arrays, .jsonl or .parquet of ShareGPT records)"""
+              tokenizer: str = "", files: str = "", min_rounds: int = 10) -> _Built:
+    """ShareGPT V3 conversations with >= 20 messages (min_rounds=10), paper recipe; 100 sessions; stand-in:
+    synthetic chat of 2-8 turns; files=PATH[:PATH...] for your own (.json arrays, .jsonl or .parquet of
+    ShareGPT records)"""
     n = _count(100, scale, sessions, "sessions")
     _choice(data, ("auto", "shared", "synthetic"))
+    rounds = _count(10, 1.0, min_rounds, "min_rounds")
     given = _given(files, data)
     if given:
-        trace = build_sharegpt_trace(given, num_sessions=n, tokenizer=tokenizer or None)
-        return _Built(trace, f"ShareGPT-format records from {_where_given(given)} (>= 20 messages), "
+        trace = build_sharegpt_trace(given, num_sessions=n, tokenizer=tokenizer or None, min_rounds=rounds)
+        return _Built(trace, f"ShareGPT-format records from {_where_given(given)} (>= {2 * rounds} messages), "
                              f"first {trace.meta['num_sessions']} sessions, paper recipe", LICENCE_GIVEN)
     files = [] if data == "synthetic" else default_sharegpt_files()
     if files:
-        trace = build_sharegpt_trace(files, num_sessions=n, tokenizer=tokenizer or None)
-        return _Built(trace, f"ShareGPT V3 (>= 20 messages) under {files[0].parent}, "
+        trace = build_sharegpt_trace(files, num_sessions=n, tokenizer=tokenizer or None, min_rounds=rounds)
+        return _Built(trace, f"ShareGPT V3 (>= {2 * rounds} messages) under {files[0].parent}, "
                              f"first {trace.meta['num_sessions']} sessions, paper recipe", LICENCE_SHAREGPT)
     if data == "shared":
         raise _absent("sharegpt (ShareGPT V3, never vendored: research use only)", "synthetic")
@@ -250,15 +252,16 @@ def _sharegpt(*, scale: float = 1.0, seed: int = 0, sessions: int | None = None,
 
 @_entry("lmsys", LICENCE_LMSYS)
 def _lmsys(*, scale: float = 1.0, seed: int = 0, sessions: int | None = None, files: str = "",
-           tokenizer: str = "") -> _Built:
-    """LMSys-Chat-1M conversations with >= 10 turns, paper recipe (non-ASCII filter); 100 sessions;
-    files=PATH[:PATH...] of your export"""
+           tokenizer: str = "", min_rounds: int = 10) -> _Built:
+    """LMSys-Chat-1M conversations with >= 10 turns (min_rounds=10), paper recipe (non-ASCII filter); 100
+    sessions; files=PATH[:PATH...] of your export"""
     n = _count(100, scale, sessions, "sessions")
+    rounds = _count(10, 1.0, min_rounds, "min_rounds")
     paths = _files(files)
     if not paths:
         raise DataUnavailable("lmsys: LMSys-Chat-1M cannot be redistributed and has no stand-in; give your "
                               f"export's files: lmsys:files=PATH[{os.pathsep}PATH...] (README: Data)")
-    trace = build_lmsys_trace(paths, num_sessions=n, tokenizer=tokenizer or None)
+    trace = build_lmsys_trace(paths, num_sessions=n, tokenizer=tokenizer or None, min_rounds=rounds)
     text = (f"LMSys-Chat-1M: {len(paths)} file(s) under {Path(paths[0]).parent}, "
             f"first {trace.meta['num_sessions']} sessions, paper recipe")
     return _Built(trace, text, LICENCE_LMSYS)
@@ -449,6 +452,10 @@ def _no_requests(name: str, entry: str, params: dict[str, Any], data: str) -> st
     defaults = WORKLOADS.params_of(entry)
     causes = [f"{key}={params[key]} " + text.format(value=params[key]) + f" (default {defaults[key]})"
               for key, text in _FILTERS.items() if key in params and params[key] != defaults.get(key)]
+    if not causes and "min_rounds" in params:      # the chat recipes' filter, at its default or not
+        causes = [f"min_rounds={params['min_rounds']} keeps only conversations of at least "
+                  f"{2 * params['min_rounds']} messages (the paper's filter); lower min_rounds (e.g. "
+                  f"{entry}:files=PATH,min_rounds=1) or give files with longer conversations"]
     if not causes:
         causes = ["its data and parameters leave none; check the data files or loosen the parameters "
                   "(`marconi trace list` shows them)"]
