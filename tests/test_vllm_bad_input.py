@@ -22,7 +22,9 @@ from marconi.integrations.vllm.commands import setting_error
 from marconi.integrations.vllm.diagnose import DiagnoseConfig
 from marconi.integrations.vllm.replay.gpu_memory import BUNDLED_NUM_PARAMS, available_kv_bytes
 from marconi.integrations.vllm.replay.configs import CONFIGS_DIR, VLLM_BLOCK_SIZES
+from marconi.integrations.vllm.replay.pool_floor import minimum_pool
 from marconi.integrations.vllm.replay.tiers import check_tier_size, parse_bandwidth, tier_chunk_bytes
+from marconi.units import format_bytes
 
 from cli_run import run_cli
 from marks import slow
@@ -295,3 +297,144 @@ def test_a_cap_that_ends_sessions_says_so_once_and_selects_the_same_requests(
     assert err.count("NOTE:") == 1 and "--max-input-len" in err
     notes.clear()
     assert len(select_requests(path, max_input_len=900, notice=notes.append).requests) == 9 and notes == []
+
+
+# ----------------------------------------------------------------------- --max-num-batched-tokens under --max-num-seqs
+STEP_REFUSAL = ("marconi vllm: error: --max-num-batched-tokens 100 must be >= --max-num-seqs (256): raise it or "
+                "lower --max-num-seqs")
+
+
+def test_replay_refuses_a_step_budget_under_max_num_seqs_before_the_worker_starts(
+        tmp_path: Path, trace: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """It used to start the worker, which failed as vLLM built its config (pydantic's "max_num_batched_tokens
+    (100) must be greater than or equal to max_num_seqs (256)", two tracebacks). Now the options' check
+    refuses it, one line naming both flags, a sweep as well; either fix passes (the probe of
+    --vllm-python comes next)."""
+    for load in ("4", "4,8"):
+        argv = _replay(tmp_path, trace, "--blocks", "64", "--max-num-batched-tokens", "100")
+        argv[argv.index("--concurrency") + 1] = load
+        code, err = _run(argv, capsys)
+        assert code == 2 and err.strip() == STEP_REFUSAL, err
+        assert not (tmp_path / "r.jsonl").exists()
+    for fixed in (["--max-num-batched-tokens", "100", "--max-num-seqs", "100"], ["--max-num-batched-tokens", "256"]):
+        code, err = _run(_replay(tmp_path, trace, "--blocks", "64", *fixed), capsys)
+        assert code == 2 and "--vllm-python" in err and "--max-num" not in err, (fixed, err)
+
+
+def test_diagnose_refuses_max_num_seqs_over_its_step_budget_before_any_run(
+        tmp_path: Path, trace: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """diagnose shares --max-num-seqs (not --max-num-batched-tokens: its budget is a recording's or
+    8192): it used to emulate a configuration vLLM refuses to start with (exit 0), and with
+    --vllm-python to fail in the worker. Now the replay's check refuses it before anything runs."""
+    out = tmp_path / "d"
+    base = ["vllm", "diagnose", "--trace", trace, "--gpu-memory", "80GB", "--out", str(out)]
+    for vllm in ([], ["--vllm-python", str(tmp_path / "no-vllm" / "python")]):
+        code, err = _run([*base, *vllm, "--max-num-seqs", "10000"], capsys)
+        assert code == 2 and err.strip() == ("marconi vllm: error: --max-num-seqs 10000 must be <= vLLM's "
+                                             "max_num_batched_tokens (8192, the default): give --max-num-seqs "
+                                             "8192 or less"), err
+        assert not out.exists()
+
+
+# ----------------------------------------------------------------------- --blocks under vLLM's least pool
+#: vLLM 0.32's least pool for nemotron-h-8b at the replay's least max_model_len (2,048 tokens, every
+#: request of the ``trace`` fixture being shorter): 2 attention blocks of 1,152 tokens, 3 blocks in
+#: each of the 6 Mamba groups, and the null block (test_vllms_floor_is_the_hosts_least_pool runs vLLM).
+LEAST_BLOCKS = 21
+
+
+def _blocks_refusal(blocks: int, least: int, tokens: str, fix: str = "") -> str:
+    return (f"marconi vllm: error: --blocks {blocks} is below vLLM's minimum of {least} blocks for one "
+            f"{tokens}-token request: give --blocks >= {least}{fix}")
+
+
+def test_replay_and_diagnose_refuse_blocks_under_vllms_least_pool_by_one_check(
+        tmp_path: Path, trace: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """It used to start the worker, which failed in vLLM ("To serve at least one request with the
+    model's max seq len (7214) ... Try increasing gpu_memory_utilization", a traceback), and diagnose
+    ran (or failed in its emulation, mid-run, without naming --blocks). Now both refuse it once the
+    trace is read, before --vllm-python is probed, by one check: the same line (the replay also names
+    --max-input-len where the longest request, not the 2,048-token least, sets vLLM's max_model_len).
+    The least passes."""
+    out, report = tmp_path / "r.jsonl", tmp_path / "d"
+    line = _blocks_refusal(LEAST_BLOCKS - 1, LEAST_BLOCKS, "2,048")
+    for blocks in (str(LEAST_BLOCKS - 1), f"64,{LEAST_BLOCKS - 1}"):
+        code, err = _run(_replay(tmp_path, trace, "--blocks", blocks), capsys)
+        assert code == 2 and err.strip().splitlines()[-1] == line, err
+        assert "--vllm-python" not in err and not out.exists()
+    code, err = _run(_replay(tmp_path, trace, "--blocks", str(LEAST_BLOCKS)), capsys)
+    assert code == 2 and "--vllm-python" in err and "--blocks" not in err, err
+    diagnose = ["vllm", "diagnose", "--out", str(report)]
+    code, err = _run([*diagnose, "--trace", trace, "--blocks", str(LEAST_BLOCKS - 1)], capsys)
+    assert code == 2 and err.strip() == line and not report.exists(), err
+    # a 3,000-token prompt and its 4 output tokens: 3 attention blocks
+    long = _trace(tmp_path / "long.jsonl", {0: [3000]})
+    code, err = _run(_replay(tmp_path, long, "--blocks", str(LEAST_BLOCKS)), capsys)
+    assert code == 2 and err.strip() == _blocks_refusal(LEAST_BLOCKS, LEAST_BLOCKS + 1, "3,004",
+                                                        " or lower --max-input-len"), err
+    code, err = _run([*diagnose, "--trace", long, "--blocks", str(LEAST_BLOCKS)], capsys)
+    assert code == 2 and err.strip() == _blocks_refusal(LEAST_BLOCKS, LEAST_BLOCKS + 1, "3,004"), err
+    assert not report.exists() and not out.exists()
+
+
+def test_the_workers_refusal_of_a_small_pool_is_named_for_a_model_directory() -> None:
+    """A model directory's block only vLLM knows, so vLLM refuses its --blocks; that failure (the
+    log's tail in a RuntimeError) comes back as one line naming --blocks and --max-input-len."""
+    tail = ("replay worker for 'lru' failed (exit 1); log /tmp/w/out-lru.log (kept only with --work-dir):\n"
+            "[rank0]: Traceback (most recent call last):\n"
+            "ValueError: To serve at least one request with the model's max seq len (7214), (0.44 GiB KV cache "
+            "is needed, which is larger than the available KV cache memory (0.42 GiB). Based on the available "
+            "memory, the estimated maximum model length is 6912. Try increasing `gpu_memory_utilization`\n")
+    named = setting_error(RuntimeError(tail))
+    assert isinstance(named, ConfigError)
+    assert str(named) == ("--blocks: vLLM's pool holds 0.42 GiB of KV cache less its null block, under the 0.44 GiB "
+                          "one 7,214-token request needs: give more --blocks or lower --max-input-len")
+
+
+# ----------------------------------------------------------------------- --capacity raised to vLLM's least pool
+def _floor_note(capacity: str) -> re.Pattern[str]:
+    least = minimum_pool(MODEL, 2048)
+    assert least is not None and least.num_blocks == LEAST_BLOCKS
+    # at a line's start, or after the \r with which the sweep's progress bar clears its line
+    return re.compile(rf"(?:^|\r)NOTE: --capacity {re.escape(capacity)} \([0-9.]+[KMG]?B\) raised to vLLM's "
+                      rf"minimum pool of {LEAST_BLOCKS} blocks \({re.escape(format_bytes(least.pool_bytes))}\) for "
+                      r"one 2,048-token request: every point under it replays that pool \(records: kv_floor_applied\)$",
+                      re.MULTILINE)
+
+
+def test_replay_notes_each_capacity_raised_to_vllms_least_pool_once_before_any_worker(
+        tmp_path: Path, trace: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """A --capacity under vLLM's least pool used to be raised to it in silence (the records' kv_floor_applied),
+    so two sweep points ran the same pool under two labels. Now one NOTE per raised pool, on stderr,
+    before --vllm-python is probed: once per pool whatever the loads and policies; none for a pool
+    that holds the least (1GB here, the least being 21 blocks of 18.9 MB)."""
+    argv = ["vllm", "replay", "--vllm-python", str(tmp_path / "no-vllm" / "python"), "--trace", trace,
+            "--num-requests", "5", "--policies", "lru,marconi", "--out", str(tmp_path / "r.jsonl")]
+    code, err = _run([*argv, "--capacity", "0.02x,0.1x,1GB", "--concurrency", "4,8"], capsys)
+    assert code == 2 and err.strip().splitlines()[-1].startswith("marconi vllm: error: --vllm-python"), err
+    for capacity in ("0.02x", "0.1x"):
+        assert len(_floor_note(capacity).findall(err)) == 1 and err.count(f"--capacity {capacity} ") == 1, err
+    assert "--capacity 1GB" not in err and err.count("NOTE:") == 2
+    code, err = _run([*argv, "--capacity", "0.5x", "--concurrency", "4"], capsys)
+    assert code == 2 and len(_floor_note("0.5x").findall(err)) == 1 and err.count("NOTE:") == 1, err
+    assert err.index("NOTE:") < err.index("--vllm-python")
+    code, err = _run([*argv, "--capacity", "1GB", "--concurrency", "4"], capsys)
+    assert code == 2 and "NOTE:" not in err and "--vllm-python" in err, err
+    assert not (tmp_path / "r.jsonl").exists()
+
+
+@slow
+@pytest.mark.parametrize("model", sorted(VLLM_BLOCK_SIZES))
+def test_vllms_floor_is_the_hosts_least_pool(
+        model: str, tmp_path: Path, trace: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """The host's least pool is vLLM's: a 1-byte --capacity is raised, in vLLM, to exactly the pool
+    the host's note and --blocks refusal name, for every bundled model (vLLM's own block for each)."""
+    least = minimum_pool(model, 2048)
+    assert least is not None
+    argv = ["vllm", "replay", "--vllm-python", vllm_python(), "--model", model, "--trace", trace,
+            "--capacity", "1", "--concurrency", "1", "--num-requests", "2", "--policies", "lru",
+            "--no-emulation", "--out", str(tmp_path / "r.jsonl"), "--plot", ""]
+    code, err = _run(argv, capsys)
+    assert code == 0 and f"raised to vLLM's minimum pool of {least.num_blocks} blocks" in err, err
+    (rec,) = [json.loads(line) for line in (tmp_path / "r.jsonl").read_text().splitlines()]
+    assert rec["kv_floor_applied"] and (rec["num_blocks"], rec["pool_bytes"]) == (least.num_blocks, least.pool_bytes)

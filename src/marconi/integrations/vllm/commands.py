@@ -150,6 +150,15 @@ _VLLM_RETENTION_REFUSAL = re.compile(r"prefix_cache_retention_interval \((\d+)\)
                                      r"multiple of scheduler_block_size \((\d+)\)")
 
 
+# vLLM's refusal of a pool that cannot hold one max_model_len request (vllm/v1/core/kv_cache_utils.py,
+# _check_enough_kv_cache_memory). The host refuses --blocks under it for a bundled model
+# (replay.run.check_pool); a model directory's block only vLLM knows, so this names the option when
+# the worker finds it. Only --blocks gets here: the worker raises a smaller KV budget to vLLM's floor.
+_VLLM_POOL_REFUSAL = re.compile(r"To serve at least one request with the model's max seq len \((\d+)\), "
+                                r"\(([\d.]+) GiB KV cache is needed, which is larger than the available KV cache "
+                                r"memory \(([\d.]+) GiB\)")
+
+
 # The worker's own refusal of --gpu-memory (replay.gpu_memory.available_kv_bytes by vLLM's parameter
 # count): the host checks a bundled model before the worker starts; for a model directory, whose
 # parameters only vLLM counts, the worker's message already names the flags.
@@ -165,6 +174,11 @@ def setting_error(exc: BaseException) -> ConfigError | None:
         interval, block = int(found[1]), int(found[2])
         return ConfigError(f"--retention {interval}: vLLM's block for this model is {block} tokens and the "
                            f"interval must be a multiple of it: give {block}, {2 * block}, ..., or 0 or none")
+    found = _VLLM_POOL_REFUSAL.search(text)
+    if found is not None:
+        return ConfigError(f"--blocks: vLLM's pool holds {found[3]} GiB of KV cache less its null block, under the "
+                           f"{found[2]} GiB one {int(found[1]):,}-token request needs: give more --blocks or lower "
+                           "--max-input-len")
     memory = _GPU_MEMORY_REFUSAL.findall(text)
     return ConfigError(memory[-1]) if memory else None
 
@@ -219,7 +233,8 @@ def _cmd_replay(args: argparse.Namespace) -> int:
 
                 backend = make_backend(args.backend, workers=args.workers, address=args.address)
             records = run_sweep(configs, work_dir=work, backend=backend, workers=args.workers,
-                                emulate=not args.no_emulation, on_point=lambda _: bar.update(1))
+                                emulate=not args.no_emulation, on_point=lambda _: bar.update(1),
+                                notice=lambda note: bar.write(f"NOTE: {note}", file=sys.stderr))
             if not isinstance(backend, str):
                 backend.close()
     _check_tier_chunks(records, args.model)

@@ -305,6 +305,25 @@ def _layout(cfg: DiagnoseConfig, spec: ModelSpec, config_json: dict[str, Any], *
     raise ConfigError("give --gpu-memory or --blocks (only a recording names its own pool)")
 
 
+def _check_serving_options(cfg: DiagnoseConfig, requests: Sequence[Any], layout: VllmLayout, max_num_seqs: int,
+                           settings: dict[str, Any]) -> None:
+    """What vLLM would refuse to start with, refused before any run by the replay's own checks: a
+    step's token budget (``layout``'s) under ``max_num_seqs``
+    (:func:`~marconi.integrations.vllm.replay.run.check_step_budget`; diagnose has no
+    ``--max-num-batched-tokens``, so it names ``--max-num-seqs``) and a ``--blocks`` under vLLM's
+    least pool for the longest of ``requests`` on ``layout``
+    (:func:`~marconi.integrations.vllm.replay.pool_floor.check_pool_blocks`). ConfigError."""
+    from marconi.integrations.vllm.replay.pool_floor import (check_pool_blocks, layout_minimum_pool,
+                                                             replay_max_model_len)
+    from marconi.integrations.vllm.replay.run import check_step_budget
+
+    source = ("as configured" if cfg.max_num_batched_tokens else
+              "the recording's" if settings.get("max_num_batched_tokens") else "the default")
+    check_step_budget(layout.max_num_batched_tokens, max_num_seqs, budget_source=source)
+    if cfg.num_blocks is not None:
+        check_pool_blocks(cfg.num_blocks, layout_minimum_pool(layout, replay_max_model_len(requests)))
+
+
 def _fidelity(recorded: Sequence[int], ran: np.ndarray, prompt: np.ndarray) -> dict[str, Any]:
     rec = np.asarray(recorded, np.int64)
     agree = rec == ran
@@ -367,6 +386,7 @@ def diagnose(cfg: DiagnoseConfig, *, trace: Any = None, notice: Callable[[str], 
     options = dict(max_num_batched_tokens=mnbt, retention_interval=interval,
                    long_prefill_token_threshold=int(settings.get("long_prefill_token_threshold") or 0))
     layout = _layout(cfg, spec, config_json, recorded=recorded, **options)
+    _check_serving_options(cfg, requests, layout, max_num_seqs, settings)
     if recorded is not None and recorded_hits is not None:
         where = f"{cfg.trace}.meta.json"
         warnings += _config_warnings(recorded, layout, max_num_seqs, where, EMULATED_VLLM)

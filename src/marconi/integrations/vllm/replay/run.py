@@ -30,14 +30,16 @@ from marconi.integrations.vllm.config import PluginConfig
 from marconi.integrations.vllm.policy import ATTENTION, DEFAULT_ALPHA, MAMBA
 from marconi.integrations.vllm.replay.configs import CONFIGS_DIR, model_dir
 from marconi.integrations.vllm.replay.gpu_memory import BUNDLED_NUM_PARAMS, available_kv_bytes, parse_gpu_memory
+from marconi.integrations.vllm.replay.pool_floor import (capacity_floor_note, check_pool_blocks, minimum_pool,
+                                                          replay_max_model_len)
 from marconi.integrations.vllm.replay.tiers import NO_TIER
 from marconi.integrations.vllm.retention import DEFAULT_BUDGET, SPARSE_DP
 from marconi.pool import KEEP_SCRATCH_ENV, child_process, scratch_dir
 from marconi.units import parse_capacity
 
-__all__ = ["ReplayConfig", "CONFIGS_DIR", "model_dir", "check_tensor_parallel", "policy_env", "run_replay",
-           "select_replay_requests", "replay_working_set", "replay_table", "load_label", "emulation_engine",
-           "plot_ttft_cdf", "plot_sweep", "parse_policies"]
+__all__ = ["ReplayConfig", "CONFIGS_DIR", "model_dir", "check_tensor_parallel", "check_step_budget", "check_pool",
+           "policy_env", "run_replay", "select_replay_requests", "replay_working_set", "replay_table", "load_label",
+           "emulation_engine", "plot_ttft_cdf", "plot_sweep", "parse_policies"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +98,7 @@ class ReplayConfig:
             raise ConfigError("--tensor-parallel and --weight-bytes must be >= 1")
         if self.weight_bytes is not None and self.gpu_memory is None:
             raise ConfigError("--weight-bytes sizes the weights in --gpu-memory's arithmetic: give --gpu-memory")
+        check_step_budget(self.max_num_batched_tokens, self.max_num_seqs)
         if not self.policies:
             raise ConfigError("give at least one policy")
         for p in self.policies:
@@ -161,6 +164,45 @@ def check_tensor_parallel(mdir: Path, tensor_parallel: int) -> None:
                               "vLLM would replicate those heads and its block size would differ from the "
                               f"1/TP split derived here; give --tensor-parallel {either} (each divides every "
                               "head count)")
+
+
+def check_step_budget(max_num_batched_tokens: int, max_num_seqs: int, *, budget_source: str | None = None) -> None:
+    """vLLM's rule for one scheduler step, which it checks when it builds its config (``SchedulerConfig``:
+    pydantic's error, in the worker): the token budget holds a token of every request in the step,
+    ``max_num_batched_tokens >= max_num_seqs``.
+
+    Raises:
+        ConfigError: naming ``--max-num-batched-tokens`` and ``--max-num-seqs``; ``budget_source``:
+            where the budget came from, in a command without ``--max-num-batched-tokens`` (then
+            only ``--max-num-seqs`` is named).
+    """
+    if max_num_batched_tokens >= max_num_seqs:
+        return
+    if budget_source is None:
+        raise ConfigError(f"--max-num-batched-tokens {max_num_batched_tokens} must be >= --max-num-seqs "
+                          f"({max_num_seqs}): raise it or lower --max-num-seqs")
+    raise ConfigError(f"--max-num-seqs {max_num_seqs} must be <= vLLM's max_num_batched_tokens "
+                      f"({max_num_batched_tokens}, {budget_source}): give --max-num-seqs {max_num_batched_tokens} "
+                      "or less")
+
+
+def check_pool(config: ReplayConfig, requests: Sequence[Any], working_set: int | None) -> str | None:
+    """``config``'s pool against vLLM's least pool for its longest request (``requests``: the ones it
+    replays; :mod:`~marconi.integrations.vllm.replay.pool_floor`), on the host, before any worker:
+    a ``--blocks`` under it is refused; a ``--capacity`` under it (a fraction of ``working_set``)
+    the worker raises to it, so its note is returned (else None). A ``--gpu-memory``, and a model
+    directory (whose block only vLLM knows), pass unchecked.
+
+    Raises:
+        ConfigError: ``--blocks`` under the least pool, naming it, the least and ``--max-input-len``.
+    """
+    max_model_len = replay_max_model_len(requests)
+    if config.num_blocks is not None:
+        check_pool_blocks(config.num_blocks, minimum_pool(config.model, max_model_len), shorter="--max-input-len")
+    if config.capacity is None:
+        return None
+    return capacity_floor_note(config.capacity, parse_capacity(config.capacity).resolve(working_set or 0),
+                               config.model, max_model_len)
 
 
 def _check_gpu_memory(config: ReplayConfig) -> None:
@@ -235,11 +277,11 @@ def _run_worker(config: ReplayConfig, mdir: Path, requests_path: Path, out_path:
                 pool_args: list[str], on_progress: Callable[[int, int], None],
                 tier_args: Sequence[str] = ()) -> dict[str, Any]:
     limit = config.load_args()
-    max_len = max(len(r.input_tokens) + max(1, len(r.output_tokens)) for r in _REQUESTS[requests_path])
     cmd = [config.vllm_python, "-m", "marconi.integrations.vllm.replay.worker", str(requests_path), str(out_path),
            "--model", str(mdir), *pool_args, "--gpu", config.gpu,
            "--tensor-parallel", str(config.tensor_parallel), *limit, "--progress",
-           "--max-model-len", str(max(max_len, 2048)), "--max-num-batched-tokens", str(config.max_num_batched_tokens),
+           "--max-model-len", str(replay_max_model_len(_REQUESTS[requests_path])),
+           "--max-num-batched-tokens", str(config.max_num_batched_tokens),
            "--max-num-seqs", str(config.max_num_seqs), "--seed", str(config.seed),
            "--retention-interval", str(config.retention_interval).lower(), *tier_args]
     env = {**os.environ, **policy_env(label, config.alpha, config.sparse_budget), "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
@@ -402,15 +444,17 @@ def _states_per_request(res: dict[str, Any], num_requests: int) -> float | None:
 
 def run_replay(config: ReplayConfig, *, work_dir: str | Path | None = None, emulate: bool = True,
                progress: Callable[[str], None] | None = None, show_bars: bool = True) -> list[dict[str, Any]]:
-    """One record per policy (see the module docstring). ``progress``: told each policy's start;
+    """One record per policy (see the module docstring). ``progress``: told each policy's start, and
+    (a ``NOTE:`` line) of a ``--capacity`` the worker will raise to vLLM's least pool;
     ``show_bars``: a per-policy progress bar on stderr (off in sweeps, which show one per point).
 
     The trace is read first and the working set a fraction (``--capacity 0.05x``, ``--cpu-tier
     0.5x``) is of is measured, so a ``--cpu-tier`` fraction under one chunk of vLLM's tier is
-    refused before anything else (ConfigError naming ``--cpu-tier``); then ``config.vllm_python``
-    is probed (ConfigError naming ``--vllm-python``). ``work_dir`` (requests, worker logs, results)
-    is kept; without one a temporary folder is used and removed when the run ends, however it
-    ends, unless ``MARCONI_KEEP_SCRATCH=1``.
+    refused before anything else (ConfigError naming ``--cpu-tier``), and so is a ``--blocks``
+    under vLLM's least pool for the longest request (:func:`check_pool`, ConfigError naming
+    ``--blocks``); then ``config.vllm_python`` is probed (ConfigError naming ``--vllm-python``).
+    ``work_dir`` (requests, worker logs, results) is kept; without one a temporary folder is used
+    and removed when the run ends, however it ends, unless ``MARCONI_KEEP_SCRATCH=1``.
     """
     from marconi.integrations.vllm.replay.tiers import check_tier_size
 
@@ -418,6 +462,9 @@ def run_replay(config: ReplayConfig, *, work_dir: str | Path | None = None, emul
     working_set = replay_working_set(config, sel.requests) if _needs_working_set(config) else None
     if config.cpu_tier is not None and parse_capacity(config.cpu_tier).fraction is not None:
         check_tier_size(config.cpu_tier, config.model, working_set)      # a size: checked with the options
+    note = check_pool(config, sel.requests, working_set)
+    if note is not None and progress is not None:
+        progress(f"NOTE: {note}")
     probe_python(config.vllm_python, "vllm", option="--vllm-python", make_target="make vllm-env")
     with scratch_dir("marconi-replay-", work_dir) as work:
         try:
@@ -426,11 +473,12 @@ def run_replay(config: ReplayConfig, *, work_dir: str | Path | None = None, emul
             _REQUESTS.pop(work / "requests.json", None)
 
 
-def select_replay_requests(config: ReplayConfig) -> common.Selection:
+def select_replay_requests(config: ReplayConfig, *, notice: Callable[[str], None] | None = None) -> common.Selection:
     """The requests ``config`` replays: the first ``num_requests`` of its trace under ``max_input_len``,
-    outputs cut to ``max_output_len`` (:func:`marconi.integrations.common.bench.select_requests`)."""
+    outputs cut to ``max_output_len`` (:func:`marconi.integrations.common.bench.select_requests`, which
+    tells ``notice`` of requests the cap left out; None: a ``NOTE:`` line on stderr)."""
     return common.select_requests(config.trace, max_input_len=config.max_input_len, num_requests=config.num_requests,
-                                  max_output_len=config.max_output_len)
+                                  max_output_len=config.max_output_len, notice=notice)
 
 
 def replay_working_set(config: ReplayConfig, requests: Sequence[Any] | None = None) -> int:

@@ -16,7 +16,7 @@ from typing import Any, Callable, Mapping, Sequence
 from marconi.core.registry import ConfigError
 from marconi.integrations.vllm.replay.run import ReplayConfig, run_replay
 
-__all__ = ["ReplayPoint", "sweep_configs", "run_sweep", "check_tier_fractions", "POOL_FIELDS", "LOAD_FIELDS"]
+__all__ = ["ReplayPoint", "sweep_configs", "run_sweep", "check_points", "POOL_FIELDS", "LOAD_FIELDS"]
 
 #: The pool options a sweep varies (one per point) and the load options (one per point).
 POOL_FIELDS = ("num_blocks", "capacity", "gpu_memory")
@@ -71,14 +71,16 @@ def _run_point(shared: Mapping[str, Any], point: ReplayPoint) -> list[dict[str, 
 
 def run_sweep(configs: Sequence[ReplayConfig], *, work_dir: str | Path | None = None, backend: Any = "local",
               workers: int | None = 1, emulate: bool = True,
-              on_point: Callable[[list[dict[str, Any]]], None] | None = None) -> list[dict[str, Any]]:
+              on_point: Callable[[list[dict[str, Any]]], None] | None = None,
+              notice: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
     """All points' records, in point order (each point's policies in the order given).
 
     ``backend``: ``"local"``, ``"ray"`` or a :mod:`marconi.sim.backends` backend (closed here only
     if made here). ``on_point`` sees each point's records as it completes. ``work_dir`` is kept
     (on Ray the nodes must share its path); without one a temporary folder is removed at the end
-    unless ``MARCONI_KEEP_SCRATCH=1``. Each ``--cpu-tier`` fraction is checked against its point's
-    working set first (:func:`check_tier_fractions`), then the vLLM environment is probed.
+    unless ``MARCONI_KEEP_SCRATCH=1``. Every point is checked first (:func:`check_points`: its
+    ``--cpu-tier`` fraction and its pool), ``notice`` told of each pool the workers will raise to
+    vLLM's least pool, once per pool; then the vLLM environment is probed.
 
     Raises:
         PointsFailed: some points raised :class:`ConfigError` (after every other point finished;
@@ -88,7 +90,9 @@ def run_sweep(configs: Sequence[ReplayConfig], *, work_dir: str | Path | None = 
     from marconi.pool import scratch_dir
     from marconi.sim.sweep import run_points
 
-    check_tier_fractions(configs)
+    for note in check_points(configs):
+        if notice is not None:
+            notice(note)
     for python in dict.fromkeys(c.vllm_python for c in configs):
         probe_python(python, "vllm", option="--vllm-python", make_target="make vllm-env")
     with scratch_dir("marconi-replay-sweep-", work_dir) as work:
@@ -99,21 +103,44 @@ def run_sweep(configs: Sequence[ReplayConfig], *, work_dir: str | Path | None = 
     return [rec for recs in results for rec in recs]
 
 
-def check_tier_fractions(configs: Sequence[ReplayConfig]) -> None:
-    """Refuse, before any point runs, a ``--cpu-tier`` fraction whose tier holds no chunk of vLLM's
-    tier on its point's working set (:func:`~marconi.integrations.vllm.replay.tiers.check_tier_size`;
-    a size was refused when its configuration was made). Each distinct selection of requests is
-    read and measured once (:func:`~marconi.integrations.vllm.replay.run.replay_working_set`).
-    ConfigError naming ``--cpu-tier``."""
-    from marconi.integrations.vllm.replay.run import replay_working_set
+def check_points(configs: Sequence[ReplayConfig]) -> list[str]:
+    """Check every point before any runs, as :func:`run_replay` checks its one: a ``--cpu-tier``
+    fraction whose tier holds no chunk of vLLM's tier on the point's working set
+    (:func:`~marconi.integrations.vllm.replay.tiers.check_tier_size`; a size was refused when its
+    configuration was made), and the pool against vLLM's least pool for the longest request
+    (:func:`~marconi.integrations.vllm.replay.run.check_pool`). Each distinct selection of requests
+    is read and measured once (its cap's note is left to the points, which tell it as they run).
+
+    Returns:
+        The notes of the pools the workers will raise to vLLM's least pool, one per distinct note
+        (a pool swept over several loads is noted once).
+
+    Raises:
+        ConfigError: naming ``--cpu-tier`` or ``--blocks``.
+    """
+    from marconi.integrations.vllm.replay.run import check_pool, replay_working_set, select_replay_requests
     from marconi.integrations.vllm.replay.tiers import check_tier_size
     from marconi.units import parse_capacity
 
+    def fraction(text: str | None) -> bool:
+        return text is not None and parse_capacity(text).fraction is not None
+
+    requests_of: dict[tuple[Any, ...], Sequence[Any]] = {}
     working_sets: dict[tuple[Any, ...], int] = {}
+    notes: dict[str, None] = {}
     for config in configs:
-        if config.cpu_tier is None or parse_capacity(config.cpu_tier).fraction is None:
-            continue
+        if config.gpu_memory is not None and not fraction(config.cpu_tier):
+            continue                 # nothing here needs the requests
         key = (config.trace, config.max_input_len, config.num_requests, config.max_output_len, config.model)
-        if key not in working_sets:
-            working_sets[key] = replay_working_set(config)
-        check_tier_size(config.cpu_tier, config.model, working_sets[key])
+        if key not in requests_of:
+            requests_of[key] = select_replay_requests(config, notice=lambda _: None).requests
+        requests = requests_of[key]
+        if key not in working_sets and (fraction(config.capacity) or fraction(config.cpu_tier)):
+            working_sets[key] = replay_working_set(config, requests)
+        working_set = working_sets.get(key)
+        if fraction(config.cpu_tier):
+            check_tier_size(str(config.cpu_tier), config.model, working_set)
+        note = check_pool(config, requests, working_set)
+        if note is not None:
+            notes[note] = None
+    return list(notes)
