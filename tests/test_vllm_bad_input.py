@@ -438,3 +438,17 @@ def test_vllms_floor_is_the_hosts_least_pool(
     assert code == 0 and f"raised to vLLM's minimum pool of {least.num_blocks} blocks" in err, err
     (rec,) = [json.loads(line) for line in (tmp_path / "r.jsonl").read_text().splitlines()]
     assert rec["kv_floor_applied"] and (rec["num_blocks"], rec["pool_bytes"]) == (least.num_blocks, least.pool_bytes)
+
+
+def test_a_sweep_tells_the_requests_its_cap_left_out_once_not_once_per_point(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Old: each sweep point printed the selection's "N of M requests left out ... --max-input-len"
+    NOTE as it ran (3 points, 3 NOTEs). The sweep's check of every point, before any runs, tells it
+    once, and the points leave it untold."""
+    argv = ["vllm", "replay", "--vllm-python", str(tmp_path / "no-vllm" / "python"), "--trace", "mooncake-sample",
+            "--max-input-len", "4000", "--num-requests", "5", "--policies", "lru", "--out", str(tmp_path / "r.jsonl"),
+            "--capacity", "0.3x,0.5x", "--concurrency", "4,8"]
+    code, err = _run(argv, capsys)
+    assert code == 2 and err.strip().splitlines()[-1].startswith("marconi vllm: error: --vllm-python"), err
+    assert err.count("requests left out") == 1 and "raise --max-input-len to keep them" in err, err
+    assert err.index("requests left out") < err.index("--vllm-python")

@@ -443,10 +443,13 @@ def _states_per_request(res: dict[str, Any], num_requests: int) -> float | None:
 
 
 def run_replay(config: ReplayConfig, *, work_dir: str | Path | None = None, emulate: bool = True,
-               progress: Callable[[str], None] | None = None, show_bars: bool = True) -> list[dict[str, Any]]:
+               progress: Callable[[str], None] | None = None, show_bars: bool = True,
+               selection_notice: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
     """One record per policy (see the module docstring). ``progress``: told each policy's start, and
     (a ``NOTE:`` line) of a ``--capacity`` the worker will raise to vLLM's least pool;
-    ``show_bars``: a per-policy progress bar on stderr (off in sweeps, which show one per point).
+    ``show_bars``: a per-policy progress bar on stderr (off in sweeps, which show one per point);
+    ``selection_notice``: told of requests the input cap left out and of a stand-in for absent data
+    (:func:`select_replay_requests`; None: a ``NOTE:`` line on stderr; a sweep tells them once).
 
     The trace is read first and the working set a fraction (``--capacity 0.05x``, ``--cpu-tier
     0.5x``) is of is measured, so a ``--cpu-tier`` fraction under one chunk of vLLM's tier is
@@ -458,7 +461,7 @@ def run_replay(config: ReplayConfig, *, work_dir: str | Path | None = None, emul
     """
     from marconi.integrations.vllm.replay.tiers import check_tier_size
 
-    sel = select_replay_requests(config)
+    sel = select_replay_requests(config, notice=selection_notice)
     working_set = replay_working_set(config, sel.requests) if _needs_working_set(config) else None
     if config.cpu_tier is not None and parse_capacity(config.cpu_tier).fraction is not None:
         check_tier_size(config.cpu_tier, config.model, working_set)      # a size: checked with the options

@@ -66,7 +66,9 @@ def _point_label(config: ReplayConfig) -> str:
 
 def _run_point(shared: Mapping[str, Any], point: ReplayPoint) -> list[dict[str, Any]]:
     """One point's records (a module-level function: it runs in a forked worker or a Ray task)."""
-    return run_replay(point.config, work_dir=point.work_dir, emulate=point.emulate, show_bars=False)
+    # the selection's notes (a cap that left requests out, a stand-in) were told once by check_points
+    return run_replay(point.config, work_dir=point.work_dir, emulate=point.emulate, show_bars=False,
+                      selection_notice=lambda _: None)
 
 
 def run_sweep(configs: Sequence[ReplayConfig], *, work_dir: str | Path | None = None, backend: Any = "local",
@@ -109,11 +111,12 @@ def check_points(configs: Sequence[ReplayConfig]) -> list[str]:
     (:func:`~marconi.integrations.vllm.replay.tiers.check_tier_size`; a size was refused when its
     configuration was made), and the pool against vLLM's least pool for the longest request
     (:func:`~marconi.integrations.vllm.replay.run.check_pool`). Each distinct selection of requests
-    is read and measured once (its cap's note is left to the points, which tell it as they run).
+    is read and measured once.
 
     Returns:
-        The notes of the pools the workers will raise to vLLM's least pool, one per distinct note
-        (a pool swept over several loads is noted once).
+        The notes, one per distinct note: each selection's (requests a cap left out, a stand-in for
+        absent data), which the points then leave untold, and each pool the workers will raise to
+        vLLM's least pool (a pool swept over several loads is noted once).
 
     Raises:
         ConfigError: naming ``--cpu-tier`` or ``--blocks``.
@@ -129,11 +132,11 @@ def check_points(configs: Sequence[ReplayConfig]) -> list[str]:
     working_sets: dict[tuple[Any, ...], int] = {}
     notes: dict[str, None] = {}
     for config in configs:
-        if config.gpu_memory is not None and not fraction(config.cpu_tier):
-            continue                 # nothing here needs the requests
         key = (config.trace, config.max_input_len, config.num_requests, config.max_output_len, config.model)
         if key not in requests_of:
-            requests_of[key] = select_replay_requests(config, notice=lambda _: None).requests
+            requests_of[key] = select_replay_requests(config, notice=lambda note: notes.setdefault(note)).requests
+        if config.gpu_memory is not None and not fraction(config.cpu_tier):
+            continue                 # nothing else here needs the requests
         requests = requests_of[key]
         if key not in working_sets and (fraction(config.capacity) or fraction(config.cpu_tier)):
             working_sets[key] = replay_working_set(config, requests)
