@@ -414,12 +414,13 @@ def test_replay_notes_each_capacity_raised_to_vllms_least_pool_once_before_any_w
     assert code == 2 and err.strip().splitlines()[-1].startswith("marconi vllm: error: --vllm-python"), err
     for capacity in ("0.02x", "0.1x"):
         assert len(_floor_note(capacity).findall(err)) == 1 and err.count(f"--capacity {capacity} ") == 1, err
-    assert "--capacity 1GB" not in err and err.count("NOTE:") == 2
+    raised = "raised to vLLM's minimum pool"       # (the trace's short inputs also get the no-hit note)
+    assert "--capacity 1GB" not in err and err.count(raised) == 2
     code, err = _run([*argv, "--capacity", "0.5x", "--concurrency", "4"], capsys)
-    assert code == 2 and len(_floor_note("0.5x").findall(err)) == 1 and err.count("NOTE:") == 1, err
-    assert err.index("NOTE:") < err.index("--vllm-python")
+    assert code == 2 and len(_floor_note("0.5x").findall(err)) == 1 and err.count(raised) == 1, err
+    assert err.index(raised) < err.index("--vllm-python")
     code, err = _run([*argv, "--capacity", "1GB", "--concurrency", "4"], capsys)
-    assert code == 2 and "NOTE:" not in err and "--vllm-python" in err, err
+    assert code == 2 and raised not in err and "--vllm-python" in err, err
     assert not (tmp_path / "r.jsonl").exists()
 
 
@@ -452,3 +453,20 @@ def test_a_sweep_tells_the_requests_its_cap_left_out_once_not_once_per_point(
     assert code == 2 and err.strip().splitlines()[-1].startswith("marconi vllm: error: --vllm-python"), err
     assert err.count("requests left out") == 1 and "raise --max-input-len to keep them" in err, err
     assert err.index("requests left out") < err.index("--vllm-python")
+
+
+def test_a_replay_where_no_input_is_longer_than_vllms_block_says_no_hit_is_possible(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Old: Falcon-H1 (vLLM's block 3,200 tokens) on short requests read 0.0% hits, 0 B loaded and
+    stored, with nothing saying that no request could ever hit."""
+    argv = ["vllm", "replay", "--vllm-python", str(tmp_path / "no-vllm" / "python"), "--trace", "chat-synthetic",
+            "--max-input-len", "3000", "--num-requests", "60", "--policies", "lru", "--concurrency", "2",
+            "--out", str(tmp_path / "r.jsonl")]
+    code, err = _run([*argv, "--model", "falcon-h1-7b", "--capacity", "1GB"], capsys)
+    assert code == 2 and "--vllm-python" in err.strip().splitlines()[-1], err
+    assert re.search(r"NOTE: no input of the 60 replayed is longer than vLLM's block for falcon-h1-7b \(3,200 "
+                     r"tokens; the longest has [\d,]+\): vLLM caches whole blocks, so no request can hit", err), err
+    code, err = _run([*argv, "--model", "falcon-h1-7b", "--capacity", "1GB,2GB"], capsys)    # a sweep: once
+    assert code == 2 and err.count("no request can hit") == 1, err
+    code, err = _run([*argv, "--model", "nemotron-h-8b", "--capacity", "1GB"], capsys)   # 1,152-token blocks: some
+    assert code == 2 and "no request can hit" not in err, err

@@ -28,7 +28,7 @@ from marconi.integrations.common.probe import probe_python
 from marconi.integrations.vllm.arms import parse_policies, parse_retention, policy_arm
 from marconi.integrations.vllm.config import PluginConfig
 from marconi.integrations.vllm.policy import ATTENTION, DEFAULT_ALPHA, MAMBA
-from marconi.integrations.vllm.replay.configs import CONFIGS_DIR, model_dir
+from marconi.integrations.vllm.replay.configs import CONFIGS_DIR, VLLM_BLOCK_SIZES, model_dir
 from marconi.integrations.vllm.replay.gpu_memory import BUNDLED_NUM_PARAMS, available_kv_bytes, parse_gpu_memory
 from marconi.integrations.vllm.replay.pool_floor import (capacity_floor_note, check_pool_blocks, minimum_pool,
                                                           replay_max_model_len)
@@ -186,12 +186,13 @@ def check_step_budget(max_num_batched_tokens: int, max_num_seqs: int, *, budget_
                       "or less")
 
 
-def check_pool(config: ReplayConfig, requests: Sequence[Any], working_set: int | None) -> str | None:
+def check_pool(config: ReplayConfig, requests: Sequence[Any], working_set: int | None) -> list[str]:
     """``config``'s pool against vLLM's least pool for its longest request (``requests``: the ones it
     replays; :mod:`~marconi.integrations.vllm.replay.pool_floor`), on the host, before any worker:
     a ``--blocks`` under it is refused; a ``--capacity`` under it (a fraction of ``working_set``)
-    the worker raises to it, so its note is returned (else None). A ``--gpu-memory``, and a model
-    directory (whose block only vLLM knows), pass unchecked.
+    the worker raises to it, so its note is returned. So is a note when no input is longer than
+    vLLM's block for the model (vLLM caches whole blocks: no hit is possible). A ``--gpu-memory``,
+    and a model directory (whose block only vLLM knows), pass unchecked.
 
     Raises:
         ConfigError: ``--blocks`` under the least pool, naming it, the least and ``--max-input-len``.
@@ -199,10 +200,18 @@ def check_pool(config: ReplayConfig, requests: Sequence[Any], working_set: int |
     max_model_len = replay_max_model_len(requests)
     if config.num_blocks is not None:
         check_pool_blocks(config.num_blocks, minimum_pool(config.model, max_model_len), shorter="--max-input-len")
-    if config.capacity is None:
-        return None
-    return capacity_floor_note(config.capacity, parse_capacity(config.capacity).resolve(working_set or 0),
-                               config.model, max_model_len)
+    notes = []
+    block = VLLM_BLOCK_SIZES.get(config.model)
+    longest = max((len(r.input_tokens) for r in requests), default=0)
+    if block is not None and longest <= block:
+        notes.append(f"no input of the {len(requests):,} replayed is longer than vLLM's block for {config.model} "
+                     f"({block:,} tokens; the longest has {longest:,}): vLLM caches whole blocks, so no request "
+                     "can hit; replay longer requests (--trace, --max-input-len, --num-requests)")
+    if config.capacity is not None:
+        note = capacity_floor_note(config.capacity, parse_capacity(config.capacity).resolve(working_set or 0),
+                                   config.model, max_model_len)
+        notes += [note] if note is not None else []
+    return notes
 
 
 def _check_gpu_memory(config: ReplayConfig) -> None:
@@ -465,9 +474,9 @@ def run_replay(config: ReplayConfig, *, work_dir: str | Path | None = None, emul
     working_set = replay_working_set(config, sel.requests) if _needs_working_set(config) else None
     if config.cpu_tier is not None and parse_capacity(config.cpu_tier).fraction is not None:
         check_tier_size(config.cpu_tier, config.model, working_set)      # a size: checked with the options
-    note = check_pool(config, sel.requests, working_set)
-    if note is not None and progress is not None:
-        progress(f"NOTE: {note}")
+    for note in check_pool(config, sel.requests, working_set):
+        if progress is not None:
+            progress(f"NOTE: {note}")
     probe_python(config.vllm_python, "vllm", option="--vllm-python", make_target="make vllm-env")
     with scratch_dir("marconi-replay-", work_dir) as work:
         try:

@@ -135,15 +135,12 @@ def check_points(configs: Sequence[ReplayConfig]) -> list[str]:
         key = (config.trace, config.max_input_len, config.num_requests, config.max_output_len, config.model)
         if key not in requests_of:
             requests_of[key] = select_replay_requests(config, notice=lambda note: notes.setdefault(note)).requests
-        if config.gpu_memory is not None and not fraction(config.cpu_tier):
-            continue                 # nothing else here needs the requests
         requests = requests_of[key]
         if key not in working_sets and (fraction(config.capacity) or fraction(config.cpu_tier)):
             working_sets[key] = replay_working_set(config, requests)
         working_set = working_sets.get(key)
         if fraction(config.cpu_tier):
             check_tier_size(str(config.cpu_tier), config.model, working_set)
-        note = check_pool(config, requests, working_set)
-        if note is not None:
+        for note in check_pool(config, requests, working_set):
             notes[note] = None
     return list(notes)
