@@ -84,6 +84,24 @@ def test_a_folder_of_trajectories_is_the_swe_recipe_on_the_folder(tmp_path):
     assert raw_source_of(tmp_path / "other") is None
 
 
+def test_a_mini_swe_agent_run_folder_with_its_preds_json_is_its_trajectories(tmp_path):
+    """mini-swe-agent's run folder holds ``preds.json`` (each instance's patch) beside the trajectories.
+    Old: "trajectory 'preds' has no 'messages' or 'history'"; and where it sorted first (instances
+    named after 'preds', e.g. sympy's), the folder was not recognised at all."""
+    trajectories = json.loads((bundled_data_dir() / "swe" / "msa_gemini3pro_verified_first10.json").read_text())
+    folder = tmp_path / "run"
+    for traj in trajectories[:2]:
+        name = "sympy__" + traj["instance_id"]           # sorts after preds.json
+        (folder / name).mkdir(parents=True)
+        (folder / name / f"{name}.traj.json").write_text(json.dumps({**traj, "instance_id": name}))
+    (folder / "preds.json").write_text(json.dumps({"x": {"instance_id": "x", "model_patch": "diff"}}))
+    assert raw_source_of(folder) == "swe"
+    trace = load_trace(str(folder))
+    assert trace.meta["num_sessions"] == 2
+    with pytest.raises(ValueError, match="trajectory 'preds' has no 'messages' or 'history'"):
+        build_workload(f"swe:files={folder / 'preds.json'}")       # named alone: read, and refused
+
+
 def test_mini_swe_agents_own_trajectory_files_are_the_swe_recipe(tmp_path):
     """mini-swe-agent writes ``<id>/<id>.traj.json`` as ``{"info": {"exit_status", ...}, "messages": [...],
     "trajectory_format": ...}``: no top-level ``instance_id`` or ``exit_status``. Old: refused as an

@@ -17,11 +17,16 @@ from typing import Any
 
 from marconi.core.jsonfile import not_regular
 
-__all__ = ["raw_source_of", "RAW_SOURCES"]
+__all__ = ["raw_source_of", "RAW_SOURCES", "SWE_RUN_FILES"]
 
 #: The catalog entry that builds each raw source, and the source in words.
 RAW_SOURCES = {"sharegpt": "ShareGPT conversations", "lmsys": "LMSys-Chat conversations",
                "swe": "agent trajectories (mini-swe-agent / SWE-agent)", "quality": "QuALITY articles"}
+
+#: Files a mini-swe-agent run folder holds beside its ``<id>/<id>.traj.json`` that are not trajectories
+#: (``preds.json``: each instance's patch): skipped when a folder is walked, here and by the SWE reader;
+#: named alone, a file is read (and refused).
+SWE_RUN_FILES = frozenset({"preds.json"})
 
 _CHUNK = 1 << 16
 _MAX_FIRST = 64 << 20        # a first record larger than this is not sniffed (the file stays unknown)
@@ -97,7 +102,8 @@ def raw_source_of(path: str | os.PathLike) -> str | None:
     p = Path(path)
     try:
         if p.is_dir():
-            first = min((f for f in p.rglob("*") if f.suffix in (".json", ".traj") and f.is_file()), default=None)
+            first = min((f for f in p.rglob("*") if f.suffix in (".json", ".traj") and f.is_file()
+                         and f.name not in SWE_RUN_FILES), default=None)
             return "swe" if first is not None and raw_source_of(first) == "swe" else None
         if not p.is_file() or not_regular(os.stat(p)) is not None:
             return None
