@@ -22,7 +22,7 @@ from marconi.core.registry import ConfigError
 
 __all__ = ["atomic_write", "atomic_directory", "write_text", "write_jsonl", "iter_lines", "iter_jsonl",
            "read_jsonl", "read_json", "decode_line", "loads", "check_output", "partial_path", "suffix_refusal",
-           "is_stream", "JsonError",
+           "is_stream", "JsonError", "open_binary",
            "line_limit", "MAX_LINE_ENV", "DEFAULT_MAX_LINE_BYTES"]
 
 PathLike = str | os.PathLike
@@ -310,8 +310,10 @@ def check_output(path: PathLike, *, inputs: Sequence[PathLike] = (), directory: 
 # ============================================================================ reading
 
 
-def _open_binary(path: Path) -> IO[bytes]:
-    if path.name.lower().endswith(".gz"):
+def open_binary(path: PathLike) -> IO[bytes]:
+    """``path``'s bytes, through gzip when its name ends in ``.gz`` (any case). OSError as ``open``;
+    a bad gzip stream raises on read (OSError, EOFError or ``zlib.error``)."""
+    if Path(path).name.lower().endswith(".gz"):
         return gzip.open(path, "rb")  # type: ignore[return-value]
     return open(path, "rb")
 
@@ -351,7 +353,7 @@ def iter_lines(path: PathLike, *, max_line_bytes: int | None = None) -> Iterator
     limit = line_limit(max_line_bytes)
     check_readable(p)
     lineno = 0
-    with _open_binary(p) as fh:
+    with open_binary(p) as fh:
         try:
             while True:
                 raw = fh.readline(limit + 1)

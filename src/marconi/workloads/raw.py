@@ -8,7 +8,6 @@ record is read: a recipe's own reader checks every record, naming the file and r
 
 from __future__ import annotations
 
-import gzip
 import json
 import os
 import zlib
@@ -16,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from marconi.core.jsonfile import not_regular
+from marconi.io import open_binary
 
 __all__ = ["raw_source_of", "RAW_SOURCES", "SWE_RUN_FILES"]
 
@@ -40,10 +40,11 @@ def _kind(obj: Any) -> str | None:
         return "sharegpt"
     if isinstance(obj.get("conversation"), list):
         return "lmsys"
+    info = obj.get("info")
     if isinstance(obj.get("messages"), list) and ("instance_id" in obj or "exit_status" in obj
                                                   or "trajectory_format" in obj
-                                                  or isinstance(obj.get("info"), dict) and "exit_status" in obj["info"]):
-        return "swe"         # mini-swe-agent (compact, or its own .traj.json); a bare {"messages": [...]} chat is unknown
+                                                  or isinstance(info, dict) and "exit_status" in info):
+        return "swe"         # mini-swe-agent (compact, or its own .traj.json); a bare {"messages": [...]} chat: None
     if isinstance(obj.get("history"), list) and all(isinstance(m, dict) and "role" in m for m in obj["history"][:8]):
         return "swe"         # SWE-agent's .traj (its demonstrations carry the history alone)
     if "article" in obj and isinstance(obj.get("questions"), list):
@@ -52,7 +53,7 @@ def _kind(obj: Any) -> str | None:
 
 
 def _first_json_line(path: Path) -> Any:
-    with (gzip.open(path, "rb") if path.name.lower().endswith(".gz") else open(path, "rb")) as fh:
+    with open_binary(path) as fh:
         for raw in iter(lambda: fh.readline(_MAX_FIRST), b""):
             if raw.strip():
                 if not raw.endswith(b"\n") and len(raw) >= _MAX_FIRST:
@@ -114,6 +115,6 @@ def raw_source_of(path: str | os.PathLike) -> str | None:
             return _kind(_first_json_line(p))
         if name.endswith((".json", ".traj")):
             return _kind(_first_json_value(p))
-    except (OSError, EOFError, zlib.error, ValueError, RecursionError):   # not sniffable (or a bad gzip stream): not a raw source; its reader says why
+    except (OSError, EOFError, zlib.error, ValueError, RecursionError):   # unsniffable, or bad gzip: its reader says
         return None
     return None

@@ -4,7 +4,6 @@ Malformed input raises :class:`RecordingError` (file, line, field). See docs/dat
 
 from __future__ import annotations
 
-import gzip
 import json
 import os
 import zlib
@@ -13,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from marconi.core.jsonfile import JsonError, described, not_regular, read_json
+from marconi.io import open_binary
 
 from .messages import Progress, no_progress
 from .mooncake import MooncakeRow, MooncakeTokens
@@ -81,8 +81,7 @@ def is_mooncake_file(path: str | os.PathLike) -> bool:
     try:
         if not_regular(os.stat(path)) is not None:
             return False
-        gzipped = os.fspath(path).lower().endswith(".gz")
-        with (gzip.open(path, "rb") if gzipped else open(path, "rb")) as fh:
+        with open_binary(path) as fh:
             head = fh.read(_SNIFF_BYTES)
     except (OSError, EOFError, zlib.error):     # a bad gzip stream: BadGzipFile, cut short, or corrupt
         return False
