@@ -124,6 +124,13 @@ def _count(full: int, scale: float, given: int | None, what: str) -> int:
     return given
 
 
+def _min_rounds(value: int) -> int:
+    """The chat recipes' filter: conversations of at least ``2 * value`` messages. ConfigError below 1."""
+    if value < 1:
+        raise ConfigError(f"min_rounds must be >= 1, got {value}")
+    return value
+
+
 def _choice(data: str, choices: Sequence[str]) -> str:
     if data not in choices:
         raise ConfigError(f"data={data!r}: choose one of {', '.join(choices)}")
@@ -229,7 +236,7 @@ def _sharegpt(*, scale: float = 1.0, seed: int = 0, sessions: int | None = None,
     ShareGPT records)"""
     n = _count(100, scale, sessions, "sessions")
     _choice(data, ("auto", "shared", "synthetic"))
-    rounds = _count(10, 1.0, min_rounds, "min_rounds")
+    rounds = _min_rounds(min_rounds)
     given = _given(files, data)
     if given:
         trace = build_sharegpt_trace(given, num_sessions=n, tokenizer=tokenizer or None, min_rounds=rounds)
@@ -256,7 +263,7 @@ def _lmsys(*, scale: float = 1.0, seed: int = 0, sessions: int | None = None, fi
     """LMSys-Chat-1M conversations with >= 10 turns (min_rounds=10), paper recipe (non-ASCII filter); 100
     sessions; files=PATH[:PATH...] of your export"""
     n = _count(100, scale, sessions, "sessions")
-    rounds = _count(10, 1.0, min_rounds, "min_rounds")
+    rounds = _min_rounds(min_rounds)
     paths = _files(files)
     if not paths:
         raise DataUnavailable("lmsys: LMSys-Chat-1M cannot be redistributed and has no stand-in; give your "
