@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from marconi.core.registry import ConfigError
-from marconi.lab.frontier import (RECORD_FIELDS, Arm, pareto, plan_arms, report_markdown,
+from marconi.lab.frontier import (RECORD_FIELDS, Arm, FrontierConfig, pareto, plan_arms, report_markdown,
                                                 verdict_lines)
 from vllm_env import VLLM_PYTHON, require_vllm
 
@@ -35,6 +35,14 @@ def test_intervals_are_rounded_up_to_the_block_and_deduplicated() -> None:
 def _rec(arm: str, family: str, states: float, recomputed: float, **extra: object) -> dict:
     return {"arm": arm, "family": family, "states_per_request": states, "recomputed_fraction": recomputed,
             "token_hit_rate": 1 - recomputed, **extra}
+
+
+def test_a_step_budget_under_vllms_max_num_seqs_names_the_flag_the_frontier_has() -> None:
+    """The frontier has --max-num-batched-tokens but no --max-num-seqs: the replay's own check named both."""
+    with pytest.raises(ConfigError, match=r"^--max-num-batched-tokens 100 must be >= vLLM's max_num_seqs \(256, the "
+                                          r"replay's\): raise it$"):
+        FrontierConfig(vllm_python="python", workloads=("swe-sample",), max_num_batched_tokens=100)
+    FrontierConfig(vllm_python="python", workloads=("swe-sample",), max_num_batched_tokens=256)
 
 
 def test_the_frontier_and_the_verdicts_follow_from_the_points() -> None:

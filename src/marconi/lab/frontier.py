@@ -135,6 +135,9 @@ class FrontierConfig:
             raise ConfigError("each pool is one of gpu_memory or capacity")
         if self.limit is not None and self.limit < 1:
             raise ConfigError(f"--limit must be >= 1, got {self.limit}")
+        from marconi.integrations.vllm.replay.run import DEFAULT_MAX_NUM_SEQS, check_step_budget
+
+        check_step_budget(self.max_num_batched_tokens, DEFAULT_MAX_NUM_SEQS, seqs_flag=False)   # no --max-num-seqs here
         plan_arms(1, self.budgets, self.intervals, self.families)      # the arms' own checks, before anything runs
 
     def replay_configs(self, workload: str, pool: Mapping[str, str], arms: Sequence[Arm]) -> list[Any]:

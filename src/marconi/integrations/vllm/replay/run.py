@@ -38,8 +38,13 @@ from marconi.pool import KEEP_SCRATCH_ENV, child_process, scratch_dir
 from marconi.units import parse_capacity
 
 __all__ = ["ReplayConfig", "CONFIGS_DIR", "model_dir", "check_tensor_parallel", "check_step_budget", "check_pool",
+           "DEFAULT_MAX_NUM_SEQS",
            "policy_env", "run_replay", "select_replay_requests", "replay_working_set", "replay_table", "load_label",
            "emulation_engine", "plot_ttft_cdf", "plot_sweep", "parse_policies"]
+
+
+#: vLLM's ``max_num_seqs`` in a replay that does not set it (``--max-num-seqs``), as vLLM's own default.
+DEFAULT_MAX_NUM_SEQS = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,7 +70,7 @@ class ReplayConfig:
     num_requests: int | None = None
     max_output_len: int | None = None
     max_num_batched_tokens: int = 8192
-    max_num_seqs: int = 256
+    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
     seed: int = 0
     retention: str = "0"                   # vLLM's interval (0, none, tokens) or sparse-dp (the plugin's)
     retention_budget: int | None = None    # with sparse-dp: MARCONI_VLLM_RETENTION_BUDGET (None: its default)
@@ -166,7 +171,8 @@ def check_tensor_parallel(mdir: Path, tensor_parallel: int) -> None:
                               "head count)")
 
 
-def check_step_budget(max_num_batched_tokens: int, max_num_seqs: int, *, budget_source: str | None = None) -> None:
+def check_step_budget(max_num_batched_tokens: int, max_num_seqs: int, *, budget_source: str | None = None,
+                      seqs_flag: bool = True) -> None:
     """vLLM's rule for one scheduler step, which it checks when it builds its config (``SchedulerConfig``:
     pydantic's error, in the worker): the token budget holds a token of every request in the step,
     ``max_num_batched_tokens >= max_num_seqs``.
@@ -174,10 +180,14 @@ def check_step_budget(max_num_batched_tokens: int, max_num_seqs: int, *, budget_
     Raises:
         ConfigError: naming ``--max-num-batched-tokens`` and ``--max-num-seqs``; ``budget_source``:
             where the budget came from, in a command without ``--max-num-batched-tokens`` (then
-            only ``--max-num-seqs`` is named).
+            only ``--max-num-seqs`` is named); ``seqs_flag`` False: a command without
+            ``--max-num-seqs`` (then only ``--max-num-batched-tokens`` is named).
     """
     if max_num_batched_tokens >= max_num_seqs:
         return
+    if not seqs_flag:
+        raise ConfigError(f"--max-num-batched-tokens {max_num_batched_tokens} must be >= vLLM's max_num_seqs "
+                          f"({max_num_seqs}, the replay's): raise it")
     if budget_source is None:
         raise ConfigError(f"--max-num-batched-tokens {max_num_batched_tokens} must be >= --max-num-seqs "
                           f"({max_num_seqs}): raise it or lower --max-num-seqs")
