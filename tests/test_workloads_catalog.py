@@ -8,6 +8,7 @@ documented stand-in and say so; with it (CI) it must use the real data and not c
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -233,3 +234,17 @@ def test_the_chat_recipes_message_filter_is_a_parameter_and_named_when_it_leaves
     assert len(build_workload(f"sharegpt:files={path},min_rounds=2")) == 12   # 6 messages pass >= 4
     with pytest.raises(ConfigError, match="min_rounds must be >= 1, got 0"):
         build_workload(f"sharegpt:files={path},min_rounds=0")
+
+
+def test_files_takes_a_path_with_a_colon_in_its_name_as_one_file(tmp_path):
+    """Held-out files named by time (``mooncake_2025-01-01T10:00.jsonl``): files= split the name at its
+    colon ("files= takes one trace file, got 2"), though --trace with the same path read it."""
+    rows = [{"timestamp": 1000 * i, "input_length": 1024, "output_length": 4, "hash_ids": [0, i + 1]}
+            for i in range(3)]
+    timed = tmp_path / "mooncake_2025-01-01T10:00.jsonl"
+    timed.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert len(build_workload(f"mooncake:files={timed}")) == 3
+    other = tmp_path / "other.jsonl"
+    other.write_text(timed.read_text())
+    with pytest.raises(ConfigError, match="mooncake: files= takes one trace file, got 2"):
+        build_workload(f"mooncake:files={other}{os.pathsep}{other}")     # a list that names no one file: split

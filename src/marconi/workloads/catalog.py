@@ -143,9 +143,14 @@ def _absent(what: str, stand_in: str) -> DataUnavailable:
 
 
 def _files(files: str | Sequence[str | os.PathLike]) -> list[str]:
-    """``files`` as a list: a sequence, or one string of paths separated by ``os.pathsep``."""
+    """``files`` as a list: a sequence, or one string of paths separated by ``os.pathsep`` (a string
+    that names an existing file or folder as a whole is that one path: a time in a file name, as in
+    ``trace_2025-01-01T10:00.jsonl``, is not a separator)."""
     if isinstance(files, (str, os.PathLike)):
-        return [p for p in os.fspath(files).split(os.pathsep) if p.strip()]
+        text = os.fspath(files)
+        if os.pathsep in text and os.path.exists(text):
+            return [text]
+        return [p for p in text.split(os.pathsep) if p.strip()]
     return [os.fspath(p) for p in files]
 
 
