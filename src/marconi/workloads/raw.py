@@ -17,19 +17,26 @@ from typing import Any
 from marconi.core.jsonfile import not_regular
 from marconi.io import open_binary
 
-__all__ = ["raw_source_of", "RAW_SOURCES", "SWE_RUN_FILES"]
+__all__ = ["raw_source_of", "RAW_SOURCES", "trajectory_files"]
 
 #: The catalog entry that builds each raw source, and the source in words.
 RAW_SOURCES = {"sharegpt": "ShareGPT conversations", "lmsys": "LMSys-Chat conversations",
                "swe": "agent trajectories (mini-swe-agent / SWE-agent)", "quality": "QuALITY articles"}
 
 #: Files a mini-swe-agent run folder holds beside its ``<id>/<id>.traj.json`` that are not trajectories
-#: (``preds.json``: each instance's patch): skipped when a folder is walked, here and by the SWE reader;
-#: named alone, a file is read (and refused).
-SWE_RUN_FILES = frozenset({"preds.json"})
+#: (``preds.json``: each instance's patch): :func:`trajectory_files` skips them; named alone, a file is
+#: read (and refused).
+_RUN_FILES = frozenset({"preds.json"})
 
 _CHUNK = 1 << 16
 _MAX_FIRST = 64 << 20        # a first record larger than this is not sniffed (the file stays unknown)
+
+
+def trajectory_files(folder: Path) -> list[Path]:
+    """The ``.json``/``.traj`` files under ``folder`` (recursively, by path), as the SWE reader reads a
+    folder of trajectories; a run folder's ``preds.json`` is not one."""
+    return sorted(f for f in folder.rglob("*") if f.suffix in (".json", ".traj") and f.name not in _RUN_FILES
+                  and f.is_file())
 
 
 def _kind(obj: Any) -> str | None:
@@ -103,9 +110,8 @@ def raw_source_of(path: str | os.PathLike) -> str | None:
     p = Path(path)
     try:
         if p.is_dir():
-            first = min((f for f in p.rglob("*") if f.suffix in (".json", ".traj") and f.is_file()
-                         and f.name not in SWE_RUN_FILES), default=None)
-            return "swe" if first is not None and raw_source_of(first) == "swe" else None
+            files = trajectory_files(p)
+            return "swe" if files and raw_source_of(files[0]) == "swe" else None
         if not p.is_file() or not_regular(os.stat(p)) is not None:
             return None
         name = p.name.lower()

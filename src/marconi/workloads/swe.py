@@ -17,7 +17,7 @@ from marconi.core.jsonfile import described
 from marconi.io import read_json
 
 from .paths import bundled_data_dir, shared_data_dir
-from .raw import SWE_RUN_FILES
+from .raw import trajectory_files
 from .tokenizer import TextTokenizer, load_tokenizer
 from .trace import Request, Trace
 
@@ -100,8 +100,7 @@ def _trajectory_files(paths: Sequence[str | os.PathLike]) -> list[Path]:
     for p in paths:
         path = Path(p)
         if path.is_dir():
-            files.extend(sorted(f for f in path.rglob("*") if f.is_file() and f.suffix in (".json", ".traj")
-                                and f.name not in SWE_RUN_FILES))
+            files.extend(trajectory_files(path))
         elif path.is_file():
             files.append(path)
         else:
