@@ -39,7 +39,8 @@ from marconi.units import parse_capacity
 
 __all__ = ["ReplayConfig", "CONFIGS_DIR", "model_dir", "check_tensor_parallel", "check_step_budget", "check_pool",
            "DEFAULT_MAX_NUM_SEQS",
-           "policy_env", "run_replay", "select_replay_requests", "replay_working_set", "replay_table", "load_label",
+           "policy_env", "run_replay", "select_replay_requests", "replay_working_set", "needs_working_set",
+           "replay_table", "load_label",
            "emulation_engine", "plot_ttft_cdf", "plot_sweep", "parse_policies"]
 
 
@@ -197,16 +198,24 @@ def check_step_budget(max_num_batched_tokens: int, max_num_seqs: int, *, budget_
 
 
 def check_pool(config: ReplayConfig, requests: Sequence[Any], working_set: int | None) -> list[str]:
-    """``config``'s pool against vLLM's least pool for its longest request (``requests``: the ones it
-    replays; :mod:`~marconi.integrations.vllm.replay.pool_floor`), on the host, before any worker:
-    a ``--blocks`` under it is refused; a ``--capacity`` under it (a fraction of ``working_set``)
-    the worker raises to it, so its note is returned. So is a note when no input is longer than
-    vLLM's block for the model (vLLM caches whole blocks: no hit is possible). A ``--gpu-memory``,
-    and a model directory (whose block only vLLM knows), pass unchecked.
+    """What the host checks of ``config`` and its ``requests`` (the ones it replays) before any worker;
+    ``working_set``: what a ``--capacity``/``--cpu-tier`` fraction is of (None where neither is one).
+    A ``--cpu-tier`` fraction whose tier holds no chunk of vLLM's tier is refused
+    (:func:`~marconi.integrations.vllm.replay.tiers.check_tier_size`; a size was refused with the
+    options). The pool is checked against vLLM's least pool for the longest request
+    (:mod:`~marconi.integrations.vllm.replay.pool_floor`): a ``--blocks`` under it is refused; a
+    ``--capacity`` under it the worker raises to it, so its note is returned. So is a note when no
+    input is longer than vLLM's block for the model (vLLM caches whole blocks: no hit is possible).
+    A ``--gpu-memory``, and a model directory (whose block only vLLM knows), pass unchecked.
 
     Raises:
-        ConfigError: ``--blocks`` under the least pool, naming it, the least and ``--max-input-len``.
+        ConfigError: naming ``--cpu-tier``, or ``--blocks`` under the least pool (with the least and
+            ``--max-input-len``).
     """
+    from marconi.integrations.vllm.replay.tiers import check_tier_size
+
+    if config.cpu_tier is not None and parse_capacity(config.cpu_tier).fraction is not None:
+        check_tier_size(config.cpu_tier, config.model, working_set)
     max_model_len = replay_max_model_len(requests)
     if config.num_blocks is not None:
         check_pool_blocks(config.num_blocks, minimum_pool(config.model, max_model_len), shorter="--max-input-len")
@@ -478,12 +487,8 @@ def run_replay(config: ReplayConfig, *, work_dir: str | Path | None = None, emul
     ``work_dir`` (requests, worker logs, results) is kept; without one a temporary folder is used
     and removed when the run ends, however it ends, unless ``MARCONI_KEEP_SCRATCH=1``.
     """
-    from marconi.integrations.vllm.replay.tiers import check_tier_size
-
     sel = select_replay_requests(config, notice=selection_notice)
-    working_set = replay_working_set(config, sel.requests) if _needs_working_set(config) else None
-    if config.cpu_tier is not None and parse_capacity(config.cpu_tier).fraction is not None:
-        check_tier_size(config.cpu_tier, config.model, working_set)      # a size: checked with the options
+    working_set = replay_working_set(config, sel.requests) if needs_working_set(config) else None
     for note in check_pool(config, sel.requests, working_set):
         if progress is not None:
             progress(f"NOTE: {note}")
@@ -515,7 +520,7 @@ def replay_working_set(config: ReplayConfig, requests: Sequence[Any] | None = No
     return int(working_set_bytes(requests, spec))
 
 
-def _needs_working_set(config: ReplayConfig) -> bool:
+def needs_working_set(config: ReplayConfig) -> bool:
     """Whether ``--capacity`` or ``--cpu-tier`` is a fraction of the working set."""
     return any(text is not None and parse_capacity(text).fraction is not None
                for text in (config.capacity, config.cpu_tier))

@@ -106,12 +106,10 @@ def run_sweep(configs: Sequence[ReplayConfig], *, work_dir: str | Path | None = 
 
 
 def check_points(configs: Sequence[ReplayConfig]) -> list[str]:
-    """Check every point before any runs, as :func:`run_replay` checks its one: a ``--cpu-tier``
-    fraction whose tier holds no chunk of vLLM's tier on the point's working set
-    (:func:`~marconi.integrations.vllm.replay.tiers.check_tier_size`; a size was refused when its
-    configuration was made), and the pool against vLLM's least pool for the longest request
-    (:func:`~marconi.integrations.vllm.replay.run.check_pool`). Each distinct selection of requests
-    is read and measured once.
+    """Check every point before any runs, as :func:`run_replay` checks its one
+    (:func:`~marconi.integrations.vllm.replay.run.check_pool`: a ``--cpu-tier`` fraction that holds
+    no chunk of vLLM's tier, the pool against vLLM's least pool for the longest request). Each
+    distinct selection of requests is read and measured once.
 
     Returns:
         The notes, one per distinct note: each selection's (requests a cap left out, a stand-in for
@@ -121,12 +119,8 @@ def check_points(configs: Sequence[ReplayConfig]) -> list[str]:
     Raises:
         ConfigError: naming ``--cpu-tier`` or ``--blocks``.
     """
-    from marconi.integrations.vllm.replay.run import check_pool, replay_working_set, select_replay_requests
-    from marconi.integrations.vllm.replay.tiers import check_tier_size
-    from marconi.units import parse_capacity
-
-    def fraction(text: str | None) -> bool:
-        return text is not None and parse_capacity(text).fraction is not None
+    from marconi.integrations.vllm.replay.run import (check_pool, needs_working_set, replay_working_set,
+                                                      select_replay_requests)
 
     requests_of: dict[tuple[Any, ...], Sequence[Any]] = {}
     working_sets: dict[tuple[Any, ...], int] = {}
@@ -136,11 +130,8 @@ def check_points(configs: Sequence[ReplayConfig]) -> list[str]:
         if key not in requests_of:
             requests_of[key] = select_replay_requests(config, notice=lambda note: notes.setdefault(note)).requests
         requests = requests_of[key]
-        if key not in working_sets and (fraction(config.capacity) or fraction(config.cpu_tier)):
+        if key not in working_sets and needs_working_set(config):
             working_sets[key] = replay_working_set(config, requests)
-        working_set = working_sets.get(key)
-        if fraction(config.cpu_tier):
-            check_tier_size(str(config.cpu_tier), config.model, working_set)
-        for note in check_pool(config, requests, working_set):
+        for note in check_pool(config, requests, working_sets.get(key)):
             notes[note] = None
     return list(notes)
