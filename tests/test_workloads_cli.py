@@ -138,3 +138,40 @@ def test_validate_checks_a_mooncake_file_with_the_reader_trace_uses(tmp_path, ca
     out = capsys.readouterr()
     assert f"{bad}:3" in out.out and "input_length" in out.out, out
     assert "1 problem(s)" in out.err
+
+
+def _sharegpt_file(path, lengths):
+    """A ShareGPT-format file with one record per entry of ``lengths`` (messages, alternating roles)."""
+    records = [{"id": f"r{k}", "conversations": [{"from": "human" if i % 2 == 0 else "gpt", "value": f"turn {i} of {k}"}
+                                                 for i in range(n)]} for k, n in enumerate(lengths)]
+    path.write_text(json.dumps(records))
+    return str(path)
+
+
+def test_a_build_with_fewer_sessions_than_asked_says_which_filter_dropped_them(tmp_path, capsys):
+    data = _sharegpt_file(tmp_path / "sg.json", [20, 4, 6, 22])
+    out = tmp_path / "o.jsonl"
+    assert run("trace", "build", "sharegpt", data, "--sessions", "5", "--out", str(out)) == 0
+    err = capsys.readouterr().err
+    assert read_trace(out).num_sessions == 2
+    assert "2 sessions, not the 5 asked: of the input's 4 records, 2 with fewer than 20 messages" in err
+    assert "--min-rounds" in err
+
+    assert run("trace", "build", "sharegpt", data, "--sessions", "2", "--out", str(out)) == 0
+    assert "NOTE" not in capsys.readouterr().err          # all asked were found: nothing to say
+    assert run("trace", "build", "sharegpt", data, "--sessions", "all", "--out", str(out)) == 0
+    assert "NOTE" not in capsys.readouterr().err
+
+    sample = str(bundled_data_dir() / "swe" / "msa_gemini3pro_verified_first10.json")
+    assert run("trace", "build", "swe", sample, "--sessions", "12", "--out", str(tmp_path / "s.jsonl")) == 0
+    assert "10 sessions, not the 12 asked: the input holds 10 trajectories" in capsys.readouterr().err
+
+
+def test_a_catalog_name_with_fewer_sessions_than_asked_is_noted_where_it_is_loaded(tmp_path):
+    from marconi.workloads import load_trace
+
+    data = _sharegpt_file(tmp_path / "sg.json", [20, 4])
+    notes: list[str] = []
+    trace = load_trace(f"sharegpt:files={data},sessions=3", notice=notes.append)
+    assert trace.num_sessions == 1
+    assert any("1 sessions, not the 3 asked" in n and "min_rounds=" in n for n in notes), notes

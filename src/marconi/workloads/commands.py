@@ -33,7 +33,7 @@ from .quality import ANSWER_FORMS, build_quality_trace
 from .sharegpt import PAIRINGS, build_lmsys_trace, build_sharegpt_trace
 from .swe import GAP_MODES, build_swe_trace
 from .synthetic import SYNTHETIC_KINDS, synthetic_trace
-from .source import TOKEN_TRACE, load_trace, trace_file_kind
+from .source import TOKEN_TRACE, load_trace, shortfall, trace_file_kind
 from .tokenizer import TokenizerError
 from .trace import Trace, TraceFormatError, inspect_trace, trace_format, trace_stats, write_trace
 
@@ -141,6 +141,8 @@ def _write_and_report(trace: Trace, out: str, source: str) -> int:
     provenance = Provenance.of(trace)
     if provenance is not None and provenance.fallback:  # a stand-in must never pass for the real data
         print(f"{trace.name}: {provenance.describe()}", file=sys.stderr)
+    elif shortfall(trace) is not None:
+        print(f"NOTE: {out}: {shortfall(trace)}", file=sys.stderr)
     return 0
 
 

@@ -181,14 +181,19 @@ def build_chat_trace(paths: Sequence[str | os.PathLike], *, num_sessions: int | 
     tok = tokenizer if isinstance(tokenizer, TextTokenizer) else load_tokenizer(tokenizer)
     words_per_s = words_per_min / 60.0
 
+    counts = {"records_read": 0, "too_few_messages": 0, "too_much_non_ascii": 0}
+
     def qualifying() -> Iterator[ChatRecord]:
         taken = 0
         for rec in read_chat_records(paths):
             if num_sessions is not None and taken >= num_sessions:
                 return
+            counts["records_read"] += 1
             if len(rec.messages) < 2 * min_rounds:
+                counts["too_few_messages"] += 1
                 continue
             if max_non_ascii_frac is not None and _non_ascii_frac(rec) > max_non_ascii_frac:
+                counts["too_much_non_ascii"] += 1
                 continue
             taken += 1
             yield rec
@@ -209,7 +214,7 @@ def build_chat_trace(paths: Sequence[str | os.PathLike], *, num_sessions: int | 
                   max_non_ascii_frac=max_non_ascii_frac)
     meta = {"source": source, "recipe": "marconi-paper-chat", "params": params,
             "files": [str(p) for p in paths], "tokenizer": tok.name,
-            "num_sessions": len(source_ids), "source_ids": source_ids}
+            "num_sessions": len(source_ids), "source_ids": source_ids, "records": counts}
     name = f"{source}-n{len(source_ids)}-sps{sessions_per_second:g}"
     return Trace.from_unsorted(requests, name=name, meta=meta)
 

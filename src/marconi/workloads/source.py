@@ -12,7 +12,7 @@ from .raw import RAW_SOURCES, raw_source_of
 from .trace import Trace, read_trace
 from .trace.formats import format_of, suffix_listing
 
-__all__ = ["load_trace", "trace_file_kind", "TOKEN_TRACE"]
+__all__ = ["load_trace", "trace_file_kind", "shortfall", "TOKEN_TRACE"]
 
 #: :func:`trace_file_kind` of a token trace file, which is read (and streamed) by its suffix's reader.
 TOKEN_TRACE = "token-trace"
@@ -36,6 +36,30 @@ def trace_file_kind(path: str | Path) -> str | None:
     return TOKEN_TRACE if p.is_file() and format_of(p) is not None else None
 
 
+def shortfall(trace: Trace) -> str | None:
+    """A sentence saying why a trace built from raw sessions (ShareGPT, LMSys, agent trajectories) has
+    fewer sessions than its ``num_sessions`` parameter asked, and which filter to loosen; None when it
+    has them all, asked for all, or was not built so (its ``meta`` lacks the counts)."""
+    meta = trace.meta or {}
+    asked = (meta.get("params") or {}).get("num_sessions")
+    got, records = meta.get("num_sessions"), meta.get("records")
+    if asked is None or got is None or not isinstance(records, dict) or got >= asked:
+        return None
+    read = records.get("records_read", 0)
+    if "too_few_messages" not in records:     # trajectories: each one is a session
+        return f"{got} sessions, not the {asked} asked: the input holds {read} trajectories"
+    params, why = meta["params"], []
+    if records["too_few_messages"]:
+        why.append(f"{records['too_few_messages']} with fewer than {2 * params.get('min_rounds', 0)} messages "
+                   "(loosen with --min-rounds, or min_rounds= on a catalog name)")
+    if records.get("too_much_non_ascii"):
+        why.append(f"{records['too_much_non_ascii']} with more than {params.get('max_non_ascii_frac')} of their "
+                   "characters non-ASCII (the paper's filter; --max-non-ascii on `marconi trace build`)")
+    if not why:
+        return f"{got} sessions, not the {asked} asked: the input holds {read} records"
+    return f"{got} sessions, not the {asked} asked: of the input's {read} records, {' and '.join(why)}"
+
+
 def load_trace(text: str, limit: int | None = None, *, notice: Callable[[str], None] | None = None) -> Trace:
     """A catalog workload or a file: a token trace (JSONL/Parquet), a block-hash recording or Mooncake
     trace, or a raw source (ShareGPT, LMSys, agent trajectories, QuALITY: :mod:`.raw`), built by its
@@ -50,6 +74,8 @@ def load_trace(text: str, limit: int | None = None, *, notice: Callable[[str], N
         provenance = Provenance.of(trace)
         if notice is not None and provenance is not None and provenance.fallback:
             notice(f"trace {text}: {provenance.describe()}")
+        elif notice is not None and shortfall(trace) is not None:    # a stand-in's own note says why
+            notice(f"NOTE: trace {text}: {shortfall(trace)}")
         return trace.head(limit) if limit is not None else trace
     path = Path(text)
     if not path.exists():
@@ -70,7 +96,8 @@ def load_trace(text: str, limit: int | None = None, *, notice: Callable[[str], N
             notice(f"trace {text}: {RAW_SOURCES[kind]}, not a token trace: built by the catalog's {kind!r} recipe "
                    f"with its defaults ({Provenance.of(trace).describe()}); set them on the name "
                    f"(--trace {kind}:files=PATH,...: `marconi trace list`) or write the trace once with "
-                   f"`marconi trace build {kind}`")
+                   f"`marconi trace build {kind}`"
+                   + (f"; {shortfall(trace)}" if shortfall(trace) is not None else ""))
         return trace.head(limit) if limit is not None else trace
     if format_of(path) is None and path.is_file():
         raise ConfigError(f"{text}: neither a token trace ({suffix_listing()}) nor a raw source its first record "

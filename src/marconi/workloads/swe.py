@@ -219,6 +219,7 @@ def build_swe_trace(paths: Sequence[str | os.PathLike] | None = None, *, num_ses
     tok = tokenizer if isinstance(tokenizer, TextTokenizer) else load_tokenizer(tokenizer)
     files = list(paths) if paths else default_swe_paths()
     trajectories = load_trajectories(files)
+    records = {"records_read": len(trajectories)}
     if num_sessions is not None:
         trajectories = trajectories[:num_sessions]
     prefix = load_shared_prefix(shared_prefix) if shared_prefix is not None else ()
@@ -241,6 +242,6 @@ def build_swe_trace(paths: Sequence[str | os.PathLike] | None = None, *, num_ses
     meta = {"source": "swe", "recipe": "marconi-paper-swe", "params": params,
             "files": [str(p) for p in files], "tokenizer": tok.name,
             "num_sessions": len(trajectories), "source_ids": [t.name for t in trajectories],
-            "shared_prefix_len": int(sum(t.size for t in prefix_tokens))}
+            "records": records, "shared_prefix_len": int(sum(t.size for t in prefix_tokens))}
     name = f"swe-n{len(trajectories)}-sps{sessions_per_second:g}-{gaps}"
     return Trace.from_unsorted(requests, name=name, meta=meta)
