@@ -228,10 +228,15 @@ def test_mooncake_options_and_errors(tmp_path):
     bad.write_text('{"timestamp": 0, "input_length": 10, "output_length": 5}\n')
     with pytest.raises(ValueError, match="hash_ids"):
         build_mooncake_trace(bad)
-    bad.write_text('{"timestamp": 0, "input_length": 10, "output_length": 5, "hash_ids": [1]}\n'
-                   '{"timestamp": 1, "input_length": 600, "output_length": 5, "hash_ids": [2, 1]}\n')
-    with pytest.raises(ValueError, match="prefix-chained"):
-        build_mooncake_trace(bad)
+    # an id after a different parent (content-only hashes) names a different prefix: a block of its own
+    unchained = tmp_path / "unchained.jsonl"
+    unchained.write_text('{"timestamp": 0, "input_length": 10, "output_length": 5, "hash_ids": [1]}\n'
+                         '{"timestamp": 1, "input_length": 600, "output_length": 5, "hash_ids": [2, 1]}\n'
+                         '{"timestamp": 2, "input_length": 600, "output_length": 5, "hash_ids": [2, 1]}\n')
+    first, second, third = build_mooncake_trace(unchained)
+    assert build_mooncake_trace(unchained).meta["num_rechained_blocks"] == 2
+    assert not np.array_equal(first.input_tokens, second.input_tokens[512:522])  # block 1 after 2 is not 1
+    assert np.array_equal(second.input_tokens, third.input_tokens)      # the same chain twice: equal
 
 
 # ============================================================================ chat (ShareGPT / LMSys)
@@ -430,3 +435,62 @@ def test_readers_name_the_json_kind_they_got(tmp_path, read, message):
     """Every reader of decoded JSON says what it got in core.jsonfile's one wording."""
     with pytest.raises(ValueError, match=message):
         read(tmp_path)
+
+
+# ============================================================================ Qwen-Bailian (block-hash)
+
+
+def _bailian(path, rows):
+    keys = ("chat_id", "parent_chat_id", "timestamp", "input_length", "output_length", "hash_ids")
+    path.write_text("".join(json.dumps({**dict(zip(keys, r)), "type": "text", "turn": 1}) + "\n" for r in rows))
+    return path
+
+
+def _shared(a, b) -> int:
+    n = min(len(a), len(b))
+    return int(np.argmax(np.concatenate([a[:n] != b[:n], [True]])))
+
+
+def test_a_bailian_trace_reads_in_seconds_16_token_blocks_and_chat_sessions(tmp_path):
+    path = _bailian(tmp_path / "qwen_traceA_blksz_16.jsonl", [
+        (159, -1, 61.114, 40, 13, [1089, 1090, 1091]),
+        (170, -1, 61.5, 33, 5, [1089, 1090, 2000]),
+        (160, 159, 62.5, 70, 8, [1089, 1090, 1092, 1093, 1094]),
+        (161, 160, 70.0, 96, 8, [1089, 1090, 1092, 1093, 1094, 1095]),
+        (300, 299, 75.0, 20, 8, [5, 1089]),            # parent not in the file; 1089 after 5: rechained
+    ])
+    trace = build_mooncake_trace(path)
+    assert trace.meta["source"] == "bailian" and trace.meta["params"]["block_size"] == 16
+    assert trace.meta["num_rechained_blocks"] == 1
+    by_chat = dict(zip((159, 170, 160, 161, 300), trace))       # in time order, as the file
+    assert [r.ts for r in trace] == [61.114, 61.5, 62.5, 70.0, 75.0]  # seconds, not milliseconds
+    assert [(r.session_id, r.turn_id) for r in trace] == [(159, 0), (170, 0), (159, 1), (159, 2), (299, 0)]
+    assert trace.num_sessions == 3
+    assert _shared(by_chat[159].input_tokens, by_chat[170].input_tokens) == 32     # two 16-token blocks
+    assert _shared(by_chat[159].input_tokens, by_chat[160].input_tokens) == 32
+    assert _shared(by_chat[160].input_tokens, by_chat[161].input_tokens) == 70
+    assert not np.array_equal(by_chat[300].input_tokens[16:], by_chat[159].input_tokens[:4])  # 1089 after 5
+    assert trace.meta["layout"] == "Qwen-Bailian"
+    with pytest.raises(ValueError, match=r"blksz_16\.jsonl:1: input_length 40 needs 2 \(or 1, its tail unhashed\) "
+                                         r"blocks of 32"):
+        build_mooncake_trace(path, block_size=32)      # a block size that is not the trace's: said where
+
+
+def test_a_bailian_trace_may_leave_its_last_partial_block_unhashed_and_says_what_is_wrong(tmp_path):
+    path = _bailian(tmp_path / "b.jsonl", [(1, -1, 0.0, 40, 4, [7, 8]), (2, -1, 0.5, 40, 4, [7, 8])])
+    one, two = build_mooncake_trace(path)
+    assert _shared(one.input_tokens, two.input_tokens) == 32      # the unhashed tails are not shared
+    bad = _bailian(tmp_path / "bad.jsonl", [(1, -1, 0.0, 40, 4, [7])])
+    with pytest.raises(ValueError, match=r"bad\.jsonl:1: input_length 40 needs 3 \(or 2, its tail unhashed\) "
+                                         r"blocks of 16 \(a Qwen-Bailian trace\), hash_ids has 1"):
+        build_mooncake_trace(bad)
+    _bailian(bad, [(1, -1, 0.0, 16, 4, [7]), (1, -1, 1.0, 16, 4, [7])])
+    with pytest.raises(ValueError, match=r"bad\.jsonl:2: field 'chat_id': 1 names an earlier request"):
+        build_mooncake_trace(bad)
+    _bailian(bad, [(1, 2, 0.0, 16, 4, [7]), (2, 1, 1.0, 16, 4, [7])])
+    with pytest.raises(ValueError, match=r"bad\.jsonl:1: field 'parent_chat_id': chat 1's parents come back"):
+        build_mooncake_trace(bad)
+    bad.write_text(json.dumps({"chat_id": 1, "parent_chat_id": -1, "timestamp": "61.1", "input_length": 16,
+                               "output_length": 4, "hash_ids": [7]}) + "\n")
+    with pytest.raises(ValueError, match=r"field 'timestamp': expected seconds >= 0"):
+        build_mooncake_trace(bad)

@@ -130,7 +130,7 @@ def test_validate_checks_a_mooncake_file_with_the_reader_trace_uses(tmp_path, ca
     good.write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert run("trace", "validate", str(good)) == 0
     said = capsys.readouterr().out
-    assert "OK (a mooncake file" in said and "2 requests" in said, said
+    assert "OK (a Mooncake file" in said and "2 requests" in said, said
 
     bad = tmp_path / "bad_mooncake.jsonl"
     bad.write_text("".join(json.dumps(r) + "\n" for r in [*rows, {**rows[1], "input_length": -3}]))

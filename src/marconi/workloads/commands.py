@@ -264,6 +264,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
             print(f"{args.file}: no requests in the file")
             print(f"{args.file}: 1 problem(s) (a {kind} file)", file=sys.stderr)
             return 1
+        kind = trace.meta.get("layout", kind)      # a block-hash trace names its layout: Mooncake or Qwen-Bailian
         print(f"{args.file}: OK (a {kind} file, read by the reader `--trace` uses: {len(trace.requests)} requests)")
         return 0
     try:
@@ -392,7 +393,8 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("file", nargs="?", default=None,
                    help="trace .jsonl (default: shared conversation trace, else the vendored sample)")
     p.add_argument("--limit", type=request_limit, default=None, help="first N lines only (N >= 1)")
-    p.add_argument("--block-size", type=Number(TOKENS), default=512)
+    p.add_argument("--block-size", type=Number(TOKENS), default=None,
+                   help="tokens per hash id (default: the trace's own: Mooncake 512, Qwen-Bailian 16)")
     p.add_argument("--vocab-size", type=Number(VOCAB), default=32000)
     p.add_argument("--output-vocab", type=Number(Domain(1, 1 << 31, integer=True)), default=1024,
                    help="token ids reserved for outputs")

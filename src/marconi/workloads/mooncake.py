@@ -1,6 +1,8 @@
-"""Token traces rebuilt from Mooncake's block-level traces: equal hash ids give equal blocks, sibling
-blocks differ at their first token, and outputs never match blocks; each request is its own
-session at its real time. Layout: docs/data.md ("Block-hash traces")."""
+"""Token traces rebuilt from block-hash traces: Mooncake's (FAST'25: ms timestamps, 512-token blocks,
+each request its own session) and Alibaba's Qwen-Bailian usage traces (seconds, 16-token blocks,
+``chat_id``/``parent_chat_id`` sessions). Equal prefixes of hash ids give equal blocks, sibling blocks
+differ at their first token, and outputs never match blocks. Layout: docs/data.md ("Block-hash
+traces")."""
 
 from __future__ import annotations
 
@@ -19,21 +21,49 @@ from .paths import bundled_data_dir, shared_data_dir
 from .trace import Request, Trace
 
 __all__ = ["MooncakeRow", "read_mooncake_rows", "build_mooncake_trace", "MooncakeTokens",
-           "default_mooncake_path"]
+           "default_mooncake_path", "HashTraceLayout", "MOONCAKE", "BAILIAN", "chain_hash_ids"]
 
 _FIRST_TOKEN = 3
 _MASK64 = np.uint64(0xFFFFFFFFFFFFFFFF)
 
 
 @dataclass(frozen=True, slots=True)
+class HashTraceLayout:
+    """How one public block-hash trace writes a request: ``name`` (for messages), ``block_size``
+    (tokens a hash id covers), ``ms_per_unit`` (its timestamps' unit in milliseconds), whether its last
+    partial block may go unhashed (``tail_unhashed``: ``len(hash_ids)`` may be ``input_length //
+    block_size``), and ``chats`` (rows carry ``chat_id``/``parent_chat_id``, which make sessions)."""
+
+    name: str
+    block_size: int
+    ms_per_unit: float
+    tail_unhashed: bool
+    chats: bool
+
+
+#: Mooncake's traces (github.com/kvcache-ai/Mooncake, ``traces/``).
+MOONCAKE = HashTraceLayout("Mooncake", 512, 1.0, False, False)
+#: Alibaba's Qwen-Bailian usage traces (github.com/alibaba-edu/qwen-bailian-usagetraces-anon).
+BAILIAN = HashTraceLayout("Qwen-Bailian", 16, 1000.0, True, True)
+
+
+def layout_of(obj: dict) -> HashTraceLayout:
+    """The layout a trace's first request is written in: Bailian's rows name their chats."""
+    return BAILIAN if "chat_id" in obj and "parent_chat_id" in obj else MOONCAKE
+
+
+@dataclass(frozen=True, slots=True)
 class MooncakeRow:
-    """One Mooncake request as read (``where`` is ``path:line``)."""
+    """One block-hash request as read (``where`` is ``path:line``); ``chat_id`` and
+    ``parent_chat_id`` (None: a root) where the layout has chats."""
 
     where: str
     timestamp_ms: float
     input_length: int
     output_length: int
     hash_ids: tuple[int, ...]
+    chat_id: int | None = None
+    parent_chat_id: int | None = None
 
 
 def _int_field(obj: dict, key: str, where: str, minimum: int) -> int:
@@ -48,19 +78,36 @@ def _int_field(obj: dict, key: str, where: str, minimum: int) -> int:
 
 
 def read_mooncake_rows(path: str | os.PathLike, limit: int | None = None,
-                       block_size: int = 512) -> list[MooncakeRow]:
-    """Parse and check the first ``limit`` lines (all when None). ValueError names file and line."""
+                       block_size: int | None = None) -> list[MooncakeRow]:
+    """Parse and check the first ``limit`` lines (all when None) of a Mooncake or Qwen-Bailian trace
+    (:func:`layout_of` its first request; ``block_size`` None: the layout's). ValueError names file,
+    line and field; a Bailian trace's chat ids must be unique."""
     if limit is not None and limit < 0:
         raise ValueError(f"limit must be None or >= 0, got {limit}")
     rows: list[MooncakeRow] = []
+    layout: HashTraceLayout | None = None
+    chats: set[int] = set()
     for where, obj in iter_jsonl(path):
         if limit is not None and len(rows) >= limit:
             break
         if not isinstance(obj, dict):
             raise ValueError(f"{where}: expected a JSON object, got {described(obj)}")
+        if layout is None:
+            layout = layout_of(obj)
+            block_size = layout.block_size if block_size is None else block_size
+        assert block_size is not None
+        unit = "milliseconds" if layout.ms_per_unit == 1.0 else "seconds"
         ts = obj.get("timestamp")
         if isinstance(ts, bool) or not isinstance(ts, (int, float)) or not ts >= 0:
-            raise ValueError(f"{where}: field 'timestamp': expected milliseconds >= 0, got {described(ts)}")
+            raise ValueError(f"{where}: field 'timestamp': expected {unit} >= 0, got {described(ts)}")
+        chat_id = parent = None
+        if layout.chats:        # a Bailian trace: every row names its chat and its parent (-1: none)
+            chat_id = _int_field(obj, "chat_id", where, 0)
+            if chat_id in chats:
+                raise ValueError(f"{where}: field 'chat_id': {chat_id} names an earlier request too")
+            chats.add(chat_id)
+            parent = _int_field(obj, "parent_chat_id", where, -1)
+            parent = None if parent == -1 else parent
         input_length = _int_field(obj, "input_length", where, 1)
         output_length = _int_field(obj, "output_length", where, 0)
         ids = obj.get("hash_ids")
@@ -70,12 +117,48 @@ def read_mooncake_rows(path: str | os.PathLike, limit: int | None = None,
         if bad is not None:
             raise ValueError(f"{where}: field 'hash_ids': expected a list of integers >= 0, element {bad} is "
                              f"{described(ids[bad])}")
-        if not (len(ids) - 1) * block_size < input_length <= len(ids) * block_size:
-            raise ValueError(f"{where}: input_length {input_length} needs "
-                             f"{-(-input_length // block_size)} blocks of {block_size}, "
-                             f"hash_ids has {len(ids)}")
-        rows.append(MooncakeRow(where, float(ts), input_length, output_length, tuple(ids)))
+        full, whole = input_length // block_size, -(-input_length // block_size)
+        if len(ids) != whole and not (layout.tail_unhashed and len(ids) == full):
+            also = f" (or {full}, its tail unhashed)" if layout.tail_unhashed and full != whole else ""
+            raise ValueError(f"{where}: input_length {input_length} needs {whole}{also} blocks of "
+                             f"{block_size} (a {layout.name} trace), hash_ids has {len(ids)}")
+        rows.append(MooncakeRow(where, float(ts) * layout.ms_per_unit, input_length, output_length, tuple(ids),
+                                chat_id, parent))
     return rows
+
+
+def chain_hash_ids(rows: Sequence[MooncakeRow], block_size: int) -> tuple[list[MooncakeRow], int]:
+    """``(rows, rechained)``: the rows with hash ids that name prefixes, and how many blocks needed it.
+
+    A block's KV depends on everything before it, so two blocks match only if their whole prefixes
+    do. Mooncake's ids are chained that way already (an id always follows the same parent) and come
+    back unchanged. An id seen after a different parent than at its first use (a trace that hashes
+    each block's content alone) gets a fresh id per parent. A row whose tail is unhashed gets a fresh
+    id of its own for it: a partial block is never shared."""
+    first_parent: dict[int, int] = {}
+    fresh: dict[tuple[int, int], int] = {}
+    next_id = 1 + max((max(r.hash_ids) for r in rows if r.hash_ids), default=-1)
+    out: list[MooncakeRow] = []
+    rechained = 0
+    for row in rows:
+        parent, ids = -1, []
+        for h in row.hash_ids:
+            if first_parent.setdefault(h, parent) != parent:
+                key = (parent, h)
+                if key not in fresh:
+                    fresh[key] = next_id
+                    next_id += 1
+                h = fresh[key]
+                rechained += 1
+            ids.append(h)
+            parent = h
+        if len(ids) * block_size < row.input_length:        # the unhashed tail: this row's alone
+            ids.append(next_id)
+            next_id += 1
+        out.append(row if ids == list(row.hash_ids) else
+                   MooncakeRow(row.where, row.timestamp_ms, row.input_length, row.output_length, tuple(ids),
+                               row.chat_id, row.parent_chat_id))
+    return out, rechained
 
 
 def _mix64(x: np.ndarray) -> np.ndarray:
@@ -117,7 +200,7 @@ class MooncakeTokens:
             parent = -1
             for h in row.hash_ids:
                 seen_parent = parent_of.setdefault(h, parent)
-                if seen_parent != parent:
+                if seen_parent != parent:       # chain_hash_ids makes them so
                     raise ValueError(f"{row.where}: hash id {h} follows {parent}, but followed "
                                      f"{seen_parent} earlier: hash ids are not prefix-chained")
                 if h not in rank:
@@ -157,29 +240,68 @@ def default_mooncake_path() -> Path:
     return bundled_data_dir() / "mooncake" / "conversation_trace_first2000.jsonl"
 
 
+def _sessions(rows: Sequence[MooncakeRow]) -> list[tuple[int, int]]:
+    """``(session_id, turn_id)`` per row: a Mooncake row is its own session (its line index), turn 0;
+    a Bailian chat's turns are one session, named by its root's chat id (the earliest ancestor the file
+    holds, else the missing parent's id), turns numbered by arrival."""
+    if not rows or rows[0].chat_id is None:
+        return [(i, 0) for i in range(len(rows))]
+    parent_of = {r.chat_id: r.parent_chat_id for r in rows}
+    root: dict[int, int] = {}
+    sessions = []
+    for row in rows:
+        chain, c = [], row.chat_id
+        while c not in root:
+            chain.append(c)
+            p = parent_of.get(c)
+            if p is None or p not in parent_of:          # a root, or its parent not in this file
+                root[c] = c if p is None else p
+                break
+            if p in chain:
+                raise ValueError(f"{row.where}: field 'parent_chat_id': chat {row.chat_id}'s parents "
+                                 f"come back to chat {p}")
+            c = p
+        for x in chain:
+            root[x] = root[c]
+        sessions.append(root[row.chat_id])
+    order = sorted(range(len(rows)), key=lambda i: (rows[i].timestamp_ms, i))
+    turns = [0] * len(rows)
+    taken: dict[int, int] = {}
+    for i in order:
+        turns[i] = taken.get(sessions[i], 0)
+        taken[sessions[i]] = turns[i] + 1
+    return list(zip(sessions, turns))
+
+
 def build_mooncake_trace(path: str | os.PathLike | None = None, *, limit: int | None = None,
-                         block_size: int = 512, vocab_size: int = 32000, output_vocab: int = 1024,
+                         block_size: int | None = None, vocab_size: int = 32000, output_vocab: int = 1024,
                          seed: int = 0, max_input_len: int | None = None,
                          progress: Progress | None = None) -> Trace:
-    """Rebuild a token trace from a Mooncake file; ``max_input_len`` drops longer requests (counted in
-    ``meta["num_dropped"]``); session ids are line indices, stable under drops."""
+    """Rebuild a token trace from a Mooncake or Qwen-Bailian file (``block_size`` None: the layout's,
+    512 or 16); ``max_input_len`` drops longer requests (counted in ``meta["num_dropped"]``). Session
+    ids are line indices (Mooncake) or root chat ids (Bailian), stable under drops; ``meta`` counts
+    the blocks :func:`chain_hash_ids` had to rename."""
     source = Path(path) if path is not None else default_mooncake_path()
     rows = read_mooncake_rows(source, limit=limit, block_size=block_size)
+    layout = BAILIAN if rows and rows[0].chat_id is not None else MOONCAKE
+    block_size = layout.block_size if block_size is None else block_size
+    rows, rechained = chain_hash_ids(rows, block_size)
     tokens = MooncakeTokens(rows, block_size=block_size, vocab_size=vocab_size,
                             output_vocab=output_vocab, seed=seed)
     requests: list[Request] = []
     dropped = 0
     wrap = progress or no_progress
-    for i, row in enumerate(wrap(rows)):
+    for i, (row, (session, turn)) in enumerate(wrap(list(zip(rows, _sessions(rows))))):
         if max_input_len is not None and row.input_length > max_input_len:
             dropped += 1
             continue
-        requests.append(Request(i, 0, row.timestamp_ms / 1000.0, tokens.input_tokens(row),
+        requests.append(Request(session, turn, row.timestamp_ms / 1000.0, tokens.input_tokens(row),
                                 tokens.output_tokens(row, i)))
     params = dict(limit=limit, block_size=block_size, vocab_size=vocab_size, output_vocab=output_vocab,
                   seed=seed, max_input_len=max_input_len)
-    meta = {"source": "mooncake", "recipe": "mooncake-blocks", "params": params, "files": [str(source)],
+    meta = {"source": "mooncake" if layout is MOONCAKE else "bailian", "recipe": "mooncake-blocks",
+            "layout": layout.name, "params": params, "files": [str(source)],
             "num_rows": len(rows), "num_dropped": dropped,
-            "num_distinct_blocks": len(tokens.rank)}
-    name = f"mooncake-{source.stem}" + (f"-first{limit}" if limit is not None else "")
+            "num_distinct_blocks": len(tokens.rank), "num_rechained_blocks": rechained}
+    name = f"{meta['source']}-{source.stem}" + (f"-first{limit}" if limit is not None else "")
     return Trace.from_unsorted(requests, name=name, meta=meta)
