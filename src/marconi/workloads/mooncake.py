@@ -95,8 +95,8 @@ def read_mooncake_rows(path: str | os.PathLike, limit: int | None = None,
         if layout is None:
             layout = layout_of(obj)
             block_size = layout.block_size if block_size is None else block_size
+            unit = "milliseconds" if layout.ms_per_unit == 1.0 else "seconds"
         assert block_size is not None
-        unit = "milliseconds" if layout.ms_per_unit == 1.0 else "seconds"
         ts = obj.get("timestamp")
         if isinstance(ts, bool) or not isinstance(ts, (int, float)) or not ts >= 0:
             raise ValueError(f"{where}: field 'timestamp': expected {unit} >= 0, got {described(ts)}")
