@@ -494,3 +494,21 @@ def test_a_bailian_trace_may_leave_its_last_partial_block_unhashed_and_says_what
                                "output_length": 4, "hash_ids": [7]}) + "\n")
     with pytest.raises(ValueError, match=r"field 'timestamp': expected seconds >= 0"):
         build_mooncake_trace(bad)
+
+
+def test_a_block_hash_trace_of_another_block_size_is_named_and_read_with_block_size(tmp_path):
+    from marconi.workloads import build_workload
+
+    path = tmp_path / "mc64.jsonl"
+    path.write_text('{"timestamp": 0, "input_length": 200, "output_length": 3, "hash_ids": [1, 2, 3, 4]}\n'
+                    '{"timestamp": 5, "input_length": 130, "output_length": 3, "hash_ids": [1, 2, 5]}\n')
+    with pytest.raises(ValueError, match=r"mc64\.jsonl:1: input_length 200 needs 1 blocks of 512 .* hash_ids has 4\. "
+                                         r"If the trace hashes blocks of another size, blocks of 64 tokens fit "
+                                         r"this line; give it: --trace mooncake:files=PATH,block_size=N"):
+        build_mooncake_trace(path)
+    first, second = build_workload(f"mooncake:files={path},block_size=64")
+    assert _shared(first.input_tokens, second.input_tokens) == 128      # two 64-token blocks
+    with pytest.raises(ValueError, match="block_size= is for a trace of your own"):
+        build_workload("mooncake:block_size=64")
+    with pytest.raises(ValueError, match="block_size must be an integer >= 1"):
+        build_workload(f"mooncake:files={path},block_size=-1")

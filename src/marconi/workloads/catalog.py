@@ -280,16 +280,23 @@ def _lmsys(*, scale: float = 1.0, seed: int = 0, sessions: int | None = None, fi
 
 
 # ============================================================================ Mooncake
-def _mooncake(scale: float, seed: int, requests: int | None, data: str, files: str = "") -> _Built:
+def _mooncake(scale: float, seed: int, requests: int | None, data: str, files: str = "",
+              block_size: int = 0) -> _Built:
     n = _count(2000, scale, requests, "requests")
     _choice(data, ("auto", "shared", "bundled"))
+    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 0:
+        raise ConfigError(f"mooncake: block_size must be an integer >= 1 (0: the trace's own), got {block_size!r}")
     given = _given(files, data)
     if len(given) > 1:
         raise ConfigError(f"mooncake: files= takes one trace file, got {len(given)}")
+    if block_size and not given:
+        raise ConfigError("mooncake: block_size= is for a trace of your own (files=PATH): Mooncake's own "
+                          "traces hash blocks of 512 tokens")
     if given:
-        trace = build_mooncake_trace(given[0], limit=n, seed=seed)
-        return _Built(trace, f"Mooncake-format requests from {given[0]}: first {len(trace)} requests, "
-                             "512-token blocks rebuilt as tokens", LICENCE_GIVEN)
+        trace = build_mooncake_trace(given[0], limit=n, seed=seed, block_size=block_size or None)
+        return _Built(trace, f"{trace.meta['layout']}-format requests from {given[0]}: first {len(trace)} "
+                             f"requests, {trace.meta['params']['block_size']}-token blocks rebuilt as tokens",
+                      LICENCE_GIVEN)
     shared = shared_data_dir()
     path = shared / MOONCAKE_SHARED if shared is not None and data != "bundled" else None
     if path is None or not path.is_file():
@@ -307,10 +314,11 @@ def _mooncake(scale: float, seed: int, requests: int | None, data: str, files: s
 
 @_entry("mooncake", LICENCE_MOONCAKE)
 def _mooncake_entry(*, scale: float = 1.0, seed: int = 0, requests: int | None = None,
-                    data: str = "auto", files: str = "") -> _Built:
+                    data: str = "auto", files: str = "", block_size: int = 0) -> _Built:
     """Mooncake (FAST'25) conversation requests, hash blocks rebuilt as 512-token blocks; 2,000 requests; stand-in:
-    the vendored first 2,000; files=PATH for another trace of the same format (e.g. toolagent_trace.jsonl)"""
-    return _mooncake(scale, seed, requests, data, files)
+    the vendored first 2,000; files=PATH for another block-hash trace (Mooncake's toolagent_trace.jsonl, a
+    Qwen-Bailian trace), block_size=N if it hashes blocks of another size than its layout's (512 / 16)"""
+    return _mooncake(scale, seed, requests, data, files, block_size)
 
 
 @_entry("mooncake-sample", LICENCE_MOONCAKE)

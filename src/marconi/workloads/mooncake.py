@@ -121,10 +121,23 @@ def read_mooncake_rows(path: str | os.PathLike, limit: int | None = None,
         if len(ids) != whole and not (layout.tail_unhashed and len(ids) == full):
             also = f" (or {full}, its tail unhashed)" if layout.tail_unhashed and full != whole else ""
             raise ValueError(f"{where}: input_length {input_length} needs {whole}{also} blocks of "
-                             f"{block_size} (a {layout.name} trace), hash_ids has {len(ids)}")
+                             f"{block_size} (a {layout.name} trace), hash_ids has {len(ids)}"
+                             + _other_block_size(input_length, len(ids)))
         rows.append(MooncakeRow(where, float(ts) * layout.ms_per_unit, input_length, output_length, tuple(ids),
                                 chat_id, parent))
     return rows
+
+
+def _other_block_size(input_length: int, num_ids: int) -> str:
+    """A hint for a line whose hash ids do not fit the block size: the powers of two that would fit it
+    (``(num_ids - 1) * b < input_length <= num_ids * b``), and where to say so."""
+    if num_ids == 0:
+        return ""
+    fits = [b for b in (2 ** k for k in range(3, 16))
+            if (num_ids - 1) * b < input_length <= num_ids * b]
+    which = f"blocks of {' or '.join(map(str, fits))} tokens fit this line; " if fits else ""
+    return (f". If the trace hashes blocks of another size, {which}give it: --trace "
+            f"mooncake:files=PATH,block_size=N, or `marconi trace build mooncake PATH --block-size N`")
 
 
 def chain_hash_ids(rows: Sequence[MooncakeRow], block_size: int) -> tuple[list[MooncakeRow], int]:
