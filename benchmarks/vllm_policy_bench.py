@@ -337,7 +337,8 @@ def tier_policies(capacity: int) -> tuple[str, dict[str, Callable[[], object]], 
     own where vLLM imports, else the emulation's stand-ins (vLLM's LRU and ARC, line for line)."""
     from marconi.core.eviction import rule_from_label
     from marconi.core.model import get_model
-    from marconi.integrations.vllm.tier_tree import TierSettings, parse_tier_rule, reference_victims
+    from marconi.integrations.vllm.tier_settings import TierSettings, parse_tier_rule
+    from marconi.integrations.vllm.tier_tree import reference_victims
 
     spec = get_model("nemotron-h-8b")
     try:

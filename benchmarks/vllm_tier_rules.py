@@ -43,7 +43,7 @@ from marconi.integrations.common import bench as common  # noqa: E402
 from marconi.integrations.vllm.emulate.engine import VllmAlignEngine  # noqa: E402
 from marconi.integrations.vllm.emulate.scheduler import emulate_closed_loop  # noqa: E402
 from marconi.integrations.vllm.emulate.tier import EmulatedTier, tier_num_chunks  # noqa: E402
-from marconi.integrations.vllm.tier_tree import SWITCHES, parse_switch, parse_tier_rule  # noqa: E402
+from marconi.integrations.vllm.tier_settings import SWITCHES, parse_switch, parse_tier_rule  # noqa: E402
 from marconi.integrations.vllm.layout import cdiv, layout_for_spec, prefill_checkpoint_alignment_for  # noqa: E402
 from marconi.integrations.vllm.policy import ATTENTION  # noqa: E402
 from marconi.integrations.vllm.replay.run import model_dir  # noqa: E402

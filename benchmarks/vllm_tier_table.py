@@ -96,7 +96,7 @@ def _num_params(model: str) -> int:
 def run_arm(task: tuple) -> dict[str, Any]:
     """One arm (GPU policy × tier policy) at one point: the closed loop's hit rates and the tier's counters."""
     model, trace, num_requests, max_input_len, concurrency, tier, gpu_policy, tier_arm, clock = task
-    from marconi.integrations.vllm.tier_tree import DEFAULT_RULE
+    from marconi.integrations.vllm.tier_settings import DEFAULT_RULE
     from marconi.sim import working_set_bytes
 
     shape = PRODUCTION[model]

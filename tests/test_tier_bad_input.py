@@ -25,8 +25,8 @@ from marks import slow
 from marconi.core.registry import ConfigError
 from marconi.integrations.common.probe import probe_python, python_command
 from marconi.integrations.vllm.commands import RETENTION
-from marconi.integrations.vllm.tier_tree import (ENV_COLD_INSERT, ENV_GROUP_KINDS, ENV_MODEL, ENV_RULE,
-                                                 ENV_SECOND_CHANCE, TierSettings)
+from marconi.integrations.vllm.tier_settings import (ENV_COLD_INSERT, ENV_GROUP_KINDS, ENV_MODEL, ENV_RULE,
+                                                     ENV_SECOND_CHANCE, TierSettings)
 from marconi.sim.systems import make_system
 
 from cli_run import run_cli

@@ -23,8 +23,8 @@ from marconi.integrations.vllm.emulate.scheduler import emulate_closed_loop
 from marconi.integrations.vllm.emulate.tier import EmulatedTier, TierManager, make_policy
 from marconi.integrations.vllm.layout import VllmLayout
 from marconi.integrations.vllm.tier_chooser import AdaptiveTierPolicy
-from marconi.integrations.vllm.tier_tree import (ARC_TREE, ArcTreeOrder, ChunkTreePolicy, TierSettings,
-                                                 TreeJudgement, parse_tier_rule)
+from marconi.integrations.vllm.tier_settings import ARC_TREE, ArcTreeOrder, TierSettings, parse_tier_rule
+from marconi.integrations.vllm.tier_tree import ChunkTreePolicy, TreeJudgement
 from test_vllm_emulate_concurrency import sessions
 from test_vllm_tier_chooser import KINDS, SPEC, TPC, _frequency_rounds, _hot_held
 from test_vllm_tier_emulation import BLOCK, QWEN_TINY

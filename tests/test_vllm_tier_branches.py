@@ -18,8 +18,9 @@ from marconi.core.model import get_model
 from marconi.core.registry import ConfigError
 from marconi.integrations.vllm.emulate.tier import ReqContext, TierManager
 from marconi.integrations.vllm.policy import ATTENTION, MAMBA
-from marconi.integrations.vllm.tier_tree import (ENV_COLD_INSERT, ENV_GROUP_KINDS, ENV_MODEL, ENV_SECOND_CHANCE,
-                                                 HIT_TRUST_CAP, ChunkTreePolicy, TierSettings, make_offload_key)
+from marconi.integrations.vllm.tier_settings import (ENV_COLD_INSERT, ENV_GROUP_KINDS, ENV_MODEL, ENV_SECOND_CHANCE,
+                                                     TierSettings)
+from marconi.integrations.vllm.tier_tree import HIT_TRUST_CAP, ChunkTreePolicy, make_offload_key
 
 SPEC = get_model("nemotron-h-8b")
 KINDS = (MAMBA, ATTENTION)

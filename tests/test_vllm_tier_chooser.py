@@ -23,8 +23,9 @@ from marconi.integrations.vllm.emulate.tier import EmulatedTier, ReqContext, Tie
 from marconi.integrations.vllm.layout import VllmLayout
 from marconi.integrations.vllm.policy import ATTENTION, MAMBA
 from marconi.integrations.vllm.tier_chooser import ARC_WORLD, AdaptiveTierPolicy, TierEvent, TierRuleChooser
-from marconi.integrations.vllm.tier_tree import (ADAPTIVE, DEFAULT_FAMILY, DEFAULT_RULE, ChunkTreePolicy, TierSettings,
-                                                 get_offload_block_hash, make_offload_key, parse_tier_rule)
+from marconi.integrations.vllm.tier_settings import (ADAPTIVE, DEFAULT_FAMILY, DEFAULT_RULE, TierSettings,
+                                                     parse_tier_rule)
+from marconi.integrations.vllm.tier_tree import ChunkTreePolicy, get_offload_block_hash, make_offload_key
 from test_vllm_emulate_concurrency import sessions
 from test_vllm_tier_emulation import BLOCK, QWEN_TINY
 from test_vllm_tier_emulation import KINDS as TINY_KINDS

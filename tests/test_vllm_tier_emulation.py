@@ -323,7 +323,7 @@ def test_the_simulator_systems_tier_rule_reaches_the_tier_policy() -> None:
     """``tier_rule=`` is the rule of the emulated tier policy (the default without it: ``adaptive``,
     the rule chosen online, starting from ``lru``); it changes the tier's hits; a label the tier
     cannot apply, or one without tier_policy=marconi, is refused."""
-    from marconi.integrations.vllm.tier_tree import DEFAULT_RULE
+    from marconi.integrations.vllm.tier_settings import DEFAULT_RULE
     from marconi.sim.systems import make_system
 
     requests = sessions(7, num_sessions=5, turns=3)

@@ -30,8 +30,8 @@ from marconi.core.model import get_model
 from marconi.integrations.vllm.emulate.tier import ReqContext
 from marconi.integrations.vllm.policy import ATTENTION, MAMBA
 from marconi.integrations.vllm.tier_chooser import AdaptiveTierPolicy
-from marconi.integrations.vllm.tier_tree import (ChunkTreePolicy, TierSettings, reference_victims, make_offload_key,
-                                                 parse_tier_rule)
+from marconi.integrations.vllm.tier_settings import TierSettings, parse_tier_rule
+from marconi.integrations.vllm.tier_tree import ChunkTreePolicy, reference_victims, make_offload_key
 
 SPEC = get_model("nemotron-h-8b")
 TPC = 1152

@@ -32,7 +32,7 @@ from marconi.integrations.vllm.layout import layout_for_spec
 from marconi.integrations.vllm.policy import DEFAULT_ALPHA, EFFICIENCIES
 from marconi.integrations.vllm.retention import DEFAULT_BUDGET, SPARSE_DP
 from marconi.integrations.vllm.shadow import PoolShadowAlpha
-from marconi.integrations.vllm.tier_tree import DEFAULT_RULE, parse_tier_rule
+from marconi.integrations.vllm.tier_settings import DEFAULT_RULE, parse_tier_rule
 from marconi.sim.systems import SYSTEMS
 from marconi.units import parse_bytes
 

@@ -41,8 +41,8 @@ from marconi.integrations.vllm.layout import VllmLayout, cdiv
 from marconi.integrations.vllm.policy import ATTENTION, MAMBA
 from marconi.integrations.vllm.tier_arc import ARCPolicy, order_request_keys
 from marconi.integrations.vllm.tier_chooser import AdaptiveTierPolicy
-from marconi.integrations.vllm.tier_tree import (DEFAULT_GPU_TFLOPS, DEFAULT_RULE, TierSettings, get_offload_group_idx,
-                                                 make_offload_key, parse_tier_rule)
+from marconi.integrations.vllm.tier_settings import DEFAULT_GPU_TFLOPS, DEFAULT_RULE, TierSettings, parse_tier_rule
+from marconi.integrations.vllm.tier_tree import get_offload_group_idx, make_offload_key
 
 __all__ = ["TIER_POLICIES", "STORE_THRESHOLD", "parse_tier_arm", "Chunk", "ReqContext", "LRUPolicy", "ARCPolicy", "make_policy", "TierManager",
            "EmulatedTier", "tier_num_chunks"]

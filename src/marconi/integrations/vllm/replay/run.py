@@ -405,7 +405,7 @@ def _emulated_tier(spec: ModelSpec, requests: Sequence[Any], result: dict[str, A
     worker's open-loop arrivals on the same virtual clock): its token, GPU and tier hit rates,
     per-request hit tokens by tier, and the tier's counters."""
     from marconi.integrations.vllm.emulate.tier import EmulatedTier
-    from marconi.integrations.vllm.tier_tree import DEFAULT_RULE, ENV_RULE, switches_from_env
+    from marconi.integrations.vllm.tier_settings import DEFAULT_RULE, ENV_RULE, switches_from_env
 
     engine = emulation_engine(spec, result, label, config)
     # the replay's clock: its step-time model and host link, so loads span the steps they span there
