@@ -26,7 +26,6 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-import numpy as np
 
 from marconi.core.model import ModelSpec
 from marconi.integrations.common import bench as common

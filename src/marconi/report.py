@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import os
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 __all__ = ["MISSING", "fmt_pct", "fmt_signed_pct", "fmt_pts", "fmt_times", "fmt_seconds", "md_table",
            "format_table", "pyplot", "save_figure", "plot_ttft_cdf"]

@@ -15,7 +15,6 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from marconi.core.admission import AdmissionPolicy
 from marconi.core.cache import ManualClock, PrefixCache, RequestHandle, TreeSnapshot
 from marconi.core.chooser import RequestEvent
 from marconi.core.eviction import EvictionRule, FlopAware, check_alpha

@@ -8,7 +8,6 @@ never a silent default. A nested policy's parameters ride in parentheses. Syntax
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import math
 from dataclasses import dataclass

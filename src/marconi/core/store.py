@@ -6,7 +6,7 @@ the eviction-candidate index, kept consistent by its surgery. Each operation eit
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 import numpy as np
 

@@ -9,7 +9,6 @@ from the engine's other processes reach ``/metrics``), removed at stop.
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import socket

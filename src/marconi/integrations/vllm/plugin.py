@@ -27,7 +27,7 @@ from marconi.core.registry import ConfigError
 from marconi.integrations.common.alpha import RequestObservation
 from marconi.integrations.common.shadow_alpha import ShadowAlpha
 from marconi.integrations.vllm.config import ENV_POLICY, ENV_RETENTION, PluginConfig
-from marconi.integrations.vllm.policy import ATTENTION, MAMBA, REASONS, BlockEvictionState, group_kinds
+from marconi.integrations.vllm.policy import MAMBA, REASONS, BlockEvictionState, group_kinds
 from marconi.integrations.vllm.retention import RetentionPlanner
 
 __all__ = ["register", "reset_registration", "attach_hooks", "PoolHooks", "RetentionHooks", "PluginSettingError",

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any
 
 from vllm.v1.kv_offload.cpu.policies.base import CachePolicy
 
@@ -23,8 +22,8 @@ from marconi.core.registry import ConfigError
 from marconi.integrations.vllm.policy import group_kinds
 from marconi.integrations.vllm.tier_settings import (  # noqa: F401  (re-exported: the policy's public names)
     DEFAULT_GPU_TFLOPS, DEFAULT_HOST_GBPS, DEFAULT_RULE, ENV_COLD_INSERT, ENV_GROUP_KINDS, ENV_MODEL, ENV_RULE,
-    ENV_SECOND_CHANCE, SWITCHES, TierSettings, check_group_kinds)
-from marconi.integrations.vllm.tier_tree import REASONS, ChunkTreePolicy, TreeJudgement  # noqa: F401  (re-exported)
+    ENV_SECOND_CHANCE, TierSettings, check_group_kinds)
+from marconi.integrations.vllm.tier_tree import REASONS, TreeJudgement  # noqa: F401  (re-exported)
 from marconi.integrations.vllm.tier_chooser import AdaptiveTierPolicy
 
 __all__ = ["MarconiCachePolicy", "TierSettings", "DEFAULT_RULE", "DEFAULT_HOST_GBPS", "DEFAULT_GPU_TFLOPS",

@@ -33,8 +33,7 @@ from marconi.core.registry import ConfigError
 from marconi.integrations.vllm.policy import ATTENTION
 from marconi.integrations.vllm.tier_arc import ARCPolicy
 from marconi.integrations.vllm.tier_settings import ArcTreeOrder, TierSettings
-from marconi.integrations.vllm.tier_tree import (ChunkTreePolicy, get_offload_block_hash, get_offload_group_idx,
-                                                 make_offload_key)
+from marconi.integrations.vllm.tier_tree import ChunkTreePolicy, get_offload_block_hash, make_offload_key
 
 __all__ = ["AdaptiveTierPolicy", "TierEvent", "TierRuleChooser", "ARC_WORLD", "DEFAULT_DECAY", "DEFAULT_HYSTERESIS"]
 
