@@ -512,3 +512,14 @@ def test_a_block_hash_trace_of_another_block_size_is_named_and_read_with_block_s
         build_workload("mooncake:block_size=64")
     with pytest.raises(ValueError, match="block_size must be an integer >= 1"):
         build_workload(f"mooncake:files={path},block_size=-1")
+
+
+def test_64_bit_hash_ids_are_numbered_densely_and_keep_their_structure(tmp_path):
+    big = [2**64 - 1, 2**63 + 5, 2**64 - 7]
+    path = tmp_path / "big.jsonl"
+    path.write_text("".join(json.dumps({"timestamp": t, "input_length": 1000, "output_length": 2, "hash_ids": ids}) + "\n"
+                            for t, ids in [(0, big[:2]), (1, [big[0], big[2]]), (2, [big[1], big[0]])]))
+    one, two, three = build_mooncake_trace(path)
+    assert _shared(one.input_tokens, two.input_tokens) == 512       # the first block shared, then a branch
+    assert _shared(one.input_tokens, three.input_tokens) == 0
+    assert not np.array_equal(three.input_tokens[512:522], one.input_tokens[:10])   # rechained, not block 0

@@ -147,10 +147,17 @@ def chain_hash_ids(rows: Sequence[MooncakeRow], block_size: int) -> tuple[list[M
     do. Mooncake's ids are chained that way already (an id always follows the same parent) and come
     back unchanged. An id seen after a different parent than at its first use (a trace that hashes
     each block's content alone) gets a fresh id per parent. A row whose tail is unhashed gets a fresh
-    id of its own for it: a partial block is never shared."""
+    id of its own for it: a partial block is never shared. Ids too large to leave room for fresh ones
+    below 2**64 (64-bit hashes) are first numbered densely, in order of first use."""
     first_parent: dict[int, int] = {}
     fresh: dict[tuple[int, int], int] = {}
     next_id = 1 + max((max(r.hash_ids) for r in rows if r.hash_ids), default=-1)
+    if next_id + sum(len(r.hash_ids) + 1 for r in rows) > 1 << 64:   # 64-bit ids (a salted hash): no room
+        dense: dict[int, int] = {}                                    # for fresh ones; number them densely
+        rows = [MooncakeRow(r.where, r.timestamp_ms, r.input_length, r.output_length,
+                            tuple(dense.setdefault(h, len(dense)) for h in r.hash_ids), r.chat_id, r.parent_chat_id)
+                for r in rows]
+        next_id = len(dense)
     out: list[MooncakeRow] = []
     rechained = 0
     for row in rows:
