@@ -15,7 +15,7 @@ from tokenizers import Tokenizer
 
 from marconi.workloads import (build_chat_trace, build_lmsys_trace, build_mooncake_trace,
                                build_sharegpt_trace, build_swe_trace, bundled_data_dir, load_shared_prefix,
-                               load_tokenizer, shared_data_dir)
+                               load_tokenizer, load_trace, shared_data_dir)
 from marconi.workloads.messages import Message
 from marconi.workloads.mooncake import read_mooncake_rows
 from marconi.workloads.quality import load_quality_articles
@@ -492,7 +492,7 @@ def test_a_bailian_trace_may_leave_its_last_partial_block_unhashed_and_says_what
         build_mooncake_trace(bad)
     bad.write_text(json.dumps({"chat_id": 1, "parent_chat_id": -1, "timestamp": "61.1", "input_length": 16,
                                "output_length": 4, "hash_ids": [7]}) + "\n")
-    with pytest.raises(ValueError, match=r"field 'timestamp': expected seconds >= 0"):
+    with pytest.raises(ValueError, match=r"field 'timestamp': expected finite seconds >= 0"):
         build_mooncake_trace(bad)
 
 
@@ -523,3 +523,56 @@ def test_64_bit_hash_ids_are_numbered_densely_and_keep_their_structure(tmp_path)
     assert _shared(one.input_tokens, two.input_tokens) == 512       # the first block shared, then a branch
     assert _shared(one.input_tokens, three.input_tokens) == 0
     assert not np.array_equal(three.input_tokens[512:522], one.input_tokens[:10])   # rechained, not block 0
+
+
+def test_block_hash_lines_out_of_range_are_refused_with_file_line_and_field(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    cases = [('{"timestamp": 0, "input_length": 40, "output_length": 1000000000000, "hash_ids": [1]}',
+              r"bad\.jsonl:1: field 'output_length': must be <= 100,000,000"),
+             ('{"timestamp": 1' + "0" * 400 + ', "input_length": 40, "output_length": 1, "hash_ids": [1]}',
+              r"bad\.jsonl:1: field 'timestamp': expected finite milliseconds >= 0"),
+             ('{"timestamp": Infinity, "input_length": 40, "output_length": 1, "hash_ids": [1]}',
+              r"bad\.jsonl:1: field 'timestamp': expected finite"),
+             ('{"chat_id": 1, "parent_chat_id": -1, "timestamp": 1e306, "input_length": 40, "output_length": 1, '
+              '"hash_ids": [1, 2, 3]}', r"bad\.jsonl:1: field 'timestamp': expected finite seconds"),
+             ('{"chat_id": 1, "timestamp": 0.5, "input_length": 40, "output_length": 1, "hash_ids": [1, 2, 3]}',
+              r"bad\.jsonl:1: field 'parent_chat_id': missing"),         # chat_id alone: a Bailian line
+             ('{"timestamp": 0, "input_length": 40, "output_length": 1, "hash_ids": [1' + "1" * 5000 + ']}',
+              r"bad\.jsonl:1: invalid JSON value"),
+             ('{"input_length": 40, "output_length": 1, "hash_ids": [1]}', r"bad\.jsonl:1: field 'timestamp': missing"),
+             ('{"timestamp": 0, "input_length": 40, "output_length": 1}', r"bad\.jsonl:1: field 'hash_ids': missing")]
+    for line, message in cases:
+        bad.write_text(line + "\n")
+        with pytest.raises(ValueError, match=message):
+            build_mooncake_trace(bad)
+        with pytest.raises(ValueError, match=message):      # --trace FILE finds the block-hash reader too
+            load_trace(str(bad))
+
+
+def test_a_block_hash_trace_with_more_roots_than_the_vocabulary_grows_it(tmp_path):
+    path = tmp_path / "wide.jsonl"
+    path.write_text("".join(json.dumps({"timestamp": i, "input_length": 16, "output_length": 1, "hash_ids": [i]}) + "\n"
+                            for i in range(31000)))
+    trace = build_mooncake_trace(path, block_size=16)
+    assert trace.meta["params"]["vocab_size"] > 32000 and trace.num_requests == 31000
+    firsts = {int(r.input_tokens[0]) for r in trace}
+    assert len(firsts) == 31000                                    # siblings still differ at their first token
+    with pytest.raises(ValueError, match=r"wide\.jsonl:31000: a block there has 31000 distinct successors .* "
+                                         r"raise vocab_size to at least 32027"):
+        build_mooncake_trace(path, block_size=16, vocab_size=32000)
+    assert build_mooncake_trace(MOONCAKE_SAMPLE, limit=50).meta["params"]["vocab_size"] == 32000
+
+
+def test_bailian_turns_count_the_requests_kept_and_a_limit_short_of_the_file_is_noted(tmp_path):
+    path = _bailian(tmp_path / "b.jsonl", [(1, -1, 0.0, 100, 2, [1] * 7), (2, 1, 1.0, 40, 2, [1, 2, 3]),
+                                           (3, 2, 2.0, 48, 2, [1, 2, 3])])
+    trace = build_mooncake_trace(path, max_input_len=60)
+    assert [(r.session_id, r.turn_id) for r in trace] == [(1, 0), (1, 1)] and trace.meta["num_dropped"] == 1
+    assert build_mooncake_trace(path, limit=2).meta["more_in_file"] is True
+    assert build_mooncake_trace(path, limit=3).meta["more_in_file"] is False
+    notes: list[str] = []
+    load_trace(f"mooncake:files={path},requests=2", notice=notes.append)
+    assert any("the first 2 requests of" in n and "which holds more" in n for n in notes), notes
+    notes.clear()
+    load_trace("mooncake-sample:requests=10", notice=notes.append)    # the entry's own size: nothing to say
+    assert not notes

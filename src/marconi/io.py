@@ -397,6 +397,8 @@ def loads(text: str, where: str) -> Any:
         raise JsonError(where, f"invalid JSON: {exc.msg} (column {exc.colno}){hint}") from None
     except RecursionError:
         raise JsonError(where, "JSON nested too deeply to decode") from None
+    except ValueError as exc:       # an integer of more digits than Python converts (sys.get_int_max_str_digits)
+        raise JsonError(where, f"invalid JSON value: {exc}") from None
 
 
 def iter_jsonl(path: PathLike, *, max_line_bytes: int | None = None) -> Iterator[tuple[str, Any]]:

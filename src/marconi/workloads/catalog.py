@@ -305,6 +305,7 @@ def _mooncake(scale: float, seed: int, requests: int | None, data: str, files: s
         path = bundled_data_dir() / MOONCAKE_SAMPLE
     vendored = path.is_relative_to(bundled_data_dir())
     trace = build_mooncake_trace(path, limit=n, seed=seed)
+    trace.meta["more_in_file"] = False          # the entry's own size, as documented: no shortfall
     where = "the vendored first 2,000 Mooncake conversation requests" if vendored else \
         f"the Mooncake FAST'25 conversation trace {path}"
     text = f"{where}: first {len(trace)} requests, 512-token blocks rebuilt as tokens"

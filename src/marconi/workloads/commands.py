@@ -254,6 +254,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 def cmd_validate(args: argparse.Namespace) -> int:
     kind = trace_file_kind(args.file)
     if kind not in (None, TOKEN_TRACE):     # a recording, a Mooncake trace or a raw source: its reader checks it
+        kind = "block-hash (Mooncake or Qwen-Bailian)" if kind == "mooncake" else kind
         try:
             trace = load_trace(args.file, notice=lambda text: print(text, file=sys.stderr))
         except (OSError, ValueError, TraceFormatError) as exc:
@@ -395,7 +396,9 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--limit", type=request_limit, default=None, help="first N lines only (N >= 1)")
     p.add_argument("--block-size", type=Number(TOKENS), default=None,
                    help="tokens per hash id (default: the trace's own: Mooncake 512, Qwen-Bailian 16)")
-    p.add_argument("--vocab-size", type=Number(VOCAB), default=32000)
+    p.add_argument("--vocab-size", type=Number(VOCAB), default=None,
+                   help="token ids the rebuilt trace may use (default: 32000, raised where a block has more "
+                        "distinct successors than that leaves ids for)")
     p.add_argument("--output-vocab", type=Number(Domain(1, 1 << 31, integer=True)), default=1024,
                    help="token ids reserved for outputs")
     p.add_argument("--seed", type=Number(SEED), default=0)

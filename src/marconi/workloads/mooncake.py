@@ -6,6 +6,7 @@ traces")."""
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +25,10 @@ __all__ = ["MooncakeRow", "read_mooncake_rows", "build_mooncake_trace", "Mooncak
            "default_mooncake_path", "HashTraceLayout", "MOONCAKE", "BAILIAN", "chain_hash_ids"]
 
 _FIRST_TOKEN = 3
+#: the most tokens a request's input or output may claim: a line past it is a bad line, not 400 MB of tokens
+MAX_TOKENS = 10**8
+#: the vocabulary rebuilt tokens use unless a block has more successors than it leaves ids for
+DEFAULT_VOCAB = 32000
 _MASK64 = np.uint64(0xFFFFFFFFFFFFFFFF)
 
 
@@ -49,7 +54,7 @@ BAILIAN = HashTraceLayout("Qwen-Bailian", 16, 1000.0, True, True)
 
 def layout_of(obj: dict) -> HashTraceLayout:
     """The layout a trace's first request is written in: Bailian's rows name their chats."""
-    return BAILIAN if "chat_id" in obj and "parent_chat_id" in obj else MOONCAKE
+    return BAILIAN if "chat_id" in obj else MOONCAKE
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,7 +71,7 @@ class MooncakeRow:
     parent_chat_id: int | None = None
 
 
-def _int_field(obj: dict, key: str, where: str, minimum: int) -> int:
+def _int_field(obj: dict, key: str, where: str, minimum: int, maximum: int | None = None) -> int:
     if key not in obj:
         raise ValueError(f"{where}: field {key!r}: missing")
     value = obj[key]
@@ -74,6 +79,8 @@ def _int_field(obj: dict, key: str, where: str, minimum: int) -> int:
         raise ValueError(f"{where}: field {key!r}: expected an integer, got {described(value)}")
     if value < minimum:
         raise ValueError(f"{where}: field {key!r}: must be >= {minimum}, got {value}")
+    if maximum is not None and value > maximum:
+        raise ValueError(f"{where}: field {key!r}: must be <= {maximum:,}, got {value:,}")
     return value
 
 
@@ -82,6 +89,12 @@ def read_mooncake_rows(path: str | os.PathLike, limit: int | None = None,
     """Parse and check the first ``limit`` lines (all when None) of a Mooncake or Qwen-Bailian trace
     (:func:`layout_of` its first request; ``block_size`` None: the layout's). ValueError names file,
     line and field; a Bailian trace's chat ids must be unique."""
+    return _read_rows(path, limit, block_size)[0]
+
+
+def _read_rows(path: str | os.PathLike, limit: int | None,
+               block_size: int | None) -> tuple[list[MooncakeRow], bool]:
+    """:func:`read_mooncake_rows`, and whether the file holds a request past ``limit``."""
     if limit is not None and limit < 0:
         raise ValueError(f"limit must be None or >= 0, got {limit}")
     rows: list[MooncakeRow] = []
@@ -89,7 +102,7 @@ def read_mooncake_rows(path: str | os.PathLike, limit: int | None = None,
     chats: set[int] = set()
     for where, obj in iter_jsonl(path):
         if limit is not None and len(rows) >= limit:
-            break
+            return rows, True
         if not isinstance(obj, dict):
             raise ValueError(f"{where}: expected a JSON object, got {described(obj)}")
         if layout is None:
@@ -97,9 +110,15 @@ def read_mooncake_rows(path: str | os.PathLike, limit: int | None = None,
             block_size = layout.block_size if block_size is None else block_size
             unit = "milliseconds" if layout.ms_per_unit == 1.0 else "seconds"
         assert block_size is not None
-        ts = obj.get("timestamp")
-        if isinstance(ts, bool) or not isinstance(ts, (int, float)) or not ts >= 0:
-            raise ValueError(f"{where}: field 'timestamp': expected {unit} >= 0, got {described(ts)}")
+        if "timestamp" not in obj:
+            raise ValueError(f"{where}: field 'timestamp': missing")
+        ts = obj["timestamp"]
+        try:
+            ts_ms = float(ts) * layout.ms_per_unit if isinstance(ts, (int, float)) and not isinstance(ts, bool) else None
+        except OverflowError:       # an integer too large for a float
+            ts_ms = None
+        if ts_ms is None or not (ts >= 0 and math.isfinite(ts_ms)):
+            raise ValueError(f"{where}: field 'timestamp': expected finite {unit} >= 0, got {described(ts)}")
         chat_id = parent = None
         if layout.chats:        # a Bailian trace: every row names its chat and its parent (-1: none)
             chat_id = _int_field(obj, "chat_id", where, 0)
@@ -108,9 +127,11 @@ def read_mooncake_rows(path: str | os.PathLike, limit: int | None = None,
             chats.add(chat_id)
             parent = _int_field(obj, "parent_chat_id", where, -1)
             parent = None if parent == -1 else parent
-        input_length = _int_field(obj, "input_length", where, 1)
-        output_length = _int_field(obj, "output_length", where, 0)
-        ids = obj.get("hash_ids")
+        input_length = _int_field(obj, "input_length", where, 1, MAX_TOKENS)
+        output_length = _int_field(obj, "output_length", where, 0, MAX_TOKENS)
+        if "hash_ids" not in obj:
+            raise ValueError(f"{where}: field 'hash_ids': missing")
+        ids = obj["hash_ids"]
         if not isinstance(ids, list):
             raise ValueError(f"{where}: field 'hash_ids': expected a list of integers >= 0, got {described(ids)}")
         bad = next((i for i, h in enumerate(ids) if not (type(h) is int and h >= 0)), None)
@@ -123,9 +144,9 @@ def read_mooncake_rows(path: str | os.PathLike, limit: int | None = None,
             raise ValueError(f"{where}: input_length {input_length} needs {whole}{also} blocks of "
                              f"{block_size} (a {layout.name} trace), hash_ids has {len(ids)}"
                              + _other_block_size(input_length, len(ids)))
-        rows.append(MooncakeRow(where, float(ts) * layout.ms_per_unit, input_length, output_length, tuple(ids),
+        rows.append(MooncakeRow(where, ts_ms, input_length, output_length, tuple(ids),
                                 chat_id, parent))
-    return rows
+    return rows, False
 
 
 def _other_block_size(input_length: int, num_ids: int) -> str:
@@ -191,31 +212,40 @@ def _mix64(x: np.ndarray) -> np.ndarray:
 class MooncakeTokens:
     """Deterministic block contents for a set of rows (layout: module doc)."""
 
-    def __init__(self, rows: Sequence[MooncakeRow], *, block_size: int = 512, vocab_size: int = 32000,
+    def __init__(self, rows: Sequence[MooncakeRow], *, block_size: int = 512, vocab_size: int | None = DEFAULT_VOCAB,
                  output_vocab: int = 1024, seed: int = 0):
+        """``vocab_size`` None: :data:`DEFAULT_VOCAB`, raised as far as a block with more successors
+        needs (the tokens are those of :data:`DEFAULT_VOCAB` wherever it suffices). ValueError for a
+        given ``vocab_size`` that leaves too few ids, naming the block's first line."""
         if block_size <= 0 or output_vocab <= 0:
             raise ValueError("block_size and output_vocab must be > 0")
         self.block_size = block_size
-        self.vocab_size = vocab_size
         self.seed = seed
         self.output_lo = _FIRST_TOKEN
         self.output_hi = _FIRST_TOKEN + output_vocab
         self.block_lo = self.output_hi
+        self.rank, widest = self._sibling_ranks(rows)
+        max_rank = max(self.rank.values(), default=0)
+        if vocab_size is None:
+            vocab_size = max(DEFAULT_VOCAB, self.block_lo + max(max_rank + 1, 2))
+        self.vocab_size = vocab_size
         self.base = vocab_size - self.block_lo
         if self.base < 2:
             raise ValueError(f"vocab_size {vocab_size} leaves no room for block tokens "
                              f"(needs > {self.block_lo + 1})")
-        self.rank = self._sibling_ranks(rows)
-        max_rank = max(self.rank.values(), default=0)
         if max_rank >= self.base:
-            raise ValueError(f"a block has {max_rank + 1} distinct successors but only {self.base} "
-                             "block token ids are available: raise vocab_size or lower output_vocab")
+            raise ValueError(f"{widest}: a block there has {max_rank + 1} distinct successors but only {self.base} "
+                             f"block token ids are available: raise vocab_size to at least "
+                             f"{self.block_lo + max_rank + 1} (or leave it unset) or lower output_vocab")
 
     @staticmethod
-    def _sibling_ranks(rows: Sequence[MooncakeRow]) -> dict[int, int]:
+    def _sibling_ranks(rows: Sequence[MooncakeRow]) -> tuple[dict[int, int], str]:
+        """Each id's rank among its parent's children, and where the id of the highest rank is first
+        used (``path:line``, for messages)."""
         parent_of: dict[int, int] = {}
         children: dict[int, int] = {}
         rank: dict[int, int] = {}
+        widest, top = "", -1
         for row in rows:
             parent = -1
             for h in row.hash_ids:
@@ -226,8 +256,10 @@ class MooncakeTokens:
                 if h not in rank:
                     rank[h] = children.get(parent, 0)
                     children[parent] = rank[h] + 1
+                    if rank[h] > top:
+                        widest, top = row.where, rank[h]
                 parent = h
-        return rank
+        return rank, widest
 
     def input_tokens(self, row: MooncakeRow) -> np.ndarray:
         """int32 ``[input_length]``: the row's blocks back to back, the last one cut to length."""
@@ -260,68 +292,77 @@ def default_mooncake_path() -> Path:
     return bundled_data_dir() / "mooncake" / "conversation_trace_first2000.jsonl"
 
 
-def _sessions(rows: Sequence[MooncakeRow]) -> list[tuple[int, int]]:
-    """``(session_id, turn_id)`` per row: a Mooncake row is its own session (its line index), turn 0;
-    a Bailian chat's turns are one session, named by its root's chat id (the earliest ancestor the file
-    holds, else the missing parent's id), turns numbered by arrival."""
+def _sessions(rows: Sequence[MooncakeRow]) -> list[int]:
+    """The session of each row: a Mooncake row is its own (its index among the file's requests); a
+    Bailian chat's turns are one, named by its root's chat id (the earliest ancestor the file holds,
+    else the missing parent's id). ValueError naming the line for parents that loop."""
     if not rows or rows[0].chat_id is None:
-        return [(i, 0) for i in range(len(rows))]
+        return list(range(len(rows)))
     parent_of = {r.chat_id: r.parent_chat_id for r in rows}
     root: dict[int, int] = {}
     sessions = []
     for row in rows:
         chain, c = [], row.chat_id
+        on_chain: set[int] = set()
         while c not in root:
             chain.append(c)
+            on_chain.add(c)
             p = parent_of.get(c)
             if p is None or p not in parent_of:          # a root, or its parent not in this file
                 root[c] = c if p is None else p
                 break
-            if p in chain:
+            if p in on_chain:
                 raise ValueError(f"{row.where}: field 'parent_chat_id': chat {row.chat_id}'s parents "
                                  f"come back to chat {p}")
             c = p
         for x in chain:
             root[x] = root[c]
         sessions.append(root[row.chat_id])
-    order = sorted(range(len(rows)), key=lambda i: (rows[i].timestamp_ms, i))
-    turns = [0] * len(rows)
+    return sessions
+
+
+def _turns(sessions: Sequence[int], times: Sequence[float]) -> list[int]:
+    """Each request's turn in its session: 0, 1, ... by arrival (file order on ties)."""
+    turns = [0] * len(sessions)
     taken: dict[int, int] = {}
-    for i in order:
+    for i in sorted(range(len(sessions)), key=lambda i: (times[i], i)):
         turns[i] = taken.get(sessions[i], 0)
         taken[sessions[i]] = turns[i] + 1
-    return list(zip(sessions, turns))
+    return turns
 
 
 def build_mooncake_trace(path: str | os.PathLike | None = None, *, limit: int | None = None,
-                         block_size: int | None = None, vocab_size: int = 32000, output_vocab: int = 1024,
+                         block_size: int | None = None, vocab_size: int | None = None, output_vocab: int = 1024,
                          seed: int = 0, max_input_len: int | None = None,
                          progress: Progress | None = None) -> Trace:
     """Rebuild a token trace from a Mooncake or Qwen-Bailian file (``block_size`` None: the layout's,
-    512 or 16); ``max_input_len`` drops longer requests (counted in ``meta["num_dropped"]``). Session
-    ids are line indices (Mooncake) or root chat ids (Bailian), stable under drops; ``meta`` counts
-    the blocks :func:`chain_hash_ids` had to rename."""
+    512 or 16; ``vocab_size`` None: :data:`DEFAULT_VOCAB`, raised where a block has more successors
+    than it leaves ids for); ``max_input_len`` drops longer requests (counted in
+    ``meta["num_dropped"]``). Session ids are request indices (Mooncake) or root chat ids (Bailian),
+    stable under drops; turns count the requests kept. ``meta`` counts the blocks
+    :func:`chain_hash_ids` had to rename, and says whether the file holds more than ``limit``
+    requests (``more_in_file``)."""
     source = Path(path) if path is not None else default_mooncake_path()
-    rows = read_mooncake_rows(source, limit=limit, block_size=block_size)
+    rows, more_in_file = _read_rows(source, limit, block_size)
     layout = BAILIAN if rows and rows[0].chat_id is not None else MOONCAKE
     block_size = layout.block_size if block_size is None else block_size
     rows, rechained = chain_hash_ids(rows, block_size)
     tokens = MooncakeTokens(rows, block_size=block_size, vocab_size=vocab_size,
                             output_vocab=output_vocab, seed=seed)
+    kept = [i for i, row in enumerate(rows) if max_input_len is None or row.input_length <= max_input_len]
+    sessions = _sessions(rows)
+    turns = _turns([sessions[i] for i in kept], [rows[i].timestamp_ms for i in kept])
     requests: list[Request] = []
-    dropped = 0
     wrap = progress or no_progress
-    for i, (row, (session, turn)) in enumerate(wrap(list(zip(rows, _sessions(rows))))):
-        if max_input_len is not None and row.input_length > max_input_len:
-            dropped += 1
-            continue
-        requests.append(Request(session, turn, row.timestamp_ms / 1000.0, tokens.input_tokens(row),
+    for i, turn in wrap(list(zip(kept, turns))):
+        row = rows[i]
+        requests.append(Request(sessions[i], turn, row.timestamp_ms / 1000.0, tokens.input_tokens(row),
                                 tokens.output_tokens(row, i)))
-    params = dict(limit=limit, block_size=block_size, vocab_size=vocab_size, output_vocab=output_vocab,
+    params = dict(limit=limit, block_size=block_size, vocab_size=tokens.vocab_size, output_vocab=output_vocab,
                   seed=seed, max_input_len=max_input_len)
     meta = {"source": "mooncake" if layout is MOONCAKE else "bailian", "recipe": "mooncake-blocks",
             "layout": layout.name, "params": params, "files": [str(source)],
-            "num_rows": len(rows), "num_dropped": dropped,
+            "num_rows": len(rows), "num_dropped": len(rows) - len(kept), "more_in_file": more_in_file,
             "num_distinct_blocks": len(tokens.rank), "num_rechained_blocks": rechained}
     name = f"{meta['source']}-{source.stem}" + (f"-first{limit}" if limit is not None else "")
     return Trace.from_unsorted(requests, name=name, meta=meta)

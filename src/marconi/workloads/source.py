@@ -38,9 +38,13 @@ def trace_file_kind(path: str | Path) -> str | None:
 
 def shortfall(trace: Trace) -> str | None:
     """A sentence saying why a trace built from raw sessions (ShareGPT, LMSys, agent trajectories) has
-    fewer sessions than its ``num_sessions`` parameter asked, and which filter to loosen; None when it
-    has them all, asked for all, or was not built so (its ``meta`` lacks the counts)."""
+    fewer sessions than its ``num_sessions`` parameter asked, and which filter to loosen, or that a
+    block-hash trace stopped at its request limit before the file's end; None when it has them all,
+    asked for all, or was not built so (its ``meta`` lacks the counts)."""
     meta = trace.meta or {}
+    if meta.get("more_in_file") and meta.get("files"):      # a block-hash trace read to its request limit
+        return (f"the first {meta['num_rows']:,} requests of {meta['files'][0]}, which holds more "
+                "(requests=N reads more; --trace FILE, without the catalog name, reads it all)")
     asked = (meta.get("params") or {}).get("num_sessions")
     got, records = meta.get("num_sessions"), meta.get("records")
     if asked is None or got is None or not isinstance(records, dict) or got >= asked:

@@ -162,7 +162,7 @@ def _syntax_error_field(line: str) -> str | None:
         return None
     except json.JSONDecodeError as exc:
         pos = exc.pos
-    except RecursionError:
+    except (ValueError, RecursionError):    # not syntax: an integer too long to convert, absurd nesting
         return None
     keys = list(_TOKEN_KEY_RE.finditer(line, 0, pos))
     if keys and _INSIDE_LIST_RE.fullmatch(line, keys[-1].end(), pos):
