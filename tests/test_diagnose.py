@@ -301,3 +301,21 @@ def test_plugin_registration_refuses_an_existing_record_path_naming_the_variable
     finally:
         plugin.reset_registration()
     assert existing.read_text() == "{}\n"
+
+
+def test_a_bailian_trace_is_diagnosed_and_a_block_size_that_does_not_divide_is_named_by_its_layout(tmp_path):
+    path = tmp_path / "qwen_traceA_blksz_16.jsonl"
+    rows = [(1, -1, 0.0, 700, 20, list(range(44))), (2, 1, 5.0, 1216, 20, list(range(44)) + list(range(100, 132))),
+            (3, -1, 6.0, 640, 20, list(range(40)))]
+    keys = ("chat_id", "parent_chat_id", "timestamp", "input_length", "output_length", "hash_ids")
+    path.write_text("".join(json.dumps(dict(zip(keys, r))) + "\n" for r in rows))
+    result = diagnose(DiagnoseConfig(trace=str(path), model=MODEL, num_blocks=60, concurrency=1, capacity_points=(),
+                                     levers=()), show_bars=False)
+    assert not any("block_size" in w for w in result["warnings"])            # 16 divides every vLLM block
+    unit = 100                                                                 # divides no vLLM block
+    odd = tmp_path / "odd.jsonl"
+    odd.write_text("".join(json.dumps(dict(zip(keys, (c, p, t, n, o, ids[: -(-n // unit)])))) + "\n"
+                           for c, p, t, n, o, ids in rows))
+    result = diagnose(DiagnoseConfig(trace=f"mooncake:files={odd},block_size={unit}", model=MODEL, num_blocks=60,
+                                     concurrency=1, capacity_points=(), levers=()), show_bars=False)
+    assert any("Qwen-Bailian's 100-token hash blocks do not divide" in w for w in result["warnings"]), result

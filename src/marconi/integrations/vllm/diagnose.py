@@ -395,11 +395,13 @@ def diagnose(cfg: DiagnoseConfig, *, trace: Any = None, notice: Callable[[str], 
             raise ConfigError(f"{where}: field 'block_size': the recording's {bs}-token blocks do not divide model "
                               f"{cfg.model}'s {layout.hash_block_size}-token match unit: its hash ids cannot say "
                               "which of this model's blocks are shared; record with this model's configuration")
-    params = ((trace.meta or {}).get("params") or {}) if (trace.meta or {}).get("source") == "mooncake" else {}
+    meta = trace.meta or {}
+    params = (meta.get("params") or {}) if meta.get("recipe") == "mooncake-blocks" else {}   # Mooncake, Bailian
     if params.get("block_size") and layout.hash_block_size % int(params["block_size"]):
-        warnings.append(f"{cfg.trace}: field 'block_size': Mooncake's {params['block_size']}-token hash blocks do not "
+        name = meta.get("layout", "Mooncake")
+        warnings.append(f"{cfg.trace}: field 'block_size': {name}'s {params['block_size']}-token hash blocks do not "
                         f"divide {cfg.model}'s {layout.hash_block_size}-token vLLM block: a block that spans a "
-                        "differing Mooncake block counts as different, so hits are a lower bound")
+                        f"differing {name} block counts as different, so hits are a lower bound")
     if cfg.vllm_python is not None and any(parse_capacity(size).fraction is not None for size in cfg.cpu_tiers):
         # a --cpu-tiers fraction is of the replay's working set: refused under one chunk before any run
         from marconi.integrations.vllm.replay.run import replay_working_set
