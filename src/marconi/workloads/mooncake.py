@@ -112,13 +112,10 @@ def _read_rows(path: str | os.PathLike, limit: int | None,
         assert block_size is not None
         if "timestamp" not in obj:
             raise ValueError(f"{where}: field 'timestamp': missing")
-        ts = obj["timestamp"]
-        try:
-            ts_ms = float(ts) * layout.ms_per_unit if isinstance(ts, (int, float)) and not isinstance(ts, bool) else None
-        except OverflowError:       # an integer too large for a float
-            ts_ms = None
-        if ts_ms is None or not (ts >= 0 and math.isfinite(ts_ms)):
-            raise ValueError(f"{where}: field 'timestamp': expected finite {unit} >= 0, got {described(ts)}")
+        ts_ms = _milliseconds(obj["timestamp"], layout.ms_per_unit)
+        if ts_ms is None:
+            raise ValueError(f"{where}: field 'timestamp': expected finite {unit} >= 0, "
+                             f"got {described(obj['timestamp'])}")
         chat_id = parent = None
         if layout.chats:        # a Bailian trace: every row names its chat and its parent (-1: none)
             chat_id = _int_field(obj, "chat_id", where, 0)
@@ -147,6 +144,18 @@ def _read_rows(path: str | os.PathLike, limit: int | None,
         rows.append(MooncakeRow(where, ts_ms, input_length, output_length, tuple(ids),
                                 chat_id, parent))
     return rows, False
+
+
+def _milliseconds(ts: object, ms_per_unit: float) -> float | None:
+    """A timestamp as finite milliseconds >= 0, or None (not a number, negative, NaN, infinite, or
+    too large for a float before or after the unit)."""
+    if isinstance(ts, bool) or not isinstance(ts, (int, float)) or not ts >= 0:
+        return None
+    try:
+        ms = float(ts) * ms_per_unit
+    except OverflowError:       # an integer too large for a float
+        return None
+    return ms if math.isfinite(ms) else None
 
 
 def _other_block_size(input_length: int, num_ids: int) -> str:
