@@ -141,8 +141,8 @@ def _write_and_report(trace: Trace, out: str, source: str) -> int:
     provenance = Provenance.of(trace)
     if provenance is not None and provenance.fallback:  # a stand-in must never pass for the real data
         print(f"{trace.name}: {provenance.describe()}", file=sys.stderr)
-    elif shortfall(trace) is not None:
-        print(f"NOTE: {out}: {shortfall(trace)}", file=sys.stderr)
+    elif (short := shortfall(trace)) is not None:
+        print(f"NOTE: {out}: {short}", file=sys.stderr)
     return 0
 
 

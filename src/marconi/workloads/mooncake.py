@@ -93,8 +93,9 @@ def read_mooncake_rows(path: str | os.PathLike, limit: int | None = None,
 
 
 def _read_rows(path: str | os.PathLike, limit: int | None,
-               block_size: int | None) -> tuple[list[MooncakeRow], bool]:
-    """:func:`read_mooncake_rows`, and whether the file holds a request past ``limit``."""
+               block_size: int | None) -> tuple[list[MooncakeRow], bool, HashTraceLayout]:
+    """:func:`read_mooncake_rows`, whether the file holds a request past ``limit``, and the layout
+    its first request is written in (:data:`MOONCAKE` for a file without one)."""
     if limit is not None and limit < 0:
         raise ValueError(f"limit must be None or >= 0, got {limit}")
     rows: list[MooncakeRow] = []
@@ -102,7 +103,7 @@ def _read_rows(path: str | os.PathLike, limit: int | None,
     chats: set[int] = set()
     for where, obj in iter_jsonl(path):
         if limit is not None and len(rows) >= limit:
-            return rows, True
+            return rows, True, layout or MOONCAKE
         if not isinstance(obj, dict):
             raise ValueError(f"{where}: expected a JSON object, got {described(obj)}")
         if layout is None:
@@ -143,7 +144,7 @@ def _read_rows(path: str | os.PathLike, limit: int | None,
                              + _other_block_size(input_length, len(ids)))
         rows.append(MooncakeRow(where, ts_ms, input_length, output_length, tuple(ids),
                                 chat_id, parent))
-    return rows, False
+    return rows, False, layout or MOONCAKE
 
 
 def _milliseconds(ts: object, ms_per_unit: float) -> float | None:
@@ -301,11 +302,11 @@ def default_mooncake_path() -> Path:
     return bundled_data_dir() / "mooncake" / "conversation_trace_first2000.jsonl"
 
 
-def _sessions(rows: Sequence[MooncakeRow]) -> list[int]:
+def _sessions(rows: Sequence[MooncakeRow], layout: HashTraceLayout) -> list[int]:
     """The session of each row: a Mooncake row is its own (its index among the file's requests); a
     Bailian chat's turns are one, named by its root's chat id (the earliest ancestor the file holds,
     else the missing parent's id). ValueError naming the line for parents that loop."""
-    if not rows or rows[0].chat_id is None:
+    if not layout.chats:
         return list(range(len(rows)))
     parent_of = {r.chat_id: r.parent_chat_id for r in rows}
     root: dict[int, int] = {}
@@ -352,14 +353,13 @@ def build_mooncake_trace(path: str | os.PathLike | None = None, *, limit: int | 
     :func:`chain_hash_ids` had to rename, and says whether the file holds more than ``limit``
     requests (``more_in_file``)."""
     source = Path(path) if path is not None else default_mooncake_path()
-    rows, more_in_file = _read_rows(source, limit, block_size)
-    layout = BAILIAN if rows and rows[0].chat_id is not None else MOONCAKE
+    rows, more_in_file, layout = _read_rows(source, limit, block_size)
     block_size = layout.block_size if block_size is None else block_size
     rows, rechained = chain_hash_ids(rows, block_size)
     tokens = MooncakeTokens(rows, block_size=block_size, vocab_size=vocab_size,
                             output_vocab=output_vocab, seed=seed)
     kept = [i for i, row in enumerate(rows) if max_input_len is None or row.input_length <= max_input_len]
-    sessions = _sessions(rows)
+    sessions = _sessions(rows, layout)
     turns = _turns([sessions[i] for i in kept], [rows[i].timestamp_ms for i in kept])
     requests: list[Request] = []
     wrap = progress or no_progress

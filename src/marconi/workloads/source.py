@@ -78,8 +78,8 @@ def load_trace(text: str, limit: int | None = None, *, notice: Callable[[str], N
         provenance = Provenance.of(trace)
         if notice is not None and provenance is not None and provenance.fallback:
             notice(f"trace {text}: {provenance.describe()}")
-        elif notice is not None and shortfall(trace) is not None:    # a stand-in's own note says why
-            notice(f"NOTE: trace {text}: {shortfall(trace)}")
+        elif notice is not None and (short := shortfall(trace)) is not None:  # a stand-in's note says why
+            notice(f"NOTE: trace {text}: {short}")
         return trace.head(limit) if limit is not None else trace
     path = Path(text)
     if not path.exists():
@@ -101,7 +101,7 @@ def load_trace(text: str, limit: int | None = None, *, notice: Callable[[str], N
                    f"with its defaults ({Provenance.of(trace).describe()}); set them on the name "
                    f"(--trace {kind}:files=PATH,...: `marconi trace list`) or write the trace once with "
                    f"`marconi trace build {kind}`"
-                   + (f"; {shortfall(trace)}" if shortfall(trace) is not None else ""))
+                   + (f"; {short}" if (short := shortfall(trace)) is not None else ""))
         return trace.head(limit) if limit is not None else trace
     if format_of(path) is None and path.is_file():
         raise ConfigError(f"{text}: neither a token trace ({suffix_listing()}) nor a raw source its first record "
