@@ -55,18 +55,15 @@ def test_each_source_is_recognised_by_its_first_record(tmp_path, sharegpt_file, 
     assert {raw_source_of(p) for p in (sharegpt_file, parquet)} == {"sharegpt"}
     assert raw_source_of(lmsys) == "lmsys" and raw_source_of(quality_file) == "quality"
     assert raw_source_of(swe) == "swe" and raw_source_of(traj) == "swe"
-    # Not raw sources: a token trace, a bare chat in "messages" (ambiguous), an empty array, a broken
-    # file, a directory, a missing path.
+    # Not raw sources: a token trace, an empty array, a broken file, a directory, a missing path.
     token_trace = tmp_path / "t.jsonl"
     token_trace.write_text(json.dumps({"session_id": 0, "turn_id": 0, "ts": 0.0, "input_tokens": [1, 2],
                                        "output_tokens": [3]}) + "\n")
-    chat = tmp_path / "chat.json"
-    chat.write_text(json.dumps([{"messages": [{"role": "user", "content": "hi"}]}]))
     empty = tmp_path / "empty.json"
     empty.write_text("[]")
     broken = tmp_path / "broken.json"
     broken.write_text('[{"conversations": [')
-    for path in (token_trace, chat, empty, broken, tmp_path, tmp_path / "missing.json"):
+    for path in (token_trace, empty, broken, tmp_path, tmp_path / "missing.json"):
         assert raw_source_of(path) is None, path
     assert set(RAW_SOURCES) == {"sharegpt", "lmsys", "swe", "quality"}
 
@@ -117,9 +114,9 @@ def test_mini_swe_agents_own_trajectory_files_are_the_swe_recipe(tmp_path):
     assert raw_source_of(one) == "swe" and raw_source_of(folder) == "swe"
     assert _tokens(load_trace(str(one))) == _tokens(build_workload(f"swe:files={one}"))
     assert _tokens(load_trace(str(folder))) == _tokens(build_workload(f"swe:files={folder}"))
-    bare = tmp_path / "chat.json"                # a bare {"messages": [...]} chat stays unknown
-    bare.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}], "info": {"model": "m"}}))
-    assert raw_source_of(bare) is None
+    header = tmp_path / "no_status.json"         # mini-swe-agent's header without an exit status yet
+    header.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}], "info": {"model": "m"}}))
+    assert raw_source_of(header) == "swe"
 
 
 def test_gzipped_mooncake_and_chat_files_are_read_as_their_sources(tmp_path, sharegpt_file):
@@ -160,7 +157,7 @@ def test_a_raw_file_builds_as_the_catalog_recipe_with_files_and_says_so(sharegpt
     trace = load_trace(str(sharegpt_file), notice=told.append)
     named = build_workload(f"sharegpt:files={sharegpt_file}")
     assert len(trace) > 0 and _tokens(trace) == _tokens(named)
-    assert len(told) == 1 and "ShareGPT conversations, not a token trace" in told[0]
+    assert len(told) == 1 and "chat conversations (ShareGPT, or OpenAI-format messages), not a token trace" in told[0]
     assert "sharegpt:files=" in told[0] and "marconi trace build sharegpt" in told[0]
     assert _tokens(load_trace(str(sharegpt_file), 2)) == _tokens(named)[:2]
     q = load_trace(str(quality_file))
@@ -198,9 +195,10 @@ def test_the_cli_simulates_a_raw_file_and_matches_trace_build(sharegpt_file, tmp
 
 def test_an_unrecognised_file_names_both_token_traces_and_raw_sources(tmp_path, capsys):
     path = tmp_path / "notes.json"
-    path.write_text(json.dumps([{"messages": [{"role": "user", "content": "hi"}]}]))
+    path.write_text(json.dumps([{"notes": [{"author": "me", "text": "hi"}]}]))
     with pytest.raises(ConfigError, match=r"notes\.json: neither a token trace \(\.jsonl.*\) nor a raw source .*"
-                                          r"sharegpt: ShareGPT conversations.*marconi trace build --help"):
+                                          r"sharegpt: chat conversations \(ShareGPT, or OpenAI-format messages\)"
+                                          r".*marconi trace build --help"):
         load_trace(str(path))
     assert main(["simulate", "--trace", str(path), "--systems", "marconi", "--capacity", "1GB", "--quiet"]) == 2
     assert "neither a token trace" in capsys.readouterr().err

@@ -9,11 +9,16 @@ from typing import Any, Callable, Iterable, Mapping, Sequence, TypeVar
 
 import numpy as np
 
+from marconi.core.jsonfile import described
+
 from .tokenizer import TextTokenizer
 
 __all__ = [
     "Message",
     "TEXT_FORMS",
+    "CALL_FIELDS",
+    "content_text",
+    "call_fields",
     "normalize_role",
     "encode_messages",
     "count_words",
@@ -27,9 +32,16 @@ Progress = Callable[[Iterable[T]], Iterable[T]]
 prints nothing itself."""
 
 TEXT_FORMS = ("json", "content")
-"""How a message becomes text: ``json`` = ``json.dumps`` of its source role and content fields (the
-paper's form: ShareGPT ``{"from": ..., "value": ...}``, LMSys/agents ``{"role": ..., "content": ...}``,
-ASCII-escaped as ``json.dumps`` does by default); ``content`` = the content string alone."""
+"""How a message becomes text: ``json`` = ``json.dumps`` of its source role and content fields, and its
+tool calls where it has any (the paper's form: ShareGPT ``{"from": ..., "value": ...}``, LMSys/agents
+``{"role": ..., "content": ...}``, ASCII-escaped as ``json.dumps`` does by default); ``content`` = the
+content string alone, its tool calls (``json.dumps``) on a line after it."""
+
+CALL_FIELDS = ("tool_calls", "function_call")
+"""A message's fields, beside its role and content, that the model wrote as text and reads back in
+every later call: an assistant's tool calls (OpenAI's ``tool_calls``, its older ``function_call``;
+SWE-agent's function-calling runs keep the call there, their ``content`` holds only the thought).
+A message whose content is empty or null and whose call is here is a whole turn of output."""
 
 _ROLE_ALIASES = {
     "human": "user", "user": "user",
@@ -52,6 +64,30 @@ def normalize_role(role: Any) -> str:
     return _ROLE_ALIASES[key]
 
 
+def content_text(content: Any, where: str) -> str:
+    """A message's ``content`` as text: a string as is, null as ``""``, OpenAI content parts (a list of
+    ``{"type": "text", "text": ...}`` or strings) joined, other parts (images) skipped. ValueError
+    naming ``where`` for anything else."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for part in content:
+            if isinstance(part, dict) and isinstance(part.get("text"), str):
+                parts.append(part["text"])
+            elif isinstance(part, str):
+                parts.append(part)
+        return "".join(parts)
+    raise ValueError(f"{where}: message content must be a string, got {described(content)}")
+
+
+def call_fields(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """The :data:`CALL_FIELDS` a source message carries (present, not null and not empty), as given."""
+    return {k: obj[k] for k in CALL_FIELDS if obj.get(k) not in (None, "", [], {})}
+
+
 def count_words(text: str) -> int:
     """Whitespace-separated words of ``text`` (``len(text.split())``)."""
     return len(text.split())
@@ -59,8 +95,8 @@ def count_words(text: str) -> int:
 
 @dataclass(frozen=True, slots=True)
 class Message:
-    """One message; ``raw``: the source's role and content fields (the ``json`` text form); ``created``:
-    the source's unix time, if any."""
+    """One message; ``raw``: the source's role and content fields and its tool calls (:data:`CALL_FIELDS`),
+    as given (the ``json`` text form); ``created``: the source's unix time, if any."""
 
     role: str
     content: str
@@ -71,7 +107,8 @@ class Message:
         if text_form == "json":
             return json.dumps(dict(self.raw) if self.raw else {"role": self.role, "content": self.content})
         if text_form == "content":
-            return self.content
+            calls = [self.raw[k] for k in CALL_FIELDS if k in self.raw]
+            return "\n".join([self.content, *map(json.dumps, calls)]) if calls else self.content
         raise ValueError(f"unknown text form {text_form!r} (choose from {', '.join(TEXT_FORMS)})")
 
 

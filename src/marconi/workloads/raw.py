@@ -1,5 +1,5 @@
-"""Which raw source a file holds, when it is not a token trace: ShareGPT, LMSys, agent trajectories or
-QuALITY (:func:`raw_source_of`).
+"""Which raw source a file holds, when it is not a token trace: chats (ShareGPT, OpenAI-format messages),
+LMSys, agent trajectories or QuALITY (:func:`raw_source_of`).
 
 A command given such a file as its trace builds it by the catalog entry's recipe (``files=``), as
 ``marconi trace build`` would, instead of refusing it as an unknown format. Only the file's first
@@ -17,10 +17,12 @@ from typing import Any
 from marconi.core.jsonfile import not_regular
 from marconi.io import open_binary
 
+from .messages import call_fields, normalize_role
+
 __all__ = ["raw_source_of", "RAW_SOURCES", "trajectory_files"]
 
 #: The catalog entry that builds each raw source, and the source in words.
-RAW_SOURCES = {"sharegpt": "ShareGPT conversations", "lmsys": "LMSys-Chat conversations",
+RAW_SOURCES = {"sharegpt": "chat conversations (ShareGPT, or OpenAI-format messages)", "lmsys": "LMSys-Chat conversations",
                "swe": "agent trajectories (mini-swe-agent / SWE-agent)", "quality": "QuALITY articles"}
 
 #: Files a mini-swe-agent run folder holds beside its ``<id>/<id>.traj.json`` that are not trajectories
@@ -48,15 +50,30 @@ def _kind(obj: Any) -> str | None:
     if isinstance(obj.get("conversation"), list):
         return "lmsys"
     info = obj.get("info")
-    if isinstance(obj.get("messages"), list) and ("instance_id" in obj or "exit_status" in obj
-                                                  or "trajectory_format" in obj
-                                                  or isinstance(info, dict) and "exit_status" in info):
-        return "swe"         # mini-swe-agent (compact, or its own .traj.json); a bare {"messages": [...]} chat: None
+    messages = obj.get("messages")
+    if isinstance(messages, list):
+        if "instance_id" in obj or "exit_status" in obj or "trajectory_format" in obj or isinstance(info, dict):
+            return "swe"     # mini-swe-agent (compact, or its own .traj.json with its "info" header)
+        if messages and all(isinstance(m, dict) and "role" in m for m in messages[:8]):
+            return "swe" if any(_agentic(m) for m in messages) else "sharegpt"    # an OpenAI-format record
     if isinstance(obj.get("history"), list) and all(isinstance(m, dict) and "role" in m for m in obj["history"][:8]):
         return "swe"         # SWE-agent's .traj (its demonstrations carry the history alone)
     if "article" in obj and isinstance(obj.get("questions"), list):
         return "quality"
     return None
+
+
+def _agentic(message: Any) -> bool:
+    """Whether a message shows an agent's loop: a tool's result, or a call to one. A bare
+    ``{"messages": [...]}`` record with such a message is an agent's trajectory, else a chat."""
+    if not isinstance(message, dict):
+        return False
+    if call_fields(message):
+        return True
+    try:
+        return normalize_role(message.get("role")) == "tool"
+    except ValueError:
+        return False
 
 
 def _first_json_line(path: Path) -> Any:
@@ -92,13 +109,17 @@ def _first_json_value(path: Path) -> Any:
 
 
 def _parquet_kind(path: Path) -> str | None:
-    """ShareGPT or LMSys records in Parquet (the chat readers take it), by column name."""
+    """Chat records in Parquet (the chat readers take it), by column name: ShareGPT's ``conversations`` or
+    the OpenAI format's ``messages`` (read as chats: the SWE reader takes no Parquet), LMSys's
+    ``conversation``."""
     try:
         import pyarrow.parquet as pq
     except ImportError:
         return None
     names = set(pq.read_schema(path).names)
-    return "sharegpt" if "conversations" in names else "lmsys" if "conversation" in names else None
+    if "conversations" in names or "messages" in names:
+        return "sharegpt"
+    return "lmsys" if "conversation" in names else None
 
 
 def raw_source_of(path: str | os.PathLike) -> str | None:

@@ -1,4 +1,4 @@
-"""Multi-turn chat traces from ShareGPT or LMSys-Chat-1M exports by the paper's recipe: qualifying
+"""Multi-turn chat traces from ShareGPT, LMSys-Chat-1M or OpenAI-format chat exports by the paper's recipe: qualifying
 conversations become sessions, messages are tokenized one by one, turns arrive after typing time
 and are grouped by role (or by position). Recipe: docs/data.md ("The chat recipe")."""
 
@@ -14,16 +14,21 @@ import numpy as np
 from marconi.core.jsonfile import described
 from marconi.io import iter_jsonl, read_json
 
-from .messages import (Message, Progress, check_text_form, concat_with_offsets, count_words,
-                       encode_messages, no_progress, normalize_role)
+from .messages import (Message, Progress, call_fields, check_text_form, concat_with_offsets, content_text,
+                       count_words, encode_messages, no_progress, normalize_role)
 from .paths import shared_data_dir
 from .tokenizer import TextTokenizer, load_tokenizer
 from .trace import Request, Trace
 
-__all__ = ["ChatRecord", "read_chat_records", "chat_turns", "build_chat_trace", "build_sharegpt_trace",
+__all__ = ["CHAT_FIELDS", "ChatRecord", "read_chat_records", "chat_turns", "build_chat_trace", "build_sharegpt_trace",
            "build_lmsys_trace", "default_sharegpt_files", "typed_words", "PAIRINGS"]
 
 PAIRINGS = ("roles", "positional")
+
+
+CHAT_FIELDS = ("conversations", "conversation", "messages")
+"""The field holding a record's messages, first found wins: ShareGPT's, LMSys-Chat's (WildChat's), and
+the OpenAI chat format's (``{"messages": [{"role", "content"}]}``, most instruction sets)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,28 +46,25 @@ def _message(obj: Any, where: str) -> Message:
     content_key = "value" if "value" in obj else "content" if "content" in obj else None
     if role_key is None or content_key is None:
         raise ValueError(f"{where}: a message needs from/role and value/content, got keys {sorted(obj)}")
-    content = obj[content_key]
-    if content is None:
-        content = ""
-    if not isinstance(content, str):
-        raise ValueError(f"{where}: message content must be a string, got {described(content)}")
+    content = content_text(obj[content_key], where)
     try:
         role = normalize_role(obj[role_key])
     except ValueError as exc:
         raise ValueError(f"{where}: {exc}") from None
     raw = {k: v for k, v in obj.items() if k in (role_key, content_key)}
-    return Message(role=role, content=content, raw=raw)
+    return Message(role=role, content=content, raw={**raw, **call_fields(obj)})
 
 
 def _record(obj: Any, where: str, index: int) -> ChatRecord:
     if not isinstance(obj, dict):
         raise ValueError(f"{where}: a record must be an object, got {described(obj)}")
-    if "conversations" in obj:
-        msgs = obj["conversations"]
-    elif "conversation" in obj:
-        msgs = obj["conversation"]
+    for field in CHAT_FIELDS:
+        if field in obj:
+            msgs = obj[field]
+            break
     else:
-        raise ValueError(f"{where}: no 'conversations' (ShareGPT) or 'conversation' (LMSys) field")
+        raise ValueError(f"{where}: no 'conversations' (ShareGPT), 'conversation' (LMSys) or 'messages' (OpenAI "
+                         "chat) field")
     if not isinstance(msgs, list):
         raise ValueError(f"{where}: the conversation must be a list, got {described(msgs)}")
     rid = obj.get("id", obj.get("conversation_id", index))

@@ -11,10 +11,10 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .messages import (Message, Progress, check_text_form, concat_with_offsets, encode_messages,
-                       no_progress, normalize_role)
+from .messages import (Message, Progress, call_fields, check_text_form, concat_with_offsets, content_text,
+                       encode_messages, no_progress, normalize_role)
 from marconi.core.jsonfile import described
-from marconi.io import read_json
+from marconi.io import iter_jsonl, read_json
 
 from .paths import bundled_data_dir, shared_data_dir
 from .raw import trajectory_files
@@ -38,22 +38,6 @@ class Trajectory:
     source: str
 
 
-def _content_text(content: Any, where: str) -> str:
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):  # OpenAI-style content parts
-        parts = []
-        for part in content:
-            if isinstance(part, dict) and isinstance(part.get("text"), str):
-                parts.append(part["text"])
-            elif isinstance(part, str):
-                parts.append(part)
-        return "".join(parts)
-    raise ValueError(f"{where}: message content must be a string, got {described(content)}")
-
-
 def _message(obj: Any, where: str) -> Message:
     if not isinstance(obj, dict):
         raise ValueError(f"{where}: a message must be an object with a 'role', got {described(obj)}")
@@ -63,11 +47,11 @@ def _message(obj: Any, where: str) -> Message:
         role = normalize_role(obj["role"])
     except ValueError as exc:
         raise ValueError(f"{where}: {exc}") from None
-    content = _content_text(obj.get("content"), where)
+    content = content_text(obj.get("content"), where)
     created = obj.get("created")
     if created is not None and (isinstance(created, bool) or not isinstance(created, (int, float))):
         raise ValueError(f"{where}: 'created' must be a unix time in seconds, got {described(created)}")
-    return Message(role=role, content=content, raw={"role": obj["role"], "content": content},
+    return Message(role=role, content=content, raw={"role": obj["role"], "content": content, **call_fields(obj)},
                    created=None if created is None else float(created))
 
 
@@ -89,7 +73,7 @@ def _trajectory(obj: Any, name: str, source: str) -> Trajectory:
 
 def _file_stem(path: Path) -> str:
     name = path.name
-    for suffix in (".traj.json", ".traj", ".json"):
+    for suffix in (".traj.json", ".traj", ".json", ".jsonl.gz", ".jsonl"):
         if name.endswith(suffix):
             return name[: -len(suffix)]
     return name
@@ -109,9 +93,14 @@ def _trajectory_files(paths: Sequence[str | os.PathLike]) -> list[Path]:
 
 
 def load_trajectories(paths: Sequence[str | os.PathLike]) -> list[Trajectory]:
-    """All trajectories in the given files/directories, sorted by name (stable on ties)."""
+    """All trajectories in the given files/directories, sorted by name (stable on ties): a ``.json`` or
+    ``.traj`` file holds one trajectory or a list of them, a ``.jsonl`` (``.jsonl.gz``) file one a line."""
     out: list[Trajectory] = []
     for path in _trajectory_files(paths):
+        if path.name.lower().endswith((".jsonl", ".jsonl.gz")):    # one trajectory a line
+            for where, obj in iter_jsonl(path):
+                out.append(_trajectory(obj, f"{_file_stem(path)}[{where.rsplit(':', 1)[1]}]", where))
+            continue
         data = read_json(path)
         if isinstance(data, list):
             for i, obj in enumerate(data):
