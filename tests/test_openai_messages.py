@@ -57,6 +57,21 @@ def test_a_jsonl_of_openai_chats_is_the_chat_recipe_and_equals_the_same_chats_as
         load_trace(str(chats))
 
 
+def test_a_chat_turn_that_is_only_a_tool_call_is_read(tmp_path):
+    """OpenAI's format lets an assistant message carry ``tool_calls`` and no ``content`` at all."""
+    msgs = [{"role": "user", "content": "what time is it"}, {"role": "assistant", "tool_calls": [_call(0)]},
+            {"role": "tool", "tool_call_id": "call_0", "content": "12:00"}, {"role": "assistant", "content": "noon"}]
+    path = tmp_path / "calls.jsonl"
+    path.write_text(json.dumps({"messages": msgs}) + "\n")
+    (record,) = read_chat_records([path])
+    assert [m.role for m in record.messages] == ["user", "assistant", "tool", "assistant"]
+    assert record.messages[1].content == "" and "needle_0" in record.messages[1].text("json")
+    no_content = tmp_path / "no_content.jsonl"
+    no_content.write_text(json.dumps({"messages": [{"role": "assistant"}]}) + "\n")
+    with pytest.raises(ValueError, match=r"no_content\.jsonl:1: message 0: a message needs from/role and value/content"):
+        list(read_chat_records([no_content]))
+
+
 def test_content_parts_are_read_as_their_text(tmp_path):
     parts = [{"role": "user", "content": [{"type": "text", "text": "look "}, {"type": "image_url", "image_url": {}},
                                           {"type": "text", "text": "here"}]},

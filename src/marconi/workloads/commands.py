@@ -361,7 +361,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     build = sub.add_parser("build", help="build a trace from real data or a generator")
     bsub = build.add_subparsers(dest="source", required=True)
 
-    p = bsub.add_parser("sharegpt", help="ShareGPT by the paper's recipe")
+    p = bsub.add_parser("sharegpt", help="ShareGPT (or OpenAI-format chats) by the paper's recipe")
     _add_chat(p, "*", "default: off; files default to the shared data set's filtered ShareGPT parts")
     p.set_defaults(func=cmd_build_sharegpt)
 
@@ -441,7 +441,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 
     p = sub.add_parser("stats", help="sessions, requests, token totals, input-length percentiles")
     p.add_argument("file", help="a trace file, or anything --trace takes: a catalog name, a Mooncake or "
-                                "recorded block-hash trace, a raw ShareGPT/LMSys/SWE/QuALITY file")
+                                "recorded block-hash trace, a raw ShareGPT/OpenAI-chat/LMSys/SWE/QuALITY file")
     p.add_argument("--json", action="store_true", help="one JSON record instead of text")
     p.set_defaults(func=cmd_stats)
     return trace

@@ -44,15 +44,16 @@ def _message(obj: Any, where: str) -> Message:
         raise ValueError(f"{where}: a message must be an object, got {described(obj)}")
     role_key = "from" if "from" in obj else "role" if "role" in obj else None
     content_key = "value" if "value" in obj else "content" if "content" in obj else None
-    if role_key is None or content_key is None:
+    calls = call_fields(obj)
+    if role_key is None or content_key is None and not calls:     # a tool call may stand without content
         raise ValueError(f"{where}: a message needs from/role and value/content, got keys {sorted(obj)}")
-    content = content_text(obj[content_key], where)
+    content = content_text(obj.get(content_key), where) if content_key else ""
     try:
         role = normalize_role(obj[role_key])
     except ValueError as exc:
         raise ValueError(f"{where}: {exc}") from None
     raw = {k: v for k, v in obj.items() if k in (role_key, content_key)}
-    return Message(role=role, content=content, raw={**raw, **call_fields(obj)})
+    return Message(role=role, content=content, raw={**raw, **calls})
 
 
 def _record(obj: Any, where: str, index: int) -> ChatRecord:
