@@ -68,7 +68,8 @@ def test_a_chat_turn_that_is_only_a_tool_call_is_read(tmp_path):
     assert record.messages[1].content == "" and "needle_0" in record.messages[1].text("json")
     no_content = tmp_path / "no_content.jsonl"
     no_content.write_text(json.dumps({"messages": [{"role": "assistant"}]}) + "\n")
-    with pytest.raises(ValueError, match=r"no_content\.jsonl:1: message 0: a message needs from/role and value/content"):
+    with pytest.raises(ValueError, match=r"no_content\.jsonl:1: message 0: a message needs from/role and "
+                                         r"value/content"):
         list(read_chat_records([no_content]))
 
 

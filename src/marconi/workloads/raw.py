@@ -22,7 +22,8 @@ from .messages import call_fields, normalize_role
 __all__ = ["raw_source_of", "RAW_SOURCES", "trajectory_files"]
 
 #: The catalog entry that builds each raw source, and the source in words.
-RAW_SOURCES = {"sharegpt": "chat conversations (ShareGPT, or OpenAI-format messages)", "lmsys": "LMSys-Chat conversations",
+RAW_SOURCES = {"sharegpt": "chat conversations (ShareGPT, or OpenAI-format messages)",
+               "lmsys": "LMSys-Chat conversations",
                "swe": "agent trajectories (mini-swe-agent / SWE-agent)", "quality": "QuALITY articles"}
 
 #: Files a mini-swe-agent run folder holds beside its ``<id>/<id>.traj.json`` that are not trajectories

@@ -1,6 +1,6 @@
-"""Multi-turn chat traces from ShareGPT, LMSys-Chat-1M or OpenAI-format chat exports by the paper's recipe: qualifying
-conversations become sessions, messages are tokenized one by one, turns arrive after typing time
-and are grouped by role (or by position). Recipe: docs/data.md ("The chat recipe")."""
+"""Multi-turn chat traces from ShareGPT, LMSys-Chat-1M or OpenAI-format chat exports by the paper's
+recipe: qualifying conversations become sessions, messages are tokenized one by one, turns arrive after
+typing time and are grouped by role (or by position). Recipe: docs/data.md ("The chat recipe")."""
 
 from __future__ import annotations
 
@@ -20,8 +20,8 @@ from .paths import shared_data_dir
 from .tokenizer import TextTokenizer, load_tokenizer
 from .trace import Request, Trace
 
-__all__ = ["CHAT_FIELDS", "ChatRecord", "read_chat_records", "chat_turns", "build_chat_trace", "build_sharegpt_trace",
-           "build_lmsys_trace", "default_sharegpt_files", "typed_words", "PAIRINGS"]
+__all__ = ["CHAT_FIELDS", "ChatRecord", "read_chat_records", "chat_turns", "build_chat_trace",
+           "build_sharegpt_trace", "build_lmsys_trace", "default_sharegpt_files", "typed_words", "PAIRINGS"]
 
 PAIRINGS = ("roles", "positional")
 
@@ -47,7 +47,7 @@ def _message(obj: Any, where: str) -> Message:
     calls = call_fields(obj)
     if role_key is None or content_key is None and not calls:     # a tool call may stand without content
         raise ValueError(f"{where}: a message needs from/role and value/content, got keys {sorted(obj)}")
-    content = content_text(obj.get(content_key), where) if content_key else ""
+    content = content_text(obj[content_key], where) if content_key else ""
     try:
         role = normalize_role(obj[role_key])
     except ValueError as exc:
