@@ -132,3 +132,17 @@ def test_a_jsonl_of_trajectories_is_read_one_a_line_as_the_same_array(tmp_path):
     bad.write_text(json.dumps(records[0]) + "\n" + json.dumps({"instance_id": "x"}) + "\n")
     with pytest.raises(ValueError, match=r"bad\.jsonl:2.*no 'messages' or 'history'"):
         build_workload(f"swe:files={bad}")
+
+
+def test_sharegpt_style_tool_data_reads_the_call_as_the_models_turn(tmp_path):
+    """LLaMA-Factory's ShareGPT format: ``human``, ``function_call`` (the model's), ``observation``
+    (the tool's), ``gpt``. Old: "unknown message role 'function_call'"."""
+    convo = [{"from": "human", "value": "weather in Paris?"},
+             {"from": "function_call", "value": json.dumps({"name": "weather", "arguments": {"city": "Paris"}})},
+             {"from": "observation", "value": "18C, cloudy"}, {"from": "gpt", "value": "18C and cloudy."}]
+    path = tmp_path / "tools.json"
+    path.write_text(json.dumps([{"conversations": convo}]))
+    (record,) = read_chat_records([path])
+    assert [m.role for m in record.messages] == ["user", "assistant", "tool", "assistant"]
+    trace = build_workload(f"sharegpt:files={path},min_rounds=1")
+    assert [len(r.output_tokens) > 0 for r in trace] == [True, True]    # the call, then the answer

@@ -47,6 +47,7 @@ _ROLE_ALIASES = {
     "human": "user", "user": "user",
     "gpt": "assistant", "chatgpt": "assistant", "assistant": "assistant", "bard": "assistant",
     "bing": "assistant", "model": "assistant", "claude": "assistant",
+    "function_call": "assistant",      # the model's call, in ShareGPT-style tool data (LLaMA-Factory's)
     "system": "system",
     "tool": "tool", "function": "tool", "ipython": "tool", "observation": "tool",
 }
