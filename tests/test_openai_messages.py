@@ -18,7 +18,7 @@ from marconi.workloads.swe import build_swe_trace, load_trajectories
 
 
 def _chat(k: int, turns: int = 3) -> list[dict]:
-    out = [{"role": "system", "content": "You are a helpful assistant."}]
+    out = [{"role": "developer" if k % 2 else "system", "content": "You are a helpful assistant."}]
     for t in range(turns):
         out += [{"role": "user", "content": f"question {k}.{t} " * 5},
                 {"role": "assistant", "content": f"answer {k}.{t} " * 7}]
@@ -48,6 +48,8 @@ def test_a_jsonl_of_openai_chats_is_the_chat_recipe_and_equals_the_same_chats_as
     same = tmp_path / "same.json"           # ShareGPT's field, the same role/content messages
     same.write_text(json.dumps([{"conversations": _chat(k)} for k in range(4)]))
     assert raw_source_of(chats) == "sharegpt"
+    records = list(read_chat_records([chats]))
+    assert records[1].messages[0].raw["role"] == "developer" and records[1].messages[0].role == "system"
     trace = build_workload(f"sharegpt:files={chats},min_rounds=1")
     assert len(trace) == 12 and trace.meta["num_sessions"] == 4
     assert _tokens(trace) == _tokens(build_workload(f"sharegpt:files={same},min_rounds=1"))

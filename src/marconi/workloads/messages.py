@@ -48,7 +48,7 @@ _ROLE_ALIASES = {
     "gpt": "assistant", "chatgpt": "assistant", "assistant": "assistant", "bard": "assistant",
     "bing": "assistant", "model": "assistant", "claude": "assistant",
     "function_call": "assistant",      # the model's call, in ShareGPT-style tool data (LLaMA-Factory's)
-    "system": "system",
+    "system": "system", "developer": "system",      # OpenAI's newer name for the system prompt
     "tool": "tool", "function": "tool", "ipython": "tool", "observation": "tool",
 }
 
