@@ -148,3 +148,14 @@ def test_sharegpt_style_tool_data_reads_the_call_as_the_models_turn(tmp_path):
     assert [m.role for m in record.messages] == ["user", "assistant", "tool", "assistant"]
     trace = build_workload(f"sharegpt:files={path},min_rounds=1")
     assert [len(r.output_tokens) > 0 for r in trace] == [True, True]    # the call, then the answer
+
+
+def test_a_file_of_one_conversation_is_one_record(tmp_path):
+    one = tmp_path / "one.json"
+    one.write_text(json.dumps({"messages": _chat(0)}))
+    assert raw_source_of(one) == "sharegpt"
+    assert len(build_workload(f"sharegpt:files={one},min_rounds=1")) == 3
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({"notes": []}))
+    with pytest.raises(ValueError, match=r"other\.json: expected a JSON list of conversation records, got an object"):
+        list(read_chat_records([other]))

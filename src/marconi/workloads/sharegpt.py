@@ -86,6 +86,9 @@ def _file_objects(path: Path) -> Iterator[tuple[str, Any]]:
         yield from iter_jsonl(path)
     else:
         data = read_json(path)
+        if isinstance(data, dict) and any(field in data for field in CHAT_FIELDS):
+            yield f"{path}: record 0", data          # one conversation in a file of its own
+            return
         if not isinstance(data, list):
             raise ValueError(f"{path}: expected a JSON list of conversation records, got {described(data)}")
         for i, obj in enumerate(data):
