@@ -576,3 +576,25 @@ def test_bailian_turns_count_the_requests_kept_and_a_limit_short_of_the_file_is_
     notes.clear()
     load_trace("mooncake-sample:requests=10", notice=notes.append)    # the entry's own size: nothing to say
     assert not notes
+
+
+def test_a_limit_on_a_block_hash_file_out_of_time_order_keeps_its_earliest_arrivals(tmp_path):
+    """Old: ``limit`` took an unsorted file's first lines, a sample spread over its whole span (and a
+    Bailian turn whose parent came later). Now the earliest arrivals, as in a file in time order."""
+    rows = [{"timestamp": 100 * i, "input_length": 1024, "output_length": 4, "hash_ids": [0, i + 1]}
+            for i in range(12)]
+    ordered = tmp_path / "ordered.jsonl"
+    ordered.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    shuffled = tmp_path / "shuffled.jsonl"
+    order = [5, 0, 11, 3, 8, 1, 10, 2, 7, 4, 9, 6]
+    shuffled.write_text("".join(json.dumps(rows[i]) + "\n" for i in order))
+
+    def key(trace):
+        return [(r.ts, r.input_tokens.tolist()) for r in trace]
+
+    first = build_mooncake_trace(ordered, limit=4)
+    earliest = build_mooncake_trace(shuffled, limit=4)
+    assert [r.ts for r in earliest] == [0.0, 0.1, 0.2, 0.3]
+    assert key(earliest) == key(first) and earliest.meta["more_in_file"] is True
+    assert key(build_mooncake_trace(shuffled)) == key(build_mooncake_trace(ordered, limit=12))
+    assert [row.where.rsplit(":", 1)[1] for row in read_mooncake_rows(shuffled, limit=3)] == ["2", "6", "8"]

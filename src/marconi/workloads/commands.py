@@ -393,7 +393,8 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     p = bsub.add_parser("mooncake", help="Mooncake block traces rebuilt as tokens")
     p.add_argument("file", nargs="?", default=None,
                    help="trace .jsonl (default: shared conversation trace, else the vendored sample)")
-    p.add_argument("--limit", type=request_limit, default=None, help="first N lines only (N >= 1)")
+    p.add_argument("--limit", type=request_limit, default=None,
+                   help="the N earliest requests only (N >= 1; the first N lines of a file in time order)")
     p.add_argument("--block-size", type=Number(TOKENS), default=None,
                    help="tokens per hash id (default: the trace's own: Mooncake 512, Qwen-Bailian 16)")
     p.add_argument("--vocab-size", type=Number(VOCAB), default=None,

@@ -86,23 +86,27 @@ def _int_field(obj: dict, key: str, where: str, minimum: int, maximum: int | Non
 
 def read_mooncake_rows(path: str | os.PathLike, limit: int | None = None,
                        block_size: int | None = None) -> list[MooncakeRow]:
-    """Parse and check the first ``limit`` lines (all when None) of a Mooncake or Qwen-Bailian trace
-    (:func:`layout_of` its first request; ``block_size`` None: the layout's). ValueError names file,
-    line and field; a Bailian trace's chat ids must be unique."""
+    """Parse and check the ``limit`` earliest requests (all when None; the first lines of a file in time
+    order) of a Mooncake or Qwen-Bailian trace, in arrival order (:func:`layout_of` its first line;
+    ``block_size`` None: the layout's). ValueError names file, line and field; a Bailian trace's chat
+    ids must be unique."""
     return _read_rows(path, limit, block_size)[0]
 
 
 def _read_rows(path: str | os.PathLike, limit: int | None,
                block_size: int | None) -> tuple[list[MooncakeRow], bool, HashTraceLayout]:
     """:func:`read_mooncake_rows`, whether the file holds a request past ``limit``, and the layout
-    its first request is written in (:data:`MOONCAKE` for a file without one)."""
+    its first request is written in (:data:`MOONCAKE` for a file without one). Rows come in arrival
+    order: a file whose lines are out of time order is read whole and sorted (stable), so ``limit``
+    keeps its earliest arrivals, not its first lines; one in order is read only to ``limit``."""
     if limit is not None and limit < 0:
         raise ValueError(f"limit must be None or >= 0, got {limit}")
     rows: list[MooncakeRow] = []
     layout: HashTraceLayout | None = None
     chats: set[int] = set()
+    in_order = True             # every row so far arrives no earlier than the row before it
     for where, obj in iter_jsonl(path):
-        if limit is not None and len(rows) >= limit:
+        if limit is not None and len(rows) >= limit and in_order:
             return rows, True, layout or MOONCAKE
         if not isinstance(obj, dict):
             raise ValueError(f"{where}: expected a JSON object, got {described(obj)}")
@@ -142,8 +146,14 @@ def _read_rows(path: str | os.PathLike, limit: int | None,
             raise ValueError(f"{where}: input_length {input_length} needs {whole}{also} blocks of "
                              f"{block_size} (a {layout.name} trace), hash_ids has {len(ids)}"
                              + _other_block_size(input_length, len(ids)))
+        if rows and ts_ms < rows[-1].timestamp_ms:
+            in_order = False
         rows.append(MooncakeRow(where, ts_ms, input_length, output_length, tuple(ids),
                                 chat_id, parent))
+    if not in_order:            # read whole: the earliest arrivals, in arrival order (ties: file order)
+        rows.sort(key=lambda row: row.timestamp_ms)
+        if limit is not None and len(rows) > limit:
+            return rows[:limit], True, layout or MOONCAKE
     return rows, False, layout or MOONCAKE
 
 
