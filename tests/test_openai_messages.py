@@ -10,10 +10,11 @@ import json
 
 import pytest
 
+from marconi.cli import main
 from marconi.workloads import build_workload, load_trace
 from marconi.workloads.messages import Message
 from marconi.workloads.raw import raw_source_of
-from marconi.workloads.sharegpt import read_chat_records
+from marconi.workloads.sharegpt import build_chat_trace, read_chat_records
 from marconi.workloads.swe import build_swe_trace, load_trajectories
 
 
@@ -159,3 +160,131 @@ def test_a_file_of_one_conversation_is_one_record(tmp_path):
     other.write_text(json.dumps({"notes": []}))
     with pytest.raises(ValueError, match=r"other\.json: expected a JSON list of conversation records, got an object"):
         list(read_chat_records([other]))
+
+
+# ----------------------------------------------------------------- what an audit of held-out formats found
+def _stats(path, capsys) -> tuple[int, str]:
+    code = main(["trace", "stats", str(path)])
+    out = capsys.readouterr()
+    return code, out.out + out.err
+
+
+def test_a_lone_surrogate_is_read_not_a_traceback(tmp_path):
+    """JSON allows ``\\ud800``; no tokenizer encodes it. Old: a TypeError traceback (content form)."""
+    path = tmp_path / "s.jsonl"
+    path.write_text(json.dumps({"messages": [{"role": "user", "content": "bad \ud800 x"},
+                                             {"role": "assistant", "content": "ok"}]}) + "\n")
+    for form in ("json", "content"):
+        trace = build_chat_trace([path], min_rounds=1, text_form=form)
+        assert len(trace) == 1
+
+
+def test_content_parts_never_tokenize_an_images_bytes_and_read_tool_blocks(tmp_path):
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64," + "A" * 20000}}
+    parts = tmp_path / "parts.jsonl"
+    parts.write_text(json.dumps({"messages": [
+        {"role": "user", "content": [{"type": "text", "text": "What is in "}, image,
+                                     {"type": "text", "text": "this?"}]},
+        {"role": "assistant", "content": "a cat"}]}) + "\n")
+    plain = tmp_path / "plain.jsonl"
+    plain.write_text(json.dumps({"messages": [{"role": "user", "content": "What is in this?"},
+                                              {"role": "assistant", "content": "a cat"}]}) + "\n")
+    spec = "sharegpt:files={},min_rounds=1"
+    assert _tokens(build_workload(spec.format(parts))) == _tokens(build_workload(spec.format(plain)))
+    # Anthropic's tool blocks and the Assistants API's text parts are text the model read or wrote
+    msgs = [{"role": "user", "content": "fix it"},
+            {"role": "assistant", "content": [{"type": "text", "text": "Looking."},
+                                              {"type": "tool_use", "id": "t", "name": "bash",
+                                               "input": {"command": "cat needle.py"}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t",
+                                          "content": [{"type": "text", "text": "def needle(): pass"}]}]},
+            {"role": "assistant", "content": [{"type": "text", "text": {"value": "Found it."}}]}]
+    blocks = tmp_path / "blocks.jsonl"
+    blocks.write_text(json.dumps({"messages": msgs}) + "\n")
+    assert raw_source_of(blocks) == "swe"                       # a tool's use and result: an agent
+    (traj,) = load_trajectories([blocks])
+    texts = [m.content for m in traj.messages]
+    assert "cat needle.py" in texts[1] and texts[2] == "def needle(): pass" and texts[3] == "Found it."
+
+
+def test_a_records_own_system_prompt_and_tools_are_its_shared_prefix(tmp_path):
+    convo = [{"from": "human", "value": "weather?"}, {"from": "gpt", "value": "sunny"}]
+    tools = [{"type": "function", "function": {"name": "weather", "parameters": {"type": "object"}}}]
+    with_them = tmp_path / "with.jsonl"
+    with_them.write_text(json.dumps({"conversations": convo, "system": "You are a forecaster. " * 20,
+                                     "tools": tools}) + "\n")
+    without = tmp_path / "without.jsonl"
+    without.write_text(json.dumps({"conversations": convo}) + "\n")
+    (record,) = read_chat_records([with_them])
+    assert [m.role for m in record.messages] == ["system", "system", "user", "assistant"]
+    assert "forecaster" in record.messages[0].content and json.loads(record.messages[1].content) == tools
+    spec = "sharegpt:files={},min_rounds=1"
+    (a,), (b,) = build_workload(spec.format(with_them)), build_workload(spec.format(without))
+    assert len(a.input_tokens) > len(b.input_tokens) + 100 and a.output_tokens.tolist() == b.output_tokens.tolist()
+
+
+def test_swe_smith_and_nebius_trajectories_are_read(tmp_path):
+    msgs = [{"role": "system", "content": "You are an agent."}, {"role": "user", "content": "fix x"},
+            {"role": "assistant", "content": "done"}]
+    smith = tmp_path / "smith.jsonl"          # SWE-smith stores the messages as a JSON string
+    smith.write_text(json.dumps({"instance_id": "a__b-1", "traj_id": "t", "messages": json.dumps(msgs)}) + "\n")
+    nebius = tmp_path / "nebius.jsonl"        # nebius's SWE-agent exports: trajectory, role "ai", text
+    nebius.write_text(json.dumps({"instance_id": "a__b-1", "exit_status": "submitted", "trajectory": [
+        {"role": m["role"].replace("assistant", "ai"), "text": m["content"]} for m in msgs]}) + "\n")
+    assert raw_source_of(smith) == raw_source_of(nebius) == "swe"
+    (s,), (n,) = load_trajectories([smith]), load_trajectories([nebius])
+    assert s.name == n.name == "a__b-1"
+    assert [(m.role, m.content) for m in s.messages] == [(m.role, m.content) for m in n.messages]
+    assert [m.role for m in s.messages] == ["system", "user", "assistant"]
+
+
+def test_a_null_field_does_not_hide_its_twin(tmp_path):
+    """A table uniting ShareGPT's and the OpenAI format's rows has from/value and role/content, one
+    pair null. Old: "unknown message role None", or the content silently lost."""
+    path = tmp_path / "union.jsonl"
+    path.write_text(json.dumps({"conversations": [
+        {"from": None, "value": None, "role": "user", "content": "real text"},
+        {"from": "gpt", "value": "reply", "role": None, "content": None}]}) + "\n")
+    (record,) = read_chat_records([path])
+    assert [(m.role, m.content) for m in record.messages] == [("user", "real text"), ("assistant", "reply")]
+
+
+def test_trajectories_without_ids_keep_their_order_and_a_first_assistant_message_is_history(tmp_path):
+    path = tmp_path / "runs.jsonl"
+    path.write_text("".join(json.dumps({"messages": [{"role": "assistant", "content": "hello, I am ready"}]
+                                        + _agent(k, content=f"step {k}")}) + "\n" for k in range(12)))
+    trace = build_swe_trace([path], num_sessions=3)
+    assert trace.meta["source_ids"] == ["runs[1]", "runs[2]", "runs[3]"]       # not runs[10], runs[11], ...
+    assert all(len(r.input_tokens) > 0 for r in trace) and len(trace) == 3 * 4
+
+
+def test_a_non_finite_created_time_names_its_message(tmp_path):
+    path = tmp_path / "t.json"
+    msgs = _agent(0, content="x")
+    msgs[2]["created"] = float("nan")
+    path.write_text(json.dumps([{"instance_id": "n", "messages": msgs}]))
+    with pytest.raises(ValueError, match=r"t\.json: trajectory 'n' message 2: 'created' must be a unix time"):
+        load_trajectories([path])
+
+
+def test_json_files_with_a_bom_or_a_huge_integer(tmp_path, capsys):
+    bom = tmp_path / "bom.json"
+    bom.write_bytes(b"\xef\xbb\xbf" + json.dumps([{"messages": _chat(0)}]).encode())
+    assert raw_source_of(bom) == "sharegpt"
+    assert len(build_workload(f"sharegpt:files={bom},min_rounds=1")) == 3
+    huge = tmp_path / "huge.json"
+    huge.write_text('[{"messages": [{"role": "user", "content": "x", "n": ' + "9" * 5000 + "}]}]")
+    with pytest.raises(ValueError, match=r"huge\.json: invalid JSON value: Exceeds the limit"):
+        build_workload(f"sharegpt:files={huge},min_rounds=1")
+
+
+def test_a_jsonl_no_reader_knows_is_refused_naming_its_fields(tmp_path, capsys):
+    """Old: read as a token trace, "field 'session_id': missing"."""
+    path = tmp_path / "ultrachat.jsonl"
+    path.write_text(json.dumps({"id": "0", "data": ["hi", "hello"]}) + "\n")
+    code, text = _stats(path, capsys)
+    assert code == 2 and "neither a token trace" in text and "(its first record's fields: data, id)" in text
+    token = tmp_path / "broken_token_trace.jsonl"          # a token trace's own errors stay its reader's
+    token.write_text(json.dumps({"session_id": 0, "turn_id": 0}) + "\n")
+    code, text = _stats(token, capsys)
+    assert code == 2 and "neither a token trace" not in text

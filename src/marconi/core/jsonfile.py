@@ -56,12 +56,13 @@ def check_readable(path: Path) -> None:
 
 def read_json(path: str | os.PathLike) -> Any:
     """The value of a whole JSON file. FileNotFoundError for no such file; :class:`JsonError` naming
-    file and line for a non-regular file, bytes that are not UTF-8, invalid or absurdly nested JSON."""
+    file and line for a non-regular file, bytes that are not UTF-8, invalid or absurdly nested JSON, or an
+    integer too long to convert. A leading byte-order mark is skipped."""
     p = Path(path)
     check_readable(p)
     raw = p.read_bytes()
     try:
-        text = raw.decode("utf-8")
+        text = raw.decode("utf-8-sig")       # a byte-order mark, which some editors write, is not JSON's
     except UnicodeDecodeError as exc:
         line = raw.count(b"\n", 0, exc.start) + 1
         raise JsonError(f"{p}:{line}", f"not UTF-8 text (byte 0x{raw[exc.start]:02x})") from None
@@ -71,6 +72,8 @@ def read_json(path: str | os.PathLike) -> Any:
         raise JsonError(f"{p}:{exc.lineno}", f"invalid JSON: {exc.msg} (column {exc.colno})") from None
     except RecursionError:
         raise JsonError(str(p), "JSON nested too deeply to decode") from None
+    except ValueError as exc:                # an integer of more than 4,300 digits
+        raise JsonError(str(p), f"invalid JSON value: {exc}") from None
 
 
 # Checked in this order: bool before int (True is an int), and subclasses read as their JSON kind.

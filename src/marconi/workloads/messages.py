@@ -19,6 +19,10 @@ __all__ = [
     "CALL_FIELDS",
     "content_text",
     "call_fields",
+    "has_tool_blocks",
+    "preamble",
+    "listed_messages",
+    "safe_text",
     "normalize_role",
     "encode_messages",
     "count_words",
@@ -46,7 +50,7 @@ A message whose content is empty or null and whose call is here is a whole turn 
 _ROLE_ALIASES = {
     "human": "user", "user": "user",
     "gpt": "assistant", "chatgpt": "assistant", "assistant": "assistant", "bard": "assistant",
-    "bing": "assistant", "model": "assistant", "claude": "assistant",
+    "bing": "assistant", "model": "assistant", "claude": "assistant", "ai": "assistant",
     "function_call": "assistant",      # the model's call, in ShareGPT-style tool data (LLaMA-Factory's)
     "system": "system", "developer": "system",      # OpenAI's newer name for the system prompt
     "tool": "tool", "function": "tool", "ipython": "tool", "observation": "tool",
@@ -66,27 +70,93 @@ def normalize_role(role: Any) -> str:
 
 
 def content_text(content: Any, where: str) -> str:
-    """A message's ``content`` as text: a string as is, null as ``""``, OpenAI content parts (a list of
-    ``{"type": "text", "text": ...}`` or strings) joined, other parts (images) skipped. ValueError
-    naming ``where`` for anything else."""
+    """A message's ``content`` as text: a string as is, null as ``""``, a list of content parts joined.
+    A part is a string, a text part (OpenAI's ``{"type": "text", "text": ...}``, its Assistants API's
+    ``"text": {"value": ...}``), a tool call or result written as blocks (Anthropic's ``tool_use``:
+    ``json.dumps`` of its name and input; ``tool_result``: its own content, read the same way), or
+    anything else: an image or a file, which the model does not read as text here, skipped.
+    ValueError naming ``where`` for content that is none of these."""
     if content is None:
         return ""
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        parts = []
-        for part in content:
-            if isinstance(part, dict) and isinstance(part.get("text"), str):
-                parts.append(part["text"])
-            elif isinstance(part, str):
-                parts.append(part)
-        return "".join(parts)
+        return "".join(_part_text(part, where) for part in content)
     raise ValueError(f"{where}: message content must be a string, got {described(content)}")
+
+
+def _part_text(part: Any, where: str) -> str:
+    if isinstance(part, str):
+        return part
+    if not isinstance(part, dict):
+        return ""
+    text = part.get("text")
+    if isinstance(text, dict):          # OpenAI's Assistants API: {"type": "text", "text": {"value": ...}}
+        text = text.get("value")
+    if isinstance(text, str):
+        return text
+    kind = part.get("type")
+    if kind == "tool_use":
+        return json.dumps({"name": part.get("name"), "input": part.get("input")})
+    if kind == "tool_result":
+        return content_text(part.get("content"), where)
+    return ""
+
+
+def has_tool_blocks(content: Any) -> bool:
+    """Whether content parts hold a tool call or result written as blocks (``tool_use``, ``tool_result``)."""
+    return isinstance(content, list) and any(isinstance(p, dict) and p.get("type") in ("tool_use", "tool_result")
+                                             for p in content)
+
+
+def safe_text(text: str) -> str:
+    """``text`` with any lone surrogate (a ``\\ud800`` escape JSON allows, which no tokenizer encodes)
+    replaced by ``?``."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "replace").decode("utf-8")
+    return text
 
 
 def call_fields(obj: Mapping[str, Any]) -> dict[str, Any]:
     """The :data:`CALL_FIELDS` a source message carries (present, not null and not empty), as given."""
     return {k: obj[k] for k in CALL_FIELDS if obj.get(k) not in (None, "", [], {})}
+
+
+def listed_messages(record: Mapping[str, Any], fields: Sequence[str]) -> tuple[str, Any] | None:
+    """``(field, value)`` for the first of ``fields`` that ``record`` holds, a JSON string there that
+    encodes a list read as that list (SWE-smith's trajectories store their messages so); None where
+    it holds none of them."""
+    for key in fields:
+        if key in record:
+            value = record[key]
+            if isinstance(value, str) and value.lstrip().startswith("["):
+                try:
+                    decoded = json.loads(value)
+                except (ValueError, RecursionError):
+                    return key, value
+                if isinstance(decoded, list):
+                    return key, decoded
+            return key, value
+    return None
+
+
+def preamble(record: Mapping[str, Any]) -> tuple[Message, ...]:
+    """What a record states beside its message list that a chat template renders ahead of the
+    conversation, as system messages, the prompt first: a top-level system prompt (``system``, a
+    string: LLaMA-Factory's ShareGPT format) and tool definitions (``tools``: OpenAI's list, or
+    LLaMA-Factory's JSON string). Both are every call's shared prefix, which is what a prefix cache
+    reuses."""
+    out = []
+    system = record.get("system")
+    if isinstance(system, str) and system:
+        out.append(Message("system", system, {"role": "system", "content": system}))
+    tools = record.get("tools")
+    if tools not in (None, "", [], {}):
+        out.append(Message("system", tools if isinstance(tools, str) else json.dumps(tools),
+                           {"role": "system", "tools": tools}))
+    return tuple(out)
 
 
 def count_words(text: str) -> int:
@@ -121,8 +191,9 @@ def check_text_form(text_form: str) -> str:
 
 def encode_messages(tokenizer: TextTokenizer, messages: Sequence[Message], text_form: str = "json",
                     add_bos: bool = True) -> list[np.ndarray]:
-    """Tokenize each message on its own; int32 arrays, one per message, in order."""
-    return tokenizer.encode_batch([m.text(text_form) for m in messages], add_bos=add_bos)
+    """Tokenize each message on its own; int32 arrays, one per message, in order (lone surrogates read
+    as ``?``: :func:`safe_text`)."""
+    return tokenizer.encode_batch([safe_text(m.text(text_form)) for m in messages], add_bos=add_bos)
 
 
 def concat_with_offsets(arrays: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:

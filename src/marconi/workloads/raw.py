@@ -17,9 +17,9 @@ from typing import Any
 from marconi.core.jsonfile import not_regular
 from marconi.io import open_binary
 
-from .messages import call_fields, normalize_role
+from .messages import call_fields, has_tool_blocks, listed_messages, normalize_role
 
-__all__ = ["raw_source_of", "RAW_SOURCES", "trajectory_files"]
+__all__ = ["raw_source_of", "RAW_SOURCES", "trajectory_files", "first_record"]
 
 #: The catalog entry that builds each raw source, and the source in words.
 RAW_SOURCES = {"sharegpt": "chat conversations (ShareGPT, or OpenAI-format messages)",
@@ -51,14 +51,16 @@ def _kind(obj: Any) -> str | None:
     if isinstance(obj.get("conversation"), list):
         return "lmsys"
     info = obj.get("info")
-    messages = obj.get("messages")
+    messages = (listed_messages(obj, ("messages",)) or ("", None))[1]
     if isinstance(messages, list):
         if "instance_id" in obj or "exit_status" in obj or "trajectory_format" in obj or isinstance(info, dict):
             return "swe"     # mini-swe-agent (compact, or its own .traj.json with its "info" header)
         if messages and all(isinstance(m, dict) and "role" in m for m in messages[:8]):
             return "swe" if any(_agentic(m) for m in messages) else "sharegpt"    # an OpenAI-format record
-    if isinstance(obj.get("history"), list) and all(isinstance(m, dict) and "role" in m for m in obj["history"][:8]):
-        return "swe"         # SWE-agent's .traj (its demonstrations carry the history alone)
+    for field in ("history", "trajectory"):    # SWE-agent's .traj (its demonstrations carry the history alone);
+        steps = obj.get(field)                 # nebius's SWE-agent exports
+        if isinstance(steps, list) and steps and all(isinstance(m, dict) and "role" in m for m in steps[:8]):
+            return "swe"
     if "article" in obj and isinstance(obj.get("questions"), list):
         return "quality"
     return None
@@ -69,7 +71,7 @@ def _agentic(message: Any) -> bool:
     ``{"messages": [...]}`` record with such a message is an agent's trajectory, else a chat."""
     if not isinstance(message, dict):
         return False
-    if call_fields(message):
+    if call_fields(message) or has_tool_blocks(message.get("content")):
         return True
     try:
         return normalize_role(message.get("role")) == "tool"
@@ -92,7 +94,7 @@ def _first_json_value(path: Path) -> Any:
     the file than it needs; None when it does not decode within the cap."""
     decoder = json.JSONDecoder()
     text = ""
-    with open(path, "r", encoding="utf-8", errors="replace") as fh:
+    with open(path, "r", encoding="utf-8-sig", errors="replace") as fh:
         while len(text) < _MAX_FIRST:
             chunk = fh.read(max(_CHUNK, len(text)))     # doubling: each failed decode rescans what is read
             text += chunk
@@ -121,6 +123,15 @@ def _parquet_kind(path: Path) -> str | None:
     if "conversations" in names or "messages" in names:
         return "sharegpt"
     return "lmsys" if "conversation" in names else None
+
+
+def first_record(path: str | os.PathLike) -> Any:
+    """The first record of a JSONL (``.jsonl.gz``) file, or None where there is none or it cannot be
+    read (its reader says why). Never raises."""
+    try:
+        return _first_json_line(Path(path))
+    except (OSError, EOFError, zlib.error, ValueError, RecursionError):
+        return None
 
 
 def raw_source_of(path: str | os.PathLike) -> str | None:

@@ -15,7 +15,7 @@ from marconi.core.jsonfile import described
 from marconi.io import iter_jsonl, read_json
 
 from .messages import (Message, Progress, call_fields, check_text_form, concat_with_offsets, content_text,
-                       count_words, encode_messages, no_progress, normalize_role)
+                       count_words, encode_messages, no_progress, normalize_role, preamble)
 from .paths import shared_data_dir
 from .tokenizer import TextTokenizer, load_tokenizer
 from .trace import Request, Trace
@@ -42,8 +42,8 @@ class ChatRecord:
 def _message(obj: Any, where: str) -> Message:
     if not isinstance(obj, dict):
         raise ValueError(f"{where}: a message must be an object, got {described(obj)}")
-    role_key = "from" if "from" in obj else "role" if "role" in obj else None
-    content_key = "value" if "value" in obj else "content" if "content" in obj else None
+    role_key = _field(obj, ("from", "role"))
+    content_key = _field(obj, ("value", "content"))
     calls = call_fields(obj)
     if role_key is None or content_key is None and not calls:     # a tool call may stand without content
         raise ValueError(f"{where}: a message needs from/role and value/content, got keys {sorted(obj)}")
@@ -52,8 +52,17 @@ def _message(obj: Any, where: str) -> Message:
         role = normalize_role(obj[role_key])
     except ValueError as exc:
         raise ValueError(f"{where}: {exc}") from None
-    raw = {k: v for k, v in obj.items() if k in (role_key, content_key)}
+    # the source's keys in its order (the json text form dumps them); content parts as their text
+    raw = {k: content if k == content_key and isinstance(v, list) else v
+           for k, v in obj.items() if k in (role_key, content_key)}
     return Message(role=role, content=content, raw={**raw, **calls})
+
+
+def _field(obj: dict, keys: tuple[str, str]) -> str | None:
+    """The first of ``keys`` that ``obj`` holds with a value, else the first it holds (null), else None:
+    a table that unites ShareGPT's and the OpenAI format's rows has both, one of them null."""
+    held = [k for k in keys if k in obj]
+    return next((k for k in held if obj[k] is not None), held[0] if held else None)
 
 
 def _record(obj: Any, where: str, index: int) -> ChatRecord:
@@ -69,7 +78,8 @@ def _record(obj: Any, where: str, index: int) -> ChatRecord:
     if not isinstance(msgs, list):
         raise ValueError(f"{where}: the conversation must be a list, got {described(msgs)}")
     rid = obj.get("id", obj.get("conversation_id", index))
-    return ChatRecord(str(rid), tuple(_message(m, f"{where}: message {j}") for j, m in enumerate(msgs)))
+    return ChatRecord(str(rid), preamble(obj) + tuple(_message(m, f"{where}: message {j}")
+                                                      for j, m in enumerate(msgs)))
 
 
 def _file_objects(path: Path) -> Iterator[tuple[str, Any]]:

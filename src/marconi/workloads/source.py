@@ -8,7 +8,7 @@ from typing import Callable
 from marconi.core.registry import ConfigError, ParsedName
 
 from .catalog import Provenance, build_workload, is_workload, workload_names
-from .raw import RAW_SOURCES, raw_source_of
+from .raw import RAW_SOURCES, first_record, raw_source_of
 from .trace import Trace, read_trace
 from .trace.formats import format_of, suffix_listing
 
@@ -33,7 +33,22 @@ def trace_file_kind(path: str | Path) -> str | None:
     kind = raw_source_of(p)
     if kind is not None:
         return kind
-    return TOKEN_TRACE if p.is_file() and format_of(p) is not None else None
+    if not p.is_file() or format_of(p) is None or _foreign_fields(p) is not None:
+        return None
+    return TOKEN_TRACE
+
+
+#: Fields of which a token trace's every line has at least one (the rest are checked by its reader).
+_TOKEN_FIELDS = frozenset({"session_id", "turn_id", "input_tokens"})
+
+
+def _foreign_fields(path: Path) -> list[str] | None:
+    """The fields of a JSONL file's first record where it is an object with none of a token trace's,
+    so that the file is no token trace of any sort (else None)."""
+    if not path.name.lower().endswith((".jsonl", ".jsonl.gz")):
+        return None
+    first = first_record(path)
+    return sorted(map(str, first)) if isinstance(first, dict) and not _TOKEN_FIELDS & first.keys() else None
 
 
 def shortfall(trace: Trace) -> str | None:
@@ -103,8 +118,11 @@ def load_trace(text: str, limit: int | None = None, *, notice: Callable[[str], N
                    f"`marconi trace build {kind}`"
                    + (f"; {short}" if (short := shortfall(trace)) is not None else ""))
         return trace.head(limit) if limit is not None else trace
-    if format_of(path) is None and path.is_file():
+    if kind is None and path.is_file():
+        fields = _foreign_fields(path)
+        seen = "" if not fields else (f" (its first record's fields: {', '.join(fields[:12])}"
+                                      + (", ..." if len(fields) > 12 else "") + ")")
         raise ConfigError(f"{text}: neither a token trace ({suffix_listing()}) nor a raw source its first record "
-                          f"identifies ({'; '.join(f'{k}: {v}' for k, v in RAW_SOURCES.items())}); "
+                          f"identifies{seen} ({'; '.join(f'{k}: {v}' for k, v in RAW_SOURCES.items())}); "
                           "`marconi trace build --help` lists the sources it converts")
     return read_trace(path, limit=limit)

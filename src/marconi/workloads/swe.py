@@ -4,7 +4,9 @@ rounds dropped), with seeded Poisson or real gaps. Recipe: docs/data.md ("The SW
 
 from __future__ import annotations
 
+import math
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -12,7 +14,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from .messages import (Message, Progress, call_fields, check_text_form, concat_with_offsets, content_text,
-                       encode_messages, no_progress, normalize_role)
+                       encode_messages, listed_messages, no_progress, normalize_role, preamble)
 from marconi.core.jsonfile import described
 from marconi.io import iter_jsonl, read_json
 
@@ -25,6 +27,10 @@ __all__ = ["Trajectory", "load_trajectories", "load_shared_prefix", "build_swe_t
            "SHARED_PREFIXES", "GAP_MODES", "default_swe_paths"]
 
 GAP_MODES = ("poisson", "real")
+TRAJECTORY_FIELDS = ("messages", "history", "trajectory")
+"""Where a trajectory keeps its messages, first found wins: mini-swe-agent's and the OpenAI format's
+(SWE-smith's as a JSON string), SWE-agent's ``.traj``, and nebius's SWE-agent exports (``role``
+``system``/``user``/``ai`` and ``text``)."""
 SHARED_PREFIXES = {"sweagent-demo": "swe/sweagent_gpt4_pydicom-1458.traj"}
 """Named shared prefixes -> vendored ``.traj`` (relative to ``marconi/data``) they are extracted from."""
 
@@ -47,9 +53,10 @@ def _message(obj: Any, where: str) -> Message:
         role = normalize_role(obj["role"])
     except ValueError as exc:
         raise ValueError(f"{where}: {exc}") from None
-    content = content_text(obj.get("content"), where)
+    content = content_text(obj.get("content") if "content" in obj else obj.get("text"), where)
     created = obj.get("created")
-    if created is not None and (isinstance(created, bool) or not isinstance(created, (int, float))):
+    if created is not None and (isinstance(created, bool) or not isinstance(created, (int, float))
+                                or not math.isfinite(created)):
         raise ValueError(f"{where}: 'created' must be a unix time in seconds, got {described(created)}")
     return Message(role=role, content=content, raw={"role": obj["role"], "content": content, **call_fields(obj)},
                    created=None if created is None else float(created))
@@ -58,17 +65,16 @@ def _message(obj: Any, where: str) -> Message:
 def _trajectory(obj: Any, name: str, source: str) -> Trajectory:
     if not isinstance(obj, dict):
         raise ValueError(f"{source}: a trajectory must be an object, got {described(obj)}")
-    if "messages" in obj:
-        msgs = obj["messages"]
-        name = str(obj.get("instance_id") or name)
-    elif "history" in obj:
-        msgs = obj["history"]
-    else:
+    listed = listed_messages(obj, TRAJECTORY_FIELDS)
+    if listed is None:
         raise ValueError(f"{source}: trajectory {name!r} has no 'messages' or 'history'")
+    field, msgs = listed
+    if field != "history":
+        name = str(obj.get("instance_id") or name)
     if not isinstance(msgs, list):
         raise ValueError(f"{source}: trajectory {name!r}: messages must be a list, got {described(msgs)}")
     messages = tuple(_message(m, f"{source}: trajectory {name!r} message {i}") for i, m in enumerate(msgs))
-    return Trajectory(name=name, messages=messages, source=source)
+    return Trajectory(name=name, messages=preamble(obj) + messages, source=source)
 
 
 def _file_stem(path: Path) -> str:
@@ -92,8 +98,19 @@ def _trajectory_files(paths: Sequence[str | os.PathLike]) -> list[Path]:
     return files
 
 
+_INDEXED = re.compile(r"(.*)\[(\d+)\]")
+
+
+def _name_order(name: str) -> tuple[str, int]:
+    """A trajectory's place in name order: a name given for its index in a file (``stem[10]``: a
+    record without an ``instance_id``) sorts by that index as a number, after ``stem[9]``."""
+    indexed = _INDEXED.fullmatch(name)
+    return (indexed[1], int(indexed[2])) if indexed else (name, -1)
+
+
 def load_trajectories(paths: Sequence[str | os.PathLike]) -> list[Trajectory]:
-    """All trajectories in the given files/directories, sorted by name (stable on ties): a ``.json`` or
+    """All trajectories in the given files/directories, sorted by name (stable on ties; names given for
+    a record's index in its file by that index, as a number): a ``.json`` or
     ``.traj`` file holds one trajectory or a list of them, a ``.jsonl`` (``.jsonl.gz``) file one a line."""
     out: list[Trajectory] = []
     for path in _trajectory_files(paths):
@@ -107,7 +124,7 @@ def load_trajectories(paths: Sequence[str | os.PathLike]) -> list[Trajectory]:
                 out.append(_trajectory(obj, f"{_file_stem(path)}[{i}]", str(path)))
         else:
             out.append(_trajectory(data, _file_stem(path), str(path)))
-    out.sort(key=lambda t: t.name)
+    out.sort(key=lambda t: _name_order(t.name))
     return out
 
 
@@ -134,12 +151,18 @@ def load_shared_prefix(spec: str | os.PathLike) -> tuple[Message, ...]:
     return tuple(prefix)
 
 
+def _calls(messages: Sequence[Message]) -> list[int]:
+    """The LLM calls: every assistant message but a first message, which has no input to be called
+    with (it is history, as in the chat recipe)."""
+    return [i for i, m in enumerate(messages) if m.role == "assistant" and i > 0]
+
+
 def swe_session(session_id: int, start_ts: float, messages: Sequence[Message],
                 tokens: Sequence[np.ndarray], *, keep_observations: int | None, gap_s: np.ndarray,
                 max_input_len: int, max_turns: int) -> list[Request]:
     """Requests of one tokenized trajectory (``tokens[i]`` of ``messages[i]``; ``gap_s[j]``: gap before
     call j)."""
-    calls = [i for i, m in enumerate(messages) if m.role == "assistant"]
+    calls = _calls(messages)
     stream, offsets = concat_with_offsets(tokens)
     requests: list[Request] = []
     ts = start_ts
@@ -166,7 +189,7 @@ def swe_session(session_id: int, start_ts: float, messages: Sequence[Message],
 
 def _gaps(traj: Trajectory, messages: Sequence[Message], gaps: str, mean_gap_s: float,
           rng: np.random.Generator) -> np.ndarray:
-    calls = [i for i, m in enumerate(messages) if m.role == "assistant"]
+    calls = _calls(messages)
     n = len(calls)
     if gaps == "poisson":
         return np.concatenate([[0.0], rng.poisson(mean_gap_s, size=max(n - 1, 0)).astype(np.float64)])
