@@ -11,6 +11,7 @@ import json
 import pytest
 
 from marconi.cli import main
+from marconi.core.registry import ConfigError
 from marconi.workloads import build_workload, load_trace
 from marconi.workloads.messages import Message
 from marconi.workloads.raw import raw_source_of
@@ -288,3 +289,20 @@ def test_a_jsonl_no_reader_knows_is_refused_naming_its_fields(tmp_path, capsys):
     token.write_text(json.dumps({"session_id": 0, "turn_id": 0}) + "\n")
     code, text = _stats(token, capsys)
     assert code == 2 and "neither a token trace" not in text
+
+
+def test_an_input_without_records_calls_or_turns_says_so(tmp_path):
+    """Old: advice to lower min_rounds to the 1 already set, or "its data and parameters leave none"."""
+    empty = tmp_path / "empty.json"
+    empty.write_text("[]")
+    with pytest.raises(ConfigError, match=r"the input holds no records$"):
+        build_workload(f"sharegpt:files={empty},min_rounds=1")
+    with pytest.raises(ConfigError, match=r"the input holds no records \(a folder is searched for \.json"):
+        build_workload(f"swe:files={empty}")
+    silent = tmp_path / "silent.jsonl"
+    silent.write_text(json.dumps({"instance_id": "q", "messages": [{"role": "user", "content": "anyone?"},
+                                                                   {"role": "user", "content": "hello?"}]}) + "\n")
+    with pytest.raises(ConfigError, match=r"none of its 1 trajectories has an assistant message after its first"):
+        build_workload(f"swe:files={silent}")
+    with pytest.raises(ConfigError, match=r"none of the 1 conversations kept has a user message answered"):
+        build_workload(f"sharegpt:files={silent},min_rounds=1")

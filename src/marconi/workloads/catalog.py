@@ -468,8 +468,20 @@ _FILTERS = {"max_input_len": "drops every request whose input is longer than {va
 """Parameters that drop requests, and what to say when one dropped them all."""
 
 
-def _no_requests(name: str, entry: str, params: dict[str, Any], data: str) -> str:
-    """Why ``name`` built no requests and what to change (the filters set off their default first)."""
+def _no_requests(name: str, entry: str, params: dict[str, Any], data: str, meta: dict[str, Any]) -> str:
+    """Why ``name`` built no requests and what to change: an input without records or calls first
+    (``meta["records"]``, where the builder counts them), then the filters set off their default."""
+    records = meta.get("records") if isinstance(meta.get("records"), dict) else {}
+    said = f"workload {name!r} has no requests ({data}): "
+    if records.get("records_read") == 0:
+        where = " (a folder is searched for .json and .traj files)" if meta.get("source") == "swe" else ""
+        return said + "the input holds no records" + where
+    if records.get("without_calls") and records["without_calls"] == records.get("records_read"):
+        return said + (f"none of its {records['records_read']} trajectories has an assistant message after its "
+                       "first message, and each of those is a call")
+    if records.get("without_turns") and records["without_turns"] == meta.get("num_sessions"):
+        return said + (f"none of the {records['without_turns']} conversations kept has a user message answered "
+                       "by an assistant message, and each of those is a turn")
     defaults = WORKLOADS.params_of(entry)
     causes = [f"{key}={params[key]} " + text.format(value=params[key]) + f" (default {defaults[key]})"
               for key, text in _FILTERS.items() if key in params and params[key] != defaults.get(key)]
@@ -494,7 +506,7 @@ def build_workload(spec: str | ParsedName, **overrides: Any) -> Trace:
                if k in params and k not in parsed.params and v is not None and v != "" and v != ()}
     name = str(ParsedName(parsed.name, {**parsed.params, **{k: _text(v) for k, v in applied.items()}}))
     if len(built.trace) == 0:
-        raise NoRequests(_no_requests(name, parsed.name, params, built.data))
+        raise NoRequests(_no_requests(name, parsed.name, params, built.data, built.trace.meta or {}))
     trace = built.trace
     trace.name = name
     trace.meta["provenance"] = Provenance(name, built.data, built.licence, params, built.fallback).as_dict()

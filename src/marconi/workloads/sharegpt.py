@@ -197,7 +197,7 @@ def build_chat_trace(paths: Sequence[str | os.PathLike], *, num_sessions: int | 
     tok = tokenizer if isinstance(tokenizer, TextTokenizer) else load_tokenizer(tokenizer)
     words_per_s = words_per_min / 60.0
 
-    counts = {"records_read": 0, "too_few_messages": 0, "too_much_non_ascii": 0}
+    counts = {"records_read": 0, "too_few_messages": 0, "too_much_non_ascii": 0, "without_turns": 0}
 
     def qualifying() -> Iterator[ChatRecord]:
         taken = 0
@@ -220,6 +220,7 @@ def build_chat_trace(paths: Sequence[str | os.PathLike], *, num_sessions: int | 
     for k, rec in enumerate(wrap(qualifying())):
         source_ids.append(rec.id)
         n_stream, turns = chat_turns(rec.messages, pairing)
+        counts["without_turns"] += not turns
         messages = rec.messages[:n_stream]
         tokens = encode_messages(tok, messages, text_form, add_bos)
         requests.extend(_session_requests(k, k / sessions_per_second, messages, tokens, turns,
