@@ -306,3 +306,17 @@ def test_an_input_without_records_calls_or_turns_says_so(tmp_path):
         build_workload(f"swe:files={silent}")
     with pytest.raises(ConfigError, match=r"none of the 1 conversations kept has a user message answered"):
         build_workload(f"sharegpt:files={silent},min_rounds=1")
+
+
+def test_run_folders_and_parquet_given_to_the_agent_recipe(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    for k in range(2):
+        (run / f"repo__repo-{k}.TRAJ").write_text(json.dumps({"history": _agent(k, content="look")}))
+    (run / "results.json").write_text(json.dumps({"resolved": ["repo__repo-0"]}))     # SWE-agent's evaluation
+    assert raw_source_of(run) == "swe"
+    assert load_trace(str(run)).meta["num_sessions"] == 2
+    table = tmp_path / "trajs.parquet"
+    table.write_bytes(b"PAR1")
+    with pytest.raises(ValueError, match=r"trajs\.parquet: the SWE recipe reads \.json, \.traj and \.jsonl"):
+        build_workload(f"swe:files={table}")

@@ -26,10 +26,10 @@ RAW_SOURCES = {"sharegpt": "chat conversations (ShareGPT, or OpenAI-format messa
                "lmsys": "LMSys-Chat conversations",
                "swe": "agent trajectories (mini-swe-agent / SWE-agent)", "quality": "QuALITY articles"}
 
-#: Files a mini-swe-agent run folder holds beside its ``<id>/<id>.traj.json`` that are not trajectories
-#: (``preds.json``: each instance's patch): :func:`trajectory_files` skips them; named alone, a file is
-#: read (and refused).
-_RUN_FILES = frozenset({"preds.json"})
+#: Files a mini-swe-agent or SWE-agent run folder holds beside its trajectories that are not ones
+#: (``preds.json``: each instance's patch; ``results.json``: SWE-agent's evaluation):
+#: :func:`trajectory_files` skips them; named alone, a file is read (and refused).
+_RUN_FILES = frozenset({"preds.json", "results.json"})
 
 _CHUNK = 1 << 16
 _MAX_FIRST = 64 << 20        # a first record larger than this is not sniffed (the file stays unknown)
@@ -37,9 +37,10 @@ _MAX_FIRST = 64 << 20        # a first record larger than this is not sniffed (t
 
 def trajectory_files(folder: Path) -> list[Path]:
     """The ``.json``/``.traj`` files under ``folder`` (recursively, by path), as the SWE reader reads a
-    folder of trajectories; a run folder's ``preds.json`` is not one."""
-    return sorted(f for f in folder.rglob("*") if f.suffix in (".json", ".traj") and f.name not in _RUN_FILES
-                  and f.is_file())
+    folder of trajectories (suffixes in any case); a run folder's ``preds.json`` and ``results.json``
+    are not ones."""
+    return sorted(f for f in folder.rglob("*") if f.suffix.lower() in (".json", ".traj")
+                  and f.name.lower() not in _RUN_FILES and f.is_file())
 
 
 def _kind(obj: Any) -> str | None:

@@ -114,6 +114,9 @@ def load_trajectories(paths: Sequence[str | os.PathLike]) -> list[Trajectory]:
     ``.traj`` file holds one trajectory or a list of them, a ``.jsonl`` (``.jsonl.gz``) file one a line."""
     out: list[Trajectory] = []
     for path in _trajectory_files(paths):
+        if path.name.lower().endswith(".parquet"):
+            raise ValueError(f"{path}: the SWE recipe reads .json, .traj and .jsonl trajectories, not Parquet "
+                             "(export the table's rows as JSONL)")
         if path.name.lower().endswith((".jsonl", ".jsonl.gz")):    # one trajectory a line
             for where, obj in iter_jsonl(path):
                 out.append(_trajectory(obj, f"{_file_stem(path)}[{where.rsplit(':', 1)[1]}]", where))
