@@ -320,3 +320,17 @@ def test_run_folders_and_parquet_given_to_the_agent_recipe(tmp_path):
     table.write_bytes(b"PAR1")
     with pytest.raises(ValueError, match=r"trajs\.parquet: the SWE recipe reads \.json, \.traj and \.jsonl"):
         build_workload(f"swe:files={table}")
+
+
+def test_a_conversation_stored_as_a_json_string_is_read_as_its_list(tmp_path):
+    as_text = tmp_path / "as_text.jsonl"
+    as_text.write_text(json.dumps({"conversations": json.dumps(_chat(0))}) + "\n")
+    as_list = tmp_path / "as_list.jsonl"
+    as_list.write_text(json.dumps({"conversations": _chat(0)}) + "\n")
+    assert raw_source_of(as_text) == "sharegpt"
+    spec = "sharegpt:files={},min_rounds=1"
+    assert _tokens(build_workload(spec.format(as_text))) == _tokens(build_workload(spec.format(as_list)))
+    not_a_list = tmp_path / "not_a_list.jsonl"
+    not_a_list.write_text(json.dumps({"conversations": "hello"}) + "\n")
+    with pytest.raises(ValueError, match=r"not_a_list\.jsonl:1: the conversation must be a list, got a string"):
+        list(read_chat_records([not_a_list]))

@@ -47,10 +47,9 @@ def _kind(obj: Any) -> str | None:
     """The raw source of one record, by the fields each source's reader requires."""
     if not isinstance(obj, dict):
         return None
-    if isinstance(obj.get("conversations"), list):
-        return "sharegpt"
-    if isinstance(obj.get("conversation"), list):
-        return "lmsys"
+    for field, kind in (("conversations", "sharegpt"), ("conversation", "lmsys")):
+        if isinstance((listed_messages(obj, (field,)) or ("", None))[1], list):
+            return kind
     info = obj.get("info")
     messages = (listed_messages(obj, ("messages",)) or ("", None))[1]
     if isinstance(messages, list):

@@ -15,7 +15,7 @@ from marconi.core.jsonfile import described
 from marconi.io import iter_jsonl, read_json
 
 from .messages import (Message, Progress, call_fields, check_text_form, concat_with_offsets, content_text,
-                       count_words, encode_messages, no_progress, normalize_role, preamble)
+                       count_words, encode_messages, listed_messages, no_progress, normalize_role, preamble)
 from .paths import shared_data_dir
 from .tokenizer import TextTokenizer, load_tokenizer
 from .trace import Request, Trace
@@ -28,7 +28,8 @@ PAIRINGS = ("roles", "positional")
 
 CHAT_FIELDS = ("conversations", "conversation", "messages")
 """The field holding a record's messages, first found wins: ShareGPT's, LMSys-Chat's (WildChat's), and
-the OpenAI chat format's (``{"messages": [{"role", "content"}]}``, most instruction sets)."""
+the OpenAI chat format's (``{"messages": [{"role", "content"}]}``, most instruction sets); a JSON
+string there that encodes the list is read as the list (some exports store it so)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,13 +69,11 @@ def _field(obj: dict, keys: tuple[str, str]) -> str | None:
 def _record(obj: Any, where: str, index: int) -> ChatRecord:
     if not isinstance(obj, dict):
         raise ValueError(f"{where}: a record must be an object, got {described(obj)}")
-    for field in CHAT_FIELDS:
-        if field in obj:
-            msgs = obj[field]
-            break
-    else:
+    listed = listed_messages(obj, CHAT_FIELDS)
+    if listed is None:
         raise ValueError(f"{where}: no 'conversations' (ShareGPT), 'conversation' (LMSys) or 'messages' (OpenAI "
                          "chat) field")
+    msgs = listed[1]
     if not isinstance(msgs, list):
         raise ValueError(f"{where}: the conversation must be a list, got {described(msgs)}")
     rid = obj.get("id", obj.get("conversation_id", index))
