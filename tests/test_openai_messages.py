@@ -302,7 +302,7 @@ def test_an_input_without_records_calls_or_turns_says_so(tmp_path):
     silent = tmp_path / "silent.jsonl"
     silent.write_text(json.dumps({"instance_id": "q", "messages": [{"role": "user", "content": "anyone?"},
                                                                    {"role": "user", "content": "hello?"}]}) + "\n")
-    with pytest.raises(ConfigError, match=r"none of its 1 trajectories has an assistant message after its first"):
+    with pytest.raises(ConfigError, match=r"none of the 1 trajectories kept has an assistant message after its"):
         build_workload(f"swe:files={silent}")
     with pytest.raises(ConfigError, match=r"none of the 1 conversations kept has a user message answered"):
         build_workload(f"sharegpt:files={silent},min_rounds=1")
@@ -334,3 +334,16 @@ def test_a_conversation_stored_as_a_json_string_is_read_as_its_list(tmp_path):
     not_a_list.write_text(json.dumps({"conversations": "hello"}) + "\n")
     with pytest.raises(ValueError, match=r"not_a_list\.jsonl:1: the conversation must be a list, got a string"):
         list(read_chat_records([not_a_list]))
+
+
+def test_a_shortfall_note_counts_the_sessions_that_yield_no_request(tmp_path):
+    """Old: "2 sessions, not the 100 asked" beside a trace of 1 session, with nothing saying why."""
+    path = tmp_path / "two.jsonl"
+    path.write_text(json.dumps({"messages": [{"role": "system", "content": "s"}, {"role": "assistant", "content": "a"},
+                                             {"role": "assistant", "content": "b"}]}) + "\n"
+                    + json.dumps({"messages": _chat(1)}) + "\n")
+    notes: list[str] = []
+    trace = load_trace(f"sharegpt:files={path},min_rounds=1", notice=notes.append)
+    assert len({r.session_id for r in trace}) == 1
+    assert any("2 sessions, not the 100 asked: the input holds 2 records; 1 of the 2 yield no request" in n
+               for n in notes), notes

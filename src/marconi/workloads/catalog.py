@@ -476,9 +476,9 @@ def _no_requests(name: str, entry: str, params: dict[str, Any], data: str, meta:
     if records.get("records_read") == 0:
         where = " (a folder is searched for .json and .traj files)" if meta.get("source") == "swe" else ""
         return said + "the input holds no records" + where
-    if records.get("without_calls") and records["without_calls"] == records.get("records_read"):
-        return said + (f"none of its {records['records_read']} trajectories has an assistant message after its "
-                       "first message, and each of those is a call")
+    if records.get("without_calls") and records["without_calls"] == meta.get("num_sessions"):
+        return said + (f"none of the {records['without_calls']} trajectories kept has an assistant message after "
+                       "its first message, and each of those is a call")
     if records.get("without_turns") and records["without_turns"] == meta.get("num_sessions"):
         return said + (f"none of the {records['without_turns']} conversations kept has a user message answered "
                        "by an assistant message, and each of those is a turn")

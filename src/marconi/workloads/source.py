@@ -65,8 +65,15 @@ def shortfall(trace: Trace) -> str | None:
     if asked is None or got is None or not isinstance(records, dict) or got >= asked:
         return None
     read = records.get("records_read", 0)
+    if records.get("without_calls"):
+        empty = (f"; {records['without_calls']} of the {got} yield no request (no assistant message after "
+                 "their first)")
+    elif records.get("without_turns"):
+        empty = f"; {records['without_turns']} of the {got} yield no request (no user message answered)"
+    else:
+        empty = ""
     if "too_few_messages" not in records:     # trajectories: each one is a session
-        return f"{got} sessions, not the {asked} asked: the input holds {read} trajectories"
+        return f"{got} sessions, not the {asked} asked: the input holds {read} trajectories{empty}"
     params, why = meta["params"], []
     if records["too_few_messages"]:
         why.append(f"{records['too_few_messages']} with fewer than {2 * params.get('min_rounds', 0)} messages "
@@ -75,8 +82,8 @@ def shortfall(trace: Trace) -> str | None:
         why.append(f"{records['too_much_non_ascii']} with more than {params.get('max_non_ascii_frac')} of their "
                    "characters non-ASCII (the paper's filter; --max-non-ascii on `marconi trace build`)")
     if not why:
-        return f"{got} sessions, not the {asked} asked: the input holds {read} records"
-    return f"{got} sessions, not the {asked} asked: of the input's {read} records, {' and '.join(why)}"
+        return f"{got} sessions, not the {asked} asked: the input holds {read} records{empty}"
+    return f"{got} sessions, not the {asked} asked: of the input's {read} records, {' and '.join(why)}{empty}"
 
 
 def load_trace(text: str, limit: int | None = None, *, notice: Callable[[str], None] | None = None) -> Trace:

@@ -234,10 +234,10 @@ def build_swe_trace(paths: Sequence[str | os.PathLike] | None = None, *, num_ses
     tok = tokenizer if isinstance(tokenizer, TextTokenizer) else load_tokenizer(tokenizer)
     files = list(paths) if paths else default_swe_paths()
     trajectories = load_trajectories(files)
-    records = {"records_read": len(trajectories),
-               "without_calls": sum(1 for t in trajectories if not _calls(t.messages))}
+    records = {"records_read": len(trajectories)}
     if num_sessions is not None:
         trajectories = trajectories[:num_sessions]
+    records["without_calls"] = sum(1 for t in trajectories if not _calls(t.messages))    # of those kept
     prefix = load_shared_prefix(shared_prefix) if shared_prefix is not None else ()
     prefix_tokens = encode_messages(tok, prefix, text_form, add_bos) if prefix else []
 
