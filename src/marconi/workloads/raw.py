@@ -48,11 +48,11 @@ def _kind(obj: Any) -> str | None:
     if not isinstance(obj, dict):
         return None
     for field, kind in (("conversations", "sharegpt"), ("conversation", "lmsys")):
-        if isinstance((listed_messages(obj, (field,)) or ("", None))[1], list):
+        if _list_at(obj, field) is not None:
             return kind
     info = obj.get("info")
-    messages = (listed_messages(obj, ("messages",)) or ("", None))[1]
-    if isinstance(messages, list):
+    messages = _list_at(obj, "messages")
+    if messages is not None:
         if "instance_id" in obj or "exit_status" in obj or "trajectory_format" in obj or isinstance(info, dict):
             return "swe"     # mini-swe-agent (compact, or its own .traj.json with its "info" header)
         if messages and all(isinstance(m, dict) and "role" in m for m in messages[:8]):
@@ -64,6 +64,13 @@ def _kind(obj: Any) -> str | None:
     if "article" in obj and isinstance(obj.get("questions"), list):
         return "quality"
     return None
+
+
+def _list_at(record: dict, field: str) -> list | None:
+    """The list ``record`` holds at ``field`` (a JSON string encoding one read as it, as the readers do:
+    :func:`~marconi.workloads.messages.listed_messages`), else None."""
+    listed = listed_messages(record, (field,))
+    return listed[1] if listed is not None and isinstance(listed[1], list) else None
 
 
 def _agentic(message: Any) -> bool:
