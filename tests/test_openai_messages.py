@@ -347,3 +347,21 @@ def test_a_shortfall_note_counts_the_sessions_that_yield_no_request(tmp_path):
     assert len({r.session_id for r in trace}) == 1
     assert any("2 sessions, not the 100 asked: the input holds 2 records; 1 of the 2 yield no request" in n
                for n in notes), notes
+
+
+def test_openai_agent_records_opening_with_one_that_used_no_tool_are_still_trajectories(tmp_path):
+    """Old: the first record alone decided, so an agent's file whose first run answered without a tool
+    was read as chats, and the paper's chat filter then refused it for having no long conversations."""
+    direct = {"messages": _chat(0, turns=1)}        # an agent that answered directly: chat-shaped
+    mixed = tmp_path / "agent_runs.jsonl"
+    mixed.write_text("".join(json.dumps(r) + "\n" for r in [direct] + [{"messages": _agent(k)} for k in range(3)]))
+    assert raw_source_of(mixed) == "swe"
+    trace = load_trace(str(mixed))
+    assert trace.meta["num_sessions"] == 4
+    # chats alone stay chats, however many records are looked at; a tool past the look does not count
+    chats = tmp_path / "chats.jsonl"
+    chats.write_text("".join(json.dumps({"messages": _chat(k)}) + "\n" for k in range(70)))
+    assert raw_source_of(chats) == "sharegpt"
+    late = tmp_path / "late.jsonl"
+    late.write_text(chats.read_text() + json.dumps({"messages": _agent(0)}) + "\n")
+    assert raw_source_of(late) == "sharegpt"

@@ -2,8 +2,11 @@
 LMSys, agent trajectories or QuALITY (:func:`raw_source_of`).
 
 A command given such a file as its trace builds it by the catalog entry's recipe (``files=``), as
-``marconi trace build`` would, instead of refusing it as an unknown format. Only the file's first
-record is read: a recipe's own reader checks every record, naming the file and record of a bad one.
+``marconi trace build`` would, instead of refusing it as an unknown format. The file's first record
+decides, but for one: a JSONL file of bare OpenAI-format ``messages`` records is an agent's
+trajectories when any of its first :data:`_SNIFF_RECORDS` records shows a tool (a chat-shaped first
+record is an agent that answered without one), else chats. A recipe's own reader checks every
+record, naming the file and record of a bad one.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ _RUN_FILES = frozenset({"preds.json", "results.json"})
 
 _CHUNK = 1 << 16
 _MAX_FIRST = 64 << 20        # a first record larger than this is not sniffed (the file stays unknown)
+_SNIFF_RECORDS = 64          # records of a bare-``messages`` JSONL read for a tool (within _MAX_FIRST bytes)
 
 
 def trajectory_files(folder: Path) -> list[Path]:
@@ -96,6 +100,37 @@ def _first_json_line(path: Path) -> Any:
     return None
 
 
+def _bare_chat(obj: Any) -> bool:
+    """A bare OpenAI-format ``messages`` record that :func:`_kind` reads as a chat (no tool in it)."""
+    return (isinstance(obj, dict) and _kind(obj) == "sharegpt" and _list_at(obj, "conversations") is None
+            and _list_at(obj, "messages") is not None)
+
+
+def _jsonl_kind(path: Path) -> str | None:
+    """A JSONL file's raw source: its first record's, except that bare ``messages`` chats are an agent's
+    trajectories where one of the next records (up to :data:`_SNIFF_RECORDS` in all, :data:`_MAX_FIRST`
+    bytes) is one. A later line that does not decode ends the look (its reader will name it)."""
+    first = _first_json_line(path)
+    kind = _kind(first)
+    if not _bare_chat(first):
+        return kind
+    read = seen = 0
+    with open_binary(path) as fh:
+        for raw in iter(lambda: fh.readline(_MAX_FIRST), b""):
+            read += len(raw)
+            if read > _MAX_FIRST or seen >= _SNIFF_RECORDS:
+                break
+            if not raw.strip():
+                continue
+            seen += 1
+            try:
+                if _kind(json.loads(raw)) == "swe":
+                    return "swe"
+            except (ValueError, RecursionError):
+                break
+    return kind
+
+
 def _first_json_value(path: Path) -> Any:
     """The first element of a JSON array (or the whole value when it is not an array), reading no more of
     the file than it needs; None when it does not decode within the cap."""
@@ -143,7 +178,8 @@ def first_record(path: str | os.PathLike) -> Any:
 
 def raw_source_of(path: str | os.PathLike) -> str | None:
     """The catalog entry whose recipe reads ``path`` (a key of :data:`RAW_SOURCES`), or None: not a
-    regular file, unreadable, or its first record is none of the raw sources. A directory is ``swe``
+    regular file, unreadable, or its first record is none of the raw sources (a JSONL file of bare
+OpenAI-format chats whose first records show a tool: ``swe``, as the module says). A directory is ``swe``
     when its first ``.json``/``.traj`` file (by name, recursively, as the SWE reader orders them)
     holds trajectories: mini-swe-agent writes one file per instance. A ``.jsonl.gz`` file is sniffed through gzip
     (every reader of a JSONL source reads it gzipped). Never raises."""
@@ -158,7 +194,7 @@ def raw_source_of(path: str | os.PathLike) -> str | None:
         if name.endswith(".parquet"):
             return _parquet_kind(p)
         if name.endswith((".jsonl", ".jsonl.gz")):     # every reader of a .jsonl source reads it gzipped too
-            return _kind(_first_json_line(p))
+            return _jsonl_kind(p)
         if name.endswith((".json", ".traj")):
             return _kind(_first_json_value(p))
     except (OSError, EOFError, zlib.error, ValueError, RecursionError):   # unsniffable, or bad gzip: its reader says
