@@ -263,3 +263,28 @@ def test_max_hit_len_keeps_at_least_one_token_to_compute():
     assert tf.cached_prefix(handle).length == 99
     tf.finish(handle, ())
     tf.check_invariants()
+
+
+def test_a_prompt_asked_again_and_answered_alike_hits_without_insert_prefill():
+    """Old: ``process`` (begin + finish, a sequential replay) recomputed the branch point from input +
+    output only; an input ending inside a cached sequence whose continuation the output repeated
+    left no state at the input's end, so every repeat of a prompt with the same answer missed (0%
+    for SGLang+, Marconi, the oracle and even the infinite cache on 200 repeats)."""
+    prompt, answer = toks((0, 300)), toks((5_000, 5_040))
+    cache = make()
+    first = cache.process(prompt, answer)
+    assert first[1].admitted == (340,)
+    handle = cache.begin(prompt)
+    assert handle.prefill_checkpoints == (300,)          # speculative insertion: a branch at the input's end
+    assert cache.finish_checkpoints(handle, answer) == (300,)
+    assert cache.finish(handle, answer).admitted == (300,)
+    match, _ = cache.process(prompt, answer)
+    assert (match.kv_hit_len, match.usable_hit_len) == (300, 300)
+    cache.check_invariants()
+    # a driver that calls insert_prefill admits it there, and finish does not admit it again
+    other = make()
+    other.process(prompt, answer)
+    h = other.begin(prompt)
+    assert other.insert_prefill(h).admitted == (300,)
+    assert other.finish(h, answer).admitted == ()
+    assert other.process(prompt, answer)[0].usable_hit_len == 300

@@ -82,6 +82,7 @@ class RequestHandle:
     max_hit_len: int | None = None  # as passed to ``begin`` (a shadow of this cache replays it alike)
     tail_base: int = -1         # dead tails: where the input left its predecessor, if it branched (else -1)
     tail_lineage: bool = False  # ... inside another sequence's leaf (else at an inner node)
+    prefilled: bool = False     # ``insert_prefill`` ran: ``finish`` admits only its final plan
 
 
 class CachedPrefix(NamedTuple):
@@ -536,6 +537,7 @@ class PrefixCache(TreeStore):
         self._check_active(handle)
         _check_suppliers(states, kv)  # before anything: the request stays in flight as it was
         self._notify("on_prefill", handle)
+        handle.prefilled = True
         if not self.admission.caches or not handle.prefill_checkpoints:
             return InsertResult(False, 0, ())
         if self._logical is not None:
@@ -552,12 +554,23 @@ class PrefixCache(TreeStore):
         return self._insert_sequence(handle, seq, plan, states, kv, walk)
 
     def _final(self, handle: RequestHandle, output: np.ndarray) -> tuple[np.ndarray, WalkResult, FinalPlan]:
-        """Input + output, its walk (from the handle's locked match) and the admission's final plan."""
+        """Input + output, its walk (from the handle's locked match) and the admission's final plan, with
+        the prefill checkpoints planned at ``begin`` where no ``insert_prefill`` admitted them: a
+        request finished without one (``process``, a sequential replay) keeps what its prefill
+        computed, as one with it does. Without them an input ending inside a cached sequence whose
+        continuation the output then repeats (a prompt asked again, answered alike) left no state at
+        its branch point, and every repeat missed."""
         seq = np.concatenate((handle.tokens, output)) if output.size else handle.tokens
         walk = self.tree.walk(seq, start=handle.matched_node)
         ctx = AdmissionContext(seq, len(handle.tokens), handle.match, self._branch_len(len(seq), walk), self.spec,
                                handle.request_id)
-        return seq, walk, self.admission.final_plan(ctx, len(seq))
+        plan = self.admission.final_plan(ctx, len(seq))
+        if handle.prefill_checkpoints and not handle.prefilled:
+            extra = [p for p in handle.prefill_checkpoints if p not in plan.checkpoints
+                     and not (plan.block and p % plan.block == 0 and p <= plan.insert_len)]
+            if extra:
+                plan = plan._replace(checkpoints=tuple(sorted((*plan.checkpoints, *extra))))
+        return seq, walk, plan
 
     def _wanted(self, handle: RequestHandle, plan: FinalPlan, walk: WalkResult,
                 seq_len: int) -> tuple[list[int], list[int]]:
