@@ -222,7 +222,10 @@ class BootstrapTuner:
 
     def _tune(self, cache: PrefixCache) -> EvictionRule:
         assert self._snapshot is not None
-        job = TuningJob(self._snapshot, self._window, cache.spec, cache.capacity_bytes, cache.admission,
+        # Replayed in arrival order: the window fills in finish order, which overlapping requests
+        # (an event-driven replay, a live engine) change; its clock may not run backwards.
+        window = sorted(self._window, key=lambda r: (r.ts, r.session_id))
+        job = TuningJob(self._snapshot, window, cache.spec, cache.capacity_bytes, cache.admission,
                         self.policy.efficiency_variant, self.policy.recency)
         started = time.perf_counter()
         results = evaluate_alphas(job, self.grid, self.workers, self.mapper)
