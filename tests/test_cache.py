@@ -288,3 +288,23 @@ def test_a_prompt_asked_again_and_answered_alike_hits_without_insert_prefill():
     assert other.insert_prefill(h).admitted == (300,)
     assert other.finish(h, answer).admitted == ()
     assert other.process(prompt, answer)[0].usable_hit_len == 300
+
+
+@pytest.mark.parametrize("eviction", ["lru", "flop-aware:alpha=1.0"])
+def test_one_long_session_keeps_being_cached_once_its_states_fill_the_cache(eviction):
+    """Old: every turn's state stays on the one path the next turn locks, so once they filled the
+    cache each later turn was refused (``requests_not_cached``) and the hit stopped growing (a
+    2,000-turn session at 10 GB: 33.8% for SGLang+, Marconi and the oracle)."""
+    cache = make(capacity=6_000, eviction=eviction)  # 10 B a token, 100 B a state: KVs 4,100 B at the end
+    seq = toks((0, 50))
+    hits = []
+    for turn in range(60):
+        output = toks((100_000 + 10 * turn, 100_000 + 10 * turn + 4))
+        match, result = cache.process(seq, output)
+        cache.check_invariants()
+        assert result.cached, f"turn {turn} was not cached"
+        hits.append(match.usable_hit_len)
+        seq = np.concatenate((seq, output, toks((200_000 + 10 * turn, 200_000 + 10 * turn + 2))))
+    st = cache.stats
+    assert st.requests_not_cached == 0 and st.locked_states_dropped > 0
+    assert hits[-1] == len(seq) - 2 - 4 - 2      # the last turn resumes after the previous turn's output

@@ -36,6 +36,8 @@ class CacheStats:
     evictions_inner: int = 0           # a one-child node: frees its checkpoint, KVs go to the child
     bytes_evicted: int = 0
     requests_not_cached: int = 0       # their states could not fit even after evicting all unlocked
+    locked_states_dropped: int = 0     # of evictions_inner: a state on an in-flight path no request resumes
+                                       # from, dropped so that a request fits (PrefixCache.finish)
     tail_trims: int = 0                # tails=reach: branched leaves cut back to their predicted reach
     tail_tokens_trimmed: int = 0       # KV tokens those cuts dropped
     peak_bytes: int = 0

@@ -240,6 +240,26 @@ class TreeStore:
         self._update_eff(child)
         self._release_payloads((node.end_state,))
 
+    def _drop_locked_state(self, node: Node) -> None:
+        """Drop the one checkpoint of a locked one-child node; the node stays (a boundary without a
+        state, as a sibling's eviction leaves a branch node) and so do its KVs, which the lock
+        protects: the walks and handles that hold it stay valid."""
+        assert node.lock_ref and len(node.children) == 1 and node.num_checkpoints == 1
+        (payload,) = node.ckpt_states
+        node.ckpt_positions = []
+        node.ckpt_states = []
+        freed = self._ckpt_bytes
+        self.used_bytes -= freed
+        self.ssm_bytes -= freed
+        self.locked_bytes -= freed
+        st = self.stats
+        st.checkpoints_evicted += 1
+        st.evictions_inner += 1
+        st.locked_states_dropped += 1
+        st.bytes_evicted += freed
+        self._update_eff(node)
+        self._release_payloads((payload,))
+
     def _release_payloads(self, payloads: tuple[Any, ...]) -> None:
         """Release every one of ``payloads`` (after the surgery); the first error is re-raised after
         the others are released."""
