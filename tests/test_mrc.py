@@ -110,3 +110,15 @@ def test_mrc_points_that_cannot_run_are_reported_in_lo_terms_and_the_curve_kept(
     assert (tmp_path / "m.partial.png").stat().st_size > 0
     assert not out.exists() and not (tmp_path / "m.png").exists()
     assert f"--out {out} and --plot {tmp_path / 'm.png'} left unchanged" in err
+
+
+def test_mrc_without_lo_starts_where_a_small_trace_first_holds_a_checkpoint(tmp_path, capsys):
+    """Old: the default --lo 0.005 was refused on any trace whose working set holds fewer than ~200
+    checkpoints, so `marconi mrc --trace small.jsonl` failed with its default settings."""
+    out = tmp_path / "m.jsonl"
+    assert main(["mrc", "--trace", "swe-sample", "--limit", "40", "--systems", "sglang+", "--points", "3",
+                 "--workers", "1", "--out", str(out), "--quiet"]) == 0
+    err = capsys.readouterr().err
+    assert "NOTE: the curve starts at" in err and "not 0.005x" in err
+    fractions = sorted({json.loads(line)["fraction"] for line in out.read_text().splitlines()})
+    assert len(fractions) == 3 and 0.005 < fractions[0] < 1 and fractions[-1] == 1.0

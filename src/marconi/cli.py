@@ -249,7 +249,7 @@ def _cmd_mrc(args: argparse.Namespace) -> int:
     from marconi.io import check_output
     from marconi.report import fmt_pct as pct
     from marconi.report import format_table
-    from marconi.sim.mrc import capacity_fractions, mrc_points, plot_mrc, run_mrc
+    from marconi.sim.mrc import DEFAULT_LO, capacity_fractions, mrc_points, plot_mrc, run_mrc
     from marconi.sim.sweep import PointsFailed, write_records
     from marconi.units import format_bytes
 
@@ -264,21 +264,22 @@ def _cmd_mrc(args: argparse.Namespace) -> int:
     check_output(_kept_at(out, failed=True), inputs=inputs, option=_partial_option("--out"))
     check_output(_kept_at(png, failed=True), inputs=inputs, option=_partial_option("--plot"))
     systems = split_name_list(args.systems)
-    fractions = capacity_fractions(args.points, args.lo)
+    lo = DEFAULT_LO if args.lo is None else args.lo    # not given: raised where the working set is small
+    fractions = capacity_fractions(args.points, lo)
     if len(fractions) < args.points:
-        print(f"marconi mrc: --points {args.points} from --lo {args.lo:g} gives only {len(fractions)} distinct "
+        print(f"marconi mrc: --points {args.points} from --lo {lo:g} gives only {len(fractions)} distinct "
               f"capacities (fractions of the working set, to 6 significant digits): running those "
               f"{len(fractions)}", file=sys.stderr)
-    total = len(mrc_points(systems, model=args.model, points=args.points, lo=args.lo, ceilings=not args.no_ceilings))
+    total = len(mrc_points(systems, model=args.model, points=args.points, lo=lo, ceilings=not args.no_ceilings))
     backend, workers = _backend(args)
     try:
         trace = load_trace(args.trace, args.limit)
         bar = tqdm(total=total, unit="point", disable=args.quiet, file=sys.stderr)
         failed: PointsFailed | None = None
         try:
-            records = run_mrc(trace, args.trace, systems, model=args.model, points=args.points, lo=args.lo,
+            records = run_mrc(trace, args.trace, systems, model=args.model, points=args.points, lo=lo,
                               ceilings=not args.no_ceilings, workers=workers, backend=backend,
-                              on_record=lambda r: bar.update(1))
+                              on_record=lambda r: bar.update(1), raise_lo=args.lo is None)
         except PointsFailed as exc:  # the curve of the capacities that ran is kept
             failed, records = exc, exc.records
         finally:
@@ -287,6 +288,11 @@ def _cmd_mrc(args: argparse.Namespace) -> int:
         backend.close()
     if not records:
         raise failed or ConfigError("no point of the curve ran")
+    smallest = min(r["fraction"] for r in records if r["system"] != "infinite")
+    if args.lo is None and smallest > lo:
+        print(f"marconi mrc: NOTE: the curve starts at {smallest:g}x of the working set, not {lo:g}x: below "
+              f"that no SSM checkpoint of {args.model} fits in this trace's working set; --lo sets the start",
+              file=sys.stderr)
     by_cap: dict[float, dict[str, Any]] = {}
     for r in records:
         if r["system"] != "infinite":
@@ -321,7 +327,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     if code == 0 and args.out:
         out = Path(args.out)
         code = _cmd_mrc(argparse.Namespace(trace=args.trace, systems="vllm+,sglang+,marconi,marconi:selector=regret",
-                                           points=12, lo=0.005,
+                                           points=12, lo=None,
                                            model=args.model, out=str(out.with_name(out.stem + "_mrc.jsonl")),
                                            plot=None, no_ceilings=False, workers=None, backend="local", address=None,
                                            limit=None, quiet=False))
@@ -386,12 +392,16 @@ def build_parser() -> argparse.ArgumentParser:
     add_output(cmp_, "--plots", kind="dir", help="directory for PNG plots (default: <results>_plots/)")
     cmp_.set_defaults(func=_cmd_compare)
 
+    from marconi.sim.mrc import DEFAULT_LO
+
     mrc = sub.add_parser("mrc", help="miss-ratio curves: hit rate vs capacity per system (how to size a cache)")
     mrc.add_argument("--trace", required=True, help="JSONL/Parquet trace or a bundled trace name")
     mrc.add_argument("--systems", default="vllm+,sglang+,marconi", type=systems,
                      help="comma list (oracle and infinite are added)")
     mrc.add_argument("--points", type=Number(Domain(2, 1000, integer=True)), default=12, help="capacities, geometric from --lo to the working set")
-    mrc.add_argument("--lo", type=Number(Domain(0, 1, lo_open=True, hi_open=True)), default=0.005, help="smallest capacity as a fraction of the working set")
+    mrc.add_argument("--lo", type=Number(Domain(0, 1, lo_open=True, hi_open=True)), default=None,
+                     help=f"smallest capacity as a fraction of the working set (default {DEFAULT_LO:g}, raised to "
+                          "the least that holds one SSM checkpoint where the working set is small)")
     mrc.add_argument("--model", default="paper-7b", type=models)
     add_output(mrc, "--out", default="results/mrc.jsonl",
                help="records (JSONL, written atomically); if some points cannot run, the curve of those that "

@@ -22,12 +22,14 @@ from marconi.sim.sweep import PointsFailed, SweepPoint, backend_scope, expand_po
 from marconi.sim.systems import SystemConfig, make_system
 from marconi.units import format_bytes
 
-__all__ = ["capacity_fractions", "mrc_points", "run_mrc", "plot_mrc", "CEILINGS"]
+__all__ = ["capacity_fractions", "mrc_points", "run_mrc", "plot_mrc", "least_lo", "CEILINGS", "DEFAULT_LO"]
 
 CEILINGS = ("oracle", "infinite")
+#: The smallest capacity a curve starts at, as a fraction of the working set, unless told otherwise.
+DEFAULT_LO = 0.005
 
 
-def capacity_fractions(points: int, lo: float = 0.005) -> list[float]:
+def capacity_fractions(points: int, lo: float = DEFAULT_LO) -> list[float]:
     """Up to ``points`` distinct fractions of the working set, geometric from ``lo`` to 1 inclusive,
     rounded to 6 significant digits (equal neighbours kept once)."""
     if points < 2:
@@ -37,7 +39,7 @@ def capacity_fractions(points: int, lo: float = 0.005) -> list[float]:
     return list(dict.fromkeys(float(f"{f:.6g}") for f in np.geomspace(lo, 1.0, points)))
 
 
-def mrc_points(systems: Sequence[str], *, model: str = "paper-7b", points: int = 12, lo: float = 0.005,
+def mrc_points(systems: Sequence[str], *, model: str = "paper-7b", points: int = 12, lo: float = DEFAULT_LO,
                ceilings: bool = True) -> list[SweepPoint]:
     """The sweep points of a curve: every system at every fraction, ``oracle`` too (with ``ceilings``),
     and one ``infinite`` run (capacity-independent). Names are checked here, before any work;
@@ -57,17 +59,21 @@ def mrc_points(systems: Sequence[str], *, model: str = "paper-7b", points: int =
 
 
 def run_mrc(trace: Sequence[Any], trace_name: str, systems: Sequence[str], *, model: str = "paper-7b",
-            points: int = 12, lo: float = 0.005, ceilings: bool = True, latency: str = "a100",
+            points: int = 12, lo: float = DEFAULT_LO, ceilings: bool = True, latency: str = "a100",
             workers: int | None = None, backend: str | Backend = "local",
-            on_record: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
+            on_record: Callable[[dict[str, Any]], None] | None = None, raise_lo: bool = False) -> list[dict[str, Any]]:
     """Records of every system at every fraction (plus ``oracle`` and one ``infinite``). ConfigError if
-    ``lo`` x the working set is below one SSM checkpoint; PointsFailed (in ``lo`` terms) otherwise."""
-    pts = mrc_points(systems, model=model, points=points, lo=lo, ceilings=ceilings)
+    ``lo`` x the working set is below one SSM checkpoint (``raise_lo``: ``lo`` is raised to the least
+    fraction that holds one instead, :func:`least_lo`, while that is below 1); PointsFailed (in
+    ``lo`` terms) otherwise."""
     spec = get_model(model)
     with backend_scope(backend, workers) as be:
         ws = working_sets({"trace": trace}, [("trace", model)], backend=be)[("trace", model)]
-        smallest = min(float(p.capacity.rstrip("x")) for p in pts)
-        if any(_holds_checkpoints(p.system) for p in pts) and smallest * ws < spec.ssm_checkpoint_bytes:
+        if raise_lo:
+            lo = max(lo, least_lo(ws, spec))
+        pts = mrc_points(systems, model=model, points=points, lo=lo, ceilings=ceilings) if lo < 1 else []
+        smallest = min((float(p.capacity.rstrip("x")) for p in pts), default=lo)
+        if any(_holds_checkpoints(p.system) for p in pts) and smallest * ws < spec.ssm_checkpoint_bytes or not pts:
             need = _round_up(spec.ssm_checkpoint_bytes / ws) if ws else float("inf")
             raise ConfigError(f"--lo {lo:g} makes the smallest capacity {format_bytes(int(smallest * ws))} "
                               f"(of a {format_bytes(ws)} working set), less than one SSM checkpoint of {spec.name} "
@@ -82,6 +88,14 @@ def run_mrc(trace: Sequence[Any], trace_name: str, systems: Sequence[str], *, mo
             raise _in_lo_terms(exc, lo) from None
     _add_fractions(records)
     return records
+
+
+def least_lo(working_set_bytes: float, spec: Any) -> float:
+    """The least fraction of a working set of ``working_set_bytes`` that holds one SSM checkpoint of
+    ``spec`` (rounded up to 3 significant digits; 0 for a model without one; inf for an empty set)."""
+    if not spec.ssm_checkpoint_bytes:
+        return 0.0
+    return _round_up(spec.ssm_checkpoint_bytes / working_set_bytes) if working_set_bytes else float("inf")
 
 
 def _holds_checkpoints(name: str) -> bool:
