@@ -6,7 +6,7 @@ import pytest
 
 from marconi.cli import main
 from marconi.core.registry import ConfigError
-from marconi.sim.compare import gains
+from marconi.sim.compare import gains, repeated_points
 from marconi.sim.mrc import capacity_fractions, run_mrc
 from marconi.workloads import build_workload
 
@@ -66,6 +66,27 @@ def test_compare_gives_each_system_as_a_fraction_of_oracle_and_infinite():
     assert rows[("20B", "sglang+")]["of_infinite"] == pytest.approx(0.6)   # one infinite run serves every capacity
     assert "of_oracle" not in rows[("20B", "sglang+")]
     assert ("1x", "infinite") in rows and len(rows) == 5
+
+
+def test_compare_keeps_modes_and_latency_models_apart_and_notes_repeated_points(tmp_path, capsys):
+    """Old: an h100 marconi row was compared with a100 baselines, an event-mode row sat beside a
+    sequential one with nothing to tell them apart, and two runs' files concatenated gave every row
+    twice without a word."""
+    base = {"trace": "t", "model": "m", "mode": "sequential", "latency": "roofline-a100", "capacity_bytes": 10,
+            "capacity": "10B", "num_requests": 5}
+    records = [{**base, "system": "sglang+", "token_hit_rate": 0.2}, {**base, "system": "marconi", "token_hit_rate": 0.3},
+               {**base, "latency": "roofline-h100", "system": "marconi", "token_hit_rate": 0.3},
+               {**base, "mode": "event", "system": "marconi", "token_hit_rate": 0.25}]
+    rows = gains(records)
+    assert [r.get("vs_sglang_pct") for r in rows] == [0.0, pytest.approx(0.5), None, None]
+    assert repeated_points(records) == 0 and repeated_points(records + records[:2]) == 2
+    path = tmp_path / "r.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records + records[:1]))
+    assert main(["compare", str(path), "--plots", str(tmp_path / "plots")]) == 0
+    out, err = capsys.readouterr()
+    assert "1 record in" in err and "repeat a point" in err
+    header = out.splitlines()[0].split()
+    assert "mode" in header and "latency" in header
 
 
 # ----------------------------------------------------------------------------- hardening (issue 21)

@@ -221,15 +221,23 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     from marconi.report import fmt_pct as pct
     from marconi.report import fmt_seconds as fmt_s
     from marconi.report import fmt_times, format_table
-    from marconi.sim.compare import gains, plot_records
+    from marconi.sim.compare import gains, plot_records, repeated_points
     from marconi.sim.sweep import RESULT_FIELDS, RESULT_TYPES, read_records
 
     records = read_records(args.results, RESULT_FIELDS, kind="`marconi simulate --out` results", types=RESULT_TYPES)
     if not records:
         raise ConfigError(f"{args.results}: no records (expected what `marconi simulate --out` writes)")
     rows = gains(records)
+    repeats = repeated_points(records)
+    if repeats:
+        print(f"marconi compare: NOTE: {repeats} record{'s' * (repeats != 1)} in {args.results} repeat a point "
+              "(trace, model, capacity, mode, latency, system) of an earlier one: each gets its own row",
+              file=sys.stderr)
+    # mode and latency model set a point apart: shown where the records differ in them
+    varies = [(name, key, None) for name, key in (("mode", "mode"), ("latency", "latency"))
+              if len({r[key] for r in rows}) > 1]
     print(format_table(rows, [("trace", "trace", None), ("model", "model", None), ("capacity", "capacity", None),
-                              ("system", "system", None), ("token hit", "token_hit_rate", pct),
+                              *varies, ("system", "system", None), ("token hit", "token_hit_rate", pct),
                               ("vs vLLM+", "vs_vllm_x", fmt_times), ("vs SGLang+", "vs_sglang_pct", pct),
                               ("of oracle", "of_oracle", pct), ("of infinite", "of_infinite", pct),
                               ("hit P95", "hit_rate_p95", pct), ("TTFT P95", "ttft_p95_s", fmt_s),

@@ -1,8 +1,9 @@
 """Relative gains and plots from sweep records (``marconi compare results.jsonl``).
 
-Per (trace, model, capacity, mode) group, each system against the paper's baselines: token hit
-rate as a ratio to vLLM+ and a percentage gain over SGLang+, P95 TTFT relative to vanilla, and,
-where present, hit rate as a fraction of ``oracle`` and ``infinite``.
+Per (trace, model, capacity, mode, latency model) group, each system against the paper's
+baselines: token hit rate as a ratio to vLLM+ and a percentage gain over SGLang+, P95 TTFT relative
+to vanilla, and, where present, hit rate as a fraction of ``oracle`` and ``infinite``. Records of
+the same point given twice (two runs' files concatenated) each get a row (:func:`repeated_points`).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-__all__ = ["gains", "plot_records", "base_name", "plot_text"]
+__all__ = ["gains", "plot_records", "base_name", "plot_text", "repeated_points"]
 
 
 def plot_text(value: Any) -> str:
@@ -32,18 +33,24 @@ def base_name(label: str) -> str:
 
 
 def _group_key(rec: dict[str, Any]) -> tuple:
-    return (rec.get("trace"), rec.get("model"), rec.get("capacity_bytes"), rec.get("mode"))
+    return (rec.get("trace"), rec.get("model"), rec.get("capacity_bytes"), rec.get("mode"), rec.get("latency"))
+
+
+def repeated_points(records: Sequence[dict[str, Any]]) -> int:
+    """How many records repeat an earlier record's point (its group and system)."""
+    keys = [(*_group_key(r), r.get("system")) for r in records]
+    return len(keys) - len(set(keys))
 
 
 def _with_infinite_everywhere(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One capacity-independent ``infinite`` record serves every capacity of its (trace, model, mode)
-    that lacks one."""
+    """One capacity-independent ``infinite`` record serves every capacity of its (trace, model, mode,
+    latency) that lacks one."""
     out = list(records)
     have = {_group_key(r) for r in records if base_name(r["system"]) == "infinite"}
-    ceilings = {(r.get("trace"), r.get("model"), r.get("mode")): r for r in records
+    ceilings = {(r.get("trace"), r.get("model"), r.get("mode"), r.get("latency")): r for r in records
                 if base_name(r["system"]) == "infinite"}
     for key in dict.fromkeys(_group_key(r) for r in records):
-        inf = ceilings.get((key[0], key[1], key[3]))
+        inf = ceilings.get((key[0], key[1], key[3], key[4]))
         if inf is not None and key not in have:
             out.append({**inf, "capacity_bytes": key[2], "capacity": None, "_shared": True})
     return out
@@ -63,7 +70,8 @@ def gains(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             if r.get("_shared"):
                 continue
             hit = r["token_hit_rate"]
-            row = {"trace": key[0], "model": key[1], "capacity": r.get("capacity", key[2]), "system": r["system"],
+            row = {"trace": key[0], "model": key[1], "capacity": r.get("capacity", key[2]), "mode": key[3],
+                   "latency": key[4], "system": r["system"],
                    "token_hit_rate": hit, "hit_rate_p95": r.get("hit_rate_p95"), "flops_saved_fraction":
                    r.get("flops_saved_fraction"), "ttft_p95_s": r.get("ttft_p95_s")}
             if vllm is not None and vllm["token_hit_rate"] > 0:
