@@ -95,6 +95,11 @@ def test_errors_exit_2_and_write_nothing(tmp_path, capsys):
     assert str(missing_tok) in capsys.readouterr().err
     assert run("trace", "build", "synthetic", "chat", "--set", "bogus=1", "--out", str(out)) == 2
     assert "bogus" in capsys.readouterr().err
+    # several parameters in one --set: was a bare "could not convert string to float"
+    assert run("trace", "build", "synthetic", "chat", "--set", "user_len=1,output_len=1", "--out", str(out)) == 2
+    assert "--set 'user_len=1,output_len=1': user_len takes a number" in capsys.readouterr().err
+    assert run("trace", "build", "synthetic", "chat", "--set", "num_sessions=many", "--out", str(out)) == 2
+    assert "num_sessions takes an integer, got 'many'" in capsys.readouterr().err
     assert run("trace", "build", "lmsys", str(tmp_path / "none.jsonl"), "--out", str(out)) == 2
     assert list(tmp_path.iterdir()) == []
     with pytest.raises(SystemExit):

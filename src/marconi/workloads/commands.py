@@ -79,8 +79,10 @@ def _progress(desc: str, unit: str) -> Callable:
 
 
 def _coerce(text: str, default: Any) -> Any:
-    """Parse a ``--set`` value by the type of the parameter's default."""
+    """Parse a ``--set`` value by the type of the parameter's default; ValueError if it is not one."""
     if isinstance(default, bool):
+        if text.lower() not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+            raise ValueError(f"not true or false: {text!r}")
         return text.lower() in ("1", "true", "yes", "on")
     if isinstance(default, int):
         return int(text)
@@ -102,7 +104,16 @@ def _synthetic_params(kind: str, items: list[str]) -> dict[str, Any]:
         key = key.strip().replace("-", "_")
         if not eq or key not in signature:
             raise ValueError(f"--set {item!r}: expected key=value with key one of {', '.join(signature)}")
-        params[key] = _coerce(value.strip(), signature[key].default)
+        default = signature[key].default
+        try:
+            params[key] = _coerce(value.strip(), default)
+        except ValueError:
+            wanted = ("true or false" if isinstance(default, bool) else "an integer" if isinstance(default, int)
+                      else "a number" if isinstance(default, float) else "N or LO:HI" if isinstance(default, tuple)
+                      and len(default) == 2 and all(isinstance(x, int) for x in default)
+                      else "numbers separated by commas")
+            again = " (one KEY=VALUE per --set: repeat --set for each parameter)" if "=" in value else ""
+            raise ValueError(f"--set {item!r}: {key} takes {wanted}, got {value.strip()!r}{again}") from None
     return params
 
 
