@@ -11,8 +11,8 @@ from marconi.core.registry import ConfigError, Domain
 __all__ = ["parse_bytes", "format_bytes", "Capacity", "parse_capacity", "request_limit", "MAX_CAPACITY_BYTES",
            "MAX_CAPACITY_FRACTION"]
 
-_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "pb": 10**15,
-          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "pib": 2**50}
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "pb": 10**15, "eb": 10**18,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "pib": 2**50, "eib": 2**60}
 _NUMBER = r"[0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?"  # no sign, no inf/nan, no "1_000": what people type
 
 # Sane bounds, so a typo fails at parse time instead of deep inside a run (1e30 bytes overflowed
@@ -41,7 +41,7 @@ def parse_bytes(text: str | int | float) -> int:
 
 
 def format_bytes(n: float) -> str:
-    for unit, size in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+    for unit, size in (("EB", 1e18), ("PB", 1e15), ("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
         if abs(n) >= size:
             return f"{n / size:.3g}{unit}"
     return f"{int(n)}B"
