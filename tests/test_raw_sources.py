@@ -133,6 +133,10 @@ def test_gzipped_mooncake_and_chat_files_are_read_as_their_sources(tmp_path, sha
     plain.write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert trace_file_kind(mooncake) == "mooncake"
     assert _tokens(load_trace(str(mooncake))) == _tokens(load_trace(str(plain)))
+    saved_as_json = tmp_path / "held_out.json"             # old: "neither a token trace nor a raw source"
+    saved_as_json.write_text(plain.read_text())
+    assert trace_file_kind(saved_as_json) == "mooncake"
+    assert _tokens(load_trace(str(saved_as_json))) == _tokens(load_trace(str(plain)))
     chat = tmp_path / "chat.jsonl.gz"
     with gzip.open(chat, "wt") as fh:
         fh.write("".join(json.dumps(r) + "\n" for r in json.loads(sharegpt_file.read_text())))

@@ -20,7 +20,7 @@ TOKEN_TRACE = "token-trace"
 
 def trace_file_kind(path: str | Path) -> str | None:
     """How :func:`load_trace` reads the file at ``path``: ``"recording"`` (a vLLM block-hash
-    recording), ``"mooncake"`` (a Mooncake block-hash trace), a raw source's catalog entry (a key of
+    recording), ``"mooncake"`` (a Mooncake block-hash trace, ``.jsonl`` or ``.json``), a raw source's catalog entry (a key of
     :data:`~marconi.workloads.raw.RAW_SOURCES`, by its first record), :data:`TOKEN_TRACE` (by its
     suffix), or None (not a regular file, or none of these). Reads at most the first record."""
     from .recording import is_mooncake_file, is_recording   # hash-id traces (issue 32)
@@ -28,7 +28,8 @@ def trace_file_kind(path: str | Path) -> str | None:
     p = Path(path)
     if is_recording(p):
         return "recording"
-    if p.name.lower().endswith((".jsonl", ".jsonl.gz")) and is_mooncake_file(p):
+    # Mooncake's own files are .jsonl; one saved as .json (still a line per request) is read alike
+    if p.name.lower().endswith((".jsonl", ".jsonl.gz", ".json")) and is_mooncake_file(p):
         return "mooncake"
     kind = raw_source_of(p)
     if kind is not None:
