@@ -120,6 +120,10 @@ class OracleEviction(EvictionBase):
         self._ckpt_bytes = 0
         self._through: dict[int, tuple[int, np.ndarray | None]] = {}  # node id -> (depth, requests through it)
         self._segments: dict[int, tuple[int, int, list[tuple[int, np.ndarray]]]] = {}  # leaves: along their edge
+        # node id -> (shape, next use, tokens its reuse saves (0: never reused), bytes freed): a keep
+        # cost is (next use - now) x freed / saved while ``now`` is before the next use and the node's
+        # shape (what the cost reads of the tree) is unchanged: computed once, not at every eviction
+        self._costs: dict[int, tuple[tuple, int, int, int]] = {}
         self._bound = False
 
     def bind(self, cache: "PrefixCache") -> None:
@@ -175,28 +179,36 @@ class OracleEviction(EvictionBase):
 
     def _keep_cost(self, node: Node, now: int) -> tuple[float, int]:
         """(requests to next usable reuse × bytes freed ÷ tokens saved, bytes freed); inf if never reused."""
-        through = self._requests(node)
-        if node.children:
-            freed = self._ckpt_bytes
-            below = self._checkpoint_below(node)
-            nxt = NEVER if through is None else _first_not_in(through, None if below is None else self._requests(below), now)
-        else:
-            return self._leaf_cost(node, now)
-        if nxt == NEVER or not node.has_ssm:
-            return float("inf"), freed
-        saved = max(1, node.depth - self._fallback_depth(node))
-        return (nxt - now) * freed / saved, freed
+        below = self._checkpoint_below(node) if node.children else None
+        shape = (node.depth, node.parent_depth, node.num_checkpoints, node.has_ssm, len(node.children),
+                 self._fallback_depth(node), None if below is None else (below.node_id, below.depth))
+        known = self._costs.get(node.node_id)
+        if known is None or known[0] != shape or known[1] <= now:
+            nxt, saved, freed = self._inner_use(node, below, now) if node.children else self._leaf_use(node, now)
+            known = self._costs[node.node_id] = (shape, nxt, saved, freed)
+        _, nxt, saved, freed = known
+        return (float("inf") if not saved else (nxt - now) * freed / saved), freed
 
-    def _leaf_cost(self, node: Node, now: int) -> tuple[float, int]:
-        """A leaf's keep cost: its next use is the next request entering its edge (resuming from its
-        checkpoint, or finding its KVs where it branches off); the tokens up to there stay reusable."""
+    # The uses below: (next use, tokens it saves or 0 for never reused, bytes freed); they hold until
+    # that next use (the future is fixed, so the first use after ``now`` stays the first).
+    def _inner_use(self, node: Node, below: Node | None, now: int) -> tuple[int, int, int]:
+        through = self._requests(node)
+        freed = self._ckpt_bytes
+        nxt = NEVER if through is None else _first_not_in(through, None if below is None else self._requests(below), now)
+        if nxt == NEVER or not node.has_ssm:
+            return NEVER, 0, freed
+        return nxt, max(1, node.depth - self._fallback_depth(node)), freed
+
+    def _leaf_use(self, node: Node, now: int) -> tuple[int, int, int]:
+        """A leaf's: its next use is the next request entering its edge (resuming from its checkpoint,
+        or finding its KVs where it branches off); the tokens up to there stay reusable."""
         freed = node.edge_len * self._kv_per_token + node.num_checkpoints * self._ckpt_bytes
         segments = self._edge_segments(node)
         if not segments:
-            return float("inf"), freed
+            return NEVER, 0, freed
         nxt = FutureIndex.next_after(segments[0][1], now)
         if nxt == NEVER:
-            return float("inf"), freed
+            return NEVER, 0, freed
         reach = segments[0][0]
         for end, requests in segments[1:]:
             k = int(np.searchsorted(requests, nxt))
@@ -204,9 +216,8 @@ class OracleEviction(EvictionBase):
                 break
             reach = end
         if reach == node.depth and not node.has_ssm:
-            return float("inf"), freed
-        saved = max(1, reach - self._fallback_depth(node))
-        return (nxt - now) * freed / saved, freed
+            return nxt, 0, freed
+        return nxt, max(1, reach - self._fallback_depth(node)), freed
 
     def keep_costs(self, candidates: "CandidateSet") -> tuple[np.ndarray, np.ndarray]:
         """Per candidate, now: (the cost of keeping it, ``inf`` if never reused; the bytes its eviction
