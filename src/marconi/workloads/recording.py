@@ -46,7 +46,7 @@ class RecordedRequest:
 
 @dataclass
 class Recording:
-    """A recording as read: its sidecar, its requests in file order, and warnings."""
+    """A recording as read: its sidecar, its requests in file order (finishing order), and warnings."""
 
     path: str
     meta: dict[str, Any]
@@ -146,7 +146,12 @@ def _read_meta(path: str) -> dict[str, Any]:
 
 def read_recording(path: str | os.PathLike, limit: int | None = None) -> Recording:
     """Read and check a recording and its sidecar; RecordingError (naming file, line and field) or
-    FileNotFoundError."""
+    FileNotFoundError.
+
+    ``limit``: keep the first ``limit`` requests by arrival (ties in file order), not the first lines:
+    a line is written when its request finishes, so the file is in finishing order. Every line is
+    read and checked all the same (a cut last line is skipped with a warning, a bad line refused);
+    the requests kept stay in file order."""
     path = os.fspath(path)
     meta = _read_meta(path)
     bs = int(meta["block_size"])
@@ -184,8 +189,6 @@ def read_recording(path: str | os.PathLike, limit: int | None = None) -> Recordi
         if "recording" in obj:
             raise RecordingError(f"{path}:{line}: field 'recording': a second header (two recordings concatenated? "
                                  "their hash ids cannot be compared: diagnose them apart)")
-        if limit is not None and len(rec.requests) >= limit:
-            break
         arrival = _time(obj, "arrival", path, line)
         finish = _time(obj, "finish", path, line)
         prompt_len = _int(obj, "prompt_len", path, line, 1)
@@ -220,6 +223,9 @@ def read_recording(path: str | os.PathLike, limit: int | None = None) -> Recordi
                                             cached, preempt))
     if not rec.requests:
         raise RecordingError(f"{path}: holds no request (only its header): nothing finished while it recorded")
+    if limit is not None and len(rec.requests) > limit:      # the first to arrive, not the first to finish
+        first = sorted(range(len(rec.requests)), key=lambda i: rec.requests[i].arrival)[:limit]
+        rec.requests = [rec.requests[i] for i in sorted(first)]
     if meta.get("truncated"):
         rec.warnings.append(f"{path}{META_SUFFIX}: field 'truncated': the recording stopped at its size cap; "
                             "later traffic is missing")

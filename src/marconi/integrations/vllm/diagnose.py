@@ -8,6 +8,7 @@ scheduler. The report: fidelity against the recorded ``num_cached_tokens``, each
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 from dataclasses import dataclass, field, replace
@@ -29,8 +30,8 @@ from marconi.integrations.vllm.replay.steptime import StepTimeModel
 from marconi.integrations.vllm.replay.configs import VLLM_BLOCK_SIZES
 from marconi.units import parse_capacity
 
-__all__ = ["CAUSES", "CAUSE_TEXT", "DiagnoseConfig", "EmulatedRun", "attribute", "run_emulated", "diagnose",
-           "summary_table", "lever_table", "write_report", "EMULATED_VLLM"]
+__all__ = ["CAUSES", "CAUSE_TEXT", "DEFAULT_MODEL", "DiagnoseConfig", "EmulatedRun", "attribute", "run_emulated",
+           "diagnose", "model_for_trace", "summary_table", "lever_table", "write_report", "EMULATED_VLLM"]
 
 CAUSES = ("never_shared", "kv_evicted", "no_state_at_usable_depth", "state_evicted_kv_stayed", "in_flight",
           "preempted", "below_one_block")
@@ -44,11 +45,7 @@ CAUSE_TEXT = {
     "below_one_block": "below one block (tail no boundary covers)",
 }
 EMULATED_VLLM = "0.32"           # the series vllm-align mirrors
-#: vLLM 0.32's block (tokens) for the bundled configs on a GPU, as ``marconi vllm replay`` reads it from vLLM
-#: (docs/vllm-at-scale.md): the Mamba page rounded to the attention kernel's alignment. The emulation's
-#: own derivation (16-token alignment, the CPU build's) gives smaller blocks; a recording names its own.
-#: The numbers are the replay's own (:data:`~marconi.integrations.vllm.replay.configs.VLLM_BLOCK_SIZES`).
-_VLLM_GPU_BLOCK = {model: VLLM_BLOCK_SIZES[model] for model in ("nemotron-h-8b", "qwen3-next-80b-a3b")}
+DEFAULT_MODEL = "nemotron-h-8b"  # --model when neither given nor named by a recording's sidecar
 
 
 def attribute(prompt_len: int, hit: int, kv_hit: int, unit: int, seen_depth: int, computed_depth: int,
@@ -125,13 +122,20 @@ def run_emulated(requests: Sequence[Any], spec: ModelSpec, layout: VllmLayout, t
                  retention_budget: int | None = None, max_num_seqs: int = 256, concurrency: int | None = None,
                  attribute_causes: bool = False, progress: Callable[[int], None] | None = None) -> EmulatedRun:
     """Serve ``requests`` through :class:`VllmAlignScheduler` on a virtual clock (arrivals at each
-    request's ``ts``, or a closed loop of ``concurrency``); see the module docstring."""
+    request's ``ts``, or a closed loop of ``concurrency``); see the module docstring.
+
+    A request's TTFT (virtual seconds) runs from when it reached the server to the end of the step
+    that samples its first token: its ``ts`` (relative to the first request's) in the open loop, and
+    in the closed loop the step boundary at which a free slot let it in, as ``marconi vllm replay``
+    measures it (its worker's ``arrival_s``). Submission waits for the next step boundary; TTFT counts
+    that wait."""
     engine = VllmAlignEngine(layout, spec, eviction=eviction, alpha=alpha, retention_budget=retention_budget)
     sched = VllmAlignScheduler(engine, max_num_seqs=max_num_seqs)
     n = len(requests)
     unit = layout.hash_block_size
     t0 = requests[0].ts if n else 0.0
     arrival = [float(r.ts - t0) for r in requests]
+    submitted = list(arrival)       # when each request reached the server (closed loop: when a slot freed)
     hit = np.zeros(n, np.int64)
     kv_hit = np.zeros(n, np.int64)
     prompt = np.array([len(r.input_tokens) for r in requests], np.int64)
@@ -165,6 +169,7 @@ def run_emulated(requests: Sequence[Any], spec: ModelSpec, layout: VllmLayout, t
     while done < n:
         if concurrency is not None:
             while next_i < n and in_flight < concurrency:
+                submitted[next_i] = clock
                 index_of[sched.add(requests[next_i].input_tokens, np.asarray(requests[next_i].output_tokens, np.int32)).index] = next_i
                 next_i += 1
                 in_flight += 1
@@ -211,7 +216,7 @@ def run_emulated(requests: Sequence[Any], spec: ModelSpec, layout: VllmLayout, t
                                     _depth(chain, computed, unit), e, pre)
                     causes[i] = [row[c] for c in CAUSES]
             if np.isnan(ttft[i]) and r.num_output_tokens >= 1:
-                ttft[i] = clock - arrival[i] if concurrency is None else clock
+                ttft[i] = clock - submitted[i]
         if causes is not None:
             for r in touched:
                 i = index_of[r.index]
@@ -234,7 +239,7 @@ class DiagnoseConfig:
     """One diagnosis. One of ``gpu_memory`` / ``num_blocks`` (neither: a recording's own pool)."""
 
     trace: str
-    model: str = "nemotron-h-8b"
+    model: str = DEFAULT_MODEL
     gpu_memory: str | None = None
     num_blocks: int | None = None
     tensor_parallel: int = 1
@@ -290,7 +295,7 @@ def _layout(cfg: DiagnoseConfig, spec: ModelSpec, config_json: dict[str, Any], *
         block_size = int(settings["block_size"])
         options.setdefault("prefill_checkpoint_alignment", 1 if settings.get("mamba_prefill_checkpoint_blocks") else None)
     else:                                            # a GPU deployment of the model, as vLLM 0.32 builds it
-        block_size = _VLLM_GPU_BLOCK.get(cfg.model)
+        block_size = VLLM_BLOCK_SIZES.get(cfg.model)  # the replay's (every bundled model); a directory: derived
         options.setdefault("prefill_checkpoint_alignment", prefill_checkpoint_alignment_for(spec))
     if cfg.num_blocks is not None:
         return layout_for_spec(spec, num_blocks=int(cfg.num_blocks * gpu_memory_scale), block_size=block_size, **options)
@@ -298,7 +303,13 @@ def _layout(cfg: DiagnoseConfig, spec: ModelSpec, config_json: dict[str, Any], *
         kv = available_kv_bytes(int(parse_gpu_memory(cfg.gpu_memory) * gpu_memory_scale),
                                 estimated_num_params(cfg.model, config_json), cfg.weight_bytes,
                                 tensor_parallel=cfg.tensor_parallel, weight_flag=None)
-        return layout_for_spec(spec, capacity_bytes=kv, block_size=block_size, **options)
+        block_bytes = layout_for_spec(spec, num_blocks=2, block_size=block_size).block_bytes
+        # vLLM's num_gpu_blocks, the replay's pool: the budget over the block's bytes, null block
+        # included (layout_for_spec's capacity_bytes would add one more for it)
+        if kv // block_bytes < 2:
+            raise ConfigError(f"--gpu-memory {cfg.gpu_memory}: leaves {kv:,} bytes for the KV cache, under two "
+                              f"{block_bytes:,}-byte blocks of {cfg.model}: give a larger --gpu-memory")
+        return layout_for_spec(spec, num_blocks=kv // block_bytes, block_size=block_size, **options)
     if settings.get("num_blocks"):
         return layout_for_spec(spec, num_blocks=int(settings["num_blocks"] * gpu_memory_scale), block_size=block_size,
                                **options)
@@ -358,6 +369,98 @@ def _config_warnings(recorded: dict[str, Any], layout: VllmLayout, max_num_seqs:
     return out
 
 
+def _recorded_model(trace: str) -> str | None:
+    """The ``model`` field of ``trace``'s recording sidecar (vLLM's ``model_config.model``: a hub id
+    or the path the server loaded), or None: not a recording, no such field, or a sidecar that does not
+    read (the recording's reader names what is wrong with it)."""
+    from marconi.core.jsonfile import JsonError, read_json
+    from marconi.workloads.recording import META_SUFFIX, is_recording
+
+    if not is_recording(trace):
+        return None
+    try:
+        model = read_json(trace + META_SUFFIX).get("model")
+    except (JsonError, OSError):
+        return None
+    return model if isinstance(model, str) and model.strip() else None
+
+
+def _as_model_arg(named: str) -> str | None:
+    """``named`` (a sidecar's ``model``) as ``--model`` takes it, where that is unambiguous: a bundled
+    config's name, or an absolute directory that holds a ``config.json`` here. None otherwise: a hub
+    id (``nvidia/Nemotron-H-8B-Base-8K``) names no config here, and a relative path was relative to
+    where the server ran."""
+    from marconi.integrations.vllm.replay.configs import CONFIGS_DIR
+
+    if "/" not in named and (CONFIGS_DIR / named / "config.json").is_file():
+        return named
+    path = Path(named)
+    return named if path.is_absolute() and (path / "config.json").is_file() else None
+
+
+def model_for_trace(trace: str, model: str | None) -> tuple[str, str | None]:
+    """The model to diagnose ``trace`` on, and a note saying why (None: nothing to say). ``model``
+    (``--model``) if given; else the model a recording's sidecar names, where it resolves to one
+    unambiguously (a bundled config's name or an absolute directory with a ``config.json``); else
+    :data:`DEFAULT_MODEL`, with a note naming the sidecar's model and ``--model`` if it names one.
+    Reads only the sidecar; raises nothing."""
+    if model is not None:
+        return model, None
+    named = _recorded_model(trace)
+    if named is None:
+        return DEFAULT_MODEL, None
+    resolved = _as_model_arg(named)
+    if resolved is not None:
+        return resolved, (f"--model not given: diagnosing on {resolved}, the model the recording's sidecar names "
+                          "(field 'model'); give --model to diagnose on another")
+    return DEFAULT_MODEL, (f"--model not given: the recording's sidecar names model {named!r}, which is neither a "
+                           f"bundled config nor a directory here; diagnosing on {DEFAULT_MODEL}: if the recording "
+                           "is of another model, give --model with its config (a bundled name or a directory "
+                           "holding its config.json)")
+
+
+def _model_warnings(recorded: dict[str, Any], layout: VllmLayout, spec: ModelSpec, model: str,
+                    where: str) -> list[str]:
+    """What says the recording's server was not the one diagnosed: another model (its sidecar's
+    ``model``, its KV cache groups, a block too small for this model's Mamba state), another Mamba
+    cache mode, or a policy other than stock vLLM's. One warning per field, naming it and the fix."""
+    from collections import Counter
+
+    from marconi.integrations.vllm.replay.configs import model_dir
+
+    out = []
+    settings = recorded.get("settings") or {}
+    named = recorded.get("model") if isinstance(recorded.get("model"), str) else None
+    resolved = _as_model_arg(named) if named else None
+    fix = (f"give --model {resolved}" if resolved else "give --model with the recorded model's config (a bundled "
+           "name or a directory holding its config.json)")
+    other = f"the recording is of another model ({named or 'its sidecar names none'}); {fix}"
+    if resolved is not None and model_dir(resolved).resolve() != model_dir(model).resolve():
+        out.append(f"{where}: field 'model': recorded on {named}, diagnosed on {model}: {fix}")
+    kinds = settings.get("group_kinds")
+    if isinstance(kinds, list) and Counter(map(str, kinds)) != Counter(layout.group_kinds):
+        out.append(f"{where}: field 'settings.group_kinds': the recording's server had KV cache groups "
+                   f"{','.join(map(str, kinds))}, model {model} has {','.join(layout.group_kinds)}: {other}")
+    least = layout_for_spec(spec, num_blocks=2).block_size
+    if isinstance(settings.get("block_size"), int) and settings["block_size"] < least:
+        out.append(f"{where}: field 'settings.block_size': the recording's server had {settings['block_size']}-token "
+                   f"blocks, but a block of model {model} holds its Mamba state only from {least} tokens: {other}")
+    mode = settings.get("mamba_cache_mode")
+    if mode is not None and mode != "align":
+        out.append(f"{where}: field 'settings.mamba_cache_mode': recorded {mode!r}, but the vllm-align emulation "
+                   "runs vLLM's 'align' mode (prefix caching's for hybrids): hits may differ")
+    policy = recorded.get("policy")
+    if policy is not None and policy != "lru":
+        out.append(f"{where}: field 'policy': recorded under MARCONI_VLLM_POLICY={policy} (the plugin's eviction), "
+                   "but the fidelity run is stock vLLM's (lru): the recorded hits are not stock's, so they need not "
+                   f"agree; the '{policy}' lever runs that policy")
+    if settings.get("marconi_retention"):
+        out.append(f"{where}: field 'settings.marconi_retention': recorded with the plugin's state retention "
+                   f"({settings['marconi_retention']}), but the fidelity run keeps vLLM's own: the recorded hits "
+                   "need not agree")
+    return out
+
+
 def diagnose(cfg: DiagnoseConfig, *, trace: Any = None, notice: Callable[[str], None] | None = None,
              show_bars: bool = True) -> dict[str, Any]:
     """Run the diagnosis; returns ``{"summary": record, "levers": [records], "capacity": [records],
@@ -389,6 +492,7 @@ def diagnose(cfg: DiagnoseConfig, *, trace: Any = None, notice: Callable[[str], 
     _check_serving_options(cfg, requests, layout, max_num_seqs, settings)
     if recorded is not None and recorded_hits is not None:
         where = f"{cfg.trace}.meta.json"
+        warnings += _model_warnings(recorded, layout, spec, cfg.model, where)
         warnings += _config_warnings(recorded, layout, max_num_seqs, where, EMULATED_VLLM)
         bs = int(recorded.get("block_size", layout.hash_block_size))
         if layout.hash_block_size % bs:
@@ -675,7 +779,9 @@ def register_command(sub: Any) -> None:
     p = sub.add_parser("diagnose", help="where a recording's (or hash-id trace's) prefix-cache hits went, by cause, "
                                         "and what each lever (Marconi, retention, max_num_seqs, memory) gives")
     p.add_argument("--trace", required=True, help="a MARCONI_VLLM_RECORD recording, a Mooncake file, or any trace")
-    p.add_argument("--model", default="nemotron-h-8b", help="a bundled config or a directory with a config.json")
+    p.add_argument("--model", default=None,
+                   help=f"a bundled config or a directory with a config.json; default: the model a recording's "
+                        f"sidecar names, if it is one of those, else {DEFAULT_MODEL}")
     pool = p.add_mutually_exclusive_group()
     pool.add_argument("--gpu-memory", default=None, help="the GPU's memory (80GB); default: a recording's own pool")
     pool.add_argument("--blocks", type=Number(Domain(2, 10**9, integer=True)), default=None,
@@ -689,11 +795,20 @@ def register_command(sub: Any) -> None:
     p.add_argument("--num-requests", type=Number(COUNT), default=None, help="only the first N requests")
     p.add_argument("--vllm-python", default=None, type=python_command,
                    help="run the stock and Marconi arms through vLLM's scheduler (marconi vllm replay) as well")
-    p.add_argument("--cpu-tiers", default="0.5x", type=_cpu_tier_sizes,
+    p.add_argument("--cpu-tiers", default="0.5x", type=_cpu_tier_sizes, action=_GivenCpuTiers,
                    help="with --vllm-python: CPU tier sizes (comma list: 0.5x of the working set, 256GB), each "
                         "replayed with tier policies lru and marconi; '' for none")
     add_output(p, "--out", kind="dir", required=True, help="report folder (replaced as a whole)")
     p.set_defaults(func=_cmd_diagnose)
+
+
+class _GivenCpuTiers(argparse.Action):
+    """Stores ``--cpu-tiers`` and remembers it was given (``cpu_tiers_given``): without
+    ``--vllm-python`` its lever cannot run, and the command says so rather than drop it."""
+
+    def __call__(self, parser: Any, namespace: Any, values: Any, option_string: str | None = None) -> None:
+        setattr(namespace, self.dest, values)
+        namespace.cpu_tiers_given = True
 
 
 def _cpu_tier_sizes(text: str) -> tuple[str, ...]:
@@ -712,10 +827,16 @@ def _cmd_diagnose(args: Any) -> int:
 
     from marconi.workloads.recording import RecordingError
 
-    cfg = DiagnoseConfig(trace=args.trace, model=args.model, gpu_memory=args.gpu_memory, num_blocks=args.blocks,
+    model, note = model_for_trace(args.trace, args.model)
+    if note:
+        print(f"note: {note}", file=sys.stderr)
+    cfg = DiagnoseConfig(trace=args.trace, model=model, gpu_memory=args.gpu_memory, num_blocks=args.blocks,
                          tensor_parallel=args.tensor_parallel, gpu=args.gpu, concurrency=args.concurrency,
                          max_num_seqs=args.max_num_seqs, num_requests=args.num_requests, vllm_python=args.vllm_python,
                          cpu_tiers=args.cpu_tiers)
+    if getattr(args, "cpu_tiers_given", False) and args.cpu_tiers and args.vllm_python is None:
+        print(f"note: {_CPU_TIERS} {','.join(args.cpu_tiers)}: not run: the CPU tier is replayed only through "
+              "vLLM's OffloadingConnector (give --vllm-python); the emulation has no tier", file=sys.stderr)
     try:
         result = diagnose(cfg, notice=lambda line: print(line, file=sys.stderr))
     except RecordingError as exc:

@@ -24,11 +24,11 @@ ACTIVATION_RESERVE_BYTES = 4 * 2**30
 #: vLLM's ``gpu_memory_utilization`` default: the share of a GPU's memory it takes.
 GPU_MEMORY_UTILIZATION = 0.9
 
-#: Parameters of the bundled configs (``data/configs``); others are estimated from config.json
-#: (:func:`estimated_num_params`). vLLM's own count (the replay worker's ``num_params``) differs by
-#: under 0.1%.
-BUNDLED_NUM_PARAMS = {"nemotron-h-8b": 8_100_000_000, "falcon-h1-7b": 7_590_000_000,
-                      "qwen3-next-80b-a3b": 79_700_000_000}
+#: Parameters of the bundled configs (``data/configs``), as vLLM 0.32 counts them (the replay worker's
+#: ``num_params``), so the host's arithmetic (``vllm diagnose --gpu-memory``, the replay's checks)
+#: gives vLLM's pool; others are estimated from config.json (:func:`estimated_num_params`).
+BUNDLED_NUM_PARAMS = {"nemotron-h-8b": 8_100_852_736, "falcon-h1-7b": 7_585_906_784,
+                      "qwen3-next-80b-a3b": 79_674_391_296}
 
 
 def parse_gpu_memory(text: str) -> int:
