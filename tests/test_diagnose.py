@@ -319,3 +319,37 @@ def test_a_bailian_trace_is_diagnosed_and_a_block_size_that_does_not_divide_is_n
     result = diagnose(DiagnoseConfig(trace=f"mooncake:files={odd},block_size={unit}", model=MODEL, num_blocks=60,
                                      concurrency=1, capacity_points=(), levers=()), show_bars=False)
     assert any("Qwen-Bailian's 100-token hash blocks do not divide" in w for w in result["warnings"]), result
+
+
+def test_a_request_aborted_while_it_waited_is_left_out_of_the_replay(tmp_path):
+    """Old: a request the client gave up on while it was queued was recorded like any other (prompt,
+    no output, no hit) and replayed as served: the replay computed and cached a prompt the server
+    never had, and the next request 'hit' it (recorded 23.8%, replayed 55.5% on an audit's
+    recording)."""
+    reqs = _sessions(sessions=1, turns=3)
+    path = str(tmp_path / "rec.jsonl")
+    rec = Recorder.open(path, block_size=544, model=MODEL, vllm_version="0.32.0", policy="lru",
+                        settings={"block_size": 544, "num_blocks": 60, "max_num_batched_tokens": 8192}, env={})
+    for i, r in enumerate(reqs):
+        served = i != 1                     # the second is aborted while it waits: vLLM computed nothing
+        seq = np.concatenate((r.input_tokens, r.output_tokens if served else r.output_tokens[:0]))
+        fake = _FakeRequest(request_id=str(i), block_hashes=prefix_hashes(seq, 544), arrival_time=1000.0 + r.ts,
+                            num_prompt_tokens=len(r.input_tokens),
+                            num_output_tokens=len(r.output_tokens) if served else 0, num_preemptions=0,
+                            num_computed_tokens=len(seq) - 1 if served else 0)
+        if served:
+            rec.admitted(fake, 0)
+        rec.finished(fake)
+    rec.close()
+    lines = [json.loads(line) for line in open(path).read().splitlines()[1:]]
+    assert [line["num_computed_tokens"] == 0 for line in lines] == [False, True, False]
+    got = read_recording(path)
+    assert [r.prompt_len for r in got.requests] == [len(reqs[0].input_tokens), len(reqs[2].input_tokens)]
+    assert any("1 request(s) left out" in w and "num_computed_tokens" in w for w in got.warnings)
+    # a recording made before the field: every line is kept
+    old = tmp_path / "old.jsonl"
+    text = open(path).read().splitlines()
+    old.write_text("\n".join([text[0], *(json.dumps({k: v for k, v in json.loads(t).items()
+                                                      if k != "num_computed_tokens"}) for t in text[1:])]) + "\n")
+    (tmp_path / "old.jsonl.meta.json").write_text(open(path + ".meta.json").read())
+    assert len(read_recording(str(old)).requests) == 3

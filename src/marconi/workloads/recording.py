@@ -151,7 +151,9 @@ def read_recording(path: str | os.PathLike, limit: int | None = None) -> Recordi
     ``limit``: keep the first ``limit`` requests by arrival (ties in file order), not the first lines:
     a line is written when its request finishes, so the file is in finishing order. Every line is
     read and checked all the same (a cut last line is skipped with a warning, a bad line refused);
-    the requests kept stay in file order."""
+    the requests kept stay in file order. A request vLLM freed before computing a token of it
+    (``num_computed_tokens`` 0, no output, no preemption: aborted while it waited) is left out, with
+    a warning: the server never computed or cached its prompt."""
     path = os.fspath(path)
     meta = _read_meta(path)
     bs = int(meta["block_size"])
@@ -165,6 +167,7 @@ def read_recording(path: str | os.PathLike, limit: int | None = None) -> Recordi
     parent_of: dict[int, int] = {}
     depth_of: dict[int, int] = {}
     first_seen: dict[int, int] = {}
+    never_served = 0
     last_line = numbered[-1][0]
     for k, (line, raw) in enumerate(numbered):
         try:
@@ -195,6 +198,11 @@ def read_recording(path: str | os.PathLike, limit: int | None = None) -> Recordi
         output_len = _int(obj, "output_len", path, line, 0)
         cached = _int(obj, "num_cached_tokens", path, line, 0)
         preempt = _int(obj, "num_preemptions", path, line, 0)
+        if "num_computed_tokens" in obj:   # recordings before it lack the field: every request was served
+            computed = _int(obj, "num_computed_tokens", path, line, 0)
+            if computed == 0 and output_len == 0 and preempt == 0:
+                never_served += 1      # aborted while it waited (a client that gave up): the server computed nothing
+                continue
         if cached > prompt_len:
             raise RecordingError(f"{_where(path, line, 'num_cached_tokens')}: {cached} exceeds prompt_len {prompt_len}")
         ids = obj.get("hash_ids")
@@ -221,8 +229,13 @@ def read_recording(path: str | os.PathLike, limit: int | None = None) -> Recordi
             parent = h
         rec.requests.append(RecordedRequest(f"{path}:{line}", arrival, finish, prompt_len, output_len, tuple(ids),
                                             cached, preempt))
+    if never_served:
+        rec.warnings.append(f"{path}: field 'num_computed_tokens': {never_served} request(s) left out, aborted "
+                            "before vLLM computed a token of them (clients that gave up while they waited): "
+                            "replayed, they would compute and cache prompts the server never did")
     if not rec.requests:
-        raise RecordingError(f"{path}: holds no request (only its header): nothing finished while it recorded")
+        raise RecordingError(f"{path}: holds no request (only its header): nothing finished while it recorded"
+                             + (f" ({never_served} aborted before being served)" if never_served else ""))
     if limit is not None and len(rec.requests) > limit:      # the first to arrive, not the first to finish
         first = sorted(range(len(rec.requests)), key=lambda i: rec.requests[i].arrival)[:limit]
         rec.requests = [rec.requests[i] for i in sorted(first)]

@@ -145,7 +145,8 @@ class Recorder:
             line = json.dumps({"arrival": float(request.arrival_time), "finish": time.time(),
                                "prompt_len": int(request.num_prompt_tokens),
                                "output_len": int(request.num_output_tokens), "hash_ids": hashes,
-                               "num_cached_tokens": hit, "num_preemptions": int(request.num_preemptions)},
+                               "num_cached_tokens": hit, "num_preemptions": int(request.num_preemptions),
+                               "num_computed_tokens": int(getattr(request, "num_computed_tokens", 0) or 0)},
                               separators=(",", ":")) + "\n"
             if self.bytes_written + len(line) > self.max_bytes:
                 self._truncate()
