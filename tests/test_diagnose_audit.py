@@ -248,3 +248,15 @@ def test_cpu_tiers_without_vllm_python_is_noted(tmp_path: Path, capsys: pytest.C
     assert "note: --cpu-tiers 256GB: not run" in err and "--vllm-python" in err
     _, err = _diagnose_cli(["--trace", path], tmp_path / "R2", capsys)           # the default: nothing to say
     assert "--cpu-tiers" not in err
+
+
+def test_a_state_the_request_computes_itself_is_not_counted_as_evicted() -> None:
+    """Old: a request's lost tokens were attributed after its own step ran, so the state at a block
+    boundary it computed itself in that step counted as 'ever cached', and the tokens between its
+    hit and that state read as state_evicted_kv_stayed, though nothing was ever evicted (4,608
+    tokens on the first 30 SWE requests at 80 GB, where stock equals the infinite pool)."""
+    result = diagnose(DiagnoseConfig(trace="swe-sample", model=MODEL, gpu_memory="80GB", num_requests=30,
+                                     levers=(), capacity_points=()), show_bars=False)
+    lost = result["summary"]["lost_tokens_by_cause"]
+    assert lost["state_evicted_kv_stayed"] == 0 and lost["kv_evicted"] == 0
+    assert lost["no_state_at_usable_depth"] == 4_608

@@ -54,7 +54,7 @@ def attribute(prompt_len: int, hit: int, kv_hit: int, unit: int, seen_depth: int
     ``prompt_len - hit`` exactly. Depths are token counts: ``kv_hit`` (``K``: attention matched),
     ``seen_depth`` (``S``: longest prefix any earlier sequence contains), ``computed_depth`` (``C``:
     longest prefix some request had computed), ``state_depth`` (``E``: deepest depth ``<= K`` with a
-    state ever cached, 0 if none), ``preempted_depth`` (``D``: longest prefix of a request waiting
+    state cached at some time before the request's lookup, 0 if none), ``preempted_depth`` (``D``: longest prefix of a request waiting
     after a preemption). With ``T = max(hit, ⌊(P-1)/unit⌋·unit)`` and every bound clamped into
     ``[hit, T]`` in that order: ``below_one_block`` ``[T, P)``, ``never_shared`` ``[S, T)``,
     ``in_flight`` ``[C, S)``, ``kv_evicted`` ``[D, C)``, ``preempted`` ``[K, D)``,
@@ -144,7 +144,8 @@ def run_emulated(requests: Sequence[Any], spec: ModelSpec, layout: VllmLayout, t
     chains: list[list[bytes]] = []
     seen: set[bytes] = set()
     computed: set[bytes] = set()
-    state_ever: set[bytes] = set()
+    state_ever: dict[bytes, int] = {}     # a state's prefix -> the step that first cached it
+    step_no = [0]
     ptr = [0] * n
     if attribute_causes:
         for r in requests:
@@ -157,7 +158,7 @@ def run_emulated(requests: Sequence[Any], spec: ModelSpec, layout: VllmLayout, t
         def insert_block_hash(block: Any, prefix: bytes, group_id: int, depth: int, parent: Any) -> None:
             original(block, prefix, group_id, depth, parent)
             if group_id in mamba_groups:
-                state_ever.add(prefix)
+                state_ever.setdefault(prefix, step_no[0])
 
         engine.pool.insert_block_hash = insert_block_hash  # type: ignore[method-assign]
     index_of: dict[int, int] = {}
@@ -167,6 +168,7 @@ def run_emulated(requests: Sequence[Any], spec: ModelSpec, layout: VllmLayout, t
     next_i = done = 0
     in_flight = 0
     while done < n:
+        step_no[0] += 1
         if concurrency is not None:
             while next_i < n and in_flight < concurrency:
                 submitted[next_i] = clock
@@ -206,8 +208,8 @@ def run_emulated(requests: Sequence[Any], spec: ModelSpec, layout: VllmLayout, t
                     chain = chains[i]
                     k_blocks = int(r.record.kv_hit_len) // unit
                     e = 0
-                    for d in range(min(k_blocks, len(chain)), 0, -1):
-                        if chain[d - 1] in state_ever:
+                    for d in range(min(k_blocks, len(chain)), 0, -1):   # cached before this step's lookups
+                        if state_ever.get(chain[d - 1], step_no[0]) < step_no[0]:
                             e = d * unit
                             break
                     pre = max((_lcp(chain, chains[index_of[w.index]]) for w in pre_waiting
