@@ -115,3 +115,10 @@ def test_the_benchs_policy_names_are_judged_by_the_plugins_parser(alpha) -> None
                                           r"a finite number >= 0 or 'adaptive'"):
         parse_policy(f"marconi:alpha={alpha}", "paper-7b")
     assert parse_policy("marconi:alpha=2", "paper-7b") == ("marconi", {"model": "paper-7b", "alpha": 2.0})
+
+
+def test_sglang_unified_refuses_a_model_without_recurrent_state_naming_sglang_plus() -> None:
+    """Old: a pure transformer got its pool split for Mamba slots of 0 bytes (2.78 GB of 5.28 GB used)
+    and reported 15.3% 'unusable' hits, which a transformer cannot have."""
+    with pytest.raises(ConfigError, match="transformer-7b has no recurrent state.*use sglang\\+"):
+        make_system("sglang-unified").build("transformer-7b", 5e9)

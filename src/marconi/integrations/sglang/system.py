@@ -159,6 +159,9 @@ class SglangUnifiedSystem:
         if payloads is not None:
             raise ConfigError("sglang-unified is a simulation of SGLang's cache: it holds no real payloads")
         spec = get_model(spec)
+        if not spec.has_recurrent_state:     # its pools would be split for states that take no bytes
+            raise ConfigError(f"sglang-unified emulates SGLang's hybrid (Mamba) radix cache; {spec.name} has no "
+                              "recurrent state, and SGLang serves it from its plain radix cache: use sglang+")
         kv, slots = self.pools(spec, capacity_bytes)
         emulator = emulator_for(spec, kv, slots, policy=self.policy, policy_config=dict(self.policy_config),
                                 buffer=self.buffer, page_size=self.page_size, chunk_size=self.chunk_size,
