@@ -358,6 +358,10 @@ def test_openai_agent_records_opening_with_one_that_used_no_tool_are_still_traje
     assert raw_source_of(mixed) == "swe"
     trace = load_trace(str(mixed))
     assert trace.meta["num_sessions"] == 4
+    as_array = tmp_path / "agent_runs.json"               # the same records as one JSON array
+    as_array.write_text(json.dumps([direct] + [{"messages": _agent(k)} for k in range(3)], indent=1))
+    assert raw_source_of(as_array) == "swe"
+    assert _tokens(load_trace(str(as_array))) == _tokens(trace)
     # chats alone stay chats, however many records are looked at; a tool past the look does not count
     chats = tmp_path / "chats.jsonl"
     chats.write_text("".join(json.dumps({"messages": _chat(k)}) + "\n" for k in range(70)))
@@ -365,3 +369,6 @@ def test_openai_agent_records_opening_with_one_that_used_no_tool_are_still_traje
     late = tmp_path / "late.jsonl"
     late.write_text(chats.read_text() + json.dumps({"messages": _agent(0)}) + "\n")
     assert raw_source_of(late) == "sharegpt"
+    chat_array = tmp_path / "chats.json"
+    chat_array.write_text(json.dumps([{"messages": _chat(k)} for k in range(70)] + [{"messages": _agent(0)}]))
+    assert raw_source_of(chat_array) == "sharegpt"

@@ -3,8 +3,8 @@ LMSys, agent trajectories or QuALITY (:func:`raw_source_of`).
 
 A command given such a file as its trace builds it by the catalog entry's recipe (``files=``), as
 ``marconi trace build`` would, instead of refusing it as an unknown format. The file's first record
-decides, but for one: a JSONL file of bare OpenAI-format ``messages`` records is an agent's
-trajectories when any of its first :data:`_SNIFF_RECORDS` records shows a tool (a chat-shaped first
+decides, but for one: a file (JSONL, or a JSON array) of bare OpenAI-format ``messages`` records is
+an agent's trajectories when any of its first :data:`_SNIFF_RECORDS` records shows a tool (a chat-shaped first
 record is an agent that answered without one), else chats. A recipe's own reader checks every
 record, naming the file and record of a bad one.
 """
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import zlib
 from pathlib import Path
 from typing import Any
@@ -36,7 +37,8 @@ _RUN_FILES = frozenset({"preds.json", "results.json"})
 
 _CHUNK = 1 << 16
 _MAX_FIRST = 64 << 20        # a first record larger than this is not sniffed (the file stays unknown)
-_SNIFF_RECORDS = 64          # records of a bare-``messages`` JSONL read for a tool (within _MAX_FIRST bytes)
+_SNIFF_RECORDS = 64          # records of a bare-``messages`` file read for a tool (within _MAX_FIRST bytes)
+_SPACE = re.compile(r"\s*")
 
 
 def trajectory_files(folder: Path) -> list[Path]:
@@ -131,26 +133,44 @@ def _jsonl_kind(path: Path) -> str | None:
     return kind
 
 
-def _first_json_value(path: Path) -> Any:
-    """The first element of a JSON array (or the whole value when it is not an array), reading no more of
-    the file than it needs; None when it does not decode within the cap."""
+def _first_json_values(path: Path, limit: int = 1) -> list[Any]:
+    """The first ``limit`` elements of a JSON array (or the whole value when it is not an array), reading
+    no more of the file than it needs: those that decode within :data:`_MAX_FIRST` bytes, in order."""
     decoder = json.JSONDecoder()
-    text = ""
+    text, values = "", []
+    array, pos = None, 0          # whether the file is an array; where its next element (or separator) starts
     with open(path, "r", encoding="utf-8-sig", errors="replace") as fh:
         while len(text) < _MAX_FIRST:
             chunk = fh.read(max(_CHUNK, len(text)))     # doubling: each failed decode rescans what is read
             text += chunk
-            body = text.lstrip()
-            if body.startswith("["):
-                body = body[1:].lstrip()
-                if body.startswith("]"):
-                    return None
-            try:
-                return decoder.raw_decode(body)[0]
-            except ValueError:
-                if not chunk:
-                    return None
-    return None
+            if array is None:
+                pos = _SPACE.match(text).end()
+                if pos == len(text):
+                    if not chunk:
+                        return values
+                    continue
+                array = text[pos] == "["
+                pos += array
+            while len(values) < limit:
+                i = _SPACE.match(text, pos).end()
+                if array and text.startswith("]", i):
+                    return values
+                if array and values:                  # an element read: a comma must follow
+                    if i == len(text):
+                        break
+                    if text[i] != ",":
+                        return values
+                    i = _SPACE.match(text, i + 1).end()
+                try:
+                    value, pos = decoder.raw_decode(text, i)
+                except ValueError:
+                    break                             # cut short: read more (or not JSON: its reader says why)
+                values.append(value)
+                if not array:
+                    return values
+            if len(values) >= limit or not chunk:
+                return values
+    return values
 
 
 def _parquet_kind(path: Path) -> str | None:
@@ -196,7 +216,10 @@ OpenAI-format chats whose first records show a tool: ``swe``, as the module says
         if name.endswith((".jsonl", ".jsonl.gz")):     # every reader of a .jsonl source reads it gzipped too
             return _jsonl_kind(p)
         if name.endswith((".json", ".traj")):
-            return _kind(_first_json_value(p))
+            first = _first_json_values(p)
+            if not first or not _bare_chat(first[0]):
+                return _kind(first[0] if first else None)
+            return "swe" if any(_kind(v) == "swe" for v in _first_json_values(p, _SNIFF_RECORDS)[1:]) else "sharegpt"
     except (OSError, EOFError, zlib.error, ValueError, RecursionError):   # unsniffable, or bad gzip: its reader says
         return None
     return None
