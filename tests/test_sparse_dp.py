@@ -42,13 +42,15 @@ def _scalar_of(cost: dp.Cost) -> ScalarCost:
 
 
 def _brute_cost(weights: np.ndarray, chosen: tuple[int, ...], scalar: ScalarCost) -> float:
+    """Each depth's share of the weight times its cost: shares first, so that a subnormal weight (a
+    lone 5e-324, which hypothesis drew once) is not rounded to a multiple of itself by the product."""
     total = float(np.sum(weights))
     acc = 0.0
     for d, w in enumerate(weights):
         if w > 0:
             c = max([0, *[p for p in chosen if p <= d]])
-            acc += w * scalar(c, d)
-    return acc / total
+            acc += (w / total) * scalar(c, d)
+    return acc
 
 
 def _brute_curve(weights: np.ndarray, positions: list[int], max_m: int, scalar: ScalarCost) -> list[float]:
