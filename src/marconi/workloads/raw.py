@@ -16,7 +16,7 @@ import os
 import re
 import zlib
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from marconi.core.jsonfile import not_regular
 from marconi.io import open_binary
@@ -92,14 +92,24 @@ def _agentic(message: Any) -> bool:
         return False
 
 
-def _first_json_line(path: Path) -> Any:
+def _first_json_lines(path: Path, limit: int = 1) -> list[Any]:
+    """The first ``limit`` records of a JSONL file, in order, within :data:`_MAX_FIRST` bytes; the look
+    ends at a line that does not decode or is cut at the cap (its reader names it)."""
+    records: list[Any] = []
+    read = 0
     with open_binary(path) as fh:
         for raw in iter(lambda: fh.readline(_MAX_FIRST), b""):
+            read += len(raw)
+            if read > _MAX_FIRST or not raw.endswith(b"\n") and len(raw) >= _MAX_FIRST:
+                break
             if raw.strip():
-                if not raw.endswith(b"\n") and len(raw) >= _MAX_FIRST:
-                    return None
-                return json.loads(raw)
-    return None
+                try:
+                    records.append(json.loads(raw))
+                except (ValueError, RecursionError):
+                    break
+                if len(records) >= limit:
+                    break
+    return records
 
 
 def _bare_chat(obj: Any) -> bool:
@@ -108,29 +118,15 @@ def _bare_chat(obj: Any) -> bool:
             and _list_at(obj, "messages") is not None)
 
 
-def _jsonl_kind(path: Path) -> str | None:
-    """A JSONL file's raw source: its first record's, except that bare ``messages`` chats are an agent's
-    trajectories where one of the next records (up to :data:`_SNIFF_RECORDS` in all, :data:`_MAX_FIRST`
-    bytes) is one. A later line that does not decode ends the look (its reader will name it)."""
-    first = _first_json_line(path)
-    kind = _kind(first)
-    if not _bare_chat(first):
+def _sniffed_kind(first_records: Callable[[int], list[Any]]) -> str | None:
+    """The raw source of a file whose first ``n`` records ``first_records(n)`` reads: its first
+    record's, except that bare ``messages`` chats are an agent's trajectories where one of the first
+    :data:`_SNIFF_RECORDS` records is one."""
+    first = first_records(1)
+    kind = _kind(first[0] if first else None)
+    if not first or not _bare_chat(first[0]):
         return kind
-    read = seen = 0
-    with open_binary(path) as fh:
-        for raw in iter(lambda: fh.readline(_MAX_FIRST), b""):
-            read += len(raw)
-            if read > _MAX_FIRST or seen >= _SNIFF_RECORDS:
-                break
-            if not raw.strip():
-                continue
-            seen += 1
-            try:
-                if _kind(json.loads(raw)) == "swe":
-                    return "swe"
-            except (ValueError, RecursionError):
-                break
-    return kind
+    return "swe" if any(_kind(r) == "swe" for r in first_records(_SNIFF_RECORDS)[1:]) else kind
 
 
 def _first_json_values(path: Path, limit: int = 1) -> list[Any]:
@@ -191,15 +187,16 @@ def first_record(path: str | os.PathLike) -> Any:
     """The first record of a JSONL (``.jsonl.gz``) file, or None where there is none or it cannot be
     read (its reader says why). Never raises."""
     try:
-        return _first_json_line(Path(path))
-    except (OSError, EOFError, zlib.error, ValueError, RecursionError):
+        first = _first_json_lines(Path(path))
+    except (OSError, EOFError, zlib.error):
         return None
+    return first[0] if first else None
 
 
 def raw_source_of(path: str | os.PathLike) -> str | None:
     """The catalog entry whose recipe reads ``path`` (a key of :data:`RAW_SOURCES`), or None: not a
-    regular file, unreadable, or its first record is none of the raw sources (a JSONL file of bare
-OpenAI-format chats whose first records show a tool: ``swe``, as the module says). A directory is ``swe``
+    regular file, unreadable, or its first record is none of the raw sources (a file of bare
+    OpenAI-format chats whose first records show a tool: ``swe``, as the module says). A directory is ``swe``
     when its first ``.json``/``.traj`` file (by name, recursively, as the SWE reader orders them)
     holds trajectories: mini-swe-agent writes one file per instance. A ``.jsonl.gz`` file is sniffed through gzip
     (every reader of a JSONL source reads it gzipped). Never raises."""
@@ -214,12 +211,9 @@ OpenAI-format chats whose first records show a tool: ``swe``, as the module says
         if name.endswith(".parquet"):
             return _parquet_kind(p)
         if name.endswith((".jsonl", ".jsonl.gz")):     # every reader of a .jsonl source reads it gzipped too
-            return _jsonl_kind(p)
+            return _sniffed_kind(lambda n: _first_json_lines(p, n))
         if name.endswith((".json", ".traj")):
-            first = _first_json_values(p)
-            if not first or not _bare_chat(first[0]):
-                return _kind(first[0] if first else None)
-            return "swe" if any(_kind(v) == "swe" for v in _first_json_values(p, _SNIFF_RECORDS)[1:]) else "sharegpt"
+            return _sniffed_kind(lambda n: _first_json_values(p, n))
     except (OSError, EOFError, zlib.error, ValueError, RecursionError):   # unsniffable, or bad gzip: its reader says
         return None
     return None
