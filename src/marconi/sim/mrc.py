@@ -73,8 +73,8 @@ def run_mrc(trace: Sequence[Any], trace_name: str, systems: Sequence[str], *, mo
             lo = max(lo, least_lo(ws, spec))
         pts = mrc_points(systems, model=model, points=points, lo=lo, ceilings=ceilings) if lo < 1 else []
         smallest = min((float(p.capacity.rstrip("x")) for p in pts), default=lo)
-        if any(_holds_checkpoints(p.system) for p in pts) and smallest * ws < spec.ssm_checkpoint_bytes or not pts:
-            need = _round_up(spec.ssm_checkpoint_bytes / ws) if ws else float("inf")
+        if not pts or any(_holds_checkpoints(p.system) for p in pts) and smallest * ws < spec.ssm_checkpoint_bytes:
+            need = least_lo(ws, spec)
             raise ConfigError(f"--lo {lo:g} makes the smallest capacity {format_bytes(int(smallest * ws))} "
                               f"(of a {format_bytes(ws)} working set), less than one SSM checkpoint of {spec.name} "
                               f"({format_bytes(spec.ssm_checkpoint_bytes)}): nothing could be cached there; "

@@ -180,26 +180,30 @@ class OracleEviction(EvictionBase):
     def _keep_cost(self, node: Node, now: int) -> tuple[float, int]:
         """(requests to next usable reuse × bytes freed ÷ tokens saved, bytes freed); inf if never reused."""
         below = self._checkpoint_below(node) if node.children else None
+        fallback = self._fallback_depth(node)
         shape = (node.depth, node.parent_depth, node.num_checkpoints, node.has_ssm, len(node.children),
-                 self._fallback_depth(node), None if below is None else (below.node_id, below.depth))
+                 fallback, None if below is None else (below.node_id, below.depth))
         known = self._costs.get(node.node_id)
         if known is None or known[0] != shape or known[1] <= now:
-            nxt, saved, freed = self._inner_use(node, below, now) if node.children else self._leaf_use(node, now)
+            nxt, saved, freed = (self._inner_use(node, below, fallback, now) if node.children
+                                 else self._leaf_use(node, fallback, now))
             known = self._costs[node.node_id] = (shape, nxt, saved, freed)
         _, nxt, saved, freed = known
         return (float("inf") if not saved else (nxt - now) * freed / saved), freed
 
     # The uses below: (next use, tokens it saves or 0 for never reused, bytes freed); they hold until
-    # that next use (the future is fixed, so the first use after ``now`` stays the first).
-    def _inner_use(self, node: Node, below: Node | None, now: int) -> tuple[int, int, int]:
+    # that next use (the future is fixed, so the first use after ``now`` stays the first). ``fallback``:
+    # the depth a request resumes from without the node (:meth:`_fallback_depth`).
+    def _inner_use(self, node: Node, below: Node | None, fallback: int, now: int) -> tuple[int, int, int]:
         through = self._requests(node)
         freed = self._ckpt_bytes
-        nxt = NEVER if through is None else _first_not_in(through, None if below is None else self._requests(below), now)
+        excluded = None if below is None else self._requests(below)
+        nxt = NEVER if through is None else _first_not_in(through, excluded, now)
         if nxt == NEVER or not node.has_ssm:
             return NEVER, 0, freed
-        return nxt, max(1, node.depth - self._fallback_depth(node)), freed
+        return nxt, max(1, node.depth - fallback), freed
 
-    def _leaf_use(self, node: Node, now: int) -> tuple[int, int, int]:
+    def _leaf_use(self, node: Node, fallback: int, now: int) -> tuple[int, int, int]:
         """A leaf's: its next use is the next request entering its edge (resuming from its checkpoint,
         or finding its KVs where it branches off); the tokens up to there stay reusable."""
         freed = node.edge_len * self._kv_per_token + node.num_checkpoints * self._ckpt_bytes
@@ -217,7 +221,7 @@ class OracleEviction(EvictionBase):
             reach = end
         if reach == node.depth and not node.has_ssm:
             return nxt, 0, freed
-        return nxt, max(1, reach - self._fallback_depth(node)), freed
+        return nxt, max(1, reach - fallback), freed
 
     def keep_costs(self, candidates: "CandidateSet") -> tuple[np.ndarray, np.ndarray]:
         """Per candidate, now: (the cost of keeping it, ``inf`` if never reused; the bytes its eviction
