@@ -78,22 +78,35 @@ def _progress(desc: str, unit: str) -> Callable:
     return functools.partial(tqdm, desc=desc, unit=unit, file=sys.stderr, disable=None, leave=False)
 
 
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+
+def _int_range(text: str) -> int | tuple[int, int]:
+    lo, sep, hi = text.partition(":")
+    return (int(lo), int(hi)) if sep else int(lo)
+
+
 def _coerce(text: str, default: Any) -> Any:
-    """Parse a ``--set`` value by the type of the parameter's default; ValueError if it is not one."""
+    """Parse a ``--set`` value by the type of the parameter's default; ValueError whose message says
+    what the parameter takes (``"an integer"``) if ``text`` is not one."""
     if isinstance(default, bool):
-        if text.lower() not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
-            raise ValueError(f"not true or false: {text!r}")
-        return text.lower() in ("1", "true", "yes", "on")
+        if text.lower() not in _TRUE + _FALSE:
+            raise ValueError("true or false")
+        return text.lower() in _TRUE
     if isinstance(default, int):
-        return int(text)
-    if isinstance(default, float):
-        return float(text)
-    if isinstance(default, tuple) and len(default) == 2 and all(isinstance(x, int) for x in default):
-        lo, sep, hi = text.partition(":")
-        return (int(lo), int(hi)) if sep else int(lo)
-    if isinstance(default, (tuple, list)):
-        return tuple(float(x) for x in text.split(",") if x.strip())
-    return text
+        parse, wanted = int, "an integer"
+    elif isinstance(default, float):
+        parse, wanted = float, "a number"
+    elif isinstance(default, tuple) and len(default) == 2 and all(isinstance(x, int) for x in default):
+        parse, wanted = _int_range, "N or LO:HI"
+    elif isinstance(default, (tuple, list)):
+        parse, wanted = (lambda t: tuple(float(x) for x in t.split(",") if x.strip())), "numbers separated by commas"
+    else:
+        return text
+    try:
+        return parse(text)
+    except ValueError:
+        raise ValueError(wanted) from None
 
 
 def _synthetic_params(kind: str, items: list[str]) -> dict[str, Any]:
@@ -104,16 +117,11 @@ def _synthetic_params(kind: str, items: list[str]) -> dict[str, Any]:
         key = key.strip().replace("-", "_")
         if not eq or key not in signature:
             raise ValueError(f"--set {item!r}: expected key=value with key one of {', '.join(signature)}")
-        default = signature[key].default
         try:
-            params[key] = _coerce(value.strip(), default)
-        except ValueError:
-            wanted = ("true or false" if isinstance(default, bool) else "an integer" if isinstance(default, int)
-                      else "a number" if isinstance(default, float) else "N or LO:HI" if isinstance(default, tuple)
-                      and len(default) == 2 and all(isinstance(x, int) for x in default)
-                      else "numbers separated by commas")
+            params[key] = _coerce(value.strip(), signature[key].default)
+        except ValueError as exc:
             again = " (one KEY=VALUE per --set: repeat --set for each parameter)" if "=" in value else ""
-            raise ValueError(f"--set {item!r}: {key} takes {wanted}, got {value.strip()!r}{again}") from None
+            raise ValueError(f"--set {item!r}: {key} takes {exc}, got {value.strip()!r}{again}") from None
     return params
 
 
