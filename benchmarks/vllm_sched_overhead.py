@@ -8,13 +8,17 @@ core (:func:`marconi.integrations.vllm.replay.engine.build_engine_core`: vLLM's 
 
 * ``stock`` — the plugin unset (``MARCONI_VLLM_POLICY=''``): vLLM's LRU;
 * ``marconi`` — the plugin's eviction, α = 0.5;
-* ``adaptive`` — ``MARCONI_VLLM_ALPHA=adaptive`` (the shadow replays on the scheduler thread);
+* ``adaptive`` — ``MARCONI_VLLM_ALPHA=adaptive`` as an operator sets it: the shadow replays where
+  ``MARCONI_VLLM_ADAPTIVE_REPLAY`` unset puts it (``config.default_replay``: in a child process
+  wherever the process may use two CPUs, as here; see ``adaptive-process``);
+* ``adaptive-inline`` — the same with ``MARCONI_VLLM_ADAPTIVE_REPLAY=inline``: the shadow replays on
+  the scheduler thread (the default before 2026-12-06);
 * ``adaptive-lag`` — the same with ``MARCONI_VLLM_ADAPTIVE_LAG=--lag`` (the replay runs in a child
   process; the scheduler thread pays for sending it the tokens it lacks; the child's CPU time is
   added to the "process CPU" column);
 * ``adaptive-process`` — ``adaptive`` (lag 0, the same choices) with
-  ``MARCONI_VLLM_ADAPTIVE_REPLAY=process``: the child replays each request while the scheduler goes
-  on, and the scheduler waits for it (blocked, not on the CPU) when it next evicts;
+  ``MARCONI_VLLM_ADAPTIVE_REPLAY=process`` set explicitly: the child replays each request while the
+  scheduler goes on, and the scheduler waits for it (blocked, not on the CPU) when it next evicts;
 * ``lru`` (diagnostic) — ``MARCONI_VLLM_POLICY=lru``: the plugin keeps its state but vLLM picks the
   victims, so its evictions are stock's and the difference is bookkeeping alone;
 * ``hooks-only`` (diagnostic, ``--in-process`` only) — ``lru`` with the state's event methods
@@ -74,7 +78,9 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-CONFIGS = ("stock", "marconi", "adaptive", "adaptive-lag", "adaptive-process", "lru", "hooks-only")
+CONFIGS = ("stock", "marconi", "adaptive", "adaptive-inline", "adaptive-lag", "lru", "hooks-only")
+#: Every configuration a name in --configs may give (CONFIGS is the default list).
+KNOWN = CONFIGS + ("adaptive-process",)
 
 
 def run_in_process(args: argparse.Namespace, n: int, configs: list[str], common: list[str],
@@ -114,7 +120,8 @@ def plugin_config(name: str, lag: int = 8) -> Any:
     if name in ("lru", "hooks-only"):
         return PluginConfig(policy="lru", mamba2_cpu_fix=False)
     placed = ({"adaptive_lag": lag} if name == "adaptive-lag"
-              else {"adaptive_replay": "process"} if name == "adaptive-process" else {})
+              else {"adaptive_replay": "process"} if name == "adaptive-process"
+              else {"adaptive_replay": "inline"} if name == "adaptive-inline" else {})
     return PluginConfig(policy="marconi", alpha="adaptive" if name.startswith("adaptive") else 0.5,
                         mamba2_cpu_fix=False, **placed)
 
@@ -358,8 +365,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.inproc_child:
         return in_process(args)
     configs = [c.strip() for c in args.configs.split(",") if c.strip()]
-    if not configs or any(c.removesuffix("@base") not in CONFIGS for c in configs):
-        parser.error(f"--configs: choose from {', '.join(CONFIGS)} (NAME@base: with --baseline-src)")
+    if not configs or any(c.removesuffix("@base") not in KNOWN for c in configs):
+        parser.error(f"--configs: choose from {', '.join(KNOWN)} (NAME@base: with --baseline-src)")
     if any(c.endswith("@base") for c in configs) and not args.baseline_src:
         parser.error("--configs NAME@base needs --baseline-src")
     if "hooks-only" in configs and not args.in_process:
@@ -456,7 +463,7 @@ def main(argv: list[str] | None = None) -> int:
         line["trace"] = args.trace
         line["evicted_per_step"] = round(evicted_per_step[(largest, configs[0])], 4)
     for key, name in (("step_ratio", "marconi"), ("step_ratio_adaptive", "adaptive"),
-                      ("step_ratio_adaptive_lag", "adaptive-lag"),
+                      ("step_ratio_adaptive_inline", "adaptive-inline"), ("step_ratio_adaptive_lag", "adaptive-lag"),
                       ("step_ratio_adaptive_process", "adaptive-process"), ("step_ratio_base", "marconi@base"),
                       ("step_ratio_adaptive_base", "adaptive@base"), ("step_ratio_lru", "lru"),
                       ("step_ratio_hooks_only", "hooks-only")):

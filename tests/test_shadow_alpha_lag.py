@@ -13,7 +13,7 @@ import pytest
 from marconi.core.model import ModelSpec
 from marconi.core.registry import ConfigError
 from marconi.integrations.common.alpha import RequestObservation
-from marconi.integrations.vllm.config import ENV_ADAPTIVE_LAG, ENV_ADAPTIVE_REPLAY, PluginConfig
+from marconi.integrations.vllm.config import ENV_ADAPTIVE_LAG, ENV_ADAPTIVE_REPLAY, PluginConfig, default_replay
 from marconi.integrations.vllm.models import PRESETS
 from marconi.integrations.vllm.policy import ATTENTION, MAMBA, BlockEvictionState
 from marconi.integrations.vllm.shadow import PoolShadowAlpha
@@ -183,8 +183,11 @@ def test_the_replay_place_is_configured_and_checked() -> None:
     config = PluginConfig.from_env({**adaptive, ENV_ADAPTIVE_REPLAY: "process"})
     assert config.adaptive_replay == "process" and config.replays_in_background
     assert PluginConfig.from_env(config.to_env()) == config
-    assert not PluginConfig.from_env(adaptive).replays_in_background                 # inline at lag 0
     assert PluginConfig.from_env({**adaptive, ENV_ADAPTIVE_LAG: "2"}).replays_in_background
+    inline = PluginConfig.from_env({**adaptive, ENV_ADAPTIVE_REPLAY: "inline"})
+    assert inline.replay == "inline" and not inline.replays_in_background
+    assert PluginConfig.from_env({"MARCONI_VLLM_POLICY": "marconi", "MARCONI_VLLM_ALPHA": "0.5"}).replay is None
+    assert PluginConfig.from_env(adaptive).replay == default_replay(0)
     for env, match in (({**adaptive, ENV_ADAPTIVE_REPLAY: "gpu"}, "choose one of inline, process"),
                        ({"MARCONI_VLLM_POLICY": "marconi", ENV_ADAPTIVE_REPLAY: "process"}, "needs MARCONI_VLLM_ALPHA"),
                        ({**adaptive, ENV_ADAPTIVE_REPLAY: "inline", ENV_ADAPTIVE_LAG: "4"},
@@ -192,6 +195,22 @@ def test_the_replay_place_is_configured_and_checked() -> None:
         with pytest.raises(ConfigError, match=match) as err:
             PluginConfig.from_env(env)
         assert ENV_ADAPTIVE_REPLAY in str(err.value)
+
+
+def test_an_unset_replay_place_goes_to_a_process_where_a_second_cpu_runs_it(monkeypatch) -> None:
+    """Unset, the replay leaves the scheduler thread wherever the engine's process may use two CPUs;
+    pinned to one, the child would take the scheduler's own CPU, so it stays inline."""
+    adaptive = PluginConfig(policy="marconi", alpha="adaptive")
+    for cpus, place in (({0}, "inline"), ({0, 1}, "process"), ({3, 7, 9}, "process")):
+        monkeypatch.setattr(os, "sched_getaffinity", lambda _pid, cpus=cpus: cpus, raising=False)
+        assert default_replay(0) == place and adaptive.replay == place
+        assert adaptive.replays_in_background == (place == "process")
+        assert default_replay(3) == "process"                # a lag always replays in a process
+    monkeypatch.delattr(os, "sched_getaffinity", raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 1)
+    assert default_replay(0) == "inline"
+    monkeypatch.setattr(os, "cpu_count", lambda: 8)
+    assert default_replay(0) == "process"
 
 
 def _chained_keys(tokens: list[int], block: int) -> list[bytes]:

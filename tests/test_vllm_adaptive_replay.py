@@ -44,6 +44,14 @@ for place in ("inline", "process"):
     out[place] = {"hits": result["prefix_cache_hits"], "evictions": result["plugin_evictions"],
                   "switches": source.tuning_record()["rule_switches"], "alpha_changes": hooks.num_alpha_changes}
     source.close()
+# unset, the place is default_replay's: a process wherever this process may use two CPUs
+from marconi.integrations.vllm.config import default_replay
+core = build_engine_core(str(model_dir("nemotron-h-8b")), num_blocks=num_blocks, max_model_len=1 << 16,
+                         max_num_batched_tokens=8192, max_num_seqs=256)
+source = attach_hooks(core.scheduler, PluginConfig(policy="marconi", alpha="adaptive",
+                                                   mamba2_cpu_fix=False)).state.alpha_source
+out["unset"] = {"lazy": source.settles_lazily, "pid": source.replay_pid is not None, "default": default_replay(0)}
+source.close()
 print(json.dumps(out))
 """
 
@@ -60,3 +68,7 @@ def test_the_process_replay_makes_the_inline_choices_in_vllms_scheduler(tmp_path
     assert len(inline["switches"]) >= 2, "the shadow never switched: the trace is not contended enough"
     assert sum(inline["evictions"].values()) > 0 and inline["hits"] > 0
     assert process == inline
+    # an operator who leaves MARCONI_VLLM_ADAPTIVE_REPLAY unset gets default_replay's place: on two
+    # CPUs or more (CI's machines) the child process, read lazily, whose choices are the ones above
+    unset = got["unset"]
+    assert unset["lazy"] == unset["pid"] == (unset["default"] == "process")

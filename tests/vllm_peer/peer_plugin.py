@@ -15,8 +15,9 @@ size), with the tiny Nemotron-H preset's ``ModelSpec`` as the cost model, and
 * counts what was exercised: managers hooked and not (why), the plugin's victims, and how many of
   them differ from the block vLLM's LRU would have taken (the free queue's head).
 
-``MARCONI_PEER_MODE``: ``lru`` (observe only), ``marconi`` (α = 0.5), ``adaptive`` or
-``adaptive-process`` (its shadow in a child process per pool).
+``MARCONI_PEER_MODE``: ``lru`` (observe only), ``marconi`` (α = 0.5), ``adaptive`` (its shadow
+replayed inline: vLLM's tests build hundreds of pools) or ``adaptive-process`` (its shadow in a child
+process per pool, where an operator's unset ``MARCONI_VLLM_ADAPTIVE_REPLAY`` puts it on two CPUs).
 ``MARCONI_PEER_STATS``: a path for those counts as JSON (the runner prints them).
 """
 
@@ -34,7 +35,8 @@ from pool_checks import check_pool, count_choices, make_hooks
 
 MODES = {"lru": {"MARCONI_VLLM_POLICY": "lru"},
          "marconi": {"MARCONI_VLLM_POLICY": "marconi", "MARCONI_VLLM_ALPHA": "0.5"},
-         "adaptive": {"MARCONI_VLLM_POLICY": "marconi", "MARCONI_VLLM_ALPHA": "adaptive"},
+         "adaptive": {"MARCONI_VLLM_POLICY": "marconi", "MARCONI_VLLM_ALPHA": "adaptive",
+                      "MARCONI_VLLM_ADAPTIVE_REPLAY": "inline"},
          # the shadow replayed in a child process per pool, read at each eviction (the same choices)
          "adaptive-process": {"MARCONI_VLLM_POLICY": "marconi", "MARCONI_VLLM_ALPHA": "adaptive",
                               "MARCONI_VLLM_ADAPTIVE_REPLAY": "process"}}

@@ -334,8 +334,10 @@ class ShadowAlpha:
     def __repr__(self) -> str:
         family = "/".join(r.label() for r in self.rules)
         lag = f", lag={self.lag}" if self.lag else ""
+        pid = self.replay_pid
+        where = "" if self._worker is None else f", replays in process {pid}" if pid else ", replays on a thread"
         return (f"{type(self).__name__}({family}, live={self.rule.label()}, decay={self.decay:g}, "
-                f"hysteresis={self.hysteresis:g}{lag})")
+                f"hysteresis={self.hysteresis:g}{lag}{where})")
 
 
 class _ShadowWorker:

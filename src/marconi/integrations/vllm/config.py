@@ -35,7 +35,7 @@ ENV_ADAPTIVE_LAG = "MARCONI_VLLM_ADAPTIVE_LAG"
 ENV_ADAPTIVE_REPLAY = "MARCONI_VLLM_ADAPTIVE_REPLAY"
 #: Where adaptive α's shadow replays finished requests: on the scheduler thread (``inline``, lag 0
 #: only) or in a child process (``process``; at lag 0 the scheduler waits for it only when it next
-#: reads the rule, at an eviction). Unset: ``inline`` at lag 0, ``process`` with a lag.
+#: reads the rule, at an eviction: the same rules as inline). Unset: :func:`default_replay`.
 REPLAYS = ("inline", "process")
 ENV_ALPHA_SOURCE = "MARCONI_VLLM_ALPHA_SOURCE"
 ENV_EFFICIENCY = "MARCONI_VLLM_EFFICIENCY"
@@ -46,6 +46,21 @@ ENV_RETENTION_BUDGET = "MARCONI_VLLM_RETENTION_BUDGET"
 #: The value of ``MARCONI_VLLM_ALPHA`` / ``vllm-align:alpha=`` / ``--alpha`` that selects adaptive α.
 ADAPTIVE = "adaptive"
 DEFAULT_RULES = "default"
+
+
+def default_replay(lag: int) -> str:
+    """Where an unset ``MARCONI_VLLM_ADAPTIVE_REPLAY`` replays: ``process`` with a lag, and at lag 0
+    wherever this process may run on two CPUs or more (its affinity: an engine core pinned to one
+    CPU would share it with the child); else ``inline``. The rules are the same either way; the
+    process takes the replay (~170 µs a request on the scheduler thread, docs/vllm-at-scale.md) off
+    the scheduler thread, which keeps ~50 µs to send the request."""
+    if lag:
+        return "process"
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):        # no affinity on this platform: count the machine's CPUs
+        cpus = os.cpu_count() or 1
+    return "process" if cpus >= 2 else "inline"
 
 
 def parse_alpha(raw: Any, where: str = ENV_ALPHA) -> float | str:
@@ -121,8 +136,7 @@ class PluginConfig:
     ``alpha`` is a number or ``"adaptive"`` (then ``adaptive_rules`` is the family and the rules
     choose the efficiency; ``efficiency`` stays at its default). ``retention``: ``None`` (vLLM's
     own) or ``"sparse-dp"``, placing ``retention_budget`` boundaries per sequence (``None``: the
-    default, 2). ``adaptive_replay``: one of :data:`REPLAYS`, or None (``inline`` at lag 0,
-    ``process`` with a lag)."""
+    default, 2). ``adaptive_replay``: one of :data:`REPLAYS`, or None (:func:`default_replay`)."""
 
     policy: str | None = None
     alpha: float | str = DEFAULT_ALPHA
@@ -201,9 +215,17 @@ class PluginConfig:
         return self.alpha == ADAPTIVE
 
     @property
+    def replay(self) -> str | None:
+        """Where adaptive α's shadow replays: ``adaptive_replay``, or :func:`default_replay` where it
+        is unset; None without adaptive α."""
+        if not self.adaptive:
+            return None
+        return self.adaptive_replay or default_replay(self.adaptive_lag)
+
+    @property
     def replays_in_background(self) -> bool:
-        """Whether adaptive α's shadow replays in a child process (a lag, or ``process``)."""
-        return self.adaptive and (self.adaptive_lag > 0 or self.adaptive_replay == "process")
+        """Whether adaptive α's shadow replays in a child process (:attr:`replay` is ``process``)."""
+        return self.replay == "process"
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "PluginConfig":
