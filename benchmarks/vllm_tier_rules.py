@@ -46,6 +46,7 @@ from marconi.integrations.vllm.emulate.tier import EmulatedTier, tier_num_chunks
 from marconi.integrations.vllm.tier_settings import SWITCHES, parse_switch, parse_tier_rule  # noqa: E402
 from marconi.integrations.vllm.layout import cdiv, layout_for_spec, prefill_checkpoint_alignment_for  # noqa: E402
 from marconi.integrations.vllm.policy import ATTENTION  # noqa: E402
+from marconi.integrations.vllm.replay.configs import VLLM_BLOCK_SIZES  # noqa: E402
 from marconi.integrations.vllm.replay.run import model_dir  # noqa: E402
 from marconi.pool import worker_pool  # noqa: E402
 from marconi.units import parse_capacity  # noqa: E402
@@ -53,9 +54,6 @@ from marconi.units import parse_capacity  # noqa: E402
 MAX_INPUT_LEN = 8192            # the replay's default --max-input-len
 MAX_NUM_BATCHED_TOKENS = 8192   # the replay's default
 MAX_NUM_SEQS = 256
-#: the block vLLM 0.32 builds for each model (its float32 SSM state fills a 1,152-token page;
-#: docs/vllm-at-scale.md), which the replay hands its emulation
-VLLM_BLOCK = {"nemotron-h-8b": 1152, "qwen3-next-80b-a3b": 1152, "falcon-h1-7b": 3200}
 
 _TRACES: dict[tuple[str, int], Any] = {}
 
@@ -78,7 +76,7 @@ def _layout(spec: ModelSpec, requests: Any, pool: str) -> Any:
     from marconi.sim import working_set_bytes
 
     checkpoint = prefill_checkpoint_alignment_for(spec)
-    probe = layout_for_spec(spec, num_blocks=2, block_size=VLLM_BLOCK.get(spec.name), max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS,
+    probe = layout_for_spec(spec, num_blocks=2, block_size=VLLM_BLOCK_SIZES.get(spec.name), max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS,
                             prefill_checkpoint_alignment=checkpoint, retention_interval=0)
     max_model_len = max(2048, max(len(r.input_tokens) + max(1, len(r.output_tokens)) for r in requests))
     floor = 1 + sum(cdiv(max_model_len, probe.block_size) if k == ATTENTION else 2 + (checkpoint is not None)

@@ -13,14 +13,14 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from marconi.core.model import ModelSpec
+from marconi.core.model import ModelSpec, get_model
 from marconi.core.registry import ConfigError
 from marconi.integrations.vllm.emulate.engine import VllmAlignEngine
 from marconi.integrations.vllm.emulate.request import RequestState
 from marconi.integrations.vllm.emulate.scheduler import VllmAlignScheduler, emulate_admitted, emulate_closed_loop
 from marconi.integrations.vllm.emulate.tier import (HIT, HIT_PENDING, ARCPolicy, EmulatedTier, LRUPolicy, ReqContext,
                                                     TierManager, make_policy, tier_num_chunks)
-from marconi.integrations.vllm.layout import VllmLayout
+from marconi.integrations.vllm.layout import VllmLayout, layout_for_spec
 from marconi.integrations.vllm.models import PRESETS
 from marconi.integrations.vllm.policy import ATTENTION, MAMBA
 from marconi.integrations.vllm.tier_tree import make_offload_key
@@ -303,7 +303,7 @@ def test_the_simulator_system_takes_a_tier() -> None:
 
     requests = sessions(7, num_sessions=5, turns=3)
     hits = {}
-    for name in ("vllm-align:blocks=60", "vllm-align:blocks=60,cpu_tier=2GB,tier_policy=arc"):
+    for name in ("vllm-align:blocks=30", "vllm-align:blocks=30,cpu_tier=2GB,tier_policy=arc"):
         cache = make_system(name).build("nemotron-h-8b", 0)
         hits[name] = sum(cache.process(r.input_tokens, r.output_tokens).usable_hit_len for r in requests)
         if "cpu_tier" in name:
@@ -312,11 +312,31 @@ def test_the_simulator_system_takes_a_tier() -> None:
             assert tier.manager.num_chunks == tier_num_chunks(2 * 10**9, cache.layout.block_bytes)
             assert tier.hit_tokens > 0
             tier.manager.check_invariants()
-    assert hits["vllm-align:blocks=60,cpu_tier=2GB,tier_policy=arc"] > hits["vllm-align:blocks=60"]
+    assert hits["vllm-align:blocks=30,cpu_tier=2GB,tier_policy=arc"] > hits["vllm-align:blocks=30"]
     for bad, word in (("vllm-align:tier_policy=arc", "cpu_tier"), ("vllm-align:cpu_tier=lots", "cpu_tier"),
                       ("vllm-align:cpu_tier=1GB,tier_policy=fifo", "tier_policy")):
         with pytest.raises(ConfigError, match=word):
             make_system(bad)
+
+
+def test_the_simulator_system_lays_out_vllms_own_block_for_the_bundled_models() -> None:
+    """``marconi simulate --systems vllm-align`` on a model the replay bundles uses the block vLLM
+    builds for it (Nemotron-H's float32 SSM state doubles the page the bf16 spec derives: 1,152
+    tokens, not 544), so a --capacity or cpu_tier= is the replay's number of blocks and chunks (an
+    audit saw 49.0% where the replay of the same trace and pool read 46.1%); block= still wins, and a
+    model vLLM's replay does not bundle keeps the derived block."""
+    from marconi.integrations.vllm.replay.configs import VLLM_BLOCK_SIZES
+    from marconi.sim.systems import make_system
+
+    for model, block in VLLM_BLOCK_SIZES.items():
+        layout = make_system("vllm-align").build(model, 5e9).layout
+        assert layout.block_size == block, model
+        assert make_system("vllm-align:block=544").build(model, 5e9).layout.block_size == 544
+    tier = make_system("vllm-align:cpu_tier=2GB").build("nemotron-h-8b", 1e9)
+    assert tier.engine.tier.manager.num_chunks == tier_num_chunks(2 * 10**9, tier.layout.block_bytes) == 105
+    assert "paper-7b" not in VLLM_BLOCK_SIZES
+    assert make_system("vllm-align").build("paper-7b", 5e9).layout.block_size == layout_for_spec(
+        get_model("paper-7b"), num_blocks=2).block_size
 
 
 def test_the_simulator_systems_tier_rule_reaches_the_tier_policy() -> None:
@@ -327,8 +347,9 @@ def test_the_simulator_systems_tier_rule_reaches_the_tier_policy() -> None:
     from marconi.sim.systems import make_system
 
     requests = sessions(7, num_sessions=5, turns=3)
-    # 33 chunks: contended; without cold insertion, whose stamps make lru and a2m tie on these sessions
-    base = "vllm-align:blocks=60,cpu_tier=300MB,tier_policy=marconi,tier_cold_insert=0"
+    # 544-token blocks, 33 chunks: contended; without cold insertion, whose stamps make lru and a2m tie
+    # on these sessions
+    base = "vllm-align:block=544,blocks=60,cpu_tier=300MB,tier_policy=marconi,tier_cold_insert=0"
     held: dict[str, int] = {}
     for name, label in ((base, DEFAULT_RULE), (base + ",tier_rule=lru", "lru"), (base + ",tier_rule=a2m", "a2m")):
         system = make_system(name)

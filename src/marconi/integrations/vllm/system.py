@@ -2,7 +2,7 @@
 
 Usable wherever a system is named; its parameters are listed in docs/vllm.md, "The emulation"::
 
-    vllm-align                            stock vLLM (LRU), the block size vLLM would pick, pool from --capacity
+    vllm-align                            stock vLLM (LRU), the block size vLLM picks, pool from --capacity
     vllm-align:eviction=marconi,alpha=adaptive   the plugin with MARCONI_VLLM_ALPHA=adaptive
     vllm-align:block=384,blocks=150       an exact pool (as served with --num-gpu-blocks-override 150)
     vllm-align:cpu_tier=8GB,tier_policy=arc   vLLM's CPU offload tier beside the pool (OffloadingConnector)
@@ -30,6 +30,7 @@ from marconi.integrations.vllm.emulate.cache import VllmAlignCache
 from marconi.integrations.vllm.emulate.tier import STORE_THRESHOLD, TIER_POLICIES, EmulatedTier, tier_num_chunks
 from marconi.integrations.vllm.layout import layout_for_spec
 from marconi.integrations.vllm.policy import DEFAULT_ALPHA, EFFICIENCIES
+from marconi.integrations.vllm.replay.configs import VLLM_BLOCK_SIZES
 from marconi.integrations.vllm.retention import DEFAULT_BUDGET, SPARSE_DP
 from marconi.integrations.vllm.shadow import PoolShadowAlpha
 from marconi.integrations.vllm.tier_settings import DEFAULT_RULE, parse_tier_rule
@@ -71,12 +72,18 @@ class VllmAlignSystem:
               tuning_mapper: Callable[..., list[Any]] | None = None,
               future: Sequence[Any] | None = None) -> VllmAlignCache:
         """A fresh emulated pool of ``capacity_bytes`` (or of ``num_blocks``). ``clock``, the tuning
-        workers and ``future`` are not used; ConfigError with ``payloads`` (it holds none)."""
+        workers and ``future`` are not used; ConfigError with ``payloads`` (it holds none).
+
+        The block is ``block_size``, else vLLM 0.32's own for a model the replay bundles
+        (:data:`~marconi.integrations.vllm.replay.configs.VLLM_BLOCK_SIZES`: Nemotron-H's float32 SSM
+        state, which the model spec does not know, doubles the page the layout would derive), else
+        derived from the spec (:func:`~marconi.integrations.vllm.layout.layout_for_spec`)."""
         if payloads is not None:
             raise ConfigError("vllm-align is a simulation of vLLM's cache: it holds no real payloads")
         spec = get_model(spec)
+        block_size = self.block_size if self.block_size is not None else VLLM_BLOCK_SIZES.get(spec.name)
         layout = layout_for_spec(spec, capacity_bytes=None if self.num_blocks else capacity_bytes,
-                                 num_blocks=self.num_blocks, block_size=self.block_size, **dict(self.layout_options))
+                                 num_blocks=self.num_blocks, block_size=block_size, **dict(self.layout_options))
         # A fresh source per cache, built exactly as the plugin builds its own.
         alpha: AlphaSource = self.plugin_config().make_alpha_source(spec, where=_ALPHA_SOURCE)
         # No clock: vLLM's recency is the order blocks return to its free queue, not time.
