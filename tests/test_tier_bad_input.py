@@ -81,6 +81,18 @@ def test_rule_and_model_of_a_wrong_type_say_what_they_expect(key, value, expects
              f"kv_connector_extra_config {key!r}", expects, f"got {value!r}")
 
 
+@pytest.mark.parametrize("label", ["a1lp", "a1l", "a2mp"])
+def test_a_rule_whose_candidates_or_touch_the_tier_would_ignore_is_refused(label) -> None:
+    """docs/vllm-tiers.md names ``a1lp`` as a rule the tier cannot apply, yet it was taken and run
+    as ``a1``: the tier ranks its own candidates and vLLM touches every chunk of a hit, so the l and p
+    flags changed nothing but the label. ``lru`` (leaves and path touch by definition) still passes."""
+    message = _refused(lambda: TierSettings.from_extra_config({**EXTRA, "marconi_rule": label}),
+                       "kv_connector_extra_config 'marconi_rule'", label, "drop the l and p")
+    assert "leaf candidates" in message
+    for fine in ("lru", "a1", "a0.5m", "a2mi", "adaptive", "arc-tree"):
+        assert TierSettings.from_extra_config({**EXTRA, "marconi_rule": fine}) is not None
+
+
 def test_a_one_kind_group_list_names_the_key_that_gave_it() -> None:
     _refused(lambda: TierSettings.from_extra_config({**EXTRA, "marconi_group_kinds": "attention"}),
              "kv_connector_extra_config 'marconi_group_kinds' gives ['attention']", "eviction_policy")

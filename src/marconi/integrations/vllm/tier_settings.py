@@ -276,8 +276,10 @@ def switches_from_env(env: Mapping[str, str] = os.environ) -> dict[str, bool]:
 def parse_tier_rule(label: str, key: str = "marconi_rule") -> tuple[Rule, tuple[Rule, ...]]:
     """``label`` as the tier's rule: ``"adaptive"`` -> (the family's first rule, :data:`DEFAULT_FAMILY`);
     ``"arc-tree"`` -> (:class:`ArcTreeOrder`, ()); any fixed rule's label -> (that rule, ()).
-    ConfigError naming ``key`` for a label no rule has or a rule the tier cannot apply (one cutting
-    dead tails)."""
+    ConfigError naming ``key`` for a label no rule has or a rule the tier cannot apply: one cutting
+    dead tails, or one other than ``lru`` with leaf candidates (``l``) or path touch (``p``), which
+    the tier would ignore (it ranks its own candidates, the chunks no kept state needs, and vLLM's
+    manager touches every chunk of a hit) and so run another rule than the label says."""
     text = label.strip()
     try:
         if text == ARC_TREE:
@@ -287,6 +289,11 @@ def parse_tier_rule(label: str, key: str = "marconi_rule") -> tuple[Rule, tuple[
             return family[0], family
         rule = rule_from_label(text)
         check_cuts_tails(rule, "vLLM's offload tier", False)
+        if isinstance(rule, EvictionRule) and not rule.is_lru and (rule.candidates != Candidates.SINGLE_CHILD
+                                                                   or rule.touch != Touch.HIT):
+            raise ConfigError(f"rule {rule.label()!r} asks for leaf candidates (l) or path touch (p), which vLLM's "
+                              "offload tier cannot apply: it ranks its own candidates (the chunks no kept state "
+                              "needs) and vLLM touches every chunk of a hit; drop the l and p")
         return rule, ()
     except ConfigError as exc:
         raise ConfigError(f"{key}: {ADAPTIVE!r}, {ARC_TREE!r} or one rule's label ({exc})") from None
