@@ -327,6 +327,17 @@ def test_truncated_is_said_only_where_the_text_ran_out(tmp_path):
         read_trace(path)
 
 
+def test_a_middle_line_cut_short_says_its_own_column_and_that_it_was_cut(tmp_path):
+    """A line cut off in the middle of a file was reported at "column 1" (the decoder's position past
+    the line's newline) with no hint; now the column where the value ran out, and "cut short"."""
+    path = tmp_path / "t.jsonl"
+    path.write_text(GOOD_LINE + GOOD_LINE[:30] + "\n" + GOOD_LINE)
+    with pytest.raises(TraceFormatError, match=r"t\.jsonl:2: invalid JSON") as info:
+        read_trace(path)
+    assert "(column 31)" in str(info.value) and "the line looks cut short" in str(info.value)
+    assert "looks truncated" not in str(info.value)
+
+
 # ============================================================================ bug 9: Parquet nulls
 
 

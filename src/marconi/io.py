@@ -391,10 +391,16 @@ def loads(text: str, where: str) -> Any:
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
-        # only where the text ran out mid-value: the last line of a file cut short
-        ran_out = exc.pos >= len(text.rstrip()) or exc.msg.startswith("Unterminated string")
-        hint = "; the file looks truncated" if ran_out and not text.endswith("\n") else ""
-        raise JsonError(where, f"invalid JSON: {exc.msg} (column {exc.colno}){hint}") from None
+        # where the text ran out mid-value: a line cut short (the file's last: the file truncated)
+        body = text.rstrip()
+        ran_out = exc.pos >= len(body) or exc.msg.startswith("Unterminated string")
+        if "\n" in body:                     # a whole document: its line too
+            at = f"line {exc.lineno} column {exc.colno}"
+        else:                                # one line: the decoder's position past its newline is its end
+            at = f"column {min(exc.pos, len(body)) + 1}"
+        hint = ("" if not ran_out else "; the line looks cut short" if text.endswith("\n")
+                else "; the file looks truncated")
+        raise JsonError(where, f"invalid JSON: {exc.msg} ({at}){hint}") from None
     except RecursionError:
         raise JsonError(where, "JSON nested too deeply to decode") from None
     except ValueError as exc:       # an integer of more digits than Python converts (sys.get_int_max_str_digits)
