@@ -171,9 +171,10 @@ def parse_bandwidth(text: str | float) -> float:
     else:
         try:
             value = float(parse_bytes(re.sub(r"\s*/\s*s\s*$", "", str(text), flags=re.IGNORECASE)))
-        except ConfigError:          # unreadable, negative or above 1 EB
-            raise ConfigError(f"{BANDWIDTH_FLAG}: cannot read {text!r} as a bandwidth: give bytes per second, "
-                              "e.g. 55GB/s, 25GB/s or 5.5e10") from None
-    if not value > 0:
-        raise ConfigError(f"{BANDWIDTH_FLAG}: must be > 0 bytes/s, got {text!r}")
+        except ConfigError as exc:   # unreadable, negative or above 1 EB (a second)
+            why = "above 1 EB/s" if "larger than" in str(exc) else "not a size"
+            raise ConfigError(f"{BANDWIDTH_FLAG}: cannot read {text!r} as a bandwidth ({why}): give bytes per "
+                              "second, e.g. 55GB/s, 25GB/s or 5.5e10") from None
+    if not value >= 1:             # a size reads in whole bytes: under one byte a second reads as 0
+        raise ConfigError(f"{BANDWIDTH_FLAG}: must be at least 1 byte/s, got {text!r}")
     return value
