@@ -105,6 +105,8 @@ def test_two_tier_replay_splits_hits_by_tier_and_waits_for_loads(tmp_path) -> No
         assert rec["recomputed_tokens"] >= 0
         assert sum(rec["per_request"]["gpu_hit_tokens"]) == rec["gpu_hit_tokens"]
         assert sum(rec["per_request"]["tier_hit_tokens"]) == rec["tier_hit_tokens"]
+        per = rec["per_request"]      # per request: vLLM's own cached count is the GPU hit plus the tier's
+        assert [g + t for g, t in zip(per["gpu_hit_tokens"], per["tier_hit_tokens"])] == per["num_cached_tokens"]
         assert rec["token_hit_rate"] == pytest.approx(
             (rec["gpu_hit_tokens"] + rec["tier_hit_tokens"]) / rec["prompt_tokens"])
     # GPU only: no connector, nothing moved
