@@ -228,6 +228,22 @@ def test_a_gzip_bomb_without_newlines_stops_at_the_line_limit(tmp_path, monkeypa
     assert problem.line == 1 and "line longer than 1,048,576 bytes" in problem.message
 
 
+def test_the_raw_source_sniff_reads_as_far_as_the_readers_line_limit(tmp_path, monkeypatch):
+    """The sniff that names a raw file's recipe stopped at a fixed 64 MiB whatever
+    ``$MARCONI_MAX_LINE_BYTES`` said, so a first record the raised limit reads stayed unknown; it
+    follows the readers' limit now (a small limit stands in for 64 MiB)."""
+    from marconi.workloads.raw import raw_source_of
+
+    path = tmp_path / "chats.jsonl"
+    line = '{"conversations": [{"from": "human", "value": "%s"}, {"from": "gpt", "value": "ok"}]}\n' % ("x" * 5000)
+    path.write_text(line * 2)
+    assert raw_source_of(path) == "sharegpt"
+    monkeypatch.setenv(MAX_LINE_ENV, "1000")             # the record is longer: the reader would stop too
+    assert raw_source_of(path) is None
+    monkeypatch.setenv(MAX_LINE_ENV, str(1 << 16))
+    assert raw_source_of(path) == "sharegpt"
+
+
 def test_a_long_line_after_good_ones_names_its_own_line_and_a_raised_limit_reads_it(tmp_path, monkeypatch):
     """Issue 31, bug 3: the limit names the line it stops at; raising it (parameter or variable)
     reads a legitimate long line."""

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from marconi.core.jsonfile import not_regular
-from marconi.io import open_binary
+from marconi.io import line_limit, open_binary
 
 from .messages import call_fields, has_tool_blocks, listed_messages, normalize_role
 
@@ -36,8 +36,7 @@ RAW_SOURCES = {"sharegpt": "chat conversations (ShareGPT, or OpenAI-format messa
 _RUN_FILES = frozenset({"preds.json", "results.json"})
 
 _CHUNK = 1 << 16
-_MAX_FIRST = 64 << 20        # a first record larger than this is not sniffed (the file stays unknown)
-_SNIFF_RECORDS = 64          # records of a bare-``messages`` file read for a tool (within _MAX_FIRST bytes)
+_SNIFF_RECORDS = 64          # records of a bare-``messages`` file read for a tool (within the line limit)
 _SPACE = re.compile(r"\s*")
 
 
@@ -93,14 +92,15 @@ def _agentic(message: Any) -> bool:
 
 
 def _first_json_lines(path: Path, limit: int = 1) -> list[Any]:
-    """The first ``limit`` records of a JSONL file, in order, within :data:`_MAX_FIRST` bytes; the look
+    """The first ``limit`` records of a JSONL file, in order, within :func:`~marconi.io.line_limit` bytes (64 MiB, or
+    ``$MARCONI_MAX_LINE_BYTES``: as the reader's own limit); the look
     ends at a line that does not decode or is cut at the cap (its reader names it)."""
     records: list[Any] = []
-    read = 0
+    read, cap = 0, line_limit()
     with open_binary(path) as fh:
-        for raw in iter(lambda: fh.readline(_MAX_FIRST), b""):
+        for raw in iter(lambda: fh.readline(cap), b""):
             read += len(raw)
-            if read > _MAX_FIRST or not raw.endswith(b"\n") and len(raw) >= _MAX_FIRST:
+            if read > cap or not raw.endswith(b"\n") and len(raw) >= cap:
                 break
             if raw.strip():
                 try:
@@ -131,12 +131,13 @@ def _sniffed_kind(first_records: Callable[[int], list[Any]]) -> str | None:
 
 def _first_json_values(path: Path, limit: int = 1) -> list[Any]:
     """The first ``limit`` elements of a JSON array (or the whole value when it is not an array), reading
-    no more of the file than it needs: those that decode within :data:`_MAX_FIRST` bytes, in order."""
+    no more of the file than it needs: those that decode within :func:`~marconi.io.line_limit` bytes, in order."""
     decoder = json.JSONDecoder()
     text, values = "", []
     array, pos = None, 0          # whether the file is an array; where its next element (or separator) starts
+    cap = line_limit()
     with open(path, "r", encoding="utf-8-sig", errors="replace") as fh:
-        while len(text) < _MAX_FIRST:
+        while len(text) < cap:
             chunk = fh.read(max(_CHUNK, len(text)))     # doubling: each failed decode rescans what is read
             text += chunk
             if array is None:
