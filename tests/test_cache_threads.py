@@ -200,6 +200,27 @@ def test_chunk_grid_counts_from_the_resume_point_and_keeps_pages():
     unpaged.abort(handle)
 
 
+def test_a_resume_point_inside_a_page_places_no_state_off_the_pages():
+    """A pure transformer resumes where its KVs end, so a ``max_hit_len`` inside a page puts the
+    resume point off the page grid, and every grid point counted from it too: the core placed
+    boundaries at 5, 7 and 9 on a 2-token paged tree, whose nodes then had 1-token edges (invariants
+    broken, the cache serving on) or whose split raised mid-``finish``. No in-prefill boundary is
+    placed from such a point; the input's end and decoded positions stay exact."""
+    cache = PrefixCache("transformer-7b", 10e9, "every-block:block=2", "lru", prefill_chunk_len=2)
+    cache.process([1, 2, 3, 4], [])
+    handle = cache.begin(list(range(1, 11)), max_hit_len=3)
+    assert handle.match.usable_hit_len == 3 and handle.prefill_checkpoints == (10,)
+    assert cache.finish(handle, [11, 12]).admitted == (10, 12)
+    cache.check_invariants()
+    handle = cache.begin([1, 2, 3, 4, 5, 6, 9, 9], max_hit_len=5)        # off the grid inside the cached path
+    assert handle.prefill_checkpoints == (8,)
+    cache.finish(handle, [])
+    cache.check_invariants()
+    match, _ = cache.process([1, 2, 3, 4, 5, 6, 7, 8, 0])                 # on the grid: boundaries as before
+    assert match.usable_hit_len == 8
+    cache.check_invariants()
+
+
 def test_prefill_chunk_len_is_validated():
     with pytest.raises(ValueError, match="prefill_chunk_len"):
         PrefixCache(SPEC, 10**9, prefill_chunk_len=0)

@@ -508,10 +508,15 @@ class PrefixCache(TreeStore):
 
     def _placed(self, positions: Iterable[int], floor: int, input_len: int, limit: int) -> set[int]:
         """Where the states for ``positions`` can be taken: those in ``(floor, limit]``, with
-        positions inside the prefill moved to the state grid (see ``prefill_chunk_len``)."""
+        positions inside the prefill moved to the state grid (see ``prefill_chunk_len``). On a
+        paged tree a resume point off the page grid (a pure transformer's ``max_hit_len`` inside a
+        page) puts every grid point inside the prefill off it too: none is kept there (a node must
+        end on a page), only the input's end and decoded positions."""
         wanted = {int(p) for p in positions if floor < p <= limit}
         grid = self._state_grid
         if grid is not None:
+            if floor % self.tree.page_size:
+                return {p for p in wanted if p >= input_len}
             wanted = {p if p >= input_len else floor + (p - floor) // grid * grid for p in wanted}
             wanted.discard(floor)  # no boundary after the resume point
         return wanted
