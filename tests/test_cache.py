@@ -265,6 +265,39 @@ def test_max_hit_len_keeps_at_least_one_token_to_compute():
     tf.check_invariants()
 
 
+def test_a_transformer_hit_past_its_deepest_state_restores_no_state():
+    """``cached_prefix(handle).ssm`` is the payload at ``usable_hit_len``. A pure transformer's hit
+    can end past its deepest kept state (its KVs slice anywhere); the state at 4 was handed over for
+    a hit of 5 tokens, and an engine that reads a hidden state kept beside a checkpoint would have
+    resumed from the wrong position."""
+
+    class Ops:
+        def split_kv(self, kv, at):
+            return kv[:at], kv[at:]
+
+        def join_kv(self, a, b):
+            return a + b
+
+        def release(self, payload):
+            pass
+
+        def state_at(self, pos):
+            return None
+
+    cache = PrefixCache("transformer-7b", 10e9, "marconi", "lru", payloads=Ops())
+    for seq in ([1, 2, 3, 4], [1, 2, 3, 4, 5, 6]):
+        handle = cache.begin(seq)
+        cache.finish(handle, [], states=lambda p: f"state@{p}", kv=lambda a, b, seq=seq: tuple(seq[a:b]))
+    for prompt, limit in (([1, 2, 3, 4, 5, 6, 7], 5), ([1, 2, 3, 4, 5, 9], None)):
+        handle = cache.begin(prompt, max_hit_len=limit)
+        prefix = cache.cached_prefix(handle)
+        assert prefix.length == 5 and prefix.kv == [(1, 2, 3, 4), (5,)] and prefix.ssm is None
+        cache.abort(handle)
+    handle = cache.begin([1, 2, 3, 4, 5, 6, 7])
+    assert cache.cached_prefix(handle).ssm == "state@6"            # a hit ending at a state keeps it
+    cache.abort(handle)
+
+
 def test_a_prompt_asked_again_and_answered_alike_hits_without_insert_prefill():
     """Old: ``process`` (begin + finish, a sequential replay) recomputed the branch point from input +
     output only; an input ending inside a cached sequence whose continuation the output repeated

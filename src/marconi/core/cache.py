@@ -410,7 +410,8 @@ class PrefixCache(TreeStore):
     def cached_prefix(self, handle: RequestHandle) -> CachedPrefix:
         """Payloads to restore, root first: the KVs covering ``[0, usable_hit_len)`` (the last split down
         for a pure transformer whose hit ends inside an edge) and the SSM payload there (None without a
-        hit). Mutates nothing; valid while ``handle`` is in flight, else ValueError."""
+        hit, or where no state was kept at exactly ``usable_hit_len``: a pure transformer's hit can end
+        past its deepest state). Mutates nothing; valid while ``handle`` is in flight, else ValueError."""
         self._check_active(handle)
         usable = handle.match.usable_hit_len
         if usable == 0:
@@ -430,7 +431,7 @@ class PrefixCache(TreeStore):
             keep = usable - nodes[-1].parent_depth
             kv[-1] = self.payloads.split_kv(nodes[-1].kv, keep)[0]
         hit = handle.hit_node
-        ssm = None if hit is None or not hit.has_ssm else hit.end_state
+        ssm = None if hit is None or not hit.has_ssm or hit.depth != usable else hit.end_state
         return CachedPrefix(usable, kv, ssm)
 
     @_locked
