@@ -135,9 +135,11 @@ def replay_ttft(model: HybridModel, requests: Sequence[Request], *, capacity_byt
 
 
 def summarize_ttft(records: Iterable[TTFTRecord], *, long_prompt_len: int = 2048) -> dict[str, float]:
-    """Aggregates: total TTFT both ways, ratio to ideal (all hits / long prompts), save+restore share."""
+    """Aggregates: total TTFT both ways, ratio to ideal (all hits / long prompts), save+restore share.
+    The ratios to ideal leave out whole-prompt hits (``h`` = 1: an ideal TTFT of 0, nothing to be a
+    ratio of); NaN where no hit is left."""
     recs = list(records)
-    hits = [r for r in recs if r.h > 0]
+    hits = [r for r in recs if r.h > 0 and r.ideal_s > 0]
     long_hits = [r for r in hits if r.input_len >= long_prompt_len]
     total_cached = sum(r.ttft_cached_s for r in recs)
     total_full = sum(r.ttft_full_s for r in recs)
