@@ -12,6 +12,8 @@ from marconi.core.registry import ConfigError
 from marconi.integrations.sglang.policy import MarconiStrategy, parse_config
 from marconi.lab.sglang_bench import parse_policy
 from marconi.sim.systems import make_system
+from marks import slow
+from sglang_env import sglang_python
 
 MAMBA = 1
 
@@ -122,3 +124,32 @@ def test_sglang_unified_refuses_a_model_without_recurrent_state_naming_sglang_pl
     and reported 15.3% 'unusable' hits, which a transformer cannot have."""
     with pytest.raises(ConfigError, match="transformer-7b has no recurrent state.*use sglang\\+"):
         make_system("sglang-unified").build("transformer-7b", 5e9)
+
+
+def test_the_bench_refuses_a_pure_transformer_before_sglang_starts() -> None:
+    """``marconi sglang bench --model transformer-7b`` sized SGLang's Mamba pool for 0-byte states
+    (~10^9 slots a GB): the SGLang side grew to 24 GB and was killed, and the command printed nothing
+    (audit). Refused now by name, before anything is spawned, as ``sglang-unified`` refuses it."""
+    from marconi.lab.sglang_bench_command import check_bench_inputs
+
+    with pytest.raises(ConfigError, match=r"^--model transformer-7b: no recurrent state; .*sglang\+"):
+        check_bench_inputs("/nonexistent/python", "swe-sample", "transformer-7b", None)
+
+
+@slow  # one SGLang import (~20 s)
+def test_the_bench_says_a_pool_too_small_in_one_line(tmp_path) -> None:
+    """A capacity whose Mamba pool cannot hold a request's states ended in SGLang's side with a
+    traceback (RuntimeError, exit 1); now one line naming --capacity, exit 2, as simulate says it."""
+    import subprocess
+    import sys
+
+    python = sglang_python()
+    trace = tmp_path / "t.jsonl"
+    rows = [{"session_id": 0, "turn_id": t, "ts": float(t), "input_tokens": list(range(1, 100 * (t + 1))),
+             "output_tokens": [7, 8]} for t in range(3)]
+    trace.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    proc = subprocess.run([sys.executable, "-m", "marconi.cli", "sglang", "bench", "--sglang-python", python,
+                           "--trace", str(trace), "--capacity", "1B", "--policies", "lru", "--out",
+                           str(tmp_path / "o.jsonl")], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr and "raise --capacity" in proc.stderr.strip().splitlines()[-1]

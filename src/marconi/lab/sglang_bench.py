@@ -14,6 +14,7 @@ import time
 from typing import Any, Sequence
 
 from marconi.core.registry import ConfigError, split_name_list
+from marconi.integrations.sglang.emulate import PoolExhausted
 
 __all__ = ["main", "parse_policy", "run_policy", "emulate_policy"]
 
@@ -113,8 +114,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         ap.error(f"--num-requests must be >= 1, got {args.num_requests}")
     try:
         return _bench(args)
-    except (ConfigError, ValueError) as exc:       # a bad option or trace: one line, not a traceback
-        print(f"error: {exc}", file=sys.stderr)
+    except (ConfigError, ValueError, PoolExhausted) as exc:   # a bad option, trace or a pool too small:
+        print(f"error: {exc}", file=sys.stderr)                # one line, not a traceback
         return 2
 
 

@@ -70,9 +70,13 @@ def check_bench_inputs(sglang_python: str, trace: str, model: str, num_requests:
     if num_requests is not None and num_requests < 1:
         raise ConfigError(f"--num-requests: must be >= 1, got {num_requests}")
     try:
-        get_model(model)
+        spec = get_model(model)
     except (ConfigError, ValueError, OSError) as exc:
         raise ConfigError(f"--model: {exc}") from None
+    if not spec.has_recurrent_state:     # its Mamba pool would be sized for 0-byte states: ~10^9 slots a GB
+        raise ConfigError(f"--model {model}: no recurrent state; this bench drives SGLang's hybrid (Mamba) radix "
+                          "cache, and SGLang serves a pure transformer from its plain one: pick a hybrid model "
+                          "(marconi models), or compare transformers with marconi simulate --systems sglang+")
     if not is_workload(trace) and not Path(trace).is_file():
         what = "is a directory" if Path(trace).is_dir() else "is neither a trace file nor a catalog name"
         raise ConfigError(f"--trace {trace!r}: {what} (`marconi trace list` lists the catalog)")
@@ -103,7 +107,18 @@ def _cmd_bench(args: Any) -> int:
     proc = run_child(cmd)                  # dies with this command (issue 31, bug 11's mechanism)
     if proc.returncode != 0:
         sys.stderr.write(proc.stderr[-4000:])
-        return proc.returncode or 1
+        if proc.returncode < 0:            # killed by a signal: it wrote nothing about it itself
+            import signal
+
+            try:
+                name = signal.Signals(-proc.returncode).name
+            except ValueError:
+                name = f"signal {-proc.returncode}"
+            print(f"error: the SGLang side ({args.sglang_python}) was killed by {name}"
+                  f"{' (out of memory? lower --capacity or --num-requests)' if name == 'SIGKILL' else ''}",
+                  file=sys.stderr)
+            return 1
+        return proc.returncode
     records = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     if len(records) != len(policies):     # exit 0 without results is a failure, never an empty table (bug 10)
         said = (proc.stderr.strip().splitlines() or ["no output on stderr"])[-1][:300]

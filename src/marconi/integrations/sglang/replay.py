@@ -14,6 +14,7 @@ from array import array
 from typing import Any, Sequence
 
 from marconi.core.model import ModelSpec
+from marconi.integrations.sglang.emulate import PoolExhausted
 
 __all__ = ["RadixReplay", "pool_sizes", "MAMBA_FULL_MEMORY_RATIO"]
 
@@ -98,8 +99,8 @@ class RadixReplay:
             self._evict(num_tokens=short)
         out = self.allocator.alloc(n)
         if out is None:
-            raise RuntimeError(f"SGLang's KV pool ({self.kv_tokens} tokens) cannot hold a {n}-token request "
-                               "after eviction: raise --capacity")
+            raise PoolExhausted(f"SGLang's KV pool ({self.kv_tokens} tokens) cannot hold a {n}-token request "
+                                "after eviction: raise --capacity")
         return out
 
     def _alloc_state(self) -> Any:
@@ -108,7 +109,8 @@ class RadixReplay:
             self._evict(mamba_num=1)
         out = mamba.alloc(1)
         if out is None:
-            raise RuntimeError(f"SGLang's Mamba pool ({self.mamba_slots} slots) has no free state after eviction")
+            raise PoolExhausted(f"SGLang's Mamba pool ({self.mamba_slots} slots) has no free state after eviction: "
+                                "raise --capacity")
         return out
 
     def _checkpoint(self, seq: list[int], value: Any, state: Any, protected: int, inserted: int) -> Any:
