@@ -60,6 +60,16 @@ def test_whole_prompt_hits_leave_the_ratio_to_ideal_instead_of_dividing_by_zero(
     assert mixed["ratio_to_ideal_hits"] == pytest.approx(1.2)
 
 
+def test_the_bench_reads_its_trace_as_every_command_does():
+    """``engine bench --trace nosuch`` said "unknown trace format"; ``simulate`` says the name is
+    neither a file nor a catalog workload. One reader now (``load_trace``), so raw sources work too."""
+    from marconi.core.registry import ConfigError
+
+    with pytest.raises(ConfigError, match="'nosuch' is neither a file nor a catalog workload"):
+        bench.trace_requests("nosuch", max_input_len=100)
+    assert bench.trace_requests("swe-sample", max_input_len=4000, limit=2)
+
+
 def test_checkpoint_overhead_records():
     model = load_model("bamba-tiny", dtype="float64")
     rows = bench.checkpoint_overhead(model, [64], repeats=1)

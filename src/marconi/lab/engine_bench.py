@@ -42,18 +42,17 @@ __all__ = [
 
 def trace_requests(source: Any, *, max_input_len: int, max_sessions: int | None = None,
                    limit: int | None = None) -> list[Request]:
-    """Requests of a trace (a ``Trace``, a catalog workload name or a JSONL/Parquet file), cut to fit a CPU.
+    """Requests of a trace (a ``Trace``, or what ``--trace`` takes: a catalog workload name, a token
+    trace, a recording or a raw source, :func:`marconi.workloads.source.load_trace`), cut to fit a CPU.
 
     Each session keeps its turns up to (not including) the first whose input exceeds
     ``max_input_len`` or whose output is empty; at most ``max_sessions`` sessions (first come) and
     ``limit`` requests are kept, in trace order. Sessions are renumbered 0, 1, ... in order of arrival.
     """
-    from marconi.workloads import build_workload, is_workload, read_trace
+    from marconi.workloads.source import load_trace
 
-    if isinstance(source, str) and is_workload(source):
-        source = build_workload(source)
-    elif isinstance(source, str):
-        source = read_trace(source)
+    if isinstance(source, str):          # as every command reads --trace: catalog, token trace or raw source
+        source = load_trace(source)
     out: list[Request] = []
     sessions: dict[Any, int] = {}
     stopped: set[Any] = set()

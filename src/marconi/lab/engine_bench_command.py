@@ -105,8 +105,9 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     requests = bench.trace_requests(source, max_input_len=args.max_input, max_sessions=args.sessions,
                                     limit=args.limit)
     if not requests:
-        raise ConfigError(f"no request of trace {args.trace} fits --max-input {args.max_input} (each session stops at "
-                          "its first longer input or empty output): raise --max-input")
+        raise ConfigError(f"no request of trace {args.trace} has an input within --max-input {args.max_input} and an "
+                          "output to decode (each session stops at its first longer input or empty output): raise "
+                          "--max-input, or give a trace whose requests have outputs")
     torch.set_num_threads(args.threads)
     model = load_model(args.model, dtype=args.dtype)
     meta = {k: v for k, v in describe(model).items()}
