@@ -93,6 +93,13 @@ def test_a_rule_whose_candidates_or_touch_the_tier_would_ignore_is_refused(label
         assert TierSettings.from_extra_config({**EXTRA, "marconi_rule": fine}) is not None
 
 
+def test_a_key_that_is_not_a_string_is_refused_not_an_attribute_error() -> None:
+    """JSON never gives one, but a Python caller's dict can: it raised AttributeError ('int' object
+    has no attribute 'startswith')."""
+    _refused(lambda: TierSettings.from_extra_config({**EXTRA, 5: "x"}), "kv_connector_extra_config",
+             "keys are strings", "[5]")
+
+
 def test_a_one_kind_group_list_names_the_key_that_gave_it() -> None:
     _refused(lambda: TierSettings.from_extra_config({**EXTRA, "marconi_group_kinds": "attention"}),
              "kv_connector_extra_config 'marconi_group_kinds' gives ['attention']", "eviction_policy")

@@ -150,6 +150,9 @@ class TierSettings:
                 missing group list or model; naming the key (``kv_connector_extra_config
                 'marconi_rule'``) or the variable (``MARCONI_TIER_RULE``) the value came from.
         """
+        odd = [k for k in extra if not isinstance(k, str)]
+        if odd:                          # JSON gives none; a Python caller's dict may
+            raise ConfigError(f"kv_connector_extra_config: keys are strings, got {odd!r}")
         unknown = sorted(k for k in extra if k.startswith("marconi_") and k not in _KEYS)
         if unknown:
             raise ConfigError(f"kv_connector_extra_config: unknown key(s) {unknown}; known: {list(_KEYS)}")
