@@ -76,7 +76,8 @@ def _layout(spec: ModelSpec, requests: Any, pool: str) -> Any:
     from marconi.sim import working_set_bytes
 
     checkpoint = prefill_checkpoint_alignment_for(spec)
-    probe = layout_for_spec(spec, num_blocks=2, block_size=VLLM_BLOCK_SIZES.get(spec.name), max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS,
+    probe = layout_for_spec(spec, num_blocks=2, block_size=VLLM_BLOCK_SIZES.get(spec.name),
+                            max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS,
                             prefill_checkpoint_alignment=checkpoint, retention_interval=0)
     max_model_len = max(2048, max(len(r.input_tokens) + max(1, len(r.output_tokens)) for r in requests))
     floor = 1 + sum(cdiv(max_model_len, probe.block_size) if k == ATTENTION else 2 + (checkpoint is not None)

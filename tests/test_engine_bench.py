@@ -52,8 +52,8 @@ def test_whole_prompt_hits_leave_the_ratio_to_ideal_instead_of_dividing_by_zero(
     ``marconi engine bench`` died with ZeroDivisionError. They are left out of the ratio (NaN when
     nothing else hit); a partial hit keeps its ratio."""
     def rec(h: float, ideal: float, cached: float = 0.01) -> bench.TTFTRecord:
-        return bench.TTFTRecord(0, 1, 100, int(100 * h), h, cached, 0.02, ideal, cached / ideal if ideal else float("inf"),
-                                0.0, 0.0, 0.0, 1)
+        ratio = cached / ideal if ideal else float("inf")
+        return bench.TTFTRecord(0, 1, 100, int(100 * h), h, cached, 0.02, ideal, ratio, 0.0, 0.0, 0.0, 1)
     whole = bench.summarize_ttft([rec(0.0, 0.02, 0.02), rec(1.0, 0.0), rec(1.0, 0.0)])
     assert whole["ratio_to_ideal_hits"] != whole["ratio_to_ideal_hits"]          # NaN
     mixed = bench.summarize_ttft([rec(1.0, 0.0), rec(0.5, 0.01, 0.012)])

@@ -269,7 +269,8 @@ def test_replay_refuses_a_bad_host_bandwidth_at_parse_time_naming_it(
     # under a byte a second reads as 0 bytes ("must be > 0" of 1e-3 contradicted itself); above 1 EB/s
     # the size's own limit is said
     for bad, says in (("abc", "cannot read 'abc' as a bandwidth"), ("0", "must be at least 1 byte/s"),
-                      ("1e-3", "must be at least 1 byte/s, got '1e-3'"), ("1e30GB/s", "cannot read '1e30GB/s' as a bandwidth (above 1 EB/s)"),
+                      ("1e-3", "must be at least 1 byte/s, got '1e-3'"),
+                      ("1e30GB/s", "cannot read '1e30GB/s' as a bandwidth (above 1 EB/s)"),
                       ("-5GB/s", "cannot read '-5GB/s'"), ("nan", "cannot read 'nan'")):
         code, err = _run(_replay(tmp_path, trace, *tier, "--capacity", "0.5x", f"--host-bandwidth={bad}"), capsys)
         last = err.strip().splitlines()[-1]

@@ -6,7 +6,8 @@ the configurations in a rotating order so the machine's background load falls on
 
 * ``stock`` — the plugin not loaded (``VLLM_PLUGINS=''``);
 * ``marconi`` — the plugin's eviction with a fixed α (``MARCONI_VLLM_ALPHA``);
-* ``adaptive`` — with ``MARCONI_VLLM_ALPHA=adaptive`` (the shadow cache on the scheduler thread).
+* ``adaptive`` — with ``MARCONI_VLLM_ALPHA=adaptive`` (the shadow cache where the plugin puts it by default:
+  in a child process on two CPUs or more, ``MARCONI_VLLM_ADAPTIVE_REPLAY``).
 
 Prints, per configuration, the serving wall time (median and minimum over rounds, start-up
 excluded), its ratio to stock, and the scheduler-thread time the plugin itself measured in its
