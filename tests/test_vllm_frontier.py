@@ -103,3 +103,53 @@ def test_the_command_end_to_end_and_from_records(tmp_path: Path) -> None:
     assert (again / "report.md").read_text() == (out / "report.md").read_text()
     assert (again / "frontier.png").is_file()
     assert (again / "records.jsonl").read_text() == (out / "records.jsonl").read_text()
+
+
+def test_traces_are_split_as_names_and_all_checked_before_any_replay(tmp_path: Path, capsys) -> None:
+    """``--traces swe-sample:sessions=1,seed=1`` was split at every comma (``seed=1`` then failed as a
+    trace after the first points had run), and a missing trace was found only when its turn came, the
+    finished points lost. Now one name with its parameters, and every trace checked first."""
+    from marconi.cli import main
+
+    code = main(["vllm", "frontier", "--out", str(tmp_path / "o"), "--vllm-python", str(tmp_path / "no-python"),
+                 "--traces", "swe-sample:sessions=1,seed=1,nope"])
+    err = capsys.readouterr().err
+    assert code == 2 and "--traces: 'nope' is neither a file nor a catalog workload" in err, err
+    assert "seed=1'" not in err and not (tmp_path / "o").exists()
+
+
+def test_the_report_says_when_the_pool_was_raised_to_vllms_floor() -> None:
+    """A pool below vLLM's least was replayed at the least (records: kv_floor_applied) while the
+    report's heading named only the pool asked: a 114x larger pool read as the tiny one."""
+    common = {"kind": "vllm-retention-frontier", "workload": "w", "pool_label": "0.01x", "num_blocks": 25,
+              "num_requests": 4, "prompt_tokens": 100, "block_size": 1152, "vllm_version": "0.32.0", "model": "m",
+              "concurrency": 8, "max_num_batched_tokens": 8192, "limit": 4, "trace_params": {"max_input_len": 16384},
+              "states_source": "emulation", "recomputed_prefill_tokens": 20, "num_preemptions": 0,
+              "kv_floor_applied": True, "pool_bytes": 471_859_200}
+    recs = [_rec("dp-1", "dp", 0.2, 0.2, budget=1, retention_interval=0, intervals_asked=[], **common)]
+    text = report_markdown(recs)
+    assert "NOTE: 0.01x is below vLLM's least pool" in text and "25 blocks (0.472 GB" in text
+    assert "NOTE" not in report_markdown([{**recs[0], "kv_floor_applied": False}])
+
+
+def test_points_whose_names_collide_replay_their_own_traces(tmp_path: Path) -> None:
+    """Each point's work folder was named from its trace with / turned into _, so ``x/one.jsonl`` and
+    ``x_one.jsonl`` shared one, and with --workers 2 one trace was replayed with the other's requests
+    (51.20% reported where the trace alone reads 61.44%). Each point has its own folder now."""
+    require_vllm()
+    rows = {"x/one.jsonl": [list(range(1, 1201)), list(range(1, 1201))],
+            "x_one.jsonl": [list(range(5000, 5600)), list(range(7000, 9400))]}
+    for name, prompts in rows.items():
+        path = tmp_path / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("".join(json.dumps({"session_id": i, "turn_id": 0, "ts": float(i), "input_tokens": p,
+                                            "output_tokens": [3, 4]}) + "\n" for i, p in enumerate(prompts)))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MARCONI_VLLM_")}
+    cmd = [sys.executable, "-m", "marconi.cli", "vllm", "frontier", "--out", str(tmp_path / "out"), "--vllm-python",
+           VLLM_PYTHON, "--traces", "x/one.jsonl,x_one.jsonl", "--arms", "marconi", "--workers", "2",
+           "--work-dir", str(tmp_path / "work")]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    records = [json.loads(line) for line in (tmp_path / "out" / "records.jsonl").read_text().splitlines()]
+    tokens = {r["workload"]: r["prompt_tokens"] for r in records}
+    assert tokens == {"x/one.jsonl": 2400, "x_one.jsonl": 3000}, tokens

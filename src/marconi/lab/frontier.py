@@ -220,8 +220,10 @@ def _run_arms(runner: Any, config: FrontierConfig, arms: Sequence[Arm], work: Pa
     echo = {"max_num_batched_tokens": config.max_num_batched_tokens, "limit": config.limit}
     points = [(workload, dict(pool), arm, rc) for workload in config.workloads for pool in config.pools
               for arm, rc in zip(arms, config.replay_configs(workload, pool, arms))]
-    items = [(rc, str(work / f"{workload.replace('/', '_')}-{pool_label(pool).replace(' ', '')}-{arm.label}"),
-              arm, workload, pool, echo) for workload, pool, arm, rc in points]
+    # each point its own work folder: the names alone collide (traces x/one.jsonl and x_one.jsonl, pools
+    # "80GB" and "80 GB"), and two replays sharing one overwrote each other's requests (wrong numbers)
+    items = [(rc, str(work / f"{i:04d}-{workload.replace('/', '_')}-{pool_label(pool).replace(' ', '')}-{arm.label}"),
+              arm, workload, pool, echo) for i, (workload, pool, arm, rc) in enumerate(points)]
     return runner.map(_run_arm, items, shared={}, on_result=on_point)
 
 
@@ -292,6 +294,14 @@ def _fmt_intervals(r: Mapping[str, Any]) -> str:
     return ", ".join(map(str, asked)) if asked else ""
 
 
+def floor_note(pool: str, points: Sequence[Mapping[str, Any]]) -> str:
+    """What a group replayed where the pool asked was below vLLM's least pool (the replay raises it,
+    records ``kv_floor_applied``): said in the report and by the command, not only in the records."""
+    p = next(p for p in points if p.get("kv_floor_applied"))
+    return (f"NOTE: {pool} is below vLLM's least pool for this trace's longest request: its points replay "
+            f"{p['num_blocks']:,} blocks ({p.get('pool_bytes', 0) / 1e9:.3g} GB; records: kv_floor_applied)")
+
+
 def report_markdown(records: Sequence[Mapping[str, Any]], notes: Sequence[str] = ()) -> str:
     """``report.md``: what was run, the definitions, one table and the verdicts per workload and pool."""
     from marconi.report import md_table
@@ -341,6 +351,8 @@ def report_markdown(records: Sequence[Mapping[str, Any]], notes: Sequence[str] =
         front = {id(p) for p in pareto(pts)}
         lines += [f"## {workload}, {pool} ({pts[0]['num_blocks']:,} blocks; {pts[0]['num_requests']} requests, "
                   f"{pts[0]['prompt_tokens']:,} prompt tokens)", ""]
+        if any(p.get("kv_floor_applied") for p in pts):
+            lines += [floor_note(pool, pts), ""]
         lines.append(md_table(
             ["arm", "asked", "states/req", "source", "token hit", "recomputed", "recomputed tokens", "preempt", "frontier"],
             [[p["arm"], _fmt_intervals(p), f"{p['states_per_request']:.3f}", p["states_source"],

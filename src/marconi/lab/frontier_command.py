@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from marconi.commandline import comma_list
-from marconi.core.registry import Domain
+from marconi.core.registry import ConfigError, Domain
 from marconi.integrations.common.probe import python_command
 from marconi.integrations.vllm.commands import CONCURRENCY
 from marconi.lab.frontier import DEFAULT_BUDGETS, DEFAULT_INTERVALS, DEFAULT_WORKLOADS
@@ -77,7 +77,16 @@ def _cmd_frontier(args: argparse.Namespace) -> int:
 
     pools = ([{"capacity": c} for c in comma_list(args.capacity, "--capacity", str) or ()]
              or [{"gpu_memory": g} for g in comma_list(args.gpu_memory or "80GB", "--gpu-memory", str) or ()])
-    config = FrontierConfig(vllm_python=args.vllm_python, workloads=tuple(comma_list(args.traces, "--traces", str) or ()),
+    from marconi.core.registry import split_name_list
+    from marconi.workloads import is_workload
+
+    # a catalog name's parameters have commas of their own (swe:sessions=20,seed=1): split as NameList reads
+    workloads = tuple(split_name_list(args.traces))
+    for workload in workloads:           # every trace named before the first replay, not after the first points
+        if not is_workload(workload) and not Path(workload).exists():
+            raise ConfigError(f"--traces: {workload!r} is neither a file nor a catalog workload (`marconi trace list` "
+                              "lists the catalog)")
+    config = FrontierConfig(vllm_python=args.vllm_python, workloads=workloads,
                             model=args.model, budgets=tuple(comma_list(args.budgets, "--budgets", int) or ()),
                             intervals=tuple(comma_list(args.intervals, "--intervals", int) or ()), pools=tuple(pools),
                             concurrency=args.concurrency, limit=args.limit, max_input_len=args.max_input_len,
@@ -91,6 +100,11 @@ def _cmd_frontier(args: argparse.Namespace) -> int:
     command = "marconi vllm frontier " + " ".join(shlex.quote(a) for a in sys.argv[3:])
     records = [{**r, "command": command, "command_wall_s": wall_s} for r in records]
     paths = write_outputs(records, args.out)
+    from marconi.lab.frontier import floor_note
+
+    for workload, pool in dict.fromkeys((r["workload"], r["pool_label"]) for r in records if r.get("kv_floor_applied")):
+        group = [r for r in records if (r["workload"], r["pool_label"]) == (workload, pool)]
+        print(f"{workload}: {floor_note(pool, group)}", file=sys.stderr)
     print(f"wrote {len(records)} records and {len(paths) - 1} files under {args.out} in {wall_s:.0f}s "
           f"(work in {work or 'a temporary folder, removed'})", file=sys.stderr)
     print((Path(args.out) / "report.md").read_text())
