@@ -341,6 +341,24 @@ def test_reproduce_refuses_a_folder_that_holds_something_else(tmp_path, monkeypa
     assert (out / "mine.jsonl").exists() and table.exists()
 
 
+def test_reproduce_refuses_a_report_folder_holding_files_the_report_did_not_write(tmp_path, monkeypatch, capsys):
+    """A user's notes beside an earlier report were deleted without a word when the report was
+    replaced (audit): the check looked for summary.json only. The summary lists the report's files
+    now, and anything else is refused by name; an older summary without the list is judged by kind."""
+    from marconi.lab.reproduce import pipeline
+
+    monkeypatch.setattr(pipeline, "run_reproduction", lambda *a, **k: pytest.fail("ran before the check"))
+    out = _summary(tmp_path, {"profile": "quick", "files": ["summary.json", "report.md", "fig7.jsonl"]})
+    (out / "fig7.jsonl").write_text("{}\n")
+    (out / "mynotes.txt").write_text("mine")
+    assert main(["reproduce", "--profile", "tiny", "--out", str(out), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "files it did not write (mynotes.txt)" in err and (out / "mynotes.txt").exists()
+    (out / "summary.json").write_text(json.dumps({"profile": "quick"}))      # an older report: no list
+    assert main(["reproduce", "--profile", "tiny", "--out", str(out), "--quiet"]) == 2
+    assert "(mynotes.txt)" in capsys.readouterr().err
+
+
 def test_engine_latency_records_with_nan_are_refused(tmp_path):
     bench = tmp_path / "bench.jsonl"
     rows = [{"kind": "ttft", "input_len": 1000, "hit_len": 0, "ttft_full_s": 1.0, "ttft_cached_s": 1.0},

@@ -112,7 +112,9 @@ def _earlier_report(out: Path) -> str | None:
     """What happens to what is in ``out`` already: a line to show, or None (new or empty).
 
     Raises:
-        ConfigError: ``out`` holds files but no report (they would be lost with the directory).
+        ConfigError: ``out`` holds files but no report, or a report and files it did not write (its
+            summary's ``files``; an older report without that list: anything but its JSONL, PNG, Markdown
+            and JSON files): they would be lost with the directory.
     """
     from marconi.core.jsonfile import read_json
     from marconi.core.registry import ConfigError
@@ -127,6 +129,16 @@ def _earlier_report(out: Path) -> str | None:
         summary = read_json(out / "summary.json")
     except ValueError:  # a damaged summary: still the report's directory, and replaced all the same
         summary = None
+    listed = summary.get("files") if isinstance(summary, dict) else None
+    if isinstance(listed, list):
+        extra = sorted(p.name for p in out.iterdir() if p.name not in listed)
+    else:
+        extra = sorted(p.name for p in out.iterdir() if p.is_dir() or p.suffix not in (".jsonl", ".png", ".md", ".json"))
+    if extra:
+        shown = ", ".join(extra[:5]) + (f" and {len(extra) - 5} more" if len(extra) > 5 else "")
+        raise ConfigError(f"--out {out} holds an earlier report and files it did not write ({shown}): the report "
+                          "replaces the whole directory, so they would be lost; move them, or choose a new or empty "
+                          "directory")
     profile = summary.get("profile") if isinstance(summary, dict) else None
     return (f"the report already in {out}" + (f" (profile {profile})" if isinstance(profile, str) else "")
             + " is replaced once this run completes; until then it stays as it is")

@@ -99,12 +99,14 @@ def write_report(ctx: ReproContext, out: Path, *, jamba_table: str | Path | None
         summary = md_table(["figure", "paper's finding", "paper", "ours", "holds"],
                            [[f.figure, f.claim, f.paper, f.ours, f.holds] for f in findings])
         write_text(stage / "summary.md", summary + "\n")
+        # the directory's manifest: a later run replaces these and refuses anything else found there
+        files = sorted({p.name for p in stage.iterdir()} | {"summary.json", "report.md"})
         write_text(stage / "summary.json", json.dumps(_jsonable({
             "profile": ctx.profile.name, "backend": ctx.backend, "wall_time_s": wall_time_s, "timings": ctx.timings,
             "regimes": ctx.regimes, "contention": ctx.contention,
             "working_sets": [[k, m, v] for (k, m), v in ctx.ws.items()],
             "latency": lat.notes, "findings": [f.as_dict() for f in findings],
-            "figures": {rep.key: rep.records.data for rep in reports}}), indent=1) + "\n")
+            "figures": {rep.key: rep.records.data for rep in reports}, "files": files}), indent=1) + "\n")
         write_text(stage / "report.md", _render(ctx, reports, lat, summary, wall_time_s))
     for rep in reports:  # where the plots are now that the staging directory became ``out``
         rep.plots = [Path(out) / plot.name for plot in rep.plots]
