@@ -36,6 +36,15 @@ def test_demo_runs_the_readme_job_and_marconi_does_not_lose_to_sglang(tmp_path, 
     assert "infinite (unbounded capacity)" in capsys.readouterr().out
 
 
+def test_demo_refuses_several_models_before_writing_anything(tmp_path, capsys):
+    """``demo --model a,b`` ran the sweep and its plots, then its curve step failed on the list: the
+    README's demo_mrc files never came (audit). One model, said before anything runs."""
+    out = tmp_path / "demo" / "demo.jsonl"
+    assert main(["demo", "--model", "paper-7b,nemotron-h-8b", "--out", str(out)]) == 2
+    assert "the demo draws one model's miss-ratio curve" in capsys.readouterr().err
+    assert not (tmp_path / "demo").exists()
+
+
 def test_simulate_on_a_bundled_real_trace_writes_records(tmp_path, capsys):
     out = tmp_path / "r.jsonl"
     code = main(["simulate", "--trace", "swe-sample", "--systems", "vanilla,vllm+,sglang+,marconi:alpha=1",

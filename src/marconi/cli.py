@@ -325,7 +325,12 @@ def _cmd_mrc(args: argparse.Namespace) -> int:
 
 def _cmd_demo(args: argparse.Namespace) -> int:
     """The systems on a bundled real trace at two capacities with the oracle and infinite ceilings, then
-    its miss-ratio curve."""
+    its miss-ratio curve (of one model: ConfigError for several, before anything runs)."""
+    from marconi.core.registry import ConfigError, split_name_list
+
+    if len(split_name_list(args.model)) > 1:     # the curve is one model's: refused before the sweep writes
+        raise ConfigError(f"--model {args.model}: the demo draws one model's miss-ratio curve; give one model "
+                          "(several: marconi simulate --model A,B and marconi mrc --model A)")
     ns = argparse.Namespace(trace=args.trace, systems="vanilla,vllm+,sglang+,marconi,marconi:selector=regret,oracle,infinite",
                             capacity=args.capacity, model=args.model, out=args.out, latency="a100", mode="sequential",
                             workers=None, limit=None, no_per_request=False, quiet=False)
@@ -428,10 +433,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = sub.add_parser("demo", help="the main job: the systems on a bundled real trace, with the oracle and a "
                                        "miss-ratio curve")
-    demo.add_argument("--trace", default="swe-sample")
-    demo.add_argument("--capacity", default="0.05x,0.15x", type=CapacityList(allow_zero=False))
-    demo.add_argument("--model", default="paper-7b", type=models)
-    add_output(demo, "--out", default="results/demo.jsonl")
+    demo.add_argument("--trace", default="swe-sample", help="a catalog workload or a trace file (default: the "
+                                                             "bundled SWE-agent sample)")
+    demo.add_argument("--capacity", default="0.05x,0.15x", type=CapacityList(allow_zero=False),
+                      help="cache sizes, comma-separated: bytes (10GB) or fractions of the working set (0.05x)")
+    demo.add_argument("--model", default="paper-7b", type=models,
+                      help="one model preset (`marconi models`) or config.json: the demo draws one model's curve")
+    add_output(demo, "--out", default="results/demo.jsonl",
+               help="the records; plots in <stem>_plots/, the miss-ratio curve in <stem>_mrc.jsonl/.png")
     demo.set_defaults(func=_cmd_demo)
 
     groups: dict[str, Any] = {}   # group name -> its subparsers object, for the lab's leaves
