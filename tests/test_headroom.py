@@ -191,3 +191,15 @@ def test_the_command_writes_records_plots_and_report(tmp_path) -> None:
 def test_the_command_refuses_a_future_aware_default(tmp_path, capsys) -> None:
     assert main(["experiment", "headroom", "--out", str(tmp_path / "x"), "--default", "oracle"]) == 2
     assert "future-aware" in capsys.readouterr().err
+
+
+def test_traces_whose_safe_names_collide_get_their_own_plots(point) -> None:
+    """The anatomy plot was named from the trace with unsafe characters turned into _, so traces
+    x/one.jsonl and x_one.jsonl shared one plot and the first section showed the second's (audit)."""
+    from marconi.lab.headroom.report import report_markdown
+
+    records = point[0]
+    renamed = [{**r, "trace": name} for name in ("x/one.jsonl", "x_one.jsonl") for r in records]
+    links = [line for line in report_markdown(renamed).splitlines() if line.startswith("![anatomy]")]
+    assert len(links) == 2 and len(set(links)) == 2, links
+    assert "![anatomy](plots/swe-sample_0.05x_anatomy.png)" in report_markdown(records)   # a safe name stays

@@ -169,7 +169,14 @@ def report_markdown(records: Sequence[dict[str, Any]], *, command: str | None = 
 
 # ============================================================================ plots
 def _plot_name(p: dict[str, Any]) -> str:
-    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in f"{p['trace']}_{p['capacity']}")
+    """The point's plot file: its trace and capacity, made safe; where that changed the name, a hash of
+    the original too, so traces x/one.jsonl and x_one.jsonl do not share one plot."""
+    raw = f"{p['trace']}_{p['capacity']}"
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in raw)
+    if safe != raw:
+        import hashlib
+
+        safe += "-" + hashlib.sha1(raw.encode()).hexdigest()[:8]
     return f"{safe}_anatomy.png"
 
 
