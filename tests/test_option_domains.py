@@ -363,3 +363,18 @@ def test_unclear_retention_vllm_refuses_in_its_worker_is_named_as_the_option() -
     assert isinstance(named, ConfigError)
     assert str(named).startswith("--retention 32: vLLM's block for this model is 1152 tokens") and "2304" in str(named)
     assert setting_error(RuntimeError("replay worker for 'lru' failed (exit 1): MemoryError")) is None
+
+
+def test_a_capacity_given_twice_is_refused_wherever_capacities_are_listed(capsys) -> None:
+    """``--gpu-memory 80GB,80GB`` ran both pools under one label and the report merged them; ``experiment
+    sparse --capacities large,large`` wrote every record twice; ``0GB`` there failed only after the
+    tasks were built, without naming the flag (audit). Budgets and traces refused repeats already."""
+    sparse = ["experiment", "sparse", "--out", "o", "--capacities"]
+    for argv, says in ((["vllm", "frontier", "--out", "o", "--gpu-memory", "80GB,80 GB"],
+                        "'80GB' and '80 GB' given twice"),
+                       (["simulate", "--capacity", "0.5x,0.5x"], "'0.5x' given twice"),
+                       ([*sparse, "large,large"], "'large' given twice"),
+                       ([*sparse, "0GB"], "argument --capacities: '0GB' is 0 bytes")):
+        code, _, err = _parse(argv, capsys)
+        assert code == 2 and says in err, (argv, err)
+    assert CapacityList()("1GB,2GB,0.5x") == "1GB,2GB,0.5x"

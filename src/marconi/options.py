@@ -119,6 +119,7 @@ class CapacityList:
         if not all(items):
             raise argparse.ArgumentTypeError(f"expected a comma list of sizes (10GB) or fractions of the working "
                                              f"set (0.05x), got {text!r}")
+        seen: dict[tuple[Any, Any], str] = {}
         for item in items:
             try:
                 capacity = parse_capacity(item)
@@ -127,6 +128,11 @@ class CapacityList:
             if not self.allow_zero and capacity.absolute == 0:
                 raise argparse.ArgumentTypeError(f"{item!r} is 0 bytes: give a size > 0 (10GB) or a fraction of "
                                                  "the working set (0.05x)")
+            key = (capacity.absolute, capacity.fraction)
+            if key in seen:              # 80GB and "80 GB" too: the points would run twice under one label
+                same = f"{item!r}" if seen[key] == item else f"{seen[key]!r} and {item!r}"
+                raise argparse.ArgumentTypeError(f"{same} given twice (the same size): give each capacity once")
+            seen[key] = item
         return str(text)
 
 

@@ -117,9 +117,11 @@ def _capacities(text: str) -> tuple[str, ...]:
     if not all(items):
         raise argparse.ArgumentTypeError(f"expected a comma list of {LARGE}, sizes (10GB) or fractions of the "
                                          f"working set (0.05x), got {text!r}")
+    if items.count(LARGE) > 1:
+        raise argparse.ArgumentTypeError(f"{LARGE!r} given twice: give each capacity once")
     sized = [c for c in items if c != LARGE]
     if sized:
-        CapacityList()(",".join(sized))   # ArgumentTypeError naming the item that is not a size
+        CapacityList(allow_zero=False)(",".join(sized))   # ArgumentTypeError naming the item: not a size, 0, twice
     return tuple(items)
 
 
