@@ -72,3 +72,18 @@ def test_save_figure_leaves_the_old_file_when_saving_fails(tmp_path):
         save_figure(fig, path)
     assert path.read_bytes() == b"old"
     assert os.listdir(tmp_path) == ["plot.png"]
+
+
+def test_a_rerun_into_the_same_folder_drops_only_its_own_stale_plots(tmp_path) -> None:
+    """``experiment sparse``/``headroom`` into an earlier run's --out kept the earlier run's plots of
+    other capacities or traces beside the new ones, which no record supported (audit). The report's
+    own kinds of plot that this run did not write go; nothing else does."""
+    from marconi.report import drop_stale_plots
+
+    for name in ("w_0.25x_simulation.png", "w_1x_simulation.png", "w_analytic.png", "mine.png", "notes.txt"):
+        (tmp_path / name).write_text("x")
+    written = [tmp_path / "w_1x_simulation.png", tmp_path / "w_analytic.png"]
+    removed = drop_stale_plots(tmp_path, ("*_simulation.png", "*_analytic.png"), written)
+    assert [p.name for p in removed] == ["w_0.25x_simulation.png"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine.png", "notes.txt", "w_1x_simulation.png",
+                                                          "w_analytic.png"]

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 __all__ = ["MISSING", "fmt_pct", "fmt_signed_pct", "fmt_pts", "fmt_times", "fmt_seconds", "md_table",
-           "format_table", "pyplot", "save_figure", "plot_ttft_cdf"]
+           "format_table", "pyplot", "save_figure", "drop_stale_plots", "plot_ttft_cdf"]
 
 MISSING = "–"
 """What every formatter and table prints for a missing value (None, NaN or infinite)."""
@@ -102,6 +102,19 @@ def save_figure(fig: Any, path: str | os.PathLike[str], *, dpi: int = 110) -> Pa
     finally:
         plt.close(fig)
     return target
+
+
+def drop_stale_plots(folder: str | os.PathLike[str], patterns: Sequence[str], written: Iterable[Path]) -> list[Path]:
+    """Remove the files in ``folder`` named as this report names its plots (``patterns``, globs) that this
+    run did not write: an earlier run's plots into the same folder, which no record of this one
+    supports (its other capacities or traces), would otherwise stay beside the new ones. Nothing else
+    is touched. Returns what was removed."""
+    keep = {Path(p).resolve() for p in written}
+    stale = sorted({p for pattern in patterns for p in Path(folder).glob(pattern)
+                    if p.is_file() and p.resolve() not in keep})
+    for path in stale:
+        path.unlink()
+    return stale
 
 
 def plot_ttft_cdf(records: Sequence[dict[str, Any]], path: str | os.PathLike[str], *, clock: str, title: str) -> Path:

@@ -15,7 +15,7 @@ import numpy as np
 from marconi.lab.headroom.study import DIMENSIONS
 from marconi.lab.headroom.variants import DECOMPOSITION
 from marconi.io import write_jsonl, write_text
-from marconi.report import fmt_pct, md_table, pyplot, save_figure
+from marconi.report import drop_stale_plots, fmt_pct, md_table, pyplot, save_figure
 
 __all__ = ["points", "breakdown", "findings", "report_markdown", "write_outputs", "PART_LABELS"]
 
@@ -258,5 +258,6 @@ def write_outputs(records: Sequence[dict[str, Any]], out: str | Path, *, request
     if pts:
         written.append(plot_decomposition(pts, out / "plots" / "decomposition.png"))
         written.append(plot_cumulative(pts, out / "plots" / "cumulative_gap.png"))
+    drop_stale_plots(out / "plots", ("*_anatomy.png",), written)
     written.append(write_text(out / "report.md", report_markdown(records, command=command, notes=notes)))
     return written

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from marconi.lab.sparse.study import LARGE, LARGE_CAPACITY_BYTES, SUMMARY_BUDGETS
-from marconi.report import fmt_pct, md_table, pyplot, save_figure
+from marconi.report import drop_stale_plots, fmt_pct, md_table, pyplot, save_figure
 from marconi.io import atomic_write
 
 __all__ = ["Verdict", "verdict", "findings", "summary_markdown", "write_outputs"]
@@ -244,6 +244,7 @@ def write_outputs(records: Sequence[dict[str, Any]], out_dir: str | Path, notes:
             paths.append(_plot_simulation(records, w["workload"], cap,
                                           out / "plots" / f"{w['workload']}_{_slug(cap)}_simulation.png"))
         paths.append(_plot_analytic(records, w["workload"], out / "plots" / f"{w['workload']}_analytic.png"))
+    drop_stale_plots(out / "plots", ("*_simulation.png", "*_analytic.png"), paths)
     summary = out / "summary.md"
     with atomic_write(summary, "w") as fh:
         fh.write(summary_markdown(records, notes))
