@@ -293,7 +293,12 @@ def test_a_cap_that_ends_sessions_says_so_once_and_selects_the_same_requests(
     assert [(r.session_id, r.input_len) for r in sel.requests] == [(0, 200), (0, 270), (0, 340), (1, 200), (3, 100)]
     assert sel.indices == [0, 1, 2, 3, 4] and sel.trace_info["trace_params"] == {"max_input_len": 500}
     assert len(notes) == 1, notes
-    assert "4 of 9 requests left out: 2 session(s)" in notes[0] and "raise --max-input-len to keep them" in notes[0]
+    assert "4 of 9 requests left out: 2 with an input longer than --max-input-len 500 tokens and the 2 later " \
+           "turn(s) of their sessions" in notes[0] and "raise --max-input-len to keep them" in notes[0]
+    notes.clear()                        # one request per session (Mooncake): no later turns to name
+    single = _trace(tmp_path / "s.jsonl", {0: [200], 1: [900], 2: [100]})
+    select_requests(single, max_input_len=500, notice=notes.append)
+    assert "1 of 3 requests left out: 1 with an input longer than --max-input-len 500 tokens;" in notes[0], notes
     assert "--max-input-len 500 tokens" in notes[0]
     # the default: one NOTE line on stderr; nothing when the cap cuts nothing
     select_requests(path, max_input_len=500, num_requests=2)

@@ -103,9 +103,11 @@ def _capped_trace(text: str, max_input_len: int, notice: Progress | None) -> tup
     if len(kept) == len(trace):
         return trace, max_input_len
     if notice is not None and kept:     # once per trace (none kept: select_requests' error names the flag)
+        after = len(trace) - len(kept) - len(ended)       # later turns of those sessions
         notice(f"trace {trace.name}: {len(trace) - len(kept):,} of {len(trace):,} requests left out: "
-               f"{len(ended):,} session(s) end before their first input longer than --max-input-len "
-               f"{max_input_len:,} tokens; raise --max-input-len to keep them")
+               f"{len(ended):,} with an input longer than --max-input-len {max_input_len:,} tokens"
+               + (f" and the {after:,} later turn(s) of their sessions (a session ends at its first such input)"
+                  if after else "") + "; raise --max-input-len to keep them")
     return Trace(kept, name=trace.name, meta=dict(trace.meta)), max_input_len
 
 
