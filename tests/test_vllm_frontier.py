@@ -145,11 +145,12 @@ def test_points_whose_names_collide_replay_their_own_traces(tmp_path: Path) -> N
         path.write_text("".join(json.dumps({"session_id": i, "turn_id": 0, "ts": float(i), "input_tokens": p,
                                             "output_tokens": [3, 4]}) + "\n" for i, p in enumerate(prompts)))
     env = {k: v for k, v in os.environ.items() if not k.startswith("MARCONI_VLLM_")}
+    traces = [str(tmp_path / name) for name in rows]      # absolute: their safe names collide all the same
     cmd = [sys.executable, "-m", "marconi.cli", "vllm", "frontier", "--out", str(tmp_path / "out"), "--vllm-python",
-           VLLM_PYTHON, "--traces", "x/one.jsonl,x_one.jsonl", "--arms", "marconi", "--workers", "2",
+           VLLM_PYTHON, "--traces", ",".join(traces), "--arms", "marconi", "--workers", "2",
            "--work-dir", str(tmp_path / "work")]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-3000:]
     records = [json.loads(line) for line in (tmp_path / "out" / "records.jsonl").read_text().splitlines()]
     tokens = {r["workload"]: r["prompt_tokens"] for r in records}
-    assert tokens == {"x/one.jsonl": 2400, "x_one.jsonl": 3000}, tokens
+    assert tokens == {traces[0]: 2400, traces[1]: 3000}, tokens
