@@ -114,7 +114,7 @@ def test_traces_are_split_as_names_and_all_checked_before_any_replay(tmp_path: P
     code = main(["vllm", "frontier", "--out", str(tmp_path / "o"), "--vllm-python", str(tmp_path / "no-python"),
                  "--traces", "swe-sample:sessions=1,seed=1,nope"])
     err = capsys.readouterr().err
-    assert code == 2 and "--traces: 'nope' is neither a file nor a catalog workload" in err, err
+    assert code == 2 and "--traces: trace 'nope' is neither a file nor a catalog workload" in err, err
     assert "seed=1'" not in err and not (tmp_path / "o").exists()
 
 

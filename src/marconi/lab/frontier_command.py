@@ -78,14 +78,15 @@ def _cmd_frontier(args: argparse.Namespace) -> int:
     pools = ([{"capacity": c} for c in comma_list(args.capacity, "--capacity", str) or ()]
              or [{"gpu_memory": g} for g in comma_list(args.gpu_memory or "80GB", "--gpu-memory", str) or ()])
     from marconi.core.registry import split_name_list
-    from marconi.workloads import is_workload
+    from marconi.workloads.source import check_trace_name
 
     # a catalog name's parameters have commas of their own (swe:sessions=20,seed=1): split as NameList reads
     workloads = tuple(split_name_list(args.traces))
     for workload in workloads:           # every trace named before the first replay, not after the first points
-        if not is_workload(workload) and not Path(workload).exists():
-            raise ConfigError(f"--traces: {workload!r} is neither a file nor a catalog workload (`marconi trace list` "
-                              "lists the catalog)")
+        try:
+            check_trace_name(workload)
+        except ConfigError as exc:
+            raise ConfigError(f"--traces: {exc}") from None
     config = FrontierConfig(vllm_python=args.vllm_python, workloads=workloads,
                             model=args.model, budgets=tuple(comma_list(args.budgets, "--budgets", int) or ()),
                             intervals=tuple(comma_list(args.intervals, "--intervals", int) or ()), pools=tuple(pools),

@@ -12,7 +12,7 @@ from .raw import RAW_SOURCES, first_record, raw_source_of
 from .trace import Trace, read_trace
 from .trace.formats import format_of, suffix_listing
 
-__all__ = ["load_trace", "trace_file_kind", "shortfall", "TOKEN_TRACE"]
+__all__ = ["load_trace", "check_trace_name", "trace_file_kind", "shortfall", "TOKEN_TRACE"]
 
 #: :func:`trace_file_kind` of a token trace file, which is read (and streamed) by its suffix's reader.
 TOKEN_TRACE = "token-trace"
@@ -87,15 +87,24 @@ def shortfall(trace: Trace) -> str | None:
     return f"{got} sessions, not the {asked} asked: of the input's {read} records, {' and '.join(why)}{empty}"
 
 
+def check_trace_name(text: str) -> None:
+    """What :func:`load_trace` refuses before it reads anything, without reading: ConfigError unless
+    ``text`` is a catalog workload or an existing path (a command checks its traces before its runs)."""
+    if not text.strip():  # Path("") is the current directory, which exists
+        raise ConfigError(f"the trace is empty ({text!r}): give a trace file or a catalog workload "
+                          f"({', '.join(workload_names())}; `marconi trace list` describes them)")
+    if not is_workload(text) and not Path(text).exists():
+        raise ConfigError(f"trace {text!r} is neither a file nor a catalog workload ({', '.join(workload_names())}; "
+                          "`marconi trace list` describes them)")
+
+
 def load_trace(text: str, limit: int | None = None, *, notice: Callable[[str], None] | None = None) -> Trace:
     """A catalog workload or a file: a token trace (JSONL/Parquet), a block-hash recording or Mooncake
     trace, or a raw source (ShareGPT, LMSys, agent trajectories, QuALITY: :mod:`.raw`), built by its
     catalog recipe's defaults; ``limit``: the first requests (None: all; 0: none); ``notice``: told when
     a stand-in replaced absent data, or a raw source was built. ConfigError for an empty text or one that
     is neither a file nor a name; TraceFormatError or JsonError for an invalid file."""
-    if not text.strip():  # Path("") is the current directory, which exists
-        raise ConfigError(f"the trace is empty ({text!r}): give a trace file or a catalog workload "
-                          f"({', '.join(workload_names())}; `marconi trace list` describes them)")
+    check_trace_name(text)
     if is_workload(text):
         trace = build_workload(text)
         provenance = Provenance.of(trace)
@@ -105,9 +114,6 @@ def load_trace(text: str, limit: int | None = None, *, notice: Callable[[str], N
             notice(f"NOTE: trace {text}: {short}")
         return trace.head(limit) if limit is not None else trace
     path = Path(text)
-    if not path.exists():
-        raise ConfigError(f"trace {text!r} is neither a file nor a catalog workload ({', '.join(workload_names())}; "
-                          "`marconi trace list` describes them)")
     kind = trace_file_kind(path)
     if kind == "recording":
         from .recording import build_recording_trace
