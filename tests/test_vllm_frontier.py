@@ -130,6 +130,11 @@ def test_the_report_says_when_the_pool_was_raised_to_vllms_floor() -> None:
     text = report_markdown(recs)
     assert "NOTE: 0.01x is below vLLM's least pool" in text and "25 blocks (0.472 GB" in text
     assert "NOTE" not in report_markdown([{**recs[0], "kv_floor_applied": False}])
+    from marconi.lab.frontier import floor_notes       # what the command prints on stderr
+
+    (line,) = floor_notes(recs)
+    assert line.startswith("w: NOTE: 0.01x is below vLLM's least pool") and line[len("w: "):] in text
+    assert floor_notes([{**recs[0], "kv_floor_applied": False}]) == []
 
 
 def test_points_whose_names_collide_replay_their_own_traces(tmp_path: Path) -> None:

@@ -41,7 +41,7 @@ from typing import Any, Callable, Mapping, Sequence
 from marconi.core.registry import ConfigError
 
 __all__ = ["Arm", "FrontierConfig", "plan_arms", "run_frontier", "frontier_record", "pareto",
-           "verdict_lines", "report_markdown", "plot_frontier", "write_outputs", "RECORD_FIELDS",
+           "verdict_lines", "floor_notes", "report_markdown", "plot_frontier", "write_outputs", "RECORD_FIELDS",
            "DEFAULT_WORKLOADS", "DEFAULT_BUDGETS", "DEFAULT_INTERVALS"]
 
 DEFAULT_WORKLOADS = ("quality", "shared-prompts-synthetic", "swe-sample", "doc-qa-synthetic")
@@ -300,6 +300,14 @@ def floor_note(pool: str, points: Sequence[Mapping[str, Any]]) -> str:
     p = next(p for p in points if p.get("kv_floor_applied"))
     return (f"NOTE: {pool} is below vLLM's least pool for this trace's longest request: its points replay "
             f"{p['num_blocks']:,} blocks ({p.get('pool_bytes', 0) / 1e9:.3g} GB; records: kv_floor_applied)")
+
+
+def floor_notes(records: Sequence[Mapping[str, Any]]) -> list[str]:
+    """``workload: NOTE ...`` for each group (workload, pool) whose pool was raised to vLLM's least
+    (:func:`floor_note`): what the command says on stderr, beside the report's own line."""
+    groups = [(workload, pool, _of(records, workload, pool)) for workload, pool in _groups(records)]
+    return [f"{workload}: {floor_note(pool, pts)}" for workload, pool, pts in groups
+            if any(p.get("kv_floor_applied") for p in pts)]
 
 
 def report_markdown(records: Sequence[Mapping[str, Any]], notes: Sequence[str] = ()) -> str:

@@ -101,11 +101,10 @@ def _cmd_frontier(args: argparse.Namespace) -> int:
     command = "marconi vllm frontier " + " ".join(shlex.quote(a) for a in sys.argv[3:])
     records = [{**r, "command": command, "command_wall_s": wall_s} for r in records]
     paths = write_outputs(records, args.out)
-    from marconi.lab.frontier import floor_note
+    from marconi.lab.frontier import floor_notes
 
-    for workload, pool in dict.fromkeys((r["workload"], r["pool_label"]) for r in records if r.get("kv_floor_applied")):
-        group = [r for r in records if (r["workload"], r["pool_label"]) == (workload, pool)]
-        print(f"{workload}: {floor_note(pool, group)}", file=sys.stderr)
+    for line in floor_notes(records):
+        print(line, file=sys.stderr)
     print(f"wrote {len(records)} records and {len(paths) - 1} files under {args.out} in {wall_s:.0f}s "
           f"(work in {work or 'a temporary folder, removed'})", file=sys.stderr)
     print((Path(args.out) / "report.md").read_text())
