@@ -265,6 +265,26 @@ def test_max_hit_len_keeps_at_least_one_token_to_compute():
     tf.check_invariants()
 
 
+def test_max_hit_len_inside_a_block_run_resumes_at_its_deepest_state_below():
+    """vLLM+'s block runs keep a state per block inside one node. An engine's ``max_hit_len`` of
+    ``len - 1`` on a prompt a run covers used to skip the whole run (usable 0, every state asked
+    again); it resumes at the deepest state at or before the limit, as one node per block does."""
+    prompt = np.arange(2048, dtype=np.int32)
+    for admission in ("every-block:block=32", "every-block:block=32,runs=false"):
+        cache = PrefixCache("nemotron-h-8b", 64e9, admission, "lru")
+        cache.process(prompt, [11, 12, 13])
+        handle = cache.begin(prompt, max_hit_len=len(prompt) - 1)
+        assert handle.match.usable_hit_len == 2016, admission
+        assert handle.prefill_checkpoints == (2048,), admission
+        assert cache.cached_prefix(handle).length == 2016
+        cache.finish(handle, [])
+        cache.check_invariants()
+        handle = cache.begin(prompt[:100], max_hit_len=70)       # a limit inside the run, short input
+        assert handle.match.usable_hit_len == 64
+        cache.abort(handle)
+        cache.check_invariants()
+
+
 def test_a_transformer_hit_past_its_deepest_state_restores_no_state():
     """``cached_prefix(handle).ssm`` is the payload at ``usable_hit_len``. A pure transformer's hit
     can end past its deepest kept state (its KVs slice anywhere); the state at 4 was handed over for

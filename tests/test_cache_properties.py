@@ -91,14 +91,16 @@ def test_unbounded_cache_hits_every_previously_finished_sequence(seqs):
 @settings(max_examples=150, deadline=None)
 @given(reqs=st.lists(st.tuples(st.integers(0, len(STEMS)), token_lists, st.lists(st.integers(0, 6), max_size=8)),
                      min_size=1, max_size=30),
-       capacity=st.integers(100, 2000), k=st.integers(1, 3))
-def test_block_runs_make_the_same_decisions_as_one_node_per_block(reqs, capacity, k):
-    """vLLM+ keeps consecutive blocks as one run node; under LRU that must not change any decision."""
+       capacity=st.integers(100, 2000), k=st.integers(1, 3), cut=st.integers(0, 3))
+def test_block_runs_make_the_same_decisions_as_one_node_per_block(reqs, capacity, k, cut):
+    """vLLM+ keeps consecutive blocks as one run node; under LRU that must not change any decision,
+    an engine's ``max_hit_len`` (``cut`` tokens short of the input) inside a run included."""
     runs = PrefixCache(SPEC, capacity, f"every-block:block={k}", "lru")
     blocks = PrefixCache(SPEC, capacity, f"every-block:block={k},runs=false", "lru")
     for stem, tail, out in reqs:
         tokens, output = build_tokens(stem, tail), np.array(out, dtype=np.int32)
-        assert runs.process(tokens, output) == blocks.process(tokens, output)
+        limit = max(0, len(tokens) - cut) if cut else None
+        assert runs.process(tokens, output, max_hit_len=limit) == blocks.process(tokens, output, max_hit_len=limit)
         assert (runs.used_bytes, runs.ssm_bytes) == (blocks.used_bytes, blocks.ssm_bytes)
     runs.check_invariants()
     blocks.check_invariants()

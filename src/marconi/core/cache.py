@@ -10,6 +10,7 @@ import functools
 import math
 import numbers
 import threading
+from bisect import bisect_right
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, NamedTuple
 
@@ -366,7 +367,7 @@ class PrefixCache(TreeStore):
         tokens = _own_tokens(input_tokens, "input_tokens")
         now = self._now() if self._logical is None else 0.0   # a caller's clock: read and checked first
         limit = len(tokens) if max_hit_len is None else min(int(max_hit_len), len(tokens))
-        walk = self._split_run_at_match(self.tree.walk(tokens))
+        walk = self._split_run_at_limit(self._split_run_at_match(self.tree.walk(tokens)), limit)
         hit_index = self._hit_index(walk.path, limit)
         hit_node = walk.path[hit_index] if hit_index >= 0 else None
         if self.spec.has_recurrent_state:
@@ -498,6 +499,24 @@ class PrefixCache(TreeStore):
             return walk
         upper = self._split(run, walk.matched_len - run.parent_depth)
         return WalkResult([*walk.path, upper], walk.matched_len, None)
+
+    def _split_run_at_limit(self, walk: WalkResult, limit: int) -> WalkResult:
+        """A ``max_hit_len`` that ends inside a matched edge holding states inside it (a block run's):
+        the edge is split at its deepest state at or before ``limit``, so the request resumes there,
+        as it would with one node per block, not at the run's parent."""
+        if limit >= walk.matched_len or not self.spec.has_recurrent_state:
+            return walk
+        nodes = walk.path if walk.partial is None else [*walk.path, walk.partial]
+        for i, node in enumerate(nodes):
+            if node.depth > limit:        # the first node past the limit: it starts at or above it
+                positions = node.ckpt_positions
+                j = bisect_right(positions, limit)
+                if j == 0 or node.parent_depth >= limit:
+                    return walk
+                upper = self._split(node, positions[j - 1] - node.parent_depth)
+                path = [*walk.path[:i], upper, *walk.path[i:]]
+                return WalkResult(path, walk.matched_len, walk.partial)
+        return walk
 
     def _hit_index(self, path: list[Node], limit: int) -> int:
         """Index in ``path`` of the node a request resumes from, at depth <= ``limit`` (-1: none): the
