@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from marconi.core.cache import PrefixCache
+from marconi.core.cache import SIZE_ONLY, PrefixCache
 from marconi.core.candidates import flop_efficiency
 from marconi.core.eviction import FlopAware
 from marconi.core.model import ModelSpec
@@ -283,6 +283,24 @@ def test_max_hit_len_inside_a_block_run_resumes_at_its_deepest_state_below():
         assert handle.match.usable_hit_len == 64
         cache.abort(handle)
         cache.check_invariants()
+
+
+def test_a_clone_reads_size_only_states_and_refuses_runs_under_inner_eviction():
+    """A clone keeps no payloads: its states read ``SIZE_ONLY``, as a size-only cache's do (they read
+    None, which ``cached_prefix`` documents for no state). A tree of block runs cannot be evicted by a
+    rule whose candidates are inner nodes (a run is one node): refused, not a broken copy."""
+    cache = PrefixCache("paper-7b", 10e9, "marconi", "lru")
+    cache.process([1, 2, 3, 4, 5], [])
+    twin = cache.clone("flop-aware:alpha=1")
+    handle = twin.begin([1, 2, 3, 4, 5, 6])
+    assert twin.cached_prefix(handle).ssm is SIZE_ONLY
+    twin.abort(handle)
+    runs = PrefixCache("paper-7b", 10e9, "every-block:block=4", "lru")
+    runs.process(list(range(16)), [])
+    with pytest.raises(ConfigError, match="every-block:runs=false"):
+        runs.clone("flop-aware:alpha=1")
+    leaf_twin = runs.clone("flop-aware:alpha=1,candidates=leaves,touch=path")
+    leaf_twin.check_invariants()
 
 
 def test_a_transformer_hit_past_its_deepest_state_restores_no_state():

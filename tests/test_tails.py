@@ -142,6 +142,21 @@ def test_tails_are_deterministic_and_survive_a_clone():
     assert cache.stats.tail_trims > 0 and cache.stats == twin.stats
 
 
+def test_an_empty_cache_cloned_into_a_tail_cutting_rule_decides_as_one_built_for_it():
+    """A clone into a rule that tracks dead tails, from a cache that did not, starts tracking them
+    (it used to keep ``dead_tails`` None and never cut one)."""
+    trace = keep_k_agent(sessions=4, calls=10, seed=3)
+    capacity = _capacity("paper-7b", 5, 5000)
+    rule = "flop-aware:alpha=0.5,tails=true"
+    clock = ManualClock()
+    twin = PrefixCache("paper-7b", capacity, "marconi", "lru", clock=clock).clone(rule)
+    fresh = PrefixCache("paper-7b", capacity, "marconi", rule, clock=clock)
+    for req in trace:
+        clock.now = req.ts
+        assert twin.process(req.input_tokens, req.output_tokens) == fresh.process(req.input_tokens, req.output_tokens)
+    assert fresh.stats.tail_trims > 0 and twin.stats == fresh.stats
+
+
 def test_the_regret_selector_refuses_rules_that_cut_tails():
     """Its counterfactuals score victims, so a cutting rule would be judged without its cuts."""
     with pytest.raises(ConfigError, match="cannot judge dead-tail cuts"):

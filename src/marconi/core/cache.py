@@ -842,9 +842,16 @@ class PrefixCache(TreeStore):
     @_locked
     def clone(self, eviction: EvictionPolicy | str) -> "PrefixCache":
         """A size-only copy evicting by ``eviction``, behaving exactly as this cache would under it: tree,
-        recency, index, in-flight requests (same ids), stats and admission state; not payloads,
-        observers, the eviction policy or the lock. The clock is shared unless it is the logical one."""
+        recency, index, in-flight requests (same ids), stats and admission state; not payloads (every
+        state reads :data:`SIZE_ONLY`), observers, the eviction policy or the lock. The clock is shared
+        unless it is the logical one. A rule that tracks dead tails where this cache did not starts
+        tracking them now. ConfigError where the tree holds block runs (``every-block`` with runs) and
+        ``eviction`` evicts inner nodes: a run is one node, so such a rule could not evict its blocks."""
         eviction = make_eviction(eviction)
+        if eviction.evicts_inner_nodes and not self.inner_candidates and any(
+                len(node.ckpt_positions) > 1 for node in self.tree.iter_nodes()):
+            raise ConfigError(f"cannot clone a cache holding block runs into {eviction.name!r}, which evicts inner "
+                              "nodes: clone into a leaf-only rule, or build the cache with every-block:runs=false")
         memo: dict[int, Any] = {id(self.eviction): eviction, id(self._observers): [], id(self.spec): self.spec,
                      id(self._mutex): threading.RLock(), id(self.payloads): SizeOnlyPayloads()}
         if self._logical is None:
@@ -858,7 +865,7 @@ class PrefixCache(TreeStore):
                 setattr(twin, slot, getattr(node, slot))
             twin.kv = None
             twin.ckpt_positions = list(node.ckpt_positions)
-            twin.ckpt_states = [None] * len(node.ckpt_positions)
+            twin.ckpt_states = [SIZE_ONLY] * len(node.ckpt_positions)
             memo[id(node)] = twin
             pairs.append((node, twin))
             stack.extend(node.children.values())
@@ -866,6 +873,8 @@ class PrefixCache(TreeStore):
             twin.parent = None if node.parent is None else memo[id(node.parent)]
             twin.children = {key: memo[id(child)] for key, child in node.children.items()}
         twin_cache = copy.deepcopy(self, memo)
+        if twin_cache.dead_tails is None and eviction.tracks_tails and twin_cache.admission.caches:
+            twin_cache.dead_tails = DeadTails()
         eviction.bind(twin_cache)
         wanted = (eviction.evicts_inner_nodes, eviction.efficiency_variant)
         if wanted != (twin_cache.inner_candidates, twin_cache.efficiency_variant):
