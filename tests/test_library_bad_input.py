@@ -278,6 +278,33 @@ def test_a_masked_array_in_a_snapshot_is_a_config_error_naming_the_node():
         PrefixCache.from_snapshot(snapshot, "paper-7b", 1e11, "marconi", "flop-aware:alpha=1", clock=ManualClock())
 
 
+@pytest.mark.parametrize("bad", [5, None])
+def test_checkpoint_positions_that_are_no_list_are_a_config_error_naming_the_node(bad):
+    """Old: a bare TypeError ('int' object is not iterable)."""
+    cache = PrefixCache("paper-7b", 1e11, "marconi", "lru", clock=ManualClock())
+    cache.process([1, 2, 3, 4], [5])
+    snapshot = cache.snapshot()
+    snapshot.ckpt_positions[0] = bad
+    with pytest.raises(ConfigError, match=r"snapshot.ckpt_positions\[0\] = .*: expected a list of positions"):
+        PrefixCache.from_snapshot(snapshot, "paper-7b", 1e11, "marconi", "lru", clock=ManualClock())
+
+
+@pytest.mark.parametrize("eviction", ["lru", "flop-aware", "worlds"])
+def test_set_rule_takes_a_label_and_refuses_what_is_no_rule_with_a_config_error(eviction):
+    """Old: a label or None was an AttributeError raised while writing the error message."""
+    cache = PrefixCache("paper-7b", 1e10, "marconi", eviction)
+    with pytest.raises(ConfigError, match="an eviction rule or its label"):
+        cache.set_rule(None)
+    if eviction == "worlds":
+        cache.set_rule("a2m")                                # a label of the family: now live
+        assert cache.eviction.rule.label() == "a2m"
+        with pytest.raises(ConfigError, match="not of the family"):
+            cache.set_rule("a1")
+    elif eviction == "lru":
+        with pytest.raises(ConfigError, match="applies one fixed rule"):
+            cache.set_rule("a1")
+
+
 def test_filled_or_compressed_masked_arrays_and_plain_arrays_still_work():
     masked = np.ma.masked_array([1, 2, 3, 4], mask=[0, 1, 0, 0])
     cache = _cache()
@@ -312,6 +339,13 @@ def test_the_rule_families_the_project_uses_still_parse():
     for text in ("", "  "):
         with pytest.raises(ConfigError, match="the adaptive rule family is empty"):
             parse_rules(text)
+
+
+def test_a_family_naming_one_decision_twice_is_refused():
+    """α = 0 ignores the efficiency, so ``a0`` and ``a0m`` are one rule (both label as ``a0``): a
+    family of both spent a world on a copy of the live rule."""
+    with pytest.raises(ConfigError, match=r"lists a rule twice: \['a0', 'a0'\]"):
+        parse_rules("a0/a0m")
 
 
 # ------------------------------------------------------------------ attention heads

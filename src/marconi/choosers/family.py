@@ -45,8 +45,9 @@ def parse_rules(text: str | Sequence[Rule], default: str = DEFAULT_RULE_LABELS) 
         rules = tuple(rule_from_label(t) for t in parts)
     if not rules:
         raise ConfigError("the adaptive rule family is empty")
-    if len(set(rules)) != len(rules):
-        raise ConfigError(f"the adaptive rule family lists a rule twice: {[r.label() for r in rules]}")
+    labels = [r.label() for r in rules]     # one label per decision: a0 and a0m (α 0 ignores efficiency) are one
+    if len(set(rules)) != len(rules) or len(set(labels)) != len(labels):
+        raise ConfigError(f"the adaptive rule family lists a rule twice: {labels}")
     return rules
 
 

@@ -18,7 +18,7 @@ import numpy as np
 
 from marconi.core.admission import (AdmissionContext, AdmissionPolicy, EveryBlock, FinalPlan, MatchResult,
                                      make_admission)
-from marconi.core.eviction import EvictionPolicy, make_eviction
+from marconi.core.eviction import EvictionPolicy, make_eviction, rule_from_label
 from marconi.core.model import ModelSpec, get_model
 from marconi.core.radix import Node, RadixTree, WalkResult
 from marconi.core.registry import ConfigError, brief_repr
@@ -323,7 +323,12 @@ class PrefixCache(TreeStore):
 
     @_locked
     def set_rule(self, rule: Any) -> None:
-        """Evict by ``rule`` from now on; ConfigError, nothing changed, if the policy cannot apply it."""
+        """Evict by ``rule`` (a rule, or its label: ``"a0.5m"``) from now on; ConfigError, nothing
+        changed, if the policy cannot apply it or ``rule`` is neither."""
+        if isinstance(rule, str):
+            rule = rule_from_label(rule)
+        elif not callable(getattr(rule, "label", None)):
+            raise ConfigError(f"set_rule takes an eviction rule or its label (e.g. 'a0.5m'), got {brief_repr(rule)}")
         self.eviction.set_rule(rule)
 
     @_locked
@@ -999,6 +1004,9 @@ def _check_snapshot_node(tree: RadixTree, snapshot: TreeSnapshot, i: int, tokens
                           "a sibling's edge: a radix tree's siblings differ in their first page")
     low, high = parent.depth, parent.depth + len(tokens)
     positions = snapshot.ckpt_positions[i]
+    if not isinstance(positions, (list, tuple, np.ndarray)):
+        raise ConfigError(f"snapshot.ckpt_positions[{i}] = {brief_repr(positions)}: expected a list of positions "
+                          "(ascending integers inside the node's edge)")
     ok = (all(_is_whole(pos) for pos in positions) and all(a < b for a, b in zip([low, *positions], positions))
           and all(pos <= high for pos in positions))
     if not ok:
