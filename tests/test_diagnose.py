@@ -234,6 +234,36 @@ def test_diagnose_reproduces_a_recording_made_by_the_same_engine(tmp_path):
     recs = [json.loads(x) for x in (tmp_path / "R" / "records.jsonl").read_text().splitlines()]
     assert recs[0]["record"] == "summary" and sum(recs[0]["lost_tokens_by_cause"].values()) == recs[0]["lost_tokens"]
     assert "waterfall.png" in (tmp_path / "R" / "report.md").read_text()
+    assert write_report(result, tmp_path / "R") == paths       # its own earlier report: replaced
+    (tmp_path / "R" / "notes.txt").write_text("mine")
+    with pytest.raises(ConfigError, match=r"files it did not write \(notes.txt\)"):
+        write_report(result, tmp_path / "R")
+    assert (tmp_path / "R" / "notes.txt").read_text() == "mine" and all(p.is_file() for p in paths)
+
+
+def test_the_command_refuses_a_folder_of_someone_elses_files_before_the_run(tmp_path, capsys, monkeypatch):
+    """``--out .`` deleted the working directory's files and folders (audit): the report replaces its
+    folder whole, so a folder holding anything but an earlier report of this command is refused, before
+    the replay; a folder of the report's own files (written before the manifest) is still replaced."""
+    from marconi.cli import main
+    from marconi.integrations.vllm import diagnose as module
+
+    monkeypatch.setattr(module, "diagnose", lambda *a, **k: pytest.fail("ran before the check"))
+    out = tmp_path / "work"
+    (out / "sub").mkdir(parents=True)
+    (out / "thesis.txt").write_text("mine")
+    monkeypatch.chdir(out)
+    for target in (".", str(out)):
+        assert main(["vllm", "diagnose", "--trace", "mooncake-sample", "--out", target]) == 2
+        assert "holds no report of `marconi vllm diagnose`" in capsys.readouterr().err
+    assert (out / "thesis.txt").read_text() == "mine" and (out / "sub").is_dir()
+    old = tmp_path / "old"
+    old.mkdir()
+    for name in module.REPORT_FILES:
+        (old / name).write_text("")
+    monkeypatch.setattr(module, "diagnose", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt))
+    assert main(["vllm", "diagnose", "--trace", "mooncake-sample", "--out", str(old)]) == 130
+    assert f"the report already in {old} is replaced" in capsys.readouterr().err
 
 
 def test_diagnose_warns_naming_the_differing_field(tmp_path):

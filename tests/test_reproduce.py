@@ -357,6 +357,11 @@ def test_reproduce_refuses_a_report_folder_holding_files_the_report_did_not_writ
     (out / "summary.json").write_text(json.dumps({"profile": "quick"}))      # an older report: no list
     assert main(["reproduce", "--profile", "tiny", "--out", str(out), "--quiet"]) == 2
     assert "(mynotes.txt)" in capsys.readouterr().err
+    for other in ('{"title": "x"}', "{not json"):       # another tool's summary, or a damaged one: not a report
+        (out / "summary.json").write_text(other)     # (old: every .json/.md/.jsonl/.png was taken for its own)
+        (out / "mynotes.txt").unlink(missing_ok=True)
+        assert main(["reproduce", "--profile", "tiny", "--out", str(out), "--quiet"]) == 2
+        assert "not a `marconi reproduce` report's" in capsys.readouterr().err and (out / "fig7.jsonl").exists()
 
 
 def test_engine_latency_records_with_nan_are_refused(tmp_path):

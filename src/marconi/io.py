@@ -20,7 +20,7 @@ from typing import IO, Any, Iterable, Iterator, Sequence
 from marconi.core.jsonfile import JsonError, check_readable, read_json
 from marconi.core.registry import ConfigError
 
-__all__ = ["atomic_write", "atomic_directory", "write_text", "write_jsonl", "iter_lines", "iter_jsonl",
+__all__ = ["atomic_write", "atomic_directory", "check_replaceable", "FOLDER_MANIFEST", "write_text", "write_jsonl", "iter_lines", "iter_jsonl",
            "read_jsonl", "read_json", "decode_line", "loads", "check_output", "partial_path", "suffix_refusal",
            "is_stream", "JsonError", "open_binary",
            "line_limit", "MAX_LINE_ENV", "DEFAULT_MAX_LINE_BYTES"]
@@ -141,20 +141,67 @@ def _no_space_named(path: PathLike) -> Iterator[None]:
 
 
 @contextmanager
-def atomic_directory(path: PathLike) -> Iterator[Path]:
+def atomic_directory(path: PathLike, *, writer: str | None = None,
+                     known: Iterable[str] = ()) -> Iterator[Path]:
     """A staging directory that replaces ``path`` as a whole only if the body completes (readers see old
-    or new, never a mix; removed on any exception). ConfigError if ``path`` is not a directory."""
+    or new, never a mix; removed on any exception). ConfigError if ``path`` is not a directory.
+
+    ``writer`` (a command, e.g. ``"marconi vllm diagnose"``): the folder is first checked by
+    :func:`check_replaceable` (so a folder of someone else's files is refused before anything is
+    staged), and the new one lists its files in :data:`FOLDER_MANIFEST`."""
     target = Path(os.path.realpath(path))
     if target.exists() and not target.is_dir():
         raise ConfigError(f"{path} exists and is not a directory")
+    if writer is not None:
+        check_replaceable(path, writer, known=known)
     target.parent.mkdir(parents=True, exist_ok=True)
     stage = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.", suffix=".staging"))
     try:
         yield stage
+        if writer is not None:
+            files = sorted(p.name for p in stage.iterdir())
+            (stage / FOLDER_MANIFEST).write_text(json.dumps({"writer": writer, "files": files}) + "\n")
         os.chmod(stage, _new_file_mode(target, 0o777))
         _swap_in(stage, target)
     finally:
         shutil.rmtree(stage, ignore_errors=True)  # gone already after a swap
+
+
+#: The file in which a folder that :func:`atomic_directory` wrote for a ``writer`` lists its files.
+FOLDER_MANIFEST = ".marconi-folder.json"
+
+
+def check_replaceable(path: PathLike, writer: str, *, flag: str = "--out", known: Iterable[str] = ()) -> str | None:
+    """Whether a run of ``writer`` may replace the folder ``path`` whole, checked before the run: None
+    where it is new or empty; a line to show where it holds an earlier report of ``writer`` (its
+    :data:`FOLDER_MANIFEST` lists every file in it or, written before manifests, every file is one of
+    ``known``). ConfigError naming ``flag`` otherwise: a file, or a folder holding anything else (its
+    files would be lost with it)."""
+    target = Path(path)
+    if target.exists() and not target.is_dir():
+        raise ConfigError(f"{flag} {path} exists and is not a directory")
+    if not target.is_dir():
+        return None
+    present = sorted(p.name for p in target.iterdir())
+    if not present:
+        return None
+    listed: Any = None
+    try:
+        manifest = json.loads((target / FOLDER_MANIFEST).read_text())
+        if isinstance(manifest, dict) and manifest.get("writer") == writer:
+            listed = manifest.get("files")
+    except (OSError, ValueError):
+        pass
+    ours = set(listed) if isinstance(listed, list) else set(known)
+    extra = [name for name in present if name not in ours and name != FOLDER_MANIFEST]
+    if not ours or len(extra) == len(present):
+        raise ConfigError(f"{flag} {path} is not empty and holds no report of `{writer}`: the report replaces the "
+                          "whole folder, so its files would be lost; choose a new or empty folder")
+    if extra:
+        shown = ", ".join(extra[:5]) + (f" and {len(extra) - 5} more" if len(extra) > 5 else "")
+        raise ConfigError(f"{flag} {path} holds an earlier report and files it did not write ({shown}): the report "
+                          "replaces the whole folder, so they would be lost; move them, or choose a new or empty folder")
+    return f"the report already in {path} is replaced once this run completes; until then it stays as it is"
 
 
 def _swap_in(stage: Path, target: Path) -> None:

@@ -742,12 +742,19 @@ def _plot_capacity(result: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
+#: Who writes the report folder, and its files (a folder of these alone, without a manifest, was
+#: written by this command before :data:`marconi.io.FOLDER_MANIFEST` existed).
+WRITER = "marconi vllm diagnose"
+REPORT_FILES = ("records.jsonl", "per_request.json", "report.md", "waterfall.png", "capacity.png")
+
+
 def write_report(result: dict[str, Any], out: str | Path) -> list[Path]:
     """``out/`` gets ``records.jsonl`` (summary, levers, capacity points), ``per_request.json``,
-    ``report.md``, ``waterfall.png`` and ``capacity.png``; the folder is swapped in whole."""
+    ``report.md``, ``waterfall.png`` and ``capacity.png``; the folder is swapped in whole. ConfigError,
+    nothing written, where ``out`` holds files this command did not write (:func:`marconi.io.check_replaceable`)."""
     from marconi.io import atomic_directory
 
-    with atomic_directory(out) as stage:
+    with atomic_directory(out, writer=WRITER, known=REPORT_FILES) as stage:
         records = [result["summary"], *result["levers"], *result["capacity"]]
         (stage / "records.jsonl").write_text("".join(json.dumps(r, default=str) + "\n" for r in records))
         (stage / "per_request.json").write_text(json.dumps(result["per_request"]))
@@ -800,7 +807,7 @@ def register_command(sub: Any) -> None:
     p.add_argument("--cpu-tiers", default="0.5x", type=_cpu_tier_sizes, action=_GivenCpuTiers,
                    help="with --vllm-python: CPU tier sizes (comma list: 0.5x of the working set, 256GB), each "
                         "replayed with tier policies lru and marconi; '' for none")
-    add_output(p, "--out", kind="dir", required=True, help="report folder (replaced as a whole)")
+    add_output(p, "--out", kind="dir", required=True, help="report folder: new, empty, or an earlier report of this command (replaced as a whole)")
     p.set_defaults(func=_cmd_diagnose)
 
 
@@ -829,9 +836,14 @@ def _cmd_diagnose(args: Any) -> int:
 
     from marconi.workloads.recording import RecordingError
 
+    from marconi.io import check_replaceable
+
+    replaced = check_replaceable(args.out, WRITER, known=REPORT_FILES)   # before the run, not after it
     model, note = model_for_trace(args.trace, args.model)
     if note:
         print(f"note: {note}", file=sys.stderr)
+    if replaced:
+        print(f"note: {replaced}", file=sys.stderr)
     cfg = DiagnoseConfig(trace=args.trace, model=model, gpu_memory=args.gpu_memory, num_blocks=args.blocks,
                          tensor_parallel=args.tensor_parallel, gpu=args.gpu, concurrency=args.concurrency,
                          max_num_seqs=args.max_num_seqs, num_requests=args.num_requests, vllm_python=args.vllm_python,

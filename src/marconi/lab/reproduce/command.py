@@ -112,7 +112,8 @@ def _earlier_report(out: Path) -> str | None:
     """What happens to what is in ``out`` already: a line to show, or None (new or empty).
 
     Raises:
-        ConfigError: ``out`` holds files but no report, or a report and files it did not write (its
+        ConfigError: ``out`` holds files but no report (a ``summary.json`` without a profile is
+            none), or a report and files it did not write (its
             summary's ``files``; an older report without that list: anything but its JSONL, PNG, Markdown
             and JSON files): they would be lost with the directory.
     """
@@ -127,9 +128,14 @@ def _earlier_report(out: Path) -> str | None:
                           "empty directory")
     try:
         summary = read_json(out / "summary.json")
-    except ValueError:  # a damaged summary: still the report's directory, and replaced all the same
+    except ValueError:
         summary = None
-    listed = summary.get("files") if isinstance(summary, dict) else None
+    if not (isinstance(summary, dict) and isinstance(summary.get("profile"), str)):
+        # a damaged summary, or another tool's: nothing says which files are a report's
+        raise ConfigError(f"--out {out} holds a summary.json that is not a `marconi reproduce` report's (no "
+                          "profile): the report replaces the whole directory, so its files would be lost; "
+                          "choose a new or empty directory")
+    listed = summary.get("files")
     if isinstance(listed, list):
         extra = sorted(p.name for p in out.iterdir() if p.name not in listed)
     else:
@@ -139,6 +145,6 @@ def _earlier_report(out: Path) -> str | None:
         raise ConfigError(f"--out {out} holds an earlier report and files it did not write ({shown}): the report "
                           "replaces the whole directory, so they would be lost; move them, or choose a new or empty "
                           "directory")
-    profile = summary.get("profile") if isinstance(summary, dict) else None
+    profile = summary.get("profile")
     return (f"the report already in {out}" + (f" (profile {profile})" if isinstance(profile, str) else "")
             + " is replaced once this run completes; until then it stays as it is")
