@@ -265,6 +265,15 @@ def test_compare_on_a_trace_file_says_it_is_not_a_results_file(small_trace, tmp_
     assert "no records" in capsys.readouterr().err and not plots.exists()
 
 
+def test_compare_plots_records_that_carry_a_capacity_label_but_no_bytes(tmp_path, capsys):
+    """Old: a KeyError on capacity_bytes, read even where capacity was there (audit)."""
+    path = tmp_path / "min.jsonl"
+    path.write_text(json.dumps({"trace": "x", "system": "marconi", "token_hit_rate": 0.5, "model": "m",
+                                "capacity": "1x", "num_requests": 3}) + "\n")
+    assert main(["compare", str(path), "--plots", str(tmp_path / "plots")]) == 0
+    assert list((tmp_path / "plots").glob("*.png")) and "Traceback" not in capsys.readouterr().err
+
+
 def test_sparse_from_records_with_a_wrong_file_copies_nothing(small_trace, tmp_path, capsys):
     out = tmp_path / "study"
     assert main(["experiment", "sparse", "--out", str(out), "--from-records", str(small_trace)]) == 2

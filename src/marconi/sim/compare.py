@@ -88,6 +88,11 @@ def gains(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
+def _capacity_of(rec: dict[str, Any]) -> Any:
+    """A record's ``capacity`` (its label, ``0.1x``) where it has one, else its bytes (None: neither)."""
+    return rec["capacity"] if "capacity" in rec else rec.get("capacity_bytes")
+
+
 def plot_records(records: Sequence[dict[str, Any]], out_dir: str | Path) -> list[Path]:
     """Hit-rate bars per group, per-request hit-rate box plots and TTFT CDFs. Returns PNG paths."""
     from marconi.report import pyplot, save_figure
@@ -102,12 +107,12 @@ def plot_records(records: Sequence[dict[str, Any]], out_dir: str | Path) -> list
     for (trace, model, mode), recs in groups.items():
         stem = plot_text(f"{Path(str(trace)).stem}_{model}_{mode}").replace("/", "_")
         systems = list(dict.fromkeys(r["system"] for r in recs))
-        caps = list(dict.fromkeys(r.get("capacity", r["capacity_bytes"]) for r in recs))
+        caps = list(dict.fromkeys(_capacity_of(r) for r in recs))
         fig, ax = plt.subplots(figsize=(1.5 + 1.2 * len(caps) * len(systems) / 3, 3.6))
         width = 0.8 / max(1, len(systems))
         for j, system in enumerate(systems):
             vals = [next((r["token_hit_rate"] for r in recs if r["system"] == system
-                          and r.get("capacity", r["capacity_bytes"]) == c), 0.0) for c in caps]
+                          and _capacity_of(r) == c), 0.0) for c in caps]
             ax.bar(np.arange(len(caps)) + j * width, np.array(vals) * 100, width, label=plot_text(system))
         ax.set_xticks(np.arange(len(caps)) + width * (len(systems) - 1) / 2, [plot_text(c) for c in caps])
         ax.set_xlabel("cache capacity")
@@ -117,7 +122,7 @@ def plot_records(records: Sequence[dict[str, Any]], out_dir: str | Path) -> list
         fig.tight_layout()
         paths.append(save_figure(fig, out_dir / f"{stem}_hit_rate.png", dpi=120))
         for cap in caps:
-            per = [r for r in recs if r.get("capacity", r["capacity_bytes"]) == cap and "per_request" in r]
+            per = [r for r in recs if _capacity_of(r) == cap and "per_request" in r]
             if not per:
                 continue
             fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.6))
