@@ -186,6 +186,13 @@ def test_the_command_writes_records_plots_and_report(tmp_path) -> None:
     assert main(["experiment", "headroom", "--out", str(again), "--from-records", str(out / "records.jsonl")]) == 0
     assert (again / "report.md").read_text() == report   # the report is a function of the records alone
     assert (again / "plots" / "decomposition.png").exists()
+    broken = tmp_path / "broken.jsonl"        # every record's common fields, a point's own field gone
+    broken.write_text("".join(json.dumps({k: v for k, v in r.items() if k != "sessions"}) + "\n" for r in records))
+    assert main(["experiment", "headroom", "--out", str(again), "--from-records", str(broken)]) == 2
+    assert (again / "report.md").read_text() == report        # old: records and plots rewritten, then a KeyError
+    fresh = tmp_path / "fresh"
+    assert main(["experiment", "headroom", "--out", str(fresh), "--from-records", str(broken)]) == 2
+    assert not fresh.exists() and not list(tmp_path.glob(".fresh.*"))
 
 
 def test_the_command_refuses_a_future_aware_default(tmp_path, capsys) -> None:

@@ -278,6 +278,24 @@ def test_an_interrupted_report_write_leaves_the_old_report_whole(report, tmp_pat
     assert sorted(p.name for p in tmp_path.iterdir()) == ["report"]  # no staging directory left
 
 
+def test_report_only_names_a_points_file_whose_records_the_report_cannot_read(report, tmp_path, capsys):
+    """Old: a KeyError traceback ('token_hit_rate') from deep inside the figures (audit)."""
+    out, _, _ = report
+    copy_dir = tmp_path / "report"
+    shutil.copytree(out, copy_dir)
+    points = copy_dir / "points.jsonl"
+    records = [json.loads(line) for line in points.read_text().splitlines()]
+    points.write_text("".join(json.dumps({k: v for k, v in r.items() if k != "token_hit_rate"}) + "\n"
+                              for r in records))
+    before = _tree(copy_dir)
+    assert main(["reproduce", "--profile", "tiny", "--report-only", "--out", str(copy_dir), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert f"{points}: its records cannot be rendered (KeyError: field 'token_hit_rate' missing)" in err
+    assert "Traceback" not in err and _tree(copy_dir) == before
+    assert main(["reproduce", "--profile", "quick", "--report-only", "--out", str(copy_dir), "--quiet"]) == 2
+    assert "pass --profile tiny" in capsys.readouterr().err
+
+
 def _summary(tmp_path, summary, points=None):
     out = tmp_path / "report"
     out.mkdir()

@@ -70,7 +70,7 @@ def _cmd_frontier(args: argparse.Namespace) -> int:
     check_output(args.out, directory=True)           # before the replays run, not after
     if args.from_records:
         print(render_records(args.from_records, args.out, required=RECORD_FIELDS, kind="`marconi vllm frontier`",
-                             write=lambda recs, jsonl: write_outputs(recs, args.out, write_jsonl=jsonl)),
+                             write=lambda recs, jsonl, out: write_outputs(recs, out, write_jsonl=jsonl)),
               file=sys.stderr)
         return 0
     from tqdm import tqdm

@@ -27,10 +27,37 @@ def records_to_render(from_records: str | Path, out: str | Path, *, required: Se
 
 
 def render_records(from_records: str | Path, out: str | Path, *, required: Sequence[str], kind: str,
-                   write: Callable[[list[dict[str, Any]], bool], Sequence[Path]]) -> str:
-    """Re-render ``out`` from an earlier run's records: :func:`records_to_render`, then
-    ``write(records, write_records)`` (``write_records`` false when the records are ``out``'s own);
-    returns the line a command prints."""
+                   write: Callable[[list[dict[str, Any]], bool, Path], Sequence[Path]]) -> str:
+    """Re-render ``out`` from an earlier run's records: :func:`records_to_render`, a rehearsal into a
+    scratch folder, then ``write(records, write_records, folder)`` (``write_records`` false when the
+    records are ``out``'s own); returns the line a command prints. ConfigError, ``out`` unchanged,
+    where the records cannot be rendered."""
     records, same = records_to_render(from_records, out, required=required, kind=kind)
-    paths = write(records, not same)
+    _rehearse(records, from_records, out, kind, write)
+    paths = write(records, not same, Path(out))
     return f"rendered {len(records)} records from {from_records} into {len(paths)} files under {out}"
+
+
+def _rehearse(records: list[dict[str, Any]], from_records: str | Path, out: str | Path, kind: str,
+              write: Callable[[list[dict[str, Any]], bool, Path], Sequence[Path]]) -> None:
+    """Render once into a scratch folder beside ``out`` (then removed), so that records the report
+    cannot read (a field it reads missing or of another type: the check above knows only the fields
+    every record has) fail before anything in ``out`` changes. ConfigError naming the file."""
+    import shutil
+    import tempfile
+
+    target = Path(out).resolve()
+    parent = target.parent
+    parent.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(dir=parent, prefix=f".{target.name}.", suffix=".rehearsal"))
+    try:
+        write(records, True, scratch / target.name)
+    except ConfigError:
+        raise
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError, ZeroDivisionError) as exc:
+        what = f"field {exc.args[0]!r} missing" if isinstance(exc, KeyError) and exc.args else str(exc)
+        raise ConfigError(f"{from_records}: these records cannot be rendered as {kind} ({type(exc).__name__}: "
+                          f"{what}); a field the report reads is missing or of another type. Nothing under "
+                          f"{out} was changed") from None
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)

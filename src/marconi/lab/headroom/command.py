@@ -87,7 +87,7 @@ def _cmd_render(args: argparse.Namespace) -> int:
     from marconi.lab.render import render_records
 
     print(render_records(args.from_records, args.out, required=RECORD_FIELDS, kind="`marconi experiment headroom`",
-                         write=lambda records, fresh: write_outputs(records, args.out, write_records=fresh)),
+                         write=lambda records, fresh, out: write_outputs(records, out, write_records=fresh)),
           file=sys.stderr)
     return 0
 

@@ -285,14 +285,16 @@ def rerender(profile: ReproProfile, out_dir: str | Path, *, jamba_table: str | P
     Raises:
         FileNotFoundError: the earlier run's files are missing.
         ConfigError: ``summary.json`` is not a reproduction's summary, or ``points.jsonl`` holds
-            fewer (or more) records than the run made (a truncated file); ValueError: another profile's run.
+            fewer (or more) records than the run made (a truncated file), or records the report cannot read;
+            ValueError: another profile's run.
     """
     from marconi.lab.reproduce import report
 
     out = Path(out_dir)
     summary = read_summary(out)
     if summary["profile"] != profile.name:
-        raise ValueError(f"{out} holds a {summary['profile']!r} run, not {profile.name!r}")
+        raise ValueError(f"{out} holds a {summary['profile']!r} run, not {profile.name!r}: pass "
+                         f"--profile {summary['profile']} to rewrite its report")
     points = out / "points.jsonl"
     if not points.is_file():
         raise FileNotFoundError(f"{points} not found: --report-only rewrites the report of an earlier "
@@ -311,9 +313,15 @@ def rerender(profile: ReproProfile, out_dir: str | Path, *, jamba_table: str | P
     ctx.regimes = {k: {n: float(f) for n, f in v.items()} for k, v in summary["regimes"].items()}
     ctx.contention = {k: {float(f): c for f, c in v.items()} for k, v in summary["contention"].items()}
     ctx.timings = dict(summary.get("timings", {}))
-    ctx.add_records(records)
-    report.write_report(ctx, out, jamba_table=jamba_table, engine_latency=engine_latency,
-                        wall_time_s=summary.get("wall_time_s"))
+    try:
+        ctx.add_records(records)
+        report.write_report(ctx, out, jamba_table=jamba_table, engine_latency=engine_latency,
+                            wall_time_s=summary.get("wall_time_s"))
+    except (KeyError, TypeError, IndexError, AttributeError) as exc:   # the report is staged: out is as it was
+        what = f"field {exc.args[0]!r} missing" if isinstance(exc, KeyError) and exc.args else str(exc)
+        raise ConfigError(f"{points}: its records cannot be rendered ({type(exc).__name__}: {what}): the file was "
+                          f"edited or is not this run's; rerun `marconi reproduce` without --report-only to rebuild "
+                          f"it. {out} is unchanged") from None
     return ctx
 
 

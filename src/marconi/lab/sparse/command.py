@@ -95,7 +95,7 @@ def _cmd_render(args: argparse.Namespace) -> int:
     from marconi.lab.render import render_records
 
     print(render_records(args.from_records, args.out, required=RECORD_FIELDS, kind="`marconi experiment sparse`",
-                         write=lambda records, fresh: write_outputs(records, args.out, write_jsonl=fresh)),
+                         write=lambda records, fresh, out: write_outputs(records, out, write_jsonl=fresh)),
           file=sys.stderr)
     return 0
 
