@@ -190,6 +190,16 @@ def test_bug2_sglang_bench_out_equal_to_its_trace_is_refused(
     assert no_work == [] and (tmp_path / "t.jsonl").read_text() == TRACE_LINE
 
 
+def test_an_out_on_a_trace_sidecar_not_written_yet_is_refused(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], no_work: list[str]) -> None:
+    """Old: ``simulate --out t.jsonl.meta.json`` ran, and every later read of t.jsonl failed on its
+    'sidecar' (audit); refused only where the sidecar existed already."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "t.jsonl").write_text(TRACE_LINE)
+    assert "a trace's sidecar" in _refused(["simulate", "--trace", "t.jsonl", "--out", "t.jsonl.meta.json"], capsys)
+    assert no_work == [] and not (tmp_path / "t.jsonl.meta.json").exists()
+
+
 def test_a_rerender_may_read_the_records_inside_its_own_output_directory(tmp_path: Path,
                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     """``--from-records DIR/records.jsonl --out DIR`` is the re-render of a directory from its own

@@ -23,8 +23,8 @@ def load_trace(text: str, limit: int | None = None) -> Any:
 def read_files(*, traces: Sequence[str | None] = (), models: Sequence[str | None] = (),
                files: Sequence[str | None] = ()) -> list[str]:
     """Every existing file (or model directory) a command reads, for ``check_output(inputs=...)``: trace
-    files with their sidecars, model paths, and ``files`` (a ``table:`` prefix dropped); catalog and
-    preset names name no file."""
+    files with their sidecars (a trace file's sidecar even where it does not exist yet), model paths,
+    and ``files`` (a ``table:`` prefix dropped); catalog and preset names name no file."""
     from marconi.workloads.trace.files import META_SUFFIX
 
     def items(texts: Sequence[str | None]) -> list[str]:
@@ -32,7 +32,9 @@ def read_files(*, traces: Sequence[str | None] = (), models: Sequence[str | None
 
     out = [p for t in traces if t for p in (t, t + META_SUFFIX)]
     out += items(models) + items(files)
-    return [p for p in dict.fromkeys(out) if Path(p).exists()]
+    # a trace file's sidecar counts even before it exists: an output written there breaks the trace
+    sidecars = {t + META_SUFFIX for t in traces if t and Path(t).is_file()}
+    return [p for p in dict.fromkeys(out) if Path(p).exists() or p in sidecars]
 
 
 def comma_list(text: Any, flag: str, kind: Callable[[str], Any]) -> list[Any] | None:

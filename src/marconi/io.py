@@ -300,7 +300,10 @@ def check_output(path: PathLike, *, inputs: Sequence[PathLike] = (), directory: 
     p = Path(path)
     for source in inputs:
         src = Path(source)
-        if not src.exists():
+        if not src.exists():           # an input that a later read looks for (a trace's sidecar)
+            if not directory and _same_file(p, src):
+                raise ConfigError(f"{option} {p} is read by this command where it exists ({src}: a trace's "
+                                  "sidecar); writing it would break that input: choose another output path")
             continue
         if directory:
             if _inside(src, p):
