@@ -263,3 +263,10 @@ def test_atomic_directory_replaces_the_old_directory_only_when_complete(tmp_path
     finally:
         os.umask(old)
     assert stat.S_IMODE((tmp_path / "fresh" / "made").stat().st_mode) == 0o755  # not mkdtemp's 0700
+
+
+def test_jsonl_written_under_a_gz_name_is_gzipped_and_reads_back(tmp_path):
+    """Old: plain text under a .gz name, which the project's own reader then refused (audit)."""
+    path = write_jsonl(tmp_path / "r.jsonl.gz", [{"a": 1}, {"b": [2, 3]}])
+    assert gzip.decompress(path.read_bytes()).decode() == '{"a": 1}\n{"b": [2, 3]}\n'
+    assert [rec for _, rec in iter_jsonl(path)] == [{"a": 1}, {"b": [2, 3]}]

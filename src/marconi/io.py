@@ -229,7 +229,17 @@ def write_text(path: PathLike, text: str) -> Path:
 
 
 def write_jsonl(path: PathLike, records: Iterable[Any]) -> Path:
-    """Write one ``json.dumps`` line per record, atomically; returns ``path``."""
+    """Write one ``json.dumps`` line per record, atomically, gzipped where the name ends in ``.gz``
+    (as the readers expect); returns ``path``."""
+    if str(path).endswith(".gz"):
+        import io as _io
+
+        with atomic_write(path, "wb") as raw:
+            with gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as packed:
+                with _io.TextIOWrapper(packed, encoding="utf-8") as fh:
+                    for rec in records:
+                        fh.write(json.dumps(rec) + "\n")
+        return Path(path)
     with atomic_write(path, "w") as fh:
         for rec in records:
             fh.write(json.dumps(rec) + "\n")
