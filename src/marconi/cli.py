@@ -469,10 +469,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     for stream in (sys.stdout, sys.stderr):  # a file name that is not UTF-8 is shown escaped, never a crash
         if hasattr(stream, "reconfigure"):
             stream.reconfigure(errors="backslashreplace")
-    from marconi.options import fill_beside
+    try:                                 # building the parser imports every floor: a second or so
+        from marconi.options import fill_beside
 
-    parser = build_parser()
-    args = parser.parse_args(argv)
+        parser = build_parser()
+        args = parser.parse_args(argv)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
     try:
         with sigterm_raises():
             fill_beside(parser, args)    # outputs named after --out (a run's plot beside its records)
