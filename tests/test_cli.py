@@ -501,3 +501,12 @@ def test_compare_and_mrc_plot_a_trace_whose_name_is_not_utf8(tmp_path, capsys):
                  "--workers", "1", "--out", str(tmp_path / "m.jsonl"), "--quiet"]) == 0
     assert (tmp_path / "m.png").stat().st_size > 0
     assert "Traceback" not in capsys.readouterr().err
+
+
+def test_trace_validate_on_a_catalog_name_says_what_it_is_and_a_misspelt_one_lists_the_catalog(capsys):
+    """Old: both said 'unknown trace format (use .jsonl, .jsonl.gz or .parquet)' (audit)."""
+    assert main(["trace", "validate", "swe-sample"]) == 0
+    assert "a catalog workload, not a file" in capsys.readouterr().out
+    assert main(["trace", "validate", "swe-sampel"]) == 2
+    err = capsys.readouterr().err
+    assert "neither a file nor a catalog workload" in err and "swe-sample" in err

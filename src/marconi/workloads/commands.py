@@ -271,6 +271,17 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from .catalog import is_workload
+    from .source import check_trace_name
+
+    if not Path(args.file).exists():
+        if is_workload(args.file):       # built by its recipe, checked as it is built: no file to validate
+            print(f"{args.file}: a catalog workload, not a file: nothing to validate (`marconi trace stats "
+                  f"{args.file}` describes it; `marconi trace build` writes it to a file)")
+            return 0
+        check_trace_name(args.file)      # ConfigError listing the catalog
     kind = trace_file_kind(args.file)
     if kind not in (None, TOKEN_TRACE):     # a recording, a Mooncake trace or a raw source: its reader checks it
         kind = "block-hash (Mooncake or Qwen-Bailian)" if kind == "mooncake" else kind
