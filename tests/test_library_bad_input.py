@@ -393,3 +393,12 @@ def test_every_preset_and_bundled_config_still_loads():
     for config in configs:
         spec = get_model(str(config.parent))
         assert spec.num_attn_layers and spec.num_kv_heads
+
+
+def test_a_nemotron_pattern_with_unknown_layer_letters_is_a_spec_error_naming_them():
+    """Old: the letters were not counted, so "Zq*" became a one-layer transformer (audit)."""
+    config = {"model_type": "nemotron_h", "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
+              "head_dim": 16, "mamba_num_heads": 4, "mamba_head_dim": 16, "n_groups": 1, "ssm_state_size": 16}
+    assert ModelSpec.from_hf_config({**config, "hybrid_override_pattern": "M-*-"}).num_ssm_layers == 1
+    with pytest.raises(SpecError, match=r"unknown layer letters \['Z', 'q'\]"):
+        ModelSpec.from_hf_config({**config, "hybrid_override_pattern": "Zq*"})

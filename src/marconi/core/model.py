@@ -410,6 +410,10 @@ def _parse_nemotron_h(f: _Fields) -> dict[str, Any]:
         pattern = "".join(letters[t] for t in kinds)
     if len(pattern) > MAX_LAYERS:
         raise SpecError(f"{f.where}: hybrid_override_pattern has {len(pattern):,} layers, implausibly many")
+    unknown_letters = sorted(set(pattern) - set("M*-E"))
+    if unknown_letters:    # a layer the count below would drop: the model would come out too small
+        raise SpecError(f"{f.where}: hybrid_override_pattern has unknown layer letters {unknown_letters}; known: "
+                        "M (Mamba), * (attention), - (MLP), E (mixture of experts)")
     d = f.integer("hidden_size")
     d_inner = f.integer("mamba_num_heads") * f.integer("mamba_head_dim")
     return dict(num_attn_layers=pattern.count("*"), num_ssm_layers=pattern.count("M"),
