@@ -486,6 +486,23 @@ def test_an_infeasible_point_keeps_the_finished_points(tmp_path, capsys):
     assert "1 of 4 points could not run: vllm-align at 30MB: vllm-align: a 2097-token request" in captured.err
     assert f"wrote 3 records to {partial}" in captured.err and f"--out {out} left unchanged" in captured.err
     assert "vllm-align" in captured.out and "sglang+" in captured.out  # the table of the finished points
+    assert main(["simulate", "--trace", "swe-sample", "--limit", "20", "--systems", "sglang+", "--capacity", "3GB",
+                 "--out", str(out), "--quiet", "--workers", "1", "--no-per-request"]) == 0
+    assert not partial.exists() and f"removed {partial}" in capsys.readouterr().err    # superseded (audit)
+
+
+def test_a_demo_interrupted_before_its_curve_leaves_no_earlier_curve_beside_its_records(tmp_path, capsys,
+                                                                                       monkeypatch):
+    """An interrupt after demo.jsonl left an earlier run's demo_mrc.jsonl and .png beside it, read as
+    this trace's curve (audit)."""
+    import marconi.cli as cli
+
+    out = tmp_path / "demo.jsonl"
+    for name in ("demo_mrc.jsonl", "demo_mrc.png"):
+        (tmp_path / name).write_text("an earlier run's")
+    monkeypatch.setattr(cli, "_cmd_mrc", lambda args: (_ for _ in ()).throw(KeyboardInterrupt))
+    assert main(["demo", "--trace", "swe-sample", "--capacity", "0.1x", "--out", str(out)]) == 130
+    assert out.is_file() and not (tmp_path / "demo_mrc.jsonl").exists() and not (tmp_path / "demo_mrc.png").exists()
 
 
 def test_compare_and_mrc_plot_a_trace_whose_name_is_not_utf8(tmp_path, capsys):

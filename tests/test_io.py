@@ -270,3 +270,26 @@ def test_jsonl_written_under_a_gz_name_is_gzipped_and_reads_back(tmp_path):
     path = write_jsonl(tmp_path / "r.jsonl.gz", [{"a": 1}, {"b": [2, 3]}])
     assert gzip.decompress(path.read_bytes()).decode() == '{"a": 1}\n{"b": [2, 3]}\n'
     assert [rec for _, rec in iter_jsonl(path)] == [{"a": 1}, {"b": [2, 3]}]
+
+
+def test_an_output_group_commits_its_files_together_or_not_at_all(tmp_path):
+    """Companion outputs (records and their plot) were replaced one by one, so an interrupt between
+    them left new records beside an earlier run's plot (audit)."""
+    from marconi.io import output_group, write_text
+
+    a, b = tmp_path / "a.jsonl", tmp_path / "a.png"
+    write_text(a, "old a")
+    write_text(b, "old b")
+    with pytest.raises(KeyboardInterrupt):
+        with output_group():
+            write_text(a, "new a")
+            assert a.read_text() == "old a"          # not in place until the group ends
+            raise KeyboardInterrupt                  # before the plot is drawn
+    assert (a.read_text(), b.read_text()) == ("old a", "old b")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.jsonl", "a.png"]      # no temp file left
+    with output_group():
+        write_text(a, "new a")
+        with output_group():                         # a nested group joins the outer one
+            write_text(b, "new b")
+        assert b.read_text() == "old b"
+    assert (a.read_text(), b.read_text()) == ("new a", "new b")

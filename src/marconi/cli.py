@@ -175,9 +175,22 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         written = write_records(records, _kept_at(args.out, failed is not None))
         print(f"wrote {len(records)} records to {written}" + _left_unchanged(failed, [("--out", args.out)]),
               file=sys.stderr)
+        if failed is None:
+            _drop_superseded(args.out)
     if failed is not None:
         raise failed
     return 0
+
+
+def _drop_superseded(*outputs: str | Path) -> None:
+    """After a run whose every point ran: an earlier failed run's ``.partial`` files beside these
+    outputs are superseded by them (they would otherwise stay, read as this run's)."""
+    for path in outputs:
+        partial = _kept_at(path, True)
+        if partial != Path(path) and partial.is_file():
+            partial.unlink()
+            print(f"removed {partial}, an earlier failed run's partial results: {path} supersedes them",
+                  file=sys.stderr)
 
 
 def _partial_option(flag: str) -> str:
@@ -246,6 +259,9 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         Path(args.results).stem + "_plots")
     check_output(plots_dir, directory=True, option="--plots")
     paths = plot_records(records, plots_dir)
+    if not args.plots:   # the results' own folder: an earlier run's plots of other traces or capacities go
+        from marconi.report import drop_stale_plots
+        drop_stale_plots(plots_dir, ("*_hit_rate.png", "*_requests.png"), paths)
     print(f"wrote {len(paths)} plots to {plots_dir}", file=sys.stderr)
     return 0
 
@@ -254,7 +270,7 @@ def _cmd_mrc(args: argparse.Namespace) -> int:
     """Miss-ratio curves: hit rate vs capacity per system, with oracle and infinite, JSONL + PNG."""
     from tqdm import tqdm
 
-    from marconi.io import check_output
+    from marconi.io import check_output, output_group
     from marconi.report import fmt_pct as pct
     from marconi.report import format_table
     from marconi.sim.mrc import DEFAULT_LO, capacity_fractions, mrc_points, plot_mrc, run_mrc
@@ -314,10 +330,13 @@ def _cmd_mrc(args: argparse.Namespace) -> int:
     if ceiling is not None:
         print(f"infinite (unbounded capacity): {pct(ceiling)}")
     # after the table: a full disk must not lose the results
-    written = write_records(records, _kept_at(out, failed is not None))
-    plotted = plot_mrc(records, _kept_at(png, failed is not None))
+    with output_group():     # the records and their plot together, or neither
+        written = write_records(records, _kept_at(out, failed is not None))
+        plotted = plot_mrc(records, _kept_at(png, failed is not None))
     print(f"wrote {len(records)} records to {written} and the plot to {plotted}"
           + _left_unchanged(failed, [("--out", out), ("--plot", png)]), file=sys.stderr)
+    if failed is None:
+        _drop_superseded(out, png)
     if failed is not None:
         raise failed
     return 0
@@ -335,13 +354,17 @@ def _cmd_demo(args: argparse.Namespace) -> int:
                             capacity=args.capacity, model=args.model, out=args.out, latency="a100", mode="sequential",
                             workers=None, limit=None, no_per_request=False, quiet=False)
     code = _cmd_simulate(ns)
-    if code == 0 and args.out:
+    mrc_out = Path(args.out).with_name(Path(args.out).stem + "_mrc.jsonl") if args.out else None
+    if code == 0 and mrc_out is not None:
+        # the records are this run's now: an earlier run's curve beside them would read as this trace's
+        # if the curve below is interrupted
+        for stale in (mrc_out, mrc_out.with_suffix(".png")):
+            stale.unlink(missing_ok=True)
         code = _cmd_compare(argparse.Namespace(results=args.out, plots=None))
-    if code == 0 and args.out:
-        out = Path(args.out)
+    if code == 0 and mrc_out is not None:
         code = _cmd_mrc(argparse.Namespace(trace=args.trace, systems="vllm+,sglang+,marconi,marconi:selector=regret",
                                            points=12, lo=None,
-                                           model=args.model, out=str(out.with_name(out.stem + "_mrc.jsonl")),
+                                           model=args.model, out=str(mrc_out),
                                            plot=None, no_ceilings=False, workers=None, backend="local", address=None,
                                            limit=None, quiet=False))
     return code

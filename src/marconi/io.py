@@ -12,6 +12,7 @@ import os
 import shutil
 import stat
 import tempfile
+import threading
 import zlib
 from contextlib import contextmanager
 from pathlib import Path
@@ -20,7 +21,7 @@ from typing import IO, Any, Iterable, Iterator, Sequence
 from marconi.core.jsonfile import JsonError, check_readable, read_json
 from marconi.core.registry import ConfigError
 
-__all__ = ["atomic_write", "atomic_directory", "check_replaceable", "FOLDER_MANIFEST", "write_text", "write_jsonl", "iter_lines", "iter_jsonl",
+__all__ = ["atomic_write", "atomic_directory", "output_group", "check_replaceable", "FOLDER_MANIFEST", "write_text", "write_jsonl", "iter_lines", "iter_jsonl",
            "read_jsonl", "read_json", "decode_line", "loads", "check_output", "partial_path", "suffix_refusal",
            "is_stream", "JsonError", "open_binary",
            "line_limit", "MAX_LINE_ENV", "DEFAULT_MAX_LINE_BYTES"]
@@ -114,6 +115,10 @@ def atomic_write(path: PathLike, mode: str = "w") -> Iterator[IO[Any]]:
                 fh.flush()
                 os.fsync(fh.fileno())
             os.chmod(tmp_name, _new_file_mode(target))
+            group = getattr(_GROUP, "pending", None)
+            if group is not None:   # committed with the others when the group ends (output_group)
+                group.append((tmp_name, target))
+                return
             os.replace(tmp_name, target)
         except OSError as exc:  # after the body: flushing, syncing, renaming -- all about this file
             named = _naming(exc, path)
@@ -126,6 +131,38 @@ def atomic_write(path: PathLike, mode: str = "w") -> Iterator[IO[Any]]:
         except FileNotFoundError:
             pass
         raise
+
+
+_GROUP = threading.local()
+
+
+@contextmanager
+def output_group() -> Iterator[None]:
+    """Files that :func:`atomic_write` (and what builds on it: :func:`write_jsonl`, plots through
+    ``marconi.report.save_figure``) finishes inside this block are renamed into place together when it
+    ends, and none is if it raises or is interrupted: a command's companion outputs (records and
+    their plot) are never left half new, half from an earlier run. A file written inside the block
+    cannot be read back inside it. Nested groups join the outer one; one group per thread."""
+    if getattr(_GROUP, "pending", None) is not None:
+        yield
+        return
+    pending: list[tuple[str, Path]] = []
+    _GROUP.pending = pending
+    try:
+        yield
+    except BaseException:
+        _GROUP.pending = None
+        for tmp_name, _ in pending:
+            Path(tmp_name).unlink(missing_ok=True)
+        raise
+    _GROUP.pending = None
+    for i, (tmp_name, target) in enumerate(pending):
+        try:
+            os.replace(tmp_name, target)
+        except BaseException:
+            for later, _ in pending[i:]:
+                Path(later).unlink(missing_ok=True)
+            raise
 
 
 @contextmanager

@@ -245,19 +245,22 @@ def write_outputs(records: Sequence[dict[str, Any]], out: str | Path, *, request
                   command: str | None = None, notes: Sequence[str] = (), write_records: bool = True) -> list[Path]:
     """``records.jsonl`` (unless ``write_records`` is False), ``requests.jsonl`` (when given),
     ``plots/*.png`` and ``report.md`` under ``out``; returns the paths written."""
+    from marconi.io import output_group
+
     out = Path(out)
     (out / "plots").mkdir(parents=True, exist_ok=True)
     written = []
-    if write_records:
-        written.append(write_jsonl(out / "records.jsonl", records))
-    if requests is not None:
-        written.append(write_jsonl(out / "requests.jsonl", requests))
-    pts = points(records)
-    for p in pts:
-        written.append(plot_point(records, p, out / "plots" / _plot_name(p)))
-    if pts:
-        written.append(plot_decomposition(pts, out / "plots" / "decomposition.png"))
-        written.append(plot_cumulative(pts, out / "plots" / "cumulative_gap.png"))
+    with output_group():     # all or none: an interrupt leaves the earlier run's files whole
+        if write_records:
+            written.append(write_jsonl(out / "records.jsonl", records))
+        if requests is not None:
+            written.append(write_jsonl(out / "requests.jsonl", requests))
+        pts = points(records)
+        for p in pts:
+            written.append(plot_point(records, p, out / "plots" / _plot_name(p)))
+        if pts:
+            written.append(plot_decomposition(pts, out / "plots" / "decomposition.png"))
+            written.append(plot_cumulative(pts, out / "plots" / "cumulative_gap.png"))
+        written.append(write_text(out / "report.md", report_markdown(records, command=command, notes=notes)))
     drop_stale_plots(out / "plots", ("*_anatomy.png",), written)
-    written.append(write_text(out / "report.md", report_markdown(records, command=command, notes=notes)))
     return written

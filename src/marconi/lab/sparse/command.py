@@ -70,14 +70,15 @@ def _cmd_sparse(args: argparse.Namespace) -> int:
 def _cmd_drift(args: argparse.Namespace) -> int:
     from marconi.core.model import get_model
     from marconi.lab.sparse.drift import drift_records, drift_trace, plot_drift
-    from marconi.io import write_jsonl
+    from marconi.io import output_group, write_jsonl
 
     trace = drift_trace(seed=args.seed)
     records = drift_records(trace, get_model(args.model))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    write_jsonl(out / "drift.jsonl", records)
-    plot_drift(records, str(out / "drift.png"))
+    with output_group():      # the records and their plot together, or neither
+        write_jsonl(out / "drift.jsonl", records)
+        plot_drift(records, str(out / "drift.png"))
     print(f"{trace.name}: {len(trace)} requests, shift at request {trace.meta['shift_index']}")
     for r in records:
         if r["scope"] == "phase":

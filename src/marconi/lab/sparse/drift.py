@@ -89,10 +89,9 @@ def drift_records(trace: Trace, spec: ModelSpec, systems: dict[str, str] | None 
 
 def plot_drift(records: list[dict[str, Any]], path: str) -> None:
     """Recomputed-FLOPs share per window, one line per system, the shift marked."""
-    import matplotlib
+    from marconi.report import pyplot, save_figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(8, 4.5))
     labels = list(dict.fromkeys(r["label"] for r in records))
@@ -109,5 +108,4 @@ def plot_drift(records: list[dict[str, Any]], path: str) -> None:
     ax.set_title("sparse-dp (M=2) on a drift trace: questions move from 3/4..1 to 1/4..1/2 of the document")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path, dpi=120)    # atomic: a cut-short PNG is never left

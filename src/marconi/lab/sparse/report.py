@@ -235,19 +235,21 @@ def write_outputs(records: Sequence[dict[str, Any]], out_dir: str | Path, notes:
 
     Everything is drawn from the records alone, so an earlier run's file can be re-rendered.
     """
+    from marconi.io import output_group
     from marconi.sim.sweep import write_records
 
     out = Path(out_dir)
-    paths = [write_records(records, out / "records.jsonl")] if write_jsonl else []
-    for w in _workload_rows(records):
-        for cap in _capacities(records):
-            paths.append(_plot_simulation(records, w["workload"], cap,
-                                          out / "plots" / f"{w['workload']}_{_slug(cap)}_simulation.png"))
-        paths.append(_plot_analytic(records, w["workload"], out / "plots" / f"{w['workload']}_analytic.png"))
-    drop_stale_plots(out / "plots", ("*_simulation.png", "*_analytic.png"), paths)
     summary = out / "summary.md"
-    with atomic_write(summary, "w") as fh:
-        fh.write(summary_markdown(records, notes))
+    with output_group():     # all or none: an interrupt leaves the earlier run's files whole
+        paths = [write_records(records, out / "records.jsonl")] if write_jsonl else []
+        for w in _workload_rows(records):
+            for cap in _capacities(records):
+                paths.append(_plot_simulation(records, w["workload"], cap,
+                                              out / "plots" / f"{w['workload']}_{_slug(cap)}_simulation.png"))
+            paths.append(_plot_analytic(records, w["workload"], out / "plots" / f"{w['workload']}_analytic.png"))
+        with atomic_write(summary, "w") as fh:
+            fh.write(summary_markdown(records, notes))
+    drop_stale_plots(out / "plots", ("*_simulation.png", "*_analytic.png"), paths)
     paths.append(summary)
     return paths
 
