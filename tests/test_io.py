@@ -293,3 +293,16 @@ def test_an_output_group_commits_its_files_together_or_not_at_all(tmp_path):
             write_text(b, "new b")
         assert b.read_text() == "old b"
     assert (a.read_text(), b.read_text()) == ("new a", "new b")
+
+
+def test_a_full_disk_inside_a_staged_folder_names_the_folder(tmp_path):
+    """Old: '[Errno 28] No space left on device' and no path (vllm diagnose, audit)."""
+    import errno
+
+    from marconi.io import atomic_directory
+
+    with pytest.raises(OSError) as info:
+        with atomic_directory(tmp_path / "R"):
+            raise OSError(errno.ENOSPC, "No space left on device")
+    assert info.value.filename == str(tmp_path / "R") and "free some space there" in str(info.value)
+    assert not (tmp_path / "R").exists() and list(tmp_path.iterdir()) == []

@@ -194,7 +194,8 @@ def atomic_directory(path: PathLike, *, writer: str | None = None,
     target.parent.mkdir(parents=True, exist_ok=True)
     stage = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.", suffix=".staging"))
     try:
-        yield stage
+        with _no_space_named(path):       # a full disk names the folder, not [Errno 28] alone
+            yield stage
         if writer is not None:
             files = sorted(p.name for p in stage.iterdir())
             (stage / FOLDER_MANIFEST).write_text(json.dumps({"writer": writer, "files": files}) + "\n")
