@@ -64,6 +64,8 @@ def test_bad_specs_and_configs(tmp_path):
         ModelSpec.from_hf_config(tmp_path)
     with pytest.raises(SpecError, match="unknown model 'nope'"):
         get_model("nope")
+    with pytest.raises(SpecError, match=r"model '/no/such/config.json': no such file or directory"):
+        get_model("/no/such/config.json")        # meant as a path: was "unknown model" (audit)
     with pytest.raises(SpecError, match="num_ssm_layers must be >= 0"):
         ModelSpec("x", 1, -1, 1, 8, 4)
 

@@ -100,6 +100,11 @@ def test_errors_exit_2_and_write_nothing(tmp_path, capsys):
     assert "--set 'user_len=1,output_len=1': user_len takes a number" in capsys.readouterr().err
     assert run("trace", "build", "synthetic", "chat", "--set", "num_sessions=many", "--out", str(out)) == 2
     assert "num_sessions takes an integer, got 'many'" in capsys.readouterr().err
+    # a reversed range or a count below 1: was "bad range (16, 4)" / "no requests to write" (audit)
+    assert run("trace", "build", "synthetic", "chat", "--set", "turns=16:4", "--out", str(out)) == 2
+    assert "--set 'turns=16:4': turns takes a range lo:hi with 0 <= lo <= hi" in capsys.readouterr().err
+    assert run("trace", "build", "synthetic", "chat", "--set", "num_sessions=-1", "--out", str(out)) == 2
+    assert "--set 'num_sessions=-1': num_sessions must be at least 1" in capsys.readouterr().err
     assert run("trace", "build", "lmsys", str(tmp_path / "none.jsonl"), "--out", str(out)) == 2
     assert list(tmp_path.iterdir()) == []
     with pytest.raises(SystemExit):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import os
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path, PurePath
 from typing import Any, Mapping
@@ -589,5 +590,9 @@ def get_model(name_or_path: str | ModelSpec) -> ModelSpec:
     if exists:
         return ModelSpec.from_hf_config(path)
     name = str(name_or_path)
-    raise SpecError(f"unknown model {name if len(name) <= 80 else name[:77] + '...'!r}: use one of {', '.join(PRESETS)} "
+    shown = name if len(name) <= 80 else name[:77] + "..."
+    if "/" in name or os.sep in name or name.endswith(".json"):     # meant as a path: say it is not there
+        raise SpecError(f"model {shown!r}: no such file or directory (a path to a Hugging Face config.json / "
+                        f"model directory), nor a preset: {', '.join(PRESETS)}")
+    raise SpecError(f"unknown model {shown!r}: use one of {', '.join(PRESETS)} "
                     "or a path to a Hugging Face config.json / model directory")

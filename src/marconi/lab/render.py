@@ -40,18 +40,14 @@ def render_records(from_records: str | Path, out: str | Path, *, required: Seque
 
 def _rehearse(records: list[dict[str, Any]], from_records: str | Path, out: str | Path, kind: str,
               write: Callable[[list[dict[str, Any]], bool, Path], Sequence[Path]]) -> None:
-    """Render once into a scratch folder beside ``out`` (then removed), so that records the report
-    cannot read (a field it reads missing or of another type: the check above knows only the fields
-    every record has) fail before anything in ``out`` changes. ConfigError naming the file."""
-    import shutil
-    import tempfile
+    """Render once into a scratch folder (then removed), so that records the report cannot read (a
+    field it reads missing or of another type: the check above knows only the fields every record
+    has) fail before anything in ``out`` changes. ConfigError naming the file."""
+    from marconi.pool import scratch_dir
 
-    target = Path(out).resolve()
-    parent = target.parent
-    parent.mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(dir=parent, prefix=f".{target.name}.", suffix=".rehearsal"))
     try:
-        write(records, True, scratch / target.name)
+        with scratch_dir("marconi-render-") as scratch:
+            write(records, True, scratch / Path(out).name)
     except ConfigError:
         raise
     except (KeyError, TypeError, ValueError, IndexError, AttributeError, ZeroDivisionError) as exc:
@@ -59,5 +55,3 @@ def _rehearse(records: list[dict[str, Any]], from_records: str | Path, out: str 
         raise ConfigError(f"{from_records}: these records cannot be rendered as {kind} ({type(exc).__name__}: "
                           f"{what}); a field the report reads is missing or of another type. Nothing under "
                           f"{out} was changed") from None
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
