@@ -83,3 +83,39 @@ def test_lru_through_the_plugin_is_stock_sglang_and_marconi_changes_victims() ->
     assert marconi["events"] != stock["events"]                       # other victims (sanity_check ran each request)
     assert marconi["counters"]["evicted:state-leaf"] + marconi["counters"].get("evicted:state-tombstone", 0) > 0
     assert marconi["counters"]["hit_tokens:usable"] == sum(e[0] for e in marconi["events"])
+
+
+_PLAIN = r"""
+import torch
+from array import array
+from sglang.srt.plugins import load_plugins
+load_plugins()
+from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey
+from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+from sglang.srt.mem_cache.base_prefix_cache import InsertParams, EvictParams
+
+class Allocator:
+    device = "cpu"
+    def free(self, v):
+        pass
+    def free_segment(self, v, start_pos=0):
+        pass
+
+out = []
+for config in ({"model": "paper-7b"}, {"model": "transformer-7b", "alpha": 0.5}):
+    cache = RadixCache(CacheInitParams(disable=False, req_to_token_pool=None, token_to_kv_pool_allocator=Allocator(),
+                                       page_size=1, eviction_policy="marconi", eviction_policy_config=config))
+    base, n = list(range(100, 140)), 0
+    for seq in (base, base[:20] + [7] * 10, base + [1, 2, 3], [9] * 15):
+        cache.insert(InsertParams(key=RadixKey(array("q", seq)), value=torch.arange(n, n + len(seq))))
+        n += len(seq)
+    out.append(cache.evict(EvictParams(num_tokens=30)).num_tokens_evicted)
+print(out)
+"""
+
+
+def test_marconi_on_sglangs_plain_radix_cache_evicts_attention_kv() -> None:
+    """The plugin names ``marconi`` for every cache class; on the plain ``RadixCache`` (FlexKV, pure
+    sliding-window models) its first eviction raised an AttributeError: those nodes have no
+    components, so no Mamba state (audit)."""
+    assert _run(_PLAIN) == "[33, 33]"

@@ -286,7 +286,12 @@ class MarconiStrategy:
 
     # ----------------------------------------------------------------------------- nodes
     def has_state(self, node: Any) -> bool:
-        return self.mamba_index is not None and node.component_data[self.mamba_index].value is not None
+        """Whether ``node`` holds a Mamba state (never on SGLang's plain ``RadixCache``, whose nodes
+        have no components: the policy then ranks attention KV alone)."""
+        if self.mamba_index is None:
+            return False
+        data = getattr(node, "component_data", None)
+        return data is not None and data[self.mamba_index].value is not None
 
     @staticmethod
     def depth(node: Any) -> int:
