@@ -153,3 +153,17 @@ def test_the_bench_says_a_pool_too_small_in_one_line(tmp_path) -> None:
                            str(tmp_path / "o.jsonl")], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr and "raise --capacity" in proc.stderr.strip().splitlines()[-1]
+    assert "NOTE: --capacity 1B (1 bytes) is below the least pools SGLang can replay" in proc.stderr
+
+
+def test_the_benchs_sglang_side_names_an_empty_trace(tmp_path) -> None:
+    """Old: 'error: max() arg is an empty sequence' (audit). Checked before SGLang is imported."""
+    import subprocess
+    import sys
+
+    trace = tmp_path / "empty.jsonl"
+    trace.write_text("")
+    proc = subprocess.run([sys.executable, "-m", "marconi.lab.sglang_bench", "--trace", str(trace), "--capacity",
+                           "0.05x", "--model", "paper-7b", "--policies", "lru", "--out", str(tmp_path / "o.jsonl")],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and "has no requests: nothing to replay" in proc.stderr, proc.stderr[-2000:]

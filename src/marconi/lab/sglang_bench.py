@@ -131,10 +131,17 @@ def _bench(args: argparse.Namespace) -> int:
         parse_policy(p, args.model)
     capacity = parse_capacity(args.capacity)
     trace = list(load_trace(args.trace, args.num_requests))
+    if not trace:
+        raise ConfigError(f"trace {args.trace!r} has no requests: nothing to replay")
     spec = get_model(args.model)
     budget = capacity.resolve(working_set_bytes(trace, spec))
     longest = max(len(r.input_tokens) + len(r.output_tokens) for r in trace)
     kv_tokens, mamba_slots = pool_sizes(spec, budget, longest)
+    pools = kv_tokens * spec.kv_bytes_per_token + mamba_slots * spec.ssm_checkpoint_bytes
+    if pools > budget * 1.01:     # raised to the least SGLang runs with: said, not silently
+        print(f"NOTE: --capacity {args.capacity} ({budget:,} bytes) is below the least pools SGLang can replay "
+              f"this trace with: raised to {kv_tokens:,} KV tokens (the longest request) and {mamba_slots} Mamba "
+              f"slots ({pools:,} bytes)", file=sys.stderr)
     out = open(args.out, "a") if args.out else None
     try:
         for policy in policies:

@@ -119,6 +119,9 @@ def _cmd_bench(args: Any) -> int:
                   file=sys.stderr)
             return 1
         return proc.returncode
+    for line in proc.stderr.splitlines():   # the child's notes (a --capacity raised to the least pools)
+        if line.startswith("NOTE:"):
+            print(line, file=sys.stderr)
     records = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     if len(records) != len(policies):     # exit 0 without results is a failure, never an empty table (bug 10)
         said = (proc.stderr.strip().splitlines() or ["no output on stderr"])[-1][:300]
