@@ -21,7 +21,8 @@ from typing import IO, Any, Iterable, Iterator, Sequence
 from marconi.core.jsonfile import JsonError, check_readable, read_json
 from marconi.core.registry import ConfigError
 
-__all__ = ["atomic_write", "atomic_directory", "output_group", "check_replaceable", "FOLDER_MANIFEST", "write_text", "write_jsonl", "iter_lines", "iter_jsonl",
+__all__ = ["atomic_write", "atomic_directory", "output_group", "check_replaceable", "FOLDER_MANIFEST", "write_text",
+           "write_jsonl", "iter_lines", "iter_jsonl",
            "read_jsonl", "read_json", "decode_line", "loads", "check_output", "partial_path", "suffix_refusal",
            "is_stream", "JsonError", "open_binary",
            "line_limit", "MAX_LINE_ENV", "DEFAULT_MAX_LINE_BYTES"]

@@ -513,7 +513,7 @@ class PrefixCache(TreeStore):
             return walk
         nodes = walk.path if walk.partial is None else [*walk.path, walk.partial]
         for i, node in enumerate(nodes):
-            if node.depth > limit:        # the first node past the limit: it starts at or above it
+            if node.depth > limit:        # the first node ending past the limit: the limit lies in its edge
                 positions = node.ckpt_positions
                 j = bisect_right(positions, limit)
                 if j == 0 or node.parent_depth >= limit:
