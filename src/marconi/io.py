@@ -239,7 +239,8 @@ def check_replaceable(path: PathLike, writer: str, *, flag: str = "--out", known
     if extra:
         shown = ", ".join(extra[:5]) + (f" and {len(extra) - 5} more" if len(extra) > 5 else "")
         raise ConfigError(f"{flag} {path} holds an earlier report and files it did not write ({shown}): the report "
-                          "replaces the whole folder, so they would be lost; move them, or choose a new or empty folder")
+                          "replaces the whole folder, so they would be lost; move them, or choose a new or empty "
+                          "folder")
     return f"the report already in {path} is replaced once this run completes; until then it stays as it is"
 
 

@@ -123,7 +123,8 @@ def _synthetic_params(kind: str, items: list[str]) -> dict[str, Any]:
             again = " (one KEY=VALUE per --set: repeat --set for each parameter)" if "=" in value else ""
             raise ValueError(f"--set {item!r}: {key} takes {exc}, got {value.strip()!r}{again}") from None
         got = params[key]
-        if isinstance(got, tuple) and len(got) == 2 and all(isinstance(v, int) for v in got) and not 0 <= got[0] <= got[1]:
+        is_range = isinstance(got, tuple) and len(got) == 2 and all(isinstance(v, int) for v in got)
+        if is_range and not 0 <= got[0] <= got[1]:
             raise ValueError(f"--set {item!r}: {key} takes a range lo:hi with 0 <= lo <= hi")
         if key.startswith("num_") and isinstance(got, int) and not isinstance(got, bool) and got < 1:
             raise ValueError(f"--set {item!r}: {key} must be at least 1")

@@ -807,7 +807,8 @@ def register_command(sub: Any) -> None:
     p.add_argument("--cpu-tiers", default="0.5x", type=_cpu_tier_sizes, action=_GivenCpuTiers,
                    help="with --vllm-python: CPU tier sizes (comma list: 0.5x of the working set, 256GB), each "
                         "replayed with tier policies lru and marconi; '' for none")
-    add_output(p, "--out", kind="dir", required=True, help="report folder: new, empty, or an earlier report of this command (replaced as a whole)")
+    add_output(p, "--out", kind="dir", required=True,
+               help="report folder: new, empty, or an earlier report of this command (replaced as a whole)")
     p.set_defaults(func=_cmd_diagnose)
 
 
@@ -834,9 +835,8 @@ def _cpu_tier_sizes(text: str) -> tuple[str, ...]:
 def _cmd_diagnose(args: Any) -> int:
     import sys
 
-    from marconi.workloads.recording import RecordingError
-
     from marconi.io import check_replaceable
+    from marconi.workloads.recording import RecordingError
 
     replaced = check_replaceable(args.out, WRITER, known=REPORT_FILES)   # before the run, not after it
     model, note = model_for_trace(args.trace, args.model)
