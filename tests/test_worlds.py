@@ -143,6 +143,26 @@ def test_a_world_never_live_is_exactly_its_rules_cache(chat):
     assert cache.stats.reused_tokens == int(live.reused_len.sum())
 
 
+def test_a_callers_set_rule_is_the_worlds_switch_too(chat):
+    """``cache.set_rule`` on a worlds cache changed the live rule but not the chooser's: it kept a
+    world for the new live rule and scored the live cache as the old one's. The worlds follow it now,
+    as on their own switch: the old rule's world is the live cache's copy, the other is untouched."""
+    clock = ManualClock()
+    policy = WorldsEviction("lru/a0.5m/a2m", hysteresis=float("inf"))     # never switches by itself
+    cache = PrefixCache("paper-7b", 1.5e9, "marconi", policy, clock=clock)
+    half = len(chat) // 2
+    simulate(chat[:half], cache, clock=clock)
+    cache.set_rule("a2m")
+    chooser = policy.chooser
+    assert chooser.current == policy.current == 2 and sorted(chooser.worlds) == [0, 1]
+    assert [(s.at_request, s.rule) for s in chooser.switches] == [(half - 1, 2)]
+    simulate(chat[half:], cache, clock=clock)
+    alone = simulate_system(chat, fixed(EvictionRule.from_label("a0.5m")), "paper-7b", 1.5e9)
+    assert chooser.worlds[1].stats.reused_tokens == int(alone.reused_len.sum())   # never live: its rule's cache
+    for world in chooser.worlds.values():
+        world.check_invariants()
+
+
 def test_prefills_finishes_and_aborts_reach_every_world():
     policy = WorldsEviction("lru/a2m", hysteresis=float("inf"))
     cache = PrefixCache("paper-7b", 1e12, "marconi", policy)

@@ -50,6 +50,7 @@ class WorldsChooser:
         self.cache: PrefixCache | None = None
         self.worlds: dict[int, PrefixCache] = {}           # rule -> its world (every rule but the live one)
         self._handles: dict[int, dict[int, RequestHandle]] = {}  # live request id -> rule -> handle there
+        self.last_request = -1           # the last request begun (a caller's switch is filed after it)
 
     def start(self, cache: PrefixCache) -> None:
         """Follow ``cache`` (running the live rule): a world per other rule, each ``cache.clone``.
@@ -100,6 +101,7 @@ class WorldsChooser:
         return float(usable) if self.objective == "hit-rate" else self.spec.prefill_flops(usable)
 
     def _begin(self, handle: RequestHandle) -> Rule | None:
+        self.last_request = handle.request_id
         step = [0.0] * len(self.rules)
         step[self.current] = self._value(handle)
         mine = self._handles[handle.request_id] = {}
@@ -118,7 +120,15 @@ class WorldsChooser:
             needed = max(needed, self.tail_hysteresis)
         if best == self.current or not lead > self.score[self.current] * needed:
             return None
+        return self.switch_to(best, request_id)
+
+    def switch_to(self, best: int, request_id: int) -> Rule:
+        """Make rule ``best`` live from request ``request_id`` on (the chooser's own switch, or a
+        caller's ``set_rule``): the live cache, which ran the old rule, is copied into the old rule's
+        world, and ``best``'s world is dropped. Returns the rule."""
         assert self.cache is not None
+        if best == self.current:
+            return self.rules[best]
         old = self.current
         # The live cache has been running ``old``: a copy of it is ``old``'s world, in-flight requests too.
         world = self.cache.clone(self._pinned(old))
@@ -161,6 +171,15 @@ class WorldsEviction(FamilyPolicy):
         self.explore = explore
         self.chooser: WorldsChooser | None = chooser if explore else None
         self._bound = False
+
+    def set_rule(self, rule: Rule) -> None:
+        """Make ``rule`` (of the family) live; ConfigError otherwise. A caller's switch is the worlds'
+        too: the live cache's copy becomes the old rule's world, as on the chooser's own switch (they
+        would otherwise score the live cache as the old rule's)."""
+        super().set_rule(rule)
+        chooser = self.chooser
+        if chooser is not None and chooser.cache is not None and chooser.current != self.current:
+            chooser.switch_to(self.current, chooser.last_request)
 
     def bind(self, cache: PrefixCache) -> None:
         if self._bound:
