@@ -167,3 +167,12 @@ def test_the_benchs_sglang_side_names_an_empty_trace(tmp_path) -> None:
                            "0.05x", "--model", "paper-7b", "--policies", "lru", "--out", str(tmp_path / "o.jsonl")],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2 and "has no requests: nothing to replay" in proc.stderr, proc.stderr[-2000:]
+
+
+def test_the_bench_takes_one_capacity_and_says_so_at_parse_time(capsys) -> None:
+    """Old: a list passed the flag's type, then the SGLang side said 'cannot read capacity' (audit)."""
+    from marconi.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["sglang", "bench", "--capacity", "0.05x,0.1x"])
+    assert "one capacity, got 2 ('0.05x,0.1x')" in capsys.readouterr().err

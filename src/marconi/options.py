@@ -106,16 +106,20 @@ class NameList:
 
 class CapacityList:
     """argparse ``type=`` for a comma list of capacities (:func:`marconi.units.parse_capacity`); returns
-    the text. ``allow_zero``: whether ``0`` bytes is allowed."""
+    the text. ``allow_zero``: whether ``0`` bytes is allowed; ``single``: one capacity only (a
+    command that runs one pool)."""
 
-    def __init__(self, *, allow_zero: bool = True) -> None:
-        self.allow_zero = allow_zero
+    def __init__(self, *, allow_zero: bool = True, single: bool = False) -> None:
+        self.allow_zero, self.single = allow_zero, single
         self.__name__ = "capacity"
 
     def __call__(self, text: str) -> str:
         from marconi.units import parse_capacity
 
         items = [s.strip() for s in str(text).split(",")]
+        if self.single and len(items) > 1:
+            raise argparse.ArgumentTypeError(f"one capacity, got {len(items)} ({text!r}): this command replays one "
+                                             "pool; run it once per capacity")
         if not all(items):
             raise argparse.ArgumentTypeError(f"expected a comma list of sizes (10GB) or fractions of the working "
                                              f"set (0.05x), got {text!r}")

@@ -25,7 +25,7 @@ def register(sglang: Any) -> None:
     bench.add_argument("--sglang-python", default=".venv-sglang/bin/python", type=python_command,
                        help="python of the SGLang environment (`make sglang-env` builds .venv-sglang)")
     bench.add_argument("--trace", default="swe-sample", help="a trace file or a catalog name")
-    bench.add_argument("--capacity", default="0.05x", type=CapacityList(allow_zero=False),
+    bench.add_argument("--capacity", default="0.05x", type=CapacityList(allow_zero=False, single=True),
                        help="pool bytes (10GB) or a fraction of the working set (0.05x)")
     bench.add_argument("--model", default="paper-7b", help="model preset or HF config (the pools' bytes, Marconi's FLOPs)")
     bench.add_argument("--policies", default="lru,marconi", type=NameList("policy"),
