@@ -21,8 +21,8 @@ from typing import IO, Any, Iterable, Iterator, Sequence
 from marconi.core.jsonfile import JsonError, check_readable, read_json
 from marconi.core.registry import ConfigError
 
-__all__ = ["atomic_write", "atomic_directory", "output_group", "check_replaceable", "FOLDER_MANIFEST", "write_text",
-           "write_jsonl", "iter_lines", "iter_jsonl",
+__all__ = ["atomic_write", "atomic_directory", "output_group", "check_replaceable", "refuse_foreign_files",
+           "FOLDER_MANIFEST", "write_text", "write_jsonl", "iter_lines", "iter_jsonl",
            "read_jsonl", "read_json", "decode_line", "loads", "check_output", "partial_path", "suffix_refusal",
            "is_stream", "JsonError", "open_binary",
            "line_limit", "MAX_LINE_ENV", "DEFAULT_MAX_LINE_BYTES"]
@@ -236,12 +236,18 @@ def check_replaceable(path: PathLike, writer: str, *, flag: str = "--out", known
     if not ours or len(extra) == len(present):
         raise ConfigError(f"{flag} {path} is not empty and holds no report of `{writer}`: the report replaces the "
                           "whole folder, so its files would be lost; choose a new or empty folder")
+    refuse_foreign_files(path, extra, flag=flag)
+    return f"the report already in {path} is replaced once this run completes; until then it stays as it is"
+
+
+def refuse_foreign_files(path: PathLike, extra: Sequence[str], *, flag: str = "--out", noun: str = "folder") -> None:
+    """ConfigError naming the first of ``extra`` (files in ``path``, an earlier report's folder, that the
+    report did not write), if any: replacing the folder whole would lose them."""
     if extra:
         shown = ", ".join(extra[:5]) + (f" and {len(extra) - 5} more" if len(extra) > 5 else "")
         raise ConfigError(f"{flag} {path} holds an earlier report and files it did not write ({shown}): the report "
-                          "replaces the whole folder, so they would be lost; move them, or choose a new or empty "
-                          "folder")
-    return f"the report already in {path} is replaced once this run completes; until then it stays as it is"
+                          f"replaces the whole {noun}, so they would be lost; move them, or choose a new or empty "
+                          f"{noun}")
 
 
 def _swap_in(stage: Path, target: Path) -> None:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from marconi.commandline import comma_list
-from marconi.core.registry import ConfigError, Domain
+from marconi.core.registry import ConfigError, Domain, split_name_list
 from marconi.integrations.common.probe import python_command
 from marconi.integrations.vllm.commands import CONCURRENCY
 from marconi.lab.frontier import DEFAULT_BUDGETS, DEFAULT_INTERVALS, DEFAULT_WORKLOADS
@@ -64,7 +64,7 @@ def _cmd_frontier(args: argparse.Namespace) -> int:
     import time
 
     from marconi.io import check_output
-    from marconi.lab.frontier import RECORD_FIELDS, FrontierConfig, run_frontier, write_outputs
+    from marconi.lab.frontier import RECORD_FIELDS, FrontierConfig, floor_notes, run_frontier, write_outputs
     from marconi.lab.render import render_records
 
     check_output(args.out, directory=True)           # before the replays run, not after
@@ -77,7 +77,6 @@ def _cmd_frontier(args: argparse.Namespace) -> int:
 
     pools = ([{"capacity": c} for c in comma_list(args.capacity, "--capacity", str) or ()]
              or [{"gpu_memory": g} for g in comma_list(args.gpu_memory or "80GB", "--gpu-memory", str) or ()])
-    from marconi.core.registry import split_name_list
     from marconi.workloads.source import check_trace_name
 
     # a catalog name's parameters have commas of their own (swe:sessions=20,seed=1): split as NameList reads
@@ -101,8 +100,6 @@ def _cmd_frontier(args: argparse.Namespace) -> int:
     command = "marconi vllm frontier " + " ".join(shlex.quote(a) for a in sys.argv[3:])
     records = [{**r, "command": command, "command_wall_s": wall_s} for r in records]
     paths = write_outputs(records, args.out)
-    from marconi.lab.frontier import floor_notes
-
     for line in floor_notes(records):
         print(line, file=sys.stderr)
     print(f"wrote {len(records)} records and {len(paths) - 1} files under {args.out} in {wall_s:.0f}s "

@@ -119,6 +119,7 @@ def _earlier_report(out: Path) -> str | None:
     """
     from marconi.core.jsonfile import read_json
     from marconi.core.registry import ConfigError
+    from marconi.io import refuse_foreign_files
 
     if not out.is_dir() or not any(out.iterdir()):
         return None
@@ -140,11 +141,7 @@ def _earlier_report(out: Path) -> str | None:
         extra = sorted(p.name for p in out.iterdir() if p.name not in listed)
     else:
         extra = sorted(p.name for p in out.iterdir() if p.is_dir() or p.suffix not in (".jsonl", ".png", ".md", ".json"))
-    if extra:
-        shown = ", ".join(extra[:5]) + (f" and {len(extra) - 5} more" if len(extra) > 5 else "")
-        raise ConfigError(f"--out {out} holds an earlier report and files it did not write ({shown}): the report "
-                          "replaces the whole directory, so they would be lost; move them, or choose a new or empty "
-                          "directory")
+    refuse_foreign_files(out, extra, noun="directory")
     profile = summary.get("profile")
     return (f"the report already in {out}" + (f" (profile {profile})" if isinstance(profile, str) else "")
             + " is replaced once this run completes; until then it stays as it is")
