@@ -1,4 +1,4 @@
-"""Marconi's policy for vLLM's CPU offload tier (marconi.integrations.vllm.tier), inside vLLM 0.32.
+"""Marconi's policy for vLLM's CPU offload tier (marconi.integrations.vllm.tier), inside vLLM 0.32 and 0.33.
 
 The checks live in ``tests/vllm_tier/cases.py`` (it imports vLLM, so it runs in the vLLM
 environment as a subprocess: one process for all cases, each asserted here):
@@ -31,9 +31,9 @@ from vllm_env import vllm_python
 CASES = Path(__file__).resolve().parent / "vllm_tier" / "cases.py"
 
 
-@pytest.fixture(scope="module")
-def results() -> dict[str, str]:
-    python = vllm_python()
+@pytest.fixture(scope="module", params=["0.32", "0.33"])
+def results(request: pytest.FixtureRequest) -> dict[str, str]:
+    python = vllm_python(request.param)     # 0.33 passes the storing request's context to insert
     proc = subprocess.run([python, str(CASES)], capture_output=True, text=True, timeout=900,
                           env={"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "HF_HUB_OFFLINE": "1",
                                **{k: v for k, v in os.environ.items() if not k.startswith("MARCONI_")}})
@@ -54,6 +54,8 @@ def results() -> dict[str, str]:
     "refusals_name_the_key",
     "load_cost_clips_worthless_hits",
     "randomised_driver_differs_from_lru",
+    "reset_cache_makes_a_running_requests_scratch_stale",
+    "connector_refuses_group_kinds_unlike_vllms",
     "store_threshold_filter_equals_the_emulation",
 ])
 def test_tier_policy(results: dict[str, str], case: str) -> None:

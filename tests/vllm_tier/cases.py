@@ -15,7 +15,7 @@ import sys
 import traceback
 from dataclasses import replace
 
-from vllm.v1.kv_offload.base import ReqContext, get_offload_group_idx, make_offload_key
+from vllm.v1.kv_offload.base import ReqContext, get_offload_block_hash, get_offload_group_idx, make_offload_key
 from vllm.v1.kv_offload.cpu.manager import CPUOffloadingManager
 from vllm.v1.kv_offload.cpu.policies.base import ChunkStatus
 
@@ -422,6 +422,48 @@ def case_loads_through_vllms_connector_from_extra_config_alone() -> None:
     # the default, marconi_rule 'adaptive': the family's first rule live, the chooser's worlds beside it
     assert tier.DEFAULT_RULE == "adaptive" and policy.chooser is not None
     assert policy.settings.family and policy.settings.rule == policy.settings.family[0]
+    core.shutdown()
+
+
+def case_reset_cache_makes_a_running_requests_scratch_stale() -> None:
+    """vLLM's reset_cache clears the policy while a request runs: the request's KV, offered again
+    after it, is held open until the request ends (not dead), as before the reset."""
+    manager = CPUOffloadingManager(64, cache_policy="MarconiCachePolicy", cache_policy_module_path=MODULE)
+    h1, h2 = b"\x01" * 16, b"\x02" * 16
+    ctx = ReqContext(req_id="A")
+    keys = node_keys(h1, 1, True) + [make_offload_key(h2, 0)]
+    for key in keys:
+        ctx.set_offload_key_position(key, C if get_offload_block_hash(key) == h1 else 2 * C)
+    tail = keys[-1]
+    for _ in range(2):                  # before the reset, then re-offered after it
+        out = manager.prepare_store(keys, ctx)
+        manager.complete_store(out.keys_to_store, ctx)
+        assert manager._policy.classify()[tail] != "dead", manager._policy.classify()
+        manager.reset_cache()
+    out = manager.prepare_store(keys, ctx)
+    manager.complete_store(out.keys_to_store, ctx)
+    assert manager._policy.classify()[tail] != "dead", "a running request's KV judged dead after reset_cache"
+    manager.on_request_finished(ctx)
+    assert manager._policy.classify()[tail] == "dead", "the KV past the deepest state lives on after its request"
+
+
+def case_connector_refuses_group_kinds_unlike_vllms() -> None:
+    """A 'marconi_group_kinds' that is not vLLM's groups is refused when the engine starts, naming
+    the key; vLLM's own groups, given, load."""
+    from marconi.integrations.vllm.replay.run import model_dir
+
+    path = str(model_dir("nemotron-h-8b"))
+    try:
+        _engine(path, {**TIER, "marconi_group_kinds": ["attention", "mamba"]})
+    except ConfigError as exc:
+        assert "marconi_group_kinds" in str(exc) and "vLLM's KV cache groups" in str(exc), str(exc)
+    else:
+        raise AssertionError("a marconi_group_kinds unlike vLLM's groups was served")
+    core = _engine(path, dict(TIER))
+    kinds = list(core.scheduler.connector.connector_scheduler.manager._policy.settings.group_kinds)
+    core.shutdown()
+    core = _engine(path, {**TIER, "marconi_group_kinds": kinds})
+    assert list(core.scheduler.connector.connector_scheduler.manager._policy.settings.group_kinds) == kinds
     core.shutdown()
 
 

@@ -88,7 +88,7 @@ def _discover_settings() -> TierSettings:
     # vLLM's groups and model where the config does not name them; the MARCONI_TIER_* variables fill in
     # the rest, each checked (and refused) under its own name by TierSettings.from_extra_config
     kinds = None
-    if "marconi_group_kinds" not in extra and kv_cache_config is not None:
+    if kv_cache_config is not None:
         kinds = group_kinds(kv_cache_config, "MarconiCachePolicy",
                             "set kv_connector_extra_config 'eviction_policy' to 'lru' or 'arc'")
         check_group_kinds(kinds)
@@ -105,7 +105,12 @@ def _discover_settings() -> TierSettings:
     sizes = {int(t) * int(spec_obj.blocks_per_chunk) for t in spec_obj.tokens_per_block}
     if len(sizes) == 1:
         tpc = sizes.pop()
-    return TierSettings.from_extra_config(extra, group_kinds=kinds, spec=model, tokens_per_chunk=tpc,
-                                          env=os.environ)
+    settings = TierSettings.from_extra_config(extra, group_kinds=None if "marconi_group_kinds" in extra else kinds,
+                                              spec=model, tokens_per_chunk=tpc, env=os.environ)
+    if kinds is not None and list(settings.group_kinds) != kinds:
+        # a wrong override would judge every node by the wrong groups (or fail mid-store): refused at start
+        raise ConfigError(f"kv_connector_extra_config 'marconi_group_kinds' says {list(settings.group_kinds)}, but "
+                          f"vLLM's KV cache groups are {kinds}: fix the key or remove it (vLLM's are read)")
+    return settings
 
 

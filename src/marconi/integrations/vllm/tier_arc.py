@@ -49,7 +49,8 @@ class ARCPolicy:
     def get(self, key: OffloadKey) -> Any | None:
         return self.t1.get(key) or self.t2.get(key)
 
-    def insert(self, key: OffloadKey, chunk: Any) -> None:
+    def insert(self, key: OffloadKey, chunk: Any, req_context: Any = None) -> None:
+        """As vLLM's ARC (``req_context``: passed by vLLM 0.33, unused, as there)."""
         self.t1[key] = chunk
         self.b1.pop(key, None)
         self.b2.pop(key, None)

@@ -100,10 +100,11 @@ class _Positions(dict):
 class _Sighting:
     """Per request (in its ``ReqContext``): when the chooser first saw it, and each world's view."""
 
-    __slots__ = ("owner", "t0", "views")
+    __slots__ = ("owner", "generation", "t0", "views")
 
     def __init__(self, owner: "TierRuleChooser", t0: int, ctx: Any) -> None:
         self.owner = owner
+        self.generation = owner.generation       # a sighting from before a clear is stale
         self.t0 = t0
         self.views = [_WorldContext(ctx) for _ in owner.worlds]
 
@@ -254,6 +255,8 @@ class TierRuleChooser:
         #: the largest difference between two worlds' values on any one request so far, in tokens
         self.largest_gap = 0
         self.clock = 0
+        #: how many times the tier was cleared (a request's sighting from before is stale)
+        self.generation = 0
         self.requests = 0
         self.switches: list[tuple[int, str]] = []
         self._misses: set[OffloadKey] = set()
@@ -313,6 +316,7 @@ class TierRuleChooser:
         elif step == "on_request_finished":
             return self._finish(event)
         elif step == "clear":
+            self.generation += 1
             for w in self.worlds:
                 w.clear()
             self._misses = set()
@@ -320,7 +324,7 @@ class TierRuleChooser:
 
     def _sighting(self, ctx: Any) -> _Sighting:
         seen = ctx.get_state(_Sighting)
-        if seen is None or seen.owner is not self:
+        if seen is None or seen.owner is not self or seen.generation != self.generation:
             seen = _Sighting(self, self.clock, ctx)
             ctx.set_state(seen)
         return seen
@@ -478,8 +482,8 @@ class AdaptiveTierPolicy(ChunkTreePolicy):
         if rule is not None:
             self.set_rule(rule)
 
-    def insert(self, key: OffloadKey, chunk: Any) -> None:
-        super().insert(key, chunk)
+    def insert(self, key: OffloadKey, chunk: Any, req_context: Any = None) -> None:
+        super().insert(key, chunk, req_context)
         if self.arc is not None:
             self.arc.insert(key, chunk)
         if self.chooser is not None:

@@ -11,6 +11,7 @@ Semantics and defaults: ``docs/vllm-tiers.md``.
 from __future__ import annotations
 
 import heapq
+from bisect import bisect_left, insort
 from collections import OrderedDict
 from dataclasses import replace
 from typing import Any, Iterable, Mapping, Sequence
@@ -74,13 +75,17 @@ class _Node:
 
 
 class _TierRequest:
-    """Per-request scratch (``Any.set_state``): hashes by end position, nodes it opened."""
+    """Per-request scratch (``Any.set_state``): hashes by end position, nodes it opened; ``owner`` and
+    ``generation`` (the policy's :meth:`ChunkTreePolicy.clear` count when it was made) tell a stale
+    one, as vLLM's manager tells its own request state after ``reset_cache``."""
 
-    __slots__ = ("owner", "by_position", "opened")
+    __slots__ = ("owner", "generation", "by_position", "sorted_positions", "opened")
 
     def __init__(self, owner: "ChunkTreePolicy") -> None:
         self.owner = owner
+        self.generation = owner.generation
         self.by_position: dict[int, bytes] = {}
+        self.sorted_positions: list[int] = []     # by_position's keys, ascending (parents by bisection)
         self.opened: set[bytes] = set()
 
 
@@ -193,13 +198,17 @@ class ChunkTreePolicy:
         # with the trust they earned hits (HIT_TRUST_CAP)
         self._hit_ends: OrderedDict[bytes, bool] = OrderedDict()
         self._hit_trust = 0
+        #: how many times :meth:`clear` ran (a request's scratch from before is stale)
+        self.generation = 0
         self._rebuild()
 
     # ------------------------------------------------------------------ vLLM's interface
     def get(self, key: OffloadKey) -> Any | None:
         return self._chunks.get(key)
 
-    def insert(self, key: OffloadKey, chunk: Any) -> None:
+    def insert(self, key: OffloadKey, chunk: Any, req_context: Any = None) -> None:
+        """A newly allocated chunk (``req_context``: the storing request's, which vLLM 0.33 passes and
+        0.32 does not; unused: ``on_store_miss`` has told its position)."""
         group = get_offload_group_idx(key)
         if group >= len(self.settings.group_kinds):
             raise ConfigError(f"MarconiCachePolicy: key of KV cache group {group}, but marconi_group_kinds names "
@@ -340,6 +349,7 @@ class ChunkTreePolicy:
         return out
 
     def clear(self) -> None:
+        self.generation += 1        # every request's scratch is stale: its opened nodes went with the tree
         self._chunks.clear()
         self._seq.clear()
         self._evictable.clear()
@@ -781,7 +791,7 @@ class ChunkTreePolicy:
         """Record the keys' end positions for the request and give held nodes depth and parent
         (``stash``: also for the nodes the coming ``insert`` calls create)."""
         state = req_context.get_state(_TierRequest)
-        if state is None or state.owner is not self:
+        if state is None or state.owner is not self or state.generation != self.generation:
             state = _TierRequest(self)
             req_context.set_state(state)
         fresh = []
@@ -789,6 +799,8 @@ class ChunkTreePolicy:
             position = req_context.get_offload_key_position(key)
             if position is not None:
                 block_hash = get_offload_block_hash(key)
+                if position not in state.by_position:
+                    insort(state.sorted_positions, position)
                 state.by_position[position] = block_hash
                 fresh.append((position, block_hash))
         for position, block_hash in fresh:
@@ -882,8 +894,8 @@ class ChunkTreePolicy:
         tpc = self.settings.tokens_per_chunk
         if tpc:
             return position - tpc if position % tpc == 0 else position // tpc * tpc
-        earlier = [p for p in state.by_position if p < position]
-        return max(earlier) if earlier else -1
+        at = bisect_left(state.sorted_positions, position)    # the nearest earlier position the request told
+        return state.sorted_positions[at - 1] if at else -1
 
     # ------------------------------------------------------------------ checks
     def check_invariants(self) -> None:
