@@ -52,13 +52,13 @@ demo: $(STAMP)
 	$(BIN)/marconi demo
 
 # `make test` is CI: the vLLM end-to-end test must run there, not skip (MARCONI_REQUIRE_VLLM=1).
-# The three environments build side by side (mostly downloads), then the suite runs on TEST_WORKERS
+# The environments (and vLLM 0.33's overlay, so its tests run rather than skip) build side by side (mostly downloads), then the suite runs on TEST_WORKERS
 # pytest-xdist workers (default: the machine's cores), a test file per worker at a time (--dist
 # loadfile: a file's module fixtures are built once). TEST_WORKERS=0 runs it in one process.
 TEST_WORKERS ?= $(shell $(PYTHON) -c "import os; print(len(os.sched_getaffinity(0)))" 2>/dev/null || echo 2)
 PYTEST_WORKERS = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 test:
-	$(MAKE) -j3 $(STAMP) $(VLLM_STAMP) $(SGLANG_STAMP)
+	$(MAKE) -j3 $(STAMP) $(VLLM_STAMP) $(SGLANG_STAMP) $(VLLM033_STAMP)
 	MARCONI_REQUIRE_VLLM=1 MARCONI_VLLM_PYTHON=$(VLLM_VENV)/bin/python MARCONI_REQUIRE_SGLANG=1 \
 		MARCONI_SGLANG_PYTHON=$(SGLANG_VENV)/bin/python $(BIN)/python -m pytest -q $(PYTEST_WORKERS)
 

@@ -1,8 +1,8 @@
 """Where the tests find vLLM: one rule for every test that runs code in a vLLM environment.
 
-``make test`` builds ``.venv-vllm`` (vLLM 0.32, CPU) and sets ``MARCONI_REQUIRE_VLLM=1``, so there
-a missing environment is a failure, never a quiet skip. ``make vllm033-env`` builds the optional
-0.33 overlay; without it the 0.33 cases skip, saying how to build it.
+``make test`` builds ``.venv-vllm`` (vLLM 0.32, CPU) and the 0.33 overlay (``make vllm033-env``) and
+sets ``MARCONI_REQUIRE_VLLM=1``, so there a missing environment is a failure, never a quiet skip.
+Elsewhere (a developer's ``pytest``) the cases of a missing environment skip, saying how to build it.
 """
 
 from __future__ import annotations
@@ -19,12 +19,13 @@ PYTHONS = {"0.32": VLLM_PYTHON, "0.33": str(REPO / ".venv-vllm033" / "bin" / "py
 
 
 def vllm_python(series: str = "0.32") -> str:
-    """The python of the vLLM ``series`` environment, or skip (fail for 0.32 under MARCONI_REQUIRE_VLLM=1)."""
+    """The python of the vLLM ``series`` environment, or skip (fail under MARCONI_REQUIRE_VLLM=1)."""
     python = PYTHONS[series]
     if not Path(python).is_file():
         message = f"no vLLM {series} environment at {python}"
-        if series == "0.32" and REQUIRED:
-            pytest.fail(message + ": run `make vllm-env` (MARCONI_REQUIRE_VLLM=1 makes this a failure, not a skip)")
+        if REQUIRED:
+            build = "make vllm-env" if series == "0.32" else "make vllm033-env"
+            pytest.fail(message + f": run `{build}` (MARCONI_REQUIRE_VLLM=1 makes this a failure, not a skip)")
         pytest.skip(message + (": run `make vllm-env` (make test builds it)" if series == "0.32"
                                else ": run `make vllm033-env`"))
     return python
