@@ -157,12 +157,60 @@ def test_bad_recordings_name_line_and_field(tmp_path):
     row["num_cached_tokens"] = "12"
     with pytest.raises(RecordingError, match=r"type\.jsonl:2: field 'num_cached_tokens'"):
         read_recording(variant("type.jsonl", lines[:1] + [json.dumps(row)]))
-    # no sidecar
+    # no sidecar: known for a recording by its header line, and the missing sidecar named (not "no trace")
     lone = tmp_path / "lone.jsonl"
     lone.write_text(open(path).read())
-    assert load_trace  # a lone JSONL without a recording sidecar is not a recording
-    with pytest.raises(RecordingError, match="missing"):
+    with pytest.raises(RecordingError, match=r"lone\.jsonl\.meta\.json: missing.*copy it along"):
         read_recording(lone)
+    with pytest.raises(RecordingError, match=r"lone\.jsonl\.meta\.json: missing"):
+        load_trace(str(lone))
+
+
+def test_a_recording_as_an_operator_keeps_it_gzipped_or_joined_to_itself(tmp_path, capsys):
+    """Gzipped (its sidecar left under the plain name, as gzip leaves it) it reads as the plain file;
+    lines repeated exactly (a copy joined to the file) are named in a warning, which `trace validate`
+    prints as `--trace` would."""
+    import gzip
+
+    from marconi.cli import main
+
+    reqs = _sessions(seed=3, sessions=2, turns=2)
+    path = str(tmp_path / "rec.jsonl")
+    _record(path, reqs, [0] * len(reqs), 544)
+    with open(path, "rb") as src, gzip.open(str(tmp_path / "rec.jsonl.gz"), "wb") as dst:
+        dst.write(src.read())
+    plain, packed = read_recording(path), read_recording(str(tmp_path / "rec.jsonl.gz"))
+    assert [r.hash_ids for r in packed.requests] == [r.hash_ids for r in plain.requests] and not packed.warnings
+    assert len(load_trace(str(tmp_path / "rec.jsonl.gz")).requests) == len(reqs)
+    (tmp_path / "cut.jsonl.gz").write_bytes((tmp_path / "rec.jsonl.gz").read_bytes()[:-30])
+    (tmp_path / "cut.jsonl.meta.json").write_text(open(path + ".meta.json").read())
+    with pytest.raises(RecordingError, match=r"cut\.jsonl\.gz: not a whole gzip stream"):
+        read_recording(str(tmp_path / "cut.jsonl.gz"))
+    lines = open(path).read().splitlines()
+    joined = tmp_path / "joined.jsonl"
+    joined.write_text("\n".join(lines + lines[1:3]) + "\n")
+    (tmp_path / "joined.jsonl.meta.json").write_text(open(path + ".meta.json").read())
+    n = len(lines)
+    got = read_recording(str(joined))
+    assert len(got.requests) == len(reqs) + 2
+    assert any(f"lines {n + 1} repeats 2, {n + 2} repeats 3" in w for w in got.warnings), got.warnings
+    assert main(["trace", "validate", str(joined)]) == 0
+    out = capsys.readouterr().out
+    assert f"{n + 1} repeats 2" in out and "1 warning(s) above" in out
+
+
+def test_a_request_the_pool_cannot_hold_is_named_by_its_line_and_this_commands_flags(tmp_path, capsys):
+    from marconi.cli import main
+
+    reqs = _sessions(seed=4, sessions=1, turns=3)
+    path = str(tmp_path / "rec.jsonl")
+    _record(path, reqs, [0] * len(reqs), 544, num_blocks=8)      # the server's pool, as recorded: 8 blocks
+    out = tmp_path / "R"
+    assert main(["vllm", "diagnose", "--trace", path, "--model", MODEL, "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "does not fit the pool" in err and "--gpu-memory (or --blocks)" in err, err
+    assert "raise the capacity" not in err and "rec.jsonl:2)" in err, err
+    assert not out.exists()
 
 
 # ------------------------------------------------------------------------------ cause accounting

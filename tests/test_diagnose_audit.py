@@ -105,10 +105,17 @@ def test_closed_loop_ttft_is_the_replays(tmp_path: Path, capsys: pytest.CaptureF
                             "--concurrency", "2", "--vllm-python", VLLM_PYTHON, "--cpu-tiers", "",
                             "--out", str(tmp_path / "R")], capsys)
     assert code == 0, err
-    levers = {r["lever"]: r for r in map(json.loads, (tmp_path / "R" / "records.jsonl").read_text().splitlines())
-              if r["record"] == "lever"}
+    records = list(map(json.loads, (tmp_path / "R" / "records.jsonl").read_text().splitlines()))
+    levers = {r["lever"]: r for r in records if r["record"] == "lever"}
     for key in ("ttft_p50_s", "ttft_p95_s"):
         assert levers["stock"][key] == pytest.approx(levers["replay:lru"][key], rel=1e-9), key
+    # the headline is the engine the lost tokens are of; the replay's rate and block stand beside it
+    (summary,) = [r for r in records if r["record"] == "summary"]
+    assert summary["token_hit_rate"] == levers["stock"]["token_hit_rate"]
+    assert summary["token_hit_rate"] == pytest.approx(1 - summary["lost_tokens"] / summary["prompt_tokens"])
+    assert summary["replay_token_hit_rate"] == levers["replay:lru"]["token_hit_rate"]
+    assert summary["replay_block_size"] == summary["block_size"]
+    assert not any("vllm-replay ran at" in w for w in summary["warnings"]), summary["warnings"]
 
 
 # ------------------------------------------------------------------------------------- 2. the pool's blocks

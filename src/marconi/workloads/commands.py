@@ -302,7 +302,11 @@ def cmd_validate(args: argparse.Namespace) -> int:
             print(f"{args.file}: 1 problem(s) (a {kind} file)", file=sys.stderr)
             return 1
         kind = trace.meta.get("layout", kind)      # a block-hash trace names its layout: Mooncake or Qwen-Bailian
-        print(f"{args.file}: OK (a {kind} file, read by the reader `--trace` uses: {len(trace.requests)} requests)")
+        notes = list(trace.meta.get("warnings") or [])   # lines skipped, requests left out: said, as --trace says them
+        for note in notes:
+            print(f"warning: {note}")
+        print(f"{args.file}: OK (a {kind} file, read by the reader `--trace` uses: {len(trace.requests)} requests"
+              + (f"; {len(notes)} warning(s) above" if notes else "") + ")")
         return 0
     try:
         problems, warnings = inspect_trace(args.file)

@@ -4,6 +4,7 @@ Malformed input raises :class:`RecordingError` (file, line, field). See docs/dat
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import zlib
@@ -19,7 +20,7 @@ from .mooncake import MooncakeRow, MooncakeTokens
 from .trace import Request, Trace
 
 __all__ = ["RecordedRequest", "Recording", "RecordingError", "read_recording", "build_recording_trace",
-           "is_recording", "is_mooncake_file", "RECORDING_FORMAT"]
+           "is_recording", "is_mooncake_file", "sidecar_of", "RECORDING_FORMAT"]
 
 RECORDING_FORMAT = "marconi-vllm-recording"     # marconi.integrations.vllm.record writes it (same value)
 META_SUFFIX = ".meta.json"
@@ -58,16 +59,33 @@ class Recording:
         return int(self.meta["block_size"])
 
 
-def is_recording(path: str | os.PathLike) -> bool:
-    """Whether ``path`` has a recording sidecar (``format: marconi-vllm-recording``)."""
+def sidecar_of(path: str | os.PathLike) -> Path:
+    """A recording's sidecar: ``path + .meta.json``; for a gzipped recording (``rec.jsonl.gz``) whose
+    own is absent, the sidecar of the name it was gzipped from (``rec.jsonl.meta.json``), which
+    ``gzip`` leaves where it was."""
     side = Path(os.fspath(path) + META_SUFFIX)
-    if not side.is_file():
-        return False
-    try:
-        meta = read_json(side)
-    except JsonError:
-        return False
-    return isinstance(meta, dict) and meta.get("format") == RECORDING_FORMAT
+    name = os.fspath(path)
+    if not side.is_file() and name.lower().endswith(".gz"):
+        plain = Path(name[:-3] + META_SUFFIX)
+        if plain.is_file():
+            return plain
+    return side
+
+
+def is_recording(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is a recording: it has a recording sidecar (``format: marconi-vllm-recording``),
+    or its first line is a recording's header (``{"recording": ...}``; its reader then names the
+    missing sidecar). Reads at most 1 MiB and never raises."""
+    side = sidecar_of(path)
+    if side.is_file():
+        try:
+            meta = read_json(side)
+        except JsonError:
+            meta = None
+        if isinstance(meta, dict) and meta.get("format") == RECORDING_FORMAT:
+            return True
+    first = _first_object(path)
+    return first is not None and "recording" in first and "hash_ids" not in first
 
 
 # How far is_mooncake_file looks for its first line: a Mooncake request is a few KiB; a file with no
@@ -75,16 +93,16 @@ def is_recording(path: str | os.PathLike) -> bool:
 _SNIFF_BYTES = 1 << 20
 
 
-def is_mooncake_file(path: str | os.PathLike) -> bool:
-    """Whether ``path``'s first non-blank line is a Mooncake request; reads at most 1 MiB of a regular
-    file (of its text, if gzipped: a ``.gz`` name) and never raises."""
+def _first_object(path: str | os.PathLike) -> dict | None:
+    """The first non-blank line of a regular file (of its text, if gzipped: a ``.gz`` name) where it is
+    a JSON object, else None; reads at most 1 MiB and never raises."""
     try:
         if not_regular(os.stat(path)) is not None:
-            return False
+            return None
         with open_binary(path) as fh:
             head = fh.read(_SNIFF_BYTES)
     except (OSError, EOFError, zlib.error):     # a bad gzip stream: BadGzipFile, cut short, or corrupt
-        return False
+        return None
     lines = head.splitlines()
     if len(head) == _SNIFF_BYTES and not head.endswith(b"\n"):
         lines = lines[:-1]  # cut at the limit: the last line is not whole
@@ -93,11 +111,18 @@ def is_mooncake_file(path: str | os.PathLike) -> bool:
             try:
                 obj = json.loads(raw)
             except (ValueError, RecursionError):  # RecursionError: a line nested thousands deep
-                return False
-            # a block-hash request, even one missing a field (its reader then names the field): token
-            # traces have neither hash_ids nor input_length
-            return isinstance(obj, dict) and ("hash_ids" in obj or {"timestamp", "input_length"} <= obj.keys())
-    return False
+                return None
+            return obj if isinstance(obj, dict) else None
+    return None
+
+
+def is_mooncake_file(path: str | os.PathLike) -> bool:
+    """Whether ``path``'s first non-blank line is a Mooncake request; reads at most 1 MiB of a regular
+    file (of its text, if gzipped: a ``.gz`` name) and never raises."""
+    obj = _first_object(path)
+    # a block-hash request, even one missing a field (its reader then names the field): token traces
+    # have neither hash_ids nor input_length
+    return obj is not None and ("hash_ids" in obj or {"timestamp", "input_length"} <= obj.keys())
 
 
 def _where(path: str, line: int, name: str | None = None) -> str:
@@ -121,7 +146,7 @@ def _time(obj: dict, key: str, path: str, line: int) -> float:
 
 
 def _read_meta(path: str) -> dict[str, Any]:
-    side = path + META_SUFFIX
+    side = os.fspath(sidecar_of(path))
     if not Path(side).is_file():
         raise RecordingError(f"{side}: missing: a recording's sidecar holds its block size and model (it is written "
                              "next to the file by MARCONI_VLLM_RECORD); copy it along with the recording")
@@ -157,8 +182,11 @@ def read_recording(path: str | os.PathLike, limit: int | None = None) -> Recordi
     path = os.fspath(path)
     meta = _read_meta(path)
     bs = int(meta["block_size"])
-    with open(path, "rb") as fh:
-        lines = fh.read().split(b"\n")
+    try:
+        with open_binary(path) as fh:        # gzipped where the name ends in .gz
+            lines = fh.read().split(b"\n")
+    except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
+        raise RecordingError(f"{path}: not a whole gzip stream ({exc}): gunzip it, or copy it again") from None
     numbered = [(i + 1, raw) for i, raw in enumerate(lines) if raw.strip()]
     if not numbered:
         raise RecordingError(f"{path}: empty: no header and no request (was the server stopped before any request "
@@ -168,6 +196,8 @@ def read_recording(path: str | os.PathLike, limit: int | None = None) -> Recordi
     depth_of: dict[int, int] = {}
     first_seen: dict[int, int] = {}
     never_served = 0
+    seen_lines: dict[tuple, int] = {}        # a request's whole content -> its first line
+    repeated: list[tuple[int, int]] = []
     last_line = numbered[-1][0]
     for k, (line, raw) in enumerate(numbered):
         try:
@@ -186,7 +216,7 @@ def read_recording(path: str | os.PathLike, limit: int | None = None) -> Recordi
                                      "its header (written by MARCONI_VLLM_RECORD)")
             if obj["recording"] != meta["salt_id"]:
                 raise RecordingError(f"{path}:{line}: field 'recording': salt mismatch: the file was recorded with "
-                                     f"salt {obj['recording']!r}, its sidecar {path + META_SUFFIX} holds "
+                                     f"salt {obj['recording']!r}, its sidecar {sidecar_of(path)} holds "
                                      f"{meta['salt_id']!r} (a sidecar from another recording?)")
             continue
         if "recording" in obj:
@@ -229,6 +259,14 @@ def read_recording(path: str | os.PathLike, limit: int | None = None) -> Recordi
             parent = h
         rec.requests.append(RecordedRequest(f"{path}:{line}", arrival, finish, prompt_len, output_len, tuple(ids),
                                             cached, preempt))
+        twin = seen_lines.setdefault((arrival, finish, prompt_len, output_len, tuple(ids)), line)
+        if twin != line:
+            repeated.append((line, twin))
+    if repeated:        # two real requests never share both times to the last digit: a file joined to itself?
+        shown = ", ".join(f"{a} repeats {b}" for a, b in repeated[:5]) + (", ..." if len(repeated) > 5 else "")
+        rec.warnings.append(f"{path}: {len(repeated)} line(s) repeat an earlier line exactly (the same arrival and "
+                            f"finish times and blocks: lines {shown}); a copy joined to the file? both are kept: "
+                            "remove the copies for a true diagnosis")
     if never_served:
         rec.warnings.append(f"{path}: field 'num_computed_tokens': {never_served} request(s) left out, aborted "
                             "before vLLM computed a token of them (clients that gave up while they waited): "
@@ -240,7 +278,7 @@ def read_recording(path: str | os.PathLike, limit: int | None = None) -> Recordi
         first = sorted(range(len(rec.requests)), key=lambda i: rec.requests[i].arrival)[:limit]
         rec.requests = [rec.requests[i] for i in sorted(first)]
     if meta.get("truncated"):
-        rec.warnings.append(f"{path}{META_SUFFIX}: field 'truncated': the recording stopped at its size cap; "
+        rec.warnings.append(f"{sidecar_of(path)}: field 'truncated': the recording stopped at its size cap; "
                             "later traffic is missing")
     return rec
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -526,7 +527,10 @@ def diagnose(cfg: DiagnoseConfig, *, trace: Any = None, notice: Callable[[str], 
 
     say(f"diagnose: {n} requests on {cfg.model}, {layout.num_blocks} blocks of {layout.block_size} tokens "
         f"(match unit {layout.hash_block_size}), vllm-align emulation")
-    stock = run("stock", layout, attribute_causes=True)
+    try:
+        stock = run("stock", layout, attribute_causes=True)
+    except ConfigError as exc:      # the emulator's advice in this command's flags, and where the request is
+        raise ConfigError(_in_diagnose_terms(str(exc), trace)) from None
     by_cause = stock.lost_by_cause()
     lost = int((stock.prompt - stock.hit).sum())
     assert sum(by_cause.values()) == lost, (by_cause, lost)
@@ -537,9 +541,17 @@ def diagnose(cfg: DiagnoseConfig, *, trace: Any = None, notice: Callable[[str], 
     fidelity = None
     stock_engine = "vllm-align"
     replay_records: list[dict[str, Any]] = []
+    replay_block = None
     if cfg.vllm_python is not None:
         replay_records = _replay(cfg, layout, max_num_seqs, n, say)
-        stock_engine = "vllm-replay"
+        stock_engine = "vllm-align; vllm-replay beside it"
+        replay_block = replay_records[0].get("block_size") if replay_records else None
+        if replay_block is not None and int(replay_block) != layout.block_size:
+            w = (f"vllm-replay ran at vLLM's own {replay_block}-token block for {cfg.model}, the diagnosis at "
+                 f"{layout.block_size} tokens (the recording's): the replay's figures are of another pool; "
+                 "diagnose with the recording's own --model for a like-for-like replay")
+            warnings.append(w)
+            say(f"warning: {w}")
     if recorded_hits is not None:
         fidelity = _fidelity(recorded_hits, stock.hit, stock.prompt)
         fidelity["engine"] = "vllm-align"
@@ -573,7 +585,9 @@ def diagnose(cfg: DiagnoseConfig, *, trace: Any = None, notice: Callable[[str], 
                "tensor_parallel": cfg.tensor_parallel, "engine": stock_engine, "num_requests": n,
                "num_blocks": layout.num_blocks, "block_size": layout.block_size, "match_unit": layout.hash_block_size,
                "prompt_tokens": int(stock.prompt.sum()), "hit_tokens": int(stock.hit.sum()),
-               "token_hit_rate": (replay_records[0]["token_hit_rate"] if replay_records else stock.token_hit_rate),
+               "token_hit_rate": stock.token_hit_rate,     # the engine the lost tokens and causes are of
+               "replay_token_hit_rate": replay_records[0]["token_hit_rate"] if replay_records else None,
+               "replay_block_size": replay_block,
                "emulated_token_hit_rate": stock.token_hit_rate,
                "infinite_token_hit_rate": infinite.token_hit_rate, "oracle_token_hit_rate": oracle_rate,
                "oracle_admission": oracle_admission,
@@ -585,6 +599,18 @@ def diagnose(cfg: DiagnoseConfig, *, trace: Any = None, notice: Callable[[str], 
                    "kv_hit": stock.kv_hit.tolist(), "causes": {c: stock.causes[:, k].tolist() for k, c in enumerate(CAUSES)},
                    "recorded_num_cached_tokens": list(recorded_hits) if recorded_hits is not None else None}
     return {"summary": summary, "levers": levers, "capacity": capacity, "per_request": per_request, "warnings": warnings}
+
+
+def _in_diagnose_terms(text: str, trace: Any) -> str:
+    """An emulator refusal as this command says it: ``raise the capacity`` as its flags, and
+    ``request #i`` with the file and line a recording read it from."""
+    text = text.replace("raise the capacity", "raise --gpu-memory (or --blocks), or leave the request out "
+                        "(--num-requests)")
+    found = re.search(r"request #(\d+)", text)
+    where = (((getattr(trace, "meta", None) or {}).get("recorded") or {}).get("where") or [])
+    if found and int(found.group(1)) < len(where):
+        text += f" (request #{found.group(1)} is {where[int(found.group(1))]})"
+    return text
 
 
 def _oracle_rate(trace: Any, spec: ModelSpec, layout: VllmLayout, say: Callable[[str], None]) -> tuple[float | None, str | None]:
@@ -672,8 +698,11 @@ def _fmt(x: Any, pct: bool = False) -> str:
 
 def summary_table(result: dict[str, Any]) -> str:
     s = result["summary"]
-    lines = [f"token hit rate {_fmt(s['token_hit_rate'], True)} ({s['engine']}); infinite "
+    lines = [f"token hit rate {_fmt(s['token_hit_rate'], True)} (vllm-align); infinite "
              f"{_fmt(s['infinite_token_hit_rate'], True)}; oracle {_fmt(s['oracle_token_hit_rate'], True)}"]
+    if s.get("replay_token_hit_rate") is not None:
+        lines.append(f"through vLLM's own scheduler: {_fmt(s['replay_token_hit_rate'], True)} (vllm-replay, "
+                     f"{s.get('replay_block_size') or '?'}-token blocks)")
     f = s.get("fidelity")
     if f:
         lines.append(f"fidelity: {f['agree']}/{f['requests']} requests reproduce the recorded num_cached_tokens "
@@ -691,9 +720,10 @@ def summary_table(result: dict[str, Any]) -> str:
 
 
 def lever_table(result: dict[str, Any]) -> str:
-    rows = [("lever", "engine", "hit rate", "Δ", "TTFT p50 s", "TTFT p95 s", "blocks")]
+    rows = [("lever", "engine", "hit rate", "Δ pp", "TTFT p50 s", "TTFT p95 s", "blocks")]
     for r in result["levers"]:
-        rows.append((r["lever"], r["engine"], _fmt(r["token_hit_rate"], True), _fmt(r.get("delta_token_hit_rate"), True),
+        delta = r.get("delta_token_hit_rate")
+        rows.append((r["lever"], r["engine"], _fmt(r["token_hit_rate"], True), "-" if delta is None else f"{100 * delta:+.1f}",
                      _fmt(r["ttft_p50_s"]), _fmt(r["ttft_p95_s"]), str(r.get("num_blocks", "-"))))
     widths = [max(len(row[k]) for row in rows) for k in range(len(rows[0]))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in rows)

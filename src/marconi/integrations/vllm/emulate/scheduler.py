@@ -109,7 +109,8 @@ class VllmAlignScheduler:
         if not scheduled and not preempted and not num_loading:   # (after a preemption: vLLM's too)
             if not self.loading:
                 req = (self.waiting or self.running)[0]
-                raise ConfigError(f"vllm-align: a {req.state.num_prompt_tokens}-token request does not fit the pool "
+                raise ConfigError(f"vllm-align: request #{req.index}, of {req.state.num_prompt_tokens} tokens, does not "
+                                  "fit the pool "
                                   f"({engine.layout.num_blocks} blocks, {engine.pool.num_free} free) even alone; "
                                   f"vLLM would never schedule it — raise the capacity")
             if not self.running and (engine.tier is None or not engine.tier.busy):
@@ -156,8 +157,8 @@ class VllmAlignScheduler:
                     # Alone and still short of blocks: it would be preempted and resumed forever
                     # (vLLM refuses to start with a pool below one max-length request). Loads
                     # holding blocks will land and free them: then it preempts itself, as vLLM does.
-                    raise ConfigError(f"vllm-align: a request of {req.state.num_tokens} tokens does not fit the "
-                                      f"pool ({engine.layout.num_blocks} blocks) even alone; raise the capacity")
+                    raise ConfigError(f"vllm-align: request #{req.index}, of {req.state.num_tokens} tokens, does not "
+                                      f"fit the pool ({engine.layout.num_blocks} blocks) even alone; raise the capacity")
                 self._preempt(victim, scheduled)
                 preempted = True
                 if victim is req:
