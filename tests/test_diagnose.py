@@ -12,7 +12,7 @@ import pytest
 from marconi.core.model import ModelSpec
 from marconi.core.registry import ConfigError
 from marconi.integrations.vllm.diagnose import (CAUSES, DiagnoseConfig, attribute, diagnose, run_emulated,
-                                               write_report)
+                                               next_steps, write_report)
 from marconi.integrations.vllm.layout import layout_for_spec, prefix_hashes
 from marconi.integrations.vllm.record import ENV_RECORD, Recorder, check_record_path
 from marconi.integrations.vllm.replay.run import model_dir
@@ -283,6 +283,23 @@ def test_diagnose_reproduces_a_recording_made_by_the_same_engine(tmp_path):
     assert recs[0]["record"] == "summary" and sum(recs[0]["lost_tokens_by_cause"].values()) == recs[0]["lost_tokens"]
     assert "waterfall.png" in (tmp_path / "R" / "report.md").read_text()
     assert write_report(result, tmp_path / "R") == paths       # its own earlier report: replaced
+    report = (tmp_path / "R" / "report.md").read_text()
+    steps = next_steps(result)
+    assert "## What to do next" in report and all(line in report for line in steps)
+    top = max(CAUSES, key=lambda c: s["lost_tokens_by_cause"][c])
+    assert any(f"Most lost tokens: {top}" in line for line in steps)
+    best = max((r["delta_token_hit_rate"], r["lever"]) for r in result["levers"] if r["lever"] != "stock")
+    assert any(best[1] in line for line in steps) == (best[0] > 0.005)
+    assert "does not reproduce" not in report           # every request reproduced: no list
+    # a recording whose counts the run does not reproduce: the first that differ, by file and line
+    wrong = str(tmp_path / "wrong.jsonl")
+    _record(wrong, reqs, [h + 1 for h in first.hit.tolist()], layout.hash_block_size, num_blocks=60)
+    other = diagnose(DiagnoseConfig(trace=wrong, model=MODEL, concurrency=1, capacity_points=(), levers=()),
+                     show_bars=False)
+    firsts = other["summary"]["fidelity"]["first_disagreements"]
+    assert [d["where"] for d in firsts] == [f"{wrong}:{i + 2}" for i in range(len(firsts))] and firsts
+    write_report(other, tmp_path / "W")
+    assert f"| 0 | {wrong}:2 |" in (tmp_path / "W" / "report.md").read_text()
     (tmp_path / "R" / "notes.txt").write_text("mine")
     with pytest.raises(ConfigError, match=r"files it did not write \(notes.txt\)"):
         write_report(result, tmp_path / "R")
@@ -303,7 +320,8 @@ def test_the_command_refuses_a_folder_of_someone_elses_files_before_the_run(tmp_
     monkeypatch.chdir(out)
     for target in (".", str(out)):
         assert main(["vllm", "diagnose", "--trace", "mooncake-sample", "--out", target]) == 2
-        assert "holds no report of `marconi vllm diagnose`" in capsys.readouterr().err
+        err = capsys.readouterr().err
+        assert "holds no report of `marconi vllm diagnose` (it holds sub, thesis.txt)" in err, err
     assert (out / "thesis.txt").read_text() == "mine" and (out / "sub").is_dir()
     old = tmp_path / "old"
     old.mkdir()

@@ -234,8 +234,9 @@ def check_replaceable(path: PathLike, writer: str, *, flag: str = "--out", known
     ours = set(listed) if isinstance(listed, list) else set(known)
     extra = [name for name in present if name not in ours and name != FOLDER_MANIFEST]
     if not ours or len(extra) == len(present):
-        raise ConfigError(f"{flag} {path} is not empty and holds no report of `{writer}`: the report replaces the "
-                          "whole folder, so its files would be lost; choose a new or empty folder")
+        shown = ", ".join(sorted(present)[:3]) + (f" and {len(present) - 3} more" if len(present) > 3 else "")
+        raise ConfigError(f"{flag} {path} is not empty and holds no report of `{writer}` (it holds {shown}): the "
+                          "report replaces the whole folder, so its files would be lost; choose a new or empty folder")
     refuse_foreign_files(path, extra, flag=flag)
     return f"the report already in {path} is replaced once this run completes; until then it stays as it is"
 

@@ -32,7 +32,8 @@ from marconi.integrations.vllm.replay.configs import VLLM_BLOCK_SIZES
 from marconi.units import parse_capacity
 
 __all__ = ["CAUSES", "CAUSE_TEXT", "DEFAULT_MODEL", "DiagnoseConfig", "EmulatedRun", "attribute", "run_emulated",
-           "diagnose", "model_for_trace", "summary_table", "lever_table", "write_report", "EMULATED_VLLM"]
+           "diagnose", "model_for_trace", "summary_table", "lever_table", "next_steps", "write_report",
+           "EMULATED_VLLM", "CAUSE_ADVICE"]
 
 CAUSES = ("never_shared", "kv_evicted", "no_state_at_usable_depth", "state_evicted_kv_stayed", "in_flight",
           "preempted", "below_one_block")
@@ -338,14 +339,18 @@ def _check_serving_options(cfg: DiagnoseConfig, requests: Sequence[Any], layout:
         check_pool_blocks(cfg.num_blocks, layout_minimum_pool(layout, replay_max_model_len(requests)))
 
 
-def _fidelity(recorded: Sequence[int], ran: np.ndarray, prompt: np.ndarray) -> dict[str, Any]:
+def _fidelity(recorded: Sequence[int], ran: np.ndarray, prompt: np.ndarray,
+              where: Sequence[str] | None = None) -> dict[str, Any]:
+    """How many requests the run reproduces; the first that differ with the recording's file:line
+    (``where``, in the requests' order) where known."""
     rec = np.asarray(recorded, np.int64)
     agree = rec == ran
     return {"requests": int(len(rec)), "agree": int(agree.sum()), "agree_share": float(agree.mean()) if len(rec) else 1.0,
             "recorded_hit_rate": float(rec.sum() / prompt.sum()) if prompt.sum() else 0.0,
             "replayed_hit_rate": float(ran.sum() / prompt.sum()) if prompt.sum() else 0.0,
             "abs_token_gap": int(np.abs(rec - ran).sum()),
-            "first_disagreements": [{"request": int(i), "recorded": int(rec[i]), "replayed": int(ran[i])}
+            "first_disagreements": [{"request": int(i), "recorded": int(rec[i]), "replayed": int(ran[i]),
+                                     **({"where": where[i]} if where is not None and i < len(where) else {})}
                                     for i in np.flatnonzero(~agree)[:10]]}
 
 
@@ -473,7 +478,14 @@ def diagnose(cfg: DiagnoseConfig, *, trace: Any = None, notice: Callable[[str], 
     from marconi.integrations.vllm.replay.configs import model_dir
     from marconi.workloads import load_trace
 
-    say = notice or (lambda line: None)
+    shown = notice or (lambda line: None)
+    skipped: list[str] = []          # what did not run (a lever, a capacity point), in the report too
+
+    def say(line: str) -> None:
+        if line.endswith(")") and ": skipped (" in line:
+            skipped.append(line)
+        shown(line)
+
     if trace is None:
         trace = load_trace(cfg.trace, cfg.num_requests)
     requests = list(trace)
@@ -553,11 +565,12 @@ def diagnose(cfg: DiagnoseConfig, *, trace: Any = None, notice: Callable[[str], 
             warnings.append(w)
             say(f"warning: {w}")
     if recorded_hits is not None:
-        fidelity = _fidelity(recorded_hits, stock.hit, stock.prompt)
+        lines_of = ((trace.meta or {}).get("recorded") or {}).get("where")
+        fidelity = _fidelity(recorded_hits, stock.hit, stock.prompt, lines_of)
         fidelity["engine"] = "vllm-align"
         if replay_records:
             ran = np.asarray(replay_records[0]["per_request"]["num_cached_tokens"], np.int64)
-            fidelity["vllm_replay"] = _fidelity(recorded_hits, ran, stock.prompt)
+            fidelity["vllm_replay"] = _fidelity(recorded_hits, ran, stock.prompt, lines_of)
     levers = [_lever_record("stock", stock, layout, "vllm-align", baseline=stock)]
     for lever in cfg.levers:
         try:
@@ -594,7 +607,8 @@ def diagnose(cfg: DiagnoseConfig, *, trace: Any = None, notice: Callable[[str], 
                "lost_tokens": lost, "lost_tokens_by_cause": by_cause, "fidelity": fidelity,
                "recorded_token_hit_rate": (fidelity or {}).get("recorded_hit_rate"),
                "ttft_p50_s": percentile(list(stock.ttft_s), 50), "ttft_p95_s": percentile(list(stock.ttft_s), 95),
-               "max_num_seqs": max_num_seqs, "concurrency": cfg.concurrency, "warnings": warnings}
+               "max_num_seqs": max_num_seqs, "concurrency": cfg.concurrency, "warnings": warnings,
+               "skipped": skipped}
     per_request = {"prompt_len": stock.prompt.tolist(), "num_cached_tokens": stock.hit.tolist(),
                    "kv_hit": stock.kv_hit.tolist(), "causes": {c: stock.causes[:, k].tolist() for k, c in enumerate(CAUSES)},
                    "recorded_num_cached_tokens": list(recorded_hits) if recorded_hits is not None else None}
@@ -719,6 +733,43 @@ def summary_table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+#: What to look at next when a cause holds the most lost tokens.
+CAUSE_ADVICE = {
+    "never_shared": "no cache can recover tokens no earlier request had: the traffic itself shares little at "
+                    "this block (stable prefixes first in the prompt share more)",
+    "kv_evicted": "capacity: more GPU memory (the gpu-memory-2x lever), or a CPU tier (--vllm-python with "
+                  "--cpu-tiers)",
+    "no_state_at_usable_depth": "states missing where a hit could resume: the sparse-dp and retention-interval "
+                                "levers place more of them",
+    "state_evicted_kv_stayed": "states evicted while their KVs stayed: the marconi lever ranks them with their KVs",
+    "in_flight": "requests asked for a prefix another was still computing: nothing a cache policy changes",
+    "preempted": "preemptions freed computed blocks: the max-num-seqs lever, or more memory",
+    "below_one_block": "prompt tails under one block never cache: inherent to the block size",
+}
+
+
+def next_steps(result: dict[str, Any]) -> list[str]:
+    """A few sentences from the figures: where the headroom is (ceilings), the cause that loses most
+    and what addresses it, and the lever that gained most (or that none did)."""
+    s = result["summary"]
+    rate, inf, oracle = s["token_hit_rate"], s["infinite_token_hit_rate"], s["oracle_token_hit_rate"]
+    out = [f"Headroom: {100 * (inf - rate):.1f} pp to the infinite pool's {100 * inf:.1f}%"
+           + (f", {100 * (oracle - rate):.1f} pp to the oracle at this pool ({100 * oracle:.1f}%): what a better "
+              "policy alone could reach" if oracle is not None else "") + "."]
+    lost = s["lost_tokens_by_cause"]
+    if s["lost_tokens"]:
+        top = max(CAUSES, key=lambda c: lost[c])
+        out.append(f"Most lost tokens: {top} ({100 * lost[top] / s['lost_tokens']:.0f}%): {CAUSE_ADVICE[top]}.")
+    gains = [(r.get("delta_token_hit_rate") or 0.0, r["lever"]) for r in result["levers"]
+             if r["engine"] == "vllm-align" and r["lever"] != "stock"]
+    best = max(gains, default=None)
+    if best is not None and best[0] > 0.005:
+        out.append(f"The lever that gains most: {best[1]} (+{100 * best[0]:.1f} pp).")
+    elif gains:
+        out.append("No lever gains 0.5 pp here.")
+    return out
+
+
 def lever_table(result: dict[str, Any]) -> str:
     rows = [("lever", "engine", "hit rate", "Δ pp", "TTFT p50 s", "TTFT p95 s", "blocks")]
     for r in result["levers"]:
@@ -802,6 +853,17 @@ def write_report(result: dict[str, Any], out: str | Path) -> list[Path]:
         md += [f"| **total lost** | **{s['lost_tokens']:,}** | 100% |", "", "![waterfall](waterfall.png)", "",
                "## Levers", "", "```", lever_table(result), "```", "", "## Hit rate against capacity", "",
                "![capacity](capacity.png)", ""]
+        md += ["## What to do next", ""] + [f"- {line}" for line in next_steps(result)] + [""]
+        f = s.get("fidelity") or {}
+        for label, fid in (("the emulation", f), ("vLLM's own scheduler", f.get("vllm_replay") or {})):
+            if fid.get("first_disagreements"):
+                md += [f"## Requests {label} does not reproduce ({fid['requests'] - fid['agree']} of "
+                       f"{fid['requests']}; the first {len(fid['first_disagreements'])})", "",
+                       "| request | where | recorded cached tokens | replayed |", "|---:|---|---:|---:|"]
+                md += [f"| {d['request']} | {d.get('where', '-')} | {d['recorded']:,} | {d['replayed']:,} |"
+                       for d in fid["first_disagreements"]] + [""]
+        if s.get("skipped"):
+            md += ["## Not run", ""] + [f"- {line}" for line in s["skipped"]] + [""]
         if s["warnings"]:
             md += ["## Warnings", ""] + [f"- {w}" for w in s["warnings"]] + [""]
         (stage / "report.md").write_text("\n".join(md))
@@ -825,7 +887,9 @@ def register_command(sub: Any) -> None:
     pool.add_argument("--gpu-memory", default=None, help="the GPU's memory (80GB); default: a recording's own pool")
     pool.add_argument("--blocks", type=Number(Domain(2, 10**9, integer=True)), default=None,
                       help="the block pool (num_gpu_blocks) instead of --gpu-memory")
-    p.add_argument("--tensor-parallel", type=Number(Domain(1, 1024, integer=True)), default=1)
+    p.add_argument("--tensor-parallel", type=Number(Domain(1, 1024, integer=True)), default=1,
+                   help="GPUs per replica: the pool is each GPU's --gpu-memory over its share of the heads "
+                        "(it must divide every head count)")
     p.add_argument("--gpu", default="h100", help="step-time model's GPU: h100, h200 or a100")
     p.add_argument("--concurrency", type=Number(Domain(1, 65536, integer=True)), default=None,
                    help="a closed loop of C requests instead of the recorded arrival times")
@@ -890,5 +954,7 @@ def _cmd_diagnose(args: Any) -> int:
     print(summary_table(result))
     print()
     print(lever_table(result))
+    print()
+    print("\n".join(next_steps(result)))
     print(f"\nreport: {paths[0]}", file=sys.stderr)
     return 0
