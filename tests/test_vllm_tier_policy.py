@@ -56,6 +56,7 @@ def results(request: pytest.FixtureRequest) -> dict[str, str]:
     "randomised_driver_differs_from_lru",
     "reset_cache_makes_a_running_requests_scratch_stale",
     "connector_refuses_group_kinds_unlike_vllms",
+    "a_store_retried_after_failing_for_room_learns_its_depth",
     "store_threshold_filter_equals_the_emulation",
 ])
 def test_tier_policy(results: dict[str, str], case: str) -> None:

@@ -447,6 +447,45 @@ def case_reset_cache_makes_a_running_requests_scratch_stale() -> None:
     assert manager._policy.classify()[tail] == "dead", "the KV past the deepest state lives on after its request"
 
 
+def case_a_store_retried_after_failing_for_room_learns_its_depth() -> None:
+    """vLLM calls on_store_miss once per key per request: a store that failed for room and is retried
+    after another request's store must still give its new node its depth (it had none until the
+    request ended)."""
+    def node_depth(fail_first: bool):
+        manager = CPUOffloadingManager(7, cache_policy="MarconiCachePolicy", cache_policy_module_path=MODULE)
+        a, c, y, z = b"\x0a" * 16, b"\x0c" * 16, b"\x0b" * 16, b"\x0d" * 16
+
+        def request(name: str, chain: list, states: set):
+            ctx = ReqContext(req_id=name)
+            keys = [k for i, h in enumerate(chain, 1) for k in node_keys(h, i, i in states)]
+            for key in keys:
+                ctx.set_offload_key_position(key, (chain.index(get_offload_block_hash(key)) + 1) * C)
+            manager.on_new_request(ctx)
+            return ctx, keys
+
+        for name, h in (("X", a), ("Y", y)):
+            ctx, keys = request(name, [h], {1})
+            out = manager.prepare_store(keys, ctx)
+            manager.complete_store(out.keys_to_store, ctx)
+            manager.on_request_finished(ctx)
+        r, r_keys = request("R", [a, c], {2})
+        manager.prepare_load(node_keys(a, 1, True), r)          # R's hit on a: pinned
+        if fail_first:
+            loader, _ = request("L", [], set())
+            manager.prepare_load(node_keys(y, 1, True), loader)  # and Y's: no room for R's store
+            assert manager.prepare_store(r_keys[1:], r) is None
+            manager.complete_load(node_keys(y, 1, True), loader)
+        zc, z_keys = request("Z", [z], set())                    # another request stores in between
+        out = manager.prepare_store(z_keys, zc)
+        manager.complete_store(out.keys_to_store, zc)
+        out = manager.prepare_store(r_keys[1:], r)
+        manager.complete_store(out.keys_to_store, r)
+        return manager._policy._nodes[c].depth
+
+    assert node_depth(False) == 2 * C
+    assert node_depth(True) == 2 * C, "a retried store's node has no depth until its request ends"
+
+
 def case_connector_refuses_group_kinds_unlike_vllms() -> None:
     """A 'marconi_group_kinds' that is not vLLM's groups is refused when the engine starts, naming
     the key; vLLM's own groups, given, load."""

@@ -166,7 +166,9 @@ class ChunkTreePolicy:
         self._nodes: dict[bytes, _Node] = {}
         self._children: dict[bytes, set[bytes]] = {}     # held nodes by their parent hash (held or not)
         self._open: dict[bytes, int] = {}
-        self._recent: dict[bytes, tuple[int, bytes | None]] = {}   # this store's misses: depth, parent
+        # the store misses' depths and parents, for the nodes insert() creates (kept past this store,
+        # bounded: a store that failed for room is retried by vLLM without a second on_store_miss)
+        self._recent: OrderedDict[bytes, tuple[int, bytes | None]] = OrderedDict()
         self._clock = 0
         self._effs: dict[int, float] = {}
         self.eviction_counts: dict[str, int] = dict.fromkeys(REASONS, 0)
@@ -247,7 +249,6 @@ class ChunkTreePolicy:
         """Learn the misses' depths and parents, and hold their nodes open until the request ends
         (a running request's KV may be followed by its state next step); no recency change."""
         keys = list(keys)
-        self._recent.clear()        # insert() follows within the same prepare_store
         state = self._learn(keys, req_context, stash=True)
         for block_hash in {get_offload_block_hash(k) for k in keys} - state.opened:
             state.opened.add(block_hash)
@@ -808,7 +809,7 @@ class ChunkTreePolicy:
             if parent == block_hash:
                 parent = None
             if stash:
-                self._recent[block_hash] = (position, parent)
+                self._remember(self._recent, block_hash, (position, parent))
             node = self._nodes.get(block_hash)
             if node is not None:
                 self._place(block_hash, node, position, parent)
