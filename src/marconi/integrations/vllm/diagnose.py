@@ -560,8 +560,10 @@ def diagnose(cfg: DiagnoseConfig, *, trace: Any = None, notice: Callable[[str], 
         replay_block = replay_records[0].get("block_size") if replay_records else None
         if replay_block is not None and int(replay_block) != layout.block_size:
             w = (f"vllm-replay ran at vLLM's own {replay_block}-token block for {cfg.model}, the diagnosis at "
-                 f"{layout.block_size} tokens (the recording's): the replay's figures are of another pool; "
-                 "diagnose with the recording's own --model for a like-for-like replay")
+                 f"{layout.block_size} tokens" + (" (the recording's)" if recorded is not None else "")
+                 + ": the replay's figures are of another pool"
+                 + ("; diagnose with the recording's own --model for a like-for-like replay" if recorded is not None
+                    else ""))
             warnings.append(w)
             say(f"warning: {w}")
     if recorded_hits is not None:
