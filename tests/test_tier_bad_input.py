@@ -100,6 +100,12 @@ def test_a_key_that_is_not_a_string_is_refused_not_an_attribute_error() -> None:
              "keys are strings", "[5]")
 
 
+def test_a_key_of_this_policy_in_another_case_is_refused_not_ignored() -> None:
+    """'Marconi_rule' was ignored without a word (audit), and the default rule ran."""
+    _refused(lambda: TierSettings.from_extra_config({**EXTRA, "Marconi_rule": "lru"}), "unknown key",
+             "'Marconi_rule'", "marconi_rule")
+
+
 def test_a_one_kind_group_list_names_the_key_that_gave_it() -> None:
     _refused(lambda: TierSettings.from_extra_config({**EXTRA, "marconi_group_kinds": "attention"}),
              "kv_connector_extra_config 'marconi_group_kinds' gives ['attention']", "eviction_policy")

@@ -153,7 +153,8 @@ class TierSettings:
         odd = [k for k in extra if not isinstance(k, str)]
         if odd:                          # JSON gives none; a Python caller's dict may
             raise ConfigError(f"kv_connector_extra_config: keys are strings, got {odd!r}")
-        unknown = sorted(k for k in extra if k.startswith("marconi_") and k not in _KEYS)
+        # any case: vLLM's keys are lower case, so 'Marconi_rule' is this policy's key mistyped, not vLLM's
+        unknown = sorted(k for k in extra if str(k).lower().startswith("marconi_") and k not in _KEYS)
         if unknown:
             raise ConfigError(f"kv_connector_extra_config: unknown key(s) {unknown}; known: {list(_KEYS)}")
         given = _given(extra, env, skip=(() if group_kinds is None else ("marconi_group_kinds",))
