@@ -26,6 +26,7 @@ def test_formatters_print_numbers():
     assert fmt_pts(0.0123) == "+1.23 pts" and fmt_pts(-0.5) == "-50.00 pts"
     assert fmt_times(4.5) == "4.50×"
     assert fmt_seconds(0.0123) == "12.3ms" and fmt_seconds(12.0) == "12.0s"
+    assert fmt_seconds(9.1014) == "9.10s" and fmt_seconds(0.9994) == "999.4ms"     # one unit past a second
 
 
 def test_md_table():

@@ -43,11 +43,12 @@ def fmt_times(x: float | None) -> str:
 
 
 def fmt_seconds(x: float | None) -> str:
-    """A duration: milliseconds below 10 s (``0.0123 -> "12.3ms"``), else seconds (``"12.0s"``)."""
+    """A duration: milliseconds below 1 s (``0.0123 -> "12.3ms"``), else seconds (``9.1014 -> "9.10s"``,
+    ``12.0 -> "12.0s"``): a column of TTFTs reads in one unit once they pass a second."""
     if _missing(x):
         return MISSING
     assert x is not None
-    return f"{x * 1000:.1f}ms" if x < 10 else f"{x:.1f}s"
+    return f"{x * 1000:.1f}ms" if x < 1 else (f"{x:.2f}s" if x < 10 else f"{x:.1f}s")
 
 
 def md_table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:

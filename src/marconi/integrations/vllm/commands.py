@@ -116,9 +116,9 @@ def _register_replay(sub: Any) -> None:
                              "places the states (MARCONI_VLLM_RETENTION; lru then means the plugin observing)")
     replay.add_argument("--retention-budget", type=Number(CHECKPOINT_BUDGET), default=None,
                         help="with --retention sparse-dp: states placed per sequence (default 2)")
-    replay.add_argument("--cpu-tier", default=None, type=CapacityList(allow_zero=False),
-                        help="a CPU tier beside the GPU pool (vLLM's OffloadingConnector): a size (256GB) or a "
-                             "fraction of the trace's working set (0.5x), as --capacity")
+    replay.add_argument("--cpu-tier", default=None, type=CapacityList(allow_zero=False, single=True),
+                        help="a CPU tier beside the GPU pool (vLLM's OffloadingConnector): one size (256GB) or "
+                             "fraction of the trace's working set (0.5x); run once per tier size")
     replay.add_argument("--tier-policies", default=None,
                         help="with --cpu-tier: comma list of the tier's policies, one engine per GPU policy each: "
                              "lru, arc, marconi, none (GPU only, for the tier's gain); a policy may carry vLLM's "
