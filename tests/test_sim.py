@@ -153,6 +153,24 @@ def test_jamba_table_is_fitted_with_a_line(shared_data):
     assert table.ttft_s(None, int(tokens), 0) == pytest.approx(ms / 1000, rel=0.1)
 
 
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_sweep_counts_every_request_its_points_replay_in_its_forked_workers_too(workers):
+    """The progress bar's count (a point is a whole replay: minutes on a large trace): every request of
+    every point, in this process and in the workers forked while counting; nothing counted outside."""
+    from marconi.sim.sweep import counting_requests
+
+    trace = chat_trace(num_sessions=60, turns=(3, 8), system_prompt_len=200, seed=5)
+    assert len(trace) > 256          # counted every 256 requests and at each point's end
+    points = expand_points(["vllm+", "marconi"], ["0.2x"], ["paper-7b"])
+    seen = []
+    with counting_requests() as replayed:
+        run_sweep(trace, "chat", points, workers=workers, on_record=lambda r: seen.append(replayed()))
+        assert replayed() == 2 * len(trace)
+    assert seen[-1] == 2 * len(trace) and seen[0] >= len(trace)
+    run_sweep(trace, "chat", points[:1], workers=workers)             # no counter open: nothing to count
+    assert replayed() == 2 * len(trace)
+
+
 def test_sweep_writes_records_atomically_and_compare_computes_gains(tmp_path):
     trace = chat_trace(num_sessions=20, turns=(2, 5), system_prompt_len=300, seed=2)
     points = expand_points(["vanilla", "vllm+", "sglang+", "marconi:alpha=1.0"], ["0.2x", "2GB"], ["paper-7b"])

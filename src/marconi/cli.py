@@ -12,8 +12,9 @@ import importlib
 import os
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from marconi.commandline import load_trace, read_files
 from marconi.pool import sigterm_raises, sigterm_received
@@ -123,7 +124,7 @@ def _decorate(rec: dict[str, Any]) -> dict[str, Any]:
 
 
 def _cmd_simulate(args: argparse.Namespace) -> int:
-    from tqdm import tqdm
+    importlib.import_module("tqdm")     # the bar's extra ([sim]): a missing one is said before the trace loads
 
     from marconi.io import check_output
     from marconi.sim.latency import make_latency
@@ -157,16 +158,13 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         print(f"trace {args.trace}: {len(trace):,} requests, {trace.total_input_tokens:,} input tokens "
               f"(loaded in {time.perf_counter() - started:.1f}s); {len(points)} points on the {backend.name} "
               "backend", file=sys.stderr)
-        bar = tqdm(total=len(points), unit="point", disable=args.quiet, file=sys.stderr)
         failed: PointsFailed | None = None
         try:
-            records = run_sweep(trace, args.trace, points, latency=args.latency, mode=args.mode, workers=workers,
-                                per_request=not args.no_per_request, on_record=lambda r: bar.update(1),
-                                backend=backend)
+            with _request_bar(len(points), len(trace), args.quiet) as on_record:
+                records = run_sweep(trace, args.trace, points, latency=args.latency, mode=args.mode, workers=workers,
+                                    per_request=not args.no_per_request, on_record=on_record, backend=backend)
         except PointsFailed as exc:  # the finished points are kept: shown, written beside --out, then the error
             failed, records = exc, exc.records
-        finally:
-            bar.close()
     finally:
         backend.close()
     if records:  # the table first: a full disk or a failed point must not lose the results
@@ -180,6 +178,50 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     if failed is not None:
         raise failed
     return 0
+
+
+@contextmanager
+def _request_bar(points: int, requests: int, quiet: bool) -> Iterator[Callable[[Any], None]]:
+    """A progress bar of a sweep in requests replayed over all its points (one point is a whole
+    replay: minutes on a large trace, which a bar of points shows as nothing moving), redrawn twice
+    a second from the workers' shared count (:func:`marconi.sim.sweep.counting_requests`), with the
+    points finished beside it. Yields the sweep's ``on_record``; a point finished counts whole
+    (points run where the count cannot reach, on ray, move the bar by point)."""
+    import threading
+
+    from tqdm import tqdm
+
+    from marconi.sim.sweep import counting_requests
+
+    total = points * requests
+    bar = tqdm(total=total, unit="req", unit_scale=True, disable=quiet, file=sys.stderr, smoothing=0.1)
+    finished = 0
+    stop = threading.Event()
+    with counting_requests() as replayed:
+        def show() -> None:
+            bar.n = min(total, max(replayed(), finished * requests))
+            bar.set_postfix_str(f"{finished}/{points} points", refresh=False)
+            bar.refresh()
+
+        def on_record(_record: Any) -> None:
+            nonlocal finished
+            finished += 1
+            show()
+
+        def redraw() -> None:
+            while not stop.wait(0.5):
+                show()
+
+        thread = threading.Thread(target=redraw, name="marconi-progress", daemon=True)
+        if not quiet:
+            thread.start()
+        try:
+            yield on_record
+        finally:
+            stop.set()
+            if thread.is_alive():
+                thread.join()
+            bar.close()
 
 
 def _drop_superseded(*outputs: str | Path) -> None:
@@ -268,7 +310,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 
 def _cmd_mrc(args: argparse.Namespace) -> int:
     """Miss-ratio curves: hit rate vs capacity per system, with oracle and infinite, JSONL + PNG."""
-    from tqdm import tqdm
+    importlib.import_module("tqdm")     # the bar's extra ([sim]): a missing one is said before the trace loads
 
     from marconi.io import check_output, output_group
     from marconi.report import fmt_pct as pct
@@ -298,16 +340,14 @@ def _cmd_mrc(args: argparse.Namespace) -> int:
     backend, workers = _backend(args)
     try:
         trace = load_trace(args.trace, args.limit)
-        bar = tqdm(total=total, unit="point", disable=args.quiet, file=sys.stderr)
         failed: PointsFailed | None = None
         try:
-            records = run_mrc(trace, args.trace, systems, model=args.model, points=args.points, lo=lo,
-                              ceilings=not args.no_ceilings, workers=workers, backend=backend,
-                              on_record=lambda r: bar.update(1), raise_lo=args.lo is None)
+            with _request_bar(total, len(trace), args.quiet) as on_record:
+                records = run_mrc(trace, args.trace, systems, model=args.model, points=args.points, lo=lo,
+                                  ceilings=not args.no_ceilings, workers=workers, backend=backend,
+                                  on_record=on_record, raise_lo=args.lo is None)
         except PointsFailed as exc:  # the curve of the capacities that ran is kept
             failed, records = exc, exc.records
-        finally:
-            bar.close()
     finally:
         backend.close()
     if not records:

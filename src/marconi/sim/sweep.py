@@ -20,7 +20,7 @@ from marconi.units import Capacity, parse_capacity
 
 __all__ = ["SweepPoint", "SweepTask", "PointsFailed", "expand_points", "run_points", "run_sweep", "run_tasks",
            "working_sets", "backend_scope", "write_records", "read_records", "RESULT_FIELDS", "RESULT_TYPES",
-           "FieldType", "TIMING_FIELDS"]
+           "FieldType", "TIMING_FIELDS", "counting_requests"]
 
 # Record fields that measure this machine, not the simulation (they differ between runs and backends).
 TIMING_FIELDS = ("elapsed_s", "requests_per_s", "tuning_seconds")
@@ -51,6 +51,43 @@ class SweepTask:
     capture_tuning: bool = False
     tags: tuple[tuple[str, Any], ...] = ()
     trace_name: str | None = None        # echoed as the record's "trace" (default: trace_key)
+
+
+#: While :func:`counting_requests` is open: a counter in shared memory of the requests every point
+#: has replayed so far (this process's and its forked workers'); None otherwise.
+_REQUESTS_DONE: Any = None
+
+
+@contextmanager
+def counting_requests() -> Iterator[Callable[[], int]]:
+    """Count, while open, the requests each :func:`run_point` replays here or in a worker forked
+    while open (the local backend's), every 256 requests; yields a reader of the sum. What a
+    progress bar needs inside a point: one point is a whole replay, minutes on a large trace.
+    Points on other machines (ray) are not counted; nothing else changes."""
+    import multiprocessing
+
+    global _REQUESTS_DONE
+    previous, _REQUESTS_DONE = _REQUESTS_DONE, multiprocessing.get_context("fork").Value("q", 0)
+    counter = _REQUESTS_DONE
+    try:
+        yield lambda: int(counter.value)
+    finally:
+        _REQUESTS_DONE = previous
+
+
+def _request_reporter() -> Callable[[int], None] | None:
+    """``simulate``'s ``progress`` callback adding to the open counter (None where none is open)."""
+    counter = _REQUESTS_DONE
+    if counter is None:
+        return None
+    reported = 0
+
+    def report(done: int) -> None:
+        nonlocal reported
+        with counter.get_lock():
+            counter.value += done - reported
+        reported = done
+    return report
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,7 +152,8 @@ def run_point(trace: Any, trace_name: str, task: SweepTask, *, tuning_workers: i
         raise ValueError(f"capacity {point.capacity!r} is a fraction but no working set was given")
     capacity_bytes = capacity.resolve(task.working_set or 0)
     result = simulate_system(trace, point.system, spec, capacity_bytes, latency=task.latency, mode=task.mode,
-                             tuning_workers=tuning_workers, tuning_mapper=tuning_mapper)
+                             tuning_workers=tuning_workers, tuning_mapper=tuning_mapper,
+                             progress=_request_reporter())
     extra: dict[str, Any] = {"trace": trace_name, "capacity": point.capacity}
     if capacity.fraction is not None:
         extra["working_set_bytes"] = task.working_set
