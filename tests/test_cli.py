@@ -491,6 +491,29 @@ def test_an_infeasible_point_keeps_the_finished_points(tmp_path, capsys):
     assert not partial.exists() and f"removed {partial}" in capsys.readouterr().err    # superseded (audit)
 
 
+def test_a_sweep_interrupted_keeps_its_finished_points_beside_out(tmp_path, capsys, monkeypatch):
+    """Ctrl-C dropped every point a sweep had finished (an hour of points lost to one key; audit): they
+    go to the .partial file beside --out, which stays as it was; the exit is still 130."""
+    import marconi.sim.sweep as sweep
+
+    real = sweep.run_sweep
+
+    def two_then_interrupt(trace, name, points, **kw):
+        real(trace, name, points[:2], **kw)             # its on_record sees two finished points
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(sweep, "run_sweep", two_then_interrupt)
+    out = tmp_path / "r.jsonl"
+    out.write_text("GOOD\n")
+    assert main(["simulate", "--trace", "swe-sample", "--limit", "20", "--systems", "sglang+,vllm+,marconi",
+                 "--capacity", "3GB", "--out", str(out), "--quiet", "--workers", "1", "--no-per-request"]) == 130
+    partial = tmp_path / "r.partial.jsonl"
+    records = [json.loads(line) for line in partial.read_text().splitlines()]
+    assert [r["system"] for r in records] == ["sglang+", "vllm+"] and out.read_text() == "GOOD\n"
+    err = capsys.readouterr().err
+    assert f"interrupted after 2 of 3 points: they are in {partial}" in err and "Traceback" not in err
+
+
 def test_a_demo_interrupted_before_its_curve_leaves_no_earlier_curve_beside_its_records(tmp_path, capsys,
                                                                                        monkeypatch):
     """An interrupt after demo.jsonl left an earlier run's demo_mrc.jsonl and .png beside it, read as

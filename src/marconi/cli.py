@@ -126,7 +126,7 @@ def _decorate(rec: dict[str, Any]) -> dict[str, Any]:
 def _cmd_simulate(args: argparse.Namespace) -> int:
     importlib.import_module("tqdm")     # the bar's extra ([sim]): a missing one is said before the trace loads
 
-    from marconi.io import check_output
+    from marconi.io import check_output, is_stream
     from marconi.sim.latency import make_latency
     from marconi.sim.sweep import PointsFailed, expand_points, run_sweep, write_records
     from marconi.workloads.trace import session_warnings
@@ -159,12 +159,20 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
               f"(loaded in {time.perf_counter() - started:.1f}s); {len(points)} points on the {backend.name} "
               "backend", file=sys.stderr)
         failed: PointsFailed | None = None
+        finished: list[dict[str, Any]] = []      # as they finish: what an interrupt keeps
         try:
             with _request_bar(len(points), len(trace), args.quiet) as on_record:
                 records = run_sweep(trace, args.trace, points, latency=args.latency, mode=args.mode, workers=workers,
-                                    per_request=not args.no_per_request, on_record=on_record, backend=backend)
+                                    per_request=not args.no_per_request, backend=backend,
+                                    on_record=lambda r: (finished.append(r), on_record(r)))
         except PointsFailed as exc:  # the finished points are kept: shown, written beside --out, then the error
             failed, records = exc, exc.records
+        except KeyboardInterrupt:    # Ctrl-C or SIGTERM: the points that finished go beside --out, not lost
+            if args.out and finished and not is_stream(args.out):
+                kept = write_records(finished, _kept_at(args.out, failed=True))
+                print(f"interrupted after {len(finished)} of {len(points)} points: they are in {kept} "
+                      f"({args.out} left as it was)", file=sys.stderr)
+            raise
     finally:
         backend.close()
     if records:  # the table first: a full disk or a failed point must not lose the results
