@@ -494,7 +494,11 @@ def test_an_infeasible_point_keeps_the_finished_points(tmp_path, capsys):
 def test_a_sweep_interrupted_keeps_its_finished_points_beside_out(tmp_path, capsys, monkeypatch):
     """Ctrl-C dropped every point a sweep had finished (an hour of points lost to one key; audit): they
     go to the .partial file beside --out, which stays as it was; the exit is still 130."""
+    import importlib
+
     import marconi.sim.sweep as sweep
+
+    importlib.import_module("marconi.sim.mrc")      # first, so that mrc's own name for run_sweep is the real one
 
     real = sweep.run_sweep
 
@@ -512,6 +516,28 @@ def test_a_sweep_interrupted_keeps_its_finished_points_beside_out(tmp_path, caps
     assert [r["system"] for r in records] == ["sglang+", "vllm+"] and out.read_text() == "GOOD\n"
     err = capsys.readouterr().err
     assert f"interrupted after 2 of 3 points: they are in {partial}" in err and "Traceback" not in err
+
+
+def test_a_curve_interrupted_keeps_the_records_of_its_finished_points(tmp_path, capsys, monkeypatch):
+    """As simulate: mrc's finished points, with their fractions, go beside --out; --out and the plot
+    stay as they were."""
+    import marconi.sim.mrc as mrc
+    import marconi.sim.sweep as sweep
+
+    real = sweep.run_sweep             # (mrc's own name for it is bound when mrc is first imported)
+
+    def three_then_interrupt(trace, name, points, **kw):
+        real(trace, name, points[:3], **kw)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(mrc, "run_sweep", three_then_interrupt)
+    out = tmp_path / "m.jsonl"
+    assert main(["mrc", "--trace", "swe-sample", "--limit", "30", "--systems", "sglang+", "--points", "4",
+                 "--lo", "0.1", "--workers", "1", "--out", str(out), "--quiet"]) == 130
+    records = [json.loads(line) for line in (tmp_path / "m.partial.jsonl").read_text().splitlines()]
+    assert len(records) == 3 and all(r["fraction"] == float(r["capacity"].rstrip("x")) for r in records)
+    assert not out.exists() and not (tmp_path / "m.png").exists()
+    assert "interrupted after 3 of " in capsys.readouterr().err
 
 
 def test_a_demo_interrupted_before_its_curve_leaves_no_earlier_curve_beside_its_records(tmp_path, capsys,

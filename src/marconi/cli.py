@@ -320,7 +320,7 @@ def _cmd_mrc(args: argparse.Namespace) -> int:
     """Miss-ratio curves: hit rate vs capacity per system, with oracle and infinite, JSONL + PNG."""
     importlib.import_module("tqdm")     # the bar's extra ([sim]): a missing one is said before the trace loads
 
-    from marconi.io import check_output, output_group
+    from marconi.io import check_output, is_stream, output_group
     from marconi.report import fmt_pct as pct
     from marconi.report import format_table
     from marconi.sim.mrc import DEFAULT_LO, capacity_fractions, mrc_points, plot_mrc, run_mrc
@@ -349,13 +349,20 @@ def _cmd_mrc(args: argparse.Namespace) -> int:
     try:
         trace = load_trace(args.trace, args.limit)
         failed: PointsFailed | None = None
+        finished: list[dict[str, Any]] = []      # as they finish: what an interrupt keeps
         try:
             with _request_bar(total, len(trace), args.quiet) as on_record:
                 records = run_mrc(trace, args.trace, systems, model=args.model, points=args.points, lo=lo,
                                   ceilings=not args.no_ceilings, workers=workers, backend=backend,
-                                  on_record=on_record, raise_lo=args.lo is None)
+                                  on_record=lambda r: (finished.append(r), on_record(r)), raise_lo=args.lo is None)
         except PointsFailed as exc:  # the curve of the capacities that ran is kept
             failed, records = exc, exc.records
+        except KeyboardInterrupt:    # Ctrl-C or SIGTERM: the points that finished go beside --out, not lost
+            if finished and not is_stream(out):
+                kept = write_records(finished, _kept_at(out, failed=True))
+                print(f"interrupted after {len(finished)} of {total} points: their records are in {kept} ({out} "
+                      f"and {png} left as they were)", file=sys.stderr)
+            raise
     finally:
         backend.close()
     if not records:

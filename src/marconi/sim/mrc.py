@@ -62,7 +62,8 @@ def run_mrc(trace: Sequence[Any], trace_name: str, systems: Sequence[str], *, mo
             points: int = 12, lo: float = DEFAULT_LO, ceilings: bool = True, latency: str = "a100",
             workers: int | None = None, backend: str | Backend = "local",
             on_record: Callable[[dict[str, Any]], None] | None = None, raise_lo: bool = False) -> list[dict[str, Any]]:
-    """Records of every system at every fraction (plus ``oracle`` and one ``infinite``). ConfigError if
+    """Records of every system at every fraction (plus ``oracle`` and one ``infinite``; ``on_record``
+    gets each as it finishes, its ``fraction`` set). ConfigError if
     ``lo`` x the working set is below one SSM checkpoint (``raise_lo``: ``lo`` is raised to the least
     fraction that holds one instead, :func:`least_lo`, while that is below 1); PointsFailed (in
     ``lo`` terms) otherwise."""
@@ -80,9 +81,14 @@ def run_mrc(trace: Sequence[Any], trace_name: str, systems: Sequence[str], *, mo
                               f"({format_bytes(spec.ssm_checkpoint_bytes)}): nothing could be cached there; "
                               + (f"raise --lo to at least {need:g}" if need < 1 else
                                  "the whole working set holds no checkpoint: use a longer trace"))
+        def recorded(rec: dict[str, Any]) -> None:     # whole as it finishes: what an interrupt keeps
+            _add_fractions([rec])
+            if on_record is not None:
+                on_record(rec)
+
         try:
             records = run_sweep(trace, trace_name, pts, latency=latency, workers=workers, per_request=False,
-                                on_record=on_record, backend=be, working_set_bytes={model: ws})
+                                on_record=recorded, backend=be, working_set_bytes={model: ws})
         except PointsFailed as exc:
             _add_fractions(exc.records)
             raise _in_lo_terms(exc, lo) from None
