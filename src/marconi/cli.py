@@ -126,7 +126,7 @@ def _decorate(rec: dict[str, Any]) -> dict[str, Any]:
 def _cmd_simulate(args: argparse.Namespace) -> int:
     importlib.import_module("tqdm")     # the bar's extra ([sim]): a missing one is said before the trace loads
 
-    from marconi.io import check_output, is_stream
+    from marconi.io import check_output
     from marconi.sim.latency import make_latency
     from marconi.sim.sweep import PointsFailed, expand_points, run_sweep, write_records
     from marconi.workloads.trace import session_warnings
@@ -168,10 +168,8 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         except PointsFailed as exc:  # the finished points are kept: shown, written beside --out, then the error
             failed, records = exc, exc.records
         except KeyboardInterrupt:    # Ctrl-C or SIGTERM: the points that finished go beside --out, not lost
-            if args.out and finished and not is_stream(args.out):
-                kept = write_records(finished, _kept_at(args.out, failed=True))
-                print(f"interrupted after {len(finished)} of {len(points)} points: they are in {kept} "
-                      f"({args.out} left as it was)", file=sys.stderr)
+            if args.out:
+                _keep_interrupted(finished, len(points), args.out)
             raise
     finally:
         backend.close()
@@ -257,6 +255,21 @@ def _kept_at(path: str | Path, failed: bool) -> Path:
     return Path(path) if not failed or is_stream(path) else partial_path(path)
 
 
+def _keep_interrupted(finished: list[dict[str, Any]], total: int, out: str | Path, *left: str | Path) -> None:
+    """After an interrupt: the records of the points that ``finished`` (of ``total``) go where a run with
+    failed points puts them (:func:`_kept_at`), and ``out`` (and the ``left`` outputs beside it) stay as
+    they were; nothing where none finished, or ``out`` is a stream."""
+    from marconi.io import is_stream
+    from marconi.sim.sweep import write_records
+
+    if not finished or is_stream(out):
+        return
+    kept = write_records(finished, _kept_at(out, failed=True))
+    unchanged = [str(p) for p in (out, *left)]
+    print(f"interrupted after {len(finished)} of {total} points: they are in {kept} ({' and '.join(unchanged)} "
+          f"left as {'it was' if len(unchanged) == 1 else 'they were'})", file=sys.stderr)
+
+
 def _left_unchanged(failed: Any, outputs: Sequence[tuple[str, str | Path]]) -> str:
     """What the ``wrote ...`` line adds after a failed run: how many points are missing, and which
     outputs were left as they were."""
@@ -320,7 +333,7 @@ def _cmd_mrc(args: argparse.Namespace) -> int:
     """Miss-ratio curves: hit rate vs capacity per system, with oracle and infinite, JSONL + PNG."""
     importlib.import_module("tqdm")     # the bar's extra ([sim]): a missing one is said before the trace loads
 
-    from marconi.io import check_output, is_stream, output_group
+    from marconi.io import check_output, output_group
     from marconi.report import fmt_pct as pct
     from marconi.report import format_table
     from marconi.sim.mrc import DEFAULT_LO, capacity_fractions, mrc_points, plot_mrc, run_mrc
@@ -358,10 +371,7 @@ def _cmd_mrc(args: argparse.Namespace) -> int:
         except PointsFailed as exc:  # the curve of the capacities that ran is kept
             failed, records = exc, exc.records
         except KeyboardInterrupt:    # Ctrl-C or SIGTERM: the points that finished go beside --out, not lost
-            if finished and not is_stream(out):
-                kept = write_records(finished, _kept_at(out, failed=True))
-                print(f"interrupted after {len(finished)} of {total} points: their records are in {kept} ({out} "
-                      f"and {png} left as they were)", file=sys.stderr)
+            _keep_interrupted(finished, total, out, png)
             raise
     finally:
         backend.close()
