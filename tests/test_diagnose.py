@@ -449,3 +449,22 @@ def test_a_request_aborted_while_it_waited_is_left_out_of_the_replay(tmp_path):
                                                       if k != "num_computed_tokens"}) for t in text[1:])]) + "\n")
     (tmp_path / "old.jsonl.meta.json").write_text(open(path + ".meta.json").read())
     assert len(read_recording(str(old)).requests) == 3
+
+
+def test_a_capacity_point_the_pool_cannot_serve_is_listed_as_not_run(tmp_path):
+    """A capacity point (or lever) that cannot run is said, kept in the summary's ``skipped`` and in
+    report.md's "Not run" section, and the points that ran are drawn without it."""
+    path = tmp_path / "qwen_traceA_blksz_16.jsonl"
+    rows = [(1, -1, 0.0, 700, 20, list(range(44))), (2, 1, 5.0, 1216, 20, list(range(44)) + list(range(100, 132)))]
+    keys = ("chat_id", "parent_chat_id", "timestamp", "input_length", "output_length", "hash_ids")
+    path.write_text("".join(json.dumps(dict(zip(keys, r))) + "\n" for r in rows))
+    said: list[str] = []
+    result = diagnose(DiagnoseConfig(trace=str(path), model=MODEL, num_blocks=60, concurrency=1,
+                                     capacity_points=(0.01, 2.0), levers=()), notice=said.append, show_bars=False)
+    skipped = result["summary"]["skipped"]
+    assert len(skipped) == 1 and skipped[0].startswith("capacity x0.01: skipped ("), skipped
+    assert skipped[0] in said
+    assert [r["scale"] for r in result["capacity"]] == [1.0, 2.0]
+    write_report(result, tmp_path / "R")
+    report = (tmp_path / "R" / "report.md").read_text()
+    assert "## Not run" in report and f"- {skipped[0]}" in report

@@ -482,9 +482,12 @@ def diagnose(cfg: DiagnoseConfig, *, trace: Any = None, notice: Callable[[str], 
     skipped: list[str] = []          # what did not run (a lever, a capacity point), in the report too
 
     def say(line: str) -> None:
-        if line.endswith(")") and ": skipped (" in line:
-            skipped.append(line)
         shown(line)
+
+    def skip(what: str, why: str) -> None:
+        """A step that did not run: shown, and listed in the report's "Not run"."""
+        skipped.append(f"{what}: skipped ({why})")
+        say(skipped[-1])
 
     if trace is None:
         trace = load_trace(cfg.trace, cfg.num_requests)
@@ -549,13 +552,13 @@ def diagnose(cfg: DiagnoseConfig, *, trace: Any = None, notice: Callable[[str], 
     seq_blocks = sum(cdiv(len(r.input_tokens) + max(1, len(r.output_tokens)), layout.block_size) for r in requests)
     inf_layout = replace(layout, num_blocks=seq_blocks * len(layout.group_kinds) + 2)
     infinite = run("infinite", inf_layout)
-    oracle_rate, oracle_admission = _oracle_rate(trace, spec, layout, say)
+    oracle_rate, oracle_admission = _oracle_rate(trace, spec, layout, skip)
     fidelity = None
     stock_engine = "vllm-align"
     replay_records: list[dict[str, Any]] = []
     replay_block = None
     if cfg.vllm_python is not None:
-        replay_records = _replay(cfg, layout, max_num_seqs, n, say)
+        replay_records = _replay(cfg, layout, max_num_seqs, n, say, skip)
         stock_engine = "vllm-align; vllm-replay beside it"
         replay_block = replay_records[0].get("block_size") if replay_records else None
         if replay_block is not None and int(replay_block) != layout.block_size:
@@ -578,7 +581,7 @@ def diagnose(cfg: DiagnoseConfig, *, trace: Any = None, notice: Callable[[str], 
         try:
             lrun, lay = _run_lever(lever, run, layout, cfg, spec, config_json, recorded, options, max_num_seqs)
         except ConfigError as exc:
-            say(f"lever {lever}: skipped ({exc})")
+            skip(f"lever {lever}", str(exc))
             continue
         levers.append(_lever_record(lever, lrun, lay, "vllm-align", baseline=stock))
     for rec in replay_records:
@@ -592,7 +595,7 @@ def diagnose(cfg: DiagnoseConfig, *, trace: Any = None, notice: Callable[[str], 
         try:
             crun = run(f"capacity x{scale:g}", replace(layout, num_blocks=blocks))
         except ConfigError as exc:
-            say(f"capacity x{scale:g}: skipped ({exc})")
+            skip(f"capacity x{scale:g}", str(exc))
             continue
         capacity.append({"record": "capacity", "num_blocks": blocks, "scale": scale, "token_hit_rate": crun.token_hit_rate})
     capacity.sort(key=lambda r: r["num_blocks"])
@@ -629,7 +632,8 @@ def _in_diagnose_terms(text: str, trace: Any) -> str:
     return text
 
 
-def _oracle_rate(trace: Any, spec: ModelSpec, layout: VllmLayout, say: Callable[[str], None]) -> tuple[float | None, str | None]:
+def _oracle_rate(trace: Any, spec: ModelSpec, layout: VllmLayout,
+                 skip: Callable[[str, str], None]) -> tuple[float | None, str | None]:
     """The simulator's future-aware oracle at the pool's KV bytes, under Marconi's admission and under
     a state at every block boundary (vLLM's grid): the better of the two, and which it was."""
     from marconi.sim import simulate_system
@@ -641,7 +645,7 @@ def _oracle_rate(trace: Any, spec: ModelSpec, layout: VllmLayout, say: Callable[
             res = simulate_system(requests, f"oracle:admission={admission}", spec,
                                   (layout.num_blocks - 1) * layout.block_bytes, latency=None)
         except Exception as exc:        # a reference figure: its failure must not hide the diagnosis
-            say(f"oracle ({admission}): skipped ({type(exc).__name__}: {exc})")
+            skip(f"oracle ({admission})", f"{type(exc).__name__}: {exc}")
             continue
         total = int(res.input_len.sum())
         rate = float(res.reused_len.sum()) / total if total else 0.0
@@ -691,7 +695,7 @@ def _replay_config(cfg: DiagnoseConfig, layout: VllmLayout, max_num_seqs: int) -
 
 
 def _replay(cfg: DiagnoseConfig, layout: VllmLayout, max_num_seqs: int, n: int,
-            say: Callable[[str], None]) -> list[dict[str, Any]]:
+            say: Callable[[str], None], skip: Callable[[str, str], None]) -> list[dict[str, Any]]:
     from marconi.integrations.vllm.replay.run import run_replay
 
     rc = _replay_config(cfg, layout, max_num_seqs)
@@ -701,7 +705,7 @@ def _replay(cfg: DiagnoseConfig, layout: VllmLayout, max_num_seqs: int, n: int,
             records += run_replay(replace(rc, policies=("lru",), cpu_tier=size, tier_policies=("lru", "marconi")),
                                   emulate=False, progress=say)
         except (ConfigError, RuntimeError) as exc:
-            say(f"lever cpu-tier {size}: skipped ({str(exc).splitlines()[0]})")
+            skip(f"lever cpu-tier {size}", str(exc).splitlines()[0])
     return records
 
 
