@@ -606,7 +606,6 @@ def diagnose(cfg: DiagnoseConfig, *, trace: Any = None, notice: Callable[[str], 
                "token_hit_rate": stock.token_hit_rate,     # the engine the lost tokens and causes are of
                "replay_token_hit_rate": replay_records[0]["token_hit_rate"] if replay_records else None,
                "replay_block_size": replay_block,
-               "emulated_token_hit_rate": stock.token_hit_rate,
                "infinite_token_hit_rate": infinite.token_hit_rate, "oracle_token_hit_rate": oracle_rate,
                "oracle_admission": oracle_admission,
                "lost_tokens": lost, "lost_tokens_by_cause": by_cause, "fidelity": fidelity,
