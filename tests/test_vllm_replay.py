@@ -132,3 +132,31 @@ def test_replay_command_end_to_end(series: str, tmp_path: Path) -> None:
         assert 0 <= rec["token_hit_rate"] <= 1 and rec["ttft_p50_s"] > 0
     assert records[1]["plugin_evictions"] is not None and records[0]["plugin_evictions"] is None
     assert "vLLM token hit" in proc.stdout and (tmp_path / "ttft.png").is_file()
+
+
+@pytest.mark.slow
+def test_session_ids_1_and_quoted_1_are_two_sessions(tmp_path: Path) -> None:
+    """A trace keeps session ids as given (int or str), so 1 and "1" are two sessions: at two in flight
+    their requests run side by side, in vLLM and in the emulation, as with ids 1 and 2. (Old: the
+    replay keyed sessions on ``str(id)``, so the second request waited for the first.)"""
+    require_vllm()
+    prompt = list(range(100, 1400))
+
+    def trace(name: str, second: object) -> Path:
+        path = tmp_path / f"{name}.jsonl"
+        path.write_text("".join(json.dumps({"session_id": sid, "turn_id": 0, "ts": 0.0, "input_tokens": prompt,
+                                            "output_tokens": list(range(10, 26))}) + "\n" for sid in (1, second)))
+        return path
+
+    records = {}
+    for name, second in (("same_text", "1"), ("distinct", 2)):
+        out = tmp_path / f"{name}.out.jsonl"
+        proc = subprocess.run([sys.executable, "-m", "marconi.cli", "vllm", "replay", "--vllm-python", VLLM_PYTHON,
+                               "--trace", str(trace(name, second)), "--model", "nemotron-h-8b", "--blocks", "40",
+                               "--concurrency", "2", "--policies", "lru", "--out", str(out), "--plot", ""],
+                              capture_output=True, text=True, timeout=600, cwd=REPO,
+                              env={k: v for k, v in os.environ.items() if not k.startswith("MARCONI_VLLM_")})
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        records[name] = json.loads(out.read_text().splitlines()[0])
+    for field in ("ttft_p50_s", "ttft_p95_s", "throughput_tok_s", "token_hit_rate", "sim_token_hit_rate"):
+        assert records["same_text"][field] == records["distinct"][field], field

@@ -373,7 +373,7 @@ def _serve(engine: Any, requests: Sequence[Any], config: ReplayConfig,
     from marconi.integrations.vllm.arrivals import make_admitter
     from marconi.integrations.vllm.emulate.scheduler import emulate_admitted
 
-    admitter = make_admitter([str(r.session_id) for r in requests], config.arrivals, concurrency=config.concurrency,
+    admitter = make_admitter([r.session_id for r in requests], config.arrivals, concurrency=config.concurrency,
                              rate=config.rate, ts=[float(r.ts) for r in requests],
                              time_scale=config.time_scale or 1.0, seed=config.seed)
     return emulate_admitted(engine, requests, admitter, step_s, max_num_seqs=config.max_num_seqs)
@@ -536,7 +536,7 @@ def _replay_in(config: ReplayConfig, work: Path, sel: common.Selection, working_
     spec = ModelSpec.from_hf_config(mdir / "config.json", name=config.model)
     requests = sel.requests
     req_path = work / "requests.json"
-    req_path.write_text(json.dumps({"requests": [{"session": str(r.session_id), "prompt": r.input_tokens.tolist(),
+    req_path.write_text(json.dumps({"requests": [{"session": r.session_id, "prompt": r.input_tokens.tolist(),
                                                    "output": r.output_tokens.tolist(), "ts": float(r.ts)}
                                                   for r in requests]}))
     _REQUESTS[req_path] = requests
