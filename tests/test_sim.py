@@ -195,6 +195,23 @@ def test_sweep_writes_records_atomically_and_compare_computes_gains(tmp_path):
     assert not list(tmp_path.glob("*bad*")) and not list(tmp_path.glob(".*tmp"))
 
 
+def test_compare_groups_by_the_capacity_asked_for_not_the_bytes_a_system_rounds_it_to():
+    """vllm-align and sglang-unified round a capacity to whole blocks or slots (765 MB for 760 MB); they
+    stand in the same comparison as the systems given that capacity. (Old: grouped by the bytes, their
+    rows had no gain against vLLM+ or SGLang+ and no share of the oracle.)"""
+    point = {"trace": "t", "model": "nemotron-h-8b", "mode": "sequential", "latency": None, "capacity": "3x"}
+    records = [{**point, "system": "vllm+", "capacity_bytes": 760_000_000, "token_hit_rate": 0.2},
+               {**point, "system": "sglang+", "capacity_bytes": 760_000_000, "token_hit_rate": 0.4},
+               {**point, "system": "oracle", "capacity_bytes": 760_000_000, "token_hit_rate": 0.8},
+               {**point, "system": "vllm-align:blocks=60", "capacity_bytes": 765_000_000, "token_hit_rate": 0.3},
+               {**point, "system": "infinite", "capacity": "inf", "capacity_bytes": None, "token_hit_rate": 0.9}]
+    rows = {r["system"]: r for r in gains(records)}
+    align = rows["vllm-align:blocks=60"]
+    assert align["vs_vllm_x"] == pytest.approx(1.5) and align["vs_sglang_pct"] == pytest.approx(-0.25)
+    assert align["of_oracle"] == pytest.approx(0.375) and align["of_infinite"] == pytest.approx(0.3 / 0.9)
+    assert align["capacity"] == "3x"
+
+
 def test_bad_names_fail_before_any_work():
     with pytest.raises(ValueError, match="unknown system 'marconni'"):
         expand_points(["marconni"], ["1GB"], ["paper-7b"])

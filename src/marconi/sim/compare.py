@@ -33,7 +33,10 @@ def base_name(label: str) -> str:
 
 
 def _group_key(rec: dict[str, Any]) -> tuple:
-    return (rec.get("trace"), rec.get("model"), rec.get("capacity_bytes"), rec.get("mode"), rec.get("latency"))
+    """The point a record is of: by the capacity asked for (its label), not the bytes a system made of
+    it: ``vllm-align`` and ``sglang-unified`` round a capacity to whole blocks or slots, and are
+    compared with the systems given the same capacity."""
+    return (rec.get("trace"), rec.get("model"), _capacity_of(rec), rec.get("mode"), rec.get("latency"))
 
 
 def repeated_points(records: Sequence[dict[str, Any]]) -> int:
@@ -52,7 +55,7 @@ def _with_infinite_everywhere(records: Sequence[dict[str, Any]]) -> list[dict[st
     for key in dict.fromkeys(_group_key(r) for r in records):
         inf = ceilings.get((key[0], key[1], key[3], key[4]))
         if inf is not None and key not in have:
-            out.append({**inf, "capacity_bytes": key[2], "capacity": None, "_shared": True})
+            out.append({**inf, "capacity": key[2], "_shared": True})
     return out
 
 
