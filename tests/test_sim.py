@@ -1,6 +1,9 @@
 """The trace-replay simulator on hand-built traces with known answers."""
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,6 +18,8 @@ from marconi.sim.compare import gains
 from marconi.sim.sweep import expand_points, read_records, run_sweep, write_records
 from marconi.sim.systems import make_system, parse_systems
 from marconi.workloads import Request, chat_trace, shared_prompts_trace
+
+REPO = Path(__file__).resolve().parents[1]
 
 SPEC = ModelSpec("tiny", num_attn_layers=1, num_ssm_layers=1, num_mlp_layers=1, d_model=5, ssm_state_dim=1,
                  conv_kernel=0, num_kv_heads=1, head_dim=5, bytes_per_elem=1, ssm_state_width=100)
@@ -263,3 +268,27 @@ def test_simulate_with_a_bad_latency_table_fails_before_the_trace_loads(tmp_path
     table.write_text("prefill_tokens,ttft_ms\n100,10\n200,nan\n")
     assert main(["simulate", "--trace", "swe-sample", "--latency", f"table:{table}", "--quiet"]) == 2
     assert f"{table}:3:2: ttft_ms is nan" in capsys.readouterr().err
+
+
+def test_event_mode_is_refused_for_a_system_that_admits_a_whole_prefill_on_arrival(tmp_path):
+    """vllm-align's begin() admits the request's whole prefill, so under --mode event ten identical
+    requests arriving together all hit the first one's blocks (88.8% where every other system reads 0%).
+    It is refused before any work, naming the flag; systems whose prefill lands at insert_prefill run."""
+    with pytest.raises(ValueError, match=r"vllm-align: --mode event is not modelled.*--mode sequential.*--trace-times"):
+        expand_points(["sglang+", "vllm-align"], ["1GB"], ["nemotron-h-8b"], "event")
+    assert len(expand_points(["sglang+", "sglang-unified", "vllm-align"], ["1GB"], ["nemotron-h-8b"])) == 3
+    assert len(expand_points(["sglang+", "sglang-unified"], ["1GB"], ["nemotron-h-8b"], "event")) == 2
+    trace = [Request(i, 0, 0.0, np.arange(10, 1500, dtype=np.int32), np.arange(5, 9, dtype=np.int32))
+             for i in range(3)]
+    with pytest.raises(ValueError, match="vllm-align: --mode event is not modelled"):
+        simulate_system(trace, "vllm-align", "nemotron-h-8b", 2e9, mode="event")
+    assert simulate_system(trace, "vllm-align", "nemotron-h-8b", 2e9).stats.token_hit_rate > 0
+    path = tmp_path / "t.jsonl"
+    path.write_text("".join(json.dumps({"session_id": r.session_id, "turn_id": 0, "ts": 0.0,
+                                        "input_tokens": r.input_tokens.tolist(),
+                                        "output_tokens": r.output_tokens.tolist()}) + "\n" for r in trace))
+    out = subprocess.run([sys.executable, "-m", "marconi", "simulate", "--trace", str(path), "--systems",
+                          "sglang+,vllm-align", "--model", "nemotron-h-8b", "--capacity", "2GB", "--mode", "event",
+                          "--out", str(tmp_path / "r.jsonl")], capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert out.returncode != 0 and "--mode event is not modelled" in out.stderr and "Traceback" not in out.stderr
+    assert not (tmp_path / "r.jsonl").exists()

@@ -214,14 +214,13 @@ def test_adaptive_alpha_in_the_emulation_switches_and_stays_consistent() -> None
     assert result.reused_len.tolist() == runs[0][0]
 
 
-@pytest.mark.parametrize("mode", ["sequential", "event"])
-def test_simulate_runs_vllm_align_on_a_bundled_trace(mode: str) -> None:
+def test_simulate_runs_vllm_align_on_a_bundled_trace() -> None:
+    """In sequential mode (``--mode event`` is refused for vllm-align: tests/test_sim.py)."""
     from marconi.workloads import build_workload
 
     trace = list(build_workload("swe-sample:max_input_len=8192"))[:25]
-    stock = simulate_system(trace, "vllm-align:block=384,blocks=70", QWEN_TINY, 0, mode=mode, latency="zero")
-    marconi = simulate_system(trace, "vllm-align:block=384,blocks=70,eviction=marconi", QWEN_TINY, 0, mode=mode,
-                       latency="zero")
+    stock = simulate_system(trace, "vllm-align:block=384,blocks=70", QWEN_TINY, 0, latency="zero")
+    marconi = simulate_system(trace, "vllm-align:block=384,blocks=70,eviction=marconi", QWEN_TINY, 0, latency="zero")
     for result in (stock, marconi):
         rec = result.record()
         assert rec["num_requests"] == 25 and 0 < rec["token_hit_rate"] < 1

@@ -136,7 +136,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     # an unwritable or clobbering --out. A sweep with failed points never replaces --out: what
     # finished goes to the .partial file beside it (checked here too).
     points = expand_points(split_name_list(args.systems), [c.strip() for c in args.capacity.split(",")],
-                           [m.strip() for m in args.model.split(",")])
+                           [m.strip() for m in args.model.split(",")], args.mode)
     try:
         make_latency(args.latency)
     except ConfigError as exc:

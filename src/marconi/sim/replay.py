@@ -19,7 +19,7 @@ from marconi.core.stats import CacheStats
 from marconi.sim.systems import System, make_system
 from marconi.workloads.trace import Request
 
-__all__ = ["SimResult", "simulate", "simulate_system", "working_set_bytes", "MODES"]
+__all__ = ["SimResult", "simulate", "simulate_system", "check_mode", "working_set_bytes", "MODES"]
 
 MODES = ("sequential", "event")
 
@@ -149,13 +149,27 @@ def simulate(trace: Iterable[Request], cache: ReplayCache, *, clock: ManualClock
                      kv_hit, ttft, vanilla, arrival, chooser.tuning_record() if chooser is not None else {}, elapsed)
 
 
+def check_mode(system: System | str, mode: str) -> None:
+    """Whether ``system`` can be replayed in ``mode``. ValueError for an unknown mode, and for ``event``
+    where the system's cache cannot take requests in flight together (``System.event_mode``:
+    ``vllm-align`` admits a whole prefill at arrival, so an overlapping request would hit what is
+    still being computed)."""
+    if mode not in MODES:
+        raise ValueError(f"unknown mode {mode!r}; choose one of {MODES}")
+    system = make_system(system)
+    if mode == "event" and not system.event_mode:
+        raise ValueError(f"{system.label}: --mode event is not modelled for it (it admits a request's whole prefill "
+                         "on arrival, so requests in flight together would hit what is still being computed): use "
+                         "--mode sequential, or `marconi vllm replay --trace-times` (vLLM's own scheduler on the "
+                         "trace's times)")
+
+
 def simulate_system(trace: Iterable[Request], system: System | str, spec: ModelSpec | str,
                     capacity_bytes: float, *, latency: LatencyModel | str | None = "a100", mode: str = "sequential",
                     tuning_workers: int | None = None, tuning_mapper: Any = None, progress: Any = None) -> SimResult:
     """:func:`simulate` through a fresh cache of ``system`` whose clock follows arrival times; ``oracle``
-    gets the whole trace, ``infinite`` reports the requested capacity."""
-    if mode not in MODES:
-        raise ValueError(f"unknown mode {mode!r}; choose one of {MODES}")
+    gets the whole trace, ``infinite`` reports the requested capacity. ValueError: :func:`check_mode`."""
+    check_mode(system, mode)
     system = make_system(system)
     clock = ManualClock()
     future = None

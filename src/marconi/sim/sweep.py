@@ -14,8 +14,7 @@ from marconi.core.jsonfile import described
 from marconi.core.model import ModelSpec, get_model
 from marconi.core.registry import ConfigError
 from marconi.sim.backends import Backend, TaskFn, make_backend
-from marconi.sim.replay import simulate_system, working_set_bytes
-from marconi.sim.systems import make_system
+from marconi.sim.replay import check_mode, simulate_system, working_set_bytes
 from marconi.units import Capacity, parse_capacity
 
 __all__ = ["SweepPoint", "SweepTask", "PointsFailed", "expand_points", "run_points", "run_sweep", "run_tasks",
@@ -130,10 +129,12 @@ def describe_failures(failures: Sequence[tuple[Any, str]], shown: int = 3) -> st
     return text + (f"; and {len(failures) - shown} more" if len(failures) > shown else "")
 
 
-def expand_points(systems: Sequence[str], capacities: Sequence[str], models: Sequence[str]) -> list[SweepPoint]:
-    """The cross product, validating every name up front (a typo fails before any work starts)."""
+def expand_points(systems: Sequence[str], capacities: Sequence[str], models: Sequence[str],
+                  mode: str = "sequential") -> list[SweepPoint]:
+    """The cross product, validating every name up front, and each system against ``mode``
+    (:func:`~marconi.sim.replay.check_mode`): a typo fails before any work starts."""
     for system in systems:
-        make_system(system)
+        check_mode(system, mode)
     for cap in capacities:
         parse_capacity(cap)
     for model in models:

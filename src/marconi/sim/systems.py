@@ -5,7 +5,7 @@ docs/simulator.md ("The named systems")."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Protocol, Sequence, runtime_checkable
 
 import numpy as np
@@ -54,6 +54,7 @@ class System(Protocol):
     label: str
     unbounded: bool       # ignores the capacity (the ``infinite`` ceiling)
     needs_future: bool    # build() needs the whole trace as ``future`` (the ``oracle``)
+    event_mode: bool      # its cache takes requests in flight together (``--mode event``): prefills land at insert_prefill
 
     def build(self, spec: ModelSpec | str, capacity_bytes: float, *, clock: Callable[[], float] | None = None,
               payloads: PayloadOps | None = None, tuning_workers: int | None = None,
@@ -80,6 +81,7 @@ class SystemConfig:
     tuning: TuningConfig | None = None
     unbounded: bool = False        # ignore the capacity (the ``infinite`` ceiling)
     needs_future: bool = False     # the eviction reads the whole trace (the ``oracle``)
+    event_mode: bool = field(default=True, init=False)   # PrefixCache inserts a prefill at insert_prefill
 
     def __post_init__(self) -> None:
         # Build the policies once now, so every parameter is checked when the system is named

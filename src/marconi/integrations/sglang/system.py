@@ -143,6 +143,7 @@ class SglangUnifiedSystem:
     policy_config: tuple[tuple[str, Any], ...] = ()
     unbounded: bool = field(default=False, init=False)
     needs_future: bool = field(default=False, init=False)
+    event_mode: bool = field(default=True, init=False)      # the emulator's prefill lands at insert_prefill
 
     def pools(self, spec: ModelSpec, capacity_bytes: float) -> tuple[int, int]:
         """``(kv_tokens, mamba_slots)``: the exact pools if given, else SGLang's split of the bytes."""

@@ -66,6 +66,9 @@ class VllmAlignSystem:
     tier_second_chance: bool = True       # with tier_policy marconi: second chance (marconi_second_chance)
     unbounded: bool = field(default=False, init=False)      # the pool is finite, from the capacity
     needs_future: bool = field(default=False, init=False)   # vLLM does not know the future
+    # begin() admits a request's whole prefill (the emulated engine's admit): requests that overlap in
+    # time would hit what is still being computed, so --mode event is refused (the replay models it)
+    event_mode: bool = field(default=False, init=False)
 
     def build(self, spec: ModelSpec | str, capacity_bytes: float, *, clock: Callable[[], float] | None = None,
               payloads: PayloadOps | None = None, tuning_workers: int | None = None,
