@@ -4,41 +4,55 @@
 #
 #   scripts/gpu_check.sh            # on a machine with one NVIDIA GPU; about 8 minutes
 #   scripts/gpu_check.sh --tier     # the CPU tier's check instead (issue 34, item 6); about 8 minutes
-#   scripts/gpu_check.sh --all      # both
+#   scripts/gpu_check.sh --all      # both (in any order with --tier)
 #   scripts/gpu_check.sh --dry-run  # print the steps, run nothing (with --tier/--all: theirs)
 #
-# Steps: (1) a venv with vllm==0.33.0 and its own (CUDA) dependencies, and this project with no
-# dependencies but numpy, the bench's client, tqdm and matplotlib; (2) a model directory holding only the bundled
-# Nemotron-H-8B config.json (never weights: vLLM's --load-format dummy gives random ones);
-# (3) two servers in turn, stock (plugin not loaded) and MARCONI_VLLM_POLICY=marconi, each replaying
-# the first NUM_REQUESTS requests of the SWE trace with 16 in flight; (4) for each: vLLM's own hit
-# rate (prefix_cache_hits / queries), TTFT P50/P95; then the `marconi vllm replay` prediction for
-# the same model, pool and concurrency (vLLM's scheduler on a virtual clock, no GPU).
-# Settings (environment): GPU_CHECK_DIR (default build/gpu-check), NUM_BLOCKS (default 2000),
-# NUM_REQUESTS (default 60), CONCURRENCY (default 16), GPU_MODEL (the replay's step-time GPU: h100, h200
-# or a100; default h200), PYTHON (default python3). Not verified on a GPU yet (no device was lent).
-# --tier: vLLM's OffloadingConnector with Marconi's tier policy (MarconiCachePolicy, loaded from
-# kv_connector_extra_config alone) beside a small GPU pool (NUM_BLOCKS_TIER, default 40; CPU_TIER_BYTES,
-# default 32 GiB; TIER_REQUESTS, default 12): (T1) greedy outputs of the requests one at a time,
-# recomputed / GPU pool only / GPU pool + tier, and the tier must give the recomputed outputs on as
-# many requests as the GPU pool alone does, having served tokens from host memory (reloaded states
-# are exact); (T2) the same requests through a server with the tier, 4 in flight, vLLM's hits by
-# tier against `marconi vllm replay --cpu-tier` for the same pool and tier. scripts/gpu_tier_check.py
-# holds the Python half.
+# Setup (1-3): a venv with vllm==0.33.0 and its own CUDA dependencies (or GPU_CHECK_PYTHON's
+# environment), this project in it with numpy, the bench's client, tqdm and matplotlib, and a model
+# directory holding only the bundled Nemotron-H-8B config.json (never weights: vLLM's --load-format
+# dummy gives random ones). Setup needs the package index (vLLM 0.33.0 is ~800 MB and pins torch
+# 2.14.0) unless GPU_CHECK_PYTHON names a python that already has vLLM 0.33; without either the check
+# stops at once, saying so.
+# The pool (P1-P2): two servers in turn, stock (plugin not loaded) and MARCONI_VLLM_POLICY=marconi,
+# each replaying the first NUM_REQUESTS requests of the SWE trace with CONCURRENCY in flight: vLLM's
+# own hit rate (prefix_cache_hits / queries), TTFT P50/P95; then the `marconi vllm replay`
+# prediction for the same model, pool and concurrency (vLLM's scheduler on a virtual clock, run with
+# the GPU build's python, so its block sizes are CUDA's as the servers' are).
+# The tier (--tier, T1-T4): vLLM's OffloadingConnector with Marconi's tier policy
+# (MarconiCachePolicy, loaded from kv_connector_extra_config alone) beside a small GPU pool. T1:
+# greedy outputs of the requests one at a time, twice over, in three runs of one engine configuration:
+# recomputed (the cache never read), a GPU pool that evicts nothing, and the small pool plus the
+# tier; a request resumed at the same depth from the tier and from the GPU pool must give
+# bit-for-bit the same outputs, the tier must have served tokens from host memory, and a control
+# prompt must show that the outputs see a changed prefix (reloaded states are exact). T2: the same
+# requests through a server with the tier, 4 in flight; T3: `marconi vllm replay --cpu-tier` for the
+# same pool and tier; T4: the verdict, and vLLM's hits by tier beside the replay's.
+# scripts/gpu_tier_check.py holds the Python half.
+#
+# Settings (environment): GPU_CHECK_DIR (default build/gpu-check), PYTHON (default python3: makes
+# the venv), GPU_CHECK_PYTHON (an existing environment's python with vllm==0.33.0: no venv, no vLLM
+# install; the project goes into it without build isolation), GPU_MODEL (the replay's step-time
+# GPU: h100, h200 or a100; default read from nvidia-smi), NUM_BLOCKS (2000), NUM_REQUESTS (60),
+# CONCURRENCY (16); for --tier: NUM_BLOCKS_TIER (40), CPU_TIER_BYTES (32 GiB), TIER_REQUESTS (12),
+# REFERENCE_BLOCKS (400, T1's recompute and GPU-pool runs). Not verified on a GPU yet (no device
+# that could install vLLM was lent).
 set -euo pipefail
 
 DRY_RUN=0
-POOL=1
-TIER=0
+WANT_POOL=0
+WANT_TIER=0
 for arg in "$@"; do
   case "$arg" in
     --dry-run) DRY_RUN=1 ;;
-    --tier) POOL=0; TIER=1 ;;
-    --all) POOL=1; TIER=1 ;;
-    -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
+    --tier) WANT_TIER=1 ;;
+    --all) WANT_POOL=1; WANT_TIER=1 ;;
+    -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "gpu_check: unknown argument $arg (--dry-run, --tier, --all)" >&2; exit 2 ;;
   esac
 done
+POOL=$WANT_POOL
+TIER=$WANT_TIER
+[ "$WANT_TIER" = 0 ] && POOL=1      # no --tier: the pool's check alone
 
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 WORK=${GPU_CHECK_DIR:-$REPO/build/gpu-check}
@@ -46,34 +60,68 @@ PYTHON=${PYTHON:-python3}
 NUM_BLOCKS=${NUM_BLOCKS:-2000}
 NUM_REQUESTS=${NUM_REQUESTS:-60}
 CONCURRENCY=${CONCURRENCY:-16}
-GPU_MODEL=${GPU_MODEL:-h200}
 NUM_BLOCKS_TIER=${NUM_BLOCKS_TIER:-40}
 CPU_TIER_BYTES=${CPU_TIER_BYTES:-34359738368}
 TIER_REQUESTS=${TIER_REQUESTS:-12}
+REFERENCE_BLOCKS=${REFERENCE_BLOCKS:-400}
 SERVE=
-VENV=$WORK/venv
+if [ -n "${GPU_CHECK_PYTHON:-}" ]; then
+  VPY=$GPU_CHECK_PYTHON
+else
+  VPY=$WORK/venv/bin/python
+fi
 MODEL=$WORK/nemotron-h-8b
 CONFIG=$REPO/src/marconi/data/configs/nemotron-h-8b/config.json
 
-step() {  # step DESCRIPTION -- COMMAND...: print it; run it unless --dry-run
+step() {  # step DESCRIPTION -- COMMAND...: print it (as a shell would take it); run it unless --dry-run
   local what=$1; shift; [ "$1" = "--" ] && shift
   echo "== $what"
-  local shown="$*"
-  echo "   ${shown//"$SERVE"/<the serve script above>}"
+  local shown
+  shown=$(printf '%q ' "$@")
+  [ -n "$SERVE" ] && shown=${shown//"$(printf '%q' "$SERVE")"/'"$SERVE" (the script printed above)'}
+  echo "   $shown"
   if [ "$DRY_RUN" = 0 ]; then "$@"; fi
 }
 
+gpu_name=
 if [ "$DRY_RUN" = 0 ]; then
-  command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total --format=csv,noheader \
-    || { echo "gpu_check: no NVIDIA GPU here (nvidia-smi missing); try --dry-run" >&2; exit 1; }
+  gpu_name=$(nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null | head -n 1) \
+    || { echo "gpu_check: no NVIDIA GPU here (nvidia-smi missing or failing); try --dry-run" >&2; exit 1; }
+  echo "$gpu_name"
 fi
+case "${GPU_MODEL:-}" in
+  h100|h200|a100) ;;
+  "") case "$gpu_name" in *H100*) GPU_MODEL=h100 ;; *A100*) GPU_MODEL=a100 ;; *) GPU_MODEL=h200 ;; esac ;;
+  *) echo "gpu_check: GPU_MODEL must be h100, h200 or a100, got $GPU_MODEL" >&2; exit 2 ;;
+esac
 [ -f "$CONFIG" ] || { echo "gpu_check: $CONFIG missing" >&2; exit 1; }
 
-step "1/5 venv with vLLM 0.33.0 (GPU wheel and its CUDA deps)" -- \
-  bash -c "[ -x '$VENV/bin/python' ] || $PYTHON -m venv '$VENV'; '$VENV/bin/python' -m pip install --quiet vllm==0.33.0"
-step "2/5 this project in it (plugin entry point; numpy and httpx only)" -- \
-  bash -c "'$VENV/bin/python' -m pip install --quiet --no-deps -e '$REPO' && '$VENV/bin/python' -m pip install --quiet numpy httpx==0.28.1 tqdm matplotlib"
-step "3/5 model directory: the bundled Nemotron-H-8B config, no weights (--load-format dummy)" -- \
+# Preflight: the setup needs vLLM 0.33 in hand or the package index in reach; say which is missing
+# now, not after pip's retries.
+if [ "$DRY_RUN" = 0 ]; then
+  if [ -n "${GPU_CHECK_PYTHON:-}" ]; then
+    "$VPY" -c 'import sys, vllm; v = vllm.__version__; sys.exit(0 if v.startswith("0.33.") else f"vLLM {v}")' \
+      || { echo "gpu_check: GPU_CHECK_PYTHON=$GPU_CHECK_PYTHON has no vLLM 0.33 (see above): give the python of an environment with vllm==0.33.0" >&2; exit 1; }
+  elif ! "$VPY" -c 'import vllm' 2>/dev/null \
+      && ! "$PYTHON" -m pip index versions vllm --timeout 5 --retries 0 >/dev/null 2>&1; then
+    echo "gpu_check: the package index is out of reach and $VPY has no vLLM: this check installs vllm==0.33.0" \
+         "(~800 MB with CUDA torch 2.14.0). Run it where pip reaches the index, or set GPU_CHECK_PYTHON to the python" \
+         "of an environment that already has vllm==0.33.0." >&2
+    exit 1
+  fi
+fi
+
+if [ -n "${GPU_CHECK_PYTHON:-}" ]; then
+  step "setup 1/3 vLLM 0.33 from GPU_CHECK_PYTHON ($GPU_CHECK_PYTHON): nothing to install" -- true
+  step "setup 2/3 this project in it (plugin entry point; no build isolation) with numpy, httpx, tqdm, matplotlib" -- \
+    bash -c "'$VPY' -m pip install --quiet --no-deps --no-build-isolation -e '$REPO' && '$VPY' -c 'import numpy, httpx, tqdm, matplotlib'"
+else
+  step "setup 1/3 venv with vLLM 0.33.0 (GPU wheel and its CUDA deps)" -- \
+    bash -c "[ -x '$VPY' ] || $PYTHON -m venv '$WORK/venv'; '$VPY' -m pip install --quiet vllm==0.33.0"
+  step "setup 2/3 this project in it (plugin entry point) with numpy, httpx, tqdm and matplotlib" -- \
+    bash -c "'$VPY' -m pip install --quiet --no-deps -e '$REPO' && '$VPY' -m pip install --quiet numpy httpx==0.28.1 tqdm matplotlib"
+fi
+step "setup 3/3 model directory: the bundled Nemotron-H-8B config, no weights (--load-format dummy)" -- \
   bash -c "mkdir -p '$MODEL' && cp '$CONFIG' '$MODEL/config.json'"
 
 if [ "$POOL" = 1 ]; then
@@ -105,31 +153,34 @@ for row in rows:
     print(f"{row['policy']:8s} {row['token_hit_rate']:9.2%} {row['ttft_p50_s']:8.3f}s {row['ttft_p95_s']:8.3f}s")
 PY
 )
-step "4/5 serve stock vs plugin: $NUM_REQUESTS SWE requests, $CONCURRENCY in flight, $NUM_BLOCKS blocks" -- \
-  "$VENV/bin/python" -c "$SERVE" "$WORK" "$MODEL" "$NUM_BLOCKS" "$NUM_REQUESTS" "$CONCURRENCY"
-step "5/5 the replay's prediction for the same run (vLLM's scheduler, virtual clock, no GPU)" -- \
-  "$VENV/bin/python" -m marconi vllm replay --vllm-python "$VENV/bin/python" --trace swe-sample \
+[ "$DRY_RUN" = 1 ] && { echo "   the script (\$SERVE):"; printf '%s\n' "$SERVE" | sed 's/^/   | /'; }
+step "P1 serve stock vs plugin: $NUM_REQUESTS SWE requests, $CONCURRENCY in flight, $NUM_BLOCKS blocks" -- \
+  "$VPY" -c "$SERVE" "$WORK" "$MODEL" "$NUM_BLOCKS" "$NUM_REQUESTS" "$CONCURRENCY"
+step "P2 the replay's prediction for the same run (vLLM's scheduler, virtual clock, no GPU)" -- \
+  "$VPY" -m marconi vllm replay --vllm-python "$VPY" --trace swe-sample \
   --model nemotron-h-8b --blocks "$NUM_BLOCKS" --concurrency "$CONCURRENCY" --num-requests "$NUM_REQUESTS" \
   --gpu "$GPU_MODEL" --policies lru,marconi --no-emulation --out "$WORK/replay.jsonl" --plot ''
 echo "gpu_check: served results in $WORK/served.jsonl, replay prediction in $WORK/replay.jsonl"
 fi
 
 if [ "$TIER" = 1 ]; then
+  SERVE=
   TIER_WORK=$WORK/tier
   CHECK=$REPO/scripts/gpu_tier_check.py
   for mode in recompute gpu tier; do
-    step "T1/$mode greedy outputs of $TIER_REQUESTS SWE requests, one at a time ($NUM_BLOCKS_TIER blocks; tier: $CPU_TIER_BYTES bytes, MarconiCachePolicy)" -- \
-      "$VENV/bin/python" "$CHECK" generate --mode "$mode" --model "$MODEL" --blocks "$NUM_BLOCKS_TIER" \
-      --cpu-tier-bytes "$CPU_TIER_BYTES" --num-requests "$TIER_REQUESTS" --work "$TIER_WORK"
+    step "T1/$mode greedy outputs of $TIER_REQUESTS SWE requests, one at a time (pool: $NUM_BLOCKS_TIER blocks with the tier, $REFERENCE_BLOCKS without; tier: $CPU_TIER_BYTES bytes, MarconiCachePolicy)" -- \
+      "$VPY" "$CHECK" generate --mode "$mode" --model "$MODEL" --blocks "$NUM_BLOCKS_TIER" \
+      --reference-blocks "$REFERENCE_BLOCKS" --cpu-tier-bytes "$CPU_TIER_BYTES" --num-requests "$TIER_REQUESTS" \
+      --work "$TIER_WORK"
   done
   step "T2 the same requests through a server with the tier, 4 in flight (vLLM's hits by tier)" -- \
-    "$VENV/bin/python" "$CHECK" serve --model "$MODEL" --blocks "$NUM_BLOCKS_TIER" --cpu-tier-bytes "$CPU_TIER_BYTES" \
+    "$VPY" "$CHECK" serve --model "$MODEL" --blocks "$NUM_BLOCKS_TIER" --cpu-tier-bytes "$CPU_TIER_BYTES" \
     --num-requests "$TIER_REQUESTS" --concurrency 4 --work "$TIER_WORK"
   step "T3 the replay's prediction for that server run (vLLM's scheduler and tier, virtual clock, no GPU)" -- \
-    "$VENV/bin/python" -m marconi vllm replay --vllm-python "$VENV/bin/python" --trace swe-sample \
+    "$VPY" -m marconi vllm replay --vllm-python "$VPY" --trace swe-sample \
     --model nemotron-h-8b --blocks "$NUM_BLOCKS_TIER" --concurrency 4 --num-requests "$TIER_REQUESTS" \
     --cpu-tier "${CPU_TIER_BYTES}B" --policies lru --tier-policies marconi --gpu "$GPU_MODEL" --no-emulation \
     --out "$TIER_WORK/replay.jsonl" --plot ''
   step "T4 exactness verdict, and served hits by tier against the replay's" -- \
-    "$VENV/bin/python" "$CHECK" compare --work "$TIER_WORK" --replay "$TIER_WORK/replay.jsonl"
+    "$VPY" "$CHECK" compare --work "$TIER_WORK" --replay "$TIER_WORK/replay.jsonl"
 fi

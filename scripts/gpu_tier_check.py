@@ -1,16 +1,25 @@
 """The CPU tier's GPU check (issue 34, item 6), the Python half of ``scripts/gpu_check.sh --tier``.
 
-On one NVIDIA GPU with vLLM 0.33 (random weights, ``--load-format dummy``, the bundled Nemotron-H-8B
-config), it answers two questions about vLLM's ``OffloadingConnector`` under Marconi's tier policy:
+On one NVIDIA GPU with vLLM 0.33 (the bundled Nemotron-H-8B config, ``--load-format dummy`` with the
+weights :func:`scaled_dummy_weights` draws), it answers two questions about vLLM's
+``OffloadingConnector`` under Marconi's tier policy:
 
 1. **Are reloaded states exact?** ``generate`` runs the first requests of the SWE sample one at a
-   time, in trace order, greedy, in three modes: ``recompute`` (no prefix caching), ``gpu`` (prefix
-   caching in a small GPU pool, no tier) and ``tier`` (the same pool plus a CPU tier under
-   ``MarconiCachePolicy``, so prefixes the pool evicted come back from host memory). ``compare``
-   counts requests whose output tokens and top log-probabilities are bit-for-bit the recomputed
-   ones (on vLLM's CPU build a GPU-pool hit is: 12 of 12 requests); the tier passes if it differs on
-   no more requests than the GPU pool alone (what the arithmetic of a resumed prefill allows) and
-   served at least one token from the tier (else the check proved nothing).
+   time, in trace order, twice over (:data:`PASSES`), greedy, in three modes of one engine
+   configuration (prefix caching on, vLLM's ``align`` Mamba cache, the same block size):
+   ``recompute`` (every request skips reading the cache:
+   ``SamplingParams(skip_reading_prefix_cache=True)``), ``gpu`` (a GPU pool of ``--reference-blocks``,
+   large enough that nothing is evicted) and ``tier`` (a small pool of ``--blocks`` plus a CPU tier
+   under ``MarconiCachePolicy``, so prefixes the pool evicted come back from host memory).
+   ``compare`` holds the tier to the GPU pool: a request resumed at the same depth in both runs did
+   the same arithmetic on the same state, so its output tokens and top log-probabilities must be
+   bit-for-bit the same; any difference fails. Requests resumed at other depths, and every run
+   against the recomputed outputs, are reported (a resumed prefill's kernels may round otherwise
+   than a whole one's). It fails too where the tier served no token, where no request with a hit
+   could be compared, or where the control shows the outputs blind to the prefix: ``recompute``
+   also runs the last prompt with one token changed halfway through, and its log-probabilities must
+   differ from the original's (a check whose outputs cannot see a changed prefix could not see a
+   wrong state either; under vLLM's own dummy weights they cannot: :func:`scaled_dummy_weights`).
 2. **Does the replay predict the tier's hits?** ``serve`` replays the same requests through a vLLM
    server with the tier and prints vLLM's own counters (``prefix_cache_hits`` for the GPU pool,
    ``external_prefix_cache_hits`` for the tier); ``gpu_check.sh`` then runs ``marconi vllm replay``
@@ -18,17 +27,33 @@ config), it answers two questions about vLLM's ``OffloadingConnector`` under Mar
 
 Each mode runs in its own process (a vLLM engine does not give its GPU memory back). Every output
 is a JSON file under the work folder. Exit status: 0 pass, 1 a check failed, 2 bad arguments.
+``MARCONI_VLLM_*`` variables are dropped (the GPU policy is stock's), and
+``VLLM_ALLOW_LONG_MAX_MODEL_LEN=1`` lets a prompt and its output exceed the bundled config's 8,192
+positions, as the replay allows it.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any, Sequence
 
 MODES = ("recompute", "gpu", "tier")
+#: engine environment: vLLM refuses a max_model_len past the config's positions without the first (the
+#: replay sets it too); the second keeps the engine in this process (with the ``uni`` executor: the model
+#: too), so the weights :func:`scaled_dummy_weights` draws are the ones vLLM loads
+ENGINE_ENV = {"VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+#: the standard deviation of the redrawn vectors other than norms' scales (:func:`redraw_weights`)
+VECTOR_STD = 0.02
+#: the ``gpu`` and ``recompute`` modes' pool: the 12 requests' ~100 blocks with room to spare, so nothing is evicted
+REFERENCE_BLOCKS = 400
+#: passes over the prompts: a prompt's second pass resumes at its own last kept state, a depth both
+#: the GPU pool and the tier reach (the first pass hits only where sessions share a state vLLM kept,
+#: which vLLM's chunking decides), and by then the small pool has evicted it, so the tier serves it
+PASSES = 2
 MAX_INPUT_LEN = 8192
 MAX_MODEL_LEN = MAX_INPUT_LEN + 256     # a prompt and its outputs
 #: log-probabilities kept per output token: random weights often repeat one token, so the tokens
@@ -45,22 +70,83 @@ def tier_transfer_config(cpu_bytes: int) -> dict[str, Any]:
             "kv_connector_extra_config": extra_config("marconi", cpu_bytes)}
 
 
-def engine_kwargs(mode: str, model: str, blocks: int, cpu_bytes: int, block_size: int | None = None) -> dict[str, Any]:
-    """``vllm.LLM`` arguments for ``mode``: one request at a time, greedy-ready, no tokenizer."""
+def engine_kwargs(mode: str, model: str, blocks: int, cpu_bytes: int, block_size: int | None = None,
+                  reference_blocks: int = REFERENCE_BLOCKS) -> dict[str, Any]:
+    """``vllm.LLM`` arguments for ``mode``: one request at a time, greedy-ready, no tokenizer; one
+    configuration for all three modes but the pool (``blocks`` for ``tier``, ``reference_blocks``
+    otherwise) and the tier."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     kwargs: dict[str, Any] = dict(model=model, load_format="dummy", skip_tokenizer_init=True, max_model_len=MAX_MODEL_LEN,
                                   max_num_seqs=1, gpu_memory_utilization=0.85, disable_log_stats=False,
-                                  enable_prefix_caching=mode != "recompute")
+                                  enable_prefix_caching=True, distributed_executor_backend="uni",
+                                  num_gpu_blocks_override=blocks if mode == "tier" else reference_blocks)
     if block_size is not None:
         kwargs["block_size"] = block_size
-    if mode != "recompute":
-        kwargs["num_gpu_blocks_override"] = blocks
     if mode == "tier":
         from vllm.config import KVTransferConfig
 
         kwargs["kv_transfer_config"] = KVTransferConfig(**tier_transfer_config(cpu_bytes))
     return kwargs
+
+
+def engine_environment() -> None:
+    """This process's environment for an engine: :data:`ENGINE_ENV` set, ``MARCONI_VLLM_*`` dropped
+    (call before vLLM is imported)."""
+    for key in [k for k in os.environ if k.startswith("MARCONI_VLLM_")]:
+        del os.environ[key]
+    os.environ.update(ENGINE_ENV)
+
+
+def draw_weights(model: Any) -> int:
+    """Draw every floating-point tensor of ``model``'s state in place, each from a generator seeded by
+    its name (the same weights in every run on one kind of device): a matrix (or kernel) normal with
+    standard deviation ``1/sqrt(its last dimension)`` (LeCun's: each projection keeps its inputs'
+    scale), a norm's scale 1, any other vector normal with :data:`VECTOR_STD`. Returns how many
+    tensors were drawn."""
+    import zlib
+
+    import torch
+
+    count = 0
+    with torch.no_grad():
+        for name, tensor in model.state_dict().items():
+            if not tensor.is_floating_point():
+                continue
+            if tensor.dim() < 2 and "norm" in name:
+                tensor.fill_(1.0)
+            else:
+                gen = torch.Generator(device=tensor.device).manual_seed(zlib.crc32(name.encode()))
+                tensor.normal_(0.0, tensor.shape[-1] ** -0.5 if tensor.dim() >= 2 else VECTOR_STD, generator=gen)
+            count += 1
+    return count
+
+
+def scaled_dummy_weights() -> None:
+    """Make vLLM's ``--load-format dummy`` draw :func:`draw_weights`'s weights (in this process: the
+    engine runs here, :data:`ENGINE_ENV`), before vLLM processes the loaded weights as it always does.
+
+    Why: vLLM's own dummy weights are uniform in ±1e-3, and under those the outputs do not see the
+    prompt: on vLLM's CPU build (the tiny Qwen3-Next) the last prompt with a token changed halfway
+    gave the same output tokens and top-5 log-probabilities bit for bit, so a wrong state could not
+    have shown either. Weights drawn again after loading do not help on CPU, where vLLM has packed
+    the matrices by then."""
+    from vllm.model_executor.model_loader.dummy_loader import DummyModelLoader
+
+    def load_weights(self: Any, model: Any, model_config: Any) -> None:
+        if not draw_weights(model):
+            raise SystemExit("gpu_tier_check: the engine's model has no weights to draw")
+
+    DummyModelLoader.load_weights = load_weights
+
+
+def control_prompt(ids: Sequence[int]) -> list[int]:
+    """``ids`` with the token halfway through changed (one id lower, or 1 for id 0: inside any
+    vocabulary): the prefix differs, the length and the last token do not."""
+    out = list(ids)
+    at = len(out) // 2
+    out[at] = out[at] - 1 if out[at] > 0 else 1
+    return out
 
 
 def prompts(num_requests: int) -> list[list[int]]:
@@ -81,24 +167,33 @@ def _counters(llm: Any) -> dict[str, float]:
 
 
 def generate(mode: str, model: str, blocks: int, cpu_bytes: int, num_requests: int, max_tokens: int,
-             out: Path, block_size: int | None = None) -> dict[str, Any]:
-    """Greedy outputs of each prompt, one request at a time in trace order; writes ``out`` (JSON)."""
+             out: Path, block_size: int | None = None, reference_blocks: int = REFERENCE_BLOCKS,
+             passes: int = PASSES) -> dict[str, Any]:
+    """Greedy outputs of each prompt, one request at a time in trace order, ``passes`` times over
+    (``recompute``: then the control prompt); writes ``out`` (JSON)."""
+    engine_environment()
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    llm = LLM(**engine_kwargs(mode, model, blocks, cpu_bytes, block_size))
-    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, logprobs=TOP_LOGPROBS)
-    outputs = []
-    for ids in prompts(num_requests):
+    scaled_dummy_weights()
+    llm = LLM(**engine_kwargs(mode, model, blocks, cpu_bytes, block_size, reference_blocks))
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, logprobs=TOP_LOGPROBS,
+                            skip_reading_prefix_cache=mode == "recompute")
+
+    def run(ids: list[int]) -> dict[str, Any]:
         result = llm.generate([TokensPrompt(prompt_token_ids=ids)], params, use_tqdm=False)[0]
         completion = result.outputs[0]
-        outputs.append({"prompt_len": len(ids), "num_cached_tokens": result.num_cached_tokens,
-                        "token_ids": list(completion.token_ids),
-                        "logprobs": [{str(t): float(lp.logprob) for t, lp in step.items()}
-                                     for step in completion.logprobs or ()]})
+        steps = completion.logprobs or ()
+        return {"prompt_len": len(ids), "num_cached_tokens": result.num_cached_tokens,
+                "token_ids": list(completion.token_ids),
+                "logprobs": [{str(t): float(lp.logprob) for t, lp in step.items()} for step in steps]}
+
+    inputs = prompts(num_requests)
+    outputs = [run(ids) for _ in range(passes) for ids in inputs]
+    control = run(control_prompt(inputs[-1])) if mode == "recompute" and inputs else None
     counters = _counters(llm)
-    record = {"mode": mode, "blocks": blocks, "cpu_tier_bytes": cpu_bytes if mode == "tier" else 0,
-              "outputs": outputs,
+    record = {"mode": mode, "blocks": blocks if mode == "tier" else reference_blocks,
+              "cpu_tier_bytes": cpu_bytes if mode == "tier" else 0, "outputs": outputs, "control": control,
               "gpu_hit_tokens": counters.get("vllm:prefix_cache_hits", 0.0),
               "tier_hit_tokens": counters.get("vllm:external_prefix_cache_hits", 0.0)}
     _write_json(out, record)
@@ -114,32 +209,61 @@ def _max_logprob_gap(a: dict[str, Any], b: dict[str, Any]) -> float:
     return max(gaps, default=0.0)
 
 
+def _same(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    return _answer(a) == _answer(b)
+
+
 def compare(recompute: dict[str, Any], gpu: dict[str, Any], tier: dict[str, Any]) -> tuple[bool, list[str]]:
-    """Whether the tier's outputs pass against the recomputed ones (see the module's docstring), and
-    the lines that say why. A request matches when its output tokens *and* their top log-probabilities
-    are bit-for-bit the recomputed ones. Raises ValueError when the runs did not serve the same requests."""
+    """Whether the tier's reloads pass (see the module's docstring), and the lines that say why.
+
+    A request resumed at the same depth (``num_cached_tokens``) from the tier run and from the GPU
+    pool must give bit-for-bit the same output tokens and top log-probabilities. Raises ValueError
+    when the runs did not serve the same requests."""
     base = recompute["outputs"]
-    lines, differ = [], {}
     for run in (gpu, tier):
+        if len(run["outputs"]) != len(base):
+            raise ValueError(f"{run['mode']}: {len(run['outputs'])} outputs, recompute has {len(base)}")
+    lines = []
+    for run in (gpu, tier):        # against recomputing: reported, not judged
         got = run["outputs"]
-        if len(got) != len(base):
-            raise ValueError(f"{run['mode']}: {len(got)} outputs, recompute has {len(base)}")
-        bad = [i for i, (a, b) in enumerate(zip(base, got)) if _answer(a) != _answer(b)]
+        bad = [i for i, (a, b) in enumerate(zip(base, got)) if not _same(a, b)]
         gap = max((_max_logprob_gap(a, b) for a, b in zip(base, got)), default=0.0)
-        differ[run["mode"]] = bad
         lines.append(f"{run['mode']:>9s}: {len(base) - len(bad)}/{len(base)} requests bit-for-bit the recomputed "
                      f"outputs{' (differ: ' + ', '.join(map(str, bad)) + ')' if bad else ''}, largest log-probability "
                      f"gap {gap:.3g}; hits: GPU {run['gpu_hit_tokens']:.0f}, tier {run['tier_hit_tokens']:.0f} tokens")
+    pairs = list(zip(gpu["outputs"], tier["outputs"]))
+    depth = [(a.get("num_cached_tokens"), b.get("num_cached_tokens")) for a, b in pairs]
+    compared = [i for i, (g, t) in enumerate(depth) if g is not None and g == t and t > 0]
+    other = [i for i, (g, t) in enumerate(depth) if g != t]
+    wrong = [i for i in compared if not _same(*pairs[i])]
+    elsewhere = ", ".join(f"{i} ({depth[i][0]} vs {depth[i][1]})" for i in other)
+    lines.append(f"tier vs GPU pool: {len(compared)} requests resumed at the same depth in both "
+                 f"({sum(depth[i][1] for i in compared)} tokens), {len(compared) - len(wrong)} of them bit-for-bit "
+                 f"alike" + (f"; at other depths (not judged): {elsewhere}" if other else ""))
     ok = True
     if tier["tier_hit_tokens"] <= 0:
         ok = False
         lines.append("FAIL: the tier served no token, so nothing was reloaded: lower NUM_BLOCKS_TIER")
-    if len(differ["tier"]) > len(differ["gpu"]):
+    if not compared:
         ok = False
-        lines.append(f"FAIL: the tier differs on {len(differ['tier'])} requests, the GPU pool alone on "
-                     f"{len(differ['gpu'])}: a reloaded state is not what recomputing gives")
+        lines.append("FAIL: no request with a hit resumed at the same depth in both runs: nothing to judge")
+    if wrong:
+        ok = False
+        gap = max(_max_logprob_gap(*pairs[i]) for i in wrong)
+        lines.append(f"FAIL: requests {', '.join(map(str, wrong))} resumed at the same depth from the tier and from "
+                     f"the GPU pool give other outputs (log-probability gap up to {gap:.3g}): a reloaded chunk is not "
+                     "the one stored")
+    control = recompute.get("control")
+    if control is None:
+        ok = False
+        lines.append("FAIL: the recompute run has no control output: rerun its step")
+    elif base and _same(control, base[-1]):
+        ok = False
+        lines.append("FAIL: inconclusive: the last prompt with a token changed halfway gives the same outputs, so "
+                     "these weights cannot show a wrong state")
     if ok:
-        lines.append("PASS: reloaded states give the recomputed outputs as far as the GPU pool's own do")
+        lines.append("PASS: every request resumed from the tier gives what the same resume from the GPU pool gives, "
+                     "bit for bit, and the outputs see a changed prefix")
     return ok, lines
 
 
@@ -217,6 +341,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub.choices["generate"].add_argument("--max-tokens", type=int, default=16)
     sub.choices["generate"].add_argument("--block-size", type=int, default=None,
                                          help="tokens per block (default: vLLM's choice for the model)")
+    sub.choices["generate"].add_argument("--reference-blocks", type=int, default=REFERENCE_BLOCKS,
+                                         help="the recompute and gpu modes' pool (large: nothing evicted)")
+    sub.choices["generate"].add_argument("--passes", type=int, default=PASSES, help="passes over the prompts")
     sub.choices["serve"].add_argument("--concurrency", type=int, default=4)
     c = sub.add_parser("compare")
     c.add_argument("--work", type=Path, required=True)
@@ -225,7 +352,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.cmd == "generate":
         args.work.mkdir(parents=True, exist_ok=True)
         rec = generate(args.mode, args.model, args.blocks, args.cpu_tier_bytes, args.num_requests, args.max_tokens,
-                       args.work / f"outputs-{args.mode}.json", args.block_size)
+                       args.work / f"outputs-{args.mode}.json", args.block_size, args.reference_blocks, args.passes)
         print(f"{args.mode}: {len(rec['outputs'])} requests; hits GPU {rec['gpu_hit_tokens']:.0f}, "
               f"tier {rec['tier_hit_tokens']:.0f} tokens")
         return 0

@@ -6,16 +6,20 @@ worker side) and run only where a GPU is lent."""
 from __future__ import annotations
 
 import importlib.util
+import json
+import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from vllm_env import VLLM_PYTHON, require_vllm
+from vllm_env import VLLM_PYTHON, require_vllm, vllm_python
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "scripts" / "gpu_check.sh"
+CONFIG = REPO / "src" / "marconi" / "data" / "configs" / "nemotron-h-8b" / "config.json"
 
 
 def _module():
@@ -25,45 +29,106 @@ def _module():
     return mod
 
 
-def _run(mode: str, outputs: list[list[int]], tier_hits: float = 0.0, logprob: float = -1.0) -> dict:
-    return {"mode": mode, "outputs": [{"token_ids": o, "logprobs": [{str(t): logprob} for t in o]} for o in outputs],
-            "gpu_hit_tokens": 100.0, "tier_hit_tokens": tier_hits}
+def _run(mode: str, outputs: list[list[int]], tier_hits: float = 0.0, logprob: float = -1.0,
+         cached: list[int] | None = None, control: list[int] | None = None) -> dict:
+    cached = cached if cached is not None else [0] + [64] * (len(outputs) - 1)
+    rec = {"mode": mode, "gpu_hit_tokens": 100.0, "tier_hit_tokens": tier_hits,
+           "outputs": [{"token_ids": o, "num_cached_tokens": c, "logprobs": [{str(t): logprob} for t in o]}
+                       for o, c in zip(outputs, cached)]}
+    if mode == "recompute":
+        rec["control"] = {"token_ids": control or [9, 9], "num_cached_tokens": 0,
+                          "logprobs": [{str(t): -2.0} for t in control or [9, 9]]}
+    return rec
 
 
 def test_dry_run_lists_the_tier_steps_only_with_tier():
     tier = subprocess.run(["bash", str(SCRIPT), "--dry-run", "--tier"], capture_output=True, text=True, check=True).stdout
     for step in ("T1/recompute", "T1/gpu", "T1/tier", "T2 ", "T3 ", "T4 "):
         assert step in tier
-    assert "4/5 serve stock vs plugin" not in tier
+    assert "P1 serve stock vs plugin" not in tier
     assert "--tier-policies marconi" in tier and "gpu_tier_check.py compare" in tier
+    assert "--reference-blocks 400" in tier
     pool = subprocess.run(["bash", str(SCRIPT), "--dry-run"], capture_output=True, text=True, check=True).stdout
-    assert "4/5 serve stock vs plugin" in pool and "T1/" not in pool
-    both = subprocess.run(["bash", str(SCRIPT), "--dry-run", "--all"], capture_output=True, text=True, check=True).stdout
-    assert "4/5 serve stock vs plugin" in both and "T4 " in both
+    assert "P1 serve stock vs plugin" in pool and "T1/" not in pool
+    assert "the script ($SERVE):" in pool and "replay_concurrent" in pool      # what P1 runs, printed
+    for args in (["--all"], ["--all", "--tier"], ["--tier", "--all"]):         # the order does not matter
+        both = subprocess.run(["bash", str(SCRIPT), "--dry-run", *args], capture_output=True, text=True, check=True).stdout
+        assert "P1 serve stock vs plugin" in both and "T4 " in both, args
     bad = subprocess.run(["bash", str(SCRIPT), "--tiers"], capture_output=True, text=True)
     assert bad.returncode == 2 and "--tier" in bad.stderr
+    helped = subprocess.run(["bash", str(SCRIPT), "--help"], capture_output=True, text=True, check=True).stdout
+    assert "GPU_CHECK_PYTHON" in helped and "set -euo" not in helped and "DRY_RUN" not in helped
 
 
-def test_verdict_passes_only_when_the_tier_served_and_adds_no_difference():
+def test_dry_run_with_a_prepared_environment_installs_no_vllm():
+    env = {**os.environ, "GPU_CHECK_PYTHON": "/opt/vllm/bin/python"}
+    out = subprocess.run(["bash", str(SCRIPT), "--dry-run", "--all"], capture_output=True, text=True, check=True,
+                         env=env).stdout
+    assert "vllm==0.33.0" not in out and "-m venv" not in out
+    assert "--no-build-isolation" in out and "/opt/vllm/bin/python -m marconi vllm replay" in out
+
+
+def test_without_vllm_or_the_package_index_the_check_stops_at_once(tmp_path):
+    """Offline, with no vLLM in reach, the check says so before any step (not after pip's retries)."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "nvidia-smi").write_text("#!/bin/sh\necho 'NVIDIA H100 80GB HBM3, 81559 MiB'\n")
+    (fake / "nvidia-smi").chmod(0o755)
+    python = fake / "python3"          # a python whose pip cannot reach the index and which has no vLLM
+    python.write_text("#!/bin/sh\nexit 1\n")
+    python.chmod(0o755)
+    env = {**os.environ, "PATH": f"{fake}:{os.environ['PATH']}", "PYTHON": str(python),
+           "GPU_CHECK_DIR": str(tmp_path / "work")}
+    out = subprocess.run(["bash", str(SCRIPT)], capture_output=True, text=True, env=env, timeout=60)
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "package index is out of reach" in out.stderr and "GPU_CHECK_PYTHON" in out.stderr
+    assert "== setup" not in out.stdout and not (tmp_path / "work").exists()
+    out = subprocess.run(["bash", str(SCRIPT)], capture_output=True, text=True, timeout=60,
+                         env={**env, "GPU_CHECK_PYTHON": str(python)})
+    assert out.returncode == 1 and "GPU_CHECK_PYTHON=" in out.stderr and "has no vLLM 0.33" in out.stderr
+
+
+def test_verdict_holds_the_tier_to_the_gpu_pool_request_by_request():
     mod = _module()
     base = [[1, 2], [3, 4], [5, 6]]
     ok, lines = mod.compare(_run("recompute", base), _run("gpu", base), _run("tier", base, tier_hits=512))
-    assert ok and lines[-1].startswith("PASS")
+    assert ok and lines[-1].startswith("PASS"), lines
+    assert any("2 requests resumed at the same depth in both (128 tokens), 2 of them bit-for-bit alike" in line
+               for line in lines), lines
     # the tier served nothing: the check proved nothing
     ok, lines = mod.compare(_run("recompute", base), _run("gpu", base), _run("tier", base, tier_hits=0))
     assert not ok and any("served no token" in line for line in lines)
-    # the tier differs where the GPU pool alone does not
-    ok, lines = mod.compare(_run("recompute", base), _run("gpu", base), _run("tier", [[1, 2], [3, 9], [5, 6]], 512))
-    assert not ok and any("differs on 1 requests" in line for line in lines)
-    # as many differences as the pool's own (the arithmetic of a resumed prefill): pass
-    ok, _ = mod.compare(_run("recompute", base), _run("gpu", [[1, 2], [3, 4], [5, 7]]),
-                        _run("tier", [[1, 2], [3, 9], [5, 6]], 512))
-    assert ok
+    # the tier differs where it resumed at the GPU pool's depth: caught, even if the pool differs elsewhere
+    ok, lines = mod.compare(_run("recompute", base), _run("gpu", [[1, 2], [3, 4], [5, 7]]),
+                            _run("tier", [[1, 2], [3, 9], [5, 7]], 512))
+    assert not ok and any(line.startswith("FAIL: requests 1 resumed at the same depth") for line in lines), lines
     # the same tokens but another log-probability: a different state, caught
     ok, lines = mod.compare(_run("recompute", base), _run("gpu", base), _run("tier", base, 512, logprob=-1.001))
-    assert not ok and any("largest log-probability gap 0.001" in line for line in lines)
+    assert not ok and any("log-probability gap up to 0.001" in line for line in lines), lines
+    # resumed at another depth than the pool's: reported, not judged
+    ok, lines = mod.compare(_run("recompute", base), _run("gpu", base),
+                            _run("tier", [[1, 2], [3, 4], [5, 8]], 512, cached=[0, 64, 32]))
+    assert ok and any("at other depths (not judged): 2 (64 vs 32)" in line for line in lines), lines
+    # no request with a hit resumed at the same depth: nothing judged, no pass
+    ok, lines = mod.compare(_run("recompute", base), _run("gpu", base, cached=[0, 0, 0]), _run("tier", base, 512))
+    assert not ok and any("nothing to judge" in line for line in lines)
+    # the control: a changed prefix that changes nothing means the weights cannot show a wrong state
+    ok, lines = mod.compare(_run("recompute", base, control=[5, 6]), _run("gpu", base), _run("tier", base, 512))
+    assert ok                                       # same tokens, other log-probabilities: seen
+    blind = _run("recompute", base)
+    blind["control"] = dict(blind["outputs"][-1])
+    ok, lines = mod.compare(blind, _run("gpu", base), _run("tier", base, 512))
+    assert not ok and any("inconclusive" in line for line in lines)
     with pytest.raises(ValueError, match="2 outputs"):
         mod.compare(_run("recompute", base), _run("gpu", base[:2]), _run("tier", base, 1))
+
+
+def test_control_prompt_changes_one_token_inside_the_prefix():
+    mod = _module()
+    ids = [7, 0, 5, 9]
+    got = mod.control_prompt(ids)
+    assert len(got) == len(ids) and got[-1] == ids[-1] and sum(a != b for a, b in zip(got, ids)) == 1
+    assert mod.control_prompt([3, 4, 0, 2])[2] == 1 and ids == [7, 0, 5, 9]
 
 
 def test_missing_results_name_the_file(tmp_path):
@@ -72,21 +137,65 @@ def test_missing_results_name_the_file(tmp_path):
         mod.main(["compare", "--work", str(tmp_path)])
 
 
-def test_tier_engine_config_is_vllms_connector_with_marconis_policy():
-    require_vllm()
-    code = ("import importlib.util, sys; spec = importlib.util.spec_from_file_location('g', sys.argv[1]); "
-            "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m); "
-            "from vllm.config import KVTransferConfig; kw = m.engine_kwargs('tier', 'model', 40, 1 << 33); "
-            "c = kw['kv_transfer_config']; assert isinstance(c, KVTransferConfig), type(c); "
-            "x = c.kv_connector_extra_config; "
-            "print(c.kv_connector, x['eviction_policy'], x['cache_policy_module_path'], x['cpu_bytes_to_use'], "
-            "kw['num_gpu_blocks_override'], kw['enable_prefix_caching'], "
-            "m.engine_kwargs('recompute', 'model', 40, 1)['enable_prefix_caching'])")
-    out = subprocess.run([VLLM_PYTHON, "-c", code, str(REPO / "scripts" / "gpu_tier_check.py")],
-                         capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.split() == ["OffloadingConnector", "MarconiCachePolicy", "marconi.integrations.vllm.tier",
-                                  str(1 << 33), "40", "True", "False"]
+_ENGINE_CONFIGS = """
+import importlib.util, json, os, sys
+spec = importlib.util.spec_from_file_location('g', sys.argv[1]); m = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(m)
+m.engine_environment()
+from vllm.engine.arg_utils import AsyncEngineArgs, EngineArgs
+from marconi.integrations.vllm.server import ServerConfig
+model = sys.argv[2]
+for mode in m.MODES:
+    kw = m.engine_kwargs(mode, model, 40, 1 << 33)
+    c = EngineArgs(**kw).create_engine_config()
+    x = c.kv_transfer_config
+    print(json.dumps({"mode": mode, "max_model_len": c.model_config.max_model_len,
+                      "blocks": c.cache_config.num_gpu_blocks_override, "caching": c.cache_config.enable_prefix_caching,
+                      "mamba": str(c.cache_config.mamba_cache_mode), "block_size": c.cache_config.block_size,
+                      "connector": x.kv_connector if x else None,
+                      "extra": x.kv_connector_extra_config if x else None}))
+try:
+    from vllm.entrypoints.common.cli_args import make_arg_parser          # vLLM 0.33
+except ImportError:
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser       # vLLM 0.32
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+server = ServerConfig(python=sys.executable, model_dir=model, num_blocks=40, max_model_len=16384,
+                      max_num_batched_tokens=8192, max_num_seqs=4, block_size=None, plugin_env={},
+                      extra_args=("--load-format", "dummy", "--gpu-memory-utilization", "0.85",
+                                  "--kv-transfer-config", json.dumps(m.tier_transfer_config(1 << 35))))
+os.environ.update(server.environment())
+argv = server.args(8000)
+args = make_arg_parser(FlexibleArgumentParser()).parse_args(argv[3:])      # past "python -m module"
+c = AsyncEngineArgs.from_cli_args(args).create_engine_config()
+print(json.dumps({"mode": "server", "max_model_len": c.model_config.max_model_len,
+                  "connector": c.kv_transfer_config.kv_connector}))
+"""
+
+
+@pytest.mark.parametrize("series", ["0.32", "0.33"])
+def test_every_engine_the_check_starts_is_one_vllm_builds(tmp_path, series):
+    """vLLM's own EngineArgs build each T1 engine and the T2 server from the arguments the check
+    gives them (with the config's 8,192 positions under a prompt and its output: vLLM 0.33 refuses
+    that without the environment the check sets). The three T1 engines differ only in the pool and
+    the tier: one block size, one Mamba cache mode, prefix caching on in all."""
+    python = vllm_python(series)
+    model = tmp_path / "nemotron-h-8b"
+    model.mkdir()
+    shutil.copy(CONFIG, model / "config.json")
+    out = subprocess.run([python, "-c", _ENGINE_CONFIGS, str(REPO / "scripts" / "gpu_tier_check.py"), str(model)],
+                         capture_output=True, text=True, timeout=600, cwd=REPO)
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = {r["mode"]: r for r in (json.loads(line) for line in out.stdout.splitlines() if line.startswith("{"))}
+    assert set(rows) == {"recompute", "gpu", "tier", "server"}
+    t1 = [rows[m] for m in ("recompute", "gpu", "tier")]
+    assert [r["blocks"] for r in t1] == [400, 400, 40]
+    assert all(r["caching"] and r["max_model_len"] == 8192 + 256 for r in t1)
+    assert len({(r["mamba"], r["block_size"]) for r in t1}) == 1
+    assert [r["connector"] for r in t1] == [None, None, "OffloadingConnector"]
+    extra = rows["tier"]["extra"]
+    assert (extra["eviction_policy"], extra["cache_policy_module_path"], extra["cpu_bytes_to_use"]) == \
+        ("MarconiCachePolicy", "marconi.integrations.vllm.tier", 1 << 33)
+    assert rows["server"] == {"mode": "server", "max_model_len": 16384, "connector": "OffloadingConnector"}
 
 
 @pytest.mark.slow

@@ -57,9 +57,12 @@ class ServerConfig:
 
     def environment(self) -> dict[str, str]:
         """This process's environment without its ``MARCONI_VLLM_*`` variables, plus the CPU timing
-        settings and ``plugin_env``."""
+        settings, ``VLLM_ALLOW_LONG_MAX_MODEL_LEN=1`` (as the replay sets it: a trace's prompt and
+        output may pass a config's positions, 8,192 in the bundled Nemotron-H-8B's, which vLLM
+        0.33 refuses without it) and ``plugin_env``."""
         env = {k: v for k, v in os.environ.items() if not k.startswith("MARCONI_VLLM_")}
         env.update(CPU_TIMING_ENV)
+        env["VLLM_ALLOW_LONG_MAX_MODEL_LEN"] = "1"
         env.update(self.plugin_env)
         if not self.plugin_env:
             env["VLLM_PLUGINS"] = ""          # stock: vLLM loads no general plugin at all
