@@ -468,3 +468,22 @@ def test_a_capacity_point_the_pool_cannot_serve_is_listed_as_not_run(tmp_path):
     write_report(result, tmp_path / "R")
     report = (tmp_path / "R" / "report.md").read_text()
     assert "## Not run" in report and f"- {skipped[0]}" in report
+
+
+def test_headroom_never_calls_an_oracle_above_the_infinite_pool_reachable_by_a_policy():
+    """The oracle counts hits the simulator's way (whole prompts, tails under one block), so on repeated
+    prompts it can pass the infinite vLLM pool (an audit: oracle 98.0% beside infinite 76.0%, read as
+    '22 pp a better policy alone could reach'). Then the infinite pool is the ceiling named."""
+    lost = dict.fromkeys(CAUSES, 0)
+    lost["below_one_block"] = 10
+
+    def result(oracle):
+        return {"summary": {"token_hit_rate": 0.50, "infinite_token_hit_rate": 0.76, "oracle_token_hit_rate": oracle,
+                            "lost_tokens": 10, "lost_tokens_by_cause": lost}, "levers": []}
+
+    above = next_steps(result(0.98))[0]
+    assert above.startswith("Headroom: 26.0 pp to the infinite pool's 76.0%, the most a better policy could reach")
+    assert "98.0%" in above and "block grid cannot serve" in above and "48.0 pp" not in above
+    below = next_steps(result(0.60))[0]
+    assert "10.0 pp to the oracle at this pool (60.0%): what a better policy alone could reach" in below
+    assert next_steps(result(None))[0] == "Headroom: 26.0 pp to the infinite pool's 76.0%."

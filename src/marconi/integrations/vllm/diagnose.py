@@ -758,9 +758,16 @@ def next_steps(result: dict[str, Any]) -> list[str]:
     and what addresses it, and the lever that gained most (or that none did)."""
     s = result["summary"]
     rate, inf, oracle = s["token_hit_rate"], s["infinite_token_hit_rate"], s["oracle_token_hit_rate"]
-    out = [f"Headroom: {100 * (inf - rate):.1f} pp to the infinite pool's {100 * inf:.1f}%"
-           + (f", {100 * (oracle - rate):.1f} pp to the oracle at this pool ({100 * oracle:.1f}%): what a better "
-              "policy alone could reach" if oracle is not None else "") + "."]
+    head = f"Headroom: {100 * (inf - rate):.1f} pp to the infinite pool's {100 * inf:.1f}%"
+    if oracle is None:
+        out = [head + "."]
+    elif oracle > inf:      # the simulator's accounting: whole prompts and tails under a block count as hits
+        out = [head + f", the most a better policy could reach here: the oracle at this pool ({100 * oracle:.1f}%) "
+                      "is above it, counting hits vLLM's block grid cannot serve (whole prompts, tails under one "
+                      "block)."]
+    else:
+        out = [head + f", {100 * (oracle - rate):.1f} pp to the oracle at this pool ({100 * oracle:.1f}%): what a "
+                      "better policy alone could reach."]
     lost = s["lost_tokens_by_cause"]
     if s["lost_tokens"]:
         top = max(CAUSES, key=lambda c: lost[c])
