@@ -292,3 +292,19 @@ def test_event_mode_is_refused_for_a_system_that_admits_a_whole_prefill_on_arriv
                           "--out", str(tmp_path / "r.jsonl")], capture_output=True, text=True, cwd=REPO, timeout=300)
     assert out.returncode != 0 and "--mode event is not modelled" in out.stderr and "Traceback" not in out.stderr
     assert not (tmp_path / "r.jsonl").exists()
+
+
+def test_simulate_says_where_requests_went_uncached_whole(tmp_path):
+    """An insertion is all or nothing: at a capacity under one request's KVs and states, vllm+ (a state
+    at every block) caches nothing, and its 0% sits beside SGLang+'s 98% with no word (an audit). The
+    command now says which points left requests uncached, and how many."""
+    req = {"turn_id": 0, "ts": 0.0, "input_tokens": list(range(10, 2010)), "output_tokens": [5, 6, 7]}
+    path = tmp_path / "copies.jsonl"
+    path.write_text("".join(json.dumps({"session_id": i, **req}) + "\n" for i in range(20)))
+    out = subprocess.run([sys.executable, "-m", "marconi", "simulate", "--trace", str(path), "--systems",
+                          "vllm+,sglang+", "--capacity", "5x,20x"], capture_output=True, text=True, cwd=REPO,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    notes = [line for line in out.stderr.splitlines() if line.startswith("note: ")]
+    assert notes == ["note: vllm+ at 5x: 20 of 20 requests did not fit the cache whole (after evicting everything "
+                     "else) and were not cached at all: an insertion is all or nothing; a larger --capacity holds them"]

@@ -97,6 +97,16 @@ def _cmd_systems(args: argparse.Namespace) -> int:
 _SIM_COLUMNS: list[tuple[str, str, Any]] = []
 
 
+def _not_cached_notes(records: Sequence[dict[str, Any]]) -> list[str]:
+    """A note per point where requests went uncached whole (``requests_not_cached``): an insertion is
+    all or nothing, so a request larger than the cache leaves no prefix behind, and a hit rate can
+    jump from 0 between two capacities."""
+    return [f"note: {r['system']} at {r.get('capacity') or r.get('capacity_bytes')}: {r['requests_not_cached']:,} of "
+            f"{r['num_requests']:,} requests did not fit the cache whole (after evicting everything else) and were "
+            "not cached at all: an insertion is all or nothing; a larger --capacity holds them"
+            for r in records if r.get("requests_not_cached")]
+
+
 def _sim_table(records: Sequence[dict[str, Any]]) -> str:
     from marconi.report import fmt_pct as pct
     from marconi.report import fmt_seconds as fmt_s
@@ -175,6 +185,8 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         backend.close()
     if records:  # the table first: a full disk or a failed point must not lose the results
         print(_sim_table([_decorate(r) for r in records]))
+        for note in _not_cached_notes(records):
+            print(note, file=sys.stderr)
     if args.out and records:
         written = write_records(records, _kept_at(args.out, failed is not None))
         print(f"wrote {len(records)} records to {written}" + _left_unchanged(failed, [("--out", args.out)]),
