@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from marconi.core.model import PRESETS, ModelSpec
@@ -160,3 +161,24 @@ def test_session_ids_1_and_quoted_1_are_two_sessions(tmp_path: Path) -> None:
         records[name] = json.loads(out.read_text().splitlines()[0])
     for field in ("ttft_p50_s", "ttft_p95_s", "throughput_tok_s", "token_hit_rate", "sim_token_hit_rate"):
         assert records["same_text"][field] == records["distinct"][field], field
+
+
+def test_requests_a_server_of_the_config_would_refuse_are_noted() -> None:
+    """The replay serves prompts past the config's positions (VLLM_ALLOW_LONG_MAX_MODEL_LEN=1) and ids
+    past its vocabulary, where a server refuses them: said before the run, with the flag that leaves
+    them out (an audit's 40k-token prompt on an 8,192-position config ran without a word)."""
+    from marconi.integrations.vllm.replay.run import check_pool
+    from marconi.workloads.trace import Request
+
+    config = ReplayConfig(vllm_python="x", num_blocks=2000, concurrency=1)          # nemotron-h-8b: 8,192 positions
+    short = Request(0, 0, 0.0, np.arange(10, 3000, dtype=np.int32), np.arange(5, 21, dtype=np.int32))
+    assert check_pool(config, [short], None) == []
+    long = Request(1, 0, 0.0, np.arange(10, 8190, dtype=np.int32), np.arange(5, 21, dtype=np.int32))
+    notes = check_pool(config, [short, long], None)
+    assert len(notes) == 1 and notes[0].startswith("1 of the 2 requests replayed are longer than nemotron-h-8b's "
+                                                   "8,192 positions") and "--max-input-len 8,192" in notes[0]
+    vocab = json.loads((model_dir("nemotron-h-8b") / "config.json").read_text())["vocab_size"]
+    odd = Request(2, 0, 0.0, np.array([10, vocab + 5] * 700, dtype=np.int32), np.arange(5, 9, dtype=np.int32))
+    notes = check_pool(config, [short, odd], None)
+    assert notes == [f"token ids up to {vocab + 5:,} are outside nemotron-h-8b's vocabulary of {vocab:,} (vocab_size): "
+                     "a server refuses such prompts; the replay's hits do not read the ids"]

@@ -205,7 +205,9 @@ def check_pool(config: ReplayConfig, requests: Sequence[Any], working_set: int |
     options). The pool is checked against vLLM's least pool for the longest request
     (:mod:`~marconi.integrations.vllm.replay.pool_floor`): a ``--blocks`` under it is refused; a
     ``--capacity`` under it the worker raises to it, so its note is returned. So is a note when no
-    input is longer than vLLM's block for the model (vLLM caches whole blocks: no hit is possible).
+    input is longer than vLLM's block for the model (vLLM caches whole blocks: no hit is possible),
+    and one for requests a server of the model's config would refuse: longer than its positions, or
+    with token ids outside its vocabulary.
     A ``--gpu-memory``, and a model directory (whose block only vLLM knows), pass unchecked.
 
     Raises:
@@ -230,6 +232,29 @@ def check_pool(config: ReplayConfig, requests: Sequence[Any], working_set: int |
         note = capacity_floor_note(config.capacity, parse_capacity(config.capacity).resolve(working_set or 0),
                                    config.model, max_model_len)
         notes += [note] if note is not None else []
+    return notes + _model_limit_notes(config.model, requests)
+
+
+def _model_limit_notes(model: str, requests: Sequence[Any]) -> list[str]:
+    """Notes for requests a server of ``model``'s config would refuse and the replay serves: longer
+    than its ``max_position_embeddings`` (the replay runs vLLM with ``VLLM_ALLOW_LONG_MAX_MODEL_LEN=1``,
+    since hits and memory do not depend on positions), or with token ids outside its ``vocab_size``."""
+    hf = json.loads((model_dir(model) / "config.json").read_text())
+    notes = []
+    positions = hf.get("max_position_embeddings")
+    if isinstance(positions, int) and positions > 0:
+        longer = sum(len(r.input_tokens) + max(1, len(r.output_tokens)) > positions for r in requests)
+        if longer:
+            notes.append(f"{longer:,} of the {len(requests):,} requests replayed are longer than {model}'s "
+                         f"{positions:,} positions (max_position_embeddings, prompt and output): the replay serves "
+                         "them as vLLM does with VLLM_ALLOW_LONG_MAX_MODEL_LEN=1, and a server without it refuses "
+                         f"them (--max-input-len {positions:,} and shorter outputs leave them out)")
+    vocab = hf.get("vocab_size")
+    if isinstance(vocab, int) and vocab > 0 and requests:
+        top = max(int(max(r.input_tokens.max(initial=0), r.output_tokens.max(initial=0))) for r in requests)
+        if top >= vocab:
+            notes.append(f"token ids up to {top:,} are outside {model}'s vocabulary of {vocab:,} (vocab_size): a "
+                         "server refuses such prompts; the replay's hits do not read the ids")
     return notes
 
 
