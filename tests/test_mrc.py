@@ -8,6 +8,7 @@ from marconi.cli import main
 from marconi.core.registry import ConfigError
 from marconi.sim.compare import gains, repeated_points
 from marconi.sim.mrc import capacity_fractions, run_mrc
+from marconi.sim.systems import make_system
 from marconi.workloads import build_workload
 
 
@@ -117,10 +118,20 @@ def test_mrc_with_too_small_a_lo_says_raise_lo_not_the_capacity(tmp_path, capsys
     assert "raise the capacity" not in err and not out.exists()
 
 
-def test_mrc_points_that_cannot_run_are_reported_in_lo_terms_and_the_curve_kept(tmp_path, capsys):
+def test_mrc_points_that_cannot_run_are_reported_in_lo_terms_and_the_curve_kept(tmp_path, capsys, monkeypatch):
+    from marconi.integrations.vllm.system import VllmAlignSystem
+
     out = tmp_path / "m.jsonl"
-    code = main(["mrc", "--trace", "swe-sample", "--limit", "20", "--systems", "vllm-align", "--no-ceilings",
-                 "--points", "2", "--lo", "0.01", "--workers", "1", "--out", str(out), "--quiet"])
+    args = ["mrc", "--trace", "swe-sample", "--limit", "20", "--systems", "vllm-align", "--no-ceilings",
+            "--points", "2", "--lo", "0.01", "--workers", "1", "--out", str(out), "--quiet"]
+    # a --lo under a system's known floor is refused before any point runs, nothing written
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "less than what vllm-align needs" in err and "raise --lo to at least 0.1" in err, err
+    assert not out.exists() and not (tmp_path / "m.partial.jsonl").exists()
+    # a point that fails as it runs (here: the floor hidden) is said in --lo terms, the rest kept
+    monkeypatch.setattr(VllmAlignSystem, "least_capacity_bytes", lambda self, spec, requests: 0)
+    code = main(args)
     assert code == 2
     err = capsys.readouterr().err
     assert "1 of 2 points could not run, at 0.01x of the working set" in err
@@ -143,3 +154,35 @@ def test_mrc_without_lo_starts_where_a_small_trace_first_holds_a_checkpoint(tmp_
     assert "NOTE: the curve starts at" in err and "not 0.005x" in err
     fractions = sorted({json.loads(line)["fraction"] for line in out.read_text().splitlines()})
     assert len(fractions) == 3 and 0.005 < fractions[0] < 1 and fractions[-1] == 1.0
+
+
+def test_each_system_knows_its_least_capacity_and_runs_there_not_below():
+    """System.least_capacity_bytes: one SSM checkpoint for a bounded PrefixCache, vLLM's least pool for
+    the longest request for vllm-align, the KV pool that holds it for sglang-unified; each runs at
+    its floor and fails 3% below it."""
+    from marconi.sim import simulate_system
+    from marconi.workloads import build_workload
+
+    trace = list(build_workload("swe-sample"))[:12]
+    for name in ("vllm-align", "sglang-unified", "sglang+"):
+        least = make_system(name).least_capacity_bytes("nemotron-h-8b", trace)
+        assert least > 0, name
+        assert simulate_system(trace, name, "nemotron-h-8b", least).stats.num_requests == 12
+        with pytest.raises(ConfigError):
+            simulate_system(trace, name, "nemotron-h-8b", least * 0.97)
+    assert make_system("infinite").least_capacity_bytes("nemotron-h-8b", trace) == 0
+    assert make_system("vllm-align:blocks=60").least_capacity_bytes("nemotron-h-8b", trace) == 0
+
+
+def test_mrc_without_lo_starts_where_every_emulated_engine_can_serve_the_longest_request(tmp_path, capsys):
+    """Old: `marconi mrc --systems sglang+,vllm-align` (or sglang-unified) failed at its default first
+    point, the emulators' least pool being more than one checkpoint; the curve now starts at the
+    least fraction every system runs at, and says so."""
+    out = tmp_path / "m.jsonl"
+    assert main(["mrc", "--trace", "swe-sample", "--limit", "30", "--systems", "sglang+,vllm-align,sglang-unified",
+                 "--model", "nemotron-h-8b", "--points", "3", "--workers", "1", "--no-ceilings", "--out", str(out),
+                 "--quiet"]) == 0
+    err = capsys.readouterr().err
+    assert "NOTE: the curve starts at" in err and "least pool" in err
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert {r["system"] for r in records} == {"sglang+", "vllm-align", "sglang-unified"} and len(records) == 9

@@ -392,8 +392,8 @@ def _cmd_mrc(args: argparse.Namespace) -> int:
     smallest = min(r["fraction"] for r in records if r["system"] != "infinite")
     if args.lo is None and smallest > lo:
         print(f"marconi mrc: NOTE: the curve starts at {smallest:g}x of the working set, not {lo:g}x: below "
-              f"that no SSM checkpoint of {args.model} fits in this trace's working set; --lo sets the start",
-              file=sys.stderr)
+              f"that a system cannot run on this trace (no SSM checkpoint of {args.model} fits, or an emulated "
+              "engine's least pool does not hold the longest request); --lo sets the start", file=sys.stderr)
     by_cap: dict[float, dict[str, Any]] = {}
     for r in records:
         if r["system"] != "infinite":

@@ -13,7 +13,6 @@ import re
 
 import numpy as np
 
-from marconi.core.admission import ADMISSION_POLICIES
 from marconi.core.model import get_model
 from marconi.core.registry import ConfigError
 from marconi.sim.backends import Backend
@@ -63,24 +62,30 @@ def run_mrc(trace: Sequence[Any], trace_name: str, systems: Sequence[str], *, mo
             workers: int | None = None, backend: str | Backend = "local",
             on_record: Callable[[dict[str, Any]], None] | None = None, raise_lo: bool = False) -> list[dict[str, Any]]:
     """Records of every system at every fraction (plus ``oracle`` and one ``infinite``; ``on_record``
-    gets each as it finishes, its ``fraction`` set). ConfigError if
-    ``lo`` x the working set is below one SSM checkpoint (``raise_lo``: ``lo`` is raised to the least
-    fraction that holds one instead, :func:`least_lo`, while that is below 1); PointsFailed (in
-    ``lo`` terms) otherwise."""
+    gets each as it finishes, its ``fraction`` set). ConfigError if ``lo`` x the working set is below
+    what a system needs (``System.least_capacity_bytes``: one SSM checkpoint, or an emulated engine's
+    least pool for the longest request; ``raise_lo``: ``lo`` is raised to the least fraction that
+    every system runs at instead, while that is below 1); PointsFailed (in ``lo`` terms) otherwise."""
     spec = get_model(model)
     with backend_scope(backend, workers) as be:
         ws = working_sets({"trace": trace}, [("trace", model)], backend=be)[("trace", model)]
+        names = [*systems, *(["oracle"] if ceilings else [])]
+        floors = {name: make_system(name).least_capacity_bytes(spec, trace) for name in dict.fromkeys(names)}
+        binding = max(floors, key=lambda n: floors[n], default=None)
+        floor = floors[binding] if binding is not None else 0
+        need = _least_fraction(floor, ws)
         if raise_lo:
-            lo = max(lo, least_lo(ws, spec))
+            lo = max(lo, need)
         pts = mrc_points(systems, model=model, points=points, lo=lo, ceilings=ceilings) if lo < 1 else []
         smallest = min((float(p.capacity.rstrip("x")) for p in pts), default=lo)
-        if not pts or any(_holds_checkpoints(p.system) for p in pts) and smallest * ws < spec.ssm_checkpoint_bytes:
-            need = least_lo(ws, spec)
+        if not pts or smallest * ws < floor:
+            what = (f"one SSM checkpoint of {spec.name} ({format_bytes(floor)}): nothing could be cached there"
+                    if isinstance(make_system(binding), SystemConfig) else
+                    f"what {binding} needs ({format_bytes(floor)}: its least pool for the longest request)")
             raise ConfigError(f"--lo {lo:g} makes the smallest capacity {format_bytes(int(smallest * ws))} "
-                              f"(of a {format_bytes(ws)} working set), less than one SSM checkpoint of {spec.name} "
-                              f"({format_bytes(spec.ssm_checkpoint_bytes)}): nothing could be cached there; "
+                              f"(of a {format_bytes(ws)} working set), less than {what}; "
                               + (f"raise --lo to at least {need:g}" if need < 1 else
-                                 "the whole working set holds no checkpoint: use a longer trace"))
+                                 "the whole working set is smaller than that: use a longer trace"))
         def recorded(rec: dict[str, Any]) -> None:     # whole as it finishes: what an interrupt keeps
             _add_fractions([rec])
             if on_record is not None:
@@ -99,16 +104,15 @@ def run_mrc(trace: Sequence[Any], trace_name: str, systems: Sequence[str], *, mo
 def least_lo(working_set_bytes: float, spec: Any) -> float:
     """The least fraction of a working set of ``working_set_bytes`` that holds one SSM checkpoint of
     ``spec`` (rounded up to 3 significant digits; 0 for a model without one; inf for an empty set)."""
-    if not spec.ssm_checkpoint_bytes:
+    return _least_fraction(spec.ssm_checkpoint_bytes, working_set_bytes)
+
+
+def _least_fraction(floor_bytes: float, working_set_bytes: float) -> float:
+    """``floor_bytes`` as a fraction of the working set, rounded up to 3 significant digits (0 for no
+    floor; inf for an empty working set)."""
+    if not floor_bytes:
         return 0.0
-    return _round_up(spec.ssm_checkpoint_bytes / working_set_bytes) if working_set_bytes else float("inf")
-
-
-def _holds_checkpoints(name: str) -> bool:
-    """Whether the system is a bounded PrefixCache that caches (and so needs room for one checkpoint)."""
-    system = make_system(name)
-    return (isinstance(system, SystemConfig) and not system.unbounded
-            and ADMISSION_POLICIES.create(system.admission).caches)
+    return _round_up(floor_bytes / working_set_bytes) if working_set_bytes else float("inf")
 
 
 def _round_up(value: float, digits: int = 3) -> float:

@@ -14,7 +14,7 @@ from marconi.core.admission import ADMISSION_POLICIES
 from marconi.core.cache import PayloadOps, PrefixCache
 from marconi.core.chooser import follow
 from marconi.core.eviction import EVICTION_POLICIES, FlopAware
-from marconi.core.model import ModelSpec
+from marconi.core.model import ModelSpec, get_model
 from marconi.core.protocol import ReplayCache
 from marconi.core.registry import ConfigError, Domain, ParsedName, Registry, parse_name, split_name_list
 from marconi.choosers.bootstrap import OBJECTIVES, BootstrapTuner
@@ -69,6 +69,12 @@ class System(Protocol):
     def relabel(self, label: str) -> "System":
         ...
 
+    def least_capacity_bytes(self, spec: ModelSpec | str, requests: Sequence[Any]) -> int:
+        """The least capacity (bytes) worth replaying ``requests`` through this system at: below it a
+        bounded cache holds not one SSM checkpoint (nothing is cached), or an emulated engine cannot
+        serve the longest request at all (a point fails); 0 where every capacity runs."""
+        ...
+
 
 @dataclass(frozen=True, slots=True)
 class SystemConfig:
@@ -92,6 +98,12 @@ class SystemConfig:
         eviction = EVICTION_POLICIES.create(self.eviction)
         if self.tuning is not None and not isinstance(eviction, FlopAware):
             raise ConfigError(f"{self.label}: alpha tuning needs the flop-aware eviction policy")
+
+    def least_capacity_bytes(self, spec: ModelSpec | str, requests: Sequence[Any]) -> int:
+        """One SSM checkpoint of ``spec`` for a bounded cache that caches (below it nothing is), else 0."""
+        if self.unbounded or not ADMISSION_POLICIES.create(self.admission).caches:
+            return 0
+        return int(get_model(spec).ssm_checkpoint_bytes)
 
     def build(self, spec: ModelSpec | str, capacity_bytes: float, *, clock: Callable[[], float] | None = None,
               payloads: PayloadOps | None = None, tuning_workers: int | None = None,

@@ -177,6 +177,19 @@ class SglangUnifiedSystem:
     def relabel(self, label: str) -> "SglangUnifiedSystem":
         return replace(self, label=label)
 
+    def least_capacity_bytes(self, spec: ModelSpec | str, requests: Sequence[Any]) -> int:
+        """The least capacity whose KV pool (SGLang's split, :meth:`pools`) holds the longest of
+        ``requests``, input and output (below it the emulator cannot serve it); 0 with a fixed
+        ``kv_tokens``, no request, or a model without a recurrent state (refused by :meth:`build`)."""
+        spec = get_model(spec)
+        if self.kv_tokens or not requests or not spec.has_recurrent_state:
+            return 0
+        longest = max(len(r.input_tokens) + len(r.output_tokens) for r in requests)
+        least = int(longest * spec.kv_bytes_per_token * (1 + self.ratio))
+        while self.pools(spec, least)[0] < longest:        # the split's floor division: a byte or two more
+            least += spec.kv_bytes_per_token
+        return least
+
     def describe(self) -> dict[str, Any]:
         return {"system": self.label, "admission": self.admission, "eviction": self.eviction}
 

@@ -106,6 +106,20 @@ class VllmAlignSystem:
     def relabel(self, label: str) -> "VllmAlignSystem":
         return replace(self, label=label)
 
+    def least_capacity_bytes(self, spec: ModelSpec | str, requests: Sequence[Any]) -> int:
+        """vLLM's least pool for the longest of ``requests``, less its null block (the capacity
+        :meth:`build` makes that pool of; below it the engine refuses the request); 0 with a fixed
+        ``num_blocks`` or no request."""
+        from marconi.integrations.vllm.replay.pool_floor import layout_minimum_pool, replay_max_model_len
+
+        if self.num_blocks or not requests:
+            return 0
+        spec = get_model(spec)
+        block_size = self.block_size if self.block_size is not None else VLLM_BLOCK_SIZES.get(spec.name)
+        layout = layout_for_spec(spec, num_blocks=2, block_size=block_size, **dict(self.layout_options))
+        least = layout_minimum_pool(layout, replay_max_model_len(requests))
+        return (least.num_blocks - 1) * layout.block_bytes
+
     def describe(self) -> dict[str, Any]:
         return {"system": self.label, "admission": self.admission, "eviction": self.eviction}
 
