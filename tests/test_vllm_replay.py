@@ -163,7 +163,7 @@ def test_session_ids_1_and_quoted_1_are_two_sessions(tmp_path: Path) -> None:
         assert records["same_text"][field] == records["distinct"][field], field
 
 
-def test_requests_a_server_of_the_config_would_refuse_are_noted() -> None:
+def test_requests_a_server_of_the_config_would_refuse_or_change_are_noted() -> None:
     """The replay serves prompts past the config's positions (VLLM_ALLOW_LONG_MAX_MODEL_LEN=1) and ids
     past its vocabulary, where a server refuses them: said before the run, with the flag that leaves
     them out (an audit's 40k-token prompt on an 8,192-position config ran without a word)."""
@@ -177,6 +177,10 @@ def test_requests_a_server_of_the_config_would_refuse_are_noted() -> None:
     notes = check_pool(config, [short, long], None)
     assert len(notes) == 1 and notes[0].startswith("1 of the 2 requests replayed are longer than nemotron-h-8b's "
                                                    "8,192 positions") and "--max-input-len 8,192" in notes[0]
+    mute = Request(3, 0, 0.0, np.arange(10, 3000, dtype=np.int32), np.zeros(0, dtype=np.int32))
+    assert check_pool(config, [short, mute], None) == [
+        "1 of the 2 requests replayed have no output tokens: vLLM generates at least one (max_tokens >= 1), so each "
+        "is replayed with one, counted in the throughput"]
     vocab = json.loads((model_dir("nemotron-h-8b") / "config.json").read_text())["vocab_size"]
     odd = Request(2, 0, 0.0, np.array([10, vocab + 5] * 700, dtype=np.int32), np.arange(5, 9, dtype=np.int32))
     notes = check_pool(config, [short, odd], None)

@@ -238,7 +238,8 @@ def check_pool(config: ReplayConfig, requests: Sequence[Any], working_set: int |
 def _model_limit_notes(model: str, requests: Sequence[Any]) -> list[str]:
     """Notes for requests a server of ``model``'s config would refuse and the replay serves: longer
     than its ``max_position_embeddings`` (the replay runs vLLM with ``VLLM_ALLOW_LONG_MAX_MODEL_LEN=1``,
-    since hits and memory do not depend on positions), or with token ids outside its ``vocab_size``."""
+    since hits and memory do not depend on positions), or with token ids outside its ``vocab_size``;
+    and for requests without output tokens, which vLLM serves with one."""
     hf = json.loads((model_dir(model) / "config.json").read_text())
     notes = []
     positions = hf.get("max_position_embeddings")
@@ -249,6 +250,10 @@ def _model_limit_notes(model: str, requests: Sequence[Any]) -> list[str]:
                          f"{positions:,} positions (max_position_embeddings, prompt and output): the replay serves "
                          "them as vLLM does with VLLM_ALLOW_LONG_MAX_MODEL_LEN=1, and a server without it refuses "
                          f"them (--max-input-len {positions:,} and shorter outputs leave them out)")
+    silent = sum(len(r.output_tokens) == 0 for r in requests)
+    if silent:
+        notes.append(f"{silent:,} of the {len(requests):,} requests replayed have no output tokens: vLLM generates "
+                     "at least one (max_tokens >= 1), so each is replayed with one, counted in the throughput")
     vocab = hf.get("vocab_size")
     if isinstance(vocab, int) and vocab > 0 and requests:
         top = max(int(max(r.input_tokens.max(initial=0), r.output_tokens.max(initial=0))) for r in requests)
