@@ -76,6 +76,35 @@ def test_multi_turn_conversation_same_tokens_with_and_without_cache(preset, dtyp
     assert cached.cache.stats.checkpoints_admitted > 6
 
 
+@pytest.mark.parametrize("preset", ["bamba-tiny", "nemotron_h-tiny"])
+def test_the_multi_turn_check_sees_a_wrong_recurrent_state(preset, monkeypatch):
+    """The control of the test above: with every restored recurrent state zeroed, the same conversation
+    gives other tokens than an uncached run, so that test can fail on a wrong state. (An audit found it
+    could not on the Mamba-2 presets: their skip term D = 1 swamped the state; models.py now sets D = 0.)"""
+    import marconi.engine.engine as engine_module
+    from marconi.engine.states import build_cache
+
+    def zeroed(model, kv, ssm):
+        if ssm is not None:
+            ssm = SSMPayload(ssm.conv, tuple(None if r is None else torch.zeros_like(r) for r in ssm.recurrent),
+                             ssm.position, ssm.hidden)
+        return build_cache(model, kv, ssm)
+
+    monkeypatch.setattr(engine_module, "build_cache", zeroed)
+    model = model_for(preset)
+    cached = Engine(model, big_capacity(model))
+    plain = Engine(model, 0, admission="none")
+    system = rand_tokens(48, seed=1)
+    history, differing, resumed = list(system), 0, 0
+    for turn in range(3):
+        prompt = history + rand_tokens(20, seed=100 * turn)
+        with_cache, without = cached.generate(prompt, 12), plain.generate(prompt, 12)
+        resumed += with_cache.usable_hit_len > 0
+        differing += with_cache.output_tokens != without.output_tokens
+        history = prompt + list(without.output_tokens)
+    assert resumed == 2 and differing >= 1
+
+
 def test_a_prompt_equal_to_a_cached_sequence_is_a_free_hit():
     """The checkpoint at a cached sequence's end keeps its last position's final hidden state, so
     a prompt equal to that sequence computes nothing before its first token: the whole input is
