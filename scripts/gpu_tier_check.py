@@ -102,8 +102,12 @@ def draw_weights(model: Any) -> int:
     """Draw every floating-point tensor of ``model``'s state in place, each from a generator seeded by
     its name (the same weights in every run on one kind of device): a matrix (or kernel) normal with
     standard deviation ``1/sqrt(its last dimension)`` (LeCun's: each projection keeps its inputs'
-    scale), a norm's scale 1, any other vector normal with :data:`VECTOR_STD`. Returns how many
-    tensors were drawn."""
+    scale), a norm's scale 1, any other vector normal with :data:`VECTOR_STD`; and a recurrent
+    mixer's own vectors as Mamba-2 draws them (the engine's presets too, ``marconi.engine.models``):
+    A in -U[1, 16] (vLLM's Mamba-2 ``A`` holds -exp(A_log); a gated DeltaNet's ``A_log`` its log),
+    ``dt_bias`` the inverse softplus of logU[1e-3, 1e-1], and the skip ``D`` 0, so the state decays
+    and the mixer's output is its read-out. Returns how many tensors were drawn."""
+    import math
     import zlib
 
     import torch
@@ -113,10 +117,20 @@ def draw_weights(model: Any) -> int:
         for name, tensor in model.state_dict().items():
             if not tensor.is_floating_point():
                 continue
-            if tensor.dim() < 2 and "norm" in name:
+            gen = torch.Generator(device=tensor.device).manual_seed(zlib.crc32(name.encode()))
+            leaf = name.rsplit(".", 1)[-1]
+            if leaf in ("A", "A_log"):
+                a = torch.empty(tensor.shape, device=tensor.device).uniform_(1.0, 16.0, generator=gen)
+                tensor.copy_(-a if leaf == "A" else a.log())
+            elif leaf == "dt_bias":
+                dt = torch.empty(tensor.shape, device=tensor.device).uniform_(
+                    math.log(1e-3), math.log(1e-1), generator=gen).exp()
+                tensor.copy_(dt + torch.log(-torch.expm1(-dt)))          # inverse softplus
+            elif leaf == "D":
+                tensor.zero_()
+            elif tensor.dim() < 2 and "norm" in name:
                 tensor.fill_(1.0)
             else:
-                gen = torch.Generator(device=tensor.device).manual_seed(zlib.crc32(name.encode()))
                 tensor.normal_(0.0, tensor.shape[-1] ** -0.5 if tensor.dim() >= 2 else VECTOR_STD, generator=gen)
             count += 1
     return count

@@ -219,3 +219,32 @@ def test_replay_step_runs_and_the_verdict_reads_it(tmp_path):
     assert rows[0].split()[1:] == rows[1].split()[1:]      # the same counts read the same through both paths
     assert float(rows[1].split()[6].rstrip("%")) > 0        # the tier's share
 
+
+
+def test_drawn_weights_keep_a_recurrent_state_that_decays_and_matters():
+    """The check's random weights (drawn in place of vLLM's dummy ones): a Mamba-2 A negative in
+    [-16, -1] (vLLM stores -exp(A_log)), a DeltaNet A_log its log, dt in [1e-3, 1e-1] through softplus,
+    the skip D 0, norms 1, matrices fan-in scaled, and the same draw twice. (First drawn: every vector
+    N(0, 0.02), so A took both signs, and a state that grows where it should decay.)"""
+    import torch
+
+    mod = _module()
+
+    def model() -> torch.nn.Module:
+        net = torch.nn.Module()
+        net.mixer = torch.nn.Module()
+        for leaf in ("A", "A_log", "D", "dt_bias"):
+            setattr(net.mixer, leaf, torch.nn.Parameter(torch.ones(64)))
+        net.norm = torch.nn.LayerNorm(32)
+        net.proj = torch.nn.Linear(256, 32, bias=False)
+        return net
+
+    one, two = model(), model()
+    assert mod.draw_weights(one) == mod.draw_weights(two) == 7
+    m = one.mixer
+    assert bool(((m.A >= -16) & (m.A <= -1)).all())
+    assert bool(((m.A_log.exp() >= 1) & (m.A_log.exp() <= 16)).all()) and bool((m.D == 0).all())
+    dt = torch.nn.functional.softplus(m.dt_bias)
+    assert bool(((dt >= 1e-3 * 0.999) & (dt <= 1e-1 * 1.001)).all())
+    assert bool((one.norm.weight == 1).all()) and abs(one.proj.weight.std().item() - 256 ** -0.5) < 0.005
+    assert all(torch.equal(a, b) for a, b in zip(one.state_dict().values(), two.state_dict().values()))
