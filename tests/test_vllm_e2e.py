@@ -70,6 +70,7 @@ def _workload(rng: np.random.Generator) -> list[dict[str, Any]]:
         steps += [{"kind": "one", "prompt": tokens(700)} for _ in range(3)]
         steps.append({"kind": "conv", "new": tokens(120)})
     steps += [{"kind": "one", "prompt": shared + tokens(300)} for _ in range(3)]
+    steps.append({"kind": "control"})     # the last turn's prompt with one token changed halfway
     return steps
 
 
@@ -85,24 +86,30 @@ def _serve(name: str, model_dir: Path, work: Path, steps: list[dict[str, Any]]) 
     config = ServerConfig(python=VLLM_PYTHON, model_dir=str(model_dir), num_blocks=NUM_BLOCKS,
                           max_model_len=MAX_MODEL_LEN, block_size=BLOCK, plugin_env=env,
                           extra_args=("--enforce-eager",))
-    prompts, outputs, cached = [], [], []
+    prompts, outputs, logprobs, cached = [], [], [], []
     conversation: list[int] = []
+    last_turn: list[int] = []
     with VllmServer(config, log_path=work / f"server-{name}.log", startup_timeout_s=900) as server, \
             httpx.Client() as client:
         for step in steps:
             if step["kind"] == "conv":
                 conversation = conversation + step["new"]
                 prompt = conversation
+                last_turn = list(prompt)
+            elif step["kind"] == "control":
+                prompt = list(last_turn)
+                prompt[len(prompt) // 2] = prompt[len(prompt) // 2] % 31000 + 3
             else:
                 prompt = step["prompt"]
-            result = complete(client, server.base_url, str(model_dir), prompt, 24)
+            result = complete(client, server.base_url, str(model_dir), prompt, 24, logprobs=5)
             if step["kind"] == "conv":
                 conversation = conversation + result.output
             prompts.append(list(prompt))
             outputs.append(result.output)
+            logprobs.append(result.top_logprobs)
             cached.append(result.cached_tokens)
         metrics = server.metrics()
-    return {"prompts": prompts, "outputs": outputs, "cached": cached, "metrics": metrics}
+    return {"prompts": prompts, "outputs": outputs, "logprobs": logprobs, "cached": cached, "metrics": metrics}
 
 
 @pytest.fixture(scope="module")
@@ -145,11 +152,19 @@ def test_hits_and_evictions_happen_with_the_plugin(served: dict[str, Any]) -> No
 
 
 def test_greedy_outputs_are_identical_with_and_without_the_plugin(served: dict[str, Any]) -> None:
+    """Tokens and their top-5 log-probabilities, bit for bit: a random model's greedy tokens barely
+    depend on the prefix (an audit: a changed token, even a zeroed state, left them all alike), so the
+    tokens alone could not show a wrong state. The control shows the log-probabilities do: the last
+    turn's prompt with one token changed halfway gives other ones."""
     stock = served["stock"]
     assert any(c > 0 for c in stock["cached"])
+    assert all(len(steps) == 24 and all(len(top) >= 5 for top in steps) for steps in stock["logprobs"])
+    last_turn = max(i for i, p in enumerate(stock["prompts"][:-1]) if p[:1500] == stock["prompts"][0][:1500])
+    assert stock["logprobs"][-1] != stock["logprobs"][last_turn]       # the control: the prompt is seen
     for name in ("lru", "marconi", "adaptive"):
         assert served[name]["prompts"] == stock["prompts"], f"{name}: the conversation diverged"
         assert served[name]["outputs"] == stock["outputs"], f"{name}: greedy outputs differ from stock vLLM"
+        assert served[name]["logprobs"] == stock["logprobs"], f"{name}: log-probabilities differ from stock vLLM"
     # Marconi resumed the conversation where stock vLLM recomputed it: identical outputs compare
     # reuse against recomputation, not one cache's hits against the same hits.
     conv_turns = [i for i, p in enumerate(stock["prompts"]) if i and p[:1500] == stock["prompts"][0][:1500]]
@@ -184,7 +199,7 @@ def test_emulation_matches_the_live_servers_per_request(served: dict[str, Any]) 
     log = (served["_work"] / "server-adaptive.log").read_text()
     assert "the alpha source failed" not in log
     # The three requests sharing an 800-token prefix: the third resumes from the junction's state.
-    assert served["stock"]["cached"][-1] >= 768
+    assert served["stock"]["cached"][-2] >= 768          # [-1] is the control
 
 
 def test_plugin_registration_patches_only_what_is_asked() -> None:

@@ -31,14 +31,22 @@ class CompletionResult:
     tpot_s: float | None
     latency_s: float
     token_times_s: list[float] = field(default_factory=list, repr=False)
+    #: per output token, its top log-probabilities as the server keys them (``token_id:N`` without a
+    #: tokenizer); empty unless ``complete(..., logprobs=k)``
+    top_logprobs: list[dict[str, float]] = field(default_factory=list, repr=False)
 
 
 def complete(client: Any, base_url: str, model: str, prompt: Sequence[int], max_tokens: int, *,
-             timeout_s: float = 1800.0) -> CompletionResult:
-    """Send one streaming completion and wait for it to finish. ``client``: an ``httpx.Client``."""
+             timeout_s: float = 1800.0, logprobs: int | None = None) -> CompletionResult:
+    """Send one streaming completion and wait for it to finish. ``client``: an ``httpx.Client``;
+    ``logprobs``: ask for each output token's top ``logprobs`` log-probabilities
+    (``CompletionResult.top_logprobs``)."""
     body = {"model": model, "prompt": [int(t) for t in prompt], "max_tokens": int(max_tokens), "ignore_eos": True,
             "temperature": 0.0, "stream": True, "return_token_ids": True,
             "stream_options": {"include_usage": True}}
+    if logprobs is not None:    # keyed by token id: a server without a tokenizer cannot name the tokens
+        body.update(logprobs=int(logprobs), return_tokens_as_token_ids=True)
+    top: list[dict[str, float]] = []
     output: list[int] = []
     times: list[float] = []
     usage: dict[str, Any] | None = None
@@ -58,6 +66,7 @@ def complete(client: Any, base_url: str, model: str, prompt: Sequence[int], max_
             if chunk.get("usage"):
                 usage = chunk["usage"]
             for choice in chunk.get("choices", ()):
+                top.extend((choice.get("logprobs") or {}).get("top_logprobs") or ())
                 ids = choice.get("token_ids") or ()
                 if ids:
                     now = time.perf_counter() - started
@@ -71,4 +80,4 @@ def complete(client: Any, base_url: str, model: str, prompt: Sequence[int], max_
     details = usage.get("prompt_tokens_details") or {}
     tpot = (times[-1] - times[0]) / (len(times) - 1) if len(times) > 1 else None
     return CompletionResult(int(usage.get("prompt_tokens", len(prompt))), output, int(details.get("cached_tokens") or 0),
-                            times[0], tpot, latency, times)
+                            times[0], tpot, latency, times, [dict(step or {}) for step in top])

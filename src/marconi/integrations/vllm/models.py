@@ -2,8 +2,12 @@
 
     .venv-vllm/bin/python -m marconi.integrations.vllm.models qwen3_next-tiny /path/to/dir
 
-The presets fit vLLM 0.32's CPU kernels; vocabulary 32000 (Mistral-v1 ids fit); weights seeded and
-scaled as in :mod:`marconi.engine.models`; no tokenizer (servers take token ids).
+The presets fit vLLM 0.32's CPU kernels; vocabulary 32000 (Mistral-v1 ids fit); weights seeded, every
+projection at ``initializer_range = 1/sqrt(hidden)`` (transformers' own initialisation otherwise: not
+the engine's Mamba-2 draws of :mod:`marconi.engine.models`); no tokenizer (servers take token ids).
+Under these weights a random model's greedy tokens barely depend on the prefix, so the exactness
+tests that serve them compare top-5 log-probabilities bit for bit, beside a control prompt whose
+changed token must change them (tests/test_vllm_e2e.py, tests/test_vllm_sparse_retention.py).
 """
 
 from __future__ import annotations
