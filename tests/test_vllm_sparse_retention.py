@@ -308,11 +308,12 @@ llm = LLM(model=model, skip_tokenizer_init=True, enable_prefix_caching=True, max
 rng = np.random.default_rng(0)
 words = lambda n: rng.integers(100, 4000, size=n).tolist()
 system = words(40)
-greedy = SamplingParams(temperature=0.0, max_tokens=6)
-prompts, outputs, cached = [], [], []
+greedy = SamplingParams(temperature=0.0, max_tokens=6, logprobs=5)
+prompts, outputs, logprobs, cached = [], [], [], []
 def ask(prompt):
     res = llm.generate([{"prompt_token_ids": prompt}], greedy, use_tqdm=False)[0]
     prompts.append(prompt); outputs.append(list(res.outputs[0].token_ids)); cached.append(res.num_cached_tokens)
+    logprobs.append([{str(t): lp.logprob for t, lp in step.items()} for step in res.outputs[0].logprobs])
     return outputs[-1]
 for d in range(4):                          # documents of the same length (4 blocks of 384 tokens + a bit)
     doc = system + words(1536 - 40)
@@ -320,7 +321,11 @@ for d in range(4):                          # documents of the same length (4 bl
     history = history + ask(history) + words(30)           # a follow-up turn on the model's own reply
     ask(history)
     ask(doc + words(420))                   # a sibling question on the same document
-print(json.dumps({"prompts": prompts, "outputs": outputs, "cached": cached}), file=open(out, "w"))
+control = list(prompts[-1])                 # the control: the last question with a token of its document changed
+control[len(doc) // 2] = (control[len(doc) // 2] - 99) % 3900 + 100      # the next id of words' range
+ask(control)
+print(json.dumps({"prompts": prompts, "outputs": outputs, "logprobs": logprobs, "cached": cached}),
+      file=open(out, "w"))
 """
 
 
@@ -329,8 +334,10 @@ def test_greedy_outputs_are_identical_with_and_without_dp_retention(tmp_path: Pa
     """A tiny random-weight Qwen3-Next (gated DeltaNet + attention, 384-token blocks) in vLLM's
     in-process engine, a real forward pass: doc-QA conversations (a question, a follow-up on the
     model's own reply, a sibling question on the same document), served stock and with
-    ``MARCONI_VLLM_RETENTION=sparse-dp``. Same prompts, same greedy outputs, and the DP run
-    resumed deeper (siblings resume at the document's end, which stock vLLM recomputes)."""
+    ``MARCONI_VLLM_RETENTION=sparse-dp``. Same prompts, same greedy outputs and top-5
+    log-probabilities bit for bit, and the DP run resumed deeper (siblings resume at the document's
+    end, which stock vLLM recomputes). The control (the last question with one token of its document
+    changed) gives other log-probabilities: a random model's greedy tokens alone barely see the prefix."""
     require_vllm()
     model = tmp_path / "model"
     _run(["-m", "marconi.integrations.vllm.models", "qwen3_next-tiny", str(model)], {})
@@ -344,8 +351,10 @@ def test_greedy_outputs_are_identical_with_and_without_dp_retention(tmp_path: Pa
     stock, dp = runs["stock"], runs["dp"]
     assert dp["prompts"] == stock["prompts"], "the conversation diverged"
     assert dp["outputs"] == stock["outputs"], "greedy outputs differ with DP retention"
+    assert dp["logprobs"] == stock["logprobs"], "log-probabilities differ with DP retention"
+    assert stock["prompts"][-1] != stock["prompts"][-2] and stock["logprobs"][-1] != stock["logprobs"][-2]
     assert sum(dp["cached"]) > sum(stock["cached"]) > 0
-    siblings = range(2, len(stock["cached"]), 3)
+    siblings = range(2, len(stock["cached"]) - 1, 3)
     assert any(dp["cached"][i] > stock["cached"][i] for i in siblings)
 
 
