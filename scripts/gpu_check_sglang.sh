@@ -2,13 +2,18 @@
 # The GPU check for the SGLang plugin (issue 23; docs/sglang.md, "Limits"). Not run on CPU: checked with
 # `bash -n` only. On a machine with one CUDA GPU and an SGLang 0.5.23 environment that has this project
 # installed (the plugin's entry point), it
-#   1. writes a tiny random-weight hybrid (NemotronH: Mamba-2 + attention layers) with a fixed seed;
+#   1. writes a tiny random-weight hybrid (NemotronH: Mamba-2 + attention layers) with a fixed seed, drawn
+#      as the engine's presets are (marconi.engine.models.build_model: projections at 1/sqrt(hidden),
+#      Mamba-2's A and dt, the skip D = 0), so the outputs see the recurrent state (under transformers'
+#      default initialisation zeroing every state moved the logits by 4.5e-6 and no token: an audit);
 #   2. serves it twice, stock (--radix-eviction-policy lru) and with the plugin (marconi, alpha 0.5),
 #      each with a small --max-total-tokens so the radix cache must evict;
 #   3. sends the same multi-turn greedy requests (temperature 0) to both, one at a time;
-#   4. compares the outputs token for token (eviction must never change an output) and prints each
-#      server's cached-token rate (meta_info.cached_tokens / prompt_tokens).
-# Exit status 0 when every output matches; 1 otherwise. Output and logs under $OUT (default /tmp/gpu_check_sglang).
+#   4. compares the outputs token for token (eviction must never change an output), prints the largest
+#      gap between their top-5 log-probabilities and each server's cached-token rate
+#      (meta_info.cached_tokens / prompt_tokens); a last control request (a session's prompt with one
+#      token changed halfway) must move the log-probabilities, and each server must have hit.
+# Exit status 0 when every output matches, both servers hit and the control moved; 1 otherwise. Output and logs under $OUT (default /tmp/gpu_check_sglang).
 #
 #   PYTHON=.venv-sglang-gpu/bin/python bash scripts/gpu_check_sglang.sh
 set -euo pipefail
@@ -22,19 +27,19 @@ mkdir -p "$OUT"
 MODEL="$OUT/tiny-hybrid"
 
 "$PYTHON" - "$MODEL" <<'EOF'
-import sys, torch
-from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedTokenizerFast
+import sys
+from transformers import AutoConfig, PreTrainedTokenizerFast
 from tokenizers import Tokenizer, models, pre_tokenizers
+from marconi.engine.models import build_model
+import torch
 
 path = sys.argv[1]
-torch.manual_seed(0)
 config = AutoConfig.for_model(
     "nemotron_h", vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=4,
     hybrid_override_pattern="M*M-", num_attention_heads=4, num_key_value_heads=2, head_dim=64,
     mamba_num_heads=8, mamba_head_dim=32, ssm_state_size=32, n_groups=1, conv_kernel=4, chunk_size=64,
-    max_position_embeddings=8192, torch_dtype="bfloat16")
-model = AutoModelForCausalLM.from_config(config).to(torch.bfloat16)
-model.save_pretrained(path)
+    max_position_embeddings=8192, initializer_range=256 ** -0.5, time_step_min=1e-9)
+build_model(config, seed=0).module.to(torch.bfloat16).save_pretrained(path)      # the engine builds in float32
 vocab = {f"t{i}": i for i in range(512)}
 tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="t0"))
 tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
@@ -59,16 +64,21 @@ port, out = sys.argv[1], sys.argv[2]
 rng = random.Random(7)
 sessions = [[rng.randrange(3, 512) for _ in range(rng.randrange(200, 900))] for _ in range(6)]
 records = []
-for turn in range(40):
+for turn in range(41):
     s = rng.randrange(len(sessions))
     prompt = sessions[s] + [rng.randrange(3, 512) for _ in range(rng.randrange(20, 200))]
-    body = {"input_ids": prompt, "sampling_params": {"temperature": 0, "max_new_tokens": 32, "ignore_eos": True}}
+    if turn == 40:                 # the control: the last request's prompt with one token changed halfway
+        prompt = list(records[-1]["prompt"])
+        prompt[len(prompt) // 2] = prompt[len(prompt) // 2] % 509 + 3
+    body = {"input_ids": prompt, "return_logprob": True, "top_logprobs_num": 5,
+            "sampling_params": {"temperature": 0, "max_new_tokens": 32, "ignore_eos": True}}
     req = urllib.request.Request(f"http://127.0.0.1:{port}/generate", json.dumps(body).encode(),
                                  {"Content-Type": "application/json"})
     reply = json.loads(urllib.request.urlopen(req, timeout=300).read())
     meta = reply["meta_info"]
-    records.append({"output_ids": reply["output_ids"], "prompt_tokens": meta["prompt_tokens"],
-                    "cached_tokens": meta.get("cached_tokens", 0)})
+    records.append({"prompt": prompt, "output_ids": reply["output_ids"], "prompt_tokens": meta["prompt_tokens"],
+                    "cached_tokens": meta.get("cached_tokens", 0),
+                    "top_logprobs": [[[lp, tok] for lp, tok, *_ in step] for step in meta.get("output_top_logprobs") or []]})
     sessions[s] = prompt + reply["output_ids"] if len(prompt) < 3000 else sessions[s][:200]
 json.dump(records, open(out, "w"))
 hit = sum(r["cached_tokens"] for r in records) / sum(r["prompt_tokens"] for r in records)
@@ -88,9 +98,25 @@ grep -q "marconi" "$OUT/server-marconi.log" || echo "note: the server log does n
 import json, sys
 out = sys.argv[1]
 a, b = (json.load(open(f"{out}/out-{k}.json")) for k in ("lru", "marconi"))
-diff = [i for i, (x, y) in enumerate(zip(a, b)) if x["output_ids"] != y["output_ids"]]
+
+def gap(x, y):       # the largest gap between two requests' top log-probabilities, token for token
+    pairs = [(p, q) for sx, sy in zip(x["top_logprobs"], y["top_logprobs"]) for p, q in zip(sx, sy) if p[1] == q[1]]
+    return max((abs(p[0] - q[0]) for p, q in pairs), default=float("inf") if x["top_logprobs"] else 0.0)
+
+diff = [i for i, (x, y) in enumerate(zip(a[:-1], b[:-1])) if x["output_ids"] != y["output_ids"]]
 rate = lambda rs: sum(r["cached_tokens"] for r in rs) / sum(r["prompt_tokens"] for r in rs)
-print(f"requests {len(a)}; outputs differing: {len(diff)} {diff[:10]}")
+reuse_gap = max(gap(x, y) for x, y in zip(a[:-1], b[:-1]))
+control_gap = gap(a[-1], a[-2])
+print(f"requests {len(a) - 1}; outputs differing: {len(diff)} {diff[:10]}; largest log-probability gap "
+      f"{reuse_gap:.3g}; the control moved them by {control_gap:.3g}")
 print(f"cached-token rate: lru {rate(a):.2%}, marconi {rate(b):.2%}")
-sys.exit(1 if diff or len(a) != len(b) else 0)
+failed = []
+if diff or len(a) != len(b):
+    failed.append("outputs differ")
+if not (rate(a) > 0 and rate(b) > 0):
+    failed.append("a server served no cached token: nothing was reused, so nothing was checked")
+if not control_gap > 0:
+    failed.append("the control moved no log-probability: these outputs cannot see a wrong state")
+print("FAIL: " + "; ".join(failed) if failed else "PASS")
+sys.exit(1 if failed else 0)
 EOF
