@@ -101,7 +101,8 @@ esac
 if [ "$DRY_RUN" = 0 ]; then
   if [ -n "${GPU_CHECK_PYTHON:-}" ]; then
     "$VPY" -c 'import sys, vllm; v = vllm.__version__; sys.exit(0 if v.startswith("0.33.") else f"vLLM {v}")' \
-      || { echo "gpu_check: GPU_CHECK_PYTHON=$GPU_CHECK_PYTHON has no vLLM 0.33 (see above): give the python of an environment with vllm==0.33.0" >&2; exit 1; }
+      || { echo "gpu_check: GPU_CHECK_PYTHON=$GPU_CHECK_PYTHON has no vLLM 0.33 (see above): give the python" \
+                "of an environment with vllm==0.33.0" >&2; exit 1; }
   elif ! "$VPY" -c 'import vllm' 2>/dev/null \
       && ! "$PYTHON" -m pip index versions vllm --timeout 5 --retries 0 >/dev/null 2>&1; then
     echo "gpu_check: the package index is out of reach and $VPY has no vLLM: this check installs vllm==0.33.0" \
@@ -114,12 +115,14 @@ fi
 if [ -n "${GPU_CHECK_PYTHON:-}" ]; then
   step "setup 1/3 vLLM 0.33 from GPU_CHECK_PYTHON ($GPU_CHECK_PYTHON): nothing to install" -- true
   step "setup 2/3 this project in it (plugin entry point; no build isolation) with numpy, httpx, tqdm, matplotlib" -- \
-    bash -c "'$VPY' -m pip install --quiet --no-deps --no-build-isolation -e '$REPO' && '$VPY' -c 'import numpy, httpx, tqdm, matplotlib'"
+    bash -c "'$VPY' -m pip install --quiet --no-deps --no-build-isolation -e '$REPO' \
+             && '$VPY' -c 'import numpy, httpx, tqdm, matplotlib'"
 else
   step "setup 1/3 venv with vLLM 0.33.0 (GPU wheel and its CUDA deps)" -- \
     bash -c "[ -x '$VPY' ] || $PYTHON -m venv '$WORK/venv'; '$VPY' -m pip install --quiet vllm==0.33.0"
   step "setup 2/3 this project in it (plugin entry point) with numpy, httpx, tqdm and matplotlib" -- \
-    bash -c "'$VPY' -m pip install --quiet --no-deps -e '$REPO' && '$VPY' -m pip install --quiet numpy httpx==0.28.1 tqdm matplotlib"
+    bash -c "'$VPY' -m pip install --quiet --no-deps -e '$REPO' \
+             && '$VPY' -m pip install --quiet numpy httpx==0.28.1 tqdm matplotlib"
 fi
 step "setup 3/3 model directory: the bundled Nemotron-H-8B config, no weights (--load-format dummy)" -- \
   bash -c "mkdir -p '$MODEL' && cp '$CONFIG' '$MODEL/config.json'"
@@ -168,7 +171,9 @@ if [ "$TIER" = 1 ]; then
   TIER_WORK=$WORK/tier
   CHECK=$REPO/scripts/gpu_tier_check.py
   for mode in recompute gpu tier; do
-    step "T1/$mode greedy outputs of $TIER_REQUESTS SWE requests, one at a time (pool: $NUM_BLOCKS_TIER blocks with the tier, $REFERENCE_BLOCKS without; tier: $CPU_TIER_BYTES bytes, MarconiCachePolicy)" -- \
+    what="T1/$mode greedy outputs of $TIER_REQUESTS SWE requests, one at a time (pool: $NUM_BLOCKS_TIER blocks"
+    what+=" with the tier, $REFERENCE_BLOCKS without; tier: $CPU_TIER_BYTES bytes, MarconiCachePolicy)"
+    step "$what" -- \
       "$VPY" "$CHECK" generate --mode "$mode" --model "$MODEL" --blocks "$NUM_BLOCKS_TIER" \
       --reference-blocks "$REFERENCE_BLOCKS" --cpu-tier-bytes "$CPU_TIER_BYTES" --num-requests "$TIER_REQUESTS" \
       --work "$TIER_WORK"

@@ -13,7 +13,8 @@
 #      gap between their top-5 log-probabilities and each server's cached-token rate
 #      (meta_info.cached_tokens / prompt_tokens); a last control request (a session's prompt with one
 #      token changed halfway) must move the log-probabilities, and each server must have hit.
-# Exit status 0 when every output matches, both servers hit and the control moved; 1 otherwise. Output and logs under $OUT (default /tmp/gpu_check_sglang).
+# Exit status 0 when every output matches, both servers hit and the control moved; 1 otherwise.
+# Output and logs under $OUT (default /tmp/gpu_check_sglang).
 #
 #   PYTHON=.venv-sglang-gpu/bin/python bash scripts/gpu_check_sglang.sh
 set -euo pipefail
@@ -76,9 +77,10 @@ for turn in range(41):
                                  {"Content-Type": "application/json"})
     reply = json.loads(urllib.request.urlopen(req, timeout=300).read())
     meta = reply["meta_info"]
+    steps = meta.get("output_top_logprobs") or []           # per token: (logprob, token id, text) tuples
     records.append({"prompt": prompt, "output_ids": reply["output_ids"], "prompt_tokens": meta["prompt_tokens"],
                     "cached_tokens": meta.get("cached_tokens", 0),
-                    "top_logprobs": [[[lp, tok] for lp, tok, *_ in step] for step in meta.get("output_top_logprobs") or []]})
+                    "top_logprobs": [[[lp, tok] for lp, tok, *_ in step] for step in steps]})
     sessions[s] = prompt + reply["output_ids"] if len(prompt) < 3000 else sessions[s][:200]
 json.dump(records, open(out, "w"))
 hit = sum(r["cached_tokens"] for r in records) / sum(r["prompt_tokens"] for r in records)

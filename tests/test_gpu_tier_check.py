@@ -48,11 +48,16 @@ def test_dry_run_lists_the_tier_steps_only_with_tier():
     assert "P1 serve stock vs plugin" not in tier
     assert "--tier-policies marconi" in tier and "gpu_tier_check.py compare" in tier
     assert "--reference-blocks 400" in tier
+    lines = tier.splitlines()           # each step's command is the line under its title, whole
+    for mode in ("recompute", "gpu", "tier"):
+        at = next(i for i, line in enumerate(lines) if line.startswith(f"== T1/{mode} "))
+        assert lines[at + 1].split()[1:4] == [str(REPO / "scripts" / "gpu_tier_check.py"), "generate", "--mode"]
     pool = subprocess.run(["bash", str(SCRIPT), "--dry-run"], capture_output=True, text=True, check=True).stdout
     assert "P1 serve stock vs plugin" in pool and "T1/" not in pool
     assert "the script ($SERVE):" in pool and "replay_concurrent" in pool      # what P1 runs, printed
     for args in (["--all"], ["--all", "--tier"], ["--tier", "--all"]):         # the order does not matter
-        both = subprocess.run(["bash", str(SCRIPT), "--dry-run", *args], capture_output=True, text=True, check=True).stdout
+        both = subprocess.run(["bash", str(SCRIPT), "--dry-run", *args], capture_output=True, text=True,
+                              check=True).stdout
         assert "P1 serve stock vs plugin" in both and "T4 " in both, args
     bad = subprocess.run(["bash", str(SCRIPT), "--tiers"], capture_output=True, text=True)
     assert bad.returncode == 2 and "--tier" in bad.stderr

@@ -54,7 +54,7 @@ class System(Protocol):
     label: str
     unbounded: bool       # ignores the capacity (the ``infinite`` ceiling)
     needs_future: bool    # build() needs the whole trace as ``future`` (the ``oracle``)
-    event_mode: bool      # its cache takes requests in flight together (``--mode event``): prefills land at insert_prefill
+    event_mode: bool      # its cache takes overlapping requests (``--mode event``): prefills land at insert_prefill
 
     def build(self, spec: ModelSpec | str, capacity_bytes: float, *, clock: Callable[[], float] | None = None,
               payloads: PayloadOps | None = None, tuning_workers: int | None = None,
