@@ -21,7 +21,7 @@ from marconi.sim.sweep import PointsFailed, SweepPoint, backend_scope, expand_po
 from marconi.sim.systems import SystemConfig, make_system
 from marconi.units import format_bytes
 
-__all__ = ["capacity_fractions", "mrc_points", "run_mrc", "plot_mrc", "least_lo", "CEILINGS", "DEFAULT_LO"]
+__all__ = ["capacity_fractions", "mrc_points", "run_mrc", "plot_mrc", "CEILINGS", "DEFAULT_LO"]
 
 CEILINGS = ("oracle", "infinite")
 #: The smallest capacity a curve starts at, as a fraction of the working set, unless told otherwise.
@@ -99,12 +99,6 @@ def run_mrc(trace: Sequence[Any], trace_name: str, systems: Sequence[str], *, mo
             raise _in_lo_terms(exc, lo) from None
     _add_fractions(records)
     return records
-
-
-def least_lo(working_set_bytes: float, spec: Any) -> float:
-    """The least fraction of a working set of ``working_set_bytes`` that holds one SSM checkpoint of
-    ``spec`` (rounded up to 3 significant digits; 0 for a model without one; inf for an empty set)."""
-    return _least_fraction(spec.ssm_checkpoint_bytes, working_set_bytes)
 
 
 def _least_fraction(floor_bytes: float, working_set_bytes: float) -> float:

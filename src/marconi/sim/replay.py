@@ -169,8 +169,8 @@ def simulate_system(trace: Iterable[Request], system: System | str, spec: ModelS
                     tuning_workers: int | None = None, tuning_mapper: Any = None, progress: Any = None) -> SimResult:
     """:func:`simulate` through a fresh cache of ``system`` whose clock follows arrival times; ``oracle``
     gets the whole trace, ``infinite`` reports the requested capacity. ValueError: :func:`check_mode`."""
-    check_mode(system, mode)
     system = make_system(system)
+    check_mode(system, mode)
     clock = ManualClock()
     future = None
     if system.needs_future:
