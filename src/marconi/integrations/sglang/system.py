@@ -185,9 +185,10 @@ class SglangUnifiedSystem:
         if self.kv_tokens or not requests or not spec.has_recurrent_state:
             return 0
         longest = max(len(r.input_tokens) + len(r.output_tokens) for r in requests)
-        least = int(longest * spec.kv_bytes_per_token * (1 + self.ratio))
+        per_token = max(1, spec.kv_bytes_per_token)         # as pools() divides (a model without KVs: 1)
+        least = int(longest * per_token * (1 + self.ratio))
         while self.pools(spec, least)[0] < longest:        # the split's floor division: a byte or two more
-            least += spec.kv_bytes_per_token
+            least += per_token
         return least
 
     def describe(self) -> dict[str, Any]:
