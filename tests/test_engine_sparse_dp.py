@@ -17,6 +17,8 @@ from marconi.engine.engine import Engine  # noqa: E402
 from marconi.engine.models import load_model  # noqa: E402
 from marconi.workloads.synthetic import doc_qa_trace  # noqa: E402
 
+from engine_checks import logits_apart, tolerance  # noqa: E402
+
 
 @functools.cache
 def _model():
@@ -37,6 +39,7 @@ def test_sparse_dp_engine_generates_the_uncached_greedy_tokens(admission):
         with_cache = cached.generate(prompt, 4)
         without = plain.generate(prompt, 4)
         assert with_cache.output_tokens == without.output_tokens, (req.session_id, req.turn_id)
+        assert logits_apart(with_cache, without) <= tolerance(model), (req.session_id, req.turn_id)
         resumed_inside += 0 < with_cache.usable_hit_len < len(prompt)
         cached.cache.check_invariants()
     stats = cached.cache.stats

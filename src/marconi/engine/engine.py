@@ -29,7 +29,7 @@ from marconi.engine.prefill import (
 )
 from marconi.engine.states import TensorPayloads, build_cache, slice_kv
 
-__all__ = ["Engine", "EngineResult"]
+__all__ = ["Engine", "EngineResult", "TOP_LOGITS"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +60,10 @@ class EngineResult:
     ttft_cpu_s: float
     decode_s: float
     save_s: float
+    #: the first output token's :data:`TOP_LOGITS` largest logits, ``(token id, value)`` in descending
+    #: order, from the prefill: what a test compares between a cached and an uncached run (greedy
+    #: tokens of a random model barely move under a wrong state; these logits do)
+    first_top_logits: tuple[tuple[int, float], ...] = ()
 
     @property
     def output_len(self) -> int:
@@ -74,6 +78,7 @@ class EngineResult:
         out = asdict(self)
         out["output_tokens"] = list(self.output_tokens)
         out["greedy_tokens"] = list(self.greedy_tokens)
+        out["first_top_logits"] = [list(pair) for pair in self.first_top_logits]
         out["hit_fraction"] = self.hit_fraction
         return out
 
@@ -219,7 +224,16 @@ class Engine:
             num_prefill_calls=pre.num_calls,
             lookup_s=lookup_s, restore_s=best.restore_s, prefill_s=best.prefill_s, capture_s=best.pre.capture_s,
             ttft_s=lookup_s + best.restore_s + best.prefill_s, ttft_cpu_s=lookup_cpu_s + best.cpu_s,
-            decode_s=t4 - t3, save_s=t5 - t4)
+            decode_s=t4 - t3, save_s=t5 - t4, first_top_logits=_top_logits(pre.logits[-1]))
+
+
+#: how many of the first token's logits an :class:`EngineResult` keeps
+TOP_LOGITS = 8
+
+
+def _top_logits(logits: torch.Tensor) -> tuple[tuple[int, float], ...]:
+    values, ids = torch.topk(logits.detach().double(), min(TOP_LOGITS, logits.shape[-1]))
+    return tuple(zip(ids.tolist(), values.tolist()))
 
 
 class _Prefilled(NamedTuple):
