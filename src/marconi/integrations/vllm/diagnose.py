@@ -478,11 +478,8 @@ def diagnose(cfg: DiagnoseConfig, *, trace: Any = None, notice: Callable[[str], 
     from marconi.integrations.vllm.replay.configs import model_dir
     from marconi.workloads import load_trace
 
-    shown = notice or (lambda line: None)
+    say = notice or (lambda line: None)
     skipped: list[str] = []          # what did not run (a lever, a capacity point), in the report too
-
-    def say(line: str) -> None:
-        shown(line)
 
     def skip(what: str, why: str) -> None:
         """A step that did not run: shown, and listed in the report's "Not run"."""

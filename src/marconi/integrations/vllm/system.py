@@ -84,9 +84,8 @@ class VllmAlignSystem:
         if payloads is not None:
             raise ConfigError("vllm-align is a simulation of vLLM's cache: it holds no real payloads")
         spec = get_model(spec)
-        block_size = self.block_size if self.block_size is not None else VLLM_BLOCK_SIZES.get(spec.name)
-        layout = layout_for_spec(spec, capacity_bytes=None if self.num_blocks else capacity_bytes,
-                                 num_blocks=self.num_blocks, block_size=block_size, **dict(self.layout_options))
+        layout = self._layout(spec, capacity_bytes=None if self.num_blocks else capacity_bytes,
+                              num_blocks=self.num_blocks)
         # A fresh source per cache, built exactly as the plugin builds its own.
         alpha: AlphaSource = self.plugin_config().make_alpha_source(spec, where=_ALPHA_SOURCE)
         # No clock: vLLM's recency is the order blocks return to its free queue, not time.
@@ -114,11 +113,17 @@ class VllmAlignSystem:
 
         if self.num_blocks or not requests:
             return 0
-        spec = get_model(spec)
-        block_size = self.block_size if self.block_size is not None else VLLM_BLOCK_SIZES.get(spec.name)
-        layout = layout_for_spec(spec, num_blocks=2, block_size=block_size, **dict(self.layout_options))
+        layout = self._layout(get_model(spec), num_blocks=2)
         least = layout_minimum_pool(layout, replay_max_model_len(requests))
         return (least.num_blocks - 1) * layout.block_bytes
+
+    def _layout(self, spec: ModelSpec, *, capacity_bytes: float | None = None,
+                num_blocks: int | None = None) -> Any:
+        """The pool's layout (:func:`~marconi.integrations.vllm.layout.layout_for_spec`) at this system's
+        block: ``block_size``, else vLLM 0.32's own for a bundled model, else derived from the spec."""
+        block_size = self.block_size if self.block_size is not None else VLLM_BLOCK_SIZES.get(spec.name)
+        return layout_for_spec(spec, capacity_bytes=capacity_bytes, num_blocks=num_blocks, block_size=block_size,
+                               **dict(self.layout_options))
 
     def describe(self) -> dict[str, Any]:
         return {"system": self.label, "admission": self.admission, "eviction": self.eviction}

@@ -206,8 +206,8 @@ def check_pool(config: ReplayConfig, requests: Sequence[Any], working_set: int |
     (:mod:`~marconi.integrations.vllm.replay.pool_floor`): a ``--blocks`` under it is refused; a
     ``--capacity`` under it the worker raises to it, so its note is returned. So is a note when no
     input is longer than vLLM's block for the model (vLLM caches whole blocks: no hit is possible),
-    and one for requests a server of the model's config would refuse: longer than its positions, or
-    with token ids outside its vocabulary.
+    and one for requests a server of the model's config would refuse (longer than its positions, or
+    with token ids outside its vocabulary) or serve otherwise (without output: with one token).
     A ``--gpu-memory``, and a model directory (whose block only vLLM knows), pass unchecked.
 
     Raises:
