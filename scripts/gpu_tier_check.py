@@ -214,17 +214,14 @@ def generate(mode: str, model: str, blocks: int, cpu_bytes: int, num_requests: i
     return record
 
 
-def _answer(output: dict[str, Any]) -> tuple[list[int], list[dict[str, float]]]:
-    return output["token_ids"], output.get("logprobs", [])
-
-
 def _max_logprob_gap(a: dict[str, Any], b: dict[str, Any]) -> float:
     gaps = [abs(x[t] - y[t]) for x, y in zip(a.get("logprobs", []), b.get("logprobs", [])) for t in x if t in y]
     return max(gaps, default=0.0)
 
 
 def _same(a: dict[str, Any], b: dict[str, Any]) -> bool:
-    return _answer(a) == _answer(b)
+    """Whether two outputs are bit-for-bit alike: their tokens and their top log-probabilities."""
+    return (a["token_ids"], a.get("logprobs", [])) == (b["token_ids"], b.get("logprobs", []))
 
 
 def compare(recompute: dict[str, Any], gpu: dict[str, Any], tier: dict[str, Any]) -> tuple[bool, list[str]]:
