@@ -23,6 +23,7 @@ __all__ = [
     "Placement",
     "PotentialCost",
     "TOKEN_COST",
+    "checked_weights",
     "expected_cost",
     "flops_cost",
     "place_checkpoints",
@@ -126,19 +127,32 @@ class _Instance:
 
 
 def _make_instance(weights: ArrayLike, positions: ArrayLike) -> _Instance:
-    """Raises ValueError for bad weights (not 1-D, negative, non-finite, zero sum) or positions."""
-    w = np.asarray(weights, dtype=np.float64)
+    """Raises ValueError for bad weights (not real numbers, not 1-D, negative, non-finite, zero sum)
+    or positions. Weights are scaled by their largest before they are summed, so finite weights
+    whose sum would overflow still give their distribution."""
+    w = checked_weights(weights)
+    cand = validate_positions(positions, seq_len=w.size - 1)
+    depths = np.flatnonzero(w).astype(np.int64)
+    nodes = np.concatenate(([0], cand, [w.size])).astype(np.int64)
+    return _Instance(nodes=nodes, depths=depths, masses=w[depths] / float(w.sum()))
+
+
+def checked_weights(weights: ArrayLike) -> FloatArray:
+    """``weights`` (over depths ``0..N``) as float64 scaled so their largest is 1: the same distribution,
+    and a sum that cannot overflow. ValueError where they are not a non-empty 1-D array of real,
+    finite, non-negative numbers with a positive sum."""
+    raw = np.asarray(weights)
+    if raw.dtype.kind not in "biuf":
+        raise ValueError(f"weights must be real numbers, got an array of {raw.dtype}")
+    w = raw.astype(np.float64)
     if w.ndim != 1 or w.size == 0:
         raise ValueError(f"weights must be a non-empty 1-D array over depths 0..N, got shape {w.shape}")
     if not np.all(np.isfinite(w)) or np.any(w < 0):
         raise ValueError("weights must be finite and non-negative")
-    total = float(w.sum())
-    if total <= 0:
+    top = float(w.max())
+    if top <= 0:
         raise ValueError("weights must have a positive sum")
-    cand = validate_positions(positions, seq_len=w.size - 1)
-    depths = np.flatnonzero(w).astype(np.int64)
-    nodes = np.concatenate(([0], cand, [w.size])).astype(np.int64)
-    return _Instance(nodes=nodes, depths=depths, masses=w[depths] / total)
+    return w / top
 
 
 def validate_positions(positions: ArrayLike, *, seq_len: int) -> IntArray:
@@ -146,6 +160,8 @@ def validate_positions(positions: ArrayLike, *, seq_len: int) -> IntArray:
     raw = np.asarray(positions)
     if raw.size == 0:
         return np.zeros(0, dtype=np.int64)
+    if raw.dtype.kind not in "biuf" or raw.dtype.kind == "f" and not np.all(np.isfinite(raw)):
+        raise ValueError(f"positions must be a 1-D array of integers, got an array of {raw.dtype}")
     if raw.ndim != 1 or not (np.issubdtype(raw.dtype, np.integer) or np.all(raw == np.round(raw))):
         raise ValueError("positions must be a 1-D array of integers")
     cand = np.unique(raw.astype(np.int64))
@@ -463,8 +479,13 @@ def place_checkpoints_lagrangian(weights: ArrayLike, positions: ArrayLike, lam: 
     """Minimise ``E[cost] + lam * checkpoint_bytes * count`` (``lam``: cost units per byte), no budget;
     exact for any cost, ties to the shallower predecessor. ValueError for invalid inputs or a
     negative or non-finite ``lam`` / ``checkpoint_bytes``."""
-    if not (np.isfinite(lam) and lam >= 0 and np.isfinite(checkpoint_bytes) and checkpoint_bytes >= 0):
-        raise ValueError("lam and checkpoint_bytes must be finite and >= 0")
+    try:
+        lam, checkpoint_bytes = float(lam), float(checkpoint_bytes)
+    except (TypeError, ValueError):
+        raise ValueError(f"lam and checkpoint_bytes must be numbers, got {lam!r} and {checkpoint_bytes!r}") from None
+    if not (np.isfinite(lam) and lam >= 0 and np.isfinite(checkpoint_bytes) and checkpoint_bytes >= 0
+            and np.isfinite(lam * checkpoint_bytes)):
+        raise ValueError("lam and checkpoint_bytes must be finite and >= 0, and so must their product")
     inst = _make_instance(weights, positions)
     seg = _segments_for(inst, cost)
     penalty = lam * checkpoint_bytes / seg.scale

@@ -119,7 +119,9 @@ def _check_decay(config: object, strengths: tuple[str, ...]) -> None:
 
 class _DecayedHistogram:
     """Depth -> weight ``2**(stamp - origin)`` (stamps in half-lives; nothing rescaled per add); past
-    ``max_depths`` the lightest depth merges into its shallower neighbour."""
+    ``max_depths`` the lightest depth but the shallowest merges into its shallower neighbour: a state
+    there still serves the requests that stopped deeper, so the estimate never credits a state with
+    requests it cannot serve (the shallowest has no shallower neighbour, so it is never merged)."""
 
     __slots__ = ("weights", "total", "origin", "num_observations")
 
@@ -148,10 +150,8 @@ class _DecayedHistogram:
 
     def _merge_lightest(self) -> None:
         depths = sorted(self.weights)
-        lightest = min(depths, key=lambda d: (self.weights[d], -d))
-        i = depths.index(lightest)
-        into = depths[i - 1] if i > 0 else depths[1]
-        self.weights[into] += self.weights.pop(lightest)
+        i = min(range(1, len(depths)), key=lambda j: (self.weights[depths[j]], -depths[j]))
+        self.weights[depths[i - 1]] += self.weights.pop(depths[i])
 
     def effective_count(self, now: float) -> float:
         return self.total * 2.0 ** (self.origin - now) if self.total > 0 else 0.0
@@ -555,8 +555,8 @@ class BlockEstimatorConfig:
     def __post_init__(self) -> None:
         if min(self.max_keys, self.max_anchors, self.max_bins) < 1:
             raise ValueError("max_keys, max_anchors and max_bins must be >= 1")
-        if not 0 < self.decay <= 1 or not self.prior >= 0:
-            raise ValueError(f"decay must be in (0, 1] and prior >= 0, got {self.decay}, {self.prior}")
+        if not 0 < self.decay <= 1 or not (0 <= self.prior < math.inf):
+            raise ValueError(f"decay must be in (0, 1] and prior finite and >= 0, got {self.decay}, {self.prior}")
 
 
 class _BlockHistogram:
@@ -698,8 +698,14 @@ def _normalised(weights: dict[int, float]) -> dict[int, float]:
 # ================================================================================= binning
 def bin_depths(depth_weights: ArrayLike, candidates: ArrayLike) -> FloatArray:
     """``(K+1,)`` weight per interval ``[0,p_1), ..., [p_K, N]`` of ``depth_weights`` (over ``0..N``);
-    ``candidates``: distinct positions in ``[1, N]``, any order."""
-    w = np.asarray(depth_weights, dtype=np.float64)
+    ``candidates``: distinct positions in ``[1, N]``, any order. ValueError for weights that are not
+    a 1-D array of finite, non-negative real numbers, or bad candidates."""
+    raw = np.asarray(depth_weights)
+    if raw.dtype.kind not in "biuf" or raw.ndim != 1:
+        raise ValueError(f"depth_weights must be a 1-D array of real numbers, got {raw.dtype} of shape {raw.shape}")
+    w = raw.astype(np.float64)
+    if not np.all(np.isfinite(w)) or np.any(w < 0):
+        raise ValueError("depth_weights must be finite and non-negative")
     cand = validate_positions(candidates, seq_len=w.size - 1)
     edges = np.concatenate(([0], cand, [w.size]))
     return np.diff(np.concatenate(([0.0], np.cumsum(w)))[edges])

@@ -17,7 +17,7 @@ from typing import Hashable, Sequence
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from marconi.sparse.dp import TOKEN_COST, PotentialCost, flops_cost, place_checkpoints
+from marconi.sparse.dp import TOKEN_COST, PotentialCost, checked_weights, flops_cost, place_checkpoints
 from marconi.sparse.overlap import BlockEstimatorConfig, BlockOverlapEstimator
 
 __all__ = ["GridPlacement", "grid_candidates", "place_on_grid", "brute_force_on_grid", "grid_expected_cost",
@@ -55,9 +55,9 @@ def grid_candidates(seq_len: int, block_size: int, fixed: Sequence[int] = ()) ->
 
 
 def _checked(weights: ArrayLike, block_size: int, fixed: Sequence[int], budget: int) -> tuple[FloatArray, list[int]]:
-    w = np.asarray(weights, dtype=np.float64)
-    if w.ndim != 1 or w.size == 0 or not np.all(np.isfinite(w)) or np.any(w < 0) or w.sum() <= 0:
-        raise ValueError("weights must be a 1-D, finite, non-negative array over depths 0..N with a positive sum")
+    w = checked_weights(weights)            # ValueError on bad weights; scaled so the sum cannot overflow
+    if block_size <= 0:
+        raise ValueError(f"block_size must be positive, got {block_size}")
     if budget < 0:
         raise ValueError(f"budget must be >= 0, got {budget}")
     n = w.size - 1
@@ -69,7 +69,7 @@ def _checked(weights: ArrayLike, block_size: int, fixed: Sequence[int], budget: 
 
 def grid_expected_cost(weights: ArrayLike, kept: Sequence[int], *, cost: PotentialCost = TOKEN_COST) -> float:
     """``E[cost(c(d), d)]`` under ``weights`` (normalised) with states at ``kept`` (and 0)."""
-    w = np.asarray(weights, dtype=np.float64)
+    w = checked_weights(weights)
     w = w / w.sum()
     depths = np.flatnonzero(w)
     stored = np.array(sorted({0, *kept}), dtype=np.int64)
@@ -95,6 +95,8 @@ def place_on_grid(weights: ArrayLike, *, block_size: int, fixed: Sequence[int] =
     """
     w, kept = _checked(weights, block_size, fixed, budget)
     n = w.size - 1
+    # past the candidates another state buys nothing: the curves and their convolution stop there
+    budget = min(budget, len(grid_candidates(n, block_size, kept)))
     cuts = [0, *kept, n + 1]
     curves: list[list[float]] = []          # per segment: least cost with at most m added, m = 0..budget
     plans: list[list[tuple[int, ...]]] = []
