@@ -12,7 +12,8 @@ import pytest
 
 from marconi.integrations.vllm.retention import brute_force_on_grid, place_on_grid
 from marconi.sparse.dp import expected_cost, place_checkpoints, place_checkpoints_lagrangian
-from marconi.sparse.overlap import BlockEstimatorConfig, TreeEstimatorConfig, TreeOverlapEstimator, bin_depths, path_keys
+from marconi.sparse.overlap import (BlockEstimatorConfig, TreeEstimatorConfig, TreeOverlapEstimator, bin_depths,
+                                    path_keys)
 
 
 def brute_force(weights: list[float], budget: int) -> float:
