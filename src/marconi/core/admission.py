@@ -111,8 +111,10 @@ class NoAdmission(BaseAdmission):
 
 
 class MarconiAdmission(BaseAdmission):
-    """Judicious admission (paper §4.1): at most two checkpoints per request, the branch point found
-    by speculative insertion and the last decoded token; all of input + output is inserted.
+    """Judicious admission (paper §4.1): the branch point found by speculative insertion and the last
+    decoded token; all of input + output is inserted. A request admits at most three: the branch
+    point of its input (planned at ``begin``, captured in prefill), the branch point of input +
+    output (where its output leaves a cached sequence, planned at ``finish``), and the last token.
     ``tails="reach"`` also cuts predicted-dead tails first at eviction (:mod:`marconi.core.tails`);
     ``"keep"`` (default) is the paper's behaviour."""
 

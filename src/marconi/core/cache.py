@@ -84,7 +84,7 @@ class RequestHandle:
     max_hit_len: int | None = None  # as passed to ``begin`` (a shadow of this cache replays it alike)
     tail_base: int = -1         # dead tails: where the input left its predecessor, if it branched (else -1)
     tail_lineage: bool = False  # ... inside another sequence's leaf (else at an inner node)
-    prefilled: bool = False     # ``insert_prefill`` ran: ``finish`` admits only its final plan
+    prefilled: bool = False     # ``insert_prefill`` succeeded: ``finish`` admits only its final plan
 
 
 class CachedPrefix(NamedTuple):
@@ -568,8 +568,8 @@ class PrefixCache(TreeStore):
         self._check_active(handle)
         _check_suppliers(states, kv)  # before anything: the request stays in flight as it was
         self._notify("on_prefill", handle)
-        handle.prefilled = True
         if not self.admission.caches or not handle.prefill_checkpoints:
+            handle.prefilled = True
             return InsertResult(False, 0, ())
         if self._logical is not None:
             self._logical.tick()
@@ -582,7 +582,11 @@ class PrefixCache(TreeStore):
             plan = FinalPlan(end, (), block=page)  # every block: let the cache keep them as one run
         walk = self.tree.walk(seq, start=handle.matched_node if handle.matched_node and
                               handle.matched_node.depth <= end else None)
-        return self._insert_sequence(handle, seq, plan, states, kv, walk)
+        result = self._insert_sequence(handle, seq, plan, states, kv, walk)
+        # only now: an insertion that raised admitted nothing, so finish must still admit the
+        # prefill checkpoints with its own plan, as for a request finished without insert_prefill
+        handle.prefilled = True
+        return result
 
     def _final(self, handle: RequestHandle, output: np.ndarray) -> tuple[np.ndarray, WalkResult, FinalPlan]:
         """Input + output, its walk (from the handle's locked match) and the admission's final plan, with
@@ -889,7 +893,8 @@ class PrefixCache(TreeStore):
 
     @_locked
     def snapshot(self) -> TreeSnapshot:
-        """The tree as plain data (shape, recency, checkpoint positions; no payloads, no locks)."""
+        """The tree as plain data (shape, recency, checkpoint positions; no payloads, no locks). Its
+        token arrays are read-only views of the tree's edges (no copy; writing to them raises)."""
         index: dict[int, int] = {}
         snap = TreeSnapshot(self.tree.page_size, [], [], [], [], [], [], [], float(self.clock()))
         root = self.tree.root
@@ -897,7 +902,9 @@ class PrefixCache(TreeStore):
             index[node.node_id] = len(snap.tokens)
             parent = node.parent
             snap.parent_index.append(-1 if parent is root else index[parent.node_id])  # type: ignore[union-attr]
-            snap.tokens.append(node.tokens)
+            edge = node.tokens.view()     # read-only: writing to a snapshot must not change this tree
+            edge.flags.writeable = False
+            snap.tokens.append(edge)
             snap.ckpt_positions.append(list(node.ckpt_positions))
             snap.last_access.append(node.last_access)
             snap.access_seq.append(node.access_seq)
@@ -922,9 +929,14 @@ class PrefixCache(TreeStore):
             p = snapshot.parent_index[i]
             parent = cache.tree.root if p == -1 else nodes[p]
             try:
-                tokens = as_tokens(raw, f"snapshot.tokens[{i}]")
+                tokens = as_tokens(raw, f"snapshot.tokens[{i}]", allow_empty=True)
             except ValueError as exc:
                 raise ConfigError(str(exc)) from None
+            if tokens.size == 0:
+                raise ConfigError(f"snapshot.tokens[{i}] is empty: every node below the root holds at least one token")
+            if tokens.flags.writeable:      # a caller's buffer: the restored tree keeps its own copy
+                tokens = tokens.copy()
+                tokens.flags.writeable = False
             _check_snapshot_node(cache.tree, snapshot, i, tokens, parent, nodes)
             node = cache.tree.new_node(tokens, parent)
             node.ckpt_positions = list(snapshot.ckpt_positions[i])
@@ -972,7 +984,7 @@ _SNAPSHOT_LISTS = ("parent_index", "tokens", "ckpt_positions", "last_access", "a
 
 def _check_snapshot_shape(snapshot: TreeSnapshot) -> None:
     """ConfigError unless the parallel lists have one entry per node, each parent comes before its
-    child (or is -1, the root), and times and orders are finite numbers."""
+    child (or is -1, the root), and times and orders are finite numbers, no time after the clock's."""
     sizes = {name: len(getattr(snapshot, name)) for name in _SNAPSHOT_LISTS}
     if len(set(sizes.values())) > 1:
         raise ConfigError(f"snapshot: its parallel lists differ in length ({sizes}); one entry per node")
@@ -989,6 +1001,9 @@ def _check_snapshot_shape(snapshot: TreeSnapshot) -> None:
                     else isinstance(value, numbers.Real) and math.isfinite(value)):
                 raise ConfigError(f"snapshot.{name}[{i}] = {value!r}: expected "
                                   f"{'an integer >= 0' if whole else 'a finite number'}")
+            if not whole and value > snapshot.clock_value:   # recency would run backwards after the restore
+                raise ConfigError(f"snapshot.{name}[{i}] = {value!r} is later than snapshot.clock_value = "
+                                  f"{snapshot.clock_value!r}: a node cannot have been used after the snapshot")
 
 
 def _check_snapshot_node(tree: RadixTree, snapshot: TreeSnapshot, i: int, tokens: np.ndarray, parent: Node,
