@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, Sequence
@@ -20,7 +21,7 @@ from marconi.core.model import ModelSpec
 from marconi.core.registry import ConfigError, Domain
 
 __all__ = ["LatencyModel", "ZeroLatency", "RooflineLatency", "TableLatency", "make_latency", "ACCELERATORS",
-           "ROOFLINE_PARAMS"]
+           "ROOFLINE_PARAMS", "ttft_unit"]
 
 
 class LatencyModel(Protocol):
@@ -91,10 +92,15 @@ class TableLatency:
 
     @classmethod
     def from_csv(cls, path: str | Path, *, name: str | None = None) -> "TableLatency":
-        """Read a CSV with a tokens column and a TTFT column in ms (``*_ms``) or s, and fit a line.
+        """Read a CSV with a tokens column and a TTFT column, and fit a line (TTFT in seconds).
+
+        The TTFT column's unit is read from its name (:func:`ttft_unit`): ``ttft_s``, ``ttft_ms``,
+        ``ttft_us`` / ``ttft_µs``, ``ttft (ms)``, ``TTFT[ms]``, ...; a name with no unit (``ttft``,
+        ``latency``) is in seconds.
 
         Raises:
-            ConfigError: no such file or column; a value missing, not finite, negative (or a zero TTFT);
+            ConfigError: no such file or column; a TTFT column whose name holds a unit other than s, ms,
+                us/µs, ns (``path:1:column``); a value missing, not finite, negative (or a zero TTFT);
                 token counts not increasing (``path:line:column`` names it); or a non-growing fit.
         """
         path = Path(path)
@@ -112,6 +118,7 @@ class TableLatency:
                 if tok_col is None or ttft_col is None:
                     raise ConfigError(f"{path}: need a tokens column and a TTFT column, found {header}")
                 ti, yi = header.index(tok_col), header.index(ttft_col)
+                scale = ttft_unit(ttft_col, where=f"{path}:1:{yi + 1}")
                 xs: list[float] = []
                 ys: list[float] = []
                 last: tuple[str, int] | None = None  # the previous row's token count (as written) and line
@@ -137,10 +144,7 @@ class TableLatency:
             raise ConfigError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
         except csv.Error as exc:
             raise ConfigError(f"{path}: not a CSV table ({exc})") from None
-        y = np.asarray(ys)
-        if ttft_col.lower().endswith("ms") or "_ms" in ttft_col.lower():
-            y = y / 1000.0
-        return cls.fit(xs, y, name or f"table:{path.stem}", where=str(path))
+        return cls.fit(xs, np.asarray(ys) * scale, name or f"table:{path.stem}", where=str(path))
 
     @classmethod
     def fit(cls, tokens: Sequence[float] | np.ndarray, ttft_s: Sequence[float] | np.ndarray, name: str, *,
@@ -169,6 +173,46 @@ class TableLatency:
 
     def decode_s(self, spec: ModelSpec, output_len: int) -> float:
         return max(0, output_len - 1) * self.decode_s_per_token
+
+
+# Seconds per unit, by the names a TTFT column's header may give it (casefolded: µ is μ).
+_TIME_UNITS = {
+    **dict.fromkeys(("s", "sec", "secs", "second", "seconds"), 1.0),
+    **dict.fromkeys(("ms", "msec", "msecs", "millis", "millisecond", "milliseconds"), 1e-3),
+    **dict.fromkeys(("us", "μs", "usec", "usecs", "micros", "microsecond", "microseconds"), 1e-6),
+    **dict.fromkeys(("ns", "nsec", "nsecs", "nanosecond", "nanoseconds"), 1e-9),
+}
+# Time units a header may name that are not read (refused rather than taken for seconds).
+_UNREAD_UNITS = frozenset(("m", "min", "mins", "minute", "minutes", "h", "hr", "hrs", "hour", "hours"))
+_UNIT_FORMS = ("ttft_s", "ttft_ms", "ttft_us", "ttft_µs", "ttft (ms)", "TTFT[ms]")
+
+
+def ttft_unit(column: str, *, where: str) -> float:
+    """Seconds per unit of a TTFT column, read from its name ``column``: its last bracketed part
+    (``ttft (ms)``, ``TTFT[us]``) if it has one, else a word of it (split at anything but letters and
+    digits: ``ttft_ms``, ``ttft-us``, ``latency ms``) or its end after ``ttft``/``latency``
+    (``ttftms``), naming s, ms, us/µs or ns (or a long form: ``sec``, ``msec``, ``microseconds``, ...).
+    A name with no unit (``ttft``, ``latency``, ``ttft_p50``) is in seconds: 1.0.
+
+    Raises:
+        ConfigError: ``where`` (the file, line 1 and column), the column and the accepted forms: a
+            bracketed part that is not one unit (``ttft (cycles)``), a time unit not read (minutes,
+            hours), or two different units in one name (``ttft_s_ms``).
+    """
+    folded = column.strip().casefold()
+    bracket = re.search(r"[(\[{]([^()\[\]{}]*)[)\]}]\s*$", folded)
+    words = re.findall(r"[^\W_]+", bracket.group(1) if bracket else folded)
+    units = {w for w in words if w in _TIME_UNITS}
+    glued = re.fullmatch(r"(?:ttft|latency)(\w+)", words[-1]) if words and not bracket else None
+    if not units and glued and glued.group(1) in _TIME_UNITS:
+        units = {glued.group(1)}
+    if len({_TIME_UNITS[u] for u in units}) == 1 and not (bracket and len(words) != 1):
+        return _TIME_UNITS[units.pop()]
+    if bracket or units or any(w in _UNREAD_UNITS for w in words):
+        raise ConfigError(f"{where}: cannot read the unit of the TTFT column {column!r}: name it with one unit, "
+                          f"s, ms, us (µs) or ns, as in {', '.join(repr(f) for f in _UNIT_FORMS)} (a name with no "
+                          "unit, such as 'ttft', is read as seconds)")
+    return 1.0
 
 
 def _cell(row: list[str], index: int, column: str, where: str) -> tuple[float, str]:

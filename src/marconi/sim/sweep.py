@@ -9,10 +9,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
+import numpy as np
+
 from marconi.io import iter_jsonl, write_jsonl
 from marconi.core.jsonfile import described
 from marconi.core.model import ModelSpec, get_model
-from marconi.core.registry import ConfigError
+from marconi.core.registry import ConfigError, brief_repr
 from marconi.sim.backends import Backend, TaskFn, make_backend
 from marconi.sim.replay import check_mode, simulate_system, working_set_bytes
 from marconi.units import Capacity, parse_capacity
@@ -284,11 +286,14 @@ RESULT_FIELDS = ("trace", "system", "model", "capacity", "num_requests", "token_
 @dataclass(frozen=True, slots=True)
 class FieldType:
     """What a record field must hold for :func:`read_records`: ``test(value)`` says whether it does,
-    ``expected`` says it in a message's words (``"a number"``); ``required``: absent is wrong too."""
+    ``expected`` says it in a message's words (``"a number"``); ``required``: absent is wrong too;
+    ``bound(value)``, for a value ``test`` passed: why it is out of range (``"must be a fraction in
+    [0, 1], got 7.0"``), or None where it is in range."""
 
     test: Callable[[Any], bool]
     expected: str
     required: bool = False
+    bound: Callable[[Any], str | None] | None = None
 
 
 _NUMBER_TYPES = frozenset({int, float})   # what json.loads makes of a number (a bool is not one)
@@ -302,29 +307,56 @@ def _is_numbers(value: Any) -> bool:
     return isinstance(value, list) and _NUMBER_TYPES.issuperset(map(type, value))   # C speed: lists are long
 
 
+def _outside_fraction(value: Any) -> str | None:
+    """Why a number (None: absent) is not a fraction: finite and in [0, 1]; None where it is one."""
+    if value is None or 0 <= value <= 1:    # NaN fails both comparisons, an infinity one
+        return None
+    return f"must be a fraction in [0, 1], got {brief_repr(value)}"
+
+
+def _outside_fractions(values: list[Any]) -> str | None:
+    """Why a list of numbers is not all fractions (naming its first bad element, 0-based), or None."""
+    try:
+        array = np.asarray(values, dtype=np.float64)
+    except OverflowError:                   # an integer beyond a float: out of range, found below
+        first = next(i for i, v in enumerate(values) if not 0 <= v <= 1)
+    else:
+        bad = np.flatnonzero(~((array >= 0) & (array <= 1)))
+        if not len(bad):
+            return None
+        first = int(bad[0])
+    return f"element {first} must be a fraction in [0, 1], got {brief_repr(values[first])}"
+
+
 _TEXT = FieldType(lambda v: isinstance(v, str), "a string")
 _NUMBER_OR_NULL = FieldType(lambda v: v is None or _is_number(v), "a number or null")
+_FRACTION_OR_NULL = FieldType(lambda v: v is None or _is_number(v), "a number or null", bound=_outside_fraction)
 
 # The type of every field `compare`, its table and its plots compute with (a bad one was a TypeError
 # deep in a plot). A top-level field's presence is read_records' ``required``; a dotted name is a
-# field of an object field, checked when that field is an object.
+# field of an object field, checked when that field is an object. Rates and fractions (token_hit_rate,
+# hit_rate_p95, flops_saved_fraction, per_request.hit_rate) must also be finite and in [0, 1]: a 7.0
+# or a NaN skewed every gain of its group.
 RESULT_TYPES: dict[str, FieldType] = {
     "trace": _TEXT, "system": _TEXT, "model": _TEXT,
     "mode": FieldType(lambda v: v is None or isinstance(v, str), "a string or null"),
     "capacity": FieldType(lambda v: isinstance(v, str) or _is_number(v), "a string (10GB, 0.1x) or a number"),
     "capacity_bytes": _NUMBER_OR_NULL,
     "num_requests": FieldType(lambda v: type(v) is int, "an integer"),
-    "token_hit_rate": FieldType(_is_number, "a number"),
-    "hit_rate_p95": _NUMBER_OR_NULL, "flops_saved_fraction": _NUMBER_OR_NULL, "ttft_p95_s": _NUMBER_OR_NULL,
+    "input_tokens": FieldType(lambda v: v is None or type(v) is int, "an integer or null"),
+    "working_set_bytes": _NUMBER_OR_NULL,                  # with num_requests: what compare groups by
+    "token_hit_rate": FieldType(_is_number, "a number", bound=_outside_fraction),
+    "hit_rate_p95": _FRACTION_OR_NULL, "flops_saved_fraction": _FRACTION_OR_NULL, "ttft_p95_s": _NUMBER_OR_NULL,
     "vanilla_ttft_p95_s": _NUMBER_OR_NULL,
     "per_request": FieldType(lambda v: isinstance(v, dict), "an object of per-request lists"),
-    "per_request.hit_rate": FieldType(_is_numbers, "a list of numbers", required=True),
+    "per_request.hit_rate": FieldType(_is_numbers, "a list of numbers", required=True, bound=_outside_fractions),
     "per_request.ttft_s": FieldType(_is_numbers, "a list of numbers", required=True),
 }
 
 
 def _type_error(rec: dict[str, Any], types: Mapping[str, FieldType]) -> str | None:
-    """``field 'x': expected ..., got ...`` for the first field of ``rec`` that ``types`` refuses, or None."""
+    """``field 'x': expected ..., got ...`` (or ``field 'x': must be ...``, its ``bound``) for the first
+    field of ``rec`` that ``types`` refuses, or None."""
     for name, kind in types.items():
         parent, _, key = name.rpartition(".")
         holder = rec.get(parent) if parent else rec
@@ -336,6 +368,9 @@ def _type_error(rec: dict[str, Any], types: Mapping[str, FieldType]) -> str | No
             continue
         if not kind.test(holder[key]):
             return f"field {name!r}: expected {kind.expected}, got {described(holder[key])}"
+        why = kind.bound(holder[key]) if kind.bound is not None else None
+        if why is not None:
+            return f"field {name!r}: {why}"
     return None
 
 
@@ -348,7 +383,8 @@ def read_records(path: str | Path, required: Sequence[str] = (), kind: str = "re
         FileNotFoundError: no such file.
         JsonError: a line that is not JSON (naming ``path:line``).
         ConfigError: naming ``path:line`` (and the field): a record that is not an object, lacks a
-            required key, or holds a field of the wrong type.
+            required key, or holds a field of the wrong type or outside its ``bound`` (with
+            :data:`RESULT_TYPES`: a rate or fraction that is not finite and in [0, 1]).
     """
     out = []
     for where, rec in iter_jsonl(path):
