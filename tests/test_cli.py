@@ -4,6 +4,9 @@ import json
 
 from marconi.cli import main
 
+# an earlier run's records at --out: a failed or interrupted run must leave them as they were
+GOOD = '{"system": "sglang+", "token_hit_rate": 0.5}\n'
+
 
 def test_models_and_systems_list(capsys):
     assert main(["models"]) == 0
@@ -85,7 +88,7 @@ import stat  # noqa: E402
 
 import pytest  # noqa: E402
 
-from marconi.workloads import build_workload, bundled_data_dir, read_trace, write_trace  # noqa: E402
+from marconi.workloads import build_workload, bundled_data_dir, write_trace  # noqa: E402
 
 FAST = ["--systems", "vanilla,sglang+", "--capacity", "0.1x", "--quiet", "--workers", "1", "--no-per-request"]
 
@@ -473,7 +476,7 @@ def test_an_infeasible_point_keeps_the_finished_points(tmp_path, capsys):
     """One vllm-align point its pool cannot serve aborted the sweep and lost the points that had finished.
     The finished points go to r.partial.jsonl: a failed run never replaces --out (an earlier good file)."""
     out = tmp_path / "r.jsonl"
-    out.write_text("GOOD\n")
+    out.write_text(GOOD)
     code = main(["simulate", "--trace", "swe-sample", "--limit", "20", "--systems", "vllm-align,sglang+",
                  "--capacity", "30MB,3GB", "--out", str(out), "--quiet", "--workers", "1", "--no-per-request"])
     assert code == 2
@@ -482,13 +485,14 @@ def test_an_infeasible_point_keeps_the_finished_points(tmp_path, capsys):
     records = [json.loads(line) for line in partial.read_text().splitlines()]
     assert [(r["system"], r["capacity"]) for r in records] == [("sglang+", "30MB"), ("vllm-align", "3GB"),
                                                                ("sglang+", "3GB")]
-    assert out.read_text() == "GOOD\n"
+    assert out.read_text() == GOOD
     assert "1 of 4 points could not run: vllm-align at 30MB: vllm-align: a 2097-token request" in captured.err
     assert f"wrote 3 records to {partial}" in captured.err and f"--out {out} left unchanged" in captured.err
     assert "vllm-align" in captured.out and "sglang+" in captured.out  # the table of the finished points
+    # a rerun of some of its points keeps the partial: its other points would be lost with it
     assert main(["simulate", "--trace", "swe-sample", "--limit", "20", "--systems", "sglang+", "--capacity", "3GB",
                  "--out", str(out), "--quiet", "--workers", "1", "--no-per-request"]) == 0
-    assert not partial.exists() and f"removed {partial}" in capsys.readouterr().err    # superseded (audit)
+    assert len(partial.read_text().splitlines()) == 3 and f"kept {partial}" in capsys.readouterr().err
 
 
 def test_a_sweep_interrupted_keeps_its_finished_points_beside_out(tmp_path, capsys, monkeypatch):
@@ -508,12 +512,12 @@ def test_a_sweep_interrupted_keeps_its_finished_points_beside_out(tmp_path, caps
 
     monkeypatch.setattr(sweep, "run_sweep", two_then_interrupt)
     out = tmp_path / "r.jsonl"
-    out.write_text("GOOD\n")
+    out.write_text(GOOD)
     assert main(["simulate", "--trace", "swe-sample", "--limit", "20", "--systems", "sglang+,vllm+,marconi",
                  "--capacity", "3GB", "--out", str(out), "--quiet", "--workers", "1", "--no-per-request"]) == 130
     partial = tmp_path / "r.partial.jsonl"
     records = [json.loads(line) for line in partial.read_text().splitlines()]
-    assert [r["system"] for r in records] == ["sglang+", "vllm+"] and out.read_text() == "GOOD\n"
+    assert [r["system"] for r in records] == ["sglang+", "vllm+"] and out.read_text() == GOOD
     err = capsys.readouterr().err
     assert f"interrupted after 2 of 3 points: they are in {partial}" in err and "Traceback" not in err
 
@@ -576,3 +580,116 @@ def test_trace_validate_on_a_catalog_name_says_what_it_is_and_a_misspelt_one_lis
     assert main(["trace", "validate", "swe-sampel"]) == 2
     err = capsys.readouterr().err
     assert "neither a file nor a catalog workload" in err and "swe-sample" in err
+
+
+# ------------------------------------------------------------------ results never lost to a later run
+SIM = ["--limit", "20", "--quiet", "--workers", "1", "--no-per-request"]
+
+
+def test_a_run_removes_only_an_earlier_partial_it_covers(tmp_path, capsys):
+    """A successful run deleted any .partial file beside --out, even one of another trace's points
+    (ten finished points lost to a one-point run; audit)."""
+    out = tmp_path / "r.jsonl"
+    partial = tmp_path / "r.partial.jsonl"
+    other = json.dumps({"system": "marconi", "trace": "another-trace", "capacity": "1GB"}) + "\n"
+    partial.write_text(other)
+    assert main(["simulate", "--trace", "swe-sample", "--systems", "sglang+", "--capacity", "3GB",
+                 "--out", str(out), *SIM]) == 0
+    assert partial.read_text() == other and f"kept {partial}" in capsys.readouterr().err
+    # a partial of this run's own point is superseded by it
+    partial.write_text(out.read_text())
+    assert main(["simulate", "--trace", "swe-sample", "--systems", "sglang+", "--capacity", "3GB",
+                 "--out", str(out), *SIM]) == 0
+    assert not partial.exists() and f"removed {partial}" in capsys.readouterr().err
+
+
+def test_a_second_interrupted_run_keeps_the_first_ones_points(tmp_path, capsys, monkeypatch):
+    """A second Ctrl-C replaced an earlier partial file of 26 points with its own 2 (audit)."""
+    import importlib
+
+    import marconi.sim.sweep as sweep
+
+    importlib.import_module("marconi.sim.mrc")
+    real = sweep.run_sweep
+
+    def one_then_interrupt(trace, name, points, **kw):
+        real(trace, name, points[:1], **kw)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(sweep, "run_sweep", one_then_interrupt)
+    out = tmp_path / "r.jsonl"
+    for systems in ("vllm+,marconi", "sglang+,marconi"):
+        assert main(["simulate", "--trace", "swe-sample", "--systems", systems, "--capacity", "3GB",
+                     "--out", str(out), *SIM]) == 130
+    partial = tmp_path / "r.partial.jsonl"
+    assert [json.loads(line)["system"] for line in partial.read_text().splitlines()] == ["vllm+", "sglang+"]
+    assert "with 1 point of an earlier run kept there" in capsys.readouterr().err
+
+
+def test_a_curve_interrupted_while_it_is_written_keeps_its_points(tmp_path, capsys, monkeypatch):
+    """Ctrl-C while mrc wrote its records and plot (about a second, after the whole sweep) lost every
+    point: nothing at --out and no partial file (audit)."""
+    import marconi.sim.mrc as mrc
+
+    def interrupted(records, path):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(mrc, "plot_mrc", interrupted)
+    out = tmp_path / "m.jsonl"
+    assert main(["mrc", "--trace", "swe-sample", "--limit", "30", "--systems", "sglang+", "--points", "3",
+                 "--lo", "0.1", "--workers", "1", "--out", str(out), "--quiet"]) == 130
+    records = [json.loads(line) for line in (tmp_path / "m.partial.jsonl").read_text().splitlines()]
+    curve = [r for r in records if r["system"] == "sglang+"]
+    assert len(curve) == 3 and len({r["fraction"] for r in curve}) == 3     # every point of the curve
+    assert not out.exists() and not (tmp_path / "m.png").exists()
+    assert "interrupted after" in capsys.readouterr().err
+
+
+def test_out_that_is_not_records_is_never_replaced(tmp_path, capsys):
+    """--out naming a trace (or any file that is not records) replaced it with one record (audit)."""
+    trace = tmp_path / "mine.jsonl"
+    trace.write_text(json.dumps({"input": [1, 2, 3], "output": [4]}) + "\n")
+    before = trace.read_text()
+    for command in (["simulate", "--trace", "swe-sample", "--systems", "sglang+", "--capacity", "3GB", *SIM],
+                    ["mrc", "--trace", "swe-sample", "--limit", "20", "--systems", "sglang+", "--points", "2",
+                     "--workers", "1", "--quiet"]):
+        assert main([*command, "--out", str(trace)]) == 2
+        err = capsys.readouterr().err
+        assert f"--out {trace} exists and is not result records" in err and "choose another path" in err
+        assert trace.read_text() == before
+    # an earlier run's records are replaced, as before
+    out = tmp_path / "r.jsonl"
+    out.write_text(GOOD)
+    assert main(["simulate", "--trace", "swe-sample", "--systems", "sglang+", "--capacity", "3GB",
+                 "--out", str(out), *SIM]) == 0
+    assert out.read_text() != GOOD
+
+
+def test_compare_removes_only_the_plots_it_wrote_before(tmp_path, capsys):
+    """compare's default plots folder lost a user's own *_hit_rate.png to its stale-plot clean-up (audit)."""
+    out = tmp_path / "R.jsonl"
+    assert main(["simulate", "--trace", "swe-sample", "--systems", "vllm+,sglang+,marconi", "--capacity", "3GB,6GB",
+                 "--out", str(out), *SIM]) == 0
+    assert main(["compare", str(out)]) == 0
+    plots = tmp_path / "R_plots"
+    first = sorted(p.name for p in plots.glob("*.png"))
+    mine = plots / "my_annotated_hit_rate.png"
+    mine.write_bytes(b"my own figure")
+    capsys.readouterr()
+    assert main(["simulate", "--trace", "swe-sample", "--systems", "vllm+,sglang+,marconi", "--capacity", "3GB",
+                 "--model", "jamba-1.5-mini", "--out", str(out), *SIM]) == 0
+    assert main(["compare", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert mine.read_bytes() == b"my own figure"
+    gone = [name for name in first if not (plots / name).exists()]
+    assert gone and all(name in err for name in gone) and "my_annotated" not in err
+
+
+def test_a_reader_that_leaves_early_is_no_error():
+    """`marconi systems | head -1` ended with "[Errno 32] Broken pipe" and exit 2 (audit)."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run(f"{sys.executable} -m marconi systems | head -1", shell=True, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.stdout.strip() == "systems:" and "Broken pipe" not in proc.stderr and "Error" not in proc.stderr

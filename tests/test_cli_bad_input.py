@@ -16,6 +16,9 @@ from marconi.sim.sweep import RESULT_TYPES, read_records
 
 from cli_run import run_cli
 
+# an earlier run's records at --out: a failed or interrupted run must leave them as they were
+GOOD = '{"system": "sglang+", "token_hit_rate": 0.5}\n'
+
 # Two sessions of two turns, the second turn extending the first: enough for every command here.
 _REQUESTS = [("a", 0, 0.0, list(range(1, 41))), ("b", 0, 1.0, list(range(100, 140))),
              ("a", 1, 2.0, list(range(1, 61))), ("b", 1, 3.0, list(range(100, 160)))]
@@ -122,14 +125,14 @@ def test_trace_build_of_an_empty_input_is_refused_naming_it_and_writes_nothing(t
 def test_a_failed_sweep_never_replaces_out_and_keeps_its_points_beside_it(tmp_path, capsys):
     """A sweep with a point that could not run replaced a good --out with its partial records."""
     out = tmp_path / "results.jsonl"
-    out.write_text("GOOD\n")
+    out.write_text(GOOD)
     code, err = _run(["simulate", "--trace", "swe-sample", "--limit", "20", "--systems", "vllm-align,sglang+",
                       "--capacity", "30MB", "--out", str(out), "--no-per-request", *FAST], capsys)
     assert code == 2 and "1 of 2 points could not run" in err, err
-    assert out.read_text() == "GOOD\n"
+    assert out.read_text() == GOOD
     partial = tmp_path / "results.partial.jsonl"
     assert [json.loads(line)["system"] for line in partial.read_text().splitlines()] == ["sglang+"]
-    assert f"wrote 1 records to {partial}" in err and f"--out {out} left unchanged" in err
+    assert f"wrote 1 record to {partial}" in err and f"--out {out} left unchanged" in err
 
 
 # ------------------------------------------------------------------ capacity zero

@@ -77,14 +77,19 @@ def test_save_figure_leaves_the_old_file_when_saving_fails(tmp_path):
 
 def test_a_rerun_into_the_same_folder_drops_only_its_own_stale_plots(tmp_path) -> None:
     """``experiment sparse``/``headroom`` into an earlier run's --out kept the earlier run's plots of
-    other capacities or traces beside the new ones, which no record supported (audit). The report's
-    own kinds of plot that this run did not write go; nothing else does."""
-    from marconi.report import drop_stale_plots
+    other capacities or traces beside the new ones, which no record supported (audit). The plots an
+    earlier run noted as its own that this run did not write go; nothing else does, not even a file
+    named like a plot that no run wrote (``compare`` deleted a user's ``*_hit_rate.png``: audit)."""
+    from marconi.report import PLOTS_NOTE, drop_stale_plots
 
-    for name in ("w_0.25x_simulation.png", "w_1x_simulation.png", "w_analytic.png", "mine.png", "notes.txt"):
+    earlier = [tmp_path / name for name in ("w_0.25x_simulation.png", "w_1x_simulation.png", "w_analytic.png")]
+    for path in earlier:
+        path.write_text("x")
+    assert drop_stale_plots(tmp_path, ("*_simulation.png", "*_analytic.png"), earlier) == []
+    for name in ("mine_simulation.png", "mine.png", "notes.txt"):     # put there by someone else
         (tmp_path / name).write_text("x")
     written = [tmp_path / "w_1x_simulation.png", tmp_path / "w_analytic.png"]
     removed = drop_stale_plots(tmp_path, ("*_simulation.png", "*_analytic.png"), written)
     assert [p.name for p in removed] == ["w_0.25x_simulation.png"]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine.png", "notes.txt", "w_1x_simulation.png",
-                                                          "w_analytic.png"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [PLOTS_NOTE, "mine.png", "mine_simulation.png", "notes.txt",
+                                                          "w_1x_simulation.png", "w_analytic.png"]

@@ -157,6 +157,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
             inputs = read_files(traces=[args.trace], models=[args.model], files=[args.latency])
             check_output(args.out, inputs=inputs)
             check_output(_kept_at(args.out, failed=True), inputs=inputs, option=_partial_option("--out"))
+            _check_records_out(args.out, "--out")
         started = time.perf_counter()
         trace = load_trace(args.trace, args.limit)
         if len(trace) == 0:
@@ -188,11 +189,18 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         for note in _not_cached_notes(records):
             print(note, file=sys.stderr)
     if args.out and records:
-        written = write_records(records, _kept_at(args.out, failed is not None))
-        print(f"wrote {len(records)} records to {written}" + _left_unchanged(failed, [("--out", args.out)]),
-              file=sys.stderr)
+        try:
+            if failed is None:
+                written, kept = write_records(records, args.out), 0
+            else:
+                written, kept = _write_partial(records, args.out)
+        except KeyboardInterrupt:      # while writing: the records, all finished, go beside --out
+            _keep_interrupted(records, len(records), args.out)
+            raise
+        print(f"wrote {len(records)} record{'s' if len(records) != 1 else ''} to {written}" + _earlier(kept)
+              + _left_unchanged(failed, [("--out", args.out)]), file=sys.stderr)
         if failed is None:
-            _drop_superseded(args.out)
+            _drop_superseded(records, args.out)
     if failed is not None:
         raise failed
     return 0
@@ -242,15 +250,88 @@ def _request_bar(points: int, requests: int, quiet: bool) -> Iterator[Callable[[
             bar.close()
 
 
-def _drop_superseded(*outputs: str | Path) -> None:
-    """After a run whose every point ran: an earlier failed run's ``.partial`` files beside these
-    outputs are superseded by them (they would otherwise stay, read as this run's)."""
-    for path in outputs:
-        partial = _kept_at(path, True)
-        if partial != Path(path) and partial.is_file():
-            partial.unlink()
-            print(f"removed {partial}, an earlier failed run's partial results: {path} supersedes them",
+def _drop_superseded(records: Sequence[dict[str, Any]], out: str | Path, *beside: str | Path) -> None:
+    """After a run whose every point ran and was written to ``out``: the ``.partial`` files an earlier
+    failed or interrupted run left beside ``out`` (and beside the ``beside`` outputs) are removed when
+    every point they hold is one of ``records`` (they would otherwise stay, read as this run's); one
+    that holds other points (another trace, system or capacity) is kept, and said so."""
+    partial = _kept_at(out, True)
+    if partial == Path(out) or not partial.is_file():
+        return
+    earlier = _partial_records(partial)
+    ran = {_point_key(r) for r in records}
+    if earlier is None or any(_point_key(r) not in ran for r in earlier):
+        print(f"kept {partial}: it holds points of an earlier run that this one did not run", file=sys.stderr)
+        return
+    for path in (out, *beside):
+        stale = _kept_at(path, True)
+        if stale != Path(path) and stale.is_file():
+            stale.unlink()
+            print(f"removed {stale}, an earlier run's partial results: {path} has every point of it",
                   file=sys.stderr)
+
+
+#: The fields that name a point of a sweep or a curve in its records (what a rerun of it repeats).
+_POINT_FIELDS = ("trace", "model", "system", "capacity", "capacity_bytes", "fraction", "mode", "latency",
+                 "num_requests")
+
+
+def _point_key(record: dict[str, Any]) -> tuple[str, ...]:
+    return tuple(repr(record.get(name)) for name in _POINT_FIELDS)
+
+
+def _partial_records(path: Path) -> list[dict[str, Any]] | None:
+    """The records in an earlier run's ``.partial`` file, or None where it does not read as records."""
+    import json
+
+    try:
+        with open(path, encoding="utf-8") as fh:
+            rows = [json.loads(line) for line in fh if line.strip()]
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+    return rows if all(isinstance(r, dict) and "system" in r for r in rows) else None
+
+
+def _write_partial(records: Sequence[dict[str, Any]], out: str | Path) -> tuple[Path, int]:
+    """Write ``records`` where a run whose points did not all run puts them (:func:`_kept_at`), keeping
+    the points of an earlier run's ``.partial`` file there that these do not repeat (a second failed
+    or interrupted run must not lose the first one's points). Returns the path and how many earlier
+    points were kept. A stream is written through."""
+    from marconi.io import is_stream
+    from marconi.sim.sweep import write_records
+
+    target = _kept_at(out, True)
+    if is_stream(out) or not target.is_file():
+        return write_records(records, target), 0
+    ran = {_point_key(r) for r in records}
+    earlier = [r for r in (_partial_records(target) or []) if _point_key(r) not in ran]
+    return write_records([*earlier, *records], target), len(earlier)
+
+
+def _earlier(kept: int) -> str:
+    """What the ``wrote ...`` line adds where an earlier run's partial points were kept beside."""
+    return f" (with {kept} point{'s' if kept != 1 else ''} of an earlier run kept there)" if kept else ""
+
+
+def _check_records_out(path: str | Path, flag: str) -> None:
+    """ConfigError where ``path`` (an ``--out`` written as result records) exists and does not read as
+    records: a run replaces its earlier records, never another file (a trace, say) by mistake."""
+    import json
+
+    from marconi.io import is_stream
+
+    p = Path(path)
+    if is_stream(p) or not p.is_file() or p.stat().st_size == 0:
+        return
+    try:
+        with open(p, encoding="utf-8") as fh:
+            first = next((line for line in fh if line.strip()), "")
+        ours = isinstance(json.loads(first), dict) and "system" in json.loads(first)
+    except (OSError, UnicodeDecodeError, ValueError):
+        ours = False
+    if not ours:
+        raise ConfigError(f"{flag} {p} exists and is not result records (its first line is not a record with a "
+                          "'system'): this run would replace it; remove it or choose another path")
 
 
 def _partial_option(flag: str) -> str:
@@ -269,17 +350,17 @@ def _kept_at(path: str | Path, failed: bool) -> Path:
 
 def _keep_interrupted(finished: list[dict[str, Any]], total: int, out: str | Path, *left: str | Path) -> None:
     """After an interrupt: the records of the points that ``finished`` (of ``total``) go where a run with
-    failed points puts them (:func:`_kept_at`), and ``out`` (and the ``left`` outputs beside it) stay as
-    they were; nothing where none finished, or ``out`` is a stream."""
+    failed points puts them (:func:`_write_partial`: beside ``out``, with an earlier partial run's other
+    points kept), and ``out`` (and the ``left`` outputs beside it) stay as they were; nothing where
+    none finished, or ``out`` is a stream."""
     from marconi.io import is_stream
-    from marconi.sim.sweep import write_records
 
     if not finished or is_stream(out):
         return
-    kept = write_records(finished, _kept_at(out, failed=True))
+    kept, earlier = _write_partial(finished, out)
     unchanged = [str(p) for p in (out, *left)]
-    print(f"interrupted after {len(finished)} of {total} points: they are in {kept} ({' and '.join(unchanged)} "
-          f"left as {'it was' if len(unchanged) == 1 else 'they were'})", file=sys.stderr)
+    print(f"interrupted after {len(finished)} of {total} points: they are in {kept}{_earlier(earlier)} "
+          f"({' and '.join(unchanged)} left as {'it was' if len(unchanged) == 1 else 'they were'})", file=sys.stderr)
 
 
 def _left_unchanged(failed: Any, outputs: Sequence[tuple[str, str | Path]]) -> str:
@@ -334,10 +415,13 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         Path(args.results).stem + "_plots")
     check_output(plots_dir, directory=True, option="--plots")
     paths = plot_records(records, plots_dir)
+    removed: list[Path] = []
     if not args.plots:   # the results' own folder: an earlier run's plots of other traces or capacities go
         from marconi.report import drop_stale_plots
-        drop_stale_plots(plots_dir, ("*_hit_rate.png", "*_requests.png"), paths)
-    print(f"wrote {len(paths)} plots to {plots_dir}", file=sys.stderr)
+        removed = drop_stale_plots(plots_dir, ("*_hit_rate.png", "*_requests.png"), paths)
+    print(f"wrote {len(paths)} plot{'s' if len(paths) != 1 else ''} to {plots_dir}"
+          + (f"; removed {len(removed)} an earlier compare wrote there that no record of these supports: "
+             + ", ".join(p.name for p in removed) if removed else ""), file=sys.stderr)
     return 0
 
 
@@ -362,6 +446,7 @@ def _cmd_mrc(args: argparse.Namespace) -> int:
     check_output(png, inputs=inputs, option="--plot")     # a --plot given was checked by the guard, its .png too
     check_output(_kept_at(out, failed=True), inputs=inputs, option=_partial_option("--out"))
     check_output(_kept_at(png, failed=True), inputs=inputs, option=_partial_option("--plot"))
+    _check_records_out(out, "--out")
     systems = split_name_list(args.systems)
     lo = DEFAULT_LO if args.lo is None else args.lo    # not given: raised where the working set is small
     fractions = capacity_fractions(args.points, lo)
@@ -407,13 +492,17 @@ def _cmd_mrc(args: argparse.Namespace) -> int:
     if ceiling is not None:
         print(f"infinite (unbounded capacity): {pct(ceiling)}")
     # after the table: a full disk must not lose the results
-    with output_group():     # the records and their plot together, or neither
-        written = write_records(records, _kept_at(out, failed is not None))
-        plotted = plot_mrc(records, _kept_at(png, failed is not None))
+    try:
+        with output_group():     # the records and their plot together, or neither
+            written = write_records(records, _kept_at(out, failed is not None))
+            plotted = plot_mrc(records, _kept_at(png, failed is not None))
+    except KeyboardInterrupt:    # while writing: the curve's records, all finished, go beside --out
+        _keep_interrupted(records, len(records), out, png)
+        raise
     print(f"wrote {len(records)} records to {written} and the plot to {plotted}"
           + _left_unchanged(failed, [("--out", out), ("--plot", png)]), file=sys.stderr)
     if failed is None:
-        _drop_superseded(out, png)
+        _drop_superseded(records, out, png)
     if failed is not None:
         raise failed
     return 0
@@ -486,7 +575,9 @@ def build_parser() -> argparse.ArgumentParser:
                                   "run, the finished ones go beside it (R.jsonl -> R.partial.jsonl) and --out "
                                   "is left unchanged")
     sim.add_argument("--mode", default="sequential", choices=["sequential", "event"])
-    sim.add_argument("--latency", default="a100", help="zero | a100 | h100 | a100:efficiency=0.4 | table:FILE.csv")
+    sim.add_argument("--latency", default="a100",
+                     help="zero | a100 | h100 | a100:efficiency=0.4 | table:FILE.csv (columns tokens and ttft, its "
+                          "unit from its name: ttft_ms, ttft (ms), ttft_us; a bare ttft is seconds)")
     sim.add_argument("--workers", type=worker_count, default=None,
                      help="parallel processes (default: one per core); with --backend ray and no --address, "
                           "the CPUs of the local Ray instance")
@@ -517,7 +608,8 @@ def build_parser() -> argparse.ArgumentParser:
                           "the least that holds one SSM checkpoint where the working set is small)")
     mrc.add_argument("--model", default="paper-7b", type=models)
     add_output(mrc, "--out", default="results/mrc.jsonl",
-               help="records (JSONL, written atomically); if some points cannot run, the curve of those that "
+               help="records (JSONL, written atomically; default: results/mrc.jsonl in the current "
+                    "directory); if some points cannot run, the curve of those that "
                     "did goes beside --out and --plot (R.jsonl -> R.partial.jsonl, R.png -> R.partial.png) and "
                     "they are left unchanged")
     add_output(mrc, "--plot", default=None, suffixes=PLOT_SUFFIXES,
@@ -540,7 +632,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--model", default="paper-7b", type=models,
                       help="one model preset (`marconi models`) or config.json: the demo draws one model's curve")
     add_output(demo, "--out", default="results/demo.jsonl",
-               help="the records; plots in <stem>_plots/, the miss-ratio curve in <stem>_mrc.jsonl/.png")
+               help="the records (default: results/demo.jsonl in the current directory); plots in "
+                    "<stem>_plots/, the miss-ratio curve in <stem>_mrc.jsonl/.png")
     demo.set_defaults(func=_cmd_demo)
 
     groups: dict[str, Any] = {}   # group name -> its subparsers object, for the lab's leaves
@@ -590,6 +683,12 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"pip install 'marconi[{extra}]' (the core, `marconi models` and the library need numpy alone)",
               file=sys.stderr)
         return 2
+    except BrokenPipeError:    # `marconi systems | head`: the reader has gone, and wants nothing more
+        try:                   # the interpreter's last flush of stdout must not fail on it again
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except (OSError, ValueError):
+            pass
+        return 141             # what a shell reports for a writer ended by SIGPIPE
     except (ConfigError, ValueError, OSError) as exc:
         print(f"marconi {args.command}: error: {exc}", file=sys.stderr)
         return 2

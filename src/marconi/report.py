@@ -106,16 +106,32 @@ def save_figure(fig: Any, path: str | os.PathLike[str], *, dpi: int = 110) -> Pa
 
 
 def drop_stale_plots(folder: str | os.PathLike[str], patterns: Sequence[str], written: Iterable[Path]) -> list[Path]:
-    """Remove the files in ``folder`` named as this report names its plots (``patterns``, globs) that this
-    run did not write: an earlier run's plots into the same folder, which no record of this one
-    supports (its other capacities or traces), would otherwise stay beside the new ones. Nothing else
-    is touched. Returns what was removed."""
+    """Remove the plots an earlier run of this report wrote into ``folder`` that this run did not write
+    (its other capacities or traces, which no record of this one supports), then note this run's.
+    What a run writes is noted in ``folder/.marconi-plots``; only files named there, and named as this
+    report names its plots (``patterns``, globs), are removed, so a file someone else put in the folder
+    is never touched (a folder without the note loses nothing). Returns what was removed."""
+    from marconi.io import atomic_write
+
+    root = Path(folder)
+    note = root / PLOTS_NOTE
     keep = {Path(p).resolve() for p in written}
-    stale = sorted({p for pattern in patterns for p in Path(folder).glob(pattern)
-                    if p.is_file() and p.resolve() not in keep})
+    try:
+        ours = {line.strip() for line in note.read_text(encoding="utf-8").splitlines() if line.strip()}
+    except (FileNotFoundError, NotADirectoryError, UnicodeDecodeError):
+        ours = set()
+    stale = sorted({p for pattern in patterns for p in root.glob(pattern)
+                    if p.is_file() and p.name in ours and p.resolve() not in keep})
     for path in stale:
         path.unlink()
+    names = sorted(p.name for p in keep if p.parent == root.resolve())
+    with atomic_write(note, "w") as fh:
+        fh.write("".join(f"{name}\n" for name in names))
     return stale
+
+
+#: The file in a plots folder that names the plots a report wrote there (:func:`drop_stale_plots`).
+PLOTS_NOTE = ".marconi-plots"
 
 
 def plot_ttft_cdf(records: Sequence[dict[str, Any]], path: str | os.PathLike[str], *, clock: str, title: str) -> Path:
