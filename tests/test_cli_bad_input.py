@@ -210,3 +210,22 @@ def test_trace_stats_refuses_an_empty_trace_as_validate_does(tmp_path, capsys):
     code, err, out = run_cli(["trace", "stats", str(empty)], capsys)
     assert code == 2 and f"{empty}: no requests in the file" in err, err
     assert out == ""   # no table of zeros
+
+
+# ------------------------------------------------------------------ errors that name what is wrong (audit)
+def test_a_model_file_that_is_not_a_config_is_named_as_the_model(tmp_path, capsys):
+    """--model naming a JSONL trace said "<file>:2: invalid JSON", read as the trace being broken."""
+    trace = _trace(tmp_path)
+    code, err = _run(["simulate", "--trace", str(trace), "--model", str(trace), *FAST], capsys)
+    assert code == 2 and f"{trace} does not read as a Hugging Face config.json" in err, err
+
+
+def test_mrc_says_it_draws_one_models_curve(capsys):
+    code, err = _run(["mrc", "--trace", "swe-sample", "--model", "paper-7b,jamba-1.5-mini"], capsys)
+    assert code == 2 and "a miss-ratio curve is one model's; give one model" in err, err   # "unknown model" before
+
+
+def test_mrc_out_named_as_a_plot_is_told_what_to_rename(tmp_path, capsys):
+    out = tmp_path / "curve.png"
+    code, err = _run(["mrc", "--trace", "swe-sample", "--out", str(out)], capsys)
+    assert code == 2 and f"give the records a .jsonl name (e.g. {tmp_path / 'curve.jsonl'})" in err, err

@@ -428,6 +428,9 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 def _cmd_mrc(args: argparse.Namespace) -> int:
     """Miss-ratio curves: hit rate vs capacity per system, with oracle and infinite, JSONL + PNG."""
     importlib.import_module("tqdm")     # the bar's extra ([sim]): a missing one is said before the trace loads
+    if len(split_name_list(args.model)) > 1:
+        raise ConfigError(f"--model {args.model}: a miss-ratio curve is one model's; give one model "
+                          "(several: marconi mrc once per model, or marconi simulate --model A,B)")
 
     from marconi.io import check_output, output_group
     from marconi.report import fmt_pct as pct
@@ -439,8 +442,9 @@ def _cmd_mrc(args: argparse.Namespace) -> int:
     out = Path(args.out)
     png = Path(args.plot) if args.plot else out.with_suffix(".png")
     if os.path.realpath(out) == os.path.realpath(png):
-        raise ConfigError(f"--plot {png} is the --out file: give the plot another name "
-                          f"(e.g. {out.with_suffix('.png')})")
+        raise ConfigError(f"--plot {png} is the --out file: give the records a .jsonl name (e.g. "
+                          f"{out.with_suffix('.jsonl')}) and the plot its own" if out.suffix.lower() == ".png" else
+                          f"--plot {png} is the --out file: give the plot another name (e.g. {out.with_suffix('.png')})")
     inputs = read_files(traces=[args.trace], models=[args.model])
     check_output(out, inputs=inputs)  # before the sweep, not after
     check_output(png, inputs=inputs, option="--plot")     # a --plot given was checked by the guard, its .png too

@@ -266,8 +266,8 @@ def _load_config(config: Mapping[str, Any] | str | Path) -> tuple[dict[str, Any]
         raise SpecError(f"no config.json at {path}: pass a model directory or a config file")
     try:
         cfg = read_json(path)
-    except JsonError as exc:
-        raise SpecError(str(exc)) from None
+    except JsonError as exc:   # said as a model's config: the same file may be read as a trace elsewhere
+        raise SpecError(f"{path} does not read as a Hugging Face config.json (one JSON object): {exc}") from None
     if not isinstance(cfg, dict):
         raise SpecError(f"{path}: expected a JSON object (a Hugging Face config.json), got {described(cfg)}")
     return cfg, path

@@ -1,14 +1,14 @@
 """The ``marconi trace`` command group: build, validate and summarise traces.
 
-``register(subparsers)`` adds it to an argparse subparsers object; every leaf parser sets
-``func`` to a handler ``(args) -> int`` (the exit code). Only the handlers print.
-
     marconi trace build {sharegpt,lmsys,swe,mooncake,quality,synthetic,bundled} ... --out FILE
     marconi trace build bundled NAME --out FILE   # a catalog workload: swe-sample, sharegpt:scale=0.5, ...
     marconi trace list                 # the catalog: names, parameters, data and licences
     marconi trace validate FILE        # every problem, exit 1 if any (FILE: what --trace takes)
     marconi trace stats FILE [--json]  # sessions, requests, tokens, input-length percentiles (FILE: what --trace takes)
 """
+
+# register(subparsers) adds the group to an argparse subparsers object; every leaf parser sets ``func``
+# to a handler ``(args) -> int`` (the exit code). Only the handlers print.
 
 from __future__ import annotations
 
