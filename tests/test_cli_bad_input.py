@@ -229,3 +229,10 @@ def test_mrc_out_named_as_a_plot_is_told_what_to_rename(tmp_path, capsys):
     out = tmp_path / "curve.png"
     code, err = _run(["mrc", "--trace", "swe-sample", "--out", str(out)], capsys)
     assert code == 2 and f"give the records a .jsonl name (e.g. {tmp_path / 'curve.jsonl'})" in err, err
+
+
+@pytest.mark.parametrize("value", ["0.9", "1.5", ".5"])
+def test_a_capacity_with_a_decimal_point_and_no_unit_is_asked_for_its_unit(value, capsys):
+    """--capacity 0.9 was refused as "0 bytes" and 1.5 ran as a 1-byte cache: a unit was left off (audit)."""
+    code, err = _run(["simulate", "--trace", "swe-sample", "--capacity", value], capsys)
+    assert code == 2 and f"'{value}' has no unit" in err and f"({value}x)" in err, err
