@@ -325,8 +325,8 @@ def _check_records_out(path: str | Path, flag: str) -> None:
         return
     try:
         with open(p, encoding="utf-8") as fh:
-            first = next((line for line in fh if line.strip()), "")
-        ours = isinstance(json.loads(first), dict) and "system" in json.loads(first)
+            first = json.loads(next((line for line in fh if line.strip()), ""))
+        ours = isinstance(first, dict) and "system" in first
     except (OSError, UnicodeDecodeError, ValueError):
         ours = False
     if not ours:
