@@ -693,3 +693,28 @@ def test_a_reader_that_leaves_early_is_no_error():
     proc = subprocess.run(f"{sys.executable} -m marconi systems | head -1", shell=True, capture_output=True,
                           text=True, timeout=120)
     assert proc.stdout.strip() == "systems:" and "Broken pipe" not in proc.stderr and "Error" not in proc.stderr
+
+
+def test_records_to_dev_stdout_reach_a_pipe():
+    """--out /dev/stdout into a pipe resolved to /proc/<pid>/fd/pipe:[N], which names no file: the
+    records were lost after the run, with a raw [Errno 2] (audit)."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run(f"{sys.executable} -m marconi simulate --trace swe-sample --limit 5 --systems marconi "
+                          "--capacity 1GB --quiet --workers 1 --no-per-request --out /dev/stdout | cat", shell=True,
+                          capture_output=True, text=True, timeout=300)
+    records = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert [r["system"] for r in records] == ["marconi"], proc.stderr[-2000:]
+    assert "Errno" not in proc.stderr
+
+
+def test_engine_bench_never_replaces_a_file_that_is_not_its_records(tmp_path, capsys):
+    """engine bench --out replaced whatever file it named, notes included (audit); refused before the
+    model loads."""
+    notes = tmp_path / "notes.jsonl"
+    notes.write_text("my notes\n")
+    assert main(["engine", "bench", "--model", "bamba-tiny", "--out", str(notes)]) == 2
+    err = capsys.readouterr().err
+    assert f"--out {notes} exists and is not result records" in err and "'kind'" in err
+    assert notes.read_text() == "my notes\n"

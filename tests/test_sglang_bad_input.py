@@ -150,8 +150,9 @@ def test_the_bench_says_a_pool_too_small_in_one_line(tmp_path) -> None:
     trace.write_text("".join(json.dumps(r) + "\n" for r in rows))
     proc = subprocess.run([sys.executable, "-m", "marconi.cli", "sglang", "bench", "--sglang-python", python,
                            "--trace", str(trace), "--capacity", "1B", "--policies", "lru", "--out",
-                           str(tmp_path / "o.jsonl")], capture_output=True, text=True, timeout=300)
+                           str(tmp_path / "new" / "o.jsonl")], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2, proc.stderr[-2000:]
+    assert not (tmp_path / "new").exists()      # a failed run left an empty --out and its folder (audit)
     assert "Traceback" not in proc.stderr and "raise --capacity" in proc.stderr.strip().splitlines()[-1]
     assert "NOTE: --capacity 1B (1 bytes) is below the least pools SGLang can replay" in proc.stderr
 
@@ -176,3 +177,15 @@ def test_the_bench_takes_one_capacity_and_says_so_at_parse_time(capsys) -> None:
     with pytest.raises(SystemExit):
         main(["sglang", "bench", "--capacity", "0.05x,0.1x"])
     assert "one capacity, got 2 ('0.05x,0.1x')" in capsys.readouterr().err
+
+
+def test_the_bench_never_appends_to_a_file_that_is_not_its_records(tmp_path, capsys) -> None:
+    """``sglang bench --out`` appended a record to whatever file it named, a trace included (audit)."""
+    from marconi.cli import main
+
+    notes = tmp_path / "notes.jsonl"
+    notes.write_text('{"input_tokens": [1, 2], "output_tokens": [3]}\n')
+    assert main(["sglang", "bench", "--trace", "swe-sample", "--out", str(notes)]) == 2
+    err = capsys.readouterr().err
+    assert f"--out {notes} exists and is not result records" in err and "'policy'" in err
+    assert notes.read_text() == '{"input_tokens": [1, 2], "output_tokens": [3]}\n'

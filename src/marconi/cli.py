@@ -136,7 +136,7 @@ def _decorate(rec: dict[str, Any]) -> dict[str, Any]:
 def _cmd_simulate(args: argparse.Namespace) -> int:
     importlib.import_module("tqdm")     # the bar's extra ([sim]): a missing one is said before the trace loads
 
-    from marconi.io import check_output
+    from marconi.io import check_output, check_records_file
     from marconi.sim.latency import make_latency
     from marconi.sim.sweep import PointsFailed, expand_points, run_sweep, write_records
     from marconi.workloads.trace import session_warnings
@@ -157,7 +157,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
             inputs = read_files(traces=[args.trace], models=[args.model], files=[args.latency])
             check_output(args.out, inputs=inputs)
             check_output(_kept_at(args.out, failed=True), inputs=inputs, option=_partial_option("--out"))
-            _check_records_out(args.out, "--out")
+            check_records_file(args.out, "system")
         started = time.perf_counter()
         trace = load_trace(args.trace, args.limit)
         if len(trace) == 0:
@@ -313,27 +313,6 @@ def _earlier(kept: int) -> str:
     return f" (with {kept} point{'s' if kept != 1 else ''} of an earlier run kept there)" if kept else ""
 
 
-def _check_records_out(path: str | Path, flag: str) -> None:
-    """ConfigError where ``path`` (an ``--out`` written as result records) exists and does not read as
-    records: a run replaces its earlier records, never another file (a trace, say) by mistake."""
-    import json
-
-    from marconi.io import is_stream
-
-    p = Path(path)
-    if is_stream(p) or not p.is_file() or p.stat().st_size == 0:
-        return
-    try:
-        with open(p, encoding="utf-8") as fh:
-            first = json.loads(next((line for line in fh if line.strip()), ""))
-        ours = isinstance(first, dict) and "system" in first
-    except (OSError, UnicodeDecodeError, ValueError):
-        ours = False
-    if not ours:
-        raise ConfigError(f"{flag} {p} exists and is not result records (its first line is not a record with a "
-                          "'system'): this run would replace it; remove it or choose another path")
-
-
 def _partial_option(flag: str) -> str:
     """How a check names the file beside ``flag``'s that a run with failed points writes instead."""
     return f"{flag} (its .partial file, for a run with failed points)"
@@ -432,7 +411,7 @@ def _cmd_mrc(args: argparse.Namespace) -> int:
         raise ConfigError(f"--model {args.model}: a miss-ratio curve is one model's; give one model "
                           "(several: marconi mrc once per model, or marconi simulate --model A,B)")
 
-    from marconi.io import check_output, output_group
+    from marconi.io import check_output, check_records_file, output_group
     from marconi.report import fmt_pct as pct
     from marconi.report import format_table
     from marconi.sim.mrc import DEFAULT_LO, capacity_fractions, mrc_points, plot_mrc, run_mrc
@@ -450,7 +429,7 @@ def _cmd_mrc(args: argparse.Namespace) -> int:
     check_output(png, inputs=inputs, option="--plot")     # a --plot given was checked by the guard, its .png too
     check_output(_kept_at(out, failed=True), inputs=inputs, option=_partial_option("--out"))
     check_output(_kept_at(png, failed=True), inputs=inputs, option=_partial_option("--plot"))
-    _check_records_out(out, "--out")
+    check_records_file(out, "system")
     systems = split_name_list(args.systems)
     lo = DEFAULT_LO if args.lo is None else args.lo    # not given: raised where the working set is small
     fractions = capacity_fractions(args.points, lo)

@@ -21,7 +21,8 @@ from typing import IO, Any, Iterable, Iterator, Sequence
 from marconi.core.jsonfile import JsonError, check_readable, read_json
 from marconi.core.registry import ConfigError
 
-__all__ = ["atomic_write", "atomic_directory", "output_group", "check_replaceable", "refuse_foreign_files",
+__all__ = ["atomic_write", "atomic_directory", "output_group", "check_replaceable", "check_records_file",
+           "refuse_foreign_files",
            "FOLDER_MANIFEST", "write_text", "write_jsonl", "iter_lines", "iter_jsonl",
            "read_jsonl", "read_json", "decode_line", "loads", "check_output", "partial_path", "suffix_refusal",
            "is_stream", "JsonError", "open_binary",
@@ -87,8 +88,8 @@ def atomic_write(path: PathLike, mode: str = "w") -> Iterator[IO[Any]]:
         raise ValueError(f"atomic_write: mode must be 'w' or 'wb', got {mode!r}")
     encoding = None if mode == "wb" else "utf-8"
     target = Path(os.path.realpath(path))  # a symlink's target is replaced; the link itself stays
-    try:
-        st: os.stat_result | None = target.stat()
+    try:   # the path as given: /dev/stdout into a pipe resolves to "pipe:[N]", which names no file
+        st: os.stat_result | None = os.stat(path)
     except FileNotFoundError:
         st = None
     if st is not None:
@@ -97,7 +98,7 @@ def atomic_write(path: PathLike, mode: str = "w") -> Iterator[IO[Any]]:
             raise ConfigError(refusal)
         if _is_stream(st):
             try:
-                with open(target, mode, encoding=encoding) as fh:
+                with open(path, mode, encoding=encoding) as fh:
                     with _no_space_named(path):
                         yield fh
             except OSError as exc:  # flushing at close (/dev/full, a closed pipe)
@@ -208,6 +209,24 @@ def atomic_directory(path: PathLike, *, writer: str | None = None,
 
 #: The file in which a folder that :func:`atomic_directory` wrote for a ``writer`` lists its files.
 FOLDER_MANIFEST = ".marconi-folder.json"
+
+
+def check_records_file(path: PathLike, field: str, *, flag: str = "--out") -> None:
+    """Checked before a run that replaces (or appends to) the records file ``path``: nothing where it is
+    new, empty or a stream; ConfigError naming ``flag`` where its first line is not a JSON object
+    holding ``field`` (the records this kind of run writes), so that a run never destroys a file that
+    is not its own results (a trace, notes) by a mistyped ``--out``."""
+    p = Path(path)
+    try:
+        if is_stream(p) or not p.is_file() or p.stat().st_size == 0:
+            return
+        with open(p, encoding="utf-8") as fh:
+            first = json.loads(next((line for line in fh if line.strip()), "null"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        first = None
+    if not (isinstance(first, dict) and field in first):
+        raise ConfigError(f"{flag} {p} exists and is not result records (its first line is not a record with "
+                          f"{field!r}): this run would replace it; remove it or choose another path")
 
 
 def check_replaceable(path: PathLike, writer: str, *, flag: str = "--out", known: Iterable[str] = ()) -> str | None:

@@ -80,7 +80,7 @@ def parse_lengths(text: str) -> list[int]:
 
 def _cmd_bench(args: argparse.Namespace) -> int:
     from marconi.commandline import read_files
-    from marconi.io import check_output
+    from marconi.io import check_output, check_records_file
     from marconi.units import parse_bytes
 
     # Every option is checked, and the trace cut, before the model loads and minutes of replay begin.
@@ -91,6 +91,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         raise ConfigError(f"--capacity: {exc}") from None
     if args.out:
         check_output(args.out, inputs=read_files(traces=[args.trace], models=[args.model]))
+        check_records_file(args.out, "kind")             # its own earlier records only: never a trace or notes
 
     import torch
 

@@ -117,6 +117,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ConfigError, ValueError, PoolExhausted) as exc:   # a bad option, trace or a pool too small:
         print(f"error: {exc}", file=sys.stderr)                # one line, not a traceback
         return 2
+    except ModuleNotFoundError as exc:     # a Parquet trace: SGLang's environment has no pyarrow
+        print(f"error: --trace {args.trace}: reading it needs {exc.name}, which the SGLang environment lacks: "
+              f"give it as JSONL, or install {exc.name} into that environment (its pip install {exc.name})",
+              file=sys.stderr)
+        return 2
 
 
 def _bench(args: argparse.Namespace) -> int:

@@ -91,15 +91,19 @@ def _cmd_bench(args: Any) -> int:
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    from marconi.io import check_records_file
+
     try:
+        check_records_file(args.out, "policy")    # appended to: an earlier bench's records, never another file
         check_bench_inputs(args.sglang_python, args.trace, args.model, args.num_requests)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     policies = split_name_list(args.policies)
+    # the records come back on the child's stdout and are appended here, once every policy has run:
+    # a failed run writes nothing (no empty --out, no folder made for it)
     cmd = [str(args.sglang_python), "-W", "ignore", "-m", "marconi.lab.sglang_bench", "--trace", args.trace,
-           "--capacity", args.capacity, "--model", args.model, "--policies", args.policies, "--out", args.out]
+           "--capacity", args.capacity, "--model", args.model, "--policies", args.policies]
     if args.num_requests is not None:
         cmd += ["--num-requests", str(args.num_requests)]
     from marconi.pool import run_child
@@ -107,6 +111,9 @@ def _cmd_bench(args: Any) -> int:
     proc = run_child(cmd)                  # dies with this command (issue 31, bug 11's mechanism)
     if proc.returncode != 0:
         sys.stderr.write(proc.stderr[-4000:])
+        finished = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+        if finished:                       # each record is one policy's whole result: kept, not lost
+            _append_records(args.out, finished)
         if proc.returncode < 0:            # killed by a signal: it wrote nothing about it itself
             import signal
 
@@ -129,6 +136,7 @@ def _cmd_bench(args: Any) -> int:
               f"records ({said}); check --sglang-python, or rebuild the environment with `make sglang-env`",
               file=sys.stderr)
         return 1
+    _append_records(args.out, records)
     print(f"{'policy':<26} {'token hit rate':>14} {'sglang-unified':>14} {'requests':>9} {'kv tokens':>10} "
           f"{'mamba slots':>11}")
     for r in records:
@@ -137,3 +145,16 @@ def _cmd_bench(args: Any) -> int:
         print(f"{r['policy']:<26} {r['token_hit_rate']:>14.2%} {sim_text:>14} {r['num_requests']:>9} "
               f"{r['kv_tokens']:>10} {r['mamba_slots']:>11}")
     return 0
+
+
+def _append_records(out: str, records: list[dict[str, Any]]) -> None:
+    """``records`` appended to the JSONL file ``out`` as one atomic replacement (the earlier lines kept
+    as they were, the folder made if need be), or written through where ``out`` is a stream."""
+    from marconi.io import atomic_write, is_stream
+
+    earlier = "" if is_stream(out) or not Path(out).is_file() else Path(out).read_text(encoding="utf-8")
+    if earlier and not earlier.endswith("\n"):
+        earlier += "\n"
+    with atomic_write(out, "w") as fh:
+        fh.write(earlier + "".join(json.dumps(r, sort_keys=True) + "\n" for r in records))
+    print(f"appended {len(records)} record{'s' if len(records) != 1 else ''} to {out}", file=sys.stderr)
