@@ -718,3 +718,17 @@ def test_engine_bench_never_replaces_a_file_that_is_not_its_records(tmp_path, ca
     err = capsys.readouterr().err
     assert f"--out {notes} exists and is not result records" in err and "'kind'" in err
     assert notes.read_text() == "my notes\n"
+
+
+def test_engine_bench_names_a_token_past_the_models_vocabulary_before_it_replays(tmp_path, capsys):
+    """A token id past the vocabulary failed only when its request was served, after the others had run,
+    with the id alone (audit)."""
+    trace = tmp_path / "t.jsonl"
+    rows = [{"session_id": 0, "turn_id": 0, "ts": 0.0, "input_tokens": [1, 2, 3, 4], "output_tokens": [5, 6]},
+            {"session_id": 0, "turn_id": 1, "ts": 1.0, "input_tokens": [1, 2, 3, 4, 5, 6, 40000],
+             "output_tokens": [7]}]
+    trace.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert main(["engine", "bench", "--model", "bamba-tiny", "--trace", str(trace), "--lengths", ""]) == 2
+    out, err = capsys.readouterr()
+    assert "request 2 (session 0, turn 1) holds token id 40000, past bamba-tiny's vocabulary" in err, err
+    assert "TTFT on the" not in out          # refused before any request was replayed

@@ -21,7 +21,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, replace
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -97,8 +97,10 @@ class TTFTRecord:
 
 def replay_ttft(model: HybridModel, requests: Sequence[Request], *, capacity_bytes: float,
                 admission: str = "marconi", eviction: str = "lru", checkpointing: str = "segmented",
-                clock: str = "cpu", repeats: int = 1, warmup: bool = True) -> list[TTFTRecord]:
-    """Replay ``requests`` with and without the cache; one record each.
+                clock: str = "cpu", repeats: int = 1, warmup: bool = True,
+                on_request: Callable[[TTFTRecord], None] | None = None) -> list[TTFTRecord]:
+    """Replay ``requests`` with and without the cache; one record each (``on_request`` is told each
+    as it is measured: a progress bar).
 
     Outputs are teacher-forced and appended with one forward (``Engine.replay_appended``): TTFT is
     what is measured, not decoding. ``clock``: ``cpu`` (thread CPU time — on a shared machine the
@@ -136,6 +138,8 @@ def replay_ttft(model: HybridModel, requests: Sequence[Request], *, capacity_byt
                                   ttft(with_cache) / ideal if ideal > 0 else float("inf"),
                                   with_cache.restore_s, with_cache.capture_s, with_cache.save_s,
                                   with_cache.num_prefill_calls))
+        if on_request is not None:
+            on_request(records[-1])
     return records
 
 

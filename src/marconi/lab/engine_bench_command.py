@@ -93,6 +93,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         check_output(args.out, inputs=read_files(traces=[args.trace], models=[args.model]))
         check_records_file(args.out, "kind")             # its own earlier records only: never a trace or notes
 
+    import numpy as np
     import torch
 
     from marconi.engine.models import describe, is_model_source, load_model, unknown_model
@@ -117,8 +118,19 @@ def _cmd_bench(args: argparse.Namespace) -> int:
           f"checkpoint {model.spec.ssm_checkpoint_bytes} B; torch threads {torch.get_num_threads()}")
     print(f"trace {args.trace}: {len(requests)} requests with inputs <= {args.max_input} tokens\n")
 
-    records = bench.replay_ttft(model, requests, capacity_bytes=capacity_bytes, eviction=args.eviction,
-                                clock=args.clock, repeats=args.repeats)
+    vocab = model.vocab_size            # an id past the model's embedding would fail mid-replay
+    for i, req in enumerate(requests):
+        top = max((int(np.max(ids)) for ids in (req.input_tokens, req.output_tokens) if len(ids)), default=-1)
+        if top >= vocab:
+            raise ConfigError(f"--trace {args.trace}: request {i + 1} (session {req.session_id}, turn {req.turn_id}) "
+                              f"holds token id {top}, past {model.name}'s vocabulary of {vocab} ids: give a "
+                              "trace tokenized for this model, or another --model")
+    from tqdm import tqdm
+
+    with tqdm(total=len(requests), desc="TTFT with and without the cache", unit="req", file=sys.stderr,
+              disable=None) as bar:       # None: drawn on a terminal only
+        records = bench.replay_ttft(model, requests, capacity_bytes=capacity_bytes, eviction=args.eviction,
+                                    clock=args.clock, repeats=args.repeats, on_request=lambda _: bar.update())
     print(f"TTFT on the {args.clock} clock; restore / capture / save columns are wall-clock")
     print("  sess turn  input    hit      h  TTFT cached  TTFT full   ideal(ms)  measured/ideal  restore  capture"
           "   save(ms)")
