@@ -732,3 +732,17 @@ def test_engine_bench_names_a_token_past_the_models_vocabulary_before_it_replays
     out, err = capsys.readouterr()
     assert "request 2 (session 0, turn 1) holds token id 40000, past bamba-tiny's vocabulary" in err, err
     assert "TTFT on the" not in out          # refused before any request was replayed
+
+
+def test_out_dash_is_standard_output(tmp_path, monkeypatch):
+    """--out - wrote a file named "-" in the current directory (audit)."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "marconi", "simulate", "--trace", "swe-sample", "--limit", "5",
+                           "--systems", "marconi", "--capacity", "1GB", "--quiet", "--workers", "1",
+                           "--no-per-request", "--out", "-"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert [json.loads(line)["system"] for line in proc.stdout.splitlines() if line.startswith("{")] == ["marconi"]
+    assert not (tmp_path / "-").exists()

@@ -157,16 +157,25 @@ _BESIDE_ATTR = "marconi_beside"
 _SUFFIXES_ATTR = "marconi_suffixes"
 
 
+def _dash_is_stdout(value: str) -> str:
+    """An output file named ``-`` is standard output, as for most command-line tools (it was written as a
+    file named ``-`` in the current directory)."""
+    return "/dev/stdout" if value == "-" else value
+
+
 def add_output(parser: argparse.ArgumentParser, *flags: str, kind: str = "file",
                beside: tuple[str, str] | None = None, suffixes: tuple[str, ...] = (), **kwargs: Any) -> argparse.Action:
     """``parser.add_argument`` for a written path, marked for the guard. ``kind``: ``file``, ``dir``
-    (replaced whole) or ``workdir`` (scratch); an empty value means "skip". ``beside=(dest, suffix)``:
+    (replaced whole) or ``workdir`` (scratch); an empty value means "skip"; a file named ``-`` is
+    standard output. ``beside=(dest, suffix)``:
     when the option is not given, :func:`fill_beside` names it after the output ``dest`` with
     ``suffix`` (``--plot`` beside ``--out R.jsonl`` is ``R.png``), so a run's files stay together."""
     if kind not in OUTPUT_KINDS:
         raise ValueError(f"add_output: kind must be one of {OUTPUT_KINDS}, got {kind!r}")
     if beside is not None:
         kwargs.setdefault("default", None)
+    if kind == "file":
+        kwargs.setdefault("type", _dash_is_stdout)
     action = parser.add_argument(*flags, **kwargs)
     setattr(action, _OUTPUT_ATTR, kind)
     setattr(action, _SUFFIXES_ATTR, tuple(suffixes))
