@@ -167,9 +167,9 @@ def add_output(parser: argparse.ArgumentParser, *flags: str, kind: str = "file",
                beside: tuple[str, str] | None = None, suffixes: tuple[str, ...] = (), **kwargs: Any) -> argparse.Action:
     """``parser.add_argument`` for a written path, marked for the guard. ``kind``: ``file``, ``dir``
     (replaced whole) or ``workdir`` (scratch); an empty value means "skip"; a file named ``-`` is
-    standard output. ``beside=(dest, suffix)``:
-    when the option is not given, :func:`fill_beside` names it after the output ``dest`` with
-    ``suffix`` (``--plot`` beside ``--out R.jsonl`` is ``R.png``), so a run's files stay together."""
+    standard output. ``beside=(dest, suffix)``: when the option is not given, :func:`fill_beside`
+    names it after the output ``dest`` with ``suffix`` (``--plot`` beside ``--out R.jsonl`` is
+    ``R.png``), so a run's files stay together."""
     if kind not in OUTPUT_KINDS:
         raise ValueError(f"add_output: kind must be one of {OUTPUT_KINDS}, got {kind!r}")
     if beside is not None:
