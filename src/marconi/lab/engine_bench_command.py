@@ -93,10 +93,9 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         check_output(args.out, inputs=read_files(traces=[args.trace], models=[args.model]))
         check_records_file(args.out, "kind")             # its own earlier records only: never a trace or notes
 
-    import numpy as np
     import torch
 
-    from marconi.engine.models import describe, is_model_source, load_model, unknown_model
+    from marconi.engine.models import TokenRangeError, describe, is_model_source, load_model, unknown_model
     from marconi.lab import engine_bench as bench
 
     if not is_model_source(args.model):            # load_model's two sources, before the trace
@@ -118,13 +117,14 @@ def _cmd_bench(args: argparse.Namespace) -> int:
           f"checkpoint {model.spec.ssm_checkpoint_bytes} B; torch threads {torch.get_num_threads()}")
     print(f"trace {args.trace}: {len(requests)} requests with inputs <= {args.max_input} tokens\n")
 
-    vocab = model.vocab_size            # an id past the model's embedding would fail mid-replay
-    for i, req in enumerate(requests):
-        top = max((int(np.max(ids)) for ids in (req.input_tokens, req.output_tokens) if len(ids)), default=-1)
-        if top >= vocab:
-            raise ConfigError(f"--trace {args.trace}: request {i + 1} (session {req.session_id}, turn {req.turn_id}) "
-                              f"holds token id {top}, past {model.name}'s vocabulary of {vocab} ids: give a "
-                              "trace tokenized for this model, or another --model")
+    for i, req in enumerate(requests):   # the model's own check, before the replay: it failed mid-replay
+        try:
+            for ids in (req.input_tokens, req.output_tokens):
+                if len(ids):
+                    model.check_tokens(ids)
+        except TokenRangeError as exc:
+            raise ConfigError(f"--trace {args.trace}: request {i + 1} (session {req.session_id}, turn {req.turn_id}): "
+                              f"{exc}") from None     # the model's words say what to do
     from tqdm import tqdm
 
     with tqdm(total=len(requests), desc="TTFT with and without the cache", unit="req", file=sys.stderr,
