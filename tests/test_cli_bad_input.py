@@ -236,3 +236,16 @@ def test_a_capacity_with_a_decimal_point_and_no_unit_is_asked_for_its_unit(value
     """--capacity 0.9 was refused as "0 bytes" and 1.5 ran as a 1-byte cache: a unit was left off (audit)."""
     code, err = _run(["simulate", "--trace", "swe-sample", "--capacity", value], capsys)
     assert code == 2 and f"'{value}' has no unit" in err and f"({value}x)" in err, err
+
+
+def test_a_size_with_a_decimal_point_and_no_unit_is_asked_for_its_unit_everywhere(capsys):
+    """The check lives in the size parser, so a command that reads a size alone asks too: engine bench
+    --capacity 0.5 ran a 0-byte cache (audit)."""
+    from marconi.units import parse_bytes
+
+    with pytest.raises(ConfigError, match=r"'1.5' has no unit, and a size in bytes is a whole number: give a size "
+                                          r"such as 1.5GB"):
+        parse_bytes("1.5")
+    assert parse_bytes("1.5KB") == 1500 and parse_bytes("1e9") == 10**9
+    code, err = _run(["engine", "bench", "--model", "bamba-tiny", "--capacity", "0.5"], capsys)
+    assert code == 2 and "--capacity: '0.5' has no unit" in err, err

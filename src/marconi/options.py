@@ -5,7 +5,6 @@ written path for ``marconi.cli``'s guard (``tests/test_cli_guards.py`` enforces 
 from __future__ import annotations
 
 import argparse
-import re
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -126,9 +125,6 @@ class CapacityList:
                                              f"set (0.05x), got {text!r}")
         seen: dict[tuple[Any, Any], str] = {}
         for item in items:
-            if _BARE_FRACTION.fullmatch(item):     # 0.9 read as bytes is 0; 1.5 is 1 byte: a unit was meant
-                raise argparse.ArgumentTypeError(f"{item!r} has no unit, and a size in bytes is a whole number: give "
-                                                 f"a fraction of the working set ({item}x) or a size ({item}GB)")
             try:
                 capacity = parse_capacity(item)
             except ConfigError as exc:
@@ -143,9 +139,6 @@ class CapacityList:
             seen[key] = item
         return str(text)
 
-
-#: A capacity with a decimal point and no unit (``0.9``, ``1.5``): a fraction or a size whose unit was left off.
-_BARE_FRACTION = re.compile(r"[0-9]*\.[0-9]+|[0-9]+\.")
 
 OUTPUT_KINDS = ("file", "dir", "workdir")
 #: The ``suffixes`` of a plot output: plots are written as PNG whatever their name says

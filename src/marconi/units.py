@@ -22,11 +22,20 @@ MAX_CAPACITY_BYTES = 10**18        # 1 EB
 MAX_CAPACITY_FRACTION = 1000.0     # of the working set
 
 
+#: A size written with a decimal point and no unit (``0.9``, ``1.5``): as bytes it would be cut to a whole
+#: number (0, 1), so a unit (or, for a capacity, an ``x``) was left off.
+_BARE_DECIMAL = re.compile(r"\s*(?:[0-9]*\.[0-9]+|[0-9]+\.)\s*")
+
+
 def parse_bytes(text: str | int | float) -> int:
     """``"5GB"`` -> 5_000_000_000 (decimal units; ``GiB`` binary); finite, >= 0, at most
-    :data:`MAX_CAPACITY_BYTES` (1 EB); ConfigError otherwise."""
+    :data:`MAX_CAPACITY_BYTES` (1 EB); ConfigError otherwise, and for text with a decimal point and no
+    unit (``"0.9"``: 0 bytes once cut)."""
     if isinstance(text, (int, float)) and not isinstance(text, bool):
         value = float(text)
+    elif _BARE_DECIMAL.fullmatch(str(text)):
+        t = str(text).strip()
+        raise ConfigError(f"{t!r} has no unit, and a size in bytes is a whole number: give a size such as {t}GB")
     else:
         m = re.fullmatch(rf"\s*({_NUMBER})\s*([A-Za-z]*)\s*", str(text))
         if not m or m.group(2).lower() not in _UNITS:
@@ -81,6 +90,9 @@ def parse_capacity(text: str) -> Capacity:
             raise ConfigError(f"capacity fraction {text!r} is above {MAX_CAPACITY_FRACTION:g}x the working set; "
                               "anything above 1x already holds everything")
         return Capacity(t, None, frac)
+    if _BARE_DECIMAL.fullmatch(t):      # a fraction or a size whose unit was left off, not 0 or 1 byte
+        raise ConfigError(f"{t!r} has no unit, and a size in bytes is a whole number: give a fraction of the "
+                          f"working set ({t}x) or a size ({t}GB)")
     return Capacity(t, parse_bytes(t), None)
 
 
