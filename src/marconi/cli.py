@@ -282,12 +282,11 @@ def _point_key(record: dict[str, Any]) -> tuple[str, ...]:
 
 def _partial_records(path: Path) -> list[dict[str, Any]] | None:
     """The records in an earlier run's ``.partial`` file, or None where it does not read as records."""
-    import json
+    from marconi.io import read_jsonl
 
     try:
-        with open(path, encoding="utf-8") as fh:
-            rows = [json.loads(line) for line in fh if line.strip()]
-    except (OSError, UnicodeDecodeError, ValueError):
+        rows = read_jsonl(path)
+    except (OSError, ValueError):        # JsonError (a ValueError) names a bad line or a file not UTF-8
         return None
     return rows if all(isinstance(r, dict) and "system" in r for r in rows) else None
 

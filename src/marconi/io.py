@@ -220,9 +220,8 @@ def check_records_file(path: PathLike, field: str, *, flag: str = "--out") -> No
     try:
         if is_stream(p) or not p.is_file() or p.stat().st_size == 0:
             return
-        with open(p, encoding="utf-8") as fh:
-            first = json.loads(next((line for line in fh if line.strip()), "null"))
-    except (OSError, UnicodeDecodeError, ValueError):
+        first = next((value for _, value in iter_jsonl(p)), None)
+    except (OSError, ValueError):        # JsonError (a ValueError): a first line that is not JSON, or not UTF-8
         first = None
     if not (isinstance(first, dict) and field in first):
         raise ConfigError(f"{flag} {p} exists and is not result records (its first line is not a record with "
