@@ -189,3 +189,20 @@ def test_the_bench_never_appends_to_a_file_that_is_not_its_records(tmp_path, cap
     err = capsys.readouterr().err
     assert f"--out {notes} exists and is not result records" in err and "'policy'" in err
     assert notes.read_text() == '{"input_tokens": [1, 2], "output_tokens": [3]}\n'
+
+
+def test_the_bench_refuses_a_policy_parameter_given_twice() -> None:
+    """``--policies marconi:alpha=1,alpha=2`` is refused, as the system string refuses a key twice
+    (it ran alpha=2, the last word, silently)."""
+    with pytest.raises(ConfigError, match=r"policy 'marconi:alpha=1,alpha=2': alpha given twice"):
+        parse_policy("marconi:alpha=1,alpha=2", "paper-7b")
+
+
+@pytest.mark.parametrize("words", ["alpha=1,efficiency=marginal", "alpha=adaptive,selector=regret,rules=lru/a2m",
+                                   "alpha=0"])
+def test_the_bench_and_the_system_string_read_the_same_words_alike(words) -> None:
+    """The bench's ``marconi:k=v,…`` and ``sglang-unified:eviction=marconi(k=v;…)`` are one reading
+    (``config_from_words``): the same words give the same plugin config."""
+    _, bench = parse_policy(f"marconi:{words}", "paper-7b")
+    system = make_system(f"sglang-unified:eviction=marconi({words.replace(',', ';')})")
+    assert {k: v for k, v in bench.items() if k != "model"} == dict(system.policy_config)

@@ -23,30 +23,20 @@ def parse_policy(text: str, model: str) -> tuple[str, dict[str, Any] | None]:
     """``lru`` | ``marconi`` (the plugin's default: adaptive, exact worlds) | ``marconi:alpha=X`` (X a
     number or adaptive) with ``efficiency=``, ``selector=`` (worlds, regret), ``rules=`` (a family,
     e.g. a2m/a0.5m/lru) -> SGLang's policy and config (checked by the plugin's own parser)."""
-    from marconi.integrations.sglang.policy import parse_config
+    from marconi.integrations.sglang.policy import config_from_words
 
     name, _, params = text.strip().partition(":")
     if name == "lru" and not params:
         return "lru", None
     if name != "marconi":
         raise ConfigError(f"unknown policy {text!r}: use lru, marconi or marconi:alpha=X (X a number or adaptive)")
-    config: dict[str, Any] = {"model": model}
+    words: dict[str, str] = {}
     for item in filter(None, params.split(",")):
         key, _, value = item.partition("=")
-        if key == "alpha":       # a number as the JSON config holds it; anything else the parser judges
-            try:
-                config["alpha"] = float(value)
-            except ValueError:
-                config["alpha"] = value
-        elif key in ("efficiency", "selector", "rules"):
-            config[key] = value
-        else:
-            raise ConfigError(f"policy {text!r}: unknown parameter {key!r} (alpha, efficiency, selector, rules)")
-    try:
-        parse_config(config)
-    except ConfigError as exc:
-        raise ConfigError(f"policy {text!r}: {exc}") from None
-    return "marconi", config
+        if key in words:
+            raise ConfigError(f"policy {text!r}: {key} given twice")
+        words[key] = value
+    return "marconi", config_from_words(words, f"policy {text!r}", model)
 
 
 def run_policy(trace: Sequence[Any], policy: str, kv_tokens: int, mamba_slots: int, model: str,

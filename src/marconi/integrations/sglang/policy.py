@@ -28,7 +28,8 @@ from marconi.core.registry import ConfigError, brief_repr
 from marconi.integrations.common.alpha import AlphaSource, FixedAlpha, FixedRule, RequestObservation
 
 __all__ = ["DEFAULT_ALPHA", "DEFAULT_CONFIG_ALPHA", "DEFAULT_SELECTOR", "EFFICIENCIES", "SELECTORS", "WORLDS_RULES",
-           "MarconiStrategy", "parse_config", "radix_rule", "strategy_serves", "world_rule"]
+           "MarconiStrategy", "WORDS", "config_from_words", "parse_config", "radix_rule", "strategy_serves",
+           "world_rule"]
 
 #: The fixed α the plugin applied by default before issue 31 (``{"alpha": 0.5}`` still asks for it),
 #: and :class:`MarconiStrategy`'s when built with a number.
@@ -47,6 +48,8 @@ WORLDS_RULES = "a2m/a0.5m/lru"
 #: What the strategy calls itself in a refused rule's message.
 RADIX_CACHE = "SGLang's radix cache"
 _KEYS = {"alpha", "efficiency", "model", "rules", "chooser", "selector"}   # selector: chooser's alias
+#: The config keys a command line gives as ``key=value`` words (``model`` comes from its own flag).
+WORDS = ("alpha", "efficiency", "selector", "rules")
 
 
 def strategy_serves(rule: Rule) -> bool:
@@ -119,6 +122,30 @@ def parse_config(config: Mapping[str, Any] | str | None) -> dict[str, Any]:
         rules = WORLDS_RULES
     _check_rules(rules, selector)
     return {"alpha": alpha, "efficiency": efficiency, "model": model, "rules": rules, "selector": selector}
+
+
+def config_from_words(words: Mapping[str, str], where: str, model: Any = None) -> dict[str, Any]:
+    """A command line's ``key=value`` words (keys in :data:`WORDS`; ``alpha`` a number or ``adaptive``)
+    as the plugin's config, checked by :func:`parse_config` and returned as given (``model`` added
+    when not None), for ``--radix-eviction-policy-config``. ConfigError prefixed by ``where`` (the
+    option or system the words came from) for an unknown key or a config the parser refuses (an
+    ``alpha`` that is neither a number nor ``adaptive`` among them, in the parser's words)."""
+    config: dict[str, Any] = {} if model is None else {"model": model}
+    for key, value in words.items():
+        if key not in WORDS:
+            raise ConfigError(f"{where}: unknown parameter {key!r} ({', '.join(WORDS)})")
+        if key == "alpha":           # a number as a JSON config holds it; any other word the parser judges
+            try:
+                config[key] = float(value)
+            except ValueError:
+                config[key] = value
+        else:
+            config[key] = value
+    try:
+        parse_config(config)
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+    return config
 
 
 def _config_mapping(config: Mapping[str, Any] | str | None) -> Mapping[str, Any]:

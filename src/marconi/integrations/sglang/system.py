@@ -27,7 +27,7 @@ from marconi.core.protocol import ReplayCache
 from marconi.core.registry import ConfigError, Domain
 from marconi.core.stats import CacheStats
 from marconi.integrations.sglang.emulate import BUFFERS, PoolExhausted, UnifiedRadixEmulator, emulator_for
-from marconi.integrations.sglang.policy import EFFICIENCIES, parse_config
+from marconi.integrations.sglang.policy import EFFICIENCIES, config_from_words, parse_config
 from marconi.integrations.sglang.replay import MAMBA_FULL_MEMORY_RATIO, pool_sizes
 from marconi.sim.systems import SYSTEMS
 
@@ -223,21 +223,7 @@ def _eviction(text: str, alpha: str, efficiency: str, rules: str, selector: str 
     if both:
         raise ConfigError(f"sglang-unified: {', '.join(sorted(both))} given twice (in eviction=… and on its own)")
     params.update(separate)
-    config: dict[str, Any] = {}
-    for key, value in params.items():
-        if key == "alpha":
-            try:
-                config["alpha"] = value if value == "adaptive" else float(value)
-            except ValueError:
-                raise ConfigError(f"sglang-unified: alpha must be a number >= 0 or adaptive, got {value!r}") from None
-        elif key in ("efficiency", "rules", "selector"):
-            config[key] = value
-        else:
-            raise ConfigError(f"sglang-unified: unknown eviction parameter {key!r} (alpha, efficiency, selector, rules)")
-    try:
-        parse_config(config)
-    except ConfigError as exc:
-        raise ConfigError(f"sglang-unified: {exc}") from None
+    config = config_from_words(params, "sglang-unified")
     return "marconi", config
 
 
