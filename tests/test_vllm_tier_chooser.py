@@ -296,14 +296,14 @@ def test_the_live_arc_order_is_arc_tree_in_the_closed_loop() -> None:
 
 def test_arc_must_lead_every_tree_world() -> None:
     """A switch to ARC needs its lead over every tree world, not only over the live one: ARC far
-    ahead of the live lru world but within the margin of a0.5m's stays on lru; far ahead of all, it
-    switches."""
+    ahead of the live lru world but within the margin of a0.5m's hands the switch to a0.5m (the best
+    tree world, which leads lru by the margins); far ahead of all, it switches to ARC."""
     settings = TierSettings.from_extra_config({}, group_kinds=KINDS, spec=SPEC, tokens_per_chunk=TPC)
     chooser = TierRuleChooser(12, settings, arc_world=True)
     lead = 10 * chooser.min_lead
     end = TierEvent("on_request_finished", (), ReqContext(0))
     chooser.score = [0.0, lead, 0.0, lead * 1.01]            # lru, a0.5m, a2m, arc
-    assert chooser.observe(end) is None and chooser.label == "lru"
+    assert chooser.observe(end) == "a0.5m" and chooser.label == "a0.5m"
     chooser.score = [0.0, lead, 0.0, 3 * lead]
     assert chooser.observe(end) == ARC_WORLD and chooser.rule is None and chooser.switches[-1][1] == ARC_WORLD
     chooser.score = [0.0, 5 * lead, 0.0, 3 * lead]              # a tree world leads ARC: back to the tree

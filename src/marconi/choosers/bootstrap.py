@@ -8,6 +8,8 @@ the snapshot (size-only), and the best α is adopted. Deterministic whatever the
 from __future__ import annotations
 
 import copy
+import math
+import numbers
 import os
 import time
 from dataclasses import dataclass
@@ -46,7 +48,9 @@ class WindowResult:
 
 @dataclass(slots=True)
 class TuningJob:
-    """Everything a replay needs; picklable (sent to worker processes or Ray tasks)."""
+    """Everything a replay needs; picklable (sent to worker processes or Ray tasks). ``efficiency``,
+    ``recency``, ``candidates``, ``touch`` and ``tails``: the live rule's (:class:`FlopAware`'s
+    arguments), which every α's replay keeps."""
 
     snapshot: TreeSnapshot
     window: list[Request]
@@ -55,6 +59,9 @@ class TuningJob:
     admission: Any
     efficiency: str
     recency: str
+    candidates: str = "single-child"
+    touch: str = "hit"
+    tails: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,9 +80,11 @@ class TuningEvent:
 
 
 def replay_window(job: TuningJob, alpha: float) -> WindowResult:
-    """Replay the job's window from its snapshot with a fixed α."""
+    """Replay the job's window from its snapshot with a fixed α, under the job's rule otherwise
+    (efficiency, recency, candidates, touch, tails). A rule with tails tracks dead tails from the
+    snapshot on (a snapshot holds the tree, not what the live cache had learnt of its tails)."""
     clock = ManualClock()
-    policy = FlopAware(alpha=alpha, efficiency=job.efficiency, recency=job.recency)
+    policy = FlopAware(alpha, job.efficiency, job.recency, job.candidates, job.touch, job.tails)
     cache = PrefixCache.from_snapshot(job.snapshot, job.spec, job.capacity_bytes, copy.deepcopy(job.admission), policy,
                                 clock=clock)
     for req in job.window:
@@ -126,24 +135,39 @@ def best_alpha(results: Sequence[WindowResult], objective: str, tolerance: float
     return next(r.alpha for r in ranked if value(r) >= threshold)
 
 
+def _is_whole(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
 class BootstrapTuner:
     """A rule chooser: the α of a cache's FLOP-aware rule, by bootstrap replay.
 
     Args:
-        policy: the cache's :class:`FlopAware` policy (the tuned rule differs in α only).
-        multiplier: window = multiplier × requests seen before the first eviction (paper: 5–15).
-        grid, objective, tolerance: as :func:`best_alpha`; ConfigError if out of range.
-        workers: processes for the grid search (None: one per core, 1: in-process); ``mapper``
-            (e.g. Ray's map) replaces the pool.
-        retune_every: if > 0, every that many completed requests after a tuning, a token hit-rate
-            drop larger than ``drift`` starts a new cycle.
+        policy: the cache's :class:`FlopAware` policy (the tuned rule differs in α only: every α is
+            replayed under its efficiency, recency, candidates, touch and tails).
+        multiplier: window = multiplier × requests seen before the first eviction (paper: 5–15); a
+            finite number > 0.
+        grid, objective, tolerance: as :func:`best_alpha`.
+        workers: processes for the grid search (None: one per core, 1: in-process; else a whole
+            number >= 1); ``mapper`` (e.g. Ray's map) replaces the pool.
+        retune_every: a whole number >= 0; if > 0, every that many completed requests after a tuning,
+            a token hit-rate drop larger than ``drift`` (a finite number >= 0) starts a new cycle.
+
+    ConfigError: a parameter out of range.
     """
 
     def __init__(self, policy: FlopAware, *, multiplier: float = 5, grid: Sequence[float] = DEFAULT_ALPHA_GRID,
                  objective: str = "hit-rate", workers: int | None = None, retune_every: int = 0,
                  drift: float = 0.05, tolerance: float = 0.0, mapper: Callable[..., list[Any]] | None = None) -> None:
-        if multiplier <= 0:
-            raise ConfigError(f"bootstrap multiplier must be > 0, got {multiplier}")
+        if not (math.isfinite(multiplier) and multiplier > 0):
+            raise ConfigError(f"bootstrap multiplier must be > 0 and finite, got {multiplier}")
+        if not (math.isfinite(drift) and drift >= 0):
+            raise ConfigError(f"bootstrap drift must be a finite number >= 0 (a token hit-rate drop), got {drift}")
+        if not (_is_whole(retune_every) and retune_every >= 0):
+            raise ConfigError(f"bootstrap retune_every must be a whole number >= 0 (0: never), got {retune_every!r}")
+        if workers is not None and not (_is_whole(workers) and workers >= 1):
+            raise ConfigError(f"bootstrap workers must be None (one per core) or a whole number >= 1, "
+                              f"got {workers!r}")
         if objective not in OBJECTIVES:
             raise ConfigError(f"tuning objective must be one of {OBJECTIVES}, got {objective!r}")
         if not grid:
@@ -225,8 +249,9 @@ class BootstrapTuner:
         # Replayed in arrival order: the window fills in finish order, which overlapping requests
         # (an event-driven replay, a live engine) change; its clock may not run backwards.
         window = sorted(self._window, key=lambda r: (r.ts, r.session_id))
+        policy = self.policy
         job = TuningJob(self._snapshot, window, cache.spec, cache.capacity_bytes, cache.admission,
-                        self.policy.efficiency_variant, self.policy.recency)
+                        policy.efficiency_variant, policy.recency, policy.candidates, policy.touch, policy.trims_tails)
         started = time.perf_counter()
         results = evaluate_alphas(job, self.grid, self.workers, self.mapper)
         alpha = best_alpha(results, self.objective, self.tolerance)

@@ -6,6 +6,7 @@ exact worlds, but biased against the live rule (``docs/adaptive.md``). Determini
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Sequence
@@ -66,7 +67,9 @@ class RegretEviction(EvictionBase):
 
     Args: ``rules``, ``decay``, ``hysteresis``, ``objective`` as
     :class:`~marconi.choosers.worlds.WorldsChooser`'s (charges for scores; the first rule starts live);
-    ``confidence`` > 0: leave the first rule only on a lead of that many standard errors (opt-in)."""
+    ``reach_weight`` (finite, >= 0): the weight of a charge for tokens whose KVs, not a checkpoint, a
+    request reached (a branch point found there); ``confidence`` > 0: leave the first rule only on a
+    lead of that many standard errors (opt-in)."""
 
     name = "regret"
     evicts_inner_nodes = True
@@ -76,8 +79,10 @@ class RegretEviction(EvictionBase):
                  confidence: float = 0.0) -> None:
         if not 0 < decay <= 1:
             raise ConfigError(f"adaptive decay must be in (0, 1], got {decay}")
-        if hysteresis < 0:
+        if not hysteresis >= 0:
             raise ConfigError(f"adaptive hysteresis must be >= 0, got {hysteresis}")
+        if not (math.isfinite(reach_weight) and reach_weight >= 0):
+            raise ConfigError(f"adaptive reach_weight must be a finite number >= 0, got {reach_weight}")
         if not confidence >= 0:
             raise ConfigError(f"adaptive confidence must be >= 0 (standard errors; 0: off), got {confidence}")
         if objective not in ("hit-rate", "flops"):
@@ -102,6 +107,7 @@ class RegretEviction(EvictionBase):
         self.noise = LeadNoise(len(self.rules), decay)   # the regret gaps' noise (used with ``confidence``)
         self.switches: list[RuleSwitch] = []
         self.cache: PrefixCache | None = None
+        self.last_request = -1           # the last request begun (a caller's switch is filed after it)
         self._wanted: dict[int, set[int]] = {}                     # node id -> rules that wanted it gone
         self._ghosts: defaultdict[int, list[_Ghost]] = defaultdict(list)  # node id -> ghosts next to it
         self._burst_key: tuple[int, int, int] | None = None
@@ -123,10 +129,15 @@ class RegretEviction(EvictionBase):
         return self.rules[self.current]
 
     def set_rule(self, rule: Rule) -> None:
-        """Make ``rule`` live; ConfigError if it is not of the family."""
+        """Make ``rule`` live; ConfigError if it is not of the family. Once bound, a caller's switch is
+        recorded in ``rule_switches`` (at the last request begun; -1 before any), as the chooser's own
+        are; before, ``rule`` is the one the cache starts on (no switch recorded)."""
         if rule not in self.rules:
             raise ConfigError(f"rule {rule.label()!r} is not of the family {'/'.join(r.label() for r in self.rules)}")
-        self.current = self.rules.index(rule)
+        k = self.rules.index(rule)
+        if k != self.current and self.cache is not None:
+            self.switches.append(RuleSwitch(self.last_request, k))
+        self.current = k
 
     @property
     def spec(self) -> "ModelSpec":
@@ -219,6 +230,7 @@ class RegretEviction(EvictionBase):
             return None
         handle = event.handle
         assert handle is not None
+        self.last_request = handle.request_id
         self.regret *= self.decay
         usable = handle.match.usable_hit_len
         hit = handle.hit_node

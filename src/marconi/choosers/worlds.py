@@ -6,6 +6,7 @@ replay per rule. Deterministic; why exact worlds: ``docs/adaptive.md``.
 
 from __future__ import annotations
 
+import numbers
 from typing import TYPE_CHECKING, Any, Sequence
 
 from marconi.core.cache import PrefixCache, RequestHandle
@@ -24,8 +25,8 @@ class WorldsChooser:
     """A :class:`~marconi.core.chooser.RuleChooser` for one live cache. ConfigError: a bad parameter.
 
     Args:
-        rules: the family (:func:`~marconi.choosers.family.parse_rules`); ``current`` (an index) is
-            live until another rule's world is ahead.
+        rules: the family (:func:`~marconi.choosers.family.parse_rules`); ``current`` (an index into
+            it: a whole number in ``[0, len(rules))``) is live until another rule's world is ahead.
         decay: weight kept by the scores per request (horizon ~ 1 / (1 - decay)).
         hysteresis: the relative lead a world needs over the live one for a switch;
             ``tail_hysteresis`` the one to leave a tail-cutting rule, if larger (``docs/tails.md``).
@@ -42,9 +43,13 @@ class WorldsChooser:
         if objective not in ("hit-rate", "flops"):
             raise ConfigError(f"worlds objective must be 'hit-rate' or 'flops', got {objective!r}")
         self.rules = parse_rules(rules)
+        if (isinstance(current, bool) or not isinstance(current, numbers.Integral)
+                or not 0 <= current < len(self.rules)):
+            raise ConfigError(f"worlds current must be the live rule's index in the family of {len(self.rules)} "
+                              f"(0 to {len(self.rules) - 1}), got {current!r}")
         self.decay, self.hysteresis, self.objective = decay, hysteresis, objective
         self.tail_hysteresis = tail_hysteresis
-        self.current = current
+        self.current = int(current)
         self.score = [0.0] * len(self.rules)  # floats, not an array: three numbers updated per request
         self.switches: list[RuleSwitch] = []
         self.cache: PrefixCache | None = None
@@ -175,10 +180,16 @@ class WorldsEviction(FamilyPolicy):
     def set_rule(self, rule: Rule) -> None:
         """Make ``rule`` (of the family) live; ConfigError otherwise. A caller's switch is the worlds'
         too: the live cache's copy becomes the old rule's world, as on the chooser's own switch (they
-        would otherwise score the live cache as the old rule's)."""
+        would otherwise score the live cache as the old rule's), recorded in ``rule_switches``. Before
+        the policy is bound, ``rule`` is the one the chooser starts on (as ``current``; no switch
+        recorded): the worlds are built for the other rules."""
         super().set_rule(rule)
         chooser = self.chooser
-        if chooser is not None and chooser.cache is not None and chooser.current != self.current:
+        if chooser is None or chooser.current == self.current:
+            return
+        if chooser.cache is None:
+            chooser.current = self.current
+        else:
             chooser.switch_to(self.current, chooser.last_request)
 
     def bind(self, cache: PrefixCache) -> None:

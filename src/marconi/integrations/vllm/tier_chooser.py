@@ -24,6 +24,7 @@ after the tree's dead chunks, which no order's hit can use. Why and what it meas
 
 from __future__ import annotations
 
+import numbers
 from collections import OrderedDict
 from dataclasses import replace
 from typing import Any, Iterable, NamedTuple, Sequence
@@ -206,7 +207,7 @@ class TierRuleChooser:
     """A :class:`~marconi.core.chooser.RuleChooser` over :class:`TierEvent` s for one live tier.
 
     Args:
-        capacity: the live tier's chunks (each world holds as many).
+        capacity: the live tier's chunks (each world holds as many), a whole number >= 1.
         settings: the live tier's settings; ``settings.family`` the rules (a world each), and
             ``settings.rule`` the one in force first.
         decay: weight the scores keep per request end, in (0, 1].
@@ -216,7 +217,9 @@ class TierRuleChooser:
             the leader doubles the live world's score by more than any one request's difference
             between two worlds (:attr:`largest_gap`). The ARC world needs that lead over every
             tree world too, since it replaces the tree's order (dead chunks first, states by node)
-            altogether (what an early lead over the live world alone cost: ``docs/vllm-tiers.md``).
+            altogether (what an early lead over the live world alone cost: ``docs/vllm-tiers.md``);
+            where it is the best world without it, the best tree world is the candidate instead,
+            and switches on the usual lead over the live world.
         arc_world: also run a world under vLLM's ARC (:data:`ARC_WORLD`), which the live tier can
             follow. Off by default: since the tree keeps what hits used (second chance), its switches
             to ARC cost more than they gained on two of the three grids measured and changed nothing
@@ -232,6 +235,8 @@ class TierRuleChooser:
                  hysteresis: float = DEFAULT_HYSTERESIS, arc_world: bool = False) -> None:
         if not settings.family:
             raise ConfigError("marconi_rule: an adaptive tier needs a family of rules")
+        if isinstance(capacity, bool) or not isinstance(capacity, numbers.Integral) or not capacity >= 1:
+            raise ConfigError(f"tier chooser capacity must be a whole number of chunks >= 1, got {capacity!r}")
         if not 0 < decay <= 1:
             raise ConfigError(f"tier chooser decay must be in (0, 1], got {decay}")
         if not hysteresis >= 0:
@@ -361,10 +366,11 @@ class TierRuleChooser:
         if value:
             self.largest_gap = max(self.largest_gap, max(value) - min(value))
         best = max(range(len(self.score)), key=self.score.__getitem__)
+        if self.worlds[best].rule is None and not all(self._leads(best, i) for i in range(len(self.rules))):
+            # ARC replaces the tree's order: it must lead every tree world; else the best tree world is the candidate
+            best = max(range(len(self.rules)), key=self.score.__getitem__)
         if best == self.current or not self._leads(best, self.current):
             return None
-        if self.worlds[best].rule is None and not all(self._leads(best, i) for i in range(len(self.rules))):
-            return None                 # ARC replaces the tree's order: it must lead every tree world
         self.current = best
         self.switches.append((self.requests, self.labels[best]))
         return self.labels[best]
