@@ -228,7 +228,18 @@ def test_mrc_says_it_draws_one_models_curve(capsys):
 def test_mrc_out_named_as_a_plot_is_told_what_to_rename(tmp_path, capsys):
     out = tmp_path / "curve.png"
     code, err = _run(["mrc", "--trace", "swe-sample", "--out", str(out)], capsys)
-    assert code == 2 and f"give the records a .jsonl name (e.g. {tmp_path / 'curve.jsonl'})" in err, err
+    assert code == 2 and f"give it a .jsonl name (e.g. {tmp_path / 'curve.jsonl'})" in err, err
+
+
+@pytest.mark.parametrize("command", [["simulate", "--trace", "swe-sample"], ["demo"],
+                                     ["engine", "bench", "--trace", "swe-sample"]])
+def test_records_named_as_a_picture_are_refused_before_any_work(command, tmp_path, capsys):
+    """``simulate --out R.png`` wrote JSONL under a picture's name; every text output is refused so,
+    before any work, and nothing is written."""
+    out = tmp_path / "R.png"
+    code, err = _run([*command, "--out", str(out)], capsys)
+    assert code == 2 and f"--out {out} names a PNG picture" in err and "R.jsonl" in err, err
+    assert not out.exists()
 
 
 @pytest.mark.parametrize("value", ["0.9", "1.5", ".5"])

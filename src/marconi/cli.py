@@ -22,14 +22,19 @@ from marconi.core.registry import ConfigError, split_name_list
 from marconi.sim.backends import worker_count
 from marconi.units import request_limit
 
-__all__ = ["main", "guard_outputs", "build_parser"]
+__all__ = ["main", "guard_outputs", "build_parser", "PICTURE_SUFFIXES"]
+
+#: Names that say "picture": a text output (``add_output`` without ``suffixes``) is refused under them.
+PICTURE_SUFFIXES = (".png", ".jpg", ".jpeg", ".svg", ".pdf", ".gif", ".webp")
 
 
 def guard_outputs(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Before any command, every :func:`~marconi.options.add_output` option of the chosen sub-command goes
     through :func:`marconi.io.check_output` with every other named path as input, and an output written
     in one format only (its ``suffixes``: a plot's ``.png``) must be named so; first, two outputs may
-    not be the same file. ConfigError naming the option, the path and the fix."""
+    not be the same file, and an output of text (records, a trace) may not be named as a picture
+    (:data:`PICTURE_SUFFIXES`: ``simulate --out R.png`` wrote JSONL under that name). ConfigError
+    naming the option, the path and the fix."""
     from marconi.io import check_output, is_stream
     from marconi.options import chosen_actions, is_reread, output_kind, output_suffixes, values_of
 
@@ -54,6 +59,11 @@ def guard_outputs(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
         if kind == "workdir":
             check_output(path, directory=True, option=flag)
             continue
+        if kind == "file" and not output_suffixes(action) and not is_stream(path):
+            picture = Path(path).suffix.lower()
+            if picture in PICTURE_SUFFIXES:     # a text output (records, a trace) under a picture's name
+                raise ConfigError(f"{flag} {path} names a {picture[1:].upper()} picture, but {flag} writes text "
+                                  f"(JSONL): give it a .jsonl name (e.g. {Path(path).with_suffix('.jsonl')})")
         # a directory replaced as a whole may hold the records it is re-rendered from (read first)
         check_output(path, directory=kind == "dir", option=flag, suffixes=output_suffixes(action),
                      inputs=[i for i in inputs if not (kind == "dir" and i in reread)])
@@ -420,9 +430,7 @@ def _cmd_mrc(args: argparse.Namespace) -> int:
     out = Path(args.out)
     png = Path(args.plot) if args.plot else out.with_suffix(".png")
     if os.path.realpath(out) == os.path.realpath(png):
-        raise ConfigError(f"--plot {png} is the --out file: give the records a .jsonl name (e.g. "
-                          f"{out.with_suffix('.jsonl')}) and the plot its own" if out.suffix.lower() == ".png" else
-                          f"--plot {png} is the --out file: give the plot another name (e.g. {out.with_suffix('.png')})")
+        raise ConfigError(f"--plot {png} is the --out file: give the plot another name (e.g. {out.with_suffix('.png')})")
     inputs = read_files(traces=[args.trace], models=[args.model])
     check_output(out, inputs=inputs)  # before the sweep, not after
     check_output(png, inputs=inputs, option="--plot")     # a --plot given was checked by the guard, its .png too
