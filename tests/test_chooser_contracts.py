@@ -5,6 +5,7 @@ lead every tree world, the bootstrap tuner replaying the live rule, and the para
 from __future__ import annotations
 
 import copy
+import math
 
 import numpy as np
 import pytest
@@ -20,6 +21,7 @@ from marconi.core.model import get_model
 from marconi.core.registry import ConfigError
 from marconi.integrations.vllm.emulate.tier import ReqContext
 from marconi.integrations.vllm.policy import ATTENTION, MAMBA
+from marconi.integrations.vllm.shadow import PoolShadowAlpha
 from marconi.integrations.vllm.tier_chooser import ARC_WORLD, TierEvent, TierRuleChooser
 from marconi.integrations.vllm.tier_settings import TierSettings
 from marconi.sim import simulate
@@ -242,3 +244,12 @@ def test_tier_chooser_capacity_is_checked_at_one_chunk():
         TierRuleChooser(0, _tier_settings("lru/a2m"))
     assert TierRuleChooser(1, _tier_settings("lru/a2m")).min_lead > 0
     assert TierRuleChooser(np.int64(24), _tier_settings("lru/a2m")).worlds[0].capacity == 24
+
+
+@pytest.mark.parametrize("kwargs", [{"hysteresis": math.nan}, {"decay": math.nan}, {"decay": 0.0}, {"decay": True},
+                                    {"hysteresis": -0.1}, {"hysteresis": "0.05"}])
+def test_the_pool_shadow_refuses_bad_scoring_when_built_not_when_it_binds(kwargs) -> None:
+    """vLLM's adaptive α source checks its regret chooser's decay and hysteresis when it is built
+    (a NaN hysteresis was accepted there and never switched once the pool bound)."""
+    with pytest.raises(ConfigError, match=f"adaptive {next(iter(kwargs))} must be"):
+        PoolShadowAlpha(**kwargs)

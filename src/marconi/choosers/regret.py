@@ -77,10 +77,7 @@ class RegretEviction(EvictionBase):
     def __init__(self, rules: str | Sequence[EvictionRule] = "default", *, decay: float = 0.999,
                  hysteresis: float = 0.05, objective: str = "hit-rate", reach_weight: float = 1.0,
                  confidence: float = 0.0) -> None:
-        if not 0 < decay <= 1:
-            raise ConfigError(f"adaptive decay must be in (0, 1], got {decay}")
-        if not hysteresis >= 0:
-            raise ConfigError(f"adaptive hysteresis must be >= 0, got {hysteresis}")
+        self.check_scoring(decay, hysteresis)
         if not (math.isfinite(reach_weight) and reach_weight >= 0):
             raise ConfigError(f"adaptive reach_weight must be a finite number >= 0, got {reach_weight}")
         if not confidence >= 0:
@@ -138,6 +135,18 @@ class RegretEviction(EvictionBase):
         if k != self.current and self.cache is not None:
             self.switches.append(RuleSwitch(self.last_request, k))
         self.current = k
+
+    @staticmethod
+    def check_scoring(decay: float, hysteresis: float) -> None:
+        """ConfigError unless ``decay`` is a number in (0, 1] and ``hysteresis`` one >= 0 (NaN and
+        bools refused): the checks of the constructor, for a caller that builds the chooser later."""
+        for name, value in (("decay", decay), ("hysteresis", hysteresis)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ConfigError(f"adaptive {name} must be a number, got {value!r}")
+        if not 0 < decay <= 1:
+            raise ConfigError(f"adaptive decay must be in (0, 1], got {decay}")
+        if not hysteresis >= 0:
+            raise ConfigError(f"adaptive hysteresis must be >= 0, got {hysteresis}")
 
     @property
     def spec(self) -> "ModelSpec":

@@ -92,7 +92,8 @@ class ShadowAlpha:
 
     Raises:
         ConfigError: an unknown rule, a rule that cuts dead tails (``a0.5mt``: neither the regret
-            chooser nor an engine's ranking can follow it), or one ``rule_map`` rejects.
+            chooser nor an engine's ranking can follow it), one ``rule_map`` rejects, or a ``decay``
+            or ``hysteresis`` the regret chooser would refuse (checked here, not when a pool binds).
     """
 
     #: In the background at lag 0, the most observed requests left unread before :meth:`observe`
@@ -112,6 +113,7 @@ class ShadowAlpha:
                               "regret chooser scores victims, not cuts, and an engine's eviction only ranks blocks; "
                               "use lru, aX and aXm rules (e.g. lru/a0.5m/a2m)")
         self._mapped = [rule_map(r) for r in self.rules]    # validates every rule
+        RegretEviction.check_scoring(decay, hysteresis)     # here, not first when a pool binds
         self.decay = decay
         self.hysteresis = hysteresis
         self.cache: PrefixCache | None = None
