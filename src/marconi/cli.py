@@ -33,12 +33,23 @@ def guard_outputs(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
     through :func:`marconi.io.check_output` with every other named path as input, and an output written
     in one format only (its ``suffixes``: a plot's ``.png``) must be named so; first, two outputs may
     not be the same file, and an output of text (records, a trace) may not be named as a picture
-    (:data:`PICTURE_SUFFIXES`: ``simulate --out R.png`` wrote JSONL under that name). ConfigError
-    naming the option, the path and the fix."""
+    (:data:`PICTURE_SUFFIXES`: ``simulate --out R.png`` wrote JSONL under that name). A folder output
+    (``dir``, ``workdir``) is never ``-`` (a stream), nor empty where the option always writes (it is
+    required, or has a default): there an empty value would name the working directory, not mean
+    "skip". ConfigError naming the option, the path and the fix."""
     from marconi.io import check_output, is_stream
     from marconi.options import chosen_actions, is_reread, output_kind, output_suffixes, values_of
 
     actions = chosen_actions(parser, args)
+    for action in actions:          # before the empty values are dropped below as "skip"
+        if output_kind(action) not in ("dir", "workdir"):
+            continue
+        flag = action.option_strings[-1] if action.option_strings else action.dest
+        for value in values_of(getattr(args, action.dest, None)):
+            if value == "-":
+                raise ConfigError(f"{flag} -: {flag} is a folder, not a stream: give a folder's path")
+            if value == "" and (action.required or action.default):
+                raise ConfigError(f"{flag}: empty: give a folder (an empty path would be the working directory)")
     outputs = [(a, v) for a in actions if output_kind(a) for v in values_of(getattr(args, a.dest, None)) if v]
     if not outputs:
         return

@@ -180,19 +180,19 @@ def _no_space_named(path: PathLike) -> Iterator[None]:
 
 
 @contextmanager
-def atomic_directory(path: PathLike, *, writer: str | None = None,
-                     known: Iterable[str] = ()) -> Iterator[Path]:
+def atomic_directory(path: PathLike, *, writer: str | None = None, known: Iterable[str] = (),
+                     records: tuple[str, str, Any] | None = None) -> Iterator[Path]:
     """A staging directory that replaces ``path`` as a whole only if the body completes (readers see old
     or new, never a mix; removed on any exception). ConfigError if ``path`` is not a directory.
 
     ``writer`` (a command, e.g. ``"marconi vllm diagnose"``): the folder is first checked by
-    :func:`check_replaceable` (so a folder of someone else's files is refused before anything is
-    staged), and the new one lists its files in :data:`FOLDER_MANIFEST`."""
+    :func:`check_replaceable` with ``known`` and ``records`` (so a folder of someone else's files is
+    refused before anything is staged), and the new one lists its files in :data:`FOLDER_MANIFEST`."""
     target = Path(os.path.realpath(path))
     if target.exists() and not target.is_dir():
         raise ConfigError(f"{path} exists and is not a directory")
     if writer is not None:
-        check_replaceable(path, writer, known=known)
+        check_replaceable(path, writer, known=known, records=records)
     target.parent.mkdir(parents=True, exist_ok=True)
     stage = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.", suffix=".staging"))
     try:
@@ -228,12 +228,19 @@ def check_records_file(path: PathLike, field: str, *, flag: str = "--out") -> No
                           f"{field!r}): this run would replace it; remove it or choose another path")
 
 
-def check_replaceable(path: PathLike, writer: str, *, flag: str = "--out", known: Iterable[str] = ()) -> str | None:
+def check_replaceable(path: PathLike, writer: str, *, flag: str = "--out", known: Iterable[str] = (),
+                      records: tuple[str, str, Any] | None = None) -> str | None:
     """Whether a run of ``writer`` may replace the folder ``path`` whole, checked before the run: None
-    where it is new or empty; a line to show where it holds an earlier report of ``writer`` (its
-    :data:`FOLDER_MANIFEST` lists every file in it or, written before manifests, every file is one of
-    ``known``). ConfigError naming ``flag`` otherwise: a file, or a folder holding anything else (its
-    files would be lost with it)."""
+    where it is new or empty; a line to show where it holds an earlier report of ``writer``. A folder
+    is that only where its :data:`FOLDER_MANIFEST` names ``writer`` (and lists every file in it), or,
+    for a report written before manifests, where it has no manifest, every file in it is one of
+    ``known``, and ``records`` (``(name, field, value)``) says it holds ``writer``'s own records: its
+    file ``name`` is JSONL whose first record has ``field`` equal to ``value`` (or every file in it is
+    empty: replacing them loses nothing). Without ``records`` a folder with no manifest is never an
+    earlier report. ConfigError naming ``flag`` otherwise: a file;
+    a folder whose manifest is another writer's (or unreadable); a folder of files with a report's
+    names but not its records (a user's ``report.md``, another command's ``records.jsonl``); or an
+    earlier report beside files it did not write (all of them would be lost with it)."""
     target = Path(path)
     if target.exists() and not target.is_dir():
         raise ConfigError(f"{flag} {path} exists and is not a directory")
@@ -242,21 +249,53 @@ def check_replaceable(path: PathLike, writer: str, *, flag: str = "--out", known
     present = sorted(p.name for p in target.iterdir())
     if not present:
         return None
-    listed: Any = None
-    try:
-        manifest = json.loads((target / FOLDER_MANIFEST).read_text())
-        if isinstance(manifest, dict) and manifest.get("writer") == writer:
-            listed = manifest.get("files")
-    except (OSError, ValueError):
-        pass
-    ours = set(listed) if isinstance(listed, list) else set(known)
+    shown = ", ".join(present[:3]) + (f" and {len(present) - 3} more" if len(present) > 3 else "")
+    refusal = (f"{flag} {path} is not empty and holds no report of `{writer}` (it holds {shown}): the report "
+               "replaces the whole folder, so its files would be lost; choose a new or empty folder")
+    manifest_path = target / FOLDER_MANIFEST
+    if manifest_path.exists() or manifest_path.is_symlink():
+        try:
+            manifest: Any = json.loads(manifest_path.read_text())
+        except (OSError, ValueError):
+            manifest = None
+        other = manifest.get("writer") if isinstance(manifest, dict) else None
+        if other != writer or not isinstance(manifest.get("files"), list):
+            whose = (f"`{other}`'s output" if isinstance(other, str) and other != writer else
+                     f"a {FOLDER_MANIFEST} that is not `{writer}`'s")
+            raise ConfigError(f"{flag} {path} holds {whose} (its {FOLDER_MANIFEST}), not a report of `{writer}`: the "
+                              "report replaces the whole folder, so its files would be lost; choose a new or empty "
+                              "folder")
+        ours = {str(name) for name in manifest["files"]}
+    else:
+        ours = set(known)
+        if (records is None or not set(present) <= ours
+                or not (_holds_records(target / records[0], *records[1:]) or _all_empty(target, present))):
+            raise ConfigError(refusal)
     extra = [name for name in present if name not in ours and name != FOLDER_MANIFEST]
-    if not ours or len(extra) == len(present):
-        shown = ", ".join(sorted(present)[:3]) + (f" and {len(present) - 3} more" if len(present) > 3 else "")
-        raise ConfigError(f"{flag} {path} is not empty and holds no report of `{writer}` (it holds {shown}): the "
-                          "report replaces the whole folder, so its files would be lost; choose a new or empty folder")
+    if extra and len(extra) == len([name for name in present if name != FOLDER_MANIFEST]):
+        raise ConfigError(refusal)
     refuse_foreign_files(path, extra, flag=flag)
     return f"the report already in {path} is replaced once this run completes; until then it stays as it is"
+
+
+def _all_empty(folder: Path, names: Sequence[str]) -> bool:
+    """Whether every one of ``names`` in ``folder`` is an empty regular file (replacing them loses nothing)."""
+    try:
+        return all((folder / n).is_file() and not (folder / n).is_symlink() and (folder / n).stat().st_size == 0
+                   for n in names)
+    except OSError:
+        return False
+
+
+def _holds_records(path: Path, field: str, value: Any) -> bool:
+    """Whether ``path`` is a regular file of JSONL whose first record has ``field`` equal to ``value``."""
+    try:
+        if not path.is_file() or path.is_symlink():
+            return False
+        first = next((obj for _, obj in iter_jsonl(path)), None)
+    except (OSError, ValueError):      # JsonError (a ValueError): not JSON, not UTF-8
+        return False
+    return isinstance(first, dict) and first.get(field) == value
 
 
 def refuse_foreign_files(path: PathLike, extra: Sequence[str], *, flag: str = "--out", noun: str = "folder") -> None:

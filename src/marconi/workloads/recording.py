@@ -20,11 +20,16 @@ from .mooncake import MooncakeRow, MooncakeTokens
 from .trace import Request, Trace
 
 __all__ = ["RecordedRequest", "Recording", "RecordingError", "read_recording", "build_recording_trace",
-           "is_recording", "is_mooncake_file", "sidecar_of", "RECORDING_FORMAT"]
+           "is_recording", "is_mooncake_file", "sidecar_of", "RECORDING_FORMAT", "MAX_REQUEST_TOKENS",
+           "SETTINGS_MINIMUM"]
 
 RECORDING_FORMAT = "marconi-vllm-recording"     # marconi.integrations.vllm.record writes it (same value)
 META_SUFFIX = ".meta.json"
 _FRESH = 1 << 63        # ids of blocks no recording names (partial tails): above every salted id
+_GZIP_MAGIC = b"\x1f\x8b"
+#: The most tokens (prompt and output) a recorded request may hold: 2**24, above any model's context
+#: window (the longest, 10M tokens). A line past it is refused: its tokens are rebuilt in memory.
+MAX_REQUEST_TOKENS = 1 << 24
 
 
 class RecordingError(ValueError):
@@ -47,12 +52,14 @@ class RecordedRequest:
 
 @dataclass
 class Recording:
-    """A recording as read: its sidecar, its requests in file order (finishing order), and warnings."""
+    """A recording as read: its sidecar, its requests in file order (finishing order), and warnings;
+    ``num_read``: the requests read, before a ``limit`` kept the first to arrive."""
 
     path: str
     meta: dict[str, Any]
     requests: list[RecordedRequest]
     warnings: list[str] = field(default_factory=list)
+    num_read: int = 0
 
     @property
     def block_size(self) -> int:
@@ -166,7 +173,40 @@ def _read_meta(path: str) -> dict[str, Any]:
     bs = meta["block_size"]
     if isinstance(bs, bool) or not isinstance(bs, int) or bs < 1:
         raise RecordingError(f"{side}: field 'block_size': expected an integer >= 1, got {described(bs)}")
+    _check_settings(side, meta)
     return meta
+
+
+#: The sidecar's scheduler fields that a diagnosis reads: each an integer of at least this, or null
+#: (absent: the diagnosis's default). ``num_blocks`` counts vLLM's null block, so a pool has two.
+SETTINGS_MINIMUM = {"block_size": 1, "num_blocks": 2, "max_num_batched_tokens": 1, "retention_interval": 0,
+                    "long_prefill_token_threshold": 0}
+
+
+def _check_settings(side: str, meta: dict[str, Any]) -> None:
+    """RecordingError naming the sidecar and its field where a field the diagnosis reads is of the
+    wrong type or out of range: ``settings`` (an object or null), each of :data:`SETTINGS_MINIMUM`
+    in it, ``settings.retention_interval`` a multiple of ``settings.block_size`` (as vLLM requires),
+    and ``max_num_seqs`` (an integer >= 1 or null)."""
+
+    def integer(name: str, value: Any, minimum: int) -> None:
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < minimum):
+            raise RecordingError(f"{side}: field {name!r}: expected an integer >= {minimum} (or null), got "
+                                 f"{described(value)}")
+
+    integer("max_num_seqs", meta.get("max_num_seqs"), 1)
+    settings = meta.get("settings")
+    if settings is None:
+        return
+    if not isinstance(settings, dict):
+        raise RecordingError(f"{side}: field 'settings': expected a JSON object (the server's scheduler settings) "
+                             f"or null, got {described(settings)}")
+    for key, minimum in SETTINGS_MINIMUM.items():
+        integer(f"settings.{key}", settings.get(key), minimum)
+    interval, block = settings.get("retention_interval"), settings.get("block_size")
+    if interval and block and interval % block:
+        raise RecordingError(f"{side}: field 'settings.retention_interval': expected a multiple of "
+                             f"settings.block_size {block} (as vLLM requires), got {interval}")
 
 
 def read_recording(path: str | os.PathLike, limit: int | None = None) -> Recording:
@@ -178,7 +218,13 @@ def read_recording(path: str | os.PathLike, limit: int | None = None) -> Recordi
     read and checked all the same (a cut last line is skipped with a warning, a bad line refused);
     the requests kept stay in file order. A request vLLM freed before computing a token of it
     (``num_computed_tokens`` 0, no output, no preemption: aborted while it waited) is left out, with
-    a warning: the server never computed or cached its prompt."""
+    a warning: the server never computed or cached its prompt.
+
+    Refused (RecordingError): a sidecar field the diagnosis reads of the wrong type or range
+    (``max_num_seqs``, ``settings`` and its :data:`SETTINGS_MINIMUM` fields), a line whose ``finish``
+    is before its ``arrival``, a request of more than :data:`MAX_REQUEST_TOKENS` tokens, and a gzip
+    stream under a name without ``.gz`` (said to be gzip). ``truncated`` in the sidecar is a warning,
+    with its ``truncated_reason`` where given."""
     path = os.fspath(path)
     meta = _read_meta(path)
     bs = int(meta["block_size"])
@@ -187,6 +233,9 @@ def read_recording(path: str | os.PathLike, limit: int | None = None) -> Recordi
             lines = fh.read().split(b"\n")
     except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
         raise RecordingError(f"{path}: not a whole gzip stream ({exc}): gunzip it, or copy it again") from None
+    if lines[0].startswith(_GZIP_MAGIC) and not path.lower().endswith(".gz"):
+        raise RecordingError(f"{path}: gzip-compressed (it starts with gzip's magic bytes 1f 8b), but its name does "
+                             "not end in .gz: gunzip it, or rename it to end in .gz (its sidecar is still found)")
     numbered = [(i + 1, raw) for i, raw in enumerate(lines) if raw.strip()]
     if not numbered:
         raise RecordingError(f"{path}: empty: no header and no request (was the server stopped before any request "
@@ -224,8 +273,16 @@ def read_recording(path: str | os.PathLike, limit: int | None = None) -> Recordi
                                  "their hash ids cannot be compared: diagnose them apart)")
         arrival = _time(obj, "arrival", path, line)
         finish = _time(obj, "finish", path, line)
+        if finish < arrival:
+            raise RecordingError(f"{_where(path, line, 'finish')}: {finish} is before field 'arrival' {arrival}: a "
+                                 "request is freed after it arrives (a clock stepped back while recording?)")
         prompt_len = _int(obj, "prompt_len", path, line, 1)
         output_len = _int(obj, "output_len", path, line, 0)
+        if prompt_len + output_len > MAX_REQUEST_TOKENS:
+            name = "prompt_len" if prompt_len > MAX_REQUEST_TOKENS else "output_len"
+            raise RecordingError(f"{_where(path, line, name)}: prompt_len {prompt_len:,} + output_len {output_len:,} "
+                                 f"tokens exceed {MAX_REQUEST_TOKENS:,}, more than any model's context window "
+                                 "(a corrupt line?)")
         cached = _int(obj, "num_cached_tokens", path, line, 0)
         preempt = _int(obj, "num_preemptions", path, line, 0)
         if "num_computed_tokens" in obj:   # recordings before it lack the field: every request was served
@@ -274,11 +331,14 @@ def read_recording(path: str | os.PathLike, limit: int | None = None) -> Recordi
     if not rec.requests:
         raise RecordingError(f"{path}: holds no request (only its header): nothing finished while it recorded"
                              + (f" ({never_served} aborted before being served)" if never_served else ""))
+    rec.num_read = len(rec.requests)
     if limit is not None and len(rec.requests) > limit:      # the first to arrive, not the first to finish
         first = sorted(range(len(rec.requests)), key=lambda i: rec.requests[i].arrival)[:limit]
         rec.requests = [rec.requests[i] for i in sorted(first)]
     if meta.get("truncated"):
-        rec.warnings.append(f"{sidecar_of(path)}: field 'truncated': the recording stopped at its size cap; "
+        why = meta.get("truncated_reason")
+        why = why if isinstance(why, str) and why.strip() else "at its size cap"
+        rec.warnings.append(f"{sidecar_of(path)}: field 'truncated': the recording stopped early ({why}); "
                             "later traffic is missing")
     return rec
 
@@ -308,6 +368,7 @@ def build_recording_trace(source: str | os.PathLike | Recording, *, limit: int |
         seq = tokens.input_tokens(row)
         out.append(Request(i, 0, r.arrival - t0, seq[:r.prompt_len], seq[r.prompt_len:r.prompt_len + r.output_len]))
     meta = {"source": "vllm-recording", "files": [str(rec.path)], "block_size": bs,
+            "num_requests_read": rec.num_read or len(rec.requests),
             "recording": {k: v for k, v in rec.meta.items() if k != "salt"},
             "recorded": {"num_cached_tokens": [r.num_cached_tokens for r in reqs],
                          "num_preemptions": [r.num_preemptions for r in reqs],

@@ -317,7 +317,65 @@ def _layout(cfg: DiagnoseConfig, spec: ModelSpec, config_json: dict[str, Any], *
     if settings.get("num_blocks"):
         return layout_for_spec(spec, num_blocks=int(settings["num_blocks"] * gpu_memory_scale), block_size=block_size,
                                **options)
-    raise ConfigError("give --gpu-memory or --blocks (only a recording names its own pool)")
+    if recorded is not None:
+        from marconi.workloads.recording import sidecar_of
+
+        raise ConfigError(f"{sidecar_of(cfg.trace)}: field 'settings.num_blocks': missing (or null), so the recording "
+                          "names no pool: give --gpu-memory or --blocks")
+    raise ConfigError("give --gpu-memory or --blocks: only a recording names its own pool (its sidecar's "
+                      "settings.num_blocks), and this trace is not one")
+
+
+#: Bytes the emulation holds per block of its pool whatever the traffic (a block object, its
+#: free-list entry, its row in the victim index and the compiled core's arrays): measured at about
+#: 285-300 B for nemotron-h-8b's seven groups at 4*10**5 and 10**6 blocks, rounded up.
+EMULATED_BYTES_PER_BLOCK = 320
+
+
+def machine_memory() -> int | None:
+    """The bytes this process may hold: the machine's physical memory (``os.sysconf``), or the
+    address-space limit (``ulimit -v``) where that is lower; None where neither is known."""
+    import os
+    import resource
+
+    try:
+        total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        total = None
+    try:
+        soft = resource.getrlimit(resource.RLIMIT_AS)[0]
+    except (ValueError, OSError):
+        soft = resource.RLIM_INFINITY
+    if soft != resource.RLIM_INFINITY and soft > 0:
+        total = soft if total is None or total <= 0 else min(total, soft)
+    return total if total is not None and total > 0 else None
+
+
+def _check_pool_memory(cfg: DiagnoseConfig, layout: VllmLayout, largest: int) -> None:
+    """Refuse, before any run, a pool whose largest run (``largest`` blocks: the pool, its largest
+    capacity point or the gpu-memory-2x lever; not the infinite pool, which the trace's own size
+    bounds) would need more memory than :func:`machine_memory` at :data:`EMULATED_BYTES_PER_BLOCK`
+    per block: ConfigError naming the flag (or the recording's field) that set the pool, instead of
+    a MemoryError or the kernel's OOM killer."""
+    from marconi.units import format_bytes
+
+    have = machine_memory()
+    need = largest * EMULATED_BYTES_PER_BLOCK
+    if have is None or need <= have:
+        return
+    if cfg.num_blocks is not None:
+        source, fix = f"--blocks {cfg.num_blocks}", "a smaller --blocks"
+    elif cfg.gpu_memory is not None:
+        source, fix = f"--gpu-memory {cfg.gpu_memory}", "a smaller --gpu-memory (or --blocks)"
+    else:
+        from marconi.workloads.recording import sidecar_of
+
+        source = f"the recording's pool ({sidecar_of(cfg.trace)}: field 'settings.num_blocks')"
+        fix = "--blocks or --gpu-memory for a smaller pool"
+    raise ConfigError(f"{source}: a pool of {layout.num_blocks:,} blocks, whose largest run here holds "
+                      f"{largest:,} blocks, needs about {format_bytes(need)} to emulate "
+                      f"({EMULATED_BYTES_PER_BLOCK} B a block), more than this machine's {format_bytes(have)}: "
+                      f"give {fix}")
 
 
 def _check_serving_options(cfg: DiagnoseConfig, requests: Sequence[Any], layout: VllmLayout, max_num_seqs: int,
@@ -505,6 +563,15 @@ def diagnose(cfg: DiagnoseConfig, *, trace: Any = None, notice: Callable[[str], 
                    long_prefill_token_threshold=int(settings.get("long_prefill_token_threshold") or 0))
     layout = _layout(cfg, spec, config_json, recorded=recorded, **options)
     _check_serving_options(cfg, requests, layout, max_num_seqs, settings)
+    largest = max([layout.num_blocks] + [max(2 + len(layout.group_kinds), int(layout.num_blocks * scale))
+                                         for scale in cfg.capacity_points])
+    if "gpu-memory-2x" in cfg.levers:
+        try:
+            largest = max(largest, _layout(cfg, spec, config_json, gpu_memory_scale=2.0, recorded=recorded,
+                                           **options).num_blocks)
+        except ConfigError:     # the lever's own run says why, in "Not run"
+            pass
+    _check_pool_memory(cfg, layout, largest)
     if recorded is not None and recorded_hits is not None:
         where = f"{cfg.trace}.meta.json"
         warnings += _model_warnings(recorded, layout, spec, cfg.model, where)
@@ -578,7 +645,7 @@ def diagnose(cfg: DiagnoseConfig, *, trace: Any = None, notice: Callable[[str], 
         try:
             lrun, lay = _run_lever(lever, run, layout, cfg, spec, config_json, recorded, options, max_num_seqs)
         except ConfigError as exc:
-            skip(f"lever {lever}", str(exc))
+            skip(f"lever {lever}", _in_diagnose_terms(str(exc), trace))
             continue
         levers.append(_lever_record(lever, lrun, lay, "vllm-align", baseline=stock))
     for rec in replay_records:
@@ -592,7 +659,7 @@ def diagnose(cfg: DiagnoseConfig, *, trace: Any = None, notice: Callable[[str], 
         try:
             crun = run(f"capacity x{scale:g}", replace(layout, num_blocks=blocks))
         except ConfigError as exc:
-            skip(f"capacity x{scale:g}", str(exc))
+            skip(f"capacity x{scale:g}", _in_diagnose_terms(str(exc), trace))
             continue
         capacity.append({"record": "capacity", "num_blocks": blocks, "scale": scale, "token_hit_rate": crun.token_hit_rate})
     capacity.sort(key=lambda r: r["num_blocks"])
@@ -609,6 +676,12 @@ def diagnose(cfg: DiagnoseConfig, *, trace: Any = None, notice: Callable[[str], 
                "recorded_token_hit_rate": (fidelity or {}).get("recorded_hit_rate"),
                "ttft_p50_s": percentile(list(stock.ttft_s), 50), "ttft_p95_s": percentile(list(stock.ttft_s), 95),
                "max_num_seqs": max_num_seqs, "concurrency": cfg.concurrency, "warnings": warnings,
+               "pool_source": (f"--blocks {cfg.num_blocks}" if cfg.num_blocks is not None else
+                               f"--gpu-memory {cfg.gpu_memory}" if cfg.gpu_memory is not None else
+                               "GPU memory as recorded: the recording's settings.num_blocks"),
+               "max_num_seqs_source": ("--max-num-seqs" if cfg.max_num_seqs else "as recorded"
+                                       if (recorded or {}).get("max_num_seqs") else "the default"),
+               "num_requests_limit": cfg.num_requests, "num_requests_read": meta.get("num_requests_read"),
                "skipped": skipped}
     per_request = {"prompt_len": stock.prompt.tolist(), "num_cached_tokens": stock.hit.tolist(),
                    "kv_hit": stock.kv_hit.tolist(), "causes": {c: stock.causes[:, k].tolist() for k, c in enumerate(CAUSES)},
@@ -752,13 +825,31 @@ CAUSE_ADVICE = {
 
 def next_steps(result: dict[str, Any]) -> list[str]:
     """A few sentences from the figures: where the headroom is (ceilings), the cause that loses most
-    and what addresses it, and the lever that gained most (or that none did)."""
+    and what addresses it, and the lever that gained most (or that none did).
+
+    The headroom is to the infinite pool: stock vLLM's ceiling at any pool size, with stock's state
+    placement and scheduling, so the most an eviction policy could reach. A lever that changes those
+    (retention-interval, sparse-dp, max-num-seqs) can pass it; where one did, the headroom is to that
+    lever's rate, and the line says it passes the infinite pool."""
     s = result["summary"]
     rate, inf, oracle = s["token_hit_rate"], s["infinite_token_hit_rate"], s["oracle_token_hit_rate"]
-    head = f"Headroom: {100 * (inf - rate):.1f} pp to the infinite pool's {100 * inf:.1f}%"
+    levers = [(r["token_hit_rate"], r["lever"]) for r in result["levers"]
+              if r["engine"] == "vllm-align" and r["lever"] != "stock" and r.get("token_hit_rate") is not None]
+    above = max(levers, default=None)
+    if above is not None and above[0] > inf:
+        ceiling = above[0]
+        head = (f"Headroom: {100 * (ceiling - rate):.1f} pp to the {above[1]} lever's {100 * ceiling:.1f}%, above "
+                f"the infinite pool's {100 * inf:.1f}% (stock's ceiling at any pool size, with stock's state "
+                f"placement and scheduling: no eviction policy passes it, but {above[1]} changes them)")
+    else:
+        ceiling = inf
+        head = f"Headroom: {100 * (inf - rate):.1f} pp to the infinite pool's {100 * inf:.1f}%"
     if oracle is None:
         out = [head + "."]
-    elif oracle > inf:      # the simulator's accounting: whole prompts and tails under a block count as hits
+    elif oracle > ceiling and ceiling > inf:
+        out = [head + f"; the oracle at this pool ({100 * oracle:.1f}%) is above it, counting hits vLLM's block "
+                      "grid cannot serve (whole prompts, tails under one block)."]
+    elif oracle > ceiling:  # the simulator's accounting: whole prompts and tails under a block count as hits
         out = [head + f", the most a better policy could reach here: the oracle at this pool ({100 * oracle:.1f}%) "
                       "is above it, counting hits vLLM's block grid cannot serve (whole prompts, tails under one "
                       "block)."]
@@ -832,28 +923,56 @@ def _plot_capacity(result: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
-#: Who writes the report folder, and its files (a folder of these alone, without a manifest, was
-#: written by this command before :data:`marconi.io.FOLDER_MANIFEST` existed).
+#: Who writes the report folder, and its files. A folder of these alone, without a manifest, was
+#: written by this command before :data:`marconi.io.FOLDER_MANIFEST` existed only where its
+#: ``records.jsonl`` is this command's (:data:`REPORT_RECORDS`: its first record is the summary).
 WRITER = "marconi vllm diagnose"
 REPORT_FILES = ("records.jsonl", "per_request.json", "report.md", "waterfall.png", "capacity.png")
+REPORT_RECORDS = ("records.jsonl", "record", "summary")
+
+
+def _report_header(s: dict[str, Any]) -> str:
+    """report.md's first line: the requests (with ``--num-requests``, how many of how many), the pool
+    and where it came from, how arrivals were replayed, ``max_num_seqs``, that TTFTs are modelled
+    (which GPU's step-time model) and the engine."""
+    n, limit, read = s["num_requests"], s.get("num_requests_limit"), s.get("num_requests_read")
+    requests = f"{n} requests"
+    if limit is not None and read and n < read:
+        requests += f" (--num-requests {limit}: the first {n} to arrive of the {read} recorded)"
+    elif limit is not None and not read and n >= limit:     # a trace whose size was not read whole
+        requests += f" (--num-requests {limit}: the first {n} to arrive)"
+    pool = s.get("pool_source") or (f"--gpu-memory {s['gpu_memory']}" if s.get("gpu_memory") else "pool as given")
+    c = s.get("concurrency")
+    arrivals = (f"a closed loop of {c} requests in flight (--concurrency {c})" if c is not None else
+                "at their recorded arrival times (open loop)")
+    seqs = ""
+    if s.get("max_num_seqs") is not None:
+        seqs = f"; max_num_seqs {s['max_num_seqs']}"
+        if s.get("max_num_seqs_source"):
+            seqs += f" ({s['max_num_seqs_source']})"
+    return (f"{requests}; pool {s['num_blocks']} blocks of {s['block_size']} tokens ({pool}, TP "
+            f"{s['tensor_parallel']}); arrivals {arrivals}{seqs}" +
+            f"; TTFTs modelled on a virtual clock ({s.get('gpu') or 'h100'} step-time model), not measured; "
+            f"engine {s['engine']}.")
 
 
 def write_report(result: dict[str, Any], out: str | Path) -> list[Path]:
     """``out/`` gets ``records.jsonl`` (summary, levers, capacity points), ``per_request.json``,
-    ``report.md``, ``waterfall.png`` and ``capacity.png``; the folder is swapped in whole. ConfigError,
-    nothing written, where ``out`` holds files this command did not write (:func:`marconi.io.check_replaceable`)."""
+    ``report.md`` (its header: the requests kept, the pool's source, how arrivals were replayed,
+    ``max_num_seqs``, the step-time model of its TTFTs), ``waterfall.png`` and ``capacity.png``; the
+    folder is swapped in whole. ConfigError, nothing written, where ``out`` holds files this command
+    did not write, or is not an earlier report of it (:func:`marconi.io.check_replaceable` with
+    :data:`REPORT_FILES` and :data:`REPORT_RECORDS`)."""
     from marconi.io import atomic_directory
 
-    with atomic_directory(out, writer=WRITER, known=REPORT_FILES) as stage:
+    with atomic_directory(out, writer=WRITER, known=REPORT_FILES, records=REPORT_RECORDS) as stage:
         records = [result["summary"], *result["levers"], *result["capacity"]]
         (stage / "records.jsonl").write_text("".join(json.dumps(r, default=str) + "\n" for r in records))
         (stage / "per_request.json").write_text(json.dumps(result["per_request"]))
         _plot_waterfall(result["summary"], stage / "waterfall.png")
         _plot_capacity(result, stage / "capacity.png")
         s = result["summary"]
-        md = [f"# Prefix-cache diagnosis: {s['trace']} on {s['model']}", "",
-              f"{s['num_requests']} requests; pool {s['num_blocks']} blocks of {s['block_size']} tokens "
-              f"(GPU memory {s['gpu_memory'] or 'as recorded'}, TP {s['tensor_parallel']}); engine {s['engine']}.", "",
+        md = [f"# Prefix-cache diagnosis: {s['trace']} on {s['model']}", "", _report_header(s), "",
               "```", summary_table(result), "```", "", "## Lost tokens by cause", "",
               "| cause | tokens | share |", "|---|---:|---:|"]
         for c in CAUSES:
@@ -941,7 +1060,8 @@ def _cmd_diagnose(args: Any) -> int:
     from marconi.io import check_replaceable
     from marconi.workloads.recording import RecordingError
 
-    replaced = check_replaceable(args.out, WRITER, known=REPORT_FILES)   # before the run, not after it
+    replaced = check_replaceable(args.out, WRITER, known=REPORT_FILES,   # before the run, not after it
+                                 records=REPORT_RECORDS)
     model, note = model_for_trace(args.trace, args.model)
     if note:
         print(f"note: {note}", file=sys.stderr)

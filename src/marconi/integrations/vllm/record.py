@@ -4,8 +4,9 @@ With ``MARCONI_VLLM_RECORD=path`` the engine core appends one JSONL line per fin
 request when vLLM frees it; decisions are unchanged (no policy observes as ``lru``). No token ids:
 each block hash is stored as ``blake2b(salt ‖ hash)``, the 256-bit salt only in the sidecar
 ``<path>.meta.json``, so two recordings cannot be joined. ``path`` must not exist;
-``MARCONI_VLLM_RECORD_MAX_BYTES`` (default 1 GiB) caps the file (the sidecar then says
-``truncated``). A bad path is a :class:`~marconi.core.registry.ConfigError` at registration.
+``MARCONI_VLLM_RECORD_MAX_BYTES`` (default 1 GiB) caps the file; at the cap, or where a write
+fails, recording stops and the sidecar says ``truncated`` (and ``truncated_reason``). A bad path is
+a :class:`~marconi.core.registry.ConfigError` at registration.
 Fields and sidecar: docs/diagnose.md, "1. Record".
 """
 
@@ -136,7 +137,8 @@ class Recorder:
             self._hits[request.request_id] = int(num_hits)
 
     def finished(self, request: Any) -> None:
-        """The request was freed: write its line (never raises: a failing write stops recording)."""
+        """The request was freed: write its line (never raises: a failing write, or the size cap,
+        stops recording and marks the sidecar ``truncated``)."""
         hit = self._hits.pop(request.request_id, 0)
         if self._fh is None:
             return
@@ -149,29 +151,37 @@ class Recorder:
                                "num_computed_tokens": int(getattr(request, "num_computed_tokens", 0) or 0)},
                               separators=(",", ":")) + "\n"
             if self.bytes_written + len(line) > self.max_bytes:
-                self._truncate()
+                logger.warning("marconi: recording %s reached %s=%d bytes after %d requests; recording stops (start "
+                               "a new path to record more)", self.path, ENV_RECORD_MAX_BYTES, self.max_bytes,
+                               self.num_written)
+                self._stop(f"its size cap, {ENV_RECORD_MAX_BYTES}={self.max_bytes} bytes")
                 return
             self._fh.write(line)
             self.bytes_written += len(line)
             self.num_written += 1
-        except Exception:       # never take the server down for a recording
+        except Exception as exc:       # never take the server down for a recording
             logger.exception("marconi: recording to %s failed; recording stops", self.path)
-            self.close()
+            self._stop(f"a write failed after {self.num_written} requests: {type(exc).__name__}: {exc}")
 
-    def _truncate(self) -> None:
+    def _stop(self, reason: str) -> None:
+        """Stop recording: the sidecar gets ``"truncated": true`` and ``truncated_reason`` (so a
+        diagnosis says later traffic is missing), where it can still be written; never raises."""
         from marconi.io import atomic_write
 
-        logger.warning("marconi: recording %s reached %s=%d bytes after %d requests; recording stops (start a "
-                       "new path to record more)", self.path, ENV_RECORD_MAX_BYTES, self.max_bytes, self.num_written)
         self.truncated = True
         self.meta["truncated"] = True
+        self.meta["truncated_reason"] = reason
         try:
             with atomic_write(self.path + META_SUFFIX) as side:
                 side.write(json.dumps(self.meta, indent=1) + "\n")
-        finally:
+        except Exception:      # a full disk may refuse the sidecar too: the log says so
+            logger.exception("marconi: could not mark the recording's sidecar %s truncated", self.path + META_SUFFIX)
+        try:
             self.close()
+        except Exception:      # the file's last buffered bytes cannot be written either
+            self._fh = None
 
     def close(self) -> None:
         if self._fh is not None:
-            self._fh.close()
-            self._fh = None
+            fh, self._fh = self._fh, None
+            fh.close()
