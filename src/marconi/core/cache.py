@@ -33,7 +33,7 @@ __all__ = ["PrefixCache", "RequestHandle", "CachedPrefix", "InsertResult", "Payl
 class CacheObserver:
     """Hooks for components that watch the cache; default: nothing. Every request told ``on_begin``
     ends with one ``on_finish`` or ``on_abort``; an observer's error reaches the caller after every
-    other observer was told."""
+    other observer was told (from ``on_finish``: after a complete finish, which it does not undo)."""
 
     def on_begin(self, cache: "PrefixCache", handle: "RequestHandle") -> None:
         pass
@@ -54,7 +54,11 @@ class CacheObserver:
 
 @dataclass(slots=True)
 class TreeSnapshot:
-    """A cache's tree as picklable data (no payloads, no locks): parallel lists, parents first."""
+    """A cache's tree as picklable data: parallel lists, parents first. It holds the tree's shape,
+    checkpoint positions, both recency signals and the clock (its time, ``clock_value``, and its kind,
+    ``logical_clock``: True when the source ticked its own logical clock, False for a caller's clock).
+    It holds no payloads (KVs, SSM states), stats, in-flight requests, observers, locks, admission
+    or chooser state: :meth:`PrefixCache.from_snapshot` restores a size-only cache for replays."""
 
     page_size: int
     parent_index: list[int]            # index into these lists; -1 = child of the root
@@ -65,6 +69,7 @@ class TreeSnapshot:
     path_access: list[float]
     path_seq: list[int]
     clock_value: float
+    logical_clock: bool = False        # the source's clock: its own logical one (True) or a caller's
 
 
 @dataclass(slots=True, eq=False)
@@ -356,7 +361,10 @@ class PrefixCache(TreeStore):
     def num_in_flight(self) -> int:
         return len(self._in_flight)
 
+    @_locked
     def describe(self) -> dict[str, Any]:
+        """The cache's configuration as plain data: its admission's and eviction's ``describe()``,
+        ``capacity_bytes`` and ``"model"`` (the spec's name). Holds ``cache.lock``."""
         return {**self.admission.describe(), **self.eviction.describe(), "capacity_bytes": self.capacity_bytes,
                 "model": self.spec.name}
 
@@ -417,7 +425,10 @@ class PrefixCache(TreeStore):
         """Payloads to restore, root first: the KVs covering ``[0, usable_hit_len)`` (the last split down
         for a pure transformer whose hit ends inside an edge) and the SSM payload there (None without a
         hit, or where no state was kept at exactly ``usable_hit_len``: a pure transformer's hit can end
-        past its deepest state). Mutates nothing; valid while ``handle`` is in flight, else ValueError."""
+        past its deepest state). Mutates nothing; valid while ``handle`` is in flight, else ValueError.
+        A size-only cache (built without ``payloads``, a :meth:`clone`, a :meth:`from_snapshot` restore)
+        holds no payloads: its KV entries are None and its state :data:`SIZE_ONLY`, placeholders with
+        a length, not data to restore. An engine restores only from a cache built with ``payloads``."""
         self._check_active(handle)
         usable = handle.match.usable_hit_len
         if usable == 0:
@@ -449,8 +460,10 @@ class PrefixCache(TreeStore):
         ``kv(start, end)`` supply an engine's payloads (None in simulation); ``states`` is asked for
         :meth:`finish_checkpoints`' positions, and one not supplied is skipped. If nothing fits even
         after evicting everything unlocked, nothing is inserted (``stats.requests_not_cached``).
-        ValueError for a finished or aborted handle (nothing changes); any other error ends the request
-        as an abort, the cache consistent, and propagates."""
+        ValueError for a finished or aborted handle (nothing changes); any other error before the
+        insertion is whole ends the request as an abort, the cache consistent, and propagates. An
+        observer's error in ``on_finish`` propagates after a complete finish (inserted, ended, every
+        observer told ``on_finish``); its ``InsertResult`` is then lost."""
         self._check_active(handle)
         try:
             output = as_tokens(output_tokens, "output_tokens", allow_empty=True)
@@ -852,7 +865,8 @@ class PrefixCache(TreeStore):
     def clone(self, eviction: EvictionPolicy | str) -> "PrefixCache":
         """A size-only copy evicting by ``eviction``, behaving exactly as this cache would under it: tree,
         recency, index, in-flight requests (same ids), stats and admission state; not payloads (every
-        state reads :data:`SIZE_ONLY`), observers, the eviction policy or the lock. The clock is shared
+        state reads :data:`SIZE_ONLY`, every KV None: not for serving), observers, the eviction policy
+        or the lock. The clock is shared
         unless it is the logical one. A rule that tracks dead tails where this cache did not starts
         tracking them now. ConfigError where the tree holds block runs (``every-block`` with runs) and
         ``eviction`` evicts inner nodes: a run is one node, so such a rule could not evict its blocks."""
@@ -893,10 +907,13 @@ class PrefixCache(TreeStore):
 
     @_locked
     def snapshot(self) -> TreeSnapshot:
-        """The tree as plain data (shape, recency, checkpoint positions; no payloads, no locks). Its
-        token arrays are read-only views of the tree's edges (no copy; writing to them raises)."""
+        """The tree as plain data (shape, recency, checkpoint positions, the clock's time and kind);
+        not payloads, stats, in-flight requests (their nodes are kept, unlocked), observers, locks,
+        admission or chooser state. Its token arrays are read-only views of the tree's edges (no
+        copy; writing to them raises). For replays of the tree (tuning), not to move a serving cache."""
         index: dict[int, int] = {}
-        snap = TreeSnapshot(self.tree.page_size, [], [], [], [], [], [], [], float(self.clock()))
+        snap = TreeSnapshot(self.tree.page_size, [], [], [], [], [], [], [], float(self.clock()),
+                            logical_clock=self._logical is not None)
         root = self.tree.root
         for node in self.tree.iter_nodes():
             index[node.node_id] = len(snap.tokens)
@@ -915,15 +932,27 @@ class PrefixCache(TreeStore):
     @classmethod
     def from_snapshot(cls, snapshot: TreeSnapshot, spec: ModelSpec | str, capacity_bytes: float,
                       admission: AdmissionPolicy | str, eviction: EvictionPolicy | str, *,
-                      clock: ManualClock) -> "PrefixCache":
-        """A size-only cache holding ``snapshot``'s tree, ``clock`` set to its time. ConfigError (naming
-        field and index): another page size, a tree over ``capacity_bytes``, or a malformed snapshot."""
+                      clock: ManualClock | None = None) -> "PrefixCache":
+        """A size-only cache holding ``snapshot``'s tree and recency: no payloads (states read
+        :data:`SIZE_ONLY`, KVs None), fresh stats, no in-flight request, no observer.
+
+        ``clock=None``: a snapshot of a cache on its logical clock (``snapshot.logical_clock``)
+        restores that clock at ``snapshot.clock_value``, ticking as the source's would, so the
+        restore decides request for request as the source would have; a snapshot of a cache on a
+        caller's clock needs ``clock`` (ConfigError). ``clock``: a :class:`ManualClock`, set to
+        ``snapshot.clock_value`` here, which the caller then sets or ticks (it is the cache's clock).
+        ConfigError (naming field and index): another page size, a tree over ``capacity_bytes``, or
+        a malformed snapshot."""
         cache = cls(spec, capacity_bytes, admission, eviction, clock=clock)
         if cache.tree.page_size != snapshot.page_size:
             raise ConfigError(f"snapshot has page size {snapshot.page_size}, admission policy "
                               f"{cache.admission.name!r} uses {cache.tree.page_size}")
         _check_snapshot_shape(snapshot)
-        clock.now = snapshot.clock_value
+        if clock is None and not snapshot.logical_clock:
+            raise ConfigError(f"snapshot was taken of a cache on a caller's clock (time {snapshot.clock_value!r}; "
+                              "logical_clock is False): pass clock=ManualClock() and set or tick it in that "
+                              "clock's unit, or snapshot a cache on its logical clock")
+        (cache._logical if clock is None else clock).now = snapshot.clock_value  # type: ignore[union-attr]
         nodes: list[Node] = []
         for i, raw in enumerate(snapshot.tokens):
             p = snapshot.parent_index[i]
@@ -990,6 +1019,9 @@ def _check_snapshot_shape(snapshot: TreeSnapshot) -> None:
         raise ConfigError(f"snapshot: its parallel lists differ in length ({sizes}); one entry per node")
     if not (isinstance(snapshot.clock_value, numbers.Real) and math.isfinite(snapshot.clock_value)):
         raise ConfigError(f"snapshot.clock_value must be a finite number, got {snapshot.clock_value!r}")
+    if not isinstance(snapshot.logical_clock, bool):
+        raise ConfigError(f"snapshot.logical_clock must be True (the source's logical clock) or False (a "
+                          f"caller's), got {brief_repr(snapshot.logical_clock)}")
     for i, p in enumerate(snapshot.parent_index):
         if not _is_whole(p) or not -1 <= p < i:
             raise ConfigError(f"snapshot.parent_index[{i}] = {p!r}: a parent is an earlier node's index "

@@ -123,12 +123,26 @@ def rule_labels() -> tuple[str, ...]:
     return tuple(_RULE_LABELS)
 
 
+#: What a label looks like, for error messages.
+_LABEL_FORMS = "lru[t] or a<alpha>[m][i][l][p][t] (e.g. lru, a1m, a2lp, a0.5mt)"
+
+
 def rule_from_label(label: str) -> Rule:
     """The rule ``label`` names: a registered parser's, else :meth:`EvictionRule.from_label`'s
-    (whose ConfigError, naming the registered parsers, is raised when no one knows it)."""
+    (whose ConfigError, naming the registered parsers, is raised when no one knows it).
+    Every bad label is a ConfigError naming it and what labels look like: a label that is not a
+    string, and a label on which a parser raised (ValueError, TypeError, LookupError, AttributeError,
+    ArithmeticError; chained as the cause) instead of returning None or raising ConfigError."""
+    if not isinstance(label, str):
+        raise ConfigError(f"a rule label is a string, {_LABEL_FORMS}, got {type(label).__name__} {label!r}")
     text = label.strip()
-    for parse in tuple(_RULE_LABELS.values()):
-        rule = parse(text)
+    for name, parse in tuple(_RULE_LABELS.items()):
+        try:
+            rule = parse(text)
+        except (ValueError, TypeError, LookupError, AttributeError, ArithmeticError) as exc:
+            raise ConfigError(f"rule {label!r}: label parser {name!r} raised {type(exc).__name__}: {exc}; a label "
+                              f"is {_LABEL_FORMS} or one a registered parser knows ({', '.join(_RULE_LABELS)}), "
+                              "and a parser returns None for a label not its own") from exc
         if rule is not None:
             return rule
     try:
@@ -479,9 +493,19 @@ def _oracle() -> EvictionPolicy:
 
 
 def make_eviction(spec: "str | EvictionPolicy") -> EvictionPolicy:
-    """The registry's policy ``spec`` names, or ``spec`` itself; ConfigError for an object lacking the
-    :class:`EvictionPolicy` contract (inherit :class:`EvictionBase` for its defaults)."""
-    policy = EVICTION_POLICIES.create(spec) if isinstance(spec, str) else spec
+    """The registry's policy ``spec`` names, or ``spec`` itself; ConfigError for an unknown name
+    (``marconi`` is answered with the eviction that makes the default system: ``worlds``) or an object
+    lacking the :class:`EvictionPolicy` contract (inherit :class:`EvictionBase` for its defaults)."""
+    try:
+        policy = EVICTION_POLICIES.create(spec) if isinstance(spec, str) else spec
+    except ConfigError as exc:
+        if isinstance(spec, str) and spec.partition(":")[0].strip() == "marconi" and str(exc).startswith(
+                "unknown eviction policy 'marconi'"):
+            raise ConfigError(f"{exc}. 'marconi' is an admission policy (and the simulator's system), not an "
+                              "eviction policy: the default marconi system is admission='marconi', "
+                              "eviction='worlds' (its rule chosen online); for one fixed rule "
+                              "write eviction='flop-aware:alpha=1.0'") from None
+        raise
     if not isinstance(policy, EvictionPolicy):
         raise ConfigError(f"{policy!r} lacks the EvictionPolicy contract (name, evicts_inner_nodes, efficiency_variant, "
                           "tracks_tails, trims_tails, chooser, bind, set_rule, choose, describe): inherit "

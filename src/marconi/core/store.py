@@ -6,7 +6,7 @@ the eviction-candidate index, kept consistent by its surgery. Each operation eit
 
 from __future__ import annotations
 
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -30,8 +30,10 @@ def require(condition: bool, message: str) -> None:
         raise InvariantError(message)
 
 
+@runtime_checkable
 class PayloadOps(Protocol):
-    """How the store manipulates opaque payloads when the tree's shape changes."""
+    """How the store manipulates opaque payloads when the tree's shape changes. Runtime-checkable:
+    ``isinstance(ops, PayloadOps)`` checks that the four methods are there (not their signatures)."""
 
     def split_kv(self, kv: Any, at: int) -> tuple[Any, Any]:
         """An edge's KV payload -> (its first ``at`` tokens, the rest)."""
@@ -112,6 +114,8 @@ class TreeStore:
     # ================================================================== surgery with accounting
     @property
     def free_bytes(self) -> int:
+        """``capacity_bytes - used_bytes``. Internal (the store's), not part of the ``PrefixCache``
+        contract; read it under ``cache.lock`` for a consistent value."""
         return self.capacity_bytes - self.used_bytes
 
     def _new_node(self, seq: np.ndarray, start: int, end: int, parent: Node,
@@ -348,7 +352,8 @@ class TreeStore:
     def adopt_tree(self) -> None:
         """Account for a tree built with the tree's own surgery (``from_snapshot``): bytes, FLOP
         efficiency and the eviction candidates, from scratch; access counters continue after the
-        largest. Only for a cache that has served nothing yet."""
+        largest. Only for a cache that has served nothing yet. Internal (the cache's own surgery):
+        not part of the ``PrefixCache`` contract, and it does not take ``cache.lock``."""
         assert self.used_bytes == 0, "adopt_tree is for a fresh store"
         for node in self.tree.iter_nodes():
             self.used_bytes += self._node_bytes(node)
@@ -364,14 +369,16 @@ class TreeStore:
 
     def reindex(self) -> None:
         """Recompute every node's FLOP efficiency and candidate membership for the current policy
-        (after ``inner_candidates`` or ``efficiency_variant`` changed)."""
+        (after ``inner_candidates`` or ``efficiency_variant`` changed). Internal (``clone`` calls it):
+        not part of the ``PrefixCache`` contract, and it does not take ``cache.lock``."""
         for node in self.tree.iter_nodes():
             self._update_eff(node)
             self._sync_candidate(node)
 
     def check_store(self, expected_locks: dict[int, int]) -> None:
         """Recompute the tree's shape, bytes, lock counts (``expected_locks``: node id -> in-flight
-        users), FLOP efficiencies and the candidate index from scratch; InvariantError on a drift."""
+        users), FLOP efficiencies and the candidate index from scratch; InvariantError on a drift.
+        Internal: callers use ``PrefixCache.check_invariants`` (locked, and it counts the locks)."""
         used = kv = ssm = locked = count = 0
         page = self.tree.page_size
         stack = [self.tree.root]
