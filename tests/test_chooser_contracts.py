@@ -115,7 +115,9 @@ def _replay_as(job, alpha: float, **rule) -> int:
     return cache.stats.reused_tokens
 
 
-def test_bootstrap_replays_every_alpha_under_the_live_rules_settings(monkeypatch):
+@pytest.fixture
+def tuning_jobs(monkeypatch):
+    """Every TuningJob the bootstrap tuner hands to ``evaluate_alphas`` (run in-process)."""
     jobs = []
     evaluate = bootstrap.evaluate_alphas
 
@@ -124,6 +126,11 @@ def test_bootstrap_replays_every_alpha_under_the_live_rules_settings(monkeypatch
         return evaluate(job, grid, 1, mapper)
 
     monkeypatch.setattr(bootstrap, "evaluate_alphas", spy)
+    return jobs
+
+
+def test_bootstrap_replays_every_alpha_under_the_live_rules_settings(tuning_jobs):
+    jobs = tuning_jobs
     requests = chat_trace(num_sessions=60, turns=(3, 9), system_prompt_len=300, user_len=200, output_len=250,
                           seed=11)
     live = FlopAware(0.0, "total", "linear", candidates="leaves", touch="path")
@@ -139,15 +146,8 @@ def test_bootstrap_replays_every_alpha_under_the_live_rules_settings(monkeypatch
         assert result.reused_tokens == _replay_as(job, result.alpha, candidates="leaves", touch="path")
 
 
-def test_bootstrap_carries_tails_into_the_job(monkeypatch, chat):
-    jobs = []
-    evaluate = bootstrap.evaluate_alphas
-
-    def spy(job, grid, workers=None, mapper=None):
-        jobs.append(job)
-        return evaluate(job, grid, 1, mapper)
-
-    monkeypatch.setattr(bootstrap, "evaluate_alphas", spy)
+def test_bootstrap_carries_tails_into_the_job(tuning_jobs, chat):
+    jobs = tuning_jobs
     live = FlopAware(0.0, tails=True)
     clock = ManualClock()
     cache = PrefixCache("paper-7b", 1.5e9, "marconi", live, clock=clock)
