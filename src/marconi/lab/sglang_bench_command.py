@@ -33,7 +33,8 @@ def register(sglang: Any) -> None:
                             "marconi:alpha=X (X a number, e.g. 0.5, the default before issue 31, or adaptive), "
                             "marconi:alpha=adaptive,selector=regret (the regret shadow)")
     bench.add_argument("--num-requests", type=Number(COUNT), default=None, help="replay only the first N requests")
-    add_output(bench, "--out", default="results/sglang_bench.jsonl", help="JSONL records are appended here")
+    add_output(bench, "--out", default="results/sglang_bench.jsonl",
+               help="JSONL records are appended here (default: %(default)s)")
     bench.set_defaults(func=_cmd_bench)
 
 

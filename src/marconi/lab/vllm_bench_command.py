@@ -72,7 +72,8 @@ def register(vllm: Any) -> None:
                        help="vLLM's prefix_cache_retention_interval: 0 (default), none (every block) or tokens, "
                             f"a multiple of --model's block ({_blocks(BLOCK_SIZES)})")
     add_output(bench, "--work-dir", kind="workdir", default="results/vllm_bench_work", help="model, server logs, block traces")
-    add_output(bench, "--out", default="results/vllm_bench.jsonl", help="JSONL records (written atomically)")
+    add_output(bench, "--out", default="results/vllm_bench.jsonl",
+               help="JSONL records (written atomically; default: %(default)s)")
     add_output(bench, "--plot", beside=("out", ".png"), suffixes=PLOT_SUFFIXES,
                help="TTFT CDF PNG (default: beside --out, R.jsonl -> R.png; '' to skip)")
     add_output(bench, "--record-fixture", default=None,

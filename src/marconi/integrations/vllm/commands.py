@@ -135,7 +135,8 @@ def _register_replay(sub: Any) -> None:
     replay.add_argument("--address", default=None, help="with --backend ray: the cluster to join")
     add_output(replay, "--work-dir", kind="workdir", default=None,
                help="requests, worker logs and results (default: a temp dir)")
-    add_output(replay, "--out", default="results/vllm_replay.jsonl", help="JSONL records (written atomically)")
+    add_output(replay, "--out", default="results/vllm_replay.jsonl",
+               help="JSONL records (written atomically; default: %(default)s, the plot beside it)")
     add_output(replay, "--plot", beside=("out", ".png"), suffixes=PLOT_SUFFIXES,
                help="the plot PNG: TTFT CDF, the sweep's or the tiers' (default: beside --out, R.jsonl -> R.png; "
                     "'' to skip)")
