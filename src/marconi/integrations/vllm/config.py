@@ -11,6 +11,7 @@ once per block pool and ``observe`` after every request. Name only modules you t
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import math
 import os
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping, TextIO
 
 from marconi.core.registry import ConfigError
-from marconi.options import CHECKPOINT_BUDGET
+from marconi.options import CHECKPOINT_BUDGET, MAX_COUNT
 from marconi.integrations.common.alpha import AlphaSource, FixedAlpha
 from marconi.integrations.vllm.policy import DEFAULT_ALPHA, EFFICIENCIES, POLICIES
 from marconi.integrations.vllm.retention import DEFAULT_BUDGET, SPARSE_DP
@@ -26,7 +27,8 @@ from marconi.integrations.vllm.shadow import PoolShadowAlpha
 
 __all__ = ["PluginConfig", "ENV_POLICY", "ENV_ALPHA", "ENV_ADAPTIVE_RULES", "ENV_ADAPTIVE_LAG", "ENV_ADAPTIVE_REPLAY",
            "ENV_ALPHA_SOURCE", "ENV_EFFICIENCY", "REPLAYS",
-           "ENV_TRACE", "ENV_MAMBA2_CPU_FIX", "ENV_RETENTION", "ENV_RETENTION_BUDGET", "ADAPTIVE", "parse_alpha", "load_alpha_factory"]
+           "ENV_TRACE", "ENV_MAMBA2_CPU_FIX", "ENV_RETENTION", "ENV_RETENTION_BUDGET", "ADAPTIVE", "parse_alpha",
+           "load_alpha_factory", "KNOWN_VARIABLES", "MAX_ADAPTIVE_LAG", "unknown_variables"]
 
 ENV_POLICY = "MARCONI_VLLM_POLICY"
 ENV_ALPHA = "MARCONI_VLLM_ALPHA"
@@ -46,6 +48,31 @@ ENV_RETENTION_BUDGET = "MARCONI_VLLM_RETENTION_BUDGET"
 #: The value of ``MARCONI_VLLM_ALPHA`` / ``vllm-align:alpha=`` / ``--alpha`` that selects adaptive α.
 ADAPTIVE = "adaptive"
 DEFAULT_RULES = "default"
+#: The largest ``MARCONI_VLLM_ADAPTIVE_LAG``: a lag past every trace's length (the project's count
+#: bound, ``marconi.options.MAX_COUNT``) would never switch the rule, and keeps one entry per request.
+MAX_ADAPTIVE_LAG = MAX_COUNT
+#: Every ``MARCONI_VLLM_*`` name this project reads: the plugin's (``ENV_*`` here), the recording's
+#: (``marconi.integrations.vllm.record``), and ``MARCONI_VLLM_PYTHON`` (the test suite's vLLM
+#: interpreter, which ``make test`` exports into every server it starts). Any other
+#: ``MARCONI_VLLM_*`` variable is a typo (:func:`unknown_variables`).
+KNOWN_VARIABLES = (ENV_POLICY, ENV_ALPHA, ENV_ADAPTIVE_RULES, ENV_ADAPTIVE_LAG, ENV_ADAPTIVE_REPLAY, ENV_ALPHA_SOURCE,
+                   ENV_EFFICIENCY, ENV_TRACE, ENV_MAMBA2_CPU_FIX, ENV_RETENTION, ENV_RETENTION_BUDGET,
+                   "MARCONI_VLLM_RECORD", "MARCONI_VLLM_RECORD_MAX_BYTES", "MARCONI_VLLM_PYTHON")
+_PREFIX = "MARCONI_VLLM"
+
+
+def unknown_variables(env: Mapping[str, str]) -> list[str]:
+    """One message per variable of ``env`` whose name starts ``MARCONI_VLLM`` (any case) that is
+    not in :data:`KNOWN_VARIABLES`, naming it, the closest known name, and the known names; sorted.
+    Such a variable is never read: ``MARCONI_VLLM_POLIC=marconi`` would otherwise run stock vLLM,
+    and ``MARCONI_VLLM_ALPA=2`` the default α, without a word."""
+    out = []
+    for name in sorted(n for n in env if n.upper().startswith(_PREFIX) and n not in KNOWN_VARIABLES):
+        close = difflib.get_close_matches(name.upper(), KNOWN_VARIABLES, n=1, cutoff=0.85)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        out.append(f"{name}: no such variable{hint}: rename or unset it (the plugin reads "
+                   f"{', '.join(KNOWN_VARIABLES[:-1])})")
+    return out
 
 
 def default_replay(lag: int) -> str:
@@ -123,7 +150,7 @@ def _retention_from_env(env: Mapping[str, str]) -> tuple[str | None, int | None]
 
 
 def _mamba2_cpu_fix_from_env(env: Mapping[str, str]) -> bool:
-    fix = env.get(ENV_MAMBA2_CPU_FIX, "auto").strip().lower()
+    fix = env.get(ENV_MAMBA2_CPU_FIX, "").strip().lower() or "auto"    # empty: unset, as every variable
     if fix not in ("auto", "off"):
         raise ConfigError(f"{ENV_MAMBA2_CPU_FIX}={fix!r}: choose auto or off")
     return fix == "auto"
@@ -176,8 +203,10 @@ class PluginConfig:
                 raise ConfigError(f"{ENV_ADAPTIVE_RULES}={self.adaptive_rules!r}: {exc}") from None
         elif self.adaptive_rules != DEFAULT_RULES:
             raise ConfigError(f"{ENV_ADAPTIVE_RULES}={self.adaptive_rules!r} needs {ENV_ALPHA}={ADAPTIVE}")
-        if isinstance(self.adaptive_lag, bool) or not isinstance(self.adaptive_lag, int) or self.adaptive_lag < 0:
-            raise ConfigError(f"{ENV_ADAPTIVE_LAG}={self.adaptive_lag!r}: write a whole number of requests >= 0")
+        if (isinstance(self.adaptive_lag, bool) or not isinstance(self.adaptive_lag, int)
+                or not 0 <= self.adaptive_lag <= MAX_ADAPTIVE_LAG):
+            raise ConfigError(f"{ENV_ADAPTIVE_LAG}={self.adaptive_lag!r}: write a whole number of requests >= 0 "
+                              f"and <= {MAX_ADAPTIVE_LAG:,}")
         if self.adaptive_lag and not self.adaptive:
             raise ConfigError(f"{ENV_ADAPTIVE_LAG}={self.adaptive_lag!r} needs {ENV_ALPHA}={ADAPTIVE}")
         if self.adaptive_replay is not None:
@@ -230,9 +259,18 @@ class PluginConfig:
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "PluginConfig":
         """The configuration the environment (default ``os.environ``) gives; ConfigError naming the
-        variable and its value for anything wrong."""
+        variable and its value for anything wrong, and, with ``MARCONI_VLLM_POLICY`` set, naming any
+        ``MARCONI_VLLM_*`` variable no part of the plugin reads (:func:`unknown_variables`: a typo
+        must not leave a setting at its default), or ``MARCONI_VLLM_RECORD_MAX_BYTES`` set without
+        ``MARCONI_VLLM_RECORD`` (a cap on no recording)."""
         env = os.environ if env is None else env
         policy = _policy_from_env(env)
+        unknown = unknown_variables(env)
+        if unknown and policy is not None:
+            raise ConfigError(unknown[0])
+        if env.get("MARCONI_VLLM_RECORD_MAX_BYTES", "").strip() and not env.get("MARCONI_VLLM_RECORD", "").strip():
+            raise ConfigError(f"MARCONI_VLLM_RECORD_MAX_BYTES={env['MARCONI_VLLM_RECORD_MAX_BYTES']!r} needs "
+                              "MARCONI_VLLM_RECORD (a path to record to); unset it or set both")
         raw_alpha = env.get(ENV_ALPHA, "").strip()
         alpha = parse_alpha(raw_alpha) if raw_alpha else DEFAULT_ALPHA
         fix = _mamba2_cpu_fix_from_env(env)
@@ -245,7 +283,8 @@ class PluginConfig:
         try:
             lag = int(raw_lag) if raw_lag else 0
         except ValueError:
-            raise ConfigError(f"{ENV_ADAPTIVE_LAG}={raw_lag!r}: write a whole number of requests >= 0") from None
+            raise ConfigError(f"{ENV_ADAPTIVE_LAG}={raw_lag!r}: write a whole number of requests >= 0 "
+                              f"and <= {MAX_ADAPTIVE_LAG:,}") from None
         replay = env.get(ENV_ADAPTIVE_REPLAY, "").strip().lower() or None
         return cls(policy=policy, alpha=alpha, alpha_source=env.get(ENV_ALPHA_SOURCE, "").strip() or None,
                    efficiency=efficiency or "total", trace_path=env.get(ENV_TRACE, "").strip() or None,
@@ -256,19 +295,22 @@ class PluginConfig:
     @classmethod
     def lenient_from_env(cls, env: Mapping[str, str] | None = None) -> tuple["PluginConfig", list[str]]:
         """:meth:`from_env`, except that with ``MARCONI_VLLM_POLICY`` unset it never raises: it
-        returns the configuration and the problems it ignored (each a :meth:`from_env` message), a
-        wrong ``MARCONI_VLLM_MAMBA2_CPU_FIX`` keeping ``auto``. Stock vLLM must never be stopped.
+        returns the configuration and the problems it ignored (each a :meth:`from_env` message, and
+        one per :func:`unknown_variables` name, so that ``MARCONI_VLLM_POLIC=marconi`` is named in
+        the log rather than running stock vLLM without a word), a wrong
+        ``MARCONI_VLLM_MAMBA2_CPU_FIX`` keeping ``auto``. Stock vLLM must never be stopped.
 
         Raises:
             ConfigError: a policy is set and :meth:`from_env` refuses the environment.
         """
         env = os.environ if env is None else env
         try:
-            return cls.from_env(env), []
+            return cls.from_env(env), unknown_variables(env)
         except ConfigError as exc:
             if _policy_from_env(env) is not None:
                 raise
             problems = [str(exc)]
+            problems += unknown_variables(env)
         try:
             fix = _mamba2_cpu_fix_from_env(env)
         except ConfigError as exc:

@@ -10,7 +10,10 @@ beyond its capacity; :mod:`marconi.integrations.vllm.tier` reads it from vLLM's 
 
 from __future__ import annotations
 
+import difflib
+import logging
 import math
+import numbers
 import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
@@ -23,7 +26,12 @@ from marconi.core.model import ModelSpec, get_model
 from marconi.core.registry import ConfigError
 from marconi.integrations.vllm.policy import ATTENTION, MAMBA
 
-__all__ = ["TierSettings", "ArcTreeOrder", "check_group_kinds", "parse_tier_rule", "parse_switch", "switches_from_env", "ADAPTIVE", "ARC_TREE", "DEFAULT_FAMILY", "DEFAULT_RULE", "DEFAULT_HOST_GBPS", "DEFAULT_GPU_TFLOPS", "ENV_COLD_INSERT", "ENV_SECOND_CHANCE", "ENV_GROUP_KINDS", "ENV_MODEL", "ENV_RULE", "SWITCHES"]
+__all__ = ["TierSettings", "ArcTreeOrder", "check_group_kinds", "parse_tier_rule", "parse_switch", "switches_from_env",
+           "ADAPTIVE", "ARC_TREE", "DEFAULT_FAMILY", "DEFAULT_RULE", "DEFAULT_HOST_GBPS", "DEFAULT_GPU_TFLOPS",
+           "ENV_COLD_INSERT", "ENV_SECOND_CHANCE", "ENV_GROUP_KINDS", "ENV_MODEL", "ENV_RULE", "SWITCHES",
+           "MIN_HOST_GBPS", "MAX_HOST_GBPS"]
+
+logger = logging.getLogger("marconi.integrations.vllm")
 
 #: ``marconi_rule`` naming the online choice over :data:`DEFAULT_FAMILY` (``tier_chooser``)
 ADAPTIVE = "adaptive"
@@ -36,6 +44,9 @@ ARC_TREE = "arc-tree"
 DEFAULT_RULE = ADAPTIVE
 DEFAULT_HOST_GBPS = 64.0
 DEFAULT_GPU_TFLOPS = 400.0
+#: ``marconi_host_gbps``'s range: 1 byte/s to 1 EB/s, what the replay's ``--host-bandwidth`` takes
+#: (``replay.tiers.parse_bandwidth``), which it passes on as this key
+MIN_HOST_GBPS, MAX_HOST_GBPS = 1e-9, 1e9
 ENV_GROUP_KINDS = "MARCONI_TIER_GROUP_KINDS"
 ENV_MODEL = "MARCONI_TIER_MODEL"
 ENV_RULE = "MARCONI_TIER_RULE"
@@ -52,6 +63,8 @@ _SOURCES: dict[str, str | None] = {"marconi_rule": ENV_RULE, "marconi_model": EN
                                    "marconi_group_kinds": ENV_GROUP_KINDS, "marconi_host_gbps": None,
                                    "marconi_gpu_tflops": None, **{key: var for _, key, var in SWITCHES}}
 _KEYS = tuple(_SOURCES)
+#: every ``MARCONI_TIER_*`` variable the policy reads; any other is refused where the environment is read
+_VARIABLES = tuple(var for var in _SOURCES.values() if var is not None)
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
 
@@ -83,7 +96,8 @@ class TierSettings:
     """What the policy needs beyond its capacity: ``group_kinds`` (``"attention"``/``"mamba"`` per KV
     cache group, vLLM's order), ``spec``, ``tokens_per_chunk`` (None: parents learned per request),
     ``rule`` (any that cuts no dead tails; the rule in force first), the load cost's ``host_gbps``
-    (GB/s per direction) and ``gpu_tflops`` (effective prefill TFLOP/s), ``family``: empty for a
+    (GB/s per direction, :data:`MIN_HOST_GBPS` to :data:`MAX_HOST_GBPS`) and ``gpu_tflops``
+    (effective prefill TFLOP/s; their ratio, FLOPs per byte loaded, finite and > 0), ``family``: empty for a
     fixed rule, else the rules an adaptive tier chooses from online (``rule`` among them), and
     ``cold_insert`` (``marconi_cold_insert``): whether a request's own tail enters at the old end of
     the recency order when the branch point it hangs from has lately had its branches go unused
@@ -116,8 +130,16 @@ class TierSettings:
             value = getattr(self, name)
             if isinstance(value, bool) or not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
                 raise ConfigError(f"marconi_{name}: a positive number, got {value!r}")
-        if self.tokens_per_chunk is not None and self.tokens_per_chunk <= 0:
-            raise ConfigError(f"tokens_per_chunk must be positive, got {self.tokens_per_chunk}")
+        if not MIN_HOST_GBPS <= self.host_gbps <= MAX_HOST_GBPS:
+            raise ConfigError(f"marconi_host_gbps: GB/s per direction, from {MIN_HOST_GBPS:g} to {MAX_HOST_GBPS:g} "
+                              f"(1 byte/s to 1 EB/s, as the replay's --host-bandwidth), got {self.host_gbps!r}")
+        ratio = self.load_flops_per_byte
+        if not (math.isfinite(ratio) and ratio > 0):    # each finite, but their ratio is past a float's range
+            raise ConfigError(f"marconi_gpu_tflops={self.gpu_tflops!r} over marconi_host_gbps={self.host_gbps!r} "
+                              f"is {ratio!r} FLOPs per byte loaded: give both in real units (TFLOP/s, GB/s)")
+        tpc = self.tokens_per_chunk
+        if tpc is not None and (isinstance(tpc, bool) or not isinstance(tpc, numbers.Integral) or tpc <= 0):
+            raise ConfigError(f"tokens_per_chunk must be a positive whole number, got {tpc!r}")
 
     @property
     def alpha(self) -> float:
@@ -145,20 +167,26 @@ class TierSettings:
         value, which outranks the variable. Each value is checked where it was given (an empty
         variable is unset).
 
+        A variable that is set but not read (its key, or vLLM, gives the setting) and says otherwise
+        is named in a warning on the ``marconi.integrations.vllm`` logger, with the value used.
+
         Raises:
-            ConfigError: an unknown ``marconi_*`` key, a value of the wrong type or out of range, a
-                missing group list or model; naming the key (``kv_connector_extra_config
+            ConfigError: an unknown ``marconi_*`` key (any case, ``-`` or ``_``, with or without the
+                underscore: ``marconi-rule``, ``marconirule``, `` marconi_rule``), an unknown
+                ``MARCONI_TIER_*`` variable (where ``env`` is read), a value of the wrong type or out
+                of range, a missing group list or model; naming the key (``kv_connector_extra_config
                 'marconi_rule'``) or the variable (``MARCONI_TIER_RULE``) the value came from.
         """
         odd = [k for k in extra if not isinstance(k, str)]
         if odd:                          # JSON gives none; a Python caller's dict may
             raise ConfigError(f"kv_connector_extra_config: keys are strings, got {odd!r}")
-        # any case: vLLM's keys are lower case, so 'Marconi_rule' is this policy's key mistyped, not vLLM's
-        unknown = sorted(k for k in extra if str(k).lower().startswith("marconi_") and k not in _KEYS)
-        if unknown:
-            raise ConfigError(f"kv_connector_extra_config: unknown key(s) {unknown}; known: {list(_KEYS)}")
-        given = _given(extra, env, skip=(() if group_kinds is None else ("marconi_group_kinds",))
-                       + (() if spec is None else ("marconi_model",)))
+        _refuse_unknown_keys(extra)
+        if env is not None:
+            _refuse_unknown_variables(env)
+        skip = ((() if group_kinds is None else ("marconi_group_kinds",))
+                + (() if spec is None else ("marconi_model",)))
+        given = _given(extra, env, skip=skip)
+        vllm_spec = spec
         if "marconi_group_kinds" in given:
             kinds = _group_kinds_value(*given["marconi_group_kinds"])
         elif group_kinds is not None:
@@ -179,11 +207,14 @@ class TierSettings:
                    for name in ("host_gbps", "gpu_tflops") if f"marconi_{name}" in given}
         switches = {name: parse_switch(*given[key]) for name, key, _ in SWITCHES if key in given}
         try:
-            return cls(kinds, spec, tokens_per_chunk, rule, family=family, **switches, **numbers)
+            settings = cls(kinds, spec, tokens_per_chunk, rule, family=family, **switches, **numbers)
         except ConfigError as exc:
             if "marconi_rule" not in str(exc) and "adaptive rule" in str(exc):
                 raise ConfigError(f"{rule_where}: {exc}") from None
             raise
+        if env is not None:          # once the settings stand: a refusal says more than a warning
+            _warn_shadowed(extra, env, skip, group_kinds, vllm_spec)
+        return settings
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> "TierSettings":
@@ -196,6 +227,70 @@ class TierSettings:
         if not env.get(ENV_MODEL):
             raise ConfigError(f"MarconiCachePolicy: set {ENV_MODEL} (a preset such as nemotron-h-8b)")
         return cls.from_extra_config({}, env=env)
+
+
+def _refuse_unknown_keys(extra: Mapping[str, Any]) -> None:
+    """ConfigError naming every key of ``extra`` that reads as this policy's (``marconi`` first, in
+    any case, spacing or separator: vLLM's own keys never start so) but is none of :data:`_KEYS`; such
+    a key would be ignored and its setting left at the default."""
+    def ours(key: str) -> bool:
+        return key.strip().lower().replace("-", "_").replace(" ", "_").startswith("marconi")
+
+    unknown = sorted(k for k in extra if ours(k) and k not in _KEYS)
+    if unknown:
+        fixed = unknown[0].strip().lower().replace("-", "_").replace(" ", "_")
+        close = difflib.get_close_matches(fixed, _KEYS, n=1, cutoff=0.85)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ConfigError(f"kv_connector_extra_config: unknown key(s) {unknown}{hint}; known: {list(_KEYS)}")
+
+
+def _refuse_unknown_variables(env: Mapping[str, str]) -> None:
+    """ConfigError naming a ``MARCONI_TIER*`` variable (any case) of ``env`` that is none of
+    :data:`_VARIABLES`: never read, it would leave its setting at the default without a word
+    (``MARCONI_TIER_RUL=a2m``; ``MARCONI_TIER_HOST_GBPS``, a key with no variable)."""
+    unknown = sorted(n for n in env if n.upper().startswith("MARCONI_TIER") and n not in _VARIABLES)
+    if unknown:
+        close = difflib.get_close_matches(unknown[0].upper(), _VARIABLES, n=1, cutoff=0.85)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        raise ConfigError(f"{unknown[0]}: no such variable{hint}: rename or unset it (MarconiCachePolicy reads "
+                          f"{', '.join(_VARIABLES)}; marconi_host_gbps and marconi_gpu_tflops are "
+                          "kv_connector_extra_config keys only)")
+
+
+def _warn_shadowed(extra: Mapping[str, Any], env: Mapping[str, str], skip: Sequence[str],
+                   group_kinds: Sequence[str] | None, spec: ModelSpec | None) -> None:
+    """Warn, naming both, for each ``MARCONI_TIER_*`` variable set to a value other than the one a
+    key of ``extra`` (or vLLM, for ``skip``'s keys) gives instead: the key wins, as documented, but
+    the operator who set the variable is told it is not in effect."""
+    for key, var in _SOURCES.items():
+        if var is None or not env.get(var, "").strip():
+            continue
+        text = env[var]
+        if key in extra:
+            if not _same_setting(key, extra[key], text):
+                logger.warning("marconi: %s=%r is not in effect: kv_connector_extra_config %r=%r outranks it "
+                               "(unset the variable or make them agree)", var, text, key, extra[key])
+        elif key in skip:
+            used: Any = list(group_kinds or ()) if key == "marconi_group_kinds" else spec
+            if not _same_setting(key, used, text):
+                what = used if key == "marconi_group_kinds" else getattr(spec, "name", spec)
+                logger.warning("marconi: %s=%r is not in effect: what vLLM gives (%s %s) outranks it (unset the "
+                               "variable, or set kv_connector_extra_config %r)", var, text,
+                               "KV cache groups" if key == "marconi_group_kinds" else "model", what, key)
+
+
+def _same_setting(key: str, value: Any, text: str) -> bool:
+    """Whether ``value`` (a key's, or vLLM's) and a variable's ``text`` give the same setting: each
+    parsed as the setting is where it parses (a ModelSpec ``value`` compared with the model ``text``
+    names), else compared as text."""
+    parse: dict[str, Any] = {"marconi_rule": lambda v, w: v.strip() if isinstance(v, str) else v,
+                             "marconi_group_kinds": _group_kinds_value,
+                             "marconi_model": lambda v, w: v if isinstance(v, ModelSpec) else _model_value(v, w),
+                             **{k: parse_switch for _, k, _ in SWITCHES}}
+    try:
+        return parse[key](value, key) == parse[key](text, key)
+    except Exception:  # a comparison for a warning: any value that does not parse is compared as text
+        return str(value).strip() == text.strip()
 
 
 def _given(extra: Mapping[str, Any], env: Mapping[str, str] | None,
@@ -248,7 +343,10 @@ def _positive(raw: Any, where: str) -> float:
     ConfigError naming ``where`` otherwise."""
     value = None
     if isinstance(raw, (int, float)) and not isinstance(raw, bool):
-        value = float(raw)
+        try:
+            value = float(raw)
+        except OverflowError:          # an int past a float's range (JSON reads 1e400 written out as an int)
+            pass
     elif isinstance(raw, str):
         try:
             value = float(raw)
