@@ -22,7 +22,7 @@ from marconi.core.registry import ConfigError
 from marconi.integrations.vllm.emulate.tier import ReqContext
 from marconi.integrations.vllm.policy import ATTENTION, MAMBA
 from marconi.integrations.vllm.shadow import PoolShadowAlpha
-from marconi.integrations.vllm.tier_chooser import ARC_WORLD, TierEvent, TierRuleChooser
+from marconi.integrations.vllm.tier_chooser import ARC_WORLD, AdaptiveTierPolicy, TierEvent, TierRuleChooser
 from marconi.integrations.vllm.tier_settings import TierSettings
 from marconi.sim import simulate
 from marconi.workloads import chat_trace
@@ -233,15 +233,18 @@ def test_bootstrap_parameters_are_checked_at_the_edges_of_their_ranges():
     assert BootstrapTuner(FlopAware(0.0), retune_every=50, workers=1).workers == 1
 
 
-@pytest.mark.parametrize("capacity", [0, -4, 2.5, True, NAN, "10"])
+@pytest.mark.parametrize("capacity", [-1, -4, 2.5, True, NAN, "10"])
 def test_tier_chooser_capacity_must_be_a_whole_number_of_chunks(capacity):
     with pytest.raises(ConfigError, match="capacity"):
         TierRuleChooser(capacity, _tier_settings("lru/a2m"))
 
 
-def test_tier_chooser_capacity_is_checked_at_one_chunk():
+def test_tier_chooser_capacity_is_checked_at_zero_chunks():
+    """vLLM builds a zero-capacity CPUOffloadingManager (its own test_manager's usage gauge does):
+    an empty tier is a tier, and -1 is the first refused."""
     with pytest.raises(ConfigError, match="capacity"):
-        TierRuleChooser(0, _tier_settings("lru/a2m"))
+        TierRuleChooser(-1, _tier_settings("lru/a2m"))
+    assert TierRuleChooser(0, _tier_settings("lru/a2m")).worlds[0].capacity == 0
     assert TierRuleChooser(1, _tier_settings("lru/a2m")).min_lead > 0
     assert TierRuleChooser(np.int64(24), _tier_settings("lru/a2m")).worlds[0].capacity == 24
 
@@ -253,3 +256,10 @@ def test_the_pool_shadow_refuses_bad_scoring_when_built_not_when_it_binds(kwargs
     (a NaN hysteresis was accepted there and never switched once the pool bound)."""
     with pytest.raises(ConfigError, match=f"adaptive {next(iter(kwargs))} must be"):
         PoolShadowAlpha(**kwargs)
+
+
+def test_an_adaptive_tier_of_zero_chunks_builds_and_evicts_nothing():
+    """vLLM's own tier tests build a CPUOffloadingManager of 0 chunks: the adaptive policy (its
+    chooser included) must build, and evict nothing (vLLM's contract: None for more than it holds)."""
+    policy = AdaptiveTierPolicy(0, _tier_settings("lru/a2m"))
+    assert policy.chooser is not None and policy.evict(1, set()) is None and policy.evict(0, set()) == []

@@ -207,7 +207,8 @@ class TierRuleChooser:
     """A :class:`~marconi.core.chooser.RuleChooser` over :class:`TierEvent` s for one live tier.
 
     Args:
-        capacity: the live tier's chunks (each world holds as many), a whole number >= 1.
+        capacity: the live tier's chunks (each world holds as many), a whole number >= 0 (vLLM builds
+            empty tiers).
         settings: the live tier's settings; ``settings.family`` the rules (a world each), and
             ``settings.rule`` the one in force first.
         decay: weight the scores keep per request end, in (0, 1].
@@ -235,8 +236,8 @@ class TierRuleChooser:
                  hysteresis: float = DEFAULT_HYSTERESIS, arc_world: bool = False) -> None:
         if not settings.family:
             raise ConfigError("marconi_rule: an adaptive tier needs a family of rules")
-        if isinstance(capacity, bool) or not isinstance(capacity, numbers.Integral) or not capacity >= 1:
-            raise ConfigError(f"tier chooser capacity must be a whole number of chunks >= 1, got {capacity!r}")
+        if isinstance(capacity, bool) or not isinstance(capacity, numbers.Integral) or not capacity >= 0:
+            raise ConfigError(f"tier chooser capacity must be a whole number of chunks >= 0, got {capacity!r}")
         if not 0 < decay <= 1:
             raise ConfigError(f"tier chooser decay must be in (0, 1], got {decay}")
         if not hysteresis >= 0:
