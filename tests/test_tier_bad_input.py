@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -30,7 +28,7 @@ from marconi.integrations.vllm.tier_settings import (ENV_COLD_INSERT, ENV_GROUP_
 from marconi.sim.systems import make_system
 
 from cli_run import run_cli
-from vllm_env import vllm_python
+from vllm_env import connector_answers, vllm_python
 
 EXTRA = {"marconi_group_kinds": ["attention", "mamba"], "marconi_model": "nemotron-h-8b"}
 ENV = {ENV_GROUP_KINDS: "attention,mamba", ENV_MODEL: "nemotron-h-8b"}
@@ -139,50 +137,17 @@ def test_a_key_outranks_its_variable_and_the_variable_means_what_the_key_means()
     assert TierSettings.from_env({**ENV, ENV_RULE: "a2m", ENV_COLD_INSERT: "0"}) == by_env
 
 
-_CONNECTOR_CASES = textwrap.dedent("""\
-    import json, os, sys
-    from vllm.v1.kv_offload.base import OffloadingSpec
-    from marconi.core.registry import ConfigError
-    from marconi.integrations.vllm.tier import MarconiCachePolicy
-
-    class Spec(OffloadingSpec):        # what vLLM's factory has on the stack when it loads the policy
-        get_manager = get_worker = lambda self, *a: None
-        def __init__(self, extra):
-            self.extra_config = extra; self.tokens_per_block = [16]; self.blocks_per_chunk = 1
-
-    def build(spec):
-        return MarconiCachePolicy(8)
-
-    out = []
-    for env, extra in json.loads(sys.argv[1]):
-        for k in [k for k in os.environ if k.startswith("MARCONI_TIER_")]:
-            del os.environ[k]
-        os.environ.update(env)
-        try:
-            build(Spec(extra))
-            out.append("accepted")
-        except ConfigError as exc:
-            out.append("ConfigError: " + str(exc))
-        except Exception as exc:
-            out.append(type(exc).__name__ + ": " + str(exc))
-    print(json.dumps(out))
-""")
 
 
 def test_the_policy_vllm_loads_names_the_variable_or_key_given() -> None:
     """Through the connector's path (``MarconiCachePolicy(capacity)`` under an ``OffloadingSpec``):
     MARCONI_TIER_RULE=zz was refused as ``kv_connector_extra_config 'marconi_rule'`` and
     ``marconi_group_kinds: 5`` raised TypeError at engine start."""
-    python = vllm_python()
     nemo, kinds = {"marconi_model": "nemotron-h-8b"}, {"marconi_group_kinds": "attention,mamba"}
     cases = [({ENV_RULE: "zz"}, {**nemo, **kinds}), ({ENV_COLD_INSERT: "maybe"}, {**nemo, **kinds}),
              ({ENV_MODEL: "zz"}, kinds), ({ENV_GROUP_KINDS: "attention,zz"}, nemo),
              ({}, {**nemo, "marconi_group_kinds": 5}), ({ENV_RULE: "a2m"}, {**nemo, **kinds})]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MARCONI_")}
-    proc = subprocess.run([python, "-c", _CONNECTOR_CASES, json.dumps(cases)], capture_output=True, text=True,
-                          timeout=600, env=env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    said = json.loads(proc.stdout.strip().splitlines()[-1])
+    said = connector_answers(cases)
     for name, answer in zip([ENV_RULE, ENV_COLD_INSERT, ENV_MODEL, ENV_GROUP_KINDS], said):
         assert answer.startswith(f"ConfigError: {name}: "), answer
     assert said[4].startswith("ConfigError: kv_connector_extra_config 'marconi_group_kinds': "), said[4]

@@ -28,8 +28,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import subprocess
-import textwrap
 
 import pytest
 
@@ -39,7 +37,7 @@ from marconi.integrations.vllm.config import PluginConfig
 from marconi.integrations.vllm.tier_settings import (ENV_COLD_INSERT, ENV_GROUP_KINDS, ENV_MODEL, ENV_RULE,
                                                      TierSettings)
 
-from vllm_env import vllm_python
+from vllm_env import connector_answers
 
 POLICY = {"MARCONI_VLLM_POLICY": "marconi"}
 EXTRA = {"marconi_group_kinds": ["attention", "mamba"], "marconi_model": "nemotron-h-8b"}
@@ -204,48 +202,15 @@ def test_a_variable_its_key_outranks_is_named_when_they_disagree(caplog: pytest.
 
 
 # ====================================================================== through the policy vLLM loads
-_CONNECTOR_CASES = textwrap.dedent("""\
-    import json, os, sys
-    from vllm.v1.kv_offload.base import OffloadingSpec
-    from marconi.core.registry import ConfigError
-    from marconi.integrations.vllm.tier import MarconiCachePolicy
-
-    class Spec(OffloadingSpec):        # what vLLM's factory has on the stack when it loads the policy
-        get_manager = get_worker = lambda self, *a: None
-        def __init__(self, extra):
-            self.extra_config = extra; self.tokens_per_block = [16]; self.blocks_per_chunk = 1
-
-    def build(spec):
-        return MarconiCachePolicy(8)
-
-    out = []
-    for env, extra in json.loads(sys.argv[1]):
-        for k in [k for k in os.environ if k.startswith("MARCONI_TIER")]:
-            del os.environ[k]
-        os.environ.update(env)
-        try:
-            build(Spec(extra))
-            out.append("accepted")
-        except ConfigError as exc:
-            out.append("ConfigError: " + str(exc))
-        except Exception as exc:
-            out.append(type(exc).__name__ + ": " + str(exc))
-    print(json.dumps(out))
-""")
 
 
 def test_the_policy_vllm_loads_refuses_a_misspelt_key_or_variable() -> None:
     """Through the connector's path (``MarconiCachePolicy(capacity)`` under an ``OffloadingSpec``):
     ``marconi-rule`` and ``MARCONI_TIER_RUL`` let the engine start on the default rule."""
-    python = vllm_python()
     base = {**EXTRA, "marconi_group_kinds": "attention,mamba"}
     cases = [({}, {**base, "marconi-rule": "a2m"}), ({"MARCONI_TIER_RUL": "a2m"}, base),
              ({}, {**base, "marconi_host_gbps": 1e-300}), ({ENV_RULE: "a2m"}, base)]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MARCONI_")}
-    proc = subprocess.run([python, "-c", _CONNECTOR_CASES, json.dumps(cases)], capture_output=True, text=True,
-                          timeout=600, env=env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    said = json.loads(proc.stdout.strip().splitlines()[-1])
+    said = connector_answers(cases)
     assert said[0].startswith("ConfigError: kv_connector_extra_config: unknown key(s) ['marconi-rule']"), said[0]
     assert said[1].startswith("ConfigError: MARCONI_TIER_RUL: no such variable"), said[1]
     assert said[2].startswith("ConfigError: marconi_host_gbps: "), said[2]
