@@ -496,16 +496,13 @@ def make_eviction(spec: "str | EvictionPolicy") -> EvictionPolicy:
     """The registry's policy ``spec`` names, or ``spec`` itself; ConfigError for an unknown name
     (``marconi`` is answered with the eviction that makes the default system: ``worlds``) or an object
     lacking the :class:`EvictionPolicy` contract (inherit :class:`EvictionBase` for its defaults)."""
-    try:
-        policy = EVICTION_POLICIES.create(spec) if isinstance(spec, str) else spec
-    except ConfigError as exc:
-        if isinstance(spec, str) and spec.partition(":")[0].strip() == "marconi" and str(exc).startswith(
-                "unknown eviction policy 'marconi'"):
-            raise ConfigError(f"{exc}. 'marconi' is an admission policy (and the simulator's system), not an "
-                              "eviction policy: the default marconi system is admission='marconi', "
-                              "eviction='worlds' (its rule chosen online); for one fixed rule "
-                              "write eviction='flop-aware:alpha=1.0'") from None
-        raise
+    names = EVICTION_POLICIES.names()
+    if isinstance(spec, str) and spec.partition(":")[0].strip() == "marconi" and "marconi" not in names:
+        raise ConfigError(f"unknown eviction policy 'marconi'; choose one of: {', '.join(names)}. 'marconi' is an "
+                          "admission policy (and the simulator's system), not an eviction policy: the default "
+                          "marconi system is admission='marconi', eviction='worlds' (its rule chosen online); "
+                          "for one fixed rule write eviction='flop-aware:alpha=1.0'")
+    policy = EVICTION_POLICIES.create(spec) if isinstance(spec, str) else spec
     if not isinstance(policy, EvictionPolicy):
         raise ConfigError(f"{policy!r} lacks the EvictionPolicy contract (name, evicts_inner_nodes, efficiency_variant, "
                           "tracks_tails, trims_tails, chooser, bind, set_rule, choose, describe): inherit "
