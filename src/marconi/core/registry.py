@@ -8,13 +8,14 @@ never a silent default. A nested policy's parameters ride in parentheses. Syntax
 
 from __future__ import annotations
 
+import difflib
 import inspect
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, Generic, TypeVar
+from typing import Any, Callable, Generic, Sequence, TypeVar
 
 __all__ = ["Registry", "ParsedName", "Domain", "parse_name", "split_name_list", "split_top_level", "ConfigError",
-           "brief_repr"]
+           "brief_repr", "did_you_mean"]
 
 T = TypeVar("T")
 
@@ -27,6 +28,16 @@ def brief_repr(value: object, limit: int = 60) -> str:
     """``repr(value)`` for an error message, cut to ``limit`` characters (``...`` marks a cut)."""
     text = repr(value)
     return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def did_you_mean(name: str, known: Sequence[str], *, quote: bool = False) -> str:
+    """`` (did you mean X?)`` naming the one of ``known`` closest to ``name`` (difflib's ratio at least
+    0.85; ``X`` as ``repr`` with ``quote``), or ``""`` where none is that close: for an error
+    naming a misspelt key or variable."""
+    close = difflib.get_close_matches(name, known, n=1, cutoff=0.85)
+    if not close:
+        return ""
+    return f" (did you mean {close[0]!r}?)" if quote else f" (did you mean {close[0]}?)"
 
 
 def _fmt(value: float) -> str:

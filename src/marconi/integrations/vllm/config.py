@@ -11,14 +11,13 @@ once per block pool and ``observe`` after every request. Name only modules you t
 
 from __future__ import annotations
 
-import difflib
 import importlib
 import math
 import os
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, TextIO
 
-from marconi.core.registry import ConfigError
+from marconi.core.registry import ConfigError, did_you_mean
 from marconi.options import CHECKPOINT_BUDGET, MAX_COUNT
 from marconi.integrations.common.alpha import AlphaSource, FixedAlpha
 from marconi.integrations.vllm.policy import DEFAULT_ALPHA, EFFICIENCIES, POLICIES
@@ -68,8 +67,7 @@ def unknown_variables(env: Mapping[str, str]) -> list[str]:
     and ``MARCONI_VLLM_ALPA=2`` the default α, without a word."""
     out = []
     for name in sorted(n for n in env if n.upper().startswith(_PREFIX) and n not in KNOWN_VARIABLES):
-        close = difflib.get_close_matches(name.upper(), KNOWN_VARIABLES, n=1, cutoff=0.85)
-        hint = f" (did you mean {close[0]}?)" if close else ""
+        hint = did_you_mean(name.upper(), KNOWN_VARIABLES)
         out.append(f"{name}: no such variable{hint}: rename or unset it (the plugin reads "
                    f"{', '.join(KNOWN_VARIABLES[:-1])})")
     return out

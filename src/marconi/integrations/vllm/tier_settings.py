@@ -10,7 +10,6 @@ beyond its capacity; :mod:`marconi.integrations.vllm.tier` reads it from vLLM's 
 
 from __future__ import annotations
 
-import difflib
 import logging
 import math
 import numbers
@@ -23,7 +22,7 @@ import numpy as np
 from marconi.core.candidates import CandidateTable
 from marconi.core.eviction import Candidates, EvictionRule, Rule, Touch, check_cuts_tails, rule_from_label
 from marconi.core.model import ModelSpec, get_model
-from marconi.core.registry import ConfigError
+from marconi.core.registry import ConfigError, did_you_mean
 from marconi.integrations.vllm.policy import ATTENTION, MAMBA
 
 __all__ = ["TierSettings", "ArcTreeOrder", "check_group_kinds", "parse_tier_rule", "parse_switch", "switches_from_env",
@@ -239,8 +238,7 @@ def _refuse_unknown_keys(extra: Mapping[str, Any]) -> None:
     unknown = sorted(k for k in extra if ours(k) and k not in _KEYS)
     if unknown:
         fixed = unknown[0].strip().lower().replace("-", "_").replace(" ", "_")
-        close = difflib.get_close_matches(fixed, _KEYS, n=1, cutoff=0.85)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        hint = did_you_mean(fixed, _KEYS, quote=True)
         raise ConfigError(f"kv_connector_extra_config: unknown key(s) {unknown}{hint}; known: {list(_KEYS)}")
 
 
@@ -250,8 +248,7 @@ def _refuse_unknown_variables(env: Mapping[str, str]) -> None:
     (``MARCONI_TIER_RUL=a2m``; ``MARCONI_TIER_HOST_GBPS``, a key with no variable)."""
     unknown = sorted(n for n in env if n.upper().startswith("MARCONI_TIER") and n not in _VARIABLES)
     if unknown:
-        close = difflib.get_close_matches(unknown[0].upper(), _VARIABLES, n=1, cutoff=0.85)
-        hint = f" (did you mean {close[0]}?)" if close else ""
+        hint = did_you_mean(unknown[0].upper(), _VARIABLES)
         raise ConfigError(f"{unknown[0]}: no such variable{hint}: rename or unset it (MarconiCachePolicy reads "
                           f"{', '.join(_VARIABLES)}; marconi_host_gbps and marconi_gpu_tflops are "
                           "kv_connector_extra_config keys only)")
