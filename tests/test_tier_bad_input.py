@@ -20,7 +20,6 @@ from pathlib import Path
 import pytest
 
 from marks import slow
-from marconi.core.registry import ConfigError
 from marconi.integrations.common.probe import probe_python, python_command
 from marconi.integrations.vllm.commands import RETENTION
 from marconi.integrations.vllm.tier_settings import (ENV_COLD_INSERT, ENV_GROUP_KINDS, ENV_MODEL, ENV_RULE,
@@ -28,19 +27,11 @@ from marconi.integrations.vllm.tier_settings import (ENV_COLD_INSERT, ENV_GROUP_
 from marconi.sim.systems import make_system
 
 from cli_run import run_cli
+from refusals import refused
 from vllm_env import connector_answers, vllm_python
 
 EXTRA = {"marconi_group_kinds": ["attention", "mamba"], "marconi_model": "nemotron-h-8b"}
 ENV = {ENV_GROUP_KINDS: "attention,mamba", ENV_MODEL: "nemotron-h-8b"}
-
-
-def _refused(fn, *words: str) -> str:
-    with pytest.raises(ConfigError) as err:
-        fn()
-    message = str(err.value)
-    assert all(w in message for w in words), (message, words)
-    assert "\n" not in message
-    return message
 
 
 def _run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
@@ -52,7 +43,7 @@ def _run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]
 @pytest.mark.parametrize("value", [5, 2.5, {"attention": 1}, [1, 2], None])
 def test_group_kinds_of_a_wrong_type_is_refused_naming_the_key(value) -> None:
     """``marconi_group_kinds: 5`` raised ``TypeError: 'int' object is not iterable``; a dict ran as its keys."""
-    message = _refused(lambda: TierSettings.from_extra_config({**EXTRA, "marconi_group_kinds": value}),
+    message = refused(lambda: TierSettings.from_extra_config({**EXTRA, "marconi_group_kinds": value}),
                        "kv_connector_extra_config 'marconi_group_kinds'", "'attention'", "'mamba'")
     assert f"got {value!r}" in message
 
@@ -61,7 +52,7 @@ def test_group_kinds_of_a_wrong_type_is_refused_naming_the_key(value) -> None:
 @pytest.mark.parametrize("value", [True, False, None, [1], "abc", "nan", -1, 0])
 def test_numbers_refuse_bools_and_non_numbers_naming_the_key(key, value) -> None:
     """``marconi_host_gbps: true`` used to run as 1.0 GB/s."""
-    _refused(lambda: TierSettings.from_extra_config({**EXTRA, key: value}),
+    refused(lambda: TierSettings.from_extra_config({**EXTRA, key: value}),
              f"kv_connector_extra_config {key!r}", "a positive number", f"got {value!r}")
 
 
@@ -75,16 +66,16 @@ def test_numbers_still_take_ints_floats_and_their_text() -> None:
                                                  ("marconi_model", 5, "preset"),
                                                  ("marconi_model", None, "preset")])
 def test_rule_and_model_of_a_wrong_type_say_what_they_expect(key, value, expects) -> None:
-    _refused(lambda: TierSettings.from_extra_config({**EXTRA, key: value}),
+    refused(lambda: TierSettings.from_extra_config({**EXTRA, key: value}),
              f"kv_connector_extra_config {key!r}", expects, f"got {value!r}")
 
 
 @pytest.mark.parametrize("label", ["a1lp", "a1l", "a2mp"])
-def test_a_rule_whose_candidates_or_touch_the_tier_would_ignore_is_refused(label) -> None:
+def test_a_rule_whose_candidates_or_touch_the_tier_would_ignore_isrefused(label) -> None:
     """docs/vllm-tiers.md names ``a1lp`` as a rule the tier cannot apply, yet it was taken and run
     as ``a1``: the tier ranks its own candidates and vLLM touches every chunk of a hit, so the l and p
     flags changed nothing but the label. ``lru`` (leaves and path touch by definition) still passes."""
-    message = _refused(lambda: TierSettings.from_extra_config({**EXTRA, "marconi_rule": label}),
+    message = refused(lambda: TierSettings.from_extra_config({**EXTRA, "marconi_rule": label}),
                        "kv_connector_extra_config 'marconi_rule'", label, "drop the l and p")
     assert "leaf candidates" in message
     for fine in ("lru", "a1", "a0.5m", "a2mi", "adaptive", "arc-tree"):
@@ -94,18 +85,18 @@ def test_a_rule_whose_candidates_or_touch_the_tier_would_ignore_is_refused(label
 def test_a_key_that_is_not_a_string_is_refused_not_an_attribute_error() -> None:
     """JSON never gives one, but a Python caller's dict can: it raised AttributeError ('int' object
     has no attribute 'startswith')."""
-    _refused(lambda: TierSettings.from_extra_config({**EXTRA, 5: "x"}), "kv_connector_extra_config",
+    refused(lambda: TierSettings.from_extra_config({**EXTRA, 5: "x"}), "kv_connector_extra_config",
              "keys are strings", "[5]")
 
 
 def test_a_key_of_this_policy_in_another_case_is_refused_not_ignored() -> None:
     """'Marconi_rule' was ignored without a word (audit), and the default rule ran."""
-    _refused(lambda: TierSettings.from_extra_config({**EXTRA, "Marconi_rule": "lru"}), "unknown key",
+    refused(lambda: TierSettings.from_extra_config({**EXTRA, "Marconi_rule": "lru"}), "unknown key",
              "'Marconi_rule'", "marconi_rule")
 
 
 def test_a_one_kind_group_list_names_the_key_that_gave_it() -> None:
-    _refused(lambda: TierSettings.from_extra_config({**EXTRA, "marconi_group_kinds": "attention"}),
+    refused(lambda: TierSettings.from_extra_config({**EXTRA, "marconi_group_kinds": "attention"}),
              "kv_connector_extra_config 'marconi_group_kinds' gives ['attention']", "eviction_policy")
 
 
@@ -115,7 +106,7 @@ def test_a_one_kind_group_list_names_the_key_that_gave_it() -> None:
                                         (ENV_COLD_INSERT, "maybe"), (ENV_SECOND_CHANCE, "2")])
 def test_from_env_refuses_each_variable_by_its_own_name(var, value) -> None:
     """MARCONI_TIER_MODEL=zz was reported as ``kv_connector_extra_config 'marconi_model'``, a key not set."""
-    message = _refused(lambda: TierSettings.from_env({**ENV, var: value}), var)
+    message = refused(lambda: TierSettings.from_env({**ENV, var: value}), var)
     assert "kv_connector_extra_config 'marconi_" not in message
 
 
@@ -124,7 +115,7 @@ def test_from_env_refuses_each_variable_by_its_own_name(var, value) -> None:
 def test_from_extra_config_refuses_a_variable_it_reads_by_the_variable(var, value) -> None:
     extra = {k: v for k, v in EXTRA.items() if k != {ENV_MODEL: "marconi_model",
                                                       ENV_GROUP_KINDS: "marconi_group_kinds"}.get(var)}
-    message = _refused(lambda: TierSettings.from_extra_config(extra, env={var: value}), var)
+    message = refused(lambda: TierSettings.from_extra_config(extra, env={var: value}), var)
     assert message.startswith(var), message
 
 
@@ -135,8 +126,6 @@ def test_a_key_outranks_its_variable_and_the_variable_means_what_the_key_means()
     assert by_key == by_env and by_env.alpha == 2.0 and by_env.cold_insert is False
     assert TierSettings.from_extra_config({**EXTRA, "marconi_rule": "lru"}, env={ENV_RULE: "zz"}).family == ()
     assert TierSettings.from_env({**ENV, ENV_RULE: "a2m", ENV_COLD_INSERT: "0"}) == by_env
-
-
 
 
 def test_the_policy_vllm_loads_names_the_variable_or_key_given() -> None:
@@ -180,12 +169,12 @@ def test_a_bare_name_that_is_a_file_here_is_run_as_that_file(tmp_path: Path, mon
 
 def test_a_bare_name_not_here_is_looked_up_on_path_and_the_refusal_says_so(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.chdir(tmp_path)
-    _refused(lambda: probe_python("no-such-python-here", "vllm", option="--vllm-python", make_target="make vllm-env"),
+    refused(lambda: probe_python("no-such-python-here", "vllm", option="--vllm-python", make_target="make vllm-env"),
              "--vllm-python no-such-python-here: ", "current directory", "on PATH", "make vllm-env")
     (tmp_path / "bin").mkdir()
     _fake_python(tmp_path / "bin" / "onpath-without-vllm")
     monkeypatch.setenv("PATH", str(tmp_path / "bin") + os.pathsep + os.environ["PATH"])
-    _refused(lambda: probe_python("onpath-without-vllm", "vllm", option="--vllm-python", make_target="make vllm-env"),
+    refused(lambda: probe_python("onpath-without-vllm", "vllm", option="--vllm-python", make_target="make vllm-env"),
              f"(on PATH: {tmp_path / 'bin' / 'onpath-without-vllm'})", "without vllm")
 
 
@@ -196,7 +185,7 @@ def test_two_environments_over_one_interpreter_are_probed_apart(tmp_path: Path) 
     for name in ("with-vllm", "without-vllm"):
         (tmp_path / name).symlink_to(base)
     assert probe_python(tmp_path / "with-vllm", "vllm", option="--vllm-python", make_target="m") == "0.32.0"
-    _refused(lambda: probe_python(tmp_path / "without-vllm", "vllm", option="--vllm-python", make_target="m"),
+    refused(lambda: probe_python(tmp_path / "without-vllm", "vllm", option="--vllm-python", make_target="m"),
              "--vllm-python", "without vllm")
 
 
@@ -219,7 +208,7 @@ def test_vllm_replay_runs_the_bare_name_given_here(tmp_path: Path, monkeypatch, 
 # ====================================================================== a tier under one chunk
 def test_vllm_align_refuses_a_cpu_tier_under_one_chunk() -> None:
     """``vllm-align:cpu_tier=1`` ran with a tier of 0 chunks and exit 0."""
-    message = _refused(lambda: make_system("vllm-align:cpu_tier=1").build("nemotron-h-8b", 1e9),
+    message = refused(lambda: make_system("vllm-align:cpu_tier=1").build("nemotron-h-8b", 1e9),
                        "vllm-align: cpu_tier", "a tier of 1 byte holds no chunk", "cpu_tier=0")
     assert "give at least" in message
     cache = make_system("vllm-align:cpu_tier=0").build("nemotron-h-8b", 1e9)     # 0: no tier, as documented

@@ -31,28 +31,18 @@ import os
 
 import pytest
 
-from marconi.core.registry import ConfigError
 from marconi.integrations.vllm import plugin
 from marconi.integrations.vllm.config import PluginConfig
 from marconi.integrations.vllm.tier_settings import (ENV_COLD_INSERT, ENV_GROUP_KINDS, ENV_MODEL, ENV_RULE,
                                                      TierSettings)
 
+from refusals import refused
 from vllm_env import connector_answers
 
 POLICY = {"MARCONI_VLLM_POLICY": "marconi"}
 EXTRA = {"marconi_group_kinds": ["attention", "mamba"], "marconi_model": "nemotron-h-8b"}
 ENV = {ENV_GROUP_KINDS: "attention,mamba", ENV_MODEL: "nemotron-h-8b"}
 LOGGER = "marconi.integrations.vllm"
-
-
-def _refused(fn, *words: str) -> str:
-    """The one-line ConfigError message ``fn()`` raises, asserted to contain every one of ``words``."""
-    with pytest.raises(ConfigError) as err:
-        fn()
-    message = str(err.value)
-    assert all(w in message for w in words), (message, words)
-    assert "\n" not in message
-    return message
 
 
 # ====================================================================== the plugin's variables
@@ -63,7 +53,7 @@ def _refused(fn, *words: str) -> str:
 def test_an_unknown_plugin_variable_with_a_policy_is_refused_naming_it(name, meant) -> None:
     """``MARCONI_VLLM_ALPA=2`` ran the default α 0.5. Refused by name, with the name meant; every
     name the project reads (the test suite's ``MARCONI_VLLM_PYTHON`` too) still passes."""
-    message = _refused(lambda: PluginConfig.from_env({**POLICY, name: "2"}), name, f"did you mean {meant}?",
+    message = refused(lambda: PluginConfig.from_env({**POLICY, name: "2"}), name, f"did you mean {meant}?",
                        "rename or unset it")
     assert message.startswith(name)
     fine = {**POLICY, "MARCONI_VLLM_PYTHON": "/usr/bin/python3", "MARCONI_VLLM_RECORD": "rec.jsonl",
@@ -98,7 +88,7 @@ def test_an_empty_mamba2_cpu_fix_is_unset_like_every_other_variable(value) -> No
     ``MARCONI_VLLM_ALPHA`` or ``MARCONI_VLLM_RETENTION`` is unset: now it is unset too, the default ``auto``."""
     assert PluginConfig.from_env({**POLICY, "MARCONI_VLLM_MAMBA2_CPU_FIX": value}).mamba2_cpu_fix is True
     assert PluginConfig.lenient_from_env({"MARCONI_VLLM_MAMBA2_CPU_FIX": value}) == (PluginConfig(), [])
-    _refused(lambda: PluginConfig.from_env({**POLICY, "MARCONI_VLLM_MAMBA2_CPU_FIX": "on"}),
+    refused(lambda: PluginConfig.from_env({**POLICY, "MARCONI_VLLM_MAMBA2_CPU_FIX": "on"}),
              "MARCONI_VLLM_MAMBA2_CPU_FIX='on'", "auto or off")
 
 
@@ -107,8 +97,8 @@ def test_an_adaptive_lag_no_trace_reaches_is_refused_with_its_bound(lag) -> None
     """A lag past every trace never switches the rule (adaptive α silently stays on its first rule)
     and keeps an entry per request: refused above 10^9 requests, the project's count bound."""
     env = {**POLICY, "MARCONI_VLLM_ALPHA": "adaptive", "MARCONI_VLLM_ADAPTIVE_LAG": lag}
-    _refused(lambda: PluginConfig.from_env(env), "MARCONI_VLLM_ADAPTIVE_LAG", lag, "<= 1,000,000,000")
-    _refused(lambda: PluginConfig(policy="marconi", alpha="adaptive", adaptive_lag=int(lag)),
+    refused(lambda: PluginConfig.from_env(env), "MARCONI_VLLM_ADAPTIVE_LAG", lag, "<= 1,000,000,000")
+    refused(lambda: PluginConfig(policy="marconi", alpha="adaptive", adaptive_lag=int(lag)),
              "MARCONI_VLLM_ADAPTIVE_LAG", "<= 1,000,000,000")
     assert PluginConfig.from_env({**env, "MARCONI_VLLM_ADAPTIVE_LAG": "1000000000"}).adaptive_lag == 10**9
 
@@ -116,7 +106,7 @@ def test_an_adaptive_lag_no_trace_reaches_is_refused_with_its_bound(lag) -> None
 def test_a_recording_cap_without_a_recording_is_refused_not_ignored() -> None:
     """``MARCONI_VLLM_RECORD_MAX_BYTES`` alone capped nothing, without a word (as the retention
     budget without retention is refused)."""
-    _refused(lambda: PluginConfig.from_env({**POLICY, "MARCONI_VLLM_RECORD_MAX_BYTES": "4096"}),
+    refused(lambda: PluginConfig.from_env({**POLICY, "MARCONI_VLLM_RECORD_MAX_BYTES": "4096"}),
              "MARCONI_VLLM_RECORD_MAX_BYTES='4096'", "needs MARCONI_VLLM_RECORD")
     _, ignored = PluginConfig.lenient_from_env({"MARCONI_VLLM_RECORD_MAX_BYTES": "4096"})
     assert len(ignored) == 1 and "needs MARCONI_VLLM_RECORD" in ignored[0], ignored
@@ -127,7 +117,7 @@ def test_a_recording_cap_without_a_recording_is_refused_not_ignored() -> None:
 def test_a_rule_key_misspelt_past_the_underscore_is_refused_not_ignored(key) -> None:
     """Only keys starting ``marconi_`` were checked: ``marconi-rule: a2m`` passed as one of vLLM's
     keys and the default rule (adaptive) ran."""
-    message = _refused(lambda: TierSettings.from_extra_config({**EXTRA, key: "a2m"}),
+    message = refused(lambda: TierSettings.from_extra_config({**EXTRA, key: "a2m"}),
                        "kv_connector_extra_config", "unknown key", repr(key), "did you mean 'marconi_rule'?")
     assert "marconi_second_chance" in message          # the known keys are listed
 
@@ -137,7 +127,7 @@ def test_a_rule_key_misspelt_past_the_underscore_is_refused_not_ignored(key) -> 
 def test_an_integer_past_a_float_is_refused_naming_the_key_not_an_overflow(key, value) -> None:
     """``{"marconi_host_gbps": 1000...0}`` (JSON reads it as an int) raised OverflowError."""
     parsed = json.loads(json.dumps({key: value}))
-    _refused(lambda: TierSettings.from_extra_config({**EXTRA, **parsed}), f"kv_connector_extra_config {key!r}",
+    refused(lambda: TierSettings.from_extra_config({**EXTRA, **parsed}), f"kv_connector_extra_config {key!r}",
              "a positive number")
 
 
@@ -145,11 +135,11 @@ def test_an_integer_past_a_float_is_refused_naming_the_key_not_an_overflow(key, 
     ({"marconi_host_gbps": 1e-300}, ("marconi_host_gbps", "1e-09", "1e+09")),
     ({"marconi_host_gbps": "2e9"}, ("marconi_host_gbps", "1 EB/s")),
     ({"marconi_gpu_tflops": 1e308}, ("marconi_gpu_tflops", "marconi_host_gbps", "FLOPs per byte"))])
-def test_a_load_cost_out_of_a_floats_range_is_refused(numbers, words) -> None:
+def test_a_load_cost_out_of_a_floats_range_isrefused(numbers, words) -> None:
     """A bandwidth of 1e-300 GB/s, or 1e308 TFLOP/s, was taken: the load's FLOPs per byte became
     infinite (or 4e305), and every chunk's efficiency less that cost 0, so the rule ranked by
     recency alone. The bandwidth takes what the replay's ``--host-bandwidth`` does (1 B/s to 1 EB/s)."""
-    _refused(lambda: TierSettings.from_extra_config({**EXTRA, **numbers}), *words)
+    refused(lambda: TierSettings.from_extra_config({**EXTRA, **numbers}), *words)
     for fine in ({"marconi_host_gbps": 1e-9}, {"marconi_host_gbps": 1e9}, {"marconi_gpu_tflops": 2250}):
         assert TierSettings.from_extra_config({**EXTRA, **fine}).load_flops_per_byte > 0
 
@@ -157,7 +147,7 @@ def test_a_load_cost_out_of_a_floats_range_is_refused(numbers, words) -> None:
 @pytest.mark.parametrize("tpc", ["8", 1.5, True, float("nan")])
 def test_tokens_per_chunk_of_a_wrong_type_is_a_config_error(tpc) -> None:
     """``tokens_per_chunk='8'`` raised TypeError ('<=' between str and int); 1.5, True and NaN were taken."""
-    _refused(lambda: TierSettings.from_extra_config(EXTRA, tokens_per_chunk=tpc), "tokens_per_chunk",
+    refused(lambda: TierSettings.from_extra_config(EXTRA, tokens_per_chunk=tpc), "tokens_per_chunk",
              "positive whole number", repr(tpc))
 
 
@@ -172,8 +162,8 @@ def test_an_unknown_tier_variable_is_refused_naming_it(name, meant) -> None:
     words = [name, "no such variable", "rename or unset it", ENV_RULE]
     if meant:
         words.append(f"did you mean {meant}?")
-    _refused(lambda: TierSettings.from_env({**ENV, name: "a2m"}), *words)
-    message = _refused(lambda: TierSettings.from_extra_config(EXTRA, env={name: "1"}), *words)
+    refused(lambda: TierSettings.from_env({**ENV, name: "a2m"}), *words)
+    message = refused(lambda: TierSettings.from_extra_config(EXTRA, env={name: "1"}), *words)
     assert message.startswith(name)
     assert TierSettings.from_extra_config({**EXTRA, "marconi_rule": "a2m"}, env={ENV_COLD_INSERT: "0"}).alpha == 2
 
