@@ -165,3 +165,24 @@ def test_bench_with_no_cache_hit_exits_non_zero_after_the_table(tmp_path, capsys
     assert code == 1
     assert "measured/ideal" in captured.out and out.exists()  # the measurements are shown and kept
     assert "no request hit the cache" in captured.err
+
+
+def test_engine_bench_writes_an_undefined_ratio_as_null_not_nan(tmp_path, capsys):
+    """With no hit, the summary's ratios are undefined: the records file wrote them as ``NaN``, which
+    is not JSON (``jq`` and strict parsers refuse the line). They are null now."""
+    from marconi.cli import main
+
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(json.dumps({"session_id": 0, "turn_id": 0, "ts": 0.0, "input_tokens": [1, 2, 3, 4],
+                                 "output_tokens": [5]}) + "\n")
+    out = tmp_path / "bench.jsonl"
+    assert main(["engine", "bench", "--model", "bamba-tiny", "--trace", str(trace), "--lengths", "",
+                 "--repeats", "1", "--out", str(out)]) == 1          # nothing hit: said, exit 1
+
+    def refuse(constant: str) -> None:
+        raise ValueError(f"not JSON: {constant}")
+
+    records = [json.loads(line, parse_constant=refuse) for line in out.read_text().splitlines()]
+    summary = next(r for r in records if r["kind"] == "ttft_summary")
+    assert summary["ratio_to_ideal_hits"] is None and summary["speedup"] > 0
+    assert "no request hit the cache" in capsys.readouterr().err

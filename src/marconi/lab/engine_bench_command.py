@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from typing import Any
 
@@ -162,7 +163,9 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         with atomic_write(args.out, "w") as fh:
             for r in records:
                 fh.write(json.dumps({"kind": "ttft", **config, **r.to_record()}) + "\n")
-            fh.write(json.dumps({"kind": "ttft_summary", **config, **summary}) + "\n")
+            # an undefined ratio (NaN: no hit to take it over) is null: NaN is not JSON
+            defined = {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in summary.items()}
+            fh.write(json.dumps({"kind": "ttft_summary", **config, **defined}, allow_nan=False) + "\n")
             for c in ckpt:
                 fh.write(json.dumps({"kind": "checkpointing", **config, **c.to_record()}) + "\n")
         print(f"\nrecords written to {args.out}")
