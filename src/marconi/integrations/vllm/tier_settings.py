@@ -294,12 +294,13 @@ def _given(extra: Mapping[str, Any], env: Mapping[str, str] | None,
            skip: Sequence[str] = ()) -> dict[str, tuple[Any, str]]:
     """Per :data:`_SOURCES` key the value given and the name it was given by: ``extra``'s key
     (``kv_connector_extra_config 'marconi_rule'``), else a non-empty variable of ``env``
-    (``MARCONI_TIER_RULE``), unless the key is in ``skip`` (vLLM gives it); absent keys are left out."""
+    (``MARCONI_TIER_RULE``; blank counts as unset, as for the plugin's variables), unless the key is in
+    ``skip`` (vLLM gives it); absent keys are left out."""
     given: dict[str, tuple[Any, str]] = {}
     for key, var in _SOURCES.items():
         if key in extra:
             given[key] = (extra[key], f"kv_connector_extra_config {key!r}")
-        elif env is not None and var is not None and key not in skip and env.get(var):
+        elif env is not None and var is not None and key not in skip and env.get(var, "").strip():
             given[key] = (env[var], var)
     return given
 
