@@ -178,6 +178,33 @@ def test_a_bare_name_not_here_is_looked_up_on_path_and_the_refusal_says_so(tmp_p
              f"(on PATH: {tmp_path / 'bin' / 'onpath-without-vllm'})", "without vllm")
 
 
+def test_the_default_environment_is_the_checkouts_from_any_folder(tmp_path: Path, monkeypatch) -> None:
+    """``--vllm-python``'s default ``.venv-vllm/bin/python`` was read against the current directory:
+    ``marconi vllm replay`` run from another folder said no such file, with the environment built in
+    the checkout. Here first, else the checkout's (this test's own checkout, which builds them)."""
+    from marconi.integrations.common import probe
+    from marconi.integrations.common.probe import default_env_python
+
+    checkout = Path(__file__).resolve().parents[1]
+    if Path(probe.__file__).resolve().parents[4] != checkout:
+        pytest.skip("marconi is not installed in place from this checkout")
+    monkeypatch.chdir(tmp_path)
+    assert default_env_python(".no-such-env") == os.path.join(".no-such-env", "bin", "python")
+    (tmp_path / ".venv-vllm" / "bin").mkdir(parents=True)
+    _fake_python(tmp_path / ".venv-vllm" / "bin" / "python")
+    assert default_env_python(".venv-vllm") == os.path.join(".venv-vllm", "bin", "python")     # here first
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    (checkout / ".fake-env" / "bin").mkdir(parents=True, exist_ok=True)
+    try:
+        _fake_python(checkout / ".fake-env" / "bin" / "python")
+        assert default_env_python(".fake-env") == str(checkout / ".fake-env" / "bin" / "python")
+    finally:
+        (checkout / ".fake-env" / "bin" / "python").unlink()
+        (checkout / ".fake-env" / "bin").rmdir()
+        (checkout / ".fake-env").rmdir()
+
+
 def test_two_environments_over_one_interpreter_are_probed_apart(tmp_path: Path) -> None:
     """The probe cached by the resolved path: ``.venv/bin/python`` (no vLLM) passed once
     ``.venv-vllm/bin/python`` had, both links to one base interpreter."""
@@ -248,3 +275,19 @@ def test_the_shared_retention_domain_names_no_models_block(capsys) -> None:
     assert "nemotron" not in RETENTION.hint and "1152" not in RETENTION.hint
     code, err = _run(["vllm", "replay", "--retention", "17", "--blocks", "10", "--concurrency", "1"], capsys)
     assert code == 2 and "--retention" in err and "1152" in err and "default model, nemotron-h-8b" in err, err
+
+
+def test_a_blank_variable_is_unset_as_the_plugins_are() -> None:
+    """``MARCONI_TIER_RULE='  '`` was refused as a rule, where a blank ``MARCONI_VLLM_*`` variable
+    counts as unset: an operator's ``VAR=`` line in an env file means the same for both."""
+    assert TierSettings.from_extra_config(EXTRA, env={ENV_RULE: "  ", ENV_COLD_INSERT: ""}) == \
+        TierSettings.from_extra_config(EXTRA)
+
+
+@pytest.mark.parametrize("option", ["decay", "hysteresis"])
+def test_the_tier_chooser_refuses_a_switch_for_a_number(option) -> None:
+    """``TierRuleChooser(decay=True)`` ran as decay 1 (a bool is an int to Python)."""
+    from marconi.integrations.vllm.tier_chooser import TierRuleChooser
+
+    settings = TierSettings.from_extra_config(EXTRA)
+    assert "got True" in refused(lambda: TierRuleChooser(8, settings, **{option: True}), f"tier chooser {option}")

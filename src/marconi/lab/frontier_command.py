@@ -18,7 +18,7 @@ from typing import Any
 
 from marconi.commandline import comma_list
 from marconi.core.registry import ConfigError, Domain, split_name_list
-from marconi.integrations.common.probe import python_command
+from marconi.integrations.common.probe import default_env_python, python_command
 from marconi.integrations.vllm.commands import CONCURRENCY
 from marconi.lab.frontier import DEFAULT_BUDGETS, DEFAULT_INTERVALS, DEFAULT_WORKLOADS
 from marconi.options import (CHECKPOINT_BUDGET, COUNT, MAX_TOKENS, TOKENS, CapacityList, NameList, Number, NumberList,
@@ -36,7 +36,7 @@ def register(vllm: Any) -> None:
     p = vllm.add_parser("frontier", help="the Pareto frontier of Mamba states kept per request vs prefill recomputed, "
                                          "through vLLM's replay: DP placement, vLLM's intervals, Marconi admission")
     add_output(p, "--out", kind="dir", required=True, help="directory for records.jsonl, frontier.png and report.md")
-    p.add_argument("--vllm-python", default=".venv-vllm/bin/python", type=python_command, help="python of the vLLM environment")
+    p.add_argument("--vllm-python", default=default_env_python(".venv-vllm"), type=python_command, help="python of the vLLM environment")
     p.add_argument("--traces", default=",".join(DEFAULT_WORKLOADS), type=NameList("trace"), help="comma list of catalog names or trace files")
     p.add_argument("--model", default="nemotron-h-8b", help="a bundled config or a directory with a config.json")
     p.add_argument("--budgets", default=DEFAULT_BUDGETS, type=NumberList(CHECKPOINT_BUDGET), help="DP budgets M (sparse-dp arms)")

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from marconi.integrations.common.probe import python_command
+from marconi.integrations.common.probe import default_env_python, python_command
 from marconi.options import COUNT, CapacityList, NameList, Number, add_output
 
 __all__ = ["register", "check_bench_options", "check_bench_inputs"]
@@ -22,7 +22,7 @@ def register(sglang: Any) -> None:
     """Add ``bench`` to the ``marconi sglang`` group's subparsers object (what
     :func:`marconi.integrations.sglang.commands.register` returns)."""
     bench = sglang.add_parser("bench", help="stock SGLang (lru) vs the Marconi plugin on SGLang's UnifiedRadixCache (CPU)")
-    bench.add_argument("--sglang-python", default=".venv-sglang/bin/python", type=python_command,
+    bench.add_argument("--sglang-python", default=default_env_python(".venv-sglang"), type=python_command,
                        help="python of the SGLang environment (`make sglang-env` builds .venv-sglang)")
     bench.add_argument("--trace", default="swe-sample", help="a trace file or a catalog name")
     bench.add_argument("--capacity", default="0.05x", type=CapacityList(allow_zero=False, single=True),

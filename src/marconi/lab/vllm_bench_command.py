@@ -16,7 +16,7 @@ import sys
 from typing import Any
 
 from marconi.core.registry import Domain
-from marconi.integrations.common.probe import python_command
+from marconi.integrations.common.probe import default_env_python, python_command
 from marconi.integrations.vllm.commands import ALPHA, CONCURRENCY, POOL_BLOCKS
 from marconi.options import COUNT, MAX_TOKENS, PLOT_SUFFIXES, TOKENS, NameList, Number, add_output
 
@@ -43,7 +43,7 @@ def register(vllm: Any) -> None:
 
     bench = vllm.add_parser("bench", help="stock vLLM vs vLLM + the Marconi plugin on a real server and a trace; "
                                           "hit rates from vLLM's counters, TTFT from a streaming client")
-    bench.add_argument("--vllm-python", default=".venv-vllm/bin/python", type=python_command,
+    bench.add_argument("--vllm-python", default=default_env_python(".venv-vllm"), type=python_command,
                        help="python of the vLLM environment (`make vllm-env` builds .venv-vllm)")
     bench.add_argument("--model", default="qwen3_next-tiny", choices=sorted(PRESETS),
                        help="tiny random-weight preset, built at run time")

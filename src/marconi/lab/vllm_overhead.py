@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from marconi.pool import run_child
-from marconi.integrations.common.probe import python_command
+from marconi.integrations.common.probe import default_env_python, python_command
 
 __all__ = ["main", "CONFIGS"]
 
@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     from marconi.integrations.vllm.layout import layout_for_spec
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--vllm-python", default=".venv-vllm/bin/python", type=python_command)
+    parser.add_argument("--vllm-python", default=default_env_python(".venv-vllm"), type=python_command)
     parser.add_argument("--num-requests", type=int, default=30)
     parser.add_argument("--max-tokens", type=int, default=4, help="output tokens per request (prefill-heavy: few)")
     parser.add_argument("--blocks", type=int, default=80, help="block pool (contended: evictions happen)")

@@ -4,7 +4,8 @@
 checks that it is Python 3 and finds the engine and this project (without importing them); anything
 else is one :class:`ConfigError` naming the option and the ``make`` target. Successes are cached.
 :func:`python_command` is the program a value names (a bare name that is a file here is that file),
-the one a caller spawns after the probe.
+the one a caller spawns after the probe. :func:`default_env_python` is the options' default, the
+project's environment wherever the command runs from.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from pathlib import Path
 
 from marconi.core.registry import ConfigError
 
-__all__ = ["probe_python", "python_command", "PROBE_TIMEOUT_S"]
+__all__ = ["default_env_python", "probe_python", "python_command", "PROBE_TIMEOUT_S"]
 
 #: How long the probe may take (a cold interpreter on a busy machine: seconds).
 PROBE_TIMEOUT_S = 120.0
@@ -39,6 +40,23 @@ print("%s", "%%d.%%d" %% sys.version_info[:2], version(sys.argv[1]), version("ma
 """ % _MARK
 
 _probed: dict[tuple[str, str], str] = {}
+
+
+def default_env_python(env: str) -> str:
+    """The default of ``--vllm-python`` / ``--sglang-python`` for the environment folder ``env``
+    (``.venv-vllm``, ``.venv-sglang``), which ``make vllm-env`` / ``make sglang-env`` build in the
+    checkout: ``env/bin/python`` where the current directory has it; else, for a checkout installed
+    in place (``pip install -e``: the package under ``src/`` of a folder holding ``env``), that
+    checkout's, by its absolute path, so a command run from another folder finds it; else
+    ``env/bin/python`` as given, which the probe then refuses naming the option and the target."""
+    relative = os.path.join(env, "bin", "python")
+    if os.path.isfile(relative):
+        return relative
+    checkout = Path(__file__).resolve().parents[4]     # <checkout>/src/marconi/integrations/common/probe.py
+    candidate = checkout / relative
+    if (checkout / "src" / "marconi").is_dir() and candidate.is_file():
+        return str(candidate)
+    return relative
 
 
 def python_command(python: str | os.PathLike[str]) -> str:

@@ -13,7 +13,7 @@ import sys
 from typing import Any
 
 from marconi.commandline import comma_list
-from marconi.integrations.common.probe import python_command
+from marconi.integrations.common.probe import default_env_python, python_command
 from marconi.core.registry import ConfigError, Domain
 from marconi.options import (CHECKPOINT_BUDGET, COUNT, MAX_BLOCKS, MAX_TOKENS, PLOT_SUFFIXES, TOKENS, CapacityList,
                              NameList, Number, NumberList, add_output)
@@ -74,7 +74,7 @@ def _register_replay(sub: Any) -> None:
                                            "vLLM loads it), no model: a stub runner and a GPU step-time model")
     # --vllm-python / --sglang-python everywhere: typed by python_command, so the program the probe checks
     # is the one every caller spawns (a bare name that is a file here is that file, not PATH's)
-    replay.add_argument("--vllm-python", default=".venv-vllm/bin/python", type=python_command,
+    replay.add_argument("--vllm-python", default=default_env_python(".venv-vllm"), type=python_command,
                         help="python of the vLLM environment")
     replay.add_argument("--model", default="nemotron-h-8b",
                         help="a bundled config (nemotron-h-8b, qwen3-next-80b-a3b, falcon-h1-7b) or a directory "
