@@ -271,3 +271,17 @@ def test_a_recorder_whose_write_fails_marks_the_sidecar_truncated(tmp_path):
     assert meta["truncated"] is True and "No space left" in meta.get("truncated_reason", ""), meta
     got = read_recording(path)
     assert len(got.requests) == 1 and any("truncated" in w and "No space left" in w for w in got.warnings)
+
+
+def test_the_replay_block_warning_advises_model_only_where_the_recording_names_another():
+    """With ``--vllm-python``, a replay at vLLM's own block size other than the recording's said
+    "diagnose with the recording's own --model" even when --model already was the recording's."""
+    from marconi.integrations.vllm.diagnose import replay_block_warning
+
+    same = replay_block_warning(1152, 528, "nemotron-h-8b", {"model": "nemotron-h-8b"})
+    assert "--model" not in same and "the recording is of this model" in same and "528 tokens (the recording's)" in same
+    other = replay_block_warning(1152, 528, "nemotron-h-8b", {"model": "falcon-h1-7b"})
+    assert other.endswith("diagnose with the recording's own --model for a like-for-like replay")
+    hub = replay_block_warning(1152, 528, "nemotron-h-8b", {"model": "nvidia/Nemotron-H-8B-Base-8K"})
+    assert "--model" in hub                                  # a hub id names no config here: still the advice
+    assert replay_block_warning(1152, 528, "nemotron-h-8b", None).endswith("of another pool")

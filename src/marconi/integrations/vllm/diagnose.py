@@ -33,7 +33,7 @@ from marconi.units import parse_capacity
 
 __all__ = ["CAUSES", "CAUSE_TEXT", "DEFAULT_MODEL", "DiagnoseConfig", "EmulatedRun", "attribute", "run_emulated",
            "diagnose", "model_for_trace", "summary_table", "lever_table", "next_steps", "write_report",
-           "EMULATED_VLLM", "CAUSE_ADVICE"]
+           "EMULATED_VLLM", "CAUSE_ADVICE", "replay_block_warning"]
 
 CAUSES = ("never_shared", "kv_evicted", "no_state_at_usable_depth", "state_evicted_kv_stayed", "in_flight",
           "preempted", "below_one_block")
@@ -485,6 +485,27 @@ def model_for_trace(trace: str, model: str | None) -> tuple[str, str | None]:
                            "holding its config.json)")
 
 
+def replay_block_warning(replay_block: int, block_size: int, model: str, recorded: dict[str, Any] | None) -> str:
+    """The warning when ``--vllm-python``'s replay ran at vLLM's own ``replay_block``-token block for
+    ``model`` and the diagnosis at ``block_size`` (``recorded``: the recording's sidecar, if any). Its
+    advice: where the recording names another model, diagnose with that ``--model``; where it names
+    this one, its server set the block size itself, which the replay does not take, and no option
+    here makes the two pools alike."""
+    from marconi.integrations.vllm.replay.configs import model_dir
+
+    w = (f"vllm-replay ran at vLLM's own {replay_block}-token block for {model}, the diagnosis at {block_size} "
+         f"tokens" + (" (the recording's)" if recorded is not None else "")
+         + ": the replay's figures are of another pool")
+    if recorded is None:
+        return w
+    named = recorded.get("model")
+    resolved = _as_model_arg(named) if isinstance(named, str) and named.strip() else None
+    if resolved is not None and model_dir(resolved).resolve() == model_dir(model).resolve():
+        return (w + "; the recording is of this model, so its server set another block size, which the replay "
+                "does not take: compare the replay's arms with each other, not with the diagnosis")
+    return w + "; diagnose with the recording's own --model for a like-for-like replay"
+
+
 def _model_warnings(recorded: dict[str, Any], layout: VllmLayout, spec: ModelSpec, model: str,
                     where: str) -> list[str]:
     """What says the recording's server was not the one diagnosed: another model (its sidecar's
@@ -600,7 +621,8 @@ def diagnose(cfg: DiagnoseConfig, *, trace: Any = None, notice: Callable[[str], 
     n = len(requests)
 
     def run(name: str, lay: VllmLayout, **kw: Any) -> EmulatedRun:
-        with tqdm(total=n, desc=name, unit="req", leave=False, disable=not show_bars) as bar:
+        # None: the bar is drawn on a terminal only, not into a log file
+        with tqdm(total=n, desc=name, unit="req", leave=False, disable=(not show_bars) or None) as bar:
             return run_emulated(requests, spec, lay, timing, name=name, concurrency=cfg.concurrency,
                                 max_num_seqs=kw.pop("max_num_seqs", max_num_seqs), progress=bar.update, **kw)
 
@@ -626,11 +648,7 @@ def diagnose(cfg: DiagnoseConfig, *, trace: Any = None, notice: Callable[[str], 
         stock_engine = "vllm-align; vllm-replay beside it"
         replay_block = replay_records[0].get("block_size") if replay_records else None
         if replay_block is not None and int(replay_block) != layout.block_size:
-            w = (f"vllm-replay ran at vLLM's own {replay_block}-token block for {cfg.model}, the diagnosis at "
-                 f"{layout.block_size} tokens" + (" (the recording's)" if recorded is not None else "")
-                 + ": the replay's figures are of another pool"
-                 + ("; diagnose with the recording's own --model for a like-for-like replay" if recorded is not None
-                    else ""))
+            w = replay_block_warning(int(replay_block), layout.block_size, cfg.model, recorded)
             warnings.append(w)
             say(f"warning: {w}")
     if recorded_hits is not None:
