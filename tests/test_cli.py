@@ -747,3 +747,17 @@ def test_out_dash_is_standard_output(tmp_path, monkeypatch):
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert [json.loads(line)["system"] for line in proc.stdout.splitlines() if line.startswith("{")] == ["marconi"]
     assert not (tmp_path / "-").exists()
+
+
+def test_progress_bars_stay_out_of_a_log_file():
+    """Run into a log (stderr not a terminal), ``simulate`` wrote its progress bar's every redraw
+    (carriage returns, hundreds a run) into it; bars are now drawn on a terminal only, as ``trace
+    build`` and ``engine bench`` already did."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "marconi", "simulate", "--trace", "swe-sample", "--limit", "5",
+                           "--systems", "marconi", "--capacity", "1GB", "--workers", "1", "--no-per-request",
+                           "--out", "-"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "\r" not in proc.stderr and "req/s" not in proc.stderr, proc.stderr[-500:]

@@ -241,7 +241,8 @@ def _request_bar(points: int, requests: int, quiet: bool) -> Iterator[Callable[[
     from marconi.sim.sweep import counting_requests
 
     total = points * requests
-    bar = tqdm(total=total, unit="req", unit_scale=True, disable=quiet, file=sys.stderr, smoothing=0.1)
+    bar = tqdm(total=total, unit="req", unit_scale=True, disable=quiet or None, file=sys.stderr,
+               smoothing=0.1)   # None: drawn on a terminal only (not into a log file)
     finished = 0
     stop = threading.Event()
     with counting_requests() as replayed:

@@ -94,7 +94,7 @@ def _cmd_frontier(args: argparse.Namespace) -> int:
                             families=tuple(comma_list(args.arms, "--arms", str) or ()))
     started = time.perf_counter()
     work = args.work_dir          # None: a temporary folder, removed at the end (marconi.pool.scratch_dir)
-    with tqdm(desc="frontier", unit="point", file=sys.stderr) as bar:
+    with tqdm(desc="frontier", unit="point", file=sys.stderr, disable=None) as bar:   # a terminal only
         records = run_frontier(config, work_dir=work, workers=args.workers, on_point=lambda _: bar.update(1))
     wall_s = time.perf_counter() - started
     command = "marconi vllm frontier " + " ".join(shlex.quote(a) for a in sys.argv[3:])

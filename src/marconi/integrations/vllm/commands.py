@@ -227,7 +227,7 @@ def _cmd_replay(args: argparse.Namespace) -> int:
         work = args.work_dir      # None: a temporary folder, removed at the end (marconi.pool.scratch_dir)
         print(f"{len(configs)} points ({len(pools)} pools x {len(loads)} loads) x {len(base.policies)} policies on "
               f"the {args.backend} backend; work in {work or 'a temporary folder'}", file=sys.stderr)
-        with tqdm(total=len(configs), desc="sweep", unit="point") as bar:
+        with tqdm(total=len(configs), desc="sweep", unit="point", disable=None) as bar:   # a terminal only
             backend: Any = args.backend
             if args.backend == "ray" or args.address is not None:
                 from marconi.sim.backends import make_backend

@@ -50,7 +50,7 @@ def _cmd_headroom(args: argparse.Namespace) -> int:
         loaded.append((name, trace))
         print(f"{name}: {len(trace):,} requests, {trace.total_input_tokens:,} input tokens", file=sys.stderr)
     total = sum(len(t) for _, t in loaded) * len(capacities) * len(VARIANTS)
-    bar = tqdm(total=total, unit="req", disable=args.quiet, file=sys.stderr, desc="headroom")
+    bar = tqdm(total=total, unit="req", disable=args.quiet or None, file=sys.stderr, desc="headroom")
     records, requests = [], []
     try:
         for name, trace in loaded:

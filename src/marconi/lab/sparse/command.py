@@ -54,7 +54,7 @@ def _cmd_sparse(args: argparse.Namespace) -> int:
     tasks = plan_tasks(config, workloads)
     print(f"{len(tasks)} tasks (simulation points + one analytic frontier per workload), "
           f"built in {time.perf_counter() - started:.1f}s", file=sys.stderr)
-    bar = tqdm(total=len(tasks), unit="point", disable=args.quiet, file=sys.stderr, desc="sparse")
+    bar = tqdm(total=len(tasks), unit="point", disable=args.quiet or None, file=sys.stderr, desc="sparse")
     records = run_study(config, workloads, on_done=lambda task: bar.update(1))
     bar.close()
     paths = write_outputs(records, args.out, notes)

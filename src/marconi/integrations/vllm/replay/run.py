@@ -505,7 +505,8 @@ def run_replay(config: ReplayConfig, *, work_dir: str | Path | None = None, emul
                selection_notice: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
     """One record per policy (see the module docstring). ``progress``: told each policy's start, and
     (a ``NOTE:`` line) of a ``--capacity`` the worker will raise to vLLM's least pool;
-    ``show_bars``: a per-policy progress bar on stderr (off in sweeps, which show one per point);
+    ``show_bars``: a per-policy progress bar on stderr, drawn on a terminal only (off in sweeps, which
+    show one per point);
     ``selection_notice``: told of requests the input cap left out and of a stand-in for absent data
     (:func:`select_replay_requests`; None: a ``NOTE:`` line on stderr; a sweep tells them once).
 
@@ -578,7 +579,8 @@ def _replay_in(config: ReplayConfig, work: Path, sel: common.Selection, working_
             name = label if tier_policy is None else f"{label}+{tier_policy}"
             if progress is not None:
                 progress(f"[{name}] vLLM replay of {len(requests)} requests on {config.model}")
-            with tqdm(total=len(requests), desc=name, unit="req", leave=False, disable=not show_bars) as bar:
+            with tqdm(total=len(requests), desc=name, unit="req", leave=False,
+                      disable=(not show_bars) or None) as bar:      # None: drawn on a terminal only
                 def tick(done: int, total: int) -> None:
                     bar.update(done - bar.n)
                 res = _run_worker(config, mdir, req_path, work / f"out-{common.file_label(name)}.json", label,
