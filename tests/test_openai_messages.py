@@ -372,3 +372,19 @@ def test_openai_agent_records_opening_with_one_that_used_no_tool_are_still_traje
     chat_array = tmp_path / "chats.json"
     chat_array.write_text(json.dumps([{"messages": _chat(k)} for k in range(70)] + [{"messages": _agent(0)}]))
     assert raw_source_of(chat_array) == "sharegpt"
+
+
+def test_a_shortfall_note_is_one_note_wherever_it_is_printed(tmp_path, capsys):
+    """The shortfall notice came with its own ``NOTE:``, so the benches and the replay, which print
+    notices as ``NOTE:`` lines, wrote ``NOTE: NOTE: trace ...``, and ``simulate`` wrote its stand-in
+    notice without one. Every printer now adds the one ``NOTE:``."""
+    from marconi.commandline import load_trace as cli_load_trace
+    from marconi.integrations.common.bench import select_requests
+
+    path = tmp_path / "two.jsonl"
+    path.write_text("".join(json.dumps({"messages": _chat(k)}) + "\n" for k in range(2)))
+    name = f"sharegpt:files={path},min_rounds=1"
+    for load in (lambda: select_requests(name, max_input_len=8192), lambda: cli_load_trace(name)):
+        load()
+        err = capsys.readouterr().err
+        assert err.startswith(f"NOTE: trace {name}: 2 sessions, not the 100 asked") and "NOTE: NOTE:" not in err, err

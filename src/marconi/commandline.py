@@ -14,10 +14,10 @@ __all__ = ["load_trace", "read_files", "comma_list"]
 
 
 def load_trace(text: str, limit: int | None = None) -> Any:
-    """:func:`marconi.workloads.load_trace`, with its notices on stderr."""
+    """:func:`marconi.workloads.load_trace`, with its notices on stderr as ``NOTE:`` lines."""
     from marconi.workloads import load_trace as load
 
-    return load(text, limit, notice=lambda line: print(line, file=sys.stderr))
+    return load(text, limit, notice=lambda line: print(f"NOTE: {line}", file=sys.stderr))
 
 
 def read_files(*, traces: Sequence[str | None] = (), models: Sequence[str | None] = (),

@@ -292,7 +292,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     if kind not in (None, TOKEN_TRACE):     # a recording, a Mooncake trace or a raw source: its reader checks it
         kind = "block-hash (Mooncake or Qwen-Bailian)" if kind == "mooncake" else kind
         try:
-            trace = load_trace(args.file, notice=lambda text: print(text, file=sys.stderr))
+            trace = load_trace(args.file, notice=lambda text: print(f"NOTE: {text}", file=sys.stderr))
         except (OSError, ValueError, TraceFormatError) as exc:
             print(exc)
             print(f"{args.file}: 1 problem(s) (a {kind} file, checked by the reader `--trace` uses)", file=sys.stderr)
@@ -330,7 +330,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
         if trace_file_kind(args.file) == TOKEN_TRACE:      # streamed: only lengths are kept
             stats = trace_stats(args.file)
         else:
-            stats = load_trace(args.file, notice=lambda text: print(text, file=sys.stderr)).stats()
+            stats = load_trace(args.file, notice=lambda text: print(f"NOTE: {text}", file=sys.stderr)).stats()
     except (OSError, ValueError, TraceFormatError) as exc:
         return _fail(exc)
     if stats.num_requests == 0:  # zeros would read as a trace measured; `trace validate` says the same

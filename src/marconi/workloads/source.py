@@ -111,7 +111,7 @@ def load_trace(text: str, limit: int | None = None, *, notice: Callable[[str], N
         if notice is not None and provenance is not None and provenance.fallback:
             notice(f"trace {text}: {provenance.describe()}")
         elif notice is not None and (short := shortfall(trace)) is not None:  # a stand-in's note says why
-            notice(f"NOTE: trace {text}: {short}")
+            notice(f"trace {text}: {short}")
         return trace.head(limit) if limit is not None else trace
     path = Path(text)
     kind = trace_file_kind(path)

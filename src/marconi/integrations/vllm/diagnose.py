@@ -566,7 +566,7 @@ def diagnose(cfg: DiagnoseConfig, *, trace: Any = None, notice: Callable[[str], 
         say(skipped[-1])
 
     if trace is None:
-        trace = load_trace(cfg.trace, cfg.num_requests)
+        trace = load_trace(cfg.trace, cfg.num_requests, notice=lambda line: say(f"NOTE: {line}"))
     requests = list(trace)
     if not requests:
         raise ConfigError(f"trace {cfg.trace!r}: no request")
