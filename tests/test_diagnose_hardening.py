@@ -283,5 +283,6 @@ def test_the_replay_block_warning_advises_model_only_where_the_recording_names_a
     other = replay_block_warning(1152, 528, "nemotron-h-8b", {"model": "falcon-h1-7b"})
     assert other.endswith("diagnose with the recording's own --model for a like-for-like replay")
     hub = replay_block_warning(1152, 528, "nemotron-h-8b", {"model": "nvidia/Nemotron-H-8B-Base-8K"})
-    assert "--model" in hub                                  # a hub id names no config here: still the advice
+    assert "if nemotron-h-8b is the recorded nvidia/Nemotron-H-8B-Base-8K, its server set another" in hub
+    assert hub.endswith("if not, diagnose with the recorded model's config as --model")   # a hub id: both cases
     assert replay_block_warning(1152, 528, "nemotron-h-8b", None).endswith("of another pool")

@@ -500,9 +500,13 @@ def replay_block_warning(replay_block: int, block_size: int, model: str, recorde
         return w
     named = recorded.get("model")
     resolved = _as_model_arg(named) if isinstance(named, str) and named.strip() else None
+    same = ("its server set another block size, which the replay does not take: compare the replay's arms with "
+            "each other, not with the diagnosis")
     if resolved is not None and model_dir(resolved).resolve() == model_dir(model).resolve():
-        return (w + "; the recording is of this model, so its server set another block size, which the replay "
-                "does not take: compare the replay's arms with each other, not with the diagnosis")
+        return f"{w}; the recording is of this model, so {same}"
+    if resolved is None and isinstance(named, str) and named.strip():      # a hub id: which config, unknown here
+        return (f"{w}; if {model} is the recorded {named}, {same}; if not, diagnose with the recorded model's "
+                "config as --model")
     return w + "; diagnose with the recording's own --model for a like-for-like replay"
 
 
