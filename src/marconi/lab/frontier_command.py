@@ -36,7 +36,8 @@ def register(vllm: Any) -> None:
     p = vllm.add_parser("frontier", help="the Pareto frontier of Mamba states kept per request vs prefill recomputed, "
                                          "through vLLM's replay: DP placement, vLLM's intervals, Marconi admission")
     add_output(p, "--out", kind="dir", required=True, help="directory for records.jsonl, frontier.png and report.md")
-    p.add_argument("--vllm-python", default=default_env_python(".venv-vllm"), type=python_command, help="python of the vLLM environment")
+    p.add_argument("--vllm-python", default=default_env_python(".venv-vllm"), type=python_command,
+                   help="python of the vLLM environment")
     p.add_argument("--traces", default=",".join(DEFAULT_WORKLOADS), type=NameList("trace"), help="comma list of catalog names or trace files")
     p.add_argument("--model", default="nemotron-h-8b", help="a bundled config or a directory with a config.json")
     p.add_argument("--budgets", default=DEFAULT_BUDGETS, type=NumberList(CHECKPOINT_BUDGET), help="DP budgets M (sparse-dp arms)")
