@@ -131,3 +131,21 @@ def test_compare_takes_rates_of_exactly_0_and_1_and_an_absent_p95(tmp_path, caps
     assert run.code == 0, run.err
     bad = _write(tmp_path / "bad.jsonl", [*good, _record("sglang+", 1.5)])
     assert run_cli(["compare", str(bad), "--plots", str(tmp_path / "q")], capsys).code == 2
+
+
+@pytest.mark.parametrize("field,value,named", [
+    ("ttft_p95_s", -1.0, "'ttft_p95_s': must be a time in seconds, finite and >= 0, got -1.0"),
+    ("ttft_p95_s", math.nan, "'ttft_p95_s': must be a time in seconds, finite and >= 0, got nan"),
+    ("vanilla_ttft_p95_s", math.inf, "'vanilla_ttft_p95_s': must be a time in seconds, finite and >= 0, got inf"),
+    ("per_request", {"hit_rate": [0.5, 0.5], "ttft_s": [0.1, -0.2]},
+     "'per_request.ttft_s': element 1 must be a time in seconds, finite and >= 0, got -0.2"),
+])
+def test_compare_refuses_a_time_that_is_no_time_naming_the_file_line_and_field(tmp_path, capsys, field, value, named):
+    """A NaN or negative TTFT was taken: the P95-vs-vanilla column and the TTFT plots then read nonsense."""
+    results = _write(tmp_path / "r.jsonl", [_record("vllm+", 0.1), _record("marconi", 0.2, **{field: value})])
+    plots = tmp_path / "plots"
+    run = run_cli(["compare", str(results), "--plots", str(plots)], capsys)
+    assert run.code == 2 and f"{results}:2: field {named}" in run.err, run.err
+    assert not plots.exists()
+    ok = _write(tmp_path / "ok.jsonl", [_record("vllm+", 0.1), _record("marconi", 0.2, ttft_p95_s=0.0)])
+    assert run_cli(["compare", str(ok), "--plots", str(tmp_path / "p")], capsys).code == 0

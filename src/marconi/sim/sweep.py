@@ -4,6 +4,7 @@ records written atomically. A point raising :class:`ConfigError` does not stop t
 
 from __future__ import annotations
 
+import math
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -328,15 +329,38 @@ def _outside_fractions(values: list[Any]) -> str | None:
     return f"element {first} must be a fraction in [0, 1], got {brief_repr(values[first])}"
 
 
+def _outside_seconds(value: Any) -> str | None:
+    """Why a number (None: absent) is not a time in seconds, finite and >= 0; None where it is one."""
+    if value is None or 0 <= value < math.inf:    # NaN fails the comparison
+        return None
+    return f"must be a time in seconds, finite and >= 0, got {brief_repr(value)}"
+
+
+def _outside_seconds_list(values: list[Any]) -> str | None:
+    """Why a list of numbers is not all times in seconds (naming its first bad element, 0-based), or None."""
+    try:
+        array = np.asarray(values, dtype=np.float64)
+    except OverflowError:                   # an integer beyond a float: out of range, found below
+        first = next(i for i, v in enumerate(values) if not 0 <= v < math.inf)
+    else:
+        bad = np.flatnonzero(~((array >= 0) & (array < np.inf)))
+        if not len(bad):
+            return None
+        first = int(bad[0])
+    return f"element {first} must be a time in seconds, finite and >= 0, got {brief_repr(values[first])}"
+
+
 _TEXT = FieldType(lambda v: isinstance(v, str), "a string")
 _NUMBER_OR_NULL = FieldType(lambda v: v is None or _is_number(v), "a number or null")
 _FRACTION_OR_NULL = FieldType(lambda v: v is None or _is_number(v), "a number or null", bound=_outside_fraction)
+_SECONDS_OR_NULL = FieldType(lambda v: v is None or _is_number(v), "a number or null", bound=_outside_seconds)
 
 # The type of every field `compare`, its table and its plots compute with (a bad one was a TypeError
 # deep in a plot). A top-level field's presence is read_records' ``required``; a dotted name is a
 # field of an object field, checked when that field is an object. Rates and fractions (token_hit_rate,
 # hit_rate_p95, flops_saved_fraction, per_request.hit_rate) must also be finite and in [0, 1]: a 7.0
-# or a NaN skewed every gain of its group.
+# or a NaN skewed every gain of its group; times (ttft_p95_s, vanilla_ttft_p95_s, per_request.ttft_s)
+# finite and >= 0: a NaN or a negative one made the P95-vs-vanilla column nonsense.
 RESULT_TYPES: dict[str, FieldType] = {
     "trace": _TEXT, "system": _TEXT, "model": _TEXT,
     "mode": FieldType(lambda v: v is None or isinstance(v, str), "a string or null"),
@@ -346,11 +370,11 @@ RESULT_TYPES: dict[str, FieldType] = {
     "input_tokens": FieldType(lambda v: v is None or type(v) is int, "an integer or null"),
     "working_set_bytes": _NUMBER_OR_NULL,                  # with num_requests: what compare groups by
     "token_hit_rate": FieldType(_is_number, "a number", bound=_outside_fraction),
-    "hit_rate_p95": _FRACTION_OR_NULL, "flops_saved_fraction": _FRACTION_OR_NULL, "ttft_p95_s": _NUMBER_OR_NULL,
-    "vanilla_ttft_p95_s": _NUMBER_OR_NULL,
+    "hit_rate_p95": _FRACTION_OR_NULL, "flops_saved_fraction": _FRACTION_OR_NULL, "ttft_p95_s": _SECONDS_OR_NULL,
+    "vanilla_ttft_p95_s": _SECONDS_OR_NULL,
     "per_request": FieldType(lambda v: isinstance(v, dict), "an object of per-request lists"),
     "per_request.hit_rate": FieldType(_is_numbers, "a list of numbers", required=True, bound=_outside_fractions),
-    "per_request.ttft_s": FieldType(_is_numbers, "a list of numbers", required=True),
+    "per_request.ttft_s": FieldType(_is_numbers, "a list of numbers", required=True, bound=_outside_seconds_list),
 }
 
 
