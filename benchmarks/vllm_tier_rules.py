@@ -157,7 +157,10 @@ def main(argv: list[str] | None = None) -> int:
     tasks = [pt + arm for pt in points for arm in arms]
     t0 = time.perf_counter()
     for m, t, n, *_ in points:              # loaded once here; the forked workers inherit them
-        _requests(t, n)
+        try:
+            _requests(t, n)
+        except (ConfigError, FileNotFoundError) as exc:     # a name it cannot build, its data absent
+            ap.error(f"--traces {t}: {exc}")
     with worker_pool(args.workers) as pool:
         results = list(pool.map(run_point, tasks, chunksize=1))
     if args.out:

@@ -584,3 +584,18 @@ def test_the_tier_tables_trace_takes_its_own_parameters_beside_a_request_count(t
     assert proc.returncode == 0, proc.stderr[-2000:]
     got = sorted({(r["trace"], r["num_requests_asked"]) for r in map(json.loads, out.read_text().splitlines())})
     assert got == [("chat-synthetic:seed=1", 12), ("chat-synthetic:seed=2", 5)]
+
+
+def test_the_tier_rules_bench_refuses_a_trace_it_cannot_build_in_one_line() -> None:
+    """``vllm_tier_rules.py --traces lmsys`` (its files not given) or a misspelt name stopped with a
+    traceback; it now says which --traces entry and why, as a usage error."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    bench = Path(__file__).resolve().parents[1] / "benchmarks" / "vllm_tier_rules.py"
+    for trace, said in (("lmsys", "--traces lmsys: lmsys: LMSys-Chat-1M cannot be redistributed"),
+                        ("swe-sampel", "--traces swe-sampel: trace 'swe-sampel' is neither a file nor a catalog")):
+        proc = subprocess.run([sys.executable, str(bench), "--traces", trace], capture_output=True, text=True,
+                              timeout=300)
+        assert proc.returncode == 2 and said in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-2000:]
