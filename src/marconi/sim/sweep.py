@@ -308,46 +308,35 @@ def _is_numbers(value: Any) -> bool:
     return isinstance(value, list) and _NUMBER_TYPES.issuperset(map(type, value))   # C speed: lists are long
 
 
-def _outside_fraction(value: Any) -> str | None:
-    """Why a number (None: absent) is not a fraction: finite and in [0, 1]; None where it is one."""
-    if value is None or 0 <= value <= 1:    # NaN fails both comparisons, an infinity one
-        return None
-    return f"must be a fraction in [0, 1], got {brief_repr(value)}"
-
-
-def _outside_fractions(values: list[Any]) -> str | None:
-    """Why a list of numbers is not all fractions (naming its first bad element, 0-based), or None."""
-    try:
-        array = np.asarray(values, dtype=np.float64)
-    except OverflowError:                   # an integer beyond a float: out of range, found below
-        first = next(i for i, v in enumerate(values) if not 0 <= v <= 1)
-    else:
-        bad = np.flatnonzero(~((array >= 0) & (array <= 1)))
-        if not len(bad):
+def _bound(what: str, inside: Callable[[Any], Any]) -> tuple[Callable[[Any], str | None],
+                                                             Callable[[list[Any]], str | None]]:
+    """The two ``FieldType`` bounds for a range: why a number (None: absent) is not ``what``, and why
+    a list of numbers is not all ``what`` (naming its first bad element, 0-based); None where they
+    are. ``inside`` takes a number or a float array (NaN must fail it)."""
+    def one(value: Any) -> str | None:
+        if value is None or inside(value):
             return None
-        first = int(bad[0])
-    return f"element {first} must be a fraction in [0, 1], got {brief_repr(values[first])}"
+        return f"must be {what}, got {brief_repr(value)}"
+
+    def each(values: list[Any]) -> str | None:
+        try:
+            array = np.asarray(values, dtype=np.float64)
+        except OverflowError:               # an integer beyond a float: out of range, found below
+            first = next(i for i, v in enumerate(values) if not inside(v))
+        else:
+            bad = np.flatnonzero(~inside(array))
+            if not len(bad):
+                return None
+            first = int(bad[0])
+        return f"element {first} must be {what}, got {brief_repr(values[first])}"
+
+    return one, each
 
 
-def _outside_seconds(value: Any) -> str | None:
-    """Why a number (None: absent) is not a time in seconds, finite and >= 0; None where it is one."""
-    if value is None or 0 <= value < math.inf:    # NaN fails the comparison
-        return None
-    return f"must be a time in seconds, finite and >= 0, got {brief_repr(value)}"
-
-
-def _outside_seconds_list(values: list[Any]) -> str | None:
-    """Why a list of numbers is not all times in seconds (naming its first bad element, 0-based), or None."""
-    try:
-        array = np.asarray(values, dtype=np.float64)
-    except OverflowError:                   # an integer beyond a float: out of range, found below
-        first = next(i for i, v in enumerate(values) if not 0 <= v < math.inf)
-    else:
-        bad = np.flatnonzero(~((array >= 0) & (array < np.inf)))
-        if not len(bad):
-            return None
-        first = int(bad[0])
-    return f"element {first} must be a time in seconds, finite and >= 0, got {brief_repr(values[first])}"
+# NaN fails every comparison, an infinity the upper bound
+_outside_fraction, _outside_fractions = _bound("a fraction in [0, 1]", lambda v: (v >= 0) & (v <= 1))
+_outside_seconds, _outside_seconds_list = _bound("a time in seconds, finite and >= 0",
+                                                 lambda v: (v >= 0) & (v < math.inf))
 
 
 _TEXT = FieldType(lambda v: isinstance(v, str), "a string")
