@@ -19,6 +19,7 @@ import json
 import sys
 from typing import Any, Callable
 
+from marconi.commandline import load_trace       # the loader with its notices on stderr
 from marconi.core.registry import Domain
 from marconi.io import check_output
 from marconi.options import COUNT, SEED, TOKENS, Number, add_output
@@ -33,7 +34,7 @@ from .quality import ANSWER_FORMS, build_quality_trace
 from .sharegpt import PAIRINGS, build_lmsys_trace, build_sharegpt_trace
 from .swe import GAP_MODES, build_swe_trace
 from .synthetic import SYNTHETIC_KINDS, synthetic_trace
-from .source import TOKEN_TRACE, load_trace, shortfall, trace_file_kind
+from .source import TOKEN_TRACE, shortfall, trace_file_kind
 from .tokenizer import TokenizerError
 from .trace import Trace, TraceFormatError, inspect_trace, trace_format, trace_stats, write_trace
 
@@ -292,7 +293,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     if kind not in (None, TOKEN_TRACE):     # a recording, a Mooncake trace or a raw source: its reader checks it
         kind = "block-hash (Mooncake or Qwen-Bailian)" if kind == "mooncake" else kind
         try:
-            trace = load_trace(args.file, notice=lambda text: print(f"NOTE: {text}", file=sys.stderr))
+            trace = load_trace(args.file)
         except (OSError, ValueError, TraceFormatError) as exc:
             print(exc)
             print(f"{args.file}: 1 problem(s) (a {kind} file, checked by the reader `--trace` uses)", file=sys.stderr)
@@ -330,7 +331,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
         if trace_file_kind(args.file) == TOKEN_TRACE:      # streamed: only lengths are kept
             stats = trace_stats(args.file)
         else:
-            stats = load_trace(args.file, notice=lambda text: print(f"NOTE: {text}", file=sys.stderr)).stats()
+            stats = load_trace(args.file).stats()
     except (OSError, ValueError, TraceFormatError) as exc:
         return _fail(exc)
     if stats.num_requests == 0:  # zeros would read as a trace measured; `trace validate` says the same
