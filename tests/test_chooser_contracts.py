@@ -263,3 +263,16 @@ def test_an_adaptive_tier_of_zero_chunks_builds_and_evicts_nothing():
     chooser included) must build, and evict nothing (vLLM's contract: None for more than it holds)."""
     policy = AdaptiveTierPolicy(0, _tier_settings("lru/a2m"))
     assert policy.chooser is not None and policy.evict(1, set()) is None and policy.evict(0, set()) == []
+
+
+@pytest.mark.parametrize("build, who", [(lambda **kw: WorldsChooser(**kw), "worlds"),
+                                        (lambda **kw: TierRuleChooser(8, _tier_settings("lru/a2m"), **kw),
+                                         "tier chooser"),
+                                        (lambda **kw: PoolShadowAlpha(**kw), "adaptive")])
+@pytest.mark.parametrize("kwargs", [{"decay": True}, {"hysteresis": False}, {"decay": math.nan}, {"decay": 2.0},
+                                    {"hysteresis": -1.0}])
+def test_every_chooser_checks_its_scoring_by_one_contract(build, who, kwargs) -> None:
+    """The worlds chooser took ``decay=True`` as 1 (its check compared a bool with numbers), as the tier
+    chooser did: every chooser's decay and hysteresis are now checked by ``core.chooser.check_scoring``."""
+    with pytest.raises(ConfigError, match=f"^{who} {next(iter(kwargs))} must be"):
+        build(**kwargs)

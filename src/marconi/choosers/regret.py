@@ -15,7 +15,7 @@ import numpy as np
 
 from marconi.core.cache import PrefixCache, RequestHandle
 from marconi.core.candidates import CandidateSet, LazyEfficiency
-from marconi.core.chooser import RequestEvent, follow
+from marconi.core.chooser import RequestEvent, check_scoring, follow
 from marconi.core.eviction import EVICTION_POLICIES, EvictionBase, EvictionPolicy, EvictionRule, Rule, score_rules
 from marconi.choosers.family import RuleSwitch, cached_efficiency_variant, parse_rules
 from marconi.core.registry import ConfigError, Domain
@@ -140,13 +140,7 @@ class RegretEviction(EvictionBase):
     def check_scoring(decay: float, hysteresis: float) -> None:
         """ConfigError unless ``decay`` is a number in (0, 1] and ``hysteresis`` one >= 0 (NaN and
         bools refused): the checks of the constructor, for a caller that builds the chooser later."""
-        for name, value in (("decay", decay), ("hysteresis", hysteresis)):
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise ConfigError(f"adaptive {name} must be a number, got {value!r}")
-        if not 0 < decay <= 1:
-            raise ConfigError(f"adaptive decay must be in (0, 1], got {decay}")
-        if not hysteresis >= 0:
-            raise ConfigError(f"adaptive hysteresis must be >= 0, got {hysteresis}")
+        check_scoring(decay, hysteresis, "adaptive")
 
     @property
     def spec(self) -> "ModelSpec":

@@ -10,7 +10,7 @@ import numbers
 from typing import TYPE_CHECKING, Any, Sequence
 
 from marconi.core.cache import PrefixCache, RequestHandle
-from marconi.core.chooser import RequestEvent, follow
+from marconi.core.chooser import RequestEvent, check_scoring, follow
 from marconi.core.eviction import EVICTION_POLICIES, EvictionPolicy, EvictionRule, Rule
 from marconi.core.registry import ConfigError, Domain
 from marconi.choosers.family import FamilyPolicy, RuleSwitch, parse_rules, policy_for
@@ -36,8 +36,7 @@ class WorldsChooser:
     def __init__(self, rules: str | Sequence[Rule] = "default", *, decay: float = 0.999,
                  hysteresis: float = 0.0, objective: str = "hit-rate", current: int = 0,
                  tail_hysteresis: float = 0.0) -> None:
-        if not 0 < decay <= 1:
-            raise ConfigError(f"worlds decay must be in (0, 1], got {decay}")
+        check_scoring(decay, hysteresis, "worlds")
         if not hysteresis >= 0 or not tail_hysteresis >= 0:
             raise ConfigError(f"worlds hysteresis must be >= 0, got {hysteresis} and tail_hysteresis {tail_hysteresis}")
         if objective not in ("hit-rate", "flops"):

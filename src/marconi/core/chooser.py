@@ -15,12 +15,25 @@ if TYPE_CHECKING:
     from marconi.core.cache import PrefixCache, RequestHandle
     from marconi.core.eviction import Rule
 
-__all__ = ["RequestEvent", "RuleChooser", "Step", "follow"]
+__all__ = ["RequestEvent", "RuleChooser", "Step", "check_scoring", "follow"]
 
 #: A request's steps in the cache, in order (``first-eviction``: the cache evicts for the first time).
 Step = Literal["begin", "prefill", "finish", "abort", "first-eviction"]
 
 E = TypeVar("E", contravariant=True)
+
+
+def check_scoring(decay: float, hysteresis: float, who: str) -> None:
+    """The contract of a chooser's decayed scores: ConfigError, naming ``who`` (``adaptive``,
+    ``worlds``, ``tier chooser``) and the parameter, unless ``decay`` is a number in (0, 1] and
+    ``hysteresis`` one >= 0. NaN and bools are refused (``True`` would run as 1)."""
+    for name, value in (("decay", decay), ("hysteresis", hysteresis)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{who} {name} must be a number, got {value!r}")
+    if not 0 < decay <= 1:
+        raise ConfigError(f"{who} decay must be in (0, 1], got {decay}")
+    if not hysteresis >= 0:
+        raise ConfigError(f"{who} hysteresis must be >= 0, got {hysteresis}")
 
 
 class RequestEvent(NamedTuple):

@@ -29,6 +29,7 @@ from collections import OrderedDict
 from dataclasses import replace
 from typing import Any, Iterable, NamedTuple, Sequence
 
+from marconi.core.chooser import check_scoring
 from marconi.core.eviction import Rule
 from marconi.core.registry import ConfigError
 from marconi.integrations.vllm.policy import ATTENTION
@@ -238,10 +239,7 @@ class TierRuleChooser:
             raise ConfigError("marconi_rule: an adaptive tier needs a family of rules")
         if isinstance(capacity, bool) or not isinstance(capacity, numbers.Integral) or not capacity >= 0:
             raise ConfigError(f"tier chooser capacity must be a whole number of chunks >= 0, got {capacity!r}")
-        if isinstance(decay, bool) or not isinstance(decay, numbers.Real) or not 0 < decay <= 1:
-            raise ConfigError(f"tier chooser decay must be a number in (0, 1], got {decay!r}")
-        if isinstance(hysteresis, bool) or not isinstance(hysteresis, numbers.Real) or not hysteresis >= 0:
-            raise ConfigError(f"tier chooser hysteresis must be a number >= 0, got {hysteresis!r}")
+        check_scoring(decay, hysteresis, "tier chooser")
         self.rules: tuple[Rule, ...] = settings.family
         self.current = self.rules.index(settings.rule)
         self.decay, self.hysteresis = decay, hysteresis
