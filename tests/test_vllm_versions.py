@@ -5,8 +5,11 @@
 * in each vLLM environment present (0.32: ``.venv-vllm``; 0.33: the ``.venv-vllm033`` overlay),
   every method the hooks wrap has the signature the hooks call it with, and the methods whose
   code the hooks re-implement or rely on line by line (``get_new_blocks``' tail, the eviction
-  and hash-map internals) are the same code in 0.33 as in 0.32. A new series joins
-  ``SUPPORTED_VLLM`` only when this passes on it.
+  and hash-map internals, ``cache_full_blocks`` less its KV events) are the same code in 0.33 as
+  in 0.32. ``free_blocks`` and ``touch`` differ between the two (0.33 skips the null block), so
+  the hooks re-implement each series' own, checked against a stock pool per series by the pool
+  driver's ``--twin`` run (``tests/test_vllm_pool_driver.py``). A new series joins
+  ``SUPPORTED_VLLM`` only when both pass on it.
 """
 
 from __future__ import annotations
@@ -32,6 +35,9 @@ WRAPPED = ("free_blocks", "touch", "cache_full_blocks", "cache_partial_block", "
            "get_num_free_blocks")
 SAME_CODE = ("get_new_blocks", "_maybe_evict_cached_block", "_insert_block_hash", "_remove_cached_block_hashes",
              "move_block_hashes", "_notify_reuse")
+# Re-implemented but for their trailing ``if self.enable_kv_cache_events:`` block (the hooks call
+# vLLM's own method where events are on): compared without it.
+SAME_CODE_BUT_EVENTS = ("cache_full_blocks",)
 PROBE = f"""
 import ast, inspect, json, textwrap, vllm
 from vllm.v1.core.block_pool import BlockPool
@@ -45,6 +51,13 @@ for owner, names in ((BlockPool, {WRAPPED + SAME_CODE!r}), (KVCacheManager, ("re
         out["signatures"][owner.__name__ + "." + name] = str(inspect.signature(f))
 for name in {SAME_CODE!r}:
     out["code"][name] = ast.dump(ast.parse(textwrap.dedent(inspect.getsource(getattr(BlockPool, name)))))
+for name in {SAME_CODE_BUT_EVENTS!r}:
+    tree = ast.parse(textwrap.dedent(inspect.getsource(getattr(BlockPool, name))))
+    body = tree.body[0].body
+    last = body[-1]
+    assert isinstance(last, ast.If) and "enable_kv_cache_events" in ast.unparse(last.test), ast.unparse(last.test)
+    tree.body[0].body = body[:-1]
+    out["code"][name] = ast.dump(tree)
 print(json.dumps(out))
 """
 
@@ -93,5 +106,5 @@ def test_hooked_methods_match_across_series() -> None:
     new = _probe("0.33")
     assert new["version"].startswith("0.33") and plugin.supported_vllm(new["version"])
     assert new["signatures"] == old["signatures"]
-    changed = [name for name in SAME_CODE if new["code"][name] != old["code"][name]]
+    changed = [name for name in SAME_CODE + SAME_CODE_BUT_EVENTS if new["code"][name] != old["code"][name]]
     assert not changed, f"vLLM 0.33 changed {changed}: re-verify the hooks before supporting it"

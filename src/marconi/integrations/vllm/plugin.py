@@ -41,10 +41,20 @@ SUPPORTED_VLLM = ("0.32", "0.33")
 _SUPPORTED_TEXT = ", ".join(f"{series}.x" for series in SUPPORTED_VLLM)
 
 
+# The series whose BlockPool.free_blocks and touch still count the null block's references (0.33
+# skips it: "never pooled; its ref_cnt is not maintained"); the hooks re-implement both methods.
+_NULL_BLOCK_COUNTED = ("0.32",)
+
+
+def vllm_series(version: str) -> str:
+    """``"0.33"`` for ``0.33.1rc1``, ``"0.32"`` for ``0.32.0+cpu``: the release series of a version."""
+    return ".".join(version.split("+")[0].split(".")[:2])
+
+
 def supported_vllm(version: str) -> bool:
     """Whether vLLM ``version`` belongs to a series of :data:`SUPPORTED_VLLM` (``0.33.0``,
     ``0.33.1rc1``, ``0.32.0+cpu``: yes; ``0.34.0``, ``0.3.2``, ``1.0.0``: no)."""
-    return ".".join(version.split("+")[0].split(".")[:2]) in SUPPORTED_VLLM
+    return vllm_series(version) in SUPPORTED_VLLM
 
 _REGISTERED = False
 # The longest get_new_blocks leaves evictions uncounted in Prometheus while no request finishes
@@ -118,7 +128,8 @@ def _open_recorder(scheduler: Any, hooks: "PoolHooks") -> Any:
 
     try:
         return record.Recorder.open(path, block_size=hooks.hash_block_size,
-                                    model=str(scheduler.vllm_config.model_config.model), vllm_version=str(vllm.__version__),
+                                    model=str(scheduler.vllm_config.model_config.model),
+                                    vllm_version=str(vllm.__version__),
                                     policy=hooks.policy, settings=hooks.settings,
                                     max_num_seqs=int(scheduler.scheduler_config.max_num_seqs))
     except ConfigError as exc:
@@ -370,7 +381,9 @@ class PoolHooks:
         AttributeError where this vLLM lacks what the hooks replace; PluginSettingError where the α
         source cannot be made or bound to this pool.
         """
-        from vllm.v1.core.kv_cache_utils import get_block_hash, get_group_id
+        import vllm
+        from vllm.v1.core.kv_cache_utils import (get_block_hash, get_group_id, make_block_hash_with_group_id,
+                                                 resolve_block_hashes)
 
         pool = kv_manager.block_pool
         # vLLM private: the _-prefixed names are BlockPool internals the hooks replace (vLLM 0.32, 0.33).
@@ -389,6 +402,8 @@ class PoolHooks:
             source.run_in_background()   # off the scheduler thread (at lag 0 it waits only when it reads the rule)
         hooks = cls(pool, kv_manager, state, config, int(pool.hash_block_size), trace=trace)
         hooks._hash_parts = (get_block_hash, get_group_id)
+        hooks._key_parts = (resolve_block_hashes, make_block_hash_with_group_id)
+        hooks._skip_null = vllm_series(vllm.__version__) not in _NULL_BLOCK_COUNTED
         return hooks
 
     def install(self, scheduler: Any) -> None:
@@ -601,6 +616,27 @@ class PoolHooks:
         return self._num_evicted
 
     def touch(self, blocks: Any) -> None:
+        """vLLM's own ``touch`` (0.32's or 0.33's: they differ on the null block), each cached block
+        that leaves the free queue reported to the state in the same loop. A pool that writes the
+        block trace runs vLLM's method and reports after it (:meth:`_touch_traced`)."""
+        if self._trace is not None:
+            return self._touch_traced(blocks)
+        pool = self.pool
+        remove = pool.free_block_queue.remove
+        metrics = pool.metrics_collector
+        taken = self.state.taken
+        skip_null = self._skip_null
+        for block in blocks:
+            if block.is_null and skip_null:
+                continue
+            if block.ref_cnt == 0 and not block.is_null:
+                remove(block)
+                taken(block.block_id)
+            block.ref_cnt += 1
+            if metrics:
+                metrics.on_block_accessed(block)
+
+    def _touch_traced(self, blocks: Any) -> None:
         blocks = list(blocks)
         leaving = [b.block_id for b in blocks if b.ref_cnt == 0 and not b.is_null]
         self._orig["touch"](blocks)
@@ -608,10 +644,46 @@ class PoolHooks:
             taken = self.state.taken
             for block_id in leaving:
                 taken(block_id)
-            if self._trace is not None:
-                self._emit("touch", leaving)
+            self._emit("touch", leaving)
 
     def free_blocks(self, ordered_blocks: Any) -> None:
+        """vLLM's own ``free_blocks`` (0.32's or 0.33's: they differ on the null block), each cached
+        block that joins the free queue reported to the state (``released``) in the same loop: one
+        frame and one pass per call where the wrapper took two. Without prefix caching, or with the
+        block trace, vLLM's method runs and the report follows it (:meth:`_free_blocks_traced`).
+        ``tests/vllm_peer/pool_driver.py --twin`` checks both series against a stock pool."""
+        pool = self.pool
+        if self._trace is not None or not pool.enable_caching:
+            return self._free_blocks_traced(ordered_blocks)
+        first: list[Any] = []
+        last: list[Any] = []
+        other: dict[Any, list[Any]] | None = None
+        release = self.state.released
+        skip_null = self._skip_null
+        for block in ordered_blocks:
+            if skip_null and block.is_null:
+                continue
+            owner = block.pool
+            if owner is not None and owner is not pool:
+                if other is None:
+                    other = {}
+                other.setdefault(owner, []).append(block)
+                continue
+            block.ref_cnt -= 1
+            if block.ref_cnt == 0 and not block.is_null:
+                if block.block_hash is None:
+                    first.append(block)
+                else:
+                    last.append(block)
+                    release(block.block_id)
+        queue = pool.free_block_queue
+        queue.prepend_n(first)
+        queue.append_n(last)
+        if other:
+            for owner, blocks in other.items():
+                owner.free_blocks(blocks)
+
+    def _free_blocks_traced(self, ordered_blocks: Any) -> None:
         blocks = list(ordered_blocks)
         self._orig["free_blocks"](blocks)
         pool = self.pool
@@ -639,19 +711,91 @@ class PoolHooks:
             self._emit("free", released)
 
     # --------------------------------------------------------------- hashes
-    def cache_full_blocks(self, request: Any, *args: Any, **kwargs: Any) -> None:
-        self._request = request
-        try:
-            self._orig["cache_full_blocks"](request, *args, **kwargs)
-        finally:
-            self._request = None
+    def cache_full_blocks(self, request: Any, blocks: list[Any], num_cached_blocks: int, num_full_blocks: int,
+                          block_size: int, kv_cache_group_id: int, block_mask: list[bool] | None = None) -> None:
+        """vLLM's own ``cache_full_blocks`` less its KV events, with its per-block
+        ``_insert_block_hash`` (the same code in 0.32 and 0.33: ``tests/test_vllm_versions.py``) and
+        the state's ``cached`` report inlined: one frame a call, not three a block. The block's
+        prefix and group are the arguments' own, not parsed back out of the key. Where vLLM
+        publishes KV events, or the block trace is written, vLLM's method runs and calls the
+        :meth:`_insert_block_hash` hook per block. ``tests/vllm_peer/pool_driver.py --twin`` checks
+        it against a stock pool."""
+        pool = self.pool
+        if pool.enable_kv_cache_events or self._trace is not None:
+            self._request = request
+            try:
+                self._orig["cache_full_blocks"](request, blocks, num_cached_blocks, num_full_blocks, block_size,
+                                                kv_cache_group_id, block_mask)
+            finally:
+                self._request = None
+            return
+        if num_cached_blocks >= num_full_blocks:
+            return
+        new_full_blocks = blocks[num_cached_blocks:num_full_blocks]
+        assert block_mask is None or len(block_mask) == len(new_full_blocks)
+        resolve, make_key = self._key_parts
+        new_block_hashes = resolve(request.block_hashes, self.hash_block_size, block_size)[num_cached_blocks:]
+        hash_map = pool.cached_block_hash_to_block
+        cached = self.state.cached
+        parents = request.block_hashes                 # the parent as _insert_block_hash finds it
+        hash_block_size, own_block_size = self.hash_block_size, self.block_size
+        gid = kv_cache_group_id
+        num = 0
+        for i, blk in enumerate(new_full_blocks):
+            if blk.is_null or (block_mask is not None and not block_mask[i]):
+                continue
+            block_hash = new_block_hashes[i]
+            num_tokens = (num_cached_blocks + i + 1) * block_size
+            key = make_key(block_hash, gid)
+            if blk.block_hash is not None:   # vLLM: only a partial block promoted to full has one
+                assert blk.block_hash_num_tokens is not None and blk.block_hash_num_tokens < num_tokens
+                pool._emit_block_removed_events(self._remove_cached_block_hashes(blk))
+            # vLLM's _insert_block_hash from here (its ``block_hash == key`` test: the hash is reset above)
+            block_id = blk.block_id
+            if hash_map.contain(key, block_id):
+                continue
+            if blk.block_hash is None:
+                blk.set_block_hash(key, num_tokens=num_tokens)
+            else:
+                pool.cached_block_hashes_by_block.setdefault(block_id, set()).add(key)
+            hash_map.insert(key, blk)
+            pdepth = (num_tokens - 1) // own_block_size * own_block_size        # parent_depth(), inlined
+            cached(block_id, block_hash, gid, num_tokens, parents[pdepth // hash_block_size - 1] if pdepth else None)
+            num += 1
+        if num:
+            kind = self.group_kinds[gid] if gid < len(self.group_kinds) else "other"
+            self.num_cached[kind] = self.num_cached.get(kind, 0) + num
 
-    def cache_partial_block(self, request: Any, *args: Any, **kwargs: Any) -> Any:
-        self._request = request
-        try:
-            return self._orig["cache_partial_block"](request, *args, **kwargs)
-        finally:
-            self._request = None
+    def cache_partial_block(self, request: Any, block: Any, num_tokens: int, kv_cache_group_id: int, block_size: int,
+                            replace_existing_hashes: bool = False) -> Any:
+        """vLLM's own ``cache_partial_block`` less its KV events (the same code in 0.32 and 0.33:
+        ``tests/test_vllm_versions.py``), the insertion and the state's report in one more frame
+        (:meth:`_insert_key`) where vLLM's method and the parsing hook took four. Where vLLM
+        publishes KV events, or the block trace is written, vLLM's method runs and calls the
+        :meth:`_insert_block_hash` hook. Returns the key, or None for the null block."""
+        pool = self.pool
+        if pool.enable_kv_cache_events or self._trace is not None:
+            self._request = request
+            try:
+                return self._orig["cache_partial_block"](request, block, num_tokens, kv_cache_group_id, block_size,
+                                                         replace_existing_hashes)
+            finally:
+                self._request = None
+        if block.is_null:
+            return None
+        hash_block_size = self.hash_block_size
+        assert block_size % hash_block_size == 0
+        block_hash = pool._get_partial_block_hash(request, num_tokens)       # vLLM private
+        depth = num_tokens // hash_block_size * hash_block_size
+        key = self._key_parts[1](block_hash, kv_cache_group_id)
+        if replace_existing_hashes:
+            pool._emit_block_removed_events(self._remove_cached_block_hashes(block))
+        elif (block.block_hash is not None and block.block_hash != key
+              and block.block_hash_num_tokens is not None and block.block_hash_num_tokens < depth
+              and not pool.cached_block_hash_to_block.contain(key, block.block_id)):
+            pool._emit_block_removed_events(self._remove_cached_block_hashes(block))
+        self._insert_key(key, block, depth, block_hash, kv_cache_group_id, request)
+        return key
 
     def move_block_hashes(self, src_block: Any, dst_block: Any) -> None:
         """Keep each moved hash's depth and parent: the index re-registers them on ``dst_block``."""
@@ -672,7 +816,24 @@ class PoolHooks:
 
     def _insert_block_hash(self, key: Any, block: Any, num_tokens: int | None) -> None:
         """vLLM's own ``_insert_block_hash`` (the same code in 0.32 and 0.33:
-        ``tests/test_vllm_versions.py``), then the state told of the new hash, in one frame."""
+        ``tests/test_vllm_versions.py``), then the state told of the new hash: what vLLM's own
+        ``cache_full_blocks`` / ``cache_partial_block`` (KV events on, or the block trace written)
+        and ``move_block_hashes`` call, the key parsed into its prefix and group."""
+        parts = self._hash_parts
+        prefix = parts[0](key)
+        moved = self._moved
+        if moved and prefix in moved:
+            self._insert_key(key, block, num_tokens, prefix, parts[1](key), None, moved[prefix])
+        else:
+            if self._request is None or num_tokens is None:
+                raise RuntimeError("marconi: a block was cached outside cache_full_blocks/cache_partial_block")
+            self._insert_key(key, block, num_tokens, prefix, parts[1](key), self._request)
+
+    def _insert_key(self, key: Any, block: Any, num_tokens: int | None, prefix: Any, gid: int, request: Any,
+                    moved: tuple[int, Any] | None = None) -> None:
+        """vLLM's ``_insert_block_hash`` for ``key`` (``prefix`` in group ``gid``), then the state's
+        ``cached`` report: at ``num_tokens`` with its parent read from ``request``'s block hashes,
+        or, for a moved hash, at its known ``(depth, parent)``."""
         pool = self.pool
         current = block.block_hash
         if current == key:
@@ -686,15 +847,9 @@ class PoolHooks:
         else:
             pool.cached_block_hashes_by_block.setdefault(block_id, set()).add(key)
         hash_map.insert(key, block)
-        parts = self._hash_parts
-        prefix, gid = parts[0](key), parts[1](key)
-        moved = self._moved
-        if moved and prefix in moved:
-            depth, parent = moved[prefix]
+        if moved is not None:
+            depth, parent = moved
         else:
-            request = self._request
-            if request is None or num_tokens is None:
-                raise RuntimeError("marconi: a block was cached outside cache_full_blocks/cache_partial_block")
             depth = num_tokens
             pdepth = (num_tokens - 1) // self.block_size * self.block_size        # parent_depth(), inlined
             parent = request.block_hashes[pdepth // self.hash_block_size - 1] if pdepth else None
