@@ -89,7 +89,7 @@ def drive(mode: str, steps: int, seed: int, num_blocks: int = 48, twin: bool = F
     rng = random.Random(seed)
     block = BLOCK * scale
     hooks = build(mode, num_blocks, block)
-    pool, state = hooks.pool, hooks.state
+    pool = hooks.pool
     stock = BlockPool(num_gpu_blocks=num_blocks, enable_caching=True, hash_block_size=BLOCK) if twin else None
 
     def both(method: str, *args: Any) -> Any:
