@@ -9,7 +9,8 @@
   in 0.32. ``free_blocks`` and ``touch`` differ between the two (0.33 skips the null block), so
   the hooks re-implement each series' own, checked against a stock pool per series by the pool
   driver's ``--twin`` run (``tests/test_vllm_pool_driver.py``). A new series joins
-  ``SUPPORTED_VLLM`` only when both pass on it.
+  ``SUPPORTED_VLLM`` only when both pass on it;
+* a pool lacking a method the hooks' own code calls is refused when the hooks are built.
 """
 
 from __future__ import annotations
@@ -108,3 +109,32 @@ def test_hooked_methods_match_across_series() -> None:
     assert new["signatures"] == old["signatures"]
     changed = [name for name in SAME_CODE + SAME_CODE_BUT_EVENTS if new["code"][name] != old["code"][name]]
     assert not changed, f"vLLM 0.33 changed {changed}: re-verify the hooks before supporting it"
+
+
+READS_PROBE = """
+import json
+from types import SimpleNamespace
+from vllm.v1.core.block_pool import BlockPool
+from marconi.core.model import get_model
+from marconi.integrations.vllm.config import PluginConfig
+from marconi.integrations.vllm.plugin import PoolHooks
+from marconi.integrations.vllm.policy import ATTENTION
+del BlockPool._get_partial_block_hash            # a vLLM whose pool lacks what the hooks call
+pool = BlockPool(num_gpu_blocks=8, enable_caching=True, hash_block_size=16)
+kv = SimpleNamespace(block_pool=pool, record_prefix_cache_stats=None, allocate_slots=None)
+try:
+    PoolHooks.for_pool(kv, (ATTENTION,), get_model("paper-7b"), 16, PluginConfig(policy="marconi"))
+except AttributeError as exc:
+    print(json.dumps(str(exc)))
+"""
+
+
+@pytest.mark.slow  # one vLLM import (~15 s)
+def test_a_pool_without_what_the_hooks_call_is_refused_at_attach() -> None:
+    """The hooks' own code calls vLLM private pool methods (``_get_partial_block_hash`` in
+    ``cache_partial_block``): a vLLM without one is refused when the hooks are built, naming it,
+    not mid-run at the first partial block."""
+    proc = subprocess.run([vllm_python("0.32"), "-c", READS_PROBE], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    message = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert "'_get_partial_block_hash'" in message and "0.32.x, 0.33.x" in message, message

@@ -229,6 +229,10 @@ def model_spec(vllm_config: Any) -> Any:
 _POOL_HOOKED = ("get_new_blocks", "free_blocks", "touch", "_insert_block_hash", "_remove_cached_block_hashes",
                 "_maybe_evict_cached_block", "cache_full_blocks", "cache_partial_block", "move_block_hashes",
                 "reset_prefix_cache", "unpin_blocks")
+# What the hooks' own code reads or calls on a BlockPool besides (vLLM private where _-prefixed).
+_POOL_READ = ("free_block_queue", "cached_block_hash_to_block", "cached_block_hashes_by_block", "blocks",
+              "enable_caching", "enable_kv_cache_events", "metrics_collector", "_get_partial_block_hash",
+              "_emit_block_removed_events", "_reuse_watchers", "_notify_reuse")
 
 
 def _open_trace(config: PluginConfig) -> Any:
@@ -387,8 +391,7 @@ class PoolHooks:
 
         pool = kv_manager.block_pool
         # vLLM private: the _-prefixed names are BlockPool internals the hooks replace (vLLM 0.32, 0.33).
-        for owner, obj, names in (("BlockPool", pool, _POOL_HOOKED + ("free_block_queue", "cached_block_hash_to_block",
-                                                                      "blocks", "enable_caching")),
+        for owner, obj, names in (("BlockPool", pool, _POOL_HOOKED + _POOL_READ),
                                   ("KVCacheManager", kv_manager, ("record_prefix_cache_stats", "allocate_slots"))):
             for name in names:
                 if not hasattr(obj, name):
