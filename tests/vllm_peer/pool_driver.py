@@ -16,8 +16,9 @@ With ``--twin`` (``lru`` mode: the plugin evicts as vLLM does) a stock ``BlockPo
 calls beside it, and after every step the two must be the same pool: the free queue's order, each
 block's ``ref_cnt`` and hash, the hash map. The twin's requests also pass vLLM's null block to
 ``touch`` and ``free_blocks`` (as Mamba and sliding-window groups do) and a mask to
-``cache_full_blocks``: the hooks re-implement those three methods, and this is where they must not
-differ from vLLM's own.
+``cache_full_blocks``. With ``--scale N`` a block is N hash blocks: requests may end inside their
+last block (``cache_partial_block``), grow (a deeper partial entry) and fill it (promotion). The
+hooks re-implement these four methods, and this is where they must not differ from vLLM's own.
 """
 
 from __future__ import annotations
