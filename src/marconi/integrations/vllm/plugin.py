@@ -725,12 +725,8 @@ class PoolHooks:
         it against a stock pool."""
         pool = self.pool
         if pool.enable_kv_cache_events or self._trace is not None:
-            self._request = request
-            try:
-                self._orig["cache_full_blocks"](request, blocks, num_cached_blocks, num_full_blocks, block_size,
-                                                kv_cache_group_id, block_mask)
-            finally:
-                self._request = None
+            self._through_vllm("cache_full_blocks", request, blocks, num_cached_blocks, num_full_blocks, block_size,
+                               kv_cache_group_id, block_mask)
             return
         if num_cached_blocks >= num_full_blocks:
             return
@@ -778,12 +774,8 @@ class PoolHooks:
         :meth:`_insert_block_hash` hook. Returns the key, or None for the null block."""
         pool = self.pool
         if pool.enable_kv_cache_events or self._trace is not None:
-            self._request = request
-            try:
-                return self._orig["cache_partial_block"](request, block, num_tokens, kv_cache_group_id, block_size,
-                                                         replace_existing_hashes)
-            finally:
-                self._request = None
+            return self._through_vllm("cache_partial_block", request, block, num_tokens, kv_cache_group_id,
+                                      block_size, replace_existing_hashes)
         if block.is_null:
             return None
         hash_block_size = self.hash_block_size
@@ -799,6 +791,15 @@ class PoolHooks:
             pool._emit_block_removed_events(self._remove_cached_block_hashes(block))
         self._insert_key(key, block, depth, block_hash, kv_cache_group_id, request)
         return key
+
+    def _through_vllm(self, name: str, request: Any, *args: Any) -> Any:
+        """vLLM's own caching method ``name`` for ``request`` (with its KV events), the request set
+        aside for the :meth:`_insert_block_hash` hook it calls per block."""
+        self._request = request
+        try:
+            return self._orig[name](request, *args)
+        finally:
+            self._request = None
 
     def move_block_hashes(self, src_block: Any, dst_block: Any) -> None:
         """Keep each moved hash's depth and parent: the index re-registers them on ``dst_block``."""
