@@ -408,6 +408,50 @@ def test_a_bench_server_outlives_the_thread_that_waited_for_it(tmp_path):
     _assert_gone(pid)
 
 
+LITTERING_SERVER = textwrap.dedent("""
+    import json, os, sys, tempfile, time
+    open(os.path.join(tempfile.gettempdir(), "left-by-the-engine"), "w").close()
+    names = ("TMPDIR", "PROMETHEUS_MULTIPROC_DIR", "TORCHINDUCTOR_CACHE_DIR")
+    with open(sys.argv[1] + ".part", "w") as fh:
+        json.dump({n: os.environ.get(n) for n in names}, fh)
+    os.rename(sys.argv[1] + ".part", sys.argv[1])
+    time.sleep(600)
+""")
+
+
+@LINUX
+def test_a_server_leaves_nothing_in_the_temp_folder(tmp_path):
+    # what an engine server writes to its temporary folder (vLLM: a ZMQ socket per connection, a
+    # vllm_dist_* store per worker) goes with it at stop; torch's compile cache stays shared
+    from marconi.integrations.common.server import ServerProcess
+
+    outer, seen = tmp_path / "tmp", tmp_path / "seen.json"
+    outer.mkdir()
+
+    class Littering:
+        def args(self, port: int) -> list[str]:
+            return [sys.executable, "-c", LITTERING_SERVER, str(seen)]
+
+        def environment(self) -> dict[str, str]:
+            return {**os.environ, "TMPDIR": str(outer)}
+
+    server = ServerProcess(Littering(), log_path=tmp_path / "server.log", name="fake server")
+    server.spawn()
+    try:
+        deadline = time.monotonic() + 60
+        while not seen.exists():
+            assert time.monotonic() < deadline, server.log_tail()
+            time.sleep(0.05)
+        env = json.loads(seen.read_text())
+        assert Path(env["TMPDIR"], "left-by-the-engine").exists()
+    finally:
+        server.stop()
+    assert not Path(env["TMPDIR"]).exists() and not Path(env["PROMETHEUS_MULTIPROC_DIR"]).exists()
+    assert Path(env["TMPDIR"]).parent == Path(env["PROMETHEUS_MULTIPROC_DIR"]).parent
+    assert env["TORCHINDUCTOR_CACHE_DIR"].startswith(str(outer / "torchinductor_"))
+    assert list(outer.iterdir()) == []
+
+
 SERVER_PARENT = textwrap.dedent("""
     import os, sys, time
     sys.path.insert(0, sys.argv[1])

@@ -186,3 +186,23 @@ def test_requests_a_server_of_the_config_would_refuse_or_change_are_noted() -> N
     notes = check_pool(config, [short, odd], None)
     assert notes == [f"token ids up to {vocab + 5:,} are outside nemotron-h-8b's vocabulary of {vocab:,} (vocab_size): "
                      "a server refuses such prompts; the replay's hits do not read the ids"]
+
+
+_TWO_CORES = """
+from marconi.integrations.vllm.replay.configs import model_dir
+from marconi.integrations.vllm.replay.engine import build_engine_core
+for _ in range(2):
+    build_engine_core(str(model_dir("nemotron-h-8b")), num_blocks=64, max_model_len=8192)
+"""
+
+
+@pytest.mark.slow
+def test_engine_cores_leave_nothing_in_the_temp_folder(tmp_path: Path) -> None:
+    """The replay's engine core (the bench and the tests build it in their own processes, outside the
+    replay command's scratch folder) leaves no gloo store behind: one ``marconi-replay-dist-*`` file
+    per process stayed in /tmp before."""
+    require_vllm()
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    _vllm(_TWO_CORES, {"TMPDIR": str(tmp), "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")})
+    assert sorted(p.name for p in tmp.iterdir()) == []

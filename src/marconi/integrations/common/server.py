@@ -3,12 +3,18 @@
 An engine supplies a :class:`Launch` (command line and environment); :class:`ServerProcess` does the
 rest: a free port on 127.0.0.1, the log to a file, its own process session (stopping it stops all
 it forked; it dies with the command, even after ``kill -9``), ``GET /health`` until 200,
-``GET /metrics`` by :func:`parse_metrics`, and a fresh ``PROMETHEUS_MULTIPROC_DIR`` (so counters
-from the engine's other processes reach ``/metrics``), removed at stop.
+``GET /metrics`` by :func:`parse_metrics`, and a fresh scratch folder per start, removed at stop:
+``PROMETHEUS_MULTIPROC_DIR`` in it (so counters from the engine's other processes reach
+``/metrics``), and ``TMPDIR`` too, so what the engine leaves in the temporary folder goes with it
+(vLLM leaves a ZMQ socket per engine connection and a ``vllm_dist_*`` store per worker: 35 files
+for the 16 tests of ``test_vllm_replay.py`` and ``test_vllm_e2e.py`` before this). Torch's compile
+cache stays where it was (``TORCHINDUCTOR_CACHE_DIR``, unless already set), so servers still share it.
 """
 
 from __future__ import annotations
 
+import getpass
+import os
 import re
 import shutil
 import socket
@@ -18,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any, Mapping, Protocol, Self
 
-__all__ = ["Launch", "ServerProcess", "ServerError", "parse_metrics", "free_port"]
+__all__ = ["Launch", "ServerProcess", "ServerError", "parse_metrics", "free_port", "inductor_cache_dir"]
 
 
 class ServerError(RuntimeError):
@@ -34,6 +40,18 @@ class Launch(Protocol):
 
     def environment(self) -> Mapping[str, str]:
         ...
+
+
+def inductor_cache_dir(env: Mapping[str, str]) -> str:
+    """Where torch's compile cache goes for a process started with ``env`` when
+    ``TORCHINDUCTOR_CACHE_DIR`` is unset (torch's own default: ``torchinductor_<user>`` in the
+    temporary folder ``env``'s ``TMPDIR`` names, else this process's)."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, ModuleNotFoundError, OSError):          # no name for this uid: torch's fallback
+        user = f"uid_{os.getuid()}"
+    user = re.sub(r'[\\/:*?"<>|]', "_", user)
+    return os.path.join(env.get("TMPDIR") or tempfile.gettempdir(), "torchinductor_" + user)
 
 
 def free_port() -> int:
@@ -58,7 +76,7 @@ class ServerProcess:
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         self._proc: subprocess.Popen[bytes] | None = None
-        self._prom_dir: str | None = None
+        self._scratch: str | None = None
         self._started = 0.0
         self.startup_s = 0.0
 
@@ -81,9 +99,12 @@ class ServerProcess:
         :meth:`wait_healthy`, which any thread may run."""
         from marconi.pool import spawn
 
-        self._prom_dir = tempfile.mkdtemp(prefix="marconi-prom-")
+        self._scratch = scratch = tempfile.mkdtemp(prefix="marconi-server-")
         env = dict(self.launch.environment())
-        env["PROMETHEUS_MULTIPROC_DIR"] = self._prom_dir
+        env.setdefault("TORCHINDUCTOR_CACHE_DIR", inductor_cache_dir(env))
+        for var, sub in (("PROMETHEUS_MULTIPROC_DIR", "prom"), ("TMPDIR", "tmp")):
+            env[var] = os.path.join(scratch, sub)
+            os.mkdir(env[var])
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._started = time.perf_counter()
         try:
@@ -149,9 +170,9 @@ class ServerProcess:
         proc, self._proc = self._proc, None
         if proc is not None:
             stop(proc, grace_s=60.0)
-        if self._prom_dir is not None:
-            shutil.rmtree(self._prom_dir, ignore_errors=True)
-            self._prom_dir = None
+        if self._scratch is not None:
+            shutil.rmtree(self._scratch, ignore_errors=True)
+            self._scratch = None
 
 
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+([-+0-9.eEinfNa]+)")

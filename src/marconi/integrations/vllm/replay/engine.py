@@ -7,6 +7,9 @@ loaded, as in a server) around :class:`StubExecutor`, whose model is the real vL
 
 from __future__ import annotations
 
+import atexit
+import contextlib
+import functools
 import os
 import tempfile
 from typing import Any
@@ -22,6 +25,22 @@ def _executor_base() -> type:
     from vllm.v1.executor.abstract import Executor
 
     return Executor
+
+
+@functools.cache
+def _dist_store() -> str:
+    """The file gloo's store lives in, one per process (vLLM initialises torch.distributed once and
+    skips it for later engines), removed when the process exits: torch removes it only when the
+    process group is destroyed, which a replay or bench process never does (one was left in the
+    temporary folder per run)."""
+    store = tempfile.mktemp(prefix="marconi-replay-dist-")
+    atexit.register(_remove_quietly, store)
+    return store
+
+
+def _remove_quietly(path: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
 
 
 class StubExecutor(_executor_base()):  # type: ignore[misc]
@@ -43,9 +62,8 @@ class StubExecutor(_executor_base()):  # type: ignore[misc]
         from vllm.platforms import current_platform
 
         vc = self.vllm_config
-        store = tempfile.mktemp(prefix="marconi-replay-dist-")
         with set_current_vllm_config(vc):
-            init_distributed_environment(1, 0, f"file://{store}", 0, "gloo")
+            init_distributed_environment(1, 0, f"file://{_dist_store()}", 0, "gloo")
             ensure_model_parallel_initialized(1, 1)
             with torch.device("meta"):
                 self.model = initialize_model(vc)
