@@ -44,8 +44,12 @@ is deterministic, so on a shared machine the minimum is the steadier estimate); 
 every thread, and the shadow's replay process (what adaptive-lag moves off the scheduler thread); "α source
 µs/request" is the wall time the plugin's α source takes per finished request on the scheduler thread
 (the inline shadow's replay, or the send to its process; a few µs with α fixed: the event built and
-handed over). The last line is one JSON object, ``{"blocks": N, "step_ratio": x,
-"step_ratio_adaptive": y, ...}``: the whole-step ratios at the largest pool size asked (with ``--trace``
+handed over). "interval" brackets the median of the round-by-round ratios: a distribution-free
+interval from their order statistics (:func:`median_interval`, the sign test's), at 95% or more where
+there are at least 6 rounds, its coverage printed beside it; a target line above its upper end is
+met in this run with that confidence, one inside it is not settled by it. The last line is one JSON object, ``{"blocks": N, "step_ratio": x,
+"step_ratio_adaptive": y, ...}``: the whole-step ratios at the largest pool size asked, each with its
+interval as ``<key>_interval`` (with ``--trace``
 also ``"trace"`` and ``"evicted_per_step"``, stock's evicted blocks per step). Not a test; numbers for
 reports::
 
@@ -68,6 +72,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -230,6 +235,27 @@ def replay_cpu_s(scheduler: Any, close: bool = False) -> float:
     return used
 
 
+def median_interval(values: list[float], level: float = 0.95) -> tuple[float, float, float]:
+    """``(low, high, coverage)``: order statistics ``x_(j) <= x_(n+1-j)`` of ``values`` that hold
+    their population median with probability ``coverage`` whatever the distribution (the sign
+    test's interval: ``coverage = 1 - 2 P(Binomial(n, 1/2) < j)``), the narrowest with ``coverage
+    >= level``, else (under 6 values at 95%) the widest, ``min`` to ``max``. Assumes the values
+    independent (interleaved rounds). ValueError for no values."""
+    xs = sorted(values)
+    n = len(xs)
+    if not n:
+        raise ValueError("median_interval: no values")
+    below = 0.0                                   # P(Binomial(n, 1/2) < j), j = 1 first
+    best = (xs[0], xs[-1], 1.0 - 2.0 * 0.5 ** n)
+    for j in range(1, (n + 1) // 2 + 1):
+        below += math.comb(n, j - 1) * 0.5 ** n
+        coverage = 1.0 - 2.0 * below
+        if coverage < level:
+            break
+        best = (xs[j - 1], xs[n - j], coverage)
+    return best
+
+
 def source_us(runs: list[dict[str, Any]]) -> str:
     """The α source's wall time per finished request on the scheduler thread (its observe: the inline
     shadow's replay, or the send to its process), the median over rounds; "–" where none observed."""
@@ -383,6 +409,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     ratios: dict[tuple[int, str], float] = {}
     evicted_per_step: dict[tuple[int, str], float] = {}
+    intervals: dict[tuple[int, str], tuple[float, float, float]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for n in (int(x) for x in args.blocks.split(",")):
             runs: dict[str, list[dict[str, Any]]] = {c: [] for c in configs}
@@ -418,6 +445,8 @@ def main(argv: list[str] | None = None) -> int:
                 evicted = statistics.median(x["evicted"] for x in runs[name])
                 first = runs[name][0]
                 ratios[(n, name)] = step / base_step
+                paired = [a["step_s_per_step"] / b["step_s_per_step"] for a, b in zip(runs[name], runs[ref])]
+                intervals[(n, name)] = low, high, coverage = median_interval(paired)
                 evicted_per_step[(n, name)] = statistics.median(x["evicted"] / max(1, x["num_steps"]) for x in runs[name])
                 process = statistics.median(x["process_cpu_s"] for x in runs[name])
                 base_process = statistics.median(x["process_cpu_s"] for x in runs[ref])
@@ -431,7 +460,8 @@ def main(argv: list[str] | None = None) -> int:
                              "ms_step": f"{1e3 * step:.3f}", "ratio": f"{step / base_step:.3f}×",
                              "min_ratio": f"{min(x['step_s_per_step'] for x in runs[name]) / min(x['step_s_per_step'] for x in runs[ref]):.3f}×",
                              # each round's run against the same round's reference (its neighbour in time)
-                             "paired": f"{statistics.median(a['step_s_per_step'] / b['step_s_per_step'] for a, b in zip(runs[name], runs[ref])):.3f}×",
+                             "paired": f"{statistics.median(paired):.3f}×",
+                             "interval": f"{low:.3f}–{high:.3f}× ({100 * coverage:.0f}%)",
                              "process": f"{process / base_process:.3f}×",
                              "source": source_us(runs[name]),
                              "per_victim": "–" if name == ref or not evicted
@@ -449,7 +479,7 @@ def main(argv: list[str] | None = None) -> int:
                               ("evicted", "evicted", None), ("evicted/step", "per_step", None),
                               ("ms/step", "ms_step", None),
                               (f"vs {configs[0]}", "ratio", None), ("min vs min", "min_ratio", None),
-                              ("round by round", "paired", None),
+                              ("round by round", "paired", None), ("interval", "interval", None),
                               ("schedule ms/step", "ms_sched", None),
                               (f"schedule vs {configs[0]}", "ratio_sched", None),
                               (f"schedule wall vs {configs[0]}", "ratio_wall", None),
@@ -469,6 +499,7 @@ def main(argv: list[str] | None = None) -> int:
                       ("step_ratio_hooks_only", "hooks-only")):
         if (largest, name) in ratios:
             line[key] = round(ratios[(largest, name)], 4)
+            line[key + "_interval"] = [round(x, 4) for x in intervals[(largest, name)][:2]]
     print(json.dumps(line))
     return 0
 
