@@ -420,20 +420,24 @@ LITTERING_SERVER = textwrap.dedent("""
 
 
 @LINUX
-def test_a_server_leaves_nothing_in_the_temp_folder(tmp_path):
+@pytest.mark.parametrize("cache", [None, "given"])
+def test_a_server_leaves_nothing_in_the_temp_folder(tmp_path, cache):
     # what an engine server writes to its temporary folder (vLLM: a ZMQ socket per connection, a
-    # vllm_dist_* store per worker) goes with it at stop; torch's compile cache stays shared
+    # vllm_dist_* store per worker) goes with it at stop; torch's compile cache stays shared: where
+    # torch would have put it, or where the environment already says
     from marconi.integrations.common.server import ServerProcess
 
     outer, seen = tmp_path / "tmp", tmp_path / "seen.json"
     outer.mkdir()
+    given = str(tmp_path / "inductor")
 
     class Littering:
         def args(self, port: int) -> list[str]:
             return [sys.executable, "-c", LITTERING_SERVER, str(seen)]
 
         def environment(self) -> dict[str, str]:
-            return {**os.environ, "TMPDIR": str(outer)}
+            env = {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_CACHE_DIR"}
+            return {**env, "TMPDIR": str(outer), **({"TORCHINDUCTOR_CACHE_DIR": given} if cache else {})}
 
     server = ServerProcess(Littering(), log_path=tmp_path / "server.log", name="fake server")
     server.spawn()
@@ -448,7 +452,10 @@ def test_a_server_leaves_nothing_in_the_temp_folder(tmp_path):
         server.stop()
     assert not Path(env["TMPDIR"]).exists() and not Path(env["PROMETHEUS_MULTIPROC_DIR"]).exists()
     assert Path(env["TMPDIR"]).parent == Path(env["PROMETHEUS_MULTIPROC_DIR"]).parent
-    assert env["TORCHINDUCTOR_CACHE_DIR"].startswith(str(outer / "torchinductor_"))
+    if cache:
+        assert env["TORCHINDUCTOR_CACHE_DIR"] == given
+    else:
+        assert env["TORCHINDUCTOR_CACHE_DIR"].startswith(str(outer / "torchinductor_"))
     assert list(outer.iterdir()) == []
 
 
