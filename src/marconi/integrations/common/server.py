@@ -6,8 +6,7 @@ it forked; it dies with the command, even after ``kill -9``), ``GET /health`` un
 ``GET /metrics`` by :func:`parse_metrics`, and a fresh scratch folder per start, removed at stop:
 ``PROMETHEUS_MULTIPROC_DIR`` in it (so counters from the engine's other processes reach
 ``/metrics``), and ``TMPDIR`` too, so what the engine leaves in the temporary folder goes with it
-(vLLM leaves a ZMQ socket per engine connection and a ``vllm_dist_*`` store per worker: 35 files
-for the 16 tests of ``test_vllm_replay.py`` and ``test_vllm_e2e.py`` before this). Torch's compile
+(vLLM: a ZMQ socket per engine connection, a ``vllm_dist_*`` store per worker). Torch's compile
 cache stays where it was (``TORCHINDUCTOR_CACHE_DIR``, unless already set), so servers still share it.
 """
 
@@ -24,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any, Mapping, Protocol, Self
 
-__all__ = ["Launch", "ServerProcess", "ServerError", "parse_metrics", "free_port", "inductor_cache_dir"]
+__all__ = ["Launch", "ServerProcess", "ServerError", "parse_metrics", "free_port"]
 
 
 class ServerError(RuntimeError):
@@ -42,7 +41,7 @@ class Launch(Protocol):
         ...
 
 
-def inductor_cache_dir(env: Mapping[str, str]) -> str:
+def _inductor_cache_dir(env: Mapping[str, str]) -> str:
     """Where torch's compile cache goes for a process started with ``env`` when
     ``TORCHINDUCTOR_CACHE_DIR`` is unset (torch's own default: ``torchinductor_<user>`` in the
     temporary folder ``env``'s ``TMPDIR`` names, else this process's)."""
@@ -101,7 +100,7 @@ class ServerProcess:
 
         self._scratch = scratch = tempfile.mkdtemp(prefix="marconi-server-")
         env = dict(self.launch.environment())
-        env.setdefault("TORCHINDUCTOR_CACHE_DIR", inductor_cache_dir(env))
+        env.setdefault("TORCHINDUCTOR_CACHE_DIR", _inductor_cache_dir(env))
         for var, sub in (("PROMETHEUS_MULTIPROC_DIR", "prom"), ("TMPDIR", "tmp")):
             env[var] = os.path.join(scratch, sub)
             os.mkdir(env[var])
