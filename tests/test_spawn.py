@@ -475,8 +475,11 @@ SERVER_PARENT = textwrap.dedent("""
 @LINUX
 def test_a_bench_server_dies_with_a_killed_bench(tmp_path):
     # issue 31, bug 11's mechanism for `marconi vllm bench`: kill -9 of the bench leaves no server running
+    # (its server's scratch folder, which nothing can remove after a kill -9, goes to this test's folder)
+    (tmp_path / "tmp").mkdir()
     parent = subprocess.Popen([sys.executable, "-c", SERVER_PARENT, str(Path(__file__).parent), str(tmp_path / "log")],
-                              stdout=subprocess.PIPE, text=True, start_new_session=True)
+                              stdout=subprocess.PIPE, text=True, start_new_session=True,
+                              env={**os.environ, "TMPDIR": str(tmp_path / "tmp")})
     server = int(parent.stdout.readline())
     assert _alive(server)
     os.kill(parent.pid, signal.SIGKILL)
