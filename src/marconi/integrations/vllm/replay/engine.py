@@ -8,10 +8,10 @@ loaded, as in a server) around :class:`StubExecutor`, whose model is the real vL
 from __future__ import annotations
 
 import atexit
-import contextlib
 import functools
 import os
 import tempfile
+from pathlib import Path
 from typing import Any
 
 # The arithmetic is vLLM-free (the host checks --gpu-memory with it before a worker starts); the
@@ -34,13 +34,8 @@ def _dist_store() -> str:
     process group is destroyed, which a replay or bench process never does (one was left in the
     temporary folder per run)."""
     store = tempfile.mktemp(prefix="marconi-replay-dist-")
-    atexit.register(_remove_quietly, store)
+    atexit.register(Path(store).unlink, missing_ok=True)
     return store
-
-
-def _remove_quietly(path: str) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(path)
 
 
 class StubExecutor(_executor_base()):  # type: ignore[misc]
