@@ -55,6 +55,12 @@ reports::
 
     .venv-vllm/bin/python benchmarks/vllm_sched_overhead.py --blocks 10000,100000,1000000 --rounds 3
 
+``--callgrind`` counts instead of timing (:mod:`callgrind_count`, beside this file): every configuration in
+one process under valgrind's callgrind, the same two calls' user-space instructions and simulated cache
+misses per step, the same in every run whatever the machine's load; its last line is ``{"blocks": N,
+"counted": "callgrind", "step_ratio_instructions": x, "step_ratio_cycles_est": y, ...}`` (``make
+bench-vllm-count``). The kernel (system calls, page faults) and other processes are outside that count.
+
 ``--trace NAME`` (a catalog name or a trace file, as ``marconi vllm replay --trace`` takes it)
 replaces the synthetic trace with that workload's first ``--num-requests`` requests, inputs capped at
 ``--max-input-len``, selected by the replay's own
@@ -96,22 +102,45 @@ def run_in_process(args: argparse.Namespace, n: int, configs: list[str], common:
     based = [c.removesuffix("@base") for c in configs if c.endswith("@base")]
     if based:
         groups.append((os.path.abspath(args.baseline_src), ["stock", *based]))
+    lib = None
+    if args.callgrind:
+        import callgrind_count          # beside this file (run as a script, its folder is on the path)
+
+        lib = callgrind_count.build_lib(tmp)
     runs: dict[str, list[dict[str, Any]]] = {}
     for src, names in groups:
-        out = tmp / f"{n}-{'base' if src else 'this'}.json"
+        tag = f"{n}-{'base' if src else 'this'}"
+        out = tmp / f"{tag}.json"
         env = {k: v for k, v in os.environ.items() if not k.startswith("MARCONI_VLLM_")}
         env.update(MARCONI_VLLM_POLICY="", MARCONI_VLLM_MAMBA2_CPU_FIX="off", VLLM_ENABLE_V1_MULTIPROCESSING="0",
                    OMP_NUM_THREADS="1", VLLM_ALLOW_LONG_MAX_MODEL_LEN="1")
         if src:
             env["PYTHONPATH"] = src
-        proc = subprocess.run([sys.executable, __file__, "--inproc-child", "--num-blocks", str(n), "--out", str(out),
-                               "--configs", ",".join(names), "--rounds", str(args.rounds), "--lag", str(args.lag),
-                               *common], env=env, stderr=None, stdout=subprocess.DEVNULL, text=True)
+        prefix, counted = [], []
+        if args.callgrind:
+            dumps = tmp / f"{tag}-callgrind"
+            dumps.mkdir()
+            prefix = callgrind_count.command(dumps)
+            counted = ["--callgrind-lib", str(lib)]
+            env["PYTHONHASHSEED"] = "0"           # the same dict layouts, so the same counts, in every run
+        proc = subprocess.run([*prefix, sys.executable, __file__, "--inproc-child", "--num-blocks", str(n),
+                               "--out", str(out), "--configs", ",".join(names), "--rounds", str(args.rounds),
+                               "--lag", str(args.lag), *counted, *common],
+                              env=env, stderr=None, stdout=subprocess.DEVNULL, text=True)
         if proc.returncode != 0:
             raise SystemExit(f"{','.join(names)} at {n} blocks failed (exit {proc.returncode})")
+        counts = callgrind_count.read_dumps(dumps) if args.callgrind else {}
         for name, got in json.loads(out.read_text()).items():
+            for r, run in enumerate(got):
+                if args.callgrind:
+                    run["counted"] = counts[count_name(name, r)]
             runs[f"{name}@base" if src else name] = got
     return runs
+
+
+def count_name(config: str, round_index: int) -> str:
+    """The name a configuration's round is counted under (``--callgrind``)."""
+    return f"{config}#{round_index}"
 
 
 def plugin_config(name: str, lag: int = 8) -> Any:
@@ -193,29 +222,45 @@ def in_process(args: argparse.Namespace) -> int:
 
     configs = [c.strip() for c in args.configs.split(",") if c.strip()]
     runs: dict[str, list[dict[str, Any]]] = {c: [] for c in configs}
+    counter = None
+    if args.callgrind_lib:
+        import callgrind_count
+
+        counter = callgrind_count.Counter(args.callgrind_lib)
+
+    def attach_for(name: str) -> Any:
+        config: PluginConfig | None = plugin_config(name, args.lag)
+
+        def attach(scheduler: Any) -> None:
+            if config is not None:
+                scheduler._marconi = attach_hooks(scheduler, config)
+                if name == "hooks-only":          # the hooks run, the state behind them does nothing
+                    for event in ("cached", "uncached", "released", "taken"):
+                        setattr(scheduler._marconi.state, event, lambda *_: None)
+            # vLLM's EngineCore freezes the heap once its scheduler (the plugin's state included:
+            # the hooks attach in Scheduler.__init__) is built; the hooks attached here after that
+            # freeze, so freeze again, as vLLM would have (its freeze_gc_heap), for every config.
+            for generation in (0, 1, 2):
+                gc.collect(generation)
+            gc.freeze()
+        return attach
+
+    if counter is not None:
+        # The process's first run pays one-time work (first calls, caches filling: ~2% more
+        # instructions than a later run of the same configuration), which would be counted against
+        # whichever configuration came first: one uncounted run of the first takes it.
+        run_config(args, attach_for(configs[0]))
+        gc.unfreeze()
+        gc.collect()
     for r in range(args.rounds):
         for name in configs[r % len(configs):] + configs[:r % len(configs)]:
-            config = plugin_config(name, args.lag)
-
-            def attach(scheduler: Any, config: PluginConfig | None = config, name: str = name) -> None:
-                if config is not None:
-                    scheduler._marconi = attach_hooks(scheduler, config)
-                    if name == "hooks-only":          # the hooks run, the state behind them does nothing
-                        for event in ("cached", "uncached", "released", "taken"):
-                            setattr(scheduler._marconi.state, event, lambda *_: None)
-                # vLLM's EngineCore freezes the heap once its scheduler (the plugin's state included:
-                # the hooks attach in Scheduler.__init__) is built; the hooks attached here after that
-                # freeze, so freeze again, as vLLM would have (its freeze_gc_heap), for every config.
-                for generation in (0, 1, 2):
-                    gc.collect(generation)
-                gc.freeze()
-
-            runs[name].append(run_config(args, attach))
+            runs[name].append(run_config(args, attach_for(name), counter=counter, count_as=count_name(name, r)))
             gc.unfreeze()                 # what this round built may go now (vLLM's shutdown does the same)
             gc.collect()
             got = runs[name][-1]
-            print(f"{args.num_blocks:,} blocks, round {r + 1}, {name}: {1e3 * got['step_s_per_step']:.3f} ms CPU/step, "
-                  f"{got['evicted']:,} evicted", file=sys.stderr, flush=True)
+            took = "counted" if counter else f"{1e3 * got['step_s_per_step']:.3f} ms CPU/step"
+            print(f"{args.num_blocks:,} blocks, round {r + 1}, {name}: {took}, {got['evicted']:,} evicted",
+                  file=sys.stderr, flush=True)
     Path(args.out).write_text(json.dumps(runs))
     return 0
 
@@ -233,6 +278,76 @@ def replay_cpu_s(scheduler: Any, close: bool = False) -> float:
     if close:
         source.close()
     return used
+
+
+#: The last line's key for each configuration's step ratio.
+LAST_LINE_KEYS = (("step_ratio", "marconi"), ("step_ratio_adaptive", "adaptive"),
+                  ("step_ratio_adaptive_inline", "adaptive-inline"), ("step_ratio_adaptive_lag", "adaptive-lag"),
+                  ("step_ratio_adaptive_process", "adaptive-process"), ("step_ratio_base", "marconi@base"),
+                  ("step_ratio_adaptive_base", "adaptive@base"), ("step_ratio_lru", "lru"),
+                  ("step_ratio_hooks_only", "hooks-only"))
+
+
+def count_rows(runs: dict[str, list[dict[str, Any]]], reference: str) -> tuple[list[dict[str, str]], dict[str, Any]]:
+    """``--callgrind``'s table rows for one pool size, and its ratios: per configuration, the counts per
+    scheduler step (medians over rounds) and, against ``reference``'s (``stock@base`` for ``@base``
+    configurations where it ran), the ratio of instructions and of estimated cycles per step, and of
+    estimated cycles over the whole run (the configurations may take different numbers of steps).
+    ``{name: (instructions ratio, cycles ratio)}`` beside the rows."""
+    import callgrind_count
+
+    per_step = lambda run, value: value / max(1, run["num_steps"])  # noqa: E731
+    def summary(name: str) -> dict[str, float]:
+        got = runs[name]
+        med = lambda f: statistics.median(f(run) for run in got)  # noqa: E731
+        return {"ir": med(lambda r: per_step(r, r["counted"]["Ir"])),
+                "cyc": med(lambda r: per_step(r, callgrind_count.cycles_est(r["counted"]))),
+                "cyc_run": med(lambda r: callgrind_count.cycles_est(r["counted"])),
+                "l1": med(lambda r: per_step(r, sum(r["counted"].get(e, 0) for e in ("I1mr", "D1mr", "D1mw")))),
+                "ll": med(lambda r: per_step(r, sum(r["counted"].get(e, 0) for e in ("ILmr", "DLmr", "DLmw")))),
+                # the rounds' spread: deterministic counts read alike in every round
+                "spread": max(callgrind_count.cycles_est(r["counted"]) for r in got)
+                / max(1, min(callgrind_count.cycles_est(r["counted"]) for r in got)) - 1.0}
+    rows, ratios = [], {}
+    for name in runs:
+        ref = "stock@base" if name.endswith("@base") and "stock@base" in runs else reference
+        me, base = summary(name), summary(ref)
+        ratios[name] = (me["ir"] / base["ir"], me["cyc"] / base["cyc"])
+        first = runs[name][0]
+        rows.append({"config": name, "steps": f"{first['num_steps']}", "evicted": f"{first['evicted']:,}",
+                     "ir": f"{me['ir'] / 1e6:.3f} M", "ir_ratio": f"{ratios[name][0]:.3f}×",
+                     "cyc": f"{me['cyc'] / 1e6:.3f} M", "cyc_ratio": f"{ratios[name][1]:.3f}×",
+                     "cyc_run": f"{me['cyc_run'] / base['cyc_run']:.3f}×",
+                     "l1": f"{me['l1'] / 1e3:.1f} k", "ll": f"{me['ll'] / 1e3:.2f} k",
+                     "spread": f"{100 * me['spread']:.2f}%"})
+    return rows, ratios
+
+
+def print_counts(counted: dict[int, dict[str, list[dict[str, Any]]]], configs: list[str], args: Any) -> int:
+    """``--callgrind``'s report: a table per pool size, then the last line, ``{"blocks": N,
+    "counted": "callgrind", "<key>_instructions": x, "<key>_cycles_est": y, ...}`` with the keys of
+    the timed line (``step_ratio``, ``step_ratio_adaptive``, ...) at the largest pool size asked."""
+    from marconi.report import format_table
+
+    print(f"Counted under valgrind's callgrind (benchmarks/callgrind_count.py): schedule + update_from_output of the "
+          f"scheduler thread, user space only, per step (medians of {args.rounds} rounds); est. cycles = Ir + "
+          f"10·L1 misses + 100·LL misses, a model; against {configs[0]}")
+    line: dict[str, Any] = {"blocks": max(counted), "counted": "callgrind"}
+    for n, runs in counted.items():
+        rows, ratios = count_rows(runs, configs[0])
+        print(f"{n:,} blocks")
+        print(format_table(rows, [("config", "config", None), ("steps", "steps", None), ("evicted", "evicted", None),
+                                  ("instructions/step", "ir", None), (f"vs {configs[0]}", "ir_ratio", None),
+                                  ("est. cycles/step", "cyc", None), (f"vs {configs[0]}", "cyc_ratio", None),
+                                  ("est. cycles, whole run", "cyc_run", None), ("L1 misses/step", "l1", None),
+                                  ("LL misses/step", "ll", None),
+                                  ("rounds' spread", "spread", None)]))
+        if n == line["blocks"]:
+            for key, name in LAST_LINE_KEYS:
+                if name in ratios:
+                    line[f"{key}_instructions"], line[f"{key}_cycles_est"] = (round(x, 4) for x in ratios[name])
+    print(json.dumps(line))
+    return 0
 
 
 def median_interval(values: list[float], level: float = 0.95) -> tuple[float, float, float]:
@@ -263,9 +378,11 @@ def source_us(runs: list[dict[str, Any]]) -> str:
     return f"{statistics.median(per):.0f}" if per else "–"
 
 
-def run_config(args: argparse.Namespace, attach: Any = None) -> dict[str, Any]:
+def run_config(args: argparse.Namespace, attach: Any = None, counter: Any = None,
+               count_as: str = "run") -> dict[str, Any]:
     """Build an engine core (``attach(scheduler)`` first, if given), replay the trace, return the
-    per-step scheduler times and what was evicted."""
+    per-step scheduler times and what was evicted. ``counter`` (a :class:`callgrind_count.Counter`,
+    under valgrind): the timed calls are also counted, the replay's counts dumped as ``count_as``."""
     from marconi.integrations.vllm.replay.engine import build_engine_core
     from marconi.integrations.vllm.replay.run import model_dir
     from marconi.integrations.vllm.replay.worker import replay
@@ -309,7 +426,14 @@ def run_config(args: argparse.Namespace, attach: Any = None) -> dict[str, Any]:
             finally:
                 cpu_s[name] += time.thread_time() - t0
 
-        setattr(sched, name, wrapper)
+        def counted(*a: Any, **k: Any) -> Any:
+            counter.toggle()
+            try:
+                return method(*a, **k)
+            finally:
+                counter.toggle()
+
+        setattr(sched, name, wrapper if counter is None else counted)
 
     timed("schedule")
     timed("update_from_output")
@@ -326,7 +450,11 @@ def run_config(args: argparse.Namespace, attach: Any = None) -> dict[str, Any]:
                             "lower --fill, raise --sessions, or set --free-region (or raise --max-model-len)"))
     process_t0 = time.process_time()
     replay_t0 = replay_cpu_s(core.scheduler)          # the replay process's start-up is not the trace's
+    if counter is not None:
+        counter.begin()
     result = replay(core, requests, gpu="h100", concurrency=args.concurrency, rate=None)
+    if counter is not None:
+        counter.end(count_as)
     process_cpu_s = time.process_time() - process_t0
     hooks = getattr(core.scheduler, "_marconi", None)
     process_cpu_s += replay_cpu_s(core.scheduler, close=True) - replay_t0
@@ -375,6 +503,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--in-process", action="store_true",
                         help="one process per pool size (and per --baseline-src) runs every configuration, rounds "
                              "interleaved: no process start per round (steadier on a loaded machine)")
+    parser.add_argument("--callgrind", action="store_true",
+                        help="count instead of timing: every configuration in one process under valgrind's callgrind, "
+                             "the timed calls' instructions and simulated cache misses "
+                             "(deterministic; about 50x slower; needs valgrind and a C compiler; implies --in-process; "
+                             "see benchmarks/callgrind_count.py)")
+    parser.add_argument("--callgrind-lib", help=argparse.SUPPRESS)
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--inproc-child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--num-blocks", type=int, help=argparse.SUPPRESS)
@@ -395,6 +529,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--configs: choose from {', '.join(KNOWN)} (NAME@base: with --baseline-src)")
     if any(c.endswith("@base") for c in configs) and not args.baseline_src:
         parser.error("--configs NAME@base needs --baseline-src")
+    args.in_process = args.in_process or args.callgrind
     if "hooks-only" in configs and not args.in_process:
         parser.error("--configs hooks-only needs --in-process (it stubs the state inside the process)")
     common = ["--model", args.model, "--free-region", str(args.free_region), "--fill", str(args.fill),
@@ -410,11 +545,15 @@ def main(argv: list[str] | None = None) -> int:
     ratios: dict[tuple[int, str], float] = {}
     evicted_per_step: dict[tuple[int, str], float] = {}
     intervals: dict[tuple[int, str], tuple[float, float, float]] = {}
+    counted: dict[int, dict[str, list[dict[str, Any]]]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for n in (int(x) for x in args.blocks.split(",")):
             runs: dict[str, list[dict[str, Any]]] = {c: [] for c in configs}
             if args.in_process:
                 runs = run_in_process(args, n, configs, common, Path(tmp))
+            if args.callgrind:
+                counted[n] = runs
+                continue
             for r in range(0 if args.in_process else args.rounds):
                 for name in configs[r % len(configs):] + configs[:r % len(configs)]:
                     out = Path(tmp) / f"{n}-{name}-{r}.json"
@@ -466,6 +605,8 @@ def main(argv: list[str] | None = None) -> int:
                              "source": source_us(runs[name]),
                              "per_victim": "–" if name == ref or not evicted
                              else f"{1e6 * (total - base_total) / evicted:+.1f} µs"})
+    if args.callgrind:
+        return print_counts(counted, configs, args)
     from marconi.report import format_table
 
     workload = (f"{args.trace} (first {args.num_requests or 'all'} requests, inputs <= {args.max_input_len} tokens)"
@@ -492,11 +633,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.trace:
         line["trace"] = args.trace
         line["evicted_per_step"] = round(evicted_per_step[(largest, configs[0])], 4)
-    for key, name in (("step_ratio", "marconi"), ("step_ratio_adaptive", "adaptive"),
-                      ("step_ratio_adaptive_inline", "adaptive-inline"), ("step_ratio_adaptive_lag", "adaptive-lag"),
-                      ("step_ratio_adaptive_process", "adaptive-process"), ("step_ratio_base", "marconi@base"),
-                      ("step_ratio_adaptive_base", "adaptive@base"), ("step_ratio_lru", "lru"),
-                      ("step_ratio_hooks_only", "hooks-only")):
+    for key, name in LAST_LINE_KEYS:
         if (largest, name) in ratios:
             line[key] = round(ratios[(largest, name)], 4)
             line[key + "_interval"] = [round(x, 4) for x in intervals[(largest, name)][:2]]
