@@ -9,6 +9,7 @@ message).
 from __future__ import annotations
 
 import struct
+import sys
 
 import numpy as np
 import pytest
@@ -72,6 +73,17 @@ def test_edges_and_integer_kinds() -> None:
     want = struct.pack(f"{len(ids)}i", *ids)
     assert int32_bytes_python(ids) == want == int32_bytes(ids)
     assert np.frombuffer(int32_bytes(ids), dtype=np.int32).tolist() == [LO, -1, 0, 1, HI, 1, 7, 65535, -5]
+
+
+def test_ints_on_both_sides_of_one_digit() -> None:
+    # the compiled loop reads an int of one digit (under 2**30 in magnitude, sys.int_info) in place and
+    # gives any other to CPython: both sides of that boundary, and ints made at run time (not cached)
+    shift = sys.int_info.bits_per_digit
+    ids = [(1 << shift) - 1, 1 << shift, -((1 << shift) - 1), -(1 << shift), (1 << shift) + 1, -(1 << shift) - 1,
+           int("0"), int("-0"), int("255"), int("256"), int("-5"), int("-6"), HI - 1, LO + 1]
+    want = struct.pack(f"{len(ids)}i", *ids)
+    assert int32_bytes_python(ids) == want == int32_bytes(ids)
+    assert int32_bytes(ids, 3) == want[12:]
 
 
 class _Index:
