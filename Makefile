@@ -148,7 +148,7 @@ bench-vllm: $(VLLM_STAMP)
 	$(VLLM_VENV)/bin/python benchmarks/vllm_sched_overhead.py --in-process --blocks 1000000 --rounds 9 --free-region 500 --fill 2 \
 		--configs stock,marconi,adaptive,hooks-only
 
-# The same configurations counted under valgrind's callgrind instead of timed (~13 min, one core):
+# The same configurations counted under valgrind's callgrind instead of timed (~5 min of one core):
 # instructions and simulated cache misses of the scheduler's calls, the same in every run.
 bench-vllm-count: $(VLLM_STAMP)
 	$(VLLM_VENV)/bin/python benchmarks/vllm_sched_overhead.py --callgrind --blocks 1000000 --rounds 2 \
