@@ -136,8 +136,17 @@ def read_dumps(out_dir: Path) -> dict[str, dict[str, int]]:
     return counts
 
 
+def l1_misses(counts: dict[str, int]) -> int:
+    """First-level misses of one dump (instruction reads, data reads, data writes); a missing event counts 0."""
+    return sum(counts.get(e, 0) for e in ("I1mr", "D1mr", "D1mw"))
+
+
+def ll_misses(counts: dict[str, int]) -> int:
+    """Last-level misses of one dump, as :func:`l1_misses`."""
+    return sum(counts.get(e, 0) for e in ("ILmr", "DLmr", "DLmw"))
+
+
 def cycles_est(counts: dict[str, int]) -> int:
     """The cycle estimation of one dump: ``Ir + 10·(I1mr + D1mr + D1mw) + 100·(ILmr + DLmr + DLmw)``;
     an event the dump lacks counts 0."""
-    get = lambda *names: sum(counts.get(n, 0) for n in names)  # noqa: E731
-    return get("Ir") + 10 * get("I1mr", "D1mr", "D1mw") + 100 * get("ILmr", "DLmr", "DLmw")
+    return counts.get("Ir", 0) + 10 * l1_misses(counts) + 100 * ll_misses(counts)

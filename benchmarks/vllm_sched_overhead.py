@@ -129,10 +129,10 @@ def run_in_process(args: argparse.Namespace, n: int, configs: list[str], common:
                               env=env, stderr=None, stdout=subprocess.DEVNULL, text=True)
         if proc.returncode != 0:
             raise SystemExit(f"{','.join(names)} at {n} blocks failed (exit {proc.returncode})")
-        counts = callgrind_count.read_dumps(dumps) if args.callgrind else {}
+        counts = callgrind_count.read_dumps(dumps) if args.callgrind else None
         for name, got in json.loads(out.read_text()).items():
-            for r, run in enumerate(got):
-                if args.callgrind:
+            if counts is not None:
+                for r, run in enumerate(got):
                     run["counted"] = counts[count_name(name, r)]
             runs[f"{name}@base" if src else name] = got
     return runs
@@ -296,22 +296,20 @@ def count_rows(runs: dict[str, list[dict[str, Any]]], reference: str) -> tuple[l
     ``{name: (instructions ratio, cycles ratio)}`` beside the rows."""
     import callgrind_count
 
-    per_step = lambda run, value: value / max(1, run["num_steps"])  # noqa: E731
-    def summary(name: str) -> dict[str, float]:
-        got = runs[name]
-        med = lambda f: statistics.median(f(run) for run in got)  # noqa: E731
-        return {"ir": med(lambda r: per_step(r, r["counted"]["Ir"])),
-                "cyc": med(lambda r: per_step(r, callgrind_count.cycles_est(r["counted"]))),
-                "cyc_run": med(lambda r: callgrind_count.cycles_est(r["counted"])),
-                "l1": med(lambda r: per_step(r, sum(r["counted"].get(e, 0) for e in ("I1mr", "D1mr", "D1mw")))),
-                "ll": med(lambda r: per_step(r, sum(r["counted"].get(e, 0) for e in ("ILmr", "DLmr", "DLmw")))),
+    def summary(got: list[dict[str, Any]]) -> dict[str, float]:
+        cycles = [callgrind_count.cycles_est(run["counted"]) for run in got]
+        per_step = lambda count: statistics.median(  # noqa: E731
+            count(run["counted"]) / max(1, run["num_steps"]) for run in got)
+        return {"ir": per_step(lambda c: c["Ir"]), "cyc": per_step(callgrind_count.cycles_est),
+                "cyc_run": statistics.median(cycles),
+                "l1": per_step(callgrind_count.l1_misses), "ll": per_step(callgrind_count.ll_misses),
                 # the rounds' spread: deterministic counts read alike in every round
-                "spread": max(callgrind_count.cycles_est(r["counted"]) for r in got)
-                / max(1, min(callgrind_count.cycles_est(r["counted"]) for r in got)) - 1.0}
+                "spread": max(cycles) / max(1, min(cycles)) - 1.0}
+    summaries = {name: summary(got) for name, got in runs.items()}
     rows, ratios = [], {}
     for name in runs:
         ref = "stock@base" if name.endswith("@base") and "stock@base" in runs else reference
-        me, base = summary(name), summary(ref)
+        me, base = summaries[name], summaries[ref]
         ratios[name] = (me["ir"] / base["ir"], me["cyc"] / base["cyc"])
         first = runs[name][0]
         rows.append({"config": name, "steps": f"{first['num_steps']}", "evicted": f"{first['evicted']:,}",
